@@ -4,6 +4,8 @@
 //! ggml's `ne` order (innermost first); [`ne_to_shape`] is the one place that converts.
 
 mod error;
+#[doc(hidden)]
+pub mod malformed;
 mod reader;
 mod types;
 pub mod value;
@@ -110,6 +112,8 @@ pub struct GgufFile {
     pub metadata: IndexMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
     pub alignment: u64,
+    /// Absolute file offset of the first tensor info (the end of the metadata).
+    pub infos_offset: u64,
     /// Absolute file offset of the data section.
     pub data_offset: u64,
     index: std::collections::HashMap<String, usize>,
@@ -138,6 +142,11 @@ impl GgufFile {
         Self::from_storage(Storage::Owned(bytes))
     }
 
+    /// Parses and validates a file image without keeping it (for checks and fuzzing).
+    pub fn validate(bytes: &[u8]) -> Result<()> {
+        reader::parse(bytes).map(|_| ())
+    }
+
     fn from_storage(storage: Storage) -> Result<GgufFile> {
         let h = reader::parse(storage.bytes())?;
         let index = h.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
@@ -147,6 +156,7 @@ impl GgufFile {
             metadata: h.metadata,
             tensors: h.tensors,
             alignment: h.alignment,
+            infos_offset: h.infos_offset,
             data_offset: h.data_offset,
             index,
         })

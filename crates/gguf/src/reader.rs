@@ -14,6 +14,8 @@ pub(crate) struct Header {
     pub metadata: IndexMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
     pub alignment: u64,
+    /// Absolute file offset of the first tensor info.
+    pub infos_offset: u64,
     /// Absolute file offset of the data section.
     pub data_offset: u64,
 }
@@ -119,6 +121,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     };
 
     // name length + n_dims + type + offset
+    let infos_offset = c.pos as u64;
     c.check_count(n_tensors, 8 + 4 + 4 + 8, &|| "tensor count".into())?;
     let mut tensors = Vec::with_capacity(n_tensors as usize);
     let mut names = std::collections::HashSet::with_capacity(n_tensors as usize);
@@ -149,7 +152,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
     let data_len = (buf.len() as u64).saturating_sub(data_offset);
     check_ranges(&tensors, data_len)?;
-    Ok(Header { version, metadata, tensors, alignment, data_offset })
+    Ok(Header { version, metadata, tensors, alignment, infos_offset, data_offset })
 }
 
 /// Every tensor lies inside the data section and no two overlap.
