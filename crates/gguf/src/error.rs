@@ -47,6 +47,8 @@ pub enum GgufError {
     DuplicateTensor(String),
     #[error("tensor {name:?} not found")]
     MissingTensor { name: String },
+    #[error("tensor {name:?}: {detail}")]
+    TensorData { name: String, detail: String },
     #[error("tensor {name:?}: {ty} data is {got} bytes, expected {expected}")]
     WrongDataSize { name: String, ty: GgmlType, got: u64, expected: u64 },
 }

@@ -1,1 +1,303 @@
-//! quiver-synth
+//! `quiver synth`: GGUF files with random weights of a named real shape, quantized like
+//! llama.cpp would, with `tokenizer.ggml.model = none`. Speed does not depend on weight
+//! values, so these files let benchmarks and GPU-vs-CPU parity run on real shapes where the
+//! real models cannot be carried.
+
+mod mix;
+
+pub use mix::{Chooser, FileType, Role};
+use quiver_gguf::{GgmlType, GgufError, GgufWriter, Value};
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("unknown preset {0:?} (known: {1})")]
+    UnknownPreset(String, String),
+    #[error("preset {preset} is a {preset_arch} model, not {arch}")]
+    ArchMismatch { preset: String, preset_arch: String, arch: String },
+    #[error("unknown type {0:?} (known: {1})")]
+    UnknownType(String, String),
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+}
+
+/// A model shape.
+#[derive(Clone, Debug)]
+pub struct Preset {
+    pub name: &'static str,
+    pub arch: &'static str,
+    pub n_vocab: u64,
+    pub n_embd: u64,
+    pub n_layer: u64,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub n_ff: u64,
+    pub n_ctx: u64,
+    pub rope_base: f32,
+    pub head_dim: u64,
+    pub tied: bool,
+    pub rms_eps: f32,
+    /// gemma3 only: the sliding window of local layers.
+    pub sliding_window: u64,
+}
+
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "smollm2-135m",
+        arch: "llama",
+        n_vocab: 49152,
+        n_embd: 576,
+        n_layer: 30,
+        n_head: 9,
+        n_head_kv: 3,
+        n_ff: 1536,
+        n_ctx: 8192,
+        rope_base: 100000.0,
+        head_dim: 64,
+        tied: true,
+        rms_eps: 1e-5,
+        sliding_window: 0,
+    },
+    Preset {
+        name: "llama3-1b",
+        arch: "llama",
+        n_vocab: 128256,
+        n_embd: 2048,
+        n_layer: 16,
+        n_head: 32,
+        n_head_kv: 8,
+        n_ff: 8192,
+        n_ctx: 8192,
+        rope_base: 500000.0,
+        head_dim: 64,
+        tied: true,
+        rms_eps: 1e-5,
+        sliding_window: 0,
+    },
+    Preset {
+        name: "llama3-8b",
+        arch: "llama",
+        n_vocab: 128256,
+        n_embd: 4096,
+        n_layer: 32,
+        n_head: 32,
+        n_head_kv: 8,
+        n_ff: 14336,
+        n_ctx: 8192,
+        rope_base: 500000.0,
+        head_dim: 128,
+        tied: false,
+        rms_eps: 1e-5,
+        sliding_window: 0,
+    },
+    Preset {
+        name: "gemma3-270m",
+        arch: "gemma3",
+        n_vocab: 262144,
+        n_embd: 640,
+        n_layer: 18,
+        n_head: 4,
+        n_head_kv: 1,
+        n_ff: 2048,
+        n_ctx: 32768,
+        rope_base: 1_000_000.0,
+        head_dim: 256,
+        tied: true,
+        rms_eps: 1e-6,
+        sliding_window: 512,
+    },
+];
+
+pub fn preset(name: &str) -> Result<&'static Preset, SynthError> {
+    PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
+        SynthError::UnknownPreset(name.into(), PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", "))
+    })
+}
+
+pub fn file_type(name: &str) -> Result<FileType, SynthError> {
+    FileType::parse(name).ok_or_else(|| SynthError::UnknownType(name.into(), FileType::names().join(", ")))
+}
+
+/// One tensor of the model: name, role and row-major shape.
+pub struct Planned {
+    pub name: String,
+    pub role: Role,
+    pub shape: Vec<u64>,
+}
+
+/// The tensors of a preset in file order.
+pub fn plan(p: &Preset) -> Vec<Planned> {
+    let t = |name: String, role, shape: &[u64]| Planned { name, role, shape: shape.to_vec() };
+    let (d, hd) = (p.n_embd, p.head_dim);
+    let mut v = vec![t("token_embd.weight".into(), Role::TokenEmbd, &[p.n_vocab, d])];
+    for i in 0..p.n_layer {
+        let b = |s: &str| format!("blk.{i}.{s}.weight");
+        v.push(t(b("attn_norm"), Role::Vector, &[d]));
+        v.push(t(b("attn_q"), Role::AttnQ, &[p.n_head * hd, d]));
+        v.push(t(b("attn_k"), Role::AttnK, &[p.n_head_kv * hd, d]));
+        v.push(t(b("attn_v"), Role::AttnV, &[p.n_head_kv * hd, d]));
+        if p.arch == "gemma3" {
+            v.push(t(b("attn_q_norm"), Role::Vector, &[hd]));
+            v.push(t(b("attn_k_norm"), Role::Vector, &[hd]));
+        }
+        v.push(t(b("attn_output"), Role::AttnOutput, &[d, p.n_head * hd]));
+        if p.arch == "gemma3" {
+            v.push(t(b("post_attention_norm"), Role::Vector, &[d]));
+        }
+        v.push(t(b("ffn_norm"), Role::Vector, &[d]));
+        v.push(t(b("ffn_gate"), Role::FfnGate, &[p.n_ff, d]));
+        v.push(t(b("ffn_up"), Role::FfnUp, &[p.n_ff, d]));
+        v.push(t(b("ffn_down"), Role::FfnDown, &[d, p.n_ff]));
+        if p.arch == "gemma3" {
+            v.push(t(b("post_ffw_norm"), Role::Vector, &[d]));
+        }
+    }
+    v.push(t("output_norm.weight".into(), Role::Vector, &[d]));
+    if !p.tied {
+        v.push(t("output.weight".into(), Role::Output, &[p.n_vocab, d]));
+    }
+    v
+}
+
+fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
+    let a = p.arch;
+    let k = |s: &str| format!("{a}.{s}");
+    w.set("general.architecture", Value::String(a.into()));
+    w.set("general.name", Value::String(format!("quiver-synth {} {}", p.name, ft.name())));
+    w.set("general.file_type", Value::U32(ft.id()));
+    w.set("general.quantization_version", Value::U32(2));
+    w.set(k("context_length"), Value::U32(p.n_ctx as u32));
+    w.set(k("embedding_length"), Value::U32(p.n_embd as u32));
+    w.set(k("block_count"), Value::U32(p.n_layer as u32));
+    w.set(k("feed_forward_length"), Value::U32(p.n_ff as u32));
+    w.set(k("attention.head_count"), Value::U32(p.n_head as u32));
+    w.set(k("attention.head_count_kv"), Value::U32(p.n_head_kv as u32));
+    w.set(k("rope.freq_base"), Value::F32(p.rope_base));
+    w.set(k("attention.layer_norm_rms_epsilon"), Value::F32(p.rms_eps));
+    w.set(k("vocab_size"), Value::U32(p.n_vocab as u32));
+    if a == "gemma3" {
+        w.set(k("attention.key_length"), Value::U32(p.head_dim as u32));
+        w.set(k("attention.value_length"), Value::U32(p.head_dim as u32));
+        w.set(k("attention.sliding_window"), Value::U32(p.sliding_window as u32));
+    } else {
+        w.set(k("rope.dimension_count"), Value::U32(p.head_dim as u32));
+    }
+    w.set("tokenizer.ggml.model", Value::String("none".into()));
+}
+
+/// Deterministic pseudo-random weights: a pool of N(0, 0.02²) values generated once from
+/// the seed; every row starts at a pseudo-random place in it.
+struct Weights {
+    pool: Vec<f32>,
+    state: u64,
+}
+
+const POOL: usize = 1 << 20;
+
+impl Weights {
+    fn new(seed: u64) -> Self {
+        let mut s = seed ^ 0x5DEECE66D;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut pool = Vec::with_capacity(POOL);
+        while pool.len() < POOL {
+            // Box-Muller
+            let (u1, u2) = (next().max(1e-300), next());
+            let r = (-2.0 * u1.ln()).sqrt() * 0.02;
+            let t = std::f64::consts::TAU * u2;
+            pool.push((r * t.cos()) as f32);
+            pool.push((r * t.sin()) as f32);
+        }
+        Weights { pool, state: seed.wrapping_mul(0x9E3779B97F4A7C15) | 1 }
+    }
+
+    fn row_start(&mut self) -> usize {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        (self.state % POOL as u64) as usize
+    }
+
+    fn fill_row(&self, start: usize, out: &mut [f32]) {
+        let mut pos = start;
+        let mut done = 0;
+        while done < out.len() {
+            let n = (out.len() - done).min(POOL - pos);
+            out[done..done + n].copy_from_slice(&self.pool[pos..pos + n]);
+            done += n;
+            pos = 0;
+        }
+    }
+}
+
+/// Writes the model to `path` (atomically), quantizing on `threads` threads. `progress(i, n)`
+/// is called after each tensor.
+pub fn write(
+    p: &Preset,
+    ft: FileType,
+    seed: u64,
+    path: &Path,
+    threads: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<(), SynthError> {
+    let planned = plan(p);
+    let mut chooser = Chooser::new(ft, p.n_layer as usize, p.n_head as usize, p.n_head_kv as usize, p.tied);
+    let mut w = GgufWriter::new();
+    metadata(&mut w, p, ft);
+    for t in &planned {
+        let ty = chooser.choose(t.role, *t.shape.last().unwrap_or(&1));
+        w.add_tensor(t.name.clone(), ty, &t.shape);
+    }
+    let mut weights = Weights::new(seed);
+    let n = planned.len();
+    w.write_file(path, |i, info, buf| {
+        let cols = info.cols() as usize;
+        let rows = info.rows() as usize;
+        if planned[i].role == Role::Vector {
+            // Norm weights: ones, as a freshly initialised model has.
+            for _ in 0..rows * cols {
+                buf.extend_from_slice(&1.0f32.to_le_bytes());
+            }
+        } else {
+            let starts: Vec<usize> = (0..rows).map(|_| weights.row_start()).collect();
+            let bytes = quantize_rows(&weights, &starts, cols, info.ty, threads).map_err(|e| {
+                GgufError::TensorData { name: info.name.clone(), detail: format!("quantizing to {}: {e}", info.ty) }
+            })?;
+            buf.extend_from_slice(&bytes);
+        }
+        progress(i + 1, n);
+        Ok(())
+    })?;
+    Ok(())
+}
+
+fn quantize_rows(w: &Weights, starts: &[usize], cols: usize, ty: GgmlType, threads: usize) -> Result<Vec<u8>, String> {
+    let threads = threads.max(1).min(starts.len().max(1));
+    let per = starts.len().div_ceil(threads);
+    let chunks: Vec<Result<Vec<u8>, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = starts
+            .chunks(per.max(1))
+            .map(|chunk| {
+                s.spawn(move || {
+                    let mut row = vec![0f32; cols];
+                    let mut out = Vec::new();
+                    for &st in chunk {
+                        w.fill_row(st, &mut row);
+                        quiver_quant::quantize(ty, &row, &mut out).map_err(|e| e.to_string())?;
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("quantizer thread panicked".into()))).collect()
+    });
+    let mut all = Vec::new();
+    for c in chunks {
+        all.extend_from_slice(&c?);
+    }
+    Ok(all)
+}
