@@ -1,1 +1,542 @@
-//! quiver-tokenizer
+//! quiver-tokenizer: tokenizers built from GGUF metadata alone, reproducing llama.cpp's ids.
+//!
+//! - `tokenizer.ggml.model = gpt2`: byte-level BPE with merge ranks and the pre-tokenizer
+//!   named by `tokenizer.ggml.pre` ([`pretok`]).
+//! - `llama`: SentencePiece-style highest-score bigram merging with byte fallback.
+//! - `none`: only a vocabulary size (random-weight benchmark files); encoding is an error.
+//!
+//! Special tokens (control, user-defined, unknown) are split out of the text before
+//! tokenization, longest first; user-defined tokens always, control tokens only when
+//! `parse_special` is set. [`Detokenizer`] turns a stream of ids into text without ever
+//! emitting a broken UTF-8 sequence. Chat templates live in [`chat`].
+
+mod bpe;
+pub mod chat;
+mod load;
+pub mod pretok;
+mod special;
+mod spm;
+mod unicode;
+
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
+
+use quiver_gguf::{GgufError, GgufFile};
+
+/// Token attributes, as llama.cpp derives them from `tokenizer.ggml.token_type`.
+pub(crate) mod attr {
+    pub const UNKNOWN: u32 = 1 << 0;
+    pub const UNUSED: u32 = 1 << 1;
+    pub const NORMAL: u32 = 1 << 2;
+    pub const CONTROL: u32 = 1 << 3;
+    pub const USER_DEFINED: u32 = 1 << 4;
+    pub const BYTE: u32 = 1 << 5;
+
+    /// GGUF token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+    pub fn from_token_type(ty: i32) -> u32 {
+        match ty {
+            1 => NORMAL,
+            2 => UNKNOWN,
+            3 => CONTROL,
+            4 => USER_DEFINED,
+            5 => UNUSED,
+            6 => BYTE,
+            _ => 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("missing metadata key {0}")]
+    MissingKey(String),
+    #[error("bad metadata {key}: {why}")]
+    BadMetadata { key: String, why: String },
+    #[error("unsupported tokenizer model '{0}' (tokenizer.ggml.model); supported: gpt2, llama, none")]
+    UnknownModel(String),
+    #[error("unknown pre-tokenizer '{0}' (tokenizer.ggml.pre)")]
+    UnknownPreTokenizer(String),
+    #[error("the model has no vocabulary (tokenizer.ggml.model = none): it cannot encode text")]
+    NoVocabulary,
+    #[error("the vocabulary has no {0} token")]
+    MissingSpecial(&'static str),
+    #[error("chat template: {0}")]
+    Template(String),
+}
+
+/// Which algorithm a vocabulary uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenizerKind {
+    /// Byte-level BPE (`gpt2`).
+    Bpe,
+    /// SentencePiece-style (`llama`).
+    Spm,
+    /// No vocabulary, only a size (`none`).
+    None,
+}
+
+/// A tokenizer built from a GGUF file's metadata.
+pub struct Tokenizer {
+    kind: TokenizerKind,
+    n_vocab: usize,
+    model: String,
+    texts: Vec<String>,
+    scores: Vec<f32>,
+    attrs: Vec<u32>,
+    token_to_id: HashMap<String, u32>,
+    /// What each token decodes to when special tokens are rendered.
+    pieces: Vec<Box<[u8]>>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    eot: Option<u32>,
+    eom: Option<u32>,
+    unk: Option<u32>,
+    pad: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    add_space_prefix: bool,
+    eog: BTreeSet<u32>,
+    pre: Option<pretok::PreTokenizer>,
+    merges: Option<bpe::Merges>,
+    byte_map: unicode::ByteMap,
+    /// Fallback token of each byte (SPM: `<0xNN>`).
+    byte_tokens: [Option<u32>; 256],
+    specials: special::Specials,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.kind)
+            .field("model", &self.model)
+            .field("pre", &self.pre.as_ref().map(|p| p.name.as_str()))
+            .field("n_vocab", &self.n_vocab)
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("eot", &self.eot)
+            .field("eog", &self.eog)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer described by `tokenizer.*` keys of a GGUF file.
+    pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
+        load::from_gguf(f)
+    }
+
+    pub fn kind(&self) -> TokenizerKind {
+        self.kind
+    }
+
+    /// `tokenizer.ggml.model` (`none` for vocabulary-less files).
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// `tokenizer.ggml.pre` as resolved (`""` when absent; `None` for non-BPE models).
+    pub fn pre_tokenizer(&self) -> Option<&str> {
+        self.pre.as_ref().map(|p| p.name.as_str())
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+    /// End of turn: `tokenizer.ggml.eot_token_id`, or found by text (`<|im_end|>`,
+    /// `<end_of_turn>`, ...).
+    pub fn eot(&self) -> Option<u32> {
+        self.eot
+    }
+    pub fn eom(&self) -> Option<u32> {
+        self.eom
+    }
+    pub fn unk(&self) -> Option<u32> {
+        self.unk
+    }
+    pub fn pad(&self) -> Option<u32> {
+        self.pad
+    }
+
+    /// Whether generation stops at `id` (llama.cpp's EOG set).
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.contains(&id)
+    }
+
+    /// The whole end-of-generation set, ascending.
+    pub fn eog_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.eog.iter().copied()
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` prepends BOS.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+    /// Whether `encode(.., add_special = true, ..)` appends EOS.
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
+    /// The vocabulary entry of `id` as stored (byte-level or ▁-escaped).
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.texts.get(id as usize).map(String::as_str)
+    }
+
+    /// The id whose vocabulary entry is exactly `text`.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.token_to_id.get(text).copied()
+    }
+
+    /// The raw bytes `id` decodes to, special tokens rendered as their text. May be a partial
+    /// UTF-8 sequence (byte tokens). `None` for ids outside the vocabulary and for
+    /// vocabulary-less models.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.get(id as usize).map(|p| &p[..])
+    }
+
+    /// Control tokens (BOS, EOS, turn markers ...) and unknown tokens: hidden when decoding
+    /// with `skip_special`, matched in text only with `parse_special`.
+    pub fn is_control(&self, id: u32) -> bool {
+        self.attrs.get(id as usize).is_some_and(|a| a & (attr::CONTROL | attr::UNKNOWN) != 0)
+    }
+
+    /// The special tokens (control, user-defined, unknown) as (id, text), in the order they
+    /// are matched in text (longest first).
+    pub fn special_tokens(&self) -> Vec<(u32, &str)> {
+        self.specials.ids().map(|id| (id, self.texts[id as usize].as_str())).collect()
+    }
+
+    /// Tokenizes `text`. `add_special` adds BOS/EOS as the model asks (`add_bos`/`add_eos`);
+    /// `parse_special` lets control-token text (`<|im_start|>`) become those tokens.
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        if self.kind == TokenizerKind::None {
+            return Err(TokenizerError::NoVocabulary);
+        }
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if add_special && self.add_bos {
+            out.push(self.bos.ok_or(TokenizerError::MissingSpecial("BOS"))?);
+        }
+        let mut prev_special = true;
+        for frag in self.specials.partition(text, parse_special) {
+            match frag {
+                special::Fragment::Token(id) => {
+                    out.push(id);
+                    prev_special = true;
+                }
+                special::Fragment::Text(r) => {
+                    let t = &text[r];
+                    match self.kind {
+                        TokenizerKind::Spm => self.encode_spm(t, prev_special, &mut out),
+                        _ => self.encode_bpe(t, &mut out),
+                    }
+                    prev_special = false;
+                }
+            }
+        }
+        if add_special && self.add_eos {
+            out.push(self.eos.ok_or(TokenizerError::MissingSpecial("EOS"))?);
+        }
+        Ok(out)
+    }
+
+    fn encode_spm(&self, text: &str, prev_special: bool, out: &mut Vec<u32>) {
+        let mut s = String::with_capacity(text.len() + 4);
+        if self.add_space_prefix && prev_special {
+            s.push(' ');
+        }
+        s.push_str(text);
+        let escaped = s.replace(' ', "\u{2581}");
+        spm::tokenize(&escaped, &self.token_to_id, &self.scores, |b| self.byte_tokens[b as usize], out);
+    }
+
+    fn encode_bpe(&self, text: &str, out: &mut Vec<u32>) {
+        let (Some(pre), Some(merges)) = (&self.pre, &self.merges) else { return };
+        let mut mapped = String::new();
+        let mut parts = Vec::new();
+        for w in pre.split(text) {
+            mapped.clear();
+            self.byte_map.encode(&text[w], &mut mapped);
+            if pre.ignore_merges {
+                if let Some(&id) = self.token_to_id.get(mapped.as_str()) {
+                    out.push(id);
+                    continue;
+                }
+            }
+            parts.clear();
+            merges.apply(&mapped, &mut parts);
+            for p in parts.drain(..) {
+                let s = &mapped[p];
+                match self.token_to_id.get(s) {
+                    Some(&id) => out.push(id),
+                    None => out.extend(s.bytes().filter_map(|b| self.byte_tokens[b as usize])),
+                }
+            }
+        }
+    }
+
+    /// What `id` decodes to when special tokens are rendered.
+    fn render_piece(&self, id: u32) -> Vec<u8> {
+        let i = id as usize;
+        let (a, t) = (self.attrs[i], &self.texts[i]);
+        if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
+            t.as_bytes().to_vec()
+        } else if a & attr::NORMAL != 0 {
+            match self.kind {
+                TokenizerKind::Spm => t.replace('\u{2581}', " ").into_bytes(),
+                _ => {
+                    let mut v = Vec::with_capacity(t.len());
+                    self.byte_map.decode(t, &mut v);
+                    v
+                }
+            }
+        } else if a & attr::BYTE != 0 {
+            match t.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(b) => vec![b],
+                None => t.as_bytes().to_vec(),
+            }
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// What `id` decodes to; control and unknown tokens are empty unless `special`.
+    fn piece(&self, id: u32, special: bool) -> Cow<'_, [u8]> {
+        if self.kind == TokenizerKind::None {
+            return Cow::Owned(format!("<{id}>").into_bytes());
+        }
+        if !special && self.is_control(id) {
+            return Cow::Borrowed(&[]);
+        }
+        match self.pieces.get(id as usize) {
+            Some(p) => Cow::Borrowed(p),
+            None => Cow::Borrowed(&[]),
+        }
+    }
+
+    /// Decodes ids to text. With `skip_special` control tokens are left out (and BOS/EOS the
+    /// model adds itself are dropped); without it they appear as their text. Invalid UTF-8
+    /// becomes U+FFFD, only here at the end. Ids outside the vocabulary decode to nothing.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        let mut ids = ids;
+        if skip_special && self.add_eos && ids.len() > 0 && ids.last().copied() == self.eos {
+            ids = &ids[..ids.len() - 1];
+        }
+        let mut d = Detokenizer::new(self, skip_special);
+        let mut out = String::new();
+        for &id in ids {
+            out.push_str(&d.push(id));
+        }
+        out.push_str(&d.flush());
+        out
+    }
+}
+
+/// Incremental decoding: feed ids one at a time and get the text that became complete.
+/// Bytes of an unfinished UTF-8 sequence are held back until the sequence completes; a
+/// sequence that can never complete becomes U+FFFD, so the concatenated output always equals
+/// [`Tokenizer::decode`] of all the ids.
+pub struct Detokenizer<'a> {
+    tok: &'a Tokenizer,
+    skip_special: bool,
+    pending: Vec<u8>,
+    first: bool,
+    strip_space: bool,
+}
+
+impl<'a> Detokenizer<'a> {
+    pub fn new(tok: &'a Tokenizer, skip_special: bool) -> Detokenizer<'a> {
+        Detokenizer { tok, skip_special, pending: Vec::new(), first: true, strip_space: tok.add_space_prefix }
+    }
+
+    /// Adds one token; returns the text completed by it (possibly empty).
+    pub fn push(&mut self, id: u32) -> String {
+        let t = self.tok;
+        if std::mem::take(&mut self.first) && self.skip_special && t.add_bos && Some(id) == t.bos {
+            // A leading BOS is dropped, and the text after it keeps its leading space.
+            self.strip_space = false;
+            return String::new();
+        }
+        let piece = t.piece(id, !self.skip_special);
+        let piece: &[u8] = if std::mem::take(&mut self.strip_space) && piece.first() == Some(&b' ') {
+            &piece[1..]
+        } else {
+            &piece
+        };
+        self.pending.extend_from_slice(piece);
+        self.drain(false)
+    }
+
+    /// Ends the stream: an unfinished UTF-8 sequence left over becomes U+FFFD.
+    pub fn flush(&mut self) -> String {
+        self.drain(true)
+    }
+
+    fn drain(&mut self, end: bool) -> String {
+        let mut out = String::new();
+        let mut consumed = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[consumed..]) {
+                Ok(s) => {
+                    out.push_str(s);
+                    consumed = self.pending.len();
+                    break;
+                }
+                Err(e) => {
+                    let valid = consumed + e.valid_up_to();
+                    // The prefix up to `valid` was just checked.
+                    out.push_str(std::str::from_utf8(&self.pending[consumed..valid]).unwrap_or_default());
+                    match e.error_len() {
+                        Some(n) => {
+                            out.push('\u{fffd}');
+                            consumed = valid + n;
+                        }
+                        None => {
+                            if end {
+                                out.push('\u{fffd}');
+                                consumed = self.pending.len();
+                            } else {
+                                consumed = valid;
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.pending.drain(..consumed);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quiver_gguf::{Array, GgufWriter, Value};
+
+    fn file(meta: Vec<(&str, Value)>) -> GgufFile {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::String("llama".into()));
+        for (k, v) in meta {
+            w.set(k, v);
+        }
+        GgufFile::from_bytes(w.to_bytes(&[]).unwrap()).unwrap()
+    }
+
+    fn strings(v: &[&str]) -> Value {
+        Value::Array(Array::String(v.iter().map(|s| s.to_string()).collect()))
+    }
+
+    /// A small SentencePiece-style vocabulary with byte fallback for all 256 bytes.
+    fn spm() -> Tokenizer {
+        let mut toks: Vec<String> = ["<unk>", "<s>", "</s>", "\u{2581}", "a", "b", "\u{2581}a", "ab", "<ctl>", "<ud>"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut types = vec![2, 3, 3, 1, 1, 1, 1, 1, 3, 4];
+        for b in 0..256 {
+            toks.push(format!("<0x{b:02X}>"));
+            types.push(6);
+        }
+        let scores: Vec<f32> = (0..toks.len()).map(|i| -(i as f32)).collect();
+        let f = file(vec![
+            ("tokenizer.ggml.model", Value::String("llama".into())),
+            ("tokenizer.ggml.tokens", Value::Array(Array::String(toks))),
+            ("tokenizer.ggml.token_type", Value::Array(Array::I32(types))),
+            ("tokenizer.ggml.scores", Value::Array(Array::F32(scores))),
+            ("tokenizer.ggml.add_space_prefix", Value::Bool(false)),
+        ]);
+        Tokenizer::from_gguf(&f).unwrap()
+    }
+
+    #[test]
+    fn spm_small_vocab() {
+        let t = spm();
+        assert_eq!(t.kind(), TokenizerKind::Spm);
+        assert_eq!((t.bos(), t.eos(), t.unk()), (Some(1), Some(2), Some(0)));
+        assert!(t.add_bos() && !t.add_eos());
+        assert!(t.is_eog(2));
+        assert_eq!(t.encode("ab a", true, false).unwrap(), [1, 7, 6]);
+        // é = C3 A9 falls back to byte tokens.
+        assert_eq!(t.encode("é", false, false).unwrap(), [10 + 0xC3, 10 + 0xA9]);
+        // User-defined tokens match whatever parse_special says; control tokens only with it.
+        assert_eq!(t.encode("<ud><ctl>", false, false).unwrap()[0], 9);
+        assert_eq!(t.encode("<ud><ctl>", false, true).unwrap(), [9, 8]);
+        assert_eq!(t.decode(&[1, 7, 6, 2], true), "ab a");
+        assert_eq!(t.decode(&[1, 7, 8], false), "<s>ab<ctl>");
+        assert_eq!(t.token_bytes(10 + 0xC3), Some(&[0xC3u8][..]));
+    }
+
+    #[test]
+    fn detokenizer_holds_back_partial_utf8() {
+        let t = spm();
+        let ids = t.encode("a😂b", false, false).unwrap();
+        let mut d = Detokenizer::new(&t, true);
+        let outs: Vec<String> = ids.iter().map(|&id| d.push(id)).collect();
+        assert_eq!(outs.concat() + &d.flush(), "a😂b");
+        assert_eq!(outs[0], "a");
+        assert!(outs[1..4].iter().all(String::is_empty), "{outs:?}");
+        assert_eq!(outs[4], "😂");
+        // A sequence that never completes becomes one U+FFFD, at the end or when broken.
+        let mut d = Detokenizer::new(&t, true);
+        assert_eq!(d.push(10 + 0xF0), "");
+        assert_eq!(d.push(4), "\u{fffd}a");
+        assert_eq!(d.push(10 + 0xE4), "");
+        assert_eq!(d.flush(), "\u{fffd}");
+        assert_eq!(t.decode(&[10 + 0xF0, 4, 10 + 0xE4], true), "\u{fffd}a\u{fffd}");
+    }
+
+    #[test]
+    fn none_vocab() {
+        let f = file(vec![("tokenizer.ggml.model", Value::String("none".into())), ("llama.vocab_size", Value::U32(1000))]);
+        let t = Tokenizer::from_gguf(&f).unwrap();
+        assert_eq!(t.kind(), TokenizerKind::None);
+        assert_eq!(t.n_vocab(), 1000);
+        let e = t.encode("hi", true, false).unwrap_err();
+        assert!(e.to_string().contains("no vocabulary"), "{e}");
+        assert_eq!(t.decode(&[5, 17], true), "<5><17>");
+        assert!(!t.is_eog(0) && t.bos().is_none());
+    }
+
+    #[test]
+    fn bpe_errors_name_the_problem() {
+        let f = file(vec![
+            ("tokenizer.ggml.model", Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre", Value::String("mystery".into())),
+            ("tokenizer.ggml.tokens", strings(&["a"])),
+            ("tokenizer.ggml.merges", strings(&[])),
+        ]);
+        let e = Tokenizer::from_gguf(&f).unwrap_err();
+        assert!(e.to_string().contains("'mystery'"), "{e}");
+        let f = file(vec![("tokenizer.ggml.model", Value::String("wordpiece".into()))]);
+        assert!(Tokenizer::from_gguf(&f).unwrap_err().to_string().contains("wordpiece"));
+    }
+
+    #[test]
+    fn bpe_small_vocab() {
+        // Byte-level: "Ġ" is the space byte.
+        let f = file(vec![
+            ("tokenizer.ggml.model", Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre", Value::String("gpt-2".into())),
+            ("tokenizer.ggml.tokens", strings(&["<|endoftext|>", "h", "i", "Ġ", "hi", "Ġhi", "Ġh"])),
+            ("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![3, 1, 1, 1, 1, 1, 1]))),
+            ("tokenizer.ggml.merges", strings(&["h i", "Ġ h", "Ġ hi"])),
+            ("tokenizer.ggml.eos_token_id", Value::U32(0)),
+        ]);
+        let t = Tokenizer::from_gguf(&f).unwrap();
+        assert_eq!(t.kind(), TokenizerKind::Bpe);
+        assert_eq!(t.encode("hi hi", true, false).unwrap(), [4, 5]);
+        assert_eq!(t.decode(&[4, 5, 0], true), "hi hi");
+        assert_eq!(t.decode(&[4, 5, 0], false), "hi hi<|endoftext|>");
+        assert_eq!(t.eot(), Some(0));
+        assert!(t.is_eog(0));
+        assert_eq!(t.encode("hi<|endoftext|>", false, true).unwrap(), [4, 0]);
+    }
+}
