@@ -83,7 +83,32 @@ pub(crate) use impl_block;
 /// Reads a little-endian f16 field as f32 (exact).
 #[inline(always)]
 pub fn f16_to_f32(b: [u8; 2]) -> f32 {
-    half::f16::from_le_bytes(b).to_f32()
+    f16_bits_to_f32(u16::from_le_bytes(b))
+}
+
+/// f16 bits to f32, exact and branch-free so that loops over it vectorise. NaNs come out
+/// quiet with their payload kept, as F16C's `vcvtph2ps` (and the `half` crate) do.
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let sign = (h & 0x8000) << 16;
+    let exp = h & 0x7c00;
+    // Exponent and mantissa moved into place; rebias the exponent by 127 - 15 = 112.
+    let em = (h & 0x7fff) << 13;
+    let normal = em + (112 << 23);
+    // Inf/NaN: exponent all ones; NaNs are made quiet.
+    let inf_nan = em | 0x7f80_0000 | if h & 0x3ff != 0 { 0x0040_0000 } else { 0 };
+    // Subnormal (or zero): mantissa * 2^-24, exactly, via 2^-14 * (1 + m/1024) - 2^-14.
+    let magic = 113 << 23;
+    let sub = (f32::from_bits(em + magic) - f32::from_bits(magic)).to_bits();
+    let bits = if exp == 0x7c00 {
+        inf_nan
+    } else if exp == 0 {
+        sub
+    } else {
+        normal
+    };
+    f32::from_bits(bits | sign)
 }
 
 /// Rounds f32 to f16 (round to nearest even, as numpy and ggml do) as little-endian bytes.
@@ -228,6 +253,15 @@ mod tests {
         check::<BlockQ8K>();
         check::<BlockIq4Nl>();
         check::<BlockIq4Xs>();
+    }
+
+    #[test]
+    fn f16_conversion_is_exact_for_every_value() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_bits_to_f32(h);
+            assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}: {got} vs {want}");
+        }
     }
 
     #[test]
