@@ -1,1 +1,404 @@
-//! Chat templates.
+//! Chat templates: `tokenizer.chat_template` rendered with minijinja the way Hugging Face
+//! renders it (`trim_blocks`, `lstrip_blocks`, Python string methods, `raise_exception`,
+//! Python-style `tojson`), and built-in formats for files without a template.
+//!
+//! Built-ins follow llama.cpp's: ChatML, and Gemma's `<start_of_turn>` turns with system
+//! prompts folded into the first user turn. They leave BOS out, since the prompt is then
+//! tokenized with `add_special = true`.
+
+use crate::TokenizerError;
+use minijinja::value::Kwargs;
+use minijinja::{Environment, Error, ErrorKind, Value};
+use quiver_gguf::GgufFile;
+use serde::{Deserialize, Serialize};
+
+/// One chat message. Fields that are `None` are absent from the template's view.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
+        Message { role: role.into(), content: content.into(), ..Message::default() }
+    }
+}
+
+/// Formats built into quiver for models whose file has no template.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Builtin {
+    /// `<|im_start|>role\ncontent<|im_end|>\n`
+    ChatMl,
+    /// `<start_of_turn>user\ncontent<end_of_turn>\n`, assistant as `model`.
+    Gemma,
+}
+
+enum Inner {
+    Jinja(Box<Environment<'static>>),
+    Builtin(Builtin),
+}
+
+/// A chat template ready to render.
+pub struct ChatTemplate {
+    inner: Inner,
+    source: Option<String>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            Inner::Jinja(_) => f.debug_struct("ChatTemplate").field("source_len", &self.source.as_ref().map(String::len)).finish(),
+            Inner::Builtin(b) => f.debug_struct("ChatTemplate").field("builtin", b).finish(),
+        }
+    }
+}
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+fn template_error(e: Error) -> TokenizerError {
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    TokenizerError::Template(msg)
+}
+
+impl ChatTemplate {
+    /// The file's `tokenizer.chat_template`, if it has one. `bos_token` / `eos_token` are the
+    /// texts of the file's BOS and EOS tokens.
+    pub fn from_gguf(f: &GgufFile) -> Result<Option<ChatTemplate>, TokenizerError> {
+        let Some(source) = f.get_str("tokenizer.chat_template")? else { return Ok(None) };
+        let (bos, eos) = special_texts(f)?;
+        ChatTemplate::from_source(source, &bos, &eos).map(Some)
+    }
+
+    /// The file's template, or the built-in one for its architecture.
+    pub fn for_model(f: &GgufFile) -> Result<ChatTemplate, TokenizerError> {
+        match ChatTemplate::from_gguf(f)? {
+            Some(t) => Ok(t),
+            None => {
+                let mut t = ChatTemplate::builtin(f.arch()?);
+                (t.bos_token, t.eos_token) = special_texts(f)?;
+                Ok(t)
+            }
+        }
+    }
+
+    /// Compiles a Jinja chat template. A syntax error is reported here.
+    pub fn from_source(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TokenizerError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {msg}")))
+        });
+        env.add_function("strftime_now", |fmt: String| -> Result<Value, Error> { Ok(Value::from(strftime_now(&fmt))) });
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(template_error)?;
+        Ok(ChatTemplate {
+            inner: Inner::Jinja(Box::new(env)),
+            source: Some(source.to_string()),
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    /// The built-in format for an architecture: Gemma's for `gemma*`, ChatML otherwise.
+    pub fn builtin(arch: &str) -> ChatTemplate {
+        let b = if arch.starts_with("gemma") { Builtin::Gemma } else { Builtin::ChatMl };
+        ChatTemplate { inner: Inner::Builtin(b), source: None, bos_token: String::new(), eos_token: String::new() }
+    }
+
+    /// The Jinja source, for templates that came from a file or string.
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
+    /// Which built-in format this is, if it is one.
+    pub fn builtin_kind(&self) -> Option<Builtin> {
+        match self.inner {
+            Inner::Builtin(b) => Some(b),
+            Inner::Jinja(_) => None,
+        }
+    }
+
+    /// Renders a conversation. `add_generation_prompt` opens the assistant's turn; `tools`
+    /// (a JSON array of tool definitions) is passed to templates that use it.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, TokenizerError> {
+        match &self.inner {
+            Inner::Builtin(Builtin::ChatMl) => Ok(render_chatml(messages, add_generation_prompt)),
+            Inner::Builtin(Builtin::Gemma) => Ok(render_gemma(messages, add_generation_prompt)),
+            Inner::Jinja(env) => {
+                let tmpl = env.get_template(TEMPLATE_NAME).map_err(template_error)?;
+                let mut ctx = serde_json::Map::new();
+                ctx.insert("messages".into(), serde_json::to_value(messages).map_err(|e| TokenizerError::Template(e.to_string()))?);
+                ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+                ctx.insert("bos_token".into(), self.bos_token.clone().into());
+                ctx.insert("eos_token".into(), self.eos_token.clone().into());
+                if let Some(t) = tools {
+                    ctx.insert("tools".into(), t.clone());
+                }
+                tmpl.render(Value::from_serialize(&ctx)).map_err(template_error)
+            }
+        }
+    }
+}
+
+/// Texts of the BOS and EOS tokens as the tokenizer resolves them ("" where there is none).
+fn special_texts(f: &GgufFile) -> Result<(String, String), TokenizerError> {
+    let model = f.get_str("tokenizer.ggml.model")?.unwrap_or("");
+    let (bos, eos) = match model {
+        "llama" => (Some(1), Some(2)),
+        "gpt2" => (Some(11), Some(11)),
+        _ => (None, None),
+    };
+    let bos = f.get_u32("tokenizer.ggml.bos_token_id").ok().flatten().or(bos);
+    let eos = f.get_u32("tokenizer.ggml.eos_token_id").ok().flatten().or(eos);
+    let tokens = f.get_array("tokenizer.ggml.tokens")?.and_then(|a| a.as_strings());
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tokens.and_then(|t| t.get(i as usize))).cloned().unwrap_or_default()
+    };
+    Ok((text(bos), text(eos)))
+}
+
+fn render_chatml(messages: &[Message], add_generation_prompt: bool) -> String {
+    let mut s = String::new();
+    for m in messages {
+        s.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content));
+    }
+    if add_generation_prompt {
+        s.push_str("<|im_start|>assistant\n");
+    }
+    s
+}
+
+fn render_gemma(messages: &[Message], add_generation_prompt: bool) -> String {
+    let mut s = String::new();
+    let mut system = String::new();
+    for m in messages {
+        if m.role == "system" {
+            system.push_str(m.content.trim());
+            continue;
+        }
+        let role = if m.role == "assistant" { "model" } else { m.role.as_str() };
+        s.push_str("<start_of_turn>");
+        s.push_str(role);
+        s.push('\n');
+        if !system.is_empty() && role != "model" {
+            s.push_str(&system);
+            s.push_str("\n\n");
+            system.clear();
+        }
+        s.push_str(m.content.trim());
+        s.push_str("<end_of_turn>\n");
+    }
+    if add_generation_prompt {
+        s.push_str("<start_of_turn>model\n");
+    }
+    s
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`: `", "` and `": "`
+/// separators inline, `","` and newlines with an indent.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    // Jinja2 templates sometimes pass ensure_ascii=False; it is what this filter does anyway.
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut out = String::new();
+    write_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
+    Ok(Value::from(out))
+}
+
+fn write_json(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth: usize, out: &mut String) {
+    use serde_json::Value as J;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        J::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, x) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_json(x, indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        J::Object(map) if !map.is_empty() => {
+            let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
+            if sort {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            out.push('{');
+            for (i, (k, x)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                out.push_str(": ");
+                write_json(x, indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// `strftime` on the current UTC time, for the specifiers chat templates use.
+fn strftime_now(fmt: &str) -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    strftime(secs, fmt)
+}
+
+fn strftime(unix_secs: u64, fmt: &str) -> String {
+    const MONTHS: [&str; 12] =
+        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
+    let days = (unix_secs / 86_400) as i64;
+    let rem = unix_secs % 86_400;
+    let (h, mi, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian, 400-year eras).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (month, weekday) = (MONTHS[(m - 1) as usize], DAYS[(days.rem_euclid(7)) as usize]);
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('-') if chars.clone().next() == Some('d') => {
+                chars.next();
+                out.push_str(&d.to_string());
+            }
+            Some('H') => out.push_str(&format!("{h:02}")),
+            Some('M') => out.push_str(&format!("{mi:02}")),
+            Some('S') => out.push_str(&format!("{s:02}")),
+            Some('B') => out.push_str(month),
+            Some('b') => out.push_str(&month[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conv() -> Vec<Message> {
+        vec![
+            Message::new("system", "Be brief."),
+            Message::new("user", "Hi!"),
+            Message::new("assistant", "Hello. "),
+            Message::new("user", "What is 2+2?"),
+        ]
+    }
+
+    #[test]
+    fn gemma_builtin() {
+        let t = ChatTemplate::builtin("gemma3");
+        assert_eq!(t.builtin_kind(), Some(Builtin::Gemma));
+        assert_eq!(
+            t.render(&conv(), true, None).unwrap(),
+            "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"
+        );
+    }
+
+    #[test]
+    fn chatml_builtin() {
+        let t = ChatTemplate::builtin("llama");
+        assert_eq!(
+            t.render(&conv()[1..2], true, None).unwrap(),
+            "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(ChatTemplate::builtin("some-new-arch").builtin_kind(), Some(Builtin::ChatMl));
+    }
+
+    #[test]
+    fn jinja_features() {
+        let src = "{{ bos_token }}{% for m in messages %}{{ m.role | upper }}:{{ m.content.strip() }}{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}\n{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}{% if add_generation_prompt %}>{% endif %}";
+        let t = ChatTemplate::from_source(src, "<s>", "</s>").unwrap();
+        let mut m = Message::new("assistant", " x ");
+        m.tool_calls = Some(serde_json::json!([{"name": "f", "arguments": {"a": 1, "b": "é"}}]));
+        let tools = serde_json::json!([{"type": "function"}]);
+        assert_eq!(
+            t.render(&[Message::new("user", " hi "), m], true, Some(&tools)).unwrap(),
+            // trim_blocks eats the newline after each block tag, as in Hugging Face's renderer.
+            "<s>USER:hiASSISTANT:x[{\"name\": \"f\", \"arguments\": {\"a\": 1, \"b\": \"é\"}}][{\"type\": \"function\"}]>"
+        );
+    }
+
+    #[test]
+    fn errors_are_errors() {
+        let e = ChatTemplate::from_source("{% for m in messages %}", "", "").unwrap_err();
+        assert!(matches!(e, TokenizerError::Template(_)), "{e}");
+        let t = ChatTemplate::from_source("{{ raise_exception('roles must alternate') }}", "", "").unwrap();
+        let e = t.render(&[], false, None).unwrap_err();
+        assert!(e.to_string().contains("roles must alternate"), "{e}");
+        let t = ChatTemplate::from_source("{{ messages[0].content.no_such_method() }}", "", "").unwrap();
+        assert!(t.render(&[Message::new("user", "x")], false, None).is_err());
+    }
+
+    #[test]
+    fn json_and_dates() {
+        let v = serde_json::json!({"a": [1, 2], "b": {}});
+        let mut s = String::new();
+        write_json(&v, Some(2), false, 0, &mut s);
+        assert_eq!(s, "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": {}\n}");
+        // 2024-03-15 14:30:05 UTC was a Friday.
+        assert_eq!(strftime(1_710_513_005, "%d %b %Y %H:%M:%S %A %-d%%"), "15 Mar 2024 14:30:05 Friday 15%");
+        assert_eq!(strftime(0, "%Y-%m-%d %a"), "1970-01-01 Thu");
+    }
+}

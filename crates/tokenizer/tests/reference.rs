@@ -192,3 +192,39 @@ fn gpl3_token_counts() {
         assert_eq!(tok.decode(&ids, true), text);
     }
 }
+
+#[test]
+fn smollm2_chat_template_matches_reference_prompts() {
+    use quiver_tokenizer::chat::{ChatTemplate, Message};
+    let f = model_file("smollm2-135m");
+    let tmpl = ChatTemplate::from_gguf(&f).unwrap().expect("SmolLM2 ships a chat template");
+    let tok = tokenizer("smollm2-135m");
+    let mut n = 0;
+    for r in records("generate-smollm2.jsonl") {
+        let Some(msgs) = r.get("messages") else { continue };
+        let msgs: Vec<Message> = serde_json::from_value(msgs.clone()).expect("messages");
+        let prompt = tmpl.render(&msgs, true, None).unwrap();
+        assert_eq!(prompt, r["prompt"].as_str().unwrap());
+        assert_eq!(tok.encode(&prompt, true, true).unwrap(), ids_of(&r["prompt_ids"]));
+        n += 1;
+    }
+    assert_eq!(n, 2, "expected the two ChatML records");
+}
+
+#[test]
+fn gemma3_uses_the_builtin_template() {
+    use quiver_tokenizer::chat::{Builtin, ChatTemplate, Message};
+    let f = model_file("gemma3-270m");
+    assert!(ChatTemplate::from_gguf(&f).unwrap().is_none());
+    let tmpl = ChatTemplate::for_model(&f).unwrap();
+    assert_eq!(tmpl.builtin_kind(), Some(Builtin::Gemma));
+    let msgs = [Message::new("user", "Hello!"), Message::new("assistant", "Hi there."), Message::new("user", "Bye.")];
+    let prompt = tmpl.render(&msgs, true, None).unwrap();
+    assert_eq!(
+        prompt,
+        "<start_of_turn>user\nHello!<end_of_turn>\n<start_of_turn>model\nHi there.<end_of_turn>\n\
+         <start_of_turn>user\nBye.<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let ids = tokenizer("gemma3-270m").encode(&prompt, true, true).unwrap();
+    assert_eq!(&ids[..3], &[2, 105, 2364], "BOS, <start_of_turn>, user");
+}
