@@ -70,7 +70,9 @@ impl Merges {
         let n = syms.len();
         // Candidate merges: lowest rank first, then leftmost. The lengths recorded with a
         // candidate tell whether both sides are still what they were when it was queued.
-        let mut heap: BinaryHeap<Reverse<(u32, usize, usize, usize, u32)>> = BinaryHeap::new();
+        // (rank, left index, left length, right length, id of the joined string)
+        type Candidate = Reverse<(u32, usize, usize, usize, u32)>;
+        let mut heap: BinaryHeap<Candidate> = BinaryHeap::new();
         let push = |heap: &mut BinaryHeap<_>, syms: &[Sym], l: usize, r: usize| {
             if l >= n || r >= n {
                 return;

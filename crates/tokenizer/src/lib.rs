@@ -326,7 +326,7 @@ impl Tokenizer {
     /// becomes U+FFFD, only here at the end. Ids outside the vocabulary decode to nothing.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         let mut ids = ids;
-        if skip_special && self.add_eos && ids.len() > 0 && ids.last().copied() == self.eos {
+        if skip_special && self.add_eos && !ids.is_empty() && ids.last().copied() == self.eos {
             ids = &ids[..ids.len() - 1];
         }
         let mut d = Detokenizer::new(self, skip_special);

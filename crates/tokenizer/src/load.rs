@@ -190,7 +190,7 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         let ret = has(&eog, &["<|return|>"]).is_some();
         let call = has(&eog, &["<|call|>", "<|calls|>"]).is_some();
         let flush = has(&eog, &["<|flush|>"]).is_some();
-        if (ret && call) || (call && flush) {
+        if call && (ret || flush) {
             eog.remove(&end);
             attrs[end as usize] = attr::USER_DEFINED;
         }

@@ -169,7 +169,7 @@ impl PreTokenizer {
             cps.push((c, Flags::of(c)));
         }
         offs.push(text.len());
-        let mut pieces = vec![0..cps.len()];
+        let mut pieces: Vec<std::ops::Range<usize>> = std::iter::once(0..cps.len()).collect();
         for rule in &self.rules {
             let mut next = Vec::with_capacity(pieces.len() * 2);
             for p in &pieces {
@@ -358,7 +358,8 @@ fn llama3(cps: &[(char, Flags)], a: usize, b: usize, max_digits: usize, o: &mut 
         // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
         let lead = usize::from(c == ' ');
         let f2 = flags(pos + lead);
-        if f2.map_or(true, Flags::other) {
+        // (Past the end counts too: a lone trailing space becomes its own piece either way.)
+        if !matches!(f2, Some(f) if !f.other()) {
             pos += lead;
             while is(pos, Flags::other) {
                 pos += 1;
