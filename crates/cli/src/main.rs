@@ -1,1 +1,176 @@
-fn main() {}
+//! The `quiver` binary: parses flags and wires the crates together.
+
+mod info;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "quiver", version, about = "GGUF inference engine and OpenAI-compatible server")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Describe a model: architecture, hyperparameters, tokenizer, tensors.
+    Info {
+        /// Model path, alias (smollm2-135m, gemma3-270m) or hf:ORG/REPO/FILE.gguf.
+        #[arg(short = 'm', long = "model")]
+        model: Option<String>,
+        /// The model as a positional argument (same as -m).
+        #[arg(conflicts_with = "model")]
+        path: Option<String>,
+        /// Print JSON (format documented in docs/CLI.md).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Tokenize text and print the ids as a JSON array.
+    Tokenize {
+        #[arg(short = 'm', long = "model")]
+        model: Option<String>,
+        /// Do not add BOS/EOS even if the model asks for them.
+        #[arg(long)]
+        no_add_special: bool,
+        /// Recognise special-token text such as <|im_start|> as special tokens.
+        #[arg(long)]
+        parse_special: bool,
+        /// The text to tokenize.
+        text: String,
+    },
+    /// Write a GGUF with random weights of a named shape.
+    Synth {
+        /// Architecture: llama or gemma3.
+        #[arg(long)]
+        arch: String,
+        /// Shape preset: smollm2-135m, gemma3-270m, llama3-1b, llama3-8b.
+        #[arg(long)]
+        preset: String,
+        /// File type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S/M/L,
+        /// Q4_K_S/M, Q5_K_S/M, Q6_K, IQ4_NL, IQ4_XS.
+        #[arg(long = "type")]
+        ty: String,
+        /// Output file.
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Threads for quantization (default: all cores).
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
+    },
+    /// Fetch a known model into the cache (it is fetched on first use anyway).
+    Fetch {
+        /// Aliases to fetch; all known models when none are given.
+        aliases: Vec<String>,
+    },
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                std::process::exit(0);
+            }
+            // One line: clap's first line names the problem; the rest is usage.
+            let text = e.to_string();
+            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            eprintln!("{} (see quiver --help)", first.trim());
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(cli) {
+        // A closed pipe (`quiver info | head`) is not an error.
+        if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) {
+            std::process::exit(0);
+        }
+        // Every error is one line on stderr.
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}
+
+fn resolve(model: Option<&str>) -> Result<PathBuf> {
+    let mut err = std::io::stderr();
+    Ok(quiver_hub::resolve(model, &mut err)?)
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Info { model, path, json } => {
+            let path = resolve(model.as_deref().or(path.as_deref()))?;
+            let f = quiver_gguf::GgufFile::open(&path)?;
+            let report = info::report(&path, &f);
+            let mut out = std::io::stdout().lock();
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+            } else {
+                info::print_text(&report, &mut out)?;
+            }
+        }
+        Cmd::Tokenize { model, no_add_special, parse_special, text } => {
+            let path = resolve(model.as_deref())?;
+            let f = quiver_gguf::GgufFile::open(&path)?;
+            let tok = quiver_tokenizer::Tokenizer::from_gguf(&f)?;
+            let ids = tok.encode(&text, !no_add_special, parse_special)?;
+            println!("{}", serde_json::to_string(&ids)?);
+        }
+        Cmd::Synth { arch, preset, ty, output, seed, threads } => {
+            let p = quiver_synth::preset(&preset)?;
+            if p.arch != arch {
+                anyhow::bail!(quiver_synth::SynthError::ArchMismatch {
+                    preset: preset.clone(),
+                    preset_arch: p.arch.into(),
+                    arch
+                });
+            }
+            let ft = quiver_synth::file_type(&ty)?;
+            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            let mut bar = quiver_hub::Progress::count(quiver_synth::plan(p).len() as u64);
+            let mut err = std::io::stderr();
+            let t0 = std::time::Instant::now();
+            quiver_synth::write(p, ft, seed, &output, threads, |i, _| bar.update(i as u64, &mut err))
+            .with_context(|| format!("writing {}", output.display()))?;
+            bar.finish(&mut err);
+            let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
+            eprintln!(
+                "wrote {} ({} {}, {:.1} MiB) in {:.1}s",
+                output.display(),
+                p.name,
+                ft.name(),
+                size as f64 / 1048576.0,
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        Cmd::Fetch { aliases } => {
+            let list: Vec<String> = if aliases.is_empty() {
+                quiver_hub::KNOWN_MODELS.iter().map(|m| m.alias.to_string()).collect()
+            } else {
+                aliases
+            };
+            for a in list {
+                let m = quiver_hub::known(&a).with_context(|| {
+                    format!(
+                        "unknown alias {a:?} (known: {})",
+                        quiver_hub::KNOWN_MODELS.iter().map(|m| m.alias).collect::<Vec<_>>().join(", ")
+                    )
+                })?;
+                let path = quiver_hub::alias_path(m.alias);
+                if path.is_file() {
+                    eprintln!("{}: already in the cache at {}", m.alias, path.display());
+                } else {
+                    quiver_hub::fetch(m, &mut std::io::stderr())?;
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -200,7 +200,7 @@ fn fetch_into(m: &KnownModel, work: &Path, partial: &Path, dest: &Path, log: &mu
     let mut hasher = Sha256::new();
     let mut done = 0u64;
     let mut buf = vec![0u8; 1 << 20];
-    let mut bar = Progress::new(m.size_bytes);
+    let mut bar = Progress::bytes(m.size_bytes);
     for part in &members {
         let mut f = std::fs::File::open(part).map_err(|e| io_err(part, e))?;
         loop {
@@ -256,38 +256,53 @@ pub fn sha256_file(path: &Path) -> Result<String, HubError> {
     Ok(hex(&h.finalize()))
 }
 
-/// A plain-text progress bar on the log stream: redrawn in place on a terminal, printed every
-/// 25% otherwise.
+/// A plain-text progress bar on stderr-like streams: redrawn in place on a terminal, a line
+/// every 25% otherwise (logs stay short).
 pub struct Progress {
     total: u64,
-    last_pct: u64,
+    bytes: bool,
+    tty: bool,
+    last: u64,
 }
 
 impl Progress {
-    pub fn new(total: u64) -> Self {
-        Progress { total: total.max(1), last_pct: u64::MAX }
+    /// Progress over `total` bytes.
+    pub fn bytes(total: u64) -> Self {
+        Self::make(total, true)
+    }
+
+    /// Progress over `total` items.
+    pub fn count(total: u64) -> Self {
+        Self::make(total, false)
+    }
+
+    fn make(total: u64, bytes: bool) -> Self {
+        use std::io::IsTerminal;
+        Progress { total: total.max(1), bytes, tty: std::io::stderr().is_terminal(), last: u64::MAX }
     }
 
     pub fn update(&mut self, done: u64, log: &mut dyn Write) {
         let pct = (done.min(self.total) * 100) / self.total;
-        if pct == self.last_pct {
+        let step = if self.tty { pct } else { pct / 25 * 25 };
+        if step == self.last {
             return;
         }
-        self.last_pct = pct;
+        self.last = step;
         let filled = (pct / 4) as usize;
-        let _ = write!(
-            log,
-            "\r[{}{}] {pct:3}% {:.1}/{:.1} MiB",
-            "#".repeat(filled),
-            " ".repeat(25 - filled),
-            done as f64 / 1048576.0,
-            self.total as f64 / 1048576.0
-        );
+        let amount = if self.bytes {
+            format!("{:.1}/{:.1} MiB", done as f64 / 1048576.0, self.total as f64 / 1048576.0)
+        } else {
+            format!("{done}/{}", self.total)
+        };
+        let bar = format!("[{}{}] {pct:3}% {amount}", "#".repeat(filled), " ".repeat(25 - filled));
+        let _ = if self.tty { write!(log, "\r{bar}") } else { writeln!(log, "{bar}") };
         let _ = log.flush();
     }
 
     pub fn finish(&mut self, log: &mut dyn Write) {
-        let _ = writeln!(log);
+        if self.tty {
+            let _ = writeln!(log);
+        }
     }
 }
 
@@ -333,7 +348,7 @@ mod tests {
     #[test]
     fn progress_reaches_100_percent() {
         let mut out = Vec::new();
-        let mut p = Progress::new(200);
+        let mut p = Progress::bytes(200);
         p.update(100, &mut out);
         p.update(200, &mut out);
         let s = String::from_utf8(out).unwrap();
