@@ -1,0 +1,131 @@
+//! Black-box tests of the `quiver` binary: bad input gives one line on stderr and a non-zero
+//! exit; info, tokenize and synth do what they say on the real models.
+
+use std::process::{Command, Output};
+
+fn quiver(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_quiver")).args(args).output().expect("quiver runs")
+}
+
+fn model(alias: &str) -> String {
+    let p = quiver_hub::alias_path(alias);
+    assert!(p.is_file(), "{} is missing: run scripts/test (it fetches the test models)", p.display());
+    p.display().to_string()
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("quiver-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn assert_one_line_error(out: &Output, code: i32, what: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{what}: exit code, stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{what}: stderr is not one line: {err:?}");
+    assert!(out.stdout.is_empty(), "{what}: wrote to stdout on error");
+}
+
+#[test]
+fn every_malformed_file_is_a_one_line_error_with_exit_1() {
+    for c in quiver_gguf::malformed::cases() {
+        let p = tmp(&format!("bad-{}.gguf", c.name.replace(' ', "_")));
+        std::fs::write(&p, &c.bytes).unwrap();
+        let out = quiver(&["info", p.to_str().unwrap()]);
+        assert_one_line_error(&out, 1, c.name);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("error: ") && err.contains(c.expect), "{}: {err}", c.name);
+    }
+}
+
+#[test]
+fn missing_files_unknown_flags_and_bad_values_are_one_line_errors() {
+    let out = quiver(&["info", "/no/such/model.gguf"]);
+    assert_one_line_error(&out, 1, "missing file");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/model.gguf"));
+    assert_one_line_error(&quiver(&["info", "--bogus"]), 2, "unknown flag");
+    assert_one_line_error(&quiver(&["frobnicate"]), 2, "unknown command");
+    let o = tmp("never.gguf");
+    let o = o.to_str().unwrap();
+    let out = quiver(&["synth", "--arch", "llama", "--preset", "smollm2-135m", "--type", "Q9_9", "-o", o]);
+    assert_one_line_error(&out, 1, "unknown type");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Q4_K_M"), "lists the known types");
+    let out = quiver(&["synth", "--arch", "gemma3", "--preset", "smollm2-135m", "--type", "Q8_0", "-o", o]);
+    assert_one_line_error(&out, 1, "arch mismatch");
+    let out = quiver(&["synth", "--arch", "llama", "--preset", "tiny", "--type", "Q8_0", "-o", o]);
+    assert_one_line_error(&out, 1, "unknown preset");
+    assert!(!std::path::Path::new(o).exists());
+    let out = quiver(&["synth", "--arch", "llama", "--preset", "smollm2-135m", "--type", "Q8_0", "-t", "x", "-o", o]);
+    assert_one_line_error(&out, 2, "non-numeric flag");
+    let out = quiver(&["info", "hf:just-an-org"]);
+    assert_one_line_error(&out, 1, "bad hf reference");
+}
+
+#[test]
+fn info_json_describes_smollm2() {
+    let out = quiver(&["info", "--json", "-m", &model("smollm2-135m")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["architecture"], "llama");
+    assert_eq!(j["hparams"]["block_count"], 30);
+    assert_eq!(j["hparams"]["attention.layer_norm_rms_epsilon"], 1e-5);
+    assert_eq!(j["tokenizer"]["model"], "gpt2");
+    assert_eq!(j["tokenizer"]["pre"], "smollm");
+    assert_eq!(j["tokenizer"]["vocab_size"], 49152);
+    assert_eq!(j["tokenizer"]["special_tokens"]["eos"]["text"], "<|im_end|>");
+    assert_eq!(j["tokenizer"]["chat_template"], true);
+    let tensors = j["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 272);
+    let sum: u64 = tensors.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(j["totals"]["bytes"], sum);
+    assert_eq!(j["totals"]["by_type"]["Q8_0"]["tensors"], 1);
+    let emb = tensors.iter().find(|t| t["name"] == "token_embd.weight").unwrap();
+    assert_eq!(emb["shape"], serde_json::json!([49152, 576]));
+    // Text form from the same report.
+    let out = quiver(&["info", &model("smollm2-135m")]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("architecture:  llama") && text.contains("totals: 272 tensors"), "{text}");
+}
+
+#[test]
+fn tokenize_prints_llama_cpp_ids() {
+    // From ../shared/reference/tokenize-smollm2.jsonl and tokenize-gemma3.jsonl.
+    let out = quiver(&["tokenize", "-m", &model("smollm2-135m"), "<|endoftext|>"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[44,108,486,1714,2692,108,46]");
+    let out = quiver(&["tokenize", "-m", &model("gemma3-270m"), ""]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[2]");
+    let out = quiver(&["tokenize", "-m", &model("gemma3-270m"), "--no-add-special", ""]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
+
+#[test]
+fn synth_gemma3_q4_k_m_has_the_real_files_tensor_types_and_no_vocabulary() {
+    let real = quiver_gguf::GgufFile::open(model("gemma3-270m")).unwrap();
+    let p = tmp("gemma3-synth.gguf");
+    let out = quiver(&["synth", "--arch", "gemma3", "--preset", "gemma3-270m", "--type", "Q4_K_M", "-o", p.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let f = quiver_gguf::GgufFile::open(&p).unwrap();
+    assert_eq!(f.tensors.len(), real.tensors.len());
+    for t in &real.tensors {
+        let s = f.tensor(&t.name).unwrap_or_else(|| panic!("synth lacks {}", t.name));
+        assert_eq!((s.ty, &s.shape), (t.ty, &t.shape), "{}", t.name);
+    }
+    assert_eq!(f.get_str("tokenizer.ggml.model").unwrap(), Some("none"));
+    assert_eq!(f.get_u32("gemma3.vocab_size").unwrap(), Some(262144));
+    for key in ["gemma3.attention.sliding_window", "gemma3.attention.key_length", "gemma3.block_count"] {
+        assert_eq!(f.get(key), real.get(key), "{key}");
+    }
+    // The weights are random but not degenerate: a dequantized matrix has the requested spread.
+    let (t, bytes) = f.tensor_bytes("blk.0.attn_output.weight").unwrap();
+    let mut w = vec![0f32; t.n_elements as usize];
+    quiver_quant::dequantize(t.ty, bytes, &mut w).unwrap();
+    let rms = (w.iter().map(|x| x * x).sum::<f32>() / w.len() as f32).sqrt();
+    assert!((0.015..0.025).contains(&rms), "rms {rms}");
+    // Same seed, same file.
+    let p2 = tmp("gemma3-synth-2.gguf");
+    let out = quiver(&["synth", "--arch", "gemma3", "--preset", "gemma3-270m", "--type", "Q4_K_M", "-o", p2.to_str().unwrap()]);
+    assert!(out.status.success());
+    assert!(std::fs::read(&p).unwrap() == std::fs::read(&p2).unwrap(), "synth is not deterministic");
+    let _ = std::fs::remove_file(&p);
+    let _ = std::fs::remove_file(&p2);
+}
