@@ -321,9 +321,11 @@ impl Tokenizer {
         }
     }
 
-    /// Decodes ids to text. With `skip_special` control tokens are left out (and BOS/EOS the
-    /// model adds itself are dropped); without it they appear as their text. Invalid UTF-8
-    /// becomes U+FFFD, only here at the end. Ids outside the vocabulary decode to nothing.
+    /// Decodes ids to text: the concatenation of the tokens' pieces, as llama-server returns
+    /// generated text, and exactly what [`Detokenizer`] streams. With `skip_special` control
+    /// tokens are left out (and a BOS/EOS the model adds itself is dropped); without it they
+    /// appear as their text. Invalid UTF-8 becomes U+FFFD, only here at the end. Ids outside
+    /// the vocabulary decode to nothing.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         let mut ids = ids;
         if skip_special && self.add_eos && !ids.is_empty() && ids.last().copied() == self.eos {
@@ -337,6 +339,86 @@ impl Tokenizer {
         out.push_str(&d.flush());
         out
     }
+
+    /// llama.cpp's `llama_detokenize(remove_special, unparse_special)`, byte for byte: like
+    /// [`decode`](Self::decode), plus the clean-up of spaces before punctuation and
+    /// contractions (`" ."` → `"."`, `" 's"` → `"'s"`) that vocabularies with
+    /// `clean_up_tokenization_spaces` ask for (most byte-level BPE pre-tokenizers; not SPM,
+    /// smollm, qwen2 or deepseek).
+    pub fn detokenize(&self, ids: &[u32], remove_special: bool, unparse_special: bool) -> String {
+        if self.kind == TokenizerKind::None {
+            return String::new();
+        }
+        let mut ids = ids;
+        let mut strip_space = self.add_space_prefix;
+        if remove_special && self.add_bos && !ids.is_empty() && Some(ids[0]) == self.bos {
+            strip_space = false;
+            ids = &ids[1..];
+        }
+        if remove_special && self.add_eos && !ids.is_empty() && ids.last().copied() == self.eos {
+            ids = &ids[..ids.len() - 1];
+        }
+        let mut bytes = Vec::new();
+        for &id in ids {
+            let piece = self.piece(id, unparse_special);
+            let skip = usize::from(std::mem::take(&mut strip_space) && piece.first() == Some(&b' '));
+            bytes.extend_from_slice(&piece[skip..]);
+        }
+        if self.pre.as_ref().is_some_and(|p| p.clean_spaces) {
+            bytes = clean_spaces(&bytes);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Whether [`detokenize`](Self::detokenize) cleans up spaces.
+    pub fn clean_spaces(&self) -> bool {
+        self.pre.as_ref().is_some_and(|p| p.clean_spaces)
+    }
+}
+
+/// llama.cpp's three clean-up passes over detokenized bytes: drop the space before `?!.,`;
+/// turn `" ' "` into `"'"`; drop the space before `'s 'm 're 've`.
+fn clean_spaces(text: &[u8]) -> Vec<u8> {
+    if text.is_empty() {
+        return Vec::new();
+    }
+    // 1. " ?" " !" " ." " ,"
+    let mut a = vec![text[0]];
+    for i in 1..text.len() {
+        if text[i - 1] == b' ' && matches!(text[i], b'?' | b'!' | b'.' | b',') {
+            a.pop();
+        }
+        a.push(text[i]);
+    }
+    // 2. A lone apostrophe between spaces loses both spaces. The space after it is consumed
+    // (llama.cpp zeroes it in place, so it cannot start another match).
+    let mut src = a;
+    let mut b = vec![src[0]];
+    let mut i = 1;
+    while i < src.len() {
+        let x = src[i];
+        if x == b'\'' && i + 1 < src.len() && src[i - 1] == b' ' && src[i + 1] == b' ' {
+            b.pop();
+            src[i + 1] = 0;
+            i += 1;
+        }
+        b.push(x);
+        i += 1;
+    }
+    // 3. " 's" " 'm" " 're" " 've" (but not " 't" " 'd" " 'll").
+    let mut c = vec![b[0]];
+    for i in 1..b.len() {
+        if b[i - 1] == b' ' && b[i] == b'\'' && i + 1 < b.len() {
+            let x1 = b[i + 1];
+            let x2 = b.get(i + 2).copied();
+            let drop = matches!(x1, b's' | b'm') || (i + 2 < b.len() && matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e'))));
+            if drop {
+                c.pop();
+            }
+        }
+        c.push(b[i]);
+    }
+    c
 }
 
 /// Incremental decoding: feed ids one at a time and get the text that became complete.
@@ -491,6 +573,18 @@ mod tests {
         assert_eq!(d.push(10 + 0xE4), "");
         assert_eq!(d.flush(), "\u{fffd}");
         assert_eq!(t.decode(&[10 + 0xF0, 4, 10 + 0xE4], true), "\u{fffd}a\u{fffd}");
+    }
+
+    #[test]
+    fn clean_spaces_passes() {
+        let c = |s: &str| String::from_utf8(clean_spaces(s.as_bytes())).unwrap();
+        assert_eq!(c("Hi , there . Ok ?"), "Hi, there. Ok?");
+        assert_eq!(c("a ' b"), "a'b");
+        assert_eq!(c("a ' ' b"), "a'' b");
+        assert_eq!(c("it 's we 're I 'm they 've"), "it's we're I'm they've");
+        assert_eq!(c("don 't I 'd we 'll"), "don 't I 'd we 'll");
+        assert_eq!(c(" ."), ".");
+        assert_eq!(c(""), "");
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub struct PreTokenizer {
     pub add_bos: bool,
     /// The default BOS id is dropped (ChatGLM).
     pub no_default_bos: bool,
+    /// llama.cpp's `clean_up_tokenization_spaces` in `llama_detokenize`.
+    pub clean_spaces: bool,
 }
 
 impl PreTokenizer {
@@ -112,7 +114,19 @@ impl PreTokenizer {
         let name = name.unwrap_or("").to_string();
         let default = vec![Run(Set::PunctSym { backtick: false }), Gpt2, Run(Set::Number), DigitTriples];
         let llama3 = vec![Llama3 { max_digits: 3 }];
-        let mut p = PreTokenizer { name, rules: Vec::new(), ignore_merges: false, add_bos: false, no_default_bos: false };
+        let mut p = PreTokenizer {
+            name,
+            rules: Vec::new(),
+            ignore_merges: false,
+            add_bos: false,
+            no_default_bos: false,
+            clean_spaces: true,
+        };
+        p.clean_spaces = !matches!(
+            p.name.as_str(),
+            "deepseek-llm" | "deepseek-coder" | "command-r" | "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2"
+                | "smollm" | "trillion" | "granite-docling" | "hunyuan" | "solar-open"
+        );
         p.rules = match p.name.as_str() {
             "" | "default" => default,
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"

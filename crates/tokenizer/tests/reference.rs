@@ -228,3 +228,21 @@ fn gemma3_uses_the_builtin_template() {
     let ids = tokenizer("gemma3-270m").encode(&prompt, true, true).unwrap();
     assert_eq!(&ids[..3], &[2, 105, 2364], "BOS, <start_of_turn>, user");
 }
+
+/// Generated text as llama-server returned it is the decode of the generated ids.
+#[test]
+fn decode_matches_generated_text() {
+    for (alias, model) in [("smollm2-135m", "smollm2"), ("gemma3-270m", "gemma3")] {
+        let tok = tokenizer(alias);
+        let recs = records(&format!("generate-{model}.jsonl"));
+        assert_eq!(recs.len(), 5);
+        for r in recs {
+            let ids = ids_of(&r["output_ids"]);
+            let want = r["output_text"].as_str().unwrap();
+            assert_eq!(tok.decode(&ids, true), want, "{model}: {:?}", r["prompt"]);
+            let mut d = Detokenizer::new(tok, true);
+            let streamed: String = ids.iter().map(|&id| d.push(id)).collect::<String>() + &d.flush();
+            assert_eq!(streamed, want);
+        }
+    }
+}
