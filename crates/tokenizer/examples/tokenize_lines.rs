@@ -7,6 +7,7 @@
 //! can be compared with `cmp`.
 //!
 //! `cargo run --release -p quiver-tokenizer --example tokenize_lines -- MODEL.gguf < texts.hex`
+//! With `--info` after the model it prints the special-token ids, EOG set and control tokens.
 
 use quiver_tokenizer::Tokenizer;
 use std::io::{BufRead, Write};
@@ -23,6 +24,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args().nth(1).ok_or("usage: tokenize_lines MODEL.gguf < texts.hex")?;
     let f = quiver_gguf::GgufFile::open(&path)?;
     let tok = Tokenizer::from_gguf(&f)?;
+    if std::env::args().nth(2).as_deref() == Some("--info") {
+        // Special-token facts, in the llama.cpp harness's format.
+        let id = |x: Option<u32>| x.map_or(-1, |v| v as i64);
+        println!(
+            "n={} bos={} eos={} eot={} add_bos={} add_eos={}",
+            tok.n_vocab(),
+            id(tok.bos()),
+            id(tok.eos()),
+            id(tok.eot()),
+            u8::from(tok.add_bos()),
+            u8::from(tok.add_eos())
+        );
+        let eog: String = tok.eog_ids().map(|i| format!(" {i}")).collect();
+        println!("eog:{eog}");
+        let ctl: String = (0..tok.n_vocab() as u32).filter(|&i| tok.is_control(i)).map(|i| format!(" {i}")).collect();
+        println!("control_or_unknown:{ctl}");
+        return Ok(());
+    }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     for line in std::io::stdin().lock().lines() {
