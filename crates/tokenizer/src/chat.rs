@@ -153,9 +153,9 @@ impl ChatTemplate {
                 ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
                 ctx.insert("bos_token".into(), self.bos_token.clone().into());
                 ctx.insert("eos_token".into(), self.eos_token.clone().into());
-                if let Some(t) = tools {
-                    ctx.insert("tools".into(), t.clone());
-                }
+                // Like Hugging Face's apply_chat_template, `tools` is always defined: none when
+                // absent (templates test `tools is not none`).
+                ctx.insert("tools".into(), tools.cloned().unwrap_or(serde_json::Value::Null));
                 tmpl.render(Value::from_serialize(&ctx)).map_err(template_error)
             }
         }
