@@ -1,0 +1,236 @@
+//! The CPU backend: activations in `Vec<f32>`, weights borrowed from the mapped GGUF file
+//! (never copied to the heap), K/V in one f32 pool per layer.
+
+mod attn;
+mod matmul;
+
+use quiver_backend::{
+    reference, Activation, AttnParams, Backend, BackendError, Batch, Result, RopeParams, WeightBytes,
+};
+use quiver_gguf::GgmlType;
+
+pub struct CpuWeight {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    bytes: WeightBytes,
+    /// Vectors (norm weights) as f32, converted once at load: they are tiny.
+    vector: Option<Vec<f32>>,
+}
+
+impl CpuWeight {
+    pub fn bytes(&self) -> &[u8] {
+        self.bytes.bytes()
+    }
+
+    fn vector(&self, op: &'static str) -> Result<&[f32]> {
+        self.vector
+            .as_deref()
+            .ok_or_else(|| BackendError::Shape { op, detail: format!("expected a vector weight, got [{}, {}]", self.rows, self.cols) })
+    }
+}
+
+pub struct CpuKv {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub kv_dim: usize,
+    pub n_slots: usize,
+}
+
+pub struct CpuBackend {
+    batch: Batch,
+    mm: matmul::MatMul,
+}
+
+impl CpuBackend {
+    pub fn new(threads: usize) -> Self {
+        CpuBackend { batch: Batch::default(), mm: matmul::MatMul::new(threads) }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.mm.threads()
+    }
+}
+
+fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(BackendError::Shape { op, detail: detail() })
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Weight = CpuWeight;
+    type Kv = CpuKv;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn weight(&self, name: &str, ty: GgmlType, shape: &[u64], bytes: WeightBytes) -> Result<CpuWeight> {
+        let cols = *shape.last().unwrap_or(&1) as usize;
+        let rows = shape.iter().rev().skip(1).product::<u64>() as usize;
+        let vector = if rows == 1 {
+            let mut v = vec![0f32; cols];
+            quiver_quant::dequantize(ty, bytes.bytes(), &mut v)
+                .map_err(|e| BackendError::Shape { op: "weight", detail: format!("{name}: {e}") })?;
+            Some(v)
+        } else {
+            if !self.mm.supports(ty) {
+                return Err(BackendError::Unsupported { op: "matmul", ty, backend: "cpu" });
+            }
+            None
+        };
+        Ok(CpuWeight { ty, rows, cols, bytes, vector })
+    }
+
+    fn buf(&self, n: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; n])
+    }
+
+    fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<CpuKv> {
+        Ok(CpuKv { k: vec![0.0; n_slots * kv_dim], v: vec![0.0; n_slots * kv_dim], kv_dim, n_slots })
+    }
+
+    fn set_batch(&mut self, batch: &Batch) -> Result<()> {
+        self.batch.clone_from(batch);
+        Ok(())
+    }
+
+    fn embed(&self, table: &CpuWeight, scale: f32, out: &mut Vec<f32>) -> Result<()> {
+        let cols = table.cols;
+        let row_bytes = table.ty.row_bytes(cols as u64).unwrap_or(0) as usize;
+        let n = self.batch.n_tokens();
+        check("embed", out.len() >= n * cols, || format!("out holds {} < {n}×{cols}", out.len()))?;
+        for (t, &id) in self.batch.tokens.iter().enumerate() {
+            let id = id as usize;
+            check("embed", id < table.rows, || format!("token id {id} ≥ vocabulary {}", table.rows))?;
+            let o = &mut out[t * cols..][..cols];
+            quiver_quant::dequantize(table.ty, &table.bytes()[id * row_bytes..][..row_bytes], o)
+                .map_err(|e| BackendError::Shape { op: "embed", detail: e.to_string() })?;
+            if scale != 1.0 {
+                o.iter_mut().for_each(|x| *x *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, w: &CpuWeight, eps: f32, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        let w = w.vector("rms_norm")?;
+        let n = rows * w.len();
+        check("rms_norm", x.len() >= n && out.len() >= n, || format!("{rows}×{} elements", w.len()))?;
+        reference::rms_norm(&x[..n], w, eps, &mut out[..n]);
+        Ok(())
+    }
+
+    fn rms_norm_inplace(&self, x: &mut Vec<f32>, w: &CpuWeight, eps: f32, rows: usize) -> Result<()> {
+        let w = w.vector("rms_norm")?;
+        let d = w.len();
+        check("rms_norm", x.len() >= rows * d, || format!("{rows}×{d} elements"))?;
+        let mut tmp = [0f32; 1024];
+        check("rms_norm", d <= tmp.len(), || format!("row of {d} > 1024"))?;
+        for r in x[..rows * d].chunks_exact_mut(d) {
+            tmp[..d].copy_from_slice(r);
+            reference::rms_norm(&tmp[..d], w, eps, r);
+        }
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut Vec<f32>,
+        x: &Vec<f32>,
+        w: &CpuWeight,
+        eps: f32,
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let n = rows * w.vector("add_rms_norm")?.len();
+        self.add(residual, x, n)?;
+        self.rms_norm(residual, w, eps, rows, out)
+    }
+
+    fn add(&self, a: &mut Vec<f32>, b: &Vec<f32>, n: usize) -> Result<()> {
+        check("add", a.len() >= n && b.len() >= n, || format!("{n} elements"))?;
+        a[..n].iter_mut().zip(&b[..n]).for_each(|(x, y)| *x += y);
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, rows_x: usize, out: &mut Vec<f32>) -> Result<()> {
+        check("matmul", x.len() >= rows_x * w.cols && out.len() >= rows_x * w.rows, || {
+            format!("x [{rows_x}, {}] · W [{}, {}]ᵀ", w.cols, w.rows, w.cols)
+        })?;
+        self.mm.run(w.ty, w.bytes(), w.rows, w.cols, &x[..rows_x * w.cols], rows_x, &mut out[..rows_x * w.rows])
+    }
+
+    fn matmul_logits(&self, w: &CpuWeight, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
+        let sel = &self.batch.logits;
+        let c = w.cols;
+        // Pack the selected rows (contiguous runs need no copy, but the copy is tiny next to
+        // the product itself).
+        let mut packed = Vec::with_capacity(sel.len() * c);
+        for &i in sel {
+            packed.extend_from_slice(&x[i as usize * c..][..c]);
+        }
+        self.matmul(w, &packed, sel.len(), out)
+    }
+
+    fn rope_kv_write(
+        &self,
+        q: &mut Vec<f32>,
+        k: &mut Vec<f32>,
+        v: &Vec<f32>,
+        rope: &RopeParams,
+        a: &AttnParams,
+        kv: &mut CpuKv,
+    ) -> Result<()> {
+        let b = &self.batch;
+        let n = b.n_tokens();
+        let kv_dim = a.n_head_kv * a.head_dim;
+        check("rope_kv_write", kv_dim == kv.kv_dim, || format!("kv_dim {kv_dim} vs cache {}", kv.kv_dim))?;
+        reference::rope(&mut q[..n * a.n_head * a.head_dim], &b.positions, a.n_head, a.head_dim, rope);
+        reference::rope(&mut k[..n * kv_dim], &b.positions, a.n_head_kv, a.head_dim, rope);
+        // The cache holds f16 values (as llama.cpp's default f16 cache does); q meets it in f16.
+        let r16 = |x: &mut [f32]| x.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+        r16(&mut q[..n * a.n_head * a.head_dim]);
+        r16(&mut k[..n * kv_dim]);
+        for t in 0..n {
+            let slot = b.slots[t] as usize;
+            check("rope_kv_write", slot < kv.n_slots, || format!("slot {slot} ≥ {}", kv.n_slots))?;
+            kv.k[slot * kv_dim..][..kv_dim].copy_from_slice(&k[t * kv_dim..][..kv_dim]);
+            let dst = &mut kv.v[slot * kv_dim..][..kv_dim];
+            dst.copy_from_slice(&v[t * kv_dim..][..kv_dim]);
+            r16(dst);
+        }
+        Ok(())
+    }
+
+    fn attention(&self, q: &Vec<f32>, kv: &CpuKv, a: &AttnParams, out: &mut Vec<f32>) -> Result<()> {
+        let n = self.batch.n_tokens() * a.n_head * a.head_dim;
+        check("attention", q.len() >= n && out.len() >= n, || format!("{n} elements"))?;
+        self.batch.validate(kv.n_slots).map_err(|d| BackendError::Shape { op: "attention", detail: d })?;
+        let mut acc = [half::f16::ZERO; 1024];
+        check("attention", a.head_dim <= acc.len(), || format!("head_dim {} > 1024", a.head_dim))?;
+        attn::attention(&q[..n], &kv.k, &kv.v, &self.batch, a, &mut out[..n], &mut acc);
+        Ok(())
+    }
+
+    fn glu(&self, act: Activation, gate: &Vec<f32>, up: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        check("glu", gate.len() >= n && up.len() >= n && out.len() >= n, || format!("{n} elements"))?;
+        reference::glu(act, &gate[..n], &up[..n], &mut out[..n]);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut Vec<f32>, cap: f32, n: usize) -> Result<()> {
+        x[..n].iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+        Ok(())
+    }
+
+    fn read(&self, x: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        out.clear();
+        out.extend_from_slice(&x[..n]);
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! The flat batch.
+
+/// One sequence's part of a batch: its tokens are `batch.tokens[start..start + len]`, and
+/// after this step its KV holds `kv_len` positions, position p in slot
+/// `block_table[p / block_size] * block_size + p % block_size`.
+#[derive(Clone, Debug, Default)]
+pub struct SeqSpan {
+    pub start: usize,
+    pub len: usize,
+    pub kv_len: usize,
+    pub block_table: Vec<u32>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// [n_tokens]
+    pub tokens: Vec<u32>,
+    /// [n_tokens] position of each token in its sequence
+    pub positions: Vec<u32>,
+    /// [n_tokens] KV slot each token writes
+    pub slots: Vec<u32>,
+    /// [n_tokens] index into `seqs`
+    pub seq_of: Vec<u32>,
+    pub seqs: Vec<SeqSpan>,
+    /// Indices of the tokens whose logits are wanted, in output order.
+    pub logits: Vec<u32>,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+impl Batch {
+    pub fn n_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The slot that holds position `pos` of sequence `s`.
+    pub fn slot(&self, s: usize, pos: usize) -> usize {
+        let seq = &self.seqs[s];
+        seq.block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+    }
+
+    /// A batch of one sequence: `tokens` at positions `start_pos..`, KV laid out in blocks
+    /// `block_table`, logits for the listed token indices.
+    pub fn single(tokens: &[u32], start_pos: usize, block_table: &[u32], block_size: usize, logits: Vec<u32>) -> Batch {
+        let n = tokens.len();
+        let mut b = Batch {
+            tokens: tokens.to_vec(),
+            positions: (start_pos..start_pos + n).map(|p| p as u32).collect(),
+            slots: Vec::with_capacity(n),
+            seq_of: vec![0; n],
+            seqs: vec![SeqSpan { start: 0, len: n, kv_len: start_pos + n, block_table: block_table.to_vec() }],
+            logits,
+            block_size,
+        };
+        b.slots = (start_pos..start_pos + n).map(|p| b.slot(0, p) as u32).collect();
+        b
+    }
+
+    /// Checks internal consistency; backends call this before running a step.
+    pub fn validate(&self, n_slots: usize) -> Result<(), String> {
+        let n = self.tokens.len();
+        if self.positions.len() != n || self.slots.len() != n || self.seq_of.len() != n {
+            return Err("batch arrays differ in length".into());
+        }
+        if self.block_size == 0 {
+            return Err("block size 0".into());
+        }
+        for (si, s) in self.seqs.iter().enumerate() {
+            if s.start + s.len > n {
+                return Err(format!("sequence {si} spans past the batch"));
+            }
+            if s.block_table.len() * self.block_size < s.kv_len {
+                return Err(format!("sequence {si}: block table too short for {} positions", s.kv_len));
+            }
+            for &b in &s.block_table {
+                if (b as usize + 1) * self.block_size > n_slots {
+                    return Err(format!("sequence {si}: block {b} beyond the KV pool"));
+                }
+            }
+        }
+        for t in 0..n {
+            let s = self.seq_of[t] as usize;
+            if s >= self.seqs.len() || (self.positions[t] as usize) >= self.seqs[s].kv_len {
+                return Err(format!("token {t}: bad sequence or position"));
+            }
+        }
+        if self.logits.iter().any(|&i| i as usize >= n) {
+            return Err("logits index beyond the batch".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,189 @@
+//! The device contract every backend implements, and the flat batch models run over.
+//!
+//! A forward step takes the tokens of all scheduled sequences as one flat list (vLLM's
+//! layout): token ids, positions, the sequence each token belongs to, the KV slot each token
+//! writes, and per-sequence block tables into a paged KV pool. Prefill, decode, chunked prefill
+//! and mixed batches are the same call.
+//!
+//! Backends own their buffers. Every op writes into a caller-given buffer; nothing allocates
+//! after the workspace is made at load. `reference` holds the scalar implementation of every
+//! op, which each backend's parity tests compare against.
+
+mod batch;
+pub mod reference;
+
+pub use batch::{Batch, SeqSpan};
+use quiver_gguf::GgmlType;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    #[error("{op}: weight type {ty} is not supported by the {backend} backend")]
+    Unsupported { op: &'static str, ty: GgmlType, backend: &'static str },
+    #[error("{0}")]
+    Device(String),
+}
+
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+/// How rope pairs dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Adjacent pairs (2i, 2i+1): llama.
+    Normal,
+    /// Split halves (i, i + n/2): gemma, neox.
+    Neox,
+}
+
+/// Llama-3 style frequency scaling (`rope.scaling.type = llama3`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_context: f32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeParams {
+    pub mode: RopeMode,
+    /// Rotated dimensions per head (≤ head_dim).
+    pub n_dims: usize,
+    pub base: f32,
+    /// Linear position scaling (1 / `rope.scaling.factor` for linear scaling, else 1).
+    pub freq_scale: f32,
+    pub llama3: Option<Llama3Scaling>,
+    /// Per-pair frequency divisors (the `rope_freqs.weight` tensor of Llama-3.1-style files).
+    pub freq_factors: Option<std::sync::Arc<Vec<f32>>>,
+}
+
+impl RopeParams {
+    /// The angle per position of dimension pair `i` (0 ≤ i < n_dims/2), scaling included.
+    pub fn theta(&self, i: usize) -> f32 {
+        let inv = self.base.powf(-2.0 * i as f32 / self.n_dims as f32);
+        let inv = match self.llama3 {
+            None => inv,
+            Some(s) => {
+                let wavelen = 2.0 * std::f32::consts::PI / inv;
+                let low = s.original_context / s.low_freq_factor;
+                let high = s.original_context / s.high_freq_factor;
+                if wavelen < high {
+                    inv
+                } else if wavelen > low {
+                    inv / s.factor
+                } else {
+                    let smooth = (s.original_context / wavelen - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * inv / s.factor + smooth * inv
+                }
+            }
+        };
+        let inv = match &self.freq_factors {
+            Some(f) => inv / f.get(i).copied().unwrap_or(1.0),
+            None => inv,
+        };
+        inv * self.freq_scale
+    }
+}
+
+/// Attention shape and masking.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Multiplies q·k.
+    pub scale: f32,
+    /// Sliding window: a query at position p sees keys at positions > p - window.
+    pub window: Option<u32>,
+    /// `tanh` soft-capping of scores.
+    pub softcap: Option<f32>,
+}
+
+/// Element-wise gated activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// silu(gate) · up
+    SwiGlu,
+    /// gelu_tanh(gate) · up
+    GeGlu,
+}
+
+/// The device contract. Buffers hold f32 activations; weights keep their GGUF type.
+pub trait Backend {
+    /// An activation buffer of f32.
+    type Buf;
+    /// A weight (matrix or vector) in its GGUF type.
+    type Weight;
+    /// One layer's K and V cache over the paged pool.
+    type Kv;
+
+    fn name(&self) -> &'static str;
+
+    /// Makes a weight from the bytes of a tensor (row-major shape).
+    fn weight(&self, name: &str, ty: GgmlType, shape: &[u64], bytes: WeightBytes) -> Result<Self::Weight>;
+    /// A zeroed activation buffer of `n` f32.
+    fn buf(&self, n: usize) -> Result<Self::Buf>;
+    /// K/V for one layer: `n_slots` positions of `n_head_kv * head_dim` each.
+    fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<Self::Kv>;
+
+    /// Makes the batch's index arrays visible to the device before the ops of a step.
+    fn set_batch(&mut self, batch: &Batch) -> Result<()>;
+
+    /// out[t] = dequantized row `batch.tokens[t]` of `table` · scale   // out: [n_tokens, cols]
+    fn embed(&self, table: &Self::Weight, scale: f32, out: &mut Self::Buf) -> Result<()>;
+    /// out[t] = x[t] / rms(x[t]) · w, rows of `w.len()`                 // x, out: [rows, cols]
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Weight, eps: f32, rows: usize, out: &mut Self::Buf) -> Result<()>;
+    /// In place row-wise rms norm of `rows` rows (per-head q/k norms).
+    fn rms_norm_inplace(&self, x: &mut Self::Buf, w: &Self::Weight, eps: f32, rows: usize) -> Result<()>;
+    /// residual[t] += x[t]; out[t] = rms_norm(residual[t]) · w
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Buf,
+        x: &Self::Buf,
+        w: &Self::Weight,
+        eps: f32,
+        rows: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// a[i] += b[i] for the first n elements.
+    fn add(&self, a: &mut Self::Buf, b: &Self::Buf, n: usize) -> Result<()>;
+    /// out[t, r] = Σ_c W[r, c] · x[t, c]                                   // x: [rows_x, cols], out: [rows_x, W.rows]
+    fn matmul(&self, w: &Self::Weight, x: &Self::Buf, rows_x: usize, out: &mut Self::Buf) -> Result<()>;
+    /// Like `matmul` over only the rows of x listed by `batch.logits` (packed into out).
+    fn matmul_logits(&self, w: &Self::Weight, x: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
+    /// Rotates q [n_tokens, n_head, head_dim] in place; rotates k and writes k and v
+    /// [n_tokens, n_head_kv, head_dim] into the cache at each token's slot.
+    fn rope_kv_write(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        rope: &RopeParams,
+        attn: &AttnParams,
+        kv: &mut Self::Kv,
+    ) -> Result<()>;
+    /// Causal attention of every batch token over its sequence's cached K/V.
+    /// q: [n_tokens, n_head, head_dim] → out: [n_tokens, n_head, head_dim]
+    fn attention(&self, q: &Self::Buf, kv: &Self::Kv, attn: &AttnParams, out: &mut Self::Buf) -> Result<()>;
+    /// out[t, i] = act(gate[t, i]) · up[t, i]
+    fn glu(&self, act: Activation, gate: &Self::Buf, up: &Self::Buf, n: usize, out: &mut Self::Buf) -> Result<()>;
+    /// x = cap · tanh(x / cap) for the first n elements.
+    fn softcap(&self, x: &mut Self::Buf, cap: f32, n: usize) -> Result<()>;
+    /// Copies the first n elements to the host.
+    fn read(&self, x: &Self::Buf, n: usize, out: &mut Vec<f32>) -> Result<()>;
+}
+
+/// Where a weight's bytes live: borrowed from the mapped file, which the weight keeps alive.
+#[derive(Clone)]
+pub struct WeightBytes {
+    pub file: std::sync::Arc<quiver_gguf::GgufFile>,
+    pub tensor: usize,
+}
+
+impl WeightBytes {
+    pub fn bytes(&self) -> &[u8] {
+        self.file.tensor_data(&self.file.tensors[self.tensor])
+    }
+}

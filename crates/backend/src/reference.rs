@@ -1,0 +1,163 @@
+//! Scalar reference implementations of every op, on plain slices. Backends are tested against
+//! these; the CPU backend also uses the cheap element-wise ones directly.
+
+use crate::{Activation, AttnParams, Batch, RopeMode, RopeParams};
+
+/// out[r] = x[r] / rms(x[r]) · w for each row of `w.len()` elements.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f64 = xr.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let inv = 1.0 / ((ss / d as f64) as f32 + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * inv * g;
+        }
+    }
+}
+
+/// In-place rotation of `x` [n_tokens, n_heads, head_dim] at the tokens' positions.
+pub fn rope(x: &mut [f32], positions: &[u32], n_heads: usize, head_dim: usize, p: &RopeParams) {
+    let half = p.n_dims / 2;
+    for (t, &pos) in positions.iter().enumerate() {
+        for h in 0..n_heads {
+            let v = &mut x[(t * n_heads + h) * head_dim..][..head_dim];
+            for i in 0..half {
+                let angle = pos as f32 * p.theta(i);
+                let (s, c) = angle.sin_cos();
+                let (a, b) = match p.mode {
+                    RopeMode::Normal => (2 * i, 2 * i + 1),
+                    RopeMode::Neox => (i, i + half),
+                };
+                let (x0, x1) = (v[a], v[b]);
+                v[a] = x0 * c - x1 * s;
+                v[b] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+}
+
+/// GELU as ggml's CPU path computes it: through an f16 table (input and output rounded to
+/// f16), saturating outside ±10. Matching it keeps gemma's numerics close to llama.cpp's.
+pub fn gelu_tanh_f16(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let xh = half::f16::from_f32(x).to_f32();
+        half::f16::from_f32(gelu_tanh(xh)).to_f32()
+    }
+}
+
+pub fn glu(act: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = match act {
+            Activation::SwiGlu => silu(g),
+            Activation::GeGlu => gelu_tanh_f16(g),
+        } * u;
+    }
+}
+
+/// Causal attention over a slot-indexed K/V cache of `kv_dim = n_head_kv · head_dim` per slot.
+/// q, out: [n_tokens, n_head, head_dim].
+pub fn attention(q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, out: &mut [f32]) {
+    let (hd, nh) = (a.head_dim, a.n_head);
+    let kv_dim = a.n_head_kv * hd;
+    let group = nh / a.n_head_kv;
+    let mut scores = Vec::new();
+    for t in 0..batch.n_tokens() {
+        let s = batch.seq_of[t] as usize;
+        let pos = batch.positions[t] as usize;
+        let first = match a.window {
+            Some(w) => (pos + 1).saturating_sub(w as usize),
+            None => 0,
+        };
+        for h in 0..nh {
+            let qh = &q[(t * nh + h) * hd..][..hd];
+            let kvh = h / group;
+            scores.clear();
+            for p in first..=pos {
+                let slot = batch.slot(s, p);
+                let k = &k_cache[slot * kv_dim + kvh * hd..][..hd];
+                let mut dot: f32 = qh.iter().zip(k).map(|(x, y)| x * y).sum();
+                dot *= a.scale;
+                if let Some(c) = a.softcap {
+                    dot = c * (dot / c).tanh();
+                }
+                scores.push(dot);
+            }
+            let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0;
+            for x in scores.iter_mut() {
+                *x = (*x - m).exp();
+                sum += *x;
+            }
+            let o = &mut out[(t * nh + h) * hd..][..hd];
+            o.iter_mut().for_each(|x| *x = 0.0);
+            for (i, p) in (first..=pos).enumerate() {
+                let slot = batch.slot(s, p);
+                let v = &v_cache[slot * kv_dim + kvh * hd..][..hd];
+                let wgt = scores[i] / sum;
+                for (x, &y) in o.iter_mut().zip(v) {
+                    *x += wgt * y;
+                }
+            }
+        }
+    }
+}
+
+/// out[t, r] = Σ_c W[r, c] · x[t, c] with W dequantized and f64 accumulation.
+pub fn matmul(w: &[f32], rows: usize, cols: usize, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+    for t in 0..n_tokens {
+        let xt = &x[t * cols..][..cols];
+        for r in 0..rows {
+            let wr = &w[r * cols..][..cols];
+            out[t * rows + r] = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_preserves_norm_and_position_zero_is_identity() {
+        let p = RopeParams { mode: RopeMode::Neox, n_dims: 8, base: 10000.0, freq_scale: 1.0, llama3: None, freq_factors: None };
+        let orig: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut x = orig.clone();
+        rope(&mut x, &[0, 5], 1, 8, &p);
+        assert_eq!(&x[..8], &orig[..8]);
+        let n0: f32 = orig[8..].iter().map(|v| v * v).sum();
+        let n1: f32 = x[8..].iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-5 && x[8..] != orig[8..]);
+    }
+
+    #[test]
+    fn attention_of_one_position_returns_its_value() {
+        let b = Batch::single(&[7], 0, &[0], 4, vec![0]);
+        let a = AttnParams { n_head: 2, n_head_kv: 1, head_dim: 2, scale: 1.0, window: None, softcap: None };
+        let (k, v) = (vec![1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], vec![3.0, -4.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0]);
+        let mut out = vec![0.0; 4];
+        attention(&[0.5, 0.5, -1.0, 1.0], &k, &v, &b, &a, &mut out);
+        assert_eq!(out, vec![3.0, -4.0, 3.0, -4.0]);
+    }
+
+    #[test]
+    fn llama3_scaling_leaves_high_frequencies_and_divides_low_ones() {
+        let s = crate::Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 8192.0 };
+        let plain = RopeParams { mode: RopeMode::Normal, n_dims: 128, base: 500000.0, freq_scale: 1.0, llama3: None, freq_factors: None };
+        let scaled = RopeParams { llama3: Some(s), ..plain.clone() };
+        assert_eq!(plain.theta(0), scaled.theta(0));
+        assert!((plain.theta(63) / scaled.theta(63) - 8.0).abs() < 1e-4);
+    }
+}

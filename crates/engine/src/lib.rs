@@ -1,0 +1,260 @@
+//! The model runner for one sequence (CLI run / chat / perplexity / logprobs / bench) and the
+//! sampler. The batched scheduler of the server builds on the same `forward`.
+
+pub mod sampler;
+
+pub use sampler::{argmax, logprobs, Sampler, SamplerParams};
+
+use quiver_backend::{Backend, Batch};
+use quiver_gguf::GgufFile;
+use quiver_models::{Model, ModelError, State};
+use quiver_tokenizer::{Detokenizer, Tokenizer};
+use std::sync::Arc;
+
+/// Tokens per KV block.
+pub const BLOCK_SIZE: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("prompt of {prompt} tokens plus {gen} to generate exceeds the context of {ctx} tokens")]
+    ContextOverflow { prompt: usize, gen: usize, ctx: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken { id: u32, n_vocab: usize },
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+#[derive(Clone, Debug)]
+pub struct RunnerOptions {
+    /// Context length in tokens (rounded up to whole KV blocks).
+    pub n_ctx: usize,
+    /// Largest number of tokens per forward step.
+    pub n_batch: usize,
+    /// Largest number of logits rows per forward step.
+    pub max_logits: usize,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        RunnerOptions { n_ctx: 4096, n_batch: 512, max_logits: 1 }
+    }
+}
+
+/// A model, its backend and one sequence's state.
+pub struct Runner<B: Backend> {
+    pub backend: B,
+    pub model: Model<B>,
+    pub state: State<B>,
+    pub n_ctx: usize,
+    pub n_batch: usize,
+    block_table: Vec<u32>,
+    logits: Vec<f32>,
+    batch: Batch,
+}
+
+/// Which positions of an `eval` need logits.
+#[derive(Clone, Copy, Debug)]
+pub enum Want {
+    Last,
+    /// Every position from this index of the evaluated tokens on.
+    From(usize),
+}
+
+impl<B: Backend> Runner<B> {
+    pub fn new(backend: B, file: &Arc<GgufFile>, opts: &RunnerOptions) -> Result<Self> {
+        let model = quiver_models::load(&backend, file)?;
+        let n_ctx = opts.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let n_batch = opts.n_batch.max(1);
+        let max_logits = opts.max_logits.clamp(1, n_batch);
+        let state = model.state(&backend, n_ctx, n_batch, max_logits)?;
+        Ok(Runner {
+            backend,
+            model,
+            state,
+            n_ctx,
+            n_batch,
+            block_table: (0..(n_ctx / BLOCK_SIZE) as u32).collect(),
+            logits: Vec::new(),
+            batch: Batch::default(),
+        })
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.model.hp.n_vocab
+    }
+
+    /// Evaluates `tokens` at positions `start_pos..` (the KV before `start_pos` must hold the
+    /// earlier tokens) and returns the wanted logits rows, `[rows, n_vocab]`.
+    pub fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if start_pos + tokens.len() > self.n_ctx {
+            return Err(EngineError::ContextOverflow { prompt: start_pos + tokens.len(), gen: 0, ctx: self.n_ctx });
+        }
+        let nv = self.n_vocab();
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= nv) {
+            return Err(EngineError::BadToken { id, n_vocab: nv });
+        }
+        let first_wanted = match want {
+            Want::Last => tokens.len() - 1,
+            Want::From(k) => k.min(tokens.len() - 1),
+        };
+        self.logits.clear();
+        let mut host = Vec::new();
+        for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {
+            let c0 = ci * self.n_batch;
+            let sel: Vec<u32> = (0..chunk.len()).filter(|&i| c0 + i >= first_wanted).map(|i| i as u32).collect();
+            // Logits rows per step are bounded by the workspace: split the chunk if needed.
+            let mut done = 0;
+            while done < chunk.len() {
+                let max_l = self.state.max_logits;
+                let mut end = chunk.len();
+                let in_range: Vec<u32> = sel.iter().copied().filter(|&i| i as usize >= done).collect();
+                if in_range.len() > max_l {
+                    end = in_range[max_l] as usize;
+                }
+                let part = &chunk[done..end];
+                let logits: Vec<u32> = in_range.iter().filter(|&&i| (i as usize) < end).map(|&i| i - done as u32).collect();
+                self.batch = Batch::single(part, start_pos + c0 + done, &self.block_table, BLOCK_SIZE, logits);
+                self.model.forward(&mut self.backend, &mut self.state, &self.batch)?;
+                let rows = self.batch.logits.len();
+                if rows > 0 {
+                    self.backend.read(&self.state.logits, rows * nv, &mut host).map_err(ModelError::from)?;
+                    self.logits.extend_from_slice(&host);
+                }
+                done = end;
+            }
+        }
+        Ok(&self.logits)
+    }
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// The token limit.
+    Length,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+pub struct Generated {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish: Finish,
+    pub prompt_tokens: usize,
+    pub prompt_secs: f64,
+    pub gen_secs: f64,
+}
+
+/// Generation settings beyond sampling.
+#[derive(Clone, Debug, Default)]
+pub struct GenOptions {
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+/// Generates from `prompt` at positions `start_pos..` (earlier positions already in the KV),
+/// streaming text pieces to `on_text`, which returns false to stop.
+pub fn generate<B: Backend>(
+    r: &mut Runner<B>,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    start_pos: usize,
+    sampler: &mut Sampler,
+    opts: &GenOptions,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<Generated> {
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    let total = start_pos + prompt.len();
+    if total + opts.max_tokens > r.n_ctx {
+        return Err(EngineError::ContextOverflow { prompt: total, gen: opts.max_tokens, ctx: r.n_ctx });
+    }
+    let t0 = std::time::Instant::now();
+    let mut history: Vec<u32> = prompt.to_vec();
+    let mut next = sampler.sample(r.eval(prompt, start_pos, Want::Last)?, &history);
+    let prompt_secs = t0.elapsed().as_secs_f64();
+    let t1 = std::time::Instant::now();
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut detok = Detokenizer::new(tok, true);
+    let mut finish = Finish::Length;
+    let mut pos = total;
+    while out.len() < opts.max_tokens {
+        if !opts.ignore_eos && tok.is_eog(next) {
+            finish = Finish::Stop;
+            break;
+        }
+        out.push(next);
+        history.push(next);
+        let piece = detok.push(next);
+        let before = text.len();
+        text.push_str(&piece);
+        if let Some(cut) = stop_at(&text, &opts.stop, before) {
+            let emit = text[before..cut.max(before)].to_string();
+            text.truncate(cut);
+            if !emit.is_empty() {
+                on_text(&emit);
+            }
+            finish = Finish::Stop;
+            break;
+        }
+        // Hold back a tail that could still become a stop string.
+        if !piece.is_empty() && !on_text(&piece) {
+            finish = Finish::Cancelled;
+            break;
+        }
+        if out.len() == opts.max_tokens {
+            break;
+        }
+        let logits = r.eval(&[next], pos, Want::Last)?;
+        next = sampler.sample(logits, &history);
+        pos += 1;
+    }
+    if finish == Finish::Length {
+        let tail = detok.flush();
+        if !tail.is_empty() {
+            text.push_str(&tail);
+            on_text(&tail);
+        }
+    }
+    Ok(Generated { tokens: out, text, finish, prompt_tokens: prompt.len(), prompt_secs, gen_secs: t1.elapsed().as_secs_f64() })
+}
+
+/// The byte offset where the earliest stop string starts, if one ends in the new text.
+fn stop_at(text: &str, stops: &[String], new_from: usize) -> Option<usize> {
+    stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| {
+            let from = new_from.saturating_sub(s.len() - 1);
+            let from = (0..=from).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+            text[from..].find(s.as_str()).map(|i| from + i)
+        })
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stop_at;
+
+    #[test]
+    fn stop_strings_are_found_across_pieces() {
+        let stops = vec!["END".to_string(), "\n\n".into()];
+        assert_eq!(stop_at("hello EN", &stops, 6), None);
+        assert_eq!(stop_at("hello END", &stops, 8), Some(6));
+        assert_eq!(stop_at("a\n\nb", &stops, 2), Some(1));
+        assert_eq!(stop_at("ünï", &["ï".to_string()], 3), Some(3));
+    }
+}

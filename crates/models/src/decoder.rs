@@ -1,0 +1,178 @@
+//! The decoder-only transformer forward shared by llama and gemma3, over a flat batch.
+
+use crate::{weight, Hparams, ModelError, Result};
+use quiver_backend::{AttnParams, Backend, Batch, RopeParams};
+use quiver_gguf::GgufFile;
+use std::sync::Arc;
+
+pub struct Layer<B: Backend> {
+    pub attn_norm: B::Weight,
+    pub wq: B::Weight,
+    pub wk: B::Weight,
+    pub wv: B::Weight,
+    pub wo: B::Weight,
+    pub q_norm: Option<B::Weight>,
+    pub k_norm: Option<B::Weight>,
+    pub post_attn_norm: Option<B::Weight>,
+    pub ffn_norm: B::Weight,
+    pub gate: B::Weight,
+    pub up: B::Weight,
+    pub down: B::Weight,
+    pub post_ffw_norm: Option<B::Weight>,
+    pub attn: AttnParams,
+    pub rope: RopeParams,
+}
+
+pub struct Model<B: Backend> {
+    pub hp: Hparams,
+    pub tok_embd: B::Weight,
+    pub output_norm: B::Weight,
+    /// None: the output projection is tied to the token embedding.
+    pub output: Option<B::Weight>,
+    pub layers: Vec<Layer<B>>,
+}
+
+pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
+    let (d, hd) = (hp.n_embd as u64, hp.head_dim as u64);
+    let (nh, nkv, ff) = (hp.n_head as u64, hp.n_head_kv as u64, hp.n_ff as u64);
+    let w = |name: &str, shape: &[u64]| weight(b, f, name, shape);
+    let opt = |name: &str, shape: &[u64], want: bool| -> Result<Option<B::Weight>> {
+        if want {
+            w(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let mut layers = Vec::with_capacity(hp.n_layer);
+    for i in 0..hp.n_layer {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        let swa = hp.swa_layers[i];
+        let rope = if swa { hp.rope_local.clone().unwrap_or_else(|| hp.rope.clone()) } else { hp.rope.clone() };
+        layers.push(Layer {
+            attn_norm: w(&n("attn_norm"), &[d])?,
+            wq: w(&n("attn_q"), &[nh * hd, d])?,
+            wk: w(&n("attn_k"), &[nkv * hd, d])?,
+            wv: w(&n("attn_v"), &[nkv * hd, d])?,
+            wo: w(&n("attn_output"), &[d, nh * hd])?,
+            q_norm: opt(&n("attn_q_norm"), &[hd], hp.qk_norm)?,
+            k_norm: opt(&n("attn_k_norm"), &[hd], hp.qk_norm)?,
+            post_attn_norm: opt(&n("post_attention_norm"), &[d], hp.post_norms)?,
+            ffn_norm: w(&n("ffn_norm"), &[d])?,
+            gate: w(&n("ffn_gate"), &[ff, d])?,
+            up: w(&n("ffn_up"), &[ff, d])?,
+            down: w(&n("ffn_down"), &[d, ff])?,
+            post_ffw_norm: opt(&n("post_ffw_norm"), &[d], hp.post_norms)?,
+            attn: AttnParams {
+                n_head: hp.n_head,
+                n_head_kv: hp.n_head_kv,
+                head_dim: hp.head_dim,
+                scale: hp.attn_scale,
+                window: if swa { hp.sliding_window } else { None },
+                softcap: hp.attn_softcap,
+            },
+            rope,
+        });
+    }
+    let tok_embd = w("token_embd.weight", &[hp.n_vocab as u64, d])?;
+    let output = if f.tensor("output.weight").is_some() { Some(w("output.weight", &[hp.n_vocab as u64, d])?) } else { None };
+    Ok(Model { output_norm: w("output_norm.weight", &[d])?, tok_embd, output, layers, hp })
+}
+
+/// Everything a forward step writes: the KV cache and the activation workspace, allocated
+/// once for at most `max_tokens` tokens and `max_logits` logits rows per step.
+pub struct State<B: Backend> {
+    pub kv: Vec<B::Kv>,
+    pub n_slots: usize,
+    pub max_tokens: usize,
+    pub max_logits: usize,
+    x: B::Buf,      // [n, n_embd] residual stream
+    xn: B::Buf,     // [n, n_embd] normed
+    q: B::Buf,      // [n, n_head · head_dim]
+    k: B::Buf,      // [n, n_head_kv · head_dim]
+    v: B::Buf,      // [n, n_head_kv · head_dim]
+    attn: B::Buf,   // [n, n_head · head_dim]
+    o: B::Buf,      // [n, n_embd]
+    gate: B::Buf,   // [n, n_ff]
+    up: B::Buf,     // [n, n_ff]
+    act: B::Buf,    // [n, n_ff]
+    /// [max_logits, n_vocab] after a step
+    pub logits: B::Buf,
+}
+
+impl<B: Backend> Model<B> {
+    pub fn state(&self, b: &B, n_slots: usize, max_tokens: usize, max_logits: usize) -> Result<State<B>> {
+        let hp = &self.hp;
+        let n = max_tokens;
+        let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        Ok(State {
+            kv: (0..hp.n_layer).map(|_| b.kv(n_slots, kvd)).collect::<std::result::Result<_, _>>()?,
+            n_slots,
+            max_tokens,
+            max_logits,
+            x: b.buf(n * hp.n_embd)?,
+            xn: b.buf(n * hp.n_embd)?,
+            q: b.buf(n * qd)?,
+            k: b.buf(n * kvd)?,
+            v: b.buf(n * kvd)?,
+            attn: b.buf(n * qd)?,
+            o: b.buf(n * hp.n_embd)?,
+            gate: b.buf(n * hp.n_ff)?,
+            up: b.buf(n * hp.n_ff)?,
+            act: b.buf(n * hp.n_ff)?,
+            logits: b.buf(max_logits * hp.n_vocab)?,
+        })
+    }
+
+    /// One forward step over a flat batch. Logits of `batch.logits` rows land in
+    /// `state.logits` as `[batch.logits.len(), n_vocab]`.
+    pub fn forward(&self, b: &mut B, s: &mut State<B>, batch: &Batch) -> Result<()> {
+        let n = batch.n_tokens();
+        if n > s.max_tokens {
+            return Err(ModelError::BatchTooLarge { got: n, max: s.max_tokens });
+        }
+        if batch.logits.len() > s.max_logits {
+            return Err(ModelError::TooManyLogits { got: batch.logits.len(), max: s.max_logits });
+        }
+        batch
+            .validate(s.n_slots)
+            .map_err(|d| quiver_backend::BackendError::Shape { op: "forward", detail: d })?;
+        b.set_batch(batch)?;
+        let hp = &self.hp;
+        let eps = hp.rms_eps;
+        b.embed(&self.tok_embd, hp.embed_scale, &mut s.x)?;
+        b.rms_norm(&s.x, &self.layers[0].attn_norm, eps, n, &mut s.xn)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            b.matmul(&l.wq, &s.xn, n, &mut s.q)?;
+            b.matmul(&l.wk, &s.xn, n, &mut s.k)?;
+            b.matmul(&l.wv, &s.xn, n, &mut s.v)?;
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                b.rms_norm_inplace(&mut s.q, qn, eps, n * hp.n_head)?;
+                b.rms_norm_inplace(&mut s.k, kn, eps, n * hp.n_head_kv)?;
+            }
+            b.rope_kv_write(&mut s.q, &mut s.k, &s.v, &l.rope, &l.attn, &mut s.kv[i])?;
+            b.attention(&s.q, &s.kv[i], &l.attn, &mut s.attn)?;
+            b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
+            if let Some(pn) = &l.post_attn_norm {
+                b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
+                std::mem::swap(&mut s.o, &mut s.xn);
+            }
+            b.add_rms_norm(&mut s.x, &s.o, &l.ffn_norm, eps, n, &mut s.xn)?;
+            b.matmul(&l.gate, &s.xn, n, &mut s.gate)?;
+            b.matmul(&l.up, &s.xn, n, &mut s.up)?;
+            b.glu(hp.act, &s.gate, &s.up, n * hp.n_ff, &mut s.act)?;
+            b.matmul(&l.down, &s.act, n, &mut s.o)?;
+            if let Some(pn) = &l.post_ffw_norm {
+                b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
+                std::mem::swap(&mut s.o, &mut s.xn);
+            }
+            let next_norm = self.layers.get(i + 1).map(|l| &l.attn_norm).unwrap_or(&self.output_norm);
+            b.add_rms_norm(&mut s.x, &s.o, next_norm, eps, n, &mut s.xn)?;
+        }
+        let out = self.output.as_ref().unwrap_or(&self.tok_embd);
+        b.matmul_logits(out, &s.xn, &mut s.logits)?;
+        if let Some(cap) = hp.final_softcap {
+            b.softcap(&mut s.logits, cap, batch.logits.len() * hp.n_vocab)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,161 @@
+//! Hyperparameters common to the decoder-only architectures.
+
+use crate::{ModelError, Result};
+use quiver_backend::{Activation, Llama3Scaling, RopeMode, RopeParams};
+use quiver_gguf::GgufFile;
+
+#[derive(Clone, Debug)]
+pub struct Hparams {
+    pub arch: String,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub n_ctx_train: usize,
+    pub rms_eps: f32,
+    /// Rope of global-attention layers.
+    pub rope: RopeParams,
+    /// Rope of sliding-window layers, where it differs.
+    pub rope_local: Option<RopeParams>,
+    pub sliding_window: Option<u32>,
+    /// Whether layer `i` uses the sliding window.
+    pub swa_layers: Vec<bool>,
+    pub attn_scale: f32,
+    pub embed_scale: f32,
+    pub act: Activation,
+    pub qk_norm: bool,
+    pub post_norms: bool,
+    pub attn_softcap: Option<f32>,
+    pub final_softcap: Option<f32>,
+}
+
+/// Reads the keys shared by llama-family files.
+pub(crate) struct Reader<'a> {
+    pub f: &'a GgufFile,
+    pub arch: String,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(f: &'a GgufFile) -> Result<Self> {
+        Ok(Reader { f, arch: f.arch()?.to_string() })
+    }
+
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    pub fn u(&self, k: &str) -> Result<Option<usize>> {
+        Ok(self.f.get_u32(&self.key(k))?.map(|v| v as usize))
+    }
+
+    pub fn req(&self, k: &str) -> Result<usize> {
+        let v = self.u(k)?.ok_or_else(|| ModelError::BadHparam { key: self.key(k), detail: "missing".into() })?;
+        if v == 0 {
+            return Err(ModelError::BadHparam { key: self.key(k), detail: "is 0".into() });
+        }
+        Ok(v)
+    }
+
+    pub fn f32(&self, k: &str) -> Result<Option<f32>> {
+        Ok(self.f.get_f32(&self.key(k))?)
+    }
+
+    /// The shape every llama-family model shares; architecture files adjust the rest.
+    pub fn base(&self, mode: RopeMode, act: Activation) -> Result<Hparams> {
+        let n_embd = self.req("embedding_length")?;
+        let n_head = self.req("attention.head_count")?;
+        let n_head_kv = self.u("attention.head_count_kv")?.unwrap_or(n_head);
+        if n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(ModelError::BadHparam {
+                key: self.key("attention.head_count_kv"),
+                detail: format!("{n_head_kv} does not divide head_count {n_head}"),
+            });
+        }
+        let head_dim = match self.u("attention.key_length")? {
+            Some(k) => k,
+            None => {
+                if n_embd % n_head != 0 {
+                    return Err(ModelError::BadHparam {
+                        key: self.key("attention.head_count"),
+                        detail: format!("{n_head} does not divide embedding_length {n_embd}"),
+                    });
+                }
+                n_embd / n_head
+            }
+        };
+        let n_vocab = match self.f.get_array("tokenizer.ggml.tokens")? {
+            Some(a) => a.len(),
+            None => match self.u("vocab_size")? {
+                Some(v) => v,
+                None => self.f.tensor("token_embd.weight").map(|t| t.shape[0] as usize).unwrap_or(0),
+            },
+        };
+        let n_layer = self.req("block_count")?;
+        let rope_dims = self.u("rope.dimension_count")?.unwrap_or(head_dim);
+        if rope_dims > head_dim || rope_dims % 2 != 0 {
+            return Err(ModelError::BadHparam { key: self.key("rope.dimension_count"), detail: format!("{rope_dims}") });
+        }
+        let mut rope = RopeParams {
+            mode,
+            n_dims: rope_dims,
+            base: self.f32("rope.freq_base")?.unwrap_or(10000.0),
+            freq_scale: 1.0,
+            llama3: None,
+            freq_factors: None,
+        };
+        let factor = self.f32("rope.scaling.factor")?.unwrap_or(1.0);
+        match self.f.get_str(&self.key("rope.scaling.type"))? {
+            None | Some("none") => {}
+            Some("linear") => rope.freq_scale = 1.0 / factor,
+            Some("llama3") => {
+                rope.llama3 = Some(Llama3Scaling {
+                    factor,
+                    low_freq_factor: self.f32("rope.scaling.low_freq_factor")?.unwrap_or(1.0),
+                    high_freq_factor: self.f32("rope.scaling.high_freq_factor")?.unwrap_or(4.0),
+                    original_context: self.u("rope.scaling.original_context_length")?.unwrap_or(8192) as f32,
+                })
+            }
+            Some(other) => {
+                return Err(ModelError::BadHparam {
+                    key: self.key("rope.scaling.type"),
+                    detail: format!("{other:?} is not supported (none, linear, llama3)"),
+                })
+            }
+        }
+        if let Some(t) = self.f.tensor("rope_freqs.weight") {
+            let mut ff = vec![0f32; t.n_elements as usize];
+            if quiver_gguf::GgmlType::F32 == t.ty {
+                for (o, c) in ff.iter_mut().zip(self.f.tensor_data(t).chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+                rope.freq_factors = Some(std::sync::Arc::new(ff));
+            }
+        }
+        Ok(Hparams {
+            arch: self.arch.clone(),
+            n_vocab,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff: self.req("feed_forward_length")?,
+            n_ctx_train: self.u("context_length")?.unwrap_or(4096),
+            rms_eps: self.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+            rope,
+            rope_local: None,
+            sliding_window: None,
+            swa_layers: vec![false; n_layer],
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            embed_scale: 1.0,
+            act,
+            qk_norm: false,
+            post_norms: false,
+            attn_softcap: None,
+            final_softcap: None,
+        })
+    }
+}
