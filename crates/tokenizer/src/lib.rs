@@ -576,6 +576,13 @@ mod tests {
     }
 
     #[test]
+    fn shareable_across_threads() {
+        fn check<T: Send + Sync>() {}
+        check::<Tokenizer>();
+        check::<chat::ChatTemplate>();
+    }
+
+    #[test]
     fn clean_spaces_passes() {
         let c = |s: &str| String::from_utf8(clean_spaces(s.as_bytes())).unwrap();
         assert_eq!(c("Hi , there . Ok ?"), "Hi, there. Ok?");

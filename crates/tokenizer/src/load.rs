@@ -213,7 +213,8 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
             .filter(|&i| attrs[i] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
             .map(|i| (i as u32, texts[i].as_str(), attrs[i] & (attr::CONTROL | attr::UNKNOWN) != 0))
             .collect(),
-    );
+    )
+    .map_err(|e| bad(KEY_TOKENS, format!("cannot build the special-token matcher: {e}")))?;
 
     let byte_map = ByteMap::new();
     let ascii = |b: usize| if (1..0x80).contains(&b) { token_to_id.get(&(b as u8 as char).to_string()) } else { None };
@@ -292,6 +293,6 @@ fn none_vocab(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         merges: None,
         byte_map: ByteMap::new(),
         byte_tokens: [None; 256],
-        specials: Specials::new(Vec::new()),
+        specials: Specials::new(Vec::new()).map_err(|e| bad(KEY_TOKENS, e.to_string()))?,
     })
 }

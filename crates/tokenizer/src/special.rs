@@ -22,14 +22,14 @@ pub struct Specials {
 impl Specials {
     /// `tokens`: (id, text, is control-or-unknown). The order given is kept among tokens of
     /// equal length.
-    pub fn new(mut tokens: Vec<(u32, &str, bool)>) -> Specials {
+    pub fn new(mut tokens: Vec<(u32, &str, bool)>) -> Result<Specials, aho_corasick::BuildError> {
         tokens.sort_by_key(|t| std::cmp::Reverse(t.1.len()));
         let matcher = if tokens.is_empty() {
             None
         } else {
-            AhoCorasick::builder().match_kind(MatchKind::Standard).build(tokens.iter().map(|t| t.1)).ok()
+            Some(AhoCorasick::builder().match_kind(MatchKind::Standard).build(tokens.iter().map(|t| t.1))?)
         };
-        Specials { tokens: tokens.iter().map(|t| (t.0, t.2)).collect(), matcher }
+        Ok(Specials { tokens: tokens.iter().map(|t| (t.0, t.2)).collect(), matcher })
     }
 
     /// Token ids in priority order.
@@ -85,7 +85,7 @@ mod tests {
 
     #[test]
     fn longest_first_and_control_gating() {
-        let sp = Specials::new(vec![(1, "<s>", false), (2, "</s>", true), (3, "<s></s>", true), (4, "\n", false), (5, "\n\n", false)]);
+        let sp = Specials::new(vec![(1, "<s>", false), (2, "</s>", true), (3, "<s></s>", true), (4, "\n", false), (5, "\n\n", false)]).unwrap();
         assert_eq!(sp.partition("a</s>b <s>c", false), [Text(0..7), Token(1), Text(10..11)]);
         assert_eq!(sp.partition("a</s>b <s>c", true), [Text(0..1), Token(2), Text(5..7), Token(1), Text(10..11)]);
         assert_eq!(sp.partition("<s></s>", true), [Token(3)]);
