@@ -1,0 +1,479 @@
+//! Level-independent drivers: work splitting over the pool, per-type dispatch, the GEMM
+//! decode-and-tile loop. Each SIMD level supplies the primitives of [`Kernel`]; the drivers
+//! are `#[inline(always)]` so that a level's `#[target_feature]` entry points compile the
+//! whole tree with that level's instructions.
+
+use crate::act::{self, PanelShape, A256, A32, LANES, TILE};
+use crate::decode::*;
+use crate::shared::SharedMut;
+use crate::{grow, Scratch, SimdLevel, ThreadPool, GEMM_MIN_TOKENS};
+use quiver_gguf::GgmlType;
+use quiver_quant::{as_blocks, Block, QK_K};
+
+/// Columns decoded per GEMM step (a multiple of 256).
+pub(crate) const KC: usize = 2048;
+/// Most rows a GEMM micro-kernel handles at once.
+pub(crate) const RMAX: usize = 4;
+
+pub(crate) struct Job<'a> {
+    pub level: SimdLevel,
+    pub ty: GgmlType,
+    pub w: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    pub x: &'a [f32],
+    pub n_tokens: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Float,
+    Legacy,
+    K,
+}
+
+fn family(ty: GgmlType) -> Family {
+    use GgmlType::*;
+    match ty {
+        F32 | F16 | BF16 => Family::Float,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Family::K,
+        _ => Family::Legacy,
+    }
+}
+
+pub(crate) fn activation_kind(ty: GgmlType, n_tokens: usize) -> u8 {
+    match family(ty) {
+        Family::Float => 2,
+        _ if n_tokens >= GEMM_MIN_TOKENS => 0,
+        Family::Legacy => 0,
+        Family::K => 1,
+    }
+}
+
+/// Sub-block size of the GEMM path for a quantized type.
+fn gemm_sub(ty: GgmlType) -> usize {
+    use GgmlType::*;
+    match ty {
+        Q2_K | Q3_K | Q6_K => 16,
+        _ => 32,
+    }
+}
+
+/// Rows per task: about `target_bytes` of weights, at least `min_tasks` tasks when the rows
+/// allow, a multiple of `align`.
+fn row_chunk(rows: usize, bytes_per_row: usize, min_tasks: usize, target_bytes: usize, align: usize) -> usize {
+    let by_bytes = (target_bytes / bytes_per_row.max(1)).max(1);
+    let by_tasks = rows.div_ceil(min_tasks.max(1));
+    let c = by_bytes.min(by_tasks).max(1);
+    c.div_ceil(align) * align
+}
+
+/// Decoded weights of up to [`RMAX`] rows and [`KC`] columns.
+pub(crate) struct Dec {
+    pub vals: [[u8; KC]; RMAX],
+    pub s: [[f32; KC / 16]; RMAX],
+    pub m: [[f32; KC / 16]; RMAX],
+}
+
+/// One token tile of the panel, offset to the current column chunk.
+pub(crate) struct TileIn<'a> {
+    /// `[cols / 4][tpad]` quant words.
+    pub q: &'a [u32],
+    /// `[cols / sub][tpad]`.
+    pub a0: &'a [f32],
+    pub a1: &'a [f32],
+    pub tpad: usize,
+}
+
+/// Float accumulators of a GEMM tile: `[row][token]`.
+pub(crate) type Acc = [[f32; TILE]; RMAX];
+
+/// Float weight element types.
+pub(crate) trait FloatW: 'static {
+    /// 0 = f32, 1 = f16, 2 = bf16.
+    const ID: u8;
+    const BYTES: usize;
+}
+pub(crate) struct WF32;
+pub(crate) struct WF16;
+pub(crate) struct WBF16;
+impl FloatW for WF32 {
+    const ID: u8 = 0;
+    const BYTES: usize = 4;
+}
+impl FloatW for WF16 {
+    const ID: u8 = 1;
+    const BYTES: usize = 2;
+}
+impl FloatW for WBF16 {
+    const ID: u8 = 2;
+    const BYTES: usize = 2;
+}
+
+/// The primitives a SIMD level provides.
+///
+/// # Safety
+/// Implementations may use instructions of their level: callers must only use a kernel on
+/// a CPU that supports its level, from a context compiled with its features.
+pub(crate) unsafe trait Kernel {
+    /// Rows per GEMM micro-kernel call (at most [`RMAX`]).
+    const GEMM_R: usize;
+    /// `sum_c w[c] a[c]` over one row of 32-element blocks.
+    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32;
+    /// `sum_c w[c] a[c]` over one row of K-quant super-blocks.
+    unsafe fn dot_k<T: KQuant>(w: &[T::B], a: &[A256]) -> f32;
+    /// Decodes one 32-element block; returns `(s, m)`.
+    unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32);
+    /// Decodes one super-block's values (256 bytes).
+    unsafe fn dec_k<T: KQuant>(b: &T::B, vals: &mut [u8]);
+    /// Adds `kc` columns of rows x tile products into `acc` (rows of `dec` past the real
+    /// ones have `s = m = 0`).
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc);
+    /// Dot products of 4 weight rows with `NT` activation rows of `cols` elements.
+    unsafe fn float_block<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4];
+}
+
+/// The level entry points, each compiled for its level.
+pub(crate) struct Entry {
+    pub quantize_a32: fn(&[f32], &mut [A32]),
+    pub quantize_a256: fn(&[f32], &mut [A256]),
+    pub gemv: fn(&Job<'_>, &Acts<'_>, usize, usize, &SharedMut<'_, f32>),
+    pub gemm: fn(&Job<'_>, &Panel<'_>, usize, usize, usize, &SharedMut<'_, f32>),
+    pub float: fn(&Job<'_>, usize, usize, &SharedMut<'_, f32>),
+}
+
+fn entry(level: SimdLevel) -> Entry {
+    #[cfg(target_arch = "x86_64")]
+    match level {
+        SimdLevel::Avx512 => return crate::x86::entry_avx512(),
+        SimdLevel::Avx2 => return crate::x86::entry_avx2(),
+        SimdLevel::Portable => {}
+    }
+    let _ = level;
+    crate::portable::entry()
+}
+
+pub(crate) enum Acts<'a> {
+    A32(&'a [A32]),
+    A256(&'a [A256]),
+}
+
+pub(crate) struct Panel<'a> {
+    pub shape: PanelShape,
+    pub q: &'a [u32],
+    pub a0: &'a [f32],
+    pub a1: &'a [f32],
+}
+
+pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch: &mut Scratch) {
+    let e = entry(job.level);
+    let nth = pool.n_threads();
+    let (rows, cols, n) = (job.rows, job.cols, job.n_tokens);
+    let fam = family(job.ty);
+    let out = SharedMut::new(out);
+    if fam == Family::Float {
+        let chunk = row_chunk(rows, job.row_bytes * n.min(8), 4 * nth, 64 << 10, 4);
+        pool.run(rows.div_ceil(chunk), &|i| (e.float)(job, i * chunk, ((i + 1) * chunk).min(rows), &out));
+        return;
+    }
+    if n < GEMM_MIN_TOKENS {
+        let acts = if fam == Family::Legacy {
+            grow(&mut scratch.a32, n * cols / 32);
+            let a = &mut scratch.a32[..n * cols / 32];
+            (e.quantize_a32)(job.x, a);
+            Acts::A32(a)
+        } else {
+            grow(&mut scratch.a256, n * cols / QK_K);
+            let a = &mut scratch.a256[..n * cols / QK_K];
+            (e.quantize_a256)(job.x, a);
+            Acts::A256(a)
+        };
+        let chunk = row_chunk(rows, job.row_bytes * n, 4 * nth, 32 << 10, 4);
+        pool.run(rows.div_ceil(chunk), &|i| (e.gemv)(job, &acts, i * chunk, ((i + 1) * chunk).min(rows), &out));
+        return;
+    }
+    // Prefill: quantize into the panel (parallel over tokens), then tiles x row chunks.
+    let shape = PanelShape { cols, sub: gemm_sub(job.ty), n_tokens: n };
+    grow(&mut scratch.panel_q, shape.q_len());
+    grow(&mut scratch.panel_a0, shape.s_len());
+    grow(&mut scratch.panel_a1, shape.s_len());
+    {
+        let q = SharedMut::new(&mut scratch.panel_q[..]);
+        let a0 = SharedMut::new(&mut scratch.panel_a0[..]);
+        let a1 = SharedMut::new(&mut scratch.panel_a1[..]);
+        let per_task = 8;
+        pool.run(n.div_ceil(per_task), &|i| {
+            for t in i * per_task..((i + 1) * per_task).min(n) {
+                let tile = t / TILE;
+                let (_, _, tpad) = shape.tile(tile);
+                let (qo, so) = (shape.q_offset(tile), shape.s_offset(tile));
+                let x = &job.x[t * cols..(t + 1) * cols];
+                // SAFETY (all three writes): token `t` owns lane `t % TILE` of its tile, and
+                // only this task packs token `t`.
+                act::pack_panel_token(
+                    x,
+                    shape.sub,
+                    tpad,
+                    t % TILE,
+                    |k, w| unsafe { q.write(qo + k, w) },
+                    |k, s0, s1| unsafe {
+                        a0.write(so + k, s0);
+                        a1.write(so + k, s1);
+                    },
+                );
+            }
+        });
+    }
+    let panel = Panel { shape, q: &scratch.panel_q, a0: &scratch.panel_a0, a1: &scratch.panel_a1 };
+    let n_tiles = shape.n_tiles();
+    let chunk = row_chunk(rows, job.row_bytes, (4 * nth).div_ceil(n_tiles), 64 << 10, RMAX);
+    let n_chunks = rows.div_ceil(chunk);
+    pool.run(n_tiles * n_chunks, &|i| {
+        let (tile, c) = (i / n_chunks, i % n_chunks);
+        (e.gemm)(job, &panel, tile, c * chunk, ((c + 1) * chunk).min(rows), &out)
+    });
+}
+
+/// Calls `$f::<T>` with the marker type of a quantized `$ty` (legacy family in `$legacy`,
+/// K family in `$k`).
+macro_rules! by_type {
+    ($ty:expr, legacy: $l:ident($($la:expr),*), k: $k:ident($($ka:expr),*)) => {{
+        use quiver_gguf::GgmlType as G;
+        match $ty {
+            G::Q4_0 => $l::<K, TQ4_0>($($la),*),
+            G::Q4_1 => $l::<K, TQ4_1>($($la),*),
+            G::Q5_0 => $l::<K, TQ5_0>($($la),*),
+            G::Q5_1 => $l::<K, TQ5_1>($($la),*),
+            G::Q8_0 => $l::<K, TQ8_0>($($la),*),
+            G::IQ4_NL => $l::<K, TIq4Nl>($($la),*),
+            G::Q2_K => $k::<K, TQ2K>($($ka),*),
+            G::Q3_K => $k::<K, TQ3K>($($ka),*),
+            G::Q4_K => $k::<K, TQ4K>($($ka),*),
+            G::Q5_K => $k::<K, TQ5K>($($ka),*),
+            G::Q6_K => $k::<K, TQ6K>($($ka),*),
+            G::IQ4_XS => $k::<K, TIq4Xs>($($ka),*),
+            _ => {}
+        }
+    }};
+}
+
+/// Rows `r0..r1` of a decode-path matmul.
+///
+/// # Safety
+/// `K`'s level is supported by the CPU.
+#[inline(always)]
+pub(crate) unsafe fn gemv_rows<K: Kernel>(job: &Job<'_>, acts: &Acts<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    by_type!(job.ty, legacy: gemv_legacy(job, acts, r0, r1, out), k: gemv_k(job, acts, r0, r1, out));
+}
+
+#[inline(always)]
+unsafe fn gemv_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, acts: &Acts<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    let (Some(w), Acts::A32(a)) = (as_blocks::<T::B>(job.w), acts) else { return };
+    let nb = job.cols / 32;
+    for t in 0..job.n_tokens {
+        let a = &a[t * nb..(t + 1) * nb];
+        for r in r0..r1 {
+            // SAFETY: the caller guarantees the level; writes: this task owns rows r0..r1.
+            unsafe { out.write(t * job.rows + r, K::dot_legacy::<T>(&w[r * nb..(r + 1) * nb], a)) };
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn gemv_k<K: Kernel, T: KQuant>(job: &Job<'_>, acts: &Acts<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    let (Some(w), Acts::A256(a)) = (as_blocks::<T::B>(job.w), acts) else { return };
+    let nb = job.cols / QK_K;
+    for t in 0..job.n_tokens {
+        let a = &a[t * nb..(t + 1) * nb];
+        for r in r0..r1 {
+            // SAFETY: as in `gemv_legacy`.
+            unsafe { out.write(t * job.rows + r, K::dot_k::<T>(&w[r * nb..(r + 1) * nb], a)) };
+        }
+    }
+}
+
+/// Rows `r0..r1` of token tile `tile` of a prefill-path matmul.
+///
+/// # Safety
+/// `K`'s level is supported by the CPU.
+#[inline(always)]
+pub(crate) unsafe fn gemm_rows<K: Kernel>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    by_type!(job.ty, legacy: gemm_legacy(job, p, tile, r0, r1, out), k: gemm_k(job, p, tile, r0, r1, out));
+}
+
+/// Dispatches the micro-kernel on the sub-block size and wideness.
+#[inline(always)]
+unsafe fn tile_call<K: Kernel>(sub: usize, wide: bool, dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match (sub, wide) {
+            (16, false) => K::tile::<16, false>(dec, kc, t, acc),
+            (16, true) => K::tile::<16, true>(dec, kc, t, acc),
+            (_, false) => K::tile::<32, false>(dec, kc, t, acc),
+            (_, true) => K::tile::<32, true>(dec, kc, t, acc),
+        }
+    }
+}
+
+/// The shared GEMM loop: for each block of `GEMM_R` rows, decode `KC` columns at a time
+/// with `decode(row, first block, blocks, dec row index, dec)` and run the micro-kernel.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_loop<K: Kernel>(
+    job: &Job<'_>,
+    p: &Panel<'_>,
+    tile: usize,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+    qk: usize,
+    sub: usize,
+    wide: bool,
+    mut decode: impl FnMut(usize, usize, usize, usize, &mut Dec),
+) {
+    let shape = &p.shape;
+    let (t0, nt, tpad) = shape.tile(tile);
+    let (qo, so) = (shape.q_offset(tile), shape.s_offset(tile));
+    let cols = job.cols;
+    let (q_len, s_len) = (tpad * cols / 4, tpad * cols / sub);
+    if p.q.len() < qo + q_len || p.a0.len() < so + s_len || p.a1.len() < so + s_len {
+        return;
+    }
+    let (q, a0, a1) = (&p.q[qo..qo + q_len], &p.a0[so..so + s_len], &p.a1[so..so + s_len]);
+    let mut dec = Dec { vals: [[0; KC]; RMAX], s: [[0.0; KC / 16]; RMAX], m: [[0.0; KC / 16]; RMAX] };
+    let mut acc: Acc = [[0.0; TILE]; RMAX];
+    let bpc = KC / qk;
+    let nb = cols / qk;
+    let mut rb = r0;
+    while rb < r1 {
+        let nr = K::GEMM_R.min(r1 - rb);
+        for a in acc.iter_mut() {
+            a.fill(0.0);
+        }
+        let mut b0 = 0;
+        while b0 < nb {
+            let nbc = bpc.min(nb - b0);
+            for i in 0..K::GEMM_R {
+                if i < nr {
+                    decode(rb + i, b0, nbc, i, &mut dec);
+                } else {
+                    dec.s[i].fill(0.0);
+                    dec.m[i].fill(0.0);
+                }
+            }
+            let (c0, kc) = (b0 * qk, nbc * qk);
+            let t = TileIn { q: &q[c0 / 4 * tpad..], a0: &a0[c0 / sub * tpad..], a1: &a1[c0 / sub * tpad..], tpad };
+            // SAFETY: forwarded from the caller.
+            unsafe { tile_call::<K>(sub, wide, &dec, kc, &t, &mut acc) };
+            b0 += nbc;
+        }
+        for (i, a) in acc.iter().enumerate().take(nr) {
+            for (lt, &v) in a.iter().enumerate().take(nt) {
+                // SAFETY: this task owns rows r0..r1 of this tile's tokens.
+                unsafe { out.write((t0 + lt) * job.rows + rb + i, v) };
+            }
+        }
+        rb += nr;
+    }
+    let _ = LANES;
+}
+
+#[inline(always)]
+unsafe fn gemm_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    let Some(w) = as_blocks::<T::B>(job.w) else { return };
+    let nb = job.cols / 32;
+    let decode = |r: usize, b0: usize, nbc: usize, i: usize, dec: &mut Dec| {
+        for (j, b) in w[r * nb + b0..r * nb + b0 + nbc].iter().enumerate() {
+            // SAFETY: forwarded from the caller.
+            let (s, m) = unsafe { K::dec_legacy::<T>(b, &mut dec.vals[i][32 * j..32 * j + 32]) };
+            dec.s[i][j] = s;
+            dec.m[i][j] = m;
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { gemm_loop::<K>(job, p, tile, r0, r1, out, 32, 32, T::WIDE, decode) };
+}
+
+#[inline(always)]
+unsafe fn gemm_k<K: Kernel, T: KQuant>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    let Some(w) = as_blocks::<T::B>(job.w) else { return };
+    let nb = job.cols / QK_K;
+    let per = QK_K / T::SUB;
+    let decode = |r: usize, b0: usize, nbc: usize, i: usize, dec: &mut Dec| {
+        for (j, b) in w[r * nb + b0..r * nb + b0 + nbc].iter().enumerate() {
+            // SAFETY: forwarded from the caller.
+            unsafe { K::dec_k::<T>(b, &mut dec.vals[i][QK_K * j..QK_K * (j + 1)]) };
+            let ks = T::scales(b);
+            k_sub_scales::<T>(&ks, &mut dec.s[i][per * j..per * (j + 1)], &mut dec.m[i][per * j..per * (j + 1)]);
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { gemm_loop::<K>(job, p, tile, r0, r1, out, QK_K, T::SUB, T::WIDE, decode) };
+}
+
+/// Rows `r0..r1` of a float-weight matmul, all tokens, in 4 x 4 blocks.
+///
+/// # Safety
+/// `K`'s level is supported by the CPU.
+#[inline(always)]
+pub(crate) unsafe fn float_rows<K: Kernel>(job: &Job<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match job.ty {
+            GgmlType::F32 => float_rows_t::<K, WF32>(job, r0, r1, out),
+            GgmlType::F16 => float_rows_t::<K, WF16>(job, r0, r1, out),
+            GgmlType::BF16 => float_rows_t::<K, WBF16>(job, r0, r1, out),
+            _ => {}
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn float_rows_t<K: Kernel, F: FloatW>(job: &Job<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    let (cols, rb) = (job.cols, job.row_bytes);
+    if job.w.len() < job.rows * rb || job.x.len() < job.n_tokens * cols {
+        return;
+    }
+    let row = |r: usize| &job.w[r * rb..(r + 1) * rb];
+    let tok = |t: usize| &job.x[t * cols..(t + 1) * cols];
+    let mut r = r0;
+    while r < r1 {
+        let nr = 4.min(r1 - r);
+        // Missing rows repeat the last one; their results are dropped.
+        let w = [row(r), row(r + 1.min(nr - 1)), row(r + 2.min(nr - 1)), row(r + 3.min(nr - 1))];
+        let mut t = 0;
+        while t < job.n_tokens {
+            let nt = 4.min(job.n_tokens - t);
+            let put = |i: usize, j: usize, v: f32| {
+                // SAFETY: this task owns rows r0..r1.
+                unsafe { out.write((t + j) * job.rows + r + i, v) };
+            };
+            if nt == 4 {
+                // SAFETY: forwarded from the caller.
+                let v = unsafe { K::float_block::<F, 4>(w, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], cols) };
+                for i in 0..nr {
+                    for (j, &v) in v[i].iter().enumerate() {
+                        put(i, j, v);
+                    }
+                }
+            } else {
+                for j in 0..nt {
+                    // SAFETY: forwarded from the caller.
+                    let v = unsafe { K::float_block::<F, 1>(w, [tok(t + j)], cols) };
+                    for (i, v) in v.iter().enumerate().take(nr) {
+                        put(i, j, v[0]);
+                    }
+                }
+            }
+            t += nt;
+        }
+        r += nr;
+    }
+}
+
+/// The row data of a block slice (for element loaders).
+#[allow(dead_code)]
+pub(crate) fn block_bytes<B: Block>(b: &B) -> &[u8] {
+    quiver_quant::blocks_as_bytes(std::slice::from_ref(b))
+}

@@ -1,0 +1,280 @@
+//! quiver-cpu-kernels: the CPU hot path — matmul over quantized GGUF weights, embedding
+//! gather, and the persistent [`ThreadPool`] they run on.
+//!
+//! [`matmul`] computes `out[t, r] = sum_c W[r, c] * x[t, c]` with `W` `[rows, cols]` in its
+//! GGUF type, read in place (borrowed from the mmap; nothing is repacked in memory beyond a
+//! few KiB of per-task stack). Activations are quantized to 8 bits into the caller's
+//! [`Scratch`] and multiplied with integer dot products:
+//!
+//! - **decode path** (`n_tokens` < [`GEMM_MIN_TOKENS`]): one fused dot product per weight
+//!   row and token (`gemv`). Activations are Q8 blocks of 32 ([`act::A32`]) for the
+//!   32-element types and Q8_K-like blocks of 256 for the K-quants; K-quant sub-block scales
+//!   are applied in integers as ggml does.
+//! - **prefill path**: weight rows are decoded, a block of rows and up to 2048 columns at a
+//!   time, into bytes on the stack; activations are quantized once into a token-interleaved
+//!   panel; a register-blocked micro-kernel then computes a rows x 64-tokens tile with
+//!   tokens across the SIMD lanes (weights broadcast, `vpdpbusd` on AVX-512 VNNI). Each
+//!   weight row block is read and decoded once per 64-token tile.
+//! - F32/F16/BF16 weights use float FMA (4 rows x 4 tokens register blocks).
+//!
+//! SIMD: a portable path (plain Rust, used off x86), AVX2+FMA+F16C, and AVX-512
+//! (F/BW/VL/VNNI), chosen at run time; `QUIVER_CPU_SIMD=portable|avx2|avx512` caps the level
+//! ([`SimdLevel::active`]). [`matmul_with_level`] forces a level (tests, benches).
+
+mod act;
+mod decode;
+mod driver;
+pub mod pool;
+mod portable;
+mod shared;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use pool::{default_threads, ThreadPool};
+pub use quiver_gguf::GgmlType;
+
+use std::sync::OnceLock;
+
+/// Batches with at least this many tokens take the prefill (GEMM) path.
+pub const GEMM_MIN_TOKENS: usize = 3;
+
+/// Errors of the kernels; every variant names the op, the type and the shapes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    #[error("{op}: type {ty} is not supported")]
+    Unsupported { op: &'static str, ty: GgmlType },
+    #[error("{op} {ty}: cols {cols} is not a multiple of the block size {block_size}")]
+    BlockMultiple { op: &'static str, ty: GgmlType, cols: usize, block_size: usize },
+    #[error("{op} {ty}: {what} has length {got}, expected {expected} (rows {rows}, cols {cols}, n_tokens {n_tokens})")]
+    Length {
+        op: &'static str,
+        ty: GgmlType,
+        what: &'static str,
+        got: usize,
+        expected: usize,
+        rows: usize,
+        cols: usize,
+        n_tokens: usize,
+    },
+    #[error("{op} {ty}: row id {id} is out of range for {rows} rows (cols {cols})")]
+    RowOutOfRange { op: &'static str, ty: GgmlType, id: u32, rows: usize, cols: usize },
+}
+
+/// A SIMD instruction set level, ordered from least to most capable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SimdLevel {
+    /// Plain Rust (auto-vectorised for the target's baseline).
+    Portable,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL + VNNI (on top of AVX2 + FMA + F16C).
+    Avx512,
+}
+
+impl SimdLevel {
+    /// All levels, lowest first.
+    pub const ALL: [SimdLevel; 3] = [SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// The best level this CPU supports.
+    pub fn detected() -> SimdLevel {
+        static D: OnceLock<SimdLevel> = OnceLock::new();
+        *D.get_or_init(detect)
+    }
+
+    /// The level kernels use: [`SimdLevel::detected`] capped by `QUIVER_CPU_SIMD`
+    /// (`portable`, `avx2` or `avx512`; unset, empty or unknown values leave no cap).
+    pub fn active() -> SimdLevel {
+        static A: OnceLock<SimdLevel> = OnceLock::new();
+        *A.get_or_init(|| {
+            let cap = std::env::var("QUIVER_CPU_SIMD").ok().and_then(|v| SimdLevel::parse(&v));
+            cap.map_or(SimdLevel::detected(), |c| c.min(SimdLevel::detected()))
+        })
+    }
+
+    /// Parses `portable`, `avx2` or `avx512` (case-insensitive).
+    pub fn parse(s: &str) -> Option<SimdLevel> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "portable" => Some(SimdLevel::Portable),
+            "avx2" => Some(SimdLevel::Avx2),
+            "avx512" => Some(SimdLevel::Avx512),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Portable => "portable",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> SimdLevel {
+    use std::arch::is_x86_feature_detected as has;
+    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+    if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+        SimdLevel::Avx512
+    } else if avx2 {
+        SimdLevel::Avx2
+    } else {
+        SimdLevel::Portable
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> SimdLevel {
+    SimdLevel::Portable
+}
+
+/// Reusable memory for quantized activations. Grows to the largest call and is then
+/// reused: a steady-state matmul does not allocate.
+#[derive(Default)]
+pub struct Scratch {
+    a32: Vec<act::A32>,
+    a256: Vec<act::A256>,
+    panel_q: Vec<u32>,
+    panel_a0: Vec<f32>,
+    panel_a1: Vec<f32>,
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch::default()
+    }
+
+    /// Bytes currently held.
+    pub fn capacity_bytes(&self) -> usize {
+        self.a32.capacity() * std::mem::size_of::<act::A32>()
+            + self.a256.capacity() * std::mem::size_of::<act::A256>()
+            + 4 * (self.panel_q.capacity() + self.panel_a0.capacity() + self.panel_a1.capacity())
+    }
+}
+
+/// Grows `v` to at least `n` elements (never shrinks).
+fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
+/// True for the types [`matmul`] supports.
+pub fn supports(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS)
+}
+
+/// `out[t, r] = sum_c W[r, c] * x[t, c]`.
+///
+/// `w`: `[rows, cols]` in type `ty` (`rows * ty.row_bytes(cols)` bytes); `x`:
+/// `[n_tokens, cols]`; `out`: `[n_tokens, rows]`. Runs on `pool` at [`SimdLevel::active`].
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    pool: &ThreadPool,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) -> Result<(), KernelError> {
+    matmul_with_level(SimdLevel::active(), pool, ty, w, rows, cols, x, n_tokens, out, scratch)
+}
+
+/// [`matmul`] at a given SIMD level, lowered to what the CPU supports.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with_level(
+    level: SimdLevel,
+    pool: &ThreadPool,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut Scratch,
+) -> Result<(), KernelError> {
+    const OP: &str = "matmul";
+    if !supports(ty) {
+        return Err(KernelError::Unsupported { op: OP, ty });
+    }
+    let bs = ty.block_size();
+    if cols % bs != 0 {
+        return Err(KernelError::BlockMultiple { op: OP, ty, cols, block_size: bs });
+    }
+    let row_bytes = cols / bs * ty.type_size();
+    let len_err = |what, got, expected| KernelError::Length { op: OP, ty, what, got, expected, rows, cols, n_tokens };
+    let checks = [
+        ("w", w.len(), rows.checked_mul(row_bytes)),
+        ("x", x.len(), n_tokens.checked_mul(cols)),
+        ("out", out.len(), n_tokens.checked_mul(rows)),
+    ];
+    for (what, got, expected) in checks {
+        match expected {
+            Some(e) if e == got => {}
+            _ => return Err(len_err(what, got, expected.unwrap_or(usize::MAX))),
+        }
+    }
+    if rows == 0 || n_tokens == 0 {
+        return Ok(());
+    }
+    let level = level.min(SimdLevel::detected());
+    let job = driver::Job { level, ty, w, rows, cols, row_bytes, x, n_tokens };
+    driver::matmul(pool, &job, out, scratch);
+    Ok(())
+}
+
+/// Which activation quantization a call uses (for tests): 0 = blocks of 32 (also the GEMM
+/// panel), 1 = blocks of 256, 2 = none (float weights).
+#[doc(hidden)]
+pub fn activation_kind(ty: GgmlType, n_tokens: usize) -> u8 {
+    driver::activation_kind(ty, n_tokens)
+}
+
+/// `x` quantized and dequantized as [`activation_kind`] `kind` does it (for tests).
+#[doc(hidden)]
+pub fn activation_roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
+    match kind {
+        0 | 1 => act::roundtrip(kind, x),
+        _ => x.to_vec(),
+    }
+}
+
+/// Embedding gather: `out[i, :] = dequantize(W[ids[i], :])` for `W` `[rows, cols]` of type
+/// `ty`; `out` is `[ids.len(), cols]`.
+pub fn get_rows(ty: GgmlType, w: &[u8], cols: usize, ids: &[u32], out: &mut [f32]) -> Result<(), KernelError> {
+    const OP: &str = "get_rows";
+    if !quiver_quant::can_dequantize(ty) {
+        return Err(KernelError::Unsupported { op: OP, ty });
+    }
+    let bs = ty.block_size();
+    if cols % bs != 0 {
+        return Err(KernelError::BlockMultiple { op: OP, ty, cols, block_size: bs });
+    }
+    let row_bytes = cols / bs * ty.type_size();
+    let rows = if row_bytes == 0 { 0 } else { w.len() / row_bytes };
+    let n = ids.len();
+    if row_bytes == 0 || w.len() % row_bytes != 0 {
+        let expected = rows * row_bytes;
+        return Err(KernelError::Length { op: OP, ty, what: "w", got: w.len(), expected, rows, cols, n_tokens: n });
+    }
+    if out.len() != n * cols {
+        return Err(KernelError::Length { op: OP, ty, what: "out", got: out.len(), expected: n * cols, rows, cols, n_tokens: n });
+    }
+    for (&id, o) in ids.iter().zip(out.chunks_exact_mut(cols)) {
+        let r = id as usize;
+        if r >= rows {
+            return Err(KernelError::RowOutOfRange { op: OP, ty, id, rows, cols });
+        }
+        let src = &w[r * row_bytes..(r + 1) * row_bytes];
+        // Lengths were checked above, so this cannot fail.
+        if quiver_quant::dequantize(ty, src, o).is_err() {
+            return Err(KernelError::Unsupported { op: OP, ty });
+        }
+    }
+    Ok(())
+}

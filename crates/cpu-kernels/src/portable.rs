@@ -1,0 +1,138 @@
+//! The portable level: plain Rust over the shared decoders. Used off x86 and as the
+//! baseline every SIMD level is tested against (besides the f64 reference).
+
+use crate::act::{quantize_a256, quantize_a32, A256, A32};
+use crate::decode::{KQuant, Legacy};
+use crate::driver::{self, Acc, Dec, Entry, FloatW, Kernel, TileIn};
+use quiver_quant::QK_K;
+
+pub(crate) struct Portable;
+
+pub(crate) fn entry() -> Entry {
+    Entry {
+        quantize_a32,
+        quantize_a256,
+        // SAFETY (all three): the portable level runs on every CPU.
+        gemv: |j, a, r0, r1, o| unsafe { driver::gemv_rows::<Portable>(j, a, r0, r1, o) },
+        gemm: |j, p, t, r0, r1, o| unsafe { driver::gemm_rows::<Portable>(j, p, t, r0, r1, o) },
+        float: |j, r0, r1, o| unsafe { driver::float_rows::<Portable>(j, r0, r1, o) },
+    }
+}
+
+/// A decoded value as a signed integer.
+#[inline(always)]
+fn val<const WIDE: bool>(v: u8) -> i32 {
+    if WIDE {
+        v as i8 as i32
+    } else {
+        v as i32
+    }
+}
+
+#[inline(always)]
+fn dot_vals<const WIDE: bool>(v: &[u8], q: &[i8]) -> i32 {
+    v.iter().zip(q).map(|(&v, &q)| val::<WIDE>(v) * q as i32).sum()
+}
+
+/// Element `i` of a float weight row.
+#[inline(always)]
+pub(crate) fn float_elem<F: FloatW>(w: &[u8], i: usize) -> f32 {
+    match F::ID {
+        0 => f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]),
+        1 => quiver_quant::f16_bits_to_f32(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])),
+        _ => f32::from_bits((u16::from_le_bytes([w[2 * i], w[2 * i + 1]]) as u32) << 16),
+    }
+}
+
+// SAFETY: plain Rust; no instruction-set requirements.
+unsafe impl Kernel for Portable {
+    const GEMM_R: usize = 2;
+
+    #[inline(always)]
+    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
+        let mut v = [0u8; 32];
+        let mut sum = 0f32;
+        for (b, a) in w.iter().zip(a) {
+            T::values(b, &mut v);
+            let (d, m) = T::dm(b);
+            let dot = if T::WIDE { dot_vals::<true>(&v, &a.qs) } else { dot_vals::<false>(&v, &a.qs) };
+            sum += d * a.d * dot as f32 + m * a.s;
+        }
+        sum
+    }
+
+    #[inline(always)]
+    unsafe fn dot_k<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
+        let mut v = [0u8; QK_K];
+        let mut sum = 0f32;
+        for (b, a) in w.iter().zip(a) {
+            T::values(b, &mut v);
+            let k = T::scales(b);
+            let (mut isum, mut corr) = (0i32, 0i32);
+            for h in 0..16 {
+                let (v, q) = (&v[16 * h..16 * h + 16], &a.qs[16 * h..16 * h + 16]);
+                let dot = if T::WIDE { dot_vals::<true>(v, q) } else { dot_vals::<false>(v, q) };
+                isum += k.sc[h] as i32 * dot;
+                corr += k.corr[h] as i32 * a.bsums[h] as i32;
+            }
+            sum += a.d * (k.d * isum as f32 + k.cd * corr as f32);
+        }
+        sum
+    }
+
+    #[inline(always)]
+    unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
+        let mut v = [0u8; 32];
+        T::values(b, &mut v);
+        vals[..32].copy_from_slice(&v);
+        T::dm(b)
+    }
+
+    #[inline(always)]
+    unsafe fn dec_k<T: KQuant>(b: &T::B, vals: &mut [u8]) {
+        let mut v = [0u8; QK_K];
+        T::values(b, &mut v);
+        vals[..QK_K].copy_from_slice(&v);
+    }
+
+    #[inline(always)]
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+        let tpad = t.tpad;
+        for j in 0..kc / SUB {
+            for (i, acc) in acc.iter_mut().enumerate().take(Self::GEMM_R) {
+                let mut dots = [0i32; crate::act::TILE];
+                for g in 0..SUB / 4 {
+                    let c = j * SUB + 4 * g;
+                    let w = &dec.vals[i][c..c + 4];
+                    let q = &t.q[(c / 4) * tpad..(c / 4 + 1) * tpad];
+                    for (d, &word) in dots.iter_mut().zip(q) {
+                        let a = word.to_le_bytes();
+                        for b in 0..4 {
+                            *d += val::<WIDE>(w[b]) * a[b] as i8 as i32;
+                        }
+                    }
+                }
+                let (s, m) = (dec.s[i][j], dec.m[i][j]);
+                let (a0, a1) = (&t.a0[j * tpad..(j + 1) * tpad], &t.a1[j * tpad..(j + 1) * tpad]);
+                for lt in 0..tpad {
+                    acc[lt] += s * a0[lt] * dots[lt] as f32 + m * a1[lt];
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn float_block<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
+        let mut out = [[0f32; NT]; 4];
+        for (o, w) in out.iter_mut().zip(w) {
+            for (o, x) in o.iter_mut().zip(x) {
+                let mut part = [0f32; 8];
+                for c in 0..cols {
+                    part[c % 8] += float_elem::<F>(w, c) * x[c];
+                }
+                *o = part.iter().sum();
+            }
+        }
+        out
+    }
+}
