@@ -40,6 +40,12 @@ pub(crate) trait Legacy: 'static {
     fn dm(b: &Self::B) -> (f32, f32);
     /// The 32 element values.
     fn values(b: &Self::B, out: &mut [u8; 32]);
+    /// The 32 element values in a register (AVX2).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn unpack(b: &Self::B) -> X;
 }
 
 /// Integer sub-block scales of a K-quant super-block, per 16 elements.
@@ -62,6 +68,37 @@ pub(crate) trait KQuant: 'static {
     const HAS_CORR: bool;
     fn scales(b: &Self::B) -> KScales;
     fn values(b: &Self::B, out: &mut [u8; QK_K]);
+    /// Elements `64 p .. 64 p + 64` in two registers (AVX2).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2; `p < 4`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn pair(b: &Self::B, p: usize) -> [X; 2];
+}
+
+#[cfg(target_arch = "x86_64")]
+type X = std::arch::x86_64::__m256i;
+#[cfg(target_arch = "x86_64")]
+use crate::x86::unpack as xu;
+
+/// Implements the x86 unpackers of a type by delegating to `crate::x86::unpack`.
+macro_rules! x86_unpack {
+    (legacy $f:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn unpack(b: &Self::B) -> X {
+            // SAFETY: forwarded from the caller.
+            unsafe { xu::$f(b) }
+        }
+    };
+    (k $f:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn pair(b: &Self::B, p: usize) -> [X; 2] {
+            // SAFETY: forwarded from the caller.
+            unsafe { xu::$f(b, p) }
+        }
+    };
 }
 
 pub(crate) struct TQ4_0;
@@ -94,6 +131,7 @@ fn add_high_bits(qh: [u8; 4], out: &mut [u8; 32]) {
 }
 
 impl Legacy for TQ4_0 {
+    x86_unpack!(legacy q4_0);
     type B = BlockQ4_0;
     const WIDE: bool = false;
     #[inline(always)]
@@ -108,6 +146,7 @@ impl Legacy for TQ4_0 {
 }
 
 impl Legacy for TQ4_1 {
+    x86_unpack!(legacy q4_1);
     type B = BlockQ4_1;
     const WIDE: bool = false;
     #[inline(always)]
@@ -121,6 +160,7 @@ impl Legacy for TQ4_1 {
 }
 
 impl Legacy for TQ5_0 {
+    x86_unpack!(legacy q5_0);
     type B = BlockQ5_0;
     const WIDE: bool = false;
     #[inline(always)]
@@ -136,6 +176,7 @@ impl Legacy for TQ5_0 {
 }
 
 impl Legacy for TQ5_1 {
+    x86_unpack!(legacy q5_1);
     type B = BlockQ5_1;
     const WIDE: bool = false;
     #[inline(always)]
@@ -150,6 +191,7 @@ impl Legacy for TQ5_1 {
 }
 
 impl Legacy for TQ8_0 {
+    x86_unpack!(legacy q8_0);
     type B = BlockQ8_0;
     const WIDE: bool = true;
     #[inline(always)]
@@ -163,6 +205,7 @@ impl Legacy for TQ8_0 {
 }
 
 impl Legacy for TIq4Nl {
+    x86_unpack!(legacy iq4_nl);
     type B = BlockIq4Nl;
     const WIDE: bool = true;
     #[inline(always)]
@@ -216,6 +259,7 @@ fn two_bit_values(qs: &[u8; 64], out: &mut [u8; QK_K]) {
 }
 
 impl KQuant for TQ2K {
+    x86_unpack!(k q2_k);
     type B = BlockQ2K;
     const WIDE: bool = false;
     const SUB: usize = 16;
@@ -237,6 +281,7 @@ impl KQuant for TQ2K {
 }
 
 impl KQuant for TQ3K {
+    x86_unpack!(k q3_k);
     type B = BlockQ3K;
     const WIDE: bool = false;
     const SUB: usize = 16;
@@ -261,6 +306,7 @@ impl KQuant for TQ3K {
 }
 
 impl KQuant for TQ4K {
+    x86_unpack!(k q4_k);
     type B = BlockQ4K;
     const WIDE: bool = false;
     const SUB: usize = 32;
@@ -282,6 +328,7 @@ impl KQuant for TQ4K {
 }
 
 impl KQuant for TQ5K {
+    x86_unpack!(k q5_k);
     type B = BlockQ5K;
     const WIDE: bool = false;
     const SUB: usize = 32;
@@ -304,6 +351,7 @@ impl KQuant for TQ5K {
 }
 
 impl KQuant for TQ6K {
+    x86_unpack!(k q6_k);
     type B = BlockQ6K;
     const WIDE: bool = false;
     const SUB: usize = 16;
@@ -330,6 +378,7 @@ impl KQuant for TQ6K {
 }
 
 impl KQuant for TIq4Xs {
+    x86_unpack!(k iq4_xs);
     type B = BlockIq4Xs;
     const WIDE: bool = true;
     const SUB: usize = 32;

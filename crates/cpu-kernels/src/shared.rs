@@ -21,10 +21,6 @@ impl<'a, T> SharedMut<'a, T> {
         SharedMut { ptr: s.as_mut_ptr(), len: s.len(), _borrow: PhantomData }
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// Writes `v` at `i` (ignored when out of range).
     ///
     /// # Safety

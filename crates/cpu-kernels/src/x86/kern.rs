@@ -1,0 +1,177 @@
+//! Decode-path dot products and GEMM decoders for x86, generic over `V`: `false` = AVX2
+//! (`maddubs` + `madd`), `true` = AVX-512 VNNI on 256-bit registers (`vpdpbusd`,
+//! `vpdpwssd`). Everything is `#[inline(always)]` and runs inside a `#[target_feature]`
+//! entry point of `super`; the safety requirement of each function is that the CPU supports
+//! AVX2 + FMA + F16C, plus AVX-512 F/BW/VL/VNNI when `V`.
+
+use super::unpack::load32;
+use crate::act::{A256, A32};
+use crate::decode::{KQuant, Legacy};
+use quiver_quant::QK_K;
+use std::arch::x86_64::*;
+
+/// `acc + sum of 4 adjacent u8 x i8 products` per i32 lane (`u` unsigned bytes of at most
+/// 127 on AVX2, where `maddubs` would otherwise saturate).
+#[inline(always)]
+pub(crate) unsafe fn dot_u8i8<const V: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    // SAFETY: AVX2 (+ VNNI when V) per the module contract.
+    unsafe {
+        if V {
+            _mm256_dpbusd_epi32(acc, u, s)
+        } else {
+            let p = _mm256_maddubs_epi16(u, s);
+            _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+        }
+    }
+}
+
+/// Signed x signed bytes: `|w| * (a with w's sign)`; `a` must not hold -128.
+#[inline(always)]
+pub(crate) unsafe fn dot_i8i8<const V: bool>(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+    // SAFETY: as above.
+    unsafe { dot_u8i8::<V>(acc, _mm256_abs_epi8(w), _mm256_sign_epi8(a, w)) }
+}
+
+/// `acc + p16 * sc` with pairs of i16 products summed into i32 lanes.
+#[inline(always)]
+unsafe fn madd_acc<const V: bool>(acc: __m256i, p16: __m256i, sc: __m256i) -> __m256i {
+    // SAFETY: as above.
+    unsafe {
+        if V {
+            _mm256_dpwssd_epi32(acc, p16, sc)
+        } else {
+            _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sc))
+        }
+    }
+}
+
+/// Horizontal sum of 8 floats.
+#[inline(always)]
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: AVX per the module contract.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+#[inline(always)]
+unsafe fn legacy_block<const V: bool, T: Legacy>(b: &T::B, a: &A32, acc: __m256, msum: &mut f32) -> __m256 {
+    // SAFETY: per the module contract; `a.qs` is 32 bytes.
+    unsafe {
+        let u = T::unpack(b);
+        let q = load32(a.qs.as_ptr().cast());
+        let z = _mm256_setzero_si256();
+        let p = if T::WIDE { dot_i8i8::<V>(z, u, q) } else { dot_u8i8::<V>(z, u, q) };
+        let (d, m) = T::dm(b);
+        *msum += m * a.s;
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a.d), acc)
+    }
+}
+
+/// One row of 32-element blocks against A32 activations.
+#[inline(always)]
+pub(crate) unsafe fn dot_legacy<const V: bool, T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
+    let n = w.len().min(a.len());
+    // SAFETY: per the module contract.
+    unsafe {
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let (mut m0, mut m1) = (0f32, 0f32);
+        let mut i = 0;
+        while i + 2 <= n {
+            acc0 = legacy_block::<V, T>(&w[i], &a[i], acc0, &mut m0);
+            acc1 = legacy_block::<V, T>(&w[i + 1], &a[i + 1], acc1, &mut m1);
+            i += 2;
+        }
+        if i < n {
+            acc0 = legacy_block::<V, T>(&w[i], &a[i], acc0, &mut m0);
+        }
+        hsum(_mm256_add_ps(acc0, acc1)) + m0 + m1
+    }
+}
+
+/// Picks i16 element `g` of each 128-bit half.
+const PICK: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut g = 0;
+    while g < 8 {
+        let mut i = 0;
+        while i < 8 {
+            t[g][2 * i] = 2 * g as u8;
+            t[g][2 * i + 1] = 2 * g as u8 + 1;
+            i += 1;
+        }
+        g += 1;
+    }
+    t
+};
+
+/// Even-indexed bytes, then odd-indexed.
+const EVEN_ODD: [u8; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
+
+/// One row of K-quant super-blocks against A256 activations: per super-block, products of
+/// each 16 elements are scaled by their integer sub-block scale in i32, then converted once.
+#[inline(always)]
+pub(crate) unsafe fn dot_k<const V: bool, T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
+    // SAFETY: per the module contract; all loads are within the 256-byte `qs`, the 16-byte
+    // scale arrays and the 32-byte `bsums`.
+    unsafe {
+        let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let eo = _mm_loadu_si128(EVEN_ODD.as_ptr().cast());
+        for (b, a) in w.iter().zip(a) {
+            let k = T::scales(b);
+            // i16 scales: even sub-blocks in the low half, odd in the high half, so that one
+            // in-lane shuffle gives group g's two halves their scales.
+            let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(k.sc.as_ptr().cast()), eo));
+            let mut isum = _mm256_setzero_si256();
+            for p in 0..QK_K / 64 {
+                let g = T::pair(b, p);
+                for (h, g) in g.into_iter().enumerate() {
+                    let q = load32(a.qs.as_ptr().add(64 * p + 32 * h).cast());
+                    let p16 = if T::WIDE {
+                        _mm256_maddubs_epi16(_mm256_abs_epi8(g), _mm256_sign_epi8(q, g))
+                    } else {
+                        _mm256_maddubs_epi16(g, q)
+                    };
+                    let pick = _mm256_broadcastsi128_si256(_mm_loadu_si128(PICK[2 * p + h].as_ptr().cast()));
+                    isum = madd_acc::<V>(isum, p16, _mm256_shuffle_epi8(sc, pick));
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(k.d * a.d), acc);
+            if T::HAS_CORR {
+                let bs = _mm256_loadu_si256(a.bsums.as_ptr().cast());
+                let corr = _mm256_cvtepi8_epi16(_mm_loadu_si128(k.corr.as_ptr().cast()));
+                let c = _mm256_madd_epi16(bs, corr);
+                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(k.cd * a.d), accm);
+            }
+        }
+        hsum(_mm256_add_ps(acc, accm))
+    }
+}
+
+/// Decodes a 32-element block into `vals[..32]`.
+#[inline(always)]
+pub(crate) unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
+    if vals.len() >= 32 {
+        // SAFETY: per the module contract; 32 bytes are writable.
+        unsafe { _mm256_storeu_si256(vals.as_mut_ptr().cast(), T::unpack(b)) };
+    }
+    T::dm(b)
+}
+
+/// Decodes a super-block into `vals[..256]`.
+#[inline(always)]
+pub(crate) unsafe fn dec_k<T: KQuant>(b: &T::B, vals: &mut [u8]) {
+    if vals.len() >= QK_K {
+        for p in 0..QK_K / 64 {
+            // SAFETY: per the module contract; 64 p + 64 <= 256 bytes are writable.
+            unsafe {
+                let g = T::pair(b, p);
+                _mm256_storeu_si256(vals.as_mut_ptr().add(64 * p).cast(), g[0]);
+                _mm256_storeu_si256(vals.as_mut_ptr().add(64 * p + 32).cast(), g[1]);
+            }
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! AVX2 unpacking of each block type into bytes, 32 elements per register, in the value
+//! convention of `crate::decode` (narrow types unsigned, wide types signed).
+//!
+//! Every function here is `#[inline(always)]` and needs AVX2: it is only called from code
+//! inlined into an `#[target_feature(enable = "avx2,...")]` entry point.
+
+use quiver_quant::{
+    BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8_0, KVALUES_IQ4NL,
+};
+use std::arch::x86_64::*;
+
+/// Loads 16 bytes.
+///
+/// # Safety
+/// AVX2; `p` points at 16 readable bytes.
+#[inline(always)]
+unsafe fn load16(p: *const u8) -> __m128i {
+    // SAFETY: readable per the caller; unaligned load.
+    unsafe { _mm_loadu_si128(p.cast()) }
+}
+
+/// Loads 32 bytes.
+///
+/// # Safety
+/// AVX2; `p` points at 32 readable bytes.
+#[inline(always)]
+pub(crate) unsafe fn load32(p: *const u8) -> __m256i {
+    // SAFETY: readable per the caller; unaligned load.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// `(v >> n) & mask` on bytes, `n` a run-time count below 8.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn shr_mask(v: __m256i, n: usize, mask: i8) -> __m256i {
+    // SAFETY: AVX2 per the caller. A 16-bit shift moves bits across byte boundaries only
+    // into positions the mask clears.
+    unsafe { _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32)), _mm256_set1_epi8(mask)) }
+}
+
+/// Bytes 0..16 low nibbles, then bytes 0..16 high nibbles: elements 0..32 of a 4-bit block.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: AVX2 per the caller; `qs` is 16 bytes.
+    unsafe { nibbles_at(qs.as_ptr()) }
+}
+
+/// [`nibbles`] of the 16 bytes at `p`.
+///
+/// # Safety
+/// AVX2; `p` points at 16 readable bytes.
+#[inline(always)]
+unsafe fn nibbles_at(p: *const u8) -> __m256i {
+    // SAFETY: AVX2 and readable per the caller.
+    unsafe {
+        let x = load16(p);
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f))
+    }
+}
+
+/// 0x10 in byte `j` where bit `j` of `qh` is set.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn fifth_bits(qh: [u8; 4]) -> __m256i {
+    // SAFETY: AVX2 per the caller.
+    unsafe {
+        let v = _mm256_set1_epi32(u32::from_le_bytes(qh) as i32);
+        // Byte j takes source byte j / 8 (the u32 is in every dword, so in both lanes).
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        );
+        let b = _mm256_shuffle_epi8(v, spread);
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+}
+
+/// The IQ4_NL codebook lookup of 4-bit indices.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn codebook(idx: __m256i) -> __m256i {
+    // SAFETY: AVX2 per the caller; the table is 16 bytes.
+    unsafe {
+        let t = _mm256_broadcastsi128_si256(load16(KVALUES_IQ4NL.as_ptr().cast()));
+        _mm256_shuffle_epi8(t, idx)
+    }
+}
+
+/// # Safety
+/// AVX2 (all unpackers below).
+#[inline(always)]
+pub(crate) unsafe fn q4_0(b: &BlockQ4_0) -> __m256i {
+    // SAFETY: AVX2 per the caller.
+    unsafe { nibbles(&b.qs) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q4_1(b: &BlockQ4_1) -> __m256i {
+    // SAFETY: AVX2 per the caller.
+    unsafe { nibbles(&b.qs) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q5_0(b: &BlockQ5_0) -> __m256i {
+    // SAFETY: AVX2 per the caller.
+    unsafe { _mm256_or_si256(nibbles(&b.qs), fifth_bits(b.qh)) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q5_1(b: &BlockQ5_1) -> __m256i {
+    // SAFETY: AVX2 per the caller.
+    unsafe { _mm256_or_si256(nibbles(&b.qs), fifth_bits(b.qh)) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q8_0(b: &BlockQ8_0) -> __m256i {
+    // SAFETY: AVX2 per the caller; `qs` is 32 bytes.
+    unsafe { load32(b.qs.as_ptr()) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn iq4_nl(b: &BlockIq4Nl) -> __m256i {
+    // SAFETY: AVX2 per the caller.
+    unsafe { codebook(nibbles(&b.qs)) }
+}
+
+/// Q2_K elements `64 p ..`: 2-bit fields `2 (p % 2)` and `2 (p % 2) + 1` of the half `p / 2`.
+#[inline(always)]
+pub(crate) unsafe fn q2_k(b: &BlockQ2K, p: usize) -> [__m256i; 2] {
+    let (n, j) = (p / 2 % 2, 2 * (p % 2));
+    // SAFETY: AVX2 per the caller; `32 n + 32 <= 64`.
+    unsafe {
+        let q = load32(b.qs.as_ptr().add(32 * n));
+        [shr_mask(q, 2 * j, 3), shr_mask(q, 2 * j + 2, 3)]
+    }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q3_k(b: &BlockQ3K, p: usize) -> [__m256i; 2] {
+    let (n, j) = (p / 2 % 2, 2 * (p % 2));
+    // SAFETY: AVX2 per the caller; offsets within the 64-byte `qs`, 32-byte `hmask`.
+    unsafe {
+        let q = load32(b.qs.as_ptr().add(32 * n));
+        let h = load32(b.hmask.as_ptr());
+        let hb = |bit: usize| _mm256_slli_epi16(shr_mask(h, bit, 1), 2);
+        [
+            _mm256_or_si256(shr_mask(q, 2 * j, 3), hb(4 * n + j)),
+            _mm256_or_si256(shr_mask(q, 2 * j + 2, 3), hb(4 * n + j + 1)),
+        ]
+    }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q4_k(b: &BlockQ4K, p: usize) -> [__m256i; 2] {
+    // SAFETY: AVX2 per the caller; `32 (p % 4) + 32 <= 128`.
+    unsafe {
+        let q = load32(b.qs.as_ptr().add(32 * (p % 4)));
+        [_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), shr_mask(q, 4, 0x0f)]
+    }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q5_k(b: &BlockQ5K, p: usize) -> [__m256i; 2] {
+    let p = p % 4;
+    // SAFETY: AVX2 per the caller; in-bounds as in `q4_k`, `qh` is 32 bytes.
+    unsafe {
+        let q = load32(b.qs.as_ptr().add(32 * p));
+        let h = load32(b.qh.as_ptr());
+        let hb = |bit: usize| _mm256_slli_epi16(shr_mask(h, bit, 1), 4);
+        [
+            _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), hb(2 * p)),
+            _mm256_or_si256(shr_mask(q, 4, 0x0f), hb(2 * p + 1)),
+        ]
+    }
+}
+
+/// Q6_K elements `64 p ..`: half `n = p / 2`, groups `k = 2 (p % 2)` and `k + 1`.
+#[inline(always)]
+pub(crate) unsafe fn q6_k(b: &BlockQ6K, p: usize) -> [__m256i; 2] {
+    let (n, odd) = (p / 2 % 2, p % 2);
+    // SAFETY: AVX2 per the caller; `64 n + 64 <= 128` (ql), `32 n + 32 <= 64` (qh).
+    unsafe {
+        let ql0 = load32(b.ql.as_ptr().add(64 * n));
+        let ql1 = load32(b.ql.as_ptr().add(64 * n + 32));
+        let qh = load32(b.qh.as_ptr().add(32 * n));
+        let hi = |shift: usize| _mm256_slli_epi16(shr_mask(qh, shift, 3), 4);
+        [
+            _mm256_or_si256(shr_mask(ql0, 4 * odd, 0x0f), hi(4 * odd)),
+            _mm256_or_si256(shr_mask(ql1, 4 * odd, 0x0f), hi(4 * odd + 2)),
+        ]
+    }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn iq4_xs(b: &BlockIq4Xs, p: usize) -> [__m256i; 2] {
+    let p = p % 4;
+    // SAFETY: AVX2 per the caller; `32 p + 32 <= 128`.
+    unsafe {
+        let q = b.qs.as_ptr().add(32 * p);
+        [codebook(nibbles_at(q)), codebook(nibbles_at(q.add(16)))]
+    }
+}
