@@ -1,6 +1,9 @@
 //! The `quiver` binary: parses flags and wires the crates together.
 
+mod engine;
+mod gen;
 mod info;
+mod score;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -62,6 +65,77 @@ enum Cmd {
         /// Threads for quantization (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
+    },
+    /// Generate text from a prompt, streamed to stdout (stats on stderr).
+    Run {
+        #[command(flatten)]
+        load: engine::LoadArgs,
+        #[command(flatten)]
+        sample: gen::SampleArgs,
+        /// The prompt.
+        #[arg(short = 'p', long)]
+        prompt: Option<String>,
+        /// Read the prompt from a file.
+        #[arg(short = 'f', long)]
+        file: Option<PathBuf>,
+        /// A system message (chat models).
+        #[arg(long)]
+        system: Option<String>,
+        /// Feed the prompt as is: no chat template; BOS as the model asks; special-token text parsed.
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Interactive multi-turn chat: /reset, /exit; Ctrl-C stops the current answer.
+    Chat {
+        #[command(flatten)]
+        load: engine::LoadArgs,
+        #[command(flatten)]
+        sample: gen::SampleArgs,
+        /// A system message.
+        #[arg(long)]
+        system: Option<String>,
+    },
+    /// Perplexity of a text file, by llama-perplexity's method.
+    Perplexity {
+        #[command(flatten)]
+        load: engine::LoadArgs,
+        /// The text file.
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+        /// Chunk length in tokens.
+        #[arg(short = 'c', long = "chunk", default_value_t = 512, value_parser = clap::value_parser!(u32).range(4..))]
+        chunk: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Evaluate token ids in one pass; print the top-N next-token log-probabilities per position.
+    Logprobs {
+        #[command(flatten)]
+        load: engine::LoadArgs,
+        /// Token ids as a JSON array, e.g. [1, 2, 3].
+        #[arg(long)]
+        ids: String,
+        /// How many predictions per position.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+        top: u32,
+    },
+    /// Prompt-processing and generation speed, like llama-bench.
+    Bench {
+        #[command(flatten)]
+        load: engine::LoadArgs,
+        /// Prompt tokens (0: skip).
+        #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+        n_prompt: u32,
+        /// Generated tokens (0: skip).
+        #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+        n_gen: u32,
+        /// Repetitions.
+        #[arg(short = 'r', long = "repetitions", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+        reps: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Fetch a known model into the cache (it is fetched on first use anyway).
     Fetch {
@@ -149,6 +223,13 @@ fn run(cli: Cli) -> Result<()> {
                 size as f64 / 1048576.0,
                 t0.elapsed().as_secs_f64()
             );
+        }
+        Cmd::Run { load, sample, prompt, file, system, raw } => gen::run(&load, &sample, prompt, file, system, raw)?,
+        Cmd::Chat { load, sample, system } => gen::chat(&load, &sample, system)?,
+        Cmd::Perplexity { load, file, chunk, json } => score::perplexity(&load, &file, chunk as usize, json)?,
+        Cmd::Logprobs { load, ids, top } => score::logprobs_cmd(&load, &ids, top as usize)?,
+        Cmd::Bench { load, n_prompt, n_gen, reps, json } => {
+            score::bench(&load, n_prompt as usize, n_gen as usize, reps as usize, json)?
         }
         Cmd::Fetch { aliases } => {
             let list: Vec<String> = if aliases.is_empty() {

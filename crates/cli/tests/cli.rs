@@ -129,3 +129,104 @@ fn synth_gemma3_q4_k_m_has_the_real_files_tensor_types_and_no_vocabulary() {
     let _ = std::fs::remove_file(&p);
     let _ = std::fs::remove_file(&p2);
 }
+
+#[test]
+fn run_is_deterministic_for_a_seed_and_streams_text() {
+    let m = model("smollm2-135m");
+    let args = ["run", "-m", &m, "-p", "Write a haiku about rivers.", "-n", "24", "--temp", "0.9", "--seed", "7"];
+    let a = quiver(&args);
+    let b = quiver(&args);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert!(a.stdout.len() > 10, "no text generated");
+    assert_eq!(a.stdout, b.stdout, "same seed, different text");
+    let err = String::from_utf8_lossy(&a.stderr);
+    assert!(err.contains("t/s"), "no speed report on stderr: {err}");
+    let c = quiver(&["run", "-m", &m, "-p", "Write a haiku about rivers.", "-n", "24", "--temp", "0.9", "--seed", "8"]);
+    assert_ne!(a.stdout, c.stdout, "different seeds gave the same text");
+}
+
+#[test]
+fn generation_flag_errors_and_context_overflow_are_one_line_errors() {
+    let m = model("smollm2-135m");
+    for (args, code) in [
+        (vec!["run", "-m", &m, "-p", "hi", "-n", "0"], 2),
+        (vec!["run", "-m", &m, "-p", "hi", "-n", "-3"], 2),
+        (vec!["run", "-m", &m, "-p", "hi", "--temp", "abc"], 2),
+        (vec!["run", "-m", &m, "-p", "hi", "--temp", "-1"], 2),
+        (vec!["run", "-m", &m, "-p", "hi", "--top-p", "1.5"], 2),
+        (vec!["run", "-m", &m], 1),
+        (vec!["logprobs", "-m", &m, "--ids", "[1, 2"], 1),
+        (vec!["logprobs", "-m", &m, "--ids", "[99999999]"], 1),
+    ] {
+        let out = quiver(&args);
+        assert_one_line_error(&out, code, &format!("{args:?}"));
+    }
+    let long = "word ".repeat(300);
+    let out = quiver(&["run", "-m", &m, "--raw", "-p", &long, "-c", "64", "-n", "8"]);
+    assert_one_line_error(&out, 1, "prompt longer than the context");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("300") && err.contains("64"), "names both lengths: {err}");
+}
+
+#[test]
+fn logprobs_prints_one_sorted_line_per_position() {
+    let m = model("smollm2-135m");
+    let out = quiver(&["logprobs", "-m", &m, "--ids", "[504, 6376, 314]", "--top", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["pos"], i);
+        let top = l["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        let lps: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        assert!(lps.windows(2).all(|w| w[0] >= w[1]) && lps[0] <= 0.0, "{lps:?}");
+    }
+}
+
+#[test]
+fn bench_runs_on_a_synth_model_without_vocabulary() {
+    let p = tmp("bench-synth.gguf");
+    let out = quiver(&["synth", "--arch", "llama", "--preset", "smollm2-135m", "--type", "Q8_0", "-o", p.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = quiver(&["bench", "-m", p.to_str().unwrap(), "-p", "16", "-n", "4", "-r", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let res = j["results"].as_array().unwrap();
+    assert_eq!(res[0]["test"], "pp16");
+    assert_eq!(res[1]["test"], "tg4");
+    assert!(res.iter().all(|r| r["tokens_per_second"].as_f64().unwrap() > 0.0));
+    let _ = std::fs::remove_file(&p);
+}
+
+fn perplexity_matches_llama_cpp(alias: &str, key: &str) {
+    let gpl = "/usr/share/common-licenses/GPL-3";
+    assert!(std::path::Path::new(gpl).is_file(), "{gpl} is missing (Debian's base-files ships it)");
+    let out = quiver(&["perplexity", "-m", &model(alias), "-f", gpl, "-c", "512", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference/perplexity.json")).unwrap()).unwrap();
+    let want = reference["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["model"].as_str().unwrap().to_lowercase().contains(key))
+        .and_then(|r| r["ppl"].as_f64())
+        .unwrap_or_else(|| panic!("no reference ppl for {key}"));
+    let got = j["ppl"].as_f64().unwrap();
+    eprintln!("{alias}: PPL {got:.4} vs llama.cpp {want:.4} ({:+.3}%)", (got / want - 1.0) * 100.0);
+    assert_eq!(j["chunks"], 14);
+    assert!((got / want - 1.0).abs() < 0.01, "{alias}: PPL {got} not within 1% of {want}");
+}
+
+#[test]
+fn smollm2_perplexity_within_1_percent_of_llama_cpp() {
+    perplexity_matches_llama_cpp("smollm2-135m", "smollm2");
+}
+
+#[test]
+fn gemma3_perplexity_within_1_percent_of_llama_cpp() {
+    perplexity_matches_llama_cpp("gemma3-270m", "gemma-3");
+}

@@ -147,6 +147,8 @@ pub enum Finish {
 
 pub struct Generated {
     pub tokens: Vec<u32>,
+    /// How many of `tokens` have their K/V in the cache (the last sampled one may not).
+    pub kv_tokens: usize,
     pub text: String,
     pub finish: Finish,
     pub prompt_tokens: usize,
@@ -191,6 +193,7 @@ pub fn generate<B: Backend>(
     let mut detok = Detokenizer::new(tok, true);
     let mut finish = Finish::Length;
     let mut pos = total;
+    let mut kv_tokens = 0;
     while out.len() < opts.max_tokens {
         if !opts.ignore_eos && tok.is_eog(next) {
             finish = Finish::Stop;
@@ -220,6 +223,7 @@ pub fn generate<B: Backend>(
         }
         let logits = r.eval(&[next], pos, Want::Last)?;
         next = sampler.sample(logits, &history);
+        kv_tokens += 1;
         pos += 1;
     }
     if finish == Finish::Length {
@@ -229,7 +233,7 @@ pub fn generate<B: Backend>(
             on_text(&tail);
         }
     }
-    Ok(Generated { tokens: out, text, finish, prompt_tokens: prompt.len(), prompt_secs, gen_secs: t1.elapsed().as_secs_f64() })
+    Ok(Generated { tokens: out, kv_tokens, text, finish, prompt_tokens: prompt.len(), prompt_secs, gen_secs: t1.elapsed().as_secs_f64() })
 }
 
 /// The byte offset where the earliest stop string starts, if one ends in the new text.

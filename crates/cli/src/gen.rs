@@ -1,0 +1,195 @@
+//! `quiver run` and `quiver chat`.
+
+use crate::engine::{self, LoadArgs};
+use anyhow::{bail, Context, Result};
+use quiver_engine::{generate, Finish, GenOptions, Sampler, SamplerParams};
+use quiver_tokenizer::chat::{ChatTemplate, Message};
+use quiver_tokenizer::Tokenizer;
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SampleArgs {
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub n_predict: u32,
+    /// Temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8, value_parser = non_negative)]
+    pub temp: f32,
+    /// Keep the K most likely tokens (0: off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: u32,
+    /// Keep the smallest set of tokens whose probability reaches P.
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = unit)]
+    pub top_p: f32,
+    /// Drop tokens less likely than M times the most likely one.
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = unit)]
+    pub min_p: f32,
+    /// Penalise repeated tokens (1.0: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = positive)]
+    pub repeat_penalty: f32,
+    /// Seed of the sampler; the same seed gives the same text.
+    #[arg(short = 's', long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+fn parse_f32(s: &str) -> Result<f32, String> {
+    s.parse::<f32>().ok().filter(|v| v.is_finite()).ok_or_else(|| format!("{s:?} is not a number"))
+}
+
+fn non_negative(s: &str) -> Result<f32, String> {
+    parse_f32(s).and_then(|v| if v >= 0.0 { Ok(v) } else { Err(format!("{v} is negative")) })
+}
+
+fn positive(s: &str) -> Result<f32, String> {
+    parse_f32(s).and_then(|v| if v > 0.0 { Ok(v) } else { Err(format!("{v} is not positive")) })
+}
+
+fn unit(s: &str) -> Result<f32, String> {
+    parse_f32(s).and_then(|v| if (0.0..=1.0).contains(&v) { Ok(v) } else { Err(format!("{v} is not in [0, 1]")) })
+}
+
+impl SampleArgs {
+    pub fn params(&self) -> SamplerParams {
+        SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k as usize,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..Default::default()
+        }
+    }
+}
+
+/// Tokenizes a rendered chat prompt: special-token text is parsed, and BOS is added when the
+/// model asks for it unless the template already wrote it.
+pub fn tokenize_chat(tok: &Tokenizer, text: &str) -> Result<Vec<u32>> {
+    let bos_text = tok.bos().and_then(|b| tok.token_text(b)).unwrap_or("");
+    let add = tok.add_bos() && !(bos_text.len() > 0 && text.starts_with(bos_text));
+    let mut ids = tok.encode(text, false, true)?;
+    if add {
+        if let Some(b) = tok.bos() {
+            ids.insert(0, b);
+        }
+    }
+    Ok(ids)
+}
+
+pub fn run(load: &LoadArgs, s: &SampleArgs, prompt: Option<String>, file: Option<std::path::PathBuf>, system: Option<String>, raw: bool) -> Result<()> {
+    let text = match (prompt, file) {
+        (Some(p), None) => p,
+        (None, Some(f)) => std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?,
+        (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
+        (Some(_), Some(_)) => bail!("give either -p or -f, not both"),
+    };
+    let gguf = engine::open(load)?;
+    let tok = Tokenizer::from_gguf(&gguf)?;
+    let ids = if raw {
+        if system.is_some() {
+            bail!("--system needs the chat template; it cannot be used with --raw");
+        }
+        tok.encode(&text, true, true)?
+    } else {
+        let tmpl = ChatTemplate::for_model(&gguf)?;
+        let mut msgs = Vec::new();
+        if let Some(sys) = system {
+            msgs.push(Message::new("system", sys));
+        }
+        msgs.push(Message::new("user", text));
+        tokenize_chat(&tok, &tmpl.render(&msgs, true, None)?)?
+    };
+    let mut l = engine::load(load, gguf, 1)?;
+    let mut sampler = Sampler::new(s.params());
+    let opts = GenOptions { max_tokens: s.n_predict as usize, ..Default::default() };
+    let mut out = std::io::stdout().lock();
+    let g = generate(&mut l.runner, &tok, &ids, 0, &mut sampler, &opts, |piece| {
+        let _ = out.write_all(piece.as_bytes());
+        let _ = out.flush();
+        true
+    })?;
+    let _ = writeln!(out);
+    report(&g);
+    Ok(())
+}
+
+fn report(g: &quiver_engine::Generated) {
+    eprintln!(
+        "quiver: prompt {} tokens in {:.3}s ({:.1} t/s), generated {} tokens in {:.3}s ({:.1} t/s), stop: {}",
+        g.prompt_tokens,
+        g.prompt_secs,
+        g.prompt_tokens as f64 / g.prompt_secs.max(1e-9),
+        g.tokens.len(),
+        g.gen_secs,
+        g.tokens.len().saturating_sub(1) as f64 / g.gen_secs.max(1e-9),
+        match g.finish {
+            Finish::Stop => "end of generation",
+            Finish::Length => "length",
+            Finish::Cancelled => "interrupted",
+        }
+    );
+}
+
+pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<()> {
+    let gguf = engine::open(load)?;
+    let tok = Tokenizer::from_gguf(&gguf)?;
+    let tmpl = ChatTemplate::for_model(&gguf)?;
+    let mut l = engine::load(load, gguf, 1)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    }
+    let mut sampler = Sampler::new(s.params());
+    let mut msgs: Vec<Message> = system.iter().map(|s| Message::new("system", s.clone())).collect();
+    // Tokens whose K/V are in the cache, to reuse the shared prefix of the next turn.
+    let mut cached: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    eprintln!("quiver chat: /reset clears the conversation, /exit (or Ctrl-D) quits, Ctrl-C stops an answer");
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        match line.trim() {
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                msgs.retain(|m| m.role == "system");
+                cached.clear();
+                eprintln!("(conversation cleared)");
+                continue;
+            }
+            "" => continue,
+            _ => {}
+        }
+        msgs.push(Message::new("user", line));
+        let ids = tokenize_chat(&tok, &tmpl.render(&msgs, true, None)?)?;
+        let keep = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
+        let room = l.runner.n_ctx.saturating_sub(ids.len());
+        if room == 0 {
+            eprintln!("(the conversation fills the context of {} tokens; /reset to start over)", l.runner.n_ctx);
+            msgs.pop();
+            continue;
+        }
+        stop.store(false, Ordering::SeqCst);
+        let opts = GenOptions { max_tokens: (s.n_predict as usize).min(room), ..Default::default() };
+        let mut out = std::io::stdout().lock();
+        let g = generate(&mut l.runner, &tok, &ids[keep..], keep, &mut sampler, &opts, |piece| {
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+            !stop.load(Ordering::SeqCst)
+        })?;
+        let _ = writeln!(out);
+        cached = ids;
+        cached.extend_from_slice(&g.tokens[..g.kv_tokens]);
+        msgs.push(Message::new("assistant", g.text.clone()));
+        if g.finish == Finish::Cancelled {
+            eprintln!("(stopped)");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! `quiver perplexity`, `quiver logprobs` and `quiver bench`.
+
+use crate::engine::{self, LoadArgs};
+use anyhow::{bail, Context, Result};
+use quiver_engine::{logprobs, Want};
+use quiver_tokenizer::Tokenizer;
+use serde_json::json;
+
+/// llama-perplexity's method: the whole text tokenized once (BOS as the model asks, special
+/// text not parsed), consecutive `n_ctx`-token chunks, BOS written over the first token of
+/// each chunk when the model adds BOS, and only the second half of each chunk scored.
+pub fn perplexity(load: &LoadArgs, file: &std::path::Path, n_ctx: usize, json_out: bool) -> Result<()> {
+    let mut text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    let gguf = engine::open(load)?;
+    let tok = Tokenizer::from_gguf(&gguf)?;
+    let ids = tok.encode(&text, true, false)?;
+    if n_ctx < 4 {
+        bail!("context {n_ctx} is too small for perplexity (at least 4)");
+    }
+    let n_chunk = ids.len() / n_ctx;
+    if n_chunk == 0 {
+        bail!("the text has {} tokens, fewer than one chunk of {n_ctx}", ids.len());
+    }
+    let first = n_ctx / 2;
+    let mut args = load.clone();
+    args.ctx_size = Some(n_ctx as u32);
+    let mut l = engine::load(&args, gguf, n_ctx - first)?;
+    let nv = l.runner.n_vocab();
+    let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
+    let mut chunks = Vec::new();
+    let t0 = std::time::Instant::now();
+    for c in 0..n_chunk {
+        let mut chunk = ids[c * n_ctx..(c + 1) * n_ctx].to_vec();
+        if tok.add_bos() {
+            if let Some(b) = tok.bos() {
+                chunk[0] = b;
+            }
+        }
+        let logits = l.runner.eval(&chunk, 0, Want::From(first))?;
+        let (mut c_nll, mut c_n) = (0f64, 0usize);
+        for p in first..n_ctx - 1 {
+            let row = &logits[(p - first) * nv..][..nv];
+            let (lp, _) = logprobs(row, chunk[p + 1], 0);
+            let v = -(lp as f64);
+            nll += v;
+            nll2 += v * v;
+            c_nll += v;
+            c_n += 1;
+        }
+        count += c_n;
+        let cum = (nll / count as f64).exp();
+        chunks.push(json!({"chunk": c + 1, "ppl": (c_nll / c_n as f64).exp(), "cumulative_ppl": cum}));
+        if !json_out {
+            print!("[{}]{:.4},", c + 1, cum);
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        }
+    }
+    let mean = nll / count as f64;
+    let var = (nll2 / count as f64 - mean * mean).max(0.0);
+    let ppl = mean.exp();
+    let err = if count > 1 { ppl * (var / (count - 1) as f64).sqrt() } else { 0.0 };
+    let secs = t0.elapsed().as_secs_f64();
+    if json_out {
+        let j = json!({"ppl": ppl, "ppl_error": err, "tokens": ids.len(), "chunks": n_chunk, "n_ctx": n_ctx,
+                        "scored_tokens": count, "seconds": secs, "per_chunk": chunks});
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        println!();
+        println!("PPL = {ppl:.4} +/- {err:.5}");
+    }
+    eprintln!("quiver: {} tokens, {n_chunk} chunks of {n_ctx}, {count} scored, {secs:.1}s ({:.1} t/s)", ids.len(), (n_chunk * n_ctx) as f64 / secs);
+    Ok(())
+}
+
+/// Teacher-forced top-N predictions after every position of a token list.
+pub fn logprobs_cmd(load: &LoadArgs, ids_json: &str, top: usize) -> Result<()> {
+    let ids: Vec<u32> = serde_json::from_str(ids_json).context("--ids must be a JSON array of token ids")?;
+    if ids.is_empty() {
+        bail!("--ids is empty");
+    }
+    let gguf = engine::open(load)?;
+    let mut args = load.clone();
+    if args.ctx_size.is_none() {
+        args.ctx_size = Some(ids.len().max(16) as u32);
+    }
+    let batch = args.batch_size as usize;
+    let mut l = engine::load(&args, gguf, batch)?;
+    let nv = l.runner.n_vocab();
+    if ids.len() > l.runner.n_ctx {
+        bail!("{} ids exceed the context of {} tokens", ids.len(), l.runner.n_ctx);
+    }
+    let logits = l.runner.eval(&ids, 0, Want::From(0))?;
+    let mut out = std::io::stdout().lock();
+    use std::io::Write;
+    for pos in 0..ids.len() {
+        let (_, best) = logprobs(&logits[pos * nv..][..nv], 0, top);
+        let top: Vec<_> = best.iter().map(|&(id, lp)| json!({"id": id, "logprob": lp})).collect();
+        writeln!(out, "{}", json!({"pos": pos, "top": top}))?;
+    }
+    Ok(())
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    (m, var.sqrt())
+}
+
+/// Prompt processing and generation speed, like llama-bench: pp = one batch of `n_prompt`
+/// tokens from an empty cache; tg = `n_gen` tokens one at a time from an empty cache.
+pub fn bench(load: &LoadArgs, n_prompt: usize, n_gen: usize, reps: usize, json_out: bool) -> Result<()> {
+    let gguf = engine::open(load)?;
+    let mut args = load.clone();
+    let need = n_prompt.max(n_gen).max(1);
+    if args.ctx_size.is_none() {
+        args.ctx_size = Some(need as u32);
+    }
+    args.batch_size = args.batch_size.max(n_prompt as u32);
+    let mut l = engine::load(&args, gguf, 1)?;
+    let nv = l.runner.n_vocab() as u64;
+    // Deterministic pseudo-random token ids, as llama-bench feeds random tokens.
+    let mut x = 0x2545F4914F6CDD1Du64;
+    let mut rnd = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % nv) as u32
+    };
+    let prompt: Vec<u32> = (0..n_prompt).map(|_| rnd()).collect();
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    // Warm-up: one short step of each kind.
+    l.runner.eval(&prompt[..n_prompt.clamp(1, 8).min(prompt.len().max(1))], 0, Want::Last).ok();
+    for _ in 0..reps {
+        if n_prompt > 0 {
+            let t = std::time::Instant::now();
+            l.runner.eval(&prompt, 0, Want::Last)?;
+            pp.push(n_prompt as f64 / t.elapsed().as_secs_f64());
+        }
+        if n_gen > 0 {
+            let t = std::time::Instant::now();
+            let mut tokv = rnd();
+            for p in 0..n_gen {
+                let logits = l.runner.eval(&[tokv], p, Want::Last)?;
+                tokv = quiver_engine::argmax(logits);
+            }
+            tg.push(n_gen as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let threads = engine::threads(load)?;
+    let model = l.runner.model.hp.arch.clone();
+    let mut rows = Vec::new();
+    if !pp.is_empty() {
+        let (m, s) = mean_sd(&pp);
+        rows.push(json!({"test": format!("pp{n_prompt}"), "tokens_per_second": m, "sd": s, "samples": pp}));
+    }
+    if !tg.is_empty() {
+        let (m, s) = mean_sd(&tg);
+        rows.push(json!({"test": format!("tg{n_gen}"), "tokens_per_second": m, "sd": s, "samples": tg}));
+    }
+    if json_out {
+        let j = json!({"model": model, "backend": "cpu", "threads": threads, "repetitions": reps, "results": rows});
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        println!("| model | backend | threads | test | t/s |");
+        println!("|---|---|---|---|---|");
+        for r in &rows {
+            println!(
+                "| {model} | cpu | {threads} | {} | {:.2} ± {:.2} |",
+                r["test"].as_str().unwrap_or(""),
+                r["tokens_per_second"].as_f64().unwrap_or(0.0),
+                r["sd"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    Ok(())
+}
