@@ -28,12 +28,16 @@ struct Job<'a> {
 struct Shared {
     /// Bumped once per published job (and once at shutdown).
     epoch: AtomicU64,
-    /// The current job; valid while the epoch it was published with is being worked on.
+    /// The epoch of the job workers may still join, or 0 once `run` has closed it.
+    open: AtomicU64,
+    /// The current job; valid while `open` names its epoch.
     job: AtomicPtr<Job<'static>>,
     /// Next task index to hand out.
     next: AtomicUsize,
-    /// Workers that have finished the current job.
-    done: AtomicUsize,
+    /// Tasks finished (or abandoned by a panic) in the current job.
+    finished: AtomicUsize,
+    /// Workers currently inside a job (between joining and leaving).
+    entered: AtomicUsize,
     /// Per worker: true while it is (about to be) parked.
     sleeping: Vec<AtomicBool>,
     shutdown: AtomicBool,
@@ -64,9 +68,11 @@ impl ThreadPool {
         let n_workers = n - 1;
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
+            open: AtomicU64::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
             next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            entered: AtomicUsize::new(0),
             sleeping: (0..n_workers).map(|_| AtomicBool::new(false)).collect(),
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
@@ -110,38 +116,50 @@ impl ThreadPool {
         };
         let s = &*self.shared;
         let job = Job { f, n_tasks };
-        // Erase the lifetime: workers only dereference the pointer between seeing the new
-        // epoch and incrementing `done`, and this function does not return (nor unwind)
-        // before `done` has reached the worker count, so `job` outlives every use.
+        // Erase the lifetime: workers only dereference the pointer after joining the job
+        // (`entered` incremented, then `open` seen naming this epoch), and this function
+        // closes the job and waits for `entered` to reach zero before it returns or unwinds,
+        // so `job` outlives every use.
         let job_ptr = (&job as *const Job<'_>).cast::<Job<'static>>().cast_mut();
         s.job.store(job_ptr, Ordering::Relaxed);
         s.next.store(0, Ordering::Relaxed);
-        s.done.store(0, Ordering::Relaxed);
+        s.finished.store(0, Ordering::Relaxed);
         s.panicked.store(false, Ordering::Relaxed);
+        let epoch = s.epoch.load(Ordering::Relaxed) + 1;
+        s.open.store(epoch, Ordering::SeqCst);
         // Publishes the stores above to workers that acquire the epoch.
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        s.epoch.store(epoch, Ordering::SeqCst);
         for (flag, t) in s.sleeping.iter().zip(&self.threads) {
             if flag.swap(false, Ordering::SeqCst) {
                 t.unpark();
             }
         }
         let mine = catch_unwind(AssertUnwindSafe(|| take_tasks(s, &job)));
-        let n_workers = self.handles.len();
-        let mut spins = 0u32;
-        while s.done.load(Ordering::Acquire) < n_workers {
-            spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
+        // Wait for the tasks, not for the workers: a worker that has not been scheduled yet
+        // must not delay the caller (the machine may be shared).
+        spin_until(|| s.finished.load(Ordering::Acquire) >= n_tasks);
+        // Close the job, then wait for workers that joined it to leave.
+        s.open.store(0, Ordering::SeqCst);
+        spin_until(|| s.entered.load(Ordering::SeqCst) == 0);
         s.job.store(std::ptr::null_mut(), Ordering::Relaxed);
         if let Err(p) = mine {
             resume_unwind(p);
         }
         if s.panicked.load(Ordering::Relaxed) {
             panic!("ThreadPool::run: a task panicked on a worker thread");
+        }
+    }
+}
+
+/// Spins (yielding now and then) until `cond` holds.
+fn spin_until(cond: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !cond() {
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
         }
     }
 }
@@ -164,12 +182,21 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
+/// Takes and runs tasks until none are left. A task counts as finished even when it
+/// panics, so that `run` never waits forever.
 fn take_tasks(s: &Shared, job: &Job<'_>) {
+    struct Finish<'a>(&'a AtomicUsize);
+    impl Drop for Finish<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Release);
+        }
+    }
     loop {
         let i = s.next.fetch_add(1, Ordering::Relaxed);
         if i >= job.n_tasks {
             break;
         }
+        let _finish = Finish(&s.finished);
         (job.f)(i);
     }
 }
@@ -202,17 +229,21 @@ fn worker(s: &Shared, index: usize) {
         if s.shutdown.load(Ordering::SeqCst) {
             return;
         }
-        let ptr = s.job.load(Ordering::Relaxed);
-        if !ptr.is_null() {
-            // SAFETY: `run` stored a pointer to a `Job` on its stack before bumping the epoch
-            // we acquired, and it waits for our `done` increment below before returning, so
-            // the job is alive for the whole time we use it.
-            let job = unsafe { &*ptr };
-            if catch_unwind(AssertUnwindSafe(|| take_tasks(s, job))).is_err() {
-                s.panicked.store(true, Ordering::Relaxed);
+        // Join the job only if `run` has not closed it yet (see `run` for the protocol).
+        s.entered.fetch_add(1, Ordering::SeqCst);
+        if s.open.load(Ordering::SeqCst) == seen {
+            let ptr = s.job.load(Ordering::Relaxed);
+            if !ptr.is_null() {
+                // SAFETY: `run` stored a pointer to a `Job` on its stack before opening epoch
+                // `seen`, and it does not return before `entered` drops back to zero, which
+                // happens only after our decrement below.
+                let job = unsafe { &*ptr };
+                if catch_unwind(AssertUnwindSafe(|| take_tasks(s, job))).is_err() {
+                    s.panicked.store(true, Ordering::Relaxed);
+                }
             }
         }
-        s.done.fetch_add(1, Ordering::Release);
+        s.entered.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -1,0 +1,155 @@
+//! Times `matmul` on the real models' weight shapes at n_tokens = 1 (decode) and 64
+//! (prefill), prints ms, weight GB/s and GFLOP/s, next to the machine's read bandwidth and
+//! the pool's dispatch overhead.
+//!
+//! cargo run --release -p quiver-cpu-kernels --example bench_matmul [-- THREADS [LEVEL] [FILTER]]
+//!
+//! THREADS defaults to the available cores (0 = default); LEVEL is portable|avx2|avx512|all
+//! (default: the active level); FILTER keeps shapes whose label contains it.
+
+use quiver_cpu_kernels::{matmul_with_level, GgmlType, Scratch, SimdLevel, ThreadPool};
+use std::time::{Duration, Instant};
+
+struct Shape {
+    label: &'static str,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+}
+
+const SHAPES: &[Shape] = &[
+    // SmolLM2-135M Q4_1 (n_embd 576, n_ff 1536, 3 KV heads of 64; output tied to the Q8_0
+    // token embedding).
+    Shape { label: "smollm2 attn_q/o", ty: GgmlType::Q4_1, rows: 576, cols: 576 },
+    Shape { label: "smollm2 attn_k/v", ty: GgmlType::Q4_1, rows: 192, cols: 576 },
+    Shape { label: "smollm2 ffn_up/gate", ty: GgmlType::Q4_1, rows: 1536, cols: 576 },
+    Shape { label: "smollm2 ffn_down", ty: GgmlType::Q4_1, rows: 576, cols: 1536 },
+    Shape { label: "smollm2 output", ty: GgmlType::Q8_0, rows: 49152, cols: 576 },
+    // Gemma3-270M Q4_K_M as stored (640 columns cannot be K-quants, so those are Q5_0).
+    Shape { label: "gemma3 attn_q", ty: GgmlType::Q5_0, rows: 1024, cols: 640 },
+    Shape { label: "gemma3 attn_v", ty: GgmlType::Q8_0, rows: 256, cols: 640 },
+    Shape { label: "gemma3 attn_output", ty: GgmlType::Q4_K, rows: 640, cols: 1024 },
+    Shape { label: "gemma3 ffn_up/gate", ty: GgmlType::Q5_0, rows: 2048, cols: 640 },
+    Shape { label: "gemma3 ffn_down", ty: GgmlType::Q6_K, rows: 640, cols: 2048 },
+    Shape { label: "gemma3 ffn_down Q4_K", ty: GgmlType::Q4_K, rows: 640, cols: 2048 },
+    Shape { label: "gemma3 output", ty: GgmlType::Q8_0, rows: 262144, cols: 640 },
+    Shape { label: "synth ffn_up F16", ty: GgmlType::F16, rows: 2048, cols: 640 },
+    Shape { label: "synth ffn_up BF16", ty: GgmlType::BF16, rows: 2048, cols: 640 },
+];
+
+/// Random weights: 256 distinct quantized rows, repeated to fill the matrix.
+fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let distinct = rows.min(256);
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let f: Vec<f32> = (0..distinct * cols)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect();
+    let mut q = Vec::new();
+    quiver_quant::quantize(ty, &f, &mut q).expect("quantize");
+    let mut w = Vec::with_capacity(q.len() / distinct * rows);
+    while w.len() < q.len() / distinct * rows {
+        let take = (q.len() / distinct * rows - w.len()).min(q.len());
+        w.extend_from_slice(&q[..take]);
+    }
+    w
+}
+
+/// Median seconds per call of `f`, over at least `min_runs` runs and about `budget`.
+fn time(mut f: impl FnMut(), min_runs: usize, budget: Duration) -> f64 {
+    for _ in 0..2 {
+        f();
+    }
+    let start = Instant::now();
+    let mut v = Vec::new();
+    while v.len() < min_runs || start.elapsed() < budget {
+        let t = Instant::now();
+        f();
+        v.push(t.elapsed().as_secs_f64());
+        if v.len() > 100_000 {
+            break;
+        }
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let levels: Vec<SimdLevel> = match args.get(2).map(String::as_str) {
+        Some("all") => SimdLevel::ALL.into_iter().filter(|&l| l <= SimdLevel::detected()).collect(),
+        Some(s) => vec![SimdLevel::parse(s).expect("level: portable|avx2|avx512|all")],
+        None => vec![SimdLevel::active()],
+    };
+    let filter = args.get(3).cloned().unwrap_or_default();
+    let pool = ThreadPool::new(threads).expect("thread pool");
+    println!("threads {}, detected {}, levels {:?}", pool.n_threads(), SimdLevel::detected().name(), levels.iter().map(|l| l.name()).collect::<Vec<_>>());
+
+    let empty = time(|| pool.run(pool.n_threads(), &|_| {}), 20_000, Duration::from_millis(300));
+    println!("pool dispatch (empty run, {} tasks): {:.2} us", pool.n_threads(), empty * 1e6);
+
+    // Read bandwidth: sum 512 MiB of f32 split over the pool.
+    let big = vec![1.0f32; 128 << 20];
+    let chunk = big.len() / (8 * pool.n_threads());
+    let sums: Vec<std::sync::Mutex<f32>> = (0..8 * pool.n_threads()).map(|_| std::sync::Mutex::new(0.0)).collect();
+    let bw = time(
+        || {
+            pool.run(sums.len(), &|i| {
+                let s: f32 = big[i * chunk..(i + 1) * chunk].chunks_exact(16).map(|c| c.iter().sum::<f32>()).sum();
+                if let Ok(mut g) = sums[i].lock() {
+                    *g += s;
+                }
+            })
+        },
+        5,
+        Duration::from_millis(500),
+    );
+    println!("memory read bandwidth (512 MiB f32 sum): {:.1} GB/s", (big.len() * 4) as f64 / bw / 1e9);
+    drop(big);
+
+    println!(
+        "{:<22} {:>6} {:>7} {:>6} {:>8} | {:>9} {:>7} {:>7} | {:>9} {:>8} {:>9}",
+        "shape", "type", "rows", "cols", "level", "n=1 ms", "GB/s", "GFLOP/s", "n=64 ms", "GFLOP/s", "tok/s"
+    );
+    let mut scratch = Scratch::new();
+    for s in SHAPES.iter().filter(|s| s.label.contains(filter.as_str())) {
+        let w = weights(s.ty, s.rows, s.cols);
+        let x: Vec<f32> = (0..64 * s.cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+        let mut out = vec![0f32; 64 * s.rows];
+        for &level in &levels {
+            let mut run = |n: usize| {
+                let budget = Duration::from_millis(if s.rows > 50_000 { 1500 } else { 400 });
+                time(
+                    || {
+                        matmul_with_level(level, &pool, s.ty, &w, s.rows, s.cols, &x[..n * s.cols], n, &mut out[..n * s.rows], &mut scratch)
+                            .expect("matmul")
+                    },
+                    5,
+                    budget,
+                )
+            };
+            let t1 = run(1);
+            let t64 = run(64);
+            let flop = 2.0 * (s.rows * s.cols) as f64;
+            println!(
+                "{:<22} {:>6} {:>7} {:>6} {:>8} | {:>9.4} {:>7.1} {:>7.1} | {:>9.3} {:>8.1} {:>9.0}",
+                s.label,
+                s.ty.name(),
+                s.rows,
+                s.cols,
+                level.name(),
+                t1 * 1e3,
+                w.len() as f64 / t1 / 1e9,
+                flop / t1 / 1e9,
+                t64 * 1e3,
+                64.0 * flop / t64 / 1e9,
+                64.0 / t64
+            );
+        }
+    }
+}
