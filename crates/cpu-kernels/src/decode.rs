@@ -31,13 +31,28 @@ use quiver_quant::{
     BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K,
 };
 
+/// f16 to f32 conversion, chosen per SIMD level.
+pub(crate) trait Half {
+    fn f32(bits: [u8; 2]) -> f32;
+}
+
+/// The portable, branch-free exact conversion.
+pub(crate) struct SoftHalf;
+
+impl Half for SoftHalf {
+    #[inline(always)]
+    fn f32(bits: [u8; 2]) -> f32 {
+        f16_to_f32(bits)
+    }
+}
+
 /// A 32-element block type ("legacy" family, and IQ4_NL).
 pub(crate) trait Legacy: 'static {
     type B: Block;
     /// Values are signed bytes (see the module doc).
     const WIDE: bool;
     /// Scale and offset: `w = d * v + m`.
-    fn dm(b: &Self::B) -> (f32, f32);
+    fn dm<H: Half>(b: &Self::B) -> (f32, f32);
     /// The 32 element values.
     fn values(b: &Self::B, out: &mut [u8; 32]);
     /// The 32 element values in a register (AVX2).
@@ -66,7 +81,7 @@ pub(crate) trait KQuant: 'static {
     const SUB: usize;
     /// Whether the correction term is non-zero.
     const HAS_CORR: bool;
-    fn scales(b: &Self::B) -> KScales;
+    fn scales<H: Half>(b: &Self::B) -> KScales;
     fn values(b: &Self::B, out: &mut [u8; QK_K]);
     /// Elements `64 p .. 64 p + 64` in two registers (AVX2).
     ///
@@ -135,8 +150,8 @@ impl Legacy for TQ4_0 {
     type B = BlockQ4_0;
     const WIDE: bool = false;
     #[inline(always)]
-    fn dm(b: &BlockQ4_0) -> (f32, f32) {
-        let d = f16_to_f32(b.d);
+    fn dm<H: Half>(b: &BlockQ4_0) -> (f32, f32) {
+        let d = H::f32(b.d);
         (d, -8.0 * d)
     }
     #[inline(always)]
@@ -150,8 +165,8 @@ impl Legacy for TQ4_1 {
     type B = BlockQ4_1;
     const WIDE: bool = false;
     #[inline(always)]
-    fn dm(b: &BlockQ4_1) -> (f32, f32) {
-        (f16_to_f32(b.d), f16_to_f32(b.m))
+    fn dm<H: Half>(b: &BlockQ4_1) -> (f32, f32) {
+        (H::f32(b.d), H::f32(b.m))
     }
     #[inline(always)]
     fn values(b: &BlockQ4_1, out: &mut [u8; 32]) {
@@ -164,8 +179,8 @@ impl Legacy for TQ5_0 {
     type B = BlockQ5_0;
     const WIDE: bool = false;
     #[inline(always)]
-    fn dm(b: &BlockQ5_0) -> (f32, f32) {
-        let d = f16_to_f32(b.d);
+    fn dm<H: Half>(b: &BlockQ5_0) -> (f32, f32) {
+        let d = H::f32(b.d);
         (d, -16.0 * d)
     }
     #[inline(always)]
@@ -180,8 +195,8 @@ impl Legacy for TQ5_1 {
     type B = BlockQ5_1;
     const WIDE: bool = false;
     #[inline(always)]
-    fn dm(b: &BlockQ5_1) -> (f32, f32) {
-        (f16_to_f32(b.d), f16_to_f32(b.m))
+    fn dm<H: Half>(b: &BlockQ5_1) -> (f32, f32) {
+        (H::f32(b.d), H::f32(b.m))
     }
     #[inline(always)]
     fn values(b: &BlockQ5_1, out: &mut [u8; 32]) {
@@ -195,8 +210,8 @@ impl Legacy for TQ8_0 {
     type B = BlockQ8_0;
     const WIDE: bool = true;
     #[inline(always)]
-    fn dm(b: &BlockQ8_0) -> (f32, f32) {
-        (f16_to_f32(b.d), 0.0)
+    fn dm<H: Half>(b: &BlockQ8_0) -> (f32, f32) {
+        (H::f32(b.d), 0.0)
     }
     #[inline(always)]
     fn values(b: &BlockQ8_0, out: &mut [u8; 32]) {
@@ -209,8 +224,8 @@ impl Legacy for TIq4Nl {
     type B = BlockIq4Nl;
     const WIDE: bool = true;
     #[inline(always)]
-    fn dm(b: &BlockIq4Nl) -> (f32, f32) {
-        (f16_to_f32(b.d), 0.0)
+    fn dm<H: Half>(b: &BlockIq4Nl) -> (f32, f32) {
+        (H::f32(b.d), 0.0)
     }
     #[inline(always)]
     fn values(b: &BlockIq4Nl, out: &mut [u8; 32]) {
@@ -265,14 +280,14 @@ impl KQuant for TQ2K {
     const SUB: usize = 16;
     const HAS_CORR: bool = true;
     #[inline(always)]
-    fn scales(b: &BlockQ2K) -> KScales {
+    fn scales<H: Half>(b: &BlockQ2K) -> KScales {
         let mut sc = [0i8; 16];
         let mut corr = [0i8; 16];
         for i in 0..16 {
             sc[i] = (b.scales[i] & 0xf) as i8;
             corr[i] = (b.scales[i] >> 4) as i8;
         }
-        KScales { d: f16_to_f32(b.d), cd: -f16_to_f32(b.dmin), sc, corr }
+        KScales { d: H::f32(b.d), cd: -H::f32(b.dmin), sc, corr }
     }
     #[inline(always)]
     fn values(b: &BlockQ2K, out: &mut [u8; QK_K]) {
@@ -287,9 +302,9 @@ impl KQuant for TQ3K {
     const SUB: usize = 16;
     const HAS_CORR: bool = true;
     #[inline(always)]
-    fn scales(b: &BlockQ3K) -> KScales {
+    fn scales<H: Half>(b: &BlockQ3K) -> KScales {
         let sc = q3_k_scales(&b.scales);
-        let d = f16_to_f32(b.d);
+        let d = H::f32(b.d);
         KScales { d, cd: -4.0 * d, sc, corr: sc }
     }
     #[inline(always)]
@@ -312,9 +327,9 @@ impl KQuant for TQ4K {
     const SUB: usize = 32;
     const HAS_CORR: bool = true;
     #[inline(always)]
-    fn scales(b: &BlockQ4K) -> KScales {
+    fn scales<H: Half>(b: &BlockQ4K) -> KScales {
         let (sc, mn) = k4_scales_mins(&b.scales);
-        KScales { d: f16_to_f32(b.d), cd: -f16_to_f32(b.dmin), sc: dup8(sc), corr: dup8(mn) }
+        KScales { d: H::f32(b.d), cd: -H::f32(b.dmin), sc: dup8(sc), corr: dup8(mn) }
     }
     #[inline(always)]
     fn values(b: &BlockQ4K, out: &mut [u8; QK_K]) {
@@ -334,9 +349,9 @@ impl KQuant for TQ5K {
     const SUB: usize = 32;
     const HAS_CORR: bool = true;
     #[inline(always)]
-    fn scales(b: &BlockQ5K) -> KScales {
+    fn scales<H: Half>(b: &BlockQ5K) -> KScales {
         let (sc, mn) = k4_scales_mins(&b.scales);
-        KScales { d: f16_to_f32(b.d), cd: -f16_to_f32(b.dmin), sc: dup8(sc), corr: dup8(mn) }
+        KScales { d: H::f32(b.d), cd: -H::f32(b.dmin), sc: dup8(sc), corr: dup8(mn) }
     }
     #[inline(always)]
     fn values(b: &BlockQ5K, out: &mut [u8; QK_K]) {
@@ -357,9 +372,9 @@ impl KQuant for TQ6K {
     const SUB: usize = 16;
     const HAS_CORR: bool = true;
     #[inline(always)]
-    fn scales(b: &BlockQ6K) -> KScales {
+    fn scales<H: Half>(b: &BlockQ6K) -> KScales {
         let sc = b.scales.map(|x| x as i8);
-        let d = f16_to_f32(b.d);
+        let d = H::f32(b.d);
         KScales { d, cd: -32.0 * d, sc, corr: sc }
     }
     #[inline(always)]
@@ -384,12 +399,12 @@ impl KQuant for TIq4Xs {
     const SUB: usize = 32;
     const HAS_CORR: bool = false;
     #[inline(always)]
-    fn scales(b: &BlockIq4Xs) -> KScales {
+    fn scales<H: Half>(b: &BlockIq4Xs) -> KScales {
         let mut ls = [0u8; 8];
         for (ib, l) in ls.iter_mut().enumerate() {
             *l = (iq4_xs_scale(b, ib) - 32) as i8 as u8;
         }
-        KScales { d: f16_to_f32(b.d), cd: 0.0, sc: dup8(ls), corr: [0; 16] }
+        KScales { d: H::f32(b.d), cd: 0.0, sc: dup8(ls), corr: [0; 16] }
     }
     #[inline(always)]
     fn values(b: &BlockIq4Xs, out: &mut [u8; QK_K]) {

@@ -3,7 +3,7 @@
 //! are `#[inline(always)]` so that a level's `#[target_feature]` entry points compile the
 //! whole tree with that level's instructions.
 
-use crate::act::{self, PanelShape, A256, A32, LANES, TILE};
+use crate::act::{self, PanelShape, A256, A32, TILE};
 use crate::decode::*;
 use crate::shared::SharedMut;
 use crate::{grow, Scratch, SimdLevel, ThreadPool, GEMM_MIN_TOKENS};
@@ -117,6 +117,8 @@ impl FloatW for WBF16 {
 /// Implementations may use instructions of their level: callers must only use a kernel on
 /// a CPU that supports its level, from a context compiled with its features.
 pub(crate) unsafe trait Kernel {
+    /// The f16 conversion of this level.
+    type H: Half;
     /// Rows per GEMM micro-kernel call (at most [`RMAX`]).
     const GEMM_R: usize;
     /// `sum_c w[c] a[c]` over one row of 32-element blocks.
@@ -343,40 +345,51 @@ unsafe fn gemm_loop<K: Kernel>(
     let (q, a0, a1) = (&p.q[qo..qo + q_len], &p.a0[so..so + s_len], &p.a1[so..so + s_len]);
     let mut dec = Dec { vals: [[0; KC]; RMAX], s: [[0.0; KC / 16]; RMAX], m: [[0.0; KC / 16]; RMAX] };
     let mut acc: Acc = [[0.0; TILE]; RMAX];
+    // Results of up to OB rows per token, written out as contiguous runs of a token's row
+    // (instead of one scattered store per row and token).
+    const OB: usize = 32;
+    let mut obuf = [[0f32; OB]; TILE];
     let bpc = KC / qk;
     let nb = cols / qk;
-    let mut rb = r0;
-    while rb < r1 {
-        let nr = K::GEMM_R.min(r1 - rb);
-        for a in acc.iter_mut() {
-            a.fill(0.0);
-        }
-        let mut b0 = 0;
-        while b0 < nb {
-            let nbc = bpc.min(nb - b0);
-            for i in 0..K::GEMM_R {
-                if i < nr {
-                    decode(rb + i, b0, nbc, i, &mut dec);
-                } else {
-                    dec.s[i].fill(0.0);
-                    dec.m[i].fill(0.0);
+    let mut g0 = r0;
+    while g0 < r1 {
+        let g1 = (g0 + OB).min(r1);
+        let mut rb = g0;
+        while rb < g1 {
+            let nr = K::GEMM_R.min(g1 - rb);
+            for a in acc.iter_mut() {
+                a.fill(0.0);
+            }
+            let mut b0 = 0;
+            while b0 < nb {
+                let nbc = bpc.min(nb - b0);
+                for i in 0..K::GEMM_R {
+                    if i < nr {
+                        decode(rb + i, b0, nbc, i, &mut dec);
+                    } else {
+                        dec.s[i].fill(0.0);
+                        dec.m[i].fill(0.0);
+                    }
+                }
+                let (c0, kc) = (b0 * qk, nbc * qk);
+                let t = TileIn { q: &q[c0 / 4 * tpad..], a0: &a0[c0 / sub * tpad..], a1: &a1[c0 / sub * tpad..], tpad };
+                // SAFETY: forwarded from the caller.
+                unsafe { tile_call::<K>(sub, wide, &dec, kc, &t, &mut acc) };
+                b0 += nbc;
+            }
+            for (i, a) in acc.iter().enumerate().take(nr) {
+                for (o, &v) in obuf.iter_mut().zip(a.iter()).take(nt) {
+                    o[rb - g0 + i] = v;
                 }
             }
-            let (c0, kc) = (b0 * qk, nbc * qk);
-            let t = TileIn { q: &q[c0 / 4 * tpad..], a0: &a0[c0 / sub * tpad..], a1: &a1[c0 / sub * tpad..], tpad };
-            // SAFETY: forwarded from the caller.
-            unsafe { tile_call::<K>(sub, wide, &dec, kc, &t, &mut acc) };
-            b0 += nbc;
+            rb += nr;
         }
-        for (i, a) in acc.iter().enumerate().take(nr) {
-            for (lt, &v) in a.iter().enumerate().take(nt) {
-                // SAFETY: this task owns rows r0..r1 of this tile's tokens.
-                unsafe { out.write((t0 + lt) * job.rows + rb + i, v) };
-            }
+        for (lt, o) in obuf.iter().enumerate().take(nt) {
+            // SAFETY: this task owns rows r0..r1 of this tile's tokens.
+            unsafe { out.write_slice((t0 + lt) * job.rows + g0, &o[..g1 - g0]) };
         }
-        rb += nr;
+        g0 = g1;
     }
-    let _ = LANES;
 }
 
 #[inline(always)]
@@ -404,7 +417,7 @@ unsafe fn gemm_k<K: Kernel, T: KQuant>(job: &Job<'_>, p: &Panel<'_>, tile: usize
         for (j, b) in w[r * nb + b0..r * nb + b0 + nbc].iter().enumerate() {
             // SAFETY: forwarded from the caller.
             unsafe { K::dec_k::<T>(b, &mut dec.vals[i][QK_K * j..QK_K * (j + 1)]) };
-            let ks = T::scales(b);
+            let ks = T::scales::<K::H>(b);
             k_sub_scales::<T>(&ks, &mut dec.s[i][per * j..per * (j + 1)], &mut dec.m[i][per * j..per * (j + 1)]);
         }
     };

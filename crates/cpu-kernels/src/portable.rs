@@ -2,7 +2,7 @@
 //! baseline every SIMD level is tested against (besides the f64 reference).
 
 use crate::act::{quantize_a256, quantize_a32, A256, A32};
-use crate::decode::{KQuant, Legacy};
+use crate::decode::{KQuant, Legacy, SoftHalf};
 use crate::driver::{self, Acc, Dec, Entry, FloatW, Kernel, TileIn};
 use quiver_quant::QK_K;
 
@@ -46,6 +46,7 @@ pub(crate) fn float_elem<F: FloatW>(w: &[u8], i: usize) -> f32 {
 
 // SAFETY: plain Rust; no instruction-set requirements.
 unsafe impl Kernel for Portable {
+    type H = SoftHalf;
     const GEMM_R: usize = 2;
 
     #[inline(always)]
@@ -54,7 +55,7 @@ unsafe impl Kernel for Portable {
         let mut sum = 0f32;
         for (b, a) in w.iter().zip(a) {
             T::values(b, &mut v);
-            let (d, m) = T::dm(b);
+            let (d, m) = T::dm::<SoftHalf>(b);
             let dot = if T::WIDE { dot_vals::<true>(&v, &a.qs) } else { dot_vals::<false>(&v, &a.qs) };
             sum += d * a.d * dot as f32 + m * a.s;
         }
@@ -67,7 +68,7 @@ unsafe impl Kernel for Portable {
         let mut sum = 0f32;
         for (b, a) in w.iter().zip(a) {
             T::values(b, &mut v);
-            let k = T::scales(b);
+            let k = T::scales::<SoftHalf>(b);
             let (mut isum, mut corr) = (0i32, 0i32);
             for h in 0..16 {
                 let (v, q) = (&v[16 * h..16 * h + 16], &a.qs[16 * h..16 * h + 16]);
@@ -85,7 +86,7 @@ unsafe impl Kernel for Portable {
         let mut v = [0u8; 32];
         T::values(b, &mut v);
         vals[..32].copy_from_slice(&v);
-        T::dm(b)
+        T::dm::<SoftHalf>(b)
     }
 
     #[inline(always)]

@@ -34,4 +34,22 @@ impl<'a, T> SharedMut<'a, T> {
             unsafe { self.ptr.add(i).write(v) }
         }
     }
+
+    /// Copies `v` to `i..i + v.len()` (ignored when out of range).
+    ///
+    /// # Safety
+    /// As for [`SharedMut::write`], for every index written.
+    #[inline(always)]
+    pub unsafe fn write_slice(&self, i: usize, v: &[T])
+    where
+        T: Copy,
+    {
+        debug_assert!(i <= self.len && v.len() <= self.len - i);
+        if i <= self.len && v.len() <= self.len - i {
+            // SAFETY: in bounds (checked); `v` is a different allocation than the shared
+            // slice (the caller holds it by shared reference while we hold the unique
+            // borrow); exclusive per the caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(i), v.len()) }
+        }
+    }
 }

@@ -6,9 +6,23 @@
 
 use super::unpack::load32;
 use crate::act::{A256, A32};
-use crate::decode::{KQuant, Legacy};
+use crate::decode::{Half, KQuant, Legacy};
 use quiver_quant::QK_K;
 use std::arch::x86_64::*;
+
+/// f16 to f32 with F16C's `vcvtph2ps`.
+///
+/// Only used as the `Half` of the x86 kernels, which run only inside `#[target_feature]`
+/// entry points that enable F16C (both x86 levels require it), on CPUs that have it.
+pub(crate) struct F16c;
+
+impl Half for F16c {
+    #[inline(always)]
+    fn f32(bits: [u8; 2]) -> f32 {
+        // SAFETY: F16C is available wherever this type is used (see the type's doc).
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(bits) as i32))) }
+    }
+}
 
 /// `acc + sum of 4 adjacent u8 x i8 products` per i32 lane (`u` unsigned bytes of at most
 /// 127 on AVX2, where `maddubs` would otherwise saturate).
@@ -65,8 +79,10 @@ unsafe fn legacy_block<const V: bool, T: Legacy>(b: &T::B, a: &A32, acc: __m256,
         let q = load32(a.qs.as_ptr().cast());
         let z = _mm256_setzero_si256();
         let p = if T::WIDE { dot_i8i8::<V>(z, u, q) } else { dot_u8i8::<V>(z, u, q) };
-        let (d, m) = T::dm(b);
-        *msum += m * a.s;
+        let (d, m) = T::dm::<F16c>(b);
+        if !T::WIDE {
+            *msum += m * a.s;
+        }
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a.d), acc)
     }
 }
@@ -121,7 +137,7 @@ pub(crate) unsafe fn dot_k<const V: bool, T: KQuant>(w: &[T::B], a: &[A256]) -> 
         let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let eo = _mm_loadu_si128(EVEN_ODD.as_ptr().cast());
         for (b, a) in w.iter().zip(a) {
-            let k = T::scales(b);
+            let k = T::scales::<F16c>(b);
             // i16 scales: even sub-blocks in the low half, odd in the high half, so that one
             // in-lane shuffle gives group g's two halves their scales.
             let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(k.sc.as_ptr().cast()), eo));
@@ -158,7 +174,7 @@ pub(crate) unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f
         // SAFETY: per the module contract; 32 bytes are writable.
         unsafe { _mm256_storeu_si256(vals.as_mut_ptr().cast(), T::unpack(b)) };
     }
-    T::dm(b)
+    T::dm::<F16c>(b)
 }
 
 /// Decodes a super-block into `vals[..256]`.

@@ -11,6 +11,7 @@ pub(crate) mod unpack;
 
 use crate::act::{quantize_a256, quantize_a32, A256, A32};
 use crate::decode::{KQuant, Legacy};
+use kern::F16c;
 use crate::driver::{self, Acc, Acts, Dec, Entry, FloatW, Job, Kernel, Panel, TileIn};
 use crate::shared::SharedMut;
 
@@ -20,6 +21,7 @@ pub(crate) struct Avx512;
 // SAFETY: every method needs AVX2 + FMA + F16C; the drivers only run this kernel inside the
 // `avx2` entry points below, which are only used when the CPU has those features.
 unsafe impl Kernel for Avx2 {
+    type H = F16c;
     const GEMM_R: usize = gemm::R256;
     #[inline(always)]
     unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
@@ -56,6 +58,7 @@ unsafe impl Kernel for Avx2 {
 // SAFETY: every method needs AVX2 + FMA + F16C + AVX-512 F/BW/VL/VNNI; the drivers only run
 // this kernel inside the `avx512` entry points below, used only when the CPU has them.
 unsafe impl Kernel for Avx512 {
+    type H = F16c;
     const GEMM_R: usize = gemm::R512;
     #[inline(always)]
     unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
