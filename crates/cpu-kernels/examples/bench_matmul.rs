@@ -33,6 +33,9 @@ const SHAPES: &[Shape] = &[
     Shape { label: "gemma3 ffn_down", ty: GgmlType::Q6_K, rows: 640, cols: 2048 },
     Shape { label: "gemma3 ffn_down Q4_K", ty: GgmlType::Q4_K, rows: 640, cols: 2048 },
     Shape { label: "gemma3 output", ty: GgmlType::Q8_0, rows: 262144, cols: 640 },
+    // Fixed per-call cost: a matmul with hardly any work.
+    Shape { label: "overhead 4x576", ty: GgmlType::Q4_1, rows: 4, cols: 576 },
+    Shape { label: "overhead 4x1536", ty: GgmlType::Q4_1, rows: 4, cols: 1536 },
     Shape { label: "synth ffn_up F16", ty: GgmlType::F16, rows: 2048, cols: 640 },
     Shape { label: "synth ffn_up BF16", ty: GgmlType::BF16, rows: 2048, cols: 640 },
 ];

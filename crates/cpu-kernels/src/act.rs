@@ -40,45 +40,79 @@ impl Default for A256 {
     }
 }
 
-/// Quantizes `x` (len a multiple of N) with one scale, returning `d`.
-#[inline(always)]
-fn quantize_block<const N: usize>(x: &[f32; N], q: &mut [i8; N]) -> f32 {
-    let mut amax = 0f32;
-    for &v in x {
-        amax = amax.max(v.abs());
-    }
-    let d = amax / 127.0;
-    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    for (q, &v) in q.iter_mut().zip(x) {
-        *q = (v * id).round_ties_even() as i8;
-    }
-    d
+/// The two primitives of activation quantization, per SIMD level.
+pub(crate) trait Quant {
+    /// `max |x|` over a whole number of 32-element blocks.
+    ///
+    /// # Safety
+    /// The CPU supports the implementor's level.
+    unsafe fn amax(x: &[f32]) -> f32;
+    /// `q = round_ties_even(x * id)` (|x * id| <= 127); returns the sums of `q[..16]` and
+    /// `q[16..]`.
+    ///
+    /// # Safety
+    /// As for `amax`.
+    unsafe fn quant32(x: &[f32; 32], id: f32, q: &mut [i8; 32]) -> [i32; 2];
 }
 
+/// Plain Rust quantization.
+pub(crate) struct SoftQuant;
+
+impl Quant for SoftQuant {
+    #[inline(always)]
+    unsafe fn amax(x: &[f32]) -> f32 {
+        x.iter().fold(0f32, |m, v| m.max(v.abs()))
+    }
+    #[inline(always)]
+    unsafe fn quant32(x: &[f32; 32], id: f32, q: &mut [i8; 32]) -> [i32; 2] {
+        for (q, &v) in q.iter_mut().zip(x) {
+            *q = (v * id).round_ties_even() as i8;
+        }
+        let sum = |q: &[i8]| q.iter().map(|&v| v as i32).sum::<i32>();
+        [sum(&q[..16]), sum(&q[16..])]
+    }
+}
+
+/// `d = amax / 127` and its inverse (0 for an all-zero block).
 #[inline(always)]
-fn sum_i8(q: &[i8]) -> i32 {
-    q.iter().map(|&v| v as i32).sum()
+fn scale(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    (d, if d > 0.0 { 1.0 / d } else { 0.0 })
 }
 
 /// `x.len() == 32 * out.len()`.
+///
+/// # Safety
+/// The CPU supports `Q`'s level.
 #[inline(always)]
-pub(crate) fn quantize_a32(x: &[f32], out: &mut [A32]) {
+pub(crate) unsafe fn quantize_a32<Q: Quant>(x: &[f32], out: &mut [A32]) {
     for (b, x) in out.iter_mut().zip(x.chunks_exact(32)) {
         if let Ok(x) = <&[f32; 32]>::try_from(x) {
-            b.d = quantize_block(x, &mut b.qs);
-            b.s = b.d * sum_i8(&b.qs) as f32;
+            // SAFETY: forwarded from the caller.
+            let (d, id) = scale(unsafe { Q::amax(x) });
+            let s = unsafe { Q::quant32(x, id, &mut b.qs) };
+            b.d = d;
+            b.s = d * (s[0] + s[1]) as f32;
         }
     }
 }
 
 /// `x.len() == 256 * out.len()`.
+///
+/// # Safety
+/// The CPU supports `Q`'s level.
 #[inline(always)]
-pub(crate) fn quantize_a256(x: &[f32], out: &mut [A256]) {
+pub(crate) unsafe fn quantize_a256<Q: Quant>(x: &[f32], out: &mut [A256]) {
     for (b, x) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
-        if let Ok(x) = <&[f32; QK_K]>::try_from(x) {
-            b.d = quantize_block(x, &mut b.qs);
-            for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
-                *s = sum_i8(q) as i16;
+        // SAFETY: forwarded from the caller.
+        let (d, id) = scale(unsafe { Q::amax(x) });
+        b.d = d;
+        for (i, (x, q)) in x.chunks_exact(32).zip(b.qs.chunks_exact_mut(32)).enumerate() {
+            if let (Ok(x), Ok(q)) = (<&[f32; 32]>::try_from(x), <&mut [i8; 32]>::try_from(q)) {
+                // SAFETY: forwarded from the caller.
+                let s = unsafe { Q::quant32(x, id, q) };
+                b.bsums[2 * i] = s[0] as i16;
+                b.bsums[2 * i + 1] = s[1] as i16;
             }
         }
     }
@@ -126,8 +160,11 @@ impl PanelShape {
 /// Writes token `lt` (lane within its tile) of a tile: `x` is that token's row, `q` the
 /// tile's quant words, `a0`/`a1` the tile's scales. `set_q(index, word)` and
 /// `set_s(index, a0, a1)` write at tile-relative indices.
+///
+/// # Safety
+/// The CPU supports `Q`'s level.
 #[inline(always)]
-pub(crate) fn pack_panel_token(
+pub(crate) unsafe fn pack_panel_token<Q: Quant>(
     x: &[f32],
     sub: usize,
     tpad: usize,
@@ -138,14 +175,18 @@ pub(crate) fn pack_panel_token(
     let mut q = [0i8; 32];
     for (blk, x) in x.chunks_exact(32).enumerate() {
         let Ok(x) = <&[f32; 32]>::try_from(x) else { continue };
-        let d = quantize_block(x, &mut q);
+        // SAFETY: forwarded from the caller.
+        let (d, id) = scale(unsafe { Q::amax(x) });
+        let sums = unsafe { Q::quant32(x, id, &mut q) };
         for g in 0..8 {
             let w = u32::from_le_bytes([q[4 * g] as u8, q[4 * g + 1] as u8, q[4 * g + 2] as u8, q[4 * g + 3] as u8]);
             set_q((8 * blk + g) * tpad + lt, w);
         }
-        for (h, qs) in q.chunks_exact(sub).enumerate() {
-            let j = blk * (32 / sub) + h;
-            set_s(j * tpad + lt, d, d * sum_i8(qs) as f32);
+        if sub == 16 {
+            set_s(2 * blk * tpad + lt, d, d * sums[0] as f32);
+            set_s((2 * blk + 1) * tpad + lt, d, d * sums[1] as f32);
+        } else {
+            set_s(blk * tpad + lt, d, d * (sums[0] + sums[1]) as f32);
         }
     }
 }
@@ -155,13 +196,15 @@ pub(crate) fn roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     if kind == 0 {
         let mut b = vec![A32::default(); x.len() / 32];
-        quantize_a32(x, &mut b);
+        // SAFETY: the portable quantizer runs anywhere.
+        unsafe { quantize_a32::<SoftQuant>(x, &mut b) };
         for b in &b {
             out.extend(b.qs.iter().map(|&q| b.d * q as f32));
         }
     } else {
         let mut b = vec![A256::default(); x.len() / QK_K];
-        quantize_a256(x, &mut b);
+        // SAFETY: the portable quantizer runs anywhere.
+        unsafe { quantize_a256::<SoftQuant>(x, &mut b) };
         for b in &b {
             out.extend(b.qs.iter().map(|&q| b.d * q as f32));
         }

@@ -119,6 +119,8 @@ impl FloatW for WBF16 {
 pub(crate) unsafe trait Kernel {
     /// The f16 conversion of this level.
     type H: Half;
+    /// The activation quantizer of this level.
+    type Q: act::Quant;
     /// Rows per GEMM micro-kernel call (at most [`RMAX`]).
     const GEMM_R: usize;
     /// `sum_c w[c] a[c]` over one row of 32-element blocks.
@@ -140,6 +142,7 @@ pub(crate) unsafe trait Kernel {
 pub(crate) struct Entry {
     pub quantize_a32: fn(&[f32], &mut [A32]),
     pub quantize_a256: fn(&[f32], &mut [A256]),
+    pub pack: fn(&Job<'_>, &PanelShape, usize, usize, &PanelOut<'_>),
     pub gemv: fn(&Job<'_>, &Acts<'_>, usize, usize, &SharedMut<'_, f32>),
     pub gemm: fn(&Job<'_>, &Panel<'_>, usize, usize, usize, &SharedMut<'_, f32>),
     pub float: fn(&Job<'_>, usize, usize, &SharedMut<'_, f32>),
@@ -154,6 +157,43 @@ fn entry(level: SimdLevel) -> Entry {
     }
     let _ = level;
     crate::portable::entry()
+}
+
+/// The panel being written by the packing tasks.
+pub(crate) struct PanelOut<'a> {
+    pub q: SharedMut<'a, u32>,
+    pub a0: SharedMut<'a, f32>,
+    pub a1: SharedMut<'a, f32>,
+}
+
+/// Packs tokens `t0..t1` into the panel.
+///
+/// # Safety
+/// `K`'s level is supported by the CPU; no other task packs these tokens concurrently.
+#[inline(always)]
+pub(crate) unsafe fn pack_tokens<K: Kernel>(job: &Job<'_>, shape: &PanelShape, t0: usize, t1: usize, po: &PanelOut<'_>) {
+    let cols = shape.cols;
+    for t in t0..t1.min(job.x.len() / cols.max(1)) {
+        let tile = t / TILE;
+        let (_, _, tpad) = shape.tile(tile);
+        let (qo, so) = (shape.q_offset(tile), shape.s_offset(tile));
+        let x = &job.x[t * cols..(t + 1) * cols];
+        // SAFETY (level): forwarded from the caller. SAFETY (writes): token `t` owns lane
+        // `t % TILE` of its tile, and only this task packs token `t`.
+        unsafe {
+            act::pack_panel_token::<K::Q>(
+                x,
+                shape.sub,
+                tpad,
+                t % TILE,
+                |k, w| po.q.write(qo + k, w),
+                |k, s0, s1| {
+                    po.a0.write(so + k, s0);
+                    po.a1.write(so + k, s1);
+                },
+            )
+        };
+    }
 }
 
 pub(crate) enum Acts<'a> {
@@ -201,31 +241,13 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     grow(&mut scratch.panel_a0, shape.s_len());
     grow(&mut scratch.panel_a1, shape.s_len());
     {
-        let q = SharedMut::new(&mut scratch.panel_q[..]);
-        let a0 = SharedMut::new(&mut scratch.panel_a0[..]);
-        let a1 = SharedMut::new(&mut scratch.panel_a1[..]);
+        let po = PanelOut {
+            q: SharedMut::new(&mut scratch.panel_q[..]),
+            a0: SharedMut::new(&mut scratch.panel_a0[..]),
+            a1: SharedMut::new(&mut scratch.panel_a1[..]),
+        };
         let per_task = 8;
-        pool.run(n.div_ceil(per_task), &|i| {
-            for t in i * per_task..((i + 1) * per_task).min(n) {
-                let tile = t / TILE;
-                let (_, _, tpad) = shape.tile(tile);
-                let (qo, so) = (shape.q_offset(tile), shape.s_offset(tile));
-                let x = &job.x[t * cols..(t + 1) * cols];
-                // SAFETY (all three writes): token `t` owns lane `t % TILE` of its tile, and
-                // only this task packs token `t`.
-                act::pack_panel_token(
-                    x,
-                    shape.sub,
-                    tpad,
-                    t % TILE,
-                    |k, w| unsafe { q.write(qo + k, w) },
-                    |k, s0, s1| unsafe {
-                        a0.write(so + k, s0);
-                        a1.write(so + k, s1);
-                    },
-                );
-            }
-        });
+        pool.run(n.div_ceil(per_task), &|i| (e.pack)(job, &shape, i * per_task, ((i + 1) * per_task).min(n), &po));
     }
     let panel = Panel { shape, q: &scratch.panel_q, a0: &scratch.panel_a0, a1: &scratch.panel_a1 };
     let n_tiles = shape.n_tiles();

@@ -1,7 +1,7 @@
 //! The portable level: plain Rust over the shared decoders. Used off x86 and as the
 //! baseline every SIMD level is tested against (besides the f64 reference).
 
-use crate::act::{quantize_a256, quantize_a32, A256, A32};
+use crate::act::{quantize_a256, quantize_a32, SoftQuant, A256, A32};
 use crate::decode::{KQuant, Legacy, SoftHalf};
 use crate::driver::{self, Acc, Dec, Entry, FloatW, Kernel, TileIn};
 use quiver_quant::QK_K;
@@ -10,9 +10,10 @@ pub(crate) struct Portable;
 
 pub(crate) fn entry() -> Entry {
     Entry {
-        quantize_a32,
-        quantize_a256,
-        // SAFETY (all three): the portable level runs on every CPU.
+        // SAFETY (all): the portable level runs on every CPU.
+        quantize_a32: |x, o| unsafe { quantize_a32::<SoftQuant>(x, o) },
+        quantize_a256: |x, o| unsafe { quantize_a256::<SoftQuant>(x, o) },
+        pack: |j, s, t0, t1, po| unsafe { driver::pack_tokens::<Portable>(j, s, t0, t1, po) },
         gemv: |j, a, r0, r1, o| unsafe { driver::gemv_rows::<Portable>(j, a, r0, r1, o) },
         gemm: |j, p, t, r0, r1, o| unsafe { driver::gemm_rows::<Portable>(j, p, t, r0, r1, o) },
         float: |j, r0, r1, o| unsafe { driver::float_rows::<Portable>(j, r0, r1, o) },
@@ -47,6 +48,7 @@ pub(crate) fn float_elem<F: FloatW>(w: &[u8], i: usize) -> f32 {
 // SAFETY: plain Rust; no instruction-set requirements.
 unsafe impl Kernel for Portable {
     type H = SoftHalf;
+    type Q = SoftQuant;
     const GEMM_R: usize = 2;
 
     #[inline(always)]

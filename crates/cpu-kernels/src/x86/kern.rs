@@ -5,7 +5,7 @@
 //! AVX2 + FMA + F16C, plus AVX-512 F/BW/VL/VNNI when `V`.
 
 use super::unpack::load32;
-use crate::act::{A256, A32};
+use crate::act::{Quant, A256, A32};
 use crate::decode::{Half, KQuant, Legacy};
 use quiver_quant::QK_K;
 use std::arch::x86_64::*;
@@ -21,6 +21,58 @@ impl Half for F16c {
     fn f32(bits: [u8; 2]) -> f32 {
         // SAFETY: F16C is available wherever this type is used (see the type's doc).
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(bits) as i32))) }
+    }
+}
+
+/// AVX2 activation quantization.
+pub(crate) struct AvxQuant;
+
+impl Quant for AvxQuant {
+    #[inline(always)]
+    unsafe fn amax(x: &[f32]) -> f32 {
+        // SAFETY: AVX2 per the trait contract; each load reads 8 of x's elements.
+        unsafe {
+            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            let mut m = _mm256_setzero_ps();
+            for c in x.chunks_exact(8) {
+                m = _mm256_max_ps(m, _mm256_and_ps(abs, _mm256_loadu_ps(c.as_ptr())));
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn quant32(x: &[f32; 32], id: f32, q: &mut [i8; 32]) -> [i32; 2] {
+        // SAFETY: AVX2 per the trait contract; x and q are 32 elements. `vcvtps2dq` rounds
+        // to nearest even under the default MXCSR, as `round_ties_even`; the values fit i8,
+        // so the saturating packs are exact.
+        unsafe {
+            let vid = _mm256_set1_ps(id);
+            let p = x.as_ptr();
+            let i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p), vid));
+            let i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(8)), vid));
+            let i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(16)), vid));
+            let i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(24)), vid));
+            // Packing interleaves the 128-bit lanes; the permute restores element order.
+            let b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr().cast(), b);
+            [hsum_i32(_mm256_add_epi32(i0, i1)), hsum_i32(_mm256_add_epi32(i2, i3))]
+        }
+    }
+}
+
+/// Horizontal sum of 8 i32.
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: AVX2 per the module contract.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
     }
 }
 

@@ -9,10 +9,11 @@ mod gemm;
 mod kern;
 pub(crate) mod unpack;
 
-use crate::act::{quantize_a256, quantize_a32, A256, A32};
+use crate::act::{quantize_a256, quantize_a32, PanelShape, A256, A32};
 use crate::decode::{KQuant, Legacy};
 use kern::F16c;
-use crate::driver::{self, Acc, Acts, Dec, Entry, FloatW, Job, Kernel, Panel, TileIn};
+use crate::driver::{self, Acc, Acts, Dec, Entry, FloatW, Job, Kernel, Panel, PanelOut, TileIn};
+use kern::AvxQuant;
 use crate::shared::SharedMut;
 
 pub(crate) struct Avx2;
@@ -22,6 +23,7 @@ pub(crate) struct Avx512;
 // `avx2` entry points below, which are only used when the CPU has those features.
 unsafe impl Kernel for Avx2 {
     type H = F16c;
+    type Q = AvxQuant;
     const GEMM_R: usize = gemm::R256;
     #[inline(always)]
     unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
@@ -59,6 +61,7 @@ unsafe impl Kernel for Avx2 {
 // this kernel inside the `avx512` entry points below, used only when the CPU has them.
 unsafe impl Kernel for Avx512 {
     type H = F16c;
+    type Q = AvxQuant;
     const GEMM_R: usize = gemm::R512;
     #[inline(always)]
     unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
@@ -98,11 +101,19 @@ macro_rules! level_entries {
         pub(crate) fn $entry() -> Entry {
             #[target_feature(enable = $feat)]
             unsafe fn qa32(x: &[f32], o: &mut [A32]) {
-                quantize_a32(x, o)
+                // SAFETY: this function has the level's features.
+                unsafe { quantize_a32::<AvxQuant>(x, o) }
             }
             #[target_feature(enable = $feat)]
             unsafe fn qa256(x: &[f32], o: &mut [A256]) {
-                quantize_a256(x, o)
+                // SAFETY: this function has the level's features.
+                unsafe { quantize_a256::<AvxQuant>(x, o) }
+            }
+            #[target_feature(enable = $feat)]
+            unsafe fn pack(j: &Job<'_>, s: &PanelShape, t0: usize, t1: usize, po: &PanelOut<'_>) {
+                // SAFETY: this function has the level's features; tokens t0..t1 are this
+                // task's.
+                unsafe { driver::pack_tokens::<$k>(j, s, t0, t1, po) }
             }
             #[target_feature(enable = $feat)]
             unsafe fn gemv(j: &Job<'_>, a: &Acts<'_>, r0: usize, r1: usize, o: &SharedMut<'_, f32>) {
@@ -119,11 +130,12 @@ macro_rules! level_entries {
                 // SAFETY: this function has the level's features.
                 unsafe { driver::float_rows::<$k>(j, r0, r1, o) }
             }
-            // SAFETY (all five): `driver::entry` returns this table only for a level the CPU
+            // SAFETY (all six): `driver::entry` returns this table only for a level the CPU
             // supports (`SimdLevel::detected()` checked these features).
             Entry {
                 quantize_a32: |x, o| unsafe { qa32(x, o) },
                 quantize_a256: |x, o| unsafe { qa256(x, o) },
+                pack: |j, s, t0, t1, po| unsafe { pack(j, s, t0, t1, po) },
                 gemv: |j, a, r0, r1, o| unsafe { gemv(j, a, r0, r1, o) },
                 gemm: |j, p, t, r0, r1, o| unsafe { gemm(j, p, t, r0, r1, o) },
                 float: |j, r0, r1, o| unsafe { float(j, r0, r1, o) },
