@@ -203,7 +203,7 @@ pub fn matmul_with_level(
         return Err(KernelError::Unsupported { op: OP, ty });
     }
     let bs = ty.block_size();
-    if cols % bs != 0 {
+    if !cols.is_multiple_of(bs) {
         return Err(KernelError::BlockMultiple { op: OP, ty, cols, block_size: bs });
     }
     let row_bytes = cols / bs * ty.type_size();
@@ -252,13 +252,13 @@ pub fn get_rows(ty: GgmlType, w: &[u8], cols: usize, ids: &[u32], out: &mut [f32
         return Err(KernelError::Unsupported { op: OP, ty });
     }
     let bs = ty.block_size();
-    if cols % bs != 0 {
+    if !cols.is_multiple_of(bs) {
         return Err(KernelError::BlockMultiple { op: OP, ty, cols, block_size: bs });
     }
     let row_bytes = cols / bs * ty.type_size();
-    let rows = if row_bytes == 0 { 0 } else { w.len() / row_bytes };
+    let rows = w.len().checked_div(row_bytes).unwrap_or(0);
     let n = ids.len();
-    if row_bytes == 0 || w.len() % row_bytes != 0 {
+    if row_bytes == 0 || !w.len().is_multiple_of(row_bytes) {
         let expected = rows * row_bytes;
         return Err(KernelError::Length { op: OP, ty, what: "w", got: w.len(), expected, rows, cols, n_tokens: n });
     }

@@ -156,7 +156,7 @@ fn spin_until(cond: impl Fn() -> bool) {
     let mut spins = 0u32;
     while !cond() {
         spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 {
+        if spins.is_multiple_of(1024) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
@@ -214,7 +214,7 @@ fn worker(s: &Shared, index: usize) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 != 0 || start.elapsed() < s.spin {
+            if !spins.is_multiple_of(256) || start.elapsed() < s.spin {
                 std::hint::spin_loop();
                 continue;
             }
