@@ -6,6 +6,7 @@
 //!
 //! THREADS defaults to the available cores (0 = default); LEVEL is portable|avx2|avx512|all
 //! (default: the active level); FILTER keeps shapes whose label contains it.
+//! `BENCH_NS=1,2,3,8` prints ms per call for those token counts instead of the table.
 
 use quiver_cpu_kernels::{matmul_with_level, GgmlType, Scratch, SimdLevel, ThreadPool};
 use std::time::{Duration, Instant};
@@ -117,6 +118,37 @@ fn main() {
     println!("memory read bandwidth (512 MiB f32 sum): {:.1} GB/s", (big.len() * 4) as f64 / bw / 1e9);
     drop(big);
 
+    if let Ok(ns) = std::env::var("BENCH_NS") {
+        let ns: Vec<usize> = ns.split(',').filter_map(|v| v.trim().parse().ok()).collect();
+        let mut scratch = Scratch::new();
+        print!("{:<22} {:>6} {:>8} |", "shape", "type", "level");
+        for n in &ns {
+            print!(" {:>9}", format!("n={n} us"));
+        }
+        println!();
+        for s in SHAPES.iter().filter(|s| s.label.contains(filter.as_str())) {
+            let w = weights(s.ty, s.rows, s.cols);
+            let nmax = ns.iter().copied().max().unwrap_or(1);
+            let x: Vec<f32> = (0..nmax * s.cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+            let mut out = vec![0f32; nmax * s.rows];
+            for &level in &levels {
+                print!("{:<22} {:>6} {:>8} |", s.label, s.ty.name(), level.name());
+                for &n in &ns {
+                    let t = time(
+                        || {
+                            matmul_with_level(level, &pool, s.ty, &w, s.rows, s.cols, &x[..n * s.cols], n, &mut out[..n * s.rows], &mut scratch)
+                                .expect("matmul")
+                        },
+                        5,
+                        Duration::from_millis(200),
+                    );
+                    print!(" {:>9.1}", t * 1e6);
+                }
+                println!();
+            }
+        }
+        return;
+    }
     println!(
         "{:<22} {:>6} {:>7} {:>6} {:>8} | {:>9} {:>7} {:>7} | {:>9} {:>8} {:>9}",
         "shape", "type", "rows", "cols", "level", "n=1 ms", "GB/s", "GFLOP/s", "n=64 ms", "GFLOP/s", "tok/s"

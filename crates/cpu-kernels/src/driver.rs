@@ -3,7 +3,7 @@
 //! are `#[inline(always)]` so that a level's `#[target_feature]` entry points compile the
 //! whole tree with that level's instructions.
 
-use crate::act::{self, PanelShape, A256, A32, TILE};
+use crate::act::{self, A32Mut, PanelShape, A256, A32, TILE};
 use crate::decode::*;
 use crate::shared::SharedMut;
 use crate::{grow, Scratch, SimdLevel, ThreadPool, GEMM_MIN_TOKENS};
@@ -124,7 +124,7 @@ pub(crate) unsafe trait Kernel {
     /// Rows per GEMM micro-kernel call (at most [`RMAX`]).
     const GEMM_R: usize;
     /// `sum_c w[c] a[c]` over one row of 32-element blocks.
-    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32;
+    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32;
     /// `sum_c w[c] a[c]` over one row of K-quant super-blocks.
     unsafe fn dot_k<T: KQuant>(w: &[T::B], a: &[A256]) -> f32;
     /// Decodes one 32-element block; returns `(s, m)`.
@@ -140,7 +140,7 @@ pub(crate) unsafe trait Kernel {
 
 /// The level entry points, each compiled for its level.
 pub(crate) struct Entry {
-    pub quantize_a32: fn(&[f32], &mut [A32]),
+    pub quantize_a32: fn(&[f32], A32Mut<'_>),
     pub quantize_a256: fn(&[f32], &mut [A256]),
     pub pack: fn(&Job<'_>, &PanelShape, usize, usize, &PanelOut<'_>),
     pub gemv: fn(&Job<'_>, &Acts<'_>, usize, usize, &SharedMut<'_, f32>),
@@ -197,7 +197,7 @@ pub(crate) unsafe fn pack_tokens<K: Kernel>(job: &Job<'_>, shape: &PanelShape, t
 }
 
 pub(crate) enum Acts<'a> {
-    A32(&'a [A32]),
+    A32(A32<'a>),
     A256(&'a [A256]),
 }
 
@@ -221,10 +221,13 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     }
     if n < GEMM_MIN_TOKENS {
         let acts = if fam == Family::Legacy {
-            grow(&mut scratch.a32, n * cols / 32);
-            let a = &mut scratch.a32[..n * cols / 32];
-            (e.quantize_a32)(job.x, a);
-            Acts::A32(a)
+            let nb = n * cols / 32;
+            grow(&mut scratch.a32_q, nb * 32);
+            grow(&mut scratch.a32_d, nb);
+            grow(&mut scratch.a32_s, nb);
+            let (q, d, s) = (&mut scratch.a32_q[..nb * 32], &mut scratch.a32_d[..nb], &mut scratch.a32_s[..nb]);
+            (e.quantize_a32)(job.x, A32Mut { q, d, s });
+            Acts::A32(A32 { q: &scratch.a32_q[..nb * 32], d: &scratch.a32_d[..nb], s: &scratch.a32_s[..nb] })
         } else {
             grow(&mut scratch.a256, n * cols / QK_K);
             let a = &mut scratch.a256[..n * cols / QK_K];
@@ -295,11 +298,14 @@ pub(crate) unsafe fn gemv_rows<K: Kernel>(job: &Job<'_>, acts: &Acts<'_>, r0: us
 unsafe fn gemv_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, acts: &Acts<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
     let (Some(w), Acts::A32(a)) = (as_blocks::<T::B>(job.w), acts) else { return };
     let nb = job.cols / 32;
+    if a.d.len() < job.n_tokens * nb || a.s.len() < job.n_tokens * nb || a.q.len() < job.n_tokens * nb * 32 {
+        return;
+    }
     for t in 0..job.n_tokens {
-        let a = &a[t * nb..(t + 1) * nb];
+        let a = a.blocks(t * nb, (t + 1) * nb);
         for r in r0..r1 {
             // SAFETY: the caller guarantees the level; writes: this task owns rows r0..r1.
-            unsafe { out.write(t * job.rows + r, K::dot_legacy::<T>(&w[r * nb..(r + 1) * nb], a)) };
+            unsafe { out.write(t * job.rows + r, K::dot_legacy::<T>(&w[r * nb..(r + 1) * nb], &a)) };
         }
     }
 }

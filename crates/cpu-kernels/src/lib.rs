@@ -132,7 +132,9 @@ fn detect() -> SimdLevel {
 /// reused: a steady-state matmul does not allocate.
 #[derive(Default)]
 pub struct Scratch {
-    a32: Vec<act::A32>,
+    a32_q: Vec<i8>,
+    a32_d: Vec<f32>,
+    a32_s: Vec<f32>,
     a256: Vec<act::A256>,
     panel_q: Vec<u32>,
     panel_a0: Vec<f32>,
@@ -146,7 +148,8 @@ impl Scratch {
 
     /// Bytes currently held.
     pub fn capacity_bytes(&self) -> usize {
-        self.a32.capacity() * std::mem::size_of::<act::A32>()
+        self.a32_q.capacity()
+            + 4 * (self.a32_d.capacity() + self.a32_s.capacity())
             + self.a256.capacity() * std::mem::size_of::<act::A256>()
             + 4 * (self.panel_q.capacity() + self.panel_a0.capacity() + self.panel_a1.capacity())
     }

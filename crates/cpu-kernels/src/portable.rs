@@ -52,14 +52,15 @@ unsafe impl Kernel for Portable {
     const GEMM_R: usize = 2;
 
     #[inline(always)]
-    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
+    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
         let mut v = [0u8; 32];
         let mut sum = 0f32;
-        for (b, a) in w.iter().zip(a) {
+        let acts = a.q.chunks_exact(32).zip(a.d.iter().zip(a.s));
+        for (b, (q, (&da, &sa))) in w.iter().zip(acts) {
             T::values(b, &mut v);
             let (d, m) = T::dm::<SoftHalf>(b);
-            let dot = if T::WIDE { dot_vals::<true>(&v, &a.qs) } else { dot_vals::<false>(&v, &a.qs) };
-            sum += d * a.d * dot as f32 + m * a.s;
+            let dot = if T::WIDE { dot_vals::<true>(&v, q) } else { dot_vals::<false>(&v, q) };
+            sum += d * da * dot as f32 + m * sa;
         }
         sum
     }

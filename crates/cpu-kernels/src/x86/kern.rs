@@ -123,38 +123,53 @@ pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     }
 }
 
+/// The integer dot product of one block with 32 activation quants, as 8 i32 partial sums.
 #[inline(always)]
-unsafe fn legacy_block<const V: bool, T: Legacy>(b: &T::B, a: &A32, acc: __m256, msum: &mut f32) -> __m256 {
-    // SAFETY: per the module contract; `a.qs` is 32 bytes.
+unsafe fn block_dot<const V: bool, T: Legacy>(b: &T::B, q: &[i8]) -> __m256i {
+    debug_assert!(q.len() >= 32);
+    // SAFETY: per the module contract; the caller passes at least 32 quants.
     unsafe {
         let u = T::unpack(b);
-        let q = load32(a.qs.as_ptr().cast());
+        let a = load32(q.as_ptr().cast());
         let z = _mm256_setzero_si256();
-        let p = if T::WIDE { dot_i8i8::<V>(z, u, q) } else { dot_u8i8::<V>(z, u, q) };
-        let (d, m) = T::dm::<F16c>(b);
-        if !T::WIDE {
-            *msum += m * a.s;
+        if T::WIDE {
+            dot_i8i8::<V>(z, u, a)
+        } else {
+            dot_u8i8::<V>(z, u, a)
         }
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a.d), acc)
     }
 }
 
-/// One row of 32-element blocks against A32 activations.
+/// One block's contribution: `acc + d da dot`, and `m s` into `msum`.
 #[inline(always)]
-pub(crate) unsafe fn dot_legacy<const V: bool, T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
-    let n = w.len().min(a.len());
-    // SAFETY: per the module contract.
+unsafe fn legacy_step<const V: bool, T: Legacy>(w: &T::B, a: &A32<'_>, i: usize, acc: __m256, msum: &mut f32) -> __m256 {
+    // SAFETY: per the module contract; the caller keeps i < the block count of `a`.
+    unsafe {
+        let p = _mm256_cvtepi32_ps(block_dot::<V, T>(w, &a.q[32 * i..]));
+        let (d, m) = T::dm::<F16c>(w);
+        if !T::WIDE {
+            *msum += m * a.s[i];
+        }
+        _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.d[i]), acc)
+    }
+}
+
+/// One row of 32-element blocks against A32 activations (two independent accumulators).
+#[inline(always)]
+pub(crate) unsafe fn dot_legacy<const V: bool, T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
+    let n = w.len().min(a.d.len()).min(a.s.len()).min(a.q.len() / 32);
+    // SAFETY: per the module contract; every step has i < n.
     unsafe {
         let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let (mut m0, mut m1) = (0f32, 0f32);
         let mut i = 0;
         while i + 2 <= n {
-            acc0 = legacy_block::<V, T>(&w[i], &a[i], acc0, &mut m0);
-            acc1 = legacy_block::<V, T>(&w[i + 1], &a[i + 1], acc1, &mut m1);
+            acc0 = legacy_step::<V, T>(&w[i], a, i, acc0, &mut m0);
+            acc1 = legacy_step::<V, T>(&w[i + 1], a, i + 1, acc1, &mut m1);
             i += 2;
         }
         if i < n {
-            acc0 = legacy_block::<V, T>(&w[i], &a[i], acc0, &mut m0);
+            acc0 = legacy_step::<V, T>(&w[i], a, i, acc0, &mut m0);
         }
         hsum(_mm256_add_ps(acc0, acc1)) + m0 + m1
     }

@@ -9,7 +9,7 @@ mod gemm;
 mod kern;
 pub(crate) mod unpack;
 
-use crate::act::{quantize_a256, quantize_a32, PanelShape, A256, A32};
+use crate::act::{quantize_a256, quantize_a32, A32Mut, PanelShape, A256, A32};
 use crate::decode::{KQuant, Legacy};
 use kern::F16c;
 use crate::driver::{self, Acc, Acts, Dec, Entry, FloatW, Job, Kernel, Panel, PanelOut, TileIn};
@@ -26,7 +26,7 @@ unsafe impl Kernel for Avx2 {
     type Q = AvxQuant;
     const GEMM_R: usize = gemm::R256;
     #[inline(always)]
-    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
+    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
         // SAFETY: forwarded.
         unsafe { kern::dot_legacy::<false, T>(w, a) }
     }
@@ -64,7 +64,7 @@ unsafe impl Kernel for Avx512 {
     type Q = AvxQuant;
     const GEMM_R: usize = gemm::R512;
     #[inline(always)]
-    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &[A32]) -> f32 {
+    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
         // SAFETY: forwarded.
         unsafe { kern::dot_legacy::<true, T>(w, a) }
     }
@@ -100,7 +100,7 @@ macro_rules! level_entries {
     ($entry:ident, $k:ty, $feat:literal) => {
         pub(crate) fn $entry() -> Entry {
             #[target_feature(enable = $feat)]
-            unsafe fn qa32(x: &[f32], o: &mut [A32]) {
+            unsafe fn qa32(x: &[f32], o: A32Mut<'_>) {
                 // SAFETY: this function has the level's features.
                 unsafe { quantize_a32::<AvxQuant>(x, o) }
             }
