@@ -486,30 +486,42 @@ unsafe fn float_rows_t<K: Kernel, F: FloatW>(job: &Job<'_>, r0: usize, r1: usize
         let mut t = 0;
         while t < job.n_tokens {
             let nt = 4.min(job.n_tokens - t);
-            let put = |i: usize, j: usize, v: f32| {
+            let mut put = |i: usize, j: usize, v: f32| {
                 // SAFETY: this task owns rows r0..r1.
                 unsafe { out.write((t + j) * job.rows + r + i, v) };
             };
-            if nt == 4 {
-                // SAFETY: forwarded from the caller.
-                let v = unsafe { K::float_block::<F, 4>(w, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], cols) };
-                for i in 0..nr {
-                    for (j, &v) in v[i].iter().enumerate() {
-                        put(i, j, v);
-                    }
+            // SAFETY (all four): forwarded from the caller.
+            match nt {
+                4 => {
+                    let v = unsafe { K::float_block::<F, 4>(w, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], cols) };
+                    put_block(&v, nr, &mut put);
                 }
-            } else {
-                for j in 0..nt {
-                    // SAFETY: forwarded from the caller.
-                    let v = unsafe { K::float_block::<F, 1>(w, [tok(t + j)], cols) };
-                    for (i, v) in v.iter().enumerate().take(nr) {
-                        put(i, j, v[0]);
-                    }
+                3 => {
+                    let v = unsafe { K::float_block::<F, 3>(w, [tok(t), tok(t + 1), tok(t + 2)], cols) };
+                    put_block(&v, nr, &mut put);
+                }
+                2 => {
+                    let v = unsafe { K::float_block::<F, 2>(w, [tok(t), tok(t + 1)], cols) };
+                    put_block(&v, nr, &mut put);
+                }
+                _ => {
+                    let v = unsafe { K::float_block::<F, 1>(w, [tok(t)], cols) };
+                    put_block(&v, nr, &mut put);
                 }
             }
             t += nt;
         }
         r += nr;
+    }
+}
+
+/// Hands the first `nr` rows of a float block result to `put(row, token, value)`.
+#[inline(always)]
+fn put_block<const NT: usize>(v: &[[f32; NT]; 4], nr: usize, put: &mut impl FnMut(usize, usize, f32)) {
+    for (i, v) in v.iter().enumerate().take(nr) {
+        for (j, &v) in v.iter().enumerate() {
+            put(i, j, v);
+        }
     }
 }
 

@@ -220,14 +220,41 @@ fn float_lengths_ok<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], 
     w.iter().all(|w| w.len() >= cols * F::BYTES) && x.iter().all(|x| x.len() >= cols)
 }
 
+/// AVX2 float block: tokens two at a time, so that 8 accumulators, 4 weight vectors and
+/// one activation vector fit the 16 registers.
 #[inline(always)]
 pub(crate) unsafe fn float_block256<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
     let mut out = [[0f32; NT]; 4];
     if !float_lengths_ok::<F, NT>(w, x, cols) {
         return out;
     }
+    let mut j = 0;
+    while j < NT {
+        // SAFETY: forwarded from the caller; lengths checked above.
+        if j + 2 <= NT {
+            let v = unsafe { float_pass256::<F, 2>(w, [x[j], x[j + 1]], cols) };
+            for i in 0..4 {
+                out[i][j] = v[i][0];
+                out[i][j + 1] = v[i][1];
+            }
+            j += 2;
+        } else {
+            let v = unsafe { float_pass256::<F, 1>(w, [x[j]], cols) };
+            for i in 0..4 {
+                out[i][j] = v[i][0];
+            }
+            j += 1;
+        }
+    }
+    out
+}
+
+#[inline(always)]
+unsafe fn float_pass256<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
+    let mut out = [[0f32; NT]; 4];
     let end = cols / 8 * 8;
-    // SAFETY: per the module contract; rows hold cols elements and c + 8 <= end <= cols.
+    // SAFETY: per the module contract; the caller checked that rows hold cols elements, and
+    // c + 8 <= end <= cols.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); NT]; 4];
         let mut c = 0;
