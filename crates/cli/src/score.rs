@@ -83,6 +83,10 @@ pub fn logprobs_cmd(load: &LoadArgs, ids_json: &str, top: usize) -> Result<()> {
         bail!("--ids is empty");
     }
     let gguf = engine::open(load)?;
+    let n_vocab = Tokenizer::from_gguf(&gguf)?.n_vocab();
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= n_vocab) {
+        bail!("token id {bad} is outside the vocabulary of {n_vocab}");
+    }
     let mut args = load.clone();
     if args.ctx_size.is_none() {
         args.ctx_size = Some(ids.len().max(16) as u32);
