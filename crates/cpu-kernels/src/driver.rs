@@ -10,10 +10,11 @@ use crate::{grow, Scratch, SimdLevel, ThreadPool, GEMM_MIN_TOKENS};
 use quiver_gguf::GgmlType;
 use quiver_quant::{as_blocks, Block, QK_K};
 
-/// Columns decoded per GEMM step (a multiple of 256).
-pub(crate) const KC: usize = 2048;
-/// Most rows a GEMM micro-kernel handles at once.
-pub(crate) const RMAX: usize = 4;
+/// Columns decoded per GEMM step (a multiple of 256). With [`TILE`] tokens the panel slice
+/// of one step is 32 KiB, so it stays in L1 while every row of a group runs over it.
+pub(crate) const KC: usize = 512;
+/// Rows decoded per GEMM step (a row group), a multiple of every kernel's `GEMM_R`.
+pub(crate) const RG: usize = 16;
 
 pub(crate) struct Job<'a> {
     pub level: SimdLevel,
@@ -69,11 +70,11 @@ fn row_chunk(rows: usize, bytes_per_row: usize, min_tasks: usize, target_bytes: 
     c.div_ceil(align) * align
 }
 
-/// Decoded weights of up to [`RMAX`] rows and [`KC`] columns.
+/// Decoded weights of a row group: [`RG`] rows and [`KC`] columns.
 pub(crate) struct Dec {
-    pub vals: [[u8; KC]; RMAX],
-    pub s: [[f32; KC / 16]; RMAX],
-    pub m: [[f32; KC / 16]; RMAX],
+    pub vals: [[u8; KC]; RG],
+    pub s: [[f32; KC / 16]; RG],
+    pub m: [[f32; KC / 16]; RG],
 }
 
 /// One token tile of the panel, offset to the current column chunk.
@@ -86,8 +87,8 @@ pub(crate) struct TileIn<'a> {
     pub tpad: usize,
 }
 
-/// Float accumulators of a GEMM tile: `[row][token]`.
-pub(crate) type Acc = [[f32; TILE]; RMAX];
+/// Float accumulators of a row group and token tile: `[row][token]`.
+pub(crate) type Acc = [[f32; TILE]; RG];
 
 /// Float weight element types.
 pub(crate) trait FloatW: 'static {
@@ -121,7 +122,7 @@ pub(crate) unsafe trait Kernel {
     type H: Half;
     /// The activation quantizer of this level.
     type Q: act::Quant;
-    /// Rows per GEMM micro-kernel call (at most [`RMAX`]).
+    /// Rows per GEMM micro-kernel call (divides [`RG`]).
     const GEMM_R: usize;
     /// `sum_c w[c] a[c]` over one row of 32-element blocks.
     unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32;
@@ -131,9 +132,9 @@ pub(crate) unsafe trait Kernel {
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32);
     /// Decodes one super-block's values (256 bytes).
     unsafe fn dec_k<T: KQuant>(b: &T::B, vals: &mut [u8]);
-    /// Adds `kc` columns of rows x tile products into `acc` (rows of `dec` past the real
-    /// ones have `s = m = 0`).
-    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc);
+    /// Adds `kc` columns of the products of rows `row0..row0 + GEMM_R` of `dec` with the
+    /// tile into the same rows of `acc` (rows past the real ones have `s = m = 0`).
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc);
     /// Dot products of 4 weight rows with `NT` activation rows of `cols` elements.
     unsafe fn float_block<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4];
 }
@@ -254,7 +255,7 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     }
     let panel = Panel { shape, q: &scratch.panel_q, a0: &scratch.panel_a0, a1: &scratch.panel_a1 };
     let n_tiles = shape.n_tiles();
-    let chunk = row_chunk(rows, job.row_bytes, (4 * nth).div_ceil(n_tiles), 64 << 10, RMAX);
+    let chunk = row_chunk(rows, job.row_bytes, (4 * nth).div_ceil(n_tiles), 64 << 10, RG);
     let n_chunks = rows.div_ceil(chunk);
     pool.run(n_tiles * n_chunks, &|i| {
         let (tile, c) = (i / n_chunks, i % n_chunks);
@@ -334,14 +335,14 @@ pub(crate) unsafe fn gemm_rows<K: Kernel>(job: &Job<'_>, p: &Panel<'_>, tile: us
 
 /// Dispatches the micro-kernel on the sub-block size and wideness.
 #[inline(always)]
-unsafe fn tile_call<K: Kernel>(sub: usize, wide: bool, dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+unsafe fn tile_call<K: Kernel>(sub: usize, wide: bool, dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match (sub, wide) {
-            (16, false) => K::tile::<16, false>(dec, kc, t, acc),
-            (16, true) => K::tile::<16, true>(dec, kc, t, acc),
-            (_, false) => K::tile::<32, false>(dec, kc, t, acc),
-            (_, true) => K::tile::<32, true>(dec, kc, t, acc),
+            (16, false) => K::tile::<16, false>(dec, row0, kc, t, acc),
+            (16, true) => K::tile::<16, true>(dec, row0, kc, t, acc),
+            (_, false) => K::tile::<32, false>(dec, row0, kc, t, acc),
+            (_, true) => K::tile::<32, true>(dec, row0, kc, t, acc),
         }
     }
 }
@@ -371,52 +372,52 @@ unsafe fn gemm_loop<K: Kernel>(
         return;
     }
     let (q, a0, a1) = (&p.q[qo..qo + q_len], &p.a0[so..so + s_len], &p.a1[so..so + s_len]);
-    let mut dec = Dec { vals: [[0; KC]; RMAX], s: [[0.0; KC / 16]; RMAX], m: [[0.0; KC / 16]; RMAX] };
-    let mut acc: Acc = [[0.0; TILE]; RMAX];
-    // Results of up to OB rows per token, written out as contiguous runs of a token's row
-    // (instead of one scattered store per row and token).
-    const OB: usize = 32;
-    let mut obuf = [[0f32; OB]; TILE];
+    let mut dec = Dec { vals: [[0; KC]; RG], s: [[0.0; KC / 16]; RG], m: [[0.0; KC / 16]; RG] };
+    let mut acc: Acc = [[0.0; TILE]; RG];
+    // Results per token as contiguous runs of rows (one store run per token and group
+    // instead of one scattered store per row and token).
+    let mut obuf = [[0f32; RG]; TILE];
     let bpc = KC / qk;
     let nb = cols / qk;
     let mut g0 = r0;
     while g0 < r1 {
-        let g1 = (g0 + OB).min(r1);
-        let mut rb = g0;
-        while rb < g1 {
-            let nr = K::GEMM_R.min(g1 - rb);
-            for a in acc.iter_mut() {
-                a.fill(0.0);
-            }
-            let mut b0 = 0;
-            while b0 < nb {
-                let nbc = bpc.min(nb - b0);
-                for i in 0..K::GEMM_R {
-                    if i < nr {
-                        decode(rb + i, b0, nbc, i, &mut dec);
-                    } else {
-                        dec.s[i].fill(0.0);
-                        dec.m[i].fill(0.0);
-                    }
+        let nrg = RG.min(r1 - g0);
+        // Row pairs (or whatever GEMM_R is) covering the group; rows past nrg are padding.
+        let nr_pad = nrg.div_ceil(K::GEMM_R) * K::GEMM_R;
+        for a in acc.iter_mut().take(nr_pad) {
+            a.fill(0.0);
+        }
+        let mut b0 = 0;
+        while b0 < nb {
+            let nbc = bpc.min(nb - b0);
+            for i in 0..nr_pad {
+                if i < nrg {
+                    decode(g0 + i, b0, nbc, i, &mut dec);
+                } else {
+                    dec.s[i].fill(0.0);
+                    dec.m[i].fill(0.0);
                 }
-                let (c0, kc) = (b0 * qk, nbc * qk);
-                let t = TileIn { q: &q[c0 / 4 * tpad..], a0: &a0[c0 / sub * tpad..], a1: &a1[c0 / sub * tpad..], tpad };
+            }
+            let (c0, kc) = (b0 * qk, nbc * qk);
+            let t = TileIn { q: &q[c0 / 4 * tpad..], a0: &a0[c0 / sub * tpad..], a1: &a1[c0 / sub * tpad..], tpad };
+            let mut row0 = 0;
+            while row0 < nr_pad {
                 // SAFETY: forwarded from the caller.
-                unsafe { tile_call::<K>(sub, wide, &dec, kc, &t, &mut acc) };
-                b0 += nbc;
+                unsafe { tile_call::<K>(sub, wide, &dec, row0, kc, &t, &mut acc) };
+                row0 += K::GEMM_R;
             }
-            for (i, a) in acc.iter().enumerate().take(nr) {
-                for (o, &v) in obuf.iter_mut().zip(a.iter()).take(nt) {
-                    o[rb - g0 + i] = v;
-                }
+            b0 += nbc;
+        }
+        for (i, a) in acc.iter().enumerate().take(nrg) {
+            for (o, &v) in obuf.iter_mut().zip(a.iter()).take(nt) {
+                o[i] = v;
             }
-            rb += nr;
         }
         for (lt, o) in obuf.iter().enumerate().take(nt) {
             // SAFETY: this task owns rows r0..r1 of this tile's tokens.
-            unsafe { out.write_slice((t0 + lt) * job.rows + g0, &o[..g1 - g0]) };
+            unsafe { out.write_slice((t0 + lt) * job.rows + g0, &o[..nrg]) };
         }
-        g0 = g1;
+        g0 += nrg;
     }
 }
 

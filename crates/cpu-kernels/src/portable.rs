@@ -122,10 +122,10 @@ unsafe impl Kernel for Portable {
     }
 
     #[inline(always)]
-    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
         let tpad = t.tpad;
         for j in 0..kc / SUB {
-            for (i, acc) in acc.iter_mut().enumerate().take(Self::GEMM_R) {
+            for i in row0..(row0 + Self::GEMM_R).min(acc.len()) {
                 let mut dots = [0i32; crate::act::TILE];
                 for g in 0..SUB / 4 {
                     let c = j * SUB + 4 * g;
@@ -140,8 +140,8 @@ unsafe impl Kernel for Portable {
                 }
                 let (s, m) = (dec.s[i][j], dec.m[i][j]);
                 let (a0, a1) = (&t.a0[j * tpad..(j + 1) * tpad], &t.a1[j * tpad..(j + 1) * tpad]);
-                for lt in 0..tpad {
-                    acc[lt] += s * a0[lt] * dots[lt] as f32 + m * a1[lt];
+                for (lt, acc) in acc[i].iter_mut().enumerate().take(tpad) {
+                    *acc += s * a0[lt] * dots[lt] as f32 + m * a1[lt];
                 }
             }
         }

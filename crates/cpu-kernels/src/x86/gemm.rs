@@ -13,7 +13,7 @@
 
 use super::kern::hsum;
 use crate::act::LANES;
-use crate::driver::{Acc, Dec, FloatW, TileIn};
+use crate::driver::{Acc, Dec, FloatW, TileIn, KC};
 use crate::portable::float_elem;
 use std::arch::x86_64::*;
 
@@ -25,14 +25,14 @@ pub(crate) const R256: usize = 2;
 /// The 4 weight bytes of row `i` at column group `kg`, as an i32.
 #[inline(always)]
 fn wword(dec: &Dec, i: usize, kg: usize) -> i32 {
-    let v = &dec.vals[i % dec.vals.len()];
+    let v = &dec.vals[i.min(dec.vals.len() - 1)];
     let c = (4 * kg).min(v.len() - 4);
     i32::from_le_bytes([v[c], v[c + 1], v[c + 2], v[c + 3]])
 }
 
 /// AVX-512 tile: `kc` columns, all token vectors of the tile.
 #[inline(always)]
-pub(crate) unsafe fn tile512<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+pub(crate) unsafe fn tile512<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
     let nv = t.tpad / LANES;
     let mut v0 = 0;
     while v0 < nv {
@@ -40,10 +40,10 @@ pub(crate) unsafe fn tile512<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: 
         // SAFETY: forwarded from the caller.
         unsafe {
             match tv {
-                4 => tile512_tv::<SUB, WIDE, 4>(dec, kc, t, acc, v0),
-                3 => tile512_tv::<SUB, WIDE, 3>(dec, kc, t, acc, v0),
-                2 => tile512_tv::<SUB, WIDE, 2>(dec, kc, t, acc, v0),
-                _ => tile512_tv::<SUB, WIDE, 1>(dec, kc, t, acc, v0),
+                4 => tile512_tv::<SUB, WIDE, 4>(dec, row0, kc, t, acc, v0),
+                3 => tile512_tv::<SUB, WIDE, 3>(dec, row0, kc, t, acc, v0),
+                2 => tile512_tv::<SUB, WIDE, 2>(dec, row0, kc, t, acc, v0),
+                _ => tile512_tv::<SUB, WIDE, 1>(dec, row0, kc, t, acc, v0),
             }
         }
         v0 += tv;
@@ -53,6 +53,7 @@ pub(crate) unsafe fn tile512<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: 
 #[inline(always)]
 unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
     dec: &Dec,
+    row0: usize,
     kc: usize,
     t: &TileIn<'_>,
     acc: &mut Acc,
@@ -61,7 +62,7 @@ unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
     let tpad = t.tpad;
     let nsub = kc / SUB;
     // Every load below is at index < (kc / 4) * tpad (quants) or nsub * tpad (scales).
-    if t.q.len() < kc / 4 * tpad || t.a0.len() < nsub * tpad || t.a1.len() < nsub * tpad || LANES * (v0 + TV) > tpad {
+    if t.q.len() < kc / 4 * tpad || t.a0.len() < nsub * tpad || t.a1.len() < nsub * tpad || LANES * (v0 + TV) > tpad || row0 + R512 > acc.len() || kc > KC {
         return;
     }
     // SAFETY: AVX-512 per the module contract; loads are in bounds by the check above
@@ -71,7 +72,7 @@ unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
         let mut f = [[_mm512_setzero_ps(); TV]; R512];
         for (i, f) in f.iter_mut().enumerate() {
             for (v, f) in f.iter_mut().enumerate() {
-                *f = _mm512_loadu_ps(acc[i].as_ptr().add(LANES * (v0 + v)));
+                *f = _mm512_loadu_ps(acc[row0 + i].as_ptr().add(LANES * (v0 + v)));
             }
         }
         let q = t.q.as_ptr().add(LANES * v0);
@@ -84,7 +85,7 @@ unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
                     *a = _mm512_loadu_si512(q.add(kg * tpad + LANES * v).cast());
                 }
                 for (i, ia) in ia.iter_mut().enumerate() {
-                    let mut wb = _mm512_set1_epi32(wword(dec, i, kg));
+                    let mut wb = _mm512_set1_epi32(wword(dec, row0 + i, kg));
                     if WIDE {
                         // Signed weights become unsigned w + 128; `m` absorbs the -128 s.
                         wb = _mm512_xor_si512(wb, _mm512_set1_epi8(-128));
@@ -97,8 +98,8 @@ unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
             let a0 = t.a0.as_ptr().add(j * tpad + LANES * v0);
             let a1 = t.a1.as_ptr().add(j * tpad + LANES * v0);
             for i in 0..R512 {
-                let s = dec.s[i][j];
-                let m = if WIDE { dec.m[i][j] - 128.0 * s } else { dec.m[i][j] };
+                let s = dec.s[row0 + i][j];
+                let m = if WIDE { dec.m[row0 + i][j] - 128.0 * s } else { dec.m[row0 + i][j] };
                 let (sb, mb) = (_mm512_set1_ps(s), _mm512_set1_ps(m));
                 for v in 0..TV {
                     let x0 = _mm512_loadu_ps(a0.add(LANES * v));
@@ -110,7 +111,7 @@ unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
         }
         for (i, f) in f.iter().enumerate() {
             for (v, f) in f.iter().enumerate() {
-                _mm512_storeu_ps(acc[i].as_mut_ptr().add(LANES * (v0 + v)), *f);
+                _mm512_storeu_ps(acc[row0 + i].as_mut_ptr().add(LANES * (v0 + v)), *f);
             }
         }
     }
@@ -118,10 +119,10 @@ unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
 
 /// AVX2 tile: one token vector (16 tokens, two registers) at a time.
 #[inline(always)]
-pub(crate) unsafe fn tile256<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+pub(crate) unsafe fn tile256<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
     let tpad = t.tpad;
     let nsub = kc / SUB;
-    if t.q.len() < kc / 4 * tpad || t.a0.len() < nsub * tpad || t.a1.len() < nsub * tpad {
+    if t.q.len() < kc / 4 * tpad || t.a0.len() < nsub * tpad || t.a1.len() < nsub * tpad || row0 + R256 > acc.len() || kc > KC {
         return;
     }
     // SAFETY: AVX2 per the module contract; in bounds as in `tile512_tv` (token vector
@@ -132,7 +133,7 @@ pub(crate) unsafe fn tile256<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: 
             let mut f = [[_mm256_setzero_ps(); 2]; R256];
             for (i, f) in f.iter_mut().enumerate() {
                 for (h, f) in f.iter_mut().enumerate() {
-                    *f = _mm256_loadu_ps(acc[i].as_ptr().add(LANES * v + 8 * h));
+                    *f = _mm256_loadu_ps(acc[row0 + i].as_ptr().add(LANES * v + 8 * h));
                 }
             }
             let q = t.q.as_ptr().add(LANES * v);
@@ -145,7 +146,7 @@ pub(crate) unsafe fn tile256<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: 
                         _mm256_loadu_si256(q.add(kg * tpad + 8).cast()),
                     ];
                     for (i, ia) in ia.iter_mut().enumerate() {
-                        let wb = _mm256_set1_epi32(wword(dec, i, kg));
+                        let wb = _mm256_set1_epi32(wword(dec, row0 + i, kg));
                         for (a, av) in ia.iter_mut().zip(av) {
                             let p = if WIDE {
                                 _mm256_maddubs_epi16(_mm256_abs_epi8(wb), _mm256_sign_epi8(av, wb))
@@ -159,7 +160,7 @@ pub(crate) unsafe fn tile256<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: 
                 let a0 = t.a0.as_ptr().add(j * tpad + LANES * v);
                 let a1 = t.a1.as_ptr().add(j * tpad + LANES * v);
                 for i in 0..R256 {
-                    let (sb, mb) = (_mm256_set1_ps(dec.s[i][j]), _mm256_set1_ps(dec.m[i][j]));
+                    let (sb, mb) = (_mm256_set1_ps(dec.s[row0 + i][j]), _mm256_set1_ps(dec.m[row0 + i][j]));
                     for h in 0..2 {
                         let x0 = _mm256_loadu_ps(a0.add(8 * h));
                         let x1 = _mm256_loadu_ps(a1.add(8 * h));
@@ -170,7 +171,7 @@ pub(crate) unsafe fn tile256<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: 
             }
             for (i, f) in f.iter().enumerate() {
                 for (h, f) in f.iter().enumerate() {
-                    _mm256_storeu_ps(acc[i].as_mut_ptr().add(LANES * v + 8 * h), *f);
+                    _mm256_storeu_ps(acc[row0 + i].as_mut_ptr().add(LANES * v + 8 * h), *f);
                 }
             }
         }

@@ -46,9 +46,9 @@ unsafe impl Kernel for Avx2 {
         unsafe { kern::dec_k::<T>(b, vals) }
     }
     #[inline(always)]
-    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
         // SAFETY: forwarded.
-        unsafe { gemm::tile256::<SUB, WIDE>(dec, kc, t, acc) }
+        unsafe { gemm::tile256::<SUB, WIDE>(dec, row0, kc, t, acc) }
     }
     #[inline(always)]
     unsafe fn float_block<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
@@ -84,9 +84,9 @@ unsafe impl Kernel for Avx512 {
         unsafe { kern::dec_k::<T>(b, vals) }
     }
     #[inline(always)]
-    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
         // SAFETY: forwarded.
-        unsafe { gemm::tile512::<SUB, WIDE>(dec, kc, t, acc) }
+        unsafe { gemm::tile512::<SUB, WIDE>(dec, row0, kc, t, acc) }
     }
     #[inline(always)]
     unsafe fn float_block<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
