@@ -43,12 +43,18 @@ pub fn open(args: &LoadArgs) -> Result<Arc<GgufFile>> {
     Ok(Arc::new(GgufFile::open(&path).with_context(|| path.display().to_string())?))
 }
 
+/// The context length a load with these flags gets, rounded up to whole KV blocks.
+pub fn n_ctx(args: &LoadArgs, file: &GgufFile) -> usize {
+    let train_ctx = file.hparams().ok().and_then(|h| h.u32("context_length").ok().flatten()).unwrap_or(4096) as usize;
+    let n = args.ctx_size.map(|c| c as usize).unwrap_or_else(|| train_ctx.min(4096));
+    n.div_ceil(quiver_engine::BLOCK_SIZE) * quiver_engine::BLOCK_SIZE
+}
+
 /// Loads the model with room for `max_logits` logits rows per step.
 pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<Loaded> {
     let t0 = std::time::Instant::now();
     let n_threads = threads(args)?;
-    let train_ctx = file.hparams().ok().and_then(|h| h.u32("context_length").ok().flatten()).unwrap_or(4096) as usize;
-    let n_ctx = args.ctx_size.map(|c| c as usize).unwrap_or_else(|| train_ctx.min(4096));
+    let n_ctx = n_ctx(args, &file);
     let opts = RunnerOptions { n_ctx, n_batch: args.batch_size as usize, max_logits };
     let runner = Runner::new(CpuBackend::new(n_threads), &file, &opts)?;
     let load_secs = t0.elapsed().as_secs_f64();

@@ -101,6 +101,11 @@ pub fn run(load: &LoadArgs, s: &SampleArgs, prompt: Option<String>, file: Option
         msgs.push(Message::new("user", text));
         tokenize_chat(&tok, &tmpl.render(&msgs, true, None)?)?
     };
+    // Checked before loading so that the error is the only line on stderr.
+    let ctx = engine::n_ctx(load, &gguf);
+    if ids.len() + s.n_predict as usize > ctx {
+        return Err(quiver_engine::EngineError::ContextOverflow { prompt: ids.len(), gen: s.n_predict as usize, ctx }.into());
+    }
     let mut l = engine::load(load, gguf, 1)?;
     let mut sampler = Sampler::new(s.params());
     let opts = GenOptions { max_tokens: s.n_predict as usize, ..Default::default() };

@@ -165,7 +165,7 @@ fn generation_flag_errors_and_context_overflow_are_one_line_errors() {
     let out = quiver(&["run", "-m", &m, "--raw", "-p", &long, "-c", "64", "-n", "8"]);
     assert_one_line_error(&out, 1, "prompt longer than the context");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("300") && err.contains("64"), "names both lengths: {err}");
+    assert!(err.contains("prompt of 30") && err.contains("context of 64"), "names both lengths: {err}");
 }
 
 #[test]
