@@ -6,7 +6,7 @@
 use crate::act::{self, A32Mut, PanelShape, A256, A32, TILE};
 use crate::decode::*;
 use crate::shared::SharedMut;
-use crate::{grow, Scratch, SimdLevel, ThreadPool, GEMM_MIN_TOKENS};
+use crate::{gemm_min_tokens, grow, Scratch, SimdLevel, ThreadPool};
 use quiver_gguf::GgmlType;
 use quiver_quant::{as_blocks, Block, QK_K};
 
@@ -46,7 +46,7 @@ fn family(ty: GgmlType) -> Family {
 pub(crate) fn activation_kind(ty: GgmlType, n_tokens: usize) -> u8 {
     match family(ty) {
         Family::Float => 2,
-        _ if n_tokens >= GEMM_MIN_TOKENS => 0,
+        _ if n_tokens >= gemm_min_tokens(ty) => 0,
         Family::Legacy => 0,
         Family::K => 1,
     }
@@ -124,10 +124,10 @@ pub(crate) unsafe trait Kernel {
     type Q: act::Quant;
     /// Rows per GEMM micro-kernel call (divides [`RG`]).
     const GEMM_R: usize;
-    /// `sum_c w[c] a[c]` over one row of 32-element blocks.
-    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32;
-    /// `sum_c w[c] a[c]` over one row of K-quant super-blocks.
-    unsafe fn dot_k<T: KQuant>(w: &[T::B], a: &[A256]) -> f32;
+    /// `sum_c w[c] a_t[c]` over one row of 32-element blocks, for `NT` (1..=4) tokens.
+    unsafe fn dot_legacy<T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT];
+    /// `sum_c w[c] a_t[c]` over one row of K-quant super-blocks, for `NT` (1..=4) tokens.
+    unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT];
     /// Decodes one 32-element block; returns `(s, m)`.
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32);
     /// Decodes one super-block's values (256 bytes).
@@ -220,7 +220,7 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
         pool.run(rows.div_ceil(chunk), &|i| (e.float)(job, i * chunk, ((i + 1) * chunk).min(rows), &out));
         return;
     }
-    if n < GEMM_MIN_TOKENS {
+    if n < gemm_min_tokens(job.ty) {
         let acts = if fam == Family::Legacy {
             let nb = n * cols / 32;
             grow(&mut scratch.a32_q, nb * 32);
@@ -299,14 +299,29 @@ pub(crate) unsafe fn gemv_rows<K: Kernel>(job: &Job<'_>, acts: &Acts<'_>, r0: us
 unsafe fn gemv_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, acts: &Acts<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
     let (Some(w), Acts::A32(a)) = (as_blocks::<T::B>(job.w), acts) else { return };
     let nb = job.cols / 32;
-    if a.d.len() < job.n_tokens * nb || a.s.len() < job.n_tokens * nb || a.q.len() < job.n_tokens * nb * 32 {
+    let n = job.n_tokens;
+    if a.d.len() < n * nb || a.s.len() < n * nb || a.q.len() < n * nb * 32 || w.len() < r1 * nb {
         return;
     }
-    for t in 0..job.n_tokens {
-        let a = a.blocks(t * nb, (t + 1) * nb);
-        for r in r0..r1 {
-            // SAFETY: the caller guarantees the level; writes: this task owns rows r0..r1.
-            unsafe { out.write(t * job.rows + r, K::dot_legacy::<T>(&w[r * nb..(r + 1) * nb], &a)) };
+    // No closures around kernel calls here: a closure is its own function, compiled without
+    // the entry point's target features unless LLVM happens to inline it.
+    for r in r0..r1 {
+        let w = &w[r * nb..(r + 1) * nb];
+        let mut t = 0;
+        while t < n {
+            let nt = (n - t).min(4);
+            let tok = |j: usize| a.blocks((t + j) * nb, (t + j + 1) * nb);
+            // SAFETY: the caller guarantees the level.
+            let v = unsafe {
+                match nt {
+                    4 => pad(K::dot_legacy::<T, 4>(w, &[tok(0), tok(1), tok(2), tok(3)])),
+                    3 => pad(K::dot_legacy::<T, 3>(w, &[tok(0), tok(1), tok(2)])),
+                    2 => pad(K::dot_legacy::<T, 2>(w, &[tok(0), tok(1)])),
+                    _ => pad(K::dot_legacy::<T, 1>(w, &[tok(0)])),
+                }
+            };
+            put_group(out, &v, t, nt, job.rows, r);
+            t += nt;
         }
     }
 }
@@ -315,13 +330,48 @@ unsafe fn gemv_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, acts: &Acts<'_>, r0: 
 unsafe fn gemv_k<K: Kernel, T: KQuant>(job: &Job<'_>, acts: &Acts<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
     let (Some(w), Acts::A256(a)) = (as_blocks::<T::B>(job.w), acts) else { return };
     let nb = job.cols / QK_K;
-    for t in 0..job.n_tokens {
-        let a = &a[t * nb..(t + 1) * nb];
-        for r in r0..r1 {
-            // SAFETY: as in `gemv_legacy`.
-            unsafe { out.write(t * job.rows + r, K::dot_k::<T>(&w[r * nb..(r + 1) * nb], a)) };
+    let n = job.n_tokens;
+    if a.len() < n * nb || w.len() < r1 * nb {
+        return;
+    }
+    for r in r0..r1 {
+        let w = &w[r * nb..(r + 1) * nb];
+        let mut t = 0;
+        while t < n {
+            let nt = (n - t).min(4);
+            let tok = |j: usize| &a[(t + j) * nb..(t + j + 1) * nb];
+            // SAFETY: the caller guarantees the level.
+            let v = unsafe {
+                match nt {
+                    4 => pad(K::dot_k::<T, 4>(w, &[tok(0), tok(1), tok(2), tok(3)])),
+                    3 => pad(K::dot_k::<T, 3>(w, &[tok(0), tok(1), tok(2)])),
+                    2 => pad(K::dot_k::<T, 2>(w, &[tok(0), tok(1)])),
+                    _ => pad(K::dot_k::<T, 1>(w, &[tok(0)])),
+                }
+            };
+            put_group(out, &v, t, nt, job.rows, r);
+            t += nt;
         }
     }
+}
+
+/// Stores `out[t + j, r] = v[j]` for `j < nt`.
+#[inline(always)]
+fn put_group(out: &SharedMut<'_, f32>, v: &[f32; 4], t: usize, nt: usize, rows: usize, r: usize) {
+    for (j, &v) in v.iter().enumerate().take(nt) {
+        // SAFETY: the calling task owns row r (for every token).
+        unsafe { out.write((t + j) * rows + r, v) };
+    }
+}
+
+/// Up to 4 results as a 4-array.
+#[inline(always)]
+fn pad<const N: usize>(v: [f32; N]) -> [f32; 4] {
+    let mut o = [0f32; 4];
+    for (o, v) in o.iter_mut().zip(v) {
+        *o = v;
+    }
+    o
 }
 
 /// Rows `r0..r1` of token tile `tile` of a prefill-path matmul.

@@ -6,8 +6,8 @@
 //! few KiB of per-task stack). Activations are quantized to 8 bits into the caller's
 //! [`Scratch`] and multiplied with integer dot products:
 //!
-//! - **decode path** (`n_tokens` < [`GEMM_MIN_TOKENS`]): one fused dot product per weight
-//!   row and token (`gemv`). Activations are Q8 blocks of 32 ([`act::A32`]) for the
+//! - **decode path** (`n_tokens` < [`gemm_min_tokens`]): fused dot products of each weight
+//!   row with up to 4 tokens at a time (`gemv`). Activations are Q8 blocks of 32 ([`act::A32`]) for the
 //!   32-element types and Q8_K-like blocks of 256 for the K-quants; K-quant sub-block scales
 //!   are applied in integers as ggml does.
 //! - **prefill path**: weight rows are decoded, a block of rows and up to 2048 columns at a
@@ -35,8 +35,22 @@ pub use quiver_gguf::GgmlType;
 
 use std::sync::OnceLock;
 
-/// Batches with at least this many tokens take the prefill (GEMM) path.
-pub const GEMM_MIN_TOKENS: usize = 3;
+/// The smallest batch that takes the prefill (GEMM) path for weights of type `ty`; smaller
+/// batches take the decode path (fused dot products, up to 4 tokens per pass over a row).
+/// The crossover was measured with `BENCH_NS` of `bench_matmul` (AVX-512, Zen 5): the GEMM
+/// path has a fixed cost of one 16-token register tile, and the decode path's cost grows
+/// with each token more slowly for types whose unpacking is expensive.
+/// `QUIVER_CPU_GEMM_MIN_TOKENS` overrides it for every type (1 = always GEMM).
+pub fn gemm_min_tokens(ty: GgmlType) -> usize {
+    static OVERRIDE: OnceLock<Option<usize>> = OnceLock::new();
+    let o = *OVERRIDE.get_or_init(|| std::env::var("QUIVER_CPU_GEMM_MIN_TOKENS").ok().and_then(|v| v.trim().parse().ok()));
+    o.unwrap_or(match ty {
+        GgmlType::Q5_0 | GgmlType::Q5_1 => 5,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::IQ4_NL => 6,
+        GgmlType::Q8_0 => 9,
+        _ => 12,
+    })
+}
 
 /// Errors of the kernels; every variant names the op, the type and the shapes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -67,6 +67,39 @@ fn convert_row<F: FloatW>(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+#[inline(always)]
+fn dot_legacy1<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
+    let mut v = [0u8; 32];
+    let mut sum = 0f32;
+    let acts = a.q.chunks_exact(32).zip(a.d.iter().zip(a.s));
+    for (b, (q, (&da, &sa))) in w.iter().zip(acts) {
+        T::values(b, &mut v);
+        let (d, m) = T::dm::<SoftHalf>(b);
+        let dot = if T::WIDE { dot_vals::<true>(&v, q) } else { dot_vals::<false>(&v, q) };
+        sum += d * da * dot as f32 + m * sa;
+    }
+    sum
+}
+
+#[inline(always)]
+fn dot_k1<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
+    let mut v = [0u8; QK_K];
+    let mut sum = 0f32;
+    for (b, a) in w.iter().zip(a) {
+        T::values(b, &mut v);
+        let k = T::scales::<SoftHalf>(b);
+        let (mut isum, mut corr) = (0i32, 0i32);
+        for h in 0..16 {
+            let (v, q) = (&v[16 * h..16 * h + 16], &a.qs[16 * h..16 * h + 16]);
+            let dot = if T::WIDE { dot_vals::<true>(v, q) } else { dot_vals::<false>(v, q) };
+            isum += k.sc[h] as i32 * dot;
+            corr += k.corr[h] as i32 * a.bsums[h] as i32;
+        }
+        sum += a.d * (k.d * isum as f32 + k.cd * corr as f32);
+    }
+    sum
+}
+
 // SAFETY: plain Rust; no instruction-set requirements.
 unsafe impl Kernel for Portable {
     type H = SoftHalf;
@@ -74,36 +107,13 @@ unsafe impl Kernel for Portable {
     const GEMM_R: usize = 2;
 
     #[inline(always)]
-    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
-        let mut v = [0u8; 32];
-        let mut sum = 0f32;
-        let acts = a.q.chunks_exact(32).zip(a.d.iter().zip(a.s));
-        for (b, (q, (&da, &sa))) in w.iter().zip(acts) {
-            T::values(b, &mut v);
-            let (d, m) = T::dm::<SoftHalf>(b);
-            let dot = if T::WIDE { dot_vals::<true>(&v, q) } else { dot_vals::<false>(&v, q) };
-            sum += d * da * dot as f32 + m * sa;
-        }
-        sum
+    unsafe fn dot_legacy<T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
+        a.map(|a| dot_legacy1::<T>(w, &a))
     }
 
     #[inline(always)]
-    unsafe fn dot_k<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
-        let mut v = [0u8; QK_K];
-        let mut sum = 0f32;
-        for (b, a) in w.iter().zip(a) {
-            T::values(b, &mut v);
-            let k = T::scales::<SoftHalf>(b);
-            let (mut isum, mut corr) = (0i32, 0i32);
-            for h in 0..16 {
-                let (v, q) = (&v[16 * h..16 * h + 16], &a.qs[16 * h..16 * h + 16]);
-                let dot = if T::WIDE { dot_vals::<true>(v, q) } else { dot_vals::<false>(v, q) };
-                isum += k.sc[h] as i32 * dot;
-                corr += k.corr[h] as i32 * a.bsums[h] as i32;
-            }
-            sum += a.d * (k.d * isum as f32 + k.cd * corr as f32);
-        }
-        sum
+    unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
+        a.map(|a| dot_k1::<T>(w, a))
     }
 
     #[inline(always)]

@@ -175,6 +175,40 @@ pub(crate) unsafe fn dot_legacy<const V: bool, T: Legacy>(w: &[T::B], a: &A32<'_
     }
 }
 
+/// `NT` (2..=4) tokens at once against one row: each block is unpacked and its scales
+/// converted once for all tokens.
+#[inline(always)]
+pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
+    let mut n = w.len();
+    for a in a {
+        n = n.min(a.d.len()).min(a.s.len()).min(a.q.len() / 32);
+    }
+    // SAFETY: per the module contract; every activation load reads 32 quants at 32 i with
+    // i < n.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); NT];
+        let mut msum = [0f32; NT];
+        let z = _mm256_setzero_si256();
+        for (i, b) in w.iter().enumerate().take(n) {
+            let u = T::unpack(b);
+            let (d, m) = T::dm::<F16c>(b);
+            for t in 0..NT {
+                let q = load32(a[t].q.as_ptr().add(32 * i).cast());
+                let p = if T::WIDE { dot_i8i8::<V>(z, u, q) } else { dot_u8i8::<V>(z, u, q) };
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a[t].d[i]), acc[t]);
+                if !T::WIDE {
+                    msum[t] += m * a[t].s[i];
+                }
+            }
+        }
+        let mut out = [0f32; NT];
+        for t in 0..NT {
+            out[t] = hsum(acc[t]) + msum[t];
+        }
+        out
+    }
+}
+
 /// Picks i16 element `g` of each 128-bit half.
 const PICK: [[u8; 16]; 8] = {
     let mut t = [[0u8; 16]; 8];
@@ -194,43 +228,54 @@ const PICK: [[u8; 16]; 8] = {
 /// Even-indexed bytes, then odd-indexed.
 const EVEN_ODD: [u8; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
 
-/// One row of K-quant super-blocks against A256 activations: per super-block, products of
-/// each 16 elements are scaled by their integer sub-block scale in i32, then converted once.
+/// One row of K-quant super-blocks against the A256 activations of `NT` tokens: per
+/// super-block, products of each 16 elements are scaled by their integer sub-block scale in
+/// i32, then converted once. Weights are unpacked once for all tokens.
 #[inline(always)]
-pub(crate) unsafe fn dot_k<const V: bool, T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
+pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
+    let mut n = w.len();
+    for a in a {
+        n = n.min(a.len());
+    }
     // SAFETY: per the module contract; all loads are within the 256-byte `qs`, the 16-byte
-    // scale arrays and the 32-byte `bsums`.
+    // scale arrays and the 32-byte `bsums` of blocks below n.
     unsafe {
-        let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let (mut acc, mut accm) = ([_mm256_setzero_ps(); NT], [_mm256_setzero_ps(); NT]);
         let eo = _mm_loadu_si128(EVEN_ODD.as_ptr().cast());
-        for (b, a) in w.iter().zip(a) {
+        for (bi, b) in w.iter().enumerate().take(n) {
             let k = T::scales::<F16c>(b);
             // i16 scales: even sub-blocks in the low half, odd in the high half, so that one
             // in-lane shuffle gives group g's two halves their scales.
             let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(k.sc.as_ptr().cast()), eo));
-            let mut isum = _mm256_setzero_si256();
+            let mut isum = [_mm256_setzero_si256(); NT];
             for p in 0..QK_K / 64 {
                 let g = T::pair(b, p);
                 for (h, g) in g.into_iter().enumerate() {
-                    let q = load32(a.qs.as_ptr().add(64 * p + 32 * h).cast());
-                    let p16 = if T::WIDE {
-                        _mm256_maddubs_epi16(_mm256_abs_epi8(g), _mm256_sign_epi8(q, g))
-                    } else {
-                        _mm256_maddubs_epi16(g, q)
-                    };
                     let pick = _mm256_broadcastsi128_si256(_mm_loadu_si128(PICK[2 * p + h].as_ptr().cast()));
-                    isum = madd_acc::<V>(isum, p16, _mm256_shuffle_epi8(sc, pick));
+                    let scv = _mm256_shuffle_epi8(sc, pick);
+                    let ga = if T::WIDE { _mm256_abs_epi8(g) } else { g };
+                    for t in 0..NT {
+                        let q = load32(a[t][bi].qs.as_ptr().add(64 * p + 32 * h).cast());
+                        let p16 = if T::WIDE { _mm256_maddubs_epi16(ga, _mm256_sign_epi8(q, g)) } else { _mm256_maddubs_epi16(g, q) };
+                        isum[t] = madd_acc::<V>(isum[t], p16, scv);
+                    }
                 }
             }
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(k.d * a.d), acc);
-            if T::HAS_CORR {
-                let bs = _mm256_loadu_si256(a.bsums.as_ptr().cast());
-                let corr = _mm256_cvtepi8_epi16(_mm_loadu_si128(k.corr.as_ptr().cast()));
-                let c = _mm256_madd_epi16(bs, corr);
-                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(k.cd * a.d), accm);
+            let corr = _mm256_cvtepi8_epi16(_mm_loadu_si128(k.corr.as_ptr().cast()));
+            for t in 0..NT {
+                let at = &a[t][bi];
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(k.d * at.d), acc[t]);
+                if T::HAS_CORR {
+                    let c = _mm256_madd_epi16(_mm256_loadu_si256(at.bsums.as_ptr().cast()), corr);
+                    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(k.cd * at.d), accm[t]);
+                }
             }
         }
-        hsum(_mm256_add_ps(acc, accm))
+        let mut out = [0f32; NT];
+        for t in 0..NT {
+            out[t] = hsum(_mm256_add_ps(acc[t], accm[t]));
+        }
+        out
     }
 }
 

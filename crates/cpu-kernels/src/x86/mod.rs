@@ -26,14 +26,20 @@ unsafe impl Kernel for Avx2 {
     type Q = AvxQuant;
     const GEMM_R: usize = gemm::R256;
     #[inline(always)]
-    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
+    unsafe fn dot_legacy<T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
         // SAFETY: forwarded.
-        unsafe { kern::dot_legacy::<false, T>(w, a) }
+        unsafe {
+            if NT == 1 {
+                [kern::dot_legacy::<false, T>(w, &a[0]); NT]
+            } else {
+                kern::dot_legacy_multi::<false, T, NT>(w, a)
+            }
+        }
     }
     #[inline(always)]
-    unsafe fn dot_k<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
+    unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
         // SAFETY: forwarded.
-        unsafe { kern::dot_k::<false, T>(w, a) }
+        unsafe { kern::dot_k::<false, T, NT>(w, a) }
     }
     #[inline(always)]
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
@@ -64,14 +70,20 @@ unsafe impl Kernel for Avx512 {
     type Q = AvxQuant;
     const GEMM_R: usize = gemm::R512;
     #[inline(always)]
-    unsafe fn dot_legacy<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
+    unsafe fn dot_legacy<T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
         // SAFETY: forwarded.
-        unsafe { kern::dot_legacy::<true, T>(w, a) }
+        unsafe {
+            if NT == 1 {
+                [kern::dot_legacy::<true, T>(w, &a[0]); NT]
+            } else {
+                kern::dot_legacy_multi::<true, T, NT>(w, a)
+            }
+        }
     }
     #[inline(always)]
-    unsafe fn dot_k<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
+    unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
         // SAFETY: forwarded.
-        unsafe { kern::dot_k::<true, T>(w, a) }
+        unsafe { kern::dot_k::<true, T, NT>(w, a) }
     }
     #[inline(always)]
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
