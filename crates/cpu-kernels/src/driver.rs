@@ -411,7 +411,7 @@ unsafe fn gemm_loop<K: Kernel>(
     qk: usize,
     sub: usize,
     wide: bool,
-    mut decode: impl FnMut(usize, usize, usize, usize, &mut Dec),
+    decoder: &impl RowDecoder<K>,
 ) {
     let shape = &p.shape;
     let (t0, nt, tpad) = shape.tile(tile);
@@ -442,7 +442,8 @@ unsafe fn gemm_loop<K: Kernel>(
             let nbc = bpc.min(nb - b0);
             for i in 0..nr_pad {
                 if i < nrg {
-                    decode(g0 + i, b0, nbc, i, &mut dec);
+                    // SAFETY: forwarded from the caller.
+                    unsafe { decoder.decode(g0 + i, b0, nbc, i, &mut dec) };
                 } else {
                     dec.s[i].fill(0.0);
                     dec.m[i].fill(0.0);
@@ -471,37 +472,68 @@ unsafe fn gemm_loop<K: Kernel>(
     }
 }
 
-#[inline(always)]
-unsafe fn gemm_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
-    let Some(w) = as_blocks::<T::B>(job.w) else { return };
-    let nb = job.cols / 32;
-    let decode = |r: usize, b0: usize, nbc: usize, i: usize, dec: &mut Dec| {
-        for (j, b) in w[r * nb + b0..r * nb + b0 + nbc].iter().enumerate() {
+/// Decodes blocks `b0..b0 + nbc` of weight row `r` into row `i` of a [`Dec`]. A trait
+/// rather than a closure: closures are separate functions that would be compiled without
+/// the entry point's target features unless inlined.
+pub(crate) trait RowDecoder<K: Kernel> {
+    /// # Safety
+    /// `K`'s level is supported by the CPU.
+    unsafe fn decode(&self, r: usize, b0: usize, nbc: usize, i: usize, dec: &mut Dec);
+}
+
+struct LegacyRows<'a, T: Legacy> {
+    w: &'a [T::B],
+    nb: usize,
+}
+
+impl<K: Kernel, T: Legacy> RowDecoder<K> for LegacyRows<'_, T> {
+    #[inline(always)]
+    unsafe fn decode(&self, r: usize, b0: usize, nbc: usize, i: usize, dec: &mut Dec) {
+        let start = r * self.nb + b0;
+        let Some(blocks) = self.w.get(start..start + nbc) else { return };
+        for (j, b) in blocks.iter().enumerate() {
             // SAFETY: forwarded from the caller.
             let (s, m) = unsafe { K::dec_legacy::<T>(b, &mut dec.vals[i][32 * j..32 * j + 32]) };
             dec.s[i][j] = s;
             dec.m[i][j] = m;
         }
-    };
-    // SAFETY: forwarded from the caller.
-    unsafe { gemm_loop::<K>(job, p, tile, r0, r1, out, 32, 32, T::WIDE, decode) };
+    }
 }
 
-#[inline(always)]
-unsafe fn gemm_k<K: Kernel, T: KQuant>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
-    let Some(w) = as_blocks::<T::B>(job.w) else { return };
-    let nb = job.cols / QK_K;
-    let per = QK_K / T::SUB;
-    let decode = |r: usize, b0: usize, nbc: usize, i: usize, dec: &mut Dec| {
-        for (j, b) in w[r * nb + b0..r * nb + b0 + nbc].iter().enumerate() {
+struct KRows<'a, T: KQuant> {
+    w: &'a [T::B],
+    nb: usize,
+}
+
+impl<K: Kernel, T: KQuant> RowDecoder<K> for KRows<'_, T> {
+    #[inline(always)]
+    unsafe fn decode(&self, r: usize, b0: usize, nbc: usize, i: usize, dec: &mut Dec) {
+        let per = QK_K / T::SUB;
+        let start = r * self.nb + b0;
+        let Some(blocks) = self.w.get(start..start + nbc) else { return };
+        for (j, b) in blocks.iter().enumerate() {
             // SAFETY: forwarded from the caller.
             unsafe { K::dec_k::<T>(b, &mut dec.vals[i][QK_K * j..QK_K * (j + 1)]) };
             let ks = T::scales::<K::H>(b);
             k_sub_scales::<T>(&ks, &mut dec.s[i][per * j..per * (j + 1)], &mut dec.m[i][per * j..per * (j + 1)]);
         }
-    };
+    }
+}
+
+#[inline(always)]
+unsafe fn gemm_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    let Some(w) = as_blocks::<T::B>(job.w) else { return };
+    let d = LegacyRows::<T> { w, nb: job.cols / 32 };
     // SAFETY: forwarded from the caller.
-    unsafe { gemm_loop::<K>(job, p, tile, r0, r1, out, QK_K, T::SUB, T::WIDE, decode) };
+    unsafe { gemm_loop::<K>(job, p, tile, r0, r1, out, 32, 32, T::WIDE, &d) };
+}
+
+#[inline(always)]
+unsafe fn gemm_k<K: Kernel, T: KQuant>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+    let Some(w) = as_blocks::<T::B>(job.w) else { return };
+    let d = KRows::<T> { w, nb: job.cols / QK_K };
+    // SAFETY: forwarded from the caller.
+    unsafe { gemm_loop::<K>(job, p, tile, r0, r1, out, QK_K, T::SUB, T::WIDE, &d) };
 }
 
 /// Rows `r0..r1` of a float-weight matmul, all tokens, in 4 x 4 blocks.
