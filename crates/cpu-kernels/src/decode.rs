@@ -55,12 +55,12 @@ pub(crate) trait Legacy: 'static {
     fn dm<H: Half>(b: &Self::B) -> (f32, f32);
     /// The 32 element values.
     fn values(b: &Self::B, out: &mut [u8; 32]);
-    /// The 32 element values in a register (AVX2).
+    /// The 32 element values in a register (AVX2; with `V`, AVX-512 BW/VL may be used).
     ///
     /// # Safety
-    /// The CPU supports AVX2.
+    /// The CPU supports AVX2, and AVX-512 BW/VL when `V`.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn unpack(b: &Self::B) -> X;
+    unsafe fn unpack<const V: bool>(b: &Self::B) -> X;
 }
 
 /// Integer sub-block scales of a K-quant super-block, per 16 elements.
@@ -101,9 +101,9 @@ macro_rules! x86_unpack {
     (legacy $f:ident) => {
         #[cfg(target_arch = "x86_64")]
         #[inline(always)]
-        unsafe fn unpack(b: &Self::B) -> X {
+        unsafe fn unpack<const V: bool>(b: &Self::B) -> X {
             // SAFETY: forwarded from the caller.
-            unsafe { xu::$f(b) }
+            unsafe { xu::$f::<V>(b) }
         }
     };
     (k $f:ident) => {

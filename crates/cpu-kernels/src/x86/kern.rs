@@ -129,7 +129,7 @@ unsafe fn block_dot<const V: bool, T: Legacy>(b: &T::B, q: &[i8]) -> __m256i {
     debug_assert!(q.len() >= 32);
     // SAFETY: per the module contract; the caller passes at least 32 quants.
     unsafe {
-        let u = T::unpack(b);
+        let u = T::unpack::<V>(b);
         let a = load32(q.as_ptr().cast());
         let z = _mm256_setzero_si256();
         if T::WIDE {
@@ -190,7 +190,7 @@ pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>
         let mut msum = [0f32; NT];
         let z = _mm256_setzero_si256();
         for (i, b) in w.iter().enumerate().take(n) {
-            let u = T::unpack(b);
+            let u = T::unpack::<V>(b);
             let (d, m) = T::dm::<F16c>(b);
             for t in 0..NT {
                 let q = load32(a[t].q.as_ptr().add(32 * i).cast());
@@ -281,10 +281,10 @@ pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(w: &[T::B]
 
 /// Decodes a 32-element block into `vals[..32]`.
 #[inline(always)]
-pub(crate) unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
+pub(crate) unsafe fn dec_legacy<const V: bool, T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
     if vals.len() >= 32 {
         // SAFETY: per the module contract; 32 bytes are writable.
-        unsafe { _mm256_storeu_si256(vals.as_mut_ptr().cast(), T::unpack(b)) };
+        unsafe { _mm256_storeu_si256(vals.as_mut_ptr().cast(), T::unpack::<V>(b)) };
     }
     T::dm::<F16c>(b)
 }

@@ -44,7 +44,7 @@ unsafe impl Kernel for Avx2 {
     #[inline(always)]
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
         // SAFETY: forwarded.
-        unsafe { kern::dec_legacy::<T>(b, vals) }
+        unsafe { kern::dec_legacy::<false, T>(b, vals) }
     }
     #[inline(always)]
     unsafe fn dec_k<T: KQuant>(b: &T::B, vals: &mut [u8]) {
@@ -88,7 +88,7 @@ unsafe impl Kernel for Avx512 {
     #[inline(always)]
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
         // SAFETY: forwarded.
-        unsafe { kern::dec_legacy::<T>(b, vals) }
+        unsafe { kern::dec_legacy::<true, T>(b, vals) }
     }
     #[inline(always)]
     unsafe fn dec_k<T: KQuant>(b: &T::B, vals: &mut [u8]) {

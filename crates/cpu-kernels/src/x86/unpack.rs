@@ -84,6 +84,23 @@ unsafe fn fifth_bits(qh: [u8; 4]) -> __m256i {
     }
 }
 
+/// `nib` with 0x10 added in byte `j` where bit `j` of `qh` is set: with AVX-512 the bits
+/// are a byte mask for one masked add.
+///
+/// # Safety
+/// AVX2, and AVX-512 BW/VL when `V`.
+#[inline(always)]
+unsafe fn with_fifth_bits<const V: bool>(nib: __m256i, qh: [u8; 4]) -> __m256i {
+    // SAFETY: per the caller.
+    unsafe {
+        if V {
+            _mm256_mask_add_epi8(nib, u32::from_le_bytes(qh), nib, _mm256_set1_epi8(0x10))
+        } else {
+            _mm256_or_si256(nib, fifth_bits(qh))
+        }
+    }
+}
+
 /// The IQ4_NL codebook lookup of 4-bit indices.
 ///
 /// # Safety
@@ -100,37 +117,37 @@ unsafe fn codebook(idx: __m256i) -> __m256i {
 /// # Safety
 /// AVX2 (all unpackers below).
 #[inline(always)]
-pub(crate) unsafe fn q4_0(b: &BlockQ4_0) -> __m256i {
+pub(crate) unsafe fn q4_0<const V: bool>(b: &BlockQ4_0) -> __m256i {
     // SAFETY: AVX2 per the caller.
     unsafe { nibbles(&b.qs) }
 }
 
 #[inline(always)]
-pub(crate) unsafe fn q4_1(b: &BlockQ4_1) -> __m256i {
+pub(crate) unsafe fn q4_1<const V: bool>(b: &BlockQ4_1) -> __m256i {
     // SAFETY: AVX2 per the caller.
     unsafe { nibbles(&b.qs) }
 }
 
 #[inline(always)]
-pub(crate) unsafe fn q5_0(b: &BlockQ5_0) -> __m256i {
-    // SAFETY: AVX2 per the caller.
-    unsafe { _mm256_or_si256(nibbles(&b.qs), fifth_bits(b.qh)) }
+pub(crate) unsafe fn q5_0<const V: bool>(b: &BlockQ5_0) -> __m256i {
+    // SAFETY: AVX2 (and AVX-512 BW/VL when V) per the caller.
+    unsafe { with_fifth_bits::<V>(nibbles(&b.qs), b.qh) }
 }
 
 #[inline(always)]
-pub(crate) unsafe fn q5_1(b: &BlockQ5_1) -> __m256i {
-    // SAFETY: AVX2 per the caller.
-    unsafe { _mm256_or_si256(nibbles(&b.qs), fifth_bits(b.qh)) }
+pub(crate) unsafe fn q5_1<const V: bool>(b: &BlockQ5_1) -> __m256i {
+    // SAFETY: AVX2 (and AVX-512 BW/VL when V) per the caller.
+    unsafe { with_fifth_bits::<V>(nibbles(&b.qs), b.qh) }
 }
 
 #[inline(always)]
-pub(crate) unsafe fn q8_0(b: &BlockQ8_0) -> __m256i {
+pub(crate) unsafe fn q8_0<const V: bool>(b: &BlockQ8_0) -> __m256i {
     // SAFETY: AVX2 per the caller; `qs` is 32 bytes.
     unsafe { load32(b.qs.as_ptr()) }
 }
 
 #[inline(always)]
-pub(crate) unsafe fn iq4_nl(b: &BlockIq4Nl) -> __m256i {
+pub(crate) unsafe fn iq4_nl<const V: bool>(b: &BlockIq4Nl) -> __m256i {
     // SAFETY: AVX2 per the caller.
     unsafe { codebook(nibbles(&b.qs)) }
 }
