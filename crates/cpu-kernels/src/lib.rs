@@ -2,24 +2,27 @@
 //! gather, and the persistent [`ThreadPool`] they run on.
 //!
 //! [`matmul`] computes `out[t, r] = sum_c W[r, c] * x[t, c]` with `W` `[rows, cols]` in its
-//! GGUF type, read in place (borrowed from the mmap; nothing is repacked in memory beyond a
-//! few KiB of per-task stack). Activations are quantized to 8 bits into the caller's
-//! [`Scratch`] and multiplied with integer dot products:
+//! GGUF type, read in place (borrowed from the mmap; nothing is repacked in memory beyond
+//! about 20 KiB of per-task stack). Activations are quantized to 8 bits (symmetric,
+//! `d = max|x| / 127`) into the caller's [`Scratch`] and multiplied with integer dot
+//! products:
 //!
 //! - **decode path** (`n_tokens` < [`gemm_min_tokens`]): fused dot products of each weight
-//!   row with up to 4 tokens at a time (`gemv`). Activations are Q8 blocks of 32 ([`act::A32`]) for the
-//!   32-element types and Q8_K-like blocks of 256 for the K-quants; K-quant sub-block scales
-//!   are applied in integers as ggml does.
-//! - **prefill path**: weight rows are decoded, a block of rows and up to 2048 columns at a
-//!   time, into bytes on the stack; activations are quantized once into a token-interleaved
-//!   panel; a register-blocked micro-kernel then computes a rows x 64-tokens tile with
-//!   tokens across the SIMD lanes (weights broadcast, `vpdpbusd` on AVX-512 VNNI). Each
-//!   weight row block is read and decoded once per 64-token tile.
-//! - F32/F16/BF16 weights use float FMA (4 rows x 4 tokens register blocks).
+//!   row with up to 4 tokens per pass (`gemv`); rows are split over the pool. Activations
+//!   are Q8 blocks of 32 for the 32-element types and Q8_K-like blocks of 256 (with sums
+//!   per 16) for the K-quants, whose sub-block scales are applied in integers as ggml does.
+//! - **prefill path**: activations are quantized (per 32) once into a token-interleaved
+//!   panel; each task decodes a group of 16 weight rows, 512 columns at a time, into bytes
+//!   on its stack, and a register-blocked micro-kernel multiplies them with a tile of up to
+//!   64 tokens, tokens across the SIMD lanes (each row's 4 weight bytes broadcast,
+//!   `vpdpbusd` on AVX-512 VNNI), scaling per sub-block with vectors over tokens. Every
+//!   weight row is read and decoded once per 64-token tile; tasks are (tile, rows) pairs.
+//! - F32/F16/BF16 weights: float FMA over 4 rows x up to 4 tokens register blocks.
 //!
 //! SIMD: a portable path (plain Rust, used off x86), AVX2+FMA+F16C, and AVX-512
 //! (F/BW/VL/VNNI), chosen at run time; `QUIVER_CPU_SIMD=portable|avx2|avx512` caps the level
 //! ([`SimdLevel::active`]). [`matmul_with_level`] forces a level (tests, benches).
+//! `QUIVER_CPU_GEMM_MIN_TOKENS` moves the decode/prefill crossover ([`gemm_min_tokens`]).
 
 mod act;
 mod decode;
@@ -294,4 +297,30 @@ pub fn get_rows(ty: GgmlType, w: &[u8], cols: usize, ids: &[u32], out: &mut [f32
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simd_levels_parse_and_order() {
+        assert_eq!(SimdLevel::parse("portable"), Some(SimdLevel::Portable));
+        assert_eq!(SimdLevel::parse(" AVX2 "), Some(SimdLevel::Avx2));
+        assert_eq!(SimdLevel::parse("avx512"), Some(SimdLevel::Avx512));
+        assert_eq!(SimdLevel::parse("sse"), None);
+        assert!(SimdLevel::Portable < SimdLevel::Avx2 && SimdLevel::Avx2 < SimdLevel::Avx512);
+        assert!(SimdLevel::active() <= SimdLevel::detected());
+        for l in SimdLevel::ALL {
+            assert_eq!(SimdLevel::parse(l.name()), Some(l));
+        }
+    }
+
+    #[test]
+    fn every_supported_type_has_a_crossover() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::IQ4_XS] {
+            assert!(supports(ty) && gemm_min_tokens(ty) >= 1);
+        }
+        assert!(!supports(GgmlType::IQ2_XXS) && !supports(GgmlType::Q8_K));
+    }
 }

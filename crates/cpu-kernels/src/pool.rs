@@ -33,9 +33,9 @@ struct Shared {
     /// The current job; valid while `open` names its epoch.
     job: AtomicPtr<Job<'static>>,
     /// Next task index to hand out.
-    next: AtomicUsize,
+    next: Padded<AtomicUsize>,
     /// Tasks finished (or abandoned by a panic) in the current job.
-    finished: AtomicUsize,
+    finished: Padded<AtomicUsize>,
     /// Workers currently inside a job (between joining and leaving).
     entered: AtomicUsize,
     /// Per worker: true while it is (about to be) parked.
@@ -44,6 +44,17 @@ struct Shared {
     /// Set when a task panicked on a worker.
     panicked: AtomicBool,
     spin: Duration,
+}
+
+/// A value alone on its cache line (the task counters are hit by every thread per task).
+#[repr(align(64))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// Persistent worker threads and a parallel-for over task indices.
@@ -70,8 +81,8 @@ impl ThreadPool {
             epoch: AtomicU64::new(0),
             open: AtomicU64::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
-            next: AtomicUsize::new(0),
-            finished: AtomicUsize::new(0),
+            next: Padded(AtomicUsize::new(0)),
+            finished: Padded(AtomicUsize::new(0)),
             entered: AtomicUsize::new(0),
             sleeping: (0..n_workers).map(|_| AtomicBool::new(false)).collect(),
             shutdown: AtomicBool::new(false),
@@ -196,7 +207,7 @@ fn take_tasks(s: &Shared, job: &Job<'_>) {
         if i >= job.n_tasks {
             break;
         }
-        let _finish = Finish(&s.finished);
+        let _finish = Finish(&s.finished.0);
         (job.f)(i);
     }
 }
@@ -266,6 +277,12 @@ mod tests {
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 20), "{n_threads} threads, {n_tasks} tasks");
             }
         }
+    }
+
+    #[test]
+    fn zero_means_all_cores() {
+        let pool = ThreadPool::new(0).unwrap();
+        assert_eq!(pool.n_threads(), default_threads());
     }
 
     #[test]
