@@ -18,27 +18,30 @@ pub(crate) const TILE: usize = 64;
 /// Token lanes per panel vector (one 512-bit register of 32-bit lanes).
 pub(crate) const LANES: usize = 16;
 
-/// Activations quantized per 32 elements, as separate arrays (so that the scales of 8
-/// blocks are one vector load): `q[32 i..32 i + 32]`, `d[i]`, `s[i] = d[i] * sum(q of i)`.
+/// Activations quantized per 32 elements, quants and scales in separate arrays:
+/// `q[32 i..32 i + 32]`, `ds[2 i] = d`, `ds[2 i + 1] = s = d * sum(q of block i)` (so that
+/// the scales of two blocks are one 16-byte load).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct A32<'a> {
     pub q: &'a [i8],
-    pub d: &'a [f32],
-    pub s: &'a [f32],
+    pub ds: &'a [f32],
 }
 
 impl<'a> A32<'a> {
     /// Blocks `b0..b1`.
     pub fn blocks(&self, b0: usize, b1: usize) -> A32<'a> {
-        A32 { q: &self.q[32 * b0..32 * b1], d: &self.d[b0..b1], s: &self.s[b0..b1] }
+        A32 { q: &self.q[32 * b0..32 * b1], ds: &self.ds[2 * b0..2 * b1] }
+    }
+    /// Whole blocks present in both arrays.
+    pub fn len(&self) -> usize {
+        (self.q.len() / 32).min(self.ds.len() / 2)
     }
 }
 
 /// The destination of [`quantize_a32`].
 pub(crate) struct A32Mut<'a> {
     pub q: &'a mut [i8],
-    pub d: &'a mut [f32],
-    pub s: &'a mut [f32],
+    pub ds: &'a mut [f32],
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -95,20 +98,20 @@ fn scale(amax: f32) -> (f32, f32) {
     (d, if d > 0.0 { 1.0 / d } else { 0.0 })
 }
 
-/// `x.len() == out.q.len() == 32 * out.d.len() == 32 * out.s.len()`.
+/// `x.len() == out.q.len() == 16 * out.ds.len()`.
 ///
 /// # Safety
 /// The CPU supports `Q`'s level.
 #[inline(always)]
 pub(crate) unsafe fn quantize_a32<Q: Quant>(x: &[f32], out: A32Mut<'_>) {
-    let blocks = x.chunks_exact(32).zip(out.q.chunks_exact_mut(32)).zip(out.d.iter_mut().zip(out.s.iter_mut()));
-    for ((x, q), (d, s)) in blocks {
+    let blocks = x.chunks_exact(32).zip(out.q.chunks_exact_mut(32)).zip(out.ds.chunks_exact_mut(2));
+    for ((x, q), ds) in blocks {
         if let (Ok(x), Ok(q)) = (<&[f32; 32]>::try_from(x), <&mut [i8; 32]>::try_from(q)) {
             // SAFETY: forwarded from the caller.
-            let (dv, id) = scale(unsafe { Q::amax(x) });
+            let (d, id) = scale(unsafe { Q::amax(x) });
             let sums = unsafe { Q::quant32(x, id, q) };
-            *d = dv;
-            *s = dv * (sums[0] + sums[1]) as f32;
+            ds[0] = d;
+            ds[1] = d * (sums[0] + sums[1]) as f32;
         }
     }
 }
@@ -212,10 +215,10 @@ pub(crate) fn roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     if kind == 0 {
         let nb = x.len() / 32;
-        let (mut q, mut d, mut s) = (vec![0i8; 32 * nb], vec![0f32; nb], vec![0f32; nb]);
+        let (mut q, mut ds) = (vec![0i8; 32 * nb], vec![0f32; 2 * nb]);
         // SAFETY: the portable quantizer runs anywhere.
-        unsafe { quantize_a32::<SoftQuant>(x, A32Mut { q: &mut q, d: &mut d, s: &mut s }) };
-        out.extend(q.iter().enumerate().map(|(i, &q)| d[i / 32] * q as f32));
+        unsafe { quantize_a32::<SoftQuant>(x, A32Mut { q: &mut q, ds: &mut ds }) };
+        out.extend(q.iter().enumerate().map(|(i, &q)| ds[2 * (i / 32)] * q as f32));
     } else {
         let mut b = vec![A256::default(); x.len() / QK_K];
         // SAFETY: the portable quantizer runs anywhere.

@@ -224,11 +224,10 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
         let acts = if fam == Family::Legacy {
             let nb = n * cols / 32;
             grow(&mut scratch.a32_q, nb * 32);
-            grow(&mut scratch.a32_d, nb);
-            grow(&mut scratch.a32_s, nb);
-            let (q, d, s) = (&mut scratch.a32_q[..nb * 32], &mut scratch.a32_d[..nb], &mut scratch.a32_s[..nb]);
-            (e.quantize_a32)(job.x, A32Mut { q, d, s });
-            Acts::A32(A32 { q: &scratch.a32_q[..nb * 32], d: &scratch.a32_d[..nb], s: &scratch.a32_s[..nb] })
+            grow(&mut scratch.a32_ds, 2 * nb);
+            let (q, ds) = (&mut scratch.a32_q[..nb * 32], &mut scratch.a32_ds[..2 * nb]);
+            (e.quantize_a32)(job.x, A32Mut { q, ds });
+            Acts::A32(A32 { q: &scratch.a32_q[..nb * 32], ds: &scratch.a32_ds[..2 * nb] })
         } else {
             grow(&mut scratch.a256, n * cols / QK_K);
             let a = &mut scratch.a256[..n * cols / QK_K];
@@ -300,7 +299,7 @@ unsafe fn gemv_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, acts: &Acts<'_>, r0: 
     let (Some(w), Acts::A32(a)) = (as_blocks::<T::B>(job.w), acts) else { return };
     let nb = job.cols / 32;
     let n = job.n_tokens;
-    if a.d.len() < n * nb || a.s.len() < n * nb || a.q.len() < n * nb * 32 || w.len() < r1 * nb {
+    if a.len() < n * nb || w.len() < r1 * nb {
         return;
     }
     // No closures around kernel calls here: a closure is its own function, compiled without

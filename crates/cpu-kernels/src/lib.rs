@@ -150,8 +150,7 @@ fn detect() -> SimdLevel {
 #[derive(Default)]
 pub struct Scratch {
     a32_q: Vec<i8>,
-    a32_d: Vec<f32>,
-    a32_s: Vec<f32>,
+    a32_ds: Vec<f32>,
     a256: Vec<act::A256>,
     panel_q: Vec<u32>,
     panel_a0: Vec<f32>,
@@ -166,7 +165,7 @@ impl Scratch {
     /// Bytes currently held.
     pub fn capacity_bytes(&self) -> usize {
         self.a32_q.capacity()
-            + 4 * (self.a32_d.capacity() + self.a32_s.capacity())
+            + 4 * self.a32_ds.capacity()
             + self.a256.capacity() * std::mem::size_of::<act::A256>()
             + 4 * (self.panel_q.capacity() + self.panel_a0.capacity() + self.panel_a1.capacity())
     }

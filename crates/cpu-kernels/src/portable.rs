@@ -71,8 +71,9 @@ fn convert_row<F: FloatW>(bytes: &[u8], out: &mut [f32]) {
 fn dot_legacy1<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
     let mut v = [0u8; 32];
     let mut sum = 0f32;
-    let acts = a.q.chunks_exact(32).zip(a.d.iter().zip(a.s));
-    for (b, (q, (&da, &sa))) in w.iter().zip(acts) {
+    let acts = a.q.chunks_exact(32).zip(a.ds.chunks_exact(2));
+    for (b, (q, ds)) in w.iter().zip(acts) {
+        let (da, sa) = (ds[0], ds[1]);
         T::values(b, &mut v);
         let (d, m) = T::dm::<SoftHalf>(b);
         let dot = if T::WIDE { dot_vals::<true>(&v, q) } else { dot_vals::<false>(&v, q) };

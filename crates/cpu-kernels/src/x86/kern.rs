@@ -148,16 +148,16 @@ unsafe fn legacy_step<const V: bool, T: Legacy>(w: &T::B, a: &A32<'_>, i: usize,
         let p = _mm256_cvtepi32_ps(block_dot::<V, T>(w, &a.q[32 * i..]));
         let (d, m) = T::dm::<F16c>(w);
         if !T::WIDE {
-            *msum += m * a.s[i];
+            *msum += m * a.ds[2 * i + 1];
         }
-        _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.d[i]), acc)
+        _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.ds[2 * i]), acc)
     }
 }
 
 /// One row of 32-element blocks against A32 activations (two independent accumulators).
 #[inline(always)]
 pub(crate) unsafe fn dot_legacy<const V: bool, T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
-    let n = w.len().min(a.d.len()).min(a.s.len()).min(a.q.len() / 32);
+    let n = w.len().min(a.len());
     // SAFETY: per the module contract; every step has i < n.
     unsafe {
         let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -181,7 +181,7 @@ pub(crate) unsafe fn dot_legacy<const V: bool, T: Legacy>(w: &[T::B], a: &A32<'_
 pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
     let mut n = w.len();
     for a in a {
-        n = n.min(a.d.len()).min(a.s.len()).min(a.q.len() / 32);
+        n = n.min(a.len());
     }
     // SAFETY: per the module contract; every activation load reads 32 quants at 32 i with
     // i < n.
@@ -195,9 +195,9 @@ pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>
             for t in 0..NT {
                 let q = load32(a[t].q.as_ptr().add(32 * i).cast());
                 let p = if T::WIDE { dot_i8i8::<V>(z, u, q) } else { dot_u8i8::<V>(z, u, q) };
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a[t].d[i]), acc[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a[t].ds[2 * i]), acc[t]);
                 if !T::WIDE {
-                    msum[t] += m * a[t].s[i];
+                    msum[t] += m * a[t].ds[2 * i + 1];
                 }
             }
         }
