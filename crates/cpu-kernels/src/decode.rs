@@ -51,6 +51,11 @@ pub(crate) trait Legacy: 'static {
     type B: Block;
     /// Values are signed bytes (see the module doc).
     const WIDE: bool;
+    /// The offset is the f16 right after `d` (Q4_1, Q5_1) ...
+    const M_FIELD: bool = false;
+    /// ... else `m = M_MUL * d`; for wide types this is the -128 that goes with reading
+    /// `v ^ 0x80` as unsigned (the AVX-512 decode path does).
+    const M_MUL: f32 = -128.0;
     /// Scale and offset: `w = d * v + m`.
     fn dm<H: Half>(b: &Self::B) -> (f32, f32);
     /// The 32 element values.
@@ -61,6 +66,12 @@ pub(crate) trait Legacy: 'static {
     /// The CPU supports AVX2, and AVX-512 BW/VL when `V`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn unpack<const V: bool>(b: &Self::B) -> X;
+    /// Two blocks' values in one 512-bit register, `a` then `b`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F/BW.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn unpack2(a: &Self::B, b: &Self::B) -> std::arch::x86_64::__m512i;
 }
 
 /// Integer sub-block scales of a K-quant super-block, per 16 elements.
@@ -98,12 +109,18 @@ use crate::x86::unpack as xu;
 
 /// Implements the x86 unpackers of a type by delegating to `crate::x86::unpack`.
 macro_rules! x86_unpack {
-    (legacy $f:ident) => {
+    (legacy $f:ident, $f2:ident) => {
         #[cfg(target_arch = "x86_64")]
         #[inline(always)]
         unsafe fn unpack<const V: bool>(b: &Self::B) -> X {
             // SAFETY: forwarded from the caller.
             unsafe { xu::$f::<V>(b) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn unpack2(a: &Self::B, b: &Self::B) -> std::arch::x86_64::__m512i {
+            // SAFETY: forwarded from the caller.
+            unsafe { xu::$f2(a, b) }
         }
     };
     (k $f:ident) => {
@@ -146,7 +163,8 @@ fn add_high_bits(qh: [u8; 4], out: &mut [u8; 32]) {
 }
 
 impl Legacy for TQ4_0 {
-    x86_unpack!(legacy q4_0);
+    x86_unpack!(legacy q4_0, q4_0_x2);
+    const M_MUL: f32 = -8.0;
     type B = BlockQ4_0;
     const WIDE: bool = false;
     #[inline(always)]
@@ -161,7 +179,8 @@ impl Legacy for TQ4_0 {
 }
 
 impl Legacy for TQ4_1 {
-    x86_unpack!(legacy q4_1);
+    x86_unpack!(legacy q4_1, q4_1_x2);
+    const M_FIELD: bool = true;
     type B = BlockQ4_1;
     const WIDE: bool = false;
     #[inline(always)]
@@ -175,7 +194,8 @@ impl Legacy for TQ4_1 {
 }
 
 impl Legacy for TQ5_0 {
-    x86_unpack!(legacy q5_0);
+    x86_unpack!(legacy q5_0, q5_0_x2);
+    const M_MUL: f32 = -16.0;
     type B = BlockQ5_0;
     const WIDE: bool = false;
     #[inline(always)]
@@ -191,7 +211,8 @@ impl Legacy for TQ5_0 {
 }
 
 impl Legacy for TQ5_1 {
-    x86_unpack!(legacy q5_1);
+    x86_unpack!(legacy q5_1, q5_1_x2);
+    const M_FIELD: bool = true;
     type B = BlockQ5_1;
     const WIDE: bool = false;
     #[inline(always)]
@@ -206,7 +227,7 @@ impl Legacy for TQ5_1 {
 }
 
 impl Legacy for TQ8_0 {
-    x86_unpack!(legacy q8_0);
+    x86_unpack!(legacy q8_0, q8_0_x2);
     type B = BlockQ8_0;
     const WIDE: bool = true;
     #[inline(always)]
@@ -220,7 +241,7 @@ impl Legacy for TQ8_0 {
 }
 
 impl Legacy for TIq4Nl {
-    x86_unpack!(legacy iq4_nl);
+    x86_unpack!(legacy iq4_nl, iq4_nl_x2);
     type B = BlockIq4Nl;
     const WIDE: bool = true;
     #[inline(always)]

@@ -163,7 +163,15 @@ fn run_type(ty: GgmlType) {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ ty as u64;
     let mut worst = 0f64;
     let mut pooled = vec![Pool2::default(); levels().len()];
-    for (rows, cols) in [(37, 512), (13, 2304), (4, 256)] {
+    let mut shapes = vec![(37, 512), (13, 2304), (4, 256)];
+    if ty.block_size() == 32 {
+        // Odd block counts (a tail after the pairs and quads of blocks), and a short row.
+        shapes.extend([(7, 800), (3, 96)]);
+    }
+    if ty.block_size() == 1 {
+        shapes.push((5, 45));
+    }
+    for (rows, cols) in shapes {
         // 1..=3 and 5, 7: decode path in groups of up to 4 tokens (or the prefill path with a
         // mostly empty tile, by type); 17, 64, 70: prefill with partial and multiple tiles.
         for n in [1, 2, 3, 5, 7, 17, 64, 70] {

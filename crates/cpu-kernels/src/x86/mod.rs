@@ -74,7 +74,7 @@ unsafe impl Kernel for Avx512 {
         // SAFETY: forwarded.
         unsafe {
             if NT == 1 {
-                [kern::dot_legacy::<true, T>(w, &a[0]); NT]
+                [kern::dot_legacy512::<T>(w, &a[0]); NT]
             } else {
                 kern::dot_legacy_multi::<true, T, NT>(w, a)
             }

@@ -228,3 +228,68 @@ pub(crate) unsafe fn iq4_xs(b: &BlockIq4Xs, p: usize) -> [__m256i; 2] {
         [codebook(nibbles_at(q)), codebook(nibbles_at(q.add(16)))]
     }
 }
+
+/// Two 4-bit blocks in element order: `[lo a, hi a, lo b, hi b]` (16 bytes each).
+///
+/// # Safety
+/// AVX-512 F/BW; `a` and `b` point at 16 readable bytes.
+#[inline(always)]
+unsafe fn nibbles_x2(a: *const u8, b: *const u8) -> __m512i {
+    // SAFETY: per the caller.
+    unsafe {
+        let y = _mm256_inserti128_si256(_mm256_castsi128_si256(load16(a)), load16(b), 1);
+        let z = _mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1);
+        // [a, b, a >> 4, b >> 4] -> [a, a >> 4, b, b >> 4]
+        let z = _mm512_shuffle_i64x2(z, z, 0b11_01_10_00);
+        _mm512_and_si512(z, _mm512_set1_epi8(0x0f))
+    }
+}
+
+/// # Safety
+/// AVX-512 F/BW (all `_x2` unpackers).
+#[inline(always)]
+pub(crate) unsafe fn q4_0_x2(a: &BlockQ4_0, b: &BlockQ4_0) -> __m512i {
+    // SAFETY: per the caller; `qs` is 16 bytes.
+    unsafe { nibbles_x2(a.qs.as_ptr(), b.qs.as_ptr()) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q4_1_x2(a: &BlockQ4_1, b: &BlockQ4_1) -> __m512i {
+    // SAFETY: per the caller; `qs` is 16 bytes.
+    unsafe { nibbles_x2(a.qs.as_ptr(), b.qs.as_ptr()) }
+}
+
+/// 0x10 added where the fifth bit is set: the two `qh` words are the byte mask.
+#[inline(always)]
+unsafe fn fifth_x2(z: __m512i, qa: [u8; 4], qb: [u8; 4]) -> __m512i {
+    let k = u32::from_le_bytes(qa) as u64 | (u32::from_le_bytes(qb) as u64) << 32;
+    // SAFETY: AVX-512 BW per the caller.
+    unsafe { _mm512_mask_add_epi8(z, k, z, _mm512_set1_epi8(0x10)) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q5_0_x2(a: &BlockQ5_0, b: &BlockQ5_0) -> __m512i {
+    // SAFETY: per the caller; `qs` is 16 bytes.
+    unsafe { fifth_x2(nibbles_x2(a.qs.as_ptr(), b.qs.as_ptr()), a.qh, b.qh) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q5_1_x2(a: &BlockQ5_1, b: &BlockQ5_1) -> __m512i {
+    // SAFETY: per the caller; `qs` is 16 bytes.
+    unsafe { fifth_x2(nibbles_x2(a.qs.as_ptr(), b.qs.as_ptr()), a.qh, b.qh) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q8_0_x2(a: &BlockQ8_0, b: &BlockQ8_0) -> __m512i {
+    // SAFETY: per the caller; `qs` is 32 bytes.
+    unsafe { _mm512_inserti64x4(_mm512_castsi256_si512(load32(a.qs.as_ptr())), load32(b.qs.as_ptr()), 1) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn iq4_nl_x2(a: &BlockIq4Nl, b: &BlockIq4Nl) -> __m512i {
+    // SAFETY: per the caller; `qs` is 16 bytes, the table 16.
+    unsafe {
+        let t = _mm512_broadcast_i32x4(load16(KVALUES_IQ4NL.as_ptr().cast()));
+        _mm512_shuffle_epi8(t, nibbles_x2(a.qs.as_ptr(), b.qs.as_ptr()))
+    }
+}
