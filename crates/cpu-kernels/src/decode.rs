@@ -100,6 +100,17 @@ pub(crate) trait KQuant: 'static {
     /// The CPU supports AVX2; `p < 4`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn pair(b: &Self::B, p: usize) -> [X; 2];
+    /// The integer scales as registers (AVX2): i16 scales of the 16 halves, even halves in
+    /// the low 128 bits and odd in the high; i16 correction coefficients in order; `d`, `cd`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scales_x86(b: &Self::B) -> (X, X, f32, f32) {
+        // SAFETY: forwarded from the caller.
+        unsafe { xu::k_scales_generic::<Self>(b) }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -342,6 +353,12 @@ impl KQuant for TQ3K {
 }
 
 impl KQuant for TQ4K {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scales_x86(b: &Self::B) -> (X, X, f32, f32) {
+        // SAFETY: forwarded from the caller.
+        unsafe { xu::q4_k_scales(b) }
+    }
     x86_unpack!(k q4_k);
     type B = BlockQ4K;
     const WIDE: bool = false;
@@ -364,6 +381,12 @@ impl KQuant for TQ4K {
 }
 
 impl KQuant for TQ5K {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scales_x86(b: &Self::B) -> (X, X, f32, f32) {
+        // SAFETY: forwarded from the caller.
+        unsafe { xu::q5_k_scales(b) }
+    }
     x86_unpack!(k q5_k);
     type B = BlockQ5K;
     const WIDE: bool = false;
@@ -387,6 +410,12 @@ impl KQuant for TQ5K {
 }
 
 impl KQuant for TQ6K {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scales_x86(b: &Self::B) -> (X, X, f32, f32) {
+        // SAFETY: forwarded from the caller.
+        unsafe { xu::q6_k_scales(b) }
+    }
     x86_unpack!(k q6_k);
     type B = BlockQ6K;
     const WIDE: bool = false;

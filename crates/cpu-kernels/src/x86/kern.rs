@@ -286,8 +286,6 @@ const PICK: [[u8; 16]; 8] = {
     t
 };
 
-/// Even-indexed bytes, then odd-indexed.
-const EVEN_ODD: [u8; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
 
 /// One row of K-quant super-blocks against the A256 activations of `NT` tokens: per
 /// super-block, products of each 16 elements are scaled by their integer sub-block scale in
@@ -302,12 +300,10 @@ pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(w: &[T::B]
     // scale arrays and the 32-byte `bsums` of blocks below n.
     unsafe {
         let (mut acc, mut accm) = ([_mm256_setzero_ps(); NT], [_mm256_setzero_ps(); NT]);
-        let eo = _mm_loadu_si128(EVEN_ODD.as_ptr().cast());
         for (bi, b) in w.iter().enumerate().take(n) {
-            let k = T::scales::<F16c>(b);
             // i16 scales: even sub-blocks in the low half, odd in the high half, so that one
             // in-lane shuffle gives group g's two halves their scales.
-            let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(k.sc.as_ptr().cast()), eo));
+            let (sc, corr, kd, kcd) = T::scales_x86(b);
             let mut isum = [_mm256_setzero_si256(); NT];
             for p in 0..QK_K / 64 {
                 let g = T::pair(b, p);
@@ -322,13 +318,12 @@ pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(w: &[T::B]
                     }
                 }
             }
-            let corr = _mm256_cvtepi8_epi16(_mm_loadu_si128(k.corr.as_ptr().cast()));
             for t in 0..NT {
                 let at = &a[t][bi];
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(k.d * at.d), acc[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(kd * at.d), acc[t]);
                 if T::HAS_CORR {
                     let c = _mm256_madd_epi16(_mm256_loadu_si256(at.bsums.as_ptr().cast()), corr);
-                    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(k.cd * at.d), accm[t]);
+                    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(kcd * at.d), accm[t]);
                 }
             }
         }

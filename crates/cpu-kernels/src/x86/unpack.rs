@@ -8,6 +8,8 @@ use quiver_quant::{
     BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8_0, KVALUES_IQ4NL,
 };
+use crate::decode::{k4_scales_mins, Half, KQuant};
+use crate::x86::kern::F16c;
 use std::arch::x86_64::*;
 
 /// Loads 16 bytes.
@@ -291,5 +293,66 @@ pub(crate) unsafe fn iq4_nl_x2(a: &BlockIq4Nl, b: &BlockIq4Nl) -> __m512i {
     unsafe {
         let t = _mm512_broadcast_i32x4(load16(KVALUES_IQ4NL.as_ptr().cast()));
         _mm512_shuffle_epi8(t, nibbles_x2(a.qs.as_ptr(), b.qs.as_ptr()))
+    }
+}
+
+/// Even-indexed bytes, then odd-indexed.
+const EVEN_ODD: [u8; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
+
+/// `KQuant::scales_x86` from the portable `scales`.
+///
+/// # Safety
+/// AVX2 + F16C.
+#[inline(always)]
+pub(crate) unsafe fn k_scales_generic<T: KQuant + ?Sized>(b: &T::B) -> (__m256i, __m256i, f32, f32) {
+    let k = T::scales::<F16c>(b);
+    // SAFETY: AVX2 per the caller; the arrays are 16 bytes.
+    unsafe {
+        let eo = _mm_loadu_si128(EVEN_ODD.as_ptr().cast());
+        let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(k.sc.as_ptr().cast()), eo));
+        let corr = _mm256_cvtepi8_epi16(_mm_loadu_si128(k.corr.as_ptr().cast()));
+        (sc, corr, k.d, k.cd)
+    }
+}
+
+/// Q4_K/Q5_K: 8 scales (one per 32, so both halves of a group share it) and 8 mins.
+///
+/// # Safety
+/// AVX2 + F16C.
+#[inline(always)]
+unsafe fn k4_scales_x86(scales: &[u8; 12], d: [u8; 2], dmin: [u8; 2]) -> (__m256i, __m256i, f32, f32) {
+    let (sc, mn) = k4_scales_mins(scales);
+    // SAFETY: AVX2 per the caller.
+    unsafe {
+        let sc = _mm_cvtsi64_si128(i64::from_le_bytes(sc));
+        let mn = _mm_cvtsi64_si128(i64::from_le_bytes(mn));
+        // Even and odd halves of group g both use scale g.
+        let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc));
+        let corr = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
+        (sc16, corr, F16c::f32(d), -F16c::f32(dmin))
+    }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q4_k_scales(b: &BlockQ4K) -> (__m256i, __m256i, f32, f32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { k4_scales_x86(&b.scales, b.d, b.dmin) }
+}
+
+#[inline(always)]
+pub(crate) unsafe fn q5_k_scales(b: &BlockQ5K) -> (__m256i, __m256i, f32, f32) {
+    // SAFETY: forwarded from the caller.
+    unsafe { k4_scales_x86(&b.scales, b.d, b.dmin) }
+}
+
+/// Q6_K: 16 signed 8-bit scales; the correction is -32 d scale.
+#[inline(always)]
+pub(crate) unsafe fn q6_k_scales(b: &BlockQ6K) -> (__m256i, __m256i, f32, f32) {
+    // SAFETY: AVX2 per the caller; `scales` is 16 bytes.
+    unsafe {
+        let raw = _mm_loadu_si128(b.scales.as_ptr().cast());
+        let eo = _mm_loadu_si128(EVEN_ODD.as_ptr().cast());
+        let d = F16c::f32(b.d);
+        (_mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, eo)), _mm256_cvtepi8_epi16(raw), d, -32.0 * d)
     }
 }
