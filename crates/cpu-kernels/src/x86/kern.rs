@@ -335,6 +335,61 @@ pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(w: &[T::B]
     }
 }
 
+/// Picks i16 element `2p` in the low two 128-bit lanes and `2p + 1` in the high two.
+const PICK512: [[u8; 64]; 4] = {
+    let mut t = [[0u8; 64]; 4];
+    let mut p = 0;
+    while p < 4 {
+        let mut i = 0;
+        while i < 32 {
+            let g = if i < 16 { 2 * p } else { 2 * p + 1 };
+            t[p][2 * i] = 2 * g as u8;
+            t[p][2 * i + 1] = 2 * g as u8 + 1;
+            i += 1;
+        }
+        p += 1;
+    }
+    t
+};
+
+/// [`dot_k`] for one token on the AVX-512 level: each pair of 32-element groups (64
+/// elements) is one 512-bit register, so products, scaling and accumulation take one
+/// instruction per 64 elements.
+#[inline(always)]
+pub(crate) unsafe fn dot_k512<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
+    // SAFETY: AVX-512 F/BW/VNNI per the module contract (only the avx512 level calls this);
+    // loads are within the 256-byte `qs` and 32-byte `bsums` of each block, and the 64-byte
+    // pick tables.
+    unsafe {
+        let (mut acc, mut accm) = (_mm512_setzero_ps(), _mm256_setzero_ps());
+        for (b, a) in w.iter().zip(a) {
+            let (sc, corr, kd, kcd) = T::scales_x86(b);
+            // [even | odd | even | odd]: lanes 0-1 then 2-3 pick group 2p's and 2p+1's halves.
+            let sc = _mm512_inserti64x4(_mm512_castsi256_si512(sc), sc, 1);
+            let mut isum = _mm512_setzero_si512();
+            for p in 0..QK_K / 64 {
+                let [g0, g1] = T::pair(b, p);
+                let g = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
+                let q = _mm512_loadu_si512(a.qs.as_ptr().add(64 * p).cast());
+                let p16 = if T::WIDE {
+                    let neg = _mm512_movepi8_mask(g);
+                    _mm512_maddubs_epi16(_mm512_abs_epi8(g), _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q))
+                } else {
+                    _mm512_maddubs_epi16(g, q)
+                };
+                let pick = _mm512_loadu_si512(PICK512[p].as_ptr().cast());
+                isum = _mm512_dpwssd_epi32(isum, p16, _mm512_shuffle_epi8(sc, pick));
+            }
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(kd * a.d), acc);
+            if T::HAS_CORR {
+                let c = _mm256_madd_epi16(_mm256_loadu_si256(a.bsums.as_ptr().cast()), corr);
+                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(kcd * a.d), accm);
+            }
+        }
+        _mm512_reduce_add_ps(acc) + hsum(accm)
+    }
+}
+
 /// Decodes a 32-element block into `vals[..32]`.
 #[inline(always)]
 pub(crate) unsafe fn dec_legacy<const V: bool, T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {

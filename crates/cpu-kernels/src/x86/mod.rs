@@ -83,7 +83,13 @@ unsafe impl Kernel for Avx512 {
     #[inline(always)]
     unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
         // SAFETY: forwarded.
-        unsafe { kern::dot_k::<true, T, NT>(w, a) }
+        unsafe {
+            if NT == 1 {
+                [kern::dot_k512::<T>(w, a[0]); NT]
+            } else {
+                kern::dot_k::<true, T, NT>(w, a)
+            }
+        }
     }
     #[inline(always)]
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
