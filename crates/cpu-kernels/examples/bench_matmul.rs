@@ -37,6 +37,15 @@ const SHAPES: &[Shape] = &[
     // Fixed per-call cost: a matmul with hardly any work.
     Shape { label: "overhead 4x576", ty: GgmlType::Q4_1, rows: 4, cols: 576 },
     Shape { label: "overhead 4x1536", ty: GgmlType::Q4_1, rows: 4, cols: 1536 },
+    // The other supported types on one square-ish shape.
+    Shape { label: "other 1024x2048", ty: GgmlType::Q4_0, rows: 1024, cols: 2048 },
+    Shape { label: "other 1024x2048", ty: GgmlType::Q5_1, rows: 1024, cols: 2048 },
+    Shape { label: "other 1024x2048", ty: GgmlType::IQ4_NL, rows: 1024, cols: 2048 },
+    Shape { label: "other 1024x2048", ty: GgmlType::Q2_K, rows: 1024, cols: 2048 },
+    Shape { label: "other 1024x2048", ty: GgmlType::Q3_K, rows: 1024, cols: 2048 },
+    Shape { label: "other 1024x2048", ty: GgmlType::Q5_K, rows: 1024, cols: 2048 },
+    Shape { label: "other 1024x2048", ty: GgmlType::IQ4_XS, rows: 1024, cols: 2048 },
+    Shape { label: "other 1024x2048", ty: GgmlType::F32, rows: 1024, cols: 2048 },
     Shape { label: "synth ffn_up F16", ty: GgmlType::F16, rows: 2048, cols: 640 },
     Shape { label: "synth ffn_up BF16", ty: GgmlType::BF16, rows: 2048, cols: 640 },
 ];

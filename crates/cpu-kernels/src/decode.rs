@@ -25,7 +25,6 @@
 //! ([`KScales`]) so that dot products can scale in integers, as ggml does: per super-block,
 //! `sum w a = d da sum_h sc[h] dot_h + cd da sum_h corr[h] bsum_h` over the 16 halves `h`.
 
-use quiver_quant::k_quants::q3_k_scales;
 use quiver_quant::{
     f16_to_f32, iq4::iq4_xs_scale, Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
     BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K,
@@ -284,6 +283,27 @@ pub(crate) fn k4_scales_mins(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     (sc, mn)
 }
 
+/// The 16 signed 6-bit scales of a Q3_K block with word operations (see
+/// `quiver_quant::k_quants::q3_k_scales` for the layout): low nibbles of bytes 0..8 then
+/// their high nibbles, plus two bits from bytes 8..12, minus 32.
+#[inline(always)]
+pub(crate) fn q3_scales_fast(s: &[u8; 12]) -> [i8; 16] {
+    let a = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+    let c = u32::from_le_bytes([s[8], s[9], s[10], s[11]]) as u64;
+    const NIB: u64 = 0x0f0f_0f0f_0f0f_0f0f;
+    const TWO: u64 = 0x0303_0303;
+    let hi0 = (c & TWO) | ((c >> 2) & TWO) << 32;
+    let hi1 = ((c >> 4) & TWO) | ((c >> 6) & TWO) << 32;
+    let v0 = ((a & NIB) | hi0 << 4).to_le_bytes();
+    let v1 = (((a >> 4) & NIB) | hi1 << 4).to_le_bytes();
+    let mut out = [0i8; 16];
+    for i in 0..8 {
+        out[i] = v0[i].wrapping_sub(32) as i8;
+        out[i + 8] = v1[i].wrapping_sub(32) as i8;
+    }
+    out
+}
+
 #[inline(always)]
 fn dup8(x: [u8; 8]) -> [i8; 16] {
     let mut o = [0i8; 16];
@@ -335,7 +355,7 @@ impl KQuant for TQ3K {
     const HAS_CORR: bool = true;
     #[inline(always)]
     fn scales<H: Half>(b: &BlockQ3K) -> KScales {
-        let sc = q3_k_scales(&b.scales);
+        let sc = q3_scales_fast(&b.scales);
         let d = H::f32(b.d);
         KScales { d, cd: -4.0 * d, sc, corr: sc }
     }
@@ -483,10 +503,10 @@ pub(crate) fn k_sub_scales<T: KQuant>(k: &KScales, s: &mut [f32], m: &mut [f32])
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quiver_quant::k_quants::get_scale_min_k4;
+    use quiver_quant::k_quants::{get_scale_min_k4, q3_k_scales};
 
     #[test]
-    fn k4_scale_unpacking_matches_the_reference() {
+    fn k4_and_q3_scale_unpacking_match_the_reference() {
         let mut s = [0u8; 12];
         let mut x = 0x1234_5678u32;
         for _ in 0..1000 {
@@ -500,6 +520,7 @@ mod tests {
             for j in 0..8 {
                 assert_eq!((sc[j], mn[j]), get_scale_min_k4(j, &s));
             }
+            assert_eq!(q3_scales_fast(&s), q3_k_scales(&s));
         }
     }
 }

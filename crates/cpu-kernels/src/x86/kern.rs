@@ -367,7 +367,7 @@ pub(crate) unsafe fn dot_k512<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
             // [even | odd | even | odd]: lanes 0-1 then 2-3 pick group 2p's and 2p+1's halves.
             let sc = _mm512_inserti64x4(_mm512_castsi256_si512(sc), sc, 1);
             let mut isum = _mm512_setzero_si512();
-            for p in 0..QK_K / 64 {
+            for (p, pick) in PICK512.iter().enumerate() {
                 let [g0, g1] = T::pair(b, p);
                 let g = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
                 let q = _mm512_loadu_si512(a.qs.as_ptr().add(64 * p).cast());
@@ -377,7 +377,7 @@ pub(crate) unsafe fn dot_k512<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
                 } else {
                     _mm512_maddubs_epi16(g, q)
                 };
-                let pick = _mm512_loadu_si512(PICK512[p].as_ptr().cast());
+                let pick = _mm512_loadu_si512(pick.as_ptr().cast());
                 isum = _mm512_dpwssd_epi32(isum, p16, _mm512_shuffle_epi8(sc, pick));
             }
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(kd * a.d), acc);
