@@ -61,12 +61,16 @@ fn gemm_sub(ty: GgmlType) -> usize {
     }
 }
 
-/// Rows per task: about `target_bytes` of weights, at least `min_tasks` tasks when the rows
-/// allow, a multiple of `align`.
-fn row_chunk(rows: usize, bytes_per_row: usize, min_tasks: usize, target_bytes: usize, align: usize) -> usize {
-    let by_bytes = (target_bytes / bytes_per_row.max(1)).max(1);
-    let by_tasks = rows.div_ceil(min_tasks.max(1));
-    let c = by_bytes.min(by_tasks).max(1);
+/// Rows per task, a multiple of `align`: aim at `want_tasks` tasks, but keep each task
+/// between `lo_bytes` and `hi_bytes` of weights (tiny tasks cost more in scheduling than
+/// they gain in balance, huge ones balance badly on a shared machine), and leave at least
+/// `n_threads` tasks when the rows allow.
+fn row_chunk(rows: usize, bytes_per_row: usize, n_threads: usize, want_tasks: usize, lo_bytes: usize, hi_bytes: usize, align: usize) -> usize {
+    let bpr = bytes_per_row.max(1);
+    let lo = (lo_bytes / bpr).max(1);
+    let hi = (hi_bytes / bpr).max(lo);
+    let c = rows.div_ceil(want_tasks.max(1)).clamp(lo, hi);
+    let c = c.min(rows.div_ceil(n_threads.max(1))).max(1);
     c.div_ceil(align) * align
 }
 
@@ -216,7 +220,7 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     let fam = family(job.ty);
     let out = SharedMut::new(out);
     if fam == Family::Float {
-        let chunk = row_chunk(rows, job.row_bytes * n.min(8), 4 * nth, 64 << 10, 4);
+        let chunk = row_chunk(rows, job.row_bytes * n.min(8), nth, 4 * nth, 16 << 10, 256 << 10, 4);
         pool.run(rows.div_ceil(chunk), &|i| (e.float)(job, i * chunk, ((i + 1) * chunk).min(rows), &out));
         return;
     }
@@ -234,7 +238,7 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
             (e.quantize_a256)(job.x, a);
             Acts::A256(a)
         };
-        let chunk = row_chunk(rows, job.row_bytes * n, 4 * nth, 32 << 10, 4);
+        let chunk = row_chunk(rows, job.row_bytes * n, nth, 4 * nth, 16 << 10, 256 << 10, 4);
         pool.run(rows.div_ceil(chunk), &|i| (e.gemv)(job, &acts, i * chunk, ((i + 1) * chunk).min(rows), &out));
         return;
     }
@@ -254,7 +258,9 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     }
     let panel = Panel { shape, q: &scratch.panel_q, a0: &scratch.panel_a0, a1: &scratch.panel_a1 };
     let n_tiles = shape.n_tiles();
-    let chunk = row_chunk(rows, job.row_bytes, (4 * nth).div_ceil(n_tiles), 64 << 10, RG);
+    // A GEMM row costs ~64x a decode-path row, so the byte bounds are smaller.
+    let want = (4 * nth).div_ceil(n_tiles);
+    let chunk = row_chunk(rows, job.row_bytes, nth.div_ceil(n_tiles), want, 4 << 10, 64 << 10, RG);
     let n_chunks = rows.div_ceil(chunk);
     pool.run(n_tiles * n_chunks, &|i| {
         let (tile, c) = (i / n_chunks, i % n_chunks);
