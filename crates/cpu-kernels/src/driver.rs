@@ -585,14 +585,17 @@ unsafe fn float_rows_t<K: Kernel, F: FloatW>(job: &Job<'_>, r0: usize, r1: usize
                     put_block(&v, nr, &mut put);
                 }
                 3 => {
+                    // SAFETY: as above.
                     let v = unsafe { K::float_block::<F, 3>(w, [tok(t), tok(t + 1), tok(t + 2)], cols) };
                     put_block(&v, nr, &mut put);
                 }
                 2 => {
+                    // SAFETY: as above.
                     let v = unsafe { K::float_block::<F, 2>(w, [tok(t), tok(t + 1)], cols) };
                     put_block(&v, nr, &mut put);
                 }
                 _ => {
+                    // SAFETY: as above.
                     let v = unsafe { K::float_block::<F, 1>(w, [tok(t)], cols) };
                     put_block(&v, nr, &mut put);
                 }

@@ -48,10 +48,11 @@ pub fn gemm_min_tokens(ty: GgmlType) -> usize {
     static OVERRIDE: OnceLock<Option<usize>> = OnceLock::new();
     let o = *OVERRIDE.get_or_init(|| std::env::var("QUIVER_CPU_GEMM_MIN_TOKENS").ok().and_then(|v| v.trim().parse().ok()));
     o.unwrap_or(match ty {
-        GgmlType::Q5_0 | GgmlType::Q5_1 => 5,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::IQ4_NL => 6,
-        GgmlType::Q8_0 => 9,
-        _ => 12,
+        GgmlType::Q5_0 => 7,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::IQ4_NL => 9,
+        GgmlType::Q8_0 | GgmlType::Q3_K | GgmlType::IQ4_XS => 10,
+        GgmlType::Q4_K | GgmlType::Q5_K => 12,
+        _ => 14,
     })
 }
 

@@ -172,9 +172,10 @@ fn run_type(ty: GgmlType) {
         shapes.push((5, 45));
     }
     for (rows, cols) in shapes {
-        // 1..=3 and 5, 7: decode path in groups of up to 4 tokens (or the prefill path with a
-        // mostly empty tile, by type); 17, 64, 70: prefill with partial and multiple tiles.
-        for n in [1, 2, 3, 5, 7, 17, 64, 70] {
+        // 1..=3, 5, 7 (and 8 below the crossover of most types): decode path in groups of up
+        // to 4 tokens; 8 is the prefill path with a mostly empty tile for Q5_0; 17, 64, 70:
+        // prefill with partial and multiple tiles.
+        for n in [1, 2, 3, 5, 7, 8, 17, 64, 70] {
             for pool in &pools {
                 seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 worst = worst.max(check(&Case { ty, rows, cols, n }, pool, &mut scratch, seed, &mut pooled));

@@ -240,6 +240,7 @@ pub(crate) unsafe fn float_block256<F: FloatW, const NT: usize>(w: [&[u8]; 4], x
             }
             j += 2;
         } else {
+            // SAFETY: as above.
             let v = unsafe { float_pass256::<F, 1>(w, [x[j]], cols) };
             for i in 0..4 {
                 out[i][j] = v[i][0];

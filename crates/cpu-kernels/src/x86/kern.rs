@@ -175,30 +175,39 @@ pub(crate) unsafe fn dot_legacy<const V: bool, T: Legacy>(w: &[T::B], a: &A32<'_
     }
 }
 
-/// Blocks `i` and `i + 1` into `acc` (512-bit): values of both blocks in one register (wide
-/// types read as `v ^ 0x80` unsigned), and their f16 scales (plus the f16 after each, the
-/// min of Q4_1/Q5_1) converted with one `vcvtph2ps` and multiplied with the interleaved
-/// activation `(d, s)` pairs in one `vmulps`: lanes 0 and 2 are the two product scales,
-/// lanes 1 and 3 the offset terms `m * s`, summed into `macc`.
+/// The values of blocks `i` and `i + 1` in one 512-bit register (wide types read as
+/// `v ^ 0x80` unsigned), and their f16 scales (plus the f16 after each, the min of
+/// Q4_1/Q5_1) converted with one `vcvtph2ps`: `[d0, m0, d1, m1]`, with `m = M_MUL d` where
+/// the type has no min field.
 #[inline(always)]
-unsafe fn legacy_pair512<T: Legacy>(w: &[T::B], a: &A32<'_>, i: usize, acc: __m512, macc: &mut __m128) -> __m512 {
-    let (b0, b1) = (&w[i], &w[i + 1]);
-    // SAFETY: AVX-512 F/BW/VNNI + F16C per the module contract (only the avx512 level calls
-    // this); the caller keeps i + 1 below the block count of `w` and `a` (64 quants and 4
-    // scales at 32 i and 2 i); every block type here has at least 4 bytes.
+unsafe fn legacy_pair_weights<T: Legacy>(b0: &T::B, b1: &T::B) -> (__m512i, __m128) {
+    // SAFETY: AVX-512 F/BW + F16C per the module contract (only the avx512 level calls
+    // this); every block type here has at least 4 bytes.
     unsafe {
         let mut u = T::unpack2(b0, b1);
         if T::WIDE {
             u = _mm512_xor_si512(u, _mm512_set1_epi8(-128));
         }
-        let q = _mm512_loadu_si512(a.q.as_ptr().add(32 * i).cast());
-        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, q);
         let w0 = (b0 as *const T::B).cast::<i32>().read_unaligned();
         let w1 = (b1 as *const T::B).cast::<i32>().read_unaligned();
         let mut f = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(w0), w1, 1));
         if !T::M_FIELD {
             f = _mm_mul_ps(_mm_permute_ps(f, 0b10_10_00_00), _mm_setr_ps(1.0, T::M_MUL, 1.0, T::M_MUL));
         }
+        (u, f)
+    }
+}
+
+/// One token's part of a block pair: the 64 quants at `32 i` times `u`, scaled by the
+/// product of `f` with the activation `(d, s)` pairs at `2 i`: lanes 0 and 2 of that product
+/// are the two blocks' scales, lanes 1 and 3 the offset terms `m * s`, summed into `macc`.
+#[inline(always)]
+unsafe fn legacy_pair_token(u: __m512i, f: __m128, a: &A32<'_>, i: usize, acc: __m512, macc: &mut __m128) -> __m512 {
+    // SAFETY: AVX-512 F/BW/VNNI per the module contract; the caller keeps blocks i and
+    // i + 1 within `a` (64 quants at 32 i, 4 scales at 2 i).
+    unsafe {
+        let q = _mm512_loadu_si512(a.q.as_ptr().add(32 * i).cast());
+        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, q);
         let p = _mm_mul_ps(f, _mm_loadu_ps(a.ds.as_ptr().add(2 * i)));
         *macc = _mm_add_ps(*macc, p);
         let s2 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), _mm512_castps128_ps512(p));
@@ -206,33 +215,51 @@ unsafe fn legacy_pair512<T: Legacy>(w: &[T::B], a: &A32<'_>, i: usize, acc: __m5
     }
 }
 
-/// One row of 32-element blocks against A32 activations, two blocks per 512-bit register
-/// (AVX-512 level, one token).
+/// One row of 32-element blocks against the A32 activations of `NT` tokens on the AVX-512
+/// level: two blocks per 512-bit register, unpacked once for all tokens.
 #[inline(always)]
-pub(crate) unsafe fn dot_legacy512<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
-    let n = w.len().min(a.len());
-    // SAFETY: per the module contract (AVX-512 level); pairs start below n - 1.
+pub(crate) unsafe fn dot_legacy512<T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
+    let mut n = w.len();
+    for a in a {
+        n = n.min(a.len());
+    }
+    // SAFETY: per the module contract (AVX-512 level); pairs start below n - 1 and the tail
+    // block is below n.
     unsafe {
-        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut macc = _mm_setzero_ps();
+        // Two accumulators per token (alternate pairs), indexed by constants only so that
+        // they stay in registers.
+        let mut acc = [[_mm512_setzero_ps(); 2]; NT];
+        let mut macc = [_mm_setzero_ps(); NT];
         let mut i = 0;
         while i + 4 <= n {
-            acc0 = legacy_pair512::<T>(w, a, i, acc0, &mut macc);
-            acc1 = legacy_pair512::<T>(w, a, i + 2, acc1, &mut macc);
+            let (u, f) = legacy_pair_weights::<T>(&w[i], &w[i + 1]);
+            for t in 0..NT {
+                acc[t][0] = legacy_pair_token(u, f, &a[t], i, acc[t][0], &mut macc[t]);
+            }
+            let (u, f) = legacy_pair_weights::<T>(&w[i + 2], &w[i + 3]);
+            for t in 0..NT {
+                acc[t][1] = legacy_pair_token(u, f, &a[t], i + 2, acc[t][1], &mut macc[t]);
+            }
             i += 4;
         }
         if i + 2 <= n {
-            acc0 = legacy_pair512::<T>(w, a, i, acc0, &mut macc);
+            let (u, f) = legacy_pair_weights::<T>(&w[i], &w[i + 1]);
+            for t in 0..NT {
+                acc[t][0] = legacy_pair_token(u, f, &a[t], i, acc[t][0], &mut macc[t]);
+            }
             i += 2;
         }
-        let mut tail = 0f32;
-        if i < n {
-            let mut m = 0f32;
-            tail = hsum(legacy_step::<true, T>(&w[i], a, i, _mm256_setzero_ps(), &mut m)) + m;
+        let mut out = [0f32; NT];
+        for t in 0..NT {
+            let mut ms = [0f32; 4];
+            _mm_storeu_ps(ms.as_mut_ptr(), macc[t]);
+            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) + ms[1] + ms[3];
+            if i < n {
+                let mut m = 0f32;
+                out[t] += hsum(legacy_step::<true, T>(&w[i], &a[t], i, _mm256_setzero_ps(), &mut m)) + m;
+            }
         }
-        let mut ms = [0f32; 4];
-        _mm_storeu_ps(ms.as_mut_ptr(), macc);
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + ms[1] + ms[3] + tail
+        out
     }
 }
 

@@ -72,13 +72,7 @@ unsafe impl Kernel for Avx512 {
     #[inline(always)]
     unsafe fn dot_legacy<T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
         // SAFETY: forwarded.
-        unsafe {
-            if NT == 1 {
-                [kern::dot_legacy512::<T>(w, &a[0]); NT]
-            } else {
-                kern::dot_legacy_multi::<true, T, NT>(w, a)
-            }
-        }
+        unsafe { kern::dot_legacy512::<T, NT>(w, a) }
     }
     #[inline(always)]
     unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
@@ -148,8 +142,8 @@ macro_rules! level_entries {
                 // SAFETY: this function has the level's features.
                 unsafe { driver::float_rows::<$k>(j, r0, r1, o) }
             }
-            // SAFETY (all six): `driver::entry` returns this table only for a level the CPU
-            // supports (`SimdLevel::detected()` checked these features).
+            // SAFETY (all six closures below): `driver::entry` returns this table only for a
+            // level the CPU supports (`SimdLevel::detected()` checked these features).
             Entry {
                 quantize_a32: |x, o| unsafe { qa32(x, o) },
                 quantize_a256: |x, o| unsafe { qa256(x, o) },
