@@ -43,6 +43,16 @@ unsafe fn shr_mask(v: __m256i, n: usize, mask: i8) -> __m256i {
     unsafe { _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32)), _mm256_set1_epi8(mask)) }
 }
 
+/// `((v >> n) & mask) << up` on bytes (`up` moves the field to its place in the value).
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn field(v: __m256i, n: usize, mask: i8, up: i32) -> __m256i {
+    // SAFETY: AVX2 per the caller; the masked field shifted by `up` stays inside its byte.
+    unsafe { _mm256_sll_epi16(shr_mask(v, n, mask), _mm_cvtsi32_si128(up)) }
+}
+
 /// Bytes 0..16 low nibbles, then bytes 0..16 high nibbles: elements 0..32 of a 4-bit block.
 ///
 /// # Safety
@@ -172,10 +182,9 @@ pub(crate) unsafe fn q3_k(b: &BlockQ3K, p: usize) -> [__m256i; 2] {
     unsafe {
         let q = load32(b.qs.as_ptr().add(32 * n));
         let h = load32(b.hmask.as_ptr());
-        let hb = |bit: usize| _mm256_slli_epi16(shr_mask(h, bit, 1), 2);
         [
-            _mm256_or_si256(shr_mask(q, 2 * j, 3), hb(4 * n + j)),
-            _mm256_or_si256(shr_mask(q, 2 * j + 2, 3), hb(4 * n + j + 1)),
+            _mm256_or_si256(shr_mask(q, 2 * j, 3), field(h, 4 * n + j, 1, 2)),
+            _mm256_or_si256(shr_mask(q, 2 * j + 2, 3), field(h, 4 * n + j + 1, 1, 2)),
         ]
     }
 }
@@ -196,10 +205,9 @@ pub(crate) unsafe fn q5_k(b: &BlockQ5K, p: usize) -> [__m256i; 2] {
     unsafe {
         let q = load32(b.qs.as_ptr().add(32 * p));
         let h = load32(b.qh.as_ptr());
-        let hb = |bit: usize| _mm256_slli_epi16(shr_mask(h, bit, 1), 4);
         [
-            _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), hb(2 * p)),
-            _mm256_or_si256(shr_mask(q, 4, 0x0f), hb(2 * p + 1)),
+            _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), field(h, 2 * p, 1, 4)),
+            _mm256_or_si256(shr_mask(q, 4, 0x0f), field(h, 2 * p + 1, 1, 4)),
         ]
     }
 }
@@ -213,10 +221,9 @@ pub(crate) unsafe fn q6_k(b: &BlockQ6K, p: usize) -> [__m256i; 2] {
         let ql0 = load32(b.ql.as_ptr().add(64 * n));
         let ql1 = load32(b.ql.as_ptr().add(64 * n + 32));
         let qh = load32(b.qh.as_ptr().add(32 * n));
-        let hi = |shift: usize| _mm256_slli_epi16(shr_mask(qh, shift, 3), 4);
         [
-            _mm256_or_si256(shr_mask(ql0, 4 * odd, 0x0f), hi(4 * odd)),
-            _mm256_or_si256(shr_mask(ql1, 4 * odd, 0x0f), hi(4 * odd + 2)),
+            _mm256_or_si256(shr_mask(ql0, 4 * odd, 0x0f), field(qh, 4 * odd, 3, 4)),
+            _mm256_or_si256(shr_mask(ql1, 4 * odd, 0x0f), field(qh, 4 * odd + 2, 3, 4)),
         ]
     }
 }
