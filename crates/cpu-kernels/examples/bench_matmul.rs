@@ -7,6 +7,10 @@
 //! THREADS defaults to the available cores (0 = default); LEVEL is portable|avx2|avx512|all
 //! (default: the active level); FILTER keeps shapes whose label contains it.
 //! `BENCH_NS=1,2,3,8` prints ms per call for those token counts instead of the table.
+//! `BENCH_MODEL=1` instead runs every weight matrix of the two real models (distinct
+//! buffers, so the weights stream from memory as in real decoding) once per token: matmul
+//! time per generated token (n = 1) and per 64-token prompt (n = 64; the output head for
+//! the last token only, as llama.cpp does).
 
 use quiver_cpu_kernels::{matmul_with_level, GgmlType, Scratch, SimdLevel, ThreadPool};
 use std::time::{Duration, Instant};
@@ -93,6 +97,89 @@ fn time(mut f: impl FnMut(), min_runs: usize, budget: Duration) -> f64 {
     v[0]
 }
 
+/// One layer's matrices (type, rows, cols, count per layer) and the output head.
+struct Model {
+    name: &'static str,
+    layers: usize,
+    mats: &'static [(GgmlType, usize, usize)],
+    output: (GgmlType, usize, usize),
+}
+
+const MODELS: &[Model] = &[
+    Model {
+        name: "smollm2-135m Q4_1",
+        layers: 30,
+        mats: &[
+            (GgmlType::Q4_1, 576, 576),
+            (GgmlType::Q4_1, 192, 576),
+            (GgmlType::Q4_1, 192, 576),
+            (GgmlType::Q4_1, 576, 576),
+            (GgmlType::Q4_1, 1536, 576),
+            (GgmlType::Q4_1, 1536, 576),
+            (GgmlType::Q4_1, 576, 1536),
+        ],
+        output: (GgmlType::Q8_0, 49152, 576),
+    },
+    Model {
+        name: "gemma3-270m Q4_K_M",
+        layers: 18,
+        mats: &[
+            (GgmlType::Q5_0, 1024, 640),
+            (GgmlType::Q5_0, 256, 640),
+            (GgmlType::Q8_0, 256, 640),
+            (GgmlType::Q4_K, 640, 1024),
+            (GgmlType::Q5_0, 2048, 640),
+            (GgmlType::Q5_0, 2048, 640),
+            (GgmlType::Q6_K, 640, 2048),
+        ],
+        output: (GgmlType::Q8_0, 262144, 640),
+    },
+];
+
+fn model_sweep(pool: &ThreadPool, level: SimdLevel) {
+    let mut scratch = Scratch::new();
+    for m in MODELS {
+        // Distinct buffers per layer: copies of one quantized matrix per shape.
+        let mut layers: Vec<Vec<Vec<u8>>> = Vec::new();
+        let protos: Vec<Vec<u8>> = m.mats.iter().map(|&(ty, r, c)| weights(ty, r, c)).collect();
+        let same = std::env::var("BENCH_MODEL").is_ok_and(|v| v == "same");
+        for _ in 0..if same { 1 } else { m.layers } {
+            layers.push(protos.clone());
+        }
+        let reps = if same { m.layers } else { 1 };
+        let (oty, orows, ocols) = m.output;
+        let out_w = weights(oty, orows, ocols);
+        let maxc = m.mats.iter().map(|x| x.2).max().unwrap_or(1).max(ocols);
+        let maxr = m.mats.iter().map(|x| x.1).max().unwrap_or(1).max(orows);
+        let x: Vec<f32> = (0..64 * maxc).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+        let mut out = vec![0f32; 64 * maxr];
+        let mut pass = |n: usize| {
+            for layer in layers.iter().cycle().take(layers.len() * reps) {
+                for (w, &(ty, r, c)) in layer.iter().zip(m.mats) {
+                    matmul_with_level(level, pool, ty, w, r, c, &x[..n * c], n, &mut out[..n * r], &mut scratch).expect("matmul");
+                }
+            }
+            matmul_with_level(level, pool, oty, &out_w, orows, ocols, &x[..ocols], 1, &mut out[..orows], &mut scratch)
+                .expect("matmul");
+        };
+        let tg = time(|| pass(1), 5, Duration::from_millis(1500));
+        let pp = time(|| pass(64), 3, Duration::from_millis(1500));
+        let bytes: usize = protos.iter().map(Vec::len).sum::<usize>() * m.layers + out_w.len();
+        let name = if same { format!("{} (cached)", m.name) } else { m.name.to_string() };
+        println!(
+            "{:<28} {:>8} | weights {:>6.1} MB | n=1: {:>6.3} ms/token ({:>6.1} GB/s, {:>6.0} t/s) | n=64: {:>7.2} ms ({:>6.0} t/s)",
+            name,
+            level.name(),
+            bytes as f64 / 1e6,
+            tg * 1e3,
+            bytes as f64 / tg / 1e9,
+            1.0 / tg,
+            pp * 1e3,
+            64.0 / pp
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let threads = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -127,6 +214,12 @@ fn main() {
     println!("memory read bandwidth (512 MiB f32 sum): {:.1} GB/s", (big.len() * 4) as f64 / bw / 1e9);
     drop(big);
 
+    if std::env::var("BENCH_MODEL").is_ok() {
+        for &level in &levels {
+            model_sweep(&pool, level);
+        }
+        return;
+    }
     if let Ok(ns) = std::env::var("BENCH_NS") {
         let ns: Vec<usize> = ns.split(',').filter_map(|v| v.trim().parse().ok()).collect();
         let mut scratch = Scratch::new();

@@ -218,6 +218,9 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     let nth = pool.n_threads();
     let (rows, cols, n) = (job.rows, job.cols, job.n_tokens);
     let fam = family(job.ty);
+    // Rows r with r % 16 == out_align start a cache line of every token's output row (when
+    // rows * 4 is a multiple of 64, as in every real model).
+    let out_align = out.as_ptr().align_offset(64).min(15);
     let out = SharedMut::new(out);
     if fam == Family::Float {
         let chunk = row_chunk(rows, job.row_bytes * n.min(8), nth, 4 * nth, 16 << 10, 256 << 10, 4);
@@ -244,27 +247,39 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     }
     // Prefill: quantize into the panel (parallel over tokens), then tiles x row chunks.
     let shape = PanelShape { cols, sub: gemm_sub(job.ty), n_tokens: n };
-    grow(&mut scratch.panel_q, shape.q_len());
-    grow(&mut scratch.panel_a0, shape.s_len());
-    grow(&mut scratch.panel_a1, shape.s_len());
+    // Each buffer starts on a cache line, and each packing task owns whole groups of 16
+    // tokens, so the 16 lanes of a line are written by one task only (no line ping-pongs
+    // between cores while packing).
+    grow(&mut scratch.panel_q, shape.q_len() + 16);
+    grow(&mut scratch.panel_a0, shape.s_len() + 16);
+    grow(&mut scratch.panel_a1, shape.s_len() + 16);
+    let oq = scratch.panel_q.as_ptr().align_offset(64).min(16);
+    let o0 = scratch.panel_a0.as_ptr().align_offset(64).min(16);
+    let o1 = scratch.panel_a1.as_ptr().align_offset(64).min(16);
     {
         let po = PanelOut {
-            q: SharedMut::new(&mut scratch.panel_q[..]),
-            a0: SharedMut::new(&mut scratch.panel_a0[..]),
-            a1: SharedMut::new(&mut scratch.panel_a1[..]),
+            q: SharedMut::new(&mut scratch.panel_q[oq..]),
+            a0: SharedMut::new(&mut scratch.panel_a0[o0..]),
+            a1: SharedMut::new(&mut scratch.panel_a1[o1..]),
         };
-        let per_task = 8;
+        let per_task = act::LANES;
         pool.run(n.div_ceil(per_task), &|i| (e.pack)(job, &shape, i * per_task, ((i + 1) * per_task).min(n), &po));
     }
-    let panel = Panel { shape, q: &scratch.panel_q, a0: &scratch.panel_a0, a1: &scratch.panel_a1 };
+    let panel = Panel { shape, q: &scratch.panel_q[oq..], a0: &scratch.panel_a0[o0..], a1: &scratch.panel_a1[o1..] };
     let n_tiles = shape.n_tiles();
     // A GEMM row costs ~64x a decode-path row, so the byte bounds are smaller.
     let want = (4 * nth).div_ceil(n_tiles);
     let chunk = row_chunk(rows, job.row_bytes, nth.div_ceil(n_tiles), want, 4 << 10, 64 << 10, RG);
-    let n_chunks = rows.div_ceil(chunk);
+    // Shift the chunk boundaries onto cache-line starts of the output, so that no line of
+    // the output is written by two tasks (which may run on different cores).
+    let shift = (RG - out_align % RG) % RG;
+    let n_chunks = (rows + shift).div_ceil(chunk);
     pool.run(n_tiles * n_chunks, &|i| {
         let (tile, c) = (i / n_chunks, i % n_chunks);
-        (e.gemm)(job, &panel, tile, c * chunk, ((c + 1) * chunk).min(rows), &out)
+        let (r0, r1) = ((c * chunk).saturating_sub(shift), ((c + 1) * chunk - shift).min(rows));
+        if r0 < r1 {
+            (e.gemm)(job, &panel, tile, r0, r1, &out)
+        }
     });
 }
 
