@@ -241,7 +241,10 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
             (e.quantize_a256)(job.x, a);
             Acts::A256(a)
         };
-        let chunk = row_chunk(rows, job.row_bytes * n, nth, 4 * nth, 16 << 10, 256 << 10, 4);
+        // One task per thread for the layer matrices (every claim of a task moves a cache
+        // line between cores, which is slow on the dev VMs: 4+ tasks per thread cost up to a
+        // third of decode speed), more only for big ones (output heads) to keep the balance.
+        let chunk = row_chunk(rows, job.row_bytes * n, nth, nth, 1 << 20, 2 << 20, 4);
         pool.run(rows.div_ceil(chunk), &|i| (e.gemv)(job, &acts, i * chunk, ((i + 1) * chunk).min(rows), &out));
         return;
     }
@@ -268,8 +271,9 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     let panel = Panel { shape, q: &scratch.panel_q[oq..], a0: &scratch.panel_a0[o0..], a1: &scratch.panel_a1[o1..] };
     let n_tiles = shape.n_tiles();
     // A GEMM row costs ~64x a decode-path row, so the byte bounds are smaller.
-    let want = (4 * nth).div_ceil(n_tiles);
-    let chunk = row_chunk(rows, job.row_bytes, nth.div_ceil(n_tiles), want, 4 << 10, 64 << 10, RG);
+    // About 2 tasks per thread (measured best on the whole-model sweep of bench_matmul).
+    let want = (2 * nth).div_ceil(n_tiles);
+    let chunk = row_chunk(rows, job.row_bytes, nth.div_ceil(n_tiles), want, 16 << 10, 256 << 10, RG);
     // Shift the chunk boundaries onto cache-line starts of the output, so that no line of
     // the output is written by two tasks (which may run on different cores).
     let shift = (RG - out_align % RG) % RG;
