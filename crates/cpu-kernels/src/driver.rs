@@ -223,7 +223,8 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     let out_align = out.as_ptr().align_offset(64).min(15);
     let out = SharedMut::new(out);
     if fam == Family::Float {
-        let chunk = row_chunk(rows, job.row_bytes * n.min(8), nth, 4 * nth, 16 << 10, 256 << 10, 4);
+        // As the decode path below: few tasks (one per thread unless the matrix is big).
+        let chunk = row_chunk(rows, job.row_bytes * n.min(8), nth, nth, 1 << 20, 2 << 20, 4);
         pool.run(rows.div_ceil(chunk), &|i| (e.float)(job, i * chunk, ((i + 1) * chunk).min(rows), &out));
         return;
     }
