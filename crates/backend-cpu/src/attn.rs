@@ -1,55 +1,89 @@
-//! CPU attention: one pass of online softmax per (token, head) over the sequence's cached
-//! K/V, accumulating p·v in f16 as llama.cpp's CPU flash attention does with an f16 cache
-//! (this keeps quiver's numerics next to llama.cpp's), with no scratch allocation.
+//! CPU attention: online softmax per (token, head) over the sequence's cached K/V (values
+//! held f16-rounded, as llama.cpp's default f16 cache holds them), f32 accumulation, no
+//! scratch allocation; (token, head) pairs are spread over the thread pool.
 
-use half::f16;
 use quiver_backend::{AttnParams, Batch};
+use quiver_cpu_kernels::ThreadPool;
 
-pub fn attention(q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, out: &mut [f32], acc16: &mut [f16]) {
+/// Largest head dimension the stack accumulator holds.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Raw output pointer shared by the tasks; each task writes only its own (token, head) row.
+struct Out(*mut f32, usize);
+// SAFETY: tasks write disjoint ranges `[(t·nh + h)·hd, +hd)` (one task per (t, h)), and the
+// slice is not read until `pool.run` returns.
+unsafe impl Sync for Out {}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, out: &mut [f32]) {
     let (hd, nh) = (a.head_dim, a.n_head);
     let kv_dim = a.n_head_kv * hd;
     let group = nh / a.n_head_kv;
-    let acc16 = &mut acc16[..hd];
-    for t in 0..batch.n_tokens() {
+    let n_tasks = batch.n_tokens() * nh;
+    assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * hd);
+    let o = &Out(out.as_mut_ptr(), out.len());
+    let task = |i: usize| {
+        let (t, h) = (i / nh, i % nh);
         let s = batch.seq_of[t] as usize;
         let pos = batch.positions[t] as usize;
-        let first = match a.window {
-            Some(w) => (pos + 1).saturating_sub(w as usize),
-            None => 0,
-        };
-        for h in 0..nh {
-            let qh = &q[(t * nh + h) * hd..][..hd];
-            let kvh = h / group;
-            let mut m = f32::NEG_INFINITY;
-            let mut sum = 0f32;
-            acc16.iter_mut().for_each(|x| *x = f16::ZERO);
-            for p in first..=pos {
-                let slot = batch.slot(s, p);
-                let k = &k_cache[slot * kv_dim + kvh * hd..][..hd];
-                let mut sc: f32 = qh.iter().zip(k).map(|(x, y)| x * y).sum::<f32>() * a.scale;
-                if let Some(c) = a.softcap {
-                    sc = c * (sc / c).tanh();
-                }
-                let mut vs = 1.0f32;
-                if sc > m {
-                    let ms = (m - sc).exp();
-                    m = sc;
-                    sum *= ms;
-                    acc16.iter_mut().for_each(|x| *x = f16::from_f32(x.to_f32() * ms));
-                } else {
-                    vs = (sc - m).exp();
-                }
-                sum += vs;
-                let v = &v_cache[slot * kv_dim + kvh * hd..][..hd];
-                for (x, &y) in acc16.iter_mut().zip(v) {
-                    *x = f16::from_f32(x.to_f32() + y * vs);
-                }
+        let first = a.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+        let qh = &q[i * hd..][..hd];
+        let koff = (h / group) * hd;
+        let mut acc = [0f32; MAX_HEAD_DIM];
+        let acc = &mut acc[..hd];
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        for p in first..=pos {
+            let slot = batch.slot(s, p);
+            let mut sc = dot(qh, &k_cache[slot * kv_dim + koff..][..hd]) * a.scale;
+            if let Some(c) = a.softcap {
+                sc = c * (sc / c).tanh();
             }
-            let o = &mut out[(t * nh + h) * hd..][..hd];
-            let inv = 1.0 / sum;
-            for (x, y) in o.iter_mut().zip(acc16.iter()) {
-                *x = y.to_f32() * inv;
+            let w = if sc > m {
+                let r = (m - sc).exp();
+                m = sc;
+                sum *= r;
+                acc.iter_mut().for_each(|x| *x *= r);
+                1.0
+            } else {
+                (sc - m).exp()
+            };
+            sum += w;
+            for (x, &v) in acc.iter_mut().zip(&v_cache[slot * kv_dim + koff..][..hd]) {
+                *x += w * v;
             }
         }
-    }
+        let inv = 1.0 / sum;
+        debug_assert!((i + 1) * hd <= o.1);
+        // SAFETY: row i is written by this task only (see `Out`), and lies inside `out`
+        // (checked by the assert above).
+        let row = unsafe { std::slice::from_raw_parts_mut(o.0.add(i * hd), hd) };
+        for (r, x) in row.iter_mut().zip(acc.iter()) {
+            *r = x * inv;
+        }
+    };
+    pool.run(n_tasks, &task);
+}
+
+/// GELU through a table indexed by the f16 bits of the input, as ggml's CPU path computes it
+/// (input and output rounded to f16, saturating outside ±10): the same values as
+/// `quiver_backend::reference::gelu_tanh_f16`, at a table lookup each.
+pub fn gelu_table() -> &'static [f32] {
+    static T: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    T.get_or_init(|| (0..=u16::MAX).map(|b| quiver_backend::reference::gelu_tanh_f16(half::f16::from_bits(b).to_f32())).collect())
 }

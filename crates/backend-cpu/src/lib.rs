@@ -211,15 +211,29 @@ impl Backend for CpuBackend {
         let n = self.batch.n_tokens() * a.n_head * a.head_dim;
         check("attention", q.len() >= n && out.len() >= n, || format!("{n} elements"))?;
         self.batch.validate(kv.n_slots).map_err(|d| BackendError::Shape { op: "attention", detail: d })?;
-        let mut acc = [half::f16::ZERO; 1024];
-        check("attention", a.head_dim <= acc.len(), || format!("head_dim {} > 1024", a.head_dim))?;
-        attn::attention(&q[..n], &kv.k, &kv.v, &self.batch, a, &mut out[..n], &mut acc);
+        check("attention", a.head_dim <= attn::MAX_HEAD_DIM, || format!("head_dim {} > {}", a.head_dim, attn::MAX_HEAD_DIM))?;
+        attn::attention(self.mm.pool(), &q[..n], &kv.k, &kv.v, &self.batch, a, &mut out[..n]);
         Ok(())
     }
 
     fn glu(&self, act: Activation, gate: &Vec<f32>, up: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
         check("glu", gate.len() >= n && up.len() >= n && out.len() >= n, || format!("{n} elements"))?;
-        reference::glu(act, &gate[..n], &up[..n], &mut out[..n]);
+        match act {
+            Activation::GeGlu => {
+                let t = attn::gelu_table();
+                for ((o, &g), &u) in out[..n].iter_mut().zip(&gate[..n]).zip(&up[..n]) {
+                    let gl = if g <= -10.0 {
+                        0.0
+                    } else if g >= 10.0 {
+                        g
+                    } else {
+                        t[half::f16::from_f32(g).to_bits() as usize]
+                    };
+                    *o = gl * u;
+                }
+            }
+            Activation::SwiGlu => reference::glu(act, &gate[..n], &up[..n], &mut out[..n]),
+        }
         Ok(())
     }
 

@@ -17,6 +17,10 @@ impl MatMul {
         MatMul { pool, scratch: Mutex::new(Scratch::new()) }
     }
 
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
     pub fn threads(&self) -> usize {
         self.pool.n_threads()
     }
