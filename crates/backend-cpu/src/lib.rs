@@ -2,6 +2,7 @@
 //! (never copied to the heap), K/V in one f32 pool per layer.
 
 mod attn;
+mod rope;
 mod matmul;
 
 use quiver_backend::{
@@ -40,11 +41,13 @@ pub struct CpuKv {
 pub struct CpuBackend {
     batch: Batch,
     mm: matmul::MatMul,
+    /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
+    packed: std::sync::Mutex<Vec<f32>>,
 }
 
 impl CpuBackend {
     pub fn new(threads: usize) -> Self {
-        CpuBackend { batch: Batch::default(), mm: matmul::MatMul::new(threads) }
+        CpuBackend { batch: Batch::default(), mm: matmul::MatMul::new(threads), packed: Default::default() }
     }
 
     pub fn threads(&self) -> usize {
@@ -168,13 +171,19 @@ impl Backend for CpuBackend {
     fn matmul_logits(&self, w: &CpuWeight, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let sel = &self.batch.logits;
         let c = w.cols;
-        // Pack the selected rows (contiguous runs need no copy, but the copy is tiny next to
-        // the product itself).
-        let mut packed = Vec::with_capacity(sel.len() * c);
+        let (Some(&a), Some(&b)) = (sel.first(), sel.last()) else { return Ok(()) };
+        let (a, b) = (a as usize, b as usize);
+        check("matmul_logits", x.len() >= (b + 1) * c && out.len() >= sel.len() * w.rows, || format!("{} rows", sel.len()))?;
+        if b + 1 - a == sel.len() && sel.windows(2).all(|p| p[1] == p[0] + 1) {
+            // A contiguous run (always the case for the runner): no copy.
+            return self.mm.run(w.ty, w.bytes(), w.rows, c, &x[a * c..(b + 1) * c], sel.len(), &mut out[..sel.len() * w.rows]);
+        }
+        let mut packed = self.packed.lock().unwrap_or_else(|e| e.into_inner());
+        packed.clear();
         for &i in sel {
             packed.extend_from_slice(&x[i as usize * c..][..c]);
         }
-        self.matmul(w, &packed, sel.len(), out)
+        self.mm.run(w.ty, w.bytes(), w.rows, c, &packed, sel.len(), &mut out[..sel.len() * w.rows])
     }
 
     fn rope_kv_write(
@@ -190,8 +199,8 @@ impl Backend for CpuBackend {
         let n = b.n_tokens();
         let kv_dim = a.n_head_kv * a.head_dim;
         check("rope_kv_write", kv_dim == kv.kv_dim, || format!("kv_dim {kv_dim} vs cache {}", kv.kv_dim))?;
-        reference::rope(&mut q[..n * a.n_head * a.head_dim], &b.positions, a.n_head, a.head_dim, rope);
-        reference::rope(&mut k[..n * kv_dim], &b.positions, a.n_head_kv, a.head_dim, rope);
+        check("rope_kv_write", rope.n_dims / 2 <= rope::MAX_PAIRS, || format!("{} rotated dims", rope.n_dims))?;
+        rope::apply(&mut q[..n * a.n_head * a.head_dim], &mut k[..n * kv_dim], &b.positions, a, rope);
         // The cache holds f16 values (as llama.cpp's default f16 cache does); q meets it in f16.
         let r16 = |x: &mut [f32]| x.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
         r16(&mut q[..n * a.n_head * a.head_dim]);

@@ -56,6 +56,34 @@ impl Batch {
         b
     }
 
+    /// Refills this batch in place (no allocation once it has grown) as one sequence:
+    /// `tokens` at positions `start_pos..`, KV blocks `0..n_blocks` in order, logits for the
+    /// tokens from index `logits_from` on.
+    pub fn fill_single(&mut self, tokens: &[u32], start_pos: usize, n_blocks: usize, block_size: usize, logits_from: usize) {
+        let n = tokens.len();
+        self.block_size = block_size;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(tokens);
+        self.positions.clear();
+        self.positions.extend((start_pos..start_pos + n).map(|p| p as u32));
+        self.slots.clear();
+        self.slots.extend_from_slice(&self.positions);
+        self.seq_of.clear();
+        self.seq_of.resize(n, 0);
+        self.seqs.truncate(1);
+        if self.seqs.is_empty() {
+            self.seqs.push(SeqSpan::default());
+        }
+        let s = &mut self.seqs[0];
+        (s.start, s.len, s.kv_len) = (0, n, start_pos + n);
+        if s.block_table.len() != n_blocks || s.block_table.last().is_some_and(|&b| b as usize != n_blocks - 1) {
+            s.block_table.clear();
+            s.block_table.extend(0..n_blocks as u32);
+        }
+        self.logits.clear();
+        self.logits.extend(logits_from.min(n) as u32..n as u32);
+    }
+
     /// Checks internal consistency; backends call this before running a step.
     pub fn validate(&self, n_slots: usize) -> Result<(), String> {
         let n = self.tokens.len();

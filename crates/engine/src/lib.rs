@@ -51,8 +51,8 @@ pub struct Runner<B: Backend> {
     pub state: State<B>,
     pub n_ctx: usize,
     pub n_batch: usize,
-    block_table: Vec<u32>,
     logits: Vec<f32>,
+    host: Vec<f32>,
     batch: Batch,
 }
 
@@ -77,8 +77,8 @@ impl<B: Backend> Runner<B> {
             state,
             n_ctx,
             n_batch,
-            block_table: (0..(n_ctx / BLOCK_SIZE) as u32).collect(),
             logits: Vec::new(),
+            host: Vec::new(),
             batch: Batch::default(),
         })
     }
@@ -105,30 +105,23 @@ impl<B: Backend> Runner<B> {
             Want::From(k) => k.min(tokens.len() - 1),
         };
         self.logits.clear();
-        let mut host = Vec::new();
-        for (ci, chunk) in tokens.chunks(self.n_batch).enumerate() {
-            let c0 = ci * self.n_batch;
-            let sel: Vec<u32> = (0..chunk.len()).filter(|&i| c0 + i >= first_wanted).map(|i| i as u32).collect();
-            // Logits rows per step are bounded by the workspace: split the chunk if needed.
-            let mut done = 0;
-            while done < chunk.len() {
-                let max_l = self.state.max_logits;
-                let mut end = chunk.len();
-                let in_range: Vec<u32> = sel.iter().copied().filter(|&i| i as usize >= done).collect();
-                if in_range.len() > max_l {
-                    end = in_range[max_l] as usize;
-                }
-                let part = &chunk[done..end];
-                let logits: Vec<u32> = in_range.iter().filter(|&&i| (i as usize) < end).map(|&i| i - done as u32).collect();
-                self.batch = Batch::single(part, start_pos + c0 + done, &self.block_table, BLOCK_SIZE, logits);
-                self.model.forward(&mut self.backend, &mut self.state, &self.batch)?;
-                let rows = self.batch.logits.len();
-                if rows > 0 {
-                    self.backend.read(&self.state.logits, rows * nv, &mut host).map_err(ModelError::from)?;
-                    self.logits.extend_from_slice(&host);
-                }
-                done = end;
+        let n_blocks = self.n_ctx / BLOCK_SIZE;
+        let mut done = 0;
+        while done < tokens.len() {
+            // One step: at most n_batch tokens and at most max_logits wanted rows.
+            let mut end = (done + self.n_batch).min(tokens.len());
+            let from = first_wanted.max(done);
+            if from < end && end - from > self.state.max_logits {
+                end = from + self.state.max_logits;
             }
+            self.batch.fill_single(&tokens[done..end], start_pos + done, n_blocks, BLOCK_SIZE, from - done);
+            self.model.forward(&mut self.backend, &mut self.state, &self.batch)?;
+            let rows = self.batch.logits.len();
+            if rows > 0 {
+                self.backend.read(&self.state.logits, rows * nv, &mut self.host).map_err(ModelError::from)?;
+                self.logits.extend_from_slice(&self.host);
+            }
+            done = end;
         }
         Ok(&self.logits)
     }
