@@ -230,3 +230,26 @@ fn smollm2_perplexity_within_1_percent_of_llama_cpp() {
 fn gemma3_perplexity_within_1_percent_of_llama_cpp() {
     perplexity_matches_llama_cpp("gemma3-270m", "gemma-3");
 }
+
+#[test]
+fn chat_answers_resets_and_exits() {
+    use std::io::Write;
+    let m = model("smollm2-135m");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args(["chat", "-m", &m, "-n", "12", "--temp", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"What is 2+2?\nAnd 3+3?\n/reset\nWhat is 2+2?\n/exit\nnever read\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let answers: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(answers.len() >= 3, "expected three answers: {text:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(conversation cleared)"));
+    // After /reset the same question at temperature 0 gets the same first answer.
+    let first = text.split("\n").next().unwrap();
+    assert!(text.matches(first).count() >= 2, "answer after /reset differs: {text:?}");
+}
