@@ -1,6 +1,13 @@
 //! CPU attention: online softmax per (token, head) over the sequence's cached K/V (values
-//! held f16-rounded, as llama.cpp's default f16 cache holds them), f32 accumulation, no
-//! scratch allocation; (token, head) pairs are spread over the thread pool.
+//! held f16-rounded, as llama.cpp's default f16 cache holds them), no scratch allocation;
+//! (token, head) pairs are spread over the thread pool.
+//!
+//! The p·v accumulator is rounded to f16 after every key, as llama.cpp's CPU flash attention
+//! keeps it with an f16 cache; this keeps quiver's outputs next to llama.cpp's (Gemma3's
+//! teacher-forced agreement goes from 0.983 to 0.992). `QUIVER_CPU_ATTN_F32=1` keeps the
+//! accumulator in f32 instead.
+
+use half::slice::HalfFloatSliceExt;
 
 use quiver_backend::{AttnParams, Batch};
 use quiver_cpu_kernels::ThreadPool;
@@ -31,6 +38,20 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// Whether the accumulator is rounded to f16 (the default) or kept in f32.
+pub fn f16_accumulator() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::env::var("QUIVER_CPU_ATTN_F32").map_or(true, |v| v != "1"))
+}
+
+/// Rounds every element of `x` to f16 (vectorised conversions).
+#[inline]
+fn round_f16(x: &mut [f32], tmp: &mut [half::f16]) {
+    let tmp = &mut tmp[..x.len()];
+    tmp.convert_from_f32_slice(x);
+    tmp.convert_to_f32_slice(x);
+}
+
 pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, out: &mut [f32]) {
     let (hd, nh) = (a.head_dim, a.n_head);
     let kv_dim = a.n_head_kv * hd;
@@ -38,6 +59,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[f32], v_cache: &[f32],
     let n_tasks = batch.n_tokens() * nh;
     assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * hd);
     let o = &Out(out.as_mut_ptr(), out.len());
+    let r16 = f16_accumulator();
     let task = |i: usize| {
         let (t, h) = (i / nh, i % nh);
         let s = batch.seq_of[t] as usize;
@@ -47,6 +69,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[f32], v_cache: &[f32],
         let koff = (h / group) * hd;
         let mut acc = [0f32; MAX_HEAD_DIM];
         let acc = &mut acc[..hd];
+        let mut tmp = [half::f16::ZERO; MAX_HEAD_DIM];
         let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
         for p in first..=pos {
             let slot = batch.slot(s, p);
@@ -59,6 +82,9 @@ pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[f32], v_cache: &[f32],
                 m = sc;
                 sum *= r;
                 acc.iter_mut().for_each(|x| *x *= r);
+                if r16 {
+                    round_f16(acc, &mut tmp);
+                }
                 1.0
             } else {
                 (sc - m).exp()
@@ -66,6 +92,9 @@ pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[f32], v_cache: &[f32],
             sum += w;
             for (x, &v) in acc.iter_mut().zip(&v_cache[slot * kv_dim + koff..][..hd]) {
                 *x += w * v;
+            }
+            if r16 {
+                round_f16(acc, &mut tmp);
             }
         }
         let inv = 1.0 / sum;
