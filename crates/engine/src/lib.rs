@@ -1,7 +1,12 @@
 //! The model runner for one sequence (CLI run / chat / perplexity / logprobs / bench) and the
 //! sampler. The batched scheduler of the server builds on the same `forward`.
 
+mod kv;
+mod scheduler;
 pub mod sampler;
+pub mod serve;
+
+pub use scheduler::start as start_serving;
 
 pub use sampler::{argmax, logprobs, Sampler, SamplerParams};
 
@@ -230,7 +235,7 @@ pub fn generate<B: Backend>(
 }
 
 /// The byte offset where the earliest stop string starts, if one ends in the new text.
-fn stop_at(text: &str, stops: &[String], new_from: usize) -> Option<usize> {
+pub(crate) fn stop_at(text: &str, stops: &[String], new_from: usize) -> Option<usize> {
     stops
         .iter()
         .filter(|s| !s.is_empty())

@@ -1,0 +1,155 @@
+//! The serving engine's public handle: submit a request and receive its events through a
+//! sink, abort it, read stats. A background thread runs the scheduling loop; this module's
+//! types are what the HTTP server sees (it never sees a tensor).
+
+use crate::sampler::SamplerParams;
+use std::sync::Arc;
+
+/// One generation request, already tokenized.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplerParams,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Stop strings: generation ends before the first occurrence, which is not returned.
+    pub stop: Vec<String>,
+    /// Top-N log-probabilities per generated token (None: no logprobs; Some(0): the chosen
+    /// token's only).
+    pub logprobs: Option<usize>,
+    /// Generate past end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// log-softmax of the raw logits at the chosen token.
+    pub logprob: f32,
+    /// The best `n` tokens and their log-probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// Aborted (client gone, shutdown).
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// What a request's sink receives, in order: `Started`, zero or more `Token`, then exactly one
+/// of `Finished` or `Error`.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// The prompt was scheduled; `cached_tokens` of it were reused from the prefix cache.
+    Started { prompt_tokens: usize, cached_tokens: usize },
+    /// One generated token and the text it completes (may be empty while a UTF-8 sequence or
+    /// a possible stop string is held back).
+    Token { id: u32, text: String, logprob: Option<TokenLogprob> },
+    Finished { reason: FinishReason, prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize },
+    Error(String),
+}
+
+/// Receives a request's events on the engine thread. Returning false means the receiver is
+/// gone (client disconnected): the engine aborts the request within one step.
+pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum SubmitError {
+    #[error("prompt of {prompt} tokens plus max_tokens {max_tokens} exceeds the context of {ctx} tokens")]
+    TooLong { prompt: usize, max_tokens: usize, ctx: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken { id: u32, n_vocab: usize },
+    #[error("the queue is full ({0} requests waiting)")]
+    QueueFull(usize),
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+/// Counters and gauges for `/metrics` and `stats()`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    pub prompt_tokens_total: u64,
+    pub generated_tokens_total: u64,
+    pub prefix_cache_hit_tokens_total: u64,
+    pub preemptions_total: u64,
+    pub steps_total: u64,
+}
+
+/// Limits of the serving engine.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Context length per sequence.
+    pub n_ctx: usize,
+    /// Most sequences running at once.
+    pub max_seqs: usize,
+    /// KV blocks in the pool (each `BLOCK_SIZE` tokens).
+    pub kv_blocks: usize,
+    /// Most tokens per forward step (prefill chunks and decode tokens together).
+    pub max_batch_tokens: usize,
+    /// Most requests waiting before `submit` answers `QueueFull`.
+    pub max_waiting: usize,
+}
+
+/// What the server needs to know about the loaded model.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub name: String,
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+}
+
+/// A cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    pub(crate) inner: Arc<crate::scheduler::Shared>,
+}
+
+impl EngineHandle {
+    /// Queues a request; its events go to `sink`. Returns the request id.
+    pub fn submit(&self, req: Request, sink: Sink) -> Result<u64, SubmitError> {
+        self.inner.submit(req, sink)
+    }
+
+    /// Aborts a request (a no-op when it already ended). Its sink gets `Finished { Abort }`.
+    pub fn abort(&self, id: u64) {
+        self.inner.abort(id)
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    pub fn tokenizer(&self) -> &quiver_tokenizer::Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    /// Stops accepting requests, lets running ones finish until `deadline`, aborts the rest,
+    /// and joins the engine thread.
+    pub fn shutdown(&self, deadline: std::time::Duration) {
+        self.inner.shutdown(deadline)
+    }
+}
