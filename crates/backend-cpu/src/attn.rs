@@ -16,7 +16,7 @@ use quiver_cpu_kernels::ThreadPool;
 pub const MAX_HEAD_DIM: usize = 512;
 
 /// Raw output pointer shared by the tasks; each task writes only its own (token, head) row.
-struct Out(*mut f32, usize);
+struct Out(*mut f32);
 // SAFETY: tasks write disjoint ranges `[(t·nh + h)·hd, +hd)` (one task per (t, h)), and the
 // slice is not read until `pool.run` returns.
 unsafe impl Sync for Out {}
@@ -52,63 +52,131 @@ fn round_f16(x: &mut [f32], tmp: &mut [half::f16]) {
     tmp.convert_to_f32_slice(x);
 }
 
-pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, out: &mut [f32]) {
+/// One (token, head) task: online softmax over the visible keys, written to `row`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn task_body(i: usize, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, r16: bool, f16c: bool, row: &mut [f32]) {
     let (hd, nh) = (a.head_dim, a.n_head);
     let kv_dim = a.n_head_kv * hd;
     let group = nh / a.n_head_kv;
+    let (t, h) = (i / nh, i % nh);
+    let s = batch.seq_of[t] as usize;
+    let pos = batch.positions[t] as usize;
+    let first = a.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+    let qh = &q[i * hd..][..hd];
+    let koff = (h / group) * hd;
+    let mut acc = [0f32; MAX_HEAD_DIM];
+    let acc = &mut acc[..hd];
+    let mut tmp = [half::f16::ZERO; MAX_HEAD_DIM];
+    let mut round = |acc: &mut [f32]| {
+        if !r16 {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if f16c {
+            // SAFETY: `f16c` is true only when the CPU has F16C and AVX (checked at dispatch).
+            unsafe { round_f16_f16c(acc) };
+            return;
+        }
+        round_f16(acc, &mut tmp);
+    };
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for p in first..=pos {
+        let slot = batch.slot(s, p);
+        let mut sc = dot(qh, &k_cache[slot * kv_dim + koff..][..hd]) * a.scale;
+        if let Some(c) = a.softcap {
+            sc = c * (sc / c).tanh();
+        }
+        let w = if sc > m {
+            let r = (m - sc).exp();
+            m = sc;
+            sum *= r;
+            acc.iter_mut().for_each(|x| *x *= r);
+            round(acc);
+            1.0
+        } else {
+            (sc - m).exp()
+        };
+        sum += w;
+        for (x, &v) in acc.iter_mut().zip(&v_cache[slot * kv_dim + koff..][..hd]) {
+            *x += w * v;
+        }
+        round(acc);
+    }
+    let inv = 1.0 / sum;
+    for (r, x) in row.iter_mut().zip(acc.iter()) {
+        *r = x * inv;
+    }
+}
+
+/// f32 → f16 → f32 of every element, 8 at a time with F16C (round to nearest even, as the
+/// scalar conversion does).
+///
+/// # Safety
+/// The CPU must support AVX and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn round_f16_f16c(x: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds exactly 8 f32; unaligned loads and stores.
+        unsafe {
+            let v = _mm256_loadu_ps(c.as_ptr());
+            let hv = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+            _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(hv));
+        }
+    }
+    for v in chunks.into_remainder() {
+        *v = half::f16::from_f32(*v).to_f32();
+    }
+}
+
+/// `task_body` compiled for AVX2 + FMA, so that its loops vectorise 8 wide.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn task_avx2(i: usize, q: &[f32], k: &[f32], v: &[f32], b: &Batch, a: &AttnParams, r16: bool, row: &mut [f32]) {
+    task_body(i, q, k, v, b, a, r16, true, row)
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *F.get_or_init(|| {
+            let allowed = std::env::var("QUIVER_CPU_SIMD").map_or(true, |v| v != "portable");
+            allowed && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, out: &mut [f32]) {
+    let (hd, nh) = (a.head_dim, a.n_head);
     let n_tasks = batch.n_tokens() * nh;
     assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * hd);
-    let o = &Out(out.as_mut_ptr(), out.len());
+    let o = &Out(out.as_mut_ptr());
     let r16 = f16_accumulator();
+    let avx2 = has_avx2();
     let task = |i: usize| {
-        let (t, h) = (i / nh, i % nh);
-        let s = batch.seq_of[t] as usize;
-        let pos = batch.positions[t] as usize;
-        let first = a.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
-        let qh = &q[i * hd..][..hd];
-        let koff = (h / group) * hd;
-        let mut acc = [0f32; MAX_HEAD_DIM];
-        let acc = &mut acc[..hd];
-        let mut tmp = [half::f16::ZERO; MAX_HEAD_DIM];
-        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-        for p in first..=pos {
-            let slot = batch.slot(s, p);
-            let mut sc = dot(qh, &k_cache[slot * kv_dim + koff..][..hd]) * a.scale;
-            if let Some(c) = a.softcap {
-                sc = c * (sc / c).tanh();
-            }
-            let w = if sc > m {
-                let r = (m - sc).exp();
-                m = sc;
-                sum *= r;
-                acc.iter_mut().for_each(|x| *x *= r);
-                if r16 {
-                    round_f16(acc, &mut tmp);
-                }
-                1.0
-            } else {
-                (sc - m).exp()
-            };
-            sum += w;
-            for (x, &v) in acc.iter_mut().zip(&v_cache[slot * kv_dim + koff..][..hd]) {
-                *x += w * v;
-            }
-            if r16 {
-                round_f16(acc, &mut tmp);
-            }
-        }
-        let inv = 1.0 / sum;
-        debug_assert!((i + 1) * hd <= o.1);
         // SAFETY: row i is written by this task only (see `Out`), and lies inside `out`
         // (checked by the assert above).
         let row = unsafe { std::slice::from_raw_parts_mut(o.0.add(i * hd), hd) };
-        for (r, x) in row.iter_mut().zip(acc.iter()) {
-            *r = x * inv;
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: `avx2` is true only when AVX2, FMA and F16C were detected.
+            unsafe { task_avx2(i, q, k_cache, v_cache, batch, a, r16, row) };
+            return;
         }
+        task_body(i, q, k_cache, v_cache, batch, a, r16, false, row);
     };
     pool.run(n_tasks, &task);
 }
-
 /// GELU through a table indexed by the f16 bits of the input, as ggml's CPU path computes it
 /// (input and output rounded to f16, saturating outside ±10): the same values as
 /// `quiver_backend::reference::gelu_tanh_f16`, at a table lookup each.

@@ -57,7 +57,11 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
         let mut want = vec![0.0; q.len()];
         reference::attention(&q, &kv.k, &kv.v, &b, &a, &mut want);
         let e = rel_err(&out, &want);
-        assert!(e < 1e-5, "hd {hd}: relative error {e}");
+        // The CPU backend rounds the p·v accumulator to f16 after every key (as llama.cpp
+        // does; QUIVER_CPU_ATTN_F32=1 turns it off): f16 rounding noise, ~1e-3 relative. A
+        // wrong mask, slot or head mapping gives errors of order 1.
+        let bound = if std::env::var("QUIVER_CPU_ATTN_F32").as_deref() == Ok("1") { 1e-5 } else { 3e-3 };
+        assert!(e < bound, "hd {hd}: relative error {e}");
     }
 }
 
