@@ -1,0 +1,138 @@
+//! OpenAI-shaped error bodies: `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use quiver_engine::serve::SubmitError;
+use serde_json::json;
+
+/// An error answered to the client. Never a panic: every failure of a request ends here.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (429 and 503).
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+    }
+
+    /// 400 naming the parameter at fault.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: Some(param.to_string()),
+            code: Some("invalid_parameter"),
+            ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing or incorrect API key: send `Authorization: Bearer KEY`",
+            )
+        }
+    }
+
+    pub fn model_not_found(name: &str, served: &str) -> ApiError {
+        ApiError {
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("the model `{name}` does not exist; this server serves `{served}`"),
+            )
+        }
+    }
+
+    pub fn not_found(path: &str) -> ApiError {
+        ApiError { code: Some("not_found"), ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no route for {path}")) }
+    }
+
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError {
+            code: Some("request_too_large"),
+            ..ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("the request body is larger than the limit of {limit} bytes"),
+            )
+        }
+    }
+
+    pub fn shutting_down() -> ApiError {
+        ApiError {
+            code: Some("shutting_down"),
+            retry_after: Some(5),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is shutting down")
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// The prompt (with `max_tokens`) does not fit the context: 400 naming both lengths.
+    pub fn context_exceeded(param: &str, prompt: usize, max_tokens: Option<usize>, ctx: usize) -> ApiError {
+        let message = match max_tokens {
+            Some(m) => format!(
+                "this model's maximum context length is {ctx} tokens, but the prompt has {prompt} tokens and max_tokens asks for {m} more ({} in all)",
+                prompt + m
+            ),
+            None => format!("this model's maximum context length is {ctx} tokens, but the prompt has {prompt} tokens"),
+        };
+        ApiError {
+            param: Some(param.to_string()),
+            code: Some("context_length_exceeded"),
+            ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+
+    /// The engine refused a request. `param` names the prompt's field (`messages` or `prompt`).
+    pub fn from_submit(e: &SubmitError, param: &str) -> ApiError {
+        match e {
+            SubmitError::TooLong { prompt, max_tokens, ctx } => ApiError::context_exceeded(param, *prompt, Some(*max_tokens), *ctx),
+            SubmitError::EmptyPrompt => ApiError::invalid(param, "the prompt is empty"),
+            SubmitError::BadToken { .. } => ApiError::invalid(param, e.to_string()),
+            SubmitError::QueueFull(_) => ApiError {
+                code: Some("rate_limit_exceeded"),
+                retry_after: Some(1),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", format!("server over capacity: {e}; retry later"))
+            },
+            SubmitError::ShuttingDown => ApiError::shutting_down(),
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
