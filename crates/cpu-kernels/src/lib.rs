@@ -40,20 +40,25 @@ use std::sync::OnceLock;
 
 /// The smallest batch that takes the prefill (GEMM) path for weights of type `ty`; smaller
 /// batches take the decode path (fused dot products, up to 4 tokens per pass over a row).
-/// The crossover was measured with `BENCH_NS` of `bench_matmul` (AVX-512, Zen 5): the GEMM
-/// path has a fixed cost of one 16-token register tile, and the decode path's cost grows
-/// with each token more slowly for types whose unpacking is expensive.
-/// `QUIVER_CPU_GEMM_MIN_TOKENS` overrides it for every type (1 = always GEMM).
+///
+/// By default every batch takes the decode path (`usize::MAX`): that makes [`matmul`]
+/// **batch invariant** — the output row of a token is bit-identical whatever the other
+/// tokens of the call are, whatever `n_tokens` and whatever the thread count — because the
+/// decode path's float operations per (row, token) do not depend on the grouping of tokens
+/// (every kernel runs the same per-token operations for 1..=4 tokens; rows are split over
+/// threads, never columns). The GEMM path quantizes activations differently (per 32 for the
+/// K-quants) and accumulates in another order, so mixing the two would make a token's
+/// output depend on the batch size.
+///
+/// `QUIVER_CPU_GEMM_MIN_TOKENS=N` opts into the GEMM path from `N` tokens for every type
+/// (faster prefill; NOT batch invariant). The crossovers measured with `BENCH_NS` of
+/// `bench_matmul` (AVX-512, Zen 5) were 7 (Q5_0), 9 (Q4_0, Q4_1, Q5_1, IQ4_NL), 10 (Q8_0,
+/// Q3_K, IQ4_XS), 12 (Q4_K, Q5_K), 14 (others).
 pub fn gemm_min_tokens(ty: GgmlType) -> usize {
     static OVERRIDE: OnceLock<Option<usize>> = OnceLock::new();
     let o = *OVERRIDE.get_or_init(|| std::env::var("QUIVER_CPU_GEMM_MIN_TOKENS").ok().and_then(|v| v.trim().parse().ok()));
-    o.unwrap_or(match ty {
-        GgmlType::Q5_0 => 7,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::IQ4_NL => 9,
-        GgmlType::Q8_0 | GgmlType::Q3_K | GgmlType::IQ4_XS => 10,
-        GgmlType::Q4_K | GgmlType::Q5_K => 12,
-        _ => 14,
-    })
+    let _ = ty;
+    o.unwrap_or(usize::MAX)
 }
 
 /// Errors of the kernels; every variant names the op, the type and the shapes.

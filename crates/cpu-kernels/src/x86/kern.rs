@@ -154,27 +154,6 @@ unsafe fn legacy_step<const V: bool, T: Legacy>(w: &T::B, a: &A32<'_>, i: usize,
     }
 }
 
-/// One row of 32-element blocks against A32 activations (two independent accumulators).
-#[inline(always)]
-pub(crate) unsafe fn dot_legacy<const V: bool, T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
-    let n = w.len().min(a.len());
-    // SAFETY: per the module contract; every step has i < n.
-    unsafe {
-        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let (mut m0, mut m1) = (0f32, 0f32);
-        let mut i = 0;
-        while i + 2 <= n {
-            acc0 = legacy_step::<V, T>(&w[i], a, i, acc0, &mut m0);
-            acc1 = legacy_step::<V, T>(&w[i + 1], a, i + 1, acc1, &mut m1);
-            i += 2;
-        }
-        if i < n {
-            acc0 = legacy_step::<V, T>(&w[i], a, i, acc0, &mut m0);
-        }
-        hsum(_mm256_add_ps(acc0, acc1)) + m0 + m1
-    }
-}
-
 /// The values of blocks `i` and `i + 1` in one 512-bit register (wide types read as
 /// `v ^ 0x80` unsigned), and their f16 scales (plus the f16 after each, the min of
 /// Q4_1/Q5_1) converted with one `vcvtph2ps`: `[d0, m0, d1, m1]`, with `m = M_MUL d` where
@@ -263,8 +242,10 @@ pub(crate) unsafe fn dot_legacy512<T: Legacy, const NT: usize>(w: &[T::B], a: &[
     }
 }
 
-/// `NT` (2..=4) tokens at once against one row: each block is unpacked and its scales
-/// converted once for all tokens.
+/// `NT` (1..=4) tokens at once against one row: each block is unpacked and its scales
+/// converted once for all tokens. Per token the float operations are those of one
+/// token alone (two accumulators over alternate blocks, the same tail and final sum), so
+/// a token's result does not depend on `NT` or on the other tokens (batch invariance).
 #[inline(always)]
 pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
     let mut n = w.len();
@@ -274,24 +255,25 @@ pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>
     // SAFETY: per the module contract; every activation load reads 32 quants at 32 i with
     // i < n.
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); NT];
-        let mut msum = [0f32; NT];
+        let mut acc = [[_mm256_setzero_ps(); 2]; NT];
+        let mut msum = [[0f32; 2]; NT];
         let z = _mm256_setzero_si256();
         for (i, b) in w.iter().enumerate().take(n) {
+            let k = i & 1;
             let u = T::unpack::<V>(b);
             let (d, m) = T::dm::<F16c>(b);
             for t in 0..NT {
                 let q = load32(a[t].q.as_ptr().add(32 * i).cast());
                 let p = if T::WIDE { dot_i8i8::<V>(z, u, q) } else { dot_u8i8::<V>(z, u, q) };
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a[t].ds[2 * i]), acc[t]);
                 if !T::WIDE {
-                    msum[t] += m * a[t].ds[2 * i + 1];
+                    msum[t][k] += m * a[t].ds[2 * i + 1];
                 }
+                acc[t][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a[t].ds[2 * i]), acc[t][k]);
             }
         }
         let mut out = [0f32; NT];
         for t in 0..NT {
-            out[t] = hsum(acc[t]) + msum[t];
+            out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1])) + msum[t][0] + msum[t][1];
         }
         out
     }
@@ -379,41 +361,55 @@ const PICK512: [[u8; 64]; 4] = {
     t
 };
 
-/// [`dot_k`] for one token on the AVX-512 level: each pair of 32-element groups (64
-/// elements) is one 512-bit register, so products, scaling and accumulation take one
-/// instruction per 64 elements.
+/// [`dot_k`] on the AVX-512 level for `NT` (1..=4) tokens: each pair of 32-element groups
+/// (64 elements) is one 512-bit register, so products, scaling and accumulation take one
+/// instruction per 64 elements. Weights are unpacked once for all tokens; per token the
+/// operations do not depend on `NT` (batch invariance).
 #[inline(always)]
-pub(crate) unsafe fn dot_k512<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
+pub(crate) unsafe fn dot_k512<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
+    let mut n = w.len();
+    for a in a {
+        n = n.min(a.len());
+    }
     // SAFETY: AVX-512 F/BW/VNNI per the module contract (only the avx512 level calls this);
-    // loads are within the 256-byte `qs` and 32-byte `bsums` of each block, and the 64-byte
-    // pick tables.
+    // loads are within the 256-byte `qs` and 32-byte `bsums` of blocks below n, and the
+    // 64-byte pick tables.
     unsafe {
-        let (mut acc, mut accm) = (_mm512_setzero_ps(), _mm256_setzero_ps());
-        for (b, a) in w.iter().zip(a) {
+        let (mut acc, mut accm) = ([_mm512_setzero_ps(); NT], [_mm256_setzero_ps(); NT]);
+        for (bi, b) in w.iter().enumerate().take(n) {
             let (sc, corr, kd, kcd) = T::scales_x86(b);
             // [even | odd | even | odd]: lanes 0-1 then 2-3 pick group 2p's and 2p+1's halves.
             let sc = _mm512_inserti64x4(_mm512_castsi256_si512(sc), sc, 1);
-            let mut isum = _mm512_setzero_si512();
+            let mut isum = [_mm512_setzero_si512(); NT];
             for (p, pick) in PICK512.iter().enumerate() {
                 let [g0, g1] = T::pair(b, p);
                 let g = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
-                let q = _mm512_loadu_si512(a.qs.as_ptr().add(64 * p).cast());
-                let p16 = if T::WIDE {
-                    let neg = _mm512_movepi8_mask(g);
-                    _mm512_maddubs_epi16(_mm512_abs_epi8(g), _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q))
-                } else {
-                    _mm512_maddubs_epi16(g, q)
-                };
-                let pick = _mm512_loadu_si512(pick.as_ptr().cast());
-                isum = _mm512_dpwssd_epi32(isum, p16, _mm512_shuffle_epi8(sc, pick));
+                let scv = _mm512_shuffle_epi8(sc, _mm512_loadu_si512(pick.as_ptr().cast()));
+                let (ga, neg) = if T::WIDE { (_mm512_abs_epi8(g), _mm512_movepi8_mask(g)) } else { (g, 0) };
+                for t in 0..NT {
+                    let q = _mm512_loadu_si512(a[t][bi].qs.as_ptr().add(64 * p).cast());
+                    let p16 = if T::WIDE {
+                        _mm512_maddubs_epi16(ga, _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q))
+                    } else {
+                        _mm512_maddubs_epi16(g, q)
+                    };
+                    isum[t] = _mm512_dpwssd_epi32(isum[t], p16, scv);
+                }
             }
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(kd * a.d), acc);
-            if T::HAS_CORR {
-                let c = _mm256_madd_epi16(_mm256_loadu_si256(a.bsums.as_ptr().cast()), corr);
-                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(kcd * a.d), accm);
+            for t in 0..NT {
+                let at = &a[t][bi];
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(kd * at.d), acc[t]);
+                if T::HAS_CORR {
+                    let c = _mm256_madd_epi16(_mm256_loadu_si256(at.bsums.as_ptr().cast()), corr);
+                    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(kcd * at.d), accm[t]);
+                }
             }
         }
-        _mm512_reduce_add_ps(acc) + hsum(accm)
+        let mut out = [0f32; NT];
+        for t in 0..NT {
+            out[t] = _mm512_reduce_add_ps(acc[t]) + hsum(accm[t]);
+        }
+        out
     }
 }
 

@@ -28,13 +28,9 @@ unsafe impl Kernel for Avx2 {
     #[inline(always)]
     unsafe fn dot_legacy<T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
         // SAFETY: forwarded.
-        unsafe {
-            if NT == 1 {
-                [kern::dot_legacy::<false, T>(w, &a[0]); NT]
-            } else {
-                kern::dot_legacy_multi::<false, T, NT>(w, a)
-            }
-        }
+        // One kernel for every NT, so that a token's result does not depend on how many
+        // tokens share the pass (batch invariance).
+        unsafe { kern::dot_legacy_multi::<false, T, NT>(w, a) }
     }
     #[inline(always)]
     unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
@@ -77,13 +73,8 @@ unsafe impl Kernel for Avx512 {
     #[inline(always)]
     unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
         // SAFETY: forwarded.
-        unsafe {
-            if NT == 1 {
-                [kern::dot_k512::<T>(w, a[0]); NT]
-            } else {
-                kern::dot_k::<true, T, NT>(w, a)
-            }
-        }
+        // One kernel for every NT (batch invariance).
+        unsafe { kern::dot_k512::<T, NT>(w, a) }
     }
     #[inline(always)]
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
