@@ -4,6 +4,7 @@ mod engine;
 mod gen;
 mod info;
 mod score;
+mod serve;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -137,6 +138,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// OpenAI-compatible HTTP server with continuous batching (docs/SERVER.md).
+    Serve(serve::ServeArgs),
     /// Fetch a known model into the cache (it is fetched on first use anyway).
     Fetch {
         /// Aliases to fetch; all known models when none are given.
@@ -231,6 +234,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench { load, n_prompt, n_gen, reps, json } => {
             score::bench(&load, n_prompt as usize, n_gen as usize, reps as usize, json)?
         }
+        Cmd::Serve(a) => serve::run(a)?,
         Cmd::Fetch { aliases } => {
             let list: Vec<String> = if aliases.is_empty() {
                 quiver_hub::KNOWN_MODELS.iter().map(|m| m.alias.to_string()).collect()

@@ -1,0 +1,117 @@
+//! `quiver serve`: the OpenAI-compatible server (crate quiver-server) over the serving engine.
+
+use crate::engine::{self, LoadArgs};
+use anyhow::{bail, Context, Result};
+use quiver_backend_cpu::CpuBackend;
+use quiver_engine::serve::ServeOptions;
+use quiver_gguf::GgufFile;
+use quiver_tokenizer::chat::ChatTemplate;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0: any free port; the "listening on" line tells which).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// An accepted API key (repeatable); clients send `Authorization: Bearer KEY`.
+    #[arg(long = "api-key")]
+    pub api_keys: Vec<String>,
+    /// A file of accepted API keys, one a line.
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_seqs: u32,
+    /// Most requests waiting before the server answers 429.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_waiting: u32,
+    /// KV blocks in the pool (16 tokens each).
+    #[arg(long, conflicts_with = "kv_mem")]
+    pub kv_blocks: Option<u32>,
+    /// KV pool size in bytes (default: enough for every sequence's full context, at most 2 GiB).
+    #[arg(long)]
+    pub kv_mem: Option<u64>,
+    /// The model name clients use (default: the file's stem, e.g. smollm2-135m).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Seconds running requests may go on after SIGTERM before they are aborted.
+    #[arg(long, default_value_t = 10)]
+    pub shutdown_grace: u64,
+}
+
+/// Bytes of f16 KV per token.
+fn kv_bytes_per_token(f: &GgufFile) -> usize {
+    let h = match f.hparams() {
+        Ok(h) => h,
+        Err(_) => return 64 << 10,
+    };
+    let g = |k: &str| h.u32(k).ok().flatten().map(|v| v as usize);
+    let n_layer = g("block_count").unwrap_or(32);
+    let n_head = g("attention.head_count").unwrap_or(32).max(1);
+    let n_kv = g("attention.head_count_kv").unwrap_or(n_head);
+    let head_dim = g("embedding_length").map(|e| e / n_head).unwrap_or(128);
+    let k = g("attention.key_length").unwrap_or(head_dim);
+    let v = g("attention.value_length").unwrap_or(head_dim);
+    n_layer * n_kv * (k + v) * 2
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let path = crate::resolve(a.load.model.as_deref())?;
+    let file = Arc::new(GgufFile::open(&path).with_context(|| path.display().to_string())?);
+    let tok = quiver_tokenizer::Tokenizer::from_gguf(&file)?;
+    let tmpl = ChatTemplate::for_model(&file)?;
+    let n_ctx = engine::n_ctx(&a.load, &file);
+    let bs = quiver_engine::BLOCK_SIZE;
+    let per_block = kv_bytes_per_token(&file) * bs;
+    let want = a.max_seqs as usize * n_ctx.div_ceil(bs);
+    let kv_blocks = match (a.kv_blocks, a.kv_mem) {
+        (Some(n), _) => n as usize,
+        (None, Some(m)) => (m as usize / per_block).max(1),
+        (None, None) => want.min((2usize << 30) / per_block),
+    };
+    if kv_blocks * bs < n_ctx {
+        bail!("the KV pool of {kv_blocks} blocks ({} tokens) cannot hold one full context of {n_ctx} tokens", kv_blocks * bs);
+    }
+    let mut keys = a.api_keys.clone();
+    if let Some(f) = &a.api_key_file {
+        let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        keys.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from));
+    }
+    let name = a
+        .model_name
+        .clone()
+        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let threads = engine::threads(&a.load)?;
+    let opts = ServeOptions {
+        n_ctx,
+        max_seqs: a.max_seqs as usize,
+        kv_blocks,
+        max_batch_tokens: (a.load.batch_size as usize).max(a.max_seqs as usize),
+        max_waiting: a.max_waiting as usize,
+    };
+    let t0 = std::time::Instant::now();
+    let handle = quiver_engine::start_serving(move || CpuBackend::new(threads), file, tok, opts, name.clone())
+        .map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))?;
+    eprintln!(
+        "quiver: serving {name} on cpu with {threads} threads: context {n_ctx}, {} sequences, {kv_blocks} KV blocks, loaded in {:.2}s",
+        a.max_seqs,
+        t0.elapsed().as_secs_f64()
+    );
+    let cfg = quiver_server::ServerConfig {
+        host: a.host,
+        port: a.port,
+        api_keys: keys,
+        model_name: name,
+        shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
+        chat_template: Some(Arc::new(tmpl)),
+        ..Default::default()
+    };
+    quiver_server::run(handle, cfg)?;
+    Ok(())
+}
