@@ -117,6 +117,9 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 /// Prompt processing and generation speed, like llama-bench: pp = one batch of `n_prompt`
 /// tokens from an empty cache; tg = `n_gen` tokens one at a time from an empty cache.
 pub fn bench(load: &LoadArgs, n_prompt: usize, n_gen: usize, reps: usize, json_out: bool) -> Result<()> {
+    if n_prompt == 0 && n_gen == 0 {
+        bail!("nothing to measure: -p and -n are both 0");
+    }
     let gguf = engine::open(load)?;
     let mut args = load.clone();
     let need = n_prompt.max(n_gen).max(1);
@@ -137,8 +140,9 @@ pub fn bench(load: &LoadArgs, n_prompt: usize, n_gen: usize, reps: usize, json_o
     let prompt: Vec<u32> = (0..n_prompt).map(|_| rnd()).collect();
     let mut pp = Vec::new();
     let mut tg = Vec::new();
-    // Warm-up: one short step of each kind.
-    l.runner.eval(&prompt[..n_prompt.clamp(1, 8).min(prompt.len().max(1))], 0, Want::Last).ok();
+    // Warm-up: one short step.
+    let warm = [rnd()];
+    l.runner.eval(&warm, 0, Want::Last)?;
     for _ in 0..reps {
         if n_prompt > 0 {
             let t = std::time::Instant::now();

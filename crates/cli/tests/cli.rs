@@ -197,6 +197,11 @@ fn bench_runs_on_a_synth_model_without_vocabulary() {
     assert_eq!(res[0]["test"], "pp16");
     assert_eq!(res[1]["test"], "tg4");
     assert!(res.iter().all(|r| r["tokens_per_second"].as_f64().unwrap() > 0.0));
+    let out = quiver(&["bench", "-m", p.to_str().unwrap(), "-p", "0", "-n", "2", "-r", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["results"].as_array().unwrap().len(), 1);
+    assert_one_line_error(&quiver(&["bench", "-m", p.to_str().unwrap(), "-p", "0", "-n", "0"]), 1, "bench with nothing to do");
     let _ = std::fs::remove_file(&p);
 }
 
