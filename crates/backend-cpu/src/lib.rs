@@ -53,6 +53,12 @@ impl CpuBackend {
     pub fn threads(&self) -> usize {
         self.mm.threads()
     }
+
+    /// Batch invariance of the matmul kernels (process-wide; on by default): see
+    /// `quiver_cpu_kernels::set_batch_invariant`.
+    pub fn set_batch_invariant(on: bool) {
+        quiver_cpu_kernels::set_batch_invariant(on)
+    }
 }
 
 fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {

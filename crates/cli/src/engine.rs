@@ -56,6 +56,8 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
     let n_threads = threads(args)?;
     let n_ctx = n_ctx(args, &file);
     let opts = RunnerOptions { n_ctx, n_batch: args.batch_size as usize, max_logits };
+    // One sequence per process: batch invariance buys nothing, the GEMM path is faster.
+    CpuBackend::set_batch_invariant(false);
     let runner = Runner::new(CpuBackend::new(n_threads), &file, &opts)?;
     let load_secs = t0.elapsed().as_secs_f64();
     eprintln!(

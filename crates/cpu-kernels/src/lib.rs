@@ -60,8 +60,32 @@ use std::sync::OnceLock;
 pub fn gemm_min_tokens(ty: GgmlType) -> usize {
     static OVERRIDE: OnceLock<Option<usize>> = OnceLock::new();
     let o = *OVERRIDE.get_or_init(|| std::env::var("QUIVER_CPU_GEMM_MIN_TOKENS").ok().and_then(|v| v.trim().parse().ok()));
-    let _ = ty;
-    o.unwrap_or(usize::MAX)
+    if let Some(n) = o {
+        return n;
+    }
+    if BATCH_INVARIANT.load(std::sync::atomic::Ordering::Relaxed) {
+        return usize::MAX;
+    }
+    use GgmlType::*;
+    match ty {
+        Q5_0 => 7,
+        Q4_0 | Q4_1 | Q5_1 | IQ4_NL => 9,
+        Q8_0 | Q3_K | IQ4_XS => 10,
+        Q4_K | Q5_K => 12,
+        _ => 14,
+    }
+}
+
+static BATCH_INVARIANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Chooses between batch invariance (the default: every batch on the decode path, see
+/// [`gemm_min_tokens`]) and speed (large batches on the GEMM path, at the measured per-type
+/// crossovers). A process that batches several sequences into one call and must give each
+/// the same result as alone (the server) keeps the default; a process that runs one sequence
+/// (CLI generation, perplexity, bench) can take the faster path. `QUIVER_CPU_GEMM_MIN_TOKENS`
+/// overrides both.
+pub fn set_batch_invariant(on: bool) {
+    BATCH_INVARIANT.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Errors of the kernels; every variant names the op, the type and the shapes.

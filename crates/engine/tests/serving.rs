@@ -1,5 +1,5 @@
 //! The serving engine on the real SmolLM2 model: continuous batching gives every request
-//! exactly what it gets alone, prefix caching reuses blocks, preemption under a small KV pool
+//! exactly what it gets alone (the CPU kernels are batch invariant by default), prefix caching reuses blocks, preemption under a small KV pool
 //! loses nothing, aborts free blocks.
 
 use quiver_backend_cpu::CpuBackend;
@@ -17,10 +17,6 @@ fn file() -> Arc<GgufFile> {
 }
 
 fn start(kv_blocks: usize, max_seqs: usize) -> EngineHandle {
-    // Exact equality across batch compositions needs the CPU matmul's decode and prefill paths
-    // to be bit-identical; until they are, every call takes the prefill path (read once per
-    // process, before the first matmul).
-    std::env::set_var("QUIVER_CPU_GEMM_MIN_TOKENS", "1");
     let f = file();
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let opts = ServeOptions { n_ctx: 1024, max_seqs, kv_blocks, max_batch_tokens: 256, max_waiting: 64 };
@@ -73,7 +69,6 @@ fn batched_requests_equal_solo_runs_and_blocks_come_back() {
     let f = file();
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let ps = prompts(&tok);
-    std::env::set_var("QUIVER_CPU_GEMM_MIN_TOKENS", "1");
     // Alone, on the single-sequence runner.
     let mut r = Runner::new(CpuBackend::new(2), &f, &RunnerOptions { n_ctx: 256, n_batch: 256, max_logits: 1 }).unwrap();
     let solo: Vec<Vec<u32>> = ps
