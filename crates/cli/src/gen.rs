@@ -64,20 +64,6 @@ impl SampleArgs {
     }
 }
 
-/// Tokenizes a rendered chat prompt: special-token text is parsed, and BOS is added when the
-/// model asks for it unless the template already wrote it.
-pub fn tokenize_chat(tok: &Tokenizer, text: &str) -> Result<Vec<u32>> {
-    let bos_text = tok.bos().and_then(|b| tok.token_text(b)).unwrap_or("");
-    let add = tok.add_bos() && !(bos_text.len() > 0 && text.starts_with(bos_text));
-    let mut ids = tok.encode(text, false, true)?;
-    if add {
-        if let Some(b) = tok.bos() {
-            ids.insert(0, b);
-        }
-    }
-    Ok(ids)
-}
-
 pub fn run(load: &LoadArgs, s: &SampleArgs, prompt: Option<String>, file: Option<std::path::PathBuf>, system: Option<String>, raw: bool) -> Result<()> {
     let text = match (prompt, file) {
         (Some(p), None) => p,
@@ -99,7 +85,7 @@ pub fn run(load: &LoadArgs, s: &SampleArgs, prompt: Option<String>, file: Option
             msgs.push(Message::new("system", sys));
         }
         msgs.push(Message::new("user", text));
-        tokenize_chat(&tok, &tmpl.render(&msgs, true, None)?)?
+        tok.encode_chat(&tmpl.render(&msgs, true, None)?)?
     };
     // Checked before loading so that the error is the only line on stderr.
     let ctx = engine::n_ctx(load, &gguf);
@@ -172,7 +158,7 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
             _ => {}
         }
         msgs.push(Message::new("user", line));
-        let ids = tokenize_chat(&tok, &tmpl.render(&msgs, true, None)?)?;
+        let ids = tok.encode_chat(&tmpl.render(&msgs, true, None)?)?;
         let keep = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
         let room = l.runner.n_ctx.saturating_sub(ids.len());
         if room == 0 {

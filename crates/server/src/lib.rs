@@ -22,7 +22,6 @@ use metrics::Metrics;
 use params::{GenParams, Prompt};
 use quiver_engine::serve::{EngineHandle, Event, Request, TokenLogprob};
 use quiver_tokenizer::chat::ChatTemplate;
-use quiver_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -226,20 +225,6 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// Tokenizes a rendered chat prompt: special tokens parsed, BOS added only when the model adds
-/// one and the template did not already write it.
-pub fn tokenize_chat(tok: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
-    let bos_text = tok.bos().and_then(|b| tok.token_text(b)).unwrap_or("");
-    let add = tok.add_bos() && !(!bos_text.is_empty() && text.starts_with(bos_text));
-    let mut ids = tok.encode(text, false, true).map_err(|e| e.to_string())?;
-    if add {
-        if let Some(b) = tok.bos() {
-            ids.insert(0, b);
-        }
-    }
-    Ok(ids)
-}
-
 fn check_model(st: &AppState, p: &GenParams) -> Result<(), ApiError> {
     match &p.model {
         Some(m) if !m.is_empty() && *m != st.model && *m != st.handle.info().name => Err(ApiError::model_not_found(m, &st.model)),
@@ -252,7 +237,7 @@ fn render_chat(st: &AppState, req: &params::ChatRequest, add_generation_prompt: 
         .template
         .render(&req.messages, add_generation_prompt, req.tools.as_ref())
         .map_err(|e| ApiError::invalid("messages", format!("the chat template cannot render these messages: {e}")))?;
-    tokenize_chat(st.handle.tokenizer(), &text).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}")))
+    st.handle.tokenizer().encode_chat(&text).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}")))
 }
 
 async fn chat_completions(State(st): State<St>, body: Result<Bytes, BytesRejection>) -> Response {

@@ -326,6 +326,20 @@ impl Tokenizer {
     /// tokens are left out (and a BOS/EOS the model adds itself is dropped); without it they
     /// appear as their text. Invalid UTF-8 becomes U+FFFD, only here at the end. Ids outside
     /// the vocabulary decode to nothing.
+    /// Tokenizes a rendered chat prompt: special-token text parsed, BOS added only when the
+    /// model adds one and the template did not already write it.
+    pub fn encode_chat(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let bos_text = self.bos().and_then(|b| self.token_text(b)).unwrap_or("");
+        let written = !bos_text.is_empty() && text.starts_with(bos_text);
+        let mut ids = self.encode(text, false, true)?;
+        if self.add_bos() && !written {
+            if let Some(b) = self.bos() {
+                ids.insert(0, b);
+            }
+        }
+        Ok(ids)
+    }
+
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         let mut ids = ids;
         if skip_special && self.add_eos && !ids.is_empty() && ids.last().copied() == self.eos {
