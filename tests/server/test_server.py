@@ -255,7 +255,7 @@ def test_api_keys(server):
 def test_load(server, client):
     base = server.wait_idle()
     assert base["quiver_kv_blocks_used"] == 0
-    n_req = 320
+    n_req = 500
 
     def one(i):
         if i % 4 == 0:
