@@ -55,7 +55,7 @@ fn round_f16(x: &mut [f32], tmp: &mut [half::f16]) {
 /// One (token, head) task: online softmax over the visible keys, written to `row`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn task_body(i: usize, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, r16: bool, f16c: bool, row: &mut [f32]) {
+fn task_body(i: usize, q: &[f32], k_cache: &[half::f16], v_cache: &[half::f16], batch: &Batch, a: &AttnParams, r16: bool, f16c: bool, row: &mut [f32]) {
     let (hd, nh) = (a.head_dim, a.n_head);
     let kv_dim = a.n_head_kv * hd;
     let group = nh / a.n_head_kv;
@@ -68,6 +68,18 @@ fn task_body(i: usize, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batc
     let mut acc = [0f32; MAX_HEAD_DIM];
     let acc = &mut acc[..hd];
     let mut tmp = [half::f16::ZERO; MAX_HEAD_DIM];
+    // One K or V row widened to f32.
+    let mut row32 = [0f32; MAX_HEAD_DIM];
+    let row32 = &mut row32[..hd];
+    let widen = |src: &[half::f16], dst: &mut [f32]| {
+        #[cfg(target_arch = "x86_64")]
+        if f16c {
+            // SAFETY: `f16c` is true only when the CPU has F16C and AVX (checked at dispatch).
+            unsafe { widen_f16c(src, dst) };
+            return;
+        }
+        src.convert_to_f32_slice(dst);
+    };
     let mut round = |acc: &mut [f32]| {
         if !r16 {
             return;
@@ -83,7 +95,8 @@ fn task_body(i: usize, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batc
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
     for p in first..=pos {
         let slot = batch.slot(s, p);
-        let mut sc = dot(qh, &k_cache[slot * kv_dim + koff..][..hd]) * a.scale;
+        widen(&k_cache[slot * kv_dim + koff..][..hd], row32);
+        let mut sc = dot(qh, row32) * a.scale;
         if let Some(c) = a.softcap {
             sc = c * (sc / c).tanh();
         }
@@ -98,7 +111,8 @@ fn task_body(i: usize, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batc
             (sc - m).exp()
         };
         sum += w;
-        for (x, &v) in acc.iter_mut().zip(&v_cache[slot * kv_dim + koff..][..hd]) {
+        widen(&v_cache[slot * kv_dim + koff..][..hd], row32);
+        for (x, &v) in acc.iter_mut().zip(row32.iter()) {
             *x += w * v;
         }
         round(acc);
@@ -132,6 +146,29 @@ unsafe fn round_f16_f16c(x: &mut [f32]) {
     }
 }
 
+/// f16 → f32, 8 at a time with F16C.
+///
+/// # Safety
+/// The CPU must support AVX and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn widen_f16c(src: &[half::f16], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: 8 elements from i lie inside both slices; unaligned loads and stores.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for j in i..n {
+        dst[j] = src[j].to_f32();
+    }
+}
+
 /// `task_body` compiled for AVX2 + FMA, so that its loops vectorise 8 wide.
 ///
 /// # Safety
@@ -139,7 +176,7 @@ unsafe fn round_f16_f16c(x: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn task_avx2(i: usize, q: &[f32], k: &[f32], v: &[f32], b: &Batch, a: &AttnParams, r16: bool, row: &mut [f32]) {
+unsafe fn task_avx2(i: usize, q: &[f32], k: &[half::f16], v: &[half::f16], b: &Batch, a: &AttnParams, r16: bool, row: &mut [f32]) {
     task_body(i, q, k, v, b, a, r16, true, row)
 }
 
@@ -156,7 +193,7 @@ fn has_avx2() -> bool {
     false
 }
 
-pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, out: &mut [f32]) {
+pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[half::f16], v_cache: &[half::f16], batch: &Batch, a: &AttnParams, out: &mut [f32]) {
     let (hd, nh) = (a.head_dim, a.n_head);
     let n_tasks = batch.n_tokens() * nh;
     assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * hd);

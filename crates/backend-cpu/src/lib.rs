@@ -31,9 +31,10 @@ impl CpuWeight {
     }
 }
 
+/// One layer's K and V: `n_slots` rows of `kv_dim` f16 values.
 pub struct CpuKv {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    pub k: Vec<half::f16>,
+    pub v: Vec<half::f16>,
     pub kv_dim: usize,
     pub n_slots: usize,
 }
@@ -100,7 +101,8 @@ impl Backend for CpuBackend {
     }
 
     fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<CpuKv> {
-        Ok(CpuKv { k: vec![0.0; n_slots * kv_dim], v: vec![0.0; n_slots * kv_dim], kv_dim, n_slots })
+        let zero = half::f16::ZERO;
+        Ok(CpuKv { k: vec![zero; n_slots * kv_dim], v: vec![zero; n_slots * kv_dim], kv_dim, n_slots })
     }
 
     fn set_batch(&mut self, batch: &Batch) -> Result<()> {
@@ -207,17 +209,14 @@ impl Backend for CpuBackend {
         check("rope_kv_write", kv_dim == kv.kv_dim, || format!("kv_dim {kv_dim} vs cache {}", kv.kv_dim))?;
         check("rope_kv_write", rope.n_dims / 2 <= rope::MAX_PAIRS, || format!("{} rotated dims", rope.n_dims))?;
         rope::apply(&mut q[..n * a.n_head * a.head_dim], &mut k[..n * kv_dim], &b.positions, a, rope);
-        // The cache holds f16 values (as llama.cpp's default f16 cache does); q meets it in f16.
-        let r16 = |x: &mut [f32]| x.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
-        r16(&mut q[..n * a.n_head * a.head_dim]);
-        r16(&mut k[..n * kv_dim]);
+        // The cache holds f16 (as llama.cpp's default cache does); q meets it in f16.
+        use half::slice::HalfFloatSliceExt;
+        q[..n * a.n_head * a.head_dim].iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
         for t in 0..n {
             let slot = b.slots[t] as usize;
             check("rope_kv_write", slot < kv.n_slots, || format!("slot {slot} ≥ {}", kv.n_slots))?;
-            kv.k[slot * kv_dim..][..kv_dim].copy_from_slice(&k[t * kv_dim..][..kv_dim]);
-            let dst = &mut kv.v[slot * kv_dim..][..kv_dim];
-            dst.copy_from_slice(&v[t * kv_dim..][..kv_dim]);
-            r16(dst);
+            kv.k[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&k[t * kv_dim..][..kv_dim]);
+            kv.v[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&v[t * kv_dim..][..kv_dim]);
         }
         Ok(())
     }

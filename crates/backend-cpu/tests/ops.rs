@@ -49,13 +49,15 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
         let n_slots = 48;
         let a = AttnParams { n_head: nh, n_head_kv: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), window, softcap };
         let mut kv = be.kv(n_slots, nkv * hd).unwrap();
-        kv.k = rng.vec(n_slots * nkv * hd).iter().map(|x| x * 3.0).collect();
-        kv.v = rng.vec(n_slots * nkv * hd);
+        let kf: Vec<f32> = rng.vec(n_slots * nkv * hd).iter().map(|x| half::f16::from_f32(x * 3.0).to_f32()).collect();
+        let vf: Vec<f32> = rng.vec(n_slots * nkv * hd).iter().map(|x| half::f16::from_f32(*x).to_f32()).collect();
+        kv.k = kf.iter().map(|&x| half::f16::from_f32(x)).collect();
+        kv.v = vf.iter().map(|&x| half::f16::from_f32(x)).collect();
         let q = rng.vec(b.n_tokens() * nh * hd).iter().map(|x| x * 3.0).collect::<Vec<_>>();
         let mut out = vec![f32::NAN; q.len()];
         be.attention(&q, &kv, &a, &mut out).unwrap();
         let mut want = vec![0.0; q.len()];
-        reference::attention(&q, &kv.k, &kv.v, &b, &a, &mut want);
+        reference::attention(&q, &kf, &vf, &b, &a, &mut want);
         let e = rel_err(&out, &want);
         // The CPU backend rounds the p·v accumulator to f16 after every key (as llama.cpp
         // does; QUIVER_CPU_ATTN_F32=1 turns it off): f16 rounding noise, ~1e-3 relative. A
@@ -115,8 +117,9 @@ fn norms_rope_kv_write_and_glu_match_reference() {
         for t in 0..n {
             let slot = b.slots[t] as usize;
             let kd = nkv * hd;
-            assert!(rel_err(&kv.k[slot * kd..][..kd], &kw[t * kd..][..kd]) < 1e-3, "{mode:?} k");
-            assert!(rel_err(&kv.v[slot * kd..][..kd], &v[t * kd..][..kd]) < 1e-3, "{mode:?} v");
+            let widen = |x: &[half::f16]| x.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
+            assert!(rel_err(&widen(&kv.k[slot * kd..][..kd]), &kw[t * kd..][..kd]) < 1e-3, "{mode:?} k");
+            assert!(rel_err(&widen(&kv.v[slot * kd..][..kd]), &v[t * kd..][..kd]) < 1e-3, "{mode:?} v");
         }
     }
     // GLU
