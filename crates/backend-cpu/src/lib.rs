@@ -44,11 +44,13 @@ pub struct CpuBackend {
     mm: matmul::MatMul,
     /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
     packed: std::sync::Mutex<Vec<f32>>,
+    /// KV slots the current batch's block tables reach (set by `set_batch`).
+    slots_needed: usize,
 }
 
 impl CpuBackend {
     pub fn new(threads: usize) -> Self {
-        CpuBackend { batch: Batch::default(), mm: matmul::MatMul::new(threads), packed: Default::default() }
+        CpuBackend { batch: Batch::default(), mm: matmul::MatMul::new(threads), packed: Default::default(), slots_needed: 0 }
     }
 
     pub fn threads(&self) -> usize {
@@ -106,7 +108,10 @@ impl Backend for CpuBackend {
     }
 
     fn set_batch(&mut self, batch: &Batch) -> Result<()> {
+        // Checked once per step; the ops then only compare the pool size (see `attention`).
+        batch.validate(usize::MAX).map_err(|d| BackendError::Shape { op: "set_batch", detail: d })?;
         self.batch.clone_from(batch);
+        self.slots_needed = batch.seqs.iter().flat_map(|s| s.block_table.iter()).map(|&b| (b as usize + 1) * batch.block_size).max().unwrap_or(0);
         Ok(())
     }
 
@@ -224,7 +229,7 @@ impl Backend for CpuBackend {
     fn attention(&self, q: &Vec<f32>, kv: &CpuKv, a: &AttnParams, out: &mut Vec<f32>) -> Result<()> {
         let n = self.batch.n_tokens() * a.n_head * a.head_dim;
         check("attention", q.len() >= n && out.len() >= n, || format!("{n} elements"))?;
-        self.batch.validate(kv.n_slots).map_err(|d| BackendError::Shape { op: "attention", detail: d })?;
+        check("attention", self.slots_needed <= kv.n_slots, || format!("block tables reach slot {} of a {}-slot cache", self.slots_needed, kv.n_slots))?;
         check("attention", a.head_dim <= attn::MAX_HEAD_DIM, || format!("head_dim {} > {}", a.head_dim, attn::MAX_HEAD_DIM))?;
         attn::attention(self.mm.pool(), &q[..n], &kv.k, &kv.v, &self.batch, a, &mut out[..n]);
         Ok(())

@@ -101,7 +101,7 @@ impl Batch {
                 return Err(format!("sequence {si}: block table too short for {} positions", s.kv_len));
             }
             for &b in &s.block_table {
-                if (b as usize + 1) * self.block_size > n_slots {
+                if (b as usize + 1).saturating_mul(self.block_size) > n_slots {
                     return Err(format!("sequence {si}: block {b} beyond the KV pool"));
                 }
             }

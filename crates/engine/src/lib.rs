@@ -123,8 +123,13 @@ impl<B: Backend> Runner<B> {
             self.model.forward(&mut self.backend, &mut self.state, &self.batch)?;
             let rows = self.batch.logits.len();
             if rows > 0 {
-                self.backend.read(&self.state.logits, rows * nv, &mut self.host).map_err(ModelError::from)?;
-                self.logits.extend_from_slice(&self.host);
+                if self.logits.is_empty() {
+                    // The usual case (one step): take the rows without a second copy.
+                    self.backend.read(&self.state.logits, rows * nv, &mut self.logits).map_err(ModelError::from)?;
+                } else {
+                    self.backend.read(&self.state.logits, rows * nv, &mut self.host).map_err(ModelError::from)?;
+                    self.logits.extend_from_slice(&self.host);
+                }
             }
             done = end;
         }

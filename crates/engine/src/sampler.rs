@@ -38,6 +38,12 @@ impl SamplerParams {
     pub fn greedy() -> Self {
         SamplerParams { temperature: 0.0, ..Default::default() }
     }
+
+    /// Plain sampling from the softmax at temperature 1, nothing truncated (the OpenAI API's
+    /// defaults).
+    pub fn neutral() -> Self {
+        SamplerParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() }
+    }
 }
 
 /// A small, fast, seedable generator (xoshiro256**), so the same seed gives the same text on
@@ -82,13 +88,15 @@ pub struct Sampler {
     rng: Rng,
     /// Reused candidate list: (token, logit).
     cand: Vec<(u32, f32)>,
+    /// Reused probabilities of `cand`.
+    probs: Vec<f64>,
     counts: std::collections::HashMap<u32, u32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplerParams) -> Self {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng, cand: Vec::new(), counts: Default::default() }
+        Sampler { params, rng, cand: Vec::new(), probs: Vec::new(), counts: Default::default() }
     }
 
     /// Picks the next token from raw logits, given the tokens so far (prompt and output).
@@ -129,7 +137,8 @@ impl Sampler {
         }
         self.cand.sort_by(by_logit);
         // softmax at temperature 1 for top-p / min-p (llama.cpp applies temperature last)
-        let probs = softmax_pairs(&self.cand, 1.0);
+        softmax_pairs(&self.cand, 1.0, &mut self.probs);
+        let probs = &self.probs;
         let mut keep = self.cand.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
@@ -146,7 +155,8 @@ impl Sampler {
             keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
         }
         self.cand.truncate(keep.max(1));
-        let probs = softmax_pairs(&self.cand, p.temperature);
+        softmax_pairs(&self.cand, p.temperature, &mut self.probs);
+        let probs = &self.probs;
         let r = self.rng.next_f64();
         let mut acc = 0.0;
         for (i, &q) in probs.iter().enumerate() {
@@ -159,11 +169,12 @@ impl Sampler {
     }
 }
 
-fn softmax_pairs(c: &[(u32, f32)], temp: f32) -> Vec<f64> {
+fn softmax_pairs(c: &[(u32, f32)], temp: f32, out: &mut Vec<f64>) {
     let m = c.iter().map(|x| x.1).fold(f32::NEG_INFINITY, f32::max) as f64;
-    let e: Vec<f64> = c.iter().map(|x| ((x.1 as f64 - m) / temp as f64).exp()).collect();
-    let s: f64 = e.iter().sum();
-    e.into_iter().map(|x| x / s).collect()
+    out.clear();
+    out.extend(c.iter().map(|x| ((x.1 as f64 - m) / temp as f64).exp()));
+    let s: f64 = out.iter().sum();
+    out.iter_mut().for_each(|x| *x /= s);
 }
 
 fn argmax_pairs(c: &[(u32, f32)]) -> u32 {

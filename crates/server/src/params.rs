@@ -139,18 +139,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
     let mt = get_uint(m, "max_tokens", 1, u32::MAX as u64)?;
     let max_tokens = mct.or(mt).map(|n| n as usize);
 
-    let mut s = SamplerParams {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        repeat_penalty: 1.0,
-        penalty_last_n: 64,
-        frequency_penalty: 0.0,
-        presence_penalty: 0.0,
-        logit_bias: Vec::new(),
-        seed: 0,
-    };
+    let mut s = SamplerParams::neutral();
     if let Some(t) = get_f32(m, "temperature", 0.0, 2.0)? {
         s.temperature = t;
     }
