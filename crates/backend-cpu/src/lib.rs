@@ -6,7 +6,7 @@ mod rope;
 mod matmul;
 
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, BackendError, Batch, Result, RopeParams, WeightBytes,
+    reference, Activation, AttnParams, Backend, BackendError, Batch, Result, RopeParams, Step, WeightBytes,
 };
 use quiver_gguf::GgmlType;
 
@@ -44,7 +44,7 @@ pub struct CpuBackend {
     mm: matmul::MatMul,
     /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
     packed: std::sync::Mutex<Vec<f32>>,
-    /// KV slots the current batch's block tables reach (set by `set_batch`).
+    /// KV slots the current batch's block tables reach (set by `begin_step`).
     slots_needed: usize,
 }
 
@@ -107,12 +107,12 @@ impl Backend for CpuBackend {
         Ok(CpuKv { k: vec![zero; n_slots * kv_dim], v: vec![zero; n_slots * kv_dim], kv_dim, n_slots })
     }
 
-    fn set_batch(&mut self, batch: &Batch) -> Result<()> {
+    fn begin_step(&mut self, batch: &Batch, _state: u64, _max_tokens: usize, _max_logits: usize) -> Result<Step> {
         // Checked once per step; the ops then only compare the pool size (see `attention`).
-        batch.validate(usize::MAX).map_err(|d| BackendError::Shape { op: "set_batch", detail: d })?;
+        batch.validate(usize::MAX).map_err(|d| BackendError::Shape { op: "begin_step", detail: d })?;
         self.batch.clone_from(batch);
         self.slots_needed = batch.seqs.iter().flat_map(|s| s.block_table.iter()).map(|&b| (b as usize + 1) * batch.block_size).max().unwrap_or(0);
-        Ok(())
+        Ok(Step::eager(batch))
     }
 
     fn embed(&self, table: &CpuWeight, scale: f32, out: &mut Vec<f32>) -> Result<()> {

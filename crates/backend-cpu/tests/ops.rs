@@ -44,7 +44,7 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
     let b = batch();
     let mut be = CpuBackend::new(2);
-    be.set_batch(&b).unwrap();
+    be.begin_step(&b, 0, usize::MAX, usize::MAX).unwrap();
     for (hd, nh, nkv, window, softcap) in [(64, 4, 2, None, None), (256, 4, 1, Some(3), None), (128, 6, 3, None, Some(30.0f32))] {
         let n_slots = 48;
         let a = AttnParams { n_head: nh, n_head_kv: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), window, softcap };
@@ -80,7 +80,7 @@ fn norms_rope_kv_write_and_glu_match_reference() {
     let mut rng = Rng(0xdead_beef_cafe_f00d);
     let b = batch();
     let mut be = CpuBackend::new(2);
-    be.set_batch(&b).unwrap();
+    be.begin_step(&b, 0, usize::MAX, usize::MAX).unwrap();
     let (n, d) = (b.n_tokens(), 96);
     // rms_norm, in place, fused with the residual add
     let g = rng.vec(d);

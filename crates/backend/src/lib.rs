@@ -128,8 +128,16 @@ pub trait Backend {
     /// K/V for one layer: `n_slots` positions of `n_head_kv * head_dim` each.
     fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<Self::Kv>;
 
-    /// Makes the batch's index arrays visible to the device before the ops of a step.
-    fn set_batch(&mut self, batch: &Batch) -> Result<()>;
+    /// Starts a forward step: makes the batch's index arrays visible to the device. `state`
+    /// names the caller's buffers (a step captured over one state is never replayed over
+    /// another); `max_tokens` / `max_logits` are what its buffers hold. When the returned step
+    /// says `replayed`, the backend has already run the whole step and the caller skips the ops.
+    fn begin_step(&mut self, batch: &Batch, state: u64, max_tokens: usize, max_logits: usize) -> Result<Step>;
+    /// Ends a step whose ops the caller ran (`ok`: all of them succeeded).
+    fn end_step(&mut self, ok: bool) -> Result<()> {
+        let _ = ok;
+        Ok(())
+    }
 
     /// out[t] = dequantized row `batch.tokens[t]` of `table` · scale   // out: [n_tokens, cols]
     fn embed(&self, table: &Self::Weight, scale: f32, out: &mut Self::Buf) -> Result<()>;
@@ -173,6 +181,34 @@ pub trait Backend {
     fn softcap(&self, x: &mut Self::Buf, cap: f32, n: usize) -> Result<()>;
     /// Copies the first n elements to the host.
     fn read(&self, x: &Self::Buf, n: usize, out: &mut Vec<f32>) -> Result<()>;
+    /// The index of the largest value (the first on ties) of each of `rows` rows of `cols`:
+    /// greedy decoding reads back one id per row instead of the logits.
+    fn argmax(&self, x: &Self::Buf, rows: usize, cols: usize, out: &mut Vec<u32>) -> Result<()> {
+        let mut v = Vec::new();
+        self.read(x, rows * cols, &mut v)?;
+        out.clear();
+        out.extend(v.chunks_exact(cols.max(1)).map(reference::argmax));
+        Ok(())
+    }
+}
+
+/// What `begin_step` decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Token rows the step's ops run over: the batch's tokens plus any padding rows (a graph
+    /// bucket), which the backend makes harmless (no KV write, no attention).
+    pub rows: usize,
+    /// Logits rows `matmul_logits` writes (the batch's wanted rows, plus padding).
+    pub logit_rows: usize,
+    /// The backend ran the whole step from a captured graph.
+    pub replayed: bool,
+}
+
+impl Step {
+    /// A step run op by op over exactly the batch's rows.
+    pub fn eager(batch: &Batch) -> Step {
+        Step { rows: batch.n_tokens(), logit_rows: batch.logits.len(), replayed: false }
+    }
 }
 
 /// Where a weight's bytes live: borrowed from the mapped file, which the weight keeps alive.

@@ -36,6 +36,17 @@ pub fn rope(x: &mut [f32], positions: &[u32], n_heads: usize, head_dim: usize, p
     }
 }
 
+/// Index of the largest value, the first on ties (NaN never wins).
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }

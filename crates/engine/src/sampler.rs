@@ -188,15 +188,7 @@ fn argmax_pairs(c: &[(u32, f32)]) -> u32 {
 }
 
 /// The index of the largest logit (the first on ties).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use quiver_backend::reference::argmax;
 
 /// log-softmax of the raw logits: (logprob of `token`, top-n (id, logprob) best first).
 pub fn logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {

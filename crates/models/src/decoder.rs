@@ -1,7 +1,7 @@
 //! The decoder-only transformer forward shared by llama and gemma3, over a flat batch.
 
 use crate::{weight, Hparams, ModelError, Result};
-use quiver_backend::{AttnParams, Backend, Batch, RopeParams};
+use quiver_backend::{AttnParams, Backend, Batch, RopeParams, Step};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
@@ -81,6 +81,8 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
 /// Everything a forward step writes: the KV cache and the activation workspace, allocated
 /// once for at most `max_tokens` tokens and `max_logits` logits rows per step.
 pub struct State<B: Backend> {
+    /// Unique per state: names these buffers to the backend (captured steps are per state).
+    pub id: u64,
     pub kv: Vec<B::Kv>,
     pub n_slots: usize,
     pub max_tokens: usize,
@@ -104,7 +106,9 @@ impl<B: Backend> Model<B> {
         let hp = &self.hp;
         let n = max_tokens;
         let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(State {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             kv: (0..hp.n_layer).map(|_| b.kv(n_slots, kvd)).collect::<std::result::Result<_, _>>()?,
             n_slots,
             max_tokens,
@@ -136,7 +140,18 @@ impl<B: Backend> Model<B> {
         batch
             .validate(s.n_slots)
             .map_err(|d| quiver_backend::BackendError::Shape { op: "forward", detail: d })?;
-        b.set_batch(batch)?;
+        let step = b.begin_step(batch, s.id, s.max_tokens, s.max_logits)?;
+        if step.replayed {
+            return Ok(());
+        }
+        let r = self.ops(b, s, step);
+        b.end_step(r.is_ok())?;
+        r
+    }
+
+    /// The ops of one step over `step.rows` token rows.
+    fn ops(&self, b: &mut B, s: &mut State<B>, step: Step) -> Result<()> {
+        let n = step.rows;
         let hp = &self.hp;
         let eps = hp.rms_eps;
         b.embed(&self.tok_embd, hp.embed_scale, &mut s.x)?;
@@ -171,7 +186,7 @@ impl<B: Backend> Model<B> {
         let out = self.output.as_ref().unwrap_or(&self.tok_embd);
         b.matmul_logits(out, &s.xn, &mut s.logits)?;
         if let Some(cap) = hp.final_softcap {
-            b.softcap(&mut s.logits, cap, batch.logits.len() * hp.n_vocab)?;
+            b.softcap(&mut s.logits, cap, step.logit_rows * hp.n_vocab)?;
         }
         Ok(())
     }

@@ -1,0 +1,39 @@
+// Shared by every quiver kernel module. NVRTC compiles these with no headers at all: the
+// conversions below are PTX, so nothing depends on the toolkit's include files.
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define NO_SLOT 0xffffffffu
+
+__device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+__device__ __forceinline__ u16 f2bf(float f) { u16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The flat batch as the backend uploads it (see batch.rs): per token id, position, KV slot,
+// sequence; per sequence KV length and offset of its block table.
+struct BatchView {
+    const u32* tokens;
+    const u32* pos;
+    const u32* slot;
+    const u32* seq;
+    const u32* logit_rows;
+    const u32* kv_len;
+    const u32* bt_off;
+    const u32* block_tables;
+    u32 block_size;
+};

@@ -1,0 +1,146 @@
+// Element-wise and row-wise ops: norms (with the residual add fused), rope fused with the KV
+// write, gated activations, soft-capping, row gathers, conversions and the device argmax.
+
+// One warp per row of `cols`; block (32, 8).
+// If `residual` is non-null: residual += x first and the norm is taken of the sum.
+extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* __restrict__ x,
+                                    const float* __restrict__ w, float* __restrict__ out, int rows,
+                                    int cols, float eps) {
+    int r = blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    const float* xr = x + (long long)r * cols;
+    float* rr = residual ? residual + (long long)r * cols : 0;
+    float ss = 0.f;
+    for (int c = threadIdx.x * 4; c < cols; c += 128) {
+        float4 v = *(const float4*)(xr + c);
+        if (rr) {
+            float4 a = *(float4*)(rr + c);
+            v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
+            *(float4*)(rr + c) = v;
+        }
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = warp_sum(ss);
+    float inv = rsqrtf(ss / cols + eps);
+    const float* src = rr ? rr : xr;
+    float* o = out + (long long)r * cols;
+    for (int c = threadIdx.x * 4; c < cols; c += 128) {
+        float4 v = *(const float4*)(src + c), g = *(const float4*)(w + c);
+        *(float4*)(o + c) = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    }
+}
+
+// Rope on q (in place) and k, then k and v into the f16 cache at each token's slot.
+// grid (n_tokens), block 128. theta: [n_dims / 2] angles per position. mode 0 normal, 1 neox.
+extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restrict__ k,
+                                         const float* __restrict__ v, u16* __restrict__ kc,
+                                         u16* __restrict__ vc, const u32* __restrict__ pos,
+                                         const u32* __restrict__ slots, const float* __restrict__ theta,
+                                         int n_head, int n_head_kv, int head_dim, int n_dims, int mode) {
+    int t = blockIdx.x;
+    float p = (float)pos[t];
+    int half = n_dims / 2, kv_dim = n_head_kv * head_dim;
+    float* qt = q + (long long)t * n_head * head_dim;
+    float* kt = k + (long long)t * kv_dim;
+    int heads = n_head + n_head_kv;
+    for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
+        int h = e / half, i = e % half;
+        float* base = h < n_head ? qt + h * head_dim : kt + (h - n_head) * head_dim;
+        int ia = mode ? i : 2 * i, ib = mode ? i + half : 2 * i + 1;
+        float s, c;
+        sincosf(p * theta[i], &s, &c);
+        float x0 = base[ia], x1 = base[ib];
+        base[ia] = x0 * c - x1 * s;
+        base[ib] = x0 * s + x1 * c;
+    }
+    __syncthreads();
+    u32 slot = slots[t];
+    if (slot == NO_SLOT) return;
+    const float* vt = v + (long long)t * kv_dim;
+    u16* kd = kc + (long long)slot * kv_dim;
+    u16* vd = vc + (long long)slot * kv_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        kd[i] = f2h(kt[i]);
+        vd[i] = f2h(vt[i]);
+    }
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float c = 0.7978845608f;
+    return 0.5f * x * (1.f + tanhf(c * x * (1.f + 0.044715f * x * x)));
+}
+
+// out = act(gate) · up; act 0 silu, 1 gelu (tanh form, in f16 as ggml computes it).
+extern "C" __global__ void glu(const float* __restrict__ gate, const float* __restrict__ up,
+                               float* __restrict__ out, long long n, int act) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float g = gate[i], a;
+        if (act == 0) {
+            a = g / (1.f + expf(-g));
+        } else if (g <= -10.f) {
+            a = 0.f;
+        } else if (g >= 10.f) {
+            a = g;
+        } else {
+            a = h2f(f2h(gelu_tanh(h2f(f2h(g)))));
+        }
+        out[i] = a * up[i];
+    }
+}
+
+extern "C" __global__ void softcap(float* __restrict__ x, long long n, float cap) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+extern "C" __global__ void add(float* __restrict__ a, const float* __restrict__ b, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        a[i] += b[i];
+}
+
+// out[i, :] = x[rows[i], :]; grid (n_rows), block 256.
+extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* __restrict__ rows,
+                                       float* __restrict__ out, int cols) {
+    const float* src = x + (long long)rows[blockIdx.x] * cols;
+    float* dst = out + (long long)blockIdx.x * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
+}
+
+extern "C" __global__ void f32_to_bf16(const float* __restrict__ x, u16* __restrict__ out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = f2bf(x[i]);
+}
+
+// Index of the largest value of each row (the first on ties); grid (rows), block 1024.
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int cols) {
+    const float* r = x + (long long)blockIdx.x * cols;
+    float best = -__int_as_float(0x7f800000);
+    int bi = 0x7fffffff;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = r[c];
+        if (v > best) { best = v; bi = c; }
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    if (l == 0) { sv[w] = best; si[w] = bi; }
+    __syncthreads();
+    if (w == 0) {
+        int nw = blockDim.x / 32;
+        best = l < nw ? sv[l] : -__int_as_float(0x7f800000);
+        bi = l < nw ? si[l] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if (l == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}

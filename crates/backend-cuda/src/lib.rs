@@ -1,0 +1,688 @@
+//! The CUDA backend, the seed system's GPU context carried to CUDA: one context per loaded
+//! model with its stream, a kernel registry (NVRTC → cubin for the device's architecture,
+//! cached on disk), a graph executor that captures decode steps and replays them, weights
+//! copied from the mapped GGUF straight to device memory, and cuBLAS for prefill products on
+//! bf16 copies of the weights.
+//!
+//! Everything is loaded at run time (cudarc's dynamic loading): the binary builds and runs on
+//! machines without CUDA, where `probe` says why there is no GPU.
+
+mod dev;
+mod graph;
+pub mod libs;
+pub mod registry;
+
+use cudarc::driver::{result as dr, sys as ds};
+use dev::{DevBuf, Device};
+use quiver_backend::{Activation, AttnParams, Backend, BackendError, Batch, Result, RopeMode, RopeParams, Step, WeightBytes};
+use quiver_gguf::GgmlType;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+pub use dev::{probe, DeviceInfo};
+
+/// Largest token count a captured decode step covers; buckets are powers of two up to it.
+pub const MAX_GRAPH_TOKENS: usize = 64;
+/// Tokens per matrix-vector launch (the kernels keep one accumulator per token).
+const MMV_TOKENS: usize = 8;
+
+pub struct CudaBuf {
+    mem: DevBuf,
+    len: usize,
+}
+
+impl CudaBuf {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    fn ptr(&self) -> u64 {
+        self.mem.ptr
+    }
+}
+
+pub struct CudaWeight {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+    /// The GGUF bytes (vectors: f32).
+    data: DevBuf,
+    /// A bf16 copy for the tensor-core (cuBLAS) path, when there is room.
+    bf16: Option<DevBuf>,
+    kernel: &'static str,
+}
+
+pub struct CudaKv {
+    k: DevBuf,
+    v: DevBuf,
+    kv_dim: usize,
+    n_slots: usize,
+}
+
+/// Counters of the graph executor (also in `--verbose` output and bench JSON).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    pub captures: u64,
+    pub replays: u64,
+    pub eager: u64,
+}
+
+/// Device memory held, by use.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemStats {
+    pub weights: u64,
+    pub bf16_copies: u64,
+    pub kv: u64,
+    pub workspace: u64,
+}
+
+/// Scratch buffers the ops grow on demand (never during a capture: a key's first step runs
+/// eagerly and sizes them).
+#[derive(Default)]
+struct Scratch {
+    part: Option<DevBuf>,
+    xbf: Option<DevBuf>,
+    gather: Option<DevBuf>,
+    ids: Option<DevBuf>,
+    thetas: HashMap<Vec<u32>, DevBuf>,
+}
+
+/// Where each region of the uploaded batch starts (u32 offsets), for `cap_t` tokens.
+#[derive(Clone, Copy, Default)]
+struct BatchLayout {
+    cap_t: usize,
+    cap_s: usize,
+    cap_bt: usize,
+}
+
+impl BatchLayout {
+    fn words(&self) -> usize {
+        5 * self.cap_t + 2 * self.cap_s + self.cap_bt
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct BatchView {
+    tokens: u64,
+    pos: u64,
+    slot: u64,
+    seq: u64,
+    logit_rows: u64,
+    kv_len: u64,
+    bt_off: u64,
+    block_tables: u64,
+    block_size: u32,
+}
+
+pub struct CudaBackend {
+    dev: Device,
+    reg: Mutex<registry::Registry>,
+    blas: Option<dev::Blas>,
+    use_bf16: bool,
+    scratch: Mutex<Scratch>,
+    mem: Mutex<MemStats>,
+    batch_buf: Option<DevBuf>,
+    layout: BatchLayout,
+    host: Vec<u32>,
+    view: BatchView,
+    /// The current step: token rows (padded), real tokens, logits rows, whether logits rows are 0..rows.
+    rows: usize,
+    logit_rows: usize,
+    logits_identity: bool,
+    graphs: graph::Graphs,
+    /// Bumped whenever a buffer the graphs use moves (part of every graph key).
+    generation: std::sync::atomic::AtomicU64,
+    sync_each: bool,
+    load_progress: Mutex<Option<(quiver_hub::Progress, u64, u64)>>,
+}
+
+fn derr(what: impl std::fmt::Display, e: impl std::fmt::Debug) -> BackendError {
+    BackendError::Device(format!("{what}: {e:?}"))
+}
+
+fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(BackendError::Shape { op, detail: detail() })
+    }
+}
+
+/// Kernel arguments packed for cuLaunchKernel.
+#[derive(Default)]
+pub(crate) struct Args {
+    words: Vec<u64>,
+    offs: Vec<usize>,
+}
+
+impl Args {
+    pub(crate) fn push<T: Copy>(&mut self, v: T) -> &mut Self {
+        let n = std::mem::size_of::<T>().div_ceil(8);
+        let off = self.words.len();
+        self.words.resize(off + n, 0);
+        // SAFETY: the words hold at least size_of::<T>() bytes from `off`, 8-byte aligned.
+        unsafe { std::ptr::write_unaligned(self.words.as_mut_ptr().add(off) as *mut T, v) };
+        self.offs.push(off);
+        self
+    }
+    fn ptrs(&mut self) -> Vec<*mut c_void> {
+        let base = self.words.as_mut_ptr();
+        // SAFETY: offsets are within `words`.
+        self.offs.iter().map(|&o| unsafe { base.add(o) } as *mut c_void).collect()
+    }
+}
+
+macro_rules! args {
+    ($($a:expr),* $(,)?) => {{
+        let mut a = Args::default();
+        $(a.push($a);)*
+        a
+    }};
+}
+
+fn grid1(n: usize, block: usize, cap: usize) -> u32 {
+    n.div_ceil(block).clamp(1, cap) as u32
+}
+
+impl CudaBackend {
+    /// Opens CUDA device `ordinal`, creates its stream, loads cuBLAS if present and compiles (or
+    /// reads from the cache) the kernels every model needs.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let dev = Device::open(ordinal).map_err(BackendError::Device)?;
+        let mut reg = registry::Registry::new(dev.info.arch);
+        for m in ["ops", "attn"] {
+            reg.ensure(m).map_err(BackendError::Device)?;
+        }
+        let blas = if std::env::var("QUIVER_CUDA_CUBLAS").as_deref() == Ok("0") { None } else { dev::Blas::new(dev.stream).ok() };
+        let use_bf16 = blas.is_some() && std::env::var("QUIVER_CUDA_BF16").as_deref() != Ok("0");
+        Ok(CudaBackend {
+            dev,
+            reg: Mutex::new(reg),
+            blas,
+            use_bf16,
+            scratch: Mutex::new(Scratch::default()),
+            mem: Mutex::new(MemStats::default()),
+            batch_buf: None,
+            layout: BatchLayout::default(),
+            host: Vec::new(),
+            view: BatchView { tokens: 0, pos: 0, slot: 0, seq: 0, logit_rows: 0, kv_len: 0, bt_off: 0, block_tables: 0, block_size: 1 },
+            rows: 0,
+            logit_rows: 0,
+            logits_identity: true,
+            graphs: graph::Graphs::new(std::env::var("QUIVER_CUDA_GRAPHS").as_deref() != Ok("0")),
+            generation: Default::default(),
+            sync_each: std::env::var("QUIVER_CUDA_SYNC").as_deref() == Ok("1"),
+            load_progress: Mutex::new(None),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.dev.info
+    }
+
+    /// Kernel modules compiled by NVRTC and read from the disk cache so far.
+    pub fn kernel_counts(&self) -> (usize, usize) {
+        let r = self.reg.lock().unwrap();
+        (r.compiled, r.from_cache)
+    }
+
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats
+    }
+
+    pub fn mem_stats(&self) -> MemStats {
+        *self.mem.lock().unwrap()
+    }
+
+    pub fn has_cublas(&self) -> bool {
+        self.blas.is_some()
+    }
+
+    /// Turns graph capture on or off (the switch `QUIVER_CUDA_GRAPHS=0` sets at start).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs.set_enabled(on);
+    }
+
+    /// Shows a progress bar on stderr while `total` bytes of weights load.
+    pub fn set_load_total(&self, total: u64) {
+        *self.load_progress.lock().unwrap() = Some((quiver_hub::Progress::bytes(total), 0, total));
+    }
+
+    fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {
+        self.dev.alloc(bytes).map_err(|e| {
+            let (free, total) = self.dev.mem_info();
+            BackendError::Device(format!(
+                "out of device memory for {what}: needed {:.1} MiB, {:.1} MiB free of {:.1} MiB ({e}); try a smaller --ctx-size or --device cpu",
+                bytes as f64 / 1048576.0,
+                free as f64 / 1048576.0,
+                total as f64 / 1048576.0
+            ))
+        })
+    }
+
+    fn func(&self, module: &str, name: &str) -> Result<ds::CUfunction> {
+        self.reg.lock().unwrap().func(module, name).map_err(BackendError::Device)
+    }
+
+    fn launch(&self, module: &str, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), mut a: Args) -> Result<()> {
+        let f = self.func(module, name)?;
+        let mut p = a.ptrs();
+        // SAFETY: the arguments match the kernel's signature (each call site mirrors its .cu
+        // declaration) and point to live device buffers.
+        unsafe { dr::launch_kernel(f, grid, block, 0, self.dev.stream, &mut p) }.map_err(|e| derr(format!("launching kernel {name}"), e))?;
+        if self.sync_each && !self.graphs.capturing() {
+            // SAFETY: our stream.
+            unsafe { dr::stream::synchronize(self.dev.stream) }.map_err(|e| derr(format!("kernel {name}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Grows scratch buffer `slot` to at least `bytes`; a move invalidates captured graphs.
+    fn scratch_ptr(&self, pick: fn(&mut Scratch) -> &mut Option<DevBuf>, bytes: usize, what: &str) -> Result<u64> {
+        let mut s = self.scratch.lock().unwrap();
+        let cur = pick(&mut s);
+        if cur.as_ref().is_none_or(|b| b.bytes < bytes) {
+            if self.graphs.capturing() {
+                return Err(BackendError::Device(format!("{what}: scratch grew during a graph capture")));
+            }
+            let nb = self.alloc(bytes.next_power_of_two(), what)?;
+            let old = cur.replace(nb);
+            let mut m = self.mem.lock().unwrap();
+            m.workspace += cur.as_ref().unwrap().bytes as u64;
+            if let Some(o) = old {
+                m.workspace -= o.bytes as u64;
+                // Graphs captured over the old buffer must never run again.
+                self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                drop(o);
+            }
+        }
+        Ok(cur.as_ref().unwrap().ptr)
+    }
+
+    fn theta_ptr(&self, rope: &RopeParams) -> Result<u64> {
+        let th: Vec<f32> = (0..rope.n_dims / 2).map(|i| rope.theta(i)).collect();
+        let key: Vec<u32> = th.iter().map(|t| t.to_bits()).collect();
+        let mut s = self.scratch.lock().unwrap();
+        if let Some(b) = s.thetas.get(&key) {
+            return Ok(b.ptr);
+        }
+        if self.graphs.capturing() {
+            return Err(BackendError::Device("rope table made during a graph capture".into()));
+        }
+        let b = self.alloc(th.len().max(1) * 4, "rope table")?;
+        self.dev.htod_sync(b.ptr, &th).map_err(BackendError::Device)?;
+        let p = b.ptr;
+        s.thetas.insert(key, b);
+        Ok(p)
+    }
+
+    /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`.
+    fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
+        if n > MMV_TOKENS {
+            if let (Some(blas), Some(wb)) = (&self.blas, &w.bf16) {
+                let xb = self.scratch_ptr(|s| &mut s.xbf, n * w.cols * 2, "bf16 activations")?;
+                let total = (n * w.cols) as i64;
+                self.launch("ops", "f32_to_bf16", (grid1(total as usize, 256, 8192), 1, 1), (256, 1, 1), args![x, xb, total])?;
+                return blas.gemm_bf16(wb.ptr, xb, y, w.rows, n, w.cols).map_err(|e| derr("cublasGemmEx", e));
+            }
+        }
+        let module = format!("quant_{}", w.kernel);
+        let mut t = 0;
+        while t < n {
+            let nt = (n - t).min(MMV_TOKENS);
+            let xo = x + (t * w.cols * 4) as u64;
+            let yo = y + (t * w.rows * 4) as u64;
+            let grid = (w.rows.div_ceil(4) as u32, 1, 1);
+            if matches!(w.ty, GgmlType::F16 | GgmlType::BF16) {
+                let name = if w.ty == GgmlType::F16 { "mmv_dense_f16" } else { "mmv_dense_bf16" };
+                self.launch(&module, name, grid, (32, 4, 1), args![w.data.ptr, xo, yo, w.rows as i32, w.cols as i32, nt as i32])?;
+            } else {
+                let name = format!("mmv_{}", w.kernel);
+                self.launch(&module, &name, grid, (32, 4, 1), args![w.data.ptr, xo, yo, w.rows as i32, w.cols as i32, w.row_bytes as i64, nt as i32])?;
+            }
+            t += nt;
+        }
+        Ok(())
+    }
+
+    fn upload_batch(&mut self, batch: &Batch, rows: usize, logit_rows: usize, max_tokens: usize) -> Result<()> {
+        let n = batch.n_tokens();
+        let n_seqs = batch.seqs.len();
+        let bt_total: usize = batch.seqs.iter().map(|s| s.block_table.len()).sum::<usize>() + 1;
+        let need = BatchLayout { cap_t: rows.max(max_tokens.min(4096)).max(logit_rows), cap_s: n_seqs + 1, cap_bt: bt_total };
+        let l = &mut self.layout;
+        if self.batch_buf.is_none() || need.cap_t > l.cap_t || need.cap_s > l.cap_s || need.cap_bt > l.cap_bt {
+            let grown = BatchLayout {
+                cap_t: need.cap_t.max(l.cap_t),
+                cap_s: need.cap_s.max(l.cap_s).next_power_of_two().max(64),
+                cap_bt: need.cap_bt.max(l.cap_bt).next_power_of_two().max(1024),
+            };
+            let buf = self.dev.alloc(grown.words() * 4).map_err(BackendError::Device)?;
+            self.batch_buf = Some(buf);
+            self.layout = grown;
+            self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let l = self.layout;
+        let (ct, cs) = (l.cap_t, l.cap_s);
+        let h = &mut self.host;
+        h.clear();
+        h.resize(5 * ct + 2 * cs + bt_total, 0);
+        let dummy = n_seqs as u32;
+        for t in 0..rows {
+            if t < n {
+                h[t] = batch.tokens[t];
+                h[ct + t] = batch.positions[t];
+                h[2 * ct + t] = batch.slots[t];
+                h[3 * ct + t] = batch.seq_of[t];
+            } else {
+                h[2 * ct + t] = u32::MAX;
+                h[3 * ct + t] = dummy;
+            }
+        }
+        for i in 0..logit_rows {
+            h[4 * ct + i] = batch.logits.get(i).copied().unwrap_or(i as u32);
+        }
+        self.logits_identity = (0..logit_rows).all(|i| h[4 * ct + i] as usize == i);
+        let mut off = 0u32;
+        for (si, s) in batch.seqs.iter().enumerate() {
+            h[5 * ct + si] = s.kv_len as u32;
+            h[5 * ct + cs + si] = off;
+            let b = 5 * ct + 2 * cs + off as usize;
+            h[b..b + s.block_table.len()].copy_from_slice(&s.block_table);
+            off += s.block_table.len() as u32;
+        }
+        // The padding sequence: no keys.
+        h[5 * ct + n_seqs] = 0;
+        h[5 * ct + cs + n_seqs] = off;
+        let base = self.batch_buf.as_ref().unwrap().ptr;
+        self.dev.htod_async(base, h).map_err(BackendError::Device)?;
+        let at = |w: usize| base + 4 * w as u64;
+        self.view = BatchView {
+            tokens: at(0),
+            pos: at(ct),
+            slot: at(2 * ct),
+            seq: at(3 * ct),
+            logit_rows: at(4 * ct),
+            kv_len: at(5 * ct),
+            bt_off: at(5 * ct + cs),
+            block_tables: at(5 * ct + 2 * cs),
+            block_size: batch.block_size as u32,
+        };
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        // SAFETY: our stream.
+        unsafe { dr::stream::synchronize(self.dev.stream) }.map_err(|e| derr("synchronizing the stream (a kernel failed; QUIVER_CUDA_SYNC=1 names it)", e))
+    }
+
+    fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {
+        let blocks = rows * n_head;
+        let target = 4 * self.dev.info.sms as usize;
+        if blocks >= target / 2 {
+            1
+        } else {
+            target.div_ceil(blocks).clamp(1, n_slots.div_ceil(64).clamp(1, 32))
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Weight = CudaWeight;
+    type Kv = CudaKv;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn weight(&self, name: &str, ty: GgmlType, shape: &[u64], bytes: WeightBytes) -> Result<CudaWeight> {
+        self.dev.bind().map_err(BackendError::Device)?;
+        let cols = *shape.last().unwrap_or(&1) as usize;
+        let rows = shape.iter().rev().skip(1).product::<u64>() as usize;
+        let raw = bytes.bytes();
+        let progress = |n: u64| {
+            if let Some((p, done, total)) = self.load_progress.lock().unwrap().as_mut() {
+                *done += n;
+                p.update(*done, &mut std::io::stderr());
+                if *done >= *total {
+                    eprintln!();
+                }
+            }
+        };
+        if rows == 1 {
+            let mut v = vec![0f32; cols];
+            quiver_quant::dequantize(ty, raw, &mut v).map_err(|e| BackendError::Shape { op: "weight", detail: format!("{name}: {e}") })?;
+            let data = self.alloc(cols * 4, name)?;
+            self.dev.htod_sync(data.ptr, &v).map_err(BackendError::Device)?;
+            self.mem.lock().unwrap().weights += data.bytes as u64;
+            progress(raw.len() as u64);
+            return Ok(CudaWeight { ty: GgmlType::F32, rows, cols, row_bytes: cols * 4, data, bf16: None, kernel: "f32" });
+        }
+        let kernel = kernel_suffix(ty).ok_or(BackendError::Unsupported { op: "matmul", ty, backend: "cuda" })?;
+        check("weight", cols % 32 == 0, || format!("{name}: {cols} columns is not a multiple of 32"))?;
+        self.reg.lock().unwrap().ensure(&format!("quant_{kernel}")).map_err(BackendError::Device)?;
+        let row_bytes = ty.row_bytes(cols as u64).unwrap_or(0) as usize;
+        check("weight", row_bytes * rows == raw.len(), || format!("{name}: {} bytes for {rows}×{cols} {ty}", raw.len()))?;
+        let data = self.alloc(raw.len(), name)?;
+        // Straight from the mapped file, in pieces so the progress bar moves.
+        const PIECE: usize = 64 << 20;
+        for (i, chunk) in raw.chunks(PIECE).enumerate() {
+            self.dev.htod_sync(data.ptr + (i * PIECE) as u64, chunk).map_err(BackendError::Device)?;
+            progress(chunk.len() as u64);
+        }
+        self.mem.lock().unwrap().weights += data.bytes as u64;
+        let mut w = CudaWeight { ty, rows, cols, row_bytes, data, bf16: None, kernel };
+        if self.use_bf16 {
+            let need = rows * cols * 2;
+            let (free, total) = self.dev.mem_info();
+            // Keep a tenth of the card (and 2 GiB) for the KV cache and workspace.
+            if free > need as u64 + total / 10 + (2 << 30) {
+                if let Ok(b) = self.dev.alloc(need) {
+                    self.launch(&format!("quant_{kernel}"), &format!("dequant_bf16_{kernel}"), (rows as u32, 1, 1), (128, 1, 1), args![w.data.ptr, b.ptr, cols as i32, row_bytes as i64])?;
+                    self.mem.lock().unwrap().bf16_copies += b.bytes as u64;
+                    w.bf16 = Some(b);
+                }
+            }
+        }
+        Ok(w)
+    }
+
+    fn buf(&self, n: usize) -> Result<CudaBuf> {
+        self.dev.bind().map_err(BackendError::Device)?;
+        let mem = self.alloc(n.max(1) * 4, "activations")?;
+        self.dev.memset_zero(mem.ptr, mem.bytes).map_err(BackendError::Device)?;
+        self.mem.lock().unwrap().workspace += mem.bytes as u64;
+        Ok(CudaBuf { mem, len: n })
+    }
+
+    fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<CudaKv> {
+        self.dev.bind().map_err(BackendError::Device)?;
+        let bytes = n_slots.max(1) * kv_dim * 2;
+        let k = self.alloc(bytes, "the KV cache")?;
+        let v = self.alloc(bytes, "the KV cache")?;
+        self.dev.memset_zero(k.ptr, bytes).map_err(BackendError::Device)?;
+        self.dev.memset_zero(v.ptr, bytes).map_err(BackendError::Device)?;
+        self.mem.lock().unwrap().kv += 2 * bytes as u64;
+        Ok(CudaKv { k, v, kv_dim, n_slots })
+    }
+
+    fn begin_step(&mut self, batch: &Batch, state: u64, max_tokens: usize, max_logits: usize) -> Result<Step> {
+        self.dev.bind().map_err(BackendError::Device)?;
+        batch.validate(usize::MAX).map_err(|d| BackendError::Shape { op: "begin_step", detail: d })?;
+        let n = batch.n_tokens();
+        let nl = batch.logits.len();
+        // Decode-shaped steps (every token wants logits) pad to a bucket and run from a graph.
+        let bucket = n.next_power_of_two();
+        let graphable = self.graphs.enabled() && n > 0 && nl == n && bucket <= MAX_GRAPH_TOKENS && bucket <= max_tokens && bucket <= max_logits;
+        let (rows, logit_rows) = if graphable { (bucket, bucket) } else { (n, nl) };
+        self.upload_batch(batch, rows, logit_rows, max_tokens)?;
+        self.rows = rows;
+        self.logit_rows = logit_rows;
+        let step = Step { rows, logit_rows, replayed: false };
+        if !graphable {
+            self.graphs.stats.eager += 1;
+            return Ok(step);
+        }
+        let generation = self.generation.load(std::sync::atomic::Ordering::Relaxed);
+        self.graphs.retain_generation(generation);
+        let key = graph::Key { state, rows, generation };
+        match self.graphs.begin(key, self.dev.stream).map_err(|e| derr("graph", e))? {
+            graph::Begin::Replayed => Ok(Step { replayed: true, ..step }),
+            graph::Begin::Capturing | graph::Begin::Eager => Ok(step),
+        }
+    }
+
+    fn end_step(&mut self, ok: bool) -> Result<()> {
+        self.graphs.end(ok, self.dev.stream).map_err(|e| derr("graph capture", e))
+    }
+
+    fn embed(&self, table: &CudaWeight, scale: f32, out: &mut CudaBuf) -> Result<()> {
+        let n = self.rows;
+        check("embed", out.len >= n * table.cols, || format!("out holds {} < {n}×{}", out.len, table.cols))?;
+        let name = format!("embed_{}", table.kernel);
+        self.launch(&format!("quant_{}", table.kernel), &name, (n.max(1) as u32, 1, 1), (128, 1, 1), args![table.data.ptr, self.view.tokens, out.ptr(), table.cols as i32, table.row_bytes as i64, scale])
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, rows: usize, out: &mut CudaBuf) -> Result<()> {
+        let cols = w.cols;
+        check("rms_norm", x.len >= rows * cols && out.len >= rows * cols && cols % 4 == 0, || format!("{rows}×{cols} over {} / {}", x.len, out.len))?;
+        self.launch("ops", "rms_norm", (rows.div_ceil(8) as u32, 1, 1), (32, 8, 1), args![0u64, x.ptr(), w.data.ptr, out.ptr(), rows as i32, cols as i32, eps])
+    }
+
+    fn rms_norm_inplace(&self, x: &mut CudaBuf, w: &CudaWeight, eps: f32, rows: usize) -> Result<()> {
+        let cols = w.cols;
+        check("rms_norm", x.len >= rows * cols && cols % 4 == 0, || format!("{rows}×{cols} over {}", x.len))?;
+        self.launch("ops", "rms_norm", (rows.div_ceil(8) as u32, 1, 1), (32, 8, 1), args![0u64, x.ptr(), w.data.ptr, x.ptr(), rows as i32, cols as i32, eps])
+    }
+
+    fn add_rms_norm(&self, residual: &mut CudaBuf, x: &CudaBuf, w: &CudaWeight, eps: f32, rows: usize, out: &mut CudaBuf) -> Result<()> {
+        let cols = w.cols;
+        check("add_rms_norm", residual.len >= rows * cols && x.len >= rows * cols && out.len >= rows * cols && cols % 4 == 0, || format!("{rows}×{cols}"))?;
+        self.launch("ops", "rms_norm", (rows.div_ceil(8) as u32, 1, 1), (32, 8, 1), args![residual.ptr(), x.ptr(), w.data.ptr, out.ptr(), rows as i32, cols as i32, eps])
+    }
+
+    fn add(&self, a: &mut CudaBuf, b: &CudaBuf, n: usize) -> Result<()> {
+        check("add", a.len >= n && b.len >= n, || format!("{n} over {} / {}", a.len, b.len))?;
+        self.launch("ops", "add", (grid1(n, 256, 4096), 1, 1), (256, 1, 1), args![a.ptr(), b.ptr(), n as i64])
+    }
+
+    fn matmul(&self, w: &CudaWeight, x: &CudaBuf, rows_x: usize, out: &mut CudaBuf) -> Result<()> {
+        check("matmul", x.len >= rows_x * w.cols && out.len >= rows_x * w.rows, || {
+            format!("x {} for {rows_x}×{}, out {} for {rows_x}×{}", x.len, w.cols, out.len, w.rows)
+        })?;
+        self.mm(w, x.ptr(), rows_x, out.ptr())
+    }
+
+    fn matmul_logits(&self, w: &CudaWeight, x: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        let n = self.logit_rows;
+        check("matmul_logits", out.len >= n * w.rows, || format!("out {} for {n}×{}", out.len, w.rows))?;
+        if n == 0 {
+            return Ok(());
+        }
+        if self.logits_identity {
+            return self.mm(w, x.ptr(), n, out.ptr());
+        }
+        let g = self.scratch_ptr(|s| &mut s.gather, n * w.cols * 4, "logits rows")?;
+        self.launch("ops", "gather_rows", (n as u32, 1, 1), (256, 1, 1), args![x.ptr(), self.view.logit_rows, g, w.cols as i32])?;
+        self.mm(w, g, n, out.ptr())
+    }
+
+    fn rope_kv_write(&self, q: &mut CudaBuf, k: &mut CudaBuf, v: &CudaBuf, rope: &RopeParams, a: &AttnParams, kv: &mut CudaKv) -> Result<()> {
+        let n = self.rows;
+        let kv_dim = a.n_head_kv * a.head_dim;
+        check("rope_kv_write", kv_dim == kv.kv_dim, || format!("kv_dim {kv_dim} vs cache {}", kv.kv_dim))?;
+        check("rope_kv_write", q.len >= n * a.n_head * a.head_dim && k.len >= n * kv_dim && v.len >= n * kv_dim, || "buffers too small".into())?;
+        check("rope_kv_write", rope.n_dims <= a.head_dim && rope.n_dims % 2 == 0, || format!("{} rotated dims of {}", rope.n_dims, a.head_dim))?;
+        let th = self.theta_ptr(rope)?;
+        let mode = i32::from(rope.mode == RopeMode::Neox);
+        self.launch(
+            "ops",
+            "rope_kv_write",
+            (n.max(1) as u32, 1, 1),
+            (128, 1, 1),
+            args![q.ptr(), k.ptr(), v.ptr(), kv.k.ptr, kv.v.ptr, self.view.pos, self.view.slot, th, a.n_head as i32, a.n_head_kv as i32, a.head_dim as i32, rope.n_dims as i32, mode],
+        )
+    }
+
+    fn attention(&self, q: &CudaBuf, kv: &CudaKv, a: &AttnParams, out: &mut CudaBuf) -> Result<()> {
+        let n = self.rows;
+        let hd = a.head_dim;
+        check("attention", matches!(hd, 64 | 128 | 256), || format!("head dim {hd} (64, 128 and 256 are built)"))?;
+        check("attention", a.n_head % a.n_head_kv.max(1) == 0 && a.n_head_kv * hd == kv.kv_dim, || "head counts".into())?;
+        check("attention", q.len >= n * a.n_head * hd && out.len >= n * a.n_head * hd, || "buffers too small".into())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let ns = self.n_split(n, a.n_head, kv.n_slots);
+        let part = if ns > 1 { self.scratch_ptr(|s| &mut s.part, n * a.n_head * ns * (hd + 2) * 4, "attention partials")? } else { 0 };
+        let window = a.window.map(|w| w as i32).unwrap_or(0);
+        let softcap = a.softcap.unwrap_or(0.0);
+        self.launch(
+            "attn",
+            &format!("attention_{hd}"),
+            (ns as u32, a.n_head as u32, n as u32),
+            (32, 4, 1),
+            args![q.ptr(), kv.k.ptr, kv.v.ptr, out.ptr(), part, self.view, a.n_head as i32, a.n_head_kv as i32, a.scale, window, softcap],
+        )?;
+        if ns > 1 {
+            self.launch("attn", &format!("attn_merge_{hd}"), (a.n_head as u32, n as u32, 1), (hd as u32, 1, 1), args![part, out.ptr(), a.n_head as i32, ns as i32])?;
+        }
+        Ok(())
+    }
+
+    fn glu(&self, act: Activation, gate: &CudaBuf, up: &CudaBuf, n: usize, out: &mut CudaBuf) -> Result<()> {
+        check("glu", gate.len >= n && up.len >= n && out.len >= n, || format!("{n} elements"))?;
+        let a = match act {
+            Activation::SwiGlu => 0i32,
+            Activation::GeGlu => 1,
+        };
+        self.launch("ops", "glu", (grid1(n, 256, 8192), 1, 1), (256, 1, 1), args![gate.ptr(), up.ptr(), out.ptr(), n as i64, a])
+    }
+
+    fn softcap(&self, x: &mut CudaBuf, cap: f32, n: usize) -> Result<()> {
+        check("softcap", x.len >= n, || format!("{n} > {}", x.len))?;
+        self.launch("ops", "softcap", (grid1(n, 256, 8192), 1, 1), (256, 1, 1), args![x.ptr(), n as i64, cap])
+    }
+
+    fn read(&self, x: &CudaBuf, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        check("read", n <= x.len, || format!("{n} > {}", x.len))?;
+        out.resize(n, 0.0);
+        self.dev.dtoh(out, x.ptr()).map_err(|e| BackendError::Device(format!("{e} (a kernel of this step failed; QUIVER_CUDA_SYNC=1 names it)")))
+    }
+
+    fn argmax(&self, x: &CudaBuf, rows: usize, cols: usize, out: &mut Vec<u32>) -> Result<()> {
+        check("argmax", rows * cols <= x.len, || format!("{rows}×{cols} > {}", x.len))?;
+        let ids = self.scratch_ptr(|s| &mut s.ids, rows.max(1) * 4, "argmax ids")?;
+        self.launch("ops", "argmax_rows", (rows as u32, 1, 1), (1024, 1, 1), args![x.ptr(), ids, cols as i32])?;
+        out.resize(rows, 0);
+        self.dev.dtoh(out, ids).map_err(BackendError::Device)?;
+        let _ = self.sync();
+        Ok(())
+    }
+}
+
+/// The kernel-name suffix of a weight type with CUDA kernels.
+pub fn kernel_suffix(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::Q4_0 => "q4_0",
+        GgmlType::Q4_1 => "q4_1",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_1 => "q5_1",
+        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q2_K => "q2_k",
+        GgmlType::Q3_K => "q3_k",
+        GgmlType::Q4_K => "q4_k",
+        GgmlType::Q5_K => "q5_k",
+        GgmlType::Q6_K => "q6_k",
+        GgmlType::F32 => "f32",
+        GgmlType::F16 => "f16",
+        GgmlType::BF16 => "bf16",
+        _ => return None,
+    })
+}

@@ -1,0 +1,195 @@
+//! The kernel registry: CUDA C++ sources embedded in the binary, compiled by NVRTC to machine
+//! code (cubin) for the device's own architecture on first use, cached on disk under the quiver
+//! cache folder keyed by (module, source hash, architecture, options), and loaded as modules.
+
+use cudarc::driver::{result as dr, sys as ds};
+use cudarc::nvrtc::{result as nr, sys as ns};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::ffi::{c_char, CString};
+use std::path::PathBuf;
+
+const COMMON: &str = include_str!("../kernels/common.cuh");
+const QUANT: &str = include_str!("../kernels/quant.cu");
+const OPS: &str = include_str!("../kernels/ops.cu");
+const ATTN: &str = include_str!("../kernels/attn.cu");
+
+/// Weight types with quantized kernels (`embed_T`, `dequant_bf16_T`, `mmv_T`), by kernel suffix.
+pub const QUANT_TYPES: &[&str] = &["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "f32", "f16", "bf16"];
+
+/// Every module the backend can load: "ops", "attn" and one "quant_T" per weight type.
+pub fn module_names() -> Vec<String> {
+    let mut v = vec!["ops".to_string(), "attn".to_string()];
+    v.extend(QUANT_TYPES.iter().map(|t| format!("quant_{t}")));
+    v
+}
+
+/// The kernels the backend launches from a module.
+pub fn kernel_names(module: &str) -> Vec<String> {
+    match module {
+        "ops" => ["rms_norm", "rope_kv_write", "glu", "softcap", "add", "gather_rows", "f32_to_bf16", "argmax_rows"].iter().map(|s| s.to_string()).collect(),
+        "attn" => [64, 128, 256].iter().flat_map(|d| [format!("attention_{d}"), format!("attn_merge_{d}")]).collect(),
+        m => {
+            let t = m.strip_prefix("quant_").unwrap_or(m);
+            let mut v = vec![format!("embed_{t}"), format!("dequant_bf16_{t}"), format!("mmv_{t}")];
+            if t == "f16" || t == "bf16" {
+                v.push(format!("mmv_dense_{t}"));
+            }
+            v
+        }
+    }
+}
+
+/// The full source NVRTC compiles for a module.
+pub fn module_source(module: &str) -> Option<String> {
+    let body = match module {
+        "ops" => OPS.to_string(),
+        "attn" => ATTN.to_string(),
+        m => {
+            let t = m.strip_prefix("quant_").filter(|t| QUANT_TYPES.contains(t))?;
+            let mut s = format!("{QUANT}\nQUANT_KERNELS({t})\n");
+            if t == "f16" || t == "bf16" {
+                s.push_str(&format!("DENSE_MMV({t}, {})\n", if t == "f16" { "h2f" } else { "bf2f" }));
+            }
+            s
+        }
+    };
+    Some(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))
+}
+
+fn options(arch: u32) -> Vec<String> {
+    vec![format!("--gpu-architecture=sm_{arch}"), "--std=c++17".into(), "-default-device".into(), "--extra-device-vectorization".into()]
+}
+
+/// Compiles one module to a cubin for `sm_<arch>` (e.g. 90). Needs NVRTC, not a GPU.
+/// A compile error returns the module name and NVRTC's log.
+pub fn compile(module: &str, arch: u32) -> Result<Vec<u8>, String> {
+    let src = module_source(module).ok_or_else(|| format!("unknown kernel module {module}"))?;
+    compile_source(module, &src, arch)
+}
+
+/// Compiles `src` (a whole module) as `module`.
+pub fn compile_source(module: &str, src: &str, arch: u32) -> Result<Vec<u8>, String> {
+    crate::libs::nvrtc()?;
+    let csrc = CString::new(src.to_string()).map_err(|e| e.to_string())?;
+    let name = CString::new(format!("{module}.cu")).unwrap();
+    let prog = nr::create_program(&csrc, Some(&name)).map_err(|e| format!("nvrtc: {e:?}"))?;
+    // SAFETY: prog is a live program until destroy_program below.
+    unsafe {
+        let res = nr::compile_program(prog, &options(arch));
+        if res.is_err() {
+            let log = nr::get_program_log(prog).map(|l| c_log(&l)).unwrap_or_default();
+            let _ = nr::destroy_program(prog);
+            return Err(format!("kernel module {module} failed to compile for sm_{arch}:\n{log}"));
+        }
+        let mut size = 0usize;
+        let r = ns::nvrtcGetCUBINSize(prog, &mut size);
+        if r != ns::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+            let _ = nr::destroy_program(prog);
+            return Err(format!("kernel module {module}: NVRTC produced no cubin for sm_{arch} ({r:?})"));
+        }
+        let mut cubin = vec![0u8; size];
+        let r = ns::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char);
+        let _ = nr::destroy_program(prog);
+        if r != ns::nvrtcResult::NVRTC_SUCCESS {
+            return Err(format!("kernel module {module}: nvrtcGetCUBIN failed ({r:?})"));
+        }
+        Ok(cubin)
+    }
+}
+
+fn c_log(l: &[c_char]) -> String {
+    let bytes: Vec<u8> = l.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).trim_end().to_string()
+}
+
+/// The NVRTC version, part of every cache key.
+pub fn nvrtc_version() -> Result<(i32, i32), String> {
+    crate::libs::nvrtc()?;
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: plain out-parameters.
+    let r = unsafe { ns::nvrtcVersion(&mut a, &mut b) };
+    if r != ns::nvrtcResult::NVRTC_SUCCESS {
+        return Err(format!("nvrtcVersion failed ({r:?})"));
+    }
+    Ok((a, b))
+}
+
+/// Cache key: module, hash of (source, options, NVRTC version), architecture.
+pub fn cache_file(module: &str, arch: u32) -> Result<PathBuf, String> {
+    let (a, b) = nvrtc_version()?;
+    let mut h = Sha256::new();
+    h.update(module_source(module).unwrap_or_default().as_bytes());
+    for o in options(arch) {
+        h.update(o.as_bytes());
+    }
+    h.update(format!("nvrtc {a}.{b}").as_bytes());
+    let hex = quiver_hub::hex(&h.finalize()[..8]);
+    Ok(quiver_hub::cache_dir().join("kernels").join(format!("{module}-{hex}-sm{arch}.cubin")))
+}
+
+pub(crate) struct Func(pub ds::CUfunction);
+// SAFETY: CUfunction handles may be used from any thread with the context current.
+unsafe impl Send for Func {}
+unsafe impl Sync for Func {}
+
+/// Loaded modules and their functions for one context.
+pub struct Registry {
+    arch: u32,
+    modules: HashMap<String, ds::CUmodule>,
+    funcs: HashMap<String, Func>,
+    pub compiled: usize,
+    pub from_cache: usize,
+}
+// SAFETY: module handles belong to the backend's context, used with it current.
+unsafe impl Send for Registry {}
+
+impl Registry {
+    pub fn new(arch: u32) -> Self {
+        Registry { arch, modules: HashMap::new(), funcs: HashMap::new(), compiled: 0, from_cache: 0 }
+    }
+
+    /// Compiles (or reads from the disk cache) and loads `module` unless it is loaded.
+    pub fn ensure(&mut self, module: &str) -> Result<(), String> {
+        if self.modules.contains_key(module) {
+            return Ok(());
+        }
+        let path = cache_file(module, self.arch)?;
+        let cubin = match std::fs::read(&path) {
+            Ok(b) if !b.is_empty() => {
+                self.from_cache += 1;
+                b
+            }
+            _ => {
+                let b = compile(module, self.arch)?;
+                self.compiled += 1;
+                if let Some(dir) = path.parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                    if std::fs::write(&tmp, &b).is_ok() {
+                        let _ = std::fs::rename(&tmp, &path);
+                    }
+                }
+                b
+            }
+        };
+        // SAFETY: a cubin image for this device's architecture; the driver validates it.
+        let m = unsafe { dr::module::load_data(cubin.as_ptr() as *const _) }.map_err(|e| format!("loading kernel module {module}: {e:?}"))?;
+        self.modules.insert(module.to_string(), m);
+        Ok(())
+    }
+
+    /// A kernel of a loaded module.
+    pub(crate) fn func(&mut self, module: &str, name: &str) -> Result<ds::CUfunction, String> {
+        if let Some(f) = self.funcs.get(name) {
+            return Ok(f.0);
+        }
+        self.ensure(module)?;
+        let m = self.modules[module];
+        let cname = CString::new(name).unwrap();
+        // SAFETY: m is a loaded module.
+        let f = unsafe { dr::module::get_function(m, cname) }.map_err(|e| format!("kernel {name} not in module {module}: {e:?}"))?;
+        self.funcs.insert(name.to_string(), Func(f));
+        Ok(f)
+    }
+}

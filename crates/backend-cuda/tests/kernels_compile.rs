@@ -1,0 +1,60 @@
+//! Every kernel module compiles with NVRTC to sm_90 machine code. Needs NVRTC (CI installs
+//! the nvidia-cuda-nvrtc wheel and sets QUIVER_REQUIRE_NVRTC=1), not a GPU.
+
+use quiver_backend_cuda::registry;
+
+fn nvrtc_or_skip() -> bool {
+    match quiver_backend_cuda::libs::nvrtc() {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(std::env::var("QUIVER_REQUIRE_NVRTC").as_deref() != Ok("1"), "QUIVER_REQUIRE_NVRTC=1 but {e}");
+            eprintln!("SKIPPED: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn every_module_compiles_for_sm90() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let mut failures = Vec::new();
+    for m in registry::module_names() {
+        match registry::compile(&m, 90) {
+            Ok(cubin) => {
+                // An ELF image with machine code, not PTX text.
+                assert_eq!(&cubin[..4], b"\x7fELF", "{m}: not a cubin");
+                for name in registry::kernel_names(&m) {
+                    assert!(cubin.windows(name.len()).any(|w| w == name.as_bytes()), "{m}: kernel {name} missing from the cubin");
+                }
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn a_broken_kernel_reports_the_module_and_the_log() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let e = registry::compile("no_such_module", 90).unwrap_err();
+    assert!(e.contains("unknown kernel module no_such_module"), "{e}");
+    let e = registry::compile_source("broken", "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }", 90).unwrap_err();
+    assert!(e.contains("broken") && e.contains("undefined_name"), "{e}");
+}
+
+#[test]
+fn cache_keys_differ_by_module_and_architecture() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let a = registry::cache_file("ops", 90).unwrap();
+    let b = registry::cache_file("ops", 89).unwrap();
+    let c = registry::cache_file("attn", 90).unwrap();
+    assert_ne!(a, b);
+    assert_ne!(a, c);
+    assert_eq!(a, registry::cache_file("ops", 90).unwrap());
+}
