@@ -55,7 +55,17 @@ fn round_f16(x: &mut [f32], tmp: &mut [half::f16]) {
 /// One (token, head) task: online softmax over the visible keys, written to `row`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn task_body(i: usize, q: &[f32], k_cache: &[half::f16], v_cache: &[half::f16], batch: &Batch, a: &AttnParams, r16: bool, f16c: bool, row: &mut [f32]) {
+fn task_body(
+    i: usize,
+    q: &[f32],
+    k_cache: &[half::f16],
+    v_cache: &[half::f16],
+    batch: &Batch,
+    a: &AttnParams,
+    r16: bool,
+    f16c: bool,
+    row: &mut [f32],
+) {
     let (hd, nh) = (a.head_dim, a.n_head);
     let kv_dim = a.n_head_kv * hd;
     let group = nh / a.n_head_kv;
@@ -176,7 +186,16 @@ unsafe fn widen_f16c(src: &[half::f16], dst: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn task_avx2(i: usize, q: &[f32], k: &[half::f16], v: &[half::f16], b: &Batch, a: &AttnParams, r16: bool, row: &mut [f32]) {
+unsafe fn task_avx2(
+    i: usize,
+    q: &[f32],
+    k: &[half::f16],
+    v: &[half::f16],
+    b: &Batch,
+    a: &AttnParams,
+    r16: bool,
+    row: &mut [f32],
+) {
     task_body(i, q, k, v, b, a, r16, true, row)
 }
 
@@ -186,14 +205,25 @@ fn has_avx2() -> bool {
         static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *F.get_or_init(|| {
             let allowed = std::env::var("QUIVER_CPU_SIMD").map_or(true, |v| v != "portable");
-            allowed && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            allowed
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
 
-pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[half::f16], v_cache: &[half::f16], batch: &Batch, a: &AttnParams, out: &mut [f32]) {
+pub fn attention(
+    pool: &ThreadPool,
+    q: &[f32],
+    k_cache: &[half::f16],
+    v_cache: &[half::f16],
+    batch: &Batch,
+    a: &AttnParams,
+    out: &mut [f32],
+) {
     let (hd, nh) = (a.head_dim, a.n_head);
     let n_tasks = batch.n_tokens() * nh;
     assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * hd);
@@ -219,5 +249,9 @@ pub fn attention(pool: &ThreadPool, q: &[f32], k_cache: &[half::f16], v_cache: &
 /// `quiver_backend::reference::gelu_tanh_f16`, at a table lookup each.
 pub fn gelu_table() -> &'static [f32] {
     static T: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
-    T.get_or_init(|| (0..=u16::MAX).map(|b| quiver_backend::reference::gelu_tanh_f16(half::f16::from_bits(b).to_f32())).collect())
+    T.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| quiver_backend::reference::gelu_tanh_f16(half::f16::from_bits(b).to_f32()))
+            .collect()
+    })
 }

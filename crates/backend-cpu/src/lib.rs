@@ -2,11 +2,12 @@
 //! (never copied to the heap), K/V in one f32 pool per layer.
 
 mod attn;
-mod rope;
 mod matmul;
+mod rope;
 
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, BackendError, Batch, Result, RopeParams, Step, WeightBytes,
+    reference, Activation, AttnParams, Backend, BackendError, Batch, Result, RopeParams, Step,
+    WeightBytes,
 };
 use quiver_gguf::GgmlType;
 
@@ -25,9 +26,13 @@ impl CpuWeight {
     }
 
     fn vector(&self, op: &'static str) -> Result<&[f32]> {
-        self.vector
-            .as_deref()
-            .ok_or_else(|| BackendError::Shape { op, detail: format!("expected a vector weight, got [{}, {}]", self.rows, self.cols) })
+        self.vector.as_deref().ok_or_else(|| BackendError::Shape {
+            op,
+            detail: format!(
+                "expected a vector weight, got [{}, {}]",
+                self.rows, self.cols
+            ),
+        })
     }
 }
 
@@ -50,7 +55,12 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     pub fn new(threads: usize) -> Self {
-        CpuBackend { batch: Batch::default(), mm: matmul::MatMul::new(threads), packed: Default::default(), slots_needed: 0 }
+        CpuBackend {
+            batch: Batch::default(),
+            mm: matmul::MatMul::new(threads),
+            packed: Default::default(),
+            slots_needed: 0,
+        }
     }
 
     pub fn threads(&self) -> usize {
@@ -68,7 +78,10 @@ fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<
     if ok {
         Ok(())
     } else {
-        Err(BackendError::Shape { op, detail: detail() })
+        Err(BackendError::Shape {
+            op,
+            detail: detail(),
+        })
     }
 }
 
@@ -81,21 +94,41 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn weight(&self, name: &str, ty: GgmlType, shape: &[u64], bytes: WeightBytes) -> Result<CpuWeight> {
+    fn weight(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        shape: &[u64],
+        bytes: WeightBytes,
+    ) -> Result<CpuWeight> {
         let cols = *shape.last().unwrap_or(&1) as usize;
         let rows = shape.iter().rev().skip(1).product::<u64>() as usize;
         let vector = if rows == 1 {
             let mut v = vec![0f32; cols];
-            quiver_quant::dequantize(ty, bytes.bytes(), &mut v)
-                .map_err(|e| BackendError::Shape { op: "weight", detail: format!("{name}: {e}") })?;
+            quiver_quant::dequantize(ty, bytes.bytes(), &mut v).map_err(|e| {
+                BackendError::Shape {
+                    op: "weight",
+                    detail: format!("{name}: {e}"),
+                }
+            })?;
             Some(v)
         } else {
             if !self.mm.supports(ty) {
-                return Err(BackendError::Unsupported { op: "matmul", ty, backend: "cpu" });
+                return Err(BackendError::Unsupported {
+                    op: "matmul",
+                    ty,
+                    backend: "cpu",
+                });
             }
             None
         };
-        Ok(CpuWeight { ty, rows, cols, bytes, vector })
+        Ok(CpuWeight {
+            ty,
+            rows,
+            cols,
+            bytes,
+            vector,
+        })
     }
 
     fn buf(&self, n: usize) -> Result<Vec<f32>> {
@@ -104,14 +137,36 @@ impl Backend for CpuBackend {
 
     fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<CpuKv> {
         let zero = half::f16::ZERO;
-        Ok(CpuKv { k: vec![zero; n_slots * kv_dim], v: vec![zero; n_slots * kv_dim], kv_dim, n_slots })
+        Ok(CpuKv {
+            k: vec![zero; n_slots * kv_dim],
+            v: vec![zero; n_slots * kv_dim],
+            kv_dim,
+            n_slots,
+        })
     }
 
-    fn begin_step(&mut self, batch: &Batch, _state: u64, _max_tokens: usize, _max_logits: usize) -> Result<Step> {
+    fn begin_step(
+        &mut self,
+        batch: &Batch,
+        _state: u64,
+        _max_tokens: usize,
+        _max_logits: usize,
+    ) -> Result<Step> {
         // Checked once per step; the ops then only compare the pool size (see `attention`).
-        batch.validate(usize::MAX).map_err(|d| BackendError::Shape { op: "begin_step", detail: d })?;
+        batch
+            .validate(usize::MAX)
+            .map_err(|d| BackendError::Shape {
+                op: "begin_step",
+                detail: d,
+            })?;
         self.batch.clone_from(batch);
-        self.slots_needed = batch.seqs.iter().flat_map(|s| s.block_table.iter()).map(|&b| (b as usize + 1) * batch.block_size).max().unwrap_or(0);
+        self.slots_needed = batch
+            .seqs
+            .iter()
+            .flat_map(|s| s.block_table.iter())
+            .map(|&b| (b as usize + 1) * batch.block_size)
+            .max()
+            .unwrap_or(0);
         Ok(Step::eager(batch))
     }
 
@@ -119,13 +174,20 @@ impl Backend for CpuBackend {
         let cols = table.cols;
         let row_bytes = table.ty.row_bytes(cols as u64).unwrap_or(0) as usize;
         let n = self.batch.n_tokens();
-        check("embed", out.len() >= n * cols, || format!("out holds {} < {n}×{cols}", out.len()))?;
+        check("embed", out.len() >= n * cols, || {
+            format!("out holds {} < {n}×{cols}", out.len())
+        })?;
         for (t, &id) in self.batch.tokens.iter().enumerate() {
             let id = id as usize;
-            check("embed", id < table.rows, || format!("token id {id} ≥ vocabulary {}", table.rows))?;
+            check("embed", id < table.rows, || {
+                format!("token id {id} ≥ vocabulary {}", table.rows)
+            })?;
             let o = &mut out[t * cols..][..cols];
             quiver_quant::dequantize(table.ty, &table.bytes()[id * row_bytes..][..row_bytes], o)
-                .map_err(|e| BackendError::Shape { op: "embed", detail: e.to_string() })?;
+                .map_err(|e| BackendError::Shape {
+                    op: "embed",
+                    detail: e.to_string(),
+                })?;
             if scale != 1.0 {
                 o.iter_mut().for_each(|x| *x *= scale);
             }
@@ -133,18 +195,35 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rms_norm(&self, x: &Vec<f32>, w: &CpuWeight, eps: f32, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        w: &CpuWeight,
+        eps: f32,
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let w = w.vector("rms_norm")?;
         let n = rows * w.len();
-        check("rms_norm", x.len() >= n && out.len() >= n, || format!("{rows}×{} elements", w.len()))?;
+        check("rms_norm", x.len() >= n && out.len() >= n, || {
+            format!("{rows}×{} elements", w.len())
+        })?;
         reference::rms_norm(&x[..n], w, eps, &mut out[..n]);
         Ok(())
     }
 
-    fn rms_norm_inplace(&self, x: &mut Vec<f32>, w: &CpuWeight, eps: f32, rows: usize) -> Result<()> {
+    fn rms_norm_inplace(
+        &self,
+        x: &mut Vec<f32>,
+        w: &CpuWeight,
+        eps: f32,
+        rows: usize,
+    ) -> Result<()> {
         let w = w.vector("rms_norm")?;
         let d = w.len();
-        check("rms_norm", x.len() >= rows * d, || format!("{rows}×{d} elements"))?;
+        check("rms_norm", x.len() >= rows * d, || {
+            format!("{rows}×{d} elements")
+        })?;
         let mut tmp = [0f32; 1024];
         check("rms_norm", d <= tmp.len(), || format!("row of {d} > 1024"))?;
         for r in x[..rows * d].chunks_exact_mut(d) {
@@ -169,34 +248,68 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, a: &mut Vec<f32>, b: &Vec<f32>, n: usize) -> Result<()> {
-        check("add", a.len() >= n && b.len() >= n, || format!("{n} elements"))?;
+        check("add", a.len() >= n && b.len() >= n, || {
+            format!("{n} elements")
+        })?;
         a[..n].iter_mut().zip(&b[..n]).for_each(|(x, y)| *x += y);
         Ok(())
     }
 
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, rows_x: usize, out: &mut Vec<f32>) -> Result<()> {
-        check("matmul", x.len() >= rows_x * w.cols && out.len() >= rows_x * w.rows, || {
-            format!("x [{rows_x}, {}] · W [{}, {}]ᵀ", w.cols, w.rows, w.cols)
-        })?;
-        self.mm.run(w.ty, w.bytes(), w.rows, w.cols, &x[..rows_x * w.cols], rows_x, &mut out[..rows_x * w.rows])
+        check(
+            "matmul",
+            x.len() >= rows_x * w.cols && out.len() >= rows_x * w.rows,
+            || format!("x [{rows_x}, {}] · W [{}, {}]ᵀ", w.cols, w.rows, w.cols),
+        )?;
+        self.mm.run(
+            w.ty,
+            w.bytes(),
+            w.rows,
+            w.cols,
+            &x[..rows_x * w.cols],
+            rows_x,
+            &mut out[..rows_x * w.rows],
+        )
     }
 
     fn matmul_logits(&self, w: &CpuWeight, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
         let sel = &self.batch.logits;
         let c = w.cols;
-        let (Some(&a), Some(&b)) = (sel.first(), sel.last()) else { return Ok(()) };
+        let (Some(&a), Some(&b)) = (sel.first(), sel.last()) else {
+            return Ok(());
+        };
         let (a, b) = (a as usize, b as usize);
-        check("matmul_logits", x.len() >= (b + 1) * c && out.len() >= sel.len() * w.rows, || format!("{} rows", sel.len()))?;
+        check(
+            "matmul_logits",
+            x.len() >= (b + 1) * c && out.len() >= sel.len() * w.rows,
+            || format!("{} rows", sel.len()),
+        )?;
         if b + 1 - a == sel.len() && sel.windows(2).all(|p| p[1] == p[0] + 1) {
             // A contiguous run (always the case for the runner): no copy.
-            return self.mm.run(w.ty, w.bytes(), w.rows, c, &x[a * c..(b + 1) * c], sel.len(), &mut out[..sel.len() * w.rows]);
+            return self.mm.run(
+                w.ty,
+                w.bytes(),
+                w.rows,
+                c,
+                &x[a * c..(b + 1) * c],
+                sel.len(),
+                &mut out[..sel.len() * w.rows],
+            );
         }
         let mut packed = self.packed.lock().unwrap_or_else(|e| e.into_inner());
         packed.clear();
         for &i in sel {
             packed.extend_from_slice(&x[i as usize * c..][..c]);
         }
-        self.mm.run(w.ty, w.bytes(), w.rows, c, &packed, sel.len(), &mut out[..sel.len() * w.rows])
+        self.mm.run(
+            w.ty,
+            w.bytes(),
+            w.rows,
+            c,
+            &packed,
+            sel.len(),
+            &mut out[..sel.len() * w.rows],
+        )
     }
 
     fn rope_kv_write(
@@ -211,32 +324,80 @@ impl Backend for CpuBackend {
         let b = &self.batch;
         let n = b.n_tokens();
         let kv_dim = a.n_head_kv * a.head_dim;
-        check("rope_kv_write", kv_dim == kv.kv_dim, || format!("kv_dim {kv_dim} vs cache {}", kv.kv_dim))?;
-        check("rope_kv_write", rope.n_dims / 2 <= rope::MAX_PAIRS, || format!("{} rotated dims", rope.n_dims))?;
-        rope::apply(&mut q[..n * a.n_head * a.head_dim], &mut k[..n * kv_dim], &b.positions, a, rope);
+        check("rope_kv_write", kv_dim == kv.kv_dim, || {
+            format!("kv_dim {kv_dim} vs cache {}", kv.kv_dim)
+        })?;
+        check("rope_kv_write", rope.n_dims / 2 <= rope::MAX_PAIRS, || {
+            format!("{} rotated dims", rope.n_dims)
+        })?;
+        rope::apply(
+            &mut q[..n * a.n_head * a.head_dim],
+            &mut k[..n * kv_dim],
+            &b.positions,
+            a,
+            rope,
+        );
         // The cache holds f16 (as llama.cpp's default cache does); q meets it in f16.
         use half::slice::HalfFloatSliceExt;
-        q[..n * a.n_head * a.head_dim].iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+        q[..n * a.n_head * a.head_dim]
+            .iter_mut()
+            .for_each(|v| *v = half::f16::from_f32(*v).to_f32());
         for t in 0..n {
             let slot = b.slots[t] as usize;
-            check("rope_kv_write", slot < kv.n_slots, || format!("slot {slot} ≥ {}", kv.n_slots))?;
+            check("rope_kv_write", slot < kv.n_slots, || {
+                format!("slot {slot} ≥ {}", kv.n_slots)
+            })?;
             kv.k[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&k[t * kv_dim..][..kv_dim]);
             kv.v[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&v[t * kv_dim..][..kv_dim]);
         }
         Ok(())
     }
 
-    fn attention(&self, q: &Vec<f32>, kv: &CpuKv, a: &AttnParams, out: &mut Vec<f32>) -> Result<()> {
+    fn attention(
+        &self,
+        q: &Vec<f32>,
+        kv: &CpuKv,
+        a: &AttnParams,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let n = self.batch.n_tokens() * a.n_head * a.head_dim;
-        check("attention", q.len() >= n && out.len() >= n, || format!("{n} elements"))?;
-        check("attention", self.slots_needed <= kv.n_slots, || format!("block tables reach slot {} of a {}-slot cache", self.slots_needed, kv.n_slots))?;
-        check("attention", a.head_dim <= attn::MAX_HEAD_DIM, || format!("head_dim {} > {}", a.head_dim, attn::MAX_HEAD_DIM))?;
-        attn::attention(self.mm.pool(), &q[..n], &kv.k, &kv.v, &self.batch, a, &mut out[..n]);
+        check("attention", q.len() >= n && out.len() >= n, || {
+            format!("{n} elements")
+        })?;
+        check("attention", self.slots_needed <= kv.n_slots, || {
+            format!(
+                "block tables reach slot {} of a {}-slot cache",
+                self.slots_needed, kv.n_slots
+            )
+        })?;
+        check("attention", a.head_dim <= attn::MAX_HEAD_DIM, || {
+            format!("head_dim {} > {}", a.head_dim, attn::MAX_HEAD_DIM)
+        })?;
+        attn::attention(
+            self.mm.pool(),
+            &q[..n],
+            &kv.k,
+            &kv.v,
+            &self.batch,
+            a,
+            &mut out[..n],
+        );
         Ok(())
     }
 
-    fn glu(&self, act: Activation, gate: &Vec<f32>, up: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {
-        check("glu", gate.len() >= n && up.len() >= n && out.len() >= n, || format!("{n} elements"))?;
+    fn glu(
+        &self,
+        act: Activation,
+        gate: &Vec<f32>,
+        up: &Vec<f32>,
+        n: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        check(
+            "glu",
+            gate.len() >= n && up.len() >= n && out.len() >= n,
+            || format!("{n} elements"),
+        )?;
         match act {
             Activation::GeGlu => {
                 let t = attn::gelu_table();

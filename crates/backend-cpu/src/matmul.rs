@@ -14,7 +14,10 @@ pub struct MatMul {
 impl MatMul {
     pub fn new(threads: usize) -> Self {
         let pool = ThreadPool::new(threads.max(1)).expect("spawning the CPU worker threads");
-        MatMul { pool, scratch: Mutex::new(Scratch::new()) }
+        MatMul {
+            pool,
+            scratch: Mutex::new(Scratch::new()),
+        }
     }
 
     pub fn pool(&self) -> &ThreadPool {
@@ -30,14 +33,27 @@ impl MatMul {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn run(&self, ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+    pub fn run(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let rb = ty.row_bytes(cols as u64).unwrap_or(0) as usize;
         let w = w.get(..rows * rb).ok_or_else(|| BackendError::Shape {
             op: "matmul",
             detail: format!("weight bytes {} < {rows}×{rb}", w.len()),
         })?;
-        quiver_cpu_kernels::matmul(&self.pool, ty, w, rows, cols, x, n, out, &mut scratch)
-            .map_err(|e| BackendError::Shape { op: "matmul", detail: e.to_string() })
+        quiver_cpu_kernels::matmul(&self.pool, ty, w, rows, cols, x, n, out, &mut scratch).map_err(
+            |e| BackendError::Shape {
+                op: "matmul",
+                detail: e.to_string(),
+            },
+        )
     }
 }

@@ -29,7 +29,11 @@ pub fn apply(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p:
                 v[ib] = x0 * sin[i] + x1 * cos[i];
             }
         };
-        q[t * a.n_head * hd..][..a.n_head * hd].chunks_exact_mut(hd).for_each(rotate);
-        k[t * a.n_head_kv * hd..][..a.n_head_kv * hd].chunks_exact_mut(hd).for_each(rotate);
+        q[t * a.n_head * hd..][..a.n_head * hd]
+            .chunks_exact_mut(hd)
+            .for_each(rotate);
+        k[t * a.n_head_kv * hd..][..a.n_head_kv * hd]
+            .chunks_exact_mut(hd)
+            .for_each(rotate);
     }
 }

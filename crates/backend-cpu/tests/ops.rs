@@ -1,7 +1,9 @@
 //! Every CPU op against the scalar reference (`quiver_backend::reference`) on fresh random
 //! inputs: a two-sequence paged batch, GQA, sliding window, soft-cap, both rope modes.
 
-use quiver_backend::{reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, SeqSpan, WeightBytes};
+use quiver_backend::{
+    reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, SeqSpan, WeightBytes,
+};
 use quiver_backend_cpu::CpuBackend;
 use quiver_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;
@@ -31,11 +33,31 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 fn batch() -> Batch {
     let bs = 4;
     let seqs = vec![
-        SeqSpan { start: 0, len: 1, kv_len: 21, block_table: vec![7, 2, 9, 0, 5, 11] },
-        SeqSpan { start: 1, len: 5, kv_len: 5, block_table: vec![3, 10] },
+        SeqSpan {
+            start: 0,
+            len: 1,
+            kv_len: 21,
+            block_table: vec![7, 2, 9, 0, 5, 11],
+        },
+        SeqSpan {
+            start: 1,
+            len: 5,
+            kv_len: 5,
+            block_table: vec![3, 10],
+        },
     ];
-    let mut b = Batch { tokens: vec![1, 2, 3, 4, 5, 6], positions: vec![20, 0, 1, 2, 3, 4], seq_of: vec![0, 1, 1, 1, 1, 1], seqs, logits: vec![0, 5], block_size: bs, slots: vec![] };
-    b.slots = (0..6).map(|t| b.slot(b.seq_of[t] as usize, b.positions[t] as usize) as u32).collect();
+    let mut b = Batch {
+        tokens: vec![1, 2, 3, 4, 5, 6],
+        positions: vec![20, 0, 1, 2, 3, 4],
+        seq_of: vec![0, 1, 1, 1, 1, 1],
+        seqs,
+        logits: vec![0, 5],
+        block_size: bs,
+        slots: vec![],
+    };
+    b.slots = (0..6)
+        .map(|t| b.slot(b.seq_of[t] as usize, b.positions[t] as usize) as u32)
+        .collect();
     b
 }
 
@@ -45,15 +67,38 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
     let b = batch();
     let mut be = CpuBackend::new(2);
     be.begin_step(&b, 0, usize::MAX, usize::MAX).unwrap();
-    for (hd, nh, nkv, window, softcap) in [(64, 4, 2, None, None), (256, 4, 1, Some(3), None), (128, 6, 3, None, Some(30.0f32))] {
+    for (hd, nh, nkv, window, softcap) in [
+        (64, 4, 2, None, None),
+        (256, 4, 1, Some(3), None),
+        (128, 6, 3, None, Some(30.0f32)),
+    ] {
         let n_slots = 48;
-        let a = AttnParams { n_head: nh, n_head_kv: nkv, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), window, softcap };
+        let a = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
+            softcap,
+        };
         let mut kv = be.kv(n_slots, nkv * hd).unwrap();
-        let kf: Vec<f32> = rng.vec(n_slots * nkv * hd).iter().map(|x| half::f16::from_f32(x * 3.0).to_f32()).collect();
-        let vf: Vec<f32> = rng.vec(n_slots * nkv * hd).iter().map(|x| half::f16::from_f32(*x).to_f32()).collect();
+        let kf: Vec<f32> = rng
+            .vec(n_slots * nkv * hd)
+            .iter()
+            .map(|x| half::f16::from_f32(x * 3.0).to_f32())
+            .collect();
+        let vf: Vec<f32> = rng
+            .vec(n_slots * nkv * hd)
+            .iter()
+            .map(|x| half::f16::from_f32(*x).to_f32())
+            .collect();
         kv.k = kf.iter().map(|&x| half::f16::from_f32(x)).collect();
         kv.v = vf.iter().map(|&x| half::f16::from_f32(x)).collect();
-        let q = rng.vec(b.n_tokens() * nh * hd).iter().map(|x| x * 3.0).collect::<Vec<_>>();
+        let q = rng
+            .vec(b.n_tokens() * nh * hd)
+            .iter()
+            .map(|x| x * 3.0)
+            .collect::<Vec<_>>();
         let mut out = vec![f32::NAN; q.len()];
         be.attention(&q, &kv, &a, &mut out).unwrap();
         let mut want = vec![0.0; q.len()];
@@ -62,7 +107,11 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
         // The CPU backend rounds the p·v accumulator to f16 after every key (as llama.cpp
         // does; QUIVER_CPU_ATTN_F32=1 turns it off): f16 rounding noise, ~1e-3 relative. A
         // wrong mask, slot or head mapping gives errors of order 1.
-        let bound = if std::env::var("QUIVER_CPU_ATTN_F32").as_deref() == Ok("1") { 1e-5 } else { 3e-3 };
+        let bound = if std::env::var("QUIVER_CPU_ATTN_F32").as_deref() == Ok("1") {
+            1e-5
+        } else {
+            3e-3
+        };
         assert!(e < bound, "hd {hd}: relative error {e}");
     }
 }
@@ -72,7 +121,10 @@ fn file_with_vector(v: &[f32]) -> WeightBytes {
     w.add_tensor("w", GgmlType::F32, &[v.len() as u64]);
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     let f = GgufFile::from_bytes(w.to_bytes(&[&bytes]).unwrap()).unwrap();
-    WeightBytes { file: Arc::new(f), tensor: 0 }
+    WeightBytes {
+        file: Arc::new(f),
+        tensor: 0,
+    }
 }
 
 #[test]
@@ -84,7 +136,9 @@ fn norms_rope_kv_write_and_glu_match_reference() {
     let (n, d) = (b.n_tokens(), 96);
     // rms_norm, in place, fused with the residual add
     let g = rng.vec(d);
-    let w = be.weight("w", GgmlType::F32, &[d as u64], file_with_vector(&g)).unwrap();
+    let w = be
+        .weight("w", GgmlType::F32, &[d as u64], file_with_vector(&g))
+        .unwrap();
     let x = rng.vec(n * d);
     let mut out = vec![f32::NAN; n * d];
     be.rms_norm(&x, &w, 1e-6, n, &mut out).unwrap();
@@ -97,19 +151,39 @@ fn norms_rope_kv_write_and_glu_match_reference() {
     let mut resid = rng.vec(n * d);
     let add = rng.vec(n * d);
     let sum: Vec<f32> = resid.iter().zip(&add).map(|(a, b)| a + b).collect();
-    be.add_rms_norm(&mut resid, &add, &w, 1e-6, n, &mut out).unwrap();
+    be.add_rms_norm(&mut resid, &add, &w, 1e-6, n, &mut out)
+        .unwrap();
     reference::rms_norm(&sum, &g, 1e-6, &mut want);
     assert_eq!(resid, sum);
     assert!(rel_err(&out, &want) < 1e-6);
     // rope fused with the K/V write (the cache rounds to f16)
     for mode in [RopeMode::Normal, RopeMode::Neox] {
         let (nh, nkv, hd) = (4, 2, 32);
-        let rope = RopeParams { mode, n_dims: 32, base: 10000.0, freq_scale: 1.0, llama3: None, freq_factors: None };
-        let a = AttnParams { n_head: nh, n_head_kv: nkv, head_dim: hd, scale: 1.0, window: None, softcap: None };
+        let rope = RopeParams {
+            mode,
+            n_dims: 32,
+            base: 10000.0,
+            freq_scale: 1.0,
+            llama3: None,
+            freq_factors: None,
+        };
+        let a = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            scale: 1.0,
+            window: None,
+            softcap: None,
+        };
         let mut kv = be.kv(48, nkv * hd).unwrap();
-        let (q0, k0, v) = (rng.vec(n * nh * hd), rng.vec(n * nkv * hd), rng.vec(n * nkv * hd));
+        let (q0, k0, v) = (
+            rng.vec(n * nh * hd),
+            rng.vec(n * nkv * hd),
+            rng.vec(n * nkv * hd),
+        );
         let (mut q, mut k) = (q0.clone(), k0.clone());
-        be.rope_kv_write(&mut q, &mut k, &v, &rope, &a, &mut kv).unwrap();
+        be.rope_kv_write(&mut q, &mut k, &v, &rope, &a, &mut kv)
+            .unwrap();
         let (mut qw, mut kw) = (q0, k0);
         reference::rope(&mut qw, &b.positions, nh, hd, &rope);
         reference::rope(&mut kw, &b.positions, nkv, hd, &rope);
@@ -118,13 +192,22 @@ fn norms_rope_kv_write_and_glu_match_reference() {
             let slot = b.slots[t] as usize;
             let kd = nkv * hd;
             let widen = |x: &[half::f16]| x.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
-            assert!(rel_err(&widen(&kv.k[slot * kd..][..kd]), &kw[t * kd..][..kd]) < 1e-3, "{mode:?} k");
-            assert!(rel_err(&widen(&kv.v[slot * kd..][..kd]), &v[t * kd..][..kd]) < 1e-3, "{mode:?} v");
+            assert!(
+                rel_err(&widen(&kv.k[slot * kd..][..kd]), &kw[t * kd..][..kd]) < 1e-3,
+                "{mode:?} k"
+            );
+            assert!(
+                rel_err(&widen(&kv.v[slot * kd..][..kd]), &v[t * kd..][..kd]) < 1e-3,
+                "{mode:?} v"
+            );
         }
     }
     // GLU
     for act in [Activation::SwiGlu, Activation::GeGlu] {
-        let (gate, up) = (rng.vec(n * d).iter().map(|x| x * 6.0).collect::<Vec<_>>(), rng.vec(n * d));
+        let (gate, up) = (
+            rng.vec(n * d).iter().map(|x| x * 6.0).collect::<Vec<_>>(),
+            rng.vec(n * d),
+        );
         be.glu(act, &gate, &up, n * d, &mut out).unwrap();
         reference::glu(act, &gate, &up, &mut want);
         assert!(rel_err(&out, &want) < 1e-6, "{act:?}");

@@ -27,19 +27,33 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, String> {
     if !unsafe { ds::is_culib_present() } {
         return Err("the CUDA driver library could not be loaded".into());
     }
-    dr::init().map_err(|e| driver_err("the CUDA driver failed to start (no GPU, or a driver problem)", e))?;
+    dr::init().map_err(|e| {
+        driver_err(
+            "the CUDA driver failed to start (no GPU, or a driver problem)",
+            e,
+        )
+    })?;
     let mut ver = 0;
     // SAFETY: out-parameter.
-    unsafe { ds::cuDriverGetVersion(&mut ver) }.result().map_err(|e| driver_err("cuDriverGetVersion", e))?;
+    unsafe { ds::cuDriverGetVersion(&mut ver) }
+        .result()
+        .map_err(|e| driver_err("cuDriverGetVersion", e))?;
     if ver < 12000 {
-        return Err(format!("the NVIDIA driver supports CUDA {}.{}; quiver needs a driver for CUDA 12.0 or newer", ver / 1000, ver % 1000 / 10));
+        return Err(format!(
+            "the NVIDIA driver supports CUDA {}.{}; quiver needs a driver for CUDA 12.0 or newer",
+            ver / 1000,
+            ver % 1000 / 10
+        ));
     }
     let count = dr::device::get_count().map_err(|e| driver_err("counting CUDA devices", e))?;
     if count == 0 {
         return Err("the NVIDIA driver reports no CUDA device".into());
     }
     if ordinal >= count as usize {
-        return Err(format!("CUDA device {ordinal} does not exist ({count} present: 0..{})", count - 1));
+        return Err(format!(
+            "CUDA device {ordinal} does not exist ({count} present: 0..{})",
+            count - 1
+        ));
     }
     let d = dr::device::get(ordinal as i32).map_err(|e| driver_err("cuDeviceGet", e))?;
     use ds::CUdevice_attribute as A;
@@ -55,7 +69,14 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, String> {
     // SAFETY: as above.
     let total_mem = unsafe { dr::device::total_mem(d) }.unwrap_or(0) as u64;
     crate::libs::nvrtc()?;
-    Ok(DeviceInfo { ordinal, name, arch: (major * 10 + minor) as u32, sms: sms as u32, total_mem, driver_version: ver })
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        arch: (major * 10 + minor) as u32,
+        sms: sms as u32,
+        total_mem,
+        driver_version: ver,
+    })
 }
 
 /// A raw device allocation, freed on drop.
@@ -87,11 +108,18 @@ impl Device {
         let info = probe(ordinal)?;
         let dev = dr::device::get(ordinal as i32).map_err(|e| driver_err("cuDeviceGet", e))?;
         // SAFETY: dev is valid; the primary context is released in Drop.
-        let ctx = unsafe { dr::primary_ctx::retain(dev) }.map_err(|e| driver_err("creating the CUDA context", e))?;
+        let ctx = unsafe { dr::primary_ctx::retain(dev) }
+            .map_err(|e| driver_err("creating the CUDA context", e))?;
         // SAFETY: ctx is live.
         unsafe { dr::ctx::set_current(ctx) }.map_err(|e| driver_err("cuCtxSetCurrent", e))?;
-        let stream = dr::stream::create(dr::stream::StreamKind::NonBlocking).map_err(|e| driver_err("creating a stream", e))?;
-        Ok(Device { info, ctx, stream, dev })
+        let stream = dr::stream::create(dr::stream::StreamKind::NonBlocking)
+            .map_err(|e| driver_err("creating a stream", e))?;
+        Ok(Device {
+            info,
+            ctx,
+            stream,
+            dev,
+        })
     }
 
     /// Makes the context current on this thread.
@@ -109,19 +137,23 @@ impl Device {
 
     pub fn mem_info(&self) -> (u64, u64) {
         let _ = self.bind();
-        dr::mem_get_info().map(|(f, t)| (f as u64, t as u64)).unwrap_or((0, 0))
+        dr::mem_get_info()
+            .map(|(f, t)| (f as u64, t as u64))
+            .unwrap_or((0, 0))
     }
 
     pub fn memset_zero(&self, ptr: u64, bytes: usize) -> Result<(), String> {
         // SAFETY: ptr..ptr+bytes is one allocation; ordered on our stream.
-        unsafe { dr::memset_d8_async(ptr, 0, bytes, self.stream) }.map_err(|e| driver_err("cuMemsetD8Async", e))
+        unsafe { dr::memset_d8_async(ptr, 0, bytes, self.stream) }
+            .map_err(|e| driver_err("cuMemsetD8Async", e))
     }
 
     /// Host → device, finished when this returns.
     pub fn htod_sync<T>(&self, dst: u64, src: &[T]) -> Result<(), String> {
         // SAFETY: dst holds at least size_of_val(src) bytes; we wait for the copy.
         unsafe {
-            dr::memcpy_htod_async(dst, src, self.stream).map_err(|e| driver_err("copying to the device", e))?;
+            dr::memcpy_htod_async(dst, src, self.stream)
+                .map_err(|e| driver_err("copying to the device", e))?;
             dr::stream::synchronize(self.stream).map_err(|e| driver_err("copying to the device", e))
         }
     }
@@ -130,15 +162,18 @@ impl Device {
     /// before returning, so the caller may reuse it at once.
     pub fn htod_async<T>(&self, dst: u64, src: &[T]) -> Result<(), String> {
         // SAFETY: as above.
-        unsafe { dr::memcpy_htod_async(dst, src, self.stream) }.map_err(|e| driver_err("copying the batch to the device", e))
+        unsafe { dr::memcpy_htod_async(dst, src, self.stream) }
+            .map_err(|e| driver_err("copying the batch to the device", e))
     }
 
     /// Device → host after everything queued before it.
     pub fn dtoh<T>(&self, dst: &mut [T], src: u64) -> Result<(), String> {
         // SAFETY: src holds at least size_of_val(dst) bytes.
         unsafe {
-            dr::memcpy_dtoh_async(dst, src, self.stream).map_err(|e| driver_err("copying from the device", e))?;
-            dr::stream::synchronize(self.stream).map_err(|e| driver_err("copying from the device", e))
+            dr::memcpy_dtoh_async(dst, src, self.stream)
+                .map_err(|e| driver_err("copying from the device", e))?;
+            dr::stream::synchronize(self.stream)
+                .map_err(|e| driver_err("copying from the device", e))
         }
     }
 }
@@ -171,12 +206,21 @@ impl Blas {
         }
         let handle = br::create_handle().map_err(|e| format!("cublasCreate: {e:?}"))?;
         // SAFETY: handle and stream are live.
-        unsafe { br::set_stream(handle, stream as _) }.map_err(|e| format!("cublasSetStream: {e:?}"))?;
+        unsafe { br::set_stream(handle, stream as _) }
+            .map_err(|e| format!("cublasSetStream: {e:?}"))?;
         Ok(Blas { handle })
     }
 
     /// y[n, m] (row-major, f32) = x[n, k] (bf16) · W[m, k]ᵀ (bf16).
-    pub fn gemm_bf16(&self, w: u64, x: u64, y: u64, m: usize, n: usize, k: usize) -> Result<(), bs::cublasStatus_t> {
+    pub fn gemm_bf16(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), bs::cublasStatus_t> {
         let (alpha, beta) = (1f32, 0f32);
         // SAFETY: the pointers hold the stated shapes (checked by the caller).
         let st = unsafe {

@@ -45,7 +45,12 @@ unsafe impl Send for Graphs {}
 
 impl Graphs {
     pub fn new(enabled: bool) -> Self {
-        Graphs { enabled, map: HashMap::new(), capturing: None, stats: GraphStats::default() }
+        Graphs {
+            enabled,
+            map: HashMap::new(),
+            capturing: None,
+            stats: GraphStats::default(),
+        }
     }
 
     pub fn enabled(&self) -> bool {
@@ -82,7 +87,12 @@ impl Graphs {
             return Ok(Begin::Eager);
         }
         // SAFETY: our stream, not capturing.
-        unsafe { dr::stream::begin_capture(stream, ds::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }?;
+        unsafe {
+            dr::stream::begin_capture(
+                stream,
+                ds::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        }?;
         self.capturing = Some(key);
         Ok(Begin::Capturing)
     }
@@ -90,7 +100,9 @@ impl Graphs {
     /// Ends a capture begun by `begin` (no-op otherwise) and runs the new graph once, which
     /// computes this step.
     pub fn end(&mut self, ok: bool, stream: ds::CUstream) -> Result<(), dr::DriverError> {
-        let Some(key) = self.capturing.take() else { return Ok(()) };
+        let Some(key) = self.capturing.take() else {
+            return Ok(());
+        };
         // SAFETY: our stream is capturing.
         let g = unsafe { dr::stream::end_capture(stream) }?;
         if !ok || g.is_null() {

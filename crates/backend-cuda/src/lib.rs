@@ -14,7 +14,10 @@ pub mod registry;
 
 use cudarc::driver::{result as dr, sys as ds};
 use dev::{DevBuf, Device};
-use quiver_backend::{Activation, AttnParams, Backend, BackendError, Batch, Result, RopeMode, RopeParams, Step, WeightBytes};
+use quiver_backend::{
+    Activation, AttnParams, Backend, BackendError, Batch, Result, RopeMode, RopeParams, Step,
+    WeightBytes,
+};
 use quiver_gguf::GgmlType;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -124,6 +127,7 @@ pub struct CudaBackend {
     reg: Mutex<registry::Registry>,
     blas: Option<dev::Blas>,
     use_bf16: bool,
+    tensor_cores: bool,
     scratch: Mutex<Scratch>,
     mem: Mutex<MemStats>,
     batch_buf: Option<DevBuf>,
@@ -149,7 +153,10 @@ fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<
     if ok {
         Ok(())
     } else {
-        Err(BackendError::Shape { op, detail: detail() })
+        Err(BackendError::Shape {
+            op,
+            detail: detail(),
+        })
     }
 }
 
@@ -173,7 +180,10 @@ impl Args {
     fn ptrs(&mut self) -> Vec<*mut c_void> {
         let base = self.words.as_mut_ptr();
         // SAFETY: offsets are within `words`.
-        self.offs.iter().map(|&o| unsafe { base.add(o) } as *mut c_void).collect()
+        self.offs
+            .iter()
+            .map(|&o| unsafe { base.add(o) } as *mut c_void)
+            .collect()
     }
 }
 
@@ -198,11 +208,16 @@ impl CudaBackend {
         for m in ["ops", "attn"] {
             reg.ensure(m).map_err(BackendError::Device)?;
         }
-        let blas = if std::env::var("QUIVER_CUDA_CUBLAS").as_deref() == Ok("0") { None } else { dev::Blas::new(dev.stream).ok() };
+        let blas = if std::env::var("QUIVER_CUDA_CUBLAS").as_deref() == Ok("0") {
+            None
+        } else {
+            dev::Blas::new(dev.stream).ok()
+        };
         let use_bf16 = blas.is_some() && std::env::var("QUIVER_CUDA_BF16").as_deref() != Ok("0");
         Ok(CudaBackend {
             dev,
             reg: Mutex::new(reg),
+            tensor_cores: blas.is_some(),
             blas,
             use_bf16,
             scratch: Mutex::new(Scratch::default()),
@@ -210,7 +225,17 @@ impl CudaBackend {
             batch_buf: None,
             layout: BatchLayout::default(),
             host: Vec::new(),
-            view: BatchView { tokens: 0, pos: 0, slot: 0, seq: 0, logit_rows: 0, kv_len: 0, bt_off: 0, block_tables: 0, block_size: 1 },
+            view: BatchView {
+                tokens: 0,
+                pos: 0,
+                slot: 0,
+                seq: 0,
+                logit_rows: 0,
+                kv_len: 0,
+                bt_off: 0,
+                block_tables: 0,
+                block_size: 1,
+            },
             rows: 0,
             logit_rows: 0,
             logits_identity: true,
@@ -248,9 +273,52 @@ impl CudaBackend {
         self.graphs.set_enabled(on);
     }
 
+    /// Routes prefill products through cuBLAS (on when cuBLAS loaded) or through the
+    /// matrix-vector kernels, which make every token's result independent of the batch.
+    pub fn set_tensor_cores(&mut self, on: bool) {
+        self.tensor_cores = on && self.blas.is_some();
+    }
+
     /// Shows a progress bar on stderr while `total` bytes of weights load.
     pub fn set_load_total(&self, total: u64) {
         *self.load_progress.lock().unwrap() = Some((quiver_hub::Progress::bytes(total), 0, total));
+    }
+
+    /// A buffer holding `data` (tests, tools).
+    pub fn buf_from(&self, data: &[f32]) -> Result<CudaBuf> {
+        let b = self.buf(data.len())?;
+        self.dev
+            .htod_sync(b.ptr(), data)
+            .map_err(BackendError::Device)?;
+        Ok(b)
+    }
+
+    /// Overwrites a KV cache with f16 bit patterns (tests).
+    pub fn write_kv(&self, kv: &mut CudaKv, k: &[u16], v: &[u16]) -> Result<()> {
+        check(
+            "write_kv",
+            k.len() == kv.n_slots * kv.kv_dim && v.len() == k.len(),
+            || "sizes".into(),
+        )?;
+        self.dev
+            .htod_sync(kv.k.ptr, k)
+            .map_err(BackendError::Device)?;
+        self.dev
+            .htod_sync(kv.v.ptr, v)
+            .map_err(BackendError::Device)
+    }
+
+    /// The KV cache as f16 bit patterns (tests).
+    pub fn read_kv(&self, kv: &CudaKv) -> Result<(Vec<u16>, Vec<u16>)> {
+        let mut k = vec![0u16; kv.n_slots * kv.kv_dim];
+        let mut v = k.clone();
+        self.dev
+            .dtoh(&mut k, kv.k.ptr)
+            .map_err(BackendError::Device)?;
+        self.dev
+            .dtoh(&mut v, kv.v.ptr)
+            .map_err(BackendError::Device)?;
+        Ok((k, v))
     }
 
     fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {
@@ -266,29 +334,49 @@ impl CudaBackend {
     }
 
     fn func(&self, module: &str, name: &str) -> Result<ds::CUfunction> {
-        self.reg.lock().unwrap().func(module, name).map_err(BackendError::Device)
+        self.reg
+            .lock()
+            .unwrap()
+            .func(module, name)
+            .map_err(BackendError::Device)
     }
 
-    fn launch(&self, module: &str, name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), mut a: Args) -> Result<()> {
+    fn launch(
+        &self,
+        module: &str,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        mut a: Args,
+    ) -> Result<()> {
         let f = self.func(module, name)?;
         let mut p = a.ptrs();
         // SAFETY: the arguments match the kernel's signature (each call site mirrors its .cu
         // declaration) and point to live device buffers.
-        unsafe { dr::launch_kernel(f, grid, block, 0, self.dev.stream, &mut p) }.map_err(|e| derr(format!("launching kernel {name}"), e))?;
+        unsafe { dr::launch_kernel(f, grid, block, 0, self.dev.stream, &mut p) }
+            .map_err(|e| derr(format!("launching kernel {name}"), e))?;
         if self.sync_each && !self.graphs.capturing() {
             // SAFETY: our stream.
-            unsafe { dr::stream::synchronize(self.dev.stream) }.map_err(|e| derr(format!("kernel {name}"), e))?;
+            unsafe { dr::stream::synchronize(self.dev.stream) }
+                .map_err(|e| derr(format!("kernel {name}"), e))?;
         }
         Ok(())
     }
 
     /// Grows scratch buffer `slot` to at least `bytes`; a move invalidates captured graphs.
-    fn scratch_ptr(&self, pick: fn(&mut Scratch) -> &mut Option<DevBuf>, bytes: usize, what: &str) -> Result<u64> {
+    fn scratch_ptr(
+        &self,
+        pick: fn(&mut Scratch) -> &mut Option<DevBuf>,
+        bytes: usize,
+        what: &str,
+    ) -> Result<u64> {
         let mut s = self.scratch.lock().unwrap();
         let cur = pick(&mut s);
         if cur.as_ref().is_none_or(|b| b.bytes < bytes) {
             if self.graphs.capturing() {
-                return Err(BackendError::Device(format!("{what}: scratch grew during a graph capture")));
+                return Err(BackendError::Device(format!(
+                    "{what}: scratch grew during a graph capture"
+                )));
             }
             let nb = self.alloc(bytes.next_power_of_two(), what)?;
             let old = cur.replace(nb);
@@ -297,7 +385,8 @@ impl CudaBackend {
             if let Some(o) = old {
                 m.workspace -= o.bytes as u64;
                 // Graphs captured over the old buffer must never run again.
-                self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.generation
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 drop(o);
             }
         }
@@ -312,10 +401,14 @@ impl CudaBackend {
             return Ok(b.ptr);
         }
         if self.graphs.capturing() {
-            return Err(BackendError::Device("rope table made during a graph capture".into()));
+            return Err(BackendError::Device(
+                "rope table made during a graph capture".into(),
+            ));
         }
         let b = self.alloc(th.len().max(1) * 4, "rope table")?;
-        self.dev.htod_sync(b.ptr, &th).map_err(BackendError::Device)?;
+        self.dev
+            .htod_sync(b.ptr, &th)
+            .map_err(BackendError::Device)?;
         let p = b.ptr;
         s.thetas.insert(key, b);
         Ok(p)
@@ -323,12 +416,20 @@ impl CudaBackend {
 
     /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`.
     fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
-        if n > MMV_TOKENS {
+        if n > MMV_TOKENS && self.tensor_cores {
             if let (Some(blas), Some(wb)) = (&self.blas, &w.bf16) {
                 let xb = self.scratch_ptr(|s| &mut s.xbf, n * w.cols * 2, "bf16 activations")?;
                 let total = (n * w.cols) as i64;
-                self.launch("ops", "f32_to_bf16", (grid1(total as usize, 256, 8192), 1, 1), (256, 1, 1), args![x, xb, total])?;
-                return blas.gemm_bf16(wb.ptr, xb, y, w.rows, n, w.cols).map_err(|e| derr("cublasGemmEx", e));
+                self.launch(
+                    "ops",
+                    "f32_to_bf16",
+                    (grid1(total as usize, 256, 8192), 1, 1),
+                    (256, 1, 1),
+                    args![x, xb, total],
+                )?;
+                return blas
+                    .gemm_bf16(wb.ptr, xb, y, w.rows, n, w.cols)
+                    .map_err(|e| derr("cublasGemmEx", e));
             }
         }
         let module = format!("quant_{}", w.kernel);
@@ -339,33 +440,80 @@ impl CudaBackend {
             let yo = y + (t * w.rows * 4) as u64;
             let grid = (w.rows.div_ceil(4) as u32, 1, 1);
             if matches!(w.ty, GgmlType::F16 | GgmlType::BF16) {
-                let name = if w.ty == GgmlType::F16 { "mmv_dense_f16" } else { "mmv_dense_bf16" };
-                self.launch(&module, name, grid, (32, 4, 1), args![w.data.ptr, xo, yo, w.rows as i32, w.cols as i32, nt as i32])?;
+                let name = if w.ty == GgmlType::F16 {
+                    "mmv_dense_f16"
+                } else {
+                    "mmv_dense_bf16"
+                };
+                self.launch(
+                    &module,
+                    name,
+                    grid,
+                    (32, 4, 1),
+                    args![w.data.ptr, xo, yo, w.rows as i32, w.cols as i32, nt as i32],
+                )?;
             } else {
                 let name = format!("mmv_{}", w.kernel);
-                self.launch(&module, &name, grid, (32, 4, 1), args![w.data.ptr, xo, yo, w.rows as i32, w.cols as i32, w.row_bytes as i64, nt as i32])?;
+                self.launch(
+                    &module,
+                    &name,
+                    grid,
+                    (32, 4, 1),
+                    args![
+                        w.data.ptr,
+                        xo,
+                        yo,
+                        w.rows as i32,
+                        w.cols as i32,
+                        w.row_bytes as i64,
+                        nt as i32
+                    ],
+                )?;
             }
             t += nt;
         }
         Ok(())
     }
 
-    fn upload_batch(&mut self, batch: &Batch, rows: usize, logit_rows: usize, max_tokens: usize) -> Result<()> {
+    fn upload_batch(
+        &mut self,
+        batch: &Batch,
+        rows: usize,
+        logit_rows: usize,
+        max_tokens: usize,
+    ) -> Result<()> {
         let n = batch.n_tokens();
         let n_seqs = batch.seqs.len();
-        let bt_total: usize = batch.seqs.iter().map(|s| s.block_table.len()).sum::<usize>() + 1;
-        let need = BatchLayout { cap_t: rows.max(max_tokens.min(4096)).max(logit_rows), cap_s: n_seqs + 1, cap_bt: bt_total };
+        let bt_total: usize = batch
+            .seqs
+            .iter()
+            .map(|s| s.block_table.len())
+            .sum::<usize>()
+            + 1;
+        let need = BatchLayout {
+            cap_t: rows.max(max_tokens.min(4096)).max(logit_rows),
+            cap_s: n_seqs + 1,
+            cap_bt: bt_total,
+        };
         let l = &mut self.layout;
-        if self.batch_buf.is_none() || need.cap_t > l.cap_t || need.cap_s > l.cap_s || need.cap_bt > l.cap_bt {
+        if self.batch_buf.is_none()
+            || need.cap_t > l.cap_t
+            || need.cap_s > l.cap_s
+            || need.cap_bt > l.cap_bt
+        {
             let grown = BatchLayout {
                 cap_t: need.cap_t.max(l.cap_t),
                 cap_s: need.cap_s.max(l.cap_s).next_power_of_two().max(64),
                 cap_bt: need.cap_bt.max(l.cap_bt).next_power_of_two().max(1024),
             };
-            let buf = self.dev.alloc(grown.words() * 4).map_err(BackendError::Device)?;
+            let buf = self
+                .dev
+                .alloc(grown.words() * 4)
+                .map_err(BackendError::Device)?;
             self.batch_buf = Some(buf);
             self.layout = grown;
-            self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.generation
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let l = self.layout;
         let (ct, cs) = (l.cap_t, l.cap_s);
@@ -416,18 +564,15 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn sync(&self) -> Result<()> {
-        // SAFETY: our stream.
-        unsafe { dr::stream::synchronize(self.dev.stream) }.map_err(|e| derr("synchronizing the stream (a kernel failed; QUIVER_CUDA_SYNC=1 names it)", e))
-    }
-
     fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {
         let blocks = rows * n_head;
         let target = 4 * self.dev.info.sms as usize;
         if blocks >= target / 2 {
             1
         } else {
-            target.div_ceil(blocks).clamp(1, n_slots.div_ceil(64).clamp(1, 32))
+            target
+                .div_ceil(blocks)
+                .clamp(1, n_slots.div_ceil(64).clamp(1, 32))
         }
     }
 }
@@ -441,7 +586,13 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
-    fn weight(&self, name: &str, ty: GgmlType, shape: &[u64], bytes: WeightBytes) -> Result<CudaWeight> {
+    fn weight(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        shape: &[u64],
+        bytes: WeightBytes,
+    ) -> Result<CudaWeight> {
         self.dev.bind().map_err(BackendError::Device)?;
         let cols = *shape.last().unwrap_or(&1) as usize;
         let rows = shape.iter().rev().skip(1).product::<u64>() as usize;
@@ -457,34 +608,75 @@ impl Backend for CudaBackend {
         };
         if rows == 1 {
             let mut v = vec![0f32; cols];
-            quiver_quant::dequantize(ty, raw, &mut v).map_err(|e| BackendError::Shape { op: "weight", detail: format!("{name}: {e}") })?;
+            quiver_quant::dequantize(ty, raw, &mut v).map_err(|e| BackendError::Shape {
+                op: "weight",
+                detail: format!("{name}: {e}"),
+            })?;
             let data = self.alloc(cols * 4, name)?;
-            self.dev.htod_sync(data.ptr, &v).map_err(BackendError::Device)?;
+            self.dev
+                .htod_sync(data.ptr, &v)
+                .map_err(BackendError::Device)?;
             self.mem.lock().unwrap().weights += data.bytes as u64;
             progress(raw.len() as u64);
-            return Ok(CudaWeight { ty: GgmlType::F32, rows, cols, row_bytes: cols * 4, data, bf16: None, kernel: "f32" });
+            return Ok(CudaWeight {
+                ty: GgmlType::F32,
+                rows,
+                cols,
+                row_bytes: cols * 4,
+                data,
+                bf16: None,
+                kernel: "f32",
+            });
         }
-        let kernel = kernel_suffix(ty).ok_or(BackendError::Unsupported { op: "matmul", ty, backend: "cuda" })?;
-        check("weight", cols % 32 == 0, || format!("{name}: {cols} columns is not a multiple of 32"))?;
-        self.reg.lock().unwrap().ensure(&format!("quant_{kernel}")).map_err(BackendError::Device)?;
+        let kernel = kernel_suffix(ty).ok_or(BackendError::Unsupported {
+            op: "matmul",
+            ty,
+            backend: "cuda",
+        })?;
+        check("weight", cols % 32 == 0, || {
+            format!("{name}: {cols} columns is not a multiple of 32")
+        })?;
+        self.reg
+            .lock()
+            .unwrap()
+            .ensure(&format!("quant_{kernel}"))
+            .map_err(BackendError::Device)?;
         let row_bytes = ty.row_bytes(cols as u64).unwrap_or(0) as usize;
-        check("weight", row_bytes * rows == raw.len(), || format!("{name}: {} bytes for {rows}×{cols} {ty}", raw.len()))?;
+        check("weight", row_bytes * rows == raw.len(), || {
+            format!("{name}: {} bytes for {rows}×{cols} {ty}", raw.len())
+        })?;
         let data = self.alloc(raw.len(), name)?;
         // Straight from the mapped file, in pieces so the progress bar moves.
         const PIECE: usize = 64 << 20;
         for (i, chunk) in raw.chunks(PIECE).enumerate() {
-            self.dev.htod_sync(data.ptr + (i * PIECE) as u64, chunk).map_err(BackendError::Device)?;
+            self.dev
+                .htod_sync(data.ptr + (i * PIECE) as u64, chunk)
+                .map_err(BackendError::Device)?;
             progress(chunk.len() as u64);
         }
         self.mem.lock().unwrap().weights += data.bytes as u64;
-        let mut w = CudaWeight { ty, rows, cols, row_bytes, data, bf16: None, kernel };
+        let mut w = CudaWeight {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data,
+            bf16: None,
+            kernel,
+        };
         if self.use_bf16 {
             let need = rows * cols * 2;
             let (free, total) = self.dev.mem_info();
             // Keep a tenth of the card (and 2 GiB) for the KV cache and workspace.
             if free > need as u64 + total / 10 + (2 << 30) {
                 if let Ok(b) = self.dev.alloc(need) {
-                    self.launch(&format!("quant_{kernel}"), &format!("dequant_bf16_{kernel}"), (rows as u32, 1, 1), (128, 1, 1), args![w.data.ptr, b.ptr, cols as i32, row_bytes as i64])?;
+                    self.launch(
+                        &format!("quant_{kernel}"),
+                        &format!("dequant_bf16_{kernel}"),
+                        (rows as u32, 1, 1),
+                        (128, 1, 1),
+                        args![w.data.ptr, b.ptr, cols as i32, row_bytes as i64],
+                    )?;
                     self.mem.lock().unwrap().bf16_copies += b.bytes as u64;
                     w.bf16 = Some(b);
                 }
@@ -496,7 +688,9 @@ impl Backend for CudaBackend {
     fn buf(&self, n: usize) -> Result<CudaBuf> {
         self.dev.bind().map_err(BackendError::Device)?;
         let mem = self.alloc(n.max(1) * 4, "activations")?;
-        self.dev.memset_zero(mem.ptr, mem.bytes).map_err(BackendError::Device)?;
+        self.dev
+            .memset_zero(mem.ptr, mem.bytes)
+            .map_err(BackendError::Device)?;
         self.mem.lock().unwrap().workspace += mem.bytes as u64;
         Ok(CudaBuf { mem, len: n })
     }
@@ -506,82 +700,232 @@ impl Backend for CudaBackend {
         let bytes = n_slots.max(1) * kv_dim * 2;
         let k = self.alloc(bytes, "the KV cache")?;
         let v = self.alloc(bytes, "the KV cache")?;
-        self.dev.memset_zero(k.ptr, bytes).map_err(BackendError::Device)?;
-        self.dev.memset_zero(v.ptr, bytes).map_err(BackendError::Device)?;
+        self.dev
+            .memset_zero(k.ptr, bytes)
+            .map_err(BackendError::Device)?;
+        self.dev
+            .memset_zero(v.ptr, bytes)
+            .map_err(BackendError::Device)?;
         self.mem.lock().unwrap().kv += 2 * bytes as u64;
-        Ok(CudaKv { k, v, kv_dim, n_slots })
+        Ok(CudaKv {
+            k,
+            v,
+            kv_dim,
+            n_slots,
+        })
     }
 
-    fn begin_step(&mut self, batch: &Batch, state: u64, max_tokens: usize, max_logits: usize) -> Result<Step> {
+    fn begin_step(
+        &mut self,
+        batch: &Batch,
+        state: u64,
+        max_tokens: usize,
+        max_logits: usize,
+    ) -> Result<Step> {
         self.dev.bind().map_err(BackendError::Device)?;
-        batch.validate(usize::MAX).map_err(|d| BackendError::Shape { op: "begin_step", detail: d })?;
+        batch
+            .validate(usize::MAX)
+            .map_err(|d| BackendError::Shape {
+                op: "begin_step",
+                detail: d,
+            })?;
         let n = batch.n_tokens();
         let nl = batch.logits.len();
         // Decode-shaped steps (every token wants logits) pad to a bucket and run from a graph.
         let bucket = n.next_power_of_two();
-        let graphable = self.graphs.enabled() && n > 0 && nl == n && bucket <= MAX_GRAPH_TOKENS && bucket <= max_tokens && bucket <= max_logits;
+        let graphable = self.graphs.enabled()
+            && n > 0
+            && nl == n
+            && bucket <= MAX_GRAPH_TOKENS
+            && bucket <= max_tokens
+            && bucket <= max_logits;
         let (rows, logit_rows) = if graphable { (bucket, bucket) } else { (n, nl) };
         self.upload_batch(batch, rows, logit_rows, max_tokens)?;
         self.rows = rows;
         self.logit_rows = logit_rows;
-        let step = Step { rows, logit_rows, replayed: false };
+        let step = Step {
+            rows,
+            logit_rows,
+            replayed: false,
+        };
         if !graphable {
             self.graphs.stats.eager += 1;
             return Ok(step);
         }
         let generation = self.generation.load(std::sync::atomic::Ordering::Relaxed);
         self.graphs.retain_generation(generation);
-        let key = graph::Key { state, rows, generation };
-        match self.graphs.begin(key, self.dev.stream).map_err(|e| derr("graph", e))? {
-            graph::Begin::Replayed => Ok(Step { replayed: true, ..step }),
+        let key = graph::Key {
+            state,
+            rows,
+            generation,
+        };
+        match self
+            .graphs
+            .begin(key, self.dev.stream)
+            .map_err(|e| derr("graph", e))?
+        {
+            graph::Begin::Replayed => Ok(Step {
+                replayed: true,
+                ..step
+            }),
             graph::Begin::Capturing | graph::Begin::Eager => Ok(step),
         }
     }
 
     fn end_step(&mut self, ok: bool) -> Result<()> {
-        self.graphs.end(ok, self.dev.stream).map_err(|e| derr("graph capture", e))
+        self.graphs
+            .end(ok, self.dev.stream)
+            .map_err(|e| derr("graph capture", e))
     }
 
     fn embed(&self, table: &CudaWeight, scale: f32, out: &mut CudaBuf) -> Result<()> {
         let n = self.rows;
-        check("embed", out.len >= n * table.cols, || format!("out holds {} < {n}×{}", out.len, table.cols))?;
+        check("embed", out.len >= n * table.cols, || {
+            format!("out holds {} < {n}×{}", out.len, table.cols)
+        })?;
         let name = format!("embed_{}", table.kernel);
-        self.launch(&format!("quant_{}", table.kernel), &name, (n.max(1) as u32, 1, 1), (128, 1, 1), args![table.data.ptr, self.view.tokens, out.ptr(), table.cols as i32, table.row_bytes as i64, scale])
+        self.launch(
+            &format!("quant_{}", table.kernel),
+            &name,
+            (n.max(1) as u32, 1, 1),
+            (128, 1, 1),
+            args![
+                table.data.ptr,
+                self.view.tokens,
+                out.ptr(),
+                table.cols as i32,
+                table.row_bytes as i64,
+                scale
+            ],
+        )
     }
 
-    fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, rows: usize, out: &mut CudaBuf) -> Result<()> {
+    fn rms_norm(
+        &self,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        eps: f32,
+        rows: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
         let cols = w.cols;
-        check("rms_norm", x.len >= rows * cols && out.len >= rows * cols && cols % 4 == 0, || format!("{rows}×{cols} over {} / {}", x.len, out.len))?;
-        self.launch("ops", "rms_norm", (rows.div_ceil(8) as u32, 1, 1), (32, 8, 1), args![0u64, x.ptr(), w.data.ptr, out.ptr(), rows as i32, cols as i32, eps])
+        check(
+            "rms_norm",
+            x.len >= rows * cols && out.len >= rows * cols && cols % 4 == 0,
+            || format!("{rows}×{cols} over {} / {}", x.len, out.len),
+        )?;
+        self.launch(
+            "ops",
+            "rms_norm",
+            (rows.div_ceil(8) as u32, 1, 1),
+            (32, 8, 1),
+            args![
+                0u64,
+                x.ptr(),
+                w.data.ptr,
+                out.ptr(),
+                rows as i32,
+                cols as i32,
+                eps
+            ],
+        )
     }
 
-    fn rms_norm_inplace(&self, x: &mut CudaBuf, w: &CudaWeight, eps: f32, rows: usize) -> Result<()> {
+    fn rms_norm_inplace(
+        &self,
+        x: &mut CudaBuf,
+        w: &CudaWeight,
+        eps: f32,
+        rows: usize,
+    ) -> Result<()> {
         let cols = w.cols;
-        check("rms_norm", x.len >= rows * cols && cols % 4 == 0, || format!("{rows}×{cols} over {}", x.len))?;
-        self.launch("ops", "rms_norm", (rows.div_ceil(8) as u32, 1, 1), (32, 8, 1), args![0u64, x.ptr(), w.data.ptr, x.ptr(), rows as i32, cols as i32, eps])
+        check("rms_norm", x.len >= rows * cols && cols % 4 == 0, || {
+            format!("{rows}×{cols} over {}", x.len)
+        })?;
+        self.launch(
+            "ops",
+            "rms_norm",
+            (rows.div_ceil(8) as u32, 1, 1),
+            (32, 8, 1),
+            args![
+                0u64,
+                x.ptr(),
+                w.data.ptr,
+                x.ptr(),
+                rows as i32,
+                cols as i32,
+                eps
+            ],
+        )
     }
 
-    fn add_rms_norm(&self, residual: &mut CudaBuf, x: &CudaBuf, w: &CudaWeight, eps: f32, rows: usize, out: &mut CudaBuf) -> Result<()> {
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaBuf,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        eps: f32,
+        rows: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
         let cols = w.cols;
-        check("add_rms_norm", residual.len >= rows * cols && x.len >= rows * cols && out.len >= rows * cols && cols % 4 == 0, || format!("{rows}×{cols}"))?;
-        self.launch("ops", "rms_norm", (rows.div_ceil(8) as u32, 1, 1), (32, 8, 1), args![residual.ptr(), x.ptr(), w.data.ptr, out.ptr(), rows as i32, cols as i32, eps])
+        check(
+            "add_rms_norm",
+            residual.len >= rows * cols
+                && x.len >= rows * cols
+                && out.len >= rows * cols
+                && cols % 4 == 0,
+            || format!("{rows}×{cols}"),
+        )?;
+        self.launch(
+            "ops",
+            "rms_norm",
+            (rows.div_ceil(8) as u32, 1, 1),
+            (32, 8, 1),
+            args![
+                residual.ptr(),
+                x.ptr(),
+                w.data.ptr,
+                out.ptr(),
+                rows as i32,
+                cols as i32,
+                eps
+            ],
+        )
     }
 
     fn add(&self, a: &mut CudaBuf, b: &CudaBuf, n: usize) -> Result<()> {
-        check("add", a.len >= n && b.len >= n, || format!("{n} over {} / {}", a.len, b.len))?;
-        self.launch("ops", "add", (grid1(n, 256, 4096), 1, 1), (256, 1, 1), args![a.ptr(), b.ptr(), n as i64])
+        check("add", a.len >= n && b.len >= n, || {
+            format!("{n} over {} / {}", a.len, b.len)
+        })?;
+        self.launch(
+            "ops",
+            "add",
+            (grid1(n, 256, 4096), 1, 1),
+            (256, 1, 1),
+            args![a.ptr(), b.ptr(), n as i64],
+        )
     }
 
     fn matmul(&self, w: &CudaWeight, x: &CudaBuf, rows_x: usize, out: &mut CudaBuf) -> Result<()> {
-        check("matmul", x.len >= rows_x * w.cols && out.len >= rows_x * w.rows, || {
-            format!("x {} for {rows_x}×{}, out {} for {rows_x}×{}", x.len, w.cols, out.len, w.rows)
-        })?;
+        check(
+            "matmul",
+            x.len >= rows_x * w.cols && out.len >= rows_x * w.rows,
+            || {
+                format!(
+                    "x {} for {rows_x}×{}, out {} for {rows_x}×{}",
+                    x.len, w.cols, out.len, w.rows
+                )
+            },
+        )?;
         self.mm(w, x.ptr(), rows_x, out.ptr())
     }
 
     fn matmul_logits(&self, w: &CudaWeight, x: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
         let n = self.logit_rows;
-        check("matmul_logits", out.len >= n * w.rows, || format!("out {} for {n}×{}", out.len, w.rows))?;
+        check("matmul_logits", out.len >= n * w.rows, || {
+            format!("out {} for {n}×{}", out.len, w.rows)
+        })?;
         if n == 0 {
             return Ok(());
         }
@@ -589,16 +933,40 @@ impl Backend for CudaBackend {
             return self.mm(w, x.ptr(), n, out.ptr());
         }
         let g = self.scratch_ptr(|s| &mut s.gather, n * w.cols * 4, "logits rows")?;
-        self.launch("ops", "gather_rows", (n as u32, 1, 1), (256, 1, 1), args![x.ptr(), self.view.logit_rows, g, w.cols as i32])?;
+        self.launch(
+            "ops",
+            "gather_rows",
+            (n as u32, 1, 1),
+            (256, 1, 1),
+            args![x.ptr(), self.view.logit_rows, g, w.cols as i32],
+        )?;
         self.mm(w, g, n, out.ptr())
     }
 
-    fn rope_kv_write(&self, q: &mut CudaBuf, k: &mut CudaBuf, v: &CudaBuf, rope: &RopeParams, a: &AttnParams, kv: &mut CudaKv) -> Result<()> {
+    fn rope_kv_write(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        rope: &RopeParams,
+        a: &AttnParams,
+        kv: &mut CudaKv,
+    ) -> Result<()> {
         let n = self.rows;
         let kv_dim = a.n_head_kv * a.head_dim;
-        check("rope_kv_write", kv_dim == kv.kv_dim, || format!("kv_dim {kv_dim} vs cache {}", kv.kv_dim))?;
-        check("rope_kv_write", q.len >= n * a.n_head * a.head_dim && k.len >= n * kv_dim && v.len >= n * kv_dim, || "buffers too small".into())?;
-        check("rope_kv_write", rope.n_dims <= a.head_dim && rope.n_dims % 2 == 0, || format!("{} rotated dims of {}", rope.n_dims, a.head_dim))?;
+        check("rope_kv_write", kv_dim == kv.kv_dim, || {
+            format!("kv_dim {kv_dim} vs cache {}", kv.kv_dim)
+        })?;
+        check(
+            "rope_kv_write",
+            q.len >= n * a.n_head * a.head_dim && k.len >= n * kv_dim && v.len >= n * kv_dim,
+            || "buffers too small".into(),
+        )?;
+        check(
+            "rope_kv_write",
+            rope.n_dims <= a.head_dim && rope.n_dims % 2 == 0,
+            || format!("{} rotated dims of {}", rope.n_dims, a.head_dim),
+        )?;
         let th = self.theta_ptr(rope)?;
         let mode = i32::from(rope.mode == RopeMode::Neox);
         self.launch(
@@ -606,21 +974,53 @@ impl Backend for CudaBackend {
             "rope_kv_write",
             (n.max(1) as u32, 1, 1),
             (128, 1, 1),
-            args![q.ptr(), k.ptr(), v.ptr(), kv.k.ptr, kv.v.ptr, self.view.pos, self.view.slot, th, a.n_head as i32, a.n_head_kv as i32, a.head_dim as i32, rope.n_dims as i32, mode],
+            args![
+                q.ptr(),
+                k.ptr(),
+                v.ptr(),
+                kv.k.ptr,
+                kv.v.ptr,
+                self.view.pos,
+                self.view.slot,
+                th,
+                a.n_head as i32,
+                a.n_head_kv as i32,
+                a.head_dim as i32,
+                rope.n_dims as i32,
+                mode
+            ],
         )
     }
 
     fn attention(&self, q: &CudaBuf, kv: &CudaKv, a: &AttnParams, out: &mut CudaBuf) -> Result<()> {
         let n = self.rows;
         let hd = a.head_dim;
-        check("attention", matches!(hd, 64 | 128 | 256), || format!("head dim {hd} (64, 128 and 256 are built)"))?;
-        check("attention", a.n_head % a.n_head_kv.max(1) == 0 && a.n_head_kv * hd == kv.kv_dim, || "head counts".into())?;
-        check("attention", q.len >= n * a.n_head * hd && out.len >= n * a.n_head * hd, || "buffers too small".into())?;
+        check("attention", matches!(hd, 64 | 128 | 256), || {
+            format!("head dim {hd} (64, 128 and 256 are built)")
+        })?;
+        check(
+            "attention",
+            a.n_head % a.n_head_kv.max(1) == 0 && a.n_head_kv * hd == kv.kv_dim,
+            || "head counts".into(),
+        )?;
+        check(
+            "attention",
+            q.len >= n * a.n_head * hd && out.len >= n * a.n_head * hd,
+            || "buffers too small".into(),
+        )?;
         if n == 0 {
             return Ok(());
         }
         let ns = self.n_split(n, a.n_head, kv.n_slots);
-        let part = if ns > 1 { self.scratch_ptr(|s| &mut s.part, n * a.n_head * ns * (hd + 2) * 4, "attention partials")? } else { 0 };
+        let part = if ns > 1 {
+            self.scratch_ptr(
+                |s| &mut s.part,
+                n * a.n_head * ns * (hd + 2) * 4,
+                "attention partials",
+            )?
+        } else {
+            0
+        };
         let window = a.window.map(|w| w as i32).unwrap_or(0);
         let softcap = a.softcap.unwrap_or(0.0);
         self.launch(
@@ -628,42 +1028,103 @@ impl Backend for CudaBackend {
             &format!("attention_{hd}"),
             (ns as u32, a.n_head as u32, n as u32),
             (32, 4, 1),
-            args![q.ptr(), kv.k.ptr, kv.v.ptr, out.ptr(), part, self.view, a.n_head as i32, a.n_head_kv as i32, a.scale, window, softcap],
+            args![
+                q.ptr(),
+                kv.k.ptr,
+                kv.v.ptr,
+                out.ptr(),
+                part,
+                self.view,
+                a.n_head as i32,
+                a.n_head_kv as i32,
+                a.scale,
+                window,
+                softcap
+            ],
         )?;
         if ns > 1 {
-            self.launch("attn", &format!("attn_merge_{hd}"), (a.n_head as u32, n as u32, 1), (hd as u32, 1, 1), args![part, out.ptr(), a.n_head as i32, ns as i32])?;
+            self.launch(
+                "attn",
+                &format!("attn_merge_{hd}"),
+                (a.n_head as u32, n as u32, 1),
+                (hd as u32, 1, 1),
+                args![part, out.ptr(), a.n_head as i32, ns as i32],
+            )?;
         }
         Ok(())
     }
 
-    fn glu(&self, act: Activation, gate: &CudaBuf, up: &CudaBuf, n: usize, out: &mut CudaBuf) -> Result<()> {
-        check("glu", gate.len >= n && up.len >= n && out.len >= n, || format!("{n} elements"))?;
+    fn glu(
+        &self,
+        act: Activation,
+        gate: &CudaBuf,
+        up: &CudaBuf,
+        n: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        check("glu", gate.len >= n && up.len >= n && out.len >= n, || {
+            format!("{n} elements")
+        })?;
         let a = match act {
             Activation::SwiGlu => 0i32,
             Activation::GeGlu => 1,
         };
-        self.launch("ops", "glu", (grid1(n, 256, 8192), 1, 1), (256, 1, 1), args![gate.ptr(), up.ptr(), out.ptr(), n as i64, a])
+        self.launch(
+            "ops",
+            "glu",
+            (grid1(n, 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![gate.ptr(), up.ptr(), out.ptr(), n as i64, a],
+        )
     }
 
     fn softcap(&self, x: &mut CudaBuf, cap: f32, n: usize) -> Result<()> {
         check("softcap", x.len >= n, || format!("{n} > {}", x.len))?;
-        self.launch("ops", "softcap", (grid1(n, 256, 8192), 1, 1), (256, 1, 1), args![x.ptr(), n as i64, cap])
+        self.launch(
+            "ops",
+            "softcap",
+            (grid1(n, 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![x.ptr(), n as i64, cap],
+        )
     }
 
     fn read(&self, x: &CudaBuf, n: usize, out: &mut Vec<f32>) -> Result<()> {
         check("read", n <= x.len, || format!("{n} > {}", x.len))?;
         out.resize(n, 0.0);
-        self.dev.dtoh(out, x.ptr()).map_err(|e| BackendError::Device(format!("{e} (a kernel of this step failed; QUIVER_CUDA_SYNC=1 names it)")))
+        self.dev.dtoh(out, x.ptr()).map_err(|e| {
+            BackendError::Device(format!(
+                "{e} (a kernel of this step failed; QUIVER_CUDA_SYNC=1 names it)"
+            ))
+        })
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let g = self.graphs.stats;
+        let (compiled, cached) = self.kernel_counts();
+        vec![
+            ("graph_captures", g.captures),
+            ("graph_replays", g.replays),
+            ("eager_steps", g.eager),
+            ("kernels_compiled", compiled as u64),
+            ("kernels_from_cache", cached as u64),
+        ]
     }
 
     fn argmax(&self, x: &CudaBuf, rows: usize, cols: usize, out: &mut Vec<u32>) -> Result<()> {
-        check("argmax", rows * cols <= x.len, || format!("{rows}×{cols} > {}", x.len))?;
+        check("argmax", rows * cols <= x.len, || {
+            format!("{rows}×{cols} > {}", x.len)
+        })?;
         let ids = self.scratch_ptr(|s| &mut s.ids, rows.max(1) * 4, "argmax ids")?;
-        self.launch("ops", "argmax_rows", (rows as u32, 1, 1), (1024, 1, 1), args![x.ptr(), ids, cols as i32])?;
+        self.launch(
+            "ops",
+            "argmax_rows",
+            (rows as u32, 1, 1),
+            (1024, 1, 1),
+            args![x.ptr(), ids, cols as i32],
+        )?;
         out.resize(rows, 0);
-        self.dev.dtoh(out, ids).map_err(BackendError::Device)?;
-        let _ = self.sync();
-        Ok(())
+        self.dev.dtoh(out, ids).map_err(BackendError::Device)
     }
 }
 

@@ -23,13 +23,18 @@ fn search_dirs() -> Vec<PathBuf> {
     dirs.push("/usr/lib/x86_64-linux-gnu".into());
     dirs.push("/usr/local/nvidia/lib64".into());
     // Python wheels (nvidia-cuda-nvrtc, nvidia-cublas): <prefix>/lib/python3.X/site-packages/nvidia/...
-    let mut prefixes: Vec<PathBuf> = ["/usr", "/usr/local", "/opt/torch/.venv", "/opt/conda"].iter().map(PathBuf::from).collect();
+    let mut prefixes: Vec<PathBuf> = ["/usr", "/usr/local", "/opt/torch/.venv", "/opt/conda"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
     if let Ok(v) = std::env::var("VIRTUAL_ENV") {
         prefixes.insert(0, v.into());
     }
     for p in prefixes {
         for lib in ["lib", "lib64"] {
-            let Ok(rd) = std::fs::read_dir(p.join(lib)) else { continue };
+            let Ok(rd) = std::fs::read_dir(p.join(lib)) else {
+                continue;
+            };
             for e in rd.flatten() {
                 let name = e.file_name();
                 if !name.to_string_lossy().starts_with("python3") {
@@ -73,7 +78,10 @@ fn preload(names: &[&str]) -> Result<PathBuf, String> {
             }
         }
     }
-    Err(format!("{} not found (searched the loader path and {} folders; set QUIVER_CUDA_LIB_DIR)", names[0], search_dirs().len()))
+    Err(format!(
+        "{} not found (set QUIVER_CUDA_LIB_DIR to its folder)",
+        names[0]
+    ))
 }
 
 static DRIVER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -83,7 +91,9 @@ static CUBLAS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 /// The CUDA driver library (libcuda), which only a machine with an NVIDIA driver has.
 pub fn driver() -> Result<&'static Path, String> {
     DRIVER
-        .get_or_init(|| preload(&["libcuda.so.1", "libcuda.so"]).map_err(|e| format!("no NVIDIA driver: {e}")))
+        .get_or_init(|| {
+            preload(&["libcuda.so.1", "libcuda.so"]).map_err(|e| format!("no NVIDIA driver: {e}"))
+        })
         .as_deref()
         .map_err(Clone::clone)
 }
@@ -92,7 +102,8 @@ pub fn driver() -> Result<&'static Path, String> {
 pub fn nvrtc() -> Result<&'static Path, String> {
     NVRTC
         .get_or_init(|| {
-            let p = preload(&["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]).map_err(|e| format!("NVRTC is missing: {e}"))?;
+            let p = preload(&["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"])
+                .map_err(|e| format!("NVRTC is missing: {e}"))?;
             // NVRTC opens its builtins library by name; one found beside it is loaded first.
             if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                 if let Ok(rd) = std::fs::read_dir(dir) {

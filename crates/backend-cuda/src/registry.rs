@@ -15,7 +15,10 @@ const OPS: &str = include_str!("../kernels/ops.cu");
 const ATTN: &str = include_str!("../kernels/attn.cu");
 
 /// Weight types with quantized kernels (`embed_T`, `dequant_bf16_T`, `mmv_T`), by kernel suffix.
-pub const QUANT_TYPES: &[&str] = &["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "f32", "f16", "bf16"];
+pub const QUANT_TYPES: &[&str] = &[
+    "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "f32", "f16",
+    "bf16",
+];
 
 /// Every module the backend can load: "ops", "attn" and one "quant_T" per weight type.
 pub fn module_names() -> Vec<String> {
@@ -27,11 +30,30 @@ pub fn module_names() -> Vec<String> {
 /// The kernels the backend launches from a module.
 pub fn kernel_names(module: &str) -> Vec<String> {
     match module {
-        "ops" => ["rms_norm", "rope_kv_write", "glu", "softcap", "add", "gather_rows", "f32_to_bf16", "argmax_rows"].iter().map(|s| s.to_string()).collect(),
-        "attn" => [64, 128, 256].iter().flat_map(|d| [format!("attention_{d}"), format!("attn_merge_{d}")]).collect(),
+        "ops" => [
+            "rms_norm",
+            "rope_kv_write",
+            "glu",
+            "softcap",
+            "add",
+            "gather_rows",
+            "f32_to_bf16",
+            "argmax_rows",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        "attn" => [64, 128, 256]
+            .iter()
+            .flat_map(|d| [format!("attention_{d}"), format!("attn_merge_{d}")])
+            .collect(),
         m => {
             let t = m.strip_prefix("quant_").unwrap_or(m);
-            let mut v = vec![format!("embed_{t}"), format!("dequant_bf16_{t}"), format!("mmv_{t}")];
+            let mut v = vec![
+                format!("embed_{t}"),
+                format!("dequant_bf16_{t}"),
+                format!("mmv_{t}"),
+            ];
             if t == "f16" || t == "bf16" {
                 v.push(format!("mmv_dense_{t}"));
             }
@@ -46,10 +68,15 @@ pub fn module_source(module: &str) -> Option<String> {
         "ops" => OPS.to_string(),
         "attn" => ATTN.to_string(),
         m => {
-            let t = m.strip_prefix("quant_").filter(|t| QUANT_TYPES.contains(t))?;
+            let t = m
+                .strip_prefix("quant_")
+                .filter(|t| QUANT_TYPES.contains(t))?;
             let mut s = format!("{QUANT}\nQUANT_KERNELS({t})\n");
             if t == "f16" || t == "bf16" {
-                s.push_str(&format!("DENSE_MMV({t}, {})\n", if t == "f16" { "h2f" } else { "bf2f" }));
+                s.push_str(&format!(
+                    "DENSE_MMV({t}, {})\n",
+                    if t == "f16" { "h2f" } else { "bf2f" }
+                ));
             }
             s
         }
@@ -58,7 +85,12 @@ pub fn module_source(module: &str) -> Option<String> {
 }
 
 fn options(arch: u32) -> Vec<String> {
-    vec![format!("--gpu-architecture=sm_{arch}"), "--std=c++17".into(), "-default-device".into(), "--extra-device-vectorization".into()]
+    vec![
+        format!("--gpu-architecture=sm_{arch}"),
+        "--std=c++17".into(),
+        "-default-device".into(),
+        "--extra-device-vectorization".into(),
+    ]
 }
 
 /// Compiles one module to a cubin for `sm_<arch>` (e.g. 90). Needs NVRTC, not a GPU.
@@ -78,28 +110,40 @@ pub fn compile_source(module: &str, src: &str, arch: u32) -> Result<Vec<u8>, Str
     unsafe {
         let res = nr::compile_program(prog, &options(arch));
         if res.is_err() {
-            let log = nr::get_program_log(prog).map(|l| c_log(&l)).unwrap_or_default();
+            let log = nr::get_program_log(prog)
+                .map(|l| c_log(&l))
+                .unwrap_or_default();
             let _ = nr::destroy_program(prog);
-            return Err(format!("kernel module {module} failed to compile for sm_{arch}:\n{log}"));
+            return Err(format!(
+                "kernel module {module} failed to compile for sm_{arch}:\n{log}"
+            ));
         }
         let mut size = 0usize;
         let r = ns::nvrtcGetCUBINSize(prog, &mut size);
         if r != ns::nvrtcResult::NVRTC_SUCCESS || size == 0 {
             let _ = nr::destroy_program(prog);
-            return Err(format!("kernel module {module}: NVRTC produced no cubin for sm_{arch} ({r:?})"));
+            return Err(format!(
+                "kernel module {module}: NVRTC produced no cubin for sm_{arch} ({r:?})"
+            ));
         }
         let mut cubin = vec![0u8; size];
         let r = ns::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char);
         let _ = nr::destroy_program(prog);
         if r != ns::nvrtcResult::NVRTC_SUCCESS {
-            return Err(format!("kernel module {module}: nvrtcGetCUBIN failed ({r:?})"));
+            return Err(format!(
+                "kernel module {module}: nvrtcGetCUBIN failed ({r:?})"
+            ));
         }
         Ok(cubin)
     }
 }
 
 fn c_log(l: &[c_char]) -> String {
-    let bytes: Vec<u8> = l.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = l
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).trim_end().to_string()
 }
 
@@ -125,7 +169,9 @@ pub fn cache_file(module: &str, arch: u32) -> Result<PathBuf, String> {
     }
     h.update(format!("nvrtc {a}.{b}").as_bytes());
     let hex = quiver_hub::hex(&h.finalize()[..8]);
-    Ok(quiver_hub::cache_dir().join("kernels").join(format!("{module}-{hex}-sm{arch}.cubin")))
+    Ok(quiver_hub::cache_dir()
+        .join("kernels")
+        .join(format!("{module}-{hex}-sm{arch}.cubin")))
 }
 
 pub(crate) struct Func(pub ds::CUfunction);
@@ -146,7 +192,13 @@ unsafe impl Send for Registry {}
 
 impl Registry {
     pub fn new(arch: u32) -> Self {
-        Registry { arch, modules: HashMap::new(), funcs: HashMap::new(), compiled: 0, from_cache: 0 }
+        Registry {
+            arch,
+            modules: HashMap::new(),
+            funcs: HashMap::new(),
+            compiled: 0,
+            from_cache: 0,
+        }
     }
 
     /// Compiles (or reads from the disk cache) and loads `module` unless it is loaded.
@@ -174,7 +226,8 @@ impl Registry {
             }
         };
         // SAFETY: a cubin image for this device's architecture; the driver validates it.
-        let m = unsafe { dr::module::load_data(cubin.as_ptr() as *const _) }.map_err(|e| format!("loading kernel module {module}: {e:?}"))?;
+        let m = unsafe { dr::module::load_data(cubin.as_ptr() as *const _) }
+            .map_err(|e| format!("loading kernel module {module}: {e:?}"))?;
         self.modules.insert(module.to_string(), m);
         Ok(())
     }
@@ -188,7 +241,8 @@ impl Registry {
         let m = self.modules[module];
         let cname = CString::new(name).unwrap();
         // SAFETY: m is a loaded module.
-        let f = unsafe { dr::module::get_function(m, cname) }.map_err(|e| format!("kernel {name} not in module {module}: {e:?}"))?;
+        let f = unsafe { dr::module::get_function(m, cname) }
+            .map_err(|e| format!("kernel {name} not in module {module}: {e:?}"))?;
         self.funcs.insert(name.to_string(), Func(f));
         Ok(f)
     }

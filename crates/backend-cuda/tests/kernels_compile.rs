@@ -7,7 +7,10 @@ fn nvrtc_or_skip() -> bool {
     match quiver_backend_cuda::libs::nvrtc() {
         Ok(_) => true,
         Err(e) => {
-            assert!(std::env::var("QUIVER_REQUIRE_NVRTC").as_deref() != Ok("1"), "QUIVER_REQUIRE_NVRTC=1 but {e}");
+            assert!(
+                std::env::var("QUIVER_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                "QUIVER_REQUIRE_NVRTC=1 but {e}"
+            );
             eprintln!("SKIPPED: {e}");
             false
         }
@@ -26,7 +29,10 @@ fn every_module_compiles_for_sm90() {
                 // An ELF image with machine code, not PTX text.
                 assert_eq!(&cubin[..4], b"\x7fELF", "{m}: not a cubin");
                 for name in registry::kernel_names(&m) {
-                    assert!(cubin.windows(name.len()).any(|w| w == name.as_bytes()), "{m}: kernel {name} missing from the cubin");
+                    assert!(
+                        cubin.windows(name.len()).any(|w| w == name.as_bytes()),
+                        "{m}: kernel {name} missing from the cubin"
+                    );
                 }
             }
             Err(e) => failures.push(e),
@@ -42,7 +48,12 @@ fn a_broken_kernel_reports_the_module_and_the_log() {
     }
     let e = registry::compile("no_such_module", 90).unwrap_err();
     assert!(e.contains("unknown kernel module no_such_module"), "{e}");
-    let e = registry::compile_source("broken", "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }", 90).unwrap_err();
+    let e = registry::compile_source(
+        "broken",
+        "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }",
+        90,
+    )
+    .unwrap_err();
     assert!(e.contains("broken") && e.contains("undefined_name"), "{e}");
 }
 

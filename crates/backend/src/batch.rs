@@ -41,31 +41,52 @@ impl Batch {
 
     /// A batch of one sequence: `tokens` at positions `start_pos..`, KV laid out in blocks
     /// `block_table`, logits for the listed token indices.
-    pub fn single(tokens: &[u32], start_pos: usize, block_table: &[u32], block_size: usize, logits: Vec<u32>) -> Batch {
+    pub fn single(
+        tokens: &[u32],
+        start_pos: usize,
+        block_table: &[u32],
+        block_size: usize,
+        logits: Vec<u32>,
+    ) -> Batch {
         let n = tokens.len();
         let mut b = Batch {
             tokens: tokens.to_vec(),
             positions: (start_pos..start_pos + n).map(|p| p as u32).collect(),
             slots: Vec::with_capacity(n),
             seq_of: vec![0; n],
-            seqs: vec![SeqSpan { start: 0, len: n, kv_len: start_pos + n, block_table: block_table.to_vec() }],
+            seqs: vec![SeqSpan {
+                start: 0,
+                len: n,
+                kv_len: start_pos + n,
+                block_table: block_table.to_vec(),
+            }],
             logits,
             block_size,
         };
-        b.slots = (start_pos..start_pos + n).map(|p| b.slot(0, p) as u32).collect();
+        b.slots = (start_pos..start_pos + n)
+            .map(|p| b.slot(0, p) as u32)
+            .collect();
         b
     }
 
     /// Refills this batch in place (no allocation once it has grown) as one sequence:
     /// `tokens` at positions `start_pos..`, KV blocks `0..n_blocks` in order, logits for the
     /// tokens from index `logits_from` on.
-    pub fn fill_single(&mut self, tokens: &[u32], start_pos: usize, n_blocks: usize, block_size: usize, logits_from: usize) {
+    pub fn fill_single(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        n_blocks: usize,
+        block_size: usize,
+        logits_from: usize,
+    ) {
         let n = tokens.len();
         self.block_size = block_size;
         self.tokens.clear();
         self.tokens.extend_from_slice(tokens);
         self.positions.clear();
-        self.positions.extend((start_pos..start_pos + n).map(|p| p as u32));
+        self.positions
+            .extend((start_pos..start_pos + n).map(|p| p as u32));
         self.slots.clear();
         self.slots.extend_from_slice(&self.positions);
         self.seq_of.clear();
@@ -76,7 +97,11 @@ impl Batch {
         }
         let s = &mut self.seqs[0];
         (s.start, s.len, s.kv_len) = (0, n, start_pos + n);
-        if s.block_table.len() != n_blocks || s.block_table.last().is_some_and(|&b| b as usize != n_blocks - 1) {
+        if s.block_table.len() != n_blocks
+            || s.block_table
+                .last()
+                .is_some_and(|&b| b as usize != n_blocks - 1)
+        {
             s.block_table.clear();
             s.block_table.extend(0..n_blocks as u32);
         }
@@ -98,7 +123,10 @@ impl Batch {
                 return Err(format!("sequence {si} spans past the batch"));
             }
             if s.block_table.len() * self.block_size < s.kv_len {
-                return Err(format!("sequence {si}: block table too short for {} positions", s.kv_len));
+                return Err(format!(
+                    "sequence {si}: block table too short for {} positions",
+                    s.kv_len
+                ));
             }
             for &b in &s.block_table {
                 if (b as usize + 1).saturating_mul(self.block_size) > n_slots {

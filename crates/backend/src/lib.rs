@@ -20,7 +20,11 @@ pub enum BackendError {
     #[error("{op}: {detail}")]
     Shape { op: &'static str, detail: String },
     #[error("{op}: weight type {ty} is not supported by the {backend} backend")]
-    Unsupported { op: &'static str, ty: GgmlType, backend: &'static str },
+    Unsupported {
+        op: &'static str,
+        ty: GgmlType,
+        backend: &'static str,
+    },
     #[error("{0}")]
     Device(String),
 }
@@ -122,7 +126,13 @@ pub trait Backend {
     fn name(&self) -> &'static str;
 
     /// Makes a weight from the bytes of a tensor (row-major shape).
-    fn weight(&self, name: &str, ty: GgmlType, shape: &[u64], bytes: WeightBytes) -> Result<Self::Weight>;
+    fn weight(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        shape: &[u64],
+        bytes: WeightBytes,
+    ) -> Result<Self::Weight>;
     /// A zeroed activation buffer of `n` f32.
     fn buf(&self, n: usize) -> Result<Self::Buf>;
     /// K/V for one layer: `n_slots` positions of `n_head_kv * head_dim` each.
@@ -132,7 +142,13 @@ pub trait Backend {
     /// names the caller's buffers (a step captured over one state is never replayed over
     /// another); `max_tokens` / `max_logits` are what its buffers hold. When the returned step
     /// says `replayed`, the backend has already run the whole step and the caller skips the ops.
-    fn begin_step(&mut self, batch: &Batch, state: u64, max_tokens: usize, max_logits: usize) -> Result<Step>;
+    fn begin_step(
+        &mut self,
+        batch: &Batch,
+        state: u64,
+        max_tokens: usize,
+        max_logits: usize,
+    ) -> Result<Step>;
     /// Ends a step whose ops the caller ran (`ok`: all of them succeeded).
     fn end_step(&mut self, ok: bool) -> Result<()> {
         let _ = ok;
@@ -142,9 +158,22 @@ pub trait Backend {
     /// out[t] = dequantized row `batch.tokens[t]` of `table` · scale   // out: [n_tokens, cols]
     fn embed(&self, table: &Self::Weight, scale: f32, out: &mut Self::Buf) -> Result<()>;
     /// out[t] = x[t] / rms(x[t]) · w, rows of `w.len()`                 // x, out: [rows, cols]
-    fn rms_norm(&self, x: &Self::Buf, w: &Self::Weight, eps: f32, rows: usize, out: &mut Self::Buf) -> Result<()>;
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Weight,
+        eps: f32,
+        rows: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// In place row-wise rms norm of `rows` rows (per-head q/k norms).
-    fn rms_norm_inplace(&self, x: &mut Self::Buf, w: &Self::Weight, eps: f32, rows: usize) -> Result<()>;
+    fn rms_norm_inplace(
+        &self,
+        x: &mut Self::Buf,
+        w: &Self::Weight,
+        eps: f32,
+        rows: usize,
+    ) -> Result<()>;
     /// residual[t] += x[t]; out[t] = rms_norm(residual[t]) · w
     fn add_rms_norm(
         &self,
@@ -158,7 +187,13 @@ pub trait Backend {
     /// a[i] += b[i] for the first n elements.
     fn add(&self, a: &mut Self::Buf, b: &Self::Buf, n: usize) -> Result<()>;
     /// out[t, r] = Σ_c W[r, c] · x[t, c]                                   // x: [rows_x, cols], out: [rows_x, W.rows]
-    fn matmul(&self, w: &Self::Weight, x: &Self::Buf, rows_x: usize, out: &mut Self::Buf) -> Result<()>;
+    fn matmul(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Buf,
+        rows_x: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// Like `matmul` over only the rows of x listed by `batch.logits` (packed into out).
     fn matmul_logits(&self, w: &Self::Weight, x: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
     /// Rotates q [n_tokens, n_head, head_dim] in place; rotates k and writes k and v
@@ -174,13 +209,30 @@ pub trait Backend {
     ) -> Result<()>;
     /// Causal attention of every batch token over its sequence's cached K/V.
     /// q: [n_tokens, n_head, head_dim] → out: [n_tokens, n_head, head_dim]
-    fn attention(&self, q: &Self::Buf, kv: &Self::Kv, attn: &AttnParams, out: &mut Self::Buf) -> Result<()>;
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        kv: &Self::Kv,
+        attn: &AttnParams,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// out[t, i] = act(gate[t, i]) · up[t, i]
-    fn glu(&self, act: Activation, gate: &Self::Buf, up: &Self::Buf, n: usize, out: &mut Self::Buf) -> Result<()>;
+    fn glu(
+        &self,
+        act: Activation,
+        gate: &Self::Buf,
+        up: &Self::Buf,
+        n: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// x = cap · tanh(x / cap) for the first n elements.
     fn softcap(&self, x: &mut Self::Buf, cap: f32, n: usize) -> Result<()>;
     /// Copies the first n elements to the host.
     fn read(&self, x: &Self::Buf, n: usize, out: &mut Vec<f32>) -> Result<()>;
+    /// Named counters for logs and benchmarks (graph captures and replays, kernels compiled).
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
     /// The index of the largest value (the first on ties) of each of `rows` rows of `cols`:
     /// greedy decoding reads back one id per row instead of the logits.
     fn argmax(&self, x: &Self::Buf, rows: usize, cols: usize, out: &mut Vec<u32>) -> Result<()> {
@@ -207,7 +259,11 @@ pub struct Step {
 impl Step {
     /// A step run op by op over exactly the batch's rows.
     pub fn eager(batch: &Batch) -> Step {
-        Step { rows: batch.n_tokens(), logit_rows: batch.logits.len(), replayed: false }
+        Step {
+            rows: batch.n_tokens(),
+            logit_rows: batch.logits.len(),
+            replayed: false,
+        }
     }
 }
 

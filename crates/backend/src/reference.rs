@@ -80,7 +80,14 @@ pub fn glu(act: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
 
 /// Causal attention over a slot-indexed K/V cache of `kv_dim = n_head_kv · head_dim` per slot.
 /// q, out: [n_tokens, n_head, head_dim].
-pub fn attention(q: &[f32], k_cache: &[f32], v_cache: &[f32], batch: &Batch, a: &AttnParams, out: &mut [f32]) {
+pub fn attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    batch: &Batch,
+    a: &AttnParams,
+    out: &mut [f32],
+) {
     let (hd, nh) = (a.head_dim, a.n_head);
     let kv_dim = a.n_head_kv * hd;
     let group = nh / a.n_head_kv;
@@ -132,7 +139,11 @@ pub fn matmul(w: &[f32], rows: usize, cols: usize, x: &[f32], n_tokens: usize, o
         let xt = &x[t * cols..][..cols];
         for r in 0..rows {
             let wr = &w[r * cols..][..cols];
-            out[t * rows + r] = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32;
+            out[t * rows + r] = wr
+                .iter()
+                .zip(xt)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>() as f32;
         }
     }
 }
@@ -143,7 +154,14 @@ mod tests {
 
     #[test]
     fn rope_preserves_norm_and_position_zero_is_identity() {
-        let p = RopeParams { mode: RopeMode::Neox, n_dims: 8, base: 10000.0, freq_scale: 1.0, llama3: None, freq_factors: None };
+        let p = RopeParams {
+            mode: RopeMode::Neox,
+            n_dims: 8,
+            base: 10000.0,
+            freq_scale: 1.0,
+            llama3: None,
+            freq_factors: None,
+        };
         let orig: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut x = orig.clone();
         rope(&mut x, &[0, 5], 1, 8, &p);
@@ -156,8 +174,18 @@ mod tests {
     #[test]
     fn attention_of_one_position_returns_its_value() {
         let b = Batch::single(&[7], 0, &[0], 4, vec![0]);
-        let a = AttnParams { n_head: 2, n_head_kv: 1, head_dim: 2, scale: 1.0, window: None, softcap: None };
-        let (k, v) = (vec![1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], vec![3.0, -4.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0]);
+        let a = AttnParams {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 2,
+            scale: 1.0,
+            window: None,
+            softcap: None,
+        };
+        let (k, v) = (
+            vec![1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            vec![3.0, -4.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0],
+        );
         let mut out = vec![0.0; 4];
         attention(&[0.5, 0.5, -1.0, 1.0], &k, &v, &b, &a, &mut out);
         assert_eq!(out, vec![3.0, -4.0, 3.0, -4.0]);
@@ -165,9 +193,24 @@ mod tests {
 
     #[test]
     fn llama3_scaling_leaves_high_frequencies_and_divides_low_ones() {
-        let s = crate::Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 8192.0 };
-        let plain = RopeParams { mode: RopeMode::Normal, n_dims: 128, base: 500000.0, freq_scale: 1.0, llama3: None, freq_factors: None };
-        let scaled = RopeParams { llama3: Some(s), ..plain.clone() };
+        let s = crate::Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_context: 8192.0,
+        };
+        let plain = RopeParams {
+            mode: RopeMode::Normal,
+            n_dims: 128,
+            base: 500000.0,
+            freq_scale: 1.0,
+            llama3: None,
+            freq_factors: None,
+        };
+        let scaled = RopeParams {
+            llama3: Some(s),
+            ..plain.clone()
+        };
         assert_eq!(plain.theta(0), scaled.theta(0));
         assert!((plain.theta(63) / scaled.theta(63) - 8.0).abs() < 1e-4);
     }

@@ -2,7 +2,8 @@
 
 use anyhow::{Context, Result};
 use quiver_backend_cpu::CpuBackend;
-use quiver_engine::{Runner, RunnerOptions};
+use quiver_backend_cuda::CudaBackend;
+use quiver_engine::{Runner, RunnerOptions, Session};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
@@ -21,10 +22,76 @@ pub struct LoadArgs {
     /// CPU threads (default: QUIVER_THREADS, else all cores).
     #[arg(short = 't', long, value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+    /// Where to run: auto (CUDA when a usable GPU exists, else CPU), cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Print backend counters (graph captures and replays, kernels compiled) at the end.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
 }
 
 pub struct Loaded {
-    pub runner: Runner<CpuBackend>,
+    pub runner: Box<dyn Session + Send>,
+}
+
+impl Loaded {
+    /// Prints the backend's counters on stderr (with --verbose).
+    pub fn report_counters(&self, args: &LoadArgs) {
+        if args.verbose {
+            let c: Vec<String> = self
+                .runner
+                .counters()
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            eprintln!(
+                "quiver: {} counters: {}",
+                self.runner.backend_name(),
+                if c.is_empty() {
+                    "none".into()
+                } else {
+                    c.join(", ")
+                }
+            );
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+/// Resolves --device. `auto` falls back to the CPU and says why (returned for the load line);
+/// an explicit `cuda` without a usable GPU is an error.
+pub fn choose_device(spec: &str) -> Result<(Device, String)> {
+    let cuda = |n: usize| -> Result<(Device, String)> {
+        let info =
+            quiver_backend_cuda::probe(n).map_err(|e| anyhow::anyhow!("--device {spec}: {e}"))?;
+        Ok((
+            Device::Cuda(n),
+            format!(
+                "cuda:{n} ({}, sm_{}, {} SMs, {:.0} GiB)",
+                info.name,
+                info.arch,
+                info.sms,
+                info.total_mem as f64 / 1073741824.0
+            ),
+        ))
+    };
+    match spec {
+        "cpu" => Ok((Device::Cpu, "cpu".into())),
+        "cuda" => cuda(0),
+        "auto" => match quiver_backend_cuda::probe(0) {
+            Ok(_) => cuda(0),
+            Err(e) => Ok((Device::Cpu, format!("cpu (auto: {e})"))),
+        },
+        s => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => cuda(n),
+            _ => anyhow::bail!("unknown --device {spec:?}: use auto, cpu, cuda or cuda:N"),
+        },
+    }
 }
 
 pub fn threads(args: &LoadArgs) -> Result<usize> {
@@ -32,21 +99,36 @@ pub fn threads(args: &LoadArgs) -> Result<usize> {
         return Ok(t as usize);
     }
     if let Ok(v) = std::env::var("QUIVER_THREADS") {
-        let n: usize = v.parse().ok().filter(|&n| n > 0).with_context(|| format!("QUIVER_THREADS={v:?} is not a positive number"))?;
+        let n: usize = v
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .with_context(|| format!("QUIVER_THREADS={v:?} is not a positive number"))?;
         return Ok(n);
     }
-    Ok(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    Ok(std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1))
 }
 
 pub fn open(args: &LoadArgs) -> Result<Arc<GgufFile>> {
     let path = crate::resolve(args.model.as_deref())?;
-    Ok(Arc::new(GgufFile::open(&path).with_context(|| path.display().to_string())?))
+    Ok(Arc::new(
+        GgufFile::open(&path).with_context(|| path.display().to_string())?,
+    ))
 }
 
 /// The context length a load with these flags gets, rounded up to whole KV blocks.
 pub fn n_ctx(args: &LoadArgs, file: &GgufFile) -> usize {
-    let train_ctx = file.hparams().ok().and_then(|h| h.u32("context_length").ok().flatten()).unwrap_or(4096) as usize;
-    let n = args.ctx_size.map(|c| c as usize).unwrap_or_else(|| train_ctx.min(4096));
+    let train_ctx = file
+        .hparams()
+        .ok()
+        .and_then(|h| h.u32("context_length").ok().flatten())
+        .unwrap_or(4096) as usize;
+    let n = args
+        .ctx_size
+        .map(|c| c as usize)
+        .unwrap_or_else(|| train_ctx.min(4096));
     n.div_ceil(quiver_engine::BLOCK_SIZE) * quiver_engine::BLOCK_SIZE
 }
 
@@ -55,14 +137,54 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
     let t0 = std::time::Instant::now();
     let n_threads = threads(args)?;
     let n_ctx = n_ctx(args, &file);
-    let opts = RunnerOptions { n_ctx, n_batch: args.batch_size as usize, max_logits };
-    // One sequence per process: batch invariance buys nothing, the GEMM path is faster.
-    CpuBackend::set_batch_invariant(false);
-    let runner = Runner::new(CpuBackend::new(n_threads), &file, &opts)?;
-    let load_secs = t0.elapsed().as_secs_f64();
-    eprintln!(
-        "quiver: loaded {} ({} layers, {} vocabulary) on cpu with {n_threads} threads, context {} tokens, in {:.2}s",
-        runner.model.hp.arch, runner.model.hp.n_layer, runner.model.hp.n_vocab, runner.n_ctx, load_secs
-    );
+    let opts = RunnerOptions {
+        n_ctx,
+        n_batch: args.batch_size as usize,
+        max_logits,
+    };
+    let (device, desc) = choose_device(&args.device)?;
+    let runner: Box<dyn Session + Send> = match device {
+        Device::Cpu => {
+            // One sequence per process: batch invariance buys nothing, the GEMM path is faster.
+            CpuBackend::set_batch_invariant(false);
+            let r = Runner::new(CpuBackend::new(n_threads), &file, &opts)?;
+            eprintln!(
+                "quiver: loaded {} ({} layers, {} vocabulary) on {desc} with {n_threads} threads, context {} tokens, in {:.2}s",
+                r.model.hp.arch, r.model.hp.n_layer, r.model.hp.n_vocab, r.n_ctx, t0.elapsed().as_secs_f64()
+            );
+            Box::new(r)
+        }
+        Device::Cuda(n) => {
+            let be = CudaBackend::new(n)?;
+            be.set_load_total(
+                file.tensors
+                    .iter()
+                    .map(|t| file.tensor_data(t).len() as u64)
+                    .sum(),
+            );
+            let r = Runner::new(be, &file, &opts)?;
+            eprintln!(
+                "quiver: loaded {} ({} layers, {} vocabulary) on {desc}, context {} tokens, in {:.2}s",
+                r.model.hp.arch, r.model.hp.n_layer, r.model.hp.n_vocab, r.n_ctx, t0.elapsed().as_secs_f64()
+            );
+            eprintln!("quiver: {}", cuda_summary(&r.backend));
+            Box::new(r)
+        }
+    };
     Ok(Loaded { runner })
+}
+
+/// Device memory and kernel cache line for the load log.
+pub fn cuda_summary(be: &CudaBackend) -> String {
+    let m = be.mem_stats();
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let (compiled, cached) = be.kernel_counts();
+    format!(
+        "device memory: weights {:.1} MiB, bf16 copies {:.1} MiB, KV {:.1} MiB, workspace {:.1} MiB; kernel modules compiled {compiled}, from cache {cached}{}",
+        mib(m.weights),
+        mib(m.bf16_copies),
+        mib(m.kv),
+        mib(m.workspace),
+        if be.has_cublas() { "" } else { "; cuBLAS not found: prefill uses the matrix-vector kernels" }
+    )
 }

@@ -35,19 +35,40 @@ pub struct SampleArgs {
 }
 
 fn parse_f32(s: &str) -> Result<f32, String> {
-    s.parse::<f32>().ok().filter(|v| v.is_finite()).ok_or_else(|| format!("{s:?} is not a number"))
+    s.parse::<f32>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .ok_or_else(|| format!("{s:?} is not a number"))
 }
 
 fn non_negative(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|v| if v >= 0.0 { Ok(v) } else { Err(format!("{v} is negative")) })
+    parse_f32(s).and_then(|v| {
+        if v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("{v} is negative"))
+        }
+    })
 }
 
 fn positive(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|v| if v > 0.0 { Ok(v) } else { Err(format!("{v} is not positive")) })
+    parse_f32(s).and_then(|v| {
+        if v > 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("{v} is not positive"))
+        }
+    })
 }
 
 fn unit(s: &str) -> Result<f32, String> {
-    parse_f32(s).and_then(|v| if (0.0..=1.0).contains(&v) { Ok(v) } else { Err(format!("{v} is not in [0, 1]")) })
+    parse_f32(s).and_then(|v| {
+        if (0.0..=1.0).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("{v} is not in [0, 1]"))
+        }
+    })
 }
 
 impl SampleArgs {
@@ -64,10 +85,19 @@ impl SampleArgs {
     }
 }
 
-pub fn run(load: &LoadArgs, s: &SampleArgs, prompt: Option<String>, file: Option<std::path::PathBuf>, system: Option<String>, raw: bool) -> Result<()> {
+pub fn run(
+    load: &LoadArgs,
+    s: &SampleArgs,
+    prompt: Option<String>,
+    file: Option<std::path::PathBuf>,
+    system: Option<String>,
+    raw: bool,
+) -> Result<()> {
     let text = match (prompt, file) {
         (Some(p), None) => p,
-        (None, Some(f)) => std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?,
+        (None, Some(f)) => {
+            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?
+        }
         (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
         (Some(_), Some(_)) => bail!("give either -p or -f, not both"),
     };
@@ -90,19 +120,36 @@ pub fn run(load: &LoadArgs, s: &SampleArgs, prompt: Option<String>, file: Option
     // Checked before loading so that the error is the only line on stderr.
     let ctx = engine::n_ctx(load, &gguf);
     if ids.len() + s.n_predict as usize > ctx {
-        return Err(quiver_engine::EngineError::ContextOverflow { prompt: ids.len(), gen: s.n_predict as usize, ctx }.into());
+        return Err(quiver_engine::EngineError::ContextOverflow {
+            prompt: ids.len(),
+            gen: s.n_predict as usize,
+            ctx,
+        }
+        .into());
     }
     let mut l = engine::load(load, gguf, 1)?;
     let mut sampler = Sampler::new(s.params());
-    let opts = GenOptions { max_tokens: s.n_predict as usize, ..Default::default() };
+    let opts = GenOptions {
+        max_tokens: s.n_predict as usize,
+        ..Default::default()
+    };
     let mut out = std::io::stdout().lock();
-    let g = generate(&mut l.runner, &tok, &ids, 0, &mut sampler, &opts, |piece| {
-        let _ = out.write_all(piece.as_bytes());
-        let _ = out.flush();
-        true
-    })?;
+    let g = generate(
+        l.runner.as_mut(),
+        &tok,
+        &ids,
+        0,
+        &mut sampler,
+        &opts,
+        |piece| {
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+            true
+        },
+    )?;
     let _ = writeln!(out);
     report(&g);
+    l.report_counters(load);
     Ok(())
 }
 
@@ -131,10 +178,14 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
-        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
+            .context("installing the Ctrl-C handler")?;
     }
     let mut sampler = Sampler::new(s.params());
-    let mut msgs: Vec<Message> = system.iter().map(|s| Message::new("system", s.clone())).collect();
+    let mut msgs: Vec<Message> = system
+        .iter()
+        .map(|s| Message::new("system", s.clone()))
+        .collect();
     // Tokens whose K/V are in the cache, to reuse the shared prefix of the next turn.
     let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
@@ -159,21 +210,40 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
         }
         msgs.push(Message::new("user", line));
         let ids = tok.encode_chat(&tmpl.render(&msgs, true, None)?)?;
-        let keep = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
-        let room = l.runner.n_ctx.saturating_sub(ids.len());
+        let keep = cached
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(ids.len() - 1);
+        let room = l.runner.n_ctx().saturating_sub(ids.len());
         if room == 0 {
-            eprintln!("(the conversation fills the context of {} tokens; /reset to start over)", l.runner.n_ctx);
+            eprintln!(
+                "(the conversation fills the context of {} tokens; /reset to start over)",
+                l.runner.n_ctx()
+            );
             msgs.pop();
             continue;
         }
         stop.store(false, Ordering::SeqCst);
-        let opts = GenOptions { max_tokens: (s.n_predict as usize).min(room), ..Default::default() };
+        let opts = GenOptions {
+            max_tokens: (s.n_predict as usize).min(room),
+            ..Default::default()
+        };
         let mut out = std::io::stdout().lock();
-        let g = generate(&mut l.runner, &tok, &ids[keep..], keep, &mut sampler, &opts, |piece| {
-            let _ = out.write_all(piece.as_bytes());
-            let _ = out.flush();
-            !stop.load(Ordering::SeqCst)
-        })?;
+        let g = generate(
+            l.runner.as_mut(),
+            &tok,
+            &ids[keep..],
+            keep,
+            &mut sampler,
+            &opts,
+            |piece| {
+                let _ = out.write_all(piece.as_bytes());
+                let _ = out.flush();
+                !stop.load(Ordering::SeqCst)
+            },
+        )?;
         let _ = writeln!(out);
         cached = ids;
         cached.extend_from_slice(&g.tokens[..g.kv_tokens]);

@@ -36,7 +36,11 @@ fn array_json(a: &Array) -> J {
         Array::F32(v) => json!(v.iter().map(|&x| f32_to_f64(x)).collect::<Vec<_>>()),
         Array::F64(v) => json!(v),
         Array::Array(v) => J::Array(v.iter().map(array_json).collect()),
-        other => J::Array((0..other.len()).map(|i| json!(other.int_at(i).unwrap_or(0) as i64)).collect()),
+        other => J::Array(
+            (0..other.len())
+                .map(|i| json!(other.int_at(i).unwrap_or(0) as i64))
+                .collect(),
+        ),
     }
 }
 
@@ -53,7 +57,10 @@ const SPECIAL: &[(&str, &str)] = &[
 
 /// The report; every field is always present (null when the file does not say).
 pub fn report(path: &Path, f: &GgufFile) -> J {
-    let arch = f.get("general.architecture").and_then(|v| v.as_str()).map(str::to_string);
+    let arch = f
+        .get("general.architecture")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
     let mut hparams = Map::new();
     if let Some(a) = &arch {
         let prefix = format!("{a}.");
@@ -63,9 +70,15 @@ pub fn report(path: &Path, f: &GgufFile) -> J {
             }
         }
     }
-    let tokens = f.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).and_then(|a| a.as_strings());
+    let tokens = f
+        .get("tokenizer.ggml.tokens")
+        .and_then(|v| v.as_array())
+        .and_then(|a| a.as_strings());
     let vocab_size = tokens.map(|t| t.len() as u64).or_else(|| {
-        arch.as_ref().and_then(|a| f.get(&format!("{a}.vocab_size"))).and_then(|v| v.as_i128()).map(|n| n as u64)
+        arch.as_ref()
+            .and_then(|a| f.get(&format!("{a}.vocab_size")))
+            .and_then(|v| v.as_i128())
+            .map(|n| n as u64)
     });
     let mut special = Map::new();
     for (name, key) in SPECIAL {
@@ -93,7 +106,9 @@ pub fn report(path: &Path, f: &GgufFile) -> J {
         e.0 += 1;
         e.1 += t.n_elements;
         e.2 += t.n_bytes;
-        tensors.push(json!({"name": t.name, "type": t.ty.name(), "shape": t.shape, "bytes": t.n_bytes}));
+        tensors.push(
+            json!({"name": t.name, "type": t.ty.name(), "shape": t.shape, "bytes": t.n_bytes}),
+        );
     }
     let by_type: Map<String, J> = by_type
         .into_iter()
@@ -135,7 +150,13 @@ fn mib(b: u64) -> String {
 
 /// Text rendering of [`report`].
 pub fn print_text(r: &J, out: &mut dyn Write) -> std::io::Result<()> {
-    writeln!(out, "file:          {} ({}, GGUF v{})", show(&r["path"]), mib(r["file_bytes"].as_u64().unwrap_or(0)), r["gguf_version"])?;
+    writeln!(
+        out,
+        "file:          {} ({}, GGUF v{})",
+        show(&r["path"]),
+        mib(r["file_bytes"].as_u64().unwrap_or(0)),
+        r["gguf_version"]
+    )?;
     writeln!(out, "architecture:  {}", show(&r["architecture"]))?;
     writeln!(out, "name:          {}", show(&r["name"]))?;
     writeln!(out, "file type:     {}", show(&r["file_type"]))?;
@@ -146,18 +167,48 @@ pub fn print_text(r: &J, out: &mut dyn Write) -> std::io::Result<()> {
         }
     }
     let t = &r["tokenizer"];
-    writeln!(out, "tokenizer:     {} (pre: {}), vocabulary {}", show(&t["model"]), show(&t["pre"]), show(&t["vocab_size"]))?;
-    writeln!(out, "  add bos/eos: {}/{}", show(&t["add_bos"]), show(&t["add_eos"]))?;
+    writeln!(
+        out,
+        "tokenizer:     {} (pre: {}), vocabulary {}",
+        show(&t["model"]),
+        show(&t["pre"]),
+        show(&t["vocab_size"])
+    )?;
+    writeln!(
+        out,
+        "  add bos/eos: {}/{}",
+        show(&t["add_bos"]),
+        show(&t["add_eos"])
+    )?;
     if let Some(sp) = t["special_tokens"].as_object() {
         for (k, v) in sp {
             writeln!(out, "  {k:<10} {} {}", v["id"], show(&v["text"]))?;
         }
     }
-    writeln!(out, "  chat template: {}", if t["chat_template"].as_bool() == Some(true) { "yes" } else { "no" })?;
+    writeln!(
+        out,
+        "  chat template: {}",
+        if t["chat_template"].as_bool() == Some(true) {
+            "yes"
+        } else {
+            "no"
+        }
+    )?;
     writeln!(out, "tensors:")?;
-    writeln!(out, "  {:<40} {:<8} {:<20} {:>12}", "name", "type", "shape", "bytes")?;
+    writeln!(
+        out,
+        "  {:<40} {:<8} {:<20} {:>12}",
+        "name", "type", "shape", "bytes"
+    )?;
     for x in r["tensors"].as_array().into_iter().flatten() {
-        writeln!(out, "  {:<40} {:<8} {:<20} {:>12}", show(&x["name"]), show(&x["type"]), x["shape"].to_string(), x["bytes"])?;
+        writeln!(
+            out,
+            "  {:<40} {:<8} {:<20} {:>12}",
+            show(&x["name"]),
+            show(&x["type"]),
+            x["shape"].to_string(),
+            x["bytes"]
+        )?;
     }
     let tot = &r["totals"];
     writeln!(
@@ -169,7 +220,13 @@ pub fn print_text(r: &J, out: &mut dyn Write) -> std::io::Result<()> {
     )?;
     if let Some(bt) = tot["by_type"].as_object() {
         for (k, v) in bt {
-            writeln!(out, "  {k:<8} {:>5} tensors {:>14} parameters {:>12}", v["tensors"], v["parameters"], mib(v["bytes"].as_u64().unwrap_or(0)))?;
+            writeln!(
+                out,
+                "  {k:<8} {:>5} tensors {:>14} parameters {:>12}",
+                v["tensors"],
+                v["parameters"],
+                mib(v["bytes"].as_u64().unwrap_or(0))
+            )?;
         }
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! The `quiver` binary: parses flags and wires the crates together.
 
+mod compare;
 mod engine;
 mod gen;
 mod info;
@@ -12,7 +13,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "quiver", version, about = "GGUF inference engine and OpenAI-compatible server")]
+#[command(
+    name = "quiver",
+    version,
+    about = "GGUF inference engine and OpenAI-compatible server"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -121,6 +126,8 @@ enum Cmd {
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
         top: u32,
     },
+    /// Run the same tokens on the CPU and on --device; report logits error and top-1 agreement.
+    Compare(compare::CompareArgs),
     /// Prompt-processing and generation speed, like llama-bench.
     Bench {
         #[command(flatten)]
@@ -158,14 +165,20 @@ fn main() {
             }
             // One line: clap's first line names the problem; the rest is usage.
             let text = e.to_string();
-            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
             eprintln!("{} (see quiver --help)", first.trim());
             std::process::exit(2);
         }
     };
     if let Err(e) = run(cli) {
         // A closed pipe (`quiver info | head`) is not an error.
-        if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) {
+        if e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        }) {
             std::process::exit(0);
         }
         // Every error is one line on stderr.
@@ -193,14 +206,26 @@ fn run(cli: Cli) -> Result<()> {
                 info::print_text(&report, &mut out)?;
             }
         }
-        Cmd::Tokenize { model, no_add_special, parse_special, text } => {
+        Cmd::Tokenize {
+            model,
+            no_add_special,
+            parse_special,
+            text,
+        } => {
             let path = resolve(model.as_deref())?;
             let f = quiver_gguf::GgufFile::open(&path)?;
             let tok = quiver_tokenizer::Tokenizer::from_gguf(&f)?;
             let ids = tok.encode(&text, !no_add_special, parse_special)?;
             println!("{}", serde_json::to_string(&ids)?);
         }
-        Cmd::Synth { arch, preset, ty, output, seed, threads } => {
+        Cmd::Synth {
+            arch,
+            preset,
+            ty,
+            output,
+            seed,
+            threads,
+        } => {
             let p = quiver_synth::preset(&preset)?;
             if p.arch != arch {
                 anyhow::bail!(quiver_synth::SynthError::ArchMismatch {
@@ -210,11 +235,17 @@ fn run(cli: Cli) -> Result<()> {
                 });
             }
             let ft = quiver_synth::file_type(&ty)?;
-            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            let threads = threads.unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            });
             let mut bar = quiver_hub::Progress::count(quiver_synth::plan(p).len() as u64);
             let mut err = std::io::stderr();
             let t0 = std::time::Instant::now();
-            quiver_synth::write(p, ft, seed, &output, threads, |i, _| bar.update(i as u64, &mut err))
+            quiver_synth::write(p, ft, seed, &output, threads, |i, _| {
+                bar.update(i as u64, &mut err)
+            })
             .with_context(|| format!("writing {}", output.display()))?;
             bar.finish(&mut err);
             let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
@@ -227,17 +258,47 @@ fn run(cli: Cli) -> Result<()> {
                 t0.elapsed().as_secs_f64()
             );
         }
-        Cmd::Run { load, sample, prompt, file, system, raw } => gen::run(&load, &sample, prompt, file, system, raw)?,
-        Cmd::Chat { load, sample, system } => gen::chat(&load, &sample, system)?,
-        Cmd::Perplexity { load, file, chunk, json } => score::perplexity(&load, &file, chunk as usize, json)?,
+        Cmd::Run {
+            load,
+            sample,
+            prompt,
+            file,
+            system,
+            raw,
+        } => gen::run(&load, &sample, prompt, file, system, raw)?,
+        Cmd::Chat {
+            load,
+            sample,
+            system,
+        } => gen::chat(&load, &sample, system)?,
+        Cmd::Perplexity {
+            load,
+            file,
+            chunk,
+            json,
+        } => score::perplexity(&load, &file, chunk as usize, json)?,
         Cmd::Logprobs { load, ids, top } => score::logprobs_cmd(&load, &ids, top as usize)?,
-        Cmd::Bench { load, n_prompt, n_gen, reps, json } => {
-            score::bench(&load, n_prompt as usize, n_gen as usize, reps as usize, json)?
-        }
+        Cmd::Bench {
+            load,
+            n_prompt,
+            n_gen,
+            reps,
+            json,
+        } => score::bench(
+            &load,
+            n_prompt as usize,
+            n_gen as usize,
+            reps as usize,
+            json,
+        )?,
+        Cmd::Compare(a) => compare::compare(a)?,
         Cmd::Serve(a) => serve::run(a)?,
         Cmd::Fetch { aliases } => {
             let list: Vec<String> = if aliases.is_empty() {
-                quiver_hub::KNOWN_MODELS.iter().map(|m| m.alias.to_string()).collect()
+                quiver_hub::KNOWN_MODELS
+                    .iter()
+                    .map(|m| m.alias.to_string())
+                    .collect()
             } else {
                 aliases
             };
@@ -245,7 +306,11 @@ fn run(cli: Cli) -> Result<()> {
                 let m = quiver_hub::known(&a).with_context(|| {
                     format!(
                         "unknown alias {a:?} (known: {})",
-                        quiver_hub::KNOWN_MODELS.iter().map(|m| m.alias).collect::<Vec<_>>().join(", ")
+                        quiver_hub::KNOWN_MODELS
+                            .iter()
+                            .map(|m| m.alias)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )
                 })?;
                 let path = quiver_hub::alias_path(m.alias);

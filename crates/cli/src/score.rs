@@ -9,8 +9,14 @@ use serde_json::json;
 /// llama-perplexity's method: the whole text tokenized once (BOS as the model asks, special
 /// text not parsed), consecutive `n_ctx`-token chunks, BOS written over the first token of
 /// each chunk when the model adds BOS, and only the second half of each chunk scored.
-pub fn perplexity(load: &LoadArgs, file: &std::path::Path, n_ctx: usize, json_out: bool) -> Result<()> {
-    let mut text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+pub fn perplexity(
+    load: &LoadArgs,
+    file: &std::path::Path,
+    n_ctx: usize,
+    json_out: bool,
+) -> Result<()> {
+    let mut text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     if text.ends_with('\n') {
         text.pop();
     }
@@ -22,7 +28,10 @@ pub fn perplexity(load: &LoadArgs, file: &std::path::Path, n_ctx: usize, json_ou
     }
     let n_chunk = ids.len() / n_ctx;
     if n_chunk == 0 {
-        bail!("the text has {} tokens, fewer than one chunk of {n_ctx}", ids.len());
+        bail!(
+            "the text has {} tokens, fewer than one chunk of {n_ctx}",
+            ids.len()
+        );
     }
     let first = n_ctx / 2;
     let mut args = load.clone();
@@ -52,7 +61,9 @@ pub fn perplexity(load: &LoadArgs, file: &std::path::Path, n_ctx: usize, json_ou
         }
         count += c_n;
         let cum = (nll / count as f64).exp();
-        chunks.push(json!({"chunk": c + 1, "ppl": (c_nll / c_n as f64).exp(), "cumulative_ppl": cum}));
+        chunks.push(
+            json!({"chunk": c + 1, "ppl": (c_nll / c_n as f64).exp(), "cumulative_ppl": cum}),
+        );
         if !json_out {
             print!("[{}]{:.4},", c + 1, cum);
             use std::io::Write;
@@ -62,7 +73,11 @@ pub fn perplexity(load: &LoadArgs, file: &std::path::Path, n_ctx: usize, json_ou
     let mean = nll / count as f64;
     let var = (nll2 / count as f64 - mean * mean).max(0.0);
     let ppl = mean.exp();
-    let err = if count > 1 { ppl * (var / (count - 1) as f64).sqrt() } else { 0.0 };
+    let err = if count > 1 {
+        ppl * (var / (count - 1) as f64).sqrt()
+    } else {
+        0.0
+    };
     let secs = t0.elapsed().as_secs_f64();
     if json_out {
         let j = json!({"ppl": ppl, "ppl_error": err, "tokens": ids.len(), "chunks": n_chunk, "n_ctx": n_ctx,
@@ -72,13 +87,18 @@ pub fn perplexity(load: &LoadArgs, file: &std::path::Path, n_ctx: usize, json_ou
         println!();
         println!("PPL = {ppl:.4} +/- {err:.5}");
     }
-    eprintln!("quiver: {} tokens, {n_chunk} chunks of {n_ctx}, {count} scored, {secs:.1}s ({:.1} t/s)", ids.len(), (n_chunk * n_ctx) as f64 / secs);
+    eprintln!(
+        "quiver: {} tokens, {n_chunk} chunks of {n_ctx}, {count} scored, {secs:.1}s ({:.1} t/s)",
+        ids.len(),
+        (n_chunk * n_ctx) as f64 / secs
+    );
     Ok(())
 }
 
 /// Teacher-forced top-N predictions after every position of a token list.
 pub fn logprobs_cmd(load: &LoadArgs, ids_json: &str, top: usize) -> Result<()> {
-    let ids: Vec<u32> = serde_json::from_str(ids_json).context("--ids must be a JSON array of token ids")?;
+    let ids: Vec<u32> =
+        serde_json::from_str(ids_json).context("--ids must be a JSON array of token ids")?;
     if ids.is_empty() {
         bail!("--ids is empty");
     }
@@ -94,15 +114,22 @@ pub fn logprobs_cmd(load: &LoadArgs, ids_json: &str, top: usize) -> Result<()> {
     let batch = args.batch_size as usize;
     let mut l = engine::load(&args, gguf, batch)?;
     let nv = l.runner.n_vocab();
-    if ids.len() > l.runner.n_ctx {
-        bail!("{} ids exceed the context of {} tokens", ids.len(), l.runner.n_ctx);
+    if ids.len() > l.runner.n_ctx() {
+        bail!(
+            "{} ids exceed the context of {} tokens",
+            ids.len(),
+            l.runner.n_ctx()
+        );
     }
     let logits = l.runner.eval(&ids, 0, Want::From(0))?;
     let mut out = std::io::stdout().lock();
     use std::io::Write;
     for pos in 0..ids.len() {
         let (_, best) = logprobs(&logits[pos * nv..][..nv], 0, top);
-        let top: Vec<_> = best.iter().map(|&(id, lp)| json!({"id": id, "logprob": lp})).collect();
+        let top: Vec<_> = best
+            .iter()
+            .map(|&(id, lp)| json!({"id": id, "logprob": lp}))
+            .collect();
         writeln!(out, "{}", json!({"pos": pos, "top": top}))?;
     }
     Ok(())
@@ -110,13 +137,23 @@ pub fn logprobs_cmd(load: &LoadArgs, ids_json: &str, top: usize) -> Result<()> {
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
-    let var = if v.len() > 1 { v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() - 1) as f64
+    } else {
+        0.0
+    };
     (m, var.sqrt())
 }
 
 /// Prompt processing and generation speed, like llama-bench: pp = one batch of `n_prompt`
 /// tokens from an empty cache; tg = `n_gen` tokens one at a time from an empty cache.
-pub fn bench(load: &LoadArgs, n_prompt: usize, n_gen: usize, reps: usize, json_out: bool) -> Result<()> {
+pub fn bench(
+    load: &LoadArgs,
+    n_prompt: usize,
+    n_gen: usize,
+    reps: usize,
+    json_out: bool,
+) -> Result<()> {
     if n_prompt == 0 && n_gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");
     }
@@ -153,14 +190,21 @@ pub fn bench(load: &LoadArgs, n_prompt: usize, n_gen: usize, reps: usize, json_o
             let t = std::time::Instant::now();
             let mut tokv = rnd();
             for p in 0..n_gen {
-                let logits = l.runner.eval(&[tokv], p, Want::Last)?;
-                tokv = quiver_engine::argmax(logits);
+                tokv = l.runner.eval_argmax(&[tokv], p)?;
             }
             tg.push(n_gen as f64 / t.elapsed().as_secs_f64());
         }
     }
     let threads = engine::threads(load)?;
-    let model = l.runner.model.hp.arch.clone();
+    let model = l.runner.hparams().arch.clone();
+    let backend = l.runner.backend_name();
+    let counters: serde_json::Map<String, serde_json::Value> = l
+        .runner
+        .counters()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    l.report_counters(load);
     let mut rows = Vec::new();
     if !pp.is_empty() {
         let (m, s) = mean_sd(&pp);
@@ -168,17 +212,19 @@ pub fn bench(load: &LoadArgs, n_prompt: usize, n_gen: usize, reps: usize, json_o
     }
     if !tg.is_empty() {
         let (m, s) = mean_sd(&tg);
-        rows.push(json!({"test": format!("tg{n_gen}"), "tokens_per_second": m, "sd": s, "samples": tg}));
+        rows.push(
+            json!({"test": format!("tg{n_gen}"), "tokens_per_second": m, "sd": s, "samples": tg}),
+        );
     }
     if json_out {
-        let j = json!({"model": model, "backend": "cpu", "threads": threads, "repetitions": reps, "results": rows});
+        let j = json!({"model": model, "backend": backend, "threads": threads, "repetitions": reps, "results": rows, "counters": counters});
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
         println!("| model | backend | threads | test | t/s |");
         println!("|---|---|---|---|---|");
         for r in &rows {
             println!(
-                "| {model} | cpu | {threads} | {} | {:.2} ± {:.2} |",
+                "| {model} | {backend} | {threads} | {} | {:.2} ± {:.2} |",
                 r["test"].as_str().unwrap_or(""),
                 r["tokens_per_second"].as_f64().unwrap_or(0.0),
                 r["sd"].as_f64().unwrap_or(0.0)

@@ -80,13 +80,20 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let mut keys = a.api_keys.clone();
     if let Some(f) = &a.api_key_file {
-        let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        keys.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from));
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(String::from),
+        );
     }
-    let name = a
-        .model_name
-        .clone()
-        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let name = a.model_name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
     let threads = engine::threads(&a.load)?;
     let opts = ServeOptions {
         n_ctx,
@@ -96,10 +103,28 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_waiting: a.max_waiting as usize,
     };
     let t0 = std::time::Instant::now();
-    let handle = quiver_engine::start_serving(move || CpuBackend::new(threads), file, tok, opts, name.clone())
-        .map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))?;
+    let (device, desc) = engine::choose_device(&a.load.device)?;
+    let handle = match device {
+        engine::Device::Cpu => quiver_engine::start_serving(
+            move || CpuBackend::new(threads),
+            file,
+            tok,
+            opts,
+            name.clone(),
+        ),
+        engine::Device::Cuda(n) => {
+            let be = quiver_backend_cuda::CudaBackend::new(n)?;
+            quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
+        }
+    }
+    .map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))?;
+    let with_threads = if device == engine::Device::Cpu {
+        format!(" with {threads} threads")
+    } else {
+        String::new()
+    };
     eprintln!(
-        "quiver: serving {name} on cpu with {threads} threads: context {n_ctx}, {} sequences, {kv_blocks} KV blocks, loaded in {:.2}s",
+        "quiver: serving {name} on {desc}{with_threads}: context {n_ctx}, {} sequences, {kv_blocks} KV blocks, loaded in {:.2}s",
         a.max_seqs,
         t0.elapsed().as_secs_f64()
     );

@@ -4,12 +4,19 @@
 use std::process::{Command, Output};
 
 fn quiver(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_quiver")).args(args).output().expect("quiver runs")
+    Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args(args)
+        .output()
+        .expect("quiver runs")
 }
 
 fn model(alias: &str) -> String {
     let p = quiver_hub::alias_path(alias);
-    assert!(p.is_file(), "{} is missing: run scripts/test (it fetches the test models)", p.display());
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/test (it fetches the test models)",
+        p.display()
+    );
     p.display().to_string()
 }
 
@@ -21,8 +28,16 @@ fn tmp(name: &str) -> std::path::PathBuf {
 
 fn assert_one_line_error(out: &Output, code: i32, what: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "{what}: exit code, stderr: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{what}: stderr is not one line: {err:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{what}: exit code, stderr: {err}"
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{what}: stderr is not one line: {err:?}"
+    );
     assert!(out.stdout.is_empty(), "{what}: wrote to stdout on error");
 }
 
@@ -34,7 +49,11 @@ fn every_malformed_file_is_a_one_line_error_with_exit_1() {
         let out = quiver(&["info", p.to_str().unwrap()]);
         assert_one_line_error(&out, 1, c.name);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.starts_with("error: ") && err.contains(c.expect), "{}: {err}", c.name);
+        assert!(
+            err.starts_with("error: ") && err.contains(c.expect),
+            "{}: {err}",
+            c.name
+        );
     }
 }
 
@@ -47,15 +66,52 @@ fn missing_files_unknown_flags_and_bad_values_are_one_line_errors() {
     assert_one_line_error(&quiver(&["frobnicate"]), 2, "unknown command");
     let o = tmp("never.gguf");
     let o = o.to_str().unwrap();
-    let out = quiver(&["synth", "--arch", "llama", "--preset", "smollm2-135m", "--type", "Q9_9", "-o", o]);
+    let out = quiver(&[
+        "synth",
+        "--arch",
+        "llama",
+        "--preset",
+        "smollm2-135m",
+        "--type",
+        "Q9_9",
+        "-o",
+        o,
+    ]);
     assert_one_line_error(&out, 1, "unknown type");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("Q4_K_M"), "lists the known types");
-    let out = quiver(&["synth", "--arch", "gemma3", "--preset", "smollm2-135m", "--type", "Q8_0", "-o", o]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Q4_K_M"),
+        "lists the known types"
+    );
+    let out = quiver(&[
+        "synth",
+        "--arch",
+        "gemma3",
+        "--preset",
+        "smollm2-135m",
+        "--type",
+        "Q8_0",
+        "-o",
+        o,
+    ]);
     assert_one_line_error(&out, 1, "arch mismatch");
-    let out = quiver(&["synth", "--arch", "llama", "--preset", "tiny", "--type", "Q8_0", "-o", o]);
+    let out = quiver(&[
+        "synth", "--arch", "llama", "--preset", "tiny", "--type", "Q8_0", "-o", o,
+    ]);
     assert_one_line_error(&out, 1, "unknown preset");
     assert!(!std::path::Path::new(o).exists());
-    let out = quiver(&["synth", "--arch", "llama", "--preset", "smollm2-135m", "--type", "Q8_0", "-t", "x", "-o", o]);
+    let out = quiver(&[
+        "synth",
+        "--arch",
+        "llama",
+        "--preset",
+        "smollm2-135m",
+        "--type",
+        "Q8_0",
+        "-t",
+        "x",
+        "-o",
+        o,
+    ]);
     assert_one_line_error(&out, 2, "non-numeric flag");
     let out = quiver(&["info", "hf:just-an-org"]);
     assert_one_line_error(&out, 1, "bad hf reference");
@@ -64,7 +120,11 @@ fn missing_files_unknown_flags_and_bad_values_are_one_line_errors() {
 #[test]
 fn info_json_describes_smollm2() {
     let out = quiver(&["info", "--json", "-m", &model("smollm2-135m")]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["architecture"], "llama");
     assert_eq!(j["hparams"]["block_count"], 30);
@@ -72,29 +132,47 @@ fn info_json_describes_smollm2() {
     assert_eq!(j["tokenizer"]["model"], "gpt2");
     assert_eq!(j["tokenizer"]["pre"], "smollm");
     assert_eq!(j["tokenizer"]["vocab_size"], 49152);
-    assert_eq!(j["tokenizer"]["special_tokens"]["eos"]["text"], "<|im_end|>");
+    assert_eq!(
+        j["tokenizer"]["special_tokens"]["eos"]["text"],
+        "<|im_end|>"
+    );
     assert_eq!(j["tokenizer"]["chat_template"], true);
     let tensors = j["tensors"].as_array().unwrap();
     assert_eq!(tensors.len(), 272);
     let sum: u64 = tensors.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
     assert_eq!(j["totals"]["bytes"], sum);
     assert_eq!(j["totals"]["by_type"]["Q8_0"]["tensors"], 1);
-    let emb = tensors.iter().find(|t| t["name"] == "token_embd.weight").unwrap();
+    let emb = tensors
+        .iter()
+        .find(|t| t["name"] == "token_embd.weight")
+        .unwrap();
     assert_eq!(emb["shape"], serde_json::json!([49152, 576]));
     // Text form from the same report.
     let out = quiver(&["info", &model("smollm2-135m")]);
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("architecture:  llama") && text.contains("totals: 272 tensors"), "{text}");
+    assert!(
+        text.contains("architecture:  llama") && text.contains("totals: 272 tensors"),
+        "{text}"
+    );
 }
 
 #[test]
 fn tokenize_prints_llama_cpp_ids() {
     // From ../shared/reference/tokenize-smollm2.jsonl and tokenize-gemma3.jsonl.
     let out = quiver(&["tokenize", "-m", &model("smollm2-135m"), "<|endoftext|>"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[44,108,486,1714,2692,108,46]");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[44,108,486,1714,2692,108,46]"
+    );
     let out = quiver(&["tokenize", "-m", &model("gemma3-270m"), ""]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[2]");
-    let out = quiver(&["tokenize", "-m", &model("gemma3-270m"), "--no-add-special", ""]);
+    let out = quiver(&[
+        "tokenize",
+        "-m",
+        &model("gemma3-270m"),
+        "--no-add-special",
+        "",
+    ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
 }
 
@@ -102,17 +180,37 @@ fn tokenize_prints_llama_cpp_ids() {
 fn synth_gemma3_q4_k_m_has_the_real_files_tensor_types_and_no_vocabulary() {
     let real = quiver_gguf::GgufFile::open(model("gemma3-270m")).unwrap();
     let p = tmp("gemma3-synth.gguf");
-    let out = quiver(&["synth", "--arch", "gemma3", "--preset", "gemma3-270m", "--type", "Q4_K_M", "-o", p.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = quiver(&[
+        "synth",
+        "--arch",
+        "gemma3",
+        "--preset",
+        "gemma3-270m",
+        "--type",
+        "Q4_K_M",
+        "-o",
+        p.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let f = quiver_gguf::GgufFile::open(&p).unwrap();
     assert_eq!(f.tensors.len(), real.tensors.len());
     for t in &real.tensors {
-        let s = f.tensor(&t.name).unwrap_or_else(|| panic!("synth lacks {}", t.name));
+        let s = f
+            .tensor(&t.name)
+            .unwrap_or_else(|| panic!("synth lacks {}", t.name));
         assert_eq!((s.ty, &s.shape), (t.ty, &t.shape), "{}", t.name);
     }
     assert_eq!(f.get_str("tokenizer.ggml.model").unwrap(), Some("none"));
     assert_eq!(f.get_u32("gemma3.vocab_size").unwrap(), Some(262144));
-    for key in ["gemma3.attention.sliding_window", "gemma3.attention.key_length", "gemma3.block_count"] {
+    for key in [
+        "gemma3.attention.sliding_window",
+        "gemma3.attention.key_length",
+        "gemma3.block_count",
+    ] {
         assert_eq!(f.get(key), real.get(key), "{key}");
     }
     // The weights are random but not degenerate: a dequantized matrix has the requested spread.
@@ -123,9 +221,22 @@ fn synth_gemma3_q4_k_m_has_the_real_files_tensor_types_and_no_vocabulary() {
     assert!((0.015..0.025).contains(&rms), "rms {rms}");
     // Same seed, same file.
     let p2 = tmp("gemma3-synth-2.gguf");
-    let out = quiver(&["synth", "--arch", "gemma3", "--preset", "gemma3-270m", "--type", "Q4_K_M", "-o", p2.to_str().unwrap()]);
+    let out = quiver(&[
+        "synth",
+        "--arch",
+        "gemma3",
+        "--preset",
+        "gemma3-270m",
+        "--type",
+        "Q4_K_M",
+        "-o",
+        p2.to_str().unwrap(),
+    ]);
     assert!(out.status.success());
-    assert!(std::fs::read(&p).unwrap() == std::fs::read(&p2).unwrap(), "synth is not deterministic");
+    assert!(
+        std::fs::read(&p).unwrap() == std::fs::read(&p2).unwrap(),
+        "synth is not deterministic"
+    );
     let _ = std::fs::remove_file(&p);
     let _ = std::fs::remove_file(&p2);
 }
@@ -133,7 +244,19 @@ fn synth_gemma3_q4_k_m_has_the_real_files_tensor_types_and_no_vocabulary() {
 #[test]
 fn run_is_deterministic_for_a_seed_and_streams_text() {
     let m = model("smollm2-135m");
-    let args = ["run", "-m", &m, "-p", "Write a haiku about rivers.", "-n", "24", "--temp", "0.9", "--seed", "7"];
+    let args = [
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "Write a haiku about rivers.",
+        "-n",
+        "24",
+        "--temp",
+        "0.9",
+        "--seed",
+        "7",
+    ];
     let a = quiver(&args);
     let b = quiver(&args);
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
@@ -141,7 +264,19 @@ fn run_is_deterministic_for_a_seed_and_streams_text() {
     assert_eq!(a.stdout, b.stdout, "same seed, different text");
     let err = String::from_utf8_lossy(&a.stderr);
     assert!(err.contains("t/s"), "no speed report on stderr: {err}");
-    let c = quiver(&["run", "-m", &m, "-p", "Write a haiku about rivers.", "-n", "24", "--temp", "0.9", "--seed", "8"]);
+    let c = quiver(&[
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "Write a haiku about rivers.",
+        "-n",
+        "24",
+        "--temp",
+        "0.9",
+        "--seed",
+        "8",
+    ]);
     assert_ne!(a.stdout, c.stdout, "different seeds gave the same text");
 }
 
@@ -165,54 +300,147 @@ fn generation_flag_errors_and_context_overflow_are_one_line_errors() {
     let out = quiver(&["run", "-m", &m, "--raw", "-p", &long, "-c", "64", "-n", "8"]);
     assert_one_line_error(&out, 1, "prompt longer than the context");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("prompt of 30") && err.contains("context of 64"), "names both lengths: {err}");
+    assert!(
+        err.contains("prompt of 30") && err.contains("context of 64"),
+        "names both lengths: {err}"
+    );
 }
 
 #[test]
 fn logprobs_prints_one_sorted_line_per_position() {
     let m = model("smollm2-135m");
-    let out = quiver(&["logprobs", "-m", &m, "--ids", "[504, 6376, 314]", "--top", "3"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = quiver(&[
+        "logprobs",
+        "-m",
+        &m,
+        "--ids",
+        "[504, 6376, 314]",
+        "--top",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 3);
     for (i, l) in lines.iter().enumerate() {
         assert_eq!(l["pos"], i);
         let top = l["top"].as_array().unwrap();
         assert_eq!(top.len(), 3);
         let lps: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
-        assert!(lps.windows(2).all(|w| w[0] >= w[1]) && lps[0] <= 0.0, "{lps:?}");
+        assert!(
+            lps.windows(2).all(|w| w[0] >= w[1]) && lps[0] <= 0.0,
+            "{lps:?}"
+        );
     }
 }
 
 #[test]
 fn bench_runs_on_a_synth_model_without_vocabulary() {
     let p = tmp("bench-synth.gguf");
-    let out = quiver(&["synth", "--arch", "llama", "--preset", "smollm2-135m", "--type", "Q8_0", "-o", p.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = quiver(&["bench", "-m", p.to_str().unwrap(), "-p", "16", "-n", "4", "-r", "1", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = quiver(&[
+        "synth",
+        "--arch",
+        "llama",
+        "--preset",
+        "smollm2-135m",
+        "--type",
+        "Q8_0",
+        "-o",
+        p.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = quiver(&[
+        "bench",
+        "-m",
+        p.to_str().unwrap(),
+        "-p",
+        "16",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let res = j["results"].as_array().unwrap();
     assert_eq!(res[0]["test"], "pp16");
     assert_eq!(res[1]["test"], "tg4");
-    assert!(res.iter().all(|r| r["tokens_per_second"].as_f64().unwrap() > 0.0));
-    let out = quiver(&["bench", "-m", p.to_str().unwrap(), "-p", "0", "-n", "2", "-r", "1", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(res
+        .iter()
+        .all(|r| r["tokens_per_second"].as_f64().unwrap() > 0.0));
+    let out = quiver(&[
+        "bench",
+        "-m",
+        p.to_str().unwrap(),
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["results"].as_array().unwrap().len(), 1);
-    assert_one_line_error(&quiver(&["bench", "-m", p.to_str().unwrap(), "-p", "0", "-n", "0"]), 1, "bench with nothing to do");
+    assert_one_line_error(
+        &quiver(&["bench", "-m", p.to_str().unwrap(), "-p", "0", "-n", "0"]),
+        1,
+        "bench with nothing to do",
+    );
     let _ = std::fs::remove_file(&p);
 }
 
 fn perplexity_matches_llama_cpp(alias: &str, key: &str) {
     let gpl = "/usr/share/common-licenses/GPL-3";
-    assert!(std::path::Path::new(gpl).is_file(), "{gpl} is missing (Debian's base-files ships it)");
-    let out = quiver(&["perplexity", "-m", &model(alias), "-f", gpl, "-c", "512", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        std::path::Path::new(gpl).is_file(),
+        "{gpl} is missing (Debian's base-files ships it)"
+    );
+    let out = quiver(&[
+        "perplexity",
+        "-m",
+        &model(alias),
+        "-f",
+        gpl,
+        "-c",
+        "512",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference/perplexity.json")).unwrap()).unwrap();
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/reference/perplexity.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
     let want = reference["results"]
         .as_array()
         .unwrap()
@@ -221,9 +449,15 @@ fn perplexity_matches_llama_cpp(alias: &str, key: &str) {
         .and_then(|r| r["ppl"].as_f64())
         .unwrap_or_else(|| panic!("no reference ppl for {key}"));
     let got = j["ppl"].as_f64().unwrap();
-    eprintln!("{alias}: PPL {got:.4} vs llama.cpp {want:.4} ({:+.3}%)", (got / want - 1.0) * 100.0);
+    eprintln!(
+        "{alias}: PPL {got:.4} vs llama.cpp {want:.4} ({:+.3}%)",
+        (got / want - 1.0) * 100.0
+    );
     assert_eq!(j["chunks"], 14);
-    assert!((got / want - 1.0).abs() < 0.01, "{alias}: PPL {got} not within 1% of {want}");
+    assert!(
+        (got / want - 1.0).abs() < 0.01,
+        "{alias}: PPL {got} not within 1% of {want}"
+    );
 }
 
 #[test]
@@ -247,14 +481,26 @@ fn chat_answers_resets_and_exits() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"What is 2+2?\nAnd 3+3?\n/reset\nWhat is 2+2?\n/exit\nnever read\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is 2+2?\nAnd 3+3?\n/reset\nWhat is 2+2?\n/exit\nnever read\n")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let answers: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     assert!(answers.len() >= 3, "expected three answers: {text:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("(conversation cleared)"));
     // After /reset the same question at temperature 0 gets the same first answer.
     let first = text.split("\n").next().unwrap();
-    assert!(text.matches(first).count() >= 2, "answer after /reset differs: {text:?}");
+    assert!(
+        text.matches(first).count() >= 2,
+        "answer after /reset differs: {text:?}"
+    );
 }

@@ -25,33 +25,153 @@ struct Shape {
 const SHAPES: &[Shape] = &[
     // SmolLM2-135M Q4_1 (n_embd 576, n_ff 1536, 3 KV heads of 64; output tied to the Q8_0
     // token embedding).
-    Shape { label: "smollm2 attn_q/o", ty: GgmlType::Q4_1, rows: 576, cols: 576 },
-    Shape { label: "smollm2 attn_k/v", ty: GgmlType::Q4_1, rows: 192, cols: 576 },
-    Shape { label: "smollm2 ffn_up/gate", ty: GgmlType::Q4_1, rows: 1536, cols: 576 },
-    Shape { label: "smollm2 ffn_down", ty: GgmlType::Q4_1, rows: 576, cols: 1536 },
-    Shape { label: "smollm2 output", ty: GgmlType::Q8_0, rows: 49152, cols: 576 },
+    Shape {
+        label: "smollm2 attn_q/o",
+        ty: GgmlType::Q4_1,
+        rows: 576,
+        cols: 576,
+    },
+    Shape {
+        label: "smollm2 attn_k/v",
+        ty: GgmlType::Q4_1,
+        rows: 192,
+        cols: 576,
+    },
+    Shape {
+        label: "smollm2 ffn_up/gate",
+        ty: GgmlType::Q4_1,
+        rows: 1536,
+        cols: 576,
+    },
+    Shape {
+        label: "smollm2 ffn_down",
+        ty: GgmlType::Q4_1,
+        rows: 576,
+        cols: 1536,
+    },
+    Shape {
+        label: "smollm2 output",
+        ty: GgmlType::Q8_0,
+        rows: 49152,
+        cols: 576,
+    },
     // Gemma3-270M Q4_K_M as stored (640 columns cannot be K-quants, so those are Q5_0).
-    Shape { label: "gemma3 attn_q", ty: GgmlType::Q5_0, rows: 1024, cols: 640 },
-    Shape { label: "gemma3 attn_v", ty: GgmlType::Q8_0, rows: 256, cols: 640 },
-    Shape { label: "gemma3 attn_output", ty: GgmlType::Q4_K, rows: 640, cols: 1024 },
-    Shape { label: "gemma3 ffn_up/gate", ty: GgmlType::Q5_0, rows: 2048, cols: 640 },
-    Shape { label: "gemma3 ffn_down", ty: GgmlType::Q6_K, rows: 640, cols: 2048 },
-    Shape { label: "gemma3 ffn_down Q4_K", ty: GgmlType::Q4_K, rows: 640, cols: 2048 },
-    Shape { label: "gemma3 output", ty: GgmlType::Q8_0, rows: 262144, cols: 640 },
+    Shape {
+        label: "gemma3 attn_q",
+        ty: GgmlType::Q5_0,
+        rows: 1024,
+        cols: 640,
+    },
+    Shape {
+        label: "gemma3 attn_v",
+        ty: GgmlType::Q8_0,
+        rows: 256,
+        cols: 640,
+    },
+    Shape {
+        label: "gemma3 attn_output",
+        ty: GgmlType::Q4_K,
+        rows: 640,
+        cols: 1024,
+    },
+    Shape {
+        label: "gemma3 ffn_up/gate",
+        ty: GgmlType::Q5_0,
+        rows: 2048,
+        cols: 640,
+    },
+    Shape {
+        label: "gemma3 ffn_down",
+        ty: GgmlType::Q6_K,
+        rows: 640,
+        cols: 2048,
+    },
+    Shape {
+        label: "gemma3 ffn_down Q4_K",
+        ty: GgmlType::Q4_K,
+        rows: 640,
+        cols: 2048,
+    },
+    Shape {
+        label: "gemma3 output",
+        ty: GgmlType::Q8_0,
+        rows: 262144,
+        cols: 640,
+    },
     // Fixed per-call cost: a matmul with hardly any work.
-    Shape { label: "overhead 4x576", ty: GgmlType::Q4_1, rows: 4, cols: 576 },
-    Shape { label: "overhead 4x1536", ty: GgmlType::Q4_1, rows: 4, cols: 1536 },
+    Shape {
+        label: "overhead 4x576",
+        ty: GgmlType::Q4_1,
+        rows: 4,
+        cols: 576,
+    },
+    Shape {
+        label: "overhead 4x1536",
+        ty: GgmlType::Q4_1,
+        rows: 4,
+        cols: 1536,
+    },
     // The other supported types on one square-ish shape.
-    Shape { label: "other 1024x2048", ty: GgmlType::Q4_0, rows: 1024, cols: 2048 },
-    Shape { label: "other 1024x2048", ty: GgmlType::Q5_1, rows: 1024, cols: 2048 },
-    Shape { label: "other 1024x2048", ty: GgmlType::IQ4_NL, rows: 1024, cols: 2048 },
-    Shape { label: "other 1024x2048", ty: GgmlType::Q2_K, rows: 1024, cols: 2048 },
-    Shape { label: "other 1024x2048", ty: GgmlType::Q3_K, rows: 1024, cols: 2048 },
-    Shape { label: "other 1024x2048", ty: GgmlType::Q5_K, rows: 1024, cols: 2048 },
-    Shape { label: "other 1024x2048", ty: GgmlType::IQ4_XS, rows: 1024, cols: 2048 },
-    Shape { label: "other 1024x2048", ty: GgmlType::F32, rows: 1024, cols: 2048 },
-    Shape { label: "synth ffn_up F16", ty: GgmlType::F16, rows: 2048, cols: 640 },
-    Shape { label: "synth ffn_up BF16", ty: GgmlType::BF16, rows: 2048, cols: 640 },
+    Shape {
+        label: "other 1024x2048",
+        ty: GgmlType::Q4_0,
+        rows: 1024,
+        cols: 2048,
+    },
+    Shape {
+        label: "other 1024x2048",
+        ty: GgmlType::Q5_1,
+        rows: 1024,
+        cols: 2048,
+    },
+    Shape {
+        label: "other 1024x2048",
+        ty: GgmlType::IQ4_NL,
+        rows: 1024,
+        cols: 2048,
+    },
+    Shape {
+        label: "other 1024x2048",
+        ty: GgmlType::Q2_K,
+        rows: 1024,
+        cols: 2048,
+    },
+    Shape {
+        label: "other 1024x2048",
+        ty: GgmlType::Q3_K,
+        rows: 1024,
+        cols: 2048,
+    },
+    Shape {
+        label: "other 1024x2048",
+        ty: GgmlType::Q5_K,
+        rows: 1024,
+        cols: 2048,
+    },
+    Shape {
+        label: "other 1024x2048",
+        ty: GgmlType::IQ4_XS,
+        rows: 1024,
+        cols: 2048,
+    },
+    Shape {
+        label: "other 1024x2048",
+        ty: GgmlType::F32,
+        rows: 1024,
+        cols: 2048,
+    },
+    Shape {
+        label: "synth ffn_up F16",
+        ty: GgmlType::F16,
+        rows: 2048,
+        cols: 640,
+    },
+    Shape {
+        label: "synth ffn_up BF16",
+        ty: GgmlType::BF16,
+        rows: 2048,
+        cols: 640,
+    },
 ];
 
 /// Random weights: 256 distinct quantized rows, repeated to fill the matrix.
@@ -151,21 +271,50 @@ fn model_sweep(pool: &ThreadPool, level: SimdLevel) {
         let out_w = weights(oty, orows, ocols);
         let maxc = m.mats.iter().map(|x| x.2).max().unwrap_or(1).max(ocols);
         let maxr = m.mats.iter().map(|x| x.1).max().unwrap_or(1).max(orows);
-        let x: Vec<f32> = (0..64 * maxc).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+        let x: Vec<f32> = (0..64 * maxc)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
+            .collect();
         let mut out = vec![0f32; 64 * maxr];
         let mut pass = |n: usize| {
             for layer in layers.iter().cycle().take(layers.len() * reps) {
                 for (w, &(ty, r, c)) in layer.iter().zip(m.mats) {
-                    matmul_with_level(level, pool, ty, w, r, c, &x[..n * c], n, &mut out[..n * r], &mut scratch).expect("matmul");
+                    matmul_with_level(
+                        level,
+                        pool,
+                        ty,
+                        w,
+                        r,
+                        c,
+                        &x[..n * c],
+                        n,
+                        &mut out[..n * r],
+                        &mut scratch,
+                    )
+                    .expect("matmul");
                 }
             }
-            matmul_with_level(level, pool, oty, &out_w, orows, ocols, &x[..ocols], 1, &mut out[..orows], &mut scratch)
-                .expect("matmul");
+            matmul_with_level(
+                level,
+                pool,
+                oty,
+                &out_w,
+                orows,
+                ocols,
+                &x[..ocols],
+                1,
+                &mut out[..orows],
+                &mut scratch,
+            )
+            .expect("matmul");
         };
         let tg = time(|| pass(1), 5, Duration::from_millis(1500));
         let pp = time(|| pass(64), 3, Duration::from_millis(1500));
         let bytes: usize = protos.iter().map(Vec::len).sum::<usize>() * m.layers + out_w.len();
-        let name = if same { format!("{} (cached)", m.name) } else { m.name.to_string() };
+        let name = if same {
+            format!("{} (cached)", m.name)
+        } else {
+            m.name.to_string()
+        };
         println!(
             "{:<28} {:>8} | weights {:>6.1} MB | n=1: {:>6.3} ms/token ({:>6.1} GB/s, {:>6.0} t/s) | n=64: {:>7.2} ms ({:>6.0} t/s)",
             name,
@@ -184,25 +333,46 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let threads = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     let levels: Vec<SimdLevel> = match args.get(2).map(String::as_str) {
-        Some("all") => SimdLevel::ALL.into_iter().filter(|&l| l <= SimdLevel::detected()).collect(),
+        Some("all") => SimdLevel::ALL
+            .into_iter()
+            .filter(|&l| l <= SimdLevel::detected())
+            .collect(),
         Some(s) => vec![SimdLevel::parse(s).expect("level: portable|avx2|avx512|all")],
         None => vec![SimdLevel::active()],
     };
     let filter = args.get(3).cloned().unwrap_or_default();
     let pool = ThreadPool::new(threads).expect("thread pool");
-    println!("threads {}, detected {}, levels {:?}", pool.n_threads(), SimdLevel::detected().name(), levels.iter().map(|l| l.name()).collect::<Vec<_>>());
+    println!(
+        "threads {}, detected {}, levels {:?}",
+        pool.n_threads(),
+        SimdLevel::detected().name(),
+        levels.iter().map(|l| l.name()).collect::<Vec<_>>()
+    );
 
-    let empty = time(|| pool.run(pool.n_threads(), &|_| {}), 20_000, Duration::from_millis(300));
-    println!("pool dispatch (empty run, {} tasks): {:.2} us", pool.n_threads(), empty * 1e6);
+    let empty = time(
+        || pool.run(pool.n_threads(), &|_| {}),
+        20_000,
+        Duration::from_millis(300),
+    );
+    println!(
+        "pool dispatch (empty run, {} tasks): {:.2} us",
+        pool.n_threads(),
+        empty * 1e6
+    );
 
     // Read bandwidth: sum 512 MiB of f32 split over the pool.
     let big = vec![1.0f32; 128 << 20];
     let chunk = big.len() / (8 * pool.n_threads());
-    let sums: Vec<std::sync::Mutex<f32>> = (0..8 * pool.n_threads()).map(|_| std::sync::Mutex::new(0.0)).collect();
+    let sums: Vec<std::sync::Mutex<f32>> = (0..8 * pool.n_threads())
+        .map(|_| std::sync::Mutex::new(0.0))
+        .collect();
     let bw = time(
         || {
             pool.run(sums.len(), &|i| {
-                let s: f32 = big[i * chunk..(i + 1) * chunk].chunks_exact(16).map(|c| c.iter().sum::<f32>()).sum();
+                let s: f32 = big[i * chunk..(i + 1) * chunk]
+                    .chunks_exact(16)
+                    .map(|c| c.iter().sum::<f32>())
+                    .sum();
                 if let Ok(mut g) = sums[i].lock() {
                     *g += s;
                 }
@@ -211,7 +381,10 @@ fn main() {
         5,
         Duration::from_millis(500),
     );
-    println!("memory read bandwidth (512 MiB f32 sum): {:.1} GB/s", (big.len() * 4) as f64 / bw / 1e9);
+    println!(
+        "memory read bandwidth (512 MiB f32 sum): {:.1} GB/s",
+        (big.len() * 4) as f64 / bw / 1e9
+    );
     drop(big);
 
     if std::env::var("BENCH_MODEL").is_ok() {
@@ -221,7 +394,10 @@ fn main() {
         return;
     }
     if let Ok(ns) = std::env::var("BENCH_NS") {
-        let ns: Vec<usize> = ns.split(',').filter_map(|v| v.trim().parse().ok()).collect();
+        let ns: Vec<usize> = ns
+            .split(',')
+            .filter_map(|v| v.trim().parse().ok())
+            .collect();
         let mut scratch = Scratch::new();
         print!("{:<22} {:>6} {:>8} |", "shape", "type", "level");
         for n in &ns {
@@ -231,15 +407,28 @@ fn main() {
         for s in SHAPES.iter().filter(|s| s.label.contains(filter.as_str())) {
             let w = weights(s.ty, s.rows, s.cols);
             let nmax = ns.iter().copied().max().unwrap_or(1);
-            let x: Vec<f32> = (0..nmax * s.cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+            let x: Vec<f32> = (0..nmax * s.cols)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
+                .collect();
             let mut out = vec![0f32; nmax * s.rows];
             for &level in &levels {
                 print!("{:<22} {:>6} {:>8} |", s.label, s.ty.name(), level.name());
                 for &n in &ns {
                     let t = time(
                         || {
-                            matmul_with_level(level, &pool, s.ty, &w, s.rows, s.cols, &x[..n * s.cols], n, &mut out[..n * s.rows], &mut scratch)
-                                .expect("matmul")
+                            matmul_with_level(
+                                level,
+                                &pool,
+                                s.ty,
+                                &w,
+                                s.rows,
+                                s.cols,
+                                &x[..n * s.cols],
+                                n,
+                                &mut out[..n * s.rows],
+                                &mut scratch,
+                            )
+                            .expect("matmul")
                         },
                         5,
                         Duration::from_millis(200),
@@ -253,20 +442,43 @@ fn main() {
     }
     println!(
         "{:<22} {:>6} {:>7} {:>6} {:>8} | {:>9} {:>7} {:>7} | {:>9} {:>8} {:>9}",
-        "shape", "type", "rows", "cols", "level", "n=1 ms", "GB/s", "GFLOP/s", "n=64 ms", "GFLOP/s", "tok/s"
+        "shape",
+        "type",
+        "rows",
+        "cols",
+        "level",
+        "n=1 ms",
+        "GB/s",
+        "GFLOP/s",
+        "n=64 ms",
+        "GFLOP/s",
+        "tok/s"
     );
     let mut scratch = Scratch::new();
     for s in SHAPES.iter().filter(|s| s.label.contains(filter.as_str())) {
         let w = weights(s.ty, s.rows, s.cols);
-        let x: Vec<f32> = (0..64 * s.cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0).collect();
+        let x: Vec<f32> = (0..64 * s.cols)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
+            .collect();
         let mut out = vec![0f32; 64 * s.rows];
         for &level in &levels {
             let mut run = |n: usize| {
                 let budget = Duration::from_millis(if s.rows > 50_000 { 1500 } else { 400 });
                 time(
                     || {
-                        matmul_with_level(level, &pool, s.ty, &w, s.rows, s.cols, &x[..n * s.cols], n, &mut out[..n * s.rows], &mut scratch)
-                            .expect("matmul")
+                        matmul_with_level(
+                            level,
+                            &pool,
+                            s.ty,
+                            &w,
+                            s.rows,
+                            s.cols,
+                            &x[..n * s.cols],
+                            n,
+                            &mut out[..n * s.rows],
+                            &mut scratch,
+                        )
+                        .expect("matmul")
                     },
                     5,
                     budget,

@@ -30,7 +30,10 @@ pub(crate) struct A32<'a> {
 impl<'a> A32<'a> {
     /// Blocks `b0..b1`.
     pub fn blocks(&self, b0: usize, b1: usize) -> A32<'a> {
-        A32 { q: &self.q[32 * b0..32 * b1], ds: &self.ds[2 * b0..2 * b1] }
+        A32 {
+            q: &self.q[32 * b0..32 * b1],
+            ds: &self.ds[2 * b0..2 * b1],
+        }
     }
     /// Whole blocks present in both arrays.
     pub fn len(&self) -> usize {
@@ -54,7 +57,11 @@ pub(crate) struct A256 {
 
 impl Default for A256 {
     fn default() -> A256 {
-        A256 { d: 0.0, bsums: [0; 16], qs: [0; QK_K] }
+        A256 {
+            d: 0.0,
+            bsums: [0; 16],
+            qs: [0; QK_K],
+        }
     }
 }
 
@@ -104,7 +111,10 @@ fn scale(amax: f32) -> (f32, f32) {
 /// The CPU supports `Q`'s level.
 #[inline(always)]
 pub(crate) unsafe fn quantize_a32<Q: Quant>(x: &[f32], out: A32Mut<'_>) {
-    let blocks = x.chunks_exact(32).zip(out.q.chunks_exact_mut(32)).zip(out.ds.chunks_exact_mut(2));
+    let blocks = x
+        .chunks_exact(32)
+        .zip(out.q.chunks_exact_mut(32))
+        .zip(out.ds.chunks_exact_mut(2));
     for ((x, q), ds) in blocks {
         if let (Ok(x), Ok(q)) = (<&[f32; 32]>::try_from(x), <&mut [i8; 32]>::try_from(q)) {
             // SAFETY: forwarded from the caller.
@@ -126,7 +136,11 @@ pub(crate) unsafe fn quantize_a256<Q: Quant>(x: &[f32], out: &mut [A256]) {
         // SAFETY: forwarded from the caller.
         let (d, id) = scale(unsafe { Q::amax(x) });
         b.d = d;
-        for (i, (x, q)) in x.chunks_exact(32).zip(b.qs.chunks_exact_mut(32)).enumerate() {
+        for (i, (x, q)) in x
+            .chunks_exact(32)
+            .zip(b.qs.chunks_exact_mut(32))
+            .enumerate()
+        {
             if let (Ok(x), Ok(q)) = (<&[f32; 32]>::try_from(x), <&mut [i8; 32]>::try_from(q)) {
                 // SAFETY: forwarded from the caller.
                 let s = unsafe { Q::quant32(x, id, q) };
@@ -193,12 +207,19 @@ pub(crate) unsafe fn pack_panel_token<Q: Quant>(
 ) {
     let mut q = [0i8; 32];
     for (blk, x) in x.chunks_exact(32).enumerate() {
-        let Ok(x) = <&[f32; 32]>::try_from(x) else { continue };
+        let Ok(x) = <&[f32; 32]>::try_from(x) else {
+            continue;
+        };
         // SAFETY: forwarded from the caller.
         let (d, id) = scale(unsafe { Q::amax(x) });
         let sums = unsafe { Q::quant32(x, id, &mut q) };
         for g in 0..8 {
-            let w = u32::from_le_bytes([q[4 * g] as u8, q[4 * g + 1] as u8, q[4 * g + 2] as u8, q[4 * g + 3] as u8]);
+            let w = u32::from_le_bytes([
+                q[4 * g] as u8,
+                q[4 * g + 1] as u8,
+                q[4 * g + 2] as u8,
+                q[4 * g + 3] as u8,
+            ]);
             set_q((8 * blk + g) * tpad + lt, w);
         }
         if sub == 16 {
@@ -217,8 +238,20 @@ pub(crate) fn roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
         let nb = x.len() / 32;
         let (mut q, mut ds) = (vec![0i8; 32 * nb], vec![0f32; 2 * nb]);
         // SAFETY: the portable quantizer runs anywhere.
-        unsafe { quantize_a32::<SoftQuant>(x, A32Mut { q: &mut q, ds: &mut ds }) };
-        out.extend(q.iter().enumerate().map(|(i, &q)| ds[2 * (i / 32)] * q as f32));
+        unsafe {
+            quantize_a32::<SoftQuant>(
+                x,
+                A32Mut {
+                    q: &mut q,
+                    ds: &mut ds,
+                },
+            )
+        };
+        out.extend(
+            q.iter()
+                .enumerate()
+                .map(|(i, &q)| ds[2 * (i / 32)] * q as f32),
+        );
     } else {
         let mut b = vec![A256::default(); x.len() / QK_K];
         // SAFETY: the portable quantizer runs anywhere.

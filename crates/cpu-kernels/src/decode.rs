@@ -26,8 +26,8 @@
 //! `sum w a = d da sum_h sc[h] dot_h + cd da sum_h corr[h] bsum_h` over the 16 halves `h`.
 
 use quiver_quant::{
-    f16_to_f32, iq4::iq4_xs_scale, Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
-    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K,
+    f16_to_f32, iq4::iq4_xs_scale, Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K,
+    BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL, QK_K,
 };
 
 /// f16 to f32 conversion, chosen per SIMD level.
@@ -339,7 +339,12 @@ impl KQuant for TQ2K {
             sc[i] = (b.scales[i] & 0xf) as i8;
             corr[i] = (b.scales[i] >> 4) as i8;
         }
-        KScales { d: H::f32(b.d), cd: -H::f32(b.dmin), sc, corr }
+        KScales {
+            d: H::f32(b.d),
+            cd: -H::f32(b.dmin),
+            sc,
+            corr,
+        }
     }
     #[inline(always)]
     fn values(b: &BlockQ2K, out: &mut [u8; QK_K]) {
@@ -357,7 +362,12 @@ impl KQuant for TQ3K {
     fn scales<H: Half>(b: &BlockQ3K) -> KScales {
         let sc = q3_scales_fast(&b.scales);
         let d = H::f32(b.d);
-        KScales { d, cd: -4.0 * d, sc, corr: sc }
+        KScales {
+            d,
+            cd: -4.0 * d,
+            sc,
+            corr: sc,
+        }
     }
     #[inline(always)]
     fn values(b: &BlockQ3K, out: &mut [u8; QK_K]) {
@@ -387,7 +397,12 @@ impl KQuant for TQ4K {
     #[inline(always)]
     fn scales<H: Half>(b: &BlockQ4K) -> KScales {
         let (sc, mn) = k4_scales_mins(&b.scales);
-        KScales { d: H::f32(b.d), cd: -H::f32(b.dmin), sc: dup8(sc), corr: dup8(mn) }
+        KScales {
+            d: H::f32(b.d),
+            cd: -H::f32(b.dmin),
+            sc: dup8(sc),
+            corr: dup8(mn),
+        }
     }
     #[inline(always)]
     fn values(b: &BlockQ4K, out: &mut [u8; QK_K]) {
@@ -415,7 +430,12 @@ impl KQuant for TQ5K {
     #[inline(always)]
     fn scales<H: Half>(b: &BlockQ5K) -> KScales {
         let (sc, mn) = k4_scales_mins(&b.scales);
-        KScales { d: H::f32(b.d), cd: -H::f32(b.dmin), sc: dup8(sc), corr: dup8(mn) }
+        KScales {
+            d: H::f32(b.d),
+            cd: -H::f32(b.dmin),
+            sc: dup8(sc),
+            corr: dup8(mn),
+        }
     }
     #[inline(always)]
     fn values(b: &BlockQ5K, out: &mut [u8; QK_K]) {
@@ -445,7 +465,12 @@ impl KQuant for TQ6K {
     fn scales<H: Half>(b: &BlockQ6K) -> KScales {
         let sc = b.scales.map(|x| x as i8);
         let d = H::f32(b.d);
-        KScales { d, cd: -32.0 * d, sc, corr: sc }
+        KScales {
+            d,
+            cd: -32.0 * d,
+            sc,
+            corr: sc,
+        }
     }
     #[inline(always)]
     fn values(b: &BlockQ6K, out: &mut [u8; QK_K]) {
@@ -474,7 +499,12 @@ impl KQuant for TIq4Xs {
         for (ib, l) in ls.iter_mut().enumerate() {
             *l = (iq4_xs_scale(b, ib) - 32) as i8 as u8;
         }
-        KScales { d: H::f32(b.d), cd: 0.0, sc: dup8(ls), corr: [0; 16] }
+        KScales {
+            d: H::f32(b.d),
+            cd: 0.0,
+            sc: dup8(ls),
+            corr: [0; 16],
+        }
     }
     #[inline(always)]
     fn values(b: &BlockIq4Xs, out: &mut [u8; QK_K]) {
@@ -493,7 +523,12 @@ impl KQuant for TIq4Xs {
 #[inline(always)]
 pub(crate) fn k_sub_scales<T: KQuant>(k: &KScales, s: &mut [f32], m: &mut [f32]) {
     let step = T::SUB / 16;
-    for (j, (s, m)) in s.iter_mut().zip(m.iter_mut()).take(QK_K / T::SUB).enumerate() {
+    for (j, (s, m)) in s
+        .iter_mut()
+        .zip(m.iter_mut())
+        .take(QK_K / T::SUB)
+        .enumerate()
+    {
         *s = k.d * k.sc[j * step] as f32;
         *m = k.cd * k.corr[j * step] as f32;
     }

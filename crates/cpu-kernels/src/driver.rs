@@ -65,7 +65,15 @@ fn gemm_sub(ty: GgmlType) -> usize {
 /// between `lo_bytes` and `hi_bytes` of weights (tiny tasks cost more in scheduling than
 /// they gain in balance, huge ones balance badly on a shared machine), and leave at least
 /// `n_threads` tasks when the rows allow.
-fn row_chunk(rows: usize, bytes_per_row: usize, n_threads: usize, want_tasks: usize, lo_bytes: usize, hi_bytes: usize, align: usize) -> usize {
+fn row_chunk(
+    rows: usize,
+    bytes_per_row: usize,
+    n_threads: usize,
+    want_tasks: usize,
+    lo_bytes: usize,
+    hi_bytes: usize,
+    align: usize,
+) -> usize {
     let bpr = bytes_per_row.max(1);
     let lo = (lo_bytes / bpr).max(1);
     let hi = (hi_bytes / bpr).max(lo);
@@ -138,9 +146,19 @@ pub(crate) unsafe trait Kernel {
     unsafe fn dec_k<T: KQuant>(b: &T::B, vals: &mut [u8]);
     /// Adds `kc` columns of the products of rows `row0..row0 + GEMM_R` of `dec` with the
     /// tile into the same rows of `acc` (rows past the real ones have `s = m = 0`).
-    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc);
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(
+        dec: &Dec,
+        row0: usize,
+        kc: usize,
+        t: &TileIn<'_>,
+        acc: &mut Acc,
+    );
     /// Dot products of 4 weight rows with `NT` activation rows of `cols` elements.
-    unsafe fn float_block<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4];
+    unsafe fn float_block<F: FloatW, const NT: usize>(
+        w: [&[u8]; 4],
+        x: [&[f32]; NT],
+        cols: usize,
+    ) -> [[f32; NT]; 4];
 }
 
 /// The level entry points, each compiled for its level.
@@ -176,7 +194,13 @@ pub(crate) struct PanelOut<'a> {
 /// # Safety
 /// `K`'s level is supported by the CPU; no other task packs these tokens concurrently.
 #[inline(always)]
-pub(crate) unsafe fn pack_tokens<K: Kernel>(job: &Job<'_>, shape: &PanelShape, t0: usize, t1: usize, po: &PanelOut<'_>) {
+pub(crate) unsafe fn pack_tokens<K: Kernel>(
+    job: &Job<'_>,
+    shape: &PanelShape,
+    t0: usize,
+    t1: usize,
+    po: &PanelOut<'_>,
+) {
     let cols = shape.cols;
     for t in t0..t1.min(job.x.len() / cols.max(1)) {
         let tile = t / TILE;
@@ -224,8 +248,18 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
     let out = SharedMut::new(out);
     if fam == Family::Float {
         // As the decode path below: few tasks (one per thread unless the matrix is big).
-        let chunk = row_chunk(rows, job.row_bytes * n.min(8), nth, nth, 1 << 20, 2 << 20, 4);
-        pool.run(rows.div_ceil(chunk), &|i| (e.float)(job, i * chunk, ((i + 1) * chunk).min(rows), &out));
+        let chunk = row_chunk(
+            rows,
+            job.row_bytes * n.min(8),
+            nth,
+            nth,
+            1 << 20,
+            2 << 20,
+            4,
+        );
+        pool.run(rows.div_ceil(chunk), &|i| {
+            (e.float)(job, i * chunk, ((i + 1) * chunk).min(rows), &out)
+        });
         return;
     }
     if n < gemm_min_tokens(job.ty) {
@@ -235,7 +269,10 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
             grow(&mut scratch.a32_ds, 2 * nb);
             let (q, ds) = (&mut scratch.a32_q[..nb * 32], &mut scratch.a32_ds[..2 * nb]);
             (e.quantize_a32)(job.x, A32Mut { q, ds });
-            Acts::A32(A32 { q: &scratch.a32_q[..nb * 32], ds: &scratch.a32_ds[..2 * nb] })
+            Acts::A32(A32 {
+                q: &scratch.a32_q[..nb * 32],
+                ds: &scratch.a32_ds[..2 * nb],
+            })
         } else {
             grow(&mut scratch.a256, n * cols / QK_K);
             let a = &mut scratch.a256[..n * cols / QK_K];
@@ -246,11 +283,17 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
         // line between cores, which is slow on the dev VMs: 4+ tasks per thread cost up to a
         // third of decode speed), more only for big ones (output heads) to keep the balance.
         let chunk = row_chunk(rows, job.row_bytes * n, nth, nth, 1 << 20, 2 << 20, 4);
-        pool.run(rows.div_ceil(chunk), &|i| (e.gemv)(job, &acts, i * chunk, ((i + 1) * chunk).min(rows), &out));
+        pool.run(rows.div_ceil(chunk), &|i| {
+            (e.gemv)(job, &acts, i * chunk, ((i + 1) * chunk).min(rows), &out)
+        });
         return;
     }
     // Prefill: quantize into the panel (parallel over tokens), then tiles x row chunks.
-    let shape = PanelShape { cols, sub: gemm_sub(job.ty), n_tokens: n };
+    let shape = PanelShape {
+        cols,
+        sub: gemm_sub(job.ty),
+        n_tokens: n,
+    };
     // Each buffer starts on a cache line, and each packing task owns whole groups of 16
     // tokens, so the 16 lanes of a line are written by one task only (no line ping-pongs
     // between cores while packing).
@@ -267,21 +310,39 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
             a1: SharedMut::new(&mut scratch.panel_a1[o1..]),
         };
         let per_task = act::LANES;
-        pool.run(n.div_ceil(per_task), &|i| (e.pack)(job, &shape, i * per_task, ((i + 1) * per_task).min(n), &po));
+        pool.run(n.div_ceil(per_task), &|i| {
+            (e.pack)(job, &shape, i * per_task, ((i + 1) * per_task).min(n), &po)
+        });
     }
-    let panel = Panel { shape, q: &scratch.panel_q[oq..], a0: &scratch.panel_a0[o0..], a1: &scratch.panel_a1[o1..] };
+    let panel = Panel {
+        shape,
+        q: &scratch.panel_q[oq..],
+        a0: &scratch.panel_a0[o0..],
+        a1: &scratch.panel_a1[o1..],
+    };
     let n_tiles = shape.n_tiles();
     // A GEMM row costs ~64x a decode-path row, so the byte bounds are smaller.
     // About 2 tasks per thread (measured best on the whole-model sweep of bench_matmul).
     let want = (2 * nth).div_ceil(n_tiles);
-    let chunk = row_chunk(rows, job.row_bytes, nth.div_ceil(n_tiles), want, 16 << 10, 256 << 10, RG);
+    let chunk = row_chunk(
+        rows,
+        job.row_bytes,
+        nth.div_ceil(n_tiles),
+        want,
+        16 << 10,
+        256 << 10,
+        RG,
+    );
     // Shift the chunk boundaries onto cache-line starts of the output, so that no line of
     // the output is written by two tasks (which may run on different cores).
     let shift = (RG - out_align % RG) % RG;
     let n_chunks = (rows + shift).div_ceil(chunk);
     pool.run(n_tiles * n_chunks, &|i| {
         let (tile, c) = (i / n_chunks, i % n_chunks);
-        let (r0, r1) = ((c * chunk).saturating_sub(shift), ((c + 1) * chunk - shift).min(rows));
+        let (r0, r1) = (
+            (c * chunk).saturating_sub(shift),
+            ((c + 1) * chunk - shift).min(rows),
+        );
         if r0 < r1 {
             (e.gemm)(job, &panel, tile, r0, r1, &out)
         }
@@ -316,13 +377,27 @@ macro_rules! by_type {
 /// # Safety
 /// `K`'s level is supported by the CPU.
 #[inline(always)]
-pub(crate) unsafe fn gemv_rows<K: Kernel>(job: &Job<'_>, acts: &Acts<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+pub(crate) unsafe fn gemv_rows<K: Kernel>(
+    job: &Job<'_>,
+    acts: &Acts<'_>,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+) {
     by_type!(job.ty, legacy: gemv_legacy(job, acts, r0, r1, out), k: gemv_k(job, acts, r0, r1, out));
 }
 
 #[inline(always)]
-unsafe fn gemv_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, acts: &Acts<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
-    let (Some(w), Acts::A32(a)) = (as_blocks::<T::B>(job.w), acts) else { return };
+unsafe fn gemv_legacy<K: Kernel, T: Legacy>(
+    job: &Job<'_>,
+    acts: &Acts<'_>,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+) {
+    let (Some(w), Acts::A32(a)) = (as_blocks::<T::B>(job.w), acts) else {
+        return;
+    };
     let nb = job.cols / 32;
     let n = job.n_tokens;
     if a.len() < n * nb || w.len() < r1 * nb {
@@ -352,8 +427,16 @@ unsafe fn gemv_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, acts: &Acts<'_>, r0: 
 }
 
 #[inline(always)]
-unsafe fn gemv_k<K: Kernel, T: KQuant>(job: &Job<'_>, acts: &Acts<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
-    let (Some(w), Acts::A256(a)) = (as_blocks::<T::B>(job.w), acts) else { return };
+unsafe fn gemv_k<K: Kernel, T: KQuant>(
+    job: &Job<'_>,
+    acts: &Acts<'_>,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+) {
+    let (Some(w), Acts::A256(a)) = (as_blocks::<T::B>(job.w), acts) else {
+        return;
+    };
     let nb = job.cols / QK_K;
     let n = job.n_tokens;
     if a.len() < n * nb || w.len() < r1 * nb {
@@ -404,13 +487,28 @@ fn pad<const N: usize>(v: [f32; N]) -> [f32; 4] {
 /// # Safety
 /// `K`'s level is supported by the CPU.
 #[inline(always)]
-pub(crate) unsafe fn gemm_rows<K: Kernel>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+pub(crate) unsafe fn gemm_rows<K: Kernel>(
+    job: &Job<'_>,
+    p: &Panel<'_>,
+    tile: usize,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+) {
     by_type!(job.ty, legacy: gemm_legacy(job, p, tile, r0, r1, out), k: gemm_k(job, p, tile, r0, r1, out));
 }
 
 /// Dispatches the micro-kernel on the sub-block size and wideness.
 #[inline(always)]
-unsafe fn tile_call<K: Kernel>(sub: usize, wide: bool, dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+unsafe fn tile_call<K: Kernel>(
+    sub: usize,
+    wide: bool,
+    dec: &Dec,
+    row0: usize,
+    kc: usize,
+    t: &TileIn<'_>,
+    acc: &mut Acc,
+) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match (sub, wide) {
@@ -446,8 +544,16 @@ unsafe fn gemm_loop<K: Kernel>(
     if p.q.len() < qo + q_len || p.a0.len() < so + s_len || p.a1.len() < so + s_len {
         return;
     }
-    let (q, a0, a1) = (&p.q[qo..qo + q_len], &p.a0[so..so + s_len], &p.a1[so..so + s_len]);
-    let mut dec = Dec { vals: [[0; KC]; RG], s: [[0.0; KC / 16]; RG], m: [[0.0; KC / 16]; RG] };
+    let (q, a0, a1) = (
+        &p.q[qo..qo + q_len],
+        &p.a0[so..so + s_len],
+        &p.a1[so..so + s_len],
+    );
+    let mut dec = Dec {
+        vals: [[0; KC]; RG],
+        s: [[0.0; KC / 16]; RG],
+        m: [[0.0; KC / 16]; RG],
+    };
     let mut acc: Acc = [[0.0; TILE]; RG];
     // Results per token as contiguous runs of rows (one store run per token and group
     // instead of one scattered store per row and token).
@@ -475,7 +581,12 @@ unsafe fn gemm_loop<K: Kernel>(
                 }
             }
             let (c0, kc) = (b0 * qk, nbc * qk);
-            let t = TileIn { q: &q[c0 / 4 * tpad..], a0: &a0[c0 / sub * tpad..], a1: &a1[c0 / sub * tpad..], tpad };
+            let t = TileIn {
+                q: &q[c0 / 4 * tpad..],
+                a0: &a0[c0 / sub * tpad..],
+                a1: &a1[c0 / sub * tpad..],
+                tpad,
+            };
             let mut row0 = 0;
             while row0 < nr_pad {
                 // SAFETY: forwarded from the caller.
@@ -515,7 +626,9 @@ impl<K: Kernel, T: Legacy> RowDecoder<K> for LegacyRows<'_, T> {
     #[inline(always)]
     unsafe fn decode(&self, r: usize, b0: usize, nbc: usize, i: usize, dec: &mut Dec) {
         let start = r * self.nb + b0;
-        let Some(blocks) = self.w.get(start..start + nbc) else { return };
+        let Some(blocks) = self.w.get(start..start + nbc) else {
+            return;
+        };
         for (j, b) in blocks.iter().enumerate() {
             // SAFETY: forwarded from the caller.
             let (s, m) = unsafe { K::dec_legacy::<T>(b, &mut dec.vals[i][32 * j..32 * j + 32]) };
@@ -535,28 +648,58 @@ impl<K: Kernel, T: KQuant> RowDecoder<K> for KRows<'_, T> {
     unsafe fn decode(&self, r: usize, b0: usize, nbc: usize, i: usize, dec: &mut Dec) {
         let per = QK_K / T::SUB;
         let start = r * self.nb + b0;
-        let Some(blocks) = self.w.get(start..start + nbc) else { return };
+        let Some(blocks) = self.w.get(start..start + nbc) else {
+            return;
+        };
         for (j, b) in blocks.iter().enumerate() {
             // SAFETY: forwarded from the caller.
             unsafe { K::dec_k::<T>(b, &mut dec.vals[i][QK_K * j..QK_K * (j + 1)]) };
             let ks = T::scales::<K::H>(b);
-            k_sub_scales::<T>(&ks, &mut dec.s[i][per * j..per * (j + 1)], &mut dec.m[i][per * j..per * (j + 1)]);
+            k_sub_scales::<T>(
+                &ks,
+                &mut dec.s[i][per * j..per * (j + 1)],
+                &mut dec.m[i][per * j..per * (j + 1)],
+            );
         }
     }
 }
 
 #[inline(always)]
-unsafe fn gemm_legacy<K: Kernel, T: Legacy>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
-    let Some(w) = as_blocks::<T::B>(job.w) else { return };
-    let d = LegacyRows::<T> { w, nb: job.cols / 32 };
+unsafe fn gemm_legacy<K: Kernel, T: Legacy>(
+    job: &Job<'_>,
+    p: &Panel<'_>,
+    tile: usize,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+) {
+    let Some(w) = as_blocks::<T::B>(job.w) else {
+        return;
+    };
+    let d = LegacyRows::<T> {
+        w,
+        nb: job.cols / 32,
+    };
     // SAFETY: forwarded from the caller.
     unsafe { gemm_loop::<K>(job, p, tile, r0, r1, out, 32, 32, T::WIDE, &d) };
 }
 
 #[inline(always)]
-unsafe fn gemm_k<K: Kernel, T: KQuant>(job: &Job<'_>, p: &Panel<'_>, tile: usize, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
-    let Some(w) = as_blocks::<T::B>(job.w) else { return };
-    let d = KRows::<T> { w, nb: job.cols / QK_K };
+unsafe fn gemm_k<K: Kernel, T: KQuant>(
+    job: &Job<'_>,
+    p: &Panel<'_>,
+    tile: usize,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+) {
+    let Some(w) = as_blocks::<T::B>(job.w) else {
+        return;
+    };
+    let d = KRows::<T> {
+        w,
+        nb: job.cols / QK_K,
+    };
     // SAFETY: forwarded from the caller.
     unsafe { gemm_loop::<K>(job, p, tile, r0, r1, out, QK_K, T::SUB, T::WIDE, &d) };
 }
@@ -566,7 +709,12 @@ unsafe fn gemm_k<K: Kernel, T: KQuant>(job: &Job<'_>, p: &Panel<'_>, tile: usize
 /// # Safety
 /// `K`'s level is supported by the CPU.
 #[inline(always)]
-pub(crate) unsafe fn float_rows<K: Kernel>(job: &Job<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+pub(crate) unsafe fn float_rows<K: Kernel>(
+    job: &Job<'_>,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match job.ty {
@@ -579,7 +727,12 @@ pub(crate) unsafe fn float_rows<K: Kernel>(job: &Job<'_>, r0: usize, r1: usize, 
 }
 
 #[inline(always)]
-unsafe fn float_rows_t<K: Kernel, F: FloatW>(job: &Job<'_>, r0: usize, r1: usize, out: &SharedMut<'_, f32>) {
+unsafe fn float_rows_t<K: Kernel, F: FloatW>(
+    job: &Job<'_>,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+) {
     let (cols, rb) = (job.cols, job.row_bytes);
     if job.w.len() < job.rows * rb || job.x.len() < job.n_tokens * cols {
         return;
@@ -590,7 +743,12 @@ unsafe fn float_rows_t<K: Kernel, F: FloatW>(job: &Job<'_>, r0: usize, r1: usize
     while r < r1 {
         let nr = 4.min(r1 - r);
         // Missing rows repeat the last one; their results are dropped.
-        let w = [row(r), row(r + 1.min(nr - 1)), row(r + 2.min(nr - 1)), row(r + 3.min(nr - 1))];
+        let w = [
+            row(r),
+            row(r + 1.min(nr - 1)),
+            row(r + 2.min(nr - 1)),
+            row(r + 3.min(nr - 1)),
+        ];
         let mut t = 0;
         while t < job.n_tokens {
             let nt = 4.min(job.n_tokens - t);
@@ -601,12 +759,20 @@ unsafe fn float_rows_t<K: Kernel, F: FloatW>(job: &Job<'_>, r0: usize, r1: usize
             // SAFETY (all four): forwarded from the caller.
             match nt {
                 4 => {
-                    let v = unsafe { K::float_block::<F, 4>(w, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)], cols) };
+                    let v = unsafe {
+                        K::float_block::<F, 4>(
+                            w,
+                            [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)],
+                            cols,
+                        )
+                    };
                     put_block(&v, nr, &mut put);
                 }
                 3 => {
                     // SAFETY: as above.
-                    let v = unsafe { K::float_block::<F, 3>(w, [tok(t), tok(t + 1), tok(t + 2)], cols) };
+                    let v = unsafe {
+                        K::float_block::<F, 3>(w, [tok(t), tok(t + 1), tok(t + 2)], cols)
+                    };
                     put_block(&v, nr, &mut put);
                 }
                 2 => {
@@ -628,7 +794,11 @@ unsafe fn float_rows_t<K: Kernel, F: FloatW>(job: &Job<'_>, r0: usize, r1: usize
 
 /// Hands the first `nr` rows of a float block result to `put(row, token, value)`.
 #[inline(always)]
-fn put_block<const NT: usize>(v: &[[f32; NT]; 4], nr: usize, put: &mut impl FnMut(usize, usize, f32)) {
+fn put_block<const NT: usize>(
+    v: &[[f32; NT]; 4],
+    nr: usize,
+    put: &mut impl FnMut(usize, usize, f32),
+) {
     for (i, v) in v.iter().enumerate().take(nr) {
         for (j, &v) in v.iter().enumerate() {
             put(i, j, v);

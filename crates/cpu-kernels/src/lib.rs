@@ -59,7 +59,11 @@ use std::sync::OnceLock;
 /// Q3_K, IQ4_XS), 12 (Q4_K, Q5_K), 14 (others).
 pub fn gemm_min_tokens(ty: GgmlType) -> usize {
     static OVERRIDE: OnceLock<Option<usize>> = OnceLock::new();
-    let o = *OVERRIDE.get_or_init(|| std::env::var("QUIVER_CPU_GEMM_MIN_TOKENS").ok().and_then(|v| v.trim().parse().ok()));
+    let o = *OVERRIDE.get_or_init(|| {
+        std::env::var("QUIVER_CPU_GEMM_MIN_TOKENS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    });
     if let Some(n) = o {
         return n;
     }
@@ -94,7 +98,12 @@ pub enum KernelError {
     #[error("{op}: type {ty} is not supported")]
     Unsupported { op: &'static str, ty: GgmlType },
     #[error("{op} {ty}: cols {cols} is not a multiple of the block size {block_size}")]
-    BlockMultiple { op: &'static str, ty: GgmlType, cols: usize, block_size: usize },
+    BlockMultiple {
+        op: &'static str,
+        ty: GgmlType,
+        cols: usize,
+        block_size: usize,
+    },
     #[error("{op} {ty}: {what} has length {got}, expected {expected} (rows {rows}, cols {cols}, n_tokens {n_tokens})")]
     Length {
         op: &'static str,
@@ -107,7 +116,13 @@ pub enum KernelError {
         n_tokens: usize,
     },
     #[error("{op} {ty}: row id {id} is out of range for {rows} rows (cols {cols})")]
-    RowOutOfRange { op: &'static str, ty: GgmlType, id: u32, rows: usize, cols: usize },
+    RowOutOfRange {
+        op: &'static str,
+        ty: GgmlType,
+        id: u32,
+        rows: usize,
+        cols: usize,
+    },
 }
 
 /// A SIMD instruction set level, ordered from least to most capable.
@@ -136,7 +151,9 @@ impl SimdLevel {
     pub fn active() -> SimdLevel {
         static A: OnceLock<SimdLevel> = OnceLock::new();
         *A.get_or_init(|| {
-            let cap = std::env::var("QUIVER_CPU_SIMD").ok().and_then(|v| SimdLevel::parse(&v));
+            let cap = std::env::var("QUIVER_CPU_SIMD")
+                .ok()
+                .and_then(|v| SimdLevel::parse(&v));
             cap.map_or(SimdLevel::detected(), |c| c.min(SimdLevel::detected()))
         })
     }
@@ -214,7 +231,23 @@ fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
 /// True for the types [`matmul`] supports.
 pub fn supports(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_NL | IQ4_XS)
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | IQ4_NL
+            | IQ4_XS
+    )
 }
 
 /// `out[t, r] = sum_c W[r, c] * x[t, c]`.
@@ -233,7 +266,18 @@ pub fn matmul(
     out: &mut [f32],
     scratch: &mut Scratch,
 ) -> Result<(), KernelError> {
-    matmul_with_level(SimdLevel::active(), pool, ty, w, rows, cols, x, n_tokens, out, scratch)
+    matmul_with_level(
+        SimdLevel::active(),
+        pool,
+        ty,
+        w,
+        rows,
+        cols,
+        x,
+        n_tokens,
+        out,
+        scratch,
+    )
 }
 
 /// [`matmul`] at a given SIMD level, lowered to what the CPU supports.
@@ -256,10 +300,24 @@ pub fn matmul_with_level(
     }
     let bs = ty.block_size();
     if !cols.is_multiple_of(bs) {
-        return Err(KernelError::BlockMultiple { op: OP, ty, cols, block_size: bs });
+        return Err(KernelError::BlockMultiple {
+            op: OP,
+            ty,
+            cols,
+            block_size: bs,
+        });
     }
     let row_bytes = cols / bs * ty.type_size();
-    let len_err = |what, got, expected| KernelError::Length { op: OP, ty, what, got, expected, rows, cols, n_tokens };
+    let len_err = |what, got, expected| KernelError::Length {
+        op: OP,
+        ty,
+        what,
+        got,
+        expected,
+        rows,
+        cols,
+        n_tokens,
+    };
     let checks = [
         ("w", w.len(), rows.checked_mul(row_bytes)),
         ("x", x.len(), n_tokens.checked_mul(cols)),
@@ -275,7 +333,16 @@ pub fn matmul_with_level(
         return Ok(());
     }
     let level = level.min(SimdLevel::detected());
-    let job = driver::Job { level, ty, w, rows, cols, row_bytes, x, n_tokens };
+    let job = driver::Job {
+        level,
+        ty,
+        w,
+        rows,
+        cols,
+        row_bytes,
+        x,
+        n_tokens,
+    };
     driver::matmul(pool, &job, out, scratch);
     Ok(())
 }
@@ -298,29 +365,64 @@ pub fn activation_roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
 
 /// Embedding gather: `out[i, :] = dequantize(W[ids[i], :])` for `W` `[rows, cols]` of type
 /// `ty`; `out` is `[ids.len(), cols]`.
-pub fn get_rows(ty: GgmlType, w: &[u8], cols: usize, ids: &[u32], out: &mut [f32]) -> Result<(), KernelError> {
+pub fn get_rows(
+    ty: GgmlType,
+    w: &[u8],
+    cols: usize,
+    ids: &[u32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
     const OP: &str = "get_rows";
     if !quiver_quant::can_dequantize(ty) {
         return Err(KernelError::Unsupported { op: OP, ty });
     }
     let bs = ty.block_size();
     if !cols.is_multiple_of(bs) {
-        return Err(KernelError::BlockMultiple { op: OP, ty, cols, block_size: bs });
+        return Err(KernelError::BlockMultiple {
+            op: OP,
+            ty,
+            cols,
+            block_size: bs,
+        });
     }
     let row_bytes = cols / bs * ty.type_size();
     let rows = w.len().checked_div(row_bytes).unwrap_or(0);
     let n = ids.len();
     if row_bytes == 0 || !w.len().is_multiple_of(row_bytes) {
         let expected = rows * row_bytes;
-        return Err(KernelError::Length { op: OP, ty, what: "w", got: w.len(), expected, rows, cols, n_tokens: n });
+        return Err(KernelError::Length {
+            op: OP,
+            ty,
+            what: "w",
+            got: w.len(),
+            expected,
+            rows,
+            cols,
+            n_tokens: n,
+        });
     }
     if out.len() != n * cols {
-        return Err(KernelError::Length { op: OP, ty, what: "out", got: out.len(), expected: n * cols, rows, cols, n_tokens: n });
+        return Err(KernelError::Length {
+            op: OP,
+            ty,
+            what: "out",
+            got: out.len(),
+            expected: n * cols,
+            rows,
+            cols,
+            n_tokens: n,
+        });
     }
     for (&id, o) in ids.iter().zip(out.chunks_exact_mut(cols)) {
         let r = id as usize;
         if r >= rows {
-            return Err(KernelError::RowOutOfRange { op: OP, ty, id, rows, cols });
+            return Err(KernelError::RowOutOfRange {
+                op: OP,
+                ty,
+                id,
+                rows,
+                cols,
+            });
         }
         let src = &w[r * row_bytes..(r + 1) * row_bytes];
         // Lengths were checked above, so this cannot fail.
@@ -350,7 +452,13 @@ mod tests {
 
     #[test]
     fn every_supported_type_has_a_crossover() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::IQ4_XS] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q6_K,
+            GgmlType::IQ4_XS,
+        ] {
             assert!(supports(ty) && gemm_min_tokens(ty) >= 1);
         }
         assert!(!supports(GgmlType::IQ2_XXS) && !supports(GgmlType::Q8_K));

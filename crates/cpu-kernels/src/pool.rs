@@ -75,7 +75,11 @@ impl ThreadPool {
 
     /// As [`ThreadPool::new`] with the idle spin window given.
     pub fn with_spin(n_threads: usize, spin: Duration) -> std::io::Result<ThreadPool> {
-        let n = if n_threads == 0 { default_threads() } else { n_threads };
+        let n = if n_threads == 0 {
+            default_threads()
+        } else {
+            n_threads
+        };
         let n_workers = n - 1;
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
@@ -89,11 +93,17 @@ impl ThreadPool {
             panicked: AtomicBool::new(false),
             spin,
         });
-        let mut pool =
-            ThreadPool { shared: shared.clone(), handles: Vec::new(), threads: Vec::new(), lock: Mutex::new(()) };
+        let mut pool = ThreadPool {
+            shared: shared.clone(),
+            handles: Vec::new(),
+            threads: Vec::new(),
+            lock: Mutex::new(()),
+        };
         for i in 0..n_workers {
             let s = shared.clone();
-            let h = std::thread::Builder::new().name(format!("quiver-cpu-{}", i + 1)).spawn(move || worker(&s, i))?;
+            let h = std::thread::Builder::new()
+                .name(format!("quiver-cpu-{}", i + 1))
+                .spawn(move || worker(&s, i))?;
             pool.threads.push(h.thread().clone());
             pool.handles.push(h);
         }
@@ -190,7 +200,9 @@ impl Drop for ThreadPool {
 
 /// The number of cores available to this process (at least 1).
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// Takes and runs tasks until none are left. A task counts as finished even when it
@@ -274,7 +286,10 @@ mod tests {
                         hits[i].fetch_add(1, Ordering::Relaxed);
                     });
                 }
-                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 20), "{n_threads} threads, {n_tasks} tasks");
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 20),
+                    "{n_threads} threads, {n_tasks} tasks"
+                );
             }
         }
     }

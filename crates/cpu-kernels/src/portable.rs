@@ -32,7 +32,10 @@ fn val<const WIDE: bool>(v: u8) -> i32 {
 
 #[inline(always)]
 fn dot_vals<const WIDE: bool>(v: &[u8], q: &[i8]) -> i32 {
-    v.iter().zip(q).map(|(&v, &q)| val::<WIDE>(v) * q as i32).sum()
+    v.iter()
+        .zip(q)
+        .map(|(&v, &q)| val::<WIDE>(v) * q as i32)
+        .sum()
 }
 
 /// Element `i` of a float weight row.
@@ -76,7 +79,11 @@ fn dot_legacy1<T: Legacy>(w: &[T::B], a: &A32<'_>) -> f32 {
         let (da, sa) = (ds[0], ds[1]);
         T::values(b, &mut v);
         let (d, m) = T::dm::<SoftHalf>(b);
-        let dot = if T::WIDE { dot_vals::<true>(&v, q) } else { dot_vals::<false>(&v, q) };
+        let dot = if T::WIDE {
+            dot_vals::<true>(&v, q)
+        } else {
+            dot_vals::<false>(&v, q)
+        };
         sum += d * da * dot as f32 + m * sa;
     }
     sum
@@ -92,7 +99,11 @@ fn dot_k1<T: KQuant>(w: &[T::B], a: &[A256]) -> f32 {
         let (mut isum, mut corr) = (0i32, 0i32);
         for h in 0..16 {
             let (v, q) = (&v[16 * h..16 * h + 16], &a.qs[16 * h..16 * h + 16]);
-            let dot = if T::WIDE { dot_vals::<true>(v, q) } else { dot_vals::<false>(v, q) };
+            let dot = if T::WIDE {
+                dot_vals::<true>(v, q)
+            } else {
+                dot_vals::<false>(v, q)
+            };
             isum += k.sc[h] as i32 * dot;
             corr += k.corr[h] as i32 * a.bsums[h] as i32;
         }
@@ -133,7 +144,13 @@ unsafe impl Kernel for Portable {
     }
 
     #[inline(always)]
-    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(
+        dec: &Dec,
+        row0: usize,
+        kc: usize,
+        t: &TileIn<'_>,
+        acc: &mut Acc,
+    ) {
         let tpad = t.tpad;
         for j in 0..kc / SUB {
             for i in row0..(row0 + Self::GEMM_R).min(acc.len()) {
@@ -150,7 +167,10 @@ unsafe impl Kernel for Portable {
                     }
                 }
                 let (s, m) = (dec.s[i][j], dec.m[i][j]);
-                let (a0, a1) = (&t.a0[j * tpad..(j + 1) * tpad], &t.a1[j * tpad..(j + 1) * tpad]);
+                let (a0, a1) = (
+                    &t.a0[j * tpad..(j + 1) * tpad],
+                    &t.a1[j * tpad..(j + 1) * tpad],
+                );
                 for (lt, acc) in acc[i].iter_mut().enumerate().take(tpad) {
                     *acc += s * a0[lt] * dots[lt] as f32 + m * a1[lt];
                 }
@@ -159,7 +179,11 @@ unsafe impl Kernel for Portable {
     }
 
     #[inline(always)]
-    unsafe fn float_block<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
+    unsafe fn float_block<F: FloatW, const NT: usize>(
+        w: [&[u8]; 4],
+        x: [&[f32]; NT],
+        cols: usize,
+    ) -> [[f32; NT]; 4] {
         // Columns in chunks of 64: convert the weights once, then 8-lane partial sums that
         // the compiler can keep in vector registers.
         const C: usize = 64;

@@ -18,7 +18,11 @@ unsafe impl<T: Send> Send for SharedMut<'_, T> {}
 
 impl<'a, T> SharedMut<'a, T> {
     pub fn new(s: &'a mut [T]) -> SharedMut<'a, T> {
-        SharedMut { ptr: s.as_mut_ptr(), len: s.len(), _borrow: PhantomData }
+        SharedMut {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _borrow: PhantomData,
+        }
     }
 
     /// Writes `v` at `i` (ignored when out of range).

@@ -28,7 +28,10 @@ impl Rng {
 const N: usize = 70;
 
 fn levels() -> Vec<SimdLevel> {
-    SimdLevel::ALL.into_iter().filter(|&l| l <= SimdLevel::detected()).collect()
+    SimdLevel::ALL
+        .into_iter()
+        .filter(|&l| l <= SimdLevel::detected())
+        .collect()
 }
 
 fn cols_for(ty: GgmlType) -> Vec<usize> {
@@ -43,9 +46,15 @@ fn cols_for(ty: GgmlType) -> Vec<usize> {
 fn first_mismatch(full: &[f32], got: &[f32], t0: usize, n: usize, rows: usize) -> Option<String> {
     for lt in 0..n {
         let t = t0 + lt;
-        let (a, b) = (&full[t * rows..(t + 1) * rows], &got[lt * rows..(lt + 1) * rows]);
+        let (a, b) = (
+            &full[t * rows..(t + 1) * rows],
+            &got[lt * rows..(lt + 1) * rows],
+        );
         if let Some(r) = (0..rows).find(|&r| a[r].to_bits() != b[r].to_bits()) {
-            return Some(format!("token {t} row {r}: {} (n = {N}) vs {} (n = {n} from token {t0})", a[r], b[r]));
+            return Some(format!(
+                "token {t} row {r}: {} (n = {N}) vs {} (n = {n} from token {t0})",
+                a[r], b[r]
+            ));
         }
     }
     None
@@ -57,23 +66,65 @@ fn run_type(ty: GgmlType) {
     let rows = 37;
     for cols in cols_for(ty) {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (ty as u64) << 20 ^ cols as u64);
-        let wf: Vec<f32> = (0..rows * cols).map(|i| 0.05 * rng.uniform() + if i % 7 == 0 { 0.01 } else { 0.0 }).collect();
+        let wf: Vec<f32> = (0..rows * cols)
+            .map(|i| 0.05 * rng.uniform() + if i % 7 == 0 { 0.01 } else { 0.0 })
+            .collect();
         let mut w = Vec::new();
         quiver_quant::quantize(ty, &wf, &mut w).unwrap();
         let x: Vec<f32> = (0..N * cols).map(|_| rng.uniform()).collect();
         for level in levels() {
             let mut full = vec![f32::NAN; N * rows];
-            matmul_with_level(level, &pools[1], ty, &w, rows, cols, &x, N, &mut full, &mut scratch).unwrap();
-            assert!(full.iter().all(|v| v.is_finite()), "{ty} {level:?}: non-finite output");
+            matmul_with_level(
+                level,
+                &pools[1],
+                ty,
+                &w,
+                rows,
+                cols,
+                &x,
+                N,
+                &mut full,
+                &mut scratch,
+            )
+            .unwrap();
+            assert!(
+                full.iter().all(|v| v.is_finite()),
+                "{ty} {level:?}: non-finite output"
+            );
             let mut subsets: Vec<(usize, usize)> = (0..N).map(|t| (t, 1)).collect();
-            subsets.extend([(3, 5), (10, 17), (0, 2), (5, 3), (30, 17), (0, 64), (64, 6), (0, N)]);
+            subsets.extend([
+                (3, 5),
+                (10, 17),
+                (0, 2),
+                (5, 3),
+                (30, 17),
+                (0, 64),
+                (64, 6),
+                (0, N),
+            ]);
             for pool in &pools {
                 for &(t0, n) in &subsets {
                     let mut out = vec![f32::NAN; n * rows];
                     let xs = &x[t0 * cols..(t0 + n) * cols];
-                    matmul_with_level(level, pool, ty, &w, rows, cols, xs, n, &mut out, &mut scratch).unwrap();
+                    matmul_with_level(
+                        level,
+                        pool,
+                        ty,
+                        &w,
+                        rows,
+                        cols,
+                        xs,
+                        n,
+                        &mut out,
+                        &mut scratch,
+                    )
+                    .unwrap();
                     if let Some(m) = first_mismatch(&full, &out, t0, n, rows) {
-                        panic!("{ty} {rows}x{cols} {} ({} threads): not batch invariant: {m}", level.name(), pool.n_threads());
+                        panic!(
+                            "{ty} {rows}x{cols} {} ({} threads): not batch invariant: {m}",
+                            level.name(),
+                            pool.n_threads()
+                        );
                     }
                 }
             }

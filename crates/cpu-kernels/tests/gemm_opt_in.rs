@@ -4,7 +4,10 @@
 //! checks that path against the scalar reference with the panel's activation quantization,
 //! at every SIMD level, for every quantized type.
 
-use quiver_cpu_kernels::{activation_kind, activation_roundtrip, gemm_min_tokens, matmul_with_level, GgmlType, Scratch, SimdLevel, ThreadPool};
+use quiver_cpu_kernels::{
+    activation_kind, activation_roundtrip, gemm_min_tokens, matmul_with_level, GgmlType, Scratch,
+    SimdLevel, ThreadPool,
+};
 
 const TYPES: [GgmlType; 12] = [
     GgmlType::Q4_0,
@@ -44,21 +47,49 @@ fn gemm_path_when_opted_in_matches_the_reference() {
         for n in [9, 17, 64, 70] {
             assert_eq!(activation_kind(ty, n), 0);
             let x: Vec<f32> = (0..n * cols).map(|_| uni()).collect();
-            let xq: Vec<f32> = x.chunks_exact(cols).flat_map(|r| activation_roundtrip(0, r)).collect();
-            for level in SimdLevel::ALL.into_iter().filter(|&l| l <= SimdLevel::detected()) {
+            let xq: Vec<f32> = x
+                .chunks_exact(cols)
+                .flat_map(|r| activation_roundtrip(0, r))
+                .collect();
+            for level in SimdLevel::ALL
+                .into_iter()
+                .filter(|&l| l <= SimdLevel::detected())
+            {
                 let mut out = vec![f32::NAN; n * rows];
-                matmul_with_level(level, &pool, ty, &w, rows, cols, &x, n, &mut out, &mut scratch).unwrap();
+                matmul_with_level(
+                    level,
+                    &pool,
+                    ty,
+                    &w,
+                    rows,
+                    cols,
+                    &x,
+                    n,
+                    &mut out,
+                    &mut scratch,
+                )
+                .unwrap();
                 let (mut num, mut den) = (0f64, 0f64);
                 for t in 0..n {
                     for r in 0..rows {
-                        let want: f64 = (0..cols).map(|c| deq[r * cols + c] as f64 * xq[t * cols + c] as f64).sum();
+                        let want: f64 = (0..cols)
+                            .map(|c| deq[r * cols + c] as f64 * xq[t * cols + c] as f64)
+                            .sum();
                         let got = out[t * rows + r] as f64;
-                        num += if got.is_finite() { (got - want) * (got - want) } else { f64::INFINITY };
+                        num += if got.is_finite() {
+                            (got - want) * (got - want)
+                        } else {
+                            f64::INFINITY
+                        };
                         den += want * want;
                     }
                 }
                 let e = (num / den).sqrt();
-                assert!(e < 2e-5, "{ty} n={n} {}: GEMM path error {e:.3e}", level.name());
+                assert!(
+                    e < 2e-5,
+                    "{ty} n={n} {}: GEMM path error {e:.3e}",
+                    level.name()
+                );
             }
         }
     }

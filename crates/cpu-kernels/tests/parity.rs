@@ -18,7 +18,10 @@
 //!
 //! Every output starts as NaN, so an element the kernel skips fails the check.
 
-use quiver_cpu_kernels::{activation_kind, activation_roundtrip, matmul_with_level, GgmlType, Scratch, SimdLevel, ThreadPool};
+use quiver_cpu_kernels::{
+    activation_kind, activation_roundtrip, matmul_with_level, GgmlType, Scratch, SimdLevel,
+    ThreadPool,
+};
 
 struct Rng(u64);
 
@@ -63,7 +66,10 @@ pub const TYPES: [GgmlType; 15] = [
 ];
 
 fn levels() -> Vec<SimdLevel> {
-    SimdLevel::ALL.into_iter().filter(|&l| l <= SimdLevel::detected()).collect()
+    SimdLevel::ALL
+        .into_iter()
+        .filter(|&l| l <= SimdLevel::detected())
+        .collect()
 }
 
 /// Random weights `[rows, cols]` with per-row scales varying over two orders of magnitude
@@ -72,7 +78,11 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (Vec<u8>, V
     let mut f = Vec::with_capacity(rows * cols);
     for r in 0..rows {
         let scale = 0.05 * 10f32.powf(rng.uniform());
-        let offset = if r % 3 == 0 { 0.5 * scale * rng.uniform() } else { 0.0 };
+        let offset = if r % 3 == 0 {
+            0.5 * scale * rng.uniform()
+        } else {
+            0.0
+        };
         f.extend((0..cols).map(|_| scale * rng.normal() + offset));
     }
     let mut q = Vec::new();
@@ -130,13 +140,22 @@ fn sq(got: &[f32], want: &[f64]) -> Pool2 {
 
 /// Runs one case at every level; returns the worst exact error and adds the errors against
 /// the f32-activation reference into `pooled` (indexed like `levels()`).
-fn check(case: &Case, pool: &ThreadPool, scratch: &mut Scratch, seed: u64, pooled: &mut [Pool2]) -> f64 {
+fn check(
+    case: &Case,
+    pool: &ThreadPool,
+    scratch: &mut Scratch,
+    seed: u64,
+    pooled: &mut [Pool2],
+) -> f64 {
     let Case { ty, rows, cols, n } = *case;
     let mut rng = Rng(seed | 1);
     let (wq, wf) = weights(&mut rng, ty, rows, cols);
     let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
     let kind = activation_kind(ty, n);
-    let xq: Vec<f32> = x.chunks_exact(cols).flat_map(|row| activation_roundtrip(kind, row)).collect();
+    let xq: Vec<f32> = x
+        .chunks_exact(cols)
+        .flat_map(|row| activation_roundtrip(kind, row))
+        .collect();
     let want_exact = reference(&wf, &xq, rows, cols, n);
     let want_true = reference(&wf, &x, rows, cols, n);
     let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
@@ -146,12 +165,22 @@ fn check(case: &Case, pool: &ThreadPool, scratch: &mut Scratch, seed: u64, poole
         let mut out = vec![f32::NAN; n * rows];
         matmul_with_level(level, pool, ty, &wq, rows, cols, &x, n, &mut out, scratch).unwrap();
         let (e1, e2) = (rel_l2(&out, &want_exact), rel_l2(&out, &want_true));
-        let what = format!("{ty} {rows}x{cols} n={n} {} ({} threads)", level.name(), pool.n_threads());
-        assert!(e1 < b_exact, "{what}: error vs the quantized-activation reference {e1:.3e} >= {b_exact:e}");
+        let what = format!(
+            "{ty} {rows}x{cols} n={n} {} ({} threads)",
+            level.name(),
+            pool.n_threads()
+        );
+        assert!(
+            e1 < b_exact,
+            "{what}: error vs the quantized-activation reference {e1:.3e} >= {b_exact:e}"
+        );
         // A few outputs are too small a sample of the quantization noise for a bound (one
         // output near zero makes the relative error of 3 outputs anything).
         if n * rows >= 64 {
-            assert!(e2 < b_case, "{what}: error vs the f32-activation reference {e2:.3e} >= {b_case:e}");
+            assert!(
+                e2 < b_case,
+                "{what}: error vs the f32-activation reference {e2:.3e} >= {b_case:e}"
+            );
         }
         let p = sq(&out, &want_true);
         pooled[li].num += p.num;
@@ -181,8 +210,16 @@ fn run_type(ty: GgmlType) {
         // prefill with partial and multiple tiles.
         for n in [1, 2, 3, 5, 7, 8, 17, 64, 70] {
             for pool in &pools {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                worst = worst.max(check(&Case { ty, rows, cols, n }, pool, &mut scratch, seed, &mut pooled));
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                worst = worst.max(check(
+                    &Case { ty, rows, cols, n },
+                    pool,
+                    &mut scratch,
+                    seed,
+                    &mut pooled,
+                ));
             }
         }
     }
@@ -190,8 +227,15 @@ fn run_type(ty: GgmlType) {
     let bound = if float { 1e-5 } else { 1e-2 };
     for (level, p) in levels().into_iter().zip(&pooled) {
         let e = (p.num / p.den).sqrt();
-        eprintln!("{ty} {}: worst exact error {worst:.2e}, pooled error vs f32 activations {e:.2e}", level.name());
-        assert!(e < bound, "{ty} {}: pooled error vs f32 activations {e:.3e} >= {bound:e}", level.name());
+        eprintln!(
+            "{ty} {}: worst exact error {worst:.2e}, pooled error vs f32 activations {e:.2e}",
+            level.name()
+        );
+        assert!(
+            e < bound,
+            "{ty} {}: pooled error vs f32 activations {e:.3e} >= {bound:e}",
+            level.name()
+        );
     }
 }
 
@@ -219,7 +263,19 @@ fn checker_rejects_a_wrong_result() {
     let (_, other) = weights(&mut rng, GgmlType::Q4_K, rows, cols);
     let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
     let mut out = vec![0f32; n * rows];
-    matmul_with_level(SimdLevel::detected(), &pool, GgmlType::Q4_K, &wq, rows, cols, &x, n, &mut out, &mut scratch).unwrap();
+    matmul_with_level(
+        SimdLevel::detected(),
+        &pool,
+        GgmlType::Q4_K,
+        &wq,
+        rows,
+        cols,
+        &x,
+        n,
+        &mut out,
+        &mut scratch,
+    )
+    .unwrap();
     assert!(rel_l2(&out, &reference(&other, &x, rows, cols, n)) > 0.5);
     let mut skipped = out.clone();
     skipped[5] = f32::NAN;

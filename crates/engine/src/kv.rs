@@ -27,7 +27,12 @@ pub fn chain_hash(prev: u64, tokens: &[u32]) -> u64 {
 
 impl BlockPool {
     pub fn new(n: usize) -> Self {
-        BlockPool { refs: vec![0; n], hash_of: vec![None; n], by_hash: HashMap::new(), free: (0..n as u32).collect() }
+        BlockPool {
+            refs: vec![0; n],
+            hash_of: vec![None; n],
+            by_hash: HashMap::new(),
+            free: (0..n as u32).collect(),
+        }
     }
 
     pub fn total(&self) -> usize {
@@ -121,7 +126,13 @@ mod tests {
     #[test]
     fn chain_hash_depends_on_the_whole_prefix() {
         let h1 = chain_hash(0, &[1, 2]);
-        assert_ne!(chain_hash(h1, &[3, 4]), chain_hash(chain_hash(0, &[9, 2]), &[3, 4]));
-        assert_eq!(chain_hash(h1, &[3, 4]), chain_hash(chain_hash(0, &[1, 2]), &[3, 4]));
+        assert_ne!(
+            chain_hash(h1, &[3, 4]),
+            chain_hash(chain_hash(0, &[9, 2]), &[3, 4])
+        );
+        assert_eq!(
+            chain_hash(h1, &[3, 4]),
+            chain_hash(chain_hash(0, &[1, 2]), &[3, 4])
+        );
     }
 }

@@ -2,8 +2,8 @@
 //! sampler. The batched scheduler of the server builds on the same `forward`.
 
 mod kv;
-mod scheduler;
 pub mod sampler;
+mod scheduler;
 pub mod serve;
 
 pub use scheduler::start as start_serving;
@@ -23,8 +23,14 @@ pub const BLOCK_SIZE: usize = 16;
 pub enum EngineError {
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("prompt of {prompt} tokens plus {gen} to generate exceeds the context of {ctx} tokens")]
-    ContextOverflow { prompt: usize, gen: usize, ctx: usize },
+    #[error(
+        "prompt of {prompt} tokens plus {gen} to generate exceeds the context of {ctx} tokens"
+    )]
+    ContextOverflow {
+        prompt: usize,
+        gen: usize,
+        ctx: usize,
+    },
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
@@ -45,7 +51,11 @@ pub struct RunnerOptions {
 
 impl Default for RunnerOptions {
     fn default() -> Self {
-        RunnerOptions { n_ctx: 4096, n_batch: 512, max_logits: 1 }
+        RunnerOptions {
+            n_ctx: 4096,
+            n_batch: 512,
+            max_logits: 1,
+        }
     }
 }
 
@@ -99,7 +109,11 @@ impl<B: Backend> Runner<B> {
             return Err(EngineError::EmptyPrompt);
         }
         if start_pos + tokens.len() > self.n_ctx {
-            return Err(EngineError::ContextOverflow { prompt: start_pos + tokens.len(), gen: 0, ctx: self.n_ctx });
+            return Err(EngineError::ContextOverflow {
+                prompt: start_pos + tokens.len(),
+                gen: 0,
+                ctx: self.n_ctx,
+            });
         }
         let nv = self.n_vocab();
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= nv) {
@@ -119,21 +133,107 @@ impl<B: Backend> Runner<B> {
             if from < end && end - from > self.state.max_logits {
                 end = from + self.state.max_logits;
             }
-            self.batch.fill_single(&tokens[done..end], start_pos + done, n_blocks, BLOCK_SIZE, from - done);
-            self.model.forward(&mut self.backend, &mut self.state, &self.batch)?;
+            self.batch.fill_single(
+                &tokens[done..end],
+                start_pos + done,
+                n_blocks,
+                BLOCK_SIZE,
+                from - done,
+            );
+            self.model
+                .forward(&mut self.backend, &mut self.state, &self.batch)?;
             let rows = self.batch.logits.len();
             if rows > 0 {
                 if self.logits.is_empty() {
                     // The usual case (one step): take the rows without a second copy.
-                    self.backend.read(&self.state.logits, rows * nv, &mut self.logits).map_err(ModelError::from)?;
+                    self.backend
+                        .read(&self.state.logits, rows * nv, &mut self.logits)
+                        .map_err(ModelError::from)?;
                 } else {
-                    self.backend.read(&self.state.logits, rows * nv, &mut self.host).map_err(ModelError::from)?;
+                    self.backend
+                        .read(&self.state.logits, rows * nv, &mut self.host)
+                        .map_err(ModelError::from)?;
                     self.logits.extend_from_slice(&self.host);
                 }
             }
             done = end;
         }
         Ok(&self.logits)
+    }
+}
+
+impl<B: Backend> Runner<B> {
+    /// Like `eval` with `Want::Last`, returning only the argmax of the last position's logits:
+    /// the backend computes it, so a GPU sends back one id instead of the logits.
+    pub fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32> {
+        if tokens.len() > self.n_batch {
+            let nv = self.n_vocab();
+            let l = self.eval(tokens, start_pos, Want::Last)?;
+            return Ok(sampler::argmax(&l[..nv]));
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if start_pos + tokens.len() > self.n_ctx {
+            return Err(EngineError::ContextOverflow {
+                prompt: start_pos + tokens.len(),
+                gen: 0,
+                ctx: self.n_ctx,
+            });
+        }
+        let nv = self.n_vocab();
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= nv) {
+            return Err(EngineError::BadToken { id, n_vocab: nv });
+        }
+        let n_blocks = self.n_ctx / BLOCK_SIZE;
+        self.batch
+            .fill_single(tokens, start_pos, n_blocks, BLOCK_SIZE, tokens.len() - 1);
+        self.model
+            .forward(&mut self.backend, &mut self.state, &self.batch)?;
+        let mut ids = Vec::with_capacity(1);
+        self.backend
+            .argmax(&self.state.logits, 1, nv, &mut ids)
+            .map_err(ModelError::from)?;
+        Ok(ids[0])
+    }
+}
+
+/// A loaded model and one sequence, whatever the backend: what the CLI commands drive.
+pub trait Session {
+    /// See `Runner::eval`.
+    fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]>;
+    /// See `Runner::eval_argmax`.
+    fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32>;
+    fn n_vocab(&self) -> usize;
+    fn n_ctx(&self) -> usize;
+    fn hparams(&self) -> &quiver_models::Hparams;
+    /// The backend's name ("cpu", "cuda").
+    fn backend_name(&self) -> &'static str;
+    /// The backend's counters (graph captures and replays, kernels compiled, …).
+    fn counters(&self) -> Vec<(&'static str, u64)>;
+}
+
+impl<B: Backend> Session for Runner<B> {
+    fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
+        Runner::eval(self, tokens, start_pos, want)
+    }
+    fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32> {
+        Runner::eval_argmax(self, tokens, start_pos)
+    }
+    fn n_vocab(&self) -> usize {
+        self.model.hp.n_vocab
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn hparams(&self) -> &quiver_models::Hparams {
+        &self.model.hp
+    }
+    fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.backend.counters()
     }
 }
 
@@ -170,8 +270,8 @@ pub struct GenOptions {
 
 /// Generates from `prompt` at positions `start_pos..` (earlier positions already in the KV),
 /// streaming text pieces to `on_text`, which returns false to stop.
-pub fn generate<B: Backend>(
-    r: &mut Runner<B>,
+pub fn generate(
+    r: &mut (impl Session + ?Sized),
     tok: &Tokenizer,
     prompt: &[u32],
     start_pos: usize,
@@ -183,12 +283,22 @@ pub fn generate<B: Backend>(
         return Err(EngineError::EmptyPrompt);
     }
     let total = start_pos + prompt.len();
-    if total + opts.max_tokens > r.n_ctx {
-        return Err(EngineError::ContextOverflow { prompt: total, gen: opts.max_tokens, ctx: r.n_ctx });
+    if total + opts.max_tokens > r.n_ctx() {
+        return Err(EngineError::ContextOverflow {
+            prompt: total,
+            gen: opts.max_tokens,
+            ctx: r.n_ctx(),
+        });
     }
+    // Plain greedy decoding lets the backend pick the token (one id back per step).
+    let on_device = sampler.is_plain_greedy();
     let t0 = std::time::Instant::now();
     let mut history: Vec<u32> = prompt.to_vec();
-    let mut next = sampler.sample(r.eval(prompt, start_pos, Want::Last)?, &history);
+    let mut next = if on_device {
+        r.eval_argmax(prompt, start_pos)?
+    } else {
+        sampler.sample(r.eval(prompt, start_pos, Want::Last)?, &history)
+    };
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = std::time::Instant::now();
     let mut out = Vec::new();
@@ -224,8 +334,12 @@ pub fn generate<B: Backend>(
         if out.len() == opts.max_tokens {
             break;
         }
-        let logits = r.eval(&[next], pos, Want::Last)?;
-        next = sampler.sample(logits, &history);
+        next = if on_device {
+            r.eval_argmax(&[next], pos)?
+        } else {
+            let logits = r.eval(&[next], pos, Want::Last)?;
+            sampler.sample(logits, &history)
+        };
         kv_tokens += 1;
         pos += 1;
     }
@@ -236,7 +350,15 @@ pub fn generate<B: Backend>(
             on_text(&tail);
         }
     }
-    Ok(Generated { tokens: out, kv_tokens, text, finish, prompt_tokens: prompt.len(), prompt_secs, gen_secs: t1.elapsed().as_secs_f64() })
+    Ok(Generated {
+        tokens: out,
+        kv_tokens,
+        text,
+        finish,
+        prompt_tokens: prompt.len(),
+        prompt_secs,
+        gen_secs: t1.elapsed().as_secs_f64(),
+    })
 }
 
 /// The byte offset where the earliest stop string starts, if one ends in the new text.
@@ -246,7 +368,10 @@ pub(crate) fn stop_at(text: &str, stops: &[String], new_from: usize) -> Option<u
         .filter(|s| !s.is_empty())
         .filter_map(|s| {
             let from = new_from.saturating_sub(s.len() - 1);
-            let from = (0..=from).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+            let from = (0..=from)
+                .rev()
+                .find(|&i| text.is_char_boundary(i))
+                .unwrap_or(0);
             text[from..].find(s.as_str()).map(|i| from + i)
         })
         .min()

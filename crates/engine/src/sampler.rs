@@ -36,13 +36,22 @@ impl Default for SamplerParams {
 
 impl SamplerParams {
     pub fn greedy() -> Self {
-        SamplerParams { temperature: 0.0, ..Default::default() }
+        SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 
     /// Plain sampling from the softmax at temperature 1, nothing truncated (the OpenAI API's
     /// defaults).
     pub fn neutral() -> Self {
-        SamplerParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() }
+        SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        }
     }
 }
 
@@ -96,17 +105,39 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplerParams) -> Self {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng, cand: Vec::new(), probs: Vec::new(), counts: Default::default() }
+        Sampler {
+            params,
+            rng,
+            cand: Vec::new(),
+            probs: Vec::new(),
+            counts: Default::default(),
+        }
+    }
+
+    /// Greedy with nothing that changes logits: the argmax of the raw logits, which a device
+    /// can compute without sending the logits back.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0
+            && p.repeat_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.logit_bias.is_empty()
     }
 
     /// Picks the next token from raw logits, given the tokens so far (prompt and output).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
         self.cand.clear();
-        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         // Penalties over the recent window.
         if p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-            let start = if p.penalty_last_n == 0 { 0 } else { history.len().saturating_sub(p.penalty_last_n) };
+            let start = if p.penalty_last_n == 0 {
+                0
+            } else {
+                history.len().saturating_sub(p.penalty_last_n)
+            };
             self.counts.clear();
             for &t in &history[start..] {
                 *self.counts.entry(t).or_default() += 1;
@@ -115,7 +146,11 @@ impl Sampler {
                 if let Some(x) = self.cand.get_mut(t as usize) {
                     let l = &mut x.1;
                     if p.repeat_penalty != 1.0 {
-                        *l = if *l > 0.0 { *l / p.repeat_penalty } else { *l * p.repeat_penalty };
+                        *l = if *l > 0.0 {
+                            *l / p.repeat_penalty
+                        } else {
+                            *l * p.repeat_penalty
+                        };
                     }
                     *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
                 }
@@ -193,17 +228,30 @@ pub use quiver_backend::reference::argmax;
 /// log-softmax of the raw logits: (logprob of `token`, top-n (id, logprob) best first).
 pub fn logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
     let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = m + logits.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>().ln();
+    let lse = m + logits
+        .iter()
+        .map(|&l| (l as f64 - m).exp())
+        .sum::<f64>()
+        .ln();
     let lp = |l: f32| (l as f64 - lse) as f32;
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let n = top_n.min(idx.len());
-    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let cmp = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
     if n > 0 && n < idx.len() {
         idx.select_nth_unstable_by(n - 1, cmp);
     }
     idx.truncate(n);
     idx.sort_by(cmp);
-    (lp(logits[token as usize]), idx.into_iter().map(|i| (i, lp(logits[i as usize]))).collect())
+    (
+        lp(logits[token as usize]),
+        idx.into_iter()
+            .map(|i| (i, lp(logits[i as usize])))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -227,12 +275,34 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_and_top_k_1_is_greedy() {
         let l = logits();
-        let p = SamplerParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 42, ..Default::default() };
-        let a: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.sample(&l, &[])).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p.clone()); (0..50).map(|_| s.sample(&l, &[])).collect() };
+        let p = SamplerParams {
+            temperature: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 42,
+            ..Default::default()
+        };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.sample(&l, &[])).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.sample(&l, &[])).collect()
+        };
         assert_eq!(a, b);
-        assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 3, "temperature 1.5 should vary");
-        let c: Vec<u32> = { let mut s = Sampler::new(SamplerParams { seed: 7, ..p.clone() }); (0..50).map(|_| s.sample(&l, &[])).collect() };
+        assert!(
+            a.iter().collect::<std::collections::HashSet<_>>().len() > 3,
+            "temperature 1.5 should vary"
+        );
+        let c: Vec<u32> = {
+            let mut s = Sampler::new(SamplerParams {
+                seed: 7,
+                ..p.clone()
+            });
+            (0..50).map(|_| s.sample(&l, &[])).collect()
+        };
         assert_ne!(a, c);
         let mut s = Sampler::new(SamplerParams { top_k: 1, ..p });
         for _ in 0..20 {
@@ -262,10 +332,24 @@ mod tests {
         let mut l = vec![-10.0f32; 50];
         l[7] = 5.0;
         l[8] = 4.9;
-        let p = SamplerParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, seed: 1, ..Default::default() };
+        let p = SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            seed: 1,
+            ..Default::default()
+        };
         let mut s = Sampler::new(p);
         assert!((0..100).all(|_| s.sample(&l, &[]) == 7));
-        let p = SamplerParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, seed: 1, ..Default::default() };
+        let p = SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            seed: 1,
+            ..Default::default()
+        };
         let mut s = Sampler::new(p);
         let got: std::collections::HashSet<u32> = (0..200).map(|_| s.sample(&l, &[])).collect();
         assert_eq!(got, [7, 8].into_iter().collect());

@@ -48,13 +48,24 @@ impl Shared {
         if req.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
-        if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= self.info.n_vocab) {
-            return Err(SubmitError::BadToken { id, n_vocab: self.info.n_vocab });
+        if let Some(&id) = req
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.info.n_vocab)
+        {
+            return Err(SubmitError::BadToken {
+                id,
+                n_vocab: self.info.n_vocab,
+            });
         }
         // A sequence must fit the context and the whole pool on its own.
         let ctx = self.info.n_ctx.min(self.opts.kv_blocks * BLOCK_SIZE);
         if req.prompt.len() + req.max_tokens > ctx {
-            return Err(SubmitError::TooLong { prompt: req.prompt.len(), max_tokens: req.max_tokens, ctx });
+            return Err(SubmitError::TooLong {
+                prompt: req.prompt.len(),
+                max_tokens: req.max_tokens,
+                ctx,
+            });
         }
         let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
         if inbox.deadline.is_some() || inbox.stopped {
@@ -65,7 +76,12 @@ impl Shared {
             return Err(SubmitError::QueueFull(waiting));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        inbox.new.push_back(Pending { id, req, sink, arrived: id });
+        inbox.new.push_back(Pending {
+            id,
+            req,
+            sink,
+            arrived: id,
+        });
         self.cv.notify_one();
         Ok(id)
     }
@@ -96,18 +112,31 @@ impl Shared {
 
 /// Loads the model on the engine thread (the backend is made there by `make`) and starts the
 /// loop. Returns once the model is loaded, or with the load error.
-pub fn start<B, F>(make: F, file: Arc<GgufFile>, tokenizer: Tokenizer, opts: ServeOptions, name: String) -> Result<EngineHandle, String>
+pub fn start<B, F>(
+    make: F,
+    file: Arc<GgufFile>,
+    tokenizer: Tokenizer,
+    opts: ServeOptions,
+    name: String,
+) -> Result<EngineHandle, String>
 where
     B: Backend + 'static,
     F: FnOnce() -> B + Send + 'static,
 {
     let n_vocab = tokenizer.n_vocab();
     let shared = Arc::new(Shared {
-        info: ModelInfo { name, n_ctx: opts.n_ctx, n_vocab },
+        info: ModelInfo {
+            name,
+            n_ctx: opts.n_ctx,
+            n_vocab,
+        },
         tokenizer,
         inbox: Mutex::new(Inbox::default()),
         cv: Condvar::new(),
-        stats: Mutex::new(Stats { kv_blocks_total: opts.kv_blocks, ..Default::default() }),
+        stats: Mutex::new(Stats {
+            kv_blocks_total: opts.kv_blocks,
+            ..Default::default()
+        }),
         next_id: AtomicU64::new(1),
         thread: Mutex::new(None),
         opts: opts.clone(),
@@ -125,7 +154,12 @@ where
                     return;
                 }
             };
-            let state = match model.state(&backend, opts.kv_blocks * BLOCK_SIZE, opts.max_batch_tokens, opts.max_seqs) {
+            let state = match model.state(
+                &backend,
+                opts.kv_blocks * BLOCK_SIZE,
+                opts.max_batch_tokens,
+                opts.max_seqs,
+            ) {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e.to_string()));
@@ -140,9 +174,25 @@ where
                 return;
             }
             let _ = ready_tx.send(Ok(()));
-            let seed = chain_hash(0x7175697665, &[file.file_len() as u32, file.tensors.len() as u32]);
-            Engine { sh: &sh, tok: &sh.tokenizer, model, state, pool: BlockPool::new(opts.kv_blocks), seed, running: Vec::new(), waiting: VecDeque::new(), batch: Batch::default(), host: Vec::new(), rows: Vec::new(), done: Vec::new() }
-                .run(&mut backend);
+            let seed = chain_hash(
+                0x7175697665,
+                &[file.file_len() as u32, file.tensors.len() as u32],
+            );
+            Engine {
+                sh: &sh,
+                tok: &sh.tokenizer,
+                model,
+                state,
+                pool: BlockPool::new(opts.kv_blocks),
+                seed,
+                running: Vec::new(),
+                waiting: VecDeque::new(),
+                batch: Batch::default(),
+                host: Vec::new(),
+                rows: Vec::new(),
+                done: Vec::new(),
+            }
+            .run(&mut backend);
         })
         .map_err(|e| e.to_string())?;
     *shared.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
@@ -227,9 +277,17 @@ impl<'a, B: Backend> Engine<'a, B> {
             self.publish();
         }
         // Abort whatever is left.
-        for mut s in std::mem::take(&mut self.running).into_iter().chain(std::mem::take(&mut self.waiting)) {
+        for mut s in std::mem::take(&mut self.running)
+            .into_iter()
+            .chain(std::mem::take(&mut self.waiting))
+        {
             let (p, g, c) = (s.prompt_len, s.generated(), s.cached_tokens);
-            s.send(Event::Finished { reason: FinishReason::Abort, prompt_tokens: p, completion_tokens: g, cached_tokens: c });
+            s.send(Event::Finished {
+                reason: FinishReason::Abort,
+                prompt_tokens: p,
+                completion_tokens: g,
+                cached_tokens: c,
+            });
             self.pool.release_all(&mut s.blocks);
         }
         self.publish();
@@ -274,7 +332,12 @@ impl<'a, B: Backend> Engine<'a, B> {
                 // Draining: nothing new is admitted.
                 for mut s in std::mem::take(&mut self.waiting) {
                     let (p, c) = (s.prompt_len, s.cached_tokens);
-                    s.send(Event::Finished { reason: FinishReason::Abort, prompt_tokens: p, completion_tokens: 0, cached_tokens: c });
+                    s.send(Event::Finished {
+                        reason: FinishReason::Abort,
+                        prompt_tokens: p,
+                        completion_tokens: 0,
+                        cached_tokens: c,
+                    });
                     self.pool.release_all(&mut s.blocks);
                 }
             }
@@ -282,7 +345,11 @@ impl<'a, B: Backend> Engine<'a, B> {
                 return Inbound::Work;
             }
             self.publish_locked();
-            inbox = sh.cv.wait_timeout(inbox, Duration::from_millis(200)).map(|r| r.0).unwrap_or_else(|e| e.into_inner().0);
+            inbox = sh
+                .cv
+                .wait_timeout(inbox, Duration::from_millis(200))
+                .map(|r| r.0)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
     }
 
@@ -296,12 +363,21 @@ impl<'a, B: Backend> Engine<'a, B> {
                     _ => break,
                 };
                 if pred(s) {
-                    let mut s = if list == 0 { self.running.remove(i) } else { self.waiting.remove(i).expect("index checked") };
+                    let mut s = if list == 0 {
+                        self.running.remove(i)
+                    } else {
+                        self.waiting.remove(i).expect("index checked")
+                    };
                     let (p, g, c) = (s.prompt_len, s.generated(), s.cached_tokens);
                     // Blocks and stats first, so that a client that sees Finished sees them.
                     self.pool.release_all(&mut s.blocks);
                     self.publish_locked();
-                    s.send(Event::Finished { reason, prompt_tokens: p, completion_tokens: g, cached_tokens: c });
+                    s.send(Event::Finished {
+                        reason,
+                        prompt_tokens: p,
+                        completion_tokens: g,
+                        cached_tokens: c,
+                    });
                 } else {
                     i += 1;
                 }
@@ -322,7 +398,9 @@ impl<'a, B: Backend> Engine<'a, B> {
 
     /// Frees the newest running sequence and puts it back at the front of the queue.
     fn preempt_newest(&mut self) -> bool {
-        let Some(i) = (0..self.running.len()).max_by_key(|&i| self.running[i].arrived) else { return false };
+        let Some(i) = (0..self.running.len()).max_by_key(|&i| self.running[i].arrived) else {
+            return false;
+        };
         let mut s = self.running.remove(i);
         self.pool.release_all(&mut s.blocks);
         (s.n_computed, s.hashed, s.last_hash, s.step) = (0, 0, self.seed, 0);
@@ -337,7 +415,10 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// must be computed to get logits).
     fn reuse_prefix(&mut self, s: &mut Seq) {
         while (s.hashed + 1) * BLOCK_SIZE < s.tokens.len() {
-            let h = chain_hash(s.last_hash, &s.tokens[s.hashed * BLOCK_SIZE..(s.hashed + 1) * BLOCK_SIZE]);
+            let h = chain_hash(
+                s.last_hash,
+                &s.tokens[s.hashed * BLOCK_SIZE..(s.hashed + 1) * BLOCK_SIZE],
+            );
             match self.pool.lookup(h) {
                 Some(b) => {
                     s.blocks.push(b);
@@ -378,7 +459,9 @@ impl<'a, B: Backend> Engine<'a, B> {
         }
         // 2. Admit waiting sequences while there is room.
         while budget > 0 && self.running.len() < self.sh.opts.max_seqs {
-            let Some(mut s) = self.waiting.pop_front() else { break };
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
             self.reuse_prefix(&mut s);
             let want = (s.tokens.len() - s.n_computed).min(budget);
             let upto = s.n_computed + want;
@@ -396,7 +479,10 @@ impl<'a, B: Backend> Engine<'a, B> {
                     st.prefix_cache_hit_tokens_total += c as u64;
                     st.prompt_tokens_total += p as u64;
                 }
-                if !s.send(Event::Started { prompt_tokens: p, cached_tokens: c }) {
+                if !s.send(Event::Started {
+                    prompt_tokens: p,
+                    cached_tokens: c,
+                }) {
                     self.pool.release_all(&mut s.blocks);
                     continue;
                 }
@@ -422,7 +508,8 @@ impl<'a, B: Backend> Engine<'a, B> {
             for p in s.n_computed..s.n_computed + s.step {
                 b.tokens.push(s.tokens[p]);
                 b.positions.push(p as u32);
-                b.slots.push(s.blocks[p / BLOCK_SIZE] * BLOCK_SIZE as u32 + (p % BLOCK_SIZE) as u32);
+                b.slots
+                    .push(s.blocks[p / BLOCK_SIZE] * BLOCK_SIZE as u32 + (p % BLOCK_SIZE) as u32);
                 b.seq_of.push(si as u32);
             }
             let span = &mut b.seqs[si];
@@ -437,9 +524,13 @@ impl<'a, B: Backend> Engine<'a, B> {
         if b.tokens.is_empty() {
             return Ok(());
         }
-        self.model.forward(backend, &mut self.state, &self.batch).map_err(|e| e.to_string())?;
+        self.model
+            .forward(backend, &mut self.state, &self.batch)
+            .map_err(|e| e.to_string())?;
         let nv = self.sh.info.n_vocab;
-        backend.read(&self.state.logits, self.rows.len() * nv, &mut self.host).map_err(|e| e.to_string())?;
+        backend
+            .read(&self.state.logits, self.rows.len() * nv, &mut self.host)
+            .map_err(|e| e.to_string())?;
         if let Ok(mut st) = self.sh.stats.lock() {
             st.steps_total += 1;
         }
@@ -447,7 +538,10 @@ impl<'a, B: Backend> Engine<'a, B> {
         for s in self.running.iter_mut() {
             s.n_computed += s.step;
             while (s.hashed + 1) * BLOCK_SIZE <= s.n_computed {
-                let h = chain_hash(s.last_hash, &s.tokens[s.hashed * BLOCK_SIZE..(s.hashed + 1) * BLOCK_SIZE]);
+                let h = chain_hash(
+                    s.last_hash,
+                    &s.tokens[s.hashed * BLOCK_SIZE..(s.hashed + 1) * BLOCK_SIZE],
+                );
                 self.pool.register(s.blocks[s.hashed], h);
                 s.hashed += 1;
                 s.last_hash = h;
@@ -485,9 +579,17 @@ impl<'a, B: Backend> Engine<'a, B> {
                 }
                 None => (safe_end(&s.text, &s.req.stop), None),
             };
-            let text = if emit_to > s.emitted { s.text[s.emitted..emit_to].to_string() } else { String::new() };
+            let text = if emit_to > s.emitted {
+                s.text[s.emitted..emit_to].to_string()
+            } else {
+                String::new()
+            };
             s.emitted = s.emitted.max(emit_to);
-            if !s.send(Event::Token { id: next, text, logprob: lp }) {
+            if !s.send(Event::Token {
+                id: next,
+                text,
+                logprob: lp,
+            }) {
                 done.push((s.id, FinishReason::Abort));
             } else if let Some(r) = reason {
                 done.push((s.id, r));
@@ -520,7 +622,10 @@ fn safe_end(text: &str, stops: &[String]) -> usize {
     let mut end = text.len();
     for s in stops.iter().filter(|s| !s.is_empty()) {
         for k in (1..s.len()).rev() {
-            if k <= text.len() && text.is_char_boundary(text.len() - k) && s.as_bytes().starts_with(&text.as_bytes()[text.len() - k..]) {
+            if k <= text.len()
+                && text.is_char_boundary(text.len() - k)
+                && s.as_bytes().starts_with(&text.as_bytes()[text.len() - k..])
+            {
                 end = end.min(text.len() - k);
                 break;
             }

@@ -55,11 +55,23 @@ impl FinishReason {
 #[derive(Clone, Debug)]
 pub enum Event {
     /// The prompt was scheduled; `cached_tokens` of it were reused from the prefix cache.
-    Started { prompt_tokens: usize, cached_tokens: usize },
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
     /// One generated token and the text it completes (may be empty while a UTF-8 sequence or
     /// a possible stop string is held back).
-    Token { id: u32, text: String, logprob: Option<TokenLogprob> },
-    Finished { reason: FinishReason, prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize },
+    Token {
+        id: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    Finished {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        cached_tokens: usize,
+    },
     Error(String),
 }
 
@@ -70,7 +82,11 @@ pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum SubmitError {
     #[error("prompt of {prompt} tokens plus max_tokens {max_tokens} exceeds the context of {ctx} tokens")]
-    TooLong { prompt: usize, max_tokens: usize, ctx: usize },
+    TooLong {
+        prompt: usize,
+        max_tokens: usize,
+        ctx: usize,
+    },
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]

@@ -12,21 +12,32 @@ use std::sync::Arc;
 
 fn file() -> Arc<GgufFile> {
     let p = quiver_hub::alias_path("smollm2-135m");
-    assert!(p.is_file(), "{} is missing: run scripts/test (it fetches the test models)", p.display());
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/test (it fetches the test models)",
+        p.display()
+    );
     Arc::new(GgufFile::open(&p).unwrap())
 }
 
 fn start(kv_blocks: usize, max_seqs: usize) -> EngineHandle {
     let f = file();
     let tok = Tokenizer::from_gguf(&f).unwrap();
-    let opts = ServeOptions { n_ctx: 1024, max_seqs, kv_blocks, max_batch_tokens: 256, max_waiting: 64 };
+    let opts = ServeOptions {
+        n_ctx: 1024,
+        max_seqs,
+        kv_blocks,
+        max_batch_tokens: 256,
+        max_waiting: 64,
+    };
     quiver_engine::start_serving(|| CpuBackend::new(2), f, tok, opts, "smollm2".into()).unwrap()
 }
 
 /// Submits and collects (token ids, text, finish reason, cached tokens).
 fn submit(h: &EngineHandle, req: Request) -> mpsc::Receiver<Event> {
     let (tx, rx) = mpsc::channel();
-    h.submit(req, Box::new(move |e| tx.send(e).is_ok())).unwrap();
+    h.submit(req, Box::new(move |e| tx.send(e).is_ok()))
+        .unwrap();
     rx
 }
 
@@ -49,7 +60,11 @@ fn collect(rx: mpsc::Receiver<Event>) -> (Vec<u32>, String, FinishReason, usize)
 fn request(prompt: &[u32], max_tokens: usize, temperature: f32, seed: u64) -> Request {
     Request {
         prompt: prompt.to_vec(),
-        sampling: SamplerParams { temperature, seed, ..Default::default() },
+        sampling: SamplerParams {
+            temperature,
+            seed,
+            ..Default::default()
+        },
         max_tokens,
         stop: vec![],
         logprobs: None,
@@ -58,10 +73,17 @@ fn request(prompt: &[u32], max_tokens: usize, temperature: f32, seed: u64) -> Re
 }
 
 fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
-    ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,", "The three primary colors are", "1, 2, 3, 4,", "Rust is a systems programming language that"]
-        .iter()
-        .map(|p| tok.encode(p, true, false).unwrap())
-        .collect()
+    [
+        "The capital of France is",
+        "def fibonacci(n):\n",
+        "Once upon a time, in a small village,",
+        "The three primary colors are",
+        "1, 2, 3, 4,",
+        "Rust is a systems programming language that",
+    ]
+    .iter()
+    .map(|p| tok.encode(p, true, false).unwrap())
+    .collect()
 }
 
 #[test]
@@ -70,21 +92,55 @@ fn batched_requests_equal_solo_runs_and_blocks_come_back() {
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let ps = prompts(&tok);
     // Alone, on the single-sequence runner.
-    let mut r = Runner::new(CpuBackend::new(2), &f, &RunnerOptions { n_ctx: 256, n_batch: 256, max_logits: 1 }).unwrap();
+    let mut r = Runner::new(
+        CpuBackend::new(2),
+        &f,
+        &RunnerOptions {
+            n_ctx: 256,
+            n_batch: 256,
+            max_logits: 1,
+        },
+    )
+    .unwrap();
     let solo: Vec<Vec<u32>> = ps
         .iter()
         .enumerate()
         .map(|(i, p)| {
             let temp = if i % 2 == 0 { 0.0 } else { 0.9 };
-            let mut s = Sampler::new(SamplerParams { temperature: temp, seed: i as u64, ..Default::default() });
-            generate(&mut r, &tok, p, 0, &mut s, &GenOptions { max_tokens: 12, ignore_eos: true, ..Default::default() }, |_| true)
-                .unwrap()
-                .tokens
+            let mut s = Sampler::new(SamplerParams {
+                temperature: temp,
+                seed: i as u64,
+                ..Default::default()
+            });
+            generate(
+                &mut r,
+                &tok,
+                p,
+                0,
+                &mut s,
+                &GenOptions {
+                    max_tokens: 12,
+                    ignore_eos: true,
+                    ..Default::default()
+                },
+                |_| true,
+            )
+            .unwrap()
+            .tokens
         })
         .collect();
     // Together, on the serving engine.
     let h = start(256, 8);
-    let rxs: Vec<_> = ps.iter().enumerate().map(|(i, p)| submit(&h, request(p, 12, if i % 2 == 0 { 0.0 } else { 0.9 }, i as u64))).collect();
+    let rxs: Vec<_> = ps
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            submit(
+                &h,
+                request(p, 12, if i % 2 == 0 { 0.0 } else { 0.9 }, i as u64),
+            )
+        })
+        .collect();
     for (i, rx) in rxs.into_iter().enumerate() {
         let (ids, _, reason, _) = collect(rx);
         assert_eq!(reason, FinishReason::Length);
@@ -96,7 +152,11 @@ fn batched_requests_equal_solo_runs_and_blocks_come_back() {
         assert_eq!(ids.len(), 12);
     }
     let st = h.stats();
-    assert_eq!((st.running, st.waiting, st.kv_blocks_used), (0, 0, 0), "{st:?}");
+    assert_eq!(
+        (st.running, st.waiting, st.kv_blocks_used),
+        (0, 0, 0),
+        "{st:?}"
+    );
     assert!(st.generated_tokens_total >= 72);
     h.shutdown(std::time::Duration::from_secs(1));
 }
@@ -107,8 +167,12 @@ fn prefix_cache_preemption_stop_and_abort() {
     let tok = Tokenizer::from_gguf(&f).unwrap();
     // A long shared system prompt: the second request reuses its full blocks.
     let system = "You are a careful assistant. ".repeat(12);
-    let p1 = tok.encode(&format!("{system}Question: what is 2+2?"), true, false).unwrap();
-    let p2 = tok.encode(&format!("{system}Question: name a color."), true, false).unwrap();
+    let p1 = tok
+        .encode(&format!("{system}Question: what is 2+2?"), true, false)
+        .unwrap();
+    let p2 = tok
+        .encode(&format!("{system}Question: name a color."), true, false)
+        .unwrap();
     let h = start(64, 4);
     let (a, _, _, c1) = collect(submit(&h, request(&p1, 4, 0.0, 0)));
     let (_, _, _, c2) = collect(submit(&h, request(&p2, 4, 0.0, 0)));
@@ -122,14 +186,27 @@ fn prefix_cache_preemption_stop_and_abort() {
     // Preemption: 8 requests of up to 80 tokens each need far more than 64 blocks × 16 at
     // once... with 64 blocks (1024 slots) and 8 × (prompt + 100) tokens, the pool runs out.
     let ps = prompts(&tok);
-    let solo: Vec<Vec<u32>> = ps.iter().map(|p| collect(submit(&h, request(p, 100, 0.0, 0))).0).collect();
+    let solo: Vec<Vec<u32>> = ps
+        .iter()
+        .map(|p| collect(submit(&h, request(p, 100, 0.0, 0))).0)
+        .collect();
     let small = start(24, 6);
-    let rxs: Vec<_> = ps.iter().map(|p| submit(&small, request(p, 100, 0.0, 0))).collect();
+    let rxs: Vec<_> = ps
+        .iter()
+        .map(|p| submit(&small, request(p, 100, 0.0, 0)))
+        .collect();
     for (i, rx) in rxs.into_iter().enumerate() {
-        assert_eq!(collect(rx).0, solo[i], "request {i} changed under preemption");
+        assert_eq!(
+            collect(rx).0,
+            solo[i],
+            "request {i} changed under preemption"
+        );
     }
     let st = small.stats();
-    assert!(st.preemptions_total > 0, "the small pool never preempted: {st:?}");
+    assert!(
+        st.preemptions_total > 0,
+        "the small pool never preempted: {st:?}"
+    );
     assert_eq!(st.kv_blocks_used, 0);
 
     // Stop strings end the text before the stop string.
@@ -142,10 +219,13 @@ fn prefix_cache_preemption_stop_and_abort() {
     // A receiver that goes away aborts the request and frees its blocks.
     let (tx, rx) = mpsc::channel();
     let mut n = 0;
-    h.submit(request(&ps[0], 500, 0.0, 0), Box::new(move |e| {
-        n += 1;
-        n < 5 && tx.send(e).is_ok()
-    }))
+    h.submit(
+        request(&ps[0], 500, 0.0, 0),
+        Box::new(move |e| {
+            n += 1;
+            n < 5 && tx.send(e).is_ok()
+        }),
+    )
     .unwrap();
     drop(rx);
     for _ in 0..100 {

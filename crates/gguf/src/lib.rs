@@ -50,7 +50,11 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// Builds and validates a tensor info from ggml `ne` dimensions.
     pub fn from_ne(name: String, ty: GgmlType, ne: &[u64], offset: u64) -> Result<TensorInfo> {
-        let bad = |why: String| GgufError::BadShape { name: name.clone(), dims: ne.to_vec(), why };
+        let bad = |why: String| GgufError::BadShape {
+            name: name.clone(),
+            dims: ne.to_vec(),
+            why,
+        };
         let mut n_elements: u64 = 1;
         for &d in ne {
             // ggml keeps dimensions in int64_t.
@@ -64,11 +68,23 @@ impl TensorInfo {
         }
         let row = ne.first().copied().unwrap_or(1);
         let row_bytes = ty.row_bytes(row).ok_or_else(|| {
-            bad(format!("row length {row} is not a multiple of the {ty} block size {}", ty.block_size()))
+            bad(format!(
+                "row length {row} is not a multiple of the {ty} block size {}",
+                ty.block_size()
+            ))
         })?;
         let n_rows = if row == 0 { 0 } else { n_elements / row };
-        let n_bytes = row_bytes.checked_mul(n_rows).ok_or_else(|| bad("byte size overflows".into()))?;
-        Ok(TensorInfo { name, ty, shape: ne_to_shape(ne), offset, n_elements, n_bytes })
+        let n_bytes = row_bytes
+            .checked_mul(n_rows)
+            .ok_or_else(|| bad("byte size overflows".into()))?;
+        Ok(TensorInfo {
+            name,
+            ty,
+            shape: ne_to_shape(ne),
+            offset,
+            n_elements,
+            n_bytes,
+        })
     }
 
     /// Dimensions in ggml `ne` order.
@@ -149,7 +165,12 @@ impl GgufFile {
 
     fn from_storage(storage: Storage) -> Result<GgufFile> {
         let h = reader::parse(storage.bytes())?;
-        let index = h.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        let index = h
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
         Ok(GgufFile {
             storage,
             version: h.version,
@@ -179,7 +200,9 @@ impl GgufFile {
 
     /// Looks up a tensor by name and returns its info and bytes.
     pub fn tensor_bytes(&self, name: &str) -> Result<(&TensorInfo, &[u8])> {
-        let t = self.tensor(name).ok_or_else(|| GgufError::MissingTensor { name: name.into() })?;
+        let t = self
+            .tensor(name)
+            .ok_or_else(|| GgufError::MissingTensor { name: name.into() })?;
         Ok((t, self.tensor_data(t)))
     }
 
@@ -189,24 +212,35 @@ impl GgufFile {
 
     /// `general.architecture`.
     pub fn arch(&self) -> Result<&str> {
-        self.get_str("general.architecture")?.ok_or_else(|| GgufError::MissingKey("general.architecture".into()))
+        self.get_str("general.architecture")?
+            .ok_or_else(|| GgufError::MissingKey("general.architecture".into()))
     }
 
     fn wrong(&self, key: &str, v: &Value, expected: &str) -> GgufError {
-        GgufError::WrongType { key: key.into(), found: v.value_type().name().into(), expected: expected.into() }
+        GgufError::WrongType {
+            key: key.into(),
+            found: v.value_type().name().into(),
+            expected: expected.into(),
+        }
     }
 
     pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong(key, v, "string")),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, v, "string")),
         }
     }
 
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, v, "bool")),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, v, "bool")),
         }
     }
 
@@ -218,7 +252,10 @@ impl GgufFile {
                 let i = v.as_i128().ok_or_else(|| self.wrong(key, v, "integer"))?;
                 u64::try_from(i)
                     .map(Some)
-                    .map_err(|_| GgufError::OutOfRange { key: key.into(), value: i.to_string() })
+                    .map_err(|_| GgufError::OutOfRange {
+                        key: key.into(),
+                        value: i.to_string(),
+                    })
             }
         }
     }
@@ -229,28 +266,40 @@ impl GgufFile {
             None => Ok(None),
             Some(v) => u32::try_from(v)
                 .map(Some)
-                .map_err(|_| GgufError::OutOfRange { key: key.into(), value: v.to_string() }),
+                .map_err(|_| GgufError::OutOfRange {
+                    key: key.into(),
+                    value: v.to_string(),
+                }),
         }
     }
 
     pub fn get_f32(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(|f| Some(f as f32)).ok_or_else(|| self.wrong(key, v, "float")),
+            Some(v) => v
+                .as_f64()
+                .map(|f| Some(f as f32))
+                .ok_or_else(|| self.wrong(key, v, "float")),
         }
     }
 
     pub fn get_array(&self, key: &str) -> Result<Option<&Array>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_array().map(Some).ok_or_else(|| self.wrong(key, v, "array")),
+            Some(v) => v
+                .as_array()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, v, "array")),
         }
     }
 
     /// Hyperparameters of the file's architecture: `hparams().u32("block_count")` reads
     /// `{arch}.block_count`.
     pub fn hparams(&self) -> Result<HParams<'_>> {
-        Ok(HParams { file: self, arch: self.arch()?.to_string() })
+        Ok(HParams {
+            file: self,
+            arch: self.arch()?.to_string(),
+        })
     }
 }
 
@@ -291,11 +340,13 @@ impl HParams<'_> {
 
     /// A required u32 key.
     pub fn req_u32(&self, name: &str) -> Result<u32> {
-        self.u32(name)?.ok_or_else(|| GgufError::MissingKey(self.key(name)))
+        self.u32(name)?
+            .ok_or_else(|| GgufError::MissingKey(self.key(name)))
     }
 
     /// A required f32 key.
     pub fn req_f32(&self, name: &str) -> Result<f32> {
-        self.f32(name)?.ok_or_else(|| GgufError::MissingKey(self.key(name)))
+        self.f32(name)?
+            .ok_or_else(|| GgufError::MissingKey(self.key(name)))
     }
 }

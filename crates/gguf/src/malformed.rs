@@ -71,15 +71,51 @@ const F32: u32 = 0;
 pub fn cases() -> Vec<Case> {
     let q40 = GgmlType::Q4_0.id();
     let mut v = vec![
-        Case { name: "empty file", bytes: vec![], expect: "truncated" },
-        Case { name: "three bytes", bytes: b"GGU".to_vec(), expect: "truncated" },
-        Case { name: "bad magic", bytes: b"GGML\x03\0\0\0".to_vec(), expect: "not a GGUF file" },
-        Case { name: "version 1", bytes: b(1, 0, 0).done(), expect: "version 1" },
-        Case { name: "version 4", bytes: b(4, 0, 0).done(), expect: "version 4" },
-        Case { name: "big-endian", bytes: b(3u32.swap_bytes(), 0, 0).done(), expect: "big-endian" },
-        Case { name: "truncated counts", bytes: b(3, 0, 0).done()[..12].to_vec(), expect: "truncated" },
-        Case { name: "absurd metadata count", bytes: b(3, 0, u64::MAX).done(), expect: "metadata count" },
-        Case { name: "absurd tensor count", bytes: b(3, u64::MAX, 0).done(), expect: "tensor count" },
+        Case {
+            name: "empty file",
+            bytes: vec![],
+            expect: "truncated",
+        },
+        Case {
+            name: "three bytes",
+            bytes: b"GGU".to_vec(),
+            expect: "truncated",
+        },
+        Case {
+            name: "bad magic",
+            bytes: b"GGML\x03\0\0\0".to_vec(),
+            expect: "not a GGUF file",
+        },
+        Case {
+            name: "version 1",
+            bytes: b(1, 0, 0).done(),
+            expect: "version 1",
+        },
+        Case {
+            name: "version 4",
+            bytes: b(4, 0, 0).done(),
+            expect: "version 4",
+        },
+        Case {
+            name: "big-endian",
+            bytes: b(3u32.swap_bytes(), 0, 0).done(),
+            expect: "big-endian",
+        },
+        Case {
+            name: "truncated counts",
+            bytes: b(3, 0, 0).done()[..12].to_vec(),
+            expect: "truncated",
+        },
+        Case {
+            name: "absurd metadata count",
+            bytes: b(3, 0, u64::MAX).done(),
+            expect: "metadata count",
+        },
+        Case {
+            name: "absurd tensor count",
+            bytes: b(3, u64::MAX, 0).done(),
+            expect: "tensor count",
+        },
         Case {
             name: "absurd key length",
             bytes: b(3, 0, 1).u64(u64::MAX).raw(b"abcdefghijklmnop").done(),
@@ -90,7 +126,11 @@ pub fn cases() -> Vec<Case> {
             bytes: b(3, 0, 1).u64(2).raw(&[0xff, 0xfe]).u32(4).u32(1).done(),
             expect: "UTF-8",
         },
-        Case { name: "unknown value type", bytes: b(3, 0, 1).str("k").u32(13).u32(0).done(), expect: "unknown value type id 13" },
+        Case {
+            name: "unknown value type",
+            bytes: b(3, 0, 1).str("k").u32(13).u32(0).done(),
+            expect: "unknown value type id 13",
+        },
         Case {
             name: "value type u32::MAX",
             bytes: b(3, 0, 1).str("k").u32(u32::MAX).done(),
@@ -111,14 +151,26 @@ pub fn cases() -> Vec<Case> {
             bytes: b(3, 0, 1).str("k").u32(8).u64(1 << 40).raw(b"xyz").done(),
             expect: "truncated",
         },
-        Case { name: "bool byte 2", bytes: b(3, 0, 1).str("k").u32(7).raw(&[2]).done(), expect: "bool byte 2" },
+        Case {
+            name: "bool byte 2",
+            bytes: b(3, 0, 1).str("k").u32(7).raw(&[2]).done(),
+            expect: "bool byte 2",
+        },
         Case {
             name: "duplicate key",
             bytes: b(3, 0, 2).kv_u32("a", 1).kv_u32("a", 2).done(),
             expect: "duplicate metadata key",
         },
-        Case { name: "alignment 0", bytes: b(3, 0, 1).kv_u32("general.alignment", 0).done(), expect: "alignment = 0" },
-        Case { name: "alignment 3", bytes: b(3, 0, 1).kv_u32("general.alignment", 3).done(), expect: "alignment = 3" },
+        Case {
+            name: "alignment 0",
+            bytes: b(3, 0, 1).kv_u32("general.alignment", 0).done(),
+            expect: "alignment = 0",
+        },
+        Case {
+            name: "alignment 3",
+            bytes: b(3, 0, 1).kv_u32("general.alignment", 3).done(),
+            expect: "alignment = 3",
+        },
         Case {
             name: "alignment as string",
             bytes: b(3, 0, 1).kv_str("general.alignment", "32").done(),
@@ -126,12 +178,19 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "alignment 2^40",
-            bytes: b(3, 0, 1).str("general.alignment").u32(10).u64(1 << 40).done(),
+            bytes: b(3, 0, 1)
+                .str("general.alignment")
+                .u32(10)
+                .u64(1 << 40)
+                .done(),
             expect: "alignment",
         },
         Case {
             name: "five dimensions",
-            bytes: b(3, 1, 0).tensor("t", &[1, 1, 1, 1, 1], F32, 0).data(4).done(),
+            bytes: b(3, 1, 0)
+                .tensor("t", &[1, 1, 1, 1, 1], F32, 0)
+                .data(4)
+                .done(),
             expect: "5 dimensions",
         },
         Case {
@@ -146,7 +205,10 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "element count overflow",
-            bytes: b(3, 1, 0).tensor("t", &[1 << 32, 1 << 32], F32, 0).data(4).done(),
+            bytes: b(3, 1, 0)
+                .tensor("t", &[1 << 32, 1 << 32], F32, 0)
+                .data(4)
+                .done(),
             expect: "overflows",
         },
         Case {
@@ -171,17 +233,28 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "offset near u64::MAX",
-            bytes: b(3, 1, 0).tensor("t", &[64], F32, u64::MAX - 31).data(256).done(),
+            bytes: b(3, 1, 0)
+                .tensor("t", &[64], F32, u64::MAX - 31)
+                .data(256)
+                .done(),
             expect: "outside the data section",
         },
         Case {
             name: "overlapping tensors",
-            bytes: b(3, 2, 0).tensor("a", &[16], F32, 0).tensor("b", &[16], F32, 32).data(128).done(),
+            bytes: b(3, 2, 0)
+                .tensor("a", &[16], F32, 0)
+                .tensor("b", &[16], F32, 32)
+                .data(128)
+                .done(),
             expect: "overlap",
         },
         Case {
             name: "duplicate tensor name",
-            bytes: b(3, 2, 0).tensor("a", &[8], F32, 0).tensor("a", &[8], F32, 32).data(64).done(),
+            bytes: b(3, 2, 0)
+                .tensor("a", &[8], F32, 0)
+                .tensor("a", &[8], F32, 32)
+                .data(64)
+                .done(),
             expect: "duplicate tensor",
         },
         Case {
@@ -196,7 +269,15 @@ pub fn cases() -> Vec<Case> {
         },
         Case {
             name: "tensor name not UTF-8",
-            bytes: b(3, 1, 0).u64(1).raw(&[0xc3]).u32(1).u64(4).u32(F32).u64(0).data(16).done(),
+            bytes: b(3, 1, 0)
+                .u64(1)
+                .raw(&[0xc3])
+                .u32(1)
+                .u64(4)
+                .u32(F32)
+                .u64(0)
+                .data(16)
+                .done(),
             expect: "UTF-8",
         },
     ];
@@ -207,7 +288,11 @@ pub fn cases() -> Vec<Case> {
         deep.u32(ValueType::Array as u32).u64(1);
     }
     deep.u32(ValueType::U8 as u32).u64(0);
-    v.push(Case { name: "arrays nested too deep", bytes: deep.done(), expect: "nested deeper" });
+    v.push(Case {
+        name: "arrays nested too deep",
+        bytes: deep.done(),
+        expect: "nested deeper",
+    });
     v
 }
 
@@ -225,8 +310,17 @@ mod tests {
                 Ok(_) => panic!("{}: parsed without error", c.name),
                 Err(e) => {
                     let msg = e.to_string();
-                    assert!(msg.contains(c.expect), "{}: error {msg:?} lacks {:?}", c.name, c.expect);
-                    assert!(!msg.contains('\n'), "{}: error is not one line: {msg:?}", c.name);
+                    assert!(
+                        msg.contains(c.expect),
+                        "{}: error {msg:?} lacks {:?}",
+                        c.name,
+                        c.expect
+                    );
+                    assert!(
+                        !msg.contains('\n'),
+                        "{}: error is not one line: {msg:?}",
+                        c.name
+                    );
                 }
             }
         }
@@ -234,7 +328,12 @@ mod tests {
 
     #[test]
     fn the_builder_makes_valid_files_when_asked() {
-        let bytes = b(3, 2, 1).kv_u32("x", 7).tensor("a", &[8], F32, 0).tensor("b", &[32, 2], q40(), 32).data(32 + 36).done();
+        let bytes = b(3, 2, 1)
+            .kv_u32("x", 7)
+            .tensor("a", &[8], F32, 0)
+            .tensor("b", &[32, 2], q40(), 32)
+            .data(32 + 36)
+            .done();
         let f = GgufFile::from_bytes(bytes).unwrap();
         assert_eq!(f.get_u32("x").unwrap(), Some(7));
         assert_eq!(f.tensor("b").unwrap().shape, vec![2, 32]);

@@ -62,7 +62,11 @@ impl<'a> Cursor<'a> {
     /// Checks that `count` items of at least `min_bytes` each can fit in the rest of the file.
     fn check_count(&self, count: u64, min_bytes: u64, what: &dyn Fn() -> String) -> Result<()> {
         if count.saturating_mul(min_bytes) > self.remaining() {
-            return Err(GgufError::CountTooLarge { what: what(), count, remaining: self.remaining() });
+            return Err(GgufError::CountTooLarge {
+                what: what(),
+                count,
+                remaining: self.remaining(),
+            });
         }
         Ok(())
     }
@@ -97,7 +101,10 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     for i in 0..n_kv {
         let key = c.string(&|| format!("metadata key #{i}"))?;
         let ty = c.u32(&|| format!("type of metadata key {key:?}"))?;
-        let ty = ValueType::from_id(ty).ok_or_else(|| GgufError::UnknownValueType { key: key.clone(), id: ty })?;
+        let ty = ValueType::from_id(ty).ok_or_else(|| GgufError::UnknownValueType {
+            key: key.clone(),
+            id: ty,
+        })?;
         let value = read_value(&mut c, ty, &key, 0)?;
         if metadata.contains_key(&key) {
             return Err(GgufError::DuplicateKey(key));
@@ -129,22 +136,32 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
         let name = c.string(&|| format!("name of tensor #{i}"))?;
         let n_dims = c.u32(&|| format!("dimension count of tensor {name:?}"))?;
         if n_dims as usize > MAX_DIMS {
-            return Err(GgufError::TooManyDims { name, n_dims, max: MAX_DIMS });
+            return Err(GgufError::TooManyDims {
+                name,
+                n_dims,
+                max: MAX_DIMS,
+            });
         }
         let mut ne = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
             ne.push(c.u64(&|| format!("dimensions of tensor {name:?}"))?);
         }
         let type_id = c.u32(&|| format!("type of tensor {name:?}"))?;
-        let ty = GgmlType::from_id(type_id)
-            .ok_or_else(|| GgufError::UnknownTensorType { name: name.clone(), id: type_id })?;
+        let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
+            name: name.clone(),
+            id: type_id,
+        })?;
         let offset = c.u64(&|| format!("data offset of tensor {name:?}"))?;
         if !names.insert(name.clone()) {
             return Err(GgufError::DuplicateTensor(name));
         }
         let info = TensorInfo::from_ne(name, ty, &ne, offset)?;
         if offset % alignment != 0 {
-            return Err(GgufError::MisalignedTensor { name: info.name, offset, alignment });
+            return Err(GgufError::MisalignedTensor {
+                name: info.name,
+                offset,
+                alignment,
+            });
         }
         tensors.push(info);
     }
@@ -152,7 +169,14 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
     let data_len = (buf.len() as u64).saturating_sub(data_offset);
     check_ranges(&tensors, data_len)?;
-    Ok(Header { version, metadata, tensors, alignment, infos_offset, data_offset })
+    Ok(Header {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        infos_offset,
+        data_offset,
+    })
 }
 
 /// Every tensor lies inside the data section and no two overlap.
@@ -172,7 +196,10 @@ fn check_ranges(tensors: &[TensorInfo], data_len: u64) -> Result<()> {
     order.sort_by_key(|t| t.offset);
     for w in order.windows(2) {
         if w[0].offset + w[0].n_bytes > w[1].offset {
-            return Err(GgufError::TensorsOverlap { a: w[0].name.clone(), b: w[1].name.clone() });
+            return Err(GgufError::TensorsOverlap {
+                a: w[0].name.clone(),
+                b: w[1].name.clone(),
+            });
         }
     }
     Ok(())
@@ -201,17 +228,26 @@ fn read_bool(c: &mut Cursor, key: &str) -> Result<bool> {
     match c.array::<1>(&|| format!("value of metadata key {key:?}"))?[0] {
         0 => Ok(false),
         1 => Ok(true),
-        b => Err(GgufError::OutOfRange { key: key.into(), value: format!("bool byte {b}") }),
+        b => Err(GgufError::OutOfRange {
+            key: key.into(),
+            value: format!("bool byte {b}"),
+        }),
     }
 }
 
 fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<Array> {
     if depth >= MAX_ARRAY_DEPTH {
-        return Err(GgufError::NestingTooDeep { key: key.into(), max: MAX_ARRAY_DEPTH });
+        return Err(GgufError::NestingTooDeep {
+            key: key.into(),
+            max: MAX_ARRAY_DEPTH,
+        });
     }
     let what = || format!("array of metadata key {key:?}");
     let ty = c.u32(&what)?;
-    let ty = ValueType::from_id(ty).ok_or_else(|| GgufError::UnknownValueType { key: key.into(), id: ty })?;
+    let ty = ValueType::from_id(ty).ok_or_else(|| GgufError::UnknownValueType {
+        key: key.into(),
+        id: ty,
+    })?;
     let n = c.u64(&what)?;
     c.check_count(n, ty.min_bytes(), &what)?;
     let n = n as usize;
@@ -219,7 +255,12 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<Array> {
         ($variant:ident, $t:ty) => {{
             const W: usize = std::mem::size_of::<$t>();
             let bytes = c.take((n * W) as u64, &what)?;
-            Array::$variant(bytes.chunks_exact(W).map(|b| <$t>::from_le_bytes(b.try_into().unwrap())).collect())
+            Array::$variant(
+                bytes
+                    .chunks_exact(W)
+                    .map(|b| <$t>::from_le_bytes(b.try_into().unwrap()))
+                    .collect(),
+            )
         }};
     }
     Ok(match ty {
@@ -235,8 +276,10 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<Array> {
         ValueType::F64 => fixed!(F64, f64),
         ValueType::Bool => Array::Bool((0..n).map(|_| read_bool(c, key)).collect::<Result<_>>()?),
         ValueType::String => Array::String((0..n).map(|_| c.string(&what)).collect::<Result<_>>()?),
-        ValueType::Array => {
-            Array::Array((0..n).map(|_| read_array(c, key, depth + 1)).collect::<Result<_>>()?)
-        }
+        ValueType::Array => Array::Array(
+            (0..n)
+                .map(|_| read_array(c, key, depth + 1))
+                .collect::<Result<_>>()?,
+        ),
     })
 }

@@ -77,7 +77,10 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
 impl GgmlType {
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
         // The table lists every variant exactly once (checked by a test).
-        TABLE.iter().find(|r| r.0 == self).expect("every GgmlType is in TABLE")
+        TABLE
+            .iter()
+            .find(|r| r.0 == self)
+            .expect("every GgmlType is in TABLE")
     }
 
     /// Every known type, in id order.
@@ -92,7 +95,10 @@ impl GgmlType {
 
     /// The type for a name such as `Q4_K` (case-insensitive).
     pub fn from_name(name: &str) -> Option<GgmlType> {
-        TABLE.iter().find(|r| r.2.eq_ignore_ascii_case(name)).map(|r| r.0)
+        TABLE
+            .iter()
+            .find(|r| r.2.eq_ignore_ascii_case(name))
+            .map(|r| r.0)
     }
 
     pub fn id(self) -> u32 {

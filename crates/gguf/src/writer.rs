@@ -31,8 +31,17 @@ impl GgufWriter {
         self
     }
 
-    pub fn add_tensor(&mut self, name: impl Into<String>, ty: GgmlType, shape: &[u64]) -> &mut Self {
-        self.tensors.push(TensorSpec { name: name.into(), ty, shape: shape.to_vec() });
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        ty: GgmlType,
+        shape: &[u64],
+    ) -> &mut Self {
+        self.tensors.push(TensorSpec {
+            name: name.into(),
+            ty,
+            shape: shape.to_vec(),
+        });
         self
     }
 
@@ -40,8 +49,12 @@ impl GgufWriter {
         match self.metadata.get("general.alignment") {
             None => Ok(DEFAULT_ALIGNMENT),
             Some(v) => match v.as_i128() {
-                Some(a) if a > 0 && a <= u32::MAX as i128 && (a as u64).is_power_of_two() => Ok(a as u64),
-                _ => Err(GgufError::BadAlignment(v.as_i128().unwrap_or(0).clamp(0, u64::MAX as i128) as u64)),
+                Some(a) if a > 0 && a <= u32::MAX as i128 && (a as u64).is_power_of_two() => {
+                    Ok(a as u64)
+                }
+                _ => Err(GgufError::BadAlignment(
+                    v.as_i128().unwrap_or(0).clamp(0, u64::MAX as i128) as u64,
+                )),
             },
         }
     }
@@ -125,7 +138,9 @@ impl GgufWriter {
             let f = std::fs::File::create(&tmp).map_err(|e| GgufError::io(&tmp, e))?;
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
             self.write(&mut w, data)?;
-            let f = w.into_inner().map_err(|e| GgufError::io(&tmp, e.into_error()))?;
+            let f = w
+                .into_inner()
+                .map_err(|e| GgufError::io(&tmp, e.into_error()))?;
             f.sync_all().map_err(|e| GgufError::io(&tmp, e))?;
             std::fs::rename(&tmp, path).map_err(|e| GgufError::io(path, e))
         })();

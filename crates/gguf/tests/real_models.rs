@@ -5,7 +5,11 @@ use quiver_gguf::GgufFile;
 
 fn model(alias: &str) -> (GgufFile, Vec<u8>) {
     let path = quiver_hub::alias_path(alias);
-    assert!(path.is_file(), "{} is missing: run scripts/test (it fetches the test models)", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/test (it fetches the test models)",
+        path.display()
+    );
     let f = GgufFile::open(&path).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     (f, bytes)
@@ -18,7 +22,12 @@ fn check(alias: &str, n_tensors: usize, arch: &str) {
     let hp = f.hparams().unwrap();
     assert!(hp.req_u32("block_count").unwrap() > 0);
     assert!(hp.req_u32("embedding_length").unwrap() > 0);
-    let last_end = f.tensors.iter().map(|t| f.data_offset + t.offset + t.n_bytes).max().unwrap();
+    let last_end = f
+        .tensors
+        .iter()
+        .map(|t| f.data_offset + t.offset + t.n_bytes)
+        .max()
+        .unwrap();
     assert!(last_end <= bytes.len() as u64);
 
     // 20 truncation points: header, metadata, tensor infos, data.
@@ -29,7 +38,8 @@ fn check(alias: &str, n_tensors: usize, arch: &str) {
     points.extend(spread(f.data_offset, last_end, 5));
     assert_eq!(points.len(), 20);
     for p in points {
-        let e = GgufFile::validate(&bytes[..p as usize]).expect_err(&format!("{alias} truncated at {p} parsed"));
+        let e = GgufFile::validate(&bytes[..p as usize])
+            .expect_err(&format!("{alias} truncated at {p} parsed"));
         let msg = e.to_string();
         assert!(!msg.contains('\n'), "{msg}");
     }

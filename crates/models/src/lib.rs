@@ -21,7 +21,11 @@ pub enum ModelError {
     #[error("tensor {name} is missing")]
     MissingTensor { name: String },
     #[error("tensor {name} has shape {got:?}, expected {expected:?}")]
-    WrongShape { name: String, got: Vec<u64>, expected: Vec<u64> },
+    WrongShape {
+        name: String,
+        got: Vec<u64>,
+        expected: Vec<u64>,
+    },
     #[error("bad hyperparameter {key}: {detail}")]
     BadHparam { key: String, detail: String },
     #[error(transparent)]
@@ -48,7 +52,12 @@ pub fn load<B: Backend>(backend: &B, file: &Arc<GgufFile>) -> Result<Model<B>> {
 }
 
 /// Fetches a tensor, checks its shape, and hands its bytes to the backend.
-pub(crate) fn weight<B: Backend>(backend: &B, file: &Arc<GgufFile>, name: &str, shape: &[u64]) -> Result<B::Weight> {
+pub(crate) fn weight<B: Backend>(
+    backend: &B,
+    file: &Arc<GgufFile>,
+    name: &str,
+    shape: &[u64],
+) -> Result<B::Weight> {
     let idx = file
         .tensors
         .iter()
@@ -56,7 +65,19 @@ pub(crate) fn weight<B: Backend>(backend: &B, file: &Arc<GgufFile>, name: &str, 
         .ok_or_else(|| ModelError::MissingTensor { name: name.into() })?;
     let t = &file.tensors[idx];
     if t.shape != shape {
-        return Err(ModelError::WrongShape { name: name.into(), got: t.shape.clone(), expected: shape.to_vec() });
+        return Err(ModelError::WrongShape {
+            name: name.into(),
+            got: t.shape.clone(),
+            expected: shape.to_vec(),
+        });
     }
-    Ok(backend.weight(name, t.ty, shape, WeightBytes { file: file.clone(), tensor: idx })?)
+    Ok(backend.weight(
+        name,
+        t.ty,
+        shape,
+        WeightBytes {
+            file: file.clone(),
+            tensor: idx,
+        },
+    )?)
 }

@@ -13,7 +13,9 @@ use crate::{f16_to_f32, f32_to_f16, impl_block, GgmlType};
 pub const QK4_NL: usize = 32;
 
 /// The IQ4_NL codebook (shared by IQ4_XS).
-pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+pub const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 /// Tries of the scale search on each side of the initial guess.
 const NTRY: i32 = 7;
@@ -69,7 +71,11 @@ pub fn iq4_xs_scale(b: &BlockIq4Xs, ib: usize) -> i32 {
 pub fn dequantize_iq4_xs(blocks: &[BlockIq4Xs], dst: &mut [f32]) {
     for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_to_f32(b.d);
-        for (ib, (y, qs)) in y.chunks_exact_mut(32).zip(b.qs.chunks_exact(16)).enumerate() {
+        for (ib, (y, qs)) in y
+            .chunks_exact_mut(32)
+            .zip(b.qs.chunks_exact(16))
+            .enumerate()
+        {
             let dl = d * (iq4_xs_scale(b, ib) - 32) as f32;
             decode32(dl, qs, y);
         }

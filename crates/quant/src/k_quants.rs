@@ -97,7 +97,10 @@ pub fn get_scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        (
+            (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
     }
 }
 
@@ -119,7 +122,11 @@ pub fn dequantize_q2_k(blocks: &[BlockQ2K], dst: &mut [f32]) {
     for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_to_f32(b.d);
         let dmin = f16_to_f32(b.dmin);
-        for (n, (y, qs)) in y.chunks_exact_mut(128).zip(b.qs.chunks_exact(32)).enumerate() {
+        for (n, (y, qs)) in y
+            .chunks_exact_mut(128)
+            .zip(b.qs.chunks_exact(32))
+            .enumerate()
+        {
             for (j, y) in y.chunks_exact_mut(32).enumerate() {
                 let shift = 2 * j;
                 for (h, y) in y.chunks_exact_mut(16).enumerate() {
@@ -139,7 +146,11 @@ pub fn dequantize_q3_k(blocks: &[BlockQ3K], dst: &mut [f32]) {
     for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_to_f32(b.d);
         let scales = q3_k_scales(&b.scales);
-        for (n, (y, qs)) in y.chunks_exact_mut(128).zip(b.qs.chunks_exact(32)).enumerate() {
+        for (n, (y, qs)) in y
+            .chunks_exact_mut(128)
+            .zip(b.qs.chunks_exact(32))
+            .enumerate()
+        {
             for (j, y) in y.chunks_exact_mut(32).enumerate() {
                 let shift = 2 * j;
                 let hbit = 4 * n + j;
@@ -162,7 +173,11 @@ pub fn dequantize_q4_k(blocks: &[BlockQ4K], dst: &mut [f32]) {
     for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_to_f32(b.d);
         let dmin = f16_to_f32(b.dmin);
-        for (j, (y, qs)) in y.chunks_exact_mut(64).zip(b.qs.chunks_exact(32)).enumerate() {
+        for (j, (y, qs)) in y
+            .chunks_exact_mut(64)
+            .zip(b.qs.chunks_exact(32))
+            .enumerate()
+        {
             let (sc1, m1) = get_scale_min_k4(2 * j, &b.scales);
             let (sc2, m2) = get_scale_min_k4(2 * j + 1, &b.scales);
             let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
@@ -180,7 +195,11 @@ pub fn dequantize_q5_k(blocks: &[BlockQ5K], dst: &mut [f32]) {
     for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
         let d = f16_to_f32(b.d);
         let dmin = f16_to_f32(b.dmin);
-        for (j, (y, qs)) in y.chunks_exact_mut(64).zip(b.qs.chunks_exact(32)).enumerate() {
+        for (j, (y, qs)) in y
+            .chunks_exact_mut(64)
+            .zip(b.qs.chunks_exact(32))
+            .enumerate()
+        {
             let (sc1, m1) = get_scale_min_k4(2 * j, &b.scales);
             let (sc2, m2) = get_scale_min_k4(2 * j + 1, &b.scales);
             let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);

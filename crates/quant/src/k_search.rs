@@ -146,7 +146,12 @@ pub(crate) struct Qkx2 {
 
 /// Affine quantization `x ≈ scale * L - min` (min >= 0) with per-element `weights`. Writes
 /// `L[i]` in `0..=nmax`; returns `(scale, min)`.
-pub(crate) fn make_qkx2_quants(x: &[f32], weights: &[f32], p: &Qkx2, levels: &mut [u8]) -> (f32, f32) {
+pub(crate) fn make_qkx2_quants(
+    x: &[f32],
+    weights: &[f32],
+    p: &Qkx2,
+    levels: &mut [u8],
+) -> (f32, f32) {
     let n = x.len();
     let nmax = p.nmax;
     let (mut min, mut max) = (x[0], x[0]);
@@ -166,7 +171,8 @@ pub(crate) fn make_qkx2_quants(x: &[f32], weights: &[f32], p: &Qkx2, levels: &mu
         return (0.0, -min);
     }
     let err = |d: f32, w: f32| if p.use_mad { w * d.abs() } else { w * (d * d) };
-    let quant = |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
+    let quant =
+        |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
     let mut iscale = nmax as f32 / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0.0f32;
@@ -224,7 +230,13 @@ fn pack_2bit(levels: &[u8; QK_K], out: &mut Vec<u8>) {
 
 pub fn quantize_block_q2_k(x: &[f32], out: &mut Vec<u8>) {
     const Q4SCALE: f32 = 15.0;
-    let params = Qkx2 { nmax: 3, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: true };
+    let params = Qkx2 {
+        nmax: 3,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: true,
+    };
     let mut levels = [0u8; QK_K];
     let mut scales = [0f32; 16];
     let mut mins = [0f32; 16];
@@ -235,8 +247,13 @@ pub fn quantize_block_q2_k(x: &[f32], out: &mut Vec<u8>) {
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = v.abs();
         }
-        (scales[j], mins[j]) = make_qkx2_quants(xs, &weights, &params, &mut levels[16 * j..16 * j + 16]);
-        max_scale = if scales[j] > max_scale { scales[j] } else { max_scale };
+        (scales[j], mins[j]) =
+            make_qkx2_quants(xs, &weights, &params, &mut levels[16 * j..16 * j + 16]);
+        max_scale = if scales[j] > max_scale {
+            scales[j]
+        } else {
+            max_scale
+        };
         max_min = if mins[j] > max_min { mins[j] } else { max_min };
     }
     let mut packed = [0u8; 16];
@@ -331,7 +348,11 @@ pub fn quantize_block_q3_k(x: &[f32], out: &mut Vec<u8>) {
 
 /// The common part of Q4_K and Q5_K: per-32 affine search, 6-bit scales/mins, final
 /// levels in `0..=nmax`. Returns (d, dmin, packed scales) as stored.
-fn quantize_q45_k(x: &[f32], params: &Qkx2, levels: &mut [u8; QK_K]) -> ([u8; 2], [u8; 2], [u8; K_SCALE_SIZE]) {
+fn quantize_q45_k(
+    x: &[f32],
+    params: &Qkx2,
+    levels: &mut [u8; QK_K],
+) -> ([u8; 2], [u8; 2], [u8; K_SCALE_SIZE]) {
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
     let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
@@ -346,11 +367,20 @@ fn quantize_q45_k(x: &[f32], params: &Qkx2, levels: &mut [u8; QK_K]) -> ([u8; 2]
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        (scales[j], mins[j]) = make_qkx2_quants(xs, &weights, params, &mut levels[32 * j..32 * j + 32]);
-        max_scale = if scales[j] > max_scale { scales[j] } else { max_scale };
+        (scales[j], mins[j]) =
+            make_qkx2_quants(xs, &weights, params, &mut levels[32 * j..32 * j + 32]);
+        max_scale = if scales[j] > max_scale {
+            scales[j]
+        } else {
+            max_scale
+        };
         max_min = if mins[j] > max_min { mins[j] } else { max_min };
     }
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut packed = [0u8; K_SCALE_SIZE];
     for j in 0..8 {
@@ -384,7 +414,13 @@ fn quantize_q45_k(x: &[f32], params: &Qkx2, levels: &mut [u8; QK_K]) -> ([u8; 2]
 }
 
 pub fn quantize_block_q4_k(x: &[f32], out: &mut Vec<u8>) {
-    let params = Qkx2 { nmax: 15, rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
+    let params = Qkx2 {
+        nmax: 15,
+        rmin: -1.0,
+        rdelta: 0.1,
+        nstep: 20,
+        use_mad: false,
+    };
     let mut levels = [0u8; QK_K];
     let (d, dmin, scales) = quantize_q45_k(x, &params, &mut levels);
     out.extend_from_slice(&d);
@@ -398,7 +434,13 @@ pub fn quantize_block_q4_k(x: &[f32], out: &mut Vec<u8>) {
 }
 
 pub fn quantize_block_q5_k(x: &[f32], out: &mut Vec<u8>) {
-    let params = Qkx2 { nmax: 31, rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };
+    let params = Qkx2 {
+        nmax: 31,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: false,
+    };
     let mut levels = [0u8; QK_K];
     let (d, dmin, scales) = quantize_q45_k(x, &params, &mut levels);
     let mut qh = [0u8; QK_K / 8];
@@ -422,7 +464,11 @@ pub fn quantize_block_q6_k(x: &[f32], out: &mut Vec<u8>) {
     let mut scales = [0f32; 16];
     let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
     for j in 0..16 {
-        scales[j] = make_qx_quants(&x[16 * j..16 * j + 16], 32, &mut levels[16 * j..16 * j + 16]);
+        scales[j] = make_qx_quants(
+            &x[16 * j..16 * j + 16],
+            32,
+            &mut levels[16 * j..16 * j + 16],
+        );
         if scales[j].abs() > max_abs_scale {
             max_abs_scale = scales[j].abs();
             max_scale = scales[j];
@@ -453,10 +499,16 @@ pub fn quantize_block_q6_k(x: &[f32], out: &mut Vec<u8>) {
     for n in 0..2 {
         let lv = &levels[128 * n..128 * n + 128];
         for l in 0..32 {
-            let q = [lv[l] as u8, lv[l + 32] as u8, lv[l + 64] as u8, lv[l + 96] as u8];
+            let q = [
+                lv[l] as u8,
+                lv[l + 32] as u8,
+                lv[l + 64] as u8,
+                lv[l + 96] as u8,
+            ];
             ql[64 * n + l] = (q[0] & 0xf) | ((q[2] & 0xf) << 4);
             ql[64 * n + l + 32] = (q[1] & 0xf) | ((q[3] & 0xf) << 4);
-            qh[32 * n + l] = (q[0] >> 4) | ((q[1] >> 4) << 2) | ((q[2] >> 4) << 4) | ((q[3] >> 4) << 6);
+            qh[32 * n + l] =
+                (q[0] >> 4) | ((q[1] >> 4) << 2) | ((q[2] >> 4) << 4) | ((q[3] >> 4) << 6);
         }
     }
     out.extend_from_slice(&ql);

@@ -12,14 +12,19 @@
 //! 1), so a byte slice can be viewed as a block slice with [`as_blocks`].
 
 pub mod iq4;
-mod k_search;
 pub mod k_quants;
+mod k_search;
 pub mod q_legacy;
 pub mod simple;
 
 pub use iq4::{BlockIq4Nl, BlockIq4Xs, KVALUES_IQ4NL, QK4_NL};
-pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, K_SCALE_SIZE, QK_K};
-pub use q_legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK4_0, QK4_1, QK5_0, QK5_1, QK8_0, QK8_1};
+pub use k_quants::{
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, K_SCALE_SIZE, QK_K,
+};
+pub use q_legacy::{
+    BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK4_0, QK4_1, QK5_0, QK5_1,
+    QK8_0, QK8_1,
+};
 pub use quiver_gguf::GgmlType;
 
 /// Errors of the codecs. Every variant names the type and the lengths involved.
@@ -30,9 +35,19 @@ pub enum QuantError {
     #[error("quantize: type {ty} is not supported")]
     QuantizeUnsupported { ty: GgmlType },
     #[error("{op} {ty}: {n_elements} elements is not a multiple of the block size {block_size}")]
-    NotBlockMultiple { op: &'static str, ty: GgmlType, n_elements: usize, block_size: usize },
+    NotBlockMultiple {
+        op: &'static str,
+        ty: GgmlType,
+        n_elements: usize,
+        block_size: usize,
+    },
     #[error("dequantize {ty}: {n_elements} elements need {expected_bytes} bytes, got {got_bytes}")]
-    ByteCountMismatch { ty: GgmlType, n_elements: usize, expected_bytes: usize, got_bytes: usize },
+    ByteCountMismatch {
+        ty: GgmlType,
+        n_elements: usize,
+        expected_bytes: usize,
+        got_bytes: usize,
+    },
 }
 
 /// A block layout: a plain-old-data struct of byte arrays that is exactly one GGML block.
@@ -62,7 +77,9 @@ pub fn as_blocks<B: Block>(bytes: &[u8]) -> Option<&[B]> {
 /// The bytes of a block slice.
 pub fn blocks_as_bytes<B: Block>(blocks: &[B]) -> &[u8] {
     // SAFETY: blocks are plain bytes without padding (see `Block`).
-    unsafe { std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks)) }
+    unsafe {
+        std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks))
+    }
 }
 
 /// Implements [`Block`] for a layout struct and checks its size against the GGUF table.
@@ -122,7 +139,22 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ4_NL | IQ4_XS
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | Q8_K
+            | IQ4_NL
+            | IQ4_XS
     )
 }
 
@@ -135,7 +167,12 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 pub fn byte_len(ty: GgmlType, n_elements: usize, op: &'static str) -> Result<usize, QuantError> {
     let bs = ty.block_size();
     if n_elements % bs != 0 {
-        return Err(QuantError::NotBlockMultiple { op, ty, n_elements, block_size: bs });
+        return Err(QuantError::NotBlockMultiple {
+            op,
+            ty,
+            n_elements,
+            block_size: bs,
+        });
     }
     Ok((n_elements / bs) * ty.type_size())
 }

@@ -6,8 +6,8 @@ use quiver_quant::{dequantize, quantize};
 use std::path::Path;
 
 const TYPES: &[&str] = &[
-    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-    "Q8_K", "IQ4_NL", "IQ4_XS",
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K",
+    "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS",
 ];
 
 fn fixtures() -> GgufFile {
@@ -16,12 +16,17 @@ fn fixtures() -> GgufFile {
 }
 
 fn tensor<'a>(f: &'a GgufFile, name: &str) -> (GgmlType, usize, &'a [u8]) {
-    let (info, bytes) = f.tensor_bytes(name).unwrap_or_else(|e| panic!("fixture tensor {name}: {e}"));
+    let (info, bytes) = f
+        .tensor_bytes(name)
+        .unwrap_or_else(|e| panic!("fixture tensor {name}: {e}"));
     (info.ty, info.n_elements as usize, bytes)
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn source(f: &GgufFile, key: &str) -> String {
@@ -42,7 +47,9 @@ fn dequantize_matches_reference_bit_for_bit() {
         let mut got = vec![0f32; n];
         dequantize(ty, data, &mut got).unwrap_or_else(|e| panic!("{e}"));
         if let Some(i) = (0..n).find(|&i| got[i].to_bits() != expected[i].to_bits()) {
-            let n_bad = (0..n).filter(|&i| got[i].to_bits() != expected[i].to_bits()).count();
+            let n_bad = (0..n)
+                .filter(|&i| got[i].to_bits() != expected[i].to_bits())
+                .count();
             failures.push(format!(
                 "{name} ({}): {n_bad}/{n} differ, first at {i}: got {} ({:#010x}) want {} ({:#010x})",
                 source(&f, &format!("quiver.fixture.deq.{name}")),
@@ -53,7 +60,11 @@ fn dequantize_matches_reference_bit_for_bit() {
             ));
         }
     }
-    assert!(failures.is_empty(), "dequantize mismatches:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "dequantize mismatches:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -71,7 +82,11 @@ fn quantize_matches_reference_bit_for_bit() {
         assert_eq!(got.len(), expected.len(), "{name}: encoded length");
         if let Some(i) = (0..got.len()).find(|&i| got[i] != expected[i]) {
             let bs = ty.type_size();
-            let n_bad = got.chunks(bs).zip(expected.chunks(bs)).filter(|(a, b)| a != b).count();
+            let n_bad = got
+                .chunks(bs)
+                .zip(expected.chunks(bs))
+                .filter(|(a, b)| a != b)
+                .count();
             let blk = i / bs;
             failures.push(format!(
                 "{name} ({}): {n_bad}/{} blocks differ, first byte {i} (block {blk}, offset {})\n  got  {:02x?}\n  want {:02x?}",
@@ -83,5 +98,9 @@ fn quantize_matches_reference_bit_for_bit() {
             ));
         }
     }
-    assert!(failures.is_empty(), "quantize mismatches:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "quantize mismatches:\n{}",
+        failures.join("\n")
+    );
 }

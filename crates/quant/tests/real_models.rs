@@ -12,20 +12,30 @@ use std::path::Path;
 const CHUNK: usize = 1 << 16;
 
 fn expected() -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real-dequant-sha256.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real-dequant-sha256.json");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     serde_json::from_str(&text).expect("valid JSON")
 }
 
 fn open_model(alias: &str) -> GgufFile {
     let path = quiver_hub::alias_path(alias);
     if !path.exists() {
-        panic!("model {alias} is missing at {}: run scripts/test, which fetches the test models", path.display());
+        panic!(
+            "model {alias} is missing at {}: run scripts/test, which fetches the test models",
+            path.display()
+        );
     }
     GgufFile::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
 }
 
-fn sha256_of_dequantized(t: &TensorInfo, data: &[u8], buf: &mut Vec<f32>, bytes: &mut Vec<u8>) -> String {
+fn sha256_of_dequantized(
+    t: &TensorInfo,
+    data: &[u8],
+    buf: &mut Vec<f32>,
+    bytes: &mut Vec<u8>,
+) -> String {
     let n = t.n_elements as usize;
     let (bs, ts) = (t.ty.block_size(), t.ty.type_size());
     assert_eq!(CHUNK % bs, 0);
@@ -43,26 +53,56 @@ fn sha256_of_dequantized(t: &TensorInfo, data: &[u8], buf: &mut Vec<f32>, bytes:
         hasher.update(&bytes[..]);
         done += len;
     }
-    hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn check_model(alias: &str) {
     let all = expected();
-    let want = all[alias].as_object().unwrap_or_else(|| panic!("no hashes for {alias}"));
+    let want = all[alias]
+        .as_object()
+        .unwrap_or_else(|| panic!("no hashes for {alias}"));
     let file = open_model(alias);
-    assert_eq!(file.tensors.len(), want.len(), "{alias}: tensor count differs from the hash file");
+    assert_eq!(
+        file.tensors.len(),
+        want.len(),
+        "{alias}: tensor count differs from the hash file"
+    );
     let (mut buf, mut bytes) = (Vec::new(), Vec::new());
     let mut failures = Vec::new();
     for t in &file.tensors {
-        let w = want.get(&t.name).unwrap_or_else(|| panic!("{alias}: no hash for tensor {}", t.name));
-        assert_eq!(w["type"].as_str(), Some(t.ty.name()), "{alias} {}: type", t.name);
-        assert_eq!(w["n_elements"].as_u64(), Some(t.n_elements), "{alias} {}: n_elements", t.name);
+        let w = want
+            .get(&t.name)
+            .unwrap_or_else(|| panic!("{alias}: no hash for tensor {}", t.name));
+        assert_eq!(
+            w["type"].as_str(),
+            Some(t.ty.name()),
+            "{alias} {}: type",
+            t.name
+        );
+        assert_eq!(
+            w["n_elements"].as_u64(),
+            Some(t.n_elements),
+            "{alias} {}: n_elements",
+            t.name
+        );
         let got = sha256_of_dequantized(t, file.tensor_data(t), &mut buf, &mut bytes);
         if Some(got.as_str()) != w["sha256"].as_str() {
-            failures.push(format!("{} ({}): got {got}, want {}", t.name, t.ty, w["sha256"]));
+            failures.push(format!(
+                "{} ({}): got {got}, want {}",
+                t.name, t.ty, w["sha256"]
+            ));
         }
     }
-    assert!(failures.is_empty(), "{alias}: {} tensors differ from gguf-py:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{alias}: {} tensors differ from gguf-py:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

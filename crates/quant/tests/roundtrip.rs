@@ -67,7 +67,11 @@ fn weights(n: usize, seed: u64) -> Vec<f32> {
 fn roundtrip(ty: GgmlType, x: &[f32]) -> Vec<f32> {
     let mut q = Vec::new();
     quantize(ty, x, &mut q).unwrap();
-    assert_eq!(q.len() as u64, ty.row_bytes(x.len() as u64).unwrap(), "{ty}: encoded size");
+    assert_eq!(
+        q.len() as u64,
+        ty.row_bytes(x.len() as u64).unwrap(),
+        "{ty}: encoded size"
+    );
     let mut y = vec![0f32; x.len()];
     dequantize(ty, &q, &mut y).unwrap();
     y
@@ -79,7 +83,11 @@ fn relative_rms_error(x: &[f32], y: &[f32]) -> f64 {
     let mut total = 0.0;
     let mut n = 0;
     for (xb, yb) in x.chunks(256).zip(y.chunks(256)) {
-        let err: f64 = xb.iter().zip(yb).map(|(&a, &b)| ((a - b) as f64).powi(2)).sum();
+        let err: f64 = xb
+            .iter()
+            .zip(yb)
+            .map(|(&a, &b)| ((a - b) as f64).powi(2))
+            .sum();
         let norm: f64 = xb.iter().map(|&a| (a as f64).powi(2)).sum();
         total += (err / norm).sqrt();
         n += 1;
@@ -95,20 +103,20 @@ fn bound(ty: GgmlType) -> f64 {
     use GgmlType::*;
     match ty {
         F32 => 0.0,
-        F16 => 3e-4,                // 0.00021  (prediction 2^-10 ≈ 0.0010)
-        BF16 => 2.2e-3,             // 0.00165  (2^-7 ≈ 0.0078)
-        Q8_0 | Q8_1 => 0.0075,      // 0.00584  (0.0078)
-        Q8_K => 0.0115,             // 0.00890
-        Q6_K => 0.025,              // 0.0191   (0.031)
-        Q5_0 => 0.06,               // 0.0464   (0.0625)
-        Q5_1 => 0.051,              // 0.0393
-        Q5_K => 0.049,              // 0.0375
-        Q4_0 => 0.12,               // 0.0927   (0.125)
-        Q4_1 => 0.104,              // 0.0801
-        Q4_K => 0.096,              // 0.0737
-        IQ4_NL | IQ4_XS => 0.105,   // 0.0802, 0.0812
-        Q3_K => 0.2,                // 0.157    (0.25)
-        Q2_K => 0.4,                // 0.304    (0.5)
+        F16 => 3e-4,              // 0.00021  (prediction 2^-10 ≈ 0.0010)
+        BF16 => 2.2e-3,           // 0.00165  (2^-7 ≈ 0.0078)
+        Q8_0 | Q8_1 => 0.0075,    // 0.00584  (0.0078)
+        Q8_K => 0.0115,           // 0.00890
+        Q6_K => 0.025,            // 0.0191   (0.031)
+        Q5_0 => 0.06,             // 0.0464   (0.0625)
+        Q5_1 => 0.051,            // 0.0393
+        Q5_K => 0.049,            // 0.0375
+        Q4_0 => 0.12,             // 0.0927   (0.125)
+        Q4_1 => 0.104,            // 0.0801
+        Q4_K => 0.096,            // 0.0737
+        IQ4_NL | IQ4_XS => 0.105, // 0.0802, 0.0812
+        Q3_K => 0.2,              // 0.157    (0.25)
+        Q2_K => 0.4,              // 0.304    (0.5)
         _ => unreachable!(),
     }
 }
@@ -152,10 +160,19 @@ fn requantizing_a_dequantized_tensor_is_stable() {
         let z = roundtrip(ty, &y);
         let first = relative_rms_error(&x, &y);
         let second = relative_rms_error(&y, &z);
-        assert!(second <= 0.5 * first + 1e-6, "{ty}: re-quantizing moved values by {second} (first error {first})");
-        let exact = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q8_1);
+        assert!(
+            second <= 0.5 * first + 1e-6,
+            "{ty}: re-quantizing moved values by {second} (first error {first})"
+        );
+        let exact = matches!(
+            ty,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q8_1
+        );
         if exact {
-            assert!(y.iter().zip(&z).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty}: not idempotent");
+            assert!(
+                y.iter().zip(&z).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty}: not idempotent"
+            );
         }
     }
 }
@@ -169,15 +186,27 @@ fn special_blocks_round_trip_sensibly() {
         assert!(y.iter().all(|&v| v == 0.0), "{ty}: zeros");
         // A constant block comes back close to the constant.
         let y = roundtrip(ty, &vec![0.75; n]);
-        assert!(y.iter().all(|&v| (v - 0.75).abs() <= 0.75 * 0.15), "{ty}: constant {:?}", &y[..4]);
+        assert!(
+            y.iter().all(|&v| (v - 0.75).abs() <= 0.75 * 0.15),
+            "{ty}: constant {:?}",
+            &y[..4]
+        );
         // One non-zero value per block and tiny values must not blow up.
         let mut x = vec![0.0f32; n];
         x[5] = -3.0;
         x[300] = 2.0;
         let y = roundtrip(ty, &x);
-        assert!((y[5] + 3.0).abs() < 0.5 && (y[300] - 2.0).abs() < 0.5, "{ty}: sparse {} {}", y[5], y[300]);
+        assert!(
+            (y[5] + 3.0).abs() < 0.5 && (y[300] - 2.0).abs() < 0.5,
+            "{ty}: sparse {} {}",
+            y[5],
+            y[300]
+        );
         let y = roundtrip(ty, &vec![1e-20; n]);
-        assert!(y.iter().all(|v| v.is_finite() && v.abs() < 1e-19), "{ty}: tiny");
+        assert!(
+            y.iter().all(|v| v.is_finite() && v.abs() < 1e-19),
+            "{ty}: tiny"
+        );
     }
 }
 
@@ -222,9 +251,15 @@ fn support_is_reported_for_exactly_the_implemented_types() {
         if !expected {
             let n = ty.block_size();
             let bytes = vec![0u8; ty.type_size()];
-            assert_eq!(dequantize(ty, &bytes, &mut vec![0.0; n]), Err(QuantError::DequantizeUnsupported { ty }));
+            assert_eq!(
+                dequantize(ty, &bytes, &mut vec![0.0; n]),
+                Err(QuantError::DequantizeUnsupported { ty })
+            );
             let mut out = Vec::new();
-            assert_eq!(quantize(ty, &vec![0.0; n], &mut out), Err(QuantError::QuantizeUnsupported { ty }));
+            assert_eq!(
+                quantize(ty, &vec![0.0; n], &mut out),
+                Err(QuantError::QuantizeUnsupported { ty })
+            );
             assert!(out.is_empty());
         }
     }
@@ -240,10 +275,26 @@ fn wrong_lengths_are_errors() {
         if bs > 1 {
             let n = bs + 1;
             let err = dequantize(ty, &vec![0u8; 2 * ts], &mut vec![0.0; n]).unwrap_err();
-            assert_eq!(err, QuantError::NotBlockMultiple { op: "dequantize", ty, n_elements: n, block_size: bs });
+            assert_eq!(
+                err,
+                QuantError::NotBlockMultiple {
+                    op: "dequantize",
+                    ty,
+                    n_elements: n,
+                    block_size: bs
+                }
+            );
             let mut out = vec![1u8];
             let err = quantize(ty, &vec![0.0; n], &mut out).unwrap_err();
-            assert_eq!(err, QuantError::NotBlockMultiple { op: "quantize", ty, n_elements: n, block_size: bs });
+            assert_eq!(
+                err,
+                QuantError::NotBlockMultiple {
+                    op: "quantize",
+                    ty,
+                    n_elements: n,
+                    block_size: bs
+                }
+            );
             assert_eq!(out, [1u8], "{ty}: nothing appended on error");
             assert!(err.to_string().contains(ty.name()), "{err}");
         }
@@ -251,10 +302,18 @@ fn wrong_lengths_are_errors() {
             let err = dequantize(ty, &vec![0u8; got], &mut vec![0.0; 2 * bs]).unwrap_err();
             assert_eq!(
                 err,
-                QuantError::ByteCountMismatch { ty, n_elements: 2 * bs, expected_bytes: 2 * ts, got_bytes: got }
+                QuantError::ByteCountMismatch {
+                    ty,
+                    n_elements: 2 * bs,
+                    expected_bytes: 2 * ts,
+                    got_bytes: got
+                }
             );
             let msg = err.to_string();
-            assert!(msg.contains(ty.name()) && msg.contains(&got.to_string()), "{msg}");
+            assert!(
+                msg.contains(ty.name()) && msg.contains(&got.to_string()),
+                "{msg}"
+            );
         }
     }
 }

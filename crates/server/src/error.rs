@@ -19,7 +19,14 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
     }
 
     /// 400 naming the parameter at fault.
@@ -59,7 +66,14 @@ impl ApiError {
     }
 
     pub fn not_found(path: &str) -> ApiError {
-        ApiError { code: Some("not_found"), ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no route for {path}")) }
+        ApiError {
+            code: Some("not_found"),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("no route for {path}"),
+            )
+        }
     }
 
     pub fn too_large(limit: usize) -> ApiError {
@@ -77,7 +91,11 @@ impl ApiError {
         ApiError {
             code: Some("shutting_down"),
             retry_after: Some(5),
-            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the server is shutting down")
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "the server is shutting down",
+            )
         }
     }
 
@@ -86,7 +104,12 @@ impl ApiError {
     }
 
     /// The prompt (with `max_tokens`) does not fit the context: 400 naming both lengths.
-    pub fn context_exceeded(param: &str, prompt: usize, max_tokens: Option<usize>, ctx: usize) -> ApiError {
+    pub fn context_exceeded(
+        param: &str,
+        prompt: usize,
+        max_tokens: Option<usize>,
+        ctx: usize,
+    ) -> ApiError {
         let message = match max_tokens {
             Some(m) => format!(
                 "this model's maximum context length is {ctx} tokens, but the prompt has {prompt} tokens and max_tokens asks for {m} more ({} in all)",
@@ -104,13 +127,21 @@ impl ApiError {
     /// The engine refused a request. `param` names the prompt's field (`messages` or `prompt`).
     pub fn from_submit(e: &SubmitError, param: &str) -> ApiError {
         match e {
-            SubmitError::TooLong { prompt, max_tokens, ctx } => ApiError::context_exceeded(param, *prompt, Some(*max_tokens), *ctx),
+            SubmitError::TooLong {
+                prompt,
+                max_tokens,
+                ctx,
+            } => ApiError::context_exceeded(param, *prompt, Some(*max_tokens), *ctx),
             SubmitError::EmptyPrompt => ApiError::invalid(param, "the prompt is empty"),
             SubmitError::BadToken { .. } => ApiError::invalid(param, e.to_string()),
             SubmitError::QueueFull(_) => ApiError {
                 code: Some("rate_limit_exceeded"),
                 retry_after: Some(1),
-                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", format!("server over capacity: {e}; retry later"))
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    format!("server over capacity: {e}; retry later"),
+                )
             },
             SubmitError::ShuttingDown => ApiError::shutting_down(),
         }
@@ -131,7 +162,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
         if let Some(s) = self.retry_after {
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         r
     }

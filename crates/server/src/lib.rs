@@ -65,7 +65,10 @@ impl Default for ServerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -87,7 +90,10 @@ type St = Arc<AppState>;
 /// Runs the server on a fresh tokio runtime until SIGTERM/SIGINT, then shuts the engine down.
 /// Returns Ok after a graceful shutdown, so that the CLI exits 0.
 pub fn run(handle: EngineHandle, cfg: ServerConfig) -> Result<(), ServerError> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(serve(handle, cfg))
 }
 
@@ -121,21 +127,40 @@ async fn shutdown_signal() {
 
 /// Serves until `stop` resolves: stops accepting, lets running requests finish within
 /// `shutdown_grace` (aborting the rest), then joins the engine.
-pub async fn serve_until(handle: EngineHandle, cfg: ServerConfig, stop: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+pub async fn serve_until(
+    handle: EngineHandle,
+    cfg: ServerConfig,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     let addr = format!("{}:{}", cfg.host, cfg.port);
-    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
     let local = listener.local_addr()?;
-    let model = if cfg.model_name.is_empty() { handle.info().name.clone() } else { cfg.model_name.clone() };
+    let model = if cfg.model_name.is_empty() {
+        handle.info().name.clone()
+    } else {
+        cfg.model_name.clone()
+    };
     let state = Arc::new(AppState {
         handle: handle.clone(),
         model,
         keys: cfg.api_keys.clone(),
-        template: cfg.chat_template.clone().unwrap_or_else(|| Arc::new(ChatTemplate::builtin(""))),
+        template: cfg
+            .chat_template
+            .clone()
+            .unwrap_or_else(|| Arc::new(ChatTemplate::builtin(""))),
         max_body: cfg.max_body_bytes,
         metrics: Metrics::default(),
         shutting_down: AtomicBool::new(false),
         next_id: AtomicU64::new(1),
-        nonce: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        nonce: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
     });
     let app = router(state.clone());
     let (tx, mut rx) = tokio::sync::watch::channel(false);
@@ -156,13 +181,19 @@ pub async fn serve_until(handle: EngineHandle, cfg: ServerConfig, stop: impl Fut
             };
         }
     }
-    eprintln!("quiver: shutting down (grace {:.1}s)", cfg.shutdown_grace.as_secs_f64());
+    eprintln!(
+        "quiver: shutting down (grace {:.1}s)",
+        cfg.shutdown_grace.as_secs_f64()
+    );
     state.shutting_down.store(true, Ordering::SeqCst);
     let _ = tx.send(true);
     let h = handle.clone();
     let grace = cfg.shutdown_grace;
     let engine = tokio::task::spawn_blocking(move || h.shutdown(grace));
-    if tokio::time::timeout(grace + Duration::from_secs(3), &mut task).await.is_err() {
+    if tokio::time::timeout(grace + Duration::from_secs(3), &mut task)
+        .await
+        .is_err()
+    {
         task.abort();
     }
     let _ = engine.await;
@@ -189,7 +220,11 @@ fn router(state: St) -> Router {
 }
 
 async fn count(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_else(|| "other".to_string());
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "other".to_string());
     let r = next.run(req).await;
     st.metrics.request(&route, r.status().as_u16());
     r
@@ -201,9 +236,21 @@ async fn auth(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
     if st.keys.is_empty() || path == "/health" || path == "/metrics" {
         return next.run(req).await;
     }
-    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
     match given {
-        Some(k) if st.keys.iter().any(|key| ct_eq(key.as_bytes(), k.as_bytes())) => next.run(req).await,
+        Some(k)
+            if st
+                .keys
+                .iter()
+                .any(|key| ct_eq(key.as_bytes(), k.as_bytes())) =>
+        {
+            next.run(req).await
+        }
         _ => ApiError::unauthorized().into_response(),
     }
 }
@@ -216,28 +263,49 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 fn body_bytes(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     match body {
         Ok(b) => Ok(b),
-        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::too_large(st.max_body)),
-        Err(e) => Err(ApiError::bad_request(format!("cannot read the request body: {e}"))),
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Err(ApiError::too_large(st.max_body))
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "cannot read the request body: {e}"
+        ))),
     }
 }
 
 fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn check_model(st: &AppState, p: &GenParams) -> Result<(), ApiError> {
     match &p.model {
-        Some(m) if !m.is_empty() && *m != st.model && *m != st.handle.info().name => Err(ApiError::model_not_found(m, &st.model)),
+        Some(m) if !m.is_empty() && *m != st.model && *m != st.handle.info().name => {
+            Err(ApiError::model_not_found(m, &st.model))
+        }
         _ => Ok(()),
     }
 }
 
-fn render_chat(st: &AppState, req: &params::ChatRequest, add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
+fn render_chat(
+    st: &AppState,
+    req: &params::ChatRequest,
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
     let text = st
         .template
         .render(&req.messages, add_generation_prompt, req.tools.as_ref())
-        .map_err(|e| ApiError::invalid("messages", format!("the chat template cannot render these messages: {e}")))?;
-    st.handle.tokenizer().encode_chat(&text).map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}")))
+        .map_err(|e| {
+            ApiError::invalid(
+                "messages",
+                format!("the chat template cannot render these messages: {e}"),
+            )
+        })?;
+    st.handle
+        .tokenizer()
+        .encode_chat(&text)
+        .map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}")))
 }
 
 async fn chat_completions(State(st): State<St>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -260,7 +328,12 @@ async fn completions(State(st): State<St>, body: Result<Bytes, BytesRejection>) 
         check_model(&st, &req.params)?;
         let tok = st.handle.tokenizer();
         let (ids, text) = match req.prompt {
-            Prompt::Text(t) => (tok.encode(&t, true, true).map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}")))?, t),
+            Prompt::Text(t) => (
+                tok.encode(&t, true, true).map_err(|e| {
+                    ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
+                })?,
+                t,
+            ),
             Prompt::Tokens(ids) => {
                 let t = tok.decode(&ids, false);
                 (ids, t)
@@ -339,7 +412,14 @@ impl Gen {
     }
 }
 
-async fn generate(st: St, prompt: Vec<u32>, p: GenParams, kind: Kind, echo: Option<String>, default_max: usize) -> Result<Response, ApiError> {
+async fn generate(
+    st: St,
+    prompt: Vec<u32>,
+    p: GenParams,
+    kind: Kind,
+    echo: Option<String>,
+    default_max: usize,
+) -> Result<Response, ApiError> {
     if st.shutting_down.load(Ordering::SeqCst) {
         return Err(ApiError::shutting_down());
     }
@@ -349,7 +429,12 @@ async fn generate(st: St, prompt: Vec<u32>, p: GenParams, kind: Kind, echo: Opti
         return Err(ApiError::invalid(param, "the prompt is empty"));
     }
     if prompt.len() >= ctx {
-        return Err(ApiError::context_exceeded(param, prompt.len(), p.max_tokens, ctx));
+        return Err(ApiError::context_exceeded(
+            param,
+            prompt.len(),
+            p.max_tokens,
+            ctx,
+        ));
     }
     let room = ctx - prompt.len();
     let max_tokens = match p.max_tokens {
@@ -357,17 +442,44 @@ async fn generate(st: St, prompt: Vec<u32>, p: GenParams, kind: Kind, echo: Opti
         None if default_max > 0 => default_max.min(room),
         None => room,
     };
-    let req = Request { prompt, sampling: p.sampling.clone(), max_tokens, stop: p.stop.clone(), logprobs: p.logprobs, ignore_eos: p.ignore_eos };
+    let req = Request {
+        prompt,
+        sampling: p.sampling.clone(),
+        max_tokens,
+        stop: p.stop.clone(),
+        logprobs: p.logprobs,
+        ignore_eos: p.ignore_eos,
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let t0 = Instant::now();
-    let id = st.handle.submit(req, Box::new(move |ev| tx.send(ev).is_ok())).map_err(|e| ApiError::from_submit(&e, param))?;
-    let gen = Gen { st: st.clone(), rx, guard: AbortGuard { handle: st.handle.clone(), id, done: false }, t0, last: None };
+    let id = st
+        .handle
+        .submit(req, Box::new(move |ev| tx.send(ev).is_ok()))
+        .map_err(|e| ApiError::from_submit(&e, param))?;
+    let gen = Gen {
+        st: st.clone(),
+        rx,
+        guard: AbortGuard {
+            handle: st.handle.clone(),
+            id,
+            done: false,
+        },
+        t0,
+        last: None,
+    };
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let rid = match kind {
         Kind::Chat => format!("chatcmpl-{:x}{:06x}", st.nonce, n),
         Kind::Completion => format!("cmpl-{:x}{:06x}", st.nonce, n),
     };
-    let out = Out { st: st.clone(), kind, id: rid, created: unix_now(), logprobs: p.logprobs.is_some(), text_offset: 0 };
+    let out = Out {
+        st: st.clone(),
+        kind,
+        id: rid,
+        created: unix_now(),
+        logprobs: p.logprobs.is_some(),
+        text_offset: 0,
+    };
     if p.stream {
         Ok(stream_response(gen, out, p.include_usage, echo))
     } else {
@@ -458,20 +570,33 @@ impl Out {
     }
 }
 
-async fn whole_response(mut gen: Gen, mut out: Out, echo: Option<String>) -> Result<Response, ApiError> {
+async fn whole_response(
+    mut gen: Gen,
+    mut out: Out,
+    echo: Option<String>,
+) -> Result<Response, ApiError> {
     let mut text = echo.clone().unwrap_or_default();
     out.text_offset = text.len();
     let mut toks: Vec<(u32, String, Option<TokenLogprob>)> = Vec::new();
     loop {
         match gen.next().await {
             Some(Event::Started { .. }) => {}
-            Some(Event::Token { id, text: t, logprob }) => {
+            Some(Event::Token {
+                id,
+                text: t,
+                logprob,
+            }) => {
                 text.push_str(&t);
                 if out.logprobs {
                     toks.push((id, t, logprob));
                 }
             }
-            Some(Event::Finished { reason, prompt_tokens, completion_tokens, cached_tokens }) => {
+            Some(Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
                 let u = usage(prompt_tokens, completion_tokens, cached_tokens);
                 let fr = reason.as_str();
                 let body = match out.kind {
@@ -488,7 +613,11 @@ async fn whole_response(mut gen: Gen, mut out: Out, echo: Option<String>) -> Res
                         })
                     }
                     Kind::Completion => {
-                        let lp = if out.logprobs { out.completion_logprobs(&toks) } else { Value::Null };
+                        let lp = if out.logprobs {
+                            out.completion_logprobs(&toks)
+                        } else {
+                            Value::Null
+                        };
                         json!({
                             "id": out.id, "object": "text_completion", "created": out.created, "model": out.model(),
                             "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": fr}],
@@ -498,7 +627,9 @@ async fn whole_response(mut gen: Gen, mut out: Out, echo: Option<String>) -> Res
                 };
                 return Ok(Json(body).into_response());
             }
-            Some(Event::Error(e)) => return Err(ApiError::internal(format!("generation failed: {e}"))),
+            Some(Event::Error(e)) => {
+                return Err(ApiError::internal(format!("generation failed: {e}")))
+            }
             None => return Err(ApiError::internal("the engine dropped the request")),
         }
     }
@@ -530,32 +661,56 @@ impl StreamState {
                         json!({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
                     }
                     Kind::Completion => {
-                        let lp = if out.logprobs { out.completion_logprobs(&[(id, text.clone(), logprob)]) } else { Value::Null };
+                        let lp = if out.logprobs {
+                            out.completion_logprobs(&[(id, text.clone(), logprob)])
+                        } else {
+                            Value::Null
+                        };
                         json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null})
                     }
                 };
                 self.pending.push_back(out.chunk(json!([choice]), None));
             }
-            Some(Event::Finished { reason, prompt_tokens, completion_tokens, cached_tokens }) => {
+            Some(Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
                 let fr = reason.as_str();
                 let choice = match out.kind {
-                    Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": fr}),
-                    Kind::Completion => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": fr}),
+                    Kind::Chat => {
+                        json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": fr})
+                    }
+                    Kind::Completion => {
+                        json!({"index": 0, "text": "", "logprobs": null, "finish_reason": fr})
+                    }
                 };
                 self.pending.push_back(out.chunk(json!([choice]), None));
                 if self.include_usage {
-                    self.pending.push_back(out.chunk(json!([]), Some(usage(prompt_tokens, completion_tokens, cached_tokens))));
+                    self.pending.push_back(out.chunk(
+                        json!([]),
+                        Some(usage(prompt_tokens, completion_tokens, cached_tokens)),
+                    ));
                 }
                 self.pending.push_back("[DONE]".into());
                 self.done = true;
             }
             Some(Event::Error(e)) => {
-                self.pending.push_back(ApiError::internal(format!("generation failed: {e}")).body().to_string());
+                self.pending.push_back(
+                    ApiError::internal(format!("generation failed: {e}"))
+                        .body()
+                        .to_string(),
+                );
                 self.pending.push_back("[DONE]".into());
                 self.done = true;
             }
             None => {
-                self.pending.push_back(ApiError::internal("the engine dropped the request").body().to_string());
+                self.pending.push_back(
+                    ApiError::internal("the engine dropped the request")
+                        .body()
+                        .to_string(),
+                );
                 self.pending.push_back("[DONE]".into());
                 self.done = true;
             }
@@ -564,10 +719,20 @@ impl StreamState {
 }
 
 fn stream_response(gen: Gen, out: Out, include_usage: bool, echo: Option<String>) -> Response {
-    let mut st = StreamState { gen, out, include_usage, pending: VecDeque::new(), done: false };
+    let mut st = StreamState {
+        gen,
+        out,
+        include_usage,
+        pending: VecDeque::new(),
+        done: false,
+    };
     let first = match st.out.kind {
-        Kind::Chat => json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
-        Kind::Completion => json!([{"index": 0, "text": echo.clone().unwrap_or_default(), "logprobs": null, "finish_reason": null}]),
+        Kind::Chat => {
+            json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])
+        }
+        Kind::Completion => {
+            json!([{"index": 0, "text": echo.clone().unwrap_or_default(), "logprobs": null, "finish_reason": null}])
+        }
     };
     st.out.text_offset = echo.map(|e| e.len()).unwrap_or(0);
     st.pending.push_back(st.out.chunk(first, None));
@@ -604,7 +769,11 @@ async fn get_model(State(st): State<St>, Path(model): Path<String>) -> Response 
 
 async fn health(State(st): State<St>) -> Response {
     if st.shutting_down.load(Ordering::SeqCst) {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting_down"}))).into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting_down"})),
+        )
+            .into_response()
     } else {
         Json(json!({"status": "ok"})).into_response()
     }
@@ -612,7 +781,14 @@ async fn health(State(st): State<St>) -> Response {
 
 async fn metrics_text(State(st): State<St>) -> Response {
     let s = st.handle.stats();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], st.metrics.render(&s)).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        st.metrics.render(&s),
+    )
+        .into_response()
 }
 
 /// `{"prompt"|"content": TEXT, "add_special": bool}` or `{"messages": [...]}` →
@@ -627,23 +803,42 @@ async fn tokenize(State(st): State<St>, body: Result<Bytes, BytesRejection>) -> 
             let agp = match m.get("add_generation_prompt") {
                 None | Some(Value::Null) => true,
                 Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(ApiError::invalid("add_generation_prompt", "`add_generation_prompt` must be a boolean")),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "add_generation_prompt",
+                        "`add_generation_prompt` must be a boolean",
+                    ))
+                }
             };
             render_chat(&st, &req, agp)?
         } else {
             let (key, text) = match (m.get("prompt"), m.get("content")) {
                 (Some(Value::String(s)), _) => ("prompt", s),
                 (None, Some(Value::String(s))) => ("content", s),
-                _ => return Err(ApiError::invalid("prompt", "give `prompt` (or `content`) as a string, or `messages`")),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "prompt",
+                        "give `prompt` (or `content`) as a string, or `messages`",
+                    ))
+                }
             };
             let add = match m.get("add_special") {
                 None | Some(Value::Null) => true,
                 Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(ApiError::invalid("add_special", "`add_special` must be a boolean")),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "add_special",
+                        "`add_special` must be a boolean",
+                    ))
+                }
             };
-            tok.encode(text, add, true).map_err(|e| ApiError::invalid(key, format!("cannot tokenize: {e}")))?
+            tok.encode(text, add, true)
+                .map_err(|e| ApiError::invalid(key, format!("cannot tokenize: {e}")))?
         };
-        Ok(Json(json!({"count": ids.len(), "max_model_len": st.handle.info().n_ctx, "tokens": ids})).into_response())
+        Ok(Json(
+            json!({"count": ids.len(), "max_model_len": st.handle.info().n_ctx, "tokens": ids}),
+        )
+        .into_response())
     })();
     r.unwrap_or_else(IntoResponse::into_response)
 }
@@ -657,10 +852,24 @@ async fn detokenize(State(st): State<St>, body: Result<Bytes, BytesRejection>) -
         let ids = match m.get("tokens") {
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_u64().filter(|&t| (t as usize) < n_vocab).map(|t| t as u32))
+                .map(|v| {
+                    v.as_u64()
+                        .filter(|&t| (t as usize) < n_vocab)
+                        .map(|t| t as u32)
+                })
                 .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| ApiError::invalid("tokens", format!("`tokens` must hold token ids below {n_vocab}")))?,
-            _ => return Err(ApiError::invalid("tokens", "`tokens` must be an array of token ids")),
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tokens",
+                        format!("`tokens` must hold token ids below {n_vocab}"),
+                    )
+                })?,
+            _ => {
+                return Err(ApiError::invalid(
+                    "tokens",
+                    "`tokens` must be an array of token ids",
+                ))
+            }
         };
         let text = st.handle.tokenizer().decode(&ids, false);
         Ok(Json(json!({"prompt": text, "content": text})).into_response())
@@ -675,18 +884,40 @@ mod tests {
 
     #[test]
     fn submit_errors_map_to_statuses() {
-        let e = ApiError::from_submit(&SubmitError::TooLong { prompt: 3000, max_tokens: 100, ctx: 2048 }, "messages");
+        let e = ApiError::from_submit(
+            &SubmitError::TooLong {
+                prompt: 3000,
+                max_tokens: 100,
+                ctx: 2048,
+            },
+            "messages",
+        );
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
-        assert!(e.message.contains("3000") && e.message.contains("2048"), "{}", e.message);
+        assert!(
+            e.message.contains("3000") && e.message.contains("2048"),
+            "{}",
+            e.message
+        );
         assert_eq!(e.param.as_deref(), Some("messages"));
         assert_eq!(e.code, Some("context_length_exceeded"));
         let e = ApiError::from_submit(&SubmitError::QueueFull(64), "prompt");
         assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
         let r = e.into_response();
         assert_eq!(r.headers().get(header::RETRY_AFTER).unwrap(), "1");
-        assert_eq!(ApiError::from_submit(&SubmitError::ShuttingDown, "prompt").status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(ApiError::from_submit(&SubmitError::EmptyPrompt, "prompt").status, StatusCode::BAD_REQUEST);
-        assert_eq!(ApiError::from_submit(&SubmitError::BadToken { id: 9, n_vocab: 5 }, "prompt").param.as_deref(), Some("prompt"));
+        assert_eq!(
+            ApiError::from_submit(&SubmitError::ShuttingDown, "prompt").status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ApiError::from_submit(&SubmitError::EmptyPrompt, "prompt").status,
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            ApiError::from_submit(&SubmitError::BadToken { id: 9, n_vocab: 5 }, "prompt")
+                .param
+                .as_deref(),
+            Some("prompt")
+        );
     }
 
     #[test]
@@ -697,8 +928,14 @@ mod tests {
         assert_eq!(b["error"]["message"], "bad");
         assert!(b["error"].get("code").is_some());
         assert_eq!(ApiError::unauthorized().status, StatusCode::UNAUTHORIZED);
-        assert_eq!(ApiError::too_large(10).status, StatusCode::PAYLOAD_TOO_LARGE);
-        assert_eq!(ApiError::model_not_found("x", "y").status, StatusCode::NOT_FOUND);
+        assert_eq!(
+            ApiError::too_large(10).status,
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert_eq!(
+            ApiError::model_not_found("x", "y").status,
+            StatusCode::NOT_FOUND
+        );
         let e = ApiError::context_exceeded("prompt", 5000, None, 2048);
         assert!(e.message.contains("5000") && e.message.contains("2048"));
     }

@@ -17,7 +17,12 @@ pub struct Histogram {
 
 impl Histogram {
     pub fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
     }
 
     pub fn observe(&mut self, v: f64) {
@@ -35,13 +40,21 @@ impl Histogram {
         for (b, c) in self.bounds.iter().zip(&self.counts) {
             let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", self.count, self.sum, self.count);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}",
+            self.count, self.sum, self.count
+        );
     }
 }
 
-const TTFT_BOUNDS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const TTFT_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 const ITL_BOUNDS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5];
-const E2E_BOUNDS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+const E2E_BOUNDS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
 
 struct Inner {
     requests: BTreeMap<(String, u16), u64>,
@@ -76,7 +89,11 @@ impl Metrics {
 
     /// One HTTP response, by route and status.
     pub fn request(&self, route: &str, status: u16) {
-        *self.lock().requests.entry((route.to_string(), status)).or_default() += 1;
+        *self
+            .lock()
+            .requests
+            .entry((route.to_string(), status))
+            .or_default() += 1;
     }
 
     pub fn finished(&self, reason: &'static str) {
@@ -100,31 +117,102 @@ impl Metrics {
         let g = self.lock();
         let _ = writeln!(out, "# HELP quiver_http_requests_total HTTP responses by route and status code.\n# TYPE quiver_http_requests_total counter");
         for ((route, status), n) in &g.requests {
-            let _ = writeln!(out, "quiver_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "quiver_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+            );
         }
         let _ = writeln!(out, "# HELP quiver_request_finished_total Generation requests by finish reason.\n# TYPE quiver_request_finished_total counter");
         for (reason, n) in &g.finished {
-            let _ = writeln!(out, "quiver_request_finished_total{{finish_reason=\"{reason}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "quiver_request_finished_total{{finish_reason=\"{reason}\"}} {n}"
+            );
         }
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         };
         let gauge = |out: &mut String, name: &str, help: &str, v: usize| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
-        counter(&mut out, "quiver_prompt_tokens_total", "Prompt tokens of scheduled requests.", s.prompt_tokens_total);
-        counter(&mut out, "quiver_generation_tokens_total", "Generated tokens.", s.generated_tokens_total);
-        counter(&mut out, "quiver_prefix_cache_hit_tokens_total", "Prompt tokens reused from the prefix cache.", s.prefix_cache_hit_tokens_total);
-        counter(&mut out, "quiver_preemptions_total", "Requests preempted for lack of KV blocks.", s.preemptions_total);
-        counter(&mut out, "quiver_engine_steps_total", "Forward steps of the engine.", s.steps_total);
-        gauge(&mut out, "quiver_requests_running", "Requests running.", s.running);
-        gauge(&mut out, "quiver_requests_waiting", "Requests waiting to be scheduled.", s.waiting);
-        gauge(&mut out, "quiver_kv_blocks_total", "KV blocks in the pool.", s.kv_blocks_total);
-        gauge(&mut out, "quiver_kv_blocks_used", "KV blocks held by requests.", s.kv_blocks_used);
-        gauge(&mut out, "quiver_kv_blocks_free", "KV blocks free (including cached ones that can be evicted).", s.kv_blocks_total.saturating_sub(s.kv_blocks_used));
-        g.ttft.render(&mut out, "quiver_time_to_first_token_seconds", "Time from submission to the first generated token.");
-        g.itl.render(&mut out, "quiver_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.");
-        g.e2e.render(&mut out, "quiver_request_duration_seconds", "Time from submission to the end of a generation request.");
+        counter(
+            &mut out,
+            "quiver_prompt_tokens_total",
+            "Prompt tokens of scheduled requests.",
+            s.prompt_tokens_total,
+        );
+        counter(
+            &mut out,
+            "quiver_generation_tokens_total",
+            "Generated tokens.",
+            s.generated_tokens_total,
+        );
+        counter(
+            &mut out,
+            "quiver_prefix_cache_hit_tokens_total",
+            "Prompt tokens reused from the prefix cache.",
+            s.prefix_cache_hit_tokens_total,
+        );
+        counter(
+            &mut out,
+            "quiver_preemptions_total",
+            "Requests preempted for lack of KV blocks.",
+            s.preemptions_total,
+        );
+        counter(
+            &mut out,
+            "quiver_engine_steps_total",
+            "Forward steps of the engine.",
+            s.steps_total,
+        );
+        gauge(
+            &mut out,
+            "quiver_requests_running",
+            "Requests running.",
+            s.running,
+        );
+        gauge(
+            &mut out,
+            "quiver_requests_waiting",
+            "Requests waiting to be scheduled.",
+            s.waiting,
+        );
+        gauge(
+            &mut out,
+            "quiver_kv_blocks_total",
+            "KV blocks in the pool.",
+            s.kv_blocks_total,
+        );
+        gauge(
+            &mut out,
+            "quiver_kv_blocks_used",
+            "KV blocks held by requests.",
+            s.kv_blocks_used,
+        );
+        gauge(
+            &mut out,
+            "quiver_kv_blocks_free",
+            "KV blocks free (including cached ones that can be evicted).",
+            s.kv_blocks_total.saturating_sub(s.kv_blocks_used),
+        );
+        g.ttft.render(
+            &mut out,
+            "quiver_time_to_first_token_seconds",
+            "Time from submission to the first generated token.",
+        );
+        g.itl.render(
+            &mut out,
+            "quiver_inter_token_latency_seconds",
+            "Time between consecutive generated tokens of a request.",
+        );
+        g.e2e.render(
+            &mut out,
+            "quiver_request_duration_seconds",
+            "Time from submission to the end of a generation request.",
+        );
         out
     }
 }
@@ -142,10 +230,22 @@ mod tests {
         m.ttft(0.03);
         m.itl(0.02);
         m.finished("stop");
-        let s = Stats { kv_blocks_total: 10, kv_blocks_used: 3, running: 1, ..Stats::default() };
+        let s = Stats {
+            kv_blocks_total: 10,
+            kv_blocks_used: 3,
+            running: 1,
+            ..Stats::default()
+        };
         let t = m.render(&s);
-        assert!(t.contains("quiver_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"), "{t}");
-        assert!(t.contains("quiver_http_requests_total{route=\"/v1/chat/completions\",status=\"400\"} 1"));
+        assert!(
+            t.contains(
+                "quiver_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"
+            ),
+            "{t}"
+        );
+        assert!(t.contains(
+            "quiver_http_requests_total{route=\"/v1/chat/completions\",status=\"400\"} 1"
+        ));
         assert!(t.contains("quiver_kv_blocks_used 3\n"));
         assert!(t.contains("quiver_kv_blocks_free 7\n"));
         assert!(t.contains("quiver_requests_running 1\n"));

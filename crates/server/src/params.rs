@@ -51,8 +51,12 @@ pub struct CompletionRequest {
 pub fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad_request("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
+        Ok(_) => Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the request body is not valid JSON: {e}"
+        ))),
     }
 }
 
@@ -65,7 +69,10 @@ fn get_f32(m: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Result<Option
         None => Ok(None),
         Some(v) => match v.as_f64() {
             Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(Some(x as f32)),
-            Some(x) => Err(ApiError::invalid(key, format!("`{key}` must be between {lo} and {hi}, got {x}"))),
+            Some(x) => Err(ApiError::invalid(
+                key,
+                format!("`{key}` must be between {lo} and {hi}, got {x}"),
+            )),
             None => Err(ApiError::invalid(key, format!("`{key}` must be a number"))),
         },
     }
@@ -75,11 +82,21 @@ fn get_uint(m: &Map<String, Value>, key: &str, lo: u64, hi: u64) -> Result<Optio
     match present(m, key) {
         None => Ok(None),
         Some(v) => {
-            let n = v.as_u64().or_else(|| v.as_f64().filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x <= u64::MAX as f64).map(|x| x as u64));
+            let n = v.as_u64().or_else(|| {
+                v.as_f64()
+                    .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x <= u64::MAX as f64)
+                    .map(|x| x as u64)
+            });
             match n {
                 Some(n) if n >= lo && n <= hi => Ok(Some(n)),
-                Some(n) => Err(ApiError::invalid(key, format!("`{key}` must be between {lo} and {hi}, got {n}"))),
-                None => Err(ApiError::invalid(key, format!("`{key}` must be a non-negative integer, got {v}"))),
+                Some(n) => Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` must be between {lo} and {hi}, got {n}"),
+                )),
+                None => Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` must be a non-negative integer, got {v}"),
+                )),
             }
         }
     }
@@ -89,7 +106,10 @@ fn get_bool(m: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError>
     match present(m, key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(ApiError::invalid(key, format!("`{key}` must be a boolean, got {v}"))),
+        Some(v) => Err(ApiError::invalid(
+            key,
+            format!("`{key}` must be a boolean, got {v}"),
+        )),
     }
 }
 
@@ -97,7 +117,10 @@ fn get_str<'a>(m: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, 
     match present(m, key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(v) => Err(ApiError::invalid(key, format!("`{key}` must be a string, got {v}"))),
+        Some(v) => Err(ApiError::invalid(
+            key,
+            format!("`{key}` must be a string, got {v}"),
+        )),
     }
 }
 
@@ -105,7 +128,10 @@ fn get_str<'a>(m: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, 
 fn random_seed() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let mut z = t ^ N.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -118,22 +144,38 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
     let model = get_str(m, "model")?.map(str::to_string);
     if let Some(n) = get_uint(m, "n", 1, u64::MAX)? {
         if n != 1 {
-            return Err(ApiError::invalid("n", format!("only n = 1 is supported, got {n}")));
+            return Err(ApiError::invalid(
+                "n",
+                format!("only n = 1 is supported, got {n}"),
+            ));
         }
     }
     if let Some(n) = get_uint(m, "best_of", 1, u64::MAX)? {
         if n != 1 {
-            return Err(ApiError::invalid("best_of", format!("only best_of = 1 is supported, got {n}")));
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("only best_of = 1 is supported, got {n}"),
+            ));
         }
     }
     let stream = get_bool(m, "stream")?.unwrap_or(false);
     let mut include_usage = false;
     if let Some(so) = present(m, "stream_options") {
-        let so = so.as_object().ok_or_else(|| ApiError::invalid("stream_options", "`stream_options` must be an object"))?;
+        let so = so.as_object().ok_or_else(|| {
+            ApiError::invalid("stream_options", "`stream_options` must be an object")
+        })?;
         if !stream {
-            return Err(ApiError::invalid("stream_options", "`stream_options` is only allowed when `stream` is true"));
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` is only allowed when `stream` is true",
+            ));
         }
-        include_usage = get_bool(so, "include_usage").map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?.unwrap_or(false);
+        include_usage = get_bool(so, "include_usage")
+            .map_err(|e| ApiError {
+                param: Some("stream_options.include_usage".into()),
+                ..e
+            })?
+            .unwrap_or(false);
     }
     let mct = get_uint(m, "max_completion_tokens", 1, u32::MAX as u64)?;
     let mt = get_uint(m, "max_tokens", 1, u32::MAX as u64)?;
@@ -154,7 +196,12 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         match k.as_i64() {
             Some(k) if k <= 0 && k >= -1 => s.top_k = 0,
             Some(k) if k > 0 => s.top_k = k as usize,
-            _ => return Err(ApiError::invalid("top_k", format!("`top_k` must be an integer >= -1, got {k}"))),
+            _ => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("`top_k` must be an integer >= -1, got {k}"),
+                ))
+            }
         }
     }
     if let Some(p) = get_f32(m, "min_p", 0.0, 1.0)? {
@@ -168,22 +215,42 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
     }
     if let Some(p) = get_f32(m, "repetition_penalty", 0.0, 10.0)? {
         if p == 0.0 {
-            return Err(ApiError::invalid("repetition_penalty", "`repetition_penalty` must be greater than 0"));
+            return Err(ApiError::invalid(
+                "repetition_penalty",
+                "`repetition_penalty` must be greater than 0",
+            ));
         }
         s.repeat_penalty = p;
     }
     if let Some(lb) = present(m, "logit_bias") {
-        let lb = lb.as_object().ok_or_else(|| ApiError::invalid("logit_bias", "`logit_bias` must be an object of token id to bias"))?;
+        let lb = lb.as_object().ok_or_else(|| {
+            ApiError::invalid(
+                "logit_bias",
+                "`logit_bias` must be an object of token id to bias",
+            )
+        })?;
         for (k, v) in lb {
             let id: u32 = k
                 .parse()
                 .ok()
                 .filter(|&id: &u32| (id as usize) < n_vocab)
-                .ok_or_else(|| ApiError::invalid("logit_bias", format!("`logit_bias` key `{k}` is not a token id below {n_vocab}")))?;
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!("`logit_bias` key `{k}` is not a token id below {n_vocab}"),
+                    )
+                })?;
             let b = v
                 .as_f64()
                 .filter(|b| (-100.0..=100.0).contains(b))
-                .ok_or_else(|| ApiError::invalid("logit_bias", format!("`logit_bias` value for `{k}` must be a number between -100 and 100")))?;
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!(
+                            "`logit_bias` value for `{k}` must be a number between -100 and 100"
+                        ),
+                    )
+                })?;
             s.logit_bias.push((id, b as f32));
         }
     }
@@ -192,7 +259,12 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         Some(v) => match (v.as_u64(), v.as_i64()) {
             (Some(u), _) => u,
             (None, Some(i)) => i as u64,
-            _ => return Err(ApiError::invalid("seed", format!("`seed` must be an integer, got {v}"))),
+            _ => {
+                return Err(ApiError::invalid(
+                    "seed",
+                    format!("`seed` must be an integer, got {v}"),
+                ))
+            }
         },
     };
 
@@ -201,13 +273,25 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => {
             if a.len() > MAX_STOP {
-                return Err(ApiError::invalid("stop", format!("at most {MAX_STOP} stop strings, got {}", a.len())));
+                return Err(ApiError::invalid(
+                    "stop",
+                    format!("at most {MAX_STOP} stop strings, got {}", a.len()),
+                ));
             }
             a.iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| ApiError::invalid("stop", "`stop` must be a string or an array of strings")))
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        ApiError::invalid("stop", "`stop` must be a string or an array of strings")
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()?
         }
-        Some(_) => return Err(ApiError::invalid("stop", "`stop` must be a string or an array of strings")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "`stop` must be a string or an array of strings",
+            ))
+        }
     };
     let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
 
@@ -216,7 +300,12 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         let top = get_uint(m, "top_logprobs", 0, MAX_TOP_LOGPROBS as u64)?;
         match (on, top) {
             (true, t) => Some(t.unwrap_or(0) as usize),
-            (false, Some(t)) if t > 0 => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs` set to true")),
+            (false, Some(t)) if t > 0 => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs` set to true",
+                ))
+            }
             (false, _) => None,
         }
     } else {
@@ -227,7 +316,16 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         }
     };
     let ignore_eos = get_bool(m, "ignore_eos")?.unwrap_or(false);
-    Ok(GenParams { model, stream, include_usage, max_tokens, sampling: s, stop, logprobs, ignore_eos })
+    Ok(GenParams {
+        model,
+        stream,
+        include_usage,
+        max_tokens,
+        sampling: s,
+        stop,
+        logprobs,
+        ignore_eos,
+    })
 }
 
 fn message_content(v: Option<&Value>, i: usize) -> Result<String, ApiError> {
@@ -238,42 +336,84 @@ fn message_content(v: Option<&Value>, i: usize) -> Result<String, ApiError> {
         Some(Value::Array(parts)) => {
             let mut out = String::new();
             for p in parts {
-                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
                     (Some("text"), Some(t)) => out.push_str(t),
-                    (Some(t), _) if t != "text" => return Err(ApiError::invalid(&param(), format!("content parts of type `{t}` are not supported; only text"))),
-                    _ => return Err(ApiError::invalid(&param(), "each content part must be {\"type\": \"text\", \"text\": ...}")),
+                    (Some(t), _) if t != "text" => {
+                        return Err(ApiError::invalid(
+                            &param(),
+                            format!("content parts of type `{t}` are not supported; only text"),
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::invalid(
+                            &param(),
+                            "each content part must be {\"type\": \"text\", \"text\": ...}",
+                        ))
+                    }
                 }
             }
             Ok(out)
         }
-        Some(_) => Err(ApiError::invalid(&param(), "`content` must be a string or an array of text parts")),
+        Some(_) => Err(ApiError::invalid(
+            &param(),
+            "`content` must be a string or an array of text parts",
+        )),
     }
 }
 
 pub fn parse_chat(m: &Map<String, Value>, n_vocab: usize) -> Result<ChatRequest, ApiError> {
     let msgs = match present(m, "messages") {
         None => return Err(ApiError::invalid("messages", "`messages` is required")),
-        Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::invalid("messages", "`messages` must not be empty")),
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::invalid(
+                "messages",
+                "`messages` must not be empty",
+            ))
+        }
         Some(Value::Array(a)) => a,
         Some(_) => return Err(ApiError::invalid("messages", "`messages` must be an array")),
     };
     let mut messages = Vec::with_capacity(msgs.len());
     for (i, v) in msgs.iter().enumerate() {
-        let o = v.as_object().ok_or_else(|| ApiError::invalid(&format!("messages[{i}]"), "each message must be an object"))?;
+        let o = v.as_object().ok_or_else(|| {
+            ApiError::invalid(&format!("messages[{i}]"), "each message must be an object")
+        })?;
         let role = match o.get("role").and_then(Value::as_str) {
             Some(r @ ("system" | "user" | "assistant" | "tool")) => r.to_string(),
             Some("developer") => "system".to_string(),
-            Some(r) => return Err(ApiError::invalid(&format!("messages[{i}].role"), format!("unknown role `{r}`; use system, user, assistant or tool"))),
-            None => return Err(ApiError::invalid(&format!("messages[{i}].role"), "each message needs a `role` string")),
+            Some(r) => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].role"),
+                    format!("unknown role `{r}`; use system, user, assistant or tool"),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].role"),
+                    "each message needs a `role` string",
+                ))
+            }
         };
         let content = message_content(o.get("content"), i)?;
         let tool_calls = o.get("tool_calls").filter(|v| !v.is_null()).cloned();
         let name = o.get("name").and_then(Value::as_str).map(str::to_string);
-        let tool_call_id = o.get("tool_call_id").and_then(Value::as_str).map(str::to_string);
+        let tool_call_id = o
+            .get("tool_call_id")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         if role == "tool" && tool_call_id.is_none() && name.is_none() {
             // Accepted: some clients leave it out; the template decides what it needs.
         }
-        messages.push(Message { role, content, tool_calls, name, tool_call_id });
+        messages.push(Message {
+            role,
+            content,
+            tool_calls,
+            name,
+            tool_call_id,
+        });
     }
     let tools = match present(m, "tools") {
         None => None,
@@ -281,7 +421,11 @@ pub fn parse_chat(m: &Map<String, Value>, n_vocab: usize) -> Result<ChatRequest,
         Some(_) => return Err(ApiError::invalid("tools", "`tools` must be an array")),
     };
     let params = parse_common(m, n_vocab, true)?;
-    Ok(ChatRequest { messages, tools, params })
+    Ok(ChatRequest {
+        messages,
+        tools,
+        params,
+    })
 }
 
 fn token_ids(a: &[Value], n_vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
@@ -290,12 +434,20 @@ fn token_ids(a: &[Value], n_vocab: usize, param: &str) -> Result<Vec<u32>, ApiEr
             v.as_u64()
                 .filter(|&t| (t as usize) < n_vocab)
                 .map(|t| t as u32)
-                .ok_or_else(|| ApiError::invalid(param, format!("`{param}` holds {v}, which is not a token id below {n_vocab}")))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        param,
+                        format!("`{param}` holds {v}, which is not a token id below {n_vocab}"),
+                    )
+                })
         })
         .collect()
 }
 
-pub fn parse_completion(m: &Map<String, Value>, n_vocab: usize) -> Result<CompletionRequest, ApiError> {
+pub fn parse_completion(
+    m: &Map<String, Value>,
+    n_vocab: usize,
+) -> Result<CompletionRequest, ApiError> {
     let prompt = match present(m, "prompt") {
         None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
         Some(Value::String(s)) => Prompt::Text(s.clone()),
@@ -319,7 +471,11 @@ pub fn parse_completion(m: &Map<String, Value>, n_vocab: usize) -> Result<Comple
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
     let params = parse_common(m, n_vocab, false)?;
-    Ok(CompletionRequest { prompt, echo, params })
+    Ok(CompletionRequest {
+        prompt,
+        echo,
+        params,
+    })
 }
 
 #[cfg(test)]
@@ -344,8 +500,14 @@ mod tests {
 
     #[test]
     fn body_must_be_a_json_object() {
-        assert!(parse_body(b"{").unwrap_err().message.contains("not valid JSON"));
-        assert!(parse_body(b"[1]").unwrap_err().message.contains("JSON object"));
+        assert!(parse_body(b"{")
+            .unwrap_err()
+            .message
+            .contains("not valid JSON"));
+        assert!(parse_body(b"[1]")
+            .unwrap_err()
+            .message
+            .contains("JSON object"));
         assert!(parse_body(br#"{"a": 1}"#).is_ok());
     }
 
@@ -380,8 +542,18 @@ mod tests {
         assert_eq!(p.logprobs, Some(3));
         assert!(p.stream && p.include_usage);
 
-        let d = chat(json!({"messages": [{"role": "user", "content": "x"}]})).unwrap().params;
-        assert_eq!((d.sampling.temperature, d.sampling.top_k, d.sampling.top_p, d.sampling.min_p), (1.0, 0, 1.0, 0.0));
+        let d = chat(json!({"messages": [{"role": "user", "content": "x"}]}))
+            .unwrap()
+            .params;
+        assert_eq!(
+            (
+                d.sampling.temperature,
+                d.sampling.top_k,
+                d.sampling.top_p,
+                d.sampling.min_p
+            ),
+            (1.0, 0, 1.0, 0.0)
+        );
         assert_eq!(d.max_tokens, None);
         assert_eq!(d.logprobs, None);
         assert!(!d.stream);
@@ -397,28 +569,52 @@ mod tests {
         assert_eq!(param_of(chat(json!({}))), "messages");
         assert_eq!(param_of(chat(json!({"messages": []}))), "messages");
         assert_eq!(param_of(chat(json!({"messages": "hi"}))), "messages");
-        assert_eq!(param_of(chat(json!({"messages": [{"role": "bot", "content": "x"}]}))), "messages[0].role");
-        assert_eq!(param_of(chat(json!({"messages": [{"role": "user", "content": 3}]}))), "messages[0].content");
+        assert_eq!(
+            param_of(chat(json!({"messages": [{"role": "bot", "content": "x"}]}))),
+            "messages[0].role"
+        );
+        assert_eq!(
+            param_of(chat(json!({"messages": [{"role": "user", "content": 3}]}))),
+            "messages[0].content"
+        );
         assert_eq!(param_of(m(json!({"temperature": 3}))), "temperature");
         assert_eq!(param_of(m(json!({"temperature": "hot"}))), "temperature");
         assert_eq!(param_of(m(json!({"top_p": 1.5}))), "top_p");
         assert_eq!(param_of(m(json!({"top_k": -2}))), "top_k");
         assert_eq!(param_of(m(json!({"max_tokens": 0}))), "max_tokens");
         assert_eq!(param_of(m(json!({"max_tokens": -1}))), "max_tokens");
-        assert_eq!(param_of(m(json!({"max_completion_tokens": "a"}))), "max_completion_tokens");
+        assert_eq!(
+            param_of(m(json!({"max_completion_tokens": "a"}))),
+            "max_completion_tokens"
+        );
         assert_eq!(param_of(m(json!({"n": 2}))), "n");
         assert_eq!(param_of(m(json!({"stop": 5}))), "stop");
         assert_eq!(param_of(m(json!({"stop": ["a", 1]}))), "stop");
         assert_eq!(param_of(m(json!({"logit_bias": {"abc": 1}}))), "logit_bias");
-        assert_eq!(param_of(m(json!({"logit_bias": {"5000": 1}}))), "logit_bias");
+        assert_eq!(
+            param_of(m(json!({"logit_bias": {"5000": 1}}))),
+            "logit_bias"
+        );
         assert_eq!(param_of(m(json!({"logit_bias": {"5": 101}}))), "logit_bias");
         assert_eq!(param_of(m(json!({"seed": "x"}))), "seed");
         assert_eq!(param_of(m(json!({"top_logprobs": 3}))), "top_logprobs");
-        assert_eq!(param_of(m(json!({"logprobs": true, "top_logprobs": 21}))), "top_logprobs");
+        assert_eq!(
+            param_of(m(json!({"logprobs": true, "top_logprobs": 21}))),
+            "top_logprobs"
+        );
         assert_eq!(param_of(m(json!({"stream": "yes"}))), "stream");
-        assert_eq!(param_of(m(json!({"stream_options": {"include_usage": true}}))), "stream_options");
-        assert_eq!(param_of(m(json!({"presence_penalty": 2.5}))), "presence_penalty");
-        assert_eq!(param_of(m(json!({"repetition_penalty": 0}))), "repetition_penalty");
+        assert_eq!(
+            param_of(m(json!({"stream_options": {"include_usage": true}}))),
+            "stream_options"
+        );
+        assert_eq!(
+            param_of(m(json!({"presence_penalty": 2.5}))),
+            "presence_penalty"
+        );
+        assert_eq!(
+            param_of(m(json!({"repetition_penalty": 0}))),
+            "repetition_penalty"
+        );
         assert_eq!(param_of(m(json!({"tools": {}}))), "tools");
         assert_eq!(param_of(m(json!({"model": 5}))), "model");
     }
@@ -426,24 +622,53 @@ mod tests {
     #[test]
     fn completion_prompts() {
         let c = |v: Value| parse_completion(&obj(v), 1000);
-        assert_eq!(c(json!({"prompt": "hi"})).unwrap().prompt, Prompt::Text("hi".into()));
-        assert_eq!(c(json!({"prompt": ["hi"]})).unwrap().prompt, Prompt::Text("hi".into()));
-        assert_eq!(c(json!({"prompt": [1, 2, 3]})).unwrap().prompt, Prompt::Tokens(vec![1, 2, 3]));
-        assert_eq!(c(json!({"prompt": [[4, 5]]})).unwrap().prompt, Prompt::Tokens(vec![4, 5]));
+        assert_eq!(
+            c(json!({"prompt": "hi"})).unwrap().prompt,
+            Prompt::Text("hi".into())
+        );
+        assert_eq!(
+            c(json!({"prompt": ["hi"]})).unwrap().prompt,
+            Prompt::Text("hi".into())
+        );
+        assert_eq!(
+            c(json!({"prompt": [1, 2, 3]})).unwrap().prompt,
+            Prompt::Tokens(vec![1, 2, 3])
+        );
+        assert_eq!(
+            c(json!({"prompt": [[4, 5]]})).unwrap().prompt,
+            Prompt::Tokens(vec![4, 5])
+        );
         assert_eq!(param_of(c(json!({}))), "prompt");
         assert_eq!(param_of(c(json!({"prompt": []}))), "prompt");
         assert_eq!(param_of(c(json!({"prompt": ["a", "b"]}))), "prompt");
         assert_eq!(param_of(c(json!({"prompt": [1, 5000]}))), "prompt");
         assert_eq!(param_of(c(json!({"prompt": [1, -1]}))), "prompt");
-        assert_eq!(c(json!({"prompt": "x", "logprobs": 2})).unwrap().params.logprobs, Some(2));
-        assert_eq!(param_of(c(json!({"prompt": "x", "logprobs": 6}))), "logprobs");
+        assert_eq!(
+            c(json!({"prompt": "x", "logprobs": 2}))
+                .unwrap()
+                .params
+                .logprobs,
+            Some(2)
+        );
+        assert_eq!(
+            param_of(c(json!({"prompt": "x", "logprobs": 6}))),
+            "logprobs"
+        );
         assert_eq!(c(json!({"prompt": "x"})).unwrap().params.logprobs, None);
     }
 
     #[test]
     fn seeds_differ_when_not_given() {
-        let a = chat(json!({"messages": [{"role": "user", "content": "x"}]})).unwrap().params.sampling.seed;
-        let b = chat(json!({"messages": [{"role": "user", "content": "x"}]})).unwrap().params.sampling.seed;
+        let a = chat(json!({"messages": [{"role": "user", "content": "x"}]}))
+            .unwrap()
+            .params
+            .sampling
+            .seed;
+        let b = chat(json!({"messages": [{"role": "user", "content": "x"}]}))
+            .unwrap()
+            .params
+            .sampling
+            .seed;
         assert_ne!(a, b);
     }
 }

@@ -14,7 +14,11 @@ pub enum SynthError {
     #[error("unknown preset {0:?} (known: {1})")]
     UnknownPreset(String, String),
     #[error("preset {preset} is a {preset_arch} model, not {arch}")]
-    ArchMismatch { preset: String, preset_arch: String, arch: String },
+    ArchMismatch {
+        preset: String,
+        preset_arch: String,
+        arch: String,
+    },
     #[error("unknown type {0:?} (known: {1})")]
     UnknownType(String, String),
     #[error(transparent)]
@@ -110,12 +114,20 @@ pub const PRESETS: &[Preset] = &[
 
 pub fn preset(name: &str) -> Result<&'static Preset, SynthError> {
     PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
-        SynthError::UnknownPreset(name.into(), PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", "))
+        SynthError::UnknownPreset(
+            name.into(),
+            PRESETS
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
     })
 }
 
 pub fn file_type(name: &str) -> Result<FileType, SynthError> {
-    FileType::parse(name).ok_or_else(|| SynthError::UnknownType(name.into(), FileType::names().join(", ")))
+    FileType::parse(name)
+        .ok_or_else(|| SynthError::UnknownType(name.into(), FileType::names().join(", ")))
 }
 
 /// One tensor of the model: name, role and row-major shape.
@@ -127,9 +139,17 @@ pub struct Planned {
 
 /// The tensors of a preset in file order.
 pub fn plan(p: &Preset) -> Vec<Planned> {
-    let t = |name: String, role, shape: &[u64]| Planned { name, role, shape: shape.to_vec() };
+    let t = |name: String, role, shape: &[u64]| Planned {
+        name,
+        role,
+        shape: shape.to_vec(),
+    };
     let (d, hd) = (p.n_embd, p.head_dim);
-    let mut v = vec![t("token_embd.weight".into(), Role::TokenEmbd, &[p.n_vocab, d])];
+    let mut v = vec![t(
+        "token_embd.weight".into(),
+        Role::TokenEmbd,
+        &[p.n_vocab, d],
+    )];
     for i in 0..p.n_layer {
         let b = |s: &str| format!("blk.{i}.{s}.weight");
         v.push(t(b("attn_norm"), Role::Vector, &[d]));
@@ -163,7 +183,10 @@ fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
     let a = p.arch;
     let k = |s: &str| format!("{a}.{s}");
     w.set("general.architecture", Value::String(a.into()));
-    w.set("general.name", Value::String(format!("quiver-synth {} {}", p.name, ft.name())));
+    w.set(
+        "general.name",
+        Value::String(format!("quiver-synth {} {}", p.name, ft.name())),
+    );
     w.set("general.file_type", Value::U32(ft.id()));
     w.set("general.quantization_version", Value::U32(2));
     w.set(k("context_length"), Value::U32(p.n_ctx as u32));
@@ -178,7 +201,10 @@ fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
     if a == "gemma3" {
         w.set(k("attention.key_length"), Value::U32(p.head_dim as u32));
         w.set(k("attention.value_length"), Value::U32(p.head_dim as u32));
-        w.set(k("attention.sliding_window"), Value::U32(p.sliding_window as u32));
+        w.set(
+            k("attention.sliding_window"),
+            Value::U32(p.sliding_window as u32),
+        );
     } else {
         w.set(k("rope.dimension_count"), Value::U32(p.head_dim as u32));
     }
@@ -212,7 +238,10 @@ impl Weights {
             pool.push((r * t.cos()) as f32);
             pool.push((r * t.sin()) as f32);
         }
-        Weights { pool, state: seed.wrapping_mul(0x9E3779B97F4A7C15) | 1 }
+        Weights {
+            pool,
+            state: seed.wrapping_mul(0x9E3779B97F4A7C15) | 1,
+        }
     }
 
     fn row_start(&mut self) -> usize {
@@ -245,7 +274,13 @@ pub fn write(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<(), SynthError> {
     let planned = plan(p);
-    let mut chooser = Chooser::new(ft, p.n_layer as usize, p.n_head as usize, p.n_head_kv as usize, p.tied);
+    let mut chooser = Chooser::new(
+        ft,
+        p.n_layer as usize,
+        p.n_head as usize,
+        p.n_head_kv as usize,
+        p.tied,
+    );
     let mut w = GgufWriter::new();
     metadata(&mut w, p, ft);
     for t in &planned {
@@ -265,7 +300,10 @@ pub fn write(
         } else {
             let starts: Vec<usize> = (0..rows).map(|_| weights.row_start()).collect();
             let bytes = quantize_rows(&weights, &starts, cols, info.ty, threads).map_err(|e| {
-                GgufError::TensorData { name: info.name.clone(), detail: format!("quantizing to {}: {e}", info.ty) }
+                GgufError::TensorData {
+                    name: info.name.clone(),
+                    detail: format!("quantizing to {}: {e}", info.ty),
+                }
             })?;
             buf.extend_from_slice(&bytes);
         }
@@ -275,7 +313,13 @@ pub fn write(
     Ok(())
 }
 
-fn quantize_rows(w: &Weights, starts: &[usize], cols: usize, ty: GgmlType, threads: usize) -> Result<Vec<u8>, String> {
+fn quantize_rows(
+    w: &Weights,
+    starts: &[usize],
+    cols: usize,
+    ty: GgmlType,
+    threads: usize,
+) -> Result<Vec<u8>, String> {
     let threads = threads.max(1).min(starts.len().max(1));
     let per = starts.len().div_ceil(threads);
     let chunks: Vec<Result<Vec<u8>, String>> = std::thread::scope(|s| {
@@ -293,7 +337,13 @@ fn quantize_rows(w: &Weights, starts: &[usize], cols: usize, ty: GgmlType, threa
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("quantizer thread panicked".into()))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("quantizer thread panicked".into()))
+            })
+            .collect()
     });
     let mut all = Vec::new();
     for c in chunks {

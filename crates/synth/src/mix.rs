@@ -53,10 +53,16 @@ const FTYPES: &[(FileType, &str, u32, GgmlType)] = &[
 
 impl FileType {
     fn row(self) -> &'static (FileType, &'static str, u32, GgmlType) {
-        FTYPES.iter().find(|r| r.0 == self).expect("every FileType is listed")
+        FTYPES
+            .iter()
+            .find(|r| r.0 == self)
+            .expect("every FileType is listed")
     }
     pub fn parse(s: &str) -> Option<FileType> {
-        FTYPES.iter().find(|r| r.1.eq_ignore_ascii_case(s)).map(|r| r.0)
+        FTYPES
+            .iter()
+            .find(|r| r.1.eq_ignore_ascii_case(s))
+            .map(|r| r.0)
     }
     pub fn names() -> Vec<&'static str> {
         FTYPES.iter().map(|r| r.1).collect()
@@ -127,8 +133,21 @@ fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
 }
 
 impl Chooser {
-    pub fn new(ftype: FileType, n_layer: usize, n_head: usize, n_head_kv: usize, tied: bool) -> Self {
-        Chooser { ftype, n_layer, n_gqa: n_head / n_head_kv.max(1), tied, i_attn_v: 0, i_ffn_down: 0 }
+    pub fn new(
+        ftype: FileType,
+        n_layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        tied: bool,
+    ) -> Self {
+        Chooser {
+            ftype,
+            n_layer,
+            n_gqa: n_head / n_head_kv.max(1),
+            tied,
+            i_attn_v: 0,
+            i_ffn_down: 0,
+        }
     }
 
     /// The type of the next tensor of `role` with `ncols` columns. Call in file order.
@@ -219,7 +238,10 @@ mod tests {
     fn more_bits_layers_match_llama_cpp_for_30_layers() {
         let picked: Vec<usize> = (0..30).filter(|&i| use_more_bits(i, 30)).collect();
         // n/8 = 3: layers 0..3, 26..30, and every third from 3 + 2.
-        assert_eq!(picked, vec![0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]);
+        assert_eq!(
+            picked,
+            vec![0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]
+        );
     }
 
     #[test]

@@ -6,7 +6,9 @@ use quiver_tokenizer::chat::{ChatTemplate, Message};
 use std::io::Read;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).ok_or("usage: render_chat TEMPLATE.jinja < request.json")?;
+    let path = std::env::args()
+        .nth(1)
+        .ok_or("usage: render_chat TEMPLATE.jinja < request.json")?;
     let source = std::fs::read_to_string(path)?;
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input)?;

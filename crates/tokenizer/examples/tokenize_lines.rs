@@ -13,7 +13,9 @@ use quiver_tokenizer::Tokenizer;
 use std::io::{BufRead, Write};
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap_or(0)).collect()
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap_or(0))
+        .collect()
 }
 
 fn hex(b: &[u8]) -> String {
@@ -21,7 +23,9 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).ok_or("usage: tokenize_lines MODEL.gguf < texts.hex")?;
+    let path = std::env::args()
+        .nth(1)
+        .ok_or("usage: tokenize_lines MODEL.gguf < texts.hex")?;
     let f = quiver_gguf::GgufFile::open(&path)?;
     let tok = Tokenizer::from_gguf(&f)?;
     if std::env::args().nth(2).as_deref() == Some("--info") {
@@ -38,7 +42,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         let eog: String = tok.eog_ids().map(|i| format!(" {i}")).collect();
         println!("eog:{eog}");
-        let ctl: String = (0..tok.n_vocab() as u32).filter(|&i| tok.is_control(i)).map(|i| format!(" {i}")).collect();
+        let ctl: String = (0..tok.n_vocab() as u32)
+            .filter(|&i| tok.is_control(i))
+            .map(|i| format!(" {i}"))
+            .collect();
         println!("control_or_unknown:{ctl}");
         return Ok(());
     }

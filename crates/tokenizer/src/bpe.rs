@@ -17,7 +17,10 @@ impl Merges {
     /// llama.cpp the split is at the first space after the first byte, and the first
     /// occurrence of a pair keeps its rank.
     pub fn new(merges: &[String]) -> Merges {
-        let mut m = Merges { strings: HashMap::with_capacity(merges.len() * 2), pairs: HashMap::with_capacity(merges.len()) };
+        let mut m = Merges {
+            strings: HashMap::with_capacity(merges.len() * 2),
+            pairs: HashMap::with_capacity(merges.len()),
+        };
         for (rank, line) in merges.iter().enumerate() {
             let space = line.as_bytes().iter().skip(1).position(|&b| b == b' ');
             let (left, right) = match space {
@@ -65,7 +68,13 @@ impl Merges {
         let mut syms: Vec<Sym> = Vec::with_capacity(word.len());
         for (i, (start, c)) in word.char_indices().enumerate() {
             let len = c.len_utf8();
-            syms.push(Sym { start, len, prev: i.wrapping_sub(1), next: i + 1, id: self.lookup(&word[start..start + len]) });
+            syms.push(Sym {
+                start,
+                len,
+                prev: i.wrapping_sub(1),
+                next: i + 1,
+                id: self.lookup(&word[start..start + len]),
+            });
         }
         let n = syms.len();
         // Candidate merges: lowest rank first, then leftmost. The lengths recorded with a

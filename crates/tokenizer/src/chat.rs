@@ -27,7 +27,11 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
-        Message { role: role.into(), content: content.into(), ..Message::default() }
+        Message {
+            role: role.into(),
+            content: content.into(),
+            ..Message::default()
+        }
     }
 }
 
@@ -56,7 +60,10 @@ pub struct ChatTemplate {
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.inner {
-            Inner::Jinja(_) => f.debug_struct("ChatTemplate").field("source_len", &self.source.as_ref().map(String::len)).finish(),
+            Inner::Jinja(_) => f
+                .debug_struct("ChatTemplate")
+                .field("source_len", &self.source.as_ref().map(String::len))
+                .finish(),
             Inner::Builtin(b) => f.debug_struct("ChatTemplate").field("builtin", b).finish(),
         }
     }
@@ -79,7 +86,9 @@ impl ChatTemplate {
     /// The file's `tokenizer.chat_template`, if it has one. `bos_token` / `eos_token` are the
     /// texts of the file's BOS and EOS tokens.
     pub fn from_gguf(f: &GgufFile) -> Result<Option<ChatTemplate>, TokenizerError> {
-        let Some(source) = f.get_str("tokenizer.chat_template")? else { return Ok(None) };
+        let Some(source) = f.get_str("tokenizer.chat_template")? else {
+            return Ok(None);
+        };
         let (bos, eos) = special_texts(f)?;
         ChatTemplate::from_source(source, &bos, &eos).map(Some)
     }
@@ -97,17 +106,27 @@ impl ChatTemplate {
     }
 
     /// Compiles a Jinja chat template. A syntax error is reported here.
-    pub fn from_source(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TokenizerError> {
+    pub fn from_source(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<ChatTemplate, TokenizerError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {msg}")))
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("raise_exception: {msg}"),
+            ))
         });
-        env.add_function("strftime_now", |fmt: String| -> Result<Value, Error> { Ok(Value::from(strftime_now(&fmt))) });
+        env.add_function("strftime_now", |fmt: String| -> Result<Value, Error> {
+            Ok(Value::from(strftime_now(&fmt)))
+        });
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(template_error)?;
+        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+            .map_err(template_error)?;
         Ok(ChatTemplate {
             inner: Inner::Jinja(Box::new(env)),
             source: Some(source.to_string()),
@@ -118,8 +137,17 @@ impl ChatTemplate {
 
     /// The built-in format for an architecture: Gemma's for `gemma*`, ChatML otherwise.
     pub fn builtin(arch: &str) -> ChatTemplate {
-        let b = if arch.starts_with("gemma") { Builtin::Gemma } else { Builtin::ChatMl };
-        ChatTemplate { inner: Inner::Builtin(b), source: None, bos_token: String::new(), eos_token: String::new() }
+        let b = if arch.starts_with("gemma") {
+            Builtin::Gemma
+        } else {
+            Builtin::ChatMl
+        };
+        ChatTemplate {
+            inner: Inner::Builtin(b),
+            source: None,
+            bos_token: String::new(),
+            eos_token: String::new(),
+        }
     }
 
     /// The Jinja source, for templates that came from a file or string.
@@ -149,14 +177,22 @@ impl ChatTemplate {
             Inner::Jinja(env) => {
                 let tmpl = env.get_template(TEMPLATE_NAME).map_err(template_error)?;
                 let mut ctx = serde_json::Map::new();
-                ctx.insert("messages".into(), serde_json::to_value(messages).map_err(|e| TokenizerError::Template(e.to_string()))?);
+                ctx.insert(
+                    "messages".into(),
+                    serde_json::to_value(messages)
+                        .map_err(|e| TokenizerError::Template(e.to_string()))?,
+                );
                 ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
                 ctx.insert("bos_token".into(), self.bos_token.clone().into());
                 ctx.insert("eos_token".into(), self.eos_token.clone().into());
                 // Like Hugging Face's apply_chat_template, `tools` is always defined: none when
                 // absent (templates test `tools is not none`).
-                ctx.insert("tools".into(), tools.cloned().unwrap_or(serde_json::Value::Null));
-                tmpl.render(Value::from_serialize(&ctx)).map_err(template_error)
+                ctx.insert(
+                    "tools".into(),
+                    tools.cloned().unwrap_or(serde_json::Value::Null),
+                );
+                tmpl.render(Value::from_serialize(&ctx))
+                    .map_err(template_error)
             }
         }
     }
@@ -170,11 +206,23 @@ fn special_texts(f: &GgufFile) -> Result<(String, String), TokenizerError> {
         "gpt2" => (Some(11), Some(11)),
         _ => (None, None),
     };
-    let bos = f.get_u32("tokenizer.ggml.bos_token_id").ok().flatten().or(bos);
-    let eos = f.get_u32("tokenizer.ggml.eos_token_id").ok().flatten().or(eos);
-    let tokens = f.get_array("tokenizer.ggml.tokens")?.and_then(|a| a.as_strings());
+    let bos = f
+        .get_u32("tokenizer.ggml.bos_token_id")
+        .ok()
+        .flatten()
+        .or(bos);
+    let eos = f
+        .get_u32("tokenizer.ggml.eos_token_id")
+        .ok()
+        .flatten()
+        .or(eos);
+    let tokens = f
+        .get_array("tokenizer.ggml.tokens")?
+        .and_then(|a| a.as_strings());
     let text = |id: Option<u32>| {
-        id.and_then(|i| tokens.and_then(|t| t.get(i as usize))).cloned().unwrap_or_default()
+        id.and_then(|i| tokens.and_then(|t| t.get(i as usize)))
+            .cloned()
+            .unwrap_or_default()
     };
     Ok((text(bos), text(eos)))
 }
@@ -182,7 +230,10 @@ fn special_texts(f: &GgufFile) -> Result<(String, String), TokenizerError> {
 fn render_chatml(messages: &[Message], add_generation_prompt: bool) -> String {
     let mut s = String::new();
     for m in messages {
-        s.push_str(&format!("<|im_start|>{}\n{}<|im_end|>\n", m.role, m.content));
+        s.push_str(&format!(
+            "<|im_start|>{}\n{}<|im_end|>\n",
+            m.role, m.content
+        ));
     }
     if add_generation_prompt {
         s.push_str("<|im_start|>assistant\n");
@@ -198,7 +249,11 @@ fn render_gemma(messages: &[Message], add_generation_prompt: bool) -> String {
             system.push_str(m.content.trim());
             continue;
         }
-        let role = if m.role == "assistant" { "model" } else { m.role.as_str() };
+        let role = if m.role == "assistant" {
+            "model"
+        } else {
+            m.role.as_str()
+        };
         s.push_str("<start_of_turn>");
         s.push_str(role);
         s.push('\n');
@@ -224,13 +279,20 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     // Jinja2 templates sometimes pass ensure_ascii=False; it is what this filter does anyway.
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
     write_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
     Ok(Value::from(out))
 }
 
-fn write_json(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth: usize, out: &mut String) {
+fn write_json(
+    v: &serde_json::Value,
+    indent: Option<usize>,
+    sort: bool,
+    depth: usize,
+    out: &mut String,
+) {
     use serde_json::Value as J;
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = indent {
@@ -276,14 +338,37 @@ fn write_json(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth: u
 
 /// `strftime` on the current UTC time, for the specifiers chat templates use.
 fn strftime_now(fmt: &str) -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     strftime(secs, fmt)
 }
 
 fn strftime(unix_secs: u64, fmt: &str) -> String {
-    const MONTHS: [&str; 12] =
-        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
     let days = (unix_secs / 86_400) as i64;
     let rem = unix_secs % 86_400;
     let (h, mi, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
@@ -297,7 +382,10 @@ fn strftime(unix_secs: u64, fmt: &str) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    let (month, weekday) = (MONTHS[(m - 1) as usize], DAYS[(days.rem_euclid(7)) as usize]);
+    let (month, weekday) = (
+        MONTHS[(m - 1) as usize],
+        DAYS[(days.rem_euclid(7)) as usize],
+    );
     let mut out = String::new();
     let mut chars = fmt.chars();
     while let Some(c) = chars.next() {
@@ -363,7 +451,10 @@ mod tests {
             t.render(&conv()[1..2], true, None).unwrap(),
             "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert_eq!(ChatTemplate::builtin("some-new-arch").builtin_kind(), Some(Builtin::ChatMl));
+        assert_eq!(
+            ChatTemplate::builtin("some-new-arch").builtin_kind(),
+            Some(Builtin::ChatMl)
+        );
     }
 
     #[test]
@@ -384,10 +475,12 @@ mod tests {
     fn errors_are_errors() {
         let e = ChatTemplate::from_source("{% for m in messages %}", "", "").unwrap_err();
         assert!(matches!(e, TokenizerError::Template(_)), "{e}");
-        let t = ChatTemplate::from_source("{{ raise_exception('roles must alternate') }}", "", "").unwrap();
+        let t = ChatTemplate::from_source("{{ raise_exception('roles must alternate') }}", "", "")
+            .unwrap();
         let e = t.render(&[], false, None).unwrap_err();
         assert!(e.to_string().contains("roles must alternate"), "{e}");
-        let t = ChatTemplate::from_source("{{ messages[0].content.no_such_method() }}", "", "").unwrap();
+        let t = ChatTemplate::from_source("{{ messages[0].content.no_such_method() }}", "", "")
+            .unwrap();
         assert!(t.render(&[Message::new("user", "x")], false, None).is_err());
     }
 
@@ -398,7 +491,10 @@ mod tests {
         write_json(&v, Some(2), false, 0, &mut s);
         assert_eq!(s, "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": {}\n}");
         // 2024-03-15 14:30:05 UTC was a Friday.
-        assert_eq!(strftime(1_710_513_005, "%d %b %Y %H:%M:%S %A %-d%%"), "15 Mar 2024 14:30:05 Friday 15%");
+        assert_eq!(
+            strftime(1_710_513_005, "%d %b %Y %H:%M:%S %A %-d%%"),
+            "15 Mar 2024 14:30:05 Friday 15%"
+        );
         assert_eq!(strftime(0, "%Y-%m-%d %a"), "1970-01-01 Thu");
     }
 }

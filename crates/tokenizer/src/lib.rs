@@ -54,7 +54,9 @@ pub enum TokenizerError {
     MissingKey(String),
     #[error("bad metadata {key}: {why}")]
     BadMetadata { key: String, why: String },
-    #[error("unsupported tokenizer model '{0}' (tokenizer.ggml.model); supported: gpt2, llama, none")]
+    #[error(
+        "unsupported tokenizer model '{0}' (tokenizer.ggml.model); supported: gpt2, llama, none"
+    )]
     UnknownModel(String),
     #[error("unknown pre-tokenizer '{0}' (tokenizer.ggml.pre)")]
     UnknownPreTokenizer(String),
@@ -205,18 +207,28 @@ impl Tokenizer {
     /// Control tokens (BOS, EOS, turn markers ...) and unknown tokens: hidden when decoding
     /// with `skip_special`, matched in text only with `parse_special`.
     pub fn is_control(&self, id: u32) -> bool {
-        self.attrs.get(id as usize).is_some_and(|a| a & (attr::CONTROL | attr::UNKNOWN) != 0)
+        self.attrs
+            .get(id as usize)
+            .is_some_and(|a| a & (attr::CONTROL | attr::UNKNOWN) != 0)
     }
 
     /// The special tokens (control, user-defined, unknown) as (id, text), in the order they
     /// are matched in text (longest first).
     pub fn special_tokens(&self) -> Vec<(u32, &str)> {
-        self.specials.ids().map(|id| (id, self.texts[id as usize].as_str())).collect()
+        self.specials
+            .ids()
+            .map(|id| (id, self.texts[id as usize].as_str()))
+            .collect()
     }
 
     /// Tokenizes `text`. `add_special` adds BOS/EOS as the model asks (`add_bos`/`add_eos`);
     /// `parse_special` lets control-token text (`<|im_start|>`) become those tokens.
-    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         if self.kind == TokenizerKind::None {
             return Err(TokenizerError::NoVocabulary);
         }
@@ -254,11 +266,19 @@ impl Tokenizer {
         }
         s.push_str(text);
         let escaped = s.replace(' ', "\u{2581}");
-        spm::tokenize(&escaped, &self.token_to_id, &self.scores, |b| self.byte_tokens[b as usize], out);
+        spm::tokenize(
+            &escaped,
+            &self.token_to_id,
+            &self.scores,
+            |b| self.byte_tokens[b as usize],
+            out,
+        );
     }
 
     fn encode_bpe(&self, text: &str, out: &mut Vec<u32>) {
-        let (Some(pre), Some(merges)) = (&self.pre, &self.merges) else { return };
+        let (Some(pre), Some(merges)) = (&self.pre, &self.merges) else {
+            return;
+        };
         let mut mapped = String::new();
         let mut parts = Vec::new();
         for w in pre.split(text) {
@@ -298,7 +318,11 @@ impl Tokenizer {
                 }
             }
         } else if a & attr::BYTE != 0 {
-            match t.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            match t
+                .strip_prefix("<0x")
+                .and_then(|h| h.strip_suffix('>'))
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
                 Some(b) => vec![b],
                 None => t.as_bytes().to_vec(),
             }
@@ -375,7 +399,8 @@ impl Tokenizer {
         let mut bytes = Vec::new();
         for &id in ids {
             let piece = self.piece(id, unparse_special);
-            let skip = usize::from(std::mem::take(&mut strip_space) && piece.first() == Some(&b' '));
+            let skip =
+                usize::from(std::mem::take(&mut strip_space) && piece.first() == Some(&b' '));
             bytes.extend_from_slice(&piece[skip..]);
         }
         if self.pre.as_ref().is_some_and(|p| p.clean_spaces) {
@@ -425,7 +450,8 @@ fn clean_spaces(text: &[u8]) -> Vec<u8> {
         if b[i - 1] == b' ' && b[i] == b'\'' && i + 1 < b.len() {
             let x1 = b[i + 1];
             let x2 = b.get(i + 2).copied();
-            let drop = matches!(x1, b's' | b'm') || (i + 2 < b.len() && matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e'))));
+            let drop = matches!(x1, b's' | b'm')
+                || (i + 2 < b.len() && matches!((x1, x2), (b'r', Some(b'e')) | (b'v', Some(b'e'))));
             if drop {
                 c.pop();
             }
@@ -449,7 +475,13 @@ pub struct Detokenizer<'a> {
 
 impl<'a> Detokenizer<'a> {
     pub fn new(tok: &'a Tokenizer, skip_special: bool) -> Detokenizer<'a> {
-        Detokenizer { tok, skip_special, pending: Vec::new(), first: true, strip_space: tok.add_space_prefix }
+        Detokenizer {
+            tok,
+            skip_special,
+            pending: Vec::new(),
+            first: true,
+            strip_space: tok.add_space_prefix,
+        }
     }
 
     /// Adds one token; returns the text completed by it (possibly empty).
@@ -461,7 +493,8 @@ impl<'a> Detokenizer<'a> {
             return String::new();
         }
         let piece = t.piece(id, !self.skip_special);
-        let piece: &[u8] = if std::mem::take(&mut self.strip_space) && piece.first() == Some(&b' ') {
+        let piece: &[u8] = if std::mem::take(&mut self.strip_space) && piece.first() == Some(&b' ')
+        {
             &piece[1..]
         } else {
             &piece
@@ -488,7 +521,9 @@ impl<'a> Detokenizer<'a> {
                 Err(e) => {
                     let valid = consumed + e.valid_up_to();
                     // The prefix up to `valid` was just checked.
-                    out.push_str(std::str::from_utf8(&self.pending[consumed..valid]).unwrap_or_default());
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[consumed..valid]).unwrap_or_default(),
+                    );
                     match e.error_len() {
                         Some(n) => {
                             out.push('\u{fffd}');
@@ -532,10 +567,21 @@ mod tests {
 
     /// A small SentencePiece-style vocabulary with byte fallback for all 256 bytes.
     fn spm() -> Tokenizer {
-        let mut toks: Vec<String> = ["<unk>", "<s>", "</s>", "\u{2581}", "a", "b", "\u{2581}a", "ab", "<ctl>", "<ud>"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut toks: Vec<String> = [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "\u{2581}",
+            "a",
+            "b",
+            "\u{2581}a",
+            "ab",
+            "<ctl>",
+            "<ud>",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         let mut types = vec![2, 3, 3, 1, 1, 1, 1, 1, 3, 4];
         for b in 0..256 {
             toks.push(format!("<0x{b:02X}>"));
@@ -586,7 +632,10 @@ mod tests {
         assert_eq!(d.push(4), "\u{fffd}a");
         assert_eq!(d.push(10 + 0xE4), "");
         assert_eq!(d.flush(), "\u{fffd}");
-        assert_eq!(t.decode(&[10 + 0xF0, 4, 10 + 0xE4], true), "\u{fffd}a\u{fffd}");
+        assert_eq!(
+            t.decode(&[10 + 0xF0, 4, 10 + 0xE4], true),
+            "\u{fffd}a\u{fffd}"
+        );
     }
 
     #[test]
@@ -610,7 +659,10 @@ mod tests {
 
     #[test]
     fn none_vocab() {
-        let f = file(vec![("tokenizer.ggml.model", Value::String("none".into())), ("llama.vocab_size", Value::U32(1000))]);
+        let f = file(vec![
+            ("tokenizer.ggml.model", Value::String("none".into())),
+            ("llama.vocab_size", Value::U32(1000)),
+        ]);
         let t = Tokenizer::from_gguf(&f).unwrap();
         assert_eq!(t.kind(), TokenizerKind::None);
         assert_eq!(t.n_vocab(), 1000);
@@ -630,8 +682,14 @@ mod tests {
         ]);
         let e = Tokenizer::from_gguf(&f).unwrap_err();
         assert!(e.to_string().contains("'mystery'"), "{e}");
-        let f = file(vec![("tokenizer.ggml.model", Value::String("wordpiece".into()))]);
-        assert!(Tokenizer::from_gguf(&f).unwrap_err().to_string().contains("wordpiece"));
+        let f = file(vec![(
+            "tokenizer.ggml.model",
+            Value::String("wordpiece".into()),
+        )]);
+        assert!(Tokenizer::from_gguf(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("wordpiece"));
     }
 
     #[test]
@@ -640,8 +698,14 @@ mod tests {
         let f = file(vec![
             ("tokenizer.ggml.model", Value::String("gpt2".into())),
             ("tokenizer.ggml.pre", Value::String("gpt-2".into())),
-            ("tokenizer.ggml.tokens", strings(&["<|endoftext|>", "h", "i", "Ġ", "hi", "Ġhi", "Ġh"])),
-            ("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![3, 1, 1, 1, 1, 1, 1]))),
+            (
+                "tokenizer.ggml.tokens",
+                strings(&["<|endoftext|>", "h", "i", "Ġ", "hi", "Ġhi", "Ġh"]),
+            ),
+            (
+                "tokenizer.ggml.token_type",
+                Value::Array(Array::I32(vec![3, 1, 1, 1, 1, 1, 1])),
+            ),
             ("tokenizer.ggml.merges", strings(&["h i", "Ġ h", "Ġ hi"])),
             ("tokenizer.ggml.eos_token_id", Value::U32(0)),
         ]);

@@ -18,27 +18,91 @@ const KEY_MERGES: &str = "tokenizer.ggml.merges";
 
 /// Texts that llama.cpp treats as end-of-generation whatever their metadata says.
 const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 const EOT_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
-    "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 /// Special-token kinds that llama.cpp recognises by text only to mark them control.
 const FIM_OTHER_TEXTS: &[&[&str]] = &[
-    &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"],
-    &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"],
-    &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"],
+    &[
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ],
+    &[
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ],
+    &[
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ],
 ];
 
 fn bad(key: &str, why: impl Into<String>) -> TokenizerError {
-    TokenizerError::BadMetadata { key: key.to_string(), why: why.into() }
+    TokenizerError::BadMetadata {
+        key: key.to_string(),
+        why: why.into(),
+    }
 }
 
 /// An optional token id key; values that are not valid u32 are treated as absent.
@@ -47,7 +111,10 @@ fn id_key(f: &GgufFile, key: &str) -> Option<u32> {
 }
 
 pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
-    let model = f.get_str(KEY_MODEL)?.ok_or_else(|| TokenizerError::MissingKey(KEY_MODEL.into()))?.to_string();
+    let model = f
+        .get_str(KEY_MODEL)?
+        .ok_or_else(|| TokenizerError::MissingKey(KEY_MODEL.into()))?
+        .to_string();
     let pre_name = f.get_str(KEY_PRE)?.map(str::to_string);
     let kind = match model.as_str() {
         "none" | "no_vocab" => return none_vocab(f),
@@ -68,10 +135,18 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         }
         _ => {
             let p = PreTokenizer::from_name(pre_name.as_deref())?;
-            (bos, eos, unk) = (if p.no_default_bos { None } else { Some(11) }, Some(11), None);
+            (bos, eos, unk) = (
+                if p.no_default_bos { None } else { Some(11) },
+                Some(11),
+                None,
+            );
             (add_bos, add_eos, add_space_prefix) = (p.add_bos, false, false);
-            let m = f.get_array(KEY_MERGES)?.ok_or_else(|| TokenizerError::MissingKey(KEY_MERGES.into()))?;
-            let m = m.as_strings().ok_or_else(|| bad(KEY_MERGES, "not an array of strings"))?;
+            let m = f
+                .get_array(KEY_MERGES)?
+                .ok_or_else(|| TokenizerError::MissingKey(KEY_MERGES.into()))?;
+            let m = m
+                .as_strings()
+                .ok_or_else(|| bad(KEY_MERGES, "not an array of strings"))?;
             merges = Some(Merges::new(m));
             pre = Some(p);
         }
@@ -81,8 +156,12 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
     }
 
     // The vocabulary.
-    let tokens = f.get_array(KEY_TOKENS)?.ok_or_else(|| TokenizerError::MissingKey(KEY_TOKENS.into()))?;
-    let tokens = tokens.as_strings().ok_or_else(|| bad(KEY_TOKENS, "not an array of strings"))?;
+    let tokens = f
+        .get_array(KEY_TOKENS)?
+        .ok_or_else(|| TokenizerError::MissingKey(KEY_TOKENS.into()))?;
+    let tokens = tokens
+        .as_strings()
+        .ok_or_else(|| bad(KEY_TOKENS, "not an array of strings"))?;
     let n = tokens.len();
     if n > u32::MAX as usize {
         return Err(bad(KEY_TOKENS, "more than 2^32 tokens"));
@@ -96,7 +175,10 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
                 _ => return Err(bad(KEY_SCORES, "not an array of f32 or i32")),
             };
             if s.len() < n {
-                return Err(bad(KEY_SCORES, format!("{} scores for {n} tokens", s.len())));
+                return Err(bad(
+                    KEY_SCORES,
+                    format!("{} scores for {n} tokens", s.len()),
+                ));
             }
             s
         }
@@ -104,9 +186,14 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
     let mut attrs: Vec<u32> = match f.get_array(KEY_TYPES)? {
         None => vec![attr::NORMAL; n],
         Some(a) => {
-            let Array::I32(t) = a else { return Err(bad(KEY_TYPES, "not an array of i32")) };
+            let Array::I32(t) = a else {
+                return Err(bad(KEY_TYPES, "not an array of i32"));
+            };
             if t.len() < n {
-                return Err(bad(KEY_TYPES, format!("{} token types for {n} tokens", t.len())));
+                return Err(bad(
+                    KEY_TYPES,
+                    format!("{} token types for {n} tokens", t.len()),
+                ));
             }
             t[..n].iter().map(|&ty| attr::from_token_type(ty)).collect()
         }
@@ -114,7 +201,11 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
     let mut texts: Vec<String> = Vec::with_capacity(n);
     let mut token_to_id: HashMap<String, u32> = HashMap::with_capacity(n);
     for (i, t) in tokens.iter().enumerate() {
-        let t = if t.is_empty() { format!("[EMPTY_{i}]") } else { t.clone() };
+        let t = if t.is_empty() {
+            format!("[EMPTY_{i}]")
+        } else {
+            t.clone()
+        };
         token_to_id.insert(t.clone(), i as u32);
         texts.push(t);
     }
@@ -137,7 +228,9 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
     if let Some(v) = f.get_bool("tokenizer.ggml.add_bos_token")? {
         add_bos = v;
     }
-    let add_eos = f.get_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(add_eos);
+    let add_eos = f
+        .get_bool("tokenizer.ggml.add_eos_token")?
+        .unwrap_or(add_eos);
 
     // Tokens found by text. Iterating in id order keeps this deterministic (llama.cpp walks
     // a hash map, so with several candidates its pick can differ).
@@ -179,12 +272,21 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
     }
     for (id, t) in texts.iter().enumerate() {
         // gpt-oss: these are always rendered.
-        if canonical(id) && matches!(t.as_str(), "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>") {
+        if canonical(id)
+            && matches!(
+                t.as_str(),
+                "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>"
+            )
+        {
             attrs[id] = attr::USER_DEFINED;
         }
     }
     eog.extend([eos, eot, eom].into_iter().flatten());
-    let has = |eog: &BTreeSet<u32>, names: &[&str]| eog.iter().find(|&&id| names.contains(&texts[id as usize].as_str())).copied();
+    let has = |eog: &BTreeSet<u32>, names: &[&str]| {
+        eog.iter()
+            .find(|&&id| names.contains(&texts[id as usize].as_str()))
+            .copied()
+    };
     // o200k_harmony / solar-open: "<|end|>" ends a message, not the generation.
     if let Some(end) = has(&eog, &["<|end|>"]) {
         let ret = has(&eog, &["<|return|>"]).is_some();
@@ -196,7 +298,10 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         }
     }
     // Gemma 4 / PLaMo: "</s>" is an ordinary token there.
-    if let (Some(s), Some(_)) = (has(&eog, &["</s>"]), has(&eog, &["<|tool_response>", "<|plamo:eos|>"])) {
+    if let (Some(s), Some(_)) = (
+        has(&eog, &["</s>"]),
+        has(&eog, &["<|tool_response>", "<|plamo:eos|>"]),
+    ) {
         eog.remove(&s);
         attrs[s as usize] = attr::NORMAL;
     }
@@ -211,13 +316,30 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
     let specials = Specials::new(
         (0..n)
             .filter(|&i| attrs[i] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
-            .map(|i| (i as u32, texts[i].as_str(), attrs[i] & (attr::CONTROL | attr::UNKNOWN) != 0))
+            .map(|i| {
+                (
+                    i as u32,
+                    texts[i].as_str(),
+                    attrs[i] & (attr::CONTROL | attr::UNKNOWN) != 0,
+                )
+            })
             .collect(),
     )
-    .map_err(|e| bad(KEY_TOKENS, format!("cannot build the special-token matcher: {e}")))?;
+    .map_err(|e| {
+        bad(
+            KEY_TOKENS,
+            format!("cannot build the special-token matcher: {e}"),
+        )
+    })?;
 
     let byte_map = ByteMap::new();
-    let ascii = |b: usize| if (1..0x80).contains(&b) { token_to_id.get(&(b as u8 as char).to_string()) } else { None };
+    let ascii = |b: usize| {
+        if (1..0x80).contains(&b) {
+            token_to_id.get(&(b as u8 as char).to_string())
+        } else {
+            None
+        }
+    };
     let mut byte_tokens = [None; 256];
     for (b, slot) in byte_tokens.iter_mut().enumerate() {
         *slot = match kind {
@@ -256,7 +378,9 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         byte_tokens,
         specials,
     };
-    tok.pieces = (0..n as u32).map(|id| tok.render_piece(id).into_boxed_slice()).collect();
+    tok.pieces = (0..n as u32)
+        .map(|id| tok.render_piece(id).into_boxed_slice())
+        .collect();
     Ok(tok)
 }
 

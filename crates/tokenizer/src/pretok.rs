@@ -38,12 +38,18 @@ impl Set {
             Set::Letter => f.letter(),
             Set::Punct => f.punct(),
             Set::PunctSym { backtick } => {
-                f.punct() || matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '~' | '|') || (backtick && c == '`')
+                f.punct()
+                    || matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '~' | '|')
+                    || (backtick && c == '`')
             }
             Set::CrLf => c == '\r' || c == '\n',
             Set::AsciiDigit => c.is_ascii_digit(),
             Set::Ranges(r) => {
-                let v = if !c.is_ascii() && f.ws { 0x0b } else { c as u32 };
+                let v = if !c.is_ascii() && f.ws {
+                    0x0b
+                } else {
+                    c as u32
+                };
                 r.iter().any(|&(lo, hi)| lo <= v && v <= hi)
             }
         }
@@ -71,25 +77,99 @@ pub enum Rule {
 }
 
 const DEEPSEEK_LETTERS: &[(u32, u32)] = &[
-    (0x41, 0x5a), (0x61, 0x7a), (0xb5, 0xb5), (0xc0, 0xd6), (0xd8, 0xf6), (0xf8, 0x1ba), (0x1bc, 0x1bf),
-    (0x1c4, 0x293), (0x295, 0x2af), (0x370, 0x373), (0x376, 0x377), (0x37b, 0x37d), (0x37f, 0x37f),
-    (0x386, 0x386), (0x388, 0x38a), (0x38c, 0x38c), (0x38e, 0x3a1), (0x3a3, 0x3f5), (0x3f7, 0x481),
-    (0x48a, 0x52f), (0x531, 0x556), (0x10a0, 0x10c5), (0x13a0, 0x13f5), (0x13f8, 0x13fd), (0x1c90, 0x1cba),
-    (0x1cbd, 0x1cbf), (0x1d00, 0x1d2b), (0x1d6b, 0x1d77), (0x1d79, 0x1d9a), (0x1e00, 0x1f15),
-    (0x1f18, 0x1f1d), (0x1f20, 0x1f45), (0x1f48, 0x1f4d), (0x1f50, 0x1f57), (0x1f59, 0x1f59),
-    (0x1f5b, 0x1f5b), (0x1f5d, 0x1f5d), (0x1f5f, 0x1f7d), (0x1f80, 0x1fb4), (0x1fb6, 0x1fbc),
-    (0x1fbe, 0x1fbe), (0x1fc2, 0x1fc4), (0x1fc6, 0x1fcc), (0x1fd0, 0x1fd3), (0x1fd6, 0x1fdb),
-    (0x1fe0, 0x1fec), (0x1ff2, 0x1ff4), (0x1ff6, 0x1ffc), (0x2102, 0x2102), (0x2107, 0x2107),
-    (0x210a, 0x2113), (0x2115, 0x2115), (0x2119, 0x211d), (0x2124, 0x2124), (0x2126, 0x2126),
-    (0x2128, 0x2128), (0x212a, 0x212d), (0x212f, 0x2134), (0x2139, 0x2139), (0x213c, 0x213f),
-    (0x2145, 0x2149), (0x214e, 0x214e), (0x2183, 0x2184), (0x2c00, 0x2c7b), (0x2c7e, 0x2ce4),
-    (0x2ceb, 0x2cee), (0x2cf2, 0x2cf3), (0xa640, 0xa66d), (0xa680, 0xa69b), (0xa722, 0xa76f),
-    (0xa771, 0xa787), (0xa78b, 0xa78e), (0xab70, 0xabbf), (0xfb00, 0xfb06), (0xfb13, 0xfb17),
-    (0xff21, 0xff3a), (0xff41, 0xff5a), (0x10400, 0x1044f), (0x104b0, 0x104d3), (0x104d8, 0x104fb),
-    (0x10c80, 0x10cb2), (0x10cc0, 0x10cf2), (0x118a0, 0x118df), (0x1e900, 0x1e943),
+    (0x41, 0x5a),
+    (0x61, 0x7a),
+    (0xb5, 0xb5),
+    (0xc0, 0xd6),
+    (0xd8, 0xf6),
+    (0xf8, 0x1ba),
+    (0x1bc, 0x1bf),
+    (0x1c4, 0x293),
+    (0x295, 0x2af),
+    (0x370, 0x373),
+    (0x376, 0x377),
+    (0x37b, 0x37d),
+    (0x37f, 0x37f),
+    (0x386, 0x386),
+    (0x388, 0x38a),
+    (0x38c, 0x38c),
+    (0x38e, 0x3a1),
+    (0x3a3, 0x3f5),
+    (0x3f7, 0x481),
+    (0x48a, 0x52f),
+    (0x531, 0x556),
+    (0x10a0, 0x10c5),
+    (0x13a0, 0x13f5),
+    (0x13f8, 0x13fd),
+    (0x1c90, 0x1cba),
+    (0x1cbd, 0x1cbf),
+    (0x1d00, 0x1d2b),
+    (0x1d6b, 0x1d77),
+    (0x1d79, 0x1d9a),
+    (0x1e00, 0x1f15),
+    (0x1f18, 0x1f1d),
+    (0x1f20, 0x1f45),
+    (0x1f48, 0x1f4d),
+    (0x1f50, 0x1f57),
+    (0x1f59, 0x1f59),
+    (0x1f5b, 0x1f5b),
+    (0x1f5d, 0x1f5d),
+    (0x1f5f, 0x1f7d),
+    (0x1f80, 0x1fb4),
+    (0x1fb6, 0x1fbc),
+    (0x1fbe, 0x1fbe),
+    (0x1fc2, 0x1fc4),
+    (0x1fc6, 0x1fcc),
+    (0x1fd0, 0x1fd3),
+    (0x1fd6, 0x1fdb),
+    (0x1fe0, 0x1fec),
+    (0x1ff2, 0x1ff4),
+    (0x1ff6, 0x1ffc),
+    (0x2102, 0x2102),
+    (0x2107, 0x2107),
+    (0x210a, 0x2113),
+    (0x2115, 0x2115),
+    (0x2119, 0x211d),
+    (0x2124, 0x2124),
+    (0x2126, 0x2126),
+    (0x2128, 0x2128),
+    (0x212a, 0x212d),
+    (0x212f, 0x2134),
+    (0x2139, 0x2139),
+    (0x213c, 0x213f),
+    (0x2145, 0x2149),
+    (0x214e, 0x214e),
+    (0x2183, 0x2184),
+    (0x2c00, 0x2c7b),
+    (0x2c7e, 0x2ce4),
+    (0x2ceb, 0x2cee),
+    (0x2cf2, 0x2cf3),
+    (0xa640, 0xa66d),
+    (0xa680, 0xa69b),
+    (0xa722, 0xa76f),
+    (0xa771, 0xa787),
+    (0xa78b, 0xa78e),
+    (0xab70, 0xabbf),
+    (0xfb00, 0xfb06),
+    (0xfb13, 0xfb17),
+    (0xff21, 0xff3a),
+    (0xff41, 0xff5a),
+    (0x10400, 0x1044f),
+    (0x104b0, 0x104d3),
+    (0x104d8, 0x104fb),
+    (0x10c80, 0x10cb2),
+    (0x10cc0, 0x10cf2),
+    (0x118a0, 0x118df),
+    (0x1e900, 0x1e943),
 ];
-const DEEPSEEK_PUNCT: &[(u32, u32)] =
-    &[(0x21, 0x2f), (0x3a, 0x7e), (0xff01, 0xff0f), (0xff1a, 0xff5e), (0x2018, 0x201f), (0x3000, 0x3002)];
+const DEEPSEEK_PUNCT: &[(u32, u32)] = &[
+    (0x21, 0x2f),
+    (0x3a, 0x7e),
+    (0xff01, 0xff0f),
+    (0xff1a, 0xff5e),
+    (0x2018, 0x201f),
+    (0x3000, 0x3002),
+];
 const DEEPSEEK_CJK: &[(u32, u32)] = &[(0x4e00, 0x9fa5), (0x800, 0x4e00), (0xac00, 0xd7ff)];
 
 /// The pre-tokenizer of a BPE vocabulary plus the load-time flags llama.cpp ties to it.
@@ -112,7 +192,12 @@ impl PreTokenizer {
     pub fn from_name(name: Option<&str>) -> Result<PreTokenizer, TokenizerError> {
         use Rule::*;
         let name = name.unwrap_or("").to_string();
-        let default = vec![Run(Set::PunctSym { backtick: false }), Gpt2, Run(Set::Number), DigitTriples];
+        let default = vec![
+            Run(Set::PunctSym { backtick: false }),
+            Gpt2,
+            Run(Set::Number),
+            DigitTriples,
+        ];
         let llama3 = vec![Llama3 { max_digits: 3 }];
         let mut p = PreTokenizer {
             name,
@@ -124,13 +209,23 @@ impl PreTokenizer {
         };
         p.clean_spaces = !matches!(
             p.name.as_str(),
-            "deepseek-llm" | "deepseek-coder" | "command-r" | "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2"
-                | "smollm" | "trillion" | "granite-docling" | "hunyuan" | "solar-open"
+            "deepseek-llm"
+                | "deepseek-coder"
+                | "command-r"
+                | "qwen2"
+                | "deepseek-r1-qwen"
+                | "kormo"
+                | "f2llmv2"
+                | "smollm"
+                | "trillion"
+                | "granite-docling"
+                | "hunyuan"
+                | "solar-open"
         );
         p.rules = match p.name.as_str() {
             "" | "default" => default,
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
-            | "jina-v5-nano" => {
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" => {
                 p.ignore_merges = true;
                 p.add_bos = true;
                 llama3
@@ -145,7 +240,8 @@ impl PreTokenizer {
                 p.ignore_merges = true;
                 llama3
             }
-            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan" | "solar-open" => {
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2"
+            | "hunyuan" | "solar-open" => {
                 vec![Llama3 { max_digits: 1 }]
             }
             "deepseek-llm" => vec![
@@ -164,11 +260,13 @@ impl PreTokenizer {
                 Single(Set::Number),
             ],
             "falcon" => vec![Run(Set::PunctSym { backtick: true }), Gpt2, DigitTriples],
-            "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
+            "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone"
+            | "minerva-7b" | "mellum2" => {
                 vec![Single(Set::Number), Gpt2]
             }
-            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
-            | "mellum" | "mpt" | "olmo" | "jais" | "exaone4" | "trillion" | "granite-docling" => vec![Gpt2],
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
+            | "jina-v2-de" | "a.x-4.0" | "mellum" | "mpt" | "olmo" | "jais" | "exaone4"
+            | "trillion" | "granite-docling" => vec![Gpt2],
             other => return Err(TokenizerError::UnknownPreTokenizer(other.to_string())),
         };
         Ok(p)
@@ -191,7 +289,10 @@ impl PreTokenizer {
             }
             pieces = next;
         }
-        pieces.into_iter().map(|r| offs[r.start]..offs[r.end]).collect()
+        pieces
+            .into_iter()
+            .map(|r| offs[r.start]..offs[r.end])
+            .collect()
     }
 }
 
@@ -211,7 +312,13 @@ impl Out<'_> {
     }
 }
 
-fn split_piece(rule: Rule, cps: &[(char, Flags)], a: usize, b: usize, out: &mut Vec<std::ops::Range<usize>>) {
+fn split_piece(
+    rule: Rule,
+    cps: &[(char, Flags)],
+    a: usize,
+    b: usize,
+    out: &mut Vec<std::ops::Range<usize>>,
+) {
     if a == b {
         return;
     }
@@ -242,7 +349,9 @@ fn find(rule: Rule, cps: &[(char, Flags)], from: usize, b: usize) -> Option<(usi
         i
     };
     match rule {
-        Rule::Run(set) => (from..b).find(|&i| is(set, i)).map(|s| (s, run_end(set, s))),
+        Rule::Run(set) => (from..b)
+            .find(|&i| is(set, i))
+            .map(|s| (s, run_end(set, s))),
         Rule::Single(set) => (from..b).find(|&i| is(set, i)).map(|s| (s, s + 1)),
         Rule::OptSpaceRun(set) => (from..b).find_map(|i| {
             if cps[i].1.ws && is(set, i + 1) {
@@ -260,9 +369,9 @@ fn find(rule: Rule, cps: &[(char, Flags)], from: usize, b: usize) -> Option<(usi
             }
             (s < b).then_some((s, b))
         }
-        Rule::DigitTriples => {
-            (from..b.saturating_sub(2)).find(|&i| (i..i + 3).all(|j| cps[j].0.is_ascii_digit())).map(|s| (s, s + 3))
-        }
+        Rule::DigitTriples => (from..b.saturating_sub(2))
+            .find(|&i| (i..i + 3).all(|j| cps[j].0.is_ascii_digit()))
+            .map(|s| (s, s + 3)),
         Rule::Gpt2 | Rule::Llama3 { .. } => None,
     }
 }
@@ -395,7 +504,10 @@ mod tests {
 
     fn words(pre: &str, text: &str) -> Vec<String> {
         let p = PreTokenizer::from_name(Some(pre)).unwrap();
-        p.split(text).into_iter().map(|r| text[r].to_string()).collect()
+        p.split(text)
+            .into_iter()
+            .map(|r| text[r].to_string())
+            .collect()
     }
 
     #[test]
@@ -407,7 +519,10 @@ mod tests {
     #[test]
     fn gpt2_basic() {
         assert_eq!(words("gpt-2", "Hello world"), ["Hello", " world"]);
-        assert_eq!(words("gpt-2", "I'm sure you're"), ["I", "'m", " sure", " you", "'re"]);
+        assert_eq!(
+            words("gpt-2", "I'm sure you're"),
+            ["I", "'m", " sure", " you", "'re"]
+        );
         assert_eq!(words("gpt-2", "DON'T"), ["DON", "'", "T"]);
         assert_eq!(words("gpt-2", "a   b"), ["a", "  ", " b"]);
         assert_eq!(words("gpt-2", "a  "), ["a", "  "]);
@@ -420,9 +535,15 @@ mod tests {
     #[test]
     fn gpt2_unicode() {
         // Combining marks are neither letters nor numbers: they split words.
-        assert_eq!(words("gpt-2", "e\u{301}t\u{e9}"), ["e", "\u{301}", "t\u{e9}"]);
+        assert_eq!(
+            words("gpt-2", "e\u{301}t\u{e9}"),
+            ["e", "\u{301}", "t\u{e9}"]
+        );
         // NBSP is whitespace; ZWSP and BOM are format characters (punctuation-like here).
-        assert_eq!(words("gpt-2", "non\u{a0}b\u{200b}z\u{feff}w"), ["non", "\u{a0}", "b", "\u{200b}", "z", "\u{feff}", "w"]);
+        assert_eq!(
+            words("gpt-2", "non\u{a0}b\u{200b}z\u{feff}w"),
+            ["non", "\u{a0}", "b", "\u{200b}", "z", "\u{feff}", "w"]
+        );
         assert_eq!(words("gpt-2", "你好，世界"), ["你好", "，", "世界"]);
         assert_eq!(words("gpt-2", "pizza 🍕🔥"), ["pizza", " 🍕🔥"]);
         assert_eq!(words("gpt-2", "\r\n\r\nx"), ["\r\n\r", "\n", "x"]);
@@ -430,7 +551,10 @@ mod tests {
 
     #[test]
     fn smollm_splits_every_digit() {
-        assert_eq!(words("smollm", "1234567"), ["1", "2", "3", "4", "5", "6", "7"]);
+        assert_eq!(
+            words("smollm", "1234567"),
+            ["1", "2", "3", "4", "5", "6", "7"]
+        );
         assert_eq!(words("smollm", "x 42."), ["x", " ", "4", "2", "."]);
         assert_eq!(words("smollm", "٣٤"), ["٣", "٤"]);
     }
@@ -451,8 +575,17 @@ mod tests {
 
     #[test]
     fn default_and_deepseek() {
-        assert_eq!(words("default", "a+b=1234;"), ["a", "+", "b", "=", "123", "4", ";"]);
-        assert_eq!(words("deepseek-llm", "Hi there\r\n你好 123  "), ["Hi", " there", "\r", "\n", "你好", " ", "123", "  "]);
-        assert_eq!(words("deepseek-coder", "x=12\n"), ["x", "=", "1", "2", "\n"]);
+        assert_eq!(
+            words("default", "a+b=1234;"),
+            ["a", "+", "b", "=", "123", "4", ";"]
+        );
+        assert_eq!(
+            words("deepseek-llm", "Hi there\r\n你好 123  "),
+            ["Hi", " there", "\r", "\n", "你好", " ", "123", "  "]
+        );
+        assert_eq!(
+            words("deepseek-coder", "x=12\n"),
+            ["x", "=", "1", "2", "\n"]
+        );
     }
 }

@@ -27,9 +27,16 @@ impl Specials {
         let matcher = if tokens.is_empty() {
             None
         } else {
-            Some(AhoCorasick::builder().match_kind(MatchKind::Standard).build(tokens.iter().map(|t| t.1))?)
+            Some(
+                AhoCorasick::builder()
+                    .match_kind(MatchKind::Standard)
+                    .build(tokens.iter().map(|t| t.1))?,
+            )
         };
-        Ok(Specials { tokens: tokens.iter().map(|t| (t.0, t.2)).collect(), matcher })
+        Ok(Specials {
+            tokens: tokens.iter().map(|t| (t.0, t.2)).collect(),
+            matcher,
+        })
     }
 
     /// Token ids in priority order.
@@ -57,7 +64,10 @@ impl Specials {
         // Claimed ranges: start -> (end, pattern).
         let mut claimed: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
         for (p, s, e) in hits {
-            let overlaps = claimed.range(..e).next_back().is_some_and(|(_, &(ce, _))| ce > s);
+            let overlaps = claimed
+                .range(..e)
+                .next_back()
+                .is_some_and(|(_, &(ce, _))| ce > s);
             if !overlaps {
                 claimed.insert(s, (e, p));
             }
@@ -85,9 +95,22 @@ mod tests {
 
     #[test]
     fn longest_first_and_control_gating() {
-        let sp = Specials::new(vec![(1, "<s>", false), (2, "</s>", true), (3, "<s></s>", true), (4, "\n", false), (5, "\n\n", false)]).unwrap();
-        assert_eq!(sp.partition("a</s>b <s>c", false), [Text(0..7), Token(1), Text(10..11)]);
-        assert_eq!(sp.partition("a</s>b <s>c", true), [Text(0..1), Token(2), Text(5..7), Token(1), Text(10..11)]);
+        let sp = Specials::new(vec![
+            (1, "<s>", false),
+            (2, "</s>", true),
+            (3, "<s></s>", true),
+            (4, "\n", false),
+            (5, "\n\n", false),
+        ])
+        .unwrap();
+        assert_eq!(
+            sp.partition("a</s>b <s>c", false),
+            [Text(0..7), Token(1), Text(10..11)]
+        );
+        assert_eq!(
+            sp.partition("a</s>b <s>c", true),
+            [Text(0..1), Token(2), Text(5..7), Token(1), Text(10..11)]
+        );
         assert_eq!(sp.partition("<s></s>", true), [Token(3)]);
         assert_eq!(sp.partition("<s></s>", false), [Token(1), Text(3..7)]);
         assert_eq!(sp.partition("\n\n\n", false), [Token(5), Token(4)]);

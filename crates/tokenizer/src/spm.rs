@@ -28,7 +28,10 @@ impl Ord for Candidate {
     /// Greater = popped first: higher score, then smaller left index. Scores compare as
     /// llama.cpp compares them (`-0.0 == 0.0`).
     fn cmp(&self, o: &Self) -> Ordering {
-        self.score.partial_cmp(&o.score).unwrap_or(Ordering::Equal).then_with(|| o.left.cmp(&self.left))
+        self.score
+            .partial_cmp(&o.score)
+            .unwrap_or(Ordering::Equal)
+            .then_with(|| o.left.cmp(&self.left))
     }
 }
 
@@ -49,7 +52,12 @@ pub fn tokenize(
     }
     let mut syms: Vec<Sym> = Vec::with_capacity(text.len());
     for (i, (start, c)) in text.char_indices().enumerate() {
-        syms.push(Sym { start, len: c.len_utf8(), prev: i.wrapping_sub(1), next: i + 1 });
+        syms.push(Sym {
+            start,
+            len: c.len_utf8(),
+            prev: i.wrapping_sub(1),
+            next: i + 1,
+        });
     }
     let n = syms.len();
     let mut heap = BinaryHeap::new();
@@ -60,7 +68,12 @@ pub fn tokenize(
         let (start, end) = (syms[l].start, syms[r].start + syms[r].len);
         if let Some(&id) = vocab.get(&text[start..end]) {
             let score = scores.get(id as usize).copied().unwrap_or(0.0);
-            heap.push(Candidate { score, left: l, right: r, size: end - start });
+            heap.push(Candidate {
+                score,
+                left: l,
+                right: r,
+                size: end - start,
+            });
         }
     };
     for i in 1..n {
@@ -101,7 +114,11 @@ mod tests {
     #[test]
     fn highest_score_first_and_byte_fallback() {
         let words = ["▁", "a", "b", "ab", "▁a", "<0xC3>", "<0xA9>"];
-        let vocab: HashMap<String, u32> = words.iter().enumerate().map(|(i, w)| (w.to_string(), i as u32)).collect();
+        let vocab: HashMap<String, u32> = words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.to_string(), i as u32))
+            .collect();
         let scores = [0.0, 0.0, 0.0, -1.0, -2.0, 0.0, 0.0];
         let byte = |b: u8| vocab.get(&format!("<0x{b:02X}>")).copied();
         let mut out = Vec::new();

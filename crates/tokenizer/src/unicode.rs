@@ -25,16 +25,53 @@ pub enum Class {
 /// Code points first assigned in Unicode 16.0 (DerivedAge). llama.cpp's tables are Unicode
 /// 15.1, where these are unassigned; the category crate is at 16.0 (a test pins that).
 const NEW_IN_16_0: &[(u32, u32)] = &[
-(0x897, 0x897), (0x1b4e, 0x1b4f), (0x1b7f, 0x1b7f), (0x1c89, 0x1c8a), (0x2427, 0x2429),
-    (0x31e4, 0x31e5), (0xa7cb, 0xa7cd), (0xa7da, 0xa7dc), (0x105c0, 0x105f3), (0x10d40, 0x10d65),
-    (0x10d69, 0x10d85), (0x10d8e, 0x10d8f), (0x10ec2, 0x10ec4), (0x10efc, 0x10efc), (0x11380, 0x11389),
-    (0x1138b, 0x1138b), (0x1138e, 0x1138e), (0x11390, 0x113b5), (0x113b7, 0x113c0), (0x113c2, 0x113c2),
-    (0x113c5, 0x113c5), (0x113c7, 0x113ca), (0x113cc, 0x113d5), (0x113d7, 0x113d8), (0x113e1, 0x113e2),
-    (0x116d0, 0x116e3), (0x11bc0, 0x11be1), (0x11bf0, 0x11bf9), (0x11f5a, 0x11f5a), (0x13460, 0x143fa),
-    (0x16100, 0x16139), (0x16d40, 0x16d79), (0x18cff, 0x18cff), (0x1cc00, 0x1ccf9), (0x1cd00, 0x1ceb3),
-    (0x1e5d0, 0x1e5fa), (0x1e5ff, 0x1e5ff), (0x1f8b2, 0x1f8bb), (0x1f8c0, 0x1f8c1), (0x1fa89, 0x1fa89),
-    (0x1fa8f, 0x1fa8f), (0x1fabe, 0x1fabe), (0x1fac6, 0x1fac6), (0x1fadc, 0x1fadc), (0x1fadf, 0x1fadf),
-    (0x1fae9, 0x1fae9), (0x1fbcb, 0x1fbef),
+    (0x897, 0x897),
+    (0x1b4e, 0x1b4f),
+    (0x1b7f, 0x1b7f),
+    (0x1c89, 0x1c8a),
+    (0x2427, 0x2429),
+    (0x31e4, 0x31e5),
+    (0xa7cb, 0xa7cd),
+    (0xa7da, 0xa7dc),
+    (0x105c0, 0x105f3),
+    (0x10d40, 0x10d65),
+    (0x10d69, 0x10d85),
+    (0x10d8e, 0x10d8f),
+    (0x10ec2, 0x10ec4),
+    (0x10efc, 0x10efc),
+    (0x11380, 0x11389),
+    (0x1138b, 0x1138b),
+    (0x1138e, 0x1138e),
+    (0x11390, 0x113b5),
+    (0x113b7, 0x113c0),
+    (0x113c2, 0x113c2),
+    (0x113c5, 0x113c5),
+    (0x113c7, 0x113ca),
+    (0x113cc, 0x113d5),
+    (0x113d7, 0x113d8),
+    (0x113e1, 0x113e2),
+    (0x116d0, 0x116e3),
+    (0x11bc0, 0x11be1),
+    (0x11bf0, 0x11bf9),
+    (0x11f5a, 0x11f5a),
+    (0x13460, 0x143fa),
+    (0x16100, 0x16139),
+    (0x16d40, 0x16d79),
+    (0x18cff, 0x18cff),
+    (0x1cc00, 0x1ccf9),
+    (0x1cd00, 0x1ceb3),
+    (0x1e5d0, 0x1e5fa),
+    (0x1e5ff, 0x1e5ff),
+    (0x1f8b2, 0x1f8bb),
+    (0x1f8c0, 0x1f8c1),
+    (0x1fa89, 0x1fa89),
+    (0x1fa8f, 0x1fa8f),
+    (0x1fabe, 0x1fabe),
+    (0x1fac6, 0x1fac6),
+    (0x1fadc, 0x1fadc),
+    (0x1fadf, 0x1fadf),
+    (0x1fae9, 0x1fae9),
+    (0x1fbcb, 0x1fbef),
 ];
 
 fn new_in_16_0(c: char) -> bool {
@@ -61,9 +98,11 @@ pub fn class(c: char) -> Class {
         return Class::Undefined;
     }
     match get_general_category(c) {
-        G::UppercaseLetter | G::LowercaseLetter | G::TitlecaseLetter | G::ModifierLetter | G::OtherLetter => {
-            Class::Letter
-        }
+        G::UppercaseLetter
+        | G::LowercaseLetter
+        | G::TitlecaseLetter
+        | G::ModifierLetter
+        | G::OtherLetter => Class::Letter,
         G::DecimalNumber | G::LetterNumber | G::OtherNumber => Class::Number,
         G::NonspacingMark | G::SpacingMark | G::EnclosingMark => Class::Mark,
         G::ConnectorPunctuation
@@ -101,7 +140,10 @@ pub struct Flags {
 
 impl Flags {
     pub fn of(c: char) -> Flags {
-        Flags { class: class(c), ws: c.is_whitespace() }
+        Flags {
+            class: class(c),
+            ws: c.is_whitespace(),
+        }
     }
     pub fn letter(self) -> bool {
         self.class == Class::Letter
@@ -126,7 +168,9 @@ pub struct ByteMap {
 
 impl ByteMap {
     pub fn new() -> ByteMap {
-        let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable = |b: u32| {
+            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+        };
         let mut to_char = ['\0'; 256];
         let mut from_char = std::collections::HashMap::with_capacity(256);
         let mut next = 256u32;
@@ -220,7 +264,10 @@ mod tests {
         // NEW_IN_16_0 turns the crate's Unicode 16.0 back into 15.1: a newer crate needs a
         // new table here.
         assert_eq!(unicode_general_category::UNICODE_VERSION, (16, 0, 0));
-        assert_eq!(NEW_IN_16_0.iter().map(|&(a, b)| b - a + 1).sum::<u32>(), 5185);
+        assert_eq!(
+            NEW_IN_16_0.iter().map(|&(a, b)| b - a + 1).sum::<u32>(),
+            5185
+        );
         assert_eq!(class('\u{1c89}'), Class::Undefined);
         assert_eq!(class('\u{13460}'), Class::Undefined);
         assert_eq!(class('\u{1c88}'), Class::Letter);

@@ -7,7 +7,9 @@ use quiver_tokenizer::chat::{ChatTemplate, Message};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat").join(name);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/chat")
+        .join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -16,12 +18,22 @@ fn render(template: &str, request: &str) -> Result<String, quiver_tokenizer::Tok
     let messages: Vec<Message> = serde_json::from_value(req["messages"].clone()).unwrap();
     let s = |k: &str| req[k].as_str().unwrap_or("").to_string();
     let t = ChatTemplate::from_source(&fixture(template), &s("bos_token"), &s("eos_token"))?;
-    t.render(&messages, req["add_generation_prompt"].as_bool().unwrap_or(true), req.get("tools"))
+    t.render(
+        &messages,
+        req["add_generation_prompt"].as_bool().unwrap_or(true),
+        req.get("tools"),
+    )
 }
 
 #[test]
 fn templates_render_like_jinja2() {
-    for (t, r) in [("gemma3", "req1"), ("qwen25", "req1"), ("qwen25", "req2"), ("misc", "req1"), ("misc", "req2")] {
+    for (t, r) in [
+        ("gemma3", "req1"),
+        ("qwen25", "req1"),
+        ("qwen25", "req2"),
+        ("misc", "req1"),
+        ("misc", "req2"),
+    ] {
         let got = render(&format!("{t}.jinja"), &format!("{r}.json")).unwrap();
         assert_eq!(got, fixture(&format!("{t}-{r}.expected")), "{t} with {r}");
     }
@@ -31,5 +43,8 @@ fn templates_render_like_jinja2() {
 fn raise_exception_is_an_error() {
     // Gemma's template refuses a tool turn after an assistant turn.
     let e = render("gemma3.jinja", "req2.json").unwrap_err();
-    assert!(e.to_string().contains("Conversation roles must alternate"), "{e}");
+    assert!(
+        e.to_string().contains("Conversation roles must alternate"),
+        "{e}"
+    );
 }

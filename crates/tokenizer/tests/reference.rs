@@ -34,13 +34,24 @@ fn tokenizer(alias: &'static str) -> &'static Tokenizer {
 
 fn records(file: &str) -> Vec<Value> {
     let path = PathBuf::from(REFERENCE).join(file);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e} (shared/ must sit next to the workspace)", path.display()));
-    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect("valid JSON line")).collect()
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reading {}: {e} (shared/ must sit next to the workspace)",
+            path.display()
+        )
+    });
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("valid JSON line"))
+        .collect()
 }
 
 fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array().expect("ids array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("ids array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 struct Case {
@@ -62,7 +73,11 @@ fn cases(model: &str) -> Vec<Case> {
             ids: ids_of(&r["ids"]),
         })
         .collect();
-    assert_eq!(out.len(), 96, "tokenize-{model}.jsonl should hold 96 records");
+    assert_eq!(
+        out.len(),
+        96,
+        "tokenize-{model}.jsonl should hold 96 records"
+    );
     for r in records(&format!("generate-{model}.jsonl")) {
         out.push(Case {
             text: r["prompt"].as_str().expect("prompt").to_string(),
@@ -90,8 +105,17 @@ fn check_ids(alias: &'static str, model: &str) {
     for b in &bad {
         eprintln!("MISMATCH {b}");
     }
-    eprintln!("{model}: {}/{} records match llama.cpp", cases.len() - bad.len(), cases.len());
-    assert!(bad.is_empty(), "{} of {} records differ from llama.cpp (listed above)", bad.len(), cases.len());
+    eprintln!(
+        "{model}: {}/{} records match llama.cpp",
+        cases.len() - bad.len(),
+        cases.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "{} of {} records differ from llama.cpp (listed above)",
+        bad.len(),
+        cases.len()
+    );
 }
 
 #[test]
@@ -134,12 +158,21 @@ fn check_round_trip(alias: &'static str, model: &str) {
     let mut n = 0;
     for c in cases(model).iter().filter(|c| !c.add_special) {
         let ids = tok.encode(&c.text, false, c.parse_special).unwrap();
-        assert_eq!(tok.decode(&ids, false), c.text, "round trip of {:?}", c.text);
+        assert_eq!(
+            tok.decode(&ids, false),
+            c.text,
+            "round trip of {:?}",
+            c.text
+        );
         let mut d = Detokenizer::new(tok, false);
         let mut streamed = String::new();
         for &id in &ids {
             let chunk = d.push(id);
-            assert!(!chunk.contains('\u{fffd}'), "U+FFFD while streaming {:?}: {chunk:?}", c.text);
+            assert!(
+                !chunk.contains('\u{fffd}'),
+                "U+FFFD while streaming {:?}: {chunk:?}",
+                c.text
+            );
             streamed.push_str(&chunk);
         }
         streamed.push_str(&d.flush());
@@ -170,10 +203,16 @@ fn gemma3_emoji_split_across_byte_tokens() {
     let text = "\u{2a6d6}🏴\u{e0067}\u{e0062}\u{e0073}\u{e0063}\u{e0074}\u{e007f}!";
     let ids = g.encode(text, false, false).unwrap();
     let pieces: Vec<&[u8]> = ids.iter().map(|&id| g.token_bytes(id).unwrap()).collect();
-    assert!(pieces.iter().any(|p| std::str::from_utf8(p).is_err()), "expected partial UTF-8 pieces: {ids:?}");
+    assert!(
+        pieces.iter().any(|p| std::str::from_utf8(p).is_err()),
+        "expected partial UTF-8 pieces: {ids:?}"
+    );
     let mut d = Detokenizer::new(g, true);
     let chunks: Vec<String> = ids.iter().map(|&id| d.push(id)).collect();
-    assert!(chunks.iter().any(String::is_empty), "some bytes must be held back");
+    assert!(
+        chunks.iter().any(String::is_empty),
+        "some bytes must be held back"
+    );
     assert_eq!(chunks.concat() + &d.flush(), text);
 }
 
@@ -182,13 +221,19 @@ fn gemma3_emoji_split_across_byte_tokens() {
 #[test]
 fn gpl3_token_counts() {
     let path = "/usr/share/common-licenses/GPL-3";
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e} (needed for the perplexity check)"));
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{path}: {e} (needed for the perplexity check)"));
     let text = text.strip_suffix('\n').unwrap_or(&text);
     for (alias, want) in [("smollm2-135m", 7638), ("gemma3-270m", 7562)] {
         let tok = tokenizer(alias);
         let t0 = std::time::Instant::now();
         let ids = tok.encode(text, true, false).unwrap();
-        eprintln!("{alias}: GPL-3 ({} bytes) -> {} tokens in {:?}", text.len(), ids.len(), t0.elapsed());
+        eprintln!(
+            "{alias}: GPL-3 ({} bytes) -> {} tokens in {:?}",
+            text.len(),
+            ids.len(),
+            t0.elapsed()
+        );
         assert_eq!(ids.len(), want, "{alias}");
         assert_eq!(tok.decode(&ids, true), text);
     }
@@ -198,15 +243,22 @@ fn gpl3_token_counts() {
 fn smollm2_chat_template_matches_reference_prompts() {
     use quiver_tokenizer::chat::{ChatTemplate, Message};
     let f = model_file("smollm2-135m");
-    let tmpl = ChatTemplate::from_gguf(&f).unwrap().expect("SmolLM2 ships a chat template");
+    let tmpl = ChatTemplate::from_gguf(&f)
+        .unwrap()
+        .expect("SmolLM2 ships a chat template");
     let tok = tokenizer("smollm2-135m");
     let mut n = 0;
     for r in records("generate-smollm2.jsonl") {
-        let Some(msgs) = r.get("messages") else { continue };
+        let Some(msgs) = r.get("messages") else {
+            continue;
+        };
         let msgs: Vec<Message> = serde_json::from_value(msgs.clone()).expect("messages");
         let prompt = tmpl.render(&msgs, true, None).unwrap();
         assert_eq!(prompt, r["prompt"].as_str().unwrap());
-        assert_eq!(tok.encode(&prompt, true, true).unwrap(), ids_of(&r["prompt_ids"]));
+        assert_eq!(
+            tok.encode(&prompt, true, true).unwrap(),
+            ids_of(&r["prompt_ids"])
+        );
         n += 1;
     }
     assert_eq!(n, 2, "expected the two ChatML records");
@@ -219,14 +271,20 @@ fn gemma3_uses_the_builtin_template() {
     assert!(ChatTemplate::from_gguf(&f).unwrap().is_none());
     let tmpl = ChatTemplate::for_model(&f).unwrap();
     assert_eq!(tmpl.builtin_kind(), Some(Builtin::Gemma));
-    let msgs = [Message::new("user", "Hello!"), Message::new("assistant", "Hi there."), Message::new("user", "Bye.")];
+    let msgs = [
+        Message::new("user", "Hello!"),
+        Message::new("assistant", "Hi there."),
+        Message::new("user", "Bye."),
+    ];
     let prompt = tmpl.render(&msgs, true, None).unwrap();
     assert_eq!(
         prompt,
         "<start_of_turn>user\nHello!<end_of_turn>\n<start_of_turn>model\nHi there.<end_of_turn>\n\
          <start_of_turn>user\nBye.<end_of_turn>\n<start_of_turn>model\n"
     );
-    let ids = tokenizer("gemma3-270m").encode(&prompt, true, true).unwrap();
+    let ids = tokenizer("gemma3-270m")
+        .encode(&prompt, true, true)
+        .unwrap();
     assert_eq!(&ids[..3], &[2, 105, 2364], "BOS, <start_of_turn>, user");
 }
 
@@ -242,7 +300,8 @@ fn decode_matches_generated_text() {
             let want = r["output_text"].as_str().unwrap();
             assert_eq!(tok.decode(&ids, true), want, "{model}: {:?}", r["prompt"]);
             let mut d = Detokenizer::new(tok, true);
-            let streamed: String = ids.iter().map(|&id| d.push(id)).collect::<String>() + &d.flush();
+            let streamed: String =
+                ids.iter().map(|&id| d.push(id)).collect::<String>() + &d.flush();
             assert_eq!(streamed, want);
         }
     }

@@ -32,7 +32,13 @@ fn wword(dec: &Dec, i: usize, kg: usize) -> i32 {
 
 /// AVX-512 tile: `kc` columns, all token vectors of the tile.
 #[inline(always)]
-pub(crate) unsafe fn tile512<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+pub(crate) unsafe fn tile512<const SUB: usize, const WIDE: bool>(
+    dec: &Dec,
+    row0: usize,
+    kc: usize,
+    t: &TileIn<'_>,
+    acc: &mut Acc,
+) {
     let nv = t.tpad / LANES;
     let mut v0 = 0;
     while v0 < nv {
@@ -62,7 +68,13 @@ unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
     let tpad = t.tpad;
     let nsub = kc / SUB;
     // Every load below is at index < (kc / 4) * tpad (quants) or nsub * tpad (scales).
-    if t.q.len() < kc / 4 * tpad || t.a0.len() < nsub * tpad || t.a1.len() < nsub * tpad || LANES * (v0 + TV) > tpad || row0 + R512 > acc.len() || kc > KC {
+    if t.q.len() < kc / 4 * tpad
+        || t.a0.len() < nsub * tpad
+        || t.a1.len() < nsub * tpad
+        || LANES * (v0 + TV) > tpad
+        || row0 + R512 > acc.len()
+        || kc > KC
+    {
         return;
     }
     // SAFETY: AVX-512 per the module contract; loads are in bounds by the check above
@@ -99,12 +111,20 @@ unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
             let a1 = t.a1.as_ptr().add(j * tpad + LANES * v0);
             for i in 0..R512 {
                 let s = dec.s[row0 + i][j];
-                let m = if WIDE { dec.m[row0 + i][j] - 128.0 * s } else { dec.m[row0 + i][j] };
+                let m = if WIDE {
+                    dec.m[row0 + i][j] - 128.0 * s
+                } else {
+                    dec.m[row0 + i][j]
+                };
                 let (sb, mb) = (_mm512_set1_ps(s), _mm512_set1_ps(m));
                 for v in 0..TV {
                     let x0 = _mm512_loadu_ps(a0.add(LANES * v));
                     let x1 = _mm512_loadu_ps(a1.add(LANES * v));
-                    let r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i][v]), _mm512_mul_ps(x0, sb), f[i][v]);
+                    let r = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(ia[i][v]),
+                        _mm512_mul_ps(x0, sb),
+                        f[i][v],
+                    );
                     f[i][v] = _mm512_fmadd_ps(x1, mb, r);
                 }
             }
@@ -119,10 +139,21 @@ unsafe fn tile512_tv<const SUB: usize, const WIDE: bool, const TV: usize>(
 
 /// AVX2 tile: one token vector (16 tokens, two registers) at a time.
 #[inline(always)]
-pub(crate) unsafe fn tile256<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+pub(crate) unsafe fn tile256<const SUB: usize, const WIDE: bool>(
+    dec: &Dec,
+    row0: usize,
+    kc: usize,
+    t: &TileIn<'_>,
+    acc: &mut Acc,
+) {
     let tpad = t.tpad;
     let nsub = kc / SUB;
-    if t.q.len() < kc / 4 * tpad || t.a0.len() < nsub * tpad || t.a1.len() < nsub * tpad || row0 + R256 > acc.len() || kc > KC {
+    if t.q.len() < kc / 4 * tpad
+        || t.a0.len() < nsub * tpad
+        || t.a1.len() < nsub * tpad
+        || row0 + R256 > acc.len()
+        || kc > KC
+    {
         return;
     }
     // SAFETY: AVX2 per the module contract; in bounds as in `tile512_tv` (token vector
@@ -160,11 +191,18 @@ pub(crate) unsafe fn tile256<const SUB: usize, const WIDE: bool>(dec: &Dec, row0
                 let a0 = t.a0.as_ptr().add(j * tpad + LANES * v);
                 let a1 = t.a1.as_ptr().add(j * tpad + LANES * v);
                 for i in 0..R256 {
-                    let (sb, mb) = (_mm256_set1_ps(dec.s[row0 + i][j]), _mm256_set1_ps(dec.m[row0 + i][j]));
+                    let (sb, mb) = (
+                        _mm256_set1_ps(dec.s[row0 + i][j]),
+                        _mm256_set1_ps(dec.m[row0 + i][j]),
+                    );
                     for h in 0..2 {
                         let x0 = _mm256_loadu_ps(a0.add(8 * h));
                         let x1 = _mm256_loadu_ps(a1.add(8 * h));
-                        let r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[i][h]), _mm256_mul_ps(x0, sb), f[i][h]);
+                        let r = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(ia[i][h]),
+                            _mm256_mul_ps(x0, sb),
+                            f[i][h],
+                        );
                         f[i][h] = _mm256_fmadd_ps(x1, mb, r);
                     }
                 }
@@ -186,7 +224,10 @@ unsafe fn load8<F: FloatW>(w: *const u8, c: usize) -> __m256 {
         match F::ID {
             0 => _mm256_loadu_ps(w.add(4 * c).cast()),
             1 => _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * c).cast())),
-            _ => _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(2 * c).cast())), 16)),
+            _ => _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(2 * c).cast())),
+                16,
+            )),
         }
     }
 }
@@ -199,14 +240,23 @@ unsafe fn load16<F: FloatW>(w: *const u8, c: usize) -> __m512 {
         match F::ID {
             0 => _mm512_loadu_ps(w.add(4 * c).cast()),
             1 => _mm512_cvtph_ps(_mm256_loadu_si256(w.add(2 * c).cast())),
-            _ => _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(w.add(2 * c).cast())), 16)),
+            _ => _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256(w.add(2 * c).cast())),
+                16,
+            )),
         }
     }
 }
 
 /// The scalar tail `c0..cols` of a float block.
 #[inline(always)]
-fn float_tail<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], c0: usize, cols: usize, out: &mut [[f32; NT]; 4]) {
+fn float_tail<F: FloatW, const NT: usize>(
+    w: [&[u8]; 4],
+    x: [&[f32]; NT],
+    c0: usize,
+    cols: usize,
+    out: &mut [[f32; NT]; 4],
+) {
     for c in c0..cols {
         for (o, w) in out.iter_mut().zip(w) {
             let wv = float_elem::<F>(w, c);
@@ -217,14 +267,22 @@ fn float_tail<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], c0: us
     }
 }
 
-fn float_lengths_ok<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> bool {
+fn float_lengths_ok<F: FloatW, const NT: usize>(
+    w: [&[u8]; 4],
+    x: [&[f32]; NT],
+    cols: usize,
+) -> bool {
     w.iter().all(|w| w.len() >= cols * F::BYTES) && x.iter().all(|x| x.len() >= cols)
 }
 
 /// AVX2 float block: tokens two at a time, so that 8 accumulators, 4 weight vectors and
 /// one activation vector fit the 16 registers.
 #[inline(always)]
-pub(crate) unsafe fn float_block256<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
+pub(crate) unsafe fn float_block256<F: FloatW, const NT: usize>(
+    w: [&[u8]; 4],
+    x: [&[f32]; NT],
+    cols: usize,
+) -> [[f32; NT]; 4] {
     let mut out = [[0f32; NT]; 4];
     if !float_lengths_ok::<F, NT>(w, x, cols) {
         return out;
@@ -252,7 +310,11 @@ pub(crate) unsafe fn float_block256<F: FloatW, const NT: usize>(w: [&[u8]; 4], x
 }
 
 #[inline(always)]
-unsafe fn float_pass256<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
+unsafe fn float_pass256<F: FloatW, const NT: usize>(
+    w: [&[u8]; 4],
+    x: [&[f32]; NT],
+    cols: usize,
+) -> [[f32; NT]; 4] {
     let mut out = [[0f32; NT]; 4];
     let end = cols / 8 * 8;
     // SAFETY: per the module contract; the caller checked that rows hold cols elements, and
@@ -261,7 +323,12 @@ unsafe fn float_pass256<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; N
         let mut acc = [[_mm256_setzero_ps(); NT]; 4];
         let mut c = 0;
         while c < end {
-            let wv = [load8::<F>(w[0].as_ptr(), c), load8::<F>(w[1].as_ptr(), c), load8::<F>(w[2].as_ptr(), c), load8::<F>(w[3].as_ptr(), c)];
+            let wv = [
+                load8::<F>(w[0].as_ptr(), c),
+                load8::<F>(w[1].as_ptr(), c),
+                load8::<F>(w[2].as_ptr(), c),
+                load8::<F>(w[3].as_ptr(), c),
+            ];
             for j in 0..NT {
                 let xv = _mm256_loadu_ps(x[j].as_ptr().add(c));
                 for i in 0..4 {
@@ -281,7 +348,11 @@ unsafe fn float_pass256<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; N
 }
 
 #[inline(always)]
-pub(crate) unsafe fn float_block512<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
+pub(crate) unsafe fn float_block512<F: FloatW, const NT: usize>(
+    w: [&[u8]; 4],
+    x: [&[f32]; NT],
+    cols: usize,
+) -> [[f32; NT]; 4] {
     let mut out = [[0f32; NT]; 4];
     if !float_lengths_ok::<F, NT>(w, x, cols) {
         return out;
@@ -292,7 +363,12 @@ pub(crate) unsafe fn float_block512<F: FloatW, const NT: usize>(w: [&[u8]; 4], x
         let mut acc = [[_mm512_setzero_ps(); NT]; 4];
         let mut c = 0;
         while c < end {
-            let wv = [load16::<F>(w[0].as_ptr(), c), load16::<F>(w[1].as_ptr(), c), load16::<F>(w[2].as_ptr(), c), load16::<F>(w[3].as_ptr(), c)];
+            let wv = [
+                load16::<F>(w[0].as_ptr(), c),
+                load16::<F>(w[1].as_ptr(), c),
+                load16::<F>(w[2].as_ptr(), c),
+                load16::<F>(w[3].as_ptr(), c),
+            ];
             for j in 0..NT {
                 let xv = _mm512_loadu_ps(x[j].as_ptr().add(c));
                 for i in 0..4 {

@@ -20,7 +20,11 @@ impl Half for F16c {
     #[inline(always)]
     fn f32(bits: [u8; 2]) -> f32 {
         // SAFETY: F16C is available wherever this type is used (see the type's doc).
-        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(bits) as i32))) }
+        unsafe {
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                u16::from_le_bytes(bits) as i32
+            )))
+        }
     }
 }
 
@@ -59,7 +63,10 @@ impl Quant for AvxQuant {
             let b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
             let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256(q.as_mut_ptr().cast(), b);
-            [hsum_i32(_mm256_add_epi32(i0, i1)), hsum_i32(_mm256_add_epi32(i2, i3))]
+            [
+                hsum_i32(_mm256_add_epi32(i0, i1)),
+                hsum_i32(_mm256_add_epi32(i2, i3)),
+            ]
         }
     }
 }
@@ -142,7 +149,13 @@ unsafe fn block_dot<const V: bool, T: Legacy>(b: &T::B, q: &[i8]) -> __m256i {
 
 /// One block's contribution: `acc + d da dot`, and `m s` into `msum`.
 #[inline(always)]
-unsafe fn legacy_step<const V: bool, T: Legacy>(w: &T::B, a: &A32<'_>, i: usize, acc: __m256, msum: &mut f32) -> __m256 {
+unsafe fn legacy_step<const V: bool, T: Legacy>(
+    w: &T::B,
+    a: &A32<'_>,
+    i: usize,
+    acc: __m256,
+    msum: &mut f32,
+) -> __m256 {
     // SAFETY: per the module contract; the caller keeps i < the block count of `a`.
     unsafe {
         let p = _mm256_cvtepi32_ps(block_dot::<V, T>(w, &a.q[32 * i..]));
@@ -171,7 +184,10 @@ unsafe fn legacy_pair_weights<T: Legacy>(b0: &T::B, b1: &T::B) -> (__m512i, __m1
         let w1 = (b1 as *const T::B).cast::<i32>().read_unaligned();
         let mut f = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(w0), w1, 1));
         if !T::M_FIELD {
-            f = _mm_mul_ps(_mm_permute_ps(f, 0b10_10_00_00), _mm_setr_ps(1.0, T::M_MUL, 1.0, T::M_MUL));
+            f = _mm_mul_ps(
+                _mm_permute_ps(f, 0b10_10_00_00),
+                _mm_setr_ps(1.0, T::M_MUL, 1.0, T::M_MUL),
+            );
         }
         (u, f)
     }
@@ -181,7 +197,14 @@ unsafe fn legacy_pair_weights<T: Legacy>(b0: &T::B, b1: &T::B) -> (__m512i, __m1
 /// product of `f` with the activation `(d, s)` pairs at `2 i`: lanes 0 and 2 of that product
 /// are the two blocks' scales, lanes 1 and 3 the offset terms `m * s`, summed into `macc`.
 #[inline(always)]
-unsafe fn legacy_pair_token(u: __m512i, f: __m128, a: &A32<'_>, i: usize, acc: __m512, macc: &mut __m128) -> __m512 {
+unsafe fn legacy_pair_token(
+    u: __m512i,
+    f: __m128,
+    a: &A32<'_>,
+    i: usize,
+    acc: __m512,
+    macc: &mut __m128,
+) -> __m512 {
     // SAFETY: AVX-512 F/BW/VNNI per the module contract; the caller keeps blocks i and
     // i + 1 within `a` (64 quants at 32 i, 4 scales at 2 i).
     unsafe {
@@ -189,7 +212,10 @@ unsafe fn legacy_pair_token(u: __m512i, f: __m128, a: &A32<'_>, i: usize, acc: _
         let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, q);
         let p = _mm_mul_ps(f, _mm_loadu_ps(a.ds.as_ptr().add(2 * i)));
         *macc = _mm_add_ps(*macc, p);
-        let s2 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), _mm512_castps128_ps512(p));
+        let s2 = _mm512_permutexvar_ps(
+            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+            _mm512_castps128_ps512(p),
+        );
         _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s2, acc)
     }
 }
@@ -197,7 +223,10 @@ unsafe fn legacy_pair_token(u: __m512i, f: __m128, a: &A32<'_>, i: usize, acc: _
 /// One row of 32-element blocks against the A32 activations of `NT` tokens on the AVX-512
 /// level: two blocks per 512-bit register, unpacked once for all tokens.
 #[inline(always)]
-pub(crate) unsafe fn dot_legacy512<T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
+pub(crate) unsafe fn dot_legacy512<T: Legacy, const NT: usize>(
+    w: &[T::B],
+    a: &[A32<'_>; NT],
+) -> [f32; NT] {
     let mut n = w.len();
     for a in a {
         n = n.min(a.len());
@@ -235,7 +264,13 @@ pub(crate) unsafe fn dot_legacy512<T: Legacy, const NT: usize>(w: &[T::B], a: &[
             out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) + ms[1] + ms[3];
             if i < n {
                 let mut m = 0f32;
-                out[t] += hsum(legacy_step::<true, T>(&w[i], &a[t], i, _mm256_setzero_ps(), &mut m)) + m;
+                out[t] += hsum(legacy_step::<true, T>(
+                    &w[i],
+                    &a[t],
+                    i,
+                    _mm256_setzero_ps(),
+                    &mut m,
+                )) + m;
             }
         }
         out
@@ -247,7 +282,10 @@ pub(crate) unsafe fn dot_legacy512<T: Legacy, const NT: usize>(w: &[T::B], a: &[
 /// token alone (two accumulators over alternate blocks, the same tail and final sum), so
 /// a token's result does not depend on `NT` or on the other tokens (batch invariance).
 #[inline(always)]
-pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT] {
+pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>(
+    w: &[T::B],
+    a: &[A32<'_>; NT],
+) -> [f32; NT] {
     let mut n = w.len();
     for a in a {
         n = n.min(a.len());
@@ -264,11 +302,19 @@ pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>
             let (d, m) = T::dm::<F16c>(b);
             for t in 0..NT {
                 let q = load32(a[t].q.as_ptr().add(32 * i).cast());
-                let p = if T::WIDE { dot_i8i8::<V>(z, u, q) } else { dot_u8i8::<V>(z, u, q) };
+                let p = if T::WIDE {
+                    dot_i8i8::<V>(z, u, q)
+                } else {
+                    dot_u8i8::<V>(z, u, q)
+                };
                 if !T::WIDE {
                     msum[t][k] += m * a[t].ds[2 * i + 1];
                 }
-                acc[t][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a[t].ds[2 * i]), acc[t][k]);
+                acc[t][k] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(p),
+                    _mm256_set1_ps(d * a[t].ds[2 * i]),
+                    acc[t][k],
+                );
             }
         }
         let mut out = [0f32; NT];
@@ -295,12 +341,14 @@ const PICK: [[u8; 16]; 8] = {
     t
 };
 
-
 /// One row of K-quant super-blocks against the A256 activations of `NT` tokens: per
 /// super-block, products of each 16 elements are scaled by their integer sub-block scale in
 /// i32, then converted once. Weights are unpacked once for all tokens.
 #[inline(always)]
-pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
+pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(
+    w: &[T::B],
+    a: &[&[A256]; NT],
+) -> [f32; NT] {
     let mut n = w.len();
     for a in a {
         n = n.min(a.len());
@@ -317,22 +365,33 @@ pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(w: &[T::B]
             for p in 0..QK_K / 64 {
                 let g = T::pair(b, p);
                 for (h, g) in g.into_iter().enumerate() {
-                    let pick = _mm256_broadcastsi128_si256(_mm_loadu_si128(PICK[2 * p + h].as_ptr().cast()));
+                    let pick = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                        PICK[2 * p + h].as_ptr().cast(),
+                    ));
                     let scv = _mm256_shuffle_epi8(sc, pick);
                     let ga = if T::WIDE { _mm256_abs_epi8(g) } else { g };
                     for t in 0..NT {
                         let q = load32(a[t][bi].qs.as_ptr().add(64 * p + 32 * h).cast());
-                        let p16 = if T::WIDE { _mm256_maddubs_epi16(ga, _mm256_sign_epi8(q, g)) } else { _mm256_maddubs_epi16(g, q) };
+                        let p16 = if T::WIDE {
+                            _mm256_maddubs_epi16(ga, _mm256_sign_epi8(q, g))
+                        } else {
+                            _mm256_maddubs_epi16(g, q)
+                        };
                         isum[t] = madd_acc::<V>(isum[t], p16, scv);
                     }
                 }
             }
             for t in 0..NT {
                 let at = &a[t][bi];
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(kd * at.d), acc[t]);
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(isum[t]),
+                    _mm256_set1_ps(kd * at.d),
+                    acc[t],
+                );
                 if T::HAS_CORR {
                     let c = _mm256_madd_epi16(_mm256_loadu_si256(at.bsums.as_ptr().cast()), corr);
-                    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(kcd * at.d), accm[t]);
+                    accm[t] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(kcd * at.d), accm[t]);
                 }
             }
         }
@@ -366,7 +425,10 @@ const PICK512: [[u8; 64]; 4] = {
 /// instruction per 64 elements. Weights are unpacked once for all tokens; per token the
 /// operations do not depend on `NT` (batch invariance).
 #[inline(always)]
-pub(crate) unsafe fn dot_k512<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
+pub(crate) unsafe fn dot_k512<T: KQuant, const NT: usize>(
+    w: &[T::B],
+    a: &[&[A256]; NT],
+) -> [f32; NT] {
     let mut n = w.len();
     for a in a {
         n = n.min(a.len());
@@ -385,11 +447,18 @@ pub(crate) unsafe fn dot_k512<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A25
                 let [g0, g1] = T::pair(b, p);
                 let g = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
                 let scv = _mm512_shuffle_epi8(sc, _mm512_loadu_si512(pick.as_ptr().cast()));
-                let (ga, neg) = if T::WIDE { (_mm512_abs_epi8(g), _mm512_movepi8_mask(g)) } else { (g, 0) };
+                let (ga, neg) = if T::WIDE {
+                    (_mm512_abs_epi8(g), _mm512_movepi8_mask(g))
+                } else {
+                    (g, 0)
+                };
                 for t in 0..NT {
                     let q = _mm512_loadu_si512(a[t][bi].qs.as_ptr().add(64 * p).cast());
                     let p16 = if T::WIDE {
-                        _mm512_maddubs_epi16(ga, _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q))
+                        _mm512_maddubs_epi16(
+                            ga,
+                            _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q),
+                        )
                     } else {
                         _mm512_maddubs_epi16(g, q)
                     };
@@ -398,10 +467,15 @@ pub(crate) unsafe fn dot_k512<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A25
             }
             for t in 0..NT {
                 let at = &a[t][bi];
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(kd * at.d), acc[t]);
+                acc[t] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(isum[t]),
+                    _mm512_set1_ps(kd * at.d),
+                    acc[t],
+                );
                 if T::HAS_CORR {
                     let c = _mm256_madd_epi16(_mm256_loadu_si256(at.bsums.as_ptr().cast()), corr);
-                    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(kcd * at.d), accm[t]);
+                    accm[t] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(kcd * at.d), accm[t]);
                 }
             }
         }

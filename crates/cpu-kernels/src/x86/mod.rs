@@ -11,10 +11,10 @@ pub(crate) mod unpack;
 
 use crate::act::{quantize_a256, quantize_a32, A32Mut, PanelShape, A256, A32};
 use crate::decode::{KQuant, Legacy};
-use kern::F16c;
 use crate::driver::{self, Acc, Acts, Dec, Entry, FloatW, Job, Kernel, Panel, PanelOut, TileIn};
-use kern::AvxQuant;
 use crate::shared::SharedMut;
+use kern::AvxQuant;
+use kern::F16c;
 
 pub(crate) struct Avx2;
 pub(crate) struct Avx512;
@@ -48,12 +48,22 @@ unsafe impl Kernel for Avx2 {
         unsafe { kern::dec_k::<T>(b, vals) }
     }
     #[inline(always)]
-    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(
+        dec: &Dec,
+        row0: usize,
+        kc: usize,
+        t: &TileIn<'_>,
+        acc: &mut Acc,
+    ) {
         // SAFETY: forwarded.
         unsafe { gemm::tile256::<SUB, WIDE>(dec, row0, kc, t, acc) }
     }
     #[inline(always)]
-    unsafe fn float_block<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
+    unsafe fn float_block<F: FloatW, const NT: usize>(
+        w: [&[u8]; 4],
+        x: [&[f32]; NT],
+        cols: usize,
+    ) -> [[f32; NT]; 4] {
         // SAFETY: forwarded.
         unsafe { gemm::float_block256::<F, NT>(w, x, cols) }
     }
@@ -87,12 +97,22 @@ unsafe impl Kernel for Avx512 {
         unsafe { kern::dec_k::<T>(b, vals) }
     }
     #[inline(always)]
-    unsafe fn tile<const SUB: usize, const WIDE: bool>(dec: &Dec, row0: usize, kc: usize, t: &TileIn<'_>, acc: &mut Acc) {
+    unsafe fn tile<const SUB: usize, const WIDE: bool>(
+        dec: &Dec,
+        row0: usize,
+        kc: usize,
+        t: &TileIn<'_>,
+        acc: &mut Acc,
+    ) {
         // SAFETY: forwarded.
         unsafe { gemm::tile512::<SUB, WIDE>(dec, row0, kc, t, acc) }
     }
     #[inline(always)]
-    unsafe fn float_block<F: FloatW, const NT: usize>(w: [&[u8]; 4], x: [&[f32]; NT], cols: usize) -> [[f32; NT]; 4] {
+    unsafe fn float_block<F: FloatW, const NT: usize>(
+        w: [&[u8]; 4],
+        x: [&[f32]; NT],
+        cols: usize,
+    ) -> [[f32; NT]; 4] {
         // SAFETY: forwarded.
         unsafe { gemm::float_block512::<F, NT>(w, x, cols) }
     }
@@ -119,12 +139,25 @@ macro_rules! level_entries {
                 unsafe { driver::pack_tokens::<$k>(j, s, t0, t1, po) }
             }
             #[target_feature(enable = $feat)]
-            unsafe fn gemv(j: &Job<'_>, a: &Acts<'_>, r0: usize, r1: usize, o: &SharedMut<'_, f32>) {
+            unsafe fn gemv(
+                j: &Job<'_>,
+                a: &Acts<'_>,
+                r0: usize,
+                r1: usize,
+                o: &SharedMut<'_, f32>,
+            ) {
                 // SAFETY: this function has the level's features.
                 unsafe { driver::gemv_rows::<$k>(j, a, r0, r1, o) }
             }
             #[target_feature(enable = $feat)]
-            unsafe fn gemm(j: &Job<'_>, p: &Panel<'_>, t: usize, r0: usize, r1: usize, o: &SharedMut<'_, f32>) {
+            unsafe fn gemm(
+                j: &Job<'_>,
+                p: &Panel<'_>,
+                t: usize,
+                r0: usize,
+                r1: usize,
+                o: &SharedMut<'_, f32>,
+            ) {
                 // SAFETY: this function has the level's features.
                 unsafe { driver::gemm_rows::<$k>(j, p, t, r0, r1, o) }
             }
@@ -148,4 +181,8 @@ macro_rules! level_entries {
 }
 
 level_entries!(entry_avx2, Avx2, "avx2,fma,f16c");
-level_entries!(entry_avx512, Avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+level_entries!(
+    entry_avx512,
+    Avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+);

@@ -4,12 +4,12 @@
 //! Every function here is `#[inline(always)]` and needs AVX2: it is only called from code
 //! inlined into an `#[target_feature(enable = "avx2,...")]` entry point.
 
-use quiver_quant::{
-    BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
-    BlockQ6K, BlockQ8_0, KVALUES_IQ4NL,
-};
 use crate::decode::{k4_scales_mins, Half, KQuant};
 use crate::x86::kern::F16c;
+use quiver_quant::{
+    BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL,
+};
 use std::arch::x86_64::*;
 
 /// Loads 16 bytes.
@@ -40,7 +40,12 @@ pub(crate) unsafe fn load32(p: *const u8) -> __m256i {
 unsafe fn shr_mask(v: __m256i, n: usize, mask: i8) -> __m256i {
     // SAFETY: AVX2 per the caller. A 16-bit shift moves bits across byte boundaries only
     // into positions the mask clears.
-    unsafe { _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32)), _mm256_set1_epi8(mask)) }
+    unsafe {
+        _mm256_and_si256(
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32)),
+            _mm256_set1_epi8(mask),
+        )
+    }
 }
 
 /// `((v >> n) & mask) << up` on bytes (`up` moves the field to its place in the value).
@@ -72,7 +77,10 @@ unsafe fn nibbles_at(p: *const u8) -> __m256i {
     // SAFETY: AVX2 and readable per the caller.
     unsafe {
         let x = load16(p);
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(0x0f))
+        _mm256_and_si256(
+            _mm256_set_m128i(_mm_srli_epi16(x, 4), x),
+            _mm256_set1_epi8(0x0f),
+        )
     }
 }
 
@@ -87,7 +95,8 @@ unsafe fn fifth_bits(qh: [u8; 4]) -> __m256i {
         let v = _mm256_set1_epi32(u32::from_le_bytes(qh) as i32);
         // Byte j takes source byte j / 8 (the u32 is in every dword, so in both lanes).
         let spread = _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
         );
         let b = _mm256_shuffle_epi8(v, spread);
         let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
@@ -194,7 +203,10 @@ pub(crate) unsafe fn q4_k(b: &BlockQ4K, p: usize) -> [__m256i; 2] {
     // SAFETY: AVX2 per the caller; `32 (p % 4) + 32 <= 128`.
     unsafe {
         let q = load32(b.qs.as_ptr().add(32 * (p % 4)));
-        [_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), shr_mask(q, 4, 0x0f)]
+        [
+            _mm256_and_si256(q, _mm256_set1_epi8(0x0f)),
+            shr_mask(q, 4, 0x0f),
+        ]
     }
 }
 
@@ -206,7 +218,10 @@ pub(crate) unsafe fn q5_k(b: &BlockQ5K, p: usize) -> [__m256i; 2] {
         let q = load32(b.qs.as_ptr().add(32 * p));
         let h = load32(b.qh.as_ptr());
         [
-            _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), field(h, 2 * p, 1, 4)),
+            _mm256_or_si256(
+                _mm256_and_si256(q, _mm256_set1_epi8(0x0f)),
+                field(h, 2 * p, 1, 4),
+            ),
             _mm256_or_si256(shr_mask(q, 4, 0x0f), field(h, 2 * p + 1, 1, 4)),
         ]
     }
@@ -291,7 +306,13 @@ pub(crate) unsafe fn q5_1_x2(a: &BlockQ5_1, b: &BlockQ5_1) -> __m512i {
 #[inline(always)]
 pub(crate) unsafe fn q8_0_x2(a: &BlockQ8_0, b: &BlockQ8_0) -> __m512i {
     // SAFETY: per the caller; `qs` is 32 bytes.
-    unsafe { _mm512_inserti64x4(_mm512_castsi256_si512(load32(a.qs.as_ptr())), load32(b.qs.as_ptr()), 1) }
+    unsafe {
+        _mm512_inserti64x4(
+            _mm512_castsi256_si512(load32(a.qs.as_ptr())),
+            load32(b.qs.as_ptr()),
+            1,
+        )
+    }
 }
 
 #[inline(always)]
@@ -311,7 +332,9 @@ const EVEN_ODD: [u8; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15
 /// # Safety
 /// AVX2 + F16C.
 #[inline(always)]
-pub(crate) unsafe fn k_scales_generic<T: KQuant + ?Sized>(b: &T::B) -> (__m256i, __m256i, f32, f32) {
+pub(crate) unsafe fn k_scales_generic<T: KQuant + ?Sized>(
+    b: &T::B,
+) -> (__m256i, __m256i, f32, f32) {
     let k = T::scales::<F16c>(b);
     // SAFETY: AVX2 per the caller; the arrays are 16 bytes.
     unsafe {
@@ -327,7 +350,11 @@ pub(crate) unsafe fn k_scales_generic<T: KQuant + ?Sized>(b: &T::B) -> (__m256i,
 /// # Safety
 /// AVX2 + F16C.
 #[inline(always)]
-unsafe fn k4_scales_x86(scales: &[u8; 12], d: [u8; 2], dmin: [u8; 2]) -> (__m256i, __m256i, f32, f32) {
+unsafe fn k4_scales_x86(
+    scales: &[u8; 12],
+    d: [u8; 2],
+    dmin: [u8; 2],
+) -> (__m256i, __m256i, f32, f32) {
     let (sc, mn) = k4_scales_mins(scales);
     // SAFETY: AVX2 per the caller.
     unsafe {
@@ -360,6 +387,11 @@ pub(crate) unsafe fn q6_k_scales(b: &BlockQ6K) -> (__m256i, __m256i, f32, f32) {
         let raw = _mm_loadu_si128(b.scales.as_ptr().cast());
         let eo = _mm_loadu_si128(EVEN_ODD.as_ptr().cast());
         let d = F16c::f32(b.d);
-        (_mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, eo)), _mm256_cvtepi8_epi16(raw), d, -32.0 * d)
+        (
+            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, eo)),
+            _mm256_cvtepi8_epi16(raw),
+            d,
+            -32.0 * d,
+        )
     }
 }

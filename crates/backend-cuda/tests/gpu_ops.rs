@@ -1,0 +1,396 @@
+//! Every CUDA op against the scalar reference on fresh random inputs (poisoned outputs, so an
+//! unwritten element fails). Needs a GPU: `#[ignore]`d, so CI reports them as ignored; on a
+//! GPU machine run the test binary with `--include-ignored` (docs/GPU.md).
+
+use quiver_backend::{
+    reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, SeqSpan, WeightBytes,
+};
+use quiver_backend_cuda::CudaBackend;
+use quiver_gguf::{GgmlType, GgufFile, GgufWriter};
+use std::sync::Arc;
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+fn seed() -> u64 {
+    // Fresh inputs every run; the seed is printed so a failure can be replayed.
+    let s = std::env::var("QUIVER_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("seed {s}");
+    s
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert!(
+        a.iter().all(|x| x.is_finite()),
+        "non-finite output (unwritten element?)"
+    );
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn backend() -> CudaBackend {
+    CudaBackend::new(0).expect("a CUDA GPU")
+}
+
+fn tensor(ty: GgmlType, shape: &[u64], bytes: &[u8]) -> WeightBytes {
+    let mut w = GgufWriter::new();
+    let ne: Vec<u64> = shape.iter().rev().copied().collect();
+    w.add_tensor("w", ty, &ne);
+    let f = GgufFile::from_bytes(w.to_bytes(&[bytes]).unwrap()).unwrap();
+    WeightBytes {
+        file: Arc::new(f),
+        tensor: 0,
+    }
+}
+
+fn poison(be: &CudaBackend, n: usize) -> quiver_backend_cuda::CudaBuf {
+    be.buf_from(&vec![f32::NAN; n]).unwrap()
+}
+
+fn read(be: &CudaBackend, b: &quiver_backend_cuda::CudaBuf, n: usize) -> Vec<f32> {
+    let mut v = Vec::new();
+    be.read(b, n, &mut v).unwrap();
+    v
+}
+
+/// Two sequences: seq 0 decodes 1 token at position 20, seq 1 prefills 5 tokens; scattered
+/// blocks of 4 slots.
+fn batch() -> Batch {
+    let seqs = vec![
+        SeqSpan {
+            start: 0,
+            len: 1,
+            kv_len: 21,
+            block_table: vec![7, 2, 9, 0, 5, 11],
+        },
+        SeqSpan {
+            start: 1,
+            len: 5,
+            kv_len: 5,
+            block_table: vec![3, 10],
+        },
+    ];
+    let mut b = Batch {
+        tokens: vec![1, 2, 3, 4, 5, 6],
+        positions: vec![20, 0, 1, 2, 3, 4],
+        seq_of: vec![0, 1, 1, 1, 1, 1],
+        seqs,
+        logits: vec![0, 5],
+        block_size: 4,
+        slots: vec![],
+    };
+    b.slots = (0..6)
+        .map(|t| b.slot(b.seq_of[t] as usize, b.positions[t] as usize) as u32)
+        .collect();
+    b
+}
+
+const MATMUL_TYPES: &[GgmlType] = &[
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::F32,
+];
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_and_embedding_match_reference_for_every_type() {
+    let mut rng = Rng(seed());
+    let mut be = backend();
+    let (rows, cols) = (96, 512);
+    for &ty in MATMUL_TYPES {
+        let wf = rng.vec(rows * cols);
+        let mut q = Vec::new();
+        quiver_quant::quantize(ty, &wf, &mut q).unwrap();
+        let mut wd = vec![0f32; rows * cols];
+        quiver_quant::dequantize(ty, &q, &mut wd).unwrap();
+        let w = be
+            .weight(
+                "w",
+                ty,
+                &[rows as u64, cols as u64],
+                tensor(ty, &[rows as u64, cols as u64], &q),
+            )
+            .unwrap();
+        // 1..8 tokens take the matrix-vector kernels; 17 and 40 the tensor-core path.
+        for n in [1usize, 3, 8, 17, 40] {
+            let x = rng.vec(n * cols);
+            let xb = be.buf_from(&x).unwrap();
+            let mut out = poison(&be, n * rows);
+            be.matmul(&w, &xb, n, &mut out).unwrap();
+            let got = read(&be, &out, n * rows);
+            let mut want = vec![0f32; n * rows];
+            reference::matmul(&wd, rows, cols, &x, n, &mut want);
+            let e = rel_err(&got, &want);
+            let bound = if n > 8 && be.has_cublas() { 8e-3 } else { 1e-5 };
+            assert!(e < bound, "{ty} matmul, {n} tokens: relative error {e}");
+        }
+        // Embedding gather: token ids from a batch, scaled.
+        let mut b = Batch::single(&[5, 0, 95, 17], 0, &[0], 16, vec![3]);
+        b.tokens = vec![5, 0, 95, 17];
+        be.begin_step(&b, 1, 8, 8).unwrap();
+        let mut out = poison(&be, 4 * cols);
+        be.embed(&w, 1.5, &mut out).unwrap();
+        be.end_step(true).unwrap();
+        let got = read(&be, &out, 4 * cols);
+        let want: Vec<f32> = b
+            .tokens
+            .iter()
+            .flat_map(|&t| wd[t as usize * cols..][..cols].iter().map(|v| v * 1.5))
+            .collect();
+        assert!(rel_err(&got, &want) < 1e-6, "{ty} embed");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
+    let mut rng = Rng(seed());
+    let b = batch();
+    let mut be = backend();
+    be.set_graphs(false);
+    be.begin_step(&b, 2, 64, 64).unwrap();
+    for n_slots in [48usize, 4096] {
+        for (hd, nh, nkv, window, softcap) in [
+            (64, 4, 2, None, None),
+            (256, 4, 1, Some(3), None),
+            (128, 6, 3, None, Some(30.0f32)),
+            (128, 32, 8, None, None),
+        ] {
+            let a = AttnParams {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window,
+                softcap,
+            };
+            let mut kv = be.kv(n_slots, nkv * hd).unwrap();
+            let kh: Vec<half::f16> = rng
+                .vec(n_slots * nkv * hd)
+                .iter()
+                .map(|x| half::f16::from_f32(x * 3.0))
+                .collect();
+            let vh: Vec<half::f16> = rng
+                .vec(n_slots * nkv * hd)
+                .iter()
+                .map(|x| half::f16::from_f32(*x))
+                .collect();
+            be.write_kv(
+                &mut kv,
+                &kh.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
+                &vh.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
+            )
+            .unwrap();
+            let kf: Vec<f32> = kh.iter().map(|h| h.to_f32()).collect();
+            let vf: Vec<f32> = vh.iter().map(|h| h.to_f32()).collect();
+            let q: Vec<f32> = rng
+                .vec(b.n_tokens() * nh * hd)
+                .iter()
+                .map(|x| x * 3.0)
+                .collect();
+            let qb = be.buf_from(&q).unwrap();
+            let mut out = poison(&be, q.len());
+            be.attention(&qb, &kv, &a, &mut out).unwrap();
+            let got = read(&be, &out, q.len());
+            let mut want = vec![0.0; q.len()];
+            reference::attention(&q, &kf, &vf, &b, &a, &mut want);
+            let e = rel_err(&got, &want);
+            assert!(
+                e < 1e-5,
+                "hd {hd} heads {nh}/{nkv} slots {n_slots}: relative error {e}"
+            );
+        }
+    }
+    be.end_step(true).unwrap();
+}
+
+fn vector(be: &CudaBackend, v: &[f32]) -> quiver_backend_cuda::CudaWeight {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    be.weight(
+        "w",
+        GgmlType::F32,
+        &[v.len() as u64],
+        tensor(GgmlType::F32, &[v.len() as u64], &bytes),
+    )
+    .unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
+    let mut rng = Rng(seed());
+    let b = batch();
+    let mut be = backend();
+    be.set_graphs(false);
+    be.begin_step(&b, 3, 64, 64).unwrap();
+    let (n, d) = (b.n_tokens(), 96);
+    let g = rng.vec(d);
+    let w = vector(&be, &g);
+    let x = rng.vec(n * d);
+    let xb = be.buf_from(&x).unwrap();
+    let mut out = poison(&be, n * d);
+    be.rms_norm(&xb, &w, 1e-6, n, &mut out).unwrap();
+    let mut want = vec![0.0; n * d];
+    reference::rms_norm(&x, &g, 1e-6, &mut want);
+    assert!(rel_err(&read(&be, &out, n * d), &want) < 1e-6, "rms_norm");
+    let mut inplace = be.buf_from(&x).unwrap();
+    be.rms_norm_inplace(&mut inplace, &w, 1e-6, n).unwrap();
+    assert!(
+        rel_err(&read(&be, &inplace, n * d), &want) < 1e-6,
+        "rms_norm_inplace"
+    );
+    let resid = rng.vec(n * d);
+    let addv = rng.vec(n * d);
+    let sum: Vec<f32> = resid.iter().zip(&addv).map(|(a, b)| a + b).collect();
+    let mut rb = be.buf_from(&resid).unwrap();
+    let ab = be.buf_from(&addv).unwrap();
+    be.add_rms_norm(&mut rb, &ab, &w, 1e-6, n, &mut out)
+        .unwrap();
+    reference::rms_norm(&sum, &g, 1e-6, &mut want);
+    assert!(
+        rel_err(&read(&be, &rb, n * d), &sum) < 1e-7,
+        "add_rms_norm residual"
+    );
+    assert!(
+        rel_err(&read(&be, &out, n * d), &want) < 1e-6,
+        "add_rms_norm out"
+    );
+    let mut ab2 = be.buf_from(&resid).unwrap();
+    be.add(&mut ab2, &ab, n * d).unwrap();
+    assert!(rel_err(&read(&be, &ab2, n * d), &sum) < 1e-7, "add");
+
+    // rope (both modes, llama3 scaling) fused with the KV write
+    for (mode, hd, n_dims) in [
+        (RopeMode::Normal, 64, 64),
+        (RopeMode::Neox, 128, 128),
+        (RopeMode::Neox, 128, 64),
+    ] {
+        let (nh, nkv, n_slots) = (4, 2, 48);
+        let a = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            scale: 1.0,
+            window: None,
+            softcap: None,
+        };
+        let llama3 = (mode == RopeMode::Normal).then_some(quiver_backend::Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_context: 64.0,
+        });
+        let rope = RopeParams {
+            mode,
+            n_dims,
+            base: 10000.0,
+            freq_scale: 1.0,
+            llama3,
+            freq_factors: None,
+        };
+        let q = rng.vec(n * nh * hd);
+        let k = rng.vec(n * nkv * hd);
+        let v = rng.vec(n * nkv * hd);
+        let (mut qb, mut kb, vb) = (
+            be.buf_from(&q).unwrap(),
+            be.buf_from(&k).unwrap(),
+            be.buf_from(&v).unwrap(),
+        );
+        let mut kv = be.kv(n_slots, nkv * hd).unwrap();
+        be.rope_kv_write(&mut qb, &mut kb, &vb, &rope, &a, &mut kv)
+            .unwrap();
+        let (mut qw, mut kw) = (q.clone(), k.clone());
+        reference::rope(&mut qw, &b.positions, nh, hd, &rope);
+        reference::rope(&mut kw, &b.positions, nkv, hd, &rope);
+        assert!(
+            rel_err(&read(&be, &qb, q.len()), &qw) < 1e-5,
+            "rope q {mode:?}"
+        );
+        let (kc, vc) = be.read_kv(&kv).unwrap();
+        let kvd = nkv * hd;
+        for t in 0..n {
+            let s = b.slots[t] as usize;
+            let kgot: Vec<f32> = kc[s * kvd..][..kvd]
+                .iter()
+                .map(|&h| half::f16::from_bits(h).to_f32())
+                .collect();
+            let vgot: Vec<f32> = vc[s * kvd..][..kvd]
+                .iter()
+                .map(|&h| half::f16::from_bits(h).to_f32())
+                .collect();
+            assert!(
+                rel_err(&kgot, &kw[t * kvd..][..kvd]) < 1e-3,
+                "k cache token {t}"
+            );
+            assert!(
+                rel_err(&vgot, &v[t * kvd..][..kvd]) < 1e-3,
+                "v cache token {t}"
+            );
+        }
+    }
+
+    // glu: both activations
+    let m = 1000;
+    let (gate, up) = (
+        rng.vec(m).iter().map(|x| x * 6.0).collect::<Vec<_>>(),
+        rng.vec(m),
+    );
+    let (gb, ub) = (be.buf_from(&gate).unwrap(), be.buf_from(&up).unwrap());
+    for act in [Activation::SwiGlu, Activation::GeGlu] {
+        let mut ob = poison(&be, m);
+        be.glu(act, &gb, &ub, m, &mut ob).unwrap();
+        let mut want = vec![0.0; m];
+        reference::glu(act, &gate, &up, &mut want);
+        assert!(rel_err(&read(&be, &ob, m), &want) < 1e-3, "glu {act:?}");
+    }
+
+    // softcap and argmax
+    let rows = 3;
+    let cols = 50_000;
+    let mut logits = rng.vec(rows * cols);
+    logits[cols + 777] = 9.0;
+    logits[2 * cols + 5] = 9.0;
+    logits[2 * cols + 6] = 9.0;
+    let mut lb = be.buf_from(&logits).unwrap();
+    let mut ids = Vec::new();
+    be.argmax(&lb, rows, cols, &mut ids).unwrap();
+    let want_ids: Vec<u32> = logits.chunks(cols).map(reference::argmax).collect();
+    assert_eq!(ids, want_ids);
+    be.softcap(&mut lb, 5.0, rows * cols).unwrap();
+    let want: Vec<f32> = logits.iter().map(|x| 5.0 * (x / 5.0).tanh()).collect();
+    assert!(
+        rel_err(&read(&be, &lb, rows * cols), &want) < 1e-6,
+        "softcap"
+    );
+    be.end_step(true).unwrap();
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repo root, with the binaries tools/gpu/stage.sh put in
+# .gpu/: op parity, graph replay, batched serving, GPU-vs-CPU on synthetic models, benches.
+# Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-8b TYPE...]
+set -uo pipefail
+B=.gpu
+export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
+M=/tmp/quiver-models
+mkdir -p "$M" "${OUT:-/tmp/out}"
+O=${OUT:-/tmp/out}
+synth() { # arch preset type
+  local f="$M/$2-$3.gguf"
+  [ -s "$f" ] || { /usr/bin/time -f "synth $2 $3: %es" $B/quiver synth --arch "$1" --preset "$2" --type "$3" -o "$f" >/dev/null; }
+  echo "$f"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+for step in "$@"; do
+  case $step in
+    tests)
+      $B/test-kernels_compile 2>&1 | tail -3
+      $B/test-gpu_ops --include-ignored --test-threads=1 2>&1 | grep -E "^test |seed|panicked|error|result" | head -40
+      $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|error|result|Captures|\{" | head -20
+      ;;
+    compare)
+      for spec in "llama smollm2-135m Q4_1" "gemma3 gemma3-270m Q4_K_M" "llama smollm2-135m F16" "llama smollm2-135m Q8_0" "llama smollm2-135m Q4_0"; do
+        set -- $spec
+        f=$(synth "$1" "$2" "$3")
+        echo "compare $2 $3: $($B/quiver compare -m "$f" --device cuda -n 100 --decode 40 --json 2>>$O/compare.log)"
+      done
+      ;;
+    bench-small)
+      f=$(synth llama smollm2-135m Q4_1)
+      $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 -v 2>>$O/bench.log
+      ;;
+    bench-8b:*)
+      t=${step#bench-8b:}
+      f=$(synth llama llama3-8b "$t")
+      $B/quiver compare -m "$f" --device cuda -n 64 --decode 8 --json 2>>$O/compare.log
+      $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 -v 2>>$O/bench.log
+      ;;
+  esac
+done
