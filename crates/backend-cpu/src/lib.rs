@@ -131,6 +131,10 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn weight_rows(&self, w: &CpuWeight) -> usize {
+        w.rows
+    }
+
     fn buf(&self, n: usize) -> Result<Vec<f32>> {
         Ok(vec![0.0; n])
     }

@@ -24,6 +24,16 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Gated-activation function: act 0 silu, 1 gelu (tanh form, through f16 as ggml computes it).
+__device__ __forceinline__ float act_fn(float g, int act) {
+    if (act == 0) return g / (1.f + expf(-g));
+    if (g <= -10.f) return 0.f;
+    if (g >= 10.f) return g;
+    float x = h2f(f2h(g));
+    const float c = 0.7978845608f;
+    return h2f(f2h(0.5f * x * (1.f + tanhf(c * x * (1.f + 0.044715f * x * x)))));
+}
+
 // The flat batch as the backend uploads it (see batch.rs): per token id, position, KV slot,
 // sequence; per sequence KV length and offset of its block table.
 struct BatchView {

@@ -65,27 +65,11 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
     }
 }
 
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float c = 0.7978845608f;
-    return 0.5f * x * (1.f + tanhf(c * x * (1.f + 0.044715f * x * x)));
-}
-
-// out = act(gate) · up; act 0 silu, 1 gelu (tanh form, in f16 as ggml computes it).
+// out = act(gate) · up.
 extern "C" __global__ void glu(const float* __restrict__ gate, const float* __restrict__ up,
                                float* __restrict__ out, long long n, int act) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float g = gate[i], a;
-        if (act == 0) {
-            a = g / (1.f + expf(-g));
-        } else if (g <= -10.f) {
-            a = 0.f;
-        } else if (g >= 10.f) {
-            a = g;
-        } else {
-            a = h2f(f2h(gelu_tanh(h2f(f2h(g)))));
-        }
-        out[i] = a * up[i];
-    }
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = act_fn(gate[i], act) * up[i];
 }
 
 extern "C" __global__ void softcap(float* __restrict__ x, long long n, float cap) {

@@ -211,11 +211,171 @@ __device__ __forceinline__ void deq_bf16(const u8* row, int g, float* v) {
     }
 }
 
+// ---- row dot products: acc[t] += this lane's share of row · x[t], t < ntok ≤ 8 ----
+// Generic: one 32-value group per lane per step.
+#define ROW_DOT_GENERIC(T)                                                                           \
+    __device__ __forceinline__ void row_dot_##T(const u8* __restrict__ row, const float* __restrict__ x, \
+                                                int cols, int ntok, float* acc) {                    \
+        for (int g = threadIdx.x; g < cols / 32; g += 32) {                                          \
+            float v[32];                                                                             \
+            deq_##T(row, g, v);                                                                      \
+            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                          \
+                if (t < ntok) {                                                                      \
+                    const float4* xp = (const float4*)(x + (long long)t * cols + g * 32);            \
+                    float s = 0.f;                                                                   \
+                    _Pragma("unroll") for (int i = 0; i < 8; i++) {                                  \
+                        float4 xx = xp[i];                                                           \
+                        s += v[4 * i] * xx.x + v[4 * i + 1] * xx.y + v[4 * i + 2] * xx.z + v[4 * i + 3] * xx.w; \
+                    }                                                                                \
+                    acc[t] += s;                                                                     \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+    }
+
+__device__ __forceinline__ u32 byte_of3(u32 a, u32 b, u32 c, int k) {
+    u32 w = k < 4 ? a : (k < 8 ? b : c);
+    return (w >> (8 * (k & 3))) & 255;
+}
+
+// Q4_K: a lane takes 16 bytes of quants (16 low-nibble values of group g, 16 high-nibble of
+// g+1) and the super-block's 16-byte header (d, dmin, 12 scale bytes), both in one load each.
+__device__ __forceinline__ void row_dot_q4_k(const u8* __restrict__ row, const float* __restrict__ x, int cols, int ntok, float* acc) {
+    int nsl = cols / 32;
+#pragma unroll 2
+    for (int s = threadIdx.x; s < nsl; s += 32) {
+        int sb = s >> 3, j = s & 7;
+        const u8* b = row + sb * 144;
+        uint4 q = *(const uint4*)(b + 16 + 16 * j);
+        uint4 hd = *(const uint4*)b;
+        float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+        int g = (j >> 1) * 2;
+        float sc0, m0, sc1, m1;
+        if (g < 4) {
+            sc0 = byte_of3(hd.y, hd.z, hd.w, g) & 63;
+            m0 = byte_of3(hd.y, hd.z, hd.w, g + 4) & 63;
+            sc1 = byte_of3(hd.y, hd.z, hd.w, g + 1) & 63;
+            m1 = byte_of3(hd.y, hd.z, hd.w, g + 5) & 63;
+        } else {
+            sc0 = (byte_of3(hd.y, hd.z, hd.w, g + 4) & 15) | ((byte_of3(hd.y, hd.z, hd.w, g - 4) >> 6) << 4);
+            m0 = (byte_of3(hd.y, hd.z, hd.w, g + 4) >> 4) | ((byte_of3(hd.y, hd.z, hd.w, g) >> 6) << 4);
+            sc1 = (byte_of3(hd.y, hd.z, hd.w, g + 5) & 15) | ((byte_of3(hd.y, hd.z, hd.w, g - 3) >> 6) << 4);
+            m1 = (byte_of3(hd.y, hd.z, hd.w, g + 5) >> 4) | ((byte_of3(hd.y, hd.z, hd.w, g + 1) >> 6) << 4);
+        }
+        float dl0 = d * sc0, ml0 = dmin * m0, dl1 = d * sc1, ml1 = dmin * m1;
+        u32 w[4] = {q.x, q.y, q.z, q.w};
+        float lo[16], hi[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            u32 by = (w[k >> 2] >> (8 * (k & 3))) & 255;
+            lo[k] = (float)(by & 15);
+            hi[k] = (float)(by >> 4);
+        }
+        int xb = sb * 256 + g * 32 + (j & 1) * 16;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t < ntok) {
+                const float4* x0 = (const float4*)(x + (long long)t * cols + xb);
+                const float4* x1 = x0 + 8;
+                float s0 = 0.f, sx0 = 0.f, s1 = 0.f, sx1 = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 a = x0[i], c = x1[i];
+                    s0 += lo[4 * i] * a.x + lo[4 * i + 1] * a.y + lo[4 * i + 2] * a.z + lo[4 * i + 3] * a.w;
+                    sx0 += a.x + a.y + a.z + a.w;
+                    s1 += hi[4 * i] * c.x + hi[4 * i + 1] * c.y + hi[4 * i + 2] * c.z + hi[4 * i + 3] * c.w;
+                    sx1 += c.x + c.y + c.z + c.w;
+                }
+                acc[t] += dl0 * s0 - ml0 * sx0 + dl1 * s1 - ml1 * sx1;
+            }
+        }
+    }
+}
+
+// Q6_K: a lane takes 8 positions l of one half h of a super-block: 8 bytes of ql at l and at
+// l+32, 8 bytes of qh — 32 values in four groups of 8.
+__device__ __forceinline__ void row_dot_q6_k(const u8* __restrict__ row, const float* __restrict__ x, int cols, int ntok, float* acc) {
+    int nsl = cols / 32;
+#pragma unroll 2
+    for (int s = threadIdx.x; s < nsl; s += 32) {
+        int sb = s >> 3, jj = s & 7, h = jj >> 2, l0 = (jj & 3) * 8;
+        const u8* b = row + sb * 210;
+        const u16* pa = (const u16*)(b + h * 64 + l0);
+        const u16* pc = pa + 16;
+        const u16* pe = (const u16*)(b + 128 + h * 32 + l0);
+        u32 a[2] = {pa[0] | ((u32)pa[1] << 16), pa[2] | ((u32)pa[3] << 16)};
+        u32 c[2] = {pc[0] | ((u32)pc[1] << 16), pc[2] | ((u32)pc[3] << 16)};
+        u32 e[2] = {pe[0] | ((u32)pe[1] << 16), pe[2] | ((u32)pe[3] << 16)};
+        const i8* sc = (const i8*)(b + 192 + h * 8 + (l0 >> 4));
+        float d = h2f(*(const u16*)(b + 208));
+        float d0 = d * sc[0], d1 = d * sc[2], d2 = d * sc[4], d3 = d * sc[6];
+        float q1[8], q2[8], q3[8], q4[8];
+#pragma unroll
+        for (int l = 0; l < 8; l++) {
+            u32 la = (a[l >> 2] >> (8 * (l & 3))) & 255, lc = (c[l >> 2] >> (8 * (l & 3))) & 255, he = (e[l >> 2] >> (8 * (l & 3))) & 255;
+            q1[l] = (float)((int)((la & 15) | ((he & 3) << 4)) - 32);
+            q2[l] = (float)((int)((lc & 15) | (((he >> 2) & 3) << 4)) - 32);
+            q3[l] = (float)((int)((la >> 4) | (((he >> 4) & 3) << 4)) - 32);
+            q4[l] = (float)((int)((lc >> 4) | (((he >> 6) & 3) << 4)) - 32);
+        }
+        int xb = sb * 256 + h * 128 + l0;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t < ntok) {
+                const float* xp = x + (long long)t * cols + xb;
+                float s1 = 0.f, s2 = 0.f, s3 = 0.f, s4 = 0.f;
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float4 x1 = ((const float4*)xp)[i], x2 = ((const float4*)(xp + 32))[i];
+                    float4 x3 = ((const float4*)(xp + 64))[i], x4 = ((const float4*)(xp + 96))[i];
+                    s1 += q1[4 * i] * x1.x + q1[4 * i + 1] * x1.y + q1[4 * i + 2] * x1.z + q1[4 * i + 3] * x1.w;
+                    s2 += q2[4 * i] * x2.x + q2[4 * i + 1] * x2.y + q2[4 * i + 2] * x2.z + q2[4 * i + 3] * x2.w;
+                    s3 += q3[4 * i] * x3.x + q3[4 * i + 1] * x3.y + q3[4 * i + 2] * x3.z + q3[4 * i + 3] * x3.w;
+                    s4 += q4[4 * i] * x4.x + q4[4 * i + 1] * x4.y + q4[4 * i + 2] * x4.z + q4[4 * i + 3] * x4.w;
+                }
+                acc[t] += d0 * s1 + d1 * s2 + d2 * s3 + d3 * s4;
+            }
+        }
+    }
+}
+
+// Dense half-precision rows: 8 values (16 bytes) per lane per step, consecutive across the warp.
+#define ROW_DOT_DENSE(T, CVT)                                                                        \
+    __device__ __forceinline__ void row_dot_##T(const u8* __restrict__ rowb, const float* __restrict__ x, \
+                                                int cols, int ntok, float* acc) {                    \
+        const uint4* row = (const uint4*)rowb;                                                       \
+        _Pragma("unroll 4") for (int i = threadIdx.x; i < cols / 8; i += 32) {                       \
+            uint4 u = row[i];                                                                        \
+            u32 w[4] = {u.x, u.y, u.z, u.w};                                                         \
+            float v[8];                                                                              \
+            _Pragma("unroll") for (int k = 0; k < 4; k++) {                                          \
+                v[2 * k] = CVT(w[k] & 0xffff);                                                       \
+                v[2 * k + 1] = CVT(w[k] >> 16);                                                      \
+            }                                                                                        \
+            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                          \
+                if (t < ntok) {                                                                      \
+                    const float4* xp = (const float4*)(x + (long long)t * cols + i * 8);             \
+                    float4 a = xp[0], b = xp[1];                                                     \
+                    acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + \
+                              v[6] * b.z + v[7] * b.w;                                               \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+    }
+
 // ---- kernels, one set per type (the registry instantiates one type per module) ----
-// embed: out[t, :] = row tokens[t] of the table · scale.       grid (n_tokens), block 128
-// dequant_bf16: the whole matrix to bf16.                      grid (rows), block 128
-// mmv: y[t, r] = W[r, :] · x[t, :] for t < ntok ≤ 8.            grid (rows / 4), block (32, 4)
+// embed: out[t, :] = row tokens[t] of the table · scale.         grid (n_tokens), block 128
+// dequant_bf16: the whole matrix to bf16.                        grid (rows), block 128
+// mmv: y[t, r] = W[r, :] · x[t, :] for t < ntok ≤ 8; up to three matrices in one launch
+//      (q, k and v): warp-row r < rows0 is W0's, then W1's, then W2's.  grid (Σrows / 4), block (32, 4)
+// mmv_glu: out[t, r] = act(Wg[r] · x[t]) · (Wu[r] · x[t]).       grid (rows / 4), block (32, 4)
 #define MMV_WARPS 4
+struct MmvMat {
+    const u8* w;
+    float* y;
+    long long row_bytes;
+    int rows;
+};
 #define QUANT_KERNELS(T)                                                                              \
     extern "C" __global__ void embed_##T(const u8* __restrict__ W, const u32* __restrict__ tokens,   \
                                          float* __restrict__ out, int cols, long long row_bytes,      \
@@ -244,69 +404,42 @@ __device__ __forceinline__ void deq_bf16(const u8* row, int g, float* v) {
         }                                                                                             \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        mmv_##T(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,         \
-                int rows, int cols, long long row_bytes, int ntok) {                                  \
+        mmv_##T(MmvMat m0, MmvMat m1, MmvMat m2, const float* __restrict__ x, int cols, int ntok) {   \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
-        if (r >= rows) return;                                                                        \
-        const u8* row = W + (long long)r * row_bytes;                                                 \
-        float acc[8];                                                                                 \
-        _Pragma("unroll") for (int t = 0; t < 8; t++) acc[t] = 0.f;                                   \
-        for (int g = threadIdx.x; g < cols / 32; g += 32) {                                           \
-            float v[32];                                                                              \
-            deq_##T(row, g, v);                                                                       \
-            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
-                if (t < ntok) {                                                                       \
-                    const float4* xp = (const float4*)(x + (long long)t * cols + g * 32);             \
-                    float s = 0.f;                                                                    \
-                    _Pragma("unroll") for (int i = 0; i < 8; i++) {                                   \
-                        float4 xx = xp[i];                                                            \
-                        s += v[4 * i] * xx.x + v[4 * i + 1] * xx.y + v[4 * i + 2] * xx.z +            \
-                             v[4 * i + 3] * xx.w;                                                     \
-                    }                                                                                 \
-                    acc[t] += s;                                                                      \
-                }                                                                                     \
+        MmvMat m = m0;                                                                                \
+        if (r >= m0.rows) {                                                                           \
+            r -= m0.rows;                                                                             \
+            m = m1;                                                                                   \
+            if (r >= m1.rows) {                                                                       \
+                r -= m1.rows;                                                                         \
+                m = m2;                                                                               \
+                if (r >= m2.rows) return;                                                             \
             }                                                                                         \
         }                                                                                             \
+        float acc[8];                                                                                 \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) acc[t] = 0.f;                                   \
+        row_dot_##T(m.w + (long long)r * m.row_bytes, x, cols, ntok, acc);                            \
         _Pragma("unroll") for (int t = 0; t < 8; t++) {                                               \
             if (t < ntok) {                                                                           \
                 float s = warp_sum(acc[t]);                                                           \
-                if (threadIdx.x == 0) y[(long long)t * rows + r] = s;                                 \
+                if (threadIdx.x == 0) m.y[(long long)t * m.rows + r] = s;                             \
             }                                                                                         \
         }                                                                                             \
-    }
-
-
-// Dense half-precision weights read 16 bytes per lane per step, consecutive across the warp.
-#define DENSE_MMV(T, CVT)                                                                             \
+    }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        mmv_dense_##T(const u16* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,  \
-                      int rows, int cols, int ntok) {                                                 \
+        mmv_glu_##T(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,        \
+                    const float* __restrict__ x, float* __restrict__ out, int rows, int cols,         \
+                    int ntok, int act) {                                                              \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         if (r >= rows) return;                                                                        \
-        const uint4* row = (const uint4*)(W + (long long)r * cols);                                   \
-        float acc[8];                                                                                 \
-        _Pragma("unroll") for (int t = 0; t < 8; t++) acc[t] = 0.f;                                   \
-        for (int i = threadIdx.x; i < cols / 8; i += 32) {                                            \
-            uint4 u = row[i];                                                                         \
-            u32 w[4] = {u.x, u.y, u.z, u.w};                                                          \
-            float v[8];                                                                               \
-            _Pragma("unroll") for (int k = 0; k < 4; k++) {                                           \
-                v[2 * k] = CVT(w[k] & 0xffff);                                                        \
-                v[2 * k + 1] = CVT(w[k] >> 16);                                                       \
-            }                                                                                         \
-            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
-                if (t < ntok) {                                                                       \
-                    const float4* xp = (const float4*)(x + (long long)t * cols + i * 8);              \
-                    float4 a = xp[0], b = xp[1];                                                      \
-                    acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +        \
-                              v[5] * b.y + v[6] * b.z + v[7] * b.w;                                   \
-                }                                                                                     \
-            }                                                                                         \
-        }                                                                                             \
+        float ag[8], au[8];                                                                           \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) ag[t] = au[t] = 0.f;                            \
+        row_dot_##T(wg + (long long)r * row_bytes, x, cols, ntok, ag);                                \
+        row_dot_##T(wu + (long long)r * row_bytes, x, cols, ntok, au);                                \
         _Pragma("unroll") for (int t = 0; t < 8; t++) {                                               \
             if (t < ntok) {                                                                           \
-                float s = warp_sum(acc[t]);                                                           \
-                if (threadIdx.x == 0) y[(long long)t * rows + r] = s;                                 \
+                float g = warp_sum(ag[t]), u = warp_sum(au[t]);                                       \
+                if (threadIdx.x == 0) out[(long long)t * rows + r] = act_fn(g, act) * u;              \
             }                                                                                         \
         }                                                                                             \
     }

@@ -108,6 +108,16 @@ impl BatchLayout {
     }
 }
 
+/// One matrix of an `mmv` launch (mirrors `MmvMat` in quant.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MmvMat {
+    w: u64,
+    y: u64,
+    row_bytes: i64,
+    rows: i32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct BatchView {
@@ -432,44 +442,36 @@ impl CudaBackend {
                     .map_err(|e| derr("cublasGemmEx", e));
             }
         }
-        let module = format!("quant_{}", w.kernel);
+        self.mmv(&[(w, y)], x, n)
+    }
+
+    /// Matrix-vector products of up to three matrices of one type over the same x, in one
+    /// launch per 8 tokens.
+    fn mmv(&self, mats: &[(&CudaWeight, u64)], x: u64, n: usize) -> Result<()> {
+        let w0 = mats[0].0;
+        let module = format!("quant_{}", w0.kernel);
+        let name = format!("mmv_{}", w0.kernel);
+        let total_rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
         let mut t = 0;
         while t < n {
             let nt = (n - t).min(MMV_TOKENS);
-            let xo = x + (t * w.cols * 4) as u64;
-            let yo = y + (t * w.rows * 4) as u64;
-            let grid = (w.rows.div_ceil(4) as u32, 1, 1);
-            if matches!(w.ty, GgmlType::F16 | GgmlType::BF16) {
-                let name = if w.ty == GgmlType::F16 {
-                    "mmv_dense_f16"
-                } else {
-                    "mmv_dense_bf16"
+            let mut m = [MmvMat::default(); 3];
+            for (i, (w, y)) in mats.iter().enumerate() {
+                m[i] = MmvMat {
+                    w: w.data.ptr,
+                    y: y + (t * w.rows * 4) as u64,
+                    row_bytes: w.row_bytes as i64,
+                    rows: w.rows as i32,
                 };
-                self.launch(
-                    &module,
-                    name,
-                    grid,
-                    (32, 4, 1),
-                    args![w.data.ptr, xo, yo, w.rows as i32, w.cols as i32, nt as i32],
-                )?;
-            } else {
-                let name = format!("mmv_{}", w.kernel);
-                self.launch(
-                    &module,
-                    &name,
-                    grid,
-                    (32, 4, 1),
-                    args![
-                        w.data.ptr,
-                        xo,
-                        yo,
-                        w.rows as i32,
-                        w.cols as i32,
-                        w.row_bytes as i64,
-                        nt as i32
-                    ],
-                )?;
             }
+            let xo = x + (t * w0.cols * 4) as u64;
+            self.launch(
+                &module,
+                &name,
+                (total_rows.div_ceil(4) as u32, 1, 1),
+                (32, 4, 1),
+                args![m[0], m[1], m[2], xo, w0.cols as i32, nt as i32],
+            )?;
             t += nt;
         }
         Ok(())
@@ -683,6 +685,10 @@ impl Backend for CudaBackend {
             }
         }
         Ok(w)
+    }
+
+    fn weight_rows(&self, w: &CudaWeight) -> usize {
+        w.rows
     }
 
     fn buf(&self, n: usize) -> Result<CudaBuf> {
@@ -919,6 +925,95 @@ impl Backend for CudaBackend {
             },
         )?;
         self.mm(w, x.ptr(), rows_x, out.ptr())
+    }
+
+    fn matmul_qkv(
+        &self,
+        w: [&CudaWeight; 3],
+        x: &CudaBuf,
+        rows_x: usize,
+        out: [&mut CudaBuf; 3],
+    ) -> Result<()> {
+        let fused =
+            rows_x <= MMV_TOKENS && w.iter().all(|m| m.ty == w[0].ty && m.cols == w[0].cols);
+        for (m, o) in w.iter().zip(&out) {
+            check(
+                "matmul",
+                x.len >= rows_x * m.cols && o.len >= rows_x * m.rows,
+                || format!("{rows_x} rows"),
+            )?;
+        }
+        if !fused {
+            for (m, o) in w.iter().zip(out) {
+                self.mm(m, x.ptr(), rows_x, o.ptr())?;
+            }
+            return Ok(());
+        }
+        self.mmv(
+            &[
+                (w[0], out[0].ptr()),
+                (w[1], out[1].ptr()),
+                (w[2], out[2].ptr()),
+            ],
+            x.ptr(),
+            rows_x,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_glu(
+        &self,
+        act: Activation,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        x: &CudaBuf,
+        rows_x: usize,
+        scratch: [&mut CudaBuf; 2],
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n_ff = gate.rows;
+        if rows_x > MMV_TOKENS || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
+            let [g, u] = scratch;
+            self.matmul(gate, x, rows_x, g)?;
+            self.matmul(up, x, rows_x, u)?;
+            return self.glu(act, g, u, rows_x * n_ff, out);
+        }
+        check(
+            "matmul_glu",
+            x.len >= rows_x * gate.cols && out.len >= rows_x * n_ff,
+            || format!("{rows_x} rows"),
+        )?;
+        let a = match act {
+            Activation::SwiGlu => 0i32,
+            Activation::GeGlu => 1,
+        };
+        let module = format!("quant_{}", gate.kernel);
+        let name = format!("mmv_glu_{}", gate.kernel);
+        let mut t = 0;
+        while t < rows_x {
+            let nt = (rows_x - t).min(MMV_TOKENS);
+            let xo = x.ptr() + (t * gate.cols * 4) as u64;
+            let oo = out.ptr() + (t * n_ff * 4) as u64;
+            self.launch(
+                &module,
+                &name,
+                (n_ff.div_ceil(4) as u32, 1, 1),
+                (32, 4, 1),
+                args![
+                    gate.data.ptr,
+                    up.data.ptr,
+                    gate.row_bytes as i64,
+                    xo,
+                    oo,
+                    n_ff as i32,
+                    gate.cols as i32,
+                    nt as i32,
+                    a
+                ],
+            )?;
+            t += nt;
+        }
+        Ok(())
     }
 
     fn matmul_logits(&self, w: &CudaWeight, x: &CudaBuf, out: &mut CudaBuf) -> Result<()> {

@@ -49,15 +49,10 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             .collect(),
         m => {
             let t = m.strip_prefix("quant_").unwrap_or(m);
-            let mut v = vec![
-                format!("embed_{t}"),
-                format!("dequant_bf16_{t}"),
-                format!("mmv_{t}"),
-            ];
-            if t == "f16" || t == "bf16" {
-                v.push(format!("mmv_dense_{t}"));
-            }
-            v
+            ["embed", "dequant_bf16", "mmv", "mmv_glu"]
+                .iter()
+                .map(|k| format!("{k}_{t}"))
+                .collect()
         }
     }
 }
@@ -71,14 +66,13 @@ pub fn module_source(module: &str) -> Option<String> {
             let t = m
                 .strip_prefix("quant_")
                 .filter(|t| QUANT_TYPES.contains(t))?;
-            let mut s = format!("{QUANT}\nQUANT_KERNELS({t})\n");
-            if t == "f16" || t == "bf16" {
-                s.push_str(&format!(
-                    "DENSE_MMV({t}, {})\n",
-                    if t == "f16" { "h2f" } else { "bf2f" }
-                ));
-            }
-            s
+            let row_dot = match t {
+                "q4_k" | "q6_k" => String::new(),
+                "f16" => "ROW_DOT_DENSE(f16, h2f)\n".into(),
+                "bf16" => "ROW_DOT_DENSE(bf16, bf2f)\n".into(),
+                _ => format!("ROW_DOT_GENERIC({t})\n"),
+            };
+            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n")
         }
     };
     Some(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))

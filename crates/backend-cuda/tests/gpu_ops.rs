@@ -54,8 +54,7 @@ fn backend() -> CudaBackend {
 
 fn tensor(ty: GgmlType, shape: &[u64], bytes: &[u8]) -> WeightBytes {
     let mut w = GgufWriter::new();
-    let ne: Vec<u64> = shape.iter().rev().copied().collect();
-    w.add_tensor("w", ty, &ne);
+    w.add_tensor("w", ty, shape);
     let f = GgufFile::from_bytes(w.to_bytes(&[bytes]).unwrap()).unwrap();
     WeightBytes {
         file: Arc::new(f),
@@ -153,6 +152,64 @@ fn matmul_and_embedding_match_reference_for_every_type() {
             let e = rel_err(&got, &want);
             let bound = if n > 8 && be.has_cublas() { 8e-3 } else { 1e-5 };
             assert!(e < bound, "{ty} matmul, {n} tokens: relative error {e}");
+        }
+        // Fused: q/k/v in one launch (three matrices of the type), gate·up with the activation.
+        let w2f = rng.vec(rows * cols);
+        let mut q2 = Vec::new();
+        quiver_quant::quantize(ty, &w2f, &mut q2).unwrap();
+        let mut wd2 = vec![0f32; rows * cols];
+        quiver_quant::dequantize(ty, &q2, &mut wd2).unwrap();
+        let w2 = be
+            .weight(
+                "w2",
+                ty,
+                &[rows as u64, cols as u64],
+                tensor(ty, &[rows as u64, cols as u64], &q2),
+            )
+            .unwrap();
+        for n in [1usize, 5, 12] {
+            let x = rng.vec(n * cols);
+            let xb = be.buf_from(&x).unwrap();
+            let (mut a, mut b2, mut c) = (
+                poison(&be, n * rows),
+                poison(&be, n * rows),
+                poison(&be, n * rows),
+            );
+            be.matmul_qkv([&w, &w2, &w], &xb, n, [&mut a, &mut b2, &mut c])
+                .unwrap();
+            let (mut wa, mut wb) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            reference::matmul(&wd, rows, cols, &x, n, &mut wa);
+            reference::matmul(&wd2, rows, cols, &x, n, &mut wb);
+            let bound = if n > 8 && be.has_cublas() { 8e-3 } else { 1e-5 };
+            assert!(
+                rel_err(&read(&be, &a, n * rows), &wa) < bound,
+                "{ty} qkv[0], {n} tokens"
+            );
+            assert!(
+                rel_err(&read(&be, &b2, n * rows), &wb) < bound,
+                "{ty} qkv[1], {n} tokens"
+            );
+            assert!(
+                rel_err(&read(&be, &c, n * rows), &wa) < bound,
+                "{ty} qkv[2], {n} tokens"
+            );
+            for act in [Activation::SwiGlu, Activation::GeGlu] {
+                let (mut s1, mut s2, mut o) = (
+                    poison(&be, n * rows),
+                    poison(&be, n * rows),
+                    poison(&be, n * rows),
+                );
+                be.matmul_glu(act, &w, &w2, &xb, n, [&mut s1, &mut s2], &mut o)
+                    .unwrap();
+                let mut want = vec![0f32; n * rows];
+                reference::glu(act, &wa, &wb, &mut want);
+                let e = rel_err(&read(&be, &o, n * rows), &want);
+                // GeGLU goes through f16 (as ggml's): a rounding step can move an element by 1e-3.
+                assert!(
+                    e < bound.max(2e-3),
+                    "{ty} matmul_glu {act:?}, {n} tokens: {e}"
+                );
+            }
         }
         // Embedding gather: token ids from a batch, scaled.
         let mut b = Batch::single(&[5, 0, 95, 17], 0, &[0], 16, vec![3]);

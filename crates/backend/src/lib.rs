@@ -194,6 +194,39 @@ pub trait Backend {
         rows_x: usize,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// The q, k and v products of one x (a backend may run them as one launch).
+    fn matmul_qkv(
+        &self,
+        w: [&Self::Weight; 3],
+        x: &Self::Buf,
+        rows_x: usize,
+        out: [&mut Self::Buf; 3],
+    ) -> Result<()> {
+        for (w, o) in w.into_iter().zip(out) {
+            self.matmul(w, x, rows_x, o)?;
+        }
+        Ok(())
+    }
+    /// out = act(x·gateᵀ) · (x·upᵀ), `scratch` holding the two products where the backend
+    /// does not fuse them.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_glu(
+        &self,
+        act: Activation,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        x: &Self::Buf,
+        rows_x: usize,
+        scratch: [&mut Self::Buf; 2],
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let [g, u] = scratch;
+        self.matmul(gate, x, rows_x, g)?;
+        self.matmul(up, x, rows_x, u)?;
+        self.glu(act, g, u, rows_x * self.weight_rows(gate), out)
+    }
+    /// Rows of a weight matrix.
+    fn weight_rows(&self, w: &Self::Weight) -> usize;
     /// Like `matmul` over only the rows of x listed by `batch.logits` (packed into out).
     fn matmul_logits(&self, w: &Self::Weight, x: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
     /// Rotates q [n_tokens, n_head, head_dim] in place; rotates k and writes k and v

@@ -188,9 +188,12 @@ impl<B: Backend> Model<B> {
         b.embed(&self.tok_embd, hp.embed_scale, &mut s.x)?;
         b.rms_norm(&s.x, &self.layers[0].attn_norm, eps, n, &mut s.xn)?;
         for (i, l) in self.layers.iter().enumerate() {
-            b.matmul(&l.wq, &s.xn, n, &mut s.q)?;
-            b.matmul(&l.wk, &s.xn, n, &mut s.k)?;
-            b.matmul(&l.wv, &s.xn, n, &mut s.v)?;
+            b.matmul_qkv(
+                [&l.wq, &l.wk, &l.wv],
+                &s.xn,
+                n,
+                [&mut s.q, &mut s.k, &mut s.v],
+            )?;
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                 b.rms_norm_inplace(&mut s.q, qn, eps, n * hp.n_head)?;
                 b.rms_norm_inplace(&mut s.k, kn, eps, n * hp.n_head_kv)?;
@@ -203,9 +206,15 @@ impl<B: Backend> Model<B> {
                 std::mem::swap(&mut s.o, &mut s.xn);
             }
             b.add_rms_norm(&mut s.x, &s.o, &l.ffn_norm, eps, n, &mut s.xn)?;
-            b.matmul(&l.gate, &s.xn, n, &mut s.gate)?;
-            b.matmul(&l.up, &s.xn, n, &mut s.up)?;
-            b.glu(hp.act, &s.gate, &s.up, n * hp.n_ff, &mut s.act)?;
+            b.matmul_glu(
+                hp.act,
+                &l.gate,
+                &l.up,
+                &s.xn,
+                n,
+                [&mut s.gate, &mut s.up],
+                &mut s.act,
+            )?;
             b.matmul(&l.down, &s.act, n, &mut s.o)?;
             if let Some(pn) = &l.post_ffw_norm {
                 b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
