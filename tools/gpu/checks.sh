@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repo root, with the binaries tools/gpu/stage.sh put in
 # .gpu/: op parity, graph replay, batched serving, GPU-vs-CPU on synthetic models, benches.
-# Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-8b TYPE...]
+# Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-8b:TYPE...] [part:FILE...] [real:NAME...]
+#   part:FILE  keeps a carried piece of a real model in /tmp/qparts (the models are larger than
+#              one call carries: split them, carry one piece per call, back to back)
+#   real:NAME  joins /tmp/qparts/NAME.part* and runs GPU-vs-CPU parity on the reference records
+#              (.gpu/generate-NAME.jsonl) and the reference perplexity (.gpu/GPL-3) on both
 set -uo pipefail
 B=.gpu
 export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
@@ -37,6 +41,17 @@ for step in "$@"; do
       f=$(synth llama llama3-8b "$t")
       $B/quiver compare -m "$f" --device cuda -n 64 --decode 8 --json 2>>$O/compare.log
       $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 -v 2>>$O/bench.log
+      ;;
+    part:*)
+      mkdir -p /tmp/qparts && cp "${step#part:}" /tmp/qparts/ && ls -la /tmp/qparts
+      ;;
+    real:*)
+      n=${step#real:}
+      cat /tmp/qparts/$n.part* > /tmp/$n.gguf && ls -la /tmp/$n.gguf
+      $B/quiver compare -m /tmp/$n.gguf --device cuda -n 64 --decode 32 --reference .gpu/generate-$n.jsonl --json 2>>$O/real.log
+      for d in cuda cpu; do
+        $B/quiver perplexity -m /tmp/$n.gguf -f .gpu/GPL-3 -c 512 --device $d 2>>$O/real.log | tail -1
+      done
       ;;
   esac
 done

@@ -177,9 +177,15 @@ pub fn bench(
     let prompt: Vec<u32> = (0..n_prompt).map(|_| rnd()).collect();
     let mut pp = Vec::new();
     let mut tg = Vec::new();
-    // Warm-up: one short step.
-    let warm = [rnd()];
-    l.runner.eval(&warm, 0, Want::Last)?;
+    // Warm-up, as llama-bench does: one run of each test, untimed (first-use costs such as
+    // kernel loading, library heuristics and graph capture stay out of the numbers).
+    if n_prompt > 0 {
+        l.runner.eval(&prompt, 0, Want::Last)?;
+    }
+    let mut tokv = rnd();
+    for p in 0..n_gen.min(8) {
+        tokv = l.runner.eval_argmax(&[tokv], p)?;
+    }
     for _ in 0..reps {
         if n_prompt > 0 {
             let t = std::time::Instant::now();
