@@ -128,3 +128,55 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restr
         if (l == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
     }
 }
+
+// ---- activation quantization (as the CPU backend does it: d = max|x| / 127, round to nearest
+// even), for the integer matrix-vector kernels ----
+__device__ __forceinline__ int f2i_rn(float f) { int i; asm("cvt.rni.s32.f32 %0, %1;" : "=r"(i) : "f"(f)); return i; }
+__device__ __forceinline__ int warp_sum_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Blocks of 32: q int8, ds[2b] = d, ds[2b + 1] = d · Σq. One warp per block; block (32, 8).
+extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ ds, long long nblocks) {
+    long long b = blockIdx.x * 8LL + threadIdx.y;
+    if (b >= nblocks) return;
+    float v = x[b * 32 + threadIdx.x];
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    int qi = f2i_rn(v * id);
+    q[b * 32 + threadIdx.x] = (i8)qi;
+    int s = warp_sum_i(qi);
+    if (threadIdx.x == 0) {
+        ds[2 * b] = d;
+        ds[2 * b + 1] = d * (float)s;
+    }
+}
+
+// Blocks of 256 (ggml's Q8_K): q int8, d per block, sums of each 16 quants. One warp per block.
+extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d256, int* __restrict__ bsums, long long nblocks) {
+    long long b = blockIdx.x * 8LL + threadIdx.y;
+    if (b >= nblocks) return;
+    int lane = threadIdx.x;
+    const float4* xp = (const float4*)(x + b * 256 + lane * 8);
+    float4 u = xp[0], w = xp[1];
+    float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+    amax = warp_max(amax);
+    float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    int s = 0;
+    u32 packed[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int qi = f2i_rn(v[i] * id);
+        s += qi;
+        packed[i >> 2] |= ((u32)(qi & 255)) << (8 * (i & 3));
+    }
+    *(uint2*)(q + b * 256 + lane * 8) = make_uint2(packed[0], packed[1]);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if ((lane & 1) == 0) bsums[b * 16 + lane / 2] = s;
+    if (lane == 0) d256[b] = d;
+}

@@ -88,6 +88,9 @@ pub struct MemStats {
 #[derive(Default)]
 struct Scratch {
     part: Option<DevBuf>,
+    aq: Option<DevBuf>,
+    ad: Option<DevBuf>,
+    abs: Option<DevBuf>,
     xbf: Option<DevBuf>,
     gather: Option<DevBuf>,
     ids: Option<DevBuf>,
@@ -138,6 +141,9 @@ pub struct CudaBackend {
     blas: Option<dev::Blas>,
     use_bf16: bool,
     tensor_cores: bool,
+    /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
+    /// the CPU backend's; QUIVER_CUDA_INT8=0 keeps f32 activations.
+    int8: bool,
     scratch: Mutex<Scratch>,
     mem: Mutex<MemStats>,
     batch_buf: Option<DevBuf>,
@@ -228,6 +234,7 @@ impl CudaBackend {
             dev,
             reg: Mutex::new(reg),
             tensor_cores: blas.is_some(),
+            int8: std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0"),
             blas,
             use_bf16,
             scratch: Mutex::new(Scratch::default()),
@@ -450,7 +457,12 @@ impl CudaBackend {
     fn mmv(&self, mats: &[(&CudaWeight, u64)], x: u64, n: usize) -> Result<()> {
         let w0 = mats[0].0;
         let module = format!("quant_{}", w0.kernel);
-        let name = format!("mmv_{}", w0.kernel);
+        let int8 = self.int8_block(w0);
+        let name = format!(
+            "{}_{}",
+            if int8.is_some() { "mmvq" } else { "mmv" },
+            w0.kernel
+        );
         let total_rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
         let mut t = 0;
         while t < n {
@@ -465,16 +477,62 @@ impl CudaBackend {
                 };
             }
             let xo = x + (t * w0.cols * 4) as u64;
-            self.launch(
-                &module,
-                &name,
-                (total_rows.div_ceil(4) as u32, 1, 1),
-                (32, 4, 1),
-                args![m[0], m[1], m[2], xo, w0.cols as i32, nt as i32],
-            )?;
+            let grid = (total_rows.div_ceil(4) as u32, 1, 1);
+            match int8 {
+                Some(block) => {
+                    let (q, d, bs) = self.quantize_act(xo, nt, w0.cols, block)?;
+                    self.launch(
+                        &module,
+                        &name,
+                        grid,
+                        (32, 4, 1),
+                        args![m[0], m[1], m[2], q, d, bs, w0.cols as i32, nt as i32],
+                    )?;
+                }
+                None => self.launch(
+                    &module,
+                    &name,
+                    grid,
+                    (32, 4, 1),
+                    args![m[0], m[1], m[2], xo, w0.cols as i32, nt as i32],
+                )?,
+            }
             t += nt;
         }
         Ok(())
+    }
+
+    /// The activation block size when `w`'s decode kernels take int8 activations.
+    fn int8_block(&self, w: &CudaWeight) -> Option<usize> {
+        if self.int8 {
+            registry::int8_activations(w.kernel)
+        } else {
+            None
+        }
+    }
+
+    /// Quantizes `n` rows of `cols` f32 at `x` to int8 blocks of `block` (32 or 256) in the
+    /// activation scratch: (quants, scales, per-16 sums).
+    fn quantize_act(&self, x: u64, n: usize, cols: usize, block: usize) -> Result<(u64, u64, u64)> {
+        let q = self.scratch_ptr(|s| &mut s.aq, n * cols, "int8 activations")?;
+        let nb = (n * cols / block) as i64;
+        let grid = ((nb as usize).div_ceil(8) as u32, 1, 1);
+        if block == 32 {
+            let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 32 * 8, "activation scales")?;
+            self.launch("ops", "quantize_a32", grid, (32, 8, 1), args![x, q, d, nb])?;
+            Ok((q, d, 0))
+        } else {
+            let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 256 * 4, "activation scales")?;
+            let bs = self.scratch_ptr(|s| &mut s.abs, n * cols / 16 * 4, "activation sums")?;
+            self.launch(
+                "ops",
+                "quantize_a256",
+                grid,
+                (32, 8, 1),
+                args![x, q, d, bs, nb],
+            )?;
+            Ok((q, d, bs))
+        }
     }
 
     fn upload_batch(
@@ -988,29 +1046,63 @@ impl Backend for CudaBackend {
             Activation::GeGlu => 1,
         };
         let module = format!("quant_{}", gate.kernel);
-        let name = format!("mmv_glu_{}", gate.kernel);
+        let int8 = self.int8_block(gate);
+        let name = format!(
+            "{}_{}",
+            if int8.is_some() {
+                "mmvq_glu"
+            } else {
+                "mmv_glu"
+            },
+            gate.kernel
+        );
+        let grid = (n_ff.div_ceil(4) as u32, 1, 1);
         let mut t = 0;
         while t < rows_x {
             let nt = (rows_x - t).min(MMV_TOKENS);
             let xo = x.ptr() + (t * gate.cols * 4) as u64;
             let oo = out.ptr() + (t * n_ff * 4) as u64;
-            self.launch(
-                &module,
-                &name,
-                (n_ff.div_ceil(4) as u32, 1, 1),
-                (32, 4, 1),
-                args![
-                    gate.data.ptr,
-                    up.data.ptr,
-                    gate.row_bytes as i64,
-                    xo,
-                    oo,
-                    n_ff as i32,
-                    gate.cols as i32,
-                    nt as i32,
-                    a
-                ],
-            )?;
+            match int8 {
+                Some(block) => {
+                    let (q, d, bs) = self.quantize_act(xo, nt, gate.cols, block)?;
+                    self.launch(
+                        &module,
+                        &name,
+                        grid,
+                        (32, 4, 1),
+                        args![
+                            gate.data.ptr,
+                            up.data.ptr,
+                            gate.row_bytes as i64,
+                            q,
+                            d,
+                            bs,
+                            oo,
+                            n_ff as i32,
+                            gate.cols as i32,
+                            nt as i32,
+                            a
+                        ],
+                    )?;
+                }
+                None => self.launch(
+                    &module,
+                    &name,
+                    grid,
+                    (32, 4, 1),
+                    args![
+                        gate.data.ptr,
+                        up.data.ptr,
+                        gate.row_bytes as i64,
+                        xo,
+                        oo,
+                        n_ff as i32,
+                        gate.cols as i32,
+                        nt as i32,
+                        a
+                    ],
+                )?,
+            }
             t += nt;
         }
         Ok(())

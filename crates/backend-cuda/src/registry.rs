@@ -27,6 +27,16 @@ pub fn module_names() -> Vec<String> {
     v
 }
 
+/// Weight types whose decode kernels take int8 activations: Some(32) for blocks of 32
+/// (quantize_a32), Some(256) for the K-quants' blocks of 256 (quantize_a256).
+pub fn int8_activations(t: &str) -> Option<usize> {
+    match t {
+        "q4_0" | "q4_1" | "q5_0" | "q8_0" => Some(32),
+        "q4_k" | "q6_k" => Some(256),
+        _ => None,
+    }
+}
+
 /// The kernels the backend launches from a module.
 pub fn kernel_names(module: &str) -> Vec<String> {
     match module {
@@ -39,6 +49,8 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             "gather_rows",
             "f32_to_bf16",
             "argmax_rows",
+            "quantize_a32",
+            "quantize_a256",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -49,10 +61,14 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             .collect(),
         m => {
             let t = m.strip_prefix("quant_").unwrap_or(m);
-            ["embed", "dequant_bf16", "mmv", "mmv_glu"]
+            let mut v: Vec<String> = ["embed", "dequant_bf16", "mmv", "mmv_glu"]
                 .iter()
                 .map(|k| format!("{k}_{t}"))
-                .collect()
+                .collect();
+            if int8_activations(t).is_some() {
+                v.extend(["mmvq", "mmvq_glu"].iter().map(|k| format!("{k}_{t}")));
+            }
+            v
         }
     }
 }
@@ -72,7 +88,15 @@ pub fn module_source(module: &str) -> Option<String> {
                 "bf16" => "ROW_DOT_DENSE(bf16, bf2f)\n".into(),
                 _ => format!("ROW_DOT_GENERIC({t})\n"),
             };
-            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n")
+            let int8 = match int8_activations(t) {
+                Some(32) => format!(
+                    "ROWQ_A32({t}, LOAD_{})\nQUANT_KERNELS_Q({t})\n",
+                    t.to_uppercase()
+                ),
+                Some(_) => format!("QUANT_KERNELS_Q({t})\n"),
+                None => String::new(),
+            };
+            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n{int8}")
         }
     };
     Some(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))

@@ -48,6 +48,19 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
+/// x as the decode kernels see it: quantized to int8 blocks (32, or 256 for the K-quants) for
+/// the types with integer kernels, as the CPU backend quantizes it.
+fn as_seen(ty: GgmlType, n: usize, x: &[f32]) -> Vec<f32> {
+    let int8 = quiver_backend_cuda::kernel_suffix(ty)
+        .and_then(quiver_backend_cuda::registry::int8_activations);
+    match int8 {
+        Some(b) if n <= 8 && std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0") => {
+            quiver_cpu_kernels::activation_roundtrip(if b == 32 { 0 } else { 1 }, x)
+        }
+        _ => x.to_vec(),
+    }
+}
+
 fn backend() -> CudaBackend {
     CudaBackend::new(0).expect("a CUDA GPU")
 }
@@ -148,7 +161,7 @@ fn matmul_and_embedding_match_reference_for_every_type() {
             be.matmul(&w, &xb, n, &mut out).unwrap();
             let got = read(&be, &out, n * rows);
             let mut want = vec![0f32; n * rows];
-            reference::matmul(&wd, rows, cols, &x, n, &mut want);
+            reference::matmul(&wd, rows, cols, &as_seen(ty, n, &x), n, &mut want);
             let e = rel_err(&got, &want);
             let bound = if n > 8 && be.has_cublas() { 8e-3 } else { 1e-5 };
             assert!(e < bound, "{ty} matmul, {n} tokens: relative error {e}");
@@ -178,8 +191,8 @@ fn matmul_and_embedding_match_reference_for_every_type() {
             be.matmul_qkv([&w, &w2, &w], &xb, n, [&mut a, &mut b2, &mut c])
                 .unwrap();
             let (mut wa, mut wb) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-            reference::matmul(&wd, rows, cols, &x, n, &mut wa);
-            reference::matmul(&wd2, rows, cols, &x, n, &mut wb);
+            reference::matmul(&wd, rows, cols, &as_seen(ty, n, &x), n, &mut wa);
+            reference::matmul(&wd2, rows, cols, &as_seen(ty, n, &x), n, &mut wb);
             let bound = if n > 8 && be.has_cublas() { 8e-3 } else { 1e-5 };
             assert!(
                 rel_err(&read(&be, &a, n * rows), &wa) < bound,
