@@ -42,6 +42,13 @@ for step in "$@"; do
       $B/quiver compare -m "$f" --device cuda -n 64 --decode 8 --json 2>>$O/compare.log
       $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 -v 2>>$O/bench.log
       ;;
+    ncu:*)
+      t=${step#ncu:}
+      f=$(synth llama llama3-8b "$t")
+      QUIVER_CUDA_GRAPHS=0 ncu --clock-control none -k regex:mmv --launch-skip 20 --launch-count 6 \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
+        $B/quiver bench -m "$f" --device cuda -p 0 -n 4 -r 1 2>&1 | grep -E "mmv|gpu__time|dram__|sm__|l1tex" | head -60
+      ;;
     part:*)
       mkdir -p /tmp/qparts && cp "${step#part:}" /tmp/qparts/ && ls -la /tmp/qparts
       ;;
