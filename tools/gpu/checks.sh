@@ -56,6 +56,8 @@ for step in "$@"; do
       n=${step#real:}
       cat /tmp/qparts/$n.part* > /tmp/$n.gguf && ls -la /tmp/$n.gguf
       $B/quiver compare -m /tmp/$n.gguf --device cuda -n 64 --decode 32 --reference .gpu/generate-$n.jsonl --json 2>>$O/real.log
+      echo "with QUIVER_CUDA_TENSOR_CORES=0 (prefill on the int8 kernels):"
+      QUIVER_CUDA_TENSOR_CORES=0 $B/quiver compare -m /tmp/$n.gguf --device cuda -n 64 --decode 32 --reference .gpu/generate-$n.jsonl --json 2>>$O/real.log
       for d in cuda cpu; do
         $B/quiver perplexity -m /tmp/$n.gguf -f .gpu/GPL-3 -c 512 --device $d 2>>$O/real.log | tail -1
       done

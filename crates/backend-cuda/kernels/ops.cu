@@ -90,9 +90,9 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* _
     for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
 }
 
-extern "C" __global__ void f32_to_bf16(const float* __restrict__ x, u16* __restrict__ out, long long n) {
+extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restrict__ out, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        out[i] = f2bf(x[i]);
+        out[i] = f2h(x[i]);
 }
 
 // Index of the largest value of each row (the first on ties); grid (rows), block 1024.

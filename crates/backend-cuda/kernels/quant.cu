@@ -365,7 +365,7 @@ __device__ __forceinline__ void row_dot_q6_k(const u8* __restrict__ row, const f
 
 // ---- kernels, one set per type (the registry instantiates one type per module) ----
 // embed: out[t, :] = row tokens[t] of the table · scale.         grid (n_tokens), block 128
-// dequant_bf16: the whole matrix to bf16.                        grid (rows), block 128
+// dequant_f16: the whole matrix to f16 (the cuBLAS copy).                        grid (rows), block 128
 // mmv: y[t, r] = W[r, :] · x[t, :] for t < ntok ≤ 8; up to three matrices in one launch
 //      (q, k and v): warp-row r < rows0 is W0's, then W1's, then W2's.  grid (Σrows / 4), block (32, 4)
 // mmv_glu: out[t, r] = act(Wg[r] · x[t]) · (Wu[r] · x[t]).       grid (rows / 4), block (32, 4)
@@ -376,35 +376,10 @@ struct MmvMat {
     long long row_bytes;
     int rows;
 };
-#define QUANT_KERNELS(T)                                                                              \
-    extern "C" __global__ void embed_##T(const u8* __restrict__ W, const u32* __restrict__ tokens,   \
-                                         float* __restrict__ out, int cols, long long row_bytes,      \
-                                         float scale) {                                               \
-        const u8* row = W + (long long)tokens[blockIdx.x] * row_bytes;                               \
-        float* o = out + (long long)blockIdx.x * cols;                                                \
-        for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                                   \
-            float v[32];                                                                              \
-            deq_##T(row, g, v);                                                                       \
-            float4* o4 = (float4*)(o + g * 32);                                                       \
-            _Pragma("unroll") for (int i = 0; i < 8; i++)                                             \
-                o4[i] = make_float4(v[4 * i] * scale, v[4 * i + 1] * scale, v[4 * i + 2] * scale,    \
-                                    v[4 * i + 3] * scale);                                            \
-        }                                                                                             \
-    }                                                                                                 \
-    extern "C" __global__ void dequant_bf16_##T(const u8* __restrict__ W, u16* __restrict__ out,     \
-                                                int cols, long long row_bytes) {                      \
-        const u8* row = W + (long long)blockIdx.x * row_bytes;                                        \
-        u16* o = out + (long long)blockIdx.x * cols;                                                  \
-        for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                                   \
-            float v[32];                                                                              \
-            deq_##T(row, g, v);                                                                       \
-            u32* o2 = (u32*)(o + g * 32);                                                             \
-            _Pragma("unroll") for (int i = 0; i < 16; i++)                                            \
-                o2[i] = (u32)f2bf(v[2 * i]) | ((u32)f2bf(v[2 * i + 1]) << 16);                        \
-        }                                                                                             \
-    }                                                                                                 \
+#define MMV_K(NAME, T, NTOK) \
     extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        mmv_##T(MmvMat m0, MmvMat m1, MmvMat m2, const float* __restrict__ x, int cols, int ntok) {   \
+        NAME(MmvMat m0, MmvMat m1, MmvMat m2, const float* __restrict__ x, int cols, int ntok_arg) { \
+        const int ntok = NTOK; \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         MmvMat m = m0;                                                                                \
         if (r >= m0.rows) {                                                                           \
@@ -425,11 +400,12 @@ struct MmvMat {
                 if (threadIdx.x == 0) m.y[(long long)t * m.rows + r] = s;                             \
             }                                                                                         \
         }                                                                                             \
-    }                                                                                                 \
+    }
+#define MMV_GLU_K(NAME, T, NTOK) \
     extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        mmv_glu_##T(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,        \
+        NAME(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,        \
                     const float* __restrict__ x, float* __restrict__ out, int rows, int cols,         \
-                    int ntok, int act) {                                                              \
+                    int ntok_arg, int act) { const int ntok = NTOK;                                                              \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         if (r >= rows) return;                                                                        \
         float ag[8], au[8];                                                                           \
@@ -443,6 +419,35 @@ struct MmvMat {
             }                                                                                         \
         }                                                                                             \
     }
+#define QUANT_KERNELS(T)                                                                              \
+    extern "C" __global__ void embed_##T(const u8* __restrict__ W, const u32* __restrict__ tokens,   \
+                                         float* __restrict__ out, int cols, long long row_bytes,      \
+                                         float scale) {                                               \
+        const u8* row = W + (long long)tokens[blockIdx.x] * row_bytes;                               \
+        float* o = out + (long long)blockIdx.x * cols;                                                \
+        for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                                   \
+            float v[32];                                                                              \
+            deq_##T(row, g, v);                                                                       \
+            float4* o4 = (float4*)(o + g * 32);                                                       \
+            _Pragma("unroll") for (int i = 0; i < 8; i++)                                             \
+                o4[i] = make_float4(v[4 * i] * scale, v[4 * i + 1] * scale, v[4 * i + 2] * scale,    \
+                                    v[4 * i + 3] * scale);                                            \
+        }                                                                                             \
+    }                                                                                                 \
+    extern "C" __global__ void dequant_f16_##T(const u8* __restrict__ W, u16* __restrict__ out,     \
+                                                int cols, long long row_bytes) {                      \
+        const u8* row = W + (long long)blockIdx.x * row_bytes;                                        \
+        u16* o = out + (long long)blockIdx.x * cols;                                                  \
+        for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                                   \
+            float v[32];                                                                              \
+            deq_##T(row, g, v);                                                                       \
+            u32* o2 = (u32*)(o + g * 32);                                                             \
+            _Pragma("unroll") for (int i = 0; i < 16; i++)                                            \
+                o2[i] = (u32)f2h(v[2 * i]) | ((u32)f2h(v[2 * i + 1]) << 16);                             \
+        }                                                                                             \
+    }                                                                                                 \
+    MMV_K(mmv_##T, T, ntok_arg) MMV_K(mmv1_##T, T, 1) MMV_GLU_K(mmv_glu_##T, T, ntok_arg) MMV_GLU_K(mmv1_glu_##T, T, 1)
+
 
 // ---- integer row dot products over quantized activations (decode) ----
 // aq: int8 activations [ntok, cols]; ad / abs_: per-32 (d, d·Σq) pairs for the 32-element
@@ -611,10 +616,10 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
 }
 
 // mmvq / mmvq_glu: as mmv / mmv_glu over int8 activations.
-#define QUANT_KERNELS_Q(T)                                                                            \
+#define MMVQ_K(NAME, T, NTOK) \
     extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        mmvq_##T(MmvMat m0, MmvMat m1, MmvMat m2, const i8* __restrict__ aq,                          \
-                 const float* __restrict__ ad, const int* __restrict__ abs_, int cols, int ntok) {    \
+        NAME(MmvMat m0, MmvMat m1, MmvMat m2, const i8* __restrict__ aq,                          \
+                 const float* __restrict__ ad, const int* __restrict__ abs_, int cols, int ntok_arg) { const int ntok = NTOK;    \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         MmvMat m = m0;                                                                                \
         if (r >= m0.rows) {                                                                           \
@@ -635,12 +640,13 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
                 if (threadIdx.x == 0) m.y[(long long)t * m.rows + r] = s;                             \
             }                                                                                         \
         }                                                                                             \
-    }                                                                                                 \
+    }
+#define MMVQ_GLU_K(NAME, T, NTOK) \
     extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        mmvq_glu_##T(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,       \
+        NAME(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,       \
                      const i8* __restrict__ aq, const float* __restrict__ ad,                         \
                      const int* __restrict__ abs_, float* __restrict__ out, int rows, int cols,       \
-                     int ntok, int act) {                                                             \
+                     int ntok_arg, int act) { const int ntok = NTOK;                                                             \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         if (r >= rows) return;                                                                        \
         float ag[8], au[8];                                                                           \
@@ -654,3 +660,5 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
             }                                                                                         \
         }                                                                                             \
     }
+#define QUANT_KERNELS_Q(T) MMVQ_K(mmvq_##T, T, ntok_arg) MMVQ_K(mmvq1_##T, T, 1) MMVQ_GLU_K(mmvq_glu_##T, T, ntok_arg) MMVQ_GLU_K(mmvq1_glu_##T, T, 1)
+

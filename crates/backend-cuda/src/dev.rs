@@ -211,8 +211,8 @@ impl Blas {
         Ok(Blas { handle })
     }
 
-    /// y[n, m] (row-major, f32) = x[n, k] (bf16) · W[m, k]ᵀ (bf16).
-    pub fn gemm_bf16(
+    /// y[n, m] (row-major, f32) = x[n, k] (f16) · W[m, k]ᵀ (f16), accumulated in f32.
+    pub fn gemm_f16(
         &self,
         w: u64,
         x: u64,
@@ -233,10 +233,10 @@ impl Blas {
                 k as i32,
                 &alpha as *const f32 as *const _,
                 w as *const _,
-                bs::cudaDataType::CUDA_R_16BF,
+                bs::cudaDataType::CUDA_R_16F,
                 k as i32,
                 x as *const _,
-                bs::cudaDataType::CUDA_R_16BF,
+                bs::cudaDataType::CUDA_R_16F,
                 k as i32,
                 &beta as *const f32 as *const _,
                 y as *mut _,

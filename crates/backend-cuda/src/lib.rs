@@ -2,7 +2,7 @@
 //! model with its stream, a kernel registry (NVRTC → cubin for the device's architecture,
 //! cached on disk), a graph executor that captures decode steps and replays them, weights
 //! copied from the mapped GGUF straight to device memory, and cuBLAS for prefill products on
-//! bf16 copies of the weights.
+//! f16 copies of the weights.
 //!
 //! Everything is loaded at run time (cudarc's dynamic loading): the binary builds and runs on
 //! machines without CUDA, where `probe` says why there is no GPU.
@@ -54,8 +54,8 @@ pub struct CudaWeight {
     row_bytes: usize,
     /// The GGUF bytes (vectors: f32).
     data: DevBuf,
-    /// A bf16 copy for the tensor-core (cuBLAS) path, when there is room.
-    bf16: Option<DevBuf>,
+    /// An f16 copy for the tensor-core (cuBLAS) path, when there is room.
+    half: Option<DevBuf>,
     kernel: &'static str,
 }
 
@@ -78,7 +78,7 @@ pub struct GraphStats {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MemStats {
     pub weights: u64,
-    pub bf16_copies: u64,
+    pub f16_copies: u64,
     pub kv: u64,
     pub workspace: u64,
 }
@@ -139,7 +139,7 @@ pub struct CudaBackend {
     dev: Device,
     reg: Mutex<registry::Registry>,
     blas: Option<dev::Blas>,
-    use_bf16: bool,
+    use_copies: bool,
     tensor_cores: bool,
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's; QUIVER_CUDA_INT8=0 keeps f32 activations.
@@ -229,14 +229,16 @@ impl CudaBackend {
         } else {
             dev::Blas::new(dev.stream).ok()
         };
-        let use_bf16 = blas.is_some() && std::env::var("QUIVER_CUDA_BF16").as_deref() != Ok("0");
+        let use_copies =
+            blas.is_some() && std::env::var("QUIVER_CUDA_F16_COPIES").as_deref() != Ok("0");
         Ok(CudaBackend {
             dev,
             reg: Mutex::new(reg),
-            tensor_cores: blas.is_some(),
+            tensor_cores: blas.is_some()
+                && std::env::var("QUIVER_CUDA_TENSOR_CORES").as_deref() != Ok("0"),
             int8: std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0"),
             blas,
-            use_bf16,
+            use_copies,
             scratch: Mutex::new(Scratch::default()),
             mem: Mutex::new(MemStats::default()),
             batch_buf: None,
@@ -434,18 +436,18 @@ impl CudaBackend {
     /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`.
     fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
         if n > MMV_TOKENS && self.tensor_cores {
-            if let (Some(blas), Some(wb)) = (&self.blas, &w.bf16) {
-                let xb = self.scratch_ptr(|s| &mut s.xbf, n * w.cols * 2, "bf16 activations")?;
+            if let (Some(blas), Some(wb)) = (&self.blas, &w.half) {
+                let xb = self.scratch_ptr(|s| &mut s.xbf, n * w.cols * 2, "f16 activations")?;
                 let total = (n * w.cols) as i64;
                 self.launch(
                     "ops",
-                    "f32_to_bf16",
+                    "f32_to_f16",
                     (grid1(total as usize, 256, 8192), 1, 1),
                     (256, 1, 1),
                     args![x, xb, total],
                 )?;
                 return blas
-                    .gemm_bf16(wb.ptr, xb, y, w.rows, n, w.cols)
+                    .gemm_f16(wb.ptr, xb, y, w.rows, n, w.cols)
                     .map_err(|e| derr("cublasGemmEx", e));
             }
         }
@@ -458,11 +460,7 @@ impl CudaBackend {
         let w0 = mats[0].0;
         let module = format!("quant_{}", w0.kernel);
         let int8 = self.int8_block(w0);
-        let name = format!(
-            "{}_{}",
-            if int8.is_some() { "mmvq" } else { "mmv" },
-            w0.kernel
-        );
+        let base = if int8.is_some() { "mmvq" } else { "mmv" };
         let total_rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
         let mut t = 0;
         while t < n {
@@ -478,6 +476,7 @@ impl CudaBackend {
             }
             let xo = x + (t * w0.cols * 4) as u64;
             let grid = (total_rows.div_ceil(4) as u32, 1, 1);
+            let name = format!("{base}{}_{}", if nt == 1 { "1" } else { "" }, w0.kernel);
             match int8 {
                 Some(block) => {
                     let (q, d, bs) = self.quantize_act(xo, nt, w0.cols, block)?;
@@ -684,7 +683,7 @@ impl Backend for CudaBackend {
                 cols,
                 row_bytes: cols * 4,
                 data,
-                bf16: None,
+                half: None,
                 kernel: "f32",
             });
         }
@@ -721,10 +720,10 @@ impl Backend for CudaBackend {
             cols,
             row_bytes,
             data,
-            bf16: None,
+            half: None,
             kernel,
         };
-        if self.use_bf16 {
+        if self.use_copies {
             let need = rows * cols * 2;
             let (free, total) = self.dev.mem_info();
             // Keep a tenth of the card (and 2 GiB) for the KV cache and workspace.
@@ -732,13 +731,13 @@ impl Backend for CudaBackend {
                 if let Ok(b) = self.dev.alloc(need) {
                     self.launch(
                         &format!("quant_{kernel}"),
-                        &format!("dequant_bf16_{kernel}"),
+                        &format!("dequant_f16_{kernel}"),
                         (rows as u32, 1, 1),
                         (128, 1, 1),
                         args![w.data.ptr, b.ptr, cols as i32, row_bytes as i64],
                     )?;
-                    self.mem.lock().unwrap().bf16_copies += b.bytes as u64;
-                    w.bf16 = Some(b);
+                    self.mem.lock().unwrap().f16_copies += b.bytes as u64;
+                    w.half = Some(b);
                 }
             }
         }
@@ -1047,21 +1046,18 @@ impl Backend for CudaBackend {
         };
         let module = format!("quant_{}", gate.kernel);
         let int8 = self.int8_block(gate);
-        let name = format!(
-            "{}_{}",
-            if int8.is_some() {
-                "mmvq_glu"
-            } else {
-                "mmv_glu"
-            },
-            gate.kernel
-        );
+        let base = if int8.is_some() { "mmvq" } else { "mmv" };
         let grid = (n_ff.div_ceil(4) as u32, 1, 1);
         let mut t = 0;
         while t < rows_x {
             let nt = (rows_x - t).min(MMV_TOKENS);
             let xo = x.ptr() + (t * gate.cols * 4) as u64;
             let oo = out.ptr() + (t * n_ff * 4) as u64;
+            let name = format!(
+                "{base}{}_glu_{}",
+                if nt == 1 { "1" } else { "" },
+                gate.kernel
+            );
             match int8 {
                 Some(block) => {
                     let (q, d, bs) = self.quantize_act(xo, nt, gate.cols, block)?;

@@ -47,7 +47,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             "softcap",
             "add",
             "gather_rows",
-            "f32_to_bf16",
+            "f32_to_f16",
             "argmax_rows",
             "quantize_a32",
             "quantize_a256",
@@ -61,12 +61,16 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             .collect(),
         m => {
             let t = m.strip_prefix("quant_").unwrap_or(m);
-            let mut v: Vec<String> = ["embed", "dequant_bf16", "mmv", "mmv_glu"]
+            let mut v: Vec<String> = ["embed", "dequant_f16", "mmv", "mmv1", "mmv_glu", "mmv1_glu"]
                 .iter()
                 .map(|k| format!("{k}_{t}"))
                 .collect();
             if int8_activations(t).is_some() {
-                v.extend(["mmvq", "mmvq_glu"].iter().map(|k| format!("{k}_{t}")));
+                v.extend(
+                    ["mmvq", "mmvq1", "mmvq_glu", "mmvq1_glu"]
+                        .iter()
+                        .map(|k| format!("{k}_{t}")),
+                );
             }
             v
         }

@@ -180,9 +180,9 @@ pub fn cuda_summary(be: &CudaBackend) -> String {
     let mib = |b: u64| b as f64 / 1048576.0;
     let (compiled, cached) = be.kernel_counts();
     format!(
-        "device memory: weights {:.1} MiB, bf16 copies {:.1} MiB, KV {:.1} MiB, workspace {:.1} MiB; kernel modules compiled {compiled}, from cache {cached}{}",
+        "device memory: weights {:.1} MiB, f16 copies {:.1} MiB, KV {:.1} MiB, workspace {:.1} MiB; kernel modules compiled {compiled}, from cache {cached}{}",
         mib(m.weights),
-        mib(m.bf16_copies),
+        mib(m.f16_copies),
         mib(m.kv),
         mib(m.workspace),
         if be.has_cublas() { "" } else { "; cuBLAS not found: prefill uses the matrix-vector kernels" }
