@@ -242,7 +242,7 @@ __device__ __forceinline__ u32 byte_of3(u32 a, u32 b, u32 c, int k) {
 // g+1) and the super-block's 16-byte header (d, dmin, 12 scale bytes), both in one load each.
 __device__ __forceinline__ void row_dot_q4_k(const u8* __restrict__ row, const float* __restrict__ x, int cols, int ntok, float* acc) {
     int nsl = cols / 32;
-#pragma unroll 2
+#pragma unroll 4
     for (int s = threadIdx.x; s < nsl; s += 32) {
         int sb = s >> 3, j = s & 7;
         const u8* b = row + sb * 144;
@@ -296,7 +296,7 @@ __device__ __forceinline__ void row_dot_q4_k(const u8* __restrict__ row, const f
 // l+32, 8 bytes of qh — 32 values in four groups of 8.
 __device__ __forceinline__ void row_dot_q6_k(const u8* __restrict__ row, const float* __restrict__ x, int cols, int ntok, float* acc) {
     int nsl = cols / 32;
-#pragma unroll 2
+#pragma unroll 4
     for (int s = threadIdx.x; s < nsl; s += 32) {
         int sb = s >> 3, jj = s & 7, h = jj >> 2, l0 = (jj & 3) * 8;
         const u8* b = row + sb * 210;
@@ -466,7 +466,7 @@ __device__ __forceinline__ u32 spread4(u32 bits) { return ((bits * 0x00204081u) 
     __device__ __forceinline__ void rowq_##T(const u8* __restrict__ row, const i8* __restrict__ aq,   \
                                              const float* __restrict__ ad, const int* __restrict__ abs_, \
                                              int cols, int ntok, float* acc) {                        \
-        for (int g = threadIdx.x; g < cols / 32; g += 32) {                                           \
+        _Pragma("unroll 4") for (int g = threadIdx.x; g < cols / 32; g += 32) {                       \
             int w[8];                                                                                 \
             float wd, wm;                                                                             \
             LOAD                                                                                      \
@@ -541,7 +541,7 @@ __device__ __forceinline__ void q4k_pair(uint4 hd, int g, float& sc0, float& m0,
 __device__ __forceinline__ void rowq_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                           const int* __restrict__ abs_, int cols, int ntok, float* acc) {
     int nsl = cols / 32;
-#pragma unroll 2
+#pragma unroll 4
     for (int s = threadIdx.x; s < nsl; s += 32) {
         int sb = s >> 3, j = s & 7;
         const u8* b = row + sb * 144;
@@ -578,7 +578,7 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
                                           const int* __restrict__ abs_, int cols, int ntok, float* acc) {
     int nsl = cols / 32;
     const int ones = 0x01010101;
-#pragma unroll 2
+#pragma unroll 4
     for (int s = threadIdx.x; s < nsl; s += 32) {
         int sb = s >> 3, jj = s & 7, h = jj >> 2, l0 = (jj & 3) * 8;
         const u8* b = row + sb * 210;

@@ -436,7 +436,12 @@ impl CudaBackend {
     /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`.
     fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
         if n > MMV_TOKENS && self.tensor_cores {
-            if let (Some(blas), Some(wb)) = (&self.blas, &w.half) {
+            let half = if w.ty == GgmlType::F16 {
+                Some(w.data.ptr)
+            } else {
+                w.half.as_ref().map(|b| b.ptr)
+            };
+            if let (Some(blas), Some(wb)) = (&self.blas, half) {
                 let xb = self.scratch_ptr(|s| &mut s.xbf, n * w.cols * 2, "f16 activations")?;
                 let total = (n * w.cols) as i64;
                 self.launch(
@@ -447,7 +452,7 @@ impl CudaBackend {
                     args![x, xb, total],
                 )?;
                 return blas
-                    .gemm_f16(wb.ptr, xb, y, w.rows, n, w.cols)
+                    .gemm_f16(wb, xb, y, w.rows, n, w.cols)
                     .map_err(|e| derr("cublasGemmEx", e));
             }
         }
@@ -723,7 +728,8 @@ impl Backend for CudaBackend {
             half: None,
             kernel,
         };
-        if self.use_copies {
+        // F16 weights are their own copy.
+        if self.use_copies && ty != GgmlType::F16 {
             let need = rows * cols * 2;
             let (free, total) = self.dev.mem_info();
             // Keep a tenth of the card (and 2 GiB) for the KV cache and workspace.
