@@ -344,7 +344,7 @@ __device__ __forceinline__ void row_dot_q6_k(const u8* __restrict__ row, const f
     __device__ __forceinline__ void row_dot_##T(const u8* __restrict__ rowb, const float* __restrict__ x, \
                                                 int cols, int ntok, float* acc) {                    \
         const uint4* row = (const uint4*)rowb;                                                       \
-        _Pragma("unroll 4") for (int i = threadIdx.x; i < cols / 8; i += 32) {                       \
+        _Pragma("unroll 8") for (int i = threadIdx.x; i < cols / 8; i += 32) {                       \
             uint4 u = row[i];                                                                        \
             u32 w[4] = {u.x, u.y, u.z, u.w};                                                         \
             float v[8];                                                                              \

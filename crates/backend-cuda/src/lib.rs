@@ -435,28 +435,46 @@ impl CudaBackend {
 
     /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`.
     fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
-        if n > MMV_TOKENS && self.tensor_cores {
-            let half = if w.ty == GgmlType::F16 {
-                Some(w.data.ptr)
-            } else {
-                w.half.as_ref().map(|b| b.ptr)
-            };
-            if let (Some(blas), Some(wb)) = (&self.blas, half) {
-                let xb = self.scratch_ptr(|s| &mut s.xbf, n * w.cols * 2, "f16 activations")?;
-                let total = (n * w.cols) as i64;
-                self.launch(
-                    "ops",
-                    "f32_to_f16",
-                    (grid1(total as usize, 256, 8192), 1, 1),
-                    (256, 1, 1),
-                    args![x, xb, total],
-                )?;
-                return blas
-                    .gemm_f16(wb, xb, y, w.rows, n, w.cols)
-                    .map_err(|e| derr("cublasGemmEx", e));
-            }
+        if let Some(wh) = self.tensor_core_weight(w, n) {
+            let xh = self.to_half(x, n * w.cols)?;
+            return self.gemm(w, wh, xh, n, y);
         }
         self.mmv(&[(w, y)], x, n)
+    }
+
+    /// The f16 weights of `w` when a product over `n` tokens goes to the tensor cores.
+    fn tensor_core_weight(&self, w: &CudaWeight, n: usize) -> Option<u64> {
+        if n <= MMV_TOKENS || !self.tensor_cores || self.blas.is_none() {
+            return None;
+        }
+        if w.ty == GgmlType::F16 {
+            Some(w.data.ptr)
+        } else {
+            w.half.as_ref().map(|b| b.ptr)
+        }
+    }
+
+    /// `len` f32 at `x` as f16 in the activation scratch.
+    fn to_half(&self, x: u64, len: usize) -> Result<u64> {
+        let xh = self.scratch_ptr(|s| &mut s.xbf, len * 2, "f16 activations")?;
+        self.launch(
+            "ops",
+            "f32_to_f16",
+            (grid1(len, 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![x, xh, len as i64],
+        )?;
+        Ok(xh)
+    }
+
+    /// y[n, w.rows] = xh[n, w.cols] (f16) · W (f16 at `wh`)ᵀ through cuBLAS.
+    fn gemm(&self, w: &CudaWeight, wh: u64, xh: u64, n: usize, y: u64) -> Result<()> {
+        let blas = self
+            .blas
+            .as_ref()
+            .expect("tensor_core_weight checked cuBLAS");
+        blas.gemm_f16(wh, xh, y, w.rows, n, w.cols)
+            .map_err(|e| derr("cublasGemmEx", e))
     }
 
     /// Matrix-vector products of up to three matrices of one type over the same x, in one
@@ -1006,6 +1024,18 @@ impl Backend for CudaBackend {
                 || format!("{rows_x} rows"),
             )?;
         }
+        let halves: Vec<Option<u64>> = w
+            .iter()
+            .map(|m| self.tensor_core_weight(m, rows_x))
+            .collect();
+        if halves.iter().all(Option::is_some) && w.iter().all(|m| m.cols == w[0].cols) {
+            // One f16 copy of x for the three products.
+            let xh = self.to_half(x.ptr(), rows_x * w[0].cols)?;
+            for ((m, o), wh) in w.iter().zip(out).zip(halves) {
+                self.gemm(m, wh.unwrap(), xh, rows_x, o.ptr())?;
+            }
+            return Ok(());
+        }
         if !fused {
             for (m, o) in w.iter().zip(out) {
                 self.mm(m, x.ptr(), rows_x, o.ptr())?;
@@ -1037,8 +1067,28 @@ impl Backend for CudaBackend {
         let n_ff = gate.rows;
         if rows_x > MMV_TOKENS || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
             let [g, u] = scratch;
-            self.matmul(gate, x, rows_x, g)?;
-            self.matmul(up, x, rows_x, u)?;
+            match (
+                self.tensor_core_weight(gate, rows_x),
+                self.tensor_core_weight(up, rows_x),
+            ) {
+                (Some(gh), Some(uh)) if gate.cols == up.cols => {
+                    check(
+                        "matmul_glu",
+                        x.len >= rows_x * gate.cols
+                            && g.len >= rows_x * n_ff
+                            && u.len >= rows_x * up.rows,
+                        || format!("{rows_x} rows"),
+                    )?;
+                    // One f16 copy of x for both products.
+                    let xh = self.to_half(x.ptr(), rows_x * gate.cols)?;
+                    self.gemm(gate, gh, xh, rows_x, g.ptr())?;
+                    self.gemm(up, uh, xh, rows_x, u.ptr())?;
+                }
+                _ => {
+                    self.matmul(gate, x, rows_x, g)?;
+                    self.matmul(up, x, rows_x, u)?;
+                }
+            }
             return self.glu(act, g, u, rows_x * n_ff, out);
         }
         check(
