@@ -49,6 +49,12 @@ for step in "$@"; do
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
         $B/quiver bench -m "$f" --device cuda -p 0 -n 4 -r 1 2>&1 | grep -E "mmv|gpu__time|dram__|sm__|l1tex" | head -60
       ;;
+    ncu-pp:*)
+      t=${step#ncu-pp:}
+      f=$(synth llama llama3-8b "$t")
+      ncu --clock-control none --launch-skip 700 --launch-count 40 --metrics gpu__time_duration.sum \
+        $B/quiver bench -m "$f" --device cuda -p 512 -n 0 -r 1 2>&1 | grep -E "^  [a-zA-Z_0-9]+|gpu__time" | paste - - | awk '{print $1, $(NF)}' | sort | awk '{t[$1]+=$2; c[$1]++} END {for (k in t) printf "%-28s %4d launches %10.1f us\n", k, c[k], t[k]}'
+      ;;
     part:*)
       mkdir -p /tmp/qparts && cp "${step#part:}" /tmp/qparts/ && ls -la /tmp/qparts
       ;;
