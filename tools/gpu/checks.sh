@@ -53,7 +53,7 @@ for step in "$@"; do
       t=${step#ncu-pp:}
       f=$(synth llama llama3-8b "$t")
       ncu --clock-control none --launch-skip 700 --launch-count 40 --metrics gpu__time_duration.sum \
-        $B/quiver bench -m "$f" --device cuda -p 512 -n 0 -r 1 2>&1 | grep -E "^  [a-zA-Z_0-9]+|gpu__time" | paste - - | awk '{print $1, $(NF)}' | sort | awk '{t[$1]+=$2; c[$1]++} END {for (k in t) printf "%-28s %4d launches %10.1f us\n", k, c[k], t[k]}'
+        $B/quiver bench -m "$f" --device cuda -p 512 -n 0 -r 1 2>&1 | grep -E "^  [a-zA-Z_0-9]+|gpu__time" | paste - - | awk '{u=$(NF-1); v=$NF; if (u=="ns") v/=1000; if (u=="ms") v*=1000; n=$1; if (n=="void") n=$2; n=substr(n,1,40); t[n]+=v; c[n]++} END {for (k in t) printf "%-40s %4d launches %10.1f us\n", k, c[k], t[k]}'
       ;;
     part:*)
       mkdir -p /tmp/qparts && cp "${step#part:}" /tmp/qparts/ && ls -la /tmp/qparts
