@@ -307,6 +307,34 @@ fn generation_flag_errors_and_context_overflow_are_one_line_errors() {
 }
 
 #[test]
+fn device_flag_errors_are_one_line_errors() {
+    let m = model("smollm2-135m");
+    let out = quiver(&["run", "-m", &m, "-p", "hi", "-n", "2", "--device", "gpu"]);
+    assert_one_line_error(&out, 1, "--device gpu");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use auto, cpu, cuda or cuda:N"));
+    let out = quiver(&[
+        "bench", "-m", &m, "-p", "8", "-n", "2", "--device", "cuda:x",
+    ]);
+    assert_one_line_error(&out, 1, "--device cuda:x");
+    if quiver_backend_cuda::probe(0).is_err() {
+        // No usable GPU here: an explicit CUDA request says why, in one line.
+        let out = quiver(&["run", "-m", &m, "-p", "hi", "-n", "2", "--device", "cuda"]);
+        assert_one_line_error(&out, 1, "--device cuda without a GPU");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--device cuda: "));
+        // auto falls back to the CPU and says so on the load line.
+        let out = quiver(&["run", "-m", &m, "-p", "hi", "-n", "2", "--temp", "0"]);
+        assert!(out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("on cpu (auto: "), "{err}");
+    } else {
+        let out = quiver(&[
+            "run", "-m", &m, "-p", "hi", "-n", "2", "--device", "cuda:99",
+        ]);
+        assert_one_line_error(&out, 1, "--device cuda:99");
+    }
+}
+
+#[test]
 fn logprobs_prints_one_sorted_line_per_position() {
     let m = model("smollm2-135m");
     let out = quiver(&[
