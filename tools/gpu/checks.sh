@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repo root, with the binaries tools/gpu/stage.sh put in
 # .gpu/: op parity, graph replay, batched serving, GPU-vs-CPU on synthetic models, benches.
-# Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-8b:TYPE...] [part:FILE...] [real:NAME...]
+# Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-8b:TYPE...] [batched-8b:TYPE]
+#        [ncu:TYPE] [ncu-pp:TYPE] [part:FILE...] [real:NAME...]
 #   part:FILE  keeps a carried piece of a real model in /tmp/qparts (the models are larger than
 #              one call carries: split them, carry one piece per call, back to back)
 #   real:NAME  joins /tmp/qparts/NAME.part* and runs GPU-vs-CPU parity on the reference records
@@ -41,6 +42,11 @@ for step in "$@"; do
       f=$(synth llama llama3-8b "$t")
       $B/quiver compare -m "$f" --device cuda -n 64 --decode 8 --json 2>>$O/compare.log
       $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 -v 2>>$O/bench.log
+      ;;
+    batched-8b:*)
+      t=${step#batched-8b:}
+      f=$(synth llama llama3-8b "$t")
+      $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel 1,2,4,8,16,32,64,128 -v 2>>$O/bench.log
       ;;
     ncu:*)
       t=${step#ncu:}

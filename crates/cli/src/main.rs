@@ -144,6 +144,11 @@ enum Cmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Batched mode, like llama-batched-bench: for each count, that many sequences of -p
+        /// prompt tokens prefilled together, then -n decode steps of one token per sequence;
+        /// reports prompt and generation t/s summed over the sequences (e.g. 1,8,32,64).
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4096))]
+        parallel: Vec<u32>,
     },
     /// OpenAI-compatible HTTP server with continuous batching (docs/SERVER.md).
     Serve(serve::ServeArgs),
@@ -282,8 +287,19 @@ fn run(cli: Cli) -> Result<()> {
             load,
             n_prompt,
             n_gen,
+            reps: _,
+            json,
+            parallel,
+        } if !parallel.is_empty() => {
+            score::batched(&load, n_prompt as usize, n_gen as usize, &parallel, json)?
+        }
+        Cmd::Bench {
+            load,
+            n_prompt,
+            n_gen,
             reps,
             json,
+            ..
         } => score::bench(
             &load,
             n_prompt as usize,

@@ -239,3 +239,62 @@ pub fn bench(
     }
     Ok(())
 }
+
+/// `quiver bench --parallel N,…`: llama-batched-bench's S_PP and S_TG per sequence count.
+pub fn batched(
+    load: &LoadArgs,
+    n_prompt: usize,
+    n_gen: usize,
+    parallel: &[u32],
+    json_out: bool,
+) -> Result<()> {
+    if n_prompt == 0 || n_gen == 0 {
+        bail!("--parallel needs -p and -n above 0");
+    }
+    let gguf = engine::open(load)?;
+    let mut args = load.clone();
+    // The runner's own sequence is only a warm-up; each count gets its own KV pool.
+    args.ctx_size = Some(args.ctx_size.unwrap_or(64).max(16));
+    let mut l = engine::load(&args, gguf, 1)?;
+    let step = (load.batch_size as usize).max(1);
+    let model = l.runner.hparams().arch.clone();
+    let mut rows = Vec::new();
+    // Warm-up (kernel loading, library heuristics): one small run.
+    l.runner.batched_bench(n_prompt.min(64), 2, 1, step)?;
+    for &np in parallel {
+        let r = l.runner.batched_bench(n_prompt, n_gen, np as usize, step)?;
+        rows.push(json!({
+            "parallel": r.parallel, "n_prompt": r.n_prompt, "n_gen": r.n_gen,
+            "pp_secs": r.pp_secs, "pp_tokens_per_second": r.pp_tps(),
+            "tg_secs": r.tg_secs, "tg_tokens_per_second": r.tg_tps(),
+        }));
+    }
+    let backend = l.runner.backend_name();
+    l.report_counters(load);
+    if json_out {
+        let counters: serde_json::Map<String, serde_json::Value> = l
+            .runner
+            .counters()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        let j = json!({"model": model, "backend": backend, "results": rows, "counters": counters});
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        println!("| model | backend | PP | TG | B | T_PP s | S_PP t/s | T_TG s | S_TG t/s |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for r in &rows {
+            println!(
+                "| {model} | {backend} | {} | {} | {} | {:.3} | {:.2} | {:.3} | {:.2} |",
+                r["n_prompt"],
+                r["n_gen"],
+                r["parallel"],
+                r["pp_secs"].as_f64().unwrap_or(0.0),
+                r["pp_tokens_per_second"].as_f64().unwrap_or(0.0),
+                r["tg_secs"].as_f64().unwrap_or(0.0),
+                r["tg_tokens_per_second"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    Ok(())
+}

@@ -436,6 +436,41 @@ fn bench_runs_on_a_synth_model_without_vocabulary() {
         1,
         "bench with nothing to do",
     );
+    // Batched mode: one row per sequence count, throughput summed over the sequences.
+    let out = quiver(&[
+        "bench",
+        "-m",
+        p.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "3",
+        "--parallel",
+        "1,3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let res = j["results"].as_array().unwrap();
+    assert_eq!(
+        res.iter()
+            .map(|r| r["parallel"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 3]
+    );
+    assert!(res
+        .iter()
+        .all(|r| r["pp_tokens_per_second"].as_f64().unwrap() > 0.0
+            && r["tg_tokens_per_second"].as_f64().unwrap() > 0.0));
+    assert_one_line_error(
+        &quiver(&["bench", "-m", p.to_str().unwrap(), "--parallel", "0"]),
+        2,
+        "bench --parallel 0",
+    );
     let _ = std::fs::remove_file(&p);
 }
 

@@ -1,11 +1,13 @@
 //! The model runner for one sequence (CLI run / chat / perplexity / logprobs / bench) and the
 //! sampler. The batched scheduler of the server builds on the same `forward`.
 
+mod batched;
 mod kv;
 pub mod sampler;
 mod scheduler;
 pub mod serve;
 
+pub use batched::{batched_bench, bench_prompt, BatchedResult};
 pub use scheduler::start as start_serving;
 
 pub use sampler::{argmax, logprobs, Sampler, SamplerParams};
@@ -211,6 +213,14 @@ pub trait Session {
     fn backend_name(&self) -> &'static str;
     /// The backend's counters (graph captures and replays, kernels compiled, …).
     fn counters(&self) -> Vec<(&'static str, u64)>;
+    /// See `batched_bench` (its own KV pool; this session's sequence is untouched).
+    fn batched_bench(
+        &mut self,
+        n_prompt: usize,
+        n_gen: usize,
+        parallel: usize,
+        step_tokens: usize,
+    ) -> Result<BatchedResult>;
 }
 
 impl<B: Backend> Session for Runner<B> {
@@ -234,6 +244,22 @@ impl<B: Backend> Session for Runner<B> {
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         self.backend.counters()
+    }
+    fn batched_bench(
+        &mut self,
+        n_prompt: usize,
+        n_gen: usize,
+        parallel: usize,
+        step_tokens: usize,
+    ) -> Result<BatchedResult> {
+        batched::batched_bench(
+            &mut self.backend,
+            &self.model,
+            n_prompt,
+            n_gen,
+            parallel,
+            step_tokens,
+        )
     }
 }
 

@@ -151,3 +151,35 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
         assert_eq!(got, solo[i], "request {i}");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn batched_bench_sequences_on_the_gpu_equal_solo_runs() {
+    let f = model();
+    let make = || {
+        let mut b = CudaBackend::new(0).unwrap();
+        b.set_tensor_cores(false);
+        b
+    };
+    let opts = RunnerOptions {
+        n_ctx: 128,
+        n_batch: 64,
+        max_logits: 1,
+    };
+    let mut r = Runner::new(make(), &f, &opts).unwrap();
+    let (n_prompt, n_gen) = (20, 8);
+    // 3 sequences: decode steps pad to the graph bucket of 4.
+    let res =
+        quiver_engine::batched_bench(&mut r.backend, &r.model, n_prompt, n_gen, 3, 32).unwrap();
+    let nv = r.n_vocab();
+    for (s, got) in res.tokens.iter().enumerate() {
+        let prompt = quiver_engine::bench_prompt(s, n_prompt, nv);
+        let mut want = vec![r.eval_argmax(&prompt, 0).unwrap()];
+        for g in 0..n_gen {
+            let t = *want.last().unwrap();
+            want.push(r.eval_argmax(&[t], n_prompt + g).unwrap());
+        }
+        assert_eq!(got, &want, "sequence {s}");
+    }
+    assert!(r.backend.graph_stats().replays > 0);
+}

@@ -1,0 +1,164 @@
+//! llama-batched-bench's measurement on quiver's forward: `parallel` sequences of `n_prompt`
+//! random prompt tokens each, prefilled together in steps of at most `step_tokens` tokens, then
+//! `n_gen` decode steps of one token per sequence, greedy (argmax on the device), timed apart as
+//! llama-batched-bench's S_PP and S_TG. The KV of the
+//! sequences lives in one paged pool, each sequence in its own blocks.
+
+use crate::{Result, BLOCK_SIZE};
+use quiver_backend::{Backend, Batch, SeqSpan};
+use quiver_models::{Model, ModelError};
+
+#[derive(Clone, Debug)]
+pub struct BatchedResult {
+    pub parallel: usize,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub pp_secs: f64,
+    pub tg_secs: f64,
+    /// The ids each sequence produced: one from the prefill, then one per decode step.
+    pub tokens: Vec<Vec<u32>>,
+}
+
+impl BatchedResult {
+    /// Prompt tokens per second, summed over the sequences.
+    pub fn pp_tps(&self) -> f64 {
+        (self.parallel * self.n_prompt) as f64 / self.pp_secs.max(1e-12)
+    }
+    /// Generated tokens per second, summed over the sequences.
+    pub fn tg_tps(&self) -> f64 {
+        (self.parallel * self.n_gen) as f64 / self.tg_secs.max(1e-12)
+    }
+}
+
+/// The prompt of sequence `s` (the same whatever `parallel` is, so runs are comparable).
+pub fn bench_prompt(s: usize, n: usize, n_vocab: usize) -> Vec<u32> {
+    let mut x = 0x2545_F491_4F6C_DD1Du64 ^ ((s as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
+pub fn batched_bench<B: Backend>(
+    b: &mut B,
+    model: &Model<B>,
+    n_prompt: usize,
+    n_gen: usize,
+    parallel: usize,
+    step_tokens: usize,
+) -> Result<BatchedResult> {
+    let (n_prompt, parallel) = (n_prompt.max(1), parallel.max(1));
+    let nv = model.hp.n_vocab;
+    let per_seq = (n_prompt + n_gen).div_ceil(BLOCK_SIZE);
+    let n_slots = parallel * per_seq * BLOCK_SIZE;
+    // Room for a padded decode batch (a backend may round it up to a graph bucket).
+    let rows = parallel.next_power_of_two();
+    let step_tokens = step_tokens.max(rows);
+    let mut state = model.state(b, n_slots, step_tokens, rows)?;
+    let tables: Vec<Vec<u32>> = (0..parallel)
+        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
+        .collect();
+    let prompts: Vec<Vec<u32>> = (0..parallel)
+        .map(|s| bench_prompt(s, n_prompt, nv))
+        .collect();
+    let mut next = vec![0u32; parallel];
+    let mut ids = Vec::new();
+
+    // Prefill: the prompts back to back, cut into steps.
+    let t0 = std::time::Instant::now();
+    let total = parallel * n_prompt;
+    let mut done = 0;
+    while done < total {
+        let end = (done + step_tokens).min(total);
+        let mut batch = Batch {
+            block_size: BLOCK_SIZE,
+            ..Default::default()
+        };
+        let mut last_of = Vec::new();
+        let mut i = done;
+        while i < end {
+            let (s, p) = (i / n_prompt, i % n_prompt);
+            let len = (n_prompt - p).min(end - i);
+            let start = batch.tokens.len();
+            batch.seqs.push(SeqSpan {
+                start,
+                len,
+                kv_len: p + len,
+                block_table: tables[s].clone(),
+            });
+            let si = (batch.seqs.len() - 1) as u32;
+            for k in 0..len {
+                batch.tokens.push(prompts[s][p + k]);
+                batch.positions.push((p + k) as u32);
+                batch.seq_of.push(si);
+                batch.slots.push(batch.slot(si as usize, p + k) as u32);
+            }
+            if p + len == n_prompt {
+                batch.logits.push((start + len - 1) as u32);
+                last_of.push(s);
+            }
+            i += len;
+        }
+        model.forward(b, &mut state, &batch)?;
+        if !last_of.is_empty() {
+            b.argmax(&state.logits, last_of.len(), nv, &mut ids)
+                .map_err(ModelError::from)?;
+            for (k, &s) in last_of.iter().enumerate() {
+                next[s] = ids[k];
+            }
+        }
+        done = end;
+    }
+    let pp_secs = t0.elapsed().as_secs_f64();
+
+    // Generation: one token per sequence per step.
+    let mut tokens: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
+    let mut batch = Batch {
+        block_size: BLOCK_SIZE,
+        ..Default::default()
+    };
+    let t1 = std::time::Instant::now();
+    for g in 0..n_gen {
+        let pos = n_prompt + g;
+        batch.tokens.clear();
+        batch.tokens.extend_from_slice(&next);
+        batch.positions.clear();
+        batch.positions.resize(parallel, pos as u32);
+        batch.seq_of.clear();
+        batch.seq_of.extend(0..parallel as u32);
+        batch.seqs.clear();
+        batch.seqs.extend((0..parallel).map(|s| SeqSpan {
+            start: s,
+            len: 1,
+            kv_len: pos + 1,
+            block_table: tables[s].clone(),
+        }));
+        batch.slots.clear();
+        for s in 0..parallel {
+            let slot = batch.slot(s, pos) as u32;
+            batch.slots.push(slot);
+        }
+        batch.logits.clear();
+        batch.logits.extend(0..parallel as u32);
+        model.forward(b, &mut state, &batch)?;
+        b.argmax(&state.logits, parallel, nv, &mut ids)
+            .map_err(ModelError::from)?;
+        next.copy_from_slice(&ids[..parallel]);
+        for (s, t) in tokens.iter_mut().enumerate() {
+            t.push(next[s]);
+        }
+    }
+    let tg_secs = t1.elapsed().as_secs_f64();
+    Ok(BatchedResult {
+        parallel,
+        n_prompt,
+        n_gen,
+        pp_secs,
+        tg_secs,
+        tokens,
+    })
+}
