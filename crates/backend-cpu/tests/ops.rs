@@ -1,70 +1,18 @@
 //! Every CPU op against the scalar reference (`quiver_backend::reference`) on fresh random
 //! inputs: a two-sequence paged batch, GQA, sliding window, soft-cap, both rope modes.
 
+use quiver_backend::testing::{rel_err, two_sequence_batch, Rng};
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, SeqSpan, WeightBytes,
+    reference, Activation, AttnParams, Backend, RopeMode, RopeParams, WeightBytes,
 };
 use quiver_backend_cpu::CpuBackend;
 use quiver_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;
 
-struct Rng(u64);
-impl Rng {
-    fn f(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
-}
-
-/// Two sequences in one flat batch: seq 0 decodes 1 token at position 20 (its earlier
-/// positions are already cached), seq 1 prefills 5 tokens at positions 0..5; blocks of 4 slots,
-/// scattered.
-fn batch() -> Batch {
-    let bs = 4;
-    let seqs = vec![
-        SeqSpan {
-            start: 0,
-            len: 1,
-            kv_len: 21,
-            block_table: vec![7, 2, 9, 0, 5, 11],
-        },
-        SeqSpan {
-            start: 1,
-            len: 5,
-            kv_len: 5,
-            block_table: vec![3, 10],
-        },
-    ];
-    let mut b = Batch {
-        tokens: vec![1, 2, 3, 4, 5, 6],
-        positions: vec![20, 0, 1, 2, 3, 4],
-        seq_of: vec![0, 1, 1, 1, 1, 1],
-        seqs,
-        logits: vec![0, 5],
-        block_size: bs,
-        slots: vec![],
-    };
-    b.slots = (0..6)
-        .map(|t| b.slot(b.seq_of[t] as usize, b.positions[t] as usize) as u32)
-        .collect();
-    b
-}
-
 #[test]
 fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
-    let b = batch();
+    let b = two_sequence_batch();
     let mut be = CpuBackend::new(2);
     be.begin_step(&b, 0, usize::MAX, usize::MAX).unwrap();
     for (hd, nh, nkv, window, softcap) in [
@@ -130,7 +78,7 @@ fn file_with_vector(v: &[f32]) -> WeightBytes {
 #[test]
 fn norms_rope_kv_write_and_glu_match_reference() {
     let mut rng = Rng(0xdead_beef_cafe_f00d);
-    let b = batch();
+    let b = two_sequence_batch();
     let mut be = CpuBackend::new(2);
     be.begin_step(&b, 0, usize::MAX, usize::MAX).unwrap();
     let (n, d) = (b.n_tokens(), 96);

@@ -557,6 +557,37 @@ impl CudaBackend {
         }
     }
 
+    /// out = rms_norm(x) · w over `rows` rows of `w.cols`, or with `residual`: residual += x
+    /// first and the norm is taken of the sum. `out` may be `x`.
+    #[allow(clippy::too_many_arguments)]
+    fn norm(
+        &self,
+        residual: Option<(u64, usize)>,
+        x: u64,
+        x_len: usize,
+        w: &CudaWeight,
+        eps: f32,
+        rows: usize,
+        out: u64,
+        out_len: usize,
+    ) -> Result<()> {
+        let cols = w.cols;
+        let n = rows * cols;
+        let ok =
+            x_len >= n && out_len >= n && residual.is_none_or(|(_, l)| l >= n) && cols % 4 == 0;
+        check("rms_norm", ok, || {
+            format!("{rows}×{cols} over buffers of {x_len} / {out_len}")
+        })?;
+        let r = residual.map(|(p, _)| p).unwrap_or(0);
+        self.launch(
+            "ops",
+            "rms_norm",
+            (rows.div_ceil(8) as u32, 1, 1),
+            (32, 8, 1),
+            args![r, x, w.data.ptr, out, rows as i32, cols as i32, eps],
+        )
+    }
+
     fn upload_batch(
         &mut self,
         batch: &Batch,
@@ -895,27 +926,7 @@ impl Backend for CudaBackend {
         rows: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let cols = w.cols;
-        check(
-            "rms_norm",
-            x.len >= rows * cols && out.len >= rows * cols && cols % 4 == 0,
-            || format!("{rows}×{cols} over {} / {}", x.len, out.len),
-        )?;
-        self.launch(
-            "ops",
-            "rms_norm",
-            (rows.div_ceil(8) as u32, 1, 1),
-            (32, 8, 1),
-            args![
-                0u64,
-                x.ptr(),
-                w.data.ptr,
-                out.ptr(),
-                rows as i32,
-                cols as i32,
-                eps
-            ],
-        )
+        self.norm(None, x.ptr(), x.len, w, eps, rows, out.ptr(), out.len)
     }
 
     fn rms_norm_inplace(
@@ -925,25 +936,7 @@ impl Backend for CudaBackend {
         eps: f32,
         rows: usize,
     ) -> Result<()> {
-        let cols = w.cols;
-        check("rms_norm", x.len >= rows * cols && cols % 4 == 0, || {
-            format!("{rows}×{cols} over {}", x.len)
-        })?;
-        self.launch(
-            "ops",
-            "rms_norm",
-            (rows.div_ceil(8) as u32, 1, 1),
-            (32, 8, 1),
-            args![
-                0u64,
-                x.ptr(),
-                w.data.ptr,
-                x.ptr(),
-                rows as i32,
-                cols as i32,
-                eps
-            ],
-        )
+        self.norm(None, x.ptr(), x.len, w, eps, rows, x.ptr(), x.len)
     }
 
     fn add_rms_norm(
@@ -955,29 +948,15 @@ impl Backend for CudaBackend {
         rows: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let cols = w.cols;
-        check(
-            "add_rms_norm",
-            residual.len >= rows * cols
-                && x.len >= rows * cols
-                && out.len >= rows * cols
-                && cols % 4 == 0,
-            || format!("{rows}×{cols}"),
-        )?;
-        self.launch(
-            "ops",
-            "rms_norm",
-            (rows.div_ceil(8) as u32, 1, 1),
-            (32, 8, 1),
-            args![
-                residual.ptr(),
-                x.ptr(),
-                w.data.ptr,
-                out.ptr(),
-                rows as i32,
-                cols as i32,
-                eps
-            ],
+        self.norm(
+            Some((residual.ptr(), residual.len)),
+            x.ptr(),
+            x.len,
+            w,
+            eps,
+            rows,
+            out.ptr(),
+            out.len,
         )
     }
 

@@ -2,25 +2,13 @@
 //! unwritten element fails). Needs a GPU: `#[ignore]`d, so CI reports them as ignored; on a
 //! GPU machine run the test binary with `--include-ignored` (docs/GPU.md).
 
+use quiver_backend::testing::{rel_err, two_sequence_batch, Rng};
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, SeqSpan, WeightBytes,
+    reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, WeightBytes,
 };
 use quiver_backend_cuda::CudaBackend;
 use quiver_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;
-
-struct Rng(u64);
-impl Rng {
-    fn f(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
 
 fn seed() -> u64 {
     // Fresh inputs every run; the seed is printed so a failure can be replayed.
@@ -36,16 +24,6 @@ fn seed() -> u64 {
         });
     eprintln!("seed {s}");
     s
-}
-
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert!(
-        a.iter().all(|x| x.is_finite()),
-        "non-finite output (unwritten element?)"
-    );
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
 }
 
 /// x as the decode kernels see it: quantized to int8 blocks (32, or 256 for the K-quants) for
@@ -83,38 +61,6 @@ fn read(be: &CudaBackend, b: &quiver_backend_cuda::CudaBuf, n: usize) -> Vec<f32
     let mut v = Vec::new();
     be.read(b, n, &mut v).unwrap();
     v
-}
-
-/// Two sequences: seq 0 decodes 1 token at position 20, seq 1 prefills 5 tokens; scattered
-/// blocks of 4 slots.
-fn batch() -> Batch {
-    let seqs = vec![
-        SeqSpan {
-            start: 0,
-            len: 1,
-            kv_len: 21,
-            block_table: vec![7, 2, 9, 0, 5, 11],
-        },
-        SeqSpan {
-            start: 1,
-            len: 5,
-            kv_len: 5,
-            block_table: vec![3, 10],
-        },
-    ];
-    let mut b = Batch {
-        tokens: vec![1, 2, 3, 4, 5, 6],
-        positions: vec![20, 0, 1, 2, 3, 4],
-        seq_of: vec![0, 1, 1, 1, 1, 1],
-        seqs,
-        logits: vec![0, 5],
-        block_size: 4,
-        slots: vec![],
-    };
-    b.slots = (0..6)
-        .map(|t| b.slot(b.seq_of[t] as usize, b.positions[t] as usize) as u32)
-        .collect();
-    b
 }
 
 const MATMUL_TYPES: &[GgmlType] = &[
@@ -245,7 +191,7 @@ fn matmul_and_embedding_match_reference_for_every_type() {
 #[ignore = "needs a CUDA GPU"]
 fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
     let mut rng = Rng(seed());
-    let b = batch();
+    let b = two_sequence_batch();
     let mut be = backend();
     be.set_graphs(false);
     be.begin_step(&b, 2, 64, 64).unwrap();
@@ -319,7 +265,7 @@ fn vector(be: &CudaBackend, v: &[f32]) -> quiver_backend_cuda::CudaWeight {
 #[ignore = "needs a CUDA GPU"]
 fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
     let mut rng = Rng(seed());
-    let b = batch();
+    let b = two_sequence_batch();
     let mut be = backend();
     be.set_graphs(false);
     be.begin_step(&b, 3, 64, 64).unwrap();

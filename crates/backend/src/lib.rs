@@ -11,6 +11,8 @@
 
 mod batch;
 pub mod reference;
+#[doc(hidden)]
+pub mod testing;
 
 pub use batch::{Batch, SeqSpan};
 use quiver_gguf::GgmlType;

@@ -101,7 +101,7 @@ pub fn compare(a: CompareArgs) -> Result<()> {
         "device": dev.backend_name(),
         "prompt": prompt.json(),
         "decode": decode.json(),
-        "counters": dev.counters().into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "counters": engine::counters_json(dev.as_ref()),
     });
     if let Some(path) = &a.reference {
         out["reference"] = reference(cpu.as_mut(), dev.as_mut(), path, ctx)?;

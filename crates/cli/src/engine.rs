@@ -57,6 +57,16 @@ impl Loaded {
     }
 }
 
+/// The backend's counters as a JSON object (bench and compare output).
+pub fn counters_json(s: &(dyn Session + Send)) -> serde_json::Value {
+    serde_json::Value::Object(
+        s.counters()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into()))
+            .collect(),
+    )
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
     Cpu,

@@ -204,12 +204,7 @@ pub fn bench(
     let threads = engine::threads(load)?;
     let model = l.runner.hparams().arch.clone();
     let backend = l.runner.backend_name();
-    let counters: serde_json::Map<String, serde_json::Value> = l
-        .runner
-        .counters()
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
+    let counters = engine::counters_json(l.runner.as_ref());
     l.report_counters(load);
     let mut rows = Vec::new();
     if !pp.is_empty() {
@@ -272,12 +267,7 @@ pub fn batched(
     let backend = l.runner.backend_name();
     l.report_counters(load);
     if json_out {
-        let counters: serde_json::Map<String, serde_json::Value> = l
-            .runner
-            .counters()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect();
+        let counters = engine::counters_json(l.runner.as_ref());
         let j = json!({"model": model, "backend": backend, "results": rows, "counters": counters});
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {

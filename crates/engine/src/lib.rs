@@ -104,9 +104,8 @@ impl<B: Backend> Runner<B> {
         self.model.hp.n_vocab
     }
 
-    /// Evaluates `tokens` at positions `start_pos..` (the KV before `start_pos` must hold the
-    /// earlier tokens) and returns the wanted logits rows, `[rows, n_vocab]`.
-    pub fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
+    /// Tokens to evaluate at `start_pos..`: not empty, within the context and the vocabulary.
+    fn check_tokens(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -118,9 +117,17 @@ impl<B: Backend> Runner<B> {
             });
         }
         let nv = self.n_vocab();
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= nv) {
-            return Err(EngineError::BadToken { id, n_vocab: nv });
+        match tokens.iter().find(|&&t| t as usize >= nv) {
+            Some(&id) => Err(EngineError::BadToken { id, n_vocab: nv }),
+            None => Ok(()),
         }
+    }
+
+    /// Evaluates `tokens` at positions `start_pos..` (the KV before `start_pos` must hold the
+    /// earlier tokens) and returns the wanted logits rows, `[rows, n_vocab]`.
+    pub fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
+        self.check_tokens(tokens, start_pos)?;
+        let nv = self.n_vocab();
         let first_wanted = match want {
             Want::Last => tokens.len() - 1,
             Want::From(k) => k.min(tokens.len() - 1),
@@ -173,20 +180,8 @@ impl<B: Backend> Runner<B> {
             let l = self.eval(tokens, start_pos, Want::Last)?;
             return Ok(sampler::argmax(&l[..nv]));
         }
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if start_pos + tokens.len() > self.n_ctx {
-            return Err(EngineError::ContextOverflow {
-                prompt: start_pos + tokens.len(),
-                gen: 0,
-                ctx: self.n_ctx,
-            });
-        }
+        self.check_tokens(tokens, start_pos)?;
         let nv = self.n_vocab();
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= nv) {
-            return Err(EngineError::BadToken { id, n_vocab: nv });
-        }
         let n_blocks = self.n_ctx / BLOCK_SIZE;
         self.batch
             .fill_single(tokens, start_pos, n_blocks, BLOCK_SIZE, tokens.len() - 1);
