@@ -2,7 +2,7 @@
 # Runs on the GPU machine from the repo root, with the binaries tools/gpu/stage.sh put in
 # .gpu/: op parity, graph replay, batched serving, GPU-vs-CPU on synthetic models, benches.
 # Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-8b:TYPE...] [batched-8b:TYPE]
-#        [ncu:TYPE] [ncu-pp:TYPE] [part:FILE...] [real:NAME...]
+#        [ncu:TYPE] [ncu-pp:TYPE] [flash] [part:FILE...] [real:NAME...]
 #   part:FILE  keeps a carried piece of a real model in /tmp/qparts (the models are larger than
 #              one call carries: split them, carry one piece per call, back to back)
 #   real:NAME  joins /tmp/qparts/NAME.part* and runs GPU-vs-CPU parity on the reference records
@@ -42,6 +42,9 @@ for step in "$@"; do
       f=$(synth llama llama3-8b "$t")
       $B/quiver compare -m "$f" --device cuda -n 64 --decode 8 --json 2>>$O/compare.log
       $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 -v 2>>$O/bench.log
+      ;;
+    flash)
+      export QUIVER_CUDA_FLASH=1   # the steps after this one use the flash-attention prefill
       ;;
     batched-8b:*)
       t=${step#batched-8b:}

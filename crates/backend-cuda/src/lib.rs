@@ -144,6 +144,14 @@ pub struct CudaBackend {
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's; QUIVER_CUDA_INT8=0 keeps f32 activations.
     int8: bool,
+    /// Prefill attention through the tensor-core flash kernel (QUIVER_CUDA_FLASH=1; off by
+    /// default until it has run on a GPU: see docs/GPU.md).
+    flash: bool,
+    /// This step's query tiles for the flash kernel ({seq, first token, tokens, 0}) and how
+    /// many there are (0: the step uses the split-K kernel).
+    tiles: Vec<[i32; 4]>,
+    tile_buf: Option<DevBuf>,
+    n_tiles: usize,
     scratch: Mutex<Scratch>,
     mem: Mutex<MemStats>,
     batch_buf: Option<DevBuf>,
@@ -237,6 +245,10 @@ impl CudaBackend {
             tensor_cores: blas.is_some()
                 && std::env::var("QUIVER_CUDA_TENSOR_CORES").as_deref() != Ok("0"),
             int8: std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0"),
+            flash: std::env::var("QUIVER_CUDA_FLASH").as_deref() == Ok("1"),
+            tiles: Vec::new(),
+            tile_buf: None,
+            n_tiles: 0,
             blas,
             use_copies,
             scratch: Mutex::new(Scratch::default()),
@@ -296,6 +308,11 @@ impl CudaBackend {
     /// matrix-vector kernels, which make every token's result independent of the batch.
     pub fn set_tensor_cores(&mut self, on: bool) {
         self.tensor_cores = on && self.blas.is_some();
+    }
+
+    /// Turns the tensor-core flash-attention prefill on or off (`QUIVER_CUDA_FLASH=1` at start).
+    pub fn set_flash(&mut self, on: bool) {
+        self.flash = on;
     }
 
     /// Shows a progress bar on stderr while `total` bytes of weights load.
@@ -588,6 +605,42 @@ impl CudaBackend {
         )
     }
 
+    /// Query tiles of up to 64 consecutive tokens per sequence for the flash kernel; none
+    /// (split-K kernel) when a sequence's positions are not consecutive.
+    fn upload_tiles(&mut self, batch: &Batch) -> Result<()> {
+        self.tiles.clear();
+        for (si, sp) in batch.seqs.iter().enumerate() {
+            let pos = &batch.positions[sp.start..sp.start + sp.len];
+            if pos
+                .iter()
+                .enumerate()
+                .any(|(i, &p)| p as usize != pos[0] as usize + i)
+            {
+                self.tiles.clear();
+                return Ok(());
+            }
+            for c in (0..sp.len).step_by(64) {
+                self.tiles.push([
+                    si as i32,
+                    (sp.start + c) as i32,
+                    (sp.len - c).min(64) as i32,
+                    0,
+                ]);
+            }
+        }
+        let bytes = self.tiles.len() * 16;
+        if self.tile_buf.as_ref().is_none_or(|b| b.bytes < bytes) {
+            self.tile_buf =
+                Some(self.alloc(bytes.next_power_of_two().max(4096), "attention tiles")?);
+        }
+        let flat: Vec<i32> = self.tiles.iter().flatten().copied().collect();
+        self.dev
+            .htod_async(self.tile_buf.as_ref().unwrap().ptr, &flat)
+            .map_err(BackendError::Device)?;
+        self.n_tiles = self.tiles.len();
+        Ok(())
+    }
+
     fn upload_batch(
         &mut self,
         batch: &Batch,
@@ -866,6 +919,10 @@ impl Backend for CudaBackend {
             logit_rows,
             replayed: false,
         };
+        self.n_tiles = 0;
+        if self.flash && !graphable {
+            self.upload_tiles(batch)?;
+        }
         if !graphable {
             self.graphs.stats.eager += 1;
             return Ok(step);
@@ -1228,6 +1285,32 @@ impl Backend for CudaBackend {
         )?;
         if n == 0 {
             return Ok(());
+        }
+        if self.n_tiles > 0 && (hd == 64 || hd == 128) {
+            let tiles = self.tile_buf.as_ref().unwrap().ptr;
+            let (window, softcap) = (
+                a.window.map(|w| w as i32).unwrap_or(0),
+                a.softcap.unwrap_or(0.0),
+            );
+            return self.launch(
+                "attn",
+                &format!("flash_attention_{hd}"),
+                (self.n_tiles as u32, a.n_head as u32, 1),
+                (128, 1, 1),
+                args![
+                    q.ptr(),
+                    kv.k.ptr,
+                    kv.v.ptr,
+                    out.ptr(),
+                    tiles,
+                    self.view,
+                    a.n_head as i32,
+                    a.n_head_kv as i32,
+                    a.scale,
+                    window,
+                    softcap
+                ],
+            );
         }
         let ns = self.n_split(n, a.n_head, kv.n_slots);
         let part = if ns > 1 {

@@ -55,10 +55,17 @@ pub fn kernel_names(module: &str) -> Vec<String> {
         .iter()
         .map(|s| s.to_string())
         .collect(),
-        "attn" => [64, 128, 256]
-            .iter()
-            .flat_map(|d| [format!("attention_{d}"), format!("attn_merge_{d}")])
-            .collect(),
+        "attn" => {
+            let mut v: Vec<String> = [64, 128, 256]
+                .iter()
+                .flat_map(|d| [format!("attention_{d}"), format!("attn_merge_{d}")])
+                .collect();
+            v.extend([
+                "flash_attention_64".to_string(),
+                "flash_attention_128".to_string(),
+            ]);
+            v
+        }
         m => {
             let t = m.strip_prefix("quant_").unwrap_or(m);
             let mut v: Vec<String> = ["embed", "dequant_f16", "mmv", "mmv1", "mmv_glu", "mmv1_glu"]

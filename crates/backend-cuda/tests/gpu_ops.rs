@@ -4,7 +4,7 @@
 
 use quiver_backend::testing::{rel_err, two_sequence_batch, Rng};
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, WeightBytes,
+    reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, SeqSpan, WeightBytes,
 };
 use quiver_backend_cuda::CudaBackend;
 use quiver_gguf::{GgmlType, GgufFile, GgufWriter};
@@ -408,5 +408,96 @@ fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
         rel_err(&read(&be, &lb, rows * cols), &want) < 1e-6,
         "softcap"
     );
+    be.end_step(true).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn flash_attention_prefill_matches_reference() {
+    let mut rng = Rng(seed());
+    let mut be = backend();
+    be.set_graphs(false);
+    be.set_flash(true);
+    // A 150-token prefill (3 query tiles, 3 key tiles) and a 1-token decode at position 70
+    // beside it; 16-slot blocks, scattered.
+    let bs = 16;
+    let n_slots = 32 * bs;
+    let mut perm: Vec<u32> = (0..32).collect();
+    for i in (1..perm.len()).rev() {
+        let j = (rng.f().abs() * (i + 1) as f32) as usize % (i + 1);
+        perm.swap(i, j);
+    }
+    let seqs = vec![
+        SeqSpan {
+            start: 0,
+            len: 150,
+            kv_len: 150,
+            block_table: perm[..10].to_vec(),
+        },
+        SeqSpan {
+            start: 150,
+            len: 1,
+            kv_len: 71,
+            block_table: perm[10..15].to_vec(),
+        },
+    ];
+    let n = 151;
+    let mut b = Batch {
+        tokens: vec![1; n],
+        positions: (0..150).chain([70]).collect(),
+        seq_of: [vec![0; 150], vec![1]].concat(),
+        seqs,
+        logits: vec![150],
+        block_size: bs,
+        slots: vec![],
+    };
+    b.slots = (0..n)
+        .map(|t| b.slot(b.seq_of[t] as usize, b.positions[t] as usize) as u32)
+        .collect();
+    be.begin_step(&b, 4, 256, 256).unwrap();
+    for (hd, nh, nkv, window, softcap) in [
+        (64, 4, 2, None, None),
+        (128, 8, 2, None, None),
+        (128, 4, 4, Some(40u32), None),
+        (64, 4, 1, Some(100), Some(20.0f32)),
+    ] {
+        let a = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
+            softcap,
+        };
+        let mut kv = be.kv(n_slots, nkv * hd).unwrap();
+        let kh: Vec<half::f16> = rng
+            .vec(n_slots * nkv * hd)
+            .iter()
+            .map(|x| half::f16::from_f32(x * 3.0))
+            .collect();
+        let vh: Vec<half::f16> = rng
+            .vec(n_slots * nkv * hd)
+            .iter()
+            .map(|x| half::f16::from_f32(*x))
+            .collect();
+        be.write_kv(
+            &mut kv,
+            &kh.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
+            &vh.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let kf: Vec<f32> = kh.iter().map(|h| h.to_f32()).collect();
+        let vf: Vec<f32> = vh.iter().map(|h| h.to_f32()).collect();
+        let q: Vec<f32> = rng.vec(n * nh * hd).iter().map(|x| x * 3.0).collect();
+        let qb = be.buf_from(&q).unwrap();
+        let mut out = poison(&be, q.len());
+        be.attention(&qb, &kv, &a, &mut out).unwrap();
+        let got = read(&be, &out, q.len());
+        let mut want = vec![0.0; q.len()];
+        reference::attention(&q, &kf, &vf, &b, &a, &mut want);
+        let e = rel_err(&got, &want);
+        // q and the probabilities meet the tensor cores in f16: ~1e-3 relative.
+        assert!(e < 5e-3, "flash hd {hd} heads {nh}/{nkv} window {window:?} softcap {softcap:?}: relative error {e}");
+    }
     be.end_step(true).unwrap();
 }
