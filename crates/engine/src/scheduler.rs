@@ -189,6 +189,7 @@ where
                 waiting: VecDeque::new(),
                 batch: Batch::default(),
                 host: Vec::new(),
+                ids: Vec::new(),
                 rows: Vec::new(),
                 done: Vec::new(),
             }
@@ -248,6 +249,8 @@ struct Engine<'a, B: Backend> {
     waiting: VecDeque<Seq<'a>>,
     batch: Batch,
     host: Vec<f32>,
+    /// Token ids picked by the backend (plain-greedy steps).
+    ids: Vec<u32>,
     /// Per-step scratch: running indices with a logits row, finished requests.
     rows: Vec<usize>,
     done: Vec<(u64, FinishReason)>,
@@ -528,9 +531,21 @@ impl<'a, B: Backend> Engine<'a, B> {
             .forward(backend, &mut self.state, &self.batch)
             .map_err(|e| e.to_string())?;
         let nv = self.sh.info.n_vocab;
-        backend
-            .read(&self.state.logits, self.rows.len() * nv, &mut self.host)
-            .map_err(|e| e.to_string())?;
+        // When every row is plain greedy without logprobs, the backend picks the tokens (a GPU
+        // sends back one id per row instead of the logits).
+        let on_device = self.rows.iter().all(|&si| {
+            let s = &self.running[si];
+            s.sampler.is_plain_greedy() && s.req.logprobs.is_none()
+        });
+        if on_device {
+            backend
+                .argmax(&self.state.logits, self.rows.len(), nv, &mut self.ids)
+                .map_err(|e| e.to_string())?;
+        } else {
+            backend
+                .read(&self.state.logits, self.rows.len() * nv, &mut self.host)
+                .map_err(|e| e.to_string())?;
+        }
         if let Ok(mut st) = self.sh.stats.lock() {
             st.steps_total += 1;
         }
@@ -550,13 +565,18 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mut done = std::mem::take(&mut self.done);
         done.clear();
         for (r, &si) in self.rows.iter().enumerate() {
-            let row = &self.host[r * nv..][..nv];
             let s = &mut self.running[si];
-            let next = s.sampler.sample(row, &s.tokens);
-            let lp = s.req.logprobs.map(|n| {
-                let (logprob, top) = logprobs(row, next, n);
-                TokenLogprob { logprob, top }
-            });
+            let (next, lp) = if on_device {
+                (self.ids[r], None)
+            } else {
+                let row = &self.host[r * nv..][..nv];
+                let next = s.sampler.sample(row, &s.tokens);
+                let lp = s.req.logprobs.map(|n| {
+                    let (logprob, top) = logprobs(row, next, n);
+                    TokenLogprob { logprob, top }
+                });
+                (next, lp)
+            };
             if !s.req.ignore_eos && self.tok.is_eog(next) {
                 done.push((s.id, FinishReason::Stop));
                 continue;
