@@ -31,6 +31,8 @@ impl Drop for Exec {
 #[derive(Default)]
 struct Slot {
     seen: bool,
+    /// A capture of this key failed: it runs eagerly.
+    failed: bool,
     exec: Option<Exec>,
 }
 
@@ -81,7 +83,7 @@ impl Graphs {
             self.stats.replays += 1;
             return Ok(Begin::Replayed);
         }
-        if !slot.seen {
+        if !slot.seen || slot.failed {
             slot.seen = true;
             self.stats.eager += 1;
             return Ok(Begin::Eager);
@@ -97,31 +99,50 @@ impl Graphs {
         Ok(Begin::Capturing)
     }
 
-    /// Ends a capture begun by `begin` (no-op otherwise) and runs the new graph once, which
-    /// computes this step.
-    pub fn end(&mut self, ok: bool, stream: ds::CUstream) -> Result<(), dr::DriverError> {
+    /// Ends a capture begun by `begin` (true, nothing to do, otherwise) and runs the new graph
+    /// once, which computes this step. When the capture or its instantiation fails (or `ok` is
+    /// false), the key is marked to run eagerly from now on and false says that the recorded
+    /// ops did not run: the caller runs them again, eagerly.
+    pub fn end(&mut self, ok: bool, stream: ds::CUstream) -> bool {
         let Some(key) = self.capturing.take() else {
-            return Ok(());
+            return true;
         };
         // SAFETY: our stream is capturing.
-        let g = unsafe { dr::stream::end_capture(stream) }?;
-        if !ok || g.is_null() {
-            if !g.is_null() {
-                // SAFETY: captured above.
-                let _ = unsafe { dr::graph::destroy(g) };
+        let g = unsafe { dr::stream::end_capture(stream) };
+        let exec = match g {
+            Ok(g) if ok && !g.is_null() => {
+                // SAFETY: g is a complete graph; destroyed after instantiation.
+                let e = unsafe {
+                    let e = dr::graph::instantiate(g, ds::CUgraphInstantiate_flags(0));
+                    let _ = dr::graph::destroy(g);
+                    e
+                };
+                // SAFETY: a live executable graph on our stream.
+                e.ok()
+                    .map(Exec)
+                    .filter(|x| unsafe { dr::graph::launch(x.0, stream) }.is_ok())
             }
-            return Ok(());
-        }
-        // SAFETY: g is a complete graph; destroyed after instantiation.
-        let exec = unsafe {
-            let e = dr::graph::instantiate(g, ds::CUgraphInstantiate_flags(0));
-            let _ = dr::graph::destroy(g);
-            Exec(e?)
+            Ok(g) => {
+                if !g.is_null() {
+                    // SAFETY: captured above.
+                    let _ = unsafe { dr::graph::destroy(g) };
+                }
+                None
+            }
+            Err(_) => None,
         };
-        // SAFETY: as in begin.
-        unsafe { dr::graph::launch(exec.0, stream) }?;
-        self.stats.captures += 1;
-        self.map.entry(key).or_default().exec = Some(exec);
-        Ok(())
+        let slot = self.map.entry(key).or_default();
+        match exec {
+            Some(x) => {
+                self.stats.captures += 1;
+                slot.exec = Some(x);
+                true
+            }
+            None => {
+                slot.failed = true;
+                self.stats.failed_captures += 1;
+                false
+            }
+        }
     }
 }

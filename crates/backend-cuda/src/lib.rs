@@ -70,6 +70,8 @@ pub struct CudaKv {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphStats {
     pub captures: u64,
+    /// Captures that could not be kept (the step then ran eagerly; the key stays eager).
+    pub failed_captures: u64,
     pub replays: u64,
     pub eager: u64,
 }
@@ -947,10 +949,8 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn end_step(&mut self, ok: bool) -> Result<()> {
-        self.graphs
-            .end(ok, self.dev.stream)
-            .map_err(|e| derr("graph capture", e))
+    fn end_step(&mut self, ok: bool) -> Result<bool> {
+        Ok(self.graphs.end(ok, self.dev.stream))
     }
 
     fn embed(&self, table: &CudaWeight, scale: f32, out: &mut CudaBuf) -> Result<()> {
@@ -1405,6 +1405,7 @@ impl Backend for CudaBackend {
         let (compiled, cached) = self.kernel_counts();
         vec![
             ("graph_captures", g.captures),
+            ("graph_failed_captures", g.failed_captures),
             ("graph_replays", g.replays),
             ("eager_steps", g.eager),
             ("kernels_compiled", compiled as u64),

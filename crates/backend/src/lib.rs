@@ -151,10 +151,12 @@ pub trait Backend {
         max_tokens: usize,
         max_logits: usize,
     ) -> Result<Step>;
-    /// Ends a step whose ops the caller ran (`ok`: all of them succeeded).
-    fn end_step(&mut self, ok: bool) -> Result<()> {
+    /// Ends a step whose ops the caller ran (`ok`: all of them succeeded). Ok(false) means
+    /// the ops were only recorded (a graph capture) and the recording could not be kept: the
+    /// caller runs the ops again, which the backend then executes one by one.
+    fn end_step(&mut self, ok: bool) -> Result<bool> {
         let _ = ok;
-        Ok(())
+        Ok(true)
     }
 
     /// out[t] = dequantized row `batch.tokens[t]` of `table` · scale   // out: [n_tokens, cols]

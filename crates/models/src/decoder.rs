@@ -176,7 +176,12 @@ impl<B: Backend> Model<B> {
             return Ok(());
         }
         let r = self.ops(b, s, step);
-        b.end_step(r.is_ok())?;
+        if !b.end_step(r.is_ok())? {
+            // A capture that failed recorded the ops without running them: run them now.
+            let r = self.ops(b, s, step);
+            b.end_step(r.is_ok())?;
+            return r;
+        }
         r
     }
 
