@@ -610,25 +610,8 @@ impl CudaBackend {
     /// Query tiles of up to 64 consecutive tokens per sequence for the flash kernel; none
     /// (split-K kernel) when a sequence's positions are not consecutive.
     fn upload_tiles(&mut self, batch: &Batch) -> Result<()> {
-        self.tiles.clear();
-        for (si, sp) in batch.seqs.iter().enumerate() {
-            let pos = &batch.positions[sp.start..sp.start + sp.len];
-            if pos
-                .iter()
-                .enumerate()
-                .any(|(i, &p)| p as usize != pos[0] as usize + i)
-            {
-                self.tiles.clear();
-                return Ok(());
-            }
-            for c in (0..sp.len).step_by(64) {
-                self.tiles.push([
-                    si as i32,
-                    (sp.start + c) as i32,
-                    (sp.len - c).min(64) as i32,
-                    0,
-                ]);
-            }
+        if !query_tiles(batch, &mut self.tiles) {
+            return Ok(());
         }
         let bytes = self.tiles.len() * 16;
         if self.tile_buf.as_ref().is_none_or(|b| b.bytes < bytes) {
@@ -905,14 +888,17 @@ impl Backend for CudaBackend {
         let n = batch.n_tokens();
         let nl = batch.logits.len();
         // Decode-shaped steps (every token wants logits) pad to a bucket and run from a graph.
-        let bucket = n.next_power_of_two();
-        let graphable = self.graphs.enabled()
-            && n > 0
-            && nl == n
-            && bucket <= MAX_GRAPH_TOKENS
-            && bucket <= max_tokens
-            && bucket <= max_logits;
-        let (rows, logit_rows) = if graphable { (bucket, bucket) } else { (n, nl) };
+        let bucket = if self.graphs.enabled() {
+            graph_bucket(n, nl, max_tokens, max_logits)
+        } else {
+            None
+        };
+        let graphable = bucket.is_some();
+        let (rows, logit_rows) = match bucket {
+            Some(b) => (b, b),
+            None => (n, nl),
+        };
+
         self.upload_batch(batch, rows, logit_rows, max_tokens)?;
         self.rows = rows;
         self.logit_rows = logit_rows;
@@ -1427,6 +1413,121 @@ impl Backend for CudaBackend {
         )?;
         out.resize(rows, 0);
         self.dev.dtoh(out, ids).map_err(BackendError::Device)
+    }
+}
+
+/// The row count a step runs from a graph with, if it can: decode-shaped steps (every token
+/// wants logits) pad to the next power of two up to `MAX_GRAPH_TOKENS`, within the state's
+/// buffers.
+pub(crate) fn graph_bucket(
+    n: usize,
+    n_logits: usize,
+    max_tokens: usize,
+    max_logits: usize,
+) -> Option<usize> {
+    let b = n.next_power_of_two();
+    (n > 0 && n_logits == n && b <= MAX_GRAPH_TOKENS && b <= max_tokens && b <= max_logits)
+        .then_some(b)
+}
+
+/// The flash kernel's query tiles: up to 64 consecutive tokens of one sequence each,
+/// `{sequence, first token, tokens, 0}`. False (and no tiles) when a sequence's positions are
+/// not consecutive, which the kernel assumes.
+pub(crate) fn query_tiles(batch: &Batch, tiles: &mut Vec<[i32; 4]>) -> bool {
+    tiles.clear();
+    for (si, sp) in batch.seqs.iter().enumerate() {
+        let pos = &batch.positions[sp.start..sp.start + sp.len];
+        if pos
+            .iter()
+            .enumerate()
+            .any(|(i, &p)| p as usize != pos[0] as usize + i)
+        {
+            tiles.clear();
+            return false;
+        }
+        for c in (0..sp.len).step_by(64) {
+            tiles.push([
+                si as i32,
+                (sp.start + c) as i32,
+                (sp.len - c).min(64) as i32,
+                0,
+            ]);
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quiver_backend::SeqSpan;
+
+    #[test]
+    fn decode_steps_pad_to_graph_buckets_within_the_buffers() {
+        assert_eq!(graph_bucket(1, 1, 512, 1), Some(1));
+        assert_eq!(graph_bucket(3, 3, 512, 8), Some(4));
+        assert_eq!(
+            graph_bucket(3, 3, 512, 3),
+            None,
+            "the padded logits would not fit"
+        );
+        assert_eq!(
+            graph_bucket(5, 5, 6, 8),
+            None,
+            "the padded tokens would not fit"
+        );
+        assert_eq!(graph_bucket(64, 64, 512, 64), Some(64));
+        assert_eq!(graph_bucket(65, 65, 512, 128), None);
+        assert_eq!(graph_bucket(12, 1, 512, 16), None, "a prefill chunk");
+        assert_eq!(graph_bucket(0, 0, 512, 16), None);
+    }
+
+    #[test]
+    fn query_tiles_cover_every_token_once_in_runs_of_64() {
+        let mut b = Batch {
+            block_size: 16,
+            ..Default::default()
+        };
+        // A 150-token prefill from position 10, a 1-token decode, a 64-token chunk.
+        for (len, p0) in [(150usize, 10u32), (1, 70), (64, 0)] {
+            let start = b.tokens.len();
+            let si = b.seqs.len() as u32;
+            b.seqs.push(SeqSpan {
+                start,
+                len,
+                kv_len: p0 as usize + len,
+                block_table: vec![],
+            });
+            for i in 0..len {
+                b.tokens.push(0);
+                b.positions.push(p0 + i as u32);
+                b.seq_of.push(si);
+            }
+        }
+        let mut t = Vec::new();
+        assert!(query_tiles(&b, &mut t));
+        assert_eq!(
+            t,
+            vec![
+                [0, 0, 64, 0],
+                [0, 64, 64, 0],
+                [0, 128, 22, 0],
+                [1, 150, 1, 0],
+                [2, 151, 64, 0]
+            ]
+        );
+        let mut covered = vec![0; b.tokens.len()];
+        for [_, first, n, _] in &t {
+            for c in &mut covered[*first as usize..(*first + *n) as usize] {
+                *c += 1;
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1));
+        b.positions[3] = 99;
+        assert!(
+            !query_tiles(&b, &mut t) && t.is_empty(),
+            "non-consecutive positions fall back"
+        );
     }
 }
 
