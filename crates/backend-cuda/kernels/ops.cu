@@ -180,3 +180,68 @@ extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __rest
     if ((lane & 1) == 0) bsums[b * 16 + lane / 2] = s;
     if (lane == 0) d256[b] = d;
 }
+
+// The k largest values of each row as (index, value), best first, ties to the smaller index,
+// NaN never: k rounds, each the best element strictly after the previous pick in that order.
+// grid (rows), block 1024. Rows with fewer than k usable values end in (0, -inf).
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+extern "C" __global__ void topk_rows(const float* __restrict__ x, u32* __restrict__ ids, float* __restrict__ vals, int cols, int k) {
+    const float* r = x + (long long)blockIdx.x * cols;
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ float pick_v;
+    __shared__ int pick_i;
+    const float inf = __int_as_float(0x7f800000);
+    float pv = inf;
+    int pi = -1;
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    for (int round = 0; round < k; round++) {
+        float best = -inf;
+        int bi = 0x7fffffff;
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = r[c];
+            bool after = v < pv || (v == pv && c > pi);
+            if (after && better(v, c, best, bi)) {
+                best = v;
+                bi = c;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (better(ov, oi, best, bi)) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (l == 0) {
+            sv[w] = best;
+            si[w] = bi;
+        }
+        __syncthreads();
+        if (w == 0) {
+            best = l < nw ? sv[l] : -inf;
+            bi = l < nw ? si[l] : 0x7fffffff;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, best, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (better(ov, oi, best, bi)) {
+                    best = ov;
+                    bi = oi;
+                }
+            }
+            if (l == 0) {
+                bool none = bi == 0x7fffffff;
+                ids[(long long)blockIdx.x * k + round] = none ? 0 : bi;
+                vals[(long long)blockIdx.x * k + round] = none ? -inf : best;
+                pick_v = none ? -inf : best;
+                pick_i = none ? 0x7fffffff : bi;
+            }
+        }
+        __syncthreads();
+        pv = pick_v;
+        pi = pick_i;
+    }
+}

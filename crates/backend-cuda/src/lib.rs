@@ -90,6 +90,8 @@ pub struct MemStats {
 #[derive(Default)]
 struct Scratch {
     part: Option<DevBuf>,
+    top_ids: Option<DevBuf>,
+    top_vals: Option<DevBuf>,
     aq: Option<DevBuf>,
     ad: Option<DevBuf>,
     abs: Option<DevBuf>,
@@ -1397,6 +1399,35 @@ impl Backend for CudaBackend {
             ("kernels_compiled", compiled as u64),
             ("kernels_from_cache", cached as u64),
         ]
+    }
+
+    fn top_k(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        k: usize,
+        out: &mut Vec<(u32, f32)>,
+    ) -> Result<()> {
+        check("top_k", rows * cols <= x.len && k >= 1, || {
+            format!("{rows}×{cols} > {} or k = {k}", x.len)
+        })?;
+        let n = rows * k;
+        let ids = self.scratch_ptr(|s| &mut s.top_ids, n * 4, "top-k ids")?;
+        let vals = self.scratch_ptr(|s| &mut s.top_vals, n * 4, "top-k values")?;
+        self.launch(
+            "ops",
+            "topk_rows",
+            (rows as u32, 1, 1),
+            (1024, 1, 1),
+            args![x.ptr(), ids, vals, cols as i32, k as i32],
+        )?;
+        let (mut hi, mut hv) = (vec![0u32; n], vec![0f32; n]);
+        self.dev.dtoh(&mut hi, ids).map_err(BackendError::Device)?;
+        self.dev.dtoh(&mut hv, vals).map_err(BackendError::Device)?;
+        out.clear();
+        out.extend(hi.into_iter().zip(hv));
+        Ok(())
     }
 
     fn argmax(&self, x: &CudaBuf, rows: usize, cols: usize, out: &mut Vec<u32>) -> Result<()> {

@@ -92,7 +92,8 @@ static CUBLAS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 pub fn driver() -> Result<&'static Path, String> {
     DRIVER
         .get_or_init(|| {
-            preload(&["libcuda.so.1", "libcuda.so"]).map_err(|_| "no NVIDIA driver (libcuda.so.1 not found)".to_string())
+            preload(&["libcuda.so.1", "libcuda.so"])
+                .map_err(|_| "no NVIDIA driver (libcuda.so.1 not found)".to_string())
         })
         .as_deref()
         .map_err(Clone::clone)

@@ -51,6 +51,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             "argmax_rows",
             "quantize_a32",
             "quantize_a256",
+            "topk_rows",
         ]
         .iter()
         .map(|s| s.to_string())

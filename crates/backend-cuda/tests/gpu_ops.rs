@@ -402,6 +402,20 @@ fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
     be.argmax(&lb, rows, cols, &mut ids).unwrap();
     let want_ids: Vec<u32> = logits.chunks(cols).map(reference::argmax).collect();
     assert_eq!(ids, want_ids);
+    // top-k: ties go to the smaller index, NaN never counts, every row gets k pairs.
+    let mut tl = logits.clone();
+    tl[7] = f32::NAN;
+    tl[cols + 778] = 9.0;
+    let tb = be.buf_from(&tl).unwrap();
+    for k in [1usize, 5, 40, 64] {
+        let mut got = Vec::new();
+        be.top_k(&tb, rows, cols, k, &mut got).unwrap();
+        let mut want = Vec::new();
+        for row in tl.chunks(cols) {
+            reference::top_k(row, k, &mut want);
+        }
+        assert_eq!(got, want, "top_k {k}");
+    }
     be.softcap(&mut lb, 5.0, rows * cols).unwrap();
     let want: Vec<f32> = logits.iter().map(|x| 5.0 * (x / 5.0).tanh()).collect();
     assert!(

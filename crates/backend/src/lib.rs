@@ -266,6 +266,28 @@ pub trait Backend {
     fn softcap(&self, x: &mut Self::Buf, cap: f32, n: usize) -> Result<()>;
     /// Copies the first n elements to the host.
     fn read(&self, x: &Self::Buf, n: usize, out: &mut Vec<f32>) -> Result<()>;
+    /// The `k` largest values of each of `rows` rows of `cols` as (index, value), best first,
+    /// ties to the smaller index: `k` pairs per row, row after row (a sampler with top-k needs
+    /// only these).
+    fn top_k(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        cols: usize,
+        k: usize,
+        out: &mut Vec<(u32, f32)>,
+    ) -> Result<()> {
+        let mut v = Vec::new();
+        self.read(x, rows * cols, &mut v)?;
+        out.clear();
+        for row in v.chunks_exact(cols.max(1)) {
+            let before = out.len();
+            reference::top_k(row, k, out);
+            // Rows of fewer than k usable values are padded so every row has k pairs.
+            out.resize(before + k, (0, f32::NEG_INFINITY));
+        }
+        Ok(())
+    }
     /// Named counters for logs and benchmarks (graph captures and replays, kernels compiled).
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

@@ -47,6 +47,26 @@ pub fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
+/// The `k` largest values of `row` as (index, value), best first, ties to the smaller index
+/// (the sampler's order); NaN never counts.
+pub fn top_k(row: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
+    let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let start = out.len();
+    out.extend(
+        row.iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_nan())
+            .map(|(i, &v)| (i as u32, v)),
+    );
+    let mine = &mut out[start..];
+    if k > 0 && k < mine.len() {
+        mine.select_nth_unstable_by(k - 1, by);
+    }
+    let keep = k.min(mine.len());
+    out.truncate(start + keep);
+    out[start..].sort_by(by);
+}
+
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }

@@ -70,6 +70,8 @@ pub struct Runner<B: Backend> {
     pub n_batch: usize,
     logits: Vec<f32>,
     host: Vec<f32>,
+    /// The last `eval_top_k` result.
+    top: Vec<(u32, f32)>,
     batch: Batch,
 }
 
@@ -96,6 +98,7 @@ impl<B: Backend> Runner<B> {
             n_batch,
             logits: Vec::new(),
             host: Vec::new(),
+            top: Vec::new(),
             batch: Batch::default(),
         })
     }
@@ -175,23 +178,52 @@ impl<B: Backend> Runner<B> {
     /// Like `eval` with `Want::Last`, returning only the argmax of the last position's logits:
     /// the backend computes it, so a GPU sends back one id instead of the logits.
     pub fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32> {
+        let nv = self.n_vocab();
         if tokens.len() > self.n_batch {
-            let nv = self.n_vocab();
             let l = self.eval(tokens, start_pos, Want::Last)?;
             return Ok(sampler::argmax(&l[..nv]));
         }
-        self.check_tokens(tokens, start_pos)?;
-        let nv = self.n_vocab();
-        let n_blocks = self.n_ctx / BLOCK_SIZE;
-        self.batch
-            .fill_single(tokens, start_pos, n_blocks, BLOCK_SIZE, tokens.len() - 1);
-        self.model
-            .forward(&mut self.backend, &mut self.state, &self.batch)?;
+        self.forward_last(tokens, start_pos)?;
         let mut ids = Vec::with_capacity(1);
         self.backend
             .argmax(&self.state.logits, 1, nv, &mut ids)
             .map_err(ModelError::from)?;
         Ok(ids[0])
+    }
+
+    /// Like `eval` with `Want::Last`, returning only the `k` largest logits of the last
+    /// position as (id, logit), best first: what a top-k sampler needs (a GPU sends back k
+    /// pairs instead of the logits).
+    pub fn eval_top_k(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        k: usize,
+    ) -> Result<&[(u32, f32)]> {
+        let nv = self.n_vocab();
+        if tokens.len() > self.n_batch {
+            let l = self.eval(tokens, start_pos, Want::Last)?;
+            let mut top = Vec::with_capacity(k);
+            quiver_backend::reference::top_k(&l[..nv], k, &mut top);
+            self.top = top;
+            return Ok(&self.top);
+        }
+        self.forward_last(tokens, start_pos)?;
+        self.backend
+            .top_k(&self.state.logits, 1, nv, k, &mut self.top)
+            .map_err(ModelError::from)?;
+        Ok(&self.top)
+    }
+
+    /// One step over `tokens` (at most a batch) with logits for the last one.
+    fn forward_last(&mut self, tokens: &[u32], start_pos: usize) -> Result<()> {
+        self.check_tokens(tokens, start_pos)?;
+        let n_blocks = self.n_ctx / BLOCK_SIZE;
+        self.batch
+            .fill_single(tokens, start_pos, n_blocks, BLOCK_SIZE, tokens.len() - 1);
+        self.model
+            .forward(&mut self.backend, &mut self.state, &self.batch)?;
+        Ok(())
     }
 }
 
@@ -201,6 +233,8 @@ pub trait Session {
     fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]>;
     /// See `Runner::eval_argmax`.
     fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32>;
+    /// See `Runner::eval_top_k`.
+    fn eval_top_k(&mut self, tokens: &[u32], start_pos: usize, k: usize) -> Result<&[(u32, f32)]>;
     fn n_vocab(&self) -> usize;
     fn n_ctx(&self) -> usize;
     fn hparams(&self) -> &quiver_models::Hparams;
@@ -224,6 +258,9 @@ impl<B: Backend> Session for Runner<B> {
     }
     fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32> {
         Runner::eval_argmax(self, tokens, start_pos)
+    }
+    fn eval_top_k(&mut self, tokens: &[u32], start_pos: usize, k: usize) -> Result<&[(u32, f32)]> {
+        Runner::eval_top_k(self, tokens, start_pos, k)
     }
     fn n_vocab(&self) -> usize {
         self.model.hp.n_vocab
@@ -311,15 +348,9 @@ pub fn generate(
             ctx: r.n_ctx(),
         });
     }
-    // Plain greedy decoding lets the backend pick the token (one id back per step).
-    let on_device = sampler.is_plain_greedy();
     let t0 = std::time::Instant::now();
     let mut history: Vec<u32> = prompt.to_vec();
-    let mut next = if on_device {
-        r.eval_argmax(prompt, start_pos)?
-    } else {
-        sampler.sample(r.eval(prompt, start_pos, Want::Last)?, &history)
-    };
+    let mut next = eval_and_pick(r, prompt, start_pos, sampler, &history)?;
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = std::time::Instant::now();
     let mut out = Vec::new();
@@ -355,12 +386,7 @@ pub fn generate(
         if out.len() == opts.max_tokens {
             break;
         }
-        next = if on_device {
-            r.eval_argmax(&[next], pos)?
-        } else {
-            let logits = r.eval(&[next], pos, Want::Last)?;
-            sampler.sample(logits, &history)
-        };
+        next = eval_and_pick(r, &[next], pos, sampler, &history)?;
         kv_tokens += 1;
         pos += 1;
     }
@@ -380,6 +406,27 @@ pub fn generate(
         prompt_secs,
         gen_secs: t1.elapsed().as_secs_f64(),
     })
+}
+
+/// Evaluates `tokens` and picks the next token. Plain greedy decoding takes the backend's
+/// argmax, a top-k sampler the backend's k best logits (a GPU sends back one id, or k pairs,
+/// instead of the logits); the draw itself stays on the host, so a seed gives the same text
+/// whatever the device.
+fn eval_and_pick(
+    r: &mut (impl Session + ?Sized),
+    tokens: &[u32],
+    pos: usize,
+    sampler: &mut Sampler,
+    history: &[u32],
+) -> Result<u32> {
+    if sampler.is_plain_greedy() {
+        return r.eval_argmax(tokens, pos);
+    }
+    if let Some(k) = sampler.top_k_only() {
+        let top = r.eval_top_k(tokens, pos, k)?;
+        return Ok(sampler.sample_top(top));
+    }
+    Ok(sampler.sample(r.eval(tokens, pos, Want::Last)?, history))
 }
 
 /// The byte offset where the earliest stop string starts, if one ends in the new text.

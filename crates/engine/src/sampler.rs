@@ -164,6 +164,33 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax_pairs(&self.cand);
         }
+        self.finish()
+    }
+
+    /// Some(k) when the next token depends only on the k largest raw logits (top-k on, at most
+    /// `MAX_DEVICE_TOP_K`, temperature above 0, nothing that changes logits): a device can send
+    /// back just those, and `sample_top` picks from them.
+    pub fn top_k_only(&self) -> Option<usize> {
+        let p = &self.params;
+        let plain = p.repeat_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.logit_bias.is_empty();
+        (plain && p.temperature > 0.0 && (1..=MAX_DEVICE_TOP_K).contains(&p.top_k))
+            .then_some(p.top_k)
+    }
+
+    /// What `sample` returns for a `top_k_only` sampler, given at least its k largest logits as
+    /// (id, logit) pairs in any order.
+    pub fn sample_top(&mut self, top: &[(u32, f32)]) -> u32 {
+        self.cand.clear();
+        self.cand.extend_from_slice(top);
+        self.finish()
+    }
+
+    /// top-k, top-p, min-p, temperature and the draw, over `self.cand`.
+    fn finish(&mut self) -> u32 {
+        let p = &self.params;
         // top-k (0 = off)
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < self.cand.len() {
@@ -224,6 +251,9 @@ fn argmax_pairs(c: &[(u32, f32)]) -> u32 {
 
 /// The index of the largest logit (the first on ties).
 pub use quiver_backend::reference::argmax;
+
+/// The largest top-k a device selects for the sampler (`Sampler::top_k_only`).
+pub const MAX_DEVICE_TOP_K: usize = 64;
 
 /// log-softmax of the raw logits: (logprob of `token`, top-n (id, logprob) best first).
 pub fn logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
@@ -308,6 +338,61 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(s.sample(&l, &[]), argmax(&l));
         }
+    }
+
+    #[test]
+    fn sampling_from_the_top_k_equals_sampling_from_all_logits() {
+        // Logits with many ties (quantized to a coarse grid) over a vocabulary of 3000.
+        let mut x = 0x1234_5678u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..40u64 {
+            let logits: Vec<f32> = (0..3000)
+                .map(|_| ((next() % 200) as f32 - 100.0) / 8.0)
+                .collect();
+            let params = SamplerParams {
+                temperature: [0.3f32, 0.8, 1.5][case as usize % 3],
+                top_k: [1usize, 2, 7, 40, 64][case as usize % 5],
+                top_p: [1.0f32, 0.9, 0.5][case as usize % 3],
+                min_p: [0.0f32, 0.05][case as usize % 2],
+                seed: case,
+                ..Default::default()
+            };
+            let mut full = Sampler::new(params.clone());
+            let mut top = Sampler::new(params);
+            let k = top.top_k_only().expect("top-k-only sampler");
+            let mut cands = Vec::new();
+            quiver_backend::reference::top_k(&logits, k, &mut cands);
+            // The device may return them in any order, and more than k of them.
+            cands.reverse();
+            for _ in 0..20 {
+                assert_eq!(
+                    full.sample(&logits, &[]),
+                    top.sample_top(&cands),
+                    "case {case}"
+                );
+            }
+        }
+        let mut p = SamplerParams {
+            top_k: 40,
+            ..Default::default()
+        };
+        assert_eq!(Sampler::new(p.clone()).top_k_only(), Some(40));
+        p.repeat_penalty = 1.1;
+        assert_eq!(
+            Sampler::new(p.clone()).top_k_only(),
+            None,
+            "penalties need every logit"
+        );
+        p.repeat_penalty = 1.0;
+        p.top_k = 0;
+        assert_eq!(Sampler::new(p.clone()).top_k_only(), None);
+        p.top_k = MAX_DEVICE_TOP_K + 1;
+        assert_eq!(Sampler::new(p).top_k_only(), None);
     }
 
     #[test]

@@ -190,6 +190,7 @@ where
                 batch: Batch::default(),
                 host: Vec::new(),
                 ids: Vec::new(),
+                top: Vec::new(),
                 rows: Vec::new(),
                 done: Vec::new(),
             }
@@ -251,6 +252,8 @@ struct Engine<'a, B: Backend> {
     host: Vec<f32>,
     /// Token ids picked by the backend (plain-greedy steps).
     ids: Vec<u32>,
+    /// The backend's k best (id, logit) per row (top-k steps).
+    top: Vec<(u32, f32)>,
     /// Per-step scratch: running indices with a logits row, finished requests.
     rows: Vec<usize>,
     done: Vec<(u64, FinishReason)>,
@@ -531,21 +534,26 @@ impl<'a, B: Backend> Engine<'a, B> {
             .forward(backend, &mut self.state, &self.batch)
             .map_err(|e| e.to_string())?;
         let nv = self.sh.info.n_vocab;
-        // When every row is plain greedy without logprobs, the backend picks the tokens (a GPU
-        // sends back one id per row instead of the logits).
-        let on_device = self.rows.iter().all(|&si| {
+        // Rows without logprobs that are plain greedy or top-k-only take their tokens from the
+        // backend's argmax (k = 1) or k best logits: a GPU sends back k pairs per row instead of
+        // the logits. Any other row makes the step read every logit.
+        let kmax = self.rows.iter().try_fold(1usize, |m, &si| {
             let s = &self.running[si];
-            s.sampler.is_plain_greedy() && s.req.logprobs.is_none()
+            let k = if s.req.logprobs.is_some() {
+                None
+            } else if s.sampler.is_plain_greedy() {
+                Some(1)
+            } else {
+                s.sampler.top_k_only()
+            };
+            k.map(|k| m.max(k))
         });
-        if on_device {
-            backend
-                .argmax(&self.state.logits, self.rows.len(), nv, &mut self.ids)
-                .map_err(|e| e.to_string())?;
-        } else {
-            backend
-                .read(&self.state.logits, self.rows.len() * nv, &mut self.host)
-                .map_err(|e| e.to_string())?;
+        match kmax {
+            Some(1) => backend.argmax(&self.state.logits, self.rows.len(), nv, &mut self.ids),
+            Some(k) => backend.top_k(&self.state.logits, self.rows.len(), nv, k, &mut self.top),
+            None => backend.read(&self.state.logits, self.rows.len() * nv, &mut self.host),
         }
+        .map_err(|e| e.to_string())?;
         if let Ok(mut st) = self.sh.stats.lock() {
             st.steps_total += 1;
         }
@@ -566,8 +574,18 @@ impl<'a, B: Backend> Engine<'a, B> {
         done.clear();
         for (r, &si) in self.rows.iter().enumerate() {
             let s = &mut self.running[si];
-            let (next, lp) = if on_device {
-                (self.ids[r], None)
+            let (next, lp) = if let Some(k) = kmax {
+                let next = if k == 1 {
+                    self.ids[r]
+                } else {
+                    let top = &self.top[r * k..][..k];
+                    if s.sampler.is_plain_greedy() {
+                        top[0].0
+                    } else {
+                        s.sampler.sample_top(top)
+                    }
+                };
+                (next, None)
             } else {
                 let row = &self.host[r * nv..][..nv];
                 let next = s.sampler.sample(row, &s.tokens);
