@@ -198,3 +198,61 @@ pub fn cuda_summary(be: &CudaBackend) -> String {
         if be.has_cublas() { "" } else { "; cuBLAS not found: prefill uses the matrix-vector kernels" }
     )
 }
+
+/// `quiver devices`: every CUDA device with its properties, or why there is none; the
+/// libraries found. Exit 0 either way (a machine without a GPU is a valid answer).
+pub fn devices(json_out: bool) -> Result<()> {
+    use quiver_backend_cuda::libs;
+    let lib = |r: std::result::Result<&std::path::Path, String>| match r {
+        Ok(p) => serde_json::json!({"found": true, "path": p.display().to_string()}),
+        Err(e) => serde_json::json!({"found": false, "error": e}),
+    };
+    let mut devs = Vec::new();
+    let mut why = None;
+    for n in 0.. {
+        match quiver_backend_cuda::probe(n) {
+            Ok(i) => devs.push(serde_json::json!({
+                "device": format!("cuda:{n}"), "name": i.name, "sm": i.arch, "multiprocessors": i.sms,
+                "memory_bytes": i.total_mem, "driver_cuda_version": format!("{}.{}", i.driver_version / 1000, i.driver_version % 1000 / 10),
+            })),
+            Err(e) => {
+                if n == 0 {
+                    why = Some(e);
+                }
+                break;
+            }
+        }
+    }
+    let j = serde_json::json!({
+        "devices": devs,
+        "none_because": why,
+        "libraries": {"cuda": lib(libs::driver()), "nvrtc": lib(libs::nvrtc()), "cublas": lib(libs::cublas())},
+    });
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&j)?);
+        return Ok(());
+    }
+    match &why {
+        Some(e) => println!("no usable CUDA device: {e}"),
+        None => {
+            for d in &devs {
+                println!(
+                    "{}: {} (sm_{}, {} multiprocessors, {:.1} GiB, driver for CUDA {})",
+                    d["device"].as_str().unwrap_or(""),
+                    d["name"].as_str().unwrap_or(""),
+                    d["sm"],
+                    d["multiprocessors"],
+                    d["memory_bytes"].as_f64().unwrap_or(0.0) / 1073741824.0,
+                    d["driver_cuda_version"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    for (name, v) in j["libraries"].as_object().into_iter().flatten() {
+        match v["path"].as_str() {
+            Some(p) => println!("{name}: {p}"),
+            None => println!("{name}: not found ({})", v["error"].as_str().unwrap_or("")),
+        }
+    }
+    Ok(())
+}

@@ -152,6 +152,13 @@ enum Cmd {
     },
     /// OpenAI-compatible HTTP server with continuous batching (docs/SERVER.md).
     Serve(serve::ServeArgs),
+    /// List the CUDA devices quiver can use (or say why there are none), and where NVRTC and
+    /// cuBLAS were found.
+    Devices {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Fetch a known model into the cache (it is fetched on first use anyway).
     Fetch {
         /// Aliases to fetch; all known models when none are given.
@@ -309,6 +316,7 @@ fn run(cli: Cli) -> Result<()> {
         )?,
         Cmd::Compare(a) => compare::compare(a)?,
         Cmd::Serve(a) => serve::run(a)?,
+        Cmd::Devices { json } => engine::devices(json)?,
         Cmd::Fetch { aliases } => {
             let list: Vec<String> = if aliases.is_empty() {
                 quiver_hub::KNOWN_MODELS

@@ -316,7 +316,17 @@ fn device_flag_errors_are_one_line_errors() {
         "bench", "-m", &m, "-p", "8", "-n", "2", "--device", "cuda:x",
     ]);
     assert_one_line_error(&out, 1, "--device cuda:x");
+    // `quiver devices` answers either way, with the libraries it found.
+    let out = quiver(&["devices", "--json"]);
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for lib in ["cuda", "nvrtc", "cublas"] {
+        assert!(j["libraries"][lib]["found"].is_boolean(), "{j}");
+    }
+    let n = j["devices"].as_array().unwrap().len();
+    assert_eq!(n == 0, j["none_because"].is_string(), "{j}");
     if quiver_backend_cuda::probe(0).is_err() {
+        assert_eq!(n, 0);
         // No usable GPU here: an explicit CUDA request says why, in one line.
         let out = quiver(&["run", "-m", &m, "-p", "hi", "-n", "2", "--device", "cuda"]);
         assert_one_line_error(&out, 1, "--device cuda without a GPU");
