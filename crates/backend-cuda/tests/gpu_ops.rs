@@ -210,25 +210,7 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
                 window,
                 softcap,
             };
-            let mut kv = be.kv(n_slots, nkv * hd).unwrap();
-            let kh: Vec<half::f16> = rng
-                .vec(n_slots * nkv * hd)
-                .iter()
-                .map(|x| half::f16::from_f32(x * 3.0))
-                .collect();
-            let vh: Vec<half::f16> = rng
-                .vec(n_slots * nkv * hd)
-                .iter()
-                .map(|x| half::f16::from_f32(*x))
-                .collect();
-            be.write_kv(
-                &mut kv,
-                &kh.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
-                &vh.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
-            )
-            .unwrap();
-            let kf: Vec<f32> = kh.iter().map(|h| h.to_f32()).collect();
-            let vf: Vec<f32> = vh.iter().map(|h| h.to_f32()).collect();
+            let (kv, kf, vf) = random_kv(&be, &mut rng, n_slots, nkv * hd);
             let q: Vec<f32> = rng
                 .vec(b.n_tokens() * nh * hd)
                 .iter()
@@ -248,6 +230,31 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
         }
     }
     be.end_step(true).unwrap();
+}
+
+/// A KV cache of random f16 values (K scaled up, so that softmax is not flat), and the same
+/// values as f32 for the reference.
+fn random_kv(
+    be: &CudaBackend,
+    rng: &mut Rng,
+    n_slots: usize,
+    kv_dim: usize,
+) -> (quiver_backend_cuda::CudaKv, Vec<f32>, Vec<f32>) {
+    let mut kv = be.kv(n_slots, kv_dim).unwrap();
+    let kh: Vec<half::f16> = rng
+        .vec(n_slots * kv_dim)
+        .iter()
+        .map(|x| half::f16::from_f32(x * 3.0))
+        .collect();
+    let vh: Vec<half::f16> = rng
+        .vec(n_slots * kv_dim)
+        .iter()
+        .map(|x| half::f16::from_f32(*x))
+        .collect();
+    let bits = |v: &[half::f16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
+    be.write_kv(&mut kv, &bits(&kh), &bits(&vh)).unwrap();
+    let f = |v: &[half::f16]| v.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
+    (kv, f(&kh), f(&vh))
 }
 
 fn vector(be: &CudaBackend, v: &[f32]) -> quiver_backend_cuda::CudaWeight {
@@ -483,25 +490,7 @@ fn flash_attention_prefill_matches_reference() {
             window,
             softcap,
         };
-        let mut kv = be.kv(n_slots, nkv * hd).unwrap();
-        let kh: Vec<half::f16> = rng
-            .vec(n_slots * nkv * hd)
-            .iter()
-            .map(|x| half::f16::from_f32(x * 3.0))
-            .collect();
-        let vh: Vec<half::f16> = rng
-            .vec(n_slots * nkv * hd)
-            .iter()
-            .map(|x| half::f16::from_f32(*x))
-            .collect();
-        be.write_kv(
-            &mut kv,
-            &kh.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
-            &vh.iter().map(|h| h.to_bits()).collect::<Vec<_>>(),
-        )
-        .unwrap();
-        let kf: Vec<f32> = kh.iter().map(|h| h.to_f32()).collect();
-        let vf: Vec<f32> = vh.iter().map(|h| h.to_f32()).collect();
+        let (kv, kf, vf) = random_kv(&be, &mut rng, n_slots, nkv * hd);
         let q: Vec<f32> = rng.vec(n * nh * hd).iter().map(|x| x * 3.0).collect();
         let qb = be.buf_from(&q).unwrap();
         let mut out = poison(&be, q.len());
