@@ -156,6 +156,8 @@ pub struct CudaBackend {
     tiles: Vec<[i32; 4]>,
     tile_buf: Option<DevBuf>,
     n_tiles: usize,
+    /// Host staging of `top_k` (reused: no allocation per step).
+    top_host: Mutex<(Vec<u32>, Vec<f32>)>,
     scratch: Mutex<Scratch>,
     mem: Mutex<MemStats>,
     batch_buf: Option<DevBuf>,
@@ -189,29 +191,51 @@ fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<
 }
 
 /// Kernel arguments packed for cuLaunchKernel.
-#[derive(Default)]
 pub(crate) struct Args {
-    words: Vec<u64>,
-    offs: Vec<usize>,
+    words: [u64; ARG_WORDS],
+    offs: [usize; MAX_ARGS],
+    used: usize,
+    n: usize,
+}
+
+/// Room for a launch's arguments, on the stack (no allocation per launch).
+const ARG_WORDS: usize = 40;
+const MAX_ARGS: usize = 16;
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            words: [0; ARG_WORDS],
+            offs: [0; MAX_ARGS],
+            used: 0,
+            n: 0,
+        }
+    }
 }
 
 impl Args {
     pub(crate) fn push<T: Copy>(&mut self, v: T) -> &mut Self {
-        let n = std::mem::size_of::<T>().div_ceil(8);
-        let off = self.words.len();
-        self.words.resize(off + n, 0);
-        // SAFETY: the words hold at least size_of::<T>() bytes from `off`, 8-byte aligned.
-        unsafe { std::ptr::write_unaligned(self.words.as_mut_ptr().add(off) as *mut T, v) };
-        self.offs.push(off);
+        let need = std::mem::size_of::<T>().div_ceil(8);
+        assert!(
+            self.n < MAX_ARGS && self.used + need <= ARG_WORDS,
+            "kernel arguments exceed Args' room"
+        );
+        // SAFETY: words[used..used + need] holds size_of::<T>() bytes, 8-byte aligned.
+        unsafe { std::ptr::write_unaligned(self.words.as_mut_ptr().add(self.used) as *mut T, v) };
+        self.offs[self.n] = self.used;
+        self.used += need;
+        self.n += 1;
         self
     }
-    fn ptrs(&mut self) -> Vec<*mut c_void> {
+    /// Pointers to each argument, as cuLaunchKernel takes them (valid while `self` lives).
+    fn ptrs(&mut self) -> ([*mut c_void; MAX_ARGS], usize) {
         let base = self.words.as_mut_ptr();
-        // SAFETY: offsets are within `words`.
-        self.offs
-            .iter()
-            .map(|&o| unsafe { base.add(o) } as *mut c_void)
-            .collect()
+        let mut p = [std::ptr::null_mut(); MAX_ARGS];
+        for (d, &o) in p.iter_mut().zip(&self.offs[..self.n]) {
+            // SAFETY: offsets are within `words`.
+            *d = unsafe { base.add(o) } as *mut c_void;
+        }
+        (p, self.n)
     }
 }
 
@@ -253,6 +277,7 @@ impl CudaBackend {
             tiles: Vec::new(),
             tile_buf: None,
             n_tiles: 0,
+            top_host: Mutex::new((Vec::new(), Vec::new())),
             blas,
             use_copies,
             scratch: Mutex::new(Scratch::default()),
@@ -390,10 +415,10 @@ impl CudaBackend {
         mut a: Args,
     ) -> Result<()> {
         let f = self.func(module, name)?;
-        let mut p = a.ptrs();
+        let (mut p, n) = a.ptrs();
         // SAFETY: the arguments match the kernel's signature (each call site mirrors its .cu
-        // declaration) and point to live device buffers.
-        unsafe { dr::launch_kernel(f, grid, block, 0, self.dev.stream, &mut p) }
+        // declaration) and point to live device buffers; `a` outlives the call.
+        unsafe { dr::launch_kernel(f, grid, block, 0, self.dev.stream, &mut p[..n]) }
             .map_err(|e| derr(format!("launching kernel {name}"), e))?;
         if self.sync_each && !self.graphs.capturing() {
             // SAFETY: our stream.
@@ -1422,11 +1447,14 @@ impl Backend for CudaBackend {
             (1024, 1, 1),
             args![x.ptr(), ids, vals, cols as i32, k as i32],
         )?;
-        let (mut hi, mut hv) = (vec![0u32; n], vec![0f32; n]);
-        self.dev.dtoh(&mut hi, ids).map_err(BackendError::Device)?;
-        self.dev.dtoh(&mut hv, vals).map_err(BackendError::Device)?;
+        let mut st = self.top_host.lock().unwrap();
+        let (hi, hv) = &mut *st;
+        hi.resize(n, 0);
+        hv.resize(n, 0.0);
+        self.dev.dtoh(hi, ids).map_err(BackendError::Device)?;
+        self.dev.dtoh(hv, vals).map_err(BackendError::Device)?;
         out.clear();
-        out.extend(hi.into_iter().zip(hv));
+        out.extend(hi.iter().copied().zip(hv.iter().copied()));
         Ok(())
     }
 
@@ -1492,6 +1520,43 @@ pub(crate) fn query_tiles(batch: &Batch, tiles: &mut Vec<[i32; 4]>) -> bool {
 mod tests {
     use super::*;
     use quiver_backend::SeqSpan;
+
+    #[test]
+    fn kernel_arguments_pack_each_value_at_its_pointer() {
+        let view = BatchView {
+            tokens: 1,
+            pos: 2,
+            slot: 3,
+            seq: 4,
+            logit_rows: 5,
+            kv_len: 6,
+            bt_off: 7,
+            block_tables: 8,
+            block_size: 16,
+        };
+        let m = MmvMat {
+            w: 11,
+            y: 12,
+            row_bytes: 13,
+            rows: 14,
+        };
+        let mut a = args![0xdead_beef_u64, -3i32, 1.5f32, view, m, 7i64];
+        let (p, n) = a.ptrs();
+        assert_eq!(n, 6);
+        // SAFETY: each pointer points at the value pushed in that position, alive in `a`.
+        unsafe {
+            assert_eq!(*(p[0] as *const u64), 0xdead_beef);
+            assert_eq!(*(p[1] as *const i32), -3);
+            assert_eq!(*(p[2] as *const f32), 1.5);
+            let v = &*(p[3] as *const BatchView);
+            assert_eq!((v.tokens, v.block_tables, v.block_size), (1, 8, 16));
+            let mm = &*(p[4] as *const MmvMat);
+            assert_eq!((mm.w, mm.y, mm.row_bytes, mm.rows), (11, 12, 13, 14));
+            assert_eq!(*(p[5] as *const i64), 7);
+            // 8-byte aligned, as CUDA expects pointers and 64-bit values.
+            assert!(p[..n].iter().all(|q| (*q as usize) % 8 == 0));
+        }
+    }
 
     #[test]
     fn decode_steps_pad_to_graph_buckets_within_the_buffers() {

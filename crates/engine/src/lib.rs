@@ -72,6 +72,8 @@ pub struct Runner<B: Backend> {
     host: Vec<f32>,
     /// The last `eval_top_k` result.
     top: Vec<(u32, f32)>,
+    /// The last `eval_argmax` result.
+    ids: Vec<u32>,
     batch: Batch,
 }
 
@@ -99,6 +101,7 @@ impl<B: Backend> Runner<B> {
             logits: Vec::new(),
             host: Vec::new(),
             top: Vec::new(),
+            ids: Vec::new(),
             batch: Batch::default(),
         })
     }
@@ -184,11 +187,10 @@ impl<B: Backend> Runner<B> {
             return Ok(sampler::argmax(&l[..nv]));
         }
         self.forward_last(tokens, start_pos)?;
-        let mut ids = Vec::with_capacity(1);
         self.backend
-            .argmax(&self.state.logits, 1, nv, &mut ids)
+            .argmax(&self.state.logits, 1, nv, &mut self.ids)
             .map_err(ModelError::from)?;
-        Ok(ids[0])
+        Ok(self.ids[0])
     }
 
     /// Like `eval` with `Want::Last`, returning only the `k` largest logits of the last
