@@ -57,6 +57,31 @@ pub struct CudaWeight {
     /// An f16 copy for the tensor-core (cuBLAS) path, when there is room.
     half: Option<DevBuf>,
     kernel: &'static str,
+    /// Its module and kernel names, made once at load (no formatting per launch).
+    names: Box<KernelNames>,
+}
+
+/// The kernels a weight's products and lookups launch: [general, single-token] variants.
+struct KernelNames {
+    module: String,
+    embed: String,
+    mmv: [String; 2],
+    glu: [String; 2],
+}
+
+impl KernelNames {
+    fn new(kernel: &str, int8: bool) -> Self {
+        let base = if int8 { "mmvq" } else { "mmv" };
+        KernelNames {
+            module: format!("quant_{kernel}"),
+            embed: format!("embed_{kernel}"),
+            mmv: [format!("{base}_{kernel}"), format!("{base}1_{kernel}")],
+            glu: [
+                format!("{base}_glu_{kernel}"),
+                format!("{base}1_glu_{kernel}"),
+            ],
+        }
+    }
 }
 
 pub struct CudaKv {
@@ -527,9 +552,8 @@ impl CudaBackend {
     /// launch per 8 tokens.
     fn mmv(&self, mats: &[(&CudaWeight, u64)], x: u64, n: usize) -> Result<()> {
         let w0 = mats[0].0;
-        let module = format!("quant_{}", w0.kernel);
+        let module = &w0.names.module;
         let int8 = self.int8_block(w0);
-        let base = if int8.is_some() { "mmvq" } else { "mmv" };
         let total_rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
         let mut t = 0;
         while t < n {
@@ -545,7 +569,7 @@ impl CudaBackend {
             }
             let xo = x + (t * w0.cols * 4) as u64;
             let grid = (total_rows.div_ceil(4) as u32, 1, 1);
-            let name = format!("{base}{}_{}", if nt == 1 { "1" } else { "" }, w0.kernel);
+            let name = &w0.names.mmv[usize::from(nt == 1)];
             match int8 {
                 Some(block) => {
                     let (q, d, bs) = self.quantize_act(xo, nt, w0.cols, block)?;
@@ -804,6 +828,7 @@ impl Backend for CudaBackend {
                 data,
                 half: None,
                 kernel: "f32",
+                names: Box::new(KernelNames::new("f32", false)),
             });
         }
         let kernel = kernel_suffix(ty).ok_or(BackendError::Unsupported {
@@ -841,6 +866,10 @@ impl Backend for CudaBackend {
             data,
             half: None,
             kernel,
+            names: Box::new(KernelNames::new(
+                kernel,
+                self.int8 && registry::int8_activations(kernel).is_some(),
+            )),
         };
         // F16 weights are their own copy.
         if self.use_copies && ty != GgmlType::F16 {
@@ -971,9 +1000,9 @@ impl Backend for CudaBackend {
         check("embed", out.len >= n * table.cols, || {
             format!("out holds {} < {n}×{}", out.len, table.cols)
         })?;
-        let name = format!("embed_{}", table.kernel);
+        let name = &table.names.embed;
         self.launch(
-            &format!("quant_{}", table.kernel),
+            &table.names.module,
             &name,
             (n.max(1) as u32, 1, 1),
             (128, 1, 1),
@@ -1149,20 +1178,15 @@ impl Backend for CudaBackend {
             Activation::SwiGlu => 0i32,
             Activation::GeGlu => 1,
         };
-        let module = format!("quant_{}", gate.kernel);
+        let module = &gate.names.module;
         let int8 = self.int8_block(gate);
-        let base = if int8.is_some() { "mmvq" } else { "mmv" };
         let grid = (n_ff.div_ceil(4) as u32, 1, 1);
         let mut t = 0;
         while t < rows_x {
             let nt = (rows_x - t).min(MMV_TOKENS);
             let xo = x.ptr() + (t * gate.cols * 4) as u64;
             let oo = out.ptr() + (t * n_ff * 4) as u64;
-            let name = format!(
-                "{base}{}_glu_{}",
-                if nt == 1 { "1" } else { "" },
-                gate.kernel
-            );
+            let name = &gate.names.glu[usize::from(nt == 1)];
             match int8 {
                 Some(block) => {
                     let (q, d, bs) = self.quantize_act(xo, nt, gate.cols, block)?;
@@ -1307,7 +1331,11 @@ impl Backend for CudaBackend {
             );
             return self.launch(
                 "attn",
-                &format!("flash_attention_{hd}"),
+                if hd == 64 {
+                    "flash_attention_64"
+                } else {
+                    "flash_attention_128"
+                },
                 (self.n_tiles as u32, a.n_head as u32, 1),
                 (128, 1, 1),
                 args![
@@ -1339,7 +1367,11 @@ impl Backend for CudaBackend {
         let softcap = a.softcap.unwrap_or(0.0);
         self.launch(
             "attn",
-            &format!("attention_{hd}"),
+            match hd {
+                64 => "attention_64",
+                128 => "attention_128",
+                _ => "attention_256",
+            },
             (ns as u32, a.n_head as u32, n as u32),
             (32, 4, 1),
             args![
@@ -1359,7 +1391,11 @@ impl Backend for CudaBackend {
         if ns > 1 {
             self.launch(
                 "attn",
-                &format!("attn_merge_{hd}"),
+                match hd {
+                    64 => "attn_merge_64",
+                    128 => "attn_merge_128",
+                    _ => "attn_merge_256",
+                },
                 (a.n_head as u32, n as u32, 1),
                 (hd as u32, 1, 1),
                 args![part, out.ptr(), a.n_head as i32, ns as i32],
