@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repo root, with the binaries tools/gpu/stage.sh put in
 # .gpu/: op parity, graph replay, batched serving, GPU-vs-CPU on synthetic models, benches.
+# PAR=1,8,… sets the widths of batched-8b.
 # Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-8b:TYPE...] [batched-8b:TYPE]
-#        [ncu:TYPE] [ncu-pp:TYPE] [flash] [part:FILE...] [real:NAME...]
+#        [ncu:TYPE] [ncu-pp:TYPE] [ncu-batched:TYPE:B] [noflash] [env:NAME=VALUE] [part:FILE...] [real:NAME...]
 #   part:FILE  keeps a carried piece of a real model in /tmp/qparts (the models are larger than
 #              one call carries: split them, carry one piece per call, back to back)
 #   real:NAME  joins /tmp/qparts/NAME.part* and runs GPU-vs-CPU parity on the reference records
@@ -43,13 +44,22 @@ for step in "$@"; do
       $B/quiver compare -m "$f" --device cuda -n 64 --decode 8 --json 2>>$O/compare.log
       $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 -v 2>>$O/bench.log
       ;;
-    flash)
-      export QUIVER_CUDA_FLASH=1   # the steps after this one use the flash-attention prefill
+    env:*)   # env:NAME=VALUE for the steps after this one
+      export "${step#env:}"
+      ;;
+    noflash)
+      export QUIVER_CUDA_FLASH=0   # the steps after this one use the split-K prefill attention
       ;;
     batched-8b:*)
       t=${step#batched-8b:}
       f=$(synth llama llama3-8b "$t")
-      $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel 1,2,4,8,16,32,64,128 -v 2>>$O/bench.log
+      $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel "${PAR:-1,2,4,8,16,32,64,128}" -v 2>>$O/bench.log
+      ;;
+    ncu-batched:*)   # kernel time per decode step of B sequences, by kernel (graphs off)
+      spec=${step#ncu-batched:}; t=${spec%%:*}; nb=${spec##*:}
+      f=$(synth llama llama3-8b "$t")
+      QUIVER_CUDA_GRAPHS=0 ncu --clock-control none --launch-skip 3000 --launch-count 1200 --metrics gpu__time_duration.sum \
+        $B/quiver bench -m "$f" --device cuda -p 16 -n 64 --parallel "$nb" 2>&1 | grep -E "^  [a-zA-Z_0-9]+|gpu__time" | paste - - | awk -v B="$nb" '{u=$(NF-1); v=$NF; if (u=="ns") v/=1000; if (u=="ms") v*=1000; n=$1; if (n=="void") n=$2; n=substr(n,1,40); t[n]+=v; c[n]++; T+=v} END {for (k in t) printf "B=%s %-40s %5d launches %10.1f us\n", B, k, c[k], t[k]; printf "B=%s total %.1f us over 1200 launches\n", B, T}'
       ;;
     ncu:*)
       t=${step#ncu:}

@@ -1,17 +1,19 @@
 // Element-wise and row-wise ops: norms (with the residual add fused), rope fused with the KV
 // write, gated activations, soft-capping, row gathers, conversions and the device argmax.
 
-// One warp per row of `cols`; block (32, 8).
+// RMSNorm of each row of `cols` (a multiple of 4) times w.
 // If `residual` is non-null: residual += x first and the norm is taken of the sum.
 extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* __restrict__ x,
                                     const float* __restrict__ w, float* __restrict__ out, int rows,
                                     int cols, float eps) {
-    int r = blockIdx.x * blockDim.y + threadIdx.y;
-    if (r >= rows) return;
+    // grid (rows), block a multiple of 32 (≤ 1024): one block per row, every lane loading
+    // float4s, so that a row of 4096 is a few loads per thread, not a serial walk of one warp.
+    int r = blockIdx.x;
     const float* xr = x + (long long)r * cols;
     float* rr = residual ? residual + (long long)r * cols : 0;
     float ss = 0.f;
-    for (int c = threadIdx.x * 4; c < cols; c += 128) {
+#pragma unroll 4
+    for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
         float4 v = *(const float4*)(xr + c);
         if (rr) {
             float4 a = *(float4*)(rr + c);
@@ -20,32 +22,38 @@ extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* _
         }
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
+    __shared__ float part[32];
+    ss = warp_sum(ss);
+    int w_ = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    if (l == 0) part[w_] = ss;
+    __syncthreads();
+    ss = l < nw ? part[l] : 0.f;
     ss = warp_sum(ss);
     float inv = rsqrtf(ss / cols + eps);
     const float* src = rr ? rr : xr;
     float* o = out + (long long)r * cols;
-    for (int c = threadIdx.x * 4; c < cols; c += 128) {
+    for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
         float4 v = *(const float4*)(src + c), g = *(const float4*)(w + c);
         *(float4*)(o + c) = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
     }
 }
 
 // Rope on q (in place) and k, then k and v into the f16 cache at each token's slot.
-// grid (n_tokens), block 128. theta: [n_dims / 2] angles per position. mode 0 normal, 1 neox.
+// grid (n_tokens, n_head + n_head_kv), block 64: one block per (token, head); the blocks of the
+// K heads also write their K and V head to the cache. theta: [n_dims / 2] angles per position.
+// mode 0 normal, 1 neox.
 extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restrict__ k,
                                          const float* __restrict__ v, u16* __restrict__ kc,
                                          u16* __restrict__ vc, const u32* __restrict__ pos,
                                          const u32* __restrict__ slots, const float* __restrict__ theta,
                                          int n_head, int n_head_kv, int head_dim, int n_dims, int mode) {
-    int t = blockIdx.x;
+    int t = blockIdx.x, h = blockIdx.y;
     float p = (float)pos[t];
     int half = n_dims / 2, kv_dim = n_head_kv * head_dim;
-    float* qt = q + (long long)t * n_head * head_dim;
-    float* kt = k + (long long)t * kv_dim;
-    int heads = n_head + n_head_kv;
-    for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
-        int h = e / half, i = e % half;
-        float* base = h < n_head ? qt + h * head_dim : kt + (h - n_head) * head_dim;
+    bool is_k = h >= n_head;
+    float* base = is_k ? k + (long long)t * kv_dim + (h - n_head) * head_dim
+                       : q + ((long long)t * n_head + h) * head_dim;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
         int ia = mode ? i : 2 * i, ib = mode ? i + half : 2 * i + 1;
         float s, c;
         sincosf(p * theta[i], &s, &c);
@@ -53,14 +61,16 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
         base[ia] = x0 * c - x1 * s;
         base[ib] = x0 * s + x1 * c;
     }
-    __syncthreads();
+    if (!is_k) return;
     u32 slot = slots[t];
     if (slot == NO_SLOT) return;
-    const float* vt = v + (long long)t * kv_dim;
-    u16* kd = kc + (long long)slot * kv_dim;
-    u16* vd = vc + (long long)slot * kv_dim;
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        kd[i] = f2h(kt[i]);
+    __syncthreads();
+    int off = (h - n_head) * head_dim;
+    const float* vt = v + (long long)t * kv_dim + off;
+    u16* kd = kc + (long long)slot * kv_dim + off;
+    u16* vd = vc + (long long)slot * kv_dim + off;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        kd[i] = f2h(base[i]);
         vd[i] = f2h(vt[i]);
     }
 }
@@ -100,9 +110,24 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restr
     const float* r = x + (long long)blockIdx.x * cols;
     float best = -__int_as_float(0x7f800000);
     int bi = 0x7fffffff;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = r[c];
-        if (v > best) { best = v; bi = c; }
+    if ((cols & 3) == 0) {
+        // float4 loads, four in flight per thread; within a thread the indices rise, so `>`
+        // keeps the first of equal values.
+        const float4* r4 = (const float4*)r;
+        int n4 = cols / 4;
+#pragma unroll 4
+        for (int c = threadIdx.x; c < n4; c += blockDim.x) {
+            float4 v = r4[c];
+            if (v.x > best) { best = v.x; bi = 4 * c; }
+            if (v.y > best) { best = v.y; bi = 4 * c + 1; }
+            if (v.z > best) { best = v.z; bi = 4 * c + 2; }
+            if (v.w > best) { best = v.w; bi = 4 * c + 3; }
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = r[c];
+            if (v > best) { best = v; bi = c; }
+        }
     }
     __shared__ float sv[32];
     __shared__ int si[32];

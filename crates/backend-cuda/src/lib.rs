@@ -173,8 +173,11 @@ pub struct CudaBackend {
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's; QUIVER_CUDA_INT8=0 keeps f32 activations.
     int8: bool,
-    /// Prefill attention through the tensor-core flash kernel (QUIVER_CUDA_FLASH=1; off by
-    /// default until it has run on a GPU: see docs/GPU.md).
+    /// Products over at least this many tokens go to cuBLAS on the f16 copies when there are
+    /// copies (QUIVER_CUDA_GEMM_MIN_TOKENS, default 3); fewer run on the matrix-vector kernels,
+    /// which are faster for one or two tokens and slower beyond (they are compute-bound there).
+    gemm_min_tokens: usize,
+    /// Prefill attention through the tensor-core flash kernel (on unless QUIVER_CUDA_FLASH=0).
     flash: bool,
     /// This step's query tiles for the flash kernel ({seq, first token, tokens, 0}) and how
     /// many there are (0: the step uses the split-K kernel).
@@ -298,7 +301,12 @@ impl CudaBackend {
             tensor_cores: blas.is_some()
                 && std::env::var("QUIVER_CUDA_TENSOR_CORES").as_deref() != Ok("0"),
             int8: std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0"),
-            flash: std::env::var("QUIVER_CUDA_FLASH").as_deref() == Ok("1"),
+            gemm_min_tokens: std::env::var("QUIVER_CUDA_GEMM_MIN_TOKENS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(3usize)
+                .max(1),
+            flash: std::env::var("QUIVER_CUDA_FLASH").as_deref() != Ok("0"),
             tiles: Vec::new(),
             tile_buf: None,
             n_tiles: 0,
@@ -358,13 +366,20 @@ impl CudaBackend {
         self.graphs.set_enabled(on);
     }
 
+    /// Products over at least `n` tokens go to cuBLAS (when there are f16 copies); fewer to the
+    /// matrix-vector kernels (`QUIVER_CUDA_GEMM_MIN_TOKENS` at start, default 3).
+    pub fn set_gemm_min_tokens(&mut self, n: usize) {
+        self.gemm_min_tokens = n.max(1);
+    }
+
     /// Routes prefill products through cuBLAS (on when cuBLAS loaded) or through the
     /// matrix-vector kernels, which make every token's result independent of the batch.
     pub fn set_tensor_cores(&mut self, on: bool) {
         self.tensor_cores = on && self.blas.is_some();
     }
 
-    /// Turns the tensor-core flash-attention prefill on or off (`QUIVER_CUDA_FLASH=1` at start).
+    /// Turns the tensor-core flash-attention prefill on or off (`QUIVER_CUDA_FLASH=0` at start
+    /// turns it off).
     pub fn set_flash(&mut self, on: bool) {
         self.flash = on;
     }
@@ -515,7 +530,7 @@ impl CudaBackend {
 
     /// The f16 weights of `w` when a product over `n` tokens goes to the tensor cores.
     fn tensor_core_weight(&self, w: &CudaWeight, n: usize) -> Option<u64> {
-        if n <= MMV_TOKENS || !self.tensor_cores || self.blas.is_none() {
+        if n < self.gemm_min_tokens || !self.tensor_cores || self.blas.is_none() {
             return None;
         }
         if w.ty == GgmlType::F16 {
@@ -648,12 +663,15 @@ impl CudaBackend {
         check("rms_norm", ok, || {
             format!("{rows}×{cols} over buffers of {x_len} / {out_len}")
         })?;
+        if rows == 0 {
+            return Ok(());
+        }
         let r = residual.map(|(p, _)| p).unwrap_or(0);
         self.launch(
             "ops",
             "rms_norm",
-            (rows.div_ceil(8) as u32, 1, 1),
-            (32, 8, 1),
+            (rows as u32, 1, 1),
+            (norm_threads(cols), 1, 1),
             args![r, x, w.data.ptr, out, rows as i32, cols as i32, eps],
         )
     }
@@ -767,15 +785,7 @@ impl CudaBackend {
     }
 
     fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {
-        let blocks = rows * n_head;
-        let target = 4 * self.dev.info.sms as usize;
-        if blocks >= target / 2 {
-            1
-        } else {
-            target
-                .div_ceil(blocks)
-                .clamp(1, n_slots.div_ceil(64).clamp(1, 32))
-        }
+        attention_splits(rows * n_head, self.dev.info.sms as usize, n_slots)
     }
 }
 
@@ -958,7 +968,10 @@ impl Backend for CudaBackend {
             replayed: false,
         };
         self.n_tiles = 0;
-        if self.flash && !graphable {
+        // Flash attention for prefill-shaped steps only, decided by the batch's shape (not by
+        // whether graphs are on), so that eager and replayed steps run the same kernels.
+        let decode_shaped = graph_bucket(n, nl, max_tokens, max_logits).is_some();
+        if self.flash && !decode_shaped && batch.seqs.iter().any(|s| s.len > 1) {
             self.upload_tiles(batch)?;
         }
         if !graphable {
@@ -1137,7 +1150,12 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         let n_ff = gate.rows;
-        if rows_x > MMV_TOKENS || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
+        if rows_x > MMV_TOKENS
+            || self.tensor_core_weight(gate, rows_x).is_some()
+            || gate.ty != up.ty
+            || gate.rows != up.rows
+            || gate.cols != up.cols
+        {
             let [g, u] = scratch;
             match (
                 self.tensor_core_weight(gate, rows_x),
@@ -1278,8 +1296,8 @@ impl Backend for CudaBackend {
         self.launch(
             "ops",
             "rope_kv_write",
-            (n.max(1) as u32, 1, 1),
-            (128, 1, 1),
+            (n.max(1) as u32, (a.n_head + a.n_head_kv) as u32, 1),
+            (64, 1, 1),
             args![
                 q.ptr(),
                 k.ptr(),
@@ -1519,6 +1537,23 @@ pub(crate) fn graph_bucket(
         .then_some(b)
 }
 
+/// Threads of the one block per row of the norm kernel: one float4 per thread up to 256
+/// threads (a row of 4096 is four loads per thread).
+pub(crate) fn norm_threads(cols: usize) -> u32 {
+    (cols / 4).div_ceil(32).clamp(1, 8) as u32 * 32
+}
+
+/// How many key ranges the split-K attention kernel cuts each (token, head) into: enough
+/// blocks of 4 warps for about 16 per multiprocessor (each warp walks its keys one at a time, so
+/// short walks on many warps hide the memory latency), each range at least 32 keys of the
+/// `n_slots` the cache holds. Fixed by the shapes alone, so a captured graph stays valid.
+pub(crate) fn attention_splits(blocks: usize, sms: usize, n_slots: usize) -> usize {
+    let target = 16 * sms;
+    target
+        .div_ceil(blocks.max(1))
+        .clamp(1, n_slots.div_ceil(32).clamp(1, 64))
+}
+
 /// The flash kernel's query tiles: up to 64 consecutive tokens of one sequence each,
 /// `{sequence, first token, tokens, 0}`. False (and no tiles) when a sequence's positions are
 /// not consecutive, which the kernel assumes.
@@ -1606,6 +1641,27 @@ mod tests {
         assert_eq!(graph_bucket(65, 65, 512, 128), None);
         assert_eq!(graph_bucket(12, 1, 512, 16), None, "a prefill chunk");
         assert_eq!(graph_bucket(0, 0, 512, 16), None);
+    }
+
+    #[test]
+    fn norm_blocks_take_one_float4_per_thread_up_to_256_threads() {
+        assert_eq!(norm_threads(4096), 256);
+        assert_eq!(norm_threads(640), 160);
+        assert_eq!(norm_threads(256), 64);
+        assert_eq!(norm_threads(64), 32);
+        assert_eq!(norm_threads(4), 32);
+    }
+
+    #[test]
+    fn attention_splits_fill_the_device_and_keep_ranges_of_32_keys() {
+        // One token, 32 heads on 132 SMs: 66 ranges, but no more than the cache's 32-key runs.
+        assert_eq!(attention_splits(32, 132, 4096), 64);
+        assert_eq!(attention_splits(32, 132, 640), 20);
+        assert_eq!(attention_splits(32, 132, 16), 1);
+        // 64 tokens × 32 heads already fill the device: no split.
+        assert_eq!(attention_splits(2048, 132, 4096), 2);
+        assert_eq!(attention_splits(4096, 132, 4096), 1);
+        assert_eq!(attention_splits(0, 132, 4096), 64);
     }
 
     #[test]

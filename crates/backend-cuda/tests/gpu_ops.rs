@@ -28,11 +28,11 @@ fn seed() -> u64 {
 
 /// x as the decode kernels see it: quantized to int8 blocks (32, or 256 for the K-quants) for
 /// the types with integer kernels, as the CPU backend quantizes it.
-fn as_seen(ty: GgmlType, n: usize, x: &[f32]) -> Vec<f32> {
+fn as_seen(ty: GgmlType, mmv: bool, x: &[f32]) -> Vec<f32> {
     let int8 = quiver_backend_cuda::kernel_suffix(ty)
         .and_then(quiver_backend_cuda::registry::int8_activations);
     match int8 {
-        Some(b) if n <= 8 && std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0") => {
+        Some(b) if mmv && std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0") => {
             quiver_cpu_kernels::activation_roundtrip(if b == 32 { 0 } else { 1 }, x)
         }
         _ => x.to_vec(),
@@ -99,75 +99,81 @@ fn matmul_and_embedding_match_reference_for_every_type() {
                 tensor(ty, &[rows as u64, cols as u64], &q),
             )
             .unwrap();
-        // 1..8 tokens take the matrix-vector kernels; 17 and 40 the tensor-core path.
-        for n in [1usize, 3, 8, 17, 40] {
-            let x = rng.vec(n * cols);
-            let xb = be.buf_from(&x).unwrap();
-            let mut out = poison(&be, n * rows);
-            be.matmul(&w, &xb, n, &mut out).unwrap();
-            let got = read(&be, &out, n * rows);
-            let mut want = vec![0f32; n * rows];
-            reference::matmul(&wd, rows, cols, &as_seen(ty, n, &x), n, &mut want);
-            let e = rel_err(&got, &want);
-            let bound = if n > 8 && be.has_cublas() { 8e-3 } else { 1e-5 };
-            assert!(e < bound, "{ty} matmul, {n} tokens: relative error {e}");
-        }
-        // Fused: q/k/v in one launch (three matrices of the type), gate·up with the activation.
-        let w2f = rng.vec(rows * cols);
-        let mut q2 = Vec::new();
-        quiver_quant::quantize(ty, &w2f, &mut q2).unwrap();
-        let mut wd2 = vec![0f32; rows * cols];
-        quiver_quant::dequantize(ty, &q2, &mut wd2).unwrap();
-        let w2 = be
-            .weight(
-                "w2",
-                ty,
-                &[rows as u64, cols as u64],
-                tensor(ty, &[rows as u64, cols as u64], &q2),
-            )
-            .unwrap();
-        for n in [1usize, 5, 12] {
-            let x = rng.vec(n * cols);
-            let xb = be.buf_from(&x).unwrap();
-            let (mut a, mut b2, mut c) = (
-                poison(&be, n * rows),
-                poison(&be, n * rows),
-                poison(&be, n * rows),
-            );
-            be.matmul_qkv([&w, &w2, &w], &xb, n, [&mut a, &mut b2, &mut c])
-                .unwrap();
-            let (mut wa, mut wb) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-            reference::matmul(&wd, rows, cols, &as_seen(ty, n, &x), n, &mut wa);
-            reference::matmul(&wd2, rows, cols, &as_seen(ty, n, &x), n, &mut wb);
-            let bound = if n > 8 && be.has_cublas() { 8e-3 } else { 1e-5 };
-            assert!(
-                rel_err(&read(&be, &a, n * rows), &wa) < bound,
-                "{ty} qkv[0], {n} tokens"
-            );
-            assert!(
-                rel_err(&read(&be, &b2, n * rows), &wb) < bound,
-                "{ty} qkv[1], {n} tokens"
-            );
-            assert!(
-                rel_err(&read(&be, &c, n * rows), &wa) < bound,
-                "{ty} qkv[2], {n} tokens"
-            );
-            for act in [Activation::SwiGlu, Activation::GeGlu] {
-                let (mut s1, mut s2, mut o) = (
-                    poison(&be, n * rows),
-                    poison(&be, n * rows),
-                    poison(&be, n * rows),
-                );
-                be.matmul_glu(act, &w, &w2, &xb, n, [&mut s1, &mut s2], &mut o)
-                    .unwrap();
+        // Every count on the matrix-vector kernels (in launches of up to 8 tokens), then with
+        // the default cut-over, where 3 tokens and more take the tensor-core path.
+        for gemm_min in [usize::MAX, 3] {
+            be.set_gemm_min_tokens(gemm_min);
+            // True when `n` tokens run on the matrix-vector kernels (exact up to f32 rounding).
+            let mmv = |be: &CudaBackend, n: usize| n < gemm_min || !be.has_cublas();
+            for n in [1usize, 3, 8, 17, 40] {
+                let x = rng.vec(n * cols);
+                let xb = be.buf_from(&x).unwrap();
+                let mut out = poison(&be, n * rows);
+                be.matmul(&w, &xb, n, &mut out).unwrap();
+                let got = read(&be, &out, n * rows);
                 let mut want = vec![0f32; n * rows];
-                reference::glu(act, &wa, &wb, &mut want);
-                let e = rel_err(&read(&be, &o, n * rows), &want);
-                // GeGLU goes through f16 (as ggml's): a rounding step can move an element by 1e-3.
-                assert!(
-                    e < bound.max(2e-3),
-                    "{ty} matmul_glu {act:?}, {n} tokens: {e}"
+                reference::matmul(&wd, rows, cols, &as_seen(ty, mmv(&be, n), &x), n, &mut want);
+                let e = rel_err(&got, &want);
+                let bound = if mmv(&be, n) { 1e-5 } else { 8e-3 };
+                assert!(e < bound, "{ty} matmul, {n} tokens: relative error {e}");
+            }
+            // Fused: q/k/v in one launch (three matrices of the type), gate·up with the activation.
+            let w2f = rng.vec(rows * cols);
+            let mut q2 = Vec::new();
+            quiver_quant::quantize(ty, &w2f, &mut q2).unwrap();
+            let mut wd2 = vec![0f32; rows * cols];
+            quiver_quant::dequantize(ty, &q2, &mut wd2).unwrap();
+            let w2 = be
+                .weight(
+                    "w2",
+                    ty,
+                    &[rows as u64, cols as u64],
+                    tensor(ty, &[rows as u64, cols as u64], &q2),
+                )
+                .unwrap();
+            for n in [1usize, 5, 12] {
+                let x = rng.vec(n * cols);
+                let xb = be.buf_from(&x).unwrap();
+                let (mut a, mut b2, mut c) = (
+                    poison(&be, n * rows),
+                    poison(&be, n * rows),
+                    poison(&be, n * rows),
                 );
+                be.matmul_qkv([&w, &w2, &w], &xb, n, [&mut a, &mut b2, &mut c])
+                    .unwrap();
+                let (mut wa, mut wb) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                reference::matmul(&wd, rows, cols, &as_seen(ty, mmv(&be, n), &x), n, &mut wa);
+                reference::matmul(&wd2, rows, cols, &as_seen(ty, mmv(&be, n), &x), n, &mut wb);
+                let bound = if mmv(&be, n) { 1e-5 } else { 8e-3 };
+                assert!(
+                    rel_err(&read(&be, &a, n * rows), &wa) < bound,
+                    "{ty} qkv[0], {n} tokens"
+                );
+                assert!(
+                    rel_err(&read(&be, &b2, n * rows), &wb) < bound,
+                    "{ty} qkv[1], {n} tokens"
+                );
+                assert!(
+                    rel_err(&read(&be, &c, n * rows), &wa) < bound,
+                    "{ty} qkv[2], {n} tokens"
+                );
+                for act in [Activation::SwiGlu, Activation::GeGlu] {
+                    let (mut s1, mut s2, mut o) = (
+                        poison(&be, n * rows),
+                        poison(&be, n * rows),
+                        poison(&be, n * rows),
+                    );
+                    be.matmul_glu(act, &w, &w2, &xb, n, [&mut s1, &mut s2], &mut o)
+                        .unwrap();
+                    let mut want = vec![0f32; n * rows];
+                    reference::glu(act, &wa, &wb, &mut want);
+                    let e = rel_err(&read(&be, &o, n * rows), &want);
+                    // GeGLU goes through f16 (as ggml's): a rounding step can move an element by 1e-3.
+                    assert!(
+                        e < bound.max(2e-3),
+                        "{ty} matmul_glu {act:?}, {n} tokens: {e}"
+                    );
+                }
             }
         }
         // Embedding gather: token ids from a batch, scaled.
@@ -194,6 +200,8 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
     let b = two_sequence_batch();
     let mut be = backend();
     be.set_graphs(false);
+    // The split-K kernel (f32 throughout); the flash kernel has its own test below.
+    be.set_flash(false);
     be.begin_step(&b, 2, 64, 64).unwrap();
     for n_slots in [48usize, 4096] {
         for (hd, nh, nkv, window, softcap) in [

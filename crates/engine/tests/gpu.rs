@@ -89,15 +89,19 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
         .unwrap_or(49152);
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| ids(5 + 7 * i, 100 + i as u64, nv)).collect();
     let max_tokens = 20;
-    // Without cuBLAS every token's arithmetic is independent of its batch.
+    // Without cuBLAS and with the split-K attention for every step, each token's arithmetic is
+    // independent of its batch; the attention cuts keys by the cache's size, so the solo runs
+    // get a cache of the pool's size.
     let make = || {
         let mut b = CudaBackend::new(0).unwrap();
         b.set_tensor_cores(false);
+        b.set_flash(false);
         b
     };
+    let kv_blocks = 128;
     let mut solo = Vec::new();
     let opts = RunnerOptions {
-        n_ctx: 256,
+        n_ctx: kv_blocks * quiver_engine::BLOCK_SIZE,
         n_batch: 64,
         max_logits: 1,
     };
@@ -116,7 +120,7 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
     let so = ServeOptions {
         n_ctx: 256,
         max_seqs: 8,
-        kv_blocks: 128,
+        kv_blocks,
         max_batch_tokens: 128,
         max_waiting: 16,
     };
@@ -161,13 +165,16 @@ fn batched_bench_sequences_on_the_gpu_equal_solo_runs() {
         b.set_tensor_cores(false);
         b
     };
+    let (n_prompt, n_gen) = (20, 8);
+    // The split-K attention cuts keys by the cache's size: the solo runs get a cache of the
+    // batched bench's size (3 sequences of whole blocks).
+    let bs = quiver_engine::BLOCK_SIZE;
     let opts = RunnerOptions {
-        n_ctx: 128,
+        n_ctx: 3 * (n_prompt + n_gen).div_ceil(bs) * bs,
         n_batch: 64,
         max_logits: 1,
     };
     let mut r = Runner::new(make(), &f, &opts).unwrap();
-    let (n_prompt, n_gen) = (20, 8);
     // 3 sequences: decode steps pad to the graph bucket of 4.
     let res =
         quiver_engine::batched_bench(&mut r.backend, &r.model, n_prompt, n_gen, 3, 32).unwrap();
