@@ -1581,6 +1581,26 @@ pub(crate) fn query_tiles(batch: &Batch, tiles: &mut Vec<[i32; 4]>) -> bool {
     true
 }
 
+/// The kernel-name suffix of a weight type with CUDA kernels.
+pub fn kernel_suffix(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::Q4_0 => "q4_0",
+        GgmlType::Q4_1 => "q4_1",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_1 => "q5_1",
+        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q2_K => "q2_k",
+        GgmlType::Q3_K => "q3_k",
+        GgmlType::Q4_K => "q4_k",
+        GgmlType::Q5_K => "q5_k",
+        GgmlType::Q6_K => "q6_k",
+        GgmlType::F32 => "f32",
+        GgmlType::F16 => "f16",
+        GgmlType::BF16 => "bf16",
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1711,24 +1731,4 @@ mod tests {
             "non-consecutive positions fall back"
         );
     }
-}
-
-/// The kernel-name suffix of a weight type with CUDA kernels.
-pub fn kernel_suffix(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        GgmlType::Q4_0 => "q4_0",
-        GgmlType::Q4_1 => "q4_1",
-        GgmlType::Q5_0 => "q5_0",
-        GgmlType::Q5_1 => "q5_1",
-        GgmlType::Q8_0 => "q8_0",
-        GgmlType::Q2_K => "q2_k",
-        GgmlType::Q3_K => "q3_k",
-        GgmlType::Q4_K => "q4_k",
-        GgmlType::Q5_K => "q5_k",
-        GgmlType::Q6_K => "q6_k",
-        GgmlType::F32 => "f32",
-        GgmlType::F16 => "f16",
-        GgmlType::BF16 => "bf16",
-        _ => return None,
-    })
 }

@@ -165,7 +165,7 @@ fn batched_bench_sequences_on_the_gpu_equal_solo_runs() {
         b.set_tensor_cores(false);
         b
     };
-    let (n_prompt, n_gen) = (20, 8);
+    let (n_prompt, n_gen) = (20usize, 8usize);
     // The split-K attention cuts keys by the cache's size: the solo runs get a cache of the
     // batched bench's size (3 sequences of whole blocks).
     let bs = quiver_engine::BLOCK_SIZE;
