@@ -177,6 +177,9 @@ pub struct CudaBackend {
     /// copies (QUIVER_CUDA_GEMM_MIN_TOKENS, default 3); fewer run on the matrix-vector kernels,
     /// which are faster for one or two tokens and slower beyond (they are compute-bound there).
     gemm_min_tokens: usize,
+    /// Key ranges per (token, head) of the split-K attention when fixed (tests; batch-invariant
+    /// runs); None: chosen by the step's shape.
+    attention_splits: Option<usize>,
     /// Prefill attention through the tensor-core flash kernel (on unless QUIVER_CUDA_FLASH=0).
     flash: bool,
     /// This step's query tiles for the flash kernel ({seq, first token, tokens, 0}) and how
@@ -306,6 +309,7 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(3usize)
                 .max(1),
+            attention_splits: None,
             flash: std::env::var("QUIVER_CUDA_FLASH").as_deref() != Ok("0"),
             tiles: Vec::new(),
             tile_buf: None,
@@ -364,6 +368,14 @@ impl CudaBackend {
     /// Turns graph capture on or off (the switch `QUIVER_CUDA_GRAPHS=0` sets at start).
     pub fn set_graphs(&mut self, on: bool) {
         self.graphs.set_enabled(on);
+    }
+
+    /// Fixes how many key ranges the split-K attention cuts each (token, head) into (None:
+    /// chosen by the step's shape). A token's ranges then depend on its own keys only, so its
+    /// result is the same whatever the batch around it (with the tensor cores and the flash
+    /// kernel off, every op is then batch-invariant).
+    pub fn set_attention_splits(&mut self, n: Option<usize>) {
+        self.attention_splits = n.map(|n| n.clamp(1, 64));
     }
 
     /// Products over at least `n` tokens go to cuBLAS (when there are f16 copies); fewer to the
@@ -785,7 +797,8 @@ impl CudaBackend {
     }
 
     fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {
-        attention_splits(rows * n_head, self.dev.info.sms as usize, n_slots)
+        self.attention_splits
+            .unwrap_or_else(|| attention_splits(rows * n_head, self.dev.info.sms as usize, n_slots))
     }
 }
 

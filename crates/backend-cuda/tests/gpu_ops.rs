@@ -235,6 +235,15 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
                 e < 1e-5,
                 "hd {hd} heads {nh}/{nkv} slots {n_slots}: relative error {e}"
             );
+            // One range per (token, head) (no merge) and three (merged) agree with the reference.
+            for splits in [1, 3] {
+                be.set_attention_splits(Some(splits));
+                let mut o2 = poison(&be, q.len());
+                be.attention(&qb, &kv, &a, &mut o2).unwrap();
+                let e = rel_err(&read(&be, &o2, q.len()), &want);
+                assert!(e < 1e-5, "hd {hd} slots {n_slots}, {splits} splits: {e}");
+            }
+            be.set_attention_splits(None);
         }
     }
     be.end_step(true).unwrap();

@@ -75,6 +75,17 @@ fn graph_replay_equals_eager_bit_for_bit() {
     assert_eq!((e.captures, e.replays), (0, 0), "{e:?}");
 }
 
+/// A backend whose every op computes a token independently of the batch around it: no cuBLAS
+/// (its kernels depend on the shapes), no flash kernel (decode tokens in a mixed step would
+/// take it, alone they take the split-K kernel), and a fixed number of key ranges.
+fn batch_invariant() -> CudaBackend {
+    let mut b = CudaBackend::new(0).unwrap();
+    b.set_tensor_cores(false);
+    b.set_flash(false);
+    b.set_attention_splits(Some(4));
+    b
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn batched_serving_on_the_gpu_equals_solo_runs() {
@@ -89,19 +100,11 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
         .unwrap_or(49152);
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| ids(5 + 7 * i, 100 + i as u64, nv)).collect();
     let max_tokens = 20;
-    // Without cuBLAS and with the split-K attention for every step, each token's arithmetic is
-    // independent of its batch; the attention cuts keys by the cache's size, so the solo runs
-    // get a cache of the pool's size.
-    let make = || {
-        let mut b = CudaBackend::new(0).unwrap();
-        b.set_tensor_cores(false);
-        b.set_flash(false);
-        b
-    };
+    let make = batch_invariant;
     let kv_blocks = 128;
     let mut solo = Vec::new();
     let opts = RunnerOptions {
-        n_ctx: kv_blocks * quiver_engine::BLOCK_SIZE,
+        n_ctx: 256,
         n_batch: 64,
         max_logits: 1,
     };
@@ -160,17 +163,10 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
 #[ignore = "needs a CUDA GPU"]
 fn batched_bench_sequences_on_the_gpu_equal_solo_runs() {
     let f = model();
-    let make = || {
-        let mut b = CudaBackend::new(0).unwrap();
-        b.set_tensor_cores(false);
-        b
-    };
-    let (n_prompt, n_gen) = (20usize, 8usize);
-    // The split-K attention cuts keys by the cache's size: the solo runs get a cache of the
-    // batched bench's size (3 sequences of whole blocks).
-    let bs = quiver_engine::BLOCK_SIZE;
+    let make = batch_invariant;
+    let (n_prompt, n_gen) = (20, 8);
     let opts = RunnerOptions {
-        n_ctx: 3 * (n_prompt + n_gen).div_ceil(bs) * bs,
+        n_ctx: 128,
         n_batch: 64,
         max_logits: 1,
     };
