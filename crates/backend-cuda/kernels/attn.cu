@@ -99,10 +99,10 @@ __device__ void attn_merge_impl(const float* __restrict__ part, float* __restric
 #define ATTN_KERNELS(HD)                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention_##HD(                     \
         const float* q, const u16* kc, const u16* vc, float* out, float* part, BatchView b,         \
-        int n_head, int n_head_kv, float scale, int window, float softcap) {                        \
+        int n_head, int n_head_kv, float scale, int window, float softcap) { pdl_begin();                        \
         attention_impl<HD>(q, kc, vc, out, part, b, n_head, n_head_kv, scale, window, softcap);      \
     }                                                                                                \
-    extern "C" __global__ void attn_merge_##HD(const float* part, float* out, int n_head, int n_split) { \
+    extern "C" __global__ void attn_merge_##HD(const float* part, float* out, int n_head, int n_split) { pdl_begin(); \
         attn_merge_impl<HD>(part, out, n_head, n_split);                                             \
     }
 ATTN_KERNELS(64)
@@ -278,7 +278,7 @@ __device__ void flash_impl(const float* __restrict__ q, const u16* __restrict__ 
 #define FLASH_KERNEL(HD)                                                                             \
     extern "C" __global__ void __launch_bounds__(128) flash_attention_##HD(                          \
         const float* q, const u16* kc, const u16* vc, float* out, const int4* tiles, BatchView b,    \
-        int n_head, int n_head_kv, float scale, int window, float softcap) {                        \
+        int n_head, int n_head_kv, float scale, int window, float softcap) { pdl_begin();                        \
         flash_impl<HD>(q, kc, vc, out, tiles, b, n_head, n_head_kv, scale, window, softcap);         \
     }
 FLASH_KERNEL(64)

@@ -8,6 +8,19 @@ typedef unsigned long long u64;
 
 #define NO_SLOT 0xffffffffu
 
+// Programmatic dependent launch (sm_90+): every kernel starts with this. It waits until the
+// kernel before it in the stream has finished and its writes are visible, then lets the next
+// kernel's blocks be launched into the slots this grid frees, so a launch's latency and ramp
+// overlap the previous kernel's tail. Without the launch attribute (or below sm_90) the wait
+// returns at once and the trigger does nothing. Because each kernel waits before anything else,
+// a kernel's completion implies every earlier kernel's.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }

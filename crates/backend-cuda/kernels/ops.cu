@@ -5,7 +5,7 @@
 // If `residual` is non-null: residual += x first and the norm is taken of the sum.
 extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* __restrict__ x,
                                     const float* __restrict__ w, float* __restrict__ out, int rows,
-                                    int cols, float eps) {
+                                    int cols, float eps) { pdl_begin();
     // grid (rows), block a multiple of 32 (≤ 1024): one block per row, every lane loading
     // float4s, so that a row of 4096 is a few loads per thread, not a serial walk of one warp.
     int r = blockIdx.x;
@@ -46,7 +46,7 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
                                          const float* __restrict__ v, u16* __restrict__ kc,
                                          u16* __restrict__ vc, const u32* __restrict__ pos,
                                          const u32* __restrict__ slots, const float* __restrict__ theta,
-                                         int n_head, int n_head_kv, int head_dim, int n_dims, int mode) {
+                                         int n_head, int n_head_kv, int head_dim, int n_dims, int mode) { pdl_begin();
     int t = blockIdx.x, h = blockIdx.y;
     float p = (float)pos[t];
     int half = n_dims / 2, kv_dim = n_head_kv * head_dim;
@@ -77,36 +77,36 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
 
 // out = act(gate) · up.
 extern "C" __global__ void glu(const float* __restrict__ gate, const float* __restrict__ up,
-                               float* __restrict__ out, long long n, int act) {
+                               float* __restrict__ out, long long n, int act) { pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         out[i] = act_fn(gate[i], act) * up[i];
 }
 
-extern "C" __global__ void softcap(float* __restrict__ x, long long n, float cap) {
+extern "C" __global__ void softcap(float* __restrict__ x, long long n, float cap) { pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         x[i] = cap * tanhf(x[i] / cap);
 }
 
-extern "C" __global__ void add(float* __restrict__ a, const float* __restrict__ b, long long n) {
+extern "C" __global__ void add(float* __restrict__ a, const float* __restrict__ b, long long n) { pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         a[i] += b[i];
 }
 
 // out[i, :] = x[rows[i], :]; grid (n_rows), block 256.
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* __restrict__ rows,
-                                       float* __restrict__ out, int cols) {
+                                       float* __restrict__ out, int cols) { pdl_begin();
     const float* src = x + (long long)rows[blockIdx.x] * cols;
     float* dst = out + (long long)blockIdx.x * cols;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
 }
 
-extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restrict__ out, long long n) {
+extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restrict__ out, long long n) { pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         out[i] = f2h(x[i]);
 }
 
 // Index of the largest value of each row (the first on ties); grid (rows), block 1024.
-extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int cols) {
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int cols) { pdl_begin();
     const float* r = x + (long long)blockIdx.x * cols;
     float best = -__int_as_float(0x7f800000);
     int bi = 0x7fffffff;
@@ -164,7 +164,7 @@ __device__ __forceinline__ int warp_sum_i(int v) {
 }
 
 // Blocks of 32: q int8, ds[2b] = d, ds[2b + 1] = d · Σq. One warp per block; block (32, 8).
-extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ ds, long long nblocks) {
+extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ ds, long long nblocks) { pdl_begin();
     long long b = blockIdx.x * 8LL + threadIdx.y;
     if (b >= nblocks) return;
     float v = x[b * 32 + threadIdx.x];
@@ -180,7 +180,7 @@ extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restr
 }
 
 // Blocks of 256 (ggml's Q8_K): q int8, d per block, sums of each 16 quants. One warp per block.
-extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d256, int* __restrict__ bsums, long long nblocks) {
+extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d256, int* __restrict__ bsums, long long nblocks) { pdl_begin();
     long long b = blockIdx.x * 8LL + threadIdx.y;
     if (b >= nblocks) return;
     int lane = threadIdx.x;
@@ -210,7 +210,7 @@ extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __rest
 // NaN never: k rounds, each the best element strictly after the previous pick in that order.
 // grid (rows), block 1024. Rows with fewer than k usable values end in (0, -inf).
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
-extern "C" __global__ void topk_rows(const float* __restrict__ x, u32* __restrict__ ids, float* __restrict__ vals, int cols, int k) {
+extern "C" __global__ void topk_rows(const float* __restrict__ x, u32* __restrict__ ids, float* __restrict__ vals, int cols, int k) { pdl_begin();
     const float* r = x + (long long)blockIdx.x * cols;
     __shared__ float sv[32];
     __shared__ int si[32];

@@ -378,7 +378,7 @@ struct MmvMat {
 };
 #define MMV_K(NAME, T, NTOK) \
     extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        NAME(MmvMat m0, MmvMat m1, MmvMat m2, const float* __restrict__ x, int cols, int ntok_arg) { \
+        NAME(MmvMat m0, MmvMat m1, MmvMat m2, const float* __restrict__ x, int cols, int ntok_arg) { pdl_begin(); \
         const int ntok = NTOK; \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         MmvMat m = m0;                                                                                \
@@ -405,7 +405,7 @@ struct MmvMat {
     extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
         NAME(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,        \
                     const float* __restrict__ x, float* __restrict__ out, int rows, int cols,         \
-                    int ntok_arg, int act) { const int ntok = NTOK;                                                              \
+                    int ntok_arg, int act) { pdl_begin(); const int ntok = NTOK;                                                              \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         if (r >= rows) return;                                                                        \
         float ag[8], au[8];                                                                           \
@@ -422,7 +422,7 @@ struct MmvMat {
 #define QUANT_KERNELS(T)                                                                              \
     extern "C" __global__ void embed_##T(const u8* __restrict__ W, const u32* __restrict__ tokens,   \
                                          float* __restrict__ out, int cols, long long row_bytes,      \
-                                         float scale) {                                               \
+                                         float scale) { pdl_begin();                                               \
         const u8* row = W + (long long)tokens[blockIdx.x] * row_bytes;                               \
         float* o = out + (long long)blockIdx.x * cols;                                                \
         for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                                   \
@@ -435,7 +435,7 @@ struct MmvMat {
         }                                                                                             \
     }                                                                                                 \
     extern "C" __global__ void dequant_f16_##T(const u8* __restrict__ W, u16* __restrict__ out,     \
-                                                int cols, long long row_bytes) {                      \
+                                                int cols, long long row_bytes) { pdl_begin();                      \
         const u8* row = W + (long long)blockIdx.x * row_bytes;                                        \
         u16* o = out + (long long)blockIdx.x * cols;                                                  \
         for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                                   \
@@ -619,7 +619,7 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
 #define MMVQ_K(NAME, T, NTOK) \
     extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
         NAME(MmvMat m0, MmvMat m1, MmvMat m2, const i8* __restrict__ aq,                          \
-                 const float* __restrict__ ad, const int* __restrict__ abs_, int cols, int ntok_arg) { const int ntok = NTOK;    \
+                 const float* __restrict__ ad, const int* __restrict__ abs_, int cols, int ntok_arg) { pdl_begin(); const int ntok = NTOK;    \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         MmvMat m = m0;                                                                                \
         if (r >= m0.rows) {                                                                           \
@@ -646,7 +646,7 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
         NAME(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,       \
                      const i8* __restrict__ aq, const float* __restrict__ ad,                         \
                      const int* __restrict__ abs_, float* __restrict__ out, int rows, int cols,       \
-                     int ntok_arg, int act) { const int ntok = NTOK;                                                             \
+                     int ntok_arg, int act) { pdl_begin(); const int ntok = NTOK;                                                             \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         if (r >= rows) return;                                                                        \
         float ag[8], au[8];                                                                           \

@@ -177,6 +177,9 @@ pub struct CudaBackend {
     /// copies (QUIVER_CUDA_GEMM_MIN_TOKENS, default 3); fewer run on the matrix-vector kernels,
     /// which are faster for one or two tokens and slower beyond (they are compute-bound there).
     gemm_min_tokens: usize,
+    /// Kernels launched with programmatic dependent launch (sm_90+, QUIVER_CUDA_PDL=0 turns it
+    /// off): a kernel's launch overlaps the previous one's tail.
+    pdl: bool,
     /// Key ranges per (token, head) of the split-K attention when fixed (tests; batch-invariant
     /// runs); None: chosen by the step's shape.
     attention_splits: Option<usize>,
@@ -287,6 +290,7 @@ impl CudaBackend {
     /// reads from the cache) the kernels every model needs.
     pub fn new(ordinal: usize) -> Result<Self> {
         let dev = Device::open(ordinal).map_err(BackendError::Device)?;
+        let pdl = dev.info.arch >= 90 && std::env::var("QUIVER_CUDA_PDL").as_deref() != Ok("0");
         let mut reg = registry::Registry::new(dev.info.arch);
         for m in ["ops", "attn"] {
             reg.ensure(m).map_err(BackendError::Device)?;
@@ -310,6 +314,7 @@ impl CudaBackend {
                 .unwrap_or(3usize)
                 .max(1),
             attention_splits: None,
+            pdl,
             flash: std::env::var("QUIVER_CUDA_FLASH").as_deref() != Ok("0"),
             tiles: Vec::new(),
             tile_buf: None,
@@ -376,6 +381,11 @@ impl CudaBackend {
     /// kernel off, every op is then batch-invariant).
     pub fn set_attention_splits(&mut self, n: Option<usize>) {
         self.attention_splits = n.map(|n| n.clamp(1, 64));
+    }
+
+    /// Turns programmatic dependent launch on (sm_90+ only) or off.
+    pub fn set_pdl(&mut self, on: bool) {
+        self.pdl = on && self.dev.info.arch >= 90;
     }
 
     /// Products over at least `n` tokens go to cuBLAS (when there are f16 copies); fewer to the
@@ -468,10 +478,35 @@ impl CudaBackend {
     ) -> Result<()> {
         let f = self.func(module, name)?;
         let (mut p, n) = a.ptrs();
-        // SAFETY: the arguments match the kernel's signature (each call site mirrors its .cu
-        // declaration) and point to live device buffers; `a` outlives the call.
-        unsafe { dr::launch_kernel(f, grid, block, 0, self.dev.stream, &mut p[..n]) }
-            .map_err(|e| derr(format!("launching kernel {name}"), e))?;
+        if self.pdl {
+            // Programmatic dependent launch: every kernel begins with pdl_begin() (common.cuh),
+            // which waits for the previous kernel before it touches memory.
+            // SAFETY: a zeroed attribute is a valid C union; we set the one field this id reads.
+            let mut attr: ds::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                ds::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = ds::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block.0,
+                blockDimY: block.1,
+                blockDimZ: block.2,
+                sharedMemBytes: 0,
+                hStream: self.dev.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `cfg` and `attr` outlive the call.
+            unsafe { ds::cuLaunchKernelEx(&cfg, f, p.as_mut_ptr(), std::ptr::null_mut()).result() }
+                .map_err(|e| derr(format!("launching kernel {name}"), e))?;
+        } else {
+            // SAFETY: the arguments match the kernel's signature (each call site mirrors its
+            // .cu declaration) and point to live device buffers; `a` outlives the call.
+            unsafe { dr::launch_kernel(f, grid, block, 0, self.dev.stream, &mut p[..n]) }
+                .map_err(|e| derr(format!("launching kernel {name}"), e))?;
+        }
         if self.sync_each && !self.graphs.capturing() {
             // SAFETY: our stream.
             unsafe { dr::stream::synchronize(self.dev.stream) }

@@ -277,3 +277,28 @@ impl Registry {
         Ok(f)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kernels run with programmatic dependent launch, which is only safe when each one waits
+    /// for its predecessor before touching memory: every kernel's body must open with
+    /// `pdl_begin();`.
+    #[test]
+    fn every_kernel_begins_by_waiting_for_the_previous_one() {
+        let mut n = 0;
+        for (file, src) in [("quant.cu", QUANT), ("ops.cu", OPS), ("attn.cu", ATTN)] {
+            for (at, _) in src.match_indices("__global__") {
+                let body = at + src[at..].find('{').expect("a kernel body");
+                let first = src[body + 1..].trim_start();
+                assert!(
+                    first.starts_with("pdl_begin();"),
+                    "{file}: the kernel at byte {at} does not begin with pdl_begin()"
+                );
+                n += 1;
+            }
+        }
+        assert!(n >= 20, "found only {n} kernels");
+    }
+}
