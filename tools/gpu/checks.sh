@@ -2,7 +2,7 @@
 # Runs on the GPU machine from the repo root, with the binaries tools/gpu/stage.sh put in
 # .gpu/: op parity, graph replay, batched serving, GPU-vs-CPU on synthetic models, benches.
 # PAR=1,8,… sets the widths of batched-8b.
-# Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-8b:TYPE...] [batched-8b:TYPE]
+# Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-gemma] [bench-8b:TYPE...] [batched-8b:TYPE]
 #        [ncu:TYPE] [ncu-pp:TYPE] [ncu-batched:TYPE:B] [noflash] [env:NAME=VALUE] [part:FILE...] [real:NAME...]
 #   part:FILE  keeps a carried piece of a real model in /tmp/qparts (the models are larger than
 #              one call carries: split them, carry one piece per call, back to back)
@@ -37,6 +37,12 @@ for step in "$@"; do
     bench-small)
       f=$(synth llama smollm2-135m Q4_1)
       $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 -v 2>>$O/bench.log
+      ;;
+    bench-gemma)   # Gemma3-270M shape (head dim 256, sliding window), with and without flash for 256
+      f=$(synth gemma3 gemma3-270m Q4_K_M)
+      $B/quiver compare -m "$f" --device cuda -n 100 --decode 16 --json 2>>$O/compare.log
+      $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 2>>$O/bench.log
+      QUIVER_CUDA_FLASH_256=0 $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 2>>$O/bench.log
       ;;
     bench-8b:*)
       t=${step#bench-8b:}

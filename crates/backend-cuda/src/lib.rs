@@ -185,6 +185,8 @@ pub struct CudaBackend {
     attention_splits: Option<usize>,
     /// Prefill attention through the tensor-core flash kernel (on unless QUIVER_CUDA_FLASH=0).
     flash: bool,
+    /// Head dims the flash kernel takes (QUIVER_CUDA_FLASH_256=0 leaves 256 on split-K).
+    flash_head_dims: Vec<usize>,
     /// This step's query tiles for the flash kernel ({seq, first token, tokens, 0}) and how
     /// many there are (0: the step uses the split-K kernel).
     tiles: Vec<[i32; 4]>,
@@ -316,6 +318,11 @@ impl CudaBackend {
             attention_splits: None,
             pdl,
             flash: std::env::var("QUIVER_CUDA_FLASH").as_deref() != Ok("0"),
+            flash_head_dims: if std::env::var("QUIVER_CUDA_FLASH_256").as_deref() == Ok("0") {
+                vec![64, 128]
+            } else {
+                vec![64, 128, 256]
+            },
             tiles: Vec::new(),
             tile_buf: None,
             n_tiles: 0,
@@ -1383,20 +1390,22 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        if self.n_tiles > 0 && (hd == 64 || hd == 128) {
+        if self.n_tiles > 0 && self.flash_head_dims.contains(&hd) {
             let tiles = self.tile_buf.as_ref().unwrap().ptr;
             let (window, softcap) = (
                 a.window.map(|w| w as i32).unwrap_or(0),
                 a.softcap.unwrap_or(0.0),
             );
+            // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
+            let (name, parts) = match hd {
+                64 => ("flash_attention_64", 1),
+                128 => ("flash_attention_128", 1),
+                _ => ("flash_attention_256", 2),
+            };
             return self.launch(
                 "attn",
-                if hd == 64 {
-                    "flash_attention_64"
-                } else {
-                    "flash_attention_128"
-                },
-                (self.n_tiles as u32, a.n_head as u32, 1),
+                name,
+                (self.n_tiles as u32, a.n_head as u32, parts),
                 (128, 1, 1),
                 args![
                     q.ptr(),

@@ -64,6 +64,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             v.extend([
                 "flash_attention_64".to_string(),
                 "flash_attention_128".to_string(),
+                "flash_attention_256".to_string(),
             ]);
             v
         }

@@ -498,6 +498,9 @@ fn flash_attention_prefill_matches_reference() {
         (128, 8, 2, None, None),
         (128, 4, 4, Some(40u32), None),
         (64, 4, 1, Some(100), Some(20.0f32)),
+        (256, 4, 1, Some(40), None),
+        (256, 8, 2, None, Some(30.0)),
+        (256, 2, 2, None, None),
     ] {
         let a = AttnParams {
             n_head: nh,
