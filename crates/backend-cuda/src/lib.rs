@@ -185,8 +185,9 @@ pub struct CudaBackend {
     attention_splits: Option<usize>,
     /// Prefill attention through the tensor-core flash kernel (on unless QUIVER_CUDA_FLASH=0).
     flash: bool,
-    /// Head dims the flash kernel takes (QUIVER_CUDA_FLASH_256=0 leaves 256 on split-K).
-    flash_head_dims: Vec<usize>,
+    /// Head dim 256 through the flash kernel too (QUIVER_CUDA_FLASH_256=0 leaves it on split-K;
+    /// 64 and 128 always take it when `flash` is on).
+    flash_256: bool,
     /// This step's query tiles for the flash kernel ({seq, first token, tokens, 0}) and how
     /// many there are (0: the step uses the split-K kernel).
     tiles: Vec<[i32; 4]>,
@@ -318,11 +319,7 @@ impl CudaBackend {
             attention_splits: None,
             pdl,
             flash: std::env::var("QUIVER_CUDA_FLASH").as_deref() != Ok("0"),
-            flash_head_dims: if std::env::var("QUIVER_CUDA_FLASH_256").as_deref() == Ok("0") {
-                vec![64, 128]
-            } else {
-                vec![64, 128, 256]
-            },
+            flash_256: std::env::var("QUIVER_CUDA_FLASH_256").as_deref() != Ok("0"),
             tiles: Vec::new(),
             tile_buf: None,
             n_tiles: 0,
@@ -390,19 +387,15 @@ impl CudaBackend {
         self.attention_splits = n.map(|n| n.clamp(1, 64));
     }
 
-    /// Turns programmatic dependent launch on (sm_90+ only) or off.
-    pub fn set_pdl(&mut self, on: bool) {
-        self.pdl = on && self.dev.info.arch >= 90;
-    }
-
     /// Products over at least `n` tokens go to cuBLAS (when there are f16 copies); fewer to the
     /// matrix-vector kernels (`QUIVER_CUDA_GEMM_MIN_TOKENS` at start, default 3).
     pub fn set_gemm_min_tokens(&mut self, n: usize) {
         self.gemm_min_tokens = n.max(1);
     }
 
-    /// Routes prefill products through cuBLAS (on when cuBLAS loaded) or through the
-    /// matrix-vector kernels, which make every token's result independent of the batch.
+    /// Routes products over `gemm_min_tokens` or more tokens through cuBLAS (on when cuBLAS
+    /// loaded), or every product through the matrix-vector kernels, which make every token's
+    /// result independent of the batch.
     pub fn set_tensor_cores(&mut self, on: bool) {
         self.tensor_cores = on && self.blas.is_some();
     }
@@ -643,16 +636,16 @@ impl CudaBackend {
                 Some(block) => {
                     let (q, d, bs) = self.quantize_act(xo, nt, w0.cols, block)?;
                     self.launch(
-                        &module,
-                        &name,
+                        module,
+                        name,
                         grid,
                         (32, 4, 1),
                         args![m[0], m[1], m[2], q, d, bs, w0.cols as i32, nt as i32],
                     )?;
                 }
                 None => self.launch(
-                    &module,
-                    &name,
+                    module,
+                    name,
                     grid,
                     (32, 4, 1),
                     args![m[0], m[1], m[2], xo, w0.cols as i32, nt as i32],
@@ -712,8 +705,10 @@ impl CudaBackend {
     ) -> Result<()> {
         let cols = w.cols;
         let n = rows * cols;
-        let ok =
-            x_len >= n && out_len >= n && residual.is_none_or(|(_, l)| l >= n) && cols % 4 == 0;
+        let ok = x_len >= n
+            && out_len >= n
+            && residual.is_none_or(|(_, l)| l >= n)
+            && cols.is_multiple_of(4);
         check("rms_norm", ok, || {
             format!("{rows}×{cols} over buffers of {x_len} / {out_len}")
         })?;
@@ -901,7 +896,7 @@ impl Backend for CudaBackend {
             ty,
             backend: "cuda",
         })?;
-        check("weight", cols % 32 == 0, || {
+        check("weight", cols.is_multiple_of(32), || {
             format!("{name}: {cols} columns is not a multiple of 32")
         })?;
         self.reg
@@ -1065,7 +1060,7 @@ impl Backend for CudaBackend {
         let name = &table.names.embed;
         self.launch(
             &table.names.module,
-            &name,
+            name,
             (n.max(1) as u32, 1, 1),
             (128, 1, 1),
             args![
@@ -1258,8 +1253,8 @@ impl Backend for CudaBackend {
                 Some(block) => {
                     let (q, d, bs) = self.quantize_act(xo, nt, gate.cols, block)?;
                     self.launch(
-                        &module,
-                        &name,
+                        module,
+                        name,
                         grid,
                         (32, 4, 1),
                         args![
@@ -1278,8 +1273,8 @@ impl Backend for CudaBackend {
                     )?;
                 }
                 None => self.launch(
-                    &module,
-                    &name,
+                    module,
+                    name,
                     grid,
                     (32, 4, 1),
                     args![
@@ -1343,7 +1338,7 @@ impl Backend for CudaBackend {
         )?;
         check(
             "rope_kv_write",
-            rope.n_dims <= a.head_dim && rope.n_dims % 2 == 0,
+            rope.n_dims <= a.head_dim && rope.n_dims.is_multiple_of(2),
             || format!("{} rotated dims of {}", rope.n_dims, a.head_dim),
         )?;
         let th = self.theta_ptr(rope)?;
@@ -1379,7 +1374,7 @@ impl Backend for CudaBackend {
         })?;
         check(
             "attention",
-            a.n_head % a.n_head_kv.max(1) == 0 && a.n_head_kv * hd == kv.kv_dim,
+            a.n_head.is_multiple_of(a.n_head_kv.max(1)) && a.n_head_kv * hd == kv.kv_dim,
             || "head counts".into(),
         )?;
         check(
@@ -1390,7 +1385,7 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        if self.n_tiles > 0 && self.flash_head_dims.contains(&hd) {
+        if self.n_tiles > 0 && (hd != 256 || self.flash_256) {
             let tiles = self.tile_buf.as_ref().unwrap().ptr;
             let (window, softcap) = (
                 a.window.map(|w| w as i32).unwrap_or(0),
@@ -1735,7 +1730,7 @@ mod tests {
         assert_eq!(attention_splits(32, 132, 4096), 64);
         assert_eq!(attention_splits(32, 132, 640), 20);
         assert_eq!(attention_splits(32, 132, 16), 1);
-        // 64 tokens × 32 heads already fill the device: no split.
+        // 64 tokens × 32 heads nearly fill the device: two ranges; 128 tokens: one.
         assert_eq!(attention_splits(2048, 132, 4096), 2);
         assert_eq!(attention_splits(4096, 132, 4096), 1);
         assert_eq!(attention_splits(0, 132, 4096), 64);
