@@ -154,8 +154,8 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restr
     }
 }
 
-// ---- activation quantization (as the CPU backend does it: d = max|x| / 127, round to nearest
-// even), for the integer matrix-vector kernels ----
+// ---- activation quantization (as the CPU backend and ggml do it: quants round(x · 127/max),
+// ties to even), for the integer matrix-vector kernels ----
 __device__ __forceinline__ int f2i_rn(float f) { int i; asm("cvt.rni.s32.f32 %0, %1;" : "=r"(i) : "f"(f)); return i; }
 __device__ __forceinline__ int warp_sum_i(int v) {
 #pragma unroll
@@ -163,23 +163,27 @@ __device__ __forceinline__ int warp_sum_i(int v) {
     return v;
 }
 
-// Blocks of 32: q int8, ds[2b] = d, ds[2b + 1] = d · Σq. One warp per block; block (32, 8).
-extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ ds, long long nblocks) { pdl_begin();
+// Blocks of 32: q int8, ds[2b] = d in f16 precision, ds[2b + 1] = the offset sum: d16 · Σq
+// (ggml's q8_0), or for Q4_1/Q5_1 weights (q8_1 != 0) d · Σq rounded to f16 (ggml's q8_1).
+// One warp per block; block (32, 8).
+extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ ds, long long nblocks, int q8_1) { pdl_begin();
     long long b = blockIdx.x * 8LL + threadIdx.y;
     if (b >= nblocks) return;
     float v = x[b * 32 + threadIdx.x];
     float amax = warp_max(fabsf(v));
-    float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
     int qi = f2i_rn(v * id);
     q[b * 32 + threadIdx.x] = (i8)qi;
     int s = warp_sum_i(qi);
     if (threadIdx.x == 0) {
-        ds[2 * b] = d;
-        ds[2 * b + 1] = d * (float)s;
+        float d16 = h2f(f2h(d));
+        ds[2 * b] = d16;
+        ds[2 * b + 1] = q8_1 ? h2f(f2h(d * (float)s)) : d16 * (float)s;
     }
 }
 
-// Blocks of 256 (ggml's Q8_K): q int8, d per block, sums of each 16 quants. One warp per block.
+// Blocks of 256 (ggml's Q8_K: d = 1 / (127/max)): q int8, d per block, sums of each 16 quants.
+// One warp per block.
 extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d256, int* __restrict__ bsums, long long nblocks) { pdl_begin();
     long long b = blockIdx.x * 8LL + threadIdx.y;
     if (b >= nblocks) return;
@@ -191,7 +195,7 @@ extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __rest
 #pragma unroll
     for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
     amax = warp_max(amax);
-    float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    float id = amax > 0.f ? 127.f / amax : 0.f, d = id > 0.f ? 1.f / id : 0.f;
     int s = 0;
     u32 packed[2] = {0, 0};
 #pragma unroll

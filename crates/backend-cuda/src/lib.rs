@@ -634,7 +634,7 @@ impl CudaBackend {
             let name = &w0.names.mmv[usize::from(nt == 1)];
             match int8 {
                 Some(block) => {
-                    let (q, d, bs) = self.quantize_act(xo, nt, w0.cols, block)?;
+                    let (q, d, bs) = self.quantize_act(xo, nt, w0.cols, block, w0.ty)?;
                     self.launch(
                         module,
                         name,
@@ -667,13 +667,29 @@ impl CudaBackend {
 
     /// Quantizes `n` rows of `cols` f32 at `x` to int8 blocks of `block` (32 or 256) in the
     /// activation scratch: (quants, scales, per-16 sums).
-    fn quantize_act(&self, x: u64, n: usize, cols: usize, block: usize) -> Result<(u64, u64, u64)> {
+    /// The scales are rounded as the CPU backend (and ggml) rounds them for weights of type
+    /// `ty`: per-32 `d` in f16, and for Q4_1/Q5_1 the offset sum `s` in f16 too.
+    fn quantize_act(
+        &self,
+        x: u64,
+        n: usize,
+        cols: usize,
+        block: usize,
+        ty: GgmlType,
+    ) -> Result<(u64, u64, u64)> {
         let q = self.scratch_ptr(|s| &mut s.aq, n * cols, "int8 activations")?;
         let nb = (n * cols / block) as i64;
         let grid = ((nb as usize).div_ceil(8) as u32, 1, 1);
         if block == 32 {
             let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 32 * 8, "activation scales")?;
-            self.launch("ops", "quantize_a32", grid, (32, 8, 1), args![x, q, d, nb])?;
+            let q8_1 = i32::from(matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1));
+            self.launch(
+                "ops",
+                "quantize_a32",
+                grid,
+                (32, 8, 1),
+                args![x, q, d, nb, q8_1],
+            )?;
             Ok((q, d, 0))
         } else {
             let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 256 * 4, "activation scales")?;
@@ -1251,7 +1267,7 @@ impl Backend for CudaBackend {
             let name = &gate.names.glu[usize::from(nt == 1)];
             match int8 {
                 Some(block) => {
-                    let (q, d, bs) = self.quantize_act(xo, nt, gate.cols, block)?;
+                    let (q, d, bs) = self.quantize_act(xo, nt, gate.cols, block, gate.ty)?;
                     self.launch(
                         module,
                         name,

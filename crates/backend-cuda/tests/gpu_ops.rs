@@ -39,6 +39,29 @@ fn as_seen(ty: GgmlType, mmv: bool, x: &[f32]) -> Vec<f32> {
     }
 }
 
+/// What a reference over `as_seen` activations misses of a product on the matrix-vector
+/// kernels: the f16 offset sums of Q4_1/Q5_1 on int8 activations (ggml's q8_1), `[n, rows]`.
+fn offsets(
+    ty: GgmlType,
+    mmv: bool,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
+    let int8 = quiver_backend_cuda::kernel_suffix(ty)
+        .and_then(quiver_backend_cuda::registry::int8_activations);
+    if mmv && int8 == Some(32) && std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0") {
+        quiver_cpu_kernels::activation_offset_terms(ty, w, rows, cols, x, n)
+            .iter()
+            .map(|&v| v as f32)
+            .collect()
+    } else {
+        vec![0.0; n * rows]
+    }
+}
+
 fn backend() -> CudaBackend {
     CudaBackend::new(0).expect("a CUDA GPU")
 }
@@ -113,6 +136,8 @@ fn matmul_and_embedding_match_reference_for_every_type() {
                 let got = read(&be, &out, n * rows);
                 let mut want = vec![0f32; n * rows];
                 reference::matmul(&wd, rows, cols, &as_seen(ty, mmv(&be, n), &x), n, &mut want);
+                let off = offsets(ty, mmv(&be, n), &q, rows, cols, &x, n);
+                want.iter_mut().zip(&off).for_each(|(w, o)| *w += o);
                 let e = rel_err(&got, &want);
                 let bound = if mmv(&be, n) { 1e-5 } else { 8e-3 };
                 assert!(e < bound, "{ty} matmul, {n} tokens: relative error {e}");
@@ -144,6 +169,12 @@ fn matmul_and_embedding_match_reference_for_every_type() {
                 let (mut wa, mut wb) = (vec![0f32; n * rows], vec![0f32; n * rows]);
                 reference::matmul(&wd, rows, cols, &as_seen(ty, mmv(&be, n), &x), n, &mut wa);
                 reference::matmul(&wd2, rows, cols, &as_seen(ty, mmv(&be, n), &x), n, &mut wb);
+                let (oa, ob) = (
+                    offsets(ty, mmv(&be, n), &q, rows, cols, &x, n),
+                    offsets(ty, mmv(&be, n), &q2, rows, cols, &x, n),
+                );
+                wa.iter_mut().zip(&oa).for_each(|(w, o)| *w += o);
+                wb.iter_mut().zip(&ob).for_each(|(w, o)| *w += o);
                 let bound = if mmv(&be, n) { 1e-5 } else { 8e-3 };
                 assert!(
                     rel_err(&read(&be, &a, n * rows), &wa) < bound,
