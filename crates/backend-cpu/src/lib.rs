@@ -409,7 +409,8 @@ impl Backend for CpuBackend {
                     *o = gl * u;
                 }
             }
-            Activation::SwiGlu => reference::glu(act, &gate[..n], &up[..n], &mut out[..n]),
+            // SiLU with ggml's vectorised e^x (llama.cpp parity), within 2 ulp of the reference.
+            Activation::SwiGlu => attn::swiglu(&gate[..n], &up[..n], &mut out[..n]),
         }
         Ok(())
     }

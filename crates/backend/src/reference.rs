@@ -7,7 +7,8 @@ use crate::{Activation, AttnParams, Batch, RopeMode, RopeParams};
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        let ss: f64 = xr.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        // Squares in f32, summed in f64: ggml's rounding (llama.cpp parity).
+        let ss: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
         let inv = 1.0 / ((ss / d as f64) as f32 + eps).sqrt();
         for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
             *o = v * inv * g;

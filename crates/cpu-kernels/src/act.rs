@@ -3,6 +3,8 @@
 //! Both formats are symmetric with `d = max|x| / 127`, so every quant lies in -127..=127 (the
 //! integer dot products rely on that: `|a| <= 127` keeps `maddubs` from saturating and lets
 //! `sign` negate any value). Rounding is to nearest, ties to even (what `vroundps` does).
+//! The scales are rounded as ggml's activation blocks store them (llama.cpp parity, see
+//! [`Scales`]): quants from `x · 127/max`, per-32 `d` in f16, per-256 `d = 1 / (127/max)`.
 //!
 //! - [`A32`]: per 32 elements, for the 32-element weight types; `s = d * sum(q)` serves the
 //!   offset terms.
@@ -45,6 +47,33 @@ impl<'a> A32<'a> {
 pub(crate) struct A32Mut<'a> {
     pub q: &'a mut [i8],
     pub ds: &'a mut [f32],
+    pub scales: Scales,
+}
+
+/// How a per-32 (or per-16) block's `(d, s = d·Σq)` are rounded, as ggml's activation block
+/// for the weight type holds them: `Q8_0` (Q4_0, Q5_0, Q8_0, IQ4_NL; also the K-quants' GEMM
+/// panel, which has no ggml counterpart) keeps `d` in f16, and `s` follows from it exactly (an
+/// f16 times a sum of at most 32·127 needs 23 bits); `Q8_1` (Q4_1, Q5_1) keeps `d` and `s` each
+/// in f16, `s` made from the unrounded `d`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scales {
+    Q8_0,
+    Q8_1,
+}
+
+impl Scales {
+    /// The scales a block of quants with scale `d` and quant sum `sum` carries.
+    #[inline(always)]
+    pub fn of(self, d: f32, sum: i32) -> (f32, f32) {
+        let f16 = |v: f32| half::f16::from_f32(v).to_f32();
+        match self {
+            Scales::Q8_0 => {
+                let d16 = f16(d);
+                (d16, d16 * sum as f32)
+            }
+            Scales::Q8_1 => (f16(d), f16(d * sum as f32)),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -100,9 +129,10 @@ impl Quant for SoftQuant {
 
 /// `d = amax / 127` and its inverse (0 for an all-zero block).
 #[inline(always)]
+/// `(d, 1/d)` of a block whose largest magnitude is `amax`, the inverse computed as ggml
+/// computes it (`127/max`, not `1/d`: they differ in the last bit for some values).
 fn scale(amax: f32) -> (f32, f32) {
-    let d = amax / 127.0;
-    (d, if d > 0.0 { 1.0 / d } else { 0.0 })
+    (amax / 127.0, if amax > 0.0 { 127.0 / amax } else { 0.0 })
 }
 
 /// `x.len() == out.q.len() == 16 * out.ds.len()`.
@@ -120,8 +150,7 @@ pub(crate) unsafe fn quantize_a32<Q: Quant>(x: &[f32], out: A32Mut<'_>) {
             // SAFETY: forwarded from the caller.
             let (d, id) = scale(unsafe { Q::amax(x) });
             let sums = unsafe { Q::quant32(x, id, q) };
-            ds[0] = d;
-            ds[1] = d * (sums[0] + sums[1]) as f32;
+            (ds[0], ds[1]) = out.scales.of(d, sums[0] + sums[1]);
         }
     }
 }
@@ -134,8 +163,9 @@ pub(crate) unsafe fn quantize_a32<Q: Quant>(x: &[f32], out: A32Mut<'_>) {
 pub(crate) unsafe fn quantize_a256<Q: Quant>(x: &[f32], out: &mut [A256]) {
     for (b, x) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
         // SAFETY: forwarded from the caller.
-        let (d, id) = scale(unsafe { Q::amax(x) });
-        b.d = d;
+        // ggml's q8_K: d = 1 / (127/max).
+        let (_, id) = scale(unsafe { Q::amax(x) });
+        b.d = if id > 0.0 { 1.0 / id } else { 0.0 };
         for (i, (x, q)) in x
             .chunks_exact(32)
             .zip(b.qs.chunks_exact_mut(32))
@@ -197,9 +227,11 @@ impl PanelShape {
 /// # Safety
 /// The CPU supports `Q`'s level.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn pack_panel_token<Q: Quant>(
     x: &[f32],
     sub: usize,
+    scales: Scales,
     tpad: usize,
     lt: usize,
     mut set_q: impl FnMut(usize, u32),
@@ -223,12 +255,37 @@ pub(crate) unsafe fn pack_panel_token<Q: Quant>(
             set_q((8 * blk + g) * tpad + lt, w);
         }
         if sub == 16 {
-            set_s(2 * blk * tpad + lt, d, d * sums[0] as f32);
-            set_s((2 * blk + 1) * tpad + lt, d, d * sums[1] as f32);
+            let (a0, a1) = scales.of(d, sums[0]);
+            set_s(2 * blk * tpad + lt, a0, a1);
+            let (a0, a1) = scales.of(d, sums[1]);
+            set_s((2 * blk + 1) * tpad + lt, a0, a1);
         } else {
-            set_s(blk * tpad + lt, d, d * (sums[0] + sums[1]) as f32);
+            let (a0, a1) = scales.of(d, sums[0] + sums[1]);
+            set_s(blk * tpad + lt, a0, a1);
         }
     }
+}
+
+/// Per block: the q8_1 offset sum minus the q8_0 one (see `activation_offset_correction`).
+pub(crate) fn offset_correction(x: &[f32]) -> Vec<f32> {
+    let nb = x.len() / 32;
+    let run = |scales: Scales| {
+        let (mut q, mut ds) = (vec![0i8; 32 * nb], vec![0f32; 2 * nb]);
+        // SAFETY: the portable quantizer runs anywhere.
+        unsafe {
+            quantize_a32::<SoftQuant>(
+                x,
+                A32Mut {
+                    q: &mut q,
+                    ds: &mut ds,
+                    scales,
+                },
+            )
+        };
+        ds
+    };
+    let (a, b) = (run(Scales::Q8_1), run(Scales::Q8_0));
+    (0..nb).map(|i| a[2 * i + 1] - b[2 * i + 1]).collect()
 }
 
 /// Dequantized activations as a path sees them (for tests): `kind` 0 = A32/panel, 1 = A256.
@@ -244,6 +301,7 @@ pub(crate) fn roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
                 A32Mut {
                     q: &mut q,
                     ds: &mut ds,
+                    scales: Scales::Q8_0,
                 },
             )
         };

@@ -52,6 +52,15 @@ pub(crate) fn activation_kind(ty: GgmlType, n_tokens: usize) -> u8 {
     }
 }
 
+/// How the activation scales of a product with weights of type `ty` are rounded (see
+/// [`act::Scales`]).
+fn act_scales(ty: GgmlType) -> act::Scales {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => act::Scales::Q8_1,
+        _ => act::Scales::Q8_0,
+    }
+}
+
 /// Sub-block size of the GEMM path for a quantized type.
 fn gemm_sub(ty: GgmlType) -> usize {
     use GgmlType::*;
@@ -213,6 +222,7 @@ pub(crate) unsafe fn pack_tokens<K: Kernel>(
             act::pack_panel_token::<K::Q>(
                 x,
                 shape.sub,
+                act_scales(job.ty),
                 tpad,
                 t % TILE,
                 |k, w| po.q.write(qo + k, w),
@@ -268,7 +278,14 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
             grow(&mut scratch.a32_q, nb * 32);
             grow(&mut scratch.a32_ds, 2 * nb);
             let (q, ds) = (&mut scratch.a32_q[..nb * 32], &mut scratch.a32_ds[..2 * nb]);
-            (e.quantize_a32)(job.x, A32Mut { q, ds });
+            (e.quantize_a32)(
+                job.x,
+                A32Mut {
+                    q,
+                    ds,
+                    scales: act_scales(job.ty),
+                },
+            );
             Acts::A32(A32 {
                 q: &scratch.a32_q[..nb * 32],
                 ds: &scratch.a32_ds[..2 * nb],

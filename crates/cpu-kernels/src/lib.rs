@@ -363,6 +363,47 @@ pub fn activation_roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
     }
 }
 
+/// Per 32-element block of `x`: how much the offset sum of a Q4_1/Q5_1 product (ggml's q8_1
+/// `s`, the f16 of `d·Σq`) differs from `d16·Σq`, the sum [`activation_roundtrip`] implies.
+#[doc(hidden)]
+pub fn activation_offset_correction(x: &[f32]) -> Vec<f32> {
+    act::offset_correction(x)
+}
+
+/// For tests: what an exact reference (dequantized weights times [`activation_roundtrip`])
+/// misses of a product of `ty` weights `w` (`rows × cols`) with `n` rows of `x`: for Q4_1 and
+/// Q5_1, `Σ_b min_b · correction_b` per output (`[n, rows]`, see
+/// [`activation_offset_correction`]); zeros for every other type.
+#[doc(hidden)]
+pub fn activation_offset_terms(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> Vec<f64> {
+    let mut out = vec![0f64; n * rows];
+    if !matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        return out;
+    }
+    // Both block layouts start with the f16 scale and the f16 min.
+    let (nb, bsize) = (cols / 32, ty.type_size());
+    for t in 0..n {
+        let corr = act::offset_correction(&x[t * cols..(t + 1) * cols]);
+        for r in 0..rows {
+            out[t * rows + r] = (0..nb)
+                .map(|b| {
+                    let o = (r * nb + b) * bsize + 2;
+                    let m = half::f16::from_le_bytes([w[o], w[o + 1]]).to_f32();
+                    m as f64 * corr[b] as f64
+                })
+                .sum();
+        }
+    }
+    out
+}
+
 /// Embedding gather: `out[i, :] = dequantize(W[ids[i], :])` for `W` `[rows, cols]` of type
 /// `ty`; `out` is `[ids.len(), cols]`.
 pub fn get_rows(

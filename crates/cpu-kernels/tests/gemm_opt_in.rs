@@ -5,8 +5,8 @@
 //! at every SIMD level, for every quantized type.
 
 use quiver_cpu_kernels::{
-    activation_kind, activation_roundtrip, gemm_min_tokens, matmul_with_level, GgmlType, Scratch,
-    SimdLevel, ThreadPool,
+    activation_kind, activation_offset_terms, activation_roundtrip, gemm_min_tokens,
+    matmul_with_level, GgmlType, Scratch, SimdLevel, ThreadPool,
 };
 
 const TYPES: [GgmlType; 12] = [
@@ -51,6 +51,8 @@ fn gemm_path_when_opted_in_matches_the_reference() {
                 .chunks_exact(cols)
                 .flat_map(|r| activation_roundtrip(0, r))
                 .collect();
+            // The f16 offset sums of Q4_1/Q5_1 (ggml's q8_1), which `xq` cannot express.
+            let extra = activation_offset_terms(ty, &w, rows, cols, &x, n);
             for level in SimdLevel::ALL
                 .into_iter()
                 .filter(|&l| l <= SimdLevel::detected())
@@ -74,7 +76,8 @@ fn gemm_path_when_opted_in_matches_the_reference() {
                     for r in 0..rows {
                         let want: f64 = (0..cols)
                             .map(|c| deq[r * cols + c] as f64 * xq[t * cols + c] as f64)
-                            .sum();
+                            .sum::<f64>()
+                            + extra[t * rows + r];
                         let got = out[t * rows + r] as f64;
                         num += if got.is_finite() {
                             (got - want) * (got - want)

@@ -19,8 +19,8 @@
 //! Every output starts as NaN, so an element the kernel skips fails the check.
 
 use quiver_cpu_kernels::{
-    activation_kind, activation_roundtrip, matmul_with_level, GgmlType, Scratch, SimdLevel,
-    ThreadPool,
+    activation_kind, activation_offset_terms, activation_roundtrip, matmul_with_level, GgmlType,
+    Scratch, SimdLevel, ThreadPool,
 };
 
 struct Rng(u64);
@@ -156,7 +156,13 @@ fn check(
         .chunks_exact(cols)
         .flat_map(|row| activation_roundtrip(kind, row))
         .collect();
-    let want_exact = reference(&wf, &xq, rows, cols, n);
+    // Exact: dequantized weights times the activations as quantized, plus the f16 rounding of
+    // the offset sums Q4_1/Q5_1 products use (ggml's q8_1).
+    let mut want_exact = reference(&wf, &xq, rows, cols, n);
+    if kind == 0 {
+        let extra = activation_offset_terms(ty, &wq, rows, cols, &x, n);
+        want_exact.iter_mut().zip(&extra).for_each(|(w, e)| *w += e);
+    }
     let want_true = reference(&wf, &x, rows, cols, n);
     let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
     let (b_exact, b_case) = if float { (1e-5, 1e-5) } else { (2e-5, 5e-2) };
