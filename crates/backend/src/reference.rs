@@ -78,15 +78,19 @@ pub fn gelu_tanh(x: f32) -> f32 {
 }
 
 /// GELU as ggml's CPU path computes it: through an f16 table (input and output rounded to
-/// f16), saturating outside ±10. Matching it keeps gemma's numerics close to llama.cpp's.
+/// f16), saturating outside ±10, each entry `(0.5x)·(1 + tanh((c·x)·fma(0.044715x, x, 1)))` as
+/// the reference build's compiler fused it. Matching it keeps gemma's numerics close to
+/// llama.cpp's.
 pub fn gelu_tanh_f16(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     if x <= -10.0 {
         0.0
     } else if x >= 10.0 {
         x
     } else {
         let xh = half::f16::from_f32(x).to_f32();
-        half::f16::from_f32(gelu_tanh(xh)).to_f32()
+        let inner = (SQRT_2_OVER_PI * xh) * (0.044715 * xh).mul_add(xh, 1.0);
+        half::f16::from_f32((0.5 * xh) * (1.0 + inner.tanh())).to_f32()
     }
 }
 
