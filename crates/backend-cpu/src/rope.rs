@@ -10,33 +10,33 @@ pub const MAX_PAIRS: usize = 256;
 
 pub fn apply(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p: &RopeParams) {
     let half = p.n_dims / 2;
+    // Llama-3 scaling (which ggml takes as frequency factors) keeps position × theta(i).
+    let llama3 = p.llama3.is_some();
     let mut theta = [0f32; MAX_PAIRS];
-    for (i, t) in theta[..half].iter_mut().enumerate() {
-        *t = p.theta(i);
+    if llama3 {
+        for (i, t) in theta[..half].iter_mut().enumerate() {
+            *t = p.theta(i);
+        }
+    }
+    let mut ff = [1f32; MAX_PAIRS];
+    if let Some(f) = &p.freq_factors {
+        for (d, &s) in ff[..half].iter_mut().zip(f.iter()) {
+            *d = s;
+        }
     }
     let (mut cos, mut sin) = ([0f32; MAX_PAIRS], [0f32; MAX_PAIRS]);
     let hd = a.head_dim;
-    // ggml's angles (llama.cpp parity): position × base^(−2/n_dims) raised step by step in f32,
-    // then / freq factor, × freq_scale. Llama-3 scaling has no such form: position × theta(i).
     let theta_scale = p.base.powf(-2.0 / p.n_dims as f32);
     for (t, &pos) in positions.iter().enumerate() {
-        if p.llama3.is_some() {
-            for i in 0..half {
-                let (s, c) = (pos as f32 * theta[i]).sin_cos();
-                (sin[i], cos[i]) = (s, c);
-            }
-        } else {
-            let mut th = pos as f32;
-            for i in 0..half {
-                let ff = p
-                    .freq_factors
-                    .as_ref()
-                    .and_then(|f| f.get(i).copied())
-                    .unwrap_or(1.0);
-                let (s, c) = (p.freq_scale * (th / ff)).sin_cos();
-                (sin[i], cos[i]) = (s, c);
-                th *= theta_scale;
-            }
+        let mut th = pos as f32;
+        for i in 0..half {
+            let angle = if llama3 {
+                pos as f32 * theta[i]
+            } else {
+                p.freq_scale * (th / ff[i])
+            };
+            (sin[i], cos[i]) = angle.sin_cos();
+            th *= theta_scale;
         }
         let rotate = |v: &mut [f32]| {
             for i in 0..half {
