@@ -266,45 +266,40 @@ pub(crate) unsafe fn pack_panel_token<Q: Quant>(
     }
 }
 
+/// `x` in blocks of 32 by the portable quantizer: (quants, `(d, s)` pairs).
+fn quantize_a32_vecs(x: &[f32], scales: Scales) -> (Vec<i8>, Vec<f32>) {
+    let nb = x.len() / 32;
+    let (mut q, mut ds) = (vec![0i8; 32 * nb], vec![0f32; 2 * nb]);
+    // SAFETY: the portable quantizer runs anywhere.
+    unsafe {
+        quantize_a32::<SoftQuant>(
+            x,
+            A32Mut {
+                q: &mut q,
+                ds: &mut ds,
+                scales,
+            },
+        )
+    };
+    (q, ds)
+}
+
 /// Per block: the q8_1 offset sum minus the q8_0 one (see `activation_offset_correction`).
 pub(crate) fn offset_correction(x: &[f32]) -> Vec<f32> {
-    let nb = x.len() / 32;
-    let run = |scales: Scales| {
-        let (mut q, mut ds) = (vec![0i8; 32 * nb], vec![0f32; 2 * nb]);
-        // SAFETY: the portable quantizer runs anywhere.
-        unsafe {
-            quantize_a32::<SoftQuant>(
-                x,
-                A32Mut {
-                    q: &mut q,
-                    ds: &mut ds,
-                    scales,
-                },
-            )
-        };
-        ds
-    };
-    let (a, b) = (run(Scales::Q8_1), run(Scales::Q8_0));
-    (0..nb).map(|i| a[2 * i + 1] - b[2 * i + 1]).collect()
+    let ((_, a), (_, b)) = (
+        quantize_a32_vecs(x, Scales::Q8_1),
+        quantize_a32_vecs(x, Scales::Q8_0),
+    );
+    (0..x.len() / 32)
+        .map(|i| a[2 * i + 1] - b[2 * i + 1])
+        .collect()
 }
 
 /// Dequantized activations as a path sees them (for tests): `kind` 0 = A32/panel, 1 = A256.
 pub(crate) fn roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());
     if kind == 0 {
-        let nb = x.len() / 32;
-        let (mut q, mut ds) = (vec![0i8; 32 * nb], vec![0f32; 2 * nb]);
-        // SAFETY: the portable quantizer runs anywhere.
-        unsafe {
-            quantize_a32::<SoftQuant>(
-                x,
-                A32Mut {
-                    q: &mut q,
-                    ds: &mut ds,
-                    scales: Scales::Q8_0,
-                },
-            )
-        };
+        let (q, ds) = quantize_a32_vecs(x, Scales::Q8_0);
         out.extend(
             q.iter()
                 .enumerate()
