@@ -59,6 +59,10 @@ pub(crate) struct A32Mut<'a> {
 pub(crate) enum Scales {
     Q8_0,
     Q8_1,
+    /// The K-quants' GEMM panel: every block of a 256-element group shares the group's q8_K
+    /// scale (`d = 1/(127/max)` over the 256), so the panel holds exactly the activations the
+    /// decode path's [`A256`] (and ggml's q8_K) holds, in blocks of 32 or 16.
+    Q8K,
 }
 
 impl Scales {
@@ -72,6 +76,7 @@ impl Scales {
                 (d16, d16 * sum as f32)
             }
             Scales::Q8_1 => (f16(d), f16(d * sum as f32)),
+            Scales::Q8K => (d, d * sum as f32),
         }
     }
 }
@@ -229,7 +234,7 @@ impl PanelShape {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn pack_panel_token<Q: Quant>(
-    x: &[f32],
+    x_row: &[f32],
     sub: usize,
     scales: Scales,
     tpad: usize,
@@ -238,12 +243,22 @@ pub(crate) unsafe fn pack_panel_token<Q: Quant>(
     mut set_s: impl FnMut(usize, f32, f32),
 ) {
     let mut q = [0i8; 32];
-    for (blk, x) in x.chunks_exact(32).enumerate() {
+    let mut group = (0f32, 0f32);
+    for (blk, x) in x_row.chunks_exact(32).enumerate() {
         let Ok(x) = <&[f32; 32]>::try_from(x) else {
             continue;
         };
-        // SAFETY: forwarded from the caller.
-        let (d, id) = scale(unsafe { Q::amax(x) });
+        // SAFETY (all three): forwarded from the caller; a K-quant row is whole 256s.
+        let (d, id) = if scales == Scales::Q8K {
+            if blk % 8 == 0 {
+                let g = &x_row[blk * 32..(blk * 32 + QK_K).min(x_row.len())];
+                let (_, id) = scale(unsafe { Q::amax(g) });
+                group = (if id > 0.0 { 1.0 / id } else { 0.0 }, id);
+            }
+            group
+        } else {
+            scale(unsafe { Q::amax(x) })
+        };
         let sums = unsafe { Q::quant32(x, id, &mut q) };
         for g in 0..8 {
             let w = u32::from_le_bytes([

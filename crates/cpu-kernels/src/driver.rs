@@ -43,10 +43,10 @@ fn family(ty: GgmlType) -> Family {
     }
 }
 
-pub(crate) fn activation_kind(ty: GgmlType, n_tokens: usize) -> u8 {
+pub(crate) fn activation_kind(ty: GgmlType, _n_tokens: usize) -> u8 {
+    // The K-quants' GEMM panel holds the same q8_K activations as their decode path.
     match family(ty) {
         Family::Float => 2,
-        _ if n_tokens >= gemm_min_tokens(ty) => 0,
         Family::Legacy => 0,
         Family::K => 1,
     }
@@ -55,8 +55,9 @@ pub(crate) fn activation_kind(ty: GgmlType, n_tokens: usize) -> u8 {
 /// How the activation scales of a product with weights of type `ty` are rounded (see
 /// [`act::Scales`]).
 fn act_scales(ty: GgmlType) -> act::Scales {
-    match ty {
-        GgmlType::Q4_1 | GgmlType::Q5_1 => act::Scales::Q8_1,
+    match (family(ty), ty) {
+        (Family::K, _) => act::Scales::Q8K,
+        (_, GgmlType::Q4_1 | GgmlType::Q5_1) => act::Scales::Q8_1,
         _ => act::Scales::Q8_0,
     }
 }

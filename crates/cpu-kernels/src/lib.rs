@@ -347,8 +347,9 @@ pub fn matmul_with_level(
     Ok(())
 }
 
-/// Which activation quantization a call uses (for tests): 0 = blocks of 32 (also the GEMM
-/// panel), 1 = blocks of 256, 2 = none (float weights).
+/// Which activation quantization a call uses (for tests): 0 = blocks of 32 (32-element
+/// types, decode and GEMM paths), 1 = blocks of 256 (K-quants, both paths: the GEMM panel
+/// shares each 256's scale), 2 = none (float weights). The same for every token count.
 #[doc(hidden)]
 pub fn activation_kind(ty: GgmlType, n_tokens: usize) -> u8 {
     driver::activation_kind(ty, n_tokens)

@@ -45,11 +45,13 @@ fn gemm_path_when_opted_in_matches_the_reference() {
         let mut deq = vec![0f32; rows * cols];
         quiver_quant::dequantize(ty, &w, &mut deq).unwrap();
         for n in [9, 17, 64, 70] {
-            assert_eq!(activation_kind(ty, n), 0);
+            // The panel holds the decode path's activations: per 32 (per 256 for K-quants).
+            let kind = activation_kind(ty, n);
+            assert_eq!(kind, activation_kind(ty, 1));
             let x: Vec<f32> = (0..n * cols).map(|_| uni()).collect();
             let xq: Vec<f32> = x
                 .chunks_exact(cols)
-                .flat_map(|r| activation_roundtrip(0, r))
+                .flat_map(|r| activation_roundtrip(kind, r))
                 .collect();
             // The f16 offset sums of Q4_1/Q5_1 (ggml's q8_1), which `xq` cannot express.
             let extra = activation_offset_terms(ty, &w, rows, cols, &x, n);
