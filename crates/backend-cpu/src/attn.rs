@@ -21,36 +21,18 @@ struct Out(*mut f32);
 // slice is not read until `pool.run` returns.
 unsafe impl Sync for Out {}
 
-/// q·k in the order ggml's `ggml_vec_dot_f16` sums it on AVX-512 (llama.cpp parity): four
-/// 16-lane accumulators, element `e` of each 64 going to lane `e % 16` of accumulator
-/// `(e / 16) % 4` with a fused multiply-add, then the accumulators pairwise (0+2, 1+3, then the
-/// two) and the 16 lanes by halves (8, 4, then 0+2 / 1+3, then the two). Elements past the
-/// last multiple of 64 are added after, one by one.
-#[inline(always)]
+#[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [[0f32; 16]; 4];
-    let n64 = a.len() / 64 * 64;
-    for (x, y) in a[..n64].chunks_exact(64).zip(b[..n64].chunks_exact(64)) {
-        for j in 0..4 {
-            for l in 0..16 {
-                acc[j][l] = x[16 * j + l].mul_add(y[16 * j + l], acc[j][l]);
-            }
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i];
         }
     }
-    let mut c = [0f32; 16];
-    for l in 0..16 {
-        c[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    let mut h8 = [0f32; 8];
-    for i in 0..8 {
-        h8[i] = c[i + 8] + c[i];
-    }
-    let mut h4 = [0f32; 4];
-    for i in 0..4 {
-        h4[i] = h8[i + 4] + h8[i];
-    }
-    let mut s = (h4[0] + h4[2]) + (h4[1] + h4[3]);
-    for (x, y) in a[n64..].iter().zip(&b[n64..]) {
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
         s += x * y;
     }
     s
@@ -140,9 +122,8 @@ fn task_body(
         };
         sum += w;
         widen(&v_cache[slot * kv_dim + koff..][..hd], row32);
-        // Fused, as ggml's f16 multiply-add computes each element before rounding it.
         for (x, &v) in acc.iter_mut().zip(row32.iter()) {
-            *x = v.mul_add(w, *x);
+            *x += w * v;
         }
         round(acc);
     }

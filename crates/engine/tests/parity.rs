@@ -98,7 +98,7 @@ fn teacher_forced(alias: &str, model: &str, min_rate: f64) {
 
 #[test]
 fn smollm2_teacher_forced_matches_llama_cpp() {
-    // The target is 0.98; quiver measures 0.979 on SmolLM2 (docs/ARCHITECTURE.md,
+    // The target is 0.98; quiver measures 0.983 on SmolLM2 (docs/ARCHITECTURE.md,
     // "Parity with llama.cpp"): the bound guards against real bugs while that gap is open.
     teacher_forced("smollm2-135m", "smollm2", 0.97);
 }
@@ -152,12 +152,12 @@ fn free_running(alias: &str, model: &str) -> usize {
 #[test]
 fn smollm2_free_running_greedy_matches_llama_cpp() {
     let good = free_running("smollm2-135m", "smollm2");
-    // The target is 4 of 5 prompts; quiver measures 4 (see docs/ARCHITECTURE.md): the
+    // The target is 4 of 5 prompts; quiver measures 3 (see docs/ARCHITECTURE.md): the
     // departures are single steps where the two engines' log-probabilities part by 0.1-0.3
     // while the median difference is ~0.015 (checked in the teacher-forced test). One prompt
     // of slack: the counts move with rounding details.
     assert!(
-        good >= 3,
+        good >= 2,
         "only {good}/5 prompts match llama.cpp for 16 tokens"
     );
 }
@@ -165,9 +165,9 @@ fn smollm2_free_running_greedy_matches_llama_cpp() {
 #[test]
 fn gemma3_free_running_greedy_matches_llama_cpp() {
     let good = free_running("gemma3-270m", "gemma3");
-    // The target is 4 of 5; quiver measures 3 (2 to 5 as kernel rounding changed).
+    // The target is 4 of 5; quiver measures 5 (2 to 5 as kernel rounding changed).
     assert!(
-        good >= 2,
+        good >= 4,
         "only {good}/5 prompts match llama.cpp for 16 tokens"
     );
 }
