@@ -1,6 +1,7 @@
 //! The CPU backend: activations in `Vec<f32>`, weights borrowed from the mapped GGUF file
 //! (never copied to the heap), K/V in one f32 pool per layer.
 
+mod act_fn;
 mod attn;
 mod matmul;
 mod rope;
@@ -397,7 +398,7 @@ impl Backend for CpuBackend {
         )?;
         match act {
             Activation::GeGlu => {
-                let t = attn::gelu_table();
+                let t = act_fn::gelu_table();
                 for ((o, &g), &u) in out[..n].iter_mut().zip(&gate[..n]).zip(&up[..n]) {
                     let gl = if g <= -10.0 {
                         0.0
@@ -410,7 +411,7 @@ impl Backend for CpuBackend {
                 }
             }
             // SiLU with ggml's vectorised e^x (llama.cpp parity), within 2 ulp of the reference.
-            Activation::SwiGlu => attn::swiglu(&gate[..n], &up[..n], &mut out[..n]),
+            Activation::SwiGlu => act_fn::swiglu(&gate[..n], &up[..n], &mut out[..n]),
         }
         Ok(())
     }

@@ -26,16 +26,20 @@ fn seed() -> u64 {
     s
 }
 
+/// The activation block size when products of `ty` weights on the matrix-vector kernels
+/// (`mmv`) take int8 activations.
+fn int8_block(ty: GgmlType, mmv: bool) -> Option<usize> {
+    quiver_backend_cuda::kernel_suffix(ty)
+        .and_then(quiver_backend_cuda::registry::int8_activations)
+        .filter(|_| mmv && std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0"))
+}
+
 /// x as the decode kernels see it: quantized to int8 blocks (32, or 256 for the K-quants) for
 /// the types with integer kernels, as the CPU backend quantizes it.
 fn as_seen(ty: GgmlType, mmv: bool, x: &[f32]) -> Vec<f32> {
-    let int8 = quiver_backend_cuda::kernel_suffix(ty)
-        .and_then(quiver_backend_cuda::registry::int8_activations);
-    match int8 {
-        Some(b) if mmv && std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0") => {
-            quiver_cpu_kernels::activation_roundtrip(if b == 32 { 0 } else { 1 }, x)
-        }
-        _ => x.to_vec(),
+    match int8_block(ty, mmv) {
+        Some(b) => quiver_cpu_kernels::activation_roundtrip(if b == 32 { 0 } else { 1 }, x),
+        None => x.to_vec(),
     }
 }
 
@@ -50,9 +54,7 @@ fn offsets(
     x: &[f32],
     n: usize,
 ) -> Vec<f32> {
-    let int8 = quiver_backend_cuda::kernel_suffix(ty)
-        .and_then(quiver_backend_cuda::registry::int8_activations);
-    if mmv && int8 == Some(32) && std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0") {
+    if int8_block(ty, mmv) == Some(32) {
         quiver_cpu_kernels::activation_offset_terms(ty, w, rows, cols, x, n)
             .iter()
             .map(|&v| v as f32)

@@ -51,10 +51,9 @@ pub(crate) struct A32Mut<'a> {
 }
 
 /// How a per-32 (or per-16) block's `(d, s = d·Σq)` are rounded, as ggml's activation block
-/// for the weight type holds them: `Q8_0` (Q4_0, Q5_0, Q8_0, IQ4_NL; also the K-quants' GEMM
-/// panel, which has no ggml counterpart) keeps `d` in f16, and `s` follows from it exactly (an
-/// f16 times a sum of at most 32·127 needs 23 bits); `Q8_1` (Q4_1, Q5_1) keeps `d` and `s` each
-/// in f16, `s` made from the unrounded `d`.
+/// for the weight type holds them: `Q8_0` (Q4_0, Q5_0, Q8_0, IQ4_NL) keeps `d` in f16, and `s`
+/// follows from it exactly (an f16 times a sum of at most 32·127 needs 23 bits); `Q8_1` (Q4_1,
+/// Q5_1) keeps `d` and `s` each in f16, `s` made from the unrounded `d`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Scales {
     Q8_0,
@@ -132,12 +131,19 @@ impl Quant for SoftQuant {
     }
 }
 
-/// `d = amax / 127` and its inverse (0 for an all-zero block).
+/// `(d, 1/d)` of a block whose largest magnitude is `amax` (0 for an all-zero block), the
+/// inverse computed as ggml computes it (`127/max`, not `1/d`: they differ in the last bit for
+/// some values).
 #[inline(always)]
-/// `(d, 1/d)` of a block whose largest magnitude is `amax`, the inverse computed as ggml
-/// computes it (`127/max`, not `1/d`: they differ in the last bit for some values).
 fn scale(amax: f32) -> (f32, f32) {
     (amax / 127.0, if amax > 0.0 { 127.0 / amax } else { 0.0 })
+}
+
+/// The same for ggml's q8_K, whose `d` is the inverse of the inverse: `1 / (127/max)`.
+#[inline(always)]
+fn scale_k(amax: f32) -> (f32, f32) {
+    let (_, id) = scale(amax);
+    (if id > 0.0 { 1.0 / id } else { 0.0 }, id)
 }
 
 /// `x.len() == out.q.len() == 16 * out.ds.len()`.
@@ -168,9 +174,8 @@ pub(crate) unsafe fn quantize_a32<Q: Quant>(x: &[f32], out: A32Mut<'_>) {
 pub(crate) unsafe fn quantize_a256<Q: Quant>(x: &[f32], out: &mut [A256]) {
     for (b, x) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
         // SAFETY: forwarded from the caller.
-        // ggml's q8_K: d = 1 / (127/max).
-        let (_, id) = scale(unsafe { Q::amax(x) });
-        b.d = if id > 0.0 { 1.0 / id } else { 0.0 };
+        let (d, id) = scale_k(unsafe { Q::amax(x) });
+        b.d = d;
         for (i, (x, q)) in x
             .chunks_exact(32)
             .zip(b.qs.chunks_exact_mut(32))
@@ -252,8 +257,7 @@ pub(crate) unsafe fn pack_panel_token<Q: Quant>(
         let (d, id) = if scales == Scales::Q8K {
             if blk % 8 == 0 {
                 let g = &x_row[blk * 32..(blk * 32 + QK_K).min(x_row.len())];
-                let (_, id) = scale(unsafe { Q::amax(g) });
-                group = (if id > 0.0 { 1.0 / id } else { 0.0 }, id);
+                group = scale_k(unsafe { Q::amax(g) });
             }
             group
         } else {
