@@ -24,7 +24,7 @@ for step in "$@"; do
   case $step in
     tests)
       $B/test-kernels_compile 2>&1 | tail -3
-      $B/test-gpu_ops --include-ignored --test-threads=1 2>&1 | grep -E "^test |seed|panicked|error|result" | head -40
+      $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture 2>&1 | tee $O/gpu_ops.log | grep -E "^test |seed|panicked|error|result" | head -40
       $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|error|result|Captures|\{" | head -20
       ;;
     compare)
@@ -86,11 +86,16 @@ for step in "$@"; do
     real:*)
       n=${step#real:}
       cat /tmp/qparts/$n.part* > /tmp/$n.gguf && ls -la /tmp/$n.gguf
-      $B/quiver compare -m /tmp/$n.gguf --device cuda -n 64 --decode 32 --reference .gpu/generate-$n.jsonl --json 2>>$O/real.log
-      echo "with QUIVER_CUDA_TENSOR_CORES=0 (prefill on the int8 kernels):"
-      QUIVER_CUDA_TENSOR_CORES=0 $B/quiver compare -m /tmp/$n.gguf --device cuda -n 64 --decode 32 --reference .gpu/generate-$n.jsonl --json 2>>$O/real.log
+      # The default pair, then the GPU's prefill on the int8 kernels and/or the CPU's attention
+      # accumulator in f32 (the GPU's), to see which difference moves the top-1 agreement.
+      for e in "" QUIVER_CUDA_ACT_GRID=0 QUIVER_CUDA_TENSOR_CORES=0 QUIVER_CPU_ATTN_F32=1 ${REAL_ENV:-}; do
+        echo "compare [${e:-default}]: $(env $e $B/quiver compare -m /tmp/$n.gguf --device cuda -n 64 --decode 32 --reference .gpu/generate-$n.jsonl --json 2>>$O/real.log)"
+      done
       for d in cuda cpu; do
-        $B/quiver perplexity -m /tmp/$n.gguf -f .gpu/GPL-3 -c 512 --device $d 2>>$O/real.log | tail -1
+        echo "perplexity $d: $($B/quiver perplexity -m /tmp/$n.gguf -f .gpu/GPL-3 -c 512 --device $d 2>>$O/real.log | tail -1)"
+      done
+      for e in ${REAL_PPL_ENV:-}; do
+        echo "perplexity cuda, $e: $(env $e $B/quiver perplexity -m /tmp/$n.gguf -f .gpu/GPL-3 -c 512 --device cuda 2>>$O/real.log | tail -1)"
       done
       ;;
   esac

@@ -100,9 +100,16 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* _
     for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
 }
 
+// Four values per thread (both pointers 16-byte aligned), grid-stride; thread 0 converts the
+// last n % 4.
 extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restrict__ out, long long n) { pdl_begin();
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        out[i] = f2h(x[i]);
+    long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    for (long long i = t; i < n / 4; i += (long long)gridDim.x * blockDim.x) {
+        float4 v = ((const float4*)x)[i];
+        ((uint2*)out)[i] = make_uint2((u32)f2h(v.x) | ((u32)f2h(v.y) << 16), (u32)f2h(v.z) | ((u32)f2h(v.w) << 16));
+    }
+    if (t == 0)
+        for (long long j = n & ~3LL; j < n; j++) out[j] = f2h(x[j]);
 }
 
 // Index of the largest value of each row (the first on ties); grid (rows), block 1024.
@@ -166,6 +173,15 @@ __device__ __forceinline__ int warp_sum_i(int v) {
 // Blocks of 32: q int8, ds[2b] = d in f16 precision, ds[2b + 1] = the offset sum: d16 · Σq
 // (ggml's q8_0), or for Q4_1/Q5_1 weights (q8_1 != 0) d · Σq rounded to f16 (ggml's q8_1).
 // One warp per block; block (32, 8).
+// The reciprocal scale of a block of 256 spread eight values per lane (ggml's Q8_K); its
+// d = 1 / id.
+__device__ __forceinline__ float inv_scale256(const float* v) {
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+    amax = warp_max(amax);
+    return amax > 0.f ? 127.f / amax : 0.f;
+}
 extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ ds, long long nblocks, int q8_1) { pdl_begin();
     long long b = blockIdx.x * 8LL + threadIdx.y;
     if (b >= nblocks) return;
@@ -191,11 +207,7 @@ extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __rest
     const float4* xp = (const float4*)(x + b * 256 + lane * 8);
     float4 u = xp[0], w = xp[1];
     float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
-    amax = warp_max(amax);
-    float id = amax > 0.f ? 127.f / amax : 0.f, d = id > 0.f ? 1.f / id : 0.f;
+    float id = inv_scale256(v), d = id > 0.f ? 1.f / id : 0.f;
     int s = 0;
     u32 packed[2] = {0, 0};
 #pragma unroll
@@ -208,6 +220,36 @@ extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __rest
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     if ((lane & 1) == 0) bsums[b * 16 + lane / 2] = s;
     if (lane == 0) d256[b] = d;
+}
+
+// f16 activations for the tensor-core products, on the same int8 grid as the quantizers above
+// (and the CPU backend): each element f16(q · d) with d as the decode kernels see it. One warp
+// per block of 256 (Q8_K's d), block (32, 8); for blocks of 32 (d in f16) eight lanes per
+// block, four values each, block 256.
+extern "C" __global__ void f32_to_f16_q32(const float* __restrict__ x, u16* __restrict__ out, long long nblocks) { pdl_begin();
+    long long i = blockIdx.x * 256LL + threadIdx.x;   // this lane's four values start at 4i
+    if (i / 8 >= nblocks) return;                     // whole groups of 8 lanes leave together
+    float4 v = ((const float4*)x)[i];
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float id = amax > 0.f ? 127.f / amax : 0.f, d = h2f(f2h(amax / 127.f));
+    u32 lo = (u32)f2h((float)f2i_rn(v.x * id) * d) | ((u32)f2h((float)f2i_rn(v.y * id) * d) << 16);
+    u32 hi = (u32)f2h((float)f2i_rn(v.z * id) * d) | ((u32)f2h((float)f2i_rn(v.w * id) * d) << 16);
+    ((uint2*)out)[i] = make_uint2(lo, hi);
+}
+extern "C" __global__ void f32_to_f16_q256(const float* __restrict__ x, u16* __restrict__ out, long long nblocks) { pdl_begin();
+    long long b = blockIdx.x * 8LL + threadIdx.y;
+    if (b >= nblocks) return;
+    const float4* xp = (const float4*)(x + b * 256 + threadIdx.x * 8);
+    float4 u = xp[0], w = xp[1];
+    float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+    float id = inv_scale256(v), d = id > 0.f ? 1.f / id : 0.f;
+    u32 packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        packed[i] = (u32)f2h((float)f2i_rn(v[2 * i] * id) * d) | ((u32)f2h((float)f2i_rn(v[2 * i + 1] * id) * d) << 16);
+    *(uint4*)(out + b * 256 + threadIdx.x * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 // The k largest values of each row as (index, value), best first, ties to the smaller index,

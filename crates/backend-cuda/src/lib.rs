@@ -164,6 +164,18 @@ struct BatchView {
     block_size: u32,
 }
 
+/// The int8 grid the CPU backend (like ggml) quantizes activations to for products with weights
+/// of type `ty`: blocks of 32 for the legacy quantized types, of 256 for the K-quants, none for
+/// float weights. The tensor-core products round their f16 activations to the same grid.
+pub fn act_grid(ty: GgmlType) -> Option<usize> {
+    use GgmlType::*;
+    match ty {
+        F32 | F16 | BF16 => None,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Some(256),
+        _ => Some(32),
+    }
+}
+
 pub struct CudaBackend {
     dev: Device,
     reg: Mutex<registry::Registry>,
@@ -177,6 +189,10 @@ pub struct CudaBackend {
     /// copies (QUIVER_CUDA_GEMM_MIN_TOKENS, default 3); fewer run on the matrix-vector kernels,
     /// which are faster for one or two tokens and slower beyond (they are compute-bound there).
     gemm_min_tokens: usize,
+    /// The f16 activations of cuBLAS products rounded to the int8 grid of the weight's type
+    /// first, as the CPU backend and the decode kernels see them (QUIVER_CUDA_ACT_GRID=0: plain
+    /// f16).
+    act_grid: bool,
     /// Kernels launched with programmatic dependent launch (sm_90+, QUIVER_CUDA_PDL=0 turns it
     /// off): a kernel's launch overlaps the previous one's tail.
     pdl: bool,
@@ -316,6 +332,7 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(3usize)
                 .max(1),
+            act_grid: std::env::var("QUIVER_CUDA_ACT_GRID").as_deref() != Ok("0"),
             attention_splits: None,
             pdl,
             flash: std::env::var("QUIVER_CUDA_FLASH").as_deref() != Ok("0"),
@@ -391,6 +408,12 @@ impl CudaBackend {
     /// matrix-vector kernels (`QUIVER_CUDA_GEMM_MIN_TOKENS` at start, default 3).
     pub fn set_gemm_min_tokens(&mut self, n: usize) {
         self.gemm_min_tokens = n.max(1);
+    }
+
+    /// Rounds the f16 activations of cuBLAS products to the int8 grid of the weight's type
+    /// (on unless `QUIVER_CUDA_ACT_GRID=0`).
+    pub fn set_act_grid(&mut self, on: bool) {
+        self.act_grid = on;
     }
 
     /// Routes products over `gemm_min_tokens` or more tokens through cuBLAS (on when cuBLAS
@@ -569,7 +592,7 @@ impl CudaBackend {
     /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`.
     fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
         if let Some(wh) = self.tensor_core_weight(w, n) {
-            let xh = self.to_half(x, n * w.cols)?;
+            let xh = self.to_half(x, n, w.cols, w.ty)?;
             return self.gemm(w, wh, xh, n, y);
         }
         self.mmv(&[(w, y)], x, n)
@@ -587,16 +610,35 @@ impl CudaBackend {
         }
     }
 
-    /// `len` f32 at `x` as f16 in the activation scratch.
-    fn to_half(&self, x: u64, len: usize) -> Result<u64> {
+    /// `rows` × `cols` f32 at `x` as f16 in the activation scratch, for products with weights
+    /// of type `ty`: on the int8 grid of that type (see [`act_grid`]) when `act_grid` is on.
+    fn to_half(&self, x: u64, rows: usize, cols: usize, ty: GgmlType) -> Result<u64> {
+        let len = rows * cols;
         let xh = self.scratch_ptr(|s| &mut s.xbf, len * 2, "f16 activations")?;
-        self.launch(
-            "ops",
-            "f32_to_f16",
-            (grid1(len, 256, 8192), 1, 1),
-            (256, 1, 1),
-            args![x, xh, len as i64],
-        )?;
+        match act_grid(ty).filter(|b| self.act_grid && cols.is_multiple_of(*b)) {
+            Some(block) => {
+                let nb = len / block;
+                let (name, grid, threads) = if block == 32 {
+                    ("f32_to_f16_q32", len.div_ceil(1024), (256, 1, 1))
+                } else {
+                    ("f32_to_f16_q256", nb.div_ceil(8), (32, 8, 1))
+                };
+                self.launch(
+                    "ops",
+                    name,
+                    (grid as u32, 1, 1),
+                    threads,
+                    args![x, xh, nb as i64],
+                )?;
+            }
+            None => self.launch(
+                "ops",
+                "f32_to_f16",
+                (grid1(len.div_ceil(4), 256, 8192), 1, 1),
+                (256, 1, 1),
+                args![x, xh, len as i64],
+            )?,
+        }
         Ok(xh)
     }
 
@@ -1179,9 +1221,12 @@ impl Backend for CudaBackend {
             .iter()
             .map(|m| self.tensor_core_weight(m, rows_x))
             .collect();
-        if halves.iter().all(Option::is_some) && w.iter().all(|m| m.cols == w[0].cols) {
+        if halves.iter().all(Option::is_some)
+            && w.iter()
+                .all(|m| m.cols == w[0].cols && act_grid(m.ty) == act_grid(w[0].ty))
+        {
             // One f16 copy of x for the three products.
-            let xh = self.to_half(x.ptr(), rows_x * w[0].cols)?;
+            let xh = self.to_half(x.ptr(), rows_x, w[0].cols, w[0].ty)?;
             for ((m, o), wh) in w.iter().zip(out).zip(halves) {
                 self.gemm(m, wh.unwrap(), xh, rows_x, o.ptr())?;
             }
@@ -1227,7 +1272,9 @@ impl Backend for CudaBackend {
                 self.tensor_core_weight(gate, rows_x),
                 self.tensor_core_weight(up, rows_x),
             ) {
-                (Some(gh), Some(uh)) if gate.cols == up.cols => {
+                (Some(gh), Some(uh))
+                    if gate.cols == up.cols && act_grid(gate.ty) == act_grid(up.ty) =>
+                {
                     check(
                         "matmul_glu",
                         x.len >= rows_x * gate.cols
@@ -1236,7 +1283,7 @@ impl Backend for CudaBackend {
                         || format!("{rows_x} rows"),
                     )?;
                     // One f16 copy of x for both products.
-                    let xh = self.to_half(x.ptr(), rows_x * gate.cols)?;
+                    let xh = self.to_half(x.ptr(), rows_x, gate.cols, gate.ty)?;
                     self.gemm(gate, gh, xh, rows_x, g.ptr())?;
                     self.gemm(up, uh, xh, rows_x, u.ptr())?;
                 }

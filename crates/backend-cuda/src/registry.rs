@@ -51,6 +51,8 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             "argmax_rows",
             "quantize_a32",
             "quantize_a256",
+            "f32_to_f16_q32",
+            "f32_to_f16_q256",
             "topk_rows",
         ]
         .iter()

@@ -125,6 +125,7 @@ fn reference(
     let nv = cpu.n_vocab();
     let (mut positions, mut same, mut dev_llama, mut cpu_llama) = (0usize, 0usize, 0usize, 0usize);
     let mut diff = Diff::default();
+    let mut parted = Vec::new();
     for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
         let r: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("{}: line {}", path.display(), i + 1))?;
@@ -150,12 +151,19 @@ fn reference(
             let (ga, wa) = (quiver_engine::argmax(g), quiver_engine::argmax(w));
             positions += 1;
             same += usize::from(ga == wa);
+            if ga != wa {
+                // How close a call it was: the CPU's logit margin of its choice over the
+                // device's, and the device's margin the other way.
+                let (wa, ga) = (wa as usize, ga as usize);
+                parted.push(json!({"record": i, "step": k,
+                    "cpu_margin": w[wa] - w[ga], "device_margin": g[ga] - g[wa]}));
+            }
             dev_llama += usize::from(ga == o[k]);
             cpu_llama += usize::from(wa == o[k]);
         }
     }
     let f = |c: usize| c as f64 / positions.max(1) as f64;
     Ok(
-        json!({"positions": positions, "top1_device_vs_cpu": f(same), "top1_device_vs_llama_cpp": f(dev_llama), "top1_cpu_vs_llama_cpp": f(cpu_llama), "logits": diff.json()}),
+        json!({"positions": positions, "top1_device_vs_cpu": f(same), "top1_device_vs_llama_cpp": f(dev_llama), "top1_cpu_vs_llama_cpp": f(cpu_llama), "logits": diff.json(), "parted": parted}),
     )
 }
