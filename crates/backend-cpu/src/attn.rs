@@ -21,21 +21,37 @@ struct Out(*mut f32);
 // slice is not read until `pool.run` returns.
 unsafe impl Sync for Out {}
 
+/// q·k in the order of ggml's f16 dot product on AVX-512 (`ggml_vec_dot_f16`), which llama.cpp's
+/// CPU attention uses: per 64 elements, four 16-lane partial sums; then sums 0+2 and 1+3, their
+/// sum, and the 16 lanes reduced as `_mm512_reduce_add_ps` does (halves, quarters, then pairs);
+/// a tail past the last 64 is added in f64. Both inputs hold f16 values, so each product is exact
+/// in f32 and only the order of the additions matters (an FMA would round alike).
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let mut s = [[0f32; 16]; 4];
+    let (ca, cb) = (a.chunks_exact(64), b.chunks_exact(64));
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
-        for i in 0..16 {
-            acc[i] += x[i] * y[i];
+        for (j, sj) in s.iter_mut().enumerate() {
+            for (l, v) in sj.iter_mut().enumerate() {
+                *v += x[16 * j + l] * y[16 * j + l];
+            }
         }
     }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
+    let mut x0 = [0f32; 16];
+    for l in 0..16 {
+        x0[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
     }
-    s
+    let mut t3 = [0f32; 8];
+    for i in 0..8 {
+        t3[i] = x0[i] + x0[8 + i];
+    }
+    let t6 = [t3[0] + t3[4], t3[1] + t3[5], t3[2] + t3[6], t3[3] + t3[7]];
+    let mut sum = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
+    for (x, y) in ra.iter().zip(rb) {
+        sum += (x * y) as f64;
+    }
+    sum as f32
 }
 
 /// Whether the accumulator is rounded to f16 (the default) or kept in f32.
@@ -102,28 +118,33 @@ fn task_body(
         }
         round_f16(acc, &mut tmp);
     };
+    // ggml's order of operations (llama.cpp parity): the scale divided by the soft-cap first,
+    // the running sum and the p·v update fused multiply-adds.
+    let scale = if a.scale_q { 1.0 } else { a.scale };
+    let scale = a.softcap.map_or(scale, |c| scale / c);
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
     for p in first..=pos {
         let slot = batch.slot(s, p);
         widen(&k_cache[slot * kv_dim + koff..][..hd], row32);
-        let mut sc = dot(qh, row32) * a.scale;
+        let mut sc = dot(qh, row32) * scale;
         if let Some(c) = a.softcap {
-            sc = c * (sc / c).tanh();
+            sc = c * sc.tanh();
         }
         let w = if sc > m {
             let r = (m - sc).exp();
             m = sc;
-            sum *= r;
+            sum = sum.mul_add(r, 1.0);
             acc.iter_mut().for_each(|x| *x *= r);
             round(acc);
             1.0
         } else {
-            (sc - m).exp()
+            let w = (sc - m).exp();
+            sum += w;
+            w
         };
-        sum += w;
         widen(&v_cache[slot * kv_dim + koff..][..hd], row32);
         for (x, &v) in acc.iter_mut().zip(row32.iter()) {
-            *x += w * v;
+            *x = v.mul_add(w, *x);
         }
         round(acc);
     }

@@ -45,8 +45,10 @@ pub fn apply(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p:
                     RopeMode::Neox => (i, i + half),
                 };
                 let (x0, x1) = (v[ia], v[ib]);
-                v[ia] = x0 * cos[i] - x1 * sin[i];
-                v[ib] = x0 * sin[i] + x1 * cos[i];
+                // ggml's contraction of `x0·cos − x1·sin` and `x0·sin + x1·cos`: the first
+                // product fused, the second rounded.
+                v[ia] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                v[ib] = x0.mul_add(sin[i], x1 * cos[i]);
             }
         };
         q[t * a.n_head * hd..][..a.n_head * hd]

@@ -26,6 +26,7 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
             n_head_kv: nkv,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
+            scale_q: false,
             window,
             softcap,
         };
@@ -120,6 +121,7 @@ fn norms_rope_kv_write_and_glu_match_reference() {
             n_head_kv: nkv,
             head_dim: hd,
             scale: 1.0,
+            scale_q: false,
             window: None,
             softcap: None,
         };

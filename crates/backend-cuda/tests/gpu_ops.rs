@@ -267,6 +267,7 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
                 n_head_kv: nkv,
                 head_dim: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
+                scale_q: false,
                 window,
                 softcap,
             };
@@ -393,6 +394,7 @@ fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
             n_head_kv: nkv,
             head_dim: hd,
             scale: 1.0,
+            scale_q: false,
             window: None,
             softcap: None,
         };
@@ -559,6 +561,7 @@ fn flash_attention_prefill_matches_reference() {
             n_head_kv: nkv,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
+            scale_q: false,
             window,
             softcap,
         };

@@ -101,6 +101,9 @@ pub struct AttnParams {
     pub head_dim: usize,
     /// Multiplies q·k.
     pub scale: f32,
+    /// The scale multiplies q itself before q meets the cache (llama.cpp's order for Gemma:
+    /// q is rounded to the cache's precision already scaled); the same product in exact math.
+    pub scale_q: bool,
     /// Sliding window: a query at position p sees keys at positions > p - window.
     pub window: Option<u32>,
     /// `tanh` soft-capping of scores.

@@ -204,6 +204,7 @@ mod tests {
             n_head_kv: 1,
             head_dim: 2,
             scale: 1.0,
+            scale_q: false,
             window: None,
             softcap: None,
         };

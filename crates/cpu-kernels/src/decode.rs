@@ -83,6 +83,28 @@ pub(crate) struct KScales {
     pub corr: [i8; 16],
 }
 
+/// [`KQuant::GGML`]: eight i32 lane sums fused per super-block, the correction in a second
+/// accumulator.
+pub(crate) const GGML_LANES: u8 = 0;
+/// As ggml's `ggml_vec_dot_q6_K_q8_K`: the correction (`−32 · Σ sc · bsum`, per lane) taken
+/// from the lane sums in integers, one fused multiply-add per lane and super-block.
+pub(crate) const GGML_Q6K: u8 = 1;
+/// As ggml's repacked Q4_K product (`q4_K_8x8`, used for rows in multiples of 8): per
+/// super-block the whole integer sum and the whole correction, each fused into its own scalar
+/// accumulator; the result is their difference.
+pub(crate) const GGML_Q4K: u8 = 2;
+
+/// How a decode-path product of K-quant rows rounds, after the llama.cpp kernel that the same
+/// batch would take (single-sequence commands; batch-invariant runs always take
+/// [`FORM_VEC`]): its dot product for one token ([`KQuant::GGML`]) ...
+pub(crate) const FORM_VEC: u8 = 0;
+/// ... its repacked Q4_K GEMM, for the tokens it takes four at a time (per 64 elements, the
+/// integer sum and the correction each fused into its own accumulator) ...
+pub(crate) const FORM_GEMM4: u8 = 1;
+/// ... or its tiled kernel for batches of 8+ tokens: per super-block the whole integer sums,
+/// `r = S1 · d` then `r − dmin · S2` fused, and `out + r · d_a` fused.
+pub(crate) const FORM_TILED: u8 = 2;
+
 /// A 256-element super-block type.
 pub(crate) trait KQuant: 'static {
     type B: Block;
@@ -91,6 +113,13 @@ pub(crate) trait KQuant: 'static {
     const SUB: usize;
     /// Whether the correction term is non-zero.
     const HAS_CORR: bool;
+    /// How the decode kernels combine the integer sums, to give llama.cpp's floats on x86:
+    /// [`GGML_LANES`] (the default: eight lane sums and the correction in two float
+    /// accumulators), [`GGML_Q6K`] or [`GGML_Q4K`].
+    const GGML: u8 = GGML_LANES;
+    /// Whether llama.cpp runs batches of 8+ tokens of this type through its tiled K-quant
+    /// kernel ([`FORM_TILED`]) — Q5_K and Q6_K (Q4_K rows are repacked instead).
+    const TILED: bool = false;
     fn scales<H: Half>(b: &Self::B) -> KScales;
     fn values(b: &Self::B, out: &mut [u8; QK_K]);
     /// Elements `64 p .. 64 p + 64` in two registers (AVX2).
@@ -394,6 +423,7 @@ impl KQuant for TQ4K {
     const WIDE: bool = false;
     const SUB: usize = 32;
     const HAS_CORR: bool = true;
+    const GGML: u8 = GGML_Q4K;
     #[inline(always)]
     fn scales<H: Half>(b: &BlockQ4K) -> KScales {
         let (sc, mn) = k4_scales_mins(&b.scales);
@@ -427,6 +457,7 @@ impl KQuant for TQ5K {
     const WIDE: bool = false;
     const SUB: usize = 32;
     const HAS_CORR: bool = true;
+    const TILED: bool = true;
     #[inline(always)]
     fn scales<H: Half>(b: &BlockQ5K) -> KScales {
         let (sc, mn) = k4_scales_mins(&b.scales);
@@ -461,6 +492,8 @@ impl KQuant for TQ6K {
     const WIDE: bool = false;
     const SUB: usize = 16;
     const HAS_CORR: bool = true;
+    const GGML: u8 = GGML_Q6K;
+    const TILED: bool = true;
     #[inline(always)]
     fn scales<H: Half>(b: &BlockQ6K) -> KScales {
         let sc = b.scales.map(|x| x as i8);

@@ -149,7 +149,13 @@ pub(crate) unsafe trait Kernel {
     /// `sum_c w[c] a_t[c]` over one row of 32-element blocks, for `NT` (1..=4) tokens.
     unsafe fn dot_legacy<T: Legacy, const NT: usize>(w: &[T::B], a: &[A32<'_>; NT]) -> [f32; NT];
     /// `sum_c w[c] a_t[c]` over one row of K-quant super-blocks, for `NT` (1..=4) tokens.
-    unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT];
+    /// `form`: which llama.cpp kernel's rounding to follow ([`crate::decode::FORM_VEC`] and
+    /// its siblings); only the x86 kernels read it.
+    unsafe fn dot_k<T: KQuant, const NT: usize>(
+        w: &[T::B],
+        a: &[&[A256]; NT],
+        form: u8,
+    ) -> [f32; NT];
     /// Decodes one 32-element block; returns `(s, m)`.
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32);
     /// Decodes one super-block's values (256 bytes).
@@ -460,6 +466,21 @@ unsafe fn gemv_k<K: Kernel, T: KQuant>(
     if a.len() < n * nb || w.len() < r1 * nb {
         return;
     }
+    // Single-sequence commands (not batch invariant) round as the llama.cpp kernel the same
+    // batch takes: its tiled kernel from 8 tokens for the types it covers, its repacked Q4_K
+    // GEMM for each whole group of four tokens (the rest through its GEMV); batch-invariant
+    // runs take the one-token form throughout.
+    use crate::decode::{FORM_GEMM4, FORM_TILED, FORM_VEC, GGML_Q4K};
+    let mirror = !crate::batch_invariant();
+    let form = |nt: usize| {
+        if mirror && T::TILED && n >= 8 {
+            FORM_TILED
+        } else if mirror && nt == 4 && T::GGML == GGML_Q4K {
+            FORM_GEMM4
+        } else {
+            FORM_VEC
+        }
+    };
     for r in r0..r1 {
         let w = &w[r * nb..(r + 1) * nb];
         let mut t = 0;
@@ -469,10 +490,14 @@ unsafe fn gemv_k<K: Kernel, T: KQuant>(
             // SAFETY: the caller guarantees the level.
             let v = unsafe {
                 match nt {
-                    4 => pad(K::dot_k::<T, 4>(w, &[tok(0), tok(1), tok(2), tok(3)])),
-                    3 => pad(K::dot_k::<T, 3>(w, &[tok(0), tok(1), tok(2)])),
-                    2 => pad(K::dot_k::<T, 2>(w, &[tok(0), tok(1)])),
-                    _ => pad(K::dot_k::<T, 1>(w, &[tok(0)])),
+                    4 => pad(K::dot_k::<T, 4>(
+                        w,
+                        &[tok(0), tok(1), tok(2), tok(3)],
+                        form(4),
+                    )),
+                    3 => pad(K::dot_k::<T, 3>(w, &[tok(0), tok(1), tok(2)], form(3))),
+                    2 => pad(K::dot_k::<T, 2>(w, &[tok(0), tok(1)], form(2))),
+                    _ => pad(K::dot_k::<T, 1>(w, &[tok(0)], form(1))),
                 }
             };
             put_group(out, &v, t, nt, job.rows, r);

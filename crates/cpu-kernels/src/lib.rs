@@ -44,20 +44,22 @@ use std::sync::OnceLock;
 /// The smallest batch that takes the prefill (GEMM) path for weights of type `ty`; smaller
 /// batches take the decode path (fused dot products, up to 4 tokens per pass over a row).
 ///
-/// By default every batch takes the decode path (`usize::MAX`): that makes [`matmul`]
-/// **batch invariant** — the output row of a token is bit-identical whatever the other
-/// tokens of the call are, whatever `n_tokens` and whatever the thread count — because the
-/// decode path's float operations per (row, token) do not depend on the grouping of tokens
-/// (every kernel runs the same per-token operations for 1..=4 tokens; rows are split over
-/// threads, never columns). The GEMM path quantizes activations differently (per 32 for the
-/// K-quants) and accumulates in another order, so mixing the two would make a token's
-/// output depend on the batch size.
+/// With batch invariance on (the default) every batch takes the decode path (`usize::MAX`):
+/// that makes [`matmul`] **batch invariant** — the output row of a token is bit-identical
+/// whatever the other tokens of the call are, whatever `n_tokens` and whatever the thread
+/// count — because the decode path's float operations per (row, token) do not depend on the
+/// grouping of tokens (every kernel runs the same per-token operations for 1..=4 tokens; rows
+/// are split over threads, never columns). The GEMM path accumulates in another order, so
+/// mixing the two would make a token's output depend on the batch size.
 ///
-/// `QUIVER_CPU_GEMM_MIN_TOKENS=N` opts into the GEMM path from `N` tokens for every type
-/// (faster prefill; NOT batch invariant). The crossovers measured with `BENCH_NS` of
-/// `bench_matmul` (AVX-512, Zen 5) were 7 (Q5_0), 9 (Q4_0, Q4_1, Q5_1, IQ4_NL), 10 (Q8_0,
-/// Q3_K, IQ4_XS), 12 (Q4_K, Q5_K), 14 (others).
-pub fn gemm_min_tokens(ty: GgmlType) -> usize {
+/// Without it (single-sequence commands) batches of 64 tokens and more take the GEMM path.
+/// Below 64, llama.cpp's CPU attention runs query row by query row and its products (vec_dot,
+/// tinyBLAS, the repacked Q4_K kernels) round as the decode path does, so short prompts give
+/// llama.cpp's floats bit for bit; from 64 its tiled attention rounds otherwise anyway, and
+/// the GEMM path is faster (its crossover with the decode path is 7–14 tokens by type).
+///
+/// `QUIVER_CPU_GEMM_MIN_TOKENS=N` sets the threshold for every type (NOT batch invariant).
+pub fn gemm_min_tokens(_ty: GgmlType) -> usize {
     static OVERRIDE: OnceLock<Option<usize>> = OnceLock::new();
     let o = *OVERRIDE.get_or_init(|| {
         std::env::var("QUIVER_CPU_GEMM_MIN_TOKENS")
@@ -67,20 +69,19 @@ pub fn gemm_min_tokens(ty: GgmlType) -> usize {
     if let Some(n) = o {
         return n;
     }
-    if BATCH_INVARIANT.load(std::sync::atomic::Ordering::Relaxed) {
-        return usize::MAX;
-    }
-    use GgmlType::*;
-    match ty {
-        Q5_0 => 7,
-        Q4_0 | Q4_1 | Q5_1 | IQ4_NL => 9,
-        Q8_0 | Q3_K | IQ4_XS => 10,
-        Q4_K | Q5_K => 12,
-        _ => 14,
+    if batch_invariant() {
+        usize::MAX
+    } else {
+        64
     }
 }
 
 static BATCH_INVARIANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether every token's result must not depend on its batch (see [`set_batch_invariant`]).
+pub(crate) fn batch_invariant() -> bool {
+    BATCH_INVARIANT.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Chooses between batch invariance (the default: every batch on the decode path, see
 /// [`gemm_min_tokens`]) and speed (large batches on the GEMM path, at the measured per-type

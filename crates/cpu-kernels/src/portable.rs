@@ -124,7 +124,11 @@ unsafe impl Kernel for Portable {
     }
 
     #[inline(always)]
-    unsafe fn dot_k<T: KQuant, const NT: usize>(w: &[T::B], a: &[&[A256]; NT]) -> [f32; NT] {
+    unsafe fn dot_k<T: KQuant, const NT: usize>(
+        w: &[T::B],
+        a: &[&[A256]; NT],
+        _form: u8,
+    ) -> [f32; NT] {
         a.map(|a| dot_k1::<T>(w, a))
     }
 

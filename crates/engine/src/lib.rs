@@ -328,6 +328,19 @@ pub struct GenOptions {
     pub ignore_eos: bool,
 }
 
+/// Where a prompt of `n` tokens is cut into two steps, or 0 for one step. llama-server
+/// evaluates the prompt of a model with sliding-window layers with its last 4 tokens in a step
+/// of their own (to checkpoint the window's cache before them), and a step's size decides how
+/// some of llama.cpp's products round (its repacked Q4_K kernels take tokens four at a time);
+/// quiver cuts the same way, so that greedy text equals llama.cpp's bit for bit.
+pub fn prompt_split(hp: &quiver_models::Hparams, n: usize) -> usize {
+    if hp.sliding_window.is_some() && n > 4 {
+        n - 4
+    } else {
+        0
+    }
+}
+
 /// Generates from `prompt` at positions `start_pos..` (earlier positions already in the KV),
 /// streaming text pieces to `on_text`, which returns false to stop.
 pub fn generate(
@@ -352,7 +365,11 @@ pub fn generate(
     }
     let t0 = std::time::Instant::now();
     let mut history: Vec<u32> = prompt.to_vec();
-    let mut next = eval_and_pick(r, prompt, start_pos, sampler, &history)?;
+    let split = prompt_split(r.hparams(), prompt.len());
+    if split > 0 {
+        r.eval(&prompt[..split], start_pos, Want::Last)?;
+    }
+    let mut next = eval_and_pick(r, &prompt[split..], start_pos + split, sampler, &history)?;
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = std::time::Instant::now();
     let mut out = Vec::new();

@@ -71,6 +71,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
                 n_head_kv: hp.n_head_kv,
                 head_dim: hp.head_dim,
                 scale: hp.attn_scale,
+                scale_q: hp.scale_q,
                 window: if swa { hp.sliding_window } else { None },
                 softcap: hp.attn_softcap,
             },
@@ -189,10 +190,13 @@ impl<B: Backend> Model<B> {
     fn ops(&self, b: &mut B, s: &mut State<B>, step: Step) -> Result<()> {
         let n = step.rows;
         let hp = &self.hp;
+        let dump = Dump::new();
+        let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
         let eps = hp.rms_eps;
         b.embed(&self.tok_embd, hp.embed_scale, &mut s.x)?;
         b.rms_norm(&s.x, &self.layers[0].attn_norm, eps, n, &mut s.xn)?;
         for (i, l) in self.layers.iter().enumerate() {
+            dump.put(b, "attn_norm", i, &s.xn, n * hp.n_embd);
             b.matmul_qkv(
                 [&l.wq, &l.wk, &l.wv],
                 &s.xn,
@@ -203,14 +207,21 @@ impl<B: Backend> Model<B> {
                 b.rms_norm_inplace(&mut s.q, qn, eps, n * hp.n_head)?;
                 b.rms_norm_inplace(&mut s.k, kn, eps, n * hp.n_head_kv)?;
             }
+            dump.put(b, "Vcur", i, &s.v, n * kvd);
             b.rope_kv_write(&mut s.q, &mut s.k, &s.v, &l.rope, &l.attn, &mut s.kv[i])?;
+            dump.put(b, "Qcur_f16", i, &s.q, n * qd);
+            dump.put(b, "Kcur", i, &s.k, n * kvd);
             b.attention(&s.q, &s.kv[i], &l.attn, &mut s.attn)?;
+            dump.put(b, "kqv_out", i, &s.attn, n * qd);
             b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
+            dump.put(b, "attn_out", i, &s.o, n * hp.n_embd);
             if let Some(pn) = &l.post_attn_norm {
                 b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
                 std::mem::swap(&mut s.o, &mut s.xn);
             }
             b.add_rms_norm(&mut s.x, &s.o, &l.ffn_norm, eps, n, &mut s.xn)?;
+            dump.put(b, "ffn_inp", i, &s.x, n * hp.n_embd);
+            dump.put(b, "ffn_norm", i, &s.xn, n * hp.n_embd);
             b.matmul_glu(
                 hp.act,
                 &l.gate,
@@ -220,7 +231,9 @@ impl<B: Backend> Model<B> {
                 [&mut s.gate, &mut s.up],
                 &mut s.act,
             )?;
+            dump.put(b, "ffn_act", i, &s.act, n * hp.n_ff);
             b.matmul(&l.down, &s.act, n, &mut s.o)?;
+            dump.put(b, "ffn_out", i, &s.o, n * hp.n_embd);
             if let Some(pn) = &l.post_ffw_norm {
                 b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
                 std::mem::swap(&mut s.o, &mut s.xn);
@@ -231,12 +244,64 @@ impl<B: Backend> Model<B> {
                 .map(|l| &l.attn_norm)
                 .unwrap_or(&self.output_norm);
             b.add_rms_norm(&mut s.x, &s.o, next_norm, eps, n, &mut s.xn)?;
+            dump.put(b, "l_out", i, &s.x, n * hp.n_embd);
         }
+        dump.put(b, "result_norm", usize::MAX, &s.xn, n * hp.n_embd);
         let out = self.output.as_ref().unwrap_or(&self.tok_embd);
         b.matmul_logits(out, &s.xn, &mut s.logits)?;
+        dump.put(
+            b,
+            "result_output",
+            usize::MAX,
+            &s.logits,
+            step.logit_rows * hp.n_vocab,
+        );
         if let Some(cap) = hp.final_softcap {
             b.softcap(&mut s.logits, cap, step.logit_rows * hp.n_vocab)?;
         }
         Ok(())
+    }
+}
+
+/// `QUIVER_DUMP_DIR`: every step writes its intermediate tensors there as raw little-endian f32,
+/// `s{step}_{tensor}-{layer}.bin` (`s{step}_{tensor}.bin` after the last layer), named as
+/// llama.cpp's graph names them, for comparing the two op by op (`tools/parity/`). It reads
+/// device buffers mid-step: with CUDA, run with `QUIVER_CUDA_GRAPHS=0`.
+struct Dump {
+    dir: Option<&'static str>,
+    step: usize,
+}
+
+impl Dump {
+    fn new() -> Dump {
+        static DIR: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        static STEP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = DIR
+            .get_or_init(|| std::env::var("QUIVER_DUMP_DIR").ok())
+            .as_deref();
+        let step = match dir {
+            Some(_) => STEP.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            None => 0,
+        };
+        Dump { dir, step }
+    }
+
+    fn put<B: Backend>(&self, b: &B, name: &str, layer: usize, buf: &B::Buf, len: usize) {
+        let Some(d) = self.dir else { return };
+        let file = match layer {
+            usize::MAX => format!("{d}/s{}_{name}.bin", self.step),
+            i => format!("{d}/s{}_{name}-{i}.bin", self.step),
+        };
+        let mut v = Vec::new();
+        let r = b
+            .read(buf, len, &mut v)
+            .map_err(|e| e.to_string())
+            .and_then(|_| {
+                let bytes: Vec<u8> = v[..len].iter().flat_map(|f| f.to_le_bytes()).collect();
+                std::fs::write(&file, bytes).map_err(|e| e.to_string())
+            });
+        if let Err(e) = r {
+            eprintln!("QUIVER_DUMP_DIR: {file}: {e}");
+        }
     }
 }

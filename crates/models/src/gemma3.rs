@@ -17,6 +17,8 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
     hp.rms_eps = r.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6);
     hp.embed_scale = (hp.n_embd as f32).sqrt();
     hp.qk_norm = true;
+    // llama.cpp scales Gemma's q before attention (then q meets the f16 cache scaled).
+    hp.scale_q = true;
     hp.post_norms = true;
     hp.sliding_window = r.u("attention.sliding_window")?.map(|w| w as u32);
     if hp.sliding_window.is_some() {

@@ -27,6 +27,8 @@ pub struct Hparams {
     pub embed_scale: f32,
     pub act: Activation,
     pub qk_norm: bool,
+    /// See [`quiver_backend::AttnParams::scale_q`].
+    pub scale_q: bool,
     pub post_norms: bool,
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
@@ -173,6 +175,7 @@ impl<'a> Reader<'a> {
             embed_scale: 1.0,
             act,
             qk_norm: false,
+            scale_q: false,
             post_norms: false,
             attn_softcap: None,
             final_softcap: None,

@@ -6,7 +6,7 @@
 
 use super::unpack::load32;
 use crate::act::{Quant, A256, A32};
-use crate::decode::{Half, KQuant, Legacy};
+use crate::decode::{Half, KQuant, Legacy, GGML_Q4K, GGML_Q6K};
 use quiver_quant::QK_K;
 use std::arch::x86_64::*;
 
@@ -142,8 +142,26 @@ unsafe fn block_dot<const V: bool, T: Legacy>(b: &T::B, q: &[i8]) -> __m256i {
         if T::WIDE {
             dot_i8i8::<V>(z, u, a)
         } else {
-            dot_u8i8::<V>(z, u, a)
+            signed_lanes::<V, T>(dot_u8i8::<V>(z, u, a), a)
         }
+    }
+}
+
+/// For the types stored unsigned with an offset `M_MUL · d` (Q4_0, Q5_0): the lane sums of the
+/// signed values `v + M_MUL` (ggml's `q − 8`, `q − 16`) from those of the unsigned ones,
+/// `p + M_MUL · Σa` per lane, so that the float steps see ggml's integers; others unchanged.
+#[inline(always)]
+unsafe fn signed_lanes<const V: bool, T: Legacy>(p: __m256i, a: __m256i) -> __m256i {
+    // SAFETY: AVX2 (+ VNNI when V) per the module contract.
+    unsafe {
+        if T::WIDE || T::M_FIELD {
+            return p;
+        }
+        let asum = dot_u8i8::<V>(_mm256_setzero_si256(), _mm256_set1_epi8(1), a);
+        _mm256_add_epi32(
+            p,
+            _mm256_mullo_epi32(asum, _mm256_set1_epi32(T::M_MUL as i32)),
+        )
     }
 }
 
@@ -160,8 +178,8 @@ unsafe fn legacy_step<const V: bool, T: Legacy>(
     unsafe {
         let p = _mm256_cvtepi32_ps(block_dot::<V, T>(w, &a.q[32 * i..]));
         let (d, m) = T::dm::<F16c>(w);
-        if !T::WIDE {
-            *msum += m * a.ds[2 * i + 1];
+        if T::M_FIELD {
+            *msum = m.mul_add(a.ds[2 * i + 1], *msum);
         }
         _mm256_fmadd_ps(p, _mm256_set1_ps(d * a.ds[2 * i]), acc)
     }
@@ -193,35 +211,57 @@ unsafe fn legacy_pair_weights<T: Legacy>(b0: &T::B, b1: &T::B) -> (__m512i, __m1
     }
 }
 
-/// One token's part of a block pair: the 64 quants at `32 i` times `u`, scaled by the
-/// product of `f` with the activation `(d, s)` pairs at `2 i`: lanes 0 and 2 of that product
-/// are the two blocks' scales, lanes 1 and 3 the offset terms `m * s`, summed into `macc`.
+/// One token's part of a block pair: the 64 quants at `32 i` times `u` (one `vpdpbusd` for
+/// both blocks), then block `i`'s eight lane sums and block `i + 1`'s fused into `acc` one
+/// after the other, scaled by `f`'s `d` times the activation's (ggml's order for one block at
+/// a time). With `m_field` (Q4_1, Q5_1) the offset terms `m · s` are fused into `msum` in the
+/// same order; otherwise the lane sums are made those of the signed values first (`u` holds
+/// `v − m_mul`).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn legacy_pair_token(
+    m_field: bool,
+    m_mul: i32,
     u: __m512i,
-    f: __m128,
+    f: [f32; 4],
     a: &A32<'_>,
     i: usize,
-    acc: __m512,
-    macc: &mut __m128,
-) -> __m512 {
+    acc: __m256,
+    msum: &mut f32,
+) -> __m256 {
     // SAFETY: AVX-512 F/BW/VNNI per the module contract; the caller keeps blocks i and
     // i + 1 within `a` (64 quants at 32 i, 4 scales at 2 i).
     unsafe {
         let q = _mm512_loadu_si512(a.q.as_ptr().add(32 * i).cast());
-        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, q);
-        let p = _mm_mul_ps(f, _mm_loadu_ps(a.ds.as_ptr().add(2 * i)));
-        *macc = _mm_add_ps(*macc, p);
-        let s2 = _mm512_permutexvar_ps(
-            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-            _mm512_castps128_ps512(p),
+        let mut dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, q);
+        let ds = &a.ds[2 * i..2 * i + 4];
+        if m_field {
+            *msum = f[1].mul_add(ds[1], *msum);
+            *msum = f[3].mul_add(ds[3], *msum);
+        } else {
+            // Signed lane sums (ggml's integers): the unsigned values' plus M_MUL · Σa.
+            let asum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
+            dot = _mm512_add_epi32(dot, _mm512_mullo_epi32(asum, _mm512_set1_epi32(m_mul)));
+        }
+        let dot = _mm512_cvtepi32_ps(dot);
+        let acc = _mm256_fmadd_ps(
+            _mm512_castps512_ps256(dot),
+            _mm256_set1_ps(f[0] * ds[0]),
+            acc,
         );
-        _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s2, acc)
+        _mm256_fmadd_ps(
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(dot))),
+            _mm256_set1_ps(f[2] * ds[2]),
+            acc,
+        )
     }
 }
 
 /// One row of 32-element blocks against the A32 activations of `NT` tokens on the AVX-512
-/// level: two blocks per 512-bit register, unpacked once for all tokens.
+/// level: two blocks per 512-bit register, unpacked once for all tokens. Per token the float
+/// operations are ggml's (`ggml_vec_dot_q4_1_q8_1` and its siblings on AVX2): one 8-lane
+/// accumulator fed one block at a time, the offset terms fused into one sum, then
+/// `hsum + sum`; so they are also [`dot_legacy_multi`]'s.
 #[inline(always)]
 pub(crate) unsafe fn dot_legacy512<T: Legacy, const NT: usize>(
     w: &[T::B],
@@ -234,53 +274,43 @@ pub(crate) unsafe fn dot_legacy512<T: Legacy, const NT: usize>(
     // SAFETY: per the module contract (AVX-512 level); pairs start below n - 1 and the tail
     // block is below n.
     unsafe {
-        // Two accumulators per token (alternate pairs), indexed by constants only so that
-        // they stay in registers.
-        let mut acc = [[_mm512_setzero_ps(); 2]; NT];
-        let mut macc = [_mm_setzero_ps(); NT];
+        let mut acc = [_mm256_setzero_ps(); NT];
+        let mut msum = [0f32; NT];
         let mut i = 0;
-        while i + 4 <= n {
+        while i + 2 <= n {
             let (u, f) = legacy_pair_weights::<T>(&w[i], &w[i + 1]);
+            let mut fa = [0f32; 4];
+            _mm_storeu_ps(fa.as_mut_ptr(), f);
             for t in 0..NT {
-                acc[t][0] = legacy_pair_token(u, f, &a[t], i, acc[t][0], &mut macc[t]);
-            }
-            let (u, f) = legacy_pair_weights::<T>(&w[i + 2], &w[i + 3]);
-            for t in 0..NT {
-                acc[t][1] = legacy_pair_token(u, f, &a[t], i + 2, acc[t][1], &mut macc[t]);
-            }
-            i += 4;
-        }
-        if i + 2 <= n {
-            let (u, f) = legacy_pair_weights::<T>(&w[i], &w[i + 1]);
-            for t in 0..NT {
-                acc[t][0] = legacy_pair_token(u, f, &a[t], i, acc[t][0], &mut macc[t]);
+                acc[t] = legacy_pair_token(
+                    T::M_FIELD,
+                    T::M_MUL as i32,
+                    u,
+                    fa,
+                    &a[t],
+                    i,
+                    acc[t],
+                    &mut msum[t],
+                );
             }
             i += 2;
         }
         let mut out = [0f32; NT];
         for t in 0..NT {
-            let mut ms = [0f32; 4];
-            _mm_storeu_ps(ms.as_mut_ptr(), macc[t]);
-            out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) + ms[1] + ms[3];
             if i < n {
-                let mut m = 0f32;
-                out[t] += hsum(legacy_step::<true, T>(
-                    &w[i],
-                    &a[t],
-                    i,
-                    _mm256_setzero_ps(),
-                    &mut m,
-                )) + m;
+                acc[t] = legacy_step::<true, T>(&w[i], &a[t], i, acc[t], &mut msum[t]);
             }
+            out[t] = hsum(acc[t]) + msum[t];
         }
         out
     }
 }
 
 /// `NT` (1..=4) tokens at once against one row: each block is unpacked and its scales
-/// converted once for all tokens. Per token the float operations are those of one
-/// token alone (two accumulators over alternate blocks, the same tail and final sum), so
-/// a token's result does not depend on `NT` or on the other tokens (batch invariance).
+/// converted once for all tokens. Per token the float operations are those of one token
+/// alone, in ggml's order (one accumulator fed block by block, the offset terms fused into
+/// one sum), so a token's result does not depend on `NT` or on the other tokens (batch
+/// invariance) and equals llama.cpp's for the same quants.
 #[inline(always)]
 pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>(
     w: &[T::B],
@@ -293,11 +323,10 @@ pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>
     // SAFETY: per the module contract; every activation load reads 32 quants at 32 i with
     // i < n.
     unsafe {
-        let mut acc = [[_mm256_setzero_ps(); 2]; NT];
-        let mut msum = [[0f32; 2]; NT];
+        let mut acc = [_mm256_setzero_ps(); NT];
+        let mut msum = [0f32; NT];
         let z = _mm256_setzero_si256();
         for (i, b) in w.iter().enumerate().take(n) {
-            let k = i & 1;
             let u = T::unpack::<V>(b);
             let (d, m) = T::dm::<F16c>(b);
             for t in 0..NT {
@@ -305,21 +334,21 @@ pub(crate) unsafe fn dot_legacy_multi<const V: bool, T: Legacy, const NT: usize>
                 let p = if T::WIDE {
                     dot_i8i8::<V>(z, u, q)
                 } else {
-                    dot_u8i8::<V>(z, u, q)
+                    signed_lanes::<V, T>(dot_u8i8::<V>(z, u, q), q)
                 };
-                if !T::WIDE {
-                    msum[t][k] += m * a[t].ds[2 * i + 1];
+                if T::M_FIELD {
+                    msum[t] = m.mul_add(a[t].ds[2 * i + 1], msum[t]);
                 }
-                acc[t][k] = _mm256_fmadd_ps(
+                acc[t] = _mm256_fmadd_ps(
                     _mm256_cvtepi32_ps(p),
                     _mm256_set1_ps(d * a[t].ds[2 * i]),
-                    acc[t][k],
+                    acc[t],
                 );
             }
         }
         let mut out = [0f32; NT];
         for t in 0..NT {
-            out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1])) + msum[t][0] + msum[t][1];
+            out[t] = hsum(acc[t]) + msum[t];
         }
         out
     }
@@ -348,6 +377,7 @@ const PICK: [[u8; 16]; 8] = {
 pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(
     w: &[T::B],
     a: &[&[A256]; NT],
+    tiled: bool,
 ) -> [f32; NT] {
     let mut n = w.len();
     for a in a {
@@ -382,24 +412,145 @@ pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(
                 }
             }
             for t in 0..NT {
-                let at = &a[t][bi];
-                acc[t] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(isum[t]),
-                    _mm256_set1_ps(kd * at.d),
-                    acc[t],
+                k_block::<T>(
+                    isum[t],
+                    corr,
+                    kd,
+                    kcd,
+                    &a[t][bi],
+                    tiled,
+                    &mut acc[t],
+                    &mut accm[t],
                 );
-                if T::HAS_CORR {
-                    let c = _mm256_madd_epi16(_mm256_loadu_si256(at.bsums.as_ptr().cast()), corr);
-                    accm[t] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(kcd * at.d), accm[t]);
+            }
+        }
+        let mut out = [0f32; NT];
+        for t in 0..NT {
+            out[t] = k_result::<T>(acc[t], accm[t], tiled);
+        }
+        out
+    }
+}
+
+/// Q4_K rows as llama.cpp's repacked GEMM sums them for a group of four tokens: per 64
+/// elements (two sub-blocks) the whole integer sum and the whole correction, each fused into
+/// its own scalar accumulator; the result is their difference (cf. [`GGML_Q4K`], which fuses
+/// per 256).
+#[inline(always)]
+pub(crate) unsafe fn dot_q4k_gemm4<const V: bool, T: KQuant, const NT: usize>(
+    w: &[T::B],
+    a: &[&[A256]; NT],
+) -> [f32; NT] {
+    let mut n = w.len();
+    for a in a {
+        n = n.min(a.len());
+    }
+    // SAFETY: per the module contract; loads as in `dot_k`.
+    unsafe {
+        let (mut acc, mut accm) = ([0f32; NT], [0f32; NT]);
+        for (bi, b) in w.iter().enumerate().take(n) {
+            let (sc, corr, kd, kcd) = T::scales_x86(b);
+            let mut m = [[0i32; 8]; NT];
+            for t in 0..NT {
+                let c = _mm256_madd_epi16(_mm256_loadu_si256(a[t][bi].bsums.as_ptr().cast()), corr);
+                _mm256_storeu_si256(m[t].as_mut_ptr().cast(), c);
+            }
+            for p in 0..QK_K / 64 {
+                let g = T::pair(b, p);
+                let mut isum = [_mm256_setzero_si256(); NT];
+                for (h, g) in g.into_iter().enumerate() {
+                    let pick = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                        PICK[2 * p + h].as_ptr().cast(),
+                    ));
+                    let scv = _mm256_shuffle_epi8(sc, pick);
+                    for t in 0..NT {
+                        let q = load32(a[t][bi].qs.as_ptr().add(64 * p + 32 * h).cast());
+                        isum[t] = madd_acc::<V>(isum[t], _mm256_maddubs_epi16(g, q), scv);
+                    }
+                }
+                for t in 0..NT {
+                    let d = a[t][bi].d;
+                    let mp = (m[t][2 * p] + m[t][2 * p + 1]) as f32;
+                    acc[t] = (hsum_i32(isum[t]) as f32).mul_add(kd * d, acc[t]);
+                    accm[t] = mp.mul_add(kcd * d, accm[t]);
                 }
             }
         }
         let mut out = [0f32; NT];
         for t in 0..NT {
-            out[t] = hsum(_mm256_add_ps(acc[t], accm[t]));
+            out[t] = acc[t] + accm[t];
         }
         out
+    }
+}
+
+/// One super-block's lane sums `isum` (and the correction from `corr` and the activation's
+/// `bsums`) fused into the accumulators, as [`KQuant::GGML`] says, or with `tiled` as
+/// llama.cpp's tiled kernel does ([`crate::decode::FORM_TILED`], lane 0 of `acc`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn k_block<T: KQuant>(
+    isum: __m256i,
+    corr: __m256i,
+    kd: f32,
+    kcd: f32,
+    at: &A256,
+    tiled: bool,
+    acc: &mut __m256,
+    accm: &mut __m256,
+) {
+    // SAFETY: AVX2 + FMA per the module contract; `bsums` is 16 i16.
+    unsafe {
+        let c = || _mm256_madd_epi16(_mm256_loadu_si256(at.bsums.as_ptr().cast()), corr);
+        if tiled {
+            let r = if T::GGML == GGML_Q6K {
+                // Q6_K's −32 · Σ sc · bsum belongs to the integer sum.
+                hsum_i32(_mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(c()))) as f32 * kd
+            } else {
+                // `kcd` is −dmin: ggml's `r − dmin · S2`, fused.
+                kcd.mul_add(hsum_i32(c()) as f32, hsum_i32(isum) as f32 * kd)
+            };
+            // GCC contracts ggml's `buf + r · d_a` into one fused multiply-add.
+            *acc = _mm256_set1_ps(r.mul_add(at.d, _mm256_cvtss_f32(*acc)));
+            return;
+        }
+        match T::GGML {
+            GGML_Q6K => {
+                // Q6_K's correction is −32 · Σ sc · bsum: integers, as ggml subtracts them.
+                let isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(c()));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kd * at.d), *acc);
+            }
+            GGML_Q4K => {
+                // Scalar chains in lane 0: the super-block's whole sums.
+                let (i, m) = (hsum_i32(isum) as f32, hsum_i32(c()) as f32);
+                *acc = _mm256_set1_ps(i.mul_add(kd * at.d, _mm256_cvtss_f32(*acc)));
+                *accm = _mm256_set1_ps(m.mul_add(kcd * at.d, _mm256_cvtss_f32(*accm)));
+            }
+            _ => {
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(kd * at.d), *acc);
+                if T::HAS_CORR {
+                    *accm =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(c()), _mm256_set1_ps(kcd * at.d), *accm);
+                }
+            }
+        }
+    }
+}
+
+/// The dot product from [`k_block`]'s accumulators.
+#[inline(always)]
+unsafe fn k_result<T: KQuant>(acc: __m256, accm: __m256, tiled: bool) -> f32 {
+    // SAFETY: AVX per the module contract.
+    unsafe {
+        if tiled {
+            return _mm256_cvtss_f32(acc);
+        }
+        match T::GGML {
+            GGML_Q6K => hsum(acc),
+            // ggml's `acc − acc_min`; `kcd` carries the minus sign, so this is `acc + accm`.
+            GGML_Q4K => _mm256_cvtss_f32(acc) + _mm256_cvtss_f32(accm),
+            _ => hsum(_mm256_add_ps(acc, accm)),
+        }
     }
 }
 
@@ -428,6 +579,7 @@ const PICK512: [[u8; 64]; 4] = {
 pub(crate) unsafe fn dot_k512<T: KQuant, const NT: usize>(
     w: &[T::B],
     a: &[&[A256]; NT],
+    tiled: bool,
 ) -> [f32; NT] {
     let mut n = w.len();
     for a in a {
@@ -438,6 +590,7 @@ pub(crate) unsafe fn dot_k512<T: KQuant, const NT: usize>(
     // 64-byte pick tables.
     unsafe {
         let (mut acc, mut accm) = ([_mm512_setzero_ps(); NT], [_mm256_setzero_ps(); NT]);
+        let mut acc8 = [_mm256_setzero_ps(); NT];
         for (bi, b) in w.iter().enumerate().take(n) {
             let (sc, corr, kd, kcd) = T::scales_x86(b);
             // [even | odd | even | odd]: lanes 0-1 then 2-3 pick group 2p's and 2p+1's halves.
@@ -467,6 +620,15 @@ pub(crate) unsafe fn dot_k512<T: KQuant, const NT: usize>(
             }
             for t in 0..NT {
                 let at = &a[t][bi];
+                if T::GGML != crate::decode::GGML_LANES || tiled {
+                    // ggml's lanes: the even and odd groups' lane sums added as integers.
+                    let i8 = _mm256_add_epi32(
+                        _mm512_castsi512_si256(isum[t]),
+                        _mm512_extracti64x4_epi64::<1>(isum[t]),
+                    );
+                    k_block::<T>(i8, corr, kd, kcd, at, tiled, &mut acc8[t], &mut accm[t]);
+                    continue;
+                }
                 acc[t] = _mm512_fmadd_ps(
                     _mm512_cvtepi32_ps(isum[t]),
                     _mm512_set1_ps(kd * at.d),
@@ -481,7 +643,11 @@ pub(crate) unsafe fn dot_k512<T: KQuant, const NT: usize>(
         }
         let mut out = [0f32; NT];
         for t in 0..NT {
-            out[t] = _mm512_reduce_add_ps(acc[t]) + hsum(accm[t]);
+            out[t] = if T::GGML != crate::decode::GGML_LANES || tiled {
+                k_result::<T>(acc8[t], accm[t], tiled)
+            } else {
+                _mm512_reduce_add_ps(acc[t]) + hsum(accm[t])
+            };
         }
         out
     }
