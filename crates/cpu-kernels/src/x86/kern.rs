@@ -223,7 +223,7 @@ unsafe fn legacy_pair_token(
     m_field: bool,
     m_mul: i32,
     u: __m512i,
-    f: [f32; 4],
+    f: __m128,
     a: &A32<'_>,
     i: usize,
     acc: __m256,
@@ -234,24 +234,24 @@ unsafe fn legacy_pair_token(
     unsafe {
         let q = _mm512_loadu_si512(a.q.as_ptr().add(32 * i).cast());
         let mut dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, q);
-        let ds = &a.ds[2 * i..2 * i + 4];
+        // [d0 da0, m0 s0, d1 da1, m1 s1]: the scale products are exact (f16 times f16).
+        let ds = _mm_loadu_ps(a.ds.as_ptr().add(2 * i));
         if m_field {
-            *msum = f[1].mul_add(ds[1], *msum);
-            *msum = f[3].mul_add(ds[3], *msum);
+            let (m, s) = (_mm_movehdup_ps(f), _mm_movehdup_ps(ds));
+            *msum = _mm_cvtss_f32(_mm_fmadd_ss(m, s, _mm_set_ss(*msum)));
+            let (m, s) = (_mm_movehl_ps(m, m), _mm_movehl_ps(s, s));
+            *msum = _mm_cvtss_f32(_mm_fmadd_ss(m, s, _mm_set_ss(*msum)));
         } else {
             // Signed lane sums (ggml's integers): the unsigned values' plus M_MUL · Σa.
             let asum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
             dot = _mm512_add_epi32(dot, _mm512_mullo_epi32(asum, _mm512_set1_epi32(m_mul)));
         }
+        let p = _mm_mul_ps(f, ds);
         let dot = _mm512_cvtepi32_ps(dot);
-        let acc = _mm256_fmadd_ps(
-            _mm512_castps512_ps256(dot),
-            _mm256_set1_ps(f[0] * ds[0]),
-            acc,
-        );
+        let acc = _mm256_fmadd_ps(_mm512_castps512_ps256(dot), _mm256_broadcastss_ps(p), acc);
         _mm256_fmadd_ps(
             _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(dot))),
-            _mm256_set1_ps(f[2] * ds[2]),
+            _mm256_broadcastss_ps(_mm_movehl_ps(p, p)),
             acc,
         )
     }
@@ -279,14 +279,12 @@ pub(crate) unsafe fn dot_legacy512<T: Legacy, const NT: usize>(
         let mut i = 0;
         while i + 2 <= n {
             let (u, f) = legacy_pair_weights::<T>(&w[i], &w[i + 1]);
-            let mut fa = [0f32; 4];
-            _mm_storeu_ps(fa.as_mut_ptr(), f);
             for t in 0..NT {
                 acc[t] = legacy_pair_token(
                     T::M_FIELD,
                     T::M_MUL as i32,
                     u,
-                    fa,
+                    f,
                     &a[t],
                     i,
                     acc[t],
