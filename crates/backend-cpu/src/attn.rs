@@ -2,10 +2,11 @@
 //! held f16-rounded, as llama.cpp's default f16 cache holds them), no scratch allocation;
 //! (token, head) pairs are spread over the thread pool.
 //!
-//! The p·v accumulator is rounded to f16 after every key, as llama.cpp's CPU flash attention
-//! keeps it with an f16 cache; this keeps quiver's outputs next to llama.cpp's (Gemma3's
-//! teacher-forced agreement goes from 0.983 to 0.992). `QUIVER_CPU_ATTN_F32=1` keeps the
-//! accumulator in f32 instead.
+//! Each (token, head) runs as llama.cpp's one-row CPU flash attention does, operation for
+//! operation (quiver reproduces its floats, docs/ARCHITECTURE.md): q·k in the f16 dot's
+//! AVX-512 order, the running sum and the p·v update as fused multiply-adds, and the p·v
+//! accumulator rounded to f16 after every key as llama.cpp keeps it with an f16 cache.
+//! `QUIVER_CPU_ATTN_F32=1` keeps the accumulator in f32 instead.
 
 use half::slice::HalfFloatSliceExt;
 
