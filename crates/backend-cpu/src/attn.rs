@@ -6,7 +6,9 @@
 //! operation (quiver reproduces its floats, docs/ARCHITECTURE.md): q·k in the f16 dot's
 //! AVX-512 order, the running sum and the p·v update as fused multiply-adds, and the p·v
 //! accumulator rounded to f16 after every key as llama.cpp keeps it with an f16 cache.
-//! `QUIVER_CPU_ATTN_F32=1` keeps the accumulator in f32 instead.
+//! Single-sequence steps of 64+ rows keep q and the accumulator in f32 instead, as llama.cpp's
+//! tiled attention for such batches does (not its tiling: close, not exact);
+//! `QUIVER_CPU_ATTN_F32=1` keeps the accumulator in f32 everywhere.
 
 use half::slice::HalfFloatSliceExt;
 
@@ -25,8 +27,9 @@ unsafe impl Sync for Out {}
 /// q·k in the order of ggml's f16 dot product on AVX-512 (`ggml_vec_dot_f16`), which llama.cpp's
 /// CPU attention uses: per 64 elements, four 16-lane partial sums; then sums 0+2 and 1+3, their
 /// sum, and the 16 lanes reduced as `_mm512_reduce_add_ps` does (halves, quarters, then pairs);
-/// a tail past the last 64 is added in f64. Both inputs hold f16 values, so each product is exact
-/// in f32 and only the order of the additions matters (an FMA would round alike).
+/// a tail past the last 64 is added in f64. In the row-by-row form both inputs hold f16
+/// values, so each product is exact in f32 and only the order of the additions matters (an FMA
+/// would round alike).
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut s = [[0f32; 16]; 4];
@@ -53,6 +56,14 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         sum += (x * y) as f64;
     }
     sum as f32
+}
+
+/// Whether a single-sequence step of `n` query rows takes llama.cpp's tiled attention (64+
+/// rows), which keeps q and the p·v accumulator in f32; below that it works row by row with q
+/// in f16 and an f16 accumulator, which quiver reproduces exactly. Batch-invariant runs (the
+/// server) always take the row-by-row form.
+pub fn tiled(n: usize) -> bool {
+    n >= 64 && !quiver_cpu_kernels::batch_invariant()
 }
 
 /// Whether the accumulator is rounded to f16 (the default) or kept in f32.
@@ -250,7 +261,7 @@ pub fn attention(
     let n_tasks = batch.n_tokens() * nh;
     assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * hd);
     let o = &Out(out.as_mut_ptr());
-    let r16 = f16_accumulator();
+    let r16 = f16_accumulator() && !tiled(batch.n_tokens());
     let avx2 = has_avx2();
     let task = |i: usize| {
         // SAFETY: row i is written by this task only (see `Out`), and lies inside `out`

@@ -335,13 +335,18 @@ impl Backend for CpuBackend {
             a,
             rope,
         );
-        // The cache holds f16 (as llama.cpp's default cache does); q meets it in f16, scaled
-        // first where the model says so (`scale_q`; attention then multiplies by 1).
+        // The cache holds f16 (as llama.cpp's default cache does); q meets it in f16 (in f32
+        // for llama.cpp's tiled attention, see `attn::tiled`), scaled first where the model
+        // says so (`scale_q`; attention then multiplies by 1).
         use half::slice::HalfFloatSliceExt;
         let s = if a.scale_q { a.scale } else { 1.0 };
-        q[..n * a.n_head * a.head_dim]
-            .iter_mut()
-            .for_each(|v| *v = half::f16::from_f32(*v * s).to_f32());
+        let f16_q = !attn::tiled(n);
+        q[..n * a.n_head * a.head_dim].iter_mut().for_each(|v| {
+            *v *= s;
+            if f16_q {
+                *v = half::f16::from_f32(*v).to_f32();
+            }
+        });
         for t in 0..n {
             let slot = b.slots[t] as usize;
             check("rope_kv_write", slot < kv.n_slots, || {

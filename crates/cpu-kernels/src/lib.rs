@@ -79,7 +79,7 @@ pub fn gemm_min_tokens(_ty: GgmlType) -> usize {
 static BATCH_INVARIANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Whether every token's result must not depend on its batch (see [`set_batch_invariant`]).
-pub(crate) fn batch_invariant() -> bool {
+pub fn batch_invariant() -> bool {
     BATCH_INVARIANT.load(std::sync::atomic::Ordering::Relaxed)
 }
 
