@@ -30,7 +30,7 @@ unsafe impl Sync for Out {}
 /// a tail past the last 64 is added in f64. In the row-by-row form both inputs hold f16
 /// values, so each product is exact in f32 and only the order of the additions matters (an FMA
 /// would round alike).
-#[inline]
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut s = [[0f32; 16]; 4];
     let (ca, cb) = (a.chunks_exact(64), b.chunks_exact(64));
