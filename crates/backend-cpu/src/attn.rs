@@ -6,8 +6,9 @@
 //! operation (quiver reproduces its floats, docs/ARCHITECTURE.md): q·k in the f16 dot's
 //! AVX-512 order, the running sum and the p·v update as fused multiply-adds, and the p·v
 //! accumulator rounded to f16 after every key as llama.cpp keeps it with an f16 cache.
-//! Single-sequence steps of 64+ rows keep q and the accumulator in f32 instead, as llama.cpp's
-//! tiled attention for such batches does (not its tiling: close, not exact);
+//! Single-sequence steps of 64+ rows keep q and the accumulator in f32 and take the weights
+//! from ggml's vectorised e^x instead, as llama.cpp's tiled attention for such batches does
+//! (not its tiling: close, not exact);
 //! `QUIVER_CPU_ATTN_F32=1` keeps the accumulator in f32 everywhere.
 
 use half::slice::HalfFloatSliceExt;
@@ -91,6 +92,7 @@ fn task_body(
     batch: &Batch,
     a: &AttnParams,
     r16: bool,
+    tiled: bool,
     f16c: bool,
     row: &mut [f32],
 ) {
@@ -150,7 +152,12 @@ fn task_body(
             round(acc);
             1.0
         } else {
-            let w = (sc - m).exp();
+            // llama.cpp's tiled attention takes a tile's weights from its vectorised e^x.
+            let w = if tiled {
+                crate::act_fn::ggml_expf(sc - m)
+            } else {
+                (sc - m).exp()
+            };
             sum += w;
             w
         };
@@ -227,9 +234,10 @@ unsafe fn task_avx2(
     b: &Batch,
     a: &AttnParams,
     r16: bool,
+    tiled: bool,
     row: &mut [f32],
 ) {
-    task_body(i, q, k, v, b, a, r16, true, row)
+    task_body(i, q, k, v, b, a, r16, tiled, true, row)
 }
 
 pub(crate) fn has_avx2() -> bool {
@@ -261,7 +269,8 @@ pub fn attention(
     let n_tasks = batch.n_tokens() * nh;
     assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * hd);
     let o = &Out(out.as_mut_ptr());
-    let r16 = f16_accumulator() && !tiled(batch.n_tokens());
+    let tiled = tiled(batch.n_tokens());
+    let r16 = f16_accumulator() && !tiled;
     let avx2 = has_avx2();
     let task = |i: usize| {
         // SAFETY: row i is written by this task only (see `Out`), and lies inside `out`
@@ -270,10 +279,10 @@ pub fn attention(
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: `avx2` is true only when AVX2, FMA and F16C were detected.
-            unsafe { task_avx2(i, q, k_cache, v_cache, batch, a, r16, row) };
+            unsafe { task_avx2(i, q, k_cache, v_cache, batch, a, r16, tiled, row) };
             return;
         }
-        task_body(i, q, k_cache, v_cache, batch, a, r16, false, row);
+        task_body(i, q, k_cache, v_cache, batch, a, r16, tiled, false, row);
     };
     pool.run(n_tasks, &task);
 }
