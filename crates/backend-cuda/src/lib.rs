@@ -410,12 +410,6 @@ impl CudaBackend {
         self.gemm_min_tokens = n.max(1);
     }
 
-    /// Rounds the f16 activations of cuBLAS products to the int8 grid of the weight's type
-    /// (on unless `QUIVER_CUDA_ACT_GRID=0`).
-    pub fn set_act_grid(&mut self, on: bool) {
-        self.act_grid = on;
-    }
-
     /// Routes products over `gemm_min_tokens` or more tokens through cuBLAS (on when cuBLAS
     /// loaded), or every product through the matrix-vector kernels, which make every token's
     /// result independent of the batch.

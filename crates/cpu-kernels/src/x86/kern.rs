@@ -430,6 +430,27 @@ pub(crate) unsafe fn dot_k<const V: bool, T: KQuant, const NT: usize>(
     }
 }
 
+/// The K-quant decode product in the rounding `form` asks for (`crate::decode::FORM_*`), on
+/// 256-bit registers (`V`: with VNNI) or, for `W512`, the AVX-512 level's kernel.
+#[inline(always)]
+pub(crate) unsafe fn dot_k_form<const W512: bool, T: KQuant, const NT: usize>(
+    w: &[T::B],
+    a: &[&[A256]; NT],
+    form: u8,
+) -> [f32; NT] {
+    use crate::decode::{FORM_GEMM4, FORM_TILED};
+    // SAFETY: forwarded; `W512` only from the AVX-512 level.
+    unsafe {
+        if form == FORM_GEMM4 {
+            dot_q4k_gemm4::<W512, T, NT>(w, a)
+        } else if W512 {
+            dot_k512::<T, NT>(w, a, form == FORM_TILED)
+        } else {
+            dot_k::<false, T, NT>(w, a, form == FORM_TILED)
+        }
+    }
+}
+
 /// Q4_K rows as llama.cpp's repacked GEMM sums them for a group of four tokens: per 64
 /// elements (two sub-blocks) the whole integer sum and the whole correction, each fused into
 /// its own scalar accumulator; the result is their difference (cf. [`GGML_Q4K`], which fuses

@@ -10,7 +10,7 @@ mod kern;
 pub(crate) mod unpack;
 
 use crate::act::{quantize_a256, quantize_a32, A32Mut, PanelShape, A256, A32};
-use crate::decode::{KQuant, Legacy, FORM_GEMM4, FORM_TILED};
+use crate::decode::{KQuant, Legacy};
 use crate::driver::{self, Acc, Acts, Dec, Entry, FloatW, Job, Kernel, Panel, PanelOut, TileIn};
 use crate::shared::SharedMut;
 use kern::AvxQuant;
@@ -39,13 +39,7 @@ unsafe impl Kernel for Avx2 {
         form: u8,
     ) -> [f32; NT] {
         // SAFETY: forwarded.
-        unsafe {
-            if form == FORM_GEMM4 {
-                kern::dot_q4k_gemm4::<false, T, NT>(w, a)
-            } else {
-                kern::dot_k::<false, T, NT>(w, a, form == FORM_TILED)
-            }
-        }
+        unsafe { kern::dot_k_form::<false, T, NT>(w, a, form) }
     }
     #[inline(always)]
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
@@ -98,13 +92,7 @@ unsafe impl Kernel for Avx512 {
     ) -> [f32; NT] {
         // SAFETY: forwarded.
         // One kernel for every NT (batch invariance) unless a llama.cpp GEMM form is asked for.
-        unsafe {
-            if form == FORM_GEMM4 {
-                kern::dot_q4k_gemm4::<true, T, NT>(w, a)
-            } else {
-                kern::dot_k512::<T, NT>(w, a, form == FORM_TILED)
-            }
-        }
+        unsafe { kern::dot_k_form::<true, T, NT>(w, a, form) }
     }
     #[inline(always)]
     unsafe fn dec_legacy<T: Legacy>(b: &T::B, vals: &mut [u8]) -> (f32, f32) {
