@@ -2,7 +2,7 @@
 # Runs on the GPU machine from the repo root, with the binaries tools/gpu/stage.sh put in
 # .gpu/: op parity, graph replay, batched serving, GPU-vs-CPU on synthetic models, benches.
 # PAR=1,8,… sets the widths of batched-8b.
-# Usage: tools/gpu/checks.sh [tests] [compare] [bench-small] [bench-gemma] [bench-8b:TYPE...] [batched-8b:TYPE]
+# Usage: tools/gpu/checks.sh [tests] [compare] [exact] [bench-small] [bench-gemma] [bench-8b:TYPE...] [batched-8b:TYPE]
 #        [ncu:TYPE] [ncu-pp:TYPE] [ncu-batched:TYPE:B] [noflash] [env:NAME=VALUE] [part:FILE...] [real:NAME...]
 #   part:FILE  keeps a carried piece of a real model in /tmp/qparts (the models are larger than
 #              one call carries: split them, carry one piece per call, back to back)
@@ -32,6 +32,16 @@ for step in "$@"; do
         set -- $spec
         f=$(synth "$1" "$2" "$3")
         echo "compare $2 $3: $($B/quiver compare -m "$f" --device cuda -n 100 --decode 40 --json 2>>$O/compare.log)"
+      done
+      ;;
+    exact)   # the parity mode against the CPU on synthetic models; op-by-op dump diff of the first
+      for spec in "llama smollm2-135m Q4_1" "gemma3 gemma3-270m Q4_K_M"; do
+        set -- $spec
+        f=$(synth "$1" "$2" "$3")
+        echo "exact compare $2 $3: $(QUIVER_CUDA_EXACT=1 $B/quiver compare -m "$f" --device cuda -n 40 --decode 8 --json 2>>$O/compare.log)"
+        rm -rf /tmp/qdump && mkdir -p /tmp/qdump
+        QUIVER_CUDA_EXACT=1 QUIVER_DUMP_DIR=/tmp/qdump $B/quiver compare -m "$f" --device cuda -n 6 --decode 0 --json >/dev/null 2>>$O/compare.log
+        python3 tools/parity/dumpdiff.py /tmp/qdump | awk '$2 != 0' | head -8
       done
       ;;
     bench-small)
@@ -86,9 +96,9 @@ for step in "$@"; do
     real:*)
       n=${step#real:}
       cat /tmp/qparts/$n.part* > /tmp/$n.gguf && ls -la /tmp/$n.gguf
-      # The default pair, then the GPU's prefill on the int8 kernels and/or the CPU's attention
-      # accumulator in f32 (the GPU's), to see which difference moves the top-1 agreement.
-      for e in "" QUIVER_CUDA_ACT_GRID=0 QUIVER_CUDA_TENSOR_CORES=0 QUIVER_CPU_ATTN_F32=1 ${REAL_ENV:-}; do
+      # The default pair, then the parity mode (QUIVER_CUDA_EXACT=1, the CPU batch invariant);
+      # REAL_ENV adds variants (e.g. QUIVER_CUDA_ACT_GRID=0 QUIVER_CUDA_TENSOR_CORES=0).
+      for e in "" QUIVER_CUDA_EXACT=1 ${REAL_ENV:-}; do
         echo "compare [${e:-default}]: $(env $e $B/quiver compare -m /tmp/$n.gguf --device cuda -n 64 --decode 32 --reference .gpu/generate-$n.jsonl --json 2>>$O/real.log)"
       done
       for d in cuda cpu; do

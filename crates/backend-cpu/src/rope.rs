@@ -1,43 +1,17 @@
 //! Rope for q and k together: each token's sin/cos once for all its heads (the reference
-//! recomputes `powf` per element). The angles are ggml's (llama.cpp parity): the position
-//! times `base^(−2/n_dims)` raised one pair at a time in f32, then divided by the pair's
-//! frequency factor and scaled; Llama-3 scaling, which ggml expresses as frequency factors,
-//! keeps `position × theta(i)`.
+//! recomputes `powf` per element), with ggml's angles ([`RopeAngles`], llama.cpp parity).
 
-use quiver_backend::{AttnParams, RopeMode, RopeParams};
+use quiver_backend::{AttnParams, RopeAngles, RopeMode, RopeParams};
 
 pub const MAX_PAIRS: usize = 256;
 
 pub fn apply(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p: &RopeParams) {
-    let half = p.n_dims / 2;
-    // Llama-3 scaling (which ggml takes as frequency factors) keeps position × theta(i).
-    let llama3 = p.llama3.is_some();
-    let mut theta = [0f32; MAX_PAIRS];
-    if llama3 {
-        for (i, t) in theta[..half].iter_mut().enumerate() {
-            *t = p.theta(i);
-        }
-    }
-    let mut ff = [1f32; MAX_PAIRS];
-    if let Some(f) = &p.freq_factors {
-        for (d, &s) in ff[..half].iter_mut().zip(f.iter()) {
-            *d = s;
-        }
-    }
+    let angles = RopeAngles::new(p);
+    let half = angles.pairs();
     let (mut cos, mut sin) = ([0f32; MAX_PAIRS], [0f32; MAX_PAIRS]);
     let hd = a.head_dim;
-    let theta_scale = p.base.powf(-2.0 / p.n_dims as f32);
     for (t, &pos) in positions.iter().enumerate() {
-        let mut th = pos as f32;
-        for i in 0..half {
-            let angle = if llama3 {
-                pos as f32 * theta[i]
-            } else {
-                p.freq_scale * (th / ff[i])
-            };
-            (sin[i], cos[i]) = angle.sin_cos();
-            th *= theta_scale;
-        }
+        angles.at(pos, &mut sin, &mut cos);
         let rotate = |v: &mut [f32]| {
             for i in 0..half {
                 let (ia, ib) = match p.mode {

@@ -124,6 +124,10 @@ struct Scratch {
     gather: Option<DevBuf>,
     ids: Option<DevBuf>,
     thetas: HashMap<Vec<u32>, DevBuf>,
+    /// The parity mode's rope sines and cosines of the step, and GELU table.
+    sincos: Option<DevBuf>,
+    gelu: Option<DevBuf>,
+    gelu_filled: bool,
 }
 
 /// Where each region of the uploaded batch starts (u32 offsets), for `cap_t` tokens.
@@ -225,6 +229,9 @@ pub struct CudaBackend {
     /// Bumped whenever a buffer the graphs use moves (part of every graph key).
     generation: std::sync::atomic::AtomicU64,
     sync_each: bool,
+    /// The parity mode (`QUIVER_CUDA_EXACT=1`, src/exact.rs): every op rounds as the CPU
+    /// backend's batch-invariant path does; graphs off.
+    exact: bool,
     load_progress: Mutex<Option<(quiver_hub::Progress, u64, u64)>>,
 }
 
@@ -294,11 +301,14 @@ impl Args {
 
 macro_rules! args {
     ($($a:expr),* $(,)?) => {{
-        let mut a = Args::default();
+        let mut a = $crate::Args::default();
         $(a.push($a);)*
         a
     }};
 }
+
+mod exact;
+pub use exact::requested as exact_requested;
 
 fn grid1(n: usize, block: usize, cap: usize) -> u32 {
     n.div_ceil(block).clamp(1, cap) as u32
@@ -311,8 +321,12 @@ impl CudaBackend {
         let dev = Device::open(ordinal).map_err(BackendError::Device)?;
         let pdl = dev.info.arch >= 90 && std::env::var("QUIVER_CUDA_PDL").as_deref() != Ok("0");
         let mut reg = registry::Registry::new(dev.info.arch);
+        let exact = exact::requested();
         for m in ["ops", "attn"] {
             reg.ensure(m).map_err(BackendError::Device)?;
+        }
+        if exact {
+            reg.ensure("exact").map_err(BackendError::Device)?;
         }
         let blas = if std::env::var("QUIVER_CUDA_CUBLAS").as_deref() == Ok("0") {
             None
@@ -362,9 +376,12 @@ impl CudaBackend {
             rows: 0,
             logit_rows: 0,
             logits_identity: true,
-            graphs: graph::Graphs::new(std::env::var("QUIVER_CUDA_GRAPHS").as_deref() != Ok("0")),
+            graphs: graph::Graphs::new(
+                !exact && std::env::var("QUIVER_CUDA_GRAPHS").as_deref() != Ok("0"),
+            ),
             generation: Default::default(),
             sync_each: std::env::var("QUIVER_CUDA_SYNC").as_deref() == Ok("1"),
+            exact,
             load_progress: Mutex::new(None),
         })
     }
@@ -393,7 +410,17 @@ impl CudaBackend {
 
     /// Turns graph capture on or off (the switch `QUIVER_CUDA_GRAPHS=0` sets at start).
     pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.set_enabled(on);
+        self.graphs.set_enabled(on && !self.exact);
+    }
+
+    /// Turns the parity mode on or off (`QUIVER_CUDA_EXACT=1` at start; src/exact.rs): every op
+    /// rounds as the CPU backend's batch-invariant path, graphs off. Set it before loading
+    /// weights (the mode keeps no f16 copies and refuses types it has no product for).
+    pub fn set_exact(&mut self, on: bool) {
+        self.exact = on;
+        if on {
+            self.graphs.set_enabled(false);
+        }
     }
 
     /// Fixes how many key ranges the split-K attention cuts each (token, head) into (None:
@@ -585,6 +612,9 @@ impl CudaBackend {
 
     /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`.
     fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
+        if self.exact {
+            return self.x_mm(w, x, n, y);
+        }
         if let Some(wh) = self.tensor_core_weight(w, n) {
             let xh = self.to_half(x, n, w.cols, w.ty)?;
             return self.gemm(w, wh, xh, n, y);
@@ -768,6 +798,9 @@ impl CudaBackend {
             return Ok(());
         }
         let r = residual.map(|(p, _)| p).unwrap_or(0);
+        if self.exact {
+            return self.x_norm(r, x, w, eps, rows, out);
+        }
         self.launch(
             "ops",
             "rms_norm",
@@ -984,6 +1017,17 @@ impl Backend for CudaBackend {
             )),
         };
         // F16 weights are their own copy.
+        if self.exact {
+            // The parity mode's products read the GGUF bytes only.
+            if exact::act_block(ty).is_none() {
+                return Err(BackendError::Unsupported {
+                    op: "matmul (QUIVER_CUDA_EXACT=1)",
+                    ty,
+                    backend: "cuda",
+                });
+            }
+            return Ok(w);
+        }
         if self.use_copies && ty != GgmlType::F16 {
             let need = rows * cols * 2;
             let (free, total) = self.dev.mem_info();
@@ -1202,8 +1246,9 @@ impl Backend for CudaBackend {
         rows_x: usize,
         out: [&mut CudaBuf; 3],
     ) -> Result<()> {
-        let fused =
-            rows_x <= MMV_TOKENS && w.iter().all(|m| m.ty == w[0].ty && m.cols == w[0].cols);
+        let fused = !self.exact
+            && rows_x <= MMV_TOKENS
+            && w.iter().all(|m| m.ty == w[0].ty && m.cols == w[0].cols);
         for (m, o) in w.iter().zip(&out) {
             check(
                 "matmul",
@@ -1255,7 +1300,8 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         let n_ff = gate.rows;
-        if rows_x > MMV_TOKENS
+        if self.exact
+            || rows_x > MMV_TOKENS
             || self.tensor_core_weight(gate, rows_x).is_some()
             || gate.ty != up.ty
             || gate.rows != up.rows
@@ -1398,6 +1444,9 @@ impl Backend for CudaBackend {
             rope.n_dims <= a.head_dim && rope.n_dims.is_multiple_of(2),
             || format!("{} rotated dims of {}", rope.n_dims, a.head_dim),
         )?;
+        if self.exact {
+            return self.x_rope_kv_write(q, k, v, rope, a, kv);
+        }
         let th = self.theta_ptr(rope)?;
         let mode = i32::from(rope.mode == RopeMode::Neox);
         self.launch(
@@ -1441,6 +1490,9 @@ impl Backend for CudaBackend {
         )?;
         if n == 0 {
             return Ok(());
+        }
+        if self.exact {
+            return self.x_attention(q, kv, a, out);
         }
         if self.n_tiles > 0 && (hd != 256 || self.flash_256) {
             let tiles = self.tile_buf.as_ref().unwrap().ptr;
@@ -1536,6 +1588,9 @@ impl Backend for CudaBackend {
         check("glu", gate.len >= n && up.len >= n && out.len >= n, || {
             format!("{n} elements")
         })?;
+        if self.exact {
+            return self.x_glu(act, gate, up, n, out);
+        }
         let a = match act {
             Activation::SwiGlu => 0i32,
             Activation::GeGlu => 1,

@@ -13,6 +13,7 @@ const COMMON: &str = include_str!("../kernels/common.cuh");
 const QUANT: &str = include_str!("../kernels/quant.cu");
 const OPS: &str = include_str!("../kernels/ops.cu");
 const ATTN: &str = include_str!("../kernels/attn.cu");
+const EXACT: &str = include_str!("../kernels/exact.cu");
 
 /// Weight types with quantized kernels (`embed_T`, `dequant_bf16_T`, `mmv_T`), by kernel suffix.
 pub const QUANT_TYPES: &[&str] = &[
@@ -20,12 +21,17 @@ pub const QUANT_TYPES: &[&str] = &[
     "bf16",
 ];
 
-/// Every module the backend can load: "ops", "attn" and one "quant_T" per weight type.
+/// Every module the backend can load: "ops", "attn", "exact" (the parity mode's kernels) and
+/// one "quant_T" per weight type.
 pub fn module_names() -> Vec<String> {
-    let mut v = vec!["ops".to_string(), "attn".to_string()];
+    let mut v = vec!["ops".to_string(), "attn".to_string(), "exact".to_string()];
     v.extend(QUANT_TYPES.iter().map(|t| format!("quant_{t}")));
     v
 }
+
+/// Weight types the parity mode (`QUIVER_CUDA_EXACT=1`) has products for (`x_mm_T` in the
+/// "exact" module), by kernel suffix.
+pub const EXACT_TYPES: &[&str] = &["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"];
 
 /// Weight types whose decode kernels take int8 activations: Some(32) for blocks of 32
 /// (quantize_a32), Some(256) for the K-quants' blocks of 256 (quantize_a256).
@@ -70,6 +76,14 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             ]);
             v
         }
+        "exact" => {
+            let mut v: Vec<String> = ["x_rms_norm", "x_rope_kv_write", "x_attention", "x_glu"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            v.extend(EXACT_TYPES.iter().map(|t| format!("x_mm_{t}")));
+            v
+        }
         m => {
             let t = m.strip_prefix("quant_").unwrap_or(m);
             let mut v: Vec<String> = ["embed", "dequant_f16", "mmv", "mmv1", "mmv_glu", "mmv1_glu"]
@@ -93,6 +107,7 @@ pub fn module_source(module: &str) -> Option<String> {
     let body = match module {
         "ops" => OPS.to_string(),
         "attn" => ATTN.to_string(),
+        "exact" => EXACT.to_string(),
         m => {
             let t = m
                 .strip_prefix("quant_")
@@ -117,13 +132,18 @@ pub fn module_source(module: &str) -> Option<String> {
     Some(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))
 }
 
-fn options(arch: u32) -> Vec<String> {
-    vec![
+fn options(module: &str, arch: u32) -> Vec<String> {
+    let mut o = vec![
         format!("--gpu-architecture=sm_{arch}"),
         "--std=c++17".into(),
         "-default-device".into(),
         "--extra-device-vectorization".into(),
-    ]
+    ];
+    if module == "exact" {
+        // The parity mode fuses a multiply and an add only where the CPU does (explicit fmaf).
+        o.push("--fmad=false".into());
+    }
+    o
 }
 
 /// Compiles one module to a cubin for `sm_<arch>` (e.g. 90). Needs NVRTC, not a GPU.
@@ -141,7 +161,7 @@ pub fn compile_source(module: &str, src: &str, arch: u32) -> Result<Vec<u8>, Str
     let prog = nr::create_program(&csrc, Some(&name)).map_err(|e| format!("nvrtc: {e:?}"))?;
     // SAFETY: prog is a live program until destroy_program below.
     unsafe {
-        let res = nr::compile_program(prog, &options(arch));
+        let res = nr::compile_program(prog, &options(module, arch));
         if res.is_err() {
             let log = nr::get_program_log(prog)
                 .map(|l| c_log(&l))
@@ -197,7 +217,7 @@ pub fn cache_file(module: &str, arch: u32) -> Result<PathBuf, String> {
     let (a, b) = nvrtc_version()?;
     let mut h = Sha256::new();
     h.update(module_source(module).unwrap_or_default().as_bytes());
-    for o in options(arch) {
+    for o in options(module, arch) {
         h.update(o.as_bytes());
     }
     h.update(format!("nvrtc {a}.{b}").as_bytes());
@@ -291,7 +311,12 @@ mod tests {
     #[test]
     fn every_kernel_begins_by_waiting_for_the_previous_one() {
         let mut n = 0;
-        for (file, src) in [("quant.cu", QUANT), ("ops.cu", OPS), ("attn.cu", ATTN)] {
+        for (file, src) in [
+            ("quant.cu", QUANT),
+            ("ops.cu", OPS),
+            ("attn.cu", ATTN),
+            ("exact.cu", EXACT),
+        ] {
             for (at, _) in src.match_indices("__global__") {
                 let body = at + src[at..].find('{').expect("a kernel body");
                 let first = src[body + 1..].trim_start();

@@ -93,6 +93,63 @@ impl RopeParams {
     }
 }
 
+/// The sines and cosines of a position's rotation angles as ggml's CPU rope computes them
+/// (llama.cpp parity): the position times `base^(−2/n_dims)` raised one pair at a time in f32,
+/// divided by the pair's frequency factor and scaled; Llama-3 scaling, which ggml expresses as
+/// frequency factors, keeps `position × theta(i)`. The CPU backend rotates with these, and the
+/// CUDA backend's parity mode uploads them, so both rotate by the same bits.
+pub struct RopeAngles {
+    half: usize,
+    /// `theta(i)` per pair, for Llama-3 scaling; empty otherwise.
+    theta: Vec<f32>,
+    /// Frequency factors per pair (1 where the model has none).
+    ff: Vec<f32>,
+    theta_scale: f32,
+    freq_scale: f32,
+}
+
+impl RopeAngles {
+    pub fn new(p: &RopeParams) -> RopeAngles {
+        let half = p.n_dims / 2;
+        let theta = match p.llama3 {
+            Some(_) => (0..half).map(|i| p.theta(i)).collect(),
+            None => Vec::new(),
+        };
+        let mut ff = vec![1f32; half];
+        if let Some(f) = &p.freq_factors {
+            for (d, &s) in ff.iter_mut().zip(f.iter()) {
+                *d = s;
+            }
+        }
+        RopeAngles {
+            half,
+            theta,
+            ff,
+            theta_scale: p.base.powf(-2.0 / p.n_dims as f32),
+            freq_scale: p.freq_scale,
+        }
+    }
+
+    /// Rotated pairs (`n_dims / 2`).
+    pub fn pairs(&self) -> usize {
+        self.half
+    }
+
+    /// `sin[i]`, `cos[i]` of pair i's angle at `pos`, for i < `pairs()`.
+    pub fn at(&self, pos: u32, sin: &mut [f32], cos: &mut [f32]) {
+        let mut th = pos as f32;
+        for i in 0..self.half {
+            let angle = if self.theta.is_empty() {
+                self.freq_scale * (th / self.ff[i])
+            } else {
+                pos as f32 * self.theta[i]
+            };
+            (sin[i], cos[i]) = angle.sin_cos();
+            th *= self.theta_scale;
+        }
+    }
+}
+
 /// Attention shape and masking.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnParams {

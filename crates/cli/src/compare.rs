@@ -78,6 +78,12 @@ pub fn compare(a: CompareArgs) -> Result<()> {
     let max_logits = ctx;
     let mut cpu = engine::load(&cpu_args, gguf.clone(), max_logits)?.runner;
     let mut dev = engine::load(&dev_args, gguf, max_logits)?.runner;
+    // The CUDA parity mode rounds as the CPU's batch-invariant path (every token on the decode
+    // kernels): the CPU takes that path too, so the two compute the same floats.
+    let exact = dev.backend_name() == "cuda" && quiver_backend_cuda::exact_requested();
+    if exact {
+        quiver_backend_cpu::CpuBackend::set_batch_invariant(true);
+    }
     let nv = cpu.n_vocab();
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut rnd = || {
@@ -99,6 +105,7 @@ pub fn compare(a: CompareArgs) -> Result<()> {
     }
     let mut out = json!({
         "device": dev.backend_name(),
+        "exact": exact,
         "prompt": prompt.json(),
         "decode": decode.json(),
         "counters": engine::counters_json(dev.as_ref()),

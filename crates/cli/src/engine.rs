@@ -195,8 +195,12 @@ pub fn cuda_summary(be: &CudaBackend) -> String {
         mib(m.f16_copies),
         mib(m.kv),
         mib(m.workspace),
-        if be.has_cublas() { "" } else { "; cuBLAS not found: prefill uses the matrix-vector kernels" }
-    )
+        if be.has_cublas() { "" } else { "; cuBLAS not found: prefill uses the matrix-vector kernels" },
+    ) + if quiver_backend_cuda::exact_requested() {
+        "; parity mode (QUIVER_CUDA_EXACT=1): every op rounds as the CPU backend's, graphs off"
+    } else {
+        ""
+    }
 }
 
 /// `quiver devices`: every CUDA device with its properties, or why there is none; the

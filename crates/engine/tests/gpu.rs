@@ -3,7 +3,8 @@
 //! - decode steps replayed from CUDA graphs give the same logits, bit for bit, as the same
 //!   steps run op by op;
 //! - continuous batching on the GPU (padded graph buckets, paged KV) gives every request the
-//!   tokens it gets alone.
+//!   tokens it gets alone;
+//! - the parity mode (`QUIVER_CUDA_EXACT=1`) gives the CPU backend's logits bit for bit.
 
 use quiver_backend_cuda::CudaBackend;
 use quiver_engine::serve::{Event, Request, ServeOptions};
@@ -13,11 +14,15 @@ use quiver_tokenizer::Tokenizer;
 use std::sync::{mpsc, Arc};
 
 fn model() -> Arc<GgufFile> {
+    synth("smollm2-135m", "Q4_1")
+}
+
+fn synth(preset: &str, ty: &str) -> Arc<GgufFile> {
     let dir = std::env::temp_dir().join(format!("quiver-gpu-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("smollm2-q4_1.gguf");
-    let p = quiver_synth::preset("smollm2-135m").unwrap();
-    let ft = quiver_synth::file_type("Q4_1").unwrap();
+    let path = dir.join(format!("{preset}-{ty}.gguf"));
+    let p = quiver_synth::preset(preset).unwrap();
+    let ft = quiver_synth::file_type(ty).unwrap();
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2);
@@ -185,4 +190,60 @@ fn batched_bench_sequences_on_the_gpu_equal_solo_runs() {
         assert_eq!(got, &want, "sequence {s}");
     }
     assert!(r.backend.graph_stats().replays > 0);
+}
+
+/// The parity mode against the CPU backend (batch invariant, its default) on the same tokens:
+/// a prompt step, then decode steps; every logit the same bits. The SmolLM2 shape in Q4_1 and
+/// Q8_0 (its output), the Gemma3 shape in Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0; GeGLU, q/k norms,
+/// sliding window, head dim 256), Q4_0 and Q5_1 on the SmolLM2 shape.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn parity_mode_equals_the_cpu_bit_for_bit() {
+    quiver_backend_cpu::CpuBackend::set_batch_invariant(true);
+    for (preset, ty) in [
+        ("smollm2-135m", "Q4_1"),
+        ("gemma3-270m", "Q4_K_M"),
+        ("smollm2-135m", "Q4_0"),
+        ("smollm2-135m", "Q5_1"),
+    ] {
+        let f = synth(preset, ty);
+        let opts = RunnerOptions {
+            n_ctx: 256,
+            n_batch: 64,
+            max_logits: 64,
+        };
+        let mut be = CudaBackend::new(0).unwrap();
+        be.set_exact(true);
+        let mut gpu = Runner::new(be, &f, &opts).unwrap();
+        let mut cpu = Runner::new(quiver_backend_cpu::CpuBackend::new(2), &f, &opts).unwrap();
+        let nv = gpu.n_vocab() as u32;
+        let prompt = ids(40, 11, nv);
+        let a = gpu.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
+        let b = cpu.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
+        assert!(a.iter().all(|x| x.is_finite()), "{preset} {ty}");
+        let differ = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{preset} {ty}: {differ} of {} prompt logits differ",
+            a.len()
+        );
+        for (i, &t) in ids(6, 9, nv).iter().enumerate() {
+            let pos = prompt.len() + i;
+            let a = gpu.eval(&[t], pos, Want::Last).unwrap().to_vec();
+            let b = cpu.eval(&[t], pos, Want::Last).unwrap().to_vec();
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{preset} {ty}: decode step {i} differs"
+            );
+        }
+        eprintln!(
+            "{preset} {ty}: GPU parity mode == CPU, {} prompt logits and 6 decode steps",
+            a.len()
+        );
+    }
 }

@@ -1,0 +1,220 @@
+//! The parity mode (`QUIVER_CUDA_EXACT=1`): every op through the "exact" module's kernels,
+//! which compute what the CPU backend computes for a batch-invariant step, operation for
+//! operation (kernels/exact.cu). The two backends then give the same logits, bit for bit —
+//! and, where the CPU reproduces llama.cpp's CPU floats, those too. Graphs are off and every
+//! product runs one thread per output: a reference-grade path, far slower than the default one.
+//!
+//! What comes from the host: the rope's sines and cosines (the CPU backend's own
+//! [`RopeAngles`], uploaded per step) and GELU's table (as ggml's). The activation quantizers of
+//! the fast path already round as the CPU does and are shared. Soft-capping (Gemma 2) and
+//! embedding rows are the fast path's kernels.
+
+use crate::{check, grid1, CudaBackend, CudaBuf, CudaKv, CudaWeight};
+use quiver_backend::{
+    reference, Activation, AttnParams, BackendError, Result, RopeAngles, RopeMode, RopeParams,
+};
+use quiver_gguf::GgmlType;
+
+/// Whether `QUIVER_CUDA_EXACT=1` asks for the parity mode.
+pub fn requested() -> bool {
+    std::env::var("QUIVER_CUDA_EXACT").as_deref() == Ok("1")
+}
+
+/// The activation blocks of the parity mode's product for `ty` (32: the legacy types, 256:
+/// the K-quants), or None when it has none.
+pub(crate) fn act_block(ty: GgmlType) -> Option<usize> {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => Some(32),
+        Q4_K | Q6_K => Some(256),
+        _ => None,
+    }
+}
+
+impl CudaBackend {
+    /// y[t, r] = W[r] · x[t] for `n` tokens, rounded as the CPU's decode path rounds.
+    pub(crate) fn x_mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
+        let block = act_block(w.ty).ok_or(BackendError::Unsupported {
+            op: "matmul (QUIVER_CUDA_EXACT=1)",
+            ty: w.ty,
+            backend: "cuda",
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (q, d, bs) = self.quantize_act(x, n, w.cols, block, w.ty)?;
+        self.launch(
+            "exact",
+            &format!("x_mm_{}", w.kernel),
+            (w.rows.div_ceil(128) as u32, n as u32, 1),
+            (128, 1, 1),
+            args![
+                w.data.ptr,
+                w.row_bytes as i64,
+                w.rows as i32,
+                (w.cols / block) as i32,
+                q,
+                d,
+                bs,
+                y
+            ],
+        )
+    }
+
+    /// out = rms_norm(x) · w per row, with `residual += x` first when given (as `norm`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn x_norm(
+        &self,
+        residual: u64,
+        x: u64,
+        w: &CudaWeight,
+        eps: f32,
+        rows: usize,
+        out: u64,
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        self.launch(
+            "exact",
+            "x_rms_norm",
+            (rows.div_ceil(64) as u32, 1, 1),
+            (64, 1, 1),
+            args![
+                residual,
+                x,
+                w.data.ptr,
+                out,
+                rows as i32,
+                w.cols as i32,
+                eps
+            ],
+        )
+    }
+
+    /// Rope with the CPU's angles, q scaled (where the model says) and rounded to f16, k and v
+    /// into the cache.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn x_rope_kv_write(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        rope: &RopeParams,
+        a: &AttnParams,
+        kv: &mut CudaKv,
+    ) -> Result<()> {
+        let n = self.rows;
+        if n == 0 {
+            return Ok(());
+        }
+        let angles = RopeAngles::new(rope);
+        let half = angles.pairs();
+        let ct = self.layout.cap_t;
+        let mut table = vec![0f32; n * 2 * half];
+        for (t, row) in table.chunks_exact_mut(2 * half.max(1)).enumerate() {
+            let (sin, cos) = row.split_at_mut(half);
+            angles.at(self.host[ct + t], sin, cos);
+        }
+        let sc = self.scratch_ptr(|s| &mut s.sincos, table.len().max(1) * 4, "rope angles")?;
+        self.dev
+            .htod_sync(sc, &table)
+            .map_err(BackendError::Device)?;
+        let q_scale = if a.scale_q { a.scale } else { 1.0 };
+        self.launch(
+            "exact",
+            "x_rope_kv_write",
+            (n as u32, (a.n_head + a.n_head_kv) as u32, 1),
+            (32, 1, 1),
+            args![
+                q.ptr(),
+                k.ptr(),
+                v.ptr(),
+                kv.k.ptr,
+                kv.v.ptr,
+                sc,
+                self.view,
+                a.n_head as i32,
+                a.n_head_kv as i32,
+                a.head_dim as i32,
+                rope.n_dims as i32,
+                i32::from(rope.mode == RopeMode::Neox),
+                q_scale
+            ],
+        )
+    }
+
+    /// One thread per (token, head), as the CPU's one-row attention.
+    pub(crate) fn x_attention(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        a: &AttnParams,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = self.rows;
+        check("attention", a.head_dim <= 256 && a.n_head <= 1024, || {
+            format!(
+                "head dim {} / {} heads (QUIVER_CUDA_EXACT=1 takes up to 256 / 1024)",
+                a.head_dim, a.n_head
+            )
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let scale = if a.scale_q { 1.0 } else { a.scale };
+        self.launch(
+            "exact",
+            "x_attention",
+            (n as u32, 1, 1),
+            (a.n_head as u32, 1, 1),
+            args![
+                q.ptr(),
+                kv.k.ptr,
+                kv.v.ptr,
+                out.ptr(),
+                self.view,
+                a.n_head as i32,
+                a.n_head_kv as i32,
+                a.head_dim as i32,
+                scale,
+                a.window.map(|w| w as i32).unwrap_or(0),
+                a.softcap.unwrap_or(0.0)
+            ],
+        )
+    }
+
+    pub(crate) fn x_glu(
+        &self,
+        act: Activation,
+        gate: &CudaBuf,
+        up: &CudaBuf,
+        n: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let table = self.scratch_ptr(|s| &mut s.gelu, 65536 * 4, "gelu table")?;
+        {
+            let mut s = self.scratch.lock().unwrap();
+            if !s.gelu_filled {
+                let t: Vec<f32> = (0..=u16::MAX)
+                    .map(|b| reference::gelu_tanh_f16(quiver_quant::f16_to_f32(b.to_le_bytes())))
+                    .collect();
+                self.dev
+                    .htod_sync(table, &t)
+                    .map_err(BackendError::Device)?;
+                s.gelu_filled = true;
+            }
+        }
+        let a = match act {
+            Activation::SwiGlu => 0i32,
+            Activation::GeGlu => 1,
+        };
+        self.launch(
+            "exact",
+            "x_glu",
+            (grid1(n, 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![gate.ptr(), up.ptr(), out.ptr(), n as i64, a, table],
+        )
+    }
+}
