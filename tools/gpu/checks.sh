@@ -101,6 +101,7 @@ for step in "$@"; do
       for e in "" QUIVER_CUDA_EXACT=1 ${REAL_ENV:-}; do
         echo "compare [${e:-default}]: $(env $e $B/quiver compare -m /tmp/$n.gguf --device cuda -n 64 --decode 32 --reference .gpu/generate-$n.jsonl --json 2>>$O/real.log)"
       done
+      [ "${NO_PPL:-0}" = 1 ] && continue   # NO_PPL=1: the top-1 comparisons only
       for d in cuda cpu; do
         echo "perplexity $d: $($B/quiver perplexity -m /tmp/$n.gguf -f .gpu/GPL-3 -c 512 --device $d 2>>$O/real.log | tail -1)"
       done

@@ -18,9 +18,40 @@ __device__ __forceinline__ float hsum8(const float* a) {
     return (s0 + s2) + (s1 + s3);
 }
 
-// e^x correctly rounded to f32 (libm's expf, which the CPU calls, rounds correctly but for
-// rare inputs within a hair of a rounding boundary).
-__device__ __forceinline__ float exp_f32(float x) { return (float)exp((double)x); }
+// e^x as glibc's expf computes it (the CPU backend's f32::exp, and llama.cpp's expf): it
+// rounds like a correctly rounded e^x but for ~7 inputs in 10,000, so the parity mode computes
+// it the same way — x·32/ln2 = k + r in f64, 2^(k/32) from a table, 2^(r/32) by a cubic, the
+// product rounded to f32 once. EXPF_TAB[i]: the bits of 2^(i/32) rounded to f64, less i·2^47
+// (so that adding k·2^47 gives 2^(k/32)); computed with 60-digit decimals. The constants are
+// glibc's; a unit test (exact.rs) checks this algorithm against the host's expf.
+__constant__ unsigned long long EXPF_TAB[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull,
+};
+#define EXPF_INV_LN2_32 0x1.71547652b82fep+5
+#define EXPF_SHIFT 0x1.8p+52
+#define EXPF_C0 (0x1.c6af84b912394p-5 / 32768.0)
+#define EXPF_C1 (0x1.ebfce50fac4f3p-3 / 1024.0)
+#define EXPF_C2 (0x1.62e42ff0c52d6p-1 / 32.0)
+__device__ float exp_f32(float x) {
+    if (x != x) return x + x;
+    if (x < -0x1.9fe368p6f) return 0.f;
+    if (x > 0x1.62e42ep6f) return __int_as_float(0x7f800000);
+    double z = EXPF_INV_LN2_32 * (double)x;
+    double kd = z + EXPF_SHIFT;
+    unsigned long long ki = (unsigned long long)__double_as_longlong(kd);
+    kd = kd - EXPF_SHIFT;
+    double r = z - kd;
+    double s = __longlong_as_double((long long)(EXPF_TAB[ki % 32] + (ki << 47)));
+    double y = fma(fma(EXPF_C0, r, EXPF_C1), r * r, fma(EXPF_C2, r, 1.0));
+    return (float)(y * s);
+}
 
 // ---- rms norm: one thread per row; squares in f32 summed in f64 in order, as the CPU ----
 // With `residual`: residual += x first, and the norm is of the sum. `out` may be `x`.
@@ -129,8 +160,7 @@ __device__ void mm_legacy(const u8* __restrict__ W, long long row_bytes, int row
 #define X_MM_LEGACY(NAME, T)                                                                      \
     extern "C" __global__ void NAME(const u8* __restrict__ W, long long row_bytes, int rows, int nb, \
                                     const i8* __restrict__ aq, const float* __restrict__ ds,       \
-                                    const int* __restrict__ bsums, float* __restrict__ y) {        \
-        pdl_begin();                                                                              \
+                                    const int* __restrict__ bsums, float* __restrict__ y) { pdl_begin(); \
         mm_legacy<T>(W, row_bytes, rows, nb, aq, ds, y);                                          \
     }
 X_MM_LEGACY(x_mm_q4_0, 0)

@@ -218,3 +218,98 @@ impl CudaBackend {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// A C hex float literal (`0x1.8p+52`) to f64, exactly.
+    fn hex_float(s: &str) -> f64 {
+        let s = s.trim().trim_start_matches("0x");
+        let (mant, exp) = s.split_once('p').expect("a binary exponent");
+        let (int, frac) = mant.split_once('.').unwrap_or((mant, ""));
+        let digits = format!("{int}{frac}");
+        let m = u64::from_str_radix(&digits, 16).expect("hex digits") as f64;
+        let e: i32 = exp.parse().expect("an exponent");
+        m * 2f64.powi(e - 4 * frac.len() as i32)
+    }
+
+    /// The value of `#define NAME (A / B)` or `#define NAME A` in the kernel source.
+    fn define(src: &str, name: &str) -> f64 {
+        let line = src
+            .lines()
+            .find(|l| l.starts_with(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("no {name}"));
+        let v = line[format!("#define {name} ").len()..]
+            .trim()
+            .trim_matches(|c| c == '(' || c == ')');
+        match v.split_once(" / ") {
+            Some((a, b)) => hex_float(a) / b.parse::<f64>().unwrap(),
+            None => hex_float(v),
+        }
+    }
+
+    /// The parity mode's e^x (exact.cu `exp_f32`), run on the host with the constants read from
+    /// the kernel source, gives the host libm's expf — what the CPU backend's attention calls —
+    /// for every input tried (a correctly rounded e^x differs on ~7 in 10,000).
+    #[test]
+    fn the_parity_modes_exp_is_the_host_expf() {
+        let src = crate::registry::module_source("exact").unwrap();
+        let at = src.find("EXPF_TAB[32] = {").expect("the table") + 16;
+        let tab: Vec<u64> = src[at..src[at..].find("};").unwrap() + at]
+            .split(',')
+            .map(|v| v.trim().trim_end_matches("ull").trim_start_matches("0x"))
+            .filter(|v| !v.is_empty())
+            .map(|v| u64::from_str_radix(v, 16).unwrap())
+            .collect();
+        assert_eq!(tab.len(), 32);
+        let (inv, shift) = (define(&src, "EXPF_INV_LN2_32"), define(&src, "EXPF_SHIFT"));
+        let c = [
+            define(&src, "EXPF_C0"),
+            define(&src, "EXPF_C1"),
+            define(&src, "EXPF_C2"),
+        ];
+        let exp = |x: f32| -> f32 {
+            if x.is_nan() {
+                return x + x;
+            }
+            if x < -103.972_08 {
+                return 0.0;
+            }
+            if x > 88.722_83 {
+                return f32::INFINITY;
+            }
+            let z = inv * x as f64;
+            let kd = z + shift;
+            let ki = kd.to_bits();
+            let r = z - (kd - shift);
+            let s = f64::from_bits(tab[(ki % 32) as usize].wrapping_add(ki << 47));
+            let y = c[0].mul_add(r, c[1]).mul_add(r * r, c[2].mul_add(r, 1.0));
+            (y * s) as f32
+        };
+        let (mut x, mut n, mut rounded_differs) = (0x1234_5678u32, 0, 0);
+        for i in 0..400_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let v = match i % 4 {
+                0 => -(x as f32 / u32::MAX as f32) * 104.0,
+                1 => (x as f32 / u32::MAX as f32) * 177.0 - 88.0,
+                2 => -(x as f32 / u32::MAX as f32) * 4.0,
+                _ => -(x as f32 / u32::MAX as f32) * 0.01,
+            };
+            let want = v.exp();
+            assert_eq!(
+                exp(v).to_bits(),
+                want.to_bits(),
+                "e^{v:e}: {} vs {want}",
+                exp(v)
+            );
+            rounded_differs += usize::from(((v as f64).exp() as f32).to_bits() != want.to_bits());
+            n += 1;
+        }
+        for v in [0.0f32, -0.0, f32::NEG_INFINITY, -103.9, -87.5, 88.7, -1e-30] {
+            assert_eq!(exp(v).to_bits(), v.exp().to_bits(), "e^{v:e}");
+        }
+        // The point of the exercise: a correctly rounded e^x would not do.
+        assert!(rounded_differs > 0, "{rounded_differs} of {n}");
+    }
+}
