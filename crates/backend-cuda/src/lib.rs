@@ -61,27 +61,45 @@ pub struct CudaWeight {
     names: Box<KernelNames>,
 }
 
-/// The kernels a weight's products and lookups launch: [general, single-token] variants.
+/// The kernels a weight's products and lookups launch: [general, single-token] variants, then
+/// the same that prefetch their weights before waiting for the previous kernel (`mmv_name`).
 struct KernelNames {
     module: String,
     embed: String,
-    mmv: [String; 2],
-    glu: [String; 2],
+    mmv: [String; 4],
+    glu: [String; 4],
 }
 
 impl KernelNames {
     fn new(kernel: &str, int8: bool) -> Self {
         let base = if int8 { "mmvq" } else { "mmv" };
+        let v = |pre: &str, post: &str| {
+            [
+                format!("{pre}{post}_{kernel}"),
+                format!("{pre}1{post}_{kernel}"),
+                format!("{pre}p{post}_{kernel}"),
+                format!("{pre}p1{post}_{kernel}"),
+            ]
+        };
         KernelNames {
             module: format!("quant_{kernel}"),
             embed: format!("embed_{kernel}"),
-            mmv: [format!("{base}_{kernel}"), format!("{base}1_{kernel}")],
-            glu: [
-                format!("{base}_glu_{kernel}"),
-                format!("{base}1_glu_{kernel}"),
-            ],
+            mmv: v(base, ""),
+            glu: v(base, "_glu"),
         }
     }
+}
+
+/// Matrix-vector launches over at most this many weight bytes prefetch their rows into L2
+/// before waiting for the previous kernel (quant.cu `MMV_BEGIN`): measured on the H200, tg128
+/// +5% on the SmolLM2 shape and +2% on the Gemma3 shape, neutral on the 8B shapes, whose larger
+/// launches lose with it (8B Q4_0 −12% with every launch prefetching, −4% with launches up to
+/// 24 MiB doing it; BENCHMARKS.md).
+const MMV_PREFETCH_MAX: usize = 4 << 20;
+
+/// The variant of a matrix-vector kernel for `nt` tokens over `bytes` of weights.
+fn mmv_name(names: &[String; 4], nt: usize, bytes: usize) -> &str {
+    &names[usize::from(nt == 1) + 2 * usize::from(bytes <= MMV_PREFETCH_MAX)]
 }
 
 pub struct CudaKv {
@@ -697,7 +715,8 @@ impl CudaBackend {
             }
             let xo = x + (t * w0.cols * 4) as u64;
             let grid = (total_rows.div_ceil(4) as u32, 1, 1);
-            let name = &w0.names.mmv[usize::from(nt == 1)];
+            let bytes = mats.iter().map(|(w, _)| w.rows * w.row_bytes).sum();
+            let name = mmv_name(&w0.names.mmv, nt, bytes);
             match int8 {
                 Some(block) => {
                     let (q, d, bs) = self.quantize_act(xo, nt, w0.cols, block, w0.ty)?;
@@ -1351,7 +1370,7 @@ impl Backend for CudaBackend {
             let nt = (rows_x - t).min(MMV_TOKENS);
             let xo = x.ptr() + (t * gate.cols * 4) as u64;
             let oo = out.ptr() + (t * n_ff * 4) as u64;
-            let name = &gate.names.glu[usize::from(nt == 1)];
+            let name = mmv_name(&gate.names.glu, nt, 2 * gate.rows * gate.row_bytes);
             match int8 {
                 Some(block) => {
                     let (q, d, bs) = self.quantize_act(xo, nt, gate.cols, block, gate.ty)?;
