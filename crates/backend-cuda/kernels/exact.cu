@@ -77,7 +77,8 @@ extern "C" __global__ void x_rms_norm(float* __restrict__ residual, const float*
 }
 
 // ---- products: y[t, r] = W[r] · x[t] on the int8 activations of ops.cu's quantizers ----
-// grid (ceil(rows / 128), n_tokens), block 128; one thread per (row, token).
+// grid (ceil(rows / 128), n_tokens), block 128; one thread per (row, token). `lanes16`: the
+// CPU runs its AVX-512 kernels (only the "lanes" K-quants below round differently there).
 
 // A 32-element block as the CPU's legacy kernels see it: signed values (ggml's q − 8, q − 16),
 // or unsigned with an offset m (Q4_1, Q5_1); d and m from f16. T: 0 q4_0, 1 q4_1, 2 q5_0,
@@ -160,7 +161,8 @@ __device__ void mm_legacy(const u8* __restrict__ W, long long row_bytes, int row
 #define X_MM_LEGACY(NAME, T)                                                                      \
     extern "C" __global__ void NAME(const u8* __restrict__ W, long long row_bytes, int rows, int nb, \
                                     const i8* __restrict__ aq, const float* __restrict__ ds,       \
-                                    const int* __restrict__ bsums, float* __restrict__ y) { pdl_begin(); \
+                                    const int* __restrict__ bsums, float* __restrict__ y,          \
+                                    int lanes16) { pdl_begin();                                   \
         mm_legacy<T>(W, row_bytes, rows, nb, aq, ds, y);                                          \
     }
 X_MM_LEGACY(x_mm_q4_0, 0)
@@ -175,7 +177,8 @@ X_MM_LEGACY(x_mm_q8_0, 4)
 // the result is their sum.
 extern "C" __global__ void x_mm_q4_k(const u8* __restrict__ W, long long row_bytes, int rows, int nb,
                                      const i8* __restrict__ aq, const float* __restrict__ d256,
-                                     const int* __restrict__ bsums, float* __restrict__ y) { pdl_begin();
+                                     const int* __restrict__ bsums, float* __restrict__ y,
+                                     int lanes16) { pdl_begin();
     int r = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (r >= rows) return;
     const u8* row = W + (long long)r * row_bytes;
@@ -219,7 +222,8 @@ extern "C" __global__ void x_mm_q4_k(const u8* __restrict__ W, long long row_byt
 // 32 · (bsum·sc of the 16s 2l and 2l+1), each lane fused with d·d_a; then hsum.
 extern "C" __global__ void x_mm_q6_k(const u8* __restrict__ W, long long row_bytes, int rows, int nb,
                                      const i8* __restrict__ aq, const float* __restrict__ d256,
-                                     const int* __restrict__ bsums, float* __restrict__ y) { pdl_begin();
+                                     const int* __restrict__ bsums, float* __restrict__ y,
+                                     int lanes16) { pdl_begin();
     int r = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (r >= rows) return;
     const u8* row = W + (long long)r * row_bytes;
@@ -248,6 +252,122 @@ extern "C" __global__ void x_mm_q6_k(const u8* __restrict__ W, long long row_byt
     }
     y[(long long)t * rows + r] = hsum8(acc);
 }
+
+// The other K-quants (Q2_K, Q3_K, Q5_K) in ggml's "lanes" form (kern.rs GGML_LANES), whose
+// float order depends on the CPU's SIMD level: per super-block, integer lane sums of Σ sc·v·q
+// (lane l: elements 4l..4l+3 of each 32, times the scale of their 16) fused with d·d_a, and the
+// correction lanes (Σ corr·bsum over the 16s 2l and 2l+1) fused with cd·d_a into a second
+// accumulator. AVX2 keeps 8 lanes and sums acc + accm lane by lane, then hsum. AVX-512 keeps
+// 16 value lanes (the even 32s in 0-7, the odd in 8-15), reduced by halves, quarters and pairs,
+// plus hsum of the 8 correction lanes. A block decodes to values v (unsigned), 16 scales and
+// 16 correction coefficients per 16 elements, d and cd, as decode.rs's KScales.
+template <int T> struct KLanes;
+template <> struct KLanes<0> {  // Q2_K: scales[16] (scale | min << 4), qs[64], d, dmin
+    static const int BYTES = 84;
+    __device__ static void get(const u8* b, int* v, int* sc, int* corr, float& d, float& cd) {
+        for (int i = 0; i < 16; i++) { sc[i] = b[i] & 15; corr[i] = b[i] >> 4; }
+        for (int e = 0; e < 256; e++) v[e] = (b[16 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+        d = h2f(rd16(b + 80)); cd = -h2f(rd16(b + 82));
+    }
+};
+template <> struct KLanes<1> {  // Q3_K: hmask[32], qs[64], scales[12] (6-bit, −32), d
+    static const int BYTES = 110;
+    __device__ static void get(const u8* b, int* v, int* sc, int* corr, float& d, float& cd) {
+        const u8* s = b + 96;
+        for (int j = 0; j < 16; j++) {
+            int low = j < 8 ? (s[j] & 15) : (s[j - 8] >> 4);
+            int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+            sc[j] = corr[j] = (low | (high << 4)) - 32;
+        }
+        for (int e = 0; e < 256; e++) {
+            int n = e / 128, j = (e % 128) / 32, l = e % 32;
+            v[e] = ((b[32 + 32 * n + l] >> (2 * j)) & 3) | (((b[l] >> (4 * n + j)) & 1) << 2);
+        }
+        d = h2f(rd16(b + 108)); cd = -4.0f * d;
+    }
+};
+template <> struct KLanes<2> {  // Q5_K: d, dmin, scales[12] (as Q4_K), qh[32], qs[128]
+    static const int BYTES = 176;
+    __device__ static void get(const u8* b, int* v, int* sc, int* corr, float& d, float& cd) {
+        const u8* s = b + 4;
+        for (int j = 0; j < 8; j++) {
+            int a, m;
+            if (j < 4) {
+                a = s[j] & 63;
+                m = s[j + 4] & 63;
+            } else {
+                a = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+                m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            }
+            sc[2 * j] = sc[2 * j + 1] = a;
+            corr[2 * j] = corr[2 * j + 1] = m;
+        }
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                int q = b[48 + 32 * j + l], h = b[16 + l] >> (2 * j);
+                v[64 * j + l] = (q & 15) | ((h & 1) << 4);
+                v[64 * j + 32 + l] = (q >> 4) | ((h & 2) << 3);
+            }
+        d = h2f(rd16(b)); cd = -h2f(rd16(b + 2));
+    }
+};
+
+template <int T>
+__device__ void mm_k_lanes(const u8* __restrict__ W, long long row_bytes, int rows, int nb,
+                           const i8* __restrict__ aq, const float* __restrict__ d256,
+                           const int* __restrict__ bsums, float* __restrict__ y, int lanes16) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (r >= rows) return;
+    const u8* row = W + (long long)r * row_bytes;
+    float acc[16], accm[8];
+    for (int l = 0; l < 16; l++) acc[l] = 0.f;
+    for (int l = 0; l < 8; l++) accm[l] = 0.f;
+    for (int bi = 0; bi < nb; bi++) {
+        int v[256], sc[16], corr[16];
+        float d, cd;
+        KLanes<T>::get(row + (long long)bi * KLanes<T>::BYTES, v, sc, corr, d, cd);
+        long long ab = (long long)t * nb + bi;
+        const i8* q = aq + ab * 256;
+        const int* bs = bsums + ab * 16;
+        int lane[16];
+        for (int l = 0; l < 16; l++) lane[l] = 0;
+        for (int e = 0; e < 256; e++) {
+            int g = e / 32, l = (e % 32) / 4;
+            lane[l + 8 * (g & 1)] += sc[e / 16] * v[e] * q[e];
+        }
+        float da = d256[ab], f = d * da, fm = cd * da;
+        if (lanes16) {
+            for (int l = 0; l < 16; l++) acc[l] = fmaf((float)lane[l], f, acc[l]);
+        } else {
+            for (int l = 0; l < 8; l++) acc[l] = fmaf((float)(lane[l] + lane[l + 8]), f, acc[l]);
+        }
+        for (int l = 0; l < 8; l++)
+            accm[l] = fmaf((float)(bs[2 * l] * corr[2 * l] + bs[2 * l + 1] * corr[2 * l + 1]), fm, accm[l]);
+    }
+    float out;
+    if (lanes16) {
+        float t8[8], t4[4];
+        for (int i = 0; i < 8; i++) t8[i] = acc[i] + acc[i + 8];
+        for (int i = 0; i < 4; i++) t4[i] = t8[i] + t8[i + 4];
+        out = ((t4[0] + t4[2]) + (t4[1] + t4[3])) + hsum8(accm);
+    } else {
+        float s8[8];
+        for (int l = 0; l < 8; l++) s8[l] = acc[l] + accm[l];
+        out = hsum8(s8);
+    }
+    y[(long long)t * rows + r] = out;
+}
+
+#define X_MM_K_LANES(NAME, T)                                                                     \
+    extern "C" __global__ void NAME(const u8* __restrict__ W, long long row_bytes, int rows, int nb, \
+                                    const i8* __restrict__ aq, const float* __restrict__ d256,     \
+                                    const int* __restrict__ bsums, float* __restrict__ y,          \
+                                    int lanes16) { pdl_begin();                                   \
+        mm_k_lanes<T>(W, row_bytes, rows, nb, aq, d256, bsums, y, lanes16);                       \
+    }
+X_MM_K_LANES(x_mm_q2_k, 0)
+X_MM_K_LANES(x_mm_q3_k, 1)
+X_MM_K_LANES(x_mm_q5_k, 2)
 
 // ---- rope, then q scaled and rounded to f16, k and v into the f16 cache ----
 // grid (n_tokens, n_head + n_head_kv), block 32. sc: per token, n_dims/2 sines then as many

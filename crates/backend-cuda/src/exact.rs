@@ -13,6 +13,7 @@ use crate::{check, grid1, CudaBackend, CudaBuf, CudaKv, CudaWeight};
 use quiver_backend::{
     reference, Activation, AttnParams, BackendError, Result, RopeAngles, RopeMode, RopeParams,
 };
+use quiver_cpu_kernels::SimdLevel;
 use quiver_gguf::GgmlType;
 
 /// Whether `QUIVER_CUDA_EXACT=1` asks for the parity mode.
@@ -26,7 +27,7 @@ pub(crate) fn act_block(ty: GgmlType) -> Option<usize> {
     use GgmlType::*;
     match ty {
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => Some(32),
-        Q4_K | Q6_K => Some(256),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => Some(256),
         _ => None,
     }
 }
@@ -56,7 +57,8 @@ impl CudaBackend {
                 q,
                 d,
                 bs,
-                y
+                y,
+                i32::from(quiver_cpu_kernels::SimdLevel::active() == SimdLevel::Avx512)
             ],
         )
     }

@@ -31,7 +31,9 @@ pub fn module_names() -> Vec<String> {
 
 /// Weight types the parity mode (`QUIVER_CUDA_EXACT=1`) has products for (`x_mm_T` in the
 /// "exact" module), by kernel suffix.
-pub const EXACT_TYPES: &[&str] = &["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"];
+pub const EXACT_TYPES: &[&str] = &[
+    "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+];
 
 /// Weight types whose decode kernels take int8 activations: Some(32) for blocks of 32
 /// (quantize_a32), Some(256) for the K-quants' blocks of 256 (quantize_a256).

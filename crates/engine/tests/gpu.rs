@@ -195,7 +195,9 @@ fn batched_bench_sequences_on_the_gpu_equal_solo_runs() {
 /// The parity mode against the CPU backend (batch invariant, its default) on the same tokens:
 /// a prompt step, then decode steps; every logit the same bits. The SmolLM2 shape in Q4_1 and
 /// Q8_0 (its output), the Gemma3 shape in Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0; GeGLU, q/k norms,
-/// sliding window, head dim 256), Q4_0 and Q5_1 on the SmolLM2 shape.
+/// sliding window, head dim 256), Q4_0 and Q5_1 on the SmolLM2 shape, and the Llama-3-1B shape
+/// in Q5_K_M, Q3_K_M and Q2_K (Q2_K … Q6_K; head dim 64, GQA, llama3 rope scaling). The K-quant
+/// "lanes" forms depend on the CPU's SIMD level: run it also with `QUIVER_CPU_SIMD=avx2`.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn parity_mode_equals_the_cpu_bit_for_bit() {
@@ -205,6 +207,9 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
         ("gemma3-270m", "Q4_K_M"),
         ("smollm2-135m", "Q4_0"),
         ("smollm2-135m", "Q5_1"),
+        ("llama3-1b", "Q5_K_M"),
+        ("llama3-1b", "Q3_K_M"),
+        ("llama3-1b", "Q2_K"),
     ] {
         let f = synth(preset, ty);
         let opts = RunnerOptions {
