@@ -5,9 +5,10 @@
 //! product runs one thread per output: a reference-grade path, far slower than the default one.
 //!
 //! What comes from the host: the rope's sines and cosines (the CPU backend's own
-//! [`RopeAngles`], uploaded per step) and GELU's table (as ggml's). The activation quantizers of
-//! the fast path already round as the CPU does and are shared. Soft-capping (Gemma 2) and
-//! embedding rows are the fast path's kernels.
+//! [`RopeAngles`], uploaded per step), GELU's table (as ggml's) and which SIMD level the CPU
+//! backend runs (the Q2_K/Q3_K/Q5_K forms depend on it). The activation quantizers of the fast
+//! path already round as the CPU does and are shared. Soft-capping (Gemma 2) and embedding
+//! rows are the fast path's kernels.
 
 use crate::{check, grid1, CudaBackend, CudaBuf, CudaKv, CudaWeight};
 use quiver_backend::{
