@@ -468,6 +468,24 @@ extern "C" __global__ void x_attention(const float* __restrict__ q, const u16* _
     for (int i = 0; i < hd; i++) o[i] = acc[i] * inv;
 }
 
+// ---- embedding rows, dequantized as the CPU's quiver_quant::dequantize rounds them ----
+// quant.cu's deq_<T> (this module includes it), compiled here without fused multiply-adds:
+// `d·q + m` and `dl·q − ml` round twice, as the CPU computes them. grid (n_tokens), block 128.
+#define X_EMBED(T)                                                                                \
+    extern "C" __global__ void x_embed_##T(const u8* __restrict__ W, const u32* __restrict__ tokens, \
+                                           float* __restrict__ out, int cols, long long row_bytes,  \
+                                           float scale) { pdl_begin();                             \
+        const u8* row = W + (long long)tokens[blockIdx.x] * row_bytes;                            \
+        float* o = out + (long long)blockIdx.x * cols;                                            \
+        for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                               \
+            float v[32];                                                                          \
+            deq_##T(row, g, v);                                                                   \
+            for (int i = 0; i < 32; i++) o[g * 32 + i] = v[i] * scale;                            \
+        }                                                                                         \
+    }
+X_EMBED(q4_0) X_EMBED(q4_1) X_EMBED(q5_0) X_EMBED(q5_1) X_EMBED(q8_0) X_EMBED(q2_k) X_EMBED(q3_k)
+X_EMBED(q4_k) X_EMBED(q5_k) X_EMBED(q6_k) X_EMBED(f32) X_EMBED(f16) X_EMBED(bf16)
+
 // ---- gated activations: SiLU through ggml's vectorised e^x, GELU through its f16 table ----
 // e^x as ggml_v_expf computes it on AVX-512 (act_fn.rs ggml_expf: the same fused operations).
 __device__ float ggml_expf(float x) {

@@ -7,8 +7,8 @@
 //! What comes from the host: the rope's sines and cosines (the CPU backend's own
 //! [`RopeAngles`], uploaded per step), GELU's table (as ggml's) and which SIMD level the CPU
 //! backend runs (the Q2_K/Q3_K/Q5_K forms depend on it). The activation quantizers of the fast
-//! path already round as the CPU does and are shared. Soft-capping (Gemma 2) and embedding
-//! rows are the fast path's kernels.
+//! path already round as the CPU does and are shared. Soft-capping (Gemma 2) is the fast path's
+//! kernel (libm's tanhf is not reproduced).
 
 use crate::{check, grid1, CudaBackend, CudaBuf, CudaKv, CudaWeight};
 use quiver_backend::{

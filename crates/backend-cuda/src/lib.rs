@@ -1172,10 +1172,14 @@ impl Backend for CudaBackend {
         check("embed", out.len >= n * table.cols, || {
             format!("out holds {} < {n}×{}", out.len, table.cols)
         })?;
-        let name = &table.names.embed;
+        let (module, name) = if self.exact {
+            ("exact", format!("x_embed_{}", table.kernel))
+        } else {
+            (table.names.module.as_str(), table.names.embed.clone())
+        };
         self.launch(
-            &table.names.module,
-            name,
+            module,
+            &name,
             (n.max(1) as u32, 1, 1),
             (128, 1, 1),
             args![

@@ -84,6 +84,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
                 .map(|s| s.to_string())
                 .collect();
             v.extend(EXACT_TYPES.iter().map(|t| format!("x_mm_{t}")));
+            v.extend(QUANT_TYPES.iter().map(|t| format!("x_embed_{t}")));
             v
         }
         m => {
@@ -129,7 +130,8 @@ pub fn module_source(module: &str) -> Option<String> {
     let body = match module {
         "ops" => OPS.to_string(),
         "attn" => ATTN.to_string(),
-        "exact" => EXACT.to_string(),
+        // The parity mode's embedding kernels use quant.cu's dequantizers.
+        "exact" => format!("#line 1 \"quant.cu\"\n{QUANT}\n#line 1 \"exact.cu\"\n{EXACT}"),
         m => {
             let t = m
                 .strip_prefix("quant_")

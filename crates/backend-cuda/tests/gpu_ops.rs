@@ -242,6 +242,56 @@ fn matmul_and_embedding_match_reference_for_every_type() {
             .flat_map(|&t| wd[t as usize * cols..][..cols].iter().map(|v| v * 1.5))
             .collect();
         assert!(rel_err(&got, &want) < 1e-6, "{ty} embed");
+        // The parity mode's gather rounds as the CPU's dequantizer: the same bits.
+        let mut exact = backend();
+        exact.set_exact(true);
+        let wx = match exact.weight(
+            "w",
+            ty,
+            &[rows as u64, cols as u64],
+            tensor(ty, &[rows as u64, cols as u64], &q),
+        ) {
+            Ok(w) => w,
+            // Types the parity mode has no product for are refused at load.
+            Err(quiver_backend::BackendError::Unsupported { .. }) => continue,
+            Err(e) => panic!("{ty}: {e}"),
+        };
+        exact.begin_step(&b, 1, 8, 8).unwrap();
+        let mut out = poison(&exact, 4 * cols);
+        exact.embed(&wx, 1.5, &mut out).unwrap();
+        exact.end_step(true).unwrap();
+        let got = read(&exact, &out, 4 * cols);
+        let differ = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "{ty} embed in the parity mode: {differ} values differ"
+        );
+        // Its products give the CPU kernels' floats (batch invariant, at the active SIMD level).
+        let pool = quiver_cpu_kernels::ThreadPool::new(2).unwrap();
+        let mut scratch = quiver_cpu_kernels::Scratch::new();
+        for n in [1usize, 3, 9] {
+            let x = rng.vec(n * cols);
+            let xb = exact.buf_from(&x).unwrap();
+            let mut y = poison(&exact, n * rows);
+            exact.matmul(&wx, &xb, n, &mut y).unwrap();
+            let got = read(&exact, &y, n * rows);
+            let mut want = vec![0f32; n * rows];
+            quiver_cpu_kernels::matmul(&pool, ty, &q, rows, cols, &x, n, &mut want, &mut scratch)
+                .unwrap();
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{ty} matmul in the parity mode, {n} tokens: {differ} differ"
+            );
+        }
     }
 }
 
