@@ -1,4 +1,5 @@
-// The parity mode's kernels (QUIVER_CUDA_EXACT=1): each computes what the CPU backend computes
+// The parity mode's kernels (QUIVER_CUDA_EXACT=1), after quant.cu in the same module (its block
+// decoders serve here too): each computes what the CPU backend computes
 // for a batch-invariant step (every token on the decode path), operation for operation and in
 // the same order, so that the two backends' floats are the same bits — and with them
 // llama.cpp's CPU floats for one-token steps (docs/ARCHITECTURE.md, "CPU parity").
@@ -192,14 +193,9 @@ extern "C" __global__ void x_mm_q4_k(const u8* __restrict__ W, long long row_byt
         const int* bs = bsums + ab * 16;
         int isum = 0, csum = 0;
         for (int j = 0; j < 8; j++) {
-            int sc, mn;
-            if (j < 4) {
-                sc = s[j] & 63;
-                mn = s[j + 4] & 63;
-            } else {
-                sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-                mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-            }
+            float scf, mnf;
+            k4_scale_min(s, j, scf, mnf);  // quant.cu: exact small integers
+            int sc = (int)scf, mn = (int)mnf;
             int dot = 0;
             for (int l = 0; l < 32; l++) {
                 int byte = qs[32 * (j / 2) + l];
@@ -273,12 +269,7 @@ template <> struct KLanes<0> {  // Q2_K: scales[16] (scale | min << 4), qs[64], 
 template <> struct KLanes<1> {  // Q3_K: hmask[32], qs[64], scales[12] (6-bit, −32), d
     static const int BYTES = 110;
     __device__ static void get(const u8* b, int* v, int* sc, int* corr, float& d, float& cd) {
-        const u8* s = b + 96;
-        for (int j = 0; j < 16; j++) {
-            int low = j < 8 ? (s[j] & 15) : (s[j - 8] >> 4);
-            int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-            sc[j] = corr[j] = (low | (high << 4)) - 32;
-        }
+        for (int j = 0; j < 16; j++) sc[j] = corr[j] = q3k_scale(b + 96, j);  // quant.cu
         for (int e = 0; e < 256; e++) {
             int n = e / 128, j = (e % 128) / 32, l = e % 32;
             v[e] = ((b[32 + 32 * n + l] >> (2 * j)) & 3) | (((b[l] >> (4 * n + j)) & 1) << 2);
@@ -291,16 +282,10 @@ template <> struct KLanes<2> {  // Q5_K: d, dmin, scales[12] (as Q4_K), qh[32], 
     __device__ static void get(const u8* b, int* v, int* sc, int* corr, float& d, float& cd) {
         const u8* s = b + 4;
         for (int j = 0; j < 8; j++) {
-            int a, m;
-            if (j < 4) {
-                a = s[j] & 63;
-                m = s[j + 4] & 63;
-            } else {
-                a = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-                m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-            }
-            sc[2 * j] = sc[2 * j + 1] = a;
-            corr[2 * j] = corr[2 * j + 1] = m;
+            float a, m;
+            k4_scale_min(s, j, a, m);
+            sc[2 * j] = sc[2 * j + 1] = (int)a;
+            corr[2 * j] = corr[2 * j + 1] = (int)m;
         }
         for (int j = 0; j < 4; j++)
             for (int l = 0; l < 32; l++) {
@@ -469,20 +454,9 @@ extern "C" __global__ void x_attention(const float* __restrict__ q, const u16* _
 }
 
 // ---- embedding rows, dequantized as the CPU's quiver_quant::dequantize rounds them ----
-// quant.cu's deq_<T> (this module includes it), compiled here without fused multiply-adds:
+// quant.cu's gather (this module includes it), compiled here without fused multiply-adds:
 // `d·q + m` and `dl·q − ml` round twice, as the CPU computes them. grid (n_tokens), block 128.
-#define X_EMBED(T)                                                                                \
-    extern "C" __global__ void x_embed_##T(const u8* __restrict__ W, const u32* __restrict__ tokens, \
-                                           float* __restrict__ out, int cols, long long row_bytes,  \
-                                           float scale) { pdl_begin();                             \
-        const u8* row = W + (long long)tokens[blockIdx.x] * row_bytes;                            \
-        float* o = out + (long long)blockIdx.x * cols;                                            \
-        for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                               \
-            float v[32];                                                                          \
-            deq_##T(row, g, v);                                                                   \
-            for (int i = 0; i < 32; i++) o[g * 32 + i] = v[i] * scale;                            \
-        }                                                                                         \
-    }
+#define X_EMBED(T) EMBED_K(x_embed_##T, T)
 X_EMBED(q4_0) X_EMBED(q4_1) X_EMBED(q5_0) X_EMBED(q5_1) X_EMBED(q8_0) X_EMBED(q2_k) X_EMBED(q3_k)
 X_EMBED(q4_k) X_EMBED(q5_k) X_EMBED(q6_k) X_EMBED(f32) X_EMBED(f16) X_EMBED(bf16)
 

@@ -445,10 +445,12 @@ __device__ __forceinline__ const u8* mmv_row(MmvMat m0, MmvMat m1, MmvMat m2, in
             }                                                                                         \
         }                                                                                             \
     }
-#define QUANT_KERNELS(T)                                                                              \
-    extern "C" __global__ void embed_##T(const u8* __restrict__ W, const u32* __restrict__ tokens,   \
-                                         float* __restrict__ out, int cols, long long row_bytes,      \
-                                         float scale) { pdl_begin();                                               \
+// An embedding gather kernel: out[t, :] = deq(row tokens[t]) · scale (also the parity mode's,
+// exact.cu, compiled there without fused multiply-adds).
+#define EMBED_K(NAME, T)                                                                              \
+    extern "C" __global__ void NAME(const u8* __restrict__ W, const u32* __restrict__ tokens,        \
+                                    float* __restrict__ out, int cols, long long row_bytes,           \
+                                    float scale) { pdl_begin();                                       \
         const u8* row = W + (long long)tokens[blockIdx.x] * row_bytes;                               \
         float* o = out + (long long)blockIdx.x * cols;                                                \
         for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                                   \
@@ -459,7 +461,9 @@ __device__ __forceinline__ const u8* mmv_row(MmvMat m0, MmvMat m1, MmvMat m2, in
                 o4[i] = make_float4(v[4 * i] * scale, v[4 * i + 1] * scale, v[4 * i + 2] * scale,    \
                                     v[4 * i + 3] * scale);                                            \
         }                                                                                             \
-    }                                                                                                 \
+    }
+#define QUANT_KERNELS(T)                                                                              \
+    EMBED_K(embed_##T, T)                                                                             \
     extern "C" __global__ void dequant_f16_##T(const u8* __restrict__ W, u16* __restrict__ out,     \
                                                 int cols, long long row_bytes) { pdl_begin();                      \
         const u8* row = W + (long long)blockIdx.x * row_bytes;                                        \

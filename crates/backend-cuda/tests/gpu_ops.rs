@@ -85,6 +85,14 @@ fn tensor(ty: GgmlType, shape: &[u64], bytes: &[u8]) -> WeightBytes {
     }
 }
 
+/// How many values of `a` and `b` are not the same bits.
+fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 fn poison(be: &CudaBackend, n: usize) -> quiver_backend_cuda::CudaBuf {
     be.buf_from(&vec![f32::NAN; n]).unwrap()
 }
@@ -261,11 +269,7 @@ fn matmul_and_embedding_match_reference_for_every_type() {
         exact.embed(&wx, 1.5, &mut out).unwrap();
         exact.end_step(true).unwrap();
         let got = read(&exact, &out, 4 * cols);
-        let differ = got
-            .iter()
-            .zip(&want)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
+        let differ = bits_differ(&got, &want);
         assert_eq!(
             differ, 0,
             "{ty} embed in the parity mode: {differ} values differ"
@@ -282,11 +286,7 @@ fn matmul_and_embedding_match_reference_for_every_type() {
             let mut want = vec![0f32; n * rows];
             quiver_cpu_kernels::matmul(&pool, ty, &q, rows, cols, &x, n, &mut want, &mut scratch)
                 .unwrap();
-            let differ = got
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
+            let differ = bits_differ(&got, &want);
             assert_eq!(
                 differ, 0,
                 "{ty} matmul in the parity mode, {n} tokens: {differ} differ"
