@@ -43,6 +43,17 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             }
         }
     }
+    let mut sum = dot_reduce(&s) as f64;
+    for (x, y) in ra.iter().zip(rb) {
+        sum += (x * y) as f64;
+    }
+    sum as f32
+}
+
+/// The reduction of [`dot`]'s four 16-lane partial sums: 0+2 and 1+3, their sum, then the 16
+/// lanes as `_mm512_reduce_add_ps` reduces them.
+#[inline(always)]
+fn dot_reduce(s: &[[f32; 16]; 4]) -> f32 {
     let mut x0 = [0f32; 16];
     for l in 0..16 {
         x0[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
@@ -52,11 +63,90 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         t3[i] = x0[i] + x0[8 + i];
     }
     let t6 = [t3[0] + t3[4], t3[1] + t3[5], t3[2] + t3[6], t3[3] + t3[7]];
-    let mut sum = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
-    for (x, y) in ra.iter().zip(rb) {
-        sum += (x * y) as f64;
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// [`dot`] with `b` read as f16 and widened 8 at a time in registers: the same products and
+/// additions in the same order (no widened copy of the row).
+///
+/// # Safety
+/// The CPU must support AVX, F16C (the caller runs with them enabled).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot_f16c(a: &[f32], b: &[half::f16]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let full = n / 64 * 64;
+    // SAFETY: every load reads 8 elements below `full` <= the length of both slices.
+    unsafe {
+        let mut v = [_mm256_setzero_ps(); 8];
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut c = 0;
+        while c < full {
+            for (k, vk) in v.iter_mut().enumerate() {
+                let x = _mm256_loadu_ps(pa.add(c + 8 * k));
+                let y = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(c + 8 * k) as *const __m128i));
+                *vk = _mm256_add_ps(*vk, _mm256_mul_ps(x, y));
+            }
+            c += 64;
+        }
+        let mut s = [[0f32; 16]; 4];
+        for (j, sj) in s.iter_mut().enumerate() {
+            _mm256_storeu_ps(sj.as_mut_ptr(), v[2 * j]);
+            _mm256_storeu_ps(sj.as_mut_ptr().add(8), v[2 * j + 1]);
+        }
+        let mut sum = dot_reduce(&s) as f64;
+        for i in full..n {
+            sum += (a[i] * b[i].to_f32()) as f64;
+        }
+        sum as f32
     }
-    sum as f32
+}
+
+/// `acc = acc · r` (`v` None) or `acc = v · w + acc` fused (`v` an f16 row, `w` the weight),
+/// each element then rounded to f16 when `r16`: the operations of `task_body`'s generic loops,
+/// 8 at a time with the row widened in registers.
+///
+/// # Safety
+/// The CPU must support AVX, FMA and F16C (the caller runs with them enabled).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn update_f16c(acc: &mut [f32], v: Option<&[half::f16]>, w: f32, r16: bool) {
+    use std::arch::x86_64::*;
+    let n = acc.len();
+    let full = n / 8 * 8;
+    // SAFETY: loads and stores of 8 elements below `full` <= the lengths of `acc` and `v`.
+    unsafe {
+        let wv = _mm256_set1_ps(w);
+        let pa = acc.as_mut_ptr();
+        let mut i = 0;
+        while i < full {
+            let x = _mm256_loadu_ps(pa.add(i));
+            let mut y = match v {
+                Some(v) => _mm256_fmadd_ps(
+                    _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i)),
+                    wv,
+                    x,
+                ),
+                None => _mm256_mul_ps(x, wv),
+            };
+            if r16 {
+                y = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(y));
+            }
+            _mm256_storeu_ps(pa.add(i), y);
+            i += 8;
+        }
+        for j in full..n {
+            let mut y = match v {
+                Some(v) => v[j].to_f32().mul_add(w, acc[j]),
+                None => acc[j] * w,
+            };
+            if r16 {
+                y = half::f16::from_f32(y).to_f32();
+            }
+            acc[j] = y;
+        }
+    }
 }
 
 /// Whether a single-sequence step of `n` query rows takes llama.cpp's tiled attention (64+
@@ -137,6 +227,44 @@ fn task_body(
     let scale = if a.scale_q { 1.0 } else { a.scale };
     let scale = a.softcap.map_or(scale, |c| scale / c);
     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    #[cfg(target_arch = "x86_64")]
+    if f16c {
+        // The same operations as the loop below, on rows read as f16 (no widened copies).
+        for p in first..=pos {
+            let slot = batch.slot(s, p);
+            let krow = &k_cache[slot * kv_dim + koff..][..hd];
+            // SAFETY: `f16c` is true only when the CPU has AVX2, FMA and F16C (checked at
+            // dispatch), and this body then runs inside `task_avx2`.
+            let mut sc = unsafe { dot_f16c(qh, krow) } * scale;
+            if let Some(c) = a.softcap {
+                sc = c * sc.tanh();
+            }
+            let w = if sc > m {
+                let r = (m - sc).exp();
+                m = sc;
+                sum = sum.mul_add(r, 1.0);
+                // SAFETY: as above.
+                unsafe { update_f16c(acc, None, r, r16) };
+                1.0
+            } else {
+                let w = if tiled {
+                    crate::act_fn::ggml_expf(sc - m)
+                } else {
+                    (sc - m).exp()
+                };
+                sum += w;
+                w
+            };
+            let vrow = &v_cache[slot * kv_dim + koff..][..hd];
+            // SAFETY: as above.
+            unsafe { update_f16c(acc, Some(vrow), w, r16) };
+        }
+        let inv = 1.0 / sum;
+        for (r, x) in row.iter_mut().zip(acc.iter()) {
+            *r = x * inv;
+        }
+        return;
+    }
     for p in first..=pos {
         let slot = batch.slot(s, p);
         widen(&k_cache[slot * kv_dim + koff..][..hd], row32);
@@ -285,4 +413,71 @@ pub fn attention(
         task_body(i, q, k_cache, v_cache, batch, a, r16, tiled, false, row);
     };
     pool.run(n_tasks, &task);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 path (rows read as f16 in registers, fused updates) computes the generic loops'
+    /// floats bit for bit: head dims with and without a tail past 64, the f16 and the f32
+    /// accumulator, the tiled step's weights, a window and soft-capping.
+    #[test]
+    fn the_f16c_path_equals_the_generic_loops_bit_for_bit() {
+        if !has_avx2() {
+            eprintln!("SKIPPED: no AVX2/FMA/F16C");
+            return;
+        }
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        };
+        for (hd, window, softcap) in [
+            (64, None, None),
+            (128, Some(7), None),
+            (256, None, Some(30.0)),
+            (80, None, None),
+        ] {
+            let (nh, nkv, n) = (4usize, 2usize, 19usize);
+            let a = AttnParams {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                scale_q: false,
+                window,
+                softcap,
+            };
+            let batch = Batch::single(&vec![1; n], 0, &[2, 0], 16, vec![]);
+            let kv_dim = nkv * hd;
+            let slots = 48;
+            let k: Vec<half::f16> = (0..slots * kv_dim)
+                .map(|_| half::f16::from_f32(rnd()))
+                .collect();
+            let v: Vec<half::f16> = (0..slots * kv_dim)
+                .map(|_| half::f16::from_f32(rnd()))
+                .collect();
+            let q: Vec<f32> = (0..n * nh * hd)
+                .map(|_| half::f16::from_f32(rnd() * 3.0).to_f32())
+                .collect();
+            for (r16, tiled) in [(true, false), (false, false), (false, true)] {
+                for i in 0..n * nh {
+                    let (mut want, mut got) = (vec![0f32; hd], vec![0f32; hd]);
+                    task_body(i, &q, &k, &v, &batch, &a, r16, tiled, false, &mut want);
+                    // SAFETY: has_avx2 checked AVX2, FMA and F16C.
+                    unsafe { task_avx2(i, &q, &k, &v, &batch, &a, r16, tiled, &mut got) };
+                    for (d, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            w.to_bits(),
+                            "hd {hd}, task {i}, dim {d}, r16 {r16}, tiled {tiled}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
