@@ -80,120 +80,128 @@ pub fn f16_accumulator() -> bool {
     *F.get_or_init(|| std::env::var("QUIVER_CPU_ATTN_F32").map_or(true, |v| v != "1"))
 }
 
-/// Rounds every element of `x` to f16 (vectorised conversions).
-#[inline]
-fn round_f16(x: &mut [f32], tmp: &mut [half::f16]) {
-    let tmp = &mut tmp[..x.len()];
-    tmp.convert_from_f32_slice(x);
-    tmp.convert_to_f32_slice(x);
-}
-
-/// The per-key operations of one (token, head) task; [`softmax_keys`] runs the online softmax
-/// over them once for every implementation. Each computes the same floats: the dot products in
-/// [`dot`]'s order (products rounded, then added), the updates as fused multiply-adds, the
-/// accumulator rounded to f16 after each update when `r16`.
+/// The per-key operations of a task over `G` heads that share a KV head (their queries and
+/// accumulators side by side, head `j` at `j · head_dim`); [`softmax_group`] runs the online
+/// softmax over them once for every implementation. Each computes the same floats: the dot
+/// products in [`dot`]'s order (products rounded, then added), the updates as fused
+/// multiply-adds, the accumulator rounded to f16 after each update when `r16`.
 trait Keys {
-    /// q·k with one K row.
-    fn dot(&mut self, k: &[half::f16]) -> f32;
-    /// acc ← acc · r.
-    fn rescale(&mut self, r: f32);
-    /// acc ← v · w + acc.
-    fn mad(&mut self, v: &[half::f16], w: f32);
-    /// row ← acc · inv.
-    fn finish(&mut self, row: &mut [f32], inv: f32);
+    /// q_j·k with one K row.
+    fn dot(&mut self, j: usize, k: &[half::f16]) -> f32;
+    /// acc_j ← acc_j · r.
+    fn rescale(&mut self, j: usize, r: f32);
+    /// acc_j ← v · w + acc_j.
+    fn mad(&mut self, j: usize, v: &[half::f16], w: f32);
+    /// row ← acc_j · inv.
+    fn finish(&mut self, j: usize, row: &mut [f32], inv: f32);
 }
 
-/// The online softmax of task `i` (token `i / n_head`, head `i % n_head`) over its visible
-/// keys, in ggml's order of operations (llama.cpp parity): the scale divided by the soft-cap
-/// first, the running sum and the p·v update fused multiply-adds; steps of 64+ rows
-/// (`tiled`) take the weights from ggml's vectorised e^x, as llama.cpp's tiled attention does.
+/// The online softmax of `g` consecutive heads from `h0` (one KV group, or part of one) of
+/// token `t` over their visible keys, head by head in ggml's order of operations (llama.cpp
+/// parity): the scale divided by the soft-cap first, the running sum and the p·v update fused
+/// multiply-adds; steps of 64+ rows (`tiled`) take the weights from ggml's vectorised e^x, as
+/// llama.cpp's tiled attention does. Each key's K and V rows are read once for all `g` heads;
+/// each head's operations are those it takes alone. `rows`: the `g` output rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn softmax_keys<K: Keys>(
+fn softmax_group<K: Keys>(
     ks: &mut K,
-    i: usize,
+    t: usize,
+    h0: usize,
+    g: usize,
     k_cache: &[half::f16],
     v_cache: &[half::f16],
     batch: &Batch,
     a: &AttnParams,
     tiled: bool,
-    row: &mut [f32],
+    rows: &mut [f32],
 ) {
-    let (hd, nh) = (a.head_dim, a.n_head);
+    let hd = a.head_dim;
     let kv_dim = a.n_head_kv * hd;
-    let (t, h) = (i / nh, i % nh);
     let s = batch.seq_of[t] as usize;
     let pos = batch.positions[t] as usize;
     let first = a.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
-    let koff = (h / (nh / a.n_head_kv)) * hd;
+    let koff = (h0 / (a.n_head / a.n_head_kv)) * hd;
     let scale = if a.scale_q { 1.0 } else { a.scale };
     let scale = a.softcap.map_or(scale, |c| scale / c);
-    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    let (mut m, mut sum) = ([f32::NEG_INFINITY; MAX_GROUP], [0f32; MAX_GROUP]);
     for p in first..=pos {
         let slot = batch.slot(s, p);
-        let mut sc = ks.dot(&k_cache[slot * kv_dim + koff..][..hd]) * scale;
-        if let Some(c) = a.softcap {
-            sc = c * sc.tanh();
-        }
-        let w = if sc > m {
-            let r = (m - sc).exp();
-            m = sc;
-            sum = sum.mul_add(r, 1.0);
-            ks.rescale(r);
-            1.0
-        } else {
-            let w = if tiled {
-                crate::act_fn::ggml_expf(sc - m)
+        let krow = &k_cache[slot * kv_dim + koff..][..hd];
+        let vrow = &v_cache[slot * kv_dim + koff..][..hd];
+        for j in 0..g {
+            let mut sc = ks.dot(j, krow) * scale;
+            if let Some(c) = a.softcap {
+                sc = c * sc.tanh();
+            }
+            let w = if sc > m[j] {
+                let r = (m[j] - sc).exp();
+                m[j] = sc;
+                sum[j] = sum[j].mul_add(r, 1.0);
+                ks.rescale(j, r);
+                1.0
             } else {
-                (sc - m).exp()
+                let w = if tiled {
+                    crate::act_fn::ggml_expf(sc - m[j])
+                } else {
+                    (sc - m[j]).exp()
+                };
+                sum[j] += w;
+                w
             };
-            sum += w;
-            w
-        };
-        ks.mad(&v_cache[slot * kv_dim + koff..][..hd], w);
+            ks.mad(j, vrow, w);
+        }
     }
-    ks.finish(row, 1.0 / sum);
+    for (j, row) in rows.chunks_exact_mut(hd).take(g).enumerate() {
+        ks.finish(j, row, 1.0 / sum[j]);
+    }
 }
+
+/// Heads one task takes at most (a KV group is cut into parts of at most this many).
+const MAX_GROUP: usize = 8;
 
 /// Plain Rust: rows widened into a buffer, then [`dot`] and the element loops.
 struct Generic<'a> {
     q: &'a [f32],
+    acc: &'a mut [f32],
+    row32: &'a mut [f32],
+    hd: usize,
     r16: bool,
-    acc: [f32; MAX_HEAD_DIM],
-    row32: [f32; MAX_HEAD_DIM],
-    tmp: [half::f16; MAX_HEAD_DIM],
 }
 
 impl Generic<'_> {
-    fn round(&mut self) {
+    fn round(&mut self, j: usize) {
         if self.r16 {
-            let hd = self.q.len();
-            round_f16(&mut self.acc[..hd], &mut self.tmp);
+            for x in &mut self.acc[j * self.hd..][..self.hd] {
+                *x = half::f16::from_f32(*x).to_f32();
+            }
         }
     }
 }
 
 impl Keys for Generic<'_> {
-    fn dot(&mut self, k: &[half::f16]) -> f32 {
-        let hd = self.q.len();
-        k.convert_to_f32_slice(&mut self.row32[..hd]);
-        dot(self.q, &self.row32[..hd])
+    fn dot(&mut self, j: usize, k: &[half::f16]) -> f32 {
+        k.convert_to_f32_slice(self.row32);
+        dot(&self.q[j * self.hd..][..self.hd], self.row32)
     }
-    fn rescale(&mut self, r: f32) {
-        let hd = self.q.len();
-        self.acc[..hd].iter_mut().for_each(|x| *x *= r);
-        self.round();
+    fn rescale(&mut self, j: usize, r: f32) {
+        self.acc[j * self.hd..][..self.hd]
+            .iter_mut()
+            .for_each(|x| *x *= r);
+        self.round(j);
     }
-    fn mad(&mut self, v: &[half::f16], w: f32) {
-        let hd = self.q.len();
-        v.convert_to_f32_slice(&mut self.row32[..hd]);
-        for (x, &v) in self.acc[..hd].iter_mut().zip(self.row32.iter()) {
+    fn mad(&mut self, j: usize, v: &[half::f16], w: f32) {
+        v.convert_to_f32_slice(self.row32);
+        for (x, &v) in self.acc[j * self.hd..][..self.hd]
+            .iter_mut()
+            .zip(self.row32.iter())
+        {
             *x = v.mul_add(w, *x);
         }
-        self.round();
+        self.round(j);
     }
-    fn finish(&mut self, row: &mut [f32], inv: f32) {
-        for (r, x) in row.iter_mut().zip(self.acc.iter()) {
+    fn finish(&mut self, j: usize, row: &mut [f32], inv: f32) {
+        for (r, x) in row.iter_mut().zip(&self.acc[j * self.hd..][..self.hd]) {
             *r = x * inv;
         }
     }
@@ -205,60 +213,76 @@ impl Keys for Generic<'_> {
 #[cfg(target_arch = "x86_64")]
 struct F16c<'a> {
     q: &'a [f32],
+    acc: &'a mut [f32],
+    hd: usize,
     r16: bool,
-    acc: [f32; MAX_HEAD_DIM],
 }
 
 #[cfg(target_arch = "x86_64")]
 impl F16c<'_> {
-    /// acc ← v · w + acc (`v` Some) or acc · w, each rounded to f16 when `r16`.
+    /// acc_j ← v · w + acc_j (`v` Some) or acc_j · w, each rounded to f16 when `r16`.
     #[inline(always)]
-    fn update(&mut self, v: Option<&[half::f16]>, w: f32) {
-        use std::arch::x86_64::*;
-        let n = self.q.len();
-        let full = n / 8 * 8;
-        // SAFETY: AVX, FMA and F16C per the type's contract; loads and stores of 8 elements
-        // below `full` <= the lengths of `acc` and `v` (a row of `n`).
-        unsafe {
-            let wv = _mm256_set1_ps(w);
-            let pa = self.acc.as_mut_ptr();
-            let mut i = 0;
-            while i < full {
-                let x = _mm256_loadu_ps(pa.add(i));
-                let mut y = match v {
-                    Some(v) => _mm256_fmadd_ps(
-                        _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i)),
-                        wv,
-                        x,
-                    ),
-                    None => _mm256_mul_ps(x, wv),
-                };
-                if self.r16 {
-                    y = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(y));
-                }
-                _mm256_storeu_ps(pa.add(i), y);
-                i += 8;
-            }
+    fn update(&mut self, j: usize, v: Option<&[half::f16]>, w: f32) {
+        let acc = &mut self.acc[j * self.hd..][..self.hd];
+        // One loop per case: no flag tested per element.
+        match (v, self.r16) {
+            (Some(v), true) => update_row::<true, true>(acc, v, w),
+            (Some(v), false) => update_row::<true, false>(acc, v, w),
+            (None, true) => update_row::<false, true>(acc, &[], w),
+            (None, false) => update_row::<false, false>(acc, &[], w),
         }
-        for j in full..n {
-            let mut y = match v {
-                Some(v) => v[j].to_f32().mul_add(w, self.acc[j]),
-                None => self.acc[j] * w,
+    }
+}
+
+/// `acc ← v · w + acc` (MAD) or `acc · w`, each element rounded to f16 when R16; 8 at a time
+/// with AVX2 + FMA + F16C (the caller runs with them enabled: see [`F16c`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn update_row<const MAD: bool, const R16: bool>(acc: &mut [f32], v: &[half::f16], w: f32) {
+    use std::arch::x86_64::*;
+    let n = acc.len();
+    let full = n / 8 * 8;
+    assert!(!MAD || v.len() >= n);
+    // SAFETY: AVX, FMA and F16C per [`F16c`]'s contract; loads and stores of 8 elements below
+    // `full` <= the lengths of `acc` and (with MAD) `v`.
+    unsafe {
+        let wv = _mm256_set1_ps(w);
+        let pa = acc.as_mut_ptr();
+        let mut i = 0;
+        while i < full {
+            let x = _mm256_loadu_ps(pa.add(i));
+            let mut y = if MAD {
+                let h = _mm_loadu_si128(v.as_ptr().add(i) as *const __m128i);
+                _mm256_fmadd_ps(_mm256_cvtph_ps(h), wv, x)
+            } else {
+                _mm256_mul_ps(x, wv)
             };
-            if self.r16 {
-                y = half::f16::from_f32(y).to_f32();
+            if R16 {
+                y = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(y));
             }
-            self.acc[j] = y;
+            _mm256_storeu_ps(pa.add(i), y);
+            i += 8;
         }
+    }
+    for i in full..n {
+        let mut y = if MAD {
+            v[i].to_f32().mul_add(w, acc[i])
+        } else {
+            acc[i] * w
+        };
+        if R16 {
+            y = half::f16::from_f32(y).to_f32();
+        }
+        acc[i] = y;
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 impl Keys for F16c<'_> {
     #[inline(always)]
-    fn dot(&mut self, b: &[half::f16]) -> f32 {
+    fn dot(&mut self, j: usize, b: &[half::f16]) -> f32 {
         use std::arch::x86_64::*;
-        let a = self.q;
+        let a = &self.q[j * self.hd..][..self.hd];
         let n = a.len().min(b.len());
         let full = n / 64 * 64;
         let mut s = [[0f32; 16]; 4];
@@ -288,132 +312,74 @@ impl Keys for F16c<'_> {
         sum as f32
     }
     #[inline(always)]
-    fn rescale(&mut self, r: f32) {
-        self.update(None, r);
+    fn rescale(&mut self, j: usize, r: f32) {
+        self.update(j, None, r);
     }
     #[inline(always)]
-    fn mad(&mut self, v: &[half::f16], w: f32) {
-        self.update(Some(v), w);
+    fn mad(&mut self, j: usize, v: &[half::f16], w: f32) {
+        self.update(j, Some(v), w);
     }
     #[inline(always)]
-    fn finish(&mut self, row: &mut [f32], inv: f32) {
-        for (r, x) in row.iter_mut().zip(self.acc.iter()) {
+    fn finish(&mut self, j: usize, row: &mut [f32], inv: f32) {
+        for (r, x) in row.iter_mut().zip(&self.acc[j * self.hd..][..self.hd]) {
             *r = x * inv;
         }
     }
 }
 
-/// AVX-512 for head dims of `16 NV` (64, 128, 256): q and the accumulator live in `NV`
-/// 16-lane registers for the whole task; a 64-element chunk of the dot is one register per
-/// partial sum, as ggml's AVX-512 f16 dot keeps them. Only constructed where the CPU has
-/// AVX-512 F and F16C (+ AVX2, FMA), and only run inside [`task_avx512`].
-#[cfg(target_arch = "x86_64")]
-struct Zmm<const NV: usize> {
-    q: [std::arch::x86_64::__m512; NV],
-    acc: [std::arch::x86_64::__m512; NV],
-    r16: bool,
+thread_local! {
+    /// Per thread: the accumulators (and the generic path's widened row) of one task.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-#[cfg(target_arch = "x86_64")]
-impl<const NV: usize> Zmm<NV> {
-    #[inline(always)]
-    fn round(&mut self, x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        if !self.r16 {
-            return x;
+/// Runs `f` with this thread's scratch holding at least `n` zeros.
+#[inline(always)]
+fn with_zeros<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < n {
+            s.resize(n, 0.0);
         }
-        // SAFETY: AVX-512 F per the type's contract.
-        unsafe { _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) }
-    }
+        let z = &mut s[..n];
+        z.fill(0.0);
+        f(z)
+    })
 }
 
-#[cfg(target_arch = "x86_64")]
-impl<const NV: usize> Keys for Zmm<NV> {
-    #[inline(always)]
-    fn dot(&mut self, k: &[half::f16]) -> f32 {
-        use std::arch::x86_64::*;
-        assert!(k.len() >= 16 * NV && NV % 4 == 0);
-        let mut s = [[0f32; 16]; 4];
-        // SAFETY: AVX-512 F per the type's contract; 16 NV elements of `k` are read.
-        unsafe {
-            let mut v = [_mm512_setzero_ps(); 4];
-            for c in 0..NV / 4 {
-                for (j, vj) in v.iter_mut().enumerate() {
-                    let y = _mm512_cvtph_ps(_mm256_loadu_si256(
-                        k.as_ptr().add(64 * c + 16 * j) as *const __m256i
-                    ));
-                    *vj = _mm512_add_ps(*vj, _mm512_mul_ps(self.q[4 * c + j], y));
-                }
-            }
-            for (sj, vj) in s.iter_mut().zip(v) {
-                _mm512_storeu_ps(sj.as_mut_ptr(), vj);
-            }
-        }
-        dot_reduce(&s)
-    }
-    #[inline(always)]
-    fn rescale(&mut self, r: f32) {
-        use std::arch::x86_64::*;
-        for i in 0..NV {
-            // SAFETY: AVX-512 F per the type's contract.
-            let x = unsafe { _mm512_mul_ps(self.acc[i], _mm512_set1_ps(r)) };
-            self.acc[i] = self.round(x);
-        }
-    }
-    #[inline(always)]
-    fn mad(&mut self, v: &[half::f16], w: f32) {
-        use std::arch::x86_64::*;
-        assert!(v.len() >= 16 * NV);
-        for i in 0..NV {
-            // SAFETY: AVX-512 F per the type's contract; 16 elements of `v` at 16 i.
-            let x = unsafe {
-                _mm512_fmadd_ps(
-                    _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(16 * i) as *const __m256i)),
-                    _mm512_set1_ps(w),
-                    self.acc[i],
-                )
-            };
-            self.acc[i] = self.round(x);
-        }
-    }
-    #[inline(always)]
-    fn finish(&mut self, row: &mut [f32], inv: f32) {
-        use std::arch::x86_64::*;
-        assert!(row.len() >= 16 * NV);
-        for i in 0..NV {
-            // SAFETY: AVX-512 F per the type's contract; 16 elements of `row` at 16 i.
-            unsafe {
-                _mm512_storeu_ps(
-                    row.as_mut_ptr().add(16 * i),
-                    _mm512_mul_ps(self.acc[i], _mm512_set1_ps(inv)),
-                )
-            };
-        }
-    }
+/// A task: heads `h0..h0 + g` of token `t`; `q` and `rows` are theirs (`g · head_dim` each).
+struct Task<'a> {
+    t: usize,
+    h0: usize,
+    g: usize,
+    q: &'a [f32],
+    rows: &'a mut [f32],
 }
 
 /// One task on the generic implementation.
 #[allow(clippy::too_many_arguments)]
 fn task_generic(
-    i: usize,
-    q: &[f32],
+    task: Task<'_>,
     k: &[half::f16],
     v: &[half::f16],
     b: &Batch,
     a: &AttnParams,
     r16: bool,
     tiled: bool,
-    row: &mut [f32],
 ) {
     let hd = a.head_dim;
-    let mut ks = Generic {
-        q: &q[i * hd..][..hd],
-        r16,
-        acc: [0f32; MAX_HEAD_DIM],
-        row32: [0f32; MAX_HEAD_DIM],
-        tmp: [half::f16::ZERO; MAX_HEAD_DIM],
-    };
-    softmax_keys(&mut ks, i, k, v, b, a, tiled, row);
+    with_zeros(task.g * hd + hd, |z| {
+        let (acc, row32) = z.split_at_mut(task.g * hd);
+        let mut ks = Generic {
+            q: task.q,
+            acc,
+            row32,
+            hd,
+            r16,
+        };
+        softmax_group(
+            &mut ks, task.t, task.h0, task.g, k, v, b, a, tiled, task.rows,
+        );
+    })
 }
 
 /// One task on [`F16c`], compiled for AVX2 + FMA + F16C.
@@ -424,53 +390,26 @@ fn task_generic(
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn task_avx2(
-    i: usize,
-    q: &[f32],
+    task: Task<'_>,
     k: &[half::f16],
     v: &[half::f16],
     b: &Batch,
     a: &AttnParams,
     r16: bool,
     tiled: bool,
-    row: &mut [f32],
 ) {
     let hd = a.head_dim;
-    let mut ks = F16c {
-        q: &q[i * hd..][..hd],
-        r16,
-        acc: [0f32; MAX_HEAD_DIM],
-    };
-    softmax_keys(&mut ks, i, k, v, b, a, tiled, row);
-}
-
-/// One task on [`Zmm`], compiled for AVX-512.
-///
-/// # Safety
-/// The CPU must support AVX-512 F, AVX2, FMA and F16C; `a.head_dim == 16 NV`, NV a multiple
-/// of 4.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn task_avx512<const NV: usize>(
-    i: usize,
-    q: &[f32],
-    k: &[half::f16],
-    v: &[half::f16],
-    b: &Batch,
-    a: &AttnParams,
-    r16: bool,
-    tiled: bool,
-    row: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let qh = &q[i * 16 * NV..][..16 * NV];
-    let mut ks = Zmm::<NV> {
-        // SAFETY: AVX-512 F per this function's contract; 16 elements of `qh` at 16 j.
-        q: std::array::from_fn(|j| unsafe { _mm512_loadu_ps(qh.as_ptr().add(16 * j)) }),
-        acc: [_mm512_setzero_ps(); NV],
-        r16,
-    };
-    softmax_keys(&mut ks, i, k, v, b, a, tiled, row);
+    with_zeros(task.g * hd, |acc| {
+        let mut ks = F16c {
+            q: task.q,
+            acc,
+            hd,
+            r16,
+        };
+        softmax_group(
+            &mut ks, task.t, task.h0, task.g, k, v, b, a, tiled, task.rows,
+        );
+    })
 }
 
 pub(crate) fn has_avx2() -> bool {
@@ -489,10 +428,18 @@ pub(crate) fn has_avx2() -> bool {
     false
 }
 
-/// Whether the AVX-512 tasks may run: the CPU kernels' AVX-512 level is active (it implies
-/// AVX-512 F and the AVX2 level's features).
-fn has_avx512() -> bool {
-    quiver_cpu_kernels::SimdLevel::active() == quiver_cpu_kernels::SimdLevel::Avx512
+/// Heads per task: a whole KV group (cut to at most [`MAX_GROUP`]) when the step has enough
+/// (token, KV head) pairs to keep `threads` busy, so each K/V row is read once for the group;
+/// else one head per task. The floats are the same either way (per head, the same operations).
+fn heads_per_task(a: &AttnParams, n_tokens: usize, threads: usize) -> usize {
+    let group = a.n_head / a.n_head_kv.max(1);
+    if n_tokens * a.n_head_kv < 4 * threads {
+        return 1;
+    }
+    (1..=group.min(MAX_GROUP))
+        .rev()
+        .find(|g| group.is_multiple_of(*g))
+        .unwrap_or(1)
 }
 
 pub fn attention(
@@ -504,38 +451,53 @@ pub fn attention(
     a: &AttnParams,
     out: &mut [f32],
 ) {
-    let (hd, nh) = (a.head_dim, a.n_head);
-    let n_tasks = batch.n_tokens() * nh;
-    assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * hd);
-    let o = &Out(out.as_mut_ptr());
+    let g = heads_per_task(a, batch.n_tokens(), pool.n_threads());
     let tiled = tiled(batch.n_tokens());
     let r16 = f16_accumulator() && !tiled;
+    run(pool, q, k_cache, v_cache, batch, a, out, g, r16, tiled);
+}
+
+/// [`attention`] with `g` heads per task (`g` divides the KV group size, at most
+/// [`MAX_GROUP`]), the accumulator rounded to f16 when `r16`, the weights of `tiled` steps.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    pool: &ThreadPool,
+    q: &[f32],
+    k_cache: &[half::f16],
+    v_cache: &[half::f16],
+    batch: &Batch,
+    a: &AttnParams,
+    out: &mut [f32],
+    g: usize,
+    r16: bool,
+    tiled: bool,
+) {
+    let (hd, nh) = (a.head_dim, a.n_head);
+    assert!((1..=MAX_GROUP).contains(&g) && (nh / a.n_head_kv).is_multiple_of(g));
+    let n_tasks = batch.n_tokens() * nh / g;
+    assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * g * hd && q.len() >= out.len());
+    let o = &Out(out.as_mut_ptr());
     let avx2 = has_avx2();
-    let zmm = has_avx512() && avx2 && matches!(hd, 64 | 128 | 256);
     let task = |i: usize| {
-        // SAFETY: row i is written by this task only (see `Out`), and lies inside `out`
-        // (checked by the assert above).
-        let row = unsafe { std::slice::from_raw_parts_mut(o.0.add(i * hd), hd) };
-        #[cfg(target_arch = "x86_64")]
-        if zmm {
-            // SAFETY: `zmm` is true only on the AVX-512 level (with AVX2, FMA and F16C) and
-            // for head dims 16·NV.
-            unsafe {
-                match hd {
-                    64 => task_avx512::<4>(i, q, k_cache, v_cache, batch, a, r16, tiled, row),
-                    128 => task_avx512::<8>(i, q, k_cache, v_cache, batch, a, r16, tiled, row),
-                    _ => task_avx512::<16>(i, q, k_cache, v_cache, batch, a, r16, tiled, row),
-                }
-            }
-            return;
-        }
+        let (t, h0) = (i / (nh / g), (i % (nh / g)) * g);
+        let at = (t * nh + h0) * hd;
+        // SAFETY: the rows of heads h0..h0 + g of token t are written by this task only (see
+        // `Out`), and lie inside `out` (checked by the assert above).
+        let rows = unsafe { std::slice::from_raw_parts_mut(o.0.add(at), g * hd) };
+        let task = Task {
+            t,
+            h0,
+            g,
+            q: &q[at..at + g * hd],
+            rows,
+        };
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: `avx2` is true only when AVX2, FMA and F16C were detected.
-            unsafe { task_avx2(i, q, k_cache, v_cache, batch, a, r16, tiled, row) };
+            unsafe { task_avx2(task, k_cache, v_cache, batch, a, r16, tiled) };
             return;
         }
-        task_generic(i, q, k_cache, v_cache, batch, a, r16, tiled, row);
+        task_generic(task, k_cache, v_cache, batch, a, r16, tiled);
     };
     pool.run(n_tasks, &task);
 }
@@ -544,16 +506,13 @@ pub fn attention(
 mod tests {
     use super::*;
 
-    /// The AVX2 and AVX-512 paths (rows read as f16 in registers, fused updates; q and the
-    /// accumulator in registers on AVX-512) compute the generic loops' floats bit for bit: head
-    /// dims with and without a tail past 64, the f16 and the f32 accumulator, the tiled step's
-    /// weights, a window and soft-capping.
+    /// Every implementation and task shape computes the same floats, bit for bit: the AVX2 path
+    /// (rows read as f16 in registers, fused updates) against the generic loops, one head per
+    /// task against whole KV groups, with head dims with and without a tail past 64, the f16
+    /// and the f32 accumulator, the tiled step's weights, a window and soft-capping.
     #[test]
-    fn the_simd_paths_equal_the_generic_loops_bit_for_bit() {
-        if !has_avx2() {
-            eprintln!("SKIPPED: no AVX2/FMA/F16C");
-            return;
-        }
+    fn every_path_and_grouping_gives_the_same_bits() {
+        let pool = ThreadPool::new(2).unwrap();
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut rnd = || {
             x ^= x << 13;
@@ -561,14 +520,13 @@ mod tests {
             x ^= x << 17;
             (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
         };
-        let mut checked_512 = 0;
         for (hd, window, softcap) in [
             (64, None, None),
             (128, Some(7), None),
             (256, None, Some(30.0)),
             (80, None, None),
         ] {
-            let (nh, nkv, n) = (4usize, 2usize, 19usize);
+            let (nh, nkv, n) = (8usize, 2usize, 19usize);
             let a = AttnParams {
                 n_head: nh,
                 n_head_kv: nkv,
@@ -591,47 +549,31 @@ mod tests {
                 .map(|_| half::f16::from_f32(rnd() * 3.0).to_f32())
                 .collect();
             for (r16, tiled) in [(true, false), (false, false), (false, true)] {
+                // The reference: generic loops, one head per task.
+                let mut want = vec![0f32; n * nh * hd];
                 for i in 0..n * nh {
-                    let (mut want, mut got) = (vec![0f32; hd], vec![0f32; hd]);
-                    task_generic(i, &q, &k, &v, &batch, &a, r16, tiled, &mut want);
-                    // SAFETY: has_avx2 checked AVX2, FMA and F16C.
-                    unsafe { task_avx2(i, &q, &k, &v, &batch, &a, r16, tiled, &mut got) };
-                    let mut paths = vec![("avx2", got)];
-                    if has_avx512() && hd % 64 == 0 {
-                        let mut g = vec![0f32; hd];
-                        // SAFETY: the AVX-512 level is active; hd is 16 NV.
-                        unsafe {
-                            match hd {
-                                64 => {
-                                    task_avx512::<4>(i, &q, &k, &v, &batch, &a, r16, tiled, &mut g)
-                                }
-                                128 => {
-                                    task_avx512::<8>(i, &q, &k, &v, &batch, &a, r16, tiled, &mut g)
-                                }
-                                _ => {
-                                    task_avx512::<16>(i, &q, &k, &v, &batch, &a, r16, tiled, &mut g)
-                                }
-                            }
-                        }
-                        paths.push(("avx512", g));
-                        checked_512 += 1;
-                    }
-                    for (name, got) in paths {
-                        for (d, (g, w)) in got.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                g.to_bits(),
-                                w.to_bits(),
-                                "{name}: hd {hd}, task {i}, dim {d}, r16 {r16}, tiled {tiled}: {g} vs {w}"
-                            );
-                        }
+                    let (t, h) = (i / nh, i % nh);
+                    let task = Task {
+                        t,
+                        h0: h,
+                        g: 1,
+                        q: &q[i * hd..][..hd],
+                        rows: &mut want[i * hd..][..hd],
+                    };
+                    task_generic(task, &k, &v, &batch, &a, r16, tiled);
+                }
+                for g in [1, 2, 4] {
+                    let mut got = vec![0f32; n * nh * hd];
+                    run(&pool, &q, &k, &v, &batch, &a, &mut got, g, r16, tiled);
+                    for (e, (x, y)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            x.to_bits(),
+                            y.to_bits(),
+                            "hd {hd}, {g} heads per task, element {e}, r16 {r16}, tiled {tiled}: {x} vs {y}"
+                        );
                     }
                 }
             }
-        }
-        if !has_avx512() {
-            eprintln!("AVX-512 path SKIPPED: the AVX-512 level is not active");
-        } else {
-            assert!(checked_512 > 0);
         }
     }
 }
