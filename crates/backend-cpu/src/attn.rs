@@ -1,6 +1,7 @@
 //! CPU attention: online softmax per (token, head) over the sequence's cached K/V (values
-//! held f16-rounded, as llama.cpp's default f16 cache holds them), no scratch allocation;
-//! (token, head) pairs — or (token, KV group) for prompt steps — are spread over the thread pool.
+//! held f16-rounded, as llama.cpp's default f16 cache holds them), accumulators in a per-thread
+//! scratch grown once; (token, head) pairs — or (token, KV group) for prompt steps — are spread
+//! over the thread pool.
 //!
 //! Each (token, head) runs as llama.cpp's one-row CPU flash attention does, operation for
 //! operation (quiver reproduces its floats, docs/ARCHITECTURE.md): q·k in the f16 dot's
