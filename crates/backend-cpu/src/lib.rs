@@ -10,6 +10,7 @@ use quiver_backend::{
     reference, Activation, AttnParams, Backend, BackendError, Batch, Result, RopeParams, Step,
     WeightBytes,
 };
+use quiver_cpu_kernels::ThreadPool;
 use quiver_gguf::GgmlType;
 
 pub struct CpuWeight {
@@ -73,6 +74,39 @@ impl CpuBackend {
     pub fn set_batch_invariant(on: bool) {
         quiver_cpu_kernels::set_batch_invariant(on)
     }
+}
+
+/// A raw pointer the pool's tasks share; each task touches only its own part (see `par_rows`).
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: `par_rows` hands each task a disjoint range and reads nothing back until the pool's
+// `run` has returned.
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// Elements `start..start + len`.
+    ///
+    /// # Safety
+    /// The range lies inside the buffer, and no other live slice overlaps it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+        // SAFETY: per the function's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+    }
+}
+
+/// Runs `f(r0, r1)` over rows `0..rows` cut into ranges of at least `min_rows` rows, one range per
+/// pool task; rows are independent, so each row's result is what a single thread computes.
+fn par_rows(pool: &ThreadPool, rows: usize, min_rows: usize, f: impl Fn(usize, usize) + Sync) {
+    let tasks = (rows / min_rows.max(1)).clamp(1, 4 * pool.n_threads());
+    if tasks == 1 {
+        f(0, rows);
+        return;
+    }
+    let per = rows.div_ceil(tasks);
+    pool.run(rows.div_ceil(per), &|i| {
+        f(i * per, ((i + 1) * per).min(rows))
+    });
 }
 
 fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
@@ -202,11 +236,17 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let w = w.vector("rms_norm")?;
-        let n = rows * w.len();
+        let d = w.len();
+        let n = rows * d;
         check("rms_norm", x.len() >= n && out.len() >= n, || {
-            format!("{rows}×{} elements", w.len())
+            format!("{rows}×{d} elements")
         })?;
-        reference::rms_norm(&x[..n], w, eps, &mut out[..n]);
+        let o = SyncPtr(out.as_mut_ptr());
+        par_rows(self.mm.pool(), rows, 16, |r0, r1| {
+            // SAFETY: rows r0..r1 of `out` (inside it: checked above) are this task's alone.
+            let out = unsafe { o.slice(r0 * d, (r1 - r0) * d) };
+            reference::rms_norm(&x[r0 * d..r1 * d], w, eps, out);
+        });
         Ok(())
     }
 
@@ -222,12 +262,17 @@ impl Backend for CpuBackend {
         check("rms_norm", x.len() >= rows * d, || {
             format!("{rows}×{d} elements")
         })?;
-        let mut tmp = [0f32; 1024];
-        check("rms_norm", d <= tmp.len(), || format!("row of {d} > 1024"))?;
-        for r in x[..rows * d].chunks_exact_mut(d) {
-            tmp[..d].copy_from_slice(r);
-            reference::rms_norm(&tmp[..d], w, eps, r);
-        }
+        check("rms_norm", d <= 1024, || format!("row of {d} > 1024"))?;
+        let p = SyncPtr(x.as_mut_ptr());
+        par_rows(self.mm.pool(), rows, 64, |r0, r1| {
+            // SAFETY: rows r0..r1 of `x` (inside it: checked above) are this task's alone.
+            let x = unsafe { p.slice(r0 * d, (r1 - r0) * d) };
+            let mut tmp = [0f32; 1024];
+            for r in x.chunks_exact_mut(d) {
+                tmp[..d].copy_from_slice(r);
+                reference::rms_norm(&tmp[..d], w, eps, r);
+            }
+        });
         Ok(())
     }
 
@@ -240,9 +285,26 @@ impl Backend for CpuBackend {
         rows: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let n = rows * w.vector("add_rms_norm")?.len();
-        self.add(residual, x, n)?;
-        self.rms_norm(residual, w, eps, rows, out)
+        let wv = w.vector("add_rms_norm")?;
+        let d = wv.len();
+        let n = rows * d;
+        check(
+            "add_rms_norm",
+            residual.len() >= n && x.len() >= n && out.len() >= n,
+            || format!("{rows}×{d} elements"),
+        )?;
+        let (res, o) = (SyncPtr(residual.as_mut_ptr()), SyncPtr(out.as_mut_ptr()));
+        par_rows(self.mm.pool(), rows, 16, |r0, r1| {
+            let len = (r1 - r0) * d;
+            // SAFETY: rows r0..r1 of `residual` and `out` (inside both: checked above) are this
+            // task's alone.
+            let (res, out) = unsafe { (res.slice(r0 * d, len), o.slice(r0 * d, len)) };
+            res.iter_mut()
+                .zip(&x[r0 * d..r1 * d])
+                .for_each(|(a, b)| *a += b);
+            reference::rms_norm(res, wv, eps, out);
+        });
+        Ok(())
     }
 
     fn add(&self, a: &mut Vec<f32>, b: &Vec<f32>, n: usize) -> Result<()> {
@@ -403,23 +465,31 @@ impl Backend for CpuBackend {
             gate.len() >= n && up.len() >= n && out.len() >= n,
             || format!("{n} elements"),
         )?;
-        match act {
-            Activation::GeGlu => {
-                let t = act_fn::gelu_table();
-                for ((o, &g), &u) in out[..n].iter_mut().zip(&gate[..n]).zip(&up[..n]) {
-                    let gl = if g <= -10.0 {
-                        0.0
-                    } else if g >= 10.0 {
-                        g
-                    } else {
-                        t[half::f16::from_f32(g).to_bits() as usize]
-                    };
-                    *o = gl * u;
+        let o = SyncPtr(out.as_mut_ptr());
+        // Element ranges of 4096 per task (as rows of one element).
+        par_rows(self.mm.pool(), n, 4096, |i0, i1| {
+            // SAFETY: elements i0..i1 of `out` (inside it: checked above) are this task's alone.
+            let out = unsafe { o.slice(i0, i1 - i0) };
+            let (gate, up) = (&gate[i0..i1], &up[i0..i1]);
+            match act {
+                Activation::GeGlu => {
+                    let t = act_fn::gelu_table();
+                    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                        let gl = if g <= -10.0 {
+                            0.0
+                        } else if g >= 10.0 {
+                            g
+                        } else {
+                            t[half::f16::from_f32(g).to_bits() as usize]
+                        };
+                        *o = gl * u;
+                    }
                 }
+                // SiLU with ggml's vectorised e^x (llama.cpp parity), within 2 ulp of the
+                // reference.
+                Activation::SwiGlu => act_fn::swiglu(gate, up, out),
             }
-            // SiLU with ggml's vectorised e^x (llama.cpp parity), within 2 ulp of the reference.
-            Activation::SwiGlu => act_fn::swiglu(&gate[..n], &up[..n], &mut out[..n]),
-        }
+        });
         Ok(())
     }
 
