@@ -472,19 +472,8 @@ impl Backend for CpuBackend {
             let out = unsafe { o.slice(i0, i1 - i0) };
             let (gate, up) = (&gate[i0..i1], &up[i0..i1]);
             match act {
-                Activation::GeGlu => {
-                    let t = act_fn::gelu_table();
-                    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                        let gl = if g <= -10.0 {
-                            0.0
-                        } else if g >= 10.0 {
-                            g
-                        } else {
-                            t[half::f16::from_f32(g).to_bits() as usize]
-                        };
-                        *o = gl * u;
-                    }
-                }
+                // GELU through ggml's f16 table (llama.cpp parity).
+                Activation::GeGlu => act_fn::geglu(gate, up, out),
                 // SiLU with ggml's vectorised e^x (llama.cpp parity), within 2 ulp of the
                 // reference.
                 Activation::SwiGlu => act_fn::swiglu(gate, up, out),
