@@ -3,7 +3,7 @@
 
 use quiver_backend::{AttnParams, RopeAngles, RopeMode, RopeParams};
 
-pub const MAX_PAIRS: usize = 256;
+pub const MAX_PAIRS: usize = quiver_backend::ROPE_MAX_PAIRS;
 
 pub fn apply(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p: &RopeParams) {
     #[cfg(target_arch = "x86_64")]

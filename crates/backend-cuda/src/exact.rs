@@ -47,7 +47,7 @@ impl CudaBackend {
         let (q, d, bs) = self.quantize_act(x, n, w.cols, block, w.ty)?;
         self.launch(
             "exact",
-            &format!("x_mm_{}", w.kernel),
+            &w.names.x_mm,
             (w.rows.div_ceil(128) as u32, n as u32, 1),
             (128, 1, 1),
             args![
@@ -111,18 +111,26 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        check(
+            "rope_kv_write",
+            rope.n_dims / 2 <= quiver_backend::ROPE_MAX_PAIRS,
+            || format!("{} rotated dims", rope.n_dims),
+        )?;
         let angles = RopeAngles::new(rope);
         let half = angles.pairs();
         let ct = self.layout.cap_t;
-        let mut table = vec![0f32; n * 2 * half];
+        // The host staging is reused step to step (taken out of the scratch while filled).
+        let mut table = std::mem::take(&mut self.scratch.lock().unwrap().sincos_host);
+        table.clear();
+        table.resize(n * 2 * half, 0.0);
         for (t, row) in table.chunks_exact_mut(2 * half.max(1)).enumerate() {
             let (sin, cos) = row.split_at_mut(half);
             angles.at(self.host[ct + t], sin, cos);
         }
         let sc = self.scratch_ptr(|s| &mut s.sincos, table.len().max(1) * 4, "rope angles")?;
-        self.dev
-            .htod_sync(sc, &table)
-            .map_err(BackendError::Device)?;
+        let copied = self.dev.htod_sync(sc, &table);
+        self.scratch.lock().unwrap().sincos_host = table;
+        copied.map_err(BackendError::Device)?;
         let q_scale = if a.scale_q { a.scale } else { 1.0 };
         self.launch(
             "exact",

@@ -68,6 +68,9 @@ struct KernelNames {
     embed: String,
     mmv: [String; 4],
     glu: [String; 4],
+    /// The parity mode's product and gather (module "exact").
+    x_mm: String,
+    x_embed: String,
 }
 
 impl KernelNames {
@@ -86,6 +89,8 @@ impl KernelNames {
             embed: format!("embed_{kernel}"),
             mmv: v(base, ""),
             glu: v(base, "_glu"),
+            x_mm: format!("x_mm_{kernel}"),
+            x_embed: format!("x_embed_{kernel}"),
         }
     }
 }
@@ -142,8 +147,10 @@ struct Scratch {
     gather: Option<DevBuf>,
     ids: Option<DevBuf>,
     thetas: HashMap<Vec<u32>, DevBuf>,
-    /// The parity mode's rope sines and cosines of the step, and GELU table.
+    /// The parity mode's rope sines and cosines of the step (and their host staging), and GELU
+    /// table.
     sincos: Option<DevBuf>,
+    sincos_host: Vec<f32>,
     gelu: Option<DevBuf>,
     gelu_filled: bool,
 }
@@ -1173,13 +1180,13 @@ impl Backend for CudaBackend {
             format!("out holds {} < {n}×{}", out.len, table.cols)
         })?;
         let (module, name) = if self.exact {
-            ("exact", format!("x_embed_{}", table.kernel))
+            ("exact", &table.names.x_embed)
         } else {
-            (table.names.module.as_str(), table.names.embed.clone())
+            (table.names.module.as_str(), &table.names.embed)
         };
         self.launch(
             module,
-            &name,
+            name,
             (n.max(1) as u32, 1, 1),
             (128, 1, 1),
             args![

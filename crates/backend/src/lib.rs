@@ -98,33 +98,37 @@ impl RopeParams {
 /// divided by the pair's frequency factor and scaled; Llama-3 scaling, which ggml expresses as
 /// frequency factors, keeps `position × theta(i)`. The CPU backend rotates with these, and the
 /// CUDA backend's parity mode uploads them, so both rotate by the same bits.
-pub struct RopeAngles {
+pub struct RopeAngles<'a> {
     half: usize,
-    /// `theta(i)` per pair, for Llama-3 scaling; empty otherwise.
-    theta: Vec<f32>,
-    /// Frequency factors per pair (1 where the model has none).
-    ff: Vec<f32>,
+    /// `theta(i)` per pair, for Llama-3 scaling (then `llama3`).
+    theta: [f32; ROPE_MAX_PAIRS],
+    llama3: bool,
+    /// Frequency factors per pair, where the model has them.
+    ff: Option<&'a [f32]>,
     theta_scale: f32,
     freq_scale: f32,
 }
 
-impl RopeAngles {
-    pub fn new(p: &RopeParams) -> RopeAngles {
+/// Rotated pairs [`RopeAngles`] takes at most (head dims up to 512).
+pub const ROPE_MAX_PAIRS: usize = 256;
+
+impl<'a> RopeAngles<'a> {
+    /// Nothing is allocated (rope runs every step). Panics past [`ROPE_MAX_PAIRS`] pairs:
+    /// callers check `n_dims` first.
+    pub fn new(p: &'a RopeParams) -> RopeAngles<'a> {
         let half = p.n_dims / 2;
-        let theta = match p.llama3 {
-            Some(_) => (0..half).map(|i| p.theta(i)).collect(),
-            None => Vec::new(),
-        };
-        let mut ff = vec![1f32; half];
-        if let Some(f) = &p.freq_factors {
-            for (d, &s) in ff.iter_mut().zip(f.iter()) {
-                *d = s;
+        assert!(half <= ROPE_MAX_PAIRS, "{} rotated dims", p.n_dims);
+        let mut theta = [0f32; ROPE_MAX_PAIRS];
+        if p.llama3.is_some() {
+            for (i, t) in theta[..half].iter_mut().enumerate() {
+                *t = p.theta(i);
             }
         }
         RopeAngles {
             half,
             theta,
-            ff,
+            llama3: p.llama3.is_some(),
+            ff: p.freq_factors.as_deref().map(|v| v.as_slice()),
             theta_scale: p.base.powf(-2.0 / p.n_dims as f32),
             freq_scale: p.freq_scale,
         }
@@ -139,10 +143,11 @@ impl RopeAngles {
     pub fn at(&self, pos: u32, sin: &mut [f32], cos: &mut [f32]) {
         let mut th = pos as f32;
         for i in 0..self.half {
-            let angle = if self.theta.is_empty() {
-                self.freq_scale * (th / self.ff[i])
-            } else {
+            let angle = if self.llama3 {
                 pos as f32 * self.theta[i]
+            } else {
+                let f = self.ff.and_then(|f| f.get(i)).copied().unwrap_or(1.0);
+                self.freq_scale * (th / f)
             };
             (sin[i], cos[i]) = angle.sin_cos();
             th *= self.theta_scale;
