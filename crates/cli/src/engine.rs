@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use quiver_backend_cpu::CpuBackend;
 use quiver_backend_cuda::CudaBackend;
-use quiver_engine::{Runner, RunnerOptions, Session};
+use quiver_engine::{ModelRunner, RunnerOptions, Session};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
@@ -157,7 +157,7 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
         Device::Cpu => {
             // One sequence per process: batch invariance buys nothing, the GEMM path is faster.
             CpuBackend::set_batch_invariant(false);
-            let r = Runner::new(CpuBackend::new(n_threads), &file, &opts)?;
+            let r = ModelRunner::new(CpuBackend::new(n_threads), &file, &opts)?;
             eprintln!(
                 "quiver: loaded {} ({} layers, {} vocabulary) on {desc} with {n_threads} threads, context {} tokens, in {:.2}s",
                 r.model.hp.arch, r.model.hp.n_layer, r.model.hp.n_vocab, r.n_ctx, t0.elapsed().as_secs_f64()
@@ -172,7 +172,7 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
                     .map(|t| file.tensor_data(t).len() as u64)
                     .sum(),
             );
-            let r = Runner::new(be, &file, &opts)?;
+            let r = ModelRunner::new(be, &file, &opts)?;
             eprintln!(
                 "quiver: loaded {} ({} layers, {} vocabulary) on {desc}, context {} tokens, in {:.2}s",
                 r.model.hp.arch, r.model.hp.n_layer, r.model.hp.n_vocab, r.n_ctx, t0.elapsed().as_secs_f64()

@@ -4,8 +4,10 @@
 //! llama-batched-bench's S_PP and S_TG. The KV of the
 //! sequences lives in one paged pool, each sequence in its own blocks.
 
-use crate::{Result, BLOCK_SIZE};
-use quiver_backend::{Backend, Batch, SeqSpan};
+use crate::batch::{BatchBuilder, Blocks};
+use crate::runner::{Fetch, Picker};
+use crate::{Result, Sampler, SamplerParams, BLOCK_SIZE};
+use quiver_backend::Backend;
 use quiver_models::{Model, ModelError};
 
 #[derive(Clone, Debug)]
@@ -66,7 +68,9 @@ pub fn batched_bench<B: Backend>(
         .map(|s| bench_prompt(s, n_prompt, nv))
         .collect();
     let mut next = vec![0u32; parallel];
-    let mut ids = Vec::new();
+    let mut greedy = Sampler::new(SamplerParams::greedy());
+    let mut bb = BatchBuilder::default();
+    let mut picker = Picker::default();
 
     // Prefill: the prompts back to back, cut into steps.
     let t0 = std::time::Instant::now();
@@ -74,41 +78,31 @@ pub fn batched_bench<B: Backend>(
     let mut done = 0;
     while done < total {
         let end = (done + step_tokens).min(total);
-        let mut batch = Batch {
-            block_size: BLOCK_SIZE,
-            ..Default::default()
-        };
+        bb.begin();
         let mut last_of = Vec::new();
         let mut i = done;
         while i < end {
             let (s, p) = (i / n_prompt, i % n_prompt);
             let len = (n_prompt - p).min(end - i);
-            let start = batch.tokens.len();
-            batch.seqs.push(SeqSpan {
-                start,
-                len,
-                kv_len: p + len,
-                block_table: tables[s].clone(),
-            });
-            let si = (batch.seqs.len() - 1) as u32;
-            for k in 0..len {
-                batch.tokens.push(prompts[s][p + k]);
-                batch.positions.push((p + k) as u32);
-                batch.seq_of.push(si);
-                batch.slots.push(batch.slot(si as usize, p + k) as u32);
-            }
-            if p + len == n_prompt {
-                batch.logits.push((start + len - 1) as u32);
+            let ends = p + len == n_prompt;
+            bb.push_seq(
+                &prompts[s][p..p + len],
+                p,
+                Blocks::Table(&tables[s]),
+                ends.then_some(len - 1),
+            );
+            if ends {
                 last_of.push(s);
             }
             i += len;
         }
-        model.forward(b, &mut state, &batch)?;
+        model.forward(b, &mut state, bb.batch())?;
         if !last_of.is_empty() {
-            b.argmax(&state.logits, last_of.len(), nv, &mut ids)
+            picker
+                .fetch(b, &state.logits, last_of.len(), nv, Fetch::Argmax)
                 .map_err(ModelError::from)?;
             for (k, &s) in last_of.iter().enumerate() {
-                next[s] = ids[k];
+                next[s] = picker.pick(k, &mut greedy, &[], None, None).token;
             }
         }
         done = end;
@@ -117,37 +111,19 @@ pub fn batched_bench<B: Backend>(
 
     // Generation: one token per sequence per step.
     let mut tokens: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
-    let mut batch = Batch {
-        block_size: BLOCK_SIZE,
-        ..Default::default()
-    };
-    // The decode batch's shape is the same every step: build it once, then move positions on.
-    batch.seq_of.extend(0..parallel as u32);
-    batch.seqs.extend((0..parallel).map(|s| SeqSpan {
-        start: s,
-        len: 1,
-        kv_len: 0,
-        block_table: tables[s].clone(),
-    }));
-    batch.logits.extend(0..parallel as u32);
     let t1 = std::time::Instant::now();
     for g in 0..n_gen {
         let pos = n_prompt + g;
-        batch.tokens.clear();
-        batch.tokens.extend_from_slice(&next);
-        batch.positions.clear();
-        batch.positions.resize(parallel, pos as u32);
-        batch.slots.clear();
+        bb.begin();
         for s in 0..parallel {
-            batch.seqs[s].kv_len = pos + 1;
-            let slot = batch.slot(s, pos) as u32;
-            batch.slots.push(slot);
+            bb.push_seq(&next[s..s + 1], pos, Blocks::Table(&tables[s]), Some(0));
         }
-        model.forward(b, &mut state, &batch)?;
-        b.argmax(&state.logits, parallel, nv, &mut ids)
+        model.forward(b, &mut state, bb.batch())?;
+        picker
+            .fetch(b, &state.logits, parallel, nv, Fetch::Argmax)
             .map_err(ModelError::from)?;
-        next.copy_from_slice(&ids[..parallel]);
         for (s, t) in tokens.iter_mut().enumerate() {
+            next[s] = picker.pick(s, &mut greedy, &[], None, None).token;
             t.push(next[s]);
         }
     }

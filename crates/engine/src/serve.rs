@@ -137,7 +137,7 @@ pub struct ModelInfo {
 /// A cloneable handle to the engine thread.
 #[derive(Clone)]
 pub struct EngineHandle {
-    pub(crate) inner: Arc<crate::scheduler::Shared>,
+    pub(crate) inner: Arc<crate::serving::Shared>,
 }
 
 impl EngineHandle {

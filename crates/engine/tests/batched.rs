@@ -2,7 +2,7 @@
 //! invariant by default), with prompts cut into steps that cross sequence boundaries.
 
 use quiver_backend_cpu::CpuBackend;
-use quiver_engine::{bench_prompt, Runner, RunnerOptions};
+use quiver_engine::{bench_prompt, ModelRunner, RunnerOptions};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ fn batched_sequences_equal_solo_greedy_runs() {
         n_batch: 64,
         max_logits: 1,
     };
-    let mut r = Runner::new(CpuBackend::new(2), &f, &opts).unwrap();
+    let mut r = ModelRunner::new(CpuBackend::new(2), &f, &opts).unwrap();
     let (n_prompt, n_gen) = (20, 6);
     let res =
         quiver_engine::batched_bench(&mut r.backend, &r.model, n_prompt, n_gen, 3, 32).unwrap();

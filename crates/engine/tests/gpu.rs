@@ -8,7 +8,7 @@
 
 use quiver_backend_cuda::CudaBackend;
 use quiver_engine::serve::{Event, Request, ServeOptions};
-use quiver_engine::{Runner, RunnerOptions, SamplerParams, Want};
+use quiver_engine::{ModelRunner, RunnerOptions, SamplerParams, Want};
 use quiver_gguf::GgufFile;
 use quiver_tokenizer::Tokenizer;
 use std::sync::{mpsc, Arc};
@@ -51,10 +51,10 @@ fn graph_replay_equals_eager_bit_for_bit() {
         n_batch: 64,
         max_logits: 1,
     };
-    let mut graphs = Runner::new(CudaBackend::new(0).unwrap(), &f, &opts).unwrap();
+    let mut graphs = ModelRunner::new(CudaBackend::new(0).unwrap(), &f, &opts).unwrap();
     let mut be = CudaBackend::new(0).unwrap();
     be.set_graphs(false);
-    let mut eager = Runner::new(be, &f, &opts).unwrap();
+    let mut eager = ModelRunner::new(be, &f, &opts).unwrap();
     let nv = graphs.n_vocab() as u32;
     let prompt = ids(12, 3, nv);
     let a = graphs.eval(&prompt, 0, Want::Last).unwrap().to_vec();
@@ -113,7 +113,7 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
         n_batch: 64,
         max_logits: 1,
     };
-    let mut r = Runner::new(make(), &f, &opts).unwrap();
+    let mut r = ModelRunner::new(make(), &f, &opts).unwrap();
     for p in &prompts {
         let mut out = Vec::new();
         let mut next = r.eval_argmax(p, 0).unwrap();
@@ -175,7 +175,7 @@ fn batched_bench_sequences_on_the_gpu_equal_solo_runs() {
         n_batch: 64,
         max_logits: 1,
     };
-    let mut r = Runner::new(make(), &f, &opts).unwrap();
+    let mut r = ModelRunner::new(make(), &f, &opts).unwrap();
     // 3 sequences: decode steps pad to the graph bucket of 4.
     let res =
         quiver_engine::batched_bench(&mut r.backend, &r.model, n_prompt, n_gen, 3, 32).unwrap();
@@ -219,8 +219,8 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
         };
         let mut be = CudaBackend::new(0).unwrap();
         be.set_exact(true);
-        let mut gpu = Runner::new(be, &f, &opts).unwrap();
-        let mut cpu = Runner::new(quiver_backend_cpu::CpuBackend::new(2), &f, &opts).unwrap();
+        let mut gpu = ModelRunner::new(be, &f, &opts).unwrap();
+        let mut cpu = ModelRunner::new(quiver_backend_cpu::CpuBackend::new(2), &f, &opts).unwrap();
         let nv = gpu.n_vocab() as u32;
         let prompt = ids(40, 11, nv);
         let a = gpu.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();

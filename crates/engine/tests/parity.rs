@@ -3,13 +3,13 @@
 //! perplexity.
 
 use quiver_backend_cpu::CpuBackend;
-use quiver_engine::{argmax, Runner, RunnerOptions, Want};
+use quiver_engine::{argmax, ModelRunner, RunnerOptions, Want};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
 const REF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference");
 
-fn runner(alias: &str, n_ctx: usize, max_logits: usize) -> Runner<CpuBackend> {
+fn runner(alias: &str, n_ctx: usize, max_logits: usize) -> ModelRunner<CpuBackend> {
     let p = quiver_hub::alias_path(alias);
     assert!(
         p.is_file(),
@@ -22,7 +22,7 @@ fn runner(alias: &str, n_ctx: usize, max_logits: usize) -> Runner<CpuBackend> {
         .unwrap_or(1);
     // As the single-sequence CLI commands run (GEMM path for prompts).
     CpuBackend::set_batch_invariant(false);
-    Runner::new(
+    ModelRunner::new(
         CpuBackend::new(threads),
         &f,
         &RunnerOptions {

@@ -4,7 +4,7 @@
 
 use quiver_backend_cpu::CpuBackend;
 use quiver_engine::serve::{EngineHandle, Event, FinishReason, Request, ServeOptions};
-use quiver_engine::{generate, GenOptions, Runner, RunnerOptions, Sampler, SamplerParams};
+use quiver_engine::{generate, GenOptions, ModelRunner, RunnerOptions, Sampler, SamplerParams};
 use quiver_gguf::GgufFile;
 use quiver_tokenizer::Tokenizer;
 use std::sync::mpsc;
@@ -92,7 +92,7 @@ fn batched_requests_equal_solo_runs_and_blocks_come_back() {
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let ps = prompts(&tok);
     // Alone, on the single-sequence runner.
-    let mut r = Runner::new(
+    let mut r = ModelRunner::new(
         CpuBackend::new(2),
         &f,
         &RunnerOptions {

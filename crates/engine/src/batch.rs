@@ -1,0 +1,149 @@
+//! The one flat-batch builder: every caller (the single-sequence runner, the serving loop,
+//! the batched benchmark) fills its step's [`Batch`] through [`BatchBuilder`], reusing its
+//! arrays from step to step.
+
+use crate::sched::SchedulerOutput;
+use crate::BLOCK_SIZE;
+use quiver_backend::{Batch, SeqSpan};
+
+/// Where a sequence's KV positions live.
+#[derive(Clone, Copy, Debug)]
+pub enum Blocks<'a> {
+    /// Blocks `0..n` in order (a single sequence owning the whole cache).
+    Identity(usize),
+    /// A block table from the pool.
+    Table(&'a [u32]),
+}
+
+pub struct BatchBuilder {
+    batch: Batch,
+    n_seqs: usize,
+}
+
+impl Default for BatchBuilder {
+    fn default() -> Self {
+        BatchBuilder {
+            batch: Batch {
+                block_size: BLOCK_SIZE,
+                ..Default::default()
+            },
+            n_seqs: 0,
+        }
+    }
+}
+
+impl BatchBuilder {
+    /// Starts a new step (keeps the arrays' capacity).
+    pub fn begin(&mut self) -> &mut Self {
+        let b = &mut self.batch;
+        b.tokens.clear();
+        b.positions.clear();
+        b.slots.clear();
+        b.seq_of.clear();
+        b.logits.clear();
+        self.n_seqs = 0;
+        self
+    }
+
+    /// Appends a sequence's step: `tokens` at positions `start_pos..`, its KV in `blocks`,
+    /// logits wanted for its tokens from index `logits_from` on (None: no logits).
+    pub fn push_seq(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        blocks: Blocks,
+        logits_from: Option<usize>,
+    ) -> &mut Self {
+        let b = &mut self.batch;
+        let si = self.n_seqs;
+        self.n_seqs += 1;
+        if b.seqs.len() < self.n_seqs {
+            b.seqs.push(SeqSpan::default());
+        }
+        let start = b.tokens.len();
+        let n = tokens.len();
+        let span = &mut b.seqs[si];
+        (span.start, span.len, span.kv_len) = (start, n, start_pos + n);
+        match blocks {
+            Blocks::Identity(n_blocks) => {
+                // Rebuilt only when the size changes (it is the same every step).
+                if span.block_table.len() != n_blocks
+                    || span
+                        .block_table
+                        .iter()
+                        .enumerate()
+                        .any(|(i, &x)| x != i as u32)
+                {
+                    span.block_table.clear();
+                    span.block_table.extend(0..n_blocks as u32);
+                }
+            }
+            Blocks::Table(t) => {
+                span.block_table.clear();
+                span.block_table.extend_from_slice(t);
+            }
+        }
+        let bs = BLOCK_SIZE;
+        for (k, &t) in tokens.iter().enumerate() {
+            let p = start_pos + k;
+            b.tokens.push(t);
+            b.positions.push(p as u32);
+            b.slots
+                .push(span.block_table[p / bs] * bs as u32 + (p % bs) as u32);
+            b.seq_of.push(si as u32);
+        }
+        if let Some(from) = logits_from {
+            b.logits
+                .extend((start + from.min(n)) as u32..(start + n) as u32);
+        }
+        self
+    }
+
+    /// The scheduled step: each request's tokens over its block table, logits for the last
+    /// token of the requests that sample.
+    pub fn from_schedule(&mut self, out: &SchedulerOutput) -> &Batch {
+        self.begin();
+        for s in &out.scheduled {
+            let (tokens, table) = out.parts(s);
+            let logits = s.sample.then(|| tokens.len() - 1);
+            self.push_seq(tokens, s.start_pos, Blocks::Table(table), logits);
+        }
+        self.batch()
+    }
+
+    /// The batch built since `begin`.
+    pub fn batch(&mut self) -> &Batch {
+        self.batch.seqs.truncate(self.n_seqs);
+        &self.batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequences_lay_out_slots_through_their_tables() {
+        let mut bb = BatchBuilder::default();
+        bb.begin()
+            .push_seq(&[1, 2, 3], 15, Blocks::Table(&[4, 9]), Some(2))
+            .push_seq(&[7], 0, Blocks::Identity(2), None);
+        let b = bb.batch();
+        assert_eq!(b.tokens, vec![1, 2, 3, 7]);
+        assert_eq!(b.positions, vec![15, 16, 17, 0]);
+        assert_eq!(b.slots, vec![4 * 16 + 15, 9 * 16, 9 * 16 + 1, 0]);
+        assert_eq!(b.seq_of, vec![0, 0, 0, 1]);
+        assert_eq!(b.logits, vec![2]);
+        assert_eq!(b.seqs[0].kv_len, 18);
+        assert_eq!(b.seqs[1].block_table, vec![0, 1]);
+        b.validate(10 * 16).unwrap();
+        // A smaller step reuses the builder and drops the stale sequence.
+        bb.begin()
+            .push_seq(&[5, 6], 0, Blocks::Identity(4), Some(0));
+        let b = bb.batch();
+        assert_eq!(b.seqs.len(), 1);
+        assert_eq!(b.logits, vec![0, 1]);
+        assert_eq!(b.seqs[0].block_table, vec![0, 1, 2, 3]);
+        b.validate(4 * 16).unwrap();
+    }
+}

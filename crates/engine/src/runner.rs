@@ -1,0 +1,431 @@
+//! The model runner: a model, its backend and its buffers, with the one batch builder and the
+//! one token picker. The single-sequence commands (`run`, `chat`, `perplexity`, `logprobs`,
+//! `compare`, `bench`) drive it through [`Session`]; the serving loop runs scheduled steps on
+//! it ([`ModelRunner::execute`]) and picks tokens with the same [`Picker`].
+
+use crate::batch::{BatchBuilder, Blocks};
+use crate::sampler::{Needs, Sampler};
+use crate::sched::SchedulerOutput;
+use crate::serve::TokenLogprob;
+use crate::{logprobs, EngineError, Result, BLOCK_SIZE};
+use quiver_backend::{Backend, BackendError};
+use quiver_gguf::GgufFile;
+use quiver_models::{Model, ModelError, State};
+use std::sync::Arc;
+
+#[derive(Clone, Debug)]
+pub struct RunnerOptions {
+    /// KV positions (rounded up to whole blocks): one sequence's context, or the serving pool.
+    pub n_ctx: usize,
+    /// Largest number of tokens per forward step.
+    pub n_batch: usize,
+    /// Largest number of logits rows per forward step.
+    pub max_logits: usize,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        RunnerOptions {
+            n_ctx: 4096,
+            n_batch: 512,
+            max_logits: 1,
+        }
+    }
+}
+
+/// How much of a step's logits the host reads back: the argmax of each row, its k best, or
+/// every logit. A GPU sends back one id or k pairs per row instead of the row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    Argmax,
+    TopK(usize),
+    Logits,
+}
+
+impl Fetch {
+    /// What one row needs: its sampler's needs, unless it wants log-probabilities or its
+    /// logits are masked (constrained decoding), which need the whole row.
+    pub fn of(needs: Needs, logprobs: bool, masked: bool) -> Fetch {
+        match needs {
+            _ if logprobs || masked => Fetch::Logits,
+            Needs::Argmax => Fetch::Argmax,
+            Needs::TopK(k) => Fetch::TopK(k),
+            Needs::Logits => Fetch::Logits,
+        }
+    }
+
+    /// What a step needs for two kinds of rows together.
+    pub fn merge(self, other: Fetch) -> Fetch {
+        use Fetch::*;
+        match (self, other) {
+            (Logits, _) | (_, Logits) => Logits,
+            (TopK(a), TopK(b)) => TopK(a.max(b)),
+            (TopK(k), Argmax) | (Argmax, TopK(k)) => TopK(k),
+            (Argmax, Argmax) => Argmax,
+        }
+    }
+}
+
+/// A constraint on a row's logits (structured output): called on the row before sampling.
+pub type Mask<'a> = &'a mut dyn FnMut(&mut [f32]);
+
+/// One row's token and, when asked, its log-probabilities.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Picked {
+    pub token: u32,
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// The one token picker: reads back what a step's rows need ([`Picker::fetch`]), then picks
+/// each row's token with its own sampler ([`Picker::pick`]). The draw stays on the host, so a
+/// seed gives the same text whatever the device.
+#[derive(Default)]
+pub struct Picker {
+    fetched: Option<Fetch>,
+    n_vocab: usize,
+    ids: Vec<u32>,
+    top: Vec<(u32, f32)>,
+    host: Vec<f32>,
+}
+
+impl Picker {
+    pub fn fetch<B: Backend>(
+        &mut self,
+        backend: &B,
+        logits: &B::Buf,
+        rows: usize,
+        n_vocab: usize,
+        how: Fetch,
+    ) -> std::result::Result<(), BackendError> {
+        self.fetched = None;
+        self.n_vocab = n_vocab;
+        match how {
+            Fetch::Argmax => backend.argmax(logits, rows, n_vocab, &mut self.ids)?,
+            Fetch::TopK(k) => backend.top_k(logits, rows, n_vocab, k, &mut self.top)?,
+            Fetch::Logits => backend.read(logits, rows * n_vocab, &mut self.host)?,
+        }
+        self.fetched = Some(how);
+        Ok(())
+    }
+
+    /// Row `r`'s token. `history` is the sequence's tokens so far (penalties), `logprobs` the
+    /// number of top log-probabilities wanted, `mask` a constraint on the logits. The fetch
+    /// must have been made for what this row needs (`Fetch::of`, merged over the rows).
+    pub fn pick(
+        &mut self,
+        r: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+        logprobs_n: Option<usize>,
+        mask: Option<Mask>,
+    ) -> Picked {
+        let fetched = self.fetched.expect("Picker::pick before fetch");
+        debug_assert_eq!(
+            fetched.merge(Fetch::of(
+                sampler.needs(),
+                logprobs_n.is_some(),
+                mask.is_some()
+            )),
+            fetched,
+            "the fetch does not cover this row"
+        );
+        let token = match fetched {
+            Fetch::Argmax => self.ids[r],
+            Fetch::TopK(k) => {
+                let top = &self.top[r * k..][..k];
+                match sampler.needs() {
+                    Needs::Argmax => top[0].0,
+                    _ => sampler.sample_top(top),
+                }
+            }
+            Fetch::Logits => {
+                let nv = self.n_vocab;
+                let row = &mut self.host[r * nv..][..nv];
+                // Log-probabilities are the model's (before any constraint).
+                let lp = |row: &[f32], token| {
+                    logprobs_n.map(|n| {
+                        let (logprob, top) = logprobs(row, token, n);
+                        TokenLogprob { logprob, top }
+                    })
+                };
+                return match mask {
+                    None => {
+                        let token = sampler.sample(row, history);
+                        Picked {
+                            token,
+                            logprob: lp(row, token),
+                        }
+                    }
+                    Some(mask) => {
+                        let raw = logprobs_n.is_some().then(|| row.to_vec());
+                        mask(row);
+                        let token = sampler.sample(row, history);
+                        Picked {
+                            token,
+                            logprob: raw.and_then(|raw| lp(&raw, token)),
+                        }
+                    }
+                };
+            }
+        };
+        Picked {
+            token,
+            logprob: None,
+        }
+    }
+}
+
+/// A model, its backend and its buffers.
+pub struct ModelRunner<B: Backend> {
+    pub backend: B,
+    pub model: Model<B>,
+    pub state: State<B>,
+    pub n_ctx: usize,
+    pub n_batch: usize,
+    batch: BatchBuilder,
+    picker: Picker,
+    logits: Vec<f32>,
+}
+
+/// Which positions of an `eval` need logits.
+#[derive(Clone, Copy, Debug)]
+pub enum Want {
+    Last,
+    /// Every position from this index of the evaluated tokens on.
+    From(usize),
+}
+
+impl<B: Backend> ModelRunner<B> {
+    pub fn new(backend: B, file: &Arc<GgufFile>, opts: &RunnerOptions) -> Result<Self> {
+        let model = quiver_models::load(&backend, file)?;
+        let n_ctx = opts.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let n_batch = opts.n_batch.max(1);
+        let max_logits = opts.max_logits.clamp(1, n_batch);
+        let state = model.state(&backend, n_ctx, n_batch, max_logits)?;
+        Ok(ModelRunner {
+            backend,
+            model,
+            state,
+            n_ctx,
+            n_batch,
+            batch: BatchBuilder::default(),
+            picker: Picker::default(),
+            logits: Vec::new(),
+        })
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.model.hp.n_vocab
+    }
+
+    /// Runs a scheduled step; its sampling rows' logits are then in `state.logits`, in
+    /// schedule order.
+    pub fn execute(&mut self, out: &SchedulerOutput) -> Result<()> {
+        let batch = self.batch.from_schedule(out);
+        self.model
+            .forward(&mut self.backend, &mut self.state, batch)?;
+        Ok(())
+    }
+
+    /// Reads back what the last step's `rows` logits rows need for `how`.
+    pub fn fetch(&mut self, rows: usize, how: Fetch) -> Result<&mut Picker> {
+        let nv = self.n_vocab();
+        self.picker
+            .fetch(&self.backend, &self.state.logits, rows, nv, how)
+            .map_err(ModelError::from)?;
+        Ok(&mut self.picker)
+    }
+
+    /// Tokens to evaluate at `start_pos..`: not empty, within the context and the vocabulary.
+    fn check_tokens(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if start_pos + tokens.len() > self.n_ctx {
+            return Err(EngineError::ContextOverflow {
+                prompt: start_pos + tokens.len(),
+                gen: 0,
+                ctx: self.n_ctx,
+            });
+        }
+        let nv = self.n_vocab();
+        match tokens.iter().find(|&&t| t as usize >= nv) {
+            Some(&id) => Err(EngineError::BadToken { id, n_vocab: nv }),
+            None => Ok(()),
+        }
+    }
+
+    /// One single-sequence step over `tokens` at `start_pos..` with logits from index
+    /// `logits_from` on.
+    fn forward_single(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        logits_from: usize,
+    ) -> Result<()> {
+        let n_blocks = self.n_ctx / BLOCK_SIZE;
+        let batch = self
+            .batch
+            .begin()
+            .push_seq(
+                tokens,
+                start_pos,
+                Blocks::Identity(n_blocks),
+                Some(logits_from),
+            )
+            .batch();
+        self.model
+            .forward(&mut self.backend, &mut self.state, batch)?;
+        Ok(())
+    }
+
+    /// Evaluates `tokens` at positions `start_pos..` (the KV before `start_pos` must hold the
+    /// earlier tokens) and returns the wanted logits rows, `[rows, n_vocab]`.
+    pub fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
+        self.check_tokens(tokens, start_pos)?;
+        let nv = self.n_vocab();
+        let first_wanted = match want {
+            Want::Last => tokens.len() - 1,
+            Want::From(k) => k.min(tokens.len() - 1),
+        };
+        self.logits.clear();
+        let mut done = 0;
+        while done < tokens.len() {
+            // One step: at most n_batch tokens and at most max_logits wanted rows.
+            let mut end = (done + self.n_batch).min(tokens.len());
+            let from = first_wanted.max(done);
+            if from < end && end - from > self.state.max_logits {
+                end = from + self.state.max_logits;
+            }
+            self.forward_single(&tokens[done..end], start_pos + done, from - done)?;
+            let rows = end.saturating_sub(from);
+            if rows > 0 {
+                self.picker
+                    .fetch(&self.backend, &self.state.logits, rows, nv, Fetch::Logits)
+                    .map_err(ModelError::from)?;
+                let host = &mut self.picker.host;
+                if self.logits.is_empty() {
+                    // The usual case (one step): take the rows without a second copy.
+                    std::mem::swap(&mut self.logits, host);
+                    self.logits.truncate(rows * nv);
+                } else {
+                    self.logits.extend_from_slice(&host[..rows * nv]);
+                }
+            }
+            done = end;
+        }
+        Ok(&self.logits)
+    }
+
+    /// Evaluates `tokens` (the last step of a prompt, or one decode token) and picks the next
+    /// token with `sampler` (`history`: the tokens so far).
+    pub fn eval_pick(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+    ) -> Result<u32> {
+        if tokens.len() > self.n_batch {
+            // A long prompt: whole steps through `eval`, the last (shorter) one here, cut
+            // where `eval` would cut it.
+            let split = (tokens.len() - 1) / self.n_batch * self.n_batch;
+            self.eval(&tokens[..split], start_pos, Want::Last)?;
+            return self.eval_pick(&tokens[split..], start_pos + split, sampler, history);
+        }
+        self.check_tokens(tokens, start_pos)?;
+        self.forward_single(tokens, start_pos, tokens.len() - 1)?;
+        let how = Fetch::of(sampler.needs(), false, false);
+        Ok(self
+            .fetch(1, how)?
+            .pick(0, sampler, history, None, None)
+            .token)
+    }
+
+    /// Like `eval` with `Want::Last`, returning only the argmax of the last position's logits:
+    /// the backend computes it, so a GPU sends back one id instead of the logits.
+    pub fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32> {
+        let mut greedy = Sampler::new(crate::SamplerParams::greedy());
+        self.eval_pick(tokens, start_pos, &mut greedy, &[])
+    }
+}
+
+/// A loaded model and one sequence, whatever the backend: what the CLI commands drive.
+pub trait Session {
+    /// See `ModelRunner::eval`.
+    fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]>;
+    /// See `ModelRunner::eval_argmax`.
+    fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32>;
+    /// See `ModelRunner::eval_pick`.
+    fn eval_pick(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+    ) -> Result<u32>;
+    fn n_vocab(&self) -> usize;
+    fn n_ctx(&self) -> usize;
+    fn hparams(&self) -> &quiver_models::Hparams;
+    /// The backend's name ("cpu", "cuda").
+    fn backend_name(&self) -> &'static str;
+    /// The backend's counters (graph captures and replays, kernels compiled, …).
+    fn counters(&self) -> Vec<(&'static str, u64)>;
+    /// See `batched_bench` (its own KV pool; this session's sequence is untouched).
+    fn batched_bench(
+        &mut self,
+        n_prompt: usize,
+        n_gen: usize,
+        parallel: usize,
+        step_tokens: usize,
+    ) -> Result<crate::BatchedResult>;
+}
+
+impl<B: Backend> Session for ModelRunner<B> {
+    fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
+        ModelRunner::eval(self, tokens, start_pos, want)
+    }
+    fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32> {
+        ModelRunner::eval_argmax(self, tokens, start_pos)
+    }
+    fn eval_pick(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+    ) -> Result<u32> {
+        ModelRunner::eval_pick(self, tokens, start_pos, sampler, history)
+    }
+    fn n_vocab(&self) -> usize {
+        self.model.hp.n_vocab
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn hparams(&self) -> &quiver_models::Hparams {
+        &self.model.hp
+    }
+    fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.backend.counters()
+    }
+    fn batched_bench(
+        &mut self,
+        n_prompt: usize,
+        n_gen: usize,
+        parallel: usize,
+        step_tokens: usize,
+    ) -> Result<crate::BatchedResult> {
+        crate::batched::batched_bench(
+            &mut self.backend,
+            &self.model,
+            n_prompt,
+            n_gen,
+            parallel,
+            step_tokens,
+        )
+    }
+}

@@ -1,0 +1,475 @@
+//! The scheduling policy (vLLM v1's contract), pure bookkeeping over request ids, token ids and
+//! KV block numbers: it never touches a device, a tokenizer or a client.
+//!
+//! Each step, [`Scheduler::schedule`] gives every running request a number of tokens within a
+//! token budget (decode tokens and prefill chunks of running requests first, oldest first,
+//! then newly admitted requests, whose cached prefix blocks are reused), allocating KV blocks
+//! for them; when the pool runs dry the newest running request is preempted (its blocks freed,
+//! requeued at the front for recompute). The caller runs the step and hands the sampled tokens
+//! to [`Scheduler::update`], which advances the requests, registers their full blocks in the
+//! prefix cache and finishes those that hit an end-of-generation token or their token limit.
+//! Stop strings are text, so the output processor finds them and calls [`Scheduler::finish`].
+
+use crate::kv::{chain_hash, BlockPool};
+use crate::serve::FinishReason;
+use crate::BLOCK_SIZE;
+use std::collections::VecDeque;
+
+/// Limits of the scheduler.
+#[derive(Clone, Debug)]
+pub struct SchedConfig {
+    /// Most tokens per step (prefill chunks and decode tokens together).
+    pub max_batch_tokens: usize,
+    /// Most requests running at once.
+    pub max_seqs: usize,
+    /// KV blocks in the pool (each [`BLOCK_SIZE`] tokens).
+    pub kv_blocks: usize,
+    /// Seeds the prefix-cache hash chain (per model, so two models never share blocks).
+    pub hash_seed: u64,
+    /// End-of-generation token ids.
+    pub eog: Vec<u32>,
+}
+
+/// What the scheduler needs of a request.
+#[derive(Clone, Debug)]
+pub struct SchedRequest {
+    pub id: u64,
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Keep going past end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+/// One request's part of a step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scheduled {
+    pub id: u64,
+    /// Position of the first token of this step.
+    pub start_pos: usize,
+    /// `SchedulerOutput::tokens[tokens.0..tokens.1]` are this step's token ids.
+    pub tokens: (usize, usize),
+    /// `SchedulerOutput::blocks[blocks.0..blocks.1]` is the request's whole block table.
+    pub blocks: (usize, usize),
+    /// The step reaches the end of the request's known tokens: its last token's logits pick
+    /// the next token.
+    pub sample: bool,
+}
+
+impl Scheduled {
+    pub fn n_tokens(&self) -> usize {
+        self.tokens.1 - self.tokens.0
+    }
+}
+
+/// A request scheduled for the first time (or again after a preemption, with `resumed`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Started {
+    pub id: u64,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV blocks came from the prefix cache.
+    pub cached_tokens: usize,
+    /// Scheduled before and preempted since (no new `Started` event for the client).
+    pub resumed: bool,
+}
+
+/// What one step runs. Self-contained: a model runner needs nothing else to build the batch.
+#[derive(Clone, Debug, Default)]
+pub struct SchedulerOutput {
+    /// In batch order.
+    pub scheduled: Vec<Scheduled>,
+    /// The step's token ids, request after request.
+    pub tokens: Vec<u32>,
+    /// The block tables, request after request.
+    pub blocks: Vec<u32>,
+    /// Requests admitted this step.
+    pub started: Vec<Started>,
+    /// Requests preempted this step (blocks freed, back in the queue).
+    pub preempted: Vec<u64>,
+}
+
+impl SchedulerOutput {
+    pub fn n_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.scheduled.is_empty()
+    }
+
+    /// The step's tokens and block table of one scheduled request.
+    pub fn parts(&self, s: &Scheduled) -> (&[u32], &[u32]) {
+        (
+            &self.tokens[s.tokens.0..s.tokens.1],
+            &self.blocks[s.blocks.0..s.blocks.1],
+        )
+    }
+
+    fn clear(&mut self) {
+        self.scheduled.clear();
+        self.tokens.clear();
+        self.blocks.clear();
+        self.started.clear();
+        self.preempted.clear();
+    }
+}
+
+/// What `update` made of one sampled token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub id: u64,
+    pub token: u32,
+    /// The token joined the request's output (false for an end-of-generation token, which ends
+    /// the request without being output).
+    pub appended: bool,
+    /// The request ended with this token (it is no longer in the scheduler).
+    pub finish: Option<FinishReason>,
+}
+
+/// A request's counts when it ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum SchedError {
+    #[error("the KV pool of {blocks} blocks cannot hold a single sequence of {tokens} tokens")]
+    PoolTooSmall { blocks: usize, tokens: usize },
+}
+
+struct Entry {
+    id: u64,
+    /// Admission order: the oldest runs first, the newest is preempted first.
+    arrived: u64,
+    /// Prompt then generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_tokens: usize,
+    ignore_eos: bool,
+    /// Tokens whose K/V are in the cache.
+    n_computed: usize,
+    blocks: Vec<u32>,
+    /// Full blocks registered (or found) in the prefix cache, and the hash of the last.
+    hashed: usize,
+    last_hash: u64,
+    cached_tokens: usize,
+    started: bool,
+    /// Tokens scheduled this step.
+    step: usize,
+}
+
+impl Entry {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn counts(&self) -> Counts {
+        Counts {
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.generated(),
+            cached_tokens: self.cached_tokens,
+        }
+    }
+}
+
+pub struct Scheduler {
+    cfg: SchedConfig,
+    pool: BlockPool,
+    running: Vec<Entry>,
+    waiting: VecDeque<Entry>,
+    next_arrival: u64,
+    out: SchedulerOutput,
+    outcomes: Vec<Outcome>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedConfig) -> Scheduler {
+        Scheduler {
+            pool: BlockPool::new(cfg.kv_blocks),
+            cfg,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            next_arrival: 0,
+            out: SchedulerOutput::default(),
+            outcomes: Vec::new(),
+        }
+    }
+
+    /// Queues a request behind the waiting ones.
+    pub fn add(&mut self, r: SchedRequest) {
+        let arrived = self.next_arrival;
+        self.next_arrival += 1;
+        self.waiting.push_back(Entry {
+            id: r.id,
+            arrived,
+            prompt_len: r.prompt.len(),
+            tokens: r.prompt,
+            max_tokens: r.max_tokens,
+            ignore_eos: r.ignore_eos,
+            n_computed: 0,
+            blocks: Vec::new(),
+            hashed: 0,
+            last_hash: self.cfg.hash_seed,
+            cached_tokens: 0,
+            started: false,
+            step: 0,
+        });
+    }
+
+    /// Ends a request wherever it is (abort, client gone, stop string), freeing its blocks.
+    /// None when the scheduler does not know it (it already ended).
+    pub fn finish(&mut self, id: u64) -> Option<Counts> {
+        let mut e = if let Some(i) = self.running.iter().position(|e| e.id == id) {
+            self.running.remove(i)
+        } else {
+            let i = self.waiting.iter().position(|e| e.id == id)?;
+            self.waiting.remove(i)?
+        };
+        self.pool.release_all(&mut e.blocks);
+        Some(e.counts())
+    }
+
+    /// Ends every request (shutdown); returns their ids and counts.
+    pub fn finish_all(&mut self) -> Vec<(u64, Counts)> {
+        let mut all = release(&mut self.pool, self.running.drain(..));
+        all.extend(release(&mut self.pool, self.waiting.drain(..)));
+        all
+    }
+
+    /// Ends every running request (a failed step).
+    pub fn finish_running(&mut self) -> Vec<(u64, Counts)> {
+        release(&mut self.pool, self.running.drain(..))
+    }
+
+    /// Ends every waiting request (draining before shutdown: nothing new is admitted).
+    pub fn finish_waiting(&mut self) -> Vec<(u64, Counts)> {
+        release(&mut self.pool, self.waiting.drain(..))
+    }
+
+    pub fn n_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn n_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    pub fn kv_blocks_total(&self) -> usize {
+        self.pool.total()
+    }
+
+    pub fn kv_blocks_used(&self) -> usize {
+        self.pool.used()
+    }
+
+    /// The prompt and generated tokens of a running request.
+    pub fn tokens(&self, id: u64) -> Option<&[u32]> {
+        self.running
+            .iter()
+            .find(|e| e.id == id)
+            .map(|e| e.tokens.as_slice())
+    }
+
+    /// Makes sure `e` has blocks for positions up to `upto` (exclusive). False if the pool is
+    /// dry.
+    fn grow(pool: &mut BlockPool, e: &mut Entry, upto: usize) -> bool {
+        while e.blocks.len() * BLOCK_SIZE < upto {
+            match pool.alloc() {
+                Some(b) => e.blocks.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Frees the newest running request and puts it back at the front of the queue.
+    fn preempt_newest(&mut self) {
+        let Some(i) = (0..self.running.len()).max_by_key(|&i| self.running[i].arrived) else {
+            return;
+        };
+        let mut e = self.running.remove(i);
+        self.pool.release_all(&mut e.blocks);
+        (e.n_computed, e.hashed, e.last_hash, e.step) = (0, 0, self.cfg.hash_seed, 0);
+        self.out.preempted.push(e.id);
+        self.waiting.push_front(e);
+    }
+
+    /// Reuses cached full blocks of the request's known tokens (never the last token, which
+    /// must be computed to get logits).
+    fn reuse_prefix(pool: &mut BlockPool, e: &mut Entry) {
+        while (e.hashed + 1) * BLOCK_SIZE < e.tokens.len() {
+            let h = chain_hash(
+                e.last_hash,
+                &e.tokens[e.hashed * BLOCK_SIZE..(e.hashed + 1) * BLOCK_SIZE],
+            );
+            match pool.lookup(h) {
+                Some(b) => {
+                    e.blocks.push(b);
+                    e.hashed += 1;
+                    e.last_hash = h;
+                }
+                None => break,
+            }
+        }
+        e.n_computed = e.hashed * BLOCK_SIZE;
+    }
+
+    /// Plans the next step. The output is empty when there is nothing to run.
+    pub fn schedule(&mut self) -> Result<&SchedulerOutput, SchedError> {
+        self.out.clear();
+        let mut budget = self.cfg.max_batch_tokens;
+        // 1. Running requests: decode tokens and prefill chunks, oldest first.
+        self.running.sort_by_key(|e| e.arrived);
+        let mut i = 0;
+        while i < self.running.len() {
+            let e = &mut self.running[i];
+            let want = (e.tokens.len() - e.n_computed).min(budget);
+            if want == 0 {
+                e.step = 0;
+                i += 1;
+                continue;
+            }
+            let upto = e.n_computed + want;
+            if Self::grow(&mut self.pool, e, upto) {
+                e.step = want;
+                budget -= want;
+                i += 1;
+            } else if self.running.len() > 1 {
+                // Sorted by arrival, so the newest is last: it is preempted, which may be this
+                // one (then the loop ends) or a later one (then this one retries).
+                self.preempt_newest();
+            } else {
+                return Err(SchedError::PoolTooSmall {
+                    blocks: self.pool.total(),
+                    tokens: upto,
+                });
+            }
+        }
+        // 2. Admit waiting requests while there is room.
+        while budget > 0 && self.running.len() < self.cfg.max_seqs {
+            let Some(mut e) = self.waiting.pop_front() else {
+                break;
+            };
+            Self::reuse_prefix(&mut self.pool, &mut e);
+            let want = (e.tokens.len() - e.n_computed).min(budget);
+            let upto = e.n_computed + want;
+            if !Self::grow(&mut self.pool, &mut e, upto) {
+                self.pool.release_all(&mut e.blocks);
+                (e.n_computed, e.hashed, e.last_hash) = (0, 0, self.cfg.hash_seed);
+                if self.running.is_empty() {
+                    let tokens = upto;
+                    self.waiting.push_front(e);
+                    return Err(SchedError::PoolTooSmall {
+                        blocks: self.pool.total(),
+                        tokens,
+                    });
+                }
+                self.waiting.push_front(e);
+                break;
+            }
+            let resumed = e.started;
+            if !e.started {
+                e.started = true;
+                e.cached_tokens = e.n_computed;
+            }
+            self.out.started.push(Started {
+                id: e.id,
+                prompt_tokens: e.prompt_len,
+                cached_tokens: if resumed { 0 } else { e.cached_tokens },
+                resumed,
+            });
+            e.step = want;
+            budget -= want;
+            self.running.push(e);
+        }
+        // 3. The step, in running order.
+        let out = &mut self.out;
+        for e in self.running.iter().filter(|e| e.step > 0) {
+            let t0 = out.tokens.len();
+            out.tokens
+                .extend_from_slice(&e.tokens[e.n_computed..e.n_computed + e.step]);
+            let b0 = out.blocks.len();
+            out.blocks.extend_from_slice(&e.blocks);
+            out.scheduled.push(Scheduled {
+                id: e.id,
+                start_pos: e.n_computed,
+                tokens: (t0, out.tokens.len()),
+                blocks: (b0, out.blocks.len()),
+                sample: e.n_computed + e.step == e.tokens.len(),
+            });
+        }
+        Ok(&self.out)
+    }
+
+    /// The last `schedule()`'s output.
+    pub fn output(&self) -> &SchedulerOutput {
+        &self.out
+    }
+
+    /// Consumes the step's results: every scheduled request advances by its step (its full
+    /// blocks join the prefix cache), and each `(id, token)` sampled from a `sample` row is
+    /// appended or ends its request. Requests that ended are no longer in the scheduler.
+    /// Outcomes come in the order of `sampled`.
+    pub fn update(&mut self, sampled: &[(u64, u32)]) -> &[Outcome] {
+        for e in self.running.iter_mut() {
+            e.n_computed += std::mem::take(&mut e.step);
+            while (e.hashed + 1) * BLOCK_SIZE <= e.n_computed {
+                let h = chain_hash(
+                    e.last_hash,
+                    &e.tokens[e.hashed * BLOCK_SIZE..(e.hashed + 1) * BLOCK_SIZE],
+                );
+                self.pool.register(e.blocks[e.hashed], h);
+                e.hashed += 1;
+                e.last_hash = h;
+            }
+        }
+        self.outcomes.clear();
+        for &(id, token) in sampled {
+            let Some(i) = self.running.iter().position(|e| e.id == id) else {
+                continue;
+            };
+            let e = &mut self.running[i];
+            let finish = if !e.ignore_eos && self.cfg.eog.contains(&token) {
+                Some((false, FinishReason::Stop))
+            } else {
+                e.tokens.push(token);
+                (e.generated() >= e.max_tokens).then_some((true, FinishReason::Length))
+            };
+            let (appended, finish) = match finish {
+                Some((appended, reason)) => {
+                    let mut e = self.running.remove(i);
+                    self.pool.release_all(&mut e.blocks);
+                    (appended, Some(reason))
+                }
+                None => (true, None),
+            };
+            self.outcomes.push(Outcome {
+                id,
+                token,
+                appended,
+                finish,
+            });
+        }
+        &self.outcomes
+    }
+}
+
+/// Frees the blocks of ended requests; their ids and counts.
+fn release(pool: &mut BlockPool, ended: impl Iterator<Item = Entry>) -> Vec<(u64, Counts)> {
+    ended
+        .map(|mut e| {
+            pool.release_all(&mut e.blocks);
+            (e.id, e.counts())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,278 @@
+//! The scheduling policy on fake requests: no model, no device.
+
+use super::*;
+
+const EOG: u32 = 999;
+
+fn sched(max_batch_tokens: usize, max_seqs: usize, kv_blocks: usize) -> Scheduler {
+    Scheduler::new(SchedConfig {
+        max_batch_tokens,
+        max_seqs,
+        kv_blocks,
+        hash_seed: 7,
+        eog: vec![EOG],
+    })
+}
+
+fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> SchedRequest {
+    SchedRequest {
+        id,
+        prompt,
+        max_tokens,
+        ignore_eos: false,
+    }
+}
+
+/// A fake model: the token after position `pos` of request `id`.
+fn fake_token(id: u64, pos: usize) -> u32 {
+    (id as u32 * 100 + pos as u32) % 500
+}
+
+/// One step: schedule, "sample" the fake token for each sampling row, update. Returns the
+/// output and the outcomes.
+fn step(s: &mut Scheduler) -> (SchedulerOutput, Vec<Outcome>) {
+    let out = s.schedule().unwrap().clone();
+    let sampled: Vec<(u64, u32)> = out
+        .scheduled
+        .iter()
+        .filter(|x| x.sample)
+        .map(|x| (x.id, fake_token(x.id, x.start_pos + x.n_tokens())))
+        .collect();
+    let outcomes = s.update(&sampled).to_vec();
+    (out, outcomes)
+}
+
+/// Runs until nothing is left; returns each request's output tokens.
+fn drain(s: &mut Scheduler) -> std::collections::BTreeMap<u64, Vec<u32>> {
+    let mut got = std::collections::BTreeMap::new();
+    for _ in 0..10_000 {
+        if !s.has_work() {
+            return got;
+        }
+        let (_, outcomes) = step(s);
+        for o in outcomes.iter().filter(|o| o.appended) {
+            got.entry(o.id).or_insert_with(Vec::new).push(o.token);
+        }
+    }
+    panic!("the scheduler did not finish its requests");
+}
+
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7 + salt) % 400).collect()
+}
+
+#[test]
+fn chunked_prefill_respects_the_token_budget() {
+    let mut s = sched(8, 4, 64);
+    s.add(req(1, prompt(20, 0), 2));
+    let (out, outcomes) = step(&mut s);
+    assert_eq!(out.n_tokens(), 8);
+    assert_eq!(out.scheduled.len(), 1);
+    assert!(
+        !out.scheduled[0].sample,
+        "a partial prefill samples nothing"
+    );
+    assert_eq!(out.started.len(), 1);
+    assert!(outcomes.is_empty());
+    let (out, _) = step(&mut s);
+    assert_eq!((out.scheduled[0].start_pos, out.n_tokens()), (8, 8));
+    assert!(out.started.is_empty(), "started once");
+    let (out, outcomes) = step(&mut s);
+    assert_eq!((out.scheduled[0].start_pos, out.n_tokens()), (16, 4));
+    assert!(out.scheduled[0].sample);
+    assert_eq!(outcomes.len(), 1);
+    assert!(outcomes[0].appended && outcomes[0].finish.is_none());
+    // Decode: one token at position 20, with the token just sampled.
+    let (out, outcomes) = step(&mut s);
+    assert_eq!((out.scheduled[0].start_pos, out.n_tokens()), (20, 1));
+    assert_eq!(out.tokens, vec![fake_token(1, 20)]);
+    assert_eq!(outcomes[0].finish, Some(FinishReason::Length));
+    assert!(!s.has_work());
+    assert_eq!(s.kv_blocks_used(), 0);
+}
+
+#[test]
+fn decode_goes_before_new_prefill_and_the_budget_is_shared() {
+    let mut s = sched(10, 4, 64);
+    s.add(req(1, prompt(6, 0), 5));
+    step(&mut s); // prefill of 1
+    s.add(req(2, prompt(30, 1), 5));
+    let (out, _) = step(&mut s);
+    // Request 1 decodes one token, request 2 gets the other 9 of the budget.
+    assert_eq!(out.scheduled[0].id, 1);
+    assert_eq!(out.scheduled[0].n_tokens(), 1);
+    assert_eq!(out.scheduled[1].id, 2);
+    assert_eq!(out.scheduled[1].n_tokens(), 9);
+    assert_eq!(out.n_tokens(), 10);
+    // Block tables cover every position the step writes.
+    for x in &out.scheduled {
+        let (toks, table) = out.parts(x);
+        assert_eq!(toks.len(), x.n_tokens());
+        assert!(table.len() * BLOCK_SIZE >= x.start_pos + x.n_tokens());
+    }
+}
+
+#[test]
+fn max_seqs_bounds_the_running_set() {
+    let mut s = sched(64, 2, 64);
+    for id in 1..=3 {
+        s.add(req(id, prompt(4, id as u32), 3));
+    }
+    let (out, _) = step(&mut s);
+    assert_eq!(out.scheduled.len(), 2);
+    assert_eq!((s.n_running(), s.n_waiting()), (2, 1));
+    // The first step sampled one token for each of the two; the third waited.
+    let got = drain(&mut s);
+    assert_eq!(got.len(), 3);
+    assert_eq!((got[&1].len(), got[&2].len(), got[&3].len()), (2, 2, 3));
+}
+
+#[test]
+fn a_shared_prefix_reuses_cached_blocks() {
+    let mut s = sched(256, 4, 64);
+    let base = prompt(40, 3);
+    s.add(req(1, base.clone(), 1));
+    drain(&mut s);
+    // Same first 32 tokens (two full blocks), then different.
+    let mut p2 = base[..32].to_vec();
+    p2.extend([1, 2, 3, 4, 5]);
+    s.add(req(2, p2, 1));
+    let (out, _) = step(&mut s);
+    assert_eq!(out.started[0].cached_tokens, 32);
+    assert_eq!(out.scheduled[0].start_pos, 32);
+    assert_eq!(out.n_tokens(), 5);
+    // A prompt made only of cached blocks still computes its last block (for logits).
+    drain(&mut s);
+    s.add(req(3, base[..32].to_vec(), 1));
+    let (out, _) = step(&mut s);
+    assert_eq!(out.started[0].cached_tokens, 16);
+    assert_eq!(out.scheduled[0].start_pos, 16);
+    // A different first block shares nothing, even with the same second block.
+    drain(&mut s);
+    let mut p4 = base[..32].to_vec();
+    p4[0] += 1;
+    p4.push(9);
+    s.add(req(4, p4, 1));
+    let (out, _) = step(&mut s);
+    assert_eq!(out.started[0].cached_tokens, 0);
+    drain(&mut s);
+    assert_eq!(s.kv_blocks_used(), 0);
+}
+
+#[test]
+fn preemption_under_a_small_pool_loses_nothing() {
+    // Alone, each request gets these tokens.
+    let solo: Vec<Vec<u32>> = (1..=3u64)
+        .map(|id| {
+            let mut s = sched(64, 4, 16);
+            s.add(req(id, prompt(20, id as u32), 24));
+            drain(&mut s).remove(&id).unwrap()
+        })
+        .collect();
+    // Together in a pool of 6 blocks (96 positions; each needs 44, so 3 do not fit).
+    let mut s = sched(64, 4, 6);
+    for id in 1..=3u64 {
+        s.add(req(id, prompt(20, id as u32), 24));
+    }
+    let mut preempted = 0;
+    let mut resumed = 0;
+    let mut got = std::collections::BTreeMap::<u64, Vec<u32>>::new();
+    while s.has_work() {
+        let (out, outcomes) = step(&mut s);
+        preempted += out.preempted.len();
+        resumed += out.started.iter().filter(|x| x.resumed).count();
+        assert!(s.kv_blocks_used() <= 6);
+        for o in outcomes.iter().filter(|o| o.appended) {
+            got.entry(o.id).or_default().push(o.token);
+        }
+    }
+    assert!(preempted > 0, "the pool was meant to run dry");
+    assert_eq!(resumed, preempted, "every preempted request came back");
+    for id in 1..=3u64 {
+        assert_eq!(got[&id], solo[id as usize - 1], "request {id}");
+    }
+    assert_eq!(s.kv_blocks_used(), 0);
+}
+
+#[test]
+fn a_request_that_cannot_fit_the_pool_is_an_error() {
+    let mut s = sched(64, 4, 2);
+    s.add(req(1, prompt(40, 0), 1));
+    assert_eq!(
+        s.schedule().unwrap_err(),
+        SchedError::PoolTooSmall {
+            blocks: 2,
+            tokens: 40
+        }
+    );
+    assert_eq!(s.kv_blocks_used(), 0);
+}
+
+#[test]
+fn abort_frees_blocks_wherever_the_request_is() {
+    let mut s = sched(8, 1, 64);
+    s.add(req(1, prompt(20, 0), 5));
+    s.add(req(2, prompt(20, 1), 5));
+    step(&mut s);
+    assert!(s.kv_blocks_used() > 0);
+    // 2 is waiting (max_seqs 1), 1 is running mid-prefill.
+    let c = s.finish(2).unwrap();
+    assert_eq!((c.prompt_tokens, c.completion_tokens), (20, 0));
+    let c = s.finish(1).unwrap();
+    assert_eq!(c.prompt_tokens, 20);
+    assert_eq!(s.finish(1), None, "already ended");
+    assert_eq!(s.kv_blocks_used(), 0);
+    assert!(!s.has_work());
+    assert!(s.schedule().unwrap().is_empty());
+}
+
+#[test]
+fn end_of_generation_and_length_end_requests() {
+    let mut s = sched(64, 4, 64);
+    s.add(req(1, prompt(5, 0), 10));
+    s.add(SchedRequest {
+        ignore_eos: true,
+        ..req(2, prompt(5, 1), 2)
+    });
+    let out = s.schedule().unwrap().clone();
+    assert_eq!(out.scheduled.len(), 2);
+    let o = s.update(&[(1, EOG), (2, EOG)]).to_vec();
+    assert_eq!(
+        o[0],
+        Outcome {
+            id: 1,
+            token: EOG,
+            appended: false,
+            finish: Some(FinishReason::Stop)
+        }
+    );
+    assert_eq!(
+        o[1],
+        Outcome {
+            id: 2,
+            token: EOG,
+            appended: true,
+            finish: None
+        }
+    );
+    s.schedule().unwrap();
+    let o = s.update(&[(2, 5)]).to_vec();
+    assert_eq!(o[0].finish, Some(FinishReason::Length));
+    assert!(o[0].appended);
+    assert!(!s.has_work());
+    assert_eq!(s.kv_blocks_used(), 0);
+}
+
+#[test]
+fn finish_waiting_and_all_for_shutdown() {
+    let mut s = sched(8, 1, 64);
+    s.add(req(1, prompt(4, 0), 5));
+    s.add(req(2, prompt(4, 1), 5));
+    step(&mut s);
+    let w = s.finish_waiting();
+    assert_eq!(w.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2]);
+    let a = s.finish_all();
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].1.completion_tokens, 1);
+    assert_eq!(s.kv_blocks_used(), 0);
+}

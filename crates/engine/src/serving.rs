@@ -1,0 +1,438 @@
+//! The serving loop (vLLM v1's engine core): one thread takes new requests and aborts, asks the
+//! [`Scheduler`] for a step, runs it on the [`ModelRunner`], picks each sampling row's token
+//! with the request's sampler, hands the tokens back to the scheduler, and streams text
+//! through each request's [`OutputProcessor`]. The policy (budget, chunked prefill, prefix
+//! cache, preemption) is the scheduler's; this file only moves data between the parts.
+
+use crate::kv::chain_hash;
+use crate::output::OutputProcessor;
+use crate::runner::{Fetch, ModelRunner, RunnerOptions};
+use crate::sched::{Counts, SchedConfig, SchedRequest, Scheduler};
+use crate::serve::*;
+use crate::{EngineError, Sampler, BLOCK_SIZE};
+use quiver_backend::Backend;
+use quiver_gguf::GgufFile;
+use quiver_tokenizer::Tokenizer;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+struct Pending {
+    id: u64,
+    req: Request,
+    sink: Sink,
+}
+
+#[derive(Default)]
+struct Inbox {
+    new: VecDeque<Pending>,
+    aborts: Vec<u64>,
+    /// Set by shutdown: finish running requests until this instant, then abort.
+    deadline: Option<Instant>,
+    stopped: bool,
+}
+
+pub(crate) struct Shared {
+    pub info: ModelInfo,
+    pub tokenizer: Tokenizer,
+    inbox: Mutex<Inbox>,
+    cv: Condvar,
+    stats: Mutex<Stats>,
+    next_id: AtomicU64,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    opts: ServeOptions,
+}
+
+impl Shared {
+    pub fn submit(&self, req: Request, sink: Sink) -> Result<u64, SubmitError> {
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if let Some(&id) = req
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.info.n_vocab)
+        {
+            return Err(SubmitError::BadToken {
+                id,
+                n_vocab: self.info.n_vocab,
+            });
+        }
+        // A sequence must fit the context and the whole pool on its own.
+        let ctx = self.info.n_ctx.min(self.opts.kv_blocks * BLOCK_SIZE);
+        if req.prompt.len() + req.max_tokens > ctx {
+            return Err(SubmitError::TooLong {
+                prompt: req.prompt.len(),
+                max_tokens: req.max_tokens,
+                ctx,
+            });
+        }
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        if inbox.deadline.is_some() || inbox.stopped {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let waiting = inbox.new.len() + self.stats.lock().map(|s| s.waiting).unwrap_or(0);
+        if waiting >= self.opts.max_waiting {
+            return Err(SubmitError::QueueFull(waiting));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        inbox.new.push_back(Pending { id, req, sink });
+        self.cv.notify_one();
+        Ok(id)
+    }
+
+    pub fn abort(&self, id: u64) {
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        inbox.aborts.push(id);
+        self.cv.notify_one();
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn shutdown(&self, grace: Duration) {
+        {
+            let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            if inbox.deadline.is_none() {
+                inbox.deadline = Some(Instant::now() + grace);
+            }
+            self.cv.notify_one();
+        }
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Loads the model on the engine thread (the backend is made there by `make`) and starts the
+/// loop. Returns once the model is loaded, or with the load error.
+pub fn start<B, F>(
+    make: F,
+    file: Arc<GgufFile>,
+    tokenizer: Tokenizer,
+    opts: ServeOptions,
+    name: String,
+) -> Result<EngineHandle, EngineError>
+where
+    B: Backend + 'static,
+    F: FnOnce() -> B + Send + 'static,
+{
+    let n_vocab = tokenizer.n_vocab();
+    let shared = Arc::new(Shared {
+        info: ModelInfo {
+            name,
+            n_ctx: opts.n_ctx,
+            n_vocab,
+        },
+        tokenizer,
+        inbox: Mutex::new(Inbox::default()),
+        cv: Condvar::new(),
+        stats: Mutex::new(Stats {
+            kv_blocks_total: opts.kv_blocks,
+            ..Default::default()
+        }),
+        next_id: AtomicU64::new(1),
+        thread: Mutex::new(None),
+        opts: opts.clone(),
+    });
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), EngineError>>();
+    let sh = shared.clone();
+    let t = std::thread::Builder::new()
+        .name("quiver-engine".into())
+        .spawn(move || {
+            let runner_opts = RunnerOptions {
+                n_ctx: opts.kv_blocks * BLOCK_SIZE,
+                n_batch: opts.max_batch_tokens,
+                max_logits: opts.max_seqs,
+            };
+            let runner = match ModelRunner::new(make(), &file, &runner_opts) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            if runner.n_vocab() != sh.info.n_vocab {
+                let _ = ready_tx.send(Err(EngineError::VocabMismatch {
+                    tokenizer: sh.info.n_vocab,
+                    model: runner.n_vocab(),
+                }));
+                return;
+            }
+            let _ = ready_tx.send(Ok(()));
+            let sched = Scheduler::new(SchedConfig {
+                max_batch_tokens: opts.max_batch_tokens,
+                max_seqs: opts.max_seqs,
+                kv_blocks: opts.kv_blocks,
+                hash_seed: chain_hash(
+                    0x7175697665,
+                    &[file.file_len() as u32, file.tensors.len() as u32],
+                ),
+                eog: sh.tokenizer.eog_ids().collect(),
+            });
+            Engine {
+                sh: &sh,
+                runner,
+                sched,
+                live: HashMap::new(),
+                sampled: Vec::new(),
+                rows: Vec::new(),
+                dead: Vec::new(),
+            }
+            .run();
+        })
+        .map_err(|e| EngineError::Thread(e.to_string()))?;
+    *shared.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(EngineHandle { inner: shared }),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(EngineError::Thread(
+            "the engine thread stopped while loading".into(),
+        )),
+    }
+}
+
+/// A request's side of the loop: where its events go and how its tokens are picked and shown.
+struct Live<'t> {
+    sink: Sink,
+    sampler: Sampler,
+    out: OutputProcessor<'t>,
+    logprobs: Option<usize>,
+    counts: Counts,
+}
+
+impl Live<'_> {
+    fn send(&mut self, e: Event) -> bool {
+        (self.sink)(e)
+    }
+}
+
+struct Engine<'a, B: Backend> {
+    sh: &'a Shared,
+    runner: ModelRunner<B>,
+    sched: Scheduler,
+    live: HashMap<u64, Live<'a>>,
+    /// Per-step scratch: the sampled (id, token) pairs, the ids of the sampling rows, and
+    /// requests whose client left while starting.
+    sampled: Vec<(u64, u32)>,
+    rows: Vec<u64>,
+    dead: Vec<u64>,
+}
+
+enum Inbound {
+    Work,
+    Exit,
+}
+
+impl<'a, B: Backend> Engine<'a, B> {
+    fn run(mut self) {
+        loop {
+            if let Inbound::Exit = self.take_inbox() {
+                break;
+            }
+            if let Err(e) = self.step() {
+                // A failed step fails every request in it; the engine goes on.
+                for (id, _) in self.sched.finish_running() {
+                    if let Some(mut l) = self.live.remove(&id) {
+                        l.send(Event::Error(format!("internal error: {e}")));
+                    }
+                }
+            }
+            self.publish();
+        }
+        // Abort whatever is left.
+        for (id, _) in self.sched.finish_all() {
+            self.ended(id, FinishReason::Abort);
+        }
+        self.publish();
+    }
+
+    /// Takes new requests and aborts; blocks while there is nothing to do.
+    fn take_inbox(&mut self) -> Inbound {
+        let sh = self.sh;
+        let mut inbox = sh.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            while let Some(p) = inbox.new.pop_front() {
+                let counts = Counts {
+                    prompt_tokens: p.req.prompt.len(),
+                    ..Counts::default()
+                };
+                self.sched.add(SchedRequest {
+                    id: p.id,
+                    prompt: p.req.prompt,
+                    max_tokens: p.req.max_tokens,
+                    ignore_eos: p.req.ignore_eos,
+                });
+                self.live.insert(
+                    p.id,
+                    Live {
+                        sink: p.sink,
+                        sampler: Sampler::new(p.req.sampling),
+                        out: OutputProcessor::new(&sh.tokenizer, p.req.stop),
+                        logprobs: p.req.logprobs,
+                        counts,
+                    },
+                );
+            }
+            for id in std::mem::take(&mut inbox.aborts) {
+                self.end(id, FinishReason::Abort);
+            }
+            if let Some(d) = inbox.deadline {
+                if Instant::now() >= d || !self.sched.has_work() {
+                    inbox.stopped = true;
+                    return Inbound::Exit;
+                }
+                // Draining: nothing new is admitted.
+                for (id, _) in self.sched.finish_waiting() {
+                    self.ended(id, FinishReason::Abort);
+                }
+            }
+            if self.sched.has_work() {
+                return Inbound::Work;
+            }
+            self.publish();
+            inbox = sh
+                .cv
+                .wait_timeout(inbox, Duration::from_millis(200))
+                .map(|r| r.0)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Ends a request wherever it is.
+    fn end(&mut self, id: u64, reason: FinishReason) {
+        self.sched.finish(id);
+        self.ended(id, reason);
+    }
+
+    /// Tells the client of a request the scheduler no longer holds that it ended.
+    fn ended(&mut self, id: u64, reason: FinishReason) {
+        let Some(mut l) = self.live.remove(&id) else {
+            return;
+        };
+        // Blocks and stats first, so that a client that sees Finished sees them.
+        self.publish();
+        let c = l.counts;
+        l.send(Event::Finished {
+            reason,
+            prompt_tokens: c.prompt_tokens,
+            completion_tokens: c.completion_tokens,
+            cached_tokens: c.cached_tokens,
+        });
+    }
+
+    fn step(&mut self) -> Result<(), EngineError> {
+        let Engine {
+            sh,
+            runner,
+            sched,
+            live,
+            sampled,
+            rows,
+            dead,
+        } = self;
+        let out = sched.schedule()?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        dead.clear();
+        {
+            let mut st = sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+            st.steps_total += 1;
+            st.preemptions_total += out.preempted.len() as u64;
+            for s in out.started.iter().filter(|s| !s.resumed) {
+                st.prefix_cache_hit_tokens_total += s.cached_tokens as u64;
+                st.prompt_tokens_total += s.prompt_tokens as u64;
+            }
+        }
+        for s in out.started.iter().filter(|s| !s.resumed) {
+            let Some(l) = live.get_mut(&s.id) else {
+                continue;
+            };
+            l.counts.prompt_tokens = s.prompt_tokens;
+            l.counts.cached_tokens = s.cached_tokens;
+            if !l.send(Event::Started {
+                prompt_tokens: s.prompt_tokens,
+                cached_tokens: s.cached_tokens,
+            }) {
+                dead.push(s.id);
+            }
+        }
+        runner.execute(out)?;
+        // What the step's rows need from the logits, merged: plain greedy rows need the
+        // device's argmax, top-k-only rows its k best (a GPU sends back k pairs per row).
+        rows.clear();
+        rows.extend(out.scheduled.iter().filter(|s| s.sample).map(|s| s.id));
+        let how = rows.iter().fold(Fetch::Argmax, |f, id| match live.get(id) {
+            Some(l) => f.merge(Fetch::of(l.sampler.needs(), l.logprobs.is_some(), false)),
+            None => f,
+        });
+        let picker = runner.fetch(rows.len(), how)?;
+        let mut lps = Vec::new();
+        sampled.clear();
+        for (r, id) in rows.iter().enumerate() {
+            let (Some(l), Some(history)) = (live.get_mut(id), sched.tokens(*id)) else {
+                continue;
+            };
+            if dead.contains(id) {
+                continue;
+            }
+            let p = picker.pick(r, &mut l.sampler, history, l.logprobs, None);
+            sampled.push((*id, p.token));
+            lps.push(p.logprob);
+        }
+        let outcomes = sched.update(sampled).to_vec();
+        let mut generated = 0;
+        let mut ended = Vec::new();
+        for (o, lp) in outcomes.into_iter().zip(lps) {
+            let Some(l) = live.get_mut(&o.id) else {
+                continue;
+            };
+            if !o.appended {
+                ended.push((o.id, FinishReason::Stop));
+                continue;
+            }
+            generated += 1;
+            l.counts.completion_tokens += 1;
+            let emit = l.out.push(o.token);
+            let mut text = emit.text;
+            let reason = if emit.stop {
+                Some(FinishReason::Stop)
+            } else if let Some(r) = o.finish {
+                text.push_str(&l.out.finish());
+                Some(r)
+            } else {
+                None
+            };
+            let alive = l.send(Event::Token {
+                id: o.token,
+                text,
+                logprob: lp,
+            });
+            match (alive, reason) {
+                (false, _) => ended.push((o.id, FinishReason::Abort)),
+                (true, Some(r)) => ended.push((o.id, r)),
+                (true, None) => {}
+            }
+        }
+        sh.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .generated_tokens_total += generated;
+        ended.extend(dead.iter().map(|&id| (id, FinishReason::Abort)));
+        for (id, reason) in ended {
+            self.end(id, reason);
+        }
+        Ok(())
+    }
+
+    fn publish(&self) {
+        let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+        st.running = self.sched.n_running();
+        st.waiting = self.sched.n_waiting();
+        st.kv_blocks_total = self.sched.kv_blocks_total();
+        st.kv_blocks_used = self.sched.kv_blocks_used();
+    }
+}
