@@ -73,7 +73,7 @@ impl TensorInfo {
                 ty.block_size()
             ))
         })?;
-        let n_rows = if row == 0 { 0 } else { n_elements / row };
+        let n_rows = n_elements.checked_div(row).unwrap_or(0);
         let n_bytes = row_bytes
             .checked_mul(n_rows)
             .ok_or_else(|| bad("byte size overflows".into()))?;

@@ -46,7 +46,7 @@ fn check(alias: &str, n_tensors: usize, arch: &str) {
 
     // Flipped bytes in header, metadata and tensor infos: errors or valid files, never a panic.
     let mut copy = bytes[..f.data_offset as usize].to_vec();
-    copy.extend(std::iter::repeat(0).take((last_end - f.data_offset) as usize));
+    copy.extend(std::iter::repeat_n(0, (last_end - f.data_offset) as usize));
     let mut x: u64 = 0x243F6A8885A308D3;
     let mut errors = 0;
     for _ in 0..300 {

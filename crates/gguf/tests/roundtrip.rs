@@ -190,7 +190,7 @@ fn gguf_python_package_reads_writer_output_identically() {
                         Array::Bool(x) => out.push(x[i].into()),
                         Array::F32(x) => out.push(format!("{:?}", x[i] as f64).into()),
                         Array::F64(x) => out.push(format!("{:?}", x[i]).into()),
-                        _ => out.push(serde_json::Value::from(a.int_at(i).unwrap() as i64).into()),
+                        _ => out.push(serde_json::Value::from(a.int_at(i).unwrap() as i64)),
                     }
                 }
             }

@@ -275,12 +275,12 @@ pub fn quantize_block_q2_k(x: &[f32], out: &mut Vec<u8>) {
     }
     let (d_h, dmin_h) = (f32_to_f16(d), f32_to_f16(dmin));
     let (d, dmin) = (f16_to_f32(d_h), f16_to_f32(dmin_h));
-    for j in 0..16 {
-        let dl = d * (packed[j] & 0xf) as f32;
+    for (j, &p) in packed.iter().enumerate() {
+        let dl = d * (p & 0xf) as f32;
         if dl == 0.0 {
             continue;
         }
-        let ml = dmin * (packed[j] >> 4) as f32;
+        let ml = dmin * (p >> 4) as f32;
         for i in 16 * j..16 * j + 16 {
             levels[i] = nearest_int((x[i] + ml) / dl).clamp(0, 3) as u8;
         }
@@ -321,8 +321,8 @@ pub fn quantize_block_q3_k(x: &[f32], out: &mut Vec<u8>) {
     let d_h = f32_to_f16(d);
     let d = f16_to_f32(d_h);
     let decoded = crate::k_quants::q3_k_scales(&packed);
-    for j in 0..16 {
-        let dl = d * decoded[j] as f32;
+    for (j, &s) in decoded.iter().enumerate() {
+        let dl = d * s as f32;
         if dl == 0.0 {
             continue;
         }
@@ -485,8 +485,8 @@ pub fn quantize_block_q6_k(x: &[f32], out: &mut Vec<u8>) {
     for (s, &v) in sc.iter_mut().zip(&scales) {
         *s = nearest_int(iscale * v).clamp(-128, 127) as i8;
     }
-    for j in 0..16 {
-        let dl = d * sc[j] as f32;
+    for (j, &s) in sc.iter().enumerate() {
+        let dl = d * s as f32;
         if dl == 0.0 {
             continue;
         }

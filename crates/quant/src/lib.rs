@@ -65,7 +65,7 @@ pub unsafe trait Block: Copy + 'static {
 /// Views `bytes` as a slice of blocks, or `None` if the length is not a whole number of blocks.
 pub fn as_blocks<B: Block>(bytes: &[u8]) -> Option<&[B]> {
     let size = std::mem::size_of::<B>();
-    if size == 0 || bytes.len() % size != 0 {
+    if size == 0 || !bytes.len().is_multiple_of(size) {
         return None;
     }
     debug_assert_eq!(std::mem::align_of::<B>(), 1);
@@ -166,7 +166,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 /// Bytes needed for `n_elements` of `ty`, checking that it is a whole number of blocks.
 pub fn byte_len(ty: GgmlType, n_elements: usize, op: &'static str) -> Result<usize, QuantError> {
     let bs = ty.block_size();
-    if n_elements % bs != 0 {
+    if !n_elements.is_multiple_of(bs) {
         return Err(QuantError::NotBlockMultiple {
             op,
             ty,

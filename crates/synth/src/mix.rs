@@ -114,7 +114,7 @@ fn use_more_bits(i: usize, n: usize) -> bool {
 /// A 256-block type whose row length does not divide falls back to a 32-block type, and to F16
 /// when even that does not divide.
 fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
-    if ncols % ty.block_size() as u64 == 0 {
+    if ncols.is_multiple_of(ty.block_size() as u64) {
         return ty;
     }
     let f = match ty {
@@ -125,7 +125,7 @@ fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
         GgmlType::Q6_K => GgmlType::Q8_0,
         other => other,
     };
-    if ncols % f.block_size() as u64 == 0 {
+    if ncols.is_multiple_of(f.block_size() as u64) {
         f
     } else {
         GgmlType::F16
@@ -165,7 +165,7 @@ impl Chooser {
         let ft = self.ftype;
         let ty = match role {
             Role::Output | Role::TokenEmbd if role == Role::Output || self.tied => {
-                if ncols % def.block_size() as u64 != 0 {
+                if !ncols.is_multiple_of(def.block_size() as u64) {
                     T::Q8_0
                 } else if def != T::Q8_0 {
                     T::Q6_K
