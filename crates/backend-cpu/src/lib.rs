@@ -199,6 +199,10 @@ impl Backend for CpuBackend {
         Ok(vec![0.0; n])
     }
 
+    fn memory_available(&self) -> Option<u64> {
+        quiver_backend::host_memory_available()
+    }
+
     fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<CpuKv> {
         let zero = half::f16::ZERO;
         Ok(CpuKv {

@@ -29,6 +29,40 @@ pub enum BackendError {
     },
     #[error("{0}")]
     Device(String),
+    #[error("{what} need {} but the {device} backend has {} available{hint}", human_bytes(*need), human_bytes(*available))]
+    OutOfMemory {
+        what: String,
+        need: u64,
+        available: u64,
+        device: &'static str,
+        /// What to change, e.g. ": lower --ctx-size".
+        hint: &'static str,
+    },
+}
+
+/// `1.5 GiB`-style sizes for messages.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Host memory a new allocation can take without swapping (Linux `MemAvailable`), where the
+/// system says.
+pub fn host_memory_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 pub type Result<T> = std::result::Result<T, BackendError>;
@@ -204,6 +238,17 @@ pub trait Backend {
     fn buf(&self, n: usize) -> Result<Self::Buf>;
     /// K/V for one layer: `n_slots` positions of `n_head_kv * head_dim` each.
     fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<Self::Kv>;
+    /// Bytes `kv(n_slots, kv_dim)` takes (K and V together).
+    fn kv_bytes(&self, n_slots: usize, kv_dim: usize) -> u64 {
+        (n_slots as u64)
+            .saturating_mul(kv_dim as u64)
+            .saturating_mul(2 * 2)
+    }
+    /// Memory the backend's buffers can still take, where known: the model checks its
+    /// workspace against it before allocating anything.
+    fn memory_available(&self) -> Option<u64> {
+        None
+    }
 
     /// Starts a forward step: makes the batch's index arrays visible to the device. The batch
     /// is valid (`Batch::validate`; `Model::forward` checks it once per step). `state`

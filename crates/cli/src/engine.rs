@@ -1,6 +1,6 @@
 //! Loading a model for generation, shared by run, chat, perplexity, logprobs and bench.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use quiver_backend_cpu::CpuBackend;
 use quiver_backend_cuda::CudaBackend;
 use quiver_engine::{ModelRunner, RunnerOptions, Session};
@@ -99,14 +99,26 @@ pub fn choose_device(spec: &str) -> Result<(Device, String)> {
         },
         s => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => cuda(n),
-            _ => anyhow::bail!("unknown --device {spec:?}: use auto, cpu, cuda or cuda:N"),
+            _ => bail!("unknown --device {spec:?}: use auto, cpu, cuda or cuda:N"),
         },
     }
 }
 
+/// The most CPU threads quiver starts (one pool thread each).
+pub const MAX_THREADS: usize = 1024;
+
 pub fn threads(args: &LoadArgs) -> Result<usize> {
+    let check = |n: usize, what: String| {
+        if n > MAX_THREADS {
+            bail!(
+                "{what}: at most {MAX_THREADS} threads (this machine has {} CPUs)",
+                cores()
+            );
+        }
+        Ok(n)
+    };
     if let Some(t) = args.threads {
-        return Ok(t as usize);
+        return check(t as usize, format!("--threads {t}"));
     }
     if let Ok(v) = std::env::var("QUIVER_THREADS") {
         let n: usize = v
@@ -114,18 +126,28 @@ pub fn threads(args: &LoadArgs) -> Result<usize> {
             .ok()
             .filter(|&n| n > 0)
             .with_context(|| format!("QUIVER_THREADS={v:?} is not a positive number"))?;
-        return Ok(n);
+        return check(n, format!("QUIVER_THREADS={n}"));
     }
-    Ok(std::thread::available_parallelism()
+    Ok(cores())
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism()
         .map(|n| n.get())
-        .unwrap_or(1))
+        .unwrap_or(1)
 }
 
 pub fn open(args: &LoadArgs) -> Result<Arc<GgufFile>> {
-    let path = crate::resolve(args.model.as_deref())?;
-    Ok(Arc::new(
-        GgufFile::open(&path).with_context(|| path.display().to_string())?,
-    ))
+    open_path(&crate::resolve(args.model.as_deref())?)
+}
+
+pub fn open_path(path: &std::path::Path) -> Result<Arc<GgufFile>> {
+    match GgufFile::open(path) {
+        Ok(f) => Ok(Arc::new(f)),
+        // An I/O error names the path already.
+        Err(e @ quiver_gguf::GgufError::Io { .. }) => Err(e.into()),
+        Err(e) => Err(anyhow::Error::new(e).context(path.display().to_string())),
+    }
 }
 
 /// The context length a load with these flags gets, rounded up to whole KV blocks.

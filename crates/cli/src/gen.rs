@@ -115,7 +115,7 @@ pub fn run(
             msgs.push(Message::new("system", sys));
         }
         msgs.push(Message::new("user", text));
-        tok.encode_chat(&tmpl.render(&msgs, true, None)?)?
+        tmpl.tokenize(&tok, &msgs, true, None)?
     };
     // Checked before loading so that the error is the only line on stderr.
     let ctx = engine::n_ctx(load, &gguf);
@@ -209,7 +209,7 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
             _ => {}
         }
         msgs.push(Message::new("user", line));
-        let ids = tok.encode_chat(&tmpl.render(&msgs, true, None)?)?;
+        let ids = tmpl.tokenize(&tok, &msgs, true, None)?;
         let keep = cached
             .iter()
             .zip(&ids)

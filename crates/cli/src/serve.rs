@@ -63,7 +63,7 @@ fn kv_bytes_per_token(f: &GgufFile) -> usize {
 
 pub fn run(a: ServeArgs) -> Result<()> {
     let path = crate::resolve(a.load.model.as_deref())?;
-    let file = Arc::new(GgufFile::open(&path).with_context(|| path.display().to_string())?);
+    let file = engine::open_path(&path)?;
     let tok = quiver_tokenizer::Tokenizer::from_gguf(&file)?;
     let tmpl = ChatTemplate::for_model(&file)?;
     let n_ctx = engine::n_ctx(&a.load, &file);

@@ -62,6 +62,16 @@ fn missing_files_unknown_flags_and_bad_values_are_one_line_errors() {
     let out = quiver(&["info", "/no/such/model.gguf"]);
     assert_one_line_error(&out, 1, "missing file");
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/model.gguf"));
+    // A directory as the model: said once, with the path.
+    let dir = tmp("a-directory");
+    std::fs::create_dir_all(&dir).unwrap();
+    for args in [["run", "-p", "hi"], ["serve", "--port", "0"]] {
+        let out = quiver(&[args[0], "-m", dir.to_str().unwrap(), args[1], args[2]]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_one_line_error(&out, 1, "directory");
+        assert_eq!(err.matches("is a directory").count(), 1, "{err}");
+        assert_eq!(err.matches(dir.to_str().unwrap()).count(), 1, "{err}");
+    }
     assert_one_line_error(&quiver(&["info", "--bogus"]), 2, "unknown flag");
     assert_one_line_error(&quiver(&["frobnicate"]), 2, "unknown command");
     let o = tmp("never.gguf");
@@ -304,6 +314,50 @@ fn generation_flag_errors_and_context_overflow_are_one_line_errors() {
         err.contains("prompt of 30") && err.contains("context of 64"),
         "names both lengths: {err}"
     );
+}
+
+#[test]
+fn absurd_sizes_are_one_line_errors_not_aborts() {
+    let m = model("smollm2-135m");
+    for (args, says) in [
+        (
+            vec!["run", "-m", &m, "-p", "hi", "-n", "1", "-c", "999999999"],
+            "available",
+        ),
+        (
+            vec!["run", "-m", &m, "-p", "hi", "-n", "1", "-t", "100000"],
+            "at most",
+        ),
+        (
+            vec![
+                "serve",
+                "-m",
+                &m,
+                "--port",
+                "0",
+                "--kv-blocks",
+                "4294967295",
+            ],
+            "available",
+        ),
+        (
+            vec![
+                "serve",
+                "-m",
+                &m,
+                "--port",
+                "0",
+                "--kv-mem",
+                "1000000000000000",
+            ],
+            "available",
+        ),
+    ] {
+        let out = quiver(&args);
+        assert_one_line_error(&out, 1, &format!("{args:?}"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 #[test]

@@ -333,7 +333,10 @@ impl<'a, B: Backend> Engine<'a, B> {
             rows,
             dead,
         } = self;
-        let out = sched.schedule()?;
+        sched.schedule()?;
+        // Gauges as of this step's admissions and preemptions, before any client hears of them.
+        publish(sh, sched);
+        let out = sched.output();
         if out.is_empty() {
             return Ok(());
         }
@@ -429,10 +432,15 @@ impl<'a, B: Backend> Engine<'a, B> {
     }
 
     fn publish(&self) {
-        let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
-        st.running = self.sched.n_running();
-        st.waiting = self.sched.n_waiting();
-        st.kv_blocks_total = self.sched.kv_blocks_total();
-        st.kv_blocks_used = self.sched.kv_blocks_used();
+        publish(self.sh, &self.sched);
     }
+}
+
+/// The gauges, as the scheduler stands now.
+fn publish(sh: &Shared, sched: &Scheduler) {
+    let mut st = sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+    st.running = sched.n_running();
+    st.waiting = sched.n_waiting();
+    st.kv_blocks_total = sched.kv_blocks_total();
+    st.kv_blocks_used = sched.kv_blocks_used();
 }

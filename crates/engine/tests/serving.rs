@@ -239,3 +239,41 @@ fn prefix_cache_preemption_stop_and_abort() {
     h.shutdown(std::time::Duration::from_secs(1));
     small.shutdown(std::time::Duration::from_secs(1));
 }
+
+/// The gauges a client reads when it hears of its request are already that step's: running
+/// and blocks in use when it starts, nothing in use once it finished.
+#[test]
+fn gauges_are_current_when_events_arrive() {
+    let f = file();
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let h = start(64, 4);
+    let p = tok.encode("The capital of France is", true, false).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let h2 = h.clone();
+    h.submit(
+        request(&p, 3, 0.0, 0),
+        Box::new(move |e| tx.send((e, h2.stats())).is_ok()),
+    )
+    .unwrap();
+    let mut seen = 0;
+    for (e, st) in rx {
+        match e {
+            Event::Started { .. } => {
+                assert_eq!((st.running, st.waiting), (1, 0), "{st:?}");
+                assert!(st.kv_blocks_used > 0, "{st:?}");
+                assert_eq!(st.prompt_tokens_total, p.len() as u64);
+                seen += 1;
+            }
+            Event::Token { .. } => assert_eq!(st.running, 1, "{st:?}"),
+            Event::Finished { reason, .. } => {
+                assert_eq!(reason, FinishReason::Length);
+                assert_eq!((st.running, st.kv_blocks_used), (0, 0), "{st:?}");
+                assert_eq!(st.generated_tokens_total, 3, "{st:?}");
+                seen += 1;
+                break;
+            }
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(seen, 2);
+}

@@ -3,11 +3,10 @@ use crate::GgmlType;
 /// Everything that can go wrong reading or writing a GGUF file.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The message names the path and the cause (so the cause is not also a `source`, which
+    /// error chains would print twice).
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error("not a GGUF file (magic bytes {0:02x?}, expected \"GGUF\")")]
     BadMagic([u8; 4]),
     #[error("GGUF version {0} is not supported (supported: 2, 3)")]
@@ -97,7 +96,7 @@ impl GgufError {
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
         GgufError::Io {
             path: path.display().to_string(),
-            source,
+            error: source,
         }
     }
 }

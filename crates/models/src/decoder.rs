@@ -127,6 +127,26 @@ impl<B: Backend> Model<B> {
         let hp = &self.hp;
         let n = max_tokens;
         let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        // Everything below, checked before any of it is allocated.
+        let kv = b.kv_bytes(n_slots, kvd).saturating_mul(hp.n_layer as u64);
+        let floats = (n as u64)
+            .saturating_mul((3 * hp.n_embd + 2 * qd + 2 * kvd + 3 * hp.n_ff) as u64)
+            .saturating_add((max_logits as u64).saturating_mul(hp.n_vocab as u64));
+        let need = kv.saturating_add(floats.saturating_mul(4));
+        if let Some(available) = b.memory_available() {
+            if need > available {
+                return Err(quiver_backend::BackendError::OutOfMemory {
+                    what: format!(
+                        "the KV cache for {n_slots} positions and the buffers for {n} tokens per step"
+                    ),
+                    need,
+                    available,
+                    device: b.name(),
+                    hint: ": lower the context (--ctx-size, --kv-blocks, --kv-mem) or the batch size (--batch-size)",
+                }
+                .into());
+            }
+        }
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(State {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),

@@ -198,6 +198,35 @@ impl ChatTemplate {
     }
 }
 
+impl ChatTemplate {
+    /// Renders a conversation and tokenizes it for `tok`: special tokens come only from the
+    /// template; the messages' text (content, role, names, tool calls) and the tool
+    /// definitions are tokenized as plain text even where they spell a control token.
+    pub fn tokenize(
+        &self,
+        tok: &crate::Tokenizer,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let mut g = crate::guard::Guard::default();
+        let messages = messages
+            .iter()
+            .map(|m| g.protect_message(tok, m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tools = match tools {
+            Some(t) => {
+                let mut t = t.clone();
+                g.protect_json(tok, &mut t)?;
+                Some(t)
+            }
+            None => None,
+        };
+        let text = self.render(&messages, add_generation_prompt, tools.as_ref())?;
+        tok.encode_chat_guarded(&text, Some(&g))
+    }
+}
+
 /// Texts of the BOS and EOS tokens as the tokenizer resolves them ("" where there is none).
 fn special_texts(f: &GgufFile) -> Result<(String, String), TokenizerError> {
     let model = f.get_str("tokenizer.ggml.model")?.unwrap_or("");

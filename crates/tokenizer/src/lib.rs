@@ -12,6 +12,7 @@
 
 mod bpe;
 pub mod chat;
+mod guard;
 mod load;
 pub mod pretok;
 mod special;
@@ -229,6 +230,18 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_guarded(text, add_special, parse_special, None)
+    }
+
+    /// `encode`, with the text between special tokens given back its original text by `guard`
+    /// (a rendered chat prompt's client text, see `guard.rs`).
+    fn encode_guarded(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        guard: Option<&guard::Guard>,
+    ) -> Result<Vec<u32>, TokenizerError> {
         if self.kind == TokenizerKind::None {
             return Err(TokenizerError::NoVocabulary);
         }
@@ -244,10 +257,13 @@ impl Tokenizer {
                     prev_special = true;
                 }
                 special::Fragment::Text(r) => {
-                    let t = &text[r];
+                    let t = match guard {
+                        Some(g) => g.restore(&text[r]),
+                        None => std::borrow::Cow::Borrowed(&text[r]),
+                    };
                     match self.kind {
-                        TokenizerKind::Spm => self.encode_spm(t, prev_special, &mut out),
-                        _ => self.encode_bpe(t, &mut out),
+                        TokenizerKind::Spm => self.encode_spm(&t, prev_special, &mut out),
+                        _ => self.encode_bpe(&t, &mut out),
                     }
                     prev_special = false;
                 }
@@ -345,17 +361,22 @@ impl Tokenizer {
         }
     }
 
-    /// Decodes ids to text: the concatenation of the tokens' pieces, as llama-server returns
-    /// generated text, and exactly what [`Detokenizer`] streams. With `skip_special` control
-    /// tokens are left out (and a BOS/EOS the model adds itself is dropped); without it they
-    /// appear as their text. Invalid UTF-8 becomes U+FFFD, only here at the end. Ids outside
-    /// the vocabulary decode to nothing.
     /// Tokenizes a rendered chat prompt: special-token text parsed, BOS added only when the
-    /// model adds one and the template did not already write it.
+    /// model adds one and the template did not already write it. Client text in the prompt
+    /// must not become control tokens: render and tokenize with `ChatTemplate::tokenize`,
+    /// which protects it; this is for prompts wholly written by the caller.
     pub fn encode_chat(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_chat_guarded(text, None)
+    }
+
+    pub(crate) fn encode_chat_guarded(
+        &self,
+        text: &str,
+        guard: Option<&guard::Guard>,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let bos_text = self.bos().and_then(|b| self.token_text(b)).unwrap_or("");
         let written = !bos_text.is_empty() && text.starts_with(bos_text);
-        let mut ids = self.encode(text, false, true)?;
+        let mut ids = self.encode_guarded(text, false, true, guard)?;
         if self.add_bos() && !written {
             if let Some(b) = self.bos() {
                 ids.insert(0, b);
@@ -364,6 +385,11 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Decodes ids to text: the concatenation of the tokens' pieces, as llama-server returns
+    /// generated text, and exactly what [`Detokenizer`] streams. With `skip_special` control
+    /// tokens are left out (and a BOS/EOS the model adds itself is dropped); without it they
+    /// appear as their text. Invalid UTF-8 becomes U+FFFD, only here at the end. Ids outside
+    /// the vocabulary decode to nothing.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         let mut ids = ids;
         if skip_special && self.add_eos && !ids.is_empty() && ids.last().copied() == self.eos {

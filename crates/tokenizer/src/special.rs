@@ -44,6 +44,28 @@ impl Specials {
         self.tokens.iter().map(|t| t.0)
     }
 
+    /// The stretches of `text` that some control (or unknown) token's text matches, overlapping
+    /// matches merged: what must not become a control token when `text` is client input.
+    pub fn control_ranges(&self, text: &str) -> Vec<std::ops::Range<usize>> {
+        let Some(matcher) = &self.matcher else {
+            return Vec::new();
+        };
+        let mut hits: Vec<std::ops::Range<usize>> = matcher
+            .find_overlapping_iter(text)
+            .filter(|m| self.tokens[m.pattern().as_usize()].1)
+            .map(|m| m.start()..m.end())
+            .collect();
+        hits.sort_by_key(|r| r.start);
+        let mut out: Vec<std::ops::Range<usize>> = Vec::with_capacity(hits.len());
+        for r in hits {
+            match out.last_mut() {
+                Some(last) if r.start < last.end => last.end = last.end.max(r.end),
+                _ => out.push(r),
+            }
+        }
+        out
+    }
+
     pub fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
         if text.is_empty() {
             return Vec::new();
