@@ -10,16 +10,16 @@
 //! path already round as the CPU does and are shared. Soft-capping (Gemma 2) is the fast path's
 //! kernel (libm's tanhf is not reproduced).
 
-use crate::{check, grid1, CudaBackend, CudaBuf, CudaKv, CudaWeight};
+use crate::{check, grid1, CudaBackend, CudaBuf, CudaConfig, CudaKv, CudaWeight};
 use quiver_backend::{
     reference, Activation, AttnParams, BackendError, Result, RopeAngles, RopeMode, RopeParams,
 };
 use quiver_cpu_kernels::SimdLevel;
 use quiver_gguf::GgmlType;
 
-/// Whether `QUIVER_CUDA_EXACT=1` asks for the parity mode.
+/// Whether `QUIVER_CUDA_EXACT=1` asks for the parity mode (`CudaConfig::from_env().exact`).
 pub fn requested() -> bool {
-    std::env::var("QUIVER_CUDA_EXACT").as_deref() == Ok("1")
+    CudaConfig::from_env().exact
 }
 
 /// The activation blocks of the parity mode's product for `ty` (32: the legacy types, 256:

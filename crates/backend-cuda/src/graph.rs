@@ -59,13 +59,6 @@ impl Graphs {
         self.enabled
     }
 
-    pub fn set_enabled(&mut self, on: bool) {
-        self.enabled = on;
-        if !on {
-            self.map.clear();
-        }
-    }
-
     pub fn capturing(&self) -> bool {
         self.capturing.is_some()
     }

@@ -7,6 +7,7 @@
 //! Everything is loaded at run time (cudarc's dynamic loading): the binary builds and runs on
 //! machines without CUDA, where `probe` says why there is no GPU.
 
+mod config;
 mod dev;
 mod graph;
 pub mod libs;
@@ -23,6 +24,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
+pub use config::CudaConfig;
 pub use dev::{probe, DeviceInfo};
 
 /// Largest token count a captured decode step covers; buckets are powers of two up to it.
@@ -209,30 +211,8 @@ pub struct CudaBackend {
     dev: Device,
     reg: Mutex<registry::Registry>,
     blas: Option<dev::Blas>,
-    use_copies: bool,
-    tensor_cores: bool,
-    /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
-    /// the CPU backend's; QUIVER_CUDA_INT8=0 keeps f32 activations.
-    int8: bool,
-    /// Products over at least this many tokens go to cuBLAS on the f16 copies when there are
-    /// copies (QUIVER_CUDA_GEMM_MIN_TOKENS, default 3); fewer run on the matrix-vector kernels,
-    /// which are faster for one or two tokens and slower beyond (they are compute-bound there).
-    gemm_min_tokens: usize,
-    /// The f16 activations of cuBLAS products rounded to the int8 grid of the weight's type
-    /// first, as the CPU backend and the decode kernels see them (QUIVER_CUDA_ACT_GRID=0: plain
-    /// f16).
-    act_grid: bool,
-    /// Kernels launched with programmatic dependent launch (sm_90+, QUIVER_CUDA_PDL=0 turns it
-    /// off): a kernel's launch overlaps the previous one's tail.
-    pdl: bool,
-    /// Key ranges per (token, head) of the split-K attention when fixed (tests; batch-invariant
-    /// runs); None: chosen by the step's shape.
-    attention_splits: Option<usize>,
-    /// Prefill attention through the tensor-core flash kernel (on unless QUIVER_CUDA_FLASH=0).
-    flash: bool,
-    /// Head dim 256 through the flash kernel too (QUIVER_CUDA_FLASH_256=0 leaves it on split-K;
-    /// 64 and 128 always take it when `flash` is on).
-    flash_256: bool,
+    /// The configuration in effect (`CudaConfig::resolve`).
+    cfg: CudaConfig,
     /// This step's query tiles for the flash kernel ({seq, first token, tokens, 0}) and how
     /// many there are (0: the step uses the split-K kernel).
     tiles: Vec<[i32; 4]>,
@@ -253,10 +233,6 @@ pub struct CudaBackend {
     graphs: graph::Graphs,
     /// Bumped whenever a buffer the graphs use moves (part of every graph key).
     generation: std::sync::atomic::AtomicU64,
-    sync_each: bool,
-    /// The parity mode (`QUIVER_CUDA_EXACT=1`, src/exact.rs): every op rounds as the CPU
-    /// backend's batch-invariant path does; graphs off.
-    exact: bool,
     load_progress: Mutex<Option<(quiver_hub::Progress, u64, u64)>>,
 }
 
@@ -340,48 +316,35 @@ fn grid1(n: usize, block: usize, cap: usize) -> u32 {
 }
 
 impl CudaBackend {
-    /// Opens CUDA device `ordinal`, creates its stream, loads cuBLAS if present and compiles (or
-    /// reads from the cache) the kernels every model needs.
-    pub fn new(ordinal: usize) -> Result<Self> {
+    /// Opens CUDA device `ordinal`, creates its stream, loads cuBLAS if present and allowed,
+    /// and compiles (or reads from the cache) the kernels every model needs, for `config`
+    /// (usually `CudaConfig::from_env()`, adjusted).
+    pub fn new(ordinal: usize, config: CudaConfig) -> Result<Self> {
         let dev = Device::open(ordinal).map_err(BackendError::Device)?;
-        let pdl = dev.info.arch >= 90 && std::env::var("QUIVER_CUDA_PDL").as_deref() != Ok("0");
         let mut reg = registry::Registry::new(dev.info.arch);
-        let exact = exact::requested();
         for m in ["ops", "attn"] {
             reg.ensure(m).map_err(BackendError::Device)?;
         }
-        if exact {
+        if config.exact {
             reg.ensure("exact").map_err(BackendError::Device)?;
         }
-        let blas = if std::env::var("QUIVER_CUDA_CUBLAS").as_deref() == Ok("0") {
-            None
-        } else {
+        let blas = if config.cublas {
             dev::Blas::new(dev.stream).ok()
+        } else {
+            None
         };
-        let use_copies =
-            blas.is_some() && std::env::var("QUIVER_CUDA_F16_COPIES").as_deref() != Ok("0");
+        let cfg = config.resolve(dev.info.arch, blas.is_some());
+        let load_progress = cfg
+            .load_total
+            .map(|total| (quiver_hub::Progress::bytes(total), 0, total));
         Ok(CudaBackend {
             dev,
             reg: Mutex::new(reg),
-            tensor_cores: blas.is_some()
-                && std::env::var("QUIVER_CUDA_TENSOR_CORES").as_deref() != Ok("0"),
-            int8: std::env::var("QUIVER_CUDA_INT8").as_deref() != Ok("0"),
-            gemm_min_tokens: std::env::var("QUIVER_CUDA_GEMM_MIN_TOKENS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(3usize)
-                .max(1),
-            act_grid: std::env::var("QUIVER_CUDA_ACT_GRID").as_deref() != Ok("0"),
-            attention_splits: None,
-            pdl,
-            flash: std::env::var("QUIVER_CUDA_FLASH").as_deref() != Ok("0"),
-            flash_256: std::env::var("QUIVER_CUDA_FLASH_256").as_deref() != Ok("0"),
             tiles: Vec::new(),
             tile_buf: None,
             n_tiles: 0,
             top_host: Mutex::new((Vec::new(), Vec::new())),
             blas,
-            use_copies,
             scratch: Mutex::new(Scratch::default()),
             mem: Mutex::new(MemStats::default()),
             batch_buf: None,
@@ -401,13 +364,10 @@ impl CudaBackend {
             rows: 0,
             logit_rows: 0,
             logits_identity: true,
-            graphs: graph::Graphs::new(
-                !exact && std::env::var("QUIVER_CUDA_GRAPHS").as_deref() != Ok("0"),
-            ),
+            graphs: graph::Graphs::new(cfg.graphs),
             generation: Default::default(),
-            sync_each: std::env::var("QUIVER_CUDA_SYNC").as_deref() == Ok("1"),
-            exact,
-            load_progress: Mutex::new(None),
+            cfg,
+            load_progress: Mutex::new(load_progress),
         })
     }
 
@@ -433,51 +393,9 @@ impl CudaBackend {
         self.blas.is_some()
     }
 
-    /// Turns graph capture on or off (the switch `QUIVER_CUDA_GRAPHS=0` sets at start).
-    pub fn set_graphs(&mut self, on: bool) {
-        self.graphs.set_enabled(on && !self.exact);
-    }
-
-    /// Turns the parity mode on or off (`QUIVER_CUDA_EXACT=1` at start; src/exact.rs): every op
-    /// rounds as the CPU backend's batch-invariant path, graphs off. Set it before loading
-    /// weights (the mode keeps no f16 copies and refuses types it has no product for).
-    pub fn set_exact(&mut self, on: bool) {
-        self.exact = on;
-        if on {
-            self.graphs.set_enabled(false);
-        }
-    }
-
-    /// Fixes how many key ranges the split-K attention cuts each (token, head) into (None:
-    /// chosen by the step's shape). A token's ranges then depend on its own keys only, so its
-    /// result is the same whatever the batch around it (with the tensor cores and the flash
-    /// kernel off, every op is then batch-invariant).
-    pub fn set_attention_splits(&mut self, n: Option<usize>) {
-        self.attention_splits = n.map(|n| n.clamp(1, 64));
-    }
-
-    /// Products over at least `n` tokens go to cuBLAS (when there are f16 copies); fewer to the
-    /// matrix-vector kernels (`QUIVER_CUDA_GEMM_MIN_TOKENS` at start, default 3).
-    pub fn set_gemm_min_tokens(&mut self, n: usize) {
-        self.gemm_min_tokens = n.max(1);
-    }
-
-    /// Routes products over `gemm_min_tokens` or more tokens through cuBLAS (on when cuBLAS
-    /// loaded), or every product through the matrix-vector kernels, which make every token's
-    /// result independent of the batch.
-    pub fn set_tensor_cores(&mut self, on: bool) {
-        self.tensor_cores = on && self.blas.is_some();
-    }
-
-    /// Turns the tensor-core flash-attention prefill on or off (`QUIVER_CUDA_FLASH=0` at start
-    /// turns it off).
-    pub fn set_flash(&mut self, on: bool) {
-        self.flash = on;
-    }
-
-    /// Shows a progress bar on stderr while `total` bytes of weights load.
-    pub fn set_load_total(&self, total: u64) {
-        *self.load_progress.lock().unwrap() = Some((quiver_hub::Progress::bytes(total), 0, total));
+    /// The configuration in effect: what `new` was given, less what the machine lacks.
+    pub fn config(&self) -> &CudaConfig {
+        &self.cfg
     }
 
     /// A buffer holding `data` (tests, tools).
@@ -547,7 +465,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let f = self.func(module, name)?;
         let (mut p, n) = a.ptrs();
-        if self.pdl {
+        if self.cfg.pdl {
             // Programmatic dependent launch: every kernel begins with pdl_begin() (common.cuh),
             // which waits for the previous kernel before it touches memory.
             // SAFETY: a zeroed attribute is a valid C union; we set the one field this id reads.
@@ -576,7 +494,7 @@ impl CudaBackend {
             unsafe { dr::launch_kernel(f, grid, block, 0, self.dev.stream, &mut p[..n]) }
                 .map_err(|e| derr(format!("launching kernel {name}"), e))?;
         }
-        if self.sync_each && !self.graphs.capturing() {
+        if self.cfg.sync_each && !self.graphs.capturing() {
             // SAFETY: our stream.
             unsafe { dr::stream::synchronize(self.dev.stream) }
                 .map_err(|e| derr(format!("kernel {name}"), e))?;
@@ -637,7 +555,7 @@ impl CudaBackend {
 
     /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`.
     fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
-        if self.exact {
+        if self.cfg.exact {
             return self.x_mm(w, x, n, y);
         }
         if let Some(wh) = self.tensor_core_weight(w, n) {
@@ -649,7 +567,7 @@ impl CudaBackend {
 
     /// The f16 weights of `w` when a product over `n` tokens goes to the tensor cores.
     fn tensor_core_weight(&self, w: &CudaWeight, n: usize) -> Option<u64> {
-        if n < self.gemm_min_tokens || !self.tensor_cores || self.blas.is_none() {
+        if n < self.cfg.gemm_min_tokens || !self.cfg.tensor_cores || self.blas.is_none() {
             return None;
         }
         if w.ty == GgmlType::F16 {
@@ -664,7 +582,7 @@ impl CudaBackend {
     fn to_half(&self, x: u64, rows: usize, cols: usize, ty: GgmlType) -> Result<u64> {
         let len = rows * cols;
         let xh = self.scratch_ptr(|s| &mut s.xbf, len * 2, "f16 activations")?;
-        match act_grid(ty).filter(|b| self.act_grid && cols.is_multiple_of(*b)) {
+        match act_grid(ty).filter(|b| self.cfg.act_grid && cols.is_multiple_of(*b)) {
             Some(block) => {
                 let nb = len / block;
                 let (name, grid, threads) = if block == 32 {
@@ -750,7 +668,7 @@ impl CudaBackend {
 
     /// The activation block size when `w`'s decode kernels take int8 activations.
     fn int8_block(&self, w: &CudaWeight) -> Option<usize> {
-        if self.int8 {
+        if self.cfg.int8 {
             registry::int8_activations(w.kernel)
         } else {
             None
@@ -824,7 +742,7 @@ impl CudaBackend {
             return Ok(());
         }
         let r = residual.map(|(p, _)| p).unwrap_or(0);
-        if self.exact {
+        if self.cfg.exact {
             return self.x_norm(r, x, w, eps, rows, out);
         }
         self.launch(
@@ -945,7 +863,8 @@ impl CudaBackend {
     }
 
     fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {
-        self.attention_splits
+        self.cfg
+            .attention_splits
             .unwrap_or_else(|| attention_splits(rows * n_head, self.dev.info.sms as usize, n_slots))
     }
 }
@@ -1039,11 +958,11 @@ impl Backend for CudaBackend {
             kernel,
             names: Box::new(KernelNames::new(
                 kernel,
-                self.int8 && registry::int8_activations(kernel).is_some(),
+                self.cfg.int8 && registry::int8_activations(kernel).is_some(),
             )),
         };
         // F16 weights are their own copy.
-        if self.exact {
+        if self.cfg.exact {
             // The parity mode's products read the GGUF bytes only.
             if exact::act_block(ty).is_none() {
                 return Err(BackendError::Unsupported {
@@ -1054,7 +973,7 @@ impl Backend for CudaBackend {
             }
             return Ok(w);
         }
-        if self.use_copies && ty != GgmlType::F16 {
+        if self.cfg.f16_copies && ty != GgmlType::F16 {
             let need = rows * cols * 2;
             let (free, total) = self.dev.mem_info();
             // Keep a tenth of the card (and 2 GiB) for the KV cache and workspace.
@@ -1143,7 +1062,7 @@ impl Backend for CudaBackend {
         // Flash attention for prefill-shaped steps only, decided by the batch's shape (not by
         // whether graphs are on), so that eager and replayed steps run the same kernels.
         let decode_shaped = graph_bucket(n, nl, max_tokens, max_logits).is_some();
-        if self.flash && !decode_shaped && batch.seqs.iter().any(|s| s.len > 1) {
+        if self.cfg.flash && !decode_shaped && batch.seqs.iter().any(|s| s.len > 1) {
             self.upload_tiles(batch)?;
         }
         if !graphable {
@@ -1179,7 +1098,7 @@ impl Backend for CudaBackend {
         check("embed", out.len >= n * table.cols, || {
             format!("out holds {} < {n}×{}", out.len, table.cols)
         })?;
-        let (module, name) = if self.exact {
+        let (module, name) = if self.cfg.exact {
             ("exact", &table.names.x_embed)
         } else {
             (table.names.module.as_str(), &table.names.embed)
@@ -1276,7 +1195,7 @@ impl Backend for CudaBackend {
         rows_x: usize,
         out: [&mut CudaBuf; 3],
     ) -> Result<()> {
-        let fused = !self.exact
+        let fused = !self.cfg.exact
             && rows_x <= MMV_TOKENS
             && w.iter().all(|m| m.ty == w[0].ty && m.cols == w[0].cols);
         for (m, o) in w.iter().zip(&out) {
@@ -1330,7 +1249,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         let n_ff = gate.rows;
-        if self.exact
+        if self.cfg.exact
             || rows_x > MMV_TOKENS
             || self.tensor_core_weight(gate, rows_x).is_some()
             || gate.ty != up.ty
@@ -1474,7 +1393,7 @@ impl Backend for CudaBackend {
             rope.n_dims <= a.head_dim && rope.n_dims.is_multiple_of(2),
             || format!("{} rotated dims of {}", rope.n_dims, a.head_dim),
         )?;
-        if self.exact {
+        if self.cfg.exact {
             return self.x_rope_kv_write(q, k, v, rope, a, kv);
         }
         let th = self.theta_ptr(rope)?;
@@ -1521,10 +1440,10 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        if self.exact {
+        if self.cfg.exact {
             return self.x_attention(q, kv, a, out);
         }
-        if self.n_tiles > 0 && (hd != 256 || self.flash_256) {
+        if self.n_tiles > 0 && (hd != 256 || self.cfg.flash_256) {
             let tiles = self.tile_buf.as_ref().unwrap().ptr;
             let (window, softcap) = (
                 a.window.map(|w| w as i32).unwrap_or(0),
@@ -1618,7 +1537,7 @@ impl Backend for CudaBackend {
         check("glu", gate.len >= n && up.len >= n && out.len >= n, || {
             format!("{n} elements")
         })?;
-        if self.exact {
+        if self.cfg.exact {
             return self.x_glu(act, gate, up, n, out);
         }
         let a = match act {
@@ -1833,7 +1752,7 @@ mod tests {
             assert_eq!((mm.w, mm.y, mm.row_bytes, mm.rows), (11, 12, 13, 14));
             assert_eq!(*(p[5] as *const i64), 7);
             // 8-byte aligned, as CUDA expects pointers and 64-bit values.
-            assert!(p[..n].iter().all(|q| (*q as usize) % 8 == 0));
+            assert!(p[..n].iter().all(|q| (*q as usize).is_multiple_of(8)));
         }
     }
 
