@@ -1,8 +1,18 @@
-//! The parity mode (`QUIVER_CUDA_EXACT=1`): every op through the "exact" module's kernels,
-//! which compute what the CPU backend computes for a batch-invariant step, operation for
-//! operation (kernels/exact.cu). The two backends then give the same logits, bit for bit —
-//! and, where the CPU reproduces llama.cpp's CPU floats, those too. Graphs are off and every
-//! product runs one thread per output: a reference-grade path, far slower than the default one.
+//! The parity mode (`QUIVER_CUDA_EXACT=1`, `CudaConfig::exact`): every op through the "exact"
+//! module's kernels, which compute what the CPU backend computes for a batch-invariant step,
+//! operation for operation (kernels/exact.cu). The two backends then give the same logits, bit
+//! for bit — and, where the CPU reproduces llama.cpp's CPU floats, those too. Graphs are off
+//! and every product runs one thread per output: a reference-grade path, far slower than the
+//! default one.
+//!
+//! The mode is chosen once, at `CudaBackend::new` (`Mode::Parity`, src/context.rs), and the
+//! `Backend` impl (src/backend.rs) dispatches each op once, to the fast path's entry point or
+//! to this file's: [`Parity`] has one entry point per op, and the fast-path files hold no
+//! parity branch. An entry point either launches this mode's kernel or, where the fast path's
+//! kernel already computes what the CPU computes, says so and runs that kernel (the residual
+//! add: one f32 add; argmax and top-k: comparisons; the logits rows gather: a copy). An op
+//! added later without a kernel here returns [`missing`]'s error, naming the op: never a
+//! silent fall back to the fast path.
 //!
 //! What comes from the host: the rope's sines and cosines (the CPU backend's own
 //! [`RopeAngles`], uploaded per step), GELU's table (as ggml's) and which SIMD level the CPU
@@ -10,16 +20,35 @@
 //! path already round as the CPU does and are shared. Soft-capping (Gemma 2) is the fast path's
 //! kernel (libm's tanhf is not reproduced).
 
-use crate::{check, grid1, CudaBackend, CudaBuf, CudaKv, CudaWeight};
+use crate::dev::DevBuf;
+use crate::launch::grid1;
+use crate::memory::{CudaBuf, CudaKv};
+use crate::norm::Norm;
+use crate::products::{act_code, check_glu, check_matmul};
+use crate::weights::CudaWeight;
+use crate::{check, CudaBackend, CudaConfig};
 use quiver_backend::{
     reference, Activation, AttnParams, BackendError, Result, RopeAngles, RopeMode, RopeParams,
+    WeightBytes,
 };
 use quiver_cpu_kernels::SimdLevel;
 use quiver_gguf::GgmlType;
+use std::sync::Mutex;
 
-/// Whether `QUIVER_CUDA_EXACT=1` asks for the parity mode.
+/// Whether `QUIVER_CUDA_EXACT=1` asks for the parity mode (`CudaConfig::from_env().exact`).
 pub fn requested() -> bool {
-    std::env::var("QUIVER_CUDA_EXACT").as_deref() == Ok("1")
+    CudaConfig::from_env().exact
+}
+
+/// The error of an op the parity mode has no kernel for.
+#[allow(
+    dead_code,
+    reason = "for ops added without a parity kernel; none lacks one now"
+)]
+pub(crate) fn missing(op: &'static str) -> BackendError {
+    BackendError::Device(format!(
+        "{op}: the parity mode (QUIVER_CUDA_EXACT=1) has no kernel for this op"
+    ))
 }
 
 /// The activation blocks of the parity mode's product for `ty` (32: the legacy types, 256:
@@ -33,9 +62,89 @@ pub(crate) fn act_block(ty: GgmlType) -> Option<usize> {
     }
 }
 
-impl CudaBackend {
+/// The parity mode's state: its scratch (the fast path's is src/scratch.rs) and entry points.
+#[derive(Default)]
+pub(crate) struct Parity {
+    scratch: Mutex<ParityScratch>,
+}
+
+#[derive(Default)]
+struct ParityScratch {
+    /// The rope sines and cosines of the step, and their host staging (reused step to step).
+    sincos: Option<DevBuf>,
+    sincos_host: Vec<f32>,
+    /// GELU of every f16, as ggml's table, uploaded once.
+    gelu: Option<DevBuf>,
+    gelu_filled: bool,
+}
+
+impl Parity {
+    /// A matrix weight: the GGUF bytes only (no f16 copies); types without a product here are
+    /// refused.
+    pub(crate) fn weight(
+        &self,
+        be: &CudaBackend,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &WeightBytes,
+    ) -> Result<CudaWeight> {
+        let w = be.matrix_weight(name, ty, rows, cols, bytes)?;
+        if act_block(ty).is_none() {
+            return Err(BackendError::Unsupported {
+                op: "matmul (QUIVER_CUDA_EXACT=1)",
+                ty,
+                backend: "cuda",
+            });
+        }
+        Ok(w)
+    }
+
+    /// The gather, rounding as the CPU's dequantizer (shapes checked by the caller).
+    pub(crate) fn embed(
+        &self,
+        be: &CudaBackend,
+        table: &CudaWeight,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        be.launch_embed("exact", &table.names.x_embed, table, scale, out)
+    }
+
+    /// The norm of `n.rows` > 0 rows, f64-summed as the CPU's (shapes checked by the caller).
+    pub(crate) fn norm(&self, be: &CudaBackend, n: &Norm) -> Result<()> {
+        be.launch(
+            "exact",
+            "x_rms_norm",
+            (n.rows.div_ceil(64) as u32, 1, 1),
+            (64, 1, 1),
+            args![
+                n.residual_ptr(),
+                n.x.0,
+                n.w.data.ptr,
+                n.out.0,
+                n.rows as i32,
+                n.w.cols as i32,
+                n.eps
+            ],
+        )
+    }
+
+    /// The residual add: one f32 add per element, which the fast path's kernel already is.
+    pub(crate) fn add(&self, be: &CudaBackend, a: u64, b: u64, n: usize) -> Result<()> {
+        be.add_kernel(a, b, n)
+    }
+
     /// y[t, r] = W[r] · x[t] for `n` tokens, rounded as the CPU's decode path rounds.
-    pub(crate) fn x_mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
+    pub(crate) fn mm(
+        &self,
+        be: &CudaBackend,
+        w: &CudaWeight,
+        x: u64,
+        n: usize,
+        y: u64,
+    ) -> Result<()> {
         let block = act_block(w.ty).ok_or(BackendError::Unsupported {
             op: "matmul (QUIVER_CUDA_EXACT=1)",
             ty: w.ty,
@@ -44,8 +153,8 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let (q, d, bs) = self.quantize_act(x, n, w.cols, block, w.ty)?;
-        self.launch(
+        let (q, d, bs) = be.quantize_act(x, n, w.cols, block, w.ty)?;
+        be.launch(
             "exact",
             &w.names.x_mm,
             (w.rows.div_ceil(128) as u32, n as u32, 1),
@@ -64,42 +173,64 @@ impl CudaBackend {
         )
     }
 
-    /// out = rms_norm(x) · w per row, with `residual += x` first when given (as `norm`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn x_norm(
+    /// The three products one after the other (shapes checked by the caller).
+    pub(crate) fn matmul_qkv(
         &self,
-        residual: u64,
-        x: u64,
-        w: &CudaWeight,
-        eps: f32,
-        rows: usize,
-        out: u64,
+        be: &CudaBackend,
+        w: [&CudaWeight; 3],
+        x: &CudaBuf,
+        rows_x: usize,
+        out: [&mut CudaBuf; 3],
     ) -> Result<()> {
-        if rows == 0 {
-            return Ok(());
+        for (m, o) in w.iter().zip(out) {
+            self.mm(be, m, x.ptr(), rows_x, o.ptr())?;
         }
-        self.launch(
-            "exact",
-            "x_rms_norm",
-            (rows.div_ceil(64) as u32, 1, 1),
-            (64, 1, 1),
-            args![
-                residual,
-                x,
-                w.data.ptr,
-                out,
-                rows as i32,
-                w.cols as i32,
-                eps
-            ],
-        )
+        Ok(())
+    }
+
+    /// The two products into `scratch`, then the glu (the CPU's order).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_glu(
+        &self,
+        be: &CudaBackend,
+        act: Activation,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        x: &CudaBuf,
+        rows_x: usize,
+        scratch: [&mut CudaBuf; 2],
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let [g, u] = scratch;
+        check_matmul(gate, x, rows_x, g)?;
+        self.mm(be, gate, x.ptr(), rows_x, g.ptr())?;
+        check_matmul(up, x, rows_x, u)?;
+        self.mm(be, up, x.ptr(), rows_x, u.ptr())?;
+        let n = rows_x * gate.rows;
+        check_glu(g, u, n, out)?;
+        self.glu(be, act, g, u, n, out)
+    }
+
+    /// The product over the step's `n` > 0 logits rows (gathered as the fast path gathers
+    /// them: a copy).
+    pub(crate) fn matmul_logits(
+        &self,
+        be: &CudaBackend,
+        w: &CudaWeight,
+        x: &CudaBuf,
+        n: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let rows = be.logits_input(w, x, n)?;
+        self.mm(be, w, rows, n, out.ptr())
     }
 
     /// Rope with the CPU's angles, q scaled (where the model says) and rounded to f16, k and v
     /// into the cache.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn x_rope_kv_write(
+    pub(crate) fn rope_kv_write(
         &self,
+        be: &CudaBackend,
         q: &mut CudaBuf,
         k: &mut CudaBuf,
         v: &CudaBuf,
@@ -107,7 +238,7 @@ impl CudaBackend {
         a: &AttnParams,
         kv: &mut CudaKv,
     ) -> Result<()> {
-        let n = self.rows;
+        let n = be.step.rows;
         if n == 0 {
             return Ok(());
         }
@@ -118,21 +249,19 @@ impl CudaBackend {
         )?;
         let angles = RopeAngles::new(rope);
         let half = angles.pairs();
-        let ct = self.layout.cap_t;
-        // The host staging is reused step to step (taken out of the scratch while filled).
-        let mut table = std::mem::take(&mut self.scratch.lock().unwrap().sincos_host);
+        let mut s = self.scratch.lock().unwrap();
+        let s = &mut *s;
+        let table = &mut s.sincos_host;
         table.clear();
         table.resize(n * 2 * half, 0.0);
         for (t, row) in table.chunks_exact_mut(2 * half.max(1)).enumerate() {
             let (sin, cos) = row.split_at_mut(half);
-            angles.at(self.host[ct + t], sin, cos);
+            angles.at(be.step.position(t), sin, cos);
         }
-        let sc = self.scratch_ptr(|s| &mut s.sincos, table.len().max(1) * 4, "rope angles")?;
-        let copied = self.dev.htod_sync(sc, &table);
-        self.scratch.lock().unwrap().sincos_host = table;
-        copied.map_err(BackendError::Device)?;
+        let sc = be.grow(&mut s.sincos, table.len().max(1) * 4, "rope angles")?;
+        be.dev.htod_sync(sc, table).map_err(BackendError::Device)?;
         let q_scale = if a.scale_q { a.scale } else { 1.0 };
-        self.launch(
+        be.launch(
             "exact",
             "x_rope_kv_write",
             (n as u32, (a.n_head + a.n_head_kv) as u32, 1),
@@ -144,7 +273,7 @@ impl CudaBackend {
                 kv.k.ptr,
                 kv.v.ptr,
                 sc,
-                self.view,
+                be.step.view,
                 a.n_head as i32,
                 a.n_head_kv as i32,
                 a.head_dim as i32,
@@ -155,26 +284,25 @@ impl CudaBackend {
         )
     }
 
-    /// One thread per (token, head), as the CPU's one-row attention.
-    pub(crate) fn x_attention(
+    /// One thread per (token, head) over the step's `n` > 0 rows, as the CPU's one-row
+    /// attention (the shared shapes checked by the caller).
+    pub(crate) fn attention(
         &self,
+        be: &CudaBackend,
         q: &CudaBuf,
         kv: &CudaKv,
         a: &AttnParams,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let n = self.rows;
+        let n = be.step.rows;
         check("attention", a.head_dim <= 256 && a.n_head <= 1024, || {
             format!(
                 "head dim {} / {} heads (QUIVER_CUDA_EXACT=1 takes up to 256 / 1024)",
                 a.head_dim, a.n_head
             )
         })?;
-        if n == 0 {
-            return Ok(());
-        }
         let scale = if a.scale_q { 1.0 } else { a.scale };
-        self.launch(
+        be.launch(
             "exact",
             "x_attention",
             (n as u32, 1, 1),
@@ -184,7 +312,7 @@ impl CudaBackend {
                 kv.k.ptr,
                 kv.v.ptr,
                 out.ptr(),
-                self.view,
+                be.step.view,
                 a.n_head as i32,
                 a.n_head_kv as i32,
                 a.head_dim as i32,
@@ -195,38 +323,79 @@ impl CudaBackend {
         )
     }
 
-    pub(crate) fn x_glu(
+    /// out = act(gate) · up with ggml's GELU table (shapes checked by the caller).
+    pub(crate) fn glu(
         &self,
+        be: &CudaBackend,
         act: Activation,
         gate: &CudaBuf,
         up: &CudaBuf,
         n: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let table = self.scratch_ptr(|s| &mut s.gelu, 65536 * 4, "gelu table")?;
-        {
+        let table = {
             let mut s = self.scratch.lock().unwrap();
+            let table = be.grow(&mut s.gelu, 65536 * 4, "gelu table")?;
             if !s.gelu_filled {
                 let t: Vec<f32> = (0..=u16::MAX)
                     .map(|b| reference::gelu_tanh_f16(quiver_quant::f16_to_f32(b.to_le_bytes())))
                     .collect();
-                self.dev
-                    .htod_sync(table, &t)
-                    .map_err(BackendError::Device)?;
+                be.dev.htod_sync(table, &t).map_err(BackendError::Device)?;
                 s.gelu_filled = true;
             }
-        }
-        let a = match act {
-            Activation::SwiGlu => 0i32,
-            Activation::GeGlu => 1,
+            table
         };
-        self.launch(
+        be.launch(
             "exact",
             "x_glu",
             (grid1(n, 256, 8192), 1, 1),
             (256, 1, 1),
-            args![gate.ptr(), up.ptr(), out.ptr(), n as i64, a, table],
+            args![
+                gate.ptr(),
+                up.ptr(),
+                out.ptr(),
+                n as i64,
+                act_code(act),
+                table
+            ],
         )
+    }
+
+    /// Soft-capping (Gemma 2): the fast path's kernel, deliberately (libm's tanhf is not
+    /// reproduced).
+    pub(crate) fn softcap(
+        &self,
+        be: &CudaBackend,
+        x: &mut CudaBuf,
+        cap: f32,
+        n: usize,
+    ) -> Result<()> {
+        be.softcap_kernel(x, cap, n)
+    }
+
+    /// Top-k: comparisons, which the fast path's kernel already makes as the CPU does.
+    pub(crate) fn top_k(
+        &self,
+        be: &CudaBackend,
+        x: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        k: usize,
+        out: &mut Vec<(u32, f32)>,
+    ) -> Result<()> {
+        be.top_k_rows(x, rows, cols, k, out)
+    }
+
+    /// Argmax: comparisons, which the fast path's kernel already makes as the CPU does.
+    pub(crate) fn argmax(
+        &self,
+        be: &CudaBackend,
+        x: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        be.argmax_rows(x, rows, cols, out)
     }
 }
 

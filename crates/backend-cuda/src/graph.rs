@@ -3,9 +3,35 @@
 //! its second is captured (and run from the graph), later ones replay. A moved buffer bumps
 //! the generation in the key or clears every graph: never a replay over stale addresses.
 
-use crate::GraphStats;
 use cudarc::driver::{result as dr, sys as ds};
 use std::collections::HashMap;
+
+/// Largest token count a captured decode step covers; buckets are powers of two up to it.
+pub const MAX_GRAPH_TOKENS: usize = 64;
+
+/// Counters of the graph executor (also in `--verbose` output and bench JSON).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    pub captures: u64,
+    /// Captures that could not be kept (the step then ran eagerly; the key stays eager).
+    pub failed_captures: u64,
+    pub replays: u64,
+    pub eager: u64,
+}
+
+/// The row count a step runs from a graph with, if it can: decode-shaped steps (every token
+/// wants logits) pad to the next power of two up to `MAX_GRAPH_TOKENS`, within the state's
+/// buffers.
+pub(crate) fn graph_bucket(
+    n: usize,
+    n_logits: usize,
+    max_tokens: usize,
+    max_logits: usize,
+) -> Option<usize> {
+    let b = n.next_power_of_two();
+    (n > 0 && n_logits == n && b <= MAX_GRAPH_TOKENS && b <= max_tokens && b <= max_logits)
+        .then_some(b)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
@@ -57,13 +83,6 @@ impl Graphs {
 
     pub fn enabled(&self) -> bool {
         self.enabled
-    }
-
-    pub fn set_enabled(&mut self, on: bool) {
-        self.enabled = on;
-        if !on {
-            self.map.clear();
-        }
     }
 
     pub fn capturing(&self) -> bool {
@@ -144,5 +163,30 @@ impl Graphs {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_steps_pad_to_graph_buckets_within_the_buffers() {
+        assert_eq!(graph_bucket(1, 1, 512, 1), Some(1));
+        assert_eq!(graph_bucket(3, 3, 512, 8), Some(4));
+        assert_eq!(
+            graph_bucket(3, 3, 512, 3),
+            None,
+            "the padded logits would not fit"
+        );
+        assert_eq!(
+            graph_bucket(5, 5, 6, 8),
+            None,
+            "the padded tokens would not fit"
+        );
+        assert_eq!(graph_bucket(64, 64, 512, 64), Some(64));
+        assert_eq!(graph_bucket(65, 65, 512, 128), None);
+        assert_eq!(graph_bucket(12, 1, 512, 16), None, "a prefill chunk");
+        assert_eq!(graph_bucket(0, 0, 512, 16), None);
     }
 }

@@ -6,7 +6,7 @@ use quiver_backend::testing::{rel_err, two_sequence_batch, Rng};
 use quiver_backend::{
     reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, SeqSpan, WeightBytes,
 };
-use quiver_backend_cuda::CudaBackend;
+use quiver_backend_cuda::{CudaBackend, CudaConfig};
 use quiver_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;
 
@@ -71,8 +71,8 @@ fn offsets(
     }
 }
 
-fn backend() -> CudaBackend {
-    CudaBackend::new(0).expect("a CUDA GPU")
+fn backend_with(config: CudaConfig) -> CudaBackend {
+    CudaBackend::new(0, config).expect("a CUDA GPU")
 }
 
 fn tensor(ty: GgmlType, shape: &[u64], bytes: &[u8]) -> WeightBytes {
@@ -123,7 +123,15 @@ const MATMUL_TYPES: &[GgmlType] = &[
 #[ignore = "needs a CUDA GPU"]
 fn matmul_and_embedding_match_reference_for_every_type() {
     let mut rng = Rng(seed());
-    let mut be = backend();
+    // Every count on the matrix-vector kernels (in launches of up to 8 tokens), then with
+    // the default cut-over, where 3 tokens and more take the tensor-core path: a backend each.
+    let gemm_mins = [usize::MAX, 3];
+    let mut bes = gemm_mins.map(|gemm_min_tokens| {
+        backend_with(CudaConfig {
+            gemm_min_tokens,
+            ..CudaConfig::from_env()
+        })
+    });
     let (rows, cols) = (96, 512);
     for &ty in MATMUL_TYPES {
         let wf = rng.vec(rows * cols);
@@ -131,34 +139,33 @@ fn matmul_and_embedding_match_reference_for_every_type() {
         quiver_quant::quantize(ty, &wf, &mut q).unwrap();
         let mut wd = vec![0f32; rows * cols];
         quiver_quant::dequantize(ty, &q, &mut wd).unwrap();
-        let w = be
-            .weight(
+        let load = |be: &CudaBackend| {
+            be.weight(
                 "w",
                 ty,
                 &[rows as u64, cols as u64],
                 tensor(ty, &[rows as u64, cols as u64], &q),
             )
-            .unwrap();
-        // Every count on the matrix-vector kernels (in launches of up to 8 tokens), then with
-        // the default cut-over, where 3 tokens and more take the tensor-core path.
-        for gemm_min in [usize::MAX, 3] {
-            be.set_gemm_min_tokens(gemm_min);
+            .unwrap()
+        };
+        for (be, &gemm_min) in bes.iter().zip(&gemm_mins) {
+            let w = load(be);
             // True when `n` tokens run on the matrix-vector kernels (exact up to f32 rounding).
             let mmv = |be: &CudaBackend, n: usize| n < gemm_min || !be.has_cublas();
             for n in [1usize, 3, 8, 17, 40] {
                 let x = rng.vec(n * cols);
                 let xb = be.buf_from(&x).unwrap();
-                let mut out = poison(&be, n * rows);
+                let mut out = poison(be, n * rows);
                 be.matmul(&w, &xb, n, &mut out).unwrap();
-                let got = read(&be, &out, n * rows);
+                let got = read(be, &out, n * rows);
                 let mut want = vec![0f32; n * rows];
-                reference::matmul(&wd, rows, cols, &as_seen(ty, mmv(&be, n), &x), n, &mut want);
-                let off = offsets(ty, mmv(&be, n), &q, rows, cols, &x, n);
+                reference::matmul(&wd, rows, cols, &as_seen(ty, mmv(be, n), &x), n, &mut want);
+                let off = offsets(ty, mmv(be, n), &q, rows, cols, &x, n);
                 want.iter_mut().zip(&off).for_each(|(w, o)| *w += o);
                 let e = rel_err(&got, &want);
-                let bound = if mmv(&be, n) { 1e-5 } else { 1.5e-3 };
+                let bound = if mmv(be, n) { 1e-5 } else { 1.5e-3 };
                 assert!(e < bound, "{ty} matmul, {n} tokens: relative error {e}");
-                if !mmv(&be, n) && quiver_backend_cuda::act_grid(ty).is_some() {
+                if !mmv(be, n) && quiver_backend_cuda::act_grid(ty).is_some() {
                     // The tensor-core path's activations are on the int8 grid, not plain f16:
                     // against x itself the error is the int8 rounding's, several times larger.
                     let mut plain = vec![0f32; n * rows];
@@ -189,45 +196,45 @@ fn matmul_and_embedding_match_reference_for_every_type() {
                 let x = rng.vec(n * cols);
                 let xb = be.buf_from(&x).unwrap();
                 let (mut a, mut b2, mut c) = (
-                    poison(&be, n * rows),
-                    poison(&be, n * rows),
-                    poison(&be, n * rows),
+                    poison(be, n * rows),
+                    poison(be, n * rows),
+                    poison(be, n * rows),
                 );
                 be.matmul_qkv([&w, &w2, &w], &xb, n, [&mut a, &mut b2, &mut c])
                     .unwrap();
                 let (mut wa, mut wb) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-                reference::matmul(&wd, rows, cols, &as_seen(ty, mmv(&be, n), &x), n, &mut wa);
-                reference::matmul(&wd2, rows, cols, &as_seen(ty, mmv(&be, n), &x), n, &mut wb);
+                reference::matmul(&wd, rows, cols, &as_seen(ty, mmv(be, n), &x), n, &mut wa);
+                reference::matmul(&wd2, rows, cols, &as_seen(ty, mmv(be, n), &x), n, &mut wb);
                 let (oa, ob) = (
-                    offsets(ty, mmv(&be, n), &q, rows, cols, &x, n),
-                    offsets(ty, mmv(&be, n), &q2, rows, cols, &x, n),
+                    offsets(ty, mmv(be, n), &q, rows, cols, &x, n),
+                    offsets(ty, mmv(be, n), &q2, rows, cols, &x, n),
                 );
                 wa.iter_mut().zip(&oa).for_each(|(w, o)| *w += o);
                 wb.iter_mut().zip(&ob).for_each(|(w, o)| *w += o);
-                let bound = if mmv(&be, n) { 1e-5 } else { 1.5e-3 };
+                let bound = if mmv(be, n) { 1e-5 } else { 1.5e-3 };
                 assert!(
-                    rel_err(&read(&be, &a, n * rows), &wa) < bound,
+                    rel_err(&read(be, &a, n * rows), &wa) < bound,
                     "{ty} qkv[0], {n} tokens"
                 );
                 assert!(
-                    rel_err(&read(&be, &b2, n * rows), &wb) < bound,
+                    rel_err(&read(be, &b2, n * rows), &wb) < bound,
                     "{ty} qkv[1], {n} tokens"
                 );
                 assert!(
-                    rel_err(&read(&be, &c, n * rows), &wa) < bound,
+                    rel_err(&read(be, &c, n * rows), &wa) < bound,
                     "{ty} qkv[2], {n} tokens"
                 );
                 for act in [Activation::SwiGlu, Activation::GeGlu] {
                     let (mut s1, mut s2, mut o) = (
-                        poison(&be, n * rows),
-                        poison(&be, n * rows),
-                        poison(&be, n * rows),
+                        poison(be, n * rows),
+                        poison(be, n * rows),
+                        poison(be, n * rows),
                     );
                     be.matmul_glu(act, &w, &w2, &xb, n, [&mut s1, &mut s2], &mut o)
                         .unwrap();
                     let mut want = vec![0f32; n * rows];
                     reference::glu(act, &wa, &wb, &mut want);
-                    let e = rel_err(&read(&be, &o, n * rows), &want);
+                    let e = rel_err(&read(be, &o, n * rows), &want);
                     // GeGLU goes through f16 (as ggml's): a rounding step can move an element by 1e-3.
                     assert!(
                         e < bound.max(2e-3),
@@ -236,14 +243,16 @@ fn matmul_and_embedding_match_reference_for_every_type() {
                 }
             }
         }
-        // Embedding gather: token ids from a batch, scaled.
+        // Embedding gather: token ids from a batch, scaled (with the default cut-over).
+        let be = &mut bes[1];
+        let w = load(be);
         let mut b = Batch::single(&[5, 0, 95, 17], 0, &[0], 16, vec![3]);
         b.tokens = vec![5, 0, 95, 17];
         be.begin_step(&b, 1, 8, 8).unwrap();
-        let mut out = poison(&be, 4 * cols);
+        let mut out = poison(be, 4 * cols);
         be.embed(&w, 1.5, &mut out).unwrap();
         be.end_step(true).unwrap();
-        let got = read(&be, &out, 4 * cols);
+        let got = read(be, &out, 4 * cols);
         let want: Vec<f32> = b
             .tokens
             .iter()
@@ -251,8 +260,10 @@ fn matmul_and_embedding_match_reference_for_every_type() {
             .collect();
         assert!(rel_err(&got, &want) < 1e-6, "{ty} embed");
         // The parity mode's gather rounds as the CPU's dequantizer: the same bits.
-        let mut exact = backend();
-        exact.set_exact(true);
+        let mut exact = backend_with(CudaConfig {
+            exact: true,
+            ..CudaConfig::from_env()
+        });
         let wx = match exact.weight(
             "w",
             ty,
@@ -300,11 +311,21 @@ fn matmul_and_embedding_match_reference_for_every_type() {
 fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
     let mut rng = Rng(seed());
     let b = two_sequence_batch();
-    let mut be = backend();
-    be.set_graphs(false);
-    // The split-K kernel (f32 throughout); the flash kernel has its own test below.
-    be.set_flash(false);
+    // The split-K kernel (f32 throughout); the flash kernel has its own test below. With the
+    // key ranges chosen by the shapes, and fixed at one per (token, head) (no merge) and at
+    // three (merged).
+    let config = |attention_splits| CudaConfig {
+        graphs: false,
+        flash: false,
+        attention_splits,
+        ..CudaConfig::from_env()
+    };
+    let mut be = backend_with(config(None));
+    let mut fixed = [1, 3].map(|splits| (splits, backend_with(config(Some(splits)))));
     be.begin_step(&b, 2, 64, 64).unwrap();
+    for (_, fb) in &mut fixed {
+        fb.begin_step(&b, 2, 64, 64).unwrap();
+    }
     for n_slots in [48usize, 4096] {
         for (hd, nh, nkv, window, softcap) in [
             (64, 4, 2, None, None),
@@ -339,17 +360,22 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
                 "hd {hd} heads {nh}/{nkv} slots {n_slots}: relative error {e}"
             );
             // One range per (token, head) (no merge) and three (merged) agree with the reference.
-            for splits in [1, 3] {
-                be.set_attention_splits(Some(splits));
-                let mut o2 = poison(&be, q.len());
-                be.attention(&qb, &kv, &a, &mut o2).unwrap();
-                let e = rel_err(&read(&be, &o2, q.len()), &want);
+            let (kc, vc) = be.read_kv(&kv).unwrap();
+            for (splits, fb) in &fixed {
+                let mut kv2 = fb.kv(n_slots, nkv * hd).unwrap();
+                fb.write_kv(&mut kv2, &kc, &vc).unwrap();
+                let qb2 = fb.buf_from(&q).unwrap();
+                let mut o2 = poison(fb, q.len());
+                fb.attention(&qb2, &kv2, &a, &mut o2).unwrap();
+                let e = rel_err(&read(fb, &o2, q.len()), &want);
                 assert!(e < 1e-5, "hd {hd} slots {n_slots}, {splits} splits: {e}");
             }
-            be.set_attention_splits(None);
         }
     }
     be.end_step(true).unwrap();
+    for (_, fb) in &mut fixed {
+        fb.end_step(true).unwrap();
+    }
 }
 
 /// A KV cache of random f16 values (K scaled up, so that softmax is not flat), and the same
@@ -393,8 +419,10 @@ fn vector(be: &CudaBackend, v: &[f32]) -> quiver_backend_cuda::CudaWeight {
 fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
     let mut rng = Rng(seed());
     let b = two_sequence_batch();
-    let mut be = backend();
-    be.set_graphs(false);
+    let mut be = backend_with(CudaConfig {
+        graphs: false,
+        ..CudaConfig::from_env()
+    });
     be.begin_step(&b, 3, 64, 64).unwrap();
     let (n, d) = (b.n_tokens(), 96);
     let g = rng.vec(d);
@@ -557,9 +585,11 @@ fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn flash_attention_prefill_matches_reference() {
     let mut rng = Rng(seed());
-    let mut be = backend();
-    be.set_graphs(false);
-    be.set_flash(true);
+    let mut be = backend_with(CudaConfig {
+        graphs: false,
+        flash: true,
+        ..CudaConfig::from_env()
+    });
     // A 150-token prefill (3 query tiles, 3 key tiles) and a 1-token decode at position 70
     // beside it; 16-slot blocks, scattered.
     let bs = 16;

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use quiver_backend_cpu::CpuBackend;
-use quiver_backend_cuda::CudaBackend;
+use quiver_backend_cuda::{CudaBackend, CudaConfig};
 use quiver_engine::{ModelRunner, RunnerOptions, Session};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
@@ -187,13 +187,16 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
             Box::new(r)
         }
         Device::Cuda(n) => {
-            let be = CudaBackend::new(n)?;
-            be.set_load_total(
-                file.tensors
-                    .iter()
-                    .map(|t| file.tensor_data(t).len() as u64)
-                    .sum(),
-            );
+            let config = CudaConfig {
+                load_total: Some(
+                    file.tensors
+                        .iter()
+                        .map(|t| file.tensor_data(t).len() as u64)
+                        .sum(),
+                ),
+                ..CudaConfig::from_env()
+            };
+            let be = CudaBackend::new(n, config)?;
             let r = ModelRunner::new(be, &file, &opts)?;
             eprintln!(
                 "quiver: loaded {} ({} layers, {} vocabulary) on {desc}, context {} tokens, in {:.2}s",
@@ -218,7 +221,7 @@ pub fn cuda_summary(be: &CudaBackend) -> String {
         mib(m.kv),
         mib(m.workspace),
         if be.has_cublas() { "" } else { "; cuBLAS not found: prefill uses the matrix-vector kernels" },
-    ) + if quiver_backend_cuda::exact_requested() {
+    ) + if be.config().exact {
         "; parity mode (QUIVER_CUDA_EXACT=1): every op rounds as the CPU backend's, graphs off"
     } else {
         ""

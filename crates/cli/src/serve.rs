@@ -113,7 +113,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             name.clone(),
         ),
         engine::Device::Cuda(n) => {
-            let be = quiver_backend_cuda::CudaBackend::new(n)?;
+            let config = quiver_backend_cuda::CudaConfig::from_env();
+            let be = quiver_backend_cuda::CudaBackend::new(n, config)?;
             quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
         }
     }

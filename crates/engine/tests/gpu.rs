@@ -6,7 +6,7 @@
 //!   tokens it gets alone;
 //! - the parity mode (`QUIVER_CUDA_EXACT=1`) gives the CPU backend's logits bit for bit.
 
-use quiver_backend_cuda::CudaBackend;
+use quiver_backend_cuda::{CudaBackend, CudaConfig};
 use quiver_engine::serve::{Event, Request, ServeOptions};
 use quiver_engine::{ModelRunner, RunnerOptions, SamplerParams, Want};
 use quiver_gguf::GgufFile;
@@ -51,9 +51,20 @@ fn graph_replay_equals_eager_bit_for_bit() {
         n_batch: 64,
         max_logits: 1,
     };
-    let mut graphs = ModelRunner::new(CudaBackend::new(0).unwrap(), &f, &opts).unwrap();
-    let mut be = CudaBackend::new(0).unwrap();
-    be.set_graphs(false);
+    let mut graphs = ModelRunner::new(
+        CudaBackend::new(0, CudaConfig::from_env()).unwrap(),
+        &f,
+        &opts,
+    )
+    .unwrap();
+    let be = CudaBackend::new(
+        0,
+        CudaConfig {
+            graphs: false,
+            ..CudaConfig::from_env()
+        },
+    )
+    .unwrap();
     let mut eager = ModelRunner::new(be, &f, &opts).unwrap();
     let nv = graphs.n_vocab() as u32;
     let prompt = ids(12, 3, nv);
@@ -84,11 +95,13 @@ fn graph_replay_equals_eager_bit_for_bit() {
 /// (its kernels depend on the shapes), no flash kernel (decode tokens in a mixed step would
 /// take it, alone they take the split-K kernel), and a fixed number of key ranges.
 fn batch_invariant() -> CudaBackend {
-    let mut b = CudaBackend::new(0).unwrap();
-    b.set_tensor_cores(false);
-    b.set_flash(false);
-    b.set_attention_splits(Some(4));
-    b
+    let config = CudaConfig {
+        tensor_cores: false,
+        flash: false,
+        attention_splits: Some(4),
+        ..CudaConfig::from_env()
+    };
+    CudaBackend::new(0, config).unwrap()
 }
 
 #[test]
@@ -217,8 +230,14 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
             n_batch: 64,
             max_logits: 64,
         };
-        let mut be = CudaBackend::new(0).unwrap();
-        be.set_exact(true);
+        let be = CudaBackend::new(
+            0,
+            CudaConfig {
+                exact: true,
+                ..CudaConfig::from_env()
+            },
+        )
+        .unwrap();
         let mut gpu = ModelRunner::new(be, &f, &opts).unwrap();
         let mut cpu = ModelRunner::new(quiver_backend_cpu::CpuBackend::new(2), &f, &opts).unwrap();
         let nv = gpu.n_vocab() as u32;

@@ -1,0 +1,40 @@
+//! Gated activations (ops.cu `glu`: SwiGLU, GeGLU) and soft-capping. The fast path only: the
+//! parity mode's glu is in src/exact.rs.
+
+use crate::launch::grid1;
+use crate::memory::CudaBuf;
+use crate::products::act_code;
+use crate::CudaBackend;
+use quiver_backend::{Activation, Result};
+
+impl CudaBackend {
+    /// out = act(gate) · up over `n` elements (shapes checked by the caller).
+    pub(crate) fn glu_fast(
+        &self,
+        act: Activation,
+        gate: &CudaBuf,
+        up: &CudaBuf,
+        n: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.launch(
+            "ops",
+            "glu",
+            (grid1(n, 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![gate.ptr(), up.ptr(), out.ptr(), n as i64, act_code(act)],
+        )
+    }
+
+    /// x = cap · tanh(x / cap) over `n` elements (shapes checked by the caller; the parity
+    /// mode runs it too).
+    pub(crate) fn softcap_kernel(&self, x: &mut CudaBuf, cap: f32, n: usize) -> Result<()> {
+        self.launch(
+            "ops",
+            "softcap",
+            (grid1(n, 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![x.ptr(), n as i64, cap],
+        )
+    }
+}

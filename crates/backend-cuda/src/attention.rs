@@ -1,0 +1,157 @@
+//! Attention over the paged f16 KV cache (kernels/attn.cu): the tensor-core flash kernel for
+//! prefill-shaped steps with query tiles, else the split-K kernel (key ranges per (token,
+//! head) merged by `attn_merge`). The fast path only: the parity mode's is in src/exact.rs.
+
+use crate::memory::{CudaBuf, CudaKv};
+use crate::{check, CudaBackend};
+use quiver_backend::{AttnParams, Result};
+
+/// The shapes attention takes (head dims 64, 128 and 256 are built), in either mode.
+pub(crate) fn check_attention(
+    q: &CudaBuf,
+    kv: &CudaKv,
+    a: &AttnParams,
+    n: usize,
+    out: &CudaBuf,
+) -> Result<()> {
+    let hd = a.head_dim;
+    check("attention", matches!(hd, 64 | 128 | 256), || {
+        format!("head dim {hd} (64, 128 and 256 are built)")
+    })?;
+    check(
+        "attention",
+        a.n_head.is_multiple_of(a.n_head_kv.max(1)) && a.n_head_kv * hd == kv.kv_dim,
+        || "head counts".into(),
+    )?;
+    check(
+        "attention",
+        q.len >= n * a.n_head * hd && out.len >= n * a.n_head * hd,
+        || "buffers too small".into(),
+    )
+}
+
+impl CudaBackend {
+    /// The fast path's attention over the step's `n` > 0 rows (shapes checked by the caller).
+    pub(crate) fn attention_fast(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        a: &AttnParams,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = self.step.rows;
+        let hd = a.head_dim;
+        let window = a.window.map(|w| w as i32).unwrap_or(0);
+        let softcap = a.softcap.unwrap_or(0.0);
+        if let Some((tiles, n_tiles)) = self.step.tiles() {
+            if hd != 256 || self.cfg.flash_256 {
+                // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
+                let (name, parts) = match hd {
+                    64 => ("flash_attention_64", 1),
+                    128 => ("flash_attention_128", 1),
+                    _ => ("flash_attention_256", 2),
+                };
+                return self.launch(
+                    "attn",
+                    name,
+                    (n_tiles as u32, a.n_head as u32, parts),
+                    (128, 1, 1),
+                    args![
+                        q.ptr(),
+                        kv.k.ptr,
+                        kv.v.ptr,
+                        out.ptr(),
+                        tiles,
+                        self.step.view,
+                        a.n_head as i32,
+                        a.n_head_kv as i32,
+                        a.scale,
+                        window,
+                        softcap
+                    ],
+                );
+            }
+        }
+        let ns = self.n_split(n, a.n_head, kv.n_slots);
+        let part = if ns > 1 {
+            self.scratch_ptr(
+                |s| &mut s.part,
+                n * a.n_head * ns * (hd + 2) * 4,
+                "attention partials",
+            )?
+        } else {
+            0
+        };
+        self.launch(
+            "attn",
+            match hd {
+                64 => "attention_64",
+                128 => "attention_128",
+                _ => "attention_256",
+            },
+            (ns as u32, a.n_head as u32, n as u32),
+            (32, 4, 1),
+            args![
+                q.ptr(),
+                kv.k.ptr,
+                kv.v.ptr,
+                out.ptr(),
+                part,
+                self.step.view,
+                a.n_head as i32,
+                a.n_head_kv as i32,
+                a.scale,
+                window,
+                softcap
+            ],
+        )?;
+        if ns > 1 {
+            self.launch(
+                "attn",
+                match hd {
+                    64 => "attn_merge_64",
+                    128 => "attn_merge_128",
+                    _ => "attn_merge_256",
+                },
+                (a.n_head as u32, n as u32, 1),
+                (hd as u32, 1, 1),
+                args![part, out.ptr(), a.n_head as i32, ns as i32],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {
+        self.cfg
+            .attention_splits
+            .unwrap_or_else(|| attention_splits(rows * n_head, self.dev.info.sms as usize, n_slots))
+    }
+}
+
+/// How many key ranges the split-K attention kernel cuts each (token, head) into: enough
+/// blocks of 4 warps for about 16 per multiprocessor (each warp walks its keys one at a time, so
+/// short walks on many warps hide the memory latency), each range at least 32 keys of the
+/// `n_slots` the cache holds. Fixed by the shapes alone, so a captured graph stays valid.
+pub(crate) fn attention_splits(blocks: usize, sms: usize, n_slots: usize) -> usize {
+    let target = 16 * sms;
+    target
+        .div_ceil(blocks.max(1))
+        .clamp(1, n_slots.div_ceil(32).clamp(1, 64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_splits_fill_the_device_and_keep_ranges_of_32_keys() {
+        // One token, 32 heads on 132 SMs: 66 ranges, but no more than the cache's 32-key runs.
+        assert_eq!(attention_splits(32, 132, 4096), 64);
+        assert_eq!(attention_splits(32, 132, 640), 20);
+        assert_eq!(attention_splits(32, 132, 16), 1);
+        // 64 tokens × 32 heads nearly fill the device: two ranges; 128 tokens: one.
+        assert_eq!(attention_splits(2048, 132, 4096), 2);
+        assert_eq!(attention_splits(4096, 132, 4096), 1);
+        assert_eq!(attention_splits(0, 132, 4096), 64);
+    }
+}

@@ -1,0 +1,315 @@
+//! The `Backend` impl: each op checks its shapes once, then dispatches once on the mode chosen
+//! at `CudaBackend::new` — the fast path's entry point (src/products.rs, attention.rs,
+//! norm.rs, rope.rs, activation.rs, embed.rs, sampling.rs) or the parity mode's
+//! (`exact::Parity`, src/exact.rs). An op added later matches on the mode too; where the
+//! parity mode has no kernel for it, its arm returns `exact::missing("op")`.
+
+use crate::attention::check_attention;
+use crate::context::Mode;
+use crate::embed::check_embed;
+use crate::memory::{CudaBuf, CudaKv};
+use crate::norm::Norm;
+use crate::products::{check_glu, check_matmul};
+use crate::rope::check_rope_kv_write;
+use crate::weights::{rows_cols, CudaWeight};
+use crate::{check, CudaBackend};
+use quiver_backend::{
+    Activation, AttnParams, Backend, BackendError, Batch, Result, RopeParams, Step, WeightBytes,
+};
+use quiver_gguf::GgmlType;
+
+impl CudaBackend {
+    /// `rms_norm`, `rms_norm_inplace` and `add_rms_norm`.
+    fn dispatch_norm(&self, n: &Norm) -> Result<()> {
+        n.check()?;
+        if n.rows == 0 {
+            return Ok(());
+        }
+        match &self.mode {
+            Mode::Fast => self.norm_fast(n),
+            Mode::Parity(p) => p.norm(self, n),
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Weight = CudaWeight;
+    type Kv = CudaKv;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn weight(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        shape: &[u64],
+        bytes: WeightBytes,
+    ) -> Result<CudaWeight> {
+        self.dev.bind().map_err(BackendError::Device)?;
+        let (rows, cols) = rows_cols(shape);
+        if rows == 1 {
+            return self.vector_weight(name, ty, cols, &bytes);
+        }
+        match &self.mode {
+            Mode::Fast => {
+                let mut w = self.matrix_weight(name, ty, rows, cols, &bytes)?;
+                self.add_f16_copy(&mut w)?;
+                Ok(w)
+            }
+            Mode::Parity(p) => p.weight(self, name, ty, rows, cols, &bytes),
+        }
+    }
+
+    fn weight_rows(&self, w: &CudaWeight) -> usize {
+        w.rows
+    }
+
+    fn buf(&self, n: usize) -> Result<CudaBuf> {
+        self.zeroed_buf(n)
+    }
+
+    fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<CudaKv> {
+        self.zeroed_kv(n_slots, kv_dim)
+    }
+
+    fn begin_step(
+        &mut self,
+        batch: &Batch,
+        state: u64,
+        max_tokens: usize,
+        max_logits: usize,
+    ) -> Result<Step> {
+        self.begin(batch, state, max_tokens, max_logits)
+    }
+
+    fn end_step(&mut self, ok: bool) -> Result<bool> {
+        Ok(self.graphs.end(ok, self.dev.stream))
+    }
+
+    fn embed(&self, table: &CudaWeight, scale: f32, out: &mut CudaBuf) -> Result<()> {
+        check_embed(table, self.step.rows, out)?;
+        match &self.mode {
+            Mode::Fast => self.embed_fast(table, scale, out),
+            Mode::Parity(p) => p.embed(self, table, scale, out),
+        }
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        eps: f32,
+        rows: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.dispatch_norm(&Norm {
+            residual: None,
+            x: (x.ptr(), x.len),
+            w,
+            eps,
+            rows,
+            out: (out.ptr(), out.len),
+        })
+    }
+
+    fn rms_norm_inplace(
+        &self,
+        x: &mut CudaBuf,
+        w: &CudaWeight,
+        eps: f32,
+        rows: usize,
+    ) -> Result<()> {
+        self.dispatch_norm(&Norm {
+            residual: None,
+            x: (x.ptr(), x.len),
+            w,
+            eps,
+            rows,
+            out: (x.ptr(), x.len),
+        })
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaBuf,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        eps: f32,
+        rows: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.dispatch_norm(&Norm {
+            residual: Some((residual.ptr(), residual.len)),
+            x: (x.ptr(), x.len),
+            w,
+            eps,
+            rows,
+            out: (out.ptr(), out.len),
+        })
+    }
+
+    fn add(&self, a: &mut CudaBuf, b: &CudaBuf, n: usize) -> Result<()> {
+        check("add", a.len >= n && b.len >= n, || {
+            format!("{n} over {} / {}", a.len, b.len)
+        })?;
+        match &self.mode {
+            Mode::Fast => self.add_kernel(a.ptr(), b.ptr(), n),
+            Mode::Parity(p) => p.add(self, a.ptr(), b.ptr(), n),
+        }
+    }
+
+    fn matmul(&self, w: &CudaWeight, x: &CudaBuf, rows_x: usize, out: &mut CudaBuf) -> Result<()> {
+        check_matmul(w, x, rows_x, out)?;
+        match &self.mode {
+            Mode::Fast => self.mm(w, x.ptr(), rows_x, out.ptr()),
+            Mode::Parity(p) => p.mm(self, w, x.ptr(), rows_x, out.ptr()),
+        }
+    }
+
+    fn matmul_qkv(
+        &self,
+        w: [&CudaWeight; 3],
+        x: &CudaBuf,
+        rows_x: usize,
+        out: [&mut CudaBuf; 3],
+    ) -> Result<()> {
+        for (m, o) in w.iter().zip(&out) {
+            check(
+                "matmul",
+                x.len >= rows_x * m.cols && o.len >= rows_x * m.rows,
+                || format!("{rows_x} rows"),
+            )?;
+        }
+        match &self.mode {
+            Mode::Fast => self.matmul_qkv_fast(w, x, rows_x, out),
+            Mode::Parity(p) => p.matmul_qkv(self, w, x, rows_x, out),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_glu(
+        &self,
+        act: Activation,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        x: &CudaBuf,
+        rows_x: usize,
+        scratch: [&mut CudaBuf; 2],
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        // Each path checks the buffers it uses (the fused one never touches `scratch`).
+        match &self.mode {
+            Mode::Fast => self.matmul_glu_fast(act, gate, up, x, rows_x, scratch, out),
+            Mode::Parity(p) => p.matmul_glu(self, act, gate, up, x, rows_x, scratch, out),
+        }
+    }
+
+    fn matmul_logits(&self, w: &CudaWeight, x: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        let n = self.step.logit_rows;
+        check("matmul_logits", out.len >= n * w.rows, || {
+            format!("out {} for {n}×{}", out.len, w.rows)
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        match &self.mode {
+            Mode::Fast => {
+                let rows = self.logits_input(w, x, n)?;
+                self.mm(w, rows, n, out.ptr())
+            }
+            Mode::Parity(p) => p.matmul_logits(self, w, x, n, out),
+        }
+    }
+
+    fn rope_kv_write(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        rope: &RopeParams,
+        a: &AttnParams,
+        kv: &mut CudaKv,
+    ) -> Result<()> {
+        check_rope_kv_write(q, k, v, rope, a, kv, self.step.rows)?;
+        match &self.mode {
+            Mode::Fast => self.rope_kv_write_fast(q, k, v, rope, a, kv),
+            Mode::Parity(p) => p.rope_kv_write(self, q, k, v, rope, a, kv),
+        }
+    }
+
+    fn attention(&self, q: &CudaBuf, kv: &CudaKv, a: &AttnParams, out: &mut CudaBuf) -> Result<()> {
+        let n = self.step.rows;
+        check_attention(q, kv, a, n, out)?;
+        if n == 0 {
+            return Ok(());
+        }
+        match &self.mode {
+            Mode::Fast => self.attention_fast(q, kv, a, out),
+            Mode::Parity(p) => p.attention(self, q, kv, a, out),
+        }
+    }
+
+    fn glu(
+        &self,
+        act: Activation,
+        gate: &CudaBuf,
+        up: &CudaBuf,
+        n: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        check_glu(gate, up, n, out)?;
+        match &self.mode {
+            Mode::Fast => self.glu_fast(act, gate, up, n, out),
+            Mode::Parity(p) => p.glu(self, act, gate, up, n, out),
+        }
+    }
+
+    fn softcap(&self, x: &mut CudaBuf, cap: f32, n: usize) -> Result<()> {
+        check("softcap", x.len >= n, || format!("{n} > {}", x.len))?;
+        match &self.mode {
+            Mode::Fast => self.softcap_kernel(x, cap, n),
+            Mode::Parity(p) => p.softcap(self, x, cap, n),
+        }
+    }
+
+    fn read(&self, x: &CudaBuf, n: usize, out: &mut Vec<f32>) -> Result<()> {
+        self.read_buf(x, n, out)
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let g = self.graphs.stats;
+        let (compiled, cached) = self.kernel_counts();
+        vec![
+            ("graph_captures", g.captures),
+            ("graph_failed_captures", g.failed_captures),
+            ("graph_replays", g.replays),
+            ("eager_steps", g.eager),
+            ("kernels_compiled", compiled as u64),
+            ("kernels_from_cache", cached as u64),
+        ]
+    }
+
+    fn top_k(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        k: usize,
+        out: &mut Vec<(u32, f32)>,
+    ) -> Result<()> {
+        match &self.mode {
+            Mode::Fast => self.top_k_rows(x, rows, cols, k, out),
+            Mode::Parity(p) => p.top_k(self, x, rows, cols, k, out),
+        }
+    }
+
+    fn argmax(&self, x: &CudaBuf, rows: usize, cols: usize, out: &mut Vec<u32>) -> Result<()> {
+        match &self.mode {
+            Mode::Fast => self.argmax_rows(x, rows, cols, out),
+            Mode::Parity(p) => p.argmax(self, x, rows, cols, out),
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! The step's batch on the device: `begin_step` uploads the batch's index arrays in one copy
+//! (the `BatchView` every kernel takes), the flash kernel's query tiles, and picks the step's
+//! graph.
+
+use crate::dev::DevBuf;
+use crate::graph::{self, graph_bucket};
+use crate::{derr, CudaBackend};
+use quiver_backend::{BackendError, Batch, Result, Step};
+use std::sync::atomic::Ordering;
+
+/// Where each region of the uploaded batch starts (u32 offsets), for `cap_t` tokens.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct BatchLayout {
+    pub(crate) cap_t: usize,
+    pub(crate) cap_s: usize,
+    pub(crate) cap_bt: usize,
+}
+
+impl BatchLayout {
+    fn words(&self) -> usize {
+        5 * self.cap_t + 2 * self.cap_s + self.cap_bt
+    }
+}
+
+/// The batch as the kernels see it (mirrors `BatchView` in common.cuh).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct BatchView {
+    pub(crate) tokens: u64,
+    pub(crate) pos: u64,
+    pub(crate) slot: u64,
+    pub(crate) seq: u64,
+    pub(crate) logit_rows: u64,
+    pub(crate) kv_len: u64,
+    pub(crate) bt_off: u64,
+    pub(crate) block_tables: u64,
+    pub(crate) block_size: u32,
+}
+
+impl Default for BatchView {
+    fn default() -> Self {
+        BatchView {
+            tokens: 0,
+            pos: 0,
+            slot: 0,
+            seq: 0,
+            logit_rows: 0,
+            kv_len: 0,
+            bt_off: 0,
+            block_tables: 0,
+            block_size: 1,
+        }
+    }
+}
+
+/// The current step: its batch on the device and its shape, set by `begin_step`.
+pub(crate) struct StepState {
+    /// The uploaded batch (`layout`), its host staging and the view of it.
+    buf: Option<DevBuf>,
+    layout: BatchLayout,
+    host: Vec<u32>,
+    pub(crate) view: BatchView,
+    /// Token rows (padded to the graph bucket), logits rows, whether logits rows are 0..rows.
+    pub(crate) rows: usize,
+    pub(crate) logit_rows: usize,
+    pub(crate) logits_identity: bool,
+    /// This step's query tiles for the flash kernel ({seq, first token, tokens, 0}) and how
+    /// many there are on the device (0: the step uses the split-K kernel).
+    tiles: Vec<[i32; 4]>,
+    tile_buf: Option<DevBuf>,
+    n_tiles: usize,
+}
+
+impl Default for StepState {
+    fn default() -> Self {
+        StepState {
+            buf: None,
+            layout: BatchLayout::default(),
+            host: Vec::new(),
+            view: BatchView::default(),
+            rows: 0,
+            logit_rows: 0,
+            logits_identity: true,
+            tiles: Vec::new(),
+            tile_buf: None,
+            n_tiles: 0,
+        }
+    }
+}
+
+impl StepState {
+    /// The flash kernel's tiles on the device and their count, when this step has them.
+    pub(crate) fn tiles(&self) -> Option<(u64, usize)> {
+        (self.n_tiles > 0).then(|| (self.tile_buf.as_ref().unwrap().ptr, self.n_tiles))
+    }
+
+    /// The position of token row `t` of the step (as uploaded).
+    pub(crate) fn position(&self, t: usize) -> u32 {
+        self.host[self.layout.cap_t + t]
+    }
+}
+
+impl CudaBackend {
+    /// `Backend::begin_step`: uploads the batch, decides the step's rows and kernels, and
+    /// replays or captures its graph when it has one.
+    pub(crate) fn begin(
+        &mut self,
+        batch: &Batch,
+        state: u64,
+        max_tokens: usize,
+        max_logits: usize,
+    ) -> Result<Step> {
+        self.dev.bind().map_err(BackendError::Device)?;
+        let n = batch.n_tokens();
+        let nl = batch.logits.len();
+        // Decode-shaped steps (every token wants logits) pad to a bucket and run from a graph.
+        let bucket = if self.graphs.enabled() {
+            graph_bucket(n, nl, max_tokens, max_logits)
+        } else {
+            None
+        };
+        let graphable = bucket.is_some();
+        let (rows, logit_rows) = match bucket {
+            Some(b) => (b, b),
+            None => (n, nl),
+        };
+
+        self.upload_batch(batch, rows, logit_rows, max_tokens)?;
+        self.step.rows = rows;
+        self.step.logit_rows = logit_rows;
+        let step = Step {
+            rows,
+            logit_rows,
+            replayed: false,
+        };
+        self.step.n_tiles = 0;
+        // Flash attention for prefill-shaped steps only, decided by the batch's shape (not by
+        // whether graphs are on), so that eager and replayed steps run the same kernels.
+        let decode_shaped = graph_bucket(n, nl, max_tokens, max_logits).is_some();
+        if self.cfg.flash && !decode_shaped && batch.seqs.iter().any(|s| s.len > 1) {
+            self.upload_tiles(batch)?;
+        }
+        if !graphable {
+            self.graphs.stats.eager += 1;
+            return Ok(step);
+        }
+        let generation = self.generation.load(Ordering::Relaxed);
+        self.graphs.retain_generation(generation);
+        let key = graph::Key {
+            state,
+            rows,
+            generation,
+        };
+        match self
+            .graphs
+            .begin(key, self.dev.stream)
+            .map_err(|e| derr("graph", e))?
+        {
+            graph::Begin::Replayed => Ok(Step {
+                replayed: true,
+                ..step
+            }),
+            graph::Begin::Capturing | graph::Begin::Eager => Ok(step),
+        }
+    }
+
+    /// Query tiles of up to 64 consecutive tokens per sequence for the flash kernel; none
+    /// (split-K kernel) when a sequence's positions are not consecutive.
+    fn upload_tiles(&mut self, batch: &Batch) -> Result<()> {
+        if !query_tiles(batch, &mut self.step.tiles) {
+            return Ok(());
+        }
+        let bytes = self.step.tiles.len() * 16;
+        if self.step.tile_buf.as_ref().is_none_or(|b| b.bytes < bytes) {
+            self.step.tile_buf =
+                Some(self.alloc(bytes.next_power_of_two().max(4096), "attention tiles")?);
+        }
+        let s = &mut self.step;
+        let flat: Vec<i32> = s.tiles.iter().flatten().copied().collect();
+        self.dev
+            .htod_async(s.tile_buf.as_ref().unwrap().ptr, &flat)
+            .map_err(BackendError::Device)?;
+        s.n_tiles = s.tiles.len();
+        Ok(())
+    }
+
+    fn upload_batch(
+        &mut self,
+        batch: &Batch,
+        rows: usize,
+        logit_rows: usize,
+        max_tokens: usize,
+    ) -> Result<()> {
+        let n = batch.n_tokens();
+        let n_seqs = batch.seqs.len();
+        let bt_total: usize = batch
+            .seqs
+            .iter()
+            .map(|s| s.block_table.len())
+            .sum::<usize>()
+            + 1;
+        let need = BatchLayout {
+            cap_t: rows.max(max_tokens.min(4096)).max(logit_rows),
+            cap_s: n_seqs + 1,
+            cap_bt: bt_total,
+        };
+        let s = &mut self.step;
+        let l = &s.layout;
+        if s.buf.is_none() || need.cap_t > l.cap_t || need.cap_s > l.cap_s || need.cap_bt > l.cap_bt
+        {
+            let grown = BatchLayout {
+                cap_t: need.cap_t.max(l.cap_t),
+                cap_s: need.cap_s.max(l.cap_s).next_power_of_two().max(64),
+                cap_bt: need.cap_bt.max(l.cap_bt).next_power_of_two().max(1024),
+            };
+            let buf = self
+                .dev
+                .alloc(grown.words() * 4)
+                .map_err(BackendError::Device)?;
+            s.buf = Some(buf);
+            s.layout = grown;
+            self.generation.fetch_add(1, Ordering::Relaxed);
+        }
+        let l = s.layout;
+        let (ct, cs) = (l.cap_t, l.cap_s);
+        let h = &mut s.host;
+        h.clear();
+        h.resize(5 * ct + 2 * cs + bt_total, 0);
+        let dummy = n_seqs as u32;
+        for t in 0..rows {
+            if t < n {
+                h[t] = batch.tokens[t];
+                h[ct + t] = batch.positions[t];
+                h[2 * ct + t] = batch.slots[t];
+                h[3 * ct + t] = batch.seq_of[t];
+            } else {
+                h[2 * ct + t] = u32::MAX;
+                h[3 * ct + t] = dummy;
+            }
+        }
+        for i in 0..logit_rows {
+            h[4 * ct + i] = batch.logits.get(i).copied().unwrap_or(i as u32);
+        }
+        s.logits_identity = (0..logit_rows).all(|i| h[4 * ct + i] as usize == i);
+        let mut off = 0u32;
+        for (si, sq) in batch.seqs.iter().enumerate() {
+            h[5 * ct + si] = sq.kv_len as u32;
+            h[5 * ct + cs + si] = off;
+            let b = 5 * ct + 2 * cs + off as usize;
+            h[b..b + sq.block_table.len()].copy_from_slice(&sq.block_table);
+            off += sq.block_table.len() as u32;
+        }
+        // The padding sequence: no keys.
+        h[5 * ct + n_seqs] = 0;
+        h[5 * ct + cs + n_seqs] = off;
+        let base = s.buf.as_ref().unwrap().ptr;
+        self.dev.htod_async(base, h).map_err(BackendError::Device)?;
+        let at = |w: usize| base + 4 * w as u64;
+        s.view = BatchView {
+            tokens: at(0),
+            pos: at(ct),
+            slot: at(2 * ct),
+            seq: at(3 * ct),
+            logit_rows: at(4 * ct),
+            kv_len: at(5 * ct),
+            bt_off: at(5 * ct + cs),
+            block_tables: at(5 * ct + 2 * cs),
+            block_size: batch.block_size as u32,
+        };
+        Ok(())
+    }
+}
+
+/// The flash kernel's query tiles: up to 64 consecutive tokens of one sequence each,
+/// `{sequence, first token, tokens, 0}`. False (and no tiles) when a sequence's positions are
+/// not consecutive, which the kernel assumes.
+pub(crate) fn query_tiles(batch: &Batch, tiles: &mut Vec<[i32; 4]>) -> bool {
+    tiles.clear();
+    for (si, sp) in batch.seqs.iter().enumerate() {
+        let pos = &batch.positions[sp.start..sp.start + sp.len];
+        if pos
+            .iter()
+            .enumerate()
+            .any(|(i, &p)| p as usize != pos[0] as usize + i)
+        {
+            tiles.clear();
+            return false;
+        }
+        for c in (0..sp.len).step_by(64) {
+            tiles.push([
+                si as i32,
+                (sp.start + c) as i32,
+                (sp.len - c).min(64) as i32,
+                0,
+            ]);
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quiver_backend::SeqSpan;
+
+    #[test]
+    fn query_tiles_cover_every_token_once_in_runs_of_64() {
+        let mut b = Batch {
+            block_size: 16,
+            ..Default::default()
+        };
+        // A 150-token prefill from position 10, a 1-token decode, a 64-token chunk.
+        for (len, p0) in [(150usize, 10u32), (1, 70), (64, 0)] {
+            let start = b.tokens.len();
+            let si = b.seqs.len() as u32;
+            b.seqs.push(SeqSpan {
+                start,
+                len,
+                kv_len: p0 as usize + len,
+                block_table: vec![],
+            });
+            for i in 0..len {
+                b.tokens.push(0);
+                b.positions.push(p0 + i as u32);
+                b.seq_of.push(si);
+            }
+        }
+        let mut t = Vec::new();
+        assert!(query_tiles(&b, &mut t));
+        assert_eq!(
+            t,
+            vec![
+                [0, 0, 64, 0],
+                [0, 64, 64, 0],
+                [0, 128, 22, 0],
+                [1, 150, 1, 0],
+                [2, 151, 64, 0]
+            ]
+        );
+        let mut covered = vec![0; b.tokens.len()];
+        for [_, first, n, _] in &t {
+            for c in &mut covered[*first as usize..(*first + *n) as usize] {
+                *c += 1;
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1));
+        b.positions[3] = 99;
+        assert!(
+            !query_tiles(&b, &mut t) && t.is_empty(),
+            "non-consecutive positions fall back"
+        );
+    }
+}

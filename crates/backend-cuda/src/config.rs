@@ -1,0 +1,213 @@
+//! The backend's configuration: every switch and tuning knob in one struct, built once (from
+//! the environment with [`CudaConfig::from_env`], then adjusted by the caller) and handed to
+//! [`CudaBackend::new`](crate::CudaBackend::new). Nothing else in the crate reads a
+//! `QUIVER_CUDA_*` variable (`QUIVER_CUDA_LIB_DIR`, read where the libraries load, aside).
+
+/// How a [`CudaBackend`](crate::CudaBackend) runs. [`Default`] is what runs when no variable is
+/// set; [`CudaConfig::from_env`] reads the `QUIVER_CUDA_*` variables (docs/ENV.md) over it.
+/// Switches that need something the machine lacks (cuBLAS, compute capability 9.0) are
+/// turned off by `CudaBackend::new`, whose [`config`](crate::CudaBackend::config) says what is
+/// in effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// The parity mode (`QUIVER_CUDA_EXACT=1`, src/exact.rs): every op rounds as the CPU
+    /// backend's batch-invariant path does; graphs off, no f16 weight copies, weight types
+    /// without a parity product refused at load.
+    pub exact: bool,
+    /// Decode steps captured as CUDA graphs and replayed (`QUIVER_CUDA_GRAPHS=0`: off). Always
+    /// off in the parity mode.
+    pub graphs: bool,
+    /// Load cuBLAS for the prefill products (`QUIVER_CUDA_CUBLAS=0`: never loaded, no f16
+    /// copies).
+    pub cublas: bool,
+    /// f16 copies of the quantized weights for cuBLAS, when there is room
+    /// (`QUIVER_CUDA_F16_COPIES=0`: none).
+    pub f16_copies: bool,
+    /// Products over `gemm_min_tokens` or more tokens through cuBLAS
+    /// (`QUIVER_CUDA_TENSOR_CORES=0`: every product on the matrix-vector kernels, which make
+    /// every token's result independent of the batch).
+    pub tensor_cores: bool,
+    /// Products over at least this many tokens go to cuBLAS on the f16 copies when there are
+    /// copies (`QUIVER_CUDA_GEMM_MIN_TOKENS`, default 3, at least 1); fewer run on the
+    /// matrix-vector kernels, which are faster for one or two tokens and slower beyond (they
+    /// are compute-bound there).
+    pub gemm_min_tokens: usize,
+    /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
+    /// the CPU backend's (`QUIVER_CUDA_INT8=0`: f32 activations).
+    pub int8: bool,
+    /// The f16 activations of cuBLAS products rounded to the int8 grid of the weight's type
+    /// first, as the CPU backend and the decode kernels see them (`QUIVER_CUDA_ACT_GRID=0`:
+    /// plain f16).
+    pub act_grid: bool,
+    /// Prefill attention through the tensor-core flash kernel (`QUIVER_CUDA_FLASH=0`: the
+    /// split-K kernel).
+    pub flash: bool,
+    /// Head dim 256 through the flash kernel too (`QUIVER_CUDA_FLASH_256=0` leaves it on
+    /// split-K; 64 and 128 always take it when `flash` is on).
+    pub flash_256: bool,
+    /// Key ranges per (token, head) of the split-K attention when fixed (1 to 64; tests,
+    /// batch-invariant runs); None: chosen by the step's shape. With a fixed count a token's
+    /// ranges depend on its own keys only, so its result is the same whatever the batch around
+    /// it (with the tensor cores and the flash kernel off, every op is then batch-invariant).
+    /// No variable sets it.
+    pub attention_splits: Option<usize>,
+    /// Kernels launched with programmatic dependent launch on sm_90+ (`QUIVER_CUDA_PDL=0`:
+    /// off): a kernel's launch overlaps the previous one's tail.
+    pub pdl: bool,
+    /// Synchronize after every eager launch, so a failing kernel is named
+    /// (`QUIVER_CUDA_SYNC=1`; debugging).
+    pub sync_each: bool,
+    /// Bytes of weights the caller will load: a progress bar on stderr while they do. No
+    /// variable sets it.
+    pub load_total: Option<u64>,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig {
+            exact: false,
+            graphs: true,
+            cublas: true,
+            f16_copies: true,
+            tensor_cores: true,
+            gemm_min_tokens: 3,
+            int8: true,
+            act_grid: true,
+            flash: true,
+            flash_256: true,
+            attention_splits: None,
+            pdl: true,
+            sync_each: false,
+            load_total: None,
+        }
+    }
+}
+
+impl CudaConfig {
+    /// The defaults with the `QUIVER_CUDA_*` variables of the environment applied.
+    pub fn from_env() -> Self {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// The defaults with the variables `var` returns applied (`from_env` over a lookup).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+        let d = CudaConfig::default();
+        // Switches that are on unless set to "0", off unless set to "1".
+        let on = |name: &str| var(name).as_deref() != Some("0");
+        let set = |name: &str| var(name).as_deref() == Some("1");
+        CudaConfig {
+            exact: set("QUIVER_CUDA_EXACT"),
+            graphs: on("QUIVER_CUDA_GRAPHS"),
+            cublas: on("QUIVER_CUDA_CUBLAS"),
+            f16_copies: on("QUIVER_CUDA_F16_COPIES"),
+            tensor_cores: on("QUIVER_CUDA_TENSOR_CORES"),
+            gemm_min_tokens: var("QUIVER_CUDA_GEMM_MIN_TOKENS")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d.gemm_min_tokens)
+                .max(1),
+            int8: on("QUIVER_CUDA_INT8"),
+            act_grid: on("QUIVER_CUDA_ACT_GRID"),
+            flash: on("QUIVER_CUDA_FLASH"),
+            flash_256: on("QUIVER_CUDA_FLASH_256"),
+            pdl: on("QUIVER_CUDA_PDL"),
+            sync_each: set("QUIVER_CUDA_SYNC"),
+            ..d
+        }
+    }
+
+    /// The configuration in effect on a device of compute capability `arch` where cuBLAS did
+    /// (`has_cublas`) or did not load: switches that need what is missing off, the parity mode
+    /// without graphs, counts in range.
+    pub(crate) fn resolve(mut self, arch: u32, has_cublas: bool) -> Self {
+        self.cublas = has_cublas;
+        self.tensor_cores &= has_cublas;
+        self.f16_copies &= has_cublas;
+        self.pdl &= arch >= 90;
+        self.graphs &= !self.exact;
+        self.gemm_min_tokens = self.gemm_min_tokens.max(1);
+        self.attention_splits = self.attention_splits.map(|n| n.clamp(1, 64));
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> CudaConfig {
+        CudaConfig::from_vars(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn no_variables_give_the_defaults() {
+        assert_eq!(with(&[]), CudaConfig::default());
+        let d = CudaConfig::default();
+        assert!(d.graphs && d.cublas && d.f16_copies && d.tensor_cores && d.int8);
+        assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
+        assert!(!d.exact && !d.sync_each);
+        assert_eq!((d.gemm_min_tokens, d.attention_splits), (3, None));
+    }
+
+    #[test]
+    fn each_variable_sets_its_field_as_before() {
+        for (name, field) in [
+            (
+                "QUIVER_CUDA_GRAPHS",
+                (|c: &CudaConfig| c.graphs) as fn(&CudaConfig) -> bool,
+            ),
+            ("QUIVER_CUDA_CUBLAS", |c| c.cublas),
+            ("QUIVER_CUDA_F16_COPIES", |c| c.f16_copies),
+            ("QUIVER_CUDA_TENSOR_CORES", |c| c.tensor_cores),
+            ("QUIVER_CUDA_INT8", |c| c.int8),
+            ("QUIVER_CUDA_ACT_GRID", |c| c.act_grid),
+            ("QUIVER_CUDA_FLASH", |c| c.flash),
+            ("QUIVER_CUDA_FLASH_256", |c| c.flash_256),
+            ("QUIVER_CUDA_PDL", |c| c.pdl),
+        ] {
+            // On unless exactly "0".
+            assert!(!field(&with(&[(name, "0")])), "{name}=0");
+            for v in ["1", "", "no", "00"] {
+                assert!(field(&with(&[(name, v)])), "{name}={v:?}");
+            }
+        }
+        for (name, field) in [
+            (
+                "QUIVER_CUDA_EXACT",
+                (|c: &CudaConfig| c.exact) as fn(&CudaConfig) -> bool,
+            ),
+            ("QUIVER_CUDA_SYNC", |c| c.sync_each),
+        ] {
+            // Off unless exactly "1".
+            assert!(field(&with(&[(name, "1")])), "{name}=1");
+            for v in ["0", "", "yes", "true"] {
+                assert!(!field(&with(&[(name, v)])), "{name}={v:?}");
+            }
+        }
+        let g = |v: &str| with(&[("QUIVER_CUDA_GEMM_MIN_TOKENS", v)]).gemm_min_tokens;
+        assert_eq!((g("8"), g("0"), g("x"), g("-2"), g("")), (8, 1, 3, 3, 3));
+    }
+
+    #[test]
+    fn resolving_turns_off_what_the_machine_lacks() {
+        let c = CudaConfig {
+            exact: true,
+            attention_splits: Some(100),
+            gemm_min_tokens: 0,
+            ..CudaConfig::default()
+        }
+        .resolve(80, false);
+        assert!(!c.cublas && !c.tensor_cores && !c.f16_copies && !c.pdl && !c.graphs);
+        assert_eq!((c.attention_splits, c.gemm_min_tokens), (Some(64), 1));
+        let c = CudaConfig {
+            attention_splits: Some(0),
+            ..CudaConfig::default()
+        }
+        .resolve(90, true);
+        assert!(c.cublas && c.tensor_cores && c.f16_copies && c.pdl && c.graphs);
+        assert_eq!(c.attention_splits, Some(1));
+    }
+}

@@ -1,0 +1,133 @@
+//! The backend's context: the device and its stream, the kernel registry, cuBLAS, the
+//! configuration in effect, and the state the ops share (the step's batch, scratch, graphs).
+
+use crate::batch::StepState;
+use crate::config::CudaConfig;
+use crate::dev::{self, DevBuf, Device, DeviceInfo};
+use crate::graph::{self, GraphStats};
+use crate::memory::MemStats;
+use crate::scratch::Scratch;
+use crate::{exact, registry};
+use quiver_backend::{BackendError, Result};
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+/// Which numerics the ops run: chosen once at `CudaBackend::new`, dispatched once per op by
+/// the `Backend` impl (src/backend.rs).
+pub(crate) enum Mode {
+    /// The default kernels (products on int8 activations or cuBLAS, split-K or flash
+    /// attention, graphs).
+    Fast,
+    /// The parity mode (src/exact.rs) with its own state.
+    Parity(exact::Parity),
+}
+
+/// One CUDA device's context running one model's ops (`Backend`, src/backend.rs).
+pub struct CudaBackend {
+    pub(crate) dev: Device,
+    pub(crate) reg: Mutex<registry::Registry>,
+    pub(crate) blas: Option<dev::Blas>,
+    /// The configuration in effect (`CudaConfig::resolve`).
+    pub(crate) cfg: CudaConfig,
+    pub(crate) mode: Mode,
+    /// The current step's batch on the device and its shape.
+    pub(crate) step: StepState,
+    /// Host staging of `top_k` (reused: no allocation per step).
+    pub(crate) top_host: Mutex<(Vec<u32>, Vec<f32>)>,
+    pub(crate) scratch: Mutex<Scratch>,
+    pub(crate) mem: Mutex<MemStats>,
+    pub(crate) graphs: graph::Graphs,
+    /// Bumped whenever a buffer the graphs use moves (part of every graph key).
+    pub(crate) generation: AtomicU64,
+    /// The load progress bar: (bar, bytes done, bytes in all).
+    pub(crate) load_progress: Mutex<Option<(quiver_hub::Progress, u64, u64)>>,
+}
+
+impl CudaBackend {
+    /// Opens CUDA device `ordinal`, creates its stream, loads cuBLAS if present and allowed,
+    /// and compiles (or reads from the cache) the kernels every model needs, for `config`
+    /// (usually `CudaConfig::from_env()`, adjusted).
+    pub fn new(ordinal: usize, config: CudaConfig) -> Result<Self> {
+        let dev = Device::open(ordinal).map_err(BackendError::Device)?;
+        let mut reg = registry::Registry::new(dev.info.arch);
+        for m in ["ops", "attn"] {
+            reg.ensure(m).map_err(BackendError::Device)?;
+        }
+        if config.exact {
+            reg.ensure("exact").map_err(BackendError::Device)?;
+        }
+        let blas = if config.cublas {
+            dev::Blas::new(dev.stream).ok()
+        } else {
+            None
+        };
+        let cfg = config.resolve(dev.info.arch, blas.is_some());
+        let mode = if cfg.exact {
+            Mode::Parity(exact::Parity::default())
+        } else {
+            Mode::Fast
+        };
+        let load_progress = cfg
+            .load_total
+            .map(|total| (quiver_hub::Progress::bytes(total), 0, total));
+        Ok(CudaBackend {
+            dev,
+            reg: Mutex::new(reg),
+            blas,
+            graphs: graph::Graphs::new(cfg.graphs),
+            cfg,
+            mode,
+            step: StepState::default(),
+            top_host: Mutex::new((Vec::new(), Vec::new())),
+            scratch: Mutex::new(Scratch::default()),
+            mem: Mutex::new(MemStats::default()),
+            generation: AtomicU64::default(),
+            load_progress: Mutex::new(load_progress),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.dev.info
+    }
+
+    /// The configuration in effect: what `new` was given, less what the machine lacks.
+    pub fn config(&self) -> &CudaConfig {
+        &self.cfg
+    }
+
+    /// Kernel modules compiled by NVRTC and read from the disk cache so far.
+    pub fn kernel_counts(&self) -> (usize, usize) {
+        let r = self.reg.lock().unwrap();
+        (r.compiled, r.from_cache)
+    }
+
+    pub fn graph_stats(&self) -> GraphStats {
+        self.graphs.stats
+    }
+
+    pub fn mem_stats(&self) -> MemStats {
+        *self.mem.lock().unwrap()
+    }
+
+    pub fn has_cublas(&self) -> bool {
+        self.blas.is_some()
+    }
+
+    pub(crate) fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {
+        self.dev.alloc(bytes).map_err(|e| {
+            let (free, total) = self.dev.mem_info();
+            BackendError::Device(format!(
+                "out of device memory for {what}: needed {:.1} MiB, {:.1} MiB free of {:.1} MiB ({e}); try a smaller --ctx-size or --device cpu",
+                bytes as f64 / 1048576.0,
+                free as f64 / 1048576.0,
+                total as f64 / 1048576.0
+            ))
+        })
+    }
+
+    /// Marks every captured graph stale (a buffer they use moved).
+    pub(crate) fn bump_generation(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}

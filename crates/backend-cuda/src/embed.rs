@@ -1,0 +1,52 @@
+//! Token embedding: each token's row of the table dequantized and scaled (quant.cu
+//! `embed_T`). The fast path only: the parity mode's gather is in src/exact.rs.
+
+use crate::memory::CudaBuf;
+use crate::weights::CudaWeight;
+use crate::{check, CudaBackend};
+use quiver_backend::Result;
+
+/// The shapes `embed` takes over the step's `n` rows, in either mode.
+pub(crate) fn check_embed(table: &CudaWeight, n: usize, out: &CudaBuf) -> Result<()> {
+    check("embed", out.len >= n * table.cols, || {
+        format!("out holds {} < {n}×{}", out.len, table.cols)
+    })
+}
+
+impl CudaBackend {
+    /// Launches `module`'s gather `name` over the step's tokens: the fast path's kernel
+    /// (`embed_T`), or the parity mode's (`x_embed_T`), which takes the same arguments.
+    pub(crate) fn launch_embed(
+        &self,
+        module: &str,
+        name: &str,
+        table: &CudaWeight,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.launch(
+            module,
+            name,
+            (self.step.rows.max(1) as u32, 1, 1),
+            (128, 1, 1),
+            args![
+                table.data.ptr,
+                self.step.view.tokens,
+                out.ptr(),
+                table.cols as i32,
+                table.row_bytes as i64,
+                scale
+            ],
+        )
+    }
+
+    /// The fast path's embedding (shapes checked by the caller).
+    pub(crate) fn embed_fast(
+        &self,
+        table: &CudaWeight,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.launch_embed(&table.names.module, &table.names.embed, table, scale, out)
+    }
+}

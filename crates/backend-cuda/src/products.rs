@@ -1,0 +1,460 @@
+//! Products with the weights (kernels/quant.cu, the activation conversions of ops.cu, and
+//! cuBLAS): the matrix-vector kernels (`mmv`, on f32 or int8 activations, up to three
+//! matrices and 8 tokens per launch, or gate·up with the activation fused), cuBLAS on the f16
+//! weight copies, and how `matmul`, `matmul_qkv`, `matmul_glu` and `matmul_logits` choose
+//! between them. The fast path only: the parity mode's products are in src/exact.rs.
+
+use crate::launch::grid1;
+use crate::memory::CudaBuf;
+use crate::weights::CudaWeight;
+use crate::{act_grid, check, derr, registry, CudaBackend};
+use quiver_backend::{Activation, Result};
+use quiver_gguf::GgmlType;
+
+/// Tokens per matrix-vector launch (the kernels keep one accumulator per token).
+pub(crate) const MMV_TOKENS: usize = 8;
+
+/// Matrix-vector launches over at most this many weight bytes prefetch their rows into L2
+/// before waiting for the previous kernel (quant.cu `MMV_BEGIN`): measured on the H200, tg128
+/// +5% on the SmolLM2 shape and +2% on the Gemma3 shape, neutral on the 8B shapes, whose larger
+/// launches lose with it (8B Q4_0 −12% with every launch prefetching, −4% with launches up to
+/// 24 MiB doing it; BENCHMARKS.md).
+const MMV_PREFETCH_MAX: usize = 4 << 20;
+
+/// The variant of a matrix-vector kernel for `nt` tokens over `bytes` of weights.
+fn mmv_name(names: &[String; 4], nt: usize, bytes: usize) -> &str {
+    &names[usize::from(nt == 1) + 2 * usize::from(bytes <= MMV_PREFETCH_MAX)]
+}
+
+/// One matrix of an `mmv` launch (mirrors `MmvMat` in quant.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct MmvMat {
+    pub(crate) w: u64,
+    pub(crate) y: u64,
+    pub(crate) row_bytes: i64,
+    pub(crate) rows: i32,
+}
+
+/// The `act` argument of the glu kernels.
+pub(crate) fn act_code(act: Activation) -> i32 {
+    match act {
+        Activation::SwiGlu => 0,
+        Activation::GeGlu => 1,
+    }
+}
+
+/// The shapes of `out[rows_x, w.rows] = x[rows_x, w.cols] · Wᵀ`.
+pub(crate) fn check_matmul(
+    w: &CudaWeight,
+    x: &CudaBuf,
+    rows_x: usize,
+    out: &CudaBuf,
+) -> Result<()> {
+    check(
+        "matmul",
+        x.len >= rows_x * w.cols && out.len >= rows_x * w.rows,
+        || {
+            format!(
+                "x {} for {rows_x}×{}, out {} for {rows_x}×{}",
+                x.len, w.cols, out.len, w.rows
+            )
+        },
+    )
+}
+
+/// How the fast path runs `matmul_qkv`.
+enum QkvPath {
+    /// All three on cuBLAS over one f16 copy of x.
+    Gemm([u64; 3]),
+    /// One matrix-vector launch per 8 tokens for the three (one type, one width).
+    Fused,
+    /// Three products, each as `matmul` runs it.
+    Separate,
+}
+
+/// How the fast path runs `matmul_glu`.
+enum GluPath {
+    /// gate·up with the activation in one matrix-vector launch per 8 tokens.
+    Fused,
+    /// Both products on cuBLAS over one f16 copy of x, then the glu kernel.
+    Gemm(u64, u64),
+    /// Two products, each as `matmul` runs it, then the glu kernel.
+    Separate,
+}
+
+impl CudaBackend {
+    /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`: cuBLAS on the f16
+    /// weights when `n` reaches `gemm_min_tokens`, else the matrix-vector kernels.
+    pub(crate) fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
+        if let Some(wh) = self.tensor_core_weight(w, n) {
+            let xh = self.to_half(x, n, w.cols, w.ty)?;
+            return self.gemm(w, wh, xh, n, y);
+        }
+        self.mmv(&[(w, y)], x, n)
+    }
+
+    /// The f16 weights of `w` when a product over `n` tokens goes to the tensor cores.
+    fn tensor_core_weight(&self, w: &CudaWeight, n: usize) -> Option<u64> {
+        if n < self.cfg.gemm_min_tokens || !self.cfg.tensor_cores || self.blas.is_none() {
+            return None;
+        }
+        if w.ty == GgmlType::F16 {
+            Some(w.data.ptr)
+        } else {
+            w.half.as_ref().map(|b| b.ptr)
+        }
+    }
+
+    /// `rows` × `cols` f32 at `x` as f16 in the activation scratch, for products with weights
+    /// of type `ty`: on the int8 grid of that type (see [`act_grid`]) when `act_grid` is on.
+    fn to_half(&self, x: u64, rows: usize, cols: usize, ty: GgmlType) -> Result<u64> {
+        let len = rows * cols;
+        let xh = self.scratch_ptr(|s| &mut s.xbf, len * 2, "f16 activations")?;
+        match act_grid(ty).filter(|b| self.cfg.act_grid && cols.is_multiple_of(*b)) {
+            Some(block) => {
+                let nb = len / block;
+                let (name, grid, threads) = if block == 32 {
+                    ("f32_to_f16_q32", len.div_ceil(1024), (256, 1, 1))
+                } else {
+                    ("f32_to_f16_q256", nb.div_ceil(8), (32, 8, 1))
+                };
+                self.launch(
+                    "ops",
+                    name,
+                    (grid as u32, 1, 1),
+                    threads,
+                    args![x, xh, nb as i64],
+                )?;
+            }
+            None => self.launch(
+                "ops",
+                "f32_to_f16",
+                (grid1(len.div_ceil(4), 256, 8192), 1, 1),
+                (256, 1, 1),
+                args![x, xh, len as i64],
+            )?,
+        }
+        Ok(xh)
+    }
+
+    /// y[n, w.rows] = xh[n, w.cols] (f16) · W (f16 at `wh`)ᵀ through cuBLAS.
+    fn gemm(&self, w: &CudaWeight, wh: u64, xh: u64, n: usize, y: u64) -> Result<()> {
+        let blas = self
+            .blas
+            .as_ref()
+            .expect("tensor_core_weight checked cuBLAS");
+        blas.gemm_f16(wh, xh, y, w.rows, n, w.cols)
+            .map_err(|e| derr("cublasGemmEx", e))
+    }
+
+    /// Matrix-vector products of up to three matrices of one type over the same x, in one
+    /// launch per 8 tokens.
+    fn mmv(&self, mats: &[(&CudaWeight, u64)], x: u64, n: usize) -> Result<()> {
+        let w0 = mats[0].0;
+        let module = &w0.names.module;
+        let int8 = self.int8_block(w0);
+        let total_rows: usize = mats.iter().map(|(w, _)| w.rows).sum();
+        let mut t = 0;
+        while t < n {
+            let nt = (n - t).min(MMV_TOKENS);
+            let mut m = [MmvMat::default(); 3];
+            for (i, (w, y)) in mats.iter().enumerate() {
+                m[i] = MmvMat {
+                    w: w.data.ptr,
+                    y: y + (t * w.rows * 4) as u64,
+                    row_bytes: w.row_bytes as i64,
+                    rows: w.rows as i32,
+                };
+            }
+            let xo = x + (t * w0.cols * 4) as u64;
+            let grid = (total_rows.div_ceil(4) as u32, 1, 1);
+            let bytes = mats.iter().map(|(w, _)| w.rows * w.row_bytes).sum();
+            let name = mmv_name(&w0.names.mmv, nt, bytes);
+            match int8 {
+                Some(block) => {
+                    let (q, d, bs) = self.quantize_act(xo, nt, w0.cols, block, w0.ty)?;
+                    self.launch(
+                        module,
+                        name,
+                        grid,
+                        (32, 4, 1),
+                        args![m[0], m[1], m[2], q, d, bs, w0.cols as i32, nt as i32],
+                    )?;
+                }
+                None => self.launch(
+                    module,
+                    name,
+                    grid,
+                    (32, 4, 1),
+                    args![m[0], m[1], m[2], xo, w0.cols as i32, nt as i32],
+                )?,
+            }
+            t += nt;
+        }
+        Ok(())
+    }
+
+    /// The activation block size when `w`'s decode kernels take int8 activations.
+    fn int8_block(&self, w: &CudaWeight) -> Option<usize> {
+        if self.cfg.int8 {
+            registry::int8_activations(w.kernel)
+        } else {
+            None
+        }
+    }
+
+    /// Quantizes `n` rows of `cols` f32 at `x` to int8 blocks of `block` (32 or 256) in the
+    /// activation scratch: (quants, scales, per-16 sums).
+    /// The scales are rounded as the CPU backend (and ggml) rounds them for weights of type
+    /// `ty`: per-32 `d` in f16, and for Q4_1/Q5_1 the offset sum `s` in f16 too. (The parity
+    /// mode's products take the same activations.)
+    pub(crate) fn quantize_act(
+        &self,
+        x: u64,
+        n: usize,
+        cols: usize,
+        block: usize,
+        ty: GgmlType,
+    ) -> Result<(u64, u64, u64)> {
+        let q = self.scratch_ptr(|s| &mut s.aq, n * cols, "int8 activations")?;
+        let nb = (n * cols / block) as i64;
+        let grid = ((nb as usize).div_ceil(8) as u32, 1, 1);
+        if block == 32 {
+            let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 32 * 8, "activation scales")?;
+            let q8_1 = i32::from(matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1));
+            self.launch(
+                "ops",
+                "quantize_a32",
+                grid,
+                (32, 8, 1),
+                args![x, q, d, nb, q8_1],
+            )?;
+            Ok((q, d, 0))
+        } else {
+            let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 256 * 4, "activation scales")?;
+            let bs = self.scratch_ptr(|s| &mut s.abs, n * cols / 16 * 4, "activation sums")?;
+            self.launch(
+                "ops",
+                "quantize_a256",
+                grid,
+                (32, 8, 1),
+                args![x, q, d, bs, nb],
+            )?;
+            Ok((q, d, bs))
+        }
+    }
+
+    /// The fast path's `matmul_qkv` (shapes checked by the caller).
+    pub(crate) fn matmul_qkv_fast(
+        &self,
+        w: [&CudaWeight; 3],
+        x: &CudaBuf,
+        rows_x: usize,
+        out: [&mut CudaBuf; 3],
+    ) -> Result<()> {
+        match self.qkv_path(&w, rows_x) {
+            QkvPath::Gemm(halves) => {
+                // One f16 copy of x for the three products.
+                let xh = self.to_half(x.ptr(), rows_x, w[0].cols, w[0].ty)?;
+                for ((m, o), wh) in w.iter().zip(out).zip(halves) {
+                    self.gemm(m, wh, xh, rows_x, o.ptr())?;
+                }
+                Ok(())
+            }
+            QkvPath::Fused => self.mmv(
+                &[
+                    (w[0], out[0].ptr()),
+                    (w[1], out[1].ptr()),
+                    (w[2], out[2].ptr()),
+                ],
+                x.ptr(),
+                rows_x,
+            ),
+            QkvPath::Separate => {
+                for (m, o) in w.iter().zip(out) {
+                    self.mm(m, x.ptr(), rows_x, o.ptr())?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn qkv_path(&self, w: &[&CudaWeight; 3], rows_x: usize) -> QkvPath {
+        let same_width = w
+            .iter()
+            .all(|m| m.cols == w[0].cols && act_grid(m.ty) == act_grid(w[0].ty));
+        if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core_weight(m, rows_x)) {
+            if same_width {
+                return QkvPath::Gemm([q, k, v]);
+            }
+        }
+        if rows_x <= MMV_TOKENS && w.iter().all(|m| m.ty == w[0].ty && m.cols == w[0].cols) {
+            QkvPath::Fused
+        } else {
+            QkvPath::Separate
+        }
+    }
+
+    /// The fast path's `matmul_glu`: gate·up fused on the matrix-vector kernels, both
+    /// products on cuBLAS, or two products then the glu kernel. Each path checks the buffers
+    /// it uses (the fused one never touches `scratch`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_glu_fast(
+        &self,
+        act: Activation,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        x: &CudaBuf,
+        rows_x: usize,
+        scratch: [&mut CudaBuf; 2],
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n_ff = gate.rows;
+        let [g, u] = scratch;
+        match self.glu_path(gate, up, rows_x) {
+            GluPath::Fused => {
+                check(
+                    "matmul_glu",
+                    x.len >= rows_x * gate.cols && out.len >= rows_x * n_ff,
+                    || format!("{rows_x} rows"),
+                )?;
+                return self.mmv_glu(act, gate, up, x.ptr(), rows_x, out.ptr());
+            }
+            GluPath::Gemm(gh, uh) => {
+                check(
+                    "matmul_glu",
+                    x.len >= rows_x * gate.cols
+                        && g.len >= rows_x * n_ff
+                        && u.len >= rows_x * up.rows,
+                    || format!("{rows_x} rows"),
+                )?;
+                // One f16 copy of x for both products.
+                let xh = self.to_half(x.ptr(), rows_x, gate.cols, gate.ty)?;
+                self.gemm(gate, gh, xh, rows_x, g.ptr())?;
+                self.gemm(up, uh, xh, rows_x, u.ptr())?;
+            }
+            GluPath::Separate => {
+                check_matmul(gate, x, rows_x, g)?;
+                self.mm(gate, x.ptr(), rows_x, g.ptr())?;
+                check_matmul(up, x, rows_x, u)?;
+                self.mm(up, x.ptr(), rows_x, u.ptr())?;
+            }
+        }
+        let n = rows_x * n_ff;
+        check_glu(g, u, n, out)?;
+        self.glu_fast(act, g, u, n, out)
+    }
+
+    fn glu_path(&self, gate: &CudaWeight, up: &CudaWeight, rows_x: usize) -> GluPath {
+        let gh = self.tensor_core_weight(gate, rows_x);
+        let fusable = rows_x <= MMV_TOKENS
+            && gh.is_none()
+            && gate.ty == up.ty
+            && gate.rows == up.rows
+            && gate.cols == up.cols;
+        if fusable {
+            return GluPath::Fused;
+        }
+        match (gh, self.tensor_core_weight(up, rows_x)) {
+            (Some(gh), Some(uh))
+                if gate.cols == up.cols && act_grid(gate.ty) == act_grid(up.ty) =>
+            {
+                GluPath::Gemm(gh, uh)
+            }
+            _ => GluPath::Separate,
+        }
+    }
+
+    /// out = act(x·gateᵀ) · (x·upᵀ) in one matrix-vector launch per 8 tokens (gate and up of
+    /// one type and shape).
+    fn mmv_glu(
+        &self,
+        act: Activation,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        x: u64,
+        rows_x: usize,
+        out: u64,
+    ) -> Result<()> {
+        let n_ff = gate.rows;
+        let a = act_code(act);
+        let module = &gate.names.module;
+        let int8 = self.int8_block(gate);
+        let grid = (n_ff.div_ceil(4) as u32, 1, 1);
+        let mut t = 0;
+        while t < rows_x {
+            let nt = (rows_x - t).min(MMV_TOKENS);
+            let xo = x + (t * gate.cols * 4) as u64;
+            let oo = out + (t * n_ff * 4) as u64;
+            let name = mmv_name(&gate.names.glu, nt, 2 * gate.rows * gate.row_bytes);
+            match int8 {
+                Some(block) => {
+                    let (q, d, bs) = self.quantize_act(xo, nt, gate.cols, block, gate.ty)?;
+                    self.launch(
+                        module,
+                        name,
+                        grid,
+                        (32, 4, 1),
+                        args![
+                            gate.data.ptr,
+                            up.data.ptr,
+                            gate.row_bytes as i64,
+                            q,
+                            d,
+                            bs,
+                            oo,
+                            n_ff as i32,
+                            gate.cols as i32,
+                            nt as i32,
+                            a
+                        ],
+                    )?;
+                }
+                None => self.launch(
+                    module,
+                    name,
+                    grid,
+                    (32, 4, 1),
+                    args![
+                        gate.data.ptr,
+                        up.data.ptr,
+                        gate.row_bytes as i64,
+                        xo,
+                        oo,
+                        n_ff as i32,
+                        gate.cols as i32,
+                        nt as i32,
+                        a
+                    ],
+                )?,
+            }
+            t += nt;
+        }
+        Ok(())
+    }
+
+    /// The rows of x `matmul_logits` multiplies: x itself when the step's logits rows are
+    /// 0..n, else those rows gathered into scratch (shared by the parity mode).
+    pub(crate) fn logits_input(&self, w: &CudaWeight, x: &CudaBuf, n: usize) -> Result<u64> {
+        if self.step.logits_identity {
+            return Ok(x.ptr());
+        }
+        let g = self.scratch_ptr(|s| &mut s.gather, n * w.cols * 4, "logits rows")?;
+        self.launch(
+            "ops",
+            "gather_rows",
+            (n as u32, 1, 1),
+            (256, 1, 1),
+            args![x.ptr(), self.step.view.logit_rows, g, w.cols as i32],
+        )?;
+        Ok(g)
+    }
+}
+
+/// The shapes of `glu` over `n` elements.
+pub(crate) fn check_glu(gate: &CudaBuf, up: &CudaBuf, n: usize, out: &CudaBuf) -> Result<()> {
+    check("glu", gate.len >= n && up.len >= n && out.len >= n, || {
+        format!("{n} elements")
+    })
+}

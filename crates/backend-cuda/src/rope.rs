@@ -1,0 +1,93 @@
+//! Rope fused with the KV cache write (ops.cu `rope_kv_write`): q rotated in place, k rotated
+//! and written with v into the f16 cache at each token's slot. The fast path only: the parity
+//! mode's is in src/exact.rs.
+
+use crate::memory::{CudaBuf, CudaKv};
+use crate::{check, CudaBackend};
+use quiver_backend::{AttnParams, BackendError, Result, RopeMode, RopeParams};
+
+/// The shapes `rope_kv_write` takes, in either mode.
+pub(crate) fn check_rope_kv_write(
+    q: &CudaBuf,
+    k: &CudaBuf,
+    v: &CudaBuf,
+    rope: &RopeParams,
+    a: &AttnParams,
+    kv: &CudaKv,
+    n: usize,
+) -> Result<()> {
+    let kv_dim = a.n_head_kv * a.head_dim;
+    check("rope_kv_write", kv_dim == kv.kv_dim, || {
+        format!("kv_dim {kv_dim} vs cache {}", kv.kv_dim)
+    })?;
+    check(
+        "rope_kv_write",
+        q.len >= n * a.n_head * a.head_dim && k.len >= n * kv_dim && v.len >= n * kv_dim,
+        || "buffers too small".into(),
+    )?;
+    check(
+        "rope_kv_write",
+        rope.n_dims <= a.head_dim && rope.n_dims.is_multiple_of(2),
+        || format!("{} rotated dims of {}", rope.n_dims, a.head_dim),
+    )
+}
+
+impl CudaBackend {
+    /// The fast path's rope and KV write over the step's rows (shapes checked by the caller).
+    pub(crate) fn rope_kv_write_fast(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        rope: &RopeParams,
+        a: &AttnParams,
+        kv: &mut CudaKv,
+    ) -> Result<()> {
+        let n = self.step.rows;
+        let th = self.theta_ptr(rope)?;
+        let mode = i32::from(rope.mode == RopeMode::Neox);
+        self.launch(
+            "ops",
+            "rope_kv_write",
+            (n.max(1) as u32, (a.n_head + a.n_head_kv) as u32, 1),
+            (64, 1, 1),
+            args![
+                q.ptr(),
+                k.ptr(),
+                v.ptr(),
+                kv.k.ptr,
+                kv.v.ptr,
+                self.step.view.pos,
+                self.step.view.slot,
+                th,
+                a.n_head as i32,
+                a.n_head_kv as i32,
+                a.head_dim as i32,
+                rope.n_dims as i32,
+                mode
+            ],
+        )
+    }
+
+    /// The rope's angles per pair on the device, made once per distinct table (scratch).
+    fn theta_ptr(&self, rope: &RopeParams) -> Result<u64> {
+        let th: Vec<f32> = (0..rope.n_dims / 2).map(|i| rope.theta(i)).collect();
+        let key: Vec<u32> = th.iter().map(|t| t.to_bits()).collect();
+        let mut s = self.scratch.lock().unwrap();
+        if let Some(b) = s.thetas.get(&key) {
+            return Ok(b.ptr);
+        }
+        if self.graphs.capturing() {
+            return Err(BackendError::Device(
+                "rope table made during a graph capture".into(),
+            ));
+        }
+        let b = self.alloc(th.len().max(1) * 4, "rope table")?;
+        self.dev
+            .htod_sync(b.ptr, &th)
+            .map_err(BackendError::Device)?;
+        let p = b.ptr;
+        s.thetas.insert(key, b);
+        Ok(p)
+    }
+}

@@ -1,0 +1,65 @@
+//! The logits read back as ids (ops.cu `argmax_rows`, `topk_rows`): greedy decoding and top-k
+//! sampling copy a few values per row instead of the row. Comparisons only, so the parity mode
+//! runs them too.
+
+use crate::memory::CudaBuf;
+use crate::{check, CudaBackend};
+use quiver_backend::{BackendError, Result};
+
+impl CudaBackend {
+    /// The `k` largest values of each row as (index, value), best first (`Backend::top_k`).
+    pub(crate) fn top_k_rows(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        k: usize,
+        out: &mut Vec<(u32, f32)>,
+    ) -> Result<()> {
+        check("top_k", rows * cols <= x.len && k >= 1, || {
+            format!("{rows}×{cols} > {} or k = {k}", x.len)
+        })?;
+        let n = rows * k;
+        let ids = self.scratch_ptr(|s| &mut s.top_ids, n * 4, "top-k ids")?;
+        let vals = self.scratch_ptr(|s| &mut s.top_vals, n * 4, "top-k values")?;
+        self.launch(
+            "ops",
+            "topk_rows",
+            (rows as u32, 1, 1),
+            (1024, 1, 1),
+            args![x.ptr(), ids, vals, cols as i32, k as i32],
+        )?;
+        let mut st = self.top_host.lock().unwrap();
+        let (hi, hv) = &mut *st;
+        hi.resize(n, 0);
+        hv.resize(n, 0.0);
+        self.dev.dtoh(hi, ids).map_err(BackendError::Device)?;
+        self.dev.dtoh(hv, vals).map_err(BackendError::Device)?;
+        out.clear();
+        out.extend(hi.iter().copied().zip(hv.iter().copied()));
+        Ok(())
+    }
+
+    /// The index of the largest value of each row, the first on ties (`Backend::argmax`).
+    pub(crate) fn argmax_rows(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        check("argmax", rows * cols <= x.len, || {
+            format!("{rows}×{cols} > {}", x.len)
+        })?;
+        let ids = self.scratch_ptr(|s| &mut s.ids, rows.max(1) * 4, "argmax ids")?;
+        self.launch(
+            "ops",
+            "argmax_rows",
+            (rows as u32, 1, 1),
+            (1024, 1, 1),
+            args![x.ptr(), ids, cols as i32],
+        )?;
+        out.resize(rows, 0);
+        self.dev.dtoh(out, ids).map_err(BackendError::Device)
+    }
+}

@@ -1,0 +1,185 @@
+//! Weights: the GGUF bytes copied from the mapped file straight to device memory (vectors as
+//! f32), the kernel names each weight's products launch, and the f16 copies of the tensor-core
+//! path.
+
+use crate::dev::DevBuf;
+use crate::{check, kernel_suffix, registry, CudaBackend};
+use quiver_backend::{BackendError, Result, WeightBytes};
+use quiver_gguf::GgmlType;
+
+pub struct CudaWeight {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub(crate) row_bytes: usize,
+    /// The GGUF bytes (vectors: f32).
+    pub(crate) data: DevBuf,
+    /// An f16 copy for the tensor-core (cuBLAS) path, when there is room.
+    pub(crate) half: Option<DevBuf>,
+    pub(crate) kernel: &'static str,
+    /// Its module and kernel names, made once at load (no formatting per launch).
+    pub(crate) names: Box<KernelNames>,
+}
+
+/// The kernels a weight's products and lookups launch: [general, single-token] variants, then
+/// the same that prefetch their weights before waiting for the previous kernel (`mmv_name`).
+pub(crate) struct KernelNames {
+    pub(crate) module: String,
+    pub(crate) embed: String,
+    pub(crate) mmv: [String; 4],
+    pub(crate) glu: [String; 4],
+    /// The parity mode's product and gather (module "exact").
+    pub(crate) x_mm: String,
+    pub(crate) x_embed: String,
+}
+
+impl KernelNames {
+    fn new(kernel: &str, int8: bool) -> Self {
+        let base = if int8 { "mmvq" } else { "mmv" };
+        let v = |pre: &str, post: &str| {
+            [
+                format!("{pre}{post}_{kernel}"),
+                format!("{pre}1{post}_{kernel}"),
+                format!("{pre}p{post}_{kernel}"),
+                format!("{pre}p1{post}_{kernel}"),
+            ]
+        };
+        KernelNames {
+            module: format!("quant_{kernel}"),
+            embed: format!("embed_{kernel}"),
+            mmv: v(base, ""),
+            glu: v(base, "_glu"),
+            x_mm: format!("x_mm_{kernel}"),
+            x_embed: format!("x_embed_{kernel}"),
+        }
+    }
+}
+
+/// A weight's shape: (rows, cols) of a row-major GGUF shape.
+pub(crate) fn rows_cols(shape: &[u64]) -> (usize, usize) {
+    let cols = *shape.last().unwrap_or(&1) as usize;
+    let rows = shape.iter().rev().skip(1).product::<u64>() as usize;
+    (rows, cols)
+}
+
+impl CudaBackend {
+    /// Moves the load progress bar on by `n` bytes.
+    fn loaded(&self, n: u64) {
+        if let Some((p, done, total)) = self.load_progress.lock().unwrap().as_mut() {
+            *done += n;
+            p.update(*done, &mut std::io::stderr());
+            if *done >= *total {
+                eprintln!();
+            }
+        }
+    }
+
+    /// A vector (one row) as f32, whatever its GGUF type.
+    pub(crate) fn vector_weight(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        cols: usize,
+        bytes: &WeightBytes,
+    ) -> Result<CudaWeight> {
+        let raw = bytes.bytes();
+        let mut v = vec![0f32; cols];
+        quiver_quant::dequantize(ty, raw, &mut v).map_err(|e| BackendError::Shape {
+            op: "weight",
+            detail: format!("{name}: {e}"),
+        })?;
+        let data = self.alloc(cols * 4, name)?;
+        self.dev
+            .htod_sync(data.ptr, &v)
+            .map_err(BackendError::Device)?;
+        self.mem.lock().unwrap().weights += data.bytes as u64;
+        self.loaded(raw.len() as u64);
+        Ok(CudaWeight {
+            ty: GgmlType::F32,
+            rows: 1,
+            cols,
+            row_bytes: cols * 4,
+            data,
+            half: None,
+            kernel: "f32",
+            names: Box::new(KernelNames::new("f32", false)),
+        })
+    }
+
+    /// A matrix in its GGUF type, on the device as the file has it (no f16 copy yet).
+    pub(crate) fn matrix_weight(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &WeightBytes,
+    ) -> Result<CudaWeight> {
+        let raw = bytes.bytes();
+        let kernel = kernel_suffix(ty).ok_or(BackendError::Unsupported {
+            op: "matmul",
+            ty,
+            backend: "cuda",
+        })?;
+        check("weight", cols.is_multiple_of(32), || {
+            format!("{name}: {cols} columns is not a multiple of 32")
+        })?;
+        self.reg
+            .lock()
+            .unwrap()
+            .ensure(&format!("quant_{kernel}"))
+            .map_err(BackendError::Device)?;
+        let row_bytes = ty.row_bytes(cols as u64).unwrap_or(0) as usize;
+        check("weight", row_bytes * rows == raw.len(), || {
+            format!("{name}: {} bytes for {rows}×{cols} {ty}", raw.len())
+        })?;
+        let data = self.alloc(raw.len(), name)?;
+        // Straight from the mapped file, in pieces so the progress bar moves.
+        const PIECE: usize = 64 << 20;
+        for (i, chunk) in raw.chunks(PIECE).enumerate() {
+            self.dev
+                .htod_sync(data.ptr + (i * PIECE) as u64, chunk)
+                .map_err(BackendError::Device)?;
+            self.loaded(chunk.len() as u64);
+        }
+        self.mem.lock().unwrap().weights += data.bytes as u64;
+        Ok(CudaWeight {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data,
+            half: None,
+            kernel,
+            names: Box::new(KernelNames::new(
+                kernel,
+                self.cfg.int8 && registry::int8_activations(kernel).is_some(),
+            )),
+        })
+    }
+
+    /// Adds the f16 copy the tensor-core products read, when copies are on and the card has
+    /// room (F16 weights are their own copy).
+    pub(crate) fn add_f16_copy(&self, w: &mut CudaWeight) -> Result<()> {
+        if !self.cfg.f16_copies || w.ty == GgmlType::F16 {
+            return Ok(());
+        }
+        let need = w.rows * w.cols * 2;
+        let (free, total) = self.dev.mem_info();
+        // Keep a tenth of the card (and 2 GiB) for the KV cache and workspace.
+        if free > need as u64 + total / 10 + (2 << 30) {
+            if let Ok(b) = self.dev.alloc(need) {
+                self.launch(
+                    &w.names.module,
+                    &format!("dequant_f16_{}", w.kernel),
+                    (w.rows as u32, 1, 1),
+                    (128, 1, 1),
+                    args![w.data.ptr, b.ptr, w.cols as i32, w.row_bytes as i64],
+                )?;
+                self.mem.lock().unwrap().f16_copies += b.bytes as u64;
+                w.half = Some(b);
+            }
+        }
+        Ok(())
+    }
+}
