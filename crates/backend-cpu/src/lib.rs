@@ -1,5 +1,5 @@
 //! The CPU backend: activations in `Vec<f32>`, weights borrowed from the mapped GGUF file
-//! (never copied to the heap), K/V in one f32 pool per layer.
+//! (never copied to the heap), K/V in one f16 pool per layer.
 
 mod act_fn;
 mod attn;
@@ -7,8 +7,8 @@ mod matmul;
 mod rope;
 
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, BackendError, Batch, Result, RopeParams, Step,
-    WeightBytes,
+    reference, Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, Result,
+    RopeParams, Step, WeightBytes,
 };
 use quiver_cpu_kernels::ThreadPool;
 use quiver_gguf::GgmlType;
@@ -47,21 +47,23 @@ pub struct CpuKv {
 }
 
 pub struct CpuBackend {
-    batch: Batch,
     mm: matmul::MatMul,
     /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
     packed: std::sync::Mutex<Vec<f32>>,
-    /// KV slots the current batch's block tables reach (set by `begin_step`).
-    slots_needed: usize,
+}
+
+/// The CPU's part of a step.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuStep {
+    /// KV slots the step's block tables reach.
+    pub slots_needed: usize,
 }
 
 impl CpuBackend {
     pub fn new(threads: usize) -> Self {
         CpuBackend {
-            batch: Batch::default(),
             mm: matmul::MatMul::new(threads),
             packed: Default::default(),
-            slots_needed: 0,
         }
     }
 
@@ -149,6 +151,8 @@ impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Weight = CpuWeight;
     type Kv = CpuKv;
+    /// The slots the step's block tables reach (checked against each cache).
+    type StepCtx = CpuStep;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -203,7 +207,15 @@ impl Backend for CpuBackend {
         quiver_backend::host_memory_available()
     }
 
-    fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<CpuKv> {
+    fn kv(&self, spec: &KvSpec, layer: usize) -> Result<CpuKv> {
+        if (spec.k, spec.v) != (KvType::F16, KvType::F16) {
+            return Err(BackendError::UnsupportedKv {
+                k: spec.k.name(),
+                v: spec.v.name(),
+                backend: "cpu",
+            });
+        }
+        let (n_slots, kv_dim) = (spec.n_slots, spec.layer_dims[layer]);
         let zero = half::f16::ZERO;
         Ok(CpuKv {
             k: vec![zero; n_slots * kv_dim],
@@ -213,32 +225,37 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn begin_step(
+    fn begin_step<'b>(
         &mut self,
-        batch: &Batch,
+        batch: &'b Batch,
         _state: u64,
         _max_tokens: usize,
         _max_logits: usize,
-    ) -> Result<Step> {
-        self.batch.clone_from(batch);
-        self.slots_needed = batch
+    ) -> Result<Step<'b, CpuStep>> {
+        let slots_needed = batch
             .seqs
             .iter()
             .flat_map(|s| s.block_table.iter())
             .map(|&b| (b as usize + 1) * batch.block_size)
             .max()
             .unwrap_or(0);
-        Ok(Step::eager(batch))
+        Ok(Step::eager(batch, CpuStep { slots_needed }))
     }
 
-    fn embed(&self, table: &CpuWeight, scale: f32, out: &mut Vec<f32>) -> Result<()> {
+    fn embed(
+        &self,
+        step: &Step<CpuStep>,
+        table: &CpuWeight,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let cols = table.cols;
         let row_bytes = table.ty.row_bytes(cols as u64).unwrap_or(0) as usize;
-        let n = self.batch.n_tokens();
+        let n = step.batch.n_tokens();
         check("embed", out.len() >= n * cols, || {
             format!("out holds {} < {n}×{cols}", out.len())
         })?;
-        for (t, &id) in self.batch.tokens.iter().enumerate() {
+        for (t, &id) in step.batch.tokens.iter().enumerate() {
             let id = id as usize;
             check("embed", id < table.rows, || {
                 format!("token id {id} ≥ vocabulary {}", table.rows)
@@ -362,8 +379,14 @@ impl Backend for CpuBackend {
         )
     }
 
-    fn matmul_logits(&self, w: &CpuWeight, x: &Vec<f32>, out: &mut Vec<f32>) -> Result<()> {
-        let sel = &self.batch.logits;
+    fn matmul_logits(
+        &self,
+        step: &Step<CpuStep>,
+        w: &CpuWeight,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let sel = &step.batch.logits;
         let c = w.cols;
         let (Some(&a), Some(&b)) = (sel.first(), sel.last()) else {
             return Ok(());
@@ -404,6 +427,7 @@ impl Backend for CpuBackend {
 
     fn rope_kv_write(
         &self,
+        step: &Step<CpuStep>,
         q: &mut Vec<f32>,
         k: &mut Vec<f32>,
         v: &Vec<f32>,
@@ -411,7 +435,7 @@ impl Backend for CpuBackend {
         a: &AttnParams,
         kv: &mut CpuKv,
     ) -> Result<()> {
-        let b = &self.batch;
+        let b = step.batch;
         let n = b.n_tokens();
         let kv_dim = a.n_head_kv * a.head_dim;
         check("rope_kv_write", kv_dim == kv.kv_dim, || {
@@ -452,19 +476,21 @@ impl Backend for CpuBackend {
 
     fn attention(
         &self,
+        step: &Step<CpuStep>,
         q: &Vec<f32>,
         kv: &CpuKv,
         a: &AttnParams,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let n = self.batch.n_tokens() * a.n_head * a.head_dim;
+        let n = step.batch.n_tokens() * a.n_head * a.head_dim;
         check("attention", q.len() >= n && out.len() >= n, || {
             format!("{n} elements")
         })?;
-        check("attention", self.slots_needed <= kv.n_slots, || {
+        let needed = step.ctx.slots_needed;
+        check("attention", needed <= kv.n_slots, || {
             format!(
-                "block tables reach slot {} of a {}-slot cache",
-                self.slots_needed, kv.n_slots
+                "block tables reach slot {needed} of a {}-slot cache",
+                kv.n_slots
             )
         })?;
         check("attention", a.head_dim <= attn::MAX_HEAD_DIM, || {
@@ -475,7 +501,7 @@ impl Backend for CpuBackend {
             &q[..n],
             &kv.k,
             &kv.v,
-            &self.batch,
+            step.batch,
             a,
             &mut out[..n],
         );

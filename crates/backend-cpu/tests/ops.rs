@@ -1,7 +1,7 @@
 //! Every CPU op against the scalar reference (`quiver_backend::reference`) on fresh random
 //! inputs: a two-sequence paged batch, GQA, sliding window, soft-cap, both rope modes.
 
-use quiver_backend::testing::{rel_err, two_sequence_batch, Rng};
+use quiver_backend::testing::{kv_spec, rel_err, two_sequence_batch, Rng};
 use quiver_backend::{
     reference, Activation, AttnParams, Backend, RopeMode, RopeParams, WeightBytes,
 };
@@ -14,7 +14,7 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
     let b = two_sequence_batch();
     let mut be = CpuBackend::new(2);
-    be.begin_step(&b, 0, usize::MAX, usize::MAX).unwrap();
+    let st = be.begin_step(&b, 0, usize::MAX, usize::MAX).unwrap();
     for (hd, nh, nkv, window, softcap) in [
         (64, 4, 2, None, None),
         (256, 4, 1, Some(3), None),
@@ -30,7 +30,7 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
             window,
             softcap,
         };
-        let mut kv = be.kv(n_slots, nkv * hd).unwrap();
+        let mut kv = be.kv(&kv_spec(n_slots, nkv * hd), 0).unwrap();
         let kf: Vec<f32> = rng
             .vec(n_slots * nkv * hd)
             .iter()
@@ -49,7 +49,7 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
             .map(|x| x * 3.0)
             .collect::<Vec<_>>();
         let mut out = vec![f32::NAN; q.len()];
-        be.attention(&q, &kv, &a, &mut out).unwrap();
+        be.attention(&st, &q, &kv, &a, &mut out).unwrap();
         let mut want = vec![0.0; q.len()];
         reference::attention(&q, &kf, &vf, &b, &a, &mut want);
         let e = rel_err(&out, &want);
@@ -81,7 +81,7 @@ fn norms_rope_kv_write_and_glu_match_reference() {
     let mut rng = Rng(0xdead_beef_cafe_f00d);
     let b = two_sequence_batch();
     let mut be = CpuBackend::new(2);
-    be.begin_step(&b, 0, usize::MAX, usize::MAX).unwrap();
+    let st = be.begin_step(&b, 0, usize::MAX, usize::MAX).unwrap();
     let (n, d) = (b.n_tokens(), 96);
     // rms_norm, in place, fused with the residual add
     let g = rng.vec(d);
@@ -125,14 +125,14 @@ fn norms_rope_kv_write_and_glu_match_reference() {
             window: None,
             softcap: None,
         };
-        let mut kv = be.kv(48, nkv * hd).unwrap();
+        let mut kv = be.kv(&kv_spec(48, nkv * hd), 0).unwrap();
         let (q0, k0, v) = (
             rng.vec(n * nh * hd),
             rng.vec(n * nkv * hd),
             rng.vec(n * nkv * hd),
         );
         let (mut q, mut k) = (q0.clone(), k0.clone());
-        be.rope_kv_write(&mut q, &mut k, &v, &rope, &a, &mut kv)
+        be.rope_kv_write(&st, &mut q, &mut k, &v, &rope, &a, &mut kv)
             .unwrap();
         let (mut qw, mut kw) = (q0, k0);
         reference::rope(&mut qw, &b.positions, nh, hd, &rope);

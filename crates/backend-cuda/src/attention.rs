@@ -2,9 +2,10 @@
 //! prefill-shaped steps with query tiles, else the split-K kernel (key ranges per (token,
 //! head) merged by `attn_merge`). The fast path only: the parity mode's is in src/exact.rs.
 
+use crate::batch::CudaStep;
 use crate::memory::{CudaBuf, CudaKv};
 use crate::{check, CudaBackend};
-use quiver_backend::{AttnParams, Result};
+use quiver_backend::{AttnParams, Result, Step};
 
 /// The shapes attention takes (head dims 64, 128 and 256 are built), in either mode.
 pub(crate) fn check_attention(
@@ -34,16 +35,17 @@ impl CudaBackend {
     /// The fast path's attention over the step's `n` > 0 rows (shapes checked by the caller).
     pub(crate) fn attention_fast(
         &self,
+        st: &Step<CudaStep>,
         q: &CudaBuf,
         kv: &CudaKv,
         a: &AttnParams,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let n = self.step.rows;
+        let n = st.rows;
         let hd = a.head_dim;
         let window = a.window.map(|w| w as i32).unwrap_or(0);
         let softcap = a.softcap.unwrap_or(0.0);
-        if let Some((tiles, n_tiles)) = self.step.tiles() {
+        if let Some((tiles, n_tiles)) = st.ctx.tiles {
             if hd != 256 || self.cfg.flash_256 {
                 // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
                 let (name, parts) = match hd {
@@ -62,7 +64,7 @@ impl CudaBackend {
                         kv.v.ptr,
                         out.ptr(),
                         tiles,
-                        self.step.view,
+                        st.ctx.view,
                         a.n_head as i32,
                         a.n_head_kv as i32,
                         a.scale,
@@ -97,7 +99,7 @@ impl CudaBackend {
                 kv.v.ptr,
                 out.ptr(),
                 part,
-                self.step.view,
+                st.ctx.view,
                 a.n_head as i32,
                 a.n_head_kv as i32,
                 a.scale,

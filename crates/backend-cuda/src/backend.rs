@@ -5,6 +5,7 @@
 //! parity mode has no kernel for it, its arm returns `exact::missing("op")`.
 
 use crate::attention::check_attention;
+use crate::batch::CudaStep;
 use crate::context::Mode;
 use crate::embed::check_embed;
 use crate::memory::{CudaBuf, CudaKv};
@@ -14,7 +15,8 @@ use crate::rope::check_rope_kv_write;
 use crate::weights::{rows_cols, CudaWeight};
 use crate::{check, CudaBackend};
 use quiver_backend::{
-    Activation, AttnParams, Backend, BackendError, Batch, Result, RopeParams, Step, WeightBytes,
+    Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, Result, RopeParams, Step,
+    WeightBytes,
 };
 use quiver_gguf::GgmlType;
 
@@ -36,6 +38,7 @@ impl Backend for CudaBackend {
     type Buf = CudaBuf;
     type Weight = CudaWeight;
     type Kv = CudaKv;
+    type StepCtx = CudaStep;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -71,17 +74,24 @@ impl Backend for CudaBackend {
         self.zeroed_buf(n)
     }
 
-    fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<CudaKv> {
-        self.zeroed_kv(n_slots, kv_dim)
+    fn kv(&self, spec: &KvSpec, layer: usize) -> Result<CudaKv> {
+        if (spec.k, spec.v) != (KvType::F16, KvType::F16) {
+            return Err(BackendError::UnsupportedKv {
+                k: spec.k.name(),
+                v: spec.v.name(),
+                backend: "cuda",
+            });
+        }
+        self.zeroed_kv(spec.n_slots, spec.layer_dims[layer])
     }
 
-    fn begin_step(
+    fn begin_step<'b>(
         &mut self,
-        batch: &Batch,
+        batch: &'b Batch,
         state: u64,
         max_tokens: usize,
         max_logits: usize,
-    ) -> Result<Step> {
+    ) -> Result<Step<'b, CudaStep>> {
         self.begin(batch, state, max_tokens, max_logits)
     }
 
@@ -89,11 +99,17 @@ impl Backend for CudaBackend {
         Ok(self.graphs.end(ok, self.dev.stream))
     }
 
-    fn embed(&self, table: &CudaWeight, scale: f32, out: &mut CudaBuf) -> Result<()> {
-        check_embed(table, self.step.rows, out)?;
+    fn embed(
+        &self,
+        st: &Step<CudaStep>,
+        table: &CudaWeight,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        check_embed(table, st.rows, out)?;
         match &self.mode {
-            Mode::Fast => self.embed_fast(table, scale, out),
-            Mode::Parity(p) => p.embed(self, table, scale, out),
+            Mode::Fast => self.embed_fast(st, table, scale, out),
+            Mode::Parity(p) => p.embed(self, st, table, scale, out),
         }
     }
 
@@ -207,8 +223,14 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn matmul_logits(&self, w: &CudaWeight, x: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
-        let n = self.step.logit_rows;
+    fn matmul_logits(
+        &self,
+        st: &Step<CudaStep>,
+        w: &CudaWeight,
+        x: &CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = st.logit_rows;
         check("matmul_logits", out.len >= n * w.rows, || {
             format!("out {} for {n}×{}", out.len, w.rows)
         })?;
@@ -217,15 +239,16 @@ impl Backend for CudaBackend {
         }
         match &self.mode {
             Mode::Fast => {
-                let rows = self.logits_input(w, x, n)?;
+                let rows = self.logits_input(st, w, x, n)?;
                 self.mm(w, rows, n, out.ptr())
             }
-            Mode::Parity(p) => p.matmul_logits(self, w, x, n, out),
+            Mode::Parity(p) => p.matmul_logits(self, st, w, x, n, out),
         }
     }
 
     fn rope_kv_write(
         &self,
+        st: &Step<CudaStep>,
         q: &mut CudaBuf,
         k: &mut CudaBuf,
         v: &CudaBuf,
@@ -233,22 +256,29 @@ impl Backend for CudaBackend {
         a: &AttnParams,
         kv: &mut CudaKv,
     ) -> Result<()> {
-        check_rope_kv_write(q, k, v, rope, a, kv, self.step.rows)?;
+        check_rope_kv_write(q, k, v, rope, a, kv, st.rows)?;
         match &self.mode {
-            Mode::Fast => self.rope_kv_write_fast(q, k, v, rope, a, kv),
-            Mode::Parity(p) => p.rope_kv_write(self, q, k, v, rope, a, kv),
+            Mode::Fast => self.rope_kv_write_fast(st, q, k, v, rope, a, kv),
+            Mode::Parity(p) => p.rope_kv_write(self, st, q, k, v, rope, a, kv),
         }
     }
 
-    fn attention(&self, q: &CudaBuf, kv: &CudaKv, a: &AttnParams, out: &mut CudaBuf) -> Result<()> {
-        let n = self.step.rows;
+    fn attention(
+        &self,
+        st: &Step<CudaStep>,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        a: &AttnParams,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = st.rows;
         check_attention(q, kv, a, n, out)?;
         if n == 0 {
             return Ok(());
         }
         match &self.mode {
-            Mode::Fast => self.attention_fast(q, kv, a, out),
-            Mode::Parity(p) => p.attention(self, q, kv, a, out),
+            Mode::Fast => self.attention_fast(st, q, kv, a, out),
+            Mode::Parity(p) => p.attention(self, st, q, kv, a, out),
         }
     }
 

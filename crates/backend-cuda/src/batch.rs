@@ -53,63 +53,48 @@ impl Default for BatchView {
     }
 }
 
-/// The current step: its batch on the device and its shape, set by `begin_step`.
+/// Where the current step's batch lives on the device: reused from step to step. Ops never
+/// read it; they get the step's [`CudaStep`] from `begin_step`.
+#[derive(Default)]
 pub(crate) struct StepState {
-    /// The uploaded batch (`layout`), its host staging and the view of it.
+    /// The uploaded batch (`layout`) and its host staging.
     buf: Option<DevBuf>,
     layout: BatchLayout,
     host: Vec<u32>,
-    pub(crate) view: BatchView,
-    /// Token rows (padded to the graph bucket), logits rows, whether logits rows are 0..rows.
-    pub(crate) rows: usize,
-    pub(crate) logit_rows: usize,
-    pub(crate) logits_identity: bool,
-    /// This step's query tiles for the flash kernel ({seq, first token, tokens, 0}) and how
-    /// many there are on the device (0: the step uses the split-K kernel).
+    /// The flash kernel's query tiles ({seq, first token, tokens, 0}) and their device copy.
     tiles: Vec<[i32; 4]>,
     tile_buf: Option<DevBuf>,
-    n_tiles: usize,
 }
 
-impl Default for StepState {
-    fn default() -> Self {
-        StepState {
-            buf: None,
-            layout: BatchLayout::default(),
-            host: Vec::new(),
-            view: BatchView::default(),
-            rows: 0,
-            logit_rows: 0,
-            logits_identity: true,
-            tiles: Vec::new(),
-            tile_buf: None,
-            n_tiles: 0,
-        }
-    }
+/// The CUDA backend's part of a step (`Backend::StepCtx`): the batch as the kernels see it.
+#[derive(Clone, Copy)]
+pub struct CudaStep {
+    pub(crate) view: BatchView,
+    /// Logits rows are rows 0.. of the step (no gather before the output product).
+    pub(crate) logits_identity: bool,
+    /// The flash kernel's tiles on the device and their count (None: split-K attention).
+    pub(crate) tiles: Option<(u64, usize)>,
 }
 
-impl StepState {
-    /// The flash kernel's tiles on the device and their count, when this step has them.
-    pub(crate) fn tiles(&self) -> Option<(u64, usize)> {
-        (self.n_tiles > 0).then(|| (self.tile_buf.as_ref().unwrap().ptr, self.n_tiles))
-    }
-
-    /// The position of token row `t` of the step (as uploaded).
-    pub(crate) fn position(&self, t: usize) -> u32 {
-        self.host[self.layout.cap_t + t]
+impl std::fmt::Debug for CudaStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaStep")
+            .field("logits_identity", &self.logits_identity)
+            .field("tiles", &self.tiles.map(|t| t.1))
+            .finish_non_exhaustive()
     }
 }
 
 impl CudaBackend {
     /// `Backend::begin_step`: uploads the batch, decides the step's rows and kernels, and
     /// replays or captures its graph when it has one.
-    pub(crate) fn begin(
+    pub(crate) fn begin<'b>(
         &mut self,
-        batch: &Batch,
+        batch: &'b Batch,
         state: u64,
         max_tokens: usize,
         max_logits: usize,
-    ) -> Result<Step> {
+    ) -> Result<Step<'b, CudaStep>> {
         self.dev.bind().map_err(BackendError::Device)?;
         let n = batch.n_tokens();
         let nl = batch.logits.len();
@@ -125,21 +110,26 @@ impl CudaBackend {
             None => (n, nl),
         };
 
-        self.upload_batch(batch, rows, logit_rows, max_tokens)?;
-        self.step.rows = rows;
-        self.step.logit_rows = logit_rows;
-        let step = Step {
-            rows,
-            logit_rows,
-            replayed: false,
-        };
-        self.step.n_tiles = 0;
+        let (view, logits_identity) = self.upload_batch(batch, rows, logit_rows, max_tokens)?;
         // Flash attention for prefill-shaped steps only, decided by the batch's shape (not by
         // whether graphs are on), so that eager and replayed steps run the same kernels.
         let decode_shaped = graph_bucket(n, nl, max_tokens, max_logits).is_some();
-        if self.cfg.flash && !decode_shaped && batch.seqs.iter().any(|s| s.len > 1) {
-            self.upload_tiles(batch)?;
-        }
+        let tiles = if self.cfg.flash && !decode_shaped && batch.seqs.iter().any(|s| s.len > 1) {
+            self.upload_tiles(batch)?
+        } else {
+            None
+        };
+        let step = Step {
+            batch,
+            rows,
+            logit_rows,
+            replayed: false,
+            ctx: CudaStep {
+                view,
+                logits_identity,
+                tiles,
+            },
+        };
         if !graphable {
             self.graphs.stats.eager += 1;
             return Ok(step);
@@ -166,9 +156,9 @@ impl CudaBackend {
 
     /// Query tiles of up to 64 consecutive tokens per sequence for the flash kernel; none
     /// (split-K kernel) when a sequence's positions are not consecutive.
-    fn upload_tiles(&mut self, batch: &Batch) -> Result<()> {
+    fn upload_tiles(&mut self, batch: &Batch) -> Result<Option<(u64, usize)>> {
         if !query_tiles(batch, &mut self.step.tiles) {
-            return Ok(());
+            return Ok(None);
         }
         let bytes = self.step.tiles.len() * 16;
         if self.step.tile_buf.as_ref().is_none_or(|b| b.bytes < bytes) {
@@ -180,8 +170,7 @@ impl CudaBackend {
         self.dev
             .htod_async(s.tile_buf.as_ref().unwrap().ptr, &flat)
             .map_err(BackendError::Device)?;
-        s.n_tiles = s.tiles.len();
-        Ok(())
+        Ok(Some((s.tile_buf.as_ref().unwrap().ptr, s.tiles.len())))
     }
 
     fn upload_batch(
@@ -190,7 +179,7 @@ impl CudaBackend {
         rows: usize,
         logit_rows: usize,
         max_tokens: usize,
-    ) -> Result<()> {
+    ) -> Result<(BatchView, bool)> {
         let n = batch.n_tokens();
         let n_seqs = batch.seqs.len();
         let bt_total: usize = batch
@@ -241,7 +230,7 @@ impl CudaBackend {
         for i in 0..logit_rows {
             h[4 * ct + i] = batch.logits.get(i).copied().unwrap_or(i as u32);
         }
-        s.logits_identity = (0..logit_rows).all(|i| h[4 * ct + i] as usize == i);
+        let logits_identity = (0..logit_rows).all(|i| h[4 * ct + i] as usize == i);
         let mut off = 0u32;
         for (si, sq) in batch.seqs.iter().enumerate() {
             h[5 * ct + si] = sq.kv_len as u32;
@@ -256,7 +245,7 @@ impl CudaBackend {
         let base = s.buf.as_ref().unwrap().ptr;
         self.dev.htod_async(base, h).map_err(BackendError::Device)?;
         let at = |w: usize| base + 4 * w as u64;
-        s.view = BatchView {
+        let view = BatchView {
             tokens: at(0),
             pos: at(ct),
             slot: at(2 * ct),
@@ -267,7 +256,7 @@ impl CudaBackend {
             block_tables: at(5 * ct + 2 * cs),
             block_size: batch.block_size as u32,
         };
-        Ok(())
+        Ok((view, logits_identity))
     }
 }
 

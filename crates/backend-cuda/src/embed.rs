@@ -1,10 +1,11 @@
 //! Token embedding: each token's row of the table dequantized and scaled (quant.cu
 //! `embed_T`). The fast path only: the parity mode's gather is in src/exact.rs.
 
+use crate::batch::CudaStep;
 use crate::memory::CudaBuf;
 use crate::weights::CudaWeight;
 use crate::{check, CudaBackend};
-use quiver_backend::Result;
+use quiver_backend::{Result, Step};
 
 /// The shapes `embed` takes over the step's `n` rows, in either mode.
 pub(crate) fn check_embed(table: &CudaWeight, n: usize, out: &CudaBuf) -> Result<()> {
@@ -18,6 +19,7 @@ impl CudaBackend {
     /// (`embed_T`), or the parity mode's (`x_embed_T`), which takes the same arguments.
     pub(crate) fn launch_embed(
         &self,
+        st: &Step<CudaStep>,
         module: &str,
         name: &str,
         table: &CudaWeight,
@@ -27,11 +29,11 @@ impl CudaBackend {
         self.launch(
             module,
             name,
-            (self.step.rows.max(1) as u32, 1, 1),
+            (st.rows.max(1) as u32, 1, 1),
             (128, 1, 1),
             args![
                 table.data.ptr,
-                self.step.view.tokens,
+                st.ctx.view.tokens,
                 out.ptr(),
                 table.cols as i32,
                 table.row_bytes as i64,
@@ -43,10 +45,18 @@ impl CudaBackend {
     /// The fast path's embedding (shapes checked by the caller).
     pub(crate) fn embed_fast(
         &self,
+        st: &Step<CudaStep>,
         table: &CudaWeight,
         scale: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.launch_embed(&table.names.module, &table.names.embed, table, scale, out)
+        self.launch_embed(
+            st,
+            &table.names.module,
+            &table.names.embed,
+            table,
+            scale,
+            out,
+        )
     }
 }

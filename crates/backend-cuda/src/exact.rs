@@ -20,6 +20,7 @@
 //! path already round as the CPU does and are shared. Soft-capping (Gemma 2) is the fast path's
 //! kernel (libm's tanhf is not reproduced).
 
+use crate::batch::CudaStep;
 use crate::dev::DevBuf;
 use crate::launch::grid1;
 use crate::memory::{CudaBuf, CudaKv};
@@ -29,7 +30,7 @@ use crate::weights::CudaWeight;
 use crate::{check, CudaBackend, CudaConfig};
 use quiver_backend::{
     reference, Activation, AttnParams, BackendError, Result, RopeAngles, RopeMode, RopeParams,
-    WeightBytes,
+    Step, WeightBytes,
 };
 use quiver_cpu_kernels::SimdLevel;
 use quiver_gguf::GgmlType;
@@ -105,11 +106,12 @@ impl Parity {
     pub(crate) fn embed(
         &self,
         be: &CudaBackend,
+        st: &Step<CudaStep>,
         table: &CudaWeight,
         scale: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        be.launch_embed("exact", &table.names.x_embed, table, scale, out)
+        be.launch_embed(st, "exact", &table.names.x_embed, table, scale, out)
     }
 
     /// The norm of `n.rows` > 0 rows, f64-summed as the CPU's (shapes checked by the caller).
@@ -216,12 +218,13 @@ impl Parity {
     pub(crate) fn matmul_logits(
         &self,
         be: &CudaBackend,
+        st: &Step<CudaStep>,
         w: &CudaWeight,
         x: &CudaBuf,
         n: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let rows = be.logits_input(w, x, n)?;
+        let rows = be.logits_input(st, w, x, n)?;
         self.mm(be, w, rows, n, out.ptr())
     }
 
@@ -231,6 +234,7 @@ impl Parity {
     pub(crate) fn rope_kv_write(
         &self,
         be: &CudaBackend,
+        st: &Step<CudaStep>,
         q: &mut CudaBuf,
         k: &mut CudaBuf,
         v: &CudaBuf,
@@ -238,7 +242,7 @@ impl Parity {
         a: &AttnParams,
         kv: &mut CudaKv,
     ) -> Result<()> {
-        let n = be.step.rows;
+        let n = st.rows;
         if n == 0 {
             return Ok(());
         }
@@ -256,7 +260,7 @@ impl Parity {
         table.resize(n * 2 * half, 0.0);
         for (t, row) in table.chunks_exact_mut(2 * half.max(1)).enumerate() {
             let (sin, cos) = row.split_at_mut(half);
-            angles.at(be.step.position(t), sin, cos);
+            angles.at(st.batch.positions[t], sin, cos);
         }
         let sc = be.grow(&mut s.sincos, table.len().max(1) * 4, "rope angles")?;
         be.dev.htod_sync(sc, table).map_err(BackendError::Device)?;
@@ -273,7 +277,7 @@ impl Parity {
                 kv.k.ptr,
                 kv.v.ptr,
                 sc,
-                be.step.view,
+                st.ctx.view,
                 a.n_head as i32,
                 a.n_head_kv as i32,
                 a.head_dim as i32,
@@ -289,12 +293,13 @@ impl Parity {
     pub(crate) fn attention(
         &self,
         be: &CudaBackend,
+        st: &Step<CudaStep>,
         q: &CudaBuf,
         kv: &CudaKv,
         a: &AttnParams,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let n = be.step.rows;
+        let n = st.rows;
         check("attention", a.head_dim <= 256 && a.n_head <= 1024, || {
             format!(
                 "head dim {} / {} heads (QUIVER_CUDA_EXACT=1 takes up to 256 / 1024)",
@@ -312,7 +317,7 @@ impl Parity {
                 kv.k.ptr,
                 kv.v.ptr,
                 out.ptr(),
-                be.step.view,
+                st.ctx.view,
                 a.n_head as i32,
                 a.n_head_kv as i32,
                 a.head_dim as i32,

@@ -39,6 +39,7 @@ mod weights;
 use quiver_backend::{BackendError, Result};
 use quiver_gguf::GgmlType;
 
+pub use batch::CudaStep;
 pub use config::CudaConfig;
 pub use context::CudaBackend;
 pub use dev::{probe, DeviceInfo};

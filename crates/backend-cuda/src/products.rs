@@ -4,11 +4,12 @@
 //! weight copies, and how `matmul`, `matmul_qkv`, `matmul_glu` and `matmul_logits` choose
 //! between them. The fast path only: the parity mode's products are in src/exact.rs.
 
+use crate::batch::CudaStep;
 use crate::launch::grid1;
 use crate::memory::CudaBuf;
 use crate::weights::CudaWeight;
 use crate::{act_grid, check, derr, registry, CudaBackend};
-use quiver_backend::{Activation, Result};
+use quiver_backend::{Activation, Result, Step};
 use quiver_gguf::GgmlType;
 
 /// Tokens per matrix-vector launch (the kernels keep one accumulator per token).
@@ -436,8 +437,14 @@ impl CudaBackend {
 
     /// The rows of x `matmul_logits` multiplies: x itself when the step's logits rows are
     /// 0..n, else those rows gathered into scratch (shared by the parity mode).
-    pub(crate) fn logits_input(&self, w: &CudaWeight, x: &CudaBuf, n: usize) -> Result<u64> {
-        if self.step.logits_identity {
+    pub(crate) fn logits_input(
+        &self,
+        st: &Step<CudaStep>,
+        w: &CudaWeight,
+        x: &CudaBuf,
+        n: usize,
+    ) -> Result<u64> {
+        if st.ctx.logits_identity {
             return Ok(x.ptr());
         }
         let g = self.scratch_ptr(|s| &mut s.gather, n * w.cols * 4, "logits rows")?;
@@ -446,7 +453,7 @@ impl CudaBackend {
             "gather_rows",
             (n as u32, 1, 1),
             (256, 1, 1),
-            args![x.ptr(), self.step.view.logit_rows, g, w.cols as i32],
+            args![x.ptr(), st.ctx.view.logit_rows, g, w.cols as i32],
         )?;
         Ok(g)
     }

@@ -2,9 +2,10 @@
 //! and written with v into the f16 cache at each token's slot. The fast path only: the parity
 //! mode's is in src/exact.rs.
 
+use crate::batch::CudaStep;
 use crate::memory::{CudaBuf, CudaKv};
 use crate::{check, CudaBackend};
-use quiver_backend::{AttnParams, BackendError, Result, RopeMode, RopeParams};
+use quiver_backend::{AttnParams, BackendError, Result, RopeMode, RopeParams, Step};
 
 /// The shapes `rope_kv_write` takes, in either mode.
 pub(crate) fn check_rope_kv_write(
@@ -34,8 +35,10 @@ pub(crate) fn check_rope_kv_write(
 
 impl CudaBackend {
     /// The fast path's rope and KV write over the step's rows (shapes checked by the caller).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_kv_write_fast(
         &self,
+        st: &Step<CudaStep>,
         q: &mut CudaBuf,
         k: &mut CudaBuf,
         v: &CudaBuf,
@@ -43,7 +46,7 @@ impl CudaBackend {
         a: &AttnParams,
         kv: &mut CudaKv,
     ) -> Result<()> {
-        let n = self.step.rows;
+        let n = st.rows;
         let th = self.theta_ptr(rope)?;
         let mode = i32::from(rope.mode == RopeMode::Neox);
         self.launch(
@@ -57,8 +60,8 @@ impl CudaBackend {
                 v.ptr(),
                 kv.k.ptr,
                 kv.v.ptr,
-                self.step.view.pos,
-                self.step.view.slot,
+                st.ctx.view.pos,
+                st.ctx.view.slot,
                 th,
                 a.n_head as i32,
                 a.n_head_kv as i32,

@@ -2,7 +2,7 @@
 //! unwritten element fails). Needs a GPU: `#[ignore]`d, so CI reports them as ignored; on a
 //! GPU machine run the test binary with `--include-ignored` (docs/GPU.md).
 
-use quiver_backend::testing::{rel_err, two_sequence_batch, Rng};
+use quiver_backend::testing::{kv_spec, rel_err, two_sequence_batch, Rng};
 use quiver_backend::{
     reference, Activation, AttnParams, Backend, Batch, RopeMode, RopeParams, SeqSpan, WeightBytes,
 };
@@ -248,9 +248,9 @@ fn matmul_and_embedding_match_reference_for_every_type() {
         let w = load(be);
         let mut b = Batch::single(&[5, 0, 95, 17], 0, &[0], 16, vec![3]);
         b.tokens = vec![5, 0, 95, 17];
-        be.begin_step(&b, 1, 8, 8).unwrap();
+        let st = be.begin_step(&b, 1, 8, 8).unwrap();
         let mut out = poison(be, 4 * cols);
-        be.embed(&w, 1.5, &mut out).unwrap();
+        be.embed(&st, &w, 1.5, &mut out).unwrap();
         be.end_step(true).unwrap();
         let got = read(be, &out, 4 * cols);
         let want: Vec<f32> = b
@@ -275,9 +275,9 @@ fn matmul_and_embedding_match_reference_for_every_type() {
             Err(quiver_backend::BackendError::Unsupported { .. }) => continue,
             Err(e) => panic!("{ty}: {e}"),
         };
-        exact.begin_step(&b, 1, 8, 8).unwrap();
+        let xst = exact.begin_step(&b, 1, 8, 8).unwrap();
         let mut out = poison(&exact, 4 * cols);
-        exact.embed(&wx, 1.5, &mut out).unwrap();
+        exact.embed(&xst, &wx, 1.5, &mut out).unwrap();
         exact.end_step(true).unwrap();
         let got = read(&exact, &out, 4 * cols);
         let differ = bits_differ(&got, &want);
@@ -321,11 +321,12 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
         ..CudaConfig::from_env()
     };
     let mut be = backend_with(config(None));
-    let mut fixed = [1, 3].map(|splits| (splits, backend_with(config(Some(splits)))));
-    be.begin_step(&b, 2, 64, 64).unwrap();
-    for (_, fb) in &mut fixed {
-        fb.begin_step(&b, 2, 64, 64).unwrap();
-    }
+    let mut fixed = [1, 3].map(|splits| {
+        let mut fb = backend_with(config(Some(splits)));
+        let st = fb.begin_step(&b, 2, 64, 64).unwrap();
+        (splits, fb, st)
+    });
+    let st = be.begin_step(&b, 2, 64, 64).unwrap();
     for n_slots in [48usize, 4096] {
         for (hd, nh, nkv, window, softcap) in [
             (64, 4, 2, None, None),
@@ -350,7 +351,7 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
                 .collect();
             let qb = be.buf_from(&q).unwrap();
             let mut out = poison(&be, q.len());
-            be.attention(&qb, &kv, &a, &mut out).unwrap();
+            be.attention(&st, &qb, &kv, &a, &mut out).unwrap();
             let got = read(&be, &out, q.len());
             let mut want = vec![0.0; q.len()];
             reference::attention(&q, &kf, &vf, &b, &a, &mut want);
@@ -361,19 +362,19 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
             );
             // One range per (token, head) (no merge) and three (merged) agree with the reference.
             let (kc, vc) = be.read_kv(&kv).unwrap();
-            for (splits, fb) in &fixed {
-                let mut kv2 = fb.kv(n_slots, nkv * hd).unwrap();
+            for (splits, fb, fst) in &fixed {
+                let mut kv2 = fb.kv(&kv_spec(n_slots, nkv * hd), 0).unwrap();
                 fb.write_kv(&mut kv2, &kc, &vc).unwrap();
                 let qb2 = fb.buf_from(&q).unwrap();
                 let mut o2 = poison(fb, q.len());
-                fb.attention(&qb2, &kv2, &a, &mut o2).unwrap();
+                fb.attention(fst, &qb2, &kv2, &a, &mut o2).unwrap();
                 let e = rel_err(&read(fb, &o2, q.len()), &want);
                 assert!(e < 1e-5, "hd {hd} slots {n_slots}, {splits} splits: {e}");
             }
         }
     }
     be.end_step(true).unwrap();
-    for (_, fb) in &mut fixed {
+    for (_, fb, _) in &mut fixed {
         fb.end_step(true).unwrap();
     }
 }
@@ -386,7 +387,7 @@ fn random_kv(
     n_slots: usize,
     kv_dim: usize,
 ) -> (quiver_backend_cuda::CudaKv, Vec<f32>, Vec<f32>) {
-    let mut kv = be.kv(n_slots, kv_dim).unwrap();
+    let mut kv = be.kv(&kv_spec(n_slots, kv_dim), 0).unwrap();
     let kh: Vec<half::f16> = rng
         .vec(n_slots * kv_dim)
         .iter()
@@ -423,7 +424,7 @@ fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
         graphs: false,
         ..CudaConfig::from_env()
     });
-    be.begin_step(&b, 3, 64, 64).unwrap();
+    let st = be.begin_step(&b, 3, 64, 64).unwrap();
     let (n, d) = (b.n_tokens(), 96);
     let g = rng.vec(d);
     let w = vector(&be, &g);
@@ -498,8 +499,8 @@ fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
             be.buf_from(&k).unwrap(),
             be.buf_from(&v).unwrap(),
         );
-        let mut kv = be.kv(n_slots, nkv * hd).unwrap();
-        be.rope_kv_write(&mut qb, &mut kb, &vb, &rope, &a, &mut kv)
+        let mut kv = be.kv(&kv_spec(n_slots, nkv * hd), 0).unwrap();
+        be.rope_kv_write(&st, &mut qb, &mut kb, &vb, &rope, &a, &mut kv)
             .unwrap();
         let (mut qw, mut kw) = (q.clone(), k.clone());
         reference::rope(&mut qw, &b.positions, nh, hd, &rope);
@@ -626,7 +627,7 @@ fn flash_attention_prefill_matches_reference() {
     b.slots = (0..n)
         .map(|t| b.slot(b.seq_of[t] as usize, b.positions[t] as usize) as u32)
         .collect();
-    be.begin_step(&b, 4, 256, 256).unwrap();
+    let st = be.begin_step(&b, 4, 256, 256).unwrap();
     for (hd, nh, nkv, window, softcap) in [
         (64, 4, 2, None, None),
         (128, 8, 2, None, None),
@@ -649,7 +650,7 @@ fn flash_attention_prefill_matches_reference() {
         let q: Vec<f32> = rng.vec(n * nh * hd).iter().map(|x| x * 3.0).collect();
         let qb = be.buf_from(&q).unwrap();
         let mut out = poison(&be, q.len());
-        be.attention(&qb, &kv, &a, &mut out).unwrap();
+        be.attention(&st, &qb, &kv, &a, &mut out).unwrap();
         let got = read(&be, &out, q.len());
         let mut want = vec![0.0; q.len()];
         reference::attention(&q, &kf, &vf, &b, &a, &mut want);

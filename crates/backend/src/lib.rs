@@ -27,6 +27,12 @@ pub enum BackendError {
         ty: GgmlType,
         backend: &'static str,
     },
+    #[error("the {backend} backend has no KV cache of K {k} and V {v}")]
+    UnsupportedKv {
+        k: &'static str,
+        v: &'static str,
+        backend: &'static str,
+    },
     #[error("{0}")]
     Device(String),
     #[error("{what} need {} but the {device} backend has {} available{hint}", human_bytes(*need), human_bytes(*available))]
@@ -206,6 +212,60 @@ pub struct AttnParams {
     pub softcap: Option<f32>,
 }
 
+/// Tokens per block of the paged KV pool.
+pub const KV_BLOCK_SIZE: usize = 16;
+
+/// How K or V values are stored in the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    /// IEEE half precision (llama.cpp's default).
+    F16,
+}
+
+impl KvType {
+    /// Bytes one row of `dim` values takes.
+    pub fn row_bytes(self, dim: usize) -> u64 {
+        match self {
+            KvType::F16 => 2 * dim as u64,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+        }
+    }
+}
+
+/// The KV cache a model asks of a backend: element types, the paged pool's size and each
+/// layer's row width. Bytes follow from it, before anything is allocated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvSpec {
+    pub k: KvType,
+    pub v: KvType,
+    /// Tokens per block of the paged pool.
+    pub block_size: usize,
+    /// Positions in the pool (a whole number of blocks).
+    pub n_slots: usize,
+    /// `n_head_kv * head_dim` of each layer.
+    pub layer_dims: Vec<usize>,
+}
+
+impl KvSpec {
+    /// Bytes one position takes over every layer, K and V.
+    pub fn bytes_per_token(&self) -> u64 {
+        self.layer_dims
+            .iter()
+            .map(|&d| self.k.row_bytes(d) + self.v.row_bytes(d))
+            .sum()
+    }
+
+    /// Bytes of the whole cache.
+    pub fn bytes(&self) -> u64 {
+        self.bytes_per_token().saturating_mul(self.n_slots as u64)
+    }
+}
+
 /// Element-wise gated activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -223,6 +283,8 @@ pub trait Backend {
     type Weight;
     /// One layer's K and V cache over the paged pool.
     type Kv;
+    /// The backend's part of a step: where the step's batch lives on its device.
+    type StepCtx: Copy;
 
     fn name(&self) -> &'static str;
 
@@ -236,32 +298,30 @@ pub trait Backend {
     ) -> Result<Self::Weight>;
     /// A zeroed activation buffer of `n` f32.
     fn buf(&self, n: usize) -> Result<Self::Buf>;
-    /// K/V for one layer: `n_slots` positions of `n_head_kv * head_dim` each.
-    fn kv(&self, n_slots: usize, kv_dim: usize) -> Result<Self::Kv>;
-    /// Bytes `kv(n_slots, kv_dim)` takes (K and V together).
-    fn kv_bytes(&self, n_slots: usize, kv_dim: usize) -> u64 {
-        (n_slots as u64)
-            .saturating_mul(kv_dim as u64)
-            .saturating_mul(2 * 2)
-    }
+    /// K/V of layer `layer` of the cache `spec` describes (`spec.n_slots` positions of
+    /// `spec.layer_dims[layer]` values each). A backend refuses element types it has no
+    /// kernels for with `BackendError::Unsupported`-style errors naming the type.
+    fn kv(&self, spec: &KvSpec, layer: usize) -> Result<Self::Kv>;
     /// Memory the backend's buffers can still take, where known: the model checks its
     /// workspace against it before allocating anything.
     fn memory_available(&self) -> Option<u64> {
         None
     }
 
-    /// Starts a forward step: makes the batch's index arrays visible to the device. The batch
-    /// is valid (`Batch::validate`; `Model::forward` checks it once per step). `state`
-    /// names the caller's buffers (a step captured over one state is never replayed over
-    /// another); `max_tokens` / `max_logits` are what its buffers hold. When the returned step
-    /// says `replayed`, the backend has already run the whole step and the caller skips the ops.
-    fn begin_step(
+    /// Starts a forward step: makes the batch's index arrays visible to the device and returns
+    /// the step every batch-dependent op takes (no op reads per-step state kept elsewhere).
+    /// The batch is valid (`Batch::validate`; `Model::forward` checks it once per step).
+    /// `state` names the caller's buffers (a step captured over one state is never replayed
+    /// over another); `max_tokens` / `max_logits` are what its buffers hold. When the
+    /// returned step says `replayed`, the backend has already run the whole step and the
+    /// caller skips the ops.
+    fn begin_step<'b>(
         &mut self,
-        batch: &Batch,
+        batch: &'b Batch,
         state: u64,
         max_tokens: usize,
         max_logits: usize,
-    ) -> Result<Step>;
+    ) -> Result<Step<'b, Self::StepCtx>>;
     /// Ends a step whose ops the caller ran (`ok`: all of them succeeded). Ok(false) means
     /// the ops were only recorded (a graph capture) and the recording could not be kept: the
     /// caller runs the ops again, which the backend then executes one by one.
@@ -270,8 +330,14 @@ pub trait Backend {
         Ok(true)
     }
 
-    /// out[t] = dequantized row `batch.tokens[t]` of `table` · scale   // out: [n_tokens, cols]
-    fn embed(&self, table: &Self::Weight, scale: f32, out: &mut Self::Buf) -> Result<()>;
+    /// out[t] = dequantized row `batch.tokens[t]` of `table` · scale   // out: [step.rows, cols]
+    fn embed(
+        &self,
+        step: &Step<Self::StepCtx>,
+        table: &Self::Weight,
+        scale: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// out[t] = x[t] / rms(x[t]) · w, rows of `w.len()`                 // x, out: [rows, cols]
     fn rms_norm(
         &self,
@@ -342,12 +408,21 @@ pub trait Backend {
     }
     /// Rows of a weight matrix.
     fn weight_rows(&self, w: &Self::Weight) -> usize;
-    /// Like `matmul` over only the rows of x listed by `batch.logits` (packed into out).
-    fn matmul_logits(&self, w: &Self::Weight, x: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
+    /// Like `matmul` over only the rows of x listed by `batch.logits` (packed into out,
+    /// `step.logit_rows` rows).
+    fn matmul_logits(
+        &self,
+        step: &Step<Self::StepCtx>,
+        w: &Self::Weight,
+        x: &Self::Buf,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// Rotates q [n_tokens, n_head, head_dim] in place; rotates k and writes k and v
     /// [n_tokens, n_head_kv, head_dim] into the cache at each token's slot.
+    #[allow(clippy::too_many_arguments)]
     fn rope_kv_write(
         &self,
+        step: &Step<Self::StepCtx>,
         q: &mut Self::Buf,
         k: &mut Self::Buf,
         v: &Self::Buf,
@@ -359,6 +434,7 @@ pub trait Backend {
     /// q: [n_tokens, n_head, head_dim] → out: [n_tokens, n_head, head_dim]
     fn attention(
         &self,
+        step: &Step<Self::StepCtx>,
         q: &Self::Buf,
         kv: &Self::Kv,
         attn: &AttnParams,
@@ -414,9 +490,11 @@ pub trait Backend {
     }
 }
 
-/// What `begin_step` decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Step {
+/// A forward step in progress, as `begin_step` decided it: the batch, the rows the ops run
+/// over, and the backend's handle to the batch on its device (`ctx`).
+#[derive(Clone, Copy, Debug)]
+pub struct Step<'b, C> {
+    pub batch: &'b Batch,
     /// Token rows the step's ops run over: the batch's tokens plus any padding rows (a graph
     /// bucket), which the backend makes harmless (no KV write, no attention).
     pub rows: usize,
@@ -424,15 +502,18 @@ pub struct Step {
     pub logit_rows: usize,
     /// The backend ran the whole step from a captured graph.
     pub replayed: bool,
+    pub ctx: C,
 }
 
-impl Step {
+impl<'b, C> Step<'b, C> {
     /// A step run op by op over exactly the batch's rows.
-    pub fn eager(batch: &Batch) -> Step {
+    pub fn eager(batch: &'b Batch, ctx: C) -> Step<'b, C> {
         Step {
+            batch,
             rows: batch.n_tokens(),
             logit_rows: batch.logits.len(),
             replayed: false,
+            ctx,
         }
     }
 }

@@ -1,7 +1,18 @@
 //! Helpers the backends' op-parity tests share: random inputs, relative error, and the
 //! two-sequence paged batch every op is checked over.
 
-use crate::{Batch, SeqSpan};
+use crate::{Batch, KvSpec, KvType, SeqSpan, KV_BLOCK_SIZE};
+
+/// An f16 cache of one layer: `n_slots` positions of `kv_dim` values.
+pub fn kv_spec(n_slots: usize, kv_dim: usize) -> KvSpec {
+    KvSpec {
+        k: KvType::F16,
+        v: KvType::F16,
+        block_size: KV_BLOCK_SIZE,
+        n_slots,
+        layer_dims: vec![kv_dim],
+    }
+}
 
 /// xorshift64 floats in [-1, 1).
 pub struct Rng(pub u64);

@@ -4,7 +4,6 @@ use crate::engine::{self, LoadArgs};
 use anyhow::{bail, Context, Result};
 use quiver_backend_cpu::CpuBackend;
 use quiver_engine::serve::ServeOptions;
-use quiver_gguf::GgufFile;
 use quiver_tokenizer::chat::ChatTemplate;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,22 +44,6 @@ pub struct ServeArgs {
     pub shutdown_grace: u64,
 }
 
-/// Bytes of f16 KV per token.
-fn kv_bytes_per_token(f: &GgufFile) -> usize {
-    let h = match f.hparams() {
-        Ok(h) => h,
-        Err(_) => return 64 << 10,
-    };
-    let g = |k: &str| h.u32(k).ok().flatten().map(|v| v as usize);
-    let n_layer = g("block_count").unwrap_or(32);
-    let n_head = g("attention.head_count").unwrap_or(32).max(1);
-    let n_kv = g("attention.head_count_kv").unwrap_or(n_head);
-    let head_dim = g("embedding_length").map(|e| e / n_head).unwrap_or(128);
-    let k = g("attention.key_length").unwrap_or(head_dim);
-    let v = g("attention.value_length").unwrap_or(head_dim);
-    n_layer * n_kv * (k + v) * 2
-}
-
 pub fn run(a: ServeArgs) -> Result<()> {
     let path = crate::resolve(a.load.model.as_deref())?;
     let file = engine::open_path(&path)?;
@@ -68,7 +51,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let tmpl = ChatTemplate::for_model(&file)?;
     let n_ctx = engine::n_ctx(&a.load, &file);
     let bs = quiver_engine::BLOCK_SIZE;
-    let per_block = kv_bytes_per_token(&file) * bs;
+    // Bytes of one block of the pool, as the model's KV cache asks.
+    let hp = quiver_models::hparams(&file)?;
+    let per_block = hp.kv_spec(bs, quiver_backend::KvType::F16).bytes() as usize;
     let want = a.max_seqs as usize * n_ctx.div_ceil(bs);
     let kv_blocks = match (a.kv_blocks, a.kv_mem) {
         (Some(n), _) => n as usize,

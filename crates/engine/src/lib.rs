@@ -24,7 +24,7 @@ use quiver_models::ModelError;
 use quiver_tokenizer::Tokenizer;
 
 /// Tokens per KV block.
-pub const BLOCK_SIZE: usize = 16;
+pub const BLOCK_SIZE: usize = quiver_backend::KV_BLOCK_SIZE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

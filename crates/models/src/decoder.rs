@@ -1,7 +1,7 @@
 //! The decoder-only transformer forward shared by llama and gemma3, over a flat batch.
 
 use crate::{weight, Hparams, ModelError, Result};
-use quiver_backend::{AttnParams, Backend, Batch, RopeParams, Step};
+use quiver_backend::{AttnParams, Backend, Batch, KvType, RopeParams, Step};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
@@ -127,8 +127,9 @@ impl<B: Backend> Model<B> {
         let hp = &self.hp;
         let n = max_tokens;
         let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        let spec = hp.kv_spec(n_slots, KvType::F16);
         // Everything below, checked before any of it is allocated.
-        let kv = b.kv_bytes(n_slots, kvd).saturating_mul(hp.n_layer as u64);
+        let kv = spec.bytes();
         let floats = (n as u64)
             .saturating_mul((3 * hp.n_embd + 2 * qd + 2 * kvd + 3 * hp.n_ff) as u64)
             .saturating_add((max_logits as u64).saturating_mul(hp.n_vocab as u64));
@@ -151,7 +152,7 @@ impl<B: Backend> Model<B> {
         Ok(State {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             kv: (0..hp.n_layer)
-                .map(|_| b.kv(n_slots, kvd))
+                .map(|i| b.kv(&spec, i))
                 .collect::<std::result::Result<_, _>>()?,
             n_slots,
             max_tokens,
@@ -196,10 +197,10 @@ impl<B: Backend> Model<B> {
         if step.replayed {
             return Ok(());
         }
-        let r = self.ops(b, s, step);
+        let r = self.ops(b, s, &step);
         if !b.end_step(r.is_ok())? {
             // A capture that failed recorded the ops without running them: run them now.
-            let r = self.ops(b, s, step);
+            let r = self.ops(b, s, &step);
             b.end_step(r.is_ok())?;
             return r;
         }
@@ -207,13 +208,13 @@ impl<B: Backend> Model<B> {
     }
 
     /// The ops of one step over `step.rows` token rows.
-    fn ops(&self, b: &mut B, s: &mut State<B>, step: Step) -> Result<()> {
+    fn ops(&self, b: &mut B, s: &mut State<B>, step: &Step<B::StepCtx>) -> Result<()> {
         let n = step.rows;
         let hp = &self.hp;
         let dump = Dump::new();
         let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
         let eps = hp.rms_eps;
-        b.embed(&self.tok_embd, hp.embed_scale, &mut s.x)?;
+        b.embed(step, &self.tok_embd, hp.embed_scale, &mut s.x)?;
         b.rms_norm(&s.x, &self.layers[0].attn_norm, eps, n, &mut s.xn)?;
         for (i, l) in self.layers.iter().enumerate() {
             dump.put(b, "attn_norm", i, &s.xn, n * hp.n_embd);
@@ -228,10 +229,18 @@ impl<B: Backend> Model<B> {
                 b.rms_norm_inplace(&mut s.k, kn, eps, n * hp.n_head_kv)?;
             }
             dump.put(b, "Vcur", i, &s.v, n * kvd);
-            b.rope_kv_write(&mut s.q, &mut s.k, &s.v, &l.rope, &l.attn, &mut s.kv[i])?;
+            b.rope_kv_write(
+                step,
+                &mut s.q,
+                &mut s.k,
+                &s.v,
+                &l.rope,
+                &l.attn,
+                &mut s.kv[i],
+            )?;
             dump.put(b, "Qcur_f16", i, &s.q, n * qd);
             dump.put(b, "Kcur", i, &s.k, n * kvd);
-            b.attention(&s.q, &s.kv[i], &l.attn, &mut s.attn)?;
+            b.attention(step, &s.q, &s.kv[i], &l.attn, &mut s.attn)?;
             dump.put(b, "kqv_out", i, &s.attn, n * qd);
             b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
             dump.put(b, "attn_out", i, &s.o, n * hp.n_embd);
@@ -268,7 +277,7 @@ impl<B: Backend> Model<B> {
         }
         dump.put(b, "result_norm", usize::MAX, &s.xn, n * hp.n_embd);
         let out = self.output.as_ref().unwrap_or(&self.tok_embd);
-        b.matmul_logits(out, &s.xn, &mut s.logits)?;
+        b.matmul_logits(step, out, &s.xn, &mut s.logits)?;
         dump.put(
             b,
             "result_output",

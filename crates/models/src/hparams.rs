@@ -34,6 +34,19 @@ pub struct Hparams {
     pub final_softcap: Option<f32>,
 }
 
+impl Hparams {
+    /// The KV cache of `n_slots` positions this model needs, in element type `ty`.
+    pub fn kv_spec(&self, n_slots: usize, ty: quiver_backend::KvType) -> quiver_backend::KvSpec {
+        quiver_backend::KvSpec {
+            k: ty,
+            v: ty,
+            block_size: quiver_backend::KV_BLOCK_SIZE,
+            n_slots,
+            layer_dims: vec![self.n_head_kv * self.head_dim; self.n_layer],
+        }
+    }
+}
+
 /// Reads the keys shared by llama-family files.
 pub(crate) struct Reader<'a> {
     pub f: &'a GgufFile,

@@ -42,13 +42,17 @@ pub type Result<T> = std::result::Result<T, ModelError>;
 
 /// Loads the model of the file's architecture onto a backend.
 pub fn load<B: Backend>(backend: &B, file: &Arc<GgufFile>) -> Result<Model<B>> {
-    let arch = file.arch()?.to_string();
-    let hp = match arch.as_str() {
-        "llama" => llama::hparams(file)?,
-        "gemma3" => gemma3::hparams(file)?,
-        other => return Err(ModelError::UnknownArch(other.into())),
-    };
-    decoder::load(backend, file, hp)
+    decoder::load(backend, file, hparams(file)?)
+}
+
+/// The hyperparameters of the file's architecture, without loading any weight (sizing a KV
+/// pool before the load, say).
+pub fn hparams(file: &GgufFile) -> Result<Hparams> {
+    match file.arch()? {
+        "llama" => llama::hparams(file),
+        "gemma3" => gemma3::hparams(file),
+        other => Err(ModelError::UnknownArch(other.into())),
+    }
 }
 
 /// Fetches a tensor, checks its shape, and hands its bytes to the backend.
