@@ -26,9 +26,19 @@ def model_path() -> Path:
     return p
 
 
+def quiver_exe() -> Path:
+    """The binary under test: $QUIVER_BIN, else $CARGO_TARGET_DIR/release/quiver, else target/."""
+    if os.environ.get("QUIVER_BIN"):
+        return Path(os.environ["QUIVER_BIN"])
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target")
+    if not target.is_absolute():
+        target = ROOT / target
+    return target / "release" / "quiver"
+
+
 class Server:
     def __init__(self, *args: str, keys=(KEY,)):
-        exe = ROOT / "target" / "release" / "quiver"
+        exe = quiver_exe()
         assert exe.is_file(), f"{exe} is missing: cargo build --release"
         cmd = [str(exe), "serve", "-m", str(model_path()), "--host", "127.0.0.1", "--port", "0", "-t", "2", *args]
         for k in keys:

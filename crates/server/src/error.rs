@@ -168,3 +168,66 @@ impl IntoResponse for ApiError {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn submit_errors_map_to_statuses() {
+        let e = ApiError::from_submit(
+            &SubmitError::TooLong {
+                prompt: 3000,
+                max_tokens: 100,
+                ctx: 2048,
+            },
+            "messages",
+        );
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(
+            e.message.contains("3000") && e.message.contains("2048"),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        let e = ApiError::from_submit(&SubmitError::QueueFull(64), "prompt");
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        let r = e.into_response();
+        assert_eq!(r.headers().get(header::RETRY_AFTER).unwrap(), "1");
+        assert_eq!(
+            ApiError::from_submit(&SubmitError::ShuttingDown, "prompt").status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ApiError::from_submit(&SubmitError::EmptyPrompt, "prompt").status,
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            ApiError::from_submit(&SubmitError::BadToken { id: 9, n_vocab: 5 }, "prompt")
+                .param
+                .as_deref(),
+            Some("prompt")
+        );
+    }
+
+    #[test]
+    fn error_bodies_are_openai_shaped() {
+        let b = ApiError::invalid("temperature", "bad").body();
+        assert_eq!(b["error"]["param"], "temperature");
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert_eq!(b["error"]["message"], "bad");
+        assert!(b["error"].get("code").is_some());
+        assert_eq!(ApiError::unauthorized().status, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            ApiError::too_large(10).status,
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert_eq!(
+            ApiError::model_not_found("x", "y").status,
+            StatusCode::NOT_FOUND
+        );
+        let e = ApiError::context_exceeded("prompt", 5000, None, 2048);
+        assert!(e.message.contains("5000") && e.message.contains("2048"));
+    }
+}

@@ -1,0 +1,84 @@
+//! The state every handler shares, the router, and helpers of the handlers.
+
+use crate::auth::auth;
+use crate::error::ApiError;
+use crate::generate::{chat_completions, completions};
+use crate::metrics::Metrics;
+use crate::routes::{detokenize, get_model, health, list_models, metrics_text, tokenize};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request as HttpRequest, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use quiver_engine::serve::EngineHandle;
+use quiver_tokenizer::chat::ChatTemplate;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+pub(crate) struct AppState {
+    pub(crate) handle: EngineHandle,
+    pub(crate) model: String,
+    pub(crate) keys: Vec<String>,
+    pub(crate) template: Arc<ChatTemplate>,
+    pub(crate) max_body: usize,
+    pub(crate) metrics: Metrics,
+    pub(crate) shutting_down: AtomicBool,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) nonce: u64,
+}
+
+pub(crate) type St = Arc<AppState>;
+
+pub(crate) fn router(state: St) -> Router {
+    let limit = state.max_body;
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{model}", get(get_model))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(|req: HttpRequest| async move { ApiError::not_found(req.uri().path()) })
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .with_state(state)
+}
+
+async fn count(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "other".to_string());
+    let r = next.run(req).await;
+    st.metrics.request(&route, r.status().as_u16());
+    r
+}
+
+pub(crate) fn body_bytes(
+    st: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    match body {
+        Ok(b) => Ok(b),
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Err(ApiError::too_large(st.max_body))
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "cannot read the request body: {e}"
+        ))),
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

@@ -1,0 +1,230 @@
+//! `/v1/chat/completions` and `/v1/completions`: parse, tokenize, submit to the engine, then
+//! answer whole or as a stream.
+
+use crate::app::{body_bytes, unix_now, AppState, St};
+use crate::error::ApiError;
+use crate::output::{whole_response, Out};
+use crate::params::{self, GenParams, Prompt};
+use crate::stream::stream_response;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use quiver_engine::serve::{EngineHandle, Event, Request};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+pub(crate) fn check_model(st: &AppState, p: &GenParams) -> Result<(), ApiError> {
+    match &p.model {
+        Some(m) if !m.is_empty() && *m != st.model && *m != st.handle.info().name => {
+            Err(ApiError::model_not_found(m, &st.model))
+        }
+        _ => Ok(()),
+    }
+}
+
+pub(crate) fn render_chat(
+    st: &AppState,
+    req: &params::ChatRequest,
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let text = st
+        .template
+        .render(&req.messages, add_generation_prompt, req.tools.as_ref())
+        .map_err(|e| {
+            ApiError::invalid(
+                "messages",
+                format!("the chat template cannot render these messages: {e}"),
+            )
+        })?;
+    st.handle
+        .tokenizer()
+        .encode_chat(&text)
+        .map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}")))
+}
+
+pub(crate) async fn chat_completions(
+    State(st): State<St>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = async {
+        let b = body_bytes(&st, body)?;
+        let m = params::parse_body(&b)?;
+        let req = params::parse_chat(&m, st.handle.info().n_vocab)?;
+        check_model(&st, &req.params)?;
+        let ids = render_chat(&st, &req, true)?;
+        generate(st.clone(), ids, req.params, Kind::Chat, None, 0).await
+    };
+    r.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(crate) async fn completions(
+    State(st): State<St>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = async {
+        let b = body_bytes(&st, body)?;
+        let m = params::parse_body(&b)?;
+        let req = params::parse_completion(&m, st.handle.info().n_vocab)?;
+        check_model(&st, &req.params)?;
+        let tok = st.handle.tokenizer();
+        let (ids, text) = match req.prompt {
+            Prompt::Text(t) => (
+                tok.encode(&t, true, true).map_err(|e| {
+                    ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
+                })?,
+                t,
+            ),
+            Prompt::Tokens(ids) => {
+                let t = tok.decode(&ids, false);
+                (ids, t)
+            }
+        };
+        let echo = req.echo.then_some(text);
+        generate(st.clone(), ids, req.params, Kind::Completion, echo, 16).await
+    };
+    r.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Kind {
+    Chat,
+    Completion,
+}
+
+impl Kind {
+    fn prompt_param(self) -> &'static str {
+        match self {
+            Kind::Chat => "messages",
+            Kind::Completion => "prompt",
+        }
+    }
+}
+
+/// Aborts the engine request when the HTTP side goes away first (client disconnected).
+struct AbortGuard {
+    handle: EngineHandle,
+    id: u64,
+    done: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.handle.abort(self.id);
+        }
+    }
+}
+
+/// One running generation: its events, with latency metrics taken on the way.
+pub(crate) struct Gen {
+    st: St,
+    rx: mpsc::UnboundedReceiver<Event>,
+    guard: AbortGuard,
+    t0: Instant,
+    last: Option<Instant>,
+}
+
+impl Gen {
+    pub(crate) async fn next(&mut self) -> Option<Event> {
+        let ev = self.rx.recv().await;
+        match &ev {
+            Some(Event::Token { .. }) => {
+                let now = Instant::now();
+                match self.last {
+                    None => self.st.metrics.ttft((now - self.t0).as_secs_f64()),
+                    Some(l) => self.st.metrics.itl((now - l).as_secs_f64()),
+                }
+                self.last = Some(now);
+            }
+            Some(Event::Finished { reason, .. }) => {
+                self.guard.done = true;
+                self.st.metrics.finished(reason.as_str());
+                self.st.metrics.e2e(self.t0.elapsed().as_secs_f64());
+            }
+            Some(Event::Error(_)) => {
+                self.guard.done = true;
+                self.st.metrics.finished("error");
+            }
+            Some(Event::Started { .. }) => {}
+            None => self.guard.done = true,
+        }
+        ev
+    }
+}
+
+pub(crate) async fn generate(
+    st: St,
+    prompt: Vec<u32>,
+    p: GenParams,
+    kind: Kind,
+    echo: Option<String>,
+    default_max: usize,
+) -> Result<Response, ApiError> {
+    if st.shutting_down.load(Ordering::SeqCst) {
+        return Err(ApiError::shutting_down());
+    }
+    let ctx = st.handle.info().n_ctx;
+    let param = kind.prompt_param();
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(param, "the prompt is empty"));
+    }
+    if prompt.len() >= ctx {
+        return Err(ApiError::context_exceeded(
+            param,
+            prompt.len(),
+            p.max_tokens,
+            ctx,
+        ));
+    }
+    let room = ctx - prompt.len();
+    let max_tokens = match p.max_tokens {
+        Some(m) => m,
+        None if default_max > 0 => default_max.min(room),
+        None => room,
+    };
+    let req = Request {
+        prompt,
+        sampling: p.sampling.clone(),
+        max_tokens,
+        stop: p.stop.clone(),
+        logprobs: p.logprobs,
+        ignore_eos: p.ignore_eos,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let t0 = Instant::now();
+    let id = st
+        .handle
+        .submit(req, Box::new(move |ev| tx.send(ev).is_ok()))
+        .map_err(|e| ApiError::from_submit(&e, param))?;
+    let gen = Gen {
+        st: st.clone(),
+        rx,
+        guard: AbortGuard {
+            handle: st.handle.clone(),
+            id,
+            done: false,
+        },
+        t0,
+        last: None,
+    };
+    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let rid = match kind {
+        Kind::Chat => format!("chatcmpl-{:x}{:06x}", st.nonce, n),
+        Kind::Completion => format!("cmpl-{:x}{:06x}", st.nonce, n),
+    };
+    let out = Out {
+        st: st.clone(),
+        kind,
+        id: rid,
+        created: unix_now(),
+        logprobs: p.logprobs.is_some(),
+        text_offset: 0,
+    };
+    if p.stream {
+        Ok(stream_response(gen, out, p.include_usage, echo))
+    } else {
+        whole_response(gen, out, echo).await
+    }
+}

@@ -1,0 +1,160 @@
+//! OpenAI's response shapes: whole responses, logprobs, usage.
+
+use crate::app::St;
+use crate::error::ApiError;
+use crate::generate::{Gen, Kind};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use quiver_engine::serve::{Event, TokenLogprob};
+use serde_json::{json, Value};
+
+/// Formats a request's output in OpenAI's shapes.
+pub(crate) struct Out {
+    pub(crate) st: St,
+    pub(crate) kind: Kind,
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) logprobs: bool,
+    pub(crate) text_offset: usize,
+}
+
+pub(crate) fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+impl Out {
+    pub(crate) fn piece(&self, id: u32) -> String {
+        self.st.handle.tokenizer().decode(&[id], false)
+    }
+
+    /// Chat logprob entries for one token.
+    pub(crate) fn chat_logprob(&self, id: u32, lp: &TokenLogprob) -> Value {
+        let tok = self.piece(id);
+        let top: Vec<Value> = lp
+            .top
+            .iter()
+            .map(|&(t, l)| {
+                let s = self.piece(t);
+                json!({"token": s, "logprob": l, "bytes": s.as_bytes()})
+            })
+            .collect();
+        json!({"token": tok, "logprob": lp.logprob, "bytes": tok.as_bytes(), "top_logprobs": top})
+    }
+
+    /// Legacy completion logprobs for a run of tokens; advances the text offset.
+    pub(crate) fn completion_logprobs(
+        &mut self,
+        toks: &[(u32, String, Option<TokenLogprob>)],
+    ) -> Value {
+        let mut tokens = Vec::new();
+        let mut lps = Vec::new();
+        let mut tops = Vec::new();
+        let mut offs = Vec::new();
+        for (id, text, lp) in toks {
+            tokens.push(json!(self.piece(*id)));
+            offs.push(json!(self.text_offset));
+            self.text_offset += text.len();
+            match lp {
+                Some(lp) => {
+                    lps.push(json!(lp.logprob));
+                    let mut m = serde_json::Map::new();
+                    for &(t, l) in &lp.top {
+                        m.insert(self.piece(t), json!(l));
+                    }
+                    tops.push(Value::Object(m));
+                }
+                None => {
+                    lps.push(Value::Null);
+                    tops.push(Value::Null);
+                }
+            }
+        }
+        json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs})
+    }
+
+    pub(crate) fn model(&self) -> &str {
+        &self.st.model
+    }
+
+    pub(crate) fn chunk(&self, choices: Value, usage: Option<Value>) -> String {
+        let object = match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        let mut v = json!({"id": self.id, "object": object, "created": self.created, "model": self.model(), "choices": choices});
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        v.to_string()
+    }
+}
+
+pub(crate) async fn whole_response(
+    mut gen: Gen,
+    mut out: Out,
+    echo: Option<String>,
+) -> Result<Response, ApiError> {
+    let mut text = echo.clone().unwrap_or_default();
+    out.text_offset = text.len();
+    let mut toks: Vec<(u32, String, Option<TokenLogprob>)> = Vec::new();
+    loop {
+        match gen.next().await {
+            Some(Event::Started { .. }) => {}
+            Some(Event::Token {
+                id,
+                text: t,
+                logprob,
+            }) => {
+                text.push_str(&t);
+                if out.logprobs {
+                    toks.push((id, t, logprob));
+                }
+            }
+            Some(Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
+                let u = usage(prompt_tokens, completion_tokens, cached_tokens);
+                let fr = reason.as_str();
+                let body = match out.kind {
+                    Kind::Chat => {
+                        let lp = if out.logprobs {
+                            json!({"content": toks.iter().filter_map(|(id, _, lp)| lp.as_ref().map(|lp| out.chat_logprob(*id, lp))).collect::<Vec<_>>()})
+                        } else {
+                            Value::Null
+                        };
+                        json!({
+                            "id": out.id, "object": "chat.completion", "created": out.created, "model": out.model(),
+                            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": fr}],
+                            "usage": u,
+                        })
+                    }
+                    Kind::Completion => {
+                        let lp = if out.logprobs {
+                            out.completion_logprobs(&toks)
+                        } else {
+                            Value::Null
+                        };
+                        json!({
+                            "id": out.id, "object": "text_completion", "created": out.created, "model": out.model(),
+                            "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": fr}],
+                            "usage": u,
+                        })
+                    }
+                };
+                return Ok(Json(body).into_response());
+            }
+            Some(Event::Error(e)) => {
+                return Err(ApiError::internal(format!("generation failed: {e}")))
+            }
+            None => return Err(ApiError::internal("the engine dropped the request")),
+        }
+    }
+}
