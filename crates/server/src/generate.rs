@@ -29,19 +29,21 @@ pub(crate) fn render_chat(
     req: &params::ChatRequest,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    let text = st
-        .template
-        .render(&req.messages, add_generation_prompt, req.tools.as_ref())
-        .map_err(|e| {
-            ApiError::invalid(
+    // Special tokens come only from the template: the messages' text is tokenized as text.
+    st.template
+        .tokenize(
+            st.handle.tokenizer(),
+            &req.messages,
+            add_generation_prompt,
+            req.tools.as_ref(),
+        )
+        .map_err(|e| match e {
+            quiver_tokenizer::TokenizerError::Template(_) => ApiError::invalid(
                 "messages",
                 format!("the chat template cannot render these messages: {e}"),
-            )
-        })?;
-    st.handle
-        .tokenizer()
-        .encode_chat(&text)
-        .map_err(|e| ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}")))
+            ),
+            e => ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}")),
+        })
 }
 
 pub(crate) async fn chat_completions(
@@ -69,9 +71,12 @@ pub(crate) async fn completions(
         let req = params::parse_completion(&m, st.handle.info().n_vocab)?;
         check_model(&st, &req.params)?;
         let tok = st.handle.tokenizer();
+        // A raw prompt is the client's own template: special-token text in it becomes those
+        // tokens unless the client says `"parse_special": false`.
+        let parse_special = params::opt_bool(&m, "parse_special", true)?;
         let (ids, text) = match req.prompt {
             Prompt::Text(t) => (
-                tok.encode(&t, true, true).map_err(|e| {
+                tok.encode(&t, true, parse_special).map_err(|e| {
                     ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
                 })?,
                 t,

@@ -478,6 +478,19 @@ pub fn parse_completion(
     })
 }
 
+/// An optional boolean field (absent or null: `default`).
+pub(crate) fn opt_bool(
+    m: &serde_json::Map<String, Value>,
+    key: &'static str,
+    default: bool,
+) -> Result<bool, ApiError> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(key, format!("`{key}` must be a boolean"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

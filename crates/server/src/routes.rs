@@ -65,16 +65,7 @@ pub(crate) async fn tokenize(
         let tok = st.handle.tokenizer();
         let ids = if m.get("messages").is_some_and(|v| !v.is_null()) {
             let req = params::parse_chat(&m, st.handle.info().n_vocab)?;
-            let agp = match m.get("add_generation_prompt") {
-                None | Some(Value::Null) => true,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        "add_generation_prompt",
-                        "`add_generation_prompt` must be a boolean",
-                    ))
-                }
-            };
+            let agp = params::opt_bool(&m, "add_generation_prompt", true)?;
             render_chat(&st, &req, agp)?
         } else {
             let (key, text) = match (m.get("prompt"), m.get("content")) {
@@ -87,17 +78,9 @@ pub(crate) async fn tokenize(
                     ))
                 }
             };
-            let add = match m.get("add_special") {
-                None | Some(Value::Null) => true,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        "add_special",
-                        "`add_special` must be a boolean",
-                    ))
-                }
-            };
-            tok.encode(text, add, true)
+            let add = params::opt_bool(&m, "add_special", true)?;
+            let parse_special = params::opt_bool(&m, "parse_special", true)?;
+            tok.encode(text, add, parse_special)
                 .map_err(|e| ApiError::invalid(key, format!("cannot tokenize: {e}")))?
         };
         Ok(Json(
