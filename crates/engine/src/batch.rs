@@ -99,14 +99,14 @@ impl BatchBuilder {
         self
     }
 
-    /// The scheduled step: each request's tokens over its block table, logits for the last
-    /// token of the requests that sample.
+    /// The scheduled step: each request's tokens over its block table, logits rows as the
+    /// schedule asks (the last token of the requests that sample; every prompt token of those
+    /// that want prompt log-probabilities).
     pub fn from_schedule(&mut self, out: &SchedulerOutput) -> &Batch {
         self.begin();
         for s in &out.scheduled {
             let (tokens, table) = out.parts(s);
-            let logits = s.sample.then(|| tokens.len() - 1);
-            self.push_seq(tokens, s.start_pos, Blocks::Table(table), logits);
+            self.push_seq(tokens, s.start_pos, Blocks::Table(table), s.logits_from);
         }
         self.batch()
     }

@@ -108,6 +108,12 @@ impl Picker {
         Ok(())
     }
 
+    /// Row `r`'s logits, when the fetch read them all.
+    pub fn row(&self, r: usize) -> Option<&[f32]> {
+        (self.fetched == Some(Fetch::Logits))
+            .then(|| &self.host[r * self.n_vocab..][..self.n_vocab])
+    }
+
     /// Row `r`'s token. `history` is the sequence's tokens so far (penalties), `logprobs` the
     /// number of top log-probabilities wanted, `mask` a constraint on the logits. The fetch
     /// must have been made for what this row needs (`Fetch::of`, merged over the rows).

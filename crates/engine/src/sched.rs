@@ -22,6 +22,9 @@ pub struct SchedConfig {
     pub max_batch_tokens: usize,
     /// Most requests running at once.
     pub max_seqs: usize,
+    /// Most logits rows per step (one per sampling request, plus the prompt rows of requests
+    /// that want prompt log-probabilities): what the runner's buffer holds.
+    pub max_logits: usize,
     /// KV blocks in the pool (each [`BLOCK_SIZE`] tokens).
     pub kv_blocks: usize,
     /// Seeds the prefix-cache hash chain (per model, so two models never share blocks).
@@ -39,6 +42,9 @@ pub struct SchedRequest {
     pub max_tokens: usize,
     /// Keep going past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Logits for every prompt position (prompt log-probabilities): the prompt is computed
+    /// whole, never taken from the prefix cache.
+    pub prompt_logits: bool,
 }
 
 /// One request's part of a step.
@@ -54,11 +60,19 @@ pub struct Scheduled {
     /// The step reaches the end of the request's known tokens: its last token's logits pick
     /// the next token.
     pub sample: bool,
+    /// Logits rows of this step's tokens from this index on (the sampling row last): the
+    /// last token's when sampling, every prompt token's for `prompt_logits` requests.
+    pub logits_from: Option<usize>,
 }
 
 impl Scheduled {
     pub fn n_tokens(&self) -> usize {
         self.tokens.1 - self.tokens.0
+    }
+
+    /// Logits rows this request takes in the step.
+    pub fn logit_rows(&self) -> usize {
+        self.logits_from.map_or(0, |f| self.n_tokens() - f)
     }
 }
 
@@ -149,6 +163,7 @@ struct Entry {
     prompt_len: usize,
     max_tokens: usize,
     ignore_eos: bool,
+    prompt_logits: bool,
     /// Tokens whose K/V are in the cache.
     n_computed: usize,
     blocks: Vec<u32>,
@@ -164,6 +179,22 @@ struct Entry {
 impl Entry {
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// This step's part of the prompt has every row's logits.
+    fn prompt_rows(&self) -> bool {
+        self.prompt_logits && self.n_computed < self.prompt_len
+    }
+
+    /// Tokens to schedule now within the token budget and, for prompt rows, the rows left.
+    fn want(&self, budget: usize, prompt_rows: &mut usize) -> usize {
+        let want = (self.tokens.len() - self.n_computed).min(budget);
+        if !self.prompt_rows() {
+            return want;
+        }
+        let want = want.min(*prompt_rows);
+        *prompt_rows -= want;
+        want
     }
 
     fn counts(&self) -> Counts {
@@ -209,6 +240,7 @@ impl Scheduler {
             tokens: r.prompt,
             max_tokens: r.max_tokens,
             ignore_eos: r.ignore_eos,
+            prompt_logits: r.prompt_logits,
             n_computed: 0,
             blocks: Vec::new(),
             hashed: 0,
@@ -304,7 +336,7 @@ impl Scheduler {
     /// Reuses cached full blocks of the request's known tokens (never the last token, which
     /// must be computed to get logits).
     fn reuse_prefix(pool: &mut BlockPool, e: &mut Entry) {
-        while (e.hashed + 1) * BLOCK_SIZE < e.tokens.len() {
+        while !e.prompt_logits && (e.hashed + 1) * BLOCK_SIZE < e.tokens.len() {
             let h = chain_hash(
                 e.last_hash,
                 &e.tokens[e.hashed * BLOCK_SIZE..(e.hashed + 1) * BLOCK_SIZE],
@@ -325,12 +357,14 @@ impl Scheduler {
     pub fn schedule(&mut self) -> Result<&SchedulerOutput, SchedError> {
         self.out.clear();
         let mut budget = self.cfg.max_batch_tokens;
+        // Logits rows for prompt log-probabilities, beyond one sampling row per request.
+        let mut prompt_rows = self.cfg.max_logits.saturating_sub(self.cfg.max_seqs);
         // 1. Running requests: decode tokens and prefill chunks, oldest first.
         self.running.sort_by_key(|e| e.arrived);
         let mut i = 0;
         while i < self.running.len() {
             let e = &mut self.running[i];
-            let want = (e.tokens.len() - e.n_computed).min(budget);
+            let want = e.want(budget, &mut prompt_rows);
             if want == 0 {
                 e.step = 0;
                 i += 1;
@@ -358,7 +392,12 @@ impl Scheduler {
                 break;
             };
             Self::reuse_prefix(&mut self.pool, &mut e);
-            let want = (e.tokens.len() - e.n_computed).min(budget);
+            let want = e.want(budget, &mut prompt_rows);
+            if want == 0 {
+                // Its prompt rows wait for the next step.
+                self.waiting.push_front(e);
+                break;
+            }
             let upto = e.n_computed + want;
             if !Self::grow(&mut self.pool, &mut e, upto) {
                 self.pool.release_all(&mut e.blocks);
@@ -397,12 +436,18 @@ impl Scheduler {
                 .extend_from_slice(&e.tokens[e.n_computed..e.n_computed + e.step]);
             let b0 = out.blocks.len();
             out.blocks.extend_from_slice(&e.blocks);
+            let sample = e.n_computed + e.step == e.tokens.len();
             out.scheduled.push(Scheduled {
                 id: e.id,
                 start_pos: e.n_computed,
                 tokens: (t0, out.tokens.len()),
                 blocks: (b0, out.blocks.len()),
-                sample: e.n_computed + e.step == e.tokens.len(),
+                sample,
+                logits_from: if e.prompt_rows() {
+                    Some(0)
+                } else {
+                    sample.then(|| e.step - 1)
+                },
             });
         }
         Ok(&self.out)

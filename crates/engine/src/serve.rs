@@ -17,6 +17,9 @@ pub struct Request {
     /// Top-N log-probabilities per generated token (None: no logprobs; Some(0): the chosen
     /// token's only).
     pub logprobs: Option<usize>,
+    /// Top-N log-probabilities of every prompt token after the first (echo with logprobs):
+    /// the prompt is then computed whole, without the prefix cache.
+    pub prompt_logprobs: Option<usize>,
     /// Generate past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
 }
@@ -50,8 +53,8 @@ impl FinishReason {
     }
 }
 
-/// What a request's sink receives, in order: `Started`, zero or more `Token`, then exactly one
-/// of `Finished` or `Error`.
+/// What a request's sink receives, in order: `Started`, `PromptLogprobs` when asked for, zero
+/// or more `Token`, then exactly one of `Finished` or `Error`.
 #[derive(Clone, Debug)]
 pub enum Event {
     /// The prompt was scheduled; `cached_tokens` of it were reused from the prefix cache.
@@ -59,6 +62,9 @@ pub enum Event {
         prompt_tokens: usize,
         cached_tokens: usize,
     },
+    /// The prompt's log-probabilities (`Request::prompt_logprobs`), before the first `Token`:
+    /// entry i is prompt token i + 1's given the tokens before it.
+    PromptLogprobs(Vec<TokenLogprob>),
     /// One generated token and the text it completes (may be empty while a UTF-8 sequence or
     /// a possible stop string is held back).
     Token {

@@ -145,7 +145,7 @@ where
             let runner_opts = RunnerOptions {
                 n_ctx: opts.kv_blocks * BLOCK_SIZE,
                 n_batch: opts.max_batch_tokens,
-                max_logits: opts.max_seqs,
+                max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
             };
             let runner = match ModelRunner::new(make(), &file, &runner_opts) {
                 Ok(r) => r,
@@ -165,6 +165,7 @@ where
             let sched = Scheduler::new(SchedConfig {
                 max_batch_tokens: opts.max_batch_tokens,
                 max_seqs: opts.max_seqs,
+                max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
                 kv_blocks: opts.kv_blocks,
                 hash_seed: chain_hash(
                     0x7175697665,
@@ -200,6 +201,9 @@ struct Live<'t> {
     sampler: Sampler,
     out: OutputProcessor<'t>,
     logprobs: Option<usize>,
+    /// Prompt log-probabilities asked for, and those computed so far (by prompt position).
+    prompt_logprobs: Option<usize>,
+    prompt_lps: Vec<Option<TokenLogprob>>,
     counts: Counts,
 }
 
@@ -209,6 +213,9 @@ impl Live<'_> {
     }
 }
 
+/// Logits rows a step gives to prompt log-probabilities, beyond one per running request.
+const PROMPT_LOGIT_ROWS: usize = 64;
+
 struct Engine<'a, B: Backend> {
     sh: &'a Shared,
     runner: ModelRunner<B>,
@@ -217,7 +224,8 @@ struct Engine<'a, B: Backend> {
     /// Per-step scratch: the sampled (id, token) pairs, the ids of the sampling rows, and
     /// requests whose client left while starting.
     sampled: Vec<(u64, u32)>,
-    rows: Vec<u64>,
+    /// (request, logits row) of the step's sampling rows.
+    rows: Vec<(u64, usize)>,
     dead: Vec<u64>,
 }
 
@@ -264,6 +272,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                     prompt: p.req.prompt,
                     max_tokens: p.req.max_tokens,
                     ignore_eos: p.req.ignore_eos,
+                    prompt_logits: p.req.prompt_logprobs.is_some(),
                 });
                 self.live.insert(
                     p.id,
@@ -272,6 +281,8 @@ impl<'a, B: Backend> Engine<'a, B> {
                         sampler: Sampler::new(p.req.sampling),
                         out: OutputProcessor::new(&sh.tokenizer, p.req.stop),
                         logprobs: p.req.logprobs,
+                        prompt_logprobs: p.req.prompt_logprobs,
+                        prompt_lps: Vec::new(),
                         counts,
                     },
                 );
@@ -365,25 +376,61 @@ impl<'a, B: Backend> Engine<'a, B> {
         }
         runner.execute(out)?;
         // What the step's rows need from the logits, merged: plain greedy rows need the
-        // device's argmax, top-k-only rows its k best (a GPU sends back k pairs per row).
+        // device's argmax, top-k-only rows its k best (a GPU sends back k pairs per row);
+        // prompt rows and logprobs need every logit.
         rows.clear();
-        rows.extend(out.scheduled.iter().filter(|s| s.sample).map(|s| s.id));
-        let how = rows.iter().fold(Fetch::Argmax, |f, id| match live.get(id) {
-            Some(l) => f.merge(Fetch::of(l.sampler.needs(), l.logprobs.is_some(), false)),
-            None => f,
-        });
-        let picker = runner.fetch(rows.len(), how)?;
-        let mut lps = Vec::new();
-        sampled.clear();
-        for (r, id) in rows.iter().enumerate() {
-            let (Some(l), Some(history)) = (live.get_mut(id), sched.tokens(*id)) else {
+        let mut n_rows = 0;
+        let mut how = Fetch::Argmax;
+        for s in &out.scheduled {
+            n_rows += s.logit_rows();
+            if s.sample {
+                rows.push((s.id, n_rows - 1));
+            }
+            if let Some(l) = live.get(&s.id) {
+                let prompt = s.logits_from == Some(0) && l.prompt_logprobs.is_some();
+                let f = Fetch::of(l.sampler.needs(), l.logprobs.is_some() || prompt, false);
+                how = how.merge(if s.sample || prompt { f } else { Fetch::Argmax });
+            }
+        }
+        let picker = runner.fetch(n_rows, how)?;
+        // Prompt log-probabilities: row k of a prompt chunk at position j predicts token j + 1.
+        let mut r0 = 0;
+        for s in &out.scheduled {
+            let (Some(l), Some(tokens)) = (live.get_mut(&s.id), sched.tokens(s.id)) else {
+                r0 += s.logit_rows();
                 continue;
             };
-            if dead.contains(id) {
+            if let (Some(n), Some(0)) = (l.prompt_logprobs, s.logits_from) {
+                let prompt_len = l.counts.prompt_tokens;
+                l.prompt_lps.resize(prompt_len.saturating_sub(1), None);
+                for k in 0..s.logit_rows() {
+                    let j = s.start_pos + k;
+                    if let (true, Some(row)) = (j + 1 < prompt_len, picker.row(r0 + k)) {
+                        let (logprob, top) = crate::logprobs(row, tokens[j + 1], n);
+                        l.prompt_lps[j] = Some(TokenLogprob { logprob, top });
+                    }
+                }
+            }
+            r0 += s.logit_rows();
+        }
+        let mut lps = Vec::new();
+        sampled.clear();
+        for &(id, r) in rows.iter() {
+            let (Some(l), Some(history)) = (live.get_mut(&id), sched.tokens(id)) else {
+                continue;
+            };
+            if dead.contains(&id) {
                 continue;
             }
+            if l.prompt_logprobs.take().is_some() {
+                let all = std::mem::take(&mut l.prompt_lps);
+                if !l.send(Event::PromptLogprobs(all.into_iter().flatten().collect())) {
+                    dead.push(id);
+                    continue;
+                }
+            }
             let p = picker.pick(r, &mut l.sampler, history, l.logprobs, None);
-            sampled.push((*id, p.token));
+            sampled.push((id, p.token));
             lps.push(p.logprob);
         }
         let outcomes = sched.update(sampled).to_vec();

@@ -156,6 +156,7 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
                 max_tokens,
                 stop: vec![],
                 logprobs: None,
+                prompt_logprobs: None,
                 ignore_eos: true,
             };
             h.submit(req, Box::new(move |e| tx.send(e).is_ok()))

@@ -68,6 +68,7 @@ fn request(prompt: &[u32], max_tokens: usize, temperature: f32, seed: u64) -> Re
         max_tokens,
         stop: vec![],
         logprobs: None,
+        prompt_logprobs: None,
         ignore_eos: true,
     }
 }

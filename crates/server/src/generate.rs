@@ -122,6 +122,16 @@ impl Drop for AbortGuard {
     }
 }
 
+/// A generation whose client left before it finished ends as an abort in the metrics too
+/// (its engine request is aborted by the guard).
+impl Drop for Gen {
+    fn drop(&mut self) {
+        if !self.guard.done {
+            self.st.metrics.finished("abort");
+        }
+    }
+}
+
 /// One running generation: its events, with latency metrics taken on the way.
 pub(crate) struct Gen {
     st: St,
@@ -152,7 +162,7 @@ impl Gen {
                 self.guard.done = true;
                 self.st.metrics.finished("error");
             }
-            Some(Event::Started { .. }) => {}
+            Some(Event::Started { .. }) | Some(Event::PromptLogprobs(_)) => {}
             None => self.guard.done = true,
         }
         ev
@@ -189,12 +199,18 @@ pub(crate) async fn generate(
         None if default_max > 0 => default_max.min(room),
         None => room,
     };
+    let echo_ids = match (&echo, p.logprobs) {
+        (Some(_), Some(_)) => prompt.clone(),
+        _ => Vec::new(),
+    };
     let req = Request {
         prompt,
         sampling: p.sampling.clone(),
         max_tokens,
         stop: p.stop.clone(),
         logprobs: p.logprobs,
+        // Echo with logprobs: the prompt's too (OpenAI's legacy completions).
+        prompt_logprobs: echo.as_ref().and(p.logprobs),
         ignore_eos: p.ignore_eos,
     };
     let (tx, rx) = mpsc::unbounded_channel();
@@ -226,6 +242,7 @@ pub(crate) async fn generate(
         created: unix_now(),
         logprobs: p.logprobs.is_some(),
         text_offset: 0,
+        echo_ids,
     };
     if p.stream {
         Ok(stream_response(gen, out, p.include_usage, echo))

@@ -16,6 +16,8 @@ pub(crate) struct Out {
     pub(crate) created: u64,
     pub(crate) logprobs: bool,
     pub(crate) text_offset: usize,
+    /// The prompt's ids when it is echoed with logprobs (empty otherwise).
+    pub(crate) echo_ids: Vec<u32>,
 }
 
 pub(crate) fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
@@ -77,6 +79,27 @@ impl Out {
         json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs})
     }
 
+    /// Legacy completion logprobs of the echoed prompt: its first token has none, each other
+    /// its `PromptLogprobs` entry; offsets into the echoed text from 0, which the generated
+    /// tokens' offsets then follow.
+    pub(crate) fn prompt_logprobs(&mut self, lps: Vec<TokenLogprob>, echo_len: usize) -> Value {
+        let ids = std::mem::take(&mut self.echo_ids);
+        let tok = self.st.handle.tokenizer();
+        let mut lps = lps.into_iter();
+        let toks: Vec<(u32, String, Option<TokenLogprob>)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let lp = if i == 0 { None } else { lps.next() };
+                (id, tok.decode(&[id], true), lp)
+            })
+            .collect();
+        self.text_offset = 0;
+        let v = self.completion_logprobs(&toks);
+        self.text_offset = echo_len;
+        v
+    }
+
     pub(crate) fn model(&self) -> &str {
         &self.st.model
     }
@@ -102,9 +125,15 @@ pub(crate) async fn whole_response(
     let mut text = echo.clone().unwrap_or_default();
     out.text_offset = text.len();
     let mut toks: Vec<(u32, String, Option<TokenLogprob>)> = Vec::new();
+    let mut prompt_lp: Option<Value> = None;
     loop {
         match gen.next().await {
             Some(Event::Started { .. }) => {}
+            Some(Event::PromptLogprobs(lps)) => {
+                if out.logprobs && !out.echo_ids.is_empty() {
+                    prompt_lp = Some(out.prompt_logprobs(lps, text.len()));
+                }
+            }
             Some(Event::Token {
                 id,
                 text: t,
@@ -138,7 +167,11 @@ pub(crate) async fn whole_response(
                     }
                     Kind::Completion => {
                         let lp = if out.logprobs {
-                            out.completion_logprobs(&toks)
+                            let gen = out.completion_logprobs(&toks);
+                            match prompt_lp.take() {
+                                Some(p) => concat_logprobs(p, gen),
+                                None => gen,
+                            }
                         } else {
                             Value::Null
                         };
@@ -157,4 +190,14 @@ pub(crate) async fn whole_response(
             None => return Err(ApiError::internal("the engine dropped the request")),
         }
     }
+}
+
+/// The prompt's legacy logprobs followed by the generated tokens'.
+fn concat_logprobs(mut a: Value, b: Value) -> Value {
+    for k in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        if let (Some(x), Some(y)) = (a[k].as_array_mut(), b[k].as_array()) {
+            x.extend(y.iter().cloned());
+        }
+    }
+    a
 }

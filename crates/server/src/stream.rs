@@ -16,6 +16,8 @@ struct StreamState {
     include_usage: bool,
     pending: VecDeque<String>,
     done: bool,
+    /// An echoed prompt held back until its logprobs arrive.
+    echo: Option<String>,
 }
 
 impl StreamState {
@@ -23,6 +25,15 @@ impl StreamState {
         let out = &mut self.out;
         match ev {
             Some(Event::Started { .. }) => {}
+            Some(Event::PromptLogprobs(lps)) => {
+                // The echoed prompt waited for its logprobs (see `stream_response`).
+                if let Some(echo) = self.echo.take() {
+                    let lp = out.prompt_logprobs(lps, echo.len());
+                    let c =
+                        json!([{"index": 0, "text": echo, "logprobs": lp, "finish_reason": null}]);
+                    self.pending.push_back(out.chunk(c, None));
+                }
+            }
             Some(Event::Token { id, text, logprob }) => {
                 if text.is_empty() && !(out.logprobs && logprob.is_some()) {
                     return;
@@ -105,7 +116,9 @@ pub(crate) fn stream_response(
         include_usage,
         pending: VecDeque::new(),
         done: false,
+        echo: None,
     };
+    let echo_lp = st.out.logprobs && !st.out.echo_ids.is_empty();
     let first = match st.out.kind {
         Kind::Chat => {
             json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])
@@ -114,8 +127,12 @@ pub(crate) fn stream_response(
             json!([{"index": 0, "text": echo.clone().unwrap_or_default(), "logprobs": null, "finish_reason": null}])
         }
     };
-    st.out.text_offset = echo.map(|e| e.len()).unwrap_or(0);
-    st.pending.push_back(st.out.chunk(first, None));
+    st.out.text_offset = echo.as_ref().map(|e| e.len()).unwrap_or(0);
+    if echo_lp {
+        st.echo = echo;
+    } else {
+        st.pending.push_back(st.out.chunk(first, None));
+    }
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(s) = st.pending.pop_front() {

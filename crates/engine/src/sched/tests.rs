@@ -8,6 +8,7 @@ fn sched(max_batch_tokens: usize, max_seqs: usize, kv_blocks: usize) -> Schedule
     Scheduler::new(SchedConfig {
         max_batch_tokens,
         max_seqs,
+        max_logits: max_seqs + 8,
         kv_blocks,
         hash_seed: 7,
         eog: vec![EOG],
@@ -20,6 +21,7 @@ fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> SchedRequest {
         prompt,
         max_tokens,
         ignore_eos: false,
+        prompt_logits: false,
     }
 }
 
