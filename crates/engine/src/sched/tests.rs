@@ -278,3 +278,44 @@ fn finish_waiting_and_all_for_shutdown() {
     assert_eq!(a[0].1.completion_tokens, 1);
     assert_eq!(s.kv_blocks_used(), 0);
 }
+
+#[test]
+fn prompt_logits_take_every_prompt_row_within_the_row_budget() {
+    // max_logits = max_seqs + 8: 8 prompt rows a step.
+    let mut s = sched(64, 2, 64);
+    let p = prompt(40, 5);
+    s.add(req(1, p.clone(), 1));
+    drain(&mut s); // its blocks are now in the prefix cache
+    s.add(SchedRequest {
+        prompt_logits: true,
+        ..req(2, p.clone(), 1)
+    });
+    s.add(req(3, prompt(4, 9), 2));
+    let out = s.schedule().unwrap().clone();
+    let x = &out.scheduled[0];
+    assert_eq!(
+        out.started[0].cached_tokens, 0,
+        "no prefix cache for prompt rows"
+    );
+    assert_eq!((x.start_pos, x.n_tokens(), x.logits_from), (0, 8, Some(0)));
+    assert_eq!(x.logit_rows(), 8);
+    // The other request still gets its sampling row.
+    assert_eq!(out.scheduled[1].logit_rows(), 1);
+    s.update(&[(3, 7)]);
+    let mut pos = 8;
+    while pos < 40 {
+        let out = s.schedule().unwrap().clone();
+        let x = out.scheduled.iter().find(|x| x.id == 2).unwrap();
+        assert_eq!((x.start_pos, x.logits_from), (pos, Some(0)));
+        assert!(x.logit_rows() <= 8);
+        pos += x.n_tokens();
+        assert_eq!(x.sample, pos == 40);
+        let sampled: Vec<(u64, u32)> = out
+            .scheduled
+            .iter()
+            .filter(|x| x.sample)
+            .map(|x| (x.id, 1))
+            .collect();
+        s.update(&sampled);
+    }
+}
