@@ -102,7 +102,7 @@ impl BatchBuilder {
     /// The scheduled step: each request's tokens over its block table, logits rows as the
     /// schedule asks (the last token of the requests that sample; every prompt token of those
     /// that want prompt log-probabilities).
-    pub fn from_schedule(&mut self, out: &SchedulerOutput) -> &Batch {
+    pub fn build_scheduled(&mut self, out: &SchedulerOutput) -> &Batch {
         self.begin();
         for s in &out.scheduled {
             let (tokens, table) = out.parts(s);

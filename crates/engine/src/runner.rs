@@ -227,7 +227,7 @@ impl<B: Backend> ModelRunner<B> {
     /// Runs a scheduled step; its sampling rows' logits are then in `state.logits`, in
     /// schedule order.
     pub fn execute(&mut self, out: &SchedulerOutput) -> Result<()> {
-        let batch = self.batch.from_schedule(out);
+        let batch = self.batch.build_scheduled(out);
         self.model
             .forward(&mut self.backend, &mut self.state, batch)?;
         Ok(())

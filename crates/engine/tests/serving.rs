@@ -46,6 +46,7 @@ fn collect(rx: mpsc::Receiver<Event>) -> (Vec<u32>, String, FinishReason, usize)
     for e in rx {
         match e {
             Event::Started { cached_tokens, .. } => cached = cached_tokens,
+            Event::PromptLogprobs(_) => panic!("no prompt logprobs were asked for"),
             Event::Token { id, text: t, .. } => {
                 ids.push(id);
                 text.push_str(&t);
@@ -259,6 +260,7 @@ fn gauges_are_current_when_events_arrive() {
     let mut seen = 0;
     for (e, st) in rx {
         match e {
+            Event::PromptLogprobs(_) => panic!("no prompt logprobs were asked for"),
             Event::Started { .. } => {
                 assert_eq!((st.running, st.waiting), (1, 0), "{st:?}");
                 assert!(st.kv_blocks_used > 0, "{st:?}");
