@@ -15,7 +15,7 @@
 use half::slice::HalfFloatSliceExt;
 
 use quiver_backend::{AttnParams, Batch};
-use quiver_cpu_kernels::ThreadPool;
+use quiver_cpu_kernels::{SimdLevel, ThreadPool};
 
 /// Largest head dimension the stack accumulator holds.
 pub const MAX_HEAD_DIM: usize = 512;
@@ -413,20 +413,11 @@ unsafe fn task_avx2(
     })
 }
 
+/// Whether the AVX2 + FMA + F16C paths of this crate (attention, rope, GLU) may run: the
+/// kernels' SIMD level ([`SimdLevel::active`], which reads `QUIVER_CPU_SIMD`) is AVX2 or more
+/// (that level implies all three features).
 pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *F.get_or_init(|| {
-            let allowed = std::env::var("QUIVER_CPU_SIMD").map_or(true, |v| v != "portable");
-            allowed
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    cfg!(target_arch = "x86_64") && SimdLevel::active() >= SimdLevel::Avx2
 }
 
 /// Heads per task: a whole KV group (cut to at most [`MAX_GROUP`]) when the step has enough

@@ -148,7 +148,9 @@ impl SimdLevel {
     }
 
     /// The level kernels use: [`SimdLevel::detected`] capped by `QUIVER_CPU_SIMD`
-    /// (`portable`, `avx2` or `avx512`; unset, empty or unknown values leave no cap).
+    /// (`portable`, `avx2` or `avx512`; unset, empty or unknown values leave no cap). The one
+    /// place that variable is read: the CPU backend's own SIMD paths (attention, rope, GLU)
+    /// follow this level too.
     pub fn active() -> SimdLevel {
         static A: OnceLock<SimdLevel> = OnceLock::new();
         *A.get_or_init(|| {
