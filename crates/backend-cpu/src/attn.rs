@@ -7,15 +7,15 @@
 //! operation (quiver reproduces its floats, docs/ARCHITECTURE.md): q·k in the f16 dot's
 //! AVX-512 order, the running sum and the p·v update as fused multiply-adds, and the p·v
 //! accumulator rounded to f16 after every key as llama.cpp keeps it with an f16 cache.
-//! Single-sequence steps of 64+ rows keep q and the accumulator in f32 and take the weights
-//! from ggml's vectorised e^x instead, as llama.cpp's tiled attention for such batches does
-//! (not its tiling: close, not exact);
+//! With `Numerics::Fast` (single sequence), steps of 64+ rows keep q and the accumulator in f32
+//! and take the weights from ggml's vectorised e^x instead, as llama.cpp's tiled attention for
+//! such batches does (not its tiling: close, not exact);
 //! `QUIVER_CPU_ATTN_F32=1` keeps the accumulator in f32 everywhere.
 
 use half::slice::HalfFloatSliceExt;
 
 use quiver_backend::{AttnParams, Batch};
-use quiver_cpu_kernels::ThreadPool;
+use quiver_cpu_kernels::{Numerics, SimdLevel, ThreadPool};
 
 /// Largest head dimension the stack accumulator holds.
 pub const MAX_HEAD_DIM: usize = 512;
@@ -67,12 +67,13 @@ fn dot_reduce(s: &[[f32; 16]; 4]) -> f32 {
     (t6[0] + t6[2]) + (t6[1] + t6[3])
 }
 
-/// Whether a single-sequence step of `n` query rows takes llama.cpp's tiled attention (64+
-/// rows), which keeps q and the p·v accumulator in f32; below that it works row by row with q
-/// in f16 and an f16 accumulator, which quiver reproduces exactly. Batch-invariant runs (the
-/// server) always take the row-by-row form.
-pub fn tiled(n: usize) -> bool {
-    n >= 64 && !quiver_cpu_kernels::batch_invariant()
+/// Whether a step of `n` query rows takes llama.cpp's tiled attention: with
+/// [`Numerics::Fast`] (single sequence), from 64 rows, as llama.cpp does; that form keeps q and
+/// the p·v accumulator in f32. Below that it works row by row with q in f16 and an f16
+/// accumulator, which quiver reproduces exactly. [`Numerics::BatchInvariant`] (the server)
+/// always takes the row-by-row form.
+pub fn tiled(n: usize, numerics: Numerics) -> bool {
+    n >= 64 && !numerics.is_batch_invariant()
 }
 
 /// Whether the accumulator is rounded to f16 (the default) or kept in f32.
@@ -413,20 +414,11 @@ unsafe fn task_avx2(
     })
 }
 
+/// Whether the AVX2 + FMA + F16C paths of this crate (attention, rope, GLU) may run: the
+/// kernels' SIMD level ([`SimdLevel::active`], which reads `QUIVER_CPU_SIMD`) is AVX2 or more
+/// (that level implies all three features).
 pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *F.get_or_init(|| {
-            let allowed = std::env::var("QUIVER_CPU_SIMD").map_or(true, |v| v != "portable");
-            allowed
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    cfg!(target_arch = "x86_64") && SimdLevel::active() >= SimdLevel::Avx2
 }
 
 /// Heads per task: a whole KV group (cut to at most [`MAX_GROUP`]) when the step has enough
@@ -443,8 +435,10 @@ fn heads_per_task(a: &AttnParams, n_tokens: usize, threads: usize) -> usize {
         .unwrap_or(1)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
+    numerics: Numerics,
     q: &[f32],
     k_cache: &[half::f16],
     v_cache: &[half::f16],
@@ -453,7 +447,7 @@ pub fn attention(
     out: &mut [f32],
 ) {
     let g = heads_per_task(a, batch.n_tokens(), pool.n_threads());
-    let tiled = tiled(batch.n_tokens());
+    let tiled = tiled(batch.n_tokens(), numerics);
     let r16 = f16_accumulator() && !tiled;
     run(pool, q, k_cache, v_cache, batch, a, out, g, r16, tiled);
 }

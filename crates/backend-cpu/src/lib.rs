@@ -1,5 +1,9 @@
 //! The CPU backend: activations in `Vec<f32>`, weights borrowed from the mapped GGUF file
 //! (never copied to the heap), K/V in one f16 pool per layer.
+//!
+//! Each instance has its own [`Numerics`] ([`CpuConfig`]): batch invariant by default (the
+//! server), or fast (single-sequence commands); instances with different settings can live in
+//! one process.
 
 mod act_fn;
 mod attn;
@@ -10,6 +14,7 @@ use quiver_backend::{
     reference, Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, Result,
     RopeParams, Step, WeightBytes,
 };
+pub use quiver_cpu_kernels::Numerics;
 use quiver_cpu_kernels::ThreadPool;
 use quiver_gguf::GgmlType;
 
@@ -46,6 +51,29 @@ pub struct CpuKv {
     pub n_slots: usize,
 }
 
+/// How a [`CpuBackend`] is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuConfig {
+    /// Threads of the instance's pool (at least 1).
+    pub threads: usize,
+    /// How its products and attention round: [`Numerics::BatchInvariant`] (the default) gives
+    /// every token the same bits whatever its batch (matmuls on the decode path, one-row
+    /// attention); [`Numerics::Fast`] takes the GEMM path and llama.cpp's tiled attention for
+    /// steps of 64+ tokens and rounds as llama.cpp does for one sequence
+    /// (`quiver_cpu_kernels::gemm_min_tokens`, `QUIVER_CPU_GEMM_MIN_TOKENS`).
+    pub numerics: Numerics,
+}
+
+impl CpuConfig {
+    /// `threads` threads, the default numerics (batch invariant).
+    pub fn new(threads: usize) -> Self {
+        CpuConfig {
+            threads,
+            numerics: Numerics::default(),
+        }
+    }
+}
+
 pub struct CpuBackend {
     mm: matmul::MatMul,
     /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
@@ -60,9 +88,14 @@ pub struct CpuStep {
 }
 
 impl CpuBackend {
+    /// `threads` threads, batch invariant (as [`CpuConfig::new`]).
     pub fn new(threads: usize) -> Self {
+        CpuBackend::with_config(CpuConfig::new(threads))
+    }
+
+    pub fn with_config(config: CpuConfig) -> Self {
         CpuBackend {
-            mm: matmul::MatMul::new(threads),
+            mm: matmul::MatMul::new(config.threads, config.numerics),
             packed: Default::default(),
         }
     }
@@ -71,10 +104,9 @@ impl CpuBackend {
         self.mm.threads()
     }
 
-    /// Batch invariance of the matmul kernels (process-wide; on by default): see
-    /// `quiver_cpu_kernels::set_batch_invariant`.
-    pub fn set_batch_invariant(on: bool) {
-        quiver_cpu_kernels::set_batch_invariant(on)
+    /// This instance's numerics (fixed at construction).
+    pub fn numerics(&self) -> Numerics {
+        self.mm.numerics()
     }
 }
 
@@ -456,7 +488,7 @@ impl Backend for CpuBackend {
         // says so (`scale_q`; attention then multiplies by 1).
         use half::slice::HalfFloatSliceExt;
         let s = if a.scale_q { a.scale } else { 1.0 };
-        let f16_q = !attn::tiled(n);
+        let f16_q = !attn::tiled(n, self.numerics());
         q[..n * a.n_head * a.head_dim].iter_mut().for_each(|v| {
             *v *= s;
             if f16_q {
@@ -498,6 +530,7 @@ impl Backend for CpuBackend {
         })?;
         attn::attention(
             self.mm.pool(),
+            self.numerics(),
             &q[..n],
             &kv.k,
             &kv.v,

@@ -1,23 +1,30 @@
 //! Matmul dispatch onto the SIMD kernels of `quiver-cpu-kernels`, with a persistent thread
-//! pool and reusable activation scratch (no allocation in steady state).
+//! pool and reusable activation scratch (no allocation in steady state), which carries the
+//! instance's [`Numerics`] into every call.
 
 use quiver_backend::{BackendError, Result};
-use quiver_cpu_kernels::{Scratch, ThreadPool};
+use quiver_cpu_kernels::{Numerics, Scratch, ThreadPool};
 use quiver_gguf::GgmlType;
 use std::sync::Mutex;
 
 pub struct MatMul {
     pool: ThreadPool,
     scratch: Mutex<Scratch>,
+    numerics: Numerics,
 }
 
 impl MatMul {
-    pub fn new(threads: usize) -> Self {
+    pub fn new(threads: usize, numerics: Numerics) -> Self {
         let pool = ThreadPool::new(threads.max(1)).expect("spawning the CPU worker threads");
         MatMul {
             pool,
-            scratch: Mutex::new(Scratch::new()),
+            scratch: Mutex::new(Scratch::with_numerics(numerics)),
+            numerics,
         }
+    }
+
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     pub fn pool(&self) -> &ThreadPool {

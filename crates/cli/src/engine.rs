@@ -1,7 +1,7 @@
 //! Loading a model for generation, shared by run, chat, perplexity, logprobs and bench.
 
 use anyhow::{bail, Context, Result};
-use quiver_backend_cpu::CpuBackend;
+use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
 use quiver_backend_cuda::{CudaBackend, CudaConfig};
 use quiver_engine::{ModelRunner, RunnerOptions, Session};
 use quiver_gguf::GgufFile;
@@ -164,8 +164,20 @@ pub fn n_ctx(args: &LoadArgs, file: &GgufFile) -> usize {
     n.div_ceil(quiver_engine::BLOCK_SIZE) * quiver_engine::BLOCK_SIZE
 }
 
-/// Loads the model with room for `max_logits` logits rows per step.
+/// Loads the model with room for `max_logits` logits rows per step, for one sequence: on the
+/// CPU with [`Numerics::Fast`] (one sequence per process: batch invariance buys nothing, the
+/// GEMM path is faster).
 pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<Loaded> {
+    load_with(args, file, max_logits, Numerics::Fast)
+}
+
+/// [`load`] with the CPU backend's numerics given (the CUDA backend ignores them).
+pub fn load_with(
+    args: &LoadArgs,
+    file: Arc<GgufFile>,
+    max_logits: usize,
+    numerics: Numerics,
+) -> Result<Loaded> {
     let t0 = std::time::Instant::now();
     let n_threads = threads(args)?;
     let n_ctx = n_ctx(args, &file);
@@ -177,9 +189,11 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
     let (device, desc) = choose_device(&args.device)?;
     let runner: Box<dyn Session + Send> = match device {
         Device::Cpu => {
-            // One sequence per process: batch invariance buys nothing, the GEMM path is faster.
-            CpuBackend::set_batch_invariant(false);
-            let r = ModelRunner::new(CpuBackend::new(n_threads), &file, &opts)?;
+            let be = CpuBackend::with_config(CpuConfig {
+                threads: n_threads,
+                numerics,
+            });
+            let r = ModelRunner::new(be, &file, &opts)?;
             eprintln!(
                 "quiver: loaded {} ({} layers, {} vocabulary) on {desc} with {n_threads} threads, context {} tokens, in {:.2}s",
                 r.model.hp.arch, r.model.hp.n_layer, r.model.hp.n_vocab, r.n_ctx, t0.elapsed().as_secs_f64()

@@ -22,10 +22,16 @@
 //! SIMD: a portable path (plain Rust, used off x86), AVX2+FMA+F16C, and AVX-512
 //! (F/BW/VL/VNNI), chosen at run time; `QUIVER_CPU_SIMD=portable|avx2|avx512` caps the level
 //! ([`SimdLevel::active`]). [`matmul_with_level`] forces a level (tests, benches).
-//! **Batch invariance** (default): every call takes the decode path, so a token's output row
-//! is bit-identical whatever `n_tokens`, the other tokens of the call and the thread count
-//! (`tests/batch_invariance.rs`). `QUIVER_CPU_GEMM_MIN_TOKENS=N` turns the prefill path on
-//! from `N` tokens ([`gemm_min_tokens`]): about 2.5-3x faster prefill, not batch invariant.
+//!
+//! **Numerics** are the caller's, per instance: each [`Scratch`] carries a [`Numerics`] and
+//! every call through it rounds accordingly, so two callers in one process can differ.
+//! [`Numerics::BatchInvariant`] (the default): every call takes the decode path, so a token's
+//! output row is bit-identical whatever `n_tokens`, the other tokens of the call and the
+//! thread count (`tests/batch_invariance.rs`). [`Numerics::Fast`] (single-sequence callers):
+//! batches of 64+ tokens take the prefill path (about 2.5-3x faster prefill) and smaller ones
+//! round as llama.cpp's kernel for the same batch; not batch invariant.
+//! `QUIVER_CPU_GEMM_MIN_TOKENS=N` turns the prefill path on from `N` tokens under both
+//! ([`gemm_min_tokens`]).
 
 mod act;
 mod decode;
@@ -41,25 +47,62 @@ pub use quiver_gguf::GgmlType;
 
 use std::sync::OnceLock;
 
-/// The smallest batch that takes the prefill (GEMM) path for weights of type `ty`; smaller
-/// batches take the decode path (fused dot products, up to 4 tokens per pass over a row).
+/// How a caller's products may round: whether a token's result may depend on its batch.
 ///
-/// With batch invariance on (the default) every batch takes the decode path (`usize::MAX`):
-/// that makes [`matmul`] **batch invariant** — the output row of a token is bit-identical
-/// whatever the other tokens of the call are, whatever `n_tokens` and whatever the thread
-/// count — because the decode path's float operations per (row, token) do not depend on the
-/// grouping of tokens (every kernel runs the same per-token operations for 1..=4 tokens; rows
-/// are split over threads, never columns). The GEMM path accumulates in another order, so
-/// mixing the two would make a token's output depend on the batch size.
+/// A per-instance setting, carried by the caller's [`Scratch`] into every [`matmul`] (and by
+/// `quiver-backend-cpu`'s `CpuBackend` into its attention too), never a process-wide one: a
+/// process can hold a batch-invariant server backend and a fast single-sequence one at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Numerics {
+    /// Every batch on the decode path, every K-quant product in its one-token form: the
+    /// output row of a token is bit-identical whatever the other tokens of the call are,
+    /// whatever `n_tokens` and whatever the thread count. For callers that batch several
+    /// sequences into one call and must give each the same result as alone (the server).
+    #[default]
+    BatchInvariant,
+    /// Batches of 64+ tokens on the GEMM path, and smaller batches' K-quant products in the
+    /// form of the llama.cpp kernel the same batch takes (llama.cpp's floats for one
+    /// sequence): faster prefill, but a token's result depends on its batch. For callers that
+    /// run one sequence (CLI generation, perplexity, bench).
+    Fast,
+}
+
+impl Numerics {
+    /// True for [`Numerics::BatchInvariant`].
+    pub fn is_batch_invariant(self) -> bool {
+        self == Numerics::BatchInvariant
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::BatchInvariant => "batch-invariant",
+            Numerics::Fast => "fast",
+        }
+    }
+}
+
+/// The smallest batch that takes the prefill (GEMM) path for weights of type `ty` under
+/// `numerics`; smaller batches take the decode path (fused dot products, up to 4 tokens per
+/// pass over a row).
 ///
-/// Without it (single-sequence commands) batches of 64 tokens and more take the GEMM path.
-/// Below 64, llama.cpp's CPU attention runs query row by query row and its products (vec_dot,
-/// tinyBLAS, the repacked Q4_K kernels) round as the decode path does, so short prompts give
-/// llama.cpp's floats bit for bit; from 64 its tiled attention rounds otherwise anyway, and
-/// the GEMM path is faster (its crossover with the decode path is 7–14 tokens by type).
+/// [`Numerics::BatchInvariant`]: every batch takes the decode path (`usize::MAX`): that makes
+/// [`matmul`] **batch invariant** — the output row of a token is bit-identical whatever the
+/// other tokens of the call are, whatever `n_tokens` and whatever the thread count — because
+/// the decode path's float operations per (row, token) do not depend on the grouping of
+/// tokens (every kernel runs the same per-token operations for 1..=4 tokens; rows are split
+/// over threads, never columns). The GEMM path accumulates in another order, so mixing the
+/// two would make a token's output depend on the batch size.
 ///
-/// `QUIVER_CPU_GEMM_MIN_TOKENS=N` sets the threshold for every type (NOT batch invariant).
-pub fn gemm_min_tokens(_ty: GgmlType) -> usize {
+/// [`Numerics::Fast`] (single-sequence callers): batches of 64 tokens and more take the GEMM
+/// path. Below 64, llama.cpp's CPU attention runs query row by query row and its products
+/// (vec_dot, tinyBLAS, the repacked Q4_K kernels) round as the decode path does, so short
+/// prompts give llama.cpp's floats bit for bit; from 64 its tiled attention rounds otherwise
+/// anyway, and the GEMM path is faster (its crossover with the decode path is 7–14 tokens by
+/// type).
+///
+/// `QUIVER_CPU_GEMM_MIN_TOKENS=N` sets the threshold for every type under both numerics (then
+/// NOT batch invariant).
+pub fn gemm_min_tokens(_ty: GgmlType, numerics: Numerics) -> usize {
     static OVERRIDE: OnceLock<Option<usize>> = OnceLock::new();
     let o = *OVERRIDE.get_or_init(|| {
         std::env::var("QUIVER_CPU_GEMM_MIN_TOKENS")
@@ -69,28 +112,10 @@ pub fn gemm_min_tokens(_ty: GgmlType) -> usize {
     if let Some(n) = o {
         return n;
     }
-    if batch_invariant() {
-        usize::MAX
-    } else {
-        64
+    match numerics {
+        Numerics::BatchInvariant => usize::MAX,
+        Numerics::Fast => 64,
     }
-}
-
-static BATCH_INVARIANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Whether every token's result must not depend on its batch (see [`set_batch_invariant`]).
-pub fn batch_invariant() -> bool {
-    BATCH_INVARIANT.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Chooses between batch invariance (the default: every batch on the decode path, see
-/// [`gemm_min_tokens`]) and speed (large batches on the GEMM path, at the measured per-type
-/// crossovers). A process that batches several sequences into one call and must give each
-/// the same result as alone (the server) keeps the default; a process that runs one sequence
-/// (CLI generation, perplexity, bench) can take the faster path. `QUIVER_CPU_GEMM_MIN_TOKENS`
-/// overrides both.
-pub fn set_batch_invariant(on: bool) {
-    BATCH_INVARIANT.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Errors of the kernels; every variant names the op, the type and the shapes.
@@ -148,7 +173,9 @@ impl SimdLevel {
     }
 
     /// The level kernels use: [`SimdLevel::detected`] capped by `QUIVER_CPU_SIMD`
-    /// (`portable`, `avx2` or `avx512`; unset, empty or unknown values leave no cap).
+    /// (`portable`, `avx2` or `avx512`; unset, empty or unknown values leave no cap). The one
+    /// place that variable is read: the CPU backend's own SIMD paths (attention, rope, GLU)
+    /// follow this level too.
     pub fn active() -> SimdLevel {
         static A: OnceLock<SimdLevel> = OnceLock::new();
         *A.get_or_init(|| {
@@ -196,10 +223,12 @@ fn detect() -> SimdLevel {
     SimdLevel::Portable
 }
 
-/// Reusable memory for quantized activations. Grows to the largest call and is then
-/// reused: a steady-state matmul does not allocate.
+/// A caller's per-instance matmul state: its [`Numerics`], and reusable memory for quantized
+/// activations (grows to the largest call and is then reused: a steady-state matmul does not
+/// allocate). One per caller that owns a setting (a backend instance, a test, a bench).
 #[derive(Default)]
 pub struct Scratch {
+    numerics: Numerics,
     a32_q: Vec<i8>,
     a32_ds: Vec<f32>,
     a256: Vec<act::A256>,
@@ -209,8 +238,22 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    /// Empty, with the default numerics ([`Numerics::BatchInvariant`]).
     pub fn new() -> Scratch {
         Scratch::default()
+    }
+
+    /// Empty, with the given numerics for every call made through it.
+    pub fn with_numerics(numerics: Numerics) -> Scratch {
+        Scratch {
+            numerics,
+            ..Scratch::default()
+        }
+    }
+
+    /// The numerics of every call made through this scratch.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// Bytes currently held.
@@ -254,7 +297,8 @@ pub fn supports(ty: GgmlType) -> bool {
 /// `out[t, r] = sum_c W[r, c] * x[t, c]`.
 ///
 /// `w`: `[rows, cols]` in type `ty` (`rows * ty.row_bytes(cols)` bytes); `x`:
-/// `[n_tokens, cols]`; `out`: `[n_tokens, rows]`. Runs on `pool` at [`SimdLevel::active`].
+/// `[n_tokens, cols]`; `out`: `[n_tokens, rows]`. Runs on `pool` at [`SimdLevel::active`],
+/// rounding as `scratch`'s [`Numerics`] say.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     pool: &ThreadPool,
@@ -343,6 +387,7 @@ pub fn matmul_with_level(
         row_bytes,
         x,
         n_tokens,
+        numerics: scratch.numerics,
     };
     driver::matmul(pool, &job, out, scratch);
     Ok(())
@@ -502,7 +547,9 @@ mod tests {
             GgmlType::Q6_K,
             GgmlType::IQ4_XS,
         ] {
-            assert!(supports(ty) && gemm_min_tokens(ty) >= 1);
+            for n in [Numerics::BatchInvariant, Numerics::Fast] {
+                assert!(supports(ty) && gemm_min_tokens(ty, n) >= 1);
+            }
         }
         assert!(!supports(GgmlType::IQ2_XXS) && !supports(GgmlType::Q8_K));
     }

@@ -8,8 +8,13 @@
 //! Rows are 37 (not a multiple of the row groups) and columns include odd block counts.
 //!
 //! The check can fail: `checker_sees_a_one_ulp_difference` flips one bit of one row.
+//!
+//! Numerics are per caller (`Scratch`), not per process:
+//! `numerics_are_per_scratch_and_coexist` runs a batch-invariant and a fast caller side by side.
 
-use quiver_cpu_kernels::{matmul_with_level, GgmlType, Scratch, SimdLevel, ThreadPool};
+use quiver_cpu_kernels::{
+    matmul, matmul_with_level, GgmlType, Numerics, Scratch, SimdLevel, ThreadPool,
+};
 
 struct Rng(u64);
 
@@ -153,4 +158,120 @@ fn checker_sees_a_one_ulp_difference() {
     assert!(first_mismatch(&full, &got, 1, 1, rows).is_none());
     got[2] = f32::from_bits(got[2].to_bits() + 1);
     assert!(first_mismatch(&full, &got, 1, 1, rows).is_some());
+}
+
+/// `w` (`rows × cols` of `ty`) and `N` tokens of activations, from `seed`.
+fn case(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let mut rng = Rng(seed);
+    let wf: Vec<f32> = (0..rows * cols).map(|_| 0.05 * rng.uniform()).collect();
+    let mut w = Vec::new();
+    quiver_quant::quantize(ty, &wf, &mut w).unwrap();
+    let x: Vec<f32> = (0..N * cols).map(|_| rng.uniform()).collect();
+    (w, x)
+}
+
+/// What one caller sees: the `N`-token call, and every token alone.
+fn batch_and_alone(
+    pool: &ThreadPool,
+    scratch: &mut Scratch,
+    ty: GgmlType,
+    (w, x): &(Vec<u8>, Vec<f32>),
+    rows: usize,
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut batch = vec![f32::NAN; N * rows];
+    matmul(pool, ty, w, rows, cols, x, N, &mut batch, scratch).unwrap();
+    let mut alone = vec![f32::NAN; N * rows];
+    for (xt, o) in x.chunks_exact(cols).zip(alone.chunks_exact_mut(rows)) {
+        matmul(pool, ty, w, rows, cols, xt, 1, o, scratch).unwrap();
+    }
+    (batch, alone)
+}
+
+/// Whether the GEMM path rounds otherwise than the decode path for `ty` at the active level:
+/// always for the K-quants; for the 32-element types only in the x86 kernels (the portable
+/// GEMM adds their blocks in the decode path's order).
+fn gemm_rounds_apart(ty: GgmlType) -> bool {
+    ty.block_size() == 256 || SimdLevel::active() > SimdLevel::Portable
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Two callers with different numerics in one process, at the same time (two threads, each
+/// its own pool and scratch) and in turn (one thread alternating between them): each rounds
+/// as its own setting says, which a process-wide switch could not give. The batch-invariant
+/// caller gives every token of a 70-token call the bits it gets alone; the fast caller takes
+/// the GEMM path for the 70 tokens (rows that differ from the token alone, where that path
+/// rounds apart) and the same decode path as the other for one token. `QUIVER_CPU_GEMM_MIN_TOKENS` (which overrides both)
+/// must be unset.
+#[test]
+fn numerics_are_per_scratch_and_coexist() {
+    if std::env::var_os("QUIVER_CPU_GEMM_MIN_TOKENS").is_some() {
+        eprintln!("QUIVER_CPU_GEMM_MIN_TOKENS is set: both numerics take its threshold; skipped");
+        return;
+    }
+    let (rows, cols) = (64, 2304);
+    let check = |ty: GgmlType, inv: &(Vec<f32>, Vec<f32>), fast: &(Vec<f32>, Vec<f32>)| {
+        assert!(
+            same_bits(&inv.0, &inv.1),
+            "{ty}: the batch-invariant caller's 70-token rows differ from its tokens alone"
+        );
+        assert!(
+            same_bits(&fast.1, &inv.1),
+            "{ty}: one token alone rounds differently under the two numerics"
+        );
+        let differ = fast
+            .0
+            .iter()
+            .zip(&fast.1)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert!(
+            differ > 0 || !gemm_rounds_apart(ty),
+            "{ty}: the fast caller's 70-token call gave the bits of one-token calls (no GEMM path)"
+        );
+    };
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let data = case(ty, rows, cols, 0x5eed ^ (ty as u64) << 8);
+        // At the same time: one thread per caller.
+        let (inv, fast) = std::thread::scope(|s| {
+            let run = |numerics| {
+                let data = &data;
+                s.spawn(move || {
+                    let pool = ThreadPool::new(2).unwrap();
+                    let mut scratch = Scratch::with_numerics(numerics);
+                    assert_eq!(scratch.numerics(), numerics);
+                    batch_and_alone(&pool, &mut scratch, ty, data, rows, cols)
+                })
+            };
+            let (a, b) = (run(Numerics::BatchInvariant), run(Numerics::Fast));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        check(ty, &inv, &fast);
+        // In turn: one pool, two scratches, calls interleaved; the same bits as above.
+        let pool = ThreadPool::new(2).unwrap();
+        let mut s_inv = Scratch::new();
+        assert_eq!(s_inv.numerics(), Numerics::BatchInvariant, "the default");
+        let mut s_fast = Scratch::with_numerics(Numerics::Fast);
+        let fast2 = batch_and_alone(&pool, &mut s_fast, ty, &data, rows, cols);
+        let inv2 = batch_and_alone(&pool, &mut s_inv, ty, &data, rows, cols);
+        let fast3 = batch_and_alone(&pool, &mut s_fast, ty, &data, rows, cols);
+        for (what, a, b) in [
+            ("invariant", &inv, &inv2),
+            ("fast", &fast, &fast2),
+            ("fast", &fast, &fast3),
+        ] {
+            assert!(
+                same_bits(&a.0, &b.0) && same_bits(&a.1, &b.1),
+                "{ty}: the {what} caller's results changed when the other ran in between"
+            );
+        }
+    }
 }

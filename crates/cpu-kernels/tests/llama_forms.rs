@@ -1,21 +1,18 @@
-//! The decode path's llama.cpp forms (`decode::FORM_GEMM4`, `FORM_TILED`): with batch
-//! invariance off, as single-sequence commands run, a batch under 64 tokens rounds as the
+//! The decode path's llama.cpp forms (`decode::FORM_GEMM4`, `FORM_TILED`): with
+//! `Numerics::Fast`, as single-sequence commands run, a batch under 64 tokens rounds as the
 //! llama.cpp kernel the same batch would take — the repacked Q4_K GEMM for each group of four
 //! tokens, the tiled kernel for Q5_K/Q6_K from 8 tokens. They must stay products of the right
 //! values: checked against the f64 reference exactly as `parity.rs` checks every path. (That
 //! they are llama.cpp's floats bit for bit is checked end to end by the engine's parity test.)
-//!
-//! Its own test binary: batch invariance is a process-wide switch.
 
 mod common;
 
 use common::{check, levels, Case, Pool2};
-use quiver_cpu_kernels::{set_batch_invariant, GgmlType, Scratch, ThreadPool};
+use quiver_cpu_kernels::{GgmlType, Numerics, Scratch, ThreadPool};
 
 fn run(ty: GgmlType, ns: &[usize]) {
-    set_batch_invariant(false);
     let pool = ThreadPool::new(2).unwrap();
-    let mut scratch = Scratch::new();
+    let mut scratch = Scratch::with_numerics(Numerics::Fast);
     let mut pooled = vec![Pool2::default(); levels().len()];
     let mut seed = 0x51ed_2700_9e37_79b9u64 ^ ty as u64;
     let mut worst = 0f64;

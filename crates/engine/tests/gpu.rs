@@ -215,7 +215,6 @@ fn batched_bench_sequences_on_the_gpu_equal_solo_runs() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn parity_mode_equals_the_cpu_bit_for_bit() {
-    quiver_backend_cpu::CpuBackend::set_batch_invariant(true);
     for (preset, ty) in [
         ("smollm2-135m", "Q4_1"),
         ("gemma3-270m", "Q4_K_M"),
@@ -240,7 +239,11 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
         )
         .unwrap();
         let mut gpu = ModelRunner::new(be, &f, &opts).unwrap();
-        let mut cpu = ModelRunner::new(quiver_backend_cpu::CpuBackend::new(2), &f, &opts).unwrap();
+        let cpu_be = quiver_backend_cpu::CpuBackend::with_config(quiver_backend_cpu::CpuConfig {
+            threads: 2,
+            numerics: quiver_backend_cpu::Numerics::BatchInvariant,
+        });
+        let mut cpu = ModelRunner::new(cpu_be, &f, &opts).unwrap();
         let nv = gpu.n_vocab() as u32;
         let prompt = ids(40, 11, nv);
         let a = gpu.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();

@@ -2,7 +2,7 @@
 //! (`../shared/reference/`): teacher-forced top-1 and probabilities, free-running greedy, and
 //! perplexity.
 
-use quiver_backend_cpu::CpuBackend;
+use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
 use quiver_engine::{argmax, ModelRunner, RunnerOptions, Want};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
@@ -21,9 +21,12 @@ fn runner(alias: &str, n_ctx: usize, max_logits: usize) -> ModelRunner<CpuBacken
         .map(|n| n.get())
         .unwrap_or(1);
     // As the single-sequence CLI commands run (GEMM path for prompts).
-    CpuBackend::set_batch_invariant(false);
+    let config = CpuConfig {
+        threads,
+        numerics: Numerics::Fast,
+    };
     ModelRunner::new(
-        CpuBackend::new(threads),
+        CpuBackend::with_config(config),
         &f,
         &RunnerOptions {
             n_ctx,

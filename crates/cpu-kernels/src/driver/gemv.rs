@@ -89,12 +89,12 @@ unsafe fn gemv_k<K: Kernel, T: KQuant>(
     if a.len() < n * nb || w.len() < r1 * nb {
         return;
     }
-    // Single-sequence commands (not batch invariant) round as the llama.cpp kernel the same
+    // Single-sequence callers (`Numerics::Fast`) round as the llama.cpp kernel the same
     // batch takes: its tiled kernel from 8 tokens for the types it covers, its repacked Q4_K
     // GEMM for each whole group of four tokens (the rest through its GEMV); batch-invariant
     // runs take the one-token form throughout.
     use crate::decode::{FORM_GEMM4, FORM_TILED, FORM_VEC, GGML_Q4K};
-    let mirror = !crate::batch_invariant();
+    let mirror = !job.numerics.is_batch_invariant();
     let form = |nt: usize| {
         if mirror && T::TILED && n >= 8 {
             FORM_TILED

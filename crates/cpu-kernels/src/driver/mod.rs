@@ -9,7 +9,7 @@
 use crate::act::{self, A32Mut, PanelShape, A256, A32, TILE};
 use crate::decode::*;
 use crate::shared::SharedMut;
-use crate::{gemm_min_tokens, grow, Scratch, SimdLevel, ThreadPool};
+use crate::{gemm_min_tokens, grow, Numerics, Scratch, SimdLevel, ThreadPool};
 use quiver_gguf::GgmlType;
 use quiver_quant::{Block, QK_K};
 
@@ -60,6 +60,8 @@ pub(crate) struct Job<'a> {
     pub row_bytes: usize,
     pub x: &'a [f32],
     pub n_tokens: usize,
+    /// The caller's setting (from its [`Scratch`]).
+    pub numerics: Numerics,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -292,7 +294,7 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
         });
         return;
     }
-    if n < gemm_min_tokens(job.ty) {
+    if n < gemm_min_tokens(job.ty, job.numerics) {
         let acts = if fam == Family::Legacy {
             let nb = n * cols / 32;
             grow(&mut scratch.a32_q, nb * 32);
