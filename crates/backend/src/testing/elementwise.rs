@@ -1,0 +1,111 @@
+//! The ops that need no step: norms (plain, in place, fused with the residual add), `add`,
+//! `glu` (both activations), `softcap`, `argmax` and `top_k`.
+
+use super::cases::{GLU, LOGITS, NORMS, TOP_K};
+use super::{poison, read, rel_err, vector, Harness, Notes, Rng};
+use crate::{reference, Activation, Backend};
+
+/// Every element-wise and row-wise op of the table.
+pub fn elementwise<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
+    let mut notes = Notes::default();
+    let bounds = h.bounds(be);
+    for &(rows, d) in NORMS {
+        let n = rows * d;
+        let what = format!("{rows}×{d}");
+        let g = rng.vec(d);
+        let w = vector(be, &g);
+        let x = rng.vec(n);
+        let xb = h.upload(be, &x);
+        let mut want = vec![0.0; n];
+        reference::rms_norm(&x, &g, 1e-6, &mut want);
+        let mut out = poison(be, h, n);
+        be.rms_norm(&xb, &w, 1e-6, rows, &mut out).unwrap();
+        let e = rel_err(&read(be, &out, n), &want);
+        notes.check("rms_norm", e, bounds.norm, || what.clone());
+        let mut inplace = h.upload(be, &x);
+        be.rms_norm_inplace(&mut inplace, &w, 1e-6, rows).unwrap();
+        let e = rel_err(&read(be, &inplace, n), &want);
+        notes.check("rms_norm_inplace", e, bounds.norm, || what.clone());
+
+        let (resid, addv) = (rng.vec(n), rng.vec(n));
+        let sum: Vec<f32> = resid.iter().zip(&addv).map(|(a, b)| a + b).collect();
+        reference::rms_norm(&sum, &g, 1e-6, &mut want);
+        let (mut rb, ab) = (h.upload(be, &resid), h.upload(be, &addv));
+        let mut out = poison(be, h, n);
+        be.add_rms_norm(&mut rb, &ab, &w, 1e-6, rows, &mut out)
+            .unwrap();
+        let e = rel_err(&read(be, &rb, n), &sum);
+        notes.check("add_rms_norm residual", e, bounds.add, || what.clone());
+        let e = rel_err(&read(be, &out, n), &want);
+        notes.check("add_rms_norm", e, bounds.norm, || what.clone());
+
+        let mut ab2 = h.upload(be, &resid);
+        be.add(&mut ab2, &ab, n).unwrap();
+        let e = rel_err(&read(be, &ab2, n), &sum);
+        notes.check("add", e, bounds.add, || what.clone());
+    }
+
+    for &m in GLU {
+        let (gate, up) = (rng.scaled(m, 6.0), rng.vec(m));
+        let (gb, ub) = (h.upload(be, &gate), h.upload(be, &up));
+        for act in [Activation::SwiGlu, Activation::GeGlu] {
+            let mut ob = poison(be, h, m);
+            be.glu(act, &gb, &ub, m, &mut ob).unwrap();
+            let mut want = vec![0.0; m];
+            reference::glu(act, &gate, &up, &mut want);
+            let e = rel_err(&read(be, &ob, m), &want);
+            notes.check("glu", e, bounds.glu, || format!("{act:?}, {m} elements"));
+        }
+    }
+
+    for &(rows, cols) in LOGITS {
+        logits(be, h, rng, &mut notes, rows, cols, bounds.softcap);
+    }
+    notes
+}
+
+/// `argmax` (ties to the first), `top_k` (ties to the smaller index, NaN never counts, every
+/// row k pairs) and `softcap` over `rows` rows of `cols` logits.
+fn logits<B: Backend, H: Harness<B>>(
+    be: &B,
+    h: &H,
+    rng: &mut Rng,
+    notes: &mut Notes,
+    rows: usize,
+    cols: usize,
+    softcap_bound: f64,
+) {
+    let what = format!("{rows}×{cols}");
+    let mut logits = rng.vec(rows * cols);
+    // Ties: row 1 has its maximum once, row 2 twice side by side.
+    let c1 = cols * 7 / 10;
+    logits[cols + c1] = 9.0;
+    logits[2 * cols + 5] = 9.0;
+    logits[2 * cols + 6] = 9.0;
+    let mut lb = h.upload(be, &logits);
+    let mut ids = Vec::new();
+    be.argmax(&lb, rows, cols, &mut ids).unwrap();
+    let want_ids: Vec<u32> = logits.chunks(cols).map(reference::argmax).collect();
+    assert_eq!(ids, want_ids, "argmax {what}");
+    notes.checked += 1;
+
+    let mut tl = logits.clone();
+    tl[7] = f32::NAN;
+    tl[cols + c1 + 1] = 9.0;
+    let tb = h.upload(be, &tl);
+    for &k in TOP_K {
+        let mut got = Vec::new();
+        be.top_k(&tb, rows, cols, k, &mut got).unwrap();
+        let mut want = Vec::new();
+        for row in tl.chunks(cols) {
+            reference::top_k(row, k, &mut want);
+        }
+        assert_eq!(got, want, "top_k {k} of {what}");
+        notes.checked += 1;
+    }
+
+    be.softcap(&mut lb, 5.0, rows * cols).unwrap();
+    let want: Vec<f32> = logits.iter().map(|x| 5.0 * (x / 5.0).tanh()).collect();
+    let e = rel_err(&read(be, &lb, rows * cols), &want);
+    notes.check("softcap", e, softcap_bound, || what);
+}
