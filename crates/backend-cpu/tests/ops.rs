@@ -8,11 +8,12 @@ mod common;
 
 use common::{backend, Cpu};
 use quiver_backend::testing::{attention, elementwise, products, seeded_rng};
+use quiver_backend_cpu::Numerics;
 
 #[test]
 fn products_and_embedding_match_reference_for_every_type() {
     let mut rng = seeded_rng();
-    let notes = products::products(&mut backend(), &Cpu, &mut rng);
+    let notes = products::products(&mut backend(Numerics::BatchInvariant), &Cpu, &mut rng);
     notes.print("products");
     assert!(notes.skipped.is_empty(), "the CPU takes every type");
 }
@@ -20,17 +21,19 @@ fn products_and_embedding_match_reference_for_every_type() {
 #[test]
 fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
     let mut rng = seeded_rng();
-    attention::attention(&mut backend(), &Cpu, &mut rng).print("attention");
+    attention::attention(&mut backend(Numerics::BatchInvariant), &Cpu, &mut rng).print("attention");
 }
 
 #[test]
 fn rope_kv_write_matches_reference_in_both_modes() {
     let mut rng = seeded_rng();
-    attention::rope_kv_write(&mut backend(), &Cpu, &mut rng).print("rope_kv_write");
+    attention::rope_kv_write(&mut backend(Numerics::BatchInvariant), &Cpu, &mut rng)
+        .print("rope_kv_write");
 }
 
 #[test]
 fn norms_glu_softcap_argmax_top_k_match_reference() {
     let mut rng = seeded_rng();
-    elementwise::elementwise(&backend(), &Cpu, &mut rng).print("elementwise");
+    elementwise::elementwise(&backend(Numerics::BatchInvariant), &Cpu, &mut rng)
+        .print("elementwise");
 }

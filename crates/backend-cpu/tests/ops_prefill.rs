@@ -1,17 +1,15 @@
-//! The shared op body on the CPU with batch invariance off (`CpuBackend::set_batch_invariant`,
-//! process-wide: hence a test binary of its own), as single-sequence commands run: products of
-//! 64 tokens and more on the GEMM path, and attention steps of 64 rows and more in llama.cpp's
-//! tiled form (q and the accumulator in f32).
+//! The shared op body on the CPU with `Numerics::Fast`, as single-sequence commands run:
+//! products of 64 tokens and more on the GEMM path, and attention steps of 64 rows and more in
+//! llama.cpp's tiled form (q and the accumulator in f32).
 
 mod common;
 
 use common::{backend, Cpu};
 use quiver_backend::testing::{attention, products, seeded_rng};
-use quiver_backend_cpu::CpuBackend;
+use quiver_backend_cpu::{CpuBackend, Numerics};
 
 fn prefill_backend() -> CpuBackend {
-    CpuBackend::set_batch_invariant(false);
-    backend()
+    backend(Numerics::Fast)
 }
 
 #[test]

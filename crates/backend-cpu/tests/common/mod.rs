@@ -3,7 +3,7 @@
 
 use quiver_backend::testing::{Bounds, Harness, WeightCase};
 use quiver_backend::Backend;
-use quiver_backend_cpu::{CpuBackend, CpuKv};
+use quiver_backend_cpu::{CpuBackend, CpuConfig, CpuKv, Numerics};
 use quiver_gguf::GgmlType;
 
 /// The CPU backend's part: buffers are host vectors, the cache is two f16 vectors, and its
@@ -65,13 +65,16 @@ impl Harness<CpuBackend> for Cpu {
     }
 }
 
-pub fn backend() -> CpuBackend {
-    let be = CpuBackend::new(2);
+pub fn backend(numerics: Numerics) -> CpuBackend {
+    let be = CpuBackend::with_config(CpuConfig {
+        threads: 2,
+        numerics,
+    });
     eprintln!(
-        "{} backend, {} threads, batch invariant: {}",
+        "{} backend, {} threads, numerics {}",
         be.name(),
         be.threads(),
-        quiver_cpu_kernels::batch_invariant()
+        be.numerics().name()
     );
     be
 }
