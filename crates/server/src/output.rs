@@ -34,18 +34,24 @@ impl Out {
         self.st.handle.tokenizer().decode(&[id], false)
     }
 
+    /// The token's own bytes: a token holding part of a UTF-8 character gives those bytes,
+    /// not U+FFFD's.
+    fn piece_bytes(&self, id: u32) -> Vec<u8> {
+        self.st
+            .handle
+            .tokenizer()
+            .token_piece_bytes(id)
+            .into_owned()
+    }
+
     /// Chat logprob entries for one token.
     pub(crate) fn chat_logprob(&self, id: u32, lp: &TokenLogprob) -> Value {
-        let tok = self.piece(id);
         let top: Vec<Value> = lp
             .top
             .iter()
-            .map(|&(t, l)| {
-                let s = self.piece(t);
-                json!({"token": s, "logprob": l, "bytes": s.as_bytes()})
-            })
+            .map(|&(t, l)| json!({"token": self.piece(t), "logprob": l, "bytes": self.piece_bytes(t)}))
             .collect();
-        json!({"token": tok, "logprob": lp.logprob, "bytes": tok.as_bytes(), "top_logprobs": top})
+        json!({"token": self.piece(id), "logprob": lp.logprob, "bytes": self.piece_bytes(id), "top_logprobs": top})
     }
 
     /// Legacy completion logprobs for a run of tokens; advances the text offset.

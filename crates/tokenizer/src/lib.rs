@@ -347,6 +347,13 @@ impl Tokenizer {
         }
     }
 
+    /// The bytes token `id` stands for, special tokens as their text: a token that holds part
+    /// of a UTF-8 character gives just those bytes (what OpenAI's logprob `bytes` carry).
+    /// Empty for ids outside the vocabulary.
+    pub fn token_piece_bytes(&self, id: u32) -> Cow<'_, [u8]> {
+        self.piece(id, true)
+    }
+
     /// What `id` decodes to; control and unknown tokens are empty unless `special`.
     fn piece(&self, id: u32, special: bool) -> Cow<'_, [u8]> {
         if self.kind == TokenizerKind::None {

@@ -85,3 +85,23 @@ fn smollm2_user_text_cannot_forge_turns() {
 fn gemma3_user_text_cannot_forge_turns() {
     check("gemma3-270m", "<start_of_turn>", "<end_of_turn>");
 }
+
+/// A token that holds part of a UTF-8 character gives its own bytes (OpenAI's logprob
+/// `bytes`), not U+FFFD's, which is all its text can show.
+#[test]
+fn partial_utf8_tokens_give_their_own_bytes() {
+    for alias in ["smollm2-135m", "gemma3-270m"] {
+        let (tok, _) = model(alias);
+        let lone = (0..tok.n_vocab() as u32)
+            .find(|&id| tok.token_piece_bytes(id).as_ref() == [0xC3u8])
+            .unwrap_or_else(|| panic!("{alias}: no token for the lone byte C3"));
+        assert_eq!(tok.decode(&[lone], false), "\u{FFFD}", "{alias}");
+        // Whole characters: their bytes are their text's.
+        let e = tok.encode("é", false, false).unwrap();
+        let bytes: Vec<u8> = e
+            .iter()
+            .flat_map(|&id| tok.token_piece_bytes(id).into_owned())
+            .collect();
+        assert_eq!(bytes, "é".as_bytes(), "{alias}");
+    }
+}
