@@ -123,7 +123,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {
+    pub(crate) fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {
         self.cfg
             .attention_splits
             .unwrap_or_else(|| attention_splits(rows * n_head, self.dev.info.sms as usize, n_slots))

@@ -16,7 +16,7 @@ use crate::weights::{rows_cols, CudaWeight};
 use crate::{check, CudaBackend};
 use quiver_backend::{
     Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, Result, RopeParams, Step,
-    WeightBytes,
+    WeightBytes, WorkspaceSpec,
 };
 use quiver_gguf::GgmlType;
 
@@ -68,6 +68,28 @@ impl Backend for CudaBackend {
 
     fn weight_rows(&self, w: &CudaWeight) -> usize {
         w.rows
+    }
+
+    fn memory_available(&self) -> Option<u64> {
+        match self.dev.mem_info() {
+            (0, 0) => None,
+            (free, _) => Some(free),
+        }
+    }
+
+    fn workspace_bytes(&self, ws: &WorkspaceSpec) -> u64 {
+        match &self.mode {
+            Mode::Fast => self.scratch_bytes(ws),
+            // The parity mode grows its own scratch (src/exact.rs).
+            Mode::Parity(_) => 0,
+        }
+    }
+
+    fn reserve_workspace(&self, ws: &WorkspaceSpec) -> Result<()> {
+        match &self.mode {
+            Mode::Fast => self.reserve_scratch(ws),
+            Mode::Parity(_) => Ok(()),
+        }
     }
 
     fn buf(&self, n: usize) -> Result<CudaBuf> {

@@ -3,7 +3,7 @@
 
 use crate::dev::DevBuf;
 use crate::CudaBackend;
-use quiver_backend::{BackendError, Result};
+use quiver_backend::{BackendError, Result, WorkspaceSpec};
 use std::collections::HashMap;
 
 /// The fast path's scratch (the parity mode keeps its own, src/exact.rs).
@@ -27,7 +27,67 @@ pub(crate) struct Scratch {
     pub(crate) thetas: HashMap<Vec<u32>, DevBuf>,
 }
 
+/// A scratch buffer, its size for a workspace, and what it is for.
+type Plan = (fn(&mut Scratch) -> &mut Option<DevBuf>, usize, &'static str);
+
+/// The largest top-k the engine asks of the device (`quiver_engine`'s `MAX_DEVICE_TOP_K`).
+const MAX_TOP_K: usize = 64;
+
 impl CudaBackend {
+    /// The fast path's scratch for steps of at most `ws`: what `reserve_workspace` allocates
+    /// at load so that no step grows a buffer (the sizes the ops ask for, at their largest).
+    fn scratch_plan(&self, ws: &WorkspaceSpec) -> Vec<Plan> {
+        let (n, cols) = (ws.max_tokens.max(1), ws.max_product_cols);
+        let part = (1..=n)
+            .flat_map(|r| ws.attention.iter().map(move |&(nh, hd)| (r, nh, hd)))
+            .map(|(r, nh, hd)| r * nh * self.n_split(r, nh, ws.n_slots) * (hd + 2) * 4)
+            .max()
+            .unwrap_or(0);
+        let mut plan: Vec<Plan> = vec![
+            (|s| &mut s.part, part, "attention partials"),
+            (
+                |s| &mut s.top_ids,
+                ws.max_logits * MAX_TOP_K * 4,
+                "top-k ids",
+            ),
+            (
+                |s| &mut s.top_vals,
+                ws.max_logits * MAX_TOP_K * 4,
+                "top-k values",
+            ),
+            (|s| &mut s.ids, ws.max_logits.max(1) * 4, "argmax ids"),
+            (|s| &mut s.aq, n * cols, "int8 activations"),
+            (|s| &mut s.ad, n * cols / 4, "activation scales"),
+            (|s| &mut s.abs, n * cols / 4, "activation sums"),
+            (
+                |s| &mut s.gather,
+                ws.max_logits * ws.n_embd * 4,
+                "logits rows",
+            ),
+        ];
+        if self.blas.is_some() && self.cfg.tensor_cores {
+            plan.push((|s| &mut s.xbf, n * cols * 2, "f16 activations"));
+        }
+        plan.retain(|p| p.1 > 0);
+        plan
+    }
+
+    /// Bytes of `scratch_plan` (allocations round up to powers of two).
+    pub(crate) fn scratch_bytes(&self, ws: &WorkspaceSpec) -> u64 {
+        self.scratch_plan(ws)
+            .iter()
+            .map(|p| p.1.next_power_of_two() as u64)
+            .sum()
+    }
+
+    /// Allocates `scratch_plan` now.
+    pub(crate) fn reserve_scratch(&self, ws: &WorkspaceSpec) -> Result<()> {
+        for (pick, bytes, what) in self.scratch_plan(ws) {
+            self.scratch_ptr(pick, bytes, what)?;
+        }
+        Ok(())
+    }
+
     /// Grows scratch buffer `slot` to at least `bytes`; a move invalidates captured graphs.
     pub(crate) fn scratch_ptr(
         &self,

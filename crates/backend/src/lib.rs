@@ -266,6 +266,26 @@ impl KvSpec {
     }
 }
 
+/// The largest step a model's buffers are made for, in the shapes a backend's own scratch
+/// depends on: `Model::state` asks the backend for it at load ([`Backend::reserve_workspace`]),
+/// so that no step grows a buffer (and a workspace that cannot fit is an error at load).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkspaceSpec {
+    /// Token rows per step.
+    pub max_tokens: usize,
+    /// Logits rows per step.
+    pub max_logits: usize,
+    /// The widest input of any product (`n_embd`, `n_ff`, `n_head * head_dim`).
+    pub max_product_cols: usize,
+    /// The output product's input width and rows.
+    pub n_embd: usize,
+    pub n_vocab: usize,
+    /// Each distinct attention shape: (heads, head dim).
+    pub attention: Vec<(usize, usize)>,
+    /// KV positions in the pool.
+    pub n_slots: usize,
+}
+
 /// Element-wise gated activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -306,6 +326,16 @@ pub trait Backend {
     /// workspace against it before allocating anything.
     fn memory_available(&self) -> Option<u64> {
         None
+    }
+    /// Bytes of the backend's own scratch a step of at most `ws` needs.
+    fn workspace_bytes(&self, ws: &WorkspaceSpec) -> u64 {
+        let _ = ws;
+        0
+    }
+    /// Allocates that scratch now (at load), so that steps never grow it.
+    fn reserve_workspace(&self, ws: &WorkspaceSpec) -> Result<()> {
+        let _ = ws;
+        Ok(())
     }
 
     /// Starts a forward step: makes the batch's index arrays visible to the device and returns

@@ -275,3 +275,43 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
         );
     }
 }
+
+/// The scratch a step needs is allocated at load (`Backend::reserve_workspace`): prompt steps,
+/// graph-captured decode steps, top-k and argmax reads, with and without the tensor cores,
+/// grow nothing afterwards (the workspace counter covers activations and scratch).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn steps_allocate_no_scratch_after_load() {
+    let f = model();
+    for tensor_cores in [true, false] {
+        let config = CudaConfig {
+            tensor_cores,
+            ..CudaConfig::from_env()
+        };
+        let opts = RunnerOptions {
+            n_ctx: 1024,
+            n_batch: 256,
+            max_logits: 8,
+        };
+        let mut r = ModelRunner::new(CudaBackend::new(0, config).unwrap(), &f, &opts).unwrap();
+        let at_load = r.backend.mem_stats().workspace;
+        assert!(at_load > 0, "nothing reserved");
+        let nv = r.n_vocab() as u32;
+        let prompt = ids(300, 5, nv);
+        r.eval(&prompt, 0, Want::From(296)).unwrap();
+        let mut sampler = quiver_engine::Sampler::new(SamplerParams {
+            temperature: 0.7,
+            top_k: 40,
+            ..Default::default()
+        });
+        let mut t = r.eval_argmax(&[prompt[0]], 300).unwrap();
+        for p in 301..340 {
+            t = r.eval_pick(&[t], p, &mut sampler, &[]).unwrap();
+        }
+        assert_eq!(
+            r.backend.mem_stats().workspace,
+            at_load,
+            "tensor cores {tensor_cores}: a step grew the scratch"
+        );
+    }
+}

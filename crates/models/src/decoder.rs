@@ -133,7 +133,20 @@ impl<B: Backend> Model<B> {
         let floats = (n as u64)
             .saturating_mul((3 * hp.n_embd + 2 * qd + 2 * kvd + 3 * hp.n_ff) as u64)
             .saturating_add((max_logits as u64).saturating_mul(hp.n_vocab as u64));
-        let need = kv.saturating_add(floats.saturating_mul(4));
+        let mut attention: Vec<(usize, usize)> = vec![(hp.n_head, hp.head_dim)];
+        attention.dedup();
+        let ws = quiver_backend::WorkspaceSpec {
+            max_tokens: n,
+            max_logits,
+            max_product_cols: hp.n_embd.max(hp.n_ff).max(qd),
+            n_embd: hp.n_embd,
+            n_vocab: hp.n_vocab,
+            attention,
+            n_slots,
+        };
+        let need = kv
+            .saturating_add(floats.saturating_mul(4))
+            .saturating_add(b.workspace_bytes(&ws));
         if let Some(available) = b.memory_available() {
             if need > available {
                 return Err(quiver_backend::BackendError::OutOfMemory {
@@ -148,6 +161,7 @@ impl<B: Backend> Model<B> {
                 .into());
             }
         }
+        b.reserve_workspace(&ws)?;
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(State {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
