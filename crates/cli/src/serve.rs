@@ -123,10 +123,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     } else {
         String::new()
     };
-    eprintln!(
-        "quiver: serving {name} on {desc}{with_threads}: context {n_ctx}, {} sequences, {kv_blocks} KV blocks, loaded in {:.2}s",
+    let load_secs = t0.elapsed().as_secs_f64();
+    tracing::info!(
+        model = %name,
+        load_secs,
+        "serving {name} on {desc}{with_threads}: context {n_ctx}, {} sequences, {kv_blocks} KV blocks, loaded in {load_secs:.2}s",
         a.max_seqs,
-        t0.elapsed().as_secs_f64()
     );
     let cfg = quiver_server::ServerConfig {
         host: a.host,

@@ -4,13 +4,13 @@ use crate::auth::auth;
 use crate::error::ApiError;
 use crate::generate::{chat_completions, completions};
 use crate::metrics::Metrics;
+use crate::reqlog::observe;
 use crate::routes::{detokenize, get_model, health, list_models, metrics_text, tokenize};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request as HttpRequest, State};
+use axum::extract::{DefaultBodyLimit, Request as HttpRequest};
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 use quiver_engine::serve::EngineHandle;
@@ -27,6 +27,8 @@ pub(crate) struct AppState {
     pub(crate) metrics: Metrics,
     pub(crate) shutting_down: AtomicBool,
     pub(crate) next_id: AtomicU64,
+    /// Numbers request ids (`x-request-id`, the request log).
+    pub(crate) next_request: AtomicU64,
     pub(crate) nonce: u64,
 }
 
@@ -46,19 +48,8 @@ pub(crate) fn router(state: St) -> Router {
         .fallback(|req: HttpRequest| async move { ApiError::not_found(req.uri().path()) })
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
-}
-
-async fn count(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "other".to_string());
-    let r = next.run(req).await;
-    st.metrics.request(&route, r.status().as_u16());
-    r
 }
 
 pub(crate) fn body_bytes(

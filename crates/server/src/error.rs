@@ -165,6 +165,8 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        // The request log reads the cause from here.
+        r.extensions_mut().insert(self);
         r
     }
 }

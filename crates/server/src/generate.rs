@@ -5,13 +5,16 @@ use crate::app::{body_bytes, unix_now, AppState, St};
 use crate::error::ApiError;
 use crate::output::{whole_response, Out};
 use crate::params::{self, GenParams, Prompt};
+use crate::reqlog::ReqLog;
 use crate::stream::stream_response;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use quiver_engine::serve::{EngineHandle, Event, Request};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
@@ -46,6 +49,7 @@ pub(crate) fn render_chat(
 
 pub(crate) async fn chat_completions(
     State(st): State<St>,
+    Extension(log): Extension<Arc<ReqLog>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
@@ -54,13 +58,14 @@ pub(crate) async fn chat_completions(
         let req = params::parse_chat(&m, st.handle.info().n_vocab)?;
         check_model(&st, &req.params)?;
         let ids = render_chat(&st, &req, true)?;
-        generate(st.clone(), ids, req.params, Kind::Chat, None, 0).await
+        generate(st.clone(), log, ids, req.params, Kind::Chat, None, 0).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 pub(crate) async fn completions(
     State(st): State<St>,
+    Extension(log): Extension<Arc<ReqLog>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
@@ -82,7 +87,7 @@ pub(crate) async fn completions(
             }
         };
         let echo = req.echo.then_some(text);
-        generate(st.clone(), ids, req.params, Kind::Completion, echo, 16).await
+        generate(st.clone(), log, ids, req.params, Kind::Completion, echo, 16).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -124,6 +129,8 @@ pub(crate) struct Gen {
     guard: AbortGuard,
     t0: Instant,
     last: Option<Instant>,
+    /// The request's log line, written when the last holder (this, for streams) lets go.
+    log: Arc<ReqLog>,
 }
 
 impl Gen {
@@ -137,18 +144,34 @@ impl Gen {
                     Some(l) => self.st.metrics.itl((now - l).as_secs_f64()),
                 }
                 self.last = Some(now);
+                self.log.token();
             }
-            Some(Event::Finished { reason, .. }) => {
+            Some(Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
                 self.guard.done = true;
                 self.st.metrics.finished(reason.as_str());
                 self.st.metrics.e2e(self.t0.elapsed().as_secs_f64());
+                self.log.finished(
+                    reason.as_str(),
+                    *prompt_tokens,
+                    *completion_tokens,
+                    *cached_tokens,
+                );
             }
-            Some(Event::Error(_)) => {
+            Some(Event::Error(e)) => {
                 self.guard.done = true;
                 self.st.metrics.finished("error");
+                self.log.failed(&format!("generation failed: {e}"));
             }
             Some(Event::Started { .. }) => {}
-            None => self.guard.done = true,
+            None => {
+                self.guard.done = true;
+                self.log.failed("the engine dropped the request");
+            }
         }
         ev
     }
@@ -156,6 +179,7 @@ impl Gen {
 
 pub(crate) async fn generate(
     st: St,
+    log: Arc<ReqLog>,
     prompt: Vec<u32>,
     p: GenParams,
     kind: Kind,
@@ -167,6 +191,7 @@ pub(crate) async fn generate(
     }
     let ctx = st.handle.info().n_ctx;
     let param = kind.prompt_param();
+    log.prompt(prompt.len());
     if prompt.is_empty() {
         return Err(ApiError::invalid(param, "the prompt is empty"));
     }
@@ -208,12 +233,14 @@ pub(crate) async fn generate(
         },
         t0,
         last: None,
+        log: log.clone(),
     };
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let rid = match kind {
         Kind::Chat => format!("chatcmpl-{:x}{:06x}", st.nonce, n),
         Kind::Completion => format!("cmpl-{:x}{:06x}", st.nonce, n),
     };
+    log.submitted(&rid);
     let out = Out {
         st: st.clone(),
         kind,

@@ -11,6 +11,7 @@ mod generate;
 pub mod metrics;
 mod output;
 pub mod params;
+mod reqlog;
 mod routes;
 mod stream;
 
@@ -27,7 +28,7 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub host: String,
-    /// 0 picks a free port; the line `quiver: listening on http://HOST:PORT` tells which.
+    /// 0 picks a free port; the log line `listening on http://HOST:PORT` tells which.
     pub port: u16,
     /// Accepted `Authorization: Bearer KEY` keys; empty: no authentication.
     pub api_keys: Vec<String>,
@@ -135,6 +136,7 @@ pub async fn serve_until(
         metrics: Metrics::default(),
         shutting_down: AtomicBool::new(false),
         next_id: AtomicU64::new(1),
+        next_request: AtomicU64::new(1),
         nonce: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -145,7 +147,7 @@ pub async fn serve_until(
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = rx.wait_for(|v| *v).await;
     });
-    eprintln!("quiver: listening on http://{local}");
+    tracing::info!(addr = %local, "listening on http://{local}");
     let mut task = tokio::spawn(async move { server.await });
     tokio::select! {
         _ = stop => {}
@@ -159,8 +161,8 @@ pub async fn serve_until(
             };
         }
     }
-    eprintln!(
-        "quiver: shutting down (grace {:.1}s)",
+    tracing::info!(
+        "shutting down (grace {:.1}s)",
         cfg.shutdown_grace.as_secs_f64()
     );
     state.shutting_down.store(true, Ordering::SeqCst);
@@ -175,6 +177,6 @@ pub async fn serve_until(
         task.abort();
     }
     let _ = engine.await;
-    eprintln!("quiver: stopped");
+    tracing::info!("stopped");
     Ok(())
 }
