@@ -1,6 +1,7 @@
 //! The state every handler shares, the router, and helpers of the handlers.
 
 use crate::auth::auth;
+use crate::cpu::CpuPool;
 use crate::error::ApiError;
 use crate::generate::{chat_completions, completions};
 use crate::metrics::Metrics;
@@ -30,6 +31,10 @@ pub(crate) struct AppState {
     /// Numbers request ids (`x-request-id`, the request log).
     pub(crate) next_request: AtomicU64,
     pub(crate) nonce: u64,
+    /// Where requests' CPU work runs.
+    pub(crate) cpu: CpuPool,
+    /// The longest token in bytes ([`crate::cpu::max_token_bytes`]).
+    pub(crate) max_token_bytes: usize,
 }
 
 pub(crate) type St = Arc<AppState>;
@@ -72,4 +77,20 @@ pub(crate) fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Refuses, before tokenizing it, a text of `bytes` bytes that cannot fit the context: every
+/// token covers at most `max_token_bytes` bytes, so it has at least `bytes / max_token_bytes`
+/// tokens. (A vocabulary that drops bytes it cannot encode may in fact give fewer; such text
+/// is mostly lost anyway.)
+pub(crate) fn check_prompt_bytes(st: &AppState, bytes: usize, param: &str) -> Result<(), ApiError> {
+    let ctx = st.handle.info().n_ctx;
+    let at_least = bytes / st.max_token_bytes.max(1);
+    if at_least >= ctx {
+        Err(ApiError::context_exceeded_bytes(
+            param, at_least, bytes, ctx,
+        ))
+    } else {
+        Ok(())
+    }
 }

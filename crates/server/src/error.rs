@@ -124,6 +124,25 @@ impl ApiError {
         }
     }
 
+    /// The prompt's text is too long for the context whatever its tokens: refused before
+    /// tokenizing it. `at_least` is its least possible token count.
+    pub fn context_exceeded_bytes(
+        param: &str,
+        at_least: usize,
+        bytes: usize,
+        ctx: usize,
+    ) -> ApiError {
+        ApiError {
+            param: Some(param.to_string()),
+            code: Some("context_length_exceeded"),
+            ..ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("this model's maximum context length is {ctx} tokens, but the prompt has at least {at_least} tokens ({bytes} bytes of text)"),
+            )
+        }
+    }
+
     /// The engine refused a request. `param` names the prompt's field (`messages` or `prompt`).
     pub fn from_submit(e: &SubmitError, param: &str) -> ApiError {
         match e {

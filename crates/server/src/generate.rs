@@ -1,7 +1,7 @@
 //! `/v1/chat/completions` and `/v1/completions`: parse, tokenize, submit to the engine, then
 //! answer whole or as a stream.
 
-use crate::app::{body_bytes, unix_now, AppState, St};
+use crate::app::{body_bytes, check_prompt_bytes, unix_now, AppState, St};
 use crate::error::ApiError;
 use crate::output::{whole_response, Out};
 use crate::params::{self, GenParams, Prompt};
@@ -41,6 +41,7 @@ pub(crate) fn render_chat(
                 format!("the chat template cannot render these messages: {e}"),
             )
         })?;
+    check_prompt_bytes(st, text.len(), "messages")?;
     st.handle
         .tokenizer()
         .encode_chat(&text)
@@ -54,11 +55,18 @@ pub(crate) async fn chat_completions(
 ) -> Response {
     let r = async {
         let b = body_bytes(&st, body)?;
-        let m = params::parse_body(&b)?;
-        let req = params::parse_chat(&m, st.handle.info().n_vocab)?;
-        check_model(&st, &req.params)?;
-        let ids = render_chat(&st, &req, true)?;
-        generate(st.clone(), log, ids, req.params, Kind::Chat, None, 0).await
+        let s = st.clone();
+        let (params, ids) = st
+            .cpu
+            .run(b.len(), move || {
+                let m = params::parse_body(&b)?;
+                let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
+                check_model(&s, &req.params)?;
+                let ids = render_chat(&s, &req, true)?;
+                Ok((req.params, ids))
+            })
+            .await?;
+        generate(st.clone(), log, ids, params, Kind::Chat, None, 0).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -70,24 +78,34 @@ pub(crate) async fn completions(
 ) -> Response {
     let r = async {
         let b = body_bytes(&st, body)?;
-        let m = params::parse_body(&b)?;
-        let req = params::parse_completion(&m, st.handle.info().n_vocab)?;
-        check_model(&st, &req.params)?;
-        let tok = st.handle.tokenizer();
-        let (ids, text) = match req.prompt {
-            Prompt::Text(t) => (
-                tok.encode(&t, true, true).map_err(|e| {
-                    ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
-                })?,
-                t,
-            ),
-            Prompt::Tokens(ids) => {
-                let t = tok.decode(&ids, false);
-                (ids, t)
-            }
-        };
-        let echo = req.echo.then_some(text);
-        generate(st.clone(), log, ids, req.params, Kind::Completion, echo, 16).await
+        let s = st.clone();
+        let (params, ids, echo) = st
+            .cpu
+            .run(b.len(), move || {
+                let m = params::parse_body(&b)?;
+                let req = params::parse_completion(&m, s.handle.info().n_vocab)?;
+                check_model(&s, &req.params)?;
+                let tok = s.handle.tokenizer();
+                let (ids, text) = match req.prompt {
+                    Prompt::Text(t) => {
+                        check_prompt_bytes(&s, t.len(), "prompt")?;
+                        let ids = tok.encode(&t, true, true).map_err(|e| {
+                            ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
+                        })?;
+                        (ids, Some(t))
+                    }
+                    Prompt::Tokens(ids) => {
+                        // Decoded only to echo it, and not when generate() refuses it anyway.
+                        let fits = ids.len() < s.handle.info().n_ctx;
+                        let t = (req.echo && fits).then(|| tok.decode(&ids, false));
+                        (ids, t)
+                    }
+                };
+                let echo = if req.echo { text } else { None };
+                Ok((req.params, ids, echo))
+            })
+            .await?;
+        generate(st.clone(), log, ids, params, Kind::Completion, echo, 16).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }

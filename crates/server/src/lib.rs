@@ -6,6 +6,7 @@
 
 mod app;
 mod auth;
+mod cpu;
 pub mod error;
 mod generate;
 pub mod metrics;
@@ -137,6 +138,12 @@ pub async fn serve_until(
         shutting_down: AtomicBool::new(false),
         next_id: AtomicU64::new(1),
         next_request: AtomicU64::new(1),
+        cpu: cpu::CpuPool::new(
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
+        ),
+        max_token_bytes: cpu::max_token_bytes(handle.tokenizer()),
         nonce: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -147,6 +154,13 @@ pub async fn serve_until(
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = rx.wait_for(|v| *v).await;
     });
+    let (heavy, light) = state.cpu.sizes();
+    tracing::debug!(
+        heavy,
+        light,
+        max_token_bytes = state.max_token_bytes,
+        "request processing threads"
+    );
     tracing::info!(addr = %local, "listening on http://{local}");
     let mut task = tokio::spawn(async move { server.await });
     tokio::select! {

@@ -1,6 +1,6 @@
 //! The small routes: models, health, metrics, tokenize, detokenize.
 
-use crate::app::{body_bytes, AppState, St};
+use crate::app::{body_bytes, check_prompt_bytes, AppState, St};
 use crate::error::ApiError;
 use crate::generate::render_chat;
 use crate::params;
@@ -59,53 +59,59 @@ pub(crate) async fn tokenize(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
+    let r = async {
         let b = body_bytes(&st, body)?;
-        let m = params::parse_body(&b)?;
-        let tok = st.handle.tokenizer();
-        let ids = if m.get("messages").is_some_and(|v| !v.is_null()) {
-            let req = params::parse_chat(&m, st.handle.info().n_vocab)?;
-            let agp = match m.get("add_generation_prompt") {
-                None | Some(Value::Null) => true,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        "add_generation_prompt",
-                        "`add_generation_prompt` must be a boolean",
-                    ))
-                }
-            };
-            render_chat(&st, &req, agp)?
-        } else {
-            let (key, text) = match (m.get("prompt"), m.get("content")) {
-                (Some(Value::String(s)), _) => ("prompt", s),
-                (None, Some(Value::String(s))) => ("content", s),
-                _ => {
-                    return Err(ApiError::invalid(
-                        "prompt",
-                        "give `prompt` (or `content`) as a string, or `messages`",
-                    ))
-                }
-            };
-            let add = match m.get("add_special") {
-                None | Some(Value::Null) => true,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        "add_special",
-                        "`add_special` must be a boolean",
-                    ))
-                }
-            };
-            tok.encode(text, add, true)
-                .map_err(|e| ApiError::invalid(key, format!("cannot tokenize: {e}")))?
+        let s = st.clone();
+        st.cpu.run(b.len(), move || tokenize_body(&s, &b)).await
+    };
+    match r.await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn tokenize_body(s: &AppState, b: &[u8]) -> Result<Value, ApiError> {
+    let m = params::parse_body(b)?;
+    let tok = s.handle.tokenizer();
+    let ids = if m.get("messages").is_some_and(|v| !v.is_null()) {
+        let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
+        let agp = match m.get("add_generation_prompt") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "add_generation_prompt",
+                    "`add_generation_prompt` must be a boolean",
+                ))
+            }
         };
-        Ok(Json(
-            json!({"count": ids.len(), "max_model_len": st.handle.info().n_ctx, "tokens": ids}),
-        )
-        .into_response())
-    })();
-    r.unwrap_or_else(IntoResponse::into_response)
+        render_chat(s, &req, agp)?
+    } else {
+        let (key, text) = match (m.get("prompt"), m.get("content")) {
+            (Some(Value::String(t)), _) => ("prompt", t),
+            (None, Some(Value::String(t))) => ("content", t),
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "give `prompt` (or `content`) as a string, or `messages`",
+                ))
+            }
+        };
+        let add = match m.get("add_special") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "add_special",
+                    "`add_special` must be a boolean",
+                ))
+            }
+        };
+        check_prompt_bytes(s, text.len(), key)?;
+        tok.encode(text, add, true)
+            .map_err(|e| ApiError::invalid(key, format!("cannot tokenize: {e}")))?
+    };
+    Ok(json!({"count": ids.len(), "max_model_len": s.handle.info().n_ctx, "tokens": ids}))
 }
 
 /// `{"tokens": [ids]}` → `{"prompt": TEXT, "content": TEXT}`.
@@ -113,34 +119,42 @@ pub(crate) async fn detokenize(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
+    let r = async {
         let b = body_bytes(&st, body)?;
-        let m = params::parse_body(&b)?;
-        let n_vocab = st.handle.info().n_vocab;
-        let ids = match m.get("tokens") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .filter(|&t| (t as usize) < n_vocab)
-                        .map(|t| t as u32)
-                })
-                .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "tokens",
-                        format!("`tokens` must hold token ids below {n_vocab}"),
-                    )
-                })?,
-            _ => {
-                return Err(ApiError::invalid(
-                    "tokens",
-                    "`tokens` must be an array of token ids",
-                ))
-            }
-        };
-        let text = st.handle.tokenizer().decode(&ids, false);
-        Ok(Json(json!({"prompt": text, "content": text})).into_response())
-    })();
-    r.unwrap_or_else(IntoResponse::into_response)
+        let s = st.clone();
+        st.cpu
+            .run(b.len(), move || {
+                let m = params::parse_body(&b)?;
+                let n_vocab = s.handle.info().n_vocab;
+                let ids = match m.get("tokens") {
+                    Some(Value::Array(a)) => a
+                        .iter()
+                        .map(|v| {
+                            v.as_u64()
+                                .filter(|&t| (t as usize) < n_vocab)
+                                .map(|t| t as u32)
+                        })
+                        .collect::<Option<Vec<u32>>>()
+                        .ok_or_else(|| {
+                            ApiError::invalid(
+                                "tokens",
+                                format!("`tokens` must hold token ids below {n_vocab}"),
+                            )
+                        })?,
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "tokens",
+                            "`tokens` must be an array of token ids",
+                        ))
+                    }
+                };
+                let text = s.handle.tokenizer().decode(&ids, false);
+                Ok(json!({"prompt": text, "content": text}))
+            })
+            .await
+    };
+    match r.await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
