@@ -87,6 +87,21 @@ impl ApiError {
         }
     }
 
+    /// The request's body did not arrive in time.
+    pub fn request_timeout(limit: std::time::Duration) -> ApiError {
+        ApiError {
+            code: Some("request_timeout"),
+            ..ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {} s",
+                    limit.as_secs_f64()
+                ),
+            )
+        }
+    }
+
     pub fn shutting_down() -> ApiError {
         ApiError {
             code: Some("shutting_down"),

@@ -48,9 +48,58 @@ pub(crate) async fn metrics_text(State(st): State<St>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        st.metrics.render(&s),
+        st.metrics.render(&s) + &connection_metrics(&st),
     )
         .into_response()
+}
+
+/// Prometheus lines of the connections.
+fn connection_metrics(st: &AppState) -> String {
+    let c = &st.conns;
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, v: u64| {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+        ));
+    };
+    metric(
+        "quiver_connections_open",
+        "gauge",
+        "Open HTTP connections.",
+        c.open() as u64,
+    );
+    metric(
+        "quiver_connections_max",
+        "gauge",
+        "Most open HTTP connections (--max-connections).",
+        c.limits().max as u64,
+    );
+    metric(
+        "quiver_connections_accepted_total",
+        "counter",
+        "Connections accepted and served.",
+        n(&c.accepted),
+    );
+    metric(
+        "quiver_connections_rejected_total",
+        "counter",
+        "Connections answered 503 at the cap, every connection busy.",
+        n(&c.rejected),
+    );
+    metric(
+        "quiver_connections_evicted_total",
+        "counter",
+        "Connections without a request in progress closed to make room at the cap.",
+        n(&c.evicted),
+    );
+    metric(
+        "quiver_connections_timed_out_total",
+        "counter",
+        "Connections closed for not sending a request's headers in time or idling too long.",
+        n(&c.timed_out),
+    );
+    out
 }
 
 /// `{"prompt"|"content": TEXT, "add_special": bool}` or `{"messages": [...]}` →
