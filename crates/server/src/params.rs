@@ -198,7 +198,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
     if let Some(k) = present(m, "top_k") {
         // -1 and 0 both mean "off", as in vLLM and llama.cpp.
         match k.as_i64() {
-            Some(k) if k <= 0 && k >= -1 => s.top_k = 0,
+            Some(-1 | 0) => s.top_k = 0,
             Some(k) if k > 0 => s.top_k = k as usize,
             _ => {
                 return Err(ApiError::invalid(
