@@ -52,7 +52,8 @@ class Server:
         def drain():
             for line in self.proc.stderr:
                 self.stderr_lines.append(line)
-                m = re.search(r"listening on (http://\S+)", line)
+                # A text log line or a JSON one (--log-format json): the URL ends at a quote.
+                m = re.search(r"listening on (http://[^\s\"]+)", line)
                 if m and self.url is None:
                     self.url = m.group(1)
                     ready.set()

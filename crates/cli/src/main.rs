@@ -19,8 +19,46 @@ use std::path::PathBuf;
     about = "GGUF inference engine and OpenAI-compatible server"
 )]
 struct Cli {
+    /// Log line format on stderr: text or json (one JSON object a line). Levels: RUST_LOG.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Levels when RUST_LOG is unset (or unparsable): info for quiver's crates, warn for others.
+const DEFAULT_LOG_FILTER: &str = "warn,quiver=info,quiver_server=info,quiver_engine=info,quiver_hub=info,quiver_backend_cuda=info,quiver_backend_cpu=info";
+
+/// Logs (`tracing` events: the server's lifecycle and request lines) go to stderr in the
+/// chosen format, filtered by RUST_LOG (`info`, `quiver_server=debug,warn`, ...).
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(s) if !s.trim().is_empty() => EnvFilter::try_new(&s).unwrap_or_else(|e| {
+            eprintln!("warning: ignoring RUST_LOG={s:?}: {e}");
+            EnvFilter::new(DEFAULT_LOG_FILTER)
+        }),
+        _ => EnvFilter::new(DEFAULT_LOG_FILTER),
+    };
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    let _ = match format {
+        LogFormat::Text => b.try_init(),
+        LogFormat::Json => b
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .try_init(),
+    };
 }
 
 #[derive(Subcommand)]
@@ -185,6 +223,8 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let log_format = cli.log_format;
+    init_logging(log_format);
     if let Err(e) = run(cli) {
         // A closed pipe (`quiver info | head`) is not an error.
         if e.chain().any(|c| {
@@ -195,7 +235,11 @@ fn main() {
         }
         // Every error is one line on stderr.
         let msg = format!("{e:#}").replace('\n', " ");
-        eprintln!("error: {msg}");
+        if log_format == LogFormat::Json && tracing::enabled!(tracing::Level::ERROR) {
+            tracing::error!(error = %msg, "fatal");
+        } else {
+            eprintln!("error: {msg}");
+        }
         std::process::exit(1);
     }
 }

@@ -42,6 +42,17 @@ pub struct ServeArgs {
     /// Seconds running requests may go on after SIGTERM before they are aborted.
     #[arg(long, default_value_t = 10)]
     pub shutdown_grace: u64,
+    /// Seconds a client has to send a request's headers (from connecting, or from the request's
+    /// first byte), and then its body.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_read_secs: u64,
+    /// Seconds a keep-alive connection may wait between requests before it is closed.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_idle_secs: u64,
+    /// Most open connections; at the cap a new one replaces the longest-waiting connection
+    /// without a request in progress, or is answered 503 when all are busy.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -109,10 +120,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     } else {
         String::new()
     };
-    eprintln!(
-        "quiver: serving {name} on {desc}{with_threads}: context {n_ctx}, {} sequences, {kv_blocks} KV blocks, loaded in {:.2}s",
+    let load_secs = t0.elapsed().as_secs_f64();
+    tracing::info!(
+        model = %name,
+        load_secs,
+        "serving {name} on {desc}{with_threads}: context {n_ctx}, {} sequences, {kv_blocks} KV blocks, loaded in {load_secs:.2}s",
         a.max_seqs,
-        t0.elapsed().as_secs_f64()
     );
     let cfg = quiver_server::ServerConfig {
         host: a.host,
@@ -121,6 +134,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         model_name: name,
         shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
         chat_template: Some(Arc::new(tmpl)),
+        read_timeout: std::time::Duration::from_secs(a.timeout_read_secs),
+        idle_timeout: std::time::Duration::from_secs(a.timeout_idle_secs),
+        max_connections: a.max_connections as usize,
         ..Default::default()
     };
     quiver_server::run(handle, cfg)?;

@@ -1,22 +1,30 @@
 //! The state every handler shares, the router, and helpers of the handlers.
 
 use crate::auth::auth;
+use crate::conn::Conns;
+use crate::cpu::CpuPool;
 use crate::error::ApiError;
 use crate::generate::{chat_completions, completions};
 use crate::metrics::Metrics;
+use crate::reqlog::observe;
 use crate::routes::{detokenize, get_model, health, list_models, metrics_text, tokenize};
+use axum::body::Body;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request as HttpRequest, State};
+use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::http::{header, HeaderValue};
+use axum::middleware;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use quiver_engine::serve::EngineHandle;
 use quiver_tokenizer::chat::ChatTemplate;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub(crate) struct AppState {
     pub(crate) handle: EngineHandle,
@@ -27,7 +35,16 @@ pub(crate) struct AppState {
     pub(crate) metrics: Metrics,
     pub(crate) shutting_down: AtomicBool,
     pub(crate) next_id: AtomicU64,
+    /// Numbers request ids (`x-request-id`, the request log).
+    pub(crate) next_request: AtomicU64,
     pub(crate) nonce: u64,
+    /// Where requests' CPU work runs.
+    pub(crate) cpu: CpuPool,
+    /// The longest token in bytes ([`crate::cpu::max_token_bytes`]).
+    pub(crate) max_token_bytes: usize,
+    /// Time a request's body has to arrive once its headers have.
+    pub(crate) read_timeout: Duration,
+    pub(crate) conns: Arc<Conns>,
 }
 
 pub(crate) type St = Arc<AppState>;
@@ -44,21 +61,11 @@ pub(crate) fn router(state: St) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(|req: HttpRequest| async move { ApiError::not_found(req.uri().path()) })
+        .layer(middleware::from_fn_with_state(state.clone(), read_body))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
-}
-
-async fn count(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "other".to_string());
-    let r = next.run(req).await;
-    st.metrics.request(&route, r.status().as_u16());
-    r
 }
 
 pub(crate) fn body_bytes(
@@ -81,4 +88,45 @@ pub(crate) fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Refuses, before tokenizing it, a text of `bytes` bytes that cannot fit the context: every
+/// token covers at most `max_token_bytes` bytes, so it has at least `bytes / max_token_bytes`
+/// tokens. (A vocabulary that drops bytes it cannot encode may in fact give fewer; such text
+/// is mostly lost anyway.)
+pub(crate) fn check_prompt_bytes(st: &AppState, bytes: usize, param: &str) -> Result<(), ApiError> {
+    let ctx = st.handle.info().n_ctx;
+    let at_least = bytes / st.max_token_bytes.max(1);
+    if at_least >= ctx {
+        Err(ApiError::context_exceeded_bytes(
+            param, at_least, bytes, ctx,
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Reads a request's whole body within `read_timeout` of its headers (else 408 and the
+/// connection is closed) and at most `max_body` bytes of it (else 413), before the handler.
+async fn read_body(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let read = Limited::new(body, st.max_body).collect();
+    let bytes = match tokio::time::timeout(st.read_timeout, read).await {
+        Ok(Ok(c)) => c.to_bytes(),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return ApiError::too_large(st.max_body).into_response()
+        }
+        Ok(Err(e)) => {
+            return ApiError::bad_request(format!("cannot read the request body: {e}"))
+                .into_response()
+        }
+        Err(_) => {
+            let mut r = ApiError::request_timeout(st.read_timeout).into_response();
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+    };
+    next.run(HttpRequest::from_parts(parts, Body::from(bytes)))
+        .await
 }

@@ -87,6 +87,21 @@ impl ApiError {
         }
     }
 
+    /// The request's body did not arrive in time.
+    pub fn request_timeout(limit: std::time::Duration) -> ApiError {
+        ApiError {
+            code: Some("request_timeout"),
+            ..ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {} s",
+                    limit.as_secs_f64()
+                ),
+            )
+        }
+    }
+
     pub fn shutting_down() -> ApiError {
         ApiError {
             code: Some("shutting_down"),
@@ -121,6 +136,25 @@ impl ApiError {
             param: Some(param.to_string()),
             code: Some("context_length_exceeded"),
             ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+
+    /// The prompt's text is too long for the context whatever its tokens: refused before
+    /// tokenizing it. `at_least` is its least possible token count.
+    pub fn context_exceeded_bytes(
+        param: &str,
+        at_least: usize,
+        bytes: usize,
+        ctx: usize,
+    ) -> ApiError {
+        ApiError {
+            param: Some(param.to_string()),
+            code: Some("context_length_exceeded"),
+            ..ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("this model's maximum context length is {ctx} tokens, but the prompt has at least {at_least} tokens ({bytes} bytes of text)"),
+            )
         }
     }
 
@@ -165,6 +199,8 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        // The request log reads the cause from here.
+        r.extensions_mut().insert(self);
         r
     }
 }

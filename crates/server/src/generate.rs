@@ -1,17 +1,20 @@
 //! `/v1/chat/completions` and `/v1/completions`: parse, tokenize, submit to the engine, then
 //! answer whole or as a stream.
 
-use crate::app::{body_bytes, unix_now, AppState, St};
+use crate::app::{body_bytes, check_prompt_bytes, unix_now, AppState, St};
 use crate::error::ApiError;
 use crate::output::{whole_response, Out};
 use crate::params::{self, GenParams, Prompt};
+use crate::reqlog::ReqLog;
 use crate::stream::stream_response;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use quiver_engine::serve::{EngineHandle, Event, Request};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
@@ -29,6 +32,10 @@ pub(crate) fn render_chat(
     req: &params::ChatRequest,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
+    // The messages' text is in the rendered prompt: bound it before rendering and tokenizing.
+    let text_bytes: usize = req.messages.iter().map(|m| m.content.len()).sum::<usize>()
+        + req.tools.as_ref().map_or(0, |t| t.to_string().len());
+    check_prompt_bytes(st, text_bytes, "messages")?;
     // Special tokens come only from the template: the messages' text is tokenized as text.
     st.template
         .tokenize(
@@ -48,46 +55,65 @@ pub(crate) fn render_chat(
 
 pub(crate) async fn chat_completions(
     State(st): State<St>,
+    Extension(log): Extension<Arc<ReqLog>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
         let b = body_bytes(&st, body)?;
-        let m = params::parse_body(&b)?;
-        let req = params::parse_chat(&m, st.handle.info().n_vocab)?;
-        check_model(&st, &req.params)?;
-        let ids = render_chat(&st, &req, true)?;
-        generate(st.clone(), ids, req.params, Kind::Chat, None, 0).await
+        let s = st.clone();
+        let (params, ids) = st
+            .cpu
+            .run(b.len(), move || {
+                let m = params::parse_body(&b)?;
+                let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
+                check_model(&s, &req.params)?;
+                let ids = render_chat(&s, &req, true)?;
+                Ok((req.params, ids))
+            })
+            .await?;
+        generate(st.clone(), log, ids, params, Kind::Chat, None, 0).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 pub(crate) async fn completions(
     State(st): State<St>,
+    Extension(log): Extension<Arc<ReqLog>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
         let b = body_bytes(&st, body)?;
-        let m = params::parse_body(&b)?;
-        let req = params::parse_completion(&m, st.handle.info().n_vocab)?;
-        check_model(&st, &req.params)?;
-        let tok = st.handle.tokenizer();
-        // A raw prompt is the client's own template: special-token text in it becomes those
-        // tokens unless the client says `"parse_special": false`.
-        let parse_special = params::opt_bool(&m, "parse_special", true)?;
-        let (ids, text) = match req.prompt {
-            Prompt::Text(t) => (
-                tok.encode(&t, true, parse_special).map_err(|e| {
-                    ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
-                })?,
-                t,
-            ),
-            Prompt::Tokens(ids) => {
-                let t = tok.decode(&ids, false);
-                (ids, t)
-            }
-        };
-        let echo = req.echo.then_some(text);
-        generate(st.clone(), ids, req.params, Kind::Completion, echo, 16).await
+        let s = st.clone();
+        let (params, ids, echo) = st
+            .cpu
+            .run(b.len(), move || {
+                let m = params::parse_body(&b)?;
+                let req = params::parse_completion(&m, s.handle.info().n_vocab)?;
+                check_model(&s, &req.params)?;
+                let tok = s.handle.tokenizer();
+                // A raw prompt is the client's own template: special-token text in it becomes
+                // those tokens unless the client says `"parse_special": false`.
+                let parse_special = params::opt_bool(&m, "parse_special", true)?;
+                let (ids, text) = match req.prompt {
+                    Prompt::Text(t) => {
+                        check_prompt_bytes(&s, t.len(), "prompt")?;
+                        let ids = tok.encode(&t, true, parse_special).map_err(|e| {
+                            ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
+                        })?;
+                        (ids, Some(t))
+                    }
+                    Prompt::Tokens(ids) => {
+                        // Decoded only to echo it, and not when generate() refuses it anyway.
+                        let fits = ids.len() < s.handle.info().n_ctx;
+                        let t = (req.echo && fits).then(|| tok.decode(&ids, false));
+                        (ids, t)
+                    }
+                };
+                let echo = if req.echo { text } else { None };
+                Ok((req.params, ids, echo))
+            })
+            .await?;
+        generate(st.clone(), log, ids, params, Kind::Completion, echo, 16).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -139,6 +165,8 @@ pub(crate) struct Gen {
     guard: AbortGuard,
     t0: Instant,
     last: Option<Instant>,
+    /// The request's log line, written when the last holder (this, for streams) lets go.
+    log: Arc<ReqLog>,
 }
 
 impl Gen {
@@ -152,18 +180,34 @@ impl Gen {
                     Some(l) => self.st.metrics.itl((now - l).as_secs_f64()),
                 }
                 self.last = Some(now);
+                self.log.token();
             }
-            Some(Event::Finished { reason, .. }) => {
+            Some(Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
                 self.guard.done = true;
                 self.st.metrics.finished(reason.as_str());
                 self.st.metrics.e2e(self.t0.elapsed().as_secs_f64());
+                self.log.finished(
+                    reason.as_str(),
+                    *prompt_tokens,
+                    *completion_tokens,
+                    *cached_tokens,
+                );
             }
-            Some(Event::Error(_)) => {
+            Some(Event::Error(e)) => {
                 self.guard.done = true;
                 self.st.metrics.finished("error");
+                self.log.failed(&format!("generation failed: {e}"));
             }
             Some(Event::Started { .. }) | Some(Event::PromptLogprobs(_)) => {}
-            None => self.guard.done = true,
+            None => {
+                self.guard.done = true;
+                self.log.failed("the engine dropped the request");
+            }
         }
         ev
     }
@@ -171,6 +215,7 @@ impl Gen {
 
 pub(crate) async fn generate(
     st: St,
+    log: Arc<ReqLog>,
     prompt: Vec<u32>,
     p: GenParams,
     kind: Kind,
@@ -182,6 +227,7 @@ pub(crate) async fn generate(
     }
     let ctx = st.handle.info().n_ctx;
     let param = kind.prompt_param();
+    log.prompt(prompt.len());
     if prompt.is_empty() {
         return Err(ApiError::invalid(param, "the prompt is empty"));
     }
@@ -229,12 +275,14 @@ pub(crate) async fn generate(
         },
         t0,
         last: None,
+        log: log.clone(),
     };
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let rid = match kind {
         Kind::Chat => format!("chatcmpl-{:x}{:06x}", st.nonce, n),
         Kind::Completion => format!("cmpl-{:x}{:06x}", st.nonce, n),
     };
+    log.submitted(&rid);
     let out = Out {
         st: st.clone(),
         kind,

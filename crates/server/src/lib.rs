@@ -6,11 +6,14 @@
 
 mod app;
 mod auth;
+mod conn;
+mod cpu;
 pub mod error;
 mod generate;
 pub mod metrics;
 mod output;
 pub mod params;
+mod reqlog;
 mod routes;
 mod stream;
 
@@ -27,7 +30,7 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub host: String,
-    /// 0 picks a free port; the line `quiver: listening on http://HOST:PORT` tells which.
+    /// 0 picks a free port; the log line `listening on http://HOST:PORT` tells which.
     pub port: u16,
     /// Accepted `Authorization: Bearer KEY` keys; empty: no authentication.
     pub api_keys: Vec<String>,
@@ -38,6 +41,14 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// The model's chat template (`ChatTemplate::for_model`); None: ChatML.
     pub chat_template: Option<Arc<ChatTemplate>>,
+    /// Time a client has to send a request's headers (from the accept, or from the request's
+    /// first byte on a keep-alive connection), and then its body.
+    pub read_timeout: Duration,
+    /// Time a keep-alive connection may wait between requests before it is closed.
+    pub idle_timeout: Duration,
+    /// Most open connections; at the cap a new one replaces the longest-waiting connection
+    /// without a request in progress, or is answered 503 when every one is busy.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +61,9 @@ impl Default for ServerConfig {
             max_body_bytes: 8 << 20,
             shutdown_grace: Duration::from_secs(10),
             chat_template: None,
+            read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1024,
         }
     }
 }
@@ -80,26 +94,34 @@ pub async fn serve(handle: EngineHandle, cfg: ServerConfig) -> Result<(), Server
     serve_until(handle, cfg, shutdown_signal()).await
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
+/// SIGTERM or SIGINT (Ctrl-C). The handlers are installed here, before the server says it is
+/// listening, so that a signal sent right after that line is never missed.
+fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            async fn recv(s: Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                _ = recv(term) => {}
+                _ = recv(int) => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
     }
 }
 
@@ -123,6 +145,19 @@ pub async fn serve_until(
     } else {
         cfg.model_name.clone()
     };
+    let conns = Arc::new(conn::Conns::new(conn::Limits {
+        read: cfg.read_timeout,
+        idle: cfg.idle_timeout,
+        max: cfg.max_connections.max(1),
+    }));
+    if let Some(n) = conn::open_files_limit() {
+        if cfg.max_connections as u64 + 64 > n {
+            tracing::warn!(
+                "--max-connections {} is close to the open-files limit {n} (ulimit -n): accepting may fail before the cap",
+                cfg.max_connections
+            );
+        }
+    }
     let state = Arc::new(AppState {
         handle: handle.clone(),
         model,
@@ -135,32 +170,45 @@ pub async fn serve_until(
         metrics: Metrics::default(),
         shutting_down: AtomicBool::new(false),
         next_id: AtomicU64::new(1),
+        next_request: AtomicU64::new(1),
+        cpu: cpu::CpuPool::new(
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
+        ),
+        max_token_bytes: cpu::max_token_bytes(handle.tokenizer()),
+        read_timeout: cfg.read_timeout,
+        conns: conns.clone(),
         nonce: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
     });
     let app = router(state.clone());
-    let (tx, mut rx) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = rx.wait_for(|v| *v).await;
-    });
-    eprintln!("quiver: listening on http://{local}");
-    let mut task = tokio::spawn(async move { server.await });
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let server = conn::accept_loop(listener, app, conns, rx);
+    let (heavy, light) = state.cpu.sizes();
+    tracing::debug!(
+        heavy,
+        light,
+        max_token_bytes = state.max_token_bytes,
+        "request processing threads"
+    );
+    tracing::info!(addr = %local, "listening on http://{local}");
+    let mut task = tokio::spawn(server);
     tokio::select! {
         _ = stop => {}
         r = &mut task => {
-            // The server ended by itself: an accept error.
+            // The accept loop ends only when told to, or by a panic.
             handle.shutdown(Duration::ZERO);
             return match r {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(ServerError::Io(e)),
+                Ok(()) => Ok(()),
                 Err(e) => Err(ServerError::Io(std::io::Error::other(e.to_string()))),
             };
         }
     }
-    eprintln!(
-        "quiver: shutting down (grace {:.1}s)",
+    tracing::info!(
+        "shutting down (grace {:.1}s)",
         cfg.shutdown_grace.as_secs_f64()
     );
     state.shutting_down.store(true, Ordering::SeqCst);
@@ -175,6 +223,6 @@ pub async fn serve_until(
         task.abort();
     }
     let _ = engine.await;
-    eprintln!("quiver: stopped");
+    tracing::info!("stopped");
     Ok(())
 }

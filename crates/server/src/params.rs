@@ -9,6 +9,10 @@ use serde_json::{Map, Value};
 
 /// Most stop strings per request.
 pub const MAX_STOP: usize = 16;
+/// Longest stop string, in UTF-8 bytes. The engine matches every stop string against the text
+/// generated so far at every token, so their lengths are bounded (all of them together: at
+/// most `MAX_STOP * MAX_STOP_BYTES` = 4 KiB).
+pub const MAX_STOP_BYTES: usize = 256;
 /// Most `top_logprobs` (chat) per token.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -194,7 +198,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
     if let Some(k) = present(m, "top_k") {
         // -1 and 0 both mean "off", as in vLLM and llama.cpp.
         match k.as_i64() {
-            Some(k) if k <= 0 && k >= -1 => s.top_k = 0,
+            Some(-1 | 0) => s.top_k = 0,
             Some(k) if k > 0 => s.top_k = k as usize,
             _ => {
                 return Err(ApiError::invalid(
@@ -293,6 +297,23 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
             ))
         }
     };
+    if let Some((i, s)) = stop
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.len() > MAX_STOP_BYTES)
+    {
+        let which = match present(m, "stop") {
+            Some(Value::Array(_)) => format!("`stop[{i}]`"),
+            _ => "`stop`".to_string(),
+        };
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "each stop string must be at most {MAX_STOP_BYTES} bytes; {which} has {} bytes",
+                s.len()
+            ),
+        ));
+    }
     let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
 
     let logprobs = if chat {
@@ -603,6 +624,24 @@ mod tests {
         assert_eq!(param_of(m(json!({"n": 2}))), "n");
         assert_eq!(param_of(m(json!({"stop": 5}))), "stop");
         assert_eq!(param_of(m(json!({"stop": ["a", 1]}))), "stop");
+        let long = "x".repeat(MAX_STOP_BYTES + 1);
+        assert_eq!(param_of(m(json!({"stop": long}))), "stop");
+        assert_eq!(param_of(m(json!({"stop": ["a", long]}))), "stop");
+        let many: Vec<String> = (0..=MAX_STOP).map(|i| i.to_string()).collect();
+        assert_eq!(param_of(m(json!({"stop": many}))), "stop");
+        // At the limit: accepted (bytes, not characters: 'é' is two).
+        let ok = "é".repeat(MAX_STOP_BYTES / 2);
+        let p = m(json!({"stop": vec![ok.clone(); MAX_STOP]}))
+            .unwrap()
+            .params;
+        assert_eq!(p.stop.len(), MAX_STOP);
+        let e = m(json!({"stop": ["a", format!("{ok}a")]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        assert!(
+            e.message.contains("256 bytes") && e.message.contains("`stop[1]` has 257"),
+            "{}",
+            e.message
+        );
         assert_eq!(param_of(m(json!({"logit_bias": {"abc": 1}}))), "logit_bias");
         assert_eq!(
             param_of(m(json!({"logit_bias": {"5000": 1}}))),

@@ -1,6 +1,6 @@
 //! The small routes: models, health, metrics, tokenize, detokenize.
 
-use crate::app::{body_bytes, AppState, St};
+use crate::app::{body_bytes, check_prompt_bytes, AppState, St};
 use crate::error::ApiError;
 use crate::generate::render_chat;
 use crate::params;
@@ -48,9 +48,58 @@ pub(crate) async fn metrics_text(State(st): State<St>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        st.metrics.render(&s),
+        st.metrics.render(&s) + &connection_metrics(&st),
     )
         .into_response()
+}
+
+/// Prometheus lines of the connections.
+fn connection_metrics(st: &AppState) -> String {
+    let c = &st.conns;
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, v: u64| {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+        ));
+    };
+    metric(
+        "quiver_connections_open",
+        "gauge",
+        "Open HTTP connections.",
+        c.open() as u64,
+    );
+    metric(
+        "quiver_connections_max",
+        "gauge",
+        "Most open HTTP connections (--max-connections).",
+        c.limits().max as u64,
+    );
+    metric(
+        "quiver_connections_accepted_total",
+        "counter",
+        "Connections accepted and served.",
+        n(&c.accepted),
+    );
+    metric(
+        "quiver_connections_rejected_total",
+        "counter",
+        "Connections answered 503 at the cap, every connection busy.",
+        n(&c.rejected),
+    );
+    metric(
+        "quiver_connections_evicted_total",
+        "counter",
+        "Connections without a request in progress closed to make room at the cap.",
+        n(&c.evicted),
+    );
+    metric(
+        "quiver_connections_timed_out_total",
+        "counter",
+        "Connections closed for not sending a request's headers in time or idling too long.",
+        n(&c.timed_out),
+    );
+    out
 }
 
 /// `{"prompt"|"content": TEXT, "add_special": bool}` or `{"messages": [...]}` →
@@ -59,36 +108,42 @@ pub(crate) async fn tokenize(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
+    let r = async {
         let b = body_bytes(&st, body)?;
-        let m = params::parse_body(&b)?;
-        let tok = st.handle.tokenizer();
-        let ids = if m.get("messages").is_some_and(|v| !v.is_null()) {
-            let req = params::parse_chat(&m, st.handle.info().n_vocab)?;
-            let agp = params::opt_bool(&m, "add_generation_prompt", true)?;
-            render_chat(&st, &req, agp)?
-        } else {
-            let (key, text) = match (m.get("prompt"), m.get("content")) {
-                (Some(Value::String(s)), _) => ("prompt", s),
-                (None, Some(Value::String(s))) => ("content", s),
-                _ => {
-                    return Err(ApiError::invalid(
-                        "prompt",
-                        "give `prompt` (or `content`) as a string, or `messages`",
-                    ))
-                }
-            };
-            let add = params::opt_bool(&m, "add_special", true)?;
-            let parse_special = params::opt_bool(&m, "parse_special", true)?;
-            tok.encode(text, add, parse_special)
-                .map_err(|e| ApiError::invalid(key, format!("cannot tokenize: {e}")))?
+        let s = st.clone();
+        st.cpu.run(b.len(), move || tokenize_body(&s, &b)).await
+    };
+    match r.await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn tokenize_body(s: &AppState, b: &[u8]) -> Result<Value, ApiError> {
+    let m = params::parse_body(b)?;
+    let tok = s.handle.tokenizer();
+    let ids = if m.get("messages").is_some_and(|v| !v.is_null()) {
+        let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
+        let agp = params::opt_bool(&m, "add_generation_prompt", true)?;
+        render_chat(s, &req, agp)?
+    } else {
+        let (key, text) = match (m.get("prompt"), m.get("content")) {
+            (Some(Value::String(t)), _) => ("prompt", t),
+            (None, Some(Value::String(t))) => ("content", t),
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "give `prompt` (or `content`) as a string, or `messages`",
+                ))
+            }
         };
-        Ok(Json(
-            json!({"count": ids.len(), "max_model_len": st.handle.info().n_ctx, "tokens": ids}),
-        )
-        .into_response())
-    })();
-    r.unwrap_or_else(IntoResponse::into_response)
+        let add = params::opt_bool(&m, "add_special", true)?;
+        let parse_special = params::opt_bool(&m, "parse_special", true)?;
+        check_prompt_bytes(s, text.len(), key)?;
+        tok.encode(text, add, parse_special)
+            .map_err(|e| ApiError::invalid(key, format!("cannot tokenize: {e}")))?
+    };
+    Ok(json!({"count": ids.len(), "max_model_len": s.handle.info().n_ctx, "tokens": ids}))
 }
 
 /// `{"tokens": [ids]}` → `{"prompt": TEXT, "content": TEXT}`.
@@ -96,34 +151,42 @@ pub(crate) async fn detokenize(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
+    let r = async {
         let b = body_bytes(&st, body)?;
-        let m = params::parse_body(&b)?;
-        let n_vocab = st.handle.info().n_vocab;
-        let ids = match m.get("tokens") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .filter(|&t| (t as usize) < n_vocab)
-                        .map(|t| t as u32)
-                })
-                .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "tokens",
-                        format!("`tokens` must hold token ids below {n_vocab}"),
-                    )
-                })?,
-            _ => {
-                return Err(ApiError::invalid(
-                    "tokens",
-                    "`tokens` must be an array of token ids",
-                ))
-            }
-        };
-        let text = st.handle.tokenizer().decode(&ids, false);
-        Ok(Json(json!({"prompt": text, "content": text})).into_response())
-    })();
-    r.unwrap_or_else(IntoResponse::into_response)
+        let s = st.clone();
+        st.cpu
+            .run(b.len(), move || {
+                let m = params::parse_body(&b)?;
+                let n_vocab = s.handle.info().n_vocab;
+                let ids = match m.get("tokens") {
+                    Some(Value::Array(a)) => a
+                        .iter()
+                        .map(|v| {
+                            v.as_u64()
+                                .filter(|&t| (t as usize) < n_vocab)
+                                .map(|t| t as u32)
+                        })
+                        .collect::<Option<Vec<u32>>>()
+                        .ok_or_else(|| {
+                            ApiError::invalid(
+                                "tokens",
+                                format!("`tokens` must hold token ids below {n_vocab}"),
+                            )
+                        })?,
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "tokens",
+                            "`tokens` must be an array of token ids",
+                        ))
+                    }
+                };
+                let text = s.handle.tokenizer().decode(&ids, false);
+                Ok(json!({"prompt": text, "content": text}))
+            })
+            .await
+    };
+    match r.await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
