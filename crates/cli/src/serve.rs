@@ -85,6 +85,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 .map(String::from),
         );
     }
+    if let Some(i) = keys.iter().position(|k| k.trim().is_empty()) {
+        bail!(
+            "API key {} is empty: an empty key would refuse every request; give a non-empty key or none",
+            i + 1
+        );
+    }
     let name = a.model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())

@@ -170,7 +170,8 @@ impl EngineHandle {
     }
 
     /// Stops accepting requests, lets running ones finish until `deadline`, aborts the rest,
-    /// and joins the engine thread.
+    /// and joins the engine thread. A second call can shorten the deadline (never lengthen it);
+    /// it returns at once while the first call joins.
     pub fn shutdown(&self, deadline: std::time::Duration) {
         self.inner.shutdown(deadline)
     }

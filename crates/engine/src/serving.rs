@@ -95,9 +95,9 @@ impl Shared {
     pub fn shutdown(&self, grace: Duration) {
         {
             let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
-            if inbox.deadline.is_none() {
-                inbox.deadline = Some(Instant::now() + grace);
-            }
+            // A later call can only bring the deadline closer (a second SIGTERM).
+            let d = Instant::now() + grace;
+            inbox.deadline = Some(inbox.deadline.map_or(d, |old| old.min(d)));
             self.cv.notify_one();
         }
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {

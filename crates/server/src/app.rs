@@ -61,6 +61,9 @@ pub(crate) fn router(state: St) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(|req: HttpRequest| async move { ApiError::not_found(req.uri().path()) })
+        .method_not_allowed_fallback(|req: HttpRequest| async move {
+            ApiError::method_not_allowed(req.method().as_str(), req.uri().path())
+        })
         .layer(middleware::from_fn_with_state(state.clone(), read_body))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(DefaultBodyLimit::max(limit))

@@ -17,7 +17,7 @@ pub(crate) async fn auth(State(st): State<St>, req: HttpRequest, next: Next) -> 
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .map(str::trim);
     match given {
         Some(k)
@@ -30,6 +30,12 @@ pub(crate) async fn auth(State(st): State<St>, req: HttpRequest, next: Next) -> 
         }
         _ => ApiError::unauthorized().into_response(),
     }
+}
+
+/// The credentials of a `Bearer` authorization; the scheme is case-insensitive (RFC 7235).
+fn bearer(v: &str) -> Option<&str> {
+    let (scheme, rest) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(rest)
 }
 
 /// Compares without an early exit on the first differing byte.

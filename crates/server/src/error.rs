@@ -76,6 +76,17 @@ impl ApiError {
         }
     }
 
+    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        ApiError {
+            code: Some("method_not_allowed"),
+            ..ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                format!("{method} is not allowed on {path}"),
+            )
+        }
+    }
+
     pub fn too_large(limit: usize) -> ApiError {
         ApiError {
             code: Some("request_too_large"),

@@ -211,18 +211,30 @@ pub async fn serve_until(
         "shutting down (grace {:.1}s)",
         cfg.shutdown_grace.as_secs_f64()
     );
+    // New generation requests get 503 `shutting_down` (and /health 503) while the running
+    // ones finish: connections are still accepted until the engine has stopped.
     state.shutting_down.store(true, Ordering::SeqCst);
-    let _ = tx.send(true);
     let h = handle.clone();
     let grace = cfg.shutdown_grace;
-    let engine = tokio::task::spawn_blocking(move || h.shutdown(grace));
-    if tokio::time::timeout(grace + Duration::from_secs(3), &mut task)
+    let mut engine = tokio::task::spawn_blocking(move || h.shutdown(grace));
+    // A second SIGTERM/SIGINT ends the grace at once (running requests are aborted).
+    let again = shutdown_signal();
+    tokio::select! {
+        _ = &mut engine => {}
+        _ = again => {
+            tracing::info!("second signal: aborting running requests");
+            let h = handle.clone();
+            let _ = tokio::task::spawn_blocking(move || h.shutdown(Duration::ZERO)).await;
+            let _ = (&mut engine).await;
+        }
+    }
+    let _ = tx.send(true);
+    if tokio::time::timeout(Duration::from_secs(3), &mut task)
         .await
         .is_err()
     {
         task.abort();
     }
-    let _ = engine.await;
     tracing::info!("stopped");
     Ok(())
 }

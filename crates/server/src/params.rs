@@ -93,6 +93,10 @@ fn get_uint(m: &Map<String, Value>, key: &str, lo: u64, hi: u64) -> Result<Optio
             });
             match n {
                 Some(n) if n >= lo && n <= hi => Ok(Some(n)),
+                Some(n) if hi == u64::MAX => Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` must be at least {lo}, got {n}"),
+                )),
                 Some(n) => Err(ApiError::invalid(
                     key,
                     format!("`{key}` must be between {lo} and {hi}, got {n}"),
