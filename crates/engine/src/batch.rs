@@ -88,8 +88,13 @@ impl BatchBuilder {
             let p = start_pos + k;
             b.tokens.push(t);
             b.positions.push(p as u32);
-            b.slots
-                .push(span.block_table[p / bs] * bs as u32 + (p % bs) as u32);
+            // A table too short for the position leaves a slot `Batch::validate` refuses (the
+            // step then fails with an error, not a panic).
+            let slot = span
+                .block_table
+                .get(p / bs)
+                .map_or(u32::MAX, |&blk| blk * bs as u32 + (p % bs) as u32);
+            b.slots.push(slot);
             b.seq_of.push(si as u32);
         }
         if let Some(from) = logits_from {
@@ -145,5 +150,9 @@ mod tests {
         assert_eq!(b.logits, vec![0, 1]);
         assert_eq!(b.seqs[0].block_table, vec![0, 1, 2, 3]);
         b.validate(4 * 16).unwrap();
+        // A table too short for the step is a validation error, not a panic.
+        bb.begin()
+            .push_seq(&[1, 2], 15, Blocks::Table(&[3]), Some(1));
+        assert!(bb.batch().validate(64 * 16).is_err());
     }
 }
