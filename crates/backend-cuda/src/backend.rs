@@ -2,7 +2,8 @@
 //! at `CudaBackend::new` — the fast path's entry point (src/products.rs, attention.rs,
 //! norm.rs, rope.rs, activation.rs, embed.rs, sampling.rs) or the parity mode's
 //! (`exact::Parity`, src/exact.rs). An op added later matches on the mode too; where the
-//! parity mode has no kernel for it, its arm returns `exact::missing("op")`.
+//! parity mode has no kernel for it, its arm returns a `BackendError::Device` saying "OP: the
+//! parity mode (QUIVER_CUDA_EXACT=1) has no kernel for this op" (no op lacks one today).
 
 use crate::attention::check_attention;
 use crate::batch::CudaStep;

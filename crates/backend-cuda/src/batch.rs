@@ -76,6 +76,13 @@ pub struct CudaStep {
     pub(crate) tiles: Option<(u64, usize)>,
 }
 
+impl CudaStep {
+    /// Query tiles the flash kernel runs this step (0: split-K attention).
+    pub fn flash_tiles(&self) -> usize {
+        self.tiles.map_or(0, |t| t.1)
+    }
+}
+
 impl std::fmt::Debug for CudaStep {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaStep")

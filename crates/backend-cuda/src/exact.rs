@@ -41,17 +41,6 @@ pub fn requested() -> bool {
     CudaConfig::from_env().exact
 }
 
-/// The error of an op the parity mode has no kernel for.
-#[allow(
-    dead_code,
-    reason = "for ops added without a parity kernel; none lacks one now"
-)]
-pub(crate) fn missing(op: &'static str) -> BackendError {
-    BackendError::Device(format!(
-        "{op}: the parity mode (QUIVER_CUDA_EXACT=1) has no kernel for this op"
-    ))
-}
-
 /// The activation blocks of the parity mode's product for `ty` (32: the legacy types, 256:
 /// the K-quants), or None when it has none.
 pub(crate) fn act_block(ty: GgmlType) -> Option<usize> {

@@ -66,17 +66,8 @@ impl BatchBuilder {
         (span.start, span.len, span.kv_len) = (start, n, start_pos + n);
         match blocks {
             Blocks::Identity(n_blocks) => {
-                // Rebuilt only when the size changes (it is the same every step).
-                if span.block_table.len() != n_blocks
-                    || span
-                        .block_table
-                        .iter()
-                        .enumerate()
-                        .any(|(i, &x)| x != i as u32)
-                {
-                    span.block_table.clear();
-                    span.block_table.extend(0..n_blocks as u32);
-                }
+                span.block_table.clear();
+                span.block_table.extend(0..n_blocks as u32);
             }
             Blocks::Table(t) => {
                 span.block_table.clear();
