@@ -60,7 +60,9 @@ int main(int argc, char ** argv) {
     }
     g_index = fopen((g_dir + "/index.txt").c_str(), "w");
     llama_backend_init();
-    llama_model * model = llama_model_load_from_file(argv[1], llama_model_default_params());
+    llama_model_params mp = llama_model_default_params();
+    mp.use_extra_bufts = false;  // plain CPU buffers (AMX repacking may be unusable in a VM)
+    llama_model * model = llama_model_load_from_file(argv[1], mp);
     llama_context_params cp = llama_context_default_params();
     // As the reference llama-server ran: -c 4096 -t 2, default batch sizes, SWA cache not full.
     cp.n_ctx = 4096;

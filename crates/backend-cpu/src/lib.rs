@@ -8,11 +8,12 @@
 mod act_fn;
 mod attn;
 mod matmul;
+mod moe;
 mod rope;
 
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, Result,
-    RopeParams, Step, WeightBytes,
+    reference, Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, MoeParams,
+    MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
 };
 pub use quiver_cpu_kernels::Numerics;
 use quiver_cpu_kernels::ThreadPool;
@@ -78,6 +79,7 @@ pub struct CpuBackend {
     mm: matmul::MatMul,
     /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
     packed: std::sync::Mutex<Vec<f32>>,
+    routing: std::sync::Mutex<moe::Routing>,
 }
 
 /// The CPU's part of a step.
@@ -97,6 +99,7 @@ impl CpuBackend {
         CpuBackend {
             mm: matmul::MatMul::new(config.threads, config.numerics),
             packed: Default::default(),
+            routing: Default::default(),
         }
     }
 
@@ -394,6 +397,17 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn add_bias(&self, x: &mut Vec<f32>, bias: &CpuWeight, rows: usize) -> Result<()> {
+        let b = bias.vector("add_bias")?;
+        check("add_bias", x.len() >= rows * b.len(), || {
+            format!("{rows}×{} elements", b.len())
+        })?;
+        for row in x[..rows * b.len()].chunks_exact_mut(b.len().max(1)) {
+            row.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        }
+        Ok(())
+    }
+
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, rows_x: usize, out: &mut Vec<f32>) -> Result<()> {
         check(
             "matmul",
@@ -569,6 +583,18 @@ impl Backend for CpuBackend {
             }
         });
         Ok(())
+    }
+
+    fn moe(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: MoeWeights<'_, CpuWeight>,
+        p: &MoeParams,
+        scratch: MoeScratch<'_, Vec<f32>>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.moe_cpu(x, rows, w, p, scratch, out)
     }
 
     fn softcap(&self, x: &mut Vec<f32>, cap: f32, n: usize) -> Result<()> {

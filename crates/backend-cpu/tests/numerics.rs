@@ -41,10 +41,7 @@ fn weight_file(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> WeightB
     let mut w = GgufWriter::new();
     w.add_tensor("w", ty, &[rows as u64, cols as u64]);
     let f = GgufFile::from_bytes(w.to_bytes(&[&bytes]).unwrap()).unwrap();
-    WeightBytes {
-        file: Arc::new(f),
-        tensor: 0,
-    }
+    WeightBytes::whole(Arc::new(f), 0)
 }
 
 /// The `N`-token product, and every token's product alone.

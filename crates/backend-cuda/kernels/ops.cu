@@ -92,6 +92,13 @@ extern "C" __global__ void add(float* __restrict__ a, const float* __restrict__ 
         a[i] += b[i];
 }
 
+// x[t, c] += bias[c] over n = rows · cols values (a product's bias; exact in f32 either way).
+extern "C" __global__ void add_bias(float* __restrict__ x, const float* __restrict__ bias, long long n,
+                                    int cols) { pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] += bias[i % cols];
+}
+
 // out[i, :] = x[rows[i], :]; grid (n_rows), block 256.
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* __restrict__ rows,
                                        float* __restrict__ out, int cols) { pdl_begin();
@@ -314,5 +321,67 @@ extern "C" __global__ void topk_rows(const float* __restrict__ x, u32* __restric
         __syncthreads();
         pv = pick_v;
         pi = pick_i;
+    }
+}
+
+// Mixture-of-experts routing, one warp per token: the experts' probabilities (gating 0
+// softmax over all n_expert logits, 1 each logit's sigmoid), the k largest (ties to the smaller
+// index; chosen on the logits, whose order is the probabilities'), divided by their sum
+// (at least 2^-14) when norm, times scale when scale is neither 0 nor 1.
+// routes[(t·k + j)·2] = expert (as a float), routes[(t·k + j)·2 + 1] = its weight.
+// n_expert ≤ 1024, k ≤ 32.                                             grid (n_tokens), block 32
+extern "C" __global__ void moe_route(const float* __restrict__ logits, float* __restrict__ routes,
+                                     int n_expert, int k, int gating, int norm, float scale) { pdl_begin();
+    const float* l = logits + (long long)blockIdx.x * n_expert;
+    const int lane = threadIdx.x;
+    float m = -INFINITY;
+    for (int i = lane; i < n_expert; i += 32) m = fmaxf(m, l[i]);
+    m = warp_max(m);
+    float s = 0.f;
+    if (gating == 0) {
+        for (int i = lane; i < n_expert; i += 32) s += expf(l[i] - m);
+        s = warp_sum(s);
+    }
+    u32 taken = 0;  // bit c: expert lane + 32c is chosen
+    float my_w = 0.f;
+    int my_e = 0;
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int c = 0, i = lane; i < n_expert; c++, i += 32) {
+            if (!(taken >> c & 1u) && (l[i] > bv || bi == 0x7fffffff)) { bv = l[i]; bi = i; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (bi % 32 == lane) taken |= 1u << (bi / 32);
+        float p = gating == 0 ? expf(bv - m) / s : 1.f / (1.f + expf(-bv));
+        if (lane == j) { my_w = p; my_e = bi; }
+    }
+    float sum = warp_sum(lane < k ? my_w : 0.f);
+    if (lane < k) {
+        float w = my_w;
+        if (norm) w /= fmaxf(sum, 6.103515625e-5f);
+        if (scale != 0.f && scale != 1.f) w *= scale;
+        float* r = routes + ((long long)blockIdx.x * k + lane) * 2;
+        r[0] = (float)my_e;
+        r[1] = w;
+    }
+}
+
+// out[t, c] = Σ_j weight(t, j) · ys[t·k + j, c], summed in slot order.   grid (n_tokens), block 256
+extern "C" __global__ void moe_sum(const float* __restrict__ ys, const float* __restrict__ routes,
+                                   float* __restrict__ out, int k, int cols) { pdl_begin();
+    const long long t = blockIdx.x;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float acc = 0.f;
+        for (int j = 0; j < k; j++) {
+            float v = ys[(t * k + j) * cols + c] * routes[(t * k + j) * 2 + 1];
+            acc = j == 0 ? v : acc + v;
+        }
+        out[t * cols + c] = acc;
     }
 }

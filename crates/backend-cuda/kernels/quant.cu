@@ -462,8 +462,45 @@ __device__ __forceinline__ const u8* mmv_row(MmvMat m0, MmvMat m1, MmvMat m2, in
                                     v[4 * i + 3] * scale);                                            \
         }                                                                                             \
     }
+// Mixture-of-experts products, one warp per output row of one (token, slot) pair p =
+// blockIdx.y, from the expert routes[2p] chose (the experts stacked: expert e's row r is row
+// e·expert_rows + r). moe_glu: out[p, r] = act(Wg_e[r] · x[p / k]) · (Wu_e[r] · x[p / k]);
+// moe_mmv: y[p, r] = W_e[r] · x[p].                            grid (rows / 4, pairs), block (32, 4)
+#define MOE_K(T)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
+        moe_glu_##T(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,       \
+                    long long expert_rows, const float* __restrict__ routes,                          \
+                    const float* __restrict__ x, float* __restrict__ out, int rows, int cols, int k,  \
+                    int act) { pdl_begin();                                                           \
+        const int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                           \
+        if (r >= rows) return;                                                                        \
+        const long long p = blockIdx.y;                                                               \
+        const long long e = (long long)routes[2 * p];                                                 \
+        const float* xt = x + (p / k) * cols;                                                         \
+        float ag[8], au[8];                                                                           \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) ag[t] = au[t] = 0.f;                            \
+        row_dot_##T(wg + (e * expert_rows + r) * row_bytes, xt, cols, 1, ag);                         \
+        row_dot_##T(wu + (e * expert_rows + r) * row_bytes, xt, cols, 1, au);                         \
+        float g = warp_sum(ag[0]), u = warp_sum(au[0]);                                               \
+        if (threadIdx.x == 0) out[p * rows + r] = act_fn(g, act) * u;                                 \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
+        moe_mmv_##T(const u8* __restrict__ w, long long row_bytes, long long expert_rows,            \
+                    const float* __restrict__ routes, const float* __restrict__ x,                   \
+                    float* __restrict__ y, int rows, int cols) { pdl_begin();                         \
+        const int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                           \
+        if (r >= rows) return;                                                                        \
+        const long long p = blockIdx.y;                                                               \
+        const long long e = (long long)routes[2 * p];                                                 \
+        float acc[8];                                                                                 \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) acc[t] = 0.f;                                   \
+        row_dot_##T(w + (e * expert_rows + r) * row_bytes, x + p * cols, cols, 1, acc);               \
+        float s = warp_sum(acc[0]);                                                                   \
+        if (threadIdx.x == 0) y[p * rows + r] = s;                                                    \
+    }
 #define QUANT_KERNELS(T)                                                                              \
     EMBED_K(embed_##T, T)                                                                             \
+    MOE_K(T)                                                                                          \
     extern "C" __global__ void dequant_f16_##T(const u8* __restrict__ W, u16* __restrict__ out,     \
                                                 int cols, long long row_bytes) { pdl_begin();                      \
         const u8* row = W + (long long)blockIdx.x * row_bytes;                                        \

@@ -16,8 +16,8 @@ use crate::rope::check_rope_kv_write;
 use crate::weights::{rows_cols, CudaWeight};
 use crate::{check, CudaBackend};
 use quiver_backend::{
-    Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, Result, RopeParams, Step,
-    WeightBytes, WorkspaceSpec,
+    Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, MoeParams, MoeScratch,
+    MoeWeights, Result, RopeParams, Step, WeightBytes, WorkspaceSpec,
 };
 use quiver_gguf::GgmlType;
 
@@ -60,7 +60,10 @@ impl Backend for CudaBackend {
         match &self.mode {
             Mode::Fast => {
                 let mut w = self.matrix_weight(name, ty, rows, cols, &bytes)?;
-                self.add_f16_copy(&mut w)?;
+                // Stacked experts (3-D) are read only by the expert-indexed kernels.
+                if shape.len() < 3 {
+                    self.add_f16_copy(&mut w)?;
+                }
                 Ok(w)
             }
             Mode::Parity(p) => p.weight(self, name, ty, rows, cols, &bytes),
@@ -198,6 +201,33 @@ impl Backend for CudaBackend {
             Mode::Fast => self.add_kernel(a.ptr(), b.ptr(), n),
             Mode::Parity(p) => p.add(self, a.ptr(), b.ptr(), n),
         }
+    }
+
+    fn add_bias(&self, x: &mut CudaBuf, bias: &CudaWeight, rows: usize) -> Result<()> {
+        let cols = bias.cols;
+        check(
+            "add_bias",
+            bias.rows == 1 && x.len >= rows * cols && cols > 0,
+            || format!("{rows}×{cols} over {}", x.len),
+        )?;
+        self.add_bias_kernel(x.ptr(), bias.data.ptr, rows * cols, cols)
+    }
+
+    fn moe(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: MoeWeights<'_, CudaWeight>,
+        p: &MoeParams,
+        s: MoeScratch<'_, CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        if let Mode::Parity(_) = &self.mode {
+            return Err(BackendError::Device(
+                "the parity mode (QUIVER_CUDA_EXACT) has no mixture-of-experts kernels".into(),
+            ));
+        }
+        self.moe_fast(x, rows, w, p, s, out)
     }
 
     fn matmul(&self, w: &CudaWeight, x: &CudaBuf, rows_x: usize, out: &mut CudaBuf) -> Result<()> {

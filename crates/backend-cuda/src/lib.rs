@@ -28,6 +28,7 @@ mod exact;
 mod graph;
 pub mod libs;
 mod memory;
+mod moe;
 mod norm;
 mod products;
 pub mod registry;

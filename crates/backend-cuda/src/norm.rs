@@ -62,6 +62,16 @@ impl CudaBackend {
 
     /// a[i] += b[i] for `n` elements (shapes checked by the caller; exact in f32, so the
     /// parity mode runs it too).
+    pub(crate) fn add_bias_kernel(&self, x: u64, bias: u64, n: usize, cols: usize) -> Result<()> {
+        self.launch(
+            "ops",
+            "add_bias",
+            (grid1(n, 256, 4096), 1, 1),
+            (256, 1, 1),
+            args![x, bias, n as i64, cols as i32],
+        )
+    }
+
     pub(crate) fn add_kernel(&self, a: u64, b: u64, n: usize) -> Result<()> {
         self.launch(
             "ops",

@@ -62,6 +62,9 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             "f32_to_f16_q32",
             "f32_to_f16_q256",
             "topk_rows",
+            "add_bias",
+            "moe_route",
+            "moe_sum",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -100,6 +103,8 @@ pub fn kernel_names(module: &str) -> Vec<String> {
                 "mmvp1",
                 "mmvp_glu",
                 "mmvp1_glu",
+                "moe_glu",
+                "moe_mmv",
             ]
             .iter()
             .map(|k| format!("{k}_{t}"))

@@ -31,6 +31,8 @@ pub(crate) struct KernelNames {
     /// The parity mode's product and gather (module "exact").
     pub(crate) x_mm: String,
     pub(crate) x_embed: String,
+    /// The expert-indexed product kernels: [gated pair, plain].
+    pub(crate) moe: [String; 2],
 }
 
 impl KernelNames {
@@ -51,6 +53,7 @@ impl KernelNames {
             glu: v(base, "_glu"),
             x_mm: format!("x_mm_{kernel}"),
             x_embed: format!("x_embed_{kernel}"),
+            moe: [format!("moe_glu_{kernel}"), format!("moe_mmv_{kernel}")],
         }
     }
 }

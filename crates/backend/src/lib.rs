@@ -295,6 +295,69 @@ pub enum Activation {
     GeGlu,
 }
 
+/// How a mixture-of-experts router turns its logits into expert probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    Softmax,
+    Sigmoid,
+}
+
+/// A mixture-of-experts FFN: `n_used` of `n_expert` experts per token, each a gated FFN of
+/// hidden width `n_ff`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeParams {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_ff: usize,
+    pub gating: Gating,
+    /// Divide the chosen experts' probabilities by their sum.
+    pub norm: bool,
+    /// Multiplies the chosen weights (1: none).
+    pub scale: f32,
+    pub act: Activation,
+}
+
+impl MoeParams {
+    /// Floats of each [`MoeScratch`] buffer a step of `rows` tokens needs, in field order.
+    pub fn scratch_floats(&self, rows: usize, n_embd: usize) -> [usize; 7] {
+        let pairs = rows * self.n_used;
+        [
+            rows * self.n_expert,
+            2 * pairs,
+            pairs * n_embd,
+            pairs * self.n_ff,
+            pairs * self.n_ff,
+            pairs * self.n_ff,
+            pairs * n_embd,
+        ]
+    }
+}
+
+/// One MoE layer's weights: the router [n_expert, n_embd], and the experts stacked as
+/// [n_expert · n_ff, n_embd] (gate, up) and [n_expert · n_embd, n_ff] (down), as the GGUF's
+/// 3-D tensors lie in memory.
+pub struct MoeWeights<'a, W> {
+    pub router: &'a W,
+    pub gate: &'a W,
+    pub up: &'a W,
+    pub down: &'a W,
+}
+
+/// Buffers [`Backend::moe`] may overwrite, sized by [`MoeParams::scratch_floats`].
+pub struct MoeScratch<'a, B> {
+    /// Router logits [rows, n_expert].
+    pub logits: &'a mut B,
+    /// The chosen experts and their weights per (token, slot).
+    pub routes: &'a mut B,
+    /// Inputs gathered per (token, slot) [pairs, n_embd].
+    pub xs: &'a mut B,
+    pub gate: &'a mut B,
+    pub up: &'a mut B,
+    pub act: &'a mut B,
+    /// Each expert's output per (token, slot) [pairs, n_embd].
+    pub ys: &'a mut B,
+}
+
 /// The device contract. Buffers hold f32 activations; weights keep their GGUF type.
 pub trait Backend {
     /// An activation buffer of f32.
@@ -397,6 +460,20 @@ pub trait Backend {
     ) -> Result<()>;
     /// a[i] += b[i] for the first n elements.
     fn add(&self, a: &mut Self::Buf, b: &Self::Buf, n: usize) -> Result<()>;
+    /// x[t, c] += bias[c] for `rows` rows of `bias.len()` (a product's bias).
+    fn add_bias(&self, x: &mut Self::Buf, bias: &Self::Weight, rows: usize) -> Result<()>;
+    /// A mixture-of-experts FFN over `rows` rows of x [rows, n_embd]: router logits, the
+    /// top `n_used` experts per token ([`reference::moe_route`]), each chosen expert's gated
+    /// FFN, and out[t] = Σ_j w[t, j] · y[t, j] summed in slot order (best expert first).
+    fn moe(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        w: MoeWeights<'_, Self::Weight>,
+        p: &MoeParams,
+        scratch: MoeScratch<'_, Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// out[t, r] = Σ_c W[r, c] · x[t, c]                                   // x: [rows_x, cols], out: [rows_x, W.rows]
     fn matmul(
         &self,
@@ -549,14 +626,31 @@ impl<'b, C> Step<'b, C> {
 }
 
 /// Where a weight's bytes live: borrowed from the mapped file, which the weight keeps alive.
+/// A weight may be a run of whole rows of a tensor (the q, k and v parts of a fused QKV
+/// tensor, one expert of a 3-D expert tensor).
 #[derive(Clone)]
 pub struct WeightBytes {
     pub file: std::sync::Arc<quiver_gguf::GgufFile>,
     pub tensor: usize,
+    /// (byte offset, byte length) within the tensor's data; None: all of it.
+    pub range: Option<(usize, usize)>,
 }
 
 impl WeightBytes {
+    /// All of tensor `tensor` of `file`.
+    pub fn whole(file: std::sync::Arc<quiver_gguf::GgufFile>, tensor: usize) -> WeightBytes {
+        WeightBytes {
+            file,
+            tensor,
+            range: None,
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
-        self.file.tensor_data(&self.file.tensors[self.tensor])
+        let all = self.file.tensor_data(&self.file.tensors[self.tensor]);
+        match self.range {
+            None => all,
+            Some((at, len)) => &all[at..at + len],
+        }
     }
 }

@@ -1,7 +1,65 @@
 //! Scalar reference implementations of every op, on plain slices. Backends are tested against
 //! these; the CPU backend also uses the cheap element-wise ones directly.
 
-use crate::{Activation, AttnParams, Batch, RopeMode, RopeParams};
+use crate::{Activation, AttnParams, Batch, Gating, MoeParams, RopeMode, RopeParams};
+
+/// The experts a token goes to and their weights, best first, as llama.cpp routes: the
+/// router's probabilities (softmax over all experts, or each logit's sigmoid), the `n_used`
+/// largest (ties to the smaller index), divided by their sum (at least 2⁻¹⁴) when `norm`,
+/// times `scale`.
+pub fn moe_route(logits: &[f32], p: &MoeParams, out: &mut Vec<(u32, f32)>) {
+    let probs: Vec<f32> = match p.gating {
+        Gating::Softmax => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+            let sum: f64 = e.iter().map(|&v| v as f64).sum();
+            let inv = (1.0 / sum) as f32;
+            e.iter().map(|&v| v * inv).collect()
+        }
+        Gating::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+    };
+    out.clear();
+    top_k(&probs, p.n_used, out);
+    if p.norm {
+        let sum: f32 = out.iter().map(|e| e.1).sum();
+        let sum = sum.max(6.103515625e-5);
+        out.iter_mut().for_each(|e| e.1 /= sum);
+    }
+    if p.scale != 0.0 && p.scale != 1.0 {
+        out.iter_mut().for_each(|e| e.1 *= p.scale);
+    }
+}
+
+/// A mixture-of-experts FFN on f32 weights (`router` [n_expert, d], `gate`/`up`
+/// [n_expert · n_ff, d], `down` [n_expert · d, n_ff]) over `rows` rows of x.
+pub fn moe(x: &[f32], rows: usize, d: usize, w: [&[f32]; 4], p: &MoeParams, out: &mut [f32]) {
+    let [router, gate, up, down] = w;
+    let ff = p.n_ff;
+    let mut logits = vec![0f32; p.n_expert];
+    let mut routes = Vec::new();
+    let (mut g, mut u, mut a, mut y) = (
+        vec![0f32; ff],
+        vec![0f32; ff],
+        vec![0f32; ff],
+        vec![0f32; d],
+    );
+    for t in 0..rows {
+        let xt = &x[t * d..][..d];
+        matmul(router, p.n_expert, d, xt, 1, &mut logits);
+        moe_route(&logits, p, &mut routes);
+        let o = &mut out[t * d..][..d];
+        for (j, &(e, wt)) in routes.iter().enumerate() {
+            let e = e as usize;
+            matmul(&gate[e * ff * d..][..ff * d], ff, d, xt, 1, &mut g);
+            matmul(&up[e * ff * d..][..ff * d], ff, d, xt, 1, &mut u);
+            glu(p.act, &g, &u, &mut a);
+            matmul(&down[e * d * ff..][..d * ff], d, ff, &a, 1, &mut y);
+            for (o, &v) in o.iter_mut().zip(&y) {
+                *o = if j == 0 { v * wt } else { *o + v * wt };
+            }
+        }
+    }
+}
 
 /// out[r] = x[r] / rms(x[r]) · w for each row of `w.len()` elements.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {

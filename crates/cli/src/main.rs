@@ -90,10 +90,13 @@ enum Cmd {
     },
     /// Write a GGUF with random weights of a named shape.
     Synth {
-        /// Architecture: llama or gemma3.
+        /// Architecture (checked against the preset's; optional).
         #[arg(long)]
-        arch: String,
-        /// Shape preset: smollm2-135m, gemma3-270m, llama3-1b, llama3-8b.
+        arch: Option<String>,
+        /// Shape preset: smollm2-135m, llama3-1b, llama3-8b, gemma3-270m, gemma2-2b,
+        /// qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen2.5-7b, phi3-mini, or a tiny parity
+        /// model: tiny-llama, tiny-mistral3, tiny-qwen2, tiny-qwen3, tiny-qwen3moe,
+        /// tiny-gemma2, tiny-gemma3, tiny-phi3.
         #[arg(long)]
         preset: String,
         /// File type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S/M/L,
@@ -283,6 +286,7 @@ fn run(cli: Cli) -> Result<()> {
             threads,
         } => {
             let p = quiver_synth::preset(&preset)?;
+            let arch = arch.unwrap_or_else(|| p.arch.to_string());
             if p.arch != arch {
                 anyhow::bail!(quiver_synth::SynthError::ArchMismatch {
                     preset: preset.clone(),

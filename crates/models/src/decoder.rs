@@ -1,7 +1,7 @@
-//! The decoder-only transformer forward shared by llama and gemma3, over a flat batch.
+//! The decoder-only transformer forward every architecture shares, over a flat batch.
 
-use crate::{weight, Hparams, ModelError, Result};
-use quiver_backend::{AttnParams, Backend, Batch, KvType, RopeParams, Step};
+use crate::{weight, weight_rows, Hparams, ModelError, Result, State};
+use quiver_backend::{AttnParams, Backend, Batch, MoeScratch, MoeWeights, RopeParams, Step};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
@@ -11,16 +11,37 @@ pub struct Layer<B: Backend> {
     pub wk: B::Weight,
     pub wv: B::Weight,
     pub wo: B::Weight,
+    /// Product biases (Qwen2's q/k/v), where the file has them.
+    pub bq: Option<B::Weight>,
+    pub bk: Option<B::Weight>,
+    pub bv: Option<B::Weight>,
+    pub bo: Option<B::Weight>,
     pub q_norm: Option<B::Weight>,
     pub k_norm: Option<B::Weight>,
     pub post_attn_norm: Option<B::Weight>,
     pub ffn_norm: B::Weight,
-    pub gate: B::Weight,
-    pub up: B::Weight,
-    pub down: B::Weight,
+    pub ffn: Ffn<B>,
     pub post_ffw_norm: Option<B::Weight>,
     pub attn: AttnParams,
     pub rope: RopeParams,
+}
+
+/// A layer's feed-forward block.
+pub enum Ffn<B: Backend> {
+    /// act(x·gateᵀ) · (x·upᵀ), then down.
+    Dense {
+        gate: B::Weight,
+        up: B::Weight,
+        down: B::Weight,
+    },
+    /// A mixture of experts (`Hparams::moe`): router [n_expert, n_embd] and the experts
+    /// stacked as the GGUF's 3-D tensors hold them.
+    Moe {
+        router: B::Weight,
+        gate: B::Weight,
+        up: B::Weight,
+        down: B::Weight,
+    },
 }
 
 pub struct Model<B: Backend> {
@@ -29,12 +50,14 @@ pub struct Model<B: Backend> {
     pub output_norm: B::Weight,
     /// None: the output projection is tied to the token embedding.
     pub output: Option<B::Weight>,
+    pub output_b: Option<B::Weight>,
     pub layers: Vec<Layer<B>>,
 }
 
 pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
     let (d, hd) = (hp.n_embd as u64, hp.head_dim as u64);
     let (nh, nkv, ff) = (hp.n_head as u64, hp.n_head_kv as u64, hp.n_ff as u64);
+    let (qd, kvd) = (nh * hd, nkv * hd);
     let w = |name: &str, shape: &[u64]| weight(b, f, name, shape);
     let opt = |name: &str, shape: &[u64], want: bool| -> Result<Option<B::Weight>> {
         if want {
@@ -43,28 +66,75 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             Ok(None)
         }
     };
+    // Present in the file: optional tensors (biases) load when they are there.
+    let has = |name: &str| f.tensor(name).is_some();
     let mut layers = Vec::with_capacity(hp.n_layer);
     for i in 0..hp.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
+        let bias = |s: &str, len: u64| {
+            opt(
+                &format!("blk.{i}.{s}.bias"),
+                &[len],
+                has(&format!("blk.{i}.{s}.bias")),
+            )
+        };
         let swa = hp.swa_layers[i];
         let rope = if swa {
             hp.rope_local.clone().unwrap_or_else(|| hp.rope.clone())
         } else {
             hp.rope.clone()
         };
+        let (wq, wk, wv) = if has(&n("attn_qkv")) {
+            let shape = [qd + 2 * kvd, d];
+            let part = |first, rows| weight_rows(b, f, &n("attn_qkv"), &shape, first, rows);
+            (part(0, qd)?, part(qd, kvd)?, part(qd + kvd, kvd)?)
+        } else {
+            (
+                w(&n("attn_q"), &[qd, d])?,
+                w(&n("attn_k"), &[kvd, d])?,
+                w(&n("attn_v"), &[kvd, d])?,
+            )
+        };
+        let ffn = match &hp.moe {
+            Some(m) => {
+                let (ne, fe) = (m.n_expert as u64, m.n_ff as u64);
+                Ffn::Moe {
+                    router: w(&n("ffn_gate_inp"), &[ne, d])?,
+                    gate: w(&n("ffn_gate_exps"), &[ne, fe, d])?,
+                    up: w(&n("ffn_up_exps"), &[ne, fe, d])?,
+                    down: w(&n("ffn_down_exps"), &[ne, d, fe])?,
+                }
+            }
+            None if hp.fused_gate_up => {
+                // Phi-3: one tensor of 2·n_ff rows, the gate's rows first.
+                let shape = [2 * ff, d];
+                Ffn::Dense {
+                    gate: weight_rows(b, f, &n("ffn_up"), &shape, 0, ff)?,
+                    up: weight_rows(b, f, &n("ffn_up"), &shape, ff, ff)?,
+                    down: w(&n("ffn_down"), &[d, ff])?,
+                }
+            }
+            None => Ffn::Dense {
+                gate: w(&n("ffn_gate"), &[ff, d])?,
+                up: w(&n("ffn_up"), &[ff, d])?,
+                down: w(&n("ffn_down"), &[d, ff])?,
+            },
+        };
         layers.push(Layer {
             attn_norm: w(&n("attn_norm"), &[d])?,
-            wq: w(&n("attn_q"), &[nh * hd, d])?,
-            wk: w(&n("attn_k"), &[nkv * hd, d])?,
-            wv: w(&n("attn_v"), &[nkv * hd, d])?,
-            wo: w(&n("attn_output"), &[d, nh * hd])?,
+            wq,
+            wk,
+            wv,
+            wo: w(&n("attn_output"), &[d, qd])?,
+            bq: bias("attn_q", qd)?,
+            bk: bias("attn_k", kvd)?,
+            bv: bias("attn_v", kvd)?,
+            bo: bias("attn_output", d)?,
             q_norm: opt(&n("attn_q_norm"), &[hd], hp.qk_norm)?,
             k_norm: opt(&n("attn_k_norm"), &[hd], hp.qk_norm)?,
             post_attn_norm: opt(&n("post_attention_norm"), &[d], hp.post_norms)?,
             ffn_norm: w(&n("ffn_norm"), &[d])?,
-            gate: w(&n("ffn_gate"), &[ff, d])?,
-            up: w(&n("ffn_up"), &[ff, d])?,
-            down: w(&n("ffn_down"), &[d, ff])?,
+            ffn,
             post_ffw_norm: opt(&n("post_ffw_norm"), &[d], hp.post_norms)?,
             attn: AttnParams {
                 n_head: hp.n_head,
@@ -79,13 +149,14 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         });
     }
     let tok_embd = w("token_embd.weight", &[hp.n_vocab as u64, d])?;
-    let output = if f.tensor("output.weight").is_some() {
+    let output = if has("output.weight") {
         Some(w("output.weight", &[hp.n_vocab as u64, d])?)
     } else {
         None
     };
     Ok(Model {
         output_norm: w("output_norm.weight", &[d])?,
+        output_b: opt("output.bias", &[hp.n_vocab as u64], has("output.bias"))?,
         tok_embd,
         output,
         layers,
@@ -93,98 +164,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
     })
 }
 
-/// Everything a forward step writes: the KV cache and the activation workspace, allocated
-/// once for at most `max_tokens` tokens and `max_logits` logits rows per step.
-pub struct State<B: Backend> {
-    /// Unique per state: names these buffers to the backend (captured steps are per state).
-    pub id: u64,
-    pub kv: Vec<B::Kv>,
-    pub n_slots: usize,
-    pub max_tokens: usize,
-    pub max_logits: usize,
-    x: B::Buf,    // [n, n_embd] residual stream
-    xn: B::Buf,   // [n, n_embd] normed
-    q: B::Buf,    // [n, n_head · head_dim]
-    k: B::Buf,    // [n, n_head_kv · head_dim]
-    v: B::Buf,    // [n, n_head_kv · head_dim]
-    attn: B::Buf, // [n, n_head · head_dim]
-    o: B::Buf,    // [n, n_embd]
-    gate: B::Buf, // [n, n_ff]
-    up: B::Buf,   // [n, n_ff]
-    act: B::Buf,  // [n, n_ff]
-    /// [max_logits, n_vocab] after a step
-    pub logits: B::Buf,
-}
-
 impl<B: Backend> Model<B> {
-    pub fn state(
-        &self,
-        b: &B,
-        n_slots: usize,
-        max_tokens: usize,
-        max_logits: usize,
-    ) -> Result<State<B>> {
-        let hp = &self.hp;
-        let n = max_tokens;
-        let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
-        let spec = hp.kv_spec(n_slots, KvType::F16);
-        // Everything below, checked before any of it is allocated.
-        let kv = spec.bytes();
-        let floats = (n as u64)
-            .saturating_mul((3 * hp.n_embd + 2 * qd + 2 * kvd + 3 * hp.n_ff) as u64)
-            .saturating_add((max_logits as u64).saturating_mul(hp.n_vocab as u64));
-        let mut attention: Vec<(usize, usize)> = vec![(hp.n_head, hp.head_dim)];
-        attention.dedup();
-        let ws = quiver_backend::WorkspaceSpec {
-            max_tokens: n,
-            max_logits,
-            max_product_cols: hp.n_embd.max(hp.n_ff).max(qd),
-            n_embd: hp.n_embd,
-            n_vocab: hp.n_vocab,
-            attention,
-            n_slots,
-        };
-        let need = kv
-            .saturating_add(floats.saturating_mul(4))
-            .saturating_add(b.workspace_bytes(&ws));
-        if let Some(available) = b.memory_available() {
-            if need > available {
-                return Err(quiver_backend::BackendError::OutOfMemory {
-                    what: format!(
-                        "the KV cache for {n_slots} positions and the buffers for {n} tokens per step"
-                    ),
-                    need,
-                    available,
-                    device: b.name(),
-                    hint: ": lower the context (--ctx-size, --kv-blocks, --kv-mem) or the batch size (--batch-size)",
-                }
-                .into());
-            }
-        }
-        b.reserve_workspace(&ws)?;
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        Ok(State {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            kv: (0..hp.n_layer)
-                .map(|i| b.kv(&spec, i))
-                .collect::<std::result::Result<_, _>>()?,
-            n_slots,
-            max_tokens,
-            max_logits,
-            x: b.buf(n * hp.n_embd)?,
-            xn: b.buf(n * hp.n_embd)?,
-            q: b.buf(n * qd)?,
-            k: b.buf(n * kvd)?,
-            v: b.buf(n * kvd)?,
-            attn: b.buf(n * qd)?,
-            o: b.buf(n * hp.n_embd)?,
-            gate: b.buf(n * hp.n_ff)?,
-            up: b.buf(n * hp.n_ff)?,
-            act: b.buf(n * hp.n_ff)?,
-            logits: b.buf(max_logits * hp.n_vocab)?,
-        })
-    }
-
     /// One forward step over a flat batch. Logits of `batch.logits` rows land in
     /// `state.logits` as `[batch.logits.len(), n_vocab]`.
     pub fn forward(&self, b: &mut B, s: &mut State<B>, batch: &Batch) -> Result<()> {
@@ -238,6 +218,11 @@ impl<B: Backend> Model<B> {
                 n,
                 [&mut s.q, &mut s.k, &mut s.v],
             )?;
+            for (bias, out) in [(&l.bq, &mut s.q), (&l.bk, &mut s.k), (&l.bv, &mut s.v)] {
+                if let Some(bias) = bias {
+                    b.add_bias(out, bias, n)?;
+                }
+            }
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                 b.rms_norm_inplace(&mut s.q, qn, eps, n * hp.n_head)?;
                 b.rms_norm_inplace(&mut s.k, kn, eps, n * hp.n_head_kv)?;
@@ -257,6 +242,9 @@ impl<B: Backend> Model<B> {
             b.attention(step, &s.q, &s.kv[i], &l.attn, &mut s.attn)?;
             dump.put(b, "kqv_out", i, &s.attn, n * qd);
             b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
+            if let Some(bias) = &l.bo {
+                b.add_bias(&mut s.o, bias, n)?;
+            }
             dump.put(b, "attn_out", i, &s.o, n * hp.n_embd);
             if let Some(pn) = &l.post_attn_norm {
                 b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
@@ -265,17 +253,53 @@ impl<B: Backend> Model<B> {
             b.add_rms_norm(&mut s.x, &s.o, &l.ffn_norm, eps, n, &mut s.xn)?;
             dump.put(b, "ffn_inp", i, &s.x, n * hp.n_embd);
             dump.put(b, "ffn_norm", i, &s.xn, n * hp.n_embd);
-            b.matmul_glu(
-                hp.act,
-                &l.gate,
-                &l.up,
-                &s.xn,
-                n,
-                [&mut s.gate, &mut s.up],
-                &mut s.act,
-            )?;
-            dump.put(b, "ffn_act", i, &s.act, n * hp.n_ff);
-            b.matmul(&l.down, &s.act, n, &mut s.o)?;
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    b.matmul_glu(
+                        hp.act,
+                        gate,
+                        up,
+                        &s.xn,
+                        n,
+                        [&mut s.gate, &mut s.up],
+                        &mut s.act,
+                    )?;
+                    dump.put(b, "ffn_act", i, &s.act, n * hp.n_ff);
+                    b.matmul(down, &s.act, n, &mut s.o)?;
+                }
+                Ffn::Moe {
+                    router,
+                    gate,
+                    up,
+                    down,
+                } => {
+                    let p = hp.moe.as_ref().expect("MoE layers come with MoE hparams");
+                    let [logits, routes, xs, g, u, act, ys] = &mut s.moe[..] else {
+                        unreachable!("seven MoE scratch buffers")
+                    };
+                    b.moe(
+                        &s.xn,
+                        n,
+                        MoeWeights {
+                            router,
+                            gate,
+                            up,
+                            down,
+                        },
+                        p,
+                        MoeScratch {
+                            logits,
+                            routes,
+                            xs,
+                            gate: g,
+                            up: u,
+                            act,
+                            ys,
+                        },
+                        &mut s.o,
+                    )?;
+                }
+            }
             dump.put(b, "ffn_out", i, &s.o, n * hp.n_embd);
             if let Some(pn) = &l.post_ffw_norm {
                 b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
@@ -292,6 +316,9 @@ impl<B: Backend> Model<B> {
         dump.put(b, "result_norm", usize::MAX, &s.xn, n * hp.n_embd);
         let out = self.output.as_ref().unwrap_or(&self.tok_embd);
         b.matmul_logits(step, out, &s.xn, &mut s.logits)?;
+        if let Some(bias) = &self.output_b {
+            b.add_bias(&mut s.logits, bias, step.logit_rows)?;
+        }
         dump.put(
             b,
             "result_output",

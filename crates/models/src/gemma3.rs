@@ -22,9 +22,7 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
     hp.post_norms = true;
     hp.sliding_window = r.u("attention.sliding_window")?.map(|w| w as u32);
     if hp.sliding_window.is_some() {
-        hp.swa_layers = (0..hp.n_layer)
-            .map(|i| (i + 1) % SWA_PATTERN != 0)
-            .collect();
+        hp.swa_layers = r.swa_layers(hp.n_layer, SWA_PATTERN)?;
     }
     let mut local = hp.rope.clone();
     local.base = LOCAL_ROPE_BASE;

@@ -32,6 +32,10 @@ pub struct Hparams {
     pub post_norms: bool,
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
+    /// Every layer's FFN is a mixture of experts.
+    pub moe: Option<quiver_backend::MoeParams>,
+    /// The gate's rows are the first half of `ffn_up` (Phi-3).
+    pub fused_gate_up: bool,
 }
 
 impl Hparams {
@@ -85,6 +89,73 @@ impl<'a> Reader<'a> {
 
     pub fn f32(&self, k: &str) -> Result<Option<f32>> {
         Ok(self.f.get_f32(&self.key(k))?)
+    }
+
+    pub fn bad(&self, k: &str, detail: impl Into<String>) -> ModelError {
+        ModelError::BadHparam {
+            key: self.key(k),
+            detail: detail.into(),
+        }
+    }
+
+    /// Which layers use the sliding window: `attention.sliding_window_pattern` as an array of
+    /// booleans or as a period n (every n-th layer global, the others local), else the
+    /// architecture's period, as llama.cpp reads it.
+    pub fn swa_layers(&self, n_layer: usize, default_period: usize) -> Result<Vec<bool>> {
+        let key = self.key("attention.sliding_window_pattern");
+        if let Some(quiver_gguf::Value::Array(a)) = self.f.get(&key) {
+            let quiver_gguf::Array::Bool(v) = a else {
+                return Err(self.bad(
+                    "attention.sliding_window_pattern",
+                    "is an array of something other than booleans",
+                ));
+            };
+            if v.len() != n_layer {
+                return Err(self.bad(
+                    "attention.sliding_window_pattern",
+                    format!("has {} entries for {n_layer} layers", v.len()),
+                ));
+            }
+            return Ok(v.clone());
+        }
+        let period = self
+            .u("attention.sliding_window_pattern")?
+            .unwrap_or(default_period);
+        Ok((0..n_layer)
+            .map(|i| period == 0 || i % period < period - 1)
+            .collect())
+    }
+
+    /// The MoE keys (`expert_count`, `expert_used_count`, `expert_feed_forward_length`,
+    /// `expert_weights_scale`), checked against each other.
+    pub fn moe(
+        &self,
+        n_ff: usize,
+        gating: quiver_backend::Gating,
+        norm: bool,
+        act: Activation,
+    ) -> Result<quiver_backend::MoeParams> {
+        let n_expert = self.req("expert_count")?;
+        let n_used = self.req("expert_used_count")?;
+        if n_used > n_expert {
+            return Err(self.bad(
+                "expert_used_count",
+                format!("{n_used} is more than expert_count {n_expert}"),
+            ));
+        }
+        let n_ff = match self.u("expert_feed_forward_length")? {
+            Some(v) if v > 0 => v,
+            _ => n_ff / n_used,
+        };
+        Ok(quiver_backend::MoeParams {
+            n_expert,
+            n_used,
+            n_ff,
+            gating,
+            norm,
+            scale: self.f32("expert_weights_scale")?.unwrap_or(0.0),
+            act,
+        })
     }
 
     /// The shape every llama-family model shares; architecture files adjust the rest.
@@ -192,6 +263,8 @@ impl<'a> Reader<'a> {
             post_norms: false,
             attn_softcap: None,
             final_softcap: None,
+            moe: None,
+            fused_gate_up: false,
         })
     }
 }

@@ -3,12 +3,17 @@
 //! Adding an architecture is one file plus one line in [`load`].
 
 mod decoder;
+mod gemma2;
 mod gemma3;
 mod hparams;
 mod llama;
+mod phi3;
+mod qwen;
+mod state;
 
-pub use decoder::{Layer, Model, State};
+pub use decoder::{Ffn, Layer, Model};
 pub use hparams::Hparams;
+pub use state::State;
 
 use quiver_backend::{Backend, BackendError, WeightBytes};
 use quiver_gguf::{GgufError, GgufFile};
@@ -16,7 +21,7 @@ use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("unknown architecture {0:?} (supported: llama, gemma3)")]
+    #[error("unknown architecture {0:?} (supported: {list})", list = SUPPORTED.join(", "))]
     UnknownArch(String),
     #[error("tensor {name} is missing")]
     MissingTensor { name: String },
@@ -40,6 +45,11 @@ pub enum ModelError {
 
 pub type Result<T> = std::result::Result<T, ModelError>;
 
+/// The architectures [`load`] knows (GGUF `general.architecture`).
+pub const SUPPORTED: &[&str] = &[
+    "llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
+];
+
 /// Loads the model of the file's architecture onto a backend.
 pub fn load<B: Backend>(backend: &B, file: &Arc<GgufFile>) -> Result<Model<B>> {
     decoder::load(backend, file, hparams(file)?)
@@ -49,8 +59,11 @@ pub fn load<B: Backend>(backend: &B, file: &Arc<GgufFile>) -> Result<Model<B>> {
 /// pool before the load, say).
 pub fn hparams(file: &GgufFile) -> Result<Hparams> {
     match file.arch()? {
-        "llama" => llama::hparams(file),
+        "llama" | "mistral3" => llama::hparams(file),
+        "gemma2" => gemma2::hparams(file),
         "gemma3" => gemma3::hparams(file),
+        "phi3" => phi3::hparams(file),
+        "qwen2" | "qwen3" | "qwen3moe" => qwen::hparams(file),
         other => Err(ModelError::UnknownArch(other.into())),
     }
 }
@@ -62,6 +75,29 @@ pub(crate) fn weight<B: Backend>(
     name: &str,
     shape: &[u64],
 ) -> Result<B::Weight> {
+    let (idx, ty) = find(file, name, shape)?;
+    Ok(backend.weight(name, ty, shape, WeightBytes::whole(file.clone(), idx))?)
+}
+
+/// Rows `first..first + n` of the 2-D tensor `name` of `shape` as a weight of its own (one
+/// part of a fused tensor: its products are the fused product's rows, bit for bit).
+pub(crate) fn weight_rows<B: Backend>(
+    backend: &B,
+    file: &Arc<GgufFile>,
+    name: &str,
+    shape: &[u64; 2],
+    first: u64,
+    n: u64,
+) -> Result<B::Weight> {
+    let (idx, ty) = find(file, name, shape)?;
+    let row = ty.row_bytes(shape[1]).unwrap_or(0) as usize;
+    let mut bytes = WeightBytes::whole(file.clone(), idx);
+    bytes.range = Some((first as usize * row, n as usize * row));
+    let part = format!("{name}[{first}..{}]", first + n);
+    Ok(backend.weight(&part, ty, &[n, shape[1]], bytes)?)
+}
+
+fn find(file: &GgufFile, name: &str, shape: &[u64]) -> Result<(usize, quiver_gguf::GgmlType)> {
     let idx = file
         .tensors
         .iter()
@@ -75,13 +111,5 @@ pub(crate) fn weight<B: Backend>(
             expected: shape.to_vec(),
         });
     }
-    Ok(backend.weight(
-        name,
-        t.ty,
-        shape,
-        WeightBytes {
-            file: file.clone(),
-            tensor: idx,
-        },
-    )?)
+    Ok((idx, t.ty))
 }

@@ -41,58 +41,95 @@ pub struct Preset {
     pub head_dim: u64,
     pub tied: bool,
     pub rms_eps: f32,
-    /// gemma3 only: the sliding window of local layers.
+    /// gemma2/gemma3: the sliding window of local layers.
     pub sliding_window: u64,
+    /// Mixture of experts (qwen3moe): experts, experts per token, each one's hidden width.
+    pub n_expert: u64,
+    pub n_expert_used: u64,
+    pub n_ff_exp: u64,
+    /// Standard deviation of the weights (0.02 as models are initialised; tiny parity models
+    /// use more, so that their outputs have clear winners).
+    pub stdev: f32,
+    /// Norm weights around 1 (1 + N(0, 0.1²)) and random biases, instead of ones and zeros:
+    /// the parity models, where a norm applied twice or not at all must show.
+    pub random_vectors: bool,
 }
+
+const BASE: Preset = Preset {
+    name: "",
+    arch: "llama",
+    n_vocab: 32000,
+    n_embd: 4096,
+    n_layer: 32,
+    n_head: 32,
+    n_head_kv: 8,
+    n_ff: 14336,
+    n_ctx: 8192,
+    rope_base: 10000.0,
+    head_dim: 128,
+    tied: false,
+    rms_eps: 1e-5,
+    sliding_window: 0,
+    n_expert: 0,
+    n_expert_used: 0,
+    n_ff_exp: 0,
+    stdev: 0.02,
+    random_vectors: false,
+};
+
+/// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
+const TINY: Preset = Preset {
+    name: "",
+    arch: "llama",
+    n_vocab: 512,
+    n_embd: 256,
+    n_layer: 4,
+    n_head: 4,
+    n_head_kv: 2,
+    n_ff: 512,
+    n_ctx: 4096,
+    rope_base: 10000.0,
+    head_dim: 64,
+    tied: false,
+    rms_eps: 1e-6,
+    sliding_window: 0,
+    n_expert: 0,
+    n_expert_used: 0,
+    n_ff_exp: 0,
+    stdev: 0.1,
+    random_vectors: true,
+};
 
 pub const PRESETS: &[Preset] = &[
     Preset {
         name: "smollm2-135m",
-        arch: "llama",
         n_vocab: 49152,
         n_embd: 576,
         n_layer: 30,
         n_head: 9,
         n_head_kv: 3,
         n_ff: 1536,
-        n_ctx: 8192,
         rope_base: 100000.0,
         head_dim: 64,
         tied: true,
-        rms_eps: 1e-5,
-        sliding_window: 0,
+        ..BASE
     },
     Preset {
         name: "llama3-1b",
-        arch: "llama",
         n_vocab: 128256,
         n_embd: 2048,
         n_layer: 16,
-        n_head: 32,
-        n_head_kv: 8,
         n_ff: 8192,
-        n_ctx: 8192,
         rope_base: 500000.0,
         head_dim: 64,
         tied: true,
-        rms_eps: 1e-5,
-        sliding_window: 0,
+        ..BASE
     },
     Preset {
         name: "llama3-8b",
-        arch: "llama",
         n_vocab: 128256,
-        n_embd: 4096,
-        n_layer: 32,
-        n_head: 32,
-        n_head_kv: 8,
-        n_ff: 14336,
-        n_ctx: 8192,
         rope_base: 500000.0,
-        head_dim: 128,
-        tied: false,
-        rms_eps: 1e-5,
-        sliding_window: 0,
+        ..BASE
     },
     Preset {
         name: "gemma3-270m",
@@ -109,6 +146,153 @@ pub const PRESETS: &[Preset] = &[
         tied: true,
         rms_eps: 1e-6,
         sliding_window: 512,
+        ..BASE
+    },
+    Preset {
+        name: "qwen3-0.6b",
+        arch: "qwen3",
+        n_vocab: 151936,
+        n_embd: 1024,
+        n_layer: 28,
+        n_head: 16,
+        n_head_kv: 8,
+        n_ff: 3072,
+        n_ctx: 40960,
+        rope_base: 1_000_000.0,
+        head_dim: 128,
+        tied: true,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    Preset {
+        name: "qwen3-8b",
+        arch: "qwen3",
+        n_vocab: 151936,
+        n_embd: 4096,
+        n_layer: 36,
+        n_head: 32,
+        n_head_kv: 8,
+        n_ff: 12288,
+        n_ctx: 40960,
+        rope_base: 1_000_000.0,
+        head_dim: 128,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    Preset {
+        name: "qwen3-30b-a3b",
+        arch: "qwen3moe",
+        n_vocab: 151936,
+        n_embd: 2048,
+        n_layer: 48,
+        n_head: 32,
+        n_head_kv: 4,
+        n_ff: 6144,
+        n_ctx: 40960,
+        rope_base: 1_000_000.0,
+        head_dim: 128,
+        rms_eps: 1e-6,
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 768,
+        ..BASE
+    },
+    Preset {
+        name: "qwen2.5-7b",
+        arch: "qwen2",
+        n_vocab: 152064,
+        n_embd: 3584,
+        n_layer: 28,
+        n_head: 28,
+        n_head_kv: 4,
+        n_ff: 18944,
+        n_ctx: 32768,
+        rope_base: 1_000_000.0,
+        head_dim: 128,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    Preset {
+        name: "gemma2-2b",
+        arch: "gemma2",
+        n_vocab: 256000,
+        n_embd: 2304,
+        n_layer: 26,
+        n_head: 8,
+        n_head_kv: 4,
+        n_ff: 9216,
+        n_ctx: 8192,
+        head_dim: 256,
+        tied: true,
+        rms_eps: 1e-6,
+        sliding_window: 4096,
+        ..BASE
+    },
+    Preset {
+        name: "phi3-mini",
+        arch: "phi3",
+        n_vocab: 32064,
+        n_embd: 3072,
+        n_layer: 32,
+        n_head: 32,
+        n_head_kv: 32,
+        n_ff: 8192,
+        n_ctx: 4096,
+        head_dim: 96,
+        ..BASE
+    },
+    Preset {
+        name: "tiny-llama",
+        ..TINY
+    },
+    Preset {
+        name: "tiny-mistral3",
+        arch: "mistral3",
+        rope_base: 1_000_000.0,
+        ..TINY
+    },
+    Preset {
+        name: "tiny-qwen2",
+        arch: "qwen2",
+        tied: true,
+        ..TINY
+    },
+    Preset {
+        name: "tiny-qwen3",
+        arch: "qwen3",
+        // Heads wider than n_embd / n_head, as Qwen3 has them.
+        head_dim: 64,
+        n_head: 8,
+        ..TINY
+    },
+    Preset {
+        name: "tiny-qwen3moe",
+        arch: "qwen3moe",
+        n_expert: 16,
+        n_expert_used: 4,
+        n_ff_exp: 128,
+        ..TINY
+    },
+    Preset {
+        name: "tiny-gemma2",
+        arch: "gemma2",
+        tied: true,
+        sliding_window: 8,
+        ..TINY
+    },
+    Preset {
+        name: "tiny-gemma3",
+        arch: "gemma3",
+        n_layer: 6,
+        tied: true,
+        sliding_window: 8,
+        ..TINY
+    },
+    Preset {
+        name: "tiny-phi3",
+        arch: "phi3",
+        n_head_kv: 4,
+        ..TINY
     },
 ];
 
@@ -144,7 +328,10 @@ pub fn plan(p: &Preset) -> Vec<Planned> {
         role,
         shape: shape.to_vec(),
     };
-    let (d, hd) = (p.n_embd, p.head_dim);
+    let (d, hd, arch) = (p.n_embd, p.head_dim, p.arch);
+    let (qd, kvd) = (p.n_head * hd, p.n_head_kv * hd);
+    let gemma = arch == "gemma2" || arch == "gemma3";
+    let qk_norm = matches!(arch, "gemma3" | "qwen3" | "qwen3moe");
     let mut v = vec![t(
         "token_embd.weight".into(),
         Role::TokenEmbd,
@@ -153,22 +340,42 @@ pub fn plan(p: &Preset) -> Vec<Planned> {
     for i in 0..p.n_layer {
         let b = |s: &str| format!("blk.{i}.{s}.weight");
         v.push(t(b("attn_norm"), Role::Vector, &[d]));
-        v.push(t(b("attn_q"), Role::AttnQ, &[p.n_head * hd, d]));
-        v.push(t(b("attn_k"), Role::AttnK, &[p.n_head_kv * hd, d]));
-        v.push(t(b("attn_v"), Role::AttnV, &[p.n_head_kv * hd, d]));
-        if p.arch == "gemma3" {
+        if arch == "phi3" {
+            v.push(t(b("attn_qkv"), Role::AttnQkv, &[qd + 2 * kvd, d]));
+        } else {
+            v.push(t(b("attn_q"), Role::AttnQ, &[qd, d]));
+            v.push(t(b("attn_k"), Role::AttnK, &[kvd, d]));
+            v.push(t(b("attn_v"), Role::AttnV, &[kvd, d]));
+        }
+        if arch == "qwen2" {
+            for (s, n) in [("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)] {
+                v.push(t(format!("blk.{i}.{s}.bias"), Role::Vector, &[n]));
+            }
+        }
+        if qk_norm {
             v.push(t(b("attn_q_norm"), Role::Vector, &[hd]));
             v.push(t(b("attn_k_norm"), Role::Vector, &[hd]));
         }
-        v.push(t(b("attn_output"), Role::AttnOutput, &[d, p.n_head * hd]));
-        if p.arch == "gemma3" {
+        v.push(t(b("attn_output"), Role::AttnOutput, &[d, qd]));
+        if gemma {
             v.push(t(b("post_attention_norm"), Role::Vector, &[d]));
         }
         v.push(t(b("ffn_norm"), Role::Vector, &[d]));
-        v.push(t(b("ffn_gate"), Role::FfnGate, &[p.n_ff, d]));
-        v.push(t(b("ffn_up"), Role::FfnUp, &[p.n_ff, d]));
-        v.push(t(b("ffn_down"), Role::FfnDown, &[d, p.n_ff]));
-        if p.arch == "gemma3" {
+        if p.n_expert > 0 {
+            let (ne, fe) = (p.n_expert, p.n_ff_exp);
+            v.push(t(b("ffn_gate_inp"), Role::Router, &[ne, d]));
+            v.push(t(b("ffn_gate_exps"), Role::FfnGate, &[ne, fe, d]));
+            v.push(t(b("ffn_up_exps"), Role::FfnUp, &[ne, fe, d]));
+            v.push(t(b("ffn_down_exps"), Role::FfnDown, &[ne, d, fe]));
+        } else if arch == "phi3" {
+            v.push(t(b("ffn_up"), Role::FfnUp, &[2 * p.n_ff, d]));
+            v.push(t(b("ffn_down"), Role::FfnDown, &[d, p.n_ff]));
+        } else {
+            v.push(t(b("ffn_gate"), Role::FfnGate, &[p.n_ff, d]));
+            v.push(t(b("ffn_up"), Role::FfnUp, &[p.n_ff, d]));
+            v.push(t(b("ffn_down"), Role::FfnDown, &[d, p.n_ff]));
+        }
+        if gemma {
             v.push(t(b("post_ffw_norm"), Role::Vector, &[d]));
         }
     }
@@ -198,15 +405,26 @@ fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
     w.set(k("rope.freq_base"), Value::F32(p.rope_base));
     w.set(k("attention.layer_norm_rms_epsilon"), Value::F32(p.rms_eps));
     w.set(k("vocab_size"), Value::U32(p.n_vocab as u32));
-    if a == "gemma3" {
-        w.set(k("attention.key_length"), Value::U32(p.head_dim as u32));
-        w.set(k("attention.value_length"), Value::U32(p.head_dim as u32));
+    w.set(k("attention.key_length"), Value::U32(p.head_dim as u32));
+    w.set(k("attention.value_length"), Value::U32(p.head_dim as u32));
+    w.set(k("rope.dimension_count"), Value::U32(p.head_dim as u32));
+    if p.sliding_window > 0 {
         w.set(
             k("attention.sliding_window"),
             Value::U32(p.sliding_window as u32),
         );
-    } else {
-        w.set(k("rope.dimension_count"), Value::U32(p.head_dim as u32));
+    }
+    if a == "gemma2" {
+        w.set(k("attn_logit_softcapping"), Value::F32(50.0));
+        w.set(k("final_logit_softcapping"), Value::F32(30.0));
+    }
+    if p.n_expert > 0 {
+        w.set(k("expert_count"), Value::U32(p.n_expert as u32));
+        w.set(k("expert_used_count"), Value::U32(p.n_expert_used as u32));
+        w.set(
+            k("expert_feed_forward_length"),
+            Value::U32(p.n_ff_exp as u32),
+        );
     }
     w.set("tokenizer.ggml.model", Value::String("none".into()));
 }
@@ -292,19 +510,34 @@ pub fn write(
     w.write_file(path, |i, info, buf| {
         let cols = info.cols() as usize;
         let rows = info.rows() as usize;
+        let scale = p.stdev / 0.02;
         if planned[i].role == Role::Vector {
-            // Norm weights: ones, as a freshly initialised model has.
-            for _ in 0..rows * cols {
-                buf.extend_from_slice(&1.0f32.to_le_bytes());
+            let bias = planned[i].name.ends_with(".bias");
+            if p.random_vectors {
+                // Norms 1 + N(0, 0.1²), biases N(0, 0.1²).
+                let mut row = vec![0f32; rows * cols];
+                let start = weights.row_start();
+                weights.fill_row(start, &mut row);
+                for v in row {
+                    let v = if bias { 5.0 * v } else { 1.0 + 5.0 * v };
+                    buf.extend_from_slice(&v.to_le_bytes());
+                }
+            } else {
+                // Norm weights: ones, biases zeros, as a freshly initialised model has.
+                let v: f32 = if bias { 0.0 } else { 1.0 };
+                for _ in 0..rows * cols {
+                    buf.extend_from_slice(&v.to_le_bytes());
+                }
             }
         } else {
             let starts: Vec<usize> = (0..rows).map(|_| weights.row_start()).collect();
-            let bytes = quantize_rows(&weights, &starts, cols, info.ty, threads).map_err(|e| {
-                GgufError::TensorData {
-                    name: info.name.clone(),
-                    detail: format!("quantizing to {}: {e}", info.ty),
-                }
-            })?;
+            let bytes =
+                quantize_rows(&weights, &starts, cols, scale, info.ty, threads).map_err(|e| {
+                    GgufError::TensorData {
+                        name: info.name.clone(),
+                        detail: format!("quantizing to {}: {e}", info.ty),
+                    }
+                })?;
             buf.extend_from_slice(&bytes);
         }
         progress(i + 1, n);
@@ -317,6 +550,7 @@ fn quantize_rows(
     w: &Weights,
     starts: &[usize],
     cols: usize,
+    scale: f32,
     ty: GgmlType,
     threads: usize,
 ) -> Result<Vec<u8>, String> {
@@ -331,6 +565,9 @@ fn quantize_rows(
                     let mut out = Vec::new();
                     for &st in chunk {
                         w.fill_row(st, &mut row);
+                        if scale != 1.0 {
+                            row.iter_mut().for_each(|v| *v *= scale);
+                        }
                         quiver_quant::quantize(ty, &row, &mut out).map_err(|e| e.to_string())?;
                     }
                     Ok(out)

@@ -92,7 +92,11 @@ pub enum Role {
     FfnGate,
     FfnUp,
     FfnDown,
-    /// Norms and other vectors: never quantized.
+    /// A fused q/k/v matrix (Phi-3).
+    AttnQkv,
+    /// A mixture-of-experts router: never quantized (llama.cpp keeps it as converted).
+    Router,
+    /// Norms, biases and other vectors: never quantized.
     Vector,
 }
 
@@ -155,7 +159,7 @@ impl Chooser {
         use FileType as F;
         use GgmlType as T;
         let def = self.ftype.default_type();
-        if role == Role::Vector {
+        if role == Role::Vector || role == Role::Router {
             return T::F32;
         }
         if !def.is_quantized() {
@@ -218,6 +222,12 @@ impl Chooser {
                     _ => def,
                 }
             }
+            Role::AttnQkv => match ft {
+                F::Q3_K_M | F::Q3_K_L => T::Q4_K,
+                F::Q4_K_M => T::Q5_K,
+                F::Q5_K_M => T::Q6_K,
+                _ => def,
+            },
             Role::AttnOutput => match ft {
                 F::Q2_K => T::Q3_K,
                 F::Q3_K_M => T::Q4_K,

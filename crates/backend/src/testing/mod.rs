@@ -111,10 +111,7 @@ pub fn tensor(ty: GgmlType, shape: &[u64], bytes: &[u8]) -> WeightBytes {
     w.add_tensor("w", ty, shape);
     let f = GgufFile::from_bytes(w.to_bytes(&[bytes]).expect("a GGUF in memory"))
         .expect("the GGUF just written");
-    WeightBytes {
-        file: Arc::new(f),
-        tensor: 0,
-    }
+    WeightBytes::whole(Arc::new(f), 0)
 }
 
 /// The error bounds of the ops whose bound does not depend on the weight type (products:

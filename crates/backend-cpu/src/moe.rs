@@ -1,0 +1,134 @@
+//! Mixture-of-experts FFN on the CPU: routing on the host, then each expert's tokens gathered
+//! into one block and multiplied by the expert's rows of the stacked 3-D tensors (a product
+//! per expert that has tokens, never one per token), and the weighted outputs summed per
+//! token in slot order, as llama.cpp sums them.
+
+use crate::{check, CpuBackend, CpuWeight};
+use quiver_backend::{reference, Activation, Backend, MoeParams, MoeScratch, MoeWeights, Result};
+
+/// The host side of a step's routing, kept between steps (no allocation once grown).
+#[derive(Default)]
+pub(crate) struct Routing {
+    /// (expert, weight) per (token, slot).
+    routes: Vec<(u32, f32)>,
+    one: Vec<(u32, f32)>,
+    /// Where pair (token, slot) lies in the expert-ordered blocks.
+    pos: Vec<usize>,
+    /// First pair of each expert's block; `n_expert + 1` entries.
+    start: Vec<usize>,
+}
+
+impl CpuBackend {
+    pub(crate) fn moe_cpu(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: MoeWeights<'_, CpuWeight>,
+        p: &MoeParams,
+        s: MoeScratch<'_, Vec<f32>>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let d = w.router.cols;
+        let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
+        let sizes = p.scratch_floats(rows, d);
+        check(
+            "moe",
+            w.router.rows == ne
+                && w.gate.rows == ne * ff
+                && w.up.rows == ne * ff
+                && w.gate.cols == d
+                && w.down.rows == ne * d
+                && w.down.cols == ff
+                && (1..=ne).contains(&k)
+                && x.len() >= rows * d
+                && out.len() >= rows * d
+                && s.logits.len() >= sizes[0]
+                && s.xs.len() >= sizes[2]
+                && s.gate.len() >= sizes[3]
+                && s.up.len() >= sizes[4]
+                && s.act.len() >= sizes[5]
+                && s.ys.len() >= sizes[6],
+            || format!("{rows} rows, {ne} experts of {ff}, {k} used, n_embd {d}"),
+        )?;
+        self.matmul(w.router, x, rows, s.logits)?;
+        let mut r = self.routing.lock().unwrap_or_else(|e| e.into_inner());
+        let r = &mut *r;
+        r.routes.clear();
+        for t in 0..rows {
+            reference::moe_route(&s.logits[t * ne..][..ne], p, &mut r.one);
+            r.routes.extend_from_slice(&r.one);
+        }
+        // Counting sort of the pairs by expert.
+        r.start.clear();
+        r.start.resize(ne + 1, 0);
+        for &(e, _) in &r.routes {
+            r.start[e as usize + 1] += 1;
+        }
+        for e in 0..ne {
+            r.start[e + 1] += r.start[e];
+        }
+        let mut next = r.start.clone();
+        r.pos.clear();
+        r.pos.resize(rows * k, 0);
+        for (i, &(e, _)) in r.routes.iter().enumerate() {
+            let at = next[e as usize];
+            next[e as usize] += 1;
+            r.pos[i] = at;
+            s.xs[at * d..][..d].copy_from_slice(&x[(i / k) * d..][..d]);
+        }
+        let (gb, ub, db) = (
+            w.gate.ty.row_bytes(d as u64).unwrap_or(0) as usize * ff,
+            w.up.ty.row_bytes(d as u64).unwrap_or(0) as usize * ff,
+            w.down.ty.row_bytes(ff as u64).unwrap_or(0) as usize * d,
+        );
+        for e in 0..ne {
+            let (a, n) = (r.start[e], r.start[e + 1] - r.start[e]);
+            if n == 0 {
+                continue;
+            }
+            let xs = &s.xs[a * d..(a + n) * d];
+            let g = &mut s.gate[a * ff..(a + n) * ff];
+            self.mm
+                .run(w.gate.ty, &w.gate.bytes()[e * gb..][..gb], ff, d, xs, n, g)?;
+            let u = &mut s.up[a * ff..(a + n) * ff];
+            self.mm
+                .run(w.up.ty, &w.up.bytes()[e * ub..][..ub], ff, d, xs, n, u)?;
+            let act = &mut s.act[a * ff..(a + n) * ff];
+            let (g, u) = (&s.gate[a * ff..(a + n) * ff], &s.up[a * ff..(a + n) * ff]);
+            match p.act {
+                Activation::GeGlu => crate::act_fn::geglu(g, u, act),
+                Activation::SwiGlu => crate::act_fn::swiglu(g, u, act),
+            }
+            let ys = &mut s.ys[a * d..(a + n) * d];
+            self.mm.run(
+                w.down.ty,
+                &w.down.bytes()[e * db..][..db],
+                d,
+                ff,
+                &s.act[a * ff..(a + n) * ff],
+                n,
+                ys,
+            )?;
+        }
+        for t in 0..rows {
+            let o = &mut out[t * d..][..d];
+            for j in 0..k {
+                let (_, wt) = r.routes[t * k + j];
+                let y = &s.ys[r.pos[t * k + j] * d..][..d];
+                if j == 0 {
+                    o.iter_mut().zip(y).for_each(|(o, &v)| *o = v * wt);
+                } else {
+                    o.iter_mut().zip(y).for_each(|(o, &v)| *o += v * wt);
+                }
+            }
+        }
+        // The routes, for anyone reading the scratch (tests): expert id, weight.
+        for (i, &(e, wt)) in r.routes.iter().enumerate() {
+            if let Some(c) = s.routes.get_mut(2 * i..2 * i + 2) {
+                c[0] = e as f32;
+                c[1] = wt;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,118 @@
+//! Mixture-of-experts FFN on the device: the router's product, routing by a kernel (so a
+//! decode step stays inside its captured graph), then one warp per output row of every
+//! (token, slot) pair, reading only the chosen expert's rows of the stacked 3-D tensors, and the
+//! weighted sum in slot order. Prompts run the same pair-wise kernels (correct, not yet a
+//! grouped tensor-core product).
+
+use crate::memory::CudaBuf;
+use crate::weights::CudaWeight;
+use crate::{check, CudaBackend};
+use quiver_backend::{Activation, Gating, MoeParams, MoeScratch, MoeWeights, Result};
+
+const WARPS: usize = 4;
+
+impl CudaBackend {
+    pub(crate) fn moe_fast(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: MoeWeights<'_, CudaWeight>,
+        p: &MoeParams,
+        s: MoeScratch<'_, CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let d = w.router.cols;
+        let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
+        let sizes = p.scratch_floats(rows, d);
+        check(
+            "moe",
+            w.router.rows == ne
+                && w.gate.rows == ne * ff
+                && w.up.rows == ne * ff
+                && w.gate.cols == d
+                && w.gate.ty == w.up.ty
+                && w.down.rows == ne * d
+                && w.down.cols == ff
+                && (1..=32).contains(&k)
+                && k <= ne
+                && ne <= 1024
+                && x.len >= rows * d
+                && out.len >= rows * d
+                && s.logits.len >= sizes[0]
+                && s.routes.len >= sizes[1]
+                && s.act.len >= sizes[5]
+                && s.ys.len >= sizes[6],
+            || format!("{rows} rows, {ne} experts of {ff}, {k} used, n_embd {d}"),
+        )?;
+        if rows == 0 {
+            return Ok(());
+        }
+        self.mm(w.router, x.ptr(), rows, s.logits.ptr())?;
+        let gating = match p.gating {
+            Gating::Softmax => 0i32,
+            Gating::Sigmoid => 1,
+        };
+        self.launch(
+            "ops",
+            "moe_route",
+            (rows as u32, 1, 1),
+            (32, 1, 1),
+            args![
+                s.logits.ptr(),
+                s.routes.ptr(),
+                ne as i32,
+                k as i32,
+                gating,
+                p.norm as i32,
+                p.scale
+            ],
+        )?;
+        let pairs = (rows * k) as u32;
+        let act = match p.act {
+            Activation::SwiGlu => 0i32,
+            Activation::GeGlu => 1,
+        };
+        self.launch(
+            &w.gate.names.module,
+            &w.gate.names.moe[0],
+            (ff.div_ceil(WARPS) as u32, pairs, 1),
+            (32, WARPS as u32, 1),
+            args![
+                w.gate.data.ptr,
+                w.up.data.ptr,
+                w.gate.row_bytes as i64,
+                ff as i64,
+                s.routes.ptr(),
+                x.ptr(),
+                s.act.ptr(),
+                ff as i32,
+                d as i32,
+                k as i32,
+                act
+            ],
+        )?;
+        self.launch(
+            &w.down.names.module,
+            &w.down.names.moe[1],
+            (d.div_ceil(WARPS) as u32, pairs, 1),
+            (32, WARPS as u32, 1),
+            args![
+                w.down.data.ptr,
+                w.down.row_bytes as i64,
+                d as i64,
+                s.routes.ptr(),
+                s.act.ptr(),
+                s.ys.ptr(),
+                d as i32,
+                ff as i32
+            ],
+        )?;
+        self.launch(
+            "ops",
+            "moe_sum",
+            (rows as u32, 1, 1),
+            (256, 1, 1),
+            args![s.ys.ptr(), s.routes.ptr(), out.ptr(), k as i32, d as i32],
+        )
+    }
+}

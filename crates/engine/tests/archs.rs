@@ -1,0 +1,194 @@
+//! Every architecture against llama.cpp on tiny random models (`quiver synth --preset tiny-*`,
+//! F32 and Q8_0): the fixtures hold llama.cpp's teacher-forced log-probabilities over a fixed
+//! token sequence, the prompt in one step and the rest one token per step
+//! (`tools/parity/make_arch_fixtures.sh`). quiver writes the same model again (its sha256 must
+//! match the fixture's) and evaluates the same steps:
+//! - top-1 equal wherever llama.cpp's top-1 leads its second by more than 0.1 nat;
+//! - the log-probability of each of llama.cpp's best 8 tokens within 0.02 (F32 weights) or
+//!   0.05 (Q8_0) on the CPU; on the GPU (ignored without one) within 0.05 for both.
+
+use quiver_backend::Backend;
+use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
+use quiver_engine::{ModelRunner, RunnerOptions, Want};
+use quiver_gguf::GgufFile;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/archs");
+
+struct Fixture {
+    name: String,
+    preset: String,
+    ty: String,
+    seed: u64,
+    sha256: String,
+    n_prompt: usize,
+    tokens: Vec<u32>,
+    /// Per position: llama.cpp's best (id, log-probability), best first.
+    top: Vec<Vec<(u32, f64)>>,
+}
+
+fn fixtures() -> Vec<Fixture> {
+    let mut names: Vec<_> = std::fs::read_dir(FIXTURES)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 16, "{} fixtures in {FIXTURES}", names.len());
+    names
+        .iter()
+        .map(|p| {
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+            let s = |k: &str| v[k].as_str().unwrap().to_string();
+            Fixture {
+                name: p.file_stem().unwrap().to_string_lossy().into(),
+                preset: s("preset"),
+                ty: s("type"),
+                seed: v["seed"].as_u64().unwrap(),
+                sha256: s("sha256"),
+                n_prompt: v["n_prompt"].as_u64().unwrap() as usize,
+                tokens: v["tokens"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_u64().unwrap() as u32)
+                    .collect(),
+                top: v["top"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|row| {
+                        row.as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap()))
+                            .collect()
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The fixture's model, written again (and checked to be the same bytes).
+fn model(fx: &Fixture) -> Arc<GgufFile> {
+    let dir = std::env::temp_dir().join(format!("quiver-archs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{}.gguf", fx.name));
+    let p = quiver_synth::preset(&fx.preset).unwrap();
+    let ft = quiver_synth::file_type(&fx.ty).unwrap();
+    quiver_synth::write(p, ft, fx.seed, &path, 2, |_, _| {}).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let sha = format!("{:x}", Sha256::digest(&bytes));
+    assert_eq!(
+        sha, fx.sha256,
+        "{}: quiver synth no longer writes the fixture's model: remake the fixtures \
+         (tools/parity/make_arch_fixtures.sh)",
+        fx.name
+    );
+    Arc::new(GgufFile::open(&path).unwrap())
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max
+        + row
+            .iter()
+            .map(|&v| (v as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    row.iter().map(|&v| v as f64 - lse).collect()
+}
+
+/// Compares one backend with every fixture; `bound(type)` is the log-probability bound.
+fn check<B: Backend>(make: impl Fn() -> B, bound: impl Fn(&str) -> f64) {
+    let mut failures = Vec::new();
+    // QUIVER_ARCHS=name,name: only those fixtures (op-by-op debugging with QUIVER_DUMP_DIR).
+    let only = std::env::var("QUIVER_ARCHS").ok();
+    for fx in fixtures() {
+        if let Some(only) = &only {
+            if !only.split(',').any(|n| n == fx.name) {
+                continue;
+            }
+        }
+        let f = model(&fx);
+        let opts = RunnerOptions {
+            n_ctx: 256,
+            n_batch: 64,
+            max_logits: 64,
+        };
+        let mut r = match ModelRunner::new(make(), &f, &opts) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!("{}: load: {e}", fx.name));
+                continue;
+            }
+        };
+        let nv = r.n_vocab();
+        let np = fx.n_prompt;
+        let mut rows = r.eval(&fx.tokens[..np], 0, Want::From(0)).unwrap().to_vec();
+        for (k, &t) in fx.tokens[np..].iter().enumerate() {
+            rows.extend_from_slice(r.eval(&[t], np + k, Want::Last).unwrap());
+        }
+        assert_eq!(rows.len(), fx.top.len() * nv, "{}", fx.name);
+        let (mut worst, mut top1_checked, mut top1_wrong) = (0f64, 0, 0);
+        for (pos, want) in fx.top.iter().enumerate() {
+            let lp = log_softmax(&rows[pos * nv..][..nv]);
+            for &(id, ref_lp) in want {
+                let d = (lp[id as usize] - ref_lp).abs();
+                if d > bound(&fx.ty) {
+                    eprintln!(
+                        "{} position {pos}: token {id} {:.4} vs llama.cpp {ref_lp:.4}",
+                        fx.name, lp[id as usize]
+                    );
+                }
+                worst = worst.max(d);
+            }
+            if want[0].1 - want[1].1 > 0.1 {
+                top1_checked += 1;
+                if quiver_engine::argmax(&rows[pos * nv..][..nv]) != want[0].0 {
+                    top1_wrong += 1;
+                }
+            }
+        }
+        let b = bound(&fx.ty);
+        eprintln!(
+            "{}: max |Δ logprob| {worst:.4} (bound {b}), top-1 {}/{top1_checked} where llama.cpp leads by 0.1",
+            fx.name,
+            top1_checked - top1_wrong
+        );
+        if worst > b || top1_wrong > 0 {
+            failures.push(format!(
+                "{}: max |Δ logprob| {worst:.4} > {b} or {top1_wrong} top-1 differ",
+                fx.name
+            ));
+        }
+        assert!(top1_checked >= 5, "{}: too few clear positions", fx.name);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn cpu_matches_llama_cpp_on_every_architecture() {
+    check(
+        || {
+            CpuBackend::with_config(CpuConfig {
+                threads: 2,
+                numerics: Numerics::Fast,
+            })
+        },
+        |ty| if ty == "F32" { 0.02 } else { 0.05 },
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matches_llama_cpp_on_every_architecture() {
+    use quiver_backend_cuda::{CudaBackend, CudaConfig};
+    check(
+        || CudaBackend::new(0, CudaConfig::from_env()).unwrap(),
+        |_| 0.05,
+    );
+}

