@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 cargo build --release
 mkdir -p .gpu
 cp target/release/quiver .gpu/quiver
-for t in "quiver-backend-cuda gpu_ops" "quiver-backend-cuda kernels_compile" "quiver-engine gpu"; do
+for t in "quiver-backend-cuda gpu_ops" "quiver-backend-cuda kernels_compile" "quiver-engine gpu" "quiver-engine archs"; do
   set -- $t
   exe=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys

@@ -26,7 +26,7 @@ impl CpuBackend {
         w: MoeWeights<'_, CpuWeight>,
         p: &MoeParams,
         s: MoeScratch<'_, Vec<f32>>,
-        out: &mut Vec<f32>,
+        out: &mut [f32],
     ) -> Result<()> {
         let d = w.router.cols;
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);

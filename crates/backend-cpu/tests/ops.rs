@@ -37,3 +37,10 @@ fn norms_glu_softcap_argmax_top_k_match_reference() {
     elementwise::elementwise(&backend(Numerics::BatchInvariant), &Cpu, &mut rng)
         .print("elementwise");
 }
+
+#[test]
+fn moe_and_bias_match_reference() {
+    let mut rng = seeded_rng();
+    quiver_backend::testing::moe::moe(&backend(Numerics::BatchInvariant), &Cpu, &mut rng)
+        .print("moe");
+}

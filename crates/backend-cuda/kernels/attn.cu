@@ -106,6 +106,7 @@ __device__ void attn_merge_impl(const float* __restrict__ part, float* __restric
         attn_merge_impl<HD>(part, out, n_head, n_split);                                             \
     }
 ATTN_KERNELS(64)
+ATTN_KERNELS(96)
 ATTN_KERNELS(128)
 ATTN_KERNELS(256)
 
@@ -291,5 +292,6 @@ __device__ void flash_impl(const float* __restrict__ q, const u16* __restrict__ 
         flash_impl<HD, KT, RG, CS>(q, kc, vc, out, tiles, b, n_head, n_head_kv, scale, window, softcap); \
     }
 FLASH_KERNEL(64, 64, 4, 1)
+FLASH_KERNEL(96, 64, 4, 1)
 FLASH_KERNEL(128, 64, 4, 1)
 FLASH_KERNEL(256, 32, 2, 2)

@@ -7,7 +7,10 @@ use crate::memory::{CudaBuf, CudaKv};
 use crate::{check, CudaBackend};
 use quiver_backend::{AttnParams, Result, Step};
 
-/// The shapes attention takes (head dims 64, 128 and 256 are built), in either mode.
+/// Head dims the attention kernels are built for.
+pub(crate) const HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
+
+/// The shapes attention takes (head dims of [`HEAD_DIMS`]), in either mode.
 pub(crate) fn check_attention(
     q: &CudaBuf,
     kv: &CudaKv,
@@ -16,8 +19,8 @@ pub(crate) fn check_attention(
     out: &CudaBuf,
 ) -> Result<()> {
     let hd = a.head_dim;
-    check("attention", matches!(hd, 64 | 128 | 256), || {
-        format!("head dim {hd} (64, 128 and 256 are built)")
+    check("attention", HEAD_DIMS.contains(&hd), || {
+        format!("head dim {hd} (built: {HEAD_DIMS:?})")
     })?;
     check(
         "attention",
@@ -50,6 +53,7 @@ impl CudaBackend {
                 // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
                 let (name, parts) = match hd {
                     64 => ("flash_attention_64", 1),
+                    96 => ("flash_attention_96", 1),
                     128 => ("flash_attention_128", 1),
                     _ => ("flash_attention_256", 2),
                 };
@@ -88,6 +92,7 @@ impl CudaBackend {
             "attn",
             match hd {
                 64 => "attention_64",
+                96 => "attention_96",
                 128 => "attention_128",
                 _ => "attention_256",
             },
@@ -112,6 +117,7 @@ impl CudaBackend {
                 "attn",
                 match hd {
                     64 => "attn_merge_64",
+                    96 => "attn_merge_96",
                     128 => "attn_merge_128",
                     _ => "attn_merge_256",
                 },

@@ -90,6 +90,20 @@ impl Backend for CudaBackend {
     }
 
     fn reserve_workspace(&self, ws: &WorkspaceSpec) -> Result<()> {
+        // An attention shape without kernels is a load-time error, not a failed first step.
+        if let Some(&(_, hd)) = ws
+            .attention
+            .iter()
+            .find(|(_, hd)| !crate::attention::HEAD_DIMS.contains(hd))
+        {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!(
+                    "head dim {hd} has no CUDA kernels (built: {:?})",
+                    crate::attention::HEAD_DIMS
+                ),
+            });
+        }
         match &self.mode {
             Mode::Fast => self.reserve_scratch(ws),
             Mode::Parity(_) => Ok(()),

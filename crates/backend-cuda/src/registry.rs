@@ -70,12 +70,13 @@ pub fn kernel_names(module: &str) -> Vec<String> {
         .map(|s| s.to_string())
         .collect(),
         "attn" => {
-            let mut v: Vec<String> = [64, 128, 256]
+            let mut v: Vec<String> = [64, 96, 128, 256]
                 .iter()
                 .flat_map(|d| [format!("attention_{d}"), format!("attn_merge_{d}")])
                 .collect();
             v.extend([
                 "flash_attention_64".to_string(),
+                "flash_attention_96".to_string(),
                 "flash_attention_128".to_string(),
                 "flash_attention_256".to_string(),
             ]);

@@ -108,6 +108,12 @@ impl Harness<CudaBackend> for Cuda {
         }
     }
 
+    /// The experts' kernels take f32 activations; the router's product may go through the
+    /// tensor cores (f16), which moves the weights by ~1e-3.
+    fn moe_bound(&self, _: &CudaBackend, _: GgmlType, _: usize) -> f64 {
+        5e-3
+    }
+
     /// The tensor-core path's activations are on the int8 grid, not plain f16: against x
     /// itself the error is the int8 rounding's, several times larger.
     fn activations_rounded(&self, be: &CudaBackend, ty: GgmlType, n: usize) -> bool {
@@ -155,6 +161,16 @@ fn matmul_and_embedding_match_reference_for_every_type() {
             notes.skipped
         );
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_and_bias_match_reference() {
+    let mut rng = seeded_rng();
+    let be = backend_with(CudaConfig::from_env());
+    let notes = quiver_backend::testing::moe::moe(&be, &Cuda, &mut rng);
+    notes.print("moe");
+    assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
 }
 
 #[test]

@@ -22,7 +22,7 @@ pub fn moe_route(logits: &[f32], p: &MoeParams, out: &mut Vec<(u32, f32)>) {
     top_k(&probs, p.n_used, out);
     if p.norm {
         let sum: f32 = out.iter().map(|e| e.1).sum();
-        let sum = sum.max(6.103515625e-5);
+        let sum = sum.max(2f32.powi(-14));
         out.iter_mut().for_each(|e| e.1 /= sum);
     }
     if p.scale != 0.0 && p.scale != 1.0 {

@@ -16,6 +16,17 @@ use std::sync::Arc;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/archs");
 
+/// The fixtures' folder: where the build put them, else relative to the repo root (a test
+/// binary carried to another machine and run from a copy of the tree).
+fn fixture_dir() -> std::path::PathBuf {
+    let built = std::path::PathBuf::from(FIXTURES);
+    if built.is_dir() {
+        built
+    } else {
+        std::path::PathBuf::from("crates/engine/tests/fixtures/archs")
+    }
+}
+
 struct Fixture {
     name: String,
     preset: String,
@@ -29,13 +40,19 @@ struct Fixture {
 }
 
 fn fixtures() -> Vec<Fixture> {
-    let mut names: Vec<_> = std::fs::read_dir(FIXTURES)
+    let dir = fixture_dir();
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     names.sort();
-    assert!(names.len() >= 16, "{} fixtures in {FIXTURES}", names.len());
+    assert!(
+        names.len() >= 16,
+        "{} fixtures in {}",
+        names.len(),
+        dir.display()
+    );
     names
         .iter()
         .map(|p| {

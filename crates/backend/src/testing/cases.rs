@@ -83,6 +83,9 @@ const fn attn(
 /// of 3, 40 and 100 positions; soft-caps of 20 and 30.
 pub const ATTENTION: &[AttnCase] = &[
     attn(64, 4, 2, None, None),
+    // Phi-3's head dim.
+    attn(96, 8, 8, None, None),
+    attn(96, 4, 2, Some(40), None),
     attn(256, 4, 1, Some(3), None),
     attn(128, 6, 3, None, Some(30.0)),
     attn(128, 32, 8, None, None),

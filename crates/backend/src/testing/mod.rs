@@ -15,6 +15,7 @@ pub mod attention;
 pub mod batches;
 pub mod cases;
 pub mod elementwise;
+pub mod moe;
 pub mod products;
 
 pub use batches::{two_sequence_batch, TestBatch};
@@ -168,6 +169,16 @@ pub trait Harness<B: Backend> {
     /// The relative error a product of `ty` weights over `n` tokens may make against the
     /// reference over `as_seen` activations (plus `offsets`).
     fn product_bound(&self, be: &B, ty: GgmlType, n: usize) -> f64;
+    /// The relative error the MoE op may have over `n` tokens of experts of `ty`, against the
+    /// f32 reference (activations rounded to the int8 grid where the backend does so).
+    fn moe_bound(&self, be: &B, ty: GgmlType, n: usize) -> f64 {
+        let _ = (be, n);
+        if ty == GgmlType::F32 {
+            1e-4
+        } else {
+            3e-2
+        }
+    }
     /// Products whose activations must measurably be what `as_seen` says rather than plain x
     /// (a rounding that is there, not merely allowed for by the bound): the body then also
     /// checks that the error against plain x is several times larger.

@@ -1,0 +1,168 @@
+//! The mixture-of-experts op and the product bias against the scalar reference: random stacked
+//! experts of several weight types, 1 to 64 tokens, softmax and sigmoid gating, with and
+//! without normalised weights. Each token's chosen experts (read back from the scratch) must
+//! be the reference's wherever the router's logits are not within rounding of a tie; the
+//! outputs of those tokens must be within the bound (`Harness::moe_bound`).
+
+use super::{poison, read, rel_err, vector, Harness, Notes, Rng, WeightCase};
+use crate::{reference, Activation, Backend, Gating, MoeParams, MoeScratch, MoeWeights};
+use quiver_gguf::GgmlType;
+
+/// Expert weight types checked (one of each family: dense, 32-blocks, K-quants).
+pub const MOE_TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+/// Token counts: decode, a few, a prompt.
+pub const MOE_TOKENS: &[usize] = &[1, 3, 17, 64];
+
+pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
+    let mut notes = Notes::default();
+    let (d, ff, ne) = (256usize, 256usize, 16usize);
+    for &ty in MOE_TYPES {
+        for (gating, norm, k, act) in [
+            (Gating::Softmax, true, 4, Activation::SwiGlu),
+            (Gating::Sigmoid, false, 2, Activation::GeGlu),
+        ] {
+            let p = MoeParams {
+                n_expert: ne,
+                n_used: k,
+                n_ff: ff,
+                gating,
+                norm,
+                scale: if norm { 1.0 } else { 2.5 },
+                act,
+            };
+            // The router in f32 with well-separated logits, so that rounding does not reorder
+            // the experts.
+            let router = WeightCase::random(rng, GgmlType::F32, ne, d).unwrap();
+            let (Some(gate), Some(up), Some(down)) = (
+                WeightCase::random(rng, ty, ne * ff, d),
+                WeightCase::random(rng, ty, ne * ff, d),
+                WeightCase::random(rng, ty, ne * d, ff),
+            ) else {
+                notes.skip(format!("no quantizer for {ty}"));
+                continue;
+            };
+            let load = |w: &WeightCase, shape: &[u64]| {
+                be.weight("w", w.ty, shape, super::tensor(w.ty, shape, &w.bytes))
+            };
+            let (ne64, ff64, d64) = (ne as u64, ff as u64, d as u64);
+            let loaded = (
+                load(&router, &[ne64, d64]),
+                load(&gate, &[ne64, ff64, d64]),
+                load(&up, &[ne64, ff64, d64]),
+                load(&down, &[ne64, d64, ff64]),
+            );
+            let (Ok(rw), Ok(gw), Ok(uw), Ok(dw)) = loaded else {
+                notes.skip(format!("{}: no {ty} experts", be.name()));
+                continue;
+            };
+            for &n in MOE_TOKENS {
+                let x = rng.scaled(n * d, 0.5);
+                let xb = h.upload(be, &x);
+                let sizes = p.scratch_floats(n, d);
+                let mut s: Vec<B::Buf> = sizes.iter().map(|&m| poison(be, h, m)).collect();
+                let mut out = poison(be, h, n * d);
+                {
+                    let [logits, routes, xs, g, u, a, ys] = &mut s[..] else {
+                        unreachable!()
+                    };
+                    be.moe(
+                        &xb,
+                        n,
+                        MoeWeights {
+                            router: &rw,
+                            gate: &gw,
+                            up: &uw,
+                            down: &dw,
+                        },
+                        &p,
+                        MoeScratch {
+                            logits,
+                            routes,
+                            xs,
+                            gate: g,
+                            up: u,
+                            act: a,
+                            ys,
+                        },
+                        &mut out,
+                    )
+                    .unwrap();
+                }
+                let got = read(be, &out, n * d);
+                let routes = read(be, &s[1], 2 * n * k);
+                let mut want = vec![0f32; n * d];
+                reference::moe(
+                    &x,
+                    n,
+                    d,
+                    [&router.values, &gate.values, &up.values, &down.values],
+                    &p,
+                    &mut want,
+                );
+                // Tokens routed as the reference routes them (ties within rounding aside).
+                let mut logits = vec![0f32; ne];
+                let mut r = Vec::new();
+                let (mut same, mut g_same, mut w_same) = (0, Vec::new(), Vec::new());
+                for t in 0..n {
+                    reference::matmul(&router.values, ne, d, &x[t * d..][..d], 1, &mut logits);
+                    reference::moe_route(&logits, &p, &mut r);
+                    let ids_match = r
+                        .iter()
+                        .enumerate()
+                        .all(|(j, &(e, _))| routes[2 * (t * k + j)] == e as f32);
+                    let mut sorted = logits.clone();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    let near_tie = sorted.windows(2).take(k).any(|w| w[0] - w[1] < 1e-3);
+                    assert!(
+                        ids_match || near_tie,
+                        "moe {ty} {gating:?} n={n}: token {t} routed to {:?}, reference {r:?}",
+                        (0..k).map(|j| routes[2 * (t * k + j)]).collect::<Vec<_>>()
+                    );
+                    if ids_match {
+                        same += 1;
+                        for (j, &(_, wt)) in r.iter().enumerate() {
+                            let gw = routes[2 * (t * k + j) + 1];
+                            assert!(
+                                (gw - wt).abs() <= 2e-3 * (1.0 + wt.abs()),
+                                "moe {ty} {gating:?}: token {t} slot {j} weight {gw} vs {wt}"
+                            );
+                        }
+                        g_same.extend_from_slice(&got[t * d..][..d]);
+                        w_same.extend_from_slice(&want[t * d..][..d]);
+                    }
+                }
+                assert!(
+                    same * 10 >= n * 9,
+                    "moe {ty}: only {same}/{n} tokens routed alike"
+                );
+                let e = rel_err(&g_same, &w_same);
+                notes.check("moe", e, h.moe_bound(be, ty, n), || {
+                    format!("{ty}, {gating:?}, {n} tokens, top {k} of {ne}")
+                });
+            }
+        }
+    }
+    // The product bias.
+    for rows in [1usize, 7] {
+        let cols = 96;
+        let bias = rng.vec(cols);
+        let bw = vector(be, &bias);
+        let x = rng.vec(rows * cols);
+        let mut xb = h.upload(be, &x);
+        be.add_bias(&mut xb, &bw, rows).unwrap();
+        let want: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v + bias[i % cols])
+            .collect();
+        let e = rel_err(&read(be, &xb, rows * cols), &want);
+        notes.check("add_bias", e, 0.0, || format!("{rows}×{cols}"));
+    }
+    notes
+}
