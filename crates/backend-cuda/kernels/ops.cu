@@ -334,7 +334,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, float* __
                                      int n_expert, int k, int gating, int norm, float scale) { pdl_begin();
     const float* l = logits + (long long)blockIdx.x * n_expert;
     const int lane = threadIdx.x;
-    float m = -INFINITY;
+    float m = __int_as_float(0xff800000);
     for (int i = lane; i < n_expert; i += 32) m = fmaxf(m, l[i]);
     m = warp_max(m);
     float s = 0.f;
@@ -346,7 +346,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, float* __
     float my_w = 0.f;
     int my_e = 0;
     for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
+        float bv = __int_as_float(0xff800000);
         int bi = 0x7fffffff;
         for (int c = 0, i = lane; i < n_expert; c++, i += 32) {
             if (!(taken >> c & 1u) && (l[i] > bv || bi == 0x7fffffff)) { bv = l[i]; bi = i; }
