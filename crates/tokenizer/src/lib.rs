@@ -14,6 +14,7 @@
 
 mod bpe;
 pub mod chat;
+mod chat_py;
 mod guard;
 mod load;
 pub mod pretok;
