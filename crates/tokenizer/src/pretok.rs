@@ -611,6 +611,16 @@ mod tests {
         assert_eq!(words("llama3", "\tx"), ["\tx"]);
         assert_eq!(words("llama3", "a   "), ["a", "   "]);
         assert_eq!(words("qwen2", "12 345"), ["1", "2", " ", "3", "4", "5"]);
+        // Qwen 3.5: combining marks stay inside words (Qwen 2 splits them off).
+        assert_eq!(words("qwen35", "ne\u{301}e x"), ["ne\u{301}e", " x"]);
+        assert_eq!(words("qwen2", "ne\u{301}e x"), ["ne", "\u{301}e", " x"]);
+    }
+
+    #[test]
+    fn gemma4_splits_newlines_only() {
+        let p = PreTokenizer::from_name(Some("gemma4")).unwrap();
+        assert!(p.escape_ws && p.whole_newlines);
+        assert_eq!(words("gemma4", "a b\n\nc!\n"), ["a b", "\n\n", "c!", "\n"]);
     }
 
     #[test]
