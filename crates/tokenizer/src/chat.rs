@@ -6,11 +6,16 @@
 //! prompts folded into the first user turn. They leave BOS out, since the prompt is then
 //! tokenized with `add_special = true`.
 
-use crate::TokenizerError;
-use minijinja::value::Kwargs;
+use crate::{chat_py, TokenizerError};
+use minijinja::value::ValueKind;
 use minijinja::{Environment, Error, ErrorKind, Value};
 use quiver_gguf::GgufFile;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// `ChatTemplate::clock` value that means "read the system clock".
+const REAL_CLOCK: u64 = u64::MAX;
 
 /// One chat message. Fields that are `None` are absent from the template's view.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -55,6 +60,8 @@ pub struct ChatTemplate {
     source: Option<String>,
     bos_token: String,
     eos_token: String,
+    /// What `strftime_now` reads: Unix seconds, or `REAL_CLOCK`.
+    clock: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -121,17 +128,41 @@ impl ChatTemplate {
                 format!("raise_exception: {msg}"),
             ))
         });
-        env.add_function("strftime_now", |fmt: String| -> Result<Value, Error> {
-            Ok(Value::from(strftime_now(&fmt)))
+        let clock = Arc::new(AtomicU64::new(REAL_CLOCK));
+        let now = clock.clone();
+        env.add_function("strftime_now", move |fmt: String| -> Result<Value, Error> {
+            Ok(Value::from(match now.load(Ordering::Relaxed) {
+                REAL_CLOCK => strftime_now(&fmt),
+                secs => strftime(secs, &fmt),
+            }))
         });
-        env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+        env.add_filter("tojson", chat_py::tojson);
+        // Python's str(): `{{ x }}` and `x|string` print None, True, lists and dicts as
+        // Python does.
+        env.set_formatter(|out, _state, v| match chat_py::py_str(v) {
+            Some(s) => out.write_str(&s).map_err(Error::from),
+            None => minijinja::escape_formatter(out, _state, v),
+        });
+        env.add_filter("string", |v: Value| match chat_py::py_str(&v) {
+            Some(s) => Value::from(s),
+            None if v.is_undefined() => Value::from(""),
+            None => Value::from(v.to_string()),
+        });
+        // Python: None (and numbers, booleans) cannot be iterated; minijinja iterates none as
+        // an empty sequence. Undefined stays iterable, as Jinja2's Undefined is.
+        env.add_test("iterable", |v: &Value| match v.kind() {
+            ValueKind::None | ValueKind::Bool | ValueKind::Number => false,
+            ValueKind::Undefined => true,
+            _ => v.try_iter().is_ok(),
+        });
+        env.add_template_owned(TEMPLATE_NAME, chat_py::rewrite_generation_tags(source))
             .map_err(template_error)?;
         Ok(ChatTemplate {
             inner: Inner::Jinja(Box::new(env)),
             source: Some(source.to_string()),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            clock,
         })
     }
 
@@ -147,7 +178,15 @@ impl ChatTemplate {
             source: None,
             bos_token: String::new(),
             eos_token: String::new(),
+            clock: Arc::new(AtomicU64::new(REAL_CLOCK)),
         }
+    }
+
+    /// Makes `strftime_now` read a fixed time (Unix seconds, UTC) instead of the clock, for
+    /// reproducible prompts; `None` goes back to the clock.
+    pub fn set_clock(&self, unix_secs: Option<u64>) {
+        let v = unix_secs.map_or(REAL_CLOCK, |s| s.min(REAL_CLOCK - 1));
+        self.clock.store(v, Ordering::Relaxed);
     }
 
     /// The Jinja source, for templates that came from a file or string.
@@ -298,71 +337,6 @@ fn render_gemma(messages: &[Message], add_generation_prompt: bool) -> String {
         s.push_str("<start_of_turn>model\n");
     }
     s
-}
-
-/// Python's `json.dumps(value, ensure_ascii=False, indent=indent)`: `", "` and `": "`
-/// separators inline, `","` and newlines with an indent.
-fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
-    // Jinja2 templates sometimes pass ensure_ascii=False; it is what this filter does anyway.
-    let _: Option<bool> = kwargs.get("ensure_ascii")?;
-    kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    let mut out = String::new();
-    write_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
-    Ok(Value::from(out))
-}
-
-fn write_json(
-    v: &serde_json::Value,
-    indent: Option<usize>,
-    sort: bool,
-    depth: usize,
-    out: &mut String,
-) {
-    use serde_json::Value as J;
-    let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.push_str(&" ".repeat(n * depth));
-        }
-    };
-    let item_sep = if indent.is_some() { "," } else { ", " };
-    match v {
-        J::Array(items) if !items.is_empty() => {
-            out.push('[');
-            for (i, x) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                write_json(x, indent, sort, depth + 1, out);
-            }
-            newline(out, depth);
-            out.push(']');
-        }
-        J::Object(map) if !map.is_empty() => {
-            let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
-            if sort {
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-            }
-            out.push('{');
-            for (i, (k, x)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                out.push_str(&serde_json::Value::String(k.clone()).to_string());
-                out.push_str(": ");
-                write_json(x, indent, sort, depth + 1, out);
-            }
-            newline(out, depth);
-            out.push('}');
-        }
-        other => out.push_str(&other.to_string()),
-    }
 }
 
 /// `strftime` on the current UTC time, for the specifiers chat templates use.
@@ -517,7 +491,7 @@ mod tests {
     fn json_and_dates() {
         let v = serde_json::json!({"a": [1, 2], "b": {}});
         let mut s = String::new();
-        write_json(&v, Some(2), false, 0, &mut s);
+        chat_py::write_json(&v, &chat_py::JsonStyle::python(Some(2)), 0, &mut s);
         assert_eq!(s, "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": {}\n}");
         // 2024-03-15 14:30:05 UTC was a Friday.
         assert_eq!(

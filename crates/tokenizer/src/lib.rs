@@ -2,7 +2,9 @@
 //!
 //! - `tokenizer.ggml.model = gpt2`: byte-level BPE with merge ranks and the pre-tokenizer
 //!   named by `tokenizer.ggml.pre` ([`pretok`]).
+//! - `gemma4`: BPE over raw UTF-8 with spaces escaped as `▁` (the `gemma4` pre-tokenizer).
 //! - `llama`: SentencePiece-style highest-score bigram merging with byte fallback.
+//! - `bert`: WordPiece, greedy longest match after a BERT normalizer ([`wpm`]).
 //! - `none`: only a vocabulary size (random-weight benchmark files); encoding is an error.
 //!
 //! Special tokens (control, user-defined, unknown) are split out of the text before
@@ -12,12 +14,14 @@
 
 mod bpe;
 pub mod chat;
+mod chat_py;
 mod guard;
 mod load;
 pub mod pretok;
 mod special;
 mod spm;
 mod unicode;
+mod wpm;
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
@@ -56,7 +60,8 @@ pub enum TokenizerError {
     #[error("bad metadata {key}: {why}")]
     BadMetadata { key: String, why: String },
     #[error(
-        "unsupported tokenizer model '{0}' (tokenizer.ggml.model); supported: gpt2, llama, none"
+        "unsupported tokenizer model '{0}' (tokenizer.ggml.model); supported: gpt2, gemma4, \
+         llama, bert, none"
     )]
     UnknownModel(String),
     #[error("unknown pre-tokenizer '{0}' (tokenizer.ggml.pre)")]
@@ -76,6 +81,8 @@ pub enum TokenizerKind {
     Bpe,
     /// SentencePiece-style (`llama`).
     Spm,
+    /// WordPiece (`bert`).
+    Wpm,
     /// No vocabulary, only a size (`none`).
     None,
 }
@@ -97,6 +104,8 @@ pub struct Tokenizer {
     eom: Option<u32>,
     unk: Option<u32>,
     pad: Option<u32>,
+    /// Separator (WordPiece: appended with `add_special`).
+    sep: Option<u32>,
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
@@ -107,6 +116,8 @@ pub struct Tokenizer {
     /// Fallback token of each byte (SPM: `<0xNN>`).
     byte_tokens: [Option<u32>; 256],
     specials: special::Specials,
+    /// WordPiece: the normalizer and the longest token's length in bytes.
+    wpm: Option<(wpm::Normalizer, usize)>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -167,6 +178,10 @@ impl Tokenizer {
     }
     pub fn pad(&self) -> Option<u32> {
         self.pad
+    }
+    /// Separator token (`tokenizer.ggml.seperator_token_id`; WordPiece defaults to 102).
+    pub fn sep(&self) -> Option<u32> {
+        self.sep
     }
 
     /// Whether generation stops at `id` (llama.cpp's EOG set).
@@ -246,7 +261,9 @@ impl Tokenizer {
             return Err(TokenizerError::NoVocabulary);
         }
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
-        if add_special && self.add_bos {
+        // WordPiece always wraps the text in BOS (CLS) ... SEP.
+        let wpm = self.kind == TokenizerKind::Wpm;
+        if add_special && (self.add_bos || wpm) {
             out.push(self.bos.ok_or(TokenizerError::MissingSpecial("BOS"))?);
         }
         let mut prev_special = true;
@@ -263,13 +280,27 @@ impl Tokenizer {
                     };
                     match self.kind {
                         TokenizerKind::Spm => self.encode_spm(&t, prev_special, &mut out),
+                        TokenizerKind::Wpm => {
+                            if let Some((norm, max_len)) = self.wpm {
+                                wpm::tokenize(
+                                    &t,
+                                    norm,
+                                    &self.token_to_id,
+                                    max_len,
+                                    self.unk,
+                                    &mut out,
+                                );
+                            }
+                        }
                         _ => self.encode_bpe(&t, &mut out),
                     }
                     prev_special = false;
                 }
             }
         }
-        if add_special && self.add_eos {
+        if add_special && wpm {
+            out.push(self.sep.ok_or(TokenizerError::MissingSpecial("SEP"))?);
+        } else if add_special && self.add_eos {
             out.push(self.eos.ok_or(TokenizerError::MissingSpecial("EOS"))?);
         }
         Ok(out)
@@ -295,12 +326,25 @@ impl Tokenizer {
         let (Some(pre), Some(merges)) = (&self.pre, &self.merges) else {
             return;
         };
+        let escaped;
+        let text = if pre.escape_ws {
+            escaped = text.replace(' ', "\u{2581}");
+            escaped.as_str()
+        } else {
+            text
+        };
         let mut mapped = String::new();
         let mut parts = Vec::new();
         for w in pre.split(text) {
             mapped.clear();
-            self.byte_map.encode(&text[w], &mut mapped);
-            if pre.ignore_merges {
+            if pre.escape_ws {
+                mapped.push_str(&text[w]);
+            } else {
+                self.byte_map.encode(&text[w], &mut mapped);
+            }
+            let whole =
+                pre.ignore_merges || (pre.whole_newlines && mapped.bytes().all(|b| b == b'\n'));
+            if whole {
                 if let Some(&id) = self.token_to_id.get(mapped.as_str()) {
                     out.push(id);
                     continue;
@@ -326,7 +370,10 @@ impl Tokenizer {
             t.as_bytes().to_vec()
         } else if a & attr::NORMAL != 0 {
             match self.kind {
-                TokenizerKind::Spm => t.replace('\u{2581}', " ").into_bytes(),
+                TokenizerKind::Spm | TokenizerKind::Wpm => t.replace('\u{2581}', " ").into_bytes(),
+                _ if self.pre.as_ref().is_some_and(|p| p.escape_ws) => {
+                    t.replace('\u{2581}', " ").into_bytes()
+                }
                 _ => {
                     let mut v = Vec::with_capacity(t.len());
                     self.byte_map.decode(t, &mut v);
@@ -581,174 +628,5 @@ impl<'a> Detokenizer<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use quiver_gguf::{Array, GgufWriter, Value};
-
-    fn file(meta: Vec<(&str, Value)>) -> GgufFile {
-        let mut w = GgufWriter::new();
-        w.set("general.architecture", Value::String("llama".into()));
-        for (k, v) in meta {
-            w.set(k, v);
-        }
-        GgufFile::from_bytes(w.to_bytes(&[]).unwrap()).unwrap()
-    }
-
-    fn strings(v: &[&str]) -> Value {
-        Value::Array(Array::String(v.iter().map(|s| s.to_string()).collect()))
-    }
-
-    /// A small SentencePiece-style vocabulary with byte fallback for all 256 bytes.
-    fn spm() -> Tokenizer {
-        let mut toks: Vec<String> = [
-            "<unk>",
-            "<s>",
-            "</s>",
-            "\u{2581}",
-            "a",
-            "b",
-            "\u{2581}a",
-            "ab",
-            "<ctl>",
-            "<ud>",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let mut types = vec![2, 3, 3, 1, 1, 1, 1, 1, 3, 4];
-        for b in 0..256 {
-            toks.push(format!("<0x{b:02X}>"));
-            types.push(6);
-        }
-        let scores: Vec<f32> = (0..toks.len()).map(|i| -(i as f32)).collect();
-        let f = file(vec![
-            ("tokenizer.ggml.model", Value::String("llama".into())),
-            ("tokenizer.ggml.tokens", Value::Array(Array::String(toks))),
-            ("tokenizer.ggml.token_type", Value::Array(Array::I32(types))),
-            ("tokenizer.ggml.scores", Value::Array(Array::F32(scores))),
-            ("tokenizer.ggml.add_space_prefix", Value::Bool(false)),
-        ]);
-        Tokenizer::from_gguf(&f).unwrap()
-    }
-
-    #[test]
-    fn spm_small_vocab() {
-        let t = spm();
-        assert_eq!(t.kind(), TokenizerKind::Spm);
-        assert_eq!((t.bos(), t.eos(), t.unk()), (Some(1), Some(2), Some(0)));
-        assert!(t.add_bos() && !t.add_eos());
-        assert!(t.is_eog(2));
-        assert_eq!(t.encode("ab a", true, false).unwrap(), [1, 7, 6]);
-        // é = C3 A9 falls back to byte tokens.
-        assert_eq!(t.encode("é", false, false).unwrap(), [10 + 0xC3, 10 + 0xA9]);
-        // User-defined tokens match whatever parse_special says; control tokens only with it.
-        assert_eq!(t.encode("<ud><ctl>", false, false).unwrap()[0], 9);
-        assert_eq!(t.encode("<ud><ctl>", false, true).unwrap(), [9, 8]);
-        assert_eq!(t.decode(&[1, 7, 6, 2], true), "ab a");
-        assert_eq!(t.decode(&[1, 7, 8], false), "<s>ab<ctl>");
-        assert_eq!(t.token_bytes(10 + 0xC3), Some(&[0xC3u8][..]));
-    }
-
-    #[test]
-    fn detokenizer_holds_back_partial_utf8() {
-        let t = spm();
-        let ids = t.encode("a😂b", false, false).unwrap();
-        let mut d = Detokenizer::new(&t, true);
-        let outs: Vec<String> = ids.iter().map(|&id| d.push(id)).collect();
-        assert_eq!(outs.concat() + &d.flush(), "a😂b");
-        assert_eq!(outs[0], "a");
-        assert!(outs[1..4].iter().all(String::is_empty), "{outs:?}");
-        assert_eq!(outs[4], "😂");
-        // A sequence that never completes becomes one U+FFFD, at the end or when broken.
-        let mut d = Detokenizer::new(&t, true);
-        assert_eq!(d.push(10 + 0xF0), "");
-        assert_eq!(d.push(4), "\u{fffd}a");
-        assert_eq!(d.push(10 + 0xE4), "");
-        assert_eq!(d.flush(), "\u{fffd}");
-        assert_eq!(
-            t.decode(&[10 + 0xF0, 4, 10 + 0xE4], true),
-            "\u{fffd}a\u{fffd}"
-        );
-    }
-
-    #[test]
-    fn shareable_across_threads() {
-        fn check<T: Send + Sync>() {}
-        check::<Tokenizer>();
-        check::<chat::ChatTemplate>();
-    }
-
-    #[test]
-    fn clean_spaces_passes() {
-        let c = |s: &str| String::from_utf8(clean_spaces(s.as_bytes())).unwrap();
-        assert_eq!(c("Hi , there . Ok ?"), "Hi, there. Ok?");
-        assert_eq!(c("a ' b"), "a'b");
-        assert_eq!(c("a ' ' b"), "a'' b");
-        assert_eq!(c("it 's we 're I 'm they 've"), "it's we're I'm they've");
-        assert_eq!(c("don 't I 'd we 'll"), "don 't I 'd we 'll");
-        assert_eq!(c(" ."), ".");
-        assert_eq!(c(""), "");
-    }
-
-    #[test]
-    fn none_vocab() {
-        let f = file(vec![
-            ("tokenizer.ggml.model", Value::String("none".into())),
-            ("llama.vocab_size", Value::U32(1000)),
-        ]);
-        let t = Tokenizer::from_gguf(&f).unwrap();
-        assert_eq!(t.kind(), TokenizerKind::None);
-        assert_eq!(t.n_vocab(), 1000);
-        let e = t.encode("hi", true, false).unwrap_err();
-        assert!(e.to_string().contains("no vocabulary"), "{e}");
-        assert_eq!(t.decode(&[5, 17], true), "<5><17>");
-        assert!(!t.is_eog(0) && t.bos().is_none());
-    }
-
-    #[test]
-    fn bpe_errors_name_the_problem() {
-        let f = file(vec![
-            ("tokenizer.ggml.model", Value::String("gpt2".into())),
-            ("tokenizer.ggml.pre", Value::String("mystery".into())),
-            ("tokenizer.ggml.tokens", strings(&["a"])),
-            ("tokenizer.ggml.merges", strings(&[])),
-        ]);
-        let e = Tokenizer::from_gguf(&f).unwrap_err();
-        assert!(e.to_string().contains("'mystery'"), "{e}");
-        let f = file(vec![(
-            "tokenizer.ggml.model",
-            Value::String("wordpiece".into()),
-        )]);
-        assert!(Tokenizer::from_gguf(&f)
-            .unwrap_err()
-            .to_string()
-            .contains("wordpiece"));
-    }
-
-    #[test]
-    fn bpe_small_vocab() {
-        // Byte-level: "Ġ" is the space byte.
-        let f = file(vec![
-            ("tokenizer.ggml.model", Value::String("gpt2".into())),
-            ("tokenizer.ggml.pre", Value::String("gpt-2".into())),
-            (
-                "tokenizer.ggml.tokens",
-                strings(&["<|endoftext|>", "h", "i", "Ġ", "hi", "Ġhi", "Ġh"]),
-            ),
-            (
-                "tokenizer.ggml.token_type",
-                Value::Array(Array::I32(vec![3, 1, 1, 1, 1, 1, 1])),
-            ),
-            ("tokenizer.ggml.merges", strings(&["h i", "Ġ h", "Ġ hi"])),
-            ("tokenizer.ggml.eos_token_id", Value::U32(0)),
-        ]);
-        let t = Tokenizer::from_gguf(&f).unwrap();
-        assert_eq!(t.kind(), TokenizerKind::Bpe);
-        assert_eq!(t.encode("hi hi", true, false).unwrap(), [4, 5]);
-        assert_eq!(t.decode(&[4, 5, 0], true), "hi hi");
-        assert_eq!(t.decode(&[4, 5, 0], false), "hi hi<|endoftext|>");
-        assert_eq!(t.eot(), Some(0));
-        assert!(t.is_eog(0));
-        assert_eq!(t.encode("hi<|endoftext|>", false, true).unwrap(), [4, 0]);
-    }
-}
+#[path = "lib_tests.rs"]
+mod tests;

@@ -115,16 +115,22 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         .get_str(KEY_MODEL)?
         .ok_or_else(|| TokenizerError::MissingKey(KEY_MODEL.into()))?
         .to_string();
-    let pre_name = f.get_str(KEY_PRE)?.map(str::to_string);
+    let mut pre_name = f.get_str(KEY_PRE)?.map(str::to_string);
+    if model == "gemma4" {
+        // llama.cpp: the `gemma4` model always uses the `gemma4` pre-tokenizer.
+        pre_name = Some("gemma4".into());
+    }
     let kind = match model.as_str() {
         "none" | "no_vocab" => return none_vocab(f),
         "llama" => TokenizerKind::Spm,
-        "gpt2" => TokenizerKind::Bpe,
+        "bert" => TokenizerKind::Wpm,
+        "gpt2" | "gemma4" => TokenizerKind::Bpe,
         other => return Err(TokenizerError::UnknownModel(other.to_string())),
     };
 
     // Defaults per model type.
     let (mut bos, mut eos, mut unk): (Option<u32>, Option<u32>, Option<u32>);
+    let (mut sep, mut pad) = (None, None);
     let (mut add_bos, add_eos, mut add_space_prefix);
     let mut pre = None;
     let mut merges = None;
@@ -133,13 +139,22 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
             (bos, eos, unk) = (Some(1), Some(2), Some(0));
             (add_bos, add_eos, add_space_prefix) = (true, false, true);
         }
+        TokenizerKind::Wpm => {
+            (bos, eos, unk) = (Some(101), None, Some(100));
+            (sep, pad) = (Some(102), Some(0));
+            (add_bos, add_eos, add_space_prefix) = (true, false, false);
+        }
         _ => {
             let p = PreTokenizer::from_name(pre_name.as_deref())?;
-            (bos, eos, unk) = (
-                if p.no_default_bos { None } else { Some(11) },
-                Some(11),
-                None,
-            );
+            (bos, eos, unk) = if model == "gemma4" {
+                (None, None, None)
+            } else {
+                (
+                    if p.no_default_bos { None } else { Some(11) },
+                    Some(11),
+                    None,
+                )
+            };
             (add_bos, add_eos, add_space_prefix) = (p.add_bos, false, false);
             let m = f
                 .get_array(KEY_MERGES)?
@@ -221,7 +236,8 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
     unk = read("tokenizer.ggml.unknown_token_id", unk);
     let mut eot = read("tokenizer.ggml.eot_token_id", None);
     let mut eom = read("tokenizer.ggml.eom_token_id", None);
-    let pad = read("tokenizer.ggml.padding_token_id", None);
+    pad = read("tokenizer.ggml.padding_token_id", pad);
+    sep = read("tokenizer.ggml.seperator_token_id", sep);
     let mut fim_pad = read("tokenizer.ggml.fim_pad_token_id", None);
     let mut fim_rep = read("tokenizer.ggml.fim_rep_token_id", None);
     let mut fim_sep = read("tokenizer.ggml.fim_sep_token_id", None);
@@ -231,6 +247,13 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
     let add_eos = f
         .get_bool("tokenizer.ggml.add_eos_token")?
         .unwrap_or(add_eos);
+    if pre
+        .as_ref()
+        .is_some_and(|p| p.name == "gemma4" || p.name == "granite-embed-multi-311m")
+    {
+        // llama.cpp forces BOS on for Gemma 4.
+        add_bos = true;
+    }
 
     // Tokens found by text. Iterating in id order keeps this deterministic (llama.cpp walks
     // a hash map, so with several candidates its pick can differ).
@@ -347,11 +370,31 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
                 .get(&format!("<0x{b:02X}>"))
                 .or_else(|| ascii(b))
                 .copied(),
+            // SentencePiece-style BPE falls back to `<0xNN>` tokens.
+            _ if pre.as_ref().is_some_and(|p| p.escape_ws) => {
+                token_to_id.get(&format!("<0x{b:02X}>")).copied()
+            }
             // BPE falls back to the token spelled by one byte of the byte-level text, which
             // exists only for ASCII.
             _ => ascii(b).copied(),
         };
     }
+
+    let wpm = if kind == TokenizerKind::Wpm {
+        let lowercase = f
+            .get_bool("tokenizer.ggml.normalizer.lowercase")?
+            .unwrap_or(true);
+        let strip_accents = f
+            .get_bool("tokenizer.ggml.normalizer.strip_accents")?
+            .unwrap_or(lowercase);
+        let norm = crate::wpm::Normalizer {
+            lowercase,
+            strip_accents,
+        };
+        Some((norm, texts.iter().map(String::len).max().unwrap_or(0)))
+    } else {
+        None
+    };
 
     let mut tok = Tokenizer {
         kind,
@@ -368,6 +411,7 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         eom,
         unk,
         pad,
+        sep,
         add_bos,
         add_eos,
         add_space_prefix,
@@ -377,6 +421,7 @@ pub(crate) fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         byte_map,
         byte_tokens,
         specials,
+        wpm,
     };
     tok.pieces = (0..n as u32)
         .map(|id| tok.render_piece(id).into_boxed_slice())
@@ -409,6 +454,7 @@ fn none_vocab(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         eom: None,
         unk: None,
         pad: None,
+        sep: None,
         add_bos: false,
         add_eos: false,
         add_space_prefix: false,
@@ -418,5 +464,6 @@ fn none_vocab(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         byte_map: ByteMap::new(),
         byte_tokens: [None; 256],
         specials: Specials::new(Vec::new()).map_err(|e| bad(KEY_TOKENS, e.to_string()))?,
+        wpm: None,
     })
 }

@@ -62,8 +62,11 @@ pub enum Rule {
     /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
     Gpt2,
     /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
-    /// with D = 3 (Llama 3) or 1 (Qwen 2).
-    Llama3 { max_digits: usize },
+    /// with D = 3 (Llama 3) or 1 (Qwen 2). With `marks` (Qwen 3.5) marks join letters:
+    /// `[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+` and ` ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*`.
+    Llama3 { max_digits: usize, marks: bool },
+    /// `[^\n]+|[\n]+`: runs of newlines and runs of everything else.
+    Newlines,
     /// `[set]+`
     Run(Set),
     /// `[set]` (one code point per match)
@@ -185,6 +188,11 @@ pub struct PreTokenizer {
     pub no_default_bos: bool,
     /// llama.cpp's `clean_up_tokenization_spaces` in `llama_detokenize`.
     pub clean_spaces: bool,
+    /// SentencePiece-style BPE (Gemma 4): spaces become `▁` before splitting, words are raw
+    /// UTF-8 rather than GPT-2 byte-level text, and bytes fall back to `<0xNN>` tokens.
+    pub escape_ws: bool,
+    /// A word of newlines only that is itself a token is emitted whole (Gemma 4).
+    pub whole_newlines: bool,
 }
 
 impl PreTokenizer {
@@ -198,7 +206,10 @@ impl PreTokenizer {
             Run(Set::Number),
             DigitTriples,
         ];
-        let llama3 = vec![Llama3 { max_digits: 3 }];
+        let llama3 = vec![Llama3 {
+            max_digits: 3,
+            marks: false,
+        }];
         let mut p = PreTokenizer {
             name,
             rules: Vec::new(),
@@ -206,6 +217,8 @@ impl PreTokenizer {
             add_bos: false,
             no_default_bos: false,
             clean_spaces: true,
+            escape_ws: false,
+            whole_newlines: false,
         };
         p.clean_spaces = !matches!(
             p.name.as_str(),
@@ -213,6 +226,7 @@ impl PreTokenizer {
                 | "deepseek-coder"
                 | "command-r"
                 | "qwen2"
+                | "qwen35"
                 | "deepseek-r1-qwen"
                 | "kormo"
                 | "f2llmv2"
@@ -241,8 +255,18 @@ impl PreTokenizer {
                 llama3
             }
             "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2"
-            | "hunyuan" | "solar-open" => {
-                vec![Llama3 { max_digits: 1 }]
+            | "hunyuan" | "solar-open" => vec![Llama3 {
+                max_digits: 1,
+                marks: false,
+            }],
+            "qwen35" => vec![Llama3 {
+                max_digits: 1,
+                marks: true,
+            }],
+            "gemma4" | "granite-embed-multi-311m" => {
+                p.escape_ws = true;
+                p.whole_newlines = true;
+                vec![Newlines]
             }
             "deepseek-llm" => vec![
                 Single(Set::CrLf),
@@ -325,7 +349,17 @@ fn split_piece(
     let mut o = Out { out, prev: a };
     match rule {
         Rule::Gpt2 => gpt2(cps, a, b, &mut o),
-        Rule::Llama3 { max_digits } => llama3(cps, a, b, max_digits.max(1), &mut o),
+        Rule::Llama3 { max_digits, marks } => llama3(cps, a, b, max_digits.max(1), marks, &mut o),
+        Rule::Newlines => {
+            let mut pos = a;
+            while pos < b {
+                let nl = cps[pos].0 == '\n';
+                while pos < b && (cps[pos].0 == '\n') == nl {
+                    pos += 1;
+                }
+                o.cut(pos);
+            }
+        }
         _ => {
             // A simple regex: every match and every gap between matches is a piece.
             let mut pos = a;
@@ -372,7 +406,7 @@ fn find(rule: Rule, cps: &[(char, Flags)], from: usize, b: usize) -> Option<(usi
         Rule::DigitTriples => (from..b.saturating_sub(2))
             .find(|&i| (i..i + 3).all(|j| cps[j].0.is_ascii_digit()))
             .map(|s| (s, s + 3)),
-        Rule::Gpt2 | Rule::Llama3 { .. } => None,
+        Rule::Gpt2 | Rule::Llama3 { .. } | Rule::Newlines => None,
     }
 }
 
@@ -445,9 +479,15 @@ fn gpt2(cps: &[(char, Flags)], a: usize, b: usize, o: &mut Out) {
     }
 }
 
-fn llama3(cps: &[(char, Flags)], a: usize, b: usize, max_digits: usize, o: &mut Out) {
+fn llama3(cps: &[(char, Flags)], a: usize, b: usize, max_digits: usize, marks: bool, o: &mut Out) {
     let flags = |i: usize| (i < b).then(|| cps[i].1);
     let is = |i: usize, pred: fn(Flags) -> bool| flags(i).is_some_and(pred);
+    // \p{L}, or [\p{L}\p{M}] with `marks`.
+    let wordy = |f: Flags| f.letter() || (marks && f.mark());
+    let is_wordy = |i: usize| flags(i).is_some_and(wordy);
+    // [^\s\p{L}\p{N}], or [^\s\p{L}\p{M}\p{N}] with `marks`.
+    let other = |f: Flags| f.other() && !(marks && f.mark());
+    let is_other = |i: usize| flags(i).is_some_and(other);
     let mut pos = a;
     while pos < b {
         if let Some(n) = contraction(cps, pos, b, true) {
@@ -457,9 +497,9 @@ fn llama3(cps: &[(char, Flags)], a: usize, b: usize, max_digits: usize, o: &mut 
         }
         let (c, f) = cps[pos];
         // [^\r\n\p{L}\p{N}]?\p{L}+
-        if !(c == '\r' || c == '\n' || f.number()) && (f.letter() || is(pos + 1, Flags::letter)) {
+        if !(c == '\r' || c == '\n' || f.number()) && (wordy(f) || is_wordy(pos + 1)) {
             pos += 1;
-            while is(pos, Flags::letter) {
+            while is_wordy(pos) {
                 pos += 1;
             }
             o.cut(pos);
@@ -482,9 +522,9 @@ fn llama3(cps: &[(char, Flags)], a: usize, b: usize, max_digits: usize, o: &mut 
         let lead = usize::from(c == ' ');
         let f2 = flags(pos + lead);
         // (Past the end counts too: a lone trailing space becomes its own piece either way.)
-        if !matches!(f2, Some(f) if !f.other()) {
+        if !matches!(f2, Some(f) if !other(f)) {
             pos += lead;
-            while is(pos, Flags::other) {
+            while is_other(pos) {
                 pos += 1;
             }
             while pos < b && matches!(cps[pos].0, '\r' | '\n') {
@@ -571,6 +611,16 @@ mod tests {
         assert_eq!(words("llama3", "\tx"), ["\tx"]);
         assert_eq!(words("llama3", "a   "), ["a", "   "]);
         assert_eq!(words("qwen2", "12 345"), ["1", "2", " ", "3", "4", "5"]);
+        // Qwen 3.5: combining marks stay inside words (Qwen 2 splits them off).
+        assert_eq!(words("qwen35", "ne\u{301}e x"), ["ne\u{301}e", " x"]);
+        assert_eq!(words("qwen2", "ne\u{301}e x"), ["ne", "\u{301}e", " x"]);
+    }
+
+    #[test]
+    fn gemma4_splits_newlines_only() {
+        let p = PreTokenizer::from_name(Some("gemma4")).unwrap();
+        assert!(p.escape_ws && p.whole_newlines);
+        assert_eq!(words("gemma4", "a b\n\nc!\n"), ["a b", "\n\n", "c!", "\n"]);
     }
 
     #[test]

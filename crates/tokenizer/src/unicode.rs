@@ -151,6 +151,9 @@ impl Flags {
     pub fn number(self) -> bool {
         self.class == Class::Number
     }
+    pub fn mark(self) -> bool {
+        self.class == Class::Mark
+    }
     pub fn punct(self) -> bool {
         self.class == Class::Punctuation
     }
