@@ -372,14 +372,49 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, float* __
     }
 }
 
-// out[t, c] = Σ_j weight(t, j) · ys[t·k + j, c], summed in slot order.   grid (n_tokens), block 256
+// Sorts a step's (token, slot) pairs by expert: off[e] = the first sorted row of expert e
+// (n_expert + 1 entries), pos[p] = pair p's sorted row. Within an expert the order is whatever
+// the atomics give: each pair's sums do not depend on it.          grid 1, block 1024; n_expert ≤ 1024
+extern "C" __global__ void moe_group(const float* __restrict__ routes, int* __restrict__ off,
+                                     int* __restrict__ pos, int n_pairs, int n_expert) { pdl_begin();
+    __shared__ int cnt[1025];
+    __shared__ int fill[1024];
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) { cnt[e] = 0; fill[e] = 0; }
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) atomicAdd(&cnt[(int)routes[2 * p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int a = 0;
+        for (int e = 0; e < n_expert; e++) { int c = cnt[e]; cnt[e] = a; off[e] = a; a += c; }
+        off[n_expert] = a;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+        int e = (int)routes[2 * p];
+        pos[p] = cnt[e] + atomicAdd(&fill[e], 1);
+    }
+}
+
+// xs[pos[p], :] = x[p / k, :] (each pair's input at its sorted row).      grid (n_pairs), block 256
+extern "C" __global__ void moe_gather(const float* __restrict__ x, const int* __restrict__ pos,
+                                      float* __restrict__ xs, int k, int cols) { pdl_begin();
+    const float* src = x + (long long)(blockIdx.x / k) * cols;
+    float* dst = xs + (long long)pos[blockIdx.x] * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
+}
+
+// out[t, c] = Σ_j weight(t, j) · ys[row(t·k + j), c], summed in slot order; row(p) = pos[p], or p
+// where pos is null (the pair-wise kernels).                             grid (n_tokens), block 256
 extern "C" __global__ void moe_sum(const float* __restrict__ ys, const float* __restrict__ routes,
-                                   float* __restrict__ out, int k, int cols) { pdl_begin();
+                                   const int* __restrict__ pos, float* __restrict__ out, int k,
+                                   int cols) { pdl_begin();
     const long long t = blockIdx.x;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float acc = 0.f;
         for (int j = 0; j < k; j++) {
-            float v = ys[(t * k + j) * cols + c] * routes[(t * k + j) * 2 + 1];
+            long long p = t * k + j;
+            long long row = pos ? pos[p] : p;
+            float v = ys[row * cols + c] * routes[p * 2 + 1];
             acc = j == 0 ? v : acc + v;
         }
         out[t * cols + c] = acc;

@@ -497,6 +497,61 @@ __device__ __forceinline__ const u8* mmv_row(MmvMat m0, MmvMat m1, MmvMat m2, in
         row_dot_##T(w + (e * expert_rows + r) * row_bytes, x + p * cols, cols, 1, acc);               \
         float s = warp_sum(acc[0]);                                                                   \
         if (threadIdx.x == 0) y[p * rows + r] = s;                                                    \
+    }                                                                                                 \
+    MOE_GROUPED_K(T)
+// The grouped forms, for steps of many tokens: the pairs sorted by expert (moe_group), expert
+// e's inputs at rows off[e]..off[e+1] of xs; a block takes rows of one expert (blockIdx.y) and
+// runs its tokens 8 at a time, so a weight row is read once per 8 tokens. Each token's sums are
+// the pair-wise kernels' (row_dot's arithmetic per token does not depend on how many share a
+// call): a token gets the same bits whichever form and whatever else is in the step.
+//                                                               grid (rows / 4, n_expert), block (32, 4)
+#define MOE_GROUPED_K(T)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
+        moe_glu_g_##T(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,     \
+                      long long expert_rows, const int* __restrict__ off,                            \
+                      const float* __restrict__ xs, float* __restrict__ out, int rows, int cols,      \
+                      int act) { pdl_begin();                                                         \
+        const int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                           \
+        if (r >= rows) return;                                                                        \
+        const long long e = blockIdx.y;                                                               \
+        const int a = off[e], b = off[e + 1];                                                         \
+        const u8* rg = wg + (e * expert_rows + r) * row_bytes;                                        \
+        const u8* ru = wu + (e * expert_rows + r) * row_bytes;                                        \
+        for (int c = a; c < b; c += 8) {                                                              \
+            const int n = min(8, b - c);                                                              \
+            float ag[8], au[8];                                                                       \
+            _Pragma("unroll") for (int t = 0; t < 8; t++) ag[t] = au[t] = 0.f;                        \
+            row_dot_##T(rg, xs + (long long)c * cols, cols, n, ag);                                   \
+            row_dot_##T(ru, xs + (long long)c * cols, cols, n, au);                                   \
+            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
+                if (t < n) {                                                                          \
+                    float g = warp_sum(ag[t]), u = warp_sum(au[t]);                                   \
+                    if (threadIdx.x == 0) out[(long long)(c + t) * rows + r] = act_fn(g, act) * u;    \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
+        moe_mmv_g_##T(const u8* __restrict__ w, long long row_bytes, long long expert_rows,          \
+                      const int* __restrict__ off, const float* __restrict__ x,                      \
+                      float* __restrict__ y, int rows, int cols) { pdl_begin();                       \
+        const int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                           \
+        if (r >= rows) return;                                                                        \
+        const long long e = blockIdx.y;                                                               \
+        const int a = off[e], b = off[e + 1];                                                         \
+        const u8* rw = w + (e * expert_rows + r) * row_bytes;                                         \
+        for (int c = a; c < b; c += 8) {                                                              \
+            const int n = min(8, b - c);                                                              \
+            float acc[8];                                                                             \
+            _Pragma("unroll") for (int t = 0; t < 8; t++) acc[t] = 0.f;                               \
+            row_dot_##T(rw, x + (long long)c * cols, cols, n, acc);                                   \
+            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
+                if (t < n) {                                                                          \
+                    float s = warp_sum(acc[t]);                                                       \
+                    if (threadIdx.x == 0) y[(long long)(c + t) * rows + r] = s;                       \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
     }
 #define QUANT_KERNELS(T)                                                                              \
     EMBED_K(embed_##T, T)                                                                             \

@@ -1,8 +1,10 @@
 //! Mixture-of-experts FFN on the device: the router's product, routing by a kernel (so a
-//! decode step stays inside its captured graph), then one warp per output row of every
-//! (token, slot) pair, reading only the chosen expert's rows of the stacked 3-D tensors, and the
-//! weighted sum in slot order. Prompts run the same pair-wise kernels (correct, not yet a
-//! grouped tensor-core product).
+//! decode step stays inside its captured graph), the experts' products reading only the chosen
+//! experts' rows of the stacked 3-D tensors, and the weighted sum in slot order. Few tokens: one
+//! warp per output row of every (token, slot) pair. Many: the pairs sorted by expert on the
+//! device and each expert's tokens run 8 at a time per weight row (CUDA cores; the tensor-core
+//! grouped product comes with the quantized products of issue 15). Both give a token the same
+//! bits.
 
 use crate::memory::CudaBuf;
 use crate::weights::CudaWeight;
@@ -72,47 +74,112 @@ impl CudaBackend {
             Activation::SwiGlu => 0i32,
             Activation::GeGlu => 1,
         };
-        self.launch(
-            &w.gate.names.module,
-            &w.gate.names.moe[0],
-            (ff.div_ceil(WARPS) as u32, pairs, 1),
-            (32, WARPS as u32, 1),
-            args![
-                w.gate.data.ptr,
-                w.up.data.ptr,
-                w.gate.row_bytes as i64,
-                ff as i64,
-                s.routes.ptr(),
-                x.ptr(),
-                s.act.ptr(),
-                ff as i32,
-                d as i32,
-                k as i32,
-                act
-            ],
-        )?;
-        self.launch(
-            &w.down.names.module,
-            &w.down.names.moe[1],
-            (d.div_ceil(WARPS) as u32, pairs, 1),
-            (32, WARPS as u32, 1),
-            args![
-                w.down.data.ptr,
-                w.down.row_bytes as i64,
-                d as i64,
-                s.routes.ptr(),
-                s.act.ptr(),
-                s.ys.ptr(),
-                d as i32,
-                ff as i32
-            ],
-        )?;
+        // Grouped by expert once there is about a pair per expert: the router's logits are
+        // spent by then, and their buffer holds the sort (off: n_expert + 1 ints, pos: a pair).
+        let grouped = rows * k >= ne && rows * ne >= ne + 1 + rows * k;
+        let pos = if grouped {
+            let off = s.logits.ptr();
+            let pos = off + 4 * (ne as u64 + 1);
+            self.launch(
+                "ops",
+                "moe_group",
+                (1, 1, 1),
+                (1024, 1, 1),
+                args![s.routes.ptr(), off, pos, pairs as i32, ne as i32],
+            )?;
+            self.launch(
+                "ops",
+                "moe_gather",
+                (pairs, 1, 1),
+                (256, 1, 1),
+                args![x.ptr(), pos, s.xs.ptr(), k as i32, d as i32],
+            )?;
+            self.launch(
+                &w.gate.names.module,
+                &w.gate.names.moe[2],
+                (ff.div_ceil(WARPS) as u32, ne as u32, 1),
+                (32, WARPS as u32, 1),
+                args![
+                    w.gate.data.ptr,
+                    w.up.data.ptr,
+                    w.gate.row_bytes as i64,
+                    ff as i64,
+                    off,
+                    s.xs.ptr(),
+                    s.act.ptr(),
+                    ff as i32,
+                    d as i32,
+                    act
+                ],
+            )?;
+            self.launch(
+                &w.down.names.module,
+                &w.down.names.moe[3],
+                (d.div_ceil(WARPS) as u32, ne as u32, 1),
+                (32, WARPS as u32, 1),
+                args![
+                    w.down.data.ptr,
+                    w.down.row_bytes as i64,
+                    d as i64,
+                    off,
+                    s.act.ptr(),
+                    s.ys.ptr(),
+                    d as i32,
+                    ff as i32
+                ],
+            )?;
+            pos
+        } else {
+            self.launch(
+                &w.gate.names.module,
+                &w.gate.names.moe[0],
+                (ff.div_ceil(WARPS) as u32, pairs, 1),
+                (32, WARPS as u32, 1),
+                args![
+                    w.gate.data.ptr,
+                    w.up.data.ptr,
+                    w.gate.row_bytes as i64,
+                    ff as i64,
+                    s.routes.ptr(),
+                    x.ptr(),
+                    s.act.ptr(),
+                    ff as i32,
+                    d as i32,
+                    k as i32,
+                    act
+                ],
+            )?;
+            self.launch(
+                &w.down.names.module,
+                &w.down.names.moe[1],
+                (d.div_ceil(WARPS) as u32, pairs, 1),
+                (32, WARPS as u32, 1),
+                args![
+                    w.down.data.ptr,
+                    w.down.row_bytes as i64,
+                    d as i64,
+                    s.routes.ptr(),
+                    s.act.ptr(),
+                    s.ys.ptr(),
+                    d as i32,
+                    ff as i32
+                ],
+            )?;
+            0u64
+        };
         self.launch(
             "ops",
             "moe_sum",
             (rows as u32, 1, 1),
             (256, 1, 1),
-            args![s.ys.ptr(), s.routes.ptr(), out.ptr(), k as i32, d as i32],
+            args![
+                s.ys.ptr(),
+                s.routes.ptr(),
+                pos,
+                out.ptr(),
+                k as i32,
+                d as i32
+            ],
         )
     }
 }

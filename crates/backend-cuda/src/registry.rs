@@ -64,6 +64,8 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             "topk_rows",
             "add_bias",
             "moe_route",
+            "moe_group",
+            "moe_gather",
             "moe_sum",
         ]
         .iter()
@@ -106,6 +108,8 @@ pub fn kernel_names(module: &str) -> Vec<String> {
                 "mmvp1_glu",
                 "moe_glu",
                 "moe_mmv",
+                "moe_glu_g",
+                "moe_mmv_g",
             ]
             .iter()
             .map(|k| format!("{k}_{t}"))

@@ -31,8 +31,9 @@ pub(crate) struct KernelNames {
     /// The parity mode's product and gather (module "exact").
     pub(crate) x_mm: String,
     pub(crate) x_embed: String,
-    /// The expert-indexed product kernels: [gated pair, plain].
-    pub(crate) moe: [String; 2],
+    /// The expert-indexed product kernels: [gated, plain] per pair, then the same grouped by
+    /// expert.
+    pub(crate) moe: [String; 4],
 }
 
 impl KernelNames {
@@ -53,7 +54,12 @@ impl KernelNames {
             glu: v(base, "_glu"),
             x_mm: format!("x_mm_{kernel}"),
             x_embed: format!("x_embed_{kernel}"),
-            moe: [format!("moe_glu_{kernel}"), format!("moe_mmv_{kernel}")],
+            moe: [
+                format!("moe_glu_{kernel}"),
+                format!("moe_mmv_{kernel}"),
+                format!("moe_glu_g_{kernel}"),
+                format!("moe_mmv_g_{kernel}"),
+            ],
         }
     }
 }
