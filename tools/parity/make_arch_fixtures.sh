@@ -16,7 +16,7 @@ build="${LLAMA_BUILD:-/tmp/llama-build}"
 if [ ! -f "$build/bin/libllama.so" ]; then
     cmake -B "$build" -S "$src" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=ON >/dev/null
+        -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=OFF -DGGML_AVX512=ON >/dev/null
     cmake --build "$build" --target llama -j"$(nproc)" >/dev/null
 fi
 harness="$build/llama_logits"

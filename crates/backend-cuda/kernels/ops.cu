@@ -46,7 +46,8 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
                                          const float* __restrict__ v, u16* __restrict__ kc,
                                          u16* __restrict__ vc, const u32* __restrict__ pos,
                                          const u32* __restrict__ slots, const float* __restrict__ theta,
-                                         int n_head, int n_head_kv, int head_dim, int n_dims, int mode) { pdl_begin();
+                                         int n_head, int n_head_kv, int head_dim, int n_dims, int mode,
+                                         float mscale) { pdl_begin();
     int t = blockIdx.x, h = blockIdx.y;
     float p = (float)pos[t];
     int half = n_dims / 2, kv_dim = n_head_kv * head_dim;
@@ -57,6 +58,8 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
         int ia = mode ? i : 2 * i, ib = mode ? i + half : 2 * i + 1;
         float s, c;
         sincosf(p * theta[i], &s, &c);
+        s *= mscale;
+        c *= mscale;
         float x0 = base[ia], x1 = base[ib];
         base[ia] = x0 * c - x1 * s;
         base[ib] = x0 * s + x1 * c;

@@ -67,7 +67,8 @@ impl CudaBackend {
                 a.n_head_kv as i32,
                 a.head_dim as i32,
                 rope.n_dims as i32,
-                mode
+                mode,
+                rope.mscale()
             ],
         )
     }

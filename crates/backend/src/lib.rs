@@ -102,11 +102,65 @@ pub struct RopeParams {
     pub llama3: Option<Llama3Scaling>,
     /// Per-pair frequency divisors (the `rope_freqs.weight` tensor of Llama-3.1-style files).
     pub freq_factors: Option<std::sync::Arc<Vec<f32>>>,
+    /// YaRN (`rope.scaling.type = yarn`): each pair's angle between the scaled and the unscaled
+    /// one by a ramp over the pairs, and the rotation scaled by `mscale`.
+    pub yarn: Option<Yarn>,
+    /// Multiplies the rotated values (llama.cpp's `attn_factor`; 1 without YaRN).
+    pub attn_factor: f32,
+}
+
+/// YaRN's parameters, as llama.cpp takes them (`ggml_rope_ext`'s ext_factor, beta_fast,
+/// beta_slow and n_ctx_orig).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub ext_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub original_context: f32,
+}
+
+impl Yarn {
+    /// The pairs the ramp runs over: [low, high] (`ggml_rope_yarn_corr_dims`).
+    pub fn corr_dims(&self, n_dims: usize, base: f32) -> [f32; 2] {
+        let dim = |rot: f32| {
+            n_dims as f32 * (self.original_context / (rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let start = dim(self.beta_fast).floor();
+        let end = dim(self.beta_slow).ceil();
+        [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+    }
+
+    /// How much of pair i's angle is the unscaled one (`rope_yarn_ramp` × ext_factor).
+    pub fn mix(&self, corr: [f32; 2], i: usize) -> f32 {
+        let y = (i as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+        (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor
+    }
 }
 
 impl RopeParams {
+    /// What multiplies the rotated values: `attn_factor`, and YaRN's 1 + 0.1·ln(1/freq_scale)
+    /// (`rope_yarn`).
+    pub fn mscale(&self) -> f32 {
+        match self.yarn {
+            Some(y) if y.ext_factor != 0.0 => {
+                self.attn_factor * (1.0 + 0.1 * (1.0 / self.freq_scale).ln())
+            }
+            _ => self.attn_factor,
+        }
+    }
+
     /// The angle per position of dimension pair `i` (0 ≤ i < n_dims/2), scaling included.
     pub fn theta(&self, i: usize) -> f32 {
+        if let Some(y) = self.yarn {
+            let inv = self.base.powf(-2.0 * i as f32 / self.n_dims as f32);
+            let inv = match &self.freq_factors {
+                Some(f) => inv / f.get(i).copied().unwrap_or(1.0),
+                None => inv,
+            };
+            let mix = y.mix(y.corr_dims(self.n_dims, self.base), i);
+            return inv * self.freq_scale * (1.0 - mix) + inv * mix;
+        }
         let inv = self.base.powf(-2.0 * i as f32 / self.n_dims as f32);
         let inv = match self.llama3 {
             None => inv,
@@ -147,6 +201,9 @@ pub struct RopeAngles<'a> {
     ff: Option<&'a [f32]>,
     theta_scale: f32,
     freq_scale: f32,
+    /// YaRN's ramp range and factor, where the rope has YaRN.
+    yarn: Option<(Yarn, [f32; 2])>,
+    mscale: f32,
 }
 
 /// Rotated pairs [`RopeAngles`] takes at most (head dims up to 512).
@@ -171,6 +228,8 @@ impl<'a> RopeAngles<'a> {
             ff: p.freq_factors.as_deref().map(|v| v.as_slice()),
             theta_scale: p.base.powf(-2.0 / p.n_dims as f32),
             freq_scale: p.freq_scale,
+            yarn: p.yarn.map(|y| (y, y.corr_dims(p.n_dims, p.base))),
+            mscale: p.mscale(),
         }
     }
 
@@ -187,9 +246,21 @@ impl<'a> RopeAngles<'a> {
                 pos as f32 * self.theta[i]
             } else {
                 let f = self.ff.and_then(|f| f.get(i)).copied().unwrap_or(1.0);
-                self.freq_scale * (th / f)
+                let extrap = th / f;
+                let interp = self.freq_scale * extrap;
+                match self.yarn {
+                    Some((y, corr)) if y.ext_factor != 0.0 => {
+                        let mix = y.mix(corr, i);
+                        interp * (1.0 - mix) + extrap * mix
+                    }
+                    _ => interp,
+                }
             };
             (sin[i], cos[i]) = angle.sin_cos();
+            if self.mscale != 1.0 {
+                sin[i] *= self.mscale;
+                cos[i] *= self.mscale;
+            }
             th *= self.theta_scale;
         }
     }

@@ -77,12 +77,14 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// In-place rotation of `x` [n_tokens, n_heads, head_dim] at the tokens' positions.
 pub fn rope(x: &mut [f32], positions: &[u32], n_heads: usize, head_dim: usize, p: &RopeParams) {
     let half = p.n_dims / 2;
+    let m = p.mscale();
     for (t, &pos) in positions.iter().enumerate() {
         for h in 0..n_heads {
             let v = &mut x[(t * n_heads + h) * head_dim..][..head_dim];
             for i in 0..half {
                 let angle = pos as f32 * p.theta(i);
                 let (s, c) = angle.sin_cos();
+                let (s, c) = (s * m, c * m);
                 let (a, b) = match p.mode {
                     RopeMode::Normal => (2 * i, 2 * i + 1),
                     RopeMode::Neox => (i, i + half),
@@ -244,6 +246,8 @@ mod tests {
             freq_scale: 1.0,
             llama3: None,
             freq_factors: None,
+            yarn: None,
+            attn_factor: 1.0,
         };
         let orig: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut x = orig.clone();
@@ -290,6 +294,8 @@ mod tests {
             freq_scale: 1.0,
             llama3: None,
             freq_factors: None,
+            yarn: None,
+            attn_factor: 1.0,
         };
         let scaled = RopeParams {
             llama3: Some(s),

@@ -207,6 +207,8 @@ impl<'a> Reader<'a> {
             freq_scale: 1.0,
             llama3: None,
             freq_factors: None,
+            yarn: None,
+            attn_factor: 1.0,
         };
         let factor = self.f32("rope.scaling.factor")?.unwrap_or(1.0);
         match self.f.get_str(&self.key("rope.scaling.type"))? {
@@ -222,12 +224,56 @@ impl<'a> Reader<'a> {
                         .unwrap_or(8192) as f32,
                 })
             }
+            Some("yarn") => {
+                rope.freq_scale = 1.0 / factor;
+                let original = self
+                    .u("rope.scaling.original_context_length")?
+                    .or(self.u("context_length")?)
+                    .unwrap_or(4096) as f32;
+                // As llama.cpp: ext_factor 1; the betas and the log multiplier are read for
+                // the architectures whose loader reads them (of ours, mistral3).
+                let own = self.arch == "mistral3";
+                let key = |k: &str| -> Result<Option<f32>> {
+                    if own {
+                        self.f32(k)
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let yarn = quiver_backend::Yarn {
+                    ext_factor: 1.0,
+                    beta_fast: key("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                    beta_slow: key("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                    original_context: original,
+                };
+                // llama.cpp's attention factor (llama_context): YaRN's own 1 + 0.1·ln(factor)
+                // cancelled here, applied again by the rope (`RopeParams::mscale`).
+                let mscale = |m: f32| {
+                    if factor <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * factor.ln() + 1.0
+                    }
+                };
+                let mut attn = match key("rope.scaling.yarn_log_multiplier")? {
+                    Some(l) if l != 0.0 => mscale(1.0) / mscale(l),
+                    _ => mscale(1.0),
+                };
+                if yarn.ext_factor != 0.0 {
+                    attn *= 1.0 / (1.0 + 0.1 * factor.ln());
+                }
+                rope.attn_factor = attn;
+                rope.yarn = Some(yarn);
+            }
             Some(other) => {
                 return Err(ModelError::BadHparam {
                     key: self.key("rope.scaling.type"),
-                    detail: format!("{other:?} is not supported (none, linear, llama3)"),
+                    detail: format!("{other:?} is not supported (none, linear, llama3, yarn)"),
                 })
             }
+        }
+        if let Some(a) = self.f32("rope.scaling.attn_factor")? {
+            rope.attn_factor *= a;
         }
         if let Some(t) = self.f.tensor("rope_freqs.weight") {
             let mut ff = vec![0f32; t.n_elements as usize];

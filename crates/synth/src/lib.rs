@@ -53,6 +53,8 @@ pub struct Preset {
     /// Norm weights around 1 (1 + N(0, 0.1²)) and random biases, instead of ones and zeros:
     /// the parity models, where a norm applied twice or not at all must show.
     pub random_vectors: bool,
+    /// YaRN rope scaling (`rope.scaling.type = yarn`): factor (0: none) and original context.
+    pub yarn: (f32, u64),
 }
 
 const BASE: Preset = Preset {
@@ -75,6 +77,7 @@ const BASE: Preset = Preset {
     n_ff_exp: 0,
     stdev: 0.02,
     random_vectors: false,
+    yarn: (0.0, 0),
 };
 
 /// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
@@ -98,6 +101,7 @@ const TINY: Preset = Preset {
     n_ff_exp: 0,
     stdev: 0.1,
     random_vectors: true,
+    yarn: (0.0, 0),
 };
 
 pub const PRESETS: &[Preset] = &[
@@ -249,6 +253,8 @@ pub const PRESETS: &[Preset] = &[
         name: "tiny-mistral3",
         arch: "mistral3",
         rope_base: 1_000_000.0,
+        // YaRN by 4 over an original context of 16, as Ministral 3 scales its rope.
+        yarn: (4.0, 16),
         ..TINY
     },
     Preset {
@@ -413,6 +419,19 @@ fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
             k("attention.sliding_window"),
             Value::U32(p.sliding_window as u32),
         );
+    }
+    if p.yarn.0 > 0.0 {
+        w.set(k("rope.scaling.type"), Value::String("yarn".into()));
+        w.set(k("rope.scaling.factor"), Value::F32(p.yarn.0));
+        w.set(
+            k("rope.scaling.original_context_length"),
+            Value::U32(p.yarn.1 as u32),
+        );
+        if a == "mistral3" {
+            w.set(k("rope.scaling.yarn_beta_fast"), Value::F32(32.0));
+            w.set(k("rope.scaling.yarn_beta_slow"), Value::F32(1.0));
+            w.set(k("rope.scaling.yarn_log_multiplier"), Value::F32(1.0));
+        }
     }
     if a == "gemma2" {
         w.set(k("attn_logit_softcapping"), Value::F32(50.0));

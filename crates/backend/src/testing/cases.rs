@@ -108,6 +108,8 @@ pub enum Scaling {
     FreqFactors,
     /// Linear position scaling by 1/4.
     Linear,
+    /// YaRN by 4 over an original context of 64, with an attention factor.
+    Yarn,
 }
 
 /// One rope + KV write case.
@@ -130,7 +132,7 @@ impl RopeCase {
             n_dims: self.n_dims,
             base: 10000.0,
             freq_scale: match self.scaling {
-                Scaling::Linear => 0.25,
+                Scaling::Linear | Scaling::Yarn => 0.25,
                 _ => 1.0,
             },
             llama3: matches!(self.scaling, Scaling::Llama3).then_some(Llama3Scaling {
@@ -141,6 +143,17 @@ impl RopeCase {
             }),
             freq_factors: matches!(self.scaling, Scaling::FreqFactors)
                 .then(|| Arc::new((0..half).map(|i| 1.0 + (i % 7) as f32 * 0.5).collect())),
+            yarn: matches!(self.scaling, Scaling::Yarn).then_some(crate::Yarn {
+                ext_factor: 1.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_context: 64.0,
+            }),
+            attn_factor: if matches!(self.scaling, Scaling::Yarn) {
+                0.9
+            } else {
+                1.0
+            },
         };
         let a = AttnParams {
             n_head: self.n_head,
@@ -182,6 +195,8 @@ pub const ROPE: &[RopeCase] = &[
     rope(RopeMode::Neox, 128, 64, 4, 2, Scaling::None),
     rope(RopeMode::Normal, 128, 128, 8, 1, Scaling::FreqFactors),
     rope(RopeMode::Neox, 256, 256, 8, 4, Scaling::Linear),
+    rope(RopeMode::Neox, 128, 128, 4, 2, Scaling::Yarn),
+    rope(RopeMode::Normal, 64, 64, 4, 2, Scaling::Yarn),
 ];
 
 /// Norm cases `(rows, width)`: one row to 604 (per-head norms of 151 tokens × 4 heads), widths
