@@ -55,6 +55,12 @@ pub fn load<B: Backend>(backend: &B, file: &Arc<GgufFile>) -> Result<Model<B>> {
     decoder::load(backend, file, hparams(file)?)
 }
 
+/// Loads the file's tensors under the given hyperparameters (what [`load`] does after reading
+/// them): every tensor is checked against them.
+pub fn load_with<B: Backend>(backend: &B, file: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
+    decoder::load(backend, file, hp)
+}
+
 /// The hyperparameters of the file's architecture, without loading any weight (sizing a KV
 /// pool before the load, say).
 pub fn hparams(file: &GgufFile) -> Result<Hparams> {
