@@ -50,9 +50,12 @@ fn apply_body(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p
                 v[ib] = x0.mul_add(sin[i], x1 * cos[i]);
             }
         };
-        q[t * a.n_head * hd..][..a.n_head * hd]
-            .chunks_exact_mut(hd)
-            .for_each(rotate);
+        let qt = &mut q[t * a.n_head * hd..][..a.n_head * hd];
+        qt.chunks_exact_mut(hd).for_each(rotate);
+        if p.q_temp.is_some() {
+            let s = p.q_scale(pos);
+            qt.iter_mut().for_each(|x| *x *= s);
+        }
         k[t * a.n_head_kv * hd..][..a.n_head_kv * hd]
             .chunks_exact_mut(hd)
             .for_each(rotate);

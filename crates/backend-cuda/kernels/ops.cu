@@ -47,7 +47,7 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
                                          u16* __restrict__ vc, const u32* __restrict__ pos,
                                          const u32* __restrict__ slots, const float* __restrict__ theta,
                                          int n_head, int n_head_kv, int head_dim, int n_dims, int mode,
-                                         float mscale) { pdl_begin();
+                                         float mscale, float temp_scale, float temp_floor) { pdl_begin();
     int t = blockIdx.x, h = blockIdx.y;
     float p = (float)pos[t];
     int half = n_dims / 2, kv_dim = n_head_kv * head_dim;
@@ -64,7 +64,15 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
         base[ia] = x0 * c - x1 * s;
         base[ib] = x0 * s + x1 * c;
     }
-    if (!is_k) return;
+    if (!is_k) {
+        // Llama-4-style temperature of q (temp_scale 0: none), after the rotation.
+        if (temp_scale != 0.f) {
+            __syncthreads();
+            float f = (float)(log((double)floorf(p / temp_floor) + 1.0) * (double)temp_scale + 1.0);
+            for (int i = threadIdx.x; i < head_dim; i += blockDim.x) base[i] *= f;
+        }
+        return;
+    }
     u32 slot = slots[t];
     if (slot == NO_SLOT) return;
     __syncthreads();

@@ -240,6 +240,9 @@ impl Parity {
             rope.n_dims / 2 <= quiver_backend::ROPE_MAX_PAIRS,
             || format!("{} rotated dims", rope.n_dims),
         )?;
+        check("rope_kv_write", rope.q_temp.is_none(), || {
+            "the parity mode has no attention temperature (Mistral 3)".into()
+        })?;
         let angles = RopeAngles::new(rope);
         let half = angles.pairs();
         let mut s = self.scratch.lock().unwrap();

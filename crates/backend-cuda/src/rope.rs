@@ -68,7 +68,9 @@ impl CudaBackend {
                 a.head_dim as i32,
                 rope.n_dims as i32,
                 mode,
-                rope.mscale()
+                rope.mscale(),
+                rope.q_temp.map_or(0.0, |t| t.0),
+                rope.q_temp.map_or(1.0, |t| t.1)
             ],
         )
     }

@@ -107,6 +107,9 @@ pub struct RopeParams {
     pub yarn: Option<Yarn>,
     /// Multiplies the rotated values (llama.cpp's `attn_factor`; 1 without YaRN).
     pub attn_factor: f32,
+    /// Llama-4-style attention temperature (Mistral 3): after the rotation, q of a token at
+    /// position p is multiplied by [`RopeParams::q_scale`]. (scale, floor).
+    pub q_temp: Option<(f32, f32)>,
 }
 
 /// YaRN's parameters, as llama.cpp takes them (`ggml_rope_ext`'s ext_factor, beta_fast,
@@ -139,6 +142,18 @@ impl Yarn {
 }
 
 impl RopeParams {
+    /// q's temperature factor at position `pos` (1 without one): ln(⌊pos / floor⌋ + 1)·scale + 1,
+    /// evaluated as llama.cpp does (the logarithm in double precision).
+    pub fn q_scale(&self, pos: u32) -> f32 {
+        match self.q_temp {
+            None => 1.0,
+            Some((scale, floor)) => {
+                let f = (pos as f32 / floor).floor() as f64 + 1.0;
+                (f.ln() * scale as f64 + 1.0) as f32
+            }
+        }
+    }
+
     /// What multiplies the rotated values: `attn_factor`, and YaRN's 1 + 0.1·ln(1/freq_scale)
     /// (`rope_yarn`).
     pub fn mscale(&self) -> f32 {

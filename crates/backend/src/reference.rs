@@ -248,6 +248,7 @@ mod tests {
             freq_factors: None,
             yarn: None,
             attn_factor: 1.0,
+            q_temp: None,
         };
         let orig: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut x = orig.clone();
@@ -296,6 +297,7 @@ mod tests {
             freq_factors: None,
             yarn: None,
             attn_factor: 1.0,
+            q_temp: None,
         };
         let scaled = RopeParams {
             llama3: Some(s),

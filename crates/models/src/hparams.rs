@@ -209,6 +209,7 @@ impl<'a> Reader<'a> {
             freq_factors: None,
             yarn: None,
             attn_factor: 1.0,
+            q_temp: None,
         };
         let factor = self.f32("rope.scaling.factor")?.unwrap_or(1.0);
         match self.f.get_str(&self.key("rope.scaling.type"))? {

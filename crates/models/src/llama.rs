@@ -1,7 +1,7 @@
 //! `llama`: Llama 2/3, SmolLM2, Mistral-style models; `mistral3` (Ministral 3 / Mistral Small
 //! 3.x text models) is the same decoder. Rope on adjacent pairs, SwiGLU; q/k/v/o biases where
-//! the file has them. Mistral 3's Llama-4-style attention temperature scaling is refused at load
-//! until it is supported.
+//! the file has them. Mistral 3 adds YaRN (`hparams`) and Llama-4-style attention temperature
+//! (q scaled by ln(⌊pos / n_ctx_orig⌋ + 1)·t + 1 after the rope).
 
 use crate::hparams::{Hparams, Reader};
 use crate::Result;
@@ -10,21 +10,29 @@ use quiver_gguf::GgufFile;
 
 pub fn hparams(f: &GgufFile) -> Result<Hparams> {
     let r = Reader::new(f)?;
+    let mut hp = r.base(RopeMode::Normal, Activation::SwiGlu)?;
     if r.arch == "mistral3" {
-        if let Some(t) = r.f32("attention.temperature_scale")? {
-            if t != 0.0 {
-                return Err(r.bad(
-                    "attention.temperature_scale",
-                    format!("{t}: attention temperature scaling is not supported yet"),
-                ));
-            }
-        }
         if r.u("expert_count")?.unwrap_or(0) > 0 {
             return Err(r.bad(
                 "expert_count",
                 "Mistral 3 mixture-of-experts files are not supported yet",
             ));
         }
+        if let Some(t) = r.f32("attention.temperature_scale")?.filter(|&t| t != 0.0) {
+            // Llama-4-style temperature over the rope's original context (llama.cpp's
+            // n_ctx_orig_yarn).
+            let floor = r
+                .u("rope.scaling.original_context_length")?
+                .or(r.u("context_length")?)
+                .unwrap_or(0);
+            if floor == 0 {
+                return Err(r.bad(
+                    "rope.scaling.original_context_length",
+                    "attention temperature scaling needs the original context",
+                ));
+            }
+            hp.rope.q_temp = Some((t, floor as f32));
+        }
     }
-    r.base(RopeMode::Normal, Activation::SwiGlu)
+    Ok(hp)
 }

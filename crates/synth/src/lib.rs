@@ -431,6 +431,8 @@ fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
             w.set(k("rope.scaling.yarn_beta_fast"), Value::F32(32.0));
             w.set(k("rope.scaling.yarn_beta_slow"), Value::F32(1.0));
             w.set(k("rope.scaling.yarn_log_multiplier"), Value::F32(1.0));
+            // Llama-4-style attention temperature, as Ministral 3 has it.
+            w.set(k("attention.temperature_scale"), Value::F32(0.1));
         }
     }
     if a == "gemma2" {

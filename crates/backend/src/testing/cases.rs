@@ -154,6 +154,7 @@ impl RopeCase {
             } else {
                 1.0
             },
+            q_temp: None,
         };
         let a = AttnParams {
             n_head: self.n_head,
