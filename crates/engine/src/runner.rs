@@ -203,7 +203,8 @@ pub enum Want {
 
 impl<B: Backend> ModelRunner<B> {
     pub fn new(backend: B, file: &Arc<GgufFile>, opts: &RunnerOptions) -> Result<Self> {
-        let model = quiver_models::load(&backend, file)?;
+        let mut model = quiver_models::load(&backend, file)?;
+        model.for_context(opts.n_ctx);
         let n_ctx = opts.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
         let n_batch = opts.n_batch.max(1);
         let max_logits = opts.max_logits.clamp(1, n_batch);

@@ -144,8 +144,9 @@ fn check<B: Backend>(
             }
         }
         let f = model(&fx);
+        // The harness's context (LongRoPE picks its factors by it).
         let opts = RunnerOptions {
-            n_ctx: 256,
+            n_ctx: 1024,
             n_batch: 64,
             max_logits: 64,
         };

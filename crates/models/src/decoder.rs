@@ -165,6 +165,18 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
 }
 
 impl<B: Backend> Model<B> {
+    /// Sets what depends on the context a sequence may reach: LongRoPE's long factors past the
+    /// original context, as llama.cpp chooses them by its per-sequence context.
+    pub fn for_context(&mut self, n_ctx_seq: usize) {
+        if let Some(long) = &self.hp.rope_long {
+            if n_ctx_seq > self.hp.n_ctx_orig {
+                for l in &mut self.layers {
+                    l.rope.freq_factors = Some(long.clone());
+                }
+            }
+        }
+    }
+
     /// One forward step over a flat batch. Logits of `batch.logits` rows land in
     /// `state.logits` as `[batch.logits.len(), n_vocab]`.
     pub fn forward(&self, b: &mut B, s: &mut State<B>, batch: &Batch) -> Result<()> {

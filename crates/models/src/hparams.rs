@@ -36,6 +36,12 @@ pub struct Hparams {
     pub moe: Option<quiver_backend::MoeParams>,
     /// The gate's rows are the first half of `ffn_up` (Phi-3).
     pub fused_gate_up: bool,
+    /// LongRoPE's frequency factors for contexts past `n_ctx_orig` (the short ones are
+    /// `rope.freq_factors`): [`crate::Model::for_context`] picks, as llama.cpp does.
+    pub rope_long: Option<std::sync::Arc<Vec<f32>>>,
+    /// The context the rope was trained for (`rope.scaling.original_context_length`, else
+    /// `context_length`).
+    pub n_ctx_orig: usize,
 }
 
 impl Hparams {
@@ -89,6 +95,28 @@ impl<'a> Reader<'a> {
 
     pub fn f32(&self, k: &str) -> Result<Option<f32>> {
         Ok(self.f.get_f32(&self.key(k))?)
+    }
+
+    /// A per-pair factor tensor (`rope_freqs`, `rope_factors_long/short`) of `n` f32, if the
+    /// file has it.
+    pub fn factors(&self, name: &str, n: usize) -> Result<Option<std::sync::Arc<Vec<f32>>>> {
+        let Some(t) = self.f.tensor(name) else {
+            return Ok(None);
+        };
+        if t.ty != quiver_gguf::GgmlType::F32 || t.n_elements as usize != n {
+            return Err(ModelError::WrongShape {
+                name: name.into(),
+                got: t.shape.clone(),
+                expected: vec![n as u64],
+            });
+        }
+        let v = self
+            .f
+            .tensor_data(t)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(Some(std::sync::Arc::new(v)))
     }
 
     pub fn bad(&self, k: &str, detail: impl Into<String>) -> ModelError {
@@ -214,7 +242,8 @@ impl<'a> Reader<'a> {
         let factor = self.f32("rope.scaling.factor")?.unwrap_or(1.0);
         match self.f.get_str(&self.key("rope.scaling.type"))? {
             None | Some("none") => {}
-            Some("linear") => rope.freq_scale = 1.0 / factor,
+            // LongRoPE's factors are tensors (`Hparams::rope_long`, phi3.rs).
+            Some("linear") | Some("longrope") => rope.freq_scale = 1.0 / factor,
             Some("llama3") => {
                 rope.llama3 = Some(Llama3Scaling {
                     factor,
@@ -276,15 +305,7 @@ impl<'a> Reader<'a> {
         if let Some(a) = self.f32("rope.scaling.attn_factor")? {
             rope.attn_factor *= a;
         }
-        if let Some(t) = self.f.tensor("rope_freqs.weight") {
-            let mut ff = vec![0f32; t.n_elements as usize];
-            if quiver_gguf::GgmlType::F32 == t.ty {
-                for (o, c) in ff.iter_mut().zip(self.f.tensor_data(t).chunks_exact(4)) {
-                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-                rope.freq_factors = Some(std::sync::Arc::new(ff));
-            }
-        }
+        rope.freq_factors = self.factors("rope_freqs.weight", rope_dims / 2)?;
         Ok(Hparams {
             arch: self.arch.clone(),
             n_vocab,
@@ -312,6 +333,11 @@ impl<'a> Reader<'a> {
             final_softcap: None,
             moe: None,
             fused_gate_up: false,
+            rope_long: None,
+            n_ctx_orig: self
+                .u("rope.scaling.original_context_length")?
+                .or(self.u("context_length")?)
+                .unwrap_or(4096),
         })
     }
 }

@@ -1,7 +1,8 @@
 //! `phi3`: Phi-3 / Phi-3.5 / Phi-4 dense models. Fused QKV (`attn_qkv`), gate and up fused in
 //! `ffn_up` (the gate's rows first), rope on split halves, q scaled before attention. The
-//! files' sliding window is ignored, as llama.cpp ignores it. LongRoPE (the 128k variants'
-//! `rope_factors_long/short`) is not supported yet: such a file is refused at load.
+//! files' sliding window is ignored, as llama.cpp ignores it. LongRoPE (the 128k variants and
+//! Phi-3.5/Phi-4-mini): `rope_factors_short` up to the original context, `rope_factors_long`
+//! past it (`Model::for_context`), and `rope.scaling.attn_factor` on the rotation.
 
 use crate::hparams::{Hparams, Reader};
 use crate::Result;
@@ -13,13 +14,10 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
     let mut hp = r.base(RopeMode::Neox, Activation::SwiGlu)?;
     hp.fused_gate_up = true;
     hp.scale_q = true;
-    if f.tensor("rope_factors_long.weight").is_some()
-        || f.tensor("rope_factors_short.weight").is_some()
-    {
-        return Err(r.bad(
-            "rope.scaling.type",
-            "LongRoPE (rope_factors_long/short) is not supported yet",
-        ));
+    let pairs = hp.rope.n_dims / 2;
+    if let Some(short) = r.factors("rope_factors_short.weight", pairs)? {
+        hp.rope.freq_factors = Some(short);
     }
+    hp.rope_long = r.factors("rope_factors_long.weight", pairs)?;
     Ok(hp)
 }

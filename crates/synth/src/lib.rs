@@ -385,6 +385,19 @@ pub fn plan(p: &Preset) -> Vec<Planned> {
             v.push(t(b("post_ffw_norm"), Role::Vector, &[d]));
         }
     }
+    if arch == "phi3" && p.random_vectors {
+        // LongRoPE's per-pair factors (Phi-3.5), short and long.
+        v.push(t(
+            "rope_factors_long.weight".into(),
+            Role::Vector,
+            &[hd / 2],
+        ));
+        v.push(t(
+            "rope_factors_short.weight".into(),
+            Role::Vector,
+            &[hd / 2],
+        ));
+    }
     v.push(t("output_norm.weight".into(), Role::Vector, &[d]));
     if !p.tied {
         v.push(t("output.weight".into(), Role::Output, &[p.n_vocab, d]));
@@ -434,6 +447,11 @@ fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
             // Llama-4-style attention temperature, as Ministral 3 has it.
             w.set(k("attention.temperature_scale"), Value::F32(0.1));
         }
+    }
+    if a == "phi3" && p.random_vectors {
+        // LongRoPE past an original context of 512 (the parity harness runs 1024).
+        w.set(k("rope.scaling.original_context_length"), Value::U32(512));
+        w.set(k("rope.scaling.attn_factor"), Value::F32(1.19));
     }
     if a == "gemma2" {
         w.set(k("attn_logit_softcapping"), Value::F32(50.0));
@@ -534,7 +552,14 @@ pub fn write(
         let scale = p.stdev / 0.02;
         if planned[i].role == Role::Vector {
             let bias = planned[i].name.ends_with(".bias");
-            if p.random_vectors {
+            let name = &planned[i].name;
+            if name.starts_with("rope_factors_") {
+                // Frequency divisors growing over the pairs, the long ones faster.
+                let step = if name.contains("long") { 0.5 } else { 0.05 };
+                for j in 0..rows * cols {
+                    buf.extend_from_slice(&(1.0 + step * j as f32).to_le_bytes());
+                }
+            } else if p.random_vectors {
                 // Norms 1 + N(0, 0.1²), biases N(0, 0.1²).
                 let mut row = vec![0f32; rows * cols];
                 let start = weights.row_start();
