@@ -12,8 +12,8 @@ mod moe;
 mod rope;
 
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, MoeParams,
-    MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
+    reference, Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, KvType,
+    MoeParams, MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
 };
 pub use quiver_cpu_kernels::Numerics;
 use quiver_cpu_kernels::ThreadPool;
@@ -110,6 +110,22 @@ impl CpuBackend {
     /// This instance's numerics (fixed at construction).
     pub fn numerics(&self) -> Numerics {
         self.mm.numerics()
+    }
+}
+
+impl CpuBackend {
+    /// q after rope: the cache holds f16 (as llama.cpp's default cache does); q meets it in
+    /// f16 (in f32 for llama.cpp's tiled attention, see `attn::tiled`), scaled first where the
+    /// model says so (`scale_q`; attention then multiplies by 1).
+    fn finish_q(&self, n: usize, q: &mut [f32], a: &AttnParams) {
+        let s = if a.scale_q { a.scale } else { 1.0 };
+        let f16_q = !attn::tiled(n, self.numerics());
+        q[..n * a.n_head * a.head_dim].iter_mut().for_each(|v| {
+            *v *= s;
+            if f16_q {
+                *v = half::f16::from_f32(*v).to_f32();
+            }
+        });
     }
 }
 
@@ -492,23 +508,13 @@ impl Backend for CpuBackend {
         })?;
         rope::apply(
             &mut q[..n * a.n_head * a.head_dim],
-            &mut k[..n * kv_dim],
+            Some(&mut k[..n * kv_dim]),
             &b.positions,
             a,
             rope,
         );
-        // The cache holds f16 (as llama.cpp's default cache does); q meets it in f16 (in f32
-        // for llama.cpp's tiled attention, see `attn::tiled`), scaled first where the model
-        // says so (`scale_q`; attention then multiplies by 1).
+        self.finish_q(n, q, a);
         use half::slice::HalfFloatSliceExt;
-        let s = if a.scale_q { a.scale } else { 1.0 };
-        let f16_q = !attn::tiled(n, self.numerics());
-        q[..n * a.n_head * a.head_dim].iter_mut().for_each(|v| {
-            *v *= s;
-            if f16_q {
-                *v = half::f16::from_f32(*v).to_f32();
-            }
-        });
         for t in 0..n {
             let slot = b.slots[t] as usize;
             check("rope_kv_write", slot < kv.n_slots, || {
@@ -582,6 +588,88 @@ impl Backend for CpuBackend {
                 Activation::SwiGlu => act_fn::swiglu(gate, up, out),
             }
         });
+        Ok(())
+    }
+
+    fn rope_q(
+        &self,
+        step: &Step<CpuStep>,
+        q: &mut Vec<f32>,
+        rope: &RopeParams,
+        a: &AttnParams,
+    ) -> Result<()> {
+        let n = step.batch.n_tokens();
+        check(
+            "rope_q",
+            rope.n_dims / 2 <= rope::MAX_PAIRS && q.len() >= n * a.n_head * a.head_dim,
+            || format!("{} rotated dims, {n} tokens", rope.n_dims),
+        )?;
+        rope::apply(
+            &mut q[..n * a.n_head * a.head_dim],
+            None,
+            &step.batch.positions,
+            a,
+            rope,
+        );
+        self.finish_q(n, q, a);
+        Ok(())
+    }
+
+    fn supports(&self, _op: ExtraOp) -> bool {
+        true
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, s: f32, n: usize) -> Result<()> {
+        check("scale", x.len() >= n, || format!("{n} elements"))?;
+        x[..n].iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
+
+    fn rms_norm_plain(
+        &self,
+        x: &Vec<f32>,
+        cols: usize,
+        eps: f32,
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let n = rows * cols;
+        check("rms_norm_plain", x.len() >= n && out.len() >= n, || {
+            format!("{rows}×{cols} elements")
+        })?;
+        reference::rms_norm_plain(&x[..n], cols.max(1), eps, &mut out[..n]);
+        Ok(())
+    }
+
+    fn mul_cols(&self, x: &mut Vec<f32>, w: &CpuWeight, rows: usize) -> Result<()> {
+        let w = w.vector("mul_cols")?;
+        check("mul_cols", x.len() >= rows * w.len(), || {
+            format!("{rows}×{} elements", w.len())
+        })?;
+        reference::mul_cols(&mut x[..rows * w.len()], w);
+        Ok(())
+    }
+
+    fn copy_cols(
+        &self,
+        src: &Vec<f32>,
+        src_cols: usize,
+        first: usize,
+        width: usize,
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        check(
+            "copy_cols",
+            first + width <= src_cols && src.len() >= rows * src_cols && out.len() >= rows * width,
+            || {
+                format!(
+                    "{rows} rows, columns {first}..{} of {src_cols}",
+                    first + width
+                )
+            },
+        )?;
+        reference::copy_cols(src, src_cols, first, width, rows, out);
         Ok(())
     }
 

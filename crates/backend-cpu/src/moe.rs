@@ -50,7 +50,19 @@ impl CpuBackend {
                 && s.ys.len() >= sizes[6],
             || format!("{rows} rows, {ne} experts of {ff}, {k} used, n_embd {d}"),
         )?;
-        self.matmul(w.router, x, rows, s.logits)?;
+        if !p.router_given {
+            self.matmul(w.router, x, rows, s.logits)?;
+        }
+        let down_scale = match w.down_scale {
+            Some(v) => {
+                let v = v.vector("moe")?;
+                check("moe", v.len() == ne, || {
+                    format!("{} down scales for {ne} experts", v.len())
+                })?;
+                Some(v)
+            }
+            None => None,
+        };
         let mut r = self.routing.lock().unwrap_or_else(|e| e.into_inner());
         let r = &mut *r;
         r.routes.clear();
@@ -109,6 +121,9 @@ impl CpuBackend {
                 n,
                 ys,
             )?;
+            if let Some(sc) = down_scale {
+                ys.iter_mut().for_each(|v| *v *= sc[e]);
+            }
         }
         for t in 0..rows {
             let o = &mut out[t * d..][..d];

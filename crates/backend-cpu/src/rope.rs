@@ -5,7 +5,13 @@ use quiver_backend::{AttnParams, RopeAngles, RopeMode, RopeParams};
 
 pub const MAX_PAIRS: usize = quiver_backend::ROPE_MAX_PAIRS;
 
-pub fn apply(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p: &RopeParams) {
+pub fn apply(
+    q: &mut [f32],
+    k: Option<&mut [f32]>,
+    positions: &[u32],
+    a: &AttnParams,
+    p: &RopeParams,
+) {
     #[cfg(target_arch = "x86_64")]
     if crate::attn::has_avx2() {
         // SAFETY: `has_avx2` checked AVX2 and FMA.
@@ -21,7 +27,7 @@ pub fn apply(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p:
 #[target_feature(enable = "avx2,fma")]
 unsafe fn apply_fma(
     q: &mut [f32],
-    k: &mut [f32],
+    k: Option<&mut [f32]>,
     positions: &[u32],
     a: &AttnParams,
     p: &RopeParams,
@@ -30,7 +36,13 @@ unsafe fn apply_fma(
 }
 
 #[inline(always)]
-fn apply_body(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p: &RopeParams) {
+fn apply_body(
+    q: &mut [f32],
+    mut k: Option<&mut [f32]>,
+    positions: &[u32],
+    a: &AttnParams,
+    p: &RopeParams,
+) {
     let angles = RopeAngles::new(p);
     let half = angles.pairs();
     let (mut cos, mut sin) = ([0f32; MAX_PAIRS], [0f32; MAX_PAIRS]);
@@ -56,8 +68,10 @@ fn apply_body(q: &mut [f32], k: &mut [f32], positions: &[u32], a: &AttnParams, p
             let s = p.q_scale(pos);
             qt.iter_mut().for_each(|x| *x *= s);
         }
-        k[t * a.n_head_kv * hd..][..a.n_head_kv * hd]
-            .chunks_exact_mut(hd)
-            .for_each(rotate);
+        if let Some(k) = k.as_deref_mut() {
+            k[t * a.n_head_kv * hd..][..a.n_head_kv * hd]
+                .chunks_exact_mut(hd)
+                .for_each(rotate);
+        }
     }
 }

@@ -241,6 +241,9 @@ impl Backend for CudaBackend {
                 "the parity mode (QUIVER_CUDA_EXACT) has no mixture-of-experts kernels".into(),
             ));
         }
+        if p.router_given || w.down_scale.is_some() {
+            return Err(self.missing(quiver_backend::ExtraOp::MoeExtras));
+        }
         self.moe_fast(x, rows, w, p, s, out)
     }
 

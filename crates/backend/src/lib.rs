@@ -35,6 +35,12 @@ pub enum BackendError {
     },
     #[error("{0}")]
     Device(String),
+    #[error("the {backend} backend has no {op} op, which {arch} models need")]
+    MissingOp {
+        op: ExtraOp,
+        backend: &'static str,
+        arch: String,
+    },
     #[error("{what} need {} but the {device} backend has {} available{hint}", human_bytes(*need), human_bytes(*available))]
     OutOfMemory {
         what: String,
@@ -372,6 +378,38 @@ pub struct WorkspaceSpec {
     pub n_slots: usize,
 }
 
+/// Ops beyond the core every architecture uses. A backend says which it has
+/// ([`Backend::supports`]); a model that needs one its backend lacks is refused at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtraOp {
+    /// [`Backend::scale`]
+    Scale,
+    /// [`Backend::rms_norm_plain`]
+    RmsNormPlain,
+    /// [`Backend::mul_cols`]
+    MulCols,
+    /// [`Backend::copy_cols`]
+    CopyCols,
+    /// [`Backend::rope_q`]
+    RopeQ,
+    /// [`Backend::moe`] with router logits the caller computed (`MoeParams::router_given`)
+    /// and per-expert output scales (`MoeWeights::down_scale`).
+    MoeExtras,
+}
+
+impl std::fmt::Display for ExtraOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ExtraOp::Scale => "scale",
+            ExtraOp::RmsNormPlain => "rms_norm_plain",
+            ExtraOp::MulCols => "mul_cols",
+            ExtraOp::CopyCols => "copy_cols",
+            ExtraOp::RopeQ => "rope_q",
+            ExtraOp::MoeExtras => "moe (given router logits, per-expert scales)",
+        })
+    }
+}
+
 /// Element-wise gated activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -401,6 +439,9 @@ pub struct MoeParams {
     /// Multiplies the chosen weights (1: none).
     pub scale: f32,
     pub act: Activation,
+    /// The caller has written the router logits into [`MoeScratch::logits`] (a router over
+    /// another input than the experts', Gemma 4): the backend skips the router product.
+    pub router_given: bool,
 }
 
 impl MoeParams {
@@ -427,6 +468,9 @@ pub struct MoeWeights<'a, W> {
     pub gate: &'a W,
     pub up: &'a W,
     pub down: &'a W,
+    /// Per-expert scales [n_expert] multiplying each expert's output before its routing
+    /// weight (`ffn_down_exps.scale`), where the model has them.
+    pub down_scale: Option<&'a W>,
 }
 
 /// Buffers [`Backend::moe`] may overwrite, sized by [`MoeParams::scratch_floats`].
@@ -644,6 +688,68 @@ pub trait Backend {
     ) -> Result<()>;
     /// x = cap · tanh(x / cap) for the first n elements.
     fn softcap(&self, x: &mut Self::Buf, cap: f32, n: usize) -> Result<()>;
+
+    /// Whether the backend has `op` (the ops below, which only some architectures use; their
+    /// defaults refuse).
+    fn supports(&self, op: ExtraOp) -> bool {
+        let _ = op;
+        false
+    }
+    /// x[i] *= s for the first n elements.
+    fn scale(&self, x: &mut Self::Buf, s: f32, n: usize) -> Result<()> {
+        let _ = (x, s, n);
+        Err(self.missing(ExtraOp::Scale))
+    }
+    /// out[r] = x[r] / rms(x[r]) over `rows` rows of `cols` (an rms norm without weight).
+    fn rms_norm_plain(
+        &self,
+        x: &Self::Buf,
+        cols: usize,
+        eps: f32,
+        rows: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (x, cols, eps, rows, out);
+        Err(self.missing(ExtraOp::RmsNormPlain))
+    }
+    /// x[t, c] *= w[c] for `rows` rows of `w.len()`.
+    fn mul_cols(&self, x: &mut Self::Buf, w: &Self::Weight, rows: usize) -> Result<()> {
+        let _ = (x, w, rows);
+        Err(self.missing(ExtraOp::MulCols))
+    }
+    /// out[t, c] = src[t, first + c] for c < width, t < rows; src rows hold `src_cols`.
+    fn copy_cols(
+        &self,
+        src: &Self::Buf,
+        src_cols: usize,
+        first: usize,
+        width: usize,
+        rows: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (src, src_cols, first, width, rows, out);
+        Err(self.missing(ExtraOp::CopyCols))
+    }
+    /// The q half of [`Backend::rope_kv_write`]: rotates q and prepares it for attention, for
+    /// a layer that reads another layer's cache and writes none.
+    fn rope_q(
+        &self,
+        step: &Step<Self::StepCtx>,
+        q: &mut Self::Buf,
+        rope: &RopeParams,
+        attn: &AttnParams,
+    ) -> Result<()> {
+        let _ = (step, q, rope, attn);
+        Err(self.missing(ExtraOp::RopeQ))
+    }
+    /// The error of an op this backend lacks.
+    fn missing(&self, op: ExtraOp) -> BackendError {
+        BackendError::MissingOp {
+            op,
+            backend: self.name(),
+            arch: "these".into(),
+        }
+    }
     /// Copies the first n elements to the host.
     fn read(&self, x: &Self::Buf, n: usize, out: &mut Vec<f32>) -> Result<()>;
     /// The `k` largest values of each of `rows` rows of `cols` as (index, value), best first,

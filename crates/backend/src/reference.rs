@@ -31,8 +31,19 @@ pub fn moe_route(logits: &[f32], p: &MoeParams, out: &mut Vec<(u32, f32)>) {
 }
 
 /// A mixture-of-experts FFN on f32 weights (`router` [n_expert, d], `gate`/`up`
-/// [n_expert · n_ff, d], `down` [n_expert · d, n_ff]) over `rows` rows of x.
-pub fn moe(x: &[f32], rows: usize, d: usize, w: [&[f32]; 4], p: &MoeParams, out: &mut [f32]) {
+/// [n_expert · n_ff, d], `down` [n_expert · d, n_ff]) over `rows` rows of x. The router reads
+/// `router_x` (x itself but for Gemma 4); `down_scale` [n_expert] scales each expert's output.
+#[allow(clippy::too_many_arguments)]
+pub fn moe(
+    x: &[f32],
+    router_x: &[f32],
+    rows: usize,
+    d: usize,
+    w: [&[f32]; 4],
+    down_scale: Option<&[f32]>,
+    p: &MoeParams,
+    out: &mut [f32],
+) {
     let [router, gate, up, down] = w;
     let ff = p.n_ff;
     let mut logits = vec![0f32; p.n_expert];
@@ -45,7 +56,14 @@ pub fn moe(x: &[f32], rows: usize, d: usize, w: [&[f32]; 4], p: &MoeParams, out:
     );
     for t in 0..rows {
         let xt = &x[t * d..][..d];
-        matmul(router, p.n_expert, d, xt, 1, &mut logits);
+        matmul(
+            router,
+            p.n_expert,
+            d,
+            &router_x[t * d..][..d],
+            1,
+            &mut logits,
+        );
         moe_route(&logits, p, &mut routes);
         let o = &mut out[t * d..][..d];
         for (j, &(e, wt)) in routes.iter().enumerate() {
@@ -54,6 +72,9 @@ pub fn moe(x: &[f32], rows: usize, d: usize, w: [&[f32]; 4], p: &MoeParams, out:
             matmul(&up[e * ff * d..][..ff * d], ff, d, xt, 1, &mut u);
             glu(p.act, &g, &u, &mut a);
             matmul(&down[e * d * ff..][..d * ff], d, ff, &a, 1, &mut y);
+            if let Some(s) = down_scale {
+                y.iter_mut().for_each(|v| *v *= s[e]);
+            }
             for (o, &v) in o.iter_mut().zip(&y) {
                 *o = if j == 0 { v * wt } else { *o + v * wt };
             }
@@ -71,6 +92,38 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
             *o = v * inv * g;
         }
+    }
+}
+
+/// out[r] = x[r] / rms(x[r]) for each row of `d` elements (no weight).
+pub fn rms_norm_plain(x: &[f32], d: usize, eps: f32, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let inv = 1.0 / ((ss / d as f64) as f32 + eps).sqrt();
+        for (o, &v) in or.iter_mut().zip(xr) {
+            *o = v * inv;
+        }
+    }
+}
+
+/// x[t, c] *= w[c] over rows of `w.len()`.
+pub fn mul_cols(x: &mut [f32], w: &[f32]) {
+    for row in x.chunks_exact_mut(w.len().max(1)) {
+        row.iter_mut().zip(w).for_each(|(x, g)| *x *= g);
+    }
+}
+
+/// out[t, c] = src[t · src_cols + first + c] for c < width, over `rows` rows.
+pub fn copy_cols(
+    src: &[f32],
+    src_cols: usize,
+    first: usize,
+    width: usize,
+    rows: usize,
+    out: &mut [f32],
+) {
+    for t in 0..rows {
+        out[t * width..][..width].copy_from_slice(&src[t * src_cols + first..][..width]);
     }
 }
 

@@ -35,6 +35,7 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                 norm,
                 scale: if norm { 1.0 } else { 2.5 },
                 act,
+                router_given: false,
             };
             // The router in f32 with well-separated logits, so that rounding does not reorder
             // the experts.
@@ -79,6 +80,7 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                             gate: &gw,
                             up: &uw,
                             down: &dw,
+                            down_scale: None,
                         },
                         &p,
                         MoeScratch {
@@ -99,9 +101,11 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                 let mut want = vec![0f32; n * d];
                 reference::moe(
                     &x,
+                    &x,
                     n,
                     d,
                     [&router.values, &gate.values, &up.values, &down.values],
+                    None,
                     &p,
                     &mut want,
                 );
