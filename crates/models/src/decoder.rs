@@ -1,15 +1,17 @@
 //! The decoder-only transformer forward every architecture shares, over a flat batch.
 
 use crate::{weight, weight_rows, Hparams, ModelError, Result, State};
-use quiver_backend::{AttnParams, Backend, Batch, MoeScratch, MoeWeights, RopeParams, Step};
+use quiver_backend::{AttnParams, Backend, Batch, RopeParams, Step};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
 pub struct Layer<B: Backend> {
     pub attn_norm: B::Weight,
     pub wq: B::Weight,
-    pub wk: B::Weight,
-    pub wv: B::Weight,
+    /// None: the layer reads another layer's cache and writes none (`kv`).
+    pub wk: Option<B::Weight>,
+    /// None (with `wk`): v is k's product (Gemma 4's global layers without `attn_v`).
+    pub wv: Option<B::Weight>,
     pub wo: B::Weight,
     /// Product biases (Qwen2's q/k/v), where the file has them.
     pub bq: Option<B::Weight>,
@@ -24,6 +26,12 @@ pub struct Layer<B: Backend> {
     pub post_ffw_norm: Option<B::Weight>,
     pub attn: AttnParams,
     pub rope: RopeParams,
+    /// The cache (index into `State::kv`) the layer attends over.
+    pub kv: usize,
+    /// Gemma 4's per-layer embedding block, where the model has one.
+    pub ple: Option<crate::extras::PleLayer<B>>,
+    /// Multiplies the layer's output (Gemma 4's `layer_output_scale`).
+    pub out_scale: Option<f32>,
 }
 
 /// A layer's feed-forward block.
@@ -34,14 +42,30 @@ pub enum Ffn<B: Backend> {
         up: B::Weight,
         down: B::Weight,
     },
-    /// A mixture of experts (`Hparams::moe`): router [n_expert, n_embd] and the experts
-    /// stacked as the GGUF's 3-D tensors hold them.
-    Moe {
-        router: B::Weight,
+    /// A mixture of experts (`Hparams::moe`).
+    Moe(Experts<B>),
+    /// Gemma 4: a dense MLP and experts side by side, each normed on the way in and out, the
+    /// router reading the unweighted-normed input times `router_scale` / √n_embd.
+    DenseAndExperts {
         gate: B::Weight,
         up: B::Weight,
         down: B::Weight,
+        post_norm_1: B::Weight,
+        pre_norm_2: B::Weight,
+        post_norm_2: B::Weight,
+        router_scale: B::Weight,
+        experts: Experts<B>,
     },
+}
+
+/// A layer's experts: router [n_expert, n_embd] and the experts stacked as the GGUF's 3-D
+/// tensors hold them, and the per-expert output scales where the file has them.
+pub struct Experts<B: Backend> {
+    pub router: B::Weight,
+    pub gate: B::Weight,
+    pub up: B::Weight,
+    pub down: B::Weight,
+    pub down_scale: Option<B::Weight>,
 }
 
 pub struct Model<B: Backend> {
@@ -52,12 +76,13 @@ pub struct Model<B: Backend> {
     pub output: Option<B::Weight>,
     pub output_b: Option<B::Weight>,
     pub layers: Vec<Layer<B>>,
+    /// Gemma 4's per-layer embedding inputs, where the model has them.
+    pub ple: Option<crate::extras::PleInput<B>>,
 }
 
 pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
-    let (d, hd) = (hp.n_embd as u64, hp.head_dim as u64);
-    let (nh, nkv, ff) = (hp.n_head as u64, hp.n_head_kv as u64, hp.n_ff as u64);
-    let (qd, kvd) = (nh * hd, nkv * hd);
+    crate::extras::check_ops(b, &hp)?;
+    let d = hp.n_embd as u64;
     let w = |name: &str, shape: &[u64]| weight(b, f, name, shape);
     let opt = |name: &str, shape: &[u64], want: bool| -> Result<Option<B::Weight>> {
         if want {
@@ -70,6 +95,9 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
     let has = |name: &str| f.tensor(name).is_some();
     let mut layers = Vec::with_capacity(hp.n_layer);
     for i in 0..hp.n_layer {
+        let lh = &hp.layers[i];
+        let (hd, ff) = (lh.head_dim as u64, lh.n_ff as u64);
+        let (qd, kvd) = (lh.q_dim() as u64, lh.kv_dim() as u64);
         let n = |s: &str| format!("blk.{i}.{s}.weight");
         let bias = |s: &str, len: u64| {
             opt(
@@ -84,42 +112,27 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         } else {
             hp.rope.clone()
         };
+        let own_kv = lh.kv_from == i;
         let (wq, wk, wv) = if has(&n("attn_qkv")) {
             let shape = [qd + 2 * kvd, d];
             let part = |first, rows| weight_rows(b, f, &n("attn_qkv"), &shape, first, rows);
-            (part(0, qd)?, part(qd, kvd)?, part(qd + kvd, kvd)?)
+            (
+                part(0, qd)?,
+                Some(part(qd, kvd)?),
+                Some(part(qd + kvd, kvd)?),
+            )
+        } else if !own_kv {
+            (w(&n("attn_q"), &[qd, d])?, None, None)
         } else {
+            // Gemma 4's global layers may have no v (then v is k's product).
+            let v_optional = hp.v_norm && !swa;
             (
                 w(&n("attn_q"), &[qd, d])?,
-                w(&n("attn_k"), &[kvd, d])?,
-                w(&n("attn_v"), &[kvd, d])?,
+                Some(w(&n("attn_k"), &[kvd, d])?),
+                opt(&n("attn_v"), &[kvd, d], !v_optional || has(&n("attn_v")))?,
             )
         };
-        let ffn = match &hp.moe {
-            Some(m) => {
-                let (ne, fe) = (m.n_expert as u64, m.n_ff as u64);
-                Ffn::Moe {
-                    router: w(&n("ffn_gate_inp"), &[ne, d])?,
-                    gate: w(&n("ffn_gate_exps"), &[ne, fe, d])?,
-                    up: w(&n("ffn_up_exps"), &[ne, fe, d])?,
-                    down: w(&n("ffn_down_exps"), &[ne, d, fe])?,
-                }
-            }
-            None if hp.fused_gate_up => {
-                // Phi-3: one tensor of 2·n_ff rows, the gate's rows first.
-                let shape = [2 * ff, d];
-                Ffn::Dense {
-                    gate: weight_rows(b, f, &n("ffn_up"), &shape, 0, ff)?,
-                    up: weight_rows(b, f, &n("ffn_up"), &shape, ff, ff)?,
-                    down: w(&n("ffn_down"), &[d, ff])?,
-                }
-            }
-            None => Ffn::Dense {
-                gate: w(&n("ffn_gate"), &[ff, d])?,
-                up: w(&n("ffn_up"), &[ff, d])?,
-                down: w(&n("ffn_down"), &[d, ff])?,
-            },
-        };
+        let ffn = crate::extras::load_ffn(b, f, &hp, i, ff)?;
         layers.push(Layer {
             attn_norm: w(&n("attn_norm"), &[d])?,
             wq,
@@ -131,21 +144,24 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             bv: bias("attn_v", kvd)?,
             bo: bias("attn_output", d)?,
             q_norm: opt(&n("attn_q_norm"), &[hd], hp.qk_norm)?,
-            k_norm: opt(&n("attn_k_norm"), &[hd], hp.qk_norm)?,
+            k_norm: opt(&n("attn_k_norm"), &[hd], hp.qk_norm && own_kv)?,
             post_attn_norm: opt(&n("post_attention_norm"), &[d], hp.post_norms)?,
             ffn_norm: w(&n("ffn_norm"), &[d])?,
             ffn,
             post_ffw_norm: opt(&n("post_ffw_norm"), &[d], hp.post_norms)?,
             attn: AttnParams {
-                n_head: hp.n_head,
-                n_head_kv: hp.n_head_kv,
-                head_dim: hp.head_dim,
+                n_head: lh.n_head,
+                n_head_kv: lh.n_head_kv,
+                head_dim: lh.head_dim,
                 scale: hp.attn_scale,
                 scale_q: hp.scale_q,
                 window: if swa { hp.sliding_window } else { None },
                 softcap: hp.attn_softcap,
             },
             rope,
+            kv: hp.kv_index(i),
+            ple: crate::extras::load_ple_layer(b, f, &hp, i)?,
+            out_scale: crate::extras::out_scale(f, &hp, i)?,
         });
     }
     let tok_embd = w("token_embd.weight", &[hp.n_vocab as u64, d])?;
@@ -160,6 +176,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         tok_embd,
         output,
         layers,
+        ple: crate::extras::load_ple_input(b, f, &hp)?,
         hp,
     })
 }
@@ -218,53 +235,66 @@ impl<B: Backend> Model<B> {
         let n = step.rows;
         let hp = &self.hp;
         let dump = Dump::new();
-        let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        let d = hp.n_embd;
         let eps = hp.rms_eps;
         b.embed(step, &self.tok_embd, hp.embed_scale, &mut s.x)?;
+        if let Some(ple) = &self.ple {
+            crate::extras::ple_inputs(b, s, step, ple, hp)?;
+        }
         b.rms_norm(&s.x, &self.layers[0].attn_norm, eps, n, &mut s.xn)?;
         for (i, l) in self.layers.iter().enumerate() {
-            dump.put(b, "attn_norm", i, &s.xn, n * hp.n_embd);
-            b.matmul_qkv(
-                [&l.wq, &l.wk, &l.wv],
-                &s.xn,
-                n,
-                [&mut s.q, &mut s.k, &mut s.v],
-            )?;
+            let a = &l.attn;
+            let (qd, kvd) = (a.n_head * a.head_dim, a.n_head_kv * a.head_dim);
+            dump.put(b, "attn_norm", i, &s.xn, n * d);
+            match (&l.wk, &l.wv) {
+                (Some(wk), wv) => b.matmul_qkv(
+                    [&l.wq, wk, wv.as_ref().unwrap_or(wk)],
+                    &s.xn,
+                    n,
+                    [&mut s.q, &mut s.k, &mut s.v],
+                )?,
+                (None, _) => b.matmul(&l.wq, &s.xn, n, &mut s.q)?,
+            }
             for (bias, out) in [(&l.bq, &mut s.q), (&l.bk, &mut s.k), (&l.bv, &mut s.v)] {
                 if let Some(bias) = bias {
                     b.add_bias(out, bias, n)?;
                 }
             }
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                b.rms_norm_inplace(&mut s.q, qn, eps, n * hp.n_head)?;
-                b.rms_norm_inplace(&mut s.k, kn, eps, n * hp.n_head_kv)?;
+            if let Some(qn) = &l.q_norm {
+                b.rms_norm_inplace(&mut s.q, qn, eps, n * a.n_head)?;
             }
-            dump.put(b, "Vcur", i, &s.v, n * kvd);
-            b.rope_kv_write(
-                step,
-                &mut s.q,
-                &mut s.k,
-                &s.v,
-                &l.rope,
-                &l.attn,
-                &mut s.kv[i],
-            )?;
+            if let Some(kn) = &l.k_norm {
+                b.rms_norm_inplace(&mut s.k, kn, eps, n * a.n_head_kv)?;
+            }
+            if l.wk.is_some() {
+                // V normed without weight (Gemma 4) into the attention buffer, free till then.
+                let v = if hp.v_norm {
+                    b.rms_norm_plain(&s.v, a.head_dim, eps, n * a.n_head_kv, &mut s.attn)?;
+                    &s.attn
+                } else {
+                    &s.v
+                };
+                dump.put(b, "Vcur", i, v, n * kvd);
+                b.rope_kv_write(step, &mut s.q, &mut s.k, v, &l.rope, a, &mut s.kv[l.kv])?;
+                dump.put(b, "Kcur", i, &s.k, n * kvd);
+            } else {
+                b.rope_q(step, &mut s.q, &l.rope, a)?;
+            }
             dump.put(b, "Qcur_f16", i, &s.q, n * qd);
-            dump.put(b, "Kcur", i, &s.k, n * kvd);
-            b.attention(step, &s.q, &s.kv[i], &l.attn, &mut s.attn)?;
+            b.attention(step, &s.q, &s.kv[l.kv], a, &mut s.attn)?;
             dump.put(b, "kqv_out", i, &s.attn, n * qd);
             b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
             if let Some(bias) = &l.bo {
                 b.add_bias(&mut s.o, bias, n)?;
             }
-            dump.put(b, "attn_out", i, &s.o, n * hp.n_embd);
+            dump.put(b, "attn_out", i, &s.o, n * d);
             if let Some(pn) = &l.post_attn_norm {
                 b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
                 std::mem::swap(&mut s.o, &mut s.xn);
             }
             b.add_rms_norm(&mut s.x, &s.o, &l.ffn_norm, eps, n, &mut s.xn)?;
-            dump.put(b, "ffn_inp", i, &s.x, n * hp.n_embd);
-            dump.put(b, "ffn_norm", i, &s.xn, n * hp.n_embd);
+            dump.put(b, "ffn_inp", i, &s.x, n * d);
+            dump.put(b, "ffn_norm", i, &s.xn, n * d);
             match &l.ffn {
                 Ffn::Dense { gate, up, down } => {
                     b.matmul_glu(
@@ -276,56 +306,42 @@ impl<B: Backend> Model<B> {
                         [&mut s.gate, &mut s.up],
                         &mut s.act,
                     )?;
-                    dump.put(b, "ffn_act", i, &s.act, n * hp.n_ff);
+                    dump.put(b, "ffn_act", i, &s.act, n * hp.layers[i].n_ff);
                     b.matmul(down, &s.act, n, &mut s.o)?;
                 }
-                Ffn::Moe {
-                    router,
-                    gate,
-                    up,
-                    down,
-                } => {
+                Ffn::Moe(e) => {
                     let p = hp.moe.as_ref().expect("MoE layers come with MoE hparams");
-                    let [logits, routes, xs, g, u, act, ys] = &mut s.moe[..] else {
-                        unreachable!("seven MoE scratch buffers")
-                    };
-                    b.moe(
-                        &s.xn,
-                        n,
-                        MoeWeights {
-                            router,
-                            gate,
-                            up,
-                            down,
-                        },
-                        p,
-                        MoeScratch {
-                            logits,
-                            routes,
-                            xs,
-                            gate: g,
-                            up: u,
-                            act,
-                            ys,
-                        },
-                        &mut s.o,
-                    )?;
+                    crate::extras::experts(b, s, n, e, p)?;
+                }
+                Ffn::DenseAndExperts { .. } => {
+                    crate::extras::dense_and_experts(b, s, n, &l.ffn, hp)?;
                 }
             }
-            dump.put(b, "ffn_out", i, &s.o, n * hp.n_embd);
+            dump.put(b, "ffn_out", i, &s.o, n * d);
             if let Some(pn) = &l.post_ffw_norm {
                 b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
                 std::mem::swap(&mut s.o, &mut s.xn);
+            }
+            if let Some(pl) = &l.ple {
+                b.add(&mut s.x, &s.o, n * d)?;
+                crate::extras::ple_layer(b, s, n, i, pl, hp)?;
             }
             let next_norm = self
                 .layers
                 .get(i + 1)
                 .map(|l| &l.attn_norm)
                 .unwrap_or(&self.output_norm);
-            b.add_rms_norm(&mut s.x, &s.o, next_norm, eps, n, &mut s.xn)?;
-            dump.put(b, "l_out", i, &s.x, n * hp.n_embd);
+            match l.out_scale {
+                None => b.add_rms_norm(&mut s.x, &s.o, next_norm, eps, n, &mut s.xn)?,
+                Some(c) => {
+                    b.add(&mut s.x, &s.o, n * d)?;
+                    b.scale(&mut s.x, c, n * d)?;
+                    b.rms_norm(&s.x, next_norm, eps, n, &mut s.xn)?;
+                }
+            }
+            dump.put(b, "l_out", i, &s.x, n * d);
         }
-        dump.put(b, "result_norm", usize::MAX, &s.xn, n * hp.n_embd);
+        dump.put(b, "result_norm", usize::MAX, &s.xn, n * d);
         let out = self.output.as_ref().unwrap_or(&self.tok_embd);
         b.matmul_logits(step, out, &s.xn, &mut s.logits)?;
         if let Some(bias) = &self.output_b {

@@ -42,6 +42,33 @@ pub struct Hparams {
     /// The context the rope was trained for (`rope.scaling.original_context_length`, else
     /// `context_length`).
     pub n_ctx_orig: usize,
+    /// Each layer's shape (all alike but in Gemma 4). The scalar fields above are the widest.
+    pub layers: Vec<LayerHp>,
+    /// V is rms-normed (without weight) before the cache (Gemma 4).
+    pub v_norm: bool,
+    /// Per-layer embeddings of this width (Gemma 4's PLE), 0: none.
+    pub n_embd_per_layer: usize,
+}
+
+/// One layer's attention and FFN shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerHp {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    /// The layer whose K/V this one attends over: itself, or an earlier layer (Gemma 4's
+    /// shared-KV layers, which write no cache of their own).
+    pub kv_from: usize,
+}
+
+impl LayerHp {
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
 }
 
 impl Hparams {
@@ -52,8 +79,45 @@ impl Hparams {
             v: ty,
             block_size: quiver_backend::KV_BLOCK_SIZE,
             n_slots,
-            layer_dims: vec![self.n_head_kv * self.head_dim; self.n_layer],
+            layer_dims: self
+                .layers
+                .iter()
+                .enumerate()
+                .filter(|(i, l)| l.kv_from == *i)
+                .map(|(_, l)| l.kv_dim())
+                .collect(),
         }
+    }
+
+    /// The index of the cache layer `i` reads, among the caches of [`Hparams::kv_spec`].
+    pub fn kv_index(&self, i: usize) -> usize {
+        let from = self.layers[i].kv_from;
+        (0..from).filter(|&j| self.layers[j].kv_from == j).count()
+    }
+
+    /// Whether any layer runs a dense FFN (all but pure-MoE models; Gemma 4's MoE layers run
+    /// one beside their experts).
+    pub fn has_dense_ffn(&self) -> bool {
+        self.moe.is_none_or(|m| m.router_given)
+    }
+
+    /// The widest q, KV and FFN rows of any layer.
+    pub fn max_dims(&self) -> (usize, usize, usize) {
+        let m = |f: fn(&LayerHp) -> usize| self.layers.iter().map(f).max().unwrap_or(0);
+        (m(LayerHp::q_dim), m(LayerHp::kv_dim), m(|l| l.n_ff))
+    }
+
+    /// Sets every layer's shape from the scalar fields (after an architecture changed them).
+    pub fn uniform_layers(&mut self) {
+        self.layers = (0..self.n_layer)
+            .map(|i| LayerHp {
+                n_head: self.n_head,
+                n_head_kv: self.n_head_kv,
+                head_dim: self.head_dim,
+                n_ff: self.n_ff,
+                kv_from: i,
+            })
+            .collect();
     }
 }
 
@@ -91,6 +155,25 @@ impl<'a> Reader<'a> {
             });
         }
         Ok(v)
+    }
+
+    /// A per-layer key given either as one number or as an array of one per layer.
+    pub fn per_layer(&self, k: &str, n_layer: usize) -> Result<Option<Vec<usize>>> {
+        let key = self.key(k);
+        let Some(quiver_gguf::Value::Array(a)) = self.f.get(&key) else {
+            return Ok(self.u(k)?.map(|v| vec![v; n_layer]));
+        };
+        let v: Vec<usize> = match a {
+            quiver_gguf::Array::U32(v) => v.iter().map(|&x| x as usize).collect(),
+            quiver_gguf::Array::I32(v) if v.iter().all(|&x| x >= 0) => {
+                v.iter().map(|&x| x as usize).collect()
+            }
+            _ => return Err(self.bad(k, "is an array of something other than counts")),
+        };
+        if v.len() != n_layer {
+            return Err(self.bad(k, format!("has {} entries for {n_layer} layers", v.len())));
+        }
+        Ok(Some(v))
     }
 
     pub fn f32(&self, k: &str) -> Result<Option<f32>> {
@@ -183,20 +266,39 @@ impl<'a> Reader<'a> {
             norm,
             scale: self.f32("expert_weights_scale")?.unwrap_or(0.0),
             act,
+            router_given: false,
         })
     }
 
     /// The shape every llama-family model shares; architecture files adjust the rest.
     pub fn base(&self, mode: RopeMode, act: Activation) -> Result<Hparams> {
         let n_embd = self.req("embedding_length")?;
-        let n_head = self.req("attention.head_count")?;
-        let n_head_kv = self.u("attention.head_count_kv")?.unwrap_or(n_head);
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(ModelError::BadHparam {
-                key: self.key("attention.head_count_kv"),
-                detail: format!("{n_head_kv} does not divide head_count {n_head}"),
-            });
+        let n_layer = self.req("block_count")?;
+        let heads = self
+            .per_layer("attention.head_count", n_layer)?
+            .ok_or_else(|| self.bad("attention.head_count", "missing"))?;
+        let heads_kv = self
+            .per_layer("attention.head_count_kv", n_layer)?
+            .unwrap_or_else(|| heads.clone());
+        for (i, (&h, &hkv)) in heads.iter().zip(&heads_kv).enumerate() {
+            if h == 0 {
+                return Err(self.bad("attention.head_count", format!("is 0 for layer {i}")));
+            }
+            if hkv == 0 || h % hkv != 0 {
+                return Err(self.bad(
+                    "attention.head_count_kv",
+                    format!("{hkv} does not divide head_count {h} (layer {i})"),
+                ));
+            }
         }
+        let n_ffs = self
+            .per_layer("feed_forward_length", n_layer)?
+            .ok_or_else(|| self.bad("feed_forward_length", "missing"))?;
+        if let Some(i) = n_ffs.iter().position(|&v| v == 0) {
+            return Err(self.bad("feed_forward_length", format!("is 0 for layer {i}")));
+        }
+        let n_head = heads.iter().copied().max().unwrap_or(0);
+        let n_head_kv = heads_kv.iter().copied().max().unwrap_or(0);
         let head_dim = match self.u("attention.key_length")? {
             Some(k) => k,
             None => {
@@ -220,7 +322,6 @@ impl<'a> Reader<'a> {
                     .unwrap_or(0),
             },
         };
-        let n_layer = self.req("block_count")?;
         let rope_dims = self.u("rope.dimension_count")?.unwrap_or(head_dim);
         if rope_dims > head_dim || rope_dims % 2 != 0 {
             return Err(ModelError::BadHparam {
@@ -314,7 +415,7 @@ impl<'a> Reader<'a> {
             n_head,
             n_head_kv,
             head_dim,
-            n_ff: self.req("feed_forward_length")?,
+            n_ff: n_ffs.iter().copied().max().unwrap_or(0),
             n_ctx_train: self.u("context_length")?.unwrap_or(4096),
             rms_eps: self
                 .f32("attention.layer_norm_rms_epsilon")?
@@ -338,6 +439,17 @@ impl<'a> Reader<'a> {
                 .u("rope.scaling.original_context_length")?
                 .or(self.u("context_length")?)
                 .unwrap_or(4096),
+            layers: (0..n_layer)
+                .map(|i| LayerHp {
+                    n_head: heads[i],
+                    n_head_kv: heads_kv[i],
+                    head_dim,
+                    n_ff: n_ffs[i],
+                    kv_from: i,
+                })
+                .collect(),
+            v_norm: false,
+            n_embd_per_layer: 0,
         })
     }
 }

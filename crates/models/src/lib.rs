@@ -3,16 +3,18 @@
 //! Adding an architecture is one file plus one line in [`load`].
 
 mod decoder;
+mod extras;
 mod gemma2;
 mod gemma3;
+mod gemma4;
 mod hparams;
 mod llama;
 mod phi3;
 mod qwen;
 mod state;
 
-pub use decoder::{Ffn, Layer, Model};
-pub use hparams::Hparams;
+pub use decoder::{Experts, Ffn, Layer, Model};
+pub use hparams::{Hparams, LayerHp};
 pub use state::State;
 
 use quiver_backend::{Backend, BackendError, WeightBytes};
@@ -47,7 +49,7 @@ pub type Result<T> = std::result::Result<T, ModelError>;
 
 /// The architectures [`load`] knows (GGUF `general.architecture`).
 pub const SUPPORTED: &[&str] = &[
-    "llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
+    "llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
 ];
 
 /// Loads the model of the file's architecture onto a backend.
@@ -68,6 +70,7 @@ pub fn hparams(file: &GgufFile) -> Result<Hparams> {
         "llama" | "mistral3" => llama::hparams(file),
         "gemma2" => gemma2::hparams(file),
         "gemma3" => gemma3::hparams(file),
+        "gemma4" => gemma4::hparams(file),
         "phi3" => phi3::hparams(file),
         "qwen2" | "qwen3" | "qwen3moe" => qwen::hparams(file),
         other => Err(ModelError::UnknownArch(other.into())),

@@ -24,6 +24,10 @@ pub struct State<B: Backend> {
     pub(crate) act: B::Buf,  // [n, n_ff]
     /// The MoE layers' scratch (`MoeParams::scratch_floats`), where the model has them.
     pub(crate) moe: Vec<B::Buf>,
+    /// Two more [n, n_embd] buffers for Gemma 4's MoE blocks (none elsewhere).
+    pub(crate) aux: Vec<B::Buf>,
+    /// Gemma 4's per-layer embedding buffers, where the model has them.
+    pub(crate) ple: Option<crate::extras::PleBufs<B>>,
     /// [max_logits, n_vocab] after a step
     pub logits: B::Buf,
 }
@@ -38,26 +42,38 @@ impl<B: Backend> Model<B> {
     ) -> Result<State<B>> {
         let hp = &self.hp;
         let n = max_tokens;
-        let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        let (qd, kvd, max_ff) = hp.max_dims();
         let spec = hp.kv_spec(n_slots, KvType::F16);
         let moe: Vec<usize> = match &hp.moe {
             Some(p) => p.scratch_floats(n, hp.n_embd).to_vec(),
             None => Vec::new(),
         };
         // Dense layers' FFN buffers (a model of MoE layers only has none).
-        let ff = if hp.moe.is_some() { 0 } else { hp.n_ff };
+        let ff = if hp.has_dense_ffn() { max_ff } else { 0 };
+        let n_aux = if hp.moe.is_some_and(|m| m.router_given) {
+            2
+        } else {
+            0
+        };
+        let ple = hp.n_embd_per_layer;
+        let ple_all = hp.n_layer * ple;
         // Everything below, checked before any of it is allocated.
         let kv = spec.bytes();
         let floats = (n as u64)
-            .saturating_mul((3 * hp.n_embd + 2 * qd + 2 * kvd + 3 * ff) as u64)
+            .saturating_mul(
+                ((3 + n_aux) * hp.n_embd + 2 * qd + 2 * kvd + 3 * ff + 2 * ple_all + 3 * ple)
+                    as u64,
+            )
             .saturating_add((max_logits as u64).saturating_mul(hp.n_vocab as u64))
             .saturating_add(moe.iter().map(|&m| m as u64).sum::<u64>());
-        let mut attention: Vec<(usize, usize)> = vec![(hp.n_head, hp.head_dim)];
+        let mut attention: Vec<(usize, usize)> =
+            hp.layers.iter().map(|l| (l.n_head, l.head_dim)).collect();
+        attention.sort_unstable();
         attention.dedup();
         let ws = quiver_backend::WorkspaceSpec {
             max_tokens: n,
             max_logits,
-            max_product_cols: hp.n_embd.max(ff).max(qd),
+            max_product_cols: hp.n_embd.max(ff).max(qd).max(ple_all),
             n_embd: hp.n_embd,
             n_vocab: hp.n_vocab,
             attention,
@@ -84,7 +100,7 @@ impl<B: Backend> Model<B> {
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(State {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            kv: (0..hp.n_layer)
+            kv: (0..spec.layer_dims.len())
                 .map(|i| b.kv(&spec, i))
                 .collect::<std::result::Result<_, _>>()?,
             n_slots,
@@ -104,6 +120,19 @@ impl<B: Backend> Model<B> {
                 .iter()
                 .map(|&m| b.buf(m))
                 .collect::<std::result::Result<_, _>>()?,
+            aux: (0..n_aux)
+                .map(|_| b.buf(n * hp.n_embd))
+                .collect::<std::result::Result<_, _>>()?,
+            ple: match ple {
+                0 => None,
+                _ => Some(crate::extras::PleBufs {
+                    tok: b.buf(n * ple_all)?,
+                    all: b.buf(n * ple_all)?,
+                    g: b.buf(n * ple)?,
+                    slice: b.buf(n * ple)?,
+                    a: b.buf(n * ple)?,
+                }),
+            },
             logits: b.buf(max_logits * hp.n_vocab)?,
         })
     }

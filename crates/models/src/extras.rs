@@ -1,0 +1,361 @@
+//! The parts of the decoder only some architectures have: FFN blocks of experts (Qwen3-MoE's,
+//! and Gemma 4's beside a dense MLP), Gemma 4's per-layer embeddings (PLE) and its per-layer
+//! output scale, and the check that the backend has the ops these need.
+
+use crate::decoder::{Experts, Ffn};
+use crate::{weight, Hparams, ModelError, Result, State};
+use quiver_backend::{
+    Activation, Backend, BackendError, ExtraOp, MoeParams, MoeScratch, MoeWeights, Step,
+};
+use quiver_gguf::GgufFile;
+use std::sync::Arc;
+
+/// Gemma 4's per-layer embedding inputs: a table of `n_layer · n_embd_per_layer` per token
+/// and a projection of the embedding to the same width, normed per layer's slice.
+pub struct PleInput<B: Backend> {
+    pub tok_embd: B::Weight,
+    pub model_proj: B::Weight,
+    pub proj_norm: B::Weight,
+}
+
+/// One layer's PLE block: gelu(x·gateᵀ) · (the layer's input slice), projected back and
+/// normed, added to the residual.
+pub struct PleLayer<B: Backend> {
+    pub gate: B::Weight,
+    pub proj: B::Weight,
+    pub post_norm: B::Weight,
+}
+
+/// The step buffers of PLE.
+pub struct PleBufs<B: Backend> {
+    /// [n, n_layer · ple]: the token table's rows, then every layer's input.
+    pub tok: B::Buf,
+    pub all: B::Buf,
+    /// [n, ple]: the gate's product, the layer's slice, their product.
+    pub g: B::Buf,
+    pub slice: B::Buf,
+    pub a: B::Buf,
+}
+
+/// The ops beyond the core that `hp` needs, checked against the backend before any weight
+/// loads.
+pub(crate) fn check_ops<B: Backend>(b: &B, hp: &Hparams) -> Result<()> {
+    let mut need = Vec::new();
+    if hp.v_norm {
+        need.push(ExtraOp::RmsNormPlain);
+    }
+    if hp.layers.iter().enumerate().any(|(i, l)| l.kv_from != i) {
+        need.push(ExtraOp::RopeQ);
+    }
+    if hp.n_embd_per_layer > 0 {
+        need.extend([ExtraOp::Scale, ExtraOp::CopyCols]);
+    }
+    if hp.arch == "gemma4" {
+        // `layer_output_scale`
+        need.push(ExtraOp::Scale);
+    }
+    if hp.moe.is_some_and(|m| m.router_given) {
+        need.extend([
+            ExtraOp::RmsNormPlain,
+            ExtraOp::Scale,
+            ExtraOp::MulCols,
+            ExtraOp::MoeExtras,
+        ]);
+    }
+    match need.into_iter().find(|&op| !b.supports(op)) {
+        Some(op) => Err(BackendError::MissingOp {
+            op,
+            backend: b.name(),
+            arch: hp.arch.clone(),
+        }
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// Layer `i`'s FFN: dense, experts (every layer of an MoE model but Gemma 4's), or Gemma 4's
+/// dense MLP beside experts (the layers that have a router).
+pub(crate) fn load_ffn<B: Backend>(
+    b: &B,
+    f: &Arc<GgufFile>,
+    hp: &Hparams,
+    i: usize,
+    ff: u64,
+) -> Result<Ffn<B>> {
+    let d = hp.n_embd as u64;
+    let w = |s: &str, shape: &[u64]| weight(b, f, &format!("blk.{i}.{s}.weight"), shape);
+    let has = |s: &str| f.tensor(&format!("blk.{i}.{s}")).is_some();
+    let experts = |m: &MoeParams| -> Result<Experts<B>> {
+        let (ne, fe) = (m.n_expert as u64, m.n_ff as u64);
+        if has("ffn_gate_up_exps.weight") && !has("ffn_gate_exps.weight") {
+            return Err(ModelError::BadHparam {
+                key: format!("blk.{i}.ffn_gate_up_exps.weight"),
+                detail: "fused gate and up experts are not supported (split them)".into(),
+            });
+        }
+        let down_scale = match has("ffn_down_exps.scale") {
+            true => Some(weight(
+                b,
+                f,
+                &format!("blk.{i}.ffn_down_exps.scale"),
+                &[ne],
+            )?),
+            false => None,
+        };
+        Ok(Experts {
+            router: w("ffn_gate_inp", &[ne, d])?,
+            gate: w("ffn_gate_exps", &[ne, fe, d])?,
+            up: w("ffn_up_exps", &[ne, fe, d])?,
+            down: w("ffn_down_exps", &[ne, d, fe])?,
+            down_scale,
+        })
+    };
+    let dense = || -> Result<[B::Weight; 3]> {
+        if hp.fused_gate_up {
+            // Phi-3: one tensor of 2·n_ff rows, the gate's rows first.
+            let shape = [2 * ff, d];
+            let name = format!("blk.{i}.ffn_up.weight");
+            return Ok([
+                crate::weight_rows(b, f, &name, &shape, 0, ff)?,
+                crate::weight_rows(b, f, &name, &shape, ff, ff)?,
+                w("ffn_down", &[d, ff])?,
+            ]);
+        }
+        Ok([
+            w("ffn_gate", &[ff, d])?,
+            w("ffn_up", &[ff, d])?,
+            w("ffn_down", &[d, ff])?,
+        ])
+    };
+    match &hp.moe {
+        Some(m) if !m.router_given => Ok(Ffn::Moe(experts(m)?)),
+        Some(m) if has("ffn_gate_inp.weight") => {
+            let [gate, up, down] = dense()?;
+            Ok(Ffn::DenseAndExperts {
+                gate,
+                up,
+                down,
+                post_norm_1: w("post_ffw_norm_1", &[d])?,
+                pre_norm_2: w("pre_ffw_norm_2", &[d])?,
+                post_norm_2: w("post_ffw_norm_2", &[d])?,
+                router_scale: weight(b, f, &format!("blk.{i}.ffn_gate_inp.scale"), &[d])?,
+                experts: experts(m)?,
+            })
+        }
+        None if hp.v_norm && has("ffn_gate_inp.weight") => Err(ModelError::BadHparam {
+            key: format!("{}.expert_count", hp.arch),
+            detail: format!("missing, but layer {i} has experts (blk.{i}.ffn_gate_inp.weight)"),
+        }),
+        _ => {
+            let [gate, up, down] = dense()?;
+            Ok(Ffn::Dense { gate, up, down })
+        }
+    }
+}
+
+pub(crate) fn load_ple_input<B: Backend>(
+    b: &B,
+    f: &Arc<GgufFile>,
+    hp: &Hparams,
+) -> Result<Option<PleInput<B>>> {
+    let ple = hp.n_embd_per_layer as u64;
+    if ple == 0 {
+        return Ok(None);
+    }
+    let (d, all) = (hp.n_embd as u64, hp.n_layer as u64 * ple);
+    Ok(Some(PleInput {
+        tok_embd: weight(
+            b,
+            f,
+            "per_layer_token_embd.weight",
+            &[hp.n_vocab as u64, all],
+        )?,
+        model_proj: weight(b, f, "per_layer_model_proj.weight", &[all, d])?,
+        proj_norm: weight(b, f, "per_layer_proj_norm.weight", &[ple])?,
+    }))
+}
+
+pub(crate) fn load_ple_layer<B: Backend>(
+    b: &B,
+    f: &Arc<GgufFile>,
+    hp: &Hparams,
+    i: usize,
+) -> Result<Option<PleLayer<B>>> {
+    let ple = hp.n_embd_per_layer as u64;
+    if ple == 0 {
+        return Ok(None);
+    }
+    let d = hp.n_embd as u64;
+    let w = |s: &str, shape: &[u64]| weight(b, f, &format!("blk.{i}.{s}.weight"), shape);
+    Ok(Some(PleLayer {
+        gate: w("inp_gate", &[ple, d])?,
+        proj: w("proj", &[d, ple])?,
+        post_norm: w("post_norm", &[d])?,
+    }))
+}
+
+/// Layer `i`'s `layer_output_scale` (one f32, f16 or bf16 value), where the file has it.
+pub(crate) fn out_scale(f: &GgufFile, hp: &Hparams, i: usize) -> Result<Option<f32>> {
+    if hp.arch != "gemma4" {
+        return Ok(None);
+    }
+    let name = format!("blk.{i}.layer_output_scale.weight");
+    let Some(t) = f.tensor(&name) else {
+        return Ok(None);
+    };
+    if t.shape != [1] {
+        return Err(ModelError::WrongShape {
+            name,
+            got: t.shape.clone(),
+            expected: vec![1],
+        });
+    }
+    let b = f.tensor_data(t);
+    use quiver_gguf::GgmlType as T;
+    let v = match t.ty {
+        T::F32 if b.len() >= 4 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        T::F16 if b.len() >= 2 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        T::BF16 if b.len() >= 2 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        ty => {
+            return Err(ModelError::BadHparam {
+                key: name,
+                detail: format!("type {ty}: expected f32, f16 or bf16"),
+            })
+        }
+    };
+    Ok(Some(v))
+}
+
+/// Every layer's PLE input for the step, from the scaled embedding in `s.x`: the token
+/// table's rows · √ple plus the projection of the embedding / √n_embd, normed per layer
+/// slice, the sum / √2 (llama.cpp's order of ops).
+pub(crate) fn ple_inputs<B: Backend>(
+    b: &B,
+    s: &mut State<B>,
+    step: &Step<B::StepCtx>,
+    ple: &PleInput<B>,
+    hp: &Hparams,
+) -> Result<()> {
+    let n = step.rows;
+    let (w, l) = (hp.n_embd_per_layer, hp.n_layer);
+    let all = n * l * w;
+    let p = s.ple.as_mut().expect("PLE models' states have PLE buffers");
+    b.embed(step, &ple.tok_embd, (w as f32).sqrt(), &mut p.tok)?;
+    b.matmul(&ple.model_proj, &s.x, n, &mut p.all)?;
+    b.scale(&mut p.all, 1.0 / (hp.n_embd as f32).sqrt(), all)?;
+    b.rms_norm_inplace(&mut p.all, &ple.proj_norm, hp.rms_eps, n * l)?;
+    b.add(&mut p.all, &p.tok, all)?;
+    b.scale(&mut p.all, 1.0 / 2f32.sqrt(), all)?;
+    Ok(())
+}
+
+/// Layer `i`'s PLE block over the residual `s.x`; its output lands in `s.o` (the caller adds
+/// it).
+pub(crate) fn ple_layer<B: Backend>(
+    b: &B,
+    s: &mut State<B>,
+    n: usize,
+    i: usize,
+    pl: &PleLayer<B>,
+    hp: &Hparams,
+) -> Result<()> {
+    let (w, l) = (hp.n_embd_per_layer, hp.n_layer);
+    let p = s.ple.as_mut().expect("PLE models' states have PLE buffers");
+    b.matmul(&pl.gate, &s.x, n, &mut p.g)?;
+    b.copy_cols(&p.all, l * w, i * w, w, n, &mut p.slice)?;
+    b.glu(Activation::GeGlu, &p.g, &p.slice, n * w, &mut p.a)?;
+    b.matmul(&pl.proj, &p.a, n, &mut s.xn)?;
+    b.rms_norm(&s.xn, &pl.post_norm, hp.rms_eps, n, &mut s.o)?;
+    Ok(())
+}
+
+/// The experts over `s.xn` into `s.o` (router logits already in the scratch when
+/// `p.router_given`).
+pub(crate) fn experts<B: Backend>(
+    b: &B,
+    s: &mut State<B>,
+    n: usize,
+    e: &Experts<B>,
+    p: &MoeParams,
+) -> Result<()> {
+    let [logits, routes, xs, g, u, act, ys] = &mut s.moe[..] else {
+        unreachable!("seven MoE scratch buffers")
+    };
+    b.moe(
+        &s.xn,
+        n,
+        MoeWeights {
+            router: &e.router,
+            gate: &e.gate,
+            up: &e.up,
+            down: &e.down,
+            down_scale: e.down_scale.as_ref(),
+        },
+        p,
+        MoeScratch {
+            logits,
+            routes,
+            xs,
+            gate: g,
+            up: u,
+            act,
+            ys,
+        },
+        &mut s.o,
+    )?;
+    Ok(())
+}
+
+/// Gemma 4's MoE block over the residual `s.x` (its ffn_norm in `s.xn`), into `s.o`:
+/// post_norm_1(dense MLP) + post_norm_2(experts(pre_norm_2(x))), the router over
+/// rms(x) / √n_embd · router_scale.
+pub(crate) fn dense_and_experts<B: Backend>(
+    b: &B,
+    s: &mut State<B>,
+    n: usize,
+    ffn: &Ffn<B>,
+    hp: &Hparams,
+) -> Result<()> {
+    let Ffn::DenseAndExperts {
+        gate,
+        up,
+        down,
+        post_norm_1,
+        pre_norm_2,
+        post_norm_2,
+        router_scale,
+        experts: e,
+    } = ffn
+    else {
+        unreachable!("called on Gemma 4's MoE blocks")
+    };
+    let p = hp.moe.as_ref().expect("MoE layers come with MoE hparams");
+    let (d, eps) = (hp.n_embd, hp.rms_eps);
+    b.matmul_glu(
+        hp.act,
+        gate,
+        up,
+        &s.xn,
+        n,
+        [&mut s.gate, &mut s.up],
+        &mut s.act,
+    )?;
+    b.matmul(down, &s.act, n, &mut s.o)?;
+    let [mlp, r] = &mut s.aux[..] else {
+        unreachable!("two auxiliary buffers")
+    };
+    b.rms_norm(&s.o, post_norm_1, eps, n, mlp)?;
+    b.rms_norm(&s.x, pre_norm_2, eps, n, &mut s.xn)?;
+    b.rms_norm_plain(&s.x, d, eps, n, r)?;
+    b.scale(r, 1.0 / (d as f32).sqrt(), n * d)?;
+    b.mul_cols(r, router_scale, n)?;
+    b.matmul(&e.router, r, n, &mut s.moe[0])?;
+    experts(b, s, n, e, p)?;
+    let [mlp, r] = &mut s.aux[..] else {
+        unreachable!("two auxiliary buffers")
+    };
+    b.rms_norm(&s.o, post_norm_2, eps, n, r)?;
+    b.add(r, mlp, n * d)?;
+    std::mem::swap(&mut s.o, r);
+    Ok(())
+}
