@@ -6,7 +6,7 @@
 #
 #   tools/parity/make_arch_fixtures.sh [PRESET...]    (default: every tiny-* preset)
 #
-# Needs a release build of quiver (target/release/quiver), a C++ compiler and cmake; builds
+# Needs a release build of quiver (target/release/quiver, or $QUIVER_BIN), a C++ compiler and cmake; builds
 # llama.cpp's CPU library from tools/llama-src.sh's tree into $LLAMA_BUILD (default
 # /tmp/llama-build) the first time.
 set -euo pipefail
@@ -22,13 +22,13 @@ fi
 harness="$build/llama_logits"
 g++ -O2 -std=c++17 "$root/tools/parity/llama_logits.cpp" -I"$src/include" -I"$src/ggml/include" \
     -L"$build/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$build/bin" -o "$harness"
-quiver="$root/target/release/quiver"
+quiver="${QUIVER_BIN:-$root/target/release/quiver}"
 out="$root/crates/engine/tests/fixtures/archs"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 presets=("$@")
 if [ ${#presets[@]} -eq 0 ]; then
-    presets=(tiny-llama tiny-mistral3 tiny-qwen2 tiny-qwen3 tiny-qwen3moe tiny-gemma2 tiny-gemma3 tiny-phi3)
+    presets=(tiny-llama tiny-mistral3 tiny-qwen2 tiny-qwen3 tiny-qwen3moe tiny-gemma2 tiny-gemma3 tiny-gemma4 tiny-gemma4moe tiny-phi3)
 fi
 N_PROMPT=24
 N_TOTAL=40

@@ -3,6 +3,7 @@
 //! values, so these files let benchmarks and GPU-vs-CPU parity run on real shapes where the
 //! real models cannot be carried.
 
+mod gemma4;
 mod mix;
 
 pub use mix::{Chooser, FileType, Role};
@@ -55,6 +56,20 @@ pub struct Preset {
     pub random_vectors: bool,
     /// YaRN rope scaling (`rope.scaling.type = yarn`): factor (0: none) and original context.
     pub yarn: (f32, u64),
+    /// gemma4: the sliding-window layers' head dim (`head_dim` is the global layers').
+    pub head_dim_swa: u64,
+    /// gemma4: the global layers' KV heads (`n_head_kv` is the sliding layers'); 0: the same.
+    pub n_head_kv_global: u64,
+    /// gemma4: every `swa_period`-th layer is global, the others sliding-window.
+    pub swa_period: u64,
+    /// gemma4: the last layers that read an earlier layer's KV cache.
+    pub n_kv_shared: u64,
+    /// gemma4: per-layer embedding width (0: none).
+    pub n_embd_per_layer: u64,
+    /// gemma4: the shared-KV layers' FFN is twice as wide.
+    pub double_wide_shared: bool,
+    /// gemma4: global layers have no `attn_v` (v is k's product).
+    pub k_eq_v: bool,
 }
 
 const BASE: Preset = Preset {
@@ -78,6 +93,13 @@ const BASE: Preset = Preset {
     stdev: 0.02,
     random_vectors: false,
     yarn: (0.0, 0),
+    head_dim_swa: 0,
+    n_head_kv_global: 0,
+    swa_period: 0,
+    n_kv_shared: 0,
+    n_embd_per_layer: 0,
+    double_wide_shared: false,
+    k_eq_v: false,
 };
 
 /// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
@@ -102,6 +124,13 @@ const TINY: Preset = Preset {
     stdev: 0.1,
     random_vectors: true,
     yarn: (0.0, 0),
+    head_dim_swa: 0,
+    n_head_kv_global: 0,
+    swa_period: 0,
+    n_kv_shared: 0,
+    n_embd_per_layer: 0,
+    double_wide_shared: false,
+    k_eq_v: false,
 };
 
 pub const PRESETS: &[Preset] = &[
@@ -294,6 +323,98 @@ pub const PRESETS: &[Preset] = &[
         sliding_window: 8,
         ..TINY
     },
+    // Gemma 4 E2B, from the Hugging Face config of google/gemma-4-E2B as remembered (not
+    // checked against a file): llama.cpp's sources confirm 35 layers (its E2B type), 8 query
+    // heads of 256 on sliding layers (test-backend-ops' "gemma4 E2B sliding" rope case), the
+    // 512-wide global heads and the 0.25 partial rope (the converter's defaults).
+    Preset {
+        name: "gemma4-e2b",
+        arch: "gemma4",
+        n_vocab: 262144,
+        n_embd: 1536,
+        n_layer: 35,
+        n_head: 8,
+        n_head_kv: 1,
+        n_ff: 6144,
+        n_ctx: 131072,
+        rope_base: 1_000_000.0,
+        head_dim: 512,
+        head_dim_swa: 256,
+        swa_period: 5,
+        sliding_window: 512,
+        n_kv_shared: 20,
+        n_embd_per_layer: 256,
+        double_wide_shared: true,
+        tied: true,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Gemma 4 26B-A4B, likewise from memory of its config: llama.cpp confirms 30 layers (its
+    // 26B_A4B type) and 16 query heads over 2 KV heads on global layers (test-backend-ops);
+    // 8 KV heads on sliding layers, 128 experts of 704 (8 per token) beside a 2112-wide MLP,
+    // window 1024, a global layer every sixth, k = v on global layers are as remembered.
+    Preset {
+        name: "gemma4-26b-a4b",
+        arch: "gemma4",
+        n_vocab: 262144,
+        n_embd: 2816,
+        n_layer: 30,
+        n_head: 16,
+        n_head_kv: 8,
+        n_head_kv_global: 2,
+        n_ff: 2112,
+        n_ctx: 262144,
+        rope_base: 1_000_000.0,
+        head_dim: 512,
+        head_dim_swa: 256,
+        swa_period: 6,
+        sliding_window: 1024,
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 704,
+        k_eq_v: true,
+        tied: true,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Both kinds of layer with different head dims (64 sliding, 128 global) and KV heads,
+    // three shared-KV layers (two sliding, one global) of double-wide FFN, PLE.
+    Preset {
+        name: "tiny-gemma4",
+        arch: "gemma4",
+        n_layer: 6,
+        n_head_kv: 2,
+        n_head_kv_global: 1,
+        head_dim: 128,
+        head_dim_swa: 64,
+        swa_period: 3,
+        sliding_window: 8,
+        n_kv_shared: 3,
+        n_embd_per_layer: 64,
+        double_wide_shared: true,
+        rope_base: 1_000_000.0,
+        tied: true,
+        ..TINY
+    },
+    // Experts beside a dense MLP in every layer, global layers without attn_v.
+    Preset {
+        name: "tiny-gemma4moe",
+        arch: "gemma4",
+        n_head_kv: 2,
+        n_head_kv_global: 1,
+        head_dim: 128,
+        head_dim_swa: 64,
+        swa_period: 2,
+        sliding_window: 8,
+        n_ff: 256,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 128,
+        k_eq_v: true,
+        rope_base: 1_000_000.0,
+        tied: true,
+        ..TINY
+    },
     Preset {
         name: "tiny-phi3",
         arch: "phi3",
@@ -334,6 +455,9 @@ pub fn plan(p: &Preset) -> Vec<Planned> {
         role,
         shape: shape.to_vec(),
     };
+    if p.arch == "gemma4" {
+        return gemma4::plan(p);
+    }
     let (d, hd, arch) = (p.n_embd, p.head_dim, p.arch);
     let (qd, kvd) = (p.n_head * hd, p.n_head_kv * hd);
     let gemma = arch == "gemma2" || arch == "gemma3";
@@ -405,7 +529,29 @@ pub fn plan(p: &Preset) -> Vec<Planned> {
     v
 }
 
+pub(crate) fn metadata_common(w: &mut GgufWriter, p: &Preset, ft: FileType) {
+    let k = |s: &str| format!("{}.{s}", p.arch);
+    w.set("general.architecture", Value::String(p.arch.into()));
+    w.set(
+        "general.name",
+        Value::String(format!("quiver-synth {} {}", p.name, ft.name())),
+    );
+    w.set("general.file_type", Value::U32(ft.id()));
+    w.set("general.quantization_version", Value::U32(2));
+    w.set(k("context_length"), Value::U32(p.n_ctx as u32));
+    w.set(k("embedding_length"), Value::U32(p.n_embd as u32));
+    w.set(k("block_count"), Value::U32(p.n_layer as u32));
+    w.set(k("attention.head_count"), Value::U32(p.n_head as u32));
+    w.set(k("rope.freq_base"), Value::F32(p.rope_base));
+    w.set(k("attention.layer_norm_rms_epsilon"), Value::F32(p.rms_eps));
+    w.set(k("vocab_size"), Value::U32(p.n_vocab as u32));
+    w.set("tokenizer.ggml.model", Value::String("none".into()));
+}
+
 fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
+    if p.arch == "gemma4" {
+        return gemma4::metadata(w, p, ft);
+    }
     let a = p.arch;
     let k = |s: &str| format!("{a}.{s}");
     w.set("general.architecture", Value::String(a.into()));
@@ -550,7 +696,10 @@ pub fn write(
         let cols = info.cols() as usize;
         let rows = info.rows() as usize;
         let scale = p.stdev / 0.02;
-        if planned[i].role == Role::Vector {
+        if let Some(v) = gemma4::fixed_values(p, &planned[i].name) {
+            v.iter()
+                .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
+        } else if planned[i].role == Role::Vector {
             let bias = planned[i].name.ends_with(".bias");
             let name = &planned[i].name;
             if name.starts_with("rope_factors_") {
