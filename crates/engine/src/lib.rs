@@ -5,6 +5,7 @@
 
 mod batch;
 mod batched;
+pub mod constraint;
 mod kv;
 pub mod output;
 pub mod runner;

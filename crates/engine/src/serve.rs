@@ -22,6 +22,9 @@ pub struct Request {
     pub prompt_logprobs: Option<usize>,
     /// Generate past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// The grammar the output must follow (constrained decoding), compiled by the caller
+    /// ([`crate::constraint::Grammars`]).
+    pub constraint: Option<crate::constraint::Constraint>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

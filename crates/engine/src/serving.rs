@@ -205,6 +205,7 @@ struct Live<'t> {
     prompt_logprobs: Option<usize>,
     prompt_lps: Vec<Option<TokenLogprob>>,
     counts: Counts,
+    constraint: Option<crate::constraint::Constraint>,
 }
 
 impl Live<'_> {
@@ -284,6 +285,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                         prompt_logprobs: p.req.prompt_logprobs,
                         prompt_lps: Vec::new(),
                         counts,
+                        constraint: p.req.constraint,
                     },
                 );
             }
@@ -388,7 +390,11 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
             if let Some(l) = live.get(&s.id) {
                 let prompt = s.logits_from == Some(0) && l.prompt_logprobs.is_some();
-                let f = Fetch::of(l.sampler.needs(), l.logprobs.is_some() || prompt, false);
+                let f = Fetch::of(
+                    l.sampler.needs(),
+                    l.logprobs.is_some() || prompt,
+                    l.constraint.is_some(),
+                );
                 how = how.merge(if s.sample || prompt { f } else { Fetch::Argmax });
             }
         }
@@ -429,7 +435,29 @@ impl<'a, B: Backend> Engine<'a, B> {
                     continue;
                 }
             }
-            let p = picker.pick(r, &mut l.sampler, history, l.logprobs, None);
+            let p = match l.constraint.as_mut() {
+                None => picker.pick(r, &mut l.sampler, history, l.logprobs, None),
+                Some(c) => {
+                    let mut failed = None;
+                    let mut mask = |row: &mut [f32]| {
+                        if let Err(e) = c.mask(row) {
+                            failed = Some(e);
+                        }
+                    };
+                    let p = picker.pick(r, &mut l.sampler, history, l.logprobs, Some(&mut mask));
+                    let committed = match failed {
+                        Some(e) => Err(e),
+                        None => c.commit(p.token),
+                    };
+                    if committed.is_err() {
+                        // The matcher failed (an internal error, not the model's doing): the
+                        // request ends rather than produce text the grammar does not allow.
+                        dead.push(id);
+                        continue;
+                    }
+                    p
+                }
+            };
             sampled.push((id, p.token));
             lps.push(p.logprob);
         }
@@ -448,7 +476,11 @@ impl<'a, B: Backend> Engine<'a, B> {
             l.counts.completion_tokens += 1;
             let emit = l.out.push(o.token);
             let mut text = emit.text;
+            let grammar_done = l.constraint.as_ref().is_some_and(|c| c.done());
             let reason = if emit.stop {
+                Some(FinishReason::Stop)
+            } else if grammar_done && o.finish.is_none() {
+                text.push_str(&l.out.finish());
                 Some(FinishReason::Stop)
             } else if let Some(r) = o.finish {
                 text.push_str(&l.out.finish());

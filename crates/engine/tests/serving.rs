@@ -71,6 +71,7 @@ fn request(prompt: &[u32], max_tokens: usize, temperature: f32, seed: u64) -> Re
         logprobs: None,
         prompt_logprobs: None,
         ignore_eos: true,
+        constraint: None,
     }
 }
 

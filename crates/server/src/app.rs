@@ -42,6 +42,8 @@ pub(crate) struct AppState {
     pub(crate) cpu: CpuPool,
     /// The longest token in bytes ([`crate::cpu::max_token_bytes`]).
     pub(crate) max_token_bytes: usize,
+    /// The vocabulary indexed for constrained decoding (None: a model without a vocabulary).
+    pub(crate) grammars: Option<Arc<quiver_engine::constraint::Grammars>>,
     /// Time a request's body has to arrive once its headers have.
     pub(crate) read_timeout: Duration,
     pub(crate) conns: Arc<Conns>,

@@ -249,6 +249,29 @@ pub(crate) async fn generate(
         (Some(_), Some(_)) => prompt.clone(),
         _ => Vec::new(),
     };
+    let constraint = match &p.constraint {
+        None => None,
+        Some((spec, field)) => {
+            let Some(g) = &st.grammars else {
+                return Err(ApiError::invalid(
+                    field,
+                    "this model has no vocabulary to constrain",
+                ));
+            };
+            // Compiling a schema can take a while: on the CPU pool (heavy lane), not the
+            // runtime.
+            let (g, spec, field) = (g.clone(), spec.clone(), *field);
+            let compiled = st
+                .cpu
+                .run(usize::MAX, move || {
+                    g.constraint(&spec).map_err(|e| {
+                        ApiError::invalid(field, format!("invalid schema or grammar: {e}"))
+                    })
+                })
+                .await?;
+            Some(compiled)
+        }
+    };
     let req = Request {
         prompt,
         sampling: p.sampling.clone(),
@@ -258,6 +281,7 @@ pub(crate) async fn generate(
         // Echo with logprobs: the prompt's too (OpenAI's legacy completions).
         prompt_logprobs: echo.as_ref().and(p.logprobs),
         ignore_eos: p.ignore_eos,
+        constraint,
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let t0 = Instant::now();

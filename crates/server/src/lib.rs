@@ -7,6 +7,7 @@
 mod app;
 mod auth;
 mod conn;
+mod constrain;
 mod cpu;
 pub mod error;
 mod generate;
@@ -177,6 +178,7 @@ pub async fn serve_until(
                 .unwrap_or(2),
         ),
         max_token_bytes: cpu::max_token_bytes(handle.tokenizer()),
+        grammars: quiver_engine::constraint::Grammars::new(handle.tokenizer()).map(Arc::new),
         read_timeout: cfg.read_timeout,
         conns: conns.clone(),
         nonce: std::time::SystemTime::now()

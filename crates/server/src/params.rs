@@ -28,6 +28,8 @@ pub struct GenParams {
     /// None: no logprobs; Some(n): the chosen token's and the n best.
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
+    /// What the output must follow, and the field that asked for it.
+    pub constraint: Option<(quiver_engine::constraint::ConstraintSpec, &'static str)>,
 }
 
 /// The prompt of `/v1/completions`.
@@ -341,6 +343,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         }
     };
     let ignore_eos = get_bool(m, "ignore_eos")?.unwrap_or(false);
+    let constraint = crate::constrain::parse(m)?;
     Ok(GenParams {
         model,
         stream,
@@ -350,6 +353,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         stop,
         logprobs,
         ignore_eos,
+        constraint,
     })
 }
 

@@ -1,0 +1,163 @@
+//! Constrained decoding with llguidance: a request's output held to a JSON schema, any JSON
+//! object, a Lark grammar or a regular expression. [`Grammars`] indexes the model's vocabulary
+//! once (the bytes of every token; special tokens marked so that no grammar can spell them);
+//! [`Constraint`] is one request's matcher: before each token it masks the logits of every
+//! token the grammar cannot take next, after it consumes the token drawn. When the grammar is
+//! complete only the end-of-generation tokens remain allowed, and the request ends there.
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+use quiver_tokenizer::Tokenizer;
+use std::sync::Arc;
+
+/// What a request's output must follow.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConstraintSpec {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A JSON schema (`response_format: {"type": "json_schema", ...}`, `guided_json`).
+    JsonSchema(serde_json::Value),
+    /// A grammar in llguidance's Lark dialect (`grammar`, `guided_grammar`).
+    Lark(String),
+    /// A regular expression over the whole output (`guided_regex`).
+    Regex(String),
+}
+
+/// The model's vocabulary indexed for llguidance, made once per model.
+pub struct Grammars {
+    factory: Arc<ParserFactory>,
+    eog: Vec<u32>,
+    primary_eos: u32,
+}
+
+impl Grammars {
+    /// Indexes `tok`'s vocabulary; None for a model without one.
+    pub fn new(tok: &Tokenizer) -> Option<Grammars> {
+        let n = tok.n_vocab();
+        if n == 0 {
+            return None;
+        }
+        let eog: Vec<u32> = tok.eog_ids().collect();
+        let primary_eos = tok.eos().or_else(|| eog.first().copied())?;
+        let specials: std::collections::HashSet<u32> =
+            tok.special_tokens().iter().map(|(id, _)| *id).collect();
+        let words: Vec<Vec<u8>> = (0..n as u32)
+            .map(|id| {
+                let bytes = tok.token_piece_bytes(id);
+                if specials.contains(&id) || tok.is_control(id) || bytes.is_empty() {
+                    // Marked: a grammar's text never matches it.
+                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend_from_slice(format!("<[{id}]>").as_bytes());
+                    w
+                } else {
+                    bytes.into_owned()
+                }
+            })
+            .collect();
+        let info = TokRxInfo {
+            vocab_size: n as u32,
+            tok_eos: primary_eos,
+            tok_bos: tok.bos(),
+            tok_pad: None,
+            tok_unk: None,
+            tok_end_of_turn: None,
+        };
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env).ok()?;
+        factory.quiet();
+        Some(Grammars {
+            factory: Arc::new(factory),
+            eog,
+            primary_eos,
+        })
+    }
+
+    /// A fresh matcher for `spec`; Err (the grammar compiler's message) for an invalid
+    /// schema or grammar.
+    pub fn constraint(&self, spec: &ConstraintSpec) -> Result<Constraint, String> {
+        let grammar = match spec {
+            ConstraintSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
+            }
+            ConstraintSpec::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
+            ConstraintSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            ConstraintSpec::Regex(r) => TopLevelGrammar::from_regex(r),
+        };
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| e.to_string())?;
+        let m = Matcher::new(Ok(parser));
+        if let Some(e) = m.get_error() {
+            return Err(e);
+        }
+        Ok(Constraint {
+            m,
+            eog: self.eog.clone(),
+            primary_eos: self.primary_eos,
+        })
+    }
+}
+
+/// JSON without free whitespace between tokens (as OpenAI's structured outputs write it), unless
+/// the schema sets llguidance's own options (`x-guidance`): a small model left free to add
+/// whitespace may add nothing else.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+    }
+    schema
+}
+
+/// One request's grammar state.
+#[derive(Clone)]
+pub struct Constraint {
+    m: Matcher,
+    eog: Vec<u32>,
+    primary_eos: u32,
+}
+
+impl Constraint {
+    /// Sets every logit the grammar does not allow next to −∞ (where the grammar may end, the
+    /// model's end-of-generation tokens stay allowed). Err: the matcher failed.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let vob: SimpleVob = self.m.compute_mask().map_err(|e| e.to_string())?;
+        let eos_ok = vob.is_allowed(self.primary_eos);
+        for (i, l) in logits.iter_mut().enumerate() {
+            let id = i as u32;
+            let ok = if self.eog.contains(&id) {
+                eos_ok
+            } else {
+                vob.is_allowed(id)
+            };
+            if !ok {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the token drawn. An end-of-generation token ends the grammar.
+    pub fn commit(&mut self, token: u32) -> Result<(), String> {
+        let t = if self.eog.contains(&token) {
+            self.primary_eos
+        } else {
+            token
+        };
+        self.m.consume_token(t).map_err(|e| e.to_string())
+    }
+
+    /// The grammar has ended (its end-of-generation token was taken): the request ends.
+    pub fn done(&self) -> bool {
+        self.m.is_stopped()
+    }
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Constraint")
+    }
+}
