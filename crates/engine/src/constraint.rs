@@ -126,16 +126,32 @@ impl Constraint {
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         let vob: SimpleVob = self.m.compute_mask().map_err(|e| e.to_string())?;
         let eos_ok = vob.is_allowed(self.primary_eos);
-        for (i, l) in logits.iter_mut().enumerate() {
-            let id = i as u32;
-            let ok = if self.eog.contains(&id) {
-                eos_ok
-            } else {
-                vob.is_allowed(id)
-            };
-            if !ok {
+        // The end-of-generation tokens follow the primary EOS (the trie marks them special).
+        let mut keep = [(0u32, 0f32); 8];
+        let n_keep = if eos_ok {
+            let mut n = 0;
+            for &id in self.eog.iter().take(keep.len()) {
+                if let Some(&l) = logits.get(id as usize) {
+                    keep[n] = (id, l);
+                    n += 1;
+                }
+            }
+            n
+        } else {
+            0
+        };
+        vob.iter_unset_entries(|i| {
+            if let Some(l) = logits.get_mut(i) {
                 *l = f32::NEG_INFINITY;
             }
+        });
+        // Tokens past the trie's vocabulary (padding rows of the output matrix) are never
+        // allowed.
+        if logits.len() > vob.len() {
+            logits[vob.len()..].fill(f32::NEG_INFINITY);
+        }
+        for &(id, l) in &keep[..n_keep] {
+            logits[id as usize] = l;
         }
         Ok(())
     }
