@@ -6,7 +6,8 @@
 //! complete only the end-of-generation tokens remain allowed, and the request ends there.
 
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
+pub use llguidance::toktrie::SimpleVob;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use quiver_tokenizer::Tokenizer;
 use std::sync::Arc;
@@ -124,36 +125,43 @@ impl Constraint {
     /// Sets every logit the grammar does not allow next to −∞ (where the grammar may end, the
     /// model's end-of-generation tokens stay allowed). Err: the matcher failed.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        let vob: SimpleVob = self.m.compute_mask().map_err(|e| e.to_string())?;
+        let vob = self.next_mask()?;
+        self.apply(&vob, logits);
+        Ok(())
+    }
+
+    /// The tokens the grammar allows next (depends only on the tokens taken so far: the
+    /// serving loop computes it while the step's forward pass runs).
+    pub fn next_mask(&mut self) -> Result<SimpleVob, String> {
+        self.m.compute_mask().map_err(|e| e.to_string())
+    }
+
+    /// Masks `logits` by `vob` ([`Constraint::next_mask`]'s).
+    pub fn apply(&self, vob: &SimpleVob, logits: &mut [f32]) {
         let eos_ok = vob.is_allowed(self.primary_eos);
         // The end-of-generation tokens follow the primary EOS (the trie marks them special).
         let mut keep = [(0u32, 0f32); 8];
-        let n_keep = if eos_ok {
-            let mut n = 0;
+        let mut n_keep = 0;
+        if eos_ok {
             for &id in self.eog.iter().take(keep.len()) {
                 if let Some(&l) = logits.get(id as usize) {
-                    keep[n] = (id, l);
-                    n += 1;
+                    keep[n_keep] = (id, l);
+                    n_keep += 1;
                 }
             }
-            n
-        } else {
-            0
-        };
+        }
         vob.iter_unset_entries(|i| {
             if let Some(l) = logits.get_mut(i) {
                 *l = f32::NEG_INFINITY;
             }
         });
-        // Tokens past the trie's vocabulary (padding rows of the output matrix) are never
-        // allowed.
+        // Rows past the trie's vocabulary (padding of the output matrix) are never allowed.
         if logits.len() > vob.len() {
             logits[vob.len()..].fill(f32::NEG_INFINITY);
         }
         for &(id, l) in &keep[..n_keep] {
             logits[id as usize] = l;
         }
-        Ok(())
     }
 
     /// Takes the token drawn. An end-of-generation token ends the grammar.

@@ -376,7 +376,40 @@ impl<'a, B: Backend> Engine<'a, B> {
                 dead.push(s.id);
             }
         }
-        runner.execute(out)?;
+        // The constrained requests' masks are computed while the forward pass runs (they
+        // depend only on the tokens taken so far).
+        let mut masks: HashMap<u64, Result<crate::constraint::SimpleVob, String>> = HashMap::new();
+        {
+            let sampling: Vec<u64> = out
+                .scheduled
+                .iter()
+                .filter(|s| s.sample)
+                .map(|s| s.id)
+                .collect();
+            let jobs: Vec<(u64, &mut crate::constraint::Constraint)> = live
+                .iter_mut()
+                .filter(|(id, _)| sampling.contains(id))
+                .filter_map(|(id, l)| l.constraint.as_mut().map(|c| (*id, c)))
+                .collect();
+            if jobs.is_empty() {
+                runner.execute(out)?;
+            } else {
+                let computed = std::thread::scope(|sc| {
+                    let h = sc.spawn(move || {
+                        jobs.into_iter()
+                            .map(|(id, c)| (id, c.next_mask()))
+                            .collect::<Vec<_>>()
+                    });
+                    let r = runner.execute(out);
+                    (r, h.join())
+                });
+                computed.0?;
+                match computed.1 {
+                    Ok(v) => masks.extend(v),
+                    Err(_) => return Err(EngineError::Thread("constraint masks".into())),
+                }
+            }
+        }
         // What the step's rows need from the logits, merged: plain greedy rows need the
         // device's argmax, top-k-only rows its k best (a GPU sends back k pairs per row);
         // prompt rows and logprobs need every logit.
@@ -438,17 +471,14 @@ impl<'a, B: Backend> Engine<'a, B> {
             let p = match l.constraint.as_mut() {
                 None => picker.pick(r, &mut l.sampler, history, l.logprobs, None),
                 Some(c) => {
-                    let mut failed = None;
-                    let mut mask = |row: &mut [f32]| {
-                        if let Err(e) = c.mask(row) {
-                            failed = Some(e);
-                        }
+                    let vob = masks.remove(&id).unwrap_or_else(|| c.next_mask());
+                    let Ok(vob) = vob else {
+                        dead.push(id);
+                        continue;
                     };
+                    let mut mask = |row: &mut [f32]| c.apply(&vob, row);
                     let p = picker.pick(r, &mut l.sampler, history, l.logprobs, Some(&mut mask));
-                    let committed = match failed {
-                        Some(e) => Err(e),
-                        None => c.commit(p.token),
-                    };
+                    let committed = c.commit(p.token);
                     if committed.is_err() {
                         // The matcher failed (an internal error, not the model's doing): the
                         // request ends rather than produce text the grammar does not allow.
