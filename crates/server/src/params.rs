@@ -393,6 +393,27 @@ fn message_content(v: Option<&Value>, i: usize) -> Result<String, ApiError> {
     }
 }
 
+/// OpenAI sends a tool call's `arguments` as a JSON string; chat templates read them as an
+/// object (`tool_call.arguments | tojson`, `.items()`), as llama.cpp hands them over. A string
+/// that holds a JSON object becomes that object; anything else stays as it is.
+fn arguments_as_objects(mut calls: Value) -> Value {
+    if let Value::Array(a) = &mut calls {
+        for call in a {
+            let args = call
+                .get_mut("function")
+                .and_then(|f| f.get_mut("arguments"));
+            if let Some(args) = args {
+                if let Value::String(s) = args {
+                    if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(s) {
+                        *args = v;
+                    }
+                }
+            }
+        }
+    }
+    calls
+}
+
 pub fn parse_chat(m: &Map<String, Value>, n_vocab: usize) -> Result<ChatRequest, ApiError> {
     let msgs = match present(m, "messages") {
         None => return Err(ApiError::invalid("messages", "`messages` is required")),
@@ -427,7 +448,11 @@ pub fn parse_chat(m: &Map<String, Value>, n_vocab: usize) -> Result<ChatRequest,
             }
         };
         let content = message_content(o.get("content"), i)?;
-        let tool_calls = o.get("tool_calls").filter(|v| !v.is_null()).cloned();
+        let tool_calls = o
+            .get("tool_calls")
+            .filter(|v| !v.is_null())
+            .cloned()
+            .map(arguments_as_objects);
         let name = o.get("name").and_then(Value::as_str).map(str::to_string);
         let tool_call_id = o
             .get("tool_call_id")
@@ -571,6 +596,11 @@ mod tests {
         assert_eq!(r.messages.len(), 4);
         assert_eq!(r.messages[1].content, "hi there");
         assert!(r.messages[2].tool_calls.is_some());
+        // The call's arguments, a JSON string on the wire, reach the template as an object.
+        assert_eq!(
+            r.messages[2].tool_calls.as_ref().unwrap()[0]["function"]["arguments"],
+            json!({})
+        );
         assert_eq!(r.messages[3].tool_call_id.as_deref(), Some("1"));
         let p = r.params;
         assert_eq!(p.max_tokens, Some(7));
