@@ -65,8 +65,21 @@ pub(crate) async fn chat_completions(
             .cpu
             .run(b.len(), move || {
                 let m = params::parse_body(&b)?;
-                let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
+                let mut req = params::parse_chat(&m, s.handle.info().n_vocab)?;
                 check_model(&s, &req.params)?;
+                let format = crate::tools::Format::of_template(s.template.source());
+                if let Some(t) = crate::tools::Tools::parse(&m, format)? {
+                    if let Some(spec) = t.constraint() {
+                        if let Some((_, field)) = &req.params.constraint {
+                            return Err(ApiError::invalid(
+                                "tool_choice",
+                                format!("`tool_choice` forces a tool call; `{field}` constrains the output too: give one"),
+                            ));
+                        }
+                        req.params.constraint = Some((spec, "tool_choice"));
+                    }
+                    req.params.tools = Some(t);
+                }
                 let ids = render_chat(&s, &req, true)?;
                 Ok((req.params, ids))
             })
@@ -315,6 +328,10 @@ pub(crate) async fn generate(
         logprobs: p.logprobs.is_some(),
         text_offset: 0,
         echo_ids,
+        tools: p
+            .tools
+            .clone()
+            .filter(|t| t.choice != crate::tools::Choice::None),
     };
     if p.stream {
         Ok(stream_response(gen, out, p.include_usage, echo))

@@ -17,6 +17,7 @@ pub mod params;
 mod reqlog;
 mod routes;
 mod stream;
+mod tools;
 
 use app::{router, AppState};
 use metrics::Metrics;

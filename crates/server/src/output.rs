@@ -18,6 +18,8 @@ pub(crate) struct Out {
     pub(crate) text_offset: usize,
     /// The prompt's ids when it is echoed with logprobs (empty otherwise).
     pub(crate) echo_ids: Vec<u32>,
+    /// Chat with tools the model may call: calls in the text become `tool_calls`.
+    pub(crate) tools: Option<crate::tools::Tools>,
 }
 
 pub(crate) fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
@@ -165,9 +167,21 @@ pub(crate) async fn whole_response(
                         } else {
                             Value::Null
                         };
+                        let calls = out.tools.as_ref().and_then(|t| t.extract(&text));
+                        let (message, fr) = match calls {
+                            Some((content, calls)) => (
+                                json!({
+                                    "role": "assistant",
+                                    "content": if content.is_empty() { Value::Null } else { json!(content) },
+                                    "tool_calls": crate::tools::tool_calls_json(&calls, &out.id),
+                                }),
+                                if fr == "stop" { "tool_calls" } else { fr },
+                            ),
+                            None => (json!({"role": "assistant", "content": text}), fr),
+                        };
                         json!({
                             "id": out.id, "object": "chat.completion", "created": out.created, "model": out.model(),
-                            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": fr}],
+                            "choices": [{"index": 0, "message": message, "logprobs": lp, "finish_reason": fr}],
                             "usage": u,
                         })
                     }

@@ -30,6 +30,8 @@ pub struct GenParams {
     pub ignore_eos: bool,
     /// What the output must follow, and the field that asked for it.
     pub constraint: Option<(quiver_engine::constraint::ConstraintSpec, &'static str)>,
+    /// Chat with tools: their format and `tool_choice` (set by the chat handler).
+    pub tools: Option<crate::tools::Tools>,
 }
 
 /// The prompt of `/v1/completions`.
@@ -354,6 +356,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         logprobs,
         ignore_eos,
         constraint,
+        tools: None,
     })
 }
 

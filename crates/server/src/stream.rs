@@ -18,6 +18,10 @@ struct StreamState {
     done: bool,
     /// An echoed prompt held back until its logprobs arrive.
     echo: Option<String>,
+    /// With tools: text held back because it may be (the start of) a tool call.
+    held: String,
+    /// A tool call has begun: everything from there is held to the end.
+    in_call: bool,
 }
 
 impl StreamState {
@@ -35,6 +39,17 @@ impl StreamState {
                 }
             }
             Some(Event::Token { id, text, logprob }) => {
+                let text = match &out.tools {
+                    Some(t) => {
+                        self.held.push_str(&text);
+                        let (emit, keep) =
+                            split_for_calls(&self.held, t.format.marker(), &mut self.in_call);
+                        let emit = emit.to_string();
+                        self.held = keep.to_string();
+                        emit
+                    }
+                    None => text,
+                };
                 if text.is_empty() && !(out.logprobs && logprob.is_some()) {
                     return;
                 }
@@ -63,7 +78,32 @@ impl StreamState {
                 completion_tokens,
                 cached_tokens,
             }) => {
-                let fr = reason.as_str();
+                let mut fr = reason.as_str();
+                if let Some(t) = &out.tools {
+                    let held = std::mem::take(&mut self.held);
+                    match t.extract(&held) {
+                        Some((content, calls)) => {
+                            if !content.is_empty() {
+                                let c = json!([{"index": 0, "delta": {"content": content}, "logprobs": null, "finish_reason": null}]);
+                                self.pending.push_back(out.chunk(c, None));
+                            }
+                            let mut tc = crate::tools::tool_calls_json(&calls, &out.id);
+                            for (i, c) in tc.as_array_mut().into_iter().flatten().enumerate() {
+                                c["index"] = json!(i);
+                            }
+                            let c = json!([{"index": 0, "delta": {"tool_calls": tc}, "logprobs": null, "finish_reason": null}]);
+                            self.pending.push_back(out.chunk(c, None));
+                            if fr == "stop" {
+                                fr = "tool_calls";
+                            }
+                        }
+                        None if !held.is_empty() => {
+                            let c = json!([{"index": 0, "delta": {"content": held}, "logprobs": null, "finish_reason": null}]);
+                            self.pending.push_back(out.chunk(c, None));
+                        }
+                        None => {}
+                    }
+                }
                 let choice = match out.kind {
                     Kind::Chat => {
                         json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": fr})
@@ -117,6 +157,8 @@ pub(crate) fn stream_response(
         pending: VecDeque::new(),
         done: false,
         echo: None,
+        held: String::new(),
+        in_call: false,
     };
     let echo_lp = st.out.logprobs && !st.out.echo_ids.is_empty();
     let first = match st.out.kind {
@@ -146,4 +188,43 @@ pub(crate) fn stream_response(
         }
     });
     Sse::new(stream).into_response()
+}
+
+/// With tools: the part of `held` that can be streamed as content now, and the part to hold.
+/// Text from the format's marker on is held (it is a call); so is a tail that could be the
+/// marker's start. Without a marker (Llama 3's bare JSON), output that starts as a JSON object
+/// is held whole.
+fn split_for_calls<'a>(
+    held: &'a str,
+    marker: Option<&str>,
+    in_call: &mut bool,
+) -> (&'a str, &'a str) {
+    if *in_call {
+        return ("", held);
+    }
+    match marker {
+        None => {
+            let t = held.trim_start();
+            if t.starts_with('{') || t.starts_with("<|python_tag|>") || t.is_empty() {
+                *in_call = !t.is_empty();
+                ("", held)
+            } else {
+                (held, "")
+            }
+        }
+        Some(m) => {
+            if let Some(at) = held.find(m) {
+                *in_call = true;
+                return held.split_at(at);
+            }
+            // The longest tail that is a prefix of the marker stays held.
+            let keep = (1..m.len().min(held.len()) + 1)
+                .rev()
+                .find(|&k| {
+                    held.is_char_boundary(held.len() - k) && m.starts_with(&held[held.len() - k..])
+                })
+                .unwrap_or(0);
+            held.split_at(held.len() - keep)
+        }
+    }
 }

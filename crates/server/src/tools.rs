@@ -1,0 +1,327 @@
+//! Tool calls: how the model's chat template writes them (its family's format), the grammar
+//! that forces one when `tool_choice` asks for it, and the parse of the generated text back
+//! into OpenAI's `tool_calls`.
+//!
+//! Formats: Hermes / Qwen (`<tool_call>{"name", "arguments"}</tool_call>`, also the default for
+//! templates that show none), Mistral (`[TOOL_CALLS][{"name", "arguments"}, ...]`), Llama 3.x
+//! (a bare JSON object `{"name", "parameters"}`).
+
+use crate::error::ApiError;
+use quiver_engine::constraint::ConstraintSpec;
+use serde_json::{json, Map, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Hermes,
+    Mistral,
+    Llama3,
+}
+
+impl Format {
+    /// The format a chat template writes tool calls in (by what its source spells).
+    pub fn of_template(source: Option<&str>) -> Format {
+        let s = source.unwrap_or("");
+        if s.contains("[TOOL_CALLS]") {
+            Format::Mistral
+        } else if s.contains("<tool_call>") {
+            Format::Hermes
+        } else if s.contains("<|python_tag|>") || s.contains("ipython") {
+            Format::Llama3
+        } else {
+            Format::Hermes
+        }
+    }
+
+    /// Where a tool call begins in the text (None: anywhere, the whole output is the call).
+    pub fn marker(self) -> Option<&'static str> {
+        match self {
+            Format::Hermes => Some("<tool_call>"),
+            Format::Mistral => Some("[TOOL_CALLS]"),
+            Format::Llama3 => None,
+        }
+    }
+}
+
+/// What `tool_choice` asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Choice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+/// A request's tools: their format, `tool_choice`, and the functions (name, parameters).
+#[derive(Clone, Debug)]
+pub struct Tools {
+    pub format: Format,
+    pub choice: Choice,
+    pub parallel: bool,
+    functions: Vec<(String, Value)>,
+}
+
+impl Tools {
+    /// Reads `tools`, `tool_choice` and `parallel_tool_calls`; None without tools.
+    pub fn parse(m: &Map<String, Value>, format: Format) -> Result<Option<Tools>, ApiError> {
+        let Some(Value::Array(list)) = m.get("tools") else {
+            if m.get("tool_choice")
+                .is_some_and(|c| !c.is_null() && c != "none")
+            {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "`tool_choice` needs `tools`",
+                ));
+            }
+            return Ok(None);
+        };
+        let mut functions = Vec::new();
+        for (i, t) in list.iter().enumerate() {
+            let f = t.get("function").unwrap_or(t);
+            let Some(name) = f.get("name").and_then(Value::as_str) else {
+                return Err(ApiError::invalid(
+                    &format!("tools[{i}]"),
+                    "each tool needs `function.name`",
+                ));
+            };
+            let params = f
+                .get("parameters")
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            functions.push((name.to_string(), params));
+        }
+        let choice = match m.get("tool_choice") {
+            None | Some(Value::Null) => Choice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "none" => Choice::None,
+                "auto" => Choice::Auto,
+                "required" => Choice::Required,
+                other => {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        format!("unknown `tool_choice` {other:?} (none, auto, required, or a function)"),
+                    ))
+                }
+            },
+            Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+                Some(n) if functions.iter().any(|(f, _)| f == n) => Choice::Named(n.to_string()),
+                Some(n) => {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        format!("`tool_choice` names {n:?}, which is not among `tools`"),
+                    ))
+                }
+                None => {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        "`tool_choice` must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    ))
+                }
+            },
+        };
+        let parallel = m
+            .get("parallel_tool_calls")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        Ok(Some(Tools {
+            format,
+            choice,
+            parallel,
+            functions,
+        }))
+    }
+
+    /// The grammar that forces a call, for `required` and a named function.
+    pub fn constraint(&self) -> Option<ConstraintSpec> {
+        let fs: Vec<&(String, Value)> = match &self.choice {
+            Choice::None | Choice::Auto => return None,
+            Choice::Required => self.functions.iter().collect(),
+            Choice::Named(n) => self.functions.iter().filter(|(f, _)| f == n).collect(),
+        };
+        let args = match self.format {
+            Format::Llama3 => "parameters",
+            _ => "arguments",
+        };
+        let one: Vec<Value> = fs
+            .iter()
+            .map(|(name, params)| {
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": name}, args: params},
+                    "required": ["name", args],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let call = json!({"anyOf": one, "x-guidance": {"whitespace_flexible": false}});
+        let lark = match self.format {
+            Format::Hermes => {
+                let rep = if self.parallel { "+" } else { "" };
+                format!("start: (\"<tool_call>\\n\" call \"\\n</tool_call>\"){rep}\ncall: %json {call}\n")
+            }
+            Format::Mistral => {
+                let max = if self.parallel { json!(null) } else { json!(1) };
+                let mut arr = json!({"type": "array", "items": call, "minItems": 1, "x-guidance": {"whitespace_flexible": false}});
+                if !max.is_null() {
+                    arr["maxItems"] = max;
+                }
+                format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {arr}\n")
+            }
+            Format::Llama3 => format!("start: call\ncall: %json {call}\n"),
+        };
+        Some(ConstraintSpec::Lark(lark))
+    }
+
+    /// The text before any call, and the calls (name, arguments as a JSON string), where the
+    /// text holds calls in the format; None where it holds none (plain content).
+    pub fn extract(&self, text: &str) -> Option<(String, Vec<(String, String)>)> {
+        if self.choice == Choice::None {
+            return None;
+        }
+        let mut calls = Vec::new();
+        let (content, rest) = match self.format.marker() {
+            Some(m) => {
+                let at = text.find(m)?;
+                (text[..at].trim().to_string(), &text[at..])
+            }
+            None => (String::new(), text.trim()),
+        };
+        let mut push = |v: &Value, args_key: &str| -> Option<()> {
+            let name = v.get("name")?.as_str()?.to_string();
+            let args = v
+                .get(args_key)
+                .or_else(|| v.get("arguments"))
+                .cloned()
+                .unwrap_or(json!({}));
+            let args = match args {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            calls.push((name, args));
+            Some(())
+        };
+        match self.format {
+            Format::Hermes => {
+                let mut r = rest;
+                while let Some(a) = r.find("<tool_call>") {
+                    let body = &r[a + "<tool_call>".len()..];
+                    let end = body.find("</tool_call>").unwrap_or(body.len());
+                    let v: Value = serde_json::from_str(body[..end].trim()).ok()?;
+                    push(&v, "arguments")?;
+                    r = &body[end..];
+                }
+            }
+            Format::Mistral => {
+                let body = rest.strip_prefix("[TOOL_CALLS]")?.trim();
+                let v: Value = serde_json::from_str(body).ok()?;
+                for c in v.as_array()? {
+                    push(c, "arguments")?;
+                }
+            }
+            Format::Llama3 => {
+                let body = rest.strip_prefix("<|python_tag|>").unwrap_or(rest);
+                let v: Value = serde_json::from_str(body).ok()?;
+                push(&v, "parameters")?;
+            }
+        }
+        (!calls.is_empty()).then_some((content, calls))
+    }
+}
+
+/// OpenAI's `tool_calls` array for parsed calls; ids unique within the response.
+pub fn tool_calls_json(calls: &[(String, String)], response_id: &str) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                json!({
+                    "id": format!("call_{}_{i}", response_id.trim_start_matches("chatcmpl-")),
+                    "type": "function",
+                    "function": {"name": name, "arguments": args},
+                })
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(format: Format, choice: Value) -> Tools {
+        let m = json!({
+            "tools": [
+                {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+                {"type": "function", "function": {"name": "get_time"}}
+            ],
+            "tool_choice": choice,
+        });
+        Tools::parse(m.as_object().unwrap(), format)
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn formats_follow_the_template() {
+        assert_eq!(
+            Format::of_template(Some("{{ '<tool_call>\\n' }}")),
+            Format::Hermes
+        );
+        assert_eq!(Format::of_template(Some("[TOOL_CALLS]")), Format::Mistral);
+        assert_eq!(Format::of_template(Some("<|python_tag|>")), Format::Llama3);
+        assert_eq!(Format::of_template(None), Format::Hermes);
+    }
+
+    #[test]
+    fn calls_are_parsed_in_each_format() {
+        let t = tools(Format::Hermes, json!("auto"));
+        let (c, calls) = t
+            .extract("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\":\"get_time\",\"arguments\":{}}\n</tool_call>")
+            .unwrap();
+        assert_eq!(c, "Let me check.");
+        assert_eq!(
+            calls,
+            vec![
+                ("get_weather".into(), "{\"city\":\"Paris\"}".into()),
+                ("get_time".into(), "{}".into())
+            ]
+        );
+        assert!(t.extract("Just text, no call.").is_none());
+        let t = tools(Format::Mistral, json!("auto"));
+        let (_, calls) = t
+            .extract("[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {}}]")
+            .unwrap();
+        assert_eq!(calls[0].0, "get_time");
+        let t = tools(Format::Llama3, json!("auto"));
+        let (_, calls) = t
+            .extract("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}")
+            .unwrap();
+        assert_eq!(
+            calls[0],
+            ("get_weather".into(), "{\"city\":\"Oslo\"}".into())
+        );
+        assert!(tools(Format::Hermes, json!("none"))
+            .extract("<tool_call>{\"name\":\"get_time\",\"arguments\":{}}</tool_call>")
+            .is_none());
+    }
+
+    #[test]
+    fn choices_and_their_grammars() {
+        assert!(tools(Format::Hermes, json!("auto")).constraint().is_none());
+        let Some(ConstraintSpec::Lark(g)) = tools(
+            Format::Hermes,
+            json!({"type": "function", "function": {"name": "get_time"}}),
+        )
+        .constraint() else {
+            panic!()
+        };
+        assert!(g.contains("get_time") && !g.contains("get_weather"), "{g}");
+        let m = json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}});
+        let e = Tools::parse(m.as_object().unwrap(), Format::Hermes)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"g\""), "{e}");
+        let m = json!({"tool_choice": "required"});
+        assert!(Tools::parse(m.as_object().unwrap(), Format::Hermes).is_err());
+    }
+}

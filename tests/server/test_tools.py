@@ -1,0 +1,101 @@
+"""Tool calls through the official `openai` client. SmolLM2's template shows no tool-call syntax,
+so quiver uses the Hermes form (`<tool_call>{...}</tool_call>`); `tool_choice` "required" or a
+named function forces a call by grammar, whatever the small model would have said. The calls
+come back as OpenAI's `tool_calls` (whole and streamed), arguments valid against the tool's
+parameters."""
+
+import json
+
+import openai
+import pytest
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def chat(client, **kw):
+    kw.setdefault("max_tokens", 120)
+    return client.chat.completions.create(model="smollm2-135m", messages=kw.pop("messages", MSGS), **kw)
+
+
+def check_weather(call):
+    assert call.type == "function" and call.function.name == "get_weather", call
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("C", "F"), args
+
+
+def test_required_forces_a_call(server, client):
+    for seed in range(3):
+        r = chat(client, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False, temperature=0.8, seed=seed)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c
+        assert c.message.content is None, c
+        assert len(c.message.tool_calls) == 1, c
+        call = c.message.tool_calls[0]
+        assert call.function.name in ("get_weather", "get_time"), call
+        if call.function.name == "get_weather":
+            check_weather(call)
+        else:
+            assert json.loads(call.function.arguments) == {}
+
+
+def test_named_function_and_streaming(server, client):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = chat(client, tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=False, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    check_weather(c.message.tool_calls[0])
+    # Streamed: the same call in OpenAI's deltas.
+    name, args, finish = "", "", None
+    for ch in chat(client, tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=False, temperature=0, stream=True):
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        for tc in d.tool_calls or []:
+            assert tc.index == 0
+            name += tc.function.name or ""
+            args += tc.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert (name, json.loads(args)) == (c.message.tool_calls[0].function.name, json.loads(c.message.tool_calls[0].function.arguments))
+
+
+def test_none_answers_in_text_and_a_tool_round_trip_renders(server, client):
+    r = chat(client, tools=[WEATHER], tool_choice="none", temperature=0)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
+    first = chat(client, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    msgs = MSGS + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18})},
+    ]
+    r = chat(client, messages=msgs, tools=[WEATHER], temperature=0, max_tokens=20)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tools=[WEATHER], tool_choice="sometimes"),
+        dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}),
+        dict(tool_choice="required"),
+        dict(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}),
+    ],
+)
+def test_bad_tool_choices_are_400s(server, client, kw):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, max_tokens=4, **kw)
+    assert e.value.body["param"] == "tool_choice", e.value.body
