@@ -192,7 +192,7 @@ enum Cmd {
         parallel: Vec<u32>,
     },
     /// OpenAI-compatible HTTP server with continuous batching (docs/SERVER.md).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// List the CUDA devices quiver can use (or say why there are none), and where NVRTC and
     /// cuBLAS were found.
     Devices {
@@ -207,8 +207,25 @@ enum Cmd {
     },
 }
 
+/// llama-server's multi-letter short flags, which clap cannot spell, as their long forms.
+fn llama_server_aliases(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|a| {
+        match a.as_str() {
+            "-ngl" => "--n-gpu-layers",
+            "-np" => "--parallel",
+            "-fa" => "--flash-attn",
+            "-to" => "--timeout",
+            "-ctk" => "--cache-type-k",
+            "-ctv" => "--cache-type-v",
+            _ => return a,
+        }
+        .to_string()
+    })
+    .collect()
+}
+
 fn main() {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(llama_server_aliases(std::env::args())) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -363,7 +380,7 @@ fn run(cli: Cli) -> Result<()> {
             json,
         )?,
         Cmd::Compare(a) => compare::compare(a)?,
-        Cmd::Serve(a) => serve::run(a)?,
+        Cmd::Serve(a) => serve::run(*a)?,
         Cmd::Devices { json } => engine::devices(json)?,
         Cmd::Fetch { aliases } => {
             let list: Vec<String> = if aliases.is_empty() {

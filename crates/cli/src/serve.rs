@@ -24,8 +24,8 @@ pub struct ServeArgs {
     /// A file of accepted API keys, one a line.
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
-    /// Most sequences running at once.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Most sequences running at once (llama-server's `-np/--parallel`).
+    #[arg(long, visible_alias = "parallel", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_seqs: u32,
     /// Most requests waiting before the server answers 429.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
@@ -36,9 +36,42 @@ pub struct ServeArgs {
     /// KV pool size in bytes (default: enough for every sequence's full context, at most 2 GiB).
     #[arg(long)]
     pub kv_mem: Option<u64>,
-    /// The model name clients use (default: the file's stem, e.g. smollm2-135m).
-    #[arg(long)]
+    /// The model name clients use (default: the file's stem, e.g. smollm2-135m; llama-server's
+    /// `-a/--alias`).
+    #[arg(long, short = 'a', visible_alias = "alias")]
     pub model_name: Option<String>,
+    /// A chat template instead of the model's: Jinja source or a built-in name (chatml,
+    /// gemma).
+    #[arg(long, conflicts_with = "chat_template_file")]
+    pub chat_template: Option<String>,
+    /// A file holding a Jinja chat template instead of the model's.
+    #[arg(long)]
+    pub chat_template_file: Option<PathBuf>,
+    /// llama-server's `-ngl/--n-gpu-layers`: 0 runs on the CPU; any other number leaves
+    /// `--device` (quiver runs a model wholly on one device).
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N")]
+    pub n_gpu_layers: Option<String>,
+    /// llama-server's `-fa/--flash-attn [on|off|auto]`: accepted; quiver's CUDA attention is
+    /// always its flash kernels where the head dim has them.
+    #[arg(long = "flash-attn", num_args = 0..=1, default_missing_value = "on", value_name = "on|off|auto")]
+    pub flash_attn: Option<String>,
+    /// llama-server's `--jinja`: accepted (quiver always renders the Jinja template).
+    #[arg(long)]
+    pub jinja: bool,
+    /// llama-server's `--metrics`: accepted (`/metrics` is always served).
+    #[arg(long)]
+    pub metrics: bool,
+    /// llama-server's `--no-webui`: accepted (quiver serves no web UI).
+    #[arg(long)]
+    pub no_webui: bool,
+    /// llama-server's `-to/--timeout SECONDS`: sets `--timeout-read-secs`.
+    #[arg(long = "timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: Option<u64>,
+    /// llama-server's `-ctk/--cache-type-k` and `-ctv/--cache-type-v`: f16 only for now.
+    #[arg(long = "cache-type-k", value_name = "TYPE")]
+    pub cache_type_k: Option<String>,
+    #[arg(long = "cache-type-v", value_name = "TYPE")]
+    pub cache_type_v: Option<String>,
     /// Seconds running requests may go on after SIGTERM before they are aborted.
     #[arg(long, default_value_t = 10)]
     pub shutdown_grace: u64,
@@ -55,11 +88,38 @@ pub struct ServeArgs {
     pub max_connections: u32,
 }
 
-pub fn run(a: ServeArgs) -> Result<()> {
+pub fn run(mut a: ServeArgs) -> Result<()> {
+    for (flag, ty) in [
+        ("--cache-type-k", &a.cache_type_k),
+        ("--cache-type-v", &a.cache_type_v),
+    ] {
+        if let Some(t) = ty.as_deref().filter(|t| !t.eq_ignore_ascii_case("f16")) {
+            bail!("{flag} {t}: only f16 KV caches exist yet");
+        }
+    }
+    if let Some(n) = &a.n_gpu_layers {
+        let n: i64 = n
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--n-gpu-layers {n}: not a number"))?;
+        if n == 0 {
+            a.load.device = "cpu".into();
+        }
+    }
+    if let Some(t) = a.timeout {
+        a.timeout_read_secs = t;
+    }
     let path = crate::resolve(a.load.model.as_deref())?;
     let file = engine::open_path(&path)?;
     let tok = quiver_tokenizer::Tokenizer::from_gguf(&file)?;
-    let tmpl = ChatTemplate::for_model(&file)?;
+    let tmpl = match (&a.chat_template, &a.chat_template_file) {
+        (Some(t), _) => ChatTemplate::user(&file, t)?,
+        (None, Some(p)) => {
+            let src =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            ChatTemplate::user(&file, &src)?
+        }
+        (None, None) => ChatTemplate::for_model(&file)?,
+    };
     let n_ctx = engine::n_ctx(&a.load, &file);
     let bs = quiver_engine::BLOCK_SIZE;
     // Bytes of one block of the pool, as the model's KV cache asks.

@@ -112,6 +112,27 @@ impl ChatTemplate {
         }
     }
 
+    /// A chat template given by the user (`--chat-template`, `--chat-template-file`) for the
+    /// model in `f`: Jinja source, or the name of a built-in format (`chatml`, `gemma`).
+    pub fn user(f: &GgufFile, template: &str) -> Result<ChatTemplate, TokenizerError> {
+        let mut t = match template {
+            "chatml" => ChatTemplate::builtin("chatml"),
+            "gemma" => ChatTemplate::builtin("gemma"),
+            src if src.contains("{{") || src.contains("{%") => {
+                let (bos, eos) = special_texts(f)?;
+                return ChatTemplate::from_source(src, &bos, &eos);
+            }
+            other => {
+                return Err(TokenizerError::Template(format!(
+                    "unknown chat template {other:?}: give Jinja source (or a file with \
+                     --chat-template-file), or a built-in name: chatml, gemma"
+                )))
+            }
+        };
+        (t.bos_token, t.eos_token) = special_texts(f)?;
+        Ok(t)
+    }
+
     /// Compiles a Jinja chat template. A syntax error is reported here.
     pub fn from_source(
         source: &str,
