@@ -285,6 +285,13 @@ pub(crate) async fn generate(
             Some(compiled)
         }
     };
+    let n_choices = p.n.max(1);
+    if n_choices > 1 && p.stream {
+        return Err(ApiError::invalid(
+            "n",
+            "n > 1 is not supported with stream yet",
+        ));
+    }
     let req = Request {
         prompt,
         sampling: p.sampling.clone(),
@@ -296,24 +303,31 @@ pub(crate) async fn generate(
         ignore_eos: p.ignore_eos,
         constraint,
     };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let t0 = Instant::now();
-    let id = st
-        .handle
-        .submit(req, Box::new(move |ev| tx.send(ev).is_ok()))
-        .map_err(|e| ApiError::from_submit(&e, param))?;
-    let gen = Gen {
-        st: st.clone(),
-        rx,
-        guard: AbortGuard {
-            handle: st.handle.clone(),
-            id,
-            done: false,
-        },
-        t0,
-        last: None,
-        log: log.clone(),
-    };
+    let mut gens = Vec::with_capacity(n_choices);
+    for i in 0..n_choices {
+        // Choice i samples with seed + i (the same prompt, its blocks shared through the
+        // prefix cache).
+        let mut r = req.clone();
+        r.sampling.seed = r.sampling.seed.wrapping_add(i as u64);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let t0 = Instant::now();
+        let id = st
+            .handle
+            .submit(r, Box::new(move |ev| tx.send(ev).is_ok()))
+            .map_err(|e| ApiError::from_submit(&e, param))?;
+        gens.push(Gen {
+            st: st.clone(),
+            rx,
+            guard: AbortGuard {
+                handle: st.handle.clone(),
+                id,
+                done: false,
+            },
+            t0,
+            last: None,
+            log: log.clone(),
+        });
+    }
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let rid = match kind {
         Kind::Chat => format!("chatcmpl-{:x}{:06x}", st.nonce, n),
@@ -334,8 +348,9 @@ pub(crate) async fn generate(
             .filter(|t| t.choice != crate::tools::Choice::None),
     };
     if p.stream {
+        let gen = gens.pop().expect("one generation");
         Ok(stream_response(gen, out, p.include_usage, echo))
     } else {
-        whole_response(gen, out, echo).await
+        whole_response(gens, out, echo).await
     }
 }

@@ -125,31 +125,35 @@ impl Out {
     }
 }
 
-pub(crate) async fn whole_response(
-    mut gen: Gen,
-    mut out: Out,
-    echo: Option<String>,
-) -> Result<Response, ApiError> {
-    let mut text = echo.clone().unwrap_or_default();
-    out.text_offset = text.len();
-    let mut toks: Vec<(u32, String, Option<TokenLogprob>)> = Vec::new();
-    let mut prompt_lp: Option<Value> = None;
+/// What one generation produced, collected before it is formatted.
+struct Collected {
+    text: String,
+    toks: Vec<(u32, String, Option<TokenLogprob>)>,
+    prompt_lps: Option<Vec<TokenLogprob>>,
+    reason: &'static str,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    cached_tokens: usize,
+}
+
+async fn collect(mut gen: Gen, logprobs: bool) -> Result<Collected, ApiError> {
+    let mut c = Collected {
+        text: String::new(),
+        toks: Vec::new(),
+        prompt_lps: None,
+        reason: "stop",
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        cached_tokens: 0,
+    };
     loop {
         match gen.next().await {
             Some(Event::Started { .. }) => {}
-            Some(Event::PromptLogprobs(lps)) => {
-                if out.logprobs && !out.echo_ids.is_empty() {
-                    prompt_lp = Some(out.prompt_logprobs(lps, text.len()));
-                }
-            }
-            Some(Event::Token {
-                id,
-                text: t,
-                logprob,
-            }) => {
-                text.push_str(&t);
-                if out.logprobs {
-                    toks.push((id, t, logprob));
+            Some(Event::PromptLogprobs(lps)) => c.prompt_lps = Some(lps),
+            Some(Event::Token { id, text, logprob }) => {
+                c.text.push_str(&text);
+                if logprobs {
+                    c.toks.push((id, text, logprob));
                 }
             }
             Some(Event::Finished {
@@ -158,51 +162,10 @@ pub(crate) async fn whole_response(
                 completion_tokens,
                 cached_tokens,
             }) => {
-                let u = usage(prompt_tokens, completion_tokens, cached_tokens);
-                let fr = reason.as_str();
-                let body = match out.kind {
-                    Kind::Chat => {
-                        let lp = if out.logprobs {
-                            json!({"content": toks.iter().filter_map(|(id, _, lp)| lp.as_ref().map(|lp| out.chat_logprob(*id, lp))).collect::<Vec<_>>()})
-                        } else {
-                            Value::Null
-                        };
-                        let calls = out.tools.as_ref().and_then(|t| t.extract(&text));
-                        let (message, fr) = match calls {
-                            Some((content, calls)) => (
-                                json!({
-                                    "role": "assistant",
-                                    "content": if content.is_empty() { Value::Null } else { json!(content) },
-                                    "tool_calls": crate::tools::tool_calls_json(&calls, &out.id),
-                                }),
-                                if fr == "stop" { "tool_calls" } else { fr },
-                            ),
-                            None => (json!({"role": "assistant", "content": text}), fr),
-                        };
-                        json!({
-                            "id": out.id, "object": "chat.completion", "created": out.created, "model": out.model(),
-                            "choices": [{"index": 0, "message": message, "logprobs": lp, "finish_reason": fr}],
-                            "usage": u,
-                        })
-                    }
-                    Kind::Completion => {
-                        let lp = if out.logprobs {
-                            let gen = out.completion_logprobs(&toks);
-                            match prompt_lp.take() {
-                                Some(p) => concat_logprobs(p, gen),
-                                None => gen,
-                            }
-                        } else {
-                            Value::Null
-                        };
-                        json!({
-                            "id": out.id, "object": "text_completion", "created": out.created, "model": out.model(),
-                            "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": fr}],
-                            "usage": u,
-                        })
-                    }
-                };
-                return Ok(Json(body).into_response());
+                c.reason = reason.as_str();
+                (c.prompt_tokens, c.completion_tokens, c.cached_tokens) =
+                    (prompt_tokens, completion_tokens, cached_tokens);
+                return Ok(c);
             }
             Some(Event::Error(e)) => {
                 return Err(ApiError::internal(format!("generation failed: {e}")))
@@ -210,6 +173,83 @@ pub(crate) async fn whole_response(
             None => return Err(ApiError::internal("the engine dropped the request")),
         }
     }
+}
+
+/// The whole response of one or more generations of the same prompt (`n`): choice i is
+/// generation i; usage counts the prompt once and every choice's tokens.
+pub(crate) async fn whole_response(
+    gens: Vec<Gen>,
+    mut out: Out,
+    echo: Option<String>,
+) -> Result<Response, ApiError> {
+    let logprobs = out.logprobs;
+    let all = futures_util::future::join_all(gens.into_iter().map(|g| collect(g, logprobs))).await;
+    let mut choices = Vec::new();
+    let (mut prompt, mut completion, mut cached) = (0, 0, 0);
+    let echo_ids = std::mem::take(&mut out.echo_ids);
+    for (i, c) in all.into_iter().enumerate() {
+        let c = c?;
+        if i == 0 {
+            (prompt, cached) = (c.prompt_tokens, c.cached_tokens);
+        }
+        completion += c.completion_tokens;
+        let fr = c.reason;
+        let choice = match out.kind {
+            Kind::Chat => {
+                let lp = if logprobs {
+                    json!({"content": c.toks.iter().filter_map(|(id, _, lp)| lp.as_ref().map(|lp| out.chat_logprob(*id, lp))).collect::<Vec<_>>()})
+                } else {
+                    Value::Null
+                };
+                let calls = out.tools.as_ref().and_then(|t| t.extract(&c.text));
+                let (message, fr) = match calls {
+                    Some((content, calls)) => (
+                        json!({
+                            "role": "assistant",
+                            "content": if content.is_empty() { Value::Null } else { json!(content) },
+                            "tool_calls": crate::tools::tool_calls_json(&calls, &format!("{}_{i}", out.id)),
+                        }),
+                        if fr == "stop" { "tool_calls" } else { fr },
+                    ),
+                    None => (json!({"role": "assistant", "content": c.text}), fr),
+                };
+                json!({"index": i, "message": message, "logprobs": lp, "finish_reason": fr})
+            }
+            Kind::Completion => {
+                let mut text = echo.clone().unwrap_or_default();
+                let lp = if logprobs {
+                    let prompt_lp = match (c.prompt_lps, echo_ids.is_empty()) {
+                        (Some(lps), false) => {
+                            out.echo_ids = echo_ids.clone();
+                            Some(out.prompt_logprobs(lps, text.len()))
+                        }
+                        _ => None,
+                    };
+                    out.text_offset = text.len();
+                    let gen = out.completion_logprobs(&c.toks);
+                    match prompt_lp {
+                        Some(p) => concat_logprobs(p, gen),
+                        None => gen,
+                    }
+                } else {
+                    Value::Null
+                };
+                text.push_str(&c.text);
+                json!({"index": i, "text": text, "logprobs": lp, "finish_reason": fr})
+            }
+        };
+        choices.push(choice);
+    }
+    let object = match out.kind {
+        Kind::Chat => "chat.completion",
+        Kind::Completion => "text_completion",
+    };
+    let body = json!({
+        "id": out.id, "object": object, "created": out.created, "model": out.model(),
+        "choices": choices,
+        "usage": usage(prompt, completion, cached),
+    });
+    Ok(Json(body).into_response())
 }
 
 /// The prompt's legacy logprobs followed by the generated tokens'.

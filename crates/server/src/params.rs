@@ -13,6 +13,8 @@ pub const MAX_STOP: usize = 16;
 /// generated so far at every token, so their lengths are bounded (all of them together: at
 /// most `MAX_STOP * MAX_STOP_BYTES` = 4 KiB).
 pub const MAX_STOP_BYTES: usize = 256;
+/// Most choices (`n`) per request.
+pub const MAX_N: usize = 16;
 /// Most `top_logprobs` (chat) per token.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -32,6 +34,8 @@ pub struct GenParams {
     pub constraint: Option<(quiver_engine::constraint::ConstraintSpec, &'static str)>,
     /// Chat with tools: their format and `tool_choice` (set by the chat handler).
     pub tools: Option<crate::tools::Tools>,
+    /// Choices to generate (`n`), each with seed + its index.
+    pub n: usize,
 }
 
 /// The prompt of `/v1/completions`.
@@ -154,14 +158,7 @@ fn random_seed() -> u64 {
 /// `top_logprobs`) over the legacy one (an integer).
 fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<GenParams, ApiError> {
     let model = get_str(m, "model")?.map(str::to_string);
-    if let Some(n) = get_uint(m, "n", 1, u64::MAX)? {
-        if n != 1 {
-            return Err(ApiError::invalid(
-                "n",
-                format!("only n = 1 is supported, got {n}"),
-            ));
-        }
-    }
+    let n = get_uint(m, "n", 1, MAX_N as u64)?.unwrap_or(1) as usize;
     if let Some(n) = get_uint(m, "best_of", 1, u64::MAX)? {
         if n != 1 {
             return Err(ApiError::invalid(
@@ -357,6 +354,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         ignore_eos,
         constraint,
         tools: None,
+        n,
     })
 }
 
@@ -662,7 +660,8 @@ mod tests {
             param_of(m(json!({"max_completion_tokens": "a"}))),
             "max_completion_tokens"
         );
-        assert_eq!(param_of(m(json!({"n": 2}))), "n");
+        assert_eq!(param_of(m(json!({"n": 17}))), "n");
+        assert_eq!(param_of(m(json!({"n": 0}))), "n");
         assert_eq!(param_of(m(json!({"stop": 5}))), "stop");
         assert_eq!(param_of(m(json!({"stop": ["a", 1]}))), "stop");
         let long = "x".repeat(MAX_STOP_BYTES + 1);
