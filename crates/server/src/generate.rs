@@ -81,6 +81,11 @@ pub(crate) async fn chat_completions(
                     req.params.tools = Some(t);
                 }
                 let ids = render_chat(&s, &req, true)?;
+                if crate::reasoning::template_thinks(s.template.source()) {
+                    let tail = &ids[ids.len().saturating_sub(4)..];
+                    let text = s.handle.tokenizer().decode(tail, false);
+                    req.params.thinking = Some(text.trim_end().ends_with("<think>"));
+                }
                 Ok((req.params, ids))
             })
             .await?;
@@ -346,6 +351,7 @@ pub(crate) async fn generate(
             .tools
             .clone()
             .filter(|t| t.choice != crate::tools::Choice::None),
+        thinking: p.thinking,
     };
     if p.stream {
         let gen = gens.pop().expect("one generation");

@@ -14,6 +14,7 @@ mod generate;
 pub mod metrics;
 mod output;
 pub mod params;
+mod reasoning;
 mod reqlog;
 mod routes;
 mod stream;

@@ -20,6 +20,8 @@ pub(crate) struct Out {
     pub(crate) echo_ids: Vec<u32>,
     /// Chat with tools the model may call: calls in the text become `tool_calls`.
     pub(crate) tools: Option<crate::tools::Tools>,
+    /// A thinking model's chat: Some(the prompt opened `<think>`).
+    pub(crate) thinking: Option<bool>,
 }
 
 pub(crate) fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
@@ -201,8 +203,12 @@ pub(crate) async fn whole_response(
                 } else {
                     Value::Null
                 };
-                let calls = out.tools.as_ref().and_then(|t| t.extract(&c.text));
-                let (message, fr) = match calls {
+                let (reasoning, text) = match out.thinking {
+                    Some(opened) => crate::reasoning::split(&c.text, opened),
+                    None => (None, c.text.clone()),
+                };
+                let calls = out.tools.as_ref().and_then(|t| t.extract(&text));
+                let (mut message, fr) = match calls {
                     Some((content, calls)) => (
                         json!({
                             "role": "assistant",
@@ -211,8 +217,11 @@ pub(crate) async fn whole_response(
                         }),
                         if fr == "stop" { "tool_calls" } else { fr },
                     ),
-                    None => (json!({"role": "assistant", "content": c.text}), fr),
+                    None => (json!({"role": "assistant", "content": text}), fr),
                 };
+                if let Some(r) = reasoning {
+                    message["reasoning_content"] = json!(r);
+                }
                 json!({"index": i, "message": message, "logprobs": lp, "finish_reason": fr})
             }
             Kind::Completion => {

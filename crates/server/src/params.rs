@@ -36,6 +36,9 @@ pub struct GenParams {
     pub tools: Option<crate::tools::Tools>,
     /// Choices to generate (`n`), each with seed + its index.
     pub n: usize,
+    /// A thinking model's chat: Some(the prompt already opened `<think>`) (set by the chat
+    /// handler); its thinking goes to `reasoning_content`.
+    pub thinking: Option<bool>,
 }
 
 /// The prompt of `/v1/completions`.
@@ -355,6 +358,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         constraint,
         tools: None,
         n,
+        thinking: None,
     })
 }
 

@@ -22,6 +22,8 @@ struct StreamState {
     held: String,
     /// A tool call has begun: everything from there is held to the end.
     in_call: bool,
+    /// A thinking model's chat: routes its thinking to `reasoning_content`.
+    think: Option<crate::reasoning::Splitter>,
 }
 
 impl StreamState {
@@ -39,6 +41,17 @@ impl StreamState {
                 }
             }
             Some(Event::Token { id, text, logprob }) => {
+                let text = match self.think.as_mut() {
+                    Some(sp) => {
+                        let (r, c) = sp.push(&text);
+                        if !r.is_empty() {
+                            let ch = json!([{"index": 0, "delta": {"reasoning_content": r}, "logprobs": null, "finish_reason": null}]);
+                            self.pending.push_back(out.chunk(ch, None));
+                        }
+                        c
+                    }
+                    None => text,
+                };
                 let text = match &out.tools {
                     Some(t) => {
                         self.held.push_str(&text);
@@ -79,6 +92,19 @@ impl StreamState {
                 cached_tokens,
             }) => {
                 let mut fr = reason.as_str();
+                if let Some(sp) = self.think.as_mut() {
+                    let (r, c) = sp.finish();
+                    if !r.is_empty() {
+                        let ch = json!([{"index": 0, "delta": {"reasoning_content": r}, "logprobs": null, "finish_reason": null}]);
+                        self.pending.push_back(out.chunk(ch, None));
+                    }
+                    if out.tools.is_some() {
+                        self.held.push_str(&c);
+                    } else if !c.is_empty() {
+                        let ch = json!([{"index": 0, "delta": {"content": c}, "logprobs": null, "finish_reason": null}]);
+                        self.pending.push_back(out.chunk(ch, None));
+                    }
+                }
                 if let Some(t) = &out.tools {
                     let held = std::mem::take(&mut self.held);
                     match t.extract(&held) {
@@ -159,7 +185,9 @@ pub(crate) fn stream_response(
         echo: None,
         held: String::new(),
         in_call: false,
+        think: None,
     };
+    st.think = st.out.thinking.map(crate::reasoning::Splitter::new);
     let echo_lp = st.out.logprobs && !st.out.echo_ids.is_empty();
     let first = match st.out.kind {
         Kind::Chat => {

@@ -1,0 +1,172 @@
+//! Reasoning models' thinking (`<think> … </think>`, as Qwen 3, QwQ and DeepSeek-R1 templates
+//! write it) goes to `reasoning_content`, as llama-server's default (`deepseek`) format and
+//! vLLM's reasoning parsers return it; the answer after it is `content`.
+
+/// Whether a chat template is a thinking model's (its source spells the tags).
+pub fn template_thinks(source: Option<&str>) -> bool {
+    source.is_some_and(|s| s.contains("<think>") && s.contains("</think>"))
+}
+
+/// (reasoning, content) of a whole answer: the text inside a leading `<think>` … `</think>`,
+/// or, where the prompt already opened the thinking (`prompt_opened`: it ends with `<think>`),
+/// everything before `</think>`. An answer that opened it and never closed it is all reasoning.
+pub fn split(text: &str, prompt_opened: bool) -> (Option<String>, String) {
+    let t = text.trim_start();
+    let opened = t.starts_with("<think>");
+    if !opened && !prompt_opened {
+        return (None, text.to_string());
+    }
+    let body = if opened { &t["<think>".len()..] } else { t };
+    match body.find("</think>") {
+        Some(end) => (
+            Some(body[..end].trim().to_string()),
+            body[end + "</think>".len()..].trim_start().to_string(),
+        ),
+        None => (Some(body.trim().to_string()), String::new()),
+    }
+}
+
+/// Streaming: routes each piece of text to reasoning or content as the tags pass, holding back
+/// a tail that may be the start of a tag.
+#[derive(Default)]
+pub struct Splitter {
+    held: String,
+    /// Some(true) inside the thinking, Some(false) after it; None before the first text.
+    thinking: Option<bool>,
+    prompt_opened: bool,
+    /// Whitespace right after `</think>` is not content (as `split` trims it).
+    trim_next: bool,
+}
+
+impl Splitter {
+    /// `prompt_opened`: the prompt ends with `<think>` (the answer starts inside it).
+    pub fn new(prompt_opened: bool) -> Splitter {
+        Splitter {
+            prompt_opened,
+            ..Splitter::default()
+        }
+    }
+
+    /// (reasoning, content) that can be sent now.
+    pub fn push(&mut self, text: &str) -> (String, String) {
+        self.held.push_str(text);
+        let (mut r, mut c) = (String::new(), String::new());
+        loop {
+            match self.thinking {
+                None => {
+                    let t = self.held.trim_start();
+                    if t.is_empty() || (!self.prompt_opened && "<think>".starts_with(t)) {
+                        return (r, c);
+                    }
+                    if let Some(rest) = t.strip_prefix("<think>") {
+                        self.held = rest.to_string();
+                        self.thinking = Some(true);
+                    } else {
+                        self.thinking = Some(self.prompt_opened);
+                    }
+                }
+                Some(true) => match self.held.find("</think>") {
+                    Some(end) => {
+                        r.push_str(&self.held[..end]);
+                        self.held = self.held[end + "</think>".len()..].to_string();
+                        self.thinking = Some(false);
+                        self.trim_next = true;
+                    }
+                    None => {
+                        let keep = tag_prefix_tail(&self.held, "</think>");
+                        let cut = self.held.len() - keep;
+                        r.push_str(&self.held[..cut]);
+                        self.held.drain(..cut);
+                        return (r, c);
+                    }
+                },
+                Some(false) => {
+                    if self.trim_next {
+                        let t = self.held.trim_start();
+                        if t.is_empty() {
+                            self.held.clear();
+                            return (r, c);
+                        }
+                        self.held = t.to_string();
+                        self.trim_next = false;
+                    }
+                    c.push_str(&self.held);
+                    self.held.clear();
+                    return (r, c);
+                }
+            }
+        }
+    }
+
+    /// What is left at the end: (reasoning, content).
+    pub fn finish(&mut self) -> (String, String) {
+        let rest = std::mem::take(&mut self.held);
+        match self.thinking {
+            Some(true) => (rest, String::new()),
+            _ => (String::new(), rest),
+        }
+    }
+}
+
+/// The length of the longest tail of `s` that is a proper start of `tag`.
+fn tag_prefix_tail(s: &str, tag: &str) -> usize {
+    (1..tag.len().min(s.len() + 1))
+        .rev()
+        .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_answers_split() {
+        assert_eq!(
+            split("<think>\nhmm, two\n</think>\n\nIt is 2.", false),
+            (Some("hmm, two".into()), "It is 2.".into())
+        );
+        assert_eq!(
+            split("hmm</think>It is 2.", true),
+            (Some("hmm".into()), "It is 2.".into())
+        );
+        assert_eq!(
+            split("hmm</think>It is 2.", false),
+            (None, "hmm</think>It is 2.".into())
+        );
+        assert_eq!(
+            split("<think>still going", false),
+            (Some("still going".into()), String::new())
+        );
+        assert_eq!(
+            split("Just an answer.", false),
+            (None, "Just an answer.".into())
+        );
+    }
+
+    #[test]
+    fn streamed_pieces_route_across_split_tags() {
+        let mut s = Splitter::new(false);
+        let mut r = String::new();
+        let mut c = String::new();
+        for piece in [
+            "<th", "ink>", "let me ", "see</th", "ink>", "\n", "Yes", ".",
+        ] {
+            let (a, b) = s.push(piece);
+            r.push_str(&a);
+            c.push_str(&b);
+        }
+        let (a, b) = s.finish();
+        r.push_str(&a);
+        c.push_str(&b);
+        assert_eq!((r.as_str(), c.as_str()), ("let me see", "Yes."));
+        // No thinking: everything is content, even text that looks like a tag's start.
+        let mut s = Splitter::new(false);
+        let (a, b) = s.push("<b>bold</b>");
+        assert_eq!((a.as_str(), b.as_str()), ("", "<b>bold</b>"));
+        // The prompt opened it.
+        let mut s = Splitter::new(true);
+        let (a, b) = s.push("plan</think>done");
+        assert_eq!((a.as_str(), b.as_str()), ("plan", "done"));
+    }
+}
