@@ -161,7 +161,14 @@ fn random_seed() -> u64 {
 /// `top_logprobs`) over the legacy one (an integer).
 fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<GenParams, ApiError> {
     let model = get_str(m, "model")?.map(str::to_string);
-    let n = get_uint(m, "n", 1, MAX_N as u64)?.unwrap_or(1) as usize;
+    let n = get_uint(m, "n", 1, u64::MAX)?.unwrap_or(1);
+    if n > MAX_N as u64 {
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` is at most {MAX_N}, got {n}"),
+        ));
+    }
+    let n = n as usize;
     if let Some(n) = get_uint(m, "best_of", 1, u64::MAX)? {
         if n != 1 {
             return Err(ApiError::invalid(
