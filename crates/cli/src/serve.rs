@@ -203,6 +203,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         read_timeout: std::time::Duration::from_secs(a.timeout_read_secs),
         idle_timeout: std::time::Duration::from_secs(a.timeout_idle_secs),
         max_connections: a.max_connections as usize,
+        max_seqs: a.max_seqs as usize,
         ..Default::default()
     };
     quiver_server::run(handle, cfg)?;

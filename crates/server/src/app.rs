@@ -7,7 +7,9 @@ use crate::error::ApiError;
 use crate::generate::{chat_completions, completions};
 use crate::metrics::Metrics;
 use crate::reqlog::observe;
-use crate::routes::{detokenize, get_model, health, list_models, metrics_text, tokenize};
+use crate::routes::{
+    apply_template, detokenize, get_model, health, list_models, metrics_text, props, tokenize,
+};
 use axum::body::Body;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -42,6 +44,8 @@ pub(crate) struct AppState {
     pub(crate) cpu: CpuPool,
     /// The longest token in bytes ([`crate::cpu::max_token_bytes`]).
     pub(crate) max_token_bytes: usize,
+    /// Sequences the engine runs at once (`/props`' slots).
+    pub(crate) max_seqs: usize,
     /// The vocabulary indexed for constrained decoding (None: a model without a vocabulary).
     pub(crate) grammars: Option<Arc<quiver_engine::constraint::Grammars>>,
     /// Time a request's body has to arrive once its headers have.
@@ -61,6 +65,9 @@ pub(crate) fn router(state: St) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/apply-template", post(apply_template))
+        .route("/props", get(props))
         .route("/metrics", get(metrics_text))
         .fallback(|req: HttpRequest| async move { ApiError::not_found(req.uri().path()) })
         .method_not_allowed_fallback(|req: HttpRequest| async move {

@@ -7,10 +7,10 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-/// Keys guard everything but `/health` and `/metrics`.
+/// Keys guard everything but `/health` (`/v1/health`) and `/metrics`.
 pub(crate) async fn auth(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
     let path = req.uri().path();
-    if st.keys.is_empty() || path == "/health" || path == "/metrics" {
+    if st.keys.is_empty() || path == "/health" || path == "/v1/health" || path == "/metrics" {
         return next.run(req).await;
     }
     let given = req

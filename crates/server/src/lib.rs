@@ -52,6 +52,8 @@ pub struct ServerConfig {
     /// Most open connections; at the cap a new one replaces the longest-waiting connection
     /// without a request in progress, or is answered 503 when every one is busy.
     pub max_connections: usize,
+    /// Sequences the engine runs at once (reported by `/props`).
+    pub max_seqs: usize,
 }
 
 impl Default for ServerConfig {
@@ -67,6 +69,7 @@ impl Default for ServerConfig {
             read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            max_seqs: 1,
         }
     }
 }
@@ -181,6 +184,7 @@ pub async fn serve_until(
         ),
         max_token_bytes: cpu::max_token_bytes(handle.tokenizer()),
         grammars: quiver_engine::constraint::Grammars::new(handle.tokenizer()).map(Arc::new),
+        max_seqs: cfg.max_seqs,
         read_timeout: cfg.read_timeout,
         conns: conns.clone(),
         nonce: std::time::SystemTime::now()

@@ -190,3 +190,54 @@ pub(crate) async fn detokenize(
         Err(e) => e.into_response(),
     }
 }
+
+/// llama-server's `/apply-template`: `{"messages": [...]}` (and `tools`,
+/// `add_generation_prompt`, default true) → `{"prompt": the rendered text}`.
+pub(crate) async fn apply_template(
+    State(st): State<St>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = async {
+        let b = body_bytes(&st, body)?;
+        let s = st.clone();
+        st.cpu
+            .run(b.len(), move || {
+                let m = params::parse_body(&b)?;
+                let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
+                let agp = params::opt_bool(&m, "add_generation_prompt", true)?;
+                let prompt = s
+                    .template
+                    .render(&req.messages, agp, req.tools.as_ref())
+                    .map_err(|e| {
+                        ApiError::invalid(
+                            "messages",
+                            format!("the chat template cannot render these messages: {e}"),
+                        )
+                    })?;
+                Ok(json!({"prompt": prompt}))
+            })
+            .await
+    };
+    match r.await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// llama-server's `/props`: the served model, its context, slots and chat template.
+pub(crate) async fn props(State(st): State<St>) -> Response {
+    let info = st.handle.info();
+    let tok = st.handle.tokenizer();
+    let text = |id: Option<u32>| id.map(|i| tok.decode(&[i], false)).unwrap_or_default();
+    Json(json!({
+        "default_generation_settings": {"n_ctx": info.n_ctx, "params": {"temperature": 1.0, "top_p": 1.0}},
+        "total_slots": st.max_seqs,
+        "model_alias": st.model,
+        "model": info.name,
+        "chat_template": st.template.source().unwrap_or("(built in)"),
+        "bos_token": text(tok.bos()),
+        "eos_token": text(tok.eos()),
+        "build_info": concat!("quiver ", env!("CARGO_PKG_VERSION")),
+    }))
+    .into_response()
+}
