@@ -93,12 +93,26 @@ pub fn run(
     system: Option<String>,
     raw: bool,
 ) -> Result<()> {
+    use std::io::{IsTerminal, Read};
+    let stdin = || -> Result<String> {
+        let mut t = String::new();
+        std::io::stdin()
+            .read_to_string(&mut t)
+            .context("reading the prompt from stdin")?;
+        if t.trim().is_empty() {
+            bail!("the prompt on stdin is empty");
+        }
+        Ok(t)
+    };
     let text = match (prompt, file) {
         (Some(p), None) => p,
+        (None, Some(f)) if f.as_os_str() == "-" => stdin()?,
         (None, Some(f)) => {
             std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?
         }
-        (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
+        // A pipe (`echo hi | quiver run`): the prompt is what it sends.
+        (None, None) if !std::io::stdin().is_terminal() => stdin()?,
+        (None, None) => bail!("give a prompt with -p TEXT, -f FILE, -f - or a pipe"),
         (Some(_), Some(_)) => bail!("give either -p or -f, not both"),
     };
     let gguf = engine::open(load)?;

@@ -631,3 +631,38 @@ fn chat_answers_resets_and_exits() {
         "answer after /reset differs: {text:?}"
     );
 }
+
+#[test]
+fn run_takes_its_prompt_from_a_pipe_or_dash_f() {
+    use std::io::Write;
+    let m = model("smollm2-135m");
+    let run = |args: &[&str], input: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_quiver"))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("quiver runs");
+        c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        c.wait_with_output().unwrap()
+    };
+    let base = ["run", "-m", &m, "-n", "6", "--temp", "0"];
+    let piped = run(&base, "Say hi.");
+    assert!(
+        piped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
+    let with_p = quiver(&[&base[..], &["-p", "Say hi."]].concat());
+    assert_eq!(piped.stdout, with_p.stdout, "the pipe's prompt is -p's");
+    let dash = run(&[&base[..], &["-f", "-"]].concat(), "Say hi.");
+    assert_eq!(dash.stdout, with_p.stdout);
+    let empty = run(&base, "  \n");
+    assert!(!empty.status.success());
+    let err = String::from_utf8_lossy(&empty.stderr);
+    assert!(
+        err.contains("prompt on stdin is empty") && err.lines().count() == 1,
+        "{err}"
+    );
+}
