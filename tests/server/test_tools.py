@@ -84,6 +84,9 @@ def test_none_answers_in_text_and_a_tool_round_trip_renders(server, client):
     ]
     r = chat(client, messages=msgs, tools=[WEATHER], temperature=0, max_tokens=20)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # The round trip reaches the model: the tool's result is in the rendered prompt.
+    s, _, body = server.request("POST", "/apply-template", {"messages": msgs, "tools": [WEATHER]})
+    assert s == 200 and '{"temperature": 18}' in json.loads(body)["prompt"], body
 
 
 @pytest.mark.parametrize(

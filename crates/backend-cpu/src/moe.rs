@@ -16,6 +16,8 @@ pub(crate) struct Routing {
     pos: Vec<usize>,
     /// First pair of each expert's block; `n_expert + 1` entries.
     start: Vec<usize>,
+    /// The next free pair of each expert's block while the pairs are placed.
+    next: Vec<usize>,
 }
 
 impl CpuBackend {
@@ -79,12 +81,13 @@ impl CpuBackend {
         for e in 0..ne {
             r.start[e + 1] += r.start[e];
         }
-        let mut next = r.start.clone();
+        r.next.clear();
+        r.next.extend_from_slice(&r.start);
         r.pos.clear();
         r.pos.resize(rows * k, 0);
         for (i, &(e, _)) in r.routes.iter().enumerate() {
-            let at = next[e as usize];
-            next[e as usize] += 1;
+            let at = r.next[e as usize];
+            r.next[e as usize] += 1;
             r.pos[i] = at;
             s.xs[at * d..][..d].copy_from_slice(&x[(i / k) * d..][..d]);
         }

@@ -378,8 +378,11 @@ impl<'a, B: Backend> Engine<'a, B> {
         }
         // The constrained requests' masks are computed while the forward pass runs (they
         // depend only on the tokens taken so far).
+        // (No allocation, no thread, on steps without a constrained request.)
         let mut masks: HashMap<u64, Result<crate::constraint::SimpleVob, String>> = HashMap::new();
-        {
+        if !live.values().any(|l| l.constraint.is_some()) {
+            runner.execute(out)?;
+        } else {
             let sampling: Vec<u64> = out
                 .scheduled
                 .iter()

@@ -108,8 +108,9 @@ impl Splitter {
     }
 }
 
-/// The length of the longest tail of `s` that is a proper start of `tag`.
-fn tag_prefix_tail(s: &str, tag: &str) -> usize {
+/// The length of the longest tail of `s` that is a proper start of `tag` (text to hold back
+/// while streaming, in case the tag is arriving).
+pub(crate) fn tag_prefix_tail(s: &str, tag: &str) -> usize {
     (1..tag.len().min(s.len() + 1))
         .rev()
         .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))

@@ -108,10 +108,19 @@ pub(crate) async fn tokenize(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    json_on_cpu(st, body, tokenize_body).await
+}
+
+/// A JSON endpoint whose work runs on the CPU pool: the body, then `f`'s JSON or its error.
+async fn json_on_cpu(
+    st: St,
+    body: Result<Bytes, BytesRejection>,
+    f: impl FnOnce(&AppState, &[u8]) -> Result<Value, ApiError> + Send + 'static,
+) -> Response {
     let r = async {
         let b = body_bytes(&st, body)?;
         let s = st.clone();
-        st.cpu.run(b.len(), move || tokenize_body(&s, &b)).await
+        st.cpu.run(b.len(), move || f(&s, &b)).await
     };
     match r.await {
         Ok(v) => Json(v).into_response(),
@@ -151,44 +160,35 @@ pub(crate) async fn detokenize(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = async {
-        let b = body_bytes(&st, body)?;
-        let s = st.clone();
-        st.cpu
-            .run(b.len(), move || {
-                let m = params::parse_body(&b)?;
-                let n_vocab = s.handle.info().n_vocab;
-                let ids = match m.get("tokens") {
-                    Some(Value::Array(a)) => a
-                        .iter()
-                        .map(|v| {
-                            v.as_u64()
-                                .filter(|&t| (t as usize) < n_vocab)
-                                .map(|t| t as u32)
-                        })
-                        .collect::<Option<Vec<u32>>>()
-                        .ok_or_else(|| {
-                            ApiError::invalid(
-                                "tokens",
-                                format!("`tokens` must hold token ids below {n_vocab}"),
-                            )
-                        })?,
-                    _ => {
-                        return Err(ApiError::invalid(
-                            "tokens",
-                            "`tokens` must be an array of token ids",
-                        ))
-                    }
-                };
-                let text = s.handle.tokenizer().decode(&ids, false);
-                Ok(json!({"prompt": text, "content": text}))
-            })
-            .await
-    };
-    match r.await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json_on_cpu(st, body, |s, b| {
+        let m = params::parse_body(b)?;
+        let n_vocab = s.handle.info().n_vocab;
+        let ids = match m.get("tokens") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .filter(|&t| (t as usize) < n_vocab)
+                        .map(|t| t as u32)
+                })
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tokens",
+                        format!("`tokens` must hold token ids below {n_vocab}"),
+                    )
+                })?,
+            _ => {
+                return Err(ApiError::invalid(
+                    "tokens",
+                    "`tokens` must be an array of token ids",
+                ))
+            }
+        };
+        let text = s.handle.tokenizer().decode(&ids, false);
+        Ok(json!({"prompt": text, "content": text}))
+    })
+    .await
 }
 
 /// llama-server's `/apply-template`: `{"messages": [...]}` (and `tools`,
@@ -197,31 +197,22 @@ pub(crate) async fn apply_template(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = async {
-        let b = body_bytes(&st, body)?;
-        let s = st.clone();
-        st.cpu
-            .run(b.len(), move || {
-                let m = params::parse_body(&b)?;
-                let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
-                let agp = params::opt_bool(&m, "add_generation_prompt", true)?;
-                let prompt = s
-                    .template
-                    .render(&req.messages, agp, req.tools.as_ref())
-                    .map_err(|e| {
-                        ApiError::invalid(
-                            "messages",
-                            format!("the chat template cannot render these messages: {e}"),
-                        )
-                    })?;
-                Ok(json!({"prompt": prompt}))
-            })
-            .await
-    };
-    match r.await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json_on_cpu(st, body, |s, b| {
+        let m = params::parse_body(b)?;
+        let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
+        let agp = params::opt_bool(&m, "add_generation_prompt", true)?;
+        let prompt = s
+            .template
+            .render(&req.messages, agp, req.tools.as_ref())
+            .map_err(|e| {
+                ApiError::invalid(
+                    "messages",
+                    format!("the chat template cannot render these messages: {e}"),
+                )
+            })?;
+        Ok(json!({"prompt": prompt}))
+    })
+    .await
 }
 
 /// llama-server's `/props`: the served model, its context, slots and chat template.

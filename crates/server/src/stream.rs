@@ -246,12 +246,7 @@ fn split_for_calls<'a>(
                 return held.split_at(at);
             }
             // The longest tail that is a prefix of the marker stays held.
-            let keep = (1..m.len().min(held.len()) + 1)
-                .rev()
-                .find(|&k| {
-                    held.is_char_boundary(held.len() - k) && m.starts_with(&held[held.len() - k..])
-                })
-                .unwrap_or(0);
+            let keep = crate::reasoning::tag_prefix_tail(held, m);
             held.split_at(held.len() - keep)
         }
     }
