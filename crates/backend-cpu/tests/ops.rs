@@ -44,3 +44,14 @@ fn moe_and_bias_match_reference() {
     quiver_backend::testing::moe::moe(&backend(Numerics::BatchInvariant), &Cpu, &mut rng)
         .print("moe");
 }
+
+#[test]
+fn products_are_batch_invariant() {
+    let mut rng = seeded_rng();
+    products::batch_invariance(
+        &backend(Numerics::BatchInvariant),
+        &Cpu,
+        &mut rng,
+        &[1, 2, 3, 9, 64, 65, 150],
+    );
+}

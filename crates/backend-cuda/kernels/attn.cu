@@ -120,17 +120,6 @@ ATTN_KERNELS(256)
 //   HD 64, 128: RG 4, CS 1, KT 64 (each warp 16 rows × all columns).
 //   HD 256:     RG 2, CS 2, KT 32 (two warps per 16 rows, each half the columns: both compute
 //               the row's scores, so the softmax statistics agree; registers stay under 255).
-__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <int HD, int KT, int RG, int CS>
 __device__ void flash_impl(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
                            float* __restrict__ out, const int4* __restrict__ tiles, BatchView b, int n_head,

@@ -73,3 +73,23 @@ struct BatchView {
     const u32* block_tables;
     u32 block_size;
 };
+
+// ---- tensor cores (mma.sync m16n8k16: f16 in, f32 accumulate) ----
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Four 8×8 f16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8).
+__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
+    u64 g;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((u32)g));
+}

@@ -17,20 +17,20 @@ pub struct CudaConfig {
     /// Decode steps captured as CUDA graphs and replayed (`QUIVER_CUDA_GRAPHS=0`: off). Always
     /// off in the parity mode.
     pub graphs: bool,
-    /// Load cuBLAS for the prefill products (`QUIVER_CUDA_CUBLAS=0`: never loaded, no f16
-    /// copies).
+    /// Load cuBLAS for the products of F16 weights and of f16 copies (`QUIVER_CUDA_CUBLAS=0`:
+    /// never loaded, no f16 copies; every tensor-core product on the qmm kernel).
     pub cublas: bool,
-    /// f16 copies of the quantized weights for cuBLAS, when there is room
-    /// (`QUIVER_CUDA_F16_COPIES=0`: none).
+    /// f16 copies of the quantized weights for cuBLAS, when there is room: opt-in
+    /// (`QUIVER_CUDA_F16_COPIES=1`), 3–4× the weights' memory (BENCHMARKS.md has what they
+    /// gain). Without them the tensor-core products read the GGUF blocks (kernels/qmm.cu).
     pub f16_copies: bool,
-    /// Products over `gemm_min_tokens` or more tokens through cuBLAS
-    /// (`QUIVER_CUDA_TENSOR_CORES=0`: every product on the matrix-vector kernels, which make
-    /// every token's result independent of the batch).
+    /// Products over `gemm_min_tokens` or more tokens on the tensor cores
+    /// (`QUIVER_CUDA_TENSOR_CORES=0`: every product on the matrix-vector kernels).
     pub tensor_cores: bool,
-    /// Products over at least this many tokens go to cuBLAS on the f16 copies when there are
-    /// copies (`QUIVER_CUDA_GEMM_MIN_TOKENS`, default 3, at least 1); fewer run on the
-    /// matrix-vector kernels, which are faster for one or two tokens and slower beyond (they
-    /// are compute-bound there).
+    /// Products over at least this many tokens go to the tensor cores
+    /// (`QUIVER_CUDA_GEMM_MIN_TOKENS`, default 3, at least 1); fewer run on the matrix-vector
+    /// kernels, which are faster for one or two tokens and slower beyond (they are
+    /// compute-bound there).
     pub gemm_min_tokens: usize,
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's (`QUIVER_CUDA_INT8=0`: f32 activations).
@@ -68,7 +68,7 @@ impl Default for CudaConfig {
             exact: false,
             graphs: true,
             cublas: true,
-            f16_copies: true,
+            f16_copies: false,
             tensor_cores: true,
             gemm_min_tokens: 3,
             int8: true,
@@ -99,7 +99,7 @@ impl CudaConfig {
             exact: set("QUIVER_CUDA_EXACT"),
             graphs: on("QUIVER_CUDA_GRAPHS"),
             cublas: on("QUIVER_CUDA_CUBLAS"),
-            f16_copies: on("QUIVER_CUDA_F16_COPIES"),
+            f16_copies: set("QUIVER_CUDA_F16_COPIES"),
             tensor_cores: on("QUIVER_CUDA_TENSOR_CORES"),
             gemm_min_tokens: var("QUIVER_CUDA_GEMM_MIN_TOKENS")
                 .and_then(|v| v.parse().ok())
@@ -120,7 +120,6 @@ impl CudaConfig {
     /// without graphs, counts in range.
     pub(crate) fn resolve(mut self, arch: u32, has_cublas: bool) -> Self {
         self.cublas = has_cublas;
-        self.tensor_cores &= has_cublas;
         self.f16_copies &= has_cublas;
         self.pdl &= arch >= 90;
         self.graphs &= !self.exact;
@@ -146,9 +145,9 @@ mod tests {
     fn no_variables_give_the_defaults() {
         assert_eq!(with(&[]), CudaConfig::default());
         let d = CudaConfig::default();
-        assert!(d.graphs && d.cublas && d.f16_copies && d.tensor_cores && d.int8);
+        assert!(d.graphs && d.cublas && d.tensor_cores && d.int8);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
-        assert!(!d.exact && !d.sync_each);
+        assert!(!d.exact && !d.sync_each && !d.f16_copies);
         assert_eq!((d.gemm_min_tokens, d.attention_splits), (3, None));
     }
 
@@ -160,7 +159,6 @@ mod tests {
                 (|c: &CudaConfig| c.graphs) as fn(&CudaConfig) -> bool,
             ),
             ("QUIVER_CUDA_CUBLAS", |c| c.cublas),
-            ("QUIVER_CUDA_F16_COPIES", |c| c.f16_copies),
             ("QUIVER_CUDA_TENSOR_CORES", |c| c.tensor_cores),
             ("QUIVER_CUDA_INT8", |c| c.int8),
             ("QUIVER_CUDA_ACT_GRID", |c| c.act_grid),
@@ -180,6 +178,7 @@ mod tests {
                 (|c: &CudaConfig| c.exact) as fn(&CudaConfig) -> bool,
             ),
             ("QUIVER_CUDA_SYNC", |c| c.sync_each),
+            ("QUIVER_CUDA_F16_COPIES", |c| c.f16_copies),
         ] {
             // Off unless exactly "1".
             assert!(field(&with(&[(name, "1")])), "{name}=1");
@@ -200,10 +199,12 @@ mod tests {
             ..CudaConfig::default()
         }
         .resolve(80, false);
-        assert!(!c.cublas && !c.tensor_cores && !c.f16_copies && !c.pdl && !c.graphs);
+        // The tensor cores need no cuBLAS (the qmm kernel); the copies do.
+        assert!(!c.cublas && c.tensor_cores && !c.f16_copies && !c.pdl && !c.graphs);
         assert_eq!((c.attention_splits, c.gemm_min_tokens), (Some(64), 1));
         let c = CudaConfig {
             attention_splits: Some(0),
+            f16_copies: true,
             ..CudaConfig::default()
         }
         .resolve(90, true);

@@ -1,8 +1,9 @@
-//! Products with the weights (kernels/quant.cu, the activation conversions of ops.cu, and
-//! cuBLAS): the matrix-vector kernels (`mmv`, on f32 or int8 activations, up to three
-//! matrices and 8 tokens per launch, or gate·up with the activation fused), cuBLAS on the f16
-//! weight copies, and how `matmul`, `matmul_qkv`, `matmul_glu` and `matmul_logits` choose
-//! between them. The fast path only: the parity mode's products are in src/exact.rs.
+//! Products with the weights (kernels/quant.cu, kernels/qmm.cu, the activation conversions of
+//! ops.cu, and cuBLAS): the matrix-vector kernels (`mmv`, on f32 or int8 activations, up to
+//! three matrices and 8 tokens per launch, or gate·up with the activation fused), the
+//! tensor-core kernel over the GGUF blocks (`qmm`), cuBLAS on F16 weights and on the opt-in f16
+//! copies, and how `matmul`, `matmul_qkv`, `matmul_glu` and `matmul_logits` choose between
+//! them. The fast path only: the parity mode's products are in src/exact.rs.
 
 use crate::batch::CudaStep;
 use crate::launch::grid1;
@@ -64,10 +65,23 @@ pub(crate) fn check_matmul(
     )
 }
 
+/// Tokens and weight rows of a qmm tile (kernels/qmm.cu `QMM_BN`, `QMM_BM`).
+const QMM_BN: usize = 64;
+const QMM_BM: usize = 128;
+
+/// Where a product runs on the tensor cores.
+#[derive(Clone, Copy)]
+enum Tc {
+    /// cuBLAS over f16 weights at this address (F16 weights, or an opt-in f16 copy).
+    Blas(u64),
+    /// The qmm kernel over the weight's own blocks.
+    Qmm,
+}
+
 /// How the fast path runs `matmul_qkv`.
 enum QkvPath {
-    /// All three on cuBLAS over one f16 copy of x.
-    Gemm([u64; 3]),
+    /// All three on the tensor cores over one f16 copy of x.
+    Gemm([Tc; 3]),
     /// One matrix-vector launch per 8 tokens for the three (one type, one width).
     Fused,
     /// Three products, each as `matmul` runs it.
@@ -78,32 +92,36 @@ enum QkvPath {
 enum GluPath {
     /// gate·up with the activation in one matrix-vector launch per 8 tokens.
     Fused,
-    /// Both products on cuBLAS over one f16 copy of x, then the glu kernel.
-    Gemm(u64, u64),
+    /// Both products on the tensor cores over one f16 copy of x, then the glu kernel.
+    Gemm(Tc, Tc),
     /// Two products, each as `matmul` runs it, then the glu kernel.
     Separate,
 }
 
 impl CudaBackend {
-    /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`: cuBLAS on the f16
-    /// weights when `n` reaches `gemm_min_tokens`, else the matrix-vector kernels.
+    /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`: on the tensor cores
+    /// when `n` reaches `gemm_min_tokens`, else on the matrix-vector kernels.
     pub(crate) fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
-        if let Some(wh) = self.tensor_core_weight(w, n) {
+        if let Some(tc) = self.tensor_core(w, n) {
             let xh = self.to_half(x, n, w.cols, w.ty)?;
-            return self.gemm(w, wh, xh, n, y);
+            return self.gemm(w, tc, xh, n, y);
         }
         self.mmv(&[(w, y)], x, n)
     }
 
-    /// The f16 weights of `w` when a product over `n` tokens goes to the tensor cores.
-    fn tensor_core_weight(&self, w: &CudaWeight, n: usize) -> Option<u64> {
-        if n < self.cfg.gemm_min_tokens || !self.cfg.tensor_cores || self.blas.is_none() {
+    /// How a product of `w` over `n` tokens runs on the tensor cores, if it does.
+    fn tensor_core(&self, w: &CudaWeight, n: usize) -> Option<Tc> {
+        if n < self.cfg.gemm_min_tokens || !self.cfg.tensor_cores {
             return None;
         }
-        if w.ty == GgmlType::F16 {
+        let f16 = if w.ty == GgmlType::F16 {
             Some(w.data.ptr)
         } else {
             w.half.as_ref().map(|b| b.ptr)
+        };
+        match f16.filter(|_| self.blas.is_some()) {
+            Some(p) => Some(Tc::Blas(p)),
+            None => Some(Tc::Qmm),
         }
     }
 
@@ -139,14 +157,31 @@ impl CudaBackend {
         Ok(xh)
     }
 
-    /// y[n, w.rows] = xh[n, w.cols] (f16) · W (f16 at `wh`)ᵀ through cuBLAS.
-    fn gemm(&self, w: &CudaWeight, wh: u64, xh: u64, n: usize, y: u64) -> Result<()> {
-        let blas = self
-            .blas
-            .as_ref()
-            .expect("tensor_core_weight checked cuBLAS");
-        blas.gemm_f16(wh, xh, y, w.rows, n, w.cols)
-            .map_err(|e| derr("cublasGemmEx", e))
+    /// y[n, w.rows] = xh[n, w.cols] (f16) · Wᵀ on the tensor cores: cuBLAS over f16 weights,
+    /// or the qmm kernel over the GGUF blocks (kernels/qmm.cu).
+    fn gemm(&self, w: &CudaWeight, tc: Tc, xh: u64, n: usize, y: u64) -> Result<()> {
+        match tc {
+            Tc::Blas(wh) => {
+                let blas = self.blas.as_ref().expect("tensor_core checked cuBLAS");
+                blas.gemm_f16(wh, xh, y, w.rows, n, w.cols)
+                    .map_err(|e| derr("cublasGemmEx", e))
+            }
+            Tc::Qmm => self.launch(
+                &w.names.module,
+                &w.names.qmm,
+                (n.div_ceil(QMM_BN) as u32, w.rows.div_ceil(QMM_BM) as u32, 1),
+                (256, 1, 1),
+                args![
+                    w.data.ptr,
+                    w.row_bytes as i64,
+                    w.rows as i32,
+                    w.cols as i32,
+                    xh,
+                    y,
+                    n as i32
+                ],
+            ),
+        }
     }
 
     /// Matrix-vector products of up to three matrices of one type over the same x, in one
@@ -258,8 +293,8 @@ impl CudaBackend {
             QkvPath::Gemm(halves) => {
                 // One f16 copy of x for the three products.
                 let xh = self.to_half(x.ptr(), rows_x, w[0].cols, w[0].ty)?;
-                for ((m, o), wh) in w.iter().zip(out).zip(halves) {
-                    self.gemm(m, wh, xh, rows_x, o.ptr())?;
+                for ((m, o), tc) in w.iter().zip(out).zip(halves) {
+                    self.gemm(m, tc, xh, rows_x, o.ptr())?;
                 }
                 Ok(())
             }
@@ -285,7 +320,7 @@ impl CudaBackend {
         let same_width = w
             .iter()
             .all(|m| m.cols == w[0].cols && act_grid(m.ty) == act_grid(w[0].ty));
-        if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core_weight(m, rows_x)) {
+        if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core(m, rows_x)) {
             if same_width {
                 return QkvPath::Gemm([q, k, v]);
             }
@@ -348,7 +383,7 @@ impl CudaBackend {
     }
 
     fn glu_path(&self, gate: &CudaWeight, up: &CudaWeight, rows_x: usize) -> GluPath {
-        let gh = self.tensor_core_weight(gate, rows_x);
+        let gh = self.tensor_core(gate, rows_x);
         let fusable = rows_x <= MMV_TOKENS
             && gh.is_none()
             && gate.ty == up.ty
@@ -357,7 +392,7 @@ impl CudaBackend {
         if fusable {
             return GluPath::Fused;
         }
-        match (gh, self.tensor_core_weight(up, rows_x)) {
+        match (gh, self.tensor_core(up, rows_x)) {
             (Some(gh), Some(uh))
                 if gate.cols == up.cols && act_grid(gate.ty) == act_grid(up.ty) =>
             {

@@ -14,8 +14,10 @@ const QUANT: &str = include_str!("../kernels/quant.cu");
 const OPS: &str = include_str!("../kernels/ops.cu");
 const ATTN: &str = include_str!("../kernels/attn.cu");
 const EXACT: &str = include_str!("../kernels/exact.cu");
+const QMM: &str = include_str!("../kernels/qmm.cu");
 
-/// Weight types with quantized kernels (`embed_T`, `dequant_bf16_T`, `mmv_T`), by kernel suffix.
+/// Weight types with quantized kernels (`embed_T`, `dequant_f16_T`, `mmv_T`, `qmm_T`), by kernel
+/// suffix.
 pub const QUANT_TYPES: &[&str] = &[
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "f32", "f16",
     "bf16",
@@ -98,6 +100,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             let mut v: Vec<String> = [
                 "embed",
                 "dequant_f16",
+                "qmm",
                 "mmv",
                 "mmv1",
                 "mmv_glu",
@@ -160,7 +163,7 @@ pub fn module_source(module: &str) -> Option<String> {
                 Some(_) => format!("QUANT_KERNELS_Q({t})\n"),
                 None => String::new(),
             };
-            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n{int8}")
+            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n{int8}#line 1 \"qmm.cu\"\n{QMM}\nQMM_K({t})\n")
         }
     };
     Some(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))

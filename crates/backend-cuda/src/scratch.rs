@@ -65,7 +65,7 @@ impl CudaBackend {
                 "logits rows",
             ),
         ];
-        if self.blas.is_some() && self.cfg.tensor_cores {
+        if self.cfg.tensor_cores {
             plan.push((|s| &mut s.xbf, n * cols * 2, "f16 activations"));
         }
         plan.retain(|p| p.1 > 0);

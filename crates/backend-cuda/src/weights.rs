@@ -28,6 +28,8 @@ pub(crate) struct KernelNames {
     pub(crate) embed: String,
     pub(crate) mmv: [String; 4],
     pub(crate) glu: [String; 4],
+    /// The tensor-core product over the weight's blocks (kernels/qmm.cu).
+    pub(crate) qmm: String,
     /// The parity mode's product and gather (module "exact").
     pub(crate) x_mm: String,
     pub(crate) x_embed: String,
@@ -52,6 +54,7 @@ impl KernelNames {
             embed: format!("embed_{kernel}"),
             mmv: v(base, ""),
             glu: v(base, "_glu"),
+            qmm: format!("qmm_{kernel}"),
             x_mm: format!("x_mm_{kernel}"),
             x_embed: format!("x_embed_{kernel}"),
             moe: [

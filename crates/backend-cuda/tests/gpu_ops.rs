@@ -28,7 +28,7 @@ struct Cuda;
 /// True when products over `n` tokens run on the matrix-vector kernels (exact up to f32
 /// rounding); else on the tensor cores (f16).
 fn mmv(be: &CudaBackend, n: usize) -> bool {
-    n < be.config().gemm_min_tokens || !be.has_cublas()
+    n < be.config().gemm_min_tokens || !be.config().tensor_cores
 }
 
 /// The activation block size when products of `ty` weights on the matrix-vector kernels
@@ -161,6 +161,15 @@ fn matmul_and_embedding_match_reference_for_every_type() {
             notes.skipped
         );
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tensor_core_products_are_batch_invariant() {
+    let mut rng = seeded_rng();
+    let be = backend_with(CudaConfig::from_env());
+    let min = be.config().gemm_min_tokens;
+    products::batch_invariance(&be, &Cuda, &mut rng, &[min, 17, 64, 65, 150]);
 }
 
 #[test]

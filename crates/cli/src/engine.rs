@@ -234,7 +234,7 @@ pub fn cuda_summary(be: &CudaBackend) -> String {
         mib(m.f16_copies),
         mib(m.kv),
         mib(m.workspace),
-        if be.has_cublas() { "" } else { "; cuBLAS not found: prefill uses the matrix-vector kernels" },
+        if be.has_cublas() { "" } else { "; cuBLAS not found: F16 weights' prefill uses the qmm kernel" },
     ) + if be.config().exact {
         "; parity mode (QUIVER_CUDA_EXACT=1): every op rounds as the CPU backend's, graphs off"
     } else {

@@ -27,13 +27,14 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
 ];
 
 /// Weight shapes `[rows, cols]` of the products (columns whole 256-blocks of the K-quants; one,
-/// two and three of them).
-pub const PRODUCT_SHAPES: &[(usize, usize)] = &[(96, 512), (40, 256), (72, 768)];
+/// two, three and nine of them: the last over two CUDA tensor-core tiles of 128 rows and over
+/// three of its 1024-column summation chunks, the last one partial).
+pub const PRODUCT_SHAPES: &[(usize, usize)] = &[(96, 512), (40, 256), (72, 768), (136, 2304)];
 
 /// Token counts of the plain products: decode (1), the CUDA backend's cut-over to the tensor
 /// cores (3), its matrix-vector kernels' launches of up to 8 tokens (8, 9, 17), prefill (40,
-/// 64).
-pub const PRODUCT_TOKENS: &[usize] = &[1, 3, 8, 9, 17, 40, 64];
+/// 64, and 150 over three of its tensor-core tiles of 64 tokens).
+pub const PRODUCT_TOKENS: &[usize] = &[1, 3, 8, 9, 17, 40, 64, 150];
 
 /// Token counts of the fused products (q/k/v in one call, gate·up with the activation).
 pub const FUSED_TOKENS: &[usize] = &[1, 5, 12, 64];

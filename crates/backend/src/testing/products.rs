@@ -72,6 +72,50 @@ pub fn products<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) -> 
     notes
 }
 
+/// Each token's product is the same bits whatever else is in the call: for every weight type
+/// and shape, `matmul` over the last `n` rows of one x, for each `n` of `counts`, against the
+/// same rows of the product over all `max(counts)` rows (a token then sits elsewhere in its
+/// tiles and among other neighbours).
+pub fn batch_invariance<B: Backend, H: Harness<B>>(
+    be: &B,
+    h: &H,
+    rng: &mut Rng,
+    counts: &[usize],
+) -> Notes {
+    let mut notes = Notes::default();
+    let total = counts.iter().copied().max().unwrap_or(1);
+    for &(rows, cols) in PRODUCT_SHAPES {
+        for &ty in WEIGHT_TYPES {
+            let Some(wc) = WeightCase::random(rng, ty, rows, cols) else {
+                continue;
+            };
+            let Some(w) = load(be, &wc, &mut notes) else {
+                continue;
+            };
+            let x = rng.vec(total * cols);
+            let product = |x: &[f32], n: usize| {
+                let xb = h.upload(be, x);
+                let mut out = poison(be, h, n * rows);
+                be.matmul(&w, &xb, n, &mut out).unwrap();
+                read(be, &out, n * rows)
+            };
+            let all = product(&x, total);
+            for &n in counts {
+                let o = total - n;
+                let part = product(&x[o * cols..], n);
+                let d = super::bits_differ(&part, &all[o * rows..]);
+                assert_eq!(
+                    d,
+                    0,
+                    "{ty} [{rows}, {cols}]: {d} of {} results of tokens {o}..{total} differ alone",
+                    n * rows
+                );
+            }
+        }
+    }
+    notes
+}
+
 /// `matmul` of `n` tokens.
 fn matmul<B: Backend, H: Harness<B>>(
     be: &B,

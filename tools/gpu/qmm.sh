@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The tensor-core products over the GGUF blocks (issue 15) on the GPU machine, with the
+# binaries of tools/gpu/stage.sh in .gpu/:
+#   tools/gpu/qmm.sh tests                  product op tests (every type, batch invariance)
+#   tools/gpu/qmm.sh peer                   llama.cpp's CUDA build in the background (.peer/)
+#   tools/gpu/qmm.sh bench SPEC...          SPEC = arch:preset:type; quiver without copies
+#                                           (the default), with QUIVER_CUDA_F16_COPIES=1, and
+#                                           llama.cpp when built: pp512/tg128, --parallel $PAR
+set -uo pipefail
+B=.gpu
+O=${OUT:-/tmp/out}
+M=/tmp/quiver-models
+export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
+mkdir -p "$M" "$O"
+L=/tmp/peer/llama.cpp/build/bin
+step=$1
+shift
+case $step in
+  tests)
+    $B/test-gpu_ops --include-ignored --test-threads=1 matmul tensor_core 2>&1 | grep -E "^test |panicked|result|differ|error" | head -30
+    ;;
+  peer)
+    nohup bash .peer/device_peer.sh build >/tmp/peer-build.log 2>&1 &
+    ;;
+  bench)
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+    for spec in "$@"; do
+      IFS=: read -r arch preset ty <<<"$spec"
+      f="$M/$preset-$ty.gguf"
+      [ -s "$f" ] || /usr/bin/time -f "synth $preset $ty: %es" $B/quiver synth --arch "$arch" --preset "$preset" --type "$ty" -o "$f" >/dev/null
+      echo "== $preset $ty"
+      for copies in 0 1; do
+        echo "-- f16 copies $copies"
+        QUIVER_CUDA_F16_COPIES=$copies $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 2>>$O/bench.log
+        QUIVER_CUDA_F16_COPIES=$copies $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel "${PAR:-1,8,64}" 2>>$O/bench.log
+        grep -h "device memory" $O/bench.log | tail -1
+      done
+      if [ -x $L/llama-bench ]; then
+        echo "-- llama.cpp"
+        $L/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o md 2>/dev/null | grep -E "^\|"
+        $L/llama-batched-bench -m "$f" -c 40960 -b 2048 -ub 512 -npp 512 -ntg 128 -npl "${PAR:-1,8,64}" -ngl 99 -fa on 2>/dev/null | grep -E "^\|"
+      fi
+    done
+    ;;
+esac
