@@ -2,9 +2,11 @@
 # The tensor-core products over the GGUF blocks (issue 15) on the GPU machine, with the
 # binaries of tools/gpu/stage.sh in .gpu/:
 #   tools/gpu/qmm.sh tests                  product op tests (every type, batch invariance)
+#   tools/gpu/qmm.sh regs                   ptxas' registers and spills of .gpu/*.cu (kernel_source)
 #   tools/gpu/qmm.sh peer                   llama.cpp's CUDA build in the background (.peer/)
-#   tools/gpu/qmm.sh bench SPEC...          SPEC = arch:preset:type; quiver without copies
-#                                           (the default), with QUIVER_CUDA_F16_COPIES=1, and
+#   tools/gpu/qmm.sh bench SPEC...          SPEC = arch:preset:type; quiver in each of $CFGS
+#                                           (inv: the defaults; noinv: QUIVER_CUDA_INVARIANT=0;
+#                                           copies: that and QUIVER_CUDA_F16_COPIES=1), and
 #                                           llama.cpp when built: pp512/tg128, --parallel $PAR
 set -uo pipefail
 B=.gpu
@@ -17,7 +19,12 @@ step=$1
 shift
 case $step in
   tests)
-    $B/test-gpu_ops --include-ignored --test-threads=1 matmul tensor_core 2>&1 | grep -E "^test |panicked|result|differ|error" | head -30
+    $B/test-gpu_ops --include-ignored --test-threads=1 matmul batch_invariant 2>&1 | grep -E "^test |panicked|result|differ|error" | head -30
+    ;;
+  regs)
+    for m in .gpu/*.cu; do
+      /usr/local/cuda/bin/nvcc -arch=sm_90 -cubin --resource-usage -o /dev/null "$m" 2>&1 | grep -A2 -E "Compiling entry.*qm[mv]_" | head -12
+    done
     ;;
   peer)
     nohup bash .peer/device_peer.sh build >/tmp/peer-build.log 2>&1 &
@@ -29,10 +36,15 @@ case $step in
       f="$M/$preset-$ty.gguf"
       [ -s "$f" ] || /usr/bin/time -f "synth $preset $ty: %es" $B/quiver synth --arch "$arch" --preset "$preset" --type "$ty" -o "$f" >/dev/null
       echo "== $preset $ty"
-      for copies in 0 1; do
-        echo "-- f16 copies $copies"
-        QUIVER_CUDA_F16_COPIES=$copies $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 2>>$O/bench.log
-        QUIVER_CUDA_F16_COPIES=$copies $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel "${PAR:-1,8,64}" 2>>$O/bench.log
+      for cfg in ${CFGS:-inv noinv copies}; do
+        case $cfg in
+          inv) env=() ;;
+          noinv) env=(QUIVER_CUDA_INVARIANT=0) ;;
+          copies) env=(QUIVER_CUDA_INVARIANT=0 QUIVER_CUDA_F16_COPIES=1) ;;
+        esac
+        echo "-- $cfg ${env[*]}"
+        env "${env[@]}" $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 3 2>>$O/bench.log
+        env "${env[@]}" $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel "${PAR:-1,8,64}" 2>>$O/bench.log
         grep -h "device memory" $O/bench.log | tail -1
       done
       if [ -x $L/llama-bench ]; then

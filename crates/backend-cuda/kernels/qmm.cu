@@ -1,132 +1,381 @@
 // ---- Tensor-core products straight from the GGUF blocks (prefill, batched decode) ----
 // y[t, r] = W[r, :] · x[t, :] for t < n, with x in f16 (xh [n, cols], as to_half writes it) and
-// W in its GGUF type: each tile of weights is dequantized (deq_T, quant.cu) to f16 in shared
-// memory and multiplied with mma.sync m16n8k16, f32 accumulate. Nothing is copied at load.
+// W in its GGUF type: the weights are dequantized (deqh_T below) to f16 in registers and
+// multiplied with mma.sync m16n8k16, f32 accumulate. Nothing is copied at load.
 //
-// One order of summation per output element, which depends on `cols` only: k ascending in
-// steps of 16 (one mma each, with the fragments ldmatrix gives from row-major tiles), the sum
+// One order of summation per output element, which depends on `cols` only: stages of 128
+// columns in ascending order, 8 steps of 16 values each (one mma, the values as below), the sum
 // restarting from zero every QMM_CHUNK columns and the chunk sums added left to right. The
 // number of tokens, the tile a token falls in and its neighbours change nothing: a token's
 // result is the same bits in any batch. (The chunks let a decode kernel split a row's columns
 // over warps and still give these bits.)
 //
-// CTA: 128 weight rows × 64 tokens, 8 warps as 4 (rows) × 2 (tokens), 32 × 32 each; k tiles of
-// 64 (two 32-value groups per row: thread i dequantizes group i % 2 of row i / 2).
-//                                           grid (ceil(n / 64), ceil(rows / 128)), block 256
-#define QMM_BM 128
+// The k order inside a stage of 128 columns (four 32-value groups) is permuted so that each lane
+// dequantizes whole groups: mma step s (0..7) of a stage takes, from each group q (0..3),
+// values 4s..4s+3, and the lane of quad position q holds exactly those of its rows. So lane
+// (g = lane / 4, q = lane % 4) of warp w calls deqh_T for group q of rows 16w + g and 16w + g + 8
+// and feeds their values 4s..4s+3 to step s: no value is dequantized twice. The activations are
+// staged in the same permuted order, one 8-byte load per lane per (step, 8 tokens).
+//
+// The weights' bytes of a stage (per row: the four 32-blocks, or the 256-block that holds the
+// stage) are copied to shared memory with cp.async, QMM_NST stages ahead, and dequantized from
+// there. The copy starts at the 16-byte boundary below the bytes, so they keep the alignment
+// deqh_T relies on.
+//
+// CTA: 64 weight rows × 64 tokens, 4 warps of 16 rows × 64 tokens.
+//                                 grid (ceil(n / 64), ceil(rows / 64)), block 128, dynamic smem
+#define QMM_WARPS 4
+#define QMM_BM (16 * QMM_WARPS)
 #define QMM_BN 64
-#define QMM_BK 64
+#define QMM_BK 128
 #define QMM_CHUNK 1024
-// Rows of a tile 72 halves (144 bytes) apart: ldmatrix and the 16-byte stores hit 32 banks.
-#define QMM_LD 72
+#define QMM_NST 3
+#define QMV_NST 4
+// A token's row of a staged activation tile: 128 halves and 16 of padding (72 words, 8 mod 32:
+// the 8-byte loads of a half-warp hit 32 banks).
+#define QMM_XLD 144
 
-typedef void (*DeqFn)(const u8*, int, float*);
+typedef void (*DeqFn)(const u8*, int, u32*);
 
-template <DeqFn DEQ>
+// ---- A group's 32 values as 16 f16 pairs, (0,1), (2,3), … (deqh_T) ----
+// The quantized integers become f16 without a conversion instruction (those run at a quarter of
+// the rate): 0x6400 | u is the f16 1024 + u for 0 ≤ u < 1024, and subtracting 1024 (plus the
+// type's offset) is exact. For Q4_0 and Q8_0 the value is then (q · d) rounded once, the same
+// bits as deq_T's f32 product rounded to f16; the K-quants' scales (d · sc, dmin · m) are
+// rounded to f16 first. Types without a deqh of their own take deq_T's values (DEQH_GENERIC).
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+// Bytes 0 and 1 (SEL_01), or 2 and 3 (SEL_23), of a word into the low byte of each half.
+#define SEL_01 0x4140
+#define SEL_23 0x4342
+#define H2(h) ((u32)(h) | ((u32)(h) << 16))
+
+__device__ __forceinline__ void deqh_q4_0(const u8* row, int g, u32* h) {
+    const u8* b = row + g * 18;
+    const u32 d = H2(ld_u16(b));
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const u32 w = ld_u32_2a(b + 2 + 4 * i);
+        const u32 x01 = prmt(w, 0, SEL_01), x23 = prmt(w, 0, SEL_23);
+        // Values 4i..4i+3 are the low nibbles, 16 + 4i.. the high ones; q − 8 exactly.
+        h[2 * i] = hmul2(hsub2((x01 & 0x000F000F) | 0x64006400, 0x64086408), d);
+        h[2 * i + 1] = hmul2(hsub2((x23 & 0x000F000F) | 0x64006400, 0x64086408), d);
+        h[8 + 2 * i] = hmul2(hsub2(((x01 >> 4) & 0x000F000F) | 0x64006400, 0x64086408), d);
+        h[8 + 2 * i + 1] = hmul2(hsub2(((x23 >> 4) & 0x000F000F) | 0x64006400, 0x64086408), d);
+    }
+}
+__device__ __forceinline__ void deqh_q8_0(const u8* row, int g, u32* h) {
+    const u8* b = row + g * 34;
+    const u32 d = H2(ld_u16(b));
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        // q + 128 as an unsigned byte under 0x64: 1152 + q, less 1152 exactly.
+        const u32 x = ld_u32_2a(b + 2 + 4 * i) ^ 0x80808080u;
+        h[2 * i] = hmul2(hsub2(prmt(x, 0x64646464, 0x5140), 0x64806480), d);
+        h[2 * i + 1] = hmul2(hsub2(prmt(x, 0x64646464, 0x7362), 0x64806480), d);
+    }
+}
+__device__ __forceinline__ void deqh_q4_k(const u8* row, int g, u32* h) {
+    const u8* b = row + (g >> 3) * 144;
+    const int s = g & 7, shift = (s & 1) * 4;
+    float sc, mn;
+    k4_scale_min(b + 4, s, sc, mn);
+    const u32 dl = H2(f2h(h2f(ld_u16(b)) * sc)), nml = H2(f2h(-(h2f(ld_u16(b + 2)) * mn)));
+    const uint4* q4 = (const uint4*)(b + 16 + (s >> 1) * 32);
+#pragma unroll
+    for (int v = 0; v < 2; v++) {
+        const uint4 qq = q4[v];
+        const u32 ws[4] = {qq.x, qq.y, qq.z, qq.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 x01 = prmt(ws[i], 0, SEL_01) >> shift, x23 = prmt(ws[i], 0, SEL_23) >> shift;
+            h[8 * v + 2 * i] = hfma2(hsub2((x01 & 0x000F000F) | 0x64006400, 0x64006400), dl, nml);
+            h[8 * v + 2 * i + 1] = hfma2(hsub2((x23 & 0x000F000F) | 0x64006400, 0x64006400), dl, nml);
+        }
+    }
+}
+__device__ __forceinline__ void deqh_q6_k(const u8* row, int g, u32* h) {
+    const u8* b = row + (g >> 3) * 210;
+    const int s = g & 7, hf = s >> 2, k = s & 3, shift = (k >> 1) * 4;
+    const float d = h2f(ld_u16(b + 208));
+    const i8* sc = (const i8*)(b + 192 + hf * 8 + 2 * k);
+    const u32 dl0 = H2(f2h(d * sc[0])), dl1 = H2(f2h(d * sc[1]));
+    const u8* ql = b + hf * 64 + (k & 1) * 32;
+    const u8* qh = b + 128 + hf * 32;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const u32 w = ld_u32_2a(ql + 4 * i), e = ld_u32_2a(qh + 4 * i);
+        const u32 dl = i < 4 ? dl0 : dl1;
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            const u32 sel = p ? SEL_23 : SEL_01;
+            const u32 lo = (prmt(w, 0, sel) >> shift) & 0x000F000F;
+            const u32 hi = ((prmt(e, 0, sel) >> (2 * k)) & 0x00030003) << 4;
+            // 1056 = 1024 + 32: q − 32 exactly.
+            h[2 * i + p] = hmul2(hsub2(lo | hi | 0x64006400, 0x64206420), dl);
+        }
+    }
+}
+__device__ __forceinline__ void deqh_f16(const u8* row, int g, u32* h) {
+    const uint4* p = (const uint4*)(row + g * 64);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint4 u = p[i];
+        h[4 * i] = u.x;
+        h[4 * i + 1] = u.y;
+        h[4 * i + 2] = u.z;
+        h[4 * i + 3] = u.w;
+    }
+}
+#define DEQH_GENERIC(T)                                                                               \
+    __device__ __forceinline__ void deqh_##T(const u8* row, int g, u32* h) {                          \
+        float v[32];                                                                                  \
+        deq_##T(row, g, v);                                                                           \
+        _Pragma("unroll") for (int p = 0; p < 16; p++) h[p] = pack_h2(v[2 * p], v[2 * p + 1]);        \
+    }
+
+// Where a stage's weight bytes lie in a row, for blocks of BB bytes holding BV (32 or 256) values.
+template <int BB, int BV>
+struct QWin {
+    static constexpr int LEN = BV == 32 ? 4 * BB : BB;
+    // Bytes a row's copy takes in shared memory: LEN from any alignment, whole 16-byte pieces.
+    static constexpr int WIN = (LEN + 30) / 16 * 16;
+    __device__ static int start(int j) { return BV == 32 ? j * 4 * BB : (j >> 1) * BB; }
+    // The group of the copy that holds group 4j + q of the row.
+    __device__ static int group(int j, int q) { return BV == 32 ? q : 4 * (j & 1) + q; }
+};
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u64 d;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(d) : "l"(p));
+    return (u32)d;
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// The 16 rows of a warp: row i (0..15) of the tile starting at row `rb`, past the last read as
+// the last (its results are never stored).
+struct QRows {
+    const u8* W;
+    const u8* end;
+    long long row_bytes;
+    int rb, rows;
+    __device__ const u8* row(int i) const { return W + (long long)min(rb + i, rows - 1) * row_bytes; }
+};
+
+// Copies stage j's weight bytes of the warp's 16 rows to `win` (16 × WIN bytes).
+template <int BB, int BV>
+__device__ __forceinline__ void qmm_copy_w(u8* win, const QRows& R, int j) {
+    typedef QWin<BB, BV> Q;
+    constexpr int CH = Q::WIN / 16;
+    for (int i = threadIdx.x & 31; i < 16 * CH; i += 32) {
+        const int r = i / CH, c = i - r * CH;
+        const u8* a = (const u8*)((u64)(R.row(r) + Q::start(j)) & ~15ull) + 16 * c;
+        cp_async16(win + r * Q::WIN + 16 * c, a < R.end ? a : R.W, a < R.end);
+    }
+}
+
+// This lane's A fragments of stage j from the copy in `win`: a[s] for step s.
+template <DeqFn DEQ, int BB, int BV>
+__device__ __forceinline__ void qmm_frag(u32 (*a)[4], const u8* win, const QRows& R, int j, int ng) {
+    typedef QWin<BB, BV> Q;
+    const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+    const bool ok = 4 * j + q < ng;
+    u32 hv[16];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const u8* src = R.row(g + 8 * h) + Q::start(j);
+        DEQ(win + (g + 8 * h) * Q::WIN + ((u64)src & 15), Q::group(j, q), hv);
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            a[s][h] = ok ? hv[2 * s] : 0u;
+            a[s][2 + h] = ok ? hv[2 * s + 1] : 0u;
+        }
+    }
+}
+
+// Stage j of the activations (columns 128j..128j+127 of tokens n0..n0+63) into `dst`, permuted:
+// values 4p..4p+3 of the stage (group p / 8, step p % 8) at step·16 + group·4.
+__device__ __forceinline__ void qmm_copy_x(u16* dst, const u16* __restrict__ xh, int cols, int n,
+                                           int n0, int j) {
+#pragma unroll
+    for (int c = 0; c < QMM_BN * 32 / (32 * QMM_WARPS); c++) {
+        const int i = threadIdx.x + 32 * QMM_WARPS * c;
+        const int t = i >> 5, p = i & 31;
+        const int k = j * QMM_BK + 4 * p;
+        const bool ok = n0 + t < n && k < cols;
+        cp_async8(dst + t * QMM_XLD + (p & 7) * 16 + (p >> 3) * 4,
+                  ok ? xh + (long long)(n0 + t) * cols + k : xh, ok);
+    }
+}
+
+template <DeqFn DEQ, int BB, int BV>
 __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const u16* __restrict__ xh,
                                          float* __restrict__ y, int n) {
-    __shared__ __align__(16) u16 As[QMM_BM * QMM_LD];
-    __shared__ __align__(16) u16 Bs[QMM_BN * QMM_LD];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp & 3, wn = warp >> 2;
-    const int n0 = blockIdx.x * QMM_BN, r0 = blockIdx.y * QMM_BM;
-    const int ng = cols / 32;
-    // This thread's share of a k tile: weight group `ag` of row `ar`; 16 activations of token `bt`.
-    const int ar = tid >> 1, ag = tid & 1;
-    const bool arow = r0 + ar < rows;
-    const u8* wrow = W + (long long)(r0 + ar) * row_bytes;
-    const int bt = tid >> 2, bk = (tid & 3) * 16;
-    const bool btok = n0 + bt < n;
-    const u16* xrow = xh + (long long)(n0 + bt) * cols;
-    float acc[2][4][4], tot[2][4][4];
+    typedef QWin<BB, BV> Q;
+    extern __shared__ __align__(16) u8 qsm[];
+    u16* Xs = (u16*)qsm;
+    u8* Ws = qsm + QMM_NST * QMM_BN * QMM_XLD * 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int n0 = blockIdx.x * QMM_BN;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
+    const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
+    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
+    auto xbuf = [&](int b) { return Xs + b * QMM_BN * QMM_XLD; };
+    float acc[8][4], tot[8][4];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 8; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int e = 0; e < 4; e++) acc[i][e] = tot[i][e] = 0.f;
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = tot[i][j][e] = 0.f;
-    for (int k0 = 0; k0 < cols; k0 += QMM_BK) {
-        {
-            const int g = (k0 >> 5) + ag;
-            uint4* dst = (uint4*)(As + ar * QMM_LD + ag * 32);
-            if (arow && g < ng) {
-                float v[32];
-                DEQ(wrow, g, v);
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    dst[i] = make_uint4(pack_h2(v[8 * i], v[8 * i + 1]), pack_h2(v[8 * i + 2], v[8 * i + 3]),
-                                        pack_h2(v[8 * i + 4], v[8 * i + 5]), pack_h2(v[8 * i + 6], v[8 * i + 7]));
-            } else {
-#pragma unroll
-                for (int i = 0; i < 4; i++) dst[i] = make_uint4(0, 0, 0, 0);
-            }
+    for (int st = 0; st < QMM_NST - 1; st++) {
+        if (st < nst) {
+            qmm_copy_x(xbuf(st), xh, cols, n, n0, st);
+            qmm_copy_w<BB, BV>(wbuf(st), R, st);
         }
-        {
-            uint4* dst = (uint4*)(Bs + bt * QMM_LD + bk);
-            const int k = k0 + bk;
-            if (btok && k < cols) {
-                const uint4* src = (const uint4*)(xrow + k);
-                dst[0] = src[0];
-                dst[1] = src[1];
-            } else {
-                dst[0] = dst[1] = make_uint4(0, 0, 0, 0);
-            }
-        }
+        cp_async_commit();
+    }
+    for (int j = 0; j < nst; j++) {
+        cp_async_wait<QMM_NST - 2>();
         __syncthreads();
-#pragma unroll
-        for (int ks = 0; ks < QMM_BK / 16; ks++) {
-            u32 a[2][4], b[4][2];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-                ldsm_x4(a[mt], As + (wm * 32 + mt * 16 + (lane & 15)) * QMM_LD + ks * 16 + (lane >> 4) * 8);
-#pragma unroll
-            for (int np = 0; np < 2; np++) {
-                u32 r[4];
-                ldsm_x4(r, Bs + (wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * QMM_LD + ks * 16 +
-                               ((lane >> 3) & 1) * 8);
-                b[2 * np][0] = r[0];
-                b[2 * np][1] = r[1];
-                b[2 * np + 1][0] = r[2];
-                b[2 * np + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma_16816(acc[mt][nt], a[mt], b[nt][0], b[nt][1]);
+        const int st = j + QMM_NST - 1;
+        if (st < nst) {
+            qmm_copy_x(xbuf(st % QMM_NST), xh, cols, n, n0, st);
+            qmm_copy_w<BB, BV>(wbuf(st % QMM_NST), R, st);
         }
-        __syncthreads();
-        if ((k0 + QMM_BK) % QMM_CHUNK == 0 || k0 + QMM_BK >= cols) {
+        cp_async_commit();
+        u32 a[8][4];
+        qmm_frag<DEQ, BB, BV>(a, wbuf(j % QMM_NST), R, j, ng);
+        const u16* xs = xbuf(j % QMM_NST);
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+        for (int s = 0; s < 8; s++)
 #pragma unroll
-                for (int j = 0; j < 4; j++)
+            for (int nt = 0; nt < 8; nt++) {
+                const uint2 b = *(const uint2*)(xs + (nt * 8 + g) * QMM_XLD + s * 16 + q * 4);
+                mma_16816(acc[nt], a[s], b.x, b.y);
+            }
+        if (((j + 1) * QMM_BK) % QMM_CHUNK == 0 || j + 1 == nst) {
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        tot[i][j][e] += acc[i][j][e];
-                        acc[i][j][e] = 0.f;
-                    }
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    tot[i][e] += acc[i][e];
+                    acc[i][e] = 0.f;
+                }
         }
     }
-    const int g = lane >> 2, tq = lane & 3;
+    const int rw = R.rb + g;
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int nt = 0; nt < 8; nt++) {
+        const int t = n0 + nt * 8 + 2 * q;
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            const int r = r0 + wm * 32 + mt * 16 + g;
-            const int t = n0 + wn * 32 + nt * 8 + 2 * tq;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int rr = r + (e >> 1) * 8, tt = t + (e & 1);
-                if (rr < rows && tt < n) y[(long long)tt * rows + rr] = tot[mt][nt][e];
-            }
+        for (int e = 0; e < 4; e++) {
+            const int rr = rw + (e >> 1) * 8, tt = t + (e & 1);
+            if (rr < rows && tt < n) y[(long long)tt * rows + rr] = tot[nt][e];
         }
+    }
 }
 
-#define QMM_K(T)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256)                                                 \
+// ---- The same products for decode (n ≤ 8 tokens): the same bits as qmm ----
+// A warp takes 16 rows and one QMM_CHUNK of columns at a time, summed exactly as qmm sums them
+// (same stages, steps, fragments and k order), for tokens 0..7 as one n8 tile whose activations
+// come straight from xh; its weight bytes go through shared memory as in qmm, QMV_NST stages
+// ahead. The chunk sums of the block's 16 rows meet in shared memory and one thread per (row,
+// token) adds them left to right, from 0, as qmm does.
+//                                         grid (ceil(rows / 16)), block 128, dynamic smem
+template <DeqFn DEQ, int BB, int BV>
+__device__ __forceinline__ void qmv_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                         int cols, const u16* __restrict__ xh,
+                                         float* __restrict__ y, int n) {
+    typedef QWin<BB, BV> Q;
+    extern __shared__ __align__(16) u8 qsm[];
+    // After the warps' copies: the chunk sums, [chunk][row · 8 + token].
+    float* part = (float*)(qsm + QMM_WARPS * QMV_NST * 16 * Q::WIN);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
+    const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
+    const int spc = QMM_CHUNK / QMM_BK, nch = (nst + spc - 1) / spc;
+    auto wbuf = [&](int b) { return qsm + (warp * QMV_NST + b) * 16 * Q::WIN; };
+    // Token g's activations (zeros past the last token).
+    const bool tok = g < n;
+    const u16* xr = xh + (long long)(tok ? g : 0) * cols;
+    for (int c = warp; c < nch; c += QMM_WARPS) {
+        const int j0 = c * spc, j1 = min(nst, j0 + spc);
+#pragma unroll
+        for (int t = 0; t < QMV_NST - 1; t++) {
+            if (j0 + t < j1) qmm_copy_w<BB, BV>(wbuf(t), R, j0 + t);
+            cp_async_commit();
+        }
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int j = j0; j < j1; j++) {
+            cp_async_wait<QMV_NST - 2>();
+            __syncwarp();
+            const int st = j + QMV_NST - 1;
+            if (st < j1) qmm_copy_w<BB, BV>(wbuf((st - j0) % QMV_NST), R, st);
+            cp_async_commit();
+            u32 a[8][4];
+            qmm_frag<DEQ, BB, BV>(a, wbuf((j - j0) % QMV_NST), R, j, ng);
+            const int k = j * QMM_BK + 32 * q;
+            const bool ok = tok && k < cols;
+            const uint2* xp = (const uint2*)(xr + (ok ? k : 0));
+#pragma unroll
+            for (int s = 0; s < 8; s++) {
+                uint2 b = ok ? xp[s] : make_uint2(0, 0);
+                mma_16816(acc, a[s], b.x, b.y);
+            }
+        }
+        __syncwarp();
+        // acc: (row g, tokens 2q, 2q+1), (row g + 8, the same tokens).
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[c * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
+    }
+    __syncthreads();
+    const int row = threadIdx.x >> 3, t = threadIdx.x & 7;
+    if (t < n && R.rb + row < rows) {
+        float tot = 0.f;
+        for (int c = 0; c < nch; c++) tot += part[c * 128 + row * 8 + t];
+        y[(long long)t * rows + R.rb + row] = tot;
+    }
+}
+
+#define QMM_K(T, BB, BV)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         qmm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const u16* __restrict__ xh, float* __restrict__ y, int n) {                           \
         pdl_begin();                                                                                  \
-        qmm_impl<deq_##T>(W, row_bytes, rows, cols, xh, y, n);                                        \
+        qmm_impl<deqh_##T, BB, BV>(W, row_bytes, rows, cols, xh, y, n);                                \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
+        qmv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
+                const u16* __restrict__ xh, float* __restrict__ y, int n) {                           \
+        pdl_begin();                                                                                  \
+        qmv_impl<deqh_##T, BB, BV>(W, row_bytes, rows, cols, xh, y, n);                                \
     }

@@ -83,9 +83,35 @@ impl CudaBackend {
         name: &str,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
+        a: Args,
+    ) -> Result<()> {
+        self.launch_smem(module, name, grid, block, 0, a)
+    }
+
+    /// [`launch`](Self::launch) with `smem` bytes of dynamic shared memory (above 48 KiB the
+    /// kernel is first allowed that much).
+    pub(crate) fn launch_smem(
+        &self,
+        module: &str,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
         mut a: Args,
     ) -> Result<()> {
         let f = self.func(module, name)?;
+        if smem > 48 << 10 {
+            // SAFETY: `f` is a live function of a loaded module.
+            unsafe {
+                ds::cuFuncSetAttribute(
+                    f,
+                    ds::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .result()
+            }
+            .map_err(|e| derr(format!("shared memory of kernel {name}"), e))?;
+        }
         let (mut p, n) = a.ptrs();
         if self.cfg.pdl {
             // Programmatic dependent launch: every kernel begins with pdl_begin() (common.cuh),
@@ -102,7 +128,7 @@ impl CudaBackend {
                 blockDimX: block.0,
                 blockDimY: block.1,
                 blockDimZ: block.2,
-                sharedMemBytes: 0,
+                sharedMemBytes: smem,
                 hStream: self.dev.stream,
                 attrs: &mut attr,
                 numAttrs: 1,
@@ -113,7 +139,7 @@ impl CudaBackend {
         } else {
             // SAFETY: the arguments match the kernel's signature (each call site mirrors its
             // .cu declaration) and point to live device buffers; `a` outlives the call.
-            unsafe { dr::launch_kernel(f, grid, block, 0, self.dev.stream, &mut p[..n]) }
+            unsafe { dr::launch_kernel(f, grid, block, smem, self.dev.stream, &mut p[..n]) }
                 .map_err(|e| derr(format!("launching kernel {name}"), e))?;
         }
         if self.cfg.sync_each && !self.graphs.capturing() {

@@ -65,9 +65,11 @@ pub(crate) fn check_matmul(
     )
 }
 
-/// Tokens and weight rows of a qmm tile (kernels/qmm.cu `QMM_BN`, `QMM_BM`).
+/// Tokens and weight rows of a qmm tile (kernels/qmm.cu `QMM_BN`, `QMM_BM`), threads of its
+/// block.
 const QMM_BN: usize = 64;
-const QMM_BM: usize = 128;
+const QMM_BM: usize = 64;
+const QMM_THREADS: u32 = 128;
 
 /// Where a product runs on the tensor cores.
 #[derive(Clone, Copy)]
@@ -76,6 +78,27 @@ enum Tc {
     Blas(u64),
     /// The qmm kernel over the weight's own blocks.
     Qmm,
+    /// Its decode form, the same bits for up to `QMV_TOKENS` tokens per launch.
+    Qmv,
+}
+
+/// Tokens per qmv launch (kernels/qmm.cu: one n8 tile), and the widest rows the qmm kernels
+/// take (qmv's chunk sums stay in shared memory: 512 bytes per 1024 columns).
+const QMV_TOKENS: usize = 8;
+const QMV_MAX_COLS: usize = 64 * 1024;
+
+/// Stages in flight (kernels/qmm.cu `QMM_NST`, `QMV_NST`) and a staged activation row in bytes
+/// (`QMM_XLD` halves).
+const QMM_NST: usize = 3;
+const QMV_NST: usize = 4;
+const QMM_XLD_BYTES: usize = 144 * 2;
+
+/// Dynamic shared memory of the qmm and qmv kernels for `w`.
+fn qmm_smem(w: &CudaWeight) -> (u32, u32) {
+    let win = registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
+    let qmm = QMM_NST * (QMM_BN * QMM_XLD_BYTES + QMM_BM * win);
+    let qmv = 4 * QMV_NST * 16 * win + w.cols.div_ceil(1024) * 512;
+    (qmm as u32, qmv as u32)
 }
 
 /// How the fast path runs `matmul_qkv`.
@@ -109,8 +132,16 @@ impl CudaBackend {
         self.mmv(&[(w, y)], x, n)
     }
 
+    /// True when products run on the batch-invariant qmm / qmv kernels.
+    pub(crate) fn invariant(&self, w: &CudaWeight) -> bool {
+        self.cfg.invariant && self.cfg.tensor_cores && w.cols <= QMV_MAX_COLS
+    }
+
     /// How a product of `w` over `n` tokens runs on the tensor cores, if it does.
     fn tensor_core(&self, w: &CudaWeight, n: usize) -> Option<Tc> {
+        if self.invariant(w) {
+            return Some(if n <= QMV_TOKENS { Tc::Qmv } else { Tc::Qmm });
+        }
         if n < self.cfg.gemm_min_tokens || !self.cfg.tensor_cores {
             return None;
         }
@@ -166,11 +197,12 @@ impl CudaBackend {
                 blas.gemm_f16(wh, xh, y, w.rows, n, w.cols)
                     .map_err(|e| derr("cublasGemmEx", e))
             }
-            Tc::Qmm => self.launch(
+            Tc::Qmm => self.launch_smem(
                 &w.names.module,
                 &w.names.qmm,
                 (n.div_ceil(QMM_BN) as u32, w.rows.div_ceil(QMM_BM) as u32, 1),
-                (256, 1, 1),
+                (QMM_THREADS, 1, 1),
+                qmm_smem(w).0,
                 args![
                     w.data.ptr,
                     w.row_bytes as i64,
@@ -181,6 +213,28 @@ impl CudaBackend {
                     n as i32
                 ],
             ),
+            Tc::Qmv => {
+                for t in (0..n).step_by(QMV_TOKENS) {
+                    let nt = (n - t).min(QMV_TOKENS);
+                    self.launch_smem(
+                        &w.names.module,
+                        &w.names.qmv,
+                        (w.rows.div_ceil(16) as u32, 1, 1),
+                        (QMM_THREADS, 1, 1),
+                        qmm_smem(w).1,
+                        args![
+                            w.data.ptr,
+                            w.row_bytes as i64,
+                            w.rows as i32,
+                            w.cols as i32,
+                            xh + (t * w.cols * 2) as u64,
+                            y + (t * w.rows * 4) as u64,
+                            nt as i32
+                        ],
+                    )?;
+                }
+                Ok(())
+            }
         }
     }
 

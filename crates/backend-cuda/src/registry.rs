@@ -23,6 +23,34 @@ pub const QUANT_TYPES: &[&str] = &[
     "bf16",
 ];
 
+/// Bytes and values of a block of a weight type, by kernel suffix (the float types as blocks
+/// of 32 values).
+pub fn block_layout(t: &str) -> Option<(usize, usize)> {
+    Some(match t {
+        "q4_0" => (18, 32),
+        "q4_1" => (20, 32),
+        "q5_0" => (22, 32),
+        "q5_1" => (24, 32),
+        "q8_0" => (34, 32),
+        "q2_k" => (84, 256),
+        "q3_k" => (110, 256),
+        "q4_k" => (144, 256),
+        "q5_k" => (176, 256),
+        "q6_k" => (210, 256),
+        "f32" => (128, 32),
+        "f16" | "bf16" => (64, 32),
+        _ => return None,
+    })
+}
+
+/// Shared memory a row's weight bytes of one 128-column stage take in the qmm kernels
+/// (kernels/qmm.cu `QWin::WIN`).
+pub fn qmm_window(t: &str) -> Option<usize> {
+    let (bb, bv) = block_layout(t)?;
+    let len = if bv == 32 { 4 * bb } else { bb };
+    Some((len + 30) / 16 * 16)
+}
+
 /// Every module the backend can load: "ops", "attn", "exact" (the parity mode's kernels) and
 /// one "quant_T" per weight type.
 pub fn module_names() -> Vec<String> {
@@ -101,6 +129,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
                 "embed",
                 "dequant_f16",
                 "qmm",
+                "qmv",
                 "mmv",
                 "mmv1",
                 "mmv_glu",
@@ -163,7 +192,12 @@ pub fn module_source(module: &str) -> Option<String> {
                 Some(_) => format!("QUANT_KERNELS_Q({t})\n"),
                 None => String::new(),
             };
-            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n{int8}#line 1 \"qmm.cu\"\n{QMM}\nQMM_K({t})\n")
+            let (bb, bv) = block_layout(t)?;
+            let deqh = match t {
+                "q4_0" | "q8_0" | "q4_k" | "q6_k" | "f16" => String::new(),
+                _ => format!("DEQH_GENERIC({t})\n"),
+            };
+            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n{int8}#line 1 \"qmm.cu\"\n{QMM}\n{deqh}QMM_K({t}, {bb}, {bv})\n")
         }
     };
     Some(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))

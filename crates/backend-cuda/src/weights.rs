@@ -28,8 +28,9 @@ pub(crate) struct KernelNames {
     pub(crate) embed: String,
     pub(crate) mmv: [String; 4],
     pub(crate) glu: [String; 4],
-    /// The tensor-core product over the weight's blocks (kernels/qmm.cu).
+    /// The tensor-core products over the weight's blocks (kernels/qmm.cu): many tokens, decode.
     pub(crate) qmm: String,
+    pub(crate) qmv: String,
     /// The parity mode's product and gather (module "exact").
     pub(crate) x_mm: String,
     pub(crate) x_embed: String,
@@ -55,6 +56,7 @@ impl KernelNames {
             mmv: v(base, ""),
             glu: v(base, "_glu"),
             qmm: format!("qmm_{kernel}"),
+            qmv: format!("qmv_{kernel}"),
             x_mm: format!("x_mm_{kernel}"),
             x_embed: format!("x_embed_{kernel}"),
             moe: [

@@ -28,7 +28,8 @@ struct Cuda;
 /// True when products over `n` tokens run on the matrix-vector kernels (exact up to f32
 /// rounding); else on the tensor cores (f16).
 fn mmv(be: &CudaBackend, n: usize) -> bool {
-    n < be.config().gemm_min_tokens || !be.config().tensor_cores
+    let c = be.config();
+    !c.tensor_cores || (!c.invariant && n < c.gemm_min_tokens)
 }
 
 /// The activation block size when products of `ty` weights on the matrix-vector kernels
@@ -138,16 +139,18 @@ fn backend_with(config: CudaConfig) -> CudaBackend {
 #[ignore = "needs a CUDA GPU"]
 fn matmul_and_embedding_match_reference_for_every_type() {
     let mut rng = seeded_rng();
-    // Every count on the matrix-vector kernels (in launches of up to 8 tokens), then with the
-    // default cut-over, where 3 tokens and more take the tensor-core path: a backend each.
-    for gemm_min_tokens in [usize::MAX, 3] {
+    // Every count on the matrix-vector kernels (in launches of up to 8 tokens); then with the
+    // cut-over where 3 tokens and more take the tensor cores; then the default, every count on
+    // the batch-invariant qmv / qmm kernels: a backend each.
+    for (invariant, gemm_min_tokens) in [(false, usize::MAX), (false, 3), (true, 3)] {
         let mut be = backend_with(CudaConfig {
+            invariant,
             gemm_min_tokens,
             ..CudaConfig::from_env()
         });
         let notes = products::products(&mut be, &Cuda, &mut rng);
         notes.print(&format!(
-            "products, tensor cores from {gemm_min_tokens} tokens"
+            "products, invariant {invariant}, tensor cores from {gemm_min_tokens} tokens"
         ));
         // Only the types without CUDA kernels (IQ4_NL, IQ4_XS) are refused, at every shape.
         let refused = WEIGHT_TYPES
@@ -165,11 +168,10 @@ fn matmul_and_embedding_match_reference_for_every_type() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn tensor_core_products_are_batch_invariant() {
+fn products_are_batch_invariant_by_default() {
     let mut rng = seeded_rng();
     let be = backend_with(CudaConfig::from_env());
-    let min = be.config().gemm_min_tokens;
-    products::batch_invariance(&be, &Cuda, &mut rng, &[min, 17, 64, 65, 150]);
+    products::batch_invariance(&be, &Cuda, &mut rng, &[1, 2, 3, 8, 9, 17, 64, 65, 150]);
 }
 
 #[test]

@@ -91,12 +91,13 @@ fn graph_replay_equals_eager_bit_for_bit() {
     assert_eq!((e.captures, e.replays), (0, 0), "{e:?}");
 }
 
-/// A backend whose every op computes a token independently of the batch around it: no cuBLAS
-/// (its kernels depend on the shapes), no flash kernel (decode tokens in a mixed step would
-/// take it, alone they take the split-K kernel), and a fixed number of key ranges.
+/// A backend whose every op computes a token independently of the batch around it: the
+/// products on the default batch-invariant qmv / qmm kernels, no flash kernel (decode tokens in
+/// a mixed step would take it, alone they take the split-K kernel), and a fixed number of key
+/// ranges.
 fn batch_invariant() -> CudaBackend {
     let config = CudaConfig {
-        tensor_cores: false,
+        invariant: true,
         flash: false,
         attention_splits: Some(4),
         ..CudaConfig::from_env()
