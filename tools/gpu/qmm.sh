@@ -3,6 +3,7 @@
 # binaries of tools/gpu/stage.sh in .gpu/:
 #   tools/gpu/qmm.sh tests                  product op tests (every type, batch invariance)
 #   tools/gpu/qmm.sh regs                   ptxas' registers and spills of .gpu/*.cu (kernel_source)
+#   tools/gpu/qmm.sh ncu SPEC               Nsight Compute over the first qmm / qmv launches
 #   tools/gpu/qmm.sh peer                   llama.cpp's CUDA build in the background (.peer/)
 #   tools/gpu/qmm.sh bench SPEC...          SPEC = arch:preset:type; quiver in each of $CFGS
 #                                           (inv: the defaults; noinv: QUIVER_CUDA_INVARIANT=0;
@@ -25,6 +26,15 @@ case $step in
     for m in .gpu/*.cu; do
       /usr/local/cuda/bin/nvcc -arch=sm_90 -cubin --resource-usage -o /dev/null "$m" 2>&1 | grep -A2 -E "Compiling entry.*qm[mv]_" | head -12
     done
+    ;;
+  ncu)
+    # The qmm / qmv launches of one pp512 + tg run on SPEC's model, under Nsight Compute.
+    IFS=: read -r arch preset ty <<<"$1"
+    f="$M/$preset-$ty.gguf"
+    [ -s "$f" ] || $B/quiver synth --arch "$arch" --preset "$preset" --type "$ty" -o "$f" >/dev/null
+    ncu --clock-control none -k regex:"qm[mv]_" -c ${COUNT:-6} --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      $B/quiver bench -m "$f" --device cuda -p 512 -n 4 -r 1 2>&1 | grep -vE "^\[" | tail -${LINES_OUT:-400}
     ;;
   peer)
     nohup bash .peer/device_peer.sh build >/tmp/peer-build.log 2>&1 &

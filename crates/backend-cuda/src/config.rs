@@ -27,10 +27,11 @@ pub struct CudaConfig {
     /// Products over `gemm_min_tokens` or more tokens on the tensor cores
     /// (`QUIVER_CUDA_TENSOR_CORES=0`: every product on the matrix-vector kernels).
     pub tensor_cores: bool,
-    /// Batch-invariant products (`QUIVER_CUDA_INVARIANT=0`: off): with the tensor cores on,
-    /// every product runs on the qmm kernels (qmv for up to 8 tokens), which give a token the
-    /// same bits whatever the batch; off, products of few tokens take the matrix-vector
-    /// kernels and larger ones cuBLAS where there are f16 weights.
+    /// Batch-invariant products (`QUIVER_CUDA_INVARIANT=1`): with the tensor cores on, every
+    /// product runs on the qmm kernels (qmv for up to 8 tokens), which give a token the same
+    /// bits whatever the batch. Off by default for now: qmv decodes at half the speed of the
+    /// matrix-vector kernels (BENCHMARKS.md). Off, products of fewer than `gemm_min_tokens`
+    /// tokens take the matrix-vector kernels and larger ones the tensor cores.
     pub invariant: bool,
     /// Products over at least this many tokens go to the tensor cores
     /// (`QUIVER_CUDA_GEMM_MIN_TOKENS`, default 3, at least 1); fewer run on the matrix-vector
@@ -75,7 +76,7 @@ impl Default for CudaConfig {
             cublas: true,
             f16_copies: false,
             tensor_cores: true,
-            invariant: true,
+            invariant: false,
             gemm_min_tokens: 3,
             int8: true,
             act_grid: true,
@@ -107,7 +108,7 @@ impl CudaConfig {
             cublas: on("QUIVER_CUDA_CUBLAS"),
             f16_copies: set("QUIVER_CUDA_F16_COPIES"),
             tensor_cores: on("QUIVER_CUDA_TENSOR_CORES"),
-            invariant: on("QUIVER_CUDA_INVARIANT"),
+            invariant: set("QUIVER_CUDA_INVARIANT"),
             gemm_min_tokens: var("QUIVER_CUDA_GEMM_MIN_TOKENS")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(d.gemm_min_tokens)
@@ -152,7 +153,7 @@ mod tests {
     fn no_variables_give_the_defaults() {
         assert_eq!(with(&[]), CudaConfig::default());
         let d = CudaConfig::default();
-        assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && d.invariant);
+        assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
         assert!(!d.exact && !d.sync_each && !d.f16_copies);
         assert_eq!((d.gemm_min_tokens, d.attention_splits), (3, None));
@@ -167,7 +168,6 @@ mod tests {
             ),
             ("QUIVER_CUDA_CUBLAS", |c| c.cublas),
             ("QUIVER_CUDA_TENSOR_CORES", |c| c.tensor_cores),
-            ("QUIVER_CUDA_INVARIANT", |c| c.invariant),
             ("QUIVER_CUDA_INT8", |c| c.int8),
             ("QUIVER_CUDA_ACT_GRID", |c| c.act_grid),
             ("QUIVER_CUDA_FLASH", |c| c.flash),
@@ -187,6 +187,7 @@ mod tests {
             ),
             ("QUIVER_CUDA_SYNC", |c| c.sync_each),
             ("QUIVER_CUDA_F16_COPIES", |c| c.f16_copies),
+            ("QUIVER_CUDA_INVARIANT", |c| c.invariant),
         ] {
             // Off unless exactly "1".
             assert!(field(&with(&[(name, "1")])), "{name}=1");
