@@ -27,6 +27,11 @@ pub struct ServeArgs {
     /// Most sequences running at once (llama-server's `-np/--parallel`).
     #[arg(long, visible_alias = "parallel", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_seqs: u32,
+    /// How `/v1/embeddings` pools a text's hidden states: mean, cls or last (llama-server's
+    /// `--pooling`; default: the file's `pooling_type`, else last, as vLLM does for
+    /// generative models).
+    #[arg(long, value_parser = ["mean", "cls", "last"])]
+    pub pooling: Option<String>,
     /// Most requests waiting before the server answers 429.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_waiting: u32,
@@ -156,6 +161,12 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     });
+    let pooling = a
+        .pooling
+        .as_deref()
+        .and_then(quiver_engine::embed::Pooling::parse)
+        .or_else(|| quiver_engine::embed::Pooling::of_file(&file))
+        .unwrap_or(quiver_engine::embed::Pooling::Last);
     let threads = engine::threads(&a.load)?;
     let opts = ServeOptions {
         n_ctx,
@@ -204,6 +215,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         idle_timeout: std::time::Duration::from_secs(a.timeout_idle_secs),
         max_connections: a.max_connections as usize,
         max_seqs: a.max_seqs as usize,
+        pooling,
         ..Default::default()
     };
     quiver_server::run(handle, cfg)?;

@@ -6,6 +6,7 @@
 mod batch;
 mod batched;
 pub mod constraint;
+pub mod embed;
 mod kv;
 pub mod output;
 pub mod runner;

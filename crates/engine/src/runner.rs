@@ -4,6 +4,7 @@
 //! it ([`ModelRunner::execute`]) and picks tokens with the same [`Picker`].
 
 use crate::batch::{BatchBuilder, Blocks};
+use crate::embed::{Pool, Pooling};
 use crate::sampler::{Needs, Sampler};
 use crate::sched::SchedulerOutput;
 use crate::serve::TokenLogprob;
@@ -191,6 +192,7 @@ pub struct ModelRunner<B: Backend> {
     batch: BatchBuilder,
     picker: Picker,
     logits: Vec<f32>,
+    hidden: Vec<f32>,
 }
 
 /// Which positions of an `eval` need logits.
@@ -218,6 +220,7 @@ impl<B: Backend> ModelRunner<B> {
             batch: BatchBuilder::default(),
             picker: Picker::default(),
             logits: Vec::new(),
+            hidden: Vec::new(),
         })
     }
 
@@ -347,6 +350,35 @@ impl<B: Backend> ModelRunner<B> {
             .fetch(1, how)?
             .pick(0, sampler, history, None, None)
             .token)
+    }
+
+    /// The last step's first `rows` final hidden states (`[rows, n_embd]`, see
+    /// `State::hidden`), read back to the host.
+    pub fn hidden(&mut self, rows: usize) -> Result<&[f32]> {
+        let n = rows * self.model.hp.n_embd;
+        self.backend
+            .read(self.state.hidden(), n, &mut self.hidden)
+            .map_err(ModelError::from)?;
+        Ok(&self.hidden[..n])
+    }
+
+    /// The embedding of `tokens` as one sequence from position 0 (its KV overwritten), in
+    /// steps of at most `n_batch` tokens: the serving loop's result for the same tokens.
+    pub fn embed(&mut self, tokens: &[u32], pooling: Pooling) -> Result<Vec<f32>> {
+        self.check_tokens(tokens, 0)?;
+        let d = self.model.hp.n_embd;
+        let mut pool = Pool::new(pooling);
+        let mut done = 0;
+        while done < tokens.len() {
+            let end = (done + self.n_batch).min(tokens.len());
+            self.forward_single(&tokens[done..end], done, end - done - 1)?;
+            let h = self.hidden(end - done)?;
+            for (k, row) in h.chunks(d).enumerate() {
+                pool.add(done + k, tokens.len(), row);
+            }
+            done = end;
+        }
+        Ok(pool.finish())
     }
 
     /// Like `eval` with `Want::Last`, returning only the argmax of the last position's logits:

@@ -45,6 +45,8 @@ pub struct SchedRequest {
     /// Logits for every prompt position (prompt log-probabilities): the prompt is computed
     /// whole, never taken from the prefix cache.
     pub prompt_logits: bool,
+    /// The prompt is computed whole, never taken from the prefix cache (embeddings).
+    pub whole_prompt: bool,
 }
 
 /// One request's part of a step.
@@ -164,6 +166,7 @@ struct Entry {
     max_tokens: usize,
     ignore_eos: bool,
     prompt_logits: bool,
+    whole_prompt: bool,
     /// Tokens whose K/V are in the cache.
     n_computed: usize,
     blocks: Vec<u32>,
@@ -241,6 +244,7 @@ impl Scheduler {
             max_tokens: r.max_tokens,
             ignore_eos: r.ignore_eos,
             prompt_logits: r.prompt_logits,
+            whole_prompt: r.whole_prompt,
             n_computed: 0,
             blocks: Vec::new(),
             hashed: 0,
@@ -336,7 +340,7 @@ impl Scheduler {
     /// Reuses cached full blocks of the request's known tokens (never the last token, which
     /// must be computed to get logits).
     fn reuse_prefix(pool: &mut BlockPool, e: &mut Entry) {
-        while !e.prompt_logits && (e.hashed + 1) * BLOCK_SIZE < e.tokens.len() {
+        while !e.prompt_logits && !e.whole_prompt && (e.hashed + 1) * BLOCK_SIZE < e.tokens.len() {
             let h = chain_hash(
                 e.last_hash,
                 &e.tokens[e.hashed * BLOCK_SIZE..(e.hashed + 1) * BLOCK_SIZE],

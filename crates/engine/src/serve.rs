@@ -25,6 +25,10 @@ pub struct Request {
     /// The grammar the output must follow (constrained decoding), compiled by the caller
     /// ([`crate::constraint::Grammars`]).
     pub constraint: Option<crate::constraint::Constraint>,
+    /// An embedding instead of text: the prompt is computed whole (no prefix cache), its
+    /// hidden states pooled so, and the request ends with `Event::Embedding` (`max_tokens`,
+    /// the sampler and the rest unused).
+    pub embed: Option<crate::embed::Pooling>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -57,7 +61,8 @@ impl FinishReason {
 }
 
 /// What a request's sink receives, in order: `Started`, `PromptLogprobs` when asked for, zero
-/// or more `Token`, then exactly one of `Finished` or `Error`.
+/// or more `Token` (or, for an embedding request, one `Embedding`), then exactly one of
+/// `Finished` or `Error`.
 #[derive(Clone, Debug)]
 pub enum Event {
     /// The prompt was scheduled; `cached_tokens` of it were reused from the prefix cache.
@@ -75,6 +80,8 @@ pub enum Event {
         text: String,
         logprob: Option<TokenLogprob>,
     },
+    /// An embedding request's vector (unit length).
+    Embedding(Vec<f32>),
     Finished {
         reason: FinishReason,
         prompt_tokens: usize,

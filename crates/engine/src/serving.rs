@@ -206,6 +206,8 @@ struct Live<'t> {
     prompt_lps: Vec<Option<TokenLogprob>>,
     counts: Counts,
     constraint: Option<crate::constraint::Constraint>,
+    /// An embedding request's pooled hidden states so far.
+    pool: Option<crate::embed::Pool>,
 }
 
 impl Live<'_> {
@@ -274,6 +276,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                     max_tokens: p.req.max_tokens,
                     ignore_eos: p.req.ignore_eos,
                     prompt_logits: p.req.prompt_logprobs.is_some(),
+                    whole_prompt: p.req.embed.is_some(),
                 });
                 self.live.insert(
                     p.id,
@@ -286,6 +289,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                         prompt_lps: Vec::new(),
                         counts,
                         constraint: p.req.constraint,
+                        pool: p.req.embed.map(crate::embed::Pool::new),
                     },
                 );
             }
@@ -413,6 +417,47 @@ impl<'a, B: Backend> Engine<'a, B> {
                 }
             }
         }
+        // Embedding requests: their rows' hidden states pooled; at the prompt's end the vector
+        // goes out and the request ends (it takes no sampling row).
+        let mut embedded = Vec::new();
+        if out
+            .scheduled
+            .iter()
+            .any(|s| live.get(&s.id).is_some_and(|l| l.pool.is_some()))
+        {
+            for id in &out.preempted {
+                if let Some(p) = live.get_mut(id).and_then(|l| l.pool.as_mut()) {
+                    p.reset();
+                }
+            }
+            let n_tokens: usize = out.scheduled.iter().map(|s| s.n_tokens()).sum();
+            let d = runner.model.hp.n_embd;
+            let hidden = runner.hidden(n_tokens)?;
+            let mut r0 = 0;
+            for s in &out.scheduled {
+                if let Some(l) = live.get_mut(&s.id) {
+                    if let Some(pool) = l.pool.as_mut() {
+                        let len = l.counts.prompt_tokens;
+                        for k in 0..s.n_tokens() {
+                            pool.add(
+                                s.start_pos + k,
+                                len,
+                                &hidden[(r0 + k) * d..(r0 + k + 1) * d],
+                            );
+                        }
+                        if s.sample {
+                            let v = pool.finish();
+                            if l.send(Event::Embedding(v)) {
+                                embedded.push(s.id);
+                            } else {
+                                dead.push(s.id);
+                            }
+                        }
+                    }
+                }
+                r0 += s.n_tokens();
+            }
+        }
         // What the step's rows need from the logits, merged: plain greedy rows need the
         // device's argmax, top-k-only rows its k best (a GPU sends back k pairs per row);
         // prompt rows and logprobs need every logit.
@@ -421,10 +466,11 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mut how = Fetch::Argmax;
         for s in &out.scheduled {
             n_rows += s.logit_rows();
-            if s.sample {
+            let embeds = live.get(&s.id).is_some_and(|l| l.pool.is_some());
+            if s.sample && !embeds {
                 rows.push((s.id, n_rows - 1));
             }
-            if let Some(l) = live.get(&s.id) {
+            if let Some(l) = live.get(&s.id).filter(|_| !embeds) {
                 let prompt = s.logits_from == Some(0) && l.prompt_logprobs.is_some();
                 let f = Fetch::of(
                     l.sampler.needs(),
@@ -537,6 +583,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             .unwrap_or_else(|e| e.into_inner())
             .generated_tokens_total += generated;
         ended.extend(dead.iter().map(|&id| (id, FinishReason::Abort)));
+        ended.extend(embedded.into_iter().map(|id| (id, FinishReason::Stop)));
         for (id, reason) in ended {
             self.end(id, reason);
         }

@@ -160,6 +160,7 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
                 prompt_logprobs: None,
                 ignore_eos: true,
                 constraint: None,
+                embed: None,
             };
             h.submit(req, Box::new(move |e| tx.send(e).is_ok()))
                 .unwrap();

@@ -47,6 +47,7 @@ fn collect(rx: mpsc::Receiver<Event>) -> (Vec<u32>, String, FinishReason, usize)
         match e {
             Event::Started { cached_tokens, .. } => cached = cached_tokens,
             Event::PromptLogprobs(_) => panic!("no prompt logprobs were asked for"),
+            Event::Embedding(_) => panic!("no embedding was asked for"),
             Event::Token { id, text: t, .. } => {
                 ids.push(id);
                 text.push_str(&t);
@@ -72,6 +73,7 @@ fn request(prompt: &[u32], max_tokens: usize, temperature: f32, seed: u64) -> Re
         prompt_logprobs: None,
         ignore_eos: true,
         constraint: None,
+        embed: None,
     }
 }
 
@@ -262,6 +264,7 @@ fn gauges_are_current_when_events_arrive() {
     for (e, st) in rx {
         match e {
             Event::PromptLogprobs(_) => panic!("no prompt logprobs were asked for"),
+            Event::Embedding(_) => panic!("no embedding was asked for"),
             Event::Started { .. } => {
                 assert_eq!((st.running, st.waiting), (1, 0), "{st:?}");
                 assert!(st.kv_blocks_used > 0, "{st:?}");

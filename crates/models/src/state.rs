@@ -13,7 +13,7 @@ pub struct State<B: Backend> {
     pub max_tokens: usize,
     pub max_logits: usize,
     pub(crate) x: B::Buf,    // [n, n_embd] residual stream
-    pub(crate) xn: B::Buf,   // [n, n_embd] normed
+    pub(crate) xn: B::Buf,   // [n, n_embd] normed (after a step: the output norm's)
     pub(crate) q: B::Buf,    // [n, n_head · head_dim]
     pub(crate) k: B::Buf,    // [n, n_head_kv · head_dim]
     pub(crate) v: B::Buf,    // [n, n_head_kv · head_dim]
@@ -30,6 +30,14 @@ pub struct State<B: Backend> {
     pub(crate) ple: Option<crate::extras::PleBufs<B>>,
     /// [max_logits, n_vocab] after a step
     pub logits: B::Buf,
+}
+
+impl<B: Backend> State<B> {
+    /// After a step: every token's final hidden state, `[n, n_embd]`, normed by the model's
+    /// output norm (what the output matrix multiplies; what embeddings pool).
+    pub fn hidden(&self) -> &B::Buf {
+        &self.xn
+    }
 }
 
 impl<B: Backend> Model<B> {

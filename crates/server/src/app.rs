@@ -46,6 +46,8 @@ pub(crate) struct AppState {
     pub(crate) max_token_bytes: usize,
     /// Sequences the engine runs at once (`/props`' slots).
     pub(crate) max_seqs: usize,
+    /// How embeddings pool a text's hidden states.
+    pub(crate) pooling: quiver_engine::embed::Pooling,
     /// The vocabulary indexed for constrained decoding (None: a model without a vocabulary).
     pub(crate) grammars: Option<Arc<quiver_engine::constraint::Grammars>>,
     /// Time a request's body has to arrive once its headers have.
@@ -60,6 +62,9 @@ pub(crate) fn router(state: St) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embed::embeddings_oai))
+        .route("/embedding", post(crate::embed::embeddings_native))
+        .route("/embeddings", post(crate::embed::embeddings_native))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{model}", get(get_model))
         .route("/tokenize", post(tokenize))

@@ -221,7 +221,9 @@ impl Gen {
                 self.st.metrics.finished("error");
                 self.log.failed(&format!("generation failed: {e}"));
             }
-            Some(Event::Started { .. }) | Some(Event::PromptLogprobs(_)) => {}
+            Some(Event::Started { .. })
+            | Some(Event::PromptLogprobs(_))
+            | Some(Event::Embedding(_)) => {}
             None => {
                 self.guard.done = true;
                 self.log.failed("the engine dropped the request");
@@ -307,6 +309,7 @@ pub(crate) async fn generate(
         prompt_logprobs: echo.as_ref().and(p.logprobs),
         ignore_eos: p.ignore_eos,
         constraint,
+        embed: None,
     };
     let mut gens = Vec::with_capacity(n_choices);
     for i in 0..n_choices {

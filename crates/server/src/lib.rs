@@ -9,6 +9,7 @@ mod auth;
 mod conn;
 mod constrain;
 mod cpu;
+mod embed;
 pub mod error;
 mod generate;
 pub mod metrics;
@@ -54,6 +55,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Sequences the engine runs at once (reported by `/props`).
     pub max_seqs: usize,
+    /// How embeddings pool a text's hidden states.
+    pub pooling: quiver_engine::embed::Pooling,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +73,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
             max_seqs: 1,
+            pooling: quiver_engine::embed::Pooling::Last,
         }
     }
 }
@@ -185,6 +189,7 @@ pub async fn serve_until(
         max_token_bytes: cpu::max_token_bytes(handle.tokenizer()),
         grammars: quiver_engine::constraint::Grammars::new(handle.tokenizer()).map(Arc::new),
         max_seqs: cfg.max_seqs,
+        pooling: cfg.pooling,
         read_timeout: cfg.read_timeout,
         conns: conns.clone(),
         nonce: std::time::SystemTime::now()

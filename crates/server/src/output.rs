@@ -150,7 +150,8 @@ async fn collect(mut gen: Gen, logprobs: bool) -> Result<Collected, ApiError> {
     };
     loop {
         match gen.next().await {
-            Some(Event::Started { .. }) => {}
+            // (Text generations get no embedding.)
+            Some(Event::Started { .. }) | Some(Event::Embedding(_)) => {}
             Some(Event::PromptLogprobs(lps)) => c.prompt_lps = Some(lps),
             Some(Event::Token { id, text, logprob }) => {
                 c.text.push_str(&text);

@@ -494,7 +494,7 @@ pub fn parse_chat(m: &Map<String, Value>, n_vocab: usize) -> Result<ChatRequest,
     })
 }
 
-fn token_ids(a: &[Value], n_vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn token_ids(a: &[Value], n_vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
     a.iter()
         .map(|v| {
             v.as_u64()

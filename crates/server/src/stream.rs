@@ -30,7 +30,7 @@ impl StreamState {
     fn on_event(&mut self, ev: Option<Event>) {
         let out = &mut self.out;
         match ev {
-            Some(Event::Started { .. }) => {}
+            Some(Event::Started { .. }) | Some(Event::Embedding(_)) => {}
             Some(Event::PromptLogprobs(lps)) => {
                 // The echoed prompt waited for its logprobs (see `stream_response`).
                 if let Some(echo) = self.echo.take() {

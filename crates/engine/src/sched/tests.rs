@@ -22,6 +22,7 @@ fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> SchedRequest {
         max_tokens,
         ignore_eos: false,
         prompt_logits: false,
+        whole_prompt: false,
     }
 }
 
@@ -288,6 +289,7 @@ fn prompt_logits_take_every_prompt_row_within_the_row_budget() {
     drain(&mut s); // its blocks are now in the prefix cache
     s.add(SchedRequest {
         prompt_logits: true,
+        whole_prompt: false,
         ..req(2, p.clone(), 1)
     });
     s.add(req(3, prompt(4, 9), 2));
