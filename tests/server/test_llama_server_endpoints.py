@@ -18,3 +18,49 @@ def test_props_apply_template_and_v1_health(server):
     assert s == 400 and json.loads(body)["error"]["param"] == "messages"
     s, _, body = server.request("GET", "/v1/health", headers={"Authorization": ""})
     assert s == 200 and json.loads(body)["status"] == "ok"
+
+
+def test_the_port_answers_503_while_the_model_loads():
+    """As llama-server: connections are taken before the model has loaded, and every request
+    is a 503 `Loading model` until it has (the load is held back 4 s for the test)."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from conftest import model_path, quiver_exe
+
+    env = dict(os.environ, QUIVER_SERVE_LOAD_DELAY_MS="4000")
+    cmd = [str(quiver_exe()), "serve", "-m", str(model_path()), "--host", "127.0.0.1", "--port", "0", "-t", "2"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = None
+        for line in p.stderr:
+            m = re.search(r"(http://[0-9.:]+) answers 503", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "no loading line"
+
+        def get(path, body=None):
+            req = urllib.request.Request(url + path, data=body and json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        s, body = get("/health")
+        assert s == 503 and body["error"]["message"] == "Loading model", body
+        s, body = get("/v1/completions", {"prompt": "hi", "max_tokens": 1})
+        assert s == 503 and body["error"]["type"] == "unavailable_error", body
+        for line in p.stderr:
+            if "listening on" in line:
+                break
+        s, body = get("/health")
+        assert s == 200 and body["status"] == "ok", body
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)

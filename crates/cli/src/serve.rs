@@ -175,40 +175,53 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         max_batch_tokens: (a.load.batch_size as usize).max(a.max_seqs as usize),
         max_waiting: a.max_waiting as usize,
     };
-    let t0 = std::time::Instant::now();
     let (device, desc) = engine::choose_device(&a.load.device)?;
-    let handle = match device {
-        engine::Device::Cpu => quiver_engine::start_serving(
-            move || CpuBackend::new(threads),
-            file,
-            tok,
-            opts,
-            name.clone(),
-        ),
-        engine::Device::Cuda(n) => {
-            let config = quiver_backend_cuda::CudaConfig::from_env();
-            let be = quiver_backend_cuda::CudaBackend::new(n, config)?;
-            quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
+    let max_seqs = a.max_seqs;
+    let model_name = name.clone();
+    let what = path.display().to_string();
+    // The port answers (503 while loading) from before the model loads.
+    let load = move || -> Result<quiver_engine::serve::EngineHandle, String> {
+        let t0 = std::time::Instant::now();
+        if let Some(ms) = std::env::var("QUIVER_SERVE_LOAD_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
-    }
-    .map_err(|e| anyhow::anyhow!("loading {}: {e}", path.display()))?;
-    let with_threads = if device == engine::Device::Cpu {
-        format!(" with {threads} threads")
-    } else {
-        String::new()
+        let handle = match device {
+            engine::Device::Cpu => quiver_engine::start_serving(
+                move || CpuBackend::new(threads),
+                file,
+                tok,
+                opts,
+                name.clone(),
+            ),
+            engine::Device::Cuda(n) => {
+                let config = quiver_backend_cuda::CudaConfig::from_env();
+                let be = quiver_backend_cuda::CudaBackend::new(n, config)
+                    .map_err(|e| format!("loading {what}: {e}"))?;
+                quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
+            }
+        }
+        .map_err(|e| format!("loading {what}: {e}"))?;
+        let with_threads = if device == engine::Device::Cpu {
+            format!(" with {threads} threads")
+        } else {
+            String::new()
+        };
+        let load_secs = t0.elapsed().as_secs_f64();
+        tracing::info!(
+            model = %name,
+            load_secs,
+            "serving {name} on {desc}{with_threads}: context {n_ctx}, {max_seqs} sequences, {kv_blocks} KV blocks, loaded in {load_secs:.2}s",
+        );
+        Ok(handle)
     };
-    let load_secs = t0.elapsed().as_secs_f64();
-    tracing::info!(
-        model = %name,
-        load_secs,
-        "serving {name} on {desc}{with_threads}: context {n_ctx}, {} sequences, {kv_blocks} KV blocks, loaded in {load_secs:.2}s",
-        a.max_seqs,
-    );
     let cfg = quiver_server::ServerConfig {
         host: a.host,
         port: a.port,
         api_keys: keys,
-        model_name: name,
+        model_name,
         shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
         chat_template: Some(Arc::new(tmpl)),
         read_timeout: std::time::Duration::from_secs(a.timeout_read_secs),
@@ -218,6 +231,6 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         pooling,
         ..Default::default()
     };
-    quiver_server::run(handle, cfg)?;
+    quiver_server::run(quiver_server::Engine::Load(Box::new(load)), cfg)?;
     Ok(())
 }

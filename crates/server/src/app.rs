@@ -57,6 +57,29 @@ pub(crate) struct AppState {
 
 pub(crate) type St = Arc<AppState>;
 
+/// The router the accept loop serves from the start: the server's once it is set, before that
+/// 503 `Loading model` (llama-server's answer while it loads) to every request.
+pub(crate) fn gate(app: Arc<std::sync::OnceLock<Router>>) -> Router {
+    Router::new().fallback(move |req: HttpRequest| {
+        let app = app.clone();
+        async move {
+            match app.get() {
+                // (A Router is always ready: no poll_ready needed before the call.)
+                Some(r) => match tower_service::Service::call(&mut r.clone(), req).await {
+                    Ok(res) => res,
+                    Err(never) => match never {},
+                },
+                None => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable_error",
+                    "Loading model",
+                )
+                .into_response(),
+            }
+        }
+    })
+}
+
 pub(crate) fn router(state: St) -> Router {
     let limit = state.max_body;
     Router::new()

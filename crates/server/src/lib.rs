@@ -87,21 +87,31 @@ pub enum ServerError {
     },
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    /// The model did not load (the loader's message).
+    #[error("{0}")]
+    Load(String),
+}
+
+/// Where the server's engine comes from: ready, or loaded while the port already answers
+/// (503 `Loading model` to every request, as llama-server does, until it is ready).
+pub enum Engine {
+    Ready(EngineHandle),
+    Load(Box<dyn FnOnce() -> Result<EngineHandle, String> + Send>),
 }
 
 /// Runs the server on a fresh tokio runtime until SIGTERM/SIGINT, then shuts the engine down.
 /// Returns Ok after a graceful shutdown, so that the CLI exits 0.
-pub fn run(handle: EngineHandle, cfg: ServerConfig) -> Result<(), ServerError> {
+pub fn run(engine: Engine, cfg: ServerConfig) -> Result<(), ServerError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(serve(handle, cfg))
+    rt.block_on(serve(engine, cfg))
 }
 
 /// Serves until SIGTERM or SIGINT.
-pub async fn serve(handle: EngineHandle, cfg: ServerConfig) -> Result<(), ServerError> {
-    serve_until(handle, cfg, shutdown_signal()).await
+pub async fn serve(engine: Engine, cfg: ServerConfig) -> Result<(), ServerError> {
+    serve_until(engine, cfg, shutdown_signal()).await
 }
 
 /// SIGTERM or SIGINT (Ctrl-C). The handlers are installed here, before the server says it is
@@ -138,7 +148,7 @@ fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
 /// Serves until `stop` resolves: stops accepting, lets running requests finish within
 /// `shutdown_grace` (aborting the rest), then joins the engine.
 pub async fn serve_until(
-    handle: EngineHandle,
+    engine: Engine,
     cfg: ServerConfig,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
@@ -150,16 +160,42 @@ pub async fn serve_until(
             source,
         })?;
     let local = listener.local_addr()?;
-    let model = if cfg.model_name.is_empty() {
-        handle.info().name.clone()
-    } else {
-        cfg.model_name.clone()
-    };
     let conns = Arc::new(conn::Conns::new(conn::Limits {
         read: cfg.read_timeout,
         idle: cfg.idle_timeout,
         max: cfg.max_connections.max(1),
     }));
+    // Connections are taken from now on; until the model is loaded every request is a 503.
+    let app = Arc::new(std::sync::OnceLock::new());
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut task = tokio::spawn(conn::accept_loop(
+        listener,
+        app::gate(app.clone()),
+        conns.clone(),
+        rx,
+    ));
+    let handle = match engine {
+        Engine::Ready(h) => h,
+        Engine::Load(load) => {
+            tracing::info!("loading the model; http://{local} answers 503 until it is ready");
+            let loaded = tokio::task::spawn_blocking(load)
+                .await
+                .unwrap_or_else(|e| Err(format!("the loader stopped: {e}")));
+            match loaded {
+                Ok(h) => h,
+                Err(e) => {
+                    let _ = tx.send(true);
+                    let _ = tokio::time::timeout(Duration::from_secs(3), &mut task).await;
+                    return Err(ServerError::Load(e));
+                }
+            }
+        }
+    };
+    let model = if cfg.model_name.is_empty() {
+        handle.info().name.clone()
+    } else {
+        cfg.model_name.clone()
+    };
     if let Some(n) = conn::open_files_limit() {
         if cfg.max_connections as u64 + 64 > n {
             tracing::warn!(
@@ -197,9 +233,7 @@ pub async fn serve_until(
             .map(|d| d.as_secs())
             .unwrap_or(0),
     });
-    let app = router(state.clone());
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let server = conn::accept_loop(listener, app, conns, rx);
+    let _ = app.set(router(state.clone()));
     let (heavy, light) = state.cpu.sizes();
     tracing::debug!(
         heavy,
@@ -208,7 +242,6 @@ pub async fn serve_until(
         "request processing threads"
     );
     tracing::info!(addr = %local, "listening on http://{local}");
-    let mut task = tokio::spawn(server);
     tokio::select! {
         _ = stop => {}
         r = &mut task => {
