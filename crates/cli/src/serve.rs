@@ -32,6 +32,10 @@ pub struct ServeArgs {
     /// generative models).
     #[arg(long, value_parser = ["mean", "cls", "last"])]
     pub pooling: Option<String>,
+    /// Origins a browser page may call the server from (CORS), comma-separated; `*`: any
+    /// (vLLM's `--allowed-origins`; llama-server allows any).
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    pub allowed_origins: Vec<String>,
     /// Most requests waiting before the server answers 429.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_waiting: u32,
@@ -229,6 +233,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         max_connections: a.max_connections as usize,
         max_seqs: a.max_seqs as usize,
         pooling,
+        allowed_origins: a.allowed_origins.clone(),
         ..Default::default()
     };
     quiver_server::run(quiver_server::Engine::Load(Box::new(load)), cfg)?;

@@ -48,6 +48,8 @@ pub(crate) struct AppState {
     pub(crate) max_seqs: usize,
     /// How embeddings pool a text's hidden states.
     pub(crate) pooling: quiver_engine::embed::Pooling,
+    /// Origins allowed by CORS (`*`: any).
+    pub(crate) allowed_origins: Vec<String>,
     /// The vocabulary indexed for constrained decoding (None: a model without a vocabulary).
     pub(crate) grammars: Option<Arc<quiver_engine::constraint::Grammars>>,
     /// Time a request's body has to arrive once its headers have.
@@ -103,6 +105,10 @@ pub(crate) fn router(state: St) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), read_body))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::cors::cors,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)

@@ -8,6 +8,7 @@ mod app;
 mod auth;
 mod conn;
 mod constrain;
+mod cors;
 mod cpu;
 mod embed;
 pub mod error;
@@ -57,6 +58,8 @@ pub struct ServerConfig {
     pub max_seqs: usize,
     /// How embeddings pool a text's hidden states.
     pub pooling: quiver_engine::embed::Pooling,
+    /// Origins a browser page may call from (CORS); `*`: any.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +77,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             max_seqs: 1,
             pooling: quiver_engine::embed::Pooling::Last,
+            allowed_origins: vec!["*".into()],
         }
     }
 }
@@ -226,6 +230,7 @@ pub async fn serve_until(
         grammars: quiver_engine::constraint::Grammars::new(handle.tokenizer()).map(Arc::new),
         max_seqs: cfg.max_seqs,
         pooling: cfg.pooling,
+        allowed_origins: cfg.allowed_origins.clone(),
         read_timeout: cfg.read_timeout,
         conns: conns.clone(),
         nonce: std::time::SystemTime::now()
