@@ -87,6 +87,8 @@ pub(crate) fn router(state: St) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/completion", post(crate::native::completion))
+        .route("/infill", post(crate::native::infill))
         .route("/v1/embeddings", post(crate::embed::embeddings_oai))
         .route("/embedding", post(crate::embed::embeddings_native))
         .route("/embeddings", post(crate::embed::embeddings_native))

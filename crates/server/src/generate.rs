@@ -242,11 +242,64 @@ pub(crate) async fn generate(
     echo: Option<String>,
     default_max: usize,
 ) -> Result<Response, ApiError> {
+    let echo_ids = match (&echo, p.logprobs) {
+        (Some(_), Some(_)) => prompt.clone(),
+        _ => Vec::new(),
+    };
+    let prompt_logprobs = echo.as_ref().and(p.logprobs);
+    let mut gens = submit(
+        &st,
+        &log,
+        prompt,
+        &p,
+        kind.prompt_param(),
+        prompt_logprobs,
+        default_max,
+    )
+    .await?;
+    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let rid = match kind {
+        Kind::Chat => format!("chatcmpl-{:x}{:06x}", st.nonce, n),
+        Kind::Completion => format!("cmpl-{:x}{:06x}", st.nonce, n),
+    };
+    log.submitted(&rid);
+    let out = Out {
+        st: st.clone(),
+        kind,
+        id: rid,
+        created: unix_now(),
+        logprobs: p.logprobs.is_some(),
+        text_offset: 0,
+        echo_ids,
+        tools: p
+            .tools
+            .clone()
+            .filter(|t| t.choice != crate::tools::Choice::None),
+        thinking: p.thinking,
+    };
+    if p.stream {
+        let gen = gens.pop().expect("one generation");
+        Ok(stream_response(gen, out, p.include_usage, echo))
+    } else {
+        whole_response(gens, out, echo).await
+    }
+}
+
+/// Checks a generation request against the context, compiles its constraint and submits its
+/// `n` choices; their event streams. `param` names the prompt's field in errors.
+pub(crate) async fn submit(
+    st: &St,
+    log: &Arc<ReqLog>,
+    prompt: Vec<u32>,
+    p: &GenParams,
+    param: &'static str,
+    prompt_logprobs: Option<usize>,
+    default_max: usize,
+) -> Result<Vec<Gen>, ApiError> {
     if st.shutting_down.load(Ordering::SeqCst) {
         return Err(ApiError::shutting_down());
     }
     let ctx = st.handle.info().n_ctx;
-    let param = kind.prompt_param();
     log.prompt(prompt.len());
     if prompt.is_empty() {
         return Err(ApiError::invalid(param, "the prompt is empty"));
@@ -264,10 +317,6 @@ pub(crate) async fn generate(
         Some(m) => m,
         None if default_max > 0 => default_max.min(room),
         None => room,
-    };
-    let echo_ids = match (&echo, p.logprobs) {
-        (Some(_), Some(_)) => prompt.clone(),
-        _ => Vec::new(),
     };
     let constraint = match &p.constraint {
         None => None,
@@ -306,7 +355,7 @@ pub(crate) async fn generate(
         stop: p.stop.clone(),
         logprobs: p.logprobs,
         // Echo with logprobs: the prompt's too (OpenAI's legacy completions).
-        prompt_logprobs: echo.as_ref().and(p.logprobs),
+        prompt_logprobs,
         ignore_eos: p.ignore_eos,
         constraint,
         embed: None,
@@ -336,30 +385,5 @@ pub(crate) async fn generate(
             log: log.clone(),
         });
     }
-    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
-    let rid = match kind {
-        Kind::Chat => format!("chatcmpl-{:x}{:06x}", st.nonce, n),
-        Kind::Completion => format!("cmpl-{:x}{:06x}", st.nonce, n),
-    };
-    log.submitted(&rid);
-    let out = Out {
-        st: st.clone(),
-        kind,
-        id: rid,
-        created: unix_now(),
-        logprobs: p.logprobs.is_some(),
-        text_offset: 0,
-        echo_ids,
-        tools: p
-            .tools
-            .clone()
-            .filter(|t| t.choice != crate::tools::Choice::None),
-        thinking: p.thinking,
-    };
-    if p.stream {
-        let gen = gens.pop().expect("one generation");
-        Ok(stream_response(gen, out, p.include_usage, echo))
-    } else {
-        whole_response(gens, out, echo).await
-    }
+    Ok(gens)
 }

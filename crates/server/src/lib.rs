@@ -14,6 +14,7 @@ mod embed;
 pub mod error;
 mod generate;
 pub mod metrics;
+mod native;
 mod output;
 pub mod params;
 mod reasoning;
