@@ -259,34 +259,6 @@ fn layout(
     ids
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{layout, Fim};
-
-    #[test]
-    fn the_fim_prompt_is_laid_out_and_cut_to_fit() {
-        let f = Fim {
-            pre: 900,
-            suf: 901,
-            mid: 902,
-            rep: None,
-            sep: None,
-        };
-        assert_eq!(
-            layout(&f, &[7, 8], &[1, 2], &[3], &[4, 5], Some(99), 64),
-            vec![7, 8, 99, 900, 1, 2, 3, 901, 4, 5, 902]
-        );
-        // ctx 24: room 18 − 5 = 13; suffix ≤ 3 (its start), prefix ≤ 10 (its end), extra 0.
-        let pre: Vec<u32> = (100..120).collect();
-        let suf: Vec<u32> = (200..210).collect();
-        let ids = layout(&f, &[7, 8], &pre, &[3], &suf, None, 24);
-        let mut want = vec![900];
-        want.extend(110..120);
-        want.extend([3, 901, 200, 201, 202, 902]);
-        assert_eq!(ids, want);
-    }
-}
-
 pub(crate) async fn completion(
     st: State<St>,
     log: Extension<Arc<ReqLog>>,
@@ -496,4 +468,32 @@ fn stream(run: Run) -> Response {
         ))
     });
     Sse::new(events).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{layout, Fim};
+
+    #[test]
+    fn the_fim_prompt_is_laid_out_and_cut_to_fit() {
+        let f = Fim {
+            pre: 900,
+            suf: 901,
+            mid: 902,
+            rep: None,
+            sep: None,
+        };
+        assert_eq!(
+            layout(&f, &[7, 8], &[1, 2], &[3], &[4, 5], Some(99), 64),
+            vec![7, 8, 99, 900, 1, 2, 3, 901, 4, 5, 902]
+        );
+        // ctx 24: room 18 − 5 = 13; suffix ≤ 3 (its start), prefix ≤ 10 (its end), extra 0.
+        let pre: Vec<u32> = (100..120).collect();
+        let suf: Vec<u32> = (200..210).collect();
+        let ids = layout(&f, &[7, 8], &pre, &[3], &suf, None, 24);
+        let mut want = vec![900];
+        want.extend(110..120);
+        want.extend([3, 901, 200, 201, 202, 902]);
+        assert_eq!(ids, want);
+    }
 }
