@@ -36,15 +36,30 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
+        self.render_labeled(out, name, help, "");
+    }
+
+    /// With `labels` (`key="value",`…, each followed by a comma) on every series.
+    fn render_labeled(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (b, c) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{b}\"}} {c}");
         }
+        let plain = braces(labels.trim_end_matches(','));
         let _ = writeln!(
             out,
-            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}",
+            "{name}_bucket{{{labels}le=\"+Inf\"}} {}\n{name}_sum{plain} {}\n{name}_count{plain} {}",
             self.count, self.sum, self.count
         );
+    }
+}
+
+/// `{labels}`, or nothing without labels.
+fn braces(labels: &str) -> String {
+    if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
     }
 }
 
@@ -215,6 +230,180 @@ impl Metrics {
         );
         out
     }
+
+    /// The same figures under the names vLLM's and llama-server's dashboards query
+    /// (`vllm:…` with its `model_name` label, `llamacpp:…`), so they work unchanged.
+    pub fn render_peer_names(&self, s: &Stats, model: &str) -> String {
+        let mut out = String::new();
+        let g = self.lock();
+        let m = model.replace('\\', "\\\\").replace('"', "\\\"");
+        let l = format!("model_name=\"{m}\"");
+        let one = |out: &mut String, name: &str, kind: &str, help: &str, labels: &str, v: f64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{} {v}",
+                braces(labels)
+            );
+        };
+        let usage = if s.kv_blocks_total > 0 {
+            s.kv_blocks_used as f64 / s.kv_blocks_total as f64
+        } else {
+            0.0
+        };
+        one(
+            &mut out,
+            "vllm:num_requests_running",
+            "gauge",
+            "Requests running.",
+            &l,
+            s.running as f64,
+        );
+        one(
+            &mut out,
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Requests waiting.",
+            &l,
+            s.waiting as f64,
+        );
+        one(
+            &mut out,
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV cache usage (1 = full).",
+            &l,
+            usage,
+        );
+        one(
+            &mut out,
+            "vllm:gpu_cache_usage_perc",
+            "gauge",
+            "KV cache usage (1 = full; vLLM v0's name).",
+            &l,
+            usage,
+        );
+        one(
+            &mut out,
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Prompt tokens.",
+            &l,
+            s.prompt_tokens_total as f64,
+        );
+        one(
+            &mut out,
+            "vllm:generation_tokens_total",
+            "counter",
+            "Generated tokens.",
+            &l,
+            s.generated_tokens_total as f64,
+        );
+        one(
+            &mut out,
+            "vllm:num_preemptions_total",
+            "counter",
+            "Preemptions.",
+            &l,
+            s.preemptions_total as f64,
+        );
+        one(
+            &mut out,
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens found in the prefix cache.",
+            &l,
+            s.prefix_cache_hit_tokens_total as f64,
+        );
+        one(
+            &mut out,
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache.",
+            &l,
+            s.prompt_tokens_total as f64,
+        );
+        let _ = writeln!(out, "# HELP vllm:request_success_total Finished requests by finish reason.\n# TYPE vllm:request_success_total counter");
+        for (reason, n) in &g.finished {
+            let _ = writeln!(
+                out,
+                "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {n}"
+            );
+        }
+        let lc = format!("{l},");
+        g.ttft.render_labeled(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Time to the first token.",
+            &lc,
+        );
+        g.itl.render_labeled(
+            &mut out,
+            "vllm:inter_token_latency_seconds",
+            "Time between tokens.",
+            &lc,
+        );
+        g.itl.render_labeled(
+            &mut out,
+            "vllm:time_per_output_token_seconds",
+            "Time between tokens (vLLM v0's name).",
+            &lc,
+        );
+        g.e2e.render_labeled(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "Time from submission to the end.",
+            &lc,
+        );
+        one(
+            &mut out,
+            "llamacpp:prompt_tokens_total",
+            "counter",
+            "Prompt tokens.",
+            "",
+            s.prompt_tokens_total as f64,
+        );
+        one(
+            &mut out,
+            "llamacpp:tokens_predicted_total",
+            "counter",
+            "Generated tokens.",
+            "",
+            s.generated_tokens_total as f64,
+        );
+        one(
+            &mut out,
+            "llamacpp:requests_processing",
+            "gauge",
+            "Requests running.",
+            "",
+            s.running as f64,
+        );
+        one(
+            &mut out,
+            "llamacpp:requests_deferred",
+            "gauge",
+            "Requests waiting.",
+            "",
+            s.waiting as f64,
+        );
+        one(
+            &mut out,
+            "llamacpp:n_decode_total",
+            "counter",
+            "Forward steps.",
+            "",
+            s.steps_total as f64,
+        );
+        one(
+            &mut out,
+            "llamacpp:kv_cache_usage_ratio",
+            "gauge",
+            "KV cache usage (1 = full).",
+            "",
+            usage,
+        );
+        out
+    }
 }
 
 #[cfg(test)]
@@ -253,5 +442,21 @@ mod tests {
         assert!(t.contains("quiver_time_to_first_token_seconds_bucket{le=\"0.025\"} 0"));
         assert!(t.contains("quiver_inter_token_latency_seconds_count 1"));
         assert!(t.contains("quiver_request_finished_total{finish_reason=\"stop\"} 1"));
+        let v = m.render_peer_names(&s, "my\"model");
+        assert!(
+            v.contains("vllm:num_requests_running{model_name=\"my\\\"model\"} 1\n"),
+            "{v}"
+        );
+        assert!(
+            v.contains("vllm:kv_cache_usage_perc{model_name=\"my\\\"model\"} 0.3\n"),
+            "{v}"
+        );
+        assert!(v.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"my\\\"model\",le=\"0.05\"} 1\n"), "{v}");
+        assert!(
+            v.contains("vllm:time_to_first_token_seconds_count{model_name=\"my\\\"model\"} 1\n"),
+            "{v}"
+        );
+        assert!(v.contains("vllm:request_success_total{model_name=\"my\\\"model\",finished_reason=\"stop\"} 1\n"), "{v}");
+        assert!(v.contains("llamacpp:requests_processing 1\n"), "{v}");
     }
 }

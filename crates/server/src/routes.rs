@@ -48,7 +48,9 @@ pub(crate) async fn metrics_text(State(st): State<St>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        st.metrics.render(&s) + &connection_metrics(&st),
+        st.metrics.render(&s)
+            + &connection_metrics(&st)
+            + &st.metrics.render_peer_names(&s, &st.model),
     )
         .into_response()
 }
