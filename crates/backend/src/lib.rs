@@ -14,6 +14,7 @@ pub mod reference;
 mod rope;
 #[doc(hidden)]
 pub mod testing;
+pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
 use quiver_gguf::GgmlType;
