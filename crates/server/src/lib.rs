@@ -182,7 +182,8 @@ pub async fn serve_until(
     let handle = match engine {
         Engine::Ready(h) => h,
         Engine::Load(load) => {
-            tracing::info!("loading the model; http://{local} answers 503 until it is ready");
+            // (debug: a load that fails must leave one line on stderr, the error.)
+            tracing::debug!("loading the model; http://{local} answers 503 until it is ready");
             let loaded = tokio::task::spawn_blocking(load)
                 .await
                 .unwrap_or_else(|e| Err(format!("the loader stopped: {e}")));
