@@ -93,6 +93,10 @@ def test_grammar_choice_and_regex(server, client):
         model="smollm2-135m", prompt="Call me at", max_tokens=40, extra_body={"guided_regex": r" \d{3}-\d{4}"}
     )
     assert re.fullmatch(r" \d{3}-\d{4}", r.choices[0].text), r
+    # llama-server's grammars are GBNF.
+    gbnf = 'root ::= "[" num ("," num){2} "]"\nnum ::= [0-9]{1,3}\n'
+    r = client.completions.create(model="smollm2-135m", prompt="Three numbers:", max_tokens=20, extra_body={"grammar": gbnf})
+    assert re.fullmatch(r"\[[0-9]{1,3}(,[0-9]{1,3}){2}\]", r.choices[0].text), r
 
 
 @pytest.mark.parametrize(
@@ -101,7 +105,8 @@ def test_grammar_choice_and_regex(server, client):
         ({"response_format": {"type": "bogus"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, "response_format"),
-        ({"grammar": 'root ::= "a"'}, "grammar"),
+        ({"grammar": 'root ::= "a'}, "grammar"),
+        ({"grammar": 'start ::= "a"'}, "grammar"),
         ({"grammar": "start: undefined_rule"}, "grammar"),
         ({"guided_regex": "(unclosed"}, "guided_regex"),
     ],

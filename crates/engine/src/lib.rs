@@ -7,6 +7,7 @@ mod batch;
 mod batched;
 pub mod constraint;
 pub mod embed;
+pub mod gbnf;
 mod kv;
 pub mod output;
 pub mod runner;

@@ -129,12 +129,11 @@ fn grammar(v: &Value, field: &'static str) -> Result<ConstraintSpec, ApiError> {
     let Some(g) = v.as_str() else {
         return Err(ApiError::invalid(field, "the grammar must be a string"));
     };
+    // llama-server's grammars are GBNF (`root ::= ...`); Lark (`start: ...`) is taken as is.
     if g.contains("::=") {
-        return Err(ApiError::invalid(
-            field,
-            "GBNF grammars are not supported yet: give the grammar in Lark syntax \
-             (`start: ...`, as llguidance takes it)",
-        ));
+        return quiver_engine::gbnf::gbnf_to_lark(g)
+            .map(ConstraintSpec::Lark)
+            .map_err(|e| ApiError::invalid(field, e));
     }
     Ok(ConstraintSpec::Lark(g.to_string()))
 }
@@ -201,7 +200,7 @@ mod tests {
                 json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
                 "schema",
             ),
-            (json!({"grammar": "root ::= \"a\""}), "GBNF"),
+            (json!({"grammar": "root ::= \"a"}), "unterminated string"),
             (json!({"guided_json": "{not json"}), "not JSON"),
             (json!({"guided_choice": []}), "guided_choice"),
             (
