@@ -208,7 +208,6 @@ def test_errors(server):
         ({"messages": msgs, "top_p": "x"}, "top_p"),
         ({"messages": msgs, "max_tokens": 0}, "max_tokens"),
         ({"messages": msgs, "n": 17}, "n"),
-        ({"messages": msgs, "n": 2, "stream": True}, "n"),
         ({"messages": msgs, "stop": 3}, "stop"),
         ({"messages": msgs, "logit_bias": {"x": 1}}, "logit_bias"),
         ({"messages": []}, "messages"),

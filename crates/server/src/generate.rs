@@ -247,7 +247,7 @@ pub(crate) async fn generate(
         _ => Vec::new(),
     };
     let prompt_logprobs = echo.as_ref().and(p.logprobs);
-    let mut gens = submit(
+    let gens = submit(
         &st,
         &log,
         prompt,
@@ -278,8 +278,7 @@ pub(crate) async fn generate(
         thinking: p.thinking,
     };
     if p.stream {
-        let gen = gens.pop().expect("one generation");
-        Ok(stream_response(gen, out, p.include_usage, echo))
+        Ok(stream_response(gens, out, p.include_usage, echo))
     } else {
         whole_response(gens, out, echo).await
     }
@@ -342,12 +341,6 @@ pub(crate) async fn submit(
         }
     };
     let n_choices = p.n.max(1);
-    if n_choices > 1 && p.stream {
-        return Err(ApiError::invalid(
-            "n",
-            "n > 1 is not supported with stream yet",
-        ));
-    }
     let req = Request {
         prompt,
         sampling: p.sampling.clone(),

@@ -9,6 +9,7 @@ use quiver_engine::serve::{Event, TokenLogprob};
 use serde_json::{json, Value};
 
 /// Formats a request's output in OpenAI's shapes.
+#[derive(Clone)]
 pub(crate) struct Out {
     pub(crate) st: St,
     pub(crate) kind: Kind,

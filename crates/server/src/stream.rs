@@ -9,9 +9,15 @@ use quiver_engine::serve::Event;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 
 struct StreamState {
     gen: Gen,
+    /// The choice this stream is (`n` > 1: one state per choice, merged).
+    index: usize,
+    /// One of several choices: no usage chunk or `[DONE]` of its own; its counts go to
+    /// `totals` for the merged stream's end.
+    multi: Option<Arc<Mutex<Totals>>>,
     out: Out,
     include_usage: bool,
     pending: VecDeque<String>,
@@ -29,14 +35,14 @@ struct StreamState {
 impl StreamState {
     fn on_event(&mut self, ev: Option<Event>) {
         let out = &mut self.out;
+        let idx = self.index;
         match ev {
             Some(Event::Started { .. }) | Some(Event::Embedding(_)) => {}
             Some(Event::PromptLogprobs(lps)) => {
                 // The echoed prompt waited for its logprobs (see `stream_response`).
                 if let Some(echo) = self.echo.take() {
                     let lp = out.prompt_logprobs(lps, echo.len());
-                    let c =
-                        json!([{"index": 0, "text": echo, "logprobs": lp, "finish_reason": null}]);
+                    let c = json!([{"index": idx, "text": echo, "logprobs": lp, "finish_reason": null}]);
                     self.pending.push_back(out.chunk(c, None));
                 }
             }
@@ -45,7 +51,7 @@ impl StreamState {
                     Some(sp) => {
                         let (r, c) = sp.push(&text);
                         if !r.is_empty() {
-                            let ch = json!([{"index": 0, "delta": {"reasoning_content": r}, "logprobs": null, "finish_reason": null}]);
+                            let ch = json!([{"index": idx, "delta": {"reasoning_content": r}, "logprobs": null, "finish_reason": null}]);
                             self.pending.push_back(out.chunk(ch, None));
                         }
                         c
@@ -72,7 +78,7 @@ impl StreamState {
                             (Some(lp), true) => json!({"content": [out.chat_logprob(id, lp)]}),
                             _ => Value::Null,
                         };
-                        json!({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+                        json!({"index": idx, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
                     }
                     Kind::Completion => {
                         let lp = if out.logprobs {
@@ -80,7 +86,7 @@ impl StreamState {
                         } else {
                             Value::Null
                         };
-                        json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null})
+                        json!({"index": idx, "text": text, "logprobs": lp, "finish_reason": null})
                     }
                 };
                 self.pending.push_back(out.chunk(json!([choice]), None));
@@ -95,13 +101,13 @@ impl StreamState {
                 if let Some(sp) = self.think.as_mut() {
                     let (r, c) = sp.finish();
                     if !r.is_empty() {
-                        let ch = json!([{"index": 0, "delta": {"reasoning_content": r}, "logprobs": null, "finish_reason": null}]);
+                        let ch = json!([{"index": idx, "delta": {"reasoning_content": r}, "logprobs": null, "finish_reason": null}]);
                         self.pending.push_back(out.chunk(ch, None));
                     }
                     if out.tools.is_some() {
                         self.held.push_str(&c);
                     } else if !c.is_empty() {
-                        let ch = json!([{"index": 0, "delta": {"content": c}, "logprobs": null, "finish_reason": null}]);
+                        let ch = json!([{"index": idx, "delta": {"content": c}, "logprobs": null, "finish_reason": null}]);
                         self.pending.push_back(out.chunk(ch, None));
                     }
                 }
@@ -110,21 +116,21 @@ impl StreamState {
                     match t.extract(&held) {
                         Some((content, calls)) => {
                             if !content.is_empty() {
-                                let c = json!([{"index": 0, "delta": {"content": content}, "logprobs": null, "finish_reason": null}]);
+                                let c = json!([{"index": idx, "delta": {"content": content}, "logprobs": null, "finish_reason": null}]);
                                 self.pending.push_back(out.chunk(c, None));
                             }
                             let mut tc = crate::tools::tool_calls_json(&calls, &out.id);
                             for (i, c) in tc.as_array_mut().into_iter().flatten().enumerate() {
                                 c["index"] = json!(i);
                             }
-                            let c = json!([{"index": 0, "delta": {"tool_calls": tc}, "logprobs": null, "finish_reason": null}]);
+                            let c = json!([{"index": idx, "delta": {"tool_calls": tc}, "logprobs": null, "finish_reason": null}]);
                             self.pending.push_back(out.chunk(c, None));
                             if fr == "stop" {
                                 fr = "tool_calls";
                             }
                         }
                         None if !held.is_empty() => {
-                            let c = json!([{"index": 0, "delta": {"content": held}, "logprobs": null, "finish_reason": null}]);
+                            let c = json!([{"index": idx, "delta": {"content": held}, "logprobs": null, "finish_reason": null}]);
                             self.pending.push_back(out.chunk(c, None));
                         }
                         None => {}
@@ -132,20 +138,31 @@ impl StreamState {
                 }
                 let choice = match out.kind {
                     Kind::Chat => {
-                        json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": fr})
+                        json!({"index": idx, "delta": {}, "logprobs": null, "finish_reason": fr})
                     }
                     Kind::Completion => {
-                        json!({"index": 0, "text": "", "logprobs": null, "finish_reason": fr})
+                        json!({"index": idx, "text": "", "logprobs": null, "finish_reason": fr})
                     }
                 };
                 self.pending.push_back(out.chunk(json!([choice]), None));
-                if self.include_usage {
-                    self.pending.push_back(out.chunk(
-                        json!([]),
-                        Some(usage(prompt_tokens, completion_tokens, cached_tokens)),
-                    ));
+                match &self.multi {
+                    Some(t) => {
+                        let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+                        // The prompt counts once; every choice's tokens count.
+                        t.prompt = prompt_tokens;
+                        t.cached = cached_tokens;
+                        t.completion += completion_tokens;
+                    }
+                    None => {
+                        if self.include_usage {
+                            self.pending.push_back(out.chunk(
+                                json!([]),
+                                Some(usage(prompt_tokens, completion_tokens, cached_tokens)),
+                            ));
+                        }
+                        self.pending.push_back("[DONE]".into());
+                    }
                 }
-                self.pending.push_back("[DONE]".into());
                 self.done = true;
             }
             Some(Event::Error(e)) => {
@@ -154,7 +171,9 @@ impl StreamState {
                         .body()
                         .to_string(),
                 );
-                self.pending.push_back("[DONE]".into());
+                if self.multi.is_none() {
+                    self.pending.push_back("[DONE]".into());
+                }
                 self.done = true;
             }
             None => {
@@ -163,21 +182,37 @@ impl StreamState {
                         .body()
                         .to_string(),
                 );
-                self.pending.push_back("[DONE]".into());
+                if self.multi.is_none() {
+                    self.pending.push_back("[DONE]".into());
+                }
                 self.done = true;
             }
         }
     }
 }
 
-pub(crate) fn stream_response(
+/// The choices' counts for the usage chunk of a merged stream.
+#[derive(Default)]
+struct Totals {
+    prompt: usize,
+    completion: usize,
+    cached: usize,
+}
+
+/// The stream of one choice (`index`), `multi` when it is one of several.
+fn choice_stream(
     gen: Gen,
     out: Out,
+    index: usize,
     include_usage: bool,
     echo: Option<String>,
-) -> Response {
+    multi: Option<Arc<Mutex<Totals>>>,
+) -> impl futures_util::Stream<Item = String> + Send {
+    let idx = index;
     let mut st = StreamState {
         gen,
+        index,
+        multi,
         out,
         include_usage,
         pending: VecDeque::new(),
@@ -191,10 +226,10 @@ pub(crate) fn stream_response(
     let echo_lp = st.out.logprobs && !st.out.echo_ids.is_empty();
     let first = match st.out.kind {
         Kind::Chat => {
-            json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])
+            json!([{"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])
         }
         Kind::Completion => {
-            json!([{"index": 0, "text": echo.clone().unwrap_or_default(), "logprobs": null, "finish_reason": null}])
+            json!([{"index": idx, "text": echo.clone().unwrap_or_default(), "logprobs": null, "finish_reason": null}])
         }
     };
     st.out.text_offset = echo.as_ref().map(|e| e.len()).unwrap_or(0);
@@ -203,10 +238,10 @@ pub(crate) fn stream_response(
     } else {
         st.pending.push_back(st.out.chunk(first, None));
     }
-    let stream = futures_util::stream::unfold(st, |mut st| async move {
+    futures_util::stream::unfold(st, |mut st| async move {
         loop {
             if let Some(s) = st.pending.pop_front() {
-                return Some((Ok::<_, Infallible>(SseEvent::default().data(s)), st));
+                return Some((s, st));
             }
             if st.done {
                 return None;
@@ -214,8 +249,52 @@ pub(crate) fn stream_response(
             let ev = st.gen.next().await;
             st.on_event(ev);
         }
-    });
-    Sse::new(stream).into_response()
+    })
+}
+
+/// The response streamed: one choice's chunks, or with `n` > 1 every choice's as they come
+/// (each with its `index`), then one usage chunk when asked for and `[DONE]`.
+pub(crate) fn stream_response(
+    mut gens: Vec<Gen>,
+    out: Out,
+    include_usage: bool,
+    echo: Option<String>,
+) -> Response {
+    use futures_util::StreamExt;
+    let data = |s: String| Ok::<_, Infallible>(SseEvent::default().data(s));
+    if gens.len() == 1 {
+        let gen = gens.pop().expect("one generation");
+        let s = choice_stream(gen, out, 0, include_usage, echo, None);
+        return Sse::new(s.map(data)).into_response();
+    }
+    let totals = Arc::new(Mutex::new(Totals::default()));
+    let streams: Vec<_> = gens
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            Box::pin(choice_stream(
+                g,
+                out.clone(),
+                i,
+                include_usage,
+                echo.clone(),
+                Some(totals.clone()),
+            ))
+        })
+        .collect();
+    let end_out = out;
+    let tail = futures_util::stream::once(async move {
+        let mut v = Vec::new();
+        if include_usage {
+            let t = totals.lock().unwrap_or_else(|e| e.into_inner());
+            v.push(end_out.chunk(json!([]), Some(usage(t.prompt, t.completion, t.cached))));
+        }
+        v.push("[DONE]".to_string());
+        futures_util::stream::iter(v)
+    })
+    .flatten();
+    let all = futures_util::stream::select_all(streams).chain(tail);
+    Sse::new(all.map(data)).into_response()
 }
 
 /// With tools: the part of `held` that can be streamed as content now, and the part to hold.
