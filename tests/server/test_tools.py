@@ -102,3 +102,40 @@ def test_bad_tool_choices_are_400s(server, client, kw):
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, max_tokens=4, **kw)
     assert e.value.body["param"] == "tool_choice", e.value.body
+
+
+def test_deepseek_r1_format_with_its_template():
+    """A DeepSeek R1 template (llama.cpp's models/templates): a forced call comes out in its
+    `<｜tool▁calls▁begin｜>` form and back as `tool_calls`; the call renders into the next
+    prompt through the template."""
+    import os
+    from pathlib import Path
+
+    from conftest import Server
+
+    src = os.environ.get("QUIVER_LLAMA_SRC")
+    if not src:
+        import subprocess
+
+        src = subprocess.run(["bash", "tools/llama-src.sh"], capture_output=True, text=True, check=True).stdout.strip()
+    tmpl = Path(src) / "models/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
+    srv = Server("--chat-template-file", str(tmpl))
+    try:
+        c = srv.client()
+        # (SmolLM2 has no DeepSeek tokens: the markers are spelled out, hence the room.)
+        r = chat(c, tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False, temperature=0.7, seed=3, max_tokens=400)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch
+        check_weather(ch.message.tool_calls[0])
+        # The call and its result go back through the template.
+        msgs = MSGS + [
+            {"role": "assistant", "content": None, "tool_calls": [t.model_dump() for t in ch.message.tool_calls]},
+            {"role": "tool", "tool_call_id": ch.message.tool_calls[0].id, "content": "22 degrees"},
+        ]
+        s, _, body = srv.request("POST", "/tokenize", {"messages": msgs, "add_generation_prompt": True, "with_pieces": False})
+        assert s == 200, body
+        s, _, body = srv.request("POST", "/apply-template", {"messages": msgs})
+        prompt = json.loads(body)["prompt"]
+        assert "<｜tool▁call▁begin｜>" in prompt and "get_weather" in prompt and "22 degrees" in prompt, prompt
+    finally:
+        srv.stop()

@@ -15,7 +15,18 @@ pub enum Format {
     Hermes,
     Mistral,
     Llama3,
+    /// DeepSeek R1 (and its distilled Qwen and Llama models), V3: `<｜tool▁calls▁begin｜>`
+    /// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` then the arguments in a ```json
+    /// block, `<｜tool▁call▁end｜>` … `<｜tool▁calls▁end｜>`; V3.1's `NAME<｜tool▁sep｜>ARGS` is
+    /// read too.
+    DeepSeek,
 }
+
+const DS_CALLS: &str = "<｜tool▁calls▁begin｜>";
+const DS_CALLS_END: &str = "<｜tool▁calls▁end｜>";
+const DS_CALL: &str = "<｜tool▁call▁begin｜>";
+const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
+const DS_SEP: &str = "<｜tool▁sep｜>";
 
 impl Format {
     /// The format a chat template writes tool calls in (by what its source spells).
@@ -23,6 +34,8 @@ impl Format {
         let s = source.unwrap_or("");
         if s.contains("[TOOL_CALLS]") {
             Format::Mistral
+        } else if s.contains(DS_CALLS) {
+            Format::DeepSeek
         } else if s.contains("<tool_call>") {
             Format::Hermes
         } else if s.contains("<|python_tag|>") || s.contains("ipython") {
@@ -38,6 +51,7 @@ impl Format {
             Format::Hermes => Some("<tool_call>"),
             Format::Mistral => Some("[TOOL_CALLS]"),
             Format::Llama3 => None,
+            Format::DeepSeek => Some(DS_CALLS),
         }
     }
 }
@@ -167,6 +181,41 @@ impl Tools {
                 format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {arr}\n")
             }
             Format::Llama3 => format!("start: call\ncall: %json {call}\n"),
+            Format::DeepSeek => {
+                // One alternative per function: its name, then arguments to its schema.
+                let alts: Vec<String> = fs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, params))| {
+                        let head = serde_json::to_string(&format!(
+                            "{DS_CALL}function{DS_SEP}{name}\n```json\n"
+                        ))
+                        .expect("a string");
+                        let tail = serde_json::to_string(&format!("\n```{DS_CALL_END}"))
+                            .expect("a string");
+                        let schema = json!({"x-guidance": {"whitespace_flexible": false}})
+                            .as_object()
+                            .cloned()
+                            .map(|mut o| {
+                                if let Some(p) = params.as_object() {
+                                    o.extend(p.clone());
+                                }
+                                Value::Object(o)
+                            })
+                            .unwrap_or(json!({}));
+                        format!("f{i}: {head} a{i} {tail}\na{i}: %json {schema}\n")
+                    })
+                    .collect();
+                let names: Vec<String> = (0..fs.len()).map(|i| format!("f{i}")).collect();
+                let rep = if self.parallel { "+" } else { "" };
+                format!(
+                    "start: {} (call){rep} {}\ncall: {}\n{}",
+                    serde_json::to_string(DS_CALLS).expect("a string"),
+                    serde_json::to_string(DS_CALLS_END).expect("a string"),
+                    names.join(" | "),
+                    alts.concat()
+                )
+            }
         };
         Some(ConstraintSpec::Lark(lark))
     }
@@ -222,6 +271,33 @@ impl Tools {
                 let v: Value = serde_json::from_str(body).ok()?;
                 push(&v, "parameters")?;
             }
+            Format::DeepSeek => {
+                let mut r = rest;
+                while let Some(a) = r.find(DS_CALL) {
+                    let body = &r[a + DS_CALL.len()..];
+                    let end = body.find(DS_CALL_END).unwrap_or(body.len());
+                    let (left, right) = body[..end].split_once(DS_SEP)?;
+                    let (name, args) = if left.trim() == "function" {
+                        // R1: NAME, a newline, ```json ARGS ```.
+                        let (name, block) = right.split_once('\n')?;
+                        let block = block.trim();
+                        let block = block
+                            .strip_prefix("```json")
+                            .or_else(|| block.strip_prefix("```"))
+                            .unwrap_or(block);
+                        (
+                            name.trim(),
+                            block.strip_suffix("```").unwrap_or(block).trim(),
+                        )
+                    } else {
+                        // V3.1: NAME<｜tool▁sep｜>ARGS.
+                        (left.trim(), right.trim())
+                    };
+                    let v: Value = serde_json::from_str(args).ok()?;
+                    push(&json!({"name": name, "arguments": v}), "arguments")?;
+                    r = &body[end..];
+                }
+            }
         }
         (!calls.is_empty()).then_some((content, calls))
     }
@@ -270,6 +346,10 @@ mod tests {
         assert_eq!(Format::of_template(Some("[TOOL_CALLS]")), Format::Mistral);
         assert_eq!(Format::of_template(Some("<|python_tag|>")), Format::Llama3);
         assert_eq!(Format::of_template(None), Format::Hermes);
+        assert_eq!(
+            Format::of_template(Some("{{'<｜tool▁calls▁begin｜>'}}")),
+            Format::DeepSeek
+        );
     }
 
     #[test]
@@ -299,6 +379,26 @@ mod tests {
         assert_eq!(
             calls[0],
             ("get_weather".into(), "{\"city\":\"Oslo\"}".into())
+        );
+        // DeepSeek R1, as llama.cpp's test-chat.cpp has it (one ``` closing the block), and
+        // V3.1's form with two calls.
+        let t = tools(Format::DeepSeek, json!("auto"));
+        let (c, calls) = t
+            .extract("Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Rome\"}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+            .unwrap();
+        assert_eq!(
+            (c.as_str(), &calls[..]),
+            (
+                "Sure.",
+                &[("get_weather".to_string(), "{\"city\":\"Rome\"}".to_string())][..]
+            )
+        );
+        let (_, calls) = t
+            .extract("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\":\"Oslo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+            .unwrap();
+        assert_eq!(
+            calls.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(),
+            ["get_time", "get_weather"]
         );
         assert!(tools(Format::Hermes, json!("none"))
             .extract("<tool_call>{\"name\":\"get_time\",\"arguments\":{}}</tool_call>")
