@@ -12,6 +12,7 @@ mod cors;
 mod cpu;
 mod embed;
 pub mod error;
+mod gemma_call;
 mod generate;
 pub mod metrics;
 mod native;

@@ -20,6 +20,8 @@ pub enum Format {
     /// block, `<｜tool▁call▁end｜>` … `<｜tool▁calls▁end｜>`; V3.1's `NAME<｜tool▁sep｜>ARGS` is
     /// read too.
     DeepSeek,
+    /// Gemma 4: `<|tool_call>call:NAME{key:value,…}<tool_call|>` (crate::gemma_call).
+    Gemma4,
 }
 
 const DS_CALLS: &str = "<｜tool▁calls▁begin｜>";
@@ -36,6 +38,8 @@ impl Format {
             Format::Mistral
         } else if s.contains(DS_CALLS) {
             Format::DeepSeek
+        } else if s.contains(crate::gemma_call::OPEN) {
+            Format::Gemma4
         } else if s.contains("<tool_call>") {
             Format::Hermes
         } else if s.contains("<|python_tag|>") || s.contains("ipython") {
@@ -52,6 +56,7 @@ impl Format {
             Format::Mistral => Some("[TOOL_CALLS]"),
             Format::Llama3 => None,
             Format::DeepSeek => Some(DS_CALLS),
+            Format::Gemma4 => Some(crate::gemma_call::OPEN),
         }
     }
 }
@@ -181,6 +186,10 @@ impl Tools {
                 format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {arr}\n")
             }
             Format::Llama3 => format!("start: call\ncall: %json {call}\n"),
+            Format::Gemma4 => {
+                let names: Vec<&str> = fs.iter().map(|(n, _)| n.as_str()).collect();
+                crate::gemma_call::grammar(&names, self.parallel)
+            }
             Format::DeepSeek => {
                 // One alternative per function: its name, then arguments to its schema.
                 let alts: Vec<String> = fs
@@ -270,6 +279,11 @@ impl Tools {
                 let body = rest.strip_prefix("<|python_tag|>").unwrap_or(rest);
                 let v: Value = serde_json::from_str(body).ok()?;
                 push(&v, "parameters")?;
+            }
+            Format::Gemma4 => {
+                for (name, args) in crate::gemma_call::calls(rest)? {
+                    push(&json!({"name": name, "arguments": args}), "arguments")?;
+                }
             }
             Format::DeepSeek => {
                 let mut r = rest;

@@ -1,0 +1,168 @@
+//! Gemma 4's tool-call syntax: `<|tool_call>call:NAME{key:value,…}<tool_call|>`, the values
+//! strings between `<|"|>` marks, numbers, `true`/`false`/`null`, `[…]` lists and `{…}` dicts
+//! with bare keys (as llama.cpp's test-chat.cpp cases spell them).
+
+use serde_json::{Map, Number, Value};
+
+pub(crate) const OPEN: &str = "<|tool_call>";
+pub(crate) const CLOSE: &str = "<tool_call|>";
+const QUOTE: &str = "<|\"|>";
+
+/// The calls in `text` from the first `<|tool_call>` on: (name, arguments); None if one of
+/// them does not parse.
+pub(crate) fn calls(mut text: &str) -> Option<Vec<(String, Value)>> {
+    let mut out = Vec::new();
+    while let Some(a) = text.find(OPEN) {
+        let body = text[a + OPEN.len()..].strip_prefix("call:")?;
+        let brace = body.find('{')?;
+        let name = body[..brace].trim().to_string();
+        let mut p = P { s: &body[brace..] };
+        let args = p.value()?;
+        let rest = p.s.trim_start();
+        text = rest.strip_prefix(CLOSE).unwrap_or(rest);
+        out.push((name, args));
+    }
+    Some(out)
+}
+
+struct P<'a> {
+    s: &'a str,
+}
+
+impl P<'_> {
+    fn ws(&mut self) {
+        self.s = self.s.trim_start();
+    }
+
+    fn eat(&mut self, t: &str) -> bool {
+        self.ws();
+        match self.s.strip_prefix(t) {
+            Some(r) => {
+                self.s = r;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn value(&mut self) -> Option<Value> {
+        self.ws();
+        if self.eat(QUOTE) {
+            let end = self.s.find(QUOTE)?;
+            let v = self.s[..end].to_string();
+            self.s = &self.s[end + QUOTE.len()..];
+            return Some(Value::String(v));
+        }
+        if self.eat("{") {
+            let mut m = Map::new();
+            if self.eat("}") {
+                return Some(Value::Object(m));
+            }
+            loop {
+                self.ws();
+                let k = self
+                    .s
+                    .find(':')
+                    .filter(|&i| i > 0 && !self.s[..i].contains([',', '}', '{']))?;
+                let key = self.s[..k].trim().to_string();
+                self.s = &self.s[k + 1..];
+                let v = self.value()?;
+                m.insert(key, v);
+                if self.eat("}") {
+                    return Some(Value::Object(m));
+                }
+                if !self.eat(",") {
+                    return None;
+                }
+            }
+        }
+        if self.eat("[") {
+            let mut a = Vec::new();
+            if self.eat("]") {
+                return Some(Value::Array(a));
+            }
+            loop {
+                a.push(self.value()?);
+                if self.eat("]") {
+                    return Some(Value::Array(a));
+                }
+                if !self.eat(",") {
+                    return None;
+                }
+            }
+        }
+        for (w, v) in [
+            ("true", Value::Bool(true)),
+            ("false", Value::Bool(false)),
+            ("null", Value::Null),
+        ] {
+            if self.eat(w) {
+                return Some(v);
+            }
+        }
+        // A number: the longest prefix JSON reads as one.
+        let end = self
+            .s
+            .find(|c: char| !(c.is_ascii_digit() || "+-.eE".contains(c)))
+            .unwrap_or(self.s.len());
+        let n: Number = serde_json::from_str(&self.s[..end]).ok()?;
+        self.s = &self.s[end..];
+        Some(Value::Number(n))
+    }
+}
+
+/// The Lark grammar of one or more calls (`parallel`) to the functions `names`: the syntax
+/// above, arguments any dict (their schema is not enforced in this form).
+pub(crate) fn grammar(names: &[&str], parallel: bool) -> String {
+    let alts: Vec<String> = names
+        .iter()
+        .map(|n| serde_json::to_string(&format!("{OPEN}call:{n}")).expect("a string"))
+        .collect();
+    let q = serde_json::to_string(QUOTE).expect("a string");
+    let rep = if parallel { "+" } else { "" };
+    format!(
+        "start: call{rep}\n\
+         call: ({}) dict {}\n\
+         dict: \"{{\" (pair (\",\" pair)*)? \"}}\"\n\
+         pair: KEY \":\" value\n\
+         value: {q} TEXT {q} | NUMBER | \"true\" | \"false\" | \"null\" | list | dict\n\
+         list: \"[\" (value (\",\" value)*)? \"]\"\n\
+         KEY: /[A-Za-z_][A-Za-z0-9_]*/\n\
+         TEXT: /[^<]*/\n\
+         NUMBER: /-?[0-9]+(\\.[0-9]+)?([eE][+-]?[0-9]+)?/\n",
+        alts.join(" | "),
+        serde_json::to_string(CLOSE).expect("a string"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn llama_cpp_test_chat_cases_parse() {
+        // test-chat.cpp's Gemma 4 cases, with the arguments it expects.
+        for (text, name, args) in [
+            ("<|tool_call>call:get_time{city:<|\"|>London<|\"|>}<tool_call|>", "get_time", json!({"city": "London"})),
+            ("<|tool_call>call:empty_args{}<tool_call|>", "empty_args", json!({})),
+            ("<|tool_call>call:special_function{arg1:-7}<tool_call|>", "special_function", json!({"arg1": -7})),
+            ("<|tool_call>call:amount{orig:3.14}<tool_call|>", "amount", json!({"orig": 3.14})),
+            ("<|tool_call>call:amount{orig:1.5e10}<tool_call|>", "amount", json!({"orig": 1.5e10})),
+            ("<|tool_call>call:toggle{enabled:false}<tool_call|>", "toggle", json!({"enabled": false})),
+            ("<|tool_call>call:set_nullable{value:null}<tool_call|>", "set_nullable", json!({"value": null})),
+            ("<|tool_call>call:todo_list{todos:[<|\"|>buy milk<|\"|>,<|\"|>walk dog<|\"|>]}<tool_call|>", "todo_list", json!({"todos": ["buy milk", "walk dog"]})),
+            ("<|tool_call>call:set_config{config:{theme:<|\"|>dark<|\"|>,count:3}}<tool_call|>", "set_config", json!({"config": {"theme": "dark", "count": 3}})),
+            ("<|tool_call>call:todo_list{todos:[]}<tool_call|>", "todo_list", json!({"todos": []})),
+        ] {
+            assert_eq!(calls(text), Some(vec![(name.to_string(), args)]), "{text}");
+        }
+        let two = calls("<|tool_call>call:get_time{city:<|\"|>London<|\"|>}<tool_call|><|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>").unwrap();
+        assert_eq!(
+            two.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(),
+            ["get_time", "get_weather"]
+        );
+        assert_eq!(calls("<|tool_call>call:f{a:}<tool_call|>"), None);
+        assert_eq!(calls("<|tool_call>call:f{a:1"), None);
+    }
+}
