@@ -147,7 +147,7 @@ mod tests {
             ("<|tool_call>call:get_time{city:<|\"|>London<|\"|>}<tool_call|>", "get_time", json!({"city": "London"})),
             ("<|tool_call>call:empty_args{}<tool_call|>", "empty_args", json!({})),
             ("<|tool_call>call:special_function{arg1:-7}<tool_call|>", "special_function", json!({"arg1": -7})),
-            ("<|tool_call>call:amount{orig:3.14}<tool_call|>", "amount", json!({"orig": 3.14})),
+            ("<|tool_call>call:amount{orig:2.75}<tool_call|>", "amount", json!({"orig": 2.75})),
             ("<|tool_call>call:amount{orig:1.5e10}<tool_call|>", "amount", json!({"orig": 1.5e10})),
             ("<|tool_call>call:toggle{enabled:false}<tool_call|>", "toggle", json!({"enabled": false})),
             ("<|tool_call>call:set_nullable{value:null}<tool_call|>", "set_nullable", json!({"value": null})),
