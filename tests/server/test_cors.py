@@ -26,7 +26,7 @@ def test_preflight_and_allowed_origin(server):
 
 
 def test_allowed_origins_narrow_it():
-    srv = Server("--allowed-origins", "https://a.example,https://b.example")
+    srv = Server("--cors", "https://a.example,https://b.example")
     try:
         s, h, _ = srv.request("POST", "/tokenize", {"content": "hi"}, headers={"Origin": "https://b.example"})
         assert s == 200 and {k.lower(): v for k, v in h.items()}["access-control-allow-origin"] == "https://b.example"

@@ -33,8 +33,13 @@ pub struct ServeArgs {
     #[arg(long, value_parser = ["mean", "cls", "last"])]
     pub pooling: Option<String>,
     /// Origins a browser page may call the server from (CORS), comma-separated; `*`: any
-    /// (vLLM's `--allowed-origins`; llama-server allows any).
-    #[arg(long, value_delimiter = ',', default_value = "*")]
+    /// (vLLM's `--allowed-origins`; `--cors` too; llama-server allows any).
+    #[arg(
+        long,
+        visible_alias = "cors",
+        value_delimiter = ',',
+        default_value = "*"
+    )]
     pub allowed_origins: Vec<String>,
     /// Most requests waiting before the server answers 429.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
