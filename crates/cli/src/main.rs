@@ -233,13 +233,24 @@ fn main() {
                 let _ = e.print();
                 std::process::exit(0);
             }
-            // One line: clap's first line names the problem; the rest is usage.
+            // One line: clap's first line names the problem, then its "did you mean" tips (a
+            // similar subcommand or flag); the rest is usage.
             let text = e.to_string();
             let first = text
                 .lines()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("invalid arguments");
-            eprintln!("{} (see quiver --help)", first.trim());
+            let tips: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.starts_with("tip: a similar"))
+                .collect();
+            let tips = if tips.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", tips.join("; "))
+            };
+            eprintln!("{}{tips} (see quiver --help)", first.trim());
             std::process::exit(2);
         }
     };

@@ -74,6 +74,16 @@ fn missing_files_unknown_flags_and_bad_values_are_one_line_errors() {
     }
     assert_one_line_error(&quiver(&["info", "--bogus"]), 2, "unknown flag");
     assert_one_line_error(&quiver(&["frobnicate"]), 2, "unknown command");
+    // Near misses name what was meant, on the same line.
+    for (args, meant) in [
+        (&["serv"][..], "'serve'"),
+        (&["run", "--seeed", "1"][..], "'--seed'"),
+    ] {
+        let out = quiver(args);
+        assert_one_line_error(&out, 2, "near miss");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(meant), "{args:?}: {err}");
+    }
     let o = tmp("never.gguf");
     let o = o.to_str().unwrap();
     let out = quiver(&[
