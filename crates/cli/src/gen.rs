@@ -202,14 +202,12 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
         .collect();
     // Tokens whose K/V are in the cache, to reuse the shared prefix of the next turn.
     let mut cached: Vec<u32> = Vec::new();
-    let stdin = std::io::stdin();
+    let mut input = Input::new();
     eprintln!("quiver chat: /reset clears the conversation, /exit (or Ctrl-D) quits, Ctrl-C stops an answer");
     loop {
-        eprint!("> ");
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        let Some(line) = input.line()? else {
             break;
-        }
+        };
         let line = line.trim_end_matches(['\n', '\r']);
         match line.trim() {
             "/exit" | "/quit" => break,
@@ -267,4 +265,56 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Where `quiver chat` reads its turns: a line editor with history (arrows, Home/End, Ctrl-R;
+/// kept in `$QUIVER_HOME/chat_history`) on a terminal, plain lines from a pipe.
+enum Input {
+    Editor(Box<rustyline::DefaultEditor>, Option<std::path::PathBuf>),
+    Plain(std::io::Stdin),
+}
+
+impl Input {
+    fn new() -> Input {
+        if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+            if let Ok(mut ed) = rustyline::DefaultEditor::new() {
+                let hist = Some(quiver_hub::cache_dir().join("chat_history"));
+                if let Some(h) = &hist {
+                    let _ = ed.load_history(h);
+                }
+                return Input::Editor(Box::new(ed), hist);
+            }
+        }
+        Input::Plain(std::io::stdin())
+    }
+
+    /// The next turn; None at the end of input (Ctrl-D). Ctrl-C at the prompt clears the line.
+    fn line(&mut self) -> Result<Option<String>> {
+        match self {
+            Input::Editor(ed, hist) => loop {
+                match ed.readline("> ") {
+                    Ok(l) => {
+                        if !l.trim().is_empty() {
+                            let _ = ed.add_history_entry(l.as_str());
+                            if let Some(h) = hist {
+                                let _ = ed.save_history(h);
+                            }
+                        }
+                        return Ok(Some(l));
+                    }
+                    Err(rustyline::error::ReadlineError::Interrupted) => continue,
+                    Err(rustyline::error::ReadlineError::Eof) => return Ok(None),
+                    Err(e) => return Err(anyhow::anyhow!("reading the terminal: {e}")),
+                }
+            },
+            Input::Plain(stdin) => {
+                eprint!("> ");
+                let mut line = String::new();
+                if stdin.lock().read_line(&mut line)? == 0 {
+                    return Ok(None);
+                }
+                Ok(Some(line))
+            }
+        }
+    }
 }
