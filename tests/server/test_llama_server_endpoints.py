@@ -18,6 +18,12 @@ def test_props_apply_template_and_v1_health(server):
     assert s == 400 and json.loads(body)["error"]["param"] == "messages"
     s, _, body = server.request("GET", "/v1/health", headers={"Authorization": ""})
     assert s == 200 and json.loads(body)["status"] == "ok"
+    # /slots: one per sequence the engine runs at once, none busy when idle.
+    server.wait_idle()
+    s, _, body = server.request("GET", "/slots")
+    slots = json.loads(body)
+    assert s == 200 and [x["id"] for x in slots] == list(range(16)), slots
+    assert not any(x["is_processing"] for x in slots) and slots[0]["n_ctx"] == 1024
 
 
 def test_the_port_answers_503_while_the_model_loads():

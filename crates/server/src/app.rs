@@ -100,6 +100,7 @@ pub(crate) fn router(state: St) -> Router {
         .route("/v1/health", get(health))
         .route("/apply-template", post(apply_template))
         .route("/props", get(props))
+        .route("/slots", get(crate::routes::slots))
         .route("/metrics", get(metrics_text))
         .fallback(|req: HttpRequest| async move { ApiError::not_found(req.uri().path()) })
         .method_not_allowed_fallback(|req: HttpRequest| async move {

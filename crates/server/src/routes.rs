@@ -234,3 +234,23 @@ pub(crate) async fn props(State(st): State<St>) -> Response {
     }))
     .into_response()
 }
+
+/// llama-server's `/slots`: one entry per sequence the engine runs at once (`--max-seqs`),
+/// the first `running` of them busy. quiver's sequences are not pinned to slots, so a slot
+/// reports only whether it is busy, not which request holds it.
+pub(crate) async fn slots(State(st): State<St>) -> Response {
+    let s = st.handle.stats();
+    let n_ctx = st.handle.info().n_ctx;
+    let v: Vec<Value> = (0..st.max_seqs)
+        .map(|i| {
+            json!({
+                "id": i,
+                "id_task": -1,
+                "n_ctx": n_ctx,
+                "speculative": false,
+                "is_processing": i < s.running,
+            })
+        })
+        .collect();
+    Json(Value::Array(v)).into_response()
+}
