@@ -81,10 +81,13 @@ pub(crate) async fn chat_completions(
                     req.params.tools = Some(t);
                 }
                 let ids = render_chat(&s, &req, true)?;
-                if crate::reasoning::template_thinks(s.template.source()) {
-                    let tail = &ids[ids.len().saturating_sub(4)..];
+                if let Some(tags) = crate::reasoning::template_thinks(s.template.source()) {
+                    let tail = &ids[ids.len().saturating_sub(8)..];
                     let text = s.handle.tokenizer().decode(tail, false);
-                    req.params.thinking = Some(text.trim_end().ends_with("<think>"));
+                    req.params.thinking = Some(crate::reasoning::Thinking {
+                        tags,
+                        prompt_opened: text.trim_end().ends_with(tags.open),
+                    });
                 }
                 Ok((req.params, ids))
             })

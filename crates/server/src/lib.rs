@@ -18,7 +18,7 @@ pub mod metrics;
 mod native;
 mod output;
 pub mod params;
-mod reasoning;
+pub mod reasoning;
 mod reqlog;
 mod routes;
 mod stream;

@@ -21,8 +21,8 @@ pub(crate) struct Out {
     pub(crate) echo_ids: Vec<u32>,
     /// Chat with tools the model may call: calls in the text become `tool_calls`.
     pub(crate) tools: Option<crate::tools::Tools>,
-    /// A thinking model's chat: Some(the prompt opened `<think>`).
-    pub(crate) thinking: Option<bool>,
+    /// A thinking model's chat: its tags, and whether the prompt opened the thinking.
+    pub(crate) thinking: Option<crate::reasoning::Thinking>,
 }
 
 pub(crate) fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
@@ -206,7 +206,7 @@ pub(crate) async fn whole_response(
                     Value::Null
                 };
                 let (reasoning, text) = match out.thinking {
-                    Some(opened) => crate::reasoning::split(&c.text, opened),
+                    Some(th) => crate::reasoning::split(&c.text, th),
                     None => (None, c.text.clone()),
                 };
                 let calls = out.tools.as_ref().and_then(|t| t.extract(&text));

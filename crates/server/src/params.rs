@@ -36,9 +36,9 @@ pub struct GenParams {
     pub tools: Option<crate::tools::Tools>,
     /// Choices to generate (`n`), each with seed + its index.
     pub n: usize,
-    /// A thinking model's chat: Some(the prompt already opened `<think>`) (set by the chat
-    /// handler); its thinking goes to `reasoning_content`.
-    pub thinking: Option<bool>,
+    /// A thinking model's chat: its tags and whether the prompt already opened the thinking
+    /// (set by the chat handler); its thinking goes to `reasoning_content`.
+    pub thinking: Option<crate::reasoning::Thinking>,
 }
 
 /// The prompt of `/v1/completions`.

@@ -1,26 +1,55 @@
 //! Reasoning models' thinking (`<think> … </think>`, as Qwen 3, QwQ and DeepSeek-R1 templates
-//! write it) goes to `reasoning_content`, as llama-server's default (`deepseek`) format and
-//! vLLM's reasoning parsers return it; the answer after it is `content`.
+//! write it; Gemma 4's `<|channel>thought … <channel|>`) goes to `reasoning_content`, as
+//! llama-server's default (`deepseek`) format and vLLM's reasoning parsers return it; the
+//! answer after it is `content`.
 
-/// Whether a chat template is a thinking model's (its source spells the tags).
-pub fn template_thinks(source: Option<&str>) -> bool {
-    source.is_some_and(|s| s.contains("<think>") && s.contains("</think>"))
+/// The tags around a model's thinking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tags {
+    pub open: &'static str,
+    pub close: &'static str,
+}
+
+pub const THINK: Tags = Tags {
+    open: "<think>",
+    close: "</think>",
+};
+pub const GEMMA4: Tags = Tags {
+    open: "<|channel>thought",
+    close: "<channel|>",
+};
+
+/// A thinking chat: its tags, and whether the prompt already opened the thinking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Thinking {
+    pub tags: Tags,
+    pub prompt_opened: bool,
+}
+
+/// The thinking tags of a chat template, where it is a thinking model's (its source spells
+/// them).
+pub fn template_thinks(source: Option<&str>) -> Option<Tags> {
+    let s = source?;
+    [THINK, GEMMA4]
+        .into_iter()
+        .find(|t| s.contains(t.open.trim_end_matches("thought")) && s.contains(t.close))
 }
 
 /// (reasoning, content) of a whole answer: the text inside a leading `<think>` … `</think>`,
 /// or, where the prompt already opened the thinking (`prompt_opened`: it ends with `<think>`),
 /// everything before `</think>`. An answer that opened it and never closed it is all reasoning.
-pub fn split(text: &str, prompt_opened: bool) -> (Option<String>, String) {
+pub fn split(text: &str, th: Thinking) -> (Option<String>, String) {
+    let Tags { open, close } = th.tags;
     let t = text.trim_start();
-    let opened = t.starts_with("<think>");
-    if !opened && !prompt_opened {
+    let opened = t.starts_with(open);
+    if !opened && !th.prompt_opened {
         return (None, text.to_string());
     }
-    let body = if opened { &t["<think>".len()..] } else { t };
-    match body.find("</think>") {
+    let body = if opened { &t[open.len()..] } else { t };
+    match body.find(close) {
         Some(end) => (
             Some(body[..end].trim().to_string()),
-            body[end + "</think>".len()..].trim_start().to_string(),
+            body[end + close.len()..].trim_start().to_string(),
         ),
         None => (Some(body.trim().to_string()), String::new()),
     }
@@ -28,52 +57,56 @@ pub fn split(text: &str, prompt_opened: bool) -> (Option<String>, String) {
 
 /// Streaming: routes each piece of text to reasoning or content as the tags pass, holding back
 /// a tail that may be the start of a tag.
-#[derive(Default)]
 pub struct Splitter {
     held: String,
     /// Some(true) inside the thinking, Some(false) after it; None before the first text.
     thinking: Option<bool>,
     prompt_opened: bool,
+    tags: Tags,
     /// Whitespace right after `</think>` is not content (as `split` trims it).
     trim_next: bool,
 }
 
 impl Splitter {
     /// `prompt_opened`: the prompt ends with `<think>` (the answer starts inside it).
-    pub fn new(prompt_opened: bool) -> Splitter {
+    pub fn new(th: Thinking) -> Splitter {
         Splitter {
-            prompt_opened,
-            ..Splitter::default()
+            held: String::new(),
+            thinking: None,
+            prompt_opened: th.prompt_opened,
+            tags: th.tags,
+            trim_next: false,
         }
     }
 
     /// (reasoning, content) that can be sent now.
     pub fn push(&mut self, text: &str) -> (String, String) {
         self.held.push_str(text);
+        let Tags { open, close } = self.tags;
         let (mut r, mut c) = (String::new(), String::new());
         loop {
             match self.thinking {
                 None => {
                     let t = self.held.trim_start();
-                    if t.is_empty() || (!self.prompt_opened && "<think>".starts_with(t)) {
+                    if t.is_empty() || (!self.prompt_opened && open.starts_with(t)) {
                         return (r, c);
                     }
-                    if let Some(rest) = t.strip_prefix("<think>") {
+                    if let Some(rest) = t.strip_prefix(open) {
                         self.held = rest.to_string();
                         self.thinking = Some(true);
                     } else {
                         self.thinking = Some(self.prompt_opened);
                     }
                 }
-                Some(true) => match self.held.find("</think>") {
+                Some(true) => match self.held.find(close) {
                     Some(end) => {
                         r.push_str(&self.held[..end]);
-                        self.held = self.held[end + "</think>".len()..].to_string();
+                        self.held = self.held[end + close.len()..].to_string();
                         self.thinking = Some(false);
                         self.trim_next = true;
                     }
                     None => {
-                        let keep = tag_prefix_tail(&self.held, "</think>");
+                        let keep = tag_prefix_tail(&self.held, close);
                         let cut = self.held.len() - keep;
                         r.push_str(&self.held[..cut]);
                         self.held.drain(..cut);
@@ -121,33 +154,40 @@ pub(crate) fn tag_prefix_tail(s: &str, tag: &str) -> usize {
 mod tests {
     use super::*;
 
+    fn th(prompt_opened: bool) -> Thinking {
+        Thinking {
+            tags: THINK,
+            prompt_opened,
+        }
+    }
+
     #[test]
     fn whole_answers_split() {
         assert_eq!(
-            split("<think>\nhmm, two\n</think>\n\nIt is 2.", false),
+            split("<think>\nhmm, two\n</think>\n\nIt is 2.", th(false)),
             (Some("hmm, two".into()), "It is 2.".into())
         );
         assert_eq!(
-            split("hmm</think>It is 2.", true),
+            split("hmm</think>It is 2.", th(true)),
             (Some("hmm".into()), "It is 2.".into())
         );
         assert_eq!(
-            split("hmm</think>It is 2.", false),
+            split("hmm</think>It is 2.", th(false)),
             (None, "hmm</think>It is 2.".into())
         );
         assert_eq!(
-            split("<think>still going", false),
+            split("<think>still going", th(false)),
             (Some("still going".into()), String::new())
         );
         assert_eq!(
-            split("Just an answer.", false),
+            split("Just an answer.", th(false)),
             (None, "Just an answer.".into())
         );
     }
 
     #[test]
     fn streamed_pieces_route_across_split_tags() {
-        let mut s = Splitter::new(false);
+        let mut s = Splitter::new(th(false));
         let mut r = String::new();
         let mut c = String::new();
         for piece in [
@@ -162,12 +202,48 @@ mod tests {
         c.push_str(&b);
         assert_eq!((r.as_str(), c.as_str()), ("let me see", "Yes."));
         // No thinking: everything is content, even text that looks like a tag's start.
-        let mut s = Splitter::new(false);
+        let mut s = Splitter::new(th(false));
         let (a, b) = s.push("<b>bold</b>");
         assert_eq!((a.as_str(), b.as_str()), ("", "<b>bold</b>"));
         // The prompt opened it.
-        let mut s = Splitter::new(true);
+        let mut s = Splitter::new(th(true));
         let (a, b) = s.push("plan</think>done");
         assert_eq!((a.as_str(), b.as_str()), ("plan", "done"));
+    }
+
+    #[test]
+    fn gemma4_thought_channel_as_test_chat_cpp_has_it() {
+        let g = Thinking {
+            tags: GEMMA4,
+            prompt_opened: false,
+        };
+        assert_eq!(
+            split(
+                "<|channel>thought\nI'm\nthinking<channel|>Hello, world!\nWhat's up?",
+                g
+            ),
+            (
+                Some("I'm\nthinking".into()),
+                "Hello, world!\nWhat's up?".into()
+            )
+        );
+        assert_eq!(
+            split("<|channel>thought<channel|>Hello, world!\nWhat's up?", g),
+            (Some(String::new()), "Hello, world!\nWhat's up?".into())
+        );
+        let mut s = Splitter::new(g);
+        let mut out = (String::new(), String::new());
+        for piece in ["<|chan", "nel>tho", "ught\nhm", "m<chan", "nel|>Hi"] {
+            let (a, b) = s.push(piece);
+            out.0.push_str(&a);
+            out.1.push_str(&b);
+        }
+        assert_eq!((out.0.trim(), out.1.as_str()), ("hmm", "Hi"));
+        assert_eq!(
+            template_thinks(Some("{{'<|channel>thought'}}...<channel|>")),
+            Some(GEMMA4)
+        );
+        assert_eq!(template_thinks(Some("<think></think>")), Some(THINK));
+        assert_eq!(template_thinks(Some("plain")), None);
     }
 }
