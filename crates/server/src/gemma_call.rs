@@ -111,28 +111,116 @@ impl P<'_> {
     }
 }
 
-/// The Lark grammar of one or more calls (`parallel`) to the functions `names`: the syntax
-/// above, arguments any dict (their schema is not enforced in this form).
-pub(crate) fn grammar(names: &[&str], parallel: bool) -> String {
-    let alts: Vec<String> = names
+/// The Lark grammar of one or more calls (`parallel`) to the functions (name, parameters
+/// schema): the syntax above, each call's arguments held to its schema where the schema is
+/// of the kinds below (objects with `required` properties, strings and their `enum`,
+/// integers, numbers, booleans, null, arrays and nested objects); anything else takes any
+/// value of the syntax.
+pub(crate) fn grammar(functions: &[(&str, &Value)], parallel: bool) -> String {
+    let mut g = Grammar::default();
+    let calls: Vec<String> = functions
         .iter()
-        .map(|n| serde_json::to_string(&format!("{OPEN}call:{n}")).expect("a string"))
+        .map(|(n, schema)| {
+            let head = lit(&format!("{OPEN}call:{n}"));
+            let args = g.object(schema).unwrap_or_else(|| "dict".into());
+            format!("{head} {args} {}", lit(CLOSE))
+        })
         .collect();
-    let q = serde_json::to_string(QUOTE).expect("a string");
     let rep = if parallel { "+" } else { "" };
+    let q = lit(QUOTE);
     format!(
         "start: call{rep}\n\
-         call: ({}) dict {}\n\
+         call: {}\n\
+         {}\
          dict: \"{{\" (pair (\",\" pair)*)? \"}}\"\n\
          pair: KEY \":\" value\n\
          value: {q} TEXT {q} | NUMBER | \"true\" | \"false\" | \"null\" | list | dict\n\
          list: \"[\" (value (\",\" value)*)? \"]\"\n\
          KEY: /[A-Za-z_][A-Za-z0-9_]*/\n\
          TEXT: /[^<]*/\n\
+         INT: /-?[0-9]+/\n\
          NUMBER: /-?[0-9]+(\\.[0-9]+)?([eE][+-]?[0-9]+)?/\n",
-        alts.join(" | "),
-        serde_json::to_string(CLOSE).expect("a string"),
+        calls.join(" | "),
+        g.rules,
     )
+}
+
+fn lit(s: &str) -> String {
+    serde_json::to_string(s).expect("a string")
+}
+
+/// Rules made for schemas, named `s0`, `s1`, …
+#[derive(Default)]
+struct Grammar {
+    rules: String,
+    n: usize,
+}
+
+impl Grammar {
+    fn rule(&mut self, body: String) -> String {
+        let name = format!("s{}", self.n);
+        self.n += 1;
+        self.rules += &format!("{name}: {body}\n");
+        name
+    }
+
+    /// An object schema with at least one required property: the required ones in the
+    /// schema's order, then each optional one (in order) or not. None: not of that kind.
+    fn object(&mut self, schema: &Value) -> Option<String> {
+        let props = schema.get("properties")?.as_object()?;
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if required.is_empty() || required.iter().any(|r| !props.contains_key(*r)) {
+            return None;
+        }
+        let mut parts = Vec::new();
+        for (i, k) in required.iter().enumerate() {
+            let v = self.value(&props[*k]);
+            let sep = if i == 0 { "" } else { "\",\" " };
+            parts.push(format!("{sep}{} {v}", lit(&format!("{k}:"))));
+        }
+        for (k, s) in props
+            .iter()
+            .filter(|(k, _)| !required.contains(&k.as_str()))
+        {
+            let v = self.value(s);
+            parts.push(format!("(\",\" {} {v})?", lit(&format!("{k}:"))));
+        }
+        Some(self.rule(format!("\"{{\" {} \"}}\"", parts.join(" "))))
+    }
+
+    fn value(&mut self, s: &Value) -> String {
+        let q = lit(QUOTE);
+        if let Some(e) = s.get("enum").and_then(Value::as_array) {
+            let alts: Vec<String> = e
+                .iter()
+                .map(|v| match v {
+                    Value::String(t) if !t.contains('<') => format!("{q} {} {q}", lit(t)),
+                    other => lit(&other.to_string()),
+                })
+                .collect();
+            return self.rule(alts.join(" | "));
+        }
+        match s.get("type").and_then(Value::as_str) {
+            Some("string") => format!("{q} TEXT {q}"),
+            Some("integer") => "INT".into(),
+            Some("number") => "NUMBER".into(),
+            Some("boolean") => "(\"true\" | \"false\")".into(),
+            Some("null") => "\"null\"".into(),
+            Some("array") => {
+                let item = s
+                    .get("items")
+                    .map(|i| self.value(i))
+                    .unwrap_or_else(|| "value".into());
+                self.rule(format!("\"[\" ({item} (\",\" {item})*)? \"]\""))
+            }
+            Some("object") => self.object(s).unwrap_or_else(|| "dict".into()),
+            _ => "value".into(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -164,5 +252,40 @@ mod tests {
         );
         assert_eq!(calls("<|tool_call>call:f{a:}<tool_call|>"), None);
         assert_eq!(calls("<|tool_call>call:f{a:1"), None);
+    }
+
+    #[test]
+    fn schemas_shape_the_arguments() {
+        let schema = json!({"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"enum": ["C", "F"]}, "days": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "boolean"}}},
+            "required": ["unit", "city"]});
+        let g = grammar(&[("get_weather", &schema), ("anything", &json!({}))], false);
+        // Required in the schema's order of `required`, then the optional ones, each optional.
+        // Rules are numbered as made: the enum s0, the array s1, the object last (s2).
+        let s0 = g
+            .lines()
+            .find(|l| l.starts_with("s2:"))
+            .expect("the object rule");
+        let (unit, city) = (s0.find("\"unit:\"").unwrap(), s0.find("\"city:\"").unwrap());
+        assert!(unit < city, "{s0}");
+        assert!(
+            s0.contains("(\",\" \"days:\" INT)?") && s0.contains("(\",\" \"tags:\" s1)?"),
+            "{s0}"
+        );
+        assert!(
+            g.contains("s0: \"<|\\\"|>\" \"C\" \"<|\\\"|>\" | \"<|\\\"|>\" \"F\" \"<|\\\"|>\""),
+            "{g}"
+        );
+        assert!(
+            g.contains("s1: \"[\" ((\"true\" | \"false\") (\",\" (\"true\" | \"false\"))*)? \"]\""),
+            "{g}"
+        );
+        // A schema with nothing required takes any dict.
+        assert!(
+            g.contains("\"<|tool_call>call:anything\" dict \"<tool_call|>\""),
+            "{g}"
+        );
+        assert!(g.starts_with("start: call\n"));
     }
 }

@@ -187,8 +187,8 @@ impl Tools {
             }
             Format::Llama3 => format!("start: call\ncall: %json {call}\n"),
             Format::Gemma4 => {
-                let names: Vec<&str> = fs.iter().map(|(n, _)| n.as_str()).collect();
-                crate::gemma_call::grammar(&names, self.parallel)
+                let funcs: Vec<(&str, &Value)> = fs.iter().map(|(n, p)| (n.as_str(), p)).collect();
+                crate::gemma_call::grammar(&funcs, self.parallel)
             }
             Format::DeepSeek => {
                 // One alternative per function: its name, then arguments to its schema.
