@@ -18,6 +18,13 @@ def test_props_apply_template_and_v1_health(server):
     assert s == 400 and json.loads(body)["error"]["param"] == "messages"
     s, _, body = server.request("GET", "/v1/health", headers={"Authorization": ""})
     assert s == 200 and json.loads(body)["status"] == "ok"
+    # /tokenize as llama-server spells it: pieces with the ids.
+    s, _, body = server.request("POST", "/tokenize", {"content": "Hello world, héllo", "with_pieces": True})
+    toks = json.loads(body)["tokens"]
+    assert s == 200 and all(isinstance(t["id"], int) for t in toks), toks
+    assert "".join(t["piece"] if isinstance(t["piece"], str) else bytes(t["piece"]).decode("latin-1") for t in toks).startswith("Hello world")
+    s, _, plain = server.request("POST", "/tokenize", {"content": "Hello world, héllo"})
+    assert [t["id"] for t in toks] == json.loads(plain)["tokens"]
     # /slots: one per sequence the engine runs at once, none busy when idle.
     server.wait_idle()
     s, _, body = server.request("GET", "/slots")

@@ -104,8 +104,11 @@ fn connection_metrics(st: &AppState) -> String {
     out
 }
 
-/// `{"prompt"|"content": TEXT, "add_special": bool}` or `{"messages": [...]}` →
-/// `{"tokens", "count", "max_model_len"}`.
+/// vLLM's form `{"prompt": TEXT, "add_special_tokens": true}`, llama-server's
+/// `{"content": TEXT, "add_special": false, "parse_special": true, "with_pieces": false}` (each
+/// with its own defaults), or `{"messages": [...]}` → `{"tokens", "count", "max_model_len"}`;
+/// with `with_pieces` each token is `{"id", "piece"}` (the piece as text, or its bytes where
+/// they are not UTF-8), as llama-server gives them.
 pub(crate) async fn tokenize(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
@@ -148,11 +151,36 @@ fn tokenize_body(s: &AppState, b: &[u8]) -> Result<Value, ApiError> {
                 ))
             }
         };
-        let add = params::opt_bool(&m, "add_special", true)?;
+        // llama-server adds no special tokens unless asked; vLLM adds them.
+        let llama = key == "content";
+        let add = if llama {
+            params::opt_bool(&m, "add_special", false)?
+        } else {
+            let d = params::opt_bool(&m, "add_special", true)?;
+            params::opt_bool(&m, "add_special_tokens", d)?
+        };
         let parse_special = params::opt_bool(&m, "parse_special", true)?;
         check_prompt_bytes(s, text.len(), key)?;
-        tok.encode(text, add, parse_special)
-            .map_err(|e| ApiError::invalid(key, format!("cannot tokenize: {e}")))?
+        let ids = tok
+            .encode(text, add, parse_special)
+            .map_err(|e| ApiError::invalid(key, format!("cannot tokenize: {e}")))?;
+        if params::opt_bool(&m, "with_pieces", false)? {
+            let pieces: Vec<Value> = ids
+                .iter()
+                .map(|&id| {
+                    let b = tok.token_bytes(id).unwrap_or(&[]);
+                    let piece = match std::str::from_utf8(b) {
+                        Ok(t) => json!(t),
+                        Err(_) => json!(b),
+                    };
+                    json!({"id": id, "piece": piece})
+                })
+                .collect();
+            return Ok(
+                json!({"count": ids.len(), "max_model_len": s.handle.info().n_ctx, "tokens": pieces}),
+            );
+        }
+        ids
     };
     Ok(json!({"count": ids.len(), "max_model_len": s.handle.info().n_ctx, "tokens": ids}))
 }
