@@ -3,6 +3,8 @@
 //! runs beside them, however the prompt is chunked, and when the prompt's blocks are in the
 //! prefix cache (an embedding computes its whole prompt).
 
+mod common;
+
 use quiver_backend_cpu::CpuBackend;
 use quiver_engine::embed::Pooling;
 use quiver_engine::serve::{EngineHandle, Event, FinishReason, Request, ServeOptions};
@@ -13,13 +15,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 fn file() -> Arc<GgufFile> {
-    let p = quiver_hub::alias_path("smollm2-135m");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/test (it fetches the test models)",
-        p.display()
-    );
-    Arc::new(GgufFile::open(&p).unwrap())
+    common::smollm2()
 }
 
 fn request(prompt: &[u32], max_tokens: usize, embed: Option<Pooling>) -> Request {

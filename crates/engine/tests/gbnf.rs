@@ -2,9 +2,10 @@
 //! compile in llguidance over the SmolLM2 vocabulary, and the JSON grammar takes JSON and
 //! refuses what is not.
 
+mod common;
+
 use quiver_engine::constraint::{ConstraintSpec, Grammars};
 use quiver_engine::gbnf::gbnf_to_lark;
-use quiver_gguf::GgufFile;
 use quiver_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,10 +26,7 @@ fn llama_src() -> PathBuf {
 }
 
 fn grammars() -> Grammars {
-    let p = quiver_hub::alias_path("smollm2-135m");
-    assert!(p.is_file(), "{} is missing: run scripts/test", p.display());
-    let f = GgufFile::open(&p).unwrap();
-    Grammars::new(&Tokenizer::from_gguf(&f).unwrap()).expect("a vocabulary")
+    Grammars::new(&Tokenizer::from_gguf(&common::smollm2()).unwrap()).expect("a vocabulary")
 }
 
 #[test]
@@ -52,8 +50,7 @@ fn llama_cpp_grammars_compile() {
 #[test]
 fn the_json_grammar_takes_json_only() {
     let g = grammars();
-    let p = quiver_hub::alias_path("smollm2-135m");
-    let tok = Tokenizer::from_gguf(&GgufFile::open(&p).unwrap()).unwrap();
+    let tok = Tokenizer::from_gguf(&common::smollm2()).unwrap();
     let src = std::fs::read_to_string(llama_src().join("grammars/json.gbnf")).unwrap();
     let lark = gbnf_to_lark(&src).unwrap();
     // Every token of a JSON text is allowed in turn; a text that is not JSON hits a refusal.

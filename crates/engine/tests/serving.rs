@@ -2,6 +2,8 @@
 //! exactly what it gets alone (the CPU kernels are batch invariant by default), prefix caching reuses blocks, preemption under a small KV pool
 //! loses nothing, aborts free blocks.
 
+mod common;
+
 use quiver_backend_cpu::CpuBackend;
 use quiver_engine::serve::{EngineHandle, Event, FinishReason, Request, ServeOptions};
 use quiver_engine::{generate, GenOptions, ModelRunner, RunnerOptions, Sampler, SamplerParams};
@@ -11,13 +13,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 fn file() -> Arc<GgufFile> {
-    let p = quiver_hub::alias_path("smollm2-135m");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/test (it fetches the test models)",
-        p.display()
-    );
-    Arc::new(GgufFile::open(&p).unwrap())
+    common::smollm2()
 }
 
 fn start(kv_blocks: usize, max_seqs: usize) -> EngineHandle {
