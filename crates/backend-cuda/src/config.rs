@@ -34,9 +34,8 @@ pub struct CudaConfig {
     /// tokens take the matrix-vector kernels and larger ones the tensor cores.
     pub invariant: bool,
     /// Products over at least this many tokens go to the tensor cores
-    /// (`QUIVER_CUDA_GEMM_MIN_TOKENS`, default 3, at least 1); fewer run on the matrix-vector
-    /// kernels, which are faster for one or two tokens and slower beyond (they are
-    /// compute-bound there).
+    /// (`QUIVER_CUDA_GEMM_MIN_TOKENS`, at least 1); fewer run on the matrix-vector kernels.
+    /// Default 17 ([`GEMM_MIN_TOKENS`]), or 3 with f16 copies ([`GEMM_MIN_TOKENS_COPIES`]).
     pub gemm_min_tokens: usize,
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's (`QUIVER_CUDA_INT8=0`: f32 activations).
@@ -68,6 +67,15 @@ pub struct CudaConfig {
     pub load_total: Option<u64>,
 }
 
+/// The cut-over to the tensor cores without f16 copies. A qmm launch of up to 64 tokens costs
+/// about what one of 64 costs (its grid is the weight rows' tiles): on the H200, 8B Q4_K_M,
+/// ~110 µs a product, from S_TG at 64 sequences (2,593 t/s, 225 products a step), against
+/// ~44 µs for each 8-token matrix-vector launch (800 t/s at 64 sequences on those kernels,
+/// BENCHMARKS.md). Up to 16 tokens (two launches) the matrix-vector kernels are cheaper.
+pub const GEMM_MIN_TOKENS: usize = 17;
+/// The cut-over with f16 copies (cuBLAS): from 3 tokens cuBLAS is faster (BENCHMARKS.md).
+pub const GEMM_MIN_TOKENS_COPIES: usize = 3;
+
 impl Default for CudaConfig {
     fn default() -> Self {
         CudaConfig {
@@ -77,7 +85,7 @@ impl Default for CudaConfig {
             f16_copies: false,
             tensor_cores: true,
             invariant: false,
-            gemm_min_tokens: 3,
+            gemm_min_tokens: GEMM_MIN_TOKENS,
             int8: true,
             act_grid: true,
             flash: true,
@@ -102,16 +110,22 @@ impl CudaConfig {
         // Switches that are on unless set to "0", off unless set to "1".
         let on = |name: &str| var(name).as_deref() != Some("0");
         let set = |name: &str| var(name).as_deref() == Some("1");
+        let f16_copies = set("QUIVER_CUDA_F16_COPIES");
+        let gemm_default = if f16_copies {
+            GEMM_MIN_TOKENS_COPIES
+        } else {
+            d.gemm_min_tokens
+        };
         CudaConfig {
             exact: set("QUIVER_CUDA_EXACT"),
             graphs: on("QUIVER_CUDA_GRAPHS"),
             cublas: on("QUIVER_CUDA_CUBLAS"),
-            f16_copies: set("QUIVER_CUDA_F16_COPIES"),
+            f16_copies,
             tensor_cores: on("QUIVER_CUDA_TENSOR_CORES"),
             invariant: set("QUIVER_CUDA_INVARIANT"),
             gemm_min_tokens: var("QUIVER_CUDA_GEMM_MIN_TOKENS")
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(d.gemm_min_tokens)
+                .unwrap_or(gemm_default)
                 .max(1),
             int8: on("QUIVER_CUDA_INT8"),
             act_grid: on("QUIVER_CUDA_ACT_GRID"),
@@ -156,7 +170,7 @@ mod tests {
         assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
         assert!(!d.exact && !d.sync_each && !d.f16_copies);
-        assert_eq!((d.gemm_min_tokens, d.attention_splits), (3, None));
+        assert_eq!((d.gemm_min_tokens, d.attention_splits), (17, None));
     }
 
     #[test]
@@ -196,7 +210,10 @@ mod tests {
             }
         }
         let g = |v: &str| with(&[("QUIVER_CUDA_GEMM_MIN_TOKENS", v)]).gemm_min_tokens;
-        assert_eq!((g("8"), g("0"), g("x"), g("-2"), g("")), (8, 1, 3, 3, 3));
+        assert_eq!((g("8"), g("0"), g("x"), g("-2"), g("")), (8, 1, 17, 17, 17));
+        // With f16 copies the default cut-over is cuBLAS's.
+        let c = with(&[("QUIVER_CUDA_F16_COPIES", "1")]);
+        assert_eq!(c.gemm_min_tokens, 3);
     }
 
     #[test]
