@@ -85,11 +85,3 @@ __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// Four 8×8 f16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8).
-__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
-    u64 g;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((u32)g));
-}

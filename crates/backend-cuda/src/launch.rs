@@ -69,11 +69,11 @@ pub(crate) fn grid1(n: usize, block: usize, cap: usize) -> u32 {
 }
 
 impl CudaBackend {
-    pub(crate) fn func(&self, module: &str, name: &str) -> Result<ds::CUfunction> {
+    pub(crate) fn func(&self, module: &str, name: &str, smem: u32) -> Result<ds::CUfunction> {
         self.reg
             .lock()
             .unwrap()
-            .func(module, name)
+            .func(module, name, smem)
             .map_err(BackendError::Device)
     }
 
@@ -89,7 +89,7 @@ impl CudaBackend {
     }
 
     /// [`launch`](Self::launch) with `smem` bytes of dynamic shared memory (above 48 KiB the
-    /// kernel is first allowed that much).
+    /// kernel is allowed that much once, by the registry).
     pub(crate) fn launch_smem(
         &self,
         module: &str,
@@ -99,19 +99,7 @@ impl CudaBackend {
         smem: u32,
         mut a: Args,
     ) -> Result<()> {
-        let f = self.func(module, name)?;
-        if smem > 48 << 10 {
-            // SAFETY: `f` is a live function of a loaded module.
-            unsafe {
-                ds::cuFuncSetAttribute(
-                    f,
-                    ds::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )
-                .result()
-            }
-            .map_err(|e| derr(format!("shared memory of kernel {name}"), e))?;
-        }
+        let f = self.func(module, name, smem)?;
         let (mut p, n) = a.ptrs();
         if self.cfg.pdl {
             // Programmatic dependent launch: every kernel begins with pdl_begin() (common.cuh),

@@ -298,7 +298,8 @@ pub fn cache_file(module: &str, arch: u32) -> Result<PathBuf, String> {
         .join(format!("{module}-{hex}-sm{arch}.cubin")))
 }
 
-pub(crate) struct Func(pub ds::CUfunction);
+/// A kernel and the dynamic shared memory it has been allowed (beyond the default 48 KiB).
+pub(crate) struct Func(pub ds::CUfunction, u32);
 // SAFETY: CUfunction handles may be used from any thread with the context current.
 unsafe impl Send for Func {}
 unsafe impl Sync for Func {}
@@ -356,19 +357,38 @@ impl Registry {
         Ok(())
     }
 
-    /// A kernel of a loaded module.
-    pub(crate) fn func(&mut self, module: &str, name: &str) -> Result<ds::CUfunction, String> {
-        if let Some(f) = self.funcs.get(name) {
-            return Ok(f.0);
+    /// A kernel of a loaded module, allowed `smem` bytes of dynamic shared memory (the
+    /// attribute is set once, the first time a launch asks for more than 48 KiB).
+    pub(crate) fn func(
+        &mut self,
+        module: &str,
+        name: &str,
+        smem: u32,
+    ) -> Result<ds::CUfunction, String> {
+        if !self.funcs.contains_key(name) {
+            self.ensure(module)?;
+            let m = self.modules[module];
+            let cname = CString::new(name).unwrap();
+            // SAFETY: m is a loaded module.
+            let f = unsafe { dr::module::get_function(m, cname) }
+                .map_err(|e| format!("kernel {name} not in module {module}: {e:?}"))?;
+            self.funcs.insert(name.to_string(), Func(f, 48 << 10));
         }
-        self.ensure(module)?;
-        let m = self.modules[module];
-        let cname = CString::new(name).unwrap();
-        // SAFETY: m is a loaded module.
-        let f = unsafe { dr::module::get_function(m, cname) }
-            .map_err(|e| format!("kernel {name} not in module {module}: {e:?}"))?;
-        self.funcs.insert(name.to_string(), Func(f));
-        Ok(f)
+        let f = self.funcs.get_mut(name).expect("inserted above");
+        if smem > f.1 {
+            // SAFETY: f.0 is a live function of a loaded module.
+            unsafe {
+                ds::cuFuncSetAttribute(
+                    f.0,
+                    ds::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .result()
+            }
+            .map_err(|e| format!("shared memory of kernel {name}: {e:?}"))?;
+            f.1 = smem;
+        }
+        Ok(f.0)
     }
 }
 

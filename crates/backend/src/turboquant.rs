@@ -275,6 +275,23 @@ pub fn distortion(levels: &[f64]) -> f64 {
         .sum()
 }
 
+/// The mean of N(0, 1) over the cell of level `i` of `levels` (sorted): between the midpoints
+/// to its neighbours, (φ(a) − φ(b)) / (Φ(b) − Φ(a)).
+fn cell_mean(levels: &[f64], i: usize) -> f64 {
+    let n = levels.len();
+    let a = if i == 0 {
+        f64::NEG_INFINITY
+    } else {
+        0.5 * (levels[i - 1] + levels[i])
+    };
+    let b = if i + 1 == n {
+        f64::INFINITY
+    } else {
+        0.5 * (levels[i] + levels[i + 1])
+    };
+    (normal_pdf(a) - normal_pdf(b)) / cell_mass(a, b)
+}
+
 /// The Lloyd–Max quantizer of N(0, 1) with `n` levels (the procedure behind the tables):
 /// start from the high-resolution optimum (levels at the (i + ½)/n quantiles of N(0, 3),
 /// whose density is φ^(1/3) normalized), then alternate the two optimality conditions —
@@ -299,21 +316,7 @@ pub fn lloyd_max(n: usize) -> Vec<f64> {
         .map(|i| 3f64.sqrt() * quantile((i as f64 + 0.5) / n as f64))
         .collect();
     for _ in 0..1_000_000 {
-        let mut next = vec![0.0; n];
-        for i in 0..n {
-            let a = if i == 0 {
-                f64::NEG_INFINITY
-            } else {
-                0.5 * (l[i - 1] + l[i])
-            };
-            let b = if i + 1 == n {
-                f64::INFINITY
-            } else {
-                0.5 * (l[i] + l[i + 1])
-            };
-            let p = cell_mass(a, b);
-            next[i] = (normal_pdf(a) - normal_pdf(b)) / p;
-        }
+        let mut next: Vec<f64> = (0..n).map(|i| cell_mean(&l, i)).collect();
         for i in 0..n / 2 {
             let m = 0.5 * (next[n - 1 - i] - next[i]);
             next[i] = -m;

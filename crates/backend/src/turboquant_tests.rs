@@ -30,17 +30,7 @@ fn the_committed_codebooks_are_lloyd_max_fixed_points() {
         for i in 0..n {
             assert_eq!(l[i], -l[n - 1 - i], "symmetric");
             // Each level is the mean of N(0, 1) over its cell (to the tables' f32 rounding).
-            let a = if i == 0 {
-                f64::NEG_INFINITY
-            } else {
-                0.5 * (l[i - 1] + l[i])
-            };
-            let b = if i + 1 == n {
-                f64::INFINITY
-            } else {
-                0.5 * (l[i] + l[i + 1])
-            };
-            let mean = (normal_pdf(a) - normal_pdf(b)) / cell_mass(a, b);
+            let mean = cell_mean(&l, i);
             assert!(
                 (mean - l[i]).abs() < 2e-6 * l[i].abs().max(0.1),
                 "{n} levels, level {i}: {} vs the cell mean {mean}",

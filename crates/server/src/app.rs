@@ -132,6 +132,22 @@ pub(crate) fn body_bytes(
     }
 }
 
+/// A request's JSON body, read and handed to `f` on the CPU pool (parsing and tokenizing
+/// never run on the async runtime); `f`'s result or the first error.
+pub(crate) async fn on_cpu<T: Send + 'static>(
+    st: &St,
+    body: Result<Bytes, BytesRejection>,
+    f: impl FnOnce(&AppState, serde_json::Map<String, serde_json::Value>) -> Result<T, ApiError>
+        + Send
+        + 'static,
+) -> Result<T, ApiError> {
+    let b = body_bytes(st, body)?;
+    let s = st.clone();
+    st.cpu
+        .run(b.len(), move || f(&s, crate::params::parse_body(&b)?))
+        .await
+}
+
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -3,9 +3,10 @@
 //! vector is the model's final hidden states pooled as the server was told (`--pooling`, else
 //! the file's `pooling_type`, else the last token's) at unit length.
 
-use crate::app::{body_bytes, check_prompt_bytes, St};
+use crate::app::{check_prompt_bytes, on_cpu, AppState, St};
 use crate::error::ApiError;
-use crate::params::{self, token_ids};
+use crate::generate::check_model_name;
+use crate::params::token_ids;
 use crate::reqlog::ReqLog;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -23,7 +24,11 @@ use tokio::sync::mpsc;
 const MAX_INPUTS: usize = 2048;
 
 /// The inputs of `field`: a string, token ids, or an array of either.
-fn inputs(st: &St, m: &Map<String, Value>, field: &'static str) -> Result<Vec<Vec<u32>>, ApiError> {
+fn inputs(
+    st: &AppState,
+    m: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Vec<Vec<u32>>, ApiError> {
     let n_vocab = st.handle.info().n_vocab;
     let tok = st.handle.tokenizer();
     let text = |t: &str| -> Result<Vec<u32>, ApiError> {
@@ -169,37 +174,28 @@ pub(crate) async fn embeddings_oai(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let b = body_bytes(&st, body)?;
-        let s = st.clone();
-        let (list, base64) = st
-            .cpu
-            .run(b.len(), move || {
-                let m = params::parse_body(&b)?;
-                if let Some(Value::String(name)) = m.get("model") {
-                    if !name.is_empty() && *name != s.model && *name != s.handle.info().name {
-                        return Err(ApiError::model_not_found(name, &s.model));
-                    }
-                }
-                let base64 = match m.get("encoding_format") {
-                    None | Some(Value::Null) => false,
-                    Some(Value::String(f)) if f == "float" => false,
-                    Some(Value::String(f)) if f == "base64" => true,
-                    Some(_) => {
-                        return Err(ApiError::invalid(
-                            "encoding_format",
-                            "`encoding_format` must be \"float\" or \"base64\"",
-                        ))
-                    }
-                };
-                if !matches!(m.get("dimensions"), None | Some(Value::Null)) {
+        let (list, base64) = on_cpu(&st, body, |s, m| {
+            check_model_name(s, m.get("model").and_then(Value::as_str))?;
+            let base64 = match m.get("encoding_format") {
+                None | Some(Value::Null) => false,
+                Some(Value::String(f)) if f == "float" => false,
+                Some(Value::String(f)) if f == "base64" => true,
+                Some(_) => {
                     return Err(ApiError::invalid(
-                        "dimensions",
-                        "`dimensions` is not supported: this model's embeddings have a fixed size",
-                    ));
+                        "encoding_format",
+                        "`encoding_format` must be \"float\" or \"base64\"",
+                    ))
                 }
-                Ok((inputs(&s, &m, "input")?, base64))
-            })
-            .await?;
+            };
+            if !matches!(m.get("dimensions"), None | Some(Value::Null)) {
+                return Err(ApiError::invalid(
+                    "dimensions",
+                    "`dimensions` is not supported: this model's embeddings have a fixed size",
+                ));
+            }
+            Ok((inputs(s, &m, "input")?, base64))
+        })
+        .await?;
         let (vecs, tokens) = embed(&st, &log, list, "input").await?;
         let data: Vec<Value> = vecs
             .iter()
@@ -233,20 +229,15 @@ pub(crate) async fn embeddings_native(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let b = body_bytes(&st, body)?;
-        let s = st.clone();
-        let (list, field) = st
-            .cpu
-            .run(b.len(), move || {
-                let m = params::parse_body(&b)?;
-                let field = if m.contains_key("content") {
-                    "content"
-                } else {
-                    "input"
-                };
-                Ok((inputs(&s, &m, field)?, field))
-            })
-            .await?;
+        let (list, field) = on_cpu(&st, body, |s, m| {
+            let field = if m.contains_key("content") {
+                "content"
+            } else {
+                "input"
+            };
+            Ok((inputs(s, &m, field)?, field))
+        })
+        .await?;
         let (vecs, _) = embed(&st, &log, list, field).await?;
         let out: Vec<Value> = vecs
             .into_iter()

@@ -1,7 +1,7 @@
 //! `/v1/chat/completions` and `/v1/completions`: parse, tokenize, submit to the engine, then
 //! answer whole or as a stream.
 
-use crate::app::{body_bytes, check_prompt_bytes, unix_now, AppState, St};
+use crate::app::{check_prompt_bytes, on_cpu, unix_now, AppState, St};
 use crate::error::ApiError;
 use crate::output::{whole_response, Out};
 use crate::params::{self, GenParams, Prompt};
@@ -19,8 +19,13 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 pub(crate) fn check_model(st: &AppState, p: &GenParams) -> Result<(), ApiError> {
-    match &p.model {
-        Some(m) if !m.is_empty() && *m != st.model && *m != st.handle.info().name => {
+    check_model_name(st, p.model.as_deref())
+}
+
+/// A request's `model`: absent, empty, or the name served (or the engine's).
+pub(crate) fn check_model_name(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if !m.is_empty() && m != st.model && m != st.handle.info().name => {
             Err(ApiError::model_not_found(m, &st.model))
         }
         _ => Ok(()),
@@ -59,14 +64,9 @@ pub(crate) async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let b = body_bytes(&st, body)?;
-        let s = st.clone();
-        let (params, ids) = st
-            .cpu
-            .run(b.len(), move || {
-                let m = params::parse_body(&b)?;
+        let (params, ids) = on_cpu(&st, body, move |s, m| {
                 let mut req = params::parse_chat(&m, s.handle.info().n_vocab)?;
-                check_model(&s, &req.params)?;
+                check_model(s, &req.params)?;
                 let format = crate::tools::Format::of_template(s.template.source());
                 if let Some(t) = crate::tools::Tools::parse(&m, format)? {
                     if let Some(spec) = t.constraint() {
@@ -80,7 +80,7 @@ pub(crate) async fn chat_completions(
                     }
                     req.params.tools = Some(t);
                 }
-                let ids = render_chat(&s, &req, true)?;
+                let ids = render_chat(s, &req, true)?;
                 if let Some(tags) = crate::reasoning::template_thinks(s.template.source()) {
                     let tail = &ids[ids.len().saturating_sub(8)..];
                     let text = s.handle.tokenizer().decode(tail, false);
@@ -103,37 +103,32 @@ pub(crate) async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let b = body_bytes(&st, body)?;
-        let s = st.clone();
-        let (params, ids, echo) = st
-            .cpu
-            .run(b.len(), move || {
-                let m = params::parse_body(&b)?;
-                let req = params::parse_completion(&m, s.handle.info().n_vocab)?;
-                check_model(&s, &req.params)?;
-                let tok = s.handle.tokenizer();
-                // A raw prompt is the client's own template: special-token text in it becomes
-                // those tokens unless the client says `"parse_special": false`.
-                let parse_special = params::opt_bool(&m, "parse_special", true)?;
-                let (ids, text) = match req.prompt {
-                    Prompt::Text(t) => {
-                        check_prompt_bytes(&s, t.len(), "prompt")?;
-                        let ids = tok.encode(&t, true, parse_special).map_err(|e| {
-                            ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
-                        })?;
-                        (ids, Some(t))
-                    }
-                    Prompt::Tokens(ids) => {
-                        // Decoded only to echo it, and not when generate() refuses it anyway.
-                        let fits = ids.len() < s.handle.info().n_ctx;
-                        let t = (req.echo && fits).then(|| tok.decode(&ids, false));
-                        (ids, t)
-                    }
-                };
-                let echo = if req.echo { text } else { None };
-                Ok((req.params, ids, echo))
-            })
-            .await?;
+        let (params, ids, echo) = on_cpu(&st, body, move |s, m| {
+            let req = params::parse_completion(&m, s.handle.info().n_vocab)?;
+            check_model(s, &req.params)?;
+            let tok = s.handle.tokenizer();
+            // A raw prompt is the client's own template: special-token text in it becomes
+            // those tokens unless the client says `"parse_special": false`.
+            let parse_special = params::opt_bool(&m, "parse_special", true)?;
+            let (ids, text) = match req.prompt {
+                Prompt::Text(t) => {
+                    check_prompt_bytes(s, t.len(), "prompt")?;
+                    let ids = tok.encode(&t, true, parse_special).map_err(|e| {
+                        ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
+                    })?;
+                    (ids, Some(t))
+                }
+                Prompt::Tokens(ids) => {
+                    // Decoded only to echo it, and not when generate() refuses it anyway.
+                    let fits = ids.len() < s.handle.info().n_ctx;
+                    let t = (req.echo && fits).then(|| tok.decode(&ids, false));
+                    (ids, t)
+                }
+            };
+            let echo = if req.echo { text } else { None };
+            Ok((req.params, ids, echo))
+        })
+        .await?;
         generate(st.clone(), log, ids, params, Kind::Completion, echo, 16).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)

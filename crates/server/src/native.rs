@@ -4,7 +4,7 @@
 //! `data: {"content": …, "stop": false}` lines, the last with `stop: true` and the totals, no
 //! `[DONE]`). The request is translated to `/v1/completions`' fields and runs the same way.
 
-use crate::app::{body_bytes, check_prompt_bytes, St};
+use crate::app::{check_prompt_bytes, on_cpu, AppState, St};
 use crate::error::ApiError;
 use crate::generate::{check_model, submit, Gen};
 use crate::params::{self, Prompt};
@@ -144,7 +144,7 @@ fn fim(tok: &Tokenizer) -> Option<Fim> {
 /// `/infill`'s prompt: the extra files (repository form when the vocabulary has its tokens),
 /// then `[PRE] prefix prompt [SUF] suffix [MID]`; the prefix keeps its end and the suffix its
 /// start when they must be cut to fit the context.
-fn infill_prompt(st: &St, m: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+fn infill_prompt(st: &AppState, m: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
     let tok = st.handle.tokenizer();
     let f = fim(tok).ok_or_else(|| {
         ApiError::invalid(
@@ -282,37 +282,32 @@ async fn native(
     fill: bool,
 ) -> Response {
     let r = async {
-        let b = body_bytes(&st, body)?;
-        let s = st.clone();
-        let (p, ids, text) = st
-            .cpu
-            .run(b.len(), move || {
-                let m = params::parse_body(&b)?;
-                let mut t = translate(&m)?;
-                let ids = if fill {
-                    let ids = infill_prompt(&s, &m)?;
-                    t.insert("prompt".into(), json!(ids));
-                    Some(ids)
-                } else {
-                    None
-                };
-                let req = params::parse_completion(&t, s.handle.info().n_vocab)?;
-                check_model(&s, &req.params)?;
-                let tok = s.handle.tokenizer();
-                let (ids, text) = match (ids, req.prompt) {
-                    (Some(ids), _) => (ids, None),
-                    (None, Prompt::Text(text)) => {
-                        check_prompt_bytes(&s, text.len(), "prompt")?;
-                        let ids = tok.encode(&text, true, true).map_err(|e| {
-                            ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
-                        })?;
-                        (ids, Some(text))
-                    }
-                    (None, Prompt::Tokens(ids)) => (ids, None),
-                };
-                Ok((req.params, ids, text))
-            })
-            .await?;
+        let (p, ids, text) = on_cpu(&st, body, move |s, m| {
+            let mut t = translate(&m)?;
+            let ids = if fill {
+                let ids = infill_prompt(s, &m)?;
+                t.insert("prompt".into(), json!(ids));
+                Some(ids)
+            } else {
+                None
+            };
+            let req = params::parse_completion(&t, s.handle.info().n_vocab)?;
+            check_model(s, &req.params)?;
+            let tok = s.handle.tokenizer();
+            let (ids, text) = match (ids, req.prompt) {
+                (Some(ids), _) => (ids, None),
+                (None, Prompt::Text(text)) => {
+                    check_prompt_bytes(s, text.len(), "prompt")?;
+                    let ids = tok.encode(&text, true, true).map_err(|e| {
+                        ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
+                    })?;
+                    (ids, Some(text))
+                }
+                (None, Prompt::Tokens(ids)) => (ids, None),
+            };
+            Ok((req.params, ids, text))
+        })
+        .await?;
         let n_prompt = ids.len();
         let mut gens = submit(&st, &log, ids, &p, "prompt", None, 0).await?;
         let gen = gens.pop().expect("one generation");

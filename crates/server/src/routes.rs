@@ -1,6 +1,6 @@
 //! The small routes: models, health, metrics, tokenize, detokenize.
 
-use crate::app::{body_bytes, check_prompt_bytes, AppState, St};
+use crate::app::{check_prompt_bytes, on_cpu, AppState, St};
 use crate::error::ApiError;
 use crate::generate::render_chat;
 use crate::params;
@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
 
 pub(crate) async fn list_models(State(st): State<St>) -> Response {
@@ -116,25 +116,19 @@ pub(crate) async fn tokenize(
     json_on_cpu(st, body, tokenize_body).await
 }
 
-/// A JSON endpoint whose work runs on the CPU pool: the body, then `f`'s JSON or its error.
+/// A JSON endpoint whose work runs on the CPU pool: `f`'s JSON or its error.
 async fn json_on_cpu(
     st: St,
     body: Result<Bytes, BytesRejection>,
-    f: impl FnOnce(&AppState, &[u8]) -> Result<Value, ApiError> + Send + 'static,
+    f: impl FnOnce(&AppState, Map<String, Value>) -> Result<Value, ApiError> + Send + 'static,
 ) -> Response {
-    let r = async {
-        let b = body_bytes(&st, body)?;
-        let s = st.clone();
-        st.cpu.run(b.len(), move || f(&s, &b)).await
-    };
-    match r.await {
+    match on_cpu(&st, body, f).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-fn tokenize_body(s: &AppState, b: &[u8]) -> Result<Value, ApiError> {
-    let m = params::parse_body(b)?;
+fn tokenize_body(s: &AppState, m: Map<String, Value>) -> Result<Value, ApiError> {
     let tok = s.handle.tokenizer();
     let ids = if m.get("messages").is_some_and(|v| !v.is_null()) {
         let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
@@ -190,8 +184,7 @@ pub(crate) async fn detokenize(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    json_on_cpu(st, body, |s, b| {
-        let m = params::parse_body(b)?;
+    json_on_cpu(st, body, |s, m| {
         let n_vocab = s.handle.info().n_vocab;
         let ids = match m.get("tokens") {
             Some(Value::Array(a)) => a
@@ -227,8 +220,7 @@ pub(crate) async fn apply_template(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    json_on_cpu(st, body, |s, b| {
-        let m = params::parse_body(b)?;
+    json_on_cpu(st, body, |s, m| {
         let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
         let agp = params::opt_bool(&m, "add_generation_prompt", true)?;
         let prompt = s
