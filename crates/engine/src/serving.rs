@@ -420,19 +420,23 @@ impl<'a, B: Backend> Engine<'a, B> {
         // Embedding requests: their rows' hidden states pooled; at the prompt's end the vector
         // goes out and the request ends (it takes no sampling row).
         let mut embedded = Vec::new();
-        if out
-            .scheduled
-            .iter()
-            .any(|s| live.get(&s.id).is_some_and(|l| l.pool.is_some()))
-        {
-            for id in &out.preempted {
-                if let Some(p) = live.get_mut(id).and_then(|l| l.pool.as_mut()) {
-                    p.reset();
-                }
+        // A preempted request is computed again from its first token: its pool starts over.
+        for id in &out.preempted {
+            if let Some(p) = live.get_mut(id).and_then(|l| l.pool.as_mut()) {
+                p.reset();
             }
-            let n_tokens: usize = out.scheduled.iter().map(|s| s.n_tokens()).sum();
+        }
+        // Rows up to the last embedding request's are read back, no further.
+        let (mut end, mut r) = (0, 0);
+        for s in &out.scheduled {
+            r += s.n_tokens();
+            if live.get(&s.id).is_some_and(|l| l.pool.is_some()) {
+                end = r;
+            }
+        }
+        if end > 0 {
             let d = runner.model.hp.n_embd;
-            let hidden = runner.hidden(n_tokens)?;
+            let hidden = runner.hidden(end)?;
             let mut r0 = 0;
             for s in &out.scheduled {
                 if let Some(l) = live.get_mut(&s.id) {
