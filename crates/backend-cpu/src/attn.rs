@@ -452,6 +452,60 @@ pub fn attention(
     run(pool, q, k_cache, v_cache, batch, a, out, g, r16, tiled);
 }
 
+/// Query tokens one task of [`attention_packed`] takes (each key decoded once for them all).
+const PACKED_TOKENS: usize = 16;
+
+/// Attention over a cache of any other element types (`quiver_backend::kvcodec`): the scalar
+/// [`kvcodec::attend`](quiver_backend::kvcodec::attend) per (run of up to 16 consecutive
+/// tokens of one sequence, part of a KV group), spread over the pool; each key's records are
+/// decoded once per task, never the whole cache. Batch invariant (`attend` is).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_packed(
+    pool: &ThreadPool,
+    q: &[f32],
+    k: quiver_backend::kvcodec::KvRows,
+    v: quiver_backend::kvcodec::KvRows,
+    batch: &Batch,
+    a: &AttnParams,
+    out: &mut [f32],
+) {
+    use quiver_backend::kvcodec::{attend, AttendScratch};
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<AttendScratch> = Default::default();
+    }
+    let (hd, nh) = (a.head_dim, a.n_head);
+    let g = heads_per_task(a, batch.n_tokens(), pool.n_threads());
+    assert!(out.len() >= batch.n_tokens() * nh * hd && q.len() >= out.len());
+    // Runs of consecutive tokens of one sequence.
+    let runs: Vec<std::ops::Range<usize>> = batch
+        .seqs
+        .iter()
+        .flat_map(|s| {
+            (s.start..s.start + s.len)
+                .step_by(PACKED_TOKENS)
+                .map(move |t| t..(t + PACKED_TOKENS).min(s.start + s.len))
+        })
+        .collect();
+    let o = &Out(out.as_mut_ptr());
+    let task = |i: usize| {
+        let (run, h0) = (runs[i / (nh / g)].clone(), (i % (nh / g)) * g);
+        SCRATCH.with_borrow_mut(|sc| {
+            attend(q, k, v, batch, a, run.clone(), h0, g, sc);
+            for (i, t) in run.enumerate() {
+                // SAFETY: the rows of heads h0..h0 + g of token t are written by this task
+                // only (each (token, head) belongs to one run and one group part), inside
+                // `out` (checked by the assert above).
+                let rows =
+                    unsafe { std::slice::from_raw_parts_mut(o.0.add((t * nh + h0) * hd), g * hd) };
+                for (j, r) in rows.chunks_exact_mut(hd).enumerate() {
+                    r.copy_from_slice(sc.row(i, j, g, hd));
+                }
+            }
+        });
+    };
+    pool.run(runs.len() * (nh / g), &task);
+}
+
 /// [`attention`] with `g` heads per task (`g` divides the KV group size, at most
 /// [`MAX_GROUP`]), the accumulator rounded to f16 when `r16`, the weights of `tiled` steps.
 #[allow(clippy::too_many_arguments)]

@@ -44,12 +44,26 @@ impl CpuWeight {
     }
 }
 
-/// One layer's K and V: `n_slots` rows of `kv_dim` f16 values.
+/// One layer's K and V: `n_slots` rows of `kv_dim` values. An f16 cache (both types f16, the
+/// default) is held in `k` and `v` for llama.cpp's attention; any other pair of types as
+/// records of [`quiver_backend::kvcodec`] in `kb` and `vb` (an f16 side as well).
 pub struct CpuKv {
     pub k: Vec<half::f16>,
     pub v: Vec<half::f16>,
+    pub kb: Vec<u8>,
+    pub vb: Vec<u8>,
+    pub types: quiver_backend::KvTypes,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
     pub kv_dim: usize,
     pub n_slots: usize,
+}
+
+impl CpuKv {
+    /// Whether the cache is held as records (not the f16 vectors).
+    fn packed(&self) -> bool {
+        self.types != quiver_backend::KvTypes::default()
+    }
 }
 
 /// How a [`CpuBackend`] is built.
@@ -259,21 +273,35 @@ impl Backend for CpuBackend {
     }
 
     fn kv(&self, spec: &KvSpec, layer: usize) -> Result<CpuKv> {
-        if (spec.k, spec.v) != (KvType::F16, KvType::F16) {
-            return Err(BackendError::UnsupportedKv {
-                k: spec.k.name(),
-                v: spec.v.name(),
-                backend: "cpu",
-            });
-        }
-        let (n_slots, kv_dim) = (spec.n_slots, spec.layer_dims[layer]);
-        let zero = half::f16::ZERO;
-        Ok(CpuKv {
-            k: vec![zero; n_slots * kv_dim],
-            v: vec![zero; n_slots * kv_dim],
-            kv_dim,
+        let l = spec.layers[layer];
+        spec.check()
+            .map_err(|detail| BackendError::Shape { op: "kv", detail })?;
+        let n_slots = spec.n_slots;
+        let types = quiver_backend::KvTypes {
+            k: spec.k,
+            v: spec.v,
+        };
+        let mut kv = CpuKv {
+            k: Vec::new(),
+            v: Vec::new(),
+            kb: Vec::new(),
+            vb: Vec::new(),
+            types,
+            n_head_kv: l.n_head_kv,
+            head_dim: l.head_dim,
+            kv_dim: l.dim(),
             n_slots,
-        })
+        };
+        if kv.packed() {
+            let bytes =
+                |t: KvType| vec![0u8; n_slots * t.row_bytes(l.n_head_kv, l.head_dim) as usize];
+            kv.kb = bytes(spec.k);
+            kv.vb = bytes(spec.v);
+        } else {
+            kv.k = vec![half::f16::ZERO; n_slots * l.dim()];
+            kv.v = vec![half::f16::ZERO; n_slots * l.dim()];
+        }
+        Ok(kv)
     }
 
     fn begin_step<'b>(
@@ -520,8 +548,20 @@ impl Backend for CpuBackend {
             check("rope_kv_write", slot < kv.n_slots, || {
                 format!("slot {slot} ≥ {}", kv.n_slots)
             })?;
-            kv.k[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&k[t * kv_dim..][..kv_dim]);
-            kv.v[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&v[t * kv_dim..][..kv_dim]);
+            let (kt, vt) = (&k[t * kv_dim..][..kv_dim], &v[t * kv_dim..][..kv_dim]);
+            if kv.packed() {
+                let hd = kv.head_dim;
+                for (src, ty, dst) in [(kt, kv.types.k, &mut kv.kb), (vt, kv.types.v, &mut kv.vb)] {
+                    let hb = ty.head_bytes(hd);
+                    let row = &mut dst[slot * kv.n_head_kv * hb..][..kv.n_head_kv * hb];
+                    for (x, rec) in src.chunks_exact(hd).zip(row.chunks_exact_mut(hb)) {
+                        quiver_backend::kvcodec::encode_head(ty, x, rec);
+                    }
+                }
+            } else {
+                kv.k[slot * kv_dim..][..kv_dim].convert_from_f32_slice(kt);
+                kv.v[slot * kv_dim..][..kv_dim].convert_from_f32_slice(vt);
+            }
         }
         Ok(())
     }
@@ -548,6 +588,24 @@ impl Backend for CpuBackend {
         check("attention", a.head_dim <= attn::MAX_HEAD_DIM, || {
             format!("head_dim {} > {}", a.head_dim, attn::MAX_HEAD_DIM)
         })?;
+        if kv.packed() {
+            let rows = |ty, bytes| quiver_backend::kvcodec::KvRows {
+                ty,
+                bytes,
+                n_head_kv: kv.n_head_kv,
+                head_dim: kv.head_dim,
+            };
+            attn::attention_packed(
+                self.mm.pool(),
+                &q[..n],
+                rows(kv.types.k, &kv.kb),
+                rows(kv.types.v, &kv.vb),
+                step.batch,
+                a,
+                &mut out[..n],
+            );
+            return Ok(());
+        }
         attn::attention(
             self.mm.pool(),
             self.numerics(),

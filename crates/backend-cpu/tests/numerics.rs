@@ -139,7 +139,7 @@ fn two_instances_with_different_numerics_attend_each_their_own_way() {
     // The last token's output row: in the N-row step, then in a step of its own.
     let run = |be: &mut CpuBackend| -> (Vec<f32>, Vec<f32>) {
         let mut kv = be
-            .kv(&quiver_backend::testing::kv_spec(n_slots, nkv * hd), 0)
+            .kv(&quiver_backend::testing::kv_spec(n_slots, nkv, hd), 0)
             .unwrap();
         kv.k.clone_from(&k);
         kv.v.clone_from(&v);

@@ -122,7 +122,7 @@ impl Backend for CudaBackend {
                 backend: "cuda",
             });
         }
-        self.zeroed_kv(spec.n_slots, spec.layer_dims[layer])
+        self.zeroed_kv(spec.n_slots, spec.layers[layer].dim())
     }
 
     fn begin_step<'b>(

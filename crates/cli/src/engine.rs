@@ -1,6 +1,7 @@
 //! Loading a model for generation, shared by run, chat, perplexity, logprobs and bench.
 
 use anyhow::{bail, Context, Result};
+use quiver_backend::{KvType, KvTypes};
 use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
 use quiver_backend_cuda::{CudaBackend, CudaConfig};
 use quiver_engine::{ModelRunner, RunnerOptions, Session};
@@ -28,6 +29,51 @@ pub struct LoadArgs {
     /// Print backend counters (graph captures and replays, kernels compiled) at the end.
     #[arg(short = 'v', long)]
     pub verbose: bool,
+    /// KV cache element type of K and V: f16 (default), bf16, q8_0, tq8 or tq4 (TurboQuant).
+    #[arg(long = "kv-type", value_name = "TYPE", value_parser = parse_kv_type)]
+    pub kv_type: Option<KvType>,
+    /// K's type, over --kv-type (llama-server's -ctk/--cache-type-k).
+    #[arg(long = "kv-type-k", visible_alias = "cache-type-k", value_name = "TYPE", value_parser = parse_kv_type)]
+    pub kv_type_k: Option<KvType>,
+    /// V's type, over --kv-type (llama-server's -ctv/--cache-type-v).
+    #[arg(long = "kv-type-v", visible_alias = "cache-type-v", value_name = "TYPE", value_parser = parse_kv_type)]
+    pub kv_type_v: Option<KvType>,
+}
+
+impl LoadArgs {
+    /// The KV cache's element types these flags choose.
+    pub fn kv_types(&self) -> KvTypes {
+        let both = self.kv_type.unwrap_or(KvType::F16);
+        KvTypes {
+            k: self.kv_type_k.unwrap_or(both),
+            v: self.kv_type_v.unwrap_or(both),
+        }
+    }
+}
+
+fn parse_kv_type(s: &str) -> std::result::Result<KvType, String> {
+    KvType::parse(&s.to_ascii_lowercase()).ok_or_else(|| {
+        let names: Vec<&str> = KvType::ALL.iter().map(|t| t.name()).collect();
+        format!("unknown KV type (known: {})", names.join(", "))
+    })
+}
+
+/// The load log's KV line: the types, bytes per token (each layer and all), the pool's tokens
+/// and bytes.
+pub fn kv_summary(spec: &quiver_backend::KvSpec) -> String {
+    let per_token = spec.bytes_per_token();
+    let layers = spec.layers.len().max(1) as u64;
+    let kv = KvTypes {
+        k: spec.k,
+        v: spec.v,
+    };
+    format!(
+        "KV cache {kv}: {} bytes per token per layer ({} per token over {layers} layers), {} tokens in {}",
+        per_token.div_ceil(layers),
+        quiver_backend::human_bytes(per_token),
+        spec.n_slots,
+        quiver_backend::human_bytes(spec.bytes()),
+    )
 }
 
 pub struct Loaded {
@@ -182,11 +228,15 @@ pub fn load_with(
     let n_threads = threads(args)?;
     let n_ctx = n_ctx(args, &file);
     let opts = RunnerOptions {
+        kv: args.kv_types(),
         n_ctx,
         n_batch: args.batch_size as usize,
         max_logits,
     };
     let (device, desc) = choose_device(&args.device)?;
+    let hp = quiver_models::hparams(&file)?;
+    let kv_spec = hp.kv_spec(n_ctx, opts.kv);
+    kv_spec.check().map_err(anyhow::Error::msg)?;
     let runner: Box<dyn Session + Send> = match device {
         Device::Cpu => {
             let be = CpuBackend::with_config(CpuConfig {
@@ -220,6 +270,7 @@ pub fn load_with(
             Box::new(r)
         }
     };
+    eprintln!("quiver: {}", kv_summary(&kv_spec));
     Ok(Loaded { runner })
 }
 

@@ -149,9 +149,10 @@ enum Cmd {
         /// The text file.
         #[arg(short = 'f', long)]
         file: PathBuf,
-        /// Chunk length in tokens.
-        #[arg(short = 'c', long = "chunk", default_value_t = 512, value_parser = clap::value_parser!(u32).range(4..))]
-        chunk: u32,
+        /// Chunk length in tokens (default: -c/--ctx-size as llama-perplexity takes it, else
+        /// 512).
+        #[arg(long = "chunk", value_parser = clap::value_parser!(u32).range(4..))]
+        chunk: Option<u32>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -364,7 +365,10 @@ fn run(cli: Cli) -> Result<()> {
             file,
             chunk,
             json,
-        } => score::perplexity(&load, &file, chunk as usize, json)?,
+        } => {
+            let chunk = chunk.or(load.ctx_size).unwrap_or(512);
+            score::perplexity(&load, &file, chunk as usize, json)?
+        }
         Cmd::Logprobs { load, ids, top } => score::logprobs_cmd(&load, &ids, top as usize)?,
         Cmd::Bench {
             load,

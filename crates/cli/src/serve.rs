@@ -81,11 +81,6 @@ pub struct ServeArgs {
     /// llama-server's `-to/--timeout SECONDS`: sets `--timeout-read-secs`.
     #[arg(long = "timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: Option<u64>,
-    /// llama-server's `-ctk/--cache-type-k` and `-ctv/--cache-type-v`: f16 only for now.
-    #[arg(long = "cache-type-k", value_name = "TYPE")]
-    pub cache_type_k: Option<String>,
-    #[arg(long = "cache-type-v", value_name = "TYPE")]
-    pub cache_type_v: Option<String>,
     /// Seconds running requests may go on after SIGTERM before they are aborted.
     #[arg(long, default_value_t = 10)]
     pub shutdown_grace: u64,
@@ -103,14 +98,6 @@ pub struct ServeArgs {
 }
 
 pub fn run(mut a: ServeArgs) -> Result<()> {
-    for (flag, ty) in [
-        ("--cache-type-k", &a.cache_type_k),
-        ("--cache-type-v", &a.cache_type_v),
-    ] {
-        if let Some(t) = ty.as_deref().filter(|t| !t.eq_ignore_ascii_case("f16")) {
-            bail!("{flag} {t}: only f16 KV caches exist yet");
-        }
-    }
     if let Some(n) = &a.n_gpu_layers {
         let n: i64 = n
             .parse()
@@ -138,13 +125,17 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     let bs = quiver_engine::BLOCK_SIZE;
     // Bytes of one block of the pool, as the model's KV cache asks.
     let hp = quiver_models::hparams(&file)?;
-    let per_block = hp.kv_spec(bs, quiver_backend::KvType::F16).bytes() as usize;
+    let per_block = hp.kv_spec(bs, a.load.kv_types()).bytes() as usize;
+    hp.kv_spec(bs, a.load.kv_types())
+        .check()
+        .map_err(anyhow::Error::msg)?;
     let want = a.max_seqs as usize * n_ctx.div_ceil(bs);
     let kv_blocks = match (a.kv_blocks, a.kv_mem) {
         (Some(n), _) => n as usize,
         (None, Some(m)) => (m as usize / per_block).max(1),
         (None, None) => want.min((2usize << 30) / per_block),
     };
+    let kv_line = engine::kv_summary(&hp.kv_spec(kv_blocks * bs, a.load.kv_types()));
     if kv_blocks * bs < n_ctx {
         bail!("the KV pool of {kv_blocks} blocks ({} tokens) cannot hold one full context of {n_ctx} tokens", kv_blocks * bs);
     }
@@ -178,6 +169,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         .unwrap_or(quiver_engine::embed::Pooling::Last);
     let threads = engine::threads(&a.load)?;
     let opts = ServeOptions {
+        kv: a.load.kv_types(),
         n_ctx,
         max_seqs: a.max_seqs as usize,
         kv_blocks,
@@ -222,7 +214,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         tracing::info!(
             model = %name,
             load_secs,
-            "serving {name} on {desc}{with_threads}: context {n_ctx}, {max_seqs} sequences, {kv_blocks} KV blocks, loaded in {load_secs:.2}s",
+            "serving {name} on {desc}{with_threads}: context {n_ctx}, {max_seqs} sequences, {kv_blocks} KV blocks, loaded in {load_secs:.2}s; {kv_line}",
         );
         Ok(handle)
     };

@@ -22,6 +22,8 @@ pub struct RunnerOptions {
     pub n_batch: usize,
     /// Largest number of logits rows per forward step.
     pub max_logits: usize,
+    /// The KV cache's element types.
+    pub kv: quiver_backend::KvTypes,
 }
 
 impl Default for RunnerOptions {
@@ -30,6 +32,7 @@ impl Default for RunnerOptions {
             n_ctx: 4096,
             n_batch: 512,
             max_logits: 1,
+            kv: Default::default(),
         }
     }
 }
@@ -207,6 +210,7 @@ impl<B: Backend> ModelRunner<B> {
     pub fn new(backend: B, file: &Arc<GgufFile>, opts: &RunnerOptions) -> Result<Self> {
         let mut model = quiver_models::load(&backend, file)?;
         model.for_context(opts.n_ctx);
+        model.set_kv_types(opts.kv)?;
         let n_ctx = opts.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
         let n_batch = opts.n_batch.max(1);
         let max_logits = opts.max_logits.clamp(1, n_batch);

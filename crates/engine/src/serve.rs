@@ -140,6 +140,8 @@ pub struct ServeOptions {
     pub max_batch_tokens: usize,
     /// Most requests waiting before `submit` answers `QueueFull`.
     pub max_waiting: usize,
+    /// The KV cache's element types.
+    pub kv: quiver_backend::KvTypes,
 }
 
 /// What the server needs to know about the loaded model.

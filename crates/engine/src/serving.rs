@@ -146,6 +146,7 @@ where
                 n_ctx: opts.kv_blocks * BLOCK_SIZE,
                 n_batch: opts.max_batch_tokens,
                 max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
+                kv: opts.kv,
             };
             let runner = match ModelRunner::new(make(), &file, &runner_opts) {
                 Ok(r) => r,
@@ -167,9 +168,17 @@ where
                 max_seqs: opts.max_seqs,
                 max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
                 kv_blocks: opts.kv_blocks,
+                // The model and the cache's codecs (with their layout version): a block
+                // written under one codec is never found as another's.
                 hash_seed: chain_hash(
                     0x7175697665,
-                    &[file.file_len() as u32, file.tensors.len() as u32],
+                    &[
+                        file.file_len() as u32,
+                        file.tensors.len() as u32,
+                        opts.kv.k as u32,
+                        opts.kv.v as u32,
+                        quiver_backend::kvcodec::LAYOUT_VERSION,
+                    ],
                 ),
                 eog: sh.tokenizer.eog_ids().collect(),
             });

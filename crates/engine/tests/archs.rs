@@ -147,6 +147,7 @@ fn check<B: Backend>(
         let f = model(&fx);
         // The harness's context (LongRoPE picks its factors by it).
         let opts = RunnerOptions {
+            kv: Default::default(),
             n_ctx: 1024,
             n_batch: 64,
             max_logits: 64,

@@ -12,6 +12,7 @@ fn batched_sequences_equal_solo_greedy_runs() {
     assert!(p.is_file(), "{} is missing: run scripts/test", p.display());
     let f = Arc::new(GgufFile::open(&p).unwrap());
     let opts = RunnerOptions {
+        kv: Default::default(),
         n_ctx: 64,
         n_batch: 64,
         max_logits: 1,

@@ -92,6 +92,7 @@ fn served_embeddings_equal_single_sequence_ones() {
         CpuBackend::new(2),
         &f,
         &RunnerOptions {
+            kv: Default::default(),
             n_ctx: 1024,
             n_batch: 64,
             max_logits: 1,
@@ -116,6 +117,7 @@ fn served_embeddings_equal_single_sequence_ones() {
         f.clone(),
         tok,
         ServeOptions {
+            kv: Default::default(),
             n_ctx: 1024,
             max_seqs: 8,
             kv_blocks: 256,

@@ -47,6 +47,7 @@ fn ids(n: usize, seed: u64, vocab: u32) -> Vec<u32> {
 fn graph_replay_equals_eager_bit_for_bit() {
     let f = model();
     let opts = RunnerOptions {
+        kv: Default::default(),
         n_ctx: 256,
         n_batch: 64,
         max_logits: 1,
@@ -123,6 +124,7 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
     let kv_blocks = 128;
     let mut solo = Vec::new();
     let opts = RunnerOptions {
+        kv: Default::default(),
         n_ctx: 256,
         n_batch: 64,
         max_logits: 1,
@@ -140,6 +142,7 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
         solo.push(out);
     }
     let so = ServeOptions {
+        kv: Default::default(),
         n_ctx: 256,
         max_seqs: 8,
         kv_blocks,
@@ -188,6 +191,7 @@ fn batched_bench_sequences_on_the_gpu_equal_solo_runs() {
     let make = batch_invariant;
     let (n_prompt, n_gen) = (20, 8);
     let opts = RunnerOptions {
+        kv: Default::default(),
         n_ctx: 128,
         n_batch: 64,
         max_logits: 1,
@@ -229,6 +233,7 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
     ] {
         let f = synth(preset, ty);
         let opts = RunnerOptions {
+            kv: Default::default(),
             n_ctx: 256,
             n_batch: 64,
             max_logits: 64,
@@ -292,6 +297,7 @@ fn steps_allocate_no_scratch_after_load() {
             ..CudaConfig::from_env()
         };
         let opts = RunnerOptions {
+            kv: Default::default(),
             n_ctx: 1024,
             n_batch: 256,
             max_logits: 8,

@@ -29,6 +29,7 @@ fn runner(alias: &str, n_ctx: usize, max_logits: usize) -> ModelRunner<CpuBacken
         CpuBackend::with_config(config),
         &f,
         &RunnerOptions {
+            kv: Default::default(),
             n_ctx,
             n_batch: 512,
             max_logits,

@@ -20,6 +20,7 @@ fn start(kv_blocks: usize, max_seqs: usize) -> EngineHandle {
     let f = file();
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let opts = ServeOptions {
+        kv: Default::default(),
         n_ctx: 1024,
         max_seqs,
         kv_blocks,
@@ -97,6 +98,7 @@ fn batched_requests_equal_solo_runs_and_blocks_come_back() {
         CpuBackend::new(2),
         &f,
         &RunnerOptions {
+            kv: Default::default(),
             n_ctx: 256,
             n_batch: 256,
             max_logits: 1,

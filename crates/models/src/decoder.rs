@@ -78,6 +78,8 @@ pub struct Model<B: Backend> {
     pub layers: Vec<Layer<B>>,
     /// Gemma 4's per-layer embedding inputs, where the model has them.
     pub ple: Option<crate::extras::PleInput<B>>,
+    /// The KV cache's element types ([`Model::set_kv_types`]; f16 by default).
+    pub kv_types: quiver_backend::KvTypes,
 }
 
 pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
@@ -178,12 +180,24 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         layers,
         ple: crate::extras::load_ple_input(b, f, &hp)?,
         hp,
+        kv_types: quiver_backend::KvTypes::default(),
     })
 }
 
 impl<B: Backend> Model<B> {
     /// Sets what depends on the context a sequence may reach: LongRoPE's long factors past the
     /// original context, as llama.cpp chooses them by its per-sequence context.
+    /// Chooses the KV cache's element types for the states made after this; an error names
+    /// the first layer whose heads a type cannot store.
+    pub fn set_kv_types(&mut self, kv: quiver_backend::KvTypes) -> Result<()> {
+        self.hp
+            .kv_spec(0, kv)
+            .check()
+            .map_err(ModelError::UnsupportedKv)?;
+        self.kv_types = kv;
+        Ok(())
+    }
+
     pub fn for_context(&mut self, n_ctx_seq: usize) {
         if let Some(long) = &self.hp.rope_long {
             if n_ctx_seq > self.hp.n_ctx_orig {

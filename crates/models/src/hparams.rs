@@ -1,7 +1,7 @@
 //! Hyperparameters common to the decoder-only architectures.
 
 use crate::{ModelError, Result};
-use quiver_backend::{Activation, Llama3Scaling, RopeMode, RopeParams};
+use quiver_backend::{Activation, KvTypes, Llama3Scaling, RopeMode, RopeParams};
 use quiver_gguf::GgufFile;
 
 #[derive(Clone, Debug)]
@@ -73,18 +73,21 @@ impl LayerHp {
 
 impl Hparams {
     /// The KV cache of `n_slots` positions this model needs, in element type `ty`.
-    pub fn kv_spec(&self, n_slots: usize, ty: quiver_backend::KvType) -> quiver_backend::KvSpec {
+    pub fn kv_spec(&self, n_slots: usize, kv: KvTypes) -> quiver_backend::KvSpec {
         quiver_backend::KvSpec {
-            k: ty,
-            v: ty,
+            k: kv.k,
+            v: kv.v,
             block_size: quiver_backend::KV_BLOCK_SIZE,
             n_slots,
-            layer_dims: self
+            layers: self
                 .layers
                 .iter()
                 .enumerate()
                 .filter(|(i, l)| l.kv_from == *i)
-                .map(|(_, l)| l.kv_dim())
+                .map(|(_, l)| quiver_backend::KvLayer {
+                    n_head_kv: l.n_head_kv,
+                    head_dim: l.head_dim,
+                })
                 .collect(),
         }
     }

@@ -33,6 +33,8 @@ pub enum ModelError {
         got: Vec<u64>,
         expected: Vec<u64>,
     },
+    #[error("{0}")]
+    UnsupportedKv(String),
     #[error("bad hyperparameter {key}: {detail}")]
     BadHparam { key: String, detail: String },
     #[error(transparent)]

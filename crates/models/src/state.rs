@@ -1,7 +1,7 @@
 //! The buffers a forward step writes, allocated once per model instance.
 
 use crate::{Model, Result};
-use quiver_backend::{Backend, KvType};
+use quiver_backend::Backend;
 
 /// Everything a forward step writes: the KV cache and the activation workspace, allocated
 /// once for at most `max_tokens` tokens and `max_logits` logits rows per step.
@@ -51,7 +51,7 @@ impl<B: Backend> Model<B> {
         let hp = &self.hp;
         let n = max_tokens;
         let (qd, kvd, max_ff) = hp.max_dims();
-        let spec = hp.kv_spec(n_slots, KvType::F16);
+        let spec = hp.kv_spec(n_slots, self.kv_types);
         let moe: Vec<usize> = match &hp.moe {
             Some(p) => p.scratch_floats(n, hp.n_embd).to_vec(),
             None => Vec::new(),
@@ -108,7 +108,7 @@ impl<B: Backend> Model<B> {
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(State {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            kv: (0..spec.layer_dims.len())
+            kv: (0..spec.layers.len())
                 .map(|i| b.kv(&spec, i))
                 .collect::<std::result::Result<_, _>>()?,
             n_slots,

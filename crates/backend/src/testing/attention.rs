@@ -46,7 +46,7 @@ pub fn attention<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) ->
         for case in ATTENTION {
             let a = case.params();
             let (hd, nh, nkv) = (a.head_dim, a.n_head, a.n_head_kv);
-            let mut kv = be.kv(&kv_spec(tb.n_slots, nkv * hd), 0).unwrap();
+            let mut kv = be.kv(&kv_spec(tb.n_slots, nkv, hd), 0).unwrap();
             let [(kh, kf), (vh, vf)] = random_kv(rng, b, tb.n_slots, nkv * hd);
             h.write_kv(be, &mut kv, &kh, &vh);
             let q = rng.scaled(n * nh * hd, 3.0);
@@ -102,7 +102,7 @@ fn rope_case<B: Backend, H: Harness<B>>(
     let (nh, nkv, hd) = (a.n_head, a.n_head_kv, a.head_dim);
     let kvd = nkv * hd;
     let what = format!("rope {case:?}, {}", tb.name);
-    let mut kv = be.kv(&kv_spec(tb.n_slots, kvd), 0).unwrap();
+    let mut kv = be.kv(&kv_spec(tb.n_slots, nkv, hd), 0).unwrap();
     let nan = vec![f16::NAN; tb.n_slots * kvd];
     h.write_kv(be, &mut kv, &nan, &nan);
     let (q, k, v) = (rng.vec(n * nh * hd), rng.vec(n * kvd), rng.vec(n * kvd));

@@ -15,6 +15,7 @@ pub mod attention;
 pub mod batches;
 pub mod cases;
 pub mod elementwise;
+pub mod kv_types;
 pub mod moe;
 pub mod products;
 
@@ -24,14 +25,17 @@ use crate::{Backend, KvSpec, KvType, WeightBytes, KV_BLOCK_SIZE};
 use quiver_gguf::{GgmlType, GgufFile, GgufWriter};
 use std::sync::Arc;
 
-/// An f16 cache of one layer: `n_slots` positions of `kv_dim` values.
-pub fn kv_spec(n_slots: usize, kv_dim: usize) -> KvSpec {
+/// An f16 cache of one layer: `n_slots` positions of `n_head_kv` heads of `head_dim`.
+pub fn kv_spec(n_slots: usize, n_head_kv: usize, head_dim: usize) -> KvSpec {
     KvSpec {
         k: KvType::F16,
         v: KvType::F16,
         block_size: KV_BLOCK_SIZE,
         n_slots,
-        layer_dims: vec![kv_dim],
+        layers: vec![crate::KvLayer {
+            n_head_kv,
+            head_dim,
+        }],
     }
 }
 

@@ -1,0 +1,162 @@
+//! The KV cache's element types on a backend: K and V written by `rope_kv_write` into a cache
+//! of each pair of types, then `attention` over it, against the f32 reference over the same
+//! keys and values (the error each codec is allowed), and the last token alone against the
+//! same token in the whole step (bit for bit: a quantized cache is batch invariant too).
+
+use super::{read, rel_err, Harness, Rng};
+use crate::{reference, AttnParams, Backend, Batch, KvLayer, KvSpec, KvType, KvTypes, RopeMode};
+use crate::{RopeParams, KV_BLOCK_SIZE};
+
+/// The relative error (L2 over the outputs) attention may make with `t` for K or V, from the
+/// codec's resolution (measured errors are several times smaller): f16 and bf16 rounding, q8_0
+/// steps of amax/127, and TurboQuant's Lloyd–Max distortion (tq8 about 1e-4 of the variance,
+/// tq4 about 1e-2).
+pub fn codec_bound(t: KvType) -> f64 {
+    match t {
+        KvType::F16 => 3e-3,
+        KvType::Bf16 => 2e-2,
+        KvType::Q8_0 => 2e-2,
+        KvType::Tq8 => 2e-2,
+        KvType::Tq4 => 0.2,
+    }
+}
+
+/// (heads, KV heads, head dim, window, soft-cap, q pre-scaled).
+type Shape = (usize, usize, usize, Option<u32>, Option<f32>, bool);
+
+const SHAPES: &[Shape] = &[
+    (8, 2, 64, None, None, false),
+    (4, 1, 256, Some(7), Some(30.0), true),
+    (2, 1, 512, None, None, false),
+];
+
+/// Runs every pair of `pairs` over every shape; returns one line per (pair, shape) with the
+/// error measured.
+pub fn kv_types<B: Backend, H: Harness<B>>(
+    be: &mut B,
+    h: &H,
+    pairs: &[KvTypes],
+    rng: &mut Rng,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    let n = 40;
+    let bs = KV_BLOCK_SIZE;
+    let table = [2u32, 0, 3];
+    let n_slots = 4 * bs;
+    let tokens: Vec<u32> = (0..n as u32).collect();
+    let whole = Batch::single(&tokens, 0, &table, bs, vec![]);
+    let last = Batch::single(&tokens[n - 1..], n - 1, &table, bs, vec![]);
+    for &kv_types in pairs {
+        for &(nh, nkv, hd, window, softcap, scale_q) in SHAPES {
+            let what = format!(
+                "K {} V {}, head dim {hd}",
+                kv_types.k.name(),
+                kv_types.v.name()
+            );
+            let a = AttnParams {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                scale_q,
+                window,
+                softcap,
+            };
+            let rope = RopeParams {
+                mode: RopeMode::Neox,
+                n_dims: hd,
+                base: 10000.0,
+                freq_scale: 1.0,
+                llama3: None,
+                freq_factors: None,
+                yarn: None,
+                attn_factor: 1.0,
+                q_temp: None,
+            };
+            let spec = KvSpec {
+                k: kv_types.k,
+                v: kv_types.v,
+                block_size: bs,
+                n_slots,
+                layers: vec![KvLayer {
+                    n_head_kv: nkv,
+                    head_dim: hd,
+                }],
+            };
+            let mut kv = be.kv(&spec, 0).unwrap();
+            let (qd, kvd) = (nh * hd, nkv * hd);
+            let (qh, kh, vh) = (
+                rng.scaled(n * qd, 3.0),
+                rng.scaled(n * kvd, 3.0),
+                rng.vec(n * kvd),
+            );
+            let up = |be: &B, x: &[f32]| h.upload(be, x);
+            let (mut q, mut k, v) = (up(be, &qh), up(be, &kh), up(be, &vh));
+            let st = be.begin_step(&whole, 0, 256, 256).unwrap();
+            be.rope_kv_write(&st, &mut q, &mut k, &v, &rope, &a, &mut kv)
+                .unwrap();
+            let mut out = be.buf(n * qd).unwrap();
+            be.attention(&st, &q, &kv, &a, &mut out).unwrap();
+            be.end_step(true).unwrap();
+            let got = read(be, &out, n * qd);
+            // The reference over the keys as rope left them, at the batch's slots.
+            let (qr, kr) = (read(be, &q, n * qd), read(be, &k, n * kvd));
+            let (mut kc, mut vc) = (vec![0f32; n_slots * kvd], vec![0f32; n_slots * kvd]);
+            for t in 0..n {
+                let s = whole.slots[t] as usize;
+                kc[s * kvd..][..kvd].copy_from_slice(&kr[t * kvd..][..kvd]);
+                vc[s * kvd..][..kvd].copy_from_slice(&vh[t * kvd..][..kvd]);
+            }
+            let mut want = vec![0f32; n * qd];
+            // rope_kv_write scaled q already where `scale_q`.
+            let ar = AttnParams {
+                scale: if scale_q { 1.0 } else { a.scale },
+                ..a
+            };
+            reference::attention(&qr, &kc, &vc, &whole, &ar, &mut want);
+            let err = rel_err(&got, &want);
+            let bound = codec_bound(kv_types.k) + codec_bound(kv_types.v);
+            assert!(
+                err <= bound,
+                "{what}: relative error {err:.2e} > {bound:.0e}"
+            );
+            // The last token alone: the same bits as in the whole step.
+            let st = be.begin_step(&last, 0, 256, 256).unwrap();
+            let ql = up(be, &qr[(n - 1) * qd..]);
+            let mut alone = be.buf(qd).unwrap();
+            be.attention(&st, &ql, &kv, &a, &mut alone).unwrap();
+            be.end_step(true).unwrap();
+            let alone = read(be, &alone, qd);
+            let same = alone
+                .iter()
+                .zip(&got[(n - 1) * qd..])
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "{what}: the last token alone differs from the same token in the step"
+            );
+            notes.push(format!(
+                "{what}: relative error {err:.2e} (bound {bound:.0e})"
+            ));
+        }
+    }
+    notes
+}
+
+/// Every pair of one type for both, and the mixed pairs that exercise a rotated side next to
+/// a plain one.
+pub fn all_pairs() -> Vec<KvTypes> {
+    let mut p: Vec<KvTypes> = KvType::ALL
+        .iter()
+        .map(|&t| KvTypes { k: t, v: t })
+        .collect();
+    p.push(KvTypes {
+        k: KvType::Tq8,
+        v: KvType::F16,
+    });
+    p.push(KvTypes {
+        k: KvType::Q8_0,
+        v: KvType::Tq4,
+    });
+    p
+}
