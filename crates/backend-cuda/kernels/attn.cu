@@ -109,6 +109,7 @@ ATTN_KERNELS(64)
 ATTN_KERNELS(96)
 ATTN_KERNELS(128)
 ATTN_KERNELS(256)
+ATTN_KERNELS(512)
 
 // ---- Flash-attention prefill on tensor cores (mma.sync m16n8k16, f16 in, f32 accumulate) ----
 // A query tile is up to 64 consecutive tokens of one sequence (tiles[i] = {seq, first token,

@@ -74,7 +74,8 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
         return;
     }
     u32 slot = slots[t];
-    if (slot == NO_SLOT) return;
+    // No f16 cache (kc null): kv_encode writes the records from the rotated k.
+    if (slot == NO_SLOT || !kc) return;
     __syncthreads();
     int off = (h - n_head) * head_dim;
     const float* vt = v + (long long)t * kv_dim + off;

@@ -7,8 +7,8 @@ use crate::memory::{CudaBuf, CudaKv};
 use crate::{check, CudaBackend};
 use quiver_backend::{AttnParams, Result, Step};
 
-/// Head dims the attention kernels are built for.
-pub(crate) const HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
+/// Head dims the attention kernels are built for (the flash kernels: up to 256).
+pub(crate) const HEAD_DIMS: &[usize] = &[64, 96, 128, 256, 512];
 
 /// The shapes attention takes (head dims of [`HEAD_DIMS`]), in either mode.
 pub(crate) fn check_attention(
@@ -44,12 +44,18 @@ impl CudaBackend {
         a: &AttnParams,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        if self.use_kvd(st, kv, a) {
+            return self.attention_kvd(st, q, kv, a, out);
+        }
+        if kv.packed() {
+            return self.attention_kvq(st, q, kv, a, out);
+        }
         let n = st.rows;
         let hd = a.head_dim;
         let window = a.window.map(|w| w as i32).unwrap_or(0);
         let softcap = a.softcap.unwrap_or(0.0);
         if let Some((tiles, n_tiles)) = st.ctx.tiles {
-            if hd != 256 || self.cfg.flash_256 {
+            if hd < 256 || (hd == 256 && self.cfg.flash_256) {
                 // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
                 let (name, parts) = match hd {
                     64 => ("flash_attention_64", 1),
@@ -94,7 +100,8 @@ impl CudaBackend {
                 64 => "attention_64",
                 96 => "attention_96",
                 128 => "attention_128",
-                _ => "attention_256",
+                256 => "attention_256",
+                _ => "attention_512",
             },
             (ns as u32, a.n_head as u32, n as u32),
             (32, 4, 1),
@@ -119,7 +126,8 @@ impl CudaBackend {
                     64 => "attn_merge_64",
                     96 => "attn_merge_96",
                     128 => "attn_merge_128",
-                    _ => "attn_merge_256",
+                    256 => "attn_merge_256",
+                    _ => "attn_merge_512",
                 },
                 (a.n_head as u32, n as u32, 1),
                 (hd as u32, 1, 1),

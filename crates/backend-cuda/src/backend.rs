@@ -115,14 +115,24 @@ impl Backend for CudaBackend {
     }
 
     fn kv(&self, spec: &KvSpec, layer: usize) -> Result<CudaKv> {
-        if (spec.k, spec.v) != (KvType::F16, KvType::F16) {
+        let packed = (spec.k, spec.v) != (KvType::F16, KvType::F16);
+        if packed && matches!(self.mode, Mode::Parity(_)) {
             return Err(BackendError::UnsupportedKv {
                 k: spec.k.name(),
                 v: spec.v.name(),
-                backend: "cuda",
+                backend: "cuda parity mode (QUIVER_CUDA_EXACT=1)",
             });
         }
-        self.zeroed_kv(spec.n_slots, spec.layers[layer].dim())
+        spec.check()
+            .map_err(|detail| BackendError::Shape { op: "kv", detail })?;
+        if packed {
+            self.tq_tables()?;
+        }
+        let types = quiver_backend::KvTypes {
+            k: spec.k,
+            v: spec.v,
+        };
+        self.zeroed_kv(spec.n_slots, spec.layers[layer], types)
     }
 
     fn begin_step<'b>(

@@ -56,6 +56,11 @@ pub struct CudaConfig {
     /// it (with the tensor cores and the flash kernel off, every op is then batch-invariant).
     /// No variable sets it.
     pub attention_splits: Option<usize>,
+    /// Steps of up to [`KVD_MAX_ROWS`](crate::kvq::KVD_MAX_ROWS) rows without flash tiles (decode)
+    /// through the KV-group decode kernel (kvq.cu `kvd_attention`; `QUIVER_CUDA_KVD=0`: the
+    /// split-K kernel per head): each block scores a KV group's query heads together, and a
+    /// token's key ranges depend on its own key count only (batch invariant).
+    pub kvd: bool,
     /// Kernels launched with programmatic dependent launch on sm_90+ (`QUIVER_CUDA_PDL=0`:
     /// off): a kernel's launch overlaps the previous one's tail.
     pub pdl: bool,
@@ -91,6 +96,7 @@ impl Default for CudaConfig {
             flash: true,
             flash_256: true,
             attention_splits: None,
+            kvd: true,
             pdl: true,
             sync_each: false,
             load_total: None,
@@ -131,6 +137,7 @@ impl CudaConfig {
             act_grid: on("QUIVER_CUDA_ACT_GRID"),
             flash: on("QUIVER_CUDA_FLASH"),
             flash_256: on("QUIVER_CUDA_FLASH_256"),
+            kvd: on("QUIVER_CUDA_KVD"),
             pdl: on("QUIVER_CUDA_PDL"),
             sync_each: set("QUIVER_CUDA_SYNC"),
             ..d

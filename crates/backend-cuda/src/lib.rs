@@ -26,6 +26,7 @@ mod dev;
 mod embed;
 mod exact;
 mod graph;
+mod kvq;
 pub mod libs;
 mod memory;
 mod moe;

@@ -23,12 +23,21 @@ impl CudaBuf {
     }
 }
 
-/// One layer's K and V cache: `n_slots` rows of `kv_dim` f16 each.
+/// One layer's K and V cache: `n_slots` rows of `kv_dim` values each, as f16 or as the head
+/// records of `types` (kernels/kvq.cu).
 pub struct CudaKv {
     pub(crate) k: DevBuf,
     pub(crate) v: DevBuf,
+    pub(crate) types: quiver_backend::KvTypes,
     pub(crate) kv_dim: usize,
     pub(crate) n_slots: usize,
+}
+
+impl CudaKv {
+    /// Whether the cache holds records (kernels/kvq.cu) rather than f16.
+    pub(crate) fn packed(&self) -> bool {
+        self.types != quiver_backend::KvTypes::default()
+    }
 }
 
 /// Device memory held, by use.
@@ -53,22 +62,27 @@ impl CudaBackend {
     }
 
     /// A zeroed KV cache (`Backend::kv`).
-    pub(crate) fn zeroed_kv(&self, n_slots: usize, kv_dim: usize) -> Result<CudaKv> {
+    pub(crate) fn zeroed_kv(
+        &self,
+        n_slots: usize,
+        layer: quiver_backend::KvLayer,
+        types: quiver_backend::KvTypes,
+    ) -> Result<CudaKv> {
         self.dev.bind().map_err(BackendError::Device)?;
-        let bytes = n_slots.max(1) * kv_dim * 2;
-        let k = self.alloc(bytes, "the KV cache")?;
-        let v = self.alloc(bytes, "the KV cache")?;
-        self.dev
-            .memset_zero(k.ptr, bytes)
-            .map_err(BackendError::Device)?;
-        self.dev
-            .memset_zero(v.ptr, bytes)
-            .map_err(BackendError::Device)?;
-        self.mem.lock().unwrap().kv += 2 * bytes as u64;
+        let zeroed = |t: quiver_backend::KvType| -> Result<DevBuf> {
+            let bytes = n_slots.max(1) * t.row_bytes(layer.n_head_kv, layer.head_dim) as usize;
+            let b = self.alloc(bytes, "the KV cache")?;
+            self.dev
+                .memset_zero(b.ptr, bytes)
+                .map_err(BackendError::Device)?;
+            self.mem.lock().unwrap().kv += bytes as u64;
+            Ok(b)
+        };
         Ok(CudaKv {
-            k,
-            v,
-            kv_dim,
+            k: zeroed(types.k)?,
+            v: zeroed(types.v)?,
+            types,
+            kv_dim: layer.dim(),
             n_slots,
         })
     }
@@ -97,8 +111,8 @@ impl CudaBackend {
     pub fn write_kv(&self, kv: &mut CudaKv, k: &[u16], v: &[u16]) -> Result<()> {
         check(
             "write_kv",
-            k.len() == kv.n_slots * kv.kv_dim && v.len() == k.len(),
-            || "sizes".into(),
+            !kv.packed() && k.len() == kv.n_slots * kv.kv_dim && v.len() == k.len(),
+            || "sizes (an f16 cache)".into(),
         )?;
         self.dev
             .htod_sync(kv.k.ptr, k)
@@ -110,6 +124,7 @@ impl CudaBackend {
 
     /// The KV cache as f16 bit patterns (tests).
     pub fn read_kv(&self, kv: &CudaKv) -> Result<(Vec<u16>, Vec<u16>)> {
+        check("read_kv", !kv.packed(), || "an f16 cache".into())?;
         let mut k = vec![0u16; kv.n_slots * kv.kv_dim];
         let mut v = k.clone();
         self.dev
@@ -119,5 +134,17 @@ impl CudaBackend {
             .dtoh(&mut v, kv.v.ptr)
             .map_err(BackendError::Device)?;
         Ok((k, v))
+    }
+
+    /// The whole cache as bytes, K and V (any element types: f16 values or head records).
+    pub fn read_kv_bytes(&self, kv: &CudaKv) -> Result<(Vec<u8>, Vec<u8>)> {
+        let bytes = |b: &crate::dev::DevBuf| -> Result<Vec<u8>> {
+            let mut out = vec![0u8; b.bytes];
+            self.dev
+                .dtoh(&mut out, b.ptr)
+                .map_err(BackendError::Device)?;
+            Ok(out)
+        };
+        Ok((bytes(&kv.k)?, bytes(&kv.v)?))
     }
 }

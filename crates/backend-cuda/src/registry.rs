@@ -4,6 +4,7 @@
 
 use cudarc::driver::{result as dr, sys as ds};
 use cudarc::nvrtc::{result as nr, sys as ns};
+use quiver_backend::KvType;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
@@ -15,6 +16,7 @@ const OPS: &str = include_str!("../kernels/ops.cu");
 const ATTN: &str = include_str!("../kernels/attn.cu");
 const EXACT: &str = include_str!("../kernels/exact.cu");
 const QMM: &str = include_str!("../kernels/qmm.cu");
+const KVQ: &str = include_str!("../kernels/kvq.cu");
 
 /// Weight types with quantized kernels (`embed_T`, `dequant_f16_T`, `mmv_T`, `qmm_T`), by kernel
 /// suffix.
@@ -56,6 +58,7 @@ pub fn qmm_window(t: &str) -> Option<usize> {
 pub fn module_names() -> Vec<String> {
     let mut v = vec!["ops".to_string(), "attn".to_string(), "exact".to_string()];
     v.extend(QUANT_TYPES.iter().map(|t| format!("quant_{t}")));
+    v.extend(kvq_pairs().map(|(k, v)| crate::kvq::module(k, v)));
     v
 }
 
@@ -75,8 +78,32 @@ pub fn int8_activations(t: &str) -> Option<usize> {
     }
 }
 
+/// The (K, V) type pairs with a kvq module: every pair (f16 with f16 for the kvd kernel).
+fn kvq_pairs() -> impl Iterator<Item = (KvType, KvType)> {
+    KvType::ALL
+        .into_iter()
+        .flat_map(|k| KvType::ALL.into_iter().map(move |v| (k, v)))
+}
+
+/// The kvq module's (K, V) pair.
+fn kvq_pair(module: &str) -> Option<(KvType, KvType)> {
+    kvq_pairs().find(|&(k, v)| crate::kvq::module(k, v) == module)
+}
+
 /// The kernels the backend launches from a module.
 pub fn kernel_names(module: &str) -> Vec<String> {
+    if kvq_pair(module).is_some() {
+        let mut v = vec!["kv_encode".to_string()];
+        for d in crate::kvq::KVQ_HEAD_DIMS {
+            v.push(format!("kvq_attention_{d}"));
+            v.push(format!("kvq_merge_{d}"));
+        }
+        for d in crate::kvq::KVD_HEAD_DIMS {
+            v.push(format!("kvd_attention_{d}"));
+            v.push(format!("kvd_merge_{d}"));
+        }
+        return v;
+    }
     match module {
         "ops" => [
             "rms_norm",
@@ -102,7 +129,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
         .map(|s| s.to_string())
         .collect(),
         "attn" => {
-            let mut v: Vec<String> = [64, 96, 128, 256]
+            let mut v: Vec<String> = [64, 96, 128, 256, 512]
                 .iter()
                 .flat_map(|d| [format!("attention_{d}"), format!("attn_merge_{d}")])
                 .collect();
@@ -170,6 +197,14 @@ pub fn kernel_names(module: &str) -> Vec<String> {
 /// The full source NVRTC compiles for a module.
 pub fn module_source(module: &str) -> Option<String> {
     let body = match module {
+        m if kvq_pair(m).is_some() => {
+            let (k, v) = kvq_pair(m)?;
+            format!(
+                "{KVQ}\nKVQ_KERNELS({k}, {v})\nKVD_KERNELS({k}, {v})\n",
+                k = crate::kvq::kv_type_id(k),
+                v = crate::kvq::kv_type_id(v)
+            )
+        }
         "ops" => OPS.to_string(),
         "attn" => ATTN.to_string(),
         // The parity mode's embedding kernels use quant.cu's dequantizers.

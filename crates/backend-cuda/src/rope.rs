@@ -49,6 +49,12 @@ impl CudaBackend {
         let n = st.rows;
         let th = self.theta_ptr(rope)?;
         let mode = i32::from(rope.mode == RopeMode::Neox);
+        // A cache of records: rope here (k rotated in place), then kv_encode writes them.
+        let (kc, vc) = if kv.packed() {
+            (0, 0)
+        } else {
+            (kv.k.ptr, kv.v.ptr)
+        };
         self.launch(
             "ops",
             "rope_kv_write",
@@ -58,8 +64,8 @@ impl CudaBackend {
                 q.ptr(),
                 k.ptr(),
                 v.ptr(),
-                kv.k.ptr,
-                kv.v.ptr,
+                kc,
+                vc,
                 st.ctx.view.pos,
                 st.ctx.view.slot,
                 th,
@@ -72,7 +78,11 @@ impl CudaBackend {
                 rope.q_temp.map_or(0.0, |t| t.0),
                 rope.q_temp.map_or(1.0, |t| t.1)
             ],
-        )
+        )?;
+        if kv.packed() {
+            self.kv_encode(st, k, v, a, kv)?;
+        }
+        Ok(())
     }
 
     /// The rope's angles per pair on the device, made once per distinct table (scratch).

@@ -25,6 +25,8 @@ pub(crate) struct Scratch {
     pub(crate) gather: Option<DevBuf>,
     /// Rope angle tables, by their f32 bits.
     pub(crate) thetas: HashMap<Vec<u32>, DevBuf>,
+    /// The TurboQuant tables (kernels/kvq.cu): 512 signs, the tq8 and the tq4 levels.
+    pub(crate) tq: Option<DevBuf>,
 }
 
 /// A scratch buffer, its size for a workspace, and what it is for.
@@ -40,7 +42,14 @@ impl CudaBackend {
         let (n, cols) = (ws.max_tokens.max(1), ws.max_product_cols);
         let part = (1..=n)
             .flat_map(|r| ws.attention.iter().map(move |&(nh, hd)| (r, nh, hd)))
-            .map(|(r, nh, hd)| r * nh * self.n_split(r, nh, ws.n_slots) * (hd + 2) * 4)
+            .map(|(r, nh, hd)| {
+                let kvd = if r <= crate::kvq::KVD_MAX_ROWS {
+                    crate::kvq::KVD_MAX_SPLITS
+                } else {
+                    0
+                };
+                r * nh * self.n_split(r, nh, ws.n_slots).max(kvd) * (hd + 2) * 4
+            })
             .max()
             .unwrap_or(0);
         let mut plan: Vec<Plan> = vec![

@@ -14,8 +14,8 @@
 use quiver_backend::testing::batches::batches;
 use quiver_backend::testing::cases::{PRODUCT_SHAPES, WEIGHT_TYPES};
 use quiver_backend::testing::{
-    attention, bits_differ, elementwise, poison, products, read, seeded_rng, Bounds, Harness,
-    WeightCase,
+    attention, bits_differ, elementwise, kv_types, poison, products, read, seeded_rng, Bounds,
+    Harness, WeightCase,
 };
 use quiver_backend::{Backend, BackendError, Batch};
 use quiver_backend_cuda::{CudaBackend, CudaConfig, CudaKv};
@@ -305,4 +305,100 @@ fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
     let mut be = backend_with(CudaConfig::from_env());
     elementwise::elementwise(&be, &Cuda, &mut rng).print("elementwise");
     attention::rope_kv_write(&mut be, &Cuda, &mut rng).print("rope_kv_write");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_kv_type_attends_within_its_codecs_error() {
+    let mut rng = seeded_rng();
+    // The KV-group decode kernel (its key ranges follow each token's own keys), then the
+    // split-K kernel per head with its ranges fixed (one, and three merged), so that the last
+    // token alone and in the 40-token step split its keys alike and the body's bit-for-bit
+    // check holds. The flash kernel (f16 prompts) is not batch invariant against them.
+    for (kvd, attention_splits) in [(true, None), (false, Some(1)), (false, Some(3))] {
+        let mut be = backend_with(CudaConfig {
+            kvd,
+            attention_splits,
+            flash: false,
+            ..CudaConfig::from_env()
+        });
+        for n in kv_types::kv_types(&mut be, &Cuda, &kv_types::all_pairs(), &mut rng) {
+            eprintln!("kvd {kvd}, splits {attention_splits:?}: {n}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn kv_records_are_the_cpu_encoders_bytes() {
+    use quiver_backend::kvcodec::encode_head;
+    use quiver_backend::{AttnParams, KvLayer, KvSpec, KvType, RopeMode, RopeParams};
+    let mut rng = seeded_rng();
+    let mut be = backend_with(CudaConfig::from_env());
+    let (n, bs) = (21usize, quiver_backend::KV_BLOCK_SIZE);
+    let tokens: Vec<u32> = (0..n as u32).collect();
+    let batch = Batch::single(&tokens, 0, &[1, 0], bs, vec![]);
+    for hd in [64usize, 256, 512] {
+        let (nh, nkv) = (4usize, 2usize);
+        // No rotated dims: k reaches the cache as given, on both sides.
+        let rope = RopeParams {
+            mode: RopeMode::Neox,
+            n_dims: 0,
+            base: 10000.0,
+            freq_scale: 1.0,
+            llama3: None,
+            freq_factors: None,
+            yarn: None,
+            attn_factor: 1.0,
+            q_temp: None,
+        };
+        let a = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            scale: 1.0,
+            scale_q: false,
+            window: None,
+            softcap: None,
+        };
+        let (kh, vh) = (rng.scaled(n * nkv * hd, 4.0), rng.vec(n * nkv * hd));
+        for ty in KvType::ALL.into_iter().filter(|&t| t != KvType::F16) {
+            let spec = KvSpec {
+                k: ty,
+                v: KvType::Tq4,
+                block_size: bs,
+                n_slots: 2 * bs,
+                layers: vec![KvLayer {
+                    n_head_kv: nkv,
+                    head_dim: hd,
+                }],
+            };
+            let mut kv = be.kv(&spec, 0).unwrap();
+            let st = be.begin_step(&batch, 0, 64, 64).unwrap();
+            let mut q = be.buf_from(&rng.vec(n * nh * hd)).unwrap();
+            let mut k = be.buf_from(&kh).unwrap();
+            let v = be.buf_from(&vh).unwrap();
+            be.rope_kv_write(&st, &mut q, &mut k, &v, &rope, &a, &mut kv)
+                .unwrap();
+            be.end_step(true).unwrap();
+            let (kb, vb) = be.read_kv_bytes(&kv).unwrap();
+            for (src, t, got) in [(&kh, ty, &kb), (&vh, KvType::Tq4, &vb)] {
+                let hb = t.head_bytes(hd);
+                let mut want = vec![0u8; hb];
+                for tok in 0..n {
+                    let slot = batch.slots[tok] as usize;
+                    for h in 0..nkv {
+                        encode_head(t, &src[(tok * nkv + h) * hd..][..hd], &mut want);
+                        let rec = &got[(slot * nkv + h) * hb..][..hb];
+                        assert_eq!(
+                            rec,
+                            &want[..],
+                            "{} head dim {hd}, token {tok}, head {h}",
+                            t.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -183,6 +183,10 @@ enum Cmd {
         /// Repetitions.
         #[arg(short = 'r', long = "repetitions", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
         reps: u32,
+        /// Context depth, as llama-bench's -d: this many tokens are in the KV cache before each
+        /// test (prompt tokens follow them, generation starts after them).
+        #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+        depth: u32,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -377,7 +381,13 @@ fn run(cli: Cli) -> Result<()> {
             reps: _,
             json,
             parallel,
+            depth,
         } if !parallel.is_empty() => {
+            if depth > 0 {
+                anyhow::bail!(
+                    "--n-depth with --parallel: the prompt (-p) is each sequence's depth there"
+                );
+            }
             score::batched(&load, n_prompt as usize, n_gen as usize, &parallel, json)?
         }
         Cmd::Bench {
@@ -386,11 +396,15 @@ fn run(cli: Cli) -> Result<()> {
             n_gen,
             reps,
             json,
+            depth,
             ..
         } => score::bench(
             &load,
-            n_prompt as usize,
-            n_gen as usize,
+            score::BenchShape {
+                n_prompt: n_prompt as usize,
+                n_gen: n_gen as usize,
+                depth: depth as usize,
+            },
             reps as usize,
             json,
         )?,

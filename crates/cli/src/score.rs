@@ -147,19 +147,26 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 
 /// Prompt processing and generation speed, like llama-bench: pp = one batch of `n_prompt`
 /// tokens from an empty cache; tg = `n_gen` tokens one at a time from an empty cache.
-pub fn bench(
-    load: &LoadArgs,
-    n_prompt: usize,
-    n_gen: usize,
-    reps: usize,
-    json_out: bool,
-) -> Result<()> {
+/// What `quiver bench` measures: a prompt of `n_prompt` tokens and `n_gen` generated tokens,
+/// each after `depth` tokens already in the cache.
+pub struct BenchShape {
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub depth: usize,
+}
+
+pub fn bench(load: &LoadArgs, shape: BenchShape, reps: usize, json_out: bool) -> Result<()> {
+    let BenchShape {
+        n_prompt,
+        n_gen,
+        depth,
+    } = shape;
     if n_prompt == 0 && n_gen == 0 {
         bail!("nothing to measure: -p and -n are both 0");
     }
     let gguf = engine::open(load)?;
     let mut args = load.clone();
-    let need = n_prompt.max(n_gen).max(1);
+    let need = depth + n_prompt.max(n_gen).max(1);
     if args.ctx_size.is_none() {
         args.ctx_size = Some(need as u32);
     }
@@ -175,28 +182,38 @@ pub fn bench(
         (x % nv) as u32
     };
     let prompt: Vec<u32> = (0..n_prompt).map(|_| rnd()).collect();
+    let context: Vec<u32> = (0..depth).map(|_| rnd()).collect();
+    let ctx = args.ctx_size.unwrap_or(0) as usize;
+    if ctx < need {
+        bail!("-c {ctx} is less than the depth and the test need ({need} tokens)");
+    }
+    // The depth's tokens fill positions 0..depth once; every test writes after them.
+    let step = (args.batch_size as usize).max(1);
+    for (i, chunk) in context.chunks(step).enumerate() {
+        l.runner.eval(chunk, i * step, Want::Last)?;
+    }
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     // Warm-up, as llama-bench does: one run of each test, untimed (first-use costs such as
     // kernel loading, library heuristics and graph capture stay out of the numbers).
     if n_prompt > 0 {
-        l.runner.eval(&prompt, 0, Want::Last)?;
+        l.runner.eval(&prompt, depth, Want::Last)?;
     }
     let mut tokv = rnd();
     for p in 0..n_gen.min(8) {
-        tokv = l.runner.eval_argmax(&[tokv], p)?;
+        tokv = l.runner.eval_argmax(&[tokv], depth + p)?;
     }
     for _ in 0..reps {
         if n_prompt > 0 {
             let t = std::time::Instant::now();
-            l.runner.eval(&prompt, 0, Want::Last)?;
+            l.runner.eval(&prompt, depth, Want::Last)?;
             pp.push(n_prompt as f64 / t.elapsed().as_secs_f64());
         }
         if n_gen > 0 {
             let t = std::time::Instant::now();
             let mut tokv = rnd();
             for p in 0..n_gen {
-                tokv = l.runner.eval_argmax(&[tokv], p)?;
+                tokv = l.runner.eval_argmax(&[tokv], depth + p)?;
             }
             tg.push(n_gen as f64 / t.elapsed().as_secs_f64());
         }
@@ -207,14 +224,20 @@ pub fn bench(
     let counters = engine::counters_json(l.runner.as_ref());
     l.report_counters(load);
     let mut rows = Vec::new();
+    // llama-bench's names: "pp512 @ d4096".
+    let at = if depth > 0 {
+        format!(" @ d{depth}")
+    } else {
+        String::new()
+    };
     if !pp.is_empty() {
         let (m, s) = mean_sd(&pp);
-        rows.push(json!({"test": format!("pp{n_prompt}"), "tokens_per_second": m, "sd": s, "samples": pp}));
+        rows.push(json!({"test": format!("pp{n_prompt}{at}"), "tokens_per_second": m, "sd": s, "samples": pp}));
     }
     if !tg.is_empty() {
         let (m, s) = mean_sd(&tg);
         rows.push(
-            json!({"test": format!("tg{n_gen}"), "tokens_per_second": m, "sd": s, "samples": tg}),
+            json!({"test": format!("tg{n_gen}{at}"), "tokens_per_second": m, "sd": s, "samples": tg}),
         );
     }
     if json_out {

@@ -96,6 +96,9 @@ pub const ATTENTION: &[AttnCase] = &[
     attn(256, 4, 1, Some(40), None),
     attn(256, 8, 2, None, Some(30.0)),
     attn(256, 2, 2, None, None),
+    // Gemma 4's global layers; a KV group of 6 (the decode kernel's blocks of 4 heads: 4 + 2).
+    attn(512, 8, 2, None, None),
+    attn(64, 12, 2, Some(40), None),
 ];
 
 /// How a rope case scales its frequencies.

@@ -1,0 +1,549 @@
+// The KV cache's element types other than f16 (quiver_backend::kvcodec): the write (kv_encode)
+// and the split-K attention over the records, keys and values decoded on the fly.
+//
+// Types, as KvType orders them: 0 f16, 1 bf16, 2 q8_0, 3 tq8, 4 tq4. A cache row (one slot of
+// one layer) is n_head_kv head records of kv_head_bytes(type, HD) bytes:
+//   f16/bf16: the values; q8_0: ggml's block_q8_0 per 32 (f16 scale, 32 int8);
+//   tq8/tq4: the codes of the rotated vector (a byte, or a nibble with the even coordinate low),
+//            then the f32 RMS of each block of 256 coordinates.
+// The TurboQuant tables (`tq`): 512 signs (±1), the 256 tq8 levels, the 16 tq4 levels.
+#define KV_F16 0
+#define KV_BF16 1
+#define KV_Q8_0 2
+#define KV_TQ8 3
+#define KV_TQ4 4
+#define TQ_SIGNS 0
+#define TQ_L8 512
+#define TQ_L4 768
+#define TQ_BLOCK 256
+
+__host__ __device__ constexpr int kv_code_bytes(int ty, int d) { return ty == KV_TQ4 ? d / 2 : d; }
+__host__ __device__ constexpr int kv_head_bytes(int ty, int d) {
+    return ty == KV_F16 || ty == KV_BF16 ? 2 * d
+         : ty == KV_Q8_0               ? d / 32 * 34
+                                       : kv_code_bytes(ty, d) + 4 * ((d + TQ_BLOCK - 1) / TQ_BLOCK);
+}
+
+// The Walsh–Hadamard transform of x[0..d) in shared memory by the block's threads (the CPU's
+// butterfly order: stage by stage, pairs (j, j + h)); every thread of the block calls it.
+__device__ void fwht_block(float* x, int d) {
+    for (int h = 1; h < d; h <<= 1) {
+        for (int i = threadIdx.x + threadIdx.y * blockDim.x; i < d / 2; i += blockDim.x * blockDim.y) {
+            int j = (i / h) * 2 * h + i % h;
+            float a = x[j], b = x[j + h];
+            x[j] = a + b;
+            x[j + h] = a - b;
+        }
+        __syncthreads();
+    }
+}
+
+// The index of the level nearest z (ties to the lower), as turboquant::nearest finds it.
+__device__ __forceinline__ int tq_nearest(const float* lv, int n, float z) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (z <= 0.5f * (lv[mid] + lv[mid + 1])) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
+// K and V of each token (k after rope) into their records at the token's slot.
+// grid (n_tokens, n_head_kv, 2: K then V), block 128.
+extern "C" __global__ void __launch_bounds__(128) kv_encode(const float* __restrict__ k, const float* __restrict__ v,
+                                                  u8* __restrict__ kc, u8* __restrict__ vc,
+                                                  const u32* __restrict__ slots, const float* __restrict__ tq,
+                                                  int n_head_kv, int hd, int kt, int vt) {
+    pdl_begin();
+    __shared__ float y[512];
+    __shared__ float lv[256];
+    __shared__ float rms[2];
+    int t = blockIdx.x, h = blockIdx.y, which = blockIdx.z, tid = threadIdx.x;
+    u32 slot = slots[t];
+    if (slot == NO_SLOT) return;
+    int ty = which ? vt : kt;
+    const float* x = (which ? v : k) + ((long long)t * n_head_kv + h) * hd;
+    u8* rec = (which ? vc : kc) + ((long long)slot * n_head_kv + h) * kv_head_bytes(ty, hd);
+    if (ty == KV_F16 || ty == KV_BF16) {
+        u16* o = (u16*)rec;
+        for (int i = tid; i < hd; i += blockDim.x) o[i] = ty == KV_F16 ? f2h(x[i]) : f2bf(x[i]);
+        return;
+    }
+    if (ty == KV_Q8_0) {
+        // ggml's quantize_row_q8_0_ref, a warp per block of 32.
+        int lane = tid & 31;
+        for (int b = tid >> 5; b < hd / 32; b += blockDim.x / 32) {
+            float xv = x[32 * b + lane];
+            float amax = warp_max(fabsf(xv));
+            float d = amax / 127.f;
+            float id = d != 0.f ? 1.f / d : 0.f;
+            u8* o = rec + 34 * b;
+            if (lane == 0) {
+                u16 dh = f2h(d);
+                o[0] = (u8)(dh & 0xff);
+                o[1] = (u8)(dh >> 8);
+            }
+            o[2 + lane] = (u8)(i8)(int)roundf(xv * id);
+        }
+        return;
+    }
+    // TurboQuant: y = H(s ⊙ x) / √D, per-256 RMS (f64 sum in order, as the reference), codes.
+    bool q8 = ty == KV_TQ8;
+    int nl = q8 ? 256 : 16;
+    for (int i = tid; i < nl; i += blockDim.x) lv[i] = tq[(q8 ? TQ_L8 : TQ_L4) + i];
+    for (int i = tid; i < hd; i += blockDim.x) y[i] = x[i] * tq[TQ_SIGNS + i];
+    __syncthreads();
+    fwht_block(y, hd);
+    float ks = 1.f / sqrtf((float)hd);
+    for (int i = tid; i < hd; i += blockDim.x) y[i] *= ks;
+    __syncthreads();
+    int nblk = (hd + TQ_BLOCK - 1) / TQ_BLOCK;
+    if (tid < nblk) {
+        int b0 = tid * TQ_BLOCK, len = min(TQ_BLOCK, hd - b0);
+        double s = 0.0;
+        for (int i = 0; i < len; i++) s += (double)y[b0 + i] * (double)y[b0 + i];
+        float r = (float)sqrt(s / (double)len);
+        rms[tid] = r;
+        ((float*)(rec + kv_code_bytes(ty, hd)))[tid] = r;
+    }
+    __syncthreads();
+    if (q8) {
+        for (int i = tid; i < hd; i += blockDim.x) {
+            float r = rms[i / TQ_BLOCK], inv = r > 0.f ? 1.f / r : 0.f;
+            rec[i] = (u8)tq_nearest(lv, 256, y[i] * inv);
+        }
+    } else {
+        for (int i = tid; i < hd / 2; i += blockDim.x) {
+            float r = rms[(2 * i) / TQ_BLOCK], inv = r > 0.f ? 1.f / r : 0.f;
+            int c0 = tq_nearest(lv, 16, y[2 * i] * inv), c1 = tq_nearest(lv, 16, y[2 * i + 1] * inv);
+            rec[i] = (u8)(c0 | (c1 << 4));
+        }
+    }
+}
+
+// Element i of a head record of type T (rotated for the TurboQuant types); lv: the type's
+// levels in shared memory.
+template <int T, int HD>
+__device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, const float* lv) {
+    if (T == KV_F16) return h2f(((const u16*)rec)[i]);
+    if (T == KV_BF16) return bf2f(((const u16*)rec)[i]);
+    if (T == KV_Q8_0) {
+        const u8* b = rec + 34 * (i >> 5);
+        return (float)(i8)b[2 + (i & 31)] * h2f((u16)(b[0] | (b[1] << 8)));
+    }
+    const float* r = (const float*)(rec + kv_code_bytes(T, HD));
+    int c = T == KV_TQ8 ? rec[i] : (rec[i >> 1] >> ((i & 1) * 4)) & 15;
+    return lv[c] * r[i / TQ_BLOCK];
+}
+
+#define KVQ_WARPS 4
+
+// Split-K attention over records of types KT (keys) and VT (values): the f16 kernel's walk
+// (attn.cu attention_impl), with q rotated once per block when KT is a TurboQuant type and the
+// output un-rotated when VT is one (here when there is one split, else in kvq_merge).
+// grid (n_split, n_head, n_tokens), block (32, KVQ_WARPS).
+template <int HD, int KT, int VT>
+__device__ void kvq_attention_impl(const float* __restrict__ q, const u8* __restrict__ kc,
+                                   const u8* __restrict__ vc, float* __restrict__ out,
+                                   float* __restrict__ part, BatchView b, const float* __restrict__ tq,
+                                   int n_head, int n_head_kv, float scale, int window, float softcap) {
+    const int NV = HD / 32;
+    // (Head dims that are not powers of two are never launched with a TurboQuant type.)
+    const bool POW2 = (HD & (HD - 1)) == 0;
+    const bool KROT = (KT == KV_TQ8 || KT == KV_TQ4) && POW2, VROT = (VT == KV_TQ8 || VT == KV_TQ4) && POW2;
+    const int KB = kv_head_bytes(KT, HD), VB = kv_head_bytes(VT, HD);
+    __shared__ float qs[HD];
+    __shared__ float lk[256], lvv[256];
+    __shared__ float sm[KVQ_WARPS], sl[KVQ_WARPS], sacc[KVQ_WARPS][HD];
+    int split = blockIdx.x, n_split = gridDim.x, h = blockIdx.y, t = blockIdx.z;
+    int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
+    int kvh = h / (n_head / n_head_kv);
+    const float* qt = q + ((long long)t * n_head + h) * HD;
+    for (int i = tid; i < HD; i += 32 * KVQ_WARPS) qs[i] = KROT ? qt[i] * tq[TQ_SIGNS + i] : qt[i];
+    if (KT == KV_TQ8 || KT == KV_TQ4)
+        for (int i = tid; i < (KT == KV_TQ8 ? 256 : 16); i += 32 * KVQ_WARPS) lk[i] = tq[(KT == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
+    if (VT == KV_TQ8 || VT == KV_TQ4)
+        for (int i = tid; i < (VT == KV_TQ8 ? 256 : 16); i += 32 * KVQ_WARPS) lvv[i] = tq[(VT == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
+    __syncthreads();
+    if (KROT) fwht_block(qs, HD);
+    const float rs = 1.f / sqrtf((float)HD);
+    u32 s = b.seq[t];
+    int p = (int)b.pos[t];
+    int hi = min(p + 1, (int)b.kv_len[s]);
+    int lo = window > 0 ? max(0, p - window + 1) : 0;
+    if (hi < lo) hi = lo;
+    int chunk = (hi - lo + n_split - 1) / n_split;
+    int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
+    const u32* bt = b.block_tables + b.bt_off[s];
+    float qv[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) qv[i] = qs[lane + 32 * i] * (KROT ? rs * scale : scale);
+    float m = -1e30f, l = 0.f, acc[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) acc[i] = 0.f;
+    for (int j = k0 + w; j < k1; j += KVQ_WARPS) {
+        long long slot = (long long)bt[j / b.block_size] * b.block_size + j % b.block_size;
+        const u8* kr = kc + (slot * n_head_kv + kvh) * KB;
+        float d = 0.f;
+#pragma unroll
+        for (int i = 0; i < NV; i++) d += qv[i] * kv_elem<KT, HD>(kr, lane + 32 * i, lk);
+        d = warp_sum(d);
+        if (softcap > 0.f) d = softcap * tanhf(d / softcap);
+        float mn = fmaxf(m, d), corr = __expf(m - mn), pj = __expf(d - mn);
+        l = l * corr + pj;
+        const u8* vr = vc + (slot * n_head_kv + kvh) * VB;
+#pragma unroll
+        for (int i = 0; i < NV; i++) acc[i] = acc[i] * corr + pj * kv_elem<VT, HD>(vr, lane + 32 * i, lvv);
+        m = mn;
+    }
+    if (lane == 0) { sm[w] = m; sl[w] = l; }
+#pragma unroll
+    for (int i = 0; i < NV; i++) sacc[w][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float M = sm[0];
+#pragma unroll
+    for (int k = 1; k < KVQ_WARPS; k++) M = fmaxf(M, sm[k]);
+    float L = 0.f, c[KVQ_WARPS];
+#pragma unroll
+    for (int k = 0; k < KVQ_WARPS; k++) { c[k] = __expf(sm[k] - M); L += sl[k] * c[k]; }
+    if (n_split == 1) {
+        float inv = L > 0.f ? 1.f / L : 0.f;
+        // Every thread takes part (the un-rotation is a block transform): qs now holds the row.
+        __syncthreads();
+        for (int i = tid; i < HD; i += 32 * KVQ_WARPS) {
+            float a = 0.f;
+#pragma unroll
+            for (int k = 0; k < KVQ_WARPS; k++) a += sacc[k][i] * c[k];
+            qs[i] = a * inv;
+        }
+        __syncthreads();
+        if (VROT) fwht_block(qs, HD);
+        float* o = out + ((long long)t * n_head + h) * HD;
+        for (int i = tid; i < HD; i += 32 * KVQ_WARPS) o[i] = VROT ? qs[i] * rs * tq[TQ_SIGNS + i] : qs[i];
+    } else {
+        if (w != 0) return;
+        float* pp = part + (((long long)t * n_head + h) * n_split + split) * (HD + 2);
+        if (lane == 0) { pp[0] = M; pp[1] = L; }
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            float a = 0.f;
+#pragma unroll
+            for (int k = 0; k < KVQ_WARPS; k++) a += sacc[k][lane + 32 * i] * c[k];
+            pp[2 + lane + 32 * i] = a;
+        }
+    }
+}
+
+// The splits' partial results merged (attn.cu attn_merge_impl), un-rotated when VROT.
+// grid (n_head, n_tokens), block HD.
+template <int HD, bool VROT>
+__device__ void kvq_merge_impl(const float* __restrict__ part, float* __restrict__ out, const float* __restrict__ tq,
+                               int n_head, int n_split) {
+    __shared__ float o[HD];
+    int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    const float* pp = part + ((long long)t * n_head + h) * n_split * (HD + 2);
+    float M = -1e30f;
+    for (int k = 0; k < n_split; k++) M = fmaxf(M, pp[k * (HD + 2)]);
+    float L = 0.f, a = 0.f;
+    for (int k = 0; k < n_split; k++) {
+        float c = __expf(pp[k * (HD + 2)] - M);
+        L += pp[k * (HD + 2) + 1] * c;
+        a += pp[k * (HD + 2) + 2 + d] * c;
+    }
+    o[d] = L > 0.f ? a / L : 0.f;
+    __syncthreads();
+    if (VROT) fwht_block(o, HD);
+    out[((long long)t * n_head + h) * HD + d] = VROT ? o[d] * (1.f / sqrtf((float)HD)) * tq[TQ_SIGNS + d] : o[d];
+}
+
+#define KVQ_HD(HD, KT, VT)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * KVQ_WARPS) kvq_attention_##HD(                       \
+        const float* q, const u8* kc, const u8* vc, float* out, float* part, BatchView b, const float* tq, \
+        int n_head, int n_head_kv, float scale, int window, float softcap) {                               \
+        pdl_begin();                                                                                        \
+        kvq_attention_impl<HD, KT, VT>(q, kc, vc, out, part, b, tq, n_head, n_head_kv, scale, window, softcap); \
+    }                                                                                                       \
+    extern "C" __global__ void kvq_merge_##HD(const float* part, float* out, const float* tq, int n_head, int n_split) { \
+        pdl_begin();                                                                                        \
+        kvq_merge_impl<HD, (VT == KV_TQ8 || VT == KV_TQ4) && (HD & (HD - 1)) == 0>(part, out, tq, n_head, n_split); \
+    }
+
+// One module per (K type, V type): every head dim.
+#define KVQ_KERNELS(KT, VT) \
+    KVQ_HD(64, KT, VT)      \
+    KVQ_HD(96, KT, VT)      \
+    KVQ_HD(128, KT, VT)     \
+    KVQ_HD(256, KT, VT)     \
+    KVQ_HD(512, KT, VT)
+
+// ---- Decode attention by KV group (flash-decoding on CUDA cores) ----
+//
+// grid (KVD_MAX_SPLITS, n_head_kv · ceil(G / KVD_G), n_tokens), block (32, 4). A block takes
+// up to KVD_G query heads of one KV head (their q in shared memory) and one key range of its
+// token. The token's key ranges depend on its own key count only (kvd_splits: ranges of about
+// KVD_KEYS keys, at most KVD_MAX_SPLITS), never on the batch: a token's bits are the same in
+// any batch. Each warp takes tiles of 32 keys in turn: lane j scores key j against every head
+// (its record read whole, decoded 8 values at a time), the warp's online softmax per head, then
+// the 32 value rows are accumulated with lane l holding dims l·VPL … (VPL = HD / 32). The four
+// warps' states are merged in warp order; then the output is written (one range, un-rotated
+// where V is TurboQuant) or the range's (max, sum, acc) go to `part` for kvq_merge.
+#define KVD_G 4
+#define KVD_KEYS 256
+#define KVD_MAX_SPLITS 64
+
+__host__ __device__ __forceinline__ int kvd_splits(int n_keys) {
+    int s = (n_keys + KVD_KEYS - 1) / KVD_KEYS;
+    return s < 1 ? 1 : (s > KVD_MAX_SPLITS ? KVD_MAX_SPLITS : s);
+}
+
+// Eight consecutive values d0 … d0+7 (d0 a multiple of 8) of a record of type T.
+template <int T, int HD>
+__device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, const float* lv, float* o) {
+    if (T == KV_F16 || T == KV_BF16) {
+        uint4 u = *(const uint4*)(rec + 2 * d0);
+        u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u16 lo = (u16)(w[i] & 0xffff), hi = (u16)(w[i] >> 16);
+            o[2 * i] = T == KV_F16 ? h2f(lo) : bf2f(lo);
+            o[2 * i + 1] = T == KV_F16 ? h2f(hi) : bf2f(hi);
+        }
+    } else if (T == KV_Q8_0) {
+        const u8* b = rec + 34 * (d0 >> 5);
+        float s = h2f(*(const u16*)b);
+        const u16* q = (const u16*)(b + 2 + (d0 & 31));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u16 p = q[i];
+            o[2 * i] = (float)(i8)(p & 0xff) * s;
+            o[2 * i + 1] = (float)(i8)(p >> 8) * s;
+        }
+    } else {
+        float r = ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
+        if (T == KV_TQ8) {
+            u32 a = *(const u32*)(rec + d0), b = *(const u32*)(rec + d0 + 4);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                o[i] = lv[(a >> (8 * i)) & 0xff] * r;
+                o[4 + i] = lv[(b >> (8 * i)) & 0xff] * r;
+            }
+        } else {
+            u32 a = *(const u32*)(rec + d0 / 2);
+#pragma unroll
+            for (int i = 0; i < 8; i++) o[i] = lv[(a >> (4 * i)) & 15] * r;
+        }
+    }
+}
+
+// VPL = HD / 32 consecutive values from d0 = lane · VPL (VPL of 2, 4, 8 or 16).
+template <int T, int HD>
+__device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0, const float* lv, float* o) {
+    const int VPL = HD / 32;
+    if (VPL % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < VPL; i += 8) kv_load8<T, HD>(rec, d0 + i, lv, o + i);
+    } else if (VPL == 4 && (T == KV_F16 || T == KV_BF16)) {
+        uint2 u = *(const uint2*)(rec + 2 * d0);
+        u32 w[2] = {u.x, u.y};
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            u16 lo = (u16)(w[i] & 0xffff), hi = (u16)(w[i] >> 16);
+            o[2 * i] = T == KV_F16 ? h2f(lo) : bf2f(lo);
+            o[2 * i + 1] = T == KV_F16 ? h2f(hi) : bf2f(hi);
+        }
+    } else if (VPL == 4 && T == KV_TQ8) {
+        u32 a = *(const u32*)(rec + d0);
+        float r = ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[i] = lv[(a >> (8 * i)) & 0xff] * r;
+    } else {
+#pragma unroll
+        for (int i = 0; i < VPL; i++) o[i] = kv_elem<T, HD>(rec, d0 + i, lv);
+    }
+}
+
+template <int HD, int KT, int VT>
+__device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __restrict__ kc,
+                                   const u8* __restrict__ vc, float* __restrict__ out,
+                                   float* __restrict__ part, BatchView b, const float* __restrict__ tq,
+                                   int n_head, int n_head_kv, float scale, int window, float softcap) {
+    const int VPL = HD / 32;
+    const bool POW2 = (HD & (HD - 1)) == 0;
+    const bool KROT = (KT == KV_TQ8 || KT == KV_TQ4) && POW2, VROT = (VT == KV_TQ8 || VT == KV_TQ4) && POW2;
+    const int KB = kv_head_bytes(KT, HD), VB = kv_head_bytes(VT, HD);
+    __shared__ float qs[KVD_G][HD];
+    __shared__ float lk[256], lvv[256];
+    __shared__ float wm[4][KVD_G], wl[4][KVD_G];
+    __shared__ float wacc[4][KVD_G][HD];
+    int split = blockIdx.x, t = blockIdx.z;
+    int G = n_head / n_head_kv, hg = (G + KVD_G - 1) / KVD_G;
+    int kvh = blockIdx.y / hg, h0 = kvh * G + (blockIdx.y % hg) * KVD_G, gn = min(KVD_G, kvh * G + G - h0);
+    int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
+    u32 s = b.seq[t];
+    int p = (int)b.pos[t];
+    int hi = min(p + 1, (int)b.kv_len[s]);
+    int lo = window > 0 ? max(0, p - window + 1) : 0;
+    if (hi < lo) hi = lo;
+    int ns = kvd_splits(hi - lo);
+    if (split >= ns) return;
+    int chunk = (hi - lo + ns - 1) / ns;
+    int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
+    const float rs = 1.f / sqrtf((float)HD);
+    for (int i = tid; i < KVD_G * HD; i += 128) {
+        int g = i / HD, d = i % HD;
+        qs[g][d] = g < gn ? (KROT ? q[((long long)t * n_head + h0 + g) * HD + d] * tq[TQ_SIGNS + d]
+                                  : q[((long long)t * n_head + h0 + g) * HD + d] * scale)
+                          : 0.f;
+    }
+    if (KT == KV_TQ8 || KT == KV_TQ4)
+        for (int i = tid; i < (KT == KV_TQ8 ? 256 : 16); i += 128) lk[i] = tq[(KT == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
+    if (VT == KV_TQ8 || VT == KV_TQ4)
+        for (int i = tid; i < (VT == KV_TQ8 ? 256 : 16); i += 128) lvv[i] = tq[(VT == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
+    __syncthreads();
+    if (KROT) {
+        for (int g = 0; g < KVD_G; g++) fwht_block(qs[g], HD);
+        for (int i = tid; i < KVD_G * HD; i += 128) qs[i / HD][i % HD] *= rs * scale;
+        __syncthreads();
+    }
+    const u32* bt = b.block_tables + b.bt_off[s];
+    float m[KVD_G], l[KVD_G], acc[KVD_G][VPL];
+#pragma unroll
+    for (int g = 0; g < KVD_G; g++) {
+        m[g] = -1e30f;
+        l[g] = 0.f;
+#pragma unroll
+        for (int i = 0; i < VPL; i++) acc[g][i] = 0.f;
+    }
+    for (int j0 = k0 + 32 * w; j0 < k1; j0 += 128) {
+        int j = j0 + lane;
+        bool valid = j < k1;
+        long long slot = valid ? (long long)bt[j / b.block_size] * b.block_size + j % b.block_size : 0;
+        float sc[KVD_G];
+#pragma unroll
+        for (int g = 0; g < KVD_G; g++) sc[g] = 0.f;
+        if (valid) {
+            const u8* kr = kc + (slot * n_head_kv + kvh) * KB;
+            for (int d = 0; d < HD; d += 8) {
+                float kv8[8];
+                kv_load8<KT, HD>(kr, d, lk, kv8);
+#pragma unroll
+                for (int g = 0; g < KVD_G; g++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) sc[g] += qs[g][d + i] * kv8[i];
+            }
+        }
+        float pr[KVD_G];
+#pragma unroll
+        for (int g = 0; g < KVD_G; g++) {
+            float x = sc[g];
+            if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+            x = valid ? x : -1e30f;
+            float mn = fmaxf(m[g], warp_max(x));
+            float corr = __expf(m[g] - mn);
+            pr[g] = valid ? __expf(x - mn) : 0.f;
+            l[g] = l[g] * corr + warp_sum(pr[g]);
+            m[g] = mn;
+#pragma unroll
+            for (int i = 0; i < VPL; i++) acc[g][i] *= corr;
+        }
+        int nk = min(32, k1 - j0);
+        long long myslot = slot;
+        for (int jj = 0; jj < nk; jj++) {
+            long long vs = __shfl_sync(0xffffffffu, myslot, jj);
+            float vv[VPL];
+            kv_load_lane<VT, HD>(vc + (vs * n_head_kv + kvh) * VB, lane * VPL, lvv, vv);
+#pragma unroll
+            for (int g = 0; g < KVD_G; g++) {
+                float pj = __shfl_sync(0xffffffffu, pr[g], jj);
+#pragma unroll
+                for (int i = 0; i < VPL; i++) acc[g][i] += pj * vv[i];
+            }
+        }
+    }
+    // The warps' states, merged in warp order.
+#pragma unroll
+    for (int g = 0; g < KVD_G; g++) {
+        if (lane == 0) { wm[w][g] = m[g]; wl[w][g] = l[g]; }
+#pragma unroll
+        for (int i = 0; i < VPL; i++) wacc[w][g][lane * VPL + i] = acc[g][i];
+    }
+    __syncthreads();
+    for (int g = 0; g < gn; g++) {
+        float M = fmaxf(fmaxf(wm[0][g], wm[1][g]), fmaxf(wm[2][g], wm[3][g]));
+        float c[4], L = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) { c[k] = __expf(wm[k][g] - M); L += wl[k][g] * c[k]; }
+        int h = h0 + g;
+        if (ns == 1) {
+            float inv = L > 0.f ? 1.f / L : 0.f;
+            for (int i = tid; i < HD; i += 128) {
+                float a = 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) a += wacc[k][g][i] * c[k];
+                qs[0][i] = a * inv;
+            }
+            __syncthreads();
+            if (VROT) fwht_block(qs[0], HD);
+            float* o = out + ((long long)t * n_head + h) * HD;
+            for (int i = tid; i < HD; i += 128) o[i] = VROT ? qs[0][i] * rs * tq[TQ_SIGNS + i] : qs[0][i];
+            __syncthreads();
+        } else {
+            float* pp = part + (((long long)t * n_head + h) * KVD_MAX_SPLITS + split) * (HD + 2);
+            if (tid == 0) { pp[0] = M; pp[1] = L; }
+            for (int i = tid; i < HD; i += 128) {
+                float a = 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) a += wacc[k][g][i] * c[k];
+                pp[2 + i] = a;
+            }
+        }
+    }
+}
+
+// kvd's ranges merged in order (the token's own count, kvd_splits), un-rotated when VROT.
+// grid (n_head, n_tokens), block HD.
+template <int HD, bool VROT>
+__device__ void kvd_merge_impl(const float* __restrict__ part, float* __restrict__ out, const float* __restrict__ tq,
+                               BatchView b, int n_head, int window) {
+    __shared__ float o[HD];
+    int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    u32 s = b.seq[t];
+    int p = (int)b.pos[t];
+    int hi = min(p + 1, (int)b.kv_len[s]);
+    int lo = window > 0 ? max(0, p - window + 1) : 0;
+    if (hi < lo) hi = lo;
+    int ns = kvd_splits(hi - lo);
+    if (ns == 1) return;  // written by kvd_attention
+    const float* pp = part + ((long long)t * n_head + h) * KVD_MAX_SPLITS * (HD + 2);
+    float M = -1e30f;
+    for (int k = 0; k < ns; k++) M = fmaxf(M, pp[k * (HD + 2)]);
+    float L = 0.f, a = 0.f;
+    for (int k = 0; k < ns; k++) {
+        float c = __expf(pp[k * (HD + 2)] - M);
+        L += pp[k * (HD + 2) + 1] * c;
+        a += pp[k * (HD + 2) + 2 + d] * c;
+    }
+    o[d] = L > 0.f ? a / L : 0.f;
+    __syncthreads();
+    if (VROT) fwht_block(o, HD);
+    out[((long long)t * n_head + h) * HD + d] = VROT ? o[d] * (1.f / sqrtf((float)HD)) * tq[TQ_SIGNS + d] : o[d];
+}
+
+#define KVD_HD(HD, KT, VT)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) kvd_attention_##HD(                                  \
+        const float* q, const u8* kc, const u8* vc, float* out, float* part, BatchView b, const float* tq, \
+        int n_head, int n_head_kv, float scale, int window, float softcap) {                               \
+        pdl_begin();                                                                                        \
+        kvd_attention_impl<HD, KT, VT>(q, kc, vc, out, part, b, tq, n_head, n_head_kv, scale, window, softcap); \
+    }                                                                                                       \
+    extern "C" __global__ void kvd_merge_##HD(const float* part, float* out, const float* tq, BatchView b, \
+                                              int n_head, int window) {                                     \
+        pdl_begin();                                                                                        \
+        kvd_merge_impl<HD, (VT == KV_TQ8 || VT == KV_TQ4) && (HD & (HD - 1)) == 0>(part, out, tq, b, n_head, window); \
+    }
+
+#define KVD_KERNELS(KT, VT) \
+    KVD_HD(64, KT, VT)      \
+    KVD_HD(128, KT, VT)     \
+    KVD_HD(256, KT, VT)     \
+    KVD_HD(512, KT, VT)

@@ -1,0 +1,203 @@
+//! The KV cache's element types other than f16 (kernels/kvq.cu): the write after rope
+//! (`kv_encode`) and the split-K attention over the head records, one module per (K type,
+//! V type). Prompt steps take the split-K kernel too (the tensor-core flash kernel reads f16).
+
+use crate::batch::CudaStep;
+use crate::memory::{CudaBuf, CudaKv};
+use crate::CudaBackend;
+use quiver_backend::turboquant::{signs, TQ4_LEVELS, TQ8_LEVELS};
+use quiver_backend::{AttnParams, BackendError, KvType, Result, Step};
+
+/// The kernels' number for a type (kvq.cu's KV_*).
+pub(crate) fn kv_type_id(t: KvType) -> u32 {
+    match t {
+        KvType::F16 => 0,
+        KvType::Bf16 => 1,
+        KvType::Q8_0 => 2,
+        KvType::Tq8 => 3,
+        KvType::Tq4 => 4,
+    }
+}
+
+/// The module of a (K, V) pair of types.
+pub(crate) fn module(k: KvType, v: KvType) -> String {
+    format!("kvq_{}_{}", k.name(), v.name())
+}
+
+/// Head dims the kvq kernels are built for.
+pub(crate) const KVQ_HEAD_DIMS: &[usize] = &[64, 96, 128, 256, 512];
+/// Head dims the KV-group decode kernel (kvd) is built for.
+pub(crate) const KVD_HEAD_DIMS: &[usize] = &[64, 128, 256, 512];
+/// Most rows a step may have for the kvd kernel (its partials take `KVD_MAX_SPLITS` ranges
+/// per (row, head)).
+pub(crate) const KVD_MAX_ROWS: usize = 64;
+/// kvq.cu's KVD_MAX_SPLITS.
+pub(crate) const KVD_MAX_SPLITS: usize = 64;
+/// kvq.cu's KVD_G: query heads per block.
+const KVD_G: usize = 4;
+
+impl CudaBackend {
+    /// The TurboQuant tables on the device (made once, at the first packed cache).
+    pub(crate) fn tq_tables(&self) -> Result<u64> {
+        let mut s = self.scratch.lock().unwrap();
+        if let Some(b) = &s.tq {
+            return Ok(b.ptr);
+        }
+        let mut t = signs(quiver_backend::turboquant::MAX_DIM);
+        t.extend_from_slice(&TQ8_LEVELS);
+        t.extend_from_slice(&TQ4_LEVELS);
+        let b = self.alloc(t.len() * 4, "TurboQuant tables")?;
+        self.dev
+            .htod_sync(b.ptr, &t)
+            .map_err(BackendError::Device)?;
+        let p = b.ptr;
+        s.tq = Some(b);
+        Ok(p)
+    }
+
+    /// K (after rope) and V of the step's rows into their records.
+    pub(crate) fn kv_encode(
+        &self,
+        st: &Step<CudaStep>,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        a: &AttnParams,
+        kv: &mut CudaKv,
+    ) -> Result<()> {
+        let tq = self.tq_tables()?;
+        self.launch(
+            &module(kv.types.k, kv.types.v),
+            "kv_encode",
+            (st.rows.max(1) as u32, a.n_head_kv as u32, 2),
+            (128, 1, 1),
+            args![
+                k.ptr(),
+                v.ptr(),
+                kv.k.ptr,
+                kv.v.ptr,
+                st.ctx.view.slot,
+                tq,
+                a.n_head_kv as i32,
+                a.head_dim as i32,
+                kv_type_id(kv.types.k) as i32,
+                kv_type_id(kv.types.v) as i32
+            ],
+        )
+    }
+
+    /// Whether the step's attention takes the KV-group decode kernel.
+    pub(crate) fn use_kvd(&self, st: &Step<CudaStep>, kv: &CudaKv, a: &AttnParams) -> bool {
+        self.cfg.kvd
+            && st.rows <= KVD_MAX_ROWS
+            && KVD_HEAD_DIMS.contains(&a.head_dim)
+            && (st.ctx.tiles.is_none() || kv.packed())
+    }
+
+    /// The KV-group decode kernel over the cache (f16 or records), ranges merged by kvd_merge.
+    pub(crate) fn attention_kvd(
+        &self,
+        st: &Step<CudaStep>,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        a: &AttnParams,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = st.rows;
+        let hd = a.head_dim;
+        let m = module(kv.types.k, kv.types.v);
+        let tq = self.tq_tables()?;
+        let window = a.window.map(|w| w as i32).unwrap_or(0);
+        let softcap = a.softcap.unwrap_or(0.0);
+        let part = self.scratch_ptr(
+            |s| &mut s.part,
+            n * a.n_head * KVD_MAX_SPLITS * (hd + 2) * 4,
+            "attention partials",
+        )?;
+        let g = a.n_head / a.n_head_kv.max(1);
+        let blocks_y = a.n_head_kv * g.div_ceil(KVD_G);
+        self.launch(
+            &m,
+            &format!("kvd_attention_{hd}"),
+            (KVD_MAX_SPLITS as u32, blocks_y as u32, n as u32),
+            (32, 4, 1),
+            args![
+                q.ptr(),
+                kv.k.ptr,
+                kv.v.ptr,
+                out.ptr(),
+                part,
+                st.ctx.view,
+                tq,
+                a.n_head as i32,
+                a.n_head_kv as i32,
+                a.scale,
+                window,
+                softcap
+            ],
+        )?;
+        self.launch(
+            &m,
+            &format!("kvd_merge_{hd}"),
+            (a.n_head as u32, n as u32, 1),
+            (hd as u32, 1, 1),
+            args![part, out.ptr(), tq, st.ctx.view, a.n_head as i32, window],
+        )
+    }
+
+    /// Split-K attention over the records (every row of the step).
+    pub(crate) fn attention_kvq(
+        &self,
+        st: &Step<CudaStep>,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        a: &AttnParams,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = st.rows;
+        let hd = a.head_dim;
+        let m = module(kv.types.k, kv.types.v);
+        let tq = self.tq_tables()?;
+        let window = a.window.map(|w| w as i32).unwrap_or(0);
+        let softcap = a.softcap.unwrap_or(0.0);
+        let ns = self.n_split(n, a.n_head, kv.n_slots);
+        let part = if ns > 1 {
+            self.scratch_ptr(
+                |s| &mut s.part,
+                n * a.n_head * ns * (hd + 2) * 4,
+                "attention partials",
+            )?
+        } else {
+            0
+        };
+        self.launch(
+            &m,
+            &format!("kvq_attention_{hd}"),
+            (ns as u32, a.n_head as u32, n as u32),
+            (32, 4, 1),
+            args![
+                q.ptr(),
+                kv.k.ptr,
+                kv.v.ptr,
+                out.ptr(),
+                part,
+                st.ctx.view,
+                tq,
+                a.n_head as i32,
+                a.n_head_kv as i32,
+                a.scale,
+                window,
+                softcap
+            ],
+        )?;
+        if ns > 1 {
+            self.launch(
+                &m,
+                &format!("kvq_merge_{hd}"),
+                (a.n_head as u32, n as u32, 1),
+                (hd as u32, 1, 1),
+                args![part, out.ptr(), tq, a.n_head as i32, ns as i32],
+            )?;
+        }
+        Ok(())
+    }
+}
