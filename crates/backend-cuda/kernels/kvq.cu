@@ -78,11 +78,8 @@ extern "C" __global__ void __launch_bounds__(128) kv_encode(const float* __restr
             float d = amax / 127.f;
             float id = d != 0.f ? 1.f / d : 0.f;
             u8* o = rec + 34 * b;
-            if (lane == 0) {
-                u16 dh = f2h(d);
-                o[0] = (u8)(dh & 0xff);
-                o[1] = (u8)(dh >> 8);
-            }
+            // (Records start at even bytes: 34 per block.)
+            if (lane == 0) *(u16*)o = f2h(d);
             o[2 + lane] = (u8)(i8)(int)roundf(xv * id);
         }
         return;
@@ -288,7 +285,7 @@ __device__ void kvq_merge_impl(const float* __restrict__ part, float* __restrict
 // warps' states are merged in warp order; then the output is written (one range, un-rotated
 // where V is TurboQuant) or the range's (max, sum, acc) go to `part` for kvq_merge.
 #define KVD_G 4
-#define KVD_KEYS 256
+#define KVD_KEYS 128
 #define KVD_MAX_SPLITS 64
 
 __host__ __device__ __forceinline__ int kvd_splits(int n_keys) {
@@ -423,6 +420,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
         for (int g = 0; g < KVD_G; g++) sc[g] = 0.f;
         if (valid) {
             const u8* kr = kc + (slot * n_head_kv + kvh) * KB;
+#pragma unroll 4
             for (int d = 0; d < HD; d += 8) {
                 float kv8[8];
                 kv_load8<KT, HD>(kr, d, lk, kv8);
@@ -446,17 +444,29 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
 #pragma unroll
             for (int i = 0; i < VPL; i++) acc[g][i] *= corr;
         }
+        // The tile's value rows, VG at a time: their loads issued together, then the sums.
+        const int VG = VPL <= 4 ? 8 : (VPL <= 8 ? 4 : 2);
         int nk = min(32, k1 - j0);
-        long long myslot = slot;
-        for (int jj = 0; jj < nk; jj++) {
-            long long vs = __shfl_sync(0xffffffffu, myslot, jj);
-            float vv[VPL];
-            kv_load_lane<VT, HD>(vc + (vs * n_head_kv + kvh) * VB, lane * VPL, lvv, vv);
+        for (int j1 = 0; j1 < nk; j1 += VG) {
+            float vv[VG][VPL];
 #pragma unroll
-            for (int g = 0; g < KVD_G; g++) {
-                float pj = __shfl_sync(0xffffffffu, pr[g], jj);
+            for (int u = 0; u < VG; u++) {
+                long long vs = __shfl_sync(0xffffffffu, slot, j1 + u);
+                if (j1 + u < nk) {
+                    kv_load_lane<VT, HD>(vc + (vs * n_head_kv + kvh) * VB, lane * VPL, lvv, vv[u]);
+                } else {
 #pragma unroll
-                for (int i = 0; i < VPL; i++) acc[g][i] += pj * vv[i];
+                    for (int i = 0; i < VPL; i++) vv[u][i] = 0.f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < VG; u++) {
+#pragma unroll
+                for (int g = 0; g < KVD_G; g++) {
+                    float pj = __shfl_sync(0xffffffffu, pr[g], j1 + u);
+#pragma unroll
+                    for (int i = 0; i < VPL; i++) acc[g][i] += pj * vv[u][i];
+                }
             }
         }
     }

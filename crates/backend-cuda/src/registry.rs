@@ -343,7 +343,8 @@ unsafe impl Sync for Func {}
 pub struct Registry {
     arch: u32,
     modules: HashMap<String, ds::CUmodule>,
-    funcs: HashMap<String, Func>,
+    /// Kernels by module, then name (several modules launch the same names).
+    funcs: HashMap<String, HashMap<String, Func>>,
     pub compiled: usize,
     pub from_cache: usize,
 }
@@ -400,16 +401,23 @@ impl Registry {
         name: &str,
         smem: u32,
     ) -> Result<ds::CUfunction, String> {
-        if !self.funcs.contains_key(name) {
+        if !self.funcs.get(module).is_some_and(|m| m.contains_key(name)) {
             self.ensure(module)?;
             let m = self.modules[module];
             let cname = CString::new(name).unwrap();
             // SAFETY: m is a loaded module.
             let f = unsafe { dr::module::get_function(m, cname) }
                 .map_err(|e| format!("kernel {name} not in module {module}: {e:?}"))?;
-            self.funcs.insert(name.to_string(), Func(f, 48 << 10));
+            self.funcs
+                .entry(module.to_string())
+                .or_default()
+                .insert(name.to_string(), Func(f, 48 << 10));
         }
-        let f = self.funcs.get_mut(name).expect("inserted above");
+        let f = self
+            .funcs
+            .get_mut(module)
+            .and_then(|m| m.get_mut(name))
+            .expect("inserted above");
         if smem > f.1 {
             // SAFETY: f.0 is a live function of a loaded module.
             unsafe {
