@@ -1,7 +1,7 @@
 """A llama-server command line runs `quiver serve` unchanged: its short flags (`-ngl`, `-np`,
 `-fa`, `-a`, `-to`, `-ctk`), `--jinja`, `--metrics`, `--no-webui` and `--chat-template` are
-taken with llama-server's meaning; what quiver cannot do yet (a quantized KV cache, an unknown
-template name) is a one-line error and a non-zero exit."""
+taken with llama-server's meaning (`-ctk`/`-ctv` choose quiver's KV types); what quiver cannot
+do (an unknown KV type or template name) is a one-line error and a non-zero exit."""
 
 import subprocess
 
@@ -22,6 +22,18 @@ def test_a_llama_server_command_line_serves():
         s.stop()
 
 
+def test_ctk_and_ctv_choose_the_kv_types():
+    s = Server("-ctk", "q8_0", "-ctv", "tq4", "-c", "512")
+    try:
+        c = s.client()
+        r = c.chat.completions.create(
+            model=c.models.list().data[0].id, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert r.choices[0].message.content
+    finally:
+        s.stop()
+
+
 def run(*args):
     p = subprocess.run(
         [str(quiver_exe()), "serve", "-m", str(model_path()), "--port", "0", *args],
@@ -31,8 +43,8 @@ def run(*args):
 
 
 def test_what_quiver_cannot_do_yet_is_a_clear_error():
-    code, err = run("-ctk", "q8_0")
-    assert code != 0 and "only f16" in err and len(err.splitlines()) == 1, err
+    code, err = run("-ctk", "q4_0")
+    assert code != 0 and "unknown KV type" in err and "tq8" in err and len(err.splitlines()) == 1, err
     code, err = run("--chat-template", "llama3")
     assert code != 0 and "unknown chat template" in err, err
     code, err = run("-ngl", "many")

@@ -85,9 +85,12 @@ impl CudaBackend {
         )
     }
 
-    /// Whether the step's attention takes the KV-group decode kernel.
+    /// Whether the step's attention takes the KV-group decode kernel: decode-sized steps,
+    /// unless the split-K kernel's ranges are fixed (`attention_splits`: then every step takes
+    /// it, so that a token's bits do not depend on the size of the step it lands in).
     pub(crate) fn use_kvd(&self, st: &Step<CudaStep>, kv: &CudaKv, a: &AttnParams) -> bool {
         self.cfg.kvd
+            && self.cfg.attention_splits.is_none()
             && st.rows <= KVD_MAX_ROWS
             && KVD_HEAD_DIMS.contains(&a.head_dim)
             && (st.ctx.tiles.is_none() || kv.packed())
