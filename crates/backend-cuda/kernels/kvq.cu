@@ -231,18 +231,17 @@ __device__ void kvq_attention_impl(const float* __restrict__ q, const u8* __rest
     }
 }
 
-// The splits' partial results merged (attn.cu attn_merge_impl), un-rotated when VROT.
-// grid (n_head, n_tokens), block HD.
+// The first `ns` ranges' partial results (max, sum, unnormalised acc) of one (token, head),
+// merged in order into dim `d` of its output row, un-rotated when VROT; a block of HD threads.
 template <int HD, bool VROT>
-__device__ void kvq_merge_impl(const float* __restrict__ part, float* __restrict__ out, const float* __restrict__ tq,
-                               int n_head, int n_split) {
+__device__ void merge_ranges(const float* __restrict__ pp, int ns, float* __restrict__ orow,
+                             const float* __restrict__ tq) {
     __shared__ float o[HD];
-    int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
-    const float* pp = part + ((long long)t * n_head + h) * n_split * (HD + 2);
+    int d = threadIdx.x;
     float M = -1e30f;
-    for (int k = 0; k < n_split; k++) M = fmaxf(M, pp[k * (HD + 2)]);
+    for (int k = 0; k < ns; k++) M = fmaxf(M, pp[k * (HD + 2)]);
     float L = 0.f, a = 0.f;
-    for (int k = 0; k < n_split; k++) {
+    for (int k = 0; k < ns; k++) {
         float c = __expf(pp[k * (HD + 2)] - M);
         L += pp[k * (HD + 2) + 1] * c;
         a += pp[k * (HD + 2) + 2 + d] * c;
@@ -250,7 +249,16 @@ __device__ void kvq_merge_impl(const float* __restrict__ part, float* __restrict
     o[d] = L > 0.f ? a / L : 0.f;
     __syncthreads();
     if (VROT) fwht_block(o, HD);
-    out[((long long)t * n_head + h) * HD + d] = VROT ? o[d] * (1.f / sqrtf((float)HD)) * tq[TQ_SIGNS + d] : o[d];
+    orow[d] = VROT ? o[d] * (1.f / sqrtf((float)HD)) * tq[TQ_SIGNS + d] : o[d];
+}
+
+// The splits' partial results merged (attn.cu attn_merge_impl). grid (n_head, n_tokens),
+// block HD.
+template <int HD, bool VROT>
+__device__ void kvq_merge_impl(const float* __restrict__ part, float* __restrict__ out, const float* __restrict__ tq,
+                               int n_head, int n_split) {
+    long long r = (long long)blockIdx.y * n_head + blockIdx.x;
+    merge_ranges<HD, VROT>(part + r * n_split * (HD + 2), n_split, out + r * HD, tq);
 }
 
 #define KVQ_HD(HD, KT, VT)                                                                                  \
@@ -515,8 +523,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
 template <int HD, bool VROT>
 __device__ void kvd_merge_impl(const float* __restrict__ part, float* __restrict__ out, const float* __restrict__ tq,
                                BatchView b, int n_head, int window) {
-    __shared__ float o[HD];
-    int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    int h = blockIdx.x, t = blockIdx.y;
     u32 s = b.seq[t];
     int p = (int)b.pos[t];
     int hi = min(p + 1, (int)b.kv_len[s]);
@@ -524,19 +531,8 @@ __device__ void kvd_merge_impl(const float* __restrict__ part, float* __restrict
     if (hi < lo) hi = lo;
     int ns = kvd_splits(hi - lo);
     if (ns == 1) return;  // written by kvd_attention
-    const float* pp = part + ((long long)t * n_head + h) * KVD_MAX_SPLITS * (HD + 2);
-    float M = -1e30f;
-    for (int k = 0; k < ns; k++) M = fmaxf(M, pp[k * (HD + 2)]);
-    float L = 0.f, a = 0.f;
-    for (int k = 0; k < ns; k++) {
-        float c = __expf(pp[k * (HD + 2)] - M);
-        L += pp[k * (HD + 2) + 1] * c;
-        a += pp[k * (HD + 2) + 2 + d] * c;
-    }
-    o[d] = L > 0.f ? a / L : 0.f;
-    __syncthreads();
-    if (VROT) fwht_block(o, HD);
-    out[((long long)t * n_head + h) * HD + d] = VROT ? o[d] * (1.f / sqrtf((float)HD)) * tq[TQ_SIGNS + d] : o[d];
+    long long r = (long long)t * n_head + h;
+    merge_ranges<HD, VROT>(part + r * KVD_MAX_SPLITS * (HD + 2), ns, out + r * HD, tq);
 }
 
 #define KVD_HD(HD, KT, VT)                                                                                  \

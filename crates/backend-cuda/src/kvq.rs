@@ -105,12 +105,7 @@ impl CudaBackend {
         a: &AttnParams,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let n = st.rows;
-        let hd = a.head_dim;
-        let m = module(kv.types.k, kv.types.v);
-        let tq = self.tq_tables()?;
-        let window = a.window.map(|w| w as i32).unwrap_or(0);
-        let softcap = a.softcap.unwrap_or(0.0);
+        let (n, hd) = (st.rows, a.head_dim);
         let part = self.scratch_ptr(
             |s| &mut s.part,
             n * a.n_head * KVD_MAX_SPLITS * (hd + 2) * 4,
@@ -118,28 +113,11 @@ impl CudaBackend {
         )?;
         let g = a.n_head / a.n_head_kv.max(1);
         let blocks_y = a.n_head_kv * g.div_ceil(KVD_G);
+        let grid = (KVD_MAX_SPLITS as u32, blocks_y as u32, n as u32);
+        let tq = self.launch_over_records(st, q, kv, a, out, part, "kvd_attention", grid)?;
+        let window = a.window.map(|w| w as i32).unwrap_or(0);
         self.launch(
-            &m,
-            &format!("kvd_attention_{hd}"),
-            (KVD_MAX_SPLITS as u32, blocks_y as u32, n as u32),
-            (32, 4, 1),
-            args![
-                q.ptr(),
-                kv.k.ptr,
-                kv.v.ptr,
-                out.ptr(),
-                part,
-                st.ctx.view,
-                tq,
-                a.n_head as i32,
-                a.n_head_kv as i32,
-                a.scale,
-                window,
-                softcap
-            ],
-        )?;
-        self.launch(
-            &m,
+            &module(kv.types.k, kv.types.v),
             &format!("kvd_merge_{hd}"),
             (a.n_head as u32, n as u32, 1),
             (hd as u32, 1, 1),
@@ -156,12 +134,7 @@ impl CudaBackend {
         a: &AttnParams,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let n = st.rows;
-        let hd = a.head_dim;
-        let m = module(kv.types.k, kv.types.v);
-        let tq = self.tq_tables()?;
-        let window = a.window.map(|w| w as i32).unwrap_or(0);
-        let softcap = a.softcap.unwrap_or(0.0);
+        let (n, hd) = (st.rows, a.head_dim);
         let ns = self.n_split(n, a.n_head, kv.n_slots);
         let part = if ns > 1 {
             self.scratch_ptr(
@@ -172,10 +145,39 @@ impl CudaBackend {
         } else {
             0
         };
+        let grid = (ns as u32, a.n_head as u32, n as u32);
+        let tq = self.launch_over_records(st, q, kv, a, out, part, "kvq_attention", grid)?;
+        if ns > 1 {
+            self.launch(
+                &module(kv.types.k, kv.types.v),
+                &format!("kvq_merge_{hd}"),
+                (a.n_head as u32, n as u32, 1),
+                (hd as u32, 1, 1),
+                args![part, out.ptr(), tq, a.n_head as i32, ns as i32],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Launches `{kernel}_{head dim}` of the pair's module (block (32, 4)) with the arguments
+    /// kvq_attention and kvd_attention share; returns the TurboQuant tables' address.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_over_records(
+        &self,
+        st: &Step<CudaStep>,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        a: &AttnParams,
+        out: &mut CudaBuf,
+        part: u64,
+        kernel: &str,
+        grid: (u32, u32, u32),
+    ) -> Result<u64> {
+        let tq = self.tq_tables()?;
         self.launch(
-            &m,
-            &format!("kvq_attention_{hd}"),
-            (ns as u32, a.n_head as u32, n as u32),
+            &module(kv.types.k, kv.types.v),
+            &format!("{kernel}_{}", a.head_dim),
+            grid,
             (32, 4, 1),
             args![
                 q.ptr(),
@@ -188,19 +190,10 @@ impl CudaBackend {
                 a.n_head as i32,
                 a.n_head_kv as i32,
                 a.scale,
-                window,
-                softcap
+                a.window.map(|w| w as i32).unwrap_or(0),
+                a.softcap.unwrap_or(0.0)
             ],
         )?;
-        if ns > 1 {
-            self.launch(
-                &m,
-                &format!("kvq_merge_{hd}"),
-                (a.n_head as u32, n as u32, 1),
-                (hd as u32, 1, 1),
-                args![part, out.ptr(), tq, a.n_head as i32, ns as i32],
-            )?;
-        }
-        Ok(())
+        Ok(tq)
     }
 }

@@ -352,17 +352,7 @@ fn kv_records_are_the_cpu_encoders_bytes() {
     for hd in [64usize, 256, 512] {
         let (nh, nkv) = (4usize, 2usize);
         // No rotated dims: k reaches the cache as given, on both sides.
-        let rope = RopeParams {
-            mode: RopeMode::Neox,
-            n_dims: 0,
-            base: 10000.0,
-            freq_scale: 1.0,
-            llama3: None,
-            freq_factors: None,
-            yarn: None,
-            attn_factor: 1.0,
-            q_temp: None,
-        };
+        let rope = RopeParams::plain(RopeMode::Neox, 0, 10000.0);
         let a = AttnParams {
             n_head: nh,
             n_head_kv: nkv,

@@ -292,17 +292,7 @@ mod tests {
 
     #[test]
     fn rope_preserves_norm_and_position_zero_is_identity() {
-        let p = RopeParams {
-            mode: RopeMode::Neox,
-            n_dims: 8,
-            base: 10000.0,
-            freq_scale: 1.0,
-            llama3: None,
-            freq_factors: None,
-            yarn: None,
-            attn_factor: 1.0,
-            q_temp: None,
-        };
+        let p = RopeParams::plain(RopeMode::Neox, 8, 10000.0);
         let orig: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut x = orig.clone();
         rope(&mut x, &[0, 5], 1, 8, &p);

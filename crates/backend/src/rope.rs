@@ -71,6 +71,21 @@ impl Yarn {
 }
 
 impl RopeParams {
+    /// Plain rope: `n_dims` rotated dims at `base`, no scaling of any kind.
+    pub fn plain(mode: RopeMode, n_dims: usize, base: f32) -> RopeParams {
+        RopeParams {
+            mode,
+            n_dims,
+            base,
+            freq_scale: 1.0,
+            llama3: None,
+            freq_factors: None,
+            yarn: None,
+            attn_factor: 1.0,
+            q_temp: None,
+        }
+    }
+
     /// q's temperature factor at position `pos` (1 without one): ln(⌊pos / floor⌋ + 1)·scale + 1,
     /// evaluated as llama.cpp does (the logarithm in double precision).
     pub fn q_scale(&self, pos: u32) -> f32 {

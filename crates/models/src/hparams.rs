@@ -332,17 +332,11 @@ impl<'a> Reader<'a> {
                 detail: format!("{rope_dims}"),
             });
         }
-        let mut rope = RopeParams {
+        let mut rope = RopeParams::plain(
             mode,
-            n_dims: rope_dims,
-            base: self.f32("rope.freq_base")?.unwrap_or(10000.0),
-            freq_scale: 1.0,
-            llama3: None,
-            freq_factors: None,
-            yarn: None,
-            attn_factor: 1.0,
-            q_temp: None,
-        };
+            rope_dims,
+            self.f32("rope.freq_base")?.unwrap_or(10000.0),
+        );
         let factor = self.f32("rope.scaling.factor")?.unwrap_or(1.0);
         match self.f.get_str(&self.key("rope.scaling.type"))? {
             None | Some("none") => {}

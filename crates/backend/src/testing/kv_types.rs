@@ -62,17 +62,7 @@ pub fn kv_types<B: Backend, H: Harness<B>>(
                 window,
                 softcap,
             };
-            let rope = RopeParams {
-                mode: RopeMode::Neox,
-                n_dims: hd,
-                base: 10000.0,
-                freq_scale: 1.0,
-                llama3: None,
-                freq_factors: None,
-                yarn: None,
-                attn_factor: 1.0,
-                q_temp: None,
-            };
+            let rope = RopeParams::plain(RopeMode::Neox, hd, 10000.0);
             let spec = KvSpec {
                 k: kv_types.k,
                 v: kv_types.v,
