@@ -77,3 +77,38 @@ def test_the_port_answers_503_while_the_model_loads():
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
+
+
+def test_slots_show_the_running_requests(server):
+    """While a request runs, a slot shows it: prompt tokens, positions cached, tokens decoded
+    (growing), and it is free again once the request ends."""
+    import threading
+    import time
+
+    done = threading.Event()
+
+    def long_request():
+        server.request("POST", "/v1/completions", {
+            "model": server.model, "prompt": "Once upon a time", "max_tokens": 300,
+            "temperature": 0, "ignore_eos": True,
+        })
+        done.set()
+
+    threading.Thread(target=long_request, daemon=True).start()
+    seen = []
+    t0 = time.time()
+    while not done.is_set() and time.time() - t0 < 60:
+        s, _, body = server.request("GET", "/slots")
+        busy = [x for x in json.loads(body) if x["is_processing"]]
+        if busy:
+            seen.append(busy[0])
+        time.sleep(0.02)
+    assert seen, "no slot was seen busy"
+    first, last = seen[0], seen[-1]
+    assert first["n_prompt_tokens"] > 0 and first["id_task"] >= 0, first
+    assert last["next_token"]["n_decoded"] >= first["next_token"]["n_decoded"], (first, last)
+    assert last["n_past"] >= last["n_prompt_tokens"], last
+    assert any(x["next_token"]["n_decoded"] > 0 for x in seen), seen[-1]
+    server.wait_idle()
+    s, _, body = server.request("GET", "/slots")
+    assert not any(x["is_processing"] for x in json.loads(body))

@@ -289,6 +289,13 @@ impl Scheduler {
         self.running.len()
     }
 
+    /// Each running request, oldest first: its id, counts, and the tokens whose K/V are cached.
+    pub fn running(&self) -> impl Iterator<Item = (u64, Counts, usize)> + '_ {
+        self.running
+            .iter()
+            .map(|e| (e.id, e.counts(), e.n_computed))
+    }
+
     pub fn n_waiting(&self) -> usize {
         self.waiting.len()
     }

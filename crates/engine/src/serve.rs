@@ -117,6 +117,8 @@ pub enum SubmitError {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
     pub running: usize,
+    /// The running requests, oldest first (llama-server's `/slots`).
+    pub requests: Vec<RunningRequest>,
     pub waiting: usize,
     pub kv_blocks_total: usize,
     pub kv_blocks_used: usize,
@@ -125,6 +127,17 @@ pub struct Stats {
     pub prefix_cache_hit_tokens_total: u64,
     pub preemptions_total: u64,
     pub steps_total: u64,
+}
+
+/// One running request as the last step left it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunningRequest {
+    pub id: u64,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub generated_tokens: usize,
+    /// Positions whose K/V are in the cache.
+    pub n_past: usize,
 }
 
 /// Limits of the serving engine.

@@ -612,6 +612,18 @@ impl<'a, B: Backend> Engine<'a, B> {
 fn publish(sh: &Shared, sched: &Scheduler) {
     let mut st = sh.stats.lock().unwrap_or_else(|e| e.into_inner());
     st.running = sched.n_running();
+    st.requests.clear();
+    st.requests.extend(
+        sched
+            .running()
+            .map(|(id, c, n_past)| crate::serve::RunningRequest {
+                id,
+                prompt_tokens: c.prompt_tokens,
+                cached_tokens: c.cached_tokens,
+                generated_tokens: c.completion_tokens,
+                n_past,
+            }),
+    );
     st.waiting = sched.n_waiting();
     st.kv_blocks_total = sched.kv_blocks_total();
     st.kv_blocks_used = sched.kv_blocks_used();

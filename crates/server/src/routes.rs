@@ -255,21 +255,36 @@ pub(crate) async fn props(State(st): State<St>) -> Response {
     .into_response()
 }
 
-/// llama-server's `/slots`: one entry per sequence the engine runs at once (`--max-seqs`),
-/// the first `running` of them busy. quiver's sequences are not pinned to slots, so a slot
-/// reports only whether it is busy, not which request holds it.
+/// llama-server's `/slots`: one entry per sequence the engine runs at once (`--max-seqs`), the
+/// running requests in the first ones, oldest first (quiver's sequences are not pinned to
+/// slots: a request's slot number can change between calls): its engine id (`id_task`),
+/// prompt tokens, those found in the prefix cache, positions cached (`n_past`) and tokens
+/// generated (`next_token.n_decoded`).
 pub(crate) async fn slots(State(st): State<St>) -> Response {
     let s = st.handle.stats();
     let n_ctx = st.handle.info().n_ctx;
     let v: Vec<Value> = (0..st.max_seqs)
-        .map(|i| {
-            json!({
+        .map(|i| match s.requests.get(i) {
+            Some(r) => json!({
+                "id": i,
+                "id_task": r.id,
+                "n_ctx": n_ctx,
+                "speculative": false,
+                "is_processing": true,
+                "n_past": r.n_past,
+                "n_prompt_tokens": r.prompt_tokens,
+                "n_prompt_tokens_cache": r.cached_tokens,
+                "next_token": {"has_next_token": true, "n_decoded": r.generated_tokens},
+            }),
+            None => json!({
                 "id": i,
                 "id_task": -1,
                 "n_ctx": n_ctx,
                 "speculative": false,
-                "is_processing": i < s.running,
-            })
+                "is_processing": false,
+                "n_past": 0,
+                "next_token": {"has_next_token": false, "n_decoded": 0},
+            }),
         })
         .collect();
     Json(Value::Array(v)).into_response()
