@@ -22,7 +22,7 @@ print("There is an important piece of information hidden inside a lot of irrelev
 PY
 )
     for t in ${TYPES:-f16 tq8 tq4}; do
-      out=$($Q run -m "$m" --raw --temp 0 -n 8 -c $((n * 5 / 4 + 512)) --kv-type "$t" --device "${DEVICE:-cpu}" -p "$prompt" 2>/dev/null)
+      out=$($Q run -m "$m" --raw --temp 0 -n 8 -c $((n * 5 / 4 + 512)) --kv-type "$t" --device "${DEVICE:-cpu}" -p "$prompt" 2>/tmp/kv_passkey.err) || out="error: $(tail -1 /tmp/kv_passkey.err)"
       if grep -q "$key" <<<"$out"; then r=found; else r=missed; fi
       echo "n $n depth $d% $t: $r (${out:0:24})"
     done
