@@ -469,23 +469,43 @@ pub fn attention_packed(
     a: &AttnParams,
     out: &mut [f32],
 ) {
+    thread_local! {
+        /// The caller's runs of tokens (kept, so that a step allocates nothing once warm).
+        static RUNS: std::cell::RefCell<Vec<std::ops::Range<usize>>> = Default::default();
+    }
+    let (hd, nh) = (a.head_dim, a.n_head);
+    let g = heads_per_task(a, batch.n_tokens(), pool.n_threads());
+    assert!(out.len() >= batch.n_tokens() * nh * hd && q.len() >= out.len());
+    RUNS.with_borrow_mut(|runs| {
+        // Runs of consecutive tokens of one sequence.
+        runs.clear();
+        runs.extend(batch.seqs.iter().flat_map(|s| {
+            (s.start..s.start + s.len)
+                .step_by(PACKED_TOKENS)
+                .map(move |t| t..(t + PACKED_TOKENS).min(s.start + s.len))
+        }));
+        run_packed(pool, q, k, v, batch, a, out, g, runs);
+    });
+}
+
+/// [`attention_packed`]'s tasks: one per (run, part of a KV group).
+#[allow(clippy::too_many_arguments)]
+fn run_packed(
+    pool: &ThreadPool,
+    q: &[f32],
+    k: quiver_backend::kvcodec::KvRows,
+    v: quiver_backend::kvcodec::KvRows,
+    batch: &Batch,
+    a: &AttnParams,
+    out: &mut [f32],
+    g: usize,
+    runs: &[std::ops::Range<usize>],
+) {
     use quiver_backend::kvcodec::{attend, AttendScratch};
     thread_local! {
         static SCRATCH: std::cell::RefCell<AttendScratch> = Default::default();
     }
     let (hd, nh) = (a.head_dim, a.n_head);
-    let g = heads_per_task(a, batch.n_tokens(), pool.n_threads());
-    assert!(out.len() >= batch.n_tokens() * nh * hd && q.len() >= out.len());
-    // Runs of consecutive tokens of one sequence.
-    let runs: Vec<std::ops::Range<usize>> = batch
-        .seqs
-        .iter()
-        .flat_map(|s| {
-            (s.start..s.start + s.len)
-                .step_by(PACKED_TOKENS)
-                .map(move |t| t..(t + PACKED_TOKENS).min(s.start + s.len))
-        })
-        .collect();
     let o = &Out(out.as_mut_ptr());
     let task = |i: usize| {
         let (run, h0) = (runs[i / (nh / g)].clone(), (i % (nh / g)) * g);
@@ -494,7 +514,7 @@ pub fn attention_packed(
             for (i, t) in run.enumerate() {
                 // SAFETY: the rows of heads h0..h0 + g of token t are written by this task
                 // only (each (token, head) belongs to one run and one group part), inside
-                // `out` (checked by the assert above).
+                // `out` (checked by `attention_packed`).
                 let rows =
                     unsafe { std::slice::from_raw_parts_mut(o.0.add((t * nh + h0) * hd), g * hd) };
                 for (j, r) in rows.chunks_exact_mut(hd).enumerate() {

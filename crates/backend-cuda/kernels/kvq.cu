@@ -1,5 +1,6 @@
-// The KV cache's element types other than f16 (quiver_backend::kvcodec): the write (kv_encode)
-// and the split-K attention over the records, keys and values decoded on the fly.
+// Attention over the KV cache of any element type (quiver_backend::kvcodec; f16 included): the
+// write of the types other than f16 (kv_encode), the split-K attention per head and the
+// KV-group decode attention over the records, keys and values decoded on the fly.
 //
 // Types, as KvType orders them: 0 f16, 1 bf16, 2 q8_0, 3 tq8, 4 tq4. A cache row (one slot of
 // one layer) is n_head_kv head records of kv_head_bytes(type, HD) bytes:
@@ -133,11 +134,29 @@ __device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, cons
     return lv[c] * r[i / TQ_BLOCK];
 }
 
+// A TurboQuant type's levels into shared memory (nothing for the other types); every thread
+// of the block calls it, `tid` of `nt`.
+template <int T>
+__device__ __forceinline__ void load_levels(float* lv, const float* __restrict__ tq, int tid, int nt) {
+    if (T == KV_TQ8 || T == KV_TQ4)
+        for (int i = tid; i < (T == KV_TQ8 ? 256 : 16); i += nt) lv[i] = tq[(T == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
+}
+
+// The keys token t attends to: positions lo … hi−1 of its sequence (causal, within the window).
+__device__ __forceinline__ void key_range(BatchView b, int t, int window, int& lo, int& hi) {
+    int p = (int)b.pos[t];
+    hi = min(p + 1, (int)b.kv_len[b.seq[t]]);
+    lo = window > 0 ? max(0, p - window + 1) : 0;
+    if (hi < lo) hi = lo;
+}
+
 #define KVQ_WARPS 4
 
-// Split-K attention over records of types KT (keys) and VT (values): the f16 kernel's walk
-// (attn.cu attention_impl), with q rotated once per block when KT is a TurboQuant type and the
-// output un-rotated when VT is one (here when there is one split, else in kvq_merge).
+// Split-K attention per head over records of types KT (keys) and VT (values): each warp walks
+// keys of the split (lane l holds dims l, l+32, … of q and of the output), an online softmax
+// per warp, merged across warps in shared memory; q rotated once per block when KT is a
+// TurboQuant type and the output un-rotated when VT is one (here when there is one split, else
+// in kvq_merge, which combines the splits' (max, sum, unnormalised acc)).
 // grid (n_split, n_head, n_tokens), block (32, KVQ_WARPS).
 template <int HD, int KT, int VT>
 __device__ void kvq_attention_impl(const float* __restrict__ q, const u8* __restrict__ kc,
@@ -157,18 +176,14 @@ __device__ void kvq_attention_impl(const float* __restrict__ q, const u8* __rest
     int kvh = h / (n_head / n_head_kv);
     const float* qt = q + ((long long)t * n_head + h) * HD;
     for (int i = tid; i < HD; i += 32 * KVQ_WARPS) qs[i] = KROT ? qt[i] * tq[TQ_SIGNS + i] : qt[i];
-    if (KT == KV_TQ8 || KT == KV_TQ4)
-        for (int i = tid; i < (KT == KV_TQ8 ? 256 : 16); i += 32 * KVQ_WARPS) lk[i] = tq[(KT == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
-    if (VT == KV_TQ8 || VT == KV_TQ4)
-        for (int i = tid; i < (VT == KV_TQ8 ? 256 : 16); i += 32 * KVQ_WARPS) lvv[i] = tq[(VT == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
+    load_levels<KT>(lk, tq, tid, 32 * KVQ_WARPS);
+    load_levels<VT>(lvv, tq, tid, 32 * KVQ_WARPS);
     __syncthreads();
     if (KROT) fwht_block(qs, HD);
     const float rs = 1.f / sqrtf((float)HD);
     u32 s = b.seq[t];
-    int p = (int)b.pos[t];
-    int hi = min(p + 1, (int)b.kv_len[s]);
-    int lo = window > 0 ? max(0, p - window + 1) : 0;
-    if (hi < lo) hi = lo;
+    int lo, hi;
+    key_range(b, t, window, lo, hi);
     int chunk = (hi - lo + n_split - 1) / n_split;
     int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
     const u32* bt = b.block_tables + b.bt_off[s];
@@ -252,8 +267,7 @@ __device__ void merge_ranges(const float* __restrict__ pp, int ns, float* __rest
     orow[d] = VROT ? o[d] * (1.f / sqrtf((float)HD)) * tq[TQ_SIGNS + d] : o[d];
 }
 
-// The splits' partial results merged (attn.cu attn_merge_impl). grid (n_head, n_tokens),
-// block HD.
+// The splits' partial results merged. grid (n_head, n_tokens), block HD.
 template <int HD, bool VROT>
 __device__ void kvq_merge_impl(const float* __restrict__ part, float* __restrict__ out, const float* __restrict__ tq,
                                int n_head, int n_split) {
@@ -385,10 +399,8 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     int kvh = blockIdx.y / hg, h0 = kvh * G + (blockIdx.y % hg) * KVD_G, gn = min(KVD_G, kvh * G + G - h0);
     int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
     u32 s = b.seq[t];
-    int p = (int)b.pos[t];
-    int hi = min(p + 1, (int)b.kv_len[s]);
-    int lo = window > 0 ? max(0, p - window + 1) : 0;
-    if (hi < lo) hi = lo;
+    int lo, hi;
+    key_range(b, t, window, lo, hi);
     int ns = kvd_splits(hi - lo);
     if (split >= ns) return;
     int chunk = (hi - lo + ns - 1) / ns;
@@ -400,10 +412,8 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
                                   : q[((long long)t * n_head + h0 + g) * HD + d] * scale)
                           : 0.f;
     }
-    if (KT == KV_TQ8 || KT == KV_TQ4)
-        for (int i = tid; i < (KT == KV_TQ8 ? 256 : 16); i += 128) lk[i] = tq[(KT == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
-    if (VT == KV_TQ8 || VT == KV_TQ4)
-        for (int i = tid; i < (VT == KV_TQ8 ? 256 : 16); i += 128) lvv[i] = tq[(VT == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
+    load_levels<KT>(lk, tq, tid, 128);
+    load_levels<VT>(lvv, tq, tid, 128);
     __syncthreads();
     if (KROT) {
         for (int g = 0; g < KVD_G; g++) fwht_block(qs[g], HD);
@@ -524,11 +534,8 @@ template <int HD, bool VROT>
 __device__ void kvd_merge_impl(const float* __restrict__ part, float* __restrict__ out, const float* __restrict__ tq,
                                BatchView b, int n_head, int window) {
     int h = blockIdx.x, t = blockIdx.y;
-    u32 s = b.seq[t];
-    int p = (int)b.pos[t];
-    int hi = min(p + 1, (int)b.kv_len[s]);
-    int lo = window > 0 ? max(0, p - window + 1) : 0;
-    if (hi < lo) hi = lo;
+    int lo, hi;
+    key_range(b, t, window, lo, hi);
     int ns = kvd_splits(hi - lo);
     if (ns == 1) return;  // written by kvd_attention
     long long r = (long long)t * n_head + h;

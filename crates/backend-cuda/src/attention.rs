@@ -1,6 +1,6 @@
-//! Attention over the paged f16 KV cache (kernels/attn.cu): the tensor-core flash kernel for
-//! prefill-shaped steps with query tiles, else the split-K kernel (key ranges per (token,
-//! head) merged by `attn_merge`). The fast path only: the parity mode's is in src/exact.rs.
+//! Attention's dispatch: the tensor-core flash kernel (kernels/attn.cu) for prefill-shaped
+//! steps over an f16 cache, the kernels of kvq.rs otherwise. The fast path only: the parity
+//! mode's is in src/exact.rs.
 
 use crate::batch::CudaStep;
 use crate::memory::{CudaBuf, CudaKv};
@@ -35,7 +35,9 @@ pub(crate) fn check_attention(
 }
 
 impl CudaBackend {
-    /// The fast path's attention over the step's `n` > 0 rows (shapes checked by the caller).
+    /// The fast path's attention over the step's `n` > 0 rows (shapes checked by the caller):
+    /// decode-sized steps on the KV-group kernel, prompts over an f16 cache on the flash
+    /// kernel, the rest on the split-K kernel per head (kvq.rs).
     pub(crate) fn attention_fast(
         &self,
         st: &Step<CudaStep>,
@@ -47,15 +49,11 @@ impl CudaBackend {
         if self.use_kvd(st, kv, a) {
             return self.attention_kvd(st, q, kv, a, out);
         }
-        if kv.packed() {
-            return self.attention_kvq(st, q, kv, a, out);
-        }
-        let n = st.rows;
         let hd = a.head_dim;
-        let window = a.window.map(|w| w as i32).unwrap_or(0);
-        let softcap = a.softcap.unwrap_or(0.0);
-        if let Some((tiles, n_tiles)) = st.ctx.tiles {
-            if hd < 256 || (hd == 256 && self.cfg.flash_256) {
+        match st.ctx.tiles {
+            Some((tiles, n_tiles))
+                if !kv.packed() && (hd < 256 || (hd == 256 && self.cfg.flash_256)) =>
+            {
                 // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
                 let (name, parts) = match hd {
                     64 => ("flash_attention_64", 1),
@@ -63,7 +61,7 @@ impl CudaBackend {
                     128 => ("flash_attention_128", 1),
                     _ => ("flash_attention_256", 2),
                 };
-                return self.launch(
+                self.launch(
                     "attn",
                     name,
                     (n_tiles as u32, a.n_head as u32, parts),
@@ -78,63 +76,13 @@ impl CudaBackend {
                         a.n_head as i32,
                         a.n_head_kv as i32,
                         a.scale,
-                        window,
-                        softcap
+                        a.window.map(|w| w as i32).unwrap_or(0),
+                        a.softcap.unwrap_or(0.0)
                     ],
-                );
+                )
             }
+            _ => self.attention_kvq(st, q, kv, a, out),
         }
-        let ns = self.n_split(n, a.n_head, kv.n_slots);
-        let part = if ns > 1 {
-            self.scratch_ptr(
-                |s| &mut s.part,
-                n * a.n_head * ns * (hd + 2) * 4,
-                "attention partials",
-            )?
-        } else {
-            0
-        };
-        self.launch(
-            "attn",
-            match hd {
-                64 => "attention_64",
-                96 => "attention_96",
-                128 => "attention_128",
-                256 => "attention_256",
-                _ => "attention_512",
-            },
-            (ns as u32, a.n_head as u32, n as u32),
-            (32, 4, 1),
-            args![
-                q.ptr(),
-                kv.k.ptr,
-                kv.v.ptr,
-                out.ptr(),
-                part,
-                st.ctx.view,
-                a.n_head as i32,
-                a.n_head_kv as i32,
-                a.scale,
-                window,
-                softcap
-            ],
-        )?;
-        if ns > 1 {
-            self.launch(
-                "attn",
-                match hd {
-                    64 => "attn_merge_64",
-                    96 => "attn_merge_96",
-                    128 => "attn_merge_128",
-                    256 => "attn_merge_256",
-                    _ => "attn_merge_512",
-                },
-                (a.n_head as u32, n as u32, 1),
-                (hd as u32, 1, 1),
-                args![part, out.ptr(), a.n_head as i32, ns as i32],
-            )?;
-        }
-        Ok(())
     }
 
     pub(crate) fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {

@@ -125,9 +125,6 @@ impl Backend for CudaBackend {
         }
         spec.check()
             .map_err(|detail| BackendError::Shape { op: "kv", detail })?;
-        if packed {
-            self.tq_tables()?;
-        }
         let types = quiver_backend::KvTypes {
             k: spec.k,
             v: spec.v,

@@ -1,6 +1,8 @@
-//! The KV cache's element types other than f16 (kernels/kvq.cu): the write after rope
-//! (`kv_encode`) and the split-K attention over the head records, one module per (K type,
-//! V type). Prompt steps take the split-K kernel too (the tensor-core flash kernel reads f16).
+//! Attention over the KV cache of any element types (kernels/kvq.cu, one module per (K type,
+//! V type); f16 is a record type like the others): the write after rope for the types other
+//! than f16 (`kv_encode`), the KV-group decode kernel (`kvd_attention`) and the split-K kernel
+//! per head (`kvq_attention`). Prompts over an f16 cache take the tensor-core flash kernel
+//! (attention.rs); over the other types, the split-K kernel.
 
 use crate::batch::CudaStep;
 use crate::memory::{CudaBuf, CudaKv};
@@ -26,6 +28,30 @@ pub(crate) fn module(k: KvType, v: KvType) -> String {
 
 /// Head dims the kvq kernels are built for.
 pub(crate) const KVQ_HEAD_DIMS: &[usize] = &[64, 96, 128, 256, 512];
+
+/// `{kernel}_{head dim}` for each of [`KVQ_HEAD_DIMS`], as static names: a launch allocates
+/// nothing.
+macro_rules! per_head_dim {
+    ($k:literal) => {
+        [
+            concat!($k, "_64"),
+            concat!($k, "_96"),
+            concat!($k, "_128"),
+            concat!($k, "_256"),
+            concat!($k, "_512"),
+        ]
+    };
+}
+const KVQ_ATTENTION: [&str; 5] = per_head_dim!("kvq_attention");
+const KVQ_MERGE: [&str; 5] = per_head_dim!("kvq_merge");
+const KVD_ATTENTION: [&str; 5] = per_head_dim!("kvd_attention");
+const KVD_MERGE: [&str; 5] = per_head_dim!("kvd_merge");
+
+/// The name of `names` for head dim `hd` (one of [`KVQ_HEAD_DIMS`]; checked by the callers).
+fn named(names: &[&'static str; 5], hd: usize) -> &'static str {
+    let i = KVQ_HEAD_DIMS.iter().position(|&d| d == hd).unwrap_or(0);
+    names[i]
+}
 /// Head dims the KV-group decode kernel (kvd) is built for.
 pub(crate) const KVD_HEAD_DIMS: &[usize] = &[64, 128, 256, 512];
 /// Most rows a step may have for the kvd kernel (its partials take `KVD_MAX_SPLITS` ranges
@@ -37,7 +63,7 @@ pub(crate) const KVD_MAX_SPLITS: usize = 64;
 const KVD_G: usize = 4;
 
 impl CudaBackend {
-    /// The TurboQuant tables on the device (made once, at the first packed cache).
+    /// The TurboQuant tables on the device (made once, with the first cache).
     pub(crate) fn tq_tables(&self) -> Result<u64> {
         let mut s = self.scratch.lock().unwrap();
         if let Some(b) = &s.tq {
@@ -64,9 +90,8 @@ impl CudaBackend {
         a: &AttnParams,
         kv: &mut CudaKv,
     ) -> Result<()> {
-        let tq = self.tq_tables()?;
         self.launch(
-            &module(kv.types.k, kv.types.v),
+            &kv.module,
             "kv_encode",
             (st.rows.max(1) as u32, a.n_head_kv as u32, 2),
             (128, 1, 1),
@@ -76,7 +101,7 @@ impl CudaBackend {
                 kv.k.ptr,
                 kv.v.ptr,
                 st.ctx.view.slot,
-                tq,
+                kv.tq,
                 a.n_head_kv as i32,
                 a.head_dim as i32,
                 kv_type_id(kv.types.k) as i32,
@@ -114,18 +139,18 @@ impl CudaBackend {
         let g = a.n_head / a.n_head_kv.max(1);
         let blocks_y = a.n_head_kv * g.div_ceil(KVD_G);
         let grid = (KVD_MAX_SPLITS as u32, blocks_y as u32, n as u32);
-        let tq = self.launch_over_records(st, q, kv, a, out, part, "kvd_attention", grid)?;
+        self.launch_over_records(st, q, kv, a, out, part, &KVD_ATTENTION, grid)?;
         let window = a.window.map(|w| w as i32).unwrap_or(0);
         self.launch(
-            &module(kv.types.k, kv.types.v),
-            &format!("kvd_merge_{hd}"),
+            &kv.module,
+            named(&KVD_MERGE, hd),
             (a.n_head as u32, n as u32, 1),
             (hd as u32, 1, 1),
-            args![part, out.ptr(), tq, st.ctx.view, a.n_head as i32, window],
+            args![part, out.ptr(), kv.tq, st.ctx.view, a.n_head as i32, window],
         )
     }
 
-    /// Split-K attention over the records (every row of the step).
+    /// Split-K attention per head (every row of the step), its key ranges merged by kvq_merge.
     pub(crate) fn attention_kvq(
         &self,
         st: &Step<CudaStep>,
@@ -146,21 +171,21 @@ impl CudaBackend {
             0
         };
         let grid = (ns as u32, a.n_head as u32, n as u32);
-        let tq = self.launch_over_records(st, q, kv, a, out, part, "kvq_attention", grid)?;
+        self.launch_over_records(st, q, kv, a, out, part, &KVQ_ATTENTION, grid)?;
         if ns > 1 {
             self.launch(
-                &module(kv.types.k, kv.types.v),
-                &format!("kvq_merge_{hd}"),
+                &kv.module,
+                named(&KVQ_MERGE, hd),
                 (a.n_head as u32, n as u32, 1),
                 (hd as u32, 1, 1),
-                args![part, out.ptr(), tq, a.n_head as i32, ns as i32],
+                args![part, out.ptr(), kv.tq, a.n_head as i32, ns as i32],
             )?;
         }
         Ok(())
     }
 
-    /// Launches `{kernel}_{head dim}` of the pair's module (block (32, 4)) with the arguments
-    /// kvq_attention and kvd_attention share; returns the TurboQuant tables' address.
+    /// Launches `kernel`'s name for the head dim from the pair's module (block (32, 4)) with
+    /// the arguments kvq_attention and kvd_attention share.
     #[allow(clippy::too_many_arguments)]
     fn launch_over_records(
         &self,
@@ -170,13 +195,12 @@ impl CudaBackend {
         a: &AttnParams,
         out: &mut CudaBuf,
         part: u64,
-        kernel: &str,
+        kernel: &[&'static str; 5],
         grid: (u32, u32, u32),
-    ) -> Result<u64> {
-        let tq = self.tq_tables()?;
+    ) -> Result<()> {
         self.launch(
-            &module(kv.types.k, kv.types.v),
-            &format!("{kernel}_{}", a.head_dim),
+            &kv.module,
+            named(kernel, a.head_dim),
             grid,
             (32, 4, 1),
             args![
@@ -186,14 +210,13 @@ impl CudaBackend {
                 out.ptr(),
                 part,
                 st.ctx.view,
-                tq,
+                kv.tq,
                 a.n_head as i32,
                 a.n_head_kv as i32,
                 a.scale,
                 a.window.map(|w| w as i32).unwrap_or(0),
                 a.softcap.unwrap_or(0.0)
             ],
-        )?;
-        Ok(tq)
+        )
     }
 }

@@ -29,6 +29,9 @@ pub struct CudaKv {
     pub(crate) k: DevBuf,
     pub(crate) v: DevBuf,
     pub(crate) types: quiver_backend::KvTypes,
+    /// The kvq module of the types (kernels/kvq.cu), and the TurboQuant tables' address.
+    pub(crate) module: String,
+    pub(crate) tq: u64,
     pub(crate) kv_dim: usize,
     pub(crate) n_slots: usize,
 }
@@ -82,6 +85,8 @@ impl CudaBackend {
             k: zeroed(types.k)?,
             v: zeroed(types.v)?,
             types,
+            module: crate::kvq::module(types.k, types.v),
+            tq: self.tq_tables()?,
             kv_dim: layer.dim(),
             n_slots,
         })

@@ -128,19 +128,10 @@ pub fn kernel_names(module: &str) -> Vec<String> {
         .iter()
         .map(|s| s.to_string())
         .collect(),
-        "attn" => {
-            let mut v: Vec<String> = [64, 96, 128, 256, 512]
-                .iter()
-                .flat_map(|d| [format!("attention_{d}"), format!("attn_merge_{d}")])
-                .collect();
-            v.extend([
-                "flash_attention_64".to_string(),
-                "flash_attention_96".to_string(),
-                "flash_attention_128".to_string(),
-                "flash_attention_256".to_string(),
-            ]);
-            v
-        }
+        "attn" => [64, 96, 128, 256]
+            .iter()
+            .map(|d| format!("flash_attention_{d}"))
+            .collect(),
         "exact" => {
             let mut v: Vec<String> = ["x_rms_norm", "x_rope_kv_write", "x_attention", "x_glu"]
                 .iter()

@@ -124,10 +124,11 @@ pub fn encode_head(ty: KvType, x: &[f32], out: &mut [u8]) {
         }
         KvType::Tq8 | KvType::Tq4 => {
             let tq = ty.tq().unwrap_or(Tq::Tq8);
-            let e = turboquant::encode(x, tq);
             let nc = tq.code_bytes(d);
-            out[..nc].copy_from_slice(&e.codes);
-            for (o, r) in out[nc..].chunks_exact_mut(4).zip(&e.rms) {
+            let mut rms = [0f32; turboquant::MAX_DIM / turboquant::BLOCK];
+            let rms = &mut rms[..d.div_ceil(turboquant::BLOCK)];
+            turboquant::encode_into(x, tq, &mut out[..nc], rms);
+            for (o, r) in out[nc..].chunks_exact_mut(4).zip(rms.iter()) {
                 o.copy_from_slice(&r.to_le_bytes());
             }
         }
@@ -256,15 +257,12 @@ pub fn attend(
     };
     let scale = if a.scale_q { 1.0 } else { a.scale };
     sc.q.clear();
-    for qj in tokens
-        .clone()
-        .flat_map(|t| q[(t * a.n_head + h0) * hd..][..g * hd].chunks_exact(hd))
-    {
-        if k.ty.rotated() {
-            sc.q.extend(turboquant::rotate(qj));
-        } else {
-            sc.q.extend_from_slice(qj);
-        }
+    for t in tokens.clone() {
+        sc.q.extend_from_slice(&q[(t * a.n_head + h0) * hd..][..g * hd]);
+    }
+    if k.ty.rotated() {
+        sc.q.chunks_exact_mut(hd)
+            .for_each(turboquant::rotate_in_place);
     }
     sc.acc.clear();
     sc.acc.resize(nt * g * hd, 0.0);
@@ -318,8 +316,7 @@ pub fn attend(
         let acc = &mut sc.acc[j * hd..][..hd];
         acc.iter_mut().for_each(|x| *x *= inv);
         if v.ty.rotated() {
-            let x = turboquant::unrotate(acc);
-            acc.copy_from_slice(&x);
+            turboquant::unrotate_in_place(acc);
         }
     }
 }

@@ -97,26 +97,44 @@ fn check_dim(d: usize) {
     );
 }
 
-/// y = H(s ⊙ x) / √D.
-pub fn rotate(x: &[f32]) -> Vec<f32> {
+/// [`signs`] of [`MAX_DIM`], made once.
+fn sign_table() -> &'static [f32] {
+    static S: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    S.get_or_init(|| signs(MAX_DIM))
+}
+
+/// x ← H(s ⊙ x) / √D, in place (no allocation).
+pub fn rotate_in_place(x: &mut [f32]) {
     let d = x.len();
     check_dim(d);
-    let s = signs(d);
-    let mut y: Vec<f32> = x.iter().zip(&s).map(|(a, b)| a * b).collect();
-    fwht(&mut y);
+    x.iter_mut().zip(sign_table()).for_each(|(v, s)| *v *= s);
+    fwht(x);
     let k = 1.0 / (d as f32).sqrt();
-    y.iter_mut().for_each(|v| *v *= k);
+    x.iter_mut().for_each(|v| *v *= k);
+}
+
+/// y ← s ⊙ H(y) / √D, the inverse of [`rotate_in_place`], in place.
+pub fn unrotate_in_place(y: &mut [f32]) {
+    let d = y.len();
+    check_dim(d);
+    fwht(y);
+    let k = 1.0 / (d as f32).sqrt();
+    y.iter_mut()
+        .zip(sign_table())
+        .for_each(|(v, s)| *v *= k * s);
+}
+
+/// y = H(s ⊙ x) / √D.
+pub fn rotate(x: &[f32]) -> Vec<f32> {
+    let mut y = x.to_vec();
+    rotate_in_place(&mut y);
     y
 }
 
 /// x = s ⊙ H(y) / √D, the inverse of [`rotate`].
 pub fn unrotate(y: &[f32]) -> Vec<f32> {
-    let d = y.len();
-    check_dim(d);
     let mut x = y.to_vec();
-    fwht(&mut x);
-    let k = 1.0 / (d as f32).sqrt();
-    x.iter_mut().zip(signs(d)).for_each(|(v, s)| *v *= k * s);
+    unrotate_in_place(&mut x);
     x
 }
 
@@ -144,25 +162,37 @@ pub struct Encoded {
 
 /// Encodes one vector of head dim `x.len()`.
 pub fn encode(x: &[f32], tq: Tq) -> Encoded {
-    let y = rotate(x);
+    let d = x.len();
+    let mut e = Encoded {
+        rms: vec![0.0; d.div_ceil(BLOCK)],
+        codes: vec![0; tq.code_bytes(d)],
+    };
+    encode_into(x, tq, &mut e.codes, &mut e.rms);
+    e
+}
+
+/// [`encode`] into `codes` ([`Tq::code_bytes`]) and `rms` (one per block), without allocating.
+pub fn encode_into(x: &[f32], tq: Tq, codes: &mut [u8], rms: &mut [f32]) {
+    let mut buf = [0f32; MAX_DIM];
+    let y = &mut buf[..x.len()];
+    y.copy_from_slice(x);
+    rotate_in_place(y);
     let levels = tq.levels();
-    let mut rms = Vec::new();
-    let mut idx = Vec::with_capacity(y.len());
-    for b in y.chunks(BLOCK) {
+    for (bi, b) in y.chunks(BLOCK).enumerate() {
         let r = (b.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>() / b.len() as f64).sqrt()
             as f32;
-        rms.push(r);
+        rms[bi] = r;
         let inv = if r > 0.0 { 1.0 / r } else { 0.0 };
-        idx.extend(b.iter().map(|v| nearest(levels, v * inv) as u8));
+        for (j, v) in b.iter().enumerate() {
+            let i = bi * BLOCK + j;
+            let c = nearest(levels, v * inv) as u8;
+            match tq {
+                Tq::Tq8 => codes[i] = c,
+                Tq::Tq4 if i.is_multiple_of(2) => codes[i / 2] = c,
+                Tq::Tq4 => codes[i / 2] |= c << 4,
+            }
+        }
     }
-    let codes = match tq {
-        Tq::Tq8 => idx,
-        Tq::Tq4 => idx
-            .chunks(2)
-            .map(|p| p[0] | (p.get(1).copied().unwrap_or(0) << 4))
-            .collect(),
-    };
-    Encoded { rms, codes }
 }
 
 /// The rotated vector an encoding stands for (level × RMS per coordinate): what attention

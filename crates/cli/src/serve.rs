@@ -125,17 +125,20 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     let bs = quiver_engine::BLOCK_SIZE;
     // Bytes of one block of the pool, as the model's KV cache asks.
     let hp = quiver_models::hparams(&file)?;
-    let per_block = hp.kv_spec(bs, a.load.kv_types()).bytes() as usize;
-    hp.kv_spec(bs, a.load.kv_types())
-        .check()
-        .map_err(anyhow::Error::msg)?;
+    let kv = a.load.kv_types();
+    let block = hp.kv_spec(bs, kv);
+    block.check().map_err(anyhow::Error::msg)?;
+    let per_block = block.bytes() as usize;
     let want = a.max_seqs as usize * n_ctx.div_ceil(bs);
     let kv_blocks = match (a.kv_blocks, a.kv_mem) {
         (Some(n), _) => n as usize,
         (None, Some(m)) => (m as usize / per_block).max(1),
         (None, None) => want.min((2usize << 30) / per_block),
     };
-    let kv_line = engine::kv_summary(&hp.kv_spec(kv_blocks * bs, a.load.kv_types()));
+    let kv_line = engine::kv_summary(&quiver_backend::KvSpec {
+        n_slots: kv_blocks * bs,
+        ..block
+    });
     if kv_blocks * bs < n_ctx {
         bail!("the KV pool of {kv_blocks} blocks ({} tokens) cannot hold one full context of {n_ctx} tokens", kv_blocks * bs);
     }
@@ -169,7 +172,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         .unwrap_or(quiver_engine::embed::Pooling::Last);
     let threads = engine::threads(&a.load)?;
     let opts = ServeOptions {
-        kv: a.load.kv_types(),
+        kv,
         n_ctx,
         max_seqs: a.max_seqs as usize,
         kv_blocks,

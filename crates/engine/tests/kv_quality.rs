@@ -8,33 +8,20 @@
 //! +15.2%, from its keys: BENCHMARKS.md, "KV cache types"); its bounds hold the measured figures
 //! with a margin, so that a regression still fails.
 
+mod common;
+
 use quiver_backend::{KvType, KvTypes};
-use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
+use quiver_backend_cpu::CpuBackend;
 use quiver_engine::{argmax, ModelRunner, RunnerOptions, Want};
 use quiver_gguf::GgufFile;
-use std::sync::Arc;
 
 const CHUNK: usize = 2048;
 /// Positions evaluated per step (logits rows held at once).
 const PIECE: usize = 256;
 
 fn runner(alias: &str, kv: KvTypes) -> ModelRunner<CpuBackend> {
-    let p = quiver_hub::alias_path(alias);
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/test (it fetches the test models)",
-        p.display()
-    );
-    let f = Arc::new(GgufFile::open(&p).unwrap());
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    ModelRunner::new(
-        CpuBackend::with_config(CpuConfig {
-            threads,
-            numerics: Numerics::Fast,
-        }),
-        &f,
+    common::cpu_runner(
+        alias,
         &RunnerOptions {
             kv,
             n_ctx: CHUNK,
@@ -42,7 +29,6 @@ fn runner(alias: &str, kv: KvTypes) -> ModelRunner<CpuBackend> {
             max_logits: PIECE,
         },
     )
-    .unwrap()
 }
 
 fn both(t: KvType) -> KvTypes {

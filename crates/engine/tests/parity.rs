@@ -2,32 +2,17 @@
 //! (`../shared/reference/`): teacher-forced top-1 and probabilities, free-running greedy, and
 //! perplexity.
 
-use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
+mod common;
+
+use quiver_backend_cpu::CpuBackend;
 use quiver_engine::{argmax, ModelRunner, RunnerOptions, Want};
 use quiver_gguf::GgufFile;
-use std::sync::Arc;
 
 const REF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference");
 
 fn runner(alias: &str, n_ctx: usize, max_logits: usize) -> ModelRunner<CpuBackend> {
-    let p = quiver_hub::alias_path(alias);
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/test (it fetches the test models)",
-        p.display()
-    );
-    let f = Arc::new(GgufFile::open(&p).unwrap());
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    // As the single-sequence CLI commands run (GEMM path for prompts).
-    let config = CpuConfig {
-        threads,
-        numerics: Numerics::Fast,
-    };
-    ModelRunner::new(
-        CpuBackend::with_config(config),
-        &f,
+    common::cpu_runner(
+        alias,
         &RunnerOptions {
             kv: Default::default(),
             n_ctx,
@@ -35,7 +20,6 @@ fn runner(alias: &str, n_ctx: usize, max_logits: usize) -> ModelRunner<CpuBacken
             max_logits,
         },
     )
-    .unwrap()
 }
 
 fn records(model: &str) -> Vec<serde_json::Value> {

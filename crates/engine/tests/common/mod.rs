@@ -4,6 +4,7 @@ use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
 /// The real SmolLM2 test model (scripts/test fetches it).
+#[allow(dead_code)] // not every test binary opens it
 pub fn smollm2() -> Arc<GgufFile> {
     let p = quiver_hub::alias_path("smollm2-135m");
     assert!(
@@ -12,4 +13,29 @@ pub fn smollm2() -> Arc<GgufFile> {
         p.display()
     );
     Arc::new(GgufFile::open(&p).unwrap())
+}
+
+/// A CPU runner over a test model fetched by alias (scripts/test fetches them), with the
+/// numerics of the single-sequence commands (`Numerics::Fast`: the GEMM path for prompts).
+#[allow(dead_code)] // not every test binary loads a model by alias
+pub fn cpu_runner(
+    alias: &str,
+    opts: &quiver_engine::RunnerOptions,
+) -> quiver_engine::ModelRunner<quiver_backend_cpu::CpuBackend> {
+    use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
+    let p = quiver_hub::alias_path(alias);
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/test (it fetches the test models)",
+        p.display()
+    );
+    let f = Arc::new(GgufFile::open(&p).unwrap());
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let config = CpuConfig {
+        threads,
+        numerics: Numerics::Fast,
+    };
+    quiver_engine::ModelRunner::new(CpuBackend::with_config(config), &f, opts).unwrap()
 }
