@@ -3,15 +3,25 @@
 
 Usage: tools/bench_server.py [--model smollm2-135m] [--clients 1,4,16] [--max-tokens 64]
                              [--requests-per-client 3] [--quiver target/release/quiver]
-                             [--guided-regex PATTERN]
+                             [--device cpu|cuda] [--guided-regex PATTERN | --guided-json]
 `--guided-regex` constrains every request (vLLM's field) to measure constrained decoding; the
-pattern must allow `--max-tokens` tokens (e.g. "[a-z ]+").
-Starts the server on a free loopback port, runs each width in turn (every client sends its
-requests back to back, temperature 0, ignore_eos so each request makes max_tokens tokens), and
-prints a Markdown table: clients, requests, generated tokens, seconds, tokens/s summed.
+pattern must allow `--max-tokens` tokens (e.g. "[a-z ]+"). `--guided-json` constrains every
+request to a JSON schema (an object with one free string, which can hold `--max-tokens`
+tokens). Starts the server on a free loopback port, runs each width in turn (every client
+sends its requests back to back, temperature 0, ignore_eos so each request makes max_tokens
+tokens unless its constraint ends first), and prints a Markdown table: clients, requests,
+generated tokens, seconds, tokens/s summed. Only the standard library: it runs on a machine
+without the project's virtual environment (the GPU machine).
 """
-import argparse, re, subprocess, sys, threading, time
-from openai import OpenAI
+import argparse, json, re, subprocess, sys, threading, time, urllib.request
+
+SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
 
 def main():
     ap = argparse.ArgumentParser()
@@ -20,11 +30,13 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests-per-client", type=int, default=3)
     ap.add_argument("--quiver", default="target/release/quiver")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--guided-regex", default=None)
+    ap.add_argument("--guided-json", action="store_true")
     a = ap.parse_args()
     widths = [int(x) for x in a.clients.split(",")]
-    srv = subprocess.Popen([a.quiver, "serve", "-m", a.model, "--port", "0", "--max-seqs", str(max(widths))],
-                           stderr=subprocess.PIPE, text=True)
+    srv = subprocess.Popen([a.quiver, "serve", "-m", a.model, "--port", "0", "--device", a.device,
+                            "--max-seqs", str(max(widths))], stderr=subprocess.PIPE, text=True)
     port = None
     for line in srv.stderr:
         m = re.search(r"listening on http://[^:]+:(\d+)", line)
@@ -34,11 +46,13 @@ def main():
     if port is None:
         sys.exit("the server did not start")
     threading.Thread(target=lambda: [None for _ in srv.stderr], daemon=True).start()
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
-    model = client.models.list().data[0].id
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=600) as r:
+        model = json.loads(r.read())["data"][0]["id"]
     extra = {"ignore_eos": True}
     if a.guided_regex:
         extra["guided_regex"] = a.guided_regex
+    if a.guided_json:
+        extra["guided_json"] = SCHEMA
     print("| clients | requests | generated tokens | seconds | generated t/s (sum) |")
     print("|---|---|---|---|---|")
     try:
@@ -46,10 +60,14 @@ def main():
             tokens = [0] * c
             def work(i):
                 for r in range(a.requests_per_client):
-                    out = client.completions.create(model=model, prompt=f"Story {i}-{r}: Once upon a time",
-                                                    max_tokens=a.max_tokens, temperature=0,
-                                                    extra_body=extra)
-                    tokens[i] += out.usage.completion_tokens
+                    out = post(port, "/v1/completions", {
+                        "model": model, "prompt": f"Story {i}-{r}: Once upon a time",
+                        "max_tokens": a.max_tokens, "temperature": 0, **extra})
+                    ch = out["choices"][0]
+                    if a.guided_json and ch["finish_reason"] == "stop":
+                        json.loads(ch["text"])  # a finished answer parses
+
+                    tokens[i] += out["usage"]["completion_tokens"]
             t0 = time.time()
             ts = [threading.Thread(target=work, args=(i,)) for i in range(c)]
             for t in ts: t.start()

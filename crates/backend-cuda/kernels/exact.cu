@@ -458,7 +458,8 @@ extern "C" __global__ void x_attention(const float* __restrict__ q, const u16* _
 // `d·q + m` and `dl·q − ml` round twice, as the CPU computes them. grid (n_tokens), block 128.
 #define X_EMBED(T) EMBED_K(x_embed_##T, T)
 X_EMBED(q4_0) X_EMBED(q4_1) X_EMBED(q5_0) X_EMBED(q5_1) X_EMBED(q8_0) X_EMBED(q2_k) X_EMBED(q3_k)
-X_EMBED(q4_k) X_EMBED(q5_k) X_EMBED(q6_k) X_EMBED(f32) X_EMBED(f16) X_EMBED(bf16)
+X_EMBED(q4_k) X_EMBED(q5_k) X_EMBED(q6_k) X_EMBED(iq4_nl) X_EMBED(iq4_xs) X_EMBED(f32) X_EMBED(f16)
+X_EMBED(bf16)
 
 // ---- gated activations: SiLU through ggml's vectorised e^x, GELU through its f16 table ----
 // e^x as ggml_v_expf computes it on AVX-512 (act_fn.rs ggml_expf: the same fused operations).

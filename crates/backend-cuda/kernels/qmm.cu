@@ -5,10 +5,10 @@
 //
 // One order of summation per output element, which depends on `cols` only: stages of 128
 // columns in ascending order, 8 steps of 16 values each (one mma, the values as below), the sum
-// restarting from zero every QMM_CHUNK columns and the chunk sums added left to right. The
-// number of tokens, the tile a token falls in and its neighbours change nothing: a token's
-// result is the same bits in any batch. (The chunks let a decode kernel split a row's columns
-// over warps and still give these bits.)
+// restarting from zero every QMM_CHUNK (256) columns and the chunk sums added left to right,
+// from zero. The number of tokens, the tile a token falls in and its neighbours change nothing:
+// a token's result is the same bits in any batch. (The chunks let the decode kernel, qmv, split
+// a row's columns over warps and still give these bits.)
 //
 // The k order inside a stage of 128 columns (four 32-value groups) is permuted so that each lane
 // dequantizes whole groups: mma step s (0..7) of a stage takes, from each group q (0..3),
@@ -28,9 +28,8 @@
 #define QMM_BM (16 * QMM_WARPS)
 #define QMM_BN 64
 #define QMM_BK 128
-#define QMM_CHUNK 1024
+#define QMM_CHUNK 256
 #define QMM_NST 3
-#define QMV_NST 4
 // A token's row of a staged activation tile: 128 halves and 16 of padding (72 words, 8 mod 32:
 // the 8-byte loads of a half-warp hit 32 banks).
 #define QMM_XLD 144
@@ -152,7 +151,8 @@ __device__ __forceinline__ void deqh_f16(const u8* row, int g, u32* h) {
         _Pragma("unroll") for (int p = 0; p < 16; p++) h[p] = pack_h2(v[2 * p], v[2 * p + 1]);        \
     }
 
-// Where a stage's weight bytes lie in a row, for blocks of BB bytes holding BV (32 or 256) values.
+// Where a stage's weight bytes lie in a row, for blocks of BB bytes holding BV (32 or 256) values
+// (qmm: one stage's bytes per copy).
 template <int BB, int BV>
 struct QWin {
     static constexpr int LEN = BV == 32 ? 4 * BB : BB;
@@ -161,6 +161,14 @@ struct QWin {
     __device__ static int start(int j) { return BV == 32 ? j * 4 * BB : (j >> 1) * BB; }
     // The group of the copy that holds group 4j + q of the row.
     __device__ static int group(int j, int q) { return BV == 32 ? q : 4 * (j & 1) + q; }
+};
+// qmv's copies: a chunk's bytes (stages 2c and 2c + 1, 256 columns) per copy.
+template <int BB, int BV>
+struct QWinC {
+    static constexpr int LEN = BV == 32 ? 8 * BB : BB;
+    static constexpr int WIN = (LEN + 30) / 16 * 16;
+    __device__ static int start(int j) { return (j >> 1) * LEN; }
+    __device__ static int group(int j, int q) { return 4 * (j & 1) + q; }
 };
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -188,10 +196,9 @@ struct QRows {
     __device__ const u8* row(int i) const { return W + (long long)min(rb + i, rows - 1) * row_bytes; }
 };
 
-// Copies stage j's weight bytes of the warp's 16 rows to `win` (16 × WIN bytes).
-template <int BB, int BV>
+// Copies stage j's window (Q) of the warp's 16 rows to `win` (16 × WIN bytes).
+template <class Q>
 __device__ __forceinline__ void qmm_copy_w(u8* win, const QRows& R, int j) {
-    typedef QWin<BB, BV> Q;
     constexpr int CH = Q::WIN / 16;
     for (int i = threadIdx.x & 31; i < 16 * CH; i += 32) {
         const int r = i / CH, c = i - r * CH;
@@ -200,10 +207,9 @@ __device__ __forceinline__ void qmm_copy_w(u8* win, const QRows& R, int j) {
     }
 }
 
-// This lane's A fragments of stage j from the copy in `win`: a[s] for step s.
-template <DeqFn DEQ, int BB, int BV>
+// This lane's A fragments of stage j from the copy in `win` (window Q): a[s] for step s.
+template <DeqFn DEQ, class Q>
 __device__ __forceinline__ void qmm_frag(u32 (*a)[4], const u8* win, const QRows& R, int j, int ng) {
-    typedef QWin<BB, BV> Q;
     const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
     const bool ok = 4 * j + q < ng;
     u32 hv[16];
@@ -258,7 +264,7 @@ __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row
     for (int st = 0; st < QMM_NST - 1; st++) {
         if (st < nst) {
             qmm_copy_x(xbuf(st), xh, cols, n, n0, st);
-            qmm_copy_w<BB, BV>(wbuf(st), R, st);
+            qmm_copy_w<Q>(wbuf(st), R, st);
         }
         cp_async_commit();
     }
@@ -268,11 +274,11 @@ __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row
         const int st = j + QMM_NST - 1;
         if (st < nst) {
             qmm_copy_x(xbuf(st % QMM_NST), xh, cols, n, n0, st);
-            qmm_copy_w<BB, BV>(wbuf(st % QMM_NST), R, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
         cp_async_commit();
         u32 a[8][4];
-        qmm_frag<DEQ, BB, BV>(a, wbuf(j % QMM_NST), R, j, ng);
+        qmm_frag<DEQ, Q>(a, wbuf(j % QMM_NST), R, j, ng);
         const u16* xs = xbuf(j % QMM_NST);
 #pragma unroll
         for (int s = 0; s < 8; s++)
@@ -304,45 +310,43 @@ __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row
 }
 
 // ---- The same products for decode (n ≤ 8 tokens): the same bits as qmm ----
-// A warp takes 16 rows and one QMM_CHUNK of columns at a time, summed exactly as qmm sums them
-// (same stages, steps, fragments and k order), for tokens 0..7 as one n8 tile whose activations
-// come straight from xh; its weight bytes go through shared memory as in qmm, QMV_NST stages
-// ahead. The chunk sums of the block's 16 rows meet in shared memory and one thread per (row,
-// token) adds them left to right, from 0, as qmm does.
-//                                         grid (ceil(rows / 16)), block 128, dynamic smem
-template <DeqFn DEQ, int BB, int BV>
+// A block takes 16 rows and all their columns; warp w takes the chunks (QMM_CHUNK columns,
+// two stages) w, w + QW, …, each summed from zero exactly as qmm sums a chunk (same stages,
+// steps, fragments and k order), for tokens 0..7 as one n8 tile whose activations come straight
+// from xh. A warp copies a chunk's weight bytes of its 16 rows to shared memory with cp.async
+// while it multiplies the previous chunk (two buffers). The chunk sums meet in shared memory and
+// one thread per (row, token) adds them left to right, from 0, as qmm does. Every chunk of a row
+// is in flight at once when the row has at most 2·QW chunks (cols ≤ 4096 with QW = 8).
+//                                 grid (ceil(rows / 16)), block 32·QW, dynamic smem
+template <DeqFn DEQ, int BB, int BV, int QW>
 __device__ __forceinline__ void qmv_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const u16* __restrict__ xh,
                                          float* __restrict__ y, int n) {
-    typedef QWin<BB, BV> Q;
+    typedef QWinC<BB, BV> Q;
     extern __shared__ __align__(16) u8 qsm[];
     // After the warps' copies: the chunk sums, [chunk][row · 8 + token].
-    float* part = (float*)(qsm + QMM_WARPS * QMV_NST * 16 * Q::WIN);
+    float* part = (float*)(qsm + QW * 2 * 16 * Q::WIN);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
     const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
-    const int spc = QMM_CHUNK / QMM_BK, nch = (nst + spc - 1) / spc;
-    auto wbuf = [&](int b) { return qsm + (warp * QMV_NST + b) * 16 * Q::WIN; };
+    const int nch = (nst + 1) / 2;
+    auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
     // Token g's activations (zeros past the last token).
     const bool tok = g < n;
     const u16* xr = xh + (long long)(tok ? g : 0) * cols;
-    for (int c = warp; c < nch; c += QMM_WARPS) {
-        const int j0 = c * spc, j1 = min(nst, j0 + spc);
-#pragma unroll
-        for (int t = 0; t < QMV_NST - 1; t++) {
-            if (j0 + t < j1) qmm_copy_w<BB, BV>(wbuf(t), R, j0 + t);
-            cp_async_commit();
-        }
+    if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
+    cp_async_commit();
+    for (int c = warp, i = 0; c < nch; c += QW, i++) {
+        if (c + QW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + QW));
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp();
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int j = j0; j < j1; j++) {
-            cp_async_wait<QMV_NST - 2>();
-            __syncwarp();
-            const int st = j + QMV_NST - 1;
-            if (st < j1) qmm_copy_w<BB, BV>(wbuf((st - j0) % QMV_NST), R, st);
-            cp_async_commit();
+        const int j1 = min(2 * c + 2, nst);
+        for (int j = 2 * c; j < j1; j++) {
             u32 a[8][4];
-            qmm_frag<DEQ, BB, BV>(a, wbuf((j - j0) % QMV_NST), R, j, ng);
+            qmm_frag<DEQ, Q>(a, wbuf(i & 1), R, j, ng);
             const int k = j * QMM_BK + 32 * q;
             const bool ok = tok && k < cols;
             const uint2* xp = (const uint2*)(xr + (ok ? k : 0));
@@ -352,19 +356,26 @@ __device__ __forceinline__ void qmv_impl(const u8* __restrict__ W, long long row
                 mma_16816(acc, a[s], b.x, b.y);
             }
         }
-        __syncwarp();
         // acc: (row g, tokens 2q, 2q+1), (row g + 8, the same tokens).
 #pragma unroll
         for (int e = 0; e < 4; e++) part[c * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
+        // Every lane is done with buffer i & 1 before the next copy into it.
+        __syncwarp();
     }
     __syncthreads();
-    const int row = threadIdx.x >> 3, t = threadIdx.x & 7;
-    if (t < n && R.rb + row < rows) {
-        float tot = 0.f;
-        for (int c = 0; c < nch; c++) tot += part[c * 128 + row * 8 + t];
-        y[(long long)t * rows + R.rb + row] = tot;
+    if (threadIdx.x < 128) {
+        const int row = threadIdx.x >> 3, t = threadIdx.x & 7;
+        if (t < n && R.rb + row < rows) {
+            float tot = 0.f;
+            for (int c = 0; c < nch; c++) tot += part[c * 128 + row * 8 + t];
+            y[(long long)t * rows + R.rb + row] = tot;
+        }
     }
 }
+
+// Warps of a qmv block: 8, or 4 where a chunk's copy is large (F32, F16, BF16 rows), so that
+// the two buffers per warp stay near 64 KiB (products.rs `qmv_warps`).
+#define QMV_WARPS(BB, BV) (QWinC<BB, BV>::WIN > 384 ? 4 : 8)
 
 #define QMM_K(T, BB, BV)                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
@@ -373,9 +384,9 @@ __device__ __forceinline__ void qmv_impl(const u8* __restrict__ W, long long row
         pdl_begin();                                                                                  \
         qmm_impl<deqh_##T, BB, BV>(W, row_bytes, rows, cols, xh, y, n);                                \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
+    extern "C" __global__ void __launch_bounds__(32 * QMV_WARPS(BB, BV))                              \
         qmv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const u16* __restrict__ xh, float* __restrict__ y, int n) {                           \
         pdl_begin();                                                                                  \
-        qmv_impl<deqh_##T, BB, BV>(W, row_bytes, rows, cols, xh, y, n);                                \
+        qmv_impl<deqh_##T, BB, BV, QMV_WARPS(BB, BV)>(W, row_bytes, rows, cols, xh, y, n);            \
     }

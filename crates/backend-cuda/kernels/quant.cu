@@ -181,6 +181,35 @@ __device__ __forceinline__ void deq_q6_k(const u8* row, int g, float* v) {
     }
 }
 
+// ---- non-linear 4-bit blocks: a nibble picks one of IQ4_NL's 16 int8 levels ----
+// The levels (−127, −104, …, 113) as bytes of four words, picked with byte_perm.
+__device__ __forceinline__ float iq4_level(u32 q) {
+    const u32 b = q < 8 ? __byte_perm(0xBFAD9881u, 0xF6EADDCFu, q) : __byte_perm(0x26190D01u, 0x71594535u, q & 7);
+    return (float)(i8)(b & 255);
+}
+// 32 values from 16 bytes: values j and j + 16 are the low and high nibbles of byte j.
+__device__ __forceinline__ void deq_iq4_32(const u8* qs, float d, float* v) {
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) {
+        u32 q = ld_u16(qs + j);
+        v[j] = d * iq4_level(q & 15);
+        v[j + 16] = d * iq4_level((q >> 4) & 15);
+        v[j + 1] = d * iq4_level((q >> 8) & 15);
+        v[j + 17] = d * iq4_level((q >> 12) & 15);
+    }
+}
+__device__ __forceinline__ void deq_iq4_nl(const u8* row, int g, float* v) {
+    const u8* b = row + g * 18;
+    deq_iq4_32(b + 2, h2f(ld_u16(b)), v);
+}
+// IQ4_XS: 256 values, d, a 6-bit scale per 32 (low 4 bits in scales_l, high 2 in scales_h).
+__device__ __forceinline__ void deq_iq4_xs(const u8* row, int g, float* v) {
+    const u8* b = row + (g >> 3) * 136;
+    const int ib = g & 7;
+    const u32 ls = ((b[4 + ib / 2] >> (4 * (ib & 1))) & 15) | (((ld_u16(b + 2) >> (2 * ib)) & 3) << 4);
+    deq_iq4_32(b + 8 + 16 * ib, h2f(ld_u16(b)) * (float)((int)ls - 32), v);
+}
+
 // ---- float types ----
 __device__ __forceinline__ void deq_f32(const u8* row, int g, float* v) {
     const float4* p = (const float4*)(row + g * 128);

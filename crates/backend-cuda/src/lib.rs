@@ -75,6 +75,8 @@ pub fn kernel_suffix(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_K => "q4_k",
         GgmlType::Q5_K => "q5_k",
         GgmlType::Q6_K => "q6_k",
+        GgmlType::IQ4_NL => "iq4_nl",
+        GgmlType::IQ4_XS => "iq4_xs",
         GgmlType::F32 => "f32",
         GgmlType::F16 => "f16",
         GgmlType::BF16 => "bf16",

@@ -82,23 +82,36 @@ enum Tc {
     Qmv,
 }
 
-/// Tokens per qmv launch (kernels/qmm.cu: one n8 tile), and the widest rows the qmm kernels
-/// take (qmv's chunk sums stay in shared memory: 512 bytes per 1024 columns).
+/// Tokens per qmv launch (kernels/qmm.cu: one n8 tile).
 const QMV_TOKENS: usize = 8;
-const QMV_MAX_COLS: usize = 64 * 1024;
 
-/// Stages in flight (kernels/qmm.cu `QMM_NST`, `QMV_NST`) and a staged activation row in bytes
+/// Stages in flight (kernels/qmm.cu `QMM_NST`) and a staged activation row in bytes
 /// (`QMM_XLD` halves).
 const QMM_NST: usize = 3;
-const QMV_NST: usize = 4;
 const QMM_XLD_BYTES: usize = 144 * 2;
 
-/// Dynamic shared memory of the qmm and qmv kernels for `w`.
-fn qmm_smem(w: &CudaWeight) -> (u32, u32) {
-    let win = registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
+/// Shared memory a block may take (H100/H200: 227 KiB); a weight whose qmv block would need
+/// more (rows of more than ~32k–64k columns) is not batch invariant.
+const MAX_SMEM: usize = 227 * 1024;
+
+/// Warps of a qmv block (kernels/qmm.cu `QMV_WARPS`): 8, or 4 for a chunk window over 384 bytes.
+fn qmv_warps(winc: usize) -> usize {
+    if winc > 384 {
+        4
+    } else {
+        8
+    }
+}
+
+/// Dynamic shared memory of the qmm and qmv kernels for `w`, and qmv's threads per block.
+fn qmm_smem(w: &CudaWeight) -> (usize, usize, u32) {
+    let (win, winc) =
+        registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
     let qmm = QMM_NST * (QMM_BN * QMM_XLD_BYTES + QMM_BM * win);
-    let qmv = 4 * QMV_NST * 16 * win + w.cols.div_ceil(1024) * 512;
-    (qmm as u32, qmv as u32)
+    let warps = qmv_warps(winc);
+    // Two chunk copies per warp, then the chunk sums: 16 rows × 8 tokens per 256 columns.
+    let qmv = warps * 2 * 16 * winc + w.cols.div_ceil(256) * 512;
+    (qmm, qmv, 32 * warps as u32)
 }
 
 /// How the fast path runs `matmul_qkv`.
@@ -134,7 +147,7 @@ impl CudaBackend {
 
     /// True when products run on the batch-invariant qmm / qmv kernels.
     pub(crate) fn invariant(&self, w: &CudaWeight) -> bool {
-        self.cfg.invariant && self.cfg.tensor_cores && w.cols <= QMV_MAX_COLS
+        self.cfg.invariant && self.cfg.tensor_cores && qmm_smem(w).1 <= MAX_SMEM
     }
 
     /// How a product of `w` over `n` tokens runs on the tensor cores, if it does.
@@ -202,7 +215,7 @@ impl CudaBackend {
                 &w.names.qmm,
                 (n.div_ceil(QMM_BN) as u32, w.rows.div_ceil(QMM_BM) as u32, 1),
                 (QMM_THREADS, 1, 1),
-                qmm_smem(w).0,
+                qmm_smem(w).0 as u32,
                 args![
                     w.data.ptr,
                     w.row_bytes as i64,
@@ -214,14 +227,15 @@ impl CudaBackend {
                 ],
             ),
             Tc::Qmv => {
+                let (_, smem, threads) = qmm_smem(w);
                 for t in (0..n).step_by(QMV_TOKENS) {
                     let nt = (n - t).min(QMV_TOKENS);
                     self.launch_smem(
                         &w.names.module,
                         &w.names.qmv,
                         (w.rows.div_ceil(16) as u32, 1, 1),
-                        (QMM_THREADS, 1, 1),
-                        qmm_smem(w).1,
+                        (threads, 1, 1),
+                        smem as u32,
                         args![
                             w.data.ptr,
                             w.row_bytes as i64,

@@ -21,8 +21,8 @@ const KVQ: &str = include_str!("../kernels/kvq.cu");
 /// Weight types with quantized kernels (`embed_T`, `dequant_f16_T`, `mmv_T`, `qmm_T`), by kernel
 /// suffix.
 pub const QUANT_TYPES: &[&str] = &[
-    "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "f32", "f16",
-    "bf16",
+    "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
+    "iq4_xs", "f32", "f16", "bf16",
 ];
 
 /// Bytes and values of a block of a weight type, by kernel suffix (the float types as blocks
@@ -39,18 +39,24 @@ pub fn block_layout(t: &str) -> Option<(usize, usize)> {
         "q4_k" => (144, 256),
         "q5_k" => (176, 256),
         "q6_k" => (210, 256),
+        "iq4_nl" => (18, 32),
+        "iq4_xs" => (136, 256),
         "f32" => (128, 32),
         "f16" | "bf16" => (64, 32),
         _ => return None,
     })
 }
 
-/// Shared memory a row's weight bytes of one 128-column stage take in the qmm kernels
-/// (kernels/qmm.cu `QWin::WIN`).
-pub fn qmm_window(t: &str) -> Option<usize> {
+/// Shared memory a row's weight bytes take in the qmm kernels: of one 128-column stage (qmm,
+/// kernels/qmm.cu `QWin::WIN`) and of one 256-column chunk (qmv, `QWinC::WIN`).
+pub fn qmm_window(t: &str) -> Option<(usize, usize)> {
     let (bb, bv) = block_layout(t)?;
-    let len = if bv == 32 { 4 * bb } else { bb };
-    Some((len + 30) / 16 * 16)
+    let win = |len: usize| (len + 30) / 16 * 16;
+    Some(if bv == 32 {
+        (win(4 * bb), win(8 * bb))
+    } else {
+        (win(bb), win(bb))
+    })
 }
 
 /// Every module the backend can load: "ops", "attn", "exact" (the parity mode's kernels) and

@@ -152,7 +152,7 @@ fn matmul_and_embedding_match_reference_for_every_type() {
         notes.print(&format!(
             "products, invariant {invariant}, tensor cores from {gemm_min_tokens} tokens"
         ));
-        // Only the types without CUDA kernels (IQ4_NL, IQ4_XS) are refused, at every shape.
+        // Only types without CUDA kernels would be refused (none are left), at every shape.
         let refused = WEIGHT_TYPES
             .iter()
             .filter(|t| quiver_backend_cuda::kernel_suffix(**t).is_none())

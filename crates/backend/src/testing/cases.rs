@@ -27,8 +27,9 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
 ];
 
 /// Weight shapes `[rows, cols]` of the products (columns whole 256-blocks of the K-quants; one,
-/// two, three and nine of them: the last over two CUDA tensor-core tiles of 128 rows and over
-/// three of its 1024-column summation chunks, the last one partial).
+/// two, three and nine of them: the last over two CUDA tensor-core tiles of 64 rows and over
+/// nine of its 256-column summation chunks, more than the warps of a decode block, qmv, so that
+/// one warp takes two).
 pub const PRODUCT_SHAPES: &[(usize, usize)] = &[(96, 512), (40, 256), (72, 768), (136, 2304)];
 
 /// Token counts of the plain products: decode (1), the CUDA backend's cut-over to the tensor
