@@ -1,7 +1,7 @@
 // Element-wise and row-wise ops: norms (with the residual add fused), rope fused with the KV
 // write, gated activations, soft-capping, row gathers, conversions and the device argmax.
 
-// RMSNorm of each row of `cols` (a multiple of 4) times w.
+// RMSNorm of each row of `cols` (a multiple of 4) times w (w null: no weight).
 // If `residual` is non-null: residual += x first and the norm is taken of the sum.
 extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* __restrict__ x,
                                     const float* __restrict__ w, float* __restrict__ out, int rows,
@@ -33,7 +33,7 @@ extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* _
     const float* src = rr ? rr : xr;
     float* o = out + (long long)r * cols;
     for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
-        float4 v = *(const float4*)(src + c), g = *(const float4*)(w + c);
+        float4 v = *(const float4*)(src + c), g = w ? *(const float4*)(w + c) : make_float4(1.f, 1.f, 1.f, 1.f);
         *(float4*)(o + c) = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
     }
 }
@@ -97,6 +97,23 @@ extern "C" __global__ void glu(const float* __restrict__ gate, const float* __re
 extern "C" __global__ void softcap(float* __restrict__ x, long long n, float cap) { pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         x[i] = cap * tanhf(x[i] / cap);
+}
+
+// The ops only some architectures use (Gemma 4): x *= s; x[t, c] *= w[c]; and a column range
+// of each row copied out (out[t, c] = src[t, first + c]).
+extern "C" __global__ void scale(float* __restrict__ x, long long n, float s) { pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+extern "C" __global__ void mul_cols(float* __restrict__ x, const float* __restrict__ w, long long n,
+                                    int cols) { pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] *= w[i % cols];
+}
+extern "C" __global__ void copy_cols(const float* __restrict__ src, float* __restrict__ out, long long n,
+                                     int src_cols, int first, int width) { pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = src[(i / width) * src_cols + first + i % width];
 }
 
 extern "C" __global__ void add(float* __restrict__ a, const float* __restrict__ b, long long n) { pdl_begin();
@@ -418,15 +435,18 @@ extern "C" __global__ void moe_gather(const float* __restrict__ x, const int* __
 // out[t, c] = Σ_j weight(t, j) · ys[row(t·k + j), c], summed in slot order; row(p) = pos[p], or p
 // where pos is null (the pair-wise kernels).                             grid (n_tokens), block 256
 extern "C" __global__ void moe_sum(const float* __restrict__ ys, const float* __restrict__ routes,
-                                   const int* __restrict__ pos, float* __restrict__ out, int k,
-                                   int cols) { pdl_begin();
+                                   const int* __restrict__ pos, const float* __restrict__ scale,
+                                   float* __restrict__ out, int k, int cols) { pdl_begin();
     const long long t = blockIdx.x;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float acc = 0.f;
         for (int j = 0; j < k; j++) {
             long long p = t * k + j;
             long long row = pos ? pos[p] : p;
-            float v = ys[row * cols + c] * routes[p * 2 + 1];
+            // Each expert's output times its scale (Gemma 4; null: none), then its weight.
+            float y = ys[row * cols + c];
+            if (scale) y *= scale[(int)routes[p * 2]];
+            float v = y * routes[p * 2 + 1];
             acc = j == 0 ? v : acc + v;
         }
         out[t * cols + c] = acc;

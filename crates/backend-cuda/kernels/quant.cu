@@ -676,6 +676,63 @@ __device__ __forceinline__ u32 spread4(u32 bits) { return ((bits * 0x00204081u) 
     wm = 0.f;                                                                                         \
     _Pragma("unroll") for (int i = 0; i < 8; i++) w[i] = ld_u32_2a(b + 2 + 4 * i);
 
+// IQ4: four nibbles (one per byte, 0..15) to their four int8 levels: byte_perm picks each
+// byte's level from both halves of the table, the nibble's bit 3 chooses between them.
+__device__ __forceinline__ u32 iq4_levels4(u32 x) {
+    const u32 t = x & 0x07070707u;
+    const u32 u = t | (t >> 4);
+    const u32 sel = (u & 0xffu) | ((u >> 8) & 0xff00u);
+    const u32 lo = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, sel), hi = __byte_perm(0x26190D01u, 0x71594535u, sel);
+    const u32 m = ((x >> 3) & 0x01010101u) * 0xffu;
+    return (hi & m) | (lo & ~m);
+}
+#define LOAD_IQ4_NL                                                                                   \
+    const u8* b = row + g * 18;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    wm = 0.f;                                                                                         \
+    _Pragma("unroll") for (int i = 0; i < 4; i++) {                                                   \
+        u32 q = ld_u32_2a(b + 2 + 4 * i);                                                             \
+        w[i] = iq4_levels4(q & 0x0F0F0F0F);                                                           \
+        w[4 + i] = iq4_levels4((q >> 4) & 0x0F0F0F0F);                                                \
+    }
+
+// IQ4_XS over per-256 activations: a lane takes one 32-value sub-block (scale d·(ls − 32)).
+__device__ __forceinline__ void rowq_iq4_xs(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+                                            const int* __restrict__ abs_, int cols, int ntok, float* acc) {
+    int nsl = cols / 32;
+#pragma unroll 4
+    for (int s = threadIdx.x; s < nsl; s += 32) {
+        const int sb = s >> 3, ib = s & 7;
+        const u8* b = row + sb * 136;
+        const u32 ls = ((b[4 + ib / 2] >> (4 * (ib & 1))) & 15) | (((ld_u16(b + 2) >> (2 * ib)) & 3) << 4);
+        const float dl = h2f(ld_u16(b)) * (float)((int)ls - 32);
+        const uint4 q = *(const uint4*)(b + 8 + 16 * ib);
+        const u32 qw[4] = {q.x, q.y, q.z, q.w};
+        int w[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[i] = iq4_levels4(qw[i] & 0x0F0F0F0F);
+            w[4 + i] = iq4_levels4((qw[i] >> 4) & 0x0F0F0F0F);
+        }
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t < ntok) {
+                const int4* ap = (const int4*)(aq + (long long)t * cols + s * 32);
+                const int4 a0 = ap[0], a1 = ap[1];
+                int d = dp4a(w[0], a0.x, 0);
+                d = dp4a(w[1], a0.y, d);
+                d = dp4a(w[2], a0.z, d);
+                d = dp4a(w[3], a0.w, d);
+                d = dp4a(w[4], a1.x, d);
+                d = dp4a(w[5], a1.y, d);
+                d = dp4a(w[6], a1.z, d);
+                d = dp4a(w[7], a1.w, d);
+                acc[t] += ad[(long long)t * (cols / 256) + sb] * (dl * (float)d);
+            }
+        }
+    }
+}
+
 // Q4_K scales and mins of sub-blocks g and g+1 (g even) from the 16-byte header.
 __device__ __forceinline__ void q4k_pair(uint4 hd, int g, float& sc0, float& m0, float& sc1, float& m1) {
     if (g < 4) {

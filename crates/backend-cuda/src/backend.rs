@@ -1,9 +1,10 @@
 //! The `Backend` impl: each op checks its shapes once, then dispatches once on the mode chosen
 //! at `CudaBackend::new` — the fast path's entry point (src/products.rs, attention.rs,
 //! norm.rs, rope.rs, activation.rs, embed.rs, sampling.rs) or the parity mode's
-//! (`exact::Parity`, src/exact.rs). An op added later matches on the mode too; where the
-//! parity mode has no kernel for it, its arm returns a `BackendError::Device` saying "OP: the
-//! parity mode (QUIVER_CUDA_EXACT=1) has no kernel for this op" (no op lacks one today).
+//! (`exact::Parity`, src/exact.rs). An op added later matches on the mode too. The parity mode
+//! has no mixture-of-experts kernels (a `Device` error) and none of the extra ops of
+//! src/extras.rs (`supports` is false there, so an architecture that needs them is refused at
+//! load).
 
 use crate::attention::check_attention;
 use crate::batch::CudaStep;
@@ -16,12 +17,20 @@ use crate::rope::check_rope_kv_write;
 use crate::weights::{rows_cols, CudaWeight};
 use crate::{check, CudaBackend};
 use quiver_backend::{
-    Activation, AttnParams, Backend, BackendError, Batch, KvSpec, KvType, MoeParams, MoeScratch,
-    MoeWeights, Result, RopeParams, Step, WeightBytes, WorkspaceSpec,
+    Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, KvType, MoeParams,
+    MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes, WorkspaceSpec,
 };
 use quiver_gguf::GgmlType;
 
 impl CudaBackend {
+    /// The extra ops' error in the parity mode.
+    fn fast_only(&self, op: ExtraOp) -> Result<()> {
+        match self.mode {
+            Mode::Fast => Ok(()),
+            Mode::Parity(_) => Err(self.missing(op)),
+        }
+    }
+
     /// `rms_norm`, `rms_norm_inplace` and `add_rms_norm`.
     fn dispatch_norm(&self, n: &Norm) -> Result<()> {
         n.check()?;
@@ -248,9 +257,6 @@ impl Backend for CudaBackend {
                 "the parity mode (QUIVER_CUDA_EXACT) has no mixture-of-experts kernels".into(),
             ));
         }
-        if p.router_given || w.down_scale.is_some() {
-            return Err(self.missing(quiver_backend::ExtraOp::MoeExtras));
-        }
         self.moe_fast(x, rows, w, p, s, out)
     }
 
@@ -380,6 +386,58 @@ impl Backend for CudaBackend {
             Mode::Fast => self.softcap_kernel(x, cap, n),
             Mode::Parity(p) => p.softcap(self, x, cap, n),
         }
+    }
+
+    /// The fast path has every extra op (src/extras.rs); the parity mode none, so an
+    /// architecture that needs one is refused at load there.
+    fn supports(&self, _op: ExtraOp) -> bool {
+        matches!(self.mode, Mode::Fast)
+    }
+
+    fn scale(&self, x: &mut CudaBuf, s: f32, n: usize) -> Result<()> {
+        self.fast_only(ExtraOp::Scale)?;
+        self.scale_kernel(x, s, n)
+    }
+
+    fn rms_norm_plain(
+        &self,
+        x: &CudaBuf,
+        cols: usize,
+        eps: f32,
+        rows: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.fast_only(ExtraOp::RmsNormPlain)?;
+        self.rms_norm_plain_kernel(x, cols, eps, rows, out)
+    }
+
+    fn mul_cols(&self, x: &mut CudaBuf, w: &CudaWeight, rows: usize) -> Result<()> {
+        self.fast_only(ExtraOp::MulCols)?;
+        self.mul_cols_kernel(x, w, rows)
+    }
+
+    fn copy_cols(
+        &self,
+        src: &CudaBuf,
+        src_cols: usize,
+        first: usize,
+        width: usize,
+        rows: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.fast_only(ExtraOp::CopyCols)?;
+        self.copy_cols_kernel(src, src_cols, first, width, rows, out)
+    }
+
+    fn rope_q(
+        &self,
+        st: &Step<CudaStep>,
+        q: &mut CudaBuf,
+        rope: &RopeParams,
+        a: &AttnParams,
+    ) -> Result<()> {
+        self.fast_only(ExtraOp::RopeQ)?;
+        self.rope_q_kernel(st, q, rope, a)
     }
 
     fn read(&self, x: &CudaBuf, n: usize, out: &mut Vec<f32>) -> Result<()> {

@@ -25,6 +25,7 @@ mod context;
 mod dev;
 mod embed;
 mod exact;
+mod extras;
 mod graph;
 mod kvq;
 pub mod libs;

@@ -49,7 +49,20 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        self.mm(w.router, x.ptr(), rows, s.logits.ptr())?;
+        if !p.router_given {
+            self.mm(w.router, x.ptr(), rows, s.logits.ptr())?;
+        }
+        let scale = match w.down_scale {
+            Some(v) => {
+                check(
+                    "moe",
+                    v.ty == quiver_gguf::GgmlType::F32 && v.rows * v.cols == ne,
+                    || format!("{} down scales for {ne} experts", v.rows * v.cols),
+                )?;
+                v.data.ptr
+            }
+            None => 0u64,
+        };
         let gating = match p.gating {
             Gating::Softmax => 0i32,
             Gating::Sigmoid => 1,
@@ -176,6 +189,7 @@ impl CudaBackend {
                 s.ys.ptr(),
                 s.routes.ptr(),
                 pos,
+                scale,
                 out.ptr(),
                 k as i32,
                 d as i32

@@ -78,8 +78,8 @@ pub const EXACT_TYPES: &[&str] = &[
 /// (quantize_a32), Some(256) for the K-quants' blocks of 256 (quantize_a256).
 pub fn int8_activations(t: &str) -> Option<usize> {
     match t {
-        "q4_0" | "q4_1" | "q5_0" | "q8_0" => Some(32),
-        "q4_k" | "q6_k" => Some(256),
+        "q4_0" | "q4_1" | "q5_0" | "q8_0" | "iq4_nl" => Some(32),
+        "q4_k" | "q6_k" | "iq4_xs" => Some(256),
         _ => None,
     }
 }
@@ -130,6 +130,9 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             "moe_group",
             "moe_gather",
             "moe_sum",
+            "scale",
+            "mul_cols",
+            "copy_cols",
         ]
         .iter()
         .map(|s| s.to_string())

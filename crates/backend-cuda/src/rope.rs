@@ -86,7 +86,7 @@ impl CudaBackend {
     }
 
     /// The rope's angles per pair on the device, made once per distinct table (scratch).
-    fn theta_ptr(&self, rope: &RopeParams) -> Result<u64> {
+    pub(crate) fn theta_ptr(&self, rope: &RopeParams) -> Result<u64> {
         let th: Vec<f32> = (0..rope.n_dims / 2).map(|i| rope.theta(i)).collect();
         let key: Vec<u32> = th.iter().map(|t| t.to_bits()).collect();
         let mut s = self.scratch.lock().unwrap();

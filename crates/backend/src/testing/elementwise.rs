@@ -1,9 +1,10 @@
 //! The ops that need no step: norms (plain, in place, fused with the residual add), `add`,
-//! `glu` (both activations), `softcap`, `argmax` and `top_k`.
+//! `glu` (both activations), `softcap`, `argmax` and `top_k`; and, where the backend has them,
+//! the extra ops (`scale`, `rms_norm_plain`, `mul_cols`, `copy_cols`).
 
 use super::cases::{GLU, LOGITS, NORMS, TOP_K};
 use super::{poison, read, rel_err, vector, Harness, Notes, Rng};
-use crate::{reference, Activation, Backend};
+use crate::{reference, Activation, Backend, ExtraOp};
 
 /// Every element-wise and row-wise op of the table.
 pub fn elementwise<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
@@ -43,6 +44,7 @@ pub fn elementwise<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> N
         be.add(&mut ab2, &ab, n).unwrap();
         let e = rel_err(&read(be, &ab2, n), &sum);
         notes.check("add", e, bounds.add, || what.clone());
+        extras(be, h, rng, &mut notes, rows, d);
     }
 
     for &m in GLU {
@@ -62,6 +64,56 @@ pub fn elementwise<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> N
         logits(be, h, rng, &mut notes, rows, cols, bounds.softcap);
     }
     notes
+}
+
+/// The extra ops over `rows` rows of `d`, each against the scalar arithmetic (one rounding
+/// per element: within the add bound), the norm against the reference with a weight of ones.
+fn extras<B: Backend, H: Harness<B>>(
+    be: &B,
+    h: &H,
+    rng: &mut Rng,
+    notes: &mut Notes,
+    rows: usize,
+    d: usize,
+) {
+    let bounds = h.bounds(be);
+    let (n, what) = (rows * d, format!("{rows}×{d}"));
+    let x = rng.vec(n);
+    if be.supports(ExtraOp::Scale) {
+        let mut xb = h.upload(be, &x);
+        be.scale(&mut xb, 0.37, n).unwrap();
+        let want: Vec<f32> = x.iter().map(|v| v * 0.37).collect();
+        let e = rel_err(&read(be, &xb, n), &want);
+        notes.check("scale", e, bounds.add, || what.clone());
+    }
+    if be.supports(ExtraOp::RmsNormPlain) {
+        let mut want = vec![0.0; n];
+        reference::rms_norm(&x, &vec![1.0; d], 1e-6, &mut want);
+        let mut out = poison(be, h, n);
+        be.rms_norm_plain(&h.upload(be, &x), d, 1e-6, rows, &mut out)
+            .unwrap();
+        let e = rel_err(&read(be, &out, n), &want);
+        notes.check("rms_norm_plain", e, bounds.norm, || what.clone());
+    }
+    if be.supports(ExtraOp::MulCols) {
+        let g = rng.vec(d);
+        let mut xb = h.upload(be, &x);
+        be.mul_cols(&mut xb, &vector(be, &g), rows).unwrap();
+        let want: Vec<f32> = x.iter().enumerate().map(|(i, v)| v * g[i % d]).collect();
+        let e = rel_err(&read(be, &xb, n), &want);
+        notes.check("mul_cols", e, bounds.add, || what.clone());
+    }
+    if be.supports(ExtraOp::CopyCols) && d >= 8 {
+        let (first, width) = (d / 4, d / 2);
+        let mut out = poison(be, h, rows * width);
+        be.copy_cols(&h.upload(be, &x), d, first, width, rows, &mut out)
+            .unwrap();
+        let want: Vec<f32> = (0..rows)
+            .flat_map(|r| x[r * d + first..r * d + first + width].to_vec())
+            .collect();
+        let e = rel_err(&read(be, &out, rows * width), &want);
+        notes.check("copy_cols", e, bounds.add, || what.clone());
+    }
 }
 
 /// `argmax` (ties to the first), `top_k` (ties to the smaller index, NaN never counts, every
