@@ -52,6 +52,7 @@ fn products_are_batch_invariant() {
         &backend(Numerics::BatchInvariant),
         &Cpu,
         &mut rng,
+        quiver_backend::testing::cases::WEIGHT_TYPES,
         &[1, 2, 3, 9, 64, 65, 150],
     );
 }

@@ -40,6 +40,13 @@ pub struct CudaConfig {
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's (`QUIVER_CUDA_INT8=0`: f32 activations).
     pub int8: bool,
+    /// Q4_0 and Q8_0 products in one summation order whatever the token count
+    /// (`QUIVER_CUDA_INT8_MMA=1`): the tensor-core products on int8 `mma` over the int8
+    /// activations (kernels/qmm.cu `imm_T` / `imv_T`, instead of f16 `qmm_T` / `qmv_T`) and the
+    /// decode kernels summing in their order (mmvq.cu `mmvqc*_T`), so the default path is batch
+    /// invariant for these types. Off until measured on a GPU (tenth session: correct, not
+    /// timed).
+    pub int8_mma: bool,
     /// The f16 activations of cuBLAS products rounded to the int8 grid of the weight's type
     /// first, as the CPU backend and the decode kernels see them (`QUIVER_CUDA_ACT_GRID=0`:
     /// plain f16).
@@ -94,6 +101,7 @@ impl Default for CudaConfig {
             invariant: false,
             gemm_min_tokens: GEMM_MIN_TOKENS,
             int8: true,
+            int8_mma: false,
             act_grid: true,
             flash: true,
             flash_256: true,
@@ -136,6 +144,7 @@ impl CudaConfig {
                 .unwrap_or(gemm_default)
                 .max(1),
             int8: on("QUIVER_CUDA_INT8"),
+            int8_mma: set("QUIVER_CUDA_INT8_MMA"),
             act_grid: on("QUIVER_CUDA_ACT_GRID"),
             flash: on("QUIVER_CUDA_FLASH"),
             flash_256: on("QUIVER_CUDA_FLASH_256"),
@@ -176,7 +185,7 @@ mod tests {
     fn no_variables_give_the_defaults() {
         assert_eq!(with(&[]), CudaConfig::default());
         let d = CudaConfig::default();
-        assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant);
+        assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant && !d.int8_mma);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
         assert!(!d.exact && !d.sync_each && !d.f16_copies);
         assert_eq!((d.gemm_min_tokens, d.attention_splits), (17, None));
@@ -211,6 +220,7 @@ mod tests {
             ("QUIVER_CUDA_SYNC", |c| c.sync_each),
             ("QUIVER_CUDA_F16_COPIES", |c| c.f16_copies),
             ("QUIVER_CUDA_INVARIANT", |c| c.invariant),
+            ("QUIVER_CUDA_INT8_MMA", |c| c.int8_mma),
         ] {
             // Off unless exactly "1".
             assert!(field(&with(&[(name, "1")])), "{name}=1");

@@ -80,6 +80,23 @@ enum Tc {
     Qmm,
     /// Its decode form, the same bits for up to `QMV_TOKENS` tokens per launch.
     Qmv,
+    /// The int8 tensor-core kernel over int8 activations (Q4_0, Q8_0), and its decode form.
+    Imm,
+    Imv,
+}
+
+impl Tc {
+    /// Whether the product reads int8 activations (`quantize_act`) rather than f16.
+    fn int8(self) -> bool {
+        matches!(self, Tc::Imm | Tc::Imv)
+    }
+}
+
+/// The activations a tensor-core product reads: f16 (`to_half`), or int8 with per-32 scales.
+#[derive(Clone, Copy)]
+enum Act {
+    Half(u64),
+    Int8 { q: u64, d: u64 },
 }
 
 /// Tokens per qmv launch (kernels/qmm.cu: one n8 tile).
@@ -101,6 +118,18 @@ fn qmv_warps(winc: usize) -> usize {
     } else {
         8
     }
+}
+
+/// An int8 activation tile's token row in bytes (kernels/qmm.cu `IMM_XLD`).
+const IMM_XLD_BYTES: usize = 144;
+
+/// Dynamic shared memory of the imm and imv kernels for `w`.
+fn imm_smem(w: &CudaWeight) -> (usize, usize) {
+    let (win, winc) =
+        registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
+    let imm = QMM_NST * (QMM_BN * IMM_XLD_BYTES + 4 * QMM_BN * 4 + QMM_BM * win);
+    let imv = 8 * 2 * 16 * winc + w.cols.div_ceil(256) * 512;
+    (imm, imv)
 }
 
 /// Dynamic shared memory of the qmm and qmv kernels for `w`, and qmv's threads per block.
@@ -139,8 +168,8 @@ impl CudaBackend {
     /// when `n` reaches `gemm_min_tokens`, else on the matrix-vector kernels.
     pub(crate) fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
         if let Some(tc) = self.tensor_core(w, n) {
-            let xh = self.to_half(x, n, w.cols, w.ty)?;
-            return self.gemm(w, tc, xh, n, y);
+            let a = self.act(tc, x, n, w)?;
+            return self.gemm(w, tc, a, n, y);
         }
         self.mmv(&[(w, y)], x, n)
     }
@@ -152,8 +181,14 @@ impl CudaBackend {
 
     /// How a product of `w` over `n` tokens runs on the tensor cores, if it does.
     fn tensor_core(&self, w: &CudaWeight, n: usize) -> Option<Tc> {
+        let int8 = self.cfg.int8_mma && registry::int8_mma(w.kernel);
         if self.invariant(w) {
-            return Some(if n <= QMV_TOKENS { Tc::Qmv } else { Tc::Qmm });
+            return Some(match (n <= QMV_TOKENS, int8) {
+                (true, false) => Tc::Qmv,
+                (false, false) => Tc::Qmm,
+                (true, true) => Tc::Imv,
+                (false, true) => Tc::Imm,
+            });
         }
         if n < self.cfg.gemm_min_tokens || !self.cfg.tensor_cores {
             return None;
@@ -165,8 +200,19 @@ impl CudaBackend {
         };
         match f16.filter(|_| self.blas.is_some()) {
             Some(p) => Some(Tc::Blas(p)),
+            None if int8 => Some(Tc::Imm),
             None => Some(Tc::Qmm),
         }
+    }
+
+    /// x (`n` rows of `w.cols`) as the product `tc` of `w` reads it.
+    fn act(&self, tc: Tc, x: u64, n: usize, w: &CudaWeight) -> Result<Act> {
+        Ok(if tc.int8() {
+            let (q, d, _) = self.quantize_act(x, n, w.cols, 32, w.ty)?;
+            Act::Int8 { q, d }
+        } else {
+            Act::Half(self.to_half(x, n, w.cols, w.ty)?)
+        })
     }
 
     /// `rows` × `cols` f32 at `x` as f16 in the activation scratch, for products with weights
@@ -203,7 +249,11 @@ impl CudaBackend {
 
     /// y[n, w.rows] = xh[n, w.cols] (f16) · Wᵀ on the tensor cores: cuBLAS over f16 weights,
     /// or the qmm kernel over the GGUF blocks (kernels/qmm.cu).
-    fn gemm(&self, w: &CudaWeight, tc: Tc, xh: u64, n: usize, y: u64) -> Result<()> {
+    fn gemm(&self, w: &CudaWeight, tc: Tc, a: Act, n: usize, y: u64) -> Result<()> {
+        let (xh, q, d) = match a {
+            Act::Half(xh) => (xh, 0, 0),
+            Act::Int8 { q, d } => (0, q, d),
+        };
         match tc {
             Tc::Blas(wh) => {
                 let blas = self.blas.as_ref().expect("tensor_core checked cuBLAS");
@@ -242,6 +292,47 @@ impl CudaBackend {
                             w.rows as i32,
                             w.cols as i32,
                             xh + (t * w.cols * 2) as u64,
+                            y + (t * w.rows * 4) as u64,
+                            nt as i32
+                        ],
+                    )?;
+                }
+                Ok(())
+            }
+            Tc::Imm => self.launch_smem(
+                &w.names.module,
+                &w.names.imm,
+                (n.div_ceil(QMM_BN) as u32, w.rows.div_ceil(QMM_BM) as u32, 1),
+                (QMM_THREADS, 1, 1),
+                imm_smem(w).0 as u32,
+                args![
+                    w.data.ptr,
+                    w.row_bytes as i64,
+                    w.rows as i32,
+                    w.cols as i32,
+                    q,
+                    d,
+                    y,
+                    n as i32
+                ],
+            ),
+            Tc::Imv => {
+                let nb = w.cols / 32;
+                for t in (0..n).step_by(QMV_TOKENS) {
+                    let nt = (n - t).min(QMV_TOKENS);
+                    self.launch_smem(
+                        &w.names.module,
+                        &w.names.imv,
+                        (w.rows.div_ceil(16) as u32, 1, 1),
+                        (256, 1, 1),
+                        imm_smem(w).1 as u32,
+                        args![
+                            w.data.ptr,
+                            w.row_bytes as i64,
+                            w.rows as i32,
+                            w.cols as i32,
+                            q + (t * w.cols) as u64,
+                            d + (t * nb * 8) as u64,
                             y + (t * w.rows * 4) as u64,
                             nt as i32
                         ],
@@ -358,11 +449,11 @@ impl CudaBackend {
         out: [&mut CudaBuf; 3],
     ) -> Result<()> {
         match self.qkv_path(&w, rows_x) {
-            QkvPath::Gemm(halves) => {
-                // One f16 copy of x for the three products.
-                let xh = self.to_half(x.ptr(), rows_x, w[0].cols, w[0].ty)?;
-                for ((m, o), tc) in w.iter().zip(out).zip(halves) {
-                    self.gemm(m, tc, xh, rows_x, o.ptr())?;
+            QkvPath::Gemm(tcs) => {
+                // One copy of x (f16 or int8) for the three products.
+                let a = self.act(tcs[0], x.ptr(), rows_x, w[0])?;
+                for ((m, o), tc) in w.iter().zip(out).zip(tcs) {
+                    self.gemm(m, tc, a, rows_x, o.ptr())?;
                 }
                 Ok(())
             }
@@ -389,7 +480,7 @@ impl CudaBackend {
             .iter()
             .all(|m| m.cols == w[0].cols && act_grid(m.ty) == act_grid(w[0].ty));
         if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core(m, rows_x)) {
-            if same_width {
+            if same_width && q.int8() == k.int8() && q.int8() == v.int8() {
                 return QkvPath::Gemm([q, k, v]);
             }
         }
@@ -433,10 +524,10 @@ impl CudaBackend {
                         && u.len >= rows_x * up.rows,
                     || format!("{rows_x} rows"),
                 )?;
-                // One f16 copy of x for both products.
-                let xh = self.to_half(x.ptr(), rows_x, gate.cols, gate.ty)?;
-                self.gemm(gate, gh, xh, rows_x, g.ptr())?;
-                self.gemm(up, uh, xh, rows_x, u.ptr())?;
+                // One copy of x (f16 or int8) for both products.
+                let a = self.act(gh, x.ptr(), rows_x, gate)?;
+                self.gemm(gate, gh, a, rows_x, g.ptr())?;
+                self.gemm(up, uh, a, rows_x, u.ptr())?;
             }
             GluPath::Separate => {
                 check_matmul(gate, x, rows_x, g)?;
@@ -462,7 +553,9 @@ impl CudaBackend {
         }
         match (gh, self.tensor_core(up, rows_x)) {
             (Some(gh), Some(uh))
-                if gate.cols == up.cols && act_grid(gate.ty) == act_grid(up.ty) =>
+                if gate.cols == up.cols
+                    && act_grid(gate.ty) == act_grid(up.ty)
+                    && gh.int8() == uh.int8() =>
             {
                 GluPath::Gemm(gh, uh)
             }

@@ -16,6 +16,7 @@ const OPS: &str = include_str!("../kernels/ops.cu");
 const ATTN: &str = include_str!("../kernels/attn.cu");
 const EXACT: &str = include_str!("../kernels/exact.cu");
 const QMM: &str = include_str!("../kernels/qmm.cu");
+const MMVQ: &str = include_str!("../kernels/mmvq.cu");
 const KVQ: &str = include_str!("../kernels/kvq.cu");
 
 /// Weight types with quantized kernels (`embed_T`, `dequant_f16_T`, `mmv_T`, `qmm_T`), by kernel
@@ -73,6 +74,11 @@ pub fn module_names() -> Vec<String> {
 pub const EXACT_TYPES: &[&str] = &[
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
 ];
+
+/// Weight types with int8 tensor-core products (`imm_T`, `imv_T` in kernels/qmm.cu).
+pub fn int8_mma(t: &str) -> bool {
+    matches!(t, "q4_0" | "q8_0")
+}
 
 /// Weight types whose decode kernels take int8 activations: Some(32) for blocks of 32
 /// (quantize_a32), Some(256) for the K-quants' blocks of 256 (quantize_a256).
@@ -173,6 +179,24 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             .iter()
             .map(|k| format!("{k}_{t}"))
             .collect();
+            if int8_mma(t) {
+                v.extend(
+                    [
+                        "imm",
+                        "imv",
+                        "mmvqc",
+                        "mmvqc1",
+                        "mmvqc_glu",
+                        "mmvqc1_glu",
+                        "mmvqcp",
+                        "mmvqcp1",
+                        "mmvqcp_glu",
+                        "mmvqcp1_glu",
+                    ]
+                    .iter()
+                    .map(|k| format!("{k}_{t}")),
+                );
+            }
             if int8_activations(t).is_some() {
                 v.extend(
                     [
@@ -220,6 +244,12 @@ pub fn module_source(module: &str) -> Option<String> {
                 _ => format!("ROW_DOT_GENERIC({t})\n"),
             };
             let int8 = match int8_activations(t) {
+                // The types with int8 tensor-core products also sum in their order (mmvqc*_T,
+                // the same bits as qmm.cu's imm_T).
+                Some(32) if int8_mma(t) => format!(
+                    "ROWQ_A32({t}, LOAD_{u})\nQUANT_KERNELS_Q({t})\nROWQ_CANON({t}, LOADC_{u})\nQUANT_KERNELS_QC({t})\n",
+                    u = t.to_uppercase()
+                ),
                 Some(32) => format!(
                     "ROWQ_A32({t}, LOAD_{})\nQUANT_KERNELS_Q({t})\n",
                     t.to_uppercase()
@@ -232,7 +262,17 @@ pub fn module_source(module: &str) -> Option<String> {
                 "q4_0" | "q8_0" | "q4_k" | "q6_k" | "f16" => String::new(),
                 _ => format!("DEQH_GENERIC({t})\n"),
             };
-            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n{int8}#line 1 \"qmm.cu\"\n{QMM}\n{deqh}QMM_K({t}, {bb}, {bv})\n")
+            let imm = if int8_mma(t) {
+                format!("IMM_K({t}, {bb})\n")
+            } else {
+                String::new()
+            };
+            let int8 = if int8.is_empty() {
+                int8
+            } else {
+                format!("#line 1 \"mmvq.cu\"\n{MMVQ}\n{int8}")
+            };
+            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n{int8}#line 1 \"qmm.cu\"\n{QMM}\n{deqh}QMM_K({t}, {bb}, {bv})\n{imm}")
         }
     };
     Some(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))
@@ -447,13 +487,18 @@ mod tests {
         let mut n = 0;
         for (file, src) in [
             ("quant.cu", QUANT),
+            ("mmvq.cu", MMVQ),
+            ("qmm.cu", QMM),
+            ("kvq.cu", KVQ),
             ("ops.cu", OPS),
             ("attn.cu", ATTN),
             ("exact.cu", EXACT),
         ] {
             for (at, _) in src.match_indices("__global__") {
                 let body = at + src[at..].find('{').expect("a kernel body");
-                let first = src[body + 1..].trim_start();
+                // (Inside a macro the body continues past line-ending backslashes.)
+                let first =
+                    src[body + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
                 // The matrix-vector kernels may prefetch their weight rows first (quant.cu
                 // MMV_BEGIN, common.cuh `pdl_begin_prefetch`: weights are never written, so
                 // that read may precede the wait).

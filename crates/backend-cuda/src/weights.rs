@@ -31,6 +31,9 @@ pub(crate) struct KernelNames {
     /// The tensor-core products over the weight's blocks (kernels/qmm.cu): many tokens, decode.
     pub(crate) qmm: String,
     pub(crate) qmv: String,
+    /// The int8 tensor-core products (Q4_0, Q8_0; `registry::int8_mma`).
+    pub(crate) imm: String,
+    pub(crate) imv: String,
     /// The parity mode's product and gather (module "exact").
     pub(crate) x_mm: String,
     pub(crate) x_embed: String,
@@ -40,8 +43,14 @@ pub(crate) struct KernelNames {
 }
 
 impl KernelNames {
-    fn new(kernel: &str, int8: bool) -> Self {
-        let base = if int8 { "mmvq" } else { "mmv" };
+    /// `int8`: the decode kernels over int8 activations (mmvq); `canon`: those that sum in the
+    /// int8 tensor-core kernels' order (mmvqc, `registry::int8_mma` types).
+    fn new(kernel: &str, int8: bool, canon: bool) -> Self {
+        let base = match (int8, canon) {
+            (true, true) => "mmvqc",
+            (true, false) => "mmvq",
+            _ => "mmv",
+        };
         let v = |pre: &str, post: &str| {
             [
                 format!("{pre}{post}_{kernel}"),
@@ -57,6 +66,8 @@ impl KernelNames {
             glu: v(base, "_glu"),
             qmm: format!("qmm_{kernel}"),
             qmv: format!("qmv_{kernel}"),
+            imm: format!("imm_{kernel}"),
+            imv: format!("imv_{kernel}"),
             x_mm: format!("x_mm_{kernel}"),
             x_embed: format!("x_embed_{kernel}"),
             moe: [
@@ -116,7 +127,7 @@ impl CudaBackend {
             data,
             half: None,
             kernel: "f32",
-            names: Box::new(KernelNames::new("f32", false)),
+            names: Box::new(KernelNames::new("f32", false, false)),
         })
     }
 
@@ -168,6 +179,7 @@ impl CudaBackend {
             names: Box::new(KernelNames::new(
                 kernel,
                 self.cfg.int8 && registry::int8_activations(kernel).is_some(),
+                self.cfg.int8_mma && registry::int8_mma(kernel),
             )),
         })
     }

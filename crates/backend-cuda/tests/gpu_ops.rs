@@ -141,16 +141,24 @@ fn matmul_and_embedding_match_reference_for_every_type() {
     let mut rng = seeded_rng();
     // Every count on the matrix-vector kernels (in launches of up to 8 tokens); then with the
     // cut-over where 3 tokens and more take the tensor cores (the default); then every count on
-    // the batch-invariant qmv / qmm kernels: a backend each.
-    for (invariant, gemm_min_tokens) in [(false, usize::MAX), (false, 3), (true, 3)] {
+    // the batch-invariant qmv / qmm kernels; the last two again with Q4_0 / Q8_0 on the int8
+    // tensor-core kernels (imm / imv) and the decode kernels in their order: a backend each.
+    for (invariant, gemm_min_tokens, int8_mma) in [
+        (false, usize::MAX, false),
+        (false, 3, false),
+        (true, 3, false),
+        (false, 3, true),
+        (true, 3, true),
+    ] {
         let mut be = backend_with(CudaConfig {
             invariant,
             gemm_min_tokens,
+            int8_mma,
             ..CudaConfig::from_env()
         });
         let notes = products::products(&mut be, &Cuda, &mut rng);
         notes.print(&format!(
-            "products, invariant {invariant}, tensor cores from {gemm_min_tokens} tokens"
+            "products, invariant {invariant}, tensor cores from {gemm_min_tokens} tokens, int8 mma {int8_mma}"
         ));
         // Only types without CUDA kernels would be refused (none are left), at every shape.
         let refused = WEIGHT_TYPES
@@ -170,11 +178,41 @@ fn matmul_and_embedding_match_reference_for_every_type() {
 #[ignore = "needs a CUDA GPU"]
 fn products_are_batch_invariant_in_the_invariant_mode() {
     let mut rng = seeded_rng();
+    for int8_mma in [false, true] {
+        let be = backend_with(CudaConfig {
+            invariant: true,
+            int8_mma,
+            ..CudaConfig::from_env()
+        });
+        products::batch_invariance(
+            &be,
+            &Cuda,
+            &mut rng,
+            WEIGHT_TYPES,
+            &[1, 2, 3, 8, 9, 17, 64, 65, 150],
+        );
+    }
+}
+
+/// With `int8_mma`, Q4_0 and Q8_0 are batch invariant on the default path too: their decode
+/// kernels (mmvqc) sum in the order of their int8 tensor-core kernel (imm), so a token's
+/// product is the same bits on either side of the cut-over.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn int8_mma_types_are_batch_invariant_on_the_default_path() {
+    let mut rng = seeded_rng();
     let be = backend_with(CudaConfig {
-        invariant: true,
+        int8_mma: true,
         ..CudaConfig::from_env()
     });
-    products::batch_invariance(&be, &Cuda, &mut rng, &[1, 2, 3, 8, 9, 17, 64, 65, 150]);
+    assert!(!be.config().invariant);
+    products::batch_invariance(
+        &be,
+        &Cuda,
+        &mut rng,
+        &[GgmlType::Q4_0, GgmlType::Q8_0],
+        &[1, 2, 3, 8, 9, 16, 17, 64, 65, 150],
+    );
 }
 
 #[test]

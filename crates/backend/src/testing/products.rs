@@ -80,12 +80,13 @@ pub fn batch_invariance<B: Backend, H: Harness<B>>(
     be: &B,
     h: &H,
     rng: &mut Rng,
+    types: &[quiver_gguf::GgmlType],
     counts: &[usize],
 ) -> Notes {
     let mut notes = Notes::default();
     let total = counts.iter().copied().max().unwrap_or(1);
     for &(rows, cols) in PRODUCT_SHAPES {
-        for &ty in WEIGHT_TYPES {
+        for &ty in types {
             let Some(wc) = WeightCase::random(rng, ty, rows, cols) else {
                 continue;
             };

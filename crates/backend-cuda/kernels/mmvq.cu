@@ -1,0 +1,354 @@
+// Decode products over int8 activations (quantize_a32 / quantize_a256 in ops.cu) with dp4a:
+// the row dot products of the types with integer kernels and the mmvq kernels over them.
+// Compiled after quant.cu in a type's module (it uses quant.cu's loads and MmvMat).
+
+// ---- integer row dot products over quantized activations (decode) ----
+// aq: int8 activations [ntok, cols]; ad / abs_: per-32 (d, d·Σq) pairs for the 32-element
+// types, per-256 d and per-16 sums for the K-quants (see quantize_a32 / quantize_a256 in ops.cu).
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+// Bits 0..3 of `bits` to bit 4 of bytes 0..3.
+__device__ __forceinline__ u32 spread4(u32 bits) { return ((bits * 0x00204081u) & 0x01010101u) << 4; }
+
+// 32-element types: per block, w[0..3] hold values 0..15 as bytes, w[4..7] values 16..31, and
+// the block's value is wd·w + wm (so Σ value·a = wd·d_a·Σ w·q_a + wm·d_a·Σ q_a).
+#define ROWQ_A32(T, LOAD)                                                                             \
+    __device__ __forceinline__ float rowq_fin_##T(float v) { return warp_sum(v); }                    \
+    __device__ __forceinline__ void rowq_##T(const u8* __restrict__ row, const i8* __restrict__ aq,   \
+                                             const float* __restrict__ ad, const int* __restrict__ abs_, \
+                                             int cols, int ntok, float* acc) {                        \
+        _Pragma("unroll 4") for (int g = threadIdx.x; g < cols / 32; g += 32) {                       \
+            int w[8];                                                                                 \
+            float wd, wm;                                                                             \
+            LOAD                                                                                      \
+            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
+                if (t < ntok) {                                                                       \
+                    const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);                \
+                    int4 a0 = ap[0], a1 = ap[1];                                                      \
+                    int s = dp4a(w[0], a0.x, 0);                                                      \
+                    s = dp4a(w[1], a0.y, s);                                                          \
+                    s = dp4a(w[2], a0.z, s);                                                          \
+                    s = dp4a(w[3], a0.w, s);                                                          \
+                    s = dp4a(w[4], a1.x, s);                                                          \
+                    s = dp4a(w[5], a1.y, s);                                                          \
+                    s = dp4a(w[6], a1.z, s);                                                          \
+                    s = dp4a(w[7], a1.w, s);                                                          \
+                    float2 dsv = *(const float2*)(ad + ((long long)t * (cols / 32) + g) * 2);         \
+                    acc[t] += wd * dsv.x * (float)s + wm * dsv.y;                                     \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+    }
+
+#define LOAD_Q4_0                                                                                     \
+    const u8* b = row + g * 18;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    wm = -8.f * wd;                                                                                   \
+    _Pragma("unroll") for (int i = 0; i < 4; i++) {                                                   \
+        u32 q = ld_u32_2a(b + 2 + 4 * i);                                                             \
+        w[i] = q & 0x0F0F0F0F;                                                                        \
+        w[4 + i] = (q >> 4) & 0x0F0F0F0F;                                                             \
+    }
+#define LOAD_Q4_1                                                                                     \
+    const u8* b = row + g * 20;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    wm = h2f(ld_u16(b + 2));                                                                          \
+    _Pragma("unroll") for (int i = 0; i < 4; i++) {                                                   \
+        u32 q = ((const u32*)(b + 4))[i];                                                             \
+        w[i] = q & 0x0F0F0F0F;                                                                        \
+        w[4 + i] = (q >> 4) & 0x0F0F0F0F;                                                             \
+    }
+#define LOAD_Q5_0                                                                                     \
+    const u8* b = row + g * 22;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    wm = -16.f * wd;                                                                                  \
+    u32 qh = ld_u32_2a(b + 2);                                                                        \
+    _Pragma("unroll") for (int i = 0; i < 4; i++) {                                                   \
+        u32 q = ld_u32_2a(b + 6 + 4 * i);                                                             \
+        w[i] = (q & 0x0F0F0F0F) | spread4((qh >> (4 * i)) & 15);                                      \
+        w[4 + i] = ((q >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * i)) & 15);                      \
+    }
+#define LOAD_Q8_0                                                                                     \
+    const u8* b = row + g * 34;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    wm = 0.f;                                                                                         \
+    _Pragma("unroll") for (int i = 0; i < 8; i++) w[i] = ld_u32_2a(b + 2 + 4 * i);
+
+// IQ4: four nibbles (one per byte, 0..15) to their four int8 levels: byte_perm picks each
+// byte's level from both halves of the table, the nibble's bit 3 chooses between them.
+__device__ __forceinline__ u32 iq4_levels4(u32 x) {
+    const u32 t = x & 0x07070707u;
+    const u32 u = t | (t >> 4);
+    const u32 sel = (u & 0xffu) | ((u >> 8) & 0xff00u);
+    const u32 lo = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, sel), hi = __byte_perm(0x26190D01u, 0x71594535u, sel);
+    const u32 m = ((x >> 3) & 0x01010101u) * 0xffu;
+    return (hi & m) | (lo & ~m);
+}
+#define LOAD_IQ4_NL                                                                                   \
+    const u8* b = row + g * 18;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    wm = 0.f;                                                                                         \
+    _Pragma("unroll") for (int i = 0; i < 4; i++) {                                                   \
+        u32 q = ld_u32_2a(b + 2 + 4 * i);                                                             \
+        w[i] = iq4_levels4(q & 0x0F0F0F0F);                                                           \
+        w[4 + i] = iq4_levels4((q >> 4) & 0x0F0F0F0F);                                                \
+    }
+
+// IQ4_XS over per-256 activations: a lane takes one 32-value sub-block (scale d·(ls − 32)).
+__device__ __forceinline__ float rowq_fin_iq4_xs(float v) { return warp_sum(v); }
+__device__ __forceinline__ void rowq_iq4_xs(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+                                            const int* __restrict__ abs_, int cols, int ntok, float* acc) {
+    int nsl = cols / 32;
+#pragma unroll 4
+    for (int s = threadIdx.x; s < nsl; s += 32) {
+        const int sb = s >> 3, ib = s & 7;
+        const u8* b = row + sb * 136;
+        const u32 ls = ((b[4 + ib / 2] >> (4 * (ib & 1))) & 15) | (((ld_u16(b + 2) >> (2 * ib)) & 3) << 4);
+        const float dl = h2f(ld_u16(b)) * (float)((int)ls - 32);
+        // Blocks of 136 bytes: 8-byte aligned at best.
+        const uint2 q0 = *(const uint2*)(b + 8 + 16 * ib), q1 = *(const uint2*)(b + 16 + 16 * ib);
+        const u32 qw[4] = {q0.x, q0.y, q1.x, q1.y};
+        int w[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[i] = iq4_levels4(qw[i] & 0x0F0F0F0F);
+            w[4 + i] = iq4_levels4((qw[i] >> 4) & 0x0F0F0F0F);
+        }
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t < ntok) {
+                const int4* ap = (const int4*)(aq + (long long)t * cols + s * 32);
+                const int4 a0 = ap[0], a1 = ap[1];
+                int d = dp4a(w[0], a0.x, 0);
+                d = dp4a(w[1], a0.y, d);
+                d = dp4a(w[2], a0.z, d);
+                d = dp4a(w[3], a0.w, d);
+                d = dp4a(w[4], a1.x, d);
+                d = dp4a(w[5], a1.y, d);
+                d = dp4a(w[6], a1.z, d);
+                d = dp4a(w[7], a1.w, d);
+                acc[t] += ad[(long long)t * (cols / 256) + sb] * (dl * (float)d);
+            }
+        }
+    }
+}
+
+// The canonical order (Q4_0, Q8_0: the types with int8 tensor-core products, kernels/qmm.cu
+// imm_T / imv_T, which compute the same): term(b) = (dw_b · da_b) · isum_b, each product
+// rounded as written, isum over the signed values (Q4_0: q − 8); the terms of a chunk of 8
+// blocks added left to right from 0, the chunk sums left to right from 0. Lane l takes block
+// 32i + l, so lanes 8k..8k+7 hold chunk 4i + k: its sum goes lane to lane by shuffles, every
+// lane of the warp ends with the row's total (rowq_fin_c_T is the identity). Its kernels are
+// mmvqc*_T (QUANT_KERNELS_QC), beside the mmvq*_T of ROWQ_A32's order.
+#define ROWQ_CANON(T, LOAD)                                                                           \
+    __device__ __forceinline__ float rowq_fin_c_##T(float v) { return v; }                            \
+    __device__ __forceinline__ void rowq_c_##T(const u8* __restrict__ row, const i8* __restrict__ aq,   \
+                                             const float* __restrict__ ad, const int* __restrict__ abs_, \
+                                             int cols, int ntok, float* acc) {                        \
+        const int nb = cols / 32, lane = threadIdx.x & 31, base = lane & ~7;                          \
+        for (int i = 0; 32 * i < nb; i++) {                                                           \
+            const int g = 32 * i + lane;                                                              \
+            const bool valid = g < nb;                                                                \
+            int w[8];                                                                                 \
+            float wd = 0.f;                                                                           \
+            if (valid) {                                                                              \
+                LOAD                                                                                  \
+            } else {                                                                                  \
+                _Pragma("unroll") for (int k = 0; k < 8; k++) w[k] = 0;                              \
+            }                                                                                         \
+            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
+                if (t < ntok) {                                                                       \
+                    float term = 0.f;                                                                 \
+                    if (valid) {                                                                      \
+                        const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);            \
+                        const int4 a0 = ap[0], a1 = ap[1];                                            \
+                        int s = dp4a(w[0], a0.x, 0);                                                  \
+                        s = dp4a(w[1], a0.y, s);                                                      \
+                        s = dp4a(w[2], a0.z, s);                                                      \
+                        s = dp4a(w[3], a0.w, s);                                                      \
+                        s = dp4a(w[4], a1.x, s);                                                      \
+                        s = dp4a(w[5], a1.y, s);                                                      \
+                        s = dp4a(w[6], a1.z, s);                                                      \
+                        s = dp4a(w[7], a1.w, s);                                                      \
+                        const float da = ad[((long long)t * nb + g) * 2];                             \
+                        term = __fmul_rn(__fmul_rn(wd, da), __int2float_rn(s));                       \
+                    }                                                                                 \
+                    float S = 0.f;                                                                    \
+                    _Pragma("unroll") for (int j = 0; j < 8; j++) {                                   \
+                        const float v = __shfl_sync(0xffffffffu, term, base | j);                     \
+                        if (32 * i + base + j < nb) S = __fadd_rn(S, v);                              \
+                    }                                                                                 \
+                    _Pragma("unroll") for (int k = 0; k < 4; k++) {                                   \
+                        const float v = __shfl_sync(0xffffffffu, S, 8 * k);                           \
+                        if (32 * i + 8 * k < nb) acc[t] = __fadd_rn(acc[t], v);                       \
+                    }                                                                                 \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+    }
+// Q4_0 and Q8_0 as signed bytes (Q4_0: q − 8), for the canonical order.
+#define LOADC_Q4_0                                                                                    \
+    const u8* b = row + g * 18;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    _Pragma("unroll") for (int k = 0; k < 4; k++) {                                                   \
+        u32 q = ld_u32_2a(b + 2 + 4 * k);                                                             \
+        w[k] = __vsub4(q & 0x0F0F0F0F, 0x08080808);                                                   \
+        w[4 + k] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);                                        \
+    }
+#define LOADC_Q8_0                                                                                    \
+    const u8* b = row + g * 34;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    _Pragma("unroll") for (int k = 0; k < 8; k++) w[k] = ld_u32_2a(b + 2 + 4 * k);
+
+// Q4_K scales and mins of sub-blocks g and g+1 (g even) from the 16-byte header.
+__device__ __forceinline__ void q4k_pair(uint4 hd, int g, float& sc0, float& m0, float& sc1, float& m1) {
+    if (g < 4) {
+        sc0 = byte_of3(hd.y, hd.z, hd.w, g) & 63;
+        m0 = byte_of3(hd.y, hd.z, hd.w, g + 4) & 63;
+        sc1 = byte_of3(hd.y, hd.z, hd.w, g + 1) & 63;
+        m1 = byte_of3(hd.y, hd.z, hd.w, g + 5) & 63;
+    } else {
+        sc0 = (byte_of3(hd.y, hd.z, hd.w, g + 4) & 15) | ((byte_of3(hd.y, hd.z, hd.w, g - 4) >> 6) << 4);
+        m0 = (byte_of3(hd.y, hd.z, hd.w, g + 4) >> 4) | ((byte_of3(hd.y, hd.z, hd.w, g) >> 6) << 4);
+        sc1 = (byte_of3(hd.y, hd.z, hd.w, g + 5) & 15) | ((byte_of3(hd.y, hd.z, hd.w, g - 3) >> 6) << 4);
+        m1 = (byte_of3(hd.y, hd.z, hd.w, g + 5) >> 4) | ((byte_of3(hd.y, hd.z, hd.w, g + 1) >> 6) << 4);
+    }
+}
+
+__device__ __forceinline__ float rowq_fin_q4_k(float v) { return warp_sum(v); }
+__device__ __forceinline__ void rowq_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+                                          const int* __restrict__ abs_, int cols, int ntok, float* acc) {
+    int nsl = cols / 32;
+#pragma unroll 4
+    for (int s = threadIdx.x; s < nsl; s += 32) {
+        int sb = s >> 3, j = s & 7;
+        const u8* b = row + sb * 144;
+        uint4 q = *(const uint4*)(b + 16 + 16 * j);
+        uint4 hd = *(const uint4*)b;
+        float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+        int g = (j >> 1) * 2;
+        float sc0, m0, sc1, m1;
+        q4k_pair(hd, g, sc0, m0, sc1, m1);
+        u32 qw[4] = {q.x, q.y, q.z, q.w};
+        int lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = qw[i] & 0x0F0F0F0F;
+            hi[i] = (qw[i] >> 4) & 0x0F0F0F0F;
+        }
+        int xb = sb * 256 + g * 32 + (j & 1) * 16;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t < ntok) {
+                const i8* a = aq + (long long)t * cols + xb;
+                int4 a0 = *(const int4*)a, a1 = *(const int4*)(a + 32);
+                int s0 = dp4a(lo[3], a0.w, dp4a(lo[2], a0.z, dp4a(lo[1], a0.y, dp4a(lo[0], a0.x, 0))));
+                int s1 = dp4a(hi[3], a1.w, dp4a(hi[2], a1.z, dp4a(hi[1], a1.y, dp4a(hi[0], a1.x, 0))));
+                const int* bs = abs_ + ((long long)t * cols + xb) / 16;
+                float da = ad[(long long)t * (cols / 256) + sb];
+                acc[t] += da * (d * (sc0 * (float)s0 + sc1 * (float)s1) - dmin * (m0 * (float)bs[0] + m1 * (float)bs[2]));
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ float rowq_fin_q6_k(float v) { return warp_sum(v); }
+__device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+                                          const int* __restrict__ abs_, int cols, int ntok, float* acc) {
+    int nsl = cols / 32;
+    const int ones = 0x01010101;
+#pragma unroll 4
+    for (int s = threadIdx.x; s < nsl; s += 32) {
+        int sb = s >> 3, jj = s & 7, h = jj >> 2, l0 = (jj & 3) * 8;
+        const u8* b = row + sb * 210;
+        const u8* pa = b + h * 64 + l0;
+        const u8* pe = b + 128 + h * 32 + l0;
+        u32 a[2] = {ld_u32_2a(pa), ld_u32_2a(pa + 4)};
+        u32 c[2] = {ld_u32_2a(pa + 32), ld_u32_2a(pa + 36)};
+        u32 e[2] = {ld_u32_2a(pe), ld_u32_2a(pe + 4)};
+        const i8* sc = (const i8*)(b + 192 + h * 8 + (l0 >> 4));
+        float d = h2f(ld_u16(b + 208));
+        float f0 = d * sc[0], f1 = d * sc[2], f2 = d * sc[4], f3 = d * sc[6];
+        int q1[2], q2[2], q3[2], q4[2];
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            q1[w] = (a[w] & 0x0F0F0F0F) | ((e[w] & 0x03030303) << 4);
+            q2[w] = (c[w] & 0x0F0F0F0F) | (((e[w] >> 2) & 0x03030303) << 4);
+            q3[w] = ((a[w] >> 4) & 0x0F0F0F0F) | (((e[w] >> 4) & 0x03030303) << 4);
+            q4[w] = ((c[w] >> 4) & 0x0F0F0F0F) | (((e[w] >> 6) & 0x03030303) << 4);
+        }
+        int base = sb * 256 + h * 128 + l0;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t < ntok) {
+                const i8* ap = aq + (long long)t * cols + base;
+                int2 x1 = *(const int2*)ap, x2 = *(const int2*)(ap + 32), x3 = *(const int2*)(ap + 64), x4 = *(const int2*)(ap + 96);
+                int s1 = dp4a(q1[1], x1.y, dp4a(q1[0], x1.x, 0)) - 32 * dp4a(ones, x1.y, dp4a(ones, x1.x, 0));
+                int s2 = dp4a(q2[1], x2.y, dp4a(q2[0], x2.x, 0)) - 32 * dp4a(ones, x2.y, dp4a(ones, x2.x, 0));
+                int s3 = dp4a(q3[1], x3.y, dp4a(q3[0], x3.x, 0)) - 32 * dp4a(ones, x3.y, dp4a(ones, x3.x, 0));
+                int s4 = dp4a(q4[1], x4.y, dp4a(q4[0], x4.x, 0)) - 32 * dp4a(ones, x4.y, dp4a(ones, x4.x, 0));
+                float da = ad[(long long)t * (cols / 256) + sb];
+                acc[t] += da * (f0 * (float)s1 + f1 * (float)s2 + f2 * (float)s3 + f3 * (float)s4);
+            }
+        }
+    }
+}
+
+// mmvq / mmvq_glu: as mmv / mmv_glu over int8 activations.
+#define MMVQ_K(NAME, T, NTOK, PF) \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
+        NAME(MmvMat m0, MmvMat m1, MmvMat m2, const i8* __restrict__ aq,                          \
+                 const float* __restrict__ ad, const int* __restrict__ abs_, int cols, int ntok_arg) { MMV_BEGIN(PF) const int ntok = NTOK;    \
+        int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
+        MmvMat m = m0;                                                                                \
+        if (r >= m0.rows) {                                                                           \
+            r -= m0.rows;                                                                             \
+            m = m1;                                                                                   \
+            if (r >= m1.rows) {                                                                       \
+                r -= m1.rows;                                                                         \
+                m = m2;                                                                               \
+                if (r >= m2.rows) return;                                                             \
+            }                                                                                         \
+        }                                                                                             \
+        float acc[8];                                                                                 \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) acc[t] = 0.f;                                   \
+        rowq_##T(m.w + (long long)r * m.row_bytes, aq, ad, abs_, cols, ntok, acc);                    \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) {                                               \
+            if (t < ntok) {                                                                           \
+                float s = rowq_fin_##T(acc[t]);                                                               \
+                if (threadIdx.x == 0) m.y[(long long)t * m.rows + r] = s;                             \
+            }                                                                                         \
+        }                                                                                             \
+    }
+#define MMVQ_GLU_K(NAME, T, NTOK, PF) \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
+        NAME(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,       \
+                     const i8* __restrict__ aq, const float* __restrict__ ad,                         \
+                     const int* __restrict__ abs_, float* __restrict__ out, int rows, int cols,       \
+                     int ntok_arg, int act) { GLU_BEGIN(PF) const int ntok = NTOK;                                                             \
+        int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
+        if (r >= rows) return;                                                                        \
+        float ag[8], au[8];                                                                           \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) ag[t] = au[t] = 0.f;                            \
+        rowq_##T(wg + (long long)r * row_bytes, aq, ad, abs_, cols, ntok, ag);                        \
+        rowq_##T(wu + (long long)r * row_bytes, aq, ad, abs_, cols, ntok, au);                        \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) {                                               \
+            if (t < ntok) {                                                                           \
+                float g = rowq_fin_##T(ag[t]), u = rowq_fin_##T(au[t]);                                       \
+                if (threadIdx.x == 0) out[(long long)t * rows + r] = act_fn(g, act) * u;              \
+            }                                                                                         \
+        }                                                                                             \
+    }
+#define QUANT_KERNELS_Q(T)                                                                            \
+    MMVQ_K(mmvq_##T, T, ntok_arg, 0) MMVQ_K(mmvq1_##T, T, 1, 0) MMVQ_GLU_K(mmvq_glu_##T, T, ntok_arg, 0)     \
+    MMVQ_GLU_K(mmvq1_glu_##T, T, 1, 0) MMVQ_K(mmvqp_##T, T, ntok_arg, 1) MMVQ_K(mmvqp1_##T, T, 1, 1)         \
+    MMVQ_GLU_K(mmvqp_glu_##T, T, ntok_arg, 1) MMVQ_GLU_K(mmvqp1_glu_##T, T, 1, 1)
+#define QUANT_KERNELS_QC(T)                                                                           \
+    MMVQ_K(mmvqc_##T, c_##T, ntok_arg, 0) MMVQ_K(mmvqc1_##T, c_##T, 1, 0)                              \
+    MMVQ_GLU_K(mmvqc_glu_##T, c_##T, ntok_arg, 0) MMVQ_GLU_K(mmvqc1_glu_##T, c_##T, 1, 0)              \
+    MMVQ_K(mmvqcp_##T, c_##T, ntok_arg, 1) MMVQ_K(mmvqcp1_##T, c_##T, 1, 1)                            \
+    MMVQ_GLU_K(mmvqcp_glu_##T, c_##T, ntok_arg, 1) MMVQ_GLU_K(mmvqcp1_glu_##T, c_##T, 1, 1)
+
