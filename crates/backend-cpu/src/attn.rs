@@ -287,10 +287,9 @@ impl Keys for F16c<'_> {
         let a = &self.q[j * self.hd..][..self.hd];
         let n = a.len().min(b.len());
         let full = n / 64 * 64;
-        let mut s = [[0f32; 16]; 4];
         // SAFETY: AVX and F16C per the type's contract; every load reads 8 elements below
         // `full` <= the length of both slices.
-        unsafe {
+        let reduced = unsafe {
             let mut v = [_mm256_setzero_ps(); 8];
             let (pa, pb) = (a.as_ptr(), b.as_ptr());
             let mut c = 0;
@@ -302,12 +301,16 @@ impl Keys for F16c<'_> {
                 }
                 c += 64;
             }
-            for (j, sj) in s.iter_mut().enumerate() {
-                _mm256_storeu_ps(sj.as_mut_ptr(), v[2 * j]);
-                _mm256_storeu_ps(sj.as_mut_ptr().add(8), v[2 * j + 1]);
-            }
-        }
-        let mut sum = dot_reduce(&s) as f64;
+            // [`dot_reduce`] in registers, the same additions in the same order: the four
+            // 16-lane sums are (v0, v1), (v2, v3), (v4, v5), (v6, v7).
+            let lo = _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6]));
+            let hi = _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]));
+            let t3 = _mm256_add_ps(lo, hi);
+            let t6 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps::<1>(t3));
+            let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+            _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
+        };
+        let mut sum = reduced as f64;
         for i in full..n {
             sum += (a[i] * b[i].to_f32()) as f64;
         }

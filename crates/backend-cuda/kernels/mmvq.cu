@@ -10,6 +10,17 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
 }
+// A 32-block's integer dot product: w[0..7] against the activations' two int4 halves.
+__device__ __forceinline__ int dp4a8(const int* w, int4 a0, int4 a1) {
+    int s = dp4a(w[0], a0.x, 0);
+    s = dp4a(w[1], a0.y, s);
+    s = dp4a(w[2], a0.z, s);
+    s = dp4a(w[3], a0.w, s);
+    s = dp4a(w[4], a1.x, s);
+    s = dp4a(w[5], a1.y, s);
+    s = dp4a(w[6], a1.z, s);
+    return dp4a(w[7], a1.w, s);
+}
 // Bits 0..3 of `bits` to bit 4 of bytes 0..3.
 __device__ __forceinline__ u32 spread4(u32 bits) { return ((bits * 0x00204081u) & 0x01010101u) << 4; }
 
@@ -28,14 +39,7 @@ __device__ __forceinline__ u32 spread4(u32 bits) { return ((bits * 0x00204081u) 
                 if (t < ntok) {                                                                       \
                     const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);                \
                     int4 a0 = ap[0], a1 = ap[1];                                                      \
-                    int s = dp4a(w[0], a0.x, 0);                                                      \
-                    s = dp4a(w[1], a0.y, s);                                                          \
-                    s = dp4a(w[2], a0.z, s);                                                          \
-                    s = dp4a(w[3], a0.w, s);                                                          \
-                    s = dp4a(w[4], a1.x, s);                                                          \
-                    s = dp4a(w[5], a1.y, s);                                                          \
-                    s = dp4a(w[6], a1.z, s);                                                          \
-                    s = dp4a(w[7], a1.w, s);                                                          \
+                    int s = dp4a8(w, a0, a1);                                                         \
                     float2 dsv = *(const float2*)(ad + ((long long)t * (cols / 32) + g) * 2);         \
                     acc[t] += wd * dsv.x * (float)s + wm * dsv.y;                                     \
                 }                                                                                     \
@@ -122,14 +126,7 @@ __device__ __forceinline__ void rowq_iq4_xs(const u8* __restrict__ row, const i8
             if (t < ntok) {
                 const int4* ap = (const int4*)(aq + (long long)t * cols + s * 32);
                 const int4 a0 = ap[0], a1 = ap[1];
-                int d = dp4a(w[0], a0.x, 0);
-                d = dp4a(w[1], a0.y, d);
-                d = dp4a(w[2], a0.z, d);
-                d = dp4a(w[3], a0.w, d);
-                d = dp4a(w[4], a1.x, d);
-                d = dp4a(w[5], a1.y, d);
-                d = dp4a(w[6], a1.z, d);
-                d = dp4a(w[7], a1.w, d);
+                const int d = dp4a8(w, a0, a1);
                 acc[t] += ad[(long long)t * (cols / 256) + sb] * (dl * (float)d);
             }
         }
@@ -165,14 +162,7 @@ __device__ __forceinline__ void rowq_iq4_xs(const u8* __restrict__ row, const i8
                     if (valid) {                                                                      \
                         const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);            \
                         const int4 a0 = ap[0], a1 = ap[1];                                            \
-                        int s = dp4a(w[0], a0.x, 0);                                                  \
-                        s = dp4a(w[1], a0.y, s);                                                      \
-                        s = dp4a(w[2], a0.z, s);                                                      \
-                        s = dp4a(w[3], a0.w, s);                                                      \
-                        s = dp4a(w[4], a1.x, s);                                                      \
-                        s = dp4a(w[5], a1.y, s);                                                      \
-                        s = dp4a(w[6], a1.z, s);                                                      \
-                        s = dp4a(w[7], a1.w, s);                                                      \
+                        const int s = dp4a8(w, a0, a1);                                               \
                         const float da = ad[((long long)t * nb + g) * 2];                             \
                         term = __fmul_rn(__fmul_rn(wd, da), __int2float_rn(s));                       \
                     }                                                                                 \

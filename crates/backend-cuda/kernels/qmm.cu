@@ -309,6 +309,20 @@ __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row
     }
 }
 
+// The decode kernels' last step: one thread per (row, token) of the block's 16 rows adds the
+// chunk sums (`part`, [chunk][row · 8 + token]) left to right from 0 and stores the total.
+__device__ __forceinline__ void qmv_total(const float* part, int nch, const QRows& R, int rows,
+                                          float* __restrict__ y, int n) {
+    if (threadIdx.x < 128) {
+        const int row = threadIdx.x >> 3, t = threadIdx.x & 7;
+        if (t < n && R.rb + row < rows) {
+            float tot = 0.f;
+            for (int c = 0; c < nch; c++) tot = __fadd_rn(tot, part[c * 128 + row * 8 + t]);
+            y[(long long)t * rows + R.rb + row] = tot;
+        }
+    }
+}
+
 // ---- The same products for decode (n ≤ 8 tokens): the same bits as qmm ----
 // A block takes 16 rows and all their columns; warp w takes the chunks (QMM_CHUNK columns,
 // two stages) w, w + QW, …, each summed from zero exactly as qmm sums a chunk (same stages,
@@ -363,14 +377,7 @@ __device__ __forceinline__ void qmv_impl(const u8* __restrict__ W, long long row
         __syncwarp();
     }
     __syncthreads();
-    if (threadIdx.x < 128) {
-        const int row = threadIdx.x >> 3, t = threadIdx.x & 7;
-        if (t < n && R.rb + row < rows) {
-            float tot = 0.f;
-            for (int c = 0; c < nch; c++) tot += part[c * 128 + row * 8 + t];
-            y[(long long)t * rows + R.rb + row] = tot;
-        }
-    }
+    qmv_total(part, nch, R, rows, y, n);
 }
 
 // Warps of a qmv block: 8, or 4 where a chunk's copy is large (F32, F16, BF16 rows), so that
@@ -576,14 +583,7 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         __syncwarp();
     }
     __syncthreads();
-    if (threadIdx.x < 128) {
-        const int row = threadIdx.x >> 3, t = threadIdx.x & 7;
-        if (t < n && R.rb + row < rows) {
-            float tot = 0.f;
-            for (int c = 0; c < nch; c++) tot = __fadd_rn(tot, part[c * 128 + row * 8 + t]);
-            y[(long long)t * rows + R.rb + row] = tot;
-        }
-    }
+    qmv_total(part, nch, R, rows, y, n);
 }
 
 #define IMM_K(T, BB)                                                                                  \

@@ -9,7 +9,7 @@ use crate::memory::CudaBuf;
 use crate::norm::norm_threads;
 use crate::weights::CudaWeight;
 use crate::{check, CudaBackend};
-use quiver_backend::{AttnParams, Result, RopeMode, RopeParams, Step};
+use quiver_backend::{AttnParams, Result, RopeParams, Step};
 use quiver_gguf::GgmlType;
 
 impl CudaBackend {
@@ -127,31 +127,8 @@ impl CudaBackend {
                 && rope.n_dims.is_multiple_of(2),
             || format!("{} rotated dims of {}, {n} tokens", rope.n_dims, a.head_dim),
         )?;
-        let th = self.theta_ptr(rope)?;
-        let mode = i32::from(rope.mode == RopeMode::Neox);
-        self.launch(
-            "ops",
-            "rope_kv_write",
-            (n.max(1) as u32, a.n_head as u32, 1),
-            (64, 1, 1),
-            args![
-                q.ptr(),
-                q.ptr(),
-                q.ptr(),
-                0u64,
-                0u64,
-                st.ctx.view.pos,
-                st.ctx.view.slot,
-                th,
-                a.n_head as i32,
-                a.n_head_kv as i32,
-                a.head_dim as i32,
-                rope.n_dims as i32,
-                mode,
-                rope.mscale(),
-                rope.q_temp.map_or(0.0, |t| t.0),
-                rope.q_temp.map_or(1.0, |t| t.1)
-            ],
-        )
+        // The q heads only: no k, v or cache behind them.
+        let q = q.ptr();
+        self.rope_launch(st, [q, q, q, 0, 0], a.n_head, rope, a)
     }
 }

@@ -46,24 +46,42 @@ impl CudaBackend {
         a: &AttnParams,
         kv: &mut CudaKv,
     ) -> Result<()> {
-        let n = st.rows;
-        let th = self.theta_ptr(rope)?;
-        let mode = i32::from(rope.mode == RopeMode::Neox);
         // A cache of records: rope here (k rotated in place), then kv_encode writes them.
         let (kc, vc) = if kv.packed() {
             (0, 0)
         } else {
             (kv.k.ptr, kv.v.ptr)
         };
+        let heads = a.n_head + a.n_head_kv;
+        self.rope_launch(st, [q.ptr(), k.ptr(), v.ptr(), kc, vc], heads, rope, a)?;
+        if kv.packed() {
+            self.kv_encode(st, k, v, a, kv)?;
+        }
+        Ok(())
+    }
+
+    /// The `rope_kv_write` kernel over the step's rows and the first `heads` heads (q's, then
+    /// k's): `bufs` = q, k, v and the cache's k and v (0: no cache write).
+    pub(crate) fn rope_launch(
+        &self,
+        st: &Step<CudaStep>,
+        bufs: [u64; 5],
+        heads: usize,
+        rope: &RopeParams,
+        a: &AttnParams,
+    ) -> Result<()> {
+        let th = self.theta_ptr(rope)?;
+        let mode = i32::from(rope.mode == RopeMode::Neox);
+        let [q, k, v, kc, vc] = bufs;
         self.launch(
             "ops",
             "rope_kv_write",
-            (n.max(1) as u32, (a.n_head + a.n_head_kv) as u32, 1),
+            (st.rows.max(1) as u32, heads as u32, 1),
             (64, 1, 1),
             args![
-                q.ptr(),
-                k.ptr(),
-                v.ptr(),
+                q,
+                k,
+                v,
                 kc,
                 vc,
                 st.ctx.view.pos,
@@ -78,11 +96,7 @@ impl CudaBackend {
                 rope.q_temp.map_or(0.0, |t| t.0),
                 rope.q_temp.map_or(1.0, |t| t.1)
             ],
-        )?;
-        if kv.packed() {
-            self.kv_encode(st, k, v, a, kv)?;
-        }
-        Ok(())
+        )
     }
 
     /// The rope's angles per pair on the device, made once per distinct table (scratch).
