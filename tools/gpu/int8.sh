@@ -9,7 +9,7 @@
 # Call 2 (carry .gpuparts/smol.part1 .gpu/quiver .gpu/GPL-3 .gpu/bench_server.py):
 #   tools/gpu/int8.sh timing    SmolLM2 perplexity (GPU per mode, CPU), the constrained-decoding
 #                               server benchmark, QUIVER_CUDA_INT8_MMA on / off on 8B Q4_0 and
-#                               Q8_0, IQ4 decode on the 1B shape
+#                               Q8_0 (and Q4_K on the 1B shape), IQ4 decode on the 1B shape
 # (carry takes 64 MiB: the binaries and a part do not all fit in one call.)
 set -uo pipefail
 export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
@@ -40,7 +40,7 @@ case ${1:-} in
     (for t in Q4_0 Q8_0; do
        [ -s "$M/8b-$t.gguf" ] || $B synth --arch llama --preset llama3-8b --type $t -o "$M/8b-$t.gguf" >/dev/null 2>&1
      done
-     for t in IQ4_XS IQ4_NL; do
+     for t in IQ4_XS IQ4_NL Q4_K_M; do
        [ -s "$M/1b-$t.gguf" ] || $B synth --preset llama3-1b --type $t -o "$M/1b-$t.gguf" >/dev/null 2>&1
      done
      touch "$M/synth.done") &
@@ -68,6 +68,10 @@ case ${1:-} in
     for t in IQ4_XS IQ4_NL; do
       el "1B $t"
       timeout 60 $B bench -m "$M/1b-$t.gguf" --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| llama"
+    done
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
+      el "1B Q4_K_M, $e"
+      env $e timeout 60 $B bench -m "$M/1b-Q4_K_M.gguf" --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| llama"
     done
     el "SmolLM2 perplexity, cpu"
     timeout 100 $B perplexity -m /tmp/smol.gguf -f .gpu/GPL-3 -c 512 --device cpu 2>&1 | grep PPL | tail -1

@@ -245,6 +245,67 @@ __device__ __forceinline__ void rowq_q4_k(const u8* __restrict__ row, const i8* 
     }
 }
 
+// Q4_K in the order of qmm.cu's imm_q4_k (with QUIVER_CUDA_INT8_MMA): the 8 lanes of a
+// super-block sum their integer parts of S1 = Σ sc·isum and S2 = Σ m·asum by xor shuffles
+// (exact), each computes the term da·(d·S1 − dmin·S2) as q4k_term does, and the 4 super-blocks
+// of a warp step are added to the total in order (from lanes 0, 8, 16, 24), each as a chunk
+// from 0. Every lane ends with the row's total.
+__device__ __forceinline__ float rowq_fin_c_q4_k(float v) { return v; }
+__device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+                                            const int* __restrict__ abs_, int cols, int ntok, float* acc) {
+    const int nsl = cols / 32, lane = threadIdx.x & 31;
+    for (int i = 0; 32 * i < nsl; i++) {
+        const int s = 32 * i + lane, sb = s >> 3, j = s & 7;
+        const bool valid = s < nsl;
+        int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0}, sc0 = 0, m0 = 0, sc1 = 0, m1 = 0;
+        float d = 0.f, dmin = 0.f;
+        const int g = (j >> 1) * 2;
+        if (valid) {
+            const u8* b = row + sb * 144;
+            const uint4 qv = *(const uint4*)(b + 16 + 16 * j);
+            const uint4 hd = *(const uint4*)b;
+            d = h2f(hd.x & 0xffff);
+            dmin = h2f(hd.x >> 16);
+            float f0, f1, f2, f3;
+            q4k_pair(hd, g, f0, f1, f2, f3);
+            sc0 = (int)f0, m0 = (int)f1, sc1 = (int)f2, m1 = (int)f3;
+            const u32 qw[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                lo[k] = qw[k] & 0x0F0F0F0F;
+                hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
+            }
+        }
+        const int xb = sb * 256 + g * 32 + (j & 1) * 16;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t < ntok) {
+                int p1 = 0, p2 = 0;
+                if (valid) {
+                    const i8* a = aq + (long long)t * cols + xb;
+                    const int4 a0 = *(const int4*)a, a1 = *(const int4*)(a + 32);
+                    const int s0 = dp4a(lo[3], a0.w, dp4a(lo[2], a0.z, dp4a(lo[1], a0.y, dp4a(lo[0], a0.x, 0))));
+                    const int s1 = dp4a(hi[3], a1.w, dp4a(hi[2], a1.z, dp4a(hi[1], a1.y, dp4a(hi[0], a1.x, 0))));
+                    const int* bs = abs_ + ((long long)t * cols + xb) / 16;
+                    p1 = sc0 * s0 + sc1 * s1;
+                    p2 = m0 * bs[0] + m1 * bs[2];
+                }
+#pragma unroll
+                for (int o = 1; o < 8; o <<= 1) {
+                    p1 += __shfl_xor_sync(0xffffffffu, p1, o);
+                    p2 += __shfl_xor_sync(0xffffffffu, p2, o);
+                }
+                const float term = valid ? q4k_term(ad[(long long)t * (cols / 256) + sb], d, dmin, p1, p2) : 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float v = __shfl_sync(0xffffffffu, term, 8 * k);
+                    if (32 * i + 8 * k < nsl) acc[t] = __fadd_rn(acc[t], __fadd_rn(0.f, v));
+                }
+            }
+        }
+    }
+}
+
 __device__ __forceinline__ float rowq_fin_q6_k(float v) { return warp_sum(v); }
 __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                           const int* __restrict__ abs_, int cols, int ntok, float* acc) {

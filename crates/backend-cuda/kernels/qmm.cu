@@ -589,13 +589,241 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
 #define IMM_K(T, BB)                                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
-                const i8* __restrict__ aq, const float* __restrict__ ad, float* __restrict__ y, int n) { \
+                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
+                float* __restrict__ y, int n) {                                                       \
         pdl_begin();                                                                                  \
         imm_impl<iw_##T, BB>(W, row_bytes, rows, cols, aq, ad, y, n);                                 \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(256)                                                 \
         imv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
-                const i8* __restrict__ aq, const float* __restrict__ ad, float* __restrict__ y, int n) { \
+                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
+                float* __restrict__ y, int n) {                                                       \
         pdl_begin();                                                                                  \
         imv_impl<iw_##T, BB>(W, row_bytes, rows, cols, aq, ad, y, n);                                 \
+    }
+
+// ---- Q4_K on int8 mma (imm_q4_k, imv_q4_k) over quantize_a256's activations ----
+// Per super-block and (row, token): S1 = Σ_j sc_j·isum_j and S2 = Σ_j m_j·asum_j over its 8
+// sub-blocks (isum_j: the unsigned nibbles against the int8 activations; asum_j: the
+// activations' sum, two of quantize_a256's per-16 sums), both exact in int32; the super-block's
+// term da·(d·S1 − dmin·S2), each operation rounded as written (q4k_term), added to the total
+// left to right as one chunk (from 0). mmvq.cu's rowq_c_q4_k computes the same.
+__device__ __forceinline__ void k4_scale_min_i(const u8* q, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        mn = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+// Sub-block jj's values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi), 0..15 as bytes, of the
+// super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks).
+__device__ __forceinline__ void q4k_frag(const u8* b, int jj, int q, u32& lo, u32& hi) {
+    const u8* p = b + 16 + 32 * (jj >> 1) + 4 * q;
+    const int sh = 4 * (jj & 1);
+    lo = (*(const u32*)p >> sh) & 0x0F0F0F0Fu;
+    hi = (*(const u32*)(p + 16) >> sh) & 0x0F0F0F0Fu;
+}
+
+// imm_q4_k: qmm's tiling (64 rows × 64 tokens, stages of 128 columns: half a super-block). Per
+// stage the tokens' int8 activations, their 8 per-16 sums and their super-block's d go through
+// shared memory. S1 grows by sc·(one m16n8k32 mma per sub-block), S2 by the stage's 4
+// sub-blocks, and the term is added at the super-block's second stage.
+__device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                              int cols, const i8* __restrict__ aq,
+                                              const float* __restrict__ ad, const int* __restrict__ abs_,
+                                              float* __restrict__ y, int n) {
+    typedef QWin<144, 256> Q;
+    extern __shared__ __align__(16) u8 qsm[];
+    u8* Xs = qsm;                                              // [stage][token][IMM_XLD]
+    int* As = (int*)(qsm + QMM_NST * QMM_BN * IMM_XLD);        // [stage][sixteen][token]
+    float* Dd = (float*)(As + QMM_NST * 8 * QMM_BN);           // [stage][token]
+    u8* Ws = (u8*)(Dd + QMM_NST * QMM_BN);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int n0 = blockIdx.x * QMM_BN;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
+    const int nst = cols / QMM_BK, nsb = cols / 256;
+    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
+    auto copy_x = [&](int b, int j) {
+        u8* xs = Xs + b * QMM_BN * IMM_XLD;
+        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
+            const int t = i >> 3, p = i & 7, k = j * QMM_BK + 16 * p;
+            const bool ok = n0 + t < n;
+            cp_async16(xs + t * IMM_XLD + 16 * p, ok ? aq + (long long)(n0 + t) * cols + k : aq, ok);
+        }
+        int* as = As + b * 8 * QMM_BN;
+        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
+            const int h = i / QMM_BN, t = i % QMM_BN;
+            const bool ok = n0 + t < n;
+            const int* src = ok ? abs_ + (long long)(n0 + t) * (cols / 16) + j * 8 + h : abs_;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(as + i)), "l"(src), "r"(ok ? 4 : 0));
+        }
+        float* dd = Dd + b * QMM_BN;
+        for (int t = threadIdx.x; t < QMM_BN; t += 32 * QMM_WARPS) {
+            const bool ok = n0 + t < n;
+            const float* src = ok ? ad + (long long)(n0 + t) * nsb + (j >> 1) : ad;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dd + t)), "l"(src), "r"(ok ? 4 : 0));
+        }
+    };
+    int S1[8][4], S2[8][4];
+    float tot[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            S1[i][e] = S2[i][e] = 0;
+            tot[i][e] = 0.f;
+        }
+#pragma unroll
+    for (int st = 0; st < QMM_NST - 1; st++) {
+        if (st < nst) {
+            copy_x(st, st);
+            qmm_copy_w<Q>(wbuf(st), R, st);
+        }
+        cp_async_commit();
+    }
+    for (int j = 0; j < nst; j++) {
+        cp_async_wait<QMM_NST - 2>();
+        __syncthreads();
+        const int st = j + QMM_NST - 1;
+        if (st < nst) {
+            copy_x(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
+        }
+        cp_async_commit();
+        const u8* win = wbuf(j % QMM_NST);
+        const u8* xs = Xs + (j % QMM_NST) * QMM_BN * IMM_XLD;
+        const int* as = As + (j % QMM_NST) * 8 * QMM_BN;
+        const float* dd = Dd + (j % QMM_NST) * QMM_BN;
+        const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(j)) & 15);
+        const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(j)) & 15);
+        const int half = j & 1;
+        int sc[2][4], mn[2][4];
+#pragma unroll
+        for (int kb = 0; kb < 4; kb++) {
+            k4_scale_min_i(b0 + 4, 4 * half + kb, sc[0][kb], mn[0][kb]);
+            k4_scale_min_i(b1 + 4, 4 * half + kb, sc[1][kb], mn[1][kb]);
+        }
+#pragma unroll
+        for (int kb = 0; kb < 4; kb++) {
+            u32 a[4];
+            q4k_frag(b0, 4 * half + kb, q, a[0], a[2]);
+            q4k_frag(b1, 4 * half + kb, q, a[1], a[3]);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
+                int c[4] = {0, 0, 0, 0};
+                mma_s8(c, a, *(const u32*)xb, *(const u32*)(xb + 16));
+#pragma unroll
+                for (int e = 0; e < 4; e++) S1[nt][e] += sc[e >> 1][kb] * c[e];
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int tt = nt * 8 + 2 * q + (e & 1);
+#pragma unroll
+                for (int kb = 0; kb < 4; kb++)
+                    S2[nt][e] += mn[e >> 1][kb] * (as[(2 * kb) * QMM_BN + tt] + as[(2 * kb + 1) * QMM_BN + tt]);
+            }
+        if (half == 1) {
+            const float d[2] = {h2f(ld_u16(b0)), h2f(ld_u16(b1))};
+            const float dm[2] = {h2f(ld_u16(b0 + 2)), h2f(ld_u16(b1 + 2))};
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float term = q4k_term(dd[nt * 8 + 2 * q + (e & 1)], d[e >> 1], dm[e >> 1], S1[nt][e], S2[nt][e]);
+                    tot[nt][e] = __fadd_rn(tot[nt][e], __fadd_rn(0.f, term));
+                    S1[nt][e] = S2[nt][e] = 0;
+                }
+        }
+    }
+    const int rw = R.rb + g;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const int t = n0 + nt * 8 + 2 * q;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int rr = rw + (e >> 1) * 8, tt = t + (e & 1);
+            if (rr < rows && tt < n) y[(long long)tt * rows + rr] = tot[nt][e];
+        }
+    }
+}
+
+// imv_q4_k: imv's layout, one super-block per chunk.        grid (ceil(rows / 16)), block 256
+__device__ __forceinline__ void imv_q4_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                              int cols, const i8* __restrict__ aq,
+                                              const float* __restrict__ ad, const int* __restrict__ abs_,
+                                              float* __restrict__ y, int n) {
+    typedef QWinC<144, 256> Q;
+    constexpr int QW = 8;
+    extern __shared__ __align__(16) u8 qsm[];
+    float* part = (float*)(qsm + QW * 2 * 16 * Q::WIN);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
+    const int nch = cols / 256;
+    auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
+    const bool tok = g < n;
+    const i8* xr = aq + (long long)(tok ? g : 0) * cols;
+    const int tk[2] = {min(2 * q, n - 1), min(2 * q + 1, n - 1)};
+    if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
+    cp_async_commit();
+    for (int c = warp, i = 0; c < nch; c += QW, i++) {
+        if (c + QW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + QW));
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp();
+        const u8* win = wbuf(i & 1);
+        const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(2 * c)) & 15);
+        const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(2 * c)) & 15);
+        int S1[4] = {0, 0, 0, 0}, S2[4] = {0, 0, 0, 0};
+        for (int jj = 0; jj < 8; jj++) {
+            int sc[2], mn[2];
+            k4_scale_min_i(b0 + 4, jj, sc[0], mn[0]);
+            k4_scale_min_i(b1 + 4, jj, sc[1], mn[1]);
+            u32 a[4];
+            q4k_frag(b0, jj, q, a[0], a[2]);
+            q4k_frag(b1, jj, q, a[1], a[3]);
+            const u32* xp = (const u32*)(xr + c * 256 + jj * 32 + 4 * q);
+            int cc[4] = {0, 0, 0, 0};
+            mma_s8(cc, a, tok ? xp[0] : 0u, tok ? xp[4] : 0u);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int* bs = abs_ + (long long)tk[e & 1] * (cols / 16) + c * 16 + 2 * jj;
+                S1[e] += sc[e >> 1] * cc[e];
+                S2[e] += mn[e >> 1] * (bs[0] + bs[1]);
+            }
+        }
+        const float d[2] = {h2f(ld_u16(b0)), h2f(ld_u16(b1))};
+        const float dm[2] = {h2f(ld_u16(b0 + 2)), h2f(ld_u16(b1 + 2))};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float term = q4k_term(ad[(long long)tk[e & 1] * nch + c], d[e >> 1], dm[e >> 1], S1[e], S2[e]);
+            part[c * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = __fadd_rn(0.f, term);
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    qmv_total(part, nch, R, rows, y, n);
+}
+
+#define IMMK_K(T)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
+        imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
+                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
+                float* __restrict__ y, int n) {                                                       \
+        pdl_begin();                                                                                  \
+        imm_##T##_impl(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                                 \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256)                                                 \
+        imv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
+                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
+                float* __restrict__ y, int n) {                                                       \
+        pdl_begin();                                                                                  \
+        imv_##T##_impl(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                                 \
     }

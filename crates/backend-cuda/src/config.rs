@@ -40,12 +40,12 @@ pub struct CudaConfig {
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's (`QUIVER_CUDA_INT8=0`: f32 activations).
     pub int8: bool,
-    /// Q4_0 and Q8_0 products in one summation order whatever the token count
+    /// Q4_0, Q8_0 and Q4_K products in one summation order whatever the token count
     /// (`QUIVER_CUDA_INT8_MMA=1`): the tensor-core products on int8 `mma` over the int8
     /// activations (kernels/qmm.cu `imm_T` / `imv_T`, instead of f16 `qmm_T` / `qmv_T`) and the
     /// decode kernels summing in their order (mmvq.cu `mmvqc*_T`), so the default path is batch
-    /// invariant for these types. Off until measured on a GPU (tenth session: correct, not
-    /// timed).
+    /// invariant for these types. Off until measured on a GPU (tenth session: Q4_0 and Q8_0
+    /// correct on the H200, not timed; Q4_K compiled only).
     pub int8_mma: bool,
     /// The f16 activations of cuBLAS products rounded to the int8 grid of the weight's type
     /// first, as the CPU backend and the decode kernels see them (`QUIVER_CUDA_ACT_GRID=0`:

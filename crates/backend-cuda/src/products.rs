@@ -92,11 +92,12 @@ impl Tc {
     }
 }
 
-/// The activations a tensor-core product reads: f16 (`to_half`), or int8 with per-32 scales.
+/// The activations a tensor-core product reads: f16 (`to_half`), or int8 (`quantize_act`:
+/// quants, scales, and for blocks of 256 the per-16 sums).
 #[derive(Clone, Copy)]
 enum Act {
     Half(u64),
-    Int8 { q: u64, d: u64 },
+    Int8 { q: u64, d: u64, s: u64 },
 }
 
 /// Tokens per qmv launch (kernels/qmm.cu: one n8 tile).
@@ -123,11 +124,18 @@ fn qmv_warps(winc: usize) -> usize {
 /// An int8 activation tile's token row in bytes (kernels/qmm.cu `IMM_XLD`).
 const IMM_XLD_BYTES: usize = 144;
 
-/// Dynamic shared memory of the imm and imv kernels for `w`.
+/// Dynamic shared memory of the imm and imv kernels for `w`: per stage the int8 activations,
+/// their scales (32-blocks: 4 per token; the K-quants: 8 per-16 sums and one d per token) and
+/// the weights' windows.
 fn imm_smem(w: &CudaWeight) -> (usize, usize) {
     let (win, winc) =
         registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
-    let imm = QMM_NST * (QMM_BN * IMM_XLD_BYTES + 4 * QMM_BN * 4 + QMM_BM * win);
+    let scales = if registry::int8_activations(w.kernel) == Some(256) {
+        9 * QMM_BN * 4
+    } else {
+        4 * QMM_BN * 4
+    };
+    let imm = QMM_NST * (QMM_BN * IMM_XLD_BYTES + scales + QMM_BM * win);
     let imv = 8 * 2 * 16 * winc + w.cols.div_ceil(256) * 512;
     (imm, imv)
 }
@@ -208,8 +216,9 @@ impl CudaBackend {
     /// x (`n` rows of `w.cols`) as the product `tc` of `w` reads it.
     fn act(&self, tc: Tc, x: u64, n: usize, w: &CudaWeight) -> Result<Act> {
         Ok(if tc.int8() {
-            let (q, d, _) = self.quantize_act(x, n, w.cols, 32, w.ty)?;
-            Act::Int8 { q, d }
+            let block = registry::int8_activations(w.kernel).unwrap_or(32);
+            let (q, d, s) = self.quantize_act(x, n, w.cols, block, w.ty)?;
+            Act::Int8 { q, d, s }
         } else {
             Act::Half(self.to_half(x, n, w.cols, w.ty)?)
         })
@@ -250,9 +259,9 @@ impl CudaBackend {
     /// y[n, w.rows] = xh[n, w.cols] (f16) · Wᵀ on the tensor cores: cuBLAS over f16 weights,
     /// or the qmm kernel over the GGUF blocks (kernels/qmm.cu).
     fn gemm(&self, w: &CudaWeight, tc: Tc, a: Act, n: usize, y: u64) -> Result<()> {
-        let (xh, q, d) = match a {
-            Act::Half(xh) => (xh, 0, 0),
-            Act::Int8 { q, d } => (0, q, d),
+        let (xh, q, d, s) = match a {
+            Act::Half(xh) => (xh, 0, 0, 0),
+            Act::Int8 { q, d, s } => (0, q, d, s),
         };
         match tc {
             Tc::Blas(wh) => {
@@ -312,12 +321,18 @@ impl CudaBackend {
                     w.cols as i32,
                     q,
                     d,
+                    s,
                     y,
                     n as i32
                 ],
             ),
             Tc::Imv => {
-                let nb = w.cols / 32;
+                // Bytes of one token's scales: (d, d·Σq) per 32, or d per 256.
+                let d_row = if s == 0 {
+                    w.cols / 32 * 8
+                } else {
+                    w.cols / 256 * 4
+                };
                 for t in (0..n).step_by(QMV_TOKENS) {
                     let nt = (n - t).min(QMV_TOKENS);
                     self.launch_smem(
@@ -332,7 +347,12 @@ impl CudaBackend {
                             w.rows as i32,
                             w.cols as i32,
                             q + (t * w.cols) as u64,
-                            d + (t * nb * 8) as u64,
+                            d + (t * d_row) as u64,
+                            if s == 0 {
+                                0
+                            } else {
+                                s + (t * w.cols / 4) as u64
+                            },
                             y + (t * w.rows * 4) as u64,
                             nt as i32
                         ],

@@ -77,7 +77,7 @@ pub const EXACT_TYPES: &[&str] = &[
 
 /// Weight types with int8 tensor-core products (`imm_T`, `imv_T` in kernels/qmm.cu).
 pub fn int8_mma(t: &str) -> bool {
-    matches!(t, "q4_0" | "q8_0")
+    matches!(t, "q4_0" | "q8_0" | "q4_k")
 }
 
 /// Weight types whose decode kernels take int8 activations: Some(32) for blocks of 32
@@ -254,6 +254,7 @@ pub fn module_source(module: &str) -> Option<String> {
                     "ROWQ_A32({t}, LOAD_{})\nQUANT_KERNELS_Q({t})\n",
                     t.to_uppercase()
                 ),
+                Some(_) if int8_mma(t) => format!("QUANT_KERNELS_Q({t})\nQUANT_KERNELS_QC({t})\n"),
                 Some(_) => format!("QUANT_KERNELS_Q({t})\n"),
                 None => String::new(),
             };
@@ -262,10 +263,10 @@ pub fn module_source(module: &str) -> Option<String> {
                 "q4_0" | "q8_0" | "q4_k" | "q6_k" | "f16" => String::new(),
                 _ => format!("DEQH_GENERIC({t})\n"),
             };
-            let imm = if int8_mma(t) {
-                format!("IMM_K({t}, {bb})\n")
-            } else {
-                String::new()
+            let imm = match (int8_mma(t), bv) {
+                (true, 32) => format!("IMM_K({t}, {bb})\n"),
+                (true, _) => format!("IMMK_K({t})\n"),
+                _ => String::new(),
             };
             let int8 = if int8.is_empty() {
                 int8

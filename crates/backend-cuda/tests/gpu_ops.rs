@@ -194,7 +194,7 @@ fn products_are_batch_invariant_in_the_invariant_mode() {
     }
 }
 
-/// With `int8_mma`, Q4_0 and Q8_0 are batch invariant on the default path too: their decode
+/// With `int8_mma`, Q4_0, Q8_0 and Q4_K are batch invariant on the default path too: their decode
 /// kernels (mmvqc) sum in the order of their int8 tensor-core kernel (imm), so a token's
 /// product is the same bits on either side of the cut-over.
 #[test]
@@ -210,7 +210,7 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
         &be,
         &Cuda,
         &mut rng,
-        &[GgmlType::Q4_0, GgmlType::Q8_0],
+        &[GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K],
         &[1, 2, 3, 8, 9, 16, 17, 64, 65, 150],
     );
 }
