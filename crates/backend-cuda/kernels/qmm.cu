@@ -240,6 +240,22 @@ __device__ __forceinline__ void qmm_copy_x(u16* dst, const u16* __restrict__ xh,
     }
 }
 
+// A warp's 16 rows × 64 tokens of results (the mma's C layout: lane (g, q) holds rows g and
+// g + 8, tokens 2q and 2q + 1 of each n8 tile) into y [n, rows].
+__device__ __forceinline__ void qmm_store(const float (*tot)[4], const QRows& R, int n0, int rows,
+                                          float* __restrict__ y, int n) {
+    const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const int t = n0 + nt * 8 + 2 * q;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int rr = R.rb + g + (e >> 1) * 8, tt = t + (e & 1);
+            if (rr < rows && tt < n) y[(long long)tt * rows + rr] = tot[nt][e];
+        }
+    }
+}
+
 template <DeqFn DEQ, int BB, int BV>
 __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const u16* __restrict__ xh,
@@ -297,16 +313,7 @@ __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row
                 }
         }
     }
-    const int rw = R.rb + g;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-        const int t = n0 + nt * 8 + 2 * q;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int rr = rw + (e >> 1) * 8, tt = t + (e & 1);
-            if (rr < rows && tt < n) y[(long long)tt * rows + rr] = tot[nt][e];
-        }
-    }
+    qmm_store(tot, R, n0, rows, y, n);
 }
 
 // The decode kernels' last step: one thread per (row, token) of the block's 16 rows adds the
@@ -526,16 +533,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
                 }
         }
     }
-    const int rw = R.rb + g;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-        const int t = n0 + nt * 8 + 2 * q;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int rr = rw + (e >> 1) * 8, tt = t + (e & 1);
-            if (rr < rows && tt < n) y[(long long)tt * rows + rr] = tot[nt][e];
-        }
-    }
+    qmm_store(tot, R, n0, rows, y, n);
 }
 
 // imv: n ≤ 8 tokens as one n8 tile; a block of 8 warps takes 16 rows, warp w the chunks w,
@@ -608,15 +606,6 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
 // activations' sum, two of quantize_a256's per-16 sums), both exact in int32; the super-block's
 // term da·(d·S1 − dmin·S2), each operation rounded as written (q4k_term), added to the total
 // left to right as one chunk (from 0). mmvq.cu's rowq_c_q4_k computes the same.
-__device__ __forceinline__ void k4_scale_min_i(const u8* q, int j, int& sc, int& mn) {
-    if (j < 4) {
-        sc = q[j] & 63;
-        mn = q[j + 4] & 63;
-    } else {
-        sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
-        mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
 // Sub-block jj's values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi), 0..15 as bytes, of the
 // super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks).
 __device__ __forceinline__ void q4k_frag(const u8* b, int jj, int q, u32& lo, u32& hi) {
@@ -742,16 +731,7 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
                 }
         }
     }
-    const int rw = R.rb + g;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-        const int t = n0 + nt * 8 + 2 * q;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int rr = rw + (e >> 1) * 8, tt = t + (e & 1);
-            if (rr < rows && tt < n) y[(long long)tt * rows + rr] = tot[nt][e];
-        }
-    }
+    qmm_store(tot, R, n0, rows, y, n);
 }
 
 // imv_q4_k: imv's layout, one super-block per chunk.        grid (ceil(rows / 16)), block 256

@@ -114,7 +114,7 @@ __device__ __forceinline__ void deq_q3_k(const u8* row, int g, float* v) {
         v[l] = (l < 16 ? d0 : d1) * qv;
     }
 }
-__device__ __forceinline__ void k4_scale_min(const u8* q, int j, float& sc, float& mn) {
+__device__ __forceinline__ void k4_scale_min_i(const u8* q, int j, int& sc, int& mn) {
     if (j < 4) {
         sc = q[j] & 63;
         mn = q[j + 4] & 63;
@@ -122,6 +122,12 @@ __device__ __forceinline__ void k4_scale_min(const u8* q, int j, float& sc, floa
         sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
         mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+__device__ __forceinline__ void k4_scale_min(const u8* q, int j, float& sc, float& mn) {
+    int s, m;
+    k4_scale_min_i(q, j, s, m);
+    sc = (float)s;
+    mn = (float)m;
 }
 // A Q4_K super-block's term over int8 activations in the one order the int8 kernels share
 // (qmm.cu imm_q4_k / imv_q4_k, mmvq.cu rowq_c_q4_k): da·(d·S1 − dmin·S2), rounded as written.
