@@ -245,7 +245,7 @@ __device__ __forceinline__ void rowq_q4_k(const u8* __restrict__ row, const i8* 
     }
 }
 
-// Q4_K in the order of qmm.cu's imm_q4_k (with QUIVER_CUDA_INT8_MMA): the 8 lanes of a
+// Q4_K in the order of imm.cu's imm_q4_k (with QUIVER_CUDA_INT8_MMA): the 8 lanes of a
 // super-block sum their integer parts of S1 = Σ sc·isum and S2 = Σ m·asum by xor shuffles
 // (exact), each computes the term da·(d·S1 − dmin·S2) as q4k_term does, and the 4 super-blocks
 // of a warp step are added to the total in order (from lanes 0, 8, 16, 24), each as a chunk

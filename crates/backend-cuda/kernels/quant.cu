@@ -130,7 +130,7 @@ __device__ __forceinline__ void k4_scale_min(const u8* q, int j, float& sc, floa
     mn = (float)m;
 }
 // A Q4_K super-block's term over int8 activations in the one order the int8 kernels share
-// (qmm.cu imm_q4_k / imv_q4_k, mmvq.cu rowq_c_q4_k): da·(d·S1 − dmin·S2), rounded as written.
+// (imm.cu imm_q4_k / imv_q4_k, mmvq.cu rowq_c_q4_k): da·(d·S1 − dmin·S2), rounded as written.
 __device__ __forceinline__ float q4k_term(float da, float d, float dmin, int s1, int s2) {
     return __fmul_rn(da, __fsub_rn(__fmul_rn(d, __int2float_rn(s1)), __fmul_rn(dmin, __int2float_rn(s2))));
 }

@@ -42,7 +42,7 @@ pub struct CudaConfig {
     pub int8: bool,
     /// Q4_0, Q8_0 and Q4_K products in one summation order whatever the token count
     /// (`QUIVER_CUDA_INT8_MMA=1`): the tensor-core products on int8 `mma` over the int8
-    /// activations (kernels/qmm.cu `imm_T` / `imv_T`, instead of f16 `qmm_T` / `qmv_T`) and the
+    /// activations (kernels/imm.cu `imm_T` / `imv_T`, instead of f16 `qmm_T` / `qmv_T`) and the
     /// decode kernels summing in their order (mmvq.cu `mmvqc*_T`), so the default path is batch
     /// invariant for these types. Off until measured on a GPU (tenth session: Q4_0 and Q8_0
     /// correct on the H200, not timed; Q4_K compiled only).

@@ -17,6 +17,7 @@ const ATTN: &str = include_str!("../kernels/attn.cu");
 const EXACT: &str = include_str!("../kernels/exact.cu");
 const QMM: &str = include_str!("../kernels/qmm.cu");
 const MMVQ: &str = include_str!("../kernels/mmvq.cu");
+const IMM: &str = include_str!("../kernels/imm.cu");
 const KVQ: &str = include_str!("../kernels/kvq.cu");
 
 /// Weight types with quantized kernels (`embed_T`, `dequant_f16_T`, `mmv_T`, `qmm_T`), by kernel
@@ -75,7 +76,7 @@ pub const EXACT_TYPES: &[&str] = &[
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
 ];
 
-/// Weight types with int8 tensor-core products (`imm_T`, `imv_T` in kernels/qmm.cu).
+/// Weight types with int8 tensor-core products (`imm_T`, `imv_T` in kernels/imm.cu).
 pub fn int8_mma(t: &str) -> bool {
     matches!(t, "q4_0" | "q8_0" | "q4_k")
 }
@@ -245,7 +246,7 @@ pub fn module_source(module: &str) -> Option<String> {
             };
             let int8 = match int8_activations(t) {
                 // The types with int8 tensor-core products also sum in their order (mmvqc*_T,
-                // the same bits as qmm.cu's imm_T).
+                // the same bits as imm.cu's imm_T).
                 Some(32) if int8_mma(t) => format!(
                     "ROWQ_A32({t}, LOAD_{u})\nQUANT_KERNELS_Q({t})\nROWQ_CANON({t}, LOADC_{u})\nQUANT_KERNELS_QC({t})\n",
                     u = t.to_uppercase()
@@ -264,8 +265,8 @@ pub fn module_source(module: &str) -> Option<String> {
                 _ => format!("DEQH_GENERIC({t})\n"),
             };
             let imm = match (int8_mma(t), bv) {
-                (true, 32) => format!("IMM_K({t}, {bb})\n"),
-                (true, _) => format!("IMMK_K({t})\n"),
+                (true, 32) => format!("#line 1 \"imm.cu\"\n{IMM}\nIMM_K({t}, {bb})\n"),
+                (true, _) => format!("#line 1 \"imm.cu\"\n{IMM}\nIMMK_K({t})\n"),
                 _ => String::new(),
             };
             let int8 = if int8.is_empty() {
@@ -490,6 +491,7 @@ mod tests {
             ("quant.cu", QUANT),
             ("mmvq.cu", MMVQ),
             ("qmm.cu", QMM),
+            ("imm.cu", IMM),
             ("kvq.cu", KVQ),
             ("ops.cu", OPS),
             ("attn.cu", ATTN),

@@ -1,0 +1,406 @@
+// Int8 tensor-core products over the decode kernels' int8 activations (QUIVER_CUDA_INT8_MMA):
+// imm_T / imv_T for Q4_0 and Q8_0 (32-blocks), imm_q4_k / imv_q4_k. Compiled after qmm.cu in
+// the modules of those types (it uses qmm.cu's windows, copies, QRows, qmm_store, qmv_total).
+
+// ---- Int8 tensor-core products (Q4_0, Q8_0): imm for many tokens, imv for decode ----
+// Over the int8 activations of quantize_a32 (aq [n, cols], ad: (d, d·Σq) per token and 32).
+// A block's integer dot product is exact whatever computes it, so a token's result is fixed by
+// one order of the float part: term(b) = (dw_b · da_b) · isum_b, each product rounded as
+// written; the terms of a chunk of 8 blocks (QMM_CHUNK columns) added left to right from 0,
+// the chunk sums left to right from 0. imm and imv both compute it (imm_terms): a token's
+// result is the same bits in any batch and on either kernel.
+// m16n8k32 s8: a0/a2 = row g's values 4q..4q+3 / 16+4q..16+4q+3, a1/a3 = row g + 8's; b0/b1 =
+// token g's same values; c0, c1 = (row g; tokens 2q, 2q+1), c2, c3 = row g + 8's.
+__device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// One row's values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi) of the block at b, as int8, and its d.
+__device__ __forceinline__ void iw_q8_0(const u8* b, int q, u32& lo, u32& hi, float& d) {
+    d = h2f(ld_u16(b));
+    lo = ld_u32_2a(b + 2 + 4 * q);
+    hi = ld_u32_2a(b + 18 + 4 * q);
+}
+__device__ __forceinline__ void iw_q4_0(const u8* b, int q, u32& lo, u32& hi, float& d) {
+    d = h2f(ld_u16(b));
+    const u32 w = ld_u32_2a(b + 2 + 4 * q);
+    lo = __vsub4(w & 0x0F0F0F0Fu, 0x08080808u);
+    hi = __vsub4((w >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+}
+typedef void (*IwFn)(const u8*, int, u32&, u32&, float&);
+
+// A's fragment for rows g and g + 8 from their blocks' bytes, and their d.
+template <IwFn IW>
+__device__ __forceinline__ void imm_frag(u32* a, float* dw, const u8* r0, const u8* r1, int q) {
+    IW(r0, q, a[0], a[2], dw[0]);
+    IW(r1, q, a[1], a[3], dw[1]);
+}
+// acc[e] += the block's terms of an n8 tile: a, dw as imm_frag made them, the tokens' b0/b1
+// and their d (da0 for token 2q, da1 for 2q + 1).
+__device__ __forceinline__ void imm_terms(float* acc, const u32* a, const float* dw, u32 b0, u32 b1,
+                                          float da0, float da1) {
+    int c[4] = {0, 0, 0, 0};
+    mma_s8(c, a, b0, b1);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float s = __fmul_rn(dw[e >> 1], (e & 1) ? da1 : da0);
+        acc[e] = __fadd_rn(acc[e], __fmul_rn(s, __int2float_rn(c[e])));
+    }
+}
+
+// imm: CTA 64 rows × 64 tokens, 4 warps of 16 rows, stages of 128 columns (4 blocks) as qmm:
+// weight windows, the tokens' int8 activations and their d through shared memory with cp.async,
+// QMM_NST stages in flight.                     grid (ceil(n / 64), ceil(rows / 64)), block 128
+#define IMM_XLD 144
+template <IwFn IW, int BB>
+__device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                         int cols, const i8* __restrict__ aq,
+                                         const float* __restrict__ ad, float* __restrict__ y, int n) {
+    typedef QWin<BB, 32> Q;
+    extern __shared__ __align__(16) u8 qsm[];
+    u8* Xs = qsm;                                                   // [stage][token][IMM_XLD]
+    float* Ds = (float*)(qsm + QMM_NST * QMM_BN * IMM_XLD);         // [stage][block][token]
+    u8* Ws = (u8*)(Ds + QMM_NST * 4 * QMM_BN);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int n0 = blockIdx.x * QMM_BN;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
+    const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
+    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
+    auto copy_x = [&](int b, int j) {
+        u8* xs = Xs + b * QMM_BN * IMM_XLD;
+        float* ds = Ds + b * 4 * QMM_BN;
+        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
+            const int t = i >> 3, p = i & 7, k = j * QMM_BK + 16 * p;
+            const bool ok = n0 + t < n && k < cols;
+            cp_async16(xs + t * IMM_XLD + 16 * p, ok ? aq + (long long)(n0 + t) * cols + k : aq, ok);
+        }
+        for (int i = threadIdx.x; i < QMM_BN * 4; i += 32 * QMM_WARPS) {
+            const int kb = i / QMM_BN, t = i % QMM_BN, blk = 4 * j + kb;
+            const bool ok = n0 + t < n && blk < ng;
+            const float* src = ok ? ad + ((long long)(n0 + t) * ng + blk) * 2 : ad;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(ds + i)), "l"(src), "r"(ok ? 4 : 0));
+        }
+    };
+    float acc[8][4], tot[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][e] = tot[i][e] = 0.f;
+#pragma unroll
+    for (int st = 0; st < QMM_NST - 1; st++) {
+        if (st < nst) {
+            copy_x(st, st);
+            qmm_copy_w<Q>(wbuf(st), R, st);
+        }
+        cp_async_commit();
+    }
+    for (int j = 0; j < nst; j++) {
+        cp_async_wait<QMM_NST - 2>();
+        __syncthreads();
+        const int st = j + QMM_NST - 1;
+        if (st < nst) {
+            copy_x(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
+        }
+        cp_async_commit();
+        const u8* win = wbuf(j % QMM_NST);
+        const u8* xs = Xs + (j % QMM_NST) * QMM_BN * IMM_XLD;
+        const float* ds = Ds + (j % QMM_NST) * 4 * QMM_BN;
+        const int off0 = (int)((u64)(R.row(g) + Q::start(j)) & 15), off1 = (int)((u64)(R.row(g + 8) + Q::start(j)) & 15);
+        for (int kb = 0; kb < 4 && 4 * j + kb < ng; kb++) {
+            u32 a[4];
+            float dw[2];
+            imm_frag<IW>(a, dw, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
+                const float2 da = *(const float2*)(ds + kb * QMM_BN + nt * 8 + 2 * q);
+                imm_terms(acc[nt], a, dw, *(const u32*)xb, *(const u32*)(xb + 16), da.x, da.y);
+            }
+        }
+        if (((j + 1) * QMM_BK) % QMM_CHUNK == 0 || j + 1 == nst) {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    tot[i][e] = __fadd_rn(tot[i][e], acc[i][e]);
+                    acc[i][e] = 0.f;
+                }
+        }
+    }
+    qmm_store(tot, R, n0, rows, y, n);
+}
+
+// imv: n ≤ 8 tokens as one n8 tile; a block of 8 warps takes 16 rows, warp w the chunks w,
+// w + 8, … (8 blocks each, their weight bytes copied to shared memory while the previous
+// chunk is multiplied), the chunk sums added left to right by one thread per (row, token), as
+// qmv does.                                 grid (ceil(rows / 16)), block 256, dynamic smem
+template <IwFn IW, int BB>
+__device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                         int cols, const i8* __restrict__ aq,
+                                         const float* __restrict__ ad, float* __restrict__ y, int n) {
+    typedef QWinC<BB, 32> Q;
+    constexpr int QW = 8;
+    extern __shared__ __align__(16) u8 qsm[];
+    float* part = (float*)(qsm + QW * 2 * 16 * Q::WIN);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
+    const int ng = cols / 32, nch = (ng + 7) / 8;
+    auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
+    // Token g's activations (zeros past the last token); tokens 2q, 2q + 1's d.
+    const bool tok = g < n;
+    const i8* xr = aq + (long long)(tok ? g : 0) * cols;
+    const int t0 = min(2 * q, n - 1), t1 = min(2 * q + 1, n - 1);
+    if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
+    cp_async_commit();
+    for (int c = warp, i = 0; c < nch; c += QW, i++) {
+        if (c + QW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + QW));
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp();
+        const u8* win = wbuf(i & 1);
+        const int off0 = (int)((u64)(R.row(g) + Q::start(2 * c)) & 15), off1 = (int)((u64)(R.row(g + 8) + Q::start(2 * c)) & 15);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int kb = 0; kb < 8 && 8 * c + kb < ng; kb++) {
+            const int blk = 8 * c + kb;
+            u32 a[4];
+            float dw[2];
+            imm_frag<IW>(a, dw, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
+            const u32* xp = (const u32*)(xr + blk * 32 + 4 * q);
+            const u32 b0 = tok ? xp[0] : 0u, b1 = tok ? xp[4] : 0u;
+            imm_terms(acc, a, dw, b0, b1, ad[((long long)t0 * ng + blk) * 2], ad[((long long)t1 * ng + blk) * 2]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[c * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
+        __syncwarp();
+    }
+    __syncthreads();
+    qmv_total(part, nch, R, rows, y, n);
+}
+
+#define IMM_K(T, BB)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
+        imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
+                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
+                float* __restrict__ y, int n) {                                                       \
+        pdl_begin();                                                                                  \
+        imm_impl<iw_##T, BB>(W, row_bytes, rows, cols, aq, ad, y, n);                                 \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256)                                                 \
+        imv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
+                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
+                float* __restrict__ y, int n) {                                                       \
+        pdl_begin();                                                                                  \
+        imv_impl<iw_##T, BB>(W, row_bytes, rows, cols, aq, ad, y, n);                                 \
+    }
+
+// ---- Q4_K on int8 mma (imm_q4_k, imv_q4_k) over quantize_a256's activations ----
+// Per super-block and (row, token): S1 = Σ_j sc_j·isum_j and S2 = Σ_j m_j·asum_j over its 8
+// sub-blocks (isum_j: the unsigned nibbles against the int8 activations; asum_j: the
+// activations' sum, two of quantize_a256's per-16 sums), both exact in int32; the super-block's
+// term da·(d·S1 − dmin·S2), each operation rounded as written (q4k_term), added to the total
+// left to right as one chunk (from 0). mmvq.cu's rowq_c_q4_k computes the same.
+// Sub-block jj's values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi), 0..15 as bytes, of the
+// super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks).
+__device__ __forceinline__ void q4k_frag(const u8* b, int jj, int q, u32& lo, u32& hi) {
+    const u8* p = b + 16 + 32 * (jj >> 1) + 4 * q;
+    const int sh = 4 * (jj & 1);
+    lo = (*(const u32*)p >> sh) & 0x0F0F0F0Fu;
+    hi = (*(const u32*)(p + 16) >> sh) & 0x0F0F0F0Fu;
+}
+
+// imm_q4_k: qmm's tiling (64 rows × 64 tokens, stages of 128 columns: half a super-block). Per
+// stage the tokens' int8 activations, their 8 per-16 sums and their super-block's d go through
+// shared memory. S1 grows by sc·(one m16n8k32 mma per sub-block), S2 by the stage's 4
+// sub-blocks, and the term is added at the super-block's second stage.
+__device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                              int cols, const i8* __restrict__ aq,
+                                              const float* __restrict__ ad, const int* __restrict__ abs_,
+                                              float* __restrict__ y, int n) {
+    typedef QWin<144, 256> Q;
+    extern __shared__ __align__(16) u8 qsm[];
+    u8* Xs = qsm;                                              // [stage][token][IMM_XLD]
+    int* As = (int*)(qsm + QMM_NST * QMM_BN * IMM_XLD);        // [stage][sixteen][token]
+    float* Dd = (float*)(As + QMM_NST * 8 * QMM_BN);           // [stage][token]
+    u8* Ws = (u8*)(Dd + QMM_NST * QMM_BN);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int n0 = blockIdx.x * QMM_BN;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
+    const int nst = cols / QMM_BK, nsb = cols / 256;
+    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
+    auto copy_x = [&](int b, int j) {
+        u8* xs = Xs + b * QMM_BN * IMM_XLD;
+        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
+            const int t = i >> 3, p = i & 7, k = j * QMM_BK + 16 * p;
+            const bool ok = n0 + t < n;
+            cp_async16(xs + t * IMM_XLD + 16 * p, ok ? aq + (long long)(n0 + t) * cols + k : aq, ok);
+        }
+        int* as = As + b * 8 * QMM_BN;
+        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
+            const int h = i / QMM_BN, t = i % QMM_BN;
+            const bool ok = n0 + t < n;
+            const int* src = ok ? abs_ + (long long)(n0 + t) * (cols / 16) + j * 8 + h : abs_;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(as + i)), "l"(src), "r"(ok ? 4 : 0));
+        }
+        float* dd = Dd + b * QMM_BN;
+        for (int t = threadIdx.x; t < QMM_BN; t += 32 * QMM_WARPS) {
+            const bool ok = n0 + t < n;
+            const float* src = ok ? ad + (long long)(n0 + t) * nsb + (j >> 1) : ad;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dd + t)), "l"(src), "r"(ok ? 4 : 0));
+        }
+    };
+    int S1[8][4], S2[8][4];
+    float tot[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            S1[i][e] = S2[i][e] = 0;
+            tot[i][e] = 0.f;
+        }
+#pragma unroll
+    for (int st = 0; st < QMM_NST - 1; st++) {
+        if (st < nst) {
+            copy_x(st, st);
+            qmm_copy_w<Q>(wbuf(st), R, st);
+        }
+        cp_async_commit();
+    }
+    for (int j = 0; j < nst; j++) {
+        cp_async_wait<QMM_NST - 2>();
+        __syncthreads();
+        const int st = j + QMM_NST - 1;
+        if (st < nst) {
+            copy_x(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
+        }
+        cp_async_commit();
+        const u8* win = wbuf(j % QMM_NST);
+        const u8* xs = Xs + (j % QMM_NST) * QMM_BN * IMM_XLD;
+        const int* as = As + (j % QMM_NST) * 8 * QMM_BN;
+        const float* dd = Dd + (j % QMM_NST) * QMM_BN;
+        const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(j)) & 15);
+        const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(j)) & 15);
+        const int half = j & 1;
+        int sc[2][4], mn[2][4];
+#pragma unroll
+        for (int kb = 0; kb < 4; kb++) {
+            k4_scale_min_i(b0 + 4, 4 * half + kb, sc[0][kb], mn[0][kb]);
+            k4_scale_min_i(b1 + 4, 4 * half + kb, sc[1][kb], mn[1][kb]);
+        }
+#pragma unroll
+        for (int kb = 0; kb < 4; kb++) {
+            u32 a[4];
+            q4k_frag(b0, 4 * half + kb, q, a[0], a[2]);
+            q4k_frag(b1, 4 * half + kb, q, a[1], a[3]);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
+                int c[4] = {0, 0, 0, 0};
+                mma_s8(c, a, *(const u32*)xb, *(const u32*)(xb + 16));
+#pragma unroll
+                for (int e = 0; e < 4; e++) S1[nt][e] += sc[e >> 1][kb] * c[e];
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int tt = nt * 8 + 2 * q + (e & 1);
+#pragma unroll
+                for (int kb = 0; kb < 4; kb++)
+                    S2[nt][e] += mn[e >> 1][kb] * (as[(2 * kb) * QMM_BN + tt] + as[(2 * kb + 1) * QMM_BN + tt]);
+            }
+        if (half == 1) {
+            const float d[2] = {h2f(ld_u16(b0)), h2f(ld_u16(b1))};
+            const float dm[2] = {h2f(ld_u16(b0 + 2)), h2f(ld_u16(b1 + 2))};
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float term = q4k_term(dd[nt * 8 + 2 * q + (e & 1)], d[e >> 1], dm[e >> 1], S1[nt][e], S2[nt][e]);
+                    tot[nt][e] = __fadd_rn(tot[nt][e], __fadd_rn(0.f, term));
+                    S1[nt][e] = S2[nt][e] = 0;
+                }
+        }
+    }
+    qmm_store(tot, R, n0, rows, y, n);
+}
+
+// imv_q4_k: imv's layout, one super-block per chunk.        grid (ceil(rows / 16)), block 256
+__device__ __forceinline__ void imv_q4_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                              int cols, const i8* __restrict__ aq,
+                                              const float* __restrict__ ad, const int* __restrict__ abs_,
+                                              float* __restrict__ y, int n) {
+    typedef QWinC<144, 256> Q;
+    constexpr int QW = 8;
+    extern __shared__ __align__(16) u8 qsm[];
+    float* part = (float*)(qsm + QW * 2 * 16 * Q::WIN);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
+    const int nch = cols / 256;
+    auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
+    const bool tok = g < n;
+    const i8* xr = aq + (long long)(tok ? g : 0) * cols;
+    const int tk[2] = {min(2 * q, n - 1), min(2 * q + 1, n - 1)};
+    if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
+    cp_async_commit();
+    for (int c = warp, i = 0; c < nch; c += QW, i++) {
+        if (c + QW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + QW));
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp();
+        const u8* win = wbuf(i & 1);
+        const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(2 * c)) & 15);
+        const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(2 * c)) & 15);
+        int S1[4] = {0, 0, 0, 0}, S2[4] = {0, 0, 0, 0};
+        for (int jj = 0; jj < 8; jj++) {
+            int sc[2], mn[2];
+            k4_scale_min_i(b0 + 4, jj, sc[0], mn[0]);
+            k4_scale_min_i(b1 + 4, jj, sc[1], mn[1]);
+            u32 a[4];
+            q4k_frag(b0, jj, q, a[0], a[2]);
+            q4k_frag(b1, jj, q, a[1], a[3]);
+            const u32* xp = (const u32*)(xr + c * 256 + jj * 32 + 4 * q);
+            int cc[4] = {0, 0, 0, 0};
+            mma_s8(cc, a, tok ? xp[0] : 0u, tok ? xp[4] : 0u);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int* bs = abs_ + (long long)tk[e & 1] * (cols / 16) + c * 16 + 2 * jj;
+                S1[e] += sc[e >> 1] * cc[e];
+                S2[e] += mn[e >> 1] * (bs[0] + bs[1]);
+            }
+        }
+        const float d[2] = {h2f(ld_u16(b0)), h2f(ld_u16(b1))};
+        const float dm[2] = {h2f(ld_u16(b0 + 2)), h2f(ld_u16(b1 + 2))};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float term = q4k_term(ad[(long long)tk[e & 1] * nch + c], d[e >> 1], dm[e >> 1], S1[e], S2[e]);
+            part[c * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = __fadd_rn(0.f, term);
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    qmv_total(part, nch, R, rows, y, n);
+}
+
+#define IMMK_K(T)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
+        imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
+                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
+                float* __restrict__ y, int n) {                                                       \
+        pdl_begin();                                                                                  \
+        imm_##T##_impl(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                                 \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256)                                                 \
+        imv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
+                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
+                float* __restrict__ y, int n) {                                                       \
+        pdl_begin();                                                                                  \
+        imv_##T##_impl(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                                 \
+    }
