@@ -753,6 +753,19 @@ impl Backend for CpuBackend {
         out.extend_from_slice(&x[..n]);
         Ok(())
     }
+
+    fn mask_rows(&self, x: &mut Vec<f32>, cols: usize, masks: &[(usize, &[u32])]) -> Result<()> {
+        for &(row, bits) in masks {
+            let Some(r) = x.get_mut(row * cols..(row + 1) * cols) else {
+                return Err(BackendError::Shape {
+                    op: "mask_rows",
+                    detail: format!("row {row} of {cols} past {} values", x.len()),
+                });
+            };
+            quiver_backend::reference::mask_row(r, bits);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

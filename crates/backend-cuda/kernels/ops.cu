@@ -148,6 +148,16 @@ extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restri
         for (long long j = n & ~3LL; j < n; j++) out[j] = f2h(x[j]);
 }
 
+// Constrained decoding's masks: mask m's row (rows[m]) keeps column c only where bit c of its
+// `words` words is set (bits past them refuse). grid (ceil(cols / 256), masks), block 256.
+extern "C" __global__ void mask_rows(float* __restrict__ x, const u32* __restrict__ bits, const u32* __restrict__ rows,
+                                     int words, int cols) { pdl_begin();
+    const int m = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    const u32 w = c / 32 < words ? bits[(long long)m * words + c / 32] : 0u;
+    if (!((w >> (c & 31)) & 1u)) x[(long long)rows[m] * cols + c] = -__int_as_float(0x7f800000);
+}
+
 // Index of the largest value of each row (the first on ties); grid (rows), block 1024.
 extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int cols) { pdl_begin();
     const float* r = x + (long long)blockIdx.x * cols;

@@ -471,6 +471,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn mask_rows(&self, x: &mut CudaBuf, cols: usize, masks: &[(usize, &[u32])]) -> Result<()> {
+        self.mask_logit_rows(x, cols, masks)
+    }
+
     fn argmax(&self, x: &CudaBuf, rows: usize, cols: usize, out: &mut Vec<u32>) -> Result<()> {
         match &self.mode {
             Mode::Fast => self.argmax_rows(x, rows, cols, out),

@@ -1,6 +1,6 @@
 //! The logits read back as ids (ops.cu `argmax_rows`, `topk_rows`): greedy decoding and top-k
 //! sampling copy a few values per row instead of the row. Comparisons only, so the parity mode
-//! runs them too.
+//! runs them too; so does constrained decoding's masking (`mask_rows`).
 
 use crate::memory::CudaBuf;
 use crate::{check, CudaBackend};
@@ -62,4 +62,52 @@ impl CudaBackend {
         out.resize(rows, 0);
         self.dev.dtoh(out, ids).map_err(BackendError::Device)
     }
+
+    /// Constrained decoding's masks (`Backend::mask_rows`): the rows and bits go up in one
+    /// copy, one launch refuses the columns.
+    pub(crate) fn mask_logit_rows(
+        &self,
+        x: &CudaBuf,
+        cols: usize,
+        masks: &[(usize, &[u32])],
+    ) -> Result<()> {
+        if masks.is_empty() {
+            return Ok(());
+        }
+        let words = cols.div_ceil(32);
+        for &(row, _) in masks {
+            check("mask_rows", (row + 1) * cols <= x.len, || {
+                format!("row {row} of {cols} past {}", x.len)
+            })?;
+        }
+        let mut host = vec![0u32; masks.len() * (words + 1)];
+        let (rows, bits) = host.split_at_mut(masks.len());
+        for (m, &(row, b)) in masks.iter().enumerate() {
+            rows[m] = row as u32;
+            let n = b.len().min(words);
+            bits[m * words..][..n].copy_from_slice(&b[..n]);
+        }
+        let dev = self.scratch_ptr(|s| &mut s.masks, host.len() * 4, "token masks")?;
+        self.dev
+            .htod_async(dev, &host)
+            .map_err(BackendError::Device)?;
+        self.launch(
+            "ops",
+            "mask_rows",
+            (cols.div_ceil(256) as u32, masks.len() as u32, 1),
+            (256, 1, 1),
+            args![
+                x.ptr(),
+                dev + masks.len() as u64 * 4,
+                dev,
+                words as i32,
+                cols as i32
+            ],
+        )
+    }
+}
+
+/// Bytes of the mask scratch for `rows` masks of `cols` columns.
+pub(crate) fn mask_bytes(rows: usize, cols: usize) -> usize {
+    rows * (cols.div_ceil(32) + 1) * 4
 }

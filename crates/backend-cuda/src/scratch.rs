@@ -15,6 +15,8 @@ pub(crate) struct Scratch {
     pub(crate) top_ids: Option<DevBuf>,
     pub(crate) top_vals: Option<DevBuf>,
     pub(crate) ids: Option<DevBuf>,
+    /// Constrained decoding's masks: each mask's row, then its bits.
+    pub(crate) masks: Option<DevBuf>,
     /// int8 activations: quants, scales, per-16 sums.
     pub(crate) aq: Option<DevBuf>,
     pub(crate) ad: Option<DevBuf>,
@@ -65,6 +67,11 @@ impl CudaBackend {
                 "top-k values",
             ),
             (|s| &mut s.ids, ws.max_logits.max(1) * 4, "argmax ids"),
+            (
+                |s| &mut s.masks,
+                crate::sampling::mask_bytes(ws.max_logits, ws.n_vocab),
+                "token masks",
+            ),
             (|s| &mut s.aq, n * cols, "int8 activations"),
             (|s| &mut s.ad, n * cols / 4, "activation scales"),
             (|s| &mut s.abs, n * cols / 4, "activation sums"),

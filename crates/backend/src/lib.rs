@@ -595,6 +595,11 @@ pub trait Backend {
     }
     /// Copies the first n elements to the host.
     fn read(&self, x: &Self::Buf, n: usize, out: &mut Vec<f32>) -> Result<()>;
+    /// Constrained decoding's token masks, applied where the logits are: for each
+    /// `(row, bits)`, column c of that row (rows of `cols`) becomes −∞ unless bit c of `bits`
+    /// is set (`bits[c / 32] >> (c % 32) & 1`); columns past the bits are refused. Greedy and
+    /// top-k rows then still read back a few values per row.
+    fn mask_rows(&self, x: &mut Self::Buf, cols: usize, masks: &[(usize, &[u32])]) -> Result<()>;
     /// The `k` largest values of each of `rows` rows of `cols` as (index, value), best first,
     /// ties to the smaller index: `k` pairs per row, row after row (a sampler with top-k needs
     /// only these).

@@ -150,6 +150,21 @@ pub fn rope(x: &mut [f32], positions: &[u32], n_heads: usize, head_dim: usize, p
     }
 }
 
+/// Constrained decoding's mask on one row ([`crate::Backend::mask_rows`]): column c keeps its
+/// value only where bit c of `bits` is set; columns past the bits are refused.
+pub fn mask_row(row: &mut [f32], bits: &[u32]) {
+    for (i, chunk) in row.chunks_mut(32).enumerate() {
+        let w = bits.get(i).copied().unwrap_or(0);
+        if w != u32::MAX {
+            for (b, v) in chunk.iter_mut().enumerate() {
+                if (w >> b) & 1 == 0 {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
 /// Index of the largest value, the first on ties (NaN never wins).
 pub fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;

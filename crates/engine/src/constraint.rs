@@ -138,30 +138,30 @@ impl Constraint {
 
     /// Masks `logits` by `vob` ([`Constraint::next_mask`]'s).
     pub fn apply(&self, vob: &SimpleVob, logits: &mut [f32]) {
-        let eos_ok = vob.is_allowed(self.primary_eos);
-        // The end-of-generation tokens follow the primary EOS (the trie marks them special).
-        let mut keep = [(0u32, 0f32); 8];
-        let mut n_keep = 0;
-        if eos_ok {
-            for &id in self.eog.iter().take(keep.len()) {
-                if let Some(&l) = logits.get(id as usize) {
-                    keep[n_keep] = (id, l);
-                    n_keep += 1;
+        quiver_backend::reference::mask_row(logits, &self.bits(vob, logits.len()));
+    }
+
+    /// `vob` as the bits of `n_vocab` logits ([`quiver_backend::Backend::mask_rows`]'s):
+    /// where the grammar may end, every end-of-generation token is allowed with the primary
+    /// EOS (the trie marks the others special); rows past the trie's vocabulary (padding of
+    /// the output matrix) never are.
+    pub fn bits(&self, vob: &SimpleVob, n_vocab: usize) -> Vec<u32> {
+        let mut bits = vec![0u32; n_vocab.div_ceil(32)];
+        let n = vob.len().min(n_vocab);
+        let src = vob.as_slice();
+        let whole = n / 32;
+        bits[..whole].copy_from_slice(&src[..whole]);
+        if !n.is_multiple_of(32) {
+            bits[whole] = src[whole] & ((1u32 << (n % 32)) - 1);
+        }
+        if vob.is_allowed(self.primary_eos) {
+            for &id in &self.eog {
+                if (id as usize) < n_vocab {
+                    bits[id as usize / 32] |= 1 << (id % 32);
                 }
             }
         }
-        vob.iter_unset_entries(|i| {
-            if let Some(l) = logits.get_mut(i) {
-                *l = f32::NEG_INFINITY;
-            }
-        });
-        // Rows past the trie's vocabulary (padding of the output matrix) are never allowed.
-        if logits.len() > vob.len() {
-            logits[vob.len()..].fill(f32::NEG_INFINITY);
-        }
-        for &(id, l) in &keep[..n_keep] {
-            logits[id as usize] = l;
-        }
+        bits
     }
 
     /// Takes the token drawn. An end-of-generation token ends the grammar.

@@ -48,7 +48,8 @@ pub enum Fetch {
 
 impl Fetch {
     /// What one row needs: its sampler's needs, unless it wants log-probabilities or its
-    /// logits are masked (constrained decoding), which need the whole row.
+    /// logits are masked on the host (constrained decoding with log-probabilities), which
+    /// need the whole row.
     pub fn of(needs: Needs, logprobs: bool, masked: bool) -> Fetch {
         match needs {
             _ if logprobs || masked => Fetch::Logits,
@@ -238,6 +239,16 @@ impl<B: Backend> ModelRunner<B> {
         let batch = self.batch.build_scheduled(out);
         self.model
             .forward(&mut self.backend, &mut self.state, batch)?;
+        Ok(())
+    }
+
+    /// Constrained decoding: masks the last step's logits rows on the device, (row, bits)
+    /// as [`Backend::mask_rows`] takes them.
+    pub fn mask_rows(&mut self, masks: &[(usize, &[u32])]) -> Result<()> {
+        let nv = self.n_vocab();
+        self.backend
+            .mask_rows(&mut self.state.logits, nv, masks)
+            .map_err(ModelError::from)?;
         Ok(())
     }
 

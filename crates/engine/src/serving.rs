@@ -410,19 +410,31 @@ impl<'a, B: Backend> Engine<'a, B> {
             if jobs.is_empty() {
                 runner.execute(out)?;
             } else {
+                let mut jobs = jobs;
+                // A thread per four masks, at most four (a JSON schema's mask can take a
+                // millisecond; a step's forward pass may take less).
+                let per = jobs.len().div_ceil(jobs.len().div_ceil(4).min(4));
                 let computed = std::thread::scope(|sc| {
-                    let h = sc.spawn(move || {
-                        jobs.into_iter()
-                            .map(|(id, c)| (id, c.next_mask()))
-                            .collect::<Vec<_>>()
-                    });
+                    let hs: Vec<_> = jobs
+                        .chunks_mut(per)
+                        .map(|chunk| {
+                            sc.spawn(move || {
+                                chunk
+                                    .iter_mut()
+                                    .map(|(id, c)| (*id, c.next_mask()))
+                                    .collect::<Vec<_>>()
+                            })
+                        })
+                        .collect();
                     let r = runner.execute(out);
-                    (r, h.join())
+                    (r, hs.into_iter().map(|h| h.join()).collect::<Vec<_>>())
                 });
                 computed.0?;
-                match computed.1 {
-                    Ok(v) => masks.extend(v),
-                    Err(_) => return Err(EngineError::Thread("constraint masks".into())),
+                for v in computed.1 {
+                    match v {
+                        Ok(v) => masks.extend(v),
+                        Err(_) => return Err(EngineError::Thread("constraint masks".into())),
+                    }
                 }
             }
         }
@@ -485,13 +497,27 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
             if let Some(l) = live.get(&s.id).filter(|_| !embeds) {
                 let prompt = s.logits_from == Some(0) && l.prompt_logprobs.is_some();
-                let f = Fetch::of(
-                    l.sampler.needs(),
-                    l.logprobs.is_some() || prompt,
-                    l.constraint.is_some(),
-                );
+                // A constraint masks on the device (below) unless log-probabilities are
+                // wanted: those read the whole row anyway, and the host masks it.
+                let f = Fetch::of(l.sampler.needs(), l.logprobs.is_some() || prompt, false);
                 how = how.merge(if s.sample || prompt { f } else { Fetch::Argmax });
             }
+        }
+        // The constrained rows without log-probabilities are masked where the logits are.
+        let mut on_device: Vec<(usize, Vec<u32>)> = Vec::new();
+        for &(id, r) in rows.iter() {
+            let Some(l) = live.get_mut(&id).filter(|l| l.logprobs.is_none()) else {
+                continue;
+            };
+            if let Some(c) = l.constraint.as_mut() {
+                if let Ok(vob) = masks.entry(id).or_insert_with(|| c.next_mask()) {
+                    on_device.push((r, c.bits(vob, runner.n_vocab())));
+                }
+            }
+        }
+        if !on_device.is_empty() {
+            let m: Vec<(usize, &[u32])> = on_device.iter().map(|(r, b)| (*r, &b[..])).collect();
+            runner.mask_rows(&m)?;
         }
         let picker = runner.fetch(n_rows, how)?;
         // Prompt log-probabilities: row k of a prompt chunk at position j predicts token j + 1.
@@ -539,7 +565,12 @@ impl<'a, B: Backend> Engine<'a, B> {
                         continue;
                     };
                     let mut mask = |row: &mut [f32]| c.apply(&vob, row);
-                    let p = picker.pick(r, &mut l.sampler, history, l.logprobs, Some(&mut mask));
+                    // Masked on the device already unless log-probabilities are wanted.
+                    let host = l
+                        .logprobs
+                        .is_some()
+                        .then_some(&mut mask as crate::runner::Mask);
+                    let p = picker.pick(r, &mut l.sampler, history, l.logprobs, host);
                     let committed = c.commit(p.token);
                     if committed.is_err() {
                         // The matcher failed (an internal error, not the model's doing): the

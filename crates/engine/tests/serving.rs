@@ -109,7 +109,7 @@ fn batched_requests_equal_solo_runs_and_blocks_come_back() {
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let temp = if i % 2 == 0 { 0.0 } else { 0.9 };
+            let temp = if i.is_multiple_of(2) { 0.0 } else { 0.9 };
             let mut s = Sampler::new(SamplerParams {
                 temperature: temp,
                 seed: i as u64,
@@ -140,7 +140,7 @@ fn batched_requests_equal_solo_runs_and_blocks_come_back() {
         .map(|(i, p)| {
             submit(
                 &h,
-                request(p, 12, if i % 2 == 0 { 0.0 } else { 0.9 }, i as u64),
+                request(p, 12, if i.is_multiple_of(2) { 0.0 } else { 0.9 }, i as u64),
             )
         })
         .collect();
@@ -149,7 +149,7 @@ fn batched_requests_equal_solo_runs_and_blocks_come_back() {
         assert_eq!(reason, FinishReason::Length);
         // Greedy requests must match token for token; sampled ones share the seed and logits
         // up to rounding, so they match too unless a draw lands on a rounding edge.
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             assert_eq!(ids, solo[i], "request {i} differs from its solo run");
         }
         assert_eq!(ids.len(), 12);
@@ -281,4 +281,66 @@ fn gauges_are_current_when_events_arrive() {
         }
     }
     assert_eq!(seen, 2);
+}
+
+/// Constrained requests (a regular expression greedy, a JSON schema sampled at 0.9) alone,
+/// together, and together with log-probabilities (which mask on the host, the others where
+/// the logits are): the same tokens every time, and the text follows the grammar.
+#[test]
+fn constrained_requests_agree_alone_together_and_masked_on_the_host() {
+    use quiver_engine::constraint::{ConstraintSpec, Grammars};
+    let f = file();
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let g = Grammars::new(&tok).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+        "required": ["color", "ok"],
+        "additionalProperties": false
+    });
+    let ps = prompts(&tok);
+    let reqs = |logprobs: Option<usize>| -> Vec<Request> {
+        ps.iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (spec, temp) = if i.is_multiple_of(2) {
+                    (ConstraintSpec::Regex("[a-z ]+".into()), 0.0)
+                } else {
+                    (ConstraintSpec::JsonSchema(schema.clone()), 0.9)
+                };
+                let mut r = request(p, 24, temp, i as u64);
+                r.constraint = Some(g.constraint(&spec).unwrap());
+                r.logprobs = logprobs;
+                r
+            })
+            .collect()
+    };
+    let h = start(256, 8);
+    let alone: Vec<_> = reqs(None)
+        .into_iter()
+        .map(|r| collect(submit(&h, r)))
+        .collect();
+    for (i, (ids, text, _, _)) in alone.iter().enumerate() {
+        assert!(!ids.is_empty(), "request {i} made nothing");
+        if i.is_multiple_of(2) {
+            assert!(
+                text.chars().all(|c| c == ' ' || c.is_ascii_lowercase()),
+                "request {i}: {text:?}"
+            );
+        } else {
+            let v: serde_json::Value = serde_json::from_str(text)
+                .unwrap_or_else(|e| panic!("request {i}: {text:?} is not JSON: {e}"));
+            assert!(["red", "green", "blue"].contains(&v["color"].as_str().unwrap()));
+        }
+    }
+    for logprobs in [None, Some(1)] {
+        let rxs: Vec<_> = reqs(logprobs).into_iter().map(|r| submit(&h, r)).collect();
+        for (i, rx) in rxs.into_iter().enumerate() {
+            let (ids, text, ..) = collect(rx);
+            assert_eq!(
+                ids, alone[i].0,
+                "request {i}, logprobs {logprobs:?}: {text:?}"
+            );
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! The ops that need no step: norms (plain, in place, fused with the residual add), `add`,
-//! `glu` (both activations), `softcap`, `argmax` and `top_k`; and, where the backend has them,
+//! `glu` (both activations), `softcap`, `argmax`, `top_k` and `mask_rows`; and, where the backend has them,
 //! the extra ops (`scale`, `rms_norm_plain`, `mul_cols`, `copy_cols`).
 
 use super::cases::{GLU, LOGITS, NORMS, TOP_K};
@@ -117,7 +117,7 @@ fn extras<B: Backend, H: Harness<B>>(
 }
 
 /// `argmax` (ties to the first), `top_k` (ties to the smaller index, NaN never counts, every
-/// row k pairs) and `softcap` over `rows` rows of `cols` logits.
+/// row k pairs), `mask_rows` and `softcap` over `rows` rows of `cols` logits.
 fn logits<B: Backend, H: Harness<B>>(
     be: &B,
     h: &H,
@@ -155,6 +155,32 @@ fn logits<B: Backend, H: Harness<B>>(
         assert_eq!(got, want, "top_k {k} of {what}");
         notes.checked += 1;
     }
+
+    // Masks on two of the rows (the last and the first, in that order): random bits, one
+    // word short on the first (the columns past the bits are refused); the other rows keep
+    // their values, and the masked rows' argmax is the best allowed column.
+    let mut masked = logits.clone();
+    let words = cols.div_ceil(32);
+    let b0: Vec<u32> = (0..words)
+        .map(|_| (rng.below(1 << 16) as u32) << 16 | rng.below(1 << 16) as u32)
+        .collect();
+    let b1: Vec<u32> = (0..words - 1).map(|_| rng.below(1 << 16) as u32).collect();
+    let masks = [(rows - 1, &b0[..]), (0, &b1[..])];
+    for &(r, bits) in &masks {
+        reference::mask_row(&mut masked[r * cols..][..cols], bits);
+    }
+    let mut mb = h.upload(be, &logits);
+    be.mask_rows(&mut mb, cols, &masks).unwrap();
+    let got = read(be, &mb, rows * cols);
+    assert_eq!(super::bits_differ(&got, &masked), 0, "mask_rows {what}");
+    be.argmax(&mb, rows, cols, &mut ids).unwrap();
+    let want_ids: Vec<u32> = masked.chunks(cols).map(reference::argmax).collect();
+    assert_eq!(ids, want_ids, "argmax after mask_rows {what}");
+    assert!(masked[..cols]
+        .iter()
+        .skip((words - 1) * 32)
+        .all(|v| *v == f32::NEG_INFINITY));
+    notes.checked += 1;
 
     be.softcap(&mut lb, 5.0, rows * cols).unwrap();
     let want: Vec<f32> = logits.iter().map(|x| 5.0 * (x / 5.0).tanh()).collect();
