@@ -6,7 +6,6 @@
 //! complete only the end-of-generation tokens remain allowed, and the request ends there.
 
 use llguidance::api::TopLevelGrammar;
-pub use llguidance::toktrie::SimpleVob;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use quiver_tokenizer::Tokenizer;
@@ -47,24 +46,34 @@ impl Grammars {
             .map(|id| {
                 let bytes = tok.token_piece_bytes(id);
                 if specials.contains(&id) || tok.is_control(id) || bytes.is_empty() {
-                    // Marked: a grammar's text never matches it.
-                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-                    w.extend_from_slice(format!("<[{id}]>").as_bytes());
-                    w
+                    special_word(id)
                 } else {
                     bytes.into_owned()
                 }
             })
             .collect();
+        Grammars::from_words(&words, eog, primary_eos, tok.bos())
+    }
+
+    /// A vocabulary given as each token's bytes (a special token's start with
+    /// `TokTrie::SPECIAL_TOKEN_MARKER`), its end-of-generation tokens (`primary_eos` the one
+    /// the grammar ends with) and BOS: a tokenizer's ([`Grammars::new`]) or a made-up one (the
+    /// synthetic models of the GPU tests have none). None: llguidance refused it.
+    pub fn from_words(
+        words: &[Vec<u8>],
+        eog: Vec<u32>,
+        primary_eos: u32,
+        bos: Option<u32>,
+    ) -> Option<Grammars> {
         let info = TokRxInfo {
-            vocab_size: n as u32,
+            vocab_size: words.len() as u32,
             tok_eos: primary_eos,
-            tok_bos: tok.bos(),
+            tok_bos: bos,
             tok_pad: None,
             tok_unk: None,
             tok_end_of_turn: None,
         };
-        let trie = TokTrie::from(&info, &words);
+        let trie = TokTrie::from(&info, words);
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
         let mut factory = ParserFactory::new_simple(&env).ok()?;
         factory.quiet();
@@ -102,6 +111,14 @@ impl Grammars {
     }
 }
 
+/// A special token's entry in [`Grammars::from_words`]: marked, so that no grammar's text
+/// matches it.
+pub fn special_word(id: u32) -> Vec<u8> {
+    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+    w.extend_from_slice(format!("<[{id}]>").as_bytes());
+    w
+}
+
 /// JSON without free whitespace between tokens (as OpenAI's structured outputs write it), unless
 /// the schema sets llguidance's own options (`x-guidance`): a small model left free to add
 /// whitespace may add nothing else.
@@ -122,30 +139,14 @@ pub struct Constraint {
 }
 
 impl Constraint {
-    /// Sets every logit the grammar does not allow next to −∞ (where the grammar may end, the
-    /// model's end-of-generation tokens stay allowed). Err: the matcher failed.
-    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        let vob = self.next_mask()?;
-        self.apply(&vob, logits);
-        Ok(())
-    }
-
-    /// The tokens the grammar allows next (depends only on the tokens taken so far: the
-    /// serving loop computes it while the step's forward pass runs).
-    pub fn next_mask(&mut self) -> Result<SimpleVob, String> {
-        self.m.compute_mask().map_err(|e| e.to_string())
-    }
-
-    /// Masks `logits` by `vob` ([`Constraint::next_mask`]'s).
-    pub fn apply(&self, vob: &SimpleVob, logits: &mut [f32]) {
-        quiver_backend::reference::mask_row(logits, &self.bits(vob, logits.len()));
-    }
-
-    /// `vob` as the bits of `n_vocab` logits ([`quiver_backend::Backend::mask_rows`]'s):
-    /// where the grammar may end, every end-of-generation token is allowed with the primary
-    /// EOS (the trie marks the others special); rows past the trie's vocabulary (padding of
-    /// the output matrix) never are.
-    pub fn bits(&self, vob: &SimpleVob, n_vocab: usize) -> Vec<u32> {
+    /// The tokens the grammar allows next, as the bits of `n_vocab` logits
+    /// ([`quiver_backend::Backend::mask_rows`]'s; Err: the matcher failed). It depends only
+    /// on the tokens taken so far: the serving loop computes it while the step's forward pass
+    /// runs. Where the grammar may end, every end-of-generation token is allowed with the
+    /// primary EOS (the trie marks the others special); rows past the trie's vocabulary
+    /// (padding of the output matrix) never are.
+    pub fn next_mask(&mut self, n_vocab: usize) -> Result<Vec<u32>, String> {
+        let vob = self.m.compute_mask().map_err(|e| e.to_string())?;
         let mut bits = vec![0u32; n_vocab.div_ceil(32)];
         let n = vob.len().min(n_vocab);
         let src = vob.as_slice();
@@ -161,7 +162,7 @@ impl Constraint {
                 }
             }
         }
-        bits
+        Ok(bits)
     }
 
     /// Takes the token drawn. An end-of-generation token ends the grammar.
@@ -184,4 +185,34 @@ impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Constraint")
     }
+}
+
+/// `f` over `items` on up to four threads (one per four items) while `work` runs on this one:
+/// the serving loop computes the constraints' masks during the forward pass, and takes the
+/// tokens drawn, this way. None: a thread panicked.
+pub fn during<T: Send, R: Send, W>(
+    items: &mut [T],
+    f: impl Fn(&mut T) -> R + Sync,
+    work: impl FnOnce() -> W,
+) -> (W, Option<Vec<R>>) {
+    if items.is_empty() {
+        return (work(), Some(Vec::new()));
+    }
+    let per = items.len().div_ceil(items.len().div_ceil(4).min(4));
+    let f = &f;
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = items
+            .chunks_mut(per)
+            .map(|chunk| sc.spawn(move || chunk.iter_mut().map(f).collect::<Vec<R>>()))
+            .collect();
+        let w = work();
+        let mut out = Some(Vec::new());
+        for h in hs {
+            match (h.join(), out.as_mut()) {
+                (Ok(v), Some(o)) => o.extend(v),
+                _ => out = None,
+            }
+        }
+        (w, out)
+    })
 }

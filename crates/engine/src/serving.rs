@@ -4,12 +4,14 @@
 //! through each request's [`OutputProcessor`]. The policy (budget, chunked prefill, prefix
 //! cache, preemption) is the scheduler's; this file only moves data between the parts.
 
+use crate::constraint::{during, Constraint};
 use crate::kv::chain_hash;
 use crate::output::OutputProcessor;
-use crate::runner::{Fetch, ModelRunner, RunnerOptions};
+use crate::runner::{Fetch, Mask, ModelRunner, RunnerOptions};
 use crate::sched::{Counts, SchedConfig, SchedRequest, Scheduler};
 use crate::serve::*;
 use crate::{EngineError, Sampler, BLOCK_SIZE};
+use quiver_backend::reference::mask_row;
 use quiver_backend::Backend;
 use quiver_gguf::GgufFile;
 use quiver_tokenizer::Tokenizer;
@@ -390,53 +392,23 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
         }
         // The constrained requests' masks are computed while the forward pass runs (they
-        // depend only on the tokens taken so far).
-        // (No allocation, no thread, on steps without a constrained request.)
-        let mut masks: HashMap<u64, Result<crate::constraint::SimpleVob, String>> = HashMap::new();
-        if !live.values().any(|l| l.constraint.is_some()) {
-            runner.execute(out)?;
-        } else {
-            let sampling: Vec<u64> = out
-                .scheduled
-                .iter()
-                .filter(|s| s.sample)
-                .map(|s| s.id)
-                .collect();
-            let jobs: Vec<(u64, &mut crate::constraint::Constraint)> = live
+        // depend only on the tokens taken so far), on up to four threads. (No allocation, no
+        // thread, on steps without a constrained request.)
+        let nv = runner.n_vocab();
+        let mut masks: HashMap<u64, Result<Vec<u32>, String>> = HashMap::new();
+        {
+            let mut jobs: Vec<(u64, &mut Constraint)> = live
                 .iter_mut()
-                .filter(|(id, _)| sampling.contains(id))
                 .filter_map(|(id, l)| l.constraint.as_mut().map(|c| (*id, c)))
+                .filter(|(id, _)| out.scheduled.iter().any(|s| s.sample && s.id == *id))
                 .collect();
-            if jobs.is_empty() {
-                runner.execute(out)?;
-            } else {
-                let mut jobs = jobs;
-                // A thread per four masks, at most four (a JSON schema's mask can take a
-                // millisecond; a step's forward pass may take less).
-                let per = jobs.len().div_ceil(jobs.len().div_ceil(4).min(4));
-                let computed = std::thread::scope(|sc| {
-                    let hs: Vec<_> = jobs
-                        .chunks_mut(per)
-                        .map(|chunk| {
-                            sc.spawn(move || {
-                                chunk
-                                    .iter_mut()
-                                    .map(|(id, c)| (*id, c.next_mask()))
-                                    .collect::<Vec<_>>()
-                            })
-                        })
-                        .collect();
-                    let r = runner.execute(out);
-                    (r, hs.into_iter().map(|h| h.join()).collect::<Vec<_>>())
-                });
-                computed.0?;
-                for v in computed.1 {
-                    match v {
-                        Ok(v) => masks.extend(v),
-                        Err(_) => return Err(EngineError::Thread("constraint masks".into())),
-                    }
-                }
-            }
+            let (r, computed) = during(
+                &mut jobs,
+                |(id, c)| (*id, c.next_mask(nv)),
+                || runner.execute(out),
+            );
+            r?;
+            masks.extend(computed.ok_or_else(|| EngineError::Thread("constraint masks".into()))?);
         }
         // Embedding requests: their rows' hidden states pooled; at the prompt's end the vector
         // goes out and the request ends (it takes no sampling row).
@@ -504,20 +476,16 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
         }
         // The constrained rows without log-probabilities are masked where the logits are.
-        let mut on_device: Vec<(usize, Vec<u32>)> = Vec::new();
-        for &(id, r) in rows.iter() {
-            let Some(l) = live.get_mut(&id).filter(|l| l.logprobs.is_none()) else {
-                continue;
-            };
-            if let Some(c) = l.constraint.as_mut() {
-                if let Ok(vob) = masks.entry(id).or_insert_with(|| c.next_mask()) {
-                    on_device.push((r, c.bits(vob, runner.n_vocab())));
-                }
-            }
-        }
+        let on_device: Vec<(usize, &[u32])> = rows
+            .iter()
+            .filter(|(id, _)| live.get(id).is_some_and(|l| l.logprobs.is_none()))
+            .filter_map(|(id, r)| match masks.get(id) {
+                Some(Ok(bits)) => Some((*r, &bits[..])),
+                _ => None,
+            })
+            .collect();
         if !on_device.is_empty() {
-            let m: Vec<(usize, &[u32])> = on_device.iter().map(|(r, b)| (*r, &b[..])).collect();
-            runner.mask_rows(&m)?;
+            runner.mask_rows(&on_device)?;
         }
         let picker = runner.fetch(n_rows, how)?;
         // Prompt log-probabilities: row k of a prompt chunk at position j predicts token j + 1.
@@ -541,6 +509,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             r0 += s.logit_rows();
         }
         let mut lps = Vec::new();
+        let mut commits = HashMap::new();
         sampled.clear();
         for &(id, r) in rows.iter() {
             let (Some(l), Some(history)) = (live.get_mut(&id), sched.tokens(id)) else {
@@ -556,33 +525,45 @@ impl<'a, B: Backend> Engine<'a, B> {
                     continue;
                 }
             }
-            let p = match l.constraint.as_mut() {
-                None => picker.pick(r, &mut l.sampler, history, l.logprobs, None),
-                Some(c) => {
-                    let vob = masks.remove(&id).unwrap_or_else(|| c.next_mask());
-                    let Ok(vob) = vob else {
-                        dead.push(id);
-                        continue;
-                    };
-                    let mut mask = |row: &mut [f32]| c.apply(&vob, row);
-                    // Masked on the device already unless log-probabilities are wanted.
-                    let host = l
-                        .logprobs
-                        .is_some()
-                        .then_some(&mut mask as crate::runner::Mask);
-                    let p = picker.pick(r, &mut l.sampler, history, l.logprobs, host);
-                    let committed = c.commit(p.token);
-                    if committed.is_err() {
-                        // The matcher failed (an internal error, not the model's doing): the
-                        // request ends rather than produce text the grammar does not allow.
-                        dead.push(id);
-                        continue;
-                    }
-                    p
-                }
+            let p = if l.constraint.is_none() {
+                picker.pick(r, &mut l.sampler, history, l.logprobs, None)
+            } else {
+                let Some(Ok(bits)) = masks.get(&id) else {
+                    // The matcher failed (an internal error, not the model's doing): the
+                    // request ends rather than produce text the grammar does not allow.
+                    dead.push(id);
+                    continue;
+                };
+                let mut mask = |row: &mut [f32]| mask_row(row, bits);
+                // Masked on the device already unless log-probabilities are wanted.
+                let host = l.logprobs.is_some().then_some(&mut mask as Mask);
+                let p = picker.pick(r, &mut l.sampler, history, l.logprobs, host);
+                commits.insert(id, p.token);
+                p
             };
             sampled.push((id, p.token));
             lps.push(p.logprob);
+        }
+        // The constrained requests take their tokens, on up to four threads (a matcher takes
+        // ~10 µs a token over a large vocabulary); one that fails ends as above.
+        let mut jobs: Vec<(u64, u32, &mut Constraint)> = live
+            .iter_mut()
+            .filter_map(|(id, l)| Some((*id, *commits.get(id)?, l.constraint.as_mut()?)))
+            .collect();
+        let took = |(id, t, c): &mut (u64, u32, &mut Constraint)| (*id, c.commit(*t).is_ok());
+        let took = if jobs.len() <= 4 {
+            Some(jobs.iter_mut().map(took).collect())
+        } else {
+            during(&mut jobs, took, || ()).1
+        };
+        let took: Vec<(u64, bool)> =
+            took.ok_or_else(|| EngineError::Thread("constraints".into()))?;
+        for (id, _) in took.into_iter().filter(|t| !t.1) {
+            if let Some(i) = sampled.iter().position(|s| s.0 == id) {
+                sampled.remove(i);
+                lps.remove(i);
+            }
+            dead.push(id);
         }
         let outcomes = sched.update(sampled).to_vec();
         let mut generated = 0;

@@ -3,6 +3,8 @@
 //! loses nothing, aborts free blocks.
 
 mod common;
+#[path = "common/constrained.rs"]
+mod constrained;
 
 use quiver_backend_cpu::CpuBackend;
 use quiver_engine::serve::{EngineHandle, Event, FinishReason, Request, ServeOptions};
@@ -283,64 +285,41 @@ fn gauges_are_current_when_events_arrive() {
     assert_eq!(seen, 2);
 }
 
-/// Constrained requests (a regular expression greedy, a JSON schema sampled at 0.9) alone,
-/// together, and together with log-probabilities (which mask on the host, the others where
-/// the logits are): the same tokens every time, and the text follows the grammar.
+/// Constrained decoding on the real vocabulary: alone, together and masked on the host, the
+/// same tokens, and the text follows the grammar (tests/common/constrained.rs).
 #[test]
 fn constrained_requests_agree_alone_together_and_masked_on_the_host() {
-    use quiver_engine::constraint::{ConstraintSpec, Grammars};
     let f = file();
     let tok = Tokenizer::from_gguf(&f).unwrap();
-    let g = Grammars::new(&tok).unwrap();
-    let schema = serde_json::json!({
-        "type": "object",
-        "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
-        "required": ["color", "ok"],
-        "additionalProperties": false
-    });
-    let ps = prompts(&tok);
-    let reqs = |logprobs: Option<usize>| -> Vec<Request> {
-        ps.iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let (spec, temp) = if i.is_multiple_of(2) {
-                    (ConstraintSpec::Regex("[a-z ]+".into()), 0.0)
-                } else {
-                    (ConstraintSpec::JsonSchema(schema.clone()), 0.9)
-                };
-                let mut r = request(p, 24, temp, i as u64);
-                r.constraint = Some(g.constraint(&spec).unwrap());
-                r.logprobs = logprobs;
-                r
-            })
-            .collect()
-    };
+    let g = quiver_engine::constraint::Grammars::new(&tok).unwrap();
     let h = start(256, 8);
-    let alone: Vec<_> = reqs(None)
-        .into_iter()
-        .map(|r| collect(submit(&h, r)))
-        .collect();
-    for (i, (ids, text, _, _)) in alone.iter().enumerate() {
-        assert!(!ids.is_empty(), "request {i} made nothing");
-        if i.is_multiple_of(2) {
-            assert!(
-                text.chars().all(|c| c == ' ' || c.is_ascii_lowercase()),
-                "request {i}: {text:?}"
-            );
-        } else {
-            let v: serde_json::Value = serde_json::from_str(text)
-                .unwrap_or_else(|e| panic!("request {i}: {text:?} is not JSON: {e}"));
-            assert!(["red", "green", "blue"].contains(&v["color"].as_str().unwrap()));
-        }
-    }
-    for logprobs in [None, Some(1)] {
-        let rxs: Vec<_> = reqs(logprobs).into_iter().map(|r| submit(&h, r)).collect();
-        for (i, rx) in rxs.into_iter().enumerate() {
-            let (ids, text, ..) = collect(rx);
-            assert_eq!(
-                ids, alone[i].0,
-                "request {i}, logprobs {logprobs:?}: {text:?}"
-            );
-        }
-    }
+    constrained::agree(&h, &g, &prompts(&tok), |ids| tok.decode(ids, true));
+}
+
+/// The same on a synthetic model with a made-up vocabulary, as the GPU test runs it.
+#[test]
+fn constrained_requests_agree_on_a_made_up_vocabulary() {
+    let dir = std::env::temp_dir().join(format!("quiver-constrained-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    let p = quiver_synth::preset("smollm2-135m").unwrap();
+    let ft = quiver_synth::file_type("Q4_1").unwrap();
+    quiver_synth::write(p, ft, 7, &path, 2, |_, _| {}).unwrap();
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    let words = constrained::made_up_vocabulary(49152);
+    let g = quiver_engine::constraint::Grammars::from_words(&words, vec![0], 0, None).unwrap();
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let opts = ServeOptions {
+        kv: Default::default(),
+        n_ctx: 256,
+        max_seqs: 8,
+        kv_blocks: 64,
+        max_batch_tokens: 128,
+        max_waiting: 16,
+    };
+    let h =
+        quiver_engine::start_serving(|| CpuBackend::new(2), f, tok, opts, "synth".into()).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4u32).map(|i| (1..6 + 3 * i).collect()).collect();
+    constrained::agree(&h, &g, &prompts, |ids| constrained::spell(&words, ids));
+    std::fs::remove_dir_all(&dir).ok();
 }
