@@ -6,8 +6,8 @@ Usage: tools/bench_server.py [--model smollm2-135m] [--clients 1,4,16] [--max-to
                              [--device cpu|cuda] [--guided-regex PATTERN | --guided-json]
 `--guided-regex` constrains every request (vLLM's field) to measure constrained decoding; the
 pattern must allow `--max-tokens` tokens (e.g. "[a-z ]+"). `--guided-json` constrains every
-request to a JSON schema (an object with one free string, which can hold `--max-tokens`
-tokens). Starts the server on a free loopback port, runs each width in turn (every client
+request to a JSON schema (an object with one string longer than `--max-tokens` tokens can
+spell, so that every request makes them all). Starts the server on a free loopback port, runs each width in turn (every client
 sends its requests back to back, temperature 0, ignore_eos so each request makes max_tokens
 tokens unless its constraint ends first), and prints a Markdown table: clients, requests,
 generated tokens, seconds, tokens/s summed. Only the standard library: it runs on a machine
@@ -15,7 +15,11 @@ without the project's virtual environment (the GPU machine).
 """
 import argparse, json, re, subprocess, sys, threading, time, urllib.request
 
-SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+def schema(max_tokens):
+    """An object with one string too long to end within max_tokens tokens: every request makes
+    max_tokens tokens, as the plain ones do, so the throughputs compare."""
+    return {"type": "object", "properties": {"story": {"type": "string", "minLength": 16 * max_tokens}},
+            "required": ["story"]}
 
 def post(port, path, body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
@@ -52,7 +56,7 @@ def main():
     if a.guided_regex:
         extra["guided_regex"] = a.guided_regex
     if a.guided_json:
-        extra["guided_json"] = SCHEMA
+        extra["guided_json"] = schema(a.max_tokens)
     print("| clients | requests | generated tokens | seconds | generated t/s (sum) |")
     print("|---|---|---|---|---|")
     try:
