@@ -49,7 +49,9 @@ def main():
             break
     if port is None:
         sys.exit("the server did not start")
-    threading.Thread(target=lambda: [None for _ in srv.stderr], daemon=True).start()
+    # The server's log is drained; its profile lines (QUIVER_SERVE_PROFILE) are passed on.
+    threading.Thread(target=lambda: [sys.stderr.write(l) for l in srv.stderr if "profile" in l],
+                     daemon=True).start()
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=600) as r:
         model = json.loads(r.read())["data"][0]["id"]
     extra = {"ignore_eos": True}

@@ -156,10 +156,11 @@ pub fn mask_row(row: &mut [f32], bits: &[u32]) {
     for (i, chunk) in row.chunks_mut(32).enumerate() {
         let w = bits.get(i).copied().unwrap_or(0);
         if w != u32::MAX {
+            // Without branches (the bits are as good as random): a refused value's bits
+            // become −∞'s.
             for (b, v) in chunk.iter_mut().enumerate() {
-                if (w >> b) & 1 == 0 {
-                    *v = f32::NEG_INFINITY;
-                }
+                let keep = 0u32.wrapping_sub((w >> b) & 1);
+                *v = f32::from_bits(v.to_bits() & keep | f32::NEG_INFINITY.to_bits() & !keep);
             }
         }
     }

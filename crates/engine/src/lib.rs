@@ -10,6 +10,7 @@ pub mod embed;
 pub mod gbnf;
 mod kv;
 pub mod output;
+mod phases;
 pub mod runner;
 pub mod sampler;
 pub mod sched;

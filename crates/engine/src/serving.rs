@@ -192,6 +192,7 @@ where
                 sampled: Vec::new(),
                 rows: Vec::new(),
                 dead: Vec::new(),
+                phases: crate::phases::Phases::from_env(),
             }
             .run();
         })
@@ -241,6 +242,8 @@ struct Engine<'a, B: Backend> {
     /// (request, logits row) of the step's sampling rows.
     rows: Vec<(u64, usize)>,
     dead: Vec<u64>,
+    /// `QUIVER_SERVE_PROFILE`'s phase times.
+    phases: Option<crate::phases::Phases>,
 }
 
 enum Inbound {
@@ -360,7 +363,16 @@ impl<'a, B: Backend> Engine<'a, B> {
             sampled,
             rows,
             dead,
+            phases,
         } = self;
+        if let Some(p) = phases.as_mut() {
+            p.start();
+        }
+        let mut mark = |i: usize| {
+            if let Some(p) = phases.as_mut() {
+                p.mark(i);
+            }
+        };
         sched.schedule()?;
         // Gauges as of this step's admissions and preemptions, before any client hears of them.
         publish(sh, sched);
@@ -392,8 +404,9 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
         }
         // The constrained requests' masks are computed while the forward pass runs (they
-        // depend only on the tokens taken so far), on up to four threads. (No allocation, no
-        // thread, on steps without a constrained request.)
+        // depend only on the tokens taken so far; `during`). (No allocation, no thread, on
+        // steps without a constrained request.)
+        mark(0);
         let nv = runner.n_vocab();
         let mut masks: HashMap<u64, Result<Vec<u32>, String>> = HashMap::new();
         {
@@ -410,6 +423,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             r?;
             masks.extend(computed.ok_or_else(|| EngineError::Thread("constraint masks".into()))?);
         }
+        mark(1);
         // Embedding requests: their rows' hidden states pooled; at the prompt's end the vector
         // goes out and the request ends (it takes no sampling row).
         let mut embedded = Vec::new();
@@ -487,7 +501,9 @@ impl<'a, B: Backend> Engine<'a, B> {
         if !on_device.is_empty() {
             runner.mask_rows(&on_device)?;
         }
+        mark(2);
         let picker = runner.fetch(n_rows, how)?;
+        mark(3);
         // Prompt log-probabilities: row k of a prompt chunk at position j predicts token j + 1.
         let mut r0 = 0;
         for s in &out.scheduled {
@@ -544,20 +560,17 @@ impl<'a, B: Backend> Engine<'a, B> {
             sampled.push((id, p.token));
             lps.push(p.logprob);
         }
-        // The constrained requests take their tokens, on up to four threads (a matcher takes
-        // ~10 µs a token over a large vocabulary); one that fails ends as above.
+        mark(4);
+        // The constrained requests take their tokens (a matcher takes ~10 µs a token over a
+        // large vocabulary: beyond 16, on more threads); one that fails ends as above.
         let mut jobs: Vec<(u64, u32, &mut Constraint)> = live
             .iter_mut()
             .filter_map(|(id, l)| Some((*id, *commits.get(id)?, l.constraint.as_mut()?)))
             .collect();
         let took = |(id, t, c): &mut (u64, u32, &mut Constraint)| (*id, c.commit(*t).is_ok());
-        let took = if jobs.len() <= 4 {
-            Some(jobs.iter_mut().map(took).collect())
-        } else {
-            during(&mut jobs, took, || ()).1
-        };
-        let took: Vec<(u64, bool)> =
-            took.ok_or_else(|| EngineError::Thread("constraints".into()))?;
+        let took: Vec<(u64, bool)> = during(&mut jobs, took, || ())
+            .1
+            .ok_or_else(|| EngineError::Thread("constraints".into()))?;
         for (id, _) in took.into_iter().filter(|t| !t.1) {
             if let Some(i) = sampled.iter().position(|s| s.0 == id) {
                 sampled.remove(i);
@@ -565,6 +578,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
             dead.push(id);
         }
+        mark(5);
         let outcomes = sched.update(sampled).to_vec();
         let mut generated = 0;
         let mut ended = Vec::new();
@@ -611,6 +625,10 @@ impl<'a, B: Backend> Engine<'a, B> {
         ended.extend(embedded.into_iter().map(|id| (id, FinishReason::Stop)));
         for (id, reason) in ended {
             self.end(id, reason);
+        }
+        if let Some(p) = self.phases.as_mut() {
+            p.mark(6);
+            p.step_done(self.rows.len());
         }
         Ok(())
     }
