@@ -186,35 +186,3 @@ impl std::fmt::Debug for Constraint {
         f.write_str("Constraint")
     }
 }
-
-/// Items per thread of [`during`] (a mask takes 10–100 µs, starting a thread ~20 µs).
-const PER_THREAD: usize = 16;
-
-/// `f` over `items`, and `work`: the first [`PER_THREAD`] items on this thread after `work`
-/// (a GPU's forward pass returns before the device is done), the rest in chunks on up to three
-/// more threads started before it. The serving loop computes the constraints' masks during the
-/// forward pass, and takes the tokens drawn, this way. None: a thread panicked.
-pub fn during<T: Send, R: Send, W>(
-    items: &mut [T],
-    f: impl Fn(&mut T) -> R + Sync,
-    work: impl FnOnce() -> W,
-) -> (W, Option<Vec<R>>) {
-    let per = PER_THREAD.max(items.len().div_ceil(4));
-    let (first, rest) = items.split_at_mut(per.min(items.len()));
-    let f = &f;
-    std::thread::scope(|sc| {
-        let hs: Vec<_> = rest
-            .chunks_mut(per)
-            .map(|chunk| sc.spawn(move || chunk.iter_mut().map(f).collect::<Vec<R>>()))
-            .collect();
-        let w = work();
-        let mut out = Some(first.iter_mut().map(f).collect::<Vec<R>>());
-        for h in hs {
-            match (h.join(), out.as_mut()) {
-                (Ok(v), Some(o)) => o.extend(v),
-                _ => out = None,
-            }
-        }
-        (w, out)
-    })
-}

@@ -16,6 +16,7 @@ pub mod sampler;
 pub mod sched;
 pub mod serve;
 mod serving;
+mod workers;
 
 pub use batched::{batched_bench, bench_prompt, BatchedResult};
 pub use runner::{Fetch, ModelRunner, Picker, RunnerOptions, Session, Want};

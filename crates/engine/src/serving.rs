@@ -4,12 +4,13 @@
 //! through each request's [`OutputProcessor`]. The policy (budget, chunked prefill, prefix
 //! cache, preemption) is the scheduler's; this file only moves data between the parts.
 
-use crate::constraint::{during, Constraint};
+use crate::constraint::Constraint;
 use crate::kv::chain_hash;
 use crate::output::OutputProcessor;
 use crate::runner::{Fetch, Mask, ModelRunner, RunnerOptions};
 use crate::sched::{Counts, SchedConfig, SchedRequest, Scheduler};
 use crate::serve::*;
+use crate::workers::Workers;
 use crate::{EngineError, Sampler, BLOCK_SIZE};
 use quiver_backend::reference::mask_row;
 use quiver_backend::Backend;
@@ -193,6 +194,7 @@ where
                 rows: Vec::new(),
                 dead: Vec::new(),
                 phases: crate::phases::Phases::from_env(),
+                workers: None,
             }
             .run();
         })
@@ -244,6 +246,8 @@ struct Engine<'a, B: Backend> {
     dead: Vec<u64>,
     /// `QUIVER_SERVE_PROFILE`'s phase times.
     phases: Option<crate::phases::Phases>,
+    /// Threads for the constraints' work, started with the first constrained request.
+    workers: Option<Workers>,
 }
 
 enum Inbound {
@@ -364,6 +368,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             rows,
             dead,
             phases,
+            workers,
         } = self;
         if let Some(p) = phases.as_mut() {
             p.start();
@@ -403,26 +408,23 @@ impl<'a, B: Backend> Engine<'a, B> {
                 dead.push(s.id);
             }
         }
-        // The constrained requests' masks are computed while the forward pass runs (they
-        // depend only on the tokens taken so far; `during`). (No allocation, no thread, on
-        // steps without a constrained request.)
+        // The constrained requests' masks are computed on the workers while the forward pass
+        // runs (they depend only on the tokens taken so far).
         mark(0);
-        let nv = runner.n_vocab();
-        let mut masks: HashMap<u64, Result<Vec<u32>, String>> = HashMap::new();
-        {
-            let mut jobs: Vec<(u64, &mut Constraint)> = live
-                .iter_mut()
-                .filter_map(|(id, l)| l.constraint.as_mut().map(|c| (*id, c)))
-                .filter(|(id, _)| out.scheduled.iter().any(|s| s.sample && s.id == *id))
-                .collect();
-            let (r, computed) = during(
-                &mut jobs,
-                |(id, c)| (*id, c.next_mask(nv)),
-                || runner.execute(out),
-            );
-            r?;
-            masks.extend(computed.ok_or_else(|| EngineError::Thread("constraint masks".into()))?);
-        }
+        let nv = runner.n_vocab() as u32;
+        let jobs: Vec<(u64, u32)> = live
+            .iter()
+            .filter(|(_, l)| l.constraint.is_some())
+            .filter(|(id, _)| out.scheduled.iter().any(|s| s.sample && s.id == **id))
+            .map(|(id, _)| (*id, nv))
+            .collect();
+        let mask = |(id, mut c, nv): (u64, Constraint, u32)| {
+            let m = c.next_mask(nv as usize);
+            (id, c, m)
+        };
+        let (r, masks) = on_workers(workers, live, jobs, 0, mask, || runner.execute(out))?;
+        r?;
+        let masks: HashMap<u64, Result<Vec<u32>, String>> = masks.into_iter().collect();
         mark(1);
         // Embedding requests: their rows' hidden states pooled; at the prompt's end the vector
         // goes out and the request ends (it takes no sampling row).
@@ -525,7 +527,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             r0 += s.logit_rows();
         }
         let mut lps = Vec::new();
-        let mut commits = HashMap::new();
+        let mut commits = Vec::new();
         sampled.clear();
         for &(id, r) in rows.iter() {
             let (Some(l), Some(history)) = (live.get_mut(&id), sched.tokens(id)) else {
@@ -554,7 +556,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                 // Masked on the device already unless log-probabilities are wanted.
                 let host = l.logprobs.is_some().then_some(&mut mask as Mask);
                 let p = picker.pick(r, &mut l.sampler, history, l.logprobs, host);
-                commits.insert(id, p.token);
+                commits.push((id, p.token));
                 p
             };
             sampled.push((id, p.token));
@@ -562,15 +564,12 @@ impl<'a, B: Backend> Engine<'a, B> {
         }
         mark(4);
         // The constrained requests take their tokens (a matcher takes ~10 µs a token over a
-        // large vocabulary: beyond 16, on more threads); one that fails ends as above.
-        let mut jobs: Vec<(u64, u32, &mut Constraint)> = live
-            .iter_mut()
-            .filter_map(|(id, l)| Some((*id, *commits.get(id)?, l.constraint.as_mut()?)))
-            .collect();
-        let took = |(id, t, c): &mut (u64, u32, &mut Constraint)| (*id, c.commit(*t).is_ok());
-        let took: Vec<(u64, bool)> = during(&mut jobs, took, || ())
-            .1
-            .ok_or_else(|| EngineError::Thread("constraints".into()))?;
+        // large vocabulary: beyond 16, on the workers); one that fails ends as above.
+        let take = |(id, mut c, t): (u64, Constraint, u32)| {
+            let ok = c.commit(t).is_ok();
+            (id, c, ok)
+        };
+        let (_, took) = on_workers(workers, live, commits, 16, take, || ())?;
         for (id, _) in took.into_iter().filter(|t| !t.1) {
             if let Some(i) = sampled.iter().position(|s| s.0 == id) {
                 sampled.remove(i);
@@ -657,4 +656,46 @@ fn publish(sh: &Shared, sched: &Scheduler) {
     st.waiting = sched.n_waiting();
     st.kv_blocks_total = sched.kv_blocks_total();
     st.kv_blocks_used = sched.kv_blocks_used();
+}
+
+/// A request's constraint and an argument (the vocabulary, a token) in, the constraint and
+/// a result out.
+type ConstraintJob<R> = fn((u64, Constraint, u32)) -> (u64, Constraint, R);
+
+/// Runs `f` over the constraints of `jobs` (request, argument) on the workers while `work`
+/// runs here (at most `inline` jobs: here, after `work`), and puts the constraints back: the
+/// results by request. Err: a worker failed, and the step fails with every request in it (none
+/// may go on without its constraint).
+fn on_workers<R: Send + 'static, W>(
+    workers: &mut Option<Workers>,
+    live: &mut HashMap<u64, Live>,
+    jobs: Vec<(u64, u32)>,
+    inline: usize,
+    f: ConstraintJob<R>,
+    work: impl FnOnce() -> W,
+) -> Result<(W, Vec<(u64, R)>), EngineError> {
+    let failed = || EngineError::Thread("constraints".into());
+    let items: Vec<(u64, Constraint, u32)> = jobs
+        .into_iter()
+        .filter_map(|(id, a)| Some((id, live.get_mut(&id)?.constraint.take()?, a)))
+        .collect();
+    let (w, done) = if items.len() <= inline {
+        (work(), items.into_iter().map(f).collect())
+    } else {
+        if workers.is_none() {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get() / 2);
+            *workers = Some(Workers::new(n.clamp(1, 8)).ok_or_else(failed)?);
+        }
+        let pending = workers.as_ref().ok_or_else(failed)?.map(items, f);
+        let w = work();
+        (w, pending.wait().ok_or_else(failed)?)
+    };
+    let mut out = Vec::with_capacity(done.len());
+    for (id, c, r) in done {
+        if let Some(l) = live.get_mut(&id) {
+            l.constraint = Some(c);
+        }
+        out.push((id, r));
+    }
+    Ok((w, out))
 }
