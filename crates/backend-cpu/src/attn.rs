@@ -7,9 +7,10 @@
 //! operation (quiver reproduces its floats, docs/ARCHITECTURE.md): q·k in the f16 dot's
 //! AVX-512 order, the running sum and the p·v update as fused multiply-adds, and the p·v
 //! accumulator rounded to f16 after every key as llama.cpp keeps it with an f16 cache.
-//! With `Numerics::Fast` (single sequence), steps of 64+ rows keep q and the accumulator in f32
-//! and take the weights from ggml's vectorised e^x instead, as llama.cpp's tiled attention for
-//! such batches does (not its tiling: close, not exact);
+//! With `Numerics::Fast` (single sequence), steps of 64+ rows run tiled instead
+//! (`attn_tiled.rs`: query runs × key tiles, f32 accumulator, ggml's e^x), as llama.cpp's tiled
+//! attention for such batches does (not its tiling: close, not exact; the row-by-row form
+//! with those weights, `run(.., tiled = true)`, is its test's reference);
 //! `QUIVER_CPU_ATTN_F32=1` keeps the accumulator in f32 everywhere.
 
 use half::slice::HalfFloatSliceExt;
@@ -21,7 +22,7 @@ use quiver_cpu_kernels::{Numerics, SimdLevel, ThreadPool};
 pub const MAX_HEAD_DIM: usize = 512;
 
 /// Raw output pointer shared by the tasks; each task writes only its own (token, head) row.
-struct Out(*mut f32);
+pub(crate) struct Out(pub(crate) *mut f32);
 // SAFETY: tasks write disjoint ranges `[(t·nh + h)·hd, +hd)` (one task per (t, h)), and the
 // slice is not read until `pool.run` returns.
 unsafe impl Sync for Out {}
@@ -427,7 +428,7 @@ pub(crate) fn has_avx2() -> bool {
 /// Heads per task: a whole KV group (cut to at most [`MAX_GROUP`]) when the step has enough
 /// (token, KV head) pairs to keep `threads` busy, so each K/V row is read once for the group;
 /// else one head per task. The floats are the same either way (per head, the same operations).
-fn heads_per_task(a: &AttnParams, n_tokens: usize, threads: usize) -> usize {
+pub(crate) fn heads_per_task(a: &AttnParams, n_tokens: usize, threads: usize) -> usize {
     let group = a.n_head / a.n_head_kv.max(1);
     if n_tokens * a.n_head_kv < 4 * threads {
         return 1;
@@ -449,10 +450,24 @@ pub fn attention(
     a: &AttnParams,
     out: &mut [f32],
 ) {
-    let g = heads_per_task(a, batch.n_tokens(), pool.n_threads());
     let tiled = tiled(batch.n_tokens(), numerics);
-    let r16 = f16_accumulator() && !tiled;
-    run(pool, q, k_cache, v_cache, batch, a, out, g, r16, tiled);
+    if tiled {
+        crate::attn_tiled::attention(pool, q, k_cache, v_cache, batch, a, out);
+        return;
+    }
+    let g = heads_per_task(a, batch.n_tokens(), pool.n_threads());
+    run(
+        pool,
+        q,
+        k_cache,
+        v_cache,
+        batch,
+        a,
+        out,
+        g,
+        f16_accumulator(),
+        false,
+    );
 }
 
 /// Query tokens one task of [`attention_packed`] takes (each key decoded once for them all).
@@ -532,7 +547,7 @@ fn run_packed(
 /// [`attention`] with `g` heads per task (`g` divides the KV group size, at most
 /// [`MAX_GROUP`]), the accumulator rounded to f16 when `r16`, the weights of `tiled` steps.
 #[allow(clippy::too_many_arguments)]
-fn run(
+pub(crate) fn run(
     pool: &ThreadPool,
     q: &[f32],
     k_cache: &[half::f16],

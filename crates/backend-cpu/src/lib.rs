@@ -7,6 +7,7 @@
 
 mod act_fn;
 mod attn;
+mod attn_tiled;
 mod matmul;
 mod moe;
 mod rope;
