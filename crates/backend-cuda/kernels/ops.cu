@@ -434,6 +434,26 @@ extern "C" __global__ void moe_group(const float* __restrict__ routes, int* __re
     }
 }
 
+// The grouped product's tile list (qmm.cu `qmm_g_T`): tiles[0] = their count, then for each
+// expert its ceil(count / bn) chunks of bn sorted pairs as e << 16 | chunk.       grid 1, block 32
+extern "C" __global__ void moe_tiles(const int* __restrict__ off, int* __restrict__ tiles, int n_expert,
+                                     int bn) { pdl_begin();
+    if (threadIdx.x != 0) return;
+    int t = 0;
+    for (int e = 0; e < n_expert; e++)
+        for (int c = 0; c * bn < off[e + 1] - off[e]; c++) tiles[1 + t++] = (e << 16) | c;
+    tiles[0] = t;
+}
+
+// xh[pos[p], :] = f16(x[p / k, :]): moe_gather's rows as the grouped product reads them.
+//                                                                      grid (n_pairs), block 256
+extern "C" __global__ void moe_gather_h(const float* __restrict__ x, const int* __restrict__ pos,
+                                        u16* __restrict__ xh, int k, int cols) { pdl_begin();
+    const float* src = x + (long long)(blockIdx.x / k) * cols;
+    u16* dst = xh + (long long)pos[blockIdx.x] * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = f2h(src[c]);
+}
+
 // xs[pos[p], :] = x[p / k, :] (each pair's input at its sorted row).      grid (n_pairs), block 256
 extern "C" __global__ void moe_gather(const float* __restrict__ x, const int* __restrict__ pos,
                                       float* __restrict__ xs, int k, int cols) { pdl_begin();

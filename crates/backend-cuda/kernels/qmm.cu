@@ -259,14 +259,13 @@ __device__ __forceinline__ void qmm_store(const float (*tot)[4], const QRows& R,
 template <DeqFn DEQ, int BB, int BV>
 __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const u16* __restrict__ xh,
-                                         float* __restrict__ y, int n) {
+                                         float* __restrict__ y, int n, int n0) {
     typedef QWin<BB, BV> Q;
     extern __shared__ __align__(16) u8 qsm[];
     u16* Xs = (u16*)qsm;
     u8* Ws = qsm + QMM_NST * QMM_BN * QMM_XLD * 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const int n0 = blockIdx.x * QMM_BN;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
     const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
     auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
@@ -396,7 +395,21 @@ __device__ __forceinline__ void qmv_impl(const u8* __restrict__ W, long long row
         qmm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const u16* __restrict__ xh, float* __restrict__ y, int n) {                           \
         pdl_begin();                                                                                  \
-        qmm_impl<deqh_##T, BB, BV>(W, row_bytes, rows, cols, xh, y, n);                                \
+        qmm_impl<deqh_##T, BB, BV>(W, row_bytes, rows, cols, xh, y, n, blockIdx.x * QMM_BN);           \
+    }                                                                                                 \
+    /* The experts' grouped product (MoE): tile i of the list (tiles[0] of them) is 64 tokens of */  \
+    /* one expert e (tiles[1 + i] = e << 16 | chunk), its rows off[e].. of xh and y, its weights */  \
+    /* the e-th [rows, cols] of W. grid (at most tiles, ceil(rows / 64)); other blocks return.  */  \
+    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
+        qmm_g_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                 \
+                  const u16* __restrict__ xh, float* __restrict__ y, const int* __restrict__ off,     \
+                  const int* __restrict__ tiles) {                                                    \
+        pdl_begin();                                                                                  \
+        if ((int)blockIdx.x >= tiles[0]) return;                                                      \
+        const int tl = tiles[1 + blockIdx.x], e = tl >> 16, o = off[e];                               \
+        qmm_impl<deqh_##T, BB, BV>(W + (long long)e * rows * row_bytes, row_bytes, rows, cols,        \
+                                   xh + (long long)o * cols, y + (long long)o * rows, off[e + 1] - o, \
+                                   (tl & 0xffff) * QMM_BN);                                           \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * QMV_WARPS(BB, BV))                              \
         qmv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \

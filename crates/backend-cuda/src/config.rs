@@ -44,9 +44,14 @@ pub struct CudaConfig {
     /// (`QUIVER_CUDA_INT8_MMA=1`): the tensor-core products on int8 `mma` over the int8
     /// activations (kernels/imm.cu `imm_T` / `imv_T`, instead of f16 `qmm_T` / `qmv_T`) and the
     /// decode kernels summing in their order (mmvq.cu `mmvqc*_T`), so the default path is batch
-    /// invariant for these types. Off until measured on a GPU (tenth session: Q4_0 and Q8_0
-    /// correct on the H200, not timed; Q4_K compiled only).
+    /// invariant for these types. Off: it loses 16% of Q4_0 decode and 13% of its prefill
+    /// (eleventh session, BENCHMARKS.md).
     pub int8_mma: bool,
+    /// The experts' products of MoE prompts on the tensor cores (`QUIVER_CUDA_MOE_QMM=1`):
+    /// the (token, slot) pairs sorted by expert, each expert's rows one tile list of the qmm
+    /// kernel (kernels/qmm.cu `qmm_g_T`), instead of the CUDA-core grouped kernels. Off until
+    /// run on a GPU (written in the eleventh session, compiled only).
+    pub moe_qmm: bool,
     /// The f16 activations of cuBLAS products rounded to the int8 grid of the weight's type
     /// first, as the CPU backend and the decode kernels see them (`QUIVER_CUDA_ACT_GRID=0`:
     /// plain f16).
@@ -102,6 +107,7 @@ impl Default for CudaConfig {
             gemm_min_tokens: GEMM_MIN_TOKENS,
             int8: true,
             int8_mma: false,
+            moe_qmm: false,
             act_grid: true,
             flash: true,
             flash_256: true,
@@ -145,6 +151,7 @@ impl CudaConfig {
                 .max(1),
             int8: on("QUIVER_CUDA_INT8"),
             int8_mma: set("QUIVER_CUDA_INT8_MMA"),
+            moe_qmm: set("QUIVER_CUDA_MOE_QMM"),
             act_grid: on("QUIVER_CUDA_ACT_GRID"),
             flash: on("QUIVER_CUDA_FLASH"),
             flash_256: on("QUIVER_CUDA_FLASH_256"),
@@ -186,6 +193,7 @@ mod tests {
         assert_eq!(with(&[]), CudaConfig::default());
         let d = CudaConfig::default();
         assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant && !d.int8_mma);
+        assert!(!d.moe_qmm);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
         assert!(!d.exact && !d.sync_each && !d.f16_copies);
         assert_eq!((d.gemm_min_tokens, d.attention_splits), (17, None));
@@ -221,6 +229,7 @@ mod tests {
             ("QUIVER_CUDA_F16_COPIES", |c| c.f16_copies),
             ("QUIVER_CUDA_INVARIANT", |c| c.invariant),
             ("QUIVER_CUDA_INT8_MMA", |c| c.int8_mma),
+            ("QUIVER_CUDA_MOE_QMM", |c| c.moe_qmm),
         ] {
             // Off unless exactly "1".
             assert!(field(&with(&[(name, "1")])), "{name}=1");

@@ -2,11 +2,12 @@
 //! decode step stays inside its captured graph), the experts' products reading only the chosen
 //! experts' rows of the stacked 3-D tensors, and the weighted sum in slot order. Few tokens: one
 //! warp per output row of every (token, slot) pair. Many: the pairs sorted by expert on the
-//! device and each expert's tokens run 8 at a time per weight row (CUDA cores; the tensor-core
-//! grouped product comes with the quantized products of issue 15). Both give a token the same
-//! bits.
+//! device and each expert's tokens run 8 at a time per weight row on CUDA cores, or (with
+//! `moe_qmm`) each expert's tokens in tiles of 64 on the tensor cores (kernels/qmm.cu
+//! `qmm_g_T`). The CUDA-core kernels give a token the same bits either way.
 
 use crate::memory::CudaBuf;
+use crate::products::QMM_BN;
 use crate::weights::CudaWeight;
 use crate::{check, CudaBackend};
 use quiver_backend::{Activation, Gating, MoeParams, MoeScratch, MoeWeights, Result};
@@ -90,6 +91,13 @@ impl CudaBackend {
         // Grouped by expert once there is about a pair per expert: the router's logits are
         // spent by then, and their buffer holds the sort (off: n_expert + 1 ints, pos: a pair).
         let grouped = rows * k >= ne && rows * ne >= ne + 1 + rows * k;
+        // On the tensor cores (`moe_qmm`) where the logits' buffer also holds the tile list.
+        let tc = grouped
+            && self.cfg.moe_qmm
+            && self.cfg.tensor_cores
+            && s.gate.len >= sizes[3]
+            && s.up.len >= sizes[4]
+            && rows * ne >= 2 * ne + 2 + rows * k + (rows * k).div_ceil(QMM_BN);
         let pos = if grouped {
             let off = s.logits.ptr();
             let pos = off + 4 * (ne as u64 + 1);
@@ -100,6 +108,34 @@ impl CudaBackend {
                 (1024, 1, 1),
                 args![s.routes.ptr(), off, pos, pairs as i32, ne as i32],
             )?;
+            if tc {
+                // The tensor cores: the pairs' inputs in f16 (in xs), gate and up by the
+                // grouped qmm, the GLU, its output in f16 (in gate), down by the grouped qmm.
+                let tiles = pos + 4 * pairs as u64;
+                self.launch(
+                    "ops",
+                    "moe_tiles",
+                    (1, 1, 1),
+                    (32, 1, 1),
+                    args![off, tiles, ne as i32, QMM_BN as i32],
+                )?;
+                let xh = s.xs.ptr();
+                self.launch(
+                    "ops",
+                    "moe_gather_h",
+                    (pairs, 1, 1),
+                    (256, 1, 1),
+                    args![x.ptr(), pos, xh, k as i32, d as i32],
+                )?;
+                let max_tiles = (rows * k).div_ceil(QMM_BN) + ne;
+                self.qmm_grouped(w.gate, ff, xh, s.gate.ptr(), off, tiles, max_tiles)?;
+                self.qmm_grouped(w.up, ff, xh, s.up.ptr(), off, tiles, max_tiles)?;
+                self.glu_fast(p.act, s.gate, s.up, rows * k * ff, s.act)?;
+                let ah = s.gate.ptr();
+                self.to_half_plain(s.act.ptr(), ah, rows * k * ff)?;
+                self.qmm_grouped(w.down, d, ah, s.ys.ptr(), off, tiles, max_tiles)?;
+                return self.moe_sum(&s, pos, scale, out, k, d, rows);
+            }
             self.launch(
                 "ops",
                 "moe_gather",
@@ -180,6 +216,21 @@ impl CudaBackend {
             )?;
             0u64
         };
+        self.moe_sum(&s, pos, scale, out, k, d, rows)
+    }
+
+    /// out[t] = Σ_j weight(t, j) · ys[row of pair (t, j)] (`pos`: the sorted rows, or 0).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_sum(
+        &self,
+        s: &MoeScratch<'_, CudaBuf>,
+        pos: u64,
+        scale: u64,
+        out: &mut CudaBuf,
+        k: usize,
+        d: usize,
+        rows: usize,
+    ) -> Result<()> {
         self.launch(
             "ops",
             "moe_sum",

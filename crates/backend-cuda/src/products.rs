@@ -67,7 +67,7 @@ pub(crate) fn check_matmul(
 
 /// Tokens and weight rows of a qmm tile (kernels/qmm.cu `QMM_BN`, `QMM_BM`), threads of its
 /// block.
-const QMM_BN: usize = 64;
+pub(crate) const QMM_BN: usize = 64;
 const QMM_BM: usize = 64;
 const QMM_THREADS: u32 = 128;
 
@@ -222,6 +222,50 @@ impl CudaBackend {
         } else {
             Act::Half(self.to_half(x, n, w.cols, w.ty)?)
         })
+    }
+
+    /// The experts' grouped product (MoE prompts, `moe_qmm`): for every tile of the list at
+    /// `tiles` (kernels/ops.cu `moe_tiles`), 64 sorted pairs of one expert, y = xh · that
+    /// expert's `rows` × `w.cols` weights (kernels/qmm.cu `qmm_g_T`); at most `max_tiles`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn qmm_grouped(
+        &self,
+        w: &CudaWeight,
+        rows: usize,
+        xh: u64,
+        y: u64,
+        off: u64,
+        tiles: u64,
+        max_tiles: usize,
+    ) -> Result<()> {
+        self.launch_smem(
+            &w.names.module,
+            &w.names.qmm_g,
+            (max_tiles as u32, rows.div_ceil(QMM_BM) as u32, 1),
+            (QMM_THREADS, 1, 1),
+            qmm_smem(w).0 as u32,
+            args![
+                w.data.ptr,
+                w.row_bytes as i64,
+                rows as i32,
+                w.cols as i32,
+                xh,
+                y,
+                off,
+                tiles
+            ],
+        )
+    }
+
+    /// `len` f32 at `x` as f16 at `xh` (no grid rounding).
+    pub(crate) fn to_half_plain(&self, x: u64, xh: u64, len: usize) -> Result<()> {
+        self.launch(
+            "ops",
+            "f32_to_f16",
+            (grid1(len.div_ceil(4), 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![x, xh, len as i64],
+        )
     }
 
     /// `rows` × `cols` f32 at `x` as f16 in the activation scratch, for products with weights

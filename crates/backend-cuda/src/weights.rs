@@ -31,6 +31,8 @@ pub(crate) struct KernelNames {
     /// The tensor-core products over the weight's blocks (kernels/qmm.cu): many tokens, decode.
     pub(crate) qmm: String,
     pub(crate) qmv: String,
+    /// qmm over the experts' rows, grouped by a tile list (MoE prefill).
+    pub(crate) qmm_g: String,
     /// The int8 tensor-core products (Q4_0, Q8_0; `registry::int8_mma`).
     pub(crate) imm: String,
     pub(crate) imv: String,
@@ -66,6 +68,7 @@ impl KernelNames {
             glu: v(base, "_glu"),
             qmm: format!("qmm_{kernel}"),
             qmv: format!("qmv_{kernel}"),
+            qmm_g: format!("qmm_g_{kernel}"),
             imm: format!("imm_{kernel}"),
             imv: format!("imv_{kernel}"),
             x_mm: format!("x_mm_{kernel}"),

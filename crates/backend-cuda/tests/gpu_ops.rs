@@ -219,10 +219,16 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
 #[ignore = "needs a CUDA GPU"]
 fn moe_and_bias_match_reference() {
     let mut rng = seeded_rng();
-    let be = backend_with(CudaConfig::from_env());
-    let notes = quiver_backend::testing::moe::moe(&be, &Cuda, &mut rng);
-    notes.print("moe");
-    assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
+    // The experts' grouped products on CUDA cores, then on the tensor cores (`moe_qmm`).
+    for moe_qmm in [false, true] {
+        let be = backend_with(CudaConfig {
+            moe_qmm,
+            ..CudaConfig::from_env()
+        });
+        let notes = quiver_backend::testing::moe::moe(&be, &Cuda, &mut rng);
+        notes.print(if moe_qmm { "moe, moe_qmm" } else { "moe" });
+        assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
+    }
 }
 
 #[test]
