@@ -133,6 +133,24 @@ struct Row<'a> {
     acc: &'a mut [f32],
 }
 
+impl Row<'_> {
+    /// A tile's maximum `mx` seen: where it is above the running maximum, that becomes `mx`
+    /// and the sum and accumulator are rescaled by e^(old − mx) (0 for the first).
+    #[inline(always)]
+    fn raise(&mut self, mx: f32) {
+        if mx > *self.m {
+            let rr = if *self.m == f32::NEG_INFINITY {
+                0.0
+            } else {
+                ggml_expf(*self.m - mx)
+            };
+            *self.m = mx;
+            *self.sum *= rr;
+            self.acc.iter_mut().for_each(|x| *x *= rr);
+        }
+    }
+}
+
 /// One task: heads `h0..h0 + g` of the tokens of `run`, their accumulators left in `sc`.
 /// `AVX`: rows on [`row_avx2`] (the caller runs with AVX2, FMA and F16C enabled).
 #[inline(always)]
@@ -235,7 +253,7 @@ fn task_body<const AVX: bool>(
 }
 
 /// A row's step over a tile, in plain Rust.
-fn row_generic(qrow: &[f32], t: &Tile, r: Row) {
+fn row_generic(qrow: &[f32], t: &Tile, mut r: Row) {
     let hd = qrow.len();
     let mut sv = [0f32; KT];
     for (d, &qd) in qrow.iter().enumerate() {
@@ -259,16 +277,7 @@ fn row_generic(qrow: &[f32], t: &Tile, r: Row) {
     if mx == f32::NEG_INFINITY {
         return;
     }
-    if mx > *r.m {
-        let rr = if *r.m == f32::NEG_INFINITY {
-            0.0
-        } else {
-            ggml_expf(*r.m - mx)
-        };
-        *r.m = mx;
-        *r.sum *= rr;
-        r.acc.iter_mut().for_each(|x| *x *= rr);
-    }
+    r.raise(mx);
     for (kk, x) in sv.iter().enumerate() {
         if *x == f32::NEG_INFINITY {
             continue;
@@ -328,7 +337,7 @@ unsafe fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
 /// AVX2 and FMA; `qrow.len()` a multiple of 8; no soft-cap.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn row_avx2(qrow: &[f32], t: &Tile, r: Row) {
+unsafe fn row_avx2(qrow: &[f32], t: &Tile, mut r: Row) {
     use std::arch::x86_64::*;
     let hd = qrow.len();
     let kt = t.kt.as_ptr();
@@ -364,16 +373,7 @@ unsafe fn row_avx2(qrow: &[f32], t: &Tile, r: Row) {
     if mx == f32::NEG_INFINITY {
         return;
     }
-    if mx > *r.m {
-        let rr = if *r.m == f32::NEG_INFINITY {
-            0.0
-        } else {
-            ggml_expf(*r.m - mx)
-        };
-        *r.m = mx;
-        *r.sum *= rr;
-        r.acc.iter_mut().for_each(|x| *x *= rr);
-    }
+    r.raise(mx);
     let mv = _mm256_set1_ps(*r.m);
     let mut p = [0f32; KT];
     let mut ps = _mm256_setzero_ps();

@@ -393,7 +393,49 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
             }                                                                                         \
         }                                                                                             \
     }
+// MoE decode on int8 activations (as moe_glu / moe_mmv in quant.cu, which read f32): one warp
+// per output row of one (token, slot) pair p = blockIdx.y, from the expert routes[2p] chose.
+// The activations are quantize_a32's or quantize_a256's (ablk: 32 or 256) of the tokens
+// (moeq_glu: token p / k) or of the pairs (moeq_mmv: row p).      grid (rows / 4, pairs), block (32, 4)
+#define MOEQ_ACT(T)                                                                                   \
+    const i8* a = aq + t * cols;                                                                      \
+    const float* d = ad + t * (ablk == 32 ? (cols / 32) * 2 : cols / 256);                            \
+    const int* s = abs_ + (ablk == 32 ? 0 : t * (cols / 16));
+#define MOEQ_K(T)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
+        moeq_glu_##T(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,      \
+                     long long expert_rows, const float* __restrict__ routes,                         \
+                     const i8* __restrict__ aq, const float* __restrict__ ad,                         \
+                     const int* __restrict__ abs_, float* __restrict__ out, int rows, int cols,       \
+                     int k, int act, int ablk) { pdl_begin();                                         \
+        const int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                           \
+        if (r >= rows) return;                                                                        \
+        const long long p = blockIdx.y, e = (long long)routes[2 * p], t = p / k;                      \
+        MOEQ_ACT(T)                                                                                   \
+        float ag[8], au[8];                                                                           \
+        _Pragma("unroll") for (int i = 0; i < 8; i++) ag[i] = au[i] = 0.f;                            \
+        rowq_##T(wg + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, ag);                       \
+        rowq_##T(wu + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, au);                       \
+        const float g = rowq_fin_##T(ag[0]), u = rowq_fin_##T(au[0]);                                \
+        if (threadIdx.x == 0) out[p * rows + r] = act_fn(g, act) * u;                                 \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
+        moeq_mmv_##T(const u8* __restrict__ w, long long row_bytes, long long expert_rows,           \
+                     const float* __restrict__ routes, const i8* __restrict__ aq,                     \
+                     const float* __restrict__ ad, const int* __restrict__ abs_,                      \
+                     float* __restrict__ y, int rows, int cols, int ablk) { pdl_begin();              \
+        const int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                           \
+        if (r >= rows) return;                                                                        \
+        const long long p = blockIdx.y, e = (long long)routes[2 * p], t = p;                          \
+        MOEQ_ACT(T)                                                                                   \
+        float acc[8];                                                                                 \
+        _Pragma("unroll") for (int i = 0; i < 8; i++) acc[i] = 0.f;                                   \
+        rowq_##T(w + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, acc);                       \
+        const float v = rowq_fin_##T(acc[0]);                                                         \
+        if (threadIdx.x == 0) y[p * rows + r] = v;                                                    \
+    }
 #define QUANT_KERNELS_Q(T)                                                                            \
+    MOEQ_K(T)                                                                                         \
     MMVQ_K(mmvq_##T, T, ntok_arg, 0) MMVQ_K(mmvq1_##T, T, 1, 0) MMVQ_GLU_K(mmvq_glu_##T, T, ntok_arg, 0)     \
     MMVQ_GLU_K(mmvq1_glu_##T, T, 1, 0) MMVQ_K(mmvqp_##T, T, ntok_arg, 1) MMVQ_K(mmvqp1_##T, T, 1, 1)         \
     MMVQ_GLU_K(mmvqp_glu_##T, T, ntok_arg, 1) MMVQ_GLU_K(mmvqp1_glu_##T, T, 1, 1)

@@ -52,6 +52,10 @@ pub struct CudaConfig {
     /// kernel (kernels/qmm.cu `qmm_g_T`), instead of the CUDA-core grouped kernels. Off until
     /// run on a GPU (written in the eleventh session, compiled only).
     pub moe_qmm: bool,
+    /// The experts' products of MoE decode steps on int8 activations (`QUIVER_CUDA_MOE_INT8=1`,
+    /// kernels/mmvq.cu `moeq_*_T`, as the dense decode kernels), instead of f32 activations.
+    /// Off until run on a GPU (written in the eleventh session, compiled only).
+    pub moe_int8: bool,
     /// The f16 activations of cuBLAS products rounded to the int8 grid of the weight's type
     /// first, as the CPU backend and the decode kernels see them (`QUIVER_CUDA_ACT_GRID=0`:
     /// plain f16).
@@ -108,6 +112,7 @@ impl Default for CudaConfig {
             int8: true,
             int8_mma: false,
             moe_qmm: false,
+            moe_int8: false,
             act_grid: true,
             flash: true,
             flash_256: true,
@@ -152,6 +157,7 @@ impl CudaConfig {
             int8: on("QUIVER_CUDA_INT8"),
             int8_mma: set("QUIVER_CUDA_INT8_MMA"),
             moe_qmm: set("QUIVER_CUDA_MOE_QMM"),
+            moe_int8: set("QUIVER_CUDA_MOE_INT8"),
             act_grid: on("QUIVER_CUDA_ACT_GRID"),
             flash: on("QUIVER_CUDA_FLASH"),
             flash_256: on("QUIVER_CUDA_FLASH_256"),
@@ -193,7 +199,7 @@ mod tests {
         assert_eq!(with(&[]), CudaConfig::default());
         let d = CudaConfig::default();
         assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant && !d.int8_mma);
-        assert!(!d.moe_qmm);
+        assert!(!d.moe_qmm && !d.moe_int8);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
         assert!(!d.exact && !d.sync_each && !d.f16_copies);
         assert_eq!((d.gemm_min_tokens, d.attention_splits), (17, None));
@@ -230,6 +236,7 @@ mod tests {
             ("QUIVER_CUDA_INVARIANT", |c| c.invariant),
             ("QUIVER_CUDA_INT8_MMA", |c| c.int8_mma),
             ("QUIVER_CUDA_MOE_QMM", |c| c.moe_qmm),
+            ("QUIVER_CUDA_MOE_INT8", |c| c.moe_int8),
         ] {
             // Off unless exactly "1".
             assert!(field(&with(&[(name, "1")])), "{name}=1");

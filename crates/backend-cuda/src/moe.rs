@@ -4,12 +4,13 @@
 //! warp per output row of every (token, slot) pair. Many: the pairs sorted by expert on the
 //! device and each expert's tokens run 8 at a time per weight row on CUDA cores, or (with
 //! `moe_qmm`) each expert's tokens in tiles of 64 on the tensor cores (kernels/qmm.cu
-//! `qmm_g_T`). The CUDA-core kernels give a token the same bits either way.
+//! `qmm_g_T`). The CUDA-core kernels give a token the same bits either way. Few tokens with
+//! `moe_int8`: the pair-wise kernels on int8 activations (kernels/mmvq.cu `moeq_*_T`).
 
 use crate::memory::CudaBuf;
 use crate::products::QMM_BN;
 use crate::weights::CudaWeight;
-use crate::{check, CudaBackend};
+use crate::{check, registry, CudaBackend};
 use quiver_backend::{Activation, Gating, MoeParams, MoeScratch, MoeWeights, Result};
 
 const WARPS: usize = 4;
@@ -178,6 +179,57 @@ impl CudaBackend {
                 ],
             )?;
             pos
+        } else if let (true, Some(bg), Some(bd)) = (
+            self.cfg.moe_int8 && self.cfg.int8,
+            registry::int8_activations(w.gate.kernel),
+            registry::int8_activations(w.down.kernel),
+        ) {
+            // On int8 activations: the tokens' rows quantized for gate and up, then the pairs'
+            // GLU outputs for down (the scratch holds one set at a time; the stream orders them).
+            let (q, dq, sq) = self.quantize_act(x.ptr(), rows, d, bg, w.gate.ty)?;
+            self.launch(
+                &w.gate.names.module,
+                &w.gate.names.moeq[0],
+                (ff.div_ceil(WARPS) as u32, pairs, 1),
+                (32, WARPS as u32, 1),
+                args![
+                    w.gate.data.ptr,
+                    w.up.data.ptr,
+                    w.gate.row_bytes as i64,
+                    ff as i64,
+                    s.routes.ptr(),
+                    q,
+                    dq,
+                    sq,
+                    s.act.ptr(),
+                    ff as i32,
+                    d as i32,
+                    k as i32,
+                    act,
+                    bg as i32
+                ],
+            )?;
+            let (q, dq, sq) = self.quantize_act(s.act.ptr(), rows * k, ff, bd, w.down.ty)?;
+            self.launch(
+                &w.down.names.module,
+                &w.down.names.moeq[1],
+                (d.div_ceil(WARPS) as u32, pairs, 1),
+                (32, WARPS as u32, 1),
+                args![
+                    w.down.data.ptr,
+                    w.down.row_bytes as i64,
+                    d as i64,
+                    s.routes.ptr(),
+                    q,
+                    dq,
+                    sq,
+                    s.ys.ptr(),
+                    d as i32,
+                    ff as i32,
+                    bd as i32
+                ],
+            )?;
+            0u64
         } else {
             self.launch(
                 &w.gate.names.module,

@@ -205,6 +205,8 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             if int8_activations(t).is_some() {
                 v.extend(
                     [
+                        "moeq_glu",
+                        "moeq_mmv",
                         "mmvq",
                         "mmvq1",
                         "mmvq_glu",

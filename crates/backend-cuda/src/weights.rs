@@ -42,6 +42,8 @@ pub(crate) struct KernelNames {
     /// The expert-indexed product kernels: [gated, plain] per pair, then the same grouped by
     /// expert.
     pub(crate) moe: [String; 4],
+    /// [gated, plain] per pair on int8 activations (types with int8 decode kernels).
+    pub(crate) moeq: [String; 2],
 }
 
 impl KernelNames {
@@ -79,6 +81,7 @@ impl KernelNames {
                 format!("moe_glu_g_{kernel}"),
                 format!("moe_mmv_g_{kernel}"),
             ],
+            moeq: [format!("moeq_glu_{kernel}"), format!("moeq_mmv_{kernel}")],
         }
     }
 }

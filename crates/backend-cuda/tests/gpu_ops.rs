@@ -110,9 +110,15 @@ impl Harness<CudaBackend> for Cuda {
     }
 
     /// The experts' kernels take f32 activations; the router's product may go through the
-    /// tensor cores (f16), which moves the weights by ~1e-3.
-    fn moe_bound(&self, _: &CudaBackend, _: GgmlType, _: usize) -> f64 {
-        5e-3
+    /// tensor cores (f16), which moves the weights by ~1e-3. With `moe_int8` the decode steps'
+    /// experts take int8 activations, as the CPU backend's do (its bound, 3e-2, for the
+    /// quantized types); with `moe_qmm` the prompts' take f16 (~1e-3).
+    fn moe_bound(&self, be: &CudaBackend, ty: GgmlType, _: usize) -> f64 {
+        if be.config().moe_int8 && ty != GgmlType::F32 {
+            3e-2
+        } else {
+            5e-3
+        }
     }
 
     /// The tensor-core path's activations are on the int8 grid, not plain f16: against x
@@ -219,14 +225,20 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
 #[ignore = "needs a CUDA GPU"]
 fn moe_and_bias_match_reference() {
     let mut rng = seeded_rng();
-    // The experts' grouped products on CUDA cores, then on the tensor cores (`moe_qmm`).
-    for moe_qmm in [false, true] {
+    // The experts' products on CUDA cores over f32, then with the prompts' grouped products on
+    // the tensor cores (`moe_qmm`) and the decode steps' on int8 activations (`moe_int8`).
+    for fast in [false, true] {
         let be = backend_with(CudaConfig {
-            moe_qmm,
+            moe_qmm: fast,
+            moe_int8: fast,
             ..CudaConfig::from_env()
         });
         let notes = quiver_backend::testing::moe::moe(&be, &Cuda, &mut rng);
-        notes.print(if moe_qmm { "moe, moe_qmm" } else { "moe" });
+        notes.print(if fast {
+            "moe, moe_qmm + moe_int8"
+        } else {
+            "moe"
+        });
         assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
     }
 }
