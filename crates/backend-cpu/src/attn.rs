@@ -589,8 +589,76 @@ pub(crate) fn run(
     pool.run(n_tasks, &task);
 }
 
+/// Random attention inputs of the tests here and in `attn_tiled.rs`.
+#[cfg(test)]
+pub(crate) mod test_inputs {
+    use quiver_backend::{AttnParams, Batch};
+
+    /// Uniform values in [−2, 2) from a fixed xorshift seed.
+    pub fn rng() -> impl FnMut() -> f32 {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        }
+    }
+
+    pub struct Case {
+        pub a: AttnParams,
+        pub batch: Batch,
+        pub k: Vec<half::f16>,
+        pub v: Vec<half::f16>,
+        pub q: Vec<f32>,
+    }
+
+    /// 8 query heads over 2 KV heads of `hd`; `n` tokens of one sequence from position
+    /// `start`, its blocks of 16 `blocks`; a cache of `slots` rows; q three times the range,
+    /// rounded to f16 values where `q16`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn case(
+        rnd: &mut impl FnMut() -> f32,
+        hd: usize,
+        window: Option<u32>,
+        softcap: Option<f32>,
+        n: usize,
+        start: usize,
+        blocks: &[u32],
+        slots: usize,
+        q16: bool,
+    ) -> Case {
+        let (nh, nkv) = (8usize, 2usize);
+        let a = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            scale_q: false,
+            window,
+            softcap,
+        };
+        let batch = Batch::single(&vec![1; n], start, blocks, 16, vec![]);
+        let mut f16s =
+            |m: usize| -> Vec<half::f16> { (0..m).map(|_| half::f16::from_f32(rnd())).collect() };
+        let (k, v) = (f16s(slots * nkv * hd), f16s(slots * nkv * hd));
+        let q = (0..n * nh * hd)
+            .map(|_| {
+                let x = rnd() * 3.0;
+                if q16 {
+                    half::f16::from_f32(x).to_f32()
+                } else {
+                    x
+                }
+            })
+            .collect();
+        Case { a, batch, k, v, q }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_inputs::{case, rng, Case};
     use super::*;
 
     /// Every implementation and task shape computes the same floats, bit for bit: the AVX2 path
@@ -600,41 +668,17 @@ mod tests {
     #[test]
     fn every_path_and_grouping_gives_the_same_bits() {
         let pool = ThreadPool::new(2).unwrap();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        };
+        let mut rnd = rng();
         for (hd, window, softcap) in [
             (64, None, None),
             (128, Some(7), None),
             (256, None, Some(30.0)),
             (80, None, None),
         ] {
-            let (nh, nkv, n) = (8usize, 2usize, 19usize);
-            let a = AttnParams {
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                scale_q: false,
-                window,
-                softcap,
-            };
-            let batch = Batch::single(&vec![1; n], 0, &[2, 0], 16, vec![]);
-            let kv_dim = nkv * hd;
-            let slots = 48;
-            let k: Vec<half::f16> = (0..slots * kv_dim)
-                .map(|_| half::f16::from_f32(rnd()))
-                .collect();
-            let v: Vec<half::f16> = (0..slots * kv_dim)
-                .map(|_| half::f16::from_f32(rnd()))
-                .collect();
-            let q: Vec<f32> = (0..n * nh * hd)
-                .map(|_| half::f16::from_f32(rnd() * 3.0).to_f32())
-                .collect();
+            let n = 19;
+            let Case { a, batch, k, v, q } =
+                case(&mut rnd, hd, window, softcap, n, 0, &[2, 0], 48, true);
+            let nh = a.n_head;
             for (r16, tiled) in [(true, false), (false, false), (false, true)] {
                 // The reference: generic loops, one head per task.
                 let mut want = vec![0f32; n * nh * hd];

@@ -432,6 +432,8 @@ unsafe fn pv_block<const W: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attn::test_inputs::{case, rng, Case};
+    use quiver_backend::testing::rel_err;
 
     /// The tiled form against the row-by-row form with the same weights (f32 accumulator,
     /// ggml's e^x): heads dims with and without a tail, a window, soft-capping, a cached prefix
@@ -439,49 +441,23 @@ mod tests {
     #[test]
     fn tiled_matches_row_by_row() {
         let pool = ThreadPool::new(2).unwrap();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        };
+        let mut rnd = rng();
         for (hd, window, softcap, start) in [
             (64, None, None, 0),
             (128, Some(37), None, 21),
             (256, None, Some(30.0), 40),
             (80, None, None, 3),
         ] {
-            let (nh, nkv, n) = (8usize, 2usize, 70usize);
-            let a = AttnParams {
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                scale_q: false,
-                window,
-                softcap,
-            };
-            let batch = Batch::single(&vec![1; n], start, &[3, 0, 5, 1, 4, 2, 6, 7], 16, vec![]);
-            let kv_dim = nkv * hd;
-            let slots = 128;
-            let k: Vec<half::f16> = (0..slots * kv_dim)
-                .map(|_| half::f16::from_f32(rnd()))
-                .collect();
-            let v: Vec<half::f16> = (0..slots * kv_dim)
-                .map(|_| half::f16::from_f32(rnd()))
-                .collect();
-            let q: Vec<f32> = (0..n * nh * hd).map(|_| rnd() * 3.0).collect();
-            let mut want = vec![0f32; n * nh * hd];
+            let n = 70;
+            let blocks = [3, 0, 5, 1, 4, 2, 6, 7];
+            let Case { a, batch, k, v, q } =
+                case(&mut rnd, hd, window, softcap, n, start, &blocks, 128, false);
+            let len = n * a.n_head * hd;
+            let mut want = vec![0f32; len];
             crate::attn::run(&pool, &q, &k, &v, &batch, &a, &mut want, 1, false, true);
-            let mut got = vec![f32::NAN; n * nh * hd];
+            let mut got = vec![f32::NAN; len];
             attention(&pool, &q, &k, &v, &batch, &a, &mut got);
-            let (mut num, mut den) = (0f64, 0f64);
-            for (x, y) in got.iter().zip(&want) {
-                num += ((x - y) as f64).powi(2);
-                den += (*y as f64).powi(2);
-            }
-            let rel = (num / den).sqrt();
+            let rel = rel_err(&got, &want);
             assert!(
                 rel < 1e-5,
                 "hd {hd}, window {window:?}: relative L2 {rel:e}"

@@ -47,12 +47,12 @@ pub enum Fetch {
 }
 
 impl Fetch {
-    /// What one row needs: its sampler's needs, unless it wants log-probabilities or its
-    /// logits are masked on the host (constrained decoding with log-probabilities), which
-    /// need the whole row.
-    pub fn of(needs: Needs, logprobs: bool, masked: bool) -> Fetch {
+    /// What one row needs: its sampler's needs, unless it wants log-probabilities, which need
+    /// the whole row. (A constrained row is masked where the logits are, except one with
+    /// log-probabilities: the host masks a copy of its whole row.)
+    pub fn of(needs: Needs, logprobs: bool) -> Fetch {
         match needs {
-            _ if logprobs || masked => Fetch::Logits,
+            _ if logprobs => Fetch::Logits,
             Needs::Argmax => Fetch::Argmax,
             Needs::TopK(k) => Fetch::TopK(k),
             Needs::Logits => Fetch::Logits,
@@ -131,14 +131,10 @@ impl Picker {
         mask: Option<Mask>,
     ) -> Picked {
         let fetched = self.fetched.expect("Picker::pick before fetch");
-        debug_assert_eq!(
-            fetched.merge(Fetch::of(
-                sampler.needs(),
-                logprobs_n.is_some(),
-                mask.is_some()
-            )),
-            fetched,
-            "the fetch does not cover this row"
+        debug_assert!(
+            fetched.merge(Fetch::of(sampler.needs(), logprobs_n.is_some())) == fetched
+                && (mask.is_none() || fetched == Fetch::Logits),
+            "the fetch does not cover this row (a host mask needs the whole row)"
         );
         let token = match fetched {
             Fetch::Argmax => self.ids[r],
@@ -360,7 +356,7 @@ impl<B: Backend> ModelRunner<B> {
         }
         self.check_tokens(tokens, start_pos)?;
         self.forward_single(tokens, start_pos, tokens.len() - 1)?;
-        let how = Fetch::of(sampler.needs(), false, false);
+        let how = Fetch::of(sampler.needs(), false);
         Ok(self
             .fetch(1, how)?
             .pick(0, sampler, history, None, None)

@@ -487,7 +487,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                 let prompt = s.logits_from == Some(0) && l.prompt_logprobs.is_some();
                 // A constraint masks on the device (below) unless log-probabilities are
                 // wanted: those read the whole row anyway, and the host masks it.
-                let f = Fetch::of(l.sampler.needs(), l.logprobs.is_some() || prompt, false);
+                let f = Fetch::of(l.sampler.needs(), l.logprobs.is_some() || prompt);
                 how = how.merge(if s.sample || prompt { f } else { Fetch::Argmax });
             }
         }

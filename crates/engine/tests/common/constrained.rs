@@ -10,7 +10,6 @@ use std::sync::mpsc;
 
 /// A made-up vocabulary of `n` ids for a synthetic model (which has none): 0 the end of
 /// generation, 1–127 the ASCII bytes, the rest three or four of 32 symbols (all distinct).
-#[allow(dead_code)] // the CPU tests use the real vocabulary
 pub fn made_up_vocabulary(n: u32) -> Vec<Vec<u8>> {
     const SYMBOLS: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz {}\":,";
     (0..n)
@@ -32,7 +31,6 @@ pub fn made_up_vocabulary(n: u32) -> Vec<Vec<u8>> {
 }
 
 /// `ids` spelled in `words` (the end of generation, id 0, spells nothing).
-#[allow(dead_code)] // the CPU tests use the real vocabulary
 pub fn spell(words: &[Vec<u8>], ids: &[u32]) -> String {
     let b: Vec<u8> = ids
         .iter()
