@@ -245,6 +245,22 @@ pub const PRESETS: &[Preset] = &[
         rms_eps: 1e-6,
         ..BASE
     },
+    // The 32B-class dense shape (Qwen2.5-32B): issue 15's memory claim.
+    Preset {
+        name: "qwen2.5-32b",
+        arch: "qwen2",
+        n_vocab: 152064,
+        n_embd: 5120,
+        n_layer: 64,
+        n_head: 40,
+        n_head_kv: 8,
+        n_ff: 27648,
+        n_ctx: 32768,
+        rope_base: 1_000_000.0,
+        head_dim: 128,
+        rms_eps: 1e-6,
+        ..BASE
+    },
     Preset {
         name: "gemma2-2b",
         arch: "gemma2",

