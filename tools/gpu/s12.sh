@@ -77,4 +77,28 @@ b)
   ls -la $W/*.gguf | awk '{print $5, $9}'
   el done
   ;;
+c)
+  # After a's MoE figures: the MoE switches on by default, the op test again with the routing
+  # check fixed (a's seed first), and issue 15's quiver figures (8B Q4_K_M, 32B Q4_0).
+  (synth llama3-8b Q4_K_M $F8; synth qwen2.5-32b Q4_0 $F32) >/dev/null 2>&1 &
+  el "MoE op test"
+  for seed in 1796223896528951747 ""; do
+    QUIVER_TEST_SEED=$seed timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture moe 2>&1 |
+      grep -E "^test |moe|panicked|result" | head -30
+  done
+  el "MoE architectures (defaults)"
+  QUIVER_ARCHS=tiny-qwen3moe-Q8_0,tiny-qwen3moe-F32,tiny-gemma4moe-Q8_0,tiny-gemma4moe-F32 \
+    timeout 60 $B/test-archs --include-ignored --nocapture gpu_matches 2>&1 | grep -E "max \||panicked|result"
+  wait_for $F8
+  el "quiver 8B Q4_K_M"
+  $B/quiver bench -m $F8 --device cuda -p 512 -n 128 -r 2 2>/tmp/q8.log | grep "^| "
+  grep -h "device memory" /tmp/q8.log | tail -1
+  $B/quiver bench -m $F8 --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+  wait_for $F32
+  el "quiver 32B Q4_0"
+  $B/quiver bench -m $F32 --device cuda -p 512 -n 128 -r 1 2>/tmp/q32.log | grep "^| "
+  grep -h "device memory" /tmp/q32.log | tail -1
+  ls -la $W/*.gguf | awk '{print $5, $9}'
+  el done
+  ;;
 esac

@@ -47,14 +47,14 @@ pub struct CudaConfig {
     /// invariant for these types. Off: it loses 16% of Q4_0 decode and 13% of its prefill
     /// (eleventh session, BENCHMARKS.md).
     pub int8_mma: bool,
-    /// The experts' products of MoE prompts on the tensor cores (`QUIVER_CUDA_MOE_QMM=1`):
-    /// the (token, slot) pairs sorted by expert, each expert's rows one tile list of the qmm
-    /// kernel (kernels/qmm.cu `qmm_g_T`), instead of the CUDA-core grouped kernels. Off until
-    /// run on a GPU (written in the eleventh session, compiled only).
+    /// The experts' products of MoE prompts on the tensor cores (`QUIVER_CUDA_MOE_QMM=0`: the
+    /// CUDA-core grouped kernels): the (token, slot) pairs sorted by expert, each expert's rows
+    /// one tile list of the qmm kernel (kernels/qmm.cu `qmm_g_T`). Qwen3-30B-A3B Q4_0 pp512
+    /// 468 -> 14,132 t/s on the H200 (twelfth session, BENCHMARKS.md).
     pub moe_qmm: bool,
-    /// The experts' products of MoE decode steps on int8 activations (`QUIVER_CUDA_MOE_INT8=1`,
-    /// kernels/mmvq.cu `moeq_*_T`, as the dense decode kernels), instead of f32 activations.
-    /// Off until run on a GPU (written in the eleventh session, compiled only).
+    /// The experts' products of MoE decode steps on int8 activations (kernels/mmvq.cu
+    /// `moeq_*_T`, as the dense decode kernels; `QUIVER_CUDA_MOE_INT8=0`: f32 activations).
+    /// Qwen3-30B-A3B Q4_0 tg128 159 -> 302 t/s (twelfth session).
     pub moe_int8: bool,
     /// The f16 activations of cuBLAS products rounded to the int8 grid of the weight's type
     /// first, as the CPU backend and the decode kernels see them (`QUIVER_CUDA_ACT_GRID=0`:
@@ -111,8 +111,8 @@ impl Default for CudaConfig {
             gemm_min_tokens: GEMM_MIN_TOKENS,
             int8: true,
             int8_mma: false,
-            moe_qmm: false,
-            moe_int8: false,
+            moe_qmm: true,
+            moe_int8: true,
             act_grid: true,
             flash: true,
             flash_256: true,
@@ -156,8 +156,8 @@ impl CudaConfig {
                 .max(1),
             int8: on("QUIVER_CUDA_INT8"),
             int8_mma: set("QUIVER_CUDA_INT8_MMA"),
-            moe_qmm: set("QUIVER_CUDA_MOE_QMM"),
-            moe_int8: set("QUIVER_CUDA_MOE_INT8"),
+            moe_qmm: on("QUIVER_CUDA_MOE_QMM"),
+            moe_int8: on("QUIVER_CUDA_MOE_INT8"),
             act_grid: on("QUIVER_CUDA_ACT_GRID"),
             flash: on("QUIVER_CUDA_FLASH"),
             flash_256: on("QUIVER_CUDA_FLASH_256"),
@@ -199,7 +199,7 @@ mod tests {
         assert_eq!(with(&[]), CudaConfig::default());
         let d = CudaConfig::default();
         assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant && !d.int8_mma);
-        assert!(!d.moe_qmm && !d.moe_int8);
+        assert!(d.moe_qmm && d.moe_int8);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
         assert!(!d.exact && !d.sync_each && !d.f16_copies);
         assert_eq!((d.gemm_min_tokens, d.attention_splits), (17, None));
@@ -219,6 +219,8 @@ mod tests {
             ("QUIVER_CUDA_FLASH", |c| c.flash),
             ("QUIVER_CUDA_FLASH_256", |c| c.flash_256),
             ("QUIVER_CUDA_PDL", |c| c.pdl),
+            ("QUIVER_CUDA_MOE_QMM", |c| c.moe_qmm),
+            ("QUIVER_CUDA_MOE_INT8", |c| c.moe_int8),
         ] {
             // On unless exactly "0".
             assert!(!field(&with(&[(name, "0")])), "{name}=0");
@@ -235,8 +237,6 @@ mod tests {
             ("QUIVER_CUDA_F16_COPIES", |c| c.f16_copies),
             ("QUIVER_CUDA_INVARIANT", |c| c.invariant),
             ("QUIVER_CUDA_INT8_MMA", |c| c.int8_mma),
-            ("QUIVER_CUDA_MOE_QMM", |c| c.moe_qmm),
-            ("QUIVER_CUDA_MOE_INT8", |c| c.moe_int8),
         ] {
             // Off unless exactly "1".
             assert!(field(&with(&[(name, "1")])), "{name}=1");

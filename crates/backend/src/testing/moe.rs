@@ -1,7 +1,7 @@
 //! The mixture-of-experts op and the product bias against the scalar reference: random stacked
 //! experts of several weight types, 1 to 64 tokens, softmax and sigmoid gating, with and
-//! without normalised weights. Each token's chosen experts (read back from the scratch) must
-//! be the reference's wherever the router's logits are not within rounding of a tie; the
+//! without normalised weights. Each token's chosen experts (read back from the scratch, in any
+//! slot order) must be the reference's unless the k-th and (k+1)-th logits are within rounding; the
 //! outputs of those tokens must be within the bound (`Harness::moe_bound`).
 
 use super::{poison, read, rel_err, vector, Harness, Notes, Rng, WeightCase};
@@ -109,32 +109,33 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                     &p,
                     &mut want,
                 );
-                // Tokens routed as the reference routes them (ties within rounding aside).
+                // Tokens routed to the reference's experts (in any slot order), unless the
+                // k-th and (k+1)-th logits are within the router product's rounding (products
+                // of 17+ tokens take the activations in f16: logits move by ~1e-3).
                 let mut logits = vec![0f32; ne];
                 let mut r = Vec::new();
                 let (mut same, mut g_same, mut w_same) = (0, Vec::new(), Vec::new());
                 for t in 0..n {
                     reference::matmul(&router.values, ne, d, &x[t * d..][..d], 1, &mut logits);
                     reference::moe_route(&logits, &p, &mut r);
-                    let ids_match = r
-                        .iter()
-                        .enumerate()
-                        .all(|(j, &(e, _))| routes[2 * (t * k + j)] == e as f32);
+                    let slot = |j: usize| (routes[2 * (t * k + j)], routes[2 * (t * k + j) + 1]);
+                    let of = |e: u32| (0..k).map(slot).find(|&(id, _)| id == e as f32);
+                    let ids_match = r.iter().all(|&(e, _)| of(e).is_some());
                     let mut sorted = logits.clone();
                     sorted.sort_by(|a, b| b.total_cmp(a));
-                    let near_tie = sorted.windows(2).take(k).any(|w| w[0] - w[1] < 1e-3);
+                    let near_tie = sorted[k - 1] - sorted[k] < 1e-2;
                     assert!(
                         ids_match || near_tie,
                         "moe {ty} {gating:?} n={n}: token {t} routed to {:?}, reference {r:?}",
-                        (0..k).map(|j| routes[2 * (t * k + j)]).collect::<Vec<_>>()
+                        (0..k).map(|j| slot(j).0).collect::<Vec<_>>()
                     );
                     if ids_match {
                         same += 1;
-                        for (j, &(_, wt)) in r.iter().enumerate() {
-                            let gw = routes[2 * (t * k + j) + 1];
+                        for &(e, wt) in &r {
+                            let gw = of(e).map_or(f32::NAN, |(_, w)| w);
                             assert!(
                                 (gw - wt).abs() <= 2e-3 * (1.0 + wt.abs()),
-                                "moe {ty} {gating:?}: token {t} slot {j} weight {gw} vs {wt}"
+                                "moe {ty} {gating:?}: token {t} expert {e} weight {gw} vs {wt}"
                             );
                         }
                         g_same.extend_from_slice(&got[t * d..][..d]);
