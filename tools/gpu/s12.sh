@@ -101,4 +101,17 @@ c)
   ls -la $W/*.gguf | awk '{print $5, $9}'
   el done
   ;;
+d)
+  # qmm split-K (batched decode): the product op test, then 8B Q4_K_M S_TG off / on.
+  (synth llama3-8b Q4_K_M $F8) >/dev/null 2>&1 &
+  el "products op test"
+  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture matmul 2>&1 |
+    grep -E "^test |products|panicked|result" | head -30
+  wait_for $F8
+  for e in QUIVER_CUDA_QMM_SPLIT=0 X=1 QUIVER_CUDA_QMM_SPLIT=0 X=1; do
+    el "8B Q4_K_M $e"
+    env $e $B/quiver bench -m $F8 --device cuda -p 512 -n 128 --parallel 32,64,128 2>/dev/null | grep "^| " | tail -3
+  done
+  el done
+  ;;
 esac

@@ -128,6 +128,17 @@ extern "C" __global__ void add_bias(float* __restrict__ x, const float* __restri
         x[i] += bias[i % cols];
 }
 
+// y[i] = part[i] + part[len + i] + … over the s partials of a split-K product (qmm.cu), in
+// order from the first.
+extern "C" __global__ void sum_splits(const float* __restrict__ part, int s, long long len,
+                                      float* __restrict__ y) { pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < len; i += (long long)gridDim.x * blockDim.x) {
+        float v = part[i];
+        for (int z = 1; z < s; z++) v += part[z * len + i];
+        y[i] = v;
+    }
+}
+
 // out[i, :] = x[rows[i], :]; grid (n_rows), block 256.
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* __restrict__ rows,
                                        float* __restrict__ out, int cols) { pdl_begin();

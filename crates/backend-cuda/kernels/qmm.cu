@@ -23,7 +23,10 @@
 // deqh_T relies on.
 //
 // CTA: 64 weight rows × 64 tokens, 4 warps of 16 rows × 64 tokens.
-//                                 grid (ceil(n / 64), ceil(rows / 64)), block 128, dynamic smem
+//                                 grid (ceil(n / 64), ceil(rows / 64), S), block 128, dynamic smem
+// With S > 1 (split-K, for steps whose tiles do not fill the GPU: batched decode; not batch
+// invariant, so never in that mode) block z takes the chunks [z·nch/S, (z+1)·nch/S) of the
+// row's nch and writes its sum to y + z·n·rows; sum_splits (ops.cu) adds the S partials.
 #define QMM_WARPS 4
 #define QMM_BM (16 * QMM_WARPS)
 #define QMM_BN 64
@@ -268,6 +271,10 @@ __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row
     const int g = lane >> 2, q = lane & 3;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
     const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
+    // This block's stages: all of them, or split z's whole chunks (two stages each).
+    const int nch = (nst + 1) / 2, S = gridDim.z, z = blockIdx.z;
+    const int j0 = 2 * (z * nch / S), j1 = min(2 * ((z + 1) * nch / S), nst);
+    y += (long long)z * n * rows;
     auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
     auto xbuf = [&](int b) { return Xs + b * QMM_BN * QMM_XLD; };
     float acc[8][4], tot[8][4];
@@ -277,24 +284,24 @@ __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row
         for (int e = 0; e < 4; e++) acc[i][e] = tot[i][e] = 0.f;
 #pragma unroll
     for (int st = 0; st < QMM_NST - 1; st++) {
-        if (st < nst) {
-            qmm_copy_x(xbuf(st), xh, cols, n, n0, st);
-            qmm_copy_w<Q>(wbuf(st), R, st);
+        if (j0 + st < j1) {
+            qmm_copy_x(xbuf(st), xh, cols, n, n0, j0 + st);
+            qmm_copy_w<Q>(wbuf(st), R, j0 + st);
         }
         cp_async_commit();
     }
-    for (int j = 0; j < nst; j++) {
+    for (int j = j0; j < j1; j++) {
         cp_async_wait<QMM_NST - 2>();
         __syncthreads();
-        const int st = j + QMM_NST - 1;
-        if (st < nst) {
-            qmm_copy_x(xbuf(st % QMM_NST), xh, cols, n, n0, st);
-            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
+        const int st = j + QMM_NST - 1, b = (j - j0) % QMM_NST;
+        if (st < j1) {
+            qmm_copy_x(xbuf((b + QMM_NST - 1) % QMM_NST), xh, cols, n, n0, st);
+            qmm_copy_w<Q>(wbuf((b + QMM_NST - 1) % QMM_NST), R, st);
         }
         cp_async_commit();
         u32 a[8][4];
-        qmm_frag<DEQ, Q>(a, wbuf(j % QMM_NST), R, j, ng);
-        const u16* xs = xbuf(j % QMM_NST);
+        qmm_frag<DEQ, Q>(a, wbuf(b), R, j, ng);
+        const u16* xs = xbuf(b);
 #pragma unroll
         for (int s = 0; s < 8; s++)
 #pragma unroll
@@ -302,7 +309,7 @@ __device__ __forceinline__ void qmm_impl(const u8* __restrict__ W, long long row
                 const uint2 b = *(const uint2*)(xs + (nt * 8 + g) * QMM_XLD + s * 16 + q * 4);
                 mma_16816(acc[nt], a[s], b.x, b.y);
             }
-        if (((j + 1) * QMM_BK) % QMM_CHUNK == 0 || j + 1 == nst) {
+        if (((j + 1) * QMM_BK) % QMM_CHUNK == 0 || j + 1 == j1) {
 #pragma unroll
             for (int i = 0; i < 8; i++)
 #pragma unroll

@@ -56,6 +56,10 @@ pub struct CudaConfig {
     /// `moeq_*_T`, as the dense decode kernels; `QUIVER_CUDA_MOE_INT8=0`: f32 activations).
     /// Qwen3-30B-A3B Q4_0 tg128 159 -> 302 t/s (twelfth session).
     pub moe_int8: bool,
+    /// qmm products whose tiles do not fill the GPU (batched decode: 17–128 tokens) split
+    /// over the columns, the partials added by a second kernel (`QUIVER_CUDA_QMM_SPLIT=0`:
+    /// one block per tile). Never in the batch-invariant mode.
+    pub qmm_split: bool,
     /// The f16 activations of cuBLAS products rounded to the int8 grid of the weight's type
     /// first, as the CPU backend and the decode kernels see them (`QUIVER_CUDA_ACT_GRID=0`:
     /// plain f16).
@@ -113,6 +117,7 @@ impl Default for CudaConfig {
             int8_mma: false,
             moe_qmm: true,
             moe_int8: true,
+            qmm_split: true,
             act_grid: true,
             flash: true,
             flash_256: true,
@@ -158,6 +163,7 @@ impl CudaConfig {
             int8_mma: set("QUIVER_CUDA_INT8_MMA"),
             moe_qmm: on("QUIVER_CUDA_MOE_QMM"),
             moe_int8: on("QUIVER_CUDA_MOE_INT8"),
+            qmm_split: on("QUIVER_CUDA_QMM_SPLIT"),
             act_grid: on("QUIVER_CUDA_ACT_GRID"),
             flash: on("QUIVER_CUDA_FLASH"),
             flash_256: on("QUIVER_CUDA_FLASH_256"),
@@ -199,7 +205,7 @@ mod tests {
         assert_eq!(with(&[]), CudaConfig::default());
         let d = CudaConfig::default();
         assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant && !d.int8_mma);
-        assert!(d.moe_qmm && d.moe_int8);
+        assert!(d.moe_qmm && d.moe_int8 && d.qmm_split);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
         assert!(!d.exact && !d.sync_each && !d.f16_copies);
         assert_eq!((d.gemm_min_tokens, d.attention_splits), (17, None));
@@ -221,6 +227,7 @@ mod tests {
             ("QUIVER_CUDA_PDL", |c| c.pdl),
             ("QUIVER_CUDA_MOE_QMM", |c| c.moe_qmm),
             ("QUIVER_CUDA_MOE_INT8", |c| c.moe_int8),
+            ("QUIVER_CUDA_QMM_SPLIT", |c| c.qmm_split),
         ] {
             // On unless exactly "0".
             assert!(!field(&with(&[(name, "0")])), "{name}=0");

@@ -151,6 +151,24 @@ fn qmm_smem(w: &CudaWeight) -> (usize, usize, u32) {
     (qmm, qmv, 32 * warps as u32)
 }
 
+/// The split-K products' partials at most (a step's largest split product: 8B gate·up at 64
+/// tokens, 2 × 64 × 14336 floats, is 7 MiB); a split that would need more takes fewer parts.
+pub(crate) const QSPLIT_BYTES: usize = 16 << 20;
+
+/// Parts of a qmm product over `n` tokens of a `rows` × `cols` weight on `sms`
+/// multiprocessors: enough for ~2 blocks per multiprocessor where the tiles alone give fewer,
+/// each part at least 2 chunks of 256 columns, the partials within [`QSPLIT_BYTES`].
+pub(crate) fn qmm_splits(n: usize, rows: usize, cols: usize, sms: usize) -> usize {
+    let tiles = n.div_ceil(QMM_BN) * rows.div_ceil(QMM_BM);
+    let chunks = cols.div_ceil(256);
+    let by_room = QSPLIT_BYTES / (n * rows * 4).max(1);
+    (2 * sms)
+        .div_ceil(tiles)
+        .min(chunks / 2)
+        .min(by_room)
+        .max(1)
+}
+
 /// How the fast path runs `matmul_qkv`.
 enum QkvPath {
     /// All three on the tensor cores over one f16 copy of x.
@@ -180,6 +198,20 @@ impl CudaBackend {
             return self.gemm(w, tc, a, n, y);
         }
         self.mmv(&[(w, y)], x, n)
+    }
+
+    /// Split-K parts of a qmm product of `w` over `n` tokens (1: not split; always 1 in the
+    /// batch-invariant mode).
+    fn qmm_splits(&self, w: &CudaWeight, n: usize) -> usize {
+        if !self.qmm_split_on() || self.invariant(w) {
+            return 1;
+        }
+        qmm_splits(n, w.rows, w.cols, self.dev.info.sms as usize)
+    }
+
+    /// True when qmm products may split over their columns (`CudaConfig::qmm_split`).
+    pub(crate) fn qmm_split_on(&self) -> bool {
+        self.cfg.qmm_split && self.cfg.tensor_cores && !self.cfg.invariant
     }
 
     /// True when products run on the batch-invariant qmm / qmv kernels.
@@ -313,22 +345,46 @@ impl CudaBackend {
                 blas.gemm_f16(wh, xh, y, w.rows, n, w.cols)
                     .map_err(|e| derr("cublasGemmEx", e))
             }
-            Tc::Qmm => self.launch_smem(
-                &w.names.module,
-                &w.names.qmm,
-                (n.div_ceil(QMM_BN) as u32, w.rows.div_ceil(QMM_BM) as u32, 1),
-                (QMM_THREADS, 1, 1),
-                qmm_smem(w).0 as u32,
-                args![
-                    w.data.ptr,
-                    w.row_bytes as i64,
-                    w.rows as i32,
-                    w.cols as i32,
-                    xh,
-                    y,
-                    n as i32
-                ],
-            ),
+            Tc::Qmm => {
+                let splits = self.qmm_splits(w, n);
+                let out = if splits > 1 {
+                    let bytes = splits * n * w.rows * 4;
+                    self.scratch_ptr(|s| &mut s.qpart, bytes, "product partials")?
+                } else {
+                    y
+                };
+                self.launch_smem(
+                    &w.names.module,
+                    &w.names.qmm,
+                    (
+                        n.div_ceil(QMM_BN) as u32,
+                        w.rows.div_ceil(QMM_BM) as u32,
+                        splits as u32,
+                    ),
+                    (QMM_THREADS, 1, 1),
+                    qmm_smem(w).0 as u32,
+                    args![
+                        w.data.ptr,
+                        w.row_bytes as i64,
+                        w.rows as i32,
+                        w.cols as i32,
+                        xh,
+                        out,
+                        n as i32
+                    ],
+                )?;
+                if splits > 1 {
+                    let len = n * w.rows;
+                    self.launch(
+                        "ops",
+                        "sum_splits",
+                        (grid1(len, 256, 4096), 1, 1),
+                        (256, 1, 1),
+                        args![out, splits as i32, len as i64, y],
+                    )?;
+                }
+                Ok(())
+            }
             Tc::Qmv => {
                 let (_, smem, threads) = qmm_smem(w);
                 for t in (0..n).step_by(QMV_TOKENS) {
@@ -724,4 +780,24 @@ pub(crate) fn check_glu(gate: &CudaBuf, up: &CudaBuf, n: usize, out: &CudaBuf) -
     check("glu", gate.len >= n && up.len >= n && out.len >= n, || {
         format!("{n} elements")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::qmm_splits;
+
+    #[test]
+    fn qmm_splits_fill_the_device_only_where_the_tiles_do_not() {
+        // The 8B shape on 132 multiprocessors at 64 tokens: k / v (16 tiles) in 8 parts of 2
+        // chunks, down (64 tiles, 56 chunks) in 5, gate (224 tiles) in 2.
+        assert_eq!(qmm_splits(64, 1024, 4096, 132), 8);
+        assert_eq!(qmm_splits(64, 4096, 14336, 132), 5);
+        assert_eq!(qmm_splits(64, 14336, 4096, 132), 2);
+        // A prompt of 512 fills it: no split; nor a row of fewer than 4 chunks.
+        assert_eq!(qmm_splits(512, 14336, 4096, 132), 1);
+        assert_eq!(qmm_splits(64, 64, 768, 132), 1);
+        // The partials stay within their scratch: 128 tokens of 131072 rows take one part.
+        assert_eq!(qmm_splits(128, 131072, 8192, 132), 1);
+        assert!(qmm_splits(64, 16384, 65536, 132) * 64 * 16384 * 4 <= super::QSPLIT_BYTES);
+    }
 }

@@ -133,6 +133,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             "f32_to_f16_q256",
             "topk_rows",
             "add_bias",
+            "sum_splits",
             "moe_route",
             "moe_group",
             "moe_gather",

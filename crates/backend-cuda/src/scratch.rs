@@ -21,6 +21,8 @@ pub(crate) struct Scratch {
     pub(crate) aq: Option<DevBuf>,
     pub(crate) ad: Option<DevBuf>,
     pub(crate) abs: Option<DevBuf>,
+    /// Split-K products' partial sums (`products.rs` `qmm_splits`).
+    pub(crate) qpart: Option<DevBuf>,
     /// f16 activations of the cuBLAS products.
     pub(crate) xbf: Option<DevBuf>,
     /// The logits rows gathered for `matmul_logits`.
@@ -83,6 +85,13 @@ impl CudaBackend {
         ];
         if self.cfg.tensor_cores {
             plan.push((|s| &mut s.xbf, n * cols * 2, "f16 activations"));
+        }
+        if self.qmm_split_on() {
+            plan.push((
+                |s| &mut s.qpart,
+                crate::products::QSPLIT_BYTES,
+                "product partials",
+            ));
         }
         plan.retain(|p| p.1 > 0);
         plan
