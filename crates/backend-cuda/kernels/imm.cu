@@ -1,14 +1,13 @@
 // Int8 tensor-core products over the decode kernels' int8 activations (QUIVER_CUDA_INT8_MMA):
 // imm_T / imv_T for Q4_0 and Q8_0 (32-blocks), imm_q4_k / imv_q4_k. Compiled after qmm.cu in
-// the modules of those types (it uses qmm.cu's windows, copies, QRows, qmm_store, qmv_total).
+// the modules of those types (it uses qmm.cu's windows, copies, QRows, qmm_store).
 
 // ---- Int8 tensor-core products (Q4_0, Q8_0): imm for many tokens, imv for decode ----
 // Over the int8 activations of quantize_a32 (aq [n, cols], ad: (d, d·Σq) per token and 32).
-// A block's integer dot product is exact whatever computes it, so a token's result is fixed by
-// one order of the float part: term(b) = (dw_b · da_b) · isum_b, each product rounded as
-// written; the terms of a chunk of 8 blocks (QMM_CHUNK columns) added left to right from 0,
-// the chunk sums left to right from 0. imm and imv both compute it (imm_terms): a token's
-// result is the same bits in any batch and on either kernel.
+// A block's integer dot product is exact whatever computes it, and its float term
+// (dw_b · da_b) · isum_b (each product rounded as written) is added in mmvq.cu's exact-sum
+// order (fix_of: a multiple of 2^-32 in a 64-bit integer), so a token's result is the same bits
+// in any batch, on either kernel, and on the decode kernels mmvqc_T (mmvq.cu ROWQ_CANON).
 // m16n8k32 s8: a0/a2 = row g's values 4q..4q+3 / 16+4q..16+4q+3, a1/a3 = row g + 8's; b0/b1 =
 // token g's same values; c0, c1 = (row g; tokens 2q, 2q+1), c2, c3 = row g + 8's.
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
@@ -38,14 +37,37 @@ __device__ __forceinline__ void imm_frag(u32* a, float* dw, const u8* r0, const 
 }
 // acc[e] += the block's terms of an n8 tile: a, dw as imm_frag made them, the tokens' b0/b1
 // and their d (da0 for token 2q, da1 for 2q + 1).
-__device__ __forceinline__ void imm_terms(float* acc, const u32* a, const float* dw, u32 b0, u32 b1,
+__device__ __forceinline__ void imm_terms(long long* acc, const u32* a, const float* dw, u32 b0, u32 b1,
                                           float da0, float da1) {
     int c[4] = {0, 0, 0, 0};
     mma_s8(c, a, b0, b1);
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         const float s = __fmul_rn(dw[e >> 1], (e & 1) ? da1 : da0);
-        acc[e] = __fadd_rn(acc[e], __fmul_rn(s, __int2float_rn(c[e])));
+        acc[e] += fix_of(__fmul_rn(s, __int2float_rn(c[e])));
+    }
+}
+// The totals of a warp's 16 rows × 64 tokens as floats, into y (qmm_store).
+__device__ __forceinline__ void fix_store(const long long (*tot)[4], const QRows& R, int n0, int rows,
+                                          float* __restrict__ y, int n) {
+    float v[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) v[i][e] = fix_val(tot[i][e]);
+    qmm_store(v, R, n0, rows, y, n);
+}
+// imv's last step: one thread per (row, token) of the block's 16 rows adds the warps' sums
+// (`part`, [warp][row · 8 + token]) and stores the total.
+__device__ __forceinline__ void fix_total(const long long* part, int nw, const QRows& R, int rows,
+                                          float* __restrict__ y, int n) {
+    if (threadIdx.x < 128) {
+        const int row = threadIdx.x >> 3, t = threadIdx.x & 7;
+        if (t < n && R.rb + row < rows) {
+            long long tot = 0;
+            for (int w = 0; w < nw; w++) tot += part[w * 128 + row * 8 + t];
+            y[(long long)t * rows + R.rb + row] = fix_val(tot);
+        }
     }
 }
 
@@ -83,11 +105,11 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(ds + i)), "l"(src), "r"(ok ? 4 : 0));
         }
     };
-    float acc[8][4], tot[8][4];
+    long long tot[8][4];
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) acc[i][e] = tot[i][e] = 0.f;
+        for (int e = 0; e < 4; e++) tot[i][e] = 0;
 #pragma unroll
     for (int st = 0; st < QMM_NST - 1; st++) {
         if (st < nst) {
@@ -117,26 +139,17 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
             for (int nt = 0; nt < 8; nt++) {
                 const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
                 const float2 da = *(const float2*)(ds + kb * QMM_BN + nt * 8 + 2 * q);
-                imm_terms(acc[nt], a, dw, *(const u32*)xb, *(const u32*)(xb + 16), da.x, da.y);
+                imm_terms(tot[nt], a, dw, *(const u32*)xb, *(const u32*)(xb + 16), da.x, da.y);
             }
         }
-        if (((j + 1) * QMM_BK) % QMM_CHUNK == 0 || j + 1 == nst) {
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    tot[i][e] = __fadd_rn(tot[i][e], acc[i][e]);
-                    acc[i][e] = 0.f;
-                }
-        }
     }
-    qmm_store(tot, R, n0, rows, y, n);
+    fix_store(tot, R, n0, rows, y, n);
 }
 
 // imv: n ≤ 8 tokens as one n8 tile; a block of 8 warps takes 16 rows, warp w the chunks w,
 // w + 8, … (8 blocks each, their weight bytes copied to shared memory while the previous
-// chunk is multiplied), the chunk sums added left to right by one thread per (row, token), as
-// qmv does.                                 grid (ceil(rows / 16)), block 256, dynamic smem
+// chunk is multiplied); the warps' sums meet in shared memory and one thread per (row, token)
+// adds them (fix_total).                    grid (ceil(rows / 16)), block 256, dynamic smem
 template <IwFn IW, int BB>
 __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const i8* __restrict__ aq,
@@ -144,11 +157,12 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
     typedef QWinC<BB, 32> Q;
     constexpr int QW = 8;
     extern __shared__ __align__(16) u8 qsm[];
-    float* part = (float*)(qsm + QW * 2 * 16 * Q::WIN);
+    long long* part = (long long*)(qsm + QW * 2 * 16 * Q::WIN);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
     const int ng = cols / 32, nch = (ng + 7) / 8;
+    long long acc[4] = {0, 0, 0, 0};
     auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
     // Token g's activations (zeros past the last token); tokens 2q, 2q + 1's d.
     const bool tok = g < n;
@@ -163,7 +177,6 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         __syncwarp();
         const u8* win = wbuf(i & 1);
         const int off0 = (int)((u64)(R.row(g) + Q::start(2 * c)) & 15), off1 = (int)((u64)(R.row(g + 8) + Q::start(2 * c)) & 15);
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
         for (int kb = 0; kb < 8 && 8 * c + kb < ng; kb++) {
             const int blk = 8 * c + kb;
             u32 a[4];
@@ -173,12 +186,13 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
             const u32 b0 = tok ? xp[0] : 0u, b1 = tok ? xp[4] : 0u;
             imm_terms(acc, a, dw, b0, b1, ad[((long long)t0 * ng + blk) * 2], ad[((long long)t1 * ng + blk) * 2]);
         }
-#pragma unroll
-        for (int e = 0; e < 4; e++) part[c * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
+        // Every lane is done with buffer i & 1 before the next copy into it.
         __syncwarp();
     }
+#pragma unroll
+    for (int e = 0; e < 4; e++) part[warp * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
     __syncthreads();
-    qmv_total(part, nch, R, rows, y, n);
+    fix_total(part, QW, R, rows, y, n);
 }
 
 #define IMM_K(T, BB)                                                                                  \
@@ -201,8 +215,8 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
 // Per super-block and (row, token): S1 = Σ_j sc_j·isum_j and S2 = Σ_j m_j·asum_j over its 8
 // sub-blocks (isum_j: the unsigned nibbles against the int8 activations; asum_j: the
 // activations' sum, two of quantize_a256's per-16 sums), both exact in int32; the super-block's
-// term da·(d·S1 − dmin·S2), each operation rounded as written (q4k_term), added to the total
-// left to right as one chunk (from 0). mmvq.cu's rowq_c_q4_k computes the same.
+// term da·(d·S1 − dmin·S2), each operation rounded as written (q4k_term), added to the total in
+// the exact-sum order (fix_of). mmvq.cu's rowq_c_q4_k computes the same.
 // Sub-block jj's values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi), 0..15 as bytes, of the
 // super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks).
 __device__ __forceinline__ void q4k_frag(const u8* b, int jj, int q, u32& lo, u32& hi) {
@@ -215,7 +229,7 @@ __device__ __forceinline__ void q4k_frag(const u8* b, int jj, int q, u32& lo, u3
 // imm_q4_k: qmm's tiling (64 rows × 64 tokens, stages of 128 columns: half a super-block). Per
 // stage the tokens' int8 activations, their 8 per-16 sums and their super-block's d go through
 // shared memory. S1 grows by sc·(one m16n8k32 mma per sub-block), S2 by the stage's 4
-// sub-blocks, and the term is added at the super-block's second stage.
+// sub-blocks, and the term is added (fix_of) at the super-block's second stage.
 __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                               int cols, const i8* __restrict__ aq,
                                               const float* __restrict__ ad, const int* __restrict__ abs_,
@@ -254,13 +268,13 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
         }
     };
     int S1[8][4], S2[8][4];
-    float tot[8][4];
+    long long tot[8][4];
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             S1[i][e] = S2[i][e] = 0;
-            tot[i][e] = 0.f;
+            tot[i][e] = 0;
         }
 #pragma unroll
     for (int st = 0; st < QMM_NST - 1; st++) {
@@ -323,12 +337,12 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const float term = q4k_term(dd[nt * 8 + 2 * q + (e & 1)], d[e >> 1], dm[e >> 1], S1[nt][e], S2[nt][e]);
-                    tot[nt][e] = __fadd_rn(tot[nt][e], __fadd_rn(0.f, term));
+                    tot[nt][e] += fix_of(term);
                     S1[nt][e] = S2[nt][e] = 0;
                 }
         }
     }
-    qmm_store(tot, R, n0, rows, y, n);
+    fix_store(tot, R, n0, rows, y, n);
 }
 
 // imv_q4_k: imv's layout, one super-block per chunk.        grid (ceil(rows / 16)), block 256
@@ -339,11 +353,12 @@ __device__ __forceinline__ void imv_q4_k_impl(const u8* __restrict__ W, long lon
     typedef QWinC<144, 256> Q;
     constexpr int QW = 8;
     extern __shared__ __align__(16) u8 qsm[];
-    float* part = (float*)(qsm + QW * 2 * 16 * Q::WIN);
+    long long* part = (long long*)(qsm + QW * 2 * 16 * Q::WIN);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
     const int nch = cols / 256;
+    long long acc[4] = {0, 0, 0, 0};
     auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
     const bool tok = g < n;
     const i8* xr = aq + (long long)(tok ? g : 0) * cols;
@@ -380,13 +395,14 @@ __device__ __forceinline__ void imv_q4_k_impl(const u8* __restrict__ W, long lon
         const float dm[2] = {h2f(ld_u16(b0 + 2)), h2f(ld_u16(b1 + 2))};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const float term = q4k_term(ad[(long long)tk[e & 1] * nch + c], d[e >> 1], dm[e >> 1], S1[e], S2[e]);
-            part[c * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = __fadd_rn(0.f, term);
+            acc[e] += fix_of(q4k_term(ad[(long long)tk[e & 1] * nch + c], d[e >> 1], dm[e >> 1], S1[e], S2[e]));
         }
         __syncwarp();
     }
+#pragma unroll
+    for (int e = 0; e < 4; e++) part[warp * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
     __syncthreads();
-    qmv_total(part, nch, R, rows, y, n);
+    fix_total(part, QW, R, rows, y, n);
 }
 
 #define IMMK_K(T)                                                                                     \

@@ -27,6 +27,7 @@ __device__ __forceinline__ u32 spread4(u32 bits) { return ((bits * 0x00204081u) 
 // 32-element types: per block, w[0..3] hold values 0..15 as bytes, w[4..7] values 16..31, and
 // the block's value is wd·w + wm (so Σ value·a = wd·d_a·Σ w·q_a + wm·d_a·Σ q_a).
 #define ROWQ_A32(T, LOAD)                                                                             \
+    typedef float rowq_acc_##T;                                                                       \
     __device__ __forceinline__ float rowq_fin_##T(float v) { return warp_sum(v); }                    \
     __device__ __forceinline__ void rowq_##T(const u8* __restrict__ row, const i8* __restrict__ aq,   \
                                              const float* __restrict__ ad, const int* __restrict__ abs_, \
@@ -102,6 +103,7 @@ __device__ __forceinline__ u32 iq4_levels4(u32 x) {
     }
 
 // IQ4_XS over per-256 activations: a lane takes one 32-value sub-block (scale d·(ls − 32)).
+typedef float rowq_acc_iq4_xs;
 __device__ __forceinline__ float rowq_fin_iq4_xs(float v) { return warp_sum(v); }
 __device__ __forceinline__ void rowq_iq4_xs(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, float* acc) {
@@ -133,48 +135,42 @@ __device__ __forceinline__ void rowq_iq4_xs(const u8* __restrict__ row, const i8
     }
 }
 
-// The canonical order (Q4_0, Q8_0: the types with int8 tensor-core products, kernels/qmm.cu
-// imm_T / imv_T, which compute the same): term(b) = (dw_b · da_b) · isum_b, each product
-// rounded as written, isum over the signed values (Q4_0: q − 8); the terms of a chunk of 8
-// blocks added left to right from 0, the chunk sums left to right from 0. Lane l takes block
-// 32i + l, so lanes 8k..8k+7 hold chunk 4i + k: its sum goes lane to lane by shuffles, every
-// lane of the warp ends with the row's total (rowq_fin_c_T is the identity). Its kernels are
-// mmvqc*_T (QUANT_KERNELS_QC), beside the mmvq*_T of ROWQ_A32's order.
+// The exact-sum order (Q4_0, Q8_0, Q4_K: the types with int8 tensor-core products, imm.cu's
+// imm_T / imv_T, which compute the same). A block's integer dot product is exact whatever
+// computes it; its term, term(b) = (dw_b · da_b) · isum_b for the 32-blocks (each product
+// rounded as written, isum over the signed values, Q4_0: q − 8) or q4k_term for a Q4_K
+// super-block, is rounded once to a multiple of 2^-32 (fix_of) and the terms are added as
+// 64-bit integers. Integer addition does not depend on its order, so the total is the same bits
+// whatever kernel, tiling, split of the columns or number of tokens computes it (|total| <
+// 2^31: products' outputs are far smaller). fix_val turns the total back into a float.
+#define FIX_SCALE 4294967296.f
+__device__ __forceinline__ long long fix_of(float t) { return __float2ll_rn(__fmul_rn(t, FIX_SCALE)); }
+__device__ __forceinline__ float fix_val(long long s) { return __fmul_rn(__ll2float_rn(s), 1.f / FIX_SCALE); }
+__device__ __forceinline__ long long warp_sum_ll(long long v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// Lane l takes blocks l, l + 32, … as ROWQ_A32 does; its kernels are mmvqc*_T
+// (QUANT_KERNELS_QC), beside the mmvq*_T of ROWQ_A32's float order.
 #define ROWQ_CANON(T, LOAD)                                                                           \
-    __device__ __forceinline__ float rowq_fin_c_##T(float v) { return v; }                            \
+    typedef long long rowq_acc_c_##T;                                                                 \
+    __device__ __forceinline__ float rowq_fin_c_##T(long long v) { return fix_val(warp_sum_ll(v)); }  \
     __device__ __forceinline__ void rowq_c_##T(const u8* __restrict__ row, const i8* __restrict__ aq,   \
                                              const float* __restrict__ ad, const int* __restrict__ abs_, \
-                                             int cols, int ntok, float* acc) {                        \
-        const int nb = cols / 32, lane = threadIdx.x & 31, base = lane & ~7;                          \
-        for (int i = 0; 32 * i < nb; i++) {                                                           \
-            const int g = 32 * i + lane;                                                              \
-            const bool valid = g < nb;                                                                \
+                                             int cols, int ntok, long long* acc) {                    \
+        const int nb = cols / 32;                                                                     \
+        _Pragma("unroll 4") for (int g = threadIdx.x; g < nb; g += 32) {                              \
             int w[8];                                                                                 \
-            float wd = 0.f;                                                                           \
-            if (valid) {                                                                              \
-                LOAD                                                                                  \
-            } else {                                                                                  \
-                _Pragma("unroll") for (int k = 0; k < 8; k++) w[k] = 0;                              \
-            }                                                                                         \
+            float wd;                                                                                 \
+            LOAD                                                                                      \
             _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
                 if (t < ntok) {                                                                       \
-                    float term = 0.f;                                                                 \
-                    if (valid) {                                                                      \
-                        const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);            \
-                        const int4 a0 = ap[0], a1 = ap[1];                                            \
-                        const int s = dp4a8(w, a0, a1);                                               \
-                        const float da = ad[((long long)t * nb + g) * 2];                             \
-                        term = __fmul_rn(__fmul_rn(wd, da), __int2float_rn(s));                       \
-                    }                                                                                 \
-                    float S = 0.f;                                                                    \
-                    _Pragma("unroll") for (int j = 0; j < 8; j++) {                                   \
-                        const float v = __shfl_sync(0xffffffffu, term, base | j);                     \
-                        if (32 * i + base + j < nb) S = __fadd_rn(S, v);                              \
-                    }                                                                                 \
-                    _Pragma("unroll") for (int k = 0; k < 4; k++) {                                   \
-                        const float v = __shfl_sync(0xffffffffu, S, 8 * k);                           \
-                        if (32 * i + 8 * k < nb) acc[t] = __fadd_rn(acc[t], v);                       \
-                    }                                                                                 \
+                    const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);                \
+                    const int4 a0 = ap[0], a1 = ap[1];                                                \
+                    const int s = dp4a8(w, a0, a1);                                                   \
+                    const float da = ad[((long long)t * nb + g) * 2];                                 \
+                    acc[t] += fix_of(__fmul_rn(__fmul_rn(wd, da), __int2float_rn(s)));               \
                 }                                                                                     \
             }                                                                                         \
         }                                                                                             \
@@ -208,6 +204,7 @@ __device__ __forceinline__ void q4k_pair(uint4 hd, int g, float& sc0, float& m0,
     }
 }
 
+typedef float rowq_acc_q4_k;
 __device__ __forceinline__ float rowq_fin_q4_k(float v) { return warp_sum(v); }
 __device__ __forceinline__ void rowq_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                           const int* __restrict__ abs_, int cols, int ntok, float* acc) {
@@ -245,14 +242,13 @@ __device__ __forceinline__ void rowq_q4_k(const u8* __restrict__ row, const i8* 
     }
 }
 
-// Q4_K in the order of imm.cu's imm_q4_k (with QUIVER_CUDA_INT8_MMA): the 8 lanes of a
-// super-block sum their integer parts of S1 = Σ sc·isum and S2 = Σ m·asum by xor shuffles
-// (exact), each computes the term da·(d·S1 − dmin·S2) as q4k_term does, and the 4 super-blocks
-// of a warp step are added to the total in order (from lanes 0, 8, 16, 24), each as a chunk
-// from 0. Every lane ends with the row's total.
-__device__ __forceinline__ float rowq_fin_c_q4_k(float v) { return v; }
+// Q4_K in the exact-sum order (imm.cu's imm_q4_k and imv_q4_k compute the same): the 8 lanes
+// of a super-block sum their integer parts of S1 = Σ sc·isum and S2 = Σ m·asum by xor shuffles
+// (exact), and the first of them adds the super-block's term da·(d·S1 − dmin·S2) (q4k_term).
+typedef long long rowq_acc_c_q4_k;
+__device__ __forceinline__ float rowq_fin_c_q4_k(long long v) { return fix_val(warp_sum_ll(v)); }
 __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
-                                            const int* __restrict__ abs_, int cols, int ntok, float* acc) {
+                                            const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
     const int nsl = cols / 32, lane = threadIdx.x & 31;
     for (int i = 0; 32 * i < nsl; i++) {
         const int s = 32 * i + lane, sb = s >> 3, j = s & 7;
@@ -295,17 +291,13 @@ __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8
                     p1 += __shfl_xor_sync(0xffffffffu, p1, o);
                     p2 += __shfl_xor_sync(0xffffffffu, p2, o);
                 }
-                const float term = valid ? q4k_term(ad[(long long)t * (cols / 256) + sb], d, dmin, p1, p2) : 0.f;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float v = __shfl_sync(0xffffffffu, term, 8 * k);
-                    if (32 * i + 8 * k < nsl) acc[t] = __fadd_rn(acc[t], __fadd_rn(0.f, v));
-                }
+                if (valid && j == 0) acc[t] += fix_of(q4k_term(ad[(long long)t * (cols / 256) + sb], d, dmin, p1, p2));
             }
         }
     }
 }
 
+typedef float rowq_acc_q6_k;
 __device__ __forceinline__ float rowq_fin_q6_k(float v) { return warp_sum(v); }
 __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                           const int* __restrict__ abs_, int cols, int ntok, float* acc) {
@@ -364,8 +356,8 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
                 if (r >= m2.rows) return;                                                             \
             }                                                                                         \
         }                                                                                             \
-        float acc[8];                                                                                 \
-        _Pragma("unroll") for (int t = 0; t < 8; t++) acc[t] = 0.f;                                   \
+        rowq_acc_##T acc[8];                                                                          \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) acc[t] = 0;                                     \
         rowq_##T(m.w + (long long)r * m.row_bytes, aq, ad, abs_, cols, ntok, acc);                    \
         _Pragma("unroll") for (int t = 0; t < 8; t++) {                                               \
             if (t < ntok) {                                                                           \
@@ -382,8 +374,8 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
                      int ntok_arg, int act) { GLU_BEGIN(PF) const int ntok = NTOK;                                                             \
         int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
         if (r >= rows) return;                                                                        \
-        float ag[8], au[8];                                                                           \
-        _Pragma("unroll") for (int t = 0; t < 8; t++) ag[t] = au[t] = 0.f;                            \
+        rowq_acc_##T ag[8], au[8];                                                                    \
+        _Pragma("unroll") for (int t = 0; t < 8; t++) ag[t] = au[t] = 0;                              \
         rowq_##T(wg + (long long)r * row_bytes, aq, ad, abs_, cols, ntok, ag);                        \
         rowq_##T(wu + (long long)r * row_bytes, aq, ad, abs_, cols, ntok, au);                        \
         _Pragma("unroll") for (int t = 0; t < 8; t++) {                                               \

@@ -136,7 +136,8 @@ fn imm_smem(w: &CudaWeight) -> (usize, usize) {
         4 * QMM_BN * 4
     };
     let imm = QMM_NST * (QMM_BN * IMM_XLD_BYTES + scales + QMM_BM * win);
-    let imv = 8 * 2 * 16 * winc + w.cols.div_ceil(256) * 512;
+    // Two chunk copies per warp, then each warp's sums: 16 rows × 8 tokens of i64.
+    let imv = 8 * 2 * 16 * winc + 8 * 128 * 8;
     (imm, imv)
 }
 
