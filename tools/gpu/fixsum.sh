@@ -3,7 +3,8 @@
 # call (docs/GPU.md, "The next GPU session"). Here, first: tools/gpu/stage.sh && strip
 # .gpu/quiver .gpu/test-*; carry .gpu/quiver and .gpu/test-gpu_ops. It runs:
 #  - the product op test (its int8_mma configurations: imm, imv, mmvqc against the reference
-#    for every type and 1–150 tokens, and the same bits across the cut-over);
+#    for every type and 1–150 tokens), then the int8_mma tests: the exact-sum reference's bits
+#    (Q4_0, Q8_0) and the same bits across the cut-over (Q4_0, Q8_0, Q4_K);
 #  - 8B Q4_0 and Q4_K_M, default against QUIVER_CUDA_INT8_MMA=1 (mmvqc decode, imm / imv),
 #    alternated twice: pp512, tg128, S_TG at 8 and 64.
 set -uo pipefail
@@ -19,8 +20,10 @@ el() { echo "[$(($(date +%s) - t0))s] $*"; }
    echo ok >"$f.done"
  done) &
 el "products op test"
-timeout 240 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture matmul 2>&1 |
-  grep -E "^test |products|panicked|differ|result" | head -30
+for f in matmul int8_mma; do
+  timeout 240 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
+    grep -E "^test |products|panicked|differ|result" | head -30
+done
 for ty in Q4_0 Q4_K_M; do
   f=$W/llama3-8b-$ty.gguf
   while [ ! -s "$f.done" ]; do sleep 2; done

@@ -221,6 +221,95 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
     );
 }
 
+/// The int8 kernels' exact-sum order (kernels/mmvq.cu `fix_of`), computed on the host: x
+/// quantized per 32 as `quantize_a32` does (d = amax / 127 kept as f16, q = x · 127 / amax
+/// rounded to even), each block's term (d_w · d_a) · isum rounded as written, rounded to a
+/// multiple of 2^-32 and summed as an i64, the total back to f32. Q4_0 and Q8_0 (`ty`'s GGUF
+/// blocks in `bytes`, `rows` × `cols`) over `n` rows of `x`.
+fn exact_sum_reference(
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let (nb, bb) = (cols / 32, if ty == GgmlType::Q4_0 { 18 } else { 34 });
+    // Each token's blocks: (d as f16, the 32 quants).
+    let act: Vec<(f32, [i32; 32])> = x[..n * cols]
+        .chunks(32)
+        .map(|v| {
+            let amax = v.iter().fold(0f32, |m, a| m.max(a.abs()));
+            let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            let mut q = [0i32; 32];
+            q.iter_mut()
+                .zip(v)
+                .for_each(|(q, &a)| *q = (a * id).round_ties_even() as i32);
+            (half::f16::from_f32(amax / 127.0).to_f32(), q)
+        })
+        .collect();
+    let weight = |r: usize, b: usize| -> (f32, [i32; 32]) {
+        let blk = &bytes[(r * nb + b) * bb..][..bb];
+        let mut w = [0i32; 32];
+        for i in 0..32 {
+            w[i] = if ty == GgmlType::Q4_0 {
+                let byte = blk[2 + i % 16];
+                (if i < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
+            } else {
+                blk[2 + i] as i8 as i32
+            };
+        }
+        (f16(blk), w)
+    };
+    let mut y = vec![0f32; n * rows];
+    for r in 0..rows {
+        for t in 0..n {
+            let mut total = 0i64;
+            for b in 0..nb {
+                let ((wd, w), (da, q)) = (weight(r, b), &act[t * nb + b]);
+                let isum: i32 = w.iter().zip(q).map(|(a, b)| a * b).sum();
+                let term = wd * da * isum as f32;
+                total += ((term * 4294967296.0) as f64).round_ties_even() as i64;
+            }
+            y[t * rows + r] = total as f32 * (1.0 / 4294967296.0);
+        }
+    }
+    y
+}
+
+/// With `int8_mma`, Q4_0 and Q8_0 products give the exact-sum reference's bits: on the decode
+/// kernels (mmvqc, under 17 tokens), the int8 tensor-core kernels (imm) and, in the invariant
+/// mode, their decode form (imv).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn int8_mma_products_give_the_exact_sum_bits() {
+    let mut rng = seeded_rng();
+    for invariant in [false, true] {
+        let be = backend_with(CudaConfig {
+            int8_mma: true,
+            invariant,
+            ..CudaConfig::from_env()
+        });
+        for &(rows, cols) in PRODUCT_SHAPES {
+            for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+                let wc = WeightCase::random(&mut rng, ty, rows, cols).unwrap();
+                let w = wc.load(&be).unwrap();
+                for n in [1, 3, 9, 17, 64, 150] {
+                    let x = rng.vec(n * cols);
+                    let xb = be.buf_from(&x).unwrap();
+                    let mut out = poison(&be, &Cuda, n * rows);
+                    be.matmul(&w, &xb, n, &mut out).unwrap();
+                    let got = read(&be, &out, n * rows);
+                    let want = exact_sum_reference(ty, &wc.bytes, rows, cols, &x, n);
+                    let d = bits_differ(&got, &want);
+                    assert_eq!(d, 0, "{ty} [{rows}, {cols}] × {n} tokens, invariant {invariant}: {d} results differ");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_and_bias_match_reference() {
