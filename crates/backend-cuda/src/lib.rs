@@ -37,6 +37,7 @@ pub mod registry;
 mod rope;
 mod sampling;
 mod scratch;
+mod split;
 mod weights;
 
 use quiver_backend::{BackendError, Result};

@@ -8,6 +8,7 @@
 use crate::batch::CudaStep;
 use crate::launch::grid1;
 use crate::memory::CudaBuf;
+use crate::split::qmm_splits;
 use crate::weights::CudaWeight;
 use crate::{act_grid, check, derr, registry, CudaBackend};
 use quiver_backend::{Activation, Result, Step};
@@ -68,7 +69,7 @@ pub(crate) fn check_matmul(
 /// Tokens and weight rows of a qmm tile (kernels/qmm.cu `QMM_BN`, `QMM_BM`), threads of its
 /// block.
 pub(crate) const QMM_BN: usize = 64;
-const QMM_BM: usize = 64;
+pub(crate) const QMM_BM: usize = 64;
 const QMM_THREADS: u32 = 128;
 
 /// Where a product runs on the tensor cores.
@@ -150,24 +151,6 @@ fn qmm_smem(w: &CudaWeight) -> (usize, usize, u32) {
     // Two chunk copies per warp, then the chunk sums: 16 rows × 8 tokens per 256 columns.
     let qmv = warps * 2 * 16 * winc + w.cols.div_ceil(256) * 512;
     (qmm, qmv, 32 * warps as u32)
-}
-
-/// The split-K products' partials at most (a step's largest split product: 8B gate·up at 64
-/// tokens, 2 × 64 × 14336 floats, is 7 MiB); a split that would need more takes fewer parts.
-pub(crate) const QSPLIT_BYTES: usize = 16 << 20;
-
-/// Parts of a qmm product over `n` tokens of a `rows` × `cols` weight on `sms`
-/// multiprocessors: enough for ~2 blocks per multiprocessor where the tiles alone give fewer,
-/// each part at least 2 chunks of 256 columns, the partials within [`QSPLIT_BYTES`].
-pub(crate) fn qmm_splits(n: usize, rows: usize, cols: usize, sms: usize) -> usize {
-    let tiles = n.div_ceil(QMM_BN) * rows.div_ceil(QMM_BM);
-    let chunks = cols.div_ceil(256);
-    let by_room = QSPLIT_BYTES / (n * rows * 4).max(1);
-    (2 * sms)
-        .div_ceil(tiles)
-        .min(chunks / 2)
-        .min(by_room)
-        .max(1)
 }
 
 /// How the fast path runs `matmul_qkv`.
@@ -781,24 +764,4 @@ pub(crate) fn check_glu(gate: &CudaBuf, up: &CudaBuf, n: usize, out: &CudaBuf) -
     check("glu", gate.len >= n && up.len >= n && out.len >= n, || {
         format!("{n} elements")
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::qmm_splits;
-
-    #[test]
-    fn qmm_splits_fill_the_device_only_where_the_tiles_do_not() {
-        // The 8B shape on 132 multiprocessors at 64 tokens: k / v (16 tiles) in 8 parts of 2
-        // chunks, down (64 tiles, 56 chunks) in 5, gate (224 tiles) in 2.
-        assert_eq!(qmm_splits(64, 1024, 4096, 132), 8);
-        assert_eq!(qmm_splits(64, 4096, 14336, 132), 5);
-        assert_eq!(qmm_splits(64, 14336, 4096, 132), 2);
-        // A prompt of 512 fills it: no split; nor a row of fewer than 4 chunks.
-        assert_eq!(qmm_splits(512, 14336, 4096, 132), 1);
-        assert_eq!(qmm_splits(64, 64, 768, 132), 1);
-        // The partials stay within their scratch: 128 tokens of 131072 rows take one part.
-        assert_eq!(qmm_splits(128, 131072, 8192, 132), 1);
-        assert!(qmm_splits(64, 16384, 65536, 132) * 64 * 16384 * 4 <= super::QSPLIT_BYTES);
-    }
 }

@@ -89,7 +89,7 @@ impl CudaBackend {
         if self.qmm_split_on() {
             plan.push((
                 |s| &mut s.qpart,
-                crate::products::QSPLIT_BYTES,
+                crate::split::QSPLIT_BYTES,
                 "product partials",
             ));
         }

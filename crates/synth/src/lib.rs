@@ -245,7 +245,6 @@ pub const PRESETS: &[Preset] = &[
         rms_eps: 1e-6,
         ..BASE
     },
-    // The 32B-class dense shape (Qwen2.5-32B): issue 15's memory claim.
     Preset {
         name: "qwen2.5-32b",
         arch: "qwen2",
