@@ -5,10 +5,12 @@
 
 mod gemma4;
 mod mix;
+mod weights;
 
 pub use mix::{Chooser, FileType, Role};
-use quiver_gguf::{GgmlType, GgufError, GgufWriter, Value};
+use quiver_gguf::{GgufError, GgufWriter, Value};
 use std::path::Path;
+use weights::{quantize_rows, slow_quantizer, Prequant, Weights, PREQUANT_MIN};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
@@ -629,58 +631,6 @@ fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
     w.set("tokenizer.ggml.model", Value::String("none".into()));
 }
 
-/// Deterministic pseudo-random weights: a pool of N(0, 0.02²) values generated once from
-/// the seed; every row starts at a pseudo-random place in it.
-struct Weights {
-    pool: Vec<f32>,
-    state: u64,
-}
-
-const POOL: usize = 1 << 20;
-
-impl Weights {
-    fn new(seed: u64) -> Self {
-        let mut s = seed ^ 0x5DEECE66D;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64
-        };
-        let mut pool = Vec::with_capacity(POOL);
-        while pool.len() < POOL {
-            // Box-Muller
-            let (u1, u2) = (next().max(1e-300), next());
-            let r = (-2.0 * u1.ln()).sqrt() * 0.02;
-            let t = std::f64::consts::TAU * u2;
-            pool.push((r * t.cos()) as f32);
-            pool.push((r * t.sin()) as f32);
-        }
-        Weights {
-            pool,
-            state: seed.wrapping_mul(0x9E3779B97F4A7C15) | 1,
-        }
-    }
-
-    fn row_start(&mut self) -> usize {
-        self.state ^= self.state << 13;
-        self.state ^= self.state >> 7;
-        self.state ^= self.state << 17;
-        (self.state % POOL as u64) as usize
-    }
-
-    fn fill_row(&self, start: usize, out: &mut [f32]) {
-        let mut pos = start;
-        let mut done = 0;
-        while done < out.len() {
-            let n = (out.len() - done).min(POOL - pos);
-            out[done..done + n].copy_from_slice(&self.pool[pos..pos + n]);
-            done += n;
-            pos = 0;
-        }
-    }
-}
-
 /// Writes the model to `path` (atomically), quantizing on `threads` threads. `progress(i, n)`
 /// is called after each tensor.
 pub fn write(
@@ -706,6 +656,7 @@ pub fn write(
         w.add_tensor(t.name.clone(), ty, &t.shape);
     }
     let mut weights = Weights::new(seed);
+    let mut prequant = Prequant::default();
     let n = planned.len();
     w.write_file(path, |i, info, buf| {
         let cols = info.cols() as usize;
@@ -741,60 +692,23 @@ pub fn write(
             }
         } else {
             let starts: Vec<usize> = (0..rows).map(|_| weights.row_start()).collect();
-            let bytes =
-                quantize_rows(&weights, &starts, cols, scale, info.ty, threads).map_err(|e| {
-                    GgufError::TensorData {
-                        name: info.name.clone(),
-                        detail: format!("quantizing to {}: {e}", info.ty),
-                    }
-                })?;
+            let role = planned[i].role;
+            let bytes = if rows * cols >= PREQUANT_MIN
+                && slow_quantizer(info.ty)
+                && !matches!(role, Role::TokenEmbd | Role::Output)
+            {
+                prequant.rows(&weights, &starts, cols, scale, info.ty)
+            } else {
+                quantize_rows(&weights, &starts, cols, scale, info.ty, threads)
+            }
+            .map_err(|e| GgufError::TensorData {
+                name: info.name.clone(),
+                detail: format!("quantizing to {}: {e}", info.ty),
+            })?;
             buf.extend_from_slice(&bytes);
         }
         progress(i + 1, n);
         Ok(())
     })?;
     Ok(())
-}
-
-fn quantize_rows(
-    w: &Weights,
-    starts: &[usize],
-    cols: usize,
-    scale: f32,
-    ty: GgmlType,
-    threads: usize,
-) -> Result<Vec<u8>, String> {
-    let threads = threads.max(1).min(starts.len().max(1));
-    let per = starts.len().div_ceil(threads);
-    let chunks: Vec<Result<Vec<u8>, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = starts
-            .chunks(per.max(1))
-            .map(|chunk| {
-                s.spawn(move || {
-                    let mut row = vec![0f32; cols];
-                    let mut out = Vec::new();
-                    for &st in chunk {
-                        w.fill_row(st, &mut row);
-                        if scale != 1.0 {
-                            row.iter_mut().for_each(|v| *v *= scale);
-                        }
-                        quiver_quant::quantize(ty, &row, &mut out).map_err(|e| e.to_string())?;
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("quantizer thread panicked".into()))
-            })
-            .collect()
-    });
-    let mut all = Vec::new();
-    for c in chunks {
-        all.extend_from_slice(&c?);
-    }
-    Ok(all)
 }
