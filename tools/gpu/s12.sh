@@ -6,13 +6,21 @@
 #   s12.sh a   llama.cpp's build and the synth files in the background; the MoE checks (op
 #              test, the MoE architectures' parity with both switches, Gemma 4 Q8_0 per path
 #              switch, Qwen3-30B-A3B Q4_0 timed with the switches off and on)
-#   s12.sh b   issue 15's table: quiver and llama.cpp on 8B Q4_K_M, 30B-A3B Q4_0, 32B Q4_0
+#   s12.sh p   llama.cpp's build in the foreground (~6 min on 16 cores: a background process
+#              does not outlive its call) and the synth files beside it
+#   s12.sh b   right after p, on the warm machine: llama.cpp on 8B Q4_K_M, 30B-A3B Q4_0 and
+#              Q4_K_M, 32B Q4_0 (llama-bench, batched-bench)
+#   s12.sh q   then quiver on the same files
+#   s12.sh c, d  this session's MoE defaults / split-K checks
+# Write each call's output under $OUT too (`| tee $OUT/x.log`): a call that runs past its
+# limit returns nothing of a pipe's tail.
 set -uo pipefail
 export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
 B=.gpu
 W=/tmp/peer
 L=$W/llama.cpp/build/bin
 F30=$W/qwen3-30b-a3b-Q4_0.gguf F8=$W/llama3-8b-Q4_K_M.gguf F32=$W/qwen2.5-32b-Q4_0.gguf
+F30K=$W/qwen3-30b-a3b-Q4_K_M.gguf
 mkdir -p "$W" /tmp/out
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0))s] $*"; }
@@ -52,19 +60,30 @@ a)
   done
   el "peer build: $(tail -1 /tmp/peer-build.log)"
   ;;
+p)
+  (synth llama3-8b Q4_K_M $F8; synth qwen3-30b-a3b Q4_0 $F30; synth qwen3-30b-a3b Q4_K_M $F30K
+   synth qwen2.5-32b Q4_0 $F32) >/dev/null 2>&1 &
+  el "peer build"
+  OUT=/tmp/out bash .peer/device_peer.sh build 2>&1 | tail -3
+  for f in $F8 $F30 $F30K $F32; do wait_for $f; done
+  el "synth done"
+  ;;
 b)
-  # ${MOE} (the MoE switches that won in a) for the 30B-A3B rows.
-  until [ -x $L/llama-batched-bench ] || grep -q "failed" /tmp/peer-build.log; do sleep 3; done
-  el "peer: $(tail -1 /tmp/peer-build.log)"
-  wait_for $F32
-  for f in $F8 $F30 $F32; do
+  [ -x $L/llama-batched-bench ] || { echo "no llama.cpp build: run s12.sh p first"; exit 1; }
+  for f in $F8 $F30 $F30K $F32; do
     el "llama-bench $(basename $f)"
     $L/llama-bench -m $f -ngl 99 -fa 1 -p 512 -n 128 -r 2 -o md 2>/dev/null | grep -E "^\| [a-z]"
   done
   el "llama-batched-bench 8B"
   $L/llama-batched-bench -m $F8 -c 90000 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,64,128 -ngl 99 -fa on 2>/dev/null | grep -E "^\|"
-  el "llama-batched-bench 30B"
-  $L/llama-batched-bench -m $F30 -c 90000 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,64 -ngl 99 -fa on 2>/dev/null | grep -E "^\|"
+  for f in $F30 $F30K; do
+    el "llama-batched-bench $(basename $f)"
+    $L/llama-batched-bench -m $f -c 90000 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,8,64 -ngl 99 -fa on 2>/dev/null | grep -E "^\|"
+  done
+  el done
+  ;;
+q)
+  # quiver on the same files (after b, on the warm machine).
   el "quiver 8B Q4_K_M"
   $B/quiver bench -m $F8 --device cuda -p 512 -n 128 -r 3 2>/tmp/q8.log | grep "^| "
   grep -h "device memory" /tmp/q8.log | tail -1
@@ -72,8 +91,11 @@ b)
   el "quiver 32B Q4_0"
   $B/quiver bench -m $F32 --device cuda -p 512 -n 128 -r 2 2>/tmp/q32.log | grep "^| "
   grep -h "device memory" /tmp/q32.log | tail -1
-  el "quiver 30B-A3B Q4_0, ${MOE:-defaults}"
-  env ${MOE:-X=1} $B/quiver bench -m $F30 --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "
+  for f in $F30 $F30K; do
+    el "quiver $(basename $f)"
+    $B/quiver bench -m $f --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "
+    $B/quiver bench -m $f --device cuda -p 512 -n 128 --parallel 1,8,64 2>/dev/null | grep "^| " | tail -3
+  done
   ls -la $W/*.gguf | awk '{print $5, $9}'
   el done
   ;;
