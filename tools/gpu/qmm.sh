@@ -4,7 +4,7 @@
 #   tools/gpu/qmm.sh tests                  product op tests (every type, batch invariance)
 #   tools/gpu/qmm.sh regs                   ptxas' registers and spills of .gpu/*.cu (kernel_source)
 #   tools/gpu/qmm.sh ncu SPEC               Nsight Compute over the first qmm / qmv launches
-#   tools/gpu/qmm.sh peer                   llama.cpp's CUDA build in the background (.peer/)
+#   tools/gpu/qmm.sh peer                   llama.cpp's CUDA build (.peer/), in the foreground
 #   tools/gpu/qmm.sh bench SPEC...          SPEC = arch:preset:type; quiver in each of $CFGS
 #                                           (inv: the defaults; noinv: QUIVER_CUDA_INVARIANT=0;
 #                                           copies: that and QUIVER_CUDA_F16_COPIES=1), and
@@ -37,7 +37,8 @@ case $step in
       $B/quiver bench -m "$f" --device cuda -p 512 -n 4 -r 1 2>&1 | grep -vE "^\[" | tail -${LINES_OUT:-400}
     ;;
   peer)
-    nohup bash .peer/device_peer.sh build >/tmp/peer-build.log 2>&1 &
+    # In the foreground: a background process does not outlive its call (~6 min).
+    OUT=$O bash .peer/device_peer.sh build 2>&1 | tail -3
     ;;
   bench)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
