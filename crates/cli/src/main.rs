@@ -94,9 +94,10 @@ enum Cmd {
         #[arg(long)]
         arch: Option<String>,
         /// Shape preset: smollm2-135m, llama3-1b, llama3-8b, gemma3-270m, gemma2-2b,
-        /// qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen2.5-7b, qwen2.5-32b, phi3-mini, gemma4-e2b, gemma4-26b-a4b, or a tiny parity
-        /// model: tiny-llama, tiny-mistral3, tiny-qwen2, tiny-qwen3, tiny-qwen3moe,
-        /// tiny-gemma2, tiny-gemma3, tiny-gemma4, tiny-gemma4moe, tiny-phi3.
+        /// qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen2.5-7b, qwen2.5-32b, phi3-mini,
+        /// gemma4-e2b, gemma4-26b-a4b, or a tiny parity model: tiny-llama, tiny-mistral3,
+        /// tiny-qwen2, tiny-qwen3, tiny-qwen3moe, tiny-gemma2, tiny-gemma3, tiny-gemma4,
+        /// tiny-gemma4moe, tiny-phi3.
         #[arg(long)]
         preset: String,
         /// File type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S/M/L,
