@@ -43,9 +43,10 @@ pub struct CudaConfig {
     /// Q4_0, Q8_0 and Q4_K products in one summation order whatever the token count
     /// (`QUIVER_CUDA_INT8_MMA=1`): the tensor-core products on int8 `mma` over the int8
     /// activations (kernels/imm.cu `imm_T` / `imv_T`, instead of f16 `qmm_T` / `qmv_T`) and the
-    /// decode kernels summing in their order (mmvq.cu `mmvqc*_T`), so the default path is batch
-    /// invariant for these types. Off: it loses 16% of Q4_0 decode and 13% of its prefill
-    /// (eleventh session, BENCHMARKS.md).
+    /// decode kernels computing the same (mmvq.cu `mmvqc*_T`; the exact-sum order, mmvq.cu
+    /// `fix_of`), so the default path is batch invariant for these types. Off: in the
+    /// eleventh session's float order it lost 16% of Q4_0 decode and 13% of its prefill
+    /// (BENCHMARKS.md); the exact-sum order is not yet timed.
     pub int8_mma: bool,
     /// The experts' products of MoE prompts on the tensor cores (`QUIVER_CUDA_MOE_QMM=0`: the
     /// CUDA-core grouped kernels): the (token, slot) pairs sorted by expert, each expert's rows

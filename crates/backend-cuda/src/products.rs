@@ -187,7 +187,7 @@ impl CudaBackend {
     /// Split-K parts of a qmm product of `w` over `n` tokens (1: not split; always 1 in the
     /// batch-invariant mode).
     fn qmm_splits(&self, w: &CudaWeight, n: usize) -> usize {
-        if !self.qmm_split_on() || self.invariant(w) {
+        if !self.qmm_split_on() {
             return 1;
         }
         qmm_splits(n, w.rows, w.cols, self.dev.info.sms as usize)

@@ -9,7 +9,8 @@
 //!
 //! Fresh random inputs each run (the seed is printed; `QUIVER_TEST_SEED` replays it), poisoned
 //! outputs. Needs a GPU: `#[ignore]`d, so CI reports them as ignored; on a GPU machine run the
-//! test binary with `--include-ignored` (docs/GPU.md).
+//! test binary with `--include-ignored` (docs/GPU.md). (One test checks a host reference and
+//! runs everywhere.)
 
 use quiver_backend::testing::batches::batches;
 use quiver_backend::testing::cases::{PRODUCT_SHAPES, WEIGHT_TYPES};
@@ -222,10 +223,10 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
 }
 
 /// The int8 kernels' exact-sum order (kernels/mmvq.cu `fix_of`), computed on the host: x
-/// quantized per 32 as `quantize_a32` does (d = amax / 127 kept as f16, q = x · 127 / amax
-/// rounded to even), each block's term (d_w · d_a) · isum rounded as written, rounded to a
-/// multiple of 2^-32 and summed as an i64, the total back to f32. Q4_0 and Q8_0 (`ty`'s GGUF
-/// blocks in `bytes`, `rows` × `cols`) over `n` rows of `x`.
+/// quantized per 32 as `quantize_a32` does (the CPU backend's q8_0 quantizer, which rounds
+/// alike), each block's term (d_w · d_a) · isum rounded as written, rounded to a multiple of
+/// 2^-32 and summed as an i64, the total back to f32. Q4_0 and Q8_0 (`ty`'s GGUF blocks in
+/// `bytes`, `rows` × `cols`) over `n` rows of `x`.
 fn exact_sum_reference(
     ty: GgmlType,
     bytes: &[u8],
@@ -234,41 +235,33 @@ fn exact_sum_reference(
     x: &[f32],
     n: usize,
 ) -> Vec<f32> {
-    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     let (nb, bb) = (cols / 32, if ty == GgmlType::Q4_0 { 18 } else { 34 });
-    // Each token's blocks: (d as f16, the 32 quants).
-    let act: Vec<(f32, [i32; 32])> = x[..n * cols]
-        .chunks(32)
-        .map(|v| {
-            let amax = v.iter().fold(0f32, |m, a| m.max(a.abs()));
-            let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-            let mut q = [0i32; 32];
-            q.iter_mut()
-                .zip(v)
-                .for_each(|(q, &a)| *q = (a * id).round_ties_even() as i32);
-            (half::f16::from_f32(amax / 127.0).to_f32(), q)
-        })
-        .collect();
+    let (aq, ads) = quiver_cpu_kernels::activation_quants_a32(&x[..n * cols]);
+    // A weight block's d and its 32 signed values.
     let weight = |r: usize, b: usize| -> (f32, [i32; 32]) {
         let blk = &bytes[(r * nb + b) * bb..][..bb];
-        let mut w = [0i32; 32];
-        for i in 0..32 {
-            w[i] = if ty == GgmlType::Q4_0 {
+        let w = std::array::from_fn(|i| {
+            if ty == GgmlType::Q4_0 {
                 let byte = blk[2 + i % 16];
                 (if i < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
             } else {
                 blk[2 + i] as i8 as i32
-            };
-        }
-        (f16(blk), w)
+            }
+        });
+        (half::f16::from_le_bytes([blk[0], blk[1]]).to_f32(), w)
     };
     let mut y = vec![0f32; n * rows];
     for r in 0..rows {
         for t in 0..n {
             let mut total = 0i64;
             for b in 0..nb {
-                let ((wd, w), (da, q)) = (weight(r, b), &act[t * nb + b]);
-                let isum: i32 = w.iter().zip(q).map(|(a, b)| a * b).sum();
+                let (wd, w) = weight(r, b);
+                let (blk, da) = (t * nb + b, ads[2 * (t * nb + b)]);
+                let isum: i32 = w
+                    .iter()
+                    .zip(&aq[32 * blk..][..32])
+                    .map(|(a, &q)| a * q as i32)
+                    .sum();
                 let term = wd * da * isum as f32;
                 total += ((term * 4294967296.0) as f64).round_ties_even() as i64;
             }
@@ -276,6 +269,24 @@ fn exact_sum_reference(
         }
     }
     y
+}
+
+/// The host reference itself (no GPU needed): the product of the dequantized weights and the
+/// q8_0 round trip of x, within f32 rounding.
+#[test]
+fn exact_sum_reference_is_the_product_within_rounding() {
+    let mut rng = seeded_rng();
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        let (rows, cols, n) = (24, 256, 3);
+        let wc = WeightCase::random(&mut rng, ty, rows, cols).unwrap();
+        let x = rng.vec(n * cols);
+        let mut want = vec![0f32; n * rows];
+        let seen = quiver_cpu_kernels::activation_roundtrip(0, &x);
+        quiver_backend::reference::matmul(&wc.values, rows, cols, &seen, n, &mut want);
+        let got = exact_sum_reference(ty, &wc.bytes, rows, cols, &x, n);
+        let e = quiver_backend::testing::rel_err(&got, &want);
+        assert!(e < 1e-6, "{ty}: rel err {e}");
+    }
 }
 
 /// With `int8_mma`, Q4_0 and Q8_0 products give the exact-sum reference's bits: on the decode

@@ -314,6 +314,11 @@ pub(crate) fn offset_correction(x: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// `x` in blocks of 32 as ggml's q8_0 (for tests).
+pub(crate) fn quants_a32(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    quantize_a32_vecs(x, Scales::Q8_0)
+}
+
 /// Dequantized activations as a path sees them (for tests): `kind` 0 = A32/panel, 1 = A256.
 pub(crate) fn roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());

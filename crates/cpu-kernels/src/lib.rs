@@ -410,6 +410,13 @@ pub fn activation_roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
     }
 }
 
+/// `x` quantized per 32 as the Q4_0 / Q8_0 products take it (ggml's q8_0, for tests): the
+/// quants and each block's (d as f16, d·Σq).
+#[doc(hidden)]
+pub fn activation_quants_a32(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    act::quants_a32(x)
+}
+
 /// Per 32-element block of `x`: how much the offset sum of a Q4_1/Q5_1 product (ggml's q8_1
 /// `s`, the f16 of `d·Σq`) differs from `d16·Σq`, the sum [`activation_roundtrip`] implies.
 #[doc(hidden)]

@@ -697,7 +697,7 @@ pub fn write(
                 && slow_quantizer(info.ty)
                 && !matches!(role, Role::TokenEmbd | Role::Output)
             {
-                prequant.rows(&weights, &starts, cols, scale, info.ty)
+                prequant.rows(&weights, &starts, cols, scale, info.ty, threads)
             } else {
                 quantize_rows(&weights, &starts, cols, scale, info.ty, threads)
             }

@@ -113,8 +113,8 @@ pub(crate) fn slow_quantizer(ty: GgmlType) -> bool {
 
 /// The pool quantized once per (type, scale), as rows of whole blocks: a row that starts at
 /// pool value `s` (a multiple of 32) is the blocks from there on, wrapping at the pool's end.
-/// For 256-value blocks the pool is quantized 8 times, from values 0, 32, … 224, so that rows
-/// still start at 32,768 places. Speed does not depend on the values; the rows repeat where a
+/// For 256-value blocks the pool is quantized 8 times, from values 0, 32, … 224 (on
+/// `quantize_rows`' threads), so that rows still start at 32,768 places. Speed does not depend on the values; the rows repeat where a
 /// matrix has more of them than there are places, which only the large matrices (the token
 /// embedding and the output excluded, whose equal rows would tie logits) are allowed.
 #[derive(Default)]
@@ -132,38 +132,19 @@ impl Prequant {
         cols: usize,
         scale: f32,
         ty: GgmlType,
+        threads: usize,
     ) -> Result<Vec<u8>, String> {
-        let be = ty.block_size();
-        let (bb, shifts) = (ty.type_size(), if be == 256 { 8 } else { 1 });
-        if !cols.is_multiple_of(be) || 32 * shifts != be.max(32) {
+        let (be, bb) = (ty.block_size(), ty.type_size());
+        if !be.is_multiple_of(32) || !cols.is_multiple_of(be) {
             return Err(format!("{cols} columns are not whole {be}-value blocks"));
         }
+        // The pool from values 0, 32, … be − 32: one "row" of POOL values each.
+        let shifts = be / 32;
         let key = (ty, scale.to_bits());
         if let std::collections::hash_map::Entry::Vacant(slot) = self.pools.entry(key) {
-            let pools = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..shifts)
-                    .map(|k| {
-                        s.spawn(move || {
-                            let mut v = vec![0f32; POOL];
-                            w.fill_row(32 * k, &mut v);
-                            v.iter_mut().for_each(|x| *x *= scale);
-                            let mut out = Vec::new();
-                            quiver_quant::quantize(ty, &v, &mut out).map(|_| out)
-                        })
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| {
-                        h.join()
-                            .map_err(|_| "quantizer thread panicked".to_string())
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            })?;
-            let pools = pools
-                .into_iter()
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?;
-            slot.insert(pools);
+            let starts: Vec<usize> = (0..shifts).map(|k| 32 * k).collect();
+            let all = quantize_rows(w, &starts, POOL, scale, ty, threads)?;
+            slot.insert(all.chunks(all.len() / shifts).map(<[u8]>::to_vec).collect());
         }
         let pools = &self.pools[&key];
         let nblk = POOL / be;
@@ -198,7 +179,7 @@ mod tests {
         ] {
             // Starts at multiples of 32 (and one near the pool's end: the row wraps).
             let starts = [0, 32 * 7, 32 * 1001, POOL - 32 * 3];
-            let got = pq.rows(&w, &starts, cols, 1.5, ty).unwrap();
+            let got = pq.rows(&w, &starts, cols, 1.5, ty, 2).unwrap();
             let want = starts
                 .iter()
                 .flat_map(|&st| {

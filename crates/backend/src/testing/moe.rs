@@ -132,7 +132,7 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                     if ids_match {
                         same += 1;
                         for &(e, wt) in &r {
-                            let gw = of(e).map_or(f32::NAN, |(_, w)| w);
+                            let (_, gw) = of(e).expect("ids_match found every expert");
                             assert!(
                                 (gw - wt).abs() <= 2e-3 * (1.0 + wt.abs()),
                                 "moe {ty} {gating:?}: token {t} expert {e} weight {gw} vs {wt}"
