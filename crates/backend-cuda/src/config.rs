@@ -35,7 +35,7 @@ pub struct CudaConfig {
     pub invariant: bool,
     /// Products over at least this many tokens go to the tensor cores
     /// (`QUIVER_CUDA_GEMM_MIN_TOKENS`, at least 1); fewer run on the matrix-vector kernels.
-    /// Default 17 ([`GEMM_MIN_TOKENS`]), or 3 with f16 copies ([`GEMM_MIN_TOKENS_COPIES`]).
+    /// Default 9 ([`GEMM_MIN_TOKENS`]), or 3 with f16 copies ([`GEMM_MIN_TOKENS_COPIES`]).
     pub gemm_min_tokens: usize,
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's (`QUIVER_CUDA_INT8=0`: f32 activations).
@@ -57,7 +57,7 @@ pub struct CudaConfig {
     /// `moeq_*_T`, as the dense decode kernels; `QUIVER_CUDA_MOE_INT8=0`: f32 activations).
     /// Qwen3-30B-A3B Q4_0 tg128 159 -> 302 t/s (twelfth session).
     pub moe_int8: bool,
-    /// qmm products whose tiles do not fill the GPU (batched decode: 17–128 tokens) split
+    /// qmm products whose tiles do not fill the GPU (batched decode: 9–128 tokens) split
     /// over the columns, the partials added by a second kernel (`QUIVER_CUDA_QMM_SPLIT=0`:
     /// one block per tile). Never in the batch-invariant mode.
     pub qmm_split: bool,
@@ -95,12 +95,13 @@ pub struct CudaConfig {
     pub load_total: Option<u64>,
 }
 
-/// The cut-over to the tensor cores without f16 copies. A qmm launch of up to 64 tokens costs
-/// about what one of 64 costs (its grid is the weight rows' tiles): on the H200, 8B Q4_K_M,
-/// ~110 µs a product, from S_TG at 64 sequences (2,593 t/s, 225 products a step), against
-/// ~44 µs for each 8-token matrix-vector launch (800 t/s at 64 sequences on those kernels,
-/// BENCHMARKS.md). Up to 16 tokens (two launches) the matrix-vector kernels are cheaper.
-pub const GEMM_MIN_TOKENS: usize = 17;
+/// The cut-over to the tensor cores without f16 copies. A qmm launch costs about the same from
+/// 2 to 16 tokens (its grid is the weight rows' tiles, split over the columns when they do not
+/// fill the GPU); the matrix-vector kernels take 8 tokens per launch. On the H200, Qwen3-8B
+/// Q4_K_M, S_TG at 2 / 4 / 8 / 16 sequences: matrix-vector 397 / 608 / 794 / 771 t/s, qmm
+/// 191 / 377 / 742 / 1,423 (thirteenth session, BENCHMARKS.md): up to 8 tokens the
+/// matrix-vector kernels, from 9 (where they would need a second launch) qmm.
+pub const GEMM_MIN_TOKENS: usize = 9;
 /// The cut-over with f16 copies (cuBLAS): from 3 tokens cuBLAS is faster (BENCHMARKS.md).
 pub const GEMM_MIN_TOKENS_COPIES: usize = 3;
 
@@ -209,7 +210,7 @@ mod tests {
         assert!(d.moe_qmm && d.moe_int8 && d.qmm_split);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
         assert!(!d.exact && !d.sync_each && !d.f16_copies);
-        assert_eq!((d.gemm_min_tokens, d.attention_splits), (17, None));
+        assert_eq!((d.gemm_min_tokens, d.attention_splits), (9, None));
     }
 
     #[test]
@@ -253,7 +254,7 @@ mod tests {
             }
         }
         let g = |v: &str| with(&[("QUIVER_CUDA_GEMM_MIN_TOKENS", v)]).gemm_min_tokens;
-        assert_eq!((g("8"), g("0"), g("x"), g("-2"), g("")), (8, 1, 17, 17, 17));
+        assert_eq!((g("8"), g("0"), g("x"), g("-2"), g("")), (8, 1, 9, 9, 9));
         // With f16 copies the default cut-over is cuBLAS's.
         let c = with(&[("QUIVER_CUDA_F16_COPIES", "1")]);
         assert_eq!(c.gemm_min_tokens, 3);

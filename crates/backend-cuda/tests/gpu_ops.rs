@@ -290,7 +290,7 @@ fn exact_sum_reference_is_the_product_within_rounding() {
 }
 
 /// With `int8_mma`, Q4_0 and Q8_0 products give the exact-sum reference's bits: on the decode
-/// kernels (mmvqc, under 17 tokens), the int8 tensor-core kernels (imm) and, in the invariant
+/// kernels (mmvqc, under `gemm_min_tokens`), the int8 tensor-core kernels (imm) and, in the invariant
 /// mode, their decode form (imv).
 #[test]
 #[ignore = "needs a CUDA GPU"]
