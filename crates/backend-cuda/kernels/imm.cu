@@ -57,6 +57,36 @@ __device__ __forceinline__ void fix_store(const long long (*tot)[4], const QRows
         for (int e = 0; e < 4; e++) v[i][e] = fix_val(tot[i][e]);
     qmm_store(v, R, n0, rows, y, n);
 }
+// imm's store: the totals as floats (fix_store), or, when the columns are split over grid z,
+// this part's 64-bit totals into the partials at y (as long long, part z at z · n · rows),
+// which imm_sum adds exactly.
+__device__ __forceinline__ void imm_store(const long long (*tot)[4], const QRows& R, int n0, int rows,
+                                          float* __restrict__ y, int n) {
+    if (gridDim.z == 1) {
+        fix_store(tot, R, n0, rows, y, n);
+        return;
+    }
+    long long* p = (long long*)y + (long long)blockIdx.z * n * rows;
+    const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const int t = n0 + nt * 8 + 2 * q;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int rr = R.rb + g + (e >> 1) * 8, tt = t + (e & 1);
+            if (rr < rows && tt < n) p[(long long)tt * rows + rr] = tot[nt][e];
+        }
+    }
+}
+// y[i] = the s parts' 64-bit totals added (in any order: integers), as a float.
+extern "C" __global__ void imm_sum(const long long* __restrict__ part, int s, long long len,
+                                   float* __restrict__ y) { pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < len; i += (long long)gridDim.x * blockDim.x) {
+        long long v = part[i];
+        for (int z = 1; z < s; z++) v += part[z * len + i];
+        y[i] = fix_val(v);
+    }
+}
 // imv's last step: one thread per (row, token) of the block's 16 rows adds the warps' sums
 // (`part`, [warp][row · 8 + token]) and stores the total.
 __device__ __forceinline__ void fix_total(const long long* part, int nw, const QRows& R, int rows,
@@ -73,7 +103,8 @@ __device__ __forceinline__ void fix_total(const long long* part, int nw, const Q
 
 // imm: CTA 64 rows × 64 tokens, 4 warps of 16 rows, stages of 128 columns (4 blocks) as qmm:
 // weight windows, the tokens' int8 activations and their d through shared memory with cp.async,
-// QMM_NST stages in flight.                     grid (ceil(n / 64), ceil(rows / 64)), block 128
+// QMM_NST stages in flight; split over grid z in whole 256-column chunks (imm_store).
+//                                       grid (ceil(n / 64), ceil(rows / 64), parts), block 128
 #define IMM_XLD 144
 template <IwFn IW, int BB>
 __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row_bytes, int rows,
@@ -89,6 +120,9 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
     const int n0 = blockIdx.x * QMM_BN;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
     const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
+    // This block's stages: all of them, or split z's whole chunks (two stages each).
+    const int nch = (nst + 1) / 2, S = gridDim.z, z = blockIdx.z;
+    const int j0 = 2 * (z * nch / S), j1 = min(2 * ((z + 1) * nch / S), nst);
     auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
     auto copy_x = [&](int b, int j) {
         u8* xs = Xs + b * QMM_BN * IMM_XLD;
@@ -111,18 +145,18 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
 #pragma unroll
         for (int e = 0; e < 4; e++) tot[i][e] = 0;
 #pragma unroll
-    for (int st = 0; st < QMM_NST - 1; st++) {
-        if (st < nst) {
-            copy_x(st, st);
-            qmm_copy_w<Q>(wbuf(st), R, st);
+    for (int st = j0; st < j0 + QMM_NST - 1; st++) {
+        if (st < j1) {
+            copy_x(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
         cp_async_commit();
     }
-    for (int j = 0; j < nst; j++) {
+    for (int j = j0; j < j1; j++) {
         cp_async_wait<QMM_NST - 2>();
         __syncthreads();
         const int st = j + QMM_NST - 1;
-        if (st < nst) {
+        if (st < j1) {
             copy_x(st % QMM_NST, st);
             qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
@@ -143,7 +177,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
             }
         }
     }
-    fix_store(tot, R, n0, rows, y, n);
+    imm_store(tot, R, n0, rows, y, n);
 }
 
 // imv: n ≤ 8 tokens as one n8 tile; a block of 8 warps takes 16 rows, warp w the chunks w,
@@ -245,6 +279,9 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
     const int n0 = blockIdx.x * QMM_BN;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
     const int nst = cols / QMM_BK, nsb = cols / 256;
+    // Split z's super-blocks (two stages each), as imm_impl.
+    const int S = gridDim.z, z = blockIdx.z;
+    const int j0 = 2 * (z * nsb / S), j1 = 2 * ((z + 1) * nsb / S);
     auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
     auto copy_x = [&](int b, int j) {
         u8* xs = Xs + b * QMM_BN * IMM_XLD;
@@ -277,18 +314,18 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
             tot[i][e] = 0;
         }
 #pragma unroll
-    for (int st = 0; st < QMM_NST - 1; st++) {
-        if (st < nst) {
-            copy_x(st, st);
-            qmm_copy_w<Q>(wbuf(st), R, st);
+    for (int st = j0; st < j0 + QMM_NST - 1; st++) {
+        if (st < j1) {
+            copy_x(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
         cp_async_commit();
     }
-    for (int j = 0; j < nst; j++) {
+    for (int j = j0; j < j1; j++) {
         cp_async_wait<QMM_NST - 2>();
         __syncthreads();
         const int st = j + QMM_NST - 1;
-        if (st < nst) {
+        if (st < j1) {
             copy_x(st % QMM_NST, st);
             qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
@@ -342,7 +379,7 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
                 }
         }
     }
-    fix_store(tot, R, n0, rows, y, n);
+    imm_store(tot, R, n0, rows, y, n);
 }
 
 // imv_q4_k: imv's layout, one super-block per chunk.        grid (ceil(rows / 16)), block 256

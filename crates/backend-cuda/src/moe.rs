@@ -286,7 +286,7 @@ impl CudaBackend {
         self.launch(
             "ops",
             "moe_sum",
-            (rows as u32, 1, 1),
+            (rows as u32, d.div_ceil(256).min(64) as u32, 1),
             (256, 1, 1),
             args![
                 s.ys.ptr(),

@@ -8,7 +8,7 @@
 use crate::batch::CudaStep;
 use crate::launch::grid1;
 use crate::memory::CudaBuf;
-use crate::split::qmm_splits;
+use crate::split::Parts;
 use crate::weights::CudaWeight;
 use crate::{act_grid, check, derr, registry, CudaBackend};
 use quiver_backend::{Activation, Result, Step};
@@ -184,20 +184,6 @@ impl CudaBackend {
         self.mmv(&[(w, y)], x, n)
     }
 
-    /// Split-K parts of a qmm product of `w` over `n` tokens (1: not split; always 1 in the
-    /// batch-invariant mode).
-    fn qmm_splits(&self, w: &CudaWeight, n: usize) -> usize {
-        if !self.qmm_split_on() {
-            return 1;
-        }
-        qmm_splits(n, w.rows, w.cols, self.dev.info.sms as usize)
-    }
-
-    /// True when qmm products may split over their columns (`CudaConfig::qmm_split`).
-    pub(crate) fn qmm_split_on(&self) -> bool {
-        self.cfg.qmm_split && self.cfg.tensor_cores && !self.cfg.invariant
-    }
-
     /// True when products run on the batch-invariant qmm / qmv kernels.
     pub(crate) fn invariant(&self, w: &CudaWeight) -> bool {
         self.cfg.invariant && self.cfg.tensor_cores && qmm_smem(w).1 <= MAX_SMEM
@@ -330,13 +316,8 @@ impl CudaBackend {
                     .map_err(|e| derr("cublasGemmEx", e))
             }
             Tc::Qmm => {
-                let splits = self.qmm_splits(w, n);
-                let out = if splits > 1 {
-                    let bytes = splits * n * w.rows * 4;
-                    self.scratch_ptr(|s| &mut s.qpart, bytes, "product partials")?
-                } else {
-                    y
-                };
+                let splits = self.splits(w, n, Parts::Float);
+                let out = self.split_out(splits, n, w.rows, Parts::Float, y)?;
                 self.launch_smem(
                     &w.names.module,
                     &w.names.qmm,
@@ -357,17 +338,7 @@ impl CudaBackend {
                         n as i32
                     ],
                 )?;
-                if splits > 1 {
-                    let len = n * w.rows;
-                    self.launch(
-                        "ops",
-                        "sum_splits",
-                        (grid1(len, 256, 4096), 1, 1),
-                        (256, 1, 1),
-                        args![out, splits as i32, len as i64, y],
-                    )?;
-                }
-                Ok(())
+                self.split_sum(w, splits, n, Parts::Float, out, y)
             }
             Tc::Qmv => {
                 let (_, smem, threads) = qmm_smem(w);
@@ -392,24 +363,33 @@ impl CudaBackend {
                 }
                 Ok(())
             }
-            Tc::Imm => self.launch_smem(
-                &w.names.module,
-                &w.names.imm,
-                (n.div_ceil(QMM_BN) as u32, w.rows.div_ceil(QMM_BM) as u32, 1),
-                (QMM_THREADS, 1, 1),
-                imm_smem(w).0 as u32,
-                args![
-                    w.data.ptr,
-                    w.row_bytes as i64,
-                    w.rows as i32,
-                    w.cols as i32,
-                    q,
-                    d,
-                    s,
-                    y,
-                    n as i32
-                ],
-            ),
+            Tc::Imm => {
+                let splits = self.splits(w, n, Parts::Exact);
+                let out = self.split_out(splits, n, w.rows, Parts::Exact, y)?;
+                self.launch_smem(
+                    &w.names.module,
+                    &w.names.imm,
+                    (
+                        n.div_ceil(QMM_BN) as u32,
+                        w.rows.div_ceil(QMM_BM) as u32,
+                        splits as u32,
+                    ),
+                    (QMM_THREADS, 1, 1),
+                    imm_smem(w).0 as u32,
+                    args![
+                        w.data.ptr,
+                        w.row_bytes as i64,
+                        w.rows as i32,
+                        w.cols as i32,
+                        q,
+                        d,
+                        s,
+                        out,
+                        n as i32
+                    ],
+                )?;
+                self.split_sum(w, splits, n, Parts::Exact, out, y)
+            }
             Tc::Imv => {
                 // Bytes of one token's scales: (d, d·Σq) per 32, or d per 256.
                 let d_row = if s == 0 {

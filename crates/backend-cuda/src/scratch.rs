@@ -21,7 +21,7 @@ pub(crate) struct Scratch {
     pub(crate) aq: Option<DevBuf>,
     pub(crate) ad: Option<DevBuf>,
     pub(crate) abs: Option<DevBuf>,
-    /// Split-K products' partial sums (`products.rs` `qmm_splits`).
+    /// Split-K products' partial sums (src/split.rs).
     pub(crate) qpart: Option<DevBuf>,
     /// f16 activations of the cuBLAS products.
     pub(crate) xbf: Option<DevBuf>,
@@ -86,7 +86,7 @@ impl CudaBackend {
         if self.cfg.tensor_cores {
             plan.push((|s| &mut s.xbf, n * cols * 2, "f16 activations"));
         }
-        if self.qmm_split_on() {
+        if self.split_scratch() {
             plan.push((
                 |s| &mut s.qpart,
                 crate::split::QSPLIT_BYTES,

@@ -1,24 +1,107 @@
-//! Split-K qmm products (kernels/qmm.cu with grid z, kernels/ops.cu `sum_splits`): how many
-//! parts a product takes.
+//! Split-K products: a product whose tiles leave multiprocessors idle is split over whole
+//! 256-column chunks (kernels/qmm.cu and imm.cu take their part from grid z), and a second
+//! kernel adds the parts. qmm's parts are floats added in order (`sum_splits`: not batch
+//! invariant, never in the invariant mode); imm's are the exact-sum order's 64-bit integers
+//! (`imm_sum`), whose total is the same bits however the columns are split, so imm splits in
+//! every mode.
 
+use crate::launch::grid1;
 use crate::products::{QMM_BM, QMM_BN};
+use crate::weights::CudaWeight;
+use crate::CudaBackend;
+use quiver_backend::Result;
 
 /// The split-K products' partials at most (a step's largest split product: 8B gate·up at 64
 /// tokens, 2 × 64 × 14336 floats, is 7 MiB); a split that would need more takes fewer parts.
 pub(crate) const QSPLIT_BYTES: usize = 16 << 20;
 
-/// Parts of a qmm product over `n` tokens of a `rows` × `cols` weight on `sms`
-/// multiprocessors: enough for ~2 blocks per multiprocessor where the tiles alone give fewer,
-/// each part at least 2 chunks of 256 columns, the partials within [`QSPLIT_BYTES`].
-pub(crate) fn qmm_splits(n: usize, rows: usize, cols: usize, sms: usize) -> usize {
+/// Parts of a product over `n` tokens of a `rows` × `cols` weight on `sms` multiprocessors,
+/// with partials of `bytes` each: enough for ~2 blocks per multiprocessor where the tiles alone
+/// give fewer, each part at least 2 chunks of 256 columns, the partials within
+/// [`QSPLIT_BYTES`].
+pub(crate) fn qmm_splits(n: usize, rows: usize, cols: usize, sms: usize, bytes: usize) -> usize {
     let tiles = n.div_ceil(QMM_BN) * rows.div_ceil(QMM_BM);
     let chunks = cols.div_ceil(256);
-    let by_room = QSPLIT_BYTES / (n * rows * 4).max(1);
+    let by_room = QSPLIT_BYTES / (n * rows * bytes).max(1);
     (2 * sms)
         .div_ceil(tiles)
         .min(chunks / 2)
         .min(by_room)
         .max(1)
+}
+
+/// A split product's partial sums: floats (qmm) or the exact-sum order's integers (imm).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Parts {
+    Float,
+    Exact,
+}
+
+impl CudaBackend {
+    /// True when products may split over their columns (`CudaConfig::qmm_split`): qmm outside
+    /// the invariant mode, imm in every mode.
+    pub(crate) fn split_on(&self, parts: Parts) -> bool {
+        self.cfg.qmm_split
+            && self.cfg.tensor_cores
+            && (parts == Parts::Exact || !self.cfg.invariant)
+    }
+
+    /// True when the partials' scratch is needed (reserved at load).
+    pub(crate) fn split_scratch(&self) -> bool {
+        self.split_on(Parts::Float) || (self.split_on(Parts::Exact) && self.cfg.int8_mma)
+    }
+
+    /// Parts of a product of `w` over `n` tokens (1: not split).
+    pub(crate) fn splits(&self, w: &CudaWeight, n: usize, parts: Parts) -> usize {
+        if !self.split_on(parts) {
+            return 1;
+        }
+        let bytes = if parts == Parts::Exact { 8 } else { 4 };
+        qmm_splits(n, w.rows, w.cols, self.dev.info.sms as usize, bytes)
+    }
+
+    /// Where a product of `splits` parts writes: y itself, or the partials' scratch.
+    pub(crate) fn split_out(
+        &self,
+        splits: usize,
+        n: usize,
+        rows: usize,
+        parts: Parts,
+        y: u64,
+    ) -> Result<u64> {
+        if splits <= 1 {
+            return Ok(y);
+        }
+        let bytes = splits * n * rows * if parts == Parts::Exact { 8 } else { 4 };
+        self.scratch_ptr(|s| &mut s.qpart, bytes, "product partials")
+    }
+
+    /// y = the sum of the `splits` partials at `out` (nothing when not split).
+    pub(crate) fn split_sum(
+        &self,
+        w: &CudaWeight,
+        splits: usize,
+        n: usize,
+        parts: Parts,
+        out: u64,
+        y: u64,
+    ) -> Result<()> {
+        if splits <= 1 {
+            return Ok(());
+        }
+        let len = n * w.rows;
+        let (module, kernel) = match parts {
+            Parts::Float => ("ops", "sum_splits"),
+            Parts::Exact => (w.names.module.as_str(), "imm_sum"),
+        };
+        self.launch(
+            module,
+            kernel,
+            (grid1(len, 256, 4096), 1, 1),
+            (256, 1, 1),
+            args![out, splits as i32, len as i64, y],
+        )
+    }
 }
 
 #[cfg(test)]
@@ -29,14 +112,17 @@ mod tests {
     fn qmm_splits_fill_the_device_only_where_the_tiles_do_not() {
         // The 8B shape on 132 multiprocessors at 64 tokens: k / v (16 tiles) in 8 parts of 2
         // chunks, down (64 tiles, 56 chunks) in 5, gate (224 tiles) in 2.
-        assert_eq!(qmm_splits(64, 1024, 4096, 132), 8);
-        assert_eq!(qmm_splits(64, 4096, 14336, 132), 5);
-        assert_eq!(qmm_splits(64, 14336, 4096, 132), 2);
+        assert_eq!(qmm_splits(64, 1024, 4096, 132, 4), 8);
+        assert_eq!(qmm_splits(64, 4096, 14336, 132, 4), 5);
+        assert_eq!(qmm_splits(64, 14336, 4096, 132, 4), 2);
         // A prompt of 512 fills it: no split; nor a row of fewer than 4 chunks.
-        assert_eq!(qmm_splits(512, 14336, 4096, 132), 1);
-        assert_eq!(qmm_splits(64, 64, 768, 132), 1);
-        // The partials stay within their scratch: 128 tokens of 131072 rows take one part.
-        assert_eq!(qmm_splits(128, 131072, 8192, 132), 1);
-        assert!(qmm_splits(64, 16384, 65536, 132) * 64 * 16384 * 4 <= super::QSPLIT_BYTES);
+        assert_eq!(qmm_splits(512, 14336, 4096, 132, 4), 1);
+        assert_eq!(qmm_splits(64, 64, 768, 132, 4), 1);
+        // The partials stay within their scratch: 128 tokens of 131072 rows take one part,
+        // and 64-bit partials (imm) take half the parts where room is what limits them.
+        assert_eq!(qmm_splits(128, 131072, 8192, 132, 4), 1);
+        assert!(qmm_splits(64, 16384, 65536, 132, 4) * 64 * 16384 * 4 <= super::QSPLIT_BYTES);
+        assert!(qmm_splits(64, 16384, 65536, 132, 8) * 64 * 16384 * 8 <= super::QSPLIT_BYTES);
+        assert_eq!(qmm_splits(64, 4096, 14336, 132, 8), 5);
     }
 }
