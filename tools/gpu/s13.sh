@@ -28,6 +28,19 @@ synth() { # preset type file [seed]
   [ -s "$3" ] || $B/quiver synth --preset "$1" --type "$2" ${4:+--seed $4} -o "$3" >/dev/null 2>&1
   echo ok >"$3.done"
 }
+# 8B Q4_0 and Q4_K_M, default against QUIVER_CUDA_INT8_MMA=1 alternated twice: S_TG at the
+# sequence counts $1 (two of them), and pp512 / tg128 first when $2 is "tg".
+int8_vs_default() {
+  for ty in Q4_0 Q4_K_M; do
+    f=$W/llama3-8b-$ty.gguf
+    wait_for $f
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1 X=1 QUIVER_CUDA_INT8_MMA=1; do
+      el "8B $ty $e"
+      [ "${2:-}" = tg ] && env $e $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "
+      env $e $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel $1 2>/dev/null | grep "^| " | tail -2
+    done
+  done
+}
 case $1 in
 a)
   (synth llama3-8b Q4_0 $W/llama3-8b-Q4_0.gguf; synth llama3-8b Q4_K_M $W/llama3-8b-Q4_K_M.gguf) >/dev/null 2>&1 &
@@ -50,15 +63,7 @@ a)
       $B/test-archs --include-ignored --nocapture gpu_matches 2>&1 | grep -E "max \||panicked"
     du -sh $d
   done
-  for ty in Q4_0 Q4_K_M; do
-    f=$W/llama3-8b-$ty.gguf
-    wait_for $f
-    for e in X=1 QUIVER_CUDA_INT8_MMA=1 X=1 QUIVER_CUDA_INT8_MMA=1; do
-      el "8B $ty $e"
-      env $e $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "
-      env $e $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel 8,64 2>/dev/null | grep "^| " | tail -2
-    done
-  done
+  int8_vs_default 8,64 tg
   el done
   ;;
 p)
@@ -136,14 +141,7 @@ x)
     timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
       grep -E "^test |products|panicked|differ|result" | head -30
   done
-  for ty in Q4_0 Q4_K_M; do
-    f=$W/llama3-8b-$ty.gguf
-    wait_for $f
-    for e in X=1 QUIVER_CUDA_INT8_MMA=1 X=1 QUIVER_CUDA_INT8_MMA=1; do
-      el "8B $ty $e"
-      env $e $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel 64,128 2>/dev/null | grep "^| " | tail -2
-    done
-  done
+  int8_vs_default 64,128
   wait_for $F30
   el "30B-A3B Q4_K_M tg128 (moe_sum)"
   $B/quiver bench -m $F30 --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "

@@ -66,17 +66,7 @@ __device__ __forceinline__ void imm_store(const long long (*tot)[4], const QRows
         fix_store(tot, R, n0, rows, y, n);
         return;
     }
-    long long* p = (long long*)y + (long long)blockIdx.z * n * rows;
-    const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-        const int t = n0 + nt * 8 + 2 * q;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int rr = R.rb + g + (e >> 1) * 8, tt = t + (e & 1);
-            if (rr < rows && tt < n) p[(long long)tt * rows + rr] = tot[nt][e];
-        }
-    }
+    qmm_store(tot, R, n0, rows, (long long*)y + (long long)blockIdx.z * n * rows, n);
 }
 // y[i] = the s parts' 64-bit totals added (in any order: integers), as a float.
 extern "C" __global__ void imm_sum(const long long* __restrict__ part, int s, long long len,
