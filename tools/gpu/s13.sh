@@ -29,7 +29,7 @@ synth() { # preset type file [seed]
   echo ok >"$3.done"
 }
 # 8B Q4_0 and Q4_K_M, default against QUIVER_CUDA_INT8_MMA=1 alternated twice: S_TG at the
-# sequence counts $1 (two of them), and pp512 / tg128 first when $2 is "tg".
+# sequence counts $1, and pp512 / tg128 first when $2 is "tg".
 int8_vs_default() {
   for ty in Q4_0 Q4_K_M; do
     f=$W/llama3-8b-$ty.gguf
@@ -37,7 +37,7 @@ int8_vs_default() {
     for e in X=1 QUIVER_CUDA_INT8_MMA=1 X=1 QUIVER_CUDA_INT8_MMA=1; do
       el "8B $ty $e"
       [ "${2:-}" = tg ] && env $e $B/quiver bench -m "$f" --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "
-      env $e $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel $1 2>/dev/null | grep "^| " | tail -2
+      env $e $B/quiver bench -m "$f" --device cuda -p 512 -n 128 --parallel $1 2>/dev/null | grep "^| " | tail -n $(echo $1 | tr , '\n' | wc -l)
     done
   done
 }
@@ -131,9 +131,10 @@ m)
   ;;
 x)
   # For the next session (written after this one's GPU time): moe_sum spread over the columns
-  # and imm split over its columns in the exact-sum order. The op tests (products with the
-  # int8 configurations, the exact-sum bits, MoE), then 8B Q4_0 / Q4_K_M default against
-  # QUIVER_CUDA_INT8_MMA=1 at 64 and 128 sequences, and Qwen3-30B-A3B Q4_K_M tg128.
+  # imm split over its columns in the exact-sum order, mmvqc_q4_k's reduce-scatter. The op tests
+  # (products with the int8 configurations, the exact-sum bits, MoE), then 8B Q4_0 / Q4_K_M
+  # default against QUIVER_CUDA_INT8_MMA=1 at 8, 64 and 128 sequences, and Qwen3-30B-A3B
+  # Q4_K_M tg128.
   (synth llama3-8b Q4_0 $W/llama3-8b-Q4_0.gguf; synth llama3-8b Q4_K_M $W/llama3-8b-Q4_K_M.gguf
    synth qwen3-30b-a3b Q4_K_M $F30) >/dev/null 2>&1 &
   for f in matmul int8_mma moe; do
@@ -141,7 +142,7 @@ x)
     timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
       grep -E "^test |products|panicked|differ|result" | head -30
   done
-  int8_vs_default 64,128
+  int8_vs_default 8,64,128
   wait_for $F30
   el "30B-A3B Q4_K_M tg128 (moe_sum)"
   $B/quiver bench -m $F30 --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "

@@ -243,15 +243,35 @@ __device__ __forceinline__ void rowq_q4_k(const u8* __restrict__ row, const i8* 
 }
 
 // Q4_K in the exact-sum order (imm.cu's imm_q4_k and imv_q4_k compute the same): the 8 lanes
-// of a super-block sum their integer parts of S1 = Σ sc·isum and S2 = Σ m·asum by xor shuffles
-// (exact), and the first of them adds the super-block's term da·(d·S1 − dmin·S2) (q4k_term).
+// of a super-block hold their integer parts of S1 = Σ sc·isum and S2 = Σ m·asum for each token;
+// a reduce-scatter over those 8 lanes (xor 4, 2, 1: 7 shuffles a value for all 8 tokens, exact)
+// leaves lane j of the group token j's sums, and lane j adds that token's super-block term
+// da·(d·S1 − dmin·S2) (q4k_term).
 typedef long long rowq_acc_c_q4_k;
 __device__ __forceinline__ float rowq_fin_c_q4_k(long long v) { return fix_val(warp_sum_ll(v)); }
+// v[0..8) summed over the 8 lanes of this lane's group; returns token (lane & 7)'s total.
+__device__ __forceinline__ int reduce_scatter8(const int* v) {
+    const int j = threadIdx.x & 7;
+    int h[4], q2[2];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const bool up = j & 4;
+        h[k] = (up ? v[k + 4] : v[k]) + __shfl_xor_sync(0xffffffffu, up ? v[k] : v[k + 4], 4);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const bool up = j & 2;
+        q2[k] = (up ? h[k + 2] : h[k]) + __shfl_xor_sync(0xffffffffu, up ? h[k] : h[k + 2], 2);
+    }
+    const bool up = j & 1;
+    return (up ? q2[1] : q2[0]) + __shfl_xor_sync(0xffffffffu, up ? q2[0] : q2[1], 1);
+}
 __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
     const int nsl = cols / 32, lane = threadIdx.x & 31;
     for (int i = 0; 32 * i < nsl; i++) {
         const int s = 32 * i + lane, sb = s >> 3, j = s & 7;
+        // The same for the 8 lanes of a super-block (nsl is a multiple of 8).
         const bool valid = s < nsl;
         int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0}, sc0 = 0, m0 = 0, sc1 = 0, m1 = 0;
         float d = 0.f, dmin = 0.f;
@@ -273,26 +293,26 @@ __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8
             }
         }
         const int xb = sb * 256 + g * 32 + (j & 1) * 16;
+        int p1[8], p2[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
-            if (t < ntok) {
-                int p1 = 0, p2 = 0;
-                if (valid) {
-                    const i8* a = aq + (long long)t * cols + xb;
-                    const int4 a0 = *(const int4*)a, a1 = *(const int4*)(a + 32);
-                    const int s0 = dp4a(lo[3], a0.w, dp4a(lo[2], a0.z, dp4a(lo[1], a0.y, dp4a(lo[0], a0.x, 0))));
-                    const int s1 = dp4a(hi[3], a1.w, dp4a(hi[2], a1.z, dp4a(hi[1], a1.y, dp4a(hi[0], a1.x, 0))));
-                    const int* bs = abs_ + ((long long)t * cols + xb) / 16;
-                    p1 = sc0 * s0 + sc1 * s1;
-                    p2 = m0 * bs[0] + m1 * bs[2];
-                }
-#pragma unroll
-                for (int o = 1; o < 8; o <<= 1) {
-                    p1 += __shfl_xor_sync(0xffffffffu, p1, o);
-                    p2 += __shfl_xor_sync(0xffffffffu, p2, o);
-                }
-                if (valid && j == 0) acc[t] += fix_of(q4k_term(ad[(long long)t * (cols / 256) + sb], d, dmin, p1, p2));
+            p1[t] = p2[t] = 0;
+            if (valid && t < ntok) {
+                const i8* a = aq + (long long)t * cols + xb;
+                const int4 a0 = *(const int4*)a, a1 = *(const int4*)(a + 32);
+                const int s0 = dp4a(lo[3], a0.w, dp4a(lo[2], a0.z, dp4a(lo[1], a0.y, dp4a(lo[0], a0.x, 0))));
+                const int s1 = dp4a(hi[3], a1.w, dp4a(hi[2], a1.z, dp4a(hi[1], a1.y, dp4a(hi[0], a1.x, 0))));
+                const int* bs = abs_ + ((long long)t * cols + xb) / 16;
+                p1[t] = sc0 * s0 + sc1 * s1;
+                p2[t] = m0 * bs[0] + m1 * bs[2];
             }
+        }
+        const int S1 = reduce_scatter8(p1), S2 = reduce_scatter8(p2);
+        if (valid && j < ntok) {
+            const long long term = fix_of(q4k_term(ad[(long long)j * (cols / 256) + sb], d, dmin, S1, S2));
+#pragma unroll
+            for (int t = 0; t < 8; t++)
+                if (t == j) acc[t] += term;
         }
     }
 }
