@@ -432,6 +432,168 @@ __device__ __forceinline__ void imv_q4_k_impl(const u8* __restrict__ W, long lon
     fix_total(part, QW, R, rows, y, n);
 }
 
+// ---- Q6_K on int8 mma (imm_q6_k, imv_q6_k) over quantize_a256's activations ----
+// A super-block's S = Σ_i sc_i·isum16_i (exact in int32) and its term q6k_term(da, d, S) in
+// the exact-sum order; mmvq.cu's rowq_c_q6_k computes the same. The 16 scales change every 16
+// values, so each 32 values take two m16n8k32 mma, one with the first 16 values' A fragment
+// (the second half zero), one with the second's (q6k_pair).
+__device__ __forceinline__ void q6k_pair(const u8* b0, const u8* b1, int jj, int q, u32* lo, u32* hi) {
+    const int v = 32 * jj + 4 * q;
+    lo[0] = q6k_frag4(b0, v), lo[1] = q6k_frag4(b1, v), lo[2] = lo[3] = 0u;
+    hi[0] = hi[1] = 0u, hi[2] = q6k_frag4(b0, v + 16), hi[3] = q6k_frag4(b1, v + 16);
+}
+
+// imm_q6_k: imm_q4_k's tiling; a stage is one 128-value half of the super-block (4 pairs of
+// sub-blocks), the term added at the super-block's second stage.
+__device__ __forceinline__ void imm_q6_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                              int cols, const i8* __restrict__ aq,
+                                              const float* __restrict__ ad, const int* __restrict__ abs_,
+                                              float* __restrict__ y, int n) {
+    typedef QWin<210, 256> Q;
+    extern __shared__ __align__(16) u8 qsm[];
+    u8* Xs = qsm;                                              // [stage][token][IMM_XLD]
+    // imm_q4_k's layout (imm_smem); the per-16 sums' part is not used (no minimums).
+    float* Dd = (float*)(qsm + QMM_NST * QMM_BN * IMM_XLD + QMM_NST * 8 * QMM_BN * 4);
+    u8* Ws = (u8*)(Dd + QMM_NST * QMM_BN);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int n0 = blockIdx.x * QMM_BN;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
+    const int nsb = cols / 256;
+    const int S = gridDim.z, z = blockIdx.z;
+    const int j0 = 2 * (z * nsb / S), j1 = 2 * ((z + 1) * nsb / S);
+    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
+    auto copy_x = [&](int b, int j) {
+        u8* xs = Xs + b * QMM_BN * IMM_XLD;
+        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
+            const int t = i >> 3, p = i & 7, k = j * QMM_BK + 16 * p;
+            const bool ok = n0 + t < n;
+            cp_async16(xs + t * IMM_XLD + 16 * p, ok ? aq + (long long)(n0 + t) * cols + k : aq, ok);
+        }
+        float* dd = Dd + b * QMM_BN;
+        for (int t = threadIdx.x; t < QMM_BN; t += 32 * QMM_WARPS) {
+            const bool ok = n0 + t < n;
+            const float* src = ok ? ad + (long long)(n0 + t) * nsb + (j >> 1) : ad;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dd + t)), "l"(src), "r"(ok ? 4 : 0));
+        }
+    };
+    int Ss[8][4];
+    long long tot[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            Ss[i][e] = 0;
+            tot[i][e] = 0;
+        }
+#pragma unroll
+    for (int st = j0; st < j0 + QMM_NST - 1; st++) {
+        if (st < j1) {
+            copy_x(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
+        }
+        cp_async_commit();
+    }
+    for (int j = j0; j < j1; j++) {
+        cp_async_wait<QMM_NST - 2>();
+        __syncthreads();
+        const int st = j + QMM_NST - 1;
+        if (st < j1) {
+            copy_x(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
+        }
+        cp_async_commit();
+        const u8* win = wbuf(j % QMM_NST);
+        const u8* xs = Xs + (j % QMM_NST) * QMM_BN * IMM_XLD;
+        const float* dd = Dd + (j % QMM_NST) * QMM_BN;
+        const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(j)) & 15);
+        const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(j)) & 15);
+        const int half = j & 1;
+#pragma unroll
+        for (int kb = 0; kb < 4; kb++) {
+            const int jj = 4 * half + kb;
+            u32 lo[4], hi[4];
+            q6k_pair(b0, b1, jj, q, lo, hi);
+            const int sl[2] = {(int)(i8)b0[192 + 2 * jj], (int)(i8)b1[192 + 2 * jj]};
+            const int sh[2] = {(int)(i8)b0[193 + 2 * jj], (int)(i8)b1[193 + 2 * jj]};
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
+                const u32 x0 = *(const u32*)xb, x1 = *(const u32*)(xb + 16);
+                int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+                mma_s8(cl, lo, x0, x1);
+                mma_s8(ch, hi, x0, x1);
+#pragma unroll
+                for (int e = 0; e < 4; e++) Ss[nt][e] += sl[e >> 1] * cl[e] + sh[e >> 1] * ch[e];
+            }
+        }
+        if (half == 1) {
+            const float d[2] = {h2f(ld_u16(b0 + 208)), h2f(ld_u16(b1 + 208))};
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    tot[nt][e] += fix_of(q6k_term(dd[nt * 8 + 2 * q + (e & 1)], d[e >> 1], Ss[nt][e]));
+                    Ss[nt][e] = 0;
+                }
+        }
+    }
+    imm_store(tot, R, n0, rows, y, n);
+}
+
+// imv_q6_k: imv_q4_k's layout, one super-block per chunk.   grid (ceil(rows / 16)), block 256
+__device__ __forceinline__ void imv_q6_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                              int cols, const i8* __restrict__ aq,
+                                              const float* __restrict__ ad, const int* __restrict__ abs_,
+                                              float* __restrict__ y, int n) {
+    typedef QWinC<210, 256> Q;
+    constexpr int QW = 8;
+    extern __shared__ __align__(16) u8 qsm[];
+    long long* part = (long long*)(qsm + QW * 2 * 16 * Q::WIN);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
+    const int nch = cols / 256;
+    long long acc[4] = {0, 0, 0, 0};
+    auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
+    const bool tok = g < n;
+    const i8* xr = aq + (long long)(tok ? g : 0) * cols;
+    const int tk[2] = {min(2 * q, n - 1), min(2 * q + 1, n - 1)};
+    if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
+    cp_async_commit();
+    for (int c = warp, i = 0; c < nch; c += QW, i++) {
+        if (c + QW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + QW));
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncwarp();
+        const u8* win = wbuf(i & 1);
+        const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(2 * c)) & 15);
+        const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(2 * c)) & 15);
+        int Ss[4] = {0, 0, 0, 0};
+        for (int jj = 0; jj < 8; jj++) {
+            u32 lo[4], hi[4];
+            q6k_pair(b0, b1, jj, q, lo, hi);
+            const int sl[2] = {(int)(i8)b0[192 + 2 * jj], (int)(i8)b1[192 + 2 * jj]};
+            const int sh[2] = {(int)(i8)b0[193 + 2 * jj], (int)(i8)b1[193 + 2 * jj]};
+            const u32* xp = (const u32*)(xr + c * 256 + jj * 32 + 4 * q);
+            const u32 x0 = tok ? xp[0] : 0u, x1 = tok ? xp[4] : 0u;
+            int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+            mma_s8(cl, lo, x0, x1);
+            mma_s8(ch, hi, x0, x1);
+#pragma unroll
+            for (int e = 0; e < 4; e++) Ss[e] += sl[e >> 1] * cl[e] + sh[e >> 1] * ch[e];
+        }
+        const float d[2] = {h2f(ld_u16(b0 + 208)), h2f(ld_u16(b1 + 208))};
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[e] += fix_of(q6k_term(ad[(long long)tk[e & 1] * nch + c], d[e >> 1], Ss[e]));
+        __syncwarp();
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) part[warp * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
+    __syncthreads();
+    fix_total(part, QW, R, rows, y, n);
+}
+
 #define IMMK_K(T)                                                                                     \
     extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \

@@ -134,6 +134,21 @@ __device__ __forceinline__ void k4_scale_min(const u8* q, int j, float& sc, floa
 __device__ __forceinline__ float q4k_term(float da, float d, float dmin, int s1, int s2) {
     return __fmul_rn(da, __fsub_rn(__fmul_rn(d, __int2float_rn(s1)), __fmul_rn(dmin, __int2float_rn(s2))));
 }
+// Q6_K in the exact-sum order: a super-block's S = Σ_i sc_i · Σ (q − 32)·a over its 16
+// sub-blocks of 16 values (exact in int32: |S| < 2^28), its term da·(d·S), each product
+// rounded as written (mmvq.cu rowq_c_q6_k, imm.cu imm_q6_k / imv_q6_k).
+__device__ __forceinline__ float q6k_term(float da, float d, int s) {
+    return __fmul_rn(da, __fmul_rn(d, __int2float_rn(s)));
+}
+// Values v … v + 3 (v a multiple of 4) of the Q6_K super-block at b (2-byte aligned) as int8
+// q − 32: half h = v / 128; l = v % 128 takes ql[64h + l % 64] (low nibble below 64, high
+// above) and the 2 bits of qh[32h + l % 32] at 2·(l / 32).
+__device__ __forceinline__ u32 q6k_frag4(const u8* b, int v) {
+    const int h = v >> 7, l = v & 127;
+    const u32 lo = ld_u32_2a(b + h * 64 + (l & 63)), hi = ld_u32_2a(b + 128 + h * 32 + (l & 31));
+    const u32 q = ((lo >> (4 * (l >> 6))) & 0x0F0F0F0Fu) | (((hi >> (2 * (l >> 5))) & 0x03030303u) << 4);
+    return __vsub4(q, 0x20202020u);
+}
 __device__ __forceinline__ void deq_q4_k(const u8* row, int g, float* v) {
     const u8* b = row + (g >> 3) * 144;
     int s = g & 7;

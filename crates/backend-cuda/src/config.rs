@@ -40,13 +40,14 @@ pub struct CudaConfig {
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's (`QUIVER_CUDA_INT8=0`: f32 activations).
     pub int8: bool,
-    /// Q4_0, Q8_0 and Q4_K products in one summation order whatever the token count
+    /// Q4_0, Q8_0, Q4_K and Q6_K products in one summation order whatever the token count
     /// (`QUIVER_CUDA_INT8_MMA=1`): the tensor-core products on int8 `mma` over the int8
     /// activations (kernels/imm.cu `imm_T` / `imv_T`, instead of f16 `qmm_T` / `qmv_T`) and the
     /// decode kernels computing the same (mmvq.cu `mmvqc*_T`; the exact-sum order, mmvq.cu
     /// `fix_of`), so the default path is batch invariant for these types. Off: in the
-    /// eleventh session's float order it lost 16% of Q4_0 decode and 13% of its prefill
-    /// (BENCHMARKS.md); the exact-sum order is not yet timed.
+    /// eleventh session's float order it lost 16% of Q4_0 decode and 13% of its prefill; in
+    /// the exact-sum order 1.3% / 4.4% of Q4_0 / Q4_K_M tg128, but imm was far behind qmm at
+    /// 64 sequences before its split (BENCHMARKS.md, thirteenth session).
     pub int8_mma: bool,
     /// The experts' products of MoE prompts on the tensor cores (`QUIVER_CUDA_MOE_QMM=0`: the
     /// CUDA-core grouped kernels): the (token, slot) pairs sorted by expert, each expert's rows

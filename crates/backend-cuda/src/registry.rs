@@ -78,7 +78,7 @@ pub const EXACT_TYPES: &[&str] = &[
 
 /// Weight types with int8 tensor-core products (`imm_T`, `imv_T` in kernels/imm.cu).
 pub fn int8_mma(t: &str) -> bool {
-    matches!(t, "q4_0" | "q8_0" | "q4_k")
+    matches!(t, "q4_0" | "q8_0" | "q4_k" | "q6_k")
 }
 
 /// Weight types whose decode kernels take int8 activations: Some(32) for blocks of 32

@@ -217,7 +217,12 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
         &be,
         &Cuda,
         &mut rng,
-        &[GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K],
+        &[
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ],
         &[1, 2, 3, 8, 9, 16, 17, 64, 65, 150],
     );
 }
