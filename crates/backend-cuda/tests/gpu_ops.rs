@@ -228,10 +228,12 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
 }
 
 /// The int8 kernels' exact-sum order (kernels/mmvq.cu `fix_of`), computed on the host: x
-/// quantized per 32 as `quantize_a32` does (the CPU backend's q8_0 quantizer, which rounds
-/// alike), each block's term (d_w · d_a) · isum rounded as written, rounded to a multiple of
-/// 2^-32 and summed as an i64, the total back to f32. Q4_0 and Q8_0 (`ty`'s GGUF blocks in
-/// `bytes`, `rows` × `cols`) over `n` rows of `x`.
+/// quantized as `quantize_a32` / `quantize_a256` do (the CPU backend's q8_0 and Q8_K
+/// quantizers, which round alike), each block's term rounded as written — (d_w · d_a) · isum
+/// for Q4_0 / Q8_0, a super-block's da·(d·S1 − dmin·S2) for Q4_K (S1 = Σ sc·isum, S2 = Σ
+/// m·asum over its 8 sub-blocks), da·(d·S) for Q6_K (S = Σ sc·isum over its 16) — rounded to
+/// a multiple of 2^-32 and summed as an i64, the total back to f32. `ty`'s GGUF blocks in
+/// `bytes`, `rows` × `cols`, over `n` rows of `x`.
 fn exact_sum_reference(
     ty: GgmlType,
     bytes: &[u8],
@@ -240,36 +242,86 @@ fn exact_sum_reference(
     x: &[f32],
     n: usize,
 ) -> Vec<f32> {
-    let (nb, bb) = (cols / 32, if ty == GgmlType::Q4_0 { 18 } else { 34 });
-    let (aq, ads) = quiver_cpu_kernels::activation_quants_a32(&x[..n * cols]);
-    // A weight block's d and its 32 signed values.
-    let weight = |r: usize, b: usize| -> (f32, [i32; 32]) {
-        let blk = &bytes[(r * nb + b) * bb..][..bb];
-        let w = std::array::from_fn(|i| {
-            if ty == GgmlType::Q4_0 {
-                let byte = blk[2 + i % 16];
-                (if i < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
-            } else {
-                blk[2 + i] as i8 as i32
-            }
-        });
-        (half::f16::from_le_bytes([blk[0], blk[1]]).to_f32(), w)
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let fix = |term: f32| ((term * 4294967296.0) as f64).round_ties_even() as i64;
+    let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
+    let (aq, ads) = if k_quant {
+        quiver_cpu_kernels::activation_quants_a256(&x[..n * cols])
+    } else {
+        let (q, ds) = quiver_cpu_kernels::activation_quants_a32(&x[..n * cols]);
+        (q, ds.iter().step_by(2).copied().collect())
     };
+    // Values per block, block bytes, and one block's term against activations `a` of scale da.
+    let (vals, bb) = match ty {
+        GgmlType::Q4_0 => (32, 18),
+        GgmlType::Q8_0 => (32, 34),
+        GgmlType::Q4_K => (256, 144),
+        GgmlType::Q6_K => (256, 210),
+        _ => panic!("{ty}: no exact-sum kernels"),
+    };
+    let term = |blk: &[u8], a: &[i8], da: f32| -> f32 {
+        let a = |i: usize| a[i] as i32;
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q8_0 => {
+                let isum: i32 = (0..32)
+                    .map(|i| {
+                        let w = if ty == GgmlType::Q4_0 {
+                            let byte = blk[2 + i % 16];
+                            (if i < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
+                        } else {
+                            blk[2 + i] as i8 as i32
+                        };
+                        w * a(i)
+                    })
+                    .sum();
+                f16(blk) * da * isum as f32
+            }
+            GgmlType::Q4_K => {
+                let scales: &[u8; 12] = blk[4..16].try_into().unwrap();
+                let (mut s1, mut s2) = (0i32, 0i32);
+                for sub in 0..8 {
+                    let (sc, m) = quiver_quant::k_quants::get_scale_min_k4(sub, scales);
+                    let (mut isum, mut asum) = (0i32, 0i32);
+                    for l in 0..32 {
+                        let byte = blk[16 + 32 * (sub / 2) + l];
+                        let q = if sub % 2 == 0 { byte & 15 } else { byte >> 4 };
+                        isum += q as i32 * a(32 * sub + l);
+                        asum += a(32 * sub + l);
+                    }
+                    s1 += sc as i32 * isum;
+                    s2 += m as i32 * asum;
+                }
+                da * (f16(blk) * s1 as f32 - f16(&blk[2..]) * s2 as f32)
+            }
+            _ => {
+                let mut s = 0i32;
+                for sub in 0..16 {
+                    let isum: i32 = (16 * sub..16 * sub + 16)
+                        .map(|v| {
+                            let (h, l) = (v / 128, v % 128);
+                            let ql = blk[64 * h + l % 64];
+                            let nib = if l < 64 { ql & 15 } else { ql >> 4 };
+                            let hb = (blk[128 + 32 * h + l % 32] >> (2 * (l / 32))) & 3;
+                            ((nib | hb << 4) as i32 - 32) * a(v)
+                        })
+                        .sum();
+                    s += blk[192 + sub] as i8 as i32 * isum;
+                }
+                da * (f16(&blk[208..]) * s as f32)
+            }
+        }
+    };
+    let nb = cols / vals;
     let mut y = vec![0f32; n * rows];
     for r in 0..rows {
         for t in 0..n {
-            let mut total = 0i64;
-            for b in 0..nb {
-                let (wd, w) = weight(r, b);
-                let (blk, da) = (t * nb + b, ads[2 * (t * nb + b)]);
-                let isum: i32 = w
-                    .iter()
-                    .zip(&aq[32 * blk..][..32])
-                    .map(|(a, &q)| a * q as i32)
-                    .sum();
-                let term = wd * da * isum as f32;
-                total += ((term * 4294967296.0) as f64).round_ties_even() as i64;
-            }
+            let total: i64 = (0..nb)
+                .map(|b| {
+                    let blk = &bytes[(r * nb + b) * bb..][..bb];
+                    let ab = t * nb + b;
+                    fix(term(blk, &aq[vals * ab..][..vals], ads[ab]))
+                })
+                .sum();
             y[t * rows + r] = total as f32 * (1.0 / 4294967296.0);
         }
     }
@@ -281,12 +333,18 @@ fn exact_sum_reference(
 #[test]
 fn exact_sum_reference_is_the_product_within_rounding() {
     let mut rng = seeded_rng();
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
-        let (rows, cols, n) = (24, 256, 3);
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let (rows, cols, n) = (24, 512, 3);
         let wc = WeightCase::random(&mut rng, ty, rows, cols).unwrap();
         let x = rng.vec(n * cols);
         let mut want = vec![0f32; n * rows];
-        let seen = quiver_cpu_kernels::activation_roundtrip(0, &x);
+        let kind = u8::from(matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K));
+        let seen = quiver_cpu_kernels::activation_roundtrip(kind, &x);
         quiver_backend::reference::matmul(&wc.values, rows, cols, &seen, n, &mut want);
         let got = exact_sum_reference(ty, &wc.bytes, rows, cols, &x, n);
         let e = quiver_backend::testing::rel_err(&got, &want);
@@ -294,7 +352,7 @@ fn exact_sum_reference_is_the_product_within_rounding() {
     }
 }
 
-/// With `int8_mma`, Q4_0 and Q8_0 products give the exact-sum reference's bits: on the decode
+/// With `int8_mma`, the int8 types' products give the exact-sum reference's bits: on the decode
 /// kernels (mmvqc, under `gemm_min_tokens`), the int8 tensor-core kernels (imm) and, in the invariant
 /// mode, their decode form (imv).
 #[test]
@@ -308,7 +366,12 @@ fn int8_mma_products_give_the_exact_sum_bits() {
             ..CudaConfig::from_env()
         });
         for &(rows, cols) in PRODUCT_SHAPES {
-            for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+            for ty in [
+                GgmlType::Q4_0,
+                GgmlType::Q8_0,
+                GgmlType::Q4_K,
+                GgmlType::Q6_K,
+            ] {
                 let wc = WeightCase::random(&mut rng, ty, rows, cols).unwrap();
                 let w = wc.load(&be).unwrap();
                 for n in [1, 3, 9, 17, 64, 150] {

@@ -319,6 +319,17 @@ pub(crate) fn quants_a32(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     quantize_a32_vecs(x, Scales::Q8_0)
 }
 
+/// `x` in blocks of 256 as ggml's Q8_K (for tests): the quants and each block's d.
+pub(crate) fn quants_a256(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let mut b = vec![A256::default(); x.len() / QK_K];
+    // SAFETY: the portable quantizer runs anywhere.
+    unsafe { quantize_a256::<SoftQuant>(x, &mut b) };
+    (
+        b.iter().flat_map(|b| b.qs.iter().copied()).collect(),
+        b.iter().map(|b| b.d).collect(),
+    )
+}
+
 /// Dequantized activations as a path sees them (for tests): `kind` 0 = A32/panel, 1 = A256.
 pub(crate) fn roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
     let mut out = Vec::with_capacity(x.len());

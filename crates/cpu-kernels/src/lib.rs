@@ -417,6 +417,13 @@ pub fn activation_quants_a32(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     act::quants_a32(x)
 }
 
+/// `x` quantized per 256 as the K-quant products take it (ggml's Q8_K, for tests): the
+/// quants and each block's d.
+#[doc(hidden)]
+pub fn activation_quants_a256(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    act::quants_a256(x)
+}
+
 /// Per 32-element block of `x`: how much the offset sum of a Q4_1/Q5_1 product (ggml's q8_1
 /// `s`, the f16 of `d·Σq`) differs from `d16·Σq`, the sum [`activation_roundtrip`] implies.
 #[doc(hidden)]
