@@ -143,6 +143,11 @@ x)
       grep -E "^test |products|panicked|differ|result" | head -30
   done
   int8_vs_default 8,64,128
+  # imv for 2-8 tokens (the int8 mma decode form) against the dp4a kernels, Q4_K_M.
+  for e in X=1 "QUIVER_CUDA_INT8_MMA=1 QUIVER_CUDA_GEMM_MIN_TOKENS=2" X=1 "QUIVER_CUDA_INT8_MMA=1 QUIVER_CUDA_GEMM_MIN_TOKENS=2"; do
+    el "8B Q4_K_M 2-8 sequences, $e"
+    env $e $B/quiver bench -m $W/llama3-8b-Q4_K_M.gguf --device cuda -p 512 -n 128 --parallel 2,4,8 2>/dev/null | grep "^| " | tail -3
+  done
   wait_for $F30
   el "30B-A3B Q4_K_M tg128 (moe_sum)"
   $B/quiver bench -m $F30 --device cuda -p 512 -n 128 -r 2 2>/dev/null | grep "^| "

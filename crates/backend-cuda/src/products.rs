@@ -210,6 +210,9 @@ impl CudaBackend {
         };
         match f16.filter(|_| self.blas.is_some()) {
             Some(p) => Some(Tc::Blas(p)),
+            // Up to 8 tokens (only below the default cut-over, `QUIVER_CUDA_GEMM_MIN_TOKENS`)
+            // as the invariant mode runs them.
+            None if int8 && n <= QMV_TOKENS => Some(Tc::Imv),
             None if int8 => Some(Tc::Imm),
             None => Some(Tc::Qmm),
         }
