@@ -10,7 +10,8 @@
 #   s13.sh q   quiver on them
 #   s13.sh n, m  Nsight Compute by kernel at 1 and 8 sequences (quiver and llama.cpp; 30B decode)
 #   s13.sh g   2-16 sequences: matrix-vector kernels against qmm
-#   s13.sh x   the next session's first call: moe_sum and imm's exact split-K checked and timed
+#   s13.sh x   the next session's first call: moe_sum, imm's exact split-K, Q6_K int8, the fused
+#              q/k norms checked and timed
 # Every call writes its log under $OUT too.
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH
@@ -130,19 +131,22 @@ m)
   el done
   ;;
 x)
-  # For the next session (written after this one's GPU time): moe_sum spread over the columns
-  # imm split over its columns in the exact-sum order, mmvqc_q4_k's reduce-scatter. The op tests
-  # (products with the int8 configurations, the exact-sum bits, MoE), then 8B Q4_0 / Q4_K_M
-  # default against QUIVER_CUDA_INT8_MMA=1 at 8, 64 and 128 sequences, and Qwen3-30B-A3B
-  # Q4_K_M tg128.
+  # For the next session (written after this one's GPU time): moe_sum spread over the columns,
+  # imm split over its columns in the exact-sum order, mmvqc_q4_k's reduce-scatter, Q6_K on the
+  # int8 kernels, the q/k norms in the rope launch. The op tests (products with the int8
+  # configurations, the exact-sum bits, MoE, rope), the architectures' parity, then 8B Q4_0 /
+  # Q4_K_M default against QUIVER_CUDA_INT8_MMA=1 at 8, 64 and 128 sequences, imv at 2-8, and
+  # Qwen3-30B-A3B Q4_K_M tg128.
   (synth llama3-8b Q4_0 $W/llama3-8b-Q4_0.gguf; synth llama3-8b Q4_K_M $W/llama3-8b-Q4_K_M.gguf
    synth qwen3-30b-a3b Q4_K_M $F30) >/dev/null 2>&1 &
-  for f in matmul int8_mma moe; do
+  for f in matmul int8_mma moe rope; do
     el "op test $f"
     timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
       grep -E "^test |products|panicked|differ|result" | head -30
   done
   int8_vs_default 8,64,128
+  el "architectures on the GPU (q/k norms in the rope launch)"
+  timeout 200 $B/test-archs --include-ignored --nocapture gpu_matches 2>&1 | grep -E "max \||panicked|result"
   # imv for 2-8 tokens (the int8 mma decode form) against the dp4a kernels, Q4_K_M.
   for e in X=1 "QUIVER_CUDA_INT8_MMA=1 QUIVER_CUDA_GEMM_MIN_TOKENS=2" X=1 "QUIVER_CUDA_INT8_MMA=1 QUIVER_CUDA_GEMM_MIN_TOKENS=2"; do
     el "8B Q4_K_M 2-8 sequences, $e"

@@ -47,13 +47,28 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
                                          u16* __restrict__ vc, const u32* __restrict__ pos,
                                          const u32* __restrict__ slots, const float* __restrict__ theta,
                                          int n_head, int n_head_kv, int head_dim, int n_dims, int mode,
-                                         float mscale, float temp_scale, float temp_floor) { pdl_begin();
+                                         float mscale, float temp_scale, float temp_floor,
+                                         const float* __restrict__ qn, const float* __restrict__ kn,
+                                         float eps) { pdl_begin();
     int t = blockIdx.x, h = blockIdx.y;
     float p = (float)pos[t];
     int half = n_dims / 2, kv_dim = n_head_kv * head_dim;
     bool is_k = h >= n_head;
     float* base = is_k ? k + (long long)t * kv_dim + (h - n_head) * head_dim
                        : q + ((long long)t * n_head + h) * head_dim;
+    // The head's RMS norm first (Qwen 3, Gemma 3 / 4: qn / kn of head_dim; null: none). Block 64.
+    const float* nw = is_k ? kn : qn;
+    if (nw) {
+        __shared__ float part[2];
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) ss += base[i] * base[i];
+        ss = warp_sum(ss);
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        const float inv = rsqrtf((part[0] + part[1]) / head_dim + eps);
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) base[i] = base[i] * inv * nw[i];
+        __syncthreads();
+    }
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         int ia = mode ? i : 2 * i, ib = mode ? i + half : 2 * i + 1;
         float s, c;

@@ -341,9 +341,33 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         check_rope_kv_write(q, k, v, rope, a, kv, st.rows)?;
         match &self.mode {
-            Mode::Fast => self.rope_kv_write_fast(st, q, k, v, rope, a, kv),
+            Mode::Fast => self.rope_kv_write_fast(st, q, k, v, rope, a, kv, None),
             Mode::Parity(p) => p.rope_kv_write(self, st, q, k, v, rope, a, kv),
         }
+    }
+
+    fn qk_norm_rope_kv_write(
+        &self,
+        st: &Step<CudaStep>,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        norms: (&CudaWeight, &CudaWeight, f32),
+        rope: &RopeParams,
+        a: &AttnParams,
+        kv: &mut CudaKv,
+    ) -> Result<()> {
+        let (qn, kn, eps) = norms;
+        // One launch on the fast path; the parity mode (and a norm of another length) as
+        // three ops.
+        if !matches!(self.mode, Mode::Fast) || qn.cols != a.head_dim || kn.cols != a.head_dim {
+            self.rms_norm_inplace(q, qn, eps, st.rows * a.n_head)?;
+            self.rms_norm_inplace(k, kn, eps, st.rows * a.n_head_kv)?;
+            return self.rope_kv_write(st, q, k, v, rope, a, kv);
+        }
+        check_rope_kv_write(q, k, v, rope, a, kv, st.rows)?;
+        let norms = Some((qn.data.ptr, kn.data.ptr, eps));
+        self.rope_kv_write_fast(st, q, k, v, rope, a, kv, norms)
     }
 
     fn attention(

@@ -129,6 +129,6 @@ impl CudaBackend {
         )?;
         // The q heads only: no k, v or cache behind them.
         let q = q.ptr();
-        self.rope_launch(st, [q, q, q, 0, 0], a.n_head, rope, a)
+        self.rope_launch(st, [q, q, q, 0, 0], a.n_head, rope, a, None)
     }
 }

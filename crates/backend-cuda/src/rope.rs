@@ -1,6 +1,7 @@
 //! Rope fused with the KV cache write (ops.cu `rope_kv_write`): q rotated in place, k rotated
-//! and written with v into the f16 cache at each token's slot. The fast path only: the parity
-//! mode's is in src/exact.rs.
+//! and written with v into the f16 cache at each token's slot; with per-head q/k norms, each
+//! head normed first in the same launch. The fast path only: the parity mode's is in
+//! src/exact.rs.
 
 use crate::batch::CudaStep;
 use crate::memory::{CudaBuf, CudaKv};
@@ -34,7 +35,8 @@ pub(crate) fn check_rope_kv_write(
 }
 
 impl CudaBackend {
-    /// The fast path's rope and KV write over the step's rows (shapes checked by the caller).
+    /// The fast path's rope and KV write over the step's rows (shapes checked by the caller),
+    /// q's and k's heads first RMS-normed by `norms` (q's weight, k's, eps) when given.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_kv_write_fast(
         &self,
@@ -45,6 +47,7 @@ impl CudaBackend {
         rope: &RopeParams,
         a: &AttnParams,
         kv: &mut CudaKv,
+        norms: Option<(u64, u64, f32)>,
     ) -> Result<()> {
         // A cache of records: rope here (k rotated in place), then kv_encode writes them.
         let (kc, vc) = if kv.packed() {
@@ -53,7 +56,14 @@ impl CudaBackend {
             (kv.k.ptr, kv.v.ptr)
         };
         let heads = a.n_head + a.n_head_kv;
-        self.rope_launch(st, [q.ptr(), k.ptr(), v.ptr(), kc, vc], heads, rope, a)?;
+        self.rope_launch(
+            st,
+            [q.ptr(), k.ptr(), v.ptr(), kc, vc],
+            heads,
+            rope,
+            a,
+            norms,
+        )?;
         if kv.packed() {
             self.kv_encode(st, k, v, a, kv)?;
         }
@@ -61,7 +71,8 @@ impl CudaBackend {
     }
 
     /// The `rope_kv_write` kernel over the step's rows and the first `heads` heads (q's, then
-    /// k's): `bufs` = q, k, v and the cache's k and v (0: no cache write).
+    /// k's): `bufs` = q, k, v and the cache's k and v (0: no cache write); `norms`: q's and k's
+    /// per-head RMS norm weights and eps, applied before the rotation.
     pub(crate) fn rope_launch(
         &self,
         st: &Step<CudaStep>,
@@ -69,10 +80,12 @@ impl CudaBackend {
         heads: usize,
         rope: &RopeParams,
         a: &AttnParams,
+        norms: Option<(u64, u64, f32)>,
     ) -> Result<()> {
         let th = self.theta_ptr(rope)?;
         let mode = i32::from(rope.mode == RopeMode::Neox);
         let [q, k, v, kc, vc] = bufs;
+        let (qn, kn, eps) = norms.unwrap_or((0, 0, 0.0));
         self.launch(
             "ops",
             "rope_kv_write",
@@ -94,7 +107,10 @@ impl CudaBackend {
                 mode,
                 rope.mscale(),
                 rope.q_temp.map_or(0.0, |t| t.0),
-                rope.q_temp.map_or(1.0, |t| t.1)
+                rope.q_temp.map_or(1.0, |t| t.1),
+                qn,
+                kn,
+                eps
             ],
         )
     }

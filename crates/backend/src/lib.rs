@@ -510,6 +510,26 @@ pub trait Backend {
         attn: &AttnParams,
         kv: &mut Self::Kv,
     ) -> Result<()>;
+    /// Per-head RMS norms of q and k (weights `qn`, `kn` of `head_dim`: Qwen 3, Gemma 3 and 4),
+    /// then [`Backend::rope_kv_write`]: one op so that a backend may fuse them. The default runs
+    /// the three ops.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope_kv_write(
+        &self,
+        step: &Step<Self::StepCtx>,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        norms: (&Self::Weight, &Self::Weight, f32),
+        rope: &RopeParams,
+        attn: &AttnParams,
+        kv: &mut Self::Kv,
+    ) -> Result<()> {
+        let (qn, kn, eps) = norms;
+        self.rms_norm_inplace(q, qn, eps, step.rows * attn.n_head)?;
+        self.rms_norm_inplace(k, kn, eps, step.rows * attn.n_head_kv)?;
+        self.rope_kv_write(step, q, k, v, rope, attn, kv)
+    }
     /// Causal attention of every batch token over its sequence's cached K/V.
     /// q: [n_tokens, n_head, head_dim] → out: [n_tokens, n_head, head_dim]
     fn attention(

@@ -274,11 +274,19 @@ impl<B: Backend> Model<B> {
                     b.add_bias(out, bias, n)?;
                 }
             }
-            if let Some(qn) = &l.q_norm {
-                b.rms_norm_inplace(&mut s.q, qn, eps, n * a.n_head)?;
-            }
-            if let Some(kn) = &l.k_norm {
-                b.rms_norm_inplace(&mut s.k, kn, eps, n * a.n_head_kv)?;
+            // q and k normed per head in the rope op where both norms are there (one launch on
+            // CUDA), else here.
+            let fused = match (&l.q_norm, &l.k_norm) {
+                (Some(qn), Some(kn)) if l.wk.is_some() => Some((qn, kn, eps)),
+                _ => None,
+            };
+            if fused.is_none() {
+                if let Some(qn) = &l.q_norm {
+                    b.rms_norm_inplace(&mut s.q, qn, eps, n * a.n_head)?;
+                }
+                if let Some(kn) = &l.k_norm {
+                    b.rms_norm_inplace(&mut s.k, kn, eps, n * a.n_head_kv)?;
+                }
             }
             if l.wk.is_some() {
                 // V normed without weight (Gemma 4) into the attention buffer, free till then.
@@ -289,7 +297,13 @@ impl<B: Backend> Model<B> {
                     &s.v
                 };
                 dump.put(b, "Vcur", i, v, n * kvd);
-                b.rope_kv_write(step, &mut s.q, &mut s.k, v, &l.rope, a, &mut s.kv[l.kv])?;
+                let kv = &mut s.kv[l.kv];
+                match fused {
+                    Some(norms) => {
+                        b.qk_norm_rope_kv_write(step, &mut s.q, &mut s.k, v, norms, &l.rope, a, kv)?
+                    }
+                    None => b.rope_kv_write(step, &mut s.q, &mut s.k, v, &l.rope, a, kv)?,
+                }
                 dump.put(b, "Kcur", i, &s.k, n * kvd);
             } else {
                 b.rope_q(step, &mut s.q, &l.rope, a)?;

@@ -1,5 +1,6 @@
 //! The ops over the paged KV cache, for every batch of the table: `attention` (every shape of
-//! [`ATTENTION`]) and `rope_kv_write` (every case of [`ROPE`]).
+//! [`ATTENTION`]) and `rope_kv_write` (every case of [`ROPE`]; also with per-head q/k norms,
+//! `qk_norm_rope_kv_write`).
 
 use super::batches::{batches, TestBatch};
 use super::cases::{ATTENTION, ROPE};
@@ -70,7 +71,8 @@ pub fn attention<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) ->
 }
 
 /// `rope_kv_write` of every case of the table over every batch: q rotated, K rotated and V
-/// written at each token's slot of a NaN-filled cache, nothing written elsewhere.
+/// written at each token's slot of a NaN-filled cache, nothing written elsewhere; then
+/// `qk_norm_rope_kv_write`: q's and k's heads RMS-normed by random weights, then the same.
 pub fn rope_kv_write<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) -> Notes {
     let mut notes = Notes::default();
     let bounds = h.bounds(be);
@@ -140,5 +142,38 @@ fn rope_case<B: Backend, H: Harness<B>>(
         stray, 0,
         "{what}: {stray} slots no token writes were written"
     );
+    notes.checked += 1;
+    // With per-head norms, into a fresh cache.
+    let (nq, nk, eps) = (rng.vec(hd), rng.vec(hd), 1e-6);
+    let (wq, wk) = (super::vector(be, &nq), super::vector(be, &nk));
+    let mut kv = be.kv(&kv_spec(tb.n_slots, nkv, hd), 0).unwrap();
+    h.write_kv(be, &mut kv, &nan, &nan);
+    let (mut qb, mut kb) = (h.upload(be, &q), h.upload(be, &k));
+    be.qk_norm_rope_kv_write(
+        st,
+        &mut qb,
+        &mut kb,
+        &vb,
+        (&wq, &wk, eps),
+        &rope,
+        &a,
+        &mut kv,
+    )
+    .unwrap();
+    let (mut qw, mut kw) = (vec![0f32; q.len()], vec![0f32; k.len()]);
+    reference::rms_norm(&q, &nq, eps, &mut qw);
+    reference::rms_norm(&k, &nk, eps, &mut kw);
+    reference::rope(&mut qw, &b.positions, nh, hd, &rope);
+    reference::rope(&mut kw, &b.positions, nkv, hd, &rope);
+    let e = rel_err(&read(be, &qb, q.len()), &qw);
+    notes.check("qk_norm_rope_kv_write q", e, bounds.rope_q, || what.clone());
+    let (kc, _) = h.read_kv(be, &kv);
+    for t in 0..n {
+        let s = b.slots[t] as usize;
+        let ek = rel_err(&widen(&kc[s * kvd..][..kvd]), &kw[t * kvd..][..kvd]);
+        notes.check("qk_norm_rope_kv_write K", ek, bounds.kv_write, || {
+            format!("{what}, token {t}, slot {s}")
+        });
+    }
     notes.checked += 1;
 }
