@@ -1,5 +1,5 @@
 // Int8 tensor-core products over the decode kernels' int8 activations (QUIVER_CUDA_INT8_MMA):
-// imm_T / imv_T for Q4_0 and Q8_0 (32-blocks), imm_q4_k / imv_q4_k. Compiled after qmm.cu in
+// imm_T / imv_T for Q4_0 and Q8_0 (32-blocks), Q4_K and Q6_K (immk / imvk). Compiled after qmm.cu in
 // the modules of those types (it uses qmm.cu's windows, copies, QRows, qmm_store).
 
 // ---- Int8 tensor-core products (Q4_0, Q8_0): imm for many tokens, imv for decode ----
@@ -235,30 +235,93 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         imv_impl<iw_##T, BB>(W, row_bytes, rows, cols, aq, ad, y, n);                                 \
     }
 
-// ---- Q4_K on int8 mma (imm_q4_k, imv_q4_k) over quantize_a256's activations ----
-// Per super-block and (row, token): S1 = Σ_j sc_j·isum_j and S2 = Σ_j m_j·asum_j over its 8
-// sub-blocks (isum_j: the unsigned nibbles against the int8 activations; asum_j: the
-// activations' sum, two of quantize_a256's per-16 sums), both exact in int32; the super-block's
-// term da·(d·S1 − dmin·S2), each operation rounded as written (q4k_term), added to the total in
-// the exact-sum order (fix_of). mmvq.cu's rowq_c_q4_k computes the same.
-// Sub-block jj's values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi), 0..15 as bytes, of the
-// super-block at b (16-byte aligned: Q4_K rows are whole 144-byte blocks).
+// ---- The K-quants on int8 mma (imm_q4_k / imv_q4_k, imm_q6_k / imv_q6_k) over quantize_a256's
+// activations ----
+// A super-block's term comes from sums exact in int32 and is added in the exact-sum order
+// (fix_of); mmvq.cu's rowq_c_q4_k / rowq_c_q6_k compute the same. Per type a policy KQ_T:
+// BB (block bytes), SUMS (the term needs the activations' per-16 sums), Pair (one 32-value
+// pair jj of rows g and g + 8: A fragments and scales), pair(), acc() (the 4 outputs' S1 / S2
+// += the pair against the tokens' values x0 / x1 and their sums over the 32) and term().
+//
+// Q4_K: S1 = Σ_j sc_j·isum_j and S2 = Σ_j m_j·asum_j over its 8 sub-blocks (isum_j: the
+// unsigned nibbles against the int8 activations; asum_j: two of quantize_a256's per-16 sums),
+// term da·(d·S1 − dmin·S2) (q4k_term). Sub-block jj's values 4q..4q+3 (lo) and 16+4q..16+4q+3
+// (hi), 0..15 as bytes, of the super-block at b (16-byte aligned: whole 144-byte blocks).
 __device__ __forceinline__ void q4k_frag(const u8* b, int jj, int q, u32& lo, u32& hi) {
     const u8* p = b + 16 + 32 * (jj >> 1) + 4 * q;
     const int sh = 4 * (jj & 1);
     lo = (*(const u32*)p >> sh) & 0x0F0F0F0Fu;
     hi = (*(const u32*)(p + 16) >> sh) & 0x0F0F0F0Fu;
 }
+struct KQ_q4_k {
+    static constexpr int BB = 144;
+    static constexpr bool SUMS = true;
+    struct Pair {
+        u32 a[4];
+        int sc[2], mn[2];
+    };
+    __device__ static Pair pair(const u8* b0, const u8* b1, int jj, int q) {
+        Pair p;
+        k4_scale_min_i(b0 + 4, jj, p.sc[0], p.mn[0]);
+        k4_scale_min_i(b1 + 4, jj, p.sc[1], p.mn[1]);
+        q4k_frag(b0, jj, q, p.a[0], p.a[2]);
+        q4k_frag(b1, jj, q, p.a[1], p.a[3]);
+        return p;
+    }
+    __device__ static void acc(const Pair& p, u32 x0, u32 x1, const int* asum, int* S1, int* S2) {
+        int c[4] = {0, 0, 0, 0};
+        mma_s8(c, p.a, x0, x1);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            S1[e] += p.sc[e >> 1] * c[e];
+            S2[e] += p.mn[e >> 1] * asum[e & 1];
+        }
+    }
+    __device__ static float term(float da, const u8* b, int S1, int S2) {
+        return q4k_term(da, h2f(ld_u16(b)), h2f(ld_u16(b + 2)), S1, S2);
+    }
+};
+// Q6_K: S = Σ_i sc_i·isum16_i over its 16 sub-blocks (S1; S2 unused), term da·(d·S)
+// (q6k_term). The scale changes every 16 values, so each 32 take two mma, one with the first
+// 16 values' A fragment (the second half zero), one with the second's.
+struct KQ_q6_k {
+    static constexpr int BB = 210;
+    static constexpr bool SUMS = false;
+    struct Pair {
+        u32 lo[4], hi[4];
+        int sl[2], sh[2];
+    };
+    __device__ static Pair pair(const u8* b0, const u8* b1, int jj, int q) {
+        Pair p;
+        const int v = 32 * jj + 4 * q;
+        p.lo[0] = q6k_frag4(b0, v), p.lo[1] = q6k_frag4(b1, v), p.lo[2] = p.lo[3] = 0u;
+        p.hi[0] = p.hi[1] = 0u, p.hi[2] = q6k_frag4(b0, v + 16), p.hi[3] = q6k_frag4(b1, v + 16);
+        p.sl[0] = (i8)b0[192 + 2 * jj], p.sl[1] = (i8)b1[192 + 2 * jj];
+        p.sh[0] = (i8)b0[193 + 2 * jj], p.sh[1] = (i8)b1[193 + 2 * jj];
+        return p;
+    }
+    __device__ static void acc(const Pair& p, u32 x0, u32 x1, const int*, int* S1, int*) {
+        int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+        mma_s8(cl, p.lo, x0, x1);
+        mma_s8(ch, p.hi, x0, x1);
+#pragma unroll
+        for (int e = 0; e < 4; e++) S1[e] += p.sl[e >> 1] * cl[e] + p.sh[e >> 1] * ch[e];
+    }
+    __device__ static float term(float da, const u8* b, int S1, int) {
+        return q6k_term(da, h2f(ld_u16(b + 208)), S1);
+    }
+};
 
-// imm_q4_k: qmm's tiling (64 rows × 64 tokens, stages of 128 columns: half a super-block). Per
-// stage the tokens' int8 activations, their 8 per-16 sums and their super-block's d go through
-// shared memory. S1 grows by sc·(one m16n8k32 mma per sub-block), S2 by the stage's 4
-// sub-blocks, and the term is added (fix_of) at the super-block's second stage.
-__device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
-                                              int cols, const i8* __restrict__ aq,
-                                              const float* __restrict__ ad, const int* __restrict__ abs_,
-                                              float* __restrict__ y, int n) {
-    typedef QWin<144, 256> Q;
+// immk: qmm's tiling (64 rows × 64 tokens, stages of 128 columns: half a super-block). Per
+// stage the tokens' int8 activations, their 8 per-16 sums (SUMS) and their super-block's d go
+// through shared memory; the term is added (fix_of) at the super-block's second stage. Split
+// over grid z in whole super-blocks (imm_store).
+template <class K>
+__device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                          int cols, const i8* __restrict__ aq,
+                                          const float* __restrict__ ad, const int* __restrict__ abs_,
+                                          float* __restrict__ y, int n) {
+    typedef QWin<K::BB, 256> Q;
     extern __shared__ __align__(16) u8 qsm[];
     u8* Xs = qsm;                                              // [stage][token][IMM_XLD]
     int* As = (int*)(qsm + QMM_NST * QMM_BN * IMM_XLD);        // [stage][sixteen][token]
@@ -268,8 +331,8 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
     const int g = lane >> 2, q = lane & 3;
     const int n0 = blockIdx.x * QMM_BN;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
-    const int nst = cols / QMM_BK, nsb = cols / 256;
-    // Split z's super-blocks (two stages each), as imm_impl.
+    const int nsb = cols / 256;
+    // Split z's super-blocks (two stages each).
     const int S = gridDim.z, z = blockIdx.z;
     const int j0 = 2 * (z * nsb / S), j1 = 2 * ((z + 1) * nsb / S);
     auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
@@ -280,12 +343,14 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
             const bool ok = n0 + t < n;
             cp_async16(xs + t * IMM_XLD + 16 * p, ok ? aq + (long long)(n0 + t) * cols + k : aq, ok);
         }
-        int* as = As + b * 8 * QMM_BN;
-        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
-            const int h = i / QMM_BN, t = i % QMM_BN;
-            const bool ok = n0 + t < n;
-            const int* src = ok ? abs_ + (long long)(n0 + t) * (cols / 16) + j * 8 + h : abs_;
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(as + i)), "l"(src), "r"(ok ? 4 : 0));
+        if (K::SUMS) {
+            int* as = As + b * 8 * QMM_BN;
+            for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
+                const int h = i / QMM_BN, t = i % QMM_BN;
+                const bool ok = n0 + t < n;
+                const int* src = ok ? abs_ + (long long)(n0 + t) * (cols / 16) + j * 8 + h : abs_;
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(as + i)), "l"(src), "r"(ok ? 4 : 0));
+            }
         }
         float* dd = Dd + b * QMM_BN;
         for (int t = threadIdx.x; t < QMM_BN; t += 32 * QMM_WARPS) {
@@ -327,44 +392,30 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
         const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(j)) & 15);
         const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(j)) & 15);
         const int half = j & 1;
-        int sc[2][4], mn[2][4];
 #pragma unroll
         for (int kb = 0; kb < 4; kb++) {
-            k4_scale_min_i(b0 + 4, 4 * half + kb, sc[0][kb], mn[0][kb]);
-            k4_scale_min_i(b1 + 4, 4 * half + kb, sc[1][kb], mn[1][kb]);
-        }
-#pragma unroll
-        for (int kb = 0; kb < 4; kb++) {
-            u32 a[4];
-            q4k_frag(b0, 4 * half + kb, q, a[0], a[2]);
-            q4k_frag(b1, 4 * half + kb, q, a[1], a[3]);
+            const typename K::Pair p = K::pair(b0, b1, 4 * half + kb, q);
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
                 const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
-                int c[4] = {0, 0, 0, 0};
-                mma_s8(c, a, *(const u32*)xb, *(const u32*)(xb + 16));
+                int asum[2] = {0, 0};
+                if (K::SUMS) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) S1[nt][e] += sc[e >> 1][kb] * c[e];
+                    for (int t = 0; t < 2; t++) {
+                        const int tt = nt * 8 + 2 * q + t;
+                        asum[t] = as[(2 * kb) * QMM_BN + tt] + as[(2 * kb + 1) * QMM_BN + tt];
+                    }
+                }
+                K::acc(p, *(const u32*)xb, *(const u32*)(xb + 16), asum, S1[nt], S2[nt]);
             }
         }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int tt = nt * 8 + 2 * q + (e & 1);
-#pragma unroll
-                for (int kb = 0; kb < 4; kb++)
-                    S2[nt][e] += mn[e >> 1][kb] * (as[(2 * kb) * QMM_BN + tt] + as[(2 * kb + 1) * QMM_BN + tt]);
-            }
         if (half == 1) {
-            const float d[2] = {h2f(ld_u16(b0)), h2f(ld_u16(b1))};
-            const float dm[2] = {h2f(ld_u16(b0 + 2)), h2f(ld_u16(b1 + 2))};
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const float term = q4k_term(dd[nt * 8 + 2 * q + (e & 1)], d[e >> 1], dm[e >> 1], S1[nt][e], S2[nt][e]);
-                    tot[nt][e] += fix_of(term);
+                    const float da = dd[nt * 8 + 2 * q + (e & 1)];
+                    tot[nt][e] += fix_of(K::term(da, (e >> 1) ? b1 : b0, S1[nt][e], S2[nt][e]));
                     S1[nt][e] = S2[nt][e] = 0;
                 }
         }
@@ -372,12 +423,13 @@ __device__ __forceinline__ void imm_q4_k_impl(const u8* __restrict__ W, long lon
     imm_store(tot, R, n0, rows, y, n);
 }
 
-// imv_q4_k: imv's layout, one super-block per chunk.        grid (ceil(rows / 16)), block 256
-__device__ __forceinline__ void imv_q4_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
-                                              int cols, const i8* __restrict__ aq,
-                                              const float* __restrict__ ad, const int* __restrict__ abs_,
-                                              float* __restrict__ y, int n) {
-    typedef QWinC<144, 256> Q;
+// imvk: imv's layout, one super-block per chunk.            grid (ceil(rows / 16)), block 256
+template <class K>
+__device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long row_bytes, int rows,
+                                          int cols, const i8* __restrict__ aq,
+                                          const float* __restrict__ ad, const int* __restrict__ abs_,
+                                          float* __restrict__ y, int n) {
+    typedef QWinC<K::BB, 256> Q;
     constexpr int QW = 8;
     extern __shared__ __align__(16) u8 qsm[];
     long long* part = (long long*)(qsm + QW * 2 * 16 * Q::WIN);
@@ -402,190 +454,23 @@ __device__ __forceinline__ void imv_q4_k_impl(const u8* __restrict__ W, long lon
         const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(2 * c)) & 15);
         int S1[4] = {0, 0, 0, 0}, S2[4] = {0, 0, 0, 0};
         for (int jj = 0; jj < 8; jj++) {
-            int sc[2], mn[2];
-            k4_scale_min_i(b0 + 4, jj, sc[0], mn[0]);
-            k4_scale_min_i(b1 + 4, jj, sc[1], mn[1]);
-            u32 a[4];
-            q4k_frag(b0, jj, q, a[0], a[2]);
-            q4k_frag(b1, jj, q, a[1], a[3]);
+            const typename K::Pair p = K::pair(b0, b1, jj, q);
             const u32* xp = (const u32*)(xr + c * 256 + jj * 32 + 4 * q);
-            int cc[4] = {0, 0, 0, 0};
-            mma_s8(cc, a, tok ? xp[0] : 0u, tok ? xp[4] : 0u);
+            int asum[2] = {0, 0};
+            if (K::SUMS) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int* bs = abs_ + (long long)tk[e & 1] * (cols / 16) + c * 16 + 2 * jj;
-                S1[e] += sc[e >> 1] * cc[e];
-                S2[e] += mn[e >> 1] * (bs[0] + bs[1]);
-            }
-        }
-        const float d[2] = {h2f(ld_u16(b0)), h2f(ld_u16(b1))};
-        const float dm[2] = {h2f(ld_u16(b0 + 2)), h2f(ld_u16(b1 + 2))};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            acc[e] += fix_of(q4k_term(ad[(long long)tk[e & 1] * nch + c], d[e >> 1], dm[e >> 1], S1[e], S2[e]));
-        }
-        __syncwarp();
-    }
-#pragma unroll
-    for (int e = 0; e < 4; e++) part[warp * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
-    __syncthreads();
-    fix_total(part, QW, R, rows, y, n);
-}
-
-// ---- Q6_K on int8 mma (imm_q6_k, imv_q6_k) over quantize_a256's activations ----
-// A super-block's S = Σ_i sc_i·isum16_i (exact in int32) and its term q6k_term(da, d, S) in
-// the exact-sum order; mmvq.cu's rowq_c_q6_k computes the same. The 16 scales change every 16
-// values, so each 32 values take two m16n8k32 mma, one with the first 16 values' A fragment
-// (the second half zero), one with the second's (q6k_pair).
-__device__ __forceinline__ void q6k_pair(const u8* b0, const u8* b1, int jj, int q, u32* lo, u32* hi) {
-    const int v = 32 * jj + 4 * q;
-    lo[0] = q6k_frag4(b0, v), lo[1] = q6k_frag4(b1, v), lo[2] = lo[3] = 0u;
-    hi[0] = hi[1] = 0u, hi[2] = q6k_frag4(b0, v + 16), hi[3] = q6k_frag4(b1, v + 16);
-}
-
-// imm_q6_k: imm_q4_k's tiling; a stage is one 128-value half of the super-block (4 pairs of
-// sub-blocks), the term added at the super-block's second stage.
-__device__ __forceinline__ void imm_q6_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
-                                              int cols, const i8* __restrict__ aq,
-                                              const float* __restrict__ ad, const int* __restrict__ abs_,
-                                              float* __restrict__ y, int n) {
-    typedef QWin<210, 256> Q;
-    extern __shared__ __align__(16) u8 qsm[];
-    u8* Xs = qsm;                                              // [stage][token][IMM_XLD]
-    // imm_q4_k's layout (imm_smem); the per-16 sums' part is not used (no minimums).
-    float* Dd = (float*)(qsm + QMM_NST * QMM_BN * IMM_XLD + QMM_NST * 8 * QMM_BN * 4);
-    u8* Ws = (u8*)(Dd + QMM_NST * QMM_BN);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int n0 = blockIdx.x * QMM_BN;
-    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
-    const int nsb = cols / 256;
-    const int S = gridDim.z, z = blockIdx.z;
-    const int j0 = 2 * (z * nsb / S), j1 = 2 * ((z + 1) * nsb / S);
-    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
-    auto copy_x = [&](int b, int j) {
-        u8* xs = Xs + b * QMM_BN * IMM_XLD;
-        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
-            const int t = i >> 3, p = i & 7, k = j * QMM_BK + 16 * p;
-            const bool ok = n0 + t < n;
-            cp_async16(xs + t * IMM_XLD + 16 * p, ok ? aq + (long long)(n0 + t) * cols + k : aq, ok);
-        }
-        float* dd = Dd + b * QMM_BN;
-        for (int t = threadIdx.x; t < QMM_BN; t += 32 * QMM_WARPS) {
-            const bool ok = n0 + t < n;
-            const float* src = ok ? ad + (long long)(n0 + t) * nsb + (j >> 1) : ad;
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dd + t)), "l"(src), "r"(ok ? 4 : 0));
-        }
-    };
-    int Ss[8][4];
-    long long tot[8][4];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            Ss[i][e] = 0;
-            tot[i][e] = 0;
-        }
-#pragma unroll
-    for (int st = j0; st < j0 + QMM_NST - 1; st++) {
-        if (st < j1) {
-            copy_x(st % QMM_NST, st);
-            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
-        }
-        cp_async_commit();
-    }
-    for (int j = j0; j < j1; j++) {
-        cp_async_wait<QMM_NST - 2>();
-        __syncthreads();
-        const int st = j + QMM_NST - 1;
-        if (st < j1) {
-            copy_x(st % QMM_NST, st);
-            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
-        }
-        cp_async_commit();
-        const u8* win = wbuf(j % QMM_NST);
-        const u8* xs = Xs + (j % QMM_NST) * QMM_BN * IMM_XLD;
-        const float* dd = Dd + (j % QMM_NST) * QMM_BN;
-        const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(j)) & 15);
-        const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(j)) & 15);
-        const int half = j & 1;
-#pragma unroll
-        for (int kb = 0; kb < 4; kb++) {
-            const int jj = 4 * half + kb;
-            u32 lo[4], hi[4];
-            q6k_pair(b0, b1, jj, q, lo, hi);
-            const int sl[2] = {(int)(i8)b0[192 + 2 * jj], (int)(i8)b1[192 + 2 * jj]};
-            const int sh[2] = {(int)(i8)b0[193 + 2 * jj], (int)(i8)b1[193 + 2 * jj]};
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
-                const u32 x0 = *(const u32*)xb, x1 = *(const u32*)(xb + 16);
-                int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
-                mma_s8(cl, lo, x0, x1);
-                mma_s8(ch, hi, x0, x1);
-#pragma unroll
-                for (int e = 0; e < 4; e++) Ss[nt][e] += sl[e >> 1] * cl[e] + sh[e >> 1] * ch[e];
-            }
-        }
-        if (half == 1) {
-            const float d[2] = {h2f(ld_u16(b0 + 208)), h2f(ld_u16(b1 + 208))};
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    tot[nt][e] += fix_of(q6k_term(dd[nt * 8 + 2 * q + (e & 1)], d[e >> 1], Ss[nt][e]));
-                    Ss[nt][e] = 0;
+                for (int t = 0; t < 2; t++) {
+                    const int* bs = abs_ + (long long)tk[t] * (cols / 16) + c * 16 + 2 * jj;
+                    asum[t] = bs[0] + bs[1];
                 }
+            }
+            K::acc(p, tok ? xp[0] : 0u, tok ? xp[4] : 0u, asum, S1, S2);
         }
-    }
-    imm_store(tot, R, n0, rows, y, n);
-}
-
-// imv_q6_k: imv_q4_k's layout, one super-block per chunk.   grid (ceil(rows / 16)), block 256
-__device__ __forceinline__ void imv_q6_k_impl(const u8* __restrict__ W, long long row_bytes, int rows,
-                                              int cols, const i8* __restrict__ aq,
-                                              const float* __restrict__ ad, const int* __restrict__ abs_,
-                                              float* __restrict__ y, int n) {
-    typedef QWinC<210, 256> Q;
-    constexpr int QW = 8;
-    extern __shared__ __align__(16) u8 qsm[];
-    long long* part = (long long*)(qsm + QW * 2 * 16 * Q::WIN);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
-    const int nch = cols / 256;
-    long long acc[4] = {0, 0, 0, 0};
-    auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
-    const bool tok = g < n;
-    const i8* xr = aq + (long long)(tok ? g : 0) * cols;
-    const int tk[2] = {min(2 * q, n - 1), min(2 * q + 1, n - 1)};
-    if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
-    cp_async_commit();
-    for (int c = warp, i = 0; c < nch; c += QW, i++) {
-        if (c + QW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + QW));
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncwarp();
-        const u8* win = wbuf(i & 1);
-        const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(2 * c)) & 15);
-        const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(2 * c)) & 15);
-        int Ss[4] = {0, 0, 0, 0};
-        for (int jj = 0; jj < 8; jj++) {
-            u32 lo[4], hi[4];
-            q6k_pair(b0, b1, jj, q, lo, hi);
-            const int sl[2] = {(int)(i8)b0[192 + 2 * jj], (int)(i8)b1[192 + 2 * jj]};
-            const int sh[2] = {(int)(i8)b0[193 + 2 * jj], (int)(i8)b1[193 + 2 * jj]};
-            const u32* xp = (const u32*)(xr + c * 256 + jj * 32 + 4 * q);
-            const u32 x0 = tok ? xp[0] : 0u, x1 = tok ? xp[4] : 0u;
-            int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
-            mma_s8(cl, lo, x0, x1);
-            mma_s8(ch, hi, x0, x1);
 #pragma unroll
-            for (int e = 0; e < 4; e++) Ss[e] += sl[e >> 1] * cl[e] + sh[e >> 1] * ch[e];
+        for (int e = 0; e < 4; e++) {
+            const float da = ad[(long long)tk[e & 1] * nch + c];
+            acc[e] += fix_of(K::term(da, (e >> 1) ? b1 : b0, S1[e], S2[e]));
         }
-        const float d[2] = {h2f(ld_u16(b0 + 208)), h2f(ld_u16(b1 + 208))};
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[e] += fix_of(q6k_term(ad[(long long)tk[e & 1] * nch + c], d[e >> 1], Ss[e]));
         __syncwarp();
     }
 #pragma unroll
@@ -600,12 +485,12 @@ __device__ __forceinline__ void imv_q6_k_impl(const u8* __restrict__ W, long lon
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
                 float* __restrict__ y, int n) {                                                       \
         pdl_begin();                                                                                  \
-        imm_##T##_impl(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                                 \
+        immk_impl<KQ_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                              \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(256)                                                 \
         imv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
                 float* __restrict__ y, int n) {                                                       \
         pdl_begin();                                                                                  \
-        imv_##T##_impl(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                                 \
+        imvk_impl<KQ_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                              \
     }
