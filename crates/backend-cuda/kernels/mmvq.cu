@@ -317,95 +317,89 @@ __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8
     }
 }
 
+// Lane slice jj (0..7) of the Q6_K super-block at b: its four groups of 8 values (at l0, +32,
+// +64, +96 of half h = jj / 4, l0 = 8·(jj % 4)) as unsigned 6-bit bytes, q[group][word], and
+// the groups' scales.
+__device__ __forceinline__ void q6k_lane(const u8* b, int jj, int (*q)[2], int* sc) {
+    const int h = jj >> 2, l0 = (jj & 3) * 8;
+    const u8* pa = b + h * 64 + l0;
+    const u8* pe = b + 128 + h * 32 + l0;
+    const u32 a[2] = {ld_u32_2a(pa), ld_u32_2a(pa + 4)};
+    const u32 c[2] = {ld_u32_2a(pa + 32), ld_u32_2a(pa + 36)};
+    const u32 e[2] = {ld_u32_2a(pe), ld_u32_2a(pe + 4)};
+#pragma unroll
+    for (int w = 0; w < 2; w++) {
+        q[0][w] = (a[w] & 0x0F0F0F0F) | ((e[w] & 0x03030303) << 4);
+        q[1][w] = (c[w] & 0x0F0F0F0F) | (((e[w] >> 2) & 0x03030303) << 4);
+        q[2][w] = ((a[w] >> 4) & 0x0F0F0F0F) | (((e[w] >> 4) & 0x03030303) << 4);
+        q[3][w] = ((c[w] >> 4) & 0x0F0F0F0F) | (((e[w] >> 6) & 0x03030303) << 4);
+    }
+    const i8* scp = (const i8*)(b + 192 + h * 8 + (l0 >> 4));
+#pragma unroll
+    for (int k = 0; k < 4; k++) sc[k] = scp[2 * k];
+}
+// The slice's four group sums Σ (q − 32)·a, the token's activations of the slice at ap.
+__device__ __forceinline__ void q6k_dots(const int (*q)[2], const i8* ap, int* s) {
+    const int ones = 0x01010101;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int2 x = *(const int2*)(ap + 32 * k);
+        s[k] = dp4a(q[k][1], x.y, dp4a(q[k][0], x.x, 0)) - 32 * dp4a(ones, x.y, dp4a(ones, x.x, 0));
+    }
+}
+
 typedef float rowq_acc_q6_k;
 __device__ __forceinline__ float rowq_fin_q6_k(float v) { return warp_sum(v); }
 __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                           const int* __restrict__ abs_, int cols, int ntok, float* acc) {
     int nsl = cols / 32;
-    const int ones = 0x01010101;
 #pragma unroll 4
     for (int s = threadIdx.x; s < nsl; s += 32) {
-        int sb = s >> 3, jj = s & 7, h = jj >> 2, l0 = (jj & 3) * 8;
+        int sb = s >> 3, jj = s & 7;
         const u8* b = row + sb * 210;
-        const u8* pa = b + h * 64 + l0;
-        const u8* pe = b + 128 + h * 32 + l0;
-        u32 a[2] = {ld_u32_2a(pa), ld_u32_2a(pa + 4)};
-        u32 c[2] = {ld_u32_2a(pa + 32), ld_u32_2a(pa + 36)};
-        u32 e[2] = {ld_u32_2a(pe), ld_u32_2a(pe + 4)};
-        const i8* sc = (const i8*)(b + 192 + h * 8 + (l0 >> 4));
+        int q[4][2], sc[4];
+        q6k_lane(b, jj, q, sc);
         float d = h2f(ld_u16(b + 208));
-        float f0 = d * sc[0], f1 = d * sc[2], f2 = d * sc[4], f3 = d * sc[6];
-        int q1[2], q2[2], q3[2], q4[2];
-#pragma unroll
-        for (int w = 0; w < 2; w++) {
-            q1[w] = (a[w] & 0x0F0F0F0F) | ((e[w] & 0x03030303) << 4);
-            q2[w] = (c[w] & 0x0F0F0F0F) | (((e[w] >> 2) & 0x03030303) << 4);
-            q3[w] = ((a[w] >> 4) & 0x0F0F0F0F) | (((e[w] >> 4) & 0x03030303) << 4);
-            q4[w] = ((c[w] >> 4) & 0x0F0F0F0F) | (((e[w] >> 6) & 0x03030303) << 4);
-        }
-        int base = sb * 256 + h * 128 + l0;
+        float f0 = d * sc[0], f1 = d * sc[1], f2 = d * sc[2], f3 = d * sc[3];
+        int base = sb * 256 + (jj >> 2) * 128 + (jj & 3) * 8;
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             if (t < ntok) {
-                const i8* ap = aq + (long long)t * cols + base;
-                int2 x1 = *(const int2*)ap, x2 = *(const int2*)(ap + 32), x3 = *(const int2*)(ap + 64), x4 = *(const int2*)(ap + 96);
-                int s1 = dp4a(q1[1], x1.y, dp4a(q1[0], x1.x, 0)) - 32 * dp4a(ones, x1.y, dp4a(ones, x1.x, 0));
-                int s2 = dp4a(q2[1], x2.y, dp4a(q2[0], x2.x, 0)) - 32 * dp4a(ones, x2.y, dp4a(ones, x2.x, 0));
-                int s3 = dp4a(q3[1], x3.y, dp4a(q3[0], x3.x, 0)) - 32 * dp4a(ones, x3.y, dp4a(ones, x3.x, 0));
-                int s4 = dp4a(q4[1], x4.y, dp4a(q4[0], x4.x, 0)) - 32 * dp4a(ones, x4.y, dp4a(ones, x4.x, 0));
+                int g[4];
+                q6k_dots(q, aq + (long long)t * cols + base, g);
                 float da = ad[(long long)t * (cols / 256) + sb];
-                acc[t] += da * (f0 * (float)s1 + f1 * (float)s2 + f2 * (float)s3 + f3 * (float)s4);
+                acc[t] += da * (f0 * (float)g[0] + f1 * (float)g[1] + f2 * (float)g[2] + f3 * (float)g[3]);
             }
         }
     }
 }
 
-// Q6_K in the exact-sum order (imm.cu's imm_q6_k and imv_q6_k compute the same): rowq_q6_k's
-// lanes, each one's integer part of S = Σ sc·Σ (q − 32)·a per token, the 8 lanes of a
-// super-block reduce-scattered (reduce_scatter8), lane j adding token j's term da·(d·S).
+// Q6_K in the exact-sum order (imm.cu's KQ_q6_k computes the same): rowq_q6_k's lanes, each
+// one's integer part of S = Σ sc·Σ (q − 32)·a per token, the 8 lanes of a super-block
+// reduce-scattered (reduce_scatter8), lane j adding token j's term da·(d·S).
 typedef long long rowq_acc_c_q6_k;
 __device__ __forceinline__ float rowq_fin_c_q6_k(long long v) { return fix_val(warp_sum_ll(v)); }
 __device__ __forceinline__ void rowq_c_q6_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
     const int nsl = cols / 32, lane = threadIdx.x & 31;
-    const int ones = 0x01010101;
     for (int i = 0; 32 * i < nsl; i++) {
-        const int s = 32 * i + lane, sb = s >> 3, jj = s & 7, h = jj >> 2, l0 = (jj & 3) * 8;
+        const int s = 32 * i + lane, sb = s >> 3, jj = s & 7;
         const bool valid = s < nsl;
-        int q1[2] = {0, 0}, q2[2] = {0, 0}, q3[2] = {0, 0}, q4[2] = {0, 0}, sc[4] = {0, 0, 0, 0};
+        int q[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}}, sc[4] = {0, 0, 0, 0};
         float d = 0.f;
         if (valid) {
-            const u8* b = row + sb * 210;
-            const u8* pa = b + h * 64 + l0;
-            const u8* pe = b + 128 + h * 32 + l0;
-            const u32 a[2] = {ld_u32_2a(pa), ld_u32_2a(pa + 4)};
-            const u32 c[2] = {ld_u32_2a(pa + 32), ld_u32_2a(pa + 36)};
-            const u32 e[2] = {ld_u32_2a(pe), ld_u32_2a(pe + 4)};
-            const i8* scp = (const i8*)(b + 192 + h * 8 + (l0 >> 4));
-#pragma unroll
-            for (int k = 0; k < 4; k++) sc[k] = scp[2 * k];
-            d = h2f(ld_u16(b + 208));
-#pragma unroll
-            for (int w = 0; w < 2; w++) {
-                q1[w] = (a[w] & 0x0F0F0F0F) | ((e[w] & 0x03030303) << 4);
-                q2[w] = (c[w] & 0x0F0F0F0F) | (((e[w] >> 2) & 0x03030303) << 4);
-                q3[w] = ((a[w] >> 4) & 0x0F0F0F0F) | (((e[w] >> 4) & 0x03030303) << 4);
-                q4[w] = ((c[w] >> 4) & 0x0F0F0F0F) | (((e[w] >> 6) & 0x03030303) << 4);
-            }
+            q6k_lane(row + sb * 210, jj, q, sc);
+            d = h2f(ld_u16(row + sb * 210 + 208));
         }
-        const int base = sb * 256 + h * 128 + l0;
+        const int base = sb * 256 + (jj >> 2) * 128 + (jj & 3) * 8;
         int p[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             p[t] = 0;
             if (valid && t < ntok) {
-                const i8* ap = aq + (long long)t * cols + base;
-                const int2 x1 = *(const int2*)ap, x2 = *(const int2*)(ap + 32), x3 = *(const int2*)(ap + 64), x4 = *(const int2*)(ap + 96);
-                const int s1 = dp4a(q1[1], x1.y, dp4a(q1[0], x1.x, 0)) - 32 * dp4a(ones, x1.y, dp4a(ones, x1.x, 0));
-                const int s2 = dp4a(q2[1], x2.y, dp4a(q2[0], x2.x, 0)) - 32 * dp4a(ones, x2.y, dp4a(ones, x2.x, 0));
-                const int s3 = dp4a(q3[1], x3.y, dp4a(q3[0], x3.x, 0)) - 32 * dp4a(ones, x3.y, dp4a(ones, x3.x, 0));
-                const int s4 = dp4a(q4[1], x4.y, dp4a(q4[0], x4.x, 0)) - 32 * dp4a(ones, x4.y, dp4a(ones, x4.x, 0));
-                p[t] = sc[0] * s1 + sc[1] * s2 + sc[2] * s3 + sc[3] * s4;
+                int g[4];
+                q6k_dots(q, aq + (long long)t * cols + base, g);
+                p[t] = sc[0] * g[0] + sc[1] * g[1] + sc[2] * g[2] + sc[3] * g[3];
             }
         }
         const int S = reduce_scatter8(p);
