@@ -266,6 +266,12 @@ __device__ __forceinline__ int reduce_scatter8(const int* v) {
     const bool up = j & 1;
     return (up ? q2[1] : q2[0]) + __shfl_xor_sync(0xffffffffu, up ? q2[0] : q2[1], 1);
 }
+// acc[j] += term for this lane's token j (acc indexed by constants only: registers).
+__device__ __forceinline__ void acc_own(long long* acc, int j, long long term) {
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (t == j) acc[t] += term;
+}
 __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
     const int nsl = cols / 32, lane = threadIdx.x & 31;
@@ -308,12 +314,7 @@ __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8
             }
         }
         const int S1 = reduce_scatter8(p1), S2 = reduce_scatter8(p2);
-        if (valid && j < ntok) {
-            const long long term = fix_of(q4k_term(ad[(long long)j * (cols / 256) + sb], d, dmin, S1, S2));
-#pragma unroll
-            for (int t = 0; t < 8; t++)
-                if (t == j) acc[t] += term;
-        }
+        if (valid && j < ntok) acc_own(acc, j, fix_of(q4k_term(ad[(long long)j * (cols / 256) + sb], d, dmin, S1, S2)));
     }
 }
 
@@ -403,12 +404,7 @@ __device__ __forceinline__ void rowq_c_q6_k(const u8* __restrict__ row, const i8
             }
         }
         const int S = reduce_scatter8(p);
-        if (valid && jj < ntok) {
-            const long long term = fix_of(q6k_term(ad[(long long)jj * (cols / 256) + sb], d, S));
-#pragma unroll
-            for (int t = 0; t < 8; t++)
-                if (t == jj) acc[t] += term;
-        }
+        if (valid && jj < ntok) acc_own(acc, jj, fix_of(q6k_term(ad[(long long)jj * (cols / 256) + sb], d, S)));
     }
 }
 

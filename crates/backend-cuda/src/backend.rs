@@ -361,9 +361,7 @@ impl Backend for CudaBackend {
         // One launch on the fast path; the parity mode (and a norm of another length) as
         // three ops.
         if !matches!(self.mode, Mode::Fast) || qn.cols != a.head_dim || kn.cols != a.head_dim {
-            self.rms_norm_inplace(q, qn, eps, st.rows * a.n_head)?;
-            self.rms_norm_inplace(k, kn, eps, st.rows * a.n_head_kv)?;
-            return self.rope_kv_write(st, q, k, v, rope, a, kv);
+            return quiver_backend::qk_norm_then_rope(self, st, q, k, v, norms, rope, a, kv);
         }
         check_rope_kv_write(q, k, v, rope, a, kv, st.rows)?;
         let norms = Some((qn.data.ptr, kn.data.ptr, eps));

@@ -37,6 +37,16 @@ pub(crate) enum Parts {
     Exact,
 }
 
+impl Parts {
+    /// Bytes of one partial.
+    fn bytes(self) -> usize {
+        match self {
+            Parts::Float => 4,
+            Parts::Exact => 8,
+        }
+    }
+}
+
 impl CudaBackend {
     /// True when products may split over their columns (`CudaConfig::qmm_split`): qmm outside
     /// the invariant mode, imm in every mode.
@@ -56,8 +66,7 @@ impl CudaBackend {
         if !self.split_on(parts) {
             return 1;
         }
-        let bytes = if parts == Parts::Exact { 8 } else { 4 };
-        qmm_splits(n, w.rows, w.cols, self.dev.info.sms as usize, bytes)
+        qmm_splits(n, w.rows, w.cols, self.dev.info.sms as usize, parts.bytes())
     }
 
     /// Where a product of `splits` parts writes: y itself, or the partials' scratch.
@@ -72,8 +81,11 @@ impl CudaBackend {
         if splits <= 1 {
             return Ok(y);
         }
-        let bytes = splits * n * rows * if parts == Parts::Exact { 8 } else { 4 };
-        self.scratch_ptr(|s| &mut s.qpart, bytes, "product partials")
+        self.scratch_ptr(
+            |s| &mut s.qpart,
+            splits * n * rows * parts.bytes(),
+            "product partials",
+        )
     }
 
     /// y = the sum of the `splits` partials at `out` (nothing when not split).

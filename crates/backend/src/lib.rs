@@ -57,6 +57,26 @@ pub enum BackendError {
 }
 
 /// `1.5 GiB`-style sizes for messages.
+/// [`Backend::qk_norm_rope_kv_write`] as three ops: q's and k's heads normed in place, then
+/// `rope_kv_write` (the default, and a backend's fallback where it does not fuse them).
+#[allow(clippy::too_many_arguments)]
+pub fn qk_norm_then_rope<B: Backend + ?Sized>(
+    b: &B,
+    step: &Step<B::StepCtx>,
+    q: &mut B::Buf,
+    k: &mut B::Buf,
+    v: &B::Buf,
+    norms: (&B::Weight, &B::Weight, f32),
+    rope: &RopeParams,
+    attn: &AttnParams,
+    kv: &mut B::Kv,
+) -> Result<()> {
+    let (qn, kn, eps) = norms;
+    b.rms_norm_inplace(q, qn, eps, step.rows * attn.n_head)?;
+    b.rms_norm_inplace(k, kn, eps, step.rows * attn.n_head_kv)?;
+    b.rope_kv_write(step, q, k, v, rope, attn, kv)
+}
+
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = n as f64;
@@ -525,10 +545,7 @@ pub trait Backend {
         attn: &AttnParams,
         kv: &mut Self::Kv,
     ) -> Result<()> {
-        let (qn, kn, eps) = norms;
-        self.rms_norm_inplace(q, qn, eps, step.rows * attn.n_head)?;
-        self.rms_norm_inplace(k, kn, eps, step.rows * attn.n_head_kv)?;
-        self.rope_kv_write(step, q, k, v, rope, attn, kv)
+        qk_norm_then_rope(self, step, q, k, v, norms, rope, attn, kv)
     }
     /// Causal attention of every batch token over its sequence's cached K/V.
     /// q: [n_tokens, n_head, head_dim] → out: [n_tokens, n_head, head_dim]

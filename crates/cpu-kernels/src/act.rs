@@ -332,21 +332,15 @@ pub(crate) fn quants_a256(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
 
 /// Dequantized activations as a path sees them (for tests): `kind` 0 = A32/panel, 1 = A256.
 pub(crate) fn roundtrip(kind: u8, x: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len());
-    if kind == 0 {
+    let (q, d, block) = if kind == 0 {
         let (q, ds) = quantize_a32_vecs(x, Scales::Q8_0);
-        out.extend(
-            q.iter()
-                .enumerate()
-                .map(|(i, &q)| ds[2 * (i / 32)] * q as f32),
-        );
+        (q, ds.into_iter().step_by(2).collect::<Vec<_>>(), 32)
     } else {
-        let mut b = vec![A256::default(); x.len() / QK_K];
-        // SAFETY: the portable quantizer runs anywhere.
-        unsafe { quantize_a256::<SoftQuant>(x, &mut b) };
-        for b in &b {
-            out.extend(b.qs.iter().map(|&q| b.d * q as f32));
-        }
-    }
-    out
+        let (q, d) = quants_a256(x);
+        (q, d, QK_K)
+    };
+    q.iter()
+        .enumerate()
+        .map(|(i, &q)| d[i / block] * q as f32)
+        .collect()
 }
