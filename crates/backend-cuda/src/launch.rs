@@ -16,7 +16,7 @@ pub(crate) struct Args {
 
 /// Room for a launch's arguments, on the stack (no allocation per launch).
 const ARG_WORDS: usize = 40;
-const MAX_ARGS: usize = 16;
+const MAX_ARGS: usize = 24;
 
 impl Default for Args {
     fn default() -> Self {
