@@ -77,18 +77,29 @@ extern "C" __global__ void imm_sum(const long long* __restrict__ part, int s, lo
         y[i] = fix_val(v);
     }
 }
-// imv's last step: one thread per (row, token) of the block's 16 rows adds the warps' sums
-// (`part`, [warp][row · 8 + token]) and stores the total.
+// imv's last step: the threads, one per (row, token) of the block's 16 rows × 8·NT tokens in
+// turn, add the warps' sums (`part`, [warp][row · 8·NT + token]) and store the total.
+template <int NT>
 __device__ __forceinline__ void fix_total(const long long* part, int nw, const QRows& R, int rows,
                                           float* __restrict__ y, int n) {
-    if (threadIdx.x < 128) {
-        const int row = threadIdx.x >> 3, t = threadIdx.x & 7;
+    constexpr int TT = 8 * NT;
+    for (int i = threadIdx.x; i < 16 * TT; i += blockDim.x) {
+        const int row = i / TT, t = i % TT;
         if (t < n && R.rb + row < rows) {
             long long tot = 0;
-            for (int w = 0; w < nw; w++) tot += part[w * 128 + row * 8 + t];
+            for (int w = 0; w < nw; w++) tot += part[w * 16 * TT + row * TT + t];
             y[(long long)t * rows + R.rb + row] = fix_val(tot);
         }
     }
+}
+// A warp's 16 rows × 8·NT tokens of sums into `part` for fix_total.
+template <int NT>
+__device__ __forceinline__ void imv_part(long long* part, const long long (*acc)[4], int warp, int g, int q) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            part[warp * 128 * NT + ((e >> 1) * 8 + g) * 8 * NT + nt * 8 + 2 * q + (e & 1)] = acc[nt][e];
 }
 
 // imm: CTA 64 rows × 64 tokens, 4 warps of 16 rows, stages of 128 columns (4 blocks) as qmm:
@@ -170,11 +181,12 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
     imm_store(tot, R, n0, rows, y, n);
 }
 
-// imv: n ≤ 8 tokens as one n8 tile; a block of 8 warps takes 16 rows, warp w the chunks w,
-// w + 8, … (8 blocks each, their weight bytes copied to shared memory while the previous
-// chunk is multiplied); the warps' sums meet in shared memory and one thread per (row, token)
-// adds them (fix_total).                    grid (ceil(rows / 16)), block 256, dynamic smem
-template <IwFn IW, int BB>
+// imv: n ≤ 8·NT tokens as NT n8 tiles (NT = 1, 2, 4); a block of 8 warps takes 16 rows, warp
+// w the chunks w, w + 8, … (8 blocks each, their weight bytes copied to shared memory while the
+// previous chunk is multiplied; each A fragment feeds the NT tiles); the warps' sums meet in
+// shared memory and one thread per (row, token) adds them (fix_total).
+//                                            grid (ceil(rows / 16)), block 256, dynamic smem
+template <IwFn IW, int BB, int NT>
 __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const i8* __restrict__ aq,
                                          const float* __restrict__ ad, float* __restrict__ y, int n) {
@@ -186,12 +198,20 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
     const int g = lane >> 2, q = lane & 3;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
     const int ng = cols / 32, nch = (ng + 7) / 8;
-    long long acc[4] = {0, 0, 0, 0};
+    long long acc[NT][4];
+    // Tile nt: token nt·8 + g's activations (zeros past the last token); tokens nt·8 + 2q,
+    // nt·8 + 2q + 1's d.
+    bool tok[NT];
+    const i8* xr[NT];
+    int t0[NT], t1[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
+        tok[nt] = nt * 8 + g < n;
+        xr[nt] = aq + (long long)(tok[nt] ? nt * 8 + g : 0) * cols;
+        t0[nt] = min(nt * 8 + 2 * q, n - 1), t1[nt] = min(nt * 8 + 2 * q + 1, n - 1);
+    }
     auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
-    // Token g's activations (zeros past the last token); tokens 2q, 2q + 1's d.
-    const bool tok = g < n;
-    const i8* xr = aq + (long long)(tok ? g : 0) * cols;
-    const int t0 = min(2 * q, n - 1), t1 = min(2 * q + 1, n - 1);
     if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
     cp_async_commit();
     for (int c = warp, i = 0; c < nch; c += QW, i++) {
@@ -206,19 +226,30 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
             u32 a[4];
             float dw[2];
             imm_frag<IW>(a, dw, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
-            const u32* xp = (const u32*)(xr + blk * 32 + 4 * q);
-            const u32 b0 = tok ? xp[0] : 0u, b1 = tok ? xp[4] : 0u;
-            imm_terms(acc, a, dw, b0, b1, ad[((long long)t0 * ng + blk) * 2], ad[((long long)t1 * ng + blk) * 2]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const u32* xp = (const u32*)(xr[nt] + blk * 32 + 4 * q);
+                const u32 b0 = tok[nt] ? xp[0] : 0u, b1 = tok[nt] ? xp[4] : 0u;
+                imm_terms(acc[nt], a, dw, b0, b1, ad[((long long)t0[nt] * ng + blk) * 2], ad[((long long)t1[nt] * ng + blk) * 2]);
+            }
         }
         // Every lane is done with buffer i & 1 before the next copy into it.
         __syncwarp();
     }
-#pragma unroll
-    for (int e = 0; e < 4; e++) part[warp * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
+    imv_part<NT>(part, acc, warp, g, q);
     __syncthreads();
-    fix_total(part, QW, R, rows, y, n);
+    fix_total<NT>(part, QW, R, rows, y, n);
 }
 
+// An imv entry point (the 8, 16 and 32-token forms share the arguments).
+#define IMV_NT(NAME, BODY)                                                                            \
+    extern "C" __global__ void __launch_bounds__(256)                                                 \
+        NAME(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                      \
+             const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_,   \
+             float* __restrict__ y, int n) {                                                          \
+        pdl_begin();                                                                                  \
+        BODY;                                                                                         \
+    }
 #define IMM_K(T, BB)                                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
@@ -227,13 +258,9 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         pdl_begin();                                                                                  \
         imm_impl<iw_##T, BB>(W, row_bytes, rows, cols, aq, ad, y, n);                                 \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256)                                                 \
-        imv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
-                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
-                float* __restrict__ y, int n) {                                                       \
-        pdl_begin();                                                                                  \
-        imv_impl<iw_##T, BB>(W, row_bytes, rows, cols, aq, ad, y, n);                                 \
-    }
+    IMV_NT(imv_##T, (imv_impl<iw_##T, BB, 1>(W, row_bytes, rows, cols, aq, ad, y, n)))             \
+    IMV_NT(imv2_##T, (imv_impl<iw_##T, BB, 2>(W, row_bytes, rows, cols, aq, ad, y, n)))            \
+    IMV_NT(imv4_##T, (imv_impl<iw_##T, BB, 4>(W, row_bytes, rows, cols, aq, ad, y, n)))
 
 // ---- The K-quants on int8 mma (imm_q4_k / imv_q4_k, imm_q6_k / imv_q6_k) over quantize_a256's
 // activations ----
@@ -423,8 +450,9 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
     imm_store(tot, R, n0, rows, y, n);
 }
 
-// imvk: imv's layout, one super-block per chunk.            grid (ceil(rows / 16)), block 256
-template <class K>
+// imvk: imv's layout (NT n8 tiles), one super-block per chunk.
+//                                                           grid (ceil(rows / 16)), block 256
+template <class K, int NT>
 __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                           int cols, const i8* __restrict__ aq,
                                           const float* __restrict__ ad, const int* __restrict__ abs_,
@@ -437,11 +465,18 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
     const int g = lane >> 2, q = lane & 3;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
     const int nch = cols / 256;
-    long long acc[4] = {0, 0, 0, 0};
+    long long acc[NT][4];
+    bool tok[NT];
+    const i8* xr[NT];
+    int tk[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
+        tok[nt] = nt * 8 + g < n;
+        xr[nt] = aq + (long long)(tok[nt] ? nt * 8 + g : 0) * cols;
+        tk[nt][0] = min(nt * 8 + 2 * q, n - 1), tk[nt][1] = min(nt * 8 + 2 * q + 1, n - 1);
+    }
     auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
-    const bool tok = g < n;
-    const i8* xr = aq + (long long)(tok ? g : 0) * cols;
-    const int tk[2] = {min(2 * q, n - 1), min(2 * q + 1, n - 1)};
     if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
     cp_async_commit();
     for (int c = warp, i = 0; c < nch; c += QW, i++) {
@@ -452,31 +487,39 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
         const u8* win = wbuf(i & 1);
         const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(2 * c)) & 15);
         const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(2 * c)) & 15);
-        int S1[4] = {0, 0, 0, 0}, S2[4] = {0, 0, 0, 0};
+        int S1[NT][4], S2[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) S1[nt][e] = S2[nt][e] = 0;
         for (int jj = 0; jj < 8; jj++) {
             const typename K::Pair p = K::pair(b0, b1, jj, q);
-            const u32* xp = (const u32*)(xr + c * 256 + jj * 32 + 4 * q);
-            int asum[2] = {0, 0};
-            if (K::SUMS) {
 #pragma unroll
-                for (int t = 0; t < 2; t++) {
-                    const int* bs = abs_ + (long long)tk[t] * (cols / 16) + c * 16 + 2 * jj;
-                    asum[t] = bs[0] + bs[1];
+            for (int nt = 0; nt < NT; nt++) {
+                const u32* xp = (const u32*)(xr[nt] + c * 256 + jj * 32 + 4 * q);
+                int asum[2] = {0, 0};
+                if (K::SUMS) {
+#pragma unroll
+                    for (int t = 0; t < 2; t++) {
+                        const int* bs = abs_ + (long long)tk[nt][t] * (cols / 16) + c * 16 + 2 * jj;
+                        asum[t] = bs[0] + bs[1];
+                    }
                 }
+                K::acc(p, tok[nt] ? xp[0] : 0u, tok[nt] ? xp[4] : 0u, asum, S1[nt], S2[nt]);
             }
-            K::acc(p, tok ? xp[0] : 0u, tok ? xp[4] : 0u, asum, S1, S2);
         }
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float da = ad[(long long)tk[e & 1] * nch + c];
-            acc[e] += fix_of(K::term(da, (e >> 1) ? b1 : b0, S1[e], S2[e]));
-        }
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float da = ad[(long long)tk[nt][e & 1] * nch + c];
+                acc[nt][e] += fix_of(K::term(da, (e >> 1) ? b1 : b0, S1[nt][e], S2[nt][e]));
+            }
         __syncwarp();
     }
-#pragma unroll
-    for (int e = 0; e < 4; e++) part[warp * 128 + ((e >> 1) * 8 + g) * 8 + 2 * q + (e & 1)] = acc[e];
+    imv_part<NT>(part, acc, warp, g, q);
     __syncthreads();
-    fix_total(part, QW, R, rows, y, n);
+    fix_total<NT>(part, QW, R, rows, y, n);
 }
 
 #define IMMK_K(T)                                                                                     \
@@ -487,10 +530,6 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
         pdl_begin();                                                                                  \
         immk_impl<KQ_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                              \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256)                                                 \
-        imv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
-                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
-                float* __restrict__ y, int n) {                                                       \
-        pdl_begin();                                                                                  \
-        imvk_impl<KQ_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                              \
-    }
+    IMV_NT(imv_##T, (imvk_impl<KQ_##T, 1>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))          \
+    IMV_NT(imv2_##T, (imvk_impl<KQ_##T, 2>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))         \
+    IMV_NT(imv4_##T, (imvk_impl<KQ_##T, 4>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))

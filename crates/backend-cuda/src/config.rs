@@ -49,6 +49,11 @@ pub struct CudaConfig {
     /// the exact-sum order 1.3% / 4.4% of Q4_0 / Q4_K_M tg128, but imm was far behind qmm at
     /// 64 sequences before its split (BENCHMARKS.md, thirteenth session).
     pub int8_mma: bool,
+    /// Products of Q4_0, Q8_0, Q4_K and Q6_K over `imv_tokens.0..=imv_tokens.1` tokens on the
+    /// int8 tensor-core decode kernel (kernels/imm.cu `imv_T`, one launch per 8 tokens) rather
+    /// than the dp4a matrix-vector kernels or qmm (`QUIVER_CUDA_IMV=MIN-MAX`, `0`: never).
+    /// Default [`IMV_TOKENS`]. Without f16 copies only.
+    pub imv_tokens: (usize, usize),
     /// The experts' products of MoE prompts on the tensor cores (`QUIVER_CUDA_MOE_QMM=0`: the
     /// CUDA-core grouped kernels): the (token, slot) pairs sorted by expert, each expert's rows
     /// one tile list of the qmm kernel (kernels/qmm.cu `qmm_g_T`). Qwen3-30B-A3B Q4_0 pp512
@@ -103,6 +108,11 @@ pub struct CudaConfig {
 /// 191 / 377 / 742 / 1,423 (thirteenth session, BENCHMARKS.md): up to 8 tokens the
 /// matrix-vector kernels, from 9 (where they would need a second launch) qmm.
 pub const GEMM_MIN_TOKENS: usize = 9;
+/// Token counts on imv by default. On the H200, 8B S_TG at 2 / 3 / 8 sequences, dp4a against
+/// imv: Q4_K_M 423 / 478 / 829 against 360 / 493 / 1,117 t/s; Q4_0 467 / 501 / 851 against
+/// 395 / 566 / 1,387; Q8_0 378 / 432 / 757 against 385 / 540 / 1,253 (fourteenth session,
+/// BENCHMARKS.md).
+pub const IMV_TOKENS: (usize, usize) = (3, 8);
 /// The cut-over with f16 copies (cuBLAS): from 3 tokens cuBLAS is faster (BENCHMARKS.md).
 pub const GEMM_MIN_TOKENS_COPIES: usize = 3;
 
@@ -118,6 +128,7 @@ impl Default for CudaConfig {
             gemm_min_tokens: GEMM_MIN_TOKENS,
             int8: true,
             int8_mma: false,
+            imv_tokens: IMV_TOKENS,
             moe_qmm: true,
             moe_int8: true,
             qmm_split: true,
@@ -130,6 +141,15 @@ impl Default for CudaConfig {
             sync_each: false,
             load_total: None,
         }
+    }
+}
+
+/// `MIN-MAX` (or `N`: N..=N) as a token range; anything else (`0`) the empty range.
+fn range(v: &str) -> (usize, usize) {
+    let (a, b) = v.split_once('-').unwrap_or((v, v));
+    match (a.trim().parse(), b.trim().parse()) {
+        (Ok(a), Ok(b)) if a >= 1 && a <= b => (a, b),
+        _ => (1, 0),
     }
 }
 
@@ -164,6 +184,7 @@ impl CudaConfig {
                 .max(1),
             int8: on("QUIVER_CUDA_INT8"),
             int8_mma: set("QUIVER_CUDA_INT8_MMA"),
+            imv_tokens: var("QUIVER_CUDA_IMV").map_or(d.imv_tokens, |v| range(&v)),
             moe_qmm: on("QUIVER_CUDA_MOE_QMM"),
             moe_int8: on("QUIVER_CUDA_MOE_INT8"),
             qmm_split: on("QUIVER_CUDA_QMM_SPLIT"),
@@ -259,6 +280,12 @@ mod tests {
         // With f16 copies the default cut-over is cuBLAS's.
         let c = with(&[("QUIVER_CUDA_F16_COPIES", "1")]);
         assert_eq!(c.gemm_min_tokens, 3);
+        let r = |v: &str| with(&[("QUIVER_CUDA_IMV", v)]).imv_tokens;
+        assert_eq!((r("2-16"), r("3"), r(" 4 - 8 ")), ((2, 16), (3, 3), (4, 8)));
+        for off in ["0", "", "x", "8-4", "0-8"] {
+            assert_eq!(r(off), (1, 0), "{off:?}");
+        }
+        assert_eq!(with(&[]).imv_tokens, IMV_TOKENS);
     }
 
     #[test]

@@ -103,6 +103,8 @@ enum Act {
 
 /// Tokens per qmv launch (kernels/qmm.cu: one n8 tile).
 const QMV_TOKENS: usize = 8;
+/// Tokens per imv launch (kernels/imm.cu: up to four n8 tiles).
+const IMV_TOKENS: usize = 32;
 
 /// Stages in flight (kernels/qmm.cu `QMM_NST`) and a staged activation row in bytes
 /// (`QMM_XLD` halves).
@@ -125,10 +127,10 @@ fn qmv_warps(winc: usize) -> usize {
 /// An int8 activation tile's token row in bytes (kernels/qmm.cu `IMM_XLD`).
 const IMM_XLD_BYTES: usize = 144;
 
-/// Dynamic shared memory of the imm and imv kernels for `w`: per stage the int8 activations,
-/// their scales (32-blocks: 4 per token; the K-quants: 8 per-16 sums and one d per token) and
-/// the weights' windows.
-fn imm_smem(w: &CudaWeight) -> (usize, usize) {
+/// Dynamic shared memory of the imm kernel and of the imv kernel of `nt` n8 tiles for `w`: per
+/// stage the int8 activations, their scales (32-blocks: 4 per token; the K-quants: 8 per-16
+/// sums and one d per token) and the weights' windows.
+fn imm_smem(w: &CudaWeight, nt: usize) -> (usize, usize) {
     let (win, winc) =
         registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
     let scales = if registry::int8_activations(w.kernel) == Some(256) {
@@ -137,8 +139,8 @@ fn imm_smem(w: &CudaWeight) -> (usize, usize) {
         4 * QMM_BN * 4
     };
     let imm = QMM_NST * (QMM_BN * IMM_XLD_BYTES + scales + QMM_BM * win);
-    // Two chunk copies per warp, then each warp's sums: 16 rows × 8 tokens of i64.
-    let imv = 8 * 2 * 16 * winc + 8 * 128 * 8;
+    // Two chunk copies per warp, then each warp's sums: 16 rows × 8·nt tokens of i64.
+    let imv = 8 * 2 * 16 * winc + 8 * 128 * nt * 8;
     (imm, imv)
 }
 
@@ -200,7 +202,7 @@ impl CudaBackend {
                 (false, true) => Tc::Imm,
             });
         }
-        if n < self.cfg.gemm_min_tokens || !self.cfg.tensor_cores {
+        if !self.cfg.tensor_cores {
             return None;
         }
         let f16 = if w.ty == GgmlType::F16 {
@@ -208,6 +210,13 @@ impl CudaBackend {
         } else {
             w.half.as_ref().map(|b| b.ptr)
         };
+        let (lo, hi) = self.cfg.imv_tokens;
+        if f16.is_none() && registry::int8_mma(w.kernel) && (lo..=hi).contains(&n) {
+            return Some(Tc::Imv);
+        }
+        if n < self.cfg.gemm_min_tokens {
+            return None;
+        }
         match f16.filter(|_| self.blas.is_some()) {
             Some(p) => Some(Tc::Blas(p)),
             // Up to 8 tokens (only below the default cut-over, `QUIVER_CUDA_GEMM_MIN_TOKENS`)
@@ -378,7 +387,7 @@ impl CudaBackend {
                         splits as u32,
                     ),
                     (QMM_THREADS, 1, 1),
-                    imm_smem(w).0 as u32,
+                    imm_smem(w, 1).0 as u32,
                     args![
                         w.data.ptr,
                         w.row_bytes as i64,
@@ -400,14 +409,16 @@ impl CudaBackend {
                 } else {
                     w.cols / 256 * 4
                 };
-                for t in (0..n).step_by(QMV_TOKENS) {
-                    let nt = (n - t).min(QMV_TOKENS);
+                for t in (0..n).step_by(IMV_TOKENS) {
+                    let nt = (n - t).min(IMV_TOKENS);
+                    // One, two or four n8 tiles.
+                    let k = nt.div_ceil(8).next_power_of_two().trailing_zeros() as usize;
                     self.launch_smem(
                         &w.names.module,
-                        &w.names.imv,
+                        &w.names.imv[k],
                         (w.rows.div_ceil(16) as u32, 1, 1),
                         (256, 1, 1),
-                        imm_smem(w).1 as u32,
+                        imm_smem(w, 1 << k).1 as u32,
                         args![
                             w.data.ptr,
                             w.row_bytes as i64,

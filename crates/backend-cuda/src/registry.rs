@@ -190,6 +190,8 @@ pub fn kernel_names(module: &str) -> Vec<String> {
                     [
                         "imm",
                         "imv",
+                        "imv2",
+                        "imv4",
                         "mmvqc",
                         "mmvqc1",
                         "mmvqc_glu",

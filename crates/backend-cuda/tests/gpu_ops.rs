@@ -147,25 +147,30 @@ fn backend_with(config: CudaConfig) -> CudaBackend {
 fn matmul_and_embedding_match_reference_for_every_type() {
     let mut rng = seeded_rng();
     // Every count on the matrix-vector kernels (in launches of up to 8 tokens); then with the
-    // cut-over where 3 tokens and more take the tensor cores (the default); then every count on
-    // the batch-invariant qmv / qmm kernels; the last two again with Q4_0 / Q8_0 on the int8
-    // tensor-core kernels (imm / imv) and the decode kernels in their order: a backend each.
-    for (invariant, gemm_min_tokens, int8_mma) in [
-        (false, usize::MAX, false),
-        (false, 3, false),
-        (true, 3, false),
-        (false, 3, true),
-        (true, 3, true),
+    // cut-over where 3 tokens and more take the tensor cores (imv's default range first); then
+    // every count up to 32 on imv (launches of 8, 16 and 32 tokens) for the int8 types; then
+    // every count on the batch-invariant qmv / qmm kernels; the last two again with Q4_0 /
+    // Q8_0 / Q4_K / Q6_K on the int8 tensor-core kernels (imm / imv) and the decode kernels in
+    // their order: a backend each.
+    let d = CudaConfig::from_env().imv_tokens;
+    for (invariant, gemm_min_tokens, int8_mma, imv_tokens) in [
+        (false, usize::MAX, false, (1, 0)),
+        (false, 3, false, d),
+        (false, 33, false, (1, 32)),
+        (true, 3, false, d),
+        (false, 3, true, d),
+        (true, 3, true, d),
     ] {
         let mut be = backend_with(CudaConfig {
             invariant,
             gemm_min_tokens,
             int8_mma,
+            imv_tokens,
             ..CudaConfig::from_env()
         });
         let notes = products::products(&mut be, &Cuda, &mut rng);
         notes.print(&format!(
-            "products, invariant {invariant}, tensor cores from {gemm_min_tokens} tokens, int8 mma {int8_mma}"
+            "products, invariant {invariant}, tensor cores from {gemm_min_tokens} tokens, int8 mma {int8_mma}, imv {imv_tokens:?}"
         ));
         // Only types without CUDA kernels would be refused (none are left), at every shape.
         let refused = WEIGHT_TYPES
@@ -208,23 +213,27 @@ fn products_are_batch_invariant_in_the_invariant_mode() {
 #[ignore = "needs a CUDA GPU"]
 fn int8_mma_types_are_batch_invariant_on_the_default_path() {
     let mut rng = seeded_rng();
-    let be = backend_with(CudaConfig {
-        int8_mma: true,
-        ..CudaConfig::from_env()
-    });
-    assert!(!be.config().invariant);
-    products::batch_invariance(
-        &be,
-        &Cuda,
-        &mut rng,
-        &[
-            GgmlType::Q4_0,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ],
-        &[1, 2, 3, 8, 9, 16, 17, 64, 65, 150],
-    );
+    // imv's default range, then imv for everything up to 32 tokens (its 16 and 32-token forms).
+    for imv_tokens in [CudaConfig::from_env().imv_tokens, (1, 32)] {
+        let be = backend_with(CudaConfig {
+            int8_mma: true,
+            imv_tokens,
+            ..CudaConfig::from_env()
+        });
+        assert!(!be.config().invariant);
+        products::batch_invariance(
+            &be,
+            &Cuda,
+            &mut rng,
+            &[
+                GgmlType::Q4_0,
+                GgmlType::Q8_0,
+                GgmlType::Q4_K,
+                GgmlType::Q6_K,
+            ],
+            &[1, 2, 3, 8, 9, 16, 17, 24, 32, 33, 64, 65, 150],
+        );
+    }
 }
 
 /// The int8 kernels' exact-sum order (kernels/mmvq.cu `fix_of`), computed on the host: x
@@ -353,16 +362,18 @@ fn exact_sum_reference_is_the_product_within_rounding() {
 }
 
 /// With `int8_mma`, the int8 types' products give the exact-sum reference's bits: on the decode
-/// kernels (mmvqc, under `gemm_min_tokens`), the int8 tensor-core kernels (imm) and, in the invariant
-/// mode, their decode form (imv).
+/// kernels (mmvqc, under `gemm_min_tokens`), the int8 tensor-core kernels (imm) and their
+/// decode form (imv: in the invariant mode, and over `imv_tokens` in its 8, 16 and 32-token
+/// launches).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn int8_mma_products_give_the_exact_sum_bits() {
     let mut rng = seeded_rng();
-    for invariant in [false, true] {
+    for (invariant, imv_tokens) in [(false, (1, 0)), (false, (1, 32)), (true, (1, 0))] {
         let be = backend_with(CudaConfig {
             int8_mma: true,
             invariant,
+            imv_tokens,
             ..CudaConfig::from_env()
         });
         for &(rows, cols) in PRODUCT_SHAPES {
@@ -374,7 +385,7 @@ fn int8_mma_products_give_the_exact_sum_bits() {
             ] {
                 let wc = WeightCase::random(&mut rng, ty, rows, cols).unwrap();
                 let w = wc.load(&be).unwrap();
-                for n in [1, 3, 9, 17, 64, 150] {
+                for n in [1, 3, 9, 17, 32, 64, 150] {
                     let x = rng.vec(n * cols);
                     let xb = be.buf_from(&x).unwrap();
                     let mut out = poison(&be, &Cuda, n * rows);
@@ -382,7 +393,7 @@ fn int8_mma_products_give_the_exact_sum_bits() {
                     let got = read(&be, &out, n * rows);
                     let want = exact_sum_reference(ty, &wc.bytes, rows, cols, &x, n);
                     let d = bits_differ(&got, &want);
-                    assert_eq!(d, 0, "{ty} [{rows}, {cols}] × {n} tokens, invariant {invariant}: {d} results differ");
+                    assert_eq!(d, 0, "{ty} [{rows}, {cols}] × {n} tokens, invariant {invariant}, imv {imv_tokens:?}: {d} results differ");
                 }
             }
         }
