@@ -50,6 +50,13 @@ t)
       env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,4,8,12,16,24,32 2>/dev/null | grep "^| " | tail -7
     done
   done
+  # imm with two warps per 16 rows (8 warps, 32 tokens each) against qmm at 64 and 128.
+  for ty in Q4_K_M Q4_0; do
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
+      el "8B $ty $e"
+      env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 64,128 2>/dev/null | grep "^| " | tail -2
+    done
+  done
   el done
   ;;
 p)
