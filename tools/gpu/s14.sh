@@ -35,22 +35,23 @@ i)
   el done
   ;;
 t)
-  # The op tests for imv's 16 and 32-token forms and its default range, then 8 to 32 sequences
-  # on imv (QUIVER_CUDA_IMV=3-32) against the default (qmm from 9).
-  (for ty in Q4_K_M Q4_0 Q8_0; do synth llama3-8b $ty $(f8 $ty); done) &
-  for f in matmul int8_mma; do
-    el "op test $f"
-    timeout 300 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
-      grep -E "^test |products|panicked|differ|result" | head -30
-  done
-  for ty in Q4_K_M Q4_0 Q8_0; do
+  # The exact-sum op tests (imv's 16 and 32-token forms, imm's 8-warp form), the serving
+  # invariance tests (the default path with int8_mma: decode rows of mixed steps on kvd), then
+  # 8 to 32 sequences on imv (QUIVER_CUDA_IMV=3-32) against the default (qmm from 9), and imm
+  # against qmm at 64 and 128.
+  (for ty in Q4_K_M Q4_0; do synth llama3-8b $ty $(f8 $ty); done) &
+  el "op test int8_mma"
+  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
+    grep -E "^test |panicked|differ|result" | head -30
+  el "serving invariance"
+  timeout 200 $B/test-gpu --include-ignored --test-threads=1 serving 2>&1 | grep -E "^test |panicked|left|right|result" | head -20
+  for ty in Q4_K_M Q4_0; do
     wait_for $(f8 $ty)
     for e in X=1 QUIVER_CUDA_IMV=3-32; do
       el "8B $ty $e"
-      env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,4,8,12,16,24,32 2>/dev/null | grep "^| " | tail -7
+      env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 8,12,16,24,32 2>/dev/null | grep "^| " | tail -5
     done
   done
-  # imm with two warps per 16 rows (8 warps, 32 tokens each) against qmm at 64 and 128.
   for ty in Q4_K_M Q4_0; do
     for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
       el "8B $ty $e"

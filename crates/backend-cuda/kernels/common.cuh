@@ -71,6 +71,9 @@ struct BatchView {
     const u32* kv_len;
     const u32* bt_off;
     const u32* block_tables;
+    // The rows a kernel over a subset of the step takes (kvd in a mixed step: row i of its grid
+    // is drows[i]); null: rows 0.. .
+    const u32* drows;
     u32 block_size;
 };
 

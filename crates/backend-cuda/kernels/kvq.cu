@@ -394,7 +394,8 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     __shared__ float lk[256], lvv[256];
     __shared__ float wm[4][KVD_G], wl[4][KVD_G];
     __shared__ float wacc[4][KVD_G][HD];
-    int split = blockIdx.x, t = blockIdx.z;
+    // Grid row i is the step's row t (b.drows: a mixed step's decode rows); partials by i.
+    int split = blockIdx.x, i = blockIdx.z, t = b.drows ? (int)b.drows[i] : i;
     int G = n_head / n_head_kv, hg = (G + KVD_G - 1) / KVD_G;
     int kvh = blockIdx.y / hg, h0 = kvh * G + (blockIdx.y % hg) * KVD_G, gn = min(KVD_G, kvh * G + G - h0);
     int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
@@ -516,7 +517,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
             for (int i = tid; i < HD; i += 128) o[i] = VROT ? qs[0][i] * rs * tq[TQ_SIGNS + i] : qs[0][i];
             __syncthreads();
         } else {
-            float* pp = part + (((long long)t * n_head + h) * KVD_MAX_SPLITS + split) * (HD + 2);
+            float* pp = part + (((long long)i * n_head + h) * KVD_MAX_SPLITS + split) * (HD + 2);
             if (tid == 0) { pp[0] = M; pp[1] = L; }
             for (int i = tid; i < HD; i += 128) {
                 float a = 0.f;
@@ -533,13 +534,13 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
 template <int HD, bool VROT>
 __device__ void kvd_merge_impl(const float* __restrict__ part, float* __restrict__ out, const float* __restrict__ tq,
                                BatchView b, int n_head, int window) {
-    int h = blockIdx.x, t = blockIdx.y;
+    int h = blockIdx.x, i = blockIdx.y, t = b.drows ? (int)b.drows[i] : i;
     int lo, hi;
     key_range(b, t, window, lo, hi);
     int ns = kvd_splits(hi - lo);
     if (ns == 1) return;  // written by kvd_attention
-    long long r = (long long)t * n_head + h;
-    merge_ranges<HD, VROT>(part + r * KVD_MAX_SPLITS * (HD + 2), ns, out + r * HD, tq);
+    long long r = (long long)i * n_head + h;
+    merge_ranges<HD, VROT>(part + r * KVD_MAX_SPLITS * (HD + 2), ns, out + ((long long)t * n_head + h) * HD, tq);
 }
 
 #define KVD_HD(HD, KT, VT)                                                                                  \

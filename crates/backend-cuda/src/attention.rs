@@ -47,13 +47,22 @@ impl CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         if self.use_kvd(st, kv, a) {
-            return self.attention_kvd(st, q, kv, a, out);
+            return self.attention_kvd(st, q, kv, a, out, None);
         }
         let hd = a.head_dim;
         match st.ctx.tiles {
             Some((tiles, n_tiles))
                 if !kv.packed() && (hd < 256 || (hd == 256 && self.cfg.flash_256)) =>
             {
+                // A mixed step's decode rows on the KV-group kernel, as in decode steps; the
+                // flash kernel then takes the prompt rows' tiles only.
+                let n_tiles = match st.ctx.decode_rows {
+                    Some((list, nd, n_prompt)) if self.kvd_takes(nd, a) => {
+                        self.attention_kvd(st, q, kv, a, out, Some((list, nd)))?;
+                        n_prompt
+                    }
+                    _ => n_tiles,
+                };
                 // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
                 let (name, parts) = match hd {
                     64 => ("flash_attention_64", 1),

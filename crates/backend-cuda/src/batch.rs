@@ -34,6 +34,9 @@ pub(crate) struct BatchView {
     pub(crate) kv_len: u64,
     pub(crate) bt_off: u64,
     pub(crate) block_tables: u64,
+    /// The rows a kernel launched over a subset of the step takes (0: rows 0..): the decode
+    /// rows of a mixed step for the KV-group kernel.
+    pub(crate) drows: u64,
     pub(crate) block_size: u32,
 }
 
@@ -48,6 +51,7 @@ impl Default for BatchView {
             kv_len: 0,
             bt_off: 0,
             block_tables: 0,
+            drows: 0,
             block_size: 1,
         }
     }
@@ -61,8 +65,10 @@ pub(crate) struct StepState {
     buf: Option<DevBuf>,
     layout: BatchLayout,
     host: Vec<u32>,
-    /// The flash kernel's query tiles ({seq, first token, tokens, 0}) and their device copy.
+    /// The flash kernel's query tiles ({seq, first token, tokens, 0}: the prompt rows' first,
+    /// then the decode rows'), the decode rows, and their device copy (tiles, then rows).
     tiles: Vec<[i32; 4]>,
+    drows: Vec<u32>,
     tile_buf: Option<DevBuf>,
 }
 
@@ -74,6 +80,11 @@ pub struct CudaStep {
     pub(crate) logits_identity: bool,
     /// The flash kernel's tiles on the device and their count (None: split-K attention).
     pub(crate) tiles: Option<(u64, usize)>,
+    /// In a step of both kinds (`SeqSpan::decode_from`), its decode rows on the device and
+    /// their count, and the count of the prompt rows' tiles that lead `tiles`: the KV-group
+    /// kernel takes the decode rows and the flash kernel the prompt tiles, so that a decode
+    /// row's attention is the same bits as in a decode step (issue 18). None: one kind.
+    pub(crate) decode_rows: Option<(u64, usize, usize)>,
 }
 
 impl CudaStep {
@@ -121,11 +132,12 @@ impl CudaBackend {
         // Flash attention for prefill-shaped steps only, decided by the batch's shape (not by
         // whether graphs are on), so that eager and replayed steps run the same kernels.
         let decode_shaped = graph_bucket(n, nl, max_tokens, max_logits).is_some();
-        let tiles = if self.cfg.flash && !decode_shaped && batch.seqs.iter().any(|s| s.len > 1) {
-            self.upload_tiles(batch)?
-        } else {
-            None
-        };
+        let (tiles, decode_rows) =
+            if self.cfg.flash && !decode_shaped && batch.seqs.iter().any(|s| s.len > 1) {
+                self.upload_tiles(batch)?
+            } else {
+                (None, None)
+            };
         let step = Step {
             batch,
             rows,
@@ -135,6 +147,7 @@ impl CudaBackend {
                 view,
                 logits_identity,
                 tiles,
+                decode_rows,
             },
         };
         if !graphable {
@@ -161,23 +174,33 @@ impl CudaBackend {
         }
     }
 
-    /// Query tiles of up to 64 consecutive tokens per sequence for the flash kernel; none
-    /// (split-K kernel) when a sequence's positions are not consecutive.
-    fn upload_tiles(&mut self, batch: &Batch) -> Result<Option<(u64, usize)>> {
-        if !query_tiles(batch, &mut self.step.tiles) {
-            return Ok(None);
-        }
-        let bytes = self.step.tiles.len() * 16;
-        if self.step.tile_buf.as_ref().is_none_or(|b| b.bytes < bytes) {
-            self.step.tile_buf =
-                Some(self.alloc(bytes.next_power_of_two().max(4096), "attention tiles")?);
+    /// Query tiles of up to 64 consecutive tokens per sequence for the flash kernel (none:
+    /// split-K kernel, when a sequence's positions are not consecutive), and in a step of both
+    /// kinds its decode rows ([`CudaStep::decode_rows`]).
+    #[allow(clippy::type_complexity)]
+    fn upload_tiles(
+        &mut self,
+        batch: &Batch,
+    ) -> Result<(Option<(u64, usize)>, Option<(u64, usize, usize)>)> {
+        let s = &mut self.step;
+        let Some(n_prompt) = query_tiles(batch, &mut s.tiles, &mut s.drows) else {
+            return Ok((None, None));
+        };
+        let mut flat: Vec<i32> = s.tiles.iter().flatten().copied().collect();
+        flat.extend(s.drows.iter().map(|&r| r as i32));
+        let bytes = flat.len() * 4;
+        if s.tile_buf.as_ref().is_none_or(|b| b.bytes < bytes) {
+            let b = self.alloc(bytes.next_power_of_two().max(4096), "attention tiles")?;
+            self.step.tile_buf = Some(b);
         }
         let s = &mut self.step;
-        let flat: Vec<i32> = s.tiles.iter().flatten().copied().collect();
+        let ptr = s.tile_buf.as_ref().unwrap().ptr;
         self.dev
-            .htod_async(s.tile_buf.as_ref().unwrap().ptr, &flat)
+            .htod_async(ptr, &flat)
             .map_err(BackendError::Device)?;
-        Ok(Some((s.tile_buf.as_ref().unwrap().ptr, s.tiles.len())))
+        let mixed = n_prompt > 0 && !s.drows.is_empty();
+        let drows = mixed.then(|| (ptr + 16 * s.tiles.len() as u64, s.drows.len(), n_prompt));
+        Ok((Some((ptr, s.tiles.len())), drows))
     }
 
     fn upload_batch(
@@ -261,6 +284,7 @@ impl CudaBackend {
             kv_len: at(5 * ct),
             bt_off: at(5 * ct + cs),
             block_tables: at(5 * ct + 2 * cs),
+            drows: 0,
             block_size: batch.block_size as u32,
         };
         Ok((view, logits_identity))
@@ -268,10 +292,18 @@ impl CudaBackend {
 }
 
 /// The flash kernel's query tiles: up to 64 consecutive tokens of one sequence each,
-/// `{sequence, first token, tokens, 0}`. False (and no tiles) when a sequence's positions are
-/// not consecutive, which the kernel assumes.
-pub(crate) fn query_tiles(batch: &Batch, tiles: &mut Vec<[i32; 4]>) -> bool {
+/// `{sequence, first token, tokens, 0}`, first those of the prompt rows (positions before the
+/// span's `decode_from`), then those of the decode rows, which go to `drows` too. The number of
+/// prompt tiles; None (and no tiles) when a sequence's positions are not consecutive, which
+/// the kernel assumes.
+pub(crate) fn query_tiles(
+    batch: &Batch,
+    tiles: &mut Vec<[i32; 4]>,
+    drows: &mut Vec<u32>,
+) -> Option<usize> {
     tiles.clear();
+    drows.clear();
+    let mut decode = Vec::new();
     for (si, sp) in batch.seqs.iter().enumerate() {
         let pos = &batch.positions[sp.start..sp.start + sp.len];
         if pos
@@ -280,18 +312,22 @@ pub(crate) fn query_tiles(batch: &Batch, tiles: &mut Vec<[i32; 4]>) -> bool {
             .any(|(i, &p)| p as usize != pos[0] as usize + i)
         {
             tiles.clear();
-            return false;
+            drows.clear();
+            return None;
         }
-        for c in (0..sp.len).step_by(64) {
-            tiles.push([
-                si as i32,
-                (sp.start + c) as i32,
-                (sp.len - c).min(64) as i32,
-                0,
-            ]);
+        // The span's prompt rows, then its decode rows.
+        let first = pos.first().map_or(0, |&p| p as usize);
+        let np = sp.decode_from.saturating_sub(first).min(sp.len);
+        for (a, b, out) in [(0, np, &mut *tiles), (np, sp.len, &mut decode)] {
+            for c in (a..b).step_by(64) {
+                out.push([si as i32, (sp.start + c) as i32, (b - c).min(64) as i32, 0]);
+            }
         }
+        drows.extend((sp.start + np..sp.start + sp.len).map(|r| r as u32));
     }
-    true
+    let n_prompt = tiles.len();
+    tiles.extend(decode);
+    Some(n_prompt)
 }
 
 #[cfg(test)]
@@ -314,6 +350,7 @@ mod tests {
                 len,
                 kv_len: p0 as usize + len,
                 block_table: vec![],
+                ..Default::default()
             });
             for i in 0..len {
                 b.tokens.push(0);
@@ -321,8 +358,9 @@ mod tests {
                 b.seq_of.push(si);
             }
         }
-        let mut t = Vec::new();
-        assert!(query_tiles(&b, &mut t));
+        let (mut t, mut d) = (Vec::new(), Vec::new());
+        assert_eq!(query_tiles(&b, &mut t, &mut d), Some(5));
+        assert!(d.is_empty(), "no span says where its decode rows begin");
         assert_eq!(
             t,
             vec![
@@ -340,9 +378,26 @@ mod tests {
             }
         }
         assert!(covered.iter().all(|&c| c == 1));
+        // The first span recomputes 60 generated tokens (its prompt: 100), the second decodes:
+        // their decode rows get tiles of their own, after the prompt rows'.
+        b.seqs[0].decode_from = 100;
+        b.seqs[1].decode_from = 70;
+        b.seqs[2].decode_from = 64;
+        assert_eq!(query_tiles(&b, &mut t, &mut d), Some(3));
+        assert_eq!(
+            t,
+            vec![
+                [0, 0, 64, 0],
+                [0, 64, 26, 0],
+                [2, 151, 64, 0],
+                [0, 90, 60, 0],
+                [1, 150, 1, 0]
+            ]
+        );
+        assert_eq!(d, (90..151).collect::<Vec<u32>>());
         b.positions[3] = 99;
         assert!(
-            !query_tiles(&b, &mut t) && t.is_empty(),
+            query_tiles(&b, &mut t, &mut d).is_none() && t.is_empty() && d.is_empty(),
             "non-consecutive positions fall back"
         );
     }

@@ -4,7 +4,7 @@
 //! per head (`kvq_attention`). Prompts over an f16 cache take the tensor-core flash kernel
 //! (attention.rs); over the other types, the split-K kernel.
 
-use crate::batch::CudaStep;
+use crate::batch::{BatchView, CudaStep};
 use crate::memory::{CudaBuf, CudaKv};
 use crate::CudaBackend;
 use quiver_backend::turboquant::{signs, TQ4_LEVELS, TQ8_LEVELS};
@@ -114,14 +114,19 @@ impl CudaBackend {
     /// unless the split-K kernel's ranges are fixed (`attention_splits`: then every step takes
     /// it, so that a token's bits do not depend on the size of the step it lands in).
     pub(crate) fn use_kvd(&self, st: &Step<CudaStep>, kv: &CudaKv, a: &AttnParams) -> bool {
-        self.cfg.kvd
-            && self.cfg.attention_splits.is_none()
-            && st.rows <= KVD_MAX_ROWS
-            && KVD_HEAD_DIMS.contains(&a.head_dim)
-            && (st.ctx.tiles.is_none() || kv.packed())
+        self.kvd_takes(st.rows, a) && (st.ctx.tiles.is_none() || kv.packed())
     }
 
-    /// The KV-group decode kernel over the cache (f16 or records), ranges merged by kvd_merge.
+    /// Whether the KV-group kernel takes `rows` rows of attention `a`.
+    pub(crate) fn kvd_takes(&self, rows: usize, a: &AttnParams) -> bool {
+        self.cfg.kvd
+            && self.cfg.attention_splits.is_none()
+            && rows <= KVD_MAX_ROWS
+            && KVD_HEAD_DIMS.contains(&a.head_dim)
+    }
+
+    /// The KV-group decode kernel over the cache (f16 or records), ranges merged by kvd_merge:
+    /// over every row of the step, or over the `rows.1` rows listed at `rows.0`.
     pub(crate) fn attention_kvd(
         &self,
         st: &Step<CudaStep>,
@@ -129,8 +134,17 @@ impl CudaBackend {
         kv: &CudaKv,
         a: &AttnParams,
         out: &mut CudaBuf,
+        rows: Option<(u64, usize)>,
     ) -> Result<()> {
-        let (n, hd) = (st.rows, a.head_dim);
+        let hd = a.head_dim;
+        let mut view = st.ctx.view;
+        let n = match rows {
+            Some((list, n)) => {
+                view.drows = list;
+                n
+            }
+            None => st.rows,
+        };
         let part = self.scratch_ptr(
             |s| &mut s.part,
             n * a.n_head * KVD_MAX_SPLITS * (hd + 2) * 4,
@@ -139,14 +153,14 @@ impl CudaBackend {
         let g = a.n_head / a.n_head_kv.max(1);
         let blocks_y = a.n_head_kv * g.div_ceil(KVD_G);
         let grid = (KVD_MAX_SPLITS as u32, blocks_y as u32, n as u32);
-        self.launch_over_records(st, q, kv, a, out, part, &KVD_ATTENTION, grid)?;
+        self.launch_over_records(view, q, kv, a, out, part, &KVD_ATTENTION, grid)?;
         let window = a.window.map(|w| w as i32).unwrap_or(0);
         self.launch(
             &kv.module,
             named(&KVD_MERGE, hd),
             (a.n_head as u32, n as u32, 1),
             (hd as u32, 1, 1),
-            args![part, out.ptr(), kv.tq, st.ctx.view, a.n_head as i32, window],
+            args![part, out.ptr(), kv.tq, view, a.n_head as i32, window],
         )
     }
 
@@ -171,7 +185,7 @@ impl CudaBackend {
             0
         };
         let grid = (ns as u32, a.n_head as u32, n as u32);
-        self.launch_over_records(st, q, kv, a, out, part, &KVQ_ATTENTION, grid)?;
+        self.launch_over_records(st.ctx.view, q, kv, a, out, part, &KVQ_ATTENTION, grid)?;
         if ns > 1 {
             self.launch(
                 &kv.module,
@@ -189,7 +203,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn launch_over_records(
         &self,
-        st: &Step<CudaStep>,
+        view: BatchView,
         q: &CudaBuf,
         kv: &CudaKv,
         a: &AttnParams,
@@ -209,7 +223,7 @@ impl CudaBackend {
                 kv.v.ptr,
                 out.ptr(),
                 part,
-                st.ctx.view,
+                view,
                 kv.tq,
                 a.n_head as i32,
                 a.n_head_kv as i32,

@@ -3,12 +3,29 @@
 /// One sequence's part of a batch: its tokens are `batch.tokens[start..start + len]`, and
 /// after this step its KV holds `kv_len` positions, position p in slot
 /// `block_table[p / block_size] * block_size + p % block_size`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct SeqSpan {
     pub start: usize,
     pub len: usize,
     pub kv_len: usize,
     pub block_table: Vec<u32>,
+    /// Positions from this one on are generated tokens (the prompt's length), whichever step
+    /// computes them: a backend may compute those rows as decode rows and the others as prompt
+    /// rows, each the same way whatever the step holds (issue 18). `usize::MAX` (the default):
+    /// not known; the backend then goes by the step's shape.
+    pub decode_from: usize,
+}
+
+impl Default for SeqSpan {
+    fn default() -> Self {
+        SeqSpan {
+            start: 0,
+            len: 0,
+            kv_len: 0,
+            block_table: Vec::new(),
+            decode_from: usize::MAX,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -59,6 +76,7 @@ impl Batch {
                 len: n,
                 kv_len: start_pos + n,
                 block_table: block_table.to_vec(),
+                ..Default::default()
             }],
             logits,
             block_size,

@@ -64,6 +64,7 @@ impl BatchBuilder {
         let n = tokens.len();
         let span = &mut b.seqs[si];
         (span.start, span.len, span.kv_len) = (start, n, start_pos + n);
+        span.decode_from = usize::MAX;
         match blocks {
             Blocks::Identity(n_blocks) => {
                 span.block_table.clear();
@@ -103,6 +104,7 @@ impl BatchBuilder {
         for s in &out.scheduled {
             let (tokens, table) = out.parts(s);
             self.push_seq(tokens, s.start_pos, Blocks::Table(table), s.logits_from);
+            self.batch.seqs[self.n_seqs - 1].decode_from = s.decode_from;
         }
         self.batch()
     }

@@ -65,6 +65,9 @@ pub struct Scheduled {
     /// Logits rows of this step's tokens from this index on (the sampling row last): the
     /// last token's when sampling, every prompt token's for `prompt_logits` requests.
     pub logits_from: Option<usize>,
+    /// The request's prompt length: its tokens from this position on are generated ones
+    /// (decode rows, whichever step computes them: a recompute after preemption too).
+    pub decode_from: usize,
 }
 
 impl Scheduled {
@@ -454,6 +457,7 @@ impl Scheduler {
                 tokens: (t0, out.tokens.len()),
                 blocks: (b0, out.blocks.len()),
                 sample,
+                decode_from: e.prompt_len,
                 logits_from: if e.prompt_rows() {
                     Some(0)
                 } else {

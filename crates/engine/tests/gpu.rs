@@ -112,7 +112,38 @@ fn batch_invariant() -> CudaBackend {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn batched_serving_on_the_gpu_equals_solo_runs() {
-    let f = model();
+    let prompts = |nv| (0..6).map(|i| ids(5 + 7 * i, 100 + i as u64, nv)).collect();
+    serving_equals_solo(model(), batch_invariant, prompts, 128);
+}
+
+/// The default path with the int8 types' products in the exact-sum order (`int8_mma`): the
+/// flash kernel on, the key ranges chosen by the kernels. 16 requests of 3 to 198 tokens in
+/// steps of at most 64 tokens, so that prompts are cut into chunks that differ from the solo
+/// runs' and decode rows share steps with prompt chunks: each answer as alone.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn default_serving_of_the_int8_types_equals_solo_runs() {
+    let make = || {
+        let config = CudaConfig {
+            int8_mma: true,
+            ..CudaConfig::from_env()
+        };
+        CudaBackend::new(0, config).unwrap()
+    };
+    for ty in ["Q8_0", "Q4_0"] {
+        let prompts = |nv| (0..16).map(|i| ids(3 + 13 * i, 300 + i as u64, nv)).collect();
+        serving_equals_solo(synth("smollm2-135m", ty), make, prompts, 64);
+    }
+}
+
+/// Greedy answers of `prompts(vocab)` from a server of `make()` backends, all at once in steps
+/// of at most `step_tokens`, against the same prompts run alone on a runner.
+fn serving_equals_solo(
+    f: Arc<GgufFile>,
+    make: fn() -> CudaBackend,
+    prompts: impl Fn(u32) -> Vec<Vec<u32>>,
+    step_tokens: usize,
+) {
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let nv = f
         .hparams()
@@ -121,10 +152,9 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
         .ok()
         .flatten()
         .unwrap_or(49152);
-    let prompts: Vec<Vec<u32>> = (0..6).map(|i| ids(5 + 7 * i, 100 + i as u64, nv)).collect();
+    let prompts = prompts(nv);
     let max_tokens = 20;
-    let make = batch_invariant;
-    let kv_blocks = 128;
+    let kv_blocks = 512;
     let mut solo = Vec::new();
     let opts = RunnerOptions {
         kv: Default::default(),
@@ -147,9 +177,9 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
     let so = ServeOptions {
         kv: Default::default(),
         n_ctx: 256,
-        max_seqs: 8,
+        max_seqs: 16,
         kv_blocks,
-        max_batch_tokens: 128,
+        max_batch_tokens: step_tokens,
         max_waiting: 16,
     };
     let h = quiver_engine::start_serving(make, f.clone(), tok, so, "synth".into()).unwrap();

@@ -22,12 +22,14 @@ pub fn two_sequence_batch() -> Batch {
             len: 1,
             kv_len: 21,
             block_table: vec![7, 2, 9, 0, 5, 11],
+            ..Default::default()
         },
         SeqSpan {
             start: 1,
             len: 5,
             kv_len: 5,
             block_table: vec![3, 10],
+            ..Default::default()
         },
     ];
     let mut b = Batch {
@@ -75,6 +77,7 @@ pub fn paged_batch(
             len: new,
             kv_len,
             block_table,
+            ..Default::default()
         });
         for p in first..kv_len {
             b.tokens.push(rng.below(vocab) as u32);
