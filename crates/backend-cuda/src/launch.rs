@@ -173,7 +173,10 @@ mod tests {
             assert_eq!(*(p[1] as *const i32), -3);
             assert_eq!(*(p[2] as *const f32), 1.5);
             let v = &*(p[3] as *const BatchView);
-            assert_eq!((v.tokens, v.block_tables, v.drows, v.block_size), (1, 8, 9, 16));
+            assert_eq!(
+                (v.tokens, v.block_tables, v.drows, v.block_size),
+                (1, 8, 9, 16)
+            );
             let mm = &*(p[4] as *const MmvMat);
             assert_eq!((mm.w, mm.y, mm.row_bytes, mm.rows), (11, 12, 13, 14));
             assert_eq!(*(p[5] as *const i64), 7);
@@ -181,7 +184,10 @@ mod tests {
             assert!(p[..n].iter().all(|q| (*q as usize).is_multiple_of(8)));
         }
         // The widest launch (rope_kv_write with the q/k norms: 19 arguments) fits.
-        let mut a = args![1u64, 2u64, 3u64, 4u64, 5u64, view, 7u64, 8u64, 9i32, 10i32, 11i32, 12i32, 13i32, 14.0f32, 15.0f32, 16.0f32, 17u64, 18u64, 19.0f32];
+        let mut a = args![
+            1u64, 2u64, 3u64, 4u64, 5u64, view, 7u64, 8u64, 9i32, 10i32, 11i32, 12i32, 13i32,
+            14.0f32, 15.0f32, 16.0f32, 17u64, 18u64, 19.0f32
+        ];
         assert_eq!(a.ptrs().1, 19);
     }
 }
