@@ -222,6 +222,26 @@ pub struct Scheduler {
     outcomes: Vec<Outcome>,
 }
 
+/// The prefix-cache hash of full block `b` of `e`'s tokens, chained on the blocks before it.
+/// A block that holds generated tokens (positions from the prompt's length on) hashes with
+/// that length too: a backend may compute decode rows otherwise than prompt rows (the CUDA
+/// backend: attention on the KV-group kernel, issue 18), so such a block is found only by a
+/// request with the same prompt and the same generated tokens (itself, resumed after a
+/// preemption), never by one whose prompt holds those tokens: that one computes them as
+/// prompt rows, as it would alone.
+fn block_hash(e: &Entry, b: usize) -> u64 {
+    let end = (b + 1) * BLOCK_SIZE;
+    let tokens = &e.tokens[b * BLOCK_SIZE..end];
+    if end > e.prompt_len {
+        chain_hash(
+            e.last_hash ^ (e.prompt_len as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            tokens,
+        )
+    } else {
+        chain_hash(e.last_hash, tokens)
+    }
+}
+
 impl Scheduler {
     pub fn new(cfg: SchedConfig) -> Scheduler {
         Scheduler {
@@ -347,14 +367,11 @@ impl Scheduler {
         self.waiting.push_front(e);
     }
 
-    /// Reuses cached full blocks of the request's known tokens (never the last token, which
+    /// Reuses cached full blocks (`block_hash`) of the request's known tokens (never the last token, which
     /// must be computed to get logits).
     fn reuse_prefix(pool: &mut BlockPool, e: &mut Entry) {
         while !e.prompt_logits && !e.whole_prompt && (e.hashed + 1) * BLOCK_SIZE < e.tokens.len() {
-            let h = chain_hash(
-                e.last_hash,
-                &e.tokens[e.hashed * BLOCK_SIZE..(e.hashed + 1) * BLOCK_SIZE],
-            );
+            let h = block_hash(e, e.hashed);
             match pool.lookup(h) {
                 Some(b) => {
                     e.blocks.push(b);
@@ -481,10 +498,7 @@ impl Scheduler {
         for e in self.running.iter_mut() {
             e.n_computed += std::mem::take(&mut e.step);
             while (e.hashed + 1) * BLOCK_SIZE <= e.n_computed {
-                let h = chain_hash(
-                    e.last_hash,
-                    &e.tokens[e.hashed * BLOCK_SIZE..(e.hashed + 1) * BLOCK_SIZE],
-                );
+                let h = block_hash(e, e.hashed);
                 self.pool.register(e.blocks[e.hashed], h);
                 e.hashed += 1;
                 e.last_hash = h;

@@ -163,6 +163,30 @@ fn a_shared_prefix_reuses_cached_blocks() {
 }
 
 #[test]
+fn blocks_of_generated_tokens_serve_only_their_own_request() {
+    let mut s = sched(256, 4, 64);
+    let base = prompt(20, 5);
+    s.add(req(1, base.clone(), 30));
+    let got = drain(&mut s).remove(&1).unwrap();
+    // A prompt that holds request 1's prompt and answer reuses only the block of prompt
+    // tokens (0..16); 16..48 hold generated tokens, which it computes as prompt rows.
+    let mut p2 = base.clone();
+    p2.extend(&got);
+    p2.push(3);
+    s.add(req(2, p2.clone(), 1));
+    let (out, _) = step(&mut s);
+    assert_eq!(out.started[0].cached_tokens, 16);
+    assert_eq!(out.scheduled[0].decode_from, p2.len());
+    drain(&mut s);
+    // The same prompt again finds request 2's blocks, all prompt rows (its last block is
+    // still computed for logits).
+    s.add(req(3, p2.clone(), 1));
+    let (out, _) = step(&mut s);
+    assert_eq!(out.started[0].cached_tokens, 48);
+    drain(&mut s);
+}
+
+#[test]
 fn preemption_under_a_small_pool_loses_nothing() {
     // Alone, each request gets these tokens.
     let solo: Vec<Vec<u32>> = (1..=3u64)
