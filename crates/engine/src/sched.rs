@@ -193,8 +193,15 @@ impl Entry {
     }
 
     /// Tokens to schedule now within the token budget and, for prompt rows, the rows left.
+    /// Tokens this step takes: up to `budget`, never across the prompt's end (a request
+    /// recomputed after a preemption takes its prompt, then its generated tokens), so that each
+    /// step's part of a request is all prompt rows or all decode rows (`Scheduled::decode_from`).
     fn want(&self, budget: usize, prompt_rows: &mut usize) -> usize {
-        let want = (self.tokens.len() - self.n_computed).min(budget);
+        let mut left = self.tokens.len() - self.n_computed;
+        if self.n_computed < self.prompt_len {
+            left = left.min(self.prompt_len - self.n_computed);
+        }
+        let want = left.min(budget);
         if !self.prompt_rows() {
             return want;
         }
@@ -459,9 +466,15 @@ impl Scheduler {
             budget -= want;
             self.running.push(e);
         }
-        // 3. The step, in running order.
+        // 3. The step in running order, decode rows first: its requests past their prompt, then
+        // the prompt chunks.
         let out = &mut self.out;
-        for e in self.running.iter().filter(|e| e.step > 0) {
+        let part = |d: bool| move |e: &&Entry| e.step > 0 && (e.n_computed >= e.prompt_len) == d;
+        let (dec, pre) = (
+            self.running.iter().filter(part(true)),
+            self.running.iter().filter(part(false)),
+        );
+        for e in dec.chain(pre) {
             let t0 = out.tokens.len();
             out.tokens
                 .extend_from_slice(&e.tokens[e.n_computed..e.n_computed + e.step]);

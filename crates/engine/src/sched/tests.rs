@@ -187,6 +187,50 @@ fn blocks_of_generated_tokens_serve_only_their_own_request() {
 }
 
 #[test]
+fn decode_rows_lead_the_step_and_no_part_crosses_the_prompt_end() {
+    let mut s = sched(64, 4, 64);
+    s.add(req(1, prompt(10, 1), 8));
+    step(&mut s);
+    // Request 2's prompt chunk comes after request 1's decode row.
+    s.add(req(2, prompt(100, 2), 4));
+    let (out, _) = step(&mut s);
+    let kinds: Vec<(u64, bool)> = out
+        .scheduled
+        .iter()
+        .map(|x| (x.id, x.start_pos >= x.decode_from))
+        .collect();
+    assert_eq!(kinds, vec![(1, true), (2, false)]);
+    drain(&mut s);
+    // Under a pool small enough to preempt (6 blocks; each request needs 3), every step: its
+    // decode parts first, and no part across its request's prompt end (a resumed request
+    // recomputes its prompt, then its generated tokens as decode rows).
+    let mut s = sched(64, 4, 6);
+    for id in 1..=3u64 {
+        s.add(req(id, prompt(20, id as u32), 24));
+    }
+    let (mut preempted, mut recomputed) = (0, 0);
+    while s.has_work() {
+        let (out, _) = step(&mut s);
+        preempted += out.preempted.len();
+        let kinds: Vec<bool> = out
+            .scheduled
+            .iter()
+            .map(|x| x.start_pos >= x.decode_from)
+            .collect();
+        assert!(kinds.windows(2).all(|k| k[0] || !k[1]), "{kinds:?}");
+        for x in &out.scheduled {
+            let end = x.start_pos + x.n_tokens();
+            assert!(
+                x.start_pos >= x.decode_from || end <= x.decode_from,
+                "{x:?}"
+            );
+            recomputed += usize::from(x.start_pos >= x.decode_from && x.n_tokens() > 1);
+        }
+    }
+    assert!(preempted > 0 && recomputed > 0, "{preempted} {recomputed}");
+}
+
+#[test]
 fn preemption_under_a_small_pool_loses_nothing() {
     // Alone, each request gets these tokens.
     let solo: Vec<Vec<u32>> = (1..=3u64)
