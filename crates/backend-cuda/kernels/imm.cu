@@ -47,31 +47,26 @@ __device__ __forceinline__ void imm_terms(long long* acc, const u32* a, const fl
         acc[e] += fix_of(__fmul_rn(s, __int2float_rn(c[e])));
     }
 }
-// imm's blocks: 8 warps, warp w the rows of group w & 3 (16 of the 64) and the 32 tokens of half
-// w >> 2 (IMM_NT n8 tiles), so that each warp keeps half of qmm's accumulators (imm's are 64-bit)
-// and two blocks fit a multiprocessor's registers.
-#define IMM_WARPS 8
-#define IMM_NT 4
-// The totals of a warp's 16 rows × 32 tokens as floats, into y (qmm_store).
+// The totals of a warp's 16 rows × 64 tokens as floats, into y (qmm_store).
 __device__ __forceinline__ void fix_store(const long long (*tot)[4], const QRows& R, int n0, int rows,
                                           float* __restrict__ y, int n) {
-    float v[IMM_NT][4];
+    float v[8][4];
 #pragma unroll
-    for (int i = 0; i < IMM_NT; i++)
+    for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) v[i][e] = fix_val(tot[i][e]);
-    qmm_store<float, IMM_NT>(v, R, n0, rows, y, n);
+    qmm_store(v, R, n0, rows, y, n);
 }
-// imm's store of a warp's 16 rows × 32 tokens from n0: the totals as floats (fix_store), or,
-// when the columns are split over grid z, this part's 64-bit totals into the partials at y (as
-// long long, part z at z · n · rows), which imm_sum adds exactly.
+// imm's store: the totals as floats (fix_store), or, when the columns are split over grid z,
+// this part's 64-bit totals into the partials at y (as long long, part z at z · n · rows),
+// which imm_sum adds exactly.
 __device__ __forceinline__ void imm_store(const long long (*tot)[4], const QRows& R, int n0, int rows,
                                           float* __restrict__ y, int n) {
     if (gridDim.z == 1) {
         fix_store(tot, R, n0, rows, y, n);
         return;
     }
-    qmm_store<long long, IMM_NT>(tot, R, n0, rows, (long long*)y + (long long)blockIdx.z * n * rows, n);
+    qmm_store(tot, R, n0, rows, (long long*)y + (long long)blockIdx.z * n * rows, n);
 }
 // y[i] = the s parts' 64-bit totals added (in any order: integers), as a float.
 extern "C" __global__ void imm_sum(const long long* __restrict__ part, int s, long long len,
@@ -107,7 +102,7 @@ __device__ __forceinline__ void imv_part(long long* part, const long long (*acc)
             part[warp * 128 * NT + ((e >> 1) * 8 + g) * 8 * NT + nt * 8 + 2 * q + (e & 1)] = acc[nt][e];
 }
 
-// imm: CTA 64 rows × 64 tokens, 8 warps of 16 rows × 32 tokens, stages of 128 columns (4 blocks) as qmm:
+// imm: CTA 64 rows × 64 tokens, 4 warps of 16 rows, stages of 128 columns (4 blocks) as qmm:
 // weight windows, the tokens' int8 activations and their d through shared memory with cp.async,
 // QMM_NST stages in flight; split over grid z in whole 256-column chunks (imm_store).
 //                                       grid (ceil(n / 64), ceil(rows / 64), parts), block 128
@@ -121,44 +116,40 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
     u8* Xs = qsm;                                                   // [stage][token][IMM_XLD]
     float* Ds = (float*)(qsm + QMM_NST * QMM_BN * IMM_XLD);         // [stage][block][token]
     u8* Ws = (u8*)(Ds + QMM_NST * 4 * QMM_BN);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rg = warp & 3, th = warp >> 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int n0 = blockIdx.x * QMM_BN;
-    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + rg * 16, rows};
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
     const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
     // This block's stages: all of them, or split z's whole chunks (two stages each).
     const int nch = (nst + 1) / 2, S = gridDim.z, z = blockIdx.z;
     const int j0 = 2 * (z * nch / S), j1 = min(2 * ((z + 1) * nch / S), nst);
-    // Group rg's rows, copied by the warp of the first token half.
-    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + rg) * 16 * Q::WIN; };
-    auto copy_w = [&](int b, int j) {
-        if (th == 0) qmm_copy_w<Q>(wbuf(b), R, j);
-    };
+    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
     auto copy_x = [&](int b, int j) {
         u8* xs = Xs + b * QMM_BN * IMM_XLD;
         float* ds = Ds + b * 4 * QMM_BN;
-        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * IMM_WARPS) {
+        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
             const int t = i >> 3, p = i & 7, k = j * QMM_BK + 16 * p;
             const bool ok = n0 + t < n && k < cols;
             cp_async16(xs + t * IMM_XLD + 16 * p, ok ? aq + (long long)(n0 + t) * cols + k : aq, ok);
         }
-        for (int i = threadIdx.x; i < QMM_BN * 4; i += 32 * IMM_WARPS) {
+        for (int i = threadIdx.x; i < QMM_BN * 4; i += 32 * QMM_WARPS) {
             const int kb = i / QMM_BN, t = i % QMM_BN, blk = 4 * j + kb;
             const bool ok = n0 + t < n && blk < ng;
             const float* src = ok ? ad + ((long long)(n0 + t) * ng + blk) * 2 : ad;
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(ds + i)), "l"(src), "r"(ok ? 4 : 0));
         }
     };
-    long long tot[IMM_NT][4];
+    long long tot[8][4];
 #pragma unroll
-    for (int i = 0; i < IMM_NT; i++)
+    for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) tot[i][e] = 0;
 #pragma unroll
     for (int st = j0; st < j0 + QMM_NST - 1; st++) {
         if (st < j1) {
             copy_x(st % QMM_NST, st);
-            copy_w(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
         cp_async_commit();
     }
@@ -168,7 +159,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
         const int st = j + QMM_NST - 1;
         if (st < j1) {
             copy_x(st % QMM_NST, st);
-            copy_w(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
         cp_async_commit();
         const u8* win = wbuf(j % QMM_NST);
@@ -180,15 +171,14 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
             float dw[2];
             imm_frag<IW>(a, dw, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
 #pragma unroll
-            for (int nt = 0; nt < IMM_NT; nt++) {
-                const int t8 = (th * IMM_NT + nt) * 8;
-                const u8* xb = xs + (t8 + g) * IMM_XLD + kb * 32 + 4 * q;
-                const float2 da = *(const float2*)(ds + kb * QMM_BN + t8 + 2 * q);
+            for (int nt = 0; nt < 8; nt++) {
+                const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
+                const float2 da = *(const float2*)(ds + kb * QMM_BN + nt * 8 + 2 * q);
                 imm_terms(tot[nt], a, dw, *(const u32*)xb, *(const u32*)(xb + 16), da.x, da.y);
             }
         }
     }
-    imm_store(tot, R, n0 + th * 8 * IMM_NT, rows, y, n);
+    imm_store(tot, R, n0, rows, y, n);
 }
 
 // imv: n ≤ 8·NT tokens as NT n8 tiles (NT = 1, 2, 4); a block of 8 warps takes 16 rows, warp
@@ -261,7 +251,7 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         BODY;                                                                                         \
     }
 #define IMM_K(T, BB)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * IMM_WARPS, 2)                                   \
+    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
                 float* __restrict__ y, int n) {                                                       \
@@ -364,29 +354,25 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
     int* As = (int*)(qsm + QMM_NST * QMM_BN * IMM_XLD);        // [stage][sixteen][token]
     float* Dd = (float*)(As + QMM_NST * 8 * QMM_BN);           // [stage][token]
     u8* Ws = (u8*)(Dd + QMM_NST * QMM_BN);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rg = warp & 3, th = warp >> 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int n0 = blockIdx.x * QMM_BN;
-    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + rg * 16, rows};
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
     const int nsb = cols / 256;
     // Split z's super-blocks (two stages each).
     const int S = gridDim.z, z = blockIdx.z;
     const int j0 = 2 * (z * nsb / S), j1 = 2 * ((z + 1) * nsb / S);
-    // Group rg's rows, copied by the warp of the first token half.
-    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + rg) * 16 * Q::WIN; };
-    auto copy_w = [&](int b, int j) {
-        if (th == 0) qmm_copy_w<Q>(wbuf(b), R, j);
-    };
+    auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
     auto copy_x = [&](int b, int j) {
         u8* xs = Xs + b * QMM_BN * IMM_XLD;
-        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * IMM_WARPS) {
+        for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
             const int t = i >> 3, p = i & 7, k = j * QMM_BK + 16 * p;
             const bool ok = n0 + t < n;
             cp_async16(xs + t * IMM_XLD + 16 * p, ok ? aq + (long long)(n0 + t) * cols + k : aq, ok);
         }
         if (K::SUMS) {
             int* as = As + b * 8 * QMM_BN;
-            for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * IMM_WARPS) {
+            for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
                 const int h = i / QMM_BN, t = i % QMM_BN;
                 const bool ok = n0 + t < n;
                 const int* src = ok ? abs_ + (long long)(n0 + t) * (cols / 16) + j * 8 + h : abs_;
@@ -394,16 +380,16 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
             }
         }
         float* dd = Dd + b * QMM_BN;
-        for (int t = threadIdx.x; t < QMM_BN; t += 32 * IMM_WARPS) {
+        for (int t = threadIdx.x; t < QMM_BN; t += 32 * QMM_WARPS) {
             const bool ok = n0 + t < n;
             const float* src = ok ? ad + (long long)(n0 + t) * nsb + (j >> 1) : ad;
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dd + t)), "l"(src), "r"(ok ? 4 : 0));
         }
     };
-    int S1[IMM_NT][4], S2[IMM_NT][4];
-    long long tot[IMM_NT][4];
+    int S1[8][4], S2[8][4];
+    long long tot[8][4];
 #pragma unroll
-    for (int i = 0; i < IMM_NT; i++)
+    for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             S1[i][e] = S2[i][e] = 0;
@@ -413,7 +399,7 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
     for (int st = j0; st < j0 + QMM_NST - 1; st++) {
         if (st < j1) {
             copy_x(st % QMM_NST, st);
-            copy_w(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
         cp_async_commit();
     }
@@ -423,7 +409,7 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
         const int st = j + QMM_NST - 1;
         if (st < j1) {
             copy_x(st % QMM_NST, st);
-            copy_w(st % QMM_NST, st);
+            qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
         cp_async_commit();
         const u8* win = wbuf(j % QMM_NST);
@@ -437,14 +423,13 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
         for (int kb = 0; kb < 4; kb++) {
             const typename K::Pair p = K::pair(b0, b1, 4 * half + kb, q);
 #pragma unroll
-            for (int nt = 0; nt < IMM_NT; nt++) {
-                const int t8 = (th * IMM_NT + nt) * 8;
-                const u8* xb = xs + (t8 + g) * IMM_XLD + kb * 32 + 4 * q;
+            for (int nt = 0; nt < 8; nt++) {
+                const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
                 int asum[2] = {0, 0};
                 if (K::SUMS) {
 #pragma unroll
                     for (int t = 0; t < 2; t++) {
-                        const int tt = t8 + 2 * q + t;
+                        const int tt = nt * 8 + 2 * q + t;
                         asum[t] = as[(2 * kb) * QMM_BN + tt] + as[(2 * kb + 1) * QMM_BN + tt];
                     }
                 }
@@ -453,16 +438,16 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
         }
         if (half == 1) {
 #pragma unroll
-            for (int nt = 0; nt < IMM_NT; nt++)
+            for (int nt = 0; nt < 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const float da = dd[(th * IMM_NT + nt) * 8 + 2 * q + (e & 1)];
+                    const float da = dd[nt * 8 + 2 * q + (e & 1)];
                     tot[nt][e] += fix_of(K::term(da, (e >> 1) ? b1 : b0, S1[nt][e], S2[nt][e]));
                     S1[nt][e] = S2[nt][e] = 0;
                 }
         }
     }
-    imm_store(tot, R, n0 + th * 8 * IMM_NT, rows, y, n);
+    imm_store(tot, R, n0, rows, y, n);
 }
 
 // imvk: imv's layout (NT n8 tiles), one super-block per chunk.
@@ -538,7 +523,7 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
 }
 
 #define IMMK_K(T)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * IMM_WARPS, 2)                                   \
+    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
                 float* __restrict__ y, int n) {                                                       \

@@ -243,14 +243,14 @@ __device__ __forceinline__ void qmm_copy_x(u16* dst, const u16* __restrict__ xh,
     }
 }
 
-// A warp's 16 rows × 8·NT tokens (from n0) of results (the mma's C layout: lane (g, q) holds
-// rows g and g + 8, tokens 2q and 2q + 1 of each n8 tile) into y [n, rows].
-template <typename V, int NT = 8>
+// A warp's 16 rows × 64 tokens of results (the mma's C layout: lane (g, q) holds rows g and
+// g + 8, tokens 2q and 2q + 1 of each n8 tile) into y [n, rows].
+template <typename V>
 __device__ __forceinline__ void qmm_store(const V (*tot)[4], const QRows& R, int n0, int rows,
                                           V* __restrict__ y, int n) {
     const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
+    for (int nt = 0; nt < 8; nt++) {
         const int t = n0 + nt * 8 + 2 * q;
 #pragma unroll
         for (int e = 0; e < 4; e++) {

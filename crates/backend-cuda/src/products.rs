@@ -71,8 +71,6 @@ pub(crate) fn check_matmul(
 pub(crate) const QMM_BN: usize = 64;
 pub(crate) const QMM_BM: usize = 64;
 const QMM_THREADS: u32 = 128;
-/// Threads of an imm block (kernels/imm.cu `IMM_WARPS`: two warps per 16 rows).
-const IMM_THREADS: u32 = 256;
 
 /// Where a product runs on the tensor cores.
 #[derive(Clone, Copy)]
@@ -388,7 +386,7 @@ impl CudaBackend {
                         w.rows.div_ceil(QMM_BM) as u32,
                         splits as u32,
                     ),
-                    (IMM_THREADS, 1, 1),
+                    (QMM_THREADS, 1, 1),
                     imm_smem(w, 1).0 as u32,
                     args![
                         w.data.ptr,
