@@ -181,7 +181,8 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
     imm_store(tot, R, n0, rows, y, n);
 }
 
-// imv: n ≤ 8·NT tokens as NT n8 tiles (NT = 1, 2, 4); a block of 8 warps takes 16 rows, warp
+// imv: n ≤ 8·NT tokens as NT n8 tiles (NT = 1, 2; a form of 4 tiles measured slower than qmm at
+// 24 and 32 tokens, fourteenth session); a block of 8 warps takes 16 rows, warp
 // w the chunks w, w + 8, … (8 blocks each, their weight bytes copied to shared memory while the
 // previous chunk is multiplied; each A fragment feeds the NT tiles); the warps' sums meet in
 // shared memory and one thread per (row, token) adds them (fix_total).
@@ -241,7 +242,7 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
     fix_total<NT>(part, QW, R, rows, y, n);
 }
 
-// An imv entry point (the 8, 16 and 32-token forms share the arguments).
+// An imv entry point (the 8 and 16-token forms share the arguments).
 #define IMV_NT(NAME, BODY)                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                 \
         NAME(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                      \
@@ -259,8 +260,7 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         imm_impl<iw_##T, BB>(W, row_bytes, rows, cols, aq, ad, y, n);                                 \
     }                                                                                                 \
     IMV_NT(imv_##T, (imv_impl<iw_##T, BB, 1>(W, row_bytes, rows, cols, aq, ad, y, n)))             \
-    IMV_NT(imv2_##T, (imv_impl<iw_##T, BB, 2>(W, row_bytes, rows, cols, aq, ad, y, n)))            \
-    IMV_NT(imv4_##T, (imv_impl<iw_##T, BB, 4>(W, row_bytes, rows, cols, aq, ad, y, n)))
+    IMV_NT(imv2_##T, (imv_impl<iw_##T, BB, 2>(W, row_bytes, rows, cols, aq, ad, y, n)))
 
 // ---- The K-quants on int8 mma (imm_q4_k / imv_q4_k, imm_q6_k / imv_q6_k) over quantize_a256's
 // activations ----
@@ -531,5 +531,4 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
         immk_impl<KQ_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                              \
     }                                                                                                 \
     IMV_NT(imv_##T, (imvk_impl<KQ_##T, 1>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))          \
-    IMV_NT(imv2_##T, (imvk_impl<KQ_##T, 2>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))         \
-    IMV_NT(imv4_##T, (imvk_impl<KQ_##T, 4>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))
+    IMV_NT(imv2_##T, (imvk_impl<KQ_##T, 2>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))

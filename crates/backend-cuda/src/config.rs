@@ -110,9 +110,11 @@ pub struct CudaConfig {
 pub const GEMM_MIN_TOKENS: usize = 9;
 /// Token counts on imv by default. On the H200, 8B S_TG at 2 / 3 / 8 sequences, dp4a against
 /// imv: Q4_K_M 423 / 478 / 829 against 360 / 493 / 1,117 t/s; Q4_0 467 / 501 / 851 against
-/// 395 / 566 / 1,387; Q8_0 378 / 432 / 757 against 385 / 540 / 1,253 (fourteenth session,
-/// BENCHMARKS.md).
-pub const IMV_TOKENS: (usize, usize) = (3, 8);
+/// 395 / 566 / 1,387; Q8_0 378 / 432 / 757 against 385 / 540 / 1,253. At 12 / 16 / 24 / 32,
+/// qmm against imv: Q4_K_M 1,094 / 1,431 / 2,026 / 2,631 against 1,359 / 1,769 / 1,540 /
+/// 2,010; Q4_0 1,310 / 1,719 / 2,395 / 3,092 against 1,347 / 1,755 / 1,892 / 2,451
+/// (fourteenth session, BENCHMARKS.md): imv's 16-token form wins, a 32-token form (four n8 tiles) lost and is gone.
+pub const IMV_TOKENS: (usize, usize) = (3, 16);
 /// The cut-over with f16 copies (cuBLAS): from 3 tokens cuBLAS is faster (BENCHMARKS.md).
 pub const GEMM_MIN_TOKENS_COPIES: usize = 3;
 

@@ -103,8 +103,8 @@ enum Act {
 
 /// Tokens per qmv launch (kernels/qmm.cu: one n8 tile).
 const QMV_TOKENS: usize = 8;
-/// Tokens per imv launch (kernels/imm.cu: up to four n8 tiles).
-const IMV_TOKENS: usize = 32;
+/// Tokens per imv launch (kernels/imm.cu: up to two n8 tiles).
+const IMV_TOKENS: usize = 16;
 
 /// Stages in flight (kernels/qmm.cu `QMM_NST`) and a staged activation row in bytes
 /// (`QMM_XLD` halves).
@@ -411,8 +411,8 @@ impl CudaBackend {
                 };
                 for t in (0..n).step_by(IMV_TOKENS) {
                     let nt = (n - t).min(IMV_TOKENS);
-                    // One, two or four n8 tiles.
-                    let k = nt.div_ceil(8).next_power_of_two().trailing_zeros() as usize;
+                    // One or two n8 tiles.
+                    let k = usize::from(nt > 8);
                     self.launch_smem(
                         &w.names.module,
                         &w.names.imv[k],

@@ -191,7 +191,6 @@ pub fn kernel_names(module: &str) -> Vec<String> {
                         "imm",
                         "imv",
                         "imv2",
-                        "imv4",
                         "mmvqc",
                         "mmvqc1",
                         "mmvqc_glu",

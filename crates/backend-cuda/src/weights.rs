@@ -35,8 +35,8 @@ pub(crate) struct KernelNames {
     pub(crate) qmm_g: String,
     /// The int8 tensor-core products (Q4_0, Q8_0; `registry::int8_mma`).
     pub(crate) imm: String,
-    /// imv for 8, 16 and 32 tokens per launch (one, two, four n8 tiles).
-    pub(crate) imv: [String; 3],
+    /// imv for 8 and 16 tokens per launch (one, two n8 tiles).
+    pub(crate) imv: [String; 2],
     /// The parity mode's product and gather (module "exact").
     pub(crate) x_mm: String,
     pub(crate) x_embed: String,
@@ -73,7 +73,7 @@ impl KernelNames {
             qmv: format!("qmv_{kernel}"),
             qmm_g: format!("qmm_g_{kernel}"),
             imm: format!("imm_{kernel}"),
-            imv: ["", "2", "4"].map(|t| format!("imv{t}_{kernel}")),
+            imv: ["", "2"].map(|t| format!("imv{t}_{kernel}")),
             x_mm: format!("x_mm_{kernel}"),
             x_embed: format!("x_embed_{kernel}"),
             moe: [

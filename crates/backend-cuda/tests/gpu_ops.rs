@@ -148,7 +148,7 @@ fn matmul_and_embedding_match_reference_for_every_type() {
     let mut rng = seeded_rng();
     // Every count on the matrix-vector kernels (in launches of up to 8 tokens); then with the
     // cut-over where 3 tokens and more take the tensor cores (imv's default range first); then
-    // every count up to 32 on imv (launches of 8, 16 and 32 tokens) for the int8 types; then
+    // every count up to 32 on imv (launches of 8 and 16 tokens) for the int8 types; then
     // every count on the batch-invariant qmv / qmm kernels; the last two again with Q4_0 /
     // Q8_0 / Q4_K / Q6_K on the int8 tensor-core kernels (imm / imv) and the decode kernels in
     // their order: a backend each.
@@ -213,7 +213,7 @@ fn products_are_batch_invariant_in_the_invariant_mode() {
 #[ignore = "needs a CUDA GPU"]
 fn int8_mma_types_are_batch_invariant_on_the_default_path() {
     let mut rng = seeded_rng();
-    // imv's default range, then imv for everything up to 32 tokens (its 16 and 32-token forms).
+    // imv's default range, then imv for everything up to 32 tokens (several 16-token launches).
     for imv_tokens in [CudaConfig::from_env().imv_tokens, (1, 32)] {
         let be = backend_with(CudaConfig {
             int8_mma: true,
@@ -363,8 +363,8 @@ fn exact_sum_reference_is_the_product_within_rounding() {
 
 /// With `int8_mma`, the int8 types' products give the exact-sum reference's bits: on the decode
 /// kernels (mmvqc, under `gemm_min_tokens`), the int8 tensor-core kernels (imm) and their
-/// decode form (imv: in the invariant mode, and over `imv_tokens` in its 8, 16 and 32-token
-/// launches).
+/// decode form (imv: in the invariant mode, and over `imv_tokens` in launches of 8 and 16
+/// tokens).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn int8_mma_products_give_the_exact_sum_bits() {
