@@ -10,6 +10,7 @@ use crate::attention::check_attention;
 use crate::batch::CudaStep;
 use crate::context::Mode;
 use crate::embed::check_embed;
+use crate::kinds::Kind;
 use crate::memory::{CudaBuf, CudaKv};
 use crate::norm::Norm;
 use crate::products::{check_glu, check_matmul};
@@ -322,8 +323,9 @@ impl Backend for CudaBackend {
         }
         match &self.mode {
             Mode::Fast => {
+                // Every logits row on the decode kernels (the same bits for any count).
                 let rows = self.logits_input(st, w, x, n)?;
-                self.mm(w, rows, n, out.ptr())
+                self.mm_as(w, rows, n, out.ptr(), Kind::Decode)
             }
             Mode::Parity(p) => p.matmul_logits(self, st, w, x, n, out),
         }

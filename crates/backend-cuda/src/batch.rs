@@ -4,6 +4,7 @@
 
 use crate::dev::DevBuf;
 use crate::graph::{self, graph_bucket};
+use crate::kinds::{has_prompt_rows, leading_decode_rows, Kinds};
 use crate::{derr, CudaBackend};
 use quiver_backend::{BackendError, Batch, Result, Step};
 use std::sync::atomic::Ordering;
@@ -57,10 +58,12 @@ impl Default for BatchView {
     }
 }
 
-/// Where the current step's batch lives on the device: reused from step to step. Ops never
-/// read it; they get the step's [`CudaStep`] from `begin_step`.
+/// Where the current step's batch lives on the device: reused from step to step. Ops get the
+/// step's [`CudaStep`] from `begin_step`; the products, which take no step, read its `kinds`.
 #[derive(Default)]
 pub(crate) struct StepState {
+    /// The step's rows by kind (kinds.rs).
+    pub(crate) kinds: Kinds,
     /// The uploaded batch (`layout`) and its host staging.
     buf: Option<DevBuf>,
     layout: BatchLayout,
@@ -116,8 +119,11 @@ impl CudaBackend {
         self.dev.bind().map_err(BackendError::Device)?;
         let n = batch.n_tokens();
         let nl = batch.logits.len();
-        // Decode-shaped steps (every token wants logits) pad to a bucket and run from a graph.
-        let bucket = if self.graphs.enabled() {
+        // Decode-shaped steps (every token wants logits, none known to be a prompt row) pad to
+        // a bucket and run from a graph.
+        let prompt_rows = has_prompt_rows(batch);
+        let decode_shaped = !prompt_rows && graph_bucket(n, nl, max_tokens, max_logits).is_some();
+        let bucket = if self.graphs.enabled() && decode_shaped {
             graph_bucket(n, nl, max_tokens, max_logits)
         } else {
             None
@@ -131,13 +137,22 @@ impl CudaBackend {
         let (view, logits_identity) = self.upload_batch(batch, rows, logit_rows, max_tokens)?;
         // Flash attention for prefill-shaped steps only, decided by the batch's shape (not by
         // whether graphs are on), so that eager and replayed steps run the same kernels.
-        let decode_shaped = graph_bucket(n, nl, max_tokens, max_logits).is_some();
-        let (tiles, decode_rows) =
-            if self.cfg.flash && !decode_shaped && batch.seqs.iter().any(|s| s.len > 1) {
-                self.upload_tiles(batch)?
+        self.step.kinds = Kinds {
+            rows,
+            decode: if decode_shaped {
+                rows
             } else {
-                (None, None)
-            };
+                leading_decode_rows(batch)
+            },
+        };
+        let (tiles, decode_rows) = if self.cfg.flash
+            && !decode_shaped
+            && (prompt_rows || batch.seqs.iter().any(|s| s.len > 1))
+        {
+            self.upload_tiles(batch)?
+        } else {
+            (None, None)
+        };
         let step = Step {
             batch,
             rows,

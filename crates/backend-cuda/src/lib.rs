@@ -27,6 +27,7 @@ mod embed;
 mod exact;
 mod extras;
 mod graph;
+mod kinds;
 mod kvq;
 pub mod libs;
 mod memory;

@@ -6,6 +6,7 @@
 //! them. The fast path only: the parity mode's products are in src/exact.rs.
 
 use crate::batch::CudaStep;
+use crate::kinds::Kind;
 use crate::launch::grid1;
 use crate::memory::CudaBuf;
 use crate::split::Parts;
@@ -77,8 +78,11 @@ const QMM_THREADS: u32 = 128;
 enum Tc {
     /// cuBLAS over f16 weights at this address (F16 weights, or an opt-in f16 copy).
     Blas(u64),
-    /// The qmm kernel over the weight's own blocks.
-    Qmm,
+    /// The qmm kernel over the weight's own blocks (split over the columns when its tiles do
+    /// not fill the GPU, unless `whole`: prompt rows, kinds.rs).
+    Qmm {
+        whole: bool,
+    },
     /// Its decode form, the same bits for up to `QMV_TOKENS` tokens per launch.
     Qmv,
     /// The int8 tensor-core kernel over int8 activations (Q4_0, Q8_0), and its decode form.
@@ -177,9 +181,21 @@ enum GluPath {
 
 impl CudaBackend {
     /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`: on the tensor cores
-    /// when `n` reaches `gemm_min_tokens`, else on the matrix-vector kernels.
+    /// when `n` reaches `gemm_min_tokens`, else on the matrix-vector kernels; a step's decode
+    /// rows and prompt rows each on their kind's kernels (kinds.rs).
     pub(crate) fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
-        if let Some(tc) = self.tensor_core(w, n) {
+        let d = self.decode_rows(n);
+        if d > 0 && d < n {
+            self.mm_as(w, x, d, y, Kind::Decode)?;
+            let (xo, yo) = ((d * w.cols * 4) as u64, (d * w.rows * 4) as u64);
+            return self.mm_as(w, x + xo, n - d, y + yo, Kind::Prompt);
+        }
+        self.mm_as(w, x, n, y, if d == 0 { Kind::Prompt } else { Kind::Decode })
+    }
+
+    /// `mm` over rows of one kind.
+    pub(crate) fn mm_as(&self, w: &CudaWeight, x: u64, n: usize, y: u64, kind: Kind) -> Result<()> {
+        if let Some(tc) = self.tensor_core(w, n, kind) {
             let a = self.act(tc, x, n, w)?;
             return self.gemm(w, tc, a, n, y);
         }
@@ -191,13 +207,16 @@ impl CudaBackend {
         self.cfg.invariant && self.cfg.tensor_cores && qmm_smem(w).1 <= MAX_SMEM
     }
 
-    /// How a product of `w` over `n` tokens runs on the tensor cores, if it does.
-    fn tensor_core(&self, w: &CudaWeight, n: usize) -> Option<Tc> {
+    /// How a product of `w` over `n` tokens of `kind` runs on the tensor cores, if it does.
+    fn tensor_core(&self, w: &CudaWeight, n: usize, kind: Kind) -> Option<Tc> {
         let int8 = self.cfg.int8_mma && registry::int8_mma(w.kernel);
+        if int8 && kind == Kind::Prompt && self.cfg.tensor_cores && !self.invariant(w) {
+            return Some(Tc::Qmm { whole: true });
+        }
         if self.invariant(w) {
             return Some(match (n <= QMV_TOKENS, int8) {
                 (true, false) => Tc::Qmv,
-                (false, false) => Tc::Qmm,
+                (false, false) => Tc::Qmm { whole: false },
                 (true, true) => Tc::Imv,
                 (false, true) => Tc::Imm,
             });
@@ -223,7 +242,7 @@ impl CudaBackend {
             // as the invariant mode runs them.
             None if int8 && n <= QMV_TOKENS => Some(Tc::Imv),
             None if int8 => Some(Tc::Imm),
-            None => Some(Tc::Qmm),
+            None => Some(Tc::Qmm { whole: false }),
         }
     }
 
@@ -327,8 +346,12 @@ impl CudaBackend {
                 blas.gemm_f16(wh, xh, y, w.rows, n, w.cols)
                     .map_err(|e| derr("cublasGemmEx", e))
             }
-            Tc::Qmm => {
-                let splits = self.splits(w, n, Parts::Float);
+            Tc::Qmm { whole } => {
+                let splits = if whole {
+                    1
+                } else {
+                    self.splits(w, n, Parts::Float)
+                };
                 let out = self.split_out(splits, n, w.rows, Parts::Float, y)?;
                 self.launch_smem(
                     &w.names.module,
@@ -574,10 +597,16 @@ impl CudaBackend {
     }
 
     fn qkv_path(&self, w: &[&CudaWeight; 3], rows_x: usize) -> QkvPath {
+        // Decode rows and prompt rows: each product in two ranges (`mm`).
+        let kind = match self.decode_rows(rows_x) {
+            0 => Kind::Prompt,
+            d if d == rows_x => Kind::Decode,
+            _ => return QkvPath::Separate,
+        };
         let same_width = w
             .iter()
             .all(|m| m.cols == w[0].cols && act_grid(m.ty) == act_grid(w[0].ty));
-        if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core(m, rows_x)) {
+        if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core(m, rows_x, kind)) {
             if same_width && q.int8() == k.int8() && q.int8() == v.int8() {
                 return QkvPath::Gemm([q, k, v]);
             }
@@ -640,7 +669,12 @@ impl CudaBackend {
     }
 
     fn glu_path(&self, gate: &CudaWeight, up: &CudaWeight, rows_x: usize) -> GluPath {
-        let gh = self.tensor_core(gate, rows_x);
+        let kind = match self.decode_rows(rows_x) {
+            0 => Kind::Prompt,
+            d if d == rows_x => Kind::Decode,
+            _ => return GluPath::Separate,
+        };
+        let gh = self.tensor_core(gate, rows_x, kind);
         let fusable = rows_x <= MMV_TOKENS
             && gh.is_none()
             && gate.ty == up.ty
@@ -649,7 +683,7 @@ impl CudaBackend {
         if fusable {
             return GluPath::Fused;
         }
-        match (gh, self.tensor_core(up, rows_x)) {
+        match (gh, self.tensor_core(up, rows_x, kind)) {
             (Some(gh), Some(uh))
                 if gate.cols == up.cols
                     && act_grid(gate.ty) == act_grid(up.ty)

@@ -116,8 +116,9 @@ fn batched_serving_on_the_gpu_equals_solo_runs() {
     serving_equals_solo(model(), batch_invariant, prompts, 128);
 }
 
-/// The default path with the int8 types' products in the exact-sum order (`int8_mma`): the
-/// flash kernel on, the key ranges chosen by the kernels. 16 requests of 3 to 198 tokens in
+/// The default path with the int8 types' products in the exact-sum order (`int8_mma`: decode
+/// rows on mmvqc / imv / imm, prompt rows on qmm unsplit), the flash kernel on for prompt rows
+/// and the KV-group kernel for decode rows, the key ranges chosen by the kernels. 16 requests of 3 to 198 tokens in
 /// steps of at most 64 tokens, so that prompts are cut into chunks that differ from the solo
 /// runs' and decode rows share steps with prompt chunks: each answer as alone.
 #[test]

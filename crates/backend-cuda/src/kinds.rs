@@ -1,0 +1,97 @@
+//! A step's rows by kind (issue 18): decode rows (a request's generated tokens, whichever step
+//! computes them; `SeqSpan::decode_from`) and prompt rows. With the int8 types' products in the
+//! exact-sum order (`CudaConfig::int8_mma`), decode rows take those kernels (mmvqc, imv, imm:
+//! the same bits for any count) and prompt rows the f16 tensor-core kernel unsplit (qmm, whose
+//! per-element order does not depend on how a prompt is chunked), so that every row's product
+//! is the same whatever shares its step, at qmm's prompt speed. The scheduler puts a step's
+//! decode rows first, so the kinds are two ranges of rows.
+
+use crate::CudaBackend;
+use quiver_backend::Batch;
+
+/// Which kernels a product's rows take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Decode,
+    Prompt,
+}
+
+/// The current step's rows (with graph padding) and how many of them, from the first, are
+/// decode rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Kinds {
+    pub(crate) rows: usize,
+    pub(crate) decode: usize,
+}
+
+/// Whether some row of `batch` is known to be a prompt row.
+pub(crate) fn has_prompt_rows(batch: &Batch) -> bool {
+    batch.seqs.iter().any(|s| {
+        s.decode_from != usize::MAX
+            && s.len > 0
+            && (batch.positions[s.start] as usize) < s.decode_from
+    })
+}
+
+/// The leading decode rows of `batch`: rows whose position is at or past their sequence's
+/// `decode_from`, up to the first that is not.
+pub(crate) fn leading_decode_rows(batch: &Batch) -> usize {
+    (0..batch.n_tokens())
+        .take_while(|&t| {
+            let s = &batch.seqs[batch.seq_of[t] as usize];
+            batch.positions[t] as usize >= s.decode_from
+        })
+        .count()
+}
+
+impl CudaBackend {
+    /// How many of a product's `n` rows, from the first, take the decode kernels: all of them
+    /// unless the kinds route the products (`int8_mma`, outside the invariant mode) and the
+    /// product is over the step's rows.
+    pub(crate) fn decode_rows(&self, n: usize) -> usize {
+        let k = self.step.kinds;
+        if self.cfg.int8_mma && !self.cfg.invariant && n == k.rows {
+            k.decode
+        } else {
+            n
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quiver_backend::SeqSpan;
+
+    #[test]
+    fn decode_rows_are_the_leading_rows_past_their_prompt() {
+        let mut b = Batch {
+            block_size: 16,
+            ..Default::default()
+        };
+        // A decode row, a recompute's generated rows, then a prompt chunk.
+        for (len, p0, from) in [(1usize, 30u32, 20usize), (3, 12, 12), (4, 0, 9)] {
+            let start = b.tokens.len();
+            let si = b.seqs.len() as u32;
+            b.seqs.push(SeqSpan {
+                start,
+                len,
+                kv_len: p0 as usize + len,
+                decode_from: from,
+                ..Default::default()
+            });
+            for i in 0..len {
+                b.tokens.push(0);
+                b.positions.push(p0 + i as u32);
+                b.seq_of.push(si);
+            }
+        }
+        assert_eq!(leading_decode_rows(&b), 4);
+        assert!(has_prompt_rows(&b));
+        b.seqs[2].decode_from = usize::MAX;
+        assert_eq!(leading_decode_rows(&b), 4);
+        assert!(!has_prompt_rows(&b), "unknown kinds are not prompt rows");
+        b.seqs[0].decode_from = 31;
+        assert_eq!(leading_decode_rows(&b), 0);
+    }
+}
