@@ -4,6 +4,7 @@
 # .gpu/test-gpu_ops, .gpu/test-gpu, .gpu/test-archs.
 #   s14.sh i   imv against the dp4a kernels and qmm at 2-16 sequences (8B Q4_0, Q8_0, Q4_K_M)
 #   s14.sh t   imv's 16 / 32-token forms: the op tests, then 8-32 sequences against qmm
+#   s14.sh n   the next session's first call: products by row kind checked and timed
 #   s14.sh p   Nsight Compute: imm against qmm at 64 tokens (8B Q4_K_M, Q4_0)
 # Every call writes its log under $OUT too.
 set -uo pipefail
@@ -56,6 +57,33 @@ t)
     for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
       el "8B $ty $e"
       env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 64,128 2>/dev/null | grep "^| " | tail -2
+    done
+  done
+  el done
+  ;;
+n)
+  # The next session's first call (written after this session's GPU time): products by row
+  # kind with QUIVER_CUDA_INT8_MMA=1 (prompt rows on qmm unsplit, decode rows on the exact
+  # kernels), a known prompt row never decode-shaped. The op tests, every serving test, the
+  # architectures' parity, then the cost against the default: pp512 and S_TG at 1, 8, 64, 128
+  # (8B Q4_K_M, Q4_0), alternated twice.
+  (for ty in Q4_K_M Q4_0; do synth llama3-8b $ty $(f8 $ty); done) &
+  for f in matmul int8_mma; do
+    el "op test $f"
+    timeout 300 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
+      grep -E "^test |products|panicked|differ|result" | head -30
+  done
+  el "engine GPU tests"
+  timeout 300 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
+  el "architectures"
+  timeout 200 $B/test-archs --include-ignored gpu_matches 2>&1 | grep -E "panicked|result"
+  for round in 1 2; do
+    for ty in Q4_K_M Q4_0; do
+      wait_for $(f8 $ty)
+      for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
+        el "8B $ty $e"
+        env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+      done
     done
   done
   el done
