@@ -346,25 +346,24 @@ pub(crate) fn query_tiles(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use quiver_backend::SeqSpan;
 
-    #[test]
-    fn query_tiles_cover_every_token_once_in_runs_of_64() {
+    /// A batch of spans (tokens, first position, `decode_from`), positions consecutive.
+    pub(crate) fn spans(spans: &[(usize, u32, usize)]) -> Batch {
         let mut b = Batch {
             block_size: 16,
             ..Default::default()
         };
-        // A 150-token prefill from position 10, a 1-token decode, a 64-token chunk.
-        for (len, p0) in [(150usize, 10u32), (1, 70), (64, 0)] {
+        for &(len, p0, decode_from) in spans {
             let start = b.tokens.len();
             let si = b.seqs.len() as u32;
             b.seqs.push(SeqSpan {
                 start,
                 len,
                 kv_len: p0 as usize + len,
-                block_table: vec![],
+                decode_from,
                 ..Default::default()
             });
             for i in 0..len {
@@ -373,6 +372,17 @@ mod tests {
                 b.seq_of.push(si);
             }
         }
+        b
+    }
+
+    #[test]
+    fn query_tiles_cover_every_token_once_in_runs_of_64() {
+        // A 150-token prefill from position 10, a 1-token decode, a 64-token chunk.
+        let mut b = spans(&[
+            (150, 10, usize::MAX),
+            (1, 70, usize::MAX),
+            (64, 0, usize::MAX),
+        ]);
         let (mut t, mut d) = (Vec::new(), Vec::new());
         assert_eq!(query_tiles(&b, &mut t, &mut d), Some(5));
         assert!(d.is_empty(), "no span says where its decode rows begin");

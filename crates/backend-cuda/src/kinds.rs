@@ -61,31 +61,12 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quiver_backend::SeqSpan;
+    use crate::batch::tests::spans;
 
     #[test]
     fn decode_rows_are_the_leading_rows_past_their_prompt() {
-        let mut b = Batch {
-            block_size: 16,
-            ..Default::default()
-        };
         // A decode row, a recompute's generated rows, then a prompt chunk.
-        for (len, p0, from) in [(1usize, 30u32, 20usize), (3, 12, 12), (4, 0, 9)] {
-            let start = b.tokens.len();
-            let si = b.seqs.len() as u32;
-            b.seqs.push(SeqSpan {
-                start,
-                len,
-                kv_len: p0 as usize + len,
-                decode_from: from,
-                ..Default::default()
-            });
-            for i in 0..len {
-                b.tokens.push(0);
-                b.positions.push(p0 + i as u32);
-                b.seq_of.push(si);
-            }
-        }
+        let mut b = spans(&[(1, 30, 20), (3, 12, 12), (4, 0, 9)]);
         assert_eq!(leading_decode_rows(&b), 4);
         assert!(has_prompt_rows(&b));
         b.seqs[2].decode_from = usize::MAX;
