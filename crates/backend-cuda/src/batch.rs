@@ -201,6 +201,11 @@ impl CudaBackend {
         let Some(n_prompt) = query_tiles(batch, &mut s.tiles, &mut s.drows) else {
             return Ok((None, None));
         };
+        if n_prompt == 0 && !s.drows.is_empty() {
+            // Decode rows only (a recompute's generated tokens): the KV-group kernel, as in
+            // decode steps.
+            return Ok((None, None));
+        }
         let mut flat: Vec<i32> = s.tiles.iter().flatten().copied().collect();
         flat.extend(s.drows.iter().map(|&r| r as i32));
         let bytes = flat.len() * 4;
