@@ -57,9 +57,9 @@ impl CudaBackend {
                 // A mixed step's decode rows on the KV-group kernel, as in decode steps; the
                 // flash kernel then takes the prompt rows' tiles only.
                 let n_tiles = match st.ctx.decode_rows {
-                    Some((list, nd, n_prompt)) if self.kvd_takes(nd, a) => {
-                        self.attention_kvd(st, q, kv, a, out, Some((list, nd)))?;
-                        n_prompt
+                    Some(d) if self.kvd_takes(d.count, a) => {
+                        self.attention_kvd(st, q, kv, a, out, Some((d.list, d.count)))?;
+                        d.prompt_tiles
                     }
                     _ => n_tiles,
                 };

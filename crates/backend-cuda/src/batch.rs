@@ -6,7 +6,7 @@ use crate::dev::DevBuf;
 use crate::graph::{self, graph_bucket};
 use crate::kinds::{has_prompt_rows, leading_decode_rows, Kinds};
 use crate::{derr, CudaBackend};
-use quiver_backend::{BackendError, Batch, Result, Step};
+use quiver_backend::{BackendError, Batch, Result, SeqSpan, Step};
 use std::sync::atomic::Ordering;
 
 /// Where each region of the uploaded batch starts (u32 offsets), for `cap_t` tokens.
@@ -72,6 +72,8 @@ pub(crate) struct StepState {
     /// then the decode rows'), the decode rows, and their device copy (tiles, then rows).
     tiles: Vec<[i32; 4]>,
     drows: Vec<u32>,
+    /// Host staging of the tiles and rows (reused: no allocation per step).
+    flat: Vec<i32>,
     tile_buf: Option<DevBuf>,
 }
 
@@ -82,12 +84,24 @@ pub struct CudaStep {
     /// Logits rows are rows 0.. of the step (no gather before the output product).
     pub(crate) logits_identity: bool,
     /// The flash kernel's tiles on the device and their count (None: split-K attention).
-    pub(crate) tiles: Option<(u64, usize)>,
-    /// In a step of both kinds (`SeqSpan::decode_from`), its decode rows on the device and
-    /// their count, and the count of the prompt rows' tiles that lead `tiles`: the KV-group
-    /// kernel takes the decode rows and the flash kernel the prompt tiles, so that a decode
-    /// row's attention is the same bits as in a decode step (issue 18). None: one kind.
-    pub(crate) decode_rows: Option<(u64, usize, usize)>,
+    pub(crate) tiles: Option<Tiles>,
+    /// In a step of both kinds (`SeqSpan::decode_from`), its decode rows: the KV-group kernel
+    /// takes them and the flash kernel the prompt rows' tiles, so that a decode row's
+    /// attention is the same bits as in a decode step (issue 18). None: one kind.
+    pub(crate) decode_rows: Option<DecodeRows>,
+}
+
+/// The flash kernel's query tiles on the device and their count.
+pub(crate) type Tiles = (u64, usize);
+
+/// A mixed step's decode rows for the KV-group kernel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DecodeRows {
+    /// The row indices on the device, and their count.
+    pub(crate) list: u64,
+    pub(crate) count: usize,
+    /// The prompt rows' tiles, which lead the step's tiles.
+    pub(crate) prompt_tiles: usize,
 }
 
 impl CudaStep {
@@ -122,12 +136,9 @@ impl CudaBackend {
         // Decode-shaped steps (every token wants logits, none known to be a prompt row) pad to
         // a bucket and run from a graph.
         let prompt_rows = has_prompt_rows(batch);
-        let decode_shaped = !prompt_rows && graph_bucket(n, nl, max_tokens, max_logits).is_some();
-        let bucket = if self.graphs.enabled() && decode_shaped {
-            graph_bucket(n, nl, max_tokens, max_logits)
-        } else {
-            None
-        };
+        let shaped = graph_bucket(n, nl, max_tokens, max_logits).filter(|_| !prompt_rows);
+        let decode_shaped = shaped.is_some();
+        let bucket = shaped.filter(|_| self.graphs.enabled());
         let graphable = bucket.is_some();
         let (rows, logit_rows) = match bucket {
             Some(b) => (b, b),
@@ -192,11 +203,7 @@ impl CudaBackend {
     /// Query tiles of up to 64 consecutive tokens per sequence for the flash kernel (none:
     /// split-K kernel, when a sequence's positions are not consecutive), and in a step of both
     /// kinds its decode rows ([`CudaStep::decode_rows`]).
-    #[allow(clippy::type_complexity)]
-    fn upload_tiles(
-        &mut self,
-        batch: &Batch,
-    ) -> Result<(Option<(u64, usize)>, Option<(u64, usize, usize)>)> {
+    fn upload_tiles(&mut self, batch: &Batch) -> Result<(Option<Tiles>, Option<DecodeRows>)> {
         let s = &mut self.step;
         let Some(n_prompt) = query_tiles(batch, &mut s.tiles, &mut s.drows) else {
             return Ok((None, None));
@@ -206,20 +213,24 @@ impl CudaBackend {
             // decode steps.
             return Ok((None, None));
         }
-        let mut flat: Vec<i32> = s.tiles.iter().flatten().copied().collect();
-        flat.extend(s.drows.iter().map(|&r| r as i32));
-        let bytes = flat.len() * 4;
+        s.flat.clear();
+        s.flat.extend(s.tiles.iter().flatten());
+        s.flat.extend(s.drows.iter().map(|&r| r as i32));
+        let bytes = s.flat.len() * 4;
         if s.tile_buf.as_ref().is_none_or(|b| b.bytes < bytes) {
             let b = self.alloc(bytes.next_power_of_two().max(4096), "attention tiles")?;
             self.step.tile_buf = Some(b);
         }
-        let s = &mut self.step;
+        let s = &self.step;
         let ptr = s.tile_buf.as_ref().unwrap().ptr;
         self.dev
-            .htod_async(ptr, &flat)
+            .htod_async(ptr, &s.flat)
             .map_err(BackendError::Device)?;
-        let mixed = n_prompt > 0 && !s.drows.is_empty();
-        let drows = mixed.then(|| (ptr + 16 * s.tiles.len() as u64, s.drows.len(), n_prompt));
+        let drows = (n_prompt > 0 && !s.drows.is_empty()).then(|| DecodeRows {
+            list: ptr + 16 * s.tiles.len() as u64,
+            count: s.drows.len(),
+            prompt_tiles: n_prompt,
+        });
         Ok((Some((ptr, s.tiles.len())), drows))
     }
 
@@ -323,7 +334,17 @@ pub(crate) fn query_tiles(
 ) -> Option<usize> {
     tiles.clear();
     drows.clear();
-    let mut decode = Vec::new();
+    // A span's prompt rows: its first `np` (positions before `decode_from`).
+    let np = |sp: &SeqSpan| {
+        let first = batch.positions.get(sp.start).map_or(0, |&p| p as usize);
+        sp.decode_from.saturating_sub(first).min(sp.len)
+    };
+    // Rows a..b of span si, in tiles of up to 64.
+    fn push(tiles: &mut Vec<[i32; 4]>, si: usize, sp: &SeqSpan, a: usize, b: usize) {
+        for c in (a..b).step_by(64) {
+            tiles.push([si as i32, (sp.start + c) as i32, (b - c).min(64) as i32, 0]);
+        }
+    }
     for (si, sp) in batch.seqs.iter().enumerate() {
         let pos = &batch.positions[sp.start..sp.start + sp.len];
         if pos
@@ -332,28 +353,22 @@ pub(crate) fn query_tiles(
             .any(|(i, &p)| p as usize != pos[0] as usize + i)
         {
             tiles.clear();
-            drows.clear();
             return None;
         }
-        // The span's prompt rows, then its decode rows.
-        let first = pos.first().map_or(0, |&p| p as usize);
-        let np = sp.decode_from.saturating_sub(first).min(sp.len);
-        for (a, b, out) in [(0, np, &mut *tiles), (np, sp.len, &mut decode)] {
-            for c in (a..b).step_by(64) {
-                out.push([si as i32, (sp.start + c) as i32, (b - c).min(64) as i32, 0]);
-            }
-        }
-        drows.extend((sp.start + np..sp.start + sp.len).map(|r| r as u32));
+        push(tiles, si, sp, 0, np(sp));
     }
     let n_prompt = tiles.len();
-    tiles.extend(decode);
+    for (si, sp) in batch.seqs.iter().enumerate() {
+        let p = np(sp);
+        push(tiles, si, sp, p, sp.len);
+        drows.extend((sp.start + p..sp.start + sp.len).map(|r| r as u32));
+    }
     Some(n_prompt)
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use quiver_backend::SeqSpan;
 
     /// A batch of spans (tokens, first position, `decode_from`), positions consecutive.
     pub(crate) fn spans(spans: &[(usize, u32, usize)]) -> Batch {

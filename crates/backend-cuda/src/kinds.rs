@@ -56,6 +56,15 @@ impl CudaBackend {
             n
         }
     }
+
+    /// The one kind of a product's `n` rows; None when it holds both (decode rows first).
+    pub(crate) fn kind_of(&self, n: usize) -> Option<Kind> {
+        match self.decode_rows(n) {
+            0 => Some(Kind::Prompt),
+            d if d == n => Some(Kind::Decode),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -184,13 +184,13 @@ impl CudaBackend {
     /// when `n` reaches `gemm_min_tokens`, else on the matrix-vector kernels; a step's decode
     /// rows and prompt rows each on their kind's kernels (kinds.rs).
     pub(crate) fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
-        let d = self.decode_rows(n);
-        if d > 0 && d < n {
-            self.mm_as(w, x, d, y, Kind::Decode)?;
-            let (xo, yo) = ((d * w.cols * 4) as u64, (d * w.rows * 4) as u64);
-            return self.mm_as(w, x + xo, n - d, y + yo, Kind::Prompt);
+        if let Some(kind) = self.kind_of(n) {
+            return self.mm_as(w, x, n, y, kind);
         }
-        self.mm_as(w, x, n, y, if d == 0 { Kind::Prompt } else { Kind::Decode })
+        let d = self.decode_rows(n);
+        self.mm_as(w, x, d, y, Kind::Decode)?;
+        let (xo, yo) = ((d * w.cols * 4) as u64, (d * w.rows * 4) as u64);
+        self.mm_as(w, x + xo, n - d, y + yo, Kind::Prompt)
     }
 
     /// `mm` over rows of one kind.
@@ -598,10 +598,8 @@ impl CudaBackend {
 
     fn qkv_path(&self, w: &[&CudaWeight; 3], rows_x: usize) -> QkvPath {
         // Decode rows and prompt rows: each product in two ranges (`mm`).
-        let kind = match self.decode_rows(rows_x) {
-            0 => Kind::Prompt,
-            d if d == rows_x => Kind::Decode,
-            _ => return QkvPath::Separate,
+        let Some(kind) = self.kind_of(rows_x) else {
+            return QkvPath::Separate;
         };
         let same_width = w
             .iter()
@@ -669,10 +667,8 @@ impl CudaBackend {
     }
 
     fn glu_path(&self, gate: &CudaWeight, up: &CudaWeight, rows_x: usize) -> GluPath {
-        let kind = match self.decode_rows(rows_x) {
-            0 => Kind::Prompt,
-            d if d == rows_x => Kind::Decode,
-            _ => return GluPath::Separate,
+        let Some(kind) = self.kind_of(rows_x) else {
+            return GluPath::Separate;
         };
         let gh = self.tensor_core(gate, rows_x, kind);
         let fusable = rows_x <= MMV_TOKENS

@@ -192,10 +192,10 @@ impl Entry {
         self.prompt_logits && self.n_computed < self.prompt_len
     }
 
-    /// Tokens to schedule now within the token budget and, for prompt rows, the rows left.
-    /// Tokens this step takes: up to `budget`, never across the prompt's end (a request
-    /// recomputed after a preemption takes its prompt, then its generated tokens), so that each
-    /// step's part of a request is all prompt rows or all decode rows (`Scheduled::decode_from`).
+    /// Tokens to schedule now within the token budget and, for prompt rows, the rows left;
+    /// never across the prompt's end (a request recomputed after a preemption takes its
+    /// prompt, then its generated tokens), so that each step's part of a request is all prompt
+    /// rows or all decode rows (`Scheduled::decode_from`).
     fn want(&self, budget: usize, prompt_rows: &mut usize) -> usize {
         let mut left = self.tokens.len() - self.n_computed;
         if self.n_computed < self.prompt_len {
@@ -374,8 +374,8 @@ impl Scheduler {
         self.waiting.push_front(e);
     }
 
-    /// Reuses cached full blocks (`block_hash`) of the request's known tokens (never the last token, which
-    /// must be computed to get logits).
+    /// Reuses cached full blocks (`block_hash`) of the request's known tokens (never the last
+    /// token, which must be computed to get logits).
     fn reuse_prefix(pool: &mut BlockPool, e: &mut Entry) {
         while !e.prompt_logits && !e.whole_prompt && (e.hashed + 1) * BLOCK_SIZE < e.tokens.len() {
             let h = block_hash(e, e.hashed);
