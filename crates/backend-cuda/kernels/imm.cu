@@ -339,10 +339,113 @@ struct KQ_q6_k {
     }
 };
 
+// ---- immk: the K-quants' imm (Q4_K, Q6_K) ----
+// Per type a policy IK_T of two steps over a warp's 16 rows × 64 tokens: kb() adds sub-block
+// pair jj (32 values) of rows g, g + 8 against the 8 n8 tiles' activations (xs) into the int32
+// accumulators P / Q, fin() adds each output's super-block term (fix_of) to tot and clears P / Q.
+//
+// Q4_K with the scales folded into the A fragments: sc = 8·sh + sl (sh, sl ≤ 7, sh·q, sl·q ≤ 105
+// as int8), so P = Σ (sh·q)·x and Q = Σ (sl·q)·x over the super-block are mma accumulators and
+// S1 = 8·P + Q; S2 = Σ_j m_j·asum_j by two m16n8k16 mma from the activations' 32-sums split as
+// asum = 256·h + l (quantize_a256's `hl`: h_0..h_7, l_0..l_7 per token and super-block):
+// S2 = 256·Σ m·h + Σ m·l. Exact integers, so the same term as mmvq.cu's rowq_c_q4_k.
+__device__ __forceinline__ void mma_s8_k16(int* c, u32 a0, u32 a1, u32 b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+// The Q4_K super-block at b's 6-bit scales and mins as bytes: sub-blocks 0..3 in [0], 4..7 in [1].
+__device__ __forceinline__ void q4k_scales_mins(const u8* b, u32* sc, u32* mn) {
+    const u32 w0 = *(const u32*)(b + 4), w1 = *(const u32*)(b + 8), w2 = *(const u32*)(b + 12);
+    sc[0] = w0 & 0x3F3F3F3Fu;
+    mn[0] = w1 & 0x3F3F3F3Fu;
+    sc[1] = (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4);
+}
+// Token tile nt's b0 / b1 for sub-block pair kb of the stage (xs as immk stages it).
+__device__ __forceinline__ void imm_xfrag(const u8* xs, int nt, int kb, int g, int q, u32& x0, u32& x1) {
+    const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
+    x0 = *(const u32*)xb;
+    x1 = *(const u32*)(xb + 16);
+}
+struct IK_q4_k {
+    static constexpr int BB = 144;
+    static constexpr bool HL = true;
+    __device__ static void kb(int (*P)[4], int (*Q)[4], const u8* b0, const u8* b1, int jj, const u8* xs, int kb, int g, int q) {
+        u32 s0[2], s1[2], m[2];
+        q4k_scales_mins(b0, s0, m);
+        q4k_scales_mins(b1, s1, m);
+        const int sc0 = (s0[jj >> 2] >> (8 * (jj & 3))) & 63, sc1 = (s1[jj >> 2] >> (8 * (jj & 3))) & 63;
+        u32 a[4], ah[4], al[4];
+        q4k_frag(b0, jj, q, a[0], a[2]);
+        q4k_frag(b1, jj, q, a[1], a[3]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int sc = (i & 1) ? sc1 : sc0;
+            ah[i] = a[i] * (u32)(sc >> 3);
+            al[i] = a[i] * (u32)(sc & 7);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            u32 x0, x1;
+            imm_xfrag(xs, nt, kb, g, q, x0, x1);
+            mma_s8(P[nt], ah, x0, x1);
+            mma_s8(Q[nt], al, x0, x1);
+        }
+    }
+    __device__ static void fin(long long (*tot)[4], int (*P)[4], int (*Q)[4], const u8* b0, const u8* b1,
+                               const u8* hs, const float* dd, int g, int q) {
+        u32 s[2], m0[2], m1[2];
+        q4k_scales_mins(b0, s, m0);
+        q4k_scales_mins(b1, s, m1);
+        // m16n8k16: A1 = the mins in k 0..7 (against h), A2 in k 8..15 (against l).
+        const u32 h0 = q < 2 ? m0[q & 1] : 0u, h1 = q < 2 ? m1[q & 1] : 0u;
+        const u32 l0 = q < 2 ? 0u : m0[q & 1], l1 = q < 2 ? 0u : m1[q & 1];
+        const float d[2] = {h2f(ld_u16(b0)), h2f(ld_u16(b1))}, dmin[2] = {h2f(ld_u16(b0 + 2)), h2f(ld_u16(b1 + 2))};
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            const u32 x = *(const u32*)(hs + (nt * 8 + g) * 16 + 4 * q);
+            int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
+            mma_s8_k16(ch, h0, h1, x);
+            mma_s8_k16(cl, l0, l1, x);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float da = dd[nt * 8 + 2 * q + (e & 1)];
+                tot[nt][e] += fix_of(q4k_term(da, d[e >> 1], dmin[e >> 1], 8 * P[nt][e] + Q[nt][e], 256 * ch[e] + cl[e]));
+                P[nt][e] = Q[nt][e] = 0;
+            }
+        }
+    }
+};
+struct IK_q6_k {
+    static constexpr int BB = 210;
+    static constexpr bool HL = false;
+    __device__ static void kb(int (*P)[4], int (*)[4], const u8* b0, const u8* b1, int jj, const u8* xs, int kb, int g, int q) {
+        const KQ_q6_k::Pair p = KQ_q6_k::pair(b0, b1, jj, q);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            u32 x0, x1;
+            imm_xfrag(xs, nt, kb, g, q, x0, x1);
+            KQ_q6_k::acc(p, x0, x1, nullptr, P[nt], nullptr);
+        }
+    }
+    __device__ static void fin(long long (*tot)[4], int (*P)[4], int (*)[4], const u8* b0, const u8* b1,
+                               const u8*, const float* dd, int, int q) {
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float da = dd[nt * 8 + 2 * q + (e & 1)];
+                tot[nt][e] += fix_of(KQ_q6_k::term(da, (e >> 1) ? b1 : b0, P[nt][e], 0));
+                P[nt][e] = 0;
+            }
+    }
+};
+
 // immk: qmm's tiling (64 rows × 64 tokens, stages of 128 columns: half a super-block). Per
-// stage the tokens' int8 activations, their 8 per-16 sums (SUMS) and their super-block's d go
-// through shared memory; the term is added (fix_of) at the super-block's second stage. Split
-// over grid z in whole super-blocks (imm_store).
+// stage the tokens' int8 activations, their super-block's d and (HL) 32-sums split go through
+// shared memory; the terms are added at the super-block's second stage (fin). Split over grid z
+// in whole super-blocks (imm_store).
 template <class K>
 __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                           int cols, const i8* __restrict__ aq,
@@ -351,14 +454,16 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
     typedef QWin<K::BB, 256> Q;
     extern __shared__ __align__(16) u8 qsm[];
     u8* Xs = qsm;                                              // [stage][token][IMM_XLD]
-    int* As = (int*)(qsm + QMM_NST * QMM_BN * IMM_XLD);        // [stage][sixteen][token]
-    float* Dd = (float*)(As + QMM_NST * 8 * QMM_BN);           // [stage][token]
+    u8* Hs = qsm + QMM_NST * QMM_BN * IMM_XLD;                 // [stage][token][16]
+    float* Dd = (float*)(Hs + QMM_NST * QMM_BN * 16);          // [stage][token]
     u8* Ws = (u8*)(Dd + QMM_NST * QMM_BN);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int n0 = blockIdx.x * QMM_BN;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
     const int nsb = cols / 256;
+    // quantize_a256's 32-sums split, after its per-16 sums.
+    const u8* hl = (const u8*)(abs_ + (long long)n * (cols / 16));
     // Split z's super-blocks (two stages each).
     const int S = gridDim.z, z = blockIdx.z;
     const int j0 = 2 * (z * nsb / S), j1 = 2 * ((z + 1) * nsb / S);
@@ -370,15 +475,11 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
             const bool ok = n0 + t < n;
             cp_async16(xs + t * IMM_XLD + 16 * p, ok ? aq + (long long)(n0 + t) * cols + k : aq, ok);
         }
-        if (K::SUMS) {
-            int* as = As + b * 8 * QMM_BN;
-            for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
-                const int h = i / QMM_BN, t = i % QMM_BN;
+        if (K::HL)
+            for (int t = threadIdx.x; t < QMM_BN; t += 32 * QMM_WARPS) {
                 const bool ok = n0 + t < n;
-                const int* src = ok ? abs_ + (long long)(n0 + t) * (cols / 16) + j * 8 + h : abs_;
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(as + i)), "l"(src), "r"(ok ? 4 : 0));
+                cp_async16(Hs + (b * QMM_BN + t) * 16, ok ? hl + ((long long)(n0 + t) * nsb + (j >> 1)) * 16 : hl, ok);
             }
-        }
         float* dd = Dd + b * QMM_BN;
         for (int t = threadIdx.x; t < QMM_BN; t += 32 * QMM_WARPS) {
             const bool ok = n0 + t < n;
@@ -386,13 +487,13 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dd + t)), "l"(src), "r"(ok ? 4 : 0));
         }
     };
-    int S1[8][4], S2[8][4];
+    int P[8][4], Qa[8][4];
     long long tot[8][4];
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            S1[i][e] = S2[i][e] = 0;
+            P[i][e] = Qa[i][e] = 0;
             tot[i][e] = 0;
         }
 #pragma unroll
@@ -412,40 +513,15 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
             qmm_copy_w<Q>(wbuf(st % QMM_NST), R, st);
         }
         cp_async_commit();
-        const u8* win = wbuf(j % QMM_NST);
-        const u8* xs = Xs + (j % QMM_NST) * QMM_BN * IMM_XLD;
-        const int* as = As + (j % QMM_NST) * 8 * QMM_BN;
-        const float* dd = Dd + (j % QMM_NST) * QMM_BN;
+        const int b = j % QMM_NST;
+        const u8* win = wbuf(b);
+        const u8* xs = Xs + b * QMM_BN * IMM_XLD;
         const u8* b0 = win + g * Q::WIN + (int)((u64)(R.row(g) + Q::start(j)) & 15);
         const u8* b1 = win + (g + 8) * Q::WIN + (int)((u64)(R.row(g + 8) + Q::start(j)) & 15);
         const int half = j & 1;
 #pragma unroll
-        for (int kb = 0; kb < 4; kb++) {
-            const typename K::Pair p = K::pair(b0, b1, 4 * half + kb, q);
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
-                int asum[2] = {0, 0};
-                if (K::SUMS) {
-#pragma unroll
-                    for (int t = 0; t < 2; t++) {
-                        const int tt = nt * 8 + 2 * q + t;
-                        asum[t] = as[(2 * kb) * QMM_BN + tt] + as[(2 * kb + 1) * QMM_BN + tt];
-                    }
-                }
-                K::acc(p, *(const u32*)xb, *(const u32*)(xb + 16), asum, S1[nt], S2[nt]);
-            }
-        }
-        if (half == 1) {
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float da = dd[nt * 8 + 2 * q + (e & 1)];
-                    tot[nt][e] += fix_of(K::term(da, (e >> 1) ? b1 : b0, S1[nt][e], S2[nt][e]));
-                    S1[nt][e] = S2[nt][e] = 0;
-                }
-        }
+        for (int kb = 0; kb < 4; kb++) K::kb(P, Qa, b0, b1, 4 * half + kb, xs, kb, g, q);
+        if (half == 1) K::fin(tot, P, Qa, b0, b1, Hs + b * QMM_BN * 16, Dd + b * QMM_BN, g, q);
     }
     imm_store(tot, R, n0, rows, y, n);
 }
@@ -528,7 +604,7 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
                 float* __restrict__ y, int n) {                                                       \
         pdl_begin();                                                                                  \
-        immk_impl<KQ_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                              \
+        immk_impl<IK_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                              \
     }                                                                                                 \
     IMV_NT(imv_##T, (imvk_impl<KQ_##T, 1>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))          \
     IMV_NT(imv2_##T, (imvk_impl<KQ_##T, 2>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))

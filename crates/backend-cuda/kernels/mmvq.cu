@@ -266,6 +266,15 @@ __device__ __forceinline__ int reduce_scatter8(const int* v) {
     const bool up = j & 1;
     return (up ? q2[1] : q2[0]) + __shfl_xor_sync(0xffffffffu, up ? q2[0] : q2[1], 1);
 }
+// reduce_scatter8 for ntok tokens: for one token (mmvqc1_T) v[0]'s sum over the 8 lanes, lane
+// 0 of the group taking it (the same integer, 6 shuffles fewer).
+__device__ __forceinline__ int reduce_tokens8(const int* v, int ntok) {
+    if (ntok > 1) return reduce_scatter8(v);
+    int s = v[0];
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
 // acc[j] += term for this lane's token j (acc indexed by constants only: registers).
 __device__ __forceinline__ void acc_own(long long* acc, int j, long long term) {
 #pragma unroll
@@ -275,6 +284,7 @@ __device__ __forceinline__ void acc_own(long long* acc, int j, long long term) {
 __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
     const int nsl = cols / 32, lane = threadIdx.x & 31;
+#pragma unroll 2
     for (int i = 0; 32 * i < nsl; i++) {
         const int s = 32 * i + lane, sb = s >> 3, j = s & 7;
         // The same for the 8 lanes of a super-block (nsl is a multiple of 8).
@@ -313,7 +323,7 @@ __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8
                 p2[t] = m0 * bs[0] + m1 * bs[2];
             }
         }
-        const int S1 = reduce_scatter8(p1), S2 = reduce_scatter8(p2);
+        const int S1 = reduce_tokens8(p1, ntok), S2 = reduce_tokens8(p2, ntok);
         if (valid && j < ntok) acc_own(acc, j, fix_of(q4k_term(ad[(long long)j * (cols / 256) + sb], d, dmin, S1, S2)));
     }
 }
@@ -383,6 +393,7 @@ __device__ __forceinline__ float rowq_fin_c_q6_k(long long v) { return fix_val(w
 __device__ __forceinline__ void rowq_c_q6_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
     const int nsl = cols / 32, lane = threadIdx.x & 31;
+#pragma unroll 2
     for (int i = 0; 32 * i < nsl; i++) {
         const int s = 32 * i + lane, sb = s >> 3, jj = s & 7;
         const bool valid = s < nsl;
@@ -403,7 +414,7 @@ __device__ __forceinline__ void rowq_c_q6_k(const u8* __restrict__ row, const i8
                 p[t] = sc[0] * g[0] + sc[1] * g[1] + sc[2] * g[2] + sc[3] * g[3];
             }
         }
-        const int S = reduce_scatter8(p);
+        const int S = reduce_tokens8(p, ntok);
         if (valid && jj < ntok) acc_own(acc, jj, fix_of(q6k_term(ad[(long long)jj * (cols / 256) + sb], d, S)));
     }
 }

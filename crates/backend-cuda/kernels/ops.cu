@@ -270,8 +270,9 @@ extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restr
     }
 }
 
-// Blocks of 256 (ggml's Q8_K: d = 1 / (127/max)): q int8, d per block, sums of each 16 quants.
-// One warp per block.
+// Blocks of 256 (ggml's Q8_K: d = 1 / (127/max)): q int8, d per block, sums of each 16 quants,
+// and after those sums (at bsums + 16·nblocks) each 32's sum split for imm.cu's Q4_K mins term
+// as 256·h + l (h, l int8): per block h_0..h_7, l_0..l_7. One warp per block.
 extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d256, int* __restrict__ bsums, long long nblocks) { pdl_begin();
     long long b = blockIdx.x * 8LL + threadIdx.y;
     if (b >= nblocks) return;
@@ -291,6 +292,12 @@ extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __rest
     *(uint2*)(q + b * 256 + lane * 8) = make_uint2(packed[0], packed[1]);
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     if ((lane & 1) == 0) bsums[b * 16 + lane / 2] = s;
+    const int s32 = s + __shfl_xor_sync(0xffffffffu, s, 2), h = (s32 + 128) >> 8;
+    if ((lane & 3) == 0) {
+        i8* hl = (i8*)(bsums + 16 * nblocks) + b * 16;
+        hl[lane / 4] = (i8)h;
+        hl[8 + lane / 4] = (i8)(s32 - 256 * h);
+    }
     if (lane == 0) d256[b] = d;
 }
 

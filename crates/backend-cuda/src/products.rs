@@ -128,17 +128,23 @@ fn qmv_warps(winc: usize) -> usize {
     }
 }
 
+/// Bytes of quantize_a256's sums for `n` rows of `cols`: the per-16 sums (i32), then the
+/// 32-sums split as two int8 (kernels/ops.cu).
+pub(crate) fn act_sums_bytes(n: usize, cols: usize) -> usize {
+    n * cols / 16 * 4 + n * cols / 32 * 2
+}
+
 /// An int8 activation tile's token row in bytes (kernels/qmm.cu `IMM_XLD`).
 const IMM_XLD_BYTES: usize = 144;
 
 /// Dynamic shared memory of the imm kernel and of the imv kernel of `nt` n8 tiles for `w`: per
-/// stage the int8 activations, their scales (32-blocks: 4 per token; the K-quants: 8 per-16
-/// sums and one d per token) and the weights' windows.
+/// stage the int8 activations, their scales (32-blocks: 4 per token; the K-quants: the 32-sums
+/// split and one d per token) and the weights' windows.
 fn imm_smem(w: &CudaWeight, nt: usize) -> (usize, usize) {
     let (win, winc) =
         registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
     let scales = if registry::int8_activations(w.kernel) == Some(256) {
-        9 * QMM_BN * 4
+        5 * QMM_BN * 4
     } else {
         4 * QMM_BN * 4
     };
@@ -549,7 +555,7 @@ impl CudaBackend {
             Ok((q, d, 0))
         } else {
             let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 256 * 4, "activation scales")?;
-            let bs = self.scratch_ptr(|s| &mut s.abs, n * cols / 16 * 4, "activation sums")?;
+            let bs = self.scratch_ptr(|s| &mut s.abs, act_sums_bytes(n, cols), "activation sums")?;
             self.launch(
                 "ops",
                 "quantize_a256",

@@ -76,7 +76,11 @@ impl CudaBackend {
             ),
             (|s| &mut s.aq, n * cols, "int8 activations"),
             (|s| &mut s.ad, n * cols / 4, "activation scales"),
-            (|s| &mut s.abs, n * cols / 4, "activation sums"),
+            (
+                |s| &mut s.abs,
+                crate::products::act_sums_bytes(n, cols),
+                "activation sums",
+            ),
             (
                 |s| &mut s.gather,
                 ws.max_logits * ws.n_embd * 4,

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The fifteenth session's GPU work (docs/GPU.md), calls back to back on one warm machine.
+# Here, first: tools/gpu/stage.sh && strip .gpu/quiver .gpu/test-*. Carry .gpu/quiver,
+# .gpu/test-gpu_ops, .gpu/test-gpu, .gpu/test-archs.
+#   s15.sh k   imm_q4_k with the scales folded into A and the mins by mma: the exact-sum op
+#              tests, Nsight Compute against qmm at 64 tokens, then default against
+#              QUIVER_CUDA_INT8_MMA=1 (8B Q4_K_M: pp512, S_TG at 1, 8, 64, 128) twice
+# Every call writes its log under $OUT too.
+set -uo pipefail
+export PATH=/usr/local/cuda/bin:$PATH
+export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
+B=.gpu
+W=/tmp/peer
+mkdir -p "$W"
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0))s] $*"; }
+wait_for() { while [ ! -s "$1.done" ]; do sleep 2; done; }
+synth() { # preset type file [seed]
+  [ -s "$3" ] || $B/quiver synth --preset "$1" --type "$2" ${4:+--seed $4} -o "$3" >/dev/null 2>&1
+  echo ok >"$3.done"
+}
+f8() { echo $W/llama3-8b-$1.gguf; }
+ncu_imm() { # type kernel-suffix env
+  env $3 QUIVER_CUDA_GRAPHS=0 timeout 150 ncu --clock-control none -k "regex:^(imm|qmm)_$2\$" --launch-skip 600 --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+    $B/quiver bench -m $(f8 $1) --device cuda -p 16 -n 32 --parallel 64 >/tmp/ncu.txt 2>&1
+  cp /tmp/ncu.txt $OUT/ncu-$1-${3%%=*}.txt
+  grep -E "^  [a-z]+_|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Reg|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued" /tmp/ncu.txt | head -30
+}
+case $1 in
+k)
+  (synth llama3-8b Q4_K_M $(f8 Q4_K_M)) &
+  el "op test int8_mma"
+  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
+    grep -E "^test |panicked|differ|result" | head -30
+  el "serving invariance"
+  timeout 200 $B/test-gpu --include-ignored --test-threads=1 serving 2>&1 | grep -E "^test |panicked|left|right|result" | head -20
+  wait_for $(f8 Q4_K_M)
+  for e in X=1 QUIVER_CUDA_INT8_MMA=1; do el "ncu $e"; ncu_imm Q4_K_M q4_k $e; done
+  for round in 1 2; do
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
+      el "8B Q4_K_M $e"
+      env $e $B/quiver bench -m $(f8 Q4_K_M) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+    done
+  done
+  el done
+  ;;
+esac
