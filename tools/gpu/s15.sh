@@ -5,6 +5,9 @@
 #   s15.sh k   imm_q4_k with the scales folded into A and the mins by mma: the exact-sum op
 #              tests, Nsight Compute against qmm at 64 tokens, then default against
 #              QUIVER_CUDA_INT8_MMA=1 (8B Q4_K_M: pp512, S_TG at 1, 8, 64, 128) twice
+#              (NCU=0: without Nsight Compute's imm / qmm; the decode step's kernels at 1 token)
+#   s15.sh r   per-kernel time of one decode step (Nsight Compute, durations only) at 1, 64 and
+#              128 sequences, default against QUIVER_CUDA_INT8_MMA=1 (8B Q4_K_M)
 # Every call writes its log under $OUT too.
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH
@@ -27,7 +30,37 @@ ncu_imm() { # type kernel-suffix env
   cp /tmp/ncu.txt $OUT/ncu-$1-${3%%=*}.txt
   grep -E "^  [a-z]+_|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Reg|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued" /tmp/ncu.txt | head -30
 }
+# Kernel durations of `count` launches after `skip` (graphs off): total µs per kernel, top 14.
+kern_times() { # type parallel skip count env
+  env $5 QUIVER_CUDA_GRAPHS=0 timeout 130 ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum \
+    --launch-skip $3 --launch-count $4 $B/quiver bench -m $(f8 $1) --device cuda -p 16 -n 16 --parallel $2 >/tmp/kt.csv 2>/dev/null
+  cp /tmp/kt.csv $OUT/kt-$1-$2-${5%%=*}.csv
+  python3 - /tmp/kt.csv <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
+h = rows[0]; ki = h.index("Kernel Name"); mi = h.index("gpu__time_duration.sum")
+tot, cnt = collections.Counter(), collections.Counter()
+for r in rows[2:]:
+    try: v = float(r[mi].replace(",", ""))
+    except ValueError: continue
+    name = r[ki].split("(")[0]; tot[name] += v; cnt[name] += 1
+unit = rows[1][mi]
+print(f"  total {sum(tot.values()):.1f} {unit} over {sum(cnt.values())} launches")
+for k, v in tot.most_common(14): print(f"  {v:10.1f} {unit} {cnt[k]:5d}x {k}")
+PY
+}
 case $1 in
+r)
+  synth llama3-8b Q4_K_M $(f8 Q4_K_M)
+  for p in "128 4500 420" "1 2500 420"; do
+    set -- $p
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
+      el "kernels @$1 $e"
+      kern_times Q4_K_M $1 $2 $3 $e
+    done
+  done
+  el done
+  ;;
 k)
   (synth llama3-8b Q4_K_M $(f8 Q4_K_M)) &
   el "op test int8_mma"
@@ -36,7 +69,10 @@ k)
   el "serving invariance"
   timeout 200 $B/test-gpu --include-ignored --test-threads=1 serving 2>&1 | grep -E "^test |panicked|left|right|result" | head -20
   wait_for $(f8 Q4_K_M)
-  for e in X=1 QUIVER_CUDA_INT8_MMA=1; do el "ncu $e"; ncu_imm Q4_K_M q4_k $e; done
+  if [ "${NCU:-1}" = 1 ]; then
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do el "ncu $e"; ncu_imm Q4_K_M q4_k $e; done
+  fi
+  for e in X=1 QUIVER_CUDA_INT8_MMA=1; do el "kernels @1 $e"; kern_times Q4_K_M 1 2500 420 $e; done
   for round in 1 2; do
     for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
       el "8B Q4_K_M $e"

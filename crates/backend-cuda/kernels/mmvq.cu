@@ -281,8 +281,63 @@ __device__ __forceinline__ void acc_own(long long* acc, int j, long long term) {
     for (int t = 0; t < 8; t++)
         if (t == j) acc[t] += term;
 }
+// One 32-value slice s (lane slice j of super-block sb) of rowq_c_q4_k for token t's
+// activations: its parts of S1 and S2 (zero past the row), the super-block's d and dmin.
+__device__ __forceinline__ void q4k_slice_c(const u8* __restrict__ row, const i8* __restrict__ aq,
+                                            const int* __restrict__ abs_, int cols, int s, int t,
+                                            int& p1, int& p2, float& d, float& dmin) {
+    const int sb = s >> 3, j = s & 7, g = (j >> 1) * 2;
+    const u8* b = row + sb * 144;
+    const uint4 qv = *(const uint4*)(b + 16 + 16 * j);
+    const uint4 hd = *(const uint4*)b;
+    d = h2f(hd.x & 0xffff);
+    dmin = h2f(hd.x >> 16);
+    float f0, f1, f2, f3;
+    q4k_pair(hd, g, f0, f1, f2, f3);
+    const u32 qw[4] = {qv.x, qv.y, qv.z, qv.w};
+    int lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        lo[k] = qw[k] & 0x0F0F0F0F;
+        hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
+    }
+    const int xb = sb * 256 + g * 32 + (j & 1) * 16;
+    const i8* a = aq + (long long)t * cols + xb;
+    const int4 a0 = *(const int4*)a, a1 = *(const int4*)(a + 32);
+    const int s0 = dp4a(lo[3], a0.w, dp4a(lo[2], a0.z, dp4a(lo[1], a0.y, dp4a(lo[0], a0.x, 0))));
+    const int s1 = dp4a(hi[3], a1.w, dp4a(hi[2], a1.z, dp4a(hi[1], a1.y, dp4a(hi[0], a1.x, 0))));
+    const int* bs = abs_ + ((long long)t * cols + xb) / 16;
+    p1 = (int)f0 * s0 + (int)f2 * s1;
+    p2 = (int)f1 * bs[0] + (int)f3 * bs[2];
+}
+// rowq_c_q4_k for one token: four iterations' loads issued before their lanes' sums meet.
+__device__ __forceinline__ void rowq_c1_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+                                             const int* __restrict__ abs_, int cols, long long* acc) {
+    const int nsl = cols / 32, lane = threadIdx.x & 31;
+    for (int i0 = 0; 32 * i0 < nsl; i0 += 4) {
+        int p1[4], p2[4];
+        float d[4], dmin[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int s = 32 * (i0 + u) + lane;
+            p1[u] = p2[u] = 0;
+            d[u] = dmin[u] = 0.f;
+            if (s < nsl) q4k_slice_c(row, aq, abs_, cols, s, 0, p1[u], p2[u], d[u], dmin[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int s = 32 * (i0 + u) + lane;
+            const int S1 = reduce_tokens8(&p1[u], 1), S2 = reduce_tokens8(&p2[u], 1);
+            if (s < nsl && (s & 7) == 0) acc[0] += fix_of(q4k_term(ad[s >> 3], d[u], dmin[u], S1, S2));
+        }
+    }
+}
 __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
+    if (ntok == 1) {
+        rowq_c1_q4_k(row, aq, ad, abs_, cols, acc);
+        return;
+    }
     const int nsl = cols / 32, lane = threadIdx.x & 31;
 #pragma unroll 2
     for (int i = 0; 32 * i < nsl; i++) {

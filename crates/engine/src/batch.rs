@@ -96,6 +96,13 @@ impl BatchBuilder {
         self
     }
 
+    /// The last pushed sequence's prompt length (`SeqSpan::decode_from`: its rows from there on
+    /// are decode rows).
+    pub fn decode_from(&mut self, prompt_len: usize) -> &mut Self {
+        self.batch.seqs[self.n_seqs - 1].decode_from = prompt_len;
+        self
+    }
+
     /// The scheduled step: each request's tokens over its block table, logits rows as the
     /// schedule asks (the last token of the requests that sample; every prompt token of those
     /// that want prompt log-probabilities).
@@ -103,8 +110,8 @@ impl BatchBuilder {
         self.begin();
         for s in &out.scheduled {
             let (tokens, table) = out.parts(s);
-            self.push_seq(tokens, s.start_pos, Blocks::Table(table), s.logits_from);
-            self.batch.seqs[self.n_seqs - 1].decode_from = s.decode_from;
+            self.push_seq(tokens, s.start_pos, Blocks::Table(table), s.logits_from)
+                .decode_from(s.decode_from);
         }
         self.batch()
     }

@@ -90,7 +90,8 @@ pub fn batched_bench<B: Backend>(
                 p,
                 Blocks::Table(&tables[s]),
                 ends.then_some(len - 1),
-            );
+            )
+            .decode_from(n_prompt);
             if ends {
                 last_of.push(s);
             }
@@ -116,7 +117,8 @@ pub fn batched_bench<B: Backend>(
         let pos = n_prompt + g;
         bb.begin();
         for s in 0..parallel {
-            bb.push_seq(&next[s..s + 1], pos, Blocks::Table(&tables[s]), Some(0));
+            bb.push_seq(&next[s..s + 1], pos, Blocks::Table(&tables[s]), Some(0))
+                .decode_from(n_prompt);
         }
         model.forward(b, &mut state, bb.batch())?;
         picker
