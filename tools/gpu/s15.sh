@@ -6,6 +6,7 @@
 #              tests, Nsight Compute against qmm at 64 tokens, then default against
 #              QUIVER_CUDA_INT8_MMA=1 (8B Q4_K_M: pp512, S_TG at 1, 8, 64, 128) twice
 #              (NCU=0: without Nsight Compute's imm / qmm; the decode step's kernels at 1 token)
+#   s15.sh c   mmvqc1 Q4_K's four-iteration reduce-scatter: op tests, kernels @1 / @64, bench
 #   s15.sh r   per-kernel time of one decode step (Nsight Compute, durations only) at 1, 64 and
 #              128 sequences, default against QUIVER_CUDA_INT8_MMA=1 (8B Q4_K_M)
 # Every call writes its log under $OUT too.
@@ -50,6 +51,24 @@ for k, v in tot.most_common(14): print(f"  {v:10.1f} {unit} {cnt[k]:5d}x {k}")
 PY
 }
 case $1 in
+c)
+  # mmvqc1 Q4_K's reduce-scatter over four iterations: the exact-sum op tests, the decode
+  # step's kernels at 1 and 64 sequences, default against QUIVER_CUDA_INT8_MMA=1, and the bench.
+  (synth llama3-8b Q4_K_M $(f8 Q4_K_M)) &
+  el "op test int8_mma"
+  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
+    grep -E "^test |panicked|differ|result" | head -30
+  wait_for $(f8 Q4_K_M)
+  for p in "1 2500 420" "64 3500 420"; do
+    set -- $p
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do el "kernels @$1 $e"; kern_times Q4_K_M $1 $2 $3 $e; done
+  done
+  for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
+    el "8B Q4_K_M $e"
+    env $e $B/quiver bench -m $(f8 Q4_K_M) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+  done
+  el done
+  ;;
 r)
   synth llama3-8b Q4_K_M $(f8 Q4_K_M)
   for p in "128 4500 420" "1 2500 420"; do

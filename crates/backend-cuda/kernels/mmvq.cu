@@ -310,25 +310,28 @@ __device__ __forceinline__ void q4k_slice_c(const u8* __restrict__ row, const i8
     p1 = (int)f0 * s0 + (int)f2 * s1;
     p2 = (int)f1 * bs[0] + (int)f3 * bs[2];
 }
-// rowq_c_q4_k for one token: four iterations' loads issued before their lanes' sums meet.
+// rowq_c_q4_k for one token: four iterations' slices loaded (clamped to the row, their sums
+// zeroed past it) before their lanes' sums meet in one reduce-scatter of the four S1 and four
+// S2 parts (lane j of a group: S1 of iteration j, or S2 of iteration j − 4); lane j < 4 takes
+// its S2 from lane j + 4 and adds iteration j's term.
 __device__ __forceinline__ void rowq_c1_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                              const int* __restrict__ abs_, int cols, long long* acc) {
-    const int nsl = cols / 32, lane = threadIdx.x & 31;
+    const int nsl = cols / 32, lane = threadIdx.x & 31, j = lane & 7;
     for (int i0 = 0; 32 * i0 < nsl; i0 += 4) {
-        int p1[4], p2[4];
+        int v[8];
         float d[4], dmin[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int s = 32 * (i0 + u) + lane;
-            p1[u] = p2[u] = 0;
-            d[u] = dmin[u] = 0.f;
-            if (s < nsl) q4k_slice_c(row, aq, abs_, cols, s, 0, p1[u], p2[u], d[u], dmin[u]);
+            q4k_slice_c(row, aq, abs_, cols, min(s, nsl - 1), 0, v[u], v[4 + u], d[u], dmin[u]);
+            if (s >= nsl) v[u] = v[4 + u] = 0;
         }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int s = 32 * (i0 + u) + lane;
-            const int S1 = reduce_tokens8(&p1[u], 1), S2 = reduce_tokens8(&p2[u], 1);
-            if (s < nsl && (s & 7) == 0) acc[0] += fix_of(q4k_term(ad[s >> 3], d[u], dmin[u], S1, S2));
+        const int t = reduce_scatter8(v), s2 = __shfl_down_sync(0xffffffffu, t, 4);
+        const int first = 32 * (i0 + j) + (lane & ~7);
+        if (j < 4 && first < nsl) {
+            const float dj = j == 0 ? d[0] : j == 1 ? d[1] : j == 2 ? d[2] : d[3];
+            const float mj = j == 0 ? dmin[0] : j == 1 ? dmin[1] : j == 2 ? dmin[2] : dmin[3];
+            acc[0] += fix_of(q4k_term(ad[first >> 3], dj, mj, t, s2));
         }
     }
 }
