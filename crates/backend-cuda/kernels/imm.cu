@@ -44,7 +44,8 @@ __device__ __forceinline__ void imm_terms(long long* acc, const u32* a, const fl
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         const float s = __fmul_rn(dw[e >> 1], (e & 1) ? da1 : da0);
-        acc[e] += fix_of(__fmul_rn(s, __int2float_rn(c[e])));
+        // |c| < 2^22 (32 products of at most 128·128): exact either way.
+        acc[e] += fix_of(__fmul_rn(s, i2f_small(c[e])));
     }
 }
 // The totals of a warp's 16 rows × 64 tokens as floats, into y (qmm_store).
@@ -411,7 +412,11 @@ struct IK_q4_k {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const float da = dd[nt * 8 + 2 * q + (e & 1)];
-                tot[nt][e] += fix_of(q4k_term(da, d[e >> 1], dmin[e >> 1], 8 * P[nt][e] + Q[nt][e], 256 * ch[e] + cl[e]));
+                // S1 = 8·P + Q rounded once (|P|, |Q| < 2^22), S2 exact (|S2| < 2^22): as
+                // q4k_term's conversions, without the conversion unit.
+                const float s1 = __fmaf_rn(i2f_small(P[nt][e]), 8.f, i2f_small(Q[nt][e]));
+                const float s2 = i2f_small(256 * ch[e] + cl[e]);
+                tot[nt][e] += fix_of(q4k_term_f(da, d[e >> 1], dmin[e >> 1], s1, s2));
                 P[nt][e] = Q[nt][e] = 0;
             }
         }

@@ -131,9 +131,15 @@ __device__ __forceinline__ void k4_scale_min(const u8* q, int j, float& sc, floa
 }
 // A Q4_K super-block's term over int8 activations in the one order the int8 kernels share
 // (imm.cu imm_q4_k / imv_q4_k, mmvq.cu rowq_c_q4_k): da·(d·S1 − dmin·S2), rounded as written.
-__device__ __forceinline__ float q4k_term(float da, float d, float dmin, int s1, int s2) {
-    return __fmul_rn(da, __fsub_rn(__fmul_rn(d, __int2float_rn(s1)), __fmul_rn(dmin, __int2float_rn(s2))));
+__device__ __forceinline__ float q4k_term_f(float da, float d, float dmin, float s1, float s2) {
+    return __fmul_rn(da, __fsub_rn(__fmul_rn(d, s1), __fmul_rn(dmin, s2)));
 }
+__device__ __forceinline__ float q4k_term(float da, float d, float dmin, int s1, int s2) {
+    return q4k_term_f(da, d, dmin, __int2float_rn(s1), __int2float_rn(s2));
+}
+// v as a float, exactly, for |v| < 2^22, on the integer and float pipes (1.5·2^23's mantissa
+// takes v) rather than the conversion unit.
+__device__ __forceinline__ float i2f_small(int v) { return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.f); }
 // Q6_K in the exact-sum order: a super-block's S = Σ_i sc_i · Σ (q − 32)·a over its 16
 // sub-blocks of 16 values (exact in int32: |S| < 2^28), its term da·(d·S), each product
 // rounded as written (mmvq.cu rowq_c_q6_k, imm.cu imm_q6_k / imv_q6_k).
