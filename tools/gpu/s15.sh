@@ -6,6 +6,8 @@
 #              tests, Nsight Compute against qmm at 64 tokens, then default against
 #              QUIVER_CUDA_INT8_MMA=1 (8B Q4_K_M: pp512, S_TG at 1, 8, 64, 128) twice
 #              (NCU=0: without Nsight Compute's imm / qmm; the decode step's kernels at 1 token)
+#   s15.sh f   the sums as floats without the conversion unit; imm's split floor against ceil
+#              (carry .gpu/quiver-floor too)
 #   s15.sh c   mmvqc1 Q4_K's four-iteration reduce-scatter: op tests, kernels @1 / @64, bench
 #   s15.sh r   per-kernel time of one decode step (Nsight Compute, durations only) at 1, 64 and
 #              128 sequences, default against QUIVER_CUDA_INT8_MMA=1 (8B Q4_K_M)
@@ -51,6 +53,27 @@ for k, v in tot.most_common(14): print(f"  {v:10.1f} {unit} {cnt[k]:5d}x {k}")
 PY
 }
 case $1 in
+f)
+  # The sums as floats without the conversion unit (imm Q4_K, the 32-blocks' imm / imv): the
+  # exact-sum op tests, the engine GPU tests, then default, QUIVER_CUDA_INT8_MMA=1, and
+  # INT8_MMA=1 on .gpu/quiver-floor (imm split only while its parts fit the device's two
+  # blocks per multiprocessor: floor, not ceil) on 8B Q4_K_M and Q4_0.
+  (for ty in Q4_K_M Q4_0; do synth llama3-8b $ty $(f8 $ty); done) &
+  el "op test int8_mma"
+  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
+    grep -E "^test |panicked|differ|result" | head -30
+  el "engine GPU tests"
+  timeout 200 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
+  for ty in Q4_K_M Q4_0; do
+    wait_for $(f8 $ty)
+    for e in "quiver X=1" "quiver QUIVER_CUDA_INT8_MMA=1" "quiver-floor QUIVER_CUDA_INT8_MMA=1"; do
+      set -- $e
+      el "8B $ty $1 $2"
+      env $2 $B/$1 bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+    done
+  done
+  el done
+  ;;
 c)
   # mmvqc1 Q4_K's reduce-scatter over four iterations: the exact-sum op tests, the decode
   # step's kernels at 1 and 64 sequences, default against QUIVER_CUDA_INT8_MMA=1, and the bench.
