@@ -54,20 +54,27 @@ PY
 }
 case $1 in
 f)
-  # The sums as floats without the conversion unit (imm Q4_K, the 32-blocks' imm / imv): the
-  # exact-sum op tests, the engine GPU tests, then default, QUIVER_CUDA_INT8_MMA=1, and
+  # The sums as floats without the conversion unit (imm Q4_K, the 32-blocks' imm / imv), kvd
+  # over any number of rows (launches of 64, a narrower grid looping over the key ranges): the
+  # exact-sum and attention op tests, the engine GPU tests (72 requests at once), the
+  # architectures' parity, then default, QUIVER_CUDA_INT8_MMA=1, and
   # INT8_MMA=1 on .gpu/quiver-floor (imm split only while its parts fit the device's two
   # blocks per multiprocessor: floor, not ceil) on 8B Q4_K_M and Q4_0.
   (for ty in Q4_K_M Q4_0; do synth llama3-8b $ty $(f8 $ty); done) &
-  el "op test int8_mma"
-  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
-    grep -E "^test |panicked|differ|result" | head -30
+  for f in int8_mma attention; do
+    el "op test $f"
+    timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
+      grep -E "^test |attention|panicked|differ|result" | head -30
+  done
   el "engine GPU tests"
-  timeout 200 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
+  timeout 300 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
+  el "architectures"
+  timeout 100 $B/test-archs --include-ignored gpu_matches 2>&1 | grep -E "panicked|result"
   for ty in Q4_K_M Q4_0; do
     wait_for $(f8 $ty)
     for e in "quiver X=1" "quiver QUIVER_CUDA_INT8_MMA=1" "quiver-floor QUIVER_CUDA_INT8_MMA=1"; do
       set -- $e
+      [ $ty = Q4_0 ] && [ $1 = quiver-floor ] && continue
       el "8B $ty $1 $2"
       env $2 $B/$1 bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
     done

@@ -297,11 +297,11 @@ __device__ void kvq_merge_impl(const float* __restrict__ part, float* __restrict
 
 // ---- Decode attention by KV group (flash-decoding on CUDA cores) ----
 //
-// grid (KVD_MAX_SPLITS, n_head_kv · ceil(G / KVD_G), n_tokens), block (32, 4). A block takes
-// up to KVD_G query heads of one KV head (their q in shared memory) and one key range of its
-// token. The token's key ranges depend on its own key count only (kvd_splits: ranges of about
-// KVD_KEYS keys, at most KVD_MAX_SPLITS), never on the batch: a token's bits are the same in
-// any batch. Each warp takes tiles of 32 keys in turn: lane j scores key j against every head
+// grid (X ≤ KVD_MAX_SPLITS, n_head_kv · ceil(G / KVD_G), n_tokens), block (32, 4). A block takes
+// up to KVD_G query heads of one KV head (their q in shared memory) and the key ranges x,
+// x + X, … of its token. The token's key ranges depend on its own key count only (kvd_splits:
+// ranges of about KVD_KEYS keys, at most KVD_MAX_SPLITS), never on the batch or on X: a token's
+// bits are the same in any batch. Each warp takes tiles of 32 keys in turn: lane j scores key j against every head
 // (its record read whole, decoded 8 values at a time), the warp's online softmax per head, then
 // the 32 value rows are accumulated with lane l holding dims l·VPL … (VPL = HD / 32). The four
 // warps' states are merged in warp order; then the output is written (one range, un-rotated
@@ -395,17 +395,16 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     __shared__ float wm[4][KVD_G], wl[4][KVD_G];
     __shared__ float wacc[4][KVD_G][HD];
     // Grid row i is the step's row t (b.drows: a mixed step's decode rows); partials by i.
-    int split = blockIdx.x, i = blockIdx.z, t = b.drows ? (int)b.drows[i] : i;
+    int i = blockIdx.z, t = b.drows ? (int)b.drows[i] : i;
     int G = n_head / n_head_kv, hg = (G + KVD_G - 1) / KVD_G;
     int kvh = blockIdx.y / hg, h0 = kvh * G + (blockIdx.y % hg) * KVD_G, gn = min(KVD_G, kvh * G + G - h0);
     int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
     u32 s = b.seq[t];
     int lo, hi;
     key_range(b, t, window, lo, hi);
-    int ns = kvd_splits(hi - lo);
-    if (split >= ns) return;
-    int chunk = (hi - lo + ns - 1) / ns;
-    int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
+    const int ns = kvd_splits(hi - lo);
+    if ((int)blockIdx.x >= ns) return;
+    const int chunk = (hi - lo + ns - 1) / ns;
     const float rs = 1.f / sqrtf((float)HD);
     for (int i = tid; i < KVD_G * HD; i += 128) {
         int g = i / HD, d = i % HD;
@@ -422,110 +421,115 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
         __syncthreads();
     }
     const u32* bt = b.block_tables + b.bt_off[s];
-    float m[KVD_G], l[KVD_G], acc[KVD_G][VPL];
-#pragma unroll
-    for (int g = 0; g < KVD_G; g++) {
-        m[g] = -1e30f;
-        l[g] = 0.f;
-#pragma unroll
-        for (int i = 0; i < VPL; i++) acc[g][i] = 0.f;
-    }
-    for (int j0 = k0 + 32 * w; j0 < k1; j0 += 128) {
-        int j = j0 + lane;
-        bool valid = j < k1;
-        long long slot = valid ? (long long)bt[j / b.block_size] * b.block_size + j % b.block_size : 0;
-        float sc[KVD_G];
-#pragma unroll
-        for (int g = 0; g < KVD_G; g++) sc[g] = 0.f;
-        if (valid) {
-            const u8* kr = kc + (slot * n_head_kv + kvh) * KB;
-#pragma unroll 4
-            for (int d = 0; d < HD; d += 8) {
-                float kv8[8];
-                kv_load8<KT, HD>(kr, d, lk, kv8);
-#pragma unroll
-                for (int g = 0; g < KVD_G; g++)
-#pragma unroll
-                    for (int i = 0; i < 8; i++) sc[g] += qs[g][d + i] * kv8[i];
-            }
-        }
-        float pr[KVD_G];
+    for (int split = blockIdx.x; split < ns; split += gridDim.x) {
+        const int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
+        float m[KVD_G], l[KVD_G], acc[KVD_G][VPL];
 #pragma unroll
         for (int g = 0; g < KVD_G; g++) {
-            float x = sc[g];
-            if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-            x = valid ? x : -1e30f;
-            float mn = fmaxf(m[g], warp_max(x));
-            float corr = __expf(m[g] - mn);
-            pr[g] = valid ? __expf(x - mn) : 0.f;
-            l[g] = l[g] * corr + warp_sum(pr[g]);
-            m[g] = mn;
+            m[g] = -1e30f;
+            l[g] = 0.f;
 #pragma unroll
-            for (int i = 0; i < VPL; i++) acc[g][i] *= corr;
+            for (int i = 0; i < VPL; i++) acc[g][i] = 0.f;
         }
-        // The tile's value rows, VG at a time: their loads issued together, then the sums.
-        const int VG = VPL <= 4 ? 8 : (VPL <= 8 ? 4 : 2);
-        int nk = min(32, k1 - j0);
-        for (int j1 = 0; j1 < nk; j1 += VG) {
-            float vv[VG][VPL];
+        for (int j0 = k0 + 32 * w; j0 < k1; j0 += 128) {
+            int j = j0 + lane;
+            bool valid = j < k1;
+            long long slot = valid ? (long long)bt[j / b.block_size] * b.block_size + j % b.block_size : 0;
+            float sc[KVD_G];
 #pragma unroll
-            for (int u = 0; u < VG; u++) {
-                long long vs = __shfl_sync(0xffffffffu, slot, j1 + u);
-                if (j1 + u < nk) {
-                    kv_load_lane<VT, HD>(vc + (vs * n_head_kv + kvh) * VB, lane * VPL, lvv, vv[u]);
-                } else {
+            for (int g = 0; g < KVD_G; g++) sc[g] = 0.f;
+            if (valid) {
+                const u8* kr = kc + (slot * n_head_kv + kvh) * KB;
+#pragma unroll 4
+                for (int d = 0; d < HD; d += 8) {
+                    float kv8[8];
+                    kv_load8<KT, HD>(kr, d, lk, kv8);
 #pragma unroll
-                    for (int i = 0; i < VPL; i++) vv[u][i] = 0.f;
+                    for (int g = 0; g < KVD_G; g++)
+#pragma unroll
+                        for (int i = 0; i < 8; i++) sc[g] += qs[g][d + i] * kv8[i];
                 }
             }
+            float pr[KVD_G];
 #pragma unroll
-            for (int u = 0; u < VG; u++) {
+            for (int g = 0; g < KVD_G; g++) {
+                float x = sc[g];
+                if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+                x = valid ? x : -1e30f;
+                float mn = fmaxf(m[g], warp_max(x));
+                float corr = __expf(m[g] - mn);
+                pr[g] = valid ? __expf(x - mn) : 0.f;
+                l[g] = l[g] * corr + warp_sum(pr[g]);
+                m[g] = mn;
 #pragma unroll
-                for (int g = 0; g < KVD_G; g++) {
-                    float pj = __shfl_sync(0xffffffffu, pr[g], j1 + u);
+                for (int i = 0; i < VPL; i++) acc[g][i] *= corr;
+            }
+            // The tile's value rows, VG at a time: their loads issued together, then the sums.
+            const int VG = VPL <= 4 ? 8 : (VPL <= 8 ? 4 : 2);
+            int nk = min(32, k1 - j0);
+            for (int j1 = 0; j1 < nk; j1 += VG) {
+                float vv[VG][VPL];
 #pragma unroll
-                    for (int i = 0; i < VPL; i++) acc[g][i] += pj * vv[u][i];
+                for (int u = 0; u < VG; u++) {
+                    long long vs = __shfl_sync(0xffffffffu, slot, j1 + u);
+                    if (j1 + u < nk) {
+                        kv_load_lane<VT, HD>(vc + (vs * n_head_kv + kvh) * VB, lane * VPL, lvv, vv[u]);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < VPL; i++) vv[u][i] = 0.f;
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < VG; u++) {
+#pragma unroll
+                    for (int g = 0; g < KVD_G; g++) {
+                        float pj = __shfl_sync(0xffffffffu, pr[g], j1 + u);
+#pragma unroll
+                        for (int i = 0; i < VPL; i++) acc[g][i] += pj * vv[u][i];
+                    }
                 }
             }
         }
-    }
-    // The warps' states, merged in warp order.
+        // The warps' states, merged in warp order.
 #pragma unroll
-    for (int g = 0; g < KVD_G; g++) {
-        if (lane == 0) { wm[w][g] = m[g]; wl[w][g] = l[g]; }
+        for (int g = 0; g < KVD_G; g++) {
+            if (lane == 0) { wm[w][g] = m[g]; wl[w][g] = l[g]; }
 #pragma unroll
-        for (int i = 0; i < VPL; i++) wacc[w][g][lane * VPL + i] = acc[g][i];
-    }
-    __syncthreads();
-    for (int g = 0; g < gn; g++) {
-        float M = fmaxf(fmaxf(wm[0][g], wm[1][g]), fmaxf(wm[2][g], wm[3][g]));
-        float c[4], L = 0.f;
+            for (int i = 0; i < VPL; i++) wacc[w][g][lane * VPL + i] = acc[g][i];
+        }
+        __syncthreads();
+        for (int g = 0; g < gn; g++) {
+            float M = fmaxf(fmaxf(wm[0][g], wm[1][g]), fmaxf(wm[2][g], wm[3][g]));
+            float c[4], L = 0.f;
 #pragma unroll
-        for (int k = 0; k < 4; k++) { c[k] = __expf(wm[k][g] - M); L += wl[k][g] * c[k]; }
-        int h = h0 + g;
-        if (ns == 1) {
-            float inv = L > 0.f ? 1.f / L : 0.f;
-            for (int i = tid; i < HD; i += 128) {
-                float a = 0.f;
+            for (int k = 0; k < 4; k++) { c[k] = __expf(wm[k][g] - M); L += wl[k][g] * c[k]; }
+            int h = h0 + g;
+            if (ns == 1) {
+                float inv = L > 0.f ? 1.f / L : 0.f;
+                for (int i = tid; i < HD; i += 128) {
+                    float a = 0.f;
 #pragma unroll
-                for (int k = 0; k < 4; k++) a += wacc[k][g][i] * c[k];
-                qs[0][i] = a * inv;
-            }
-            __syncthreads();
-            if (VROT) fwht_block(qs[0], HD);
-            float* o = out + ((long long)t * n_head + h) * HD;
-            for (int i = tid; i < HD; i += 128) o[i] = VROT ? qs[0][i] * rs * tq[TQ_SIGNS + i] : qs[0][i];
-            __syncthreads();
-        } else {
-            float* pp = part + (((long long)i * n_head + h) * KVD_MAX_SPLITS + split) * (HD + 2);
-            if (tid == 0) { pp[0] = M; pp[1] = L; }
-            for (int i = tid; i < HD; i += 128) {
-                float a = 0.f;
+                    for (int k = 0; k < 4; k++) a += wacc[k][g][i] * c[k];
+                    qs[0][i] = a * inv;
+                }
+                __syncthreads();
+                if (VROT) fwht_block(qs[0], HD);
+                float* o = out + ((long long)t * n_head + h) * HD;
+                for (int i = tid; i < HD; i += 128) o[i] = VROT ? qs[0][i] * rs * tq[TQ_SIGNS + i] : qs[0][i];
+                __syncthreads();
+            } else {
+                float* pp = part + (((long long)i * n_head + h) * KVD_MAX_SPLITS + split) * (HD + 2);
+                if (tid == 0) { pp[0] = M; pp[1] = L; }
+                for (int i = tid; i < HD; i += 128) {
+                    float a = 0.f;
 #pragma unroll
-                for (int k = 0; k < 4; k++) a += wacc[k][g][i] * c[k];
-                pp[2 + i] = a;
+                    for (int k = 0; k < 4; k++) a += wacc[k][g][i] * c[k];
+                    pp[2 + i] = a;
+                }
             }
         }
+        // The warps' states of this range are read before the next range's are written.
+        __syncthreads();
     }
 }
 

@@ -83,12 +83,12 @@ pub struct CudaConfig {
     /// it (with the tensor cores and the flash kernel off, every op is then batch-invariant).
     /// No variable sets it.
     pub attention_splits: Option<usize>,
-    /// Steps of up to [`KVD_MAX_ROWS`](crate::kvq::KVD_MAX_ROWS) rows without flash tiles (decode)
-    /// through the KV-group decode kernel (kvq.cu `kvd_attention`; `QUIVER_CUDA_KVD=0`: the
-    /// split-K kernel per head): each block scores a KV group's query heads together, and a
-    /// token's key ranges depend on its own key count only. Off where `attention_splits` is
-    /// fixed. Steps of more rows take the split-K kernel, so a decode token's bits still depend
-    /// on whether it shares a step with a long prompt chunk (issue 18).
+    /// Steps without flash tiles (decode), and a mixed step's decode rows, through the KV-group
+    /// decode kernel (kvq.cu `kvd_attention`, launches of up to
+    /// [`KVD_MAX_ROWS`](crate::kvq::KVD_MAX_ROWS) rows; `QUIVER_CUDA_KVD=0`: the split-K kernel
+    /// per head): each block scores a KV group's query heads together, and a token's key ranges
+    /// depend on its own key count only, whatever the step's rows. Off where `attention_splits`
+    /// is fixed.
     pub kvd: bool,
     /// Kernels launched with programmatic dependent launch on sm_90+ (`QUIVER_CUDA_PDL=0`:
     /// off): a kernel's launch overlaps the previous one's tail.

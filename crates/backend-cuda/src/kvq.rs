@@ -54,9 +54,17 @@ fn named(names: &[&'static str; 5], hd: usize) -> &'static str {
 }
 /// Head dims the KV-group decode kernel (kvd) is built for.
 pub(crate) const KVD_HEAD_DIMS: &[usize] = &[64, 128, 256, 512];
-/// Most rows a step may have for the kvd kernel (its partials take `KVD_MAX_SPLITS` ranges
-/// per (row, head)).
+/// Most rows of one kvd launch (its partials take `KVD_MAX_SPLITS` ranges per (row, head));
+/// a step of more takes several, over the rows listed at `row_ids`.
 pub(crate) const KVD_MAX_ROWS: usize = 64;
+
+/// kvd's grid x for a launch of `rows` rows: each block takes the key ranges x, x + X, … of its
+/// row, so the grid is wide for few rows (a long context's 64 ranges in parallel) and narrow for
+/// many (a short context's one range without 63 empty blocks). A row's ranges, and so its bits,
+/// do not depend on X.
+pub(crate) fn kvd_grid_x(rows: usize) -> usize {
+    (256 / rows.max(1)).clamp(4, KVD_MAX_SPLITS)
+}
 /// kvq.cu's KVD_MAX_SPLITS.
 pub(crate) const KVD_MAX_SPLITS: usize = 64;
 /// kvq.cu's KVD_G: query heads per block.
@@ -121,12 +129,13 @@ impl CudaBackend {
     pub(crate) fn kvd_takes(&self, rows: usize, a: &AttnParams) -> bool {
         self.cfg.kvd
             && self.cfg.attention_splits.is_none()
-            && rows <= KVD_MAX_ROWS
+            && rows > 0
             && KVD_HEAD_DIMS.contains(&a.head_dim)
     }
 
     /// The KV-group decode kernel over the cache (f16 or records), ranges merged by kvd_merge:
-    /// over every row of the step, or over the `rows.1` rows listed at `rows.0`.
+    /// over every row of the step, or over the `rows.1` rows listed at `rows.0`; launches of at
+    /// most [`KVD_MAX_ROWS`] rows.
     pub(crate) fn attention_kvd(
         &self,
         st: &Step<CudaStep>,
@@ -138,30 +147,34 @@ impl CudaBackend {
     ) -> Result<()> {
         let hd = a.head_dim;
         let mut view = st.ctx.view;
-        let n = match rows {
-            Some((list, n)) => {
-                view.drows = list;
-                n
-            }
-            None => st.rows,
+        let (list, n) = match rows {
+            Some(r) => r,
+            // One launch needs no list.
+            None if st.rows <= KVD_MAX_ROWS => (0, st.rows),
+            None => (self.row_ids(st.rows)?, st.rows),
         };
         let part = self.scratch_ptr(
             |s| &mut s.part,
-            n * a.n_head * KVD_MAX_SPLITS * (hd + 2) * 4,
+            n.min(KVD_MAX_ROWS) * a.n_head * KVD_MAX_SPLITS * (hd + 2) * 4,
             "attention partials",
         )?;
         let g = a.n_head / a.n_head_kv.max(1);
         let blocks_y = a.n_head_kv * g.div_ceil(KVD_G);
-        let grid = (KVD_MAX_SPLITS as u32, blocks_y as u32, n as u32);
-        self.launch_over_records(view, q, kv, a, out, part, &KVD_ATTENTION, grid)?;
         let window = a.window.map(|w| w as i32).unwrap_or(0);
-        self.launch(
-            &kv.module,
-            named(&KVD_MERGE, hd),
-            (a.n_head as u32, n as u32, 1),
-            (hd as u32, 1, 1),
-            args![part, out.ptr(), kv.tq, view, a.n_head as i32, window],
-        )
+        for r0 in (0..n).step_by(KVD_MAX_ROWS) {
+            let c = (n - r0).min(KVD_MAX_ROWS);
+            view.drows = if list == 0 { 0 } else { list + 4 * r0 as u64 };
+            let grid = (kvd_grid_x(c) as u32, blocks_y as u32, c as u32);
+            self.launch_over_records(view, q, kv, a, out, part, &KVD_ATTENTION, grid)?;
+            self.launch(
+                &kv.module,
+                named(&KVD_MERGE, hd),
+                (a.n_head as u32, c as u32, 1),
+                (hd as u32, 1, 1),
+                args![part, out.ptr(), kv.tq, view, a.n_head as i32, window],
+            )?;
+        }
+        Ok(())
     }
 
     /// Split-K attention per head (every row of the step), its key ranges merged by kvq_merge.

@@ -555,7 +555,8 @@ impl CudaBackend {
             Ok((q, d, 0))
         } else {
             let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 256 * 4, "activation scales")?;
-            let bs = self.scratch_ptr(|s| &mut s.abs, act_sums_bytes(n, cols), "activation sums")?;
+            let bs =
+                self.scratch_ptr(|s| &mut s.abs, act_sums_bytes(n, cols), "activation sums")?;
             self.launch(
                 "ops",
                 "quantize_a256",

@@ -31,6 +31,8 @@ pub(crate) struct Scratch {
     pub(crate) thetas: HashMap<Vec<u32>, DevBuf>,
     /// The TurboQuant tables (kernels/kvq.cu): 512 signs, the tq8 and the tq4 levels.
     pub(crate) tq: Option<DevBuf>,
+    /// 0, 1, 2, … (u32): the row list of a launch over rows r0.. of a step (`row_ids`).
+    pub(crate) row_ids: Option<DevBuf>,
 }
 
 /// A scratch buffer, its size for a workspace, and what it is for.
@@ -47,12 +49,8 @@ impl CudaBackend {
         let part = (1..=n)
             .flat_map(|r| ws.attention.iter().map(move |&(nh, hd)| (r, nh, hd)))
             .map(|(r, nh, hd)| {
-                let kvd = if r <= crate::kvq::KVD_MAX_ROWS {
-                    crate::kvq::KVD_MAX_SPLITS
-                } else {
-                    0
-                };
-                r * nh * self.n_split(r, nh, ws.n_slots).max(kvd) * (hd + 2) * 4
+                let kvd = r.min(crate::kvq::KVD_MAX_ROWS) * crate::kvq::KVD_MAX_SPLITS;
+                (r * self.n_split(r, nh, ws.n_slots)).max(kvd) * nh * (hd + 2) * 4
             })
             .max()
             .unwrap_or(0);
@@ -114,7 +112,23 @@ impl CudaBackend {
         for (pick, bytes, what) in self.scratch_plan(ws) {
             self.scratch_ptr(pick, bytes, what)?;
         }
+        self.row_ids(ws.max_tokens.max(1))?;
         Ok(())
+    }
+
+    /// The device's list 0, 1, … of at least `n` row ids (made or grown outside graph captures).
+    pub(crate) fn row_ids(&self, n: usize) -> Result<u64> {
+        let mut s = self.scratch.lock().unwrap();
+        if let Some(b) = s.row_ids.as_ref().filter(|b| b.bytes >= n * 4) {
+            return Ok(b.ptr);
+        }
+        let len = n.next_power_of_two();
+        let ptr = self.grow(&mut s.row_ids, len * 4, "row ids")?;
+        let ids: Vec<u32> = (0..len as u32).collect();
+        self.dev
+            .htod_sync(ptr, &ids)
+            .map_err(BackendError::Device)?;
+        Ok(ptr)
     }
 
     /// Grows scratch buffer `slot` to at least `bytes`; a move invalidates captured graphs.

@@ -141,6 +141,121 @@ fn default_serving_of_the_int8_types_equals_solo_runs() {
     }
 }
 
+/// Issue 18 at scale, on the default path with the int8 types' exact-sum products: 72 requests
+/// at once (decode steps of up to 72 rows: imm, the KV-group kernel in two launches), a third
+/// of them after one 48-token prefix (prefix-cache hits), a pool too small for all of them
+/// (preemptions, recomputed generated tokens), every fourth sampled at temperature 0.8 with its
+/// own seed: each answer the one the same server gives the request alone.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn default_serving_of_72_requests_equals_each_alone() {
+    let make = || {
+        let config = CudaConfig {
+            int8_mma: true,
+            ..CudaConfig::from_env()
+        };
+        CudaBackend::new(0, config).unwrap()
+    };
+    for (preset, ty) in [("smollm2-135m", "Q8_0"), ("llama3-1b", "Q4_K_M")] {
+        let f = synth(preset, ty);
+        let tok = Tokenizer::from_gguf(&f).unwrap();
+        let nv = vocab(&f);
+        let shared = ids(48, 999, nv);
+        let reqs: Vec<Request> = (0..72)
+            .map(|i| {
+                let mut prompt = if i % 3 == 0 { shared.clone() } else { vec![] };
+                prompt.extend(ids(2 + (i * 7) % 37, 500 + i as u64, nv));
+                let sampling = if i % 4 == 1 {
+                    SamplerParams {
+                        seed: 1000 + i as u64,
+                        ..Default::default()
+                    }
+                } else {
+                    SamplerParams::greedy()
+                };
+                request(prompt, sampling, 24)
+            })
+            .collect();
+        let so = ServeOptions {
+            kv: Default::default(),
+            n_ctx: 256,
+            max_seqs: 72,
+            kv_blocks: 160,
+            max_batch_tokens: 256,
+            max_waiting: 72,
+        };
+        let h = quiver_engine::start_serving(make, f.clone(), tok, so, "synth".into()).unwrap();
+        let alone: Vec<Vec<u32>> = reqs
+            .iter()
+            .map(|r| answers(&h, std::slice::from_ref(r)).remove(0))
+            .collect();
+        let before = h.stats();
+        let together = answers(&h, &reqs);
+        let st = h.stats();
+        assert!(
+            st.preemptions_total > before.preemptions_total,
+            "{preset} {ty}: no preemption under load"
+        );
+        assert!(
+            st.prefix_cache_hit_tokens_total > before.prefix_cache_hit_tokens_total,
+            "{preset} {ty}: no prefix-cache hit under load"
+        );
+        for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+            assert_eq!(b, a, "{preset} {ty}: request {i} under load");
+        }
+    }
+}
+
+fn vocab(f: &GgufFile) -> u32 {
+    f.hparams()
+        .unwrap()
+        .u32("vocab_size")
+        .ok()
+        .flatten()
+        .unwrap_or(49152)
+}
+
+fn request(prompt: Vec<u32>, sampling: SamplerParams, max_tokens: usize) -> Request {
+    Request {
+        prompt,
+        sampling,
+        max_tokens,
+        stop: vec![],
+        logprobs: None,
+        prompt_logprobs: None,
+        ignore_eos: true,
+        constraint: None,
+        embed: None,
+    }
+}
+
+/// The generated tokens of `reqs`, submitted together to the server `h`.
+fn answers(h: &quiver_engine::serve::EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            h.submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()))
+                .unwrap();
+            rx
+        })
+        .collect();
+    rxs.into_iter()
+        .map(|rx| {
+            let mut got = Vec::new();
+            for e in rx {
+                match e {
+                    Event::Token { id, .. } => got.push(id),
+                    Event::Finished { .. } => break,
+                    Event::Error(e) => panic!("{e}"),
+                    _ => {}
+                }
+            }
+            got
+        })
+        .collect()
+}
+
 /// Greedy answers of `prompts(vocab)` from a server of `make()` backends, all at once in steps
 /// of at most `step_tokens`, against the same prompts run alone on a runner.
 fn serving_equals_solo(
@@ -150,14 +265,7 @@ fn serving_equals_solo(
     step_tokens: usize,
 ) {
     let tok = Tokenizer::from_gguf(&f).unwrap();
-    let nv = f
-        .hparams()
-        .unwrap()
-        .u32("vocab_size")
-        .ok()
-        .flatten()
-        .unwrap_or(49152);
-    let prompts = prompts(nv);
+    let prompts = prompts(vocab(&f));
     let max_tokens = 20;
     let kv_blocks = 512;
     let mut solo = Vec::new();
@@ -188,37 +296,12 @@ fn serving_equals_solo(
         max_waiting: 16,
     };
     let h = quiver_engine::start_serving(make, f.clone(), tok, so, "synth".into()).unwrap();
-    let rxs: Vec<_> = prompts
+    let reqs: Vec<Request> = prompts
         .iter()
-        .map(|p| {
-            let (tx, rx) = mpsc::channel();
-            let req = Request {
-                prompt: p.clone(),
-                sampling: SamplerParams::greedy(),
-                max_tokens,
-                stop: vec![],
-                logprobs: None,
-                prompt_logprobs: None,
-                ignore_eos: true,
-                constraint: None,
-                embed: None,
-            };
-            h.submit(req, Box::new(move |e| tx.send(e).is_ok()))
-                .unwrap();
-            rx
-        })
+        .map(|p| request(p.clone(), SamplerParams::greedy(), max_tokens))
         .collect();
-    for (i, rx) in rxs.into_iter().enumerate() {
-        let mut got = Vec::new();
-        for e in rx {
-            match e {
-                Event::Token { id, .. } => got.push(id),
-                Event::Finished { .. } => break,
-                Event::Error(e) => panic!("{e}"),
-                _ => {}
-            }
-        }
-        assert_eq!(got, solo[i], "request {i}");
+    for (i, got) in answers(&h, &reqs).iter().enumerate() {
+        assert_eq!(got, &solo[i], "request {i}");
     }
 }
 

@@ -13,9 +13,13 @@ const VOCAB: usize = 1000;
 
 /// The slots of every position the batch's sequences hold (`0..kv_len` of each).
 fn held_slots(b: &Batch) -> Vec<usize> {
-    (0..b.seqs.len())
+    let mut v: Vec<usize> = (0..b.seqs.len())
         .flat_map(|s| (0..b.seqs[s].kv_len).map(move |p| b.slot(s, p)))
-        .collect()
+        .collect();
+    // Sequences may share blocks.
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// A cache of `n_slots × kv_dim` that holds random f16 values at the positions the batch's

@@ -90,13 +90,54 @@ pub fn paged_batch(
     b
 }
 
+/// `n` sequences decoding one token each, sequence s at position `first + s`, over one shared
+/// prefix of `first / 16` blocks (a prefix-cache hit's) and blocks of their own from there: a
+/// step of many decode rows over long contexts.
+pub fn shared_prefix_decodes(
+    rng: &mut Rng,
+    n: usize,
+    first: usize,
+    vocab: usize,
+) -> (Batch, usize) {
+    let block_size = 16;
+    let shared = first / block_size;
+    let mut next = shared as u32;
+    let mut b = Batch {
+        block_size,
+        ..Batch::default()
+    };
+    for s in 0..n {
+        let p = first + s;
+        let mut block_table: Vec<u32> = (0..shared as u32).collect();
+        while block_table.len() * block_size <= p {
+            block_table.push(next);
+            next += 1;
+        }
+        b.seqs.push(SeqSpan {
+            start: s,
+            len: 1,
+            kv_len: p + 1,
+            block_table,
+            ..Default::default()
+        });
+        b.tokens.push(rng.below(vocab) as u32);
+        b.positions.push(p as u32);
+        b.seq_of.push(s as u32);
+        b.slots.push(b.slot(s, p) as u32);
+        b.logits.push(s as u32);
+    }
+    (b, next as usize * block_size)
+}
+
 /// The batches of the table (token ids below `vocab`, the first two `vocab - 1` and 0):
 /// - 1 token: one sequence decoding at position 37;
 /// - 3 tokens: three sequences decoding, one of them its first position;
 /// - 6 tokens: [`two_sequence_batch`] (blocks of 4), over a pool of 48 and of 4096 slots;
 /// - 9 tokens: a decode, a prefill and a chunk of a longer prompt (blocks of 8);
 /// - 64 tokens: two decodes, a 40-token prefill and a 22-token chunk, in a 4096-slot pool;
-/// - 151 tokens: a 150-token prefill (three 64-row query tiles) beside a decode at position 70.
+/// - 151 tokens: a 150-token prefill (three 64-row query tiles) beside a decode at position 70;
+/// - 70 tokens: 70 decodes at positions 520–589 over a shared 512-position prefix (more decode
+///   rows than one KV-group launch takes, each over more key ranges than its grid is wide).
 pub fn batches(rng: &mut Rng, vocab: usize) -> Vec<TestBatch> {
     let mut six = two_sequence_batch();
     for t in six.tokens.iter_mut() {
@@ -139,6 +180,12 @@ pub fn batches(rng: &mut Rng, vocab: usize) -> Vec<TestBatch> {
             n_slots: 512,
         },
     ];
+    let (batch, n_slots) = shared_prefix_decodes(rng, 70, 520, vocab);
+    out.push(TestBatch {
+        name: "70 decodes over a shared prefix, 521-590 keys",
+        batch,
+        n_slots,
+    });
     for b in &mut out {
         // The first and the last row of the table are looked up.
         let t = &mut b.batch.tokens;
@@ -162,25 +209,37 @@ mod tests {
         let mut rng = Rng(7);
         let bs = batches(&mut rng, 96);
         let counts: Vec<usize> = bs.iter().map(|b| b.batch.n_tokens()).collect();
-        assert_eq!(counts, [1, 3, 6, 6, 9, 64, 151]);
+        assert_eq!(counts, [1, 3, 6, 6, 9, 64, 151, 70]);
         for b in &bs {
-            // No two tokens write one slot; no block is in two tables.
+            // No two tokens write one slot, and no token writes a block another sequence's
+            // table holds (shared blocks are a prefix's, read only).
             let mut slots = b.batch.slots.clone();
             slots.sort_unstable();
             slots.dedup();
             assert_eq!(slots.len(), b.batch.n_tokens(), "{}", b.name);
-            let mut blocks: Vec<u32> = b
-                .batch
-                .seqs
-                .iter()
-                .flat_map(|s| s.block_table.iter().copied())
-                .collect();
-            let n = blocks.len();
-            blocks.sort_unstable();
-            blocks.dedup();
-            assert_eq!(blocks.len(), n, "{}", b.name);
+            let bs = b.batch.block_size as u32;
+            for (t, &slot) in b.batch.slots.iter().enumerate() {
+                let own = b.batch.seq_of[t] as usize;
+                for (s, span) in b.batch.seqs.iter().enumerate() {
+                    let holds = span.block_table.contains(&(slot / bs));
+                    assert_eq!(
+                        holds,
+                        s == own,
+                        "{}: token {t}'s block in sequence {s}",
+                        b.name
+                    );
+                }
+            }
+            assert!(
+                b.batch.slots.iter().all(|&x| (x as usize) < b.n_slots),
+                "{}",
+                b.name
+            );
             assert!(b.batch.tokens.iter().all(|&t| t < 96));
         }
+        // Some block is shared.
+        let last = &bs[7].batch.seqs;
+        assert_eq!(last[0].block_table[..32], last[69].block_table[..32]);
         // The 151-token prefill is not laid out in order.
         let t = &bs[6].batch.seqs[0].block_table;
         assert!(t.windows(2).any(|w| w[1] != w[0] + 1));
