@@ -1,8 +1,8 @@
 // Int8 tensor-core products over the decode kernels' int8 activations (QUIVER_CUDA_INT8_MMA):
-// imm_T / imv_T for Q4_0 and Q8_0 (32-blocks), Q4_K and Q6_K (immk / imvk). Compiled after qmm.cu in
+// imm_T / imv_T for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL (32-blocks), Q4_K and Q6_K (immk / imvk). Compiled after qmm.cu in
 // the modules of those types (it uses qmm.cu's windows, copies, QRows, qmm_store).
 
-// ---- Int8 tensor-core products (Q4_0, Q8_0): imm for many tokens, imv for decode ----
+// ---- Int8 tensor-core products (the 32-blocks): imm for many tokens, imv for decode ----
 // Over the int8 activations of quantize_a32 (aq [n, cols], ad: (d, d·Σq) per token and 32).
 // A block's integer dot product is exact whatever computes it, and its float term
 // (dw_b · da_b) · isum_b (each product rounded as written) is added in mmvq.cu's exact-sum
@@ -15,38 +15,60 @@ __device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// One row's values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi) of the block at b, as int8, and its d.
-__device__ __forceinline__ void iw_q8_0(const u8* b, int q, u32& lo, u32& hi, float& d) {
+// One row's values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi) of the block at b, as int8, its d
+// and its offset m (Q4_1's min; 0 for the others, whose term has none: term32).
+__device__ __forceinline__ void iw_q8_0(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
     d = h2f(ld_u16(b));
+    m = 0.f;
     lo = ld_u32_2a(b + 2 + 4 * q);
     hi = ld_u32_2a(b + 18 + 4 * q);
 }
-__device__ __forceinline__ void iw_q4_0(const u8* b, int q, u32& lo, u32& hi, float& d) {
+__device__ __forceinline__ void iw_q4_0(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
     d = h2f(ld_u16(b));
+    m = 0.f;
     const u32 w = ld_u32_2a(b + 2 + 4 * q);
-    lo = __vsub4(w & 0x0F0F0F0Fu, 0x08080808u);
-    hi = __vsub4((w >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+    lo = __vsub4(w & 0x0F0F0F0F, 0x08080808u);
+    hi = __vsub4((w >> 4) & 0x0F0F0F0F, 0x08080808u);
 }
-typedef void (*IwFn)(const u8*, int, u32&, u32&, float&);
+__device__ __forceinline__ void iw_q4_1(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
+    d = h2f(ld_u16(b));
+    m = h2f(ld_u16(b + 2));
+    const u32 w = ld_u32_2a(b + 4 + 4 * q);
+    lo = w & 0x0F0F0F0F;
+    hi = (w >> 4) & 0x0F0F0F0F;
+}
+__device__ __forceinline__ void iw_q5_0(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
+    d = h2f(ld_u16(b));
+    m = 0.f;
+    const u32 qh = ld_u32_2a(b + 2), w = ld_u32_2a(b + 6 + 4 * q);
+    lo = __vsub4((w & 0x0F0F0F0F) | spread4((qh >> (4 * q)) & 15), 0x10101010u);
+    hi = __vsub4(((w >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * q)) & 15), 0x10101010u);
+}
+__device__ __forceinline__ void iw_iq4_nl(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
+    d = h2f(ld_u16(b));
+    m = 0.f;
+    const u32 w = ld_u32_2a(b + 2 + 4 * q);
+    lo = iq4_levels4(w & 0x0F0F0F0F);
+    hi = iq4_levels4((w >> 4) & 0x0F0F0F0F);
+}
+typedef void (*IwFn)(const u8*, int, u32&, u32&, float&, float&);
 
-// A's fragment for rows g and g + 8 from their blocks' bytes, and their d.
+// A's fragment for rows g and g + 8 from their blocks' bytes, their d and m.
 template <IwFn IW>
-__device__ __forceinline__ void imm_frag(u32* a, float* dw, const u8* r0, const u8* r1, int q) {
-    IW(r0, q, a[0], a[2], dw[0]);
-    IW(r1, q, a[1], a[3], dw[1]);
+__device__ __forceinline__ void imm_frag(u32* a, float* dw, float* dm, const u8* r0, const u8* r1, int q) {
+    IW(r0, q, a[0], a[2], dw[0], dm[0]);
+    IW(r1, q, a[1], a[3], dw[1], dm[1]);
 }
-// acc[e] += the block's terms of an n8 tile: a, dw as imm_frag made them, the tokens' b0/b1
-// and their d (da0 for token 2q, da1 for 2q + 1).
-__device__ __forceinline__ void imm_terms(long long* acc, const u32* a, const float* dw, u32 b0, u32 b1,
-                                          float da0, float da1) {
+// acc[e] += the block's terms (term32) of an n8 tile: a, dw, dm as imm_frag made them, the
+// tokens' b0/b1, their d and s (da0 / sa0 for token 2q, da1 / sa1 for 2q + 1).
+template <bool OFF>
+__device__ __forceinline__ void imm_terms(long long* acc, const u32* a, const float* dw, const float* dm, u32 b0,
+                                          u32 b1, float da0, float da1, float sa0, float sa1) {
     int c[4] = {0, 0, 0, 0};
     mma_s8(c, a, b0, b1);
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const float s = __fmul_rn(dw[e >> 1], (e & 1) ? da1 : da0);
-        // |c| < 2^22 (32 products of at most 128·128): exact either way.
-        acc[e] += fix_of(__fmul_rn(s, i2f_small(c[e])));
-    }
+    for (int e = 0; e < 4; e++)
+        acc[e] += fix_of(term32<OFF>(dw[e >> 1], dm[e >> 1], (e & 1) ? da1 : da0, (e & 1) ? sa1 : sa0, c[e]));
 }
 // The totals of a warp's 16 rows × 64 tokens as floats, into y (qmm_store).
 __device__ __forceinline__ void fix_store(const long long (*tot)[4], const QRows& R, int n0, int rows,
@@ -108,15 +130,15 @@ __device__ __forceinline__ void imv_part(long long* part, const long long (*acc)
 // QMM_NST stages in flight; split over grid z in whole 256-column chunks (imm_store).
 //                                       grid (ceil(n / 64), ceil(rows / 64), parts), block 128
 #define IMM_XLD 144
-template <IwFn IW, int BB>
+template <IwFn IW, int BB, bool OFF>
 __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const i8* __restrict__ aq,
                                          const float* __restrict__ ad, float* __restrict__ y, int n) {
     typedef QWin<BB, 32> Q;
     extern __shared__ __align__(16) u8 qsm[];
     u8* Xs = qsm;                                                   // [stage][token][IMM_XLD]
-    float* Ds = (float*)(qsm + QMM_NST * QMM_BN * IMM_XLD);         // [stage][block][token]
-    u8* Ws = (u8*)(Ds + QMM_NST * 4 * QMM_BN);
+    float* Ds = (float*)(qsm + QMM_NST * QMM_BN * IMM_XLD);         // [stage][block][token](d, s)
+    u8* Ws = (u8*)(Ds + QMM_NST * 4 * QMM_BN * 2);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
     const int n0 = blockIdx.x * QMM_BN;
@@ -128,7 +150,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
     auto wbuf = [&](int b) { return Ws + (b * QMM_WARPS + warp) * 16 * Q::WIN; };
     auto copy_x = [&](int b, int j) {
         u8* xs = Xs + b * QMM_BN * IMM_XLD;
-        float* ds = Ds + b * 4 * QMM_BN;
+        float* ds = Ds + b * 4 * QMM_BN * 2;
         for (int i = threadIdx.x; i < QMM_BN * 8; i += 32 * QMM_WARPS) {
             const int t = i >> 3, p = i & 7, k = j * QMM_BK + 16 * p;
             const bool ok = n0 + t < n && k < cols;
@@ -138,7 +160,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
             const int kb = i / QMM_BN, t = i % QMM_BN, blk = 4 * j + kb;
             const bool ok = n0 + t < n && blk < ng;
             const float* src = ok ? ad + ((long long)(n0 + t) * ng + blk) * 2 : ad;
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(ds + i)), "l"(src), "r"(ok ? 4 : 0));
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_u32(ds + 2 * i)), "l"(src), "r"(ok ? 8 : 0));
         }
     };
     long long tot[8][4];
@@ -165,17 +187,18 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
         cp_async_commit();
         const u8* win = wbuf(j % QMM_NST);
         const u8* xs = Xs + (j % QMM_NST) * QMM_BN * IMM_XLD;
-        const float* ds = Ds + (j % QMM_NST) * 4 * QMM_BN;
+        const float* ds = Ds + (j % QMM_NST) * 4 * QMM_BN * 2;
         const int off0 = (int)((u64)(R.row(g) + Q::start(j)) & 15), off1 = (int)((u64)(R.row(g + 8) + Q::start(j)) & 15);
         for (int kb = 0; kb < 4 && 4 * j + kb < ng; kb++) {
             u32 a[4];
-            float dw[2];
-            imm_frag<IW>(a, dw, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
+            float dw[2], dm[2];
+            imm_frag<IW>(a, dw, dm, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
                 const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
-                const float2 da = *(const float2*)(ds + kb * QMM_BN + nt * 8 + 2 * q);
-                imm_terms(tot[nt], a, dw, *(const u32*)xb, *(const u32*)(xb + 16), da.x, da.y);
+                // Tokens 2q and 2q + 1: (d, s) each.
+                const float4 da = *(const float4*)(ds + (kb * QMM_BN + nt * 8 + 2 * q) * 2);
+                imm_terms<OFF>(tot[nt], a, dw, dm, *(const u32*)xb, *(const u32*)(xb + 16), da.x, da.z, da.y, da.w);
             }
         }
     }
@@ -188,7 +211,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
 // previous chunk is multiplied; each A fragment feeds the NT tiles); the warps' sums meet in
 // shared memory and one thread per (row, token) adds them (fix_total).
 //                                            grid (ceil(rows / 16)), block 256, dynamic smem
-template <IwFn IW, int BB, int NT>
+template <IwFn IW, int BB, bool OFF, int NT>
 __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const i8* __restrict__ aq,
                                          const float* __restrict__ ad, float* __restrict__ y, int n) {
@@ -226,13 +249,15 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         for (int kb = 0; kb < 8 && 8 * c + kb < ng; kb++) {
             const int blk = 8 * c + kb;
             u32 a[4];
-            float dw[2];
-            imm_frag<IW>(a, dw, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
+            float dw[2], dm[2];
+            imm_frag<IW>(a, dw, dm, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const u32* xp = (const u32*)(xr[nt] + blk * 32 + 4 * q);
                 const u32 b0 = tok[nt] ? xp[0] : 0u, b1 = tok[nt] ? xp[4] : 0u;
-                imm_terms(acc[nt], a, dw, b0, b1, ad[((long long)t0[nt] * ng + blk) * 2], ad[((long long)t1[nt] * ng + blk) * 2]);
+                const float2 d0 = *(const float2*)(ad + ((long long)t0[nt] * ng + blk) * 2);
+                const float2 d1 = *(const float2*)(ad + ((long long)t1[nt] * ng + blk) * 2);
+                imm_terms<OFF>(acc[nt], a, dw, dm, b0, b1, d0.x, d1.x, d0.y, d1.y);
             }
         }
         // Every lane is done with buffer i & 1 before the next copy into it.
@@ -252,16 +277,16 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         pdl_begin();                                                                                  \
         BODY;                                                                                         \
     }
-#define IMM_K(T, BB)                                                                                  \
+#define IMM_K(T, BB, OFF)                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
                 float* __restrict__ y, int n) {                                                       \
         pdl_begin();                                                                                  \
-        imm_impl<iw_##T, BB>(W, row_bytes, rows, cols, aq, ad, y, n);                                 \
+        imm_impl<iw_##T, BB, OFF>(W, row_bytes, rows, cols, aq, ad, y, n);                            \
     }                                                                                                 \
-    IMV_NT(imv_##T, (imv_impl<iw_##T, BB, 1>(W, row_bytes, rows, cols, aq, ad, y, n)))             \
-    IMV_NT(imv2_##T, (imv_impl<iw_##T, BB, 2>(W, row_bytes, rows, cols, aq, ad, y, n)))
+    IMV_NT(imv_##T, (imv_impl<iw_##T, BB, OFF, 1>(W, row_bytes, rows, cols, aq, ad, y, n)))         \
+    IMV_NT(imv2_##T, (imv_impl<iw_##T, BB, OFF, 2>(W, row_bytes, rows, cols, aq, ad, y, n)))
 
 // ---- The K-quants on int8 mma (imm_q4_k / imv_q4_k, imm_q6_k / imv_q6_k) over quantize_a256's
 // activations ----

@@ -151,9 +151,18 @@ __device__ __forceinline__ long long warp_sum_ll(long long v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// A 32-block's term in the exact-sum order: (dw·da)·isum, plus wm·sa for the types with an
+// offset (OFF: Q4_1's min against the activations' sa = d·Σq, f16-rounded as ggml's q8_1),
+// each product and the sum rounded as written (|isum| < 2^22: i2f_small is exact).
+template <bool OFF>
+__device__ __forceinline__ float term32(float dw, float wm, float da, float sa, int isum) {
+    const float t = __fmul_rn(__fmul_rn(dw, da), i2f_small(isum));
+    return OFF ? __fadd_rn(t, __fmul_rn(wm, sa)) : t;
+}
 // Lane l takes blocks l, l + 32, … as ROWQ_A32 does; its kernels are mmvqc*_T
-// (QUANT_KERNELS_QC), beside the mmvq*_T of ROWQ_A32's float order.
-#define ROWQ_CANON(T, LOAD)                                                                           \
+// (QUANT_KERNELS_QC), beside the mmvq*_T of ROWQ_A32's float order. LOAD sets w (the block's
+// values as bytes), wd and, for OFF types, wm.
+#define ROWQ_CANON(T, LOAD, OFF)                                                                      \
     typedef long long rowq_acc_c_##T;                                                                 \
     __device__ __forceinline__ float rowq_fin_c_##T(long long v) { return fix_val(warp_sum_ll(v)); }  \
     __device__ __forceinline__ void rowq_c_##T(const u8* __restrict__ row, const i8* __restrict__ aq,   \
@@ -162,15 +171,15 @@ __device__ __forceinline__ long long warp_sum_ll(long long v) {
         const int nb = cols / 32;                                                                     \
         _Pragma("unroll 4") for (int g = threadIdx.x; g < nb; g += 32) {                              \
             int w[8];                                                                                 \
-            float wd;                                                                                 \
+            float wd, wm = 0.f;                                                                       \
             LOAD                                                                                      \
             _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
                 if (t < ntok) {                                                                       \
                     const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);                \
                     const int4 a0 = ap[0], a1 = ap[1];                                                \
                     const int s = dp4a8(w, a0, a1);                                                   \
-                    const float da = ad[((long long)t * nb + g) * 2];                                 \
-                    acc[t] += fix_of(__fmul_rn(__fmul_rn(wd, da), __int2float_rn(s)));               \
+                    const float2 ds = *(const float2*)(ad + ((long long)t * nb + g) * 2);             \
+                    acc[t] += fix_of(term32<OFF>(wd, wm, ds.x, ds.y, s));                             \
                 }                                                                                     \
             }                                                                                         \
         }                                                                                             \
@@ -184,6 +193,26 @@ __device__ __forceinline__ long long warp_sum_ll(long long v) {
         w[k] = __vsub4(q & 0x0F0F0F0F, 0x08080808);                                                   \
         w[4 + k] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);                                        \
     }
+// Q4_1 unsigned (its min the offset), Q5_0 signed (q − 16), IQ4_NL its signed levels.
+#define LOADC_Q4_1                                                                                    \
+    const u8* b = row + g * 20;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    wm = h2f(ld_u16(b + 2));                                                                          \
+    _Pragma("unroll") for (int k = 0; k < 4; k++) {                                                   \
+        u32 q = ld_u32_2a(b + 4 + 4 * k);                                                             \
+        w[k] = q & 0x0F0F0F0F;                                                                        \
+        w[4 + k] = (q >> 4) & 0x0F0F0F0F;                                                             \
+    }
+#define LOADC_Q5_0                                                                                    \
+    const u8* b = row + g * 22;                                                                       \
+    wd = h2f(ld_u16(b));                                                                              \
+    u32 qh = ld_u32_2a(b + 2);                                                                        \
+    _Pragma("unroll") for (int k = 0; k < 4; k++) {                                                   \
+        u32 q = ld_u32_2a(b + 6 + 4 * k);                                                             \
+        w[k] = __vsub4((q & 0x0F0F0F0F) | spread4((qh >> (4 * k)) & 15), 0x10101010);                \
+        w[4 + k] = __vsub4(((q >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * k)) & 15), 0x10101010); \
+    }
+#define LOADC_IQ4_NL LOAD_IQ4_NL
 #define LOADC_Q8_0                                                                                    \
     const u8* b = row + g * 34;                                                                       \
     wd = h2f(ld_u16(b));                                                                              \

@@ -138,15 +138,16 @@ pub(crate) fn act_sums_bytes(n: usize, cols: usize) -> usize {
 const IMM_XLD_BYTES: usize = 144;
 
 /// Dynamic shared memory of the imm kernel and of the imv kernel of `nt` n8 tiles for `w`: per
-/// stage the int8 activations, their scales (32-blocks: 4 per token; the K-quants: the 32-sums
-/// split and one d per token) and the weights' windows.
+/// stage the int8 activations, their scales (32-blocks: 4 (d, s) pairs per token; the K-quants:
+/// the 32-sums split and one d per token) and the weights' windows.
 fn imm_smem(w: &CudaWeight, nt: usize) -> (usize, usize) {
     let (win, winc) =
         registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
     let scales = if registry::int8_activations(w.kernel) == Some(256) {
         5 * QMM_BN * 4
     } else {
-        4 * QMM_BN * 4
+        // (d, s) of 4 blocks per token.
+        4 * QMM_BN * 8
     };
     let imm = QMM_NST * (QMM_BN * IMM_XLD_BYTES + scales + QMM_BM * win);
     // Two chunk copies per warp, then each warp's sums: 16 rows × 8·nt tokens of i64.
@@ -236,7 +237,8 @@ impl CudaBackend {
             w.half.as_ref().map(|b| b.ptr)
         };
         let (lo, hi) = self.cfg.imv_tokens;
-        if f16.is_none() && registry::int8_mma(w.kernel) && (lo..=hi).contains(&n) {
+        let imv = int8 || registry::imv_default(w.kernel);
+        if f16.is_none() && imv && (lo..=hi).contains(&n) {
             return Some(Tc::Imv);
         }
         if n < self.cfg.gemm_min_tokens {

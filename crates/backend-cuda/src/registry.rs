@@ -78,7 +78,23 @@ pub const EXACT_TYPES: &[&str] = &[
 
 /// Weight types with int8 tensor-core products (`imm_T`, `imv_T` in kernels/imm.cu).
 pub fn int8_mma(t: &str) -> bool {
+    matches!(
+        t,
+        "q4_0" | "q4_1" | "q5_0" | "q8_0" | "iq4_nl" | "q4_k" | "q6_k"
+    )
+}
+
+/// The int8 types whose imv decodes `QUIVER_CUDA_IMV`'s token counts by default (measured
+/// faster than the dp4a kernels there; Q4_1, Q5_0 and IQ4_NL's exact-sum kernels are new in
+/// the fifteenth session, written after its GPU time, and take part only with `int8_mma`).
+pub fn imv_default(t: &str) -> bool {
     matches!(t, "q4_0" | "q8_0" | "q4_k" | "q6_k")
+}
+
+/// 1 for the int8 types whose block term has an offset (Q4_1's min against the activations'
+/// q8_1 sums: mmvq.cu `term32`), 0 for the others.
+fn int8_offset(t: &str) -> u8 {
+    u8::from(t == "q4_1")
 }
 
 /// Weight types whose decode kernels take int8 activations: Some(32) for blocks of 32
@@ -258,8 +274,9 @@ pub fn module_source(module: &str) -> Option<String> {
                 // The types with int8 tensor-core products also sum in their order (mmvqc*_T,
                 // the same bits as imm.cu's imm_T).
                 Some(32) if int8_mma(t) => format!(
-                    "ROWQ_A32({t}, LOAD_{u})\nQUANT_KERNELS_Q({t})\nROWQ_CANON({t}, LOADC_{u})\nQUANT_KERNELS_QC({t})\n",
-                    u = t.to_uppercase()
+                    "ROWQ_A32({t}, LOAD_{u})\nQUANT_KERNELS_Q({t})\nROWQ_CANON({t}, LOADC_{u}, {off})\nQUANT_KERNELS_QC({t})\n",
+                    u = t.to_uppercase(),
+                    off = int8_offset(t)
                 ),
                 Some(32) => format!(
                     "ROWQ_A32({t}, LOAD_{})\nQUANT_KERNELS_Q({t})\n",
@@ -275,7 +292,10 @@ pub fn module_source(module: &str) -> Option<String> {
                 _ => format!("DEQH_GENERIC({t})\n"),
             };
             let imm = match (int8_mma(t), bv) {
-                (true, 32) => format!("#line 1 \"imm.cu\"\n{IMM}\nIMM_K({t}, {bb})\n"),
+                (true, 32) => format!(
+                    "#line 1 \"imm.cu\"\n{IMM}\nIMM_K({t}, {bb}, {})\n",
+                    int8_offset(t)
+                ),
                 (true, _) => format!("#line 1 \"imm.cu\"\n{IMM}\nIMMK_K({t})\n"),
                 _ => String::new(),
             };

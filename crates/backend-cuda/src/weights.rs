@@ -33,7 +33,7 @@ pub(crate) struct KernelNames {
     pub(crate) qmv: String,
     /// qmm over the experts' rows, grouped by a tile list (MoE prefill).
     pub(crate) qmm_g: String,
-    /// The int8 tensor-core products (Q4_0, Q8_0; `registry::int8_mma`).
+    /// The int8 tensor-core products (`registry::int8_mma`).
     pub(crate) imm: String,
     /// imv for 8 and 16 tokens per launch (one, two n8 tiles).
     pub(crate) imv: [String; 2],

@@ -206,7 +206,7 @@ fn products_are_batch_invariant_in_the_invariant_mode() {
     }
 }
 
-/// With `int8_mma`, Q4_0, Q8_0 and Q4_K are batch invariant on the default path too: their decode
+/// With `int8_mma`, the int8 types are batch invariant on the default path too: their decode
 /// kernels (mmvqc) sum in the order of their int8 tensor-core kernel (imm), so a token's
 /// product is the same bits on either side of the cut-over.
 #[test]
@@ -227,7 +227,10 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
             &mut rng,
             &[
                 GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q5_0,
                 GgmlType::Q8_0,
+                GgmlType::IQ4_NL,
                 GgmlType::Q4_K,
                 GgmlType::Q6_K,
             ],
@@ -237,9 +240,11 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
 }
 
 /// The int8 kernels' exact-sum order (kernels/mmvq.cu `fix_of`), computed on the host: x
-/// quantized as `quantize_a32` / `quantize_a256` do (the CPU backend's q8_0 and Q8_K
+/// quantized as `quantize_a32` / `quantize_a256` do (the CPU backend's q8_0, q8_1 and Q8_K
 /// quantizers, which round alike), each block's term rounded as written — (d_w · d_a) · isum
-/// for Q4_0 / Q8_0, a super-block's da·(d·S1 − dmin·S2) for Q4_K (S1 = Σ sc·isum, S2 = Σ
+/// for the 32-blocks (isum over their signed values: Q4_0 q − 8, Q5_0 q − 16, IQ4_NL its
+/// levels; Q4_1's unsigned, plus m · s_a, its min against the activations' q8_1 sum), a
+/// super-block's da·(d·S1 − dmin·S2) for Q4_K (S1 = Σ sc·isum, S2 = Σ
 /// m·asum over its 8 sub-blocks), da·(d·S) for Q6_K (S = Σ sc·isum over its 16) — rounded to
 /// a multiple of 2^-32 and summed as an i64, the total back to f32. `ty`'s GGUF blocks in
 /// `bytes`, `rows` × `cols`, over `n` rows of `x`.
@@ -254,36 +259,66 @@ fn exact_sum_reference(
     let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     let fix = |term: f32| ((term * 4294967296.0) as f64).round_ties_even() as i64;
     let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
-    let (aq, ads) = if k_quant {
-        quiver_cpu_kernels::activation_quants_a256(&x[..n * cols])
+    // (quants, d per block, s per block: the 32-blocks' d·Σq, q8_1's for Q4_1)
+    let (aq, ads, ass) = if k_quant {
+        let (q, d) = quiver_cpu_kernels::activation_quants_a256(&x[..n * cols]);
+        (q, d, vec![])
     } else {
-        let (q, ds) = quiver_cpu_kernels::activation_quants_a32(&x[..n * cols]);
-        (q, ds.iter().step_by(2).copied().collect())
+        let (q, ds) = if ty == GgmlType::Q4_1 {
+            quiver_cpu_kernels::activation_quants_a32_q8_1(&x[..n * cols])
+        } else {
+            quiver_cpu_kernels::activation_quants_a32(&x[..n * cols])
+        };
+        let d = ds.iter().step_by(2).copied().collect();
+        let s = ds.iter().skip(1).step_by(2).copied().collect();
+        (q, d, s)
     };
     // Values per block, block bytes, and one block's term against activations `a` of scale da.
     let (vals, bb) = match ty {
-        GgmlType::Q4_0 => (32, 18),
+        GgmlType::Q4_0 | GgmlType::IQ4_NL => (32, 18),
+        GgmlType::Q4_1 => (32, 20),
+        GgmlType::Q5_0 => (32, 22),
         GgmlType::Q8_0 => (32, 34),
         GgmlType::Q4_K => (256, 144),
         GgmlType::Q6_K => (256, 210),
         _ => panic!("{ty}: no exact-sum kernels"),
     };
-    let term = |blk: &[u8], a: &[i8], da: f32| -> f32 {
+    let term = |blk: &[u8], a: &[i8], da: f32, sa: f32| -> f32 {
         let a = |i: usize| a[i] as i32;
+        // A 32-block's value i as an integer (its nibble i % 16, low for i < 16).
+        let nib = |qs: &[u8], i: usize| {
+            let byte = qs[i % 16];
+            (if i < 16 { byte & 15 } else { byte >> 4 }) as i32
+        };
         match ty {
-            GgmlType::Q4_0 | GgmlType::Q8_0 => {
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL => {
                 let isum: i32 = (0..32)
                     .map(|i| {
-                        let w = if ty == GgmlType::Q4_0 {
-                            let byte = blk[2 + i % 16];
-                            (if i < 16 { byte & 15 } else { byte >> 4 }) as i32 - 8
-                        } else {
-                            blk[2 + i] as i8 as i32
+                        let w = match ty {
+                            GgmlType::Q4_0 => nib(&blk[2..], i) - 8,
+                            GgmlType::Q4_1 => nib(&blk[4..], i),
+                            GgmlType::Q5_0 => {
+                                let qh = u32::from_le_bytes(blk[2..6].try_into().unwrap());
+                                (nib(&blk[6..], i) | (((qh >> i) & 1) << 4) as i32) - 16
+                            }
+                            GgmlType::IQ4_NL => {
+                                quiver_quant::iq4::KVALUES_IQ4NL[nib(&blk[2..], i) as usize] as i32
+                            }
+                            _ => blk[2 + i] as i8 as i32,
                         };
                         w * a(i)
                     })
                     .sum();
-                f16(blk) * da * isum as f32
+                let t = f16(blk) * da * isum as f32;
+                if ty == GgmlType::Q4_1 {
+                    t + f16(&blk[2..]) * sa
+                } else {
+                    t
+                }
             }
             GgmlType::Q4_K => {
                 let scales: &[u8; 12] = blk[4..16].try_into().unwrap();
@@ -328,7 +363,8 @@ fn exact_sum_reference(
                 .map(|b| {
                     let blk = &bytes[(r * nb + b) * bb..][..bb];
                     let ab = t * nb + b;
-                    fix(term(blk, &aq[vals * ab..][..vals], ads[ab]))
+                    let sa = ass.get(ab).copied().unwrap_or(0.0);
+                    fix(term(blk, &aq[vals * ab..][..vals], ads[ab], sa))
                 })
                 .sum();
             y[t * rows + r] = total as f32 * (1.0 / 4294967296.0);
@@ -344,7 +380,10 @@ fn exact_sum_reference_is_the_product_within_rounding() {
     let mut rng = seeded_rng();
     for ty in [
         GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
         GgmlType::Q8_0,
+        GgmlType::IQ4_NL,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ] {
@@ -355,6 +394,11 @@ fn exact_sum_reference_is_the_product_within_rounding() {
         let kind = u8::from(matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K));
         let seen = quiver_cpu_kernels::activation_roundtrip(kind, &x);
         quiver_backend::reference::matmul(&wc.values, rows, cols, &seen, n, &mut want);
+        // Q4_1's offset term sees q8_1's sum (the f16 of d·Σq), not the round trip's.
+        let offs = quiver_cpu_kernels::activation_offset_terms(ty, &wc.bytes, rows, cols, &x, n);
+        for (w, o) in want.iter_mut().zip(offs) {
+            *w += o as f32;
+        }
         let got = exact_sum_reference(ty, &wc.bytes, rows, cols, &x, n);
         let e = quiver_backend::testing::rel_err(&got, &want);
         assert!(e < 1e-6, "{ty}: rel err {e}");
@@ -379,7 +423,10 @@ fn int8_mma_products_give_the_exact_sum_bits() {
         for &(rows, cols) in PRODUCT_SHAPES {
             for ty in [
                 GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q5_0,
                 GgmlType::Q8_0,
+                GgmlType::IQ4_NL,
                 GgmlType::Q4_K,
                 GgmlType::Q6_K,
             ] {

@@ -319,6 +319,11 @@ pub(crate) fn quants_a32(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     quantize_a32_vecs(x, Scales::Q8_0)
 }
 
+/// `x` in blocks of 32 as ggml's q8_1 (for tests): s is the f16 of d·Σq.
+pub(crate) fn quants_a32_q8_1(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    quantize_a32_vecs(x, Scales::Q8_1)
+}
+
 /// `x` in blocks of 256 as ggml's Q8_K (for tests): the quants and each block's d.
 pub(crate) fn quants_a256(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     let mut b = vec![A256::default(); x.len() / QK_K];

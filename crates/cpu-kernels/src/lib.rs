@@ -417,6 +417,13 @@ pub fn activation_quants_a32(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     act::quants_a32(x)
 }
 
+/// `x` quantized per 32 as the Q4_1 / Q5_1 products take it (ggml's q8_1, for tests): the
+/// quants and per block (d, s), s the f16 of d·Σq.
+#[doc(hidden)]
+pub fn activation_quants_a32_q8_1(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    act::quants_a32_q8_1(x)
+}
+
 /// `x` quantized per 256 as the K-quant products take it (ggml's Q8_K, for tests): the
 /// quants and each block's d.
 #[doc(hidden)]

@@ -131,7 +131,8 @@ fn default_serving_of_the_int8_types_equals_solo_runs() {
         };
         CudaBackend::new(0, config).unwrap()
     };
-    for ty in ["Q8_0", "Q4_0"] {
+    // Q4_1: the default model's type (its exact-sum kernels since the fifteenth session).
+    for ty in ["Q8_0", "Q4_0", "Q4_1"] {
         let prompts = |nv| {
             (0..16)
                 .map(|i| ids(3 + 13 * i, 300 + i as u64, nv))

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The sixteenth session's GPU work (docs/GPU.md), calls back to back on one warm machine.
+# Here, first: tools/gpu/stage.sh && strip .gpu/quiver .gpu/test-*. Carry .gpu/quiver,
+# .gpu/test-gpu_ops, .gpu/test-gpu, .gpu/test-archs.
+#   s16.sh n   the first call: Q4_1, Q5_0 and IQ4_NL's exact-sum kernels (mmvqc, imv, imm;
+#              written after the fifteenth session's GPU time): the exact-sum op tests for every
+#              int8 type, the engine GPU tests (Q4_1 serving as alone), then default against
+#              QUIVER_CUDA_INT8_MMA=1 on 8B Q4_1 and Q4_K_M (pp512, S_TG at 1, 8, 64, 128)
+# Every call writes its log under $OUT too.
+set -uo pipefail
+export PATH=/usr/local/cuda/bin:$PATH
+export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
+B=.gpu
+W=/tmp/peer
+mkdir -p "$W"
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0))s] $*"; }
+wait_for() { while [ ! -s "$1.done" ]; do sleep 2; done; }
+synth() { # preset type file [seed]
+  [ -s "$3" ] || $B/quiver synth --preset "$1" --type "$2" ${4:+--seed $4} -o "$3" >/dev/null 2>&1
+  echo ok >"$3.done"
+}
+f8() { echo $W/llama3-8b-$1.gguf; }
+case $1 in
+n)
+  (for ty in Q4_1 Q4_K_M; do synth llama3-8b $ty $(f8 $ty); done) &
+  for f in int8_mma exact_sum; do
+    el "op test $f"
+    timeout 300 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
+      grep -E "^test |panicked|differ|result" | head -30
+  done
+  el "engine GPU tests"
+  timeout 300 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
+  el "architectures"
+  timeout 100 $B/test-archs --include-ignored gpu_matches 2>&1 | grep -E "panicked|result"
+  for ty in Q4_1 Q4_K_M; do
+    wait_for $(f8 $ty)
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
+      el "8B $ty $e"
+      env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+    done
+  done
+  el done
+  ;;
+esac
