@@ -12,45 +12,13 @@
 #   s15.sh r   per-kernel time of one decode step (Nsight Compute, durations only) at 1, 64 and
 #              128 sequences, default against QUIVER_CUDA_INT8_MMA=1 (8B Q4_K_M)
 # Every call writes its log under $OUT too.
-set -uo pipefail
-export PATH=/usr/local/cuda/bin:$PATH
-export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
-B=.gpu
-W=/tmp/peer
-mkdir -p "$W"
-t0=$(date +%s)
-el() { echo "[$(($(date +%s) - t0))s] $*"; }
-wait_for() { while [ ! -s "$1.done" ]; do sleep 2; done; }
-synth() { # preset type file [seed]
-  [ -s "$3" ] || $B/quiver synth --preset "$1" --type "$2" ${4:+--seed $4} -o "$3" >/dev/null 2>&1
-  echo ok >"$3.done"
-}
-f8() { echo $W/llama3-8b-$1.gguf; }
+. "$(dirname "$0")/common.sh"
 ncu_imm() { # type kernel-suffix env
   env $3 QUIVER_CUDA_GRAPHS=0 timeout 150 ncu --clock-control none -k "regex:^(imm|qmm)_$2\$" --launch-skip 600 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
     $B/quiver bench -m $(f8 $1) --device cuda -p 16 -n 32 --parallel 64 >/tmp/ncu.txt 2>&1
   cp /tmp/ncu.txt $OUT/ncu-$1-${3%%=*}.txt
   grep -E "^  [a-z]+_|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit Reg|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued" /tmp/ncu.txt | head -30
-}
-# Kernel durations of `count` launches after `skip` (graphs off): total µs per kernel, top 14.
-kern_times() { # type parallel skip count env
-  env $5 QUIVER_CUDA_GRAPHS=0 timeout 130 ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum \
-    --launch-skip $3 --launch-count $4 $B/quiver bench -m $(f8 $1) --device cuda -p 16 -n 16 --parallel $2 >/tmp/kt.csv 2>/dev/null
-  cp /tmp/kt.csv $OUT/kt-$1-$2-${5%%=*}.csv
-  python3 - /tmp/kt.csv <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
-h = rows[0]; ki = h.index("Kernel Name"); mi = h.index("gpu__time_duration.sum")
-tot, cnt = collections.Counter(), collections.Counter()
-for r in rows[2:]:
-    try: v = float(r[mi].replace(",", ""))
-    except ValueError: continue
-    name = r[ki].split("(")[0]; tot[name] += v; cnt[name] += 1
-unit = rows[1][mi]
-print(f"  total {sum(tot.values()):.1f} {unit} over {sum(cnt.values())} launches")
-for k, v in tot.most_common(14): print(f"  {v:10.1f} {unit} {cnt[k]:5d}x {k}")
-PY
 }
 case $1 in
 f)

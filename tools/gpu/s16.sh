@@ -7,20 +7,7 @@
 #              int8 type, the engine GPU tests (Q4_1 serving as alone), then default against
 #              QUIVER_CUDA_INT8_MMA=1 on 8B Q4_1 and Q4_K_M (pp512, S_TG at 1, 8, 64, 128)
 # Every call writes its log under $OUT too.
-set -uo pipefail
-export PATH=/usr/local/cuda/bin:$PATH
-export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home} RUST_BACKTRACE=1
-B=.gpu
-W=/tmp/peer
-mkdir -p "$W"
-t0=$(date +%s)
-el() { echo "[$(($(date +%s) - t0))s] $*"; }
-wait_for() { while [ ! -s "$1.done" ]; do sleep 2; done; }
-synth() { # preset type file [seed]
-  [ -s "$3" ] || $B/quiver synth --preset "$1" --type "$2" ${4:+--seed $4} -o "$3" >/dev/null 2>&1
-  echo ok >"$3.done"
-}
-f8() { echo $W/llama3-8b-$1.gguf; }
+. "$(dirname "$0")/common.sh"
 case $1 in
 n)
   (for ty in Q4_1 Q4_K_M; do synth llama3-8b $ty $(f8 $ty); done) &

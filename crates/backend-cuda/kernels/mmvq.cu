@@ -194,15 +194,7 @@ __device__ __forceinline__ float term32(float dw, float wm, float da, float sa, 
         w[4 + k] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);                                        \
     }
 // Q4_1 unsigned (its min the offset), Q5_0 signed (q − 16), IQ4_NL its signed levels.
-#define LOADC_Q4_1                                                                                    \
-    const u8* b = row + g * 20;                                                                       \
-    wd = h2f(ld_u16(b));                                                                              \
-    wm = h2f(ld_u16(b + 2));                                                                          \
-    _Pragma("unroll") for (int k = 0; k < 4; k++) {                                                   \
-        u32 q = ld_u32_2a(b + 4 + 4 * k);                                                             \
-        w[k] = q & 0x0F0F0F0F;                                                                        \
-        w[4 + k] = (q >> 4) & 0x0F0F0F0F;                                                             \
-    }
+#define LOADC_Q4_1 LOAD_Q4_1
 #define LOADC_Q5_0                                                                                    \
     const u8* b = row + g * 22;                                                                       \
     wd = h2f(ld_u16(b));                                                                              \
@@ -310,34 +302,43 @@ __device__ __forceinline__ void acc_own(long long* acc, int j, long long term) {
     for (int t = 0; t < 8; t++)
         if (t == j) acc[t] += term;
 }
-// One 32-value slice s (lane slice j of super-block sb) of rowq_c_q4_k for token t's
-// activations: its parts of S1 and S2 (zero past the row), the super-block's d and dmin.
-__device__ __forceinline__ void q4k_slice_c(const u8* __restrict__ row, const i8* __restrict__ aq,
-                                            const int* __restrict__ abs_, int cols, int s, int t,
-                                            int& p1, int& p2, float& d, float& dmin) {
+// One 32-value slice s of a Q4_K row (lane slice j of super-block sb: values 16 of sub-block
+// g and 16 of g + 1, g = 2·(j / 2)) for rowq_c_q4_k: its nibbles, scales and mins, the
+// super-block's d and dmin, and where its activations start (xb).
+struct Q4kSlice {
+    int lo[4], hi[4], sc0, m0, sc1, m1, xb;
+    float d, dmin;
+};
+__device__ __forceinline__ Q4kSlice q4k_slice(const u8* __restrict__ row, int s) {
+    Q4kSlice w;
     const int sb = s >> 3, j = s & 7, g = (j >> 1) * 2;
     const u8* b = row + sb * 144;
     const uint4 qv = *(const uint4*)(b + 16 + 16 * j);
     const uint4 hd = *(const uint4*)b;
-    d = h2f(hd.x & 0xffff);
-    dmin = h2f(hd.x >> 16);
+    w.d = h2f(hd.x & 0xffff);
+    w.dmin = h2f(hd.x >> 16);
     float f0, f1, f2, f3;
     q4k_pair(hd, g, f0, f1, f2, f3);
+    w.sc0 = (int)f0, w.m0 = (int)f1, w.sc1 = (int)f2, w.m1 = (int)f3;
     const u32 qw[4] = {qv.x, qv.y, qv.z, qv.w};
-    int lo[4], hi[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        lo[k] = qw[k] & 0x0F0F0F0F;
-        hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
+        w.lo[k] = qw[k] & 0x0F0F0F0F;
+        w.hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
     }
-    const int xb = sb * 256 + g * 32 + (j & 1) * 16;
-    const i8* a = aq + (long long)t * cols + xb;
+    w.xb = sb * 256 + g * 32 + (j & 1) * 16;
+    return w;
+}
+// The slice's parts of S1 = Σ sc·isum and S2 = Σ m·asum for token t.
+__device__ __forceinline__ void q4k_slice_dot(const Q4kSlice& w, const i8* __restrict__ aq, const int* __restrict__ abs_,
+                                              int cols, int t, int& p1, int& p2) {
+    const i8* a = aq + (long long)t * cols + w.xb;
     const int4 a0 = *(const int4*)a, a1 = *(const int4*)(a + 32);
-    const int s0 = dp4a(lo[3], a0.w, dp4a(lo[2], a0.z, dp4a(lo[1], a0.y, dp4a(lo[0], a0.x, 0))));
-    const int s1 = dp4a(hi[3], a1.w, dp4a(hi[2], a1.z, dp4a(hi[1], a1.y, dp4a(hi[0], a1.x, 0))));
-    const int* bs = abs_ + ((long long)t * cols + xb) / 16;
-    p1 = (int)f0 * s0 + (int)f2 * s1;
-    p2 = (int)f1 * bs[0] + (int)f3 * bs[2];
+    const int s0 = dp4a(w.lo[3], a0.w, dp4a(w.lo[2], a0.z, dp4a(w.lo[1], a0.y, dp4a(w.lo[0], a0.x, 0))));
+    const int s1 = dp4a(w.hi[3], a1.w, dp4a(w.hi[2], a1.z, dp4a(w.hi[1], a1.y, dp4a(w.hi[0], a1.x, 0))));
+    const int* bs = abs_ + ((long long)t * cols + w.xb) / 16;
+    p1 = w.sc0 * s0 + w.sc1 * s1;
+    p2 = w.m0 * bs[0] + w.m1 * bs[2];
 }
 // rowq_c_q4_k for one token: four iterations' slices loaded (clamped to the row, their sums
 // zeroed past it) before their lanes' sums meet in one reduce-scatter of the four S1 and four
@@ -352,7 +353,9 @@ __device__ __forceinline__ void rowq_c1_q4_k(const u8* __restrict__ row, const i
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int s = 32 * (i0 + u) + lane;
-            q4k_slice_c(row, aq, abs_, cols, min(s, nsl - 1), 0, v[u], v[4 + u], d[u], dmin[u]);
+            const Q4kSlice w = q4k_slice(row, min(s, nsl - 1));
+            q4k_slice_dot(w, aq, abs_, cols, 0, v[u], v[4 + u]);
+            d[u] = w.d, dmin[u] = w.dmin;
             if (s >= nsl) v[u] = v[4 + u] = 0;
         }
         const int t = reduce_scatter8(v), s2 = __shfl_down_sync(0xffffffffu, t, 4);
@@ -376,42 +379,15 @@ __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8
         const int s = 32 * i + lane, sb = s >> 3, j = s & 7;
         // The same for the 8 lanes of a super-block (nsl is a multiple of 8).
         const bool valid = s < nsl;
-        int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0}, sc0 = 0, m0 = 0, sc1 = 0, m1 = 0;
-        float d = 0.f, dmin = 0.f;
-        const int g = (j >> 1) * 2;
-        if (valid) {
-            const u8* b = row + sb * 144;
-            const uint4 qv = *(const uint4*)(b + 16 + 16 * j);
-            const uint4 hd = *(const uint4*)b;
-            d = h2f(hd.x & 0xffff);
-            dmin = h2f(hd.x >> 16);
-            float f0, f1, f2, f3;
-            q4k_pair(hd, g, f0, f1, f2, f3);
-            sc0 = (int)f0, m0 = (int)f1, sc1 = (int)f2, m1 = (int)f3;
-            const u32 qw[4] = {qv.x, qv.y, qv.z, qv.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                lo[k] = qw[k] & 0x0F0F0F0F;
-                hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
-            }
-        }
-        const int xb = sb * 256 + g * 32 + (j & 1) * 16;
+        const Q4kSlice w = q4k_slice(row, min(s, nsl - 1));
         int p1[8], p2[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             p1[t] = p2[t] = 0;
-            if (valid && t < ntok) {
-                const i8* a = aq + (long long)t * cols + xb;
-                const int4 a0 = *(const int4*)a, a1 = *(const int4*)(a + 32);
-                const int s0 = dp4a(lo[3], a0.w, dp4a(lo[2], a0.z, dp4a(lo[1], a0.y, dp4a(lo[0], a0.x, 0))));
-                const int s1 = dp4a(hi[3], a1.w, dp4a(hi[2], a1.z, dp4a(hi[1], a1.y, dp4a(hi[0], a1.x, 0))));
-                const int* bs = abs_ + ((long long)t * cols + xb) / 16;
-                p1[t] = sc0 * s0 + sc1 * s1;
-                p2[t] = m0 * bs[0] + m1 * bs[2];
-            }
+            if (valid && t < ntok) q4k_slice_dot(w, aq, abs_, cols, t, p1[t], p2[t]);
         }
         const int S1 = reduce_tokens8(p1, ntok), S2 = reduce_tokens8(p2, ntok);
-        if (valid && j < ntok) acc_own(acc, j, fix_of(q4k_term(ad[(long long)j * (cols / 256) + sb], d, dmin, S1, S2)));
+        if (valid && j < ntok) acc_own(acc, j, fix_of(q4k_term(ad[(long long)j * (cols / 256) + sb], w.d, w.dmin, S1, S2)));
     }
 }
 
