@@ -4,7 +4,8 @@
 # .gpu/test-gpu_ops, .gpu/test-gpu, .gpu/test-archs.
 #   s16.sh n   the first call: Q4_1, Q5_0 and IQ4_NL's exact-sum kernels (mmvqc, imv, imm;
 #              written after the fifteenth session's GPU time): the exact-sum op tests for every
-#              int8 type, the engine GPU tests (Q4_1 serving as alone), then default against
+#              int8 type (imm's split parts now added by atomics into self-clearing accumulators),
+#              the engine GPU tests (Q4_1 serving as alone), then default against
 #              QUIVER_CUDA_INT8_MMA=1 on 8B Q4_1 and Q4_K_M (pp512, S_TG at 1, 8, 64, 128)
 # Every call writes its log under $OUT too.
 . "$(dirname "$0")/common.sh"

@@ -81,24 +81,43 @@ __device__ __forceinline__ void fix_store(const long long (*tot)[4], const QRows
     qmm_store(v, R, n0, rows, y, n);
 }
 // imm's store: the totals as floats (fix_store), or, when the columns are split over grid z,
-// this part's 64-bit totals into the partials at y (as long long, part z at z · n · rows),
-// which imm_sum adds exactly.
+// this part's 64-bit totals added into `acc` (integers: the total is the same bits in any
+// order), and the tile's last part (a counter per tile in `cnt`) turns them into floats,
+// leaving the accumulators and the counter at zero for the next product.
 __device__ __forceinline__ void imm_store(const long long (*tot)[4], const QRows& R, int n0, int rows,
-                                          float* __restrict__ y, int n) {
+                                          float* __restrict__ y, int n, long long* acc, unsigned* cnt) {
     if (gridDim.z == 1) {
         fix_store(tot, R, n0, rows, y, n);
         return;
     }
-    qmm_store(tot, R, n0, rows, (long long*)y + (long long)blockIdx.z * n * rows, n);
-}
-// y[i] = the s parts' 64-bit totals added (in any order: integers), as a float.
-extern "C" __global__ void imm_sum(const long long* __restrict__ part, int s, long long len,
-                                   float* __restrict__ y) { pdl_begin();
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < len; i += (long long)gridDim.x * blockDim.x) {
-        long long v = part[i];
-        for (int z = 1; z < s; z++) v += part[z * len + i];
-        y[i] = fix_val(v);
-    }
+    const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int rr = R.rb + g + (e >> 1) * 8, tt = n0 + nt * 8 + 2 * q + (e & 1);
+            if (rr < rows && tt < n)
+                atomicAdd((unsigned long long*)acc + (long long)tt * rows + rr, (unsigned long long)tot[nt][e]);
+        }
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == gridDim.z - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int rr = R.rb + g + (e >> 1) * 8, tt = n0 + nt * 8 + 2 * q + (e & 1);
+            if (rr < rows && tt < n) {
+                const long long i = (long long)tt * rows + rr;
+                y[i] = fix_val((long long)atomicExch((unsigned long long*)acc + i, 0ull));
+            }
+        }
+    if (threadIdx.x == 0) cnt[tile] = 0;
 }
 // imv's last step: the threads, one per (row, token) of the block's 16 rows × 8·NT tokens in
 // turn, add the warps' sums (`part`, [warp][row · 8·NT + token]) and store the total.
@@ -133,7 +152,8 @@ __device__ __forceinline__ void imv_part(long long* part, const long long (*acc)
 template <IwFn IW, int BB, bool OFF>
 __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const i8* __restrict__ aq,
-                                         const float* __restrict__ ad, float* __restrict__ y, int n) {
+                                         const float* __restrict__ ad, float* __restrict__ y, int n,
+                                         long long* acc, unsigned* cnt) {
     typedef QWin<BB, 32> Q;
     extern __shared__ __align__(16) u8 qsm[];
     u8* Xs = qsm;                                                   // [stage][token][IMM_XLD]
@@ -202,7 +222,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
             }
         }
     }
-    imm_store(tot, R, n0, rows, y, n);
+    imm_store(tot, R, n0, rows, y, n, acc, cnt);
 }
 
 // imv: n ≤ 8·NT tokens as NT n8 tiles (NT = 1, 2; a form of 4 tiles measured slower than qmm at
@@ -281,9 +301,9 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
     extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
-                float* __restrict__ y, int n) {                                                       \
+                float* __restrict__ y, int n, long long* acc, unsigned* cnt) {                     \
         pdl_begin();                                                                                  \
-        imm_impl<iw_##T, BB, OFF>(W, row_bytes, rows, cols, aq, ad, y, n);                            \
+        imm_impl<iw_##T, BB, OFF>(W, row_bytes, rows, cols, aq, ad, y, n, acc, cnt);               \
     }                                                                                                 \
     IMV_NT(imv_##T, (imv_impl<iw_##T, BB, OFF, 1>(W, row_bytes, rows, cols, aq, ad, y, n)))         \
     IMV_NT(imv2_##T, (imv_impl<iw_##T, BB, OFF, 2>(W, row_bytes, rows, cols, aq, ad, y, n)))
@@ -480,7 +500,7 @@ template <class K>
 __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                           int cols, const i8* __restrict__ aq,
                                           const float* __restrict__ ad, const int* __restrict__ abs_,
-                                          float* __restrict__ y, int n) {
+                                          float* __restrict__ y, int n, long long* acc, unsigned* cnt) {
     typedef QWin<K::BB, 256> Q;
     extern __shared__ __align__(16) u8 qsm[];
     u8* Xs = qsm;                                              // [stage][token][IMM_XLD]
@@ -553,7 +573,7 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
         for (int kb = 0; kb < 4; kb++) K::kb(P, Qa, b0, b1, 4 * half + kb, xs, kb, g, q);
         if (half == 1) K::fin(tot, P, Qa, b0, b1, Hs + b * QMM_BN * 16, Dd + b * QMM_BN, g, q);
     }
-    imm_store(tot, R, n0, rows, y, n);
+    imm_store(tot, R, n0, rows, y, n, acc, cnt);
 }
 
 // imvk: imv's layout (NT n8 tiles), one super-block per chunk.
@@ -632,9 +652,9 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
     extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
-                float* __restrict__ y, int n) {                                                       \
+                float* __restrict__ y, int n, long long* acc, unsigned* cnt) {                     \
         pdl_begin();                                                                                  \
-        immk_impl<IK_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);                              \
+        immk_impl<IK_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n, acc, cnt);                 \
     }                                                                                                 \
     IMV_NT(imv_##T, (imvk_impl<KQ_##T, 1>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))          \
     IMV_NT(imv2_##T, (imvk_impl<KQ_##T, 2>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))

@@ -128,12 +128,6 @@ fn qmv_warps(winc: usize) -> usize {
     }
 }
 
-/// Bytes of quantize_a256's sums for `n` rows of `cols`: the per-16 sums (i32), then the
-/// 32-sums split as two int8 (kernels/ops.cu).
-pub(crate) fn act_sums_bytes(n: usize, cols: usize) -> usize {
-    n * cols / 16 * 4 + n * cols / 32 * 2
-}
-
 /// An int8 activation tile's token row in bytes (kernels/qmm.cu `IMM_XLD`).
 const IMM_XLD_BYTES: usize = 144;
 
@@ -360,7 +354,7 @@ impl CudaBackend {
                 } else {
                     self.splits(w, n, Parts::Float)
                 };
-                let out = self.split_out(splits, n, w.rows, Parts::Float, y)?;
+                let out = self.split_out(splits, n, w.rows, y)?;
                 self.launch_smem(
                     &w.names.module,
                     &w.names.qmm,
@@ -381,7 +375,7 @@ impl CudaBackend {
                         n as i32
                     ],
                 )?;
-                self.split_sum(w, splits, n, Parts::Float, out, y)
+                self.split_sum(splits, n, w.rows, out, y)
             }
             Tc::Qmv => {
                 let (_, smem, threads) = qmm_smem(w);
@@ -407,8 +401,7 @@ impl CudaBackend {
                 Ok(())
             }
             Tc::Imm => {
-                let splits = self.splits(w, n, Parts::Exact);
-                let out = self.split_out(splits, n, w.rows, Parts::Exact, y)?;
+                let (splits, acc, cnt) = self.exact_splits(w, n)?;
                 self.launch_smem(
                     &w.names.module,
                     &w.names.imm,
@@ -427,11 +420,12 @@ impl CudaBackend {
                         q,
                         d,
                         s,
-                        out,
-                        n as i32
+                        y,
+                        n as i32,
+                        acc,
+                        cnt
                     ],
-                )?;
-                self.split_sum(w, splits, n, Parts::Exact, out, y)
+                )
             }
             Tc::Imv => {
                 // Bytes of one token's scales: (d, d·Σq) per 32, or d per 256.
@@ -557,8 +551,11 @@ impl CudaBackend {
             Ok((q, d, 0))
         } else {
             let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 256 * 4, "activation scales")?;
-            let bs =
-                self.scratch_ptr(|s| &mut s.abs, act_sums_bytes(n, cols), "activation sums")?;
+            let bs = self.scratch_ptr(
+                |s| &mut s.abs,
+                crate::scratch::act_sums_bytes(n, cols),
+                "activation sums",
+            )?;
             self.launch(
                 "ops",
                 "quantize_a256",

@@ -219,8 +219,6 @@ pub fn kernel_names(module: &str) -> Vec<String> {
                     .iter()
                     .map(|k| format!("{k}_{t}")),
                 );
-                // imm's split parts added (imm.cu, once per module).
-                v.push("imm_sum".into());
             }
             if int8_activations(t).is_some() {
                 v.extend(

@@ -33,6 +33,15 @@ pub(crate) struct Scratch {
     pub(crate) tq: Option<DevBuf>,
     /// 0, 1, 2, … (u32): the row list of a launch over rows r0.. of a step (`row_ids`).
     pub(crate) row_ids: Option<DevBuf>,
+    /// imm's split accumulators and tile counters (`exact_acc`).
+    pub(crate) eacc: Option<DevBuf>,
+    pub(crate) ecnt: Option<DevBuf>,
+}
+
+/// Bytes of quantize_a256's sums for `n` rows of `cols`: the per-16 sums (i32), then the
+/// 32-sums split as two int8 (kernels/ops.cu).
+pub(crate) fn act_sums_bytes(n: usize, cols: usize) -> usize {
+    n * cols / 16 * 4 + n * cols / 32 * 2
 }
 
 /// A scratch buffer, its size for a workspace, and what it is for.
@@ -74,11 +83,7 @@ impl CudaBackend {
             ),
             (|s| &mut s.aq, n * cols, "int8 activations"),
             (|s| &mut s.ad, n * cols / 4, "activation scales"),
-            (
-                |s| &mut s.abs,
-                crate::products::act_sums_bytes(n, cols),
-                "activation sums",
-            ),
+            (|s| &mut s.abs, act_sums_bytes(n, cols), "activation sums"),
             (
                 |s| &mut s.gather,
                 ws.max_logits * ws.n_embd * 4,
@@ -113,6 +118,9 @@ impl CudaBackend {
             self.scratch_ptr(pick, bytes, what)?;
         }
         self.row_ids(ws.max_tokens.max(1))?;
+        if self.cfg.int8_mma && self.split_on(crate::split::Parts::Exact) {
+            self.exact_acc()?;
+        }
         Ok(())
     }
 

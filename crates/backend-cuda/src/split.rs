@@ -1,9 +1,9 @@
 //! Split-K products: a product whose tiles leave multiprocessors idle is split over whole
-//! 256-column chunks (kernels/qmm.cu and imm.cu take their part from grid z), and a second
-//! kernel adds the parts. qmm's parts are floats added in order (`sum_splits`: not batch
-//! invariant, never in the invariant mode); imm's are the exact-sum order's 64-bit integers
-//! (`imm_sum`), whose total is the same bits however the columns are split, so imm splits in
-//! every mode.
+//! 256-column chunks (kernels/qmm.cu and imm.cu take their part from grid z). qmm's parts are
+//! floats that a second kernel adds in order (`sum_splits`: not batch invariant, never in the
+//! invariant mode); imm's are the exact-sum order's 64-bit integers, which its parts add into
+//! accumulators with atomics, the last part of each tile turning them into floats (imm.cu
+//! `imm_store`): the same bits however the columns are split, so imm splits in every mode.
 
 use crate::launch::grid1;
 use crate::products::{QMM_BM, QMM_BN};
@@ -14,6 +14,12 @@ use quiver_backend::Result;
 /// The split-K products' partials at most (a step's largest split product: 8B gate·up at 64
 /// tokens, 2 × 64 × 14336 floats, is 7 MiB); a split that would need more takes fewer parts.
 pub(crate) const QSPLIT_BYTES: usize = 16 << 20;
+
+/// imm's split accumulators (one i64 per output: a split product's n × rows is at most half
+/// of [`QSPLIT_BYTES`] / 8, `qmm_splits`' room) and tile counters (a split product has at
+/// most one tile per multiprocessor), zero between products.
+const EXACT_ACC_BYTES: usize = QSPLIT_BYTES / 2;
+const EXACT_TILES: usize = 1024;
 
 /// Parts of a product over `n` tokens of a `rows` × `cols` weight on `sms` multiprocessors:
 /// qmm's (float parts) enough for ~2 blocks per multiprocessor where the tiles alone give
@@ -58,9 +64,38 @@ impl CudaBackend {
             && (parts == Parts::Exact || !self.cfg.invariant)
     }
 
-    /// True when the partials' scratch is needed (reserved at load).
+    /// True when qmm's partials' scratch is needed (reserved at load).
     pub(crate) fn split_scratch(&self) -> bool {
-        self.split_on(Parts::Float) || (self.split_on(Parts::Exact) && self.cfg.int8_mma)
+        self.split_on(Parts::Float)
+    }
+
+    /// imm's parts for `w` over `n` tokens, and when split its accumulators and counters.
+    pub(crate) fn exact_splits(&self, w: &CudaWeight, n: usize) -> Result<(usize, u64, u64)> {
+        let tiles = n.div_ceil(QMM_BN) * w.rows.div_ceil(QMM_BM);
+        match self.splits(w, n, Parts::Exact) {
+            s if s > 1 && tiles <= EXACT_TILES => {
+                let (acc, cnt) = self.exact_acc()?;
+                Ok((s, acc, cnt))
+            }
+            _ => Ok((1, 0, 0)),
+        }
+    }
+
+    /// imm's split accumulators and tile counters, made zeroed (at load when `int8_mma`; the
+    /// last part of each tile leaves them at zero).
+    pub(crate) fn exact_acc(&self) -> Result<(u64, u64)> {
+        let mut s = self.scratch.lock().unwrap();
+        if let (Some(a), Some(c)) = (&s.eacc, &s.ecnt) {
+            return Ok((a.ptr, c.ptr));
+        }
+        let a = self.grow(&mut s.eacc, EXACT_ACC_BYTES, "split accumulators")?;
+        let c = self.grow(&mut s.ecnt, EXACT_TILES * 4, "split counters")?;
+        for (p, bytes) in [(a, EXACT_ACC_BYTES), (c, EXACT_TILES * 4)] {
+            self.dev
+                .memset_zero(p, bytes)
+                .map_err(quiver_backend::BackendError::Device)?;
+        }
+        Ok((a, c))
     }
 
     /// Parts of a product of `w` over `n` tokens (1: not split).
@@ -71,46 +106,34 @@ impl CudaBackend {
         qmm_splits(n, w.rows, w.cols, self.dev.info.sms as usize, parts)
     }
 
-    /// Where a product of `splits` parts writes: y itself, or the partials' scratch.
-    pub(crate) fn split_out(
-        &self,
-        splits: usize,
-        n: usize,
-        rows: usize,
-        parts: Parts,
-        y: u64,
-    ) -> Result<u64> {
+    /// Where a qmm product of `splits` parts writes: y itself, or the partials' scratch.
+    pub(crate) fn split_out(&self, splits: usize, n: usize, rows: usize, y: u64) -> Result<u64> {
         if splits <= 1 {
             return Ok(y);
         }
         self.scratch_ptr(
             |s| &mut s.qpart,
-            splits * n * rows * parts.bytes(),
+            splits * n * rows * Parts::Float.bytes(),
             "product partials",
         )
     }
 
-    /// y = the sum of the `splits` partials at `out` (nothing when not split).
+    /// y = the sum of qmm's `splits` partials at `out`, in order (nothing when not split).
     pub(crate) fn split_sum(
         &self,
-        w: &CudaWeight,
         splits: usize,
         n: usize,
-        parts: Parts,
+        rows: usize,
         out: u64,
         y: u64,
     ) -> Result<()> {
         if splits <= 1 {
             return Ok(());
         }
-        let len = n * w.rows;
-        let (module, kernel) = match parts {
-            Parts::Float => ("ops", "sum_splits"),
-            Parts::Exact => (w.names.module.as_str(), "imm_sum"),
-        };
+        let len = n * rows;
         self.launch(
-            module,
-            kernel,
+            "ops",
+            "sum_splits",
             (grid1(len, 256, 4096), 1, 1),
             (256, 1, 1),
             args![out, splits as i32, len as i64, y],
