@@ -386,7 +386,8 @@ __device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8
             p1[t] = p2[t] = 0;
             if (valid && t < ntok) q4k_slice_dot(w, aq, abs_, cols, t, p1[t], p2[t]);
         }
-        const int S1 = reduce_tokens8(p1, ntok), S2 = reduce_tokens8(p2, ntok);
+        // Two tokens or more here (one takes rowq_c1_q4_k).
+        const int S1 = reduce_scatter8(p1), S2 = reduce_scatter8(p2);
         if (valid && j < ntok) acc_own(acc, j, fix_of(q4k_term(ad[(long long)j * (cols / 256) + sb], w.d, w.dmin, S1, S2)));
     }
 }

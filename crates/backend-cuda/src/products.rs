@@ -85,7 +85,7 @@ enum Tc {
     },
     /// Its decode form, the same bits for up to `QMV_TOKENS` tokens per launch.
     Qmv,
-    /// The int8 tensor-core kernel over int8 activations (Q4_0, Q8_0), and its decode form.
+    /// The int8 tensor-core kernel over int8 activations (`registry::int8_mma`), its decode form.
     Imm,
     Imv,
 }

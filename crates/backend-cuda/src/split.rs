@@ -15,11 +15,9 @@ use quiver_backend::Result;
 /// tokens, 2 × 64 × 14336 floats, is 7 MiB); a split that would need more takes fewer parts.
 pub(crate) const QSPLIT_BYTES: usize = 16 << 20;
 
-/// imm's split accumulators (one i64 per output: a split product's n × rows is at most half
-/// of [`QSPLIT_BYTES`] / 8, `qmm_splits`' room) and tile counters (a split product has at
-/// most one tile per multiprocessor), zero between products.
+/// imm's split accumulators: one i64 per output (a split product's n × rows × 8 bytes, times
+/// at least 2 parts, is within [`QSPLIT_BYTES`], `qmm_splits`' room), zero between products.
 const EXACT_ACC_BYTES: usize = QSPLIT_BYTES / 2;
-const EXACT_TILES: usize = 1024;
 
 /// Parts of a product over `n` tokens of a `rows` × `cols` weight on `sms` multiprocessors:
 /// qmm's (float parts) enough for ~2 blocks per multiprocessor where the tiles alone give
@@ -71,26 +69,27 @@ impl CudaBackend {
 
     /// imm's parts for `w` over `n` tokens, and when split its accumulators and counters.
     pub(crate) fn exact_splits(&self, w: &CudaWeight, n: usize) -> Result<(usize, u64, u64)> {
-        let tiles = n.div_ceil(QMM_BN) * w.rows.div_ceil(QMM_BM);
         match self.splits(w, n, Parts::Exact) {
-            s if s > 1 && tiles <= EXACT_TILES => {
+            1 => Ok((1, 0, 0)),
+            s => {
                 let (acc, cnt) = self.exact_acc()?;
                 Ok((s, acc, cnt))
             }
-            _ => Ok((1, 0, 0)),
         }
     }
 
     /// imm's split accumulators and tile counters, made zeroed (at load when `int8_mma`; the
-    /// last part of each tile leaves them at zero).
+    /// last part of each tile leaves them at zero). A split product has at most one tile per
+    /// multiprocessor (`qmm_splits`: 2·sms / tiles ≥ 2 parts), so one counter each.
     pub(crate) fn exact_acc(&self) -> Result<(u64, u64)> {
         let mut s = self.scratch.lock().unwrap();
         if let (Some(a), Some(c)) = (&s.eacc, &s.ecnt) {
             return Ok((a.ptr, c.ptr));
         }
+        let counters = self.dev.info.sms as usize * 4;
         let a = self.grow(&mut s.eacc, EXACT_ACC_BYTES, "split accumulators")?;
-        let c = self.grow(&mut s.ecnt, EXACT_TILES * 4, "split counters")?;
-        for (p, bytes) in [(a, EXACT_ACC_BYTES), (c, EXACT_TILES * 4)] {
+        let c = self.grow(&mut s.ecnt, counters, "split counters")?;
+        for (p, bytes) in [(a, EXACT_ACC_BYTES), (c, counters)] {
             self.dev
                 .memset_zero(p, bytes)
                 .map_err(quiver_backend::BackendError::Device)?;

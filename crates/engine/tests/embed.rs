@@ -20,15 +20,8 @@ fn file() -> Arc<GgufFile> {
 
 fn request(prompt: &[u32], max_tokens: usize, embed: Option<Pooling>) -> Request {
     Request {
-        prompt: prompt.to_vec(),
-        sampling: SamplerParams::greedy(),
-        max_tokens,
-        stop: vec![],
-        logprobs: None,
-        prompt_logprobs: None,
-        ignore_eos: true,
-        constraint: None,
         embed,
+        ..common::request(prompt, SamplerParams::greedy(), max_tokens)
     }
 }
 

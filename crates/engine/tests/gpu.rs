@@ -13,6 +13,7 @@ use quiver_gguf::GgufFile;
 use quiver_tokenizer::Tokenizer;
 use std::sync::{mpsc, Arc};
 
+mod common;
 #[path = "common/constrained.rs"]
 mod constrained;
 
@@ -174,7 +175,7 @@ fn default_serving_of_72_requests_equals_each_alone() {
                 } else {
                     SamplerParams::greedy()
                 };
-                request(prompt, sampling, 24)
+                common::request(&prompt, sampling, 24)
             })
             .collect();
         let so = ServeOptions {
@@ -214,20 +215,6 @@ fn vocab(f: &GgufFile) -> u32 {
         .ok()
         .flatten()
         .unwrap_or(49152)
-}
-
-fn request(prompt: Vec<u32>, sampling: SamplerParams, max_tokens: usize) -> Request {
-    Request {
-        prompt,
-        sampling,
-        max_tokens,
-        stop: vec![],
-        logprobs: None,
-        prompt_logprobs: None,
-        ignore_eos: true,
-        constraint: None,
-        embed: None,
-    }
 }
 
 /// The generated tokens of `reqs`, submitted together to the server `h`.
@@ -299,7 +286,7 @@ fn serving_equals_solo(
     let h = quiver_engine::start_serving(make, f.clone(), tok, so, "synth".into()).unwrap();
     let reqs: Vec<Request> = prompts
         .iter()
-        .map(|p| request(p.clone(), SamplerParams::greedy(), max_tokens))
+        .map(|p| common::request(p, SamplerParams::greedy(), max_tokens))
         .collect();
     for (i, got) in answers(&h, &reqs).iter().enumerate() {
         assert_eq!(got, &solo[i], "request {i}");

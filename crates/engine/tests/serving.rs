@@ -59,21 +59,12 @@ fn collect(rx: mpsc::Receiver<Event>) -> (Vec<u32>, String, FinishReason, usize)
 }
 
 fn request(prompt: &[u32], max_tokens: usize, temperature: f32, seed: u64) -> Request {
-    Request {
-        prompt: prompt.to_vec(),
-        sampling: SamplerParams {
-            temperature,
-            seed,
-            ..Default::default()
-        },
-        max_tokens,
-        stop: vec![],
-        logprobs: None,
-        prompt_logprobs: None,
-        ignore_eos: true,
-        constraint: None,
-        embed: None,
-    }
+    let sampling = SamplerParams {
+        temperature,
+        seed,
+        ..Default::default()
+    };
+    common::request(prompt, sampling, max_tokens)
 }
 
 fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {

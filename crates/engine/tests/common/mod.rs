@@ -1,7 +1,26 @@
 //! What several engine test binaries share.
 
+use quiver_engine::serve::Request;
+use quiver_engine::SamplerParams;
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
+
+/// A generation request for `prompt` with `sampling`, no stop strings, log-probabilities,
+/// constraint or embedding, that ignores end-of-text (it always takes `max_tokens`).
+#[allow(dead_code)] // not every test binary serves
+pub fn request(prompt: &[u32], sampling: SamplerParams, max_tokens: usize) -> Request {
+    Request {
+        prompt: prompt.to_vec(),
+        sampling,
+        max_tokens,
+        stop: vec![],
+        logprobs: None,
+        prompt_logprobs: None,
+        ignore_eos: true,
+        constraint: None,
+        embed: None,
+    }
+}
 
 /// The real SmolLM2 test model (scripts/test fetches it).
 #[allow(dead_code)] // not every test binary opens it
