@@ -30,4 +30,24 @@ n)
   done
   el done
   ;;
+m) # after `n`: imm's split accumulators laid out per tile (coalesced atomics; `n` measured
+   # the first layout 12% slower at 64 than imm_sum), the 32-blocks' terms added in quads
+   # ((t0 + t1) + (t2 + t3), one fix_of per quad): op tests, engine GPU tests, 8B Q4_0, Q4_1
+   # and Q4_K_M default against QUIVER_CUDA_INT8_MMA=1, imm's kernels at 64 sequences.
+  (for ty in Q4_0 Q4_1 Q4_K_M; do synth llama3-8b $ty $(f8 $ty); done) &
+  el "op test int8_mma"
+  timeout 300 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
+    grep -E "^test |panicked|differ|result" | head -30
+  el "engine GPU tests"
+  timeout 200 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
+  for ty in Q4_0 Q4_1 Q4_K_M; do
+    wait_for $(f8 $ty)
+    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
+      el "8B $ty $e"
+      env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+    done
+  done
+  for e in X=1 QUIVER_CUDA_INT8_MMA=1; do el "kernels @64 Q4_0 $e"; kern_times Q4_0 64 3500 420 $e; done
+  el done
+  ;;
 esac

@@ -59,16 +59,37 @@ __device__ __forceinline__ void imm_frag(u32* a, float* dw, float* dm, const u8*
     IW(r0, q, a[0], a[2], dw[0], dm[0]);
     IW(r1, q, a[1], a[3], dw[1], dm[1]);
 }
-// acc[e] += the block's terms (term32) of an n8 tile: a, dw, dm as imm_frag made them, the
-// tokens' b0/b1, their d and s (da0 / sa0 for token 2q, da1 / sa1 for 2q + 1).
+// A pair of blocks' A fragments (imm_frag) at w0 / w1 (rows g, g + 8) and kb, kb + 1 = block's
+// index and the next; a block at or past ng (the row's blocks) gets d = m = 0, so its term is 0
+// whatever its window holds (mmvq.cu quad_sum counts blocks past the row as 0).
+template <IwFn IW, int BB>
+__device__ __forceinline__ void imm_frag2(u32 (*a)[4], float (*dw)[2], float (*dm)[2], const u8* w0,
+                                         const u8* w1, int q, int blk, int ng) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        imm_frag<IW>(a[h], dw[h], dm[h], w0 + h * BB, w1 + h * BB, q);
+        if (blk + h >= ng) dw[h][0] = dw[h][1] = dm[h][0] = dm[h][1] = 0.f;
+    }
+}
+// t[e] = the block's terms (term32) of an n8 tile: a, dw, dm as imm_frag made them, the tokens'
+// b0/b1, their d and s (da0 / sa0 for token 2q, da1 / sa1 for 2q + 1).
 template <bool OFF>
-__device__ __forceinline__ void imm_terms(long long* acc, const u32* a, const float* dw, const float* dm, u32 b0,
+__device__ __forceinline__ void imm_terms(float* t, const u32* a, const float* dw, const float* dm, u32 b0,
                                           u32 b1, float da0, float da1, float sa0, float sa1) {
     int c[4] = {0, 0, 0, 0};
     mma_s8(c, a, b0, b1);
 #pragma unroll
-    for (int e = 0; e < 4; e++)
-        acc[e] += fix_of(term32<OFF>(dw[e >> 1], dm[e >> 1], (e & 1) ? da1 : da0, (e & 1) ? sa1 : sa0, c[e]));
+    for (int e = 0; e < 4; e++) t[e] = term32<OFF>(dw[e >> 1], dm[e >> 1], (e & 1) ? da1 : da0, (e & 1) ? sa1 : sa0, c[e]);
+}
+// A pair's terms t0 + t1 for the quad (second: P + that pair, whose quad_sum acc takes; first:
+// P = that pair).
+__device__ __forceinline__ void quad_step(long long* acc, float* P, const float* t0, const float* t1, bool second) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float p = __fadd_rn(t0[e], t1[e]);
+        if (second) acc[e] += fix_of(quad_sum(P[e], p));
+        else P[e] = p;
+    }
 }
 // The totals of a warp's 16 rows × 64 tokens as floats, into y (qmm_store).
 __device__ __forceinline__ void fix_store(const long long (*tot)[4], const QRows& R, int n0, int rows,
@@ -81,42 +102,34 @@ __device__ __forceinline__ void fix_store(const long long (*tot)[4], const QRows
     qmm_store(v, R, n0, rows, y, n);
 }
 // imm's store: the totals as floats (fix_store), or, when the columns are split over grid z,
-// this part's 64-bit totals added into `acc` (integers: the total is the same bits in any
-// order), and the tile's last part (a counter per tile in `cnt`) turns them into floats,
-// leaving the accumulators and the counter at zero for the next product.
+// this part's 64-bit totals added into its tile's accumulators `acc` (integers: the total is
+// the same bits in any order; laid out [tile][nt·4 + e][thread], so a warp's atomics are 256
+// contiguous bytes), and the tile's last part (a counter per tile in `cnt`) turns them into
+// floats, leaving the accumulators and the counter at zero for the next product.
 __device__ __forceinline__ void imm_store(const long long (*tot)[4], const QRows& R, int n0, int rows,
                                           float* __restrict__ y, int n, long long* acc, unsigned* cnt) {
     if (gridDim.z == 1) {
         fix_store(tot, R, n0, rows, y, n);
         return;
     }
-    const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
+    unsigned long long* a = (unsigned long long*)acc + (long long)tile * (32 * 32 * QMM_WARPS) + threadIdx.x;
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int rr = R.rb + g + (e >> 1) * 8, tt = n0 + nt * 8 + 2 * q + (e & 1);
-            if (rr < rows && tt < n)
-                atomicAdd((unsigned long long*)acc + (long long)tt * rows + rr, (unsigned long long)tot[nt][e]);
-        }
+    for (int i = 0; i < 32; i++) atomicAdd(a + i * 32 * QMM_WARPS, (unsigned long long)tot[i >> 2][i & 3]);
     __shared__ bool last;
     __threadfence();
     __syncthreads();
-    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
     if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == gridDim.z - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
+    float v[8][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int rr = R.rb + g + (e >> 1) * 8, tt = n0 + nt * 8 + 2 * q + (e & 1);
-            if (rr < rows && tt < n) {
-                const long long i = (long long)tt * rows + rr;
-                y[i] = fix_val((long long)atomicExch((unsigned long long*)acc + i, 0ull));
-            }
-        }
+    for (int i = 0; i < 32; i++) {
+        v[i >> 2][i & 3] = fix_val((long long)__ldcg(a + i * 32 * QMM_WARPS));
+        __stcg(a + i * 32 * QMM_WARPS, 0ull);
+    }
+    qmm_store(v, R, n0, rows, y, n);
     if (threadIdx.x == 0) cnt[tile] = 0;
 }
 // imv's last step: the threads, one per (row, token) of the block's 16 rows × 8·NT tokens in
@@ -144,7 +157,7 @@ __device__ __forceinline__ void imv_part(long long* part, const long long (*acc)
             part[warp * 128 * NT + ((e >> 1) * 8 + g) * 8 * NT + nt * 8 + 2 * q + (e & 1)] = acc[nt][e];
 }
 
-// imm: CTA 64 rows × 64 tokens, 4 warps of 16 rows, stages of 128 columns (4 blocks) as qmm:
+// imm: CTA 64 rows × 64 tokens, 4 warps of 16 rows, stages of 128 columns (4 blocks: a quad) as qmm:
 // weight windows, the tokens' int8 activations and their d through shared memory with cp.async,
 // QMM_NST stages in flight; split over grid z in whole 256-column chunks (imm_store).
 //                                       grid (ceil(n / 64), ceil(rows / 64), parts), block 128
@@ -184,6 +197,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
         }
     };
     long long tot[8][4];
+    float P[8][4];  // the quad's first pair
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
@@ -209,16 +223,24 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
         const u8* xs = Xs + (j % QMM_NST) * QMM_BN * IMM_XLD;
         const float* ds = Ds + (j % QMM_NST) * 4 * QMM_BN * 2;
         const int off0 = (int)((u64)(R.row(g) + Q::start(j)) & 15), off1 = (int)((u64)(R.row(g + 8) + Q::start(j)) & 15);
-        for (int kb = 0; kb < 4 && 4 * j + kb < ng; kb++) {
-            u32 a[4];
-            float dw[2], dm[2];
-            imm_frag<IW>(a, dw, dm, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
+#pragma unroll
+        for (int kp = 0; kp < 2; kp++) {
+            u32 a[2][4];
+            float dw[2][2], dm[2][2];
+            imm_frag2<IW, BB>(a, dw, dm, win + g * Q::WIN + off0 + 2 * kp * BB, win + (g + 8) * Q::WIN + off1 + 2 * kp * BB, q,
+                              4 * j + 2 * kp, ng);
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
-                const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
-                // Tokens 2q and 2q + 1: (d, s) each.
-                const float4 da = *(const float4*)(ds + (kb * QMM_BN + nt * 8 + 2 * q) * 2);
-                imm_terms<OFF>(tot[nt], a, dw, dm, *(const u32*)xb, *(const u32*)(xb + 16), da.x, da.z, da.y, da.w);
+                float t[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int kb = 2 * kp + h;
+                    const u8* xb = xs + (nt * 8 + g) * IMM_XLD + kb * 32 + 4 * q;
+                    // Tokens 2q and 2q + 1: (d, s) each.
+                    const float4 da = *(const float4*)(ds + (kb * QMM_BN + nt * 8 + 2 * q) * 2);
+                    imm_terms<OFF>(t[h], a[h], dw[h], dm[h], *(const u32*)xb, *(const u32*)(xb + 16), da.x, da.z, da.y, da.w);
+                }
+                quad_step(tot[nt], P[nt], t[0], t[1], kp == 1);
             }
         }
     }
@@ -244,6 +266,7 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
     const int ng = cols / 32, nch = (ng + 7) / 8;
     long long acc[NT][4];
+    float P[NT][4];  // a quad's first pair
     // Tile nt: token nt·8 + g's activations (zeros past the last token); tokens nt·8 + 2q,
     // nt·8 + 2q + 1's d.
     bool tok[NT];
@@ -266,19 +289,33 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         __syncwarp();
         const u8* win = wbuf(i & 1);
         const int off0 = (int)((u64)(R.row(g) + Q::start(2 * c)) & 15), off1 = (int)((u64)(R.row(g + 8) + Q::start(2 * c)) & 15);
-        for (int kb = 0; kb < 8 && 8 * c + kb < ng; kb++) {
-            const int blk = 8 * c + kb;
-            u32 a[4];
-            float dw[2], dm[2];
-            imm_frag<IW>(a, dw, dm, win + g * Q::WIN + off0 + kb * BB, win + (g + 8) * Q::WIN + off1 + kb * BB, q);
+        // The chunk's two quads as pairs (a block past the row reads the last one's activations
+        // and counts 0: imm_frag2).
+        for (int kp = 0; kp < 4 && 8 * c + 2 * kp < ng; kp++) {
+            u32 a[2][4];
+            float dw[2][2], dm[2][2];
+            imm_frag2<IW, BB>(a, dw, dm, win + g * Q::WIN + off0 + 2 * kp * BB, win + (g + 8) * Q::WIN + off1 + 2 * kp * BB, q,
+                              8 * c + 2 * kp, ng);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const u32* xp = (const u32*)(xr[nt] + blk * 32 + 4 * q);
-                const u32 b0 = tok[nt] ? xp[0] : 0u, b1 = tok[nt] ? xp[4] : 0u;
-                const float2 d0 = *(const float2*)(ad + ((long long)t0[nt] * ng + blk) * 2);
-                const float2 d1 = *(const float2*)(ad + ((long long)t1[nt] * ng + blk) * 2);
-                imm_terms<OFF>(acc[nt], a, dw, dm, b0, b1, d0.x, d1.x, d0.y, d1.y);
+                float t[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int blk = min(8 * c + 2 * kp + h, ng - 1);
+                    const u32* xp = (const u32*)(xr[nt] + blk * 32 + 4 * q);
+                    const u32 b0 = tok[nt] ? xp[0] : 0u, b1 = tok[nt] ? xp[4] : 0u;
+                    const float2 d0 = *(const float2*)(ad + ((long long)t0[nt] * ng + blk) * 2);
+                    const float2 d1 = *(const float2*)(ad + ((long long)t1[nt] * ng + blk) * 2);
+                    imm_terms<OFF>(t[h], a[h], dw[h], dm[h], b0, b1, d0.x, d1.x, d0.y, d1.y);
+                }
+                quad_step(acc[nt], P[nt], t[0], t[1], kp & 1);
             }
+            // A quad of one pair (the row ends there): its sum is that pair's.
+            if (!(kp & 1) && 8 * c + 2 * kp + 2 >= ng)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[nt][e] += fix_of(quad_sum(P[nt][e], 0.f));
         }
         // Every lane is done with buffer i & 1 before the next copy into it.
         __syncwarp();

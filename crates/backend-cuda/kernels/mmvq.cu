@@ -135,14 +135,17 @@ __device__ __forceinline__ void rowq_iq4_xs(const u8* __restrict__ row, const i8
     }
 }
 
-// The exact-sum order (Q4_0, Q8_0, Q4_K: the types with int8 tensor-core products, imm.cu's
-// imm_T / imv_T, which compute the same). A block's integer dot product is exact whatever
-// computes it; its term, term(b) = (dw_b · da_b) · isum_b for the 32-blocks (each product
-// rounded as written, isum over the signed values, Q4_0: q − 8) or q4k_term for a Q4_K
-// super-block, is rounded once to a multiple of 2^-32 (fix_of) and the terms are added as
-// 64-bit integers. Integer addition does not depend on its order, so the total is the same bits
-// whatever kernel, tiling, split of the columns or number of tokens computes it (|total| <
-// 2^31: products' outputs are far smaller). fix_val turns the total back into a float.
+// The exact-sum order (the types with int8 tensor-core products, imm.cu's imm_T / imv_T, which
+// compute the same). A block's integer dot product is exact whatever computes it; its term is
+// (dw_b · da_b) · isum_b for a 32-block (each product rounded as written, isum over the signed
+// values, Q4_0: q − 8; term32) or q4k_term / q6k_term for a K-quant super-block. The 32-blocks'
+// terms are added in quads, 4 consecutive blocks from a multiple of 4, as (t0 + t1) + (t2 + t3)
+// (blocks past the row count 0: quad_sum); a quad's sum, or a super-block's term, is rounded
+// once to a multiple of 2^-32 (fix_of) and those are added as 64-bit integers. Integer addition
+// does not depend on its order, so the total is the same bits whatever kernel, tiling, split
+// of the columns (whole 256-column chunks) or number of tokens computes it (|total| < 2^31:
+// products' outputs are far smaller). fix_val turns the total back into a float. One
+// conversion per quad, not per block: the conversion unit was the 32-blocks' imm's limit.
 #define FIX_SCALE 4294967296.f
 __device__ __forceinline__ long long fix_of(float t) { return __float2ll_rn(__fmul_rn(t, FIX_SCALE)); }
 __device__ __forceinline__ float fix_val(long long s) { return __fmul_rn(__ll2float_rn(s), 1.f / FIX_SCALE); }
@@ -159,9 +162,41 @@ __device__ __forceinline__ float term32(float dw, float wm, float da, float sa, 
     const float t = __fmul_rn(__fmul_rn(dw, da), i2f_small(isum));
     return OFF ? __fadd_rn(t, __fmul_rn(wm, sa)) : t;
 }
-// Lane l takes blocks l, l + 32, … as ROWQ_A32 does; its kernels are mmvqc*_T
-// (QUANT_KERNELS_QC), beside the mmvq*_T of ROWQ_A32's float order. LOAD sets w (the block's
-// values as bytes), wd and, for OFF types, wm.
+// A quad's sum from its pairs' sums (t0 + t1, t2 + t3), as fix_of takes it.
+__device__ __forceinline__ float quad_sum(float p01, float p23) { return __fadd_rn(p01, p23); }
+// acc[j] += term for this lane's token j (acc indexed by constants only: registers).
+__device__ __forceinline__ void acc_own(long long* acc, int j, long long term) {
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (t == j) acc[t] += term;
+}
+// acc[token] += fix_of(quad sum) for the tokens' block terms t[0..8) of lanes 4k..4k+3 (blocks
+// 4k..4k+3 of a quad): a reduce-scatter over the 4 lanes (xor 1 adds the pairs, xor 2 the
+// quad: both lanes of an addition get the same bits, a + b = b + a), after which lane j of the
+// four holds tokens 4·(j & 1) + (j & 2) and + 1. One token: lane 0 takes it (4 shuffles fewer).
+__device__ __forceinline__ void quad_acc(long long* acc, const float* t, int ntok) {
+    const int j = threadIdx.x & 3;
+    if (ntok == 1) {
+        float p = __fadd_rn(t[0], __shfl_xor_sync(0xffffffffu, t[0], 1));
+        p = quad_sum(p, __shfl_xor_sync(0xffffffffu, p, 2));
+        if (j == 0) acc[0] += fix_of(p);
+        return;
+    }
+    float h[4], q2[2];
+    const bool up1 = j & 1, up2 = j & 2;
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = __fadd_rn(up1 ? t[k + 4] : t[k], __shfl_xor_sync(0xffffffffu, up1 ? t[k] : t[k + 4], 1));
+#pragma unroll
+    for (int k = 0; k < 2; k++) q2[k] = quad_sum(up2 ? h[k + 2] : h[k], __shfl_xor_sync(0xffffffffu, up2 ? h[k] : h[k + 2], 2));
+    const int t0 = 4 * (j & 1) + (j & 2);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        if (t0 + k < ntok) acc_own(acc, t0 + k, fix_of(q2[k]));
+}
+// Lane l takes blocks l, l + 32, … as ROWQ_A32 does (all lanes in every iteration, for
+// quad_acc's shuffles: a lane past the row loads the last block and counts 0); its kernels are
+// mmvqc*_T (QUANT_KERNELS_QC), beside the mmvq*_T of ROWQ_A32's float order. LOAD sets w (the
+// block's values as bytes), wd and, for OFF types, wm.
 #define ROWQ_CANON(T, LOAD, OFF)                                                                      \
     typedef long long rowq_acc_c_##T;                                                                 \
     __device__ __forceinline__ float rowq_fin_c_##T(long long v) { return fix_val(warp_sum_ll(v)); }  \
@@ -169,19 +204,23 @@ __device__ __forceinline__ float term32(float dw, float wm, float da, float sa, 
                                              const float* __restrict__ ad, const int* __restrict__ abs_, \
                                              int cols, int ntok, long long* acc) {                    \
         const int nb = cols / 32;                                                                     \
-        _Pragma("unroll 4") for (int g = threadIdx.x; g < nb; g += 32) {                              \
+        _Pragma("unroll 2") for (int g0 = 0; g0 < nb; g0 += 32) {                                     \
+            const bool ok = g0 + (int)threadIdx.x < nb;                                               \
+            const int g = ok ? g0 + (int)threadIdx.x : nb - 1;                                        \
             int w[8];                                                                                 \
-            float wd, wm = 0.f;                                                                       \
+            float wd, wm = 0.f, t[8];                                                                 \
             LOAD                                                                                      \
-            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
-                if (t < ntok) {                                                                       \
-                    const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);                \
+            _Pragma("unroll") for (int u = 0; u < 8; u++) {                                           \
+                t[u] = 0.f;                                                                           \
+                if (u < ntok) {                                                                       \
+                    const int4* ap = (const int4*)(aq + (long long)u * cols + g * 32);                \
                     const int4 a0 = ap[0], a1 = ap[1];                                                \
                     const int s = dp4a8(w, a0, a1);                                                   \
-                    const float2 ds = *(const float2*)(ad + ((long long)t * nb + g) * 2);             \
-                    acc[t] += fix_of(term32<OFF>(wd, wm, ds.x, ds.y, s));                             \
+                    const float2 ds = *(const float2*)(ad + ((long long)u * nb + g) * 2);             \
+                    if (ok) t[u] = term32<OFF>(wd, wm, ds.x, ds.y, s);                                \
                 }                                                                                     \
             }                                                                                         \
+            quad_acc(acc, t, ntok);                                                                   \
         }                                                                                             \
     }
 // Q4_0 and Q8_0 as signed bytes (Q4_0: q − 8), for the canonical order.
@@ -295,12 +334,6 @@ __device__ __forceinline__ int reduce_tokens8(const int* v, int ntok) {
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     return s;
-}
-// acc[j] += term for this lane's token j (acc indexed by constants only: registers).
-__device__ __forceinline__ void acc_own(long long* acc, int j, long long term) {
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-        if (t == j) acc[t] += term;
 }
 // One 32-value slice s of a Q4_K row (lane slice j of super-block sb: values 16 of sub-block
 // g and 16 of g + 1, g = 2·(j / 2)) for rowq_c_q4_k: its nibbles, scales and mins, the

@@ -15,10 +15,6 @@ use quiver_backend::Result;
 /// tokens, 2 × 64 × 14336 floats, is 7 MiB); a split that would need more takes fewer parts.
 pub(crate) const QSPLIT_BYTES: usize = 16 << 20;
 
-/// imm's split accumulators: one i64 per output (a split product's n × rows × 8 bytes, times
-/// at least 2 parts, is within [`QSPLIT_BYTES`], `qmm_splits`' room), zero between products.
-const EXACT_ACC_BYTES: usize = QSPLIT_BYTES / 2;
-
 /// Parts of a product over `n` tokens of a `rows` × `cols` weight on `sms` multiprocessors:
 /// qmm's (float parts) enough for ~2 blocks per multiprocessor where the tiles alone give
 /// fewer (rounded up), imm's (64-bit parts, twice the bytes to add) as many as fit 2 blocks
@@ -78,18 +74,20 @@ impl CudaBackend {
         }
     }
 
-    /// imm's split accumulators and tile counters, made zeroed (at load when `int8_mma`; the
-    /// last part of each tile leaves them at zero). A split product has at most one tile per
-    /// multiprocessor (`qmm_splits`: 2·sms / tiles ≥ 2 parts), so one counter each.
+    /// imm's split accumulators (one i64 per output of a tile) and tile counters, made zeroed
+    /// (at load when `int8_mma`; the last part of each tile leaves them at zero). A split
+    /// product has at most one tile per multiprocessor (`qmm_splits`: 2·sms / tiles ≥ 2
+    /// parts), so one tile's accumulators and one counter each.
     pub(crate) fn exact_acc(&self) -> Result<(u64, u64)> {
         let mut s = self.scratch.lock().unwrap();
         if let (Some(a), Some(c)) = (&s.eacc, &s.ecnt) {
             return Ok((a.ptr, c.ptr));
         }
-        let counters = self.dev.info.sms as usize * 4;
-        let a = self.grow(&mut s.eacc, EXACT_ACC_BYTES, "split accumulators")?;
+        let sms = self.dev.info.sms as usize;
+        let (accs, counters) = (sms * QMM_BM * QMM_BN * 8, sms * 4);
+        let a = self.grow(&mut s.eacc, accs, "split accumulators")?;
         let c = self.grow(&mut s.ecnt, counters, "split counters")?;
-        for (p, bytes) in [(a, EXACT_ACC_BYTES), (c, counters)] {
+        for (p, bytes) in [(a, accs), (c, counters)] {
             self.dev
                 .memset_zero(p, bytes)
                 .map_err(quiver_backend::BackendError::Device)?;

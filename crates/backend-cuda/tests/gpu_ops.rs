@@ -245,9 +245,11 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
 /// for the 32-blocks (isum over their signed values: Q4_0 q − 8, Q5_0 q − 16, IQ4_NL its
 /// levels; Q4_1's unsigned, plus m · s_a, its min against the activations' q8_1 sum), a
 /// super-block's da·(d·S1 − dmin·S2) for Q4_K (S1 = Σ sc·isum, S2 = Σ
-/// m·asum over its 8 sub-blocks), da·(d·S) for Q6_K (S = Σ sc·isum over its 16) — rounded to
-/// a multiple of 2^-32 and summed as an i64, the total back to f32. `ty`'s GGUF blocks in
-/// `bytes`, `rows` × `cols`, over `n` rows of `x`.
+/// m·asum over its 8 sub-blocks), da·(d·S) for Q6_K (S = Σ sc·isum over its 16); the
+/// 32-blocks' terms added in quads of 4 blocks as (t0 + t1) + (t2 + t3) (blocks past the row
+/// 0); each quad's sum or super-block's term rounded to a multiple of 2^-32 and summed as an
+/// i64, the total back to f32. `ty`'s GGUF blocks in `bytes`, `rows` × `cols`, over `n` rows
+/// of `x`.
 fn exact_sum_reference(
     ty: GgmlType,
     bytes: &[u8],
@@ -356,15 +358,27 @@ fn exact_sum_reference(
         }
     };
     let nb = cols / vals;
+    let quad = if k_quant { 1 } else { 4 };
     let mut y = vec![0f32; n * rows];
     for r in 0..rows {
         for t in 0..n {
-            let total: i64 = (0..nb)
-                .map(|b| {
-                    let blk = &bytes[(r * nb + b) * bb..][..bb];
-                    let ab = t * nb + b;
-                    let sa = ass.get(ab).copied().unwrap_or(0.0);
-                    fix(term(blk, &aq[vals * ab..][..vals], ads[ab], sa))
+            let block_term = |b: usize| {
+                if b >= nb {
+                    return 0.0;
+                }
+                let blk = &bytes[(r * nb + b) * bb..][..bb];
+                let ab = t * nb + b;
+                let sa = ass.get(ab).copied().unwrap_or(0.0);
+                term(blk, &aq[vals * ab..][..vals], ads[ab], sa)
+            };
+            let total: i64 = (0..nb.div_ceil(quad))
+                .map(|g| match quad {
+                    1 => fix(block_term(g)),
+                    _ => {
+                        let b = 4 * g;
+                        let pair = |b: usize| block_term(b) + block_term(b + 1);
+                        fix(pair(b) + pair(b + 2))
+                    }
                 })
                 .sum();
             y[t * rows + r] = total as f32 * (1.0 / 4294967296.0);
@@ -387,11 +401,13 @@ fn exact_sum_reference_is_the_product_within_rounding() {
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ] {
-        let (rows, cols, n) = (24, 512, 3);
+        let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
+        // 27 32-blocks: a quad cut short by the row's end.
+        let (rows, cols, n) = (24, if k_quant { 512 } else { 864 }, 3);
         let wc = WeightCase::random(&mut rng, ty, rows, cols).unwrap();
         let x = rng.vec(n * cols);
         let mut want = vec![0f32; n * rows];
-        let kind = u8::from(matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K));
+        let kind = u8::from(k_quant);
         let seen = quiver_cpu_kernels::activation_roundtrip(kind, &x);
         quiver_backend::reference::matmul(&wc.values, rows, cols, &seen, n, &mut want);
         // Q4_1's offset term sees q8_1's sum (the f16 of d·Σq), not the round trip's.
@@ -420,7 +436,11 @@ fn int8_mma_products_give_the_exact_sum_bits() {
             imv_tokens,
             ..CudaConfig::from_env()
         });
-        for &(rows, cols) in PRODUCT_SHAPES {
+        // Rows of 5, 18 and 27 32-blocks too: quads and chunks cut short by the row's end.
+        for &(rows, cols) in PRODUCT_SHAPES
+            .iter()
+            .chain(&[(40, 160), (72, 576), (24, 864)])
+        {
             for ty in [
                 GgmlType::Q4_0,
                 GgmlType::Q4_1,
@@ -430,6 +450,9 @@ fn int8_mma_products_give_the_exact_sum_bits() {
                 GgmlType::Q4_K,
                 GgmlType::Q6_K,
             ] {
+                if cols % 256 != 0 && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+                    continue;
+                }
                 let wc = WeightCase::random(&mut rng, ty, rows, cols).unwrap();
                 let w = wc.load(&be).unwrap();
                 for n in [1, 3, 9, 17, 32, 64, 150] {
