@@ -4,10 +4,13 @@
 Usage: tools/bench_server.py [--model smollm2-135m] [--clients 1,4,16] [--max-tokens 64]
                              [--requests-per-client 3] [--quiver target/release/quiver]
                              [--device cpu|cuda] [--guided-regex PATTERN | --guided-json]
+                             [--invariance N]
 `--guided-regex` constrains every request (vLLM's field) to measure constrained decoding; the
 pattern must allow `--max-tokens` tokens (e.g. "[a-z ]+"). `--guided-json` constrains every
 request to a JSON schema (a list of people too long to end within `--max-tokens`, so that
-every request makes them all). Starts the server on a free loopback port, runs each width in
+every request makes them all). `--invariance N` then sends N different prompts (temperature
+0) one at a time, then the same N together with the widest width's other clients loading the
+server, and prints how many answers are identical (issue 18). Starts the server on a free loopback port, runs each width in
 turn (every client sends its requests back to back, temperature 0, ignore_eos so each request makes max_tokens
 tokens unless its constraint ends first), and prints a Markdown table: clients, requests,
 generated tokens, seconds, tokens/s summed. Only the standard library: it runs on a machine
@@ -33,6 +36,36 @@ def post(port, path, body):
     with urllib.request.urlopen(req, timeout=600) as r:
         return json.loads(r.read())
 
+SUBJECTS = ["the sea", "a small town", "winter", "bread", "a lighthouse keeper", "rivers",
+            "the moon", "an old map", "trains", "a garden", "mountains", "a library", "rain",
+            "a clock", "birds", "the desert"]
+
+def invariance(port, model, a, extra, clients):
+    """N prompts alone, then together under the load of `clients` − N other clients."""
+    prompts = [f"Write {i + 2} sentences about {SUBJECTS[i % len(SUBJECTS)]}." + " Be plain." * (i % 5)
+               for i in range(a.invariance)]
+    def ask(p):
+        return post(port, "/v1/completions", {"model": model, "prompt": p, "max_tokens": a.max_tokens,
+                                              "temperature": 0, **extra})["choices"][0]["text"]
+    alone = [ask(p) for p in prompts]
+    together = [None] * len(prompts)
+    stop = threading.Event()
+    def load(i):
+        while not stop.is_set():
+            ask(f"Story {i}: Once upon a time")
+    def probe(i):
+        together[i] = ask(prompts[i])
+    loaders = [threading.Thread(target=load, args=(i,)) for i in range(max(0, clients - len(prompts)))]
+    for t in loaders: t.start()
+    time.sleep(1.0)  # the load is running
+    probes = [threading.Thread(target=probe, args=(i,)) for i in range(len(prompts))]
+    for t in probes: t.start()
+    for t in probes: t.join()
+    stop.set()
+    for t in loaders: t.join()
+    same = sum(x == y for x, y in zip(alone, together))
+    print(f"\ninvariance: {same}/{len(prompts)} answers identical alone and with {clients} clients", flush=True)
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
@@ -43,6 +76,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--guided-regex", default=None)
     ap.add_argument("--guided-json", action="store_true")
+    ap.add_argument("--invariance", type=int, default=0)
     a = ap.parse_args()
     widths = [int(x) for x in a.clients.split(",")]
     srv = subprocess.Popen([a.quiver, "serve", "-m", a.model, "--port", "0", "--device", a.device,
@@ -86,6 +120,8 @@ def main():
             for t in ts: t.join()
             dt = time.time() - t0
             print(f"| {c} | {c * a.requests_per_client} | {sum(tokens)} | {dt:.1f} | {sum(tokens) / dt:.1f} |", flush=True)
+        if a.invariance:
+            invariance(port, model, a, extra, max(widths))
     finally:
         srv.terminate()
         srv.wait(timeout=30)

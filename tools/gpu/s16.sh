@@ -50,4 +50,31 @@ m) # after `n`: imm's split accumulators laid out per tile (coalesced atomics; `
   for e in X=1 QUIVER_CUDA_INT8_MMA=1; do el "kernels @64 Q4_0 $e"; kern_times Q4_0 64 3500 420 $e; done
   el done
   ;;
+part) # one carried piece of the real models' tar (tools/gpu/s16.sh's `l`), kept in /tmp/qp
+  mkdir -p /tmp/qp && cp .models/* /tmp/qp/ && ls -la /tmp/qp | tail -3
+  ;;
+l) # with the last piece and the binaries (gzip: .gpu/*.gz): the real SmolLM2 and Gemma3 into
+   # QUIVER_HOME, then int8_mma on by default: op tests, every engine GPU test (issue 18's
+   # widths on the 8B shape and the real models), the 64-client load test on the real SmolLM2
+   # (16 answers alone and under load; default against QUIVER_CUDA_INT8_MMA=0), 8B Q4_K_M.
+  mkdir -p $QUIVER_HOME/models && cat /tmp/qp/* .models/* | tar x -C $QUIVER_HOME/models && ls -la $QUIVER_HOME/models
+  for f in $B/*.gz; do gunzip -f $f; done; chmod +x $B/*
+  (synth llama3-8b Q4_K_M $(f8 Q4_K_M)) &
+  el "op test int8_mma"
+  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
+    grep -E "^test |panicked|differ|result" | head -30
+  el "engine GPU tests"
+  timeout 300 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -40
+  for e in X=1 QUIVER_CUDA_INT8_MMA=0; do
+    el "load test, real SmolLM2, $e"
+    env $e timeout 150 python3 tools/bench_server.py --model smollm2-135m --quiver $B/quiver --device cuda \
+      --clients 64 --max-tokens 64 --requests-per-client 4 --invariance 16 2>&1 | tail -4
+  done
+  wait_for $(f8 Q4_K_M)
+  for e in X=1 QUIVER_CUDA_INT8_MMA=0; do
+    el "8B Q4_K_M $e"
+    env $e $B/quiver bench -m $(f8 Q4_K_M) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+  done
+  el done
+  ;;
 esac

@@ -102,20 +102,21 @@ __device__ __forceinline__ void fix_store(const long long (*tot)[4], const QRows
     qmm_store(v, R, n0, rows, y, n);
 }
 // imm's store: the totals as floats (fix_store), or, when the columns are split over grid z,
-// this part's 64-bit totals added into its tile's accumulators `acc` (integers: the total is
-// the same bits in any order; laid out [tile][nt·4 + e][thread], so a warp's atomics are 256
-// contiguous bytes), and the tile's last part (a counter per tile in `cnt`) turns them into
-// floats, leaving the accumulators and the counter at zero for the next product.
-__device__ __forceinline__ void imm_store(const long long (*tot)[4], const QRows& R, int n0, int rows,
+// this part's 64-bit totals into its slot of `acc` ([part][tile][nt·4 + e][thread]: a warp's
+// stores 256 contiguous bytes), and the tile's last part to finish (a counter per tile in `cnt`,
+// which it leaves at zero) adds the other parts' totals to its own (integers: the same bits in
+// any order) and stores the floats.
+__device__ __forceinline__ void imm_store(long long (*tot)[4], const QRows& R, int n0, int rows,
                                           float* __restrict__ y, int n, long long* acc, unsigned* cnt) {
     if (gridDim.z == 1) {
         fix_store(tot, R, n0, rows, y, n);
         return;
     }
-    const unsigned tile = blockIdx.y * gridDim.x + blockIdx.x;
-    unsigned long long* a = (unsigned long long*)acc + (long long)tile * (32 * 32 * QMM_WARPS) + threadIdx.x;
+    constexpr int TS = 32 * 32 * QMM_WARPS;  // a tile's totals
+    const unsigned tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
+    long long* a = acc + (long long)tile * TS + threadIdx.x;
 #pragma unroll
-    for (int i = 0; i < 32; i++) atomicAdd(a + i * 32 * QMM_WARPS, (unsigned long long)tot[i >> 2][i & 3]);
+    for (int i = 0; i < 32; i++) __stcg(a + (long long)blockIdx.z * tiles * TS + i * 32 * QMM_WARPS, tot[i >> 2][i & 3]);
     __shared__ bool last;
     __threadfence();
     __syncthreads();
@@ -123,14 +124,12 @@ __device__ __forceinline__ void imm_store(const long long (*tot)[4], const QRows
     __syncthreads();
     if (!last) return;
     __threadfence();
-    float v[8][4];
+    for (unsigned z = 0; z < gridDim.z; z++)
+        if (z != blockIdx.z)
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
-        v[i >> 2][i & 3] = fix_val((long long)__ldcg(a + i * 32 * QMM_WARPS));
-        __stcg(a + i * 32 * QMM_WARPS, 0ull);
-    }
-    qmm_store(v, R, n0, rows, y, n);
+            for (int i = 0; i < 32; i++) tot[i >> 2][i & 3] += __ldcg(a + (long long)z * tiles * TS + i * 32 * QMM_WARPS);
     if (threadIdx.x == 0) cnt[tile] = 0;
+    fix_store(tot, R, n0, rows, y, n);
 }
 // imv's last step: the threads, one per (row, token) of the block's 16 rows × 8·NT tokens in
 // turn, add the warps' sums (`part`, [warp][row · 8·NT + token]) and store the total.

@@ -40,14 +40,16 @@ pub struct CudaConfig {
     /// Decode products of the quantized types on int8 activations (dp4a), as llama.cpp's and
     /// the CPU backend's (`QUIVER_CUDA_INT8=0`: f32 activations).
     pub int8: bool,
-    /// Q4_0, Q8_0, Q4_K and Q6_K products in one summation order whatever the token count
-    /// (`QUIVER_CUDA_INT8_MMA=1`): the tensor-core products on int8 `mma` over the int8
-    /// activations (kernels/imm.cu `imm_T` / `imv_T`, instead of f16 `qmm_T` / `qmv_T`) and the
-    /// decode kernels computing the same (mmvq.cu `mmvqc*_T`; the exact-sum order, mmvq.cu
-    /// `fix_of`), so the default path is batch invariant for these types. Off: in the
-    /// eleventh session's float order it lost 16% of Q4_0 decode and 13% of its prefill; in
-    /// the exact-sum order 1.3% / 4.4% of Q4_0 / Q4_K_M tg128, but imm was far behind qmm at
-    /// 64 sequences before its split (BENCHMARKS.md, thirteenth session).
+    /// Batch invariance for the int8 types (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q6_K;
+    /// `registry::int8_mma`), on by default (`QUIVER_CUDA_INT8_MMA=0`: off): a step's decode
+    /// rows take kernels that compute a token's products in one order whatever the token count
+    /// (the exact-sum order, mmvq.cu `fix_of`: mmvqc*_T for up to 8 tokens, imm.cu's int8
+    /// `mma` kernels imv_T / imm_T above), its prompt rows qmm unsplit; with the KV-group
+    /// attention (`kvd`) a request's answer is the same alone and under any load. Its cost
+    /// against off on the H200 (8B, sixteenth session, BENCHMARKS.md): Q4_K_M pp512 −3%,
+    /// S_TG at 1 / 8 / 64 / 128 sequences −3.5% / 0% / −1.5% / −8%; Q4_0 and Q4_1 −23% to
+    /// −29% at 64–128 sequences (a block term per 32 values to round, against one per 256 for
+    /// the K-quants). The other types' products are not batch invariant unless `invariant`.
     pub int8_mma: bool,
     /// Products of Q4_0, Q8_0, Q4_K and Q6_K over `imv_tokens.0..=imv_tokens.1` tokens on the
     /// int8 tensor-core decode kernel (kernels/imm.cu `imv_T`, one launch per 8 tokens) rather
@@ -129,7 +131,7 @@ impl Default for CudaConfig {
             invariant: false,
             gemm_min_tokens: GEMM_MIN_TOKENS,
             int8: true,
-            int8_mma: false,
+            int8_mma: true,
             imv_tokens: IMV_TOKENS,
             moe_qmm: true,
             moe_int8: true,
@@ -185,7 +187,7 @@ impl CudaConfig {
                 .unwrap_or(gemm_default)
                 .max(1),
             int8: on("QUIVER_CUDA_INT8"),
-            int8_mma: set("QUIVER_CUDA_INT8_MMA"),
+            int8_mma: on("QUIVER_CUDA_INT8_MMA"),
             imv_tokens: var("QUIVER_CUDA_IMV").map_or(d.imv_tokens, |v| range(&v)),
             moe_qmm: on("QUIVER_CUDA_MOE_QMM"),
             moe_int8: on("QUIVER_CUDA_MOE_INT8"),
@@ -206,6 +208,8 @@ impl CudaConfig {
     pub(crate) fn resolve(mut self, arch: u32, has_cublas: bool) -> Self {
         self.cublas = has_cublas;
         self.f16_copies &= has_cublas;
+        // f16 copies are for speed: their cuBLAS products are not batch invariant.
+        self.int8_mma &= !self.f16_copies;
         self.pdl &= arch >= 90;
         self.graphs &= !self.exact;
         self.gemm_min_tokens = self.gemm_min_tokens.max(1);
@@ -230,7 +234,7 @@ mod tests {
     fn no_variables_give_the_defaults() {
         assert_eq!(with(&[]), CudaConfig::default());
         let d = CudaConfig::default();
-        assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant && !d.int8_mma);
+        assert!(d.graphs && d.cublas && d.tensor_cores && d.int8 && !d.invariant && d.int8_mma);
         assert!(d.moe_qmm && d.moe_int8 && d.qmm_split);
         assert!(d.act_grid && d.flash && d.flash_256 && d.pdl);
         assert!(!d.exact && !d.sync_each && !d.f16_copies);
@@ -254,6 +258,7 @@ mod tests {
             ("QUIVER_CUDA_MOE_QMM", |c| c.moe_qmm),
             ("QUIVER_CUDA_MOE_INT8", |c| c.moe_int8),
             ("QUIVER_CUDA_QMM_SPLIT", |c| c.qmm_split),
+            ("QUIVER_CUDA_INT8_MMA", |c| c.int8_mma),
         ] {
             // On unless exactly "0".
             assert!(!field(&with(&[(name, "0")])), "{name}=0");
@@ -269,7 +274,6 @@ mod tests {
             ("QUIVER_CUDA_SYNC", |c| c.sync_each),
             ("QUIVER_CUDA_F16_COPIES", |c| c.f16_copies),
             ("QUIVER_CUDA_INVARIANT", |c| c.invariant),
-            ("QUIVER_CUDA_INT8_MMA", |c| c.int8_mma),
         ] {
             // Off unless exactly "1".
             assert!(field(&with(&[(name, "1")])), "{name}=1");
@@ -310,5 +314,13 @@ mod tests {
         .resolve(90, true);
         assert!(c.cublas && c.tensor_cores && c.f16_copies && c.pdl && c.graphs);
         assert_eq!(c.attention_splits, Some(1));
+        // Copies give up batch invariance (cuBLAS); without cuBLAS there are none to take it.
+        assert!(!c.int8_mma);
+        let c = CudaConfig {
+            f16_copies: true,
+            ..CudaConfig::default()
+        }
+        .resolve(90, false);
+        assert!(c.int8_mma && !c.f16_copies);
     }
 }

@@ -33,7 +33,7 @@ pub(crate) struct Scratch {
     pub(crate) tq: Option<DevBuf>,
     /// 0, 1, 2, … (u32): the row list of a launch over rows r0.. of a step (`row_ids`).
     pub(crate) row_ids: Option<DevBuf>,
-    /// imm's split accumulators and tile counters (`exact_acc`).
+    /// imm's split partials and tile counters (`exact_acc`).
     pub(crate) eacc: Option<DevBuf>,
     pub(crate) ecnt: Option<DevBuf>,
 }

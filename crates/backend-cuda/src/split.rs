@@ -1,9 +1,9 @@
 //! Split-K products: a product whose tiles leave multiprocessors idle is split over whole
 //! 256-column chunks (kernels/qmm.cu and imm.cu take their part from grid z). qmm's parts are
 //! floats that a second kernel adds in order (`sum_splits`: not batch invariant, never in the
-//! invariant mode); imm's are the exact-sum order's 64-bit integers, which its parts add into
-//! accumulators with atomics, the last part of each tile turning them into floats (imm.cu
-//! `imm_store`): the same bits however the columns are split, so imm splits in every mode.
+//! invariant mode); imm's are the exact-sum order's 64-bit integers, which the last part of
+//! each tile to finish adds and turns into floats (imm.cu `imm_store`): the same bits however
+//! the columns are split, so imm splits in every mode.
 
 use crate::launch::grid1;
 use crate::products::{QMM_BM, QMM_BN};
@@ -63,7 +63,7 @@ impl CudaBackend {
         self.split_on(Parts::Float)
     }
 
-    /// imm's parts for `w` over `n` tokens, and when split its accumulators and counters.
+    /// imm's parts for `w` over `n` tokens, and when split its partials and tile counters.
     pub(crate) fn exact_splits(&self, w: &CudaWeight, n: usize) -> Result<(usize, u64, u64)> {
         match self.splits(w, n, Parts::Exact) {
             1 => Ok((1, 0, 0)),
@@ -74,24 +74,23 @@ impl CudaBackend {
         }
     }
 
-    /// imm's split accumulators (one i64 per output of a tile) and tile counters, made zeroed
-    /// (at load when `int8_mma`; the last part of each tile leaves them at zero). A split
-    /// product has at most one tile per multiprocessor (`qmm_splits`: 2·sms / tiles ≥ 2
-    /// parts), so one tile's accumulators and one counter each.
+    /// imm's split partials (one i64 per output of a tile and part) and tile counters, the
+    /// counters made zeroed (at load when `int8_mma`; the last part of each tile leaves its
+    /// counter at zero). A split product has at most 2·sms parts × tiles (`qmm_splits`' Exact
+    /// rule), so at most one tile per multiprocessor: room for that many tiles' partials, one
+    /// counter per multiprocessor.
     pub(crate) fn exact_acc(&self) -> Result<(u64, u64)> {
         let mut s = self.scratch.lock().unwrap();
         if let (Some(a), Some(c)) = (&s.eacc, &s.ecnt) {
             return Ok((a.ptr, c.ptr));
         }
         let sms = self.dev.info.sms as usize;
-        let (accs, counters) = (sms * QMM_BM * QMM_BN * 8, sms * 4);
-        let a = self.grow(&mut s.eacc, accs, "split accumulators")?;
+        let (parts, counters) = (2 * sms * QMM_BM * QMM_BN * 8, sms * 4);
+        let a = self.grow(&mut s.eacc, parts, "split partials")?;
         let c = self.grow(&mut s.ecnt, counters, "split counters")?;
-        for (p, bytes) in [(a, accs), (c, counters)] {
-            self.dev
-                .memset_zero(p, bytes)
-                .map_err(quiver_backend::BackendError::Device)?;
-        }
+        self.dev
+            .memset_zero(c, counters)
+            .map_err(quiver_backend::BackendError::Device)?;
         Ok((a, c))
     }
 

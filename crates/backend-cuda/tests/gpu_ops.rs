@@ -206,9 +206,9 @@ fn products_are_batch_invariant_in_the_invariant_mode() {
     }
 }
 
-/// With `int8_mma`, the int8 types are batch invariant on the default path too: their decode
-/// kernels (mmvqc) sum in the order of their int8 tensor-core kernel (imm), so a token's
-/// product is the same bits on either side of the cut-over.
+/// The int8 types are batch invariant on the default path (`int8_mma`, on by default): their
+/// decode kernels (mmvqc, imv) sum in the order of their int8 tensor-core kernel (imm), so a
+/// token's product is the same bits on either side of the cut-overs.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn int8_mma_types_are_batch_invariant_on_the_default_path() {
@@ -216,11 +216,10 @@ fn int8_mma_types_are_batch_invariant_on_the_default_path() {
     // imv's default range, then imv for everything up to 32 tokens (several 16-token launches).
     for imv_tokens in [CudaConfig::from_env().imv_tokens, (1, 32)] {
         let be = backend_with(CudaConfig {
-            int8_mma: true,
             imv_tokens,
             ..CudaConfig::from_env()
         });
-        assert!(!be.config().invariant);
+        assert!(be.config().int8_mma && !be.config().invariant);
         products::batch_invariance(
             &be,
             &Cuda,
