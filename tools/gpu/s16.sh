@@ -77,4 +77,27 @@ l) # with the last piece and the binaries (gzip: .gpu/*.gz): the real SmolLM2 an
   done
   el done
   ;;
+s) # after `part` with the real SmolLM2's first piece, with its second (.models/s.01) and the
+   # binaries (.gpu/*.gz): imm's parts of one chunk in rows of fewer than 8 (a small model's
+   # products): op tests, engine GPU tests, the SmolLM2 shape Q4_1 and the real SmolLM2's
+   # 64-client load test, default against QUIVER_CUDA_INT8_MMA=0.
+  mkdir -p $QUIVER_HOME/models && cat /tmp/qp/s.* .models/s.* >$QUIVER_HOME/models/smollm2-135m.gguf
+  for f in $B/*.gz; do gunzip -f $f; done; chmod +x $B/*
+  S=$W/smollm2-Q4_1.gguf; synth smollm2-135m Q4_1 $S
+  el "op test int8_mma"
+  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
+    grep -E "^test |panicked|differ|result" | head -30
+  el "engine GPU tests"
+  timeout 300 $B/test-gpu --include-ignored --test-threads=1 --skip real_models 2>&1 | grep -E "^test |panicked|left|right|result" | head -40
+  for e in X=1 QUIVER_CUDA_INT8_MMA=0; do
+    el "SmolLM2 shape Q4_1 $e"
+    env $e $B/quiver bench -m $S --device cuda -p 128 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+  done
+  for e in X=1 QUIVER_CUDA_INT8_MMA=0; do
+    el "load test, real SmolLM2, $e"
+    env $e timeout 150 python3 tools/bench_server.py --model smollm2-135m --quiver $B/quiver --device cuda \
+      --clients 64 --max-tokens 128 --requests-per-client 16 --invariance 16 2>&1 | tail -4
+  done
+  el done
+  ;;
 esac

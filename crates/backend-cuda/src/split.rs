@@ -17,19 +17,23 @@ pub(crate) const QSPLIT_BYTES: usize = 16 << 20;
 
 /// Parts of a product over `n` tokens of a `rows` × `cols` weight on `sms` multiprocessors:
 /// qmm's (float parts) enough for ~2 blocks per multiprocessor where the tiles alone give
-/// fewer (rounded up), imm's (64-bit parts, twice the bytes to add) as many as fit 2 blocks
-/// per multiprocessor (rounded down: 8B Q4_K_M at 64 / 128 sequences 4,081 / 4,808 t/s rounded
-/// up, 4,677 / 5,004 down, fifteenth session); each part at least 2 chunks of 256 columns, the
-/// partials within [`QSPLIT_BYTES`].
+/// fewer (rounded up), each part at least 2 chunks of 256 columns, the partials within
+/// [`QSPLIT_BYTES`]; imm's (64-bit parts, added by each tile's last part) as many as fit 2
+/// blocks per multiprocessor (rounded down: 8B Q4_K_M at 64 / 128 sequences 4,081 / 4,808
+/// t/s rounded up, 4,677 / 5,004 down, fifteenth session), each part at least 2 chunks, or
+/// one in rows of fewer than 8 (a small model's products: SmolLM2's q/k/v at 64 tokens in 3
+/// parts, not 1).
 pub(crate) fn qmm_splits(n: usize, rows: usize, cols: usize, sms: usize, parts: Parts) -> usize {
     let tiles = n.div_ceil(QMM_BN) * rows.div_ceil(QMM_BM);
     let chunks = cols.div_ceil(256);
-    let by_room = QSPLIT_BYTES / (n * rows * parts.bytes()).max(1);
-    let fill = match parts {
-        Parts::Float => (2 * sms).div_ceil(tiles),
-        Parts::Exact => 2 * sms / tiles,
-    };
-    fill.min(chunks / 2).min(by_room).max(1)
+    match parts {
+        Parts::Float => (2 * sms)
+            .div_ceil(tiles)
+            .min(chunks / 2)
+            .min(QSPLIT_BYTES / (n * rows * 4).max(1)),
+        Parts::Exact => (2 * sms / tiles).min(if chunks < 8 { chunks } else { chunks / 2 }),
+    }
+    .max(1)
 }
 
 /// A split product's partial sums: floats (qmm) or the exact-sum order's integers (imm).
@@ -37,16 +41,6 @@ pub(crate) fn qmm_splits(n: usize, rows: usize, cols: usize, sms: usize, parts: 
 pub(crate) enum Parts {
     Float,
     Exact,
-}
-
-impl Parts {
-    /// Bytes of one partial.
-    fn bytes(self) -> usize {
-        match self {
-            Parts::Float => 4,
-            Parts::Exact => 8,
-        }
-    }
 }
 
 impl CudaBackend {
@@ -107,11 +101,7 @@ impl CudaBackend {
         if splits <= 1 {
             return Ok(y);
         }
-        self.scratch_ptr(
-            |s| &mut s.qpart,
-            splits * n * rows * Parts::Float.bytes(),
-            "product partials",
-        )
+        self.scratch_ptr(|s| &mut s.qpart, splits * n * rows * 4, "product partials")
     }
 
     /// y = the sum of qmm's `splits` partials at `out`, in order (nothing when not split).
@@ -157,10 +147,16 @@ mod tests {
         // A prompt of 512 fills it: no split; nor a row of fewer than 4 chunks.
         assert_eq!(qmm_splits(512, 14336, 4096, 132, F), 1);
         assert_eq!(qmm_splits(64, 64, 768, 132, F), 1);
-        // The partials stay within their scratch: 128 tokens of 131072 rows take one part,
-        // and 64-bit partials (imm) take half the parts where room is what limits them.
+        // imm's parts may be one chunk: SmolLM2's q/k/v (960 × 576) and down (576 × 1536).
+        assert_eq!(qmm_splits(64, 960, 576, 132, E), 3);
+        assert_eq!(qmm_splits(64, 576, 1536, 132, E), 6);
+        // The partials stay within their scratch: 128 tokens of 131072 rows take one part;
+        // imm's within exact_acc's room of 2·sms tiles.
         assert_eq!(qmm_splits(128, 131072, 8192, 132, F), 1);
         assert!(qmm_splits(64, 16384, 65536, 132, F) * 64 * 16384 * 4 <= super::QSPLIT_BYTES);
-        assert!(qmm_splits(64, 16384, 65536, 132, E) * 64 * 16384 * 8 <= super::QSPLIT_BYTES);
+        for (n, rows, cols) in [(64usize, 960usize, 576), (128, 4096, 14336), (9, 64, 65536)] {
+            let tiles = n.div_ceil(super::QMM_BN) * rows.div_ceil(super::QMM_BM);
+            assert!(qmm_splits(n, rows, cols, 132, E) * tiles <= 2 * 132);
+        }
     }
 }
