@@ -20,7 +20,11 @@ kern_times() { # type parallel skip count env
   env $5 QUIVER_CUDA_GRAPHS=0 timeout 130 ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum \
     --launch-skip $3 --launch-count $4 $B/quiver bench -m $(f8 $1) --device cuda -p 16 -n 16 --parallel $2 >/tmp/kt.csv 2>/dev/null
   cp /tmp/kt.csv $OUT/kt-$1-$2-${5%%=*}.csv
-  python3 - /tmp/kt.csv <<'PY'
+  kt_summary /tmp/kt.csv
+}
+# Nsight Compute's per-launch durations (CSV) summed per kernel, top 14.
+kt_summary() {
+  python3 - "$1" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
 h = rows[0]; ki = h.index("Kernel Name"); mi = h.index("gpu__time_duration.sum")

@@ -100,4 +100,18 @@ s) # after `part` with the real SmolLM2's first piece, with its second (.models/
   done
   el done
   ;;
+p) # the profile of what is left (per-kernel durations of decode steps, default against
+   # QUIVER_CUDA_INT8_MMA=0): the SmolLM2 shape Q4_1 at 64 sequences, 8B Q4_K_M at 128.
+  (synth llama3-8b Q4_K_M $(f8 Q4_K_M)) &
+  S=$W/smollm2-Q4_1.gguf; synth smollm2-135m Q4_1 $S
+  for e in X=1 QUIVER_CUDA_INT8_MMA=0; do
+    el "SmolLM2 shape Q4_1 @64 $e"
+    env $e QUIVER_CUDA_GRAPHS=0 timeout 100 ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum \
+      --launch-skip 5000 --launch-count 400 $B/quiver bench -m $S --device cuda -p 16 -n 64 --parallel 64 >/tmp/kt.csv 2>/dev/null
+    kt_summary /tmp/kt.csv
+  done
+  wait_for $(f8 Q4_K_M)
+  for e in X=1 QUIVER_CUDA_INT8_MMA=0; do el "8B Q4_K_M @128 $e"; kern_times Q4_K_M 128 4500 420 $e; done
+  el done
+  ;;
 esac

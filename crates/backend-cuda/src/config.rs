@@ -46,10 +46,11 @@ pub struct CudaConfig {
     /// (the exact-sum order, mmvq.cu `fix_of`: mmvqc*_T for up to 8 tokens, imm.cu's int8
     /// `mma` kernels imv_T / imm_T above), its prompt rows qmm unsplit; with the KV-group
     /// attention (`kvd`) a request's answer is the same alone and under any load. Its cost
-    /// against off on the H200 (8B, sixteenth session, BENCHMARKS.md): Q4_K_M pp512 −3%,
-    /// S_TG at 1 / 8 / 64 / 128 sequences −3.5% / 0% / −1.5% / −8%; Q4_0 and Q4_1 −23% to
-    /// −29% at 64–128 sequences (a block term per 32 values to round, against one per 256 for
-    /// the K-quants). The other types' products are not batch invariant unless `invariant`.
+    /// against off on the H200 (8B, sixteenth session, BENCHMARKS.md): Q4_K_M pp512 −2.8%,
+    /// S_TG at 1 / 8 / 64 / 128 sequences −4.8% / −0.4% / −1.9% / −7.2%; Q4_0 and Q4_1 −23%
+    /// to −29% at 64–128 sequences (a term per 32 values, against one per 256 for the
+    /// K-quants). Turned off by `f16_copies` (cuBLAS). The other types' products are not batch
+    /// invariant unless `invariant`.
     pub int8_mma: bool,
     /// Products of Q4_0, Q8_0, Q4_K and Q6_K over `imv_tokens.0..=imv_tokens.1` tokens on the
     /// int8 tensor-core decode kernel (kernels/imm.cu `imv_T`, one launch per 8 tokens) rather
