@@ -14,6 +14,16 @@ synth() { # preset type file [seed]
   echo ok >"$3.done"
 }
 f8() { echo $W/llama3-8b-$1.gguf; }
+# The 8B file of `type` (once synth made it): pp512 and S_TG at 1, 8, 64, 128 sequences under
+# each environment given (X=1: none).
+bench8() { # type env...
+  local ty=$1; shift
+  wait_for $(f8 $ty)
+  for e in "$@"; do
+    el "8B $ty $e"
+    env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
+  done
+}
 # Kernel durations of `count` launches after `skip` (graphs off) of `quiver bench -p 16 -n 16`
 # on the 8B file of `type`: total per kernel, top 14.
 kern_times() { # type parallel skip count env

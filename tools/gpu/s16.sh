@@ -21,13 +21,7 @@ n)
   timeout 300 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
   el "architectures"
   timeout 100 $B/test-archs --include-ignored gpu_matches 2>&1 | grep -E "panicked|result"
-  for ty in Q4_1 Q4_K_M; do
-    wait_for $(f8 $ty)
-    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
-      el "8B $ty $e"
-      env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
-    done
-  done
+  for ty in Q4_1 Q4_K_M; do bench8 $ty X=1 QUIVER_CUDA_INT8_MMA=1; done
   el done
   ;;
 m) # after `n`: imm's split accumulators laid out per tile (coalesced atomics; `n` measured
@@ -40,13 +34,7 @@ m) # after `n`: imm's split accumulators laid out per tile (coalesced atomics; `
     grep -E "^test |panicked|differ|result" | head -30
   el "engine GPU tests"
   timeout 200 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
-  for ty in Q4_0 Q4_1 Q4_K_M; do
-    wait_for $(f8 $ty)
-    for e in X=1 QUIVER_CUDA_INT8_MMA=1; do
-      el "8B $ty $e"
-      env $e $B/quiver bench -m $(f8 $ty) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
-    done
-  done
+  for ty in Q4_0 Q4_1 Q4_K_M; do bench8 $ty X=1 QUIVER_CUDA_INT8_MMA=1; done
   for e in X=1 QUIVER_CUDA_INT8_MMA=1; do el "kernels @64 Q4_0 $e"; kern_times Q4_0 64 3500 420 $e; done
   el done
   ;;
@@ -70,11 +58,7 @@ l) # with the last piece and the binaries (gzip: .gpu/*.gz): the real SmolLM2 an
     env $e timeout 150 python3 tools/bench_server.py --model smollm2-135m --quiver $B/quiver --device cuda \
       --clients 64 --max-tokens 64 --requests-per-client 4 --invariance 16 2>&1 | tail -4
   done
-  wait_for $(f8 Q4_K_M)
-  for e in X=1 QUIVER_CUDA_INT8_MMA=0; do
-    el "8B Q4_K_M $e"
-    env $e $B/quiver bench -m $(f8 Q4_K_M) --device cuda -p 512 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4
-  done
+  bench8 Q4_K_M X=1 QUIVER_CUDA_INT8_MMA=0
   el done
   ;;
 s) # after `part` with the real SmolLM2's first piece, with its second (.models/s.01) and the
