@@ -98,9 +98,12 @@ fn fixtures() -> Vec<Fixture> {
         .collect()
 }
 
-/// The fixture's model, written again (and checked to be the same bytes).
+/// The fixture's model, written again (and checked to be the same bytes), in a folder of the
+/// test's own thread: the CPU and GPU tests run at once in one process.
 fn model(fx: &Fixture) -> Arc<GgufFile> {
-    let dir = std::env::temp_dir().join(format!("quiver-archs-{}", std::process::id()));
+    let thread = format!("{:?}", std::thread::current().id());
+    let thread: String = thread.chars().filter(char::is_ascii_digit).collect();
+    let dir = std::env::temp_dir().join(format!("quiver-archs-{}-{thread}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{}.gguf", fx.name));
     let p = quiver_synth::preset(&fx.preset).unwrap();
