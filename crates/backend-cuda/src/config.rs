@@ -206,6 +206,54 @@ impl CudaConfig {
     /// The configuration in effect on a device of compute capability `arch` where cuBLAS did
     /// (`has_cublas`) or did not load: switches that need what is missing off, the parity mode
     /// without graphs, counts in range.
+    /// Why serving a model whose products have weights of `types` (`experts`: and MoE
+    /// experts) would not give each request the same answer alone and under any load, under
+    /// this configuration (`None`: it would). Call it on the configuration in effect
+    /// ([`CudaBackend::config`](crate::CudaBackend::config)). What the GPU tests show
+    /// invariant: the parity mode, and the default path for the int8 types (`int8_mma`, with
+    /// the KV-group attention or fixed key ranges).
+    pub fn batch_variance(&self, types: &[quiver_gguf::GgmlType], experts: bool) -> Option<String> {
+        if self.exact {
+            return None;
+        }
+        if !self.int8_mma {
+            return Some(if self.f16_copies {
+                "f16 copies (QUIVER_CUDA_F16_COPIES=1): their cuBLAS products follow the batch"
+                    .into()
+            } else {
+                "QUIVER_CUDA_INT8_MMA=0".into()
+            });
+        }
+        if !self.tensor_cores {
+            return Some("QUIVER_CUDA_TENSOR_CORES=0 (not the path the tests check)".into());
+        }
+        if !self.kvd && self.attention_splits.is_none() {
+            return Some(
+                "QUIVER_CUDA_KVD=0: the split-K attention's key ranges follow the step".into(),
+            );
+        }
+        let mut other: Vec<String> = types
+            .iter()
+            .filter(|t| !crate::kernel_suffix(**t).is_some_and(crate::registry::int8_mma))
+            .map(|t| t.to_string())
+            .collect();
+        other.sort();
+        other.dedup();
+        if !other.is_empty() && !self.invariant {
+            return Some(format!(
+                "{} weights have no exact-sum products (QUIVER_CUDA_INVARIANT=1 puts every product on qmv / qmm, at about half the decode speed)",
+                other.join(", ")
+            ));
+        }
+        if experts {
+            return Some(
+                "MoE experts: prompt rows take the grouped kernels, decode rows the per-pair ones"
+                    .into(),
+            );
+        }
+        None
+    }
+
     pub(crate) fn resolve(mut self, arch: u32, has_cublas: bool) -> Self {
         self.cublas = has_cublas;
         self.f16_copies &= has_cublas;
@@ -293,6 +341,46 @@ mod tests {
             assert_eq!(r(off), (1, 0), "{off:?}");
         }
         assert_eq!(with(&[]).imv_tokens, IMV_TOKENS);
+    }
+
+    #[test]
+    fn batch_variance_names_what_breaks_it() {
+        use quiver_gguf::GgmlType::*;
+        let d = CudaConfig::default();
+        assert_eq!(d.batch_variance(&[Q4_K, Q6_K, Q8_0], false), None);
+        assert_eq!(d.batch_variance(&[Q4_1, Q5_0, IQ4_NL, Q4_0], false), None);
+        let why = d.batch_variance(&[Q4_K, Q5_K, F16, Q5_K], false).unwrap();
+        assert!(why.starts_with("F16, Q5_K weights"), "{why}");
+        assert!(d.batch_variance(&[Q4_K], true).unwrap().contains("MoE"));
+        let off = |c: CudaConfig| c.batch_variance(&[Q4_K], false).unwrap();
+        assert!(off(CudaConfig {
+            int8_mma: false,
+            ..d.clone()
+        })
+        .contains("INT8_MMA=0"));
+        let copies = CudaConfig {
+            f16_copies: true,
+            ..d.clone()
+        }
+        .resolve(90, true);
+        assert!(off(copies).contains("f16 copies"));
+        assert!(off(CudaConfig {
+            kvd: false,
+            ..d.clone()
+        })
+        .contains("KVD=0"));
+        let fixed = CudaConfig {
+            kvd: false,
+            attention_splits: Some(4),
+            ..d.clone()
+        };
+        assert_eq!(fixed.batch_variance(&[Q4_K], false), None);
+        let exact = CudaConfig {
+            exact: true,
+            int8_mma: false,
+            ..d.clone()
+        };
+        assert_eq!(exact.batch_variance(&[Q5_K], true), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use quiver_backend::{KvType, KvTypes};
 use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
 use quiver_backend_cuda::{CudaBackend, CudaConfig};
 use quiver_engine::{ModelRunner, RunnerOptions, Session};
-use quiver_gguf::GgufFile;
+use quiver_gguf::{GgmlType, GgufFile};
 use std::sync::Arc;
 
 /// Flags every inference command takes.
@@ -266,6 +266,7 @@ pub fn load_with(
                 r.model.hp.arch, r.model.hp.n_layer, r.model.hp.n_vocab, r.n_ctx, t0.elapsed().as_secs_f64()
             );
             eprintln!("quiver: {}", cuda_summary(&r.backend));
+            eprintln!("quiver: {}", batch_invariance(r.backend.config(), &file));
             Box::new(r)
         }
     };
@@ -274,6 +275,36 @@ pub fn load_with(
 }
 
 /// Device memory and kernel cache line for the load log.
+/// The load log's line on batch invariance: whether a request's answer is the same alone and
+/// under load with this model and configuration, and if not why (`CudaConfig::batch_variance`).
+pub fn batch_invariance(cfg: &CudaConfig, file: &GgufFile) -> String {
+    let (types, experts) = product_types(file);
+    match cfg.batch_variance(&types, experts) {
+        None => "batch invariant: a request's answer is the same alone and under any load".into(),
+        Some(why) => format!("not batch invariant: {why}"),
+    }
+}
+
+/// The weight types of `file`'s products (its matrices, less the embeddings gathered by row:
+/// token_embd counts when the output shares it), and whether it has MoE experts (3-D).
+fn product_types(file: &GgufFile) -> (Vec<GgmlType>, bool) {
+    let tied = !file.tensors.iter().any(|t| t.name == "output.weight");
+    let mut types = Vec::new();
+    let mut experts = false;
+    for t in &file.tensors {
+        let gathered = t.name.contains("_embd") && !(tied && t.name == "token_embd.weight");
+        match t.shape.len() {
+            2 if !gathered => types.push(t.ty),
+            3 => {
+                experts = true;
+                types.push(t.ty);
+            }
+            _ => {}
+        }
+    }
+    (types, experts)
+}
+
 pub fn cuda_summary(be: &CudaBackend) -> String {
     let m = be.mem_stats();
     let mib = |b: u64| b as f64 / 1048576.0;
@@ -348,4 +379,41 @@ pub fn devices(json_out: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synth(preset: &str, ty: &str) -> GgufFile {
+        let dir = std::env::temp_dir().join(format!("quiver-cli-engine-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{preset}-{ty}.gguf"));
+        let p = quiver_synth::preset(preset).unwrap();
+        let ft = quiver_synth::file_type(ty).unwrap();
+        quiver_synth::write(p, ft, 1, &path, 2, |_, _| {}).unwrap();
+        GgufFile::open(&path).unwrap()
+    }
+
+    #[test]
+    fn the_load_log_says_whether_serving_is_batch_invariant() {
+        let d = CudaConfig::default();
+        let f = synth("tiny-llama", "Q4_K_M");
+        let (types, experts) = product_types(&f);
+        assert!(!experts && types.contains(&GgmlType::Q4_K), "{types:?}");
+        // Norms and the row-gathered embedding (when the output has its own) are no products.
+        assert!(!types.contains(&GgmlType::F32), "{types:?}");
+        assert!(batch_invariance(&d, &f).starts_with("batch invariant"));
+        let f = synth("tiny-llama", "Q5_K_M");
+        let line = batch_invariance(&d, &f);
+        assert!(
+            line.starts_with("not batch invariant: ") && line.contains("Q5_K"),
+            "{line}"
+        );
+        let f = synth("tiny-qwen3moe", "Q4_0");
+        assert!(product_types(&f).1);
+        let line = batch_invariance(&d, &f);
+        assert!(line.starts_with("not batch invariant: "), "{line}");
+        eprintln!("{line}");
+    }
 }

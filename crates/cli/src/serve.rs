@@ -204,6 +204,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                 let config = quiver_backend_cuda::CudaConfig::from_env();
                 let be = quiver_backend_cuda::CudaBackend::new(n, config)
                     .map_err(|e| format!("loading {what}: {e}"))?;
+                tracing::info!("{}", engine::batch_invariance(be.config(), &file));
                 quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
             }
         }
