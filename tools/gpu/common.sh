@@ -14,6 +14,16 @@ synth() { # preset type file [seed]
   echo ok >"$3.done"
 }
 f8() { echo $W/llama3-8b-$1.gguf; }
+# The op tests whose names hold `filter`, and every engine GPU test (args: test-binary flags).
+optests() { # filter
+  el "op test $1"
+  timeout 300 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $1 2>&1 |
+    grep -E "^test |panicked|differ|result" | head -30
+}
+enginetests() { # [flags]
+  el "engine GPU tests"
+  timeout 300 $B/test-gpu --include-ignored --test-threads=1 "$@" 2>&1 | grep -E "^test |panicked|left|right|result" | head -40
+}
 # The 8B file of `type` (once synth made it): pp512 and S_TG at 1, 8, 64, 128 sequences under
 # each environment given (X=1: none).
 bench8() { # type env...

@@ -13,12 +13,9 @@ case $1 in
 n)
   (for ty in Q4_1 Q4_K_M; do synth llama3-8b $ty $(f8 $ty); done) &
   for f in int8_mma exact_sum; do
-    el "op test $f"
-    timeout 300 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture $f 2>&1 |
-      grep -E "^test |panicked|differ|result" | head -30
+    optests $f
   done
-  el "engine GPU tests"
-  timeout 300 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
+  enginetests
   el "architectures"
   timeout 100 $B/test-archs --include-ignored gpu_matches 2>&1 | grep -E "panicked|result"
   for ty in Q4_1 Q4_K_M; do bench8 $ty X=1 QUIVER_CUDA_INT8_MMA=1; done
@@ -29,11 +26,8 @@ m) # after `n`: imm's split accumulators laid out per tile (coalesced atomics; `
    # ((t0 + t1) + (t2 + t3), one fix_of per quad): op tests, engine GPU tests, 8B Q4_0, Q4_1
    # and Q4_K_M default against QUIVER_CUDA_INT8_MMA=1, imm's kernels at 64 sequences.
   (for ty in Q4_0 Q4_1 Q4_K_M; do synth llama3-8b $ty $(f8 $ty); done) &
-  el "op test int8_mma"
-  timeout 300 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
-    grep -E "^test |panicked|differ|result" | head -30
-  el "engine GPU tests"
-  timeout 200 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -30
+  optests int8_mma
+  enginetests
   for ty in Q4_0 Q4_1 Q4_K_M; do bench8 $ty X=1 QUIVER_CUDA_INT8_MMA=1; done
   for e in X=1 QUIVER_CUDA_INT8_MMA=1; do el "kernels @64 Q4_0 $e"; kern_times Q4_0 64 3500 420 $e; done
   el done
@@ -48,11 +42,8 @@ l) # with the last piece and the binaries (gzip: .gpu/*.gz): the real SmolLM2 an
   mkdir -p $QUIVER_HOME/models && cat /tmp/qp/* .models/* | tar x -C $QUIVER_HOME/models && ls -la $QUIVER_HOME/models
   for f in $B/*.gz; do gunzip -f $f; done; chmod +x $B/*
   (synth llama3-8b Q4_K_M $(f8 Q4_K_M)) &
-  el "op test int8_mma"
-  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
-    grep -E "^test |panicked|differ|result" | head -30
-  el "engine GPU tests"
-  timeout 300 $B/test-gpu --include-ignored --test-threads=1 2>&1 | grep -E "^test |panicked|left|right|result" | head -40
+  optests int8_mma
+  enginetests
   for e in X=1 QUIVER_CUDA_INT8_MMA=0; do
     el "load test, real SmolLM2, $e"
     env $e timeout 150 python3 tools/bench_server.py --model smollm2-135m --quiver $B/quiver --device cuda \
@@ -68,11 +59,8 @@ s) # after `part` with the real SmolLM2's first piece, with its second (.models/
   mkdir -p $QUIVER_HOME/models && cat /tmp/qp/s.* .models/s.* >$QUIVER_HOME/models/smollm2-135m.gguf
   for f in $B/*.gz; do gunzip -f $f; done; chmod +x $B/*
   S=$W/smollm2-Q4_1.gguf; synth smollm2-135m Q4_1 $S
-  el "op test int8_mma"
-  timeout 200 $B/test-gpu_ops --include-ignored --test-threads=1 --nocapture int8_mma 2>&1 |
-    grep -E "^test |panicked|differ|result" | head -30
-  el "engine GPU tests"
-  timeout 300 $B/test-gpu --include-ignored --test-threads=1 --skip real_models 2>&1 | grep -E "^test |panicked|left|right|result" | head -40
+  optests int8_mma
+  enginetests --skip real_models
   for e in X=1 QUIVER_CUDA_INT8_MMA=0; do
     el "SmolLM2 shape Q4_1 $e"
     env $e $B/quiver bench -m $S --device cuda -p 128 -n 128 --parallel 1,8,64,128 2>/dev/null | grep "^| " | tail -4

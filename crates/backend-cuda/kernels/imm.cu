@@ -102,19 +102,19 @@ __device__ __forceinline__ void fix_store(const long long (*tot)[4], const QRows
     qmm_store(v, R, n0, rows, y, n);
 }
 // imm's store: the totals as floats (fix_store), or, when the columns are split over grid z,
-// this part's 64-bit totals into its slot of `acc` ([part][tile][nt·4 + e][thread]: a warp's
+// this part's 64-bit totals into its slot of `part` ([z][tile][nt·4 + e][thread]: a warp's
 // stores 256 contiguous bytes), and the tile's last part to finish (a counter per tile in `cnt`,
 // which it leaves at zero) adds the other parts' totals to its own (integers: the same bits in
 // any order) and stores the floats.
 __device__ __forceinline__ void imm_store(long long (*tot)[4], const QRows& R, int n0, int rows,
-                                          float* __restrict__ y, int n, long long* acc, unsigned* cnt) {
+                                          float* __restrict__ y, int n, long long* part, unsigned* cnt) {
     if (gridDim.z == 1) {
         fix_store(tot, R, n0, rows, y, n);
         return;
     }
     constexpr int TS = 32 * 32 * QMM_WARPS;  // a tile's totals
     const unsigned tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
-    long long* a = acc + (long long)tile * TS + threadIdx.x;
+    long long* a = part + (long long)tile * TS + threadIdx.x;
 #pragma unroll
     for (int i = 0; i < 32; i++) __stcg(a + (long long)blockIdx.z * tiles * TS + i * 32 * QMM_WARPS, tot[i >> 2][i & 3]);
     __shared__ bool last;
@@ -165,7 +165,7 @@ template <IwFn IW, int BB, bool OFF>
 __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const i8* __restrict__ aq,
                                          const float* __restrict__ ad, float* __restrict__ y, int n,
-                                         long long* acc, unsigned* cnt) {
+                                         long long* part, unsigned* cnt) {
     typedef QWin<BB, 32> Q;
     extern __shared__ __align__(16) u8 qsm[];
     u8* Xs = qsm;                                                   // [stage][token][IMM_XLD]
@@ -243,7 +243,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
             }
         }
     }
-    imm_store(tot, R, n0, rows, y, n, acc, cnt);
+    imm_store(tot, R, n0, rows, y, n, part, cnt);
 }
 
 // imv: n ≤ 8·NT tokens as NT n8 tiles (NT = 1, 2; a form of 4 tiles measured slower than qmm at
@@ -337,9 +337,9 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
     extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
-                float* __restrict__ y, int n, long long* acc, unsigned* cnt) {                     \
+                float* __restrict__ y, int n, long long* part, unsigned* cnt) {                     \
         pdl_begin();                                                                                  \
-        imm_impl<iw_##T, BB, OFF>(W, row_bytes, rows, cols, aq, ad, y, n, acc, cnt);               \
+        imm_impl<iw_##T, BB, OFF>(W, row_bytes, rows, cols, aq, ad, y, n, part, cnt);               \
     }                                                                                                 \
     IMV_NT(imv_##T, (imv_impl<iw_##T, BB, OFF, 1>(W, row_bytes, rows, cols, aq, ad, y, n)))         \
     IMV_NT(imv2_##T, (imv_impl<iw_##T, BB, OFF, 2>(W, row_bytes, rows, cols, aq, ad, y, n)))
@@ -536,7 +536,7 @@ template <class K>
 __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                           int cols, const i8* __restrict__ aq,
                                           const float* __restrict__ ad, const int* __restrict__ abs_,
-                                          float* __restrict__ y, int n, long long* acc, unsigned* cnt) {
+                                          float* __restrict__ y, int n, long long* part, unsigned* cnt) {
     typedef QWin<K::BB, 256> Q;
     extern __shared__ __align__(16) u8 qsm[];
     u8* Xs = qsm;                                              // [stage][token][IMM_XLD]
@@ -609,7 +609,7 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
         for (int kb = 0; kb < 4; kb++) K::kb(P, Qa, b0, b1, 4 * half + kb, xs, kb, g, q);
         if (half == 1) K::fin(tot, P, Qa, b0, b1, Hs + b * QMM_BN * 16, Dd + b * QMM_BN, g, q);
     }
-    imm_store(tot, R, n0, rows, y, n, acc, cnt);
+    imm_store(tot, R, n0, rows, y, n, part, cnt);
 }
 
 // imvk: imv's layout (NT n8 tiles), one super-block per chunk.
@@ -688,9 +688,9 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
     extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
         imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
                 const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
-                float* __restrict__ y, int n, long long* acc, unsigned* cnt) {                     \
+                float* __restrict__ y, int n, long long* part, unsigned* cnt) {                     \
         pdl_begin();                                                                                  \
-        immk_impl<IK_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n, acc, cnt);                 \
+        immk_impl<IK_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n, part, cnt);                 \
     }                                                                                                 \
     IMV_NT(imv_##T, (imvk_impl<KQ_##T, 1>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))          \
     IMV_NT(imv2_##T, (imvk_impl<KQ_##T, 2>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))

@@ -223,31 +223,16 @@ __device__ __forceinline__ void quad_acc(long long* acc, const float* t, int nto
             quad_acc(acc, t, ntok);                                                                   \
         }                                                                                             \
     }
-// Q4_0 and Q8_0 as signed bytes (Q4_0: q − 8), for the canonical order.
-#define LOADC_Q4_0                                                                                    \
-    const u8* b = row + g * 18;                                                                       \
-    wd = h2f(ld_u16(b));                                                                              \
-    _Pragma("unroll") for (int k = 0; k < 4; k++) {                                                   \
-        u32 q = ld_u32_2a(b + 2 + 4 * k);                                                             \
-        w[k] = __vsub4(q & 0x0F0F0F0F, 0x08080808);                                                   \
-        w[4 + k] = __vsub4((q >> 4) & 0x0F0F0F0F, 0x08080808);                                        \
-    }
-// Q4_1 unsigned (its min the offset), Q5_0 signed (q − 16), IQ4_NL its signed levels.
+// The canonical order's loads: the float order's (LOAD_T), the values as signed bytes (Q4_0:
+// q − 8, Q5_0: q − 16; Q8_0 and IQ4_NL's levels are; Q4_1 stays unsigned, its min the offset
+// term32 adds). wm is unused where the term has no offset.
+#define W_SIGNED(OFF8)                                                                                \
+    _Pragma("unroll") for (int k = 0; k < 8; k++) w[k] = __vsub4(w[k], OFF8);
+#define LOADC_Q4_0 LOAD_Q4_0 W_SIGNED(0x08080808u)
 #define LOADC_Q4_1 LOAD_Q4_1
-#define LOADC_Q5_0                                                                                    \
-    const u8* b = row + g * 22;                                                                       \
-    wd = h2f(ld_u16(b));                                                                              \
-    u32 qh = ld_u32_2a(b + 2);                                                                        \
-    _Pragma("unroll") for (int k = 0; k < 4; k++) {                                                   \
-        u32 q = ld_u32_2a(b + 6 + 4 * k);                                                             \
-        w[k] = __vsub4((q & 0x0F0F0F0F) | spread4((qh >> (4 * k)) & 15), 0x10101010);                \
-        w[4 + k] = __vsub4(((q >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * k)) & 15), 0x10101010); \
-    }
+#define LOADC_Q5_0 LOAD_Q5_0 W_SIGNED(0x10101010u)
 #define LOADC_IQ4_NL LOAD_IQ4_NL
-#define LOADC_Q8_0                                                                                    \
-    const u8* b = row + g * 34;                                                                       \
-    wd = h2f(ld_u16(b));                                                                              \
-    _Pragma("unroll") for (int k = 0; k < 8; k++) w[k] = ld_u32_2a(b + 2 + 4 * k);
+#define LOADC_Q8_0 LOAD_Q8_0
 
 // Q4_K scales and mins of sub-blocks g and g+1 (g even) from the 16-byte header.
 __device__ __forceinline__ void q4k_pair(uint4 hd, int g, float& sc0, float& m0, float& sc1, float& m1) {

@@ -52,7 +52,8 @@ pub struct CudaConfig {
     /// K-quants). Turned off by `f16_copies` (cuBLAS). The other types' products are not batch
     /// invariant unless `invariant`.
     pub int8_mma: bool,
-    /// Products of Q4_0, Q8_0, Q4_K and Q6_K over `imv_tokens.0..=imv_tokens.1` tokens on the
+    /// Products of the int8 types (with `int8_mma` off: Q4_0, Q8_0, Q4_K and Q6_K,
+    /// `registry::imv_default`) over `imv_tokens.0..=imv_tokens.1` tokens on the
     /// int8 tensor-core decode kernel (kernels/imm.cu `imv_T`, one launch per 8 tokens) rather
     /// than the dp4a matrix-vector kernels or qmm (`QUIVER_CUDA_IMV=MIN-MAX`, `0`: never).
     /// Default [`IMV_TOKENS`]. Without f16 copies only.
@@ -203,9 +204,6 @@ impl CudaConfig {
         }
     }
 
-    /// The configuration in effect on a device of compute capability `arch` where cuBLAS did
-    /// (`has_cublas`) or did not load: switches that need what is missing off, the parity mode
-    /// without graphs, counts in range.
     /// Why serving a model whose products have weights of `types` (`experts`: and MoE
     /// experts) would not give each request the same answer alone and under any load, under
     /// this configuration (`None`: it would). Call it on the configuration in effect
@@ -254,6 +252,9 @@ impl CudaConfig {
         None
     }
 
+    /// The configuration in effect on a device of compute capability `arch` where cuBLAS did
+    /// (`has_cublas`) or did not load: switches that need what is missing off (and batch
+    /// invariance with f16 copies), the parity mode without graphs, counts in range.
     pub(crate) fn resolve(mut self, arch: u32, has_cublas: bool) -> Self {
         self.cublas = has_cublas;
         self.f16_copies &= has_cublas;

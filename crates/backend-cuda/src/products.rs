@@ -401,7 +401,7 @@ impl CudaBackend {
                 Ok(())
             }
             Tc::Imm => {
-                let (splits, acc, cnt) = self.exact_splits(w, n)?;
+                let (splits, part, cnt) = self.exact_splits(w, n)?;
                 self.launch_smem(
                     &w.names.module,
                     &w.names.imm,
@@ -422,7 +422,7 @@ impl CudaBackend {
                         s,
                         y,
                         n as i32,
-                        acc,
+                        part,
                         cnt
                     ],
                 )

@@ -33,8 +33,8 @@ pub(crate) struct Scratch {
     pub(crate) tq: Option<DevBuf>,
     /// 0, 1, 2, … (u32): the row list of a launch over rows r0.. of a step (`row_ids`).
     pub(crate) row_ids: Option<DevBuf>,
-    /// imm's split partials and tile counters (`exact_acc`).
-    pub(crate) eacc: Option<DevBuf>,
+    /// imm's split partials and tile counters (`exact_parts`).
+    pub(crate) epart: Option<DevBuf>,
     pub(crate) ecnt: Option<DevBuf>,
 }
 
@@ -119,7 +119,7 @@ impl CudaBackend {
         }
         self.row_ids(ws.max_tokens.max(1))?;
         if self.cfg.int8_mma && self.split_on(crate::split::Parts::Exact) {
-            self.exact_acc()?;
+            self.exact_parts()?;
         }
         Ok(())
     }

@@ -62,8 +62,8 @@ impl CudaBackend {
         match self.splits(w, n, Parts::Exact) {
             1 => Ok((1, 0, 0)),
             s => {
-                let (acc, cnt) = self.exact_acc()?;
-                Ok((s, acc, cnt))
+                let (part, cnt) = self.exact_parts()?;
+                Ok((s, part, cnt))
             }
         }
     }
@@ -73,14 +73,14 @@ impl CudaBackend {
     /// counter at zero). A split product has at most 2·sms parts × tiles (`qmm_splits`' Exact
     /// rule), so at most one tile per multiprocessor: room for that many tiles' partials, one
     /// counter per multiprocessor.
-    pub(crate) fn exact_acc(&self) -> Result<(u64, u64)> {
+    pub(crate) fn exact_parts(&self) -> Result<(u64, u64)> {
         let mut s = self.scratch.lock().unwrap();
-        if let (Some(a), Some(c)) = (&s.eacc, &s.ecnt) {
+        if let (Some(a), Some(c)) = (&s.epart, &s.ecnt) {
             return Ok((a.ptr, c.ptr));
         }
         let sms = self.dev.info.sms as usize;
         let (parts, counters) = (2 * sms * QMM_BM * QMM_BN * 8, sms * 4);
-        let a = self.grow(&mut s.eacc, parts, "split partials")?;
+        let a = self.grow(&mut s.epart, parts, "split partials")?;
         let c = self.grow(&mut s.ecnt, counters, "split counters")?;
         self.dev
             .memset_zero(c, counters)
@@ -151,7 +151,7 @@ mod tests {
         assert_eq!(qmm_splits(64, 960, 576, 132, E), 3);
         assert_eq!(qmm_splits(64, 576, 1536, 132, E), 6);
         // The partials stay within their scratch: 128 tokens of 131072 rows take one part;
-        // imm's within exact_acc's room of 2·sms tiles.
+        // imm's within exact_parts' room of 2·sms tiles.
         assert_eq!(qmm_splits(128, 131072, 8192, 132, F), 1);
         assert!(qmm_splits(64, 16384, 65536, 132, F) * 64 * 16384 * 4 <= super::QSPLIT_BYTES);
         for (n, rows, cols) in [(64usize, 960usize, 576), (128, 4096, 14336), (9, 64, 65536)] {

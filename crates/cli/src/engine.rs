@@ -274,7 +274,6 @@ pub fn load_with(
     Ok(Loaded { runner })
 }
 
-/// Device memory and kernel cache line for the load log.
 /// The load log's line on batch invariance: whether a request's answer is the same alone and
 /// under load with this model and configuration, and if not why (`CudaConfig::batch_variance`).
 pub fn batch_invariance(cfg: &CudaConfig, file: &GgufFile) -> String {
@@ -305,6 +304,7 @@ fn product_types(file: &GgufFile) -> (Vec<GgmlType>, bool) {
     (types, experts)
 }
 
+/// Device memory and kernel cache line for the load log.
 pub fn cuda_summary(be: &CudaBackend) -> String {
     let m = be.mem_stats();
     let mib = |b: u64| b as f64 / 1048576.0;
@@ -413,7 +413,7 @@ mod tests {
         let f = synth("tiny-qwen3moe", "Q4_0");
         assert!(product_types(&f).1);
         let line = batch_invariance(&d, &f);
-        assert!(line.starts_with("not batch invariant: "), "{line}");
-        eprintln!("{line}");
+        // Its router (F32) is named first; CudaConfig's own test covers the experts' reason.
+        assert!(line.starts_with("not batch invariant: F32"), "{line}");
     }
 }
