@@ -40,3 +40,16 @@ fn a_head_dim_a_type_cannot_store_is_refused() {
         assert!(e.contains(ty.name()) && e.contains(&hd.to_string()), "{e}");
     }
 }
+
+#[test]
+fn prompts_over_every_kv_type_at_depth() {
+    let mut be = common::backend(quiver_backend_cpu::Numerics::BatchInvariant);
+    let mut rng = Rng(0x5eed_4b57);
+    for len in [300, 4500] {
+        let notes =
+            kv_types::prompt_at_depth(&mut be, &common::Cpu, &kv_types::all_pairs(), len, &mut rng);
+        for n in notes {
+            eprintln!("{n}");
+        }
+    }
+}

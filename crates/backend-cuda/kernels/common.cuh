@@ -50,6 +50,26 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// cp.async (sm_80+): `bytes` from global to shared memory without registers; `ok` false copies
+// nothing and zero-fills the destination (src must still be a valid address).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u64 d;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(d) : "l"(p));
+    return (u32)d;
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
 // Gated-activation function: act 0 silu, 1 gelu (tanh form, through f16 as ggml computes it).
 __device__ __forceinline__ float act_fn(float g, int act) {
     if (act == 0) return g / (1.f + expf(-g));

@@ -25,15 +25,18 @@ __host__ __device__ constexpr int kv_head_bytes(int ty, int d) {
                                        : kv_code_bytes(ty, d) + 4 * ((d + TQ_BLOCK - 1) / TQ_BLOCK);
 }
 
-// The Walsh–Hadamard transform of x[0..d) in shared memory by the block's threads (the CPU's
-// butterfly order: stage by stage, pairs (j, j + h)); every thread of the block calls it.
-__device__ void fwht_block(float* x, int d) {
+// The Walsh–Hadamard transform of `rows` rows of d values at x in shared memory, by the
+// block's threads (stage by stage, pairs (j, j + h): the CPU's butterfly order per row); every
+// thread of the block calls it.
+__device__ void fwht_rows(float* x, int rows, int d) {
+    int nt = blockDim.x * blockDim.y, tid = threadIdx.x + threadIdx.y * blockDim.x;
     for (int h = 1; h < d; h <<= 1) {
-        for (int i = threadIdx.x + threadIdx.y * blockDim.x; i < d / 2; i += blockDim.x * blockDim.y) {
-            int j = (i / h) * 2 * h + i % h;
-            float a = x[j], b = x[j + h];
-            x[j] = a + b;
-            x[j + h] = a - b;
+        for (int i = tid; i < rows * d / 2; i += nt) {
+            int r = i / (d / 2), k = i % (d / 2);
+            int j = r * d + (k / h) * 2 * h + k % h;
+            float a = x[j], c = x[j + h];
+            x[j] = a + c;
+            x[j + h] = a - c;
         }
         __syncthreads();
     }
@@ -91,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(128) kv_encode(const float* __restr
     for (int i = tid; i < nl; i += blockDim.x) lv[i] = tq[(q8 ? TQ_L8 : TQ_L4) + i];
     for (int i = tid; i < hd; i += blockDim.x) y[i] = x[i] * tq[TQ_SIGNS + i];
     __syncthreads();
-    fwht_block(y, hd);
+    fwht_rows(y, 1, hd);
     float ks = 1.f / sqrtf((float)hd);
     for (int i = tid; i < hd; i += blockDim.x) y[i] *= ks;
     __syncthreads();
@@ -179,7 +182,7 @@ __device__ void kvq_attention_impl(const float* __restrict__ q, const u8* __rest
     load_levels<KT>(lk, tq, tid, 32 * KVQ_WARPS);
     load_levels<VT>(lvv, tq, tid, 32 * KVQ_WARPS);
     __syncthreads();
-    if (KROT) fwht_block(qs, HD);
+    if (KROT) fwht_rows(qs, 1, HD);
     const float rs = 1.f / sqrtf((float)HD);
     u32 s = b.seq[t];
     int lo, hi;
@@ -229,7 +232,7 @@ __device__ void kvq_attention_impl(const float* __restrict__ q, const u8* __rest
             qs[i] = a * inv;
         }
         __syncthreads();
-        if (VROT) fwht_block(qs, HD);
+        if (VROT) fwht_rows(qs, 1, HD);
         float* o = out + ((long long)t * n_head + h) * HD;
         for (int i = tid; i < HD; i += 32 * KVQ_WARPS) o[i] = VROT ? qs[i] * rs * tq[TQ_SIGNS + i] : qs[i];
     } else {
@@ -263,7 +266,7 @@ __device__ void merge_ranges(const float* __restrict__ pp, int ns, float* __rest
     }
     o[d] = L > 0.f ? a / L : 0.f;
     __syncthreads();
-    if (VROT) fwht_block(o, HD);
+    if (VROT) fwht_rows(o, 1, HD);
     orow[d] = VROT ? o[d] * (1.f / sqrtf((float)HD)) * tq[TQ_SIGNS + d] : o[d];
 }
 
@@ -381,6 +384,48 @@ __device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0,
     }
 }
 
+// A range's result from the four warps' states (max, sum, unnormalised acc per head of the
+// group), merged in warp order: the output row (one range; un-rotated when VROT, through
+// `tmp`) or the range's partials for kvd_merge. Every thread of the block calls it.
+template <int HD, bool VROT>
+__device__ void kvd_range_out(const float (*wm)[KVD_G], const float (*wl)[KVD_G], const float (*wacc)[KVD_G][HD],
+                              float* tmp, float* __restrict__ out, float* __restrict__ part,
+                              const float* __restrict__ tq, int i, int t, int h0, int gn, int n_head, int split,
+                              int ns) {
+    int tid = threadIdx.y * 32 + threadIdx.x;
+    const float rs = 1.f / sqrtf((float)HD);
+    for (int g = 0; g < gn; g++) {
+        float M = fmaxf(fmaxf(wm[0][g], wm[1][g]), fmaxf(wm[2][g], wm[3][g]));
+        float c[4], L = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) { c[k] = __expf(wm[k][g] - M); L += wl[k][g] * c[k]; }
+        int h = h0 + g;
+        if (ns == 1) {
+            float inv = L > 0.f ? 1.f / L : 0.f;
+            for (int d = tid; d < HD; d += 128) {
+                float a = 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) a += wacc[k][g][d] * c[k];
+                tmp[d] = a * inv;
+            }
+            __syncthreads();
+            if (VROT) fwht_rows(tmp, 1, HD);
+            float* o = out + ((long long)t * n_head + h) * HD;
+            for (int d = tid; d < HD; d += 128) o[d] = VROT ? tmp[d] * rs * tq[TQ_SIGNS + d] : tmp[d];
+            __syncthreads();
+        } else {
+            float* pp = part + (((long long)i * n_head + h) * KVD_MAX_SPLITS + split) * (HD + 2);
+            if (tid == 0) { pp[0] = M; pp[1] = L; }
+            for (int d = tid; d < HD; d += 128) {
+                float a = 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) a += wacc[k][g][d] * c[k];
+                pp[2 + d] = a;
+            }
+        }
+    }
+}
+
 template <int HD, int KT, int VT>
 __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __restrict__ kc,
                                    const u8* __restrict__ vc, float* __restrict__ out,
@@ -416,7 +461,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     load_levels<VT>(lvv, tq, tid, 128);
     __syncthreads();
     if (KROT) {
-        for (int g = 0; g < KVD_G; g++) fwht_block(qs[g], HD);
+        fwht_rows(qs[0], KVD_G, HD);
         for (int i = tid; i < KVD_G * HD; i += 128) qs[i / HD][i % HD] *= rs * scale;
         __syncthreads();
     }
@@ -498,37 +543,192 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
             for (int i = 0; i < VPL; i++) wacc[w][g][lane * VPL + i] = acc[g][i];
         }
         __syncthreads();
-        for (int g = 0; g < gn; g++) {
-            float M = fmaxf(fmaxf(wm[0][g], wm[1][g]), fmaxf(wm[2][g], wm[3][g]));
-            float c[4], L = 0.f;
+        kvd_range_out<HD, VROT>(wm, wl, wacc, qs[0], out, part, tq, i, t, h0, gn, n_head, split, ns);
+        // The warps' states of this range are read before the next range's are written.
+        __syncthreads();
+    }
+}
+
+// ---- Decode attention by KV group, records staged through shared memory (kvp) ----
+//
+// kvd's grid, key ranges, warp order and partials (kvd_merge), but each warp copies its tiles
+// of KVP_TK(HD) keys — their K and V records — into its own two shared-memory stages with
+// cp.async (whole rows: coalesced; the next tile in flight while this one is summed). In a tile
+// lane s·TK + u scores key u over dims 8(s + LPK·i) … +7 (LPK = 32 / TK lanes per key, 32
+// dims each), the partial scores summed over s; lane l then accumulates the tile's value rows
+// into its output dims l·VPL … as kvd does.
+#define KVP_TK(HD) (1024 / (HD))
+
+// The copy unit of a record of `bytes`: the largest of 16, 8, 4 dividing it (every record of a
+// cache starts aligned to it).
+__host__ __device__ constexpr int kv_chunk(int bytes) { return bytes % 16 == 0 ? 16 : bytes % 8 == 0 ? 8 : 4; }
+// A K record's row in shared memory: an odd number of chunks, so that lanes reading the same
+// offset of consecutive keys fall in different banks.
+__host__ __device__ constexpr int kv_row_k(int bytes) {
+    return (bytes / kv_chunk(bytes)) % 2 ? bytes : bytes + kv_chunk(bytes);
+}
+
+template <int CB>
+__device__ __forceinline__ void cp_async_n(void* dst, const void* src, bool ok) {
+    if (CB == 16) cp_async16(dst, src, ok);
+    else if (CB == 8) cp_async8(dst, src, ok);
+    else cp_async4(dst, src, ok);
+}
+
+// One record per key of keys j0 … j0 + TK − 1 (those < k1; the rest zero-filled) into rows of
+// `rowb` bytes at `st`, by the warp's lanes in chunks of CB bytes; `slot`: lane u's is key u's.
+template <int TK, int RB, int CB>
+__device__ __forceinline__ void kvp_copy(u8* st, int rowb, const u8* __restrict__ cache, long long slot,
+                                         int n_head_kv, int kvh, int j0, int k1, int lane) {
+    const int N = RB / CB, ALL = TK * N;
 #pragma unroll
-            for (int k = 0; k < 4; k++) { c[k] = __expf(wm[k][g] - M); L += wl[k][g] * c[k]; }
-            int h = h0 + g;
-            if (ns == 1) {
-                float inv = L > 0.f ? 1.f / L : 0.f;
-                for (int i = tid; i < HD; i += 128) {
-                    float a = 0.f;
+    for (int c0 = 0; c0 < ALL; c0 += 32) {
+        int c = c0 + lane, u = c < ALL ? c / N : 0, o = (c % N) * CB;
+        long long sl = __shfl_sync(0xffffffffu, slot, u);
+        bool ok = c < ALL && j0 + u < k1;
+        if (c < ALL) cp_async_n<CB>(st + u * rowb + o, ok ? cache + (sl * n_head_kv + kvh) * RB + o : cache, ok);
+    }
+}
+
+template <int HD, int KT, int VT>
+__device__ void kvp_attention_impl(const float* __restrict__ q, const u8* __restrict__ kc,
+                                   const u8* __restrict__ vc, float* __restrict__ out,
+                                   float* __restrict__ part, BatchView b, const float* __restrict__ tq,
+                                   int n_head, int n_head_kv, float scale, int window, float softcap) {
+    const int VPL = HD / 32, TK = KVP_TK(HD), LPK = 32 / TK;
+    const bool POW2 = (HD & (HD - 1)) == 0;
+    const bool KROT = (KT == KV_TQ8 || KT == KV_TQ4) && POW2, VROT = (VT == KV_TQ8 || VT == KV_TQ4) && POW2;
+    const int KB = kv_head_bytes(KT, HD), VB = kv_head_bytes(VT, HD);
+    const int KS = kv_row_k(KB), STAGE = TK * (KS + VB);
+    const int SB = 8 * STAGE > 16 * KVD_G * HD ? 8 * STAGE : 16 * KVD_G * HD;
+    // Two stages per warp while the ranges run; the warps' accumulators at each range's end.
+    __shared__ __align__(16) u8 sbuf[SB];
+    __shared__ __align__(16) float qs[KVD_G][HD];
+    __shared__ float lk[256], lvv[256];
+    __shared__ float wm[4][KVD_G], wl[4][KVD_G];
+    float(*wacc)[KVD_G][HD] = (float(*)[KVD_G][HD])sbuf;
+    int i = blockIdx.z, t = b.drows ? (int)b.drows[i] : i;
+    int G = n_head / n_head_kv, hg = (G + KVD_G - 1) / KVD_G;
+    int kvh = blockIdx.y / hg, h0 = kvh * G + (blockIdx.y % hg) * KVD_G, gn = min(KVD_G, kvh * G + G - h0);
+    int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
+    u32 s = b.seq[t];
+    int lo, hi;
+    key_range(b, t, window, lo, hi);
+    const int ns = kvd_splits(hi - lo);
+    if ((int)blockIdx.x >= ns) return;
+    const int chunk = (hi - lo + ns - 1) / ns;
+    const float rs = 1.f / sqrtf((float)HD);
+    for (int e = tid; e < KVD_G * HD; e += 128) {
+        int g = e / HD, d = e % HD;
+        float x = g < gn ? q[((long long)t * n_head + h0 + g) * HD + d] : 0.f;
+        qs[g][d] = KROT ? x * tq[TQ_SIGNS + d] : x * scale;
+    }
+    load_levels<KT>(lk, tq, tid, 128);
+    load_levels<VT>(lvv, tq, tid, 128);
+    __syncthreads();
+    if (KROT) {
+        fwht_rows(qs[0], KVD_G, HD);
+        for (int e = tid; e < KVD_G * HD; e += 128) qs[e / HD][e % HD] *= rs * scale;
+        __syncthreads();
+    }
+    const u32* bt = b.block_tables + b.bt_off[s];
+    u8* stg = sbuf + w * 2 * STAGE;
+    const int u = lane % TK, sub = lane / TK;
+    for (int split = blockIdx.x; split < ns; split += gridDim.x) {
+        const int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
+        const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
+        float m[KVD_G], l[KVD_G], acc[KVD_G][VPL];
 #pragma unroll
-                    for (int k = 0; k < 4; k++) a += wacc[k][g][i] * c[k];
-                    qs[0][i] = a * inv;
-                }
-                __syncthreads();
-                if (VROT) fwht_block(qs[0], HD);
-                float* o = out + ((long long)t * n_head + h) * HD;
-                for (int i = tid; i < HD; i += 128) o[i] = VROT ? qs[0][i] * rs * tq[TQ_SIGNS + i] : qs[0][i];
-                __syncthreads();
-            } else {
-                float* pp = part + (((long long)i * n_head + h) * KVD_MAX_SPLITS + split) * (HD + 2);
-                if (tid == 0) { pp[0] = M; pp[1] = L; }
-                for (int i = tid; i < HD; i += 128) {
-                    float a = 0.f;
+        for (int g = 0; g < KVD_G; g++) {
+            m[g] = -1e30f;
+            l[g] = 0.f;
 #pragma unroll
-                    for (int k = 0; k < 4; k++) a += wacc[k][g][i] * c[k];
-                    pp[2 + i] = a;
+            for (int d = 0; d < VPL; d++) acc[g][d] = 0.f;
+        }
+        // Tile t of the range (keys k0 + TK·t …) into stage `buf`, or an empty group past the end.
+        auto issue = [&](int tile, int buf) {
+            if (tile < ntiles) {
+                int j0 = k0 + tile * TK, j = j0 + lane;
+                long long slot = lane < TK && j < k1 ? (long long)bt[j / b.block_size] * b.block_size + j % b.block_size : 0;
+                u8* st = stg + buf * STAGE;
+                kvp_copy<TK, KB, kv_chunk(KB)>(st, KS, kc, slot, n_head_kv, kvh, j0, k1, lane);
+                kvp_copy<TK, VB, kv_chunk(VB)>(st + TK * KS, VB, vc, slot, n_head_kv, kvh, j0, k1, lane);
+            }
+            cp_async_commit();
+        };
+        issue(w, 0);
+        issue(w + 4, 1);
+        for (int tile = w, it = 0; tile < ntiles; tile += 4, it++) {
+            cp_async_wait<1>();
+            __syncwarp();
+            const u8* kb = stg + (it & 1) * STAGE;
+            const u8* vb = kb + TK * KS;
+            const int j0 = k0 + tile * TK;
+            const bool valid = j0 + u < k1;
+            float sc[KVD_G];
+#pragma unroll
+            for (int g = 0; g < KVD_G; g++) sc[g] = 0.f;
+#pragma unroll
+            for (int c = 0; c < HD / (8 * LPK); c++) {
+                const int d = 8 * (sub + LPK * c);
+                float kv8[8];
+                kv_load8<KT, HD>(kb + u * KS, d, lk, kv8);
+#pragma unroll
+                for (int g = 0; g < KVD_G; g++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) sc[g] += qs[g][d + e] * kv8[e];
+            }
+            float pr[KVD_G];
+#pragma unroll
+            for (int g = 0; g < KVD_G; g++) {
+#pragma unroll
+                for (int o = TK; o < 32; o <<= 1) sc[g] += __shfl_xor_sync(0xffffffffu, sc[g], o);
+                float x = sc[g];
+                if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+                x = valid ? x : -1e30f;
+                float mx = x;
+#pragma unroll
+                for (int o = 1; o < TK; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                float mn = fmaxf(m[g], mx), corr = __expf(m[g] - mn);
+                pr[g] = valid ? __expf(x - mn) : 0.f;
+                float ps = pr[g];
+#pragma unroll
+                for (int o = 1; o < TK; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+                l[g] = l[g] * corr + ps;
+                m[g] = mn;
+#pragma unroll
+                for (int d = 0; d < VPL; d++) acc[g][d] *= corr;
+            }
+            const int nk = min(TK, k1 - j0);
+#pragma unroll
+            for (int uu = 0; uu < TK; uu++) {
+                if (uu < nk) {
+                    float vv[VPL];
+                    kv_load_lane<VT, HD>(vb + uu * VB, lane * VPL, lvv, vv);
+#pragma unroll
+                    for (int g = 0; g < KVD_G; g++) {
+                        float pj = __shfl_sync(0xffffffffu, pr[g], uu);
+#pragma unroll
+                        for (int d = 0; d < VPL; d++) acc[g][d] += pj * vv[d];
+                    }
                 }
             }
+            // Every lane is done with this stage before the tile after next is copied into it.
+            __syncwarp();
+            issue(tile + 8, it & 1);
         }
-        // The warps' states of this range are read before the next range's are written.
+        cp_async_wait<0>();
+        // The stages become the warps' accumulators: every warp done with them first.
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < KVD_G; g++) {
+            if (lane == 0) { wm[w][g] = m[g]; wl[w][g] = l[g]; }
+#pragma unroll
+            for (int d = 0; d < VPL; d++) wacc[w][g][lane * VPL + d] = acc[g][d];
+        }
+        __syncthreads();
+        kvd_range_out<HD, VROT>(wm, wl, wacc, qs[0], out, part, tq, i, t, h0, gn, n_head, split, ns);
+        // The accumulators are read before the next range's stages are written.
         __syncthreads();
     }
 }
@@ -560,7 +760,19 @@ __device__ void kvd_merge_impl(const float* __restrict__ part, float* __restrict
         kvd_merge_impl<HD, (VT == KV_TQ8 || VT == KV_TQ4) && (HD & (HD - 1)) == 0>(part, out, tq, b, n_head, window); \
     }
 
+#define KVP_HD(HD, KT, VT)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) kvp_attention_##HD(                                  \
+        const float* q, const u8* kc, const u8* vc, float* out, float* part, BatchView b, const float* tq, \
+        int n_head, int n_head_kv, float scale, int window, float softcap) {                               \
+        pdl_begin();                                                                                        \
+        kvp_attention_impl<HD, KT, VT>(q, kc, vc, out, part, b, tq, n_head, n_head_kv, scale, window, softcap); \
+    }
+
 #define KVD_KERNELS(KT, VT) \
+    KVP_HD(64, KT, VT)      \
+    KVP_HD(128, KT, VT)     \
+    KVP_HD(256, KT, VT)     \
+    KVP_HD(512, KT, VT)     \
     KVD_HD(64, KT, VT)      \
     KVD_HD(128, KT, VT)     \
     KVD_HD(256, KT, VT)     \

@@ -174,21 +174,6 @@ struct QWinC {
     __device__ static int group(int j, int q) { return 4 * (j & 1) + q; }
 };
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    u64 d;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(d) : "l"(p));
-    return (u32)d;
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool ok) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 8 : 0));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
 // The 16 rows of a warp: row i (0..15) of the tile starting at row `rb`, past the last read as
 // the last (its results are never stored).
 struct QRows {

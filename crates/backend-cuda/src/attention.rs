@@ -1,5 +1,5 @@
-//! Attention's dispatch: the tensor-core flash kernel (kernels/attn.cu) for prefill-shaped
-//! steps over an f16 cache, the kernels of kvq.rs otherwise. The fast path only: the parity
+//! Attention's dispatch: the tensor-core flash kernel (kernels/flash.cu, in each cache type
+//! pair's kvq module) for prefill-shaped steps, the kernels of kvq.rs otherwise. The fast path only: the parity
 //! mode's is in src/exact.rs.
 
 use crate::batch::CudaStep;
@@ -7,8 +7,31 @@ use crate::memory::{CudaBuf, CudaKv};
 use crate::{check, CudaBackend};
 use quiver_backend::{AttnParams, Result, Step};
 
-/// Head dims the attention kernels are built for (the flash kernels: up to 256).
+/// Head dims the attention kernels are built for.
 pub(crate) const HEAD_DIMS: &[usize] = &[64, 96, 128, 256, 512];
+/// Head dims the flash kernel (kernels/flash.cu) is built for.
+pub(crate) const FLASH_HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
+const FLASH_ATTENTION: [&str; 4] = [
+    "flash_attention_64",
+    "flash_attention_96",
+    "flash_attention_128",
+    "flash_attention_256",
+];
+const FLASH_MERGE: [&str; 4] = [
+    "flash_merge_64",
+    "flash_merge_96",
+    "flash_merge_128",
+    "flash_merge_256",
+];
+/// Most bytes of flash partials one launch writes (rows over several key ranges).
+const FLASH_PART_BYTES: usize = 64 << 20;
+
+/// The flash kernel's key ranges (kernels/flash.cu): a multiple of 64 fixed by the cache's
+/// size, so a row's ranges, and its bits, depend on its own keys only; at least 4,096 keys
+/// (a row over fewer is never split) and at most 8 ranges over the whole cache.
+pub(crate) fn flash_range_keys(n_slots: usize) -> usize {
+    n_slots.div_ceil(8).next_multiple_of(64).max(4096)
+}
 
 /// The shapes attention takes (head dims of [`HEAD_DIMS`]), in either mode.
 pub(crate) fn check_attention(
@@ -36,8 +59,8 @@ pub(crate) fn check_attention(
 
 impl CudaBackend {
     /// The fast path's attention over the step's `n` > 0 rows (shapes checked by the caller):
-    /// decode-sized steps on the KV-group kernel, prompts over an f16 cache on the flash
-    /// kernel, the rest on the split-K kernel per head (kvq.rs).
+    /// decode-sized steps on the KV-group kernel, prompts on the flash kernel (any cache type),
+    /// the rest on the split-K kernel per head (kvq.rs).
     pub(crate) fn attention_fast(
         &self,
         st: &Step<CudaStep>,
@@ -46,13 +69,13 @@ impl CudaBackend {
         a: &AttnParams,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        if self.use_kvd(st, kv, a) {
+        if self.use_kvd(st, a) {
             return self.attention_kvd(st, q, kv, a, out, None);
         }
         let hd = a.head_dim;
         match st.ctx.tiles {
             Some((tiles, n_tiles))
-                if !kv.packed() && (hd < 256 || (hd == 256 && self.cfg.flash_256)) =>
+                if FLASH_HEAD_DIMS.contains(&hd) && (hd < 256 || self.cfg.flash_256) =>
             {
                 // A mixed step's decode rows on the KV-group kernel, as in decode steps; the
                 // flash kernel then takes the prompt rows' tiles only.
@@ -63,35 +86,88 @@ impl CudaBackend {
                     }
                     _ => n_tiles,
                 };
-                // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
-                let (name, parts) = match hd {
-                    64 => ("flash_attention_64", 1),
-                    96 => ("flash_attention_96", 1),
-                    128 => ("flash_attention_128", 1),
-                    _ => ("flash_attention_256", 2),
-                };
-                self.launch(
-                    "attn",
-                    name,
-                    (n_tiles as u32, a.n_head as u32, parts),
-                    (128, 1, 1),
-                    args![
-                        q.ptr(),
-                        kv.k.ptr,
-                        kv.v.ptr,
-                        out.ptr(),
-                        tiles,
-                        st.ctx.view,
-                        a.n_head as i32,
-                        a.n_head_kv as i32,
-                        a.scale,
-                        a.window.map(|w| w as i32).unwrap_or(0),
-                        a.softcap.unwrap_or(0.0)
-                    ],
-                )
+                let max_kv = st.batch.seqs.iter().map(|s| s.kv_len).max().unwrap_or(0);
+                self.attention_flash(q, kv, a, out, st, (tiles, n_tiles), max_kv)
             }
             _ => self.attention_kvq(st, q, kv, a, out),
         }
+    }
+
+    /// The flash kernel over `tiles` (device address, count) and, where rows span several key
+    /// ranges, flash_merge: launches of as many tiles as [`FLASH_PART_BYTES`] of partials hold.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_flash(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        a: &AttnParams,
+        out: &mut CudaBuf,
+        st: &Step<CudaStep>,
+        (tiles, n_tiles): (u64, usize),
+        max_kv: usize,
+    ) -> Result<()> {
+        let hd = a.head_dim;
+        let i = FLASH_HEAD_DIMS.iter().position(|&d| d == hd).unwrap_or(0);
+        // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
+        let parts = if hd == 256 { 2 } else { 1 };
+        let rk = flash_range_keys(kv.n_slots);
+        let n_ranges = max_kv.div_ceil(rk).max(1);
+        let per_tile = 64 * a.n_head * n_ranges * (hd + 2) * 4;
+        let (group, part) = if n_ranges > 1 {
+            let group = (FLASH_PART_BYTES / per_tile).clamp(1, n_tiles.max(1));
+            let p = self.scratch_ptr(|s| &mut s.part, group * per_tile, "attention partials")?;
+            (group, p)
+        } else {
+            (n_tiles.max(1), 0)
+        };
+        let window = a.window.map(|w| w as i32).unwrap_or(0);
+        for t0 in (0..n_tiles).step_by(group) {
+            let c = (n_tiles - t0).min(group);
+            let tl = tiles + 16 * t0 as u64;
+            self.launch(
+                &kv.module,
+                FLASH_ATTENTION[i],
+                (c as u32, a.n_head as u32, (parts * n_ranges) as u32),
+                (128, 1, 1),
+                args![
+                    q.ptr(),
+                    kv.k.ptr,
+                    kv.v.ptr,
+                    out.ptr(),
+                    part,
+                    tl,
+                    st.ctx.view,
+                    kv.tq,
+                    a.n_head as i32,
+                    a.n_head_kv as i32,
+                    a.scale,
+                    window,
+                    a.softcap.unwrap_or(0.0),
+                    rk as i32,
+                    n_ranges as i32
+                ],
+            )?;
+            if n_ranges > 1 {
+                self.launch(
+                    &kv.module,
+                    FLASH_MERGE[i],
+                    (a.n_head as u32, c as u32, 64),
+                    (hd as u32, 1, 1),
+                    args![
+                        part,
+                        out.ptr(),
+                        tl,
+                        st.ctx.view,
+                        kv.tq,
+                        a.n_head as i32,
+                        window,
+                        rk as i32,
+                        n_ranges as i32
+                    ],
+                )?;
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn n_split(&self, rows: usize, n_head: usize, n_slots: usize) -> usize {
@@ -126,5 +202,14 @@ mod tests {
         assert_eq!(attention_splits(2048, 132, 4096), 2);
         assert_eq!(attention_splits(4096, 132, 4096), 1);
         assert_eq!(attention_splits(0, 132, 4096), 64);
+    }
+
+    #[test]
+    fn flash_ranges_are_whole_tiles_and_at_most_eight_per_cache() {
+        assert_eq!(flash_range_keys(16), 4096);
+        assert_eq!(flash_range_keys(32768), 4096);
+        assert_eq!(flash_range_keys(131072), 16384);
+        assert_eq!(flash_range_keys(100_000) % 64, 0);
+        assert!(flash_range_keys(100_000) * 8 >= 100_000);
     }
 }

@@ -50,9 +50,7 @@ impl CudaBackend {
     pub fn new(ordinal: usize, config: CudaConfig) -> Result<Self> {
         let dev = Device::open(ordinal).map_err(BackendError::Device)?;
         let mut reg = registry::Registry::new(dev.info.arch);
-        for m in ["ops", "attn"] {
-            reg.ensure(m).map_err(BackendError::Device)?;
-        }
+        reg.ensure("ops").map_err(BackendError::Device)?;
         if config.exact {
             reg.ensure("exact").map_err(BackendError::Device)?;
         }

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const QUANT: &str = include_str!("../kernels/quant.cu");
 const OPS: &str = include_str!("../kernels/ops.cu");
-const ATTN: &str = include_str!("../kernels/attn.cu");
+const FLASH: &str = include_str!("../kernels/flash.cu");
 const EXACT: &str = include_str!("../kernels/exact.cu");
 const QMM: &str = include_str!("../kernels/qmm.cu");
 const MMVQ: &str = include_str!("../kernels/mmvq.cu");
@@ -61,10 +61,10 @@ pub fn qmm_window(t: &str) -> Option<(usize, usize)> {
     })
 }
 
-/// Every module the backend can load: "ops", "attn", "exact" (the parity mode's kernels) and
-/// one "quant_T" per weight type.
+/// Every module the backend can load: "ops", "exact" (the parity mode's kernels), one
+/// "quant_T" per weight type and one "kvq_K_V" per pair of KV cache types (attention).
 pub fn module_names() -> Vec<String> {
-    let mut v = vec!["ops".to_string(), "attn".to_string(), "exact".to_string()];
+    let mut v = vec!["ops".to_string(), "exact".to_string()];
     v.extend(QUANT_TYPES.iter().map(|t| format!("quant_{t}")));
     v.extend(kvq_pairs().map(|(k, v)| crate::kvq::module(k, v)));
     v
@@ -129,7 +129,12 @@ pub fn kernel_names(module: &str) -> Vec<String> {
         }
         for d in crate::kvq::KVD_HEAD_DIMS {
             v.push(format!("kvd_attention_{d}"));
+            v.push(format!("kvp_attention_{d}"));
             v.push(format!("kvd_merge_{d}"));
+        }
+        for d in crate::attention::FLASH_HEAD_DIMS {
+            v.push(format!("flash_attention_{d}"));
+            v.push(format!("flash_merge_{d}"));
         }
         return v;
     }
@@ -164,10 +169,6 @@ pub fn kernel_names(module: &str) -> Vec<String> {
         .iter()
         .map(|s| s.to_string())
         .collect(),
-        "attn" => [64, 96, 128, 256]
-            .iter()
-            .map(|d| format!("flash_attention_{d}"))
-            .collect(),
         "exact" => {
             let mut v: Vec<String> = ["x_rms_norm", "x_rope_kv_write", "x_attention", "x_glu"]
                 .iter()
@@ -249,13 +250,12 @@ pub fn module_source(module: &str) -> Option<String> {
         m if kvq_pair(m).is_some() => {
             let (k, v) = kvq_pair(m)?;
             format!(
-                "{KVQ}\nKVQ_KERNELS({k}, {v})\nKVD_KERNELS({k}, {v})\n",
+                "{KVQ}\nKVQ_KERNELS({k}, {v})\nKVD_KERNELS({k}, {v})\n#line 1 \"flash.cu\"\n{FLASH}\nFLASH_KERNELS({k}, {v})\n",
                 k = crate::kvq::kv_type_id(k),
                 v = crate::kvq::kv_type_id(v)
             )
         }
         "ops" => OPS.to_string(),
-        "attn" => ATTN.to_string(),
         // The parity mode's embedding kernels use quant.cu's dequantizers.
         "exact" => format!("#line 1 \"quant.cu\"\n{QUANT}\n#line 1 \"exact.cu\"\n{EXACT}"),
         m => {
@@ -331,13 +331,33 @@ pub fn compile(module: &str, arch: u32) -> Result<Vec<u8>, String> {
 
 /// Compiles `src` (a whole module) as `module`.
 pub fn compile_source(module: &str, src: &str, arch: u32) -> Result<Vec<u8>, String> {
+    compile_logged(module, src, arch, false).map(|(c, _)| c)
+}
+
+/// ptxas's resources per kernel of `module` (registers, spills, shared memory: its `-v`
+/// report, from NVRTC's log), for a look at a kernel's cost without a GPU.
+pub fn resource_report(module: &str, arch: u32) -> Result<String, String> {
+    let src = module_source(module).ok_or_else(|| format!("unknown kernel module {module}"))?;
+    compile_logged(module, &src, arch, true).map(|(_, log)| log)
+}
+
+fn compile_logged(
+    module: &str,
+    src: &str,
+    arch: u32,
+    verbose: bool,
+) -> Result<(Vec<u8>, String), String> {
     crate::libs::nvrtc()?;
     let csrc = CString::new(src.to_string()).map_err(|e| e.to_string())?;
     let name = CString::new(format!("{module}.cu")).unwrap();
     let prog = nr::create_program(&csrc, Some(&name)).map_err(|e| format!("nvrtc: {e:?}"))?;
     // SAFETY: prog is a live program until destroy_program below.
     unsafe {
-        let res = nr::compile_program(prog, &options(module, arch));
+        let mut opts = options(module, arch);
+        if verbose {
+            opts.push("--ptxas-options=-v".into());
+        }
+        let res = nr::compile_program(prog, &opts);
         if res.is_err() {
             let log = nr::get_program_log(prog)
                 .map(|l| c_log(&l))
@@ -357,13 +377,20 @@ pub fn compile_source(module: &str, src: &str, arch: u32) -> Result<Vec<u8>, Str
         }
         let mut cubin = vec![0u8; size];
         let r = ns::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char);
+        let log = if verbose {
+            nr::get_program_log(prog)
+                .map(|l| c_log(&l))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
         let _ = nr::destroy_program(prog);
         if r != ns::nvrtcResult::NVRTC_SUCCESS {
             return Err(format!(
                 "kernel module {module}: nvrtcGetCUBIN failed ({r:?})"
             ));
         }
-        Ok(cubin)
+        Ok((cubin, log))
     }
 }
 
@@ -522,7 +549,7 @@ mod tests {
             ("imm.cu", IMM),
             ("kvq.cu", KVQ),
             ("ops.cu", OPS),
-            ("attn.cu", ATTN),
+            ("flash.cu", FLASH),
             ("exact.cu", EXACT),
         ] {
             for (at, _) in src.match_indices("__global__") {

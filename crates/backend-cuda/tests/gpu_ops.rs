@@ -707,3 +707,26 @@ fn kv_records_are_the_cpu_encoders_bytes() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn prompts_over_every_kv_type_at_depth() {
+    let mut rng = seeded_rng();
+    // The flash kernel over every pair of cache types: 300 positions (one key range: rows
+    // written by their block, un-rotated there for TurboQuant values) and 4,500 (two ranges:
+    // partials merged by flash_merge).
+    let mut be = backend_with(CudaConfig::from_env());
+    let mut failed = Vec::new();
+    for len in [300usize, 4500] {
+        for pair in kv_types::all_pairs() {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                kv_types::prompt_at_depth(&mut be, &Cuda, &[pair], len, &mut rng)
+            }));
+            match r {
+                Ok(notes) => notes.iter().for_each(|n| eprintln!("{n}")),
+                Err(_) => failed.push(format!("{len} positions: {pair}")),
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}

@@ -81,8 +81,28 @@ fn cache_keys_differ_by_module_and_architecture() {
     }
     let a = registry::cache_file("ops", 90).unwrap();
     let b = registry::cache_file("ops", 89).unwrap();
-    let c = registry::cache_file("attn", 90).unwrap();
+    let c = registry::cache_file("exact", 90).unwrap();
     assert_ne!(a, b);
     assert_ne!(a, c);
     assert_eq!(a, registry::cache_file("ops", 90).unwrap());
+}
+
+/// `QUIVER_PTXAS_V=S cargo test --release -p quiver-backend-cuda --test kernels_compile
+/// resources -- --nocapture`: ptxas's registers, spills and shared memory for the kernels of
+/// the modules whose name contains S (a look at a kernel's cost here, without a GPU).
+#[test]
+fn resources() {
+    let Ok(only) = std::env::var("QUIVER_PTXAS_V") else {
+        return;
+    };
+    if !nvrtc_or_skip() {
+        return;
+    }
+    for m in registry::module_names()
+        .into_iter()
+        .filter(|m| m.contains(&only))
+    {
+        let log = registry::resource_report(&m, 90).unwrap();
+        println!("== {m}\n{log}");
+    }
 }

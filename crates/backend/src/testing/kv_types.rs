@@ -145,3 +145,114 @@ pub fn all_pairs() -> Vec<KvTypes> {
     });
     p
 }
+
+/// The prompt path over every pair of `pairs` at depth: a sequence of `len` positions (K and V
+/// written by `rope_kv_write` in one step, no rotation), then its last 100 tokens as one prompt
+/// step against the f32 reference over the same keys, and its last 37 as another step (other
+/// query tiles) bit for bit against the same rows of the first. With `len` past the backend's
+/// key range (4,096 on CUDA) rows span several ranges. One line per (pair, shape).
+pub fn prompt_at_depth<B: Backend, H: Harness<B>>(
+    be: &mut B,
+    h: &H,
+    pairs: &[KvTypes],
+    len: usize,
+    rng: &mut Rng,
+) -> Vec<String> {
+    const SHAPES: &[Shape] = &[
+        (8, 2, 64, None, None),
+        (8, 2, 128, None, None),
+        (4, 1, 256, Some(4200), Some(30.0)),
+    ];
+    let mut notes = Vec::new();
+    let bs = KV_BLOCK_SIZE;
+    let n_blocks = len.div_ceil(bs);
+    // Blocks in a scrambled order: the block table is followed.
+    let table: Vec<u32> = (0..n_blocks as u32)
+        .map(|i| (i * 7) % n_blocks as u32)
+        .rev()
+        .collect();
+    assert!(!n_blocks.is_multiple_of(7), "the scrambled table is a permutation");
+    let n_slots = n_blocks * bs;
+    let tokens: Vec<u32> = (0..len as u32).collect();
+    let all = Batch::single(&tokens, 0, &table, bs, vec![]);
+    let (p1, p2) = (100.min(len), 37.min(len));
+    let tail = Batch::single(&tokens[len - p1..], len - p1, &table, bs, vec![]);
+    let tail2 = Batch::single(&tokens[len - p2..], len - p2, &table, bs, vec![]);
+    for &kv_types in pairs {
+        for &(nh, nkv, hd, window, softcap) in SHAPES {
+            let what = format!(
+                "K {} V {}, head dim {hd}, {len} positions",
+                kv_types.k.name(),
+                kv_types.v.name()
+            );
+            let a = AttnParams {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                scale_q: false,
+                window,
+                softcap,
+            };
+            let rope = RopeParams::plain(RopeMode::Neox, 0, 10000.0);
+            let spec = KvSpec {
+                k: kv_types.k,
+                v: kv_types.v,
+                block_size: bs,
+                n_slots,
+                layers: vec![KvLayer {
+                    n_head_kv: nkv,
+                    head_dim: hd,
+                }],
+            };
+            let mut kv = be.kv(&spec, 0).unwrap();
+            let (qd, kvd) = (nh * hd, nkv * hd);
+            let (kh, vh) = (rng.scaled(len * kvd, 3.0), rng.vec(len * kvd));
+            let up = |be: &B, x: &[f32]| h.upload(be, x);
+            let (mut q, mut k, v) = (up(be, &vec![0.0; len * qd]), up(be, &kh), up(be, &vh));
+            let st = be.begin_step(&all, 0, len.max(256), 256).unwrap();
+            be.rope_kv_write(&st, &mut q, &mut k, &v, &rope, &a, &mut kv)
+                .unwrap();
+            be.end_step(true).unwrap();
+            let qh = rng.scaled(p1 * qd, 3.0);
+            let run = |be: &mut B, b: &Batch, q: &[f32]| {
+                let n = b.n_tokens();
+                let st = be.begin_step(b, 0, 256, 256).unwrap();
+                let qb = up(be, q);
+                let mut out = be.buf(n * qd).unwrap();
+                be.attention(&st, &qb, &kv, &a, &mut out).unwrap();
+                be.end_step(true).unwrap();
+                read(be, &out, n * qd)
+            };
+            let got = run(be, &tail, &qh);
+            let mut want = vec![0f32; p1 * qd];
+            let mut kc = vec![0f32; n_slots * kvd];
+            let mut vc = vec![0f32; n_slots * kvd];
+            for t in 0..len {
+                let s = all.slots[t] as usize;
+                kc[s * kvd..][..kvd].copy_from_slice(&kh[t * kvd..][..kvd]);
+                vc[s * kvd..][..kvd].copy_from_slice(&vh[t * kvd..][..kvd]);
+            }
+            reference::attention(&qh, &kc, &vc, &tail, &a, &mut want);
+            let err = rel_err(&got, &want);
+            let bound = codec_bound(kv_types.k) + codec_bound(kv_types.v) + 3e-3;
+            assert!(
+                err <= bound,
+                "{what}: relative error {err:.2e} > {bound:.0e}"
+            );
+            let got2 = run(be, &tail2, &qh[(p1 - p2) * qd..]);
+            let same = got2
+                .iter()
+                .zip(&got[(p1 - p2) * qd..])
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "{what}: the last {p2} tokens in a step of their own differ from the same rows in a step of {p1}"
+            );
+            notes.push(format!(
+                "{what}: relative error {err:.2e} (bound {bound:.0e})"
+            ));
+        }
+    }
+    notes
+}
