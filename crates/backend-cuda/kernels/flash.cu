@@ -35,7 +35,7 @@ template <int HD, int KT, int T, int LD>
 __device__ __forceinline__ void flash_tile(u16* s, const u8* __restrict__ cache, const u32* bt, u32 bs,
                                            int n_head_kv, int kvh, int j0, int j_end, const float* lv) {
     const int RB = kv_head_bytes(T, HD);
-    for (int c = threadIdx.x; c < KT * (HD / 8); c += 128) {
+    for (int c = threadIdx.x + threadIdx.y * blockDim.x; c < KT * (HD / 8); c += 128) {
         int kr = c / (HD / 8), col = (c % (HD / 8)) * 8, j = j0 + kr;
         bool ok = j < j_end;
         const u8* rec = cache;

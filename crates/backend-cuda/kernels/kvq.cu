@@ -304,11 +304,14 @@ __device__ void kvq_merge_impl(const float* __restrict__ part, float* __restrict
 // up to KVD_G query heads of one KV head (their q in shared memory) and the key ranges x,
 // x + X, … of its token. The token's key ranges depend on its own key count only (kvd_splits:
 // ranges of about KVD_KEYS keys, at most KVD_MAX_SPLITS), never on the batch or on X: a token's
-// bits are the same in any batch. Each warp takes tiles of 32 keys in turn: lane j scores key j against every head
-// (its record read whole, decoded 8 values at a time), the warp's online softmax per head, then
-// the 32 value rows are accumulated with lane l holding dims l·VPL … (VPL = HD / 32). The four
-// warps' states are merged in warp order; then the output is written (one range, un-rotated
-// where V is TurboQuant) or the range's (max, sum, acc) go to `part` for kvq_merge.
+// bits are the same in any batch. Each warp copies its tiles of KVD_TK(HD) keys — their K and V
+// records — into its own two shared-memory stages with cp.async (whole rows: coalesced; the
+// next tile in flight while this one is summed). In a tile lane s·TK + u scores key u over dims
+// 8(s + LPK·i) … +7 (LPK = 32 / TK lanes per key, 32 dims each), the partial scores summed over
+// s; the warp's online softmax per head; then lane l accumulates the tile's value rows into its
+// output dims l·VPL … (VPL = HD / 32). The four warps' states are merged in warp order; then the
+// output is written (one range, un-rotated where V is TurboQuant) or the range's (max, sum,
+// acc) go to `part` for kvd_merge.
 #define KVD_G 4
 #define KVD_KEYS 128
 #define KVD_MAX_SPLITS 64
@@ -426,138 +429,7 @@ __device__ void kvd_range_out(const float (*wm)[KVD_G], const float (*wl)[KVD_G]
     }
 }
 
-template <int HD, int KT, int VT>
-__device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __restrict__ kc,
-                                   const u8* __restrict__ vc, float* __restrict__ out,
-                                   float* __restrict__ part, BatchView b, const float* __restrict__ tq,
-                                   int n_head, int n_head_kv, float scale, int window, float softcap) {
-    const int VPL = HD / 32;
-    const bool POW2 = (HD & (HD - 1)) == 0;
-    const bool KROT = (KT == KV_TQ8 || KT == KV_TQ4) && POW2, VROT = (VT == KV_TQ8 || VT == KV_TQ4) && POW2;
-    const int KB = kv_head_bytes(KT, HD), VB = kv_head_bytes(VT, HD);
-    __shared__ float qs[KVD_G][HD];
-    __shared__ float lk[256], lvv[256];
-    __shared__ float wm[4][KVD_G], wl[4][KVD_G];
-    __shared__ float wacc[4][KVD_G][HD];
-    // Grid row i is the step's row t (b.drows: a mixed step's decode rows); partials by i.
-    int i = blockIdx.z, t = b.drows ? (int)b.drows[i] : i;
-    int G = n_head / n_head_kv, hg = (G + KVD_G - 1) / KVD_G;
-    int kvh = blockIdx.y / hg, h0 = kvh * G + (blockIdx.y % hg) * KVD_G, gn = min(KVD_G, kvh * G + G - h0);
-    int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
-    u32 s = b.seq[t];
-    int lo, hi;
-    key_range(b, t, window, lo, hi);
-    const int ns = kvd_splits(hi - lo);
-    if ((int)blockIdx.x >= ns) return;
-    const int chunk = (hi - lo + ns - 1) / ns;
-    const float rs = 1.f / sqrtf((float)HD);
-    for (int i = tid; i < KVD_G * HD; i += 128) {
-        int g = i / HD, d = i % HD;
-        qs[g][d] = g < gn ? (KROT ? q[((long long)t * n_head + h0 + g) * HD + d] * tq[TQ_SIGNS + d]
-                                  : q[((long long)t * n_head + h0 + g) * HD + d] * scale)
-                          : 0.f;
-    }
-    load_levels<KT>(lk, tq, tid, 128);
-    load_levels<VT>(lvv, tq, tid, 128);
-    __syncthreads();
-    if (KROT) {
-        fwht_rows(qs[0], KVD_G, HD);
-        for (int i = tid; i < KVD_G * HD; i += 128) qs[i / HD][i % HD] *= rs * scale;
-        __syncthreads();
-    }
-    const u32* bt = b.block_tables + b.bt_off[s];
-    for (int split = blockIdx.x; split < ns; split += gridDim.x) {
-        const int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
-        float m[KVD_G], l[KVD_G], acc[KVD_G][VPL];
-#pragma unroll
-        for (int g = 0; g < KVD_G; g++) {
-            m[g] = -1e30f;
-            l[g] = 0.f;
-#pragma unroll
-            for (int i = 0; i < VPL; i++) acc[g][i] = 0.f;
-        }
-        for (int j0 = k0 + 32 * w; j0 < k1; j0 += 128) {
-            int j = j0 + lane;
-            bool valid = j < k1;
-            long long slot = valid ? (long long)bt[j / b.block_size] * b.block_size + j % b.block_size : 0;
-            float sc[KVD_G];
-#pragma unroll
-            for (int g = 0; g < KVD_G; g++) sc[g] = 0.f;
-            if (valid) {
-                const u8* kr = kc + (slot * n_head_kv + kvh) * KB;
-#pragma unroll 4
-                for (int d = 0; d < HD; d += 8) {
-                    float kv8[8];
-                    kv_load8<KT, HD>(kr, d, lk, kv8);
-#pragma unroll
-                    for (int g = 0; g < KVD_G; g++)
-#pragma unroll
-                        for (int i = 0; i < 8; i++) sc[g] += qs[g][d + i] * kv8[i];
-                }
-            }
-            float pr[KVD_G];
-#pragma unroll
-            for (int g = 0; g < KVD_G; g++) {
-                float x = sc[g];
-                if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-                x = valid ? x : -1e30f;
-                float mn = fmaxf(m[g], warp_max(x));
-                float corr = __expf(m[g] - mn);
-                pr[g] = valid ? __expf(x - mn) : 0.f;
-                l[g] = l[g] * corr + warp_sum(pr[g]);
-                m[g] = mn;
-#pragma unroll
-                for (int i = 0; i < VPL; i++) acc[g][i] *= corr;
-            }
-            // The tile's value rows, VG at a time: their loads issued together, then the sums.
-            const int VG = VPL <= 4 ? 8 : (VPL <= 8 ? 4 : 2);
-            int nk = min(32, k1 - j0);
-            for (int j1 = 0; j1 < nk; j1 += VG) {
-                float vv[VG][VPL];
-#pragma unroll
-                for (int u = 0; u < VG; u++) {
-                    long long vs = __shfl_sync(0xffffffffu, slot, j1 + u);
-                    if (j1 + u < nk) {
-                        kv_load_lane<VT, HD>(vc + (vs * n_head_kv + kvh) * VB, lane * VPL, lvv, vv[u]);
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < VPL; i++) vv[u][i] = 0.f;
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < VG; u++) {
-#pragma unroll
-                    for (int g = 0; g < KVD_G; g++) {
-                        float pj = __shfl_sync(0xffffffffu, pr[g], j1 + u);
-#pragma unroll
-                        for (int i = 0; i < VPL; i++) acc[g][i] += pj * vv[u][i];
-                    }
-                }
-            }
-        }
-        // The warps' states, merged in warp order.
-#pragma unroll
-        for (int g = 0; g < KVD_G; g++) {
-            if (lane == 0) { wm[w][g] = m[g]; wl[w][g] = l[g]; }
-#pragma unroll
-            for (int i = 0; i < VPL; i++) wacc[w][g][lane * VPL + i] = acc[g][i];
-        }
-        __syncthreads();
-        kvd_range_out<HD, VROT>(wm, wl, wacc, qs[0], out, part, tq, i, t, h0, gn, n_head, split, ns);
-        // The warps' states of this range are read before the next range's are written.
-        __syncthreads();
-    }
-}
-
-// ---- Decode attention by KV group, records staged through shared memory (kvp) ----
-//
-// kvd's grid, key ranges, warp order and partials (kvd_merge), but each warp copies its tiles
-// of KVP_TK(HD) keys — their K and V records — into its own two shared-memory stages with
-// cp.async (whole rows: coalesced; the next tile in flight while this one is summed). In a tile
-// lane s·TK + u scores key u over dims 8(s + LPK·i) … +7 (LPK = 32 / TK lanes per key, 32
-// dims each), the partial scores summed over s; lane l then accumulates the tile's value rows
-// into its output dims l·VPL … as kvd does.
-#define KVP_TK(HD) (1024 / (HD))
+#define KVD_TK(HD) (1024 / (HD))
 
 // The copy unit of a record of `bytes`: the largest of 16, 8, 4 dividing it (every record of a
 // cache starts aligned to it).
@@ -578,7 +450,7 @@ __device__ __forceinline__ void cp_async_n(void* dst, const void* src, bool ok) 
 // One record per key of keys j0 … j0 + TK − 1 (those < k1; the rest zero-filled) into rows of
 // `rowb` bytes at `st`, by the warp's lanes in chunks of CB bytes; `slot`: lane u's is key u's.
 template <int TK, int RB, int CB>
-__device__ __forceinline__ void kvp_copy(u8* st, int rowb, const u8* __restrict__ cache, long long slot,
+__device__ __forceinline__ void kvd_copy(u8* st, int rowb, const u8* __restrict__ cache, long long slot,
                                          int n_head_kv, int kvh, int j0, int k1, int lane) {
     const int N = RB / CB, ALL = TK * N;
 #pragma unroll
@@ -591,11 +463,11 @@ __device__ __forceinline__ void kvp_copy(u8* st, int rowb, const u8* __restrict_
 }
 
 template <int HD, int KT, int VT>
-__device__ void kvp_attention_impl(const float* __restrict__ q, const u8* __restrict__ kc,
+__device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __restrict__ kc,
                                    const u8* __restrict__ vc, float* __restrict__ out,
                                    float* __restrict__ part, BatchView b, const float* __restrict__ tq,
                                    int n_head, int n_head_kv, float scale, int window, float softcap) {
-    const int VPL = HD / 32, TK = KVP_TK(HD), LPK = 32 / TK;
+    const int VPL = HD / 32, TK = KVD_TK(HD), LPK = 32 / TK;
     const bool POW2 = (HD & (HD - 1)) == 0;
     const bool KROT = (KT == KV_TQ8 || KT == KV_TQ4) && POW2, VROT = (VT == KV_TQ8 || VT == KV_TQ4) && POW2;
     const int KB = kv_head_bytes(KT, HD), VB = kv_head_bytes(VT, HD);
@@ -651,8 +523,8 @@ __device__ void kvp_attention_impl(const float* __restrict__ q, const u8* __rest
                 int j0 = k0 + tile * TK, j = j0 + lane;
                 long long slot = lane < TK && j < k1 ? (long long)bt[j / b.block_size] * b.block_size + j % b.block_size : 0;
                 u8* st = stg + buf * STAGE;
-                kvp_copy<TK, KB, kv_chunk(KB)>(st, KS, kc, slot, n_head_kv, kvh, j0, k1, lane);
-                kvp_copy<TK, VB, kv_chunk(VB)>(st + TK * KS, VB, vc, slot, n_head_kv, kvh, j0, k1, lane);
+                kvd_copy<TK, KB, kv_chunk(KB)>(st, KS, kc, slot, n_head_kv, kvh, j0, k1, lane);
+                kvd_copy<TK, VB, kv_chunk(VB)>(st + TK * KS, VB, vc, slot, n_head_kv, kvh, j0, k1, lane);
             }
             cp_async_commit();
         };
@@ -760,19 +632,7 @@ __device__ void kvd_merge_impl(const float* __restrict__ part, float* __restrict
         kvd_merge_impl<HD, (VT == KV_TQ8 || VT == KV_TQ4) && (HD & (HD - 1)) == 0>(part, out, tq, b, n_head, window); \
     }
 
-#define KVP_HD(HD, KT, VT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) kvp_attention_##HD(                                  \
-        const float* q, const u8* kc, const u8* vc, float* out, float* part, BatchView b, const float* tq, \
-        int n_head, int n_head_kv, float scale, int window, float softcap) {                               \
-        pdl_begin();                                                                                        \
-        kvp_attention_impl<HD, KT, VT>(q, kc, vc, out, part, b, tq, n_head, n_head_kv, scale, window, softcap); \
-    }
-
 #define KVD_KERNELS(KT, VT) \
-    KVP_HD(64, KT, VT)      \
-    KVP_HD(128, KT, VT)     \
-    KVP_HD(256, KT, VT)     \
-    KVP_HD(512, KT, VT)     \
     KVD_HD(64, KT, VT)      \
     KVD_HD(128, KT, VT)     \
     KVD_HD(256, KT, VT)     \

@@ -26,12 +26,11 @@ const FLASH_MERGE: [&str; 4] = [
 /// Most bytes of flash partials one launch writes (rows over several key ranges).
 const FLASH_PART_BYTES: usize = 64 << 20;
 
-/// The flash kernel's key ranges (kernels/flash.cu): a multiple of 64 fixed by the cache's
-/// size, so a row's ranges, and its bits, depend on its own keys only; at least 4,096 keys
-/// (a row over fewer is never split) and at most 8 ranges over the whole cache.
-pub(crate) fn flash_range_keys(n_slots: usize) -> usize {
-    n_slots.div_ceil(8).next_multiple_of(64).max(4096)
-}
+/// The flash kernel's key ranges (kernels/flash.cu): fixed, so a row's ranges, and its bits,
+/// depend on its own keys only; a row over fewer keys is never split. A deep prompt's tiles
+/// run their ranges in parallel (pp512 after 16k tokens: 8 ranges of a row, 2,048 blocks on
+/// the 8B shape rather than 256).
+pub(crate) const FLASH_RANGE_KEYS: usize = 2048;
 
 /// The shapes attention takes (head dims of [`HEAD_DIMS`]), in either mode.
 pub(crate) fn check_attention(
@@ -110,7 +109,7 @@ impl CudaBackend {
         let i = FLASH_HEAD_DIMS.iter().position(|&d| d == hd).unwrap_or(0);
         // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
         let parts = if hd == 256 { 2 } else { 1 };
-        let rk = flash_range_keys(kv.n_slots);
+        let rk = FLASH_RANGE_KEYS;
         let n_ranges = max_kv.div_ceil(rk).max(1);
         let per_tile = 64 * a.n_head * n_ranges * (hd + 2) * 4;
         let (group, part) = if n_ranges > 1 {
@@ -202,14 +201,5 @@ mod tests {
         assert_eq!(attention_splits(2048, 132, 4096), 2);
         assert_eq!(attention_splits(4096, 132, 4096), 1);
         assert_eq!(attention_splits(0, 132, 4096), 64);
-    }
-
-    #[test]
-    fn flash_ranges_are_whole_tiles_and_at_most_eight_per_cache() {
-        assert_eq!(flash_range_keys(16), 4096);
-        assert_eq!(flash_range_keys(32768), 4096);
-        assert_eq!(flash_range_keys(131072), 16384);
-        assert_eq!(flash_range_keys(100_000) % 64, 0);
-        assert!(flash_range_keys(100_000) * 8 >= 100_000);
     }
 }

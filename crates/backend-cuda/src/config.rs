@@ -94,10 +94,6 @@ pub struct CudaConfig {
     /// depend on its own key count only, whatever the step's rows. Off where `attention_splits`
     /// is fixed.
     pub kvd: bool,
-    /// The KV-group decode kernel with each warp's key tiles copied to shared memory by
-    /// cp.async (kvq.cu `kvp_attention`; `QUIVER_CUDA_KVP=0`: `kvd_attention`, which reads each
-    /// key's record per lane). The same ranges and merge order.
-    pub kvp: bool,
     /// Kernels launched with programmatic dependent launch on sm_90+ (`QUIVER_CUDA_PDL=0`:
     /// off): a kernel's launch overlaps the previous one's tail.
     pub pdl: bool,
@@ -147,7 +143,6 @@ impl Default for CudaConfig {
             flash_256: true,
             attention_splits: None,
             kvd: true,
-            kvp: true,
             pdl: true,
             sync_each: false,
             load_total: None,
@@ -203,7 +198,6 @@ impl CudaConfig {
             flash: on("QUIVER_CUDA_FLASH"),
             flash_256: on("QUIVER_CUDA_FLASH_256"),
             kvd: on("QUIVER_CUDA_KVD"),
-            kvp: on("QUIVER_CUDA_KVP"),
             pdl: on("QUIVER_CUDA_PDL"),
             sync_each: set("QUIVER_CUDA_SYNC"),
             ..d

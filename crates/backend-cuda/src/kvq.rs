@@ -45,7 +45,7 @@ macro_rules! per_head_dim {
 const KVQ_ATTENTION: [&str; 5] = per_head_dim!("kvq_attention");
 const KVQ_MERGE: [&str; 5] = per_head_dim!("kvq_merge");
 const KVD_ATTENTION: [&str; 5] = per_head_dim!("kvd_attention");
-const KVP_ATTENTION: [&str; 5] = per_head_dim!("kvp_attention");
+
 const KVD_MERGE: [&str; 5] = per_head_dim!("kvd_merge");
 
 /// The name of `names` for head dim `hd` (one of [`KVQ_HEAD_DIMS`]; checked by the callers).
@@ -166,12 +166,7 @@ impl CudaBackend {
             let c = (n - r0).min(KVD_MAX_ROWS);
             view.drows = if list == 0 { 0 } else { list + 4 * r0 as u64 };
             let grid = (kvd_grid_x(c) as u32, blocks_y as u32, c as u32);
-            let kernel = if self.cfg.kvp {
-                &KVP_ATTENTION
-            } else {
-                &KVD_ATTENTION
-            };
-            self.launch_over_records(view, q, kv, a, out, part, kernel, grid)?;
+            self.launch_over_records(view, q, kv, a, out, part, &KVD_ATTENTION, grid)?;
             self.launch(
                 &kv.module,
                 named(&KVD_MERGE, hd),

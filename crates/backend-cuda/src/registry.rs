@@ -129,7 +129,6 @@ pub fn kernel_names(module: &str) -> Vec<String> {
         }
         for d in crate::kvq::KVD_HEAD_DIMS {
             v.push(format!("kvd_attention_{d}"));
-            v.push(format!("kvp_attention_{d}"));
             v.push(format!("kvd_merge_{d}"));
         }
         for d in crate::attention::FLASH_HEAD_DIMS {

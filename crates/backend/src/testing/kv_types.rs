@@ -150,7 +150,8 @@ pub fn all_pairs() -> Vec<KvTypes> {
 /// written by `rope_kv_write` in one step, no rotation), then its last 100 tokens as one prompt
 /// step against the f32 reference over the same keys, and its last 37 as another step (other
 /// query tiles) bit for bit against the same rows of the first. With `len` past the backend's
-/// key range (4,096 on CUDA) rows span several ranges. One line per (pair, shape).
+/// key range (2,048 on CUDA) rows span several ranges. Then the last token alone as a decode
+/// step against the reference. One line per (pair, shape).
 pub fn prompt_at_depth<B: Backend, H: Harness<B>>(
     be: &mut B,
     h: &H,
@@ -160,7 +161,7 @@ pub fn prompt_at_depth<B: Backend, H: Harness<B>>(
 ) -> Vec<String> {
     const SHAPES: &[Shape] = &[
         (8, 2, 64, None, None),
-        (8, 2, 128, None, None),
+        (16, 2, 128, None, None),
         (4, 1, 256, Some(4200), Some(30.0)),
     ];
     let mut notes = Vec::new();
@@ -171,13 +172,17 @@ pub fn prompt_at_depth<B: Backend, H: Harness<B>>(
         .map(|i| (i * 7) % n_blocks as u32)
         .rev()
         .collect();
-    assert!(!n_blocks.is_multiple_of(7), "the scrambled table is a permutation");
+    assert!(
+        !n_blocks.is_multiple_of(7),
+        "the scrambled table is a permutation"
+    );
     let n_slots = n_blocks * bs;
     let tokens: Vec<u32> = (0..len as u32).collect();
     let all = Batch::single(&tokens, 0, &table, bs, vec![]);
     let (p1, p2) = (100.min(len), 37.min(len));
     let tail = Batch::single(&tokens[len - p1..], len - p1, &table, bs, vec![]);
     let tail2 = Batch::single(&tokens[len - p2..], len - p2, &table, bs, vec![]);
+    let last = Batch::single(&tokens[len - 1..], len - 1, &table, bs, vec![]);
     for &kv_types in pairs {
         for &(nh, nkv, hd, window, softcap) in SHAPES {
             let what = format!(
@@ -249,8 +254,15 @@ pub fn prompt_at_depth<B: Backend, H: Harness<B>>(
                 same,
                 "{what}: the last {p2} tokens in a step of their own differ from the same rows in a step of {p1}"
             );
+            // The last token as a decode step (the decode kernels, their key ranges merged).
+            let got1 = run(be, &last, &qh[(p1 - 1) * qd..]);
+            let err1 = rel_err(&got1, &want[(p1 - 1) * qd..]);
+            assert!(
+                err1 <= bound,
+                "{what}: the last token's decode step: relative error {err1:.2e} > {bound:.0e}"
+            );
             notes.push(format!(
-                "{what}: relative error {err:.2e} (bound {bound:.0e})"
+                "{what}: relative error {err:.2e}, decode {err1:.2e} (bound {bound:.0e})"
             ));
         }
     }
