@@ -28,9 +28,11 @@ const FLASH_PART_BYTES: usize = 64 << 20;
 
 /// The flash kernel's key ranges (kernels/flash.cu): fixed, so a row's ranges, and its bits,
 /// depend on its own keys only; a row over fewer keys is never split. A deep prompt's tiles
-/// run their ranges in parallel (pp512 after 16k tokens: 8 ranges of a row, 2,048 blocks on
-/// the 8B shape rather than 256).
-pub(crate) const FLASH_RANGE_KEYS: usize = 2048;
+/// run their ranges in parallel. On the H200 (8B, pp512 after 16k tokens) ranges of 2,048 and
+/// of 4,096 keys ran f16 at the same speed (4,117 and 4,111 t/s: the kernel is bound per
+/// multiprocessor, not by the blocks in flight) and tq8 9% slower with 2,048 (each block
+/// rotates its rows' q and loads the levels).
+pub(crate) const FLASH_RANGE_KEYS: usize = 4096;
 
 /// The shapes attention takes (head dims of [`HEAD_DIMS`]), in either mode.
 pub(crate) fn check_attention(

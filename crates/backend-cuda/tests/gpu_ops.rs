@@ -713,7 +713,7 @@ fn kv_records_are_the_cpu_encoders_bytes() {
 fn prompts_over_every_kv_type_at_depth() {
     let mut rng = seeded_rng();
     // The flash kernel over every pair of cache types: 300 positions (one key range: rows
-    // written by their block, un-rotated there for TurboQuant values) and 4,500 (three ranges:
+    // written by their block, un-rotated there for TurboQuant values) and 4,500 (two ranges:
     // partials merged by flash_merge).
     let mut be = backend_with(CudaConfig::from_env());
     let mut failed = Vec::new();

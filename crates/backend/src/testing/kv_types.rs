@@ -150,7 +150,7 @@ pub fn all_pairs() -> Vec<KvTypes> {
 /// written by `rope_kv_write` in one step, no rotation), then its last 100 tokens as one prompt
 /// step against the f32 reference over the same keys, and its last 37 as another step (other
 /// query tiles) bit for bit against the same rows of the first. With `len` past the backend's
-/// key range (2,048 on CUDA) rows span several ranges. Then the last token alone as a decode
+/// key range (4,096 on CUDA) rows span several ranges. Then the last token alone as a decode
 /// step against the reference. One line per (pair, shape).
 pub fn prompt_at_depth<B: Backend, H: Harness<B>>(
     be: &mut B,
