@@ -60,8 +60,9 @@ pub(crate) fn check_attention(
 
 impl CudaBackend {
     /// The fast path's attention over the step's `n` > 0 rows (shapes checked by the caller):
-    /// decode-sized steps on the KV-group kernel, prompts on the flash kernel (any cache type),
-    /// the rest on the split-K kernel per head (kvq.rs).
+    /// decode-sized steps on the KV-group kernel, prompts on the flash kernel (any cache type;
+    /// head dims it lacks on the KV-group kernel), the rest on the split-K kernel per head
+    /// (kvq.rs: with `QUIVER_CUDA_KVD=0` or fixed `attention_splits`).
     pub(crate) fn attention_fast(
         &self,
         st: &Step<CudaStep>,
@@ -90,6 +91,10 @@ impl CudaBackend {
                 let max_kv = st.batch.seqs.iter().map(|s| s.kv_len).max().unwrap_or(0);
                 self.attention_flash(q, kv, a, out, st, (tiles, n_tiles), max_kv)
             }
+            // Prompts of head dims the flash kernel lacks (512): on the KV-group kernel, whose
+            // ranges follow each row's own keys (batch invariant), as a cache of records took
+            // every prompt before the flash kernel read them.
+            _ if self.kvd_takes(st.rows, a) => self.attention_kvd(st, q, kv, a, out, None),
             _ => self.attention_kvq(st, q, kv, a, out),
         }
     }

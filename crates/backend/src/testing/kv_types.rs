@@ -30,6 +30,38 @@ const SHAPES: &[Shape] = &[
     (2, 1, 512, None, None),
 ];
 
+fn params(
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    window: Option<u32>,
+    softcap: Option<f32>,
+) -> AttnParams {
+    AttnParams {
+        n_head: nh,
+        n_head_kv: nkv,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+        scale_q: false,
+        window,
+        softcap,
+    }
+}
+
+/// One layer's cache of `kv_types` over `n_slots` slots.
+fn spec(kv_types: KvTypes, n_slots: usize, nkv: usize, hd: usize) -> KvSpec {
+    KvSpec {
+        k: kv_types.k,
+        v: kv_types.v,
+        block_size: KV_BLOCK_SIZE,
+        n_slots,
+        layers: vec![KvLayer {
+            n_head_kv: nkv,
+            head_dim: hd,
+        }],
+    }
+}
+
 /// Runs every pair of `pairs` over every shape; returns one line per (pair, shape) with the
 /// error measured.
 pub fn kv_types<B: Backend, H: Harness<B>>(
@@ -53,26 +85,9 @@ pub fn kv_types<B: Backend, H: Harness<B>>(
                 kv_types.k.name(),
                 kv_types.v.name()
             );
-            let a = AttnParams {
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                scale_q: false,
-                window,
-                softcap,
-            };
+            let a = params(nh, nkv, hd, window, softcap);
             let rope = RopeParams::plain(RopeMode::Neox, hd, 10000.0);
-            let spec = KvSpec {
-                k: kv_types.k,
-                v: kv_types.v,
-                block_size: bs,
-                n_slots,
-                layers: vec![KvLayer {
-                    n_head_kv: nkv,
-                    head_dim: hd,
-                }],
-            };
+            let spec = spec(kv_types, n_slots, nkv, hd);
             let mut kv = be.kv(&spec, 0).unwrap();
             let (qd, kvd) = (nh * hd, nkv * hd);
             let (qh, kh, vh) = (
@@ -190,26 +205,9 @@ pub fn prompt_at_depth<B: Backend, H: Harness<B>>(
                 kv_types.k.name(),
                 kv_types.v.name()
             );
-            let a = AttnParams {
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                scale_q: false,
-                window,
-                softcap,
-            };
+            let a = params(nh, nkv, hd, window, softcap);
             let rope = RopeParams::plain(RopeMode::Neox, 0, 10000.0);
-            let spec = KvSpec {
-                k: kv_types.k,
-                v: kv_types.v,
-                block_size: bs,
-                n_slots,
-                layers: vec![KvLayer {
-                    n_head_kv: nkv,
-                    head_dim: hd,
-                }],
-            };
+            let spec = spec(kv_types, n_slots, nkv, hd);
             let mut kv = be.kv(&spec, 0).unwrap();
             let (qd, kvd) = (nh * hd, nkv * hd);
             let (kh, vh) = (rng.scaled(len * kvd, 3.0), rng.vec(len * kvd));
