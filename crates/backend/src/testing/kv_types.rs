@@ -30,6 +30,7 @@ const SHAPES: &[Shape] = &[
     (2, 1, 512, None, None),
 ];
 
+/// Attention of one shape of the tables (scale 1/√hd).
 fn params(
     nh: usize,
     nkv: usize,
