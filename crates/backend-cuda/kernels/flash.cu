@@ -23,7 +23,6 @@
 // Eight values d0 … d0+7 of a record of type T as four f16 pairs.
 template <int T, int HD>
 __device__ __forceinline__ uint4 kv_load8_h(const u8* __restrict__ rec, int d0, const float* lv) {
-    if (T == KV_F16) return *(const uint4*)(rec + 2 * d0);
     float f[8];
     kv_load8<T, HD>(rec, d0, lv, f);
     return make_uint4(pack_h2(f[0], f[1]), pack_h2(f[2], f[3]), pack_h2(f[4], f[5]), pack_h2(f[6], f[7]));
@@ -93,8 +92,8 @@ __device__ void flash_impl(const float* __restrict__ q, const u8* __restrict__ k
     j_begin = max(j_begin - j_begin % KT, k * rk);
     j_end = min(j_end, (k + 1) * rk);
     if (j_begin >= j_end) return;
-    if (KLV) for (int i = tid; i < 256; i += 128) lk[i] = KTY == KV_TQ8 || i < 16 ? tq[(KTY == KV_TQ8 ? TQ_L8 : TQ_L4) + i] : 0.f;
-    if (VLV) for (int i = tid; i < 256; i += 128) lvv[i] = VTY == KV_TQ8 || i < 16 ? tq[(VTY == KV_TQ8 ? TQ_L8 : TQ_L4) + i] : 0.f;
+    load_levels<KTY>(lk, tq, tid, 128);
+    load_levels<VTY>(lvv, tq, tid, 128);
     const float rs = 1.f / sqrtf((float)HD);
     if (KROT) {
         for (int e = tid; e < ROWS * HD; e += 128) {

@@ -88,8 +88,7 @@ impl CudaBackend {
                     }
                     _ => n_tiles,
                 };
-                let max_kv = st.batch.seqs.iter().map(|s| s.kv_len).max().unwrap_or(0);
-                self.attention_flash(q, kv, a, out, st, (tiles, n_tiles), max_kv)
+                self.attention_flash(q, kv, a, out, st, (tiles, n_tiles))
             }
             // Prompts of head dims the flash kernel lacks (512): on the KV-group kernel, whose
             // ranges follow each row's own keys (batch invariant), as a cache of records took
@@ -110,9 +109,9 @@ impl CudaBackend {
         out: &mut CudaBuf,
         st: &Step<CudaStep>,
         (tiles, n_tiles): (u64, usize),
-        max_kv: usize,
     ) -> Result<()> {
         let hd = a.head_dim;
+        let max_kv = st.batch.seqs.iter().map(|s| s.kv_len).max().unwrap_or(0);
         let i = FLASH_HEAD_DIMS.iter().position(|&d| d == hd).unwrap_or(0);
         // Head dim 256 runs 32 query rows per block: two blocks per 64-token tile.
         let parts = if hd == 256 { 2 } else { 1 };

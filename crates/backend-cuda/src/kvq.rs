@@ -45,7 +45,6 @@ macro_rules! per_head_dim {
 const KVQ_ATTENTION: [&str; 5] = per_head_dim!("kvq_attention");
 const KVQ_MERGE: [&str; 5] = per_head_dim!("kvq_merge");
 const KVD_ATTENTION: [&str; 5] = per_head_dim!("kvd_attention");
-
 const KVD_MERGE: [&str; 5] = per_head_dim!("kvd_merge");
 
 /// The name of `names` for head dim `hd` (one of [`KVQ_HEAD_DIMS`]; checked by the callers).

@@ -87,22 +87,30 @@ fn cache_keys_differ_by_module_and_architecture() {
     assert_eq!(a, registry::cache_file("ops", 90).unwrap());
 }
 
+/// ptxas's report names every kernel of a module with its registers (the "ops" module here;
 /// `QUIVER_PTXAS_V=S cargo test --release -p quiver-backend-cuda --test kernels_compile
-/// resources -- --nocapture`: ptxas's registers, spills and shared memory for the kernels of
-/// the modules whose name contains S (a look at a kernel's cost here, without a GPU).
+/// resources -- --nocapture` prints it for the modules whose name contains S instead: a look
+/// at a kernel's registers, spills and shared memory without a GPU).
 #[test]
 fn resources() {
-    let Ok(only) = std::env::var("QUIVER_PTXAS_V") else {
-        return;
-    };
     if !nvrtc_or_skip() {
         return;
     }
+    let only = std::env::var("QUIVER_PTXAS_V").unwrap_or_else(|_| "ops".into());
     for m in registry::module_names()
         .into_iter()
         .filter(|m| m.contains(&only))
     {
         let log = registry::resource_report(&m, 90).unwrap();
+        for name in registry::kernel_names(&m) {
+            let at = log
+                .find(&format!("'{name}'"))
+                .unwrap_or_else(|| panic!("{m}: no report for {name}"));
+            assert!(
+                log[at..].contains("registers"),
+                "{m}: no register count for {name}"
+            );
+        }
         println!("== {m}\n{log}");
     }
 }
