@@ -132,7 +132,7 @@ pub enum KvType {
     Bf16,
     /// ggml's q8_0 blocks (llama.cpp's `-ctk q8_0`).
     Q8_0,
-    /// TurboQuant, 8 bits (../shared/docs/DESIGN.md §4).
+    /// TurboQuant, 8 bits (docs/TURBOQUANT.md).
     Tq8,
     /// TurboQuant, 4 bits.
     Tq4,

@@ -1,4 +1,4 @@
-//! TurboQuant, the KV cache's quantized element types (../shared/docs/DESIGN.md §4): the scalar
+//! TurboQuant, the KV cache's quantized element types (docs/TURBOQUANT.md): the scalar
 //! reference encoder and decoder that the backends' fused kernels must agree with.
 //!
 //! A vector x of head dim D (a power of two, at most 512) is stored as:

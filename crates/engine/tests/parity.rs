@@ -1,6 +1,6 @@
 //! The CPU engine against llama.cpp's outputs for the two real models
-//! (`../shared/reference/`): teacher-forced top-1 and probabilities, free-running greedy, and
-//! perplexity.
+//! (`tests/reference/` at the workspace root): teacher-forced top-1 and probabilities, and
+//! free-running greedy.
 
 mod common;
 
@@ -8,7 +8,7 @@ use quiver_backend_cpu::CpuBackend;
 use quiver_engine::{argmax, ModelRunner, RunnerOptions, Want};
 use quiver_gguf::GgufFile;
 
-const REF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference");
+const REF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/reference");
 
 fn runner(alias: &str, n_ctx: usize, max_logits: usize) -> ModelRunner<CpuBackend> {
     common::cpu_runner(

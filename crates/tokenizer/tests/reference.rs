@@ -1,4 +1,5 @@
-//! The tokenizers against llama.cpp's ids for the two real models (shared/reference).
+//! The tokenizers against llama.cpp's ids for the two real models (`tests/reference/` at the
+//! workspace root).
 //!
 //! The model files come from the quiver cache; `scripts/test` fetches them. A missing file
 //! fails these tests: it never passes silently.
@@ -9,7 +10,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-const REFERENCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/reference");
+const REFERENCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/reference");
 
 fn model_file(alias: &str) -> GgufFile {
     let path = quiver_hub::alias_path(alias);
@@ -36,7 +37,7 @@ fn records(file: &str) -> Vec<Value> {
     let path = PathBuf::from(REFERENCE).join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "reading {}: {e} (shared/ must sit next to the workspace)",
+            "reading {}: {e} (the reference outputs are vendored in tests/reference/)",
             path.display()
         )
     });
@@ -217,10 +218,10 @@ fn gemma3_emoji_split_across_byte_tokens() {
 }
 
 /// Tokenizing the perplexity text gives llama-perplexity's token counts
-/// (shared/reference/perplexity.json: 7638 for SmolLM2, 7562 for Gemma 3).
+/// (tests/reference/perplexity.json: 7638 for SmolLM2, 7562 for Gemma 3).
 #[test]
 fn gpl3_token_counts() {
-    let path = "/usr/share/common-licenses/GPL-3";
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/reference/GPL-3");
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{path}: {e} (needed for the perplexity check)"));
     let text = text.strip_suffix('\n').unwrap_or(&text);
