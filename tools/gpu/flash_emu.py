@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Checks the index arithmetic of flash_impl (crates/backend-cuda/kernels/attn.cu) without a GPU:
+# Checks the index arithmetic of flash_impl (crates/backend-cuda/kernels/flash.cu) without a GPU:
 # every lane of the 4 warps of one block is emulated with the PTX m16n8k16 fragment layouts
 # (A row-major, B column-major, C as the ISA gives them), and the result is compared with
 # direct masked softmax attention. Usage: python3 tools/gpu/flash_emu.py [HD] (numpy; HD 64

@@ -1,18 +1,67 @@
 #!/usr/bin/env bash
-# Builds the release binary and the GPU test binaries here (no CUDA toolkit needed) and copies
-# them to .gpu/ (git-ignored), the folder a GPU-machine call carries. See docs/GPU.md.
+# Here, before GPU calls: builds what the GPU machine runs (no CUDA toolkit needed) into .gpu/
+# (git-ignored), the folder a call carries; tools/gpu/README.md says what to carry.
+#   tools/gpu/stage.sh [--no-tests] [--old REV] [--peer]
+#     always      the release binary → .gpu/quiver
+#     (default)   the GPU test binaries → .gpu/test-{gpu_ops,kernels_compile,gpu,archs}
+#     --no-tests  not them (a bench call needs the quiver binaries alone)
+#     --old REV   REV's release binary too → .gpu/quiver-old (REV's tree from git archive, built
+#                 in target/stage-old with its own target folder: the first build is a full one)
+#     --peer      llama.cpp's source for the peer build → .gpu/llama.cpp.tar.xz (peer.sh pack)
+# Binaries are stripped; .gpu/stage.txt records what was built from which commit.
 set -euo pipefail
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/../.."
-cargo build --release
-mkdir -p .gpu
-cp target/release/quiver .gpu/quiver
-for t in "quiver-backend-cuda gpu_ops" "quiver-backend-cuda kernels_compile" "quiver-engine gpu" "quiver-engine archs"; do
-  set -- $t
-  exe=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -1)
-  cp "$exe" ".gpu/test-$2"
+tests=1 old="" peer=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --no-tests) tests=0; shift ;;
+    --old) old=${2:?--old needs a revision}; shift 2 ;;
+    --peer) peer=1; shift ;;
+    *) sed -n '2,11p' "$self"; exit 2 ;;
+  esac
 done
+mkdir -p .gpu
+dirty=""
+[ -z "$(git status --porcelain --untracked-files=no)" ] || dirty=" + uncommitted changes"
+echo "quiver: $(git log -1 --format='%h %s' | cut -c1-72)$dirty, staged $(date -u '+%F %H:%M') UTC" >.gpu/stage.txt
+
+if [ -n "$old" ]; then
+  rev=$(git rev-parse --verify "$old^{commit}")
+  src=target/stage-old/src
+  rm -rf "$src"
+  mkdir -p "$src"
+  git archive "$rev" | tar x -C "$src"
+  # The same dependency versions as here where they still fit (Cargo.lock is not tracked).
+  [ -f Cargo.lock ] && cp Cargo.lock "$src/"
+  (cd "$src" && CARGO_TARGET_DIR=../target cargo build --release --bin quiver)
+  cp target/stage-old/target/release/quiver .gpu/quiver-old
+  strip .gpu/quiver-old
+  echo "quiver-old: $(git log -1 --format='%h %s' "$rev" | cut -c1-72)" >>.gpu/stage.txt
+fi
+
+cargo build --release --bin quiver
+cp target/release/quiver .gpu/quiver
+strip .gpu/quiver
+
+if [ "$tests" = 1 ]; then
+  for t in "quiver-backend-cuda gpu_ops" "quiver-backend-cuda kernels_compile" "quiver-engine gpu" "quiver-engine archs"; do
+    read -r pkg name <<<"$t"
+    exe=$(cargo test --release -p "$pkg" --test "$name" --no-run --message-format=json 2>/dev/null |
+      python3 -c 'import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])' | tail -1)
+    [ -n "$exe" ] || { echo "stage.sh: no test binary for $pkg $name" >&2; exit 1; }
+    cp "$exe" ".gpu/test-$name"
+    strip ".gpu/test-$name"
+  done
+fi
+
+[ "$peer" = 1 ] && bash tools/gpu/peer.sh pack
+cat .gpu/stage.txt
 ls -la .gpu
+# A call carries at most 64 MiB, the working tree (about 8 MiB) included.
+total=$(du -sm .gpu | cut -f1)
+[ "$total" -le 52 ] || echo "stage.sh: .gpu/ holds $total MiB: carry only what a call needs (tools/gpu/README.md)"

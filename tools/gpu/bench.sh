@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU machine's one script (tools/gpu/README.md), run from a call with the binaries of
+# tools/gpu/stage.sh carried in .gpu/:
+#   tools/gpu/bench.sh MATRIX            make the matrix's models (quiver synth, once per warm
+#                                        machine, in /tmp/quiver-models) and build llama.cpp if the
+#                                        matrix has the peer, then bench: every model x test x
+#                                        config, rounds alternated; $OUT/results.md, results.jsonl,
+#                                        bench.log
+#   tools/gpu/bench.sh prepare MATRIX    only the models and llama.cpp's build (side by side)
+#   tools/gpu/bench.sh compare MATRIX    quiver compare (GPU against CPU) per model x config
+#   tools/gpu/bench.sh tests [SET...]    the GPU tests: compile, ops[:FILTER,...], engine,
+#                                        engine-real, archs (default: compile ops engine archs)
+#   tools/gpu/bench.sh peer              only llama.cpp's build (tools/gpu/peer.sh build)
+# Options (anywhere): -n / --dry-run (print the commands, run none), --only model=NAME |
+# config=NAME | test=TEXT (repeatable), --budget S (no command starts after S seconds; default
+# 540, inside a call's 600), --rounds N, --reps N.
+set -euo pipefail
+export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 RUST_BACKTRACE=1
+export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home}
+export OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+exec python3 "$(dirname "$0")/bench.py" "$@"
