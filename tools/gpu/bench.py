@@ -401,7 +401,7 @@ class Bench:
                 os.replace(model.path + ".part", model.path)
                 say(f"model {model.name}: made in {secs:.0f} s")
             else:
-                say(f"model {model.name}: synth FAILED (exit {rc}): {se.strip().splitlines()[-1:] or ''}")
+                say(f"model {model.name}: synth FAILED (exit {rc}): {' | '.join(se.strip().splitlines()[-2:])}")
         if build:
             try:
                 build.wait(timeout=max(1, self.time_left()))
@@ -432,6 +432,9 @@ class Bench:
         if m.peer and not peer:
             say("peer: no llama.cpp build, so no llama.cpp rows")
         entries = list(m.configs) + ([PEER] if peer else [])
+        for model in m.models:
+            if not self.dry and not os.path.exists(model.path):
+                say(f"model {model.name}: no file, so no rows")
         t = time.time()
         n = 0
         for r in range(1, m.rounds + 1):

@@ -24,7 +24,10 @@ done
 mkdir -p .gpu
 dirty=""
 [ -z "$(git status --porcelain --untracked-files=no)" ] || dirty=" + uncommitted changes"
+kept=""
+[ -n "$old" ] || [ ! -f .gpu/quiver-old ] || kept=$(grep '^quiver-old:' .gpu/stage.txt 2>/dev/null || true)
 echo "quiver: $(git log -1 --format='%h %s' | cut -c1-72)$dirty, staged $(date -u '+%F %H:%M') UTC" >.gpu/stage.txt
+[ -z "$kept" ] || echo "$kept" >>.gpu/stage.txt
 
 if [ -n "$old" ]; then
   rev=$(git rev-parse --verify "$old^{commit}")
