@@ -2,7 +2,7 @@
 
 use crate::engine::{self, LoadArgs};
 use anyhow::{bail, Context, Result};
-use quiver_engine::{generate, Finish, GenOptions, Sampler, SamplerParams};
+use quiver_engine::{generate, FinishReason, GenOptions, Sampler, SamplerParams};
 use quiver_tokenizer::chat::{ChatTemplate, Message};
 use quiver_tokenizer::Tokenizer;
 use std::io::{BufRead, Write};
@@ -177,9 +177,9 @@ fn report(g: &quiver_engine::Generated) {
         g.gen_secs,
         g.tokens.len().saturating_sub(1) as f64 / g.gen_secs.max(1e-9),
         match g.finish {
-            Finish::Stop => "end of generation",
-            Finish::Length => "length",
-            Finish::Cancelled => "interrupted",
+            FinishReason::Stop => "end of generation",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "interrupted",
         }
     );
 }
@@ -260,7 +260,7 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
         cached = ids;
         cached.extend_from_slice(&g.tokens[..g.kv_tokens]);
         msgs.push(Message::new("assistant", g.text.clone()));
-        if g.finish == Finish::Cancelled {
+        if g.finish == FinishReason::Abort {
             eprintln!("(stopped)");
         }
     }

@@ -3,7 +3,7 @@
 //! arrays from step to step.
 
 use crate::sched::SchedulerOutput;
-use crate::BLOCK_SIZE;
+use crate::types::BLOCK_SIZE;
 use quiver_backend::{Batch, SeqSpan};
 
 /// Where a sequence's KV positions live.

@@ -5,8 +5,9 @@
 //! sequences lives in one paged pool, each sequence in its own blocks.
 
 use crate::batch::{BatchBuilder, Blocks};
-use crate::runner::{Fetch, Picker};
-use crate::{Result, Sampler, SamplerParams, BLOCK_SIZE};
+use crate::picker::{Fetch, Picker};
+use crate::sampler::{Sampler, SamplerParams};
+use crate::types::{Result, BLOCK_SIZE};
 use quiver_backend::Backend;
 use quiver_models::{Model, ModelError};
 

@@ -1,178 +1,32 @@
-//! The engine: the scheduling policy ([`sched`]), the model runner with the one batch builder
-//! and the one token picker ([`runner`]), the output processor ([`output`]), the sampler, and
-//! the serving loop that joins them ([`serve`] is its public handle). The single-sequence
-//! commands drive a [`ModelRunner`] through [`Session`] and [`generate`].
+//! The engine. The single-sequence commands drive a [`ModelRunner`] through [`Session`] and
+//! [`generate`]; the serving engine ([`serve`]: [`start_serving`] and its handle) runs the
+//! continuous-batching loop (`serving`) on its own thread, in vLLM v1's stages: the
+//! scheduling policy ([`sched`]), the runner's forward pass and token picks ([`runner`],
+//! [`picker`]), the scheduler's update, and the output stage (text through [`output`]).
+//! The types every module shares are in [`types`]; this file only declares the modules.
 
 mod batch;
 mod batched;
 pub mod constraint;
 pub mod embed;
 pub mod gbnf;
+mod generate;
 mod kv;
 pub mod output;
 mod phases;
+pub mod picker;
 pub mod runner;
 pub mod sampler;
 pub mod sched;
 pub mod serve;
 mod serving;
+pub mod types;
 mod workers;
 
 pub use batched::{batched_bench, bench_prompt, BatchedResult};
-pub use runner::{Fetch, ModelRunner, Picker, RunnerOptions, Session, Want};
-pub use serving::start as start_serving;
-
+pub use generate::{generate, prompt_split, GenOptions, Generated};
+pub use picker::{Fetch, Picker};
+pub use runner::{ModelRunner, RunnerOptions, Session, Want};
 pub use sampler::{argmax, logprobs, Needs, Sampler, SamplerParams};
-
-use output::OutputProcessor;
-use quiver_models::ModelError;
-use quiver_tokenizer::Tokenizer;
-
-/// Tokens per KV block.
-pub const BLOCK_SIZE: usize = quiver_backend::KV_BLOCK_SIZE;
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    #[error(
-        "prompt of {prompt} tokens plus {gen} to generate exceeds the context of {ctx} tokens"
-    )]
-    ContextOverflow {
-        prompt: usize,
-        gen: usize,
-        ctx: usize,
-    },
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
-    BadToken { id: u32, n_vocab: usize },
-    #[error(transparent)]
-    Sched(#[from] sched::SchedError),
-    #[error("the tokenizer has {tokenizer} tokens, the model {model}")]
-    VocabMismatch { tokenizer: usize, model: usize },
-    #[error("engine thread: {0}")]
-    Thread(String),
-}
-
-pub type Result<T> = std::result::Result<T, EngineError>;
-
-/// Why generation stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Finish {
-    /// An end-of-generation token or a stop string.
-    Stop,
-    /// The token limit.
-    Length,
-    /// The caller asked to stop.
-    Cancelled,
-}
-
-pub struct Generated {
-    pub tokens: Vec<u32>,
-    /// How many of `tokens` have their K/V in the cache (the last sampled one may not).
-    pub kv_tokens: usize,
-    pub text: String,
-    pub finish: Finish,
-    pub prompt_tokens: usize,
-    pub prompt_secs: f64,
-    pub gen_secs: f64,
-}
-
-/// Generation settings beyond sampling.
-#[derive(Clone, Debug, Default)]
-pub struct GenOptions {
-    pub max_tokens: usize,
-    pub stop: Vec<String>,
-    /// Keep going past end-of-generation tokens (benchmarks).
-    pub ignore_eos: bool,
-}
-
-/// Where a prompt of `n` tokens is cut into two steps, or 0 for one step. llama-server
-/// evaluates the prompt of a model with sliding-window layers with its last 4 tokens in a step
-/// of their own (to checkpoint the window's cache before them), and a step's size decides how
-/// some of llama.cpp's products round (its repacked Q4_K kernels take tokens four at a time);
-/// quiver cuts the same way, so that greedy text equals llama.cpp's bit for bit.
-pub fn prompt_split(hp: &quiver_models::Hparams, n: usize) -> usize {
-    if hp.sliding_window.is_some() && n > 4 {
-        n - 4
-    } else {
-        0
-    }
-}
-
-/// Generates from `prompt` at positions `start_pos..` (earlier positions already in the KV),
-/// streaming text pieces to `on_text`, which returns false to stop.
-pub fn generate(
-    r: &mut (impl Session + ?Sized),
-    tok: &Tokenizer,
-    prompt: &[u32],
-    start_pos: usize,
-    sampler: &mut Sampler,
-    opts: &GenOptions,
-    mut on_text: impl FnMut(&str) -> bool,
-) -> Result<Generated> {
-    if prompt.is_empty() {
-        return Err(EngineError::EmptyPrompt);
-    }
-    let total = start_pos + prompt.len();
-    if total + opts.max_tokens > r.n_ctx() {
-        return Err(EngineError::ContextOverflow {
-            prompt: total,
-            gen: opts.max_tokens,
-            ctx: r.n_ctx(),
-        });
-    }
-    let t0 = std::time::Instant::now();
-    let mut history: Vec<u32> = prompt.to_vec();
-    let split = prompt_split(r.hparams(), prompt.len());
-    if split > 0 {
-        r.eval(&prompt[..split], start_pos, Want::Last)?;
-    }
-    let mut next = r.eval_pick(&prompt[split..], start_pos + split, sampler, &history)?;
-    let prompt_secs = t0.elapsed().as_secs_f64();
-    let t1 = std::time::Instant::now();
-    let mut out = Vec::new();
-    let mut text = OutputProcessor::new(tok, opts.stop.clone());
-    let mut finish = Finish::Length;
-    let mut pos = total;
-    let mut kv_tokens = 0;
-    while out.len() < opts.max_tokens {
-        if !opts.ignore_eos && tok.is_eog(next) {
-            finish = Finish::Stop;
-            break;
-        }
-        out.push(next);
-        history.push(next);
-        let emit = text.push(next);
-        if !emit.text.is_empty() && !on_text(&emit.text) {
-            finish = Finish::Cancelled;
-            break;
-        }
-        if emit.stop {
-            finish = Finish::Stop;
-            break;
-        }
-        if out.len() == opts.max_tokens {
-            break;
-        }
-        next = r.eval_pick(&[next], pos, sampler, &history)?;
-        kv_tokens += 1;
-        pos += 1;
-    }
-    if finish == Finish::Length {
-        let tail = text.finish();
-        if !tail.is_empty() {
-            on_text(&tail);
-        }
-    }
-    Ok(Generated {
-        tokens: out,
-        kv_tokens,
-        text: text.into_text(),
-        finish,
-        prompt_tokens: prompt.len(),
-        prompt_secs,
-        gen_secs: t1.elapsed().as_secs_f64(),
-    })
-}
+pub use serving::start as start_serving;
+pub use types::{EngineError, FinishReason, Result, SchedError, BLOCK_SIZE};

@@ -11,8 +11,7 @@
 //! Stop strings are text, so the output processor finds them and calls [`Scheduler::finish`].
 
 use crate::kv::{chain_hash, BlockPool};
-use crate::serve::FinishReason;
-use crate::BLOCK_SIZE;
+use crate::types::{FinishReason, SchedError, BLOCK_SIZE};
 use std::collections::VecDeque;
 
 /// Limits of the scheduler.
@@ -151,12 +150,6 @@ pub struct Counts {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
-}
-
-#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-pub enum SchedError {
-    #[error("the KV pool of {blocks} blocks cannot hold a single sequence of {tokens} tokens")]
-    PoolTooSmall { blocks: usize, tokens: usize },
 }
 
 struct Entry {

@@ -7,7 +7,8 @@
 use crate::constraint::Constraint;
 use crate::kv::chain_hash;
 use crate::output::OutputProcessor;
-use crate::runner::{Fetch, Mask, ModelRunner, RunnerOptions};
+use crate::picker::{Fetch, Mask};
+use crate::runner::{ModelRunner, RunnerOptions};
 use crate::sched::{Counts, SchedConfig, SchedRequest, Scheduler};
 use crate::serve::*;
 use crate::workers::Workers;
