@@ -182,7 +182,8 @@ class Config:
 
 class Matrix:
     def __init__(self, path, models_dir):
-        self.path, self.text = path, open(path, encoding="utf-8").read()
+        with open(path, encoding="utf-8") as f:
+            self.path, self.text = path, f.read()
         self.models, self.tests, self.configs = [], [], []
         self.peer, self.rounds, self.reps = False, 3, 3
         for ln, raw in enumerate(self.text.splitlines(), 1):
@@ -366,7 +367,8 @@ class Bench:
         except (OSError, subprocess.SubprocessError):
             commit = ""
         if os.path.exists(".gpu/stage.txt"):  # tools/gpu/stage.sh's record (a call's tree has no .git)
-            commit = "; ".join(open(".gpu/stage.txt", encoding="utf-8").read().split("\n")).strip("; ")
+            with open(".gpu/stage.txt", encoding="utf-8") as f:
+                commit = "; ".join(f.read().split("\n")).strip("; ")
         return gpu, commit or "unknown"
 
     # -- models and the peer build ------------------------------------------------------------
@@ -451,7 +453,8 @@ class Bench:
             + (f", {self.skipped} not run (budget)" if self.skipped else ""))
         if not self.dry:
             self.write_table()
-            print(open(os.path.join(self.out, "results.md"), encoding="utf-8").read(), flush=True)
+            with open(os.path.join(self.out, "results.md"), encoding="utf-8") as f:
+                print(f.read(), flush=True)
 
     def one(self, rnd, model, test, e):
         m = self.matrix
@@ -619,6 +622,7 @@ class Bench:
                 if res:
                     passed += int(res.group(1))
                     failed += int(res.group(2))
+            p.stdout.close()
             rc = p.wait()
             watchdog.cancel()
             if time.time() - t >= limit:
@@ -657,14 +661,16 @@ def main():
     ap.add_argument("--peer-dir", default="/tmp/quiver-peer", help="llama.cpp's build (default %(default)s)")
     args = ap.parse_intermixed_args()
     here = os.getcwd()
+    args.out, args.models, args.peer_dir = (os.path.abspath(p) for p in (args.out, args.models, args.peer_dir))
     os.chdir(ROOT)
     words = args.words if args.words[0] in STEPS else ["run"] + args.words
     step, rest = words[0], words[1:]
     b = Bench(args)
-    if step == "tests":
-        sys.exit(b.tests(rest))
-    if step == "peer":
-        sys.exit(b.peer_only())
+    if step in ("tests", "peer"):
+        rc = b.tests(rest) if step == "tests" else b.peer_only()
+        if b.log:
+            b.log.close()
+        sys.exit(rc)
     if len(rest) != 1:
         fail(f"{step} takes one matrix file")
     try:
@@ -683,6 +689,8 @@ def main():
         b.compare(m)
     else:
         b.run(m)
+    if b.log:
+        b.log.close()
 
 
 if __name__ == "__main__":
