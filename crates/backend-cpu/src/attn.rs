@@ -10,8 +10,7 @@
 //! With `Numerics::Fast` (single sequence), steps of 64+ rows run tiled instead
 //! (`attn_tiled.rs`: query runs × key tiles, f32 accumulator, ggml's e^x), as llama.cpp's tiled
 //! attention for such batches does (not its tiling: close, not exact; the row-by-row form
-//! with those weights, `run(.., tiled = true)`, is its test's reference);
-//! `QUIVER_CPU_ATTN_F32=1` keeps the accumulator in f32 everywhere.
+//! with those weights, `run(.., tiled = true)`, is its test's reference).
 
 use half::slice::HalfFloatSliceExt;
 
@@ -75,12 +74,6 @@ fn dot_reduce(s: &[[f32; 16]; 4]) -> f32 {
 /// always takes the row-by-row form.
 pub fn tiled(n: usize, numerics: Numerics) -> bool {
     n >= 64 && !numerics.is_batch_invariant()
-}
-
-/// Whether the accumulator is rounded to f16 (the default) or kept in f32.
-pub fn f16_accumulator() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::env::var("QUIVER_CPU_ATTN_F32").map_or(true, |v| v != "1"))
 }
 
 /// The per-key operations of a task over `G` heads that share a KV head (their queries and
@@ -456,18 +449,7 @@ pub fn attention(
         return;
     }
     let g = heads_per_task(a, batch.n_tokens(), pool.n_threads());
-    run(
-        pool,
-        q,
-        k_cache,
-        v_cache,
-        batch,
-        a,
-        out,
-        g,
-        f16_accumulator(),
-        false,
-    );
+    run(pool, q, k_cache, v_cache, batch, a, out, g, true, false);
 }
 
 /// Query tokens one task of [`attention_packed`] takes (each key decoded once for them all).

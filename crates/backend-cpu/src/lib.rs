@@ -76,7 +76,7 @@ pub struct CpuConfig {
     /// every token the same bits whatever its batch (matmuls on the decode path, one-row
     /// attention); [`Numerics::Fast`] takes the GEMM path and llama.cpp's tiled attention for
     /// steps of 64+ tokens and rounds as llama.cpp does for one sequence
-    /// (`quiver_cpu_kernels::gemm_min_tokens`, `QUIVER_CPU_GEMM_MIN_TOKENS`).
+    /// (`quiver_cpu_kernels::gemm_min_tokens`).
     pub numerics: Numerics,
 }
 

@@ -6,9 +6,6 @@
 //!   token alone where that path rounds apart), and one token alone rounds the same under both.
 //! - attention: the last token of a 70-row step equals the same token in a step of its own on
 //!   the batch-invariant instance; the fast one takes llama.cpp's tiled form for the 70 rows.
-//!
-//! `QUIVER_CPU_GEMM_MIN_TOKENS` overrides both numerics' thresholds: with it set the matmul
-//! part is skipped.
 
 use quiver_backend::testing::Rng;
 use quiver_backend::{AttnParams, Backend, Batch, WeightBytes};
@@ -60,10 +57,6 @@ fn batch_and_alone(be: &CpuBackend, w: &CpuWeight, x: &Vec<f32>) -> (Vec<f32>, V
 
 #[test]
 fn two_instances_with_different_numerics_matmul_each_their_own_way() {
-    if std::env::var_os("QUIVER_CPU_GEMM_MIN_TOKENS").is_some() {
-        eprintln!("QUIVER_CPU_GEMM_MIN_TOKENS is set: both numerics take its threshold; skipped");
-        return;
-    }
     let (inv, fast) = backends();
     let mut rng = Rng(0x6e75_6d65_7269_6373);
     let (rows, cols) = (64, 2304);

@@ -1,4 +1,4 @@
-// The parity mode's kernels (QUIVER_CUDA_EXACT=1), after quant.cu in the same module (its block
+// The parity mode's kernels (`--numerics parity`), after quant.cu in the same module (its block
 // decoders serve here too): each computes what the CPU backend computes
 // for a batch-invariant step (every token on the decode path), operation for operation and in
 // the same order, so that the two backends' floats are the same bits — and with them

@@ -1,4 +1,4 @@
-// Int8 tensor-core products over the decode kernels' int8 activations (QUIVER_CUDA_INT8_MMA):
+// Int8 tensor-core products over the decode kernels' int8 activations (the batch-invariant numerics):
 // imm_T / imv_T for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL (32-blocks), Q4_K and Q6_K (immk / imvk). Compiled after qmm.cu in
 // the modules of those types (it uses qmm.cu's windows, copies, QRows, qmm_store).
 

@@ -428,7 +428,6 @@ __device__ __forceinline__ void row_dot_q6_k(const u8* __restrict__ row, const f
 
 // ---- kernels, one set per type (the registry instantiates one type per module) ----
 // embed: out[t, :] = row tokens[t] of the table · scale.         grid (n_tokens), block 128
-// dequant_f16: the whole matrix to f16 (the cuBLAS copy).                        grid (rows), block 128
 // mmv: y[t, r] = W[r, :] · x[t, :] for t < ntok ≤ 8; up to three matrices in one launch
 //      (q, k and v): warp-row r < rows0 is W0's, then W1's, then W2's.  grid (Σrows / 4), block (32, 4)
 // mmv_glu: out[t, r] = act(Wg[r] · x[t]) · (Wu[r] · x[t]).       grid (rows / 4), block (32, 4)
@@ -617,18 +616,6 @@ __device__ __forceinline__ const u8* mmv_row(MmvMat m0, MmvMat m1, MmvMat m2, in
 #define QUANT_KERNELS(T)                                                                              \
     EMBED_K(embed_##T, T)                                                                             \
     MOE_K(T)                                                                                          \
-    extern "C" __global__ void dequant_f16_##T(const u8* __restrict__ W, u16* __restrict__ out,     \
-                                                int cols, long long row_bytes) { pdl_begin();                      \
-        const u8* row = W + (long long)blockIdx.x * row_bytes;                                        \
-        u16* o = out + (long long)blockIdx.x * cols;                                                  \
-        for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {                                   \
-            float v[32];                                                                              \
-            deq_##T(row, g, v);                                                                       \
-            u32* o2 = (u32*)(o + g * 32);                                                             \
-            _Pragma("unroll") for (int i = 0; i < 16; i++)                                            \
-                o2[i] = (u32)f2h(v[2 * i]) | ((u32)f2h(v[2 * i + 1]) << 16);                             \
-        }                                                                                             \
-    }                                                                                                 \
     MMV_K(mmv_##T, T, ntok_arg, 0) MMV_K(mmv1_##T, T, 1, 0) MMV_GLU_K(mmv_glu_##T, T, ntok_arg, 0)            \
     MMV_GLU_K(mmv1_glu_##T, T, 1, 0) MMV_K(mmvp_##T, T, ntok_arg, 1) MMV_K(mmvp1_##T, T, 1, 1)              \
     MMV_GLU_K(mmvp_glu_##T, T, ntok_arg, 1) MMV_GLU_K(mmvp1_glu_##T, T, 1, 1)

@@ -4,13 +4,12 @@
 
 use crate::batch::CudaStep;
 use crate::memory::{CudaBuf, CudaKv};
+use crate::plan::{self, Attention, FLASH_HEAD_DIMS};
 use crate::{check, CudaBackend};
 use quiver_backend::{AttnParams, Result, Step};
 
 /// Head dims the attention kernels are built for.
 pub(crate) const HEAD_DIMS: &[usize] = &[64, 96, 128, 256, 512];
-/// Head dims the flash kernel (kernels/flash.cu) is built for.
-pub(crate) const FLASH_HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
 const FLASH_ATTENTION: [&str; 4] = [
     "flash_attention_64",
     "flash_attention_96",
@@ -59,10 +58,11 @@ pub(crate) fn check_attention(
 }
 
 impl CudaBackend {
-    /// The fast path's attention over the step's `n` > 0 rows (shapes checked by the caller):
-    /// decode-sized steps on the KV-group kernel, prompts on the flash kernel (any cache type;
-    /// head dims it lacks on the KV-group kernel), the rest on the split-K kernel per head
-    /// (kvq.rs: with `QUIVER_CUDA_KVD=0` or fixed `attention_splits`).
+    /// The fast path's attention over the step's `n` > 0 rows (shapes checked by the caller),
+    /// on the kernel table's family (plan.rs `attention`): steps with prompt tiles on the
+    /// flash kernel (any cache type; their decode rows on the KV-group kernel), the others on
+    /// the KV-group kernel, or the split-K kernel per head for head dims it lacks (and for
+    /// every step with fixed `attention_splits`: tests).
     pub(crate) fn attention_fast(
         &self,
         st: &Step<CudaStep>,
@@ -71,18 +71,18 @@ impl CudaBackend {
         a: &AttnParams,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        if self.use_kvd(st, a) {
-            return self.attention_kvd(st, q, kv, a, out, None);
+        if self.cfg.attention_splits.is_some() {
+            return self.attention_kvq(st, q, kv, a, out);
         }
-        let hd = a.head_dim;
-        match st.ctx.tiles {
-            Some((tiles, n_tiles))
-                if FLASH_HEAD_DIMS.contains(&hd) && (hd < 256 || self.cfg.flash_256) =>
-            {
+        let family = plan::attention(a.head_dim, st.ctx.tiles.is_some());
+        match (family, st.ctx.tiles) {
+            (Attention::Flash, Some((tiles, n_tiles))) => {
                 // A mixed step's decode rows on the KV-group kernel, as in decode steps; the
                 // flash kernel then takes the prompt rows' tiles only.
                 let n_tiles = match st.ctx.decode_rows {
-                    Some(d) if self.kvd_takes(d.count, a) => {
+                    Some(d)
+                        if d.count > 0 && plan::attention(a.head_dim, false) == Attention::Kvd =>
+                    {
                         self.attention_kvd(st, q, kv, a, out, Some((d.list, d.count)))?;
                         d.prompt_tiles
                     }
@@ -90,10 +90,7 @@ impl CudaBackend {
                 };
                 self.attention_flash(q, kv, a, out, st, (tiles, n_tiles))
             }
-            // Prompts of head dims the flash kernel lacks (512): on the KV-group kernel, whose
-            // ranges follow each row's own keys (batch invariant), as a cache of records took
-            // every prompt before the flash kernel read them.
-            _ if self.kvd_takes(st.rows, a) => self.attention_kvd(st, q, kv, a, out, None),
+            (Attention::Kvd, _) => self.attention_kvd(st, q, kv, a, out, None),
             _ => self.attention_kvq(st, q, kv, a, out),
         }
     }

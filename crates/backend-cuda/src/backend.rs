@@ -68,14 +68,7 @@ impl Backend for CudaBackend {
             return self.vector_weight(name, ty, cols, &bytes);
         }
         match &self.mode {
-            Mode::Fast => {
-                let mut w = self.matrix_weight(name, ty, rows, cols, &bytes)?;
-                // Stacked experts (3-D) are read only by the expert-indexed kernels.
-                if shape.len() < 3 {
-                    self.add_f16_copy(&mut w)?;
-                }
-                Ok(w)
-            }
+            Mode::Fast => self.matrix_weight(name, ty, rows, cols, &bytes),
             Mode::Parity(p) => p.weight(self, name, ty, rows, cols, &bytes),
         }
     }
@@ -130,7 +123,7 @@ impl Backend for CudaBackend {
             return Err(BackendError::UnsupportedKv {
                 k: spec.k.name(),
                 v: spec.v.name(),
-                backend: "cuda parity mode (QUIVER_CUDA_EXACT=1)",
+                backend: "cuda parity mode (--numerics parity)",
             });
         }
         spec.check()
@@ -255,7 +248,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         if let Mode::Parity(_) = &self.mode {
             return Err(BackendError::Device(
-                "the parity mode (QUIVER_CUDA_EXACT) has no mixture-of-experts kernels".into(),
+                "the parity mode (--numerics parity) has no mixture-of-experts kernels".into(),
             ));
         }
         self.moe_fast(x, rows, w, p, s, out)

@@ -156,14 +156,12 @@ impl CudaBackend {
                 leading_decode_rows(batch)
             },
         };
-        let (tiles, decode_rows) = if self.cfg.flash
-            && !decode_shaped
-            && (prompt_rows || batch.seqs.iter().any(|s| s.len > 1))
-        {
-            self.upload_tiles(batch)?
-        } else {
-            (None, None)
-        };
+        let (tiles, decode_rows) =
+            if !decode_shaped && (prompt_rows || batch.seqs.iter().any(|s| s.len > 1)) {
+                self.upload_tiles(batch)?
+            } else {
+                (None, None)
+            };
         let step = Step {
             batch,
             rows,

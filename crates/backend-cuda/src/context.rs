@@ -8,7 +8,7 @@ use crate::graph::{self, GraphStats};
 use crate::memory::MemStats;
 use crate::scratch::Scratch;
 use crate::{exact, registry};
-use quiver_backend::{BackendError, Result};
+use quiver_backend::{BackendError, Numerics, Result};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
@@ -44,23 +44,20 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// Opens CUDA device `ordinal`, creates its stream, loads cuBLAS if present and allowed,
-    /// and compiles (or reads from the cache) the kernels every model needs, for `config`
-    /// (usually `CudaConfig::from_env()`, adjusted).
+    /// Opens CUDA device `ordinal`, creates its stream, loads cuBLAS if present, and compiles
+    /// (or reads from the cache) the kernels every model needs, for `config` (usually
+    /// `CudaConfig::from_env(numerics)`, adjusted).
     pub fn new(ordinal: usize, config: CudaConfig) -> Result<Self> {
         let dev = Device::open(ordinal).map_err(BackendError::Device)?;
         let mut reg = registry::Registry::new(dev.info.arch);
         reg.ensure("ops").map_err(BackendError::Device)?;
-        if config.exact {
+        let parity = config.numerics == Numerics::Parity;
+        if parity {
             reg.ensure("exact").map_err(BackendError::Device)?;
         }
-        let blas = if config.cublas {
-            dev::Blas::new(dev.stream).ok()
-        } else {
-            None
-        };
-        let cfg = config.resolve(dev.info.arch, blas.is_some());
-        let mode = if cfg.exact {
+        let blas = dev::Blas::new(dev.stream).ok();
+        let cfg = config.resolve(dev.info.arch);
+        let mode = if parity {
             Mode::Parity(exact::Parity::default())
         } else {
             Mode::Fast
@@ -109,6 +106,39 @@ impl CudaBackend {
 
     pub fn has_cublas(&self) -> bool {
         self.blas.is_some()
+    }
+
+    /// The family the kernel table gives a product of `ty` weights of `cols` columns over `n`
+    /// decode rows (None: a type without CUDA kernels).
+    pub fn product_family(
+        &self,
+        ty: quiver_gguf::GgmlType,
+        cols: usize,
+        n: usize,
+    ) -> Option<crate::plan::Product> {
+        let kernel = crate::kernel_suffix(ty)?;
+        Some(
+            self.product_row(kernel, ty, cols)
+                .get(crate::kinds::Kind::Decode, n),
+        )
+    }
+
+    /// The kernel table of a model whose products have weights of these (type, columns)
+    /// (`experts`: and MoE experts) and attention these head dims, on this device.
+    pub fn kernel_table(
+        &self,
+        weights: &[(quiver_gguf::GgmlType, usize)],
+        head_dims: &[usize],
+        experts: bool,
+    ) -> crate::plan::Table {
+        crate::plan::table(
+            self.cfg.numerics,
+            self.dev.info.arch,
+            self.blas.is_some(),
+            weights,
+            head_dims,
+            experts,
+        )
     }
 
     pub(crate) fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {

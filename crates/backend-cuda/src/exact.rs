@@ -1,4 +1,4 @@
-//! The parity mode (`QUIVER_CUDA_EXACT=1`, `CudaConfig::exact`): every op through the "exact"
+//! The parity mode (`--numerics parity`, `Numerics::Parity`): every op through the "exact"
 //! module's kernels, which compute what the CPU backend computes for a batch-invariant step,
 //! operation for operation (kernels/exact.cu). The two backends then give the same logits, bit
 //! for bit — and, where the CPU reproduces llama.cpp's CPU floats, those too. Graphs are off
@@ -27,7 +27,7 @@ use crate::memory::{CudaBuf, CudaKv};
 use crate::norm::Norm;
 use crate::products::{act_code, check_glu, check_matmul};
 use crate::weights::CudaWeight;
-use crate::{check, CudaBackend, CudaConfig};
+use crate::{check, CudaBackend};
 use quiver_backend::{
     reference, Activation, AttnParams, BackendError, Result, RopeAngles, RopeMode, RopeParams,
     Step, WeightBytes,
@@ -35,11 +35,6 @@ use quiver_backend::{
 use quiver_cpu_kernels::SimdLevel;
 use quiver_gguf::GgmlType;
 use std::sync::Mutex;
-
-/// Whether `QUIVER_CUDA_EXACT=1` asks for the parity mode (`CudaConfig::from_env().exact`).
-pub fn requested() -> bool {
-    CudaConfig::from_env().exact
-}
 
 /// The activation blocks of the parity mode's product for `ty` (32: the legacy types, 256:
 /// the K-quants), or None when it has none.
@@ -83,7 +78,7 @@ impl Parity {
         let w = be.matrix_weight(name, ty, rows, cols, bytes)?;
         if act_block(ty).is_none() {
             return Err(BackendError::Unsupported {
-                op: "matmul (QUIVER_CUDA_EXACT=1)",
+                op: "matmul (--numerics parity)",
                 ty,
                 backend: "cuda",
             });
@@ -137,7 +132,7 @@ impl Parity {
         y: u64,
     ) -> Result<()> {
         let block = act_block(w.ty).ok_or(BackendError::Unsupported {
-            op: "matmul (QUIVER_CUDA_EXACT=1)",
+            op: "matmul (--numerics parity)",
             ty: w.ty,
             backend: "cuda",
         })?;
@@ -294,7 +289,7 @@ impl Parity {
         let n = st.rows;
         check("attention", a.head_dim <= 256 && a.n_head <= 1024, || {
             format!(
-                "head dim {} / {} heads (QUIVER_CUDA_EXACT=1 takes up to 256 / 1024)",
+                "head dim {} / {} heads (--numerics parity takes up to 256 / 1024)",
                 a.head_dim, a.n_head
             )
         })?;

@@ -1,13 +1,14 @@
-//! A step's rows by kind (issue 18): decode rows (a request's generated tokens, whichever step
-//! computes them; `SeqSpan::decode_from`) and prompt rows. With the int8 types' products in the
-//! exact-sum order (`CudaConfig::int8_mma`), decode rows take those kernels (mmvqc, imv, imm:
-//! the same bits for any count) and prompt rows the f16 tensor-core kernel unsplit (qmm, whose
-//! per-element order does not depend on how a prompt is chunked), so that every row's product
-//! is the same whatever shares its step, at qmm's prompt speed. The scheduler puts a step's
+//! A step's rows by kind: decode rows (a request's generated tokens, whichever step computes
+//! them; `SeqSpan::decode_from`) and prompt rows. With [`Numerics::BatchInvariant`] the kernel
+//! table (plan.rs) gives each kind its own families: for the int8 types, decode rows the
+//! exact-sum kernels (mmvqc, imv, imm: the same bits for any count) and prompt rows the f16
+//! tensor-core kernel unsplit (qmm, whose per-element order does not depend on how a prompt is
+//! chunked), so that every row's product is the same whatever shares its step, at qmm's prompt
+//! speed. The scheduler puts a step's
 //! decode rows first, so the kinds are two ranges of rows.
 
 use crate::CudaBackend;
-use quiver_backend::Batch;
+use quiver_backend::{Batch, Numerics};
 
 /// Which kernels a product's rows take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,11 +47,11 @@ pub(crate) fn leading_decode_rows(batch: &Batch) -> usize {
 
 impl CudaBackend {
     /// How many of a product's `n` rows, from the first, take the decode kernels: all of them
-    /// unless the kinds route the products (`int8_mma`, outside the invariant mode) and the
-    /// product is over the step's rows.
+    /// unless the kinds route the products ([`Numerics::BatchInvariant`]) and the product is
+    /// over the step's rows.
     pub(crate) fn decode_rows(&self, n: usize) -> usize {
         let k = self.step.kinds;
-        if self.cfg.int8_mma && !self.cfg.invariant && n == k.rows {
+        if self.cfg.numerics == Numerics::BatchInvariant && n == k.rows {
             k.decode
         } else {
             n

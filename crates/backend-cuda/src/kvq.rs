@@ -52,8 +52,6 @@ fn named(names: &[&'static str; 5], hd: usize) -> &'static str {
     let i = KVQ_HEAD_DIMS.iter().position(|&d| d == hd).unwrap_or(0);
     names[i]
 }
-/// Head dims the KV-group decode kernel (kvd) is built for.
-pub(crate) const KVD_HEAD_DIMS: &[usize] = &[64, 128, 256, 512];
 /// Most rows of one kvd launch (its partials take `KVD_MAX_SPLITS` ranges per (row, head));
 /// a step of more takes several, over the rows listed at `row_ids`.
 pub(crate) const KVD_MAX_ROWS: usize = 64;
@@ -116,21 +114,6 @@ impl CudaBackend {
                 kv_type_id(kv.types.v) as i32
             ],
         )
-    }
-
-    /// Whether the step's attention takes the KV-group decode kernel: decode-sized steps,
-    /// unless the split-K kernel's ranges are fixed (`attention_splits`: then every step takes
-    /// it, so that a token's bits do not depend on the size of the step it lands in).
-    pub(crate) fn use_kvd(&self, st: &Step<CudaStep>, a: &AttnParams) -> bool {
-        self.kvd_takes(st.rows, a) && st.ctx.tiles.is_none()
-    }
-
-    /// Whether the KV-group kernel takes `rows` rows of attention `a`.
-    pub(crate) fn kvd_takes(&self, rows: usize, a: &AttnParams) -> bool {
-        self.cfg.kvd
-            && self.cfg.attention_splits.is_none()
-            && rows > 0
-            && KVD_HEAD_DIMS.contains(&a.head_dim)
     }
 
     /// The KV-group decode kernel over the cache (f16 or records), ranges merged by kvd_merge:

@@ -1,13 +1,14 @@
 //! The CUDA backend, the seed system's GPU context carried to CUDA: one context per loaded
 //! model with its stream, a kernel registry (NVRTC → cubin for the device's architecture,
 //! cached on disk), a graph executor that captures decode steps and replays them, weights
-//! copied from the mapped GGUF straight to device memory, and cuBLAS for prefill products on
-//! f16 copies of the weights.
+//! copied from the mapped GGUF straight to device memory, and a kernel table built at load
+//! that names the kernel family of every product and attention call (`plan`).
 //!
 //! Everything is loaded at run time (cudarc's dynamic loading): the binary builds and runs on
 //! machines without CUDA, where `probe` says why there is no GPU.
 //!
-//! The files mirror the kernels: `config` (every switch, read once), `context` (device,
+//! The files mirror the kernels: `config` (the numerics and the kill switches, read once),
+//! `plan` (the kernel table), `context` (device,
 //! registry, the backend struct), `launch`, `memory` (buffers, KV caches), `weights`,
 //! `scratch`, `batch` (the step's upload), `graph`; the ops of the fast path in `products`,
 //! `attention`, `norm`, `rope`, `activation`, `embed`, `sampling`; the parity mode in `exact`;
@@ -33,6 +34,7 @@ pub mod libs;
 mod memory;
 mod moe;
 mod norm;
+pub mod plan;
 mod products;
 pub mod registry;
 mod rope;
@@ -48,7 +50,6 @@ pub use batch::CudaStep;
 pub use config::CudaConfig;
 pub use context::CudaBackend;
 pub use dev::{probe, DeviceInfo};
-pub use exact::requested as exact_requested;
 pub use graph::{GraphStats, MAX_GRAPH_TOKENS};
 pub use memory::{CudaBuf, CudaKv, MemStats};
 pub use weights::CudaWeight;

@@ -47,7 +47,6 @@ impl CudaKv {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MemStats {
     pub weights: u64,
-    pub f16_copies: u64,
     pub kv: u64,
     pub workspace: u64,
 }

@@ -94,8 +94,6 @@ impl CudaBackend {
         let grouped = rows * k >= ne && rows * ne >= ne + 1 + rows * k;
         // On the tensor cores (`moe_qmm`) where the logits' buffer also holds the tile list.
         let tc = grouped
-            && self.cfg.moe_qmm
-            && self.cfg.tensor_cores
             && s.gate.len >= sizes[3]
             && s.up.len >= sizes[4]
             && rows * ne >= 2 * ne + 2 + rows * k + (rows * k).div_ceil(QMM_BN);
@@ -180,7 +178,7 @@ impl CudaBackend {
             )?;
             pos
         } else if let (true, Some(bg), Some(bd)) = (
-            self.cfg.moe_int8 && self.cfg.int8,
+            true,
             registry::int8_activations(w.gate.kernel),
             registry::int8_activations(w.down.kernel),
         ) {

@@ -1,14 +1,15 @@
-//! Products with the weights (kernels/quant.cu, kernels/qmm.cu, the activation conversions of
-//! ops.cu, and cuBLAS): the matrix-vector kernels (`mmv`, on f32 or int8 activations, up to
-//! three matrices and 8 tokens per launch, or gate·up with the activation fused), the
-//! tensor-core kernel over the GGUF blocks (`qmm`), cuBLAS on F16 weights and on the opt-in f16
-//! copies, and how `matmul`, `matmul_qkv`, `matmul_glu` and `matmul_logits` choose between
-//! them. The fast path only: the parity mode's products are in src/exact.rs.
+//! Products with the weights (kernels/quant.cu, mmvq.cu, qmm.cu, imm.cu, the activation
+//! conversions of ops.cu, and cuBLAS): the launchers of each family of the kernel table
+//! (plan.rs) — the matrix-vector kernels (up to three matrices and 8 tokens per launch, or
+//! gate·up with the activation fused), qmm / qmv over the GGUF blocks, imm / imv on int8
+//! activations, cuBLAS on F16 weights — and how `matmul_qkv` and `matmul_glu` share one copy of
+//! the activations between them. The parity mode's products are in src/exact.rs.
 
 use crate::batch::CudaStep;
 use crate::kinds::Kind;
 use crate::launch::grid1;
 use crate::memory::CudaBuf;
+use crate::plan::Product;
 use crate::split::Parts;
 use crate::weights::CudaWeight;
 use crate::{act_grid, check, derr, registry, CudaBackend};
@@ -73,28 +74,9 @@ pub(crate) const QMM_BN: usize = 64;
 pub(crate) const QMM_BM: usize = 64;
 const QMM_THREADS: u32 = 128;
 
-/// Where a product runs on the tensor cores.
-#[derive(Clone, Copy)]
-enum Tc {
-    /// cuBLAS over f16 weights at this address (F16 weights, or an opt-in f16 copy).
-    Blas(u64),
-    /// The qmm kernel over the weight's own blocks (split over the columns when its tiles do
-    /// not fill the GPU, unless `whole`: prompt rows, kinds.rs).
-    Qmm {
-        whole: bool,
-    },
-    /// Its decode form, the same bits for up to `QMV_TOKENS` tokens per launch.
-    Qmv,
-    /// The int8 tensor-core kernel over int8 activations (`registry::int8_mma`), its decode form.
-    Imm,
-    Imv,
-}
-
-impl Tc {
-    /// Whether the product reads int8 activations (`quantize_act`) rather than f16.
-    fn int8(self) -> bool {
-        matches!(self, Tc::Imm | Tc::Imv)
-    }
+/// Whether a tensor-core product reads int8 activations (`quantize_act`) rather than f16.
+fn reads_int8(p: Product) -> bool {
+    matches!(p, Product::Imm | Product::Imv)
 }
 
 /// The activations a tensor-core product reads: f16 (`to_half`), or int8 (`quantize_act`:
@@ -117,7 +99,7 @@ const QMM_XLD_BYTES: usize = 144 * 2;
 
 /// Shared memory a block may take (H100/H200: 227 KiB); a weight whose qmv block would need
 /// more (rows of more than ~32k–64k columns) is not batch invariant.
-const MAX_SMEM: usize = 227 * 1024;
+pub(crate) const MAX_SMEM: usize = 227 * 1024;
 
 /// Warps of a qmv block (kernels/qmm.cu `QMV_WARPS`): 8, or 4 for a chunk window over 384 bytes.
 fn qmv_warps(winc: usize) -> usize {
@@ -151,19 +133,25 @@ fn imm_smem(w: &CudaWeight, nt: usize) -> (usize, usize) {
 
 /// Dynamic shared memory of the qmm and qmv kernels for `w`, and qmv's threads per block.
 fn qmm_smem(w: &CudaWeight) -> (usize, usize, u32) {
+    let (qmm, qmv, warps) = qmm_smem_of(w.kernel, w.cols);
+    (qmm, qmv, 32 * warps as u32)
+}
+
+/// [`qmm_smem`] of a weight of type `kernel` and `cols` columns, qmv's warps last.
+pub(crate) fn qmm_smem_of(kernel: &str, cols: usize) -> (usize, usize, usize) {
     let (win, winc) =
-        registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
+        registry::qmm_window(kernel).expect("every CUDA weight type has a qmm window");
     let qmm = QMM_NST * (QMM_BN * QMM_XLD_BYTES + QMM_BM * win);
     let warps = qmv_warps(winc);
     // Two chunk copies per warp, then the chunk sums: 16 rows × 8 tokens per 256 columns.
-    let qmv = warps * 2 * 16 * winc + w.cols.div_ceil(256) * 512;
-    (qmm, qmv, 32 * warps as u32)
+    let qmv = warps * 2 * 16 * winc + cols.div_ceil(256) * 512;
+    (qmm, qmv, warps)
 }
 
 /// How the fast path runs `matmul_qkv`.
 enum QkvPath {
     /// All three on the tensor cores over one f16 copy of x.
-    Gemm([Tc; 3]),
+    Gemm([Product; 3]),
     /// One matrix-vector launch per 8 tokens for the three (one type, one width).
     Fused,
     /// Three products, each as `matmul` runs it.
@@ -175,15 +163,15 @@ enum GluPath {
     /// gate·up with the activation in one matrix-vector launch per 8 tokens.
     Fused,
     /// Both products on the tensor cores over one f16 copy of x, then the glu kernel.
-    Gemm(Tc, Tc),
+    Gemm(Product, Product),
     /// Two products, each as `matmul` runs it, then the glu kernel.
     Separate,
 }
 
 impl CudaBackend {
-    /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`: on the tensor cores
-    /// when `n` reaches `gemm_min_tokens`, else on the matrix-vector kernels; a step's decode
-    /// rows and prompt rows each on their kind's kernels (kinds.rs).
+    /// y[t, r] = W[r, :] · x[t, :] for `n` rows of x at `x`, into `y`, on the family the kernel
+    /// table gives the weight for `n` rows; a step's decode rows and prompt rows each on their
+    /// kind's family (kinds.rs).
     pub(crate) fn mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
         if let Some(kind) = self.kind_of(n) {
             return self.mm_as(w, x, n, y, kind);
@@ -203,54 +191,15 @@ impl CudaBackend {
         self.mmv(&[(w, y)], x, n)
     }
 
-    /// True when products run on the batch-invariant qmm / qmv kernels.
-    pub(crate) fn invariant(&self, w: &CudaWeight) -> bool {
-        self.cfg.invariant && self.cfg.tensor_cores && qmm_smem(w).1 <= MAX_SMEM
-    }
-
-    /// How a product of `w` over `n` tokens of `kind` runs on the tensor cores, if it does.
-    fn tensor_core(&self, w: &CudaWeight, n: usize, kind: Kind) -> Option<Tc> {
-        let int8 = self.cfg.int8_mma && registry::int8_mma(w.kernel);
-        if int8 && kind == Kind::Prompt && self.cfg.tensor_cores && !self.invariant(w) {
-            return Some(Tc::Qmm { whole: true });
-        }
-        if self.invariant(w) {
-            return Some(match (n <= QMV_TOKENS, int8) {
-                (true, false) => Tc::Qmv,
-                (false, false) => Tc::Qmm { whole: false },
-                (true, true) => Tc::Imv,
-                (false, true) => Tc::Imm,
-            });
-        }
-        if !self.cfg.tensor_cores {
-            return None;
-        }
-        let f16 = if w.ty == GgmlType::F16 {
-            Some(w.data.ptr)
-        } else {
-            w.half.as_ref().map(|b| b.ptr)
-        };
-        let (lo, hi) = self.cfg.imv_tokens;
-        let imv = int8 || registry::imv_default(w.kernel);
-        if f16.is_none() && imv && (lo..=hi).contains(&n) {
-            return Some(Tc::Imv);
-        }
-        if n < self.cfg.gemm_min_tokens {
-            return None;
-        }
-        match f16.filter(|_| self.blas.is_some()) {
-            Some(p) => Some(Tc::Blas(p)),
-            // Up to 8 tokens (only below the default cut-over, `QUIVER_CUDA_GEMM_MIN_TOKENS`)
-            // as the invariant mode runs them.
-            None if int8 && n <= QMV_TOKENS => Some(Tc::Imv),
-            None if int8 => Some(Tc::Imm),
-            None => Some(Tc::Qmm { whole: false }),
-        }
+    /// The tensor-core family of a product of `w` over `n` rows of `kind` (None: the
+    /// matrix-vector kernels), from the weight's row of the kernel table.
+    fn tensor_core(&self, w: &CudaWeight, n: usize, kind: Kind) -> Option<Product> {
+        Some(w.plan.get(kind, n)).filter(|&p| p != Product::Mmv)
     }
 
     /// x (`n` rows of `w.cols`) as the product `tc` of `w` reads it.
-    fn act(&self, tc: Tc, x: u64, n: usize, w: &CudaWeight) -> Result<Act> {
-        Ok(if tc.int8() {
+    fn act(&self, tc: Product, x: u64, n: usize, w: &CudaWeight) -> Result<Act> {
+        Ok(if reads_int8(tc) {
             let block = registry::int8_activations(w.kernel).unwrap_or(32);
             let (q, d, s) = self.quantize_act(x, n, w.cols, block, w.ty)?;
             Act::Int8 { q, d, s }
@@ -304,11 +253,11 @@ impl CudaBackend {
     }
 
     /// `rows` × `cols` f32 at `x` as f16 in the activation scratch, for products with weights
-    /// of type `ty`: on the int8 grid of that type (see [`act_grid`]) when `act_grid` is on.
+    /// of type `ty`: on the int8 grid of that type (see [`act_grid`]).
     fn to_half(&self, x: u64, rows: usize, cols: usize, ty: GgmlType) -> Result<u64> {
         let len = rows * cols;
         let xh = self.scratch_ptr(|s| &mut s.xbf, len * 2, "f16 activations")?;
-        match act_grid(ty).filter(|b| self.cfg.act_grid && cols.is_multiple_of(*b)) {
+        match act_grid(ty).filter(|b| cols.is_multiple_of(*b)) {
             Some(block) => {
                 let nb = len / block;
                 let (name, grid, threads) = if block == 32 {
@@ -335,24 +284,25 @@ impl CudaBackend {
         Ok(xh)
     }
 
-    /// y[n, w.rows] = xh[n, w.cols] (f16) · Wᵀ on the tensor cores: cuBLAS over f16 weights,
-    /// or the qmm kernel over the GGUF blocks (kernels/qmm.cu).
-    fn gemm(&self, w: &CudaWeight, tc: Tc, a: Act, n: usize, y: u64) -> Result<()> {
+    /// y[n, w.rows] = x[n, w.cols] · Wᵀ on the tensor cores, by family `tc`: cuBLAS over F16
+    /// weights, the qmm kernels over the GGUF blocks (kernels/qmm.cu), the int8 ones
+    /// (kernels/imm.cu).
+    fn gemm(&self, w: &CudaWeight, tc: Product, a: Act, n: usize, y: u64) -> Result<()> {
         let (xh, q, d, s) = match a {
             Act::Half(xh) => (xh, 0, 0, 0),
             Act::Int8 { q, d, s } => (0, q, d, s),
         };
         match tc {
-            Tc::Blas(wh) => {
-                let blas = self.blas.as_ref().expect("tensor_core checked cuBLAS");
-                blas.gemm_f16(wh, xh, y, w.rows, n, w.cols)
+            Product::Blas => {
+                let blas = self.blas.as_ref().expect("the table checked cuBLAS");
+                blas.gemm_f16(w.data.ptr, xh, y, w.rows, n, w.cols)
                     .map_err(|e| derr("cublasGemmEx", e))
             }
-            Tc::Qmm { whole } => {
-                let splits = if whole {
-                    1
-                } else {
+            Product::Qmm { split } => {
+                let splits = if split {
                     self.splits(w, n, Parts::Float)
+                } else {
+                    1
                 };
                 let out = self.split_out(splits, n, w.rows, y)?;
                 self.launch_smem(
@@ -377,7 +327,7 @@ impl CudaBackend {
                 )?;
                 self.split_sum(splits, n, w.rows, out, y)
             }
-            Tc::Qmv => {
+            Product::Qmv => {
                 let (_, smem, threads) = qmm_smem(w);
                 for t in (0..n).step_by(QMV_TOKENS) {
                     let nt = (n - t).min(QMV_TOKENS);
@@ -400,7 +350,7 @@ impl CudaBackend {
                 }
                 Ok(())
             }
-            Tc::Imm => {
+            Product::Imm => {
                 let (splits, part, cnt) = self.exact_splits(w, n)?;
                 self.launch_smem(
                     &w.names.module,
@@ -427,7 +377,7 @@ impl CudaBackend {
                     ],
                 )
             }
-            Tc::Imv => {
+            Product::Imv => {
                 // Bytes of one token's scales: (d, d·Σq) per 32, or d per 256.
                 let d_row = if s == 0 {
                     w.cols / 32 * 8
@@ -463,6 +413,7 @@ impl CudaBackend {
                 }
                 Ok(())
             }
+            Product::Mmv => unreachable!("the matrix-vector kernels are not a tensor-core family"),
         }
     }
 
@@ -515,11 +466,7 @@ impl CudaBackend {
 
     /// The activation block size when `w`'s decode kernels take int8 activations.
     fn int8_block(&self, w: &CudaWeight) -> Option<usize> {
-        if self.cfg.int8 {
-            registry::int8_activations(w.kernel)
-        } else {
-            None
-        }
+        registry::int8_activations(w.kernel)
     }
 
     /// Quantizes `n` rows of `cols` f32 at `x` to int8 blocks of `block` (32 or 256) in the
@@ -611,7 +558,7 @@ impl CudaBackend {
             .iter()
             .all(|m| m.cols == w[0].cols && act_grid(m.ty) == act_grid(w[0].ty));
         if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core(m, rows_x, kind)) {
-            if same_width && q.int8() == k.int8() && q.int8() == v.int8() {
+            if same_width && reads_int8(q) == reads_int8(k) && reads_int8(q) == reads_int8(v) {
                 return QkvPath::Gemm([q, k, v]);
             }
         }
@@ -689,7 +636,7 @@ impl CudaBackend {
             (Some(gh), Some(uh))
                 if gate.cols == up.cols
                     && act_grid(gate.ty) == act_grid(up.ty)
-                    && gh.int8() == uh.int8() =>
+                    && reads_int8(gh) == reads_int8(uh) =>
             {
                 GluPath::Gemm(gh, uh)
             }

@@ -20,7 +20,7 @@ const MMVQ: &str = include_str!("../kernels/mmvq.cu");
 const IMM: &str = include_str!("../kernels/imm.cu");
 const KVQ: &str = include_str!("../kernels/kvq.cu");
 
-/// Weight types with quantized kernels (`embed_T`, `dequant_f16_T`, `mmv_T`, `qmm_T`), by kernel
+/// Weight types with quantized kernels (`embed_T`, `mmv_T`, `qmm_T`), by kernel
 /// suffix.
 pub const QUANT_TYPES: &[&str] = &[
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
@@ -70,7 +70,7 @@ pub fn module_names() -> Vec<String> {
     v
 }
 
-/// Weight types the parity mode (`QUIVER_CUDA_EXACT=1`) has products for (`x_mm_T` in the
+/// Weight types the parity mode (`--numerics parity`) has products for (`x_mm_T` in the
 /// "exact" module), by kernel suffix.
 pub const EXACT_TYPES: &[&str] = &[
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
@@ -84,9 +84,10 @@ pub fn int8_mma(t: &str) -> bool {
     )
 }
 
-/// The int8 types whose imv decodes `QUIVER_CUDA_IMV`'s token counts with `int8_mma` off
-/// (measured faster than the dp4a kernels there, fourteenth session; with it on, every int8
-/// type's imv does: 8B Q4_1 at 8 sequences 910 → 1,168 t/s, sixteenth session).
+/// The int8 types whose imv takes the kernel table's imv token counts with
+/// [`Numerics::Fast`](quiver_backend::Numerics) (measured faster than the dp4a kernels there;
+/// with the batch-invariant numerics every int8 type's imv does: 8B Q4_1 at 8 sequences
+/// 910 → 1,168 t/s).
 pub fn imv_default(t: &str) -> bool {
     matches!(t, "q4_0" | "q8_0" | "q4_k" | "q6_k")
 }
@@ -127,11 +128,11 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             v.push(format!("kvq_attention_{d}"));
             v.push(format!("kvq_merge_{d}"));
         }
-        for d in crate::kvq::KVD_HEAD_DIMS {
+        for d in crate::plan::KVD_HEAD_DIMS {
             v.push(format!("kvd_attention_{d}"));
             v.push(format!("kvd_merge_{d}"));
         }
-        for d in crate::attention::FLASH_HEAD_DIMS {
+        for d in crate::plan::FLASH_HEAD_DIMS {
             v.push(format!("flash_attention_{d}"));
             v.push(format!("flash_merge_{d}"));
         }
@@ -181,7 +182,6 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             let t = m.strip_prefix("quant_").unwrap_or(m);
             let mut v: Vec<String> = [
                 "embed",
-                "dequant_f16",
                 "qmm",
                 "qmv",
                 "qmm_g",

@@ -90,9 +90,7 @@ impl CudaBackend {
                 "logits rows",
             ),
         ];
-        if self.cfg.tensor_cores {
-            plan.push((|s| &mut s.xbf, n * cols * 2, "f16 activations"));
-        }
+        plan.push((|s| &mut s.xbf, n * cols * 2, "f16 activations"));
         if self.split_scratch() {
             plan.push((
                 |s| &mut s.qpart,
@@ -118,7 +116,7 @@ impl CudaBackend {
             self.scratch_ptr(pick, bytes, what)?;
         }
         self.row_ids(ws.max_tokens.max(1))?;
-        if self.cfg.int8_mma && self.split_on(crate::split::Parts::Exact) {
+        if self.cfg.numerics == quiver_backend::Numerics::BatchInvariant {
             self.exact_parts()?;
         }
         Ok(())

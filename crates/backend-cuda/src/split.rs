@@ -9,6 +9,7 @@ use crate::launch::grid1;
 use crate::products::{QMM_BM, QMM_BN};
 use crate::weights::CudaWeight;
 use crate::CudaBackend;
+use quiver_backend::Numerics;
 use quiver_backend::Result;
 
 /// The split-K products' partials at most (a step's largest split product: 8B gate·up at 64
@@ -44,12 +45,10 @@ pub(crate) enum Parts {
 }
 
 impl CudaBackend {
-    /// True when products may split over their columns (`CudaConfig::qmm_split`): qmm outside
-    /// the invariant mode, imm in every mode.
+    /// True when products may split over their columns: qmm with [`Numerics::Fast`] (the
+    /// kernel table's `Qmm { split: true }`), imm in every mode (its parts are integers).
     pub(crate) fn split_on(&self, parts: Parts) -> bool {
-        self.cfg.qmm_split
-            && self.cfg.tensor_cores
-            && (parts == Parts::Exact || !self.cfg.invariant)
+        parts == Parts::Exact || self.cfg.numerics == Numerics::Fast
     }
 
     /// True when qmm's partials' scratch is needed (reserved at load).

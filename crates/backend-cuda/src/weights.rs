@@ -1,10 +1,10 @@
 //! Weights: the GGUF bytes copied from the mapped file straight to device memory (vectors as
-//! f32), the kernel names each weight's products launch, and the f16 copies of the tensor-core
-//! path.
+//! f32), the kernel names each weight's products launch, and its row of the kernel table.
 
 use crate::dev::DevBuf;
+use crate::plan::{ProductRow, WeightKey};
 use crate::{check, kernel_suffix, registry, CudaBackend};
-use quiver_backend::{BackendError, Result, WeightBytes};
+use quiver_backend::{BackendError, Numerics, Result, WeightBytes};
 use quiver_gguf::GgmlType;
 
 pub struct CudaWeight {
@@ -14,9 +14,9 @@ pub struct CudaWeight {
     pub(crate) row_bytes: usize,
     /// The GGUF bytes (vectors: f32).
     pub(crate) data: DevBuf,
-    /// An f16 copy for the tensor-core (cuBLAS) path, when there is room.
-    pub(crate) half: Option<DevBuf>,
     pub(crate) kernel: &'static str,
+    /// Its row of the kernel table: the product family per kind of rows and token count.
+    pub(crate) plan: ProductRow,
     /// Its module and kernel names, made once at load (no formatting per launch).
     pub(crate) names: Box<KernelNames>,
 }
@@ -132,13 +132,32 @@ impl CudaBackend {
             cols,
             row_bytes: cols * 4,
             data,
-            half: None,
             kernel: "f32",
+            plan: self.product_row("f32", GgmlType::F32, cols),
             names: Box::new(KernelNames::new("f32", false, false)),
         })
     }
 
-    /// A matrix in its GGUF type, on the device as the file has it (no f16 copy yet).
+    /// A weight's row of the kernel table.
+    pub(crate) fn product_row(
+        &self,
+        kernel: &'static str,
+        ty: GgmlType,
+        cols: usize,
+    ) -> ProductRow {
+        ProductRow::pinned(
+            self.cfg.numerics,
+            self.dev.info.arch,
+            WeightKey {
+                kernel,
+                blas: ty == GgmlType::F16 && self.blas.is_some(),
+                qmv_fits: crate::products::qmm_smem_of(kernel, cols).1 <= crate::products::MAX_SMEM,
+            },
+            self.cfg.pin,
+        )
+    }
+
+    /// A matrix in its GGUF type, on the device as the file has it.
     pub(crate) fn matrix_weight(
         &self,
         name: &str,
@@ -181,38 +200,13 @@ impl CudaBackend {
             cols,
             row_bytes,
             data,
-            half: None,
             kernel,
+            plan: self.product_row(kernel, ty, cols),
             names: Box::new(KernelNames::new(
                 kernel,
-                self.cfg.int8 && registry::int8_activations(kernel).is_some(),
-                self.cfg.int8_mma && registry::int8_mma(kernel),
+                registry::int8_activations(kernel).is_some(),
+                self.cfg.numerics == Numerics::BatchInvariant && registry::int8_mma(kernel),
             )),
         })
-    }
-
-    /// Adds the f16 copy the tensor-core products read, when copies are on and the card has
-    /// room (F16 weights are their own copy).
-    pub(crate) fn add_f16_copy(&self, w: &mut CudaWeight) -> Result<()> {
-        if !self.cfg.f16_copies || w.ty == GgmlType::F16 {
-            return Ok(());
-        }
-        let need = w.rows * w.cols * 2;
-        let (free, total) = self.dev.mem_info();
-        // Keep a tenth of the card (and 2 GiB) for the KV cache and workspace.
-        if free > need as u64 + total / 10 + (2 << 30) {
-            if let Ok(b) = self.dev.alloc(need) {
-                self.launch(
-                    &w.names.module,
-                    &format!("dequant_f16_{}", w.kernel),
-                    (w.rows as u32, 1, 1),
-                    (128, 1, 1),
-                    args![w.data.ptr, b.ptr, w.cols as i32, w.row_bytes as i64],
-                )?;
-                self.mem.lock().unwrap().f16_copies += b.bytes as u64;
-                w.half = Some(b);
-            }
-        }
-        Ok(())
     }
 }

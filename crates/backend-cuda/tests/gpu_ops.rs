@@ -18,7 +18,8 @@ use quiver_backend::testing::{
     attention, bits_differ, elementwise, kv_types, poison, products, read, seeded_rng, Bounds,
     Harness, WeightCase,
 };
-use quiver_backend::{Backend, BackendError, Batch};
+use quiver_backend::{Backend, BackendError, Batch, Numerics};
+use quiver_backend_cuda::plan::Product;
 use quiver_backend_cuda::{CudaBackend, CudaConfig, CudaKv};
 use quiver_gguf::GgmlType;
 
@@ -26,19 +27,19 @@ use quiver_gguf::GgmlType;
 /// kernels see activations.
 struct Cuda;
 
-/// True when products over `n` tokens run on the matrix-vector kernels (exact up to f32
-/// rounding); else on the tensor cores (f16).
-fn mmv(be: &CudaBackend, n: usize) -> bool {
-    let c = be.config();
-    !c.tensor_cores || (!c.invariant && n < c.gemm_min_tokens)
+/// True when products of `ty` weights of `cols` columns over `n` tokens run on the
+/// matrix-vector kernels (exact up to f32 rounding), by the backend's kernel table; else on the
+/// tensor cores (f16, or int8 for imv / imm).
+fn mmv(be: &CudaBackend, ty: GgmlType, cols: usize, n: usize) -> bool {
+    be.product_family(ty, cols, n) == Some(Product::Mmv)
 }
 
 /// The activation block size when products of `ty` weights on the matrix-vector kernels
 /// (`mmv`) take int8 activations.
-fn int8_block(be: &CudaBackend, ty: GgmlType, mmv: bool) -> Option<usize> {
+fn int8_block(ty: GgmlType, mmv: bool) -> Option<usize> {
     quiver_backend_cuda::kernel_suffix(ty)
         .and_then(quiver_backend_cuda::registry::int8_activations)
-        .filter(|_| mmv && be.config().int8)
+        .filter(|_| mmv)
 }
 
 impl Harness<CudaBackend> for Cuda {
@@ -65,7 +66,11 @@ impl Harness<CudaBackend> for Cuda {
             kv_write: 1e-3,
             // The split-K kernel is f32 throughout; the flash kernel's q and probabilities
             // meet the tensor cores in f16: ~1e-3 relative.
-            attention: if be.config().flash { 5e-3 } else { 1e-5 },
+            attention: if be.config().attention_splits.is_some() {
+                1e-5
+            } else {
+                5e-3
+            },
             glu: 1e-3,
             softcap: 1e-6,
             embed: 1e-6,
@@ -77,9 +82,9 @@ impl Harness<CudaBackend> for Cuda {
     /// the int8 grid of every quantized type (then to f16, which the bounds cover); both as
     /// the CPU backend quantizes it.
     fn as_seen(&self, be: &CudaBackend, ty: GgmlType, n: usize, x: &[f32]) -> Vec<f32> {
-        let mmv = mmv(be, n);
+        let mmv = mmv(be, ty, x.len() / n.max(1), n);
         let block = if mmv {
-            int8_block(be, ty, mmv)
+            int8_block(ty, mmv)
         } else {
             quiver_backend_cuda::act_grid(ty)
         };
@@ -92,7 +97,7 @@ impl Harness<CudaBackend> for Cuda {
     /// The f16 offset sums of Q4_1/Q5_1 on int8 activations (ggml's q8_1), on the
     /// matrix-vector kernels.
     fn offsets(&self, be: &CudaBackend, w: &WeightCase, n: usize, x: &[f32]) -> Vec<f32> {
-        if int8_block(be, w.ty, mmv(be, n)) == Some(32) {
+        if int8_block(w.ty, mmv(be, w.ty, w.cols, n)) == Some(32) {
             quiver_cpu_kernels::activation_offset_terms(w.ty, &w.bytes, w.rows, w.cols, x, n)
                 .iter()
                 .map(|&v| v as f32)
@@ -102,20 +107,19 @@ impl Harness<CudaBackend> for Cuda {
         }
     }
 
-    fn product_bound(&self, be: &CudaBackend, _: GgmlType, n: usize) -> f64 {
-        if mmv(be, n) {
+    fn product_bound(&self, be: &CudaBackend, ty: GgmlType, n: usize) -> f64 {
+        if mmv(be, ty, 256, n) {
             1e-5
         } else {
             1.5e-3
         }
     }
 
-    /// The experts' kernels take f32 activations; the router's product may go through the
-    /// tensor cores (f16), which moves the weights by ~1e-3. With `moe_int8` the decode steps'
-    /// experts take int8 activations, as the CPU backend's do (its bound, 3e-2, for the
-    /// quantized types); with `moe_qmm` the prompts' take f16 (~1e-3).
-    fn moe_bound(&self, be: &CudaBackend, ty: GgmlType, _: usize) -> f64 {
-        if be.config().moe_int8 && ty != GgmlType::F32 {
+    /// The router's product may go through the tensor cores (f16), which moves the weights by
+    /// ~1e-3. The decode steps' experts take int8 activations, as the CPU backend's do (its
+    /// bound, 3e-2, for the quantized types); the prompts' take f16 (~1e-3).
+    fn moe_bound(&self, _: &CudaBackend, ty: GgmlType, _: usize) -> f64 {
+        if ty != GgmlType::F32 {
             3e-2
         } else {
             5e-3
@@ -125,7 +129,7 @@ impl Harness<CudaBackend> for Cuda {
     /// The tensor-core path's activations are on the int8 grid, not plain f16: against x
     /// itself the error is the int8 rounding's, several times larger.
     fn activations_rounded(&self, be: &CudaBackend, ty: GgmlType, n: usize) -> bool {
-        !mmv(be, n) && quiver_backend_cuda::act_grid(ty).is_some()
+        !mmv(be, ty, 256, n) && quiver_backend_cuda::act_grid(ty).is_some()
     }
 }
 
@@ -146,32 +150,27 @@ fn backend_with(config: CudaConfig) -> CudaBackend {
 #[ignore = "needs a CUDA GPU"]
 fn matmul_and_embedding_match_reference_for_every_type() {
     let mut rng = seeded_rng();
-    // Every count on the matrix-vector kernels (in launches of up to 8 tokens); then with the
-    // cut-over where 3 tokens and more take the tensor cores (imv's default range first); then
-    // every count up to 32 on imv (launches of 8 and 16 tokens) for the int8 types; then
-    // every count on the batch-invariant qmv / qmm kernels; the last two again with Q4_0 /
-    // Q8_0 / Q4_K / Q6_K on the int8 tensor-core kernels (imm / imv) and the decode kernels in
-    // their order: a backend each.
-    let d = CudaConfig::from_env().imv_tokens;
-    for (invariant, gemm_min_tokens, int8_mma, imv_tokens) in [
-        (false, usize::MAX, false, (1, 0)),
-        (false, 3, false, d),
-        (false, 33, false, (1, 32)),
-        (true, 3, false, d),
-        (false, 3, true, d),
-        (true, 3, true, d),
+    // Each numerics' kernel table, then each family pinned for every token count (where the
+    // weight's type has it): the matrix-vector kernels (in launches of up to 8 tokens; in the
+    // exact-sum order for the int8 types with the invariant numerics), qmm split and whole,
+    // qmv, imv (launches of 8 and 16 tokens), imm: a backend each.
+    let (fast, inv) = (Numerics::Fast, Numerics::BatchInvariant);
+    for (numerics, pin) in [
+        (fast, None),
+        (inv, None),
+        (fast, Some(Product::Mmv)),
+        (inv, Some(Product::Mmv)),
+        (fast, Some(Product::Qmm { split: true })),
+        (inv, Some(Product::Qmv)),
+        (inv, Some(Product::Imv)),
+        (inv, Some(Product::Imm)),
     ] {
         let mut be = backend_with(CudaConfig {
-            invariant,
-            gemm_min_tokens,
-            int8_mma,
-            imv_tokens,
-            ..CudaConfig::from_env()
+            pin,
+            ..CudaConfig::from_env(numerics)
         });
         let notes = products::products(&mut be, &Cuda, &mut rng);
-        notes.print(&format!(
-            "products, invariant {invariant}, tensor cores from {gemm_min_tokens} tokens, int8 mma {int8_mma}, imv {imv_tokens:?}"
-        ));
+        notes.print(&format!("products, numerics {numerics}, pinned {pin:?}"));
         // Only types without CUDA kernels would be refused (none are left), at every shape.
         let refused = WEIGHT_TYPES
             .iter()
@@ -190,12 +189,8 @@ fn matmul_and_embedding_match_reference_for_every_type() {
 #[ignore = "needs a CUDA GPU"]
 fn products_are_batch_invariant_in_the_invariant_mode() {
     let mut rng = seeded_rng();
-    for int8_mma in [false, true] {
-        let be = backend_with(CudaConfig {
-            invariant: true,
-            int8_mma,
-            ..CudaConfig::from_env()
-        });
+    {
+        let be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
         products::batch_invariance(
             &be,
             &Cuda,
@@ -206,20 +201,19 @@ fn products_are_batch_invariant_in_the_invariant_mode() {
     }
 }
 
-/// The int8 types are batch invariant on the default path (`int8_mma`, on by default): their
+/// The int8 types are batch invariant on the default path (the invariant numerics): their
 /// decode kernels (mmvqc, imv) sum in the order of their int8 tensor-core kernel (imm), so a
 /// token's product is the same bits on either side of the cut-overs.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn int8_mma_types_are_batch_invariant_on_the_default_path() {
     let mut rng = seeded_rng();
-    // imv's default range, then imv for everything up to 32 tokens (several 16-token launches).
-    for imv_tokens in [CudaConfig::from_env().imv_tokens, (1, 32)] {
+    // The table, then imv for every count (several 16-token launches).
+    for pin in [None, Some(Product::Imv)] {
         let be = backend_with(CudaConfig {
-            imv_tokens,
-            ..CudaConfig::from_env()
+            pin,
+            ..CudaConfig::from_env(Numerics::BatchInvariant)
         });
-        assert!(be.config().int8_mma && !be.config().invariant);
         products::batch_invariance(
             &be,
             &Cuda,
@@ -420,20 +414,22 @@ fn exact_sum_reference_is_the_product_within_rounding() {
     }
 }
 
-/// With `int8_mma`, the int8 types' products give the exact-sum reference's bits: on the decode
-/// kernels (mmvqc, under `gemm_min_tokens`), the int8 tensor-core kernels (imm) and their
-/// decode form (imv: in the invariant mode, and over `imv_tokens` in launches of 8 and 16
-/// tokens).
+/// With the invariant numerics, the int8 types' decode rows give the exact-sum reference's
+/// bits: on the table's families, and on each of them pinned for every count (mmvqc, imv in
+/// launches of 8 and 16 tokens, imm).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn int8_mma_products_give_the_exact_sum_bits() {
     let mut rng = seeded_rng();
-    for (invariant, imv_tokens) in [(false, (1, 0)), (false, (1, 32)), (true, (1, 0))] {
+    for pin in [
+        None,
+        Some(Product::Mmv),
+        Some(Product::Imv),
+        Some(Product::Imm),
+    ] {
         let be = backend_with(CudaConfig {
-            int8_mma: true,
-            invariant,
-            imv_tokens,
-            ..CudaConfig::from_env()
+            pin,
+            ..CudaConfig::from_env(Numerics::BatchInvariant)
         });
         // Rows of 5, 18 and 27 32-blocks too: quads and chunks cut short by the row's end.
         for &(rows, cols) in PRODUCT_SHAPES
@@ -462,7 +458,10 @@ fn int8_mma_products_give_the_exact_sum_bits() {
                     let got = read(&be, &out, n * rows);
                     let want = exact_sum_reference(ty, &wc.bytes, rows, cols, &x, n);
                     let d = bits_differ(&got, &want);
-                    assert_eq!(d, 0, "{ty} [{rows}, {cols}] × {n} tokens, invariant {invariant}, imv {imv_tokens:?}: {d} results differ");
+                    assert_eq!(
+                        d, 0,
+                        "{ty} [{rows}, {cols}] × {n} tokens: {d} results differ (pinned {pin:?})"
+                    );
                 }
             }
         }
@@ -473,20 +472,12 @@ fn int8_mma_products_give_the_exact_sum_bits() {
 #[ignore = "needs a CUDA GPU"]
 fn moe_and_bias_match_reference() {
     let mut rng = seeded_rng();
-    // The experts' products on CUDA cores over f32, then with the prompts' grouped products on
-    // the tensor cores (`moe_qmm`) and the decode steps' on int8 activations (`moe_int8`).
-    for fast in [false, true] {
-        let be = backend_with(CudaConfig {
-            moe_qmm: fast,
-            moe_int8: fast,
-            ..CudaConfig::from_env()
-        });
+    // The prompts' grouped products on the tensor cores, the decode steps' on int8 activations
+    // (f32 for the types without int8 decode kernels).
+    for numerics in [Numerics::Fast, Numerics::BatchInvariant] {
+        let be = backend_with(CudaConfig::from_env(numerics));
         let notes = quiver_backend::testing::moe::moe(&be, &Cuda, &mut rng);
-        notes.print(if fast {
-            "moe, moe_qmm + moe_int8"
-        } else {
-            "moe"
-        });
+        notes.print(&format!("moe, numerics {numerics}"));
         assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
     }
 }
@@ -495,10 +486,7 @@ fn moe_and_bias_match_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn parity_mode_products_and_gather_give_the_cpu_bits() {
     let mut rng = seeded_rng();
-    let mut exact = backend_with(CudaConfig {
-        exact: true,
-        ..CudaConfig::from_env()
-    });
+    let mut exact = backend_with(CudaConfig::from_env(Numerics::Parity));
     let (rows, cols) = (96, 512);
     let b = Batch::single(&[5, 0, 95, 17], 0, &[0], 16, vec![3]);
     let pool = quiver_cpu_kernels::ThreadPool::new(2).unwrap();
@@ -567,14 +555,14 @@ fn parity_mode_products_and_gather_give_the_cpu_bits() {
 #[ignore = "needs a CUDA GPU"]
 fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
     let mut rng = seeded_rng();
-    // The split-K kernel (f32 throughout) with the key ranges chosen by the shapes, and fixed
-    // at one per (token, head) (no merge) and at three (merged); the flash kernel has its own
-    // test below.
+    // The kernel table's families (the KV-group kernel for decode steps, flash for prompts,
+    // split-K for head dims the KV-group kernel lacks), then every step on the split-K kernel
+    // (f32 throughout) with the key ranges fixed at one per (token, head) (no merge) and at
+    // three (merged); the flash kernel has its own test below.
     for attention_splits in [None, Some(1), Some(3)] {
         let mut be = backend_with(CudaConfig {
-            flash: false,
             attention_splits,
-            ..CudaConfig::from_env()
+            ..CudaConfig::from_env(Numerics::BatchInvariant)
         });
         attention::attention(&mut be, &Cuda, &mut rng)
             .print(&format!("split-K attention, splits {attention_splits:?}"));
@@ -586,11 +574,8 @@ fn attention_matches_reference_with_paging_gqa_window_and_softcap() {
 fn flash_attention_prefill_matches_reference() {
     let mut rng = seeded_rng();
     // Prefill-shaped steps (the 6-, 9-, 64- and 151-token batches) take the flash kernel; the
-    // decode steps beside them stay on split-K.
-    let mut be = backend_with(CudaConfig {
-        flash: true,
-        ..CudaConfig::from_env()
-    });
+    // decode steps beside them the KV-group kernel.
+    let mut be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
     for tb in batches(&mut rng, 1000) {
         let b = &tb.batch;
         let st = be.begin_step(b, 0, 256, 256).unwrap();
@@ -606,7 +591,7 @@ fn flash_attention_prefill_matches_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn norms_rope_kv_write_glu_softcap_argmax_match_reference() {
     let mut rng = seeded_rng();
-    let mut be = backend_with(CudaConfig::from_env());
+    let mut be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
     elementwise::elementwise(&be, &Cuda, &mut rng).print("elementwise");
     attention::rope_kv_write(&mut be, &Cuda, &mut rng).print("rope_kv_write");
 }
@@ -622,15 +607,13 @@ fn every_kv_type_attends_within_its_codecs_error() {
     // One backend runs every pair: kernels of the same name in the pairs' modules must not be
     // confused.
     let mut failed = Vec::new();
-    for (kvd, attention_splits) in [(true, None), (false, Some(1)), (false, Some(3))] {
+    for attention_splits in [None, Some(1), Some(3)] {
         let mut be = backend_with(CudaConfig {
-            kvd,
             attention_splits,
-            flash: false,
-            ..CudaConfig::from_env()
+            ..CudaConfig::from_env(Numerics::BatchInvariant)
         });
         for pair in kv_types::all_pairs() {
-            let what = format!("kvd {kvd}, splits {attention_splits:?}");
+            let what = format!("splits {attention_splits:?}");
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 kv_types::kv_types(&mut be, &Cuda, &[pair], &mut rng)
             }));
@@ -649,7 +632,7 @@ fn kv_records_are_the_cpu_encoders_bytes() {
     use quiver_backend::kvcodec::encode_head;
     use quiver_backend::{AttnParams, KvLayer, KvSpec, KvType, RopeMode, RopeParams};
     let mut rng = seeded_rng();
-    let mut be = backend_with(CudaConfig::from_env());
+    let mut be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
     let (n, bs) = (21usize, quiver_backend::KV_BLOCK_SIZE);
     let tokens: Vec<u32> = (0..n as u32).collect();
     let batch = Batch::single(&tokens, 0, &[1, 0], bs, vec![]);
@@ -715,7 +698,7 @@ fn prompts_over_every_kv_type_at_depth() {
     // The flash kernel over every pair of cache types: 300 positions (one key range: rows
     // written by their block, un-rotated there for TurboQuant values) and 4,500 (two ranges:
     // partials merged by flash_merge).
-    let mut be = backend_with(CudaConfig::from_env());
+    let mut be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
     let mut failed = Vec::new();
     for len in [300usize, 4500] {
         for pair in kv_types::all_pairs() {

@@ -1,11 +1,11 @@
 //! Every kernel module compiles with NVRTC to sm_90 machine code. Needs NVRTC (CI installs
-//! the nvidia-cuda-nvrtc wheel into .venv), not a GPU; without NVRTC they fail unless QUIVER_SKIP_NVRTC=1.
+//! the nvidia-cuda-nvrtc wheel into .venv), not a GPU; without NVRTC they fail.
 
 use quiver_backend_cuda::registry;
 
 /// NVRTC from the environment, or from the project's `.venv` (where `scripts/test` installs the
-/// wheel). Without it the tests fail, unless `QUIVER_SKIP_NVRTC=1` says to skip them.
-fn nvrtc_or_skip() -> bool {
+/// wheel). Without it the tests fail.
+fn ensure_nvrtc() {
     if std::env::var_os("QUIVER_CUDA_LIB_DIR").is_none() {
         let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
         if let Some(dir) = std::fs::read_dir(&venv)
@@ -19,24 +19,17 @@ fn nvrtc_or_skip() -> bool {
             unsafe { std::env::set_var("QUIVER_CUDA_LIB_DIR", dir) };
         }
     }
-    match quiver_backend_cuda::libs::nvrtc() {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(std::env::var("QUIVER_SKIP_NVRTC").as_deref() == Ok("1"), "{e}: run scripts/test (it installs the nvidia-cuda-nvrtc wheel), or set QUIVER_SKIP_NVRTC=1 to skip");
-            eprintln!("SKIPPED (QUIVER_SKIP_NVRTC=1): {e}");
-            false
-        }
+    if let Err(e) = quiver_backend_cuda::libs::nvrtc() {
+        panic!("{e}: run scripts/test (it installs the nvidia-cuda-nvrtc wheel into .venv)")
     }
 }
 
 #[test]
 fn every_module_compiles_for_sm90() {
-    if !nvrtc_or_skip() {
-        return;
-    }
+    ensure_nvrtc();
     let mut failures = Vec::new();
-    // QUIVER_COMPILE_ONLY=S: only the modules whose name contains S (while working on them).
-    let only = std::env::var("QUIVER_COMPILE_ONLY").unwrap_or_default();
+    // QUIVER_ONLY=S: only the modules whose name contains S (while working on them).
+    let only = std::env::var("QUIVER_ONLY").unwrap_or_default();
     for m in registry::module_names()
         .into_iter()
         .filter(|m| m.contains(&only))
@@ -60,9 +53,7 @@ fn every_module_compiles_for_sm90() {
 
 #[test]
 fn a_broken_kernel_reports_the_module_and_the_log() {
-    if !nvrtc_or_skip() {
-        return;
-    }
+    ensure_nvrtc();
     let e = registry::compile("no_such_module", 90).unwrap_err();
     assert!(e.contains("unknown kernel module no_such_module"), "{e}");
     let e = registry::compile_source(
@@ -76,9 +67,7 @@ fn a_broken_kernel_reports_the_module_and_the_log() {
 
 #[test]
 fn cache_keys_differ_by_module_and_architecture() {
-    if !nvrtc_or_skip() {
-        return;
-    }
+    ensure_nvrtc();
     let a = registry::cache_file("ops", 90).unwrap();
     let b = registry::cache_file("ops", 89).unwrap();
     let c = registry::cache_file("exact", 90).unwrap();
@@ -88,15 +77,13 @@ fn cache_keys_differ_by_module_and_architecture() {
 }
 
 /// ptxas's report names every kernel of a module with its registers (the "ops" module here;
-/// `QUIVER_PTXAS_V=S cargo test --release -p quiver-backend-cuda --test kernels_compile
+/// `QUIVER_ONLY=S cargo test --release -p quiver-backend-cuda --test kernels_compile
 /// resources -- --nocapture` prints it for the modules whose name contains S instead: a look
 /// at a kernel's registers, spills and shared memory without a GPU).
 #[test]
 fn resources() {
-    if !nvrtc_or_skip() {
-        return;
-    }
-    let only = std::env::var("QUIVER_PTXAS_V").unwrap_or_else(|_| "ops".into());
+    ensure_nvrtc();
+    let only = std::env::var("QUIVER_ONLY").unwrap_or_else(|_| "ops".into());
     for m in registry::module_names()
         .into_iter()
         .filter(|m| m.contains(&only))

@@ -11,6 +11,7 @@
 
 mod batch;
 pub mod kvcodec;
+mod numerics;
 pub mod reference;
 mod rope;
 #[doc(hidden)]
@@ -18,6 +19,7 @@ pub mod testing;
 pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
+pub use numerics::Numerics;
 use quiver_gguf::GgmlType;
 pub use rope::{Llama3Scaling, RopeAngles, RopeMode, RopeParams, Yarn, ROPE_MAX_PAIRS};
 

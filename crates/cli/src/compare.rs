@@ -5,7 +5,6 @@
 
 use crate::engine::{self, LoadArgs};
 use anyhow::{bail, Context, Result};
-use quiver_backend_cpu::Numerics;
 use quiver_engine::{Session, Want};
 use serde_json::json;
 
@@ -78,16 +77,9 @@ pub fn compare(a: CompareArgs) -> Result<()> {
     dev_args.device = a.load.device.clone();
     let max_logits = ctx;
     let mut dev = engine::load(&dev_args, gguf.clone(), max_logits)?.runner;
-    // The CUDA parity mode rounds as the CPU's batch-invariant path (every token on the decode
-    // kernels): the CPU takes that path too, so the two compute the same floats. Otherwise the
-    // CPU runs as the single-sequence commands do.
-    let exact = dev.backend_name() == "cuda" && quiver_backend_cuda::exact_requested();
-    let numerics = if exact {
-        Numerics::BatchInvariant
-    } else {
-        Numerics::Fast
-    };
-    let mut cpu = engine::load_with(&cpu_args, gguf, max_logits, numerics)?.runner;
+    // Both with the flags' numerics: with parity the CUDA backend rounds as the CPU's
+    // batch-invariant path, which the CPU then takes, so the two compute the same floats.
+    let mut cpu = engine::load(&cpu_args, gguf, max_logits)?.runner;
     let nv = cpu.n_vocab();
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut rnd = || {
@@ -109,7 +101,7 @@ pub fn compare(a: CompareArgs) -> Result<()> {
     }
     let mut out = json!({
         "device": dev.backend_name(),
-        "exact": exact,
+        "numerics": a.load.numerics.name(),
         "prompt": prompt.json(),
         "decode": decode.json(),
         "counters": engine::counters_json(dev.as_ref()),

@@ -1,8 +1,8 @@
 //! Loading a model for generation, shared by run, chat, perplexity, logprobs and bench.
 
 use anyhow::{bail, Context, Result};
-use quiver_backend::{KvType, KvTypes};
-use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
+use quiver_backend::{KvType, KvTypes, Numerics};
+use quiver_backend_cpu::{CpuBackend, CpuConfig};
 use quiver_backend_cuda::{CudaBackend, CudaConfig};
 use quiver_engine::{ModelRunner, RunnerOptions, Session};
 use quiver_gguf::{GgmlType, GgufFile};
@@ -38,6 +38,16 @@ pub struct LoadArgs {
     /// V's type, over --kv-type (llama-server's -ctv/--cache-type-v).
     #[arg(long = "kv-type-v", visible_alias = "cache-type-v", value_name = "TYPE", value_parser = parse_kv_type)]
     pub kv_type_v: Option<KvType>,
+    /// How the backend may round: invariant (a sequence's results do not depend on what shares
+    /// its step or how its prompt is chunked), fast (the fastest kernels per step), parity
+    /// (CUDA: the CPU's floats bit for bit, slow).
+    #[arg(long, value_name = "MODE", default_value = "invariant", value_parser = parse_numerics)]
+    pub numerics: Numerics,
+}
+
+/// `--numerics`' values.
+pub fn parse_numerics(s: &str) -> std::result::Result<Numerics, String> {
+    Numerics::parse(s).ok_or_else(|| "unknown numerics (known: fast, invariant, parity)".into())
 }
 
 impl LoadArgs {
@@ -210,20 +220,9 @@ pub fn n_ctx(args: &LoadArgs, file: &GgufFile) -> usize {
     n.div_ceil(quiver_engine::BLOCK_SIZE) * quiver_engine::BLOCK_SIZE
 }
 
-/// Loads the model with room for `max_logits` logits rows per step, for one sequence: on the
-/// CPU with [`Numerics::Fast`] (one sequence per process: batch invariance buys nothing, the
-/// GEMM path is faster).
+/// Loads the model with room for `max_logits` logits rows per step, for one sequence, with the
+/// flags' numerics.
 pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<Loaded> {
-    load_with(args, file, max_logits, Numerics::Fast)
-}
-
-/// [`load`] with the CPU backend's numerics given (the CUDA backend ignores them).
-pub fn load_with(
-    args: &LoadArgs,
-    file: Arc<GgufFile>,
-    max_logits: usize,
-    numerics: Numerics,
-) -> Result<Loaded> {
     let t0 = std::time::Instant::now();
     let n_threads = threads(args)?;
     let n_ctx = n_ctx(args, &file);
@@ -240,13 +239,14 @@ pub fn load_with(
         Device::Cpu => {
             let be = CpuBackend::with_config(CpuConfig {
                 threads: n_threads,
-                numerics,
+                numerics: args.numerics,
             });
             let r = ModelRunner::new(be, &file, &opts)?;
             eprintln!(
                 "quiver: loaded {} ({} layers, {} vocabulary) on {desc} with {n_threads} threads, context {} tokens, in {:.2}s",
                 r.model.hp.arch, r.model.hp.n_layer, r.model.hp.n_vocab, r.n_ctx, t0.elapsed().as_secs_f64()
             );
+            eprintln!("quiver: {}", cpu_invariance(args.numerics));
             Box::new(r)
         }
         Device::Cuda(n) => {
@@ -257,7 +257,7 @@ pub fn load_with(
                         .map(|t| file.tensor_data(t).len() as u64)
                         .sum(),
                 ),
-                ..CudaConfig::from_env()
+                ..CudaConfig::from_env(args.numerics)
             };
             let be = CudaBackend::new(n, config)?;
             let r = ModelRunner::new(be, &file, &opts)?;
@@ -266,7 +266,11 @@ pub fn load_with(
                 r.model.hp.arch, r.model.hp.n_layer, r.model.hp.n_vocab, r.n_ctx, t0.elapsed().as_secs_f64()
             );
             eprintln!("quiver: {}", cuda_summary(&r.backend));
-            eprintln!("quiver: {}", batch_invariance(r.backend.config(), &file));
+            let table = kernel_table(&r.backend, &file, &kv_spec.layers);
+            if args.verbose {
+                eprint!("quiver: {}", table.text);
+            }
+            eprintln!("quiver: {}", invariance_line(args.numerics, table.variance));
             Box::new(r)
         }
     };
@@ -275,28 +279,50 @@ pub fn load_with(
 }
 
 /// The load log's line on batch invariance: whether a request's answer is the same alone and
-/// under load with this model and configuration, and if not why (`CudaConfig::batch_variance`).
-pub fn batch_invariance(cfg: &CudaConfig, file: &GgufFile) -> String {
-    let (types, experts) = product_types(file);
-    match cfg.batch_variance(&types, experts) {
-        None => "batch invariant: a request's answer is the same alone and under any load".into(),
-        Some(why) => format!("not batch invariant: {why}"),
+/// under load with this model and numerics, and if not why (`variance`, from the kernel table).
+pub fn invariance_line(numerics: Numerics, variance: Option<String>) -> String {
+    match variance {
+        None => format!(
+            "numerics {numerics}: batch invariant, a request's answer is the same alone and under any load"
+        ),
+        Some(why) => format!("numerics {numerics}: not batch invariant: {why}"),
     }
 }
 
-/// The weight types of `file`'s products (its matrices, less the embeddings gathered by row:
-/// token_embd counts when the output shares it), and whether it has MoE experts (3-D).
-fn product_types(file: &GgufFile) -> (Vec<GgmlType>, bool) {
+/// The CPU's load line on batch invariance.
+pub fn cpu_invariance(numerics: Numerics) -> String {
+    invariance_line(
+        numerics,
+        (!numerics.is_batch_invariant()).then(|| "--numerics fast".to_string()),
+    )
+}
+
+/// The kernel table of `file` on `be` (its products' weights and its layers' head dims).
+pub fn kernel_table(
+    be: &CudaBackend,
+    file: &GgufFile,
+    layers: &[quiver_backend::KvLayer],
+) -> quiver_backend_cuda::plan::Table {
+    let (weights, experts) = product_weights(file);
+    let dims: Vec<usize> = layers.iter().map(|l| l.head_dim).collect();
+    be.kernel_table(&weights, &dims, experts)
+}
+
+/// The (type, columns) of `file`'s products' weights (its matrices, less the embeddings
+/// gathered by row: token_embd counts when the output shares it), and whether it has MoE
+/// experts (3-D).
+pub fn product_weights(file: &GgufFile) -> (Vec<(GgmlType, usize)>, bool) {
     let tied = !file.tensors.iter().any(|t| t.name == "output.weight");
     let mut types = Vec::new();
     let mut experts = false;
     for t in &file.tensors {
         let gathered = t.name.contains("_embd") && !(tied && t.name == "token_embd.weight");
+        let cols = *t.shape.last().unwrap_or(&1) as usize;
         match t.shape.len() {
-            2 if !gathered => types.push(t.ty),
+            2 if !gathered => types.push((t.ty, cols)),
             3 => {
                 experts = true;
-                types.push(t.ty);
+                types.push((t.ty, cols));
             }
             _ => {}
         }
@@ -310,17 +336,39 @@ pub fn cuda_summary(be: &CudaBackend) -> String {
     let mib = |b: u64| b as f64 / 1048576.0;
     let (compiled, cached) = be.kernel_counts();
     format!(
-        "device memory: weights {:.1} MiB, f16 copies {:.1} MiB, KV {:.1} MiB, workspace {:.1} MiB; kernel modules compiled {compiled}, from cache {cached}{}",
+        "device memory: weights {:.1} MiB, KV {:.1} MiB, workspace {:.1} MiB; kernel modules compiled {compiled}, from cache {cached}{}",
         mib(m.weights),
-        mib(m.f16_copies),
         mib(m.kv),
         mib(m.workspace),
         if be.has_cublas() { "" } else { "; cuBLAS not found: F16 weights' prefill uses the qmm kernel" },
-    ) + if be.config().exact {
-        "; parity mode (QUIVER_CUDA_EXACT=1): every op rounds as the CPU backend's, graphs off"
-    } else {
-        ""
-    }
+    )
+}
+
+/// `quiver devices --kernels -m MODEL`: the model's kernel table under `numerics` on the first
+/// GPU (sm_90 with cuBLAS when there is none), and whether it is batch invariant.
+pub fn kernels(path: &std::path::Path, numerics: Numerics) -> Result<()> {
+    let file = open_path(path)?;
+    let layers = quiver_models::hparams(&file)?
+        .kv_spec(quiver_engine::BLOCK_SIZE, KvTypes::default())
+        .layers;
+    let (weights, experts) = product_weights(&file);
+    let dims: Vec<usize> = layers.iter().map(|l| l.head_dim).collect();
+    let (arch, blas, note) = match quiver_backend_cuda::probe(0) {
+        Ok(i) => (
+            i.arch,
+            quiver_backend_cuda::libs::cublas().is_ok(),
+            String::new(),
+        ),
+        Err(e) => (
+            90,
+            true,
+            format!(" (no GPU: {e}; sm_90 with cuBLAS assumed)"),
+        ),
+    };
+    let t = quiver_backend_cuda::plan::table(numerics, arch, blas, &weights, &dims, experts);
+    print!("{}", t.text);
+    println!("{}{note}", invariance_line(numerics, t.variance));
+    Ok(())
 }
 
 /// `quiver devices`: every CUDA device with its properties, or why there is none; the
@@ -397,23 +445,41 @@ mod tests {
 
     #[test]
     fn the_load_log_says_whether_serving_is_batch_invariant() {
-        let d = CudaConfig::default();
+        use quiver_backend_cuda::plan::table;
+        let inv = Numerics::BatchInvariant;
+        let line = |n: Numerics, f: &GgufFile| {
+            let (w, experts) = product_weights(f);
+            invariance_line(n, table(n, 90, true, &w, &[64], experts).variance)
+        };
         let f = synth("tiny-llama", "Q4_K_M");
-        let (types, experts) = product_types(&f);
-        assert!(!experts && types.contains(&GgmlType::Q4_K), "{types:?}");
-        // Norms and the row-gathered embedding (when the output has its own) are no products.
-        assert!(!types.contains(&GgmlType::F32), "{types:?}");
-        assert!(batch_invariance(&d, &f).starts_with("batch invariant"));
-        let f = synth("tiny-llama", "Q5_K_M");
-        let line = batch_invariance(&d, &f);
+        let (weights, experts) = product_weights(&f);
         assert!(
-            line.starts_with("not batch invariant: ") && line.contains("Q5_K"),
-            "{line}"
+            !experts && weights.iter().any(|w| w.0 == GgmlType::Q4_K),
+            "{weights:?}"
+        );
+        // Norms and the row-gathered embedding (when the output has its own) are no products.
+        assert!(!weights.iter().any(|w| w.0 == GgmlType::F32), "{weights:?}");
+        assert!(
+            line(inv, &f).contains(": batch invariant"),
+            "{}",
+            line(inv, &f)
+        );
+        let fast = line(Numerics::Fast, &f);
+        assert!(
+            fast.ends_with("not batch invariant: --numerics fast"),
+            "{fast}"
+        );
+        // Q5_K has no exact-sum kernels: invariant on qmv / qmm.
+        let f = synth("tiny-llama", "Q5_K_M");
+        assert!(
+            line(inv, &f).contains(": batch invariant"),
+            "{}",
+            line(inv, &f)
         );
         let f = synth("tiny-qwen3moe", "Q4_0");
-        assert!(product_types(&f).1);
-        let line = batch_invariance(&d, &f);
-        // Its router (F32) is named first; CudaConfig's own test covers the experts' reason.
-        assert!(line.starts_with("not batch invariant: F32"), "{line}");
+        assert!(product_weights(&f).1);
+        let moe = line(inv, &f);
+        assert!(moe.contains("not batch invariant: MoE experts"), "{moe}");
+        assert!(cpu_invariance(Numerics::Parity).contains(": batch invariant"));
     }
 }

@@ -2,6 +2,7 @@
 
 mod compare;
 mod engine;
+mod env;
 mod gen;
 mod info;
 mod score;
@@ -205,6 +206,17 @@ enum Cmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Print the kernel table of a model instead: the kernel family of each product
+        /// (weight type, decode or prompt rows, token count) and attention call, for the first
+        /// GPU (sm_90 when there is none).
+        #[arg(long, requires = "model")]
+        kernels: bool,
+        /// The model of `--kernels`.
+        #[arg(short = 'm', long = "model")]
+        model: Option<String>,
+        /// The numerics of `--kernels`.
+        #[arg(long, value_name = "MODE", default_value = "invariant", value_parser = engine::parse_numerics)]
+        numerics: quiver_backend::Numerics,
     },
     /// Fetch a known model into the cache (it is fetched on first use anyway).
     Fetch {
@@ -262,6 +274,7 @@ fn main() {
     };
     let log_format = cli.log_format;
     init_logging(log_format);
+    env::warn_unknown();
     if let Err(e) = run(cli) {
         // A closed pipe (`quiver info | head`) is not an error.
         if e.chain().any(|c| {
@@ -411,7 +424,13 @@ fn run(cli: Cli) -> Result<()> {
         )?,
         Cmd::Compare(a) => compare::compare(a)?,
         Cmd::Serve(a) => serve::run(*a)?,
-        Cmd::Devices { json } => engine::devices(json)?,
+        Cmd::Devices {
+            kernels: true,
+            model,
+            numerics,
+            ..
+        } => engine::kernels(&resolve(model.as_deref())?, numerics)?,
+        Cmd::Devices { json, .. } => engine::devices(json)?,
         Cmd::Fetch { aliases } => {
             let list: Vec<String> = if aliases.is_empty() {
                 quiver_hub::KNOWN_MODELS

@@ -2,7 +2,7 @@
 
 use crate::engine::{self, LoadArgs};
 use anyhow::{bail, Context, Result};
-use quiver_backend_cpu::CpuBackend;
+use quiver_backend_cpu::{CpuBackend, CpuConfig};
 use quiver_engine::serve::ServeOptions;
 use quiver_tokenizer::chat::ChatTemplate;
 use std::path::PathBuf;
@@ -24,6 +24,9 @@ pub struct ServeArgs {
     /// A file of accepted API keys, one a line.
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
+    /// Tests: wait this long before loading the model (the port answers 503 meanwhile).
+    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub load_delay_ms: u64,
     /// Most sequences running at once (llama-server's `-np/--parallel`).
     #[arg(long, visible_alias = "parallel", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_seqs: u32,
@@ -135,6 +138,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         (None, Some(m)) => (m as usize / per_block).max(1),
         (None, None) => want.min((2usize << 30) / per_block),
     };
+    let layers = block.layers.clone();
+    let verbose = a.load.verbose;
     let kv_line = engine::kv_summary(&quiver_backend::KvSpec {
         n_slots: kv_blocks * bs,
         ..block
@@ -171,6 +176,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         .or_else(|| quiver_engine::embed::Pooling::of_file(&file))
         .unwrap_or(quiver_engine::embed::Pooling::Last);
     let threads = engine::threads(&a.load)?;
+    let numerics = a.load.numerics;
+    let load_delay_ms = a.load_delay_ms;
     let opts = ServeOptions {
         kv,
         n_ctx,
@@ -186,25 +193,27 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     // The port answers (503 while loading) from before the model loads.
     let load = move || -> Result<quiver_engine::serve::EngineHandle, String> {
         let t0 = std::time::Instant::now();
-        if let Some(ms) = std::env::var("QUIVER_SERVE_LOAD_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            std::thread::sleep(std::time::Duration::from_millis(ms));
-        }
+        std::thread::sleep(std::time::Duration::from_millis(load_delay_ms));
         let handle = match device {
             engine::Device::Cpu => quiver_engine::start_serving(
-                move || CpuBackend::new(threads),
+                move || {
+                    tracing::info!("{}", engine::cpu_invariance(numerics));
+                    CpuBackend::with_config(CpuConfig { threads, numerics })
+                },
                 file,
                 tok,
                 opts,
                 name.clone(),
             ),
             engine::Device::Cuda(n) => {
-                let config = quiver_backend_cuda::CudaConfig::from_env();
+                let config = quiver_backend_cuda::CudaConfig::from_env(numerics);
                 let be = quiver_backend_cuda::CudaBackend::new(n, config)
                     .map_err(|e| format!("loading {what}: {e}"))?;
-                tracing::info!("{}", engine::batch_invariance(be.config(), &file));
+                let table = engine::kernel_table(&be, &file, &layers);
+                if verbose {
+                    tracing::info!("{}", table.text.trim_end());
+                }
+                tracing::info!("{}", engine::invariance_line(numerics, table.variance));
                 quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
             }
         }

@@ -29,9 +29,7 @@
 //! output row is bit-identical whatever `n_tokens`, the other tokens of the call and the
 //! thread count (`tests/batch_invariance.rs`). [`Numerics::Fast`] (single-sequence callers):
 //! batches of 64+ tokens take the prefill path (about 2.5-3x faster prefill) and smaller ones
-//! round as llama.cpp's kernel for the same batch; not batch invariant.
-//! `QUIVER_CPU_GEMM_MIN_TOKENS=N` turns the prefill path on from `N` tokens under both
-//! ([`gemm_min_tokens`]).
+//! round as llama.cpp's kernel for the same batch; not batch invariant ([`gemm_min_tokens`]).
 
 mod act;
 mod decode;
@@ -47,39 +45,12 @@ pub use quiver_gguf::GgmlType;
 
 use std::sync::OnceLock;
 
-/// How a caller's products may round: whether a token's result may depend on its batch.
-///
-/// A per-instance setting, carried by the caller's [`Scratch`] into every [`matmul`] (and by
-/// `quiver-backend-cpu`'s `CpuBackend` into its attention too), never a process-wide one: a
-/// process can hold a batch-invariant server backend and a fast single-sequence one at once.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Numerics {
-    /// Every batch on the decode path, every K-quant product in its one-token form: the
-    /// output row of a token is bit-identical whatever the other tokens of the call are,
-    /// whatever `n_tokens` and whatever the thread count. For callers that batch several
-    /// sequences into one call and must give each the same result as alone (the server).
-    #[default]
-    BatchInvariant,
-    /// Batches of 64+ tokens on the GEMM path, and smaller batches' K-quant products in the
-    /// form of the llama.cpp kernel the same batch takes (llama.cpp's floats for one
-    /// sequence): faster prefill, but a token's result depends on its batch. For callers that
-    /// run one sequence (CLI generation, perplexity, bench).
-    Fast,
-}
-
-impl Numerics {
-    /// True for [`Numerics::BatchInvariant`].
-    pub fn is_batch_invariant(self) -> bool {
-        self == Numerics::BatchInvariant
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Numerics::BatchInvariant => "batch-invariant",
-            Numerics::Fast => "fast",
-        }
-    }
-}
+/// How a caller's products may round, per instance: carried by the caller's [`Scratch`] into
+/// every [`matmul`] (and by `quiver-backend-cpu`'s `CpuBackend` into its attention too), never
+/// process-wide, so a process can hold a batch-invariant backend and a fast one at once.
+/// [`Numerics::Parity`] rounds as [`Numerics::BatchInvariant`] here: that path is the one the
+/// CUDA parity mode reproduces.
+pub use quiver_backend::Numerics;
 
 /// The smallest batch that takes the prefill (GEMM) path for weights of type `ty` under
 /// `numerics`; smaller batches take the decode path (fused dot products, up to 4 tokens per
@@ -100,21 +71,10 @@ impl Numerics {
 /// anyway, and the GEMM path is faster (its crossover with the decode path is 7–14 tokens by
 /// type).
 ///
-/// `QUIVER_CPU_GEMM_MIN_TOKENS=N` sets the threshold for every type under both numerics (then
-/// NOT batch invariant).
 pub fn gemm_min_tokens(_ty: GgmlType, numerics: Numerics) -> usize {
-    static OVERRIDE: OnceLock<Option<usize>> = OnceLock::new();
-    let o = *OVERRIDE.get_or_init(|| {
-        std::env::var("QUIVER_CPU_GEMM_MIN_TOKENS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-    });
-    if let Some(n) = o {
-        return n;
-    }
     match numerics {
-        Numerics::BatchInvariant => usize::MAX,
         Numerics::Fast => 64,
+        Numerics::BatchInvariant | Numerics::Parity => usize::MAX,
     }
 }
 

@@ -204,14 +204,9 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 /// as its own setting says, which a process-wide switch could not give. The batch-invariant
 /// caller gives every token of a 70-token call the bits it gets alone; the fast caller takes
 /// the GEMM path for the 70 tokens (rows that differ from the token alone, where that path
-/// rounds apart) and the same decode path as the other for one token. `QUIVER_CPU_GEMM_MIN_TOKENS` (which overrides both)
-/// must be unset.
+/// rounds apart) and the same decode path as the other for one token..
 #[test]
 fn numerics_are_per_scratch_and_coexist() {
-    if std::env::var_os("QUIVER_CPU_GEMM_MIN_TOKENS").is_some() {
-        eprintln!("QUIVER_CPU_GEMM_MIN_TOKENS is set: both numerics take its threshold; skipped");
-        return;
-    }
     let (rows, cols) = (64, 2304);
     let check = |ty: GgmlType, inv: &(Vec<f32>, Vec<f32>), fast: &(Vec<f32>, Vec<f32>)| {
         assert!(

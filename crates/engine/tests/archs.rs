@@ -140,8 +140,8 @@ fn check<B: Backend>(
     refused: &[&str],
 ) {
     let mut failures = Vec::new();
-    // QUIVER_ARCHS=name,name: only those fixtures (op-by-op debugging with QUIVER_DUMP_DIR).
-    let only = std::env::var("QUIVER_ARCHS").ok();
+    // QUIVER_ONLY=name,name: only those fixtures (op-by-op debugging with QUIVER_DUMP_DIR).
+    let only = std::env::var("QUIVER_ONLY").ok();
     for fx in fixtures() {
         if let Some(only) = &only {
             if !only.split(',').any(|n| n == fx.name) {
@@ -239,7 +239,7 @@ fn cpu_matches_llama_cpp_on_every_architecture() {
 fn gpu_matches_llama_cpp_on_every_architecture() {
     use quiver_backend_cuda::{CudaBackend, CudaConfig};
     check(
-        || CudaBackend::new(0, CudaConfig::from_env()).unwrap(),
+        || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         gpu_bound,
         |preset, ty| gpu_bound(preset, ty).clamp(0.1, 0.7),
         &[],

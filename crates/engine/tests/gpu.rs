@@ -4,8 +4,9 @@
 //!   steps run op by op;
 //! - continuous batching on the GPU (padded graph buckets, paged KV) gives every request the
 //!   tokens it gets alone;
-//! - the parity mode (`QUIVER_CUDA_EXACT=1`) gives the CPU backend's logits bit for bit.
+//! - the parity mode (`--numerics parity`) gives the CPU backend's logits bit for bit.
 
+use quiver_backend::Numerics;
 use quiver_backend_cuda::{CudaBackend, CudaConfig};
 use quiver_engine::serve::{Event, Request, ServeOptions};
 use quiver_engine::{ModelRunner, RunnerOptions, SamplerParams, Want};
@@ -57,7 +58,7 @@ fn graph_replay_equals_eager_bit_for_bit() {
         max_logits: 1,
     };
     let mut graphs = ModelRunner::new(
-        CudaBackend::new(0, CudaConfig::from_env()).unwrap(),
+        CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         &f,
         &opts,
     )
@@ -66,7 +67,7 @@ fn graph_replay_equals_eager_bit_for_bit() {
         0,
         CudaConfig {
             graphs: false,
-            ..CudaConfig::from_env()
+            ..CudaConfig::from_env(Numerics::BatchInvariant)
         },
     )
     .unwrap();
@@ -97,15 +98,12 @@ fn graph_replay_equals_eager_bit_for_bit() {
 }
 
 /// A backend whose every op computes a token independently of the batch around it: the
-/// products on the default batch-invariant qmv / qmm kernels, no flash kernel (decode tokens in
-/// a mixed step would take it, alone they take the split-K kernel), and a fixed number of key
-/// ranges.
+/// products on the invariant numerics' kernel table, and every step's attention on the split-K
+/// kernel with a fixed number of key ranges.
 fn batch_invariant() -> CudaBackend {
     let config = CudaConfig {
-        invariant: true,
-        flash: false,
         attention_splits: Some(4),
-        ..CudaConfig::from_env()
+        ..CudaConfig::from_env(Numerics::BatchInvariant)
     };
     CudaBackend::new(0, config).unwrap()
 }
@@ -136,7 +134,7 @@ fn default_serving_of_the_int8_types_equals_solo_runs() {
 }
 
 fn default_backend() -> CudaBackend {
-    CudaBackend::new(0, CudaConfig::from_env()).unwrap()
+    CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap()
 }
 
 /// Issue 18 on the default path: requests sent 1, 3, 16 and 64 at a time (`widths`), each
@@ -369,14 +367,7 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
             n_batch: 64,
             max_logits: 64,
         };
-        let be = CudaBackend::new(
-            0,
-            CudaConfig {
-                exact: true,
-                ..CudaConfig::from_env()
-            },
-        )
-        .unwrap();
+        let be = CudaBackend::new(0, CudaConfig::from_env(Numerics::Parity)).unwrap();
         let mut gpu = ModelRunner::new(be, &f, &opts).unwrap();
         let cpu_be = quiver_backend_cpu::CpuBackend::with_config(quiver_backend_cpu::CpuConfig {
             threads: 2,
@@ -422,11 +413,8 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
 #[ignore = "needs a CUDA GPU"]
 fn steps_allocate_no_scratch_after_load() {
     let f = model();
-    for tensor_cores in [true, false] {
-        let config = CudaConfig {
-            tensor_cores,
-            ..CudaConfig::from_env()
-        };
+    for numerics in [Numerics::BatchInvariant, Numerics::Fast] {
+        let config = CudaConfig::from_env(numerics);
         let opts = RunnerOptions {
             kv: Default::default(),
             n_ctx: 1024,
@@ -451,7 +439,7 @@ fn steps_allocate_no_scratch_after_load() {
         assert_eq!(
             r.backend.mem_stats().workspace,
             at_load,
-            "tensor cores {tensor_cores}: a step grew the scratch"
+            "numerics {numerics}: a step grew the scratch"
         );
     }
 }

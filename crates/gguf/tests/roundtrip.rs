@@ -140,9 +140,6 @@ fn writer_rejects_wrong_data_size_and_duplicates() {
 }
 
 fn python() -> String {
-    if let Ok(p) = std::env::var("QUIVER_PYTHON") {
-        return p;
-    }
     let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python");
     if std::path::Path::new(venv).exists() {
         venv.to_string()

@@ -203,7 +203,7 @@ fn run(alias: &str, cmd: &mut Command) -> Result<(), HubError> {
 }
 
 fn python() -> String {
-    std::env::var("QUIVER_PYTHON").unwrap_or_else(|_| "python3".into())
+    "python3".into()
 }
 
 fn fetch_into(

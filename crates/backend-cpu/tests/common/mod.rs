@@ -33,14 +33,10 @@ impl Harness<CpuBackend> for Cpu {
             // q meets the f16 cache rounded to f16; K and V are stored as f16.
             rope_q: 1e-3,
             kv_write: 1e-3,
-            // The p·v accumulator is rounded to f16 after every key (as llama.cpp does;
-            // QUIVER_CPU_ATTN_F32=1 turns it off): f16 rounding noise, ~1e-3 relative. A
-            // wrong mask, slot or head mapping gives errors of order 1.
-            attention: if std::env::var("QUIVER_CPU_ATTN_F32").as_deref() == Ok("1") {
-                1e-5
-            } else {
-                3e-3
-            },
+            // The p·v accumulator is rounded to f16 after every key (as llama.cpp does): f16
+            // rounding noise, ~1e-3 relative. A wrong mask, slot or head mapping gives errors
+            // of order 1.
+            attention: 3e-3,
             glu: 1e-6,
             softcap: 0.0,
             // The CPU's dequantizer, scaled: the reference's values.

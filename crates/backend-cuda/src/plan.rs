@@ -1,0 +1,511 @@
+//! The kernel table: which kernel family runs each product and each attention call, decided
+//! once at load from the numerics, the device's compute capability and the weight's type, as a
+//! chain of per-architecture thresholds (not switches). A product looks its family up by the
+//! kind of its rows (decode or prompt, kinds.rs) and a token-count bucket; attention by the
+//! shape of the step and the head dim. `quiver devices --kernels` and the load log's `-v` print
+//! the table ([`describe`]), and the load log's invariance line is read from it
+//! ([`invariance`]).
+
+use crate::kinds::Kind;
+use crate::registry;
+use quiver_backend::Numerics;
+use std::fmt::Write;
+
+/// A family of product kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Product {
+    /// The matrix-vector kernels, up to 8 tokens a launch (kernels/quant.cu, mmvq.cu): on int8
+    /// activations (dp4a) where the type has them, in the exact-sum order with
+    /// [`Numerics::BatchInvariant`] for the int8 tensor-core types (mmvqc).
+    Mmv,
+    /// The f16 tensor-core kernel's decode form, up to 8 tokens a launch: qmm's bits.
+    Qmv,
+    /// The f16 tensor-core kernel over the GGUF blocks (kernels/qmm.cu); `split`: over the
+    /// columns, partials added by a second kernel, when its tiles do not fill the device (its
+    /// bits then follow the token count).
+    Qmm { split: bool },
+    /// The int8 tensor-core decode kernel, 8 or 16 tokens a launch (kernels/imm.cu), in the
+    /// exact-sum order.
+    Imv,
+    /// The int8 tensor-core kernel (kernels/imm.cu), split over whole 256-column chunks, in the
+    /// exact-sum order.
+    Imm,
+    /// cuBLAS over F16 weights.
+    Blas,
+}
+
+impl Product {
+    pub fn name(self) -> &'static str {
+        match self {
+            Product::Mmv => "mmv",
+            Product::Qmv => "qmv",
+            Product::Qmm { split: true } => "qmm (split)",
+            Product::Qmm { split: false } => "qmm",
+            Product::Imv => "imv",
+            Product::Imm => "imm",
+            Product::Blas => "cublas",
+        }
+    }
+}
+
+/// The order a family adds a token's products in, when that order does not depend on the
+/// other tokens of the launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Order {
+    /// Each 32-block (or super-block) term rounded to 2^-32 and added as an integer
+    /// (mmvq.cu `fix_of`): mmvqc, imv, imm.
+    ExactSum,
+    /// qmm's tile order, which qmv reproduces.
+    Tile,
+}
+
+/// Token-count buckets of a product row: the most tokens of each.
+pub const BUCKETS: [usize; 5] = [1, 2, 8, 16, usize::MAX];
+
+fn bucket(n: usize) -> usize {
+    BUCKETS
+        .iter()
+        .position(|&b| n <= b)
+        .unwrap_or(BUCKETS.len() - 1)
+}
+
+/// The thresholds of one GPU architecture.
+#[derive(Clone, Copy, Debug)]
+pub struct Thresholds {
+    /// Products of at least this many tokens go to the tensor cores; fewer to the
+    /// matrix-vector kernels (8 tokens a launch).
+    pub gemm_min_tokens: usize,
+    /// Token counts the int8 tensor-core decode kernel takes (the int8 types).
+    pub imv_tokens: (usize, usize),
+}
+
+/// The thresholds for compute capability `arch`. Measured on the H200 (sm_90): a qmm launch
+/// costs about the same from 2 to 16 tokens, the matrix-vector kernels take 8 a launch
+/// (Qwen3-8B Q4_K_M S_TG at 2 / 4 / 8 / 16 sequences: 397 / 608 / 794 / 771 t/s against qmm's
+/// 191 / 377 / 742 / 1,423), so qmm from 9 tokens; imv beats dp4a from 3 tokens and qmm up to
+/// 16 (8B Q4_K_M at 3 / 8 sequences 478 / 829 against 493 / 1,117; at 12 / 16 qmm 1,094 /
+/// 1,431 against 1,359 / 1,769). Other architectures take the same until measured.
+pub fn thresholds(_arch: u32) -> Thresholds {
+    Thresholds {
+        gemm_min_tokens: 9,
+        imv_tokens: (3, 16),
+    }
+}
+
+/// What the table needs to know of a weight.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightKey {
+    /// Its kernel suffix (`registry::QUANT_TYPES`).
+    pub kernel: &'static str,
+    /// cuBLAS is loaded and the weight is F16.
+    pub blas: bool,
+    /// qmv's shared memory fits the device for the weight's width.
+    pub qmv_fits: bool,
+}
+
+/// A weight's row of the table: the family of each (kind, bucket).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProductRow {
+    by: [[Product; BUCKETS.len()]; 2],
+    /// Its matrix-vector kernels sum in the exact-sum order (mmvqc).
+    exact_mmv: bool,
+}
+
+fn kind_index(kind: Kind) -> usize {
+    match kind {
+        Kind::Decode => 0,
+        Kind::Prompt => 1,
+    }
+}
+
+impl ProductRow {
+    /// The row of a weight under `numerics` on compute capability `arch`, every entry `pin`
+    /// where the weight's type has that family (tests: `CudaConfig::pin`).
+    pub fn pinned(numerics: Numerics, arch: u32, w: WeightKey, pin: Option<Product>) -> Self {
+        let mut row = Self::new(numerics, arch, w);
+        let has = |p: Product| match p {
+            Product::Imv | Product::Imm => registry::int8_mma(w.kernel),
+            Product::Blas => w.blas,
+            Product::Qmv => w.qmv_fits,
+            _ => true,
+        };
+        if let Some(p) = pin.filter(|&p| has(p)) {
+            row.by = [[p; BUCKETS.len()]; 2];
+        }
+        row
+    }
+
+    /// The row of a weight under `numerics` on compute capability `arch`.
+    pub fn new(numerics: Numerics, arch: u32, w: WeightKey) -> Self {
+        let th = thresholds(arch);
+        let int8 = registry::int8_mma(w.kernel);
+        let invariant = numerics != Numerics::Fast;
+        let exact_mmv = invariant && int8;
+        let mut by = [[Product::Mmv; BUCKETS.len()]; 2];
+        for (b, &n) in BUCKETS.iter().enumerate() {
+            let (lo, hi) = th.imv_tokens;
+            let imv = (lo..=hi).contains(&n);
+            let fast = if w.blas {
+                if n >= th.gemm_min_tokens {
+                    Product::Blas
+                } else {
+                    Product::Mmv
+                }
+            } else if imv && registry::imv_default(w.kernel) {
+                Product::Imv
+            } else if n >= th.gemm_min_tokens {
+                Product::Qmm { split: true }
+            } else {
+                Product::Mmv
+            };
+            let (decode, prompt) = match (invariant, int8) {
+                (false, _) => (fast, fast),
+                // The exact-sum order for decode rows, qmm unsplit for prompt rows.
+                (true, true) => {
+                    let d = if imv {
+                        Product::Imv
+                    } else if n >= th.gemm_min_tokens {
+                        Product::Imm
+                    } else {
+                        Product::Mmv
+                    };
+                    (d, Product::Qmm { split: false })
+                }
+                // qmm's order for every row, where qmv fits.
+                (true, false) if w.qmv_fits => {
+                    let p = if n <= 8 {
+                        Product::Qmv
+                    } else {
+                        Product::Qmm { split: false }
+                    };
+                    (p, p)
+                }
+                (true, false) => (fast, fast),
+            };
+            by[0][b] = decode;
+            by[1][b] = prompt;
+        }
+        ProductRow { by, exact_mmv }
+    }
+
+    /// The family for `n` rows of `kind`.
+    pub(crate) fn get(&self, kind: Kind, n: usize) -> Product {
+        self.by[kind_index(kind)][bucket(n)]
+    }
+
+    fn order(&self, p: Product) -> Option<Order> {
+        match p {
+            Product::Mmv if self.exact_mmv => Some(Order::ExactSum),
+            Product::Imv | Product::Imm => Some(Order::ExactSum),
+            Product::Qmv | Product::Qmm { split: false } => Some(Order::Tile),
+            Product::Mmv | Product::Qmm { split: true } | Product::Blas => None,
+        }
+    }
+
+    /// Whether a token's products of each kind come out the same whatever the token count:
+    /// every bucket of the kind in one order.
+    pub fn invariant(&self) -> bool {
+        self.by.iter().all(|row| {
+            let o = self.order(row[0]);
+            o.is_some() && row.iter().all(|&p| self.order(p) == o)
+        })
+    }
+}
+
+/// A family of attention kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attention {
+    /// Prompt tiles on the tensor cores (kernels/flash.cu), key ranges of fixed absolute
+    /// positions merged in order.
+    Flash,
+    /// A KV group's query heads in one block (kvq.cu `kvd_attention`), key ranges by the row's
+    /// own key count.
+    Kvd,
+    /// One block per (token, head, key range), ranges by the step's shape (kvq.cu
+    /// `kvq_attention`).
+    SplitK,
+}
+
+impl Attention {
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Flash => "flash",
+            Attention::Kvd => "kvd",
+            Attention::SplitK => "split-k",
+        }
+    }
+
+    /// Whether a row's result does not depend on the other rows of its step.
+    pub fn invariant(self) -> bool {
+        self != Attention::SplitK
+    }
+}
+
+/// Head dims of the flash kernel and of the KV-group kernel.
+pub const FLASH_HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
+pub const KVD_HEAD_DIMS: &[usize] = &[64, 128, 256, 512];
+
+/// The attention family of a step's rows of head dim `hd`: `prompt` for a step with prompt
+/// tiles (a mixed step's decode rows are decode rows), else decode.
+pub fn attention(hd: usize, prompt: bool) -> Attention {
+    let kvd = KVD_HEAD_DIMS.contains(&hd);
+    if prompt && FLASH_HEAD_DIMS.contains(&hd) {
+        Attention::Flash
+    } else if kvd {
+        Attention::Kvd
+    } else {
+        Attention::SplitK
+    }
+}
+
+/// Why serving under this table would not give each request the same answer alone and under
+/// load (None: it would): the weights' rows (`(type name, row)`), the head dims, MoE experts.
+pub fn invariance(
+    numerics: Numerics,
+    rows: &[(String, ProductRow)],
+    head_dims: &[usize],
+    experts: bool,
+) -> Option<String> {
+    match numerics {
+        Numerics::Fast => return Some("--numerics fast".into()),
+        Numerics::Parity => return None,
+        Numerics::BatchInvariant => {}
+    }
+    let mut other: Vec<&str> = rows
+        .iter()
+        .filter(|(_, r)| !r.invariant())
+        .map(|(t, _)| t.as_str())
+        .collect();
+    other.sort();
+    other.dedup();
+    if !other.is_empty() {
+        return Some(format!(
+            "{} products follow the token count (a weight too wide for qmv)",
+            other.join(", ")
+        ));
+    }
+    if let Some(hd) = head_dims
+        .iter()
+        .find(|&&hd| !attention(hd, false).invariant() || !attention(hd, true).invariant())
+    {
+        return Some(format!(
+            "attention of head dim {hd} has no KV-group kernel (split-K ranges follow the step)"
+        ));
+    }
+    if experts {
+        return Some(
+            "MoE experts: prompt rows take the grouped kernels, decode rows the per-pair ones"
+                .into(),
+        );
+    }
+    None
+}
+
+/// The table as text: a line per weight type (its family per bucket, decode and prompt rows)
+/// and per head dim (decode, prompt).
+pub fn describe(
+    numerics: Numerics,
+    arch: u32,
+    rows: &[(String, ProductRow)],
+    head_dims: &[usize],
+) -> String {
+    let mut s = format!("kernel table (numerics {numerics}, sm_{arch})\n");
+    if numerics == Numerics::Parity {
+        s.push_str("  every op on the parity kernels (kernels/exact.cu)\n");
+        return s;
+    }
+    let heads = ["1", "2", "3-8", "9-16", "17+"];
+    let _ = writeln!(
+        s,
+        "  {:<8} {:<7} {}",
+        "weights",
+        "rows",
+        heads.map(|h| format!("{h:<12}")).join("")
+    );
+    for (t, r) in rows {
+        for kind in [Kind::Decode, Kind::Prompt] {
+            let cells: String = BUCKETS
+                .iter()
+                .map(|&n| format!("{:<12}", r.get(kind, n).name()))
+                .collect();
+            let k = if kind == Kind::Decode {
+                "decode"
+            } else {
+                "prompt"
+            };
+            let _ = writeln!(s, "  {t:<8} {k:<7} {}", cells.trim_end());
+        }
+    }
+    for &hd in head_dims {
+        let _ = writeln!(
+            s,
+            "  attention hd {hd}: decode {}, prompt {}",
+            attention(hd, false).name(),
+            attention(hd, true).name()
+        );
+    }
+    s
+}
+
+/// The table of a model: its text ([`describe`]) and why it is not batch invariant, if not
+/// ([`invariance`]).
+pub struct Table {
+    pub text: String,
+    pub variance: Option<String>,
+}
+
+/// The table for a model whose products have weights of these (type, columns) (`experts`: and
+/// MoE experts) and attention these head dims, under `numerics` on compute capability `arch`
+/// (`blas`: cuBLAS loaded).
+pub fn table(
+    numerics: Numerics,
+    arch: u32,
+    blas: bool,
+    weights: &[(quiver_gguf::GgmlType, usize)],
+    head_dims: &[usize],
+    experts: bool,
+) -> Table {
+    let mut rows: Vec<(String, ProductRow)> = Vec::new();
+    for &(ty, cols) in weights {
+        let Some(kernel) = crate::kernel_suffix(ty) else {
+            continue;
+        };
+        let qmv_fits = crate::products::qmm_smem_of(kernel, cols).1 <= crate::products::MAX_SMEM;
+        let key = WeightKey {
+            kernel,
+            blas: blas && ty == quiver_gguf::GgmlType::F16,
+            qmv_fits,
+        };
+        let label = if qmv_fits {
+            ty.to_string()
+        } else {
+            format!("{ty}*")
+        };
+        let row = ProductRow::new(numerics, arch, key);
+        if !rows.iter().any(|(l, _)| *l == label) {
+            rows.push((label, row));
+        }
+    }
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut dims = head_dims.to_vec();
+    dims.sort_unstable();
+    dims.dedup();
+    let variance = invariance(numerics, &rows, &dims, experts);
+    let mut text = describe(numerics, arch, &rows, &dims);
+    if rows.iter().any(|(l, _)| l.ends_with('*')) {
+        text.push_str("  (* weights too wide for qmv)\n");
+    }
+    Table { text, variance }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Product::*;
+
+    fn row(n: Numerics, kernel: &'static str) -> ProductRow {
+        ProductRow::new(
+            n,
+            90,
+            WeightKey {
+                kernel,
+                blas: kernel == "f16",
+                qmv_fits: true,
+            },
+        )
+    }
+
+    fn decode(r: &ProductRow) -> Vec<Product> {
+        BUCKETS.iter().map(|&n| r.get(Kind::Decode, n)).collect()
+    }
+
+    #[test]
+    fn invariant_rows_keep_one_order_per_kind() {
+        let inv = Numerics::BatchInvariant;
+        let q4k = row(inv, "q4_k");
+        assert_eq!(decode(&q4k), [Mmv, Mmv, Imv, Imv, Imm]);
+        assert_eq!(q4k.get(Kind::Prompt, 1), Qmm { split: false });
+        assert_eq!(q4k.get(Kind::Prompt, 512), Qmm { split: false });
+        assert!(q4k.invariant());
+        let q5k = row(inv, "q5_k");
+        assert_eq!(
+            decode(&q5k),
+            [Qmv, Qmv, Qmv, Qmm { split: false }, Qmm { split: false }]
+        );
+        assert!(q5k.invariant());
+        // Too wide for qmv: the fast families, and the table says so.
+        let wide = ProductRow::new(
+            inv,
+            90,
+            WeightKey {
+                kernel: "q5_k",
+                blas: false,
+                qmv_fits: false,
+            },
+        );
+        assert!(!wide.invariant());
+        let why = invariance(inv, &[("Q5_K".into(), wide)], &[128], false).unwrap();
+        assert!(why.starts_with("Q5_K products"), "{why}");
+        // A model's table: the wide weight marked, the reason read from its rows.
+        use quiver_gguf::GgmlType;
+        let t = table(
+            inv,
+            90,
+            true,
+            &[(GgmlType::Q4_K, 4096), (GgmlType::Q5_K, 1 << 20)],
+            &[128, 128],
+            false,
+        );
+        assert!(t.text.contains("Q5_K*") && t.variance.unwrap().starts_with("Q5_K* products"));
+        let t = table(
+            inv,
+            90,
+            true,
+            &[(GgmlType::Q4_K, 4096), (GgmlType::Q6_K, 14336)],
+            &[128],
+            false,
+        );
+        assert_eq!(t.variance, None, "{}", t.text);
+    }
+
+    #[test]
+    fn fast_rows_take_the_fastest_family_per_bucket() {
+        let f = Numerics::Fast;
+        let q4k = row(f, "q4_k");
+        assert_eq!(decode(&q4k), [Mmv, Mmv, Imv, Imv, Qmm { split: true }]);
+        assert_eq!(q4k.get(Kind::Prompt, 512), Qmm { split: true });
+        assert!(!q4k.invariant());
+        let q4_1 = row(f, "q4_1");
+        assert_eq!(
+            decode(&q4_1),
+            [Mmv, Mmv, Mmv, Qmm { split: true }, Qmm { split: true }]
+        );
+        assert_eq!(decode(&row(f, "f16")), [Mmv, Mmv, Mmv, Blas, Blas]);
+        assert_eq!(
+            invariance(f, &[("Q4_K".into(), q4k)], &[], false).as_deref(),
+            Some("--numerics fast")
+        );
+    }
+
+    #[test]
+    fn attention_families_and_what_breaks_invariance() {
+        assert_eq!(attention(128, true), Attention::Flash);
+        assert_eq!(attention(128, false), Attention::Kvd);
+        assert_eq!(attention(512, true), Attention::Kvd);
+        assert_eq!(attention(96, false), Attention::SplitK);
+        let inv = Numerics::BatchInvariant;
+        let q4k = vec![("Q4_K".to_string(), row(inv, "q4_k"))];
+        assert_eq!(invariance(inv, &q4k, &[64, 128, 256, 512], false), None);
+        assert!(invariance(inv, &q4k, &[96], false)
+            .unwrap()
+            .contains("head dim 96"));
+        assert!(invariance(inv, &q4k, &[128], true).unwrap().contains("MoE"));
+        assert_eq!(invariance(Numerics::Parity, &q4k, &[96], true), None);
+        let text = describe(inv, 90, &q4k, &[128]);
+        assert!(text.contains("Q4_K     decode  mmv"), "{text}");
+        assert!(
+            text.contains("attention hd 128: decode kvd, prompt flash"),
+            "{text}"
+        );
+    }
+}
