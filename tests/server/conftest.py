@@ -27,9 +27,7 @@ def model_path() -> Path:
 
 
 def quiver_exe() -> Path:
-    """The binary under test: $QUIVER_BIN, else $CARGO_TARGET_DIR/release/quiver, else target/."""
-    if os.environ.get("QUIVER_BIN"):
-        return Path(os.environ["QUIVER_BIN"])
+    """The binary under test: $CARGO_TARGET_DIR/release/quiver, else target/release/quiver."""
     target = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target")
     if not target.is_absolute():
         target = ROOT / target

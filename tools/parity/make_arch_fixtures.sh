@@ -6,7 +6,7 @@
 #
 #   tools/parity/make_arch_fixtures.sh [PRESET...]    (default: every tiny-* preset)
 #
-# Needs a release build of quiver (target/release/quiver, or $QUIVER_BIN), a C++ compiler and cmake; builds
+# Needs a release build of quiver (target/release/quiver, or $PARITY_QUIVER), a C++ compiler and cmake; builds
 # llama.cpp's CPU library from tools/llama-src.sh's tree into $LLAMA_BUILD (default
 # /tmp/llama-build) the first time.
 set -euo pipefail
@@ -22,7 +22,7 @@ fi
 harness="$build/llama_logits"
 g++ -O2 -std=c++17 "$root/tools/parity/llama_logits.cpp" -I"$src/include" -I"$src/ggml/include" \
     -L"$build/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$build/bin" -o "$harness"
-quiver="${QUIVER_BIN:-$root/target/release/quiver}"
+quiver="${PARITY_QUIVER:-$root/target/release/quiver}"
 out="$root/crates/engine/tests/fixtures/archs"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT

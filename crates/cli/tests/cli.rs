@@ -548,6 +548,36 @@ fn bench_runs_on_a_synth_model_without_vocabulary() {
     let _ = std::fs::remove_file(&p);
 }
 
+/// `--numerics` takes three modes and refuses others in one line; `devices --kernels` prints
+/// a model's kernel table and whether it is batch invariant (sm_90 assumed without a GPU); a
+/// `QUIVER_*` variable quiver does not read is warned of.
+#[test]
+fn numerics_kernel_table_and_unknown_variables() {
+    let out = quiver(&["run", "-p", "hi", "--numerics", "exact"]);
+    assert_one_line_error(&out, 2, "unknown numerics");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fast, invariant, parity"));
+    let f = tmp("kernels-tiny-llama.gguf");
+    let f = f.to_str().unwrap();
+    let out = quiver(&["synth", "--preset", "tiny-llama", "--type", "Q4_K_M", "-o", f]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = quiver(&["devices", "--kernels", "-m", f]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("kernel table (numerics invariant, sm_"), "{text}");
+    assert!(text.contains("Q4_K     prompt  qmm"), "{text}");
+    assert!(text.contains("numerics invariant: batch invariant"), "{text}");
+    let out = quiver(&["devices", "--kernels", "-m", f, "--numerics", "fast"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("qmm (split)") && text.contains("not batch invariant: --numerics fast"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args(["devices", "--kernels", "-m", f])
+        .env("QUIVER_CUDA_EXACT", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("unknown variable QUIVER_CUDA_EXACT"), "{err}");
+}
+
 fn perplexity_matches_llama_cpp(alias: &str, key: &str) {
     let gpl = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/reference/GPL-3");
     let out = quiver(&[
@@ -558,6 +588,9 @@ fn perplexity_matches_llama_cpp(alias: &str, key: &str) {
         gpl,
         "-c",
         "512",
+        // llama.cpp's 512-token batches take its GEMM path, which the fast numerics mirror.
+        "--numerics",
+        "fast",
         "--json",
     ]);
     assert!(
