@@ -558,24 +558,52 @@ fn numerics_kernel_table_and_unknown_variables() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("fast, invariant, parity"));
     let f = tmp("kernels-tiny-llama.gguf");
     let f = f.to_str().unwrap();
-    let out = quiver(&["synth", "--preset", "tiny-llama", "--type", "Q4_K_M", "-o", f]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = quiver(&[
+        "synth",
+        "--preset",
+        "tiny-llama",
+        "--type",
+        "Q4_K_M",
+        "-o",
+        f,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = quiver(&["devices", "--kernels", "-m", f]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("kernel table (numerics invariant, sm_"), "{text}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("kernel table (numerics invariant, sm_"),
+        "{text}"
+    );
     assert!(text.contains("Q4_K     prompt  qmm"), "{text}");
-    assert!(text.contains("numerics invariant: batch invariant"), "{text}");
+    assert!(
+        text.contains("numerics invariant: batch invariant"),
+        "{text}"
+    );
     let out = quiver(&["devices", "--kernels", "-m", f, "--numerics", "fast"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("qmm (split)") && text.contains("not batch invariant: --numerics fast"), "{text}");
+    assert!(
+        text.contains("qmm (split)") && text.contains("not batch invariant: --numerics fast"),
+        "{text}"
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_quiver"))
         .args(["devices", "--kernels", "-m", f])
         .env("QUIVER_CUDA_EXACT", "1")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && err.contains("unknown variable QUIVER_CUDA_EXACT"), "{err}");
+    assert!(
+        out.status.success() && err.contains("unknown variable QUIVER_CUDA_EXACT"),
+        "{err}"
+    );
 }
 
 fn perplexity_matches_llama_cpp(alias: &str, key: &str) {
