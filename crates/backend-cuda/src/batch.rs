@@ -87,7 +87,7 @@ pub struct CudaStep {
     pub(crate) tiles: Option<Tiles>,
     /// In a step of both kinds (`SeqSpan::decode_from`), its decode rows: the KV-group kernel
     /// takes them and the flash kernel the prompt rows' tiles, so that a decode row's
-    /// attention is the same bits as in a decode step (issue 18). None: one kind.
+    /// attention is the same bits as in a decode step. None: one kind.
     pub(crate) decode_rows: Option<DecodeRows>,
 }
 

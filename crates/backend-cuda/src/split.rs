@@ -21,7 +21,7 @@ pub(crate) const QSPLIT_BYTES: usize = 16 << 20;
 /// fewer (rounded up), each part at least 2 chunks of 256 columns, the partials within
 /// [`QSPLIT_BYTES`]; imm's (64-bit parts, added by each tile's last part) as many as fit 2
 /// blocks per multiprocessor (rounded down: 8B Q4_K_M at 64 / 128 sequences 4,081 / 4,808
-/// t/s rounded up, 4,677 / 5,004 down, fifteenth session), each part at least 2 chunks, or
+/// t/s rounded up, 4,677 / 5,004 down, on the H200), each part at least 2 chunks, or
 /// one in rows of fewer than 8 (a small model's products: SmolLM2's q/k/v at 64 tokens in 3
 /// parts, not 1).
 pub(crate) fn qmm_splits(n: usize, rows: usize, cols: usize, sms: usize, parts: Parts) -> usize {

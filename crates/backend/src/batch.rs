@@ -11,7 +11,7 @@ pub struct SeqSpan {
     pub block_table: Vec<u32>,
     /// Positions from this one on are generated tokens (the prompt's length), whichever step
     /// computes them: a backend may compute those rows as decode rows and the others as prompt
-    /// rows, each the same way whatever the step holds (issue 18). `usize::MAX` (the default):
+    /// rows, each the same way whatever the step holds. `usize::MAX` (the default):
     /// not known; the backend then goes by the step's shape.
     pub decode_from: usize,
 }
