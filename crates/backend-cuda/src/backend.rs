@@ -1,14 +1,10 @@
-//! The `Backend` impl: each op checks its shapes once, then dispatches once on the mode chosen
-//! at `CudaBackend::new` — the fast path's entry point (src/products.rs, attention.rs,
-//! norm.rs, rope.rs, activation.rs, embed.rs, sampling.rs) or the parity mode's
-//! (`exact::Parity`, src/exact.rs). An op added later matches on the mode too. The parity mode
-//! has no mixture-of-experts kernels (a `Device` error) and none of the extra ops of
-//! src/extras.rs (`supports` is false there, so an architecture that needs them is refused at
-//! load).
+//! The fast backend's `Backend` impl: each op checks its shapes, then runs its entry point
+//! (src/products.rs, attention.rs, norm.rs, rope.rs, activation.rs, embed.rs, sampling.rs,
+//! moe.rs, extras.rs) on the families of the kernel table (src/plan.rs). The parity mode is
+//! a backend of its own (src/parity.rs) that shares the shape checks below.
 
 use crate::attention::check_attention;
 use crate::batch::CudaStep;
-use crate::context::Mode;
 use crate::embed::check_embed;
 use crate::kinds::Kind;
 use crate::memory::{CudaBuf, CudaKv};
@@ -18,31 +14,84 @@ use crate::rope::check_rope_kv_write;
 use crate::weights::{rows_cols, CudaWeight};
 use crate::{check, CudaBackend};
 use quiver_backend::{
-    Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, KvType, MoeParams,
-    MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes, WorkspaceSpec,
+    Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, MoeParams, MoeScratch,
+    MoeWeights, Result, RopeParams, Step, WeightBytes, WorkspaceSpec,
 };
 use quiver_gguf::GgmlType;
 
-impl CudaBackend {
-    /// The extra ops' error in the parity mode.
-    fn fast_only(&self, op: ExtraOp) -> Result<()> {
-        match self.mode {
-            Mode::Fast => Ok(()),
-            Mode::Parity(_) => Err(self.missing(op)),
-        }
-    }
+/// The shapes of `add`.
+pub(crate) fn check_add(a: &CudaBuf, b: &CudaBuf, n: usize) -> Result<()> {
+    check("add", a.len >= n && b.len >= n, || {
+        format!("{n} over {} / {}", a.len, b.len)
+    })
+}
 
-    /// `rms_norm`, `rms_norm_inplace` and `add_rms_norm`.
-    fn dispatch_norm(&self, n: &Norm) -> Result<()> {
-        n.check()?;
-        if n.rows == 0 {
-            return Ok(());
-        }
-        match &self.mode {
-            Mode::Fast => self.norm_fast(n),
-            Mode::Parity(p) => p.norm(self, n),
-        }
+/// The shapes of `matmul_qkv`.
+pub(crate) fn check_qkv(
+    w: &[&CudaWeight; 3],
+    x: &CudaBuf,
+    rows_x: usize,
+    out: &[&mut CudaBuf; 3],
+) -> Result<()> {
+    for (m, o) in w.iter().zip(out) {
+        check(
+            "matmul",
+            x.len >= rows_x * m.cols && o.len >= rows_x * m.rows,
+            || format!("{rows_x} rows"),
+        )?;
     }
+    Ok(())
+}
+
+/// The shapes of `matmul_logits` over `n` rows.
+pub(crate) fn check_logits(w: &CudaWeight, n: usize, out: &CudaBuf) -> Result<()> {
+    check("matmul_logits", out.len >= n * w.rows, || {
+        format!("out {} for {n}×{}", out.len, w.rows)
+    })
+}
+
+/// The shapes of `softcap`.
+pub(crate) fn check_softcap(x: &CudaBuf, n: usize) -> Result<()> {
+    check("softcap", x.len >= n, || format!("{n} > {}", x.len))
+}
+
+/// A step's attention shapes: every head dim of `ws` has kernels (a load-time error, not a
+/// failed first step).
+pub(crate) fn check_head_dims(ws: &WorkspaceSpec) -> Result<()> {
+    match ws
+        .attention
+        .iter()
+        .find(|(_, hd)| !crate::attention::HEAD_DIMS.contains(hd))
+    {
+        Some(&(_, hd)) => Err(BackendError::Shape {
+            op: "attention",
+            detail: format!(
+                "head dim {hd} has no CUDA kernels (built: {:?})",
+                crate::attention::HEAD_DIMS
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The KV cache of `spec`'s layer `layer` (checked).
+pub(crate) fn make_kv(be: &CudaBackend, spec: &KvSpec, layer: usize) -> Result<CudaKv> {
+    spec.check()
+        .map_err(|detail| BackendError::Shape { op: "kv", detail })?;
+    let types = quiver_backend::KvTypes {
+        k: spec.k,
+        v: spec.v,
+    };
+    be.zeroed_kv(spec.n_slots, spec.layers[layer], types)
+}
+
+/// A norm over its rows (checked), by `run`.
+pub(crate) fn norm_with(n: &Norm, run: impl FnOnce(&Norm) -> Result<()>) -> Result<()> {
+    n.check()?;
+    if n.rows == 0 {
+        return Ok(());
+    }
+    run(n)
 }
 
 impl Backend for CudaBackend {
@@ -67,10 +116,7 @@ impl Backend for CudaBackend {
         if rows == 1 {
             return self.vector_weight(name, ty, cols, &bytes);
         }
-        match &self.mode {
-            Mode::Fast => self.matrix_weight(name, ty, rows, cols, &bytes),
-            Mode::Parity(p) => p.weight(self, name, ty, rows, cols, &bytes),
-        }
+        self.matrix_weight(name, ty, rows, cols, &bytes)
     }
 
     fn weight_rows(&self, w: &CudaWeight) -> usize {
@@ -85,32 +131,12 @@ impl Backend for CudaBackend {
     }
 
     fn workspace_bytes(&self, ws: &WorkspaceSpec) -> u64 {
-        match &self.mode {
-            Mode::Fast => self.scratch_bytes(ws),
-            // The parity mode grows its own scratch (src/exact.rs).
-            Mode::Parity(_) => 0,
-        }
+        self.scratch_bytes(ws)
     }
 
     fn reserve_workspace(&self, ws: &WorkspaceSpec) -> Result<()> {
-        // An attention shape without kernels is a load-time error, not a failed first step.
-        if let Some(&(_, hd)) = ws
-            .attention
-            .iter()
-            .find(|(_, hd)| !crate::attention::HEAD_DIMS.contains(hd))
-        {
-            return Err(BackendError::Shape {
-                op: "attention",
-                detail: format!(
-                    "head dim {hd} has no CUDA kernels (built: {:?})",
-                    crate::attention::HEAD_DIMS
-                ),
-            });
-        }
-        match &self.mode {
-            Mode::Fast => self.reserve_scratch(ws),
-            Mode::Parity(_) => Ok(()),
-        }
+        check_head_dims(ws)?;
+        self.reserve_scratch(ws)
     }
 
     fn buf(&self, n: usize) -> Result<CudaBuf> {
@@ -118,21 +144,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv(&self, spec: &KvSpec, layer: usize) -> Result<CudaKv> {
-        let packed = (spec.k, spec.v) != (KvType::F16, KvType::F16);
-        if packed && matches!(self.mode, Mode::Parity(_)) {
-            return Err(BackendError::UnsupportedKv {
-                k: spec.k.name(),
-                v: spec.v.name(),
-                backend: "cuda parity mode (--numerics parity)",
-            });
-        }
-        spec.check()
-            .map_err(|detail| BackendError::Shape { op: "kv", detail })?;
-        let types = quiver_backend::KvTypes {
-            k: spec.k,
-            v: spec.v,
-        };
-        self.zeroed_kv(spec.n_slots, spec.layers[layer], types)
+        make_kv(self, spec, layer)
     }
 
     fn begin_step<'b>(
@@ -157,10 +169,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         check_embed(table, st.rows, out)?;
-        match &self.mode {
-            Mode::Fast => self.embed_fast(st, table, scale, out),
-            Mode::Parity(p) => p.embed(self, st, table, scale, out),
-        }
+        self.embed_fast(st, table, scale, out)
     }
 
     fn rms_norm(
@@ -171,14 +180,7 @@ impl Backend for CudaBackend {
         rows: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.dispatch_norm(&Norm {
-            residual: None,
-            x: (x.ptr(), x.len),
-            w,
-            eps,
-            rows,
-            out: (out.ptr(), out.len),
-        })
+        norm_with(&Norm::of(x, w, eps, rows, out), |n| self.norm_fast(n))
     }
 
     fn rms_norm_inplace(
@@ -188,14 +190,7 @@ impl Backend for CudaBackend {
         eps: f32,
         rows: usize,
     ) -> Result<()> {
-        self.dispatch_norm(&Norm {
-            residual: None,
-            x: (x.ptr(), x.len),
-            w,
-            eps,
-            rows,
-            out: (x.ptr(), x.len),
-        })
+        norm_with(&Norm::of(x, w, eps, rows, x), |n| self.norm_fast(n))
     }
 
     fn add_rms_norm(
@@ -207,24 +202,14 @@ impl Backend for CudaBackend {
         rows: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.dispatch_norm(&Norm {
-            residual: Some((residual.ptr(), residual.len)),
-            x: (x.ptr(), x.len),
-            w,
-            eps,
-            rows,
-            out: (out.ptr(), out.len),
+        norm_with(&Norm::with_residual(residual, x, w, eps, rows, out), |n| {
+            self.norm_fast(n)
         })
     }
 
     fn add(&self, a: &mut CudaBuf, b: &CudaBuf, n: usize) -> Result<()> {
-        check("add", a.len >= n && b.len >= n, || {
-            format!("{n} over {} / {}", a.len, b.len)
-        })?;
-        match &self.mode {
-            Mode::Fast => self.add_kernel(a.ptr(), b.ptr(), n),
-            Mode::Parity(p) => p.add(self, a.ptr(), b.ptr(), n),
-        }
+        check_add(a, b, n)?;
+        self.add_kernel(a.ptr(), b.ptr(), n)
     }
 
     fn add_bias(&self, x: &mut CudaBuf, bias: &CudaWeight, rows: usize) -> Result<()> {
@@ -246,20 +231,12 @@ impl Backend for CudaBackend {
         s: MoeScratch<'_, CudaBuf>,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        if let Mode::Parity(_) = &self.mode {
-            return Err(BackendError::Device(
-                "the parity mode (--numerics parity) has no mixture-of-experts kernels".into(),
-            ));
-        }
         self.moe_fast(x, rows, w, p, s, out)
     }
 
     fn matmul(&self, w: &CudaWeight, x: &CudaBuf, rows_x: usize, out: &mut CudaBuf) -> Result<()> {
         check_matmul(w, x, rows_x, out)?;
-        match &self.mode {
-            Mode::Fast => self.mm(w, x.ptr(), rows_x, out.ptr()),
-            Mode::Parity(p) => p.mm(self, w, x.ptr(), rows_x, out.ptr()),
-        }
+        self.mm(w, x.ptr(), rows_x, out.ptr())
     }
 
     fn matmul_qkv(
@@ -269,17 +246,8 @@ impl Backend for CudaBackend {
         rows_x: usize,
         out: [&mut CudaBuf; 3],
     ) -> Result<()> {
-        for (m, o) in w.iter().zip(&out) {
-            check(
-                "matmul",
-                x.len >= rows_x * m.cols && o.len >= rows_x * m.rows,
-                || format!("{rows_x} rows"),
-            )?;
-        }
-        match &self.mode {
-            Mode::Fast => self.matmul_qkv_fast(w, x, rows_x, out),
-            Mode::Parity(p) => p.matmul_qkv(self, w, x, rows_x, out),
-        }
+        check_qkv(&w, x, rows_x, &out)?;
+        self.matmul_qkv_fast(w, x, rows_x, out)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -294,10 +262,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         // Each path checks the buffers it uses (the fused one never touches `scratch`).
-        match &self.mode {
-            Mode::Fast => self.matmul_glu_fast(act, gate, up, x, rows_x, scratch, out),
-            Mode::Parity(p) => p.matmul_glu(self, act, gate, up, x, rows_x, scratch, out),
-        }
+        self.matmul_glu_fast(act, gate, up, x, rows_x, scratch, out)
     }
 
     fn matmul_logits(
@@ -308,20 +273,13 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         let n = st.logit_rows;
-        check("matmul_logits", out.len >= n * w.rows, || {
-            format!("out {} for {n}×{}", out.len, w.rows)
-        })?;
+        check_logits(w, n, out)?;
         if n == 0 {
             return Ok(());
         }
-        match &self.mode {
-            Mode::Fast => {
-                // Every logits row on the decode kernels (the same bits for any count).
-                let rows = self.logits_input(st, w, x, n)?;
-                self.mm_as(w, rows, n, out.ptr(), Kind::Decode)
-            }
-            Mode::Parity(p) => p.matmul_logits(self, st, w, x, n, out),
-        }
+        // Every logits row on the decode kernels (the same bits for any count).
+        let rows = self.logits_input(st, w, x, n)?;
+        self.mm_as(w, rows, n, out.ptr(), Kind::Decode)
     }
 
     fn rope_kv_write(
@@ -335,10 +293,7 @@ impl Backend for CudaBackend {
         kv: &mut CudaKv,
     ) -> Result<()> {
         check_rope_kv_write(q, k, v, rope, a, kv, st.rows)?;
-        match &self.mode {
-            Mode::Fast => self.rope_kv_write_fast(st, q, k, v, rope, a, kv, None),
-            Mode::Parity(p) => p.rope_kv_write(self, st, q, k, v, rope, a, kv),
-        }
+        self.rope_kv_write_fast(st, q, k, v, rope, a, kv, None)
     }
 
     fn qk_norm_rope_kv_write(
@@ -353,9 +308,8 @@ impl Backend for CudaBackend {
         kv: &mut CudaKv,
     ) -> Result<()> {
         let (qn, kn, eps) = norms;
-        // One launch on the fast path; the parity mode (and a norm of another length) as
-        // three ops.
-        if !matches!(self.mode, Mode::Fast) || qn.cols != a.head_dim || kn.cols != a.head_dim {
+        // One launch; a norm of another length as three ops.
+        if qn.cols != a.head_dim || kn.cols != a.head_dim {
             return quiver_backend::qk_norm_then_rope(self, st, q, k, v, norms, rope, a, kv);
         }
         check_rope_kv_write(q, k, v, rope, a, kv, st.rows)?;
@@ -376,10 +330,7 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        match &self.mode {
-            Mode::Fast => self.attention_fast(st, q, kv, a, out),
-            Mode::Parity(p) => p.attention(self, st, q, kv, a, out),
-        }
+        self.attention_fast(st, q, kv, a, out)
     }
 
     fn glu(
@@ -391,28 +342,20 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         check_glu(gate, up, n, out)?;
-        match &self.mode {
-            Mode::Fast => self.glu_fast(act, gate, up, n, out),
-            Mode::Parity(p) => p.glu(self, act, gate, up, n, out),
-        }
+        self.glu_fast(act, gate, up, n, out)
     }
 
     fn softcap(&self, x: &mut CudaBuf, cap: f32, n: usize) -> Result<()> {
-        check("softcap", x.len >= n, || format!("{n} > {}", x.len))?;
-        match &self.mode {
-            Mode::Fast => self.softcap_kernel(x, cap, n),
-            Mode::Parity(p) => p.softcap(self, x, cap, n),
-        }
+        check_softcap(x, n)?;
+        self.softcap_kernel(x, cap, n)
     }
 
-    /// The fast path has every extra op (src/extras.rs); the parity mode none, so an
-    /// architecture that needs one is refused at load there.
+    /// Every extra op (src/extras.rs).
     fn supports(&self, _op: ExtraOp) -> bool {
-        matches!(self.mode, Mode::Fast)
+        true
     }
 
     fn scale(&self, x: &mut CudaBuf, s: f32, n: usize) -> Result<()> {
-        self.fast_only(ExtraOp::Scale)?;
         self.scale_kernel(x, s, n)
     }
 
@@ -424,12 +367,10 @@ impl Backend for CudaBackend {
         rows: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.fast_only(ExtraOp::RmsNormPlain)?;
         self.rms_norm_plain_kernel(x, cols, eps, rows, out)
     }
 
     fn mul_cols(&self, x: &mut CudaBuf, w: &CudaWeight, rows: usize) -> Result<()> {
-        self.fast_only(ExtraOp::MulCols)?;
         self.mul_cols_kernel(x, w, rows)
     }
 
@@ -442,7 +383,6 @@ impl Backend for CudaBackend {
         rows: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.fast_only(ExtraOp::CopyCols)?;
         self.copy_cols_kernel(src, src_cols, first, width, rows, out)
     }
 
@@ -453,7 +393,6 @@ impl Backend for CudaBackend {
         rope: &RopeParams,
         a: &AttnParams,
     ) -> Result<()> {
-        self.fast_only(ExtraOp::RopeQ)?;
         self.rope_q_kernel(st, q, rope, a)
     }
 
@@ -482,10 +421,7 @@ impl Backend for CudaBackend {
         k: usize,
         out: &mut Vec<(u32, f32)>,
     ) -> Result<()> {
-        match &self.mode {
-            Mode::Fast => self.top_k_rows(x, rows, cols, k, out),
-            Mode::Parity(p) => p.top_k(self, x, rows, cols, k, out),
-        }
+        self.top_k_rows(x, rows, cols, k, out)
     }
 
     fn mask_rows(&self, x: &mut CudaBuf, cols: usize, masks: &[(usize, &[u32])]) -> Result<()> {
@@ -493,9 +429,6 @@ impl Backend for CudaBackend {
     }
 
     fn argmax(&self, x: &CudaBuf, rows: usize, cols: usize, out: &mut Vec<u32>) -> Result<()> {
-        match &self.mode {
-            Mode::Fast => self.argmax_rows(x, rows, cols, out),
-            Mode::Parity(p) => p.argmax(self, x, rows, cols, out),
-        }
+        self.argmax_rows(x, rows, cols, out)
     }
 }

@@ -6,21 +6,11 @@ use crate::config::CudaConfig;
 use crate::dev::{self, DevBuf, Device, DeviceInfo};
 use crate::graph::{self, GraphStats};
 use crate::memory::MemStats;
+use crate::registry;
 use crate::scratch::Scratch;
-use crate::{exact, registry};
 use quiver_backend::{BackendError, Numerics, Result};
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
-
-/// Which numerics the ops run: chosen once at `CudaBackend::new`, dispatched once per op by
-/// the `Backend` impl (src/backend.rs).
-pub(crate) enum Mode {
-    /// The default kernels (products on int8 activations or cuBLAS, split-K or flash
-    /// attention, graphs).
-    Fast,
-    /// The parity mode (src/exact.rs) with its own state.
-    Parity(exact::Parity),
-}
 
 /// One CUDA device's context running one model's ops (`Backend`, src/backend.rs).
 pub struct CudaBackend {
@@ -29,7 +19,6 @@ pub struct CudaBackend {
     pub(crate) blas: Option<dev::Blas>,
     /// The configuration in effect (`CudaConfig::resolve`).
     pub(crate) cfg: CudaConfig,
-    pub(crate) mode: Mode,
     /// The current step's batch on the device and its shape.
     pub(crate) step: StepState,
     /// Host staging of `top_k` (reused: no allocation per step).
@@ -48,20 +37,24 @@ impl CudaBackend {
     /// (or reads from the cache) the kernels every model needs, for `config` (usually
     /// `CudaConfig::from_env(numerics)`, adjusted).
     pub fn new(ordinal: usize, config: CudaConfig) -> Result<Self> {
+        if config.numerics == Numerics::Parity {
+            return Err(BackendError::Device(
+                "the parity numerics run on ParityBackend, not CudaBackend".into(),
+            ));
+        }
+        Self::open(ordinal, config)
+    }
+
+    /// [`new`](Self::new) for any numerics (the parity backend's context too).
+    pub(crate) fn open(ordinal: usize, config: CudaConfig) -> Result<Self> {
         let dev = Device::open(ordinal).map_err(BackendError::Device)?;
         let mut reg = registry::Registry::new(dev.info.arch);
         reg.ensure("ops").map_err(BackendError::Device)?;
-        let parity = config.numerics == Numerics::Parity;
-        if parity {
+        if config.numerics == Numerics::Parity {
             reg.ensure("exact").map_err(BackendError::Device)?;
         }
         let blas = dev::Blas::new(dev.stream).ok();
         let cfg = config.resolve(dev.info.arch);
-        let mode = if parity {
-            Mode::Parity(exact::Parity::default())
-        } else {
-            Mode::Fast
-        };
         let load_progress = cfg
             .load_total
             .map(|total| (quiver_hub::Progress::bytes(total), 0, total));
@@ -71,7 +64,6 @@ impl CudaBackend {
             blas,
             graphs: graph::Graphs::new(cfg.graphs),
             cfg,
-            mode,
             step: StepState::default(),
             top_host: Mutex::new((Vec::new(), Vec::new())),
             scratch: Mutex::new(Scratch::default()),

@@ -5,10 +5,9 @@
 //! and every product runs one thread per output: a reference-grade path, far slower than the
 //! default one.
 //!
-//! The mode is chosen once, at `CudaBackend::new` (`Mode::Parity`, src/context.rs), and the
-//! `Backend` impl (src/backend.rs) dispatches each op once, to the fast path's entry point or
-//! to this file's: [`Parity`] has one entry point per op, and the fast-path files hold no
-//! parity branch. An entry point either launches this mode's kernel or, where the fast path's
+//! [`ParityBackend`](crate::ParityBackend) (src/parity.rs) runs each op through [`Parity`]'s
+//! entry point, one per op; the fast backend has no parity branch. An entry point either
+//! launches this mode's kernel or, where the fast path's
 //! kernel already computes what the CPU computes, says so and runs that kernel (the residual
 //! add: one f32 add; argmax and top-k: comparisons; the logits rows gather: a copy). An op
 //! added later without a kernel here returns [`missing`]'s error, naming the op: never a

@@ -11,8 +11,9 @@
 //! `plan` (the kernel table), `context` (device,
 //! registry, the backend struct), `launch`, `memory` (buffers, KV caches), `weights`,
 //! `scratch`, `batch` (the step's upload), `graph`; the ops of the fast path in `products`,
-//! `attention`, `norm`, `rope`, `activation`, `embed`, `sampling`; the parity mode in `exact`;
-//! `backend` dispatches each op of the `Backend` trait to one of the two.
+//! `attention`, `norm`, `rope`, `activation`, `embed`, `sampling`, `moe`, `extras`, and
+//! `backend` (the `Backend` impl of [`CudaBackend`]); the parity mode, [`ParityBackend`], in
+//! `parity` (its `Backend` impl) over `exact` (its ops).
 
 #[macro_use]
 mod launch;
@@ -34,6 +35,7 @@ pub mod libs;
 mod memory;
 mod moe;
 mod norm;
+mod parity;
 pub mod plan;
 mod products;
 pub mod registry;
@@ -52,6 +54,7 @@ pub use context::CudaBackend;
 pub use dev::{probe, DeviceInfo};
 pub use graph::{GraphStats, MAX_GRAPH_TOKENS};
 pub use memory::{CudaBuf, CudaKv, MemStats};
+pub use parity::ParityBackend;
 pub use weights::CudaWeight;
 
 /// The int8 grid the CPU backend (like ggml) quantizes activations to for products with weights

@@ -1,7 +1,8 @@
 //! RMSNorm, with the residual add fused (ops.cu `rms_norm`), and the plain residual add
-//! (`add`). The fast path only: the parity mode's norm is in src/exact.rs.
+//! (`add`). The parity mode's norm is in src/exact.rs.
 
 use crate::launch::grid1;
+use crate::memory::CudaBuf;
 use crate::weights::CudaWeight;
 use crate::{check, CudaBackend};
 use quiver_backend::Result;
@@ -18,7 +19,34 @@ pub(crate) struct Norm<'a> {
     pub(crate) out: (u64, usize),
 }
 
-impl Norm<'_> {
+impl<'a> Norm<'a> {
+    /// `rms_norm`'s: `out = rms_norm(x) · w` (`out` may be `x`: `rms_norm_inplace`).
+    pub(crate) fn of(x: &CudaBuf, w: &'a CudaWeight, eps: f32, rows: usize, out: &CudaBuf) -> Self {
+        Norm {
+            residual: None,
+            x: (x.ptr(), x.len),
+            w,
+            eps,
+            rows,
+            out: (out.ptr(), out.len),
+        }
+    }
+
+    /// `add_rms_norm`'s: `residual += x`, then the norm of the sum.
+    pub(crate) fn with_residual(
+        residual: &CudaBuf,
+        x: &CudaBuf,
+        w: &'a CudaWeight,
+        eps: f32,
+        rows: usize,
+        out: &CudaBuf,
+    ) -> Self {
+        Norm {
+            residual: Some((residual.ptr(), residual.len)),
+            ..Norm::of(x, w, eps, rows, out)
+        }
+    }
+
     /// The shapes, in either mode.
     pub(crate) fn check(&self) -> Result<()> {
         let (rows, cols) = (self.rows, self.w.cols);

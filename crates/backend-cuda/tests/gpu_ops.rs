@@ -20,7 +20,7 @@ use quiver_backend::testing::{
 };
 use quiver_backend::{Backend, BackendError, Batch, Numerics};
 use quiver_backend_cuda::plan::Product;
-use quiver_backend_cuda::{CudaBackend, CudaConfig, CudaKv};
+use quiver_backend_cuda::{CudaBackend, CudaConfig, CudaKv, ParityBackend};
 use quiver_gguf::GgmlType;
 
 /// The CUDA backend's part: buffers and caches copied to and from the device, and how its
@@ -486,7 +486,14 @@ fn moe_and_bias_match_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn parity_mode_products_and_gather_give_the_cpu_bits() {
     let mut rng = seeded_rng();
-    let mut exact = backend_with(CudaConfig::from_env(Numerics::Parity));
+    let mut exact = ParityBackend::new(
+        0,
+        CudaConfig {
+            graphs: false,
+            ..CudaConfig::from_env(Numerics::Parity)
+        },
+    )
+    .expect("a CUDA GPU");
     let (rows, cols) = (96, 512);
     let b = Batch::single(&[5, 0, 95, 17], 0, &[0], 16, vec![3]);
     let pool = quiver_cpu_kernels::ThreadPool::new(2).unwrap();
@@ -504,7 +511,7 @@ fn parity_mode_products_and_gather_give_the_cpu_bits() {
         };
         // The gather rounds as the CPU's dequantizer: the same bits.
         let st = exact.begin_step(&b, 1, 8, 8).unwrap();
-        let mut out = poison(&exact, &Cuda, b.n_tokens() * cols);
+        let mut out = poison(exact.cuda(), &Cuda, b.n_tokens() * cols);
         exact.embed(&st, &w, 1.5, &mut out).unwrap();
         exact.end_step(true).unwrap();
         let got = read(&exact, &out, b.n_tokens() * cols);
@@ -525,8 +532,8 @@ fn parity_mode_products_and_gather_give_the_cpu_bits() {
         // Its products give the CPU kernels' floats (batch invariant, at the active SIMD level).
         for n in [1usize, 3, 9] {
             let x = rng.vec(n * cols);
-            let xb = exact.buf_from(&x).unwrap();
-            let mut y = poison(&exact, &Cuda, n * rows);
+            let xb = exact.cuda().buf_from(&x).unwrap();
+            let mut y = poison(exact.cuda(), &Cuda, n * rows);
             exact.matmul(&w, &xb, n, &mut y).unwrap();
             let got = read(&exact, &y, n * rows);
             let mut want = vec![0f32; n * rows];

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use quiver_backend::{KvType, KvTypes, Numerics};
 use quiver_backend_cpu::{CpuBackend, CpuConfig};
-use quiver_backend_cuda::{CudaBackend, CudaConfig};
+use quiver_backend_cuda::{CudaBackend, CudaConfig, ParityBackend};
 use quiver_engine::{ModelRunner, RunnerOptions, Session};
 use quiver_gguf::{GgmlType, GgufFile};
 use std::sync::Arc;
@@ -259,19 +259,28 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
                 ),
                 ..CudaConfig::from_env(args.numerics)
             };
-            let be = CudaBackend::new(n, config)?;
-            let r = ModelRunner::new(be, &file, &opts)?;
-            eprintln!(
-                "quiver: loaded {} ({} layers, {} vocabulary) on {desc}, context {} tokens, in {:.2}s",
-                r.model.hp.arch, r.model.hp.n_layer, r.model.hp.n_vocab, r.n_ctx, t0.elapsed().as_secs_f64()
-            );
-            eprintln!("quiver: {}", cuda_summary(&r.backend));
-            let table = kernel_table(&r.backend, &file, &kv_spec.layers);
-            if args.verbose {
-                eprint!("quiver: {}", table.text);
+            // Each numerics' backend, then the same load log.
+            let log = |cuda: &CudaBackend, r: (&quiver_models::Hparams, usize)| {
+                eprintln!(
+                    "quiver: loaded {} ({} layers, {} vocabulary) on {desc}, context {} tokens, in {:.2}s",
+                    r.0.arch, r.0.n_layer, r.0.n_vocab, r.1, t0.elapsed().as_secs_f64()
+                );
+                eprintln!("quiver: {}", cuda_summary(cuda));
+                let table = kernel_table(cuda, &file, &kv_spec.layers);
+                if args.verbose {
+                    eprint!("quiver: {}", table.text);
+                }
+                eprintln!("quiver: {}", invariance_line(args.numerics, table.variance));
+            };
+            if args.numerics == Numerics::Parity {
+                let r = ModelRunner::new(ParityBackend::new(n, config)?, &file, &opts)?;
+                log(r.backend.cuda(), (&r.model.hp, r.n_ctx));
+                Box::new(r)
+            } else {
+                let r = ModelRunner::new(CudaBackend::new(n, config)?, &file, &opts)?;
+                log(&r.backend, (&r.model.hp, r.n_ctx));
+                Box::new(r)
             }
-            eprintln!("quiver: {}", invariance_line(args.numerics, table.variance));
-            Box::new(r)
         }
     };
     eprintln!("quiver: {}", kv_summary(&kv_spec));

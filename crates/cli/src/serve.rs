@@ -2,6 +2,7 @@
 
 use crate::engine::{self, LoadArgs};
 use anyhow::{bail, Context, Result};
+use quiver_backend::Numerics;
 use quiver_backend_cpu::{CpuBackend, CpuConfig};
 use quiver_engine::serve::ServeOptions;
 use quiver_tokenizer::chat::ChatTemplate;
@@ -207,14 +208,23 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             ),
             engine::Device::Cuda(n) => {
                 let config = quiver_backend_cuda::CudaConfig::from_env(numerics);
-                let be = quiver_backend_cuda::CudaBackend::new(n, config)
-                    .map_err(|e| format!("loading {what}: {e}"))?;
-                let table = engine::kernel_table(&be, &file, &layers);
-                if verbose {
-                    tracing::info!("{}", table.text.trim_end());
+                let log = |be: &quiver_backend_cuda::CudaBackend| {
+                    let table = engine::kernel_table(be, &file, &layers);
+                    if verbose {
+                        tracing::info!("{}", table.text.trim_end());
+                    }
+                    tracing::info!("{}", engine::invariance_line(numerics, table.variance));
+                };
+                let failed = |e| format!("loading {what}: {e}");
+                if numerics == Numerics::Parity {
+                    let be = quiver_backend_cuda::ParityBackend::new(n, config).map_err(failed)?;
+                    log(be.cuda());
+                    quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
+                } else {
+                    let be = quiver_backend_cuda::CudaBackend::new(n, config).map_err(failed)?;
+                    log(&be);
+                    quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
                 }
-                tracing::info!("{}", engine::invariance_line(numerics, table.variance));
-                quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
             }
         }
         .map_err(|e| format!("loading {what}: {e}"))?;

@@ -7,7 +7,7 @@
 //! - the parity mode (`--numerics parity`) gives the CPU backend's logits bit for bit.
 
 use quiver_backend::Numerics;
-use quiver_backend_cuda::{CudaBackend, CudaConfig};
+use quiver_backend_cuda::{CudaBackend, CudaConfig, ParityBackend};
 use quiver_engine::serve::{Event, Request, ServeOptions};
 use quiver_engine::{ModelRunner, RunnerOptions, SamplerParams, Want};
 use quiver_gguf::GgufFile;
@@ -367,7 +367,7 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
             n_batch: 64,
             max_logits: 64,
         };
-        let be = CudaBackend::new(0, CudaConfig::from_env(Numerics::Parity)).unwrap();
+        let be = ParityBackend::new(0, CudaConfig::from_env(Numerics::Parity)).unwrap();
         let mut gpu = ModelRunner::new(be, &f, &opts).unwrap();
         let cpu_be = quiver_backend_cpu::CpuBackend::with_config(quiver_backend_cpu::CpuConfig {
             threads: 2,
