@@ -142,7 +142,7 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use crate::batch::BatchView;
-    use crate::products::MmvMat;
+    use crate::mmv::MmvMat;
 
     #[test]
     fn kernel_arguments_pack_each_value_at_its_pointer() {

@@ -8,7 +8,7 @@
 //! `moe_int8`: the pair-wise kernels on int8 activations (kernels/mmvq.cu `moeq_*_T`).
 
 use crate::memory::CudaBuf;
-use crate::products::QMM_BN;
+use crate::qmm::QMM_BN;
 use crate::weights::CudaWeight;
 use crate::{check, registry, CudaBackend};
 use quiver_backend::{Activation, Gating, MoeParams, MoeScratch, MoeWeights, Result};

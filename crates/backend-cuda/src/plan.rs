@@ -370,7 +370,7 @@ pub fn table(
         let Some(kernel) = crate::kernel_suffix(ty) else {
             continue;
         };
-        let qmv_fits = crate::products::qmm_smem_of(kernel, cols).1 <= crate::products::MAX_SMEM;
+        let qmv_fits = crate::qmm::qmv_fits(kernel, cols);
         let key = WeightKey {
             kernel,
             blas: blas && ty == quiver_gguf::GgmlType::F16,

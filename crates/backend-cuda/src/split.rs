@@ -6,7 +6,7 @@
 //! the columns are split, so imm splits in every mode.
 
 use crate::launch::grid1;
-use crate::products::{QMM_BM, QMM_BN};
+use crate::qmm::{QMM_BM, QMM_BN};
 use crate::weights::CudaWeight;
 use crate::CudaBackend;
 use quiver_backend::Numerics;

@@ -151,7 +151,7 @@ impl CudaBackend {
             WeightKey {
                 kernel,
                 blas: ty == GgmlType::F16 && self.blas.is_some(),
-                qmv_fits: crate::products::qmm_smem_of(kernel, cols).1 <= crate::products::MAX_SMEM,
+                qmv_fits: crate::qmm::qmv_fits(kernel, cols),
             },
             self.cfg.pin,
         )

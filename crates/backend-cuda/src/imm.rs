@@ -1,0 +1,112 @@
+//! The int8 tensor-core products in the exact-sum order (kernels/imm.cu): imm (split over whole
+//! 256-column chunks, each tile's last part adding the parts' 64-bit totals) and its decode form
+//! imv (8 or 16 tokens a launch); their launch shapes and shared memory.
+
+use crate::qmm::{QMM_BM, QMM_BN, QMM_NST, QMM_THREADS};
+use crate::weights::CudaWeight;
+use crate::{registry, CudaBackend};
+use quiver_backend::Result;
+
+/// Tokens per imv launch (kernels/imm.cu: up to two n8 tiles).
+const IMV_TOKENS: usize = 16;
+/// An int8 activation tile's token row in bytes (kernels/qmm.cu `IMM_XLD`).
+const IMM_XLD_BYTES: usize = 144;
+/// Dynamic shared memory of the imm kernel and of the imv kernel of `nt` n8 tiles for `w`: per
+/// stage the int8 activations, their scales (32-blocks: 4 (d, s) pairs per token; the K-quants:
+/// the 32-sums split and one d per token) and the weights' windows.
+fn imm_smem(w: &CudaWeight, nt: usize) -> (usize, usize) {
+    let (win, winc) =
+        registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
+    let scales = if registry::int8_activations(w.kernel) == Some(256) {
+        5 * QMM_BN * 4
+    } else {
+        // (d, s) of 4 blocks per token.
+        4 * QMM_BN * 8
+    };
+    let imm = QMM_NST * (QMM_BN * IMM_XLD_BYTES + scales + QMM_BM * win);
+    // Two chunk copies per warp, then each warp's sums: 16 rows × 8·nt tokens of i64.
+    let imv = 8 * 2 * 16 * winc + 8 * 128 * nt * 8;
+    (imm, imv)
+}
+
+impl CudaBackend {
+    /// y[n, w.rows] = x · Wᵀ over the int8 activations `(q, d, s)` (quants, scales, per-16 sums)
+    /// on imm.
+    pub(crate) fn imm(
+        &self,
+        w: &CudaWeight,
+        (q, d, s): (u64, u64, u64),
+        n: usize,
+        y: u64,
+    ) -> Result<()> {
+        let (splits, part, cnt) = self.exact_splits(w, n)?;
+        self.launch_smem(
+            &w.names.module,
+            &w.names.imm,
+            (
+                n.div_ceil(QMM_BN) as u32,
+                w.rows.div_ceil(QMM_BM) as u32,
+                splits as u32,
+            ),
+            (QMM_THREADS, 1, 1),
+            imm_smem(w, 1).0 as u32,
+            args![
+                w.data.ptr,
+                w.row_bytes as i64,
+                w.rows as i32,
+                w.cols as i32,
+                q,
+                d,
+                s,
+                y,
+                n as i32,
+                part,
+                cnt
+            ],
+        )
+    }
+
+    /// imm's decode form: launches of up to [`IMV_TOKENS`] tokens.
+    pub(crate) fn imv(
+        &self,
+        w: &CudaWeight,
+        (q, d, s): (u64, u64, u64),
+        n: usize,
+        y: u64,
+    ) -> Result<()> {
+        // Bytes of one token's scales: (d, d·Σq) per 32, or d per 256.
+        let d_row = if s == 0 {
+            w.cols / 32 * 8
+        } else {
+            w.cols / 256 * 4
+        };
+        for t in (0..n).step_by(IMV_TOKENS) {
+            let nt = (n - t).min(IMV_TOKENS);
+            // One or two n8 tiles.
+            let k = usize::from(nt > 8);
+            self.launch_smem(
+                &w.names.module,
+                &w.names.imv[k],
+                (w.rows.div_ceil(16) as u32, 1, 1),
+                (256, 1, 1),
+                imm_smem(w, 1 << k).1 as u32,
+                args![
+                    w.data.ptr,
+                    w.row_bytes as i64,
+                    w.rows as i32,
+                    w.cols as i32,
+                    q + (t * w.cols) as u64,
+                    d + (t * d_row) as u64,
+                    if s == 0 {
+                        0
+                    } else {
+                        s + (t * w.cols / 4) as u64
+                    },
+                    y + (t * w.rows * 4) as u64,
+                    nt as i32
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
