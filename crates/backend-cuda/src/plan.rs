@@ -46,6 +46,23 @@ impl Product {
             Product::Blas => "cublas",
         }
     }
+
+    /// Its launch shape, as the launcher (src/mmv.rs, qmm.rs, imm.rs) makes it.
+    pub fn shape(self) -> &'static str {
+        match self {
+            Product::Mmv => "4 rows a block of 4 warps, up to 3 matrices and 8 tokens a launch",
+            Product::Qmv => "16 rows a block of 4 or 8 warps, 8 tokens a launch",
+            Product::Qmm { split: true } => {
+                "64 tokens x 64 rows a block of 4 warps, split over the columns to ~2 blocks an SM"
+            }
+            Product::Qmm { split: false } => "64 tokens x 64 rows a block of 4 warps",
+            Product::Imv => "16 rows a block of 8 warps, 8 or 16 tokens a launch",
+            Product::Imm => {
+                "64 tokens x 64 rows a block of 4 warps, split over 256-column chunks to 2 blocks an SM"
+            }
+            Product::Blas => "cublasGemmEx, f16 in, f32 out",
+        }
+    }
 }
 
 /// The order a family adds a token's products in, when that order does not depend on the
@@ -235,6 +252,17 @@ impl Attention {
         }
     }
 
+    /// Its launch shape (src/attention.rs, kvq.rs).
+    pub fn shape(self) -> &'static str {
+        match self {
+            Attention::Flash => "64-row prompt tiles per head, key ranges of 4,096 positions",
+            Attention::Kvd => {
+                "a KV group's heads a block, up to 64 rows a launch, ranges by own keys"
+            }
+            Attention::SplitK => "a block per (token, head, key range), ranges by the step's shape",
+        }
+    }
+
     /// Whether a row's result does not depend on the other rows of its step.
     pub fn invariant(self) -> bool {
         self != Attention::SplitK
@@ -315,13 +343,8 @@ pub fn describe(
         return s;
     }
     let heads = ["1", "2", "3-8", "9-16", "17+"];
-    let _ = writeln!(
-        s,
-        "  {:<8} {:<7} {}",
-        "weights",
-        "rows",
-        heads.map(|h| format!("{h:<12}")).join("")
-    );
+    let head: String = heads.map(|h| format!("{h:<12}")).join("");
+    let _ = writeln!(s, "  {:<8} {:<7} {}", "weights", "rows", head.trim_end());
     for (t, r) in rows {
         for kind in [Kind::Decode, Kind::Prompt] {
             let cells: String = BUCKETS
@@ -336,13 +359,34 @@ pub fn describe(
             let _ = writeln!(s, "  {t:<8} {k:<7} {}", cells.trim_end());
         }
     }
+    let mut used: Vec<Product> = Vec::new();
+    for r in rows.iter().map(|(_, r)| r) {
+        for p in r.by.iter().flatten() {
+            if !used.contains(p) {
+                used.push(*p);
+            }
+        }
+    }
+    for p in used {
+        let _ = writeln!(s, "  {:<12} {}", p.name(), p.shape());
+    }
+    let mut attn: Vec<Attention> = Vec::new();
     for &hd in head_dims {
+        let (d, p) = (attention(hd, false), attention(hd, true));
         let _ = writeln!(
             s,
-            "  attention hd {hd}: decode {}, prompt {}",
-            attention(hd, false).name(),
-            attention(hd, true).name()
+            "  attention hd {hd} (any KV types, window, soft-cap): decode {}, prompt {}",
+            d.name(),
+            p.name()
         );
+        for a in [d, p] {
+            if !attn.contains(&a) {
+                attn.push(a);
+            }
+        }
+    }
+    for a in attn {
+        let _ = writeln!(s, "  {:<12} {}", a.name(), a.shape());
     }
     s
 }
@@ -503,9 +547,8 @@ mod tests {
         assert_eq!(invariance(Numerics::Parity, &q4k, &[96], true), None);
         let text = describe(inv, 90, &q4k, &[128]);
         assert!(text.contains("Q4_K     decode  mmv"), "{text}");
-        assert!(
-            text.contains("attention hd 128: decode kvd, prompt flash"),
-            "{text}"
-        );
+        assert!(text.contains(": decode kvd, prompt flash"), "{text}");
+        assert!(text.contains("imm          64 tokens x 64 rows"), "{text}");
+        assert!(text.lines().all(|l| l == l.trim_end()), "{text}");
     }
 }
