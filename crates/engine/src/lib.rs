@@ -28,5 +28,5 @@ pub use generate::{generate, prompt_split, GenOptions, Generated};
 pub use picker::{Fetch, Picker};
 pub use runner::{ModelRunner, RunnerOptions, Session, Want};
 pub use sampler::{argmax, logprobs, Needs, Sampler, SamplerParams};
-pub use serving::start as start_serving;
+pub use serve::start as start_serving;
 pub use types::{EngineError, FinishReason, Result, SchedError, BLOCK_SIZE};

@@ -4,7 +4,19 @@
 use std::time::{Duration, Instant};
 
 /// The phases of a step, in order ([`Phases::mark`] closes one).
-pub const NAMES: [&str; 7] = [
+#[derive(Clone, Copy, Debug)]
+pub enum Phase {
+    Schedule,
+    ForwardAndMasks,
+    DeviceMasks,
+    Fetch,
+    Pick,
+    Constraints,
+    Emit,
+}
+
+/// Each phase's name in the log line, in `Phase` order.
+const NAMES: [&str; 7] = [
     "schedule",
     "forward + masks",
     "device masks",
@@ -14,7 +26,10 @@ pub const NAMES: [&str; 7] = [
     "emit",
 ];
 
-pub struct Phases {
+/// The profile's clock and sums; None when `QUIVER_SERVE_PROFILE` is unset.
+pub struct Phases(Option<Profile>);
+
+struct Profile {
     every: u64,
     steps: u64,
     rows: u64,
@@ -23,51 +38,61 @@ pub struct Phases {
 }
 
 impl Phases {
-    pub fn from_env() -> Option<Phases> {
-        let every = std::env::var("QUIVER_SERVE_PROFILE").ok()?.parse().ok()?;
-        (every > 0).then(|| Phases {
+    pub fn from_env() -> Phases {
+        let every = std::env::var("QUIVER_SERVE_PROFILE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        Phases((every > 0).then(|| Profile {
             every,
             steps: 0,
             rows: 0,
             total: Default::default(),
             last: Instant::now(),
-        })
+        }))
     }
 
     /// A step begins.
     pub fn start(&mut self) {
-        self.last = Instant::now();
+        if let Some(p) = &mut self.0 {
+            p.last = Instant::now();
+        }
     }
 
-    /// Phase `i` ends now.
-    pub fn mark(&mut self, i: usize) {
-        let now = Instant::now();
-        self.total[i] += now - self.last;
-        self.last = now;
+    /// Phase `phase` ends now.
+    pub fn mark(&mut self, phase: Phase) {
+        if let Some(p) = &mut self.0 {
+            let now = Instant::now();
+            p.total[phase as usize] += now - p.last;
+            p.last = now;
+        }
     }
 
     /// A step of `rows` sampling rows ended; every `every` steps, a line on stderr.
     pub fn step_done(&mut self, rows: usize) {
-        self.steps += 1;
-        self.rows += rows as u64;
-        if self.steps < self.every {
+        let Some(p) = &mut self.0 else {
+            return;
+        };
+        p.steps += 1;
+        p.rows += rows as u64;
+        if p.steps < p.every {
             return;
         }
-        let per = |d: Duration| d.as_secs_f64() * 1e6 / self.steps as f64;
-        let all: f64 = self.total.iter().map(|&d| per(d)).sum();
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / p.steps as f64;
+        let all: f64 = p.total.iter().map(|&d| per(d)).sum();
         let parts: Vec<String> = NAMES
             .iter()
-            .zip(self.total)
+            .zip(p.total)
             .map(|(n, d)| format!("{n} {:.0}", per(d)))
             .collect();
         eprintln!(
             "serve profile: {} steps, {:.1} rows/step, µs/step {all:.0}: {}",
-            self.steps,
-            self.rows as f64 / self.steps as f64,
+            p.steps,
+            p.rows as f64 / p.steps as f64,
             parts.join(", ")
         );
-        self.steps = 0;
-        self.rows = 0;
-        self.total = Default::default();
+        p.steps = 0;
+        p.rows = 0;
+        p.total = Default::default();
     }
 }

@@ -1,18 +1,109 @@
-//! The serving engine's public handle: submit a request and receive its events through a
-//! sink, abort it, read stats. A background thread runs the scheduling loop; the request,
-//! event and stats types are the engine's shared types ([`crate::types`]), re-exported here:
-//! what the HTTP server sees (it never sees a tensor).
+//! The serving engine's public face: [`start`] loads the model on the engine thread and runs
+//! the serving loop there; the [`EngineHandle`] submits a request (its events come back
+//! through a sink), aborts it, reads stats and shuts down. The request, event and stats types
+//! are the engine's shared types ([`crate::types`]), re-exported here: what the HTTP server
+//! sees (it never sees a tensor).
 
 pub use crate::types::{
     Event, FinishReason, ModelInfo, Request, RunningRequest, ServeOptions, Sink, Stats,
     SubmitError, TokenLogprob,
 };
+
+use crate::kv::chain_hash;
+use crate::runner::{ModelRunner, RunnerOptions};
+use crate::sched::{SchedConfig, Scheduler};
+use crate::serving::shared::Shared;
+use crate::serving::Engine;
+use crate::types::{EngineError, BLOCK_SIZE};
+use quiver_backend::Backend;
+use quiver_gguf::GgufFile;
+use quiver_tokenizer::Tokenizer;
 use std::sync::Arc;
+
+/// Logits rows a step gives to prompt log-probabilities, beyond one per running request.
+const PROMPT_LOGIT_ROWS: usize = 64;
+
+/// Loads the model on the engine thread (the backend is made there by `make`) and starts the
+/// loop. Returns once the model is loaded, or with the load error.
+pub fn start<B, F>(
+    make: F,
+    file: Arc<GgufFile>,
+    tokenizer: Tokenizer,
+    opts: ServeOptions,
+    name: String,
+) -> Result<EngineHandle, EngineError>
+where
+    B: Backend + 'static,
+    F: FnOnce() -> B + Send + 'static,
+{
+    let info = ModelInfo {
+        name,
+        n_ctx: opts.n_ctx,
+        n_vocab: tokenizer.n_vocab(),
+    };
+    let shared = Arc::new(Shared::new(info, tokenizer, opts.clone()));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), EngineError>>();
+    let sh = shared.clone();
+    let t = std::thread::Builder::new()
+        .name("quiver-engine".into())
+        .spawn(move || {
+            let runner_opts = RunnerOptions {
+                n_ctx: opts.kv_blocks * BLOCK_SIZE,
+                n_batch: opts.max_batch_tokens,
+                max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
+                kv: opts.kv,
+            };
+            let runner = match ModelRunner::new(make(), &file, &runner_opts) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            if runner.n_vocab() != sh.info.n_vocab {
+                let _ = ready_tx.send(Err(EngineError::VocabMismatch {
+                    tokenizer: sh.info.n_vocab,
+                    model: runner.n_vocab(),
+                }));
+                return;
+            }
+            let _ = ready_tx.send(Ok(()));
+            let sched = Scheduler::new(SchedConfig {
+                max_batch_tokens: opts.max_batch_tokens,
+                max_seqs: opts.max_seqs,
+                max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
+                kv_blocks: opts.kv_blocks,
+                // The model and the cache's codecs (with their layout version): a block
+                // written under one codec is never found as another's.
+                hash_seed: chain_hash(
+                    0x7175697665,
+                    &[
+                        file.file_len() as u32,
+                        file.tensors.len() as u32,
+                        opts.kv.k as u32,
+                        opts.kv.v as u32,
+                        quiver_backend::kvcodec::LAYOUT_VERSION,
+                    ],
+                ),
+                eog: sh.tokenizer.eog_ids().collect(),
+            });
+            Engine::new(&sh, runner, sched).run();
+        })
+        .map_err(|e| EngineError::Thread(e.to_string()))?;
+    shared.set_thread(t);
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(EngineHandle { inner: shared }),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(EngineError::Thread(
+            "the engine thread stopped while loading".into(),
+        )),
+    }
+}
 
 /// A cloneable handle to the engine thread.
 #[derive(Clone)]
 pub struct EngineHandle {
-    pub(crate) inner: Arc<crate::serving::Shared>,
+    inner: Arc<Shared>,
 }
 
 impl EngineHandle {
@@ -34,7 +125,7 @@ impl EngineHandle {
         &self.inner.info
     }
 
-    pub fn tokenizer(&self) -> &quiver_tokenizer::Tokenizer {
+    pub fn tokenizer(&self) -> &Tokenizer {
         &self.inner.tokenizer
     }
 
