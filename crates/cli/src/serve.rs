@@ -9,6 +9,14 @@ use quiver_tokenizer::chat::ChatTemplate;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// Longest duration a flag takes, in seconds (a day): past it a timer's deadline could
+/// overflow, and no timeout or grace needs more.
+const MAX_SECS: u64 = 86_400;
+/// Most connections or waiting requests a flag allows.
+const MAX_COUNT: i64 = 1_000_000;
+/// Most sequences at once (`--max-seqs`).
+const MAX_SEQS: i64 = 65_536;
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -29,7 +37,7 @@ pub struct ServeArgs {
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub load_delay_ms: u64,
     /// Most sequences running at once (llama-server's `-np/--parallel`).
-    #[arg(long, visible_alias = "parallel", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, visible_alias = "parallel", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_SEQS))]
     pub max_seqs: u32,
     /// How `/v1/embeddings` pools a text's hidden states: mean, cls or last (llama-server's
     /// `--pooling`; default: the file's `pooling_type`, else last, as vLLM does for
@@ -46,7 +54,7 @@ pub struct ServeArgs {
     )]
     pub allowed_origins: Vec<String>,
     /// Most requests waiting before the server answers 429.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=MAX_COUNT))]
     pub max_waiting: u32,
     /// KV blocks in the pool (16 tokens each).
     #[arg(long, conflicts_with = "kv_mem")]
@@ -83,21 +91,21 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_webui: bool,
     /// llama-server's `-to/--timeout SECONDS`: sets `--timeout-read-secs`.
-    #[arg(long = "timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long = "timeout", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=MAX_SECS))]
     pub timeout: Option<u64>,
     /// Seconds running requests may go on after SIGTERM before they are aborted.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=MAX_SECS))]
     pub shutdown_grace: u64,
     /// Seconds a client has to send a request's headers (from connecting, or from the request's
     /// first byte), and then its body.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=MAX_SECS))]
     pub timeout_read_secs: u64,
     /// Seconds a keep-alive connection may wait between requests before it is closed.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=MAX_SECS))]
     pub timeout_idle_secs: u64,
     /// Most open connections; at the cap a new one replaces the longest-waiting connection
     /// without a request in progress, or is answered 503 when all are busy.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=MAX_COUNT))]
     pub max_connections: u32,
 }
 
@@ -152,12 +160,20 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     if let Some(f) = &a.api_key_file {
         let text =
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let before = keys.len();
         keys.extend(
             text.lines()
                 .map(str::trim)
                 .filter(|l| !l.is_empty() && !l.starts_with('#'))
                 .map(String::from),
         );
+        if keys.len() == before {
+            // Starting without its keys would serve everyone: the operator meant keys.
+            bail!(
+                "--api-key-file {} holds no key (only comments or blank lines): give a key, or drop the flag to serve without authentication",
+                f.display()
+            );
+        }
     }
     if let Some(i) = keys.iter().position(|k| k.trim().is_empty()) {
         bail!(
@@ -195,39 +211,44 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     let load = move || -> Result<quiver_engine::serve::EngineHandle, String> {
         let t0 = std::time::Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(load_delay_ms));
+        // The kernel table and invariance lines, logged once the model has loaded.
+        let mut notes = Vec::new();
         let handle = match device {
-            engine::Device::Cpu => quiver_engine::start_serving(
-                move || {
-                    tracing::info!("{}", engine::cpu_invariance(numerics));
-                    CpuBackend::with_config(CpuConfig { threads, numerics })
-                },
-                file,
-                tok,
-                opts,
-                name.clone(),
-            ),
+            engine::Device::Cpu => {
+                notes.push(engine::cpu_invariance(numerics));
+                quiver_engine::start_serving(
+                    move || CpuBackend::with_config(CpuConfig { threads, numerics }),
+                    file,
+                    tok,
+                    opts,
+                    name.clone(),
+                )
+            }
             engine::Device::Cuda(n) => {
                 let config = quiver_backend_cuda::CudaConfig::from_env(numerics);
-                let log = |be: &quiver_backend_cuda::CudaBackend| {
+                let mut note = |be: &quiver_backend_cuda::CudaBackend| {
                     let table = engine::kernel_table(be, &file, &layers);
                     if verbose {
-                        tracing::info!("{}", table.text.trim_end());
+                        notes.push(table.text.trim_end().to_string());
                     }
-                    tracing::info!("{}", engine::invariance_line(numerics, table.variance));
+                    notes.push(engine::invariance_line(numerics, table.variance));
                 };
                 let failed = |e| format!("loading {what}: {e}");
                 if numerics == Numerics::Parity {
                     let be = quiver_backend_cuda::ParityBackend::new(n, config).map_err(failed)?;
-                    log(be.cuda());
+                    note(be.cuda());
                     quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
                 } else {
                     let be = quiver_backend_cuda::CudaBackend::new(n, config).map_err(failed)?;
-                    log(&be);
+                    note(&be);
                     quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
                 }
             }
         }
         .map_err(|e| format!("loading {what}: {e}"))?;
+        for line in notes {
+            tracing::info!("{line}");
+        }
         let with_threads = if device == engine::Device::Cpu {
             format!(" with {threads} threads")
         } else {
