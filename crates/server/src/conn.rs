@@ -83,11 +83,13 @@ impl Conn {
         }
     }
 
+    /// When the phase's time runs out; None: no deadline (busy, or a limit too far away to
+    /// be an instant).
     fn deadline(&self, l: &Limits) -> Option<Instant> {
         let since = self.epoch + Duration::from_millis(self.since.load(Ordering::Acquire));
         match self.phase.load(Ordering::Acquire) {
-            FRESH | HEAD => Some(since + l.read),
-            IDLE => Some(since + l.idle),
+            FRESH | HEAD => since.checked_add(l.read),
+            IDLE => since.checked_add(l.idle),
             _ => None,
         }
     }
@@ -391,6 +393,14 @@ async fn serve_conn(
     mut stop: watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
 ) {
+    // Leaves the open set however the task ends (a panic included), so the count never leaks.
+    struct Registered(Arc<Conns>, u64);
+    impl Drop for Registered {
+        fn drop(&mut self) {
+            self.0.remove(self.1);
+        }
+    }
+    let _registered = Registered(conns.clone(), id);
     let io = TokioIo::new(Watched {
         inner: stream,
         conn: conn.clone(),
@@ -443,7 +453,6 @@ async fn serve_conn(
             }
         }
     }
-    conns.remove(id);
 }
 
 /// The soft limit on open files, where the system tells it (Linux).
@@ -463,6 +472,22 @@ mod tests {
         assert!(head.contains(&format!("content-length: {}", body.len())));
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["code"], "too_many_connections");
+    }
+
+    #[test]
+    fn limits_too_long_for_an_instant_mean_no_deadline() {
+        let conns = Conns::new(Limits {
+            read: Duration::MAX,
+            idle: Duration::MAX,
+            max: 2,
+        });
+        let (_, c) = conns.register();
+        let l = conns.limits();
+        assert_eq!(c.deadline(&l), None);
+        c.on_bytes();
+        drop(Busy::new(c.clone()));
+        assert_eq!(c.phase.load(Ordering::Acquire), IDLE);
+        assert_eq!(c.deadline(&l), None);
     }
 
     #[test]

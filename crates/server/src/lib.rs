@@ -33,6 +33,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The longest timeout or grace the server uses (a year); longer ones are taken as this.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 86_400);
+
 /// How the server listens and what it serves.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -155,9 +158,17 @@ fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
 /// `shutdown_grace` (aborting the rest), then joins the engine.
 pub async fn serve_until(
     engine: Engine,
-    cfg: ServerConfig,
+    mut cfg: ServerConfig,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    // Deadlines are instants: a duration past any instant would overflow them.
+    for d in [
+        &mut cfg.read_timeout,
+        &mut cfg.idle_timeout,
+        &mut cfg.shutdown_grace,
+    ] {
+        *d = (*d).min(MAX_DURATION);
+    }
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
