@@ -203,24 +203,42 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
     // Tokens whose K/V are in the cache, to reuse the shared prefix of the next turn.
     let mut cached: Vec<u32> = Vec::new();
     let mut input = Input::new();
-    eprintln!("quiver chat: /reset clears the conversation, /exit (or Ctrl-D) quits, Ctrl-C stops an answer");
+    eprintln!("quiver chat: /help lists the commands; Ctrl-D quits, Ctrl-C stops an answer");
     loop {
         let Some(line) = input.line()? else {
             break;
         };
         let line = line.trim_end_matches(['\n', '\r']);
-        match line.trim() {
-            "/exit" | "/quit" => break,
-            "/reset" => {
-                msgs.retain(|m| m.role == "system");
-                cached.clear();
-                eprintln!("(conversation cleared)");
+        let text = match ChatLine::parse(line) {
+            ChatLine::Empty => continue,
+            ChatLine::Text(t) => t,
+            ChatLine::Command(c) => {
+                match c {
+                    Command::Exit => break,
+                    Command::Help => eprintln!("{CHAT_HELP}"),
+                    Command::Clear => {
+                        msgs.retain(|m| m.role == "system");
+                        cached.clear();
+                        eprintln!("(conversation cleared)");
+                    }
+                    Command::Save(path) => match save_conversation(&path, &msgs) {
+                        Ok(()) => eprintln!("(saved {} messages to {path})", msgs.len()),
+                        Err(e) => eprintln!("(not saved: {e:#})"),
+                    },
+                    Command::Load(path) => match load_conversation(&path) {
+                        Ok(m) => {
+                            msgs = m;
+                            cached.clear();
+                            eprintln!("(loaded {} messages from {path})", msgs.len());
+                        }
+                        Err(e) => eprintln!("(not loaded: {e:#})"),
+                    },
+                    Command::Unknown(c) => eprintln!("(unknown command {c}; /help lists them)"),
+                }
                 continue;
             }
-            "" => continue,
-            _ => {}
-        }
-        msgs.push(Message::new("user", line));
+        };
+        msgs.push(Message::new("user", text));
         let ids = tmpl.tokenize(&tok, &msgs, true, None)?;
         let keep = cached
             .iter()
@@ -265,6 +283,83 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
         }
     }
     Ok(())
+}
+
+/// `quiver chat`'s commands, as `/help` prints them.
+const CHAT_HELP: &str = "commands:
+  /help          this list
+  /clear         start the conversation over (the system prompt stays; also /reset)
+  /save FILE     write the conversation to FILE (JSON: [{\"role\", \"content\"}, ...])
+  /load FILE     continue a conversation /save wrote
+  /bye           quit (also /exit, /quit, Ctrl-D)
+  //TEXT         send TEXT starting with one /";
+
+/// A command of `quiver chat`.
+#[derive(Debug, PartialEq, Eq)]
+enum Command {
+    Help,
+    Exit,
+    Clear,
+    Save(String),
+    Load(String),
+    Unknown(String),
+}
+
+/// A line typed to `quiver chat`.
+#[derive(Debug, PartialEq, Eq)]
+enum ChatLine<'a> {
+    Empty,
+    Text(&'a str),
+    Command(Command),
+}
+
+impl<'a> ChatLine<'a> {
+    /// A line starting with `/` is a command (`//` sends the rest with one slash); others are
+    /// the user's turn.
+    fn parse(line: &'a str) -> ChatLine<'a> {
+        if line.trim().is_empty() {
+            return ChatLine::Empty;
+        }
+        let Some(rest) = line.trim_start().strip_prefix('/') else {
+            return ChatLine::Text(line);
+        };
+        if rest.starts_with('/') {
+            return ChatLine::Text(rest);
+        }
+        let (word, arg) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+        let arg = arg.trim().to_string();
+        ChatLine::Command(match (word, arg.is_empty()) {
+            ("help" | "?", _) => Command::Help,
+            ("bye" | "exit" | "quit", _) => Command::Exit,
+            ("clear" | "reset", _) => Command::Clear,
+            ("save", false) => Command::Save(arg),
+            ("load", false) => Command::Load(arg),
+            _ => Command::Unknown(format!("/{}", rest.trim())),
+        })
+    }
+}
+
+fn save_conversation(path: &str, msgs: &[Message]) -> Result<()> {
+    let v: Vec<serde_json::Value> = msgs
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+        .collect();
+    std::fs::write(path, serde_json::to_string_pretty(&v)? + "\n")
+        .with_context(|| format!("writing {path}"))
+}
+
+fn load_conversation(path: &str) -> Result<Vec<Message>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let v: Vec<serde_json::Value> = serde_json::from_str(&text)
+        .with_context(|| format!("{path} is not a saved conversation"))?;
+    v.iter()
+        .map(|m| match (m["role"].as_str(), m["content"].as_str()) {
+            (Some(r @ ("system" | "user" | "assistant")), Some(c)) => Ok(Message::new(r, c)),
+            _ => anyhow::bail!(
+                "{path}: each message needs a role (system, user, assistant) and a content"
+            ),
+        })
+        .collect()
 }
 
 /// Where `quiver chat` reads its turns: a line editor with history (arrows, Home/End, Ctrl-R;
@@ -316,5 +411,54 @@ impl Input {
                 Ok(Some(line))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_lines_are_commands_or_text() {
+        use ChatLine as L;
+        assert_eq!(L::parse("  "), L::Empty);
+        assert_eq!(L::parse("hi /there"), L::Text("hi /there"));
+        assert_eq!(L::parse("//etc/hosts?"), L::Text("/etc/hosts?"));
+        for (line, c) in [
+            ("/help", Command::Help),
+            ("/bye", Command::Exit),
+            (" /exit ", Command::Exit),
+            ("/clear", Command::Clear),
+            ("/reset", Command::Clear),
+            ("/save a b.json", Command::Save("a b.json".into())),
+            ("/load x.json", Command::Load("x.json".into())),
+            ("/save", Command::Unknown("/save".into())),
+            ("/frob it", Command::Unknown("/frob it".into())),
+        ] {
+            assert_eq!(L::parse(line), L::Command(c), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn a_saved_conversation_loads_back() {
+        let p = std::env::temp_dir().join(format!("quiver-chat-{}.json", std::process::id()));
+        let p = p.to_str().unwrap();
+        let msgs = vec![
+            Message::new("system", "be brief"),
+            Message::new("user", "hi \"you\""),
+        ];
+        save_conversation(p, &msgs).unwrap();
+        let back = load_conversation(p).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(
+            (back[1].role.as_str(), back[1].content.as_str()),
+            ("user", "hi \"you\"")
+        );
+        std::fs::write(p, r#"[{"role": "robot", "content": "x"}]"#).unwrap();
+        assert!(load_conversation(p)
+            .unwrap_err()
+            .to_string()
+            .contains("role"));
+        let _ = std::fs::remove_file(p);
     }
 }

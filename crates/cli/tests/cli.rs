@@ -668,6 +668,8 @@ fn gemma3_perplexity_within_1_percent_of_llama_cpp() {
 fn chat_answers_resets_and_exits() {
     use std::io::Write;
     let m = model("smollm2-135m");
+    let saved = tmp("chat-saved.json");
+    let saved = saved.to_str().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_quiver"))
         .args(["chat", "-m", &m, "-n", "12", "--temp", "0"])
         .stdin(std::process::Stdio::piped())
@@ -679,18 +681,33 @@ fn chat_answers_resets_and_exits() {
         .stdin
         .take()
         .unwrap()
-        .write_all(b"What is 2+2?\nAnd 3+3?\n/reset\nWhat is 2+2?\n/exit\nnever read\n")
+        .write_all(
+            format!(
+                "What is 2+2?\n/help\n/frob\nAnd 3+3?\n/save {saved}\n/reset\nWhat is 2+2?\n\
+                 /load {saved}\n/bye\nnever read\n"
+            )
+            .as_bytes(),
+        )
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
     let text = String::from_utf8(out.stdout).unwrap();
     let answers: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert!(answers.len() >= 3, "expected three answers: {text:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("(conversation cleared)"));
+    // Commands are not sent to the model: three answers, no more.
+    assert_eq!(answers.len(), 3, "expected three answers: {text:?}");
+    for said in [
+        "(conversation cleared)",
+        "/save FILE",
+        "(unknown command /frob; /help lists them)",
+        "(saved 4 messages to",
+        "(loaded 4 messages from",
+    ] {
+        assert!(err.contains(said), "{said:?} not in {err}");
+    }
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    assert_eq!(saved[2]["content"], "And 3+3?");
     // After /reset the same question at temperature 0 gets the same first answer.
     let first = text.split("\n").next().unwrap();
     assert!(
