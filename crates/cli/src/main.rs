@@ -273,6 +273,7 @@ fn main() {
         }
     };
     let log_format = cli.log_format;
+    let _ = LOG_FORMAT.set(log_format);
     init_logging(log_format);
     env::warn_unknown();
     if let Err(e) = run(cli) {
@@ -294,9 +295,46 @@ fn main() {
     }
 }
 
+/// The `--log-format` in effect (set once at start).
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// A writer that hands each line written to it to `emit` (a fetch's progress as log events
+/// with `--log-format json`, so that the log stays one JSON object a line); `\r` ends a line
+/// too (progress bars).
+struct LogLines<F: FnMut(&str)>(Vec<u8>, F);
+
+impl<F: FnMut(&str)> Write for LogLines<F> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        while let Some(i) = self.0.iter().position(|&b| b == b'\n' || b == b'\r') {
+            let line: Vec<u8> = self.0.drain(..=i).collect();
+            let line = String::from_utf8_lossy(&line);
+            if !line.trim().is_empty() {
+                (self.1)(line.trim());
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where a fetch writes its progress: stderr, or log events with `--log-format json`.
+fn fetch_log() -> Box<dyn Write> {
+    if LOG_FORMAT.get() == Some(&LogFormat::Json) {
+        Box::new(LogLines(
+            Vec::new(),
+            |l: &str| tracing::info!(target: "quiver::fetch", "{l}"),
+        ))
+    } else {
+        Box::new(std::io::stderr())
+    }
+}
+
 fn resolve(model: Option<&str>) -> Result<PathBuf> {
-    let mut err = std::io::stderr();
-    Ok(quiver_hub::resolve(model, &mut err)?)
+    Ok(quiver_hub::resolve(model, &mut fetch_log())?)
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -455,10 +493,26 @@ fn run(cli: Cli) -> Result<()> {
                 if path.is_file() {
                     eprintln!("{}: already in the cache at {}", m.alias, path.display());
                 } else {
-                    quiver_hub::fetch(m, &mut std::io::stderr())?;
+                    quiver_hub::fetch(m, &mut fetch_log())?;
                 }
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_split_on_newlines_and_carriage_returns() {
+        let mut got = Vec::new();
+        {
+            let mut w = LogLines(Vec::new(), |l: &str| got.push(l.to_string()));
+            w.write_all(b"fetch a: part 1/2\n\r[##   ]  8%").unwrap();
+            w.write_all(b"\r[#####] 20%\r\n  \npartial").unwrap();
+        }
+        assert_eq!(got, ["fetch a: part 1/2", "[##   ]  8%", "[#####] 20%"]);
+    }
 }

@@ -606,6 +606,32 @@ fn numerics_kernel_table_and_unknown_variables() {
     );
 }
 
+/// With `--log-format json` a fetch's progress lines are log events: stderr stays one JSON
+/// object a line, through to the error (pip finds nothing in an empty local index).
+#[test]
+fn fetch_progress_keeps_the_json_log_json() {
+    let home = tmp("json-fetch-home");
+    let links = tmp("json-fetch-links");
+    std::fs::create_dir_all(&links).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args(["--log-format", "json", "fetch", "smollm2-135m"])
+        .env("QUIVER_HOME", &home)
+        .env("PIP_NO_INDEX", "1")
+        .env("PIP_FIND_LINKS", &links)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(lines.len() >= 2, "a progress line and the error: {err}");
+    for l in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}"));
+        assert!(v["level"].is_string(), "{l}");
+    }
+    assert!(err.contains("fetch smollm2-135m: part 1/"), "{err}");
+}
+
 fn perplexity_matches_llama_cpp(alias: &str, key: &str) {
     let gpl = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/reference/GPL-3");
     let out = quiver(&[
