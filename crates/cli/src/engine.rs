@@ -11,9 +11,17 @@ use std::sync::Arc;
 /// Flags every inference command takes.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LoadArgs {
-    /// Model path, alias (smollm2-135m, gemma3-270m) or hf:ORG/REPO/FILE.gguf.
+    /// Model path, alias (smollm2-135m, gemma3-270m), hf:ORG/REPO[:QUANT], hf:ORG/REPO/FILE.gguf
+    /// or an http(s) URL (downloaded into the cache, resumed after an interruption).
     #[arg(short = 'm', long = "model")]
     pub model: Option<String>,
+    /// A Hugging Face Hub repository, ORG/REPO[:QUANT] (default quantization Q4_K_M):
+    /// llama-server's -hf; the same as -m hf:ORG/REPO[:QUANT].
+    #[arg(long = "hf-repo", value_name = "ORG/REPO[:QUANT]", conflicts_with_all = ["model", "model_url"])]
+    pub hf_repo: Option<String>,
+    /// A GGUF file's URL (llama-server's -mu); the same as -m URL.
+    #[arg(long = "model-url", value_name = "URL", conflicts_with = "model")]
+    pub model_url: Option<String>,
     /// Context length in tokens (default: 4096, or the model's training context if smaller).
     #[arg(short = 'c', long = "ctx-size", value_parser = clap::value_parser!(u32).range(1..))]
     pub ctx_size: Option<u32>,
@@ -51,6 +59,14 @@ pub fn parse_numerics(s: &str) -> std::result::Result<Numerics, String> {
 }
 
 impl LoadArgs {
+    /// The model these flags name (`-m`, `--hf-repo` or `--model-url`; None: the default).
+    pub fn model_spec(&self) -> Option<String> {
+        self.model
+            .clone()
+            .or_else(|| self.hf_repo.as_ref().map(|r| format!("hf:{r}")))
+            .or_else(|| self.model_url.clone())
+    }
+
     /// The KV cache's element types these flags choose.
     pub fn kv_types(&self) -> KvTypes {
         let both = self.kv_type.unwrap_or(KvType::F16);
@@ -194,7 +210,7 @@ fn cores() -> usize {
 }
 
 pub fn open(args: &LoadArgs) -> Result<Arc<GgufFile>> {
-    open_path(&crate::resolve(args.model.as_deref())?)
+    open_path(&crate::resolve(args.model_spec().as_deref())?)
 }
 
 pub fn open_path(path: &std::path::Path) -> Result<Arc<GgufFile>> {

@@ -235,6 +235,8 @@ fn llama_server_aliases(args: impl Iterator<Item = String>) -> Vec<String> {
             "-to" => "--timeout",
             "-ctk" => "--cache-type-k",
             "-ctv" => "--cache-type-v",
+            "-hf" | "-hfr" => "--hf-repo",
+            "-mu" => "--model-url",
             _ => return a,
         }
         .to_string()

@@ -21,6 +21,9 @@ const MAX_SEQS: i64 = 65_536;
 pub struct ServeArgs {
     #[command(flatten)]
     pub load: LoadArgs,
+    /// The model as a positional argument (vLLM's `vllm serve MODEL`): what -m takes.
+    #[arg(value_name = "MODEL", conflicts_with_all = ["model", "hf_repo", "model_url"])]
+    pub model_arg: Option<String>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -121,7 +124,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     if let Some(t) = a.timeout {
         a.timeout_read_secs = t;
     }
-    let path = crate::resolve(a.load.model.as_deref())?;
+    if let Some(m) = a.model_arg.take() {
+        a.load.model = Some(m);
+    }
+    let path = crate::resolve(a.load.model_spec().as_deref())?;
     let file = engine::open_path(&path)?;
     let tok = quiver_tokenizer::Tokenizer::from_gguf(&file)?;
     let tmpl = match (&a.chat_template, &a.chat_template_file) {

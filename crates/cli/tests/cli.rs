@@ -632,6 +632,37 @@ fn fetch_progress_keeps_the_json_log_json() {
     assert!(err.contains("fetch smollm2-135m: part 1/"), "{err}");
 }
 
+/// llama-server's `-hf` and `-mu` and a positional model for `serve` (vLLM's) name the model;
+/// `-hf` never prints help. (Downloads themselves: crates/hub/tests/download.rs.)
+#[test]
+fn model_flags_of_llama_server_and_vllm() {
+    let out = quiver(&["serve", "-hf"]);
+    assert_one_line_error(&out, 2, "-hf without a value");
+    let out = Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args(["run", "-hf", "org/repo:Q8_0", "-p", "hi"])
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env("QUIVER_HOME", tmp("hf-home"))
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, 1, "-hf with no hub");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hf:org/repo:Q8_0"));
+    let out = quiver(&[
+        "run",
+        "-mu",
+        "http://127.0.0.1:9/m.gguf",
+        "-m",
+        "x.gguf",
+        "-p",
+        "hi",
+    ]);
+    assert_one_line_error(&out, 2, "-mu with -m");
+    let out = quiver(&["serve", "/no/such/model.gguf", "--port", "0"]);
+    assert_one_line_error(&out, 1, "positional model");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/model.gguf"));
+    let out = quiver(&["serve", "a.gguf", "-m", "b.gguf"]);
+    assert_one_line_error(&out, 2, "positional model with -m");
+}
+
 fn perplexity_matches_llama_cpp(alias: &str, key: &str) {
     let gpl = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/reference/GPL-3");
     let out = quiver(&[

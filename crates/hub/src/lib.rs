@@ -6,6 +6,9 @@
 //! folder, joins the parts into `NAME.gguf.partial-PID`, checks the pinned sha256 and only then
 //! renames the file into place, so a killed fetch never leaves a file that passes for a model.
 
+mod download;
+
+pub use download::DEFAULT_QUANT;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -35,10 +38,12 @@ pub enum HubError {
         got: String,
         expected: String,
     },
-    #[error("bad hf: reference {0:?}: expected hf:ORG/REPO/FILE.gguf")]
+    #[error("bad hf: reference {0:?}: expected hf:ORG/REPO[:QUANT] or hf:ORG/REPO/FILE.gguf")]
     BadHfRef(String),
     #[error("fetching {reference} from the Hugging Face Hub failed: {detail}")]
     Hf { reference: String, detail: String },
+    #[error("fetching {url} failed: {detail}")]
+    Url { url: String, detail: String },
 }
 
 fn io_err(path: &Path, source: std::io::Error) -> HubError {
@@ -138,8 +143,10 @@ fn aliases() -> String {
         .join(", ")
 }
 
-/// Resolves `-m`: a known alias (fetched on first use), `hf:ORG/REPO/FILE.gguf`, or a path.
-/// `None` means the default model. Progress goes to `log`.
+/// Resolves `-m`: a known alias (fetched on first use), `hf:ORG/REPO[:QUANT]` or
+/// `hf:ORG/REPO/FILE.gguf` (the Hugging Face Hub), an `http(s)://` URL (both downloaded into
+/// the cache, resumed after an interruption), or a path. `None` means the default model.
+/// Progress goes to `log`.
 pub fn resolve(spec: Option<&str>, log: &mut dyn Write) -> Result<PathBuf, HubError> {
     let spec = spec.unwrap_or(DEFAULT_MODEL);
     if let Some(m) = known(spec) {
@@ -150,7 +157,10 @@ pub fn resolve(spec: Option<&str>, log: &mut dyn Write) -> Result<PathBuf, HubEr
         return fetch(m, log);
     }
     if let Some(rest) = spec.strip_prefix("hf:") {
-        return fetch_hf(spec, rest);
+        return download::fetch_hf(spec, rest, log);
+    }
+    if spec.starts_with("https://") || spec.starts_with("http://") {
+        return download::fetch_url(spec, log);
     }
     let path = PathBuf::from(spec);
     if path.exists() {
@@ -394,34 +404,6 @@ impl Progress {
     }
 }
 
-fn fetch_hf(spec: &str, rest: &str) -> Result<PathBuf, HubError> {
-    let mut it = rest.splitn(3, '/');
-    let (org, repo, file) = match (it.next(), it.next(), it.next()) {
-        (Some(o), Some(r), Some(f)) if !o.is_empty() && !r.is_empty() && f.ends_with(".gguf") => {
-            (o, r, f)
-        }
-        _ => return Err(HubError::BadHfRef(spec.into())),
-    };
-    let api = hf_hub::api::sync::ApiBuilder::new()
-        .with_cache_dir(cache_dir().join("hf"))
-        .with_progress(true)
-        .build()
-        .map_err(|e| HubError::Hf {
-            reference: spec.into(),
-            detail: e.to_string(),
-        })?;
-    api.model(format!("{org}/{repo}"))
-        .get(file)
-        .map_err(|e| HubError::Hf {
-            reference: spec.into(),
-            detail: one_line(&e.to_string()),
-        })
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,7 +413,7 @@ mod tests {
         for r in [
             "hf:",
             "hf:org",
-            "hf:org/repo",
+            "hf:org/repo:",
             "hf:org/repo/model.bin",
             "hf:/repo/x.gguf",
         ] {
