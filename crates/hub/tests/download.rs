@@ -3,7 +3,7 @@
 //! one, with Range requests). The first download of the file is cut off halfway; the next one
 //! resumes from the partial file. One test function: it sets process-wide variables.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 
