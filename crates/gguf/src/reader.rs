@@ -8,6 +8,11 @@ use indexmap::IndexMap;
 
 type Result<T> = std::result::Result<T, GgufError>;
 
+/// Most entries reserved ahead from a count in the file: past it, collections grow as their
+/// entries are read (each backed by bytes of the file), never from the count alone (an entry
+/// takes several times the bytes in memory it takes in the file).
+const RESERVE: usize = 4096;
+
 /// The parsed header of a GGUF file: everything but the tensor data.
 pub(crate) struct Header {
     pub version: u32,
@@ -97,7 +102,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     let n_kv = c.u64(&|| "metadata count".into())?;
     // key length + type + smallest value
     c.check_count(n_kv, 8 + 4 + 1, &|| "metadata count".into())?;
-    let mut metadata = IndexMap::with_capacity(n_kv as usize);
+    let mut metadata = IndexMap::with_capacity((n_kv as usize).min(RESERVE));
     for i in 0..n_kv {
         let key = c.string(&|| format!("metadata key #{i}"))?;
         let ty = c.u32(&|| format!("type of metadata key {key:?}"))?;
@@ -130,8 +135,8 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header> {
     // name length + n_dims + type + offset
     let infos_offset = c.pos as u64;
     c.check_count(n_tensors, 8 + 4 + 4 + 8, &|| "tensor count".into())?;
-    let mut tensors = Vec::with_capacity(n_tensors as usize);
-    let mut names = std::collections::HashSet::with_capacity(n_tensors as usize);
+    let mut tensors = Vec::with_capacity((n_tensors as usize).min(RESERVE));
+    let mut names = std::collections::HashSet::with_capacity((n_tensors as usize).min(RESERVE));
     for i in 0..n_tensors {
         let name = c.string(&|| format!("name of tensor #{i}"))?;
         let n_dims = c.u32(&|| format!("dimension count of tensor {name:?}"))?;
@@ -224,6 +229,15 @@ fn read_value(c: &mut Cursor, ty: ValueType, key: &str, depth: usize) -> Result<
     })
 }
 
+/// `n` items read one by one, the vector growing as they come ([`RESERVE`]).
+fn read_n<T>(n: usize, mut one: impl FnMut() -> Result<T>) -> Result<Vec<T>> {
+    let mut v = Vec::with_capacity(n.min(RESERVE));
+    for _ in 0..n {
+        v.push(one()?);
+    }
+    Ok(v)
+}
+
 fn read_bool(c: &mut Cursor, key: &str) -> Result<bool> {
     match c.array::<1>(&|| format!("value of metadata key {key:?}"))?[0] {
         0 => Ok(false),
@@ -274,12 +288,8 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<Array> {
         ValueType::U64 => fixed!(U64, u64),
         ValueType::I64 => fixed!(I64, i64),
         ValueType::F64 => fixed!(F64, f64),
-        ValueType::Bool => Array::Bool((0..n).map(|_| read_bool(c, key)).collect::<Result<_>>()?),
-        ValueType::String => Array::String((0..n).map(|_| c.string(&what)).collect::<Result<_>>()?),
-        ValueType::Array => Array::Array(
-            (0..n)
-                .map(|_| read_array(c, key, depth + 1))
-                .collect::<Result<_>>()?,
-        ),
+        ValueType::Bool => Array::Bool(read_n(n, || read_bool(c, key))?),
+        ValueType::String => Array::String(read_n(n, || c.string(&what))?),
+        ValueType::Array => Array::Array(read_n(n, || read_array(c, key, depth + 1))?),
     })
 }

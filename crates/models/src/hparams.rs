@@ -277,6 +277,15 @@ impl<'a> Reader<'a> {
     pub fn base(&self, mode: RopeMode, act: Activation) -> Result<Hparams> {
         let n_embd = self.req("embedding_length")?;
         let n_layer = self.req("block_count")?;
+        // Every layer has tensors of its own: a count the file's tensors cannot back is
+        // refused before anything is allocated per layer.
+        let n_tensors = self.f.tensors.len();
+        if n_layer > n_tensors {
+            return Err(self.bad(
+                "block_count",
+                format!("{n_layer} layers, but the file holds {n_tensors} tensors"),
+            ));
+        }
         let heads = self
             .per_layer("attention.head_count", n_layer)?
             .ok_or_else(|| self.bad("attention.head_count", "missing"))?;
@@ -303,6 +312,7 @@ impl<'a> Reader<'a> {
         let n_head = heads.iter().copied().max().unwrap_or(0);
         let n_head_kv = heads_kv.iter().copied().max().unwrap_or(0);
         let head_dim = match self.u("attention.key_length")? {
+            Some(0) => return Err(self.bad("attention.key_length", "is 0")),
             Some(k) => k,
             None => {
                 if n_embd % n_head != 0 {
