@@ -144,3 +144,44 @@ def test_deepseek_and_gemma4_formats_with_their_templates(template, marker):
         assert s == 200 and marker in prompt and "22 degrees" in prompt, prompt
     finally:
         srv.stop()
+
+
+def _pydantic_tool(defs_key):
+    """A tool whose parameters reference definitions, as pydantic writes them (`$defs`) or as
+    older generators do (`definitions`), one definition referencing another."""
+    return {
+        "type": "function",
+        "function": {
+            "name": "book",
+            "parameters": {
+                "type": "object",
+                "properties": {"place": {"$ref": f"#/{defs_key}/Place"}, "unit": {"$ref": f"#/{defs_key}/Unit"}},
+                "required": ["place", "unit"],
+                "additionalProperties": False,
+                defs_key: {
+                    "Place": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"$ref": f"#/{defs_key}/Unit"}},
+                        "required": ["city", "unit"],
+                        "additionalProperties": False,
+                    },
+                    "Unit": {"enum": ["C", "F"]},
+                },
+            },
+        },
+    }
+
+
+@pytest.mark.parametrize("defs_key", ["$defs", "definitions"])
+def test_forced_calls_resolve_defs(server, client, defs_key):
+    tool = _pydantic_tool(defs_key)
+    for choice in ["required", {"type": "function", "function": {"name": "book"}}]:
+        r = chat(client, tools=[tool, TIME], tool_choice=choice, parallel_tool_calls=False, temperature=0, max_tokens=200)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c
+        call = c.message.tool_calls[0]
+        if call.function.name == "get_time":
+            continue
+        args = json.loads(call.function.arguments)
+        assert set(args) == {"place", "unit"} and args["unit"] in ("C", "F"), args
+        assert set(args["place"]) == {"city", "unit"} and args["place"]["unit"] in ("C", "F"), args

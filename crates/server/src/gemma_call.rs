@@ -122,6 +122,7 @@ pub(crate) fn grammar(functions: &[(&str, &Value)], parallel: bool) -> String {
         .iter()
         .map(|(n, schema)| {
             let head = lit(&format!("{OPEN}call:{n}"));
+            g.root = (*schema).clone();
             let args = g.object(schema).unwrap_or_else(|| "dict".into());
             format!("{head} {args} {}", lit(CLOSE))
         })
@@ -149,11 +150,17 @@ fn lit(s: &str) -> String {
     serde_json::to_string(s).expect("a string")
 }
 
+/// How deep schemas nest (through references too) before a value is taken as any value.
+const MAX_DEPTH: usize = 16;
+
 /// Rules made for schemas, named `s0`, `s1`, …
 #[derive(Default)]
 struct Grammar {
     rules: String,
     n: usize,
+    /// The function's parameters, which its references (`#/$defs/…`) point into.
+    root: Value,
+    depth: usize,
 }
 
 impl Grammar {
@@ -164,9 +171,22 @@ impl Grammar {
         name
     }
 
+    /// The schema a `$ref` (a pointer into the parameters, `#/…`) names, followed through
+    /// chains of references; the schema itself without one.
+    fn resolve<'a>(&'a self, mut s: &'a Value) -> Option<Value> {
+        for _ in 0..MAX_DEPTH {
+            match s.get("$ref").and_then(Value::as_str) {
+                Some(r) => s = self.root.pointer(r.strip_prefix('#')?)?,
+                None => return Some(s.clone()),
+            }
+        }
+        None
+    }
+
     /// An object schema with at least one required property: the required ones in the
     /// schema's order, then each optional one (in order) or not. None: not of that kind.
     fn object(&mut self, schema: &Value) -> Option<String> {
+        let schema = &self.resolve(schema)?;
         let props = schema.get("properties")?.as_object()?;
         let required: Vec<&str> = schema
             .get("required")
@@ -193,6 +213,16 @@ impl Grammar {
     }
 
     fn value(&mut self, s: &Value) -> String {
+        let Some(s) = self.resolve(s).filter(|_| self.depth < MAX_DEPTH) else {
+            return "value".into();
+        };
+        self.depth += 1;
+        let v = self.value_of(&s);
+        self.depth -= 1;
+        v
+    }
+
+    fn value_of(&mut self, s: &Value) -> String {
         let q = lit(QUOTE);
         if let Some(e) = s.get("enum").and_then(Value::as_array) {
             let alts: Vec<String> = e

@@ -160,18 +160,25 @@ impl Tools {
             Format::Llama3 => "parameters",
             _ => "arguments",
         };
+        // Each function's parameters may reference their own definitions (`#/$defs/…`,
+        // `#/definitions/…`): they move to the root's `$defs`, their references with them.
+        let mut defs = Map::new();
         let one: Vec<Value> = fs
             .iter()
-            .map(|(name, params)| {
+            .enumerate()
+            .map(|(i, (name, params))| {
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": name}, args: params},
+                    "properties": {"name": {"const": name}, args: hoist(params, i, &mut defs)},
                     "required": ["name", args],
                     "additionalProperties": false,
                 })
             })
             .collect();
-        let call = json!({"anyOf": one, "x-guidance": {"whitespace_flexible": false}});
+        let mut call = json!({"anyOf": one, "x-guidance": {"whitespace_flexible": false}});
+        if !defs.is_empty() {
+            call["$defs"] = Value::Object(defs.clone());
+        }
         let lark = match self.format {
             Format::Hermes => {
                 let rep = if self.parallel { "+" } else { "" };
@@ -179,9 +186,16 @@ impl Tools {
             }
             Format::Mistral => {
                 let max = if self.parallel { json!(null) } else { json!(1) };
-                let mut arr = json!({"type": "array", "items": call, "minItems": 1, "x-guidance": {"whitespace_flexible": false}});
+                let mut items = call.clone();
+                if let Some(o) = items.as_object_mut() {
+                    o.remove("$defs");
+                }
+                let mut arr = json!({"type": "array", "items": items, "minItems": 1, "x-guidance": {"whitespace_flexible": false}});
                 if !max.is_null() {
                     arr["maxItems"] = max;
+                }
+                if !defs.is_empty() {
+                    arr["$defs"] = Value::Object(defs);
                 }
                 format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {arr}\n")
             }
@@ -317,6 +331,45 @@ impl Tools {
     }
 }
 
+/// Function `i`'s parameters as the arguments' schema inside a larger one: where they hold
+/// references into themselves (`#`, `#/$defs/X`, `#/definitions/X`, any pointer), they go to
+/// `defs` as `quiver_fI` and the references are rewritten to point there, so that they
+/// resolve from the larger schema's root as they did from the parameters'.
+fn hoist(params: &Value, i: usize, defs: &mut Map<String, Value>) -> Value {
+    fn refs(v: &mut Value, prefix: &str) -> bool {
+        let mut any = false;
+        match v {
+            Value::Object(o) => {
+                for (k, x) in o.iter_mut() {
+                    match (k.as_str(), x) {
+                        // Literal values, not schemas.
+                        ("const" | "enum" | "default" | "examples", _) => {}
+                        ("$ref", Value::String(r)) if r.starts_with('#') => {
+                            *r = format!("{prefix}{}", &r[1..]);
+                            any = true;
+                        }
+                        (_, x) => any |= refs(x, prefix),
+                    }
+                }
+            }
+            Value::Array(a) => {
+                for x in a {
+                    any |= refs(x, prefix);
+                }
+            }
+            _ => {}
+        }
+        any
+    }
+    let name = format!("quiver_f{i}");
+    let mut p = params.clone();
+    if !refs(&mut p, &format!("#/$defs/{name}")) {
+        return params.clone();
+    }
+    defs.insert(name.clone(), p);
+    json!({"$ref": format!("#/$defs/{name}")})
+}
+
 /// OpenAI's `tool_calls` array for parsed calls; ids unique within the response.
 pub fn tool_calls_json(calls: &[(String, String)], response_id: &str) -> Value {
     Value::Array(
@@ -437,5 +490,76 @@ mod tests {
         assert!(e.contains("\"g\""), "{e}");
         let m = json!({"tool_choice": "required"});
         assert!(Tools::parse(m.as_object().unwrap(), Format::Hermes).is_err());
+    }
+
+    /// Every `$ref` in the grammar's JSON schemas resolves from its schema's root.
+    #[test]
+    fn definitions_resolve_in_forced_calls() {
+        let params = |defs: &str| {
+            json!({
+                "type": "object",
+                "properties": {"place": {"$ref": format!("#/{defs}/Place")}},
+                "required": ["place"],
+                defs: {
+                    "Place": {"type": "object", "properties": {"unit": {"$ref": format!("#/{defs}/Unit")}}, "required": ["unit"]},
+                    "Unit": {"enum": ["C", "F"]},
+                },
+            })
+        };
+        fn check_refs(v: &Value, root: &Value, n: &mut usize) {
+            match v {
+                Value::Object(o) => {
+                    if let Some(Value::String(r)) = o.get("$ref") {
+                        assert!(root.pointer(&r[1..]).is_some(), "{r} in {root}");
+                        *n += 1;
+                    }
+                    o.values().for_each(|x| check_refs(x, root, n));
+                }
+                Value::Array(a) => a.iter().for_each(|x| check_refs(x, root, n)),
+                _ => {}
+            }
+        }
+        for format in [
+            Format::Hermes,
+            Format::Mistral,
+            Format::Llama3,
+            Format::DeepSeek,
+        ] {
+            for defs in ["$defs", "definitions"] {
+                let m = json!({
+                    "tools": [
+                        {"type": "function", "function": {"name": "a", "parameters": params(defs)}},
+                        {"type": "function", "function": {"name": "b", "parameters": params(defs)}},
+                    ],
+                    "tool_choice": "required",
+                });
+                let t = Tools::parse(m.as_object().unwrap(), format)
+                    .unwrap()
+                    .unwrap();
+                let Some(ConstraintSpec::Lark(g)) = t.constraint() else {
+                    panic!()
+                };
+                let mut n = 0;
+                for line in g.lines() {
+                    if let Some((_, schema)) = line.split_once("%json ") {
+                        let root: Value = serde_json::from_str(schema).unwrap();
+                        check_refs(&root, &root, &mut n);
+                    }
+                }
+                assert!(n >= 4, "{format:?} {defs}: {n} references in {g}");
+            }
+        }
+        // Gemma 4's own syntax: the referenced enum shapes the value.
+        let m = json!({
+            "tools": [{"type": "function", "function": {"name": "a", "parameters": params("$defs")}}],
+            "tool_choice": "required",
+        });
+        let t = Tools::parse(m.as_object().unwrap(), Format::Gemma4)
+            .unwrap()
+            .unwrap();
+        let Some(ConstraintSpec::Lark(g)) = t.constraint() else {
+            panic!()
+        };
+        assert!(g.contains("\"C\"") && g.contains("\"unit:\""), "{g}");
     }
 }
