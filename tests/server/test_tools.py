@@ -185,3 +185,32 @@ def test_forced_calls_resolve_defs(server, client, defs_key):
         args = json.loads(call.function.arguments)
         assert set(args) == {"place", "unit"} and args["unit"] in ("C", "F"), args
         assert set(args["place"]) == {"city", "unit"} and args["place"]["unit"] in ("C", "F"), args
+
+
+def _many_tools(n):
+    return [
+        {"type": "function", "function": {"name": f"tool_{i}", "description": "Looks a thing up. " * 8,
+                                          "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+        for i in range(n)
+    ]
+
+
+def test_the_context_bound_counts_what_the_template_renders(server, client):
+    """1,000 tools (~250 KB of JSON, more than the 1,024-token context could hold as text) on a
+    template that drops them: served, not refused before rendering. A template that renders
+    them is still refused, before tokenizing, with the rendered figure."""
+    tools = _many_tools(1000)
+    assert len(json.dumps(tools)) > 1024 * 81  # past the pre-render byte bound of -c 1024
+    r = chat(client, tools=tools, max_tokens=4, temperature=0)
+    assert r.usage.prompt_tokens < 100, r.usage
+    from conftest import Server
+
+    tmpl = "{{ tools | tojson }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    srv = Server("--ctx-size", "1024", "--chat-template", tmpl)
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(srv.client(), tools=tools, max_tokens=4)
+        assert e.value.body["code"] == "context_length_exceeded", e.value.body
+        assert "1024" in e.value.body["message"], e.value.body
+    finally:
+        srv.stop()

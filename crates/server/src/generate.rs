@@ -37,10 +37,25 @@ pub(crate) fn render_chat(
     req: &params::ChatRequest,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    // The messages' text is in the rendered prompt: bound it before rendering and tokenizing.
+    let failed = |e: quiver_tokenizer::TokenizerError| match e {
+        quiver_tokenizer::TokenizerError::Template(_) => ApiError::invalid(
+            "messages",
+            format!("the chat template cannot render these messages: {e}"),
+        ),
+        e => ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}")),
+    };
+    // The prompt is bounded before it is tokenized. The messages' and tools' text, when it
+    // fits, bounds it; when it does not, the rendered prompt decides, since a template may
+    // leave some of it out (tools, say).
     let text_bytes: usize = req.messages.iter().map(|m| m.content.len()).sum::<usize>()
         + req.tools.as_ref().map_or(0, |t| t.to_string().len());
-    check_prompt_bytes(st, text_bytes, "messages")?;
+    if check_prompt_bytes(st, text_bytes, "messages").is_err() {
+        let text = st
+            .template
+            .render(&req.messages, add_generation_prompt, req.tools.as_ref())
+            .map_err(failed)?;
+        check_prompt_bytes(st, text.len(), "messages")?;
+    }
     // Special tokens come only from the template: the messages' text is tokenized as text.
     st.template
         .tokenize(
@@ -49,13 +64,7 @@ pub(crate) fn render_chat(
             add_generation_prompt,
             req.tools.as_ref(),
         )
-        .map_err(|e| match e {
-            quiver_tokenizer::TokenizerError::Template(_) => ApiError::invalid(
-                "messages",
-                format!("the chat template cannot render these messages: {e}"),
-            ),
-            e => ApiError::invalid("messages", format!("cannot tokenize the prompt: {e}")),
-        })
+        .map_err(failed)
 }
 
 pub(crate) async fn chat_completions(
