@@ -55,3 +55,25 @@ def test_embedding_requests_that_cannot_be_served_are_400s(server):
         assert s == 400 and e["param"] == param, (body, s, e)
     s, _, resp = server.request("POST", "/v1/embeddings", {"input": "x", "model": "other"})
     assert s == 404, resp
+
+
+def test_an_embeddings_batch_counts_as_one_request_up_to_2048_inputs(server):
+    """More inputs than the queue holds (`--max-waiting`; 257 against the default 256 was a
+    429 on an idle server): served, as one request, in input order, each vector the one its
+    input gets alone. Past 2,048 inputs, a 400."""
+    s, _, resp = server.request("POST", "/v1/embeddings", {"input": ["x"] * 2049})
+    e = json.loads(resp)["error"]
+    assert s == 400 and e["param"] == "input" and "2048" in e["message"], e
+    from conftest import Server
+
+    texts = [f"Sentence number {i} about cats." for i in range(40)]
+    srv = Server("--ctx-size", "256", "--max-waiting", "4", keys=())
+    try:
+        c = srv.client()
+        r = c.embeddings.create(model=srv.model, input=texts)
+        assert [d.index for d in r.data] == list(range(40))
+        for i in (0, 5, 39):
+            one = c.embeddings.create(model=srv.model, input=texts[i])
+            assert one.data[0].embedding == r.data[i].embedding, i
+    finally:
+        srv.stop()

@@ -1,5 +1,6 @@
 //! Embeddings: OpenAI's `/v1/embeddings` and llama-server's `/embedding` (also `/embeddings`).
-//! Each input is one engine request (`Request::embed`), batched with whatever else runs; the
+//! Each input is one engine request (`Request::embed`), batched with whatever else runs (a
+//! batch counts as one request against the queue: [`embed`]); the
 //! vector is the model's final hidden states pooled as the server was told (`--pooling`, else
 //! the file's `pooling_type`, else the last token's) at unit length.
 
@@ -13,9 +14,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use quiver_engine::serve::{Event, Request};
+use quiver_engine::serve::{Event, Request, SubmitError};
 use quiver_engine::SamplerParams;
 use serde_json::{json, Map, Value};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -72,6 +74,12 @@ fn inputs(
 }
 
 /// Runs every input through the engine; the vectors in input order, and the tokens read.
+///
+/// A batch is one request to the queue (`--max-waiting`): it is refused (429) only when its
+/// first input finds the queue full. Its inputs then go to the engine at most `max_seqs` at a
+/// time (as many as run at once), the next one as one ends, so that a batch of 2,048 neither
+/// fills the queue nor keeps other requests out of it; an input the queue refuses meanwhile
+/// waits for one of its batch to end, or for room.
 async fn embed(
     st: &St,
     log: &ReqLog,
@@ -83,69 +91,77 @@ async fn embed(
     }
     let tokens: usize = list.iter().map(Vec::len).sum();
     log.prompt(tokens);
-    let mut rxs = Vec::with_capacity(list.len());
-    let mut ids = Vec::with_capacity(list.len());
-    for prompt in list {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let req = Request {
-            prompt,
-            sampling: SamplerParams::greedy(),
-            max_tokens: 0,
-            stop: Vec::new(),
-            logprobs: None,
-            prompt_logprobs: None,
-            ignore_eos: false,
-            constraint: None,
-            embed: Some(st.pooling),
-        };
-        match st
-            .handle
-            .submit(req, Box::new(move |ev| tx.send(ev).is_ok()))
-        {
-            Ok(id) => ids.push(id),
-            Err(e) => {
-                for &id in &ids {
-                    st.handle.abort(id);
-                }
-                return Err(ApiError::from_submit(&e, field));
-            }
-        }
-        rxs.push(rx);
-    }
-    // Aborts what is still running if the client leaves first.
-    struct Guard<'a>(&'a St, Vec<u64>);
+    // Aborts what is still running if the client leaves first, or one input fails.
+    struct Guard<'a>(&'a St, HashMap<usize, u64>);
     impl Drop for Guard<'_> {
         fn drop(&mut self) {
-            for &id in &self.1 {
+            for &id in self.1.values() {
                 self.0.handle.abort(id);
             }
         }
     }
-    let mut guard = Guard(st, ids);
-    let mut out = Vec::with_capacity(rxs.len());
-    for mut rx in rxs {
-        let mut v = None;
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Embedding(e) => v = Some(e),
-                Event::Error(e) => {
-                    return Err(ApiError::internal(format!("embedding failed: {e}")))
+    let n = list.len();
+    let window = st.max_seqs.max(1);
+    let mut guard = Guard(st, HashMap::new());
+    let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Event)>();
+    let (mut next, mut done) = (0, 0);
+    while done < n {
+        while next < n && guard.1.len() < window {
+            let req = Request {
+                prompt: list[next].clone(),
+                sampling: SamplerParams::greedy(),
+                max_tokens: 0,
+                stop: Vec::new(),
+                logprobs: None,
+                prompt_logprobs: None,
+                ignore_eos: false,
+                constraint: None,
+                embed: Some(st.pooling),
+            };
+            let (tx, i) = (tx.clone(), next);
+            match st
+                .handle
+                .submit(req, Box::new(move |ev| tx.send((i, ev)).is_ok()))
+            {
+                Ok(id) => {
+                    guard.1.insert(i, id);
+                    next += 1;
                 }
-                Event::Finished { .. } => break,
-                _ => {}
+                // Admitted: the rest waits for room, not refused.
+                Err(SubmitError::QueueFull(_)) if next > 0 => {
+                    if guard.1.is_empty() {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                    break;
+                }
+                Err(e) => return Err(ApiError::from_submit(&e, field)),
             }
         }
-        match v {
-            Some(v) => out.push(v),
-            None => {
-                return Err(ApiError::internal(
-                    "the engine ended an embedding request without a vector",
-                ))
+        if guard.1.is_empty() {
+            continue;
+        }
+        let Some((i, ev)) = rx.recv().await else {
+            return Err(ApiError::internal(
+                "the engine dropped an embedding request",
+            ));
+        };
+        match ev {
+            Event::Embedding(e) => out[i] = Some(e),
+            Event::Error(e) => return Err(ApiError::internal(format!("embedding failed: {e}"))),
+            Event::Finished { .. } => {
+                guard.1.remove(&i);
+                if out[i].is_none() {
+                    return Err(ApiError::internal(
+                        "the engine ended an embedding request without a vector",
+                    ));
+                }
+                done += 1;
             }
+            _ => {}
         }
     }
-    guard.1.clear();
-    Ok((out, tokens))
+    Ok((out.into_iter().flatten().collect(), tokens))
 }
 
 /// The little-endian bytes of `v` in standard base64 (OpenAI's `encoding_format: "base64"`).
