@@ -175,6 +175,7 @@ pub(crate) fn check_prompt_bytes(st: &AppState, bytes: usize, param: &str) -> Re
 /// connection is closed) and at most `max_body` bytes of it (else 413), before the handler.
 async fn read_body(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
     let (parts, body) = req.into_parts();
+    let whole = parts.extensions.get::<crate::conn::Whole>().cloned();
     let read = Limited::new(body, st.max_body).collect();
     let bytes = match tokio::time::timeout(st.read_timeout, read).await {
         Ok(Ok(c)) => c.to_bytes(),
@@ -192,6 +193,10 @@ async fn read_body(State(st): State<St>, req: HttpRequest, next: Next) -> Respon
             return r;
         }
     };
+    // A whole request: its connection is no longer displaced at the cap.
+    if let Some(w) = whole {
+        w.mark();
+    }
     next.run(HttpRequest::from_parts(parts, Body::from(bytes)))
         .await
 }

@@ -1,20 +1,21 @@
 //! Connections: the accept loop, a cap on open connections and per-connection timeouts.
 //!
-//! Each connection is in one of four phases:
+//! Each connection is in one of five phases:
 //! - fresh: accepted, its first request's headers not yet complete;
 //! - head: bytes of a later request arrived, its headers not yet complete;
 //! - idle: between requests (keep-alive), nothing received yet;
-//! - busy: a request is being answered (from its complete headers to its response's end).
+//! - body: a request's headers are complete, its body is still arriving;
+//! - busy: a whole request is being answered (from its complete body to its response's end).
 //!
 //! A fresh or head connection has `read` to complete its headers (counted from the accept, or
 //! from the request's first byte), an idle one `idle` to start its next request; then it is
-//! closed. Busy ones have no deadline here: a request's body must arrive within `read` of its
-//! headers (the router's `read_body` middleware, 408), and generation takes what it takes.
+//! closed. A request's body must arrive within `read` of its headers (the router's
+//! `read_body` middleware, 408). Busy ones have no deadline: generation takes what it takes.
 //!
 //! At most `max` connections are open. One more, at the cap, takes the place of the connection
-//! that has waited longest without a request in progress (fresh, head or idle), so that idle
-//! and half-sent connections cannot lock clients out; when every connection is busy it is
-//! answered 503 and closed.
+//! that has waited longest without a whole request in progress (fresh, head, idle or body), so
+//! that idle, half-sent and slow-body connections cannot lock clients out; when every
+//! connection is busy it is answered 503 and closed.
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
@@ -48,6 +49,7 @@ const FRESH: u8 = 0;
 const HEAD: u8 = 1;
 const IDLE: u8 = 2;
 const BUSY: u8 = 3;
+const BODY: u8 = 4;
 
 /// One open connection, shared by its task, its IO and its requests.
 struct Conn {
@@ -96,13 +98,30 @@ impl Conn {
 }
 
 /// A request in progress on a connection: from its complete headers to its response's end.
+/// Its body still arriving, the connection may be displaced ([`Whole`] ends that).
 struct Busy(Arc<Conn>);
 
 impl Busy {
     fn new(c: Arc<Conn>) -> Busy {
-        c.in_flight.fetch_add(1, Ordering::AcqRel);
-        c.phase.store(BUSY, Ordering::Release);
+        if c.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
+            c.since.store(c.now_ms(), Ordering::Release);
+            c.phase.store(BODY, Ordering::Release);
+        }
         Busy(c)
+    }
+}
+
+/// In a request's extensions: tells its connection that the request is whole (its body read,
+/// or its answer ready), so that the connection is no longer displaced at the cap.
+#[derive(Clone)]
+pub(crate) struct Whole(Arc<Conn>);
+
+impl Whole {
+    pub(crate) fn mark(&self) {
+        let _ = self
+            .0
+            .phase
+            .compare_exchange(BODY, BUSY, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
@@ -406,11 +425,14 @@ async fn serve_conn(
         conn: conn.clone(),
     });
     let c = conn.clone();
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let busy = Busy::new(c.clone());
+        let whole = Whole(c.clone());
+        req.extensions_mut().insert(whole.clone());
         let mut app = app.clone();
         async move {
             let r = app.call(req.map(Body::new)).await;
+            whole.mark();
             r.map(|resp| resp.map(|inner| Body::new(Tracked { inner, _busy: busy })))
         }
     });
@@ -475,6 +497,21 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_whose_body_is_arriving_is_displaced_first_when_oldest() {
+        let conns = Conns::new(Limits {
+            read: Duration::from_secs(2),
+            idle: Duration::from_secs(5),
+            max: 2,
+        });
+        let (_, slow) = conns.register();
+        let _b = Busy::new(slow.clone());
+        std::thread::sleep(Duration::from_millis(5));
+        let (_, idle) = conns.register();
+        assert!(conns.evict_one());
+        assert!(slow.evict.load(Ordering::Acquire) && !idle.evict.load(Ordering::Acquire));
+    }
+
+    #[test]
     fn limits_too_long_for_an_instant_mean_no_deadline() {
         let conns = Conns::new(Limits {
             read: Duration::MAX,
@@ -505,7 +542,10 @@ mod tests {
         // A fresh connection's time runs from its accept.
         assert_eq!(c.deadline(&l).unwrap(), d0);
         let b = Busy::new(c.clone());
+        assert_eq!(c.phase.load(Ordering::Acquire), BODY);
         assert_eq!(c.deadline(&l), None);
+        Whole(c.clone()).mark();
+        assert_eq!(c.phase.load(Ordering::Acquire), BUSY);
         assert!(!conns.evict_one(), "a busy connection is not evicted");
         drop(b);
         assert_eq!(c.phase.load(Ordering::Acquire), IDLE);
