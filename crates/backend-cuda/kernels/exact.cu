@@ -159,18 +159,14 @@ __device__ void mm_legacy(const u8* __restrict__ W, long long row_bytes, int row
     y[(long long)t * rows + r] = hsum8(acc) + msum;
 }
 
-#define X_MM_LEGACY(NAME, T)                                                                      \
-    extern "C" __global__ void NAME(const u8* __restrict__ W, long long row_bytes, int rows, int nb, \
-                                    const i8* __restrict__ aq, const float* __restrict__ ds,       \
-                                    const int* __restrict__ bsums, float* __restrict__ y,          \
-                                    int lanes16) { pdl_begin();                                   \
-        mm_legacy<T>(W, row_bytes, rows, nb, aq, ds, y);                                          \
-    }
-X_MM_LEGACY(x_mm_q4_0, 0)
-X_MM_LEGACY(x_mm_q4_1, 1)
-X_MM_LEGACY(x_mm_q5_0, 2)
-X_MM_LEGACY(x_mm_q5_1, 3)
-X_MM_LEGACY(x_mm_q8_0, 4)
+// x_mm_q4_0 … x_mm_q8_0 (registry.rs: x_mm_legacy<0> … <4>).
+template <int T>
+__global__ void x_mm_legacy(const u8* __restrict__ W, long long row_bytes, int rows, int nb, const i8* __restrict__ aq,
+                            const float* __restrict__ ds, const int* __restrict__ bsums, float* __restrict__ y,
+                            int lanes16) {
+    pdl_begin();
+    mm_legacy<T>(W, row_bytes, rows, nb, aq, ds, y);
+}
 
 // Q4_K (144 bytes: d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles), as ggml's
 // repacked GEMV sums a super-block (kern.rs GGML_Q4K): the whole integer sum Σ sc·v·q and the
@@ -343,16 +339,14 @@ __device__ void mm_k_lanes(const u8* __restrict__ W, long long row_bytes, int ro
     y[(long long)t * rows + r] = out;
 }
 
-#define X_MM_K_LANES(NAME, T)                                                                     \
-    extern "C" __global__ void NAME(const u8* __restrict__ W, long long row_bytes, int rows, int nb, \
-                                    const i8* __restrict__ aq, const float* __restrict__ d256,     \
-                                    const int* __restrict__ bsums, float* __restrict__ y,          \
-                                    int lanes16) { pdl_begin();                                   \
-        mm_k_lanes<T>(W, row_bytes, rows, nb, aq, d256, bsums, y, lanes16);                       \
-    }
-X_MM_K_LANES(x_mm_q2_k, 0)
-X_MM_K_LANES(x_mm_q3_k, 1)
-X_MM_K_LANES(x_mm_q5_k, 2)
+// x_mm_q2_k, x_mm_q3_k, x_mm_q5_k (registry.rs: x_mm_k_lanes<0> … <2>).
+template <int T>
+__global__ void x_mm_k_lanes(const u8* __restrict__ W, long long row_bytes, int rows, int nb, const i8* __restrict__ aq,
+                             const float* __restrict__ d256, const int* __restrict__ bsums, float* __restrict__ y,
+                             int lanes16) {
+    pdl_begin();
+    mm_k_lanes<T>(W, row_bytes, rows, nb, aq, d256, bsums, y, lanes16);
+}
 
 // ---- rope, then q scaled and rounded to f16, k and v into the f16 cache ----
 // grid (n_tokens, n_head + n_head_kv), block 32. sc: per token, n_dims/2 sines then as many
@@ -454,12 +448,8 @@ extern "C" __global__ void x_attention(const float* __restrict__ q, const u16* _
 }
 
 // ---- embedding rows, dequantized as the CPU's quiver_quant::dequantize rounds them ----
-// quant.cu's gather (this module includes it), compiled here without fused multiply-adds:
-// `d·q + m` and `dl·q − ml` round twice, as the CPU computes them. grid (n_tokens), block 128.
-#define X_EMBED(T) EMBED_K(x_embed_##T, T)
-X_EMBED(q4_0) X_EMBED(q4_1) X_EMBED(q5_0) X_EMBED(q5_1) X_EMBED(q8_0) X_EMBED(q2_k) X_EMBED(q3_k)
-X_EMBED(q4_k) X_EMBED(q5_k) X_EMBED(q6_k) X_EMBED(iq4_nl) X_EMBED(iq4_xs) X_EMBED(f32) X_EMBED(f16)
-X_EMBED(bf16)
+// quant.cu's embed<T> (this module includes it; registry.rs: x_embed_T), compiled here without
+// fused multiply-adds: `d·q + m` and `dl·q − ml` round twice, as the CPU computes them.
 
 // ---- gated activations: SiLU through ggml's vectorised e^x, GELU through its f16 table ----
 // e^x as ggml_v_expf computes it on AVX-512 (act_fn.rs ggml_expf: the same fused operations).

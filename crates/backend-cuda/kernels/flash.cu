@@ -287,24 +287,21 @@ __device__ void flash_merge_impl(const float* __restrict__ part, float* __restri
                            out + ((long long)t * n_head + h) * HD, tq);
 }
 
-#define FLASH_HD(HD, KT, RG, CS, KTY, VTY)                                                                    \
-    extern "C" __global__ void __launch_bounds__(128) flash_attention_##HD(                                   \
-        const float* q, const u8* kc, const u8* vc, float* out, float* part, const int4* tiles, BatchView b,  \
-        const float* tq, int n_head, int n_head_kv, float scale, int window, float softcap, int rk,           \
-        int n_ranges) {                                                                                       \
-        pdl_begin();                                                                                          \
-        flash_impl<HD, KT, RG, CS, KTY, VTY>(q, kc, vc, out, part, tiles, b, tq, n_head, n_head_kv, scale,    \
-                                             window, softcap, rk, n_ranges);                                  \
-    }                                                                                                         \
-    extern "C" __global__ void flash_merge_##HD(const float* part, float* out, const int4* tiles, BatchView b, \
-                                                const float* tq, int n_head, int window, int rk, int n_ranges) { \
-        pdl_begin();                                                                                          \
-        flash_merge_impl<HD, (VTY == KV_TQ8 || VTY == KV_TQ4) && (HD & (HD - 1)) == 0>(                       \
-            part, out, tiles, b, tq, n_head, window, rk, n_ranges);                                           \
-    }
-
-#define FLASH_KERNELS(KT, VT)          \
-    FLASH_HD(64, 64, 4, 1, KT, VT)     \
-    FLASH_HD(96, 64, 4, 1, KT, VT)     \
-    FLASH_HD(128, 64, 4, 1, KT, VT)    \
-    FLASH_HD(256, 32, 2, 2, KT, VT)
+// The kernels of a (K type, V type) module, per head dim (registry.rs `kernels`). KT, RG, CS as
+// at the top of this file: HD 256 takes key tiles of 32 and two warps per 16 rows.
+template <int HD, int KTY, int VTY>
+__global__ void __launch_bounds__(128)
+    flash_attention(const float* q, const u8* kc, const u8* vc, float* out, float* part, const int4* tiles, BatchView b,
+                    const float* tq, int n_head, int n_head_kv, float scale, int window, float softcap, int rk,
+                    int n_ranges) {
+    pdl_begin();
+    constexpr int KT = HD == 256 ? 32 : 64, RG = HD == 256 ? 2 : 4, CS = 4 / RG;
+    flash_impl<HD, KT, RG, CS, KTY, VTY>(q, kc, vc, out, part, tiles, b, tq, n_head, n_head_kv, scale, window, softcap,
+                                         rk, n_ranges);
+}
+template <int HD, int VTY>
+__global__ void flash_merge(const float* part, float* out, const int4* tiles, BatchView b, const float* tq, int n_head,
+                            int window, int rk, int n_ranges) {
+    pdl_begin();
+    flash_merge_impl<HD, kv_rotated(VTY, HD)>(part, out, tiles, b, tq, n_head, window, rk, n_ranges);
+}

@@ -7,7 +7,7 @@
 // A block's integer dot product is exact whatever computes it, and its float term
 // (dw_b · da_b) · isum_b (each product rounded as written) is added in mmvq.cu's exact-sum
 // order (fix_of: a multiple of 2^-32 in a 64-bit integer), so a token's result is the same bits
-// in any batch, on either kernel, and on the decode kernels mmvqc_T (mmvq.cu ROWQ_CANON).
+// in any batch, on either kernel, and on the decode kernels mmvqc_T (mmvq.cu rowq_c).
 // m16n8k32 s8: a0/a2 = row g's values 4q..4q+3 / 16+4q..16+4q+3, a1/a3 = row g + 8's; b0/b1 =
 // token g's same values; c0, c1 = (row g; tokens 2q, 2q+1), c2, c3 = row g + 8's.
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
@@ -17,34 +17,41 @@ __device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
 }
 // One row's values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi) of the block at b, as int8, its d
 // and its offset m (Q4_1's min; 0 for the others, whose term has none: term32).
-__device__ __forceinline__ void iw_q8_0(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
+template <class T>
+__device__ __forceinline__ void iw(const u8* b, int q, u32& lo, u32& hi, float& d, float& m);
+template <>
+__device__ __forceinline__ void iw<Q8_0>(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
     d = h2f(ld_u16(b));
     m = 0.f;
     lo = ld_u32_2a(b + 2 + 4 * q);
     hi = ld_u32_2a(b + 18 + 4 * q);
 }
-__device__ __forceinline__ void iw_q4_0(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
+template <>
+__device__ __forceinline__ void iw<Q4_0>(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
     d = h2f(ld_u16(b));
     m = 0.f;
     const u32 w = ld_u32_2a(b + 2 + 4 * q);
     lo = __vsub4(w & 0x0F0F0F0F, 0x08080808u);
     hi = __vsub4((w >> 4) & 0x0F0F0F0F, 0x08080808u);
 }
-__device__ __forceinline__ void iw_q4_1(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
+template <>
+__device__ __forceinline__ void iw<Q4_1>(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
     d = h2f(ld_u16(b));
     m = h2f(ld_u16(b + 2));
     const u32 w = ld_u32_2a(b + 4 + 4 * q);
     lo = w & 0x0F0F0F0F;
     hi = (w >> 4) & 0x0F0F0F0F;
 }
-__device__ __forceinline__ void iw_q5_0(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
+template <>
+__device__ __forceinline__ void iw<Q5_0>(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
     d = h2f(ld_u16(b));
     m = 0.f;
     const u32 qh = ld_u32_2a(b + 2), w = ld_u32_2a(b + 6 + 4 * q);
     lo = __vsub4((w & 0x0F0F0F0F) | spread4((qh >> (4 * q)) & 15), 0x10101010u);
     hi = __vsub4(((w >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * q)) & 15), 0x10101010u);
 }
-__device__ __forceinline__ void iw_iq4_nl(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
+template <>
+__device__ __forceinline__ void iw<IQ4_NL>(const u8* b, int q, u32& lo, u32& hi, float& d, float& m) {
     d = h2f(ld_u16(b));
     m = 0.f;
     const u32 w = ld_u32_2a(b + 2 + 4 * q);
@@ -324,30 +331,10 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
     fix_total<NT>(part, QW, R, rows, y, n);
 }
 
-// An imv entry point (the 8 and 16-token forms share the arguments).
-#define IMV_NT(NAME, BODY)                                                                            \
-    extern "C" __global__ void __launch_bounds__(256)                                                 \
-        NAME(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                      \
-             const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_,   \
-             float* __restrict__ y, int n) {                                                          \
-        pdl_begin();                                                                                  \
-        BODY;                                                                                         \
-    }
-#define IMM_K(T, BB, OFF)                                                                             \
-    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
-        imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
-                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
-                float* __restrict__ y, int n, long long* part, unsigned* cnt) {                     \
-        pdl_begin();                                                                                  \
-        imm_impl<iw_##T, BB, OFF>(W, row_bytes, rows, cols, aq, ad, y, n, part, cnt);               \
-    }                                                                                                 \
-    IMV_NT(imv_##T, (imv_impl<iw_##T, BB, OFF, 1>(W, row_bytes, rows, cols, aq, ad, y, n)))         \
-    IMV_NT(imv2_##T, (imv_impl<iw_##T, BB, OFF, 2>(W, row_bytes, rows, cols, aq, ad, y, n)))
-
 // ---- The K-quants on int8 mma (imm_q4_k / imv_q4_k, imm_q6_k / imv_q6_k) over quantize_a256's
 // activations ----
 // A super-block's term comes from sums exact in int32 and is added in the exact-sum order
-// (fix_of); mmvq.cu's rowq_c_q4_k / rowq_c_q6_k compute the same. Per type a policy KQ_T:
+// (fix_of); mmvq.cu's rowq_c<Q4_K> / rowq_c<Q6_K> compute the same. Per type a policy KQ<T>:
 // BB (block bytes), SUMS (the term needs the activations' per-16 sums), Pair (one 32-value
 // pair jj of rows g and g + 8: A fragments and scales), pair(), acc() (the 4 outputs' S1 / S2
 // += the pair against the tokens' values x0 / x1 and their sums over the 32) and term().
@@ -362,7 +349,10 @@ __device__ __forceinline__ void q4k_frag(const u8* b, int jj, int q, u32& lo, u3
     lo = (*(const u32*)p >> sh) & 0x0F0F0F0Fu;
     hi = (*(const u32*)(p + 16) >> sh) & 0x0F0F0F0Fu;
 }
-struct KQ_q4_k {
+template <class T>
+struct KQ;
+template <>
+struct KQ<Q4_K> {
     static constexpr int BB = 144;
     static constexpr bool SUMS = true;
     struct Pair {
@@ -393,7 +383,8 @@ struct KQ_q4_k {
 // Q6_K: S = Σ_i sc_i·isum16_i over its 16 sub-blocks (S1; S2 unused), term da·(d·S)
 // (q6k_term). The scale changes every 16 values, so each 32 take two mma, one with the first
 // 16 values' A fragment (the second half zero), one with the second's.
-struct KQ_q6_k {
+template <>
+struct KQ<Q6_K> {
     static constexpr int BB = 210;
     static constexpr bool SUMS = false;
     struct Pair {
@@ -422,7 +413,7 @@ struct KQ_q6_k {
 };
 
 // ---- immk: the K-quants' imm (Q4_K, Q6_K) ----
-// Per type a policy IK_T of two steps over a warp's 16 rows × 64 tokens: kb() adds sub-block
+// Per type a policy IK<T> of two steps over a warp's 16 rows × 64 tokens: kb() adds sub-block
 // pair jj (32 values) of rows g, g + 8 against the 8 n8 tiles' activations (xs) into the int32
 // accumulators P / Q, fin() adds each output's super-block term (fix_of) to tot and clears P / Q.
 //
@@ -430,7 +421,7 @@ struct KQ_q6_k {
 // as int8), so P = Σ (sh·q)·x and Q = Σ (sl·q)·x over the super-block are mma accumulators and
 // S1 = 8·P + Q; S2 = Σ_j m_j·asum_j by two m16n8k16 mma from the activations' 32-sums split as
 // asum = 256·h + l (quantize_a256's `hl`: h_0..h_7, l_0..l_7 per token and super-block):
-// S2 = 256·Σ m·h + Σ m·l. Exact integers, so the same term as mmvq.cu's rowq_c_q4_k.
+// S2 = 256·Σ m·h + Σ m·l. Exact integers, so the same term as mmvq.cu's rowq_c<Q4_K>.
 __device__ __forceinline__ void mma_s8_k16(int* c, u32 a0, u32 a1, u32 b0) {
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -450,7 +441,10 @@ __device__ __forceinline__ void imm_xfrag(const u8* xs, int nt, int kb, int g, i
     x0 = *(const u32*)xb;
     x1 = *(const u32*)(xb + 16);
 }
-struct IK_q4_k {
+template <class T>
+struct IK;
+template <>
+struct IK<Q4_K> {
     static constexpr int BB = 144;
     static constexpr bool HL = true;
     __device__ static void kb(int (*P)[4], int (*Q)[4], const u8* b0, const u8* b1, int jj, const u8* xs, int kb, int g, int q) {
@@ -503,16 +497,17 @@ struct IK_q4_k {
         }
     }
 };
-struct IK_q6_k {
+template <>
+struct IK<Q6_K> {
     static constexpr int BB = 210;
     static constexpr bool HL = false;
     __device__ static void kb(int (*P)[4], int (*)[4], const u8* b0, const u8* b1, int jj, const u8* xs, int kb, int g, int q) {
-        const KQ_q6_k::Pair p = KQ_q6_k::pair(b0, b1, jj, q);
+        const KQ<Q6_K>::Pair p = KQ<Q6_K>::pair(b0, b1, jj, q);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
             u32 x0, x1;
             imm_xfrag(xs, nt, kb, g, q, x0, x1);
-            KQ_q6_k::acc(p, x0, x1, nullptr, P[nt], nullptr);
+            KQ<Q6_K>::acc(p, x0, x1, nullptr, P[nt], nullptr);
         }
     }
     __device__ static void fin(long long (*tot)[4], int (*P)[4], int (*)[4], const u8* b0, const u8* b1,
@@ -522,7 +517,7 @@ struct IK_q6_k {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const float da = dd[nt * 8 + 2 * q + (e & 1)];
-                tot[nt][e] += fix_of(KQ_q6_k::term(da, (e >> 1) ? b1 : b0, P[nt][e], 0));
+                tot[nt][e] += fix_of(KQ<Q6_K>::term(da, (e >> 1) ? b1 : b0, P[nt][e], 0));
                 P[nt][e] = 0;
             }
     }
@@ -684,13 +679,27 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
     fix_total<NT>(part, QW, R, rows, y, n);
 }
 
-#define IMMK_K(T)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
-        imm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
-                const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, \
-                float* __restrict__ y, int n, long long* part, unsigned* cnt) {                     \
-        pdl_begin();                                                                                  \
-        immk_impl<IK_##T>(W, row_bytes, rows, cols, aq, ad, abs_, y, n, part, cnt);                 \
-    }                                                                                                 \
-    IMV_NT(imv_##T, (imvk_impl<KQ_##T, 1>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))          \
-    IMV_NT(imv2_##T, (imvk_impl<KQ_##T, 2>(W, row_bytes, rows, cols, aq, ad, abs_, y, n)))
+// The kernels of a type T (a tag of quant.cu; registry.rs `kernels`): the 32-blocks' forms
+// (imm_impl, imv_impl) or the K-quants' (immk_impl, imvk_impl). imv takes NT n8 tiles (8 or
+// 16 tokens).
+template <class T>
+__global__ void __launch_bounds__(32 * QMM_WARPS)
+    imm(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const i8* __restrict__ aq,
+        const float* __restrict__ ad, const int* __restrict__ abs_, float* __restrict__ y, int n, long long* part,
+        unsigned* cnt) {
+    pdl_begin();
+    if constexpr (T::VALUES == 32)
+        imm_impl<iw<T>, T::BYTES, T::MIN == 1>(W, row_bytes, rows, cols, aq, ad, y, n, part, cnt);
+    else
+        immk_impl<IK<T>>(W, row_bytes, rows, cols, aq, ad, abs_, y, n, part, cnt);
+}
+template <class T, int NT>
+__global__ void __launch_bounds__(256)
+    imv(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const i8* __restrict__ aq,
+        const float* __restrict__ ad, const int* __restrict__ abs_, float* __restrict__ y, int n) {
+    pdl_begin();
+    if constexpr (T::VALUES == 32)
+        imv_impl<iw<T>, T::BYTES, T::MIN == 1, NT>(W, row_bytes, rows, cols, aq, ad, y, n);
+    else
+        imvk_impl<KQ<T>, NT>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);
+}

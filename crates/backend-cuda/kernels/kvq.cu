@@ -18,6 +18,9 @@
 #define TQ_L4 768
 #define TQ_BLOCK 256
 
+// Whether records of type ty and head dim d are rotated (TurboQuant; the Walsh–Hadamard transform
+// needs a power of two: other head dims are never launched with those types).
+__host__ __device__ constexpr bool kv_rotated(int ty, int d) { return (ty == KV_TQ8 || ty == KV_TQ4) && (d & (d - 1)) == 0; }
 __host__ __device__ constexpr int kv_code_bytes(int ty, int d) { return ty == KV_TQ4 ? d / 2 : d; }
 __host__ __device__ constexpr int kv_head_bytes(int ty, int d) {
     return ty == KV_F16 || ty == KV_BF16 ? 2 * d
@@ -278,25 +281,19 @@ __device__ void kvq_merge_impl(const float* __restrict__ part, float* __restrict
     merge_ranges<HD, VROT>(part + r * n_split * (HD + 2), n_split, out + r * HD, tq);
 }
 
-#define KVQ_HD(HD, KT, VT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(32 * KVQ_WARPS) kvq_attention_##HD(                       \
-        const float* q, const u8* kc, const u8* vc, float* out, float* part, BatchView b, const float* tq, \
-        int n_head, int n_head_kv, float scale, int window, float softcap) {                               \
-        pdl_begin();                                                                                        \
-        kvq_attention_impl<HD, KT, VT>(q, kc, vc, out, part, b, tq, n_head, n_head_kv, scale, window, softcap); \
-    }                                                                                                       \
-    extern "C" __global__ void kvq_merge_##HD(const float* part, float* out, const float* tq, int n_head, int n_split) { \
-        pdl_begin();                                                                                        \
-        kvq_merge_impl<HD, (VT == KV_TQ8 || VT == KV_TQ4) && (HD & (HD - 1)) == 0>(part, out, tq, n_head, n_split); \
-    }
-
-// One module per (K type, V type): every head dim.
-#define KVQ_KERNELS(KT, VT) \
-    KVQ_HD(64, KT, VT)      \
-    KVQ_HD(96, KT, VT)      \
-    KVQ_HD(128, KT, VT)     \
-    KVQ_HD(256, KT, VT)     \
-    KVQ_HD(512, KT, VT)
+// One module per (K type, V type) instantiates these for every head dim (registry.rs `kernels`).
+template <int HD, int KT, int VT>
+__global__ void __launch_bounds__(32 * KVQ_WARPS)
+    kvq_attention(const float* q, const u8* kc, const u8* vc, float* out, float* part, BatchView b, const float* tq,
+                  int n_head, int n_head_kv, float scale, int window, float softcap) {
+    pdl_begin();
+    kvq_attention_impl<HD, KT, VT>(q, kc, vc, out, part, b, tq, n_head, n_head_kv, scale, window, softcap);
+}
+template <int HD, int VT>
+__global__ void kvq_merge(const float* part, float* out, const float* tq, int n_head, int n_split) {
+    pdl_begin();
+    kvq_merge_impl<HD, kv_rotated(VT, HD)>(part, out, tq, n_head, n_split);
+}
 
 // ---- Decode attention by KV group (flash-decoding on CUDA cores) ----
 //
@@ -619,21 +616,15 @@ __device__ void kvd_merge_impl(const float* __restrict__ part, float* __restrict
     merge_ranges<HD, VROT>(part + r * KVD_MAX_SPLITS * (HD + 2), ns, out + ((long long)t * n_head + h) * HD, tq);
 }
 
-#define KVD_HD(HD, KT, VT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) kvd_attention_##HD(                                  \
-        const float* q, const u8* kc, const u8* vc, float* out, float* part, BatchView b, const float* tq, \
-        int n_head, int n_head_kv, float scale, int window, float softcap) {                               \
-        pdl_begin();                                                                                        \
-        kvd_attention_impl<HD, KT, VT>(q, kc, vc, out, part, b, tq, n_head, n_head_kv, scale, window, softcap); \
-    }                                                                                                       \
-    extern "C" __global__ void kvd_merge_##HD(const float* part, float* out, const float* tq, BatchView b, \
-                                              int n_head, int window) {                                     \
-        pdl_begin();                                                                                        \
-        kvd_merge_impl<HD, (VT == KV_TQ8 || VT == KV_TQ4) && (HD & (HD - 1)) == 0>(part, out, tq, b, n_head, window); \
-    }
-
-#define KVD_KERNELS(KT, VT) \
-    KVD_HD(64, KT, VT)      \
-    KVD_HD(128, KT, VT)     \
-    KVD_HD(256, KT, VT)     \
-    KVD_HD(512, KT, VT)
+template <int HD, int KT, int VT>
+__global__ void __launch_bounds__(128)
+    kvd_attention(const float* q, const u8* kc, const u8* vc, float* out, float* part, BatchView b, const float* tq,
+                  int n_head, int n_head_kv, float scale, int window, float softcap) {
+    pdl_begin();
+    kvd_attention_impl<HD, KT, VT>(q, kc, vc, out, part, b, tq, n_head, n_head_kv, scale, window, softcap);
+}
+template <int HD, int VT>
+__global__ void kvd_merge(const float* part, float* out, const float* tq, BatchView b, int n_head, int window) {
+    pdl_begin();
+    kvd_merge_impl<HD, kv_rotated(VT, HD)>(part, out, tq, b, n_head, window);
+}

@@ -1,6 +1,7 @@
 // Decode products over int8 activations (quantize_a32 / quantize_a256 in ops.cu) with dp4a:
 // the row dot products of the types with integer kernels and the mmvq kernels over them.
-// Compiled after quant.cu in a type's module (it uses quant.cu's loads and MmvMat).
+// Compiled after quant.cu and mmv.cu in a type's module (it uses quant.cu's loads and mmv.cu's
+// MmvMat, MMV_BEGIN).
 
 // ---- integer row dot products over quantized activations (decode) ----
 // aq: int8 activations [ntok, cols]; ad / abs_: per-32 (d, d·Σq) pairs for the 32-element
@@ -25,62 +26,55 @@ __device__ __forceinline__ int dp4a8(const int* w, int4 a0, int4 a1) {
 __device__ __forceinline__ u32 spread4(u32 bits) { return ((bits * 0x00204081u) & 0x01010101u) << 4; }
 
 // 32-element types: per block, w[0..3] hold values 0..15 as bytes, w[4..7] values 16..31, and
-// the block's value is wd·w + wm (so Σ value·a = wd·d_a·Σ w·q_a + wm·d_a·Σ q_a).
-#define ROWQ_A32(T, LOAD)                                                                             \
-    typedef float rowq_acc_##T;                                                                       \
-    __device__ __forceinline__ float rowq_fin_##T(float v) { return warp_sum(v); }                    \
-    __device__ __forceinline__ void rowq_##T(const u8* __restrict__ row, const i8* __restrict__ aq,   \
-                                             const float* __restrict__ ad, const int* __restrict__ abs_, \
-                                             int cols, int ntok, float* acc) {                        \
-        _Pragma("unroll 4") for (int g = threadIdx.x; g < cols / 32; g += 32) {                       \
-            int w[8];                                                                                 \
-            float wd, wm;                                                                             \
-            LOAD                                                                                      \
-            _Pragma("unroll") for (int t = 0; t < 8; t++) {                                           \
-                if (t < ntok) {                                                                       \
-                    const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);                \
-                    int4 a0 = ap[0], a1 = ap[1];                                                      \
-                    int s = dp4a8(w, a0, a1);                                                         \
-                    float2 dsv = *(const float2*)(ad + ((long long)t * (cols / 32) + g) * 2);         \
-                    acc[t] += wd * dsv.x * (float)s + wm * dsv.y;                                     \
-                }                                                                                     \
-            }                                                                                         \
-        }                                                                                             \
+// the block's value is wd·w + wm (so Σ value·a = wd·d_a·Σ w·q_a + wm·d_a·Σ q_a): load32<T> of
+// block g of a row.
+template <class T>
+__device__ __forceinline__ void load32(const u8* __restrict__ row, int g, int* w, float& wd, float& wm);
+template <>
+__device__ __forceinline__ void load32<Q4_0>(const u8* __restrict__ row, int g, int* w, float& wd, float& wm) {
+    const u8* b = row + g * 18;
+    wd = h2f(ld_u16(b));
+    wm = -8.f * wd;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = ld_u32_2a(b + 2 + 4 * i);
+        w[i] = q & 0x0F0F0F0F;
+        w[4 + i] = (q >> 4) & 0x0F0F0F0F;
     }
-
-#define LOAD_Q4_0                                                                                     \
-    const u8* b = row + g * 18;                                                                       \
-    wd = h2f(ld_u16(b));                                                                              \
-    wm = -8.f * wd;                                                                                   \
-    _Pragma("unroll") for (int i = 0; i < 4; i++) {                                                   \
-        u32 q = ld_u32_2a(b + 2 + 4 * i);                                                             \
-        w[i] = q & 0x0F0F0F0F;                                                                        \
-        w[4 + i] = (q >> 4) & 0x0F0F0F0F;                                                             \
+}
+template <>
+__device__ __forceinline__ void load32<Q4_1>(const u8* __restrict__ row, int g, int* w, float& wd, float& wm) {
+    const u8* b = row + g * 20;
+    wd = h2f(ld_u16(b));
+    wm = h2f(ld_u16(b + 2));
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = ((const u32*)(b + 4))[i];
+        w[i] = q & 0x0F0F0F0F;
+        w[4 + i] = (q >> 4) & 0x0F0F0F0F;
     }
-#define LOAD_Q4_1                                                                                     \
-    const u8* b = row + g * 20;                                                                       \
-    wd = h2f(ld_u16(b));                                                                              \
-    wm = h2f(ld_u16(b + 2));                                                                          \
-    _Pragma("unroll") for (int i = 0; i < 4; i++) {                                                   \
-        u32 q = ((const u32*)(b + 4))[i];                                                             \
-        w[i] = q & 0x0F0F0F0F;                                                                        \
-        w[4 + i] = (q >> 4) & 0x0F0F0F0F;                                                             \
+}
+template <>
+__device__ __forceinline__ void load32<Q5_0>(const u8* __restrict__ row, int g, int* w, float& wd, float& wm) {
+    const u8* b = row + g * 22;
+    wd = h2f(ld_u16(b));
+    wm = -16.f * wd;
+    u32 qh = ld_u32_2a(b + 2);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = ld_u32_2a(b + 6 + 4 * i);
+        w[i] = (q & 0x0F0F0F0F) | spread4((qh >> (4 * i)) & 15);
+        w[4 + i] = ((q >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * i)) & 15);
     }
-#define LOAD_Q5_0                                                                                     \
-    const u8* b = row + g * 22;                                                                       \
-    wd = h2f(ld_u16(b));                                                                              \
-    wm = -16.f * wd;                                                                                  \
-    u32 qh = ld_u32_2a(b + 2);                                                                        \
-    _Pragma("unroll") for (int i = 0; i < 4; i++) {                                                   \
-        u32 q = ld_u32_2a(b + 6 + 4 * i);                                                             \
-        w[i] = (q & 0x0F0F0F0F) | spread4((qh >> (4 * i)) & 15);                                      \
-        w[4 + i] = ((q >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * i)) & 15);                      \
-    }
-#define LOAD_Q8_0                                                                                     \
-    const u8* b = row + g * 34;                                                                       \
-    wd = h2f(ld_u16(b));                                                                              \
-    wm = 0.f;                                                                                         \
-    _Pragma("unroll") for (int i = 0; i < 8; i++) w[i] = ld_u32_2a(b + 2 + 4 * i);
+}
+template <>
+__device__ __forceinline__ void load32<Q8_0>(const u8* __restrict__ row, int g, int* w, float& wd, float& wm) {
+    const u8* b = row + g * 34;
+    wd = h2f(ld_u16(b));
+    wm = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i] = ld_u32_2a(b + 2 + 4 * i);
+}
 
 // IQ4: four nibbles (one per byte, 0..15) to their four int8 levels: byte_perm picks each
 // byte's level from both halves of the table, the nibble's bit 3 chooses between them.
@@ -92,20 +86,44 @@ __device__ __forceinline__ u32 iq4_levels4(u32 x) {
     const u32 m = ((x >> 3) & 0x01010101u) * 0xffu;
     return (hi & m) | (lo & ~m);
 }
-#define LOAD_IQ4_NL                                                                                   \
-    const u8* b = row + g * 18;                                                                       \
-    wd = h2f(ld_u16(b));                                                                              \
-    wm = 0.f;                                                                                         \
-    _Pragma("unroll") for (int i = 0; i < 4; i++) {                                                   \
-        u32 q = ld_u32_2a(b + 2 + 4 * i);                                                             \
-        w[i] = iq4_levels4(q & 0x0F0F0F0F);                                                           \
-        w[4 + i] = iq4_levels4((q >> 4) & 0x0F0F0F0F);                                                \
+template <>
+__device__ __forceinline__ void load32<IQ4_NL>(const u8* __restrict__ row, int g, int* w, float& wd, float& wm) {
+    const u8* b = row + g * 18;
+    wd = h2f(ld_u16(b));
+    wm = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = ld_u32_2a(b + 2 + 4 * i);
+        w[i] = iq4_levels4(q & 0x0F0F0F0F);
+        w[4 + i] = iq4_levels4((q >> 4) & 0x0F0F0F0F);
     }
+}
+
+// The float order's row dot products over the int8 activations: a lane per 32-block.
+template <class T>
+__device__ __forceinline__ void rowq(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+                                     const int* __restrict__ abs_, int cols, int ntok, float* acc) {
+#pragma unroll 4
+    for (int g = threadIdx.x; g < cols / 32; g += 32) {
+        int w[8];
+        float wd, wm;
+        load32<T>(row, g, w, wd, wm);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            if (t < ntok) {
+                const int4* ap = (const int4*)(aq + (long long)t * cols + g * 32);
+                int4 a0 = ap[0], a1 = ap[1];
+                int s = dp4a8(w, a0, a1);
+                float2 dsv = *(const float2*)(ad + ((long long)t * (cols / 32) + g) * 2);
+                acc[t] += wd * dsv.x * (float)s + wm * dsv.y;
+            }
+        }
+    }
+}
 
 // IQ4_XS over per-256 activations: a lane takes one 32-value sub-block (scale d·(ls − 32)).
-typedef float rowq_acc_iq4_xs;
-__device__ __forceinline__ float rowq_fin_iq4_xs(float v) { return warp_sum(v); }
-__device__ __forceinline__ void rowq_iq4_xs(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+template <>
+__device__ __forceinline__ void rowq<IQ4_XS>(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, float* acc) {
     int nsl = cols / 32;
 #pragma unroll 4
@@ -155,8 +173,9 @@ __device__ __forceinline__ long long warp_sum_ll(long long v) {
     return v;
 }
 // A 32-block's term in the exact-sum order: (dw·da)·isum, plus wm·sa for the types with an
-// offset (OFF: Q4_1's min against the activations' sa = d·Σq, f16-rounded as ggml's q8_1),
-// each product and the sum rounded as written (|isum| < 2^22: i2f_small is exact).
+// offset (OFF, the weight type's MIN: Q4_1's min against the activations' sa = d·Σq,
+// f16-rounded as ggml's q8_1), each product and the sum rounded as written (|isum| < 2^22:
+// i2f_small is exact).
 template <bool OFF>
 __device__ __forceinline__ float term32(float dw, float wm, float da, float sa, int isum) {
     const float t = __fmul_rn(__fmul_rn(dw, da), i2f_small(isum));
@@ -193,46 +212,51 @@ __device__ __forceinline__ void quad_acc(long long* acc, const float* t, int nto
     for (int k = 0; k < 2; k++)
         if (t0 + k < ntok) acc_own(acc, t0 + k, fix_of(q2[k]));
 }
-// Lane l takes blocks l, l + 32, … as ROWQ_A32 does (all lanes in every iteration, for
-// quad_acc's shuffles: a lane past the row loads the last block and counts 0); its kernels are
-// mmvqc*_T (QUANT_KERNELS_QC), beside the mmvq*_T of ROWQ_A32's float order. LOAD sets w (the
-// block's values as bytes), wd and, for OFF types, wm.
-#define ROWQ_CANON(T, LOAD, OFF)                                                                      \
-    typedef long long rowq_acc_c_##T;                                                                 \
-    __device__ __forceinline__ float rowq_fin_c_##T(long long v) { return fix_val(warp_sum_ll(v)); }  \
-    __device__ __forceinline__ void rowq_c_##T(const u8* __restrict__ row, const i8* __restrict__ aq,   \
-                                             const float* __restrict__ ad, const int* __restrict__ abs_, \
-                                             int cols, int ntok, long long* acc) {                    \
-        const int nb = cols / 32;                                                                     \
-        _Pragma("unroll 2") for (int g0 = 0; g0 < nb; g0 += 32) {                                     \
-            const bool ok = g0 + (int)threadIdx.x < nb;                                               \
-            const int g = ok ? g0 + (int)threadIdx.x : nb - 1;                                        \
-            int w[8];                                                                                 \
-            float wd, wm = 0.f, t[8];                                                                 \
-            LOAD                                                                                      \
-            _Pragma("unroll") for (int u = 0; u < 8; u++) {                                           \
-                t[u] = 0.f;                                                                           \
-                if (u < ntok) {                                                                       \
-                    const int4* ap = (const int4*)(aq + (long long)u * cols + g * 32);                \
-                    const int4 a0 = ap[0], a1 = ap[1];                                                \
-                    const int s = dp4a8(w, a0, a1);                                                   \
-                    const float2 ds = *(const float2*)(ad + ((long long)u * nb + g) * 2);             \
-                    if (ok) t[u] = term32<OFF>(wd, wm, ds.x, ds.y, s);                                \
-                }                                                                                     \
-            }                                                                                         \
-            quad_acc(acc, t, ntok);                                                                   \
-        }                                                                                             \
+// The exact-sum order's loads: load32's, the values as signed bytes (Q4_0: q − 8, Q5_0: q − 16;
+// Q8_0 and IQ4_NL's levels are; Q4_1 stays unsigned, its min the offset term32 adds). wm is
+// unused where the term has no offset.
+template <class T>
+constexpr u32 load32_bias() { return 0u; }
+template <>
+constexpr u32 load32_bias<Q4_0>() { return 0x08080808u; }
+template <>
+constexpr u32 load32_bias<Q5_0>() { return 0x10101010u; }
+template <class T>
+__device__ __forceinline__ void load32c(const u8* __restrict__ row, int g, int* w, float& wd, float& wm) {
+    load32<T>(row, g, w, wd, wm);
+    if constexpr (load32_bias<T>() != 0) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = __vsub4(w[k], load32_bias<T>());
     }
-// The canonical order's loads: the float order's (LOAD_T), the values as signed bytes (Q4_0:
-// q − 8, Q5_0: q − 16; Q8_0 and IQ4_NL's levels are; Q4_1 stays unsigned, its min the offset
-// term32 adds). wm is unused where the term has no offset.
-#define W_SIGNED(OFF8)                                                                                \
-    _Pragma("unroll") for (int k = 0; k < 8; k++) w[k] = __vsub4(w[k], OFF8);
-#define LOADC_Q4_0 LOAD_Q4_0 W_SIGNED(0x08080808u)
-#define LOADC_Q4_1 LOAD_Q4_1
-#define LOADC_Q5_0 LOAD_Q5_0 W_SIGNED(0x10101010u)
-#define LOADC_IQ4_NL LOAD_IQ4_NL
-#define LOADC_Q8_0 LOAD_Q8_0
+}
+// The exact-sum order's row dot products (the kernels mmvqc*_T, beside the mmvq*_T of rowq's
+// float order): lane l takes blocks l, l + 32, … as rowq does (all lanes in every iteration, for
+// quad_acc's shuffles: a lane past the row loads the last block and counts 0).
+template <class T>
+__device__ __forceinline__ void rowq_c(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+                                       const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
+    const int nb = cols / 32;
+#pragma unroll 2
+    for (int g0 = 0; g0 < nb; g0 += 32) {
+        const bool ok = g0 + (int)threadIdx.x < nb;
+        const int g = ok ? g0 + (int)threadIdx.x : nb - 1;
+        int w[8];
+        float wd, wm = 0.f, t[8];
+        load32c<T>(row, g, w, wd, wm);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            t[u] = 0.f;
+            if (u < ntok) {
+                const int4* ap = (const int4*)(aq + (long long)u * cols + g * 32);
+                const int4 a0 = ap[0], a1 = ap[1];
+                const int s = dp4a8(w, a0, a1);
+                const float2 ds = *(const float2*)(ad + ((long long)u * nb + g) * 2);
+                if (ok) t[u] = term32<T::MIN == 1>(wd, wm, ds.x, ds.y, s);
+            }
+        }
+        quad_acc(acc, t, ntok);
+    }
+}
 
 // Q4_K scales and mins of sub-blocks g and g+1 (g even) from the 16-byte header.
 __device__ __forceinline__ void q4k_pair(uint4 hd, int g, float& sc0, float& m0, float& sc1, float& m1) {
@@ -249,9 +273,8 @@ __device__ __forceinline__ void q4k_pair(uint4 hd, int g, float& sc0, float& m0,
     }
 }
 
-typedef float rowq_acc_q4_k;
-__device__ __forceinline__ float rowq_fin_q4_k(float v) { return warp_sum(v); }
-__device__ __forceinline__ void rowq_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+template <>
+__device__ __forceinline__ void rowq<Q4_K>(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                           const int* __restrict__ abs_, int cols, int ntok, float* acc) {
     int nsl = cols / 32;
 #pragma unroll 4
@@ -292,8 +315,6 @@ __device__ __forceinline__ void rowq_q4_k(const u8* __restrict__ row, const i8* 
 // a reduce-scatter over those 8 lanes (xor 4, 2, 1: 7 shuffles a value for all 8 tokens, exact)
 // leaves lane j of the group token j's sums, and lane j adds that token's super-block term
 // da·(d·S1 − dmin·S2) (q4k_term).
-typedef long long rowq_acc_c_q4_k;
-__device__ __forceinline__ float rowq_fin_c_q4_k(long long v) { return fix_val(warp_sum_ll(v)); }
 // v[0..8) summed over the 8 lanes of this lane's group; returns token (lane & 7)'s total.
 __device__ __forceinline__ int reduce_scatter8(const int* v) {
     const int j = threadIdx.x & 7;
@@ -321,7 +342,7 @@ __device__ __forceinline__ int reduce_tokens8(const int* v, int ntok) {
     return s;
 }
 // One 32-value slice s of a Q4_K row (lane slice j of super-block sb: values 16 of sub-block
-// g and 16 of g + 1, g = 2·(j / 2)) for rowq_c_q4_k: its nibbles, scales and mins, the
+// g and 16 of g + 1, g = 2·(j / 2)) for rowq_c<Q4_K>: its nibbles, scales and mins, the
 // super-block's d and dmin, and where its activations start (xb).
 struct Q4kSlice {
     int lo[4], hi[4], sc0, m0, sc1, m1, xb;
@@ -358,7 +379,7 @@ __device__ __forceinline__ void q4k_slice_dot(const Q4kSlice& w, const i8* __res
     p1 = w.sc0 * s0 + w.sc1 * s1;
     p2 = w.m0 * bs[0] + w.m1 * bs[2];
 }
-// rowq_c_q4_k for one token: four iterations' slices loaded (clamped to the row, their sums
+// rowq_c<Q4_K> for one token: four iterations' slices loaded (clamped to the row, their sums
 // zeroed past it) before their lanes' sums meet in one reduce-scatter of the four S1 and four
 // S2 parts (lane j of a group: S1 of iteration j, or S2 of iteration j − 4); lane j < 4 takes
 // its S2 from lane j + 4 and adds iteration j's term.
@@ -385,7 +406,8 @@ __device__ __forceinline__ void rowq_c1_q4_k(const u8* __restrict__ row, const i
         }
     }
 }
-__device__ __forceinline__ void rowq_c_q4_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+template <>
+__device__ __forceinline__ void rowq_c<Q4_K>(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
     if (ntok == 1) {
         rowq_c1_q4_k(row, aq, ad, abs_, cols, acc);
@@ -441,9 +463,8 @@ __device__ __forceinline__ void q6k_dots(const int (*q)[2], const i8* ap, int* s
     }
 }
 
-typedef float rowq_acc_q6_k;
-__device__ __forceinline__ float rowq_fin_q6_k(float v) { return warp_sum(v); }
-__device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+template <>
+__device__ __forceinline__ void rowq<Q6_K>(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                           const int* __restrict__ abs_, int cols, int ntok, float* acc) {
     int nsl = cols / 32;
 #pragma unroll 4
@@ -467,12 +488,11 @@ __device__ __forceinline__ void rowq_q6_k(const u8* __restrict__ row, const i8* 
     }
 }
 
-// Q6_K in the exact-sum order (imm.cu's KQ_q6_k computes the same): rowq_q6_k's lanes, each
+// Q6_K in the exact-sum order (imm.cu's KQ<Q6_K> computes the same): rowq<Q6_K>'s lanes, each
 // one's integer part of S = Σ sc·Σ (q − 32)·a per token, the 8 lanes of a super-block
 // reduce-scattered (reduce_scatter8), lane j adding token j's term da·(d·S).
-typedef long long rowq_acc_c_q6_k;
-__device__ __forceinline__ float rowq_fin_c_q6_k(long long v) { return fix_val(warp_sum_ll(v)); }
-__device__ __forceinline__ void rowq_c_q6_k(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
+template <>
+__device__ __forceinline__ void rowq_c<Q6_K>(const u8* __restrict__ row, const i8* __restrict__ aq, const float* __restrict__ ad,
                                             const int* __restrict__ abs_, int cols, int ntok, long long* acc) {
     const int nsl = cols / 32, lane = threadIdx.x & 31;
 #pragma unroll 2
@@ -501,100 +521,123 @@ __device__ __forceinline__ void rowq_c_q6_k(const u8* __restrict__ row, const i8
     }
 }
 
-// mmvq / mmvq_glu: as mmv / mmv_glu over int8 activations.
-#define MMVQ_K(NAME, T, NTOK, PF) \
-    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        NAME(MmvMat m0, MmvMat m1, MmvMat m2, const i8* __restrict__ aq,                          \
-                 const float* __restrict__ ad, const int* __restrict__ abs_, int cols, int ntok_arg) { MMV_BEGIN(PF) const int ntok = NTOK;    \
-        int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
-        MmvMat m = m0;                                                                                \
-        if (r >= m0.rows) {                                                                           \
-            r -= m0.rows;                                                                             \
-            m = m1;                                                                                   \
-            if (r >= m1.rows) {                                                                       \
-                r -= m1.rows;                                                                         \
-                m = m2;                                                                               \
-                if (r >= m2.rows) return;                                                             \
-            }                                                                                         \
-        }                                                                                             \
-        rowq_acc_##T acc[8];                                                                          \
-        _Pragma("unroll") for (int t = 0; t < 8; t++) acc[t] = 0;                                     \
-        rowq_##T(m.w + (long long)r * m.row_bytes, aq, ad, abs_, cols, ntok, acc);                    \
-        _Pragma("unroll") for (int t = 0; t < 8; t++) {                                               \
-            if (t < ntok) {                                                                           \
-                float s = rowq_fin_##T(acc[t]);                                                               \
-                if (threadIdx.x == 0) m.y[(long long)t * m.rows + r] = s;                             \
-            }                                                                                         \
-        }                                                                                             \
+// A row's dot products over the int8 activations in the float order (C false: rowq) or the
+// exact-sum order (C true: rowq_c): a lane's accumulator per token (Acc), the row's lane sums
+// (dot), a token's total over the warp (fin).
+template <class T, bool C>
+struct RowQ {
+    typedef float Acc;
+    __device__ __forceinline__ static void dot(const u8* __restrict__ row, const i8* __restrict__ aq,
+                                               const float* __restrict__ ad, const int* __restrict__ abs_, int cols,
+                                               int ntok, float* acc) {
+        rowq<T>(row, aq, ad, abs_, cols, ntok, acc);
     }
-#define MMVQ_GLU_K(NAME, T, NTOK, PF) \
-    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        NAME(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,       \
-                     const i8* __restrict__ aq, const float* __restrict__ ad,                         \
-                     const int* __restrict__ abs_, float* __restrict__ out, int rows, int cols,       \
-                     int ntok_arg, int act) { GLU_BEGIN(PF) const int ntok = NTOK;                                                             \
-        int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                                 \
-        if (r >= rows) return;                                                                        \
-        rowq_acc_##T ag[8], au[8];                                                                    \
-        _Pragma("unroll") for (int t = 0; t < 8; t++) ag[t] = au[t] = 0;                              \
-        rowq_##T(wg + (long long)r * row_bytes, aq, ad, abs_, cols, ntok, ag);                        \
-        rowq_##T(wu + (long long)r * row_bytes, aq, ad, abs_, cols, ntok, au);                        \
-        _Pragma("unroll") for (int t = 0; t < 8; t++) {                                               \
-            if (t < ntok) {                                                                           \
-                float g = rowq_fin_##T(ag[t]), u = rowq_fin_##T(au[t]);                                       \
-                if (threadIdx.x == 0) out[(long long)t * rows + r] = act_fn(g, act) * u;              \
-            }                                                                                         \
-        }                                                                                             \
+    __device__ __forceinline__ static float fin(float v) { return warp_sum(v); }
+};
+template <class T>
+struct RowQ<T, true> {
+    typedef long long Acc;
+    __device__ __forceinline__ static void dot(const u8* __restrict__ row, const i8* __restrict__ aq,
+                                               const float* __restrict__ ad, const int* __restrict__ abs_, int cols,
+                                               int ntok, long long* acc) {
+        rowq_c<T>(row, aq, ad, abs_, cols, ntok, acc);
     }
-// MoE decode on int8 activations (as moe_glu / moe_mmv in quant.cu, which read f32): one warp
+    __device__ __forceinline__ static float fin(long long v) { return fix_val(warp_sum_ll(v)); }
+};
+
+// mmvq / mmvq_glu: as mmv / mmv_glu over int8 activations, in the order C (RowQ).
+template <class T, bool C, int NTOK, bool PF>
+__global__ void __launch_bounds__(32 * MMV_WARPS)
+    mmvq(MmvMat m0, MmvMat m1, MmvMat m2, const i8* __restrict__ aq, const float* __restrict__ ad,
+         const int* __restrict__ abs_, int cols, int ntok_arg) {
+    MMV_BEGIN(PF)
+    const int ntok = NTOK ? NTOK : ntok_arg;
+    int r = blockIdx.x * MMV_WARPS + threadIdx.y;
+    MmvMat m = m0;
+    if (r >= m0.rows) {
+        r -= m0.rows;
+        m = m1;
+        if (r >= m1.rows) {
+            r -= m1.rows;
+            m = m2;
+            if (r >= m2.rows) return;
+        }
+    }
+    typename RowQ<T, C>::Acc acc[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) acc[t] = 0;
+    RowQ<T, C>::dot(m.w + (long long)r * m.row_bytes, aq, ad, abs_, cols, ntok, acc);
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        if (t < ntok) {
+            float s = RowQ<T, C>::fin(acc[t]);
+            if (threadIdx.x == 0) m.y[(long long)t * m.rows + r] = s;
+        }
+    }
+}
+template <class T, bool C, int NTOK, bool PF>
+__global__ void __launch_bounds__(32 * MMV_WARPS)
+    mmvq_glu(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, const i8* __restrict__ aq,
+             const float* __restrict__ ad, const int* __restrict__ abs_, float* __restrict__ out, int rows, int cols,
+             int ntok_arg, int act) {
+    GLU_BEGIN(PF)
+    const int ntok = NTOK ? NTOK : ntok_arg;
+    int r = blockIdx.x * MMV_WARPS + threadIdx.y;
+    if (r >= rows) return;
+    typename RowQ<T, C>::Acc ag[8], au[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) ag[t] = au[t] = 0;
+    RowQ<T, C>::dot(wg + (long long)r * row_bytes, aq, ad, abs_, cols, ntok, ag);
+    RowQ<T, C>::dot(wu + (long long)r * row_bytes, aq, ad, abs_, cols, ntok, au);
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        if (t < ntok) {
+            float g = RowQ<T, C>::fin(ag[t]), u = RowQ<T, C>::fin(au[t]);
+            if (threadIdx.x == 0) out[(long long)t * rows + r] = act_fn(g, act) * u;
+        }
+    }
+}
+// MoE decode on int8 activations (as moe_glu / moe_mmv in mmv.cu, which read f32): one warp
 // per output row of one (token, slot) pair p = blockIdx.y, from the expert routes[2p] chose.
 // The activations are quantize_a32's or quantize_a256's (ablk: 32 or 256) of the tokens
 // (moeq_glu: token p / k) or of the pairs (moeq_mmv: row p).      grid (rows / 4, pairs), block (32, 4)
-#define MOEQ_ACT(T)                                                                                   \
+#define MOEQ_ACT                                                                                      \
     const i8* a = aq + t * cols;                                                                      \
     const float* d = ad + t * (ablk == 32 ? (cols / 32) * 2 : cols / 256);                            \
     const int* s = abs_ + (ablk == 32 ? 0 : t * (cols / 16));
-#define MOEQ_K(T)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        moeq_glu_##T(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes,      \
-                     long long expert_rows, const float* __restrict__ routes,                         \
-                     const i8* __restrict__ aq, const float* __restrict__ ad,                         \
-                     const int* __restrict__ abs_, float* __restrict__ out, int rows, int cols,       \
-                     int k, int act, int ablk) { pdl_begin();                                         \
-        const int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                           \
-        if (r >= rows) return;                                                                        \
-        const long long p = blockIdx.y, e = (long long)routes[2 * p], t = p / k;                      \
-        MOEQ_ACT(T)                                                                                   \
-        float ag[8], au[8];                                                                           \
-        _Pragma("unroll") for (int i = 0; i < 8; i++) ag[i] = au[i] = 0.f;                            \
-        rowq_##T(wg + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, ag);                       \
-        rowq_##T(wu + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, au);                       \
-        const float g = rowq_fin_##T(ag[0]), u = rowq_fin_##T(au[0]);                                \
-        if (threadIdx.x == 0) out[p * rows + r] = act_fn(g, act) * u;                                 \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * MMV_WARPS)                                      \
-        moeq_mmv_##T(const u8* __restrict__ w, long long row_bytes, long long expert_rows,           \
-                     const float* __restrict__ routes, const i8* __restrict__ aq,                     \
-                     const float* __restrict__ ad, const int* __restrict__ abs_,                      \
-                     float* __restrict__ y, int rows, int cols, int ablk) { pdl_begin();              \
-        const int r = blockIdx.x * MMV_WARPS + threadIdx.y;                                           \
-        if (r >= rows) return;                                                                        \
-        const long long p = blockIdx.y, e = (long long)routes[2 * p], t = p;                          \
-        MOEQ_ACT(T)                                                                                   \
-        float acc[8];                                                                                 \
-        _Pragma("unroll") for (int i = 0; i < 8; i++) acc[i] = 0.f;                                   \
-        rowq_##T(w + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, acc);                       \
-        const float v = rowq_fin_##T(acc[0]);                                                         \
-        if (threadIdx.x == 0) y[p * rows + r] = v;                                                    \
-    }
-#define QUANT_KERNELS_Q(T)                                                                            \
-    MOEQ_K(T)                                                                                         \
-    MMVQ_K(mmvq_##T, T, ntok_arg, 0) MMVQ_K(mmvq1_##T, T, 1, 0) MMVQ_GLU_K(mmvq_glu_##T, T, ntok_arg, 0)     \
-    MMVQ_GLU_K(mmvq1_glu_##T, T, 1, 0) MMVQ_K(mmvqp_##T, T, ntok_arg, 1) MMVQ_K(mmvqp1_##T, T, 1, 1)         \
-    MMVQ_GLU_K(mmvqp_glu_##T, T, ntok_arg, 1) MMVQ_GLU_K(mmvqp1_glu_##T, T, 1, 1)
-#define QUANT_KERNELS_QC(T)                                                                           \
-    MMVQ_K(mmvqc_##T, c_##T, ntok_arg, 0) MMVQ_K(mmvqc1_##T, c_##T, 1, 0)                              \
-    MMVQ_GLU_K(mmvqc_glu_##T, c_##T, ntok_arg, 0) MMVQ_GLU_K(mmvqc1_glu_##T, c_##T, 1, 0)              \
-    MMVQ_K(mmvqcp_##T, c_##T, ntok_arg, 1) MMVQ_K(mmvqcp1_##T, c_##T, 1, 1)                            \
-    MMVQ_GLU_K(mmvqcp_glu_##T, c_##T, ntok_arg, 1) MMVQ_GLU_K(mmvqcp1_glu_##T, c_##T, 1, 1)
+template <class T>
+__global__ void __launch_bounds__(32 * MMV_WARPS)
+    moeq_glu(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, long long expert_rows,
+             const float* __restrict__ routes, const i8* __restrict__ aq, const float* __restrict__ ad,
+             const int* __restrict__ abs_, float* __restrict__ out, int rows, int cols, int k, int act, int ablk) {
+    pdl_begin();
+    const int r = blockIdx.x * MMV_WARPS + threadIdx.y;
+    if (r >= rows) return;
+    const long long p = blockIdx.y, e = (long long)routes[2 * p], t = p / k;
+    MOEQ_ACT
+    float ag[8], au[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) ag[i] = au[i] = 0.f;
+    rowq<T>(wg + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, ag);
+    rowq<T>(wu + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, au);
+    const float g = warp_sum(ag[0]), u = warp_sum(au[0]);
+    if (threadIdx.x == 0) out[p * rows + r] = act_fn(g, act) * u;
+}
+template <class T>
+__global__ void __launch_bounds__(32 * MMV_WARPS)
+    moeq_mmv(const u8* __restrict__ w, long long row_bytes, long long expert_rows, const float* __restrict__ routes,
+             const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_,
+             float* __restrict__ y, int rows, int cols, int ablk) {
+    pdl_begin();
+    const int r = blockIdx.x * MMV_WARPS + threadIdx.y;
+    if (r >= rows) return;
+    const long long p = blockIdx.y, e = (long long)routes[2 * p], t = p;
+    MOEQ_ACT
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] = 0.f;
+    rowq<T>(w + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, acc);
+    const float v = warp_sum(acc[0]);
+    if (threadIdx.x == 0) y[p * rows + r] = v;
+}
 

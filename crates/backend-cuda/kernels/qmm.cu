@@ -1,6 +1,6 @@
 // ---- Tensor-core products straight from the GGUF blocks (prefill, batched decode) ----
 // y[t, r] = W[r, :] · x[t, :] for t < n, with x in f16 (xh [n, cols], as to_half writes it) and
-// W in its GGUF type: the weights are dequantized (deqh_T below) to f16 in registers and
+// W in its GGUF type: the weights are dequantized (deqh<T> below) to f16 in registers and
 // multiplied with mma.sync m16n8k16, f32 accumulate. Nothing is copied at load.
 //
 // One order of summation per output element, which depends on `cols` only: stages of 128
@@ -13,14 +13,14 @@
 // The k order inside a stage of 128 columns (four 32-value groups) is permuted so that each lane
 // dequantizes whole groups: mma step s (0..7) of a stage takes, from each group q (0..3),
 // values 4s..4s+3, and the lane of quad position q holds exactly those of its rows. So lane
-// (g = lane / 4, q = lane % 4) of warp w calls deqh_T for group q of rows 16w + g and 16w + g + 8
+// (g = lane / 4, q = lane % 4) of warp w calls deqh<T> for group q of rows 16w + g and 16w + g + 8
 // and feeds their values 4s..4s+3 to step s: no value is dequantized twice. The activations are
 // staged in the same permuted order, one 8-byte load per lane per (step, 8 tokens).
 //
 // The weights' bytes of a stage (per row: the four 32-blocks, or the 256-block that holds the
 // stage) are copied to shared memory with cp.async, QMM_NST stages ahead, and dequantized from
 // there. The copy starts at the 16-byte boundary below the bytes, so they keep the alignment
-// deqh_T relies on.
+// deqh<T> relies on.
 //
 // CTA: 64 weight rows × 64 tokens, 4 warps of 16 rows × 64 tokens.
 //                                 grid (ceil(n / 64), ceil(rows / 64), S), block 128, dynamic smem
@@ -39,12 +39,13 @@
 
 typedef void (*DeqFn)(const u8*, int, u32*);
 
-// ---- A group's 32 values as 16 f16 pairs, (0,1), (2,3), … (deqh_T) ----
+// ---- A group's 32 values as 16 f16 pairs, (0,1), (2,3), … (deqh<T>) ----
 // The quantized integers become f16 without a conversion instruction (those run at a quarter of
 // the rate): 0x6400 | u is the f16 1024 + u for 0 ≤ u < 1024, and subtracting 1024 (plus the
 // type's offset) is exact. For Q4_0 and Q8_0 the value is then (q · d) rounded once, the same
 // bits as deq_T's f32 product rounded to f16; the K-quants' scales (d · sc, dmin · m) are
-// rounded to f16 first. Types without a deqh of their own take deq_T's values (DEQH_GENERIC).
+// rounded to f16 first. Types without a deqh of their own take T::deq's values (the generic
+// deqh<T>).
 __device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
     u32 r;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -70,7 +71,15 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
 #define SEL_23 0x4342
 #define H2(h) ((u32)(h) | ((u32)(h) << 16))
 
-__device__ __forceinline__ void deqh_q4_0(const u8* row, int g, u32* h) {
+template <class T>
+__device__ __forceinline__ void deqh(const u8* row, int g, u32* h) {
+    float v[32];
+    T::deq(row, g, v);
+#pragma unroll
+    for (int p = 0; p < 16; p++) h[p] = pack_h2(v[2 * p], v[2 * p + 1]);
+}
+template <>
+__device__ __forceinline__ void deqh<Q4_0>(const u8* row, int g, u32* h) {
     const u8* b = row + g * 18;
     const u32 d = H2(ld_u16(b));
 #pragma unroll
@@ -84,7 +93,8 @@ __device__ __forceinline__ void deqh_q4_0(const u8* row, int g, u32* h) {
         h[8 + 2 * i + 1] = hmul2(hsub2(((x23 >> 4) & 0x000F000F) | 0x64006400, 0x64086408), d);
     }
 }
-__device__ __forceinline__ void deqh_q8_0(const u8* row, int g, u32* h) {
+template <>
+__device__ __forceinline__ void deqh<Q8_0>(const u8* row, int g, u32* h) {
     const u8* b = row + g * 34;
     const u32 d = H2(ld_u16(b));
 #pragma unroll
@@ -95,7 +105,8 @@ __device__ __forceinline__ void deqh_q8_0(const u8* row, int g, u32* h) {
         h[2 * i + 1] = hmul2(hsub2(prmt(x, 0x64646464, 0x7362), 0x64806480), d);
     }
 }
-__device__ __forceinline__ void deqh_q4_k(const u8* row, int g, u32* h) {
+template <>
+__device__ __forceinline__ void deqh<Q4_K>(const u8* row, int g, u32* h) {
     const u8* b = row + (g >> 3) * 144;
     const int s = g & 7, shift = (s & 1) * 4;
     float sc, mn;
@@ -114,7 +125,8 @@ __device__ __forceinline__ void deqh_q4_k(const u8* row, int g, u32* h) {
         }
     }
 }
-__device__ __forceinline__ void deqh_q6_k(const u8* row, int g, u32* h) {
+template <>
+__device__ __forceinline__ void deqh<Q6_K>(const u8* row, int g, u32* h) {
     const u8* b = row + (g >> 3) * 210;
     const int s = g & 7, hf = s >> 2, k = s & 3, shift = (k >> 1) * 4;
     const float d = h2f(ld_u16(b + 208));
@@ -136,7 +148,8 @@ __device__ __forceinline__ void deqh_q6_k(const u8* row, int g, u32* h) {
         }
     }
 }
-__device__ __forceinline__ void deqh_f16(const u8* row, int g, u32* h) {
+template <>
+__device__ __forceinline__ void deqh<F16>(const u8* row, int g, u32* h) {
     const uint4* p = (const uint4*)(row + g * 64);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -147,13 +160,6 @@ __device__ __forceinline__ void deqh_f16(const u8* row, int g, u32* h) {
         h[4 * i + 3] = u.w;
     }
 }
-#define DEQH_GENERIC(T)                                                                               \
-    __device__ __forceinline__ void deqh_##T(const u8* row, int g, u32* h) {                          \
-        float v[32];                                                                                  \
-        deq_##T(row, g, v);                                                                           \
-        _Pragma("unroll") for (int p = 0; p < 16; p++) h[p] = pack_h2(v[2 * p], v[2 * p + 1]);        \
-    }
-
 // Where a stage's weight bytes lie in a row, for blocks of BB bytes holding BV (32 or 256) values
 // (qmm: one stage's bytes per copy).
 template <int BB, int BV>
@@ -383,30 +389,32 @@ __device__ __forceinline__ void qmv_impl(const u8* __restrict__ W, long long row
 // the two buffers per warp stay near 64 KiB (products.rs `qmv_warps`).
 #define QMV_WARPS(BB, BV) (QWinC<BB, BV>::WIN > 384 ? 4 : 8)
 
-#define QMM_K(T, BB, BV)                                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
-        qmm_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
-                const u16* __restrict__ xh, float* __restrict__ y, int n) {                           \
-        pdl_begin();                                                                                  \
-        qmm_impl<deqh_##T, BB, BV>(W, row_bytes, rows, cols, xh, y, n, blockIdx.x * QMM_BN);           \
-    }                                                                                                 \
-    /* The experts' grouped product (MoE): tile i of the list (tiles[0] of them) is 64 tokens of */  \
-    /* one expert e (tiles[1 + i] = e << 16 | chunk), its rows off[e].. of xh and y, its weights */  \
-    /* the e-th [rows, cols] of W. grid (at most tiles, ceil(rows / 64)); other blocks return.  */  \
-    extern "C" __global__ void __launch_bounds__(32 * QMM_WARPS)                                      \
-        qmm_g_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                 \
-                  const u16* __restrict__ xh, float* __restrict__ y, const int* __restrict__ off,     \
-                  const int* __restrict__ tiles) {                                                    \
-        pdl_begin();                                                                                  \
-        if ((int)blockIdx.x >= tiles[0]) return;                                                      \
-        const int tl = tiles[1 + blockIdx.x], e = tl >> 16, o = off[e];                               \
-        qmm_impl<deqh_##T, BB, BV>(W + (long long)e * rows * row_bytes, row_bytes, rows, cols,        \
-                                   xh + (long long)o * cols, y + (long long)o * rows, off[e + 1] - o, \
-                                   (tl & 0xffff) * QMM_BN);                                           \
-    }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * QMV_WARPS(BB, BV))                              \
-        qmv_##T(const u8* __restrict__ W, long long row_bytes, int rows, int cols,                   \
-                const u16* __restrict__ xh, float* __restrict__ y, int n) {                           \
-        pdl_begin();                                                                                  \
-        qmv_impl<deqh_##T, BB, BV, QMV_WARPS(BB, BV)>(W, row_bytes, rows, cols, xh, y, n);            \
-    }
+// The kernels of a type T (a tag of quant.cu; registry.rs `kernels`).
+template <class T>
+__global__ void __launch_bounds__(32 * QMM_WARPS)
+    qmm(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const u16* __restrict__ xh,
+        float* __restrict__ y, int n) {
+    pdl_begin();
+    qmm_impl<deqh<T>, T::BYTES, T::VALUES>(W, row_bytes, rows, cols, xh, y, n, blockIdx.x * QMM_BN);
+}
+// The experts' grouped product (MoE): tile i of the list (tiles[0] of them) is 64 tokens of one
+// expert e (tiles[1 + i] = e << 16 | chunk), its rows off[e].. of xh and y, its weights the e-th
+// [rows, cols] of W. grid (at most tiles, ceil(rows / 64)); other blocks return.
+template <class T>
+__global__ void __launch_bounds__(32 * QMM_WARPS)
+    qmm_g(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const u16* __restrict__ xh,
+          float* __restrict__ y, const int* __restrict__ off, const int* __restrict__ tiles) {
+    pdl_begin();
+    if ((int)blockIdx.x >= tiles[0]) return;
+    const int tl = tiles[1 + blockIdx.x], e = tl >> 16, o = off[e];
+    qmm_impl<deqh<T>, T::BYTES, T::VALUES>(W + (long long)e * rows * row_bytes, row_bytes, rows, cols,
+                                           xh + (long long)o * cols, y + (long long)o * rows, off[e + 1] - o,
+                                           (tl & 0xffff) * QMM_BN);
+}
+template <class T>
+__global__ void __launch_bounds__(32 * QMV_WARPS(T::BYTES, T::VALUES))
+    qmv(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const u16* __restrict__ xh,
+        float* __restrict__ y, int n) {
+    pdl_begin();
+    qmv_impl<deqh<T>, T::BYTES, T::VALUES, QMV_WARPS(T::BYTES, T::VALUES)>(W, row_bytes, rows, cols, xh, y, n);
+}

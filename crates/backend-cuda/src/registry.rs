@@ -8,10 +8,11 @@ use quiver_backend::KvType;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const QUANT: &str = include_str!("../kernels/quant.cu");
+const MMV: &str = include_str!("../kernels/mmv.cu");
 const OPS: &str = include_str!("../kernels/ops.cu");
 const FLASH: &str = include_str!("../kernels/flash.cu");
 const EXACT: &str = include_str!("../kernels/exact.cu");
@@ -92,12 +93,6 @@ pub fn imv_default(t: &str) -> bool {
     matches!(t, "q4_0" | "q8_0" | "q4_k" | "q6_k")
 }
 
-/// 1 for the int8 types whose block term has an offset (Q4_1's min against the activations'
-/// q8_1 sums: mmvq.cu `term32`), 0 for the others.
-fn int8_offset(t: &str) -> u8 {
-    u8::from(t == "q4_1")
-}
-
 /// Weight types whose decode kernels take int8 activations: Some(32) for blocks of 32
 /// (quantize_a32), Some(256) for the K-quants' blocks of 256 (quantize_a256).
 pub fn int8_activations(t: &str) -> Option<usize> {
@@ -120,191 +115,195 @@ fn kvq_pair(module: &str) -> Option<(KvType, KvType)> {
     kvq_pairs().find(|&(k, v)| crate::kvq::module(k, v) == module)
 }
 
-/// The kernels the backend launches from a module.
-pub fn kernel_names(module: &str) -> Vec<String> {
-    if kvq_pair(module).is_some() {
-        let mut v = vec!["kv_encode".to_string()];
-        for d in crate::kvq::KVQ_HEAD_DIMS {
-            v.push(format!("kvq_attention_{d}"));
-            v.push(format!("kvq_merge_{d}"));
-        }
-        for d in crate::plan::KVD_HEAD_DIMS {
-            v.push(format!("kvd_attention_{d}"));
-            v.push(format!("kvd_merge_{d}"));
-        }
-        for d in crate::plan::FLASH_HEAD_DIMS {
-            v.push(format!("flash_attention_{d}"));
-            v.push(format!("flash_merge_{d}"));
-        }
-        return v;
+/// The ops module's kernels (`extern "C"`, by their own names).
+const OPS_KERNELS: &[&str] = &[
+    "rms_norm",
+    "rope_kv_write",
+    "glu",
+    "softcap",
+    "add",
+    "gather_rows",
+    "f32_to_f16",
+    "argmax_rows",
+    "quantize_a32",
+    "quantize_a256",
+    "f32_to_f16_q32",
+    "f32_to_f16_q256",
+    "topk_rows",
+    "add_bias",
+    "sum_splits",
+    "moe_route",
+    "moe_group",
+    "moe_gather",
+    "moe_tiles",
+    "moe_gather_h",
+    "moe_sum",
+    "mask_rows",
+    "scale",
+    "mul_cols",
+    "copy_cols",
+];
+
+/// An `extern "C"` kernel: its launch name is its name in the source.
+fn plain(name: &str) -> (String, String) {
+    (name.to_string(), name.to_string())
+}
+
+/// The kernels of a module, the one list the registry compiles from: each kernel's launch name
+/// (what launches look it up by) and the C++ expression that names it in the module's source, a
+/// template's instantiation (`mmv<Q4_K, 1, true>`) or an `extern "C"` kernel's own name. NVRTC
+/// instantiates each expression (`nvrtcAddNameExpression`) and gives its lowered (mangled) name,
+/// which the registry keeps beside the cubin.
+pub fn kernels(module: &str) -> Vec<(String, String)> {
+    if let Some((k, v)) = kvq_pair(module) {
+        return attention_kernels(crate::kvq::kv_type_id(k), crate::kvq::kv_type_id(v));
     }
     match module {
-        "ops" => [
-            "rms_norm",
-            "rope_kv_write",
-            "glu",
-            "softcap",
-            "add",
-            "gather_rows",
-            "f32_to_f16",
-            "argmax_rows",
-            "quantize_a32",
-            "quantize_a256",
-            "f32_to_f16_q32",
-            "f32_to_f16_q256",
-            "topk_rows",
-            "add_bias",
-            "sum_splits",
-            "moe_route",
-            "moe_group",
-            "moe_gather",
-            "moe_tiles",
-            "moe_gather_h",
-            "moe_sum",
-            "mask_rows",
-            "scale",
-            "mul_cols",
-            "copy_cols",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
+        "ops" => OPS_KERNELS.iter().map(|n| plain(n)).collect(),
         "exact" => {
-            let mut v: Vec<String> = ["x_rms_norm", "x_rope_kv_write", "x_attention", "x_glu"]
-                .iter()
-                .map(|s| s.to_string())
+            let mut v: Vec<_> = ["x_rms_norm", "x_rope_kv_write", "x_attention", "x_glu"]
+                .into_iter()
+                .map(plain)
                 .collect();
-            v.extend(EXACT_TYPES.iter().map(|t| format!("x_mm_{t}")));
-            v.extend(QUANT_TYPES.iter().map(|t| format!("x_embed_{t}")));
+            // exact.cu's products: the legacy types' and the "lanes" K-quants' by their index
+            // there, Q4_K's and Q6_K's own.
+            const LEGACY: [&str; 5] = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"];
+            const LANES: [&str; 3] = ["q2_k", "q3_k", "q5_k"];
+            for t in EXACT_TYPES {
+                let expr = if let Some(i) = LEGACY.iter().position(|l| l == t) {
+                    format!("x_mm_legacy<{i}>")
+                } else if let Some(i) = LANES.iter().position(|l| l == t) {
+                    format!("x_mm_k_lanes<{i}>")
+                } else {
+                    format!("x_mm_{t}")
+                };
+                v.push((format!("x_mm_{t}"), expr));
+            }
+            // quant.cu's gather, compiled here without fused multiply-adds.
+            v.extend(
+                QUANT_TYPES
+                    .iter()
+                    .map(|t| (format!("x_embed_{t}"), format!("embed<{}>", weight_tag(t)))),
+            );
             v
         }
-        m => {
-            let t = m.strip_prefix("quant_").unwrap_or(m);
-            let mut v: Vec<String> = [
-                "embed",
-                "qmm",
-                "qmv",
-                "qmm_g",
-                "mmv",
-                "mmv1",
-                "mmv_glu",
-                "mmv1_glu",
-                "mmvp",
-                "mmvp1",
-                "mmvp_glu",
-                "mmvp1_glu",
-                "moe_glu",
-                "moe_mmv",
-                "moe_glu_g",
-                "moe_mmv_g",
-            ]
-            .iter()
-            .map(|k| format!("{k}_{t}"))
-            .collect();
-            if int8_mma(t) {
-                v.extend(
-                    [
-                        "imm",
-                        "imv",
-                        "imv2",
-                        "mmvqc",
-                        "mmvqc1",
-                        "mmvqc_glu",
-                        "mmvqc1_glu",
-                        "mmvqcp",
-                        "mmvqcp1",
-                        "mmvqcp_glu",
-                        "mmvqcp1_glu",
-                    ]
-                    .iter()
-                    .map(|k| format!("{k}_{t}")),
-                );
-            }
-            if int8_activations(t).is_some() {
-                v.extend(
-                    [
-                        "moeq_glu",
-                        "moeq_mmv",
-                        "mmvq",
-                        "mmvq1",
-                        "mmvq_glu",
-                        "mmvq1_glu",
-                        "mmvqp",
-                        "mmvqp1",
-                        "mmvqp_glu",
-                        "mmvqp1_glu",
-                    ]
-                    .iter()
-                    .map(|k| format!("{k}_{t}")),
-                );
-            }
-            v
-        }
+        m => m
+            .strip_prefix("quant_")
+            .filter(|t| QUANT_TYPES.contains(t))
+            .map(quant_kernels)
+            .unwrap_or_default(),
     }
 }
 
-/// The full source NVRTC compiles for a module.
-pub fn module_source(module: &str) -> Option<String> {
-    let body = match module {
-        m if kvq_pair(m).is_some() => {
-            let (k, v) = kvq_pair(m)?;
-            format!(
-                "{KVQ}\nKVQ_KERNELS({k}, {v})\nKVD_KERNELS({k}, {v})\n#line 1 \"flash.cu\"\n{FLASH}\nFLASH_KERNELS({k}, {v})\n",
-                k = crate::kvq::kv_type_id(k),
-                v = crate::kvq::kv_type_id(v)
-            )
+/// A kvq module's kernels for K and V types `k`, `v` (kvq.cu `KV_*`): every head dim of each
+/// attention family.
+fn attention_kernels(k: u32, v: u32) -> Vec<(String, String)> {
+    let mut l = vec![plain("kv_encode")];
+    let mut family = |name: &str, dims: &[usize]| {
+        for d in dims {
+            l.push((
+                format!("{name}_attention_{d}"),
+                format!("{name}_attention<{d}, {k}, {v}>"),
+            ));
+            l.push((
+                format!("{name}_merge_{d}"),
+                format!("{name}_merge<{d}, {v}>"),
+            ));
         }
-        "ops" => OPS.to_string(),
+    };
+    family("kvq", crate::kvq::KVQ_HEAD_DIMS);
+    family("kvd", crate::plan::KVD_HEAD_DIMS);
+    family("flash", crate::plan::FLASH_HEAD_DIMS);
+    l
+}
+
+/// A weight type's kernels (module quant_T), as templates over its tag.
+fn quant_kernels(t: &str) -> Vec<(String, String)> {
+    let w = weight_tag(t);
+    let mut l = Vec::new();
+    let mut one = |name: &str, expr: String| l.push((format!("{name}_{t}"), expr));
+    one("embed", format!("embed<{w}>"));
+    one("qmm", format!("qmm<{w}>"));
+    one("qmv", format!("qmv<{w}>"));
+    one("qmm_g", format!("qmm_g<{w}>"));
+    for n in ["moe_glu", "moe_mmv", "moe_glu_g", "moe_mmv_g"] {
+        one(n, format!("{n}<{w}>"));
+    }
+    if int8_mma(t) {
+        one("imm", format!("imm<{w}>"));
+        one("imv", format!("imv<{w}, 1>"));
+        one("imv2", format!("imv<{w}, 2>"));
+    }
+    if int8_activations(t).is_some() {
+        for n in ["moeq_glu", "moeq_mmv"] {
+            one(n, format!("{n}<{w}>"));
+        }
+    }
+    // The matrix-vector kernels: {family}{p}{1}{_glu}_T is template{_glu}<T{order}, NTOK, PF>
+    // with the prefetch (p: PF true) and one token (1: NTOK 1; else 0, the launch's count).
+    let mut matvec = |family: &str, template: &str, order: &str| {
+        for glu in ["", "_glu"] {
+            for (p, pf) in [("", false), ("p", true)] {
+                for (single, ntok) in [("", 0), ("1", 1)] {
+                    l.push((
+                        format!("{family}{p}{single}{glu}_{t}"),
+                        format!("{template}{glu}<{w}{order}, {ntok}, {pf}>"),
+                    ));
+                }
+            }
+        }
+    };
+    matvec("mmv", "mmv", "");
+    if int8_activations(t).is_some() {
+        matvec("mmvq", "mmvq", ", false");
+    }
+    // The exact-sum order (mmvq.cu RowQ) of the types with int8 tensor-core products: the same
+    // bits as imm.cu's.
+    if int8_mma(t) {
+        matvec("mmvqc", "mmvq", ", true");
+    }
+    l
+}
+
+/// A weight type's tag struct in the kernels (quant.cu `WEIGHT_TYPE`), by kernel suffix.
+fn weight_tag(t: &str) -> String {
+    t.to_uppercase()
+}
+
+/// The kernels the backend launches from a module, by launch name.
+pub fn kernel_names(module: &str) -> Vec<String> {
+    kernels(module).into_iter().map(|(n, _)| n).collect()
+}
+
+/// The full source NVRTC compiles for a module: common.cuh and the module's files, each after a
+/// `#line` directive that names it (so that a compile error points at its file). The sources
+/// define kernel templates; the module's list ([`kernels`]) instantiates them.
+pub fn module_source(module: &str) -> Option<String> {
+    let files: Vec<(&str, &str)> = match module {
+        m if kvq_pair(m).is_some() => vec![("kvq.cu", KVQ), ("flash.cu", FLASH)],
+        "ops" => vec![("ops.cu", OPS)],
         // The parity mode's embedding kernels use quant.cu's dequantizers.
-        "exact" => format!("#line 1 \"quant.cu\"\n{QUANT}\n#line 1 \"exact.cu\"\n{EXACT}"),
+        "exact" => vec![("quant.cu", QUANT), ("exact.cu", EXACT)],
         m => {
             let t = m
                 .strip_prefix("quant_")
                 .filter(|t| QUANT_TYPES.contains(t))?;
-            let row_dot = match t {
-                "q4_k" | "q6_k" => String::new(),
-                "f16" => "ROW_DOT_DENSE(f16, h2f)\n".into(),
-                "bf16" => "ROW_DOT_DENSE(bf16, bf2f)\n".into(),
-                _ => format!("ROW_DOT_GENERIC({t})\n"),
-            };
-            let int8 = match int8_activations(t) {
-                // The types with int8 tensor-core products also sum in their order (mmvqc*_T,
-                // the same bits as imm.cu's imm_T).
-                Some(32) if int8_mma(t) => format!(
-                    "ROWQ_A32({t}, LOAD_{u})\nQUANT_KERNELS_Q({t})\nROWQ_CANON({t}, LOADC_{u}, {off})\nQUANT_KERNELS_QC({t})\n",
-                    u = t.to_uppercase(),
-                    off = int8_offset(t)
-                ),
-                Some(32) => format!(
-                    "ROWQ_A32({t}, LOAD_{})\nQUANT_KERNELS_Q({t})\n",
-                    t.to_uppercase()
-                ),
-                Some(_) if int8_mma(t) => format!("QUANT_KERNELS_Q({t})\nQUANT_KERNELS_QC({t})\n"),
-                Some(_) => format!("QUANT_KERNELS_Q({t})\n"),
-                None => String::new(),
-            };
-            let (bb, bv) = block_layout(t)?;
-            let deqh = match t {
-                "q4_0" | "q8_0" | "q4_k" | "q6_k" | "f16" => String::new(),
-                _ => format!("DEQH_GENERIC({t})\n"),
-            };
-            let imm = match (int8_mma(t), bv) {
-                (true, 32) => format!(
-                    "#line 1 \"imm.cu\"\n{IMM}\nIMM_K({t}, {bb}, {})\n",
-                    int8_offset(t)
-                ),
-                (true, _) => format!("#line 1 \"imm.cu\"\n{IMM}\nIMMK_K({t})\n"),
-                _ => String::new(),
-            };
-            let int8 = if int8.is_empty() {
-                int8
-            } else {
-                format!("#line 1 \"mmvq.cu\"\n{MMVQ}\n{int8}")
-            };
-            format!("{QUANT}\n{row_dot}QUANT_KERNELS({t})\n{int8}#line 1 \"qmm.cu\"\n{QMM}\n{deqh}QMM_K({t}, {bb}, {bv})\n{imm}")
+            let mut f = vec![("quant.cu", QUANT), ("mmv.cu", MMV)];
+            if int8_activations(t).is_some() {
+                f.push(("mmvq.cu", MMVQ));
+            }
+            f.push(("qmm.cu", QMM));
+            if int8_mma(t) {
+                f.push(("imm.cu", IMM));
+            }
+            f
         }
     };
-    Some(format!("{COMMON}\n#line 1 \"{module}.cu\"\n{body}"))
+    let mut src = format!("#line 1 \"common.cuh\"\n{COMMON}\n");
+    for (name, text) in files {
+        src += &format!("#line 1 \"{name}\"\n{text}\n");
+    }
+    Some(src)
 }
 
 fn options(module: &str, arch: u32) -> Vec<String> {
@@ -321,37 +320,68 @@ fn options(module: &str, arch: u32) -> Vec<String> {
     o
 }
 
-/// Compiles one module to a cubin for `sm_<arch>` (e.g. 90). Needs NVRTC, not a GPU.
-/// A compile error returns the module name and NVRTC's log.
-pub fn compile(module: &str, arch: u32) -> Result<Vec<u8>, String> {
-    let src = module_source(module).ok_or_else(|| format!("unknown kernel module {module}"))?;
-    compile_source(module, &src, arch)
+/// A compiled module: its cubin and, for each kernel of its list ([`kernels`]), the launch name
+/// and the lowered name the cubin holds it under.
+#[derive(Debug)]
+pub struct Compiled {
+    pub cubin: Vec<u8>,
+    pub lowered: Vec<(String, String)>,
 }
 
-/// Compiles `src` (a whole module) as `module`.
+/// Compiles one module to a cubin for `sm_<arch>` (e.g. 90). Needs NVRTC, not a GPU.
+/// A compile error returns the module name and NVRTC's log.
+pub fn compile(module: &str, arch: u32) -> Result<Compiled, String> {
+    let src = module_source(module).ok_or_else(|| format!("unknown kernel module {module}"))?;
+    compile_logged(module, &src, &kernels(module), arch, false).map(|(c, _)| c)
+}
+
+/// Compiles `src` (a whole module of `extern "C"` kernels) as `module`.
 pub fn compile_source(module: &str, src: &str, arch: u32) -> Result<Vec<u8>, String> {
-    compile_logged(module, src, arch, false).map(|(c, _)| c)
+    compile_logged(module, src, &[], arch, false).map(|(c, _)| c.cubin)
 }
 
 /// ptxas's resources per kernel of `module` (registers, spills, shared memory: its `-v`
-/// report, from NVRTC's log), for a look at a kernel's cost without a GPU.
+/// report, from NVRTC's log, each kernel under its launch name), for a look at a kernel's cost
+/// without a GPU.
 pub fn resource_report(module: &str, arch: u32) -> Result<String, String> {
     let src = module_source(module).ok_or_else(|| format!("unknown kernel module {module}"))?;
-    compile_logged(module, &src, arch, true).map(|(_, log)| log)
+    let (c, mut log) = compile_logged(module, &src, &kernels(module), arch, true)?;
+    for (name, lowered) in &c.lowered {
+        log = log.replace(&format!("'{lowered}'"), &format!("'{name}'"));
+        log = log.replace(&format!(" {lowered}\n"), &format!(" {name}\n"));
+    }
+    Ok(log)
 }
 
 fn compile_logged(
     module: &str,
     src: &str,
+    list: &[(String, String)],
     arch: u32,
     verbose: bool,
-) -> Result<(Vec<u8>, String), String> {
+) -> Result<(Compiled, String), String> {
     crate::libs::nvrtc()?;
     let csrc = CString::new(src.to_string()).map_err(|e| e.to_string())?;
     let name = CString::new(format!("{module}.cu")).unwrap();
+    let exprs: Vec<CString> = list
+        .iter()
+        .map(|(_, e)| CString::new(e.as_str()).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
     let prog = nr::create_program(&csrc, Some(&name)).map_err(|e| format!("nvrtc: {e:?}"))?;
-    // SAFETY: prog is a live program until destroy_program below.
+    // SAFETY: prog is a live program until destroy_program below; the expressions outlive it.
     unsafe {
+        let fail = |msg: String| {
+            let _ = nr::destroy_program(prog);
+            Err(msg)
+        };
+        for e in &exprs {
+            let r = ns::nvrtcAddNameExpression(prog, e.as_ptr());
+            if r != ns::nvrtcResult::NVRTC_SUCCESS {
+                return fail(format!(
+                    "kernel module {module}: name expression {e:?}: {r:?}"
+                ));
+            }
+        }
         let mut opts = options(module, arch);
         if verbose {
             opts.push("--ptxas-options=-v".into());
@@ -361,16 +391,26 @@ fn compile_logged(
             let log = nr::get_program_log(prog)
                 .map(|l| c_log(&l))
                 .unwrap_or_default();
-            let _ = nr::destroy_program(prog);
-            return Err(format!(
+            return fail(format!(
                 "kernel module {module} failed to compile for sm_{arch}:\n{log}"
             ));
+        }
+        let mut lowered = Vec::with_capacity(list.len());
+        for ((name, _), e) in list.iter().zip(&exprs) {
+            let mut p: *const c_char = std::ptr::null();
+            let r = ns::nvrtcGetLoweredName(prog, e.as_ptr(), &mut p);
+            if r != ns::nvrtcResult::NVRTC_SUCCESS || p.is_null() {
+                return fail(format!(
+                    "kernel module {module}: no lowered name for {e:?} ({r:?})"
+                ));
+            }
+            let l = std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned();
+            lowered.push((name.clone(), l));
         }
         let mut size = 0usize;
         let r = ns::nvrtcGetCUBINSize(prog, &mut size);
         if r != ns::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-            let _ = nr::destroy_program(prog);
-            return Err(format!(
+            return fail(format!(
                 "kernel module {module}: NVRTC produced no cubin for sm_{arch} ({r:?})"
             ));
         }
@@ -389,7 +429,7 @@ fn compile_logged(
                 "kernel module {module}: nvrtcGetCUBIN failed ({r:?})"
             ));
         }
-        Ok((cubin, log))
+        Ok((Compiled { cubin, lowered }, log))
     }
 }
 
@@ -414,11 +454,15 @@ pub fn nvrtc_version() -> Result<(i32, i32), String> {
     Ok((a, b))
 }
 
-/// Cache key: module, hash of (source, options, NVRTC version), architecture.
+/// Cache key: module, hash of (source, kernel list, options, NVRTC version), architecture. The
+/// lowered names are stored beside the cubin ([`names_file`]).
 pub fn cache_file(module: &str, arch: u32) -> Result<PathBuf, String> {
     let (a, b) = nvrtc_version()?;
     let mut h = Sha256::new();
     h.update(module_source(module).unwrap_or_default().as_bytes());
+    for (name, expr) in kernels(module) {
+        h.update(format!("{name}={expr};").as_bytes());
+    }
     for o in options(module, arch) {
         h.update(o.as_bytes());
     }
@@ -427,6 +471,34 @@ pub fn cache_file(module: &str, arch: u32) -> Result<PathBuf, String> {
     Ok(quiver_hub::cache_dir()
         .join("kernels")
         .join(format!("{module}-{hex}-sm{arch}.cubin")))
+}
+
+/// The file beside a cached cubin that holds its kernels' lowered names, a line
+/// `launch_name lowered_name` per kernel.
+pub fn names_file(cubin: &Path) -> PathBuf {
+    cubin.with_extension("names")
+}
+
+/// A cache's names file read back: launch name → lowered name, `None` unless it names every
+/// kernel of `module`'s list.
+fn parse_names(module: &str, text: &str) -> Option<HashMap<String, String>> {
+    let names: HashMap<String, String> = text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    kernels(module)
+        .iter()
+        .all(|(n, _)| names.contains_key(n))
+        .then_some(names)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so that a reader never sees
+/// a partial file (another process may be compiling the same module).
+fn write_atomic(path: &Path, bytes: &[u8]) -> bool {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let tmp = path.with_extension(format!("{ext}.tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_ok()
 }
 
 /// A kernel and the dynamic shared memory it has been allowed (beyond the default 48 KiB).
@@ -439,6 +511,8 @@ unsafe impl Sync for Func {}
 pub struct Registry {
     arch: u32,
     modules: HashMap<String, ds::CUmodule>,
+    /// Lowered kernel names by module, then launch name.
+    lowered: HashMap<String, HashMap<String, String>>,
     /// Kernels by module, then name (several modules launch the same names).
     funcs: HashMap<String, HashMap<String, Func>>,
     pub compiled: usize,
@@ -452,6 +526,7 @@ impl Registry {
         Registry {
             arch,
             modules: HashMap::new(),
+            lowered: HashMap::new(),
             funcs: HashMap::new(),
             compiled: 0,
             from_cache: 0,
@@ -464,28 +539,39 @@ impl Registry {
             return Ok(());
         }
         let path = cache_file(module, self.arch)?;
-        let cubin = match std::fs::read(&path) {
-            Ok(b) if !b.is_empty() => {
+        let names = names_file(&path);
+        let cached = match (std::fs::read(&path), std::fs::read_to_string(&names)) {
+            (Ok(b), Ok(n)) if !b.is_empty() => parse_names(module, &n).map(|n| (b, n)),
+            _ => None,
+        };
+        let (cubin, lowered) = match cached {
+            Some(c) => {
                 self.from_cache += 1;
-                b
+                c
             }
-            _ => {
-                let b = compile(module, self.arch)?;
+            None => {
+                let c = compile(module, self.arch)?;
                 self.compiled += 1;
                 if let Some(dir) = path.parent() {
                     let _ = std::fs::create_dir_all(dir);
-                    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-                    if std::fs::write(&tmp, &b).is_ok() {
-                        let _ = std::fs::rename(&tmp, &path);
+                    // The names first: a cubin in the cache always has its names beside it.
+                    let text: String = c
+                        .lowered
+                        .iter()
+                        .map(|(n, l)| format!("{n} {l}\n"))
+                        .collect();
+                    if write_atomic(&names, text.as_bytes()) {
+                        write_atomic(&path, &c.cubin);
                     }
                 }
-                b
+                (c.cubin, c.lowered.into_iter().collect())
             }
         };
         // SAFETY: a cubin image for this device's architecture; the driver validates it.
         let m = unsafe { dr::module::load_data(cubin.as_ptr() as *const _) }
             .map_err(|e| format!("loading kernel module {module}: {e:?}"))?;
         self.modules.insert(module.to_string(), m);
+        self.lowered.insert(module.to_string(), lowered);
         Ok(())
     }
 
@@ -500,7 +586,9 @@ impl Registry {
         if !self.funcs.get(module).is_some_and(|m| m.contains_key(name)) {
             self.ensure(module)?;
             let m = self.modules[module];
-            let cname = CString::new(name).unwrap();
+            // A kernel outside the module's list is looked up by its own (extern "C") name.
+            let lowered = self.lowered.get(module).and_then(|l| l.get(name));
+            let cname = CString::new(lowered.map_or(name, String::as_str)).unwrap();
             // SAFETY: m is a loaded module.
             let f = unsafe { dr::module::get_function(m, cname) }
                 .map_err(|e| format!("kernel {name} not in module {module}: {e:?}"))?;
@@ -535,28 +623,66 @@ impl Registry {
 mod tests {
     use super::*;
 
+    const FILES: [(&str, &str); 9] = [
+        ("quant.cu", QUANT),
+        ("mmv.cu", MMV),
+        ("mmvq.cu", MMVQ),
+        ("qmm.cu", QMM),
+        ("imm.cu", IMM),
+        ("kvq.cu", KVQ),
+        ("ops.cu", OPS),
+        ("flash.cu", FLASH),
+        ("exact.cu", EXACT),
+    ];
+
+    /// A kernel's name from its header (`__global__` to the body): the identifier before the
+    /// parameters, past any `__launch_bounds__(…)`.
+    fn kernel_name(header: &str) -> String {
+        let mut h = header.to_string();
+        if let Some(i) = h.find("__launch_bounds__(") {
+            let mut depth = 0;
+            for (j, c) in h[i..].char_indices() {
+                depth += match c {
+                    '(' => 1,
+                    ')' => -1,
+                    _ => 0,
+                };
+                if c == ')' && depth == 0 {
+                    h.replace_range(i..i + j + 1, "");
+                    break;
+                }
+            }
+        }
+        let before = &h[..h.find('(').expect("parameters")];
+        let name = before
+            .trim_end()
+            .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'));
+        name.into_iter().next().unwrap_or_default().to_string()
+    }
+
+    /// Each kernel of the sources: (file, byte offset of `__global__`, its name).
+    fn kernels_in_sources() -> Vec<(&'static str, usize, String)> {
+        let mut v = Vec::new();
+        for (file, src) in FILES {
+            for (at, _) in src.match_indices("__global__") {
+                let body = at + src[at..].find('{').expect("a kernel body");
+                v.push((file, at, kernel_name(&src[at..body])));
+            }
+        }
+        v
+    }
+
     /// Kernels run with programmatic dependent launch, which is only safe when each one waits
     /// for its predecessor before touching memory: every kernel's body must open with
     /// `pdl_begin();`.
     #[test]
     fn every_kernel_begins_by_waiting_for_the_previous_one() {
         let mut n = 0;
-        for (file, src) in [
-            ("quant.cu", QUANT),
-            ("mmvq.cu", MMVQ),
-            ("qmm.cu", QMM),
-            ("imm.cu", IMM),
-            ("kvq.cu", KVQ),
-            ("ops.cu", OPS),
-            ("flash.cu", FLASH),
-            ("exact.cu", EXACT),
-        ] {
+        for (file, src) in FILES {
             for (at, _) in src.match_indices("__global__") {
                 let body = at + src[at..].find('{').expect("a kernel body");
-                // (Inside a macro the body continues past line-ending backslashes.)
-                let first =
-                    src[body + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
-                // The matrix-vector kernels may prefetch their weight rows first (quant.cu
+                let first = src[body + 1..].trim_start();
+                // The matrix-vector kernels may prefetch their weight rows first (mmv.cu
                 // MMV_BEGIN, common.cuh `pdl_begin_prefetch`: weights are never written, so
                 // that read may precede the wait).
                 assert!(
@@ -569,5 +695,34 @@ mod tests {
             }
         }
         assert!(n >= 20, "found only {n} kernels");
+    }
+
+    /// Kernels are functions or templates, never the body of a `#define`, and each is
+    /// instantiated by some module's list.
+    #[test]
+    fn kernels_are_templates_instantiated_from_the_lists() {
+        let mut exprs = String::new();
+        for m in module_names() {
+            for (_, e) in kernels(&m) {
+                exprs += &e;
+                exprs.push('\n');
+            }
+        }
+        let found = kernels_in_sources();
+        assert!(found.len() >= 40, "found only {} kernels", found.len());
+        for (file, at, name) in found {
+            let src = FILES.iter().find(|f| f.0 == file).unwrap().1;
+            let line = src[at..].lines().next().unwrap_or_default();
+            assert!(
+                !line.trim_end().ends_with('\\'),
+                "{file}: kernel {name} is inside a macro"
+            );
+            assert!(
+                exprs
+                    .lines()
+                    .any(|e| e == name || e.starts_with(&format!("{name}<"))),
+                "{file}: kernel {name} is in no module's list"
+            );
+        }
     }
 }

@@ -35,13 +35,22 @@ fn every_module_compiles_for_sm90() {
         .filter(|m| m.contains(&only))
     {
         match registry::compile(&m, 90) {
-            Ok(cubin) => {
+            Ok(c) => {
                 // An ELF image with machine code, not PTX text.
-                assert_eq!(&cubin[..4], b"\x7fELF", "{m}: not a cubin");
-                for name in registry::kernel_names(&m) {
+                assert_eq!(&c.cubin[..4], b"\x7fELF", "{m}: not a cubin");
+                // Every kernel of the list, under its lowered name.
+                let names = registry::kernel_names(&m);
+                assert_eq!(
+                    c.lowered.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                    names.iter().collect::<Vec<_>>(),
+                    "{m}"
+                );
+                for (name, lowered) in &c.lowered {
                     assert!(
-                        cubin.windows(name.len()).any(|w| w == name.as_bytes()),
-                        "{m}: kernel {name} missing from the cubin"
+                        c.cubin
+                            .windows(lowered.len())
+                            .any(|w| w == lowered.as_bytes()),
+                        "{m}: kernel {name} ({lowered}) missing from the cubin"
                     );
                 }
             }
