@@ -173,7 +173,19 @@ pub(crate) fn check_prompt_bytes(st: &AppState, bytes: usize, param: &str) -> Re
 
 /// Reads a request's whole body within `read_timeout` of its headers (else 408 and the
 /// connection is closed) and at most `max_body` bytes of it (else 413), before the handler.
+/// A `Content-Length` past `max_body` is refused from the headers, before any of the body.
 async fn read_body(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if announced.is_some_and(|n| n > st.max_body as u64) {
+        let mut r = ApiError::too_large(st.max_body).into_response();
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return r;
+    }
     let (parts, body) = req.into_parts();
     let whole = parts.extensions.get::<crate::conn::Whole>().cloned();
     let read = Limited::new(body, st.max_body).collect();

@@ -161,6 +161,13 @@ fn random_seed() -> u64 {
 /// `top_logprobs`) over the legacy one (an integer).
 fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<GenParams, ApiError> {
     let model = get_str(m, "model")?.map(str::to_string);
+    if present(m, "cache_salt").is_some() {
+        // Ignoring it would share the prefix cache the client asked to keep apart.
+        return Err(ApiError::invalid(
+            "cache_salt",
+            "`cache_salt` is not supported: this server's prefix cache cannot be kept apart per salt yet",
+        ));
+    }
     let n = get_uint(m, "n", 1, u64::MAX)?.unwrap_or(1);
     if n > MAX_N as u64 {
         return Err(ApiError::invalid(

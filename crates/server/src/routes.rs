@@ -180,11 +180,19 @@ fn tokenize_body(s: &AppState, m: Map<String, Value>) -> Result<Value, ApiError>
 }
 
 /// `{"tokens": [ids]}` → `{"prompt": TEXT, "content": TEXT}`.
+/// Most bytes of text `/detokenize` answers for a body of `body` bytes: as many as the body,
+/// and at least 256 KiB (a context of ordinary tokens), so that a body of ids of the longest
+/// tokens cannot make the answer many times its size.
+fn detokenize_cap(body: usize) -> usize {
+    body.max(256 << 10)
+}
+
 pub(crate) async fn detokenize(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    json_on_cpu(st, body, |s, m| {
+    let cap = detokenize_cap(body.as_ref().map_or(0, Bytes::len));
+    json_on_cpu(st, body, move |s, m| {
         let n_vocab = s.handle.info().n_vocab;
         let ids = match m.get("tokens") {
             Some(Value::Array(a)) => a
@@ -208,7 +216,19 @@ pub(crate) async fn detokenize(
                 ))
             }
         };
-        let text = s.handle.tokenizer().decode(&ids, false);
+        let tok = s.handle.tokenizer();
+        // Counted before decoding: each token's text at most its bytes.
+        let bytes: usize = ids
+            .iter()
+            .map(|&t| tok.token_bytes(t).map_or(0, <[u8]>::len))
+            .sum();
+        if bytes > cap {
+            return Err(ApiError::invalid(
+                "tokens",
+                format!("the text of these tokens takes up to {bytes} bytes; a request of this size gets at most {cap}"),
+            ));
+        }
+        let text = tok.decode(&ids, false);
         Ok(json!({"prompt": text, "content": text}))
     })
     .await
