@@ -10,6 +10,22 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+/// The warning for a server that listens beyond loopback with neither API keys nor an origin
+/// list: anyone who reaches the address, and any web page in a browser that does, may use it.
+pub(crate) fn exposure_warning(
+    addr: std::net::SocketAddr,
+    keys: &[String],
+    origins: &[String],
+) -> Option<String> {
+    let loopback = addr.ip().is_loopback()
+        || matches!(addr.ip(), std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()));
+    (!loopback && keys.is_empty() && origins.iter().any(|o| o == "*")).then(|| {
+        format!(
+            "listening on {addr}, beyond loopback, with no API key and CORS open to every origin: any host that reaches it, and any web page in a browser that does, can use the server; give --api-key (or --api-key-file) or --allowed-origins"
+        )
+    })
+}
+
 /// True when `origin` may call: every origin with `*` in the list, else an exact match.
 fn allowed(list: &[String], origin: &str) -> bool {
     list.iter().any(|o| o == "*" || o == origin)
@@ -59,7 +75,23 @@ pub(crate) async fn cors(State(st): State<St>, req: HttpRequest, next: Next) -> 
 
 #[cfg(test)]
 mod tests {
-    use super::allowed;
+    use super::{allowed, exposure_warning};
+
+    #[test]
+    fn beyond_loopback_without_keys_or_origins_is_warned() {
+        let any = vec!["*".to_string()];
+        let some = vec!["https://a.example".to_string()];
+        let key = vec!["k".to_string()];
+        let at = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert!(exposure_warning(at("0.0.0.0:8080"), &[], &any).is_some());
+        assert!(exposure_warning(at("[::]:8080"), &[], &any).is_some());
+        assert!(exposure_warning(at("192.168.1.5:8080"), &[], &any).is_some());
+        assert!(exposure_warning(at("127.0.0.1:8080"), &[], &any).is_none());
+        assert!(exposure_warning(at("[::1]:8080"), &[], &any).is_none());
+        assert!(exposure_warning(at("[::ffff:127.0.0.1]:8080"), &[], &any).is_none());
+        assert!(exposure_warning(at("0.0.0.0:8080"), &key, &any).is_none());
+        assert!(exposure_warning(at("0.0.0.0:8080"), &[], &some).is_none());
+    }
 
     #[test]
     fn origins_match_exactly_or_by_star() {

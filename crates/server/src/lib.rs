@@ -177,6 +177,9 @@ pub async fn serve_until(
             source,
         })?;
     let local = listener.local_addr()?;
+    if let Some(w) = cors::exposure_warning(local, &cfg.api_keys, &cfg.allowed_origins) {
+        tracing::warn!("{w}");
+    }
     let conns = Arc::new(conn::Conns::new(conn::Limits {
         read: cfg.read_timeout,
         idle: cfg.idle_timeout,
