@@ -180,7 +180,14 @@ async fn read_body(State(st): State<St>, req: HttpRequest, next: Next) -> Respon
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if announced.is_some_and(|n| n > st.max_body as u64) {
+    if let Some(n) = announced.filter(|&n| n > st.max_body as u64) {
+        if n <= 2 * st.max_body as u64 {
+            // A body a little over: read and dropped (within the read timeout), so that the
+            // client, still sending it, gets the answer rather than a reset.
+            let mut body = req.into_body();
+            let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+            let _ = tokio::time::timeout(st.read_timeout, drain).await;
+        }
         let mut r = ApiError::too_large(st.max_body).into_response();
         r.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
