@@ -697,6 +697,22 @@ mod tests {
         assert!(n >= 20, "found only {n} kernels");
     }
 
+    /// A names file as `ensure` writes it reads back to the module's launch → lowered names,
+    /// and one that lacks a kernel of the list is not taken (the module is compiled again).
+    #[test]
+    fn a_names_file_must_name_every_kernel_of_the_list() {
+        let list = kernels("quant_q4_k");
+        assert!(list
+            .iter()
+            .any(|(n, e)| n == "mmvqcp1_glu_q4_k" && e == "mmvq_glu<Q4_K, true, 1, true>"));
+        let text: String = list.iter().map(|(n, _)| format!("{n} _Z{n}\n")).collect();
+        let names = parse_names("quant_q4_k", &text).expect("every kernel named");
+        assert_eq!(names.len(), list.len());
+        assert_eq!(names["embed_q4_k"], "_Zembed_q4_k");
+        let partial: String = text.lines().skip(1).map(|l| format!("{l}\n")).collect();
+        assert!(parse_names("quant_q4_k", &partial).is_none());
+    }
+
     /// Kernels are functions or templates, never the body of a `#define`, and each is
     /// instantiated by some module's list.
     #[test]
