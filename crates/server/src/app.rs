@@ -50,6 +50,8 @@ pub(crate) struct AppState {
     pub(crate) pooling: quiver_engine::embed::Pooling,
     /// Origins allowed by CORS (`*`: any).
     pub(crate) allowed_origins: Vec<String>,
+    /// Defaults of generation requests that leave a field out (`quiver serve -n`, `--temp` …).
+    pub(crate) defaults: crate::RequestDefaults,
     /// The vocabulary indexed for constrained decoding (None: a model without a vocabulary).
     pub(crate) grammars: Option<Arc<quiver_engine::constraint::Grammars>>,
     /// Time a request's body has to arrive once its headers have.

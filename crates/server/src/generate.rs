@@ -73,7 +73,8 @@ pub(crate) async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let (params, ids) = on_cpu(&st, body, move |s, m| {
+        let (params, ids) = on_cpu(&st, body, move |s, mut m| {
+                s.defaults.fill(&mut m);
                 let mut req = params::parse_chat(&m, s.handle.info().n_vocab)?;
                 check_model(s, &req.params)?;
                 let format = crate::tools::Format::of_template(s.template.source());
@@ -112,7 +113,8 @@ pub(crate) async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let (params, ids, echo) = on_cpu(&st, body, move |s, m| {
+        let (params, ids, echo) = on_cpu(&st, body, move |s, mut m| {
+            s.defaults.fill(&mut m);
             let req = params::parse_completion(&m, s.handle.info().n_vocab)?;
             check_model(s, &req.params)?;
             let tok = s.handle.tokenizer();
@@ -319,6 +321,7 @@ pub(crate) async fn submit(
         ));
     }
     let room = ctx - prompt.len();
+    let default_max = st.defaults.max_tokens.unwrap_or(default_max);
     let max_tokens = match p.max_tokens {
         Some(m) => m,
         None if default_max > 0 => default_max.min(room),

@@ -65,6 +65,30 @@ pub struct ServerConfig {
     pub pooling: quiver_engine::embed::Pooling,
     /// Origins a browser page may call from (CORS); `*`: any.
     pub allowed_origins: Vec<String>,
+    /// Defaults of generation requests that leave a field out.
+    pub defaults: RequestDefaults,
+}
+
+/// Defaults of generation requests that leave a field out: `quiver serve`'s `-n`, `--temp`,
+/// `--seed`, `--top-k`, `--top-p`, `--min-p` (llama-server's flags of those names).
+#[derive(Clone, Debug, Default)]
+pub struct RequestDefaults {
+    /// `max_tokens` of a request that gives none (0: the rest of the context); None: each
+    /// endpoint's own default.
+    pub max_tokens: Option<usize>,
+    /// Fields as a request would give them (`temperature`, `top_k`, `top_p`, `min_p`, `seed`).
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl RequestDefaults {
+    /// Gives a request's body the default of each field it leaves out (absent or null).
+    pub fn fill(&self, m: &mut serde_json::Map<String, serde_json::Value>) {
+        for (k, v) in &self.fields {
+            if m.get(k).is_none_or(serde_json::Value::is_null) {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -83,6 +107,7 @@ impl Default for ServerConfig {
             max_seqs: 1,
             pooling: quiver_engine::embed::Pooling::Last,
             allowed_origins: vec!["*".into()],
+            defaults: RequestDefaults::default(),
         }
     }
 }
@@ -248,6 +273,7 @@ pub async fn serve_until(
         max_seqs: cfg.max_seqs,
         pooling: cfg.pooling,
         allowed_origins: cfg.allowed_origins.clone(),
+        defaults: cfg.defaults.clone(),
         read_timeout: cfg.read_timeout,
         conns: conns.clone(),
         nonce: std::time::SystemTime::now()
@@ -305,4 +331,25 @@ pub async fn serve_until(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_fill_the_fields_a_request_leaves_out() {
+        let obj = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let d = RequestDefaults {
+            max_tokens: None,
+            fields: obj(json!({"temperature": 0, "seed": 7, "top_k": 40})),
+        };
+        let mut m = obj(
+            json!({"messages": [{"role": "user", "content": "x"}], "temperature": 1.5, "top_k": null}),
+        );
+        d.fill(&mut m);
+        let p = params::parse_chat(&m, 1000).unwrap().params.sampling;
+        assert_eq!((p.temperature, p.seed, p.top_k), (1.5, 7, 40));
+    }
 }

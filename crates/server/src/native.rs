@@ -282,7 +282,9 @@ async fn native(
     fill: bool,
 ) -> Response {
     let r = async {
-        let (p, ids, text) = on_cpu(&st, body, move |s, m| {
+        let (p, ids, text) = on_cpu(&st, body, move |s, mut m| {
+            // Before the translation: a `seed` of -1 stays a random one.
+            s.defaults.fill(&mut m);
             let mut t = translate(&m)?;
             let ids = if fill {
                 let ids = infill_prompt(s, &m)?;

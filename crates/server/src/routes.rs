@@ -262,8 +262,16 @@ pub(crate) async fn props(State(st): State<St>) -> Response {
     let info = st.handle.info();
     let tok = st.handle.tokenizer();
     let text = |id: Option<u32>| id.map(|i| tok.decode(&[i], false)).unwrap_or_default();
+    // The defaults of requests that leave fields out (`quiver serve --temp`, `-n` …).
+    let mut params = json!({"temperature": 1.0, "top_p": 1.0});
+    for (k, v) in &st.defaults.fields {
+        params[k.as_str()] = v.clone();
+    }
+    if let Some(n) = st.defaults.max_tokens {
+        params["n_predict"] = json!(if n == 0 { -1 } else { n as i64 });
+    }
     Json(json!({
-        "default_generation_settings": {"n_ctx": info.n_ctx, "params": {"temperature": 1.0, "top_p": 1.0}},
+        "default_generation_settings": {"n_ctx": info.n_ctx, "params": params},
         "total_slots": st.max_seqs,
         "model_alias": st.model,
         "model": info.name,
