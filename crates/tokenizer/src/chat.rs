@@ -4,7 +4,9 @@
 //!
 //! Built-ins follow llama.cpp's: ChatML, and Gemma's `<start_of_turn>` turns with system
 //! prompts folded into the first user turn. They leave BOS out, since the prompt is then
-//! tokenized with `add_special = true`.
+//! tokenized with `add_special = true`. `--chat-template NAME` also takes Jinja built-ins for
+//! the other families quiver runs (llama3, mistral, mistral-v7, mistral-v7-tekken, phi3, qwen),
+//! with tools where the family has a call format quiver reads.
 
 use crate::{chat_py, TokenizerError};
 use minijinja::value::ValueKind;
@@ -113,24 +115,37 @@ impl ChatTemplate {
     }
 
     /// A chat template given by the user (`--chat-template`, `--chat-template-file`) for the
-    /// model in `f`: Jinja source, or the name of a built-in format (`chatml`, `gemma`).
+    /// model in `f`: Jinja source, or the name of a built-in format ([`BUILTIN_NAMES`]).
     pub fn user(f: &GgufFile, template: &str) -> Result<ChatTemplate, TokenizerError> {
+        let (bos, eos) = special_texts(f)?;
+        ChatTemplate::named(template, &bos, &eos)
+    }
+
+    /// Jinja source, or the name of a built-in format ([`BUILTIN_NAMES`]), with these BOS and
+    /// EOS texts.
+    pub fn named(template: &str, bos: &str, eos: &str) -> Result<ChatTemplate, TokenizerError> {
         let mut t = match template {
             "chatml" => ChatTemplate::builtin("chatml"),
             "gemma" => ChatTemplate::builtin("gemma"),
-            src if src.contains("{{") || src.contains("{%") => {
-                let (bos, eos) = special_texts(f)?;
-                return ChatTemplate::from_source(src, &bos, &eos);
-            }
-            other => {
-                return Err(TokenizerError::Template(format!(
-                    "unknown chat template {other:?}: give Jinja source (or a file with \
-                     --chat-template-file), or a built-in name: chatml, gemma"
-                )))
-            }
+            src if ChatTemplate::is_source(src) => return ChatTemplate::from_source(src, bos, eos),
+            name => match builtin_source(name) {
+                Some(src) => return ChatTemplate::from_source(&src, bos, eos),
+                None => {
+                    return Err(TokenizerError::Template(format!(
+                        "unknown chat template {name:?}: give Jinja source (or a file with \
+                         --chat-template-file), or a built-in name: {}",
+                        BUILTIN_NAMES.join(", ")
+                    )))
+                }
+            },
         };
-        (t.bos_token, t.eos_token) = special_texts(f)?;
+        (t.bos_token, t.eos_token) = (bos.to_string(), eos.to_string());
         Ok(t)
+    }
+
+    /// Whether `s` is Jinja source rather than a template's name.
+    pub fn is_source(s: &str) -> bool {
+        s.contains("{{") || s.contains("{%")
     }
 
     /// Compiles a Jinja chat template. A syntax error is reported here.
@@ -315,6 +330,170 @@ fn special_texts(f: &GgufFile) -> Result<(String, String), TokenizerError> {
     };
     Ok((text(bos), text(eos)))
 }
+
+/// The names `--chat-template` takes for built-in formats.
+pub const BUILTIN_NAMES: &[&str] = &[
+    "llama3",
+    "mistral",
+    "mistral-v3",
+    "mistral-v7",
+    "mistral-v7-tekken",
+    "phi3",
+    "qwen",
+    "gemma",
+    "chatml",
+];
+
+/// The Jinja source of a built-in format (not chatml and gemma, which render in Rust).
+fn builtin_source(name: &str) -> Option<String> {
+    Some(match name {
+        "llama3" => LLAMA3.to_string(),
+        "mistral" | "mistral-v3" => MISTRAL_V3.to_string(),
+        // v7 puts a space after each opening tag; the Tekken vocabularies' form (Mistral Small
+        // 3.x, Ministral 3) does not.
+        "mistral-v7" => format!("{{%- set sp = ' ' -%}}\n{MISTRAL_V7}"),
+        "mistral-v7-tekken" => format!("{{%- set sp = '' -%}}\n{MISTRAL_V7}"),
+        "phi3" => PHI3.to_string(),
+        "qwen" => QWEN.to_string(),
+        _ => return None,
+    })
+}
+
+/// Llama 3.x: header-delimited turns, each ended by `<|eot_id|>`; tools go into the system
+/// turn and a call is the bare JSON `{"name", "parameters"}`; tool results are `ipython`
+/// turns.
+const LLAMA3: &str = r#"
+{%- if messages and messages[0].role == 'system' -%}
+  {%- set system = messages[0].content | trim -%}
+  {%- set turns = messages[1:] -%}
+{%- else -%}
+  {%- set system = '' -%}
+  {%- set turns = messages -%}
+{%- endif -%}
+{%- if system or tools -%}
+  {{- '<|start_header_id|>system<|end_header_id|>\n\n' + system -}}
+  {%- if tools -%}
+    {{- ('\n\n' if system else '') + 'These functions are available. To call one, reply with nothing but a JSON object {"name": the name of the function, "parameters": an object of its arguments}.' -}}
+    {%- for t in tools -%}{{- '\n\n' + (t | tojson) -}}{%- endfor -%}
+  {%- endif -%}
+  {{- '<|eot_id|>' -}}
+{%- endif -%}
+{%- for m in turns -%}
+  {{- '<|start_header_id|>' + ('ipython' if m.role == 'tool' else m.role) + '<|end_header_id|>\n\n' -}}
+  {%- if m.tool_calls -%}
+    {%- for c in m.tool_calls -%}
+      {%- set f = c.function if c.function is defined else c -%}
+      {{- ('\n' if not loop.first else '') + '{"name": ' + (f.name | tojson) + ', "parameters": ' + (f.arguments | tojson) + '}' -}}
+    {%- endfor -%}
+  {%- else -%}
+    {{- m.content | trim -}}
+  {%- endif -%}
+  {{- '<|eot_id|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}
+"#;
+
+/// Mistral 7B Instruct (v3 spacing): `[INST] … [/INST]` around user turns, the system text
+/// folded into the first one, answers ended by EOS; tools listed before the last user turn in
+/// `[AVAILABLE_TOOLS]`, calls as `[TOOL_CALLS] [{"name", "arguments"}]`, results in
+/// `[TOOL_RESULTS]`.
+const MISTRAL_V3: &str = r#"
+{%- set ns = namespace(system='', last_user=-1) -%}
+{%- for m in messages -%}
+  {%- if m.role == 'system' -%}{%- set ns.system = ns.system + m.content + '\n\n' -%}{%- endif -%}
+  {%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
+{%- for m in messages -%}
+  {%- if m.role == 'user' -%}
+    {%- if tools and loop.index0 == ns.last_user -%}
+      {{- '[AVAILABLE_TOOLS] ' + (tools | tojson) + '[/AVAILABLE_TOOLS]' -}}
+    {%- endif -%}
+    {{- '[INST] ' + ns.system + m.content + '[/INST]' -}}
+    {%- set ns.system = '' -%}
+  {%- elif m.role == 'assistant' and m.tool_calls -%}
+    {{- '[TOOL_CALLS] [' -}}
+    {%- for c in m.tool_calls -%}
+      {%- set f = c.function if c.function is defined else c -%}
+      {{- (', ' if not loop.first else '') + '{"name": ' + (f.name | tojson) + ', "arguments": ' + (f.arguments | tojson) + '}' -}}
+    {%- endfor -%}
+    {{- ']' + eos_token -}}
+  {%- elif m.role == 'assistant' -%}
+    {{- ' ' + (m.content | trim) + eos_token -}}
+  {%- elif m.role == 'tool' -%}
+    {{- '[TOOL_RESULTS] ' + ({'content': m.content} | tojson) + '[/TOOL_RESULTS]' -}}
+  {%- endif -%}
+{%- endfor -%}
+"#;
+
+/// Mistral v7 (Mistral Large 2411, Small 3.x, Ministral 3): `[SYSTEM_PROMPT]` turns of their
+/// own, `[INST] … [/INST]`, answers ended by EOS; `sp` (set before it) is the space after each
+/// opening tag. Tools and calls as in v3, without the spaces.
+const MISTRAL_V7: &str = r#"
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in messages -%}
+  {%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
+{%- for m in messages -%}
+  {%- if m.role == 'system' -%}
+    {{- '[SYSTEM_PROMPT]' + sp + m.content + '[/SYSTEM_PROMPT]' -}}
+  {%- elif m.role == 'user' -%}
+    {%- if tools and loop.index0 == ns.last_user -%}
+      {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' -}}
+    {%- endif -%}
+    {{- '[INST]' + sp + m.content + '[/INST]' -}}
+  {%- elif m.role == 'assistant' and m.tool_calls -%}
+    {{- '[TOOL_CALLS][' -}}
+    {%- for c in m.tool_calls -%}
+      {%- set f = c.function if c.function is defined else c -%}
+      {{- (', ' if not loop.first else '') + '{"name": ' + (f.name | tojson) + ', "arguments": ' + (f.arguments | tojson) + '}' -}}
+    {%- endfor -%}
+    {{- ']' + eos_token -}}
+  {%- elif m.role == 'assistant' -%}
+    {{- sp + m.content + eos_token -}}
+  {%- elif m.role == 'tool' -%}
+    {{- '[TOOL_RESULTS]' + ({'content': m.content} | tojson) + '[/TOOL_RESULTS]' -}}
+  {%- endif -%}
+{%- endfor -%}
+"#;
+
+/// Phi-3 / 3.5 and Phi-4-mini: `<|role|>\n` turns ended by `<|end|>\n`.
+const PHI3: &str = r#"
+{%- for m in messages -%}
+  {{- '<|' + m.role + '|>\n' + m.content + '<|end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}
+"#;
+
+/// Qwen 2 / 2.5 (and QwQ, Qwen 3 without thinking): ChatML, with tools described in the
+/// system turn inside `<tools>`, calls as `<tool_call>` JSON, results as `<tool_response>` in
+/// a user turn (consecutive results share one).
+const QWEN: &str = r#"
+{%- if tools -%}
+  {{- '<|im_start|>system\n' -}}
+  {%- if messages and messages[0].role == 'system' -%}{{- messages[0].content + '\n\n' -}}{%- endif -%}
+  {{- '# Tools\n\nYou may call functions to answer. Their signatures are inside <tools></tools>:\n<tools>' -}}
+  {%- for t in tools -%}{{- '\n' + (t | tojson) -}}{%- endfor -%}
+  {{- '\n</tools>\n\nTo call one, write a JSON object with its name and arguments inside <tool_call></tool_call> tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- elif messages and messages[0].role == 'system' -%}
+  {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for m in messages -%}
+  {%- if m.role == 'system' and loop.first -%}
+  {%- elif m.role == 'tool' -%}
+    {%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+    {{- '\n<tool_response>\n' + m.content + '\n</tool_response>' -}}
+    {%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+  {%- else -%}
+    {{- '<|im_start|>' + m.role + '\n' + m.content -}}
+    {%- for c in (m.tool_calls or []) -%}
+      {%- set f = c.function if c.function is defined else c -%}
+      {{- ('\n' if m.content or not loop.first else '') + '<tool_call>\n{"name": ' + (f.name | tojson) + ', "arguments": ' + (f.arguments | tojson) + '}\n</tool_call>' -}}
+    {%- endfor -%}
+    {{- '<|im_end|>\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"#;
 
 fn render_chatml(messages: &[Message], add_generation_prompt: bool) -> String {
     let mut s = String::new();
