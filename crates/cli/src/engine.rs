@@ -23,17 +23,42 @@ pub struct LoadArgs {
     #[arg(long = "model-url", value_name = "URL", conflicts_with = "model")]
     pub model_url: Option<String>,
     /// Context length in tokens (default: 4096, or the model's training context if smaller).
+    /// On serve with -np, llama-server's meaning: the total, each sequence gets -c / -np
+    /// tokens and the KV pool holds -c (with -kvu each sequence may use all of it).
     #[arg(short = 'c', long = "ctx-size", value_parser = clap::value_parser!(u32).range(1..))]
     pub ctx_size: Option<u32>,
     /// Tokens per forward step when evaluating a prompt.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch_size: u32,
+    /// llama-server's -ub/--ubatch-size: a forward step takes at most the smaller of -b and
+    /// -ub tokens.
+    #[arg(long = "ubatch-size", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ubatch_size: Option<u32>,
     /// CPU threads (default: QUIVER_THREADS, else all cores).
     #[arg(short = 't', long, value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
-    /// Where to run: auto (CUDA when a usable GPU exists, else CPU), cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
+    /// llama-server's -tb/--threads-batch: quiver has one thread pool for prompts and decode,
+    /// so this is its size when -t is not given.
+    #[arg(long = "threads-batch", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads_batch: Option<u32>,
+    /// Where to run: auto (CUDA when a usable GPU exists, else CPU), cpu, cuda or cuda:N;
+    /// llama-server's -dev names too (CUDA0 is cuda:0, none is cpu).
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: String,
+    /// llama-server's -sm/--split-mode: none and layer are accepted (a model runs whole on one
+    /// device); row is refused (no tensor parallelism yet).
+    #[arg(long = "split-mode", value_name = "none|layer", value_parser = parse_split_mode)]
+    pub split_mode: Option<String>,
+    /// Lock the model's mapped weights in memory (mlock) so that they are never paged out; on
+    /// CUDA the weights live in device memory and nothing is locked. A lock the system refuses
+    /// (ulimit -l) is a warning, as in llama-server.
+    #[arg(long)]
+    pub mlock: bool,
+    /// llama-server's --no-mmap: accepted; quiver always maps the file read-only (the CPU reads
+    /// the weights from the mapping, CUDA copies them to the device at load); --mlock keeps
+    /// them resident.
+    #[arg(long)]
+    pub no_mmap: bool,
     /// Print backend counters (graph captures and replays, kernels compiled) at the end.
     #[arg(short = 'v', long)]
     pub verbose: bool,
@@ -58,7 +83,51 @@ pub fn parse_numerics(s: &str) -> std::result::Result<Numerics, String> {
     Numerics::parse(s).ok_or_else(|| "unknown numerics (known: fast, invariant, parity)".into())
 }
 
+/// `--device`'s values in quiver's spelling: auto, cpu, cuda, cuda:N; llama-server's `CUDA0`
+/// (any case) is cuda:0, `none` and `CPU` are cpu.
+pub fn parse_device(s: &str) -> std::result::Result<String, String> {
+    let l = s.trim().to_ascii_lowercase();
+    if l.contains(',') {
+        return Err(
+            "quiver runs a model whole on one device: give one (e.g. --device cuda:0)".into(),
+        );
+    }
+    let n = |d: &str| d.parse::<usize>().ok().map(|n| format!("cuda:{n}"));
+    match l.as_str() {
+        "auto" | "cpu" | "cuda" => Ok(l),
+        "none" => Ok("cpu".into()),
+        _ => l
+            .strip_prefix("cuda:")
+            .and_then(n)
+            .or_else(|| l.strip_prefix("cuda").and_then(n))
+            .ok_or_else(|| {
+                "use auto, cpu, cuda or cuda:N (llama-server's CUDA0 and none are taken too)".into()
+            }),
+    }
+}
+
+/// `--split-mode`: none and layer (one device holds the whole model either way); row asks for
+/// tensor parallelism, which quiver does not have.
+fn parse_split_mode(s: &str) -> std::result::Result<String, String> {
+    match s {
+        "none" | "layer" => Ok(s.into()),
+        "row" => Err("quiver has no tensor parallelism yet (a model runs whole on one GPU): use --split-mode layer or none, and --device cuda:N to pick the GPU".into()),
+        _ => Err("use none or layer".into()),
+    }
+}
+
 impl LoadArgs {
+    /// Folds llama-server's spellings into quiver's flags: -ub caps -b, -tb is -t where -t
+    /// is not given.
+    pub fn fold_llama_flags(&mut self) {
+        if let Some(ub) = self.ubatch_size {
+            self.batch_size = self.batch_size.min(ub);
+        }
+        if self.threads.is_none() {
+            self.threads = self.threads_batch;
+        }
+    }
+
     /// The model these flags name (`-m`, `--hf-repo` or `--model-url`; None: the default).
     pub fn model_spec(&self) -> Option<String> {
         self.model
@@ -78,9 +147,27 @@ impl LoadArgs {
 }
 
 fn parse_kv_type(s: &str) -> std::result::Result<KvType, String> {
-    KvType::parse(&s.to_ascii_lowercase()).ok_or_else(|| {
+    let l = s.to_ascii_lowercase();
+    KvType::parse(&l).ok_or_else(|| {
         let names: Vec<&str> = KvType::ALL.iter().map(|t| t.name()).collect();
-        format!("unknown KV type (known: {})", names.join(", "))
+        // llama.cpp's cache types quiver lacks, and the nearest it has.
+        let nearest = match l.as_str() {
+            "q4_0" | "q4_1" | "iq4_nl" => {
+                Some("use tq4 (4-bit TurboQuant, about a quarter of f16's bytes)")
+            }
+            "q5_0" | "q5_1" => Some(
+                "use q8_0 (the nearest in quality, about half of f16's bytes) or tq4 (smaller)",
+            ),
+            "f32" => Some("use f16 or bf16"),
+            _ => None,
+        };
+        match nearest {
+            Some(n) => format!(
+                "quiver has no {l} KV cache: {n} (known: {})",
+                names.join(", ")
+            ),
+            None => format!("unknown KV type (known: {})", names.join(", ")),
+        }
     })
 }
 
@@ -176,6 +263,61 @@ pub fn choose_device(spec: &str) -> Result<(Device, String)> {
     }
 }
 
+/// `--mlock`: locks the pages of the model's tensors in memory where the weights are read from
+/// the file's mapping (the CPU). The line to log, and whether it is a warning: a lock the
+/// system refuses (the locked-memory limit, `ulimit -l`) leaves the model unlocked, as
+/// llama-server goes on then too. On CUDA the weights live in device memory: nothing is locked.
+pub fn mlock(file: &GgufFile, device: Device) -> (String, bool) {
+    if let Device::Cuda(n) = device {
+        return (
+            format!(
+                "--mlock: the weights live in cuda:{n}'s memory; the file's mapping is not locked"
+            ),
+            false,
+        );
+    }
+    let total: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
+    let size = quiver_backend::human_bytes(total);
+    for t in &file.tensors {
+        if let Err(e) = lock_pages(file.tensor_data(t)) {
+            return (
+                format!("--mlock: could not lock the model's {size} in memory ({e}); it stays unlocked: raise the locked-memory limit (ulimit -l) or give the process CAP_IPC_LOCK"),
+                true,
+            );
+        }
+    }
+    (
+        format!("--mlock: the model's {size} are locked in memory"),
+        false,
+    )
+}
+
+/// Pins the pages of `bytes` (part of a mapping this process holds) in memory.
+#[cfg(target_os = "linux")]
+fn lock_pages(bytes: &[u8]) -> std::io::Result<()> {
+    extern "C" {
+        fn mlock(addr: *const std::ffi::c_void, len: usize) -> std::ffi::c_int;
+    }
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: mlock(2) only pins the pages of a range this process has mapped (`bytes` borrows
+    // it for the call) and reads or writes no memory; Linux rounds the range out to whole
+    // pages, and the lock ends when the mapping is unmapped.
+    match unsafe { mlock(bytes.as_ptr().cast(), bytes.len()) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lock_pages(_: &[u8]) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "not on this platform",
+    ))
+}
+
 /// The most CPU threads quiver starts (one pool thread each).
 pub const MAX_THREADS: usize = 1024;
 
@@ -224,16 +366,21 @@ pub fn open_path(path: &std::path::Path) -> Result<Arc<GgufFile>> {
 
 /// The context length a load with these flags gets, rounded up to whole KV blocks.
 pub fn n_ctx(args: &LoadArgs, file: &GgufFile) -> usize {
+    let n = args
+        .ctx_size
+        .map(|c| c as usize)
+        .unwrap_or_else(|| default_ctx(file));
+    n.div_ceil(quiver_engine::BLOCK_SIZE) * quiver_engine::BLOCK_SIZE
+}
+
+/// The context without -c: 4096, or the model's training context if smaller.
+pub fn default_ctx(file: &GgufFile) -> usize {
     let train_ctx = file
         .hparams()
         .ok()
         .and_then(|h| h.u32("context_length").ok().flatten())
         .unwrap_or(4096) as usize;
-    let n = args
-        .ctx_size
-        .map(|c| c as usize)
-        .unwrap_or_else(|| train_ctx.min(4096));
-    n.div_ceil(quiver_engine::BLOCK_SIZE) * quiver_engine::BLOCK_SIZE
+    train_ctx.min(4096)
 }
 
 /// Loads the model with room for `max_logits` logits rows per step, for one sequence, with the
@@ -249,6 +396,10 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
         max_logits,
     };
     let (device, desc) = choose_device(&args.device)?;
+    if args.mlock {
+        let (line, warn) = mlock(&file, device);
+        eprintln!("{}: {line}", if warn { "warning" } else { "quiver" });
+    }
     // (ModelRunner::new refuses types the model's heads cannot take.)
     let kv_spec = quiver_models::hparams(&file)?.kv_spec(n_ctx, opts.kv);
     let runner: Box<dyn Session + Send> = match device {

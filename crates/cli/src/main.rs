@@ -1,6 +1,7 @@
 //! The `quiver` binary: parses flags and wires the crates together.
 
 mod compare;
+mod dropin;
 mod engine;
 mod env;
 mod gen;
@@ -9,7 +10,7 @@ mod score;
 mod serve;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -225,10 +226,25 @@ enum Cmd {
     },
 }
 
-/// llama-server's multi-letter short flags, which clap cannot spell, as their long forms.
-fn llama_server_aliases(args: impl Iterator<Item = String>) -> Vec<String> {
-    args.map(|a| {
-        match a.as_str() {
+/// llama-server's multi-letter short flags, which clap would read as letters (`-cb` as
+/// `-c b`), as their long forms. Flags quiver refuses, and any other single-dash word of two or
+/// more letters, are one line of error (exit 2): never split into letters. Values (the token
+/// after a flag that takes one, everything after `--`, negative numbers, `-`) are left alone.
+fn llama_server_aliases(args: impl Iterator<Item = String>) -> Result<Vec<String>, String> {
+    let takes_value = value_flags(&Cli::command());
+    let mut out: Vec<String> = Vec::new();
+    let (mut value_next, mut rest) = (false, false);
+    for a in args {
+        if out.is_empty() || rest || value_next {
+            value_next = false;
+            out.push(a);
+            continue;
+        }
+        let long = match a.as_str() {
+            "--" => {
+                rest = true;
+                "--"
+            }
             "-ngl" => "--n-gpu-layers",
             "-np" => "--parallel",
             "-fa" => "--flash-attn",
@@ -237,15 +253,84 @@ fn llama_server_aliases(args: impl Iterator<Item = String>) -> Vec<String> {
             "-ctv" => "--cache-type-v",
             "-hf" | "-hfr" => "--hf-repo",
             "-mu" => "--model-url",
-            _ => return a,
+            "-cb" => "--cont-batching",
+            "-tb" => "--threads-batch",
+            "-ub" => "--ubatch-size",
+            "-kvu" => "--kv-unified",
+            "-dev" => "--device",
+            "-sm" => "--split-mode",
+            "-nocb" | "--no-cont-batching" => return Err(format!(
+                "{a}: quiver always batches continuously (it has no other mode); to run one request at a time use --max-seqs 1 (-np 1)"
+            )),
+            "--reranking" | "--rerank" => return Err(format!(
+                "{a}: quiver serves no rerank endpoint; embeddings are served at /v1/embeddings (--pooling mean|cls|last)"
+            )),
+            w if is_flag_word(w) => {
+                return Err(format!(
+                    "unknown flag '{w}' (quiver's flags are a dash and one letter, or two dashes and a word; see quiver --help)"
+                ))
+            }
+            _ => "",
+        };
+        let a = if long.is_empty() { a } else { long.to_string() };
+        value_next = takes_value.contains(a.as_str());
+        out.push(a);
+    }
+    Ok(out)
+}
+
+/// `-` then a letter, then letters, digits, `-` or `_`, with two letters or more: a flag
+/// written with one dash (not `-c4096`, a negative number or `-`).
+fn is_flag_word(a: &str) -> bool {
+    let Some(w) = a.strip_prefix('-') else {
+        return false;
+    };
+    w.starts_with(|c: char| c.is_ascii_alphabetic())
+        && w.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && w.chars().filter(char::is_ascii_alphabetic).count() >= 2
+}
+
+/// Every spelling (`--long`, `-s`, aliases) of the flags that take a value, in any command.
+fn value_flags(cmd: &clap::Command) -> std::collections::HashSet<String> {
+    let mut set = std::collections::HashSet::new();
+    let mut stack = vec![cmd];
+    while let Some(c) = stack.pop() {
+        for a in c.get_arguments().filter(|a| {
+            !a.is_positional()
+                && a.get_action().takes_values()
+                && a.get_num_args().is_none_or(|n| n.min_values() > 0)
+        }) {
+            set.extend(
+                a.get_long_and_visible_aliases()
+                    .into_iter()
+                    .flatten()
+                    .map(|l| format!("--{l}")),
+            );
+            set.extend(
+                a.get_all_aliases()
+                    .into_iter()
+                    .flatten()
+                    .map(|l| format!("--{l}")),
+            );
+            set.extend(
+                a.get_short_and_visible_aliases()
+                    .into_iter()
+                    .flatten()
+                    .map(|s| format!("-{s}")),
+            );
         }
-        .to_string()
-    })
-    .collect()
+        stack.extend(c.get_subcommands());
+    }
+    set
 }
 
 fn main() {
-    let cli = match Cli::try_parse_from(llama_server_aliases(std::env::args())) {
+    let args = llama_server_aliases(std::env::args()).unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    });
+    let mut cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -274,6 +359,9 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(load) = cli.cmd.load_args() {
+        load.fold_llama_flags();
+    }
     let log_format = cli.log_format;
     let _ = LOG_FORMAT.set(log_format);
     init_logging(log_format);
@@ -294,6 +382,22 @@ fn main() {
             eprintln!("error: {msg}");
         }
         std::process::exit(1);
+    }
+}
+
+impl Cmd {
+    /// The model-loading flags of the commands that load a model for inference.
+    fn load_args(&mut self) -> Option<&mut engine::LoadArgs> {
+        match self {
+            Cmd::Run { load, .. }
+            | Cmd::Chat { load, .. }
+            | Cmd::Perplexity { load, .. }
+            | Cmd::Logprobs { load, .. }
+            | Cmd::Bench { load, .. } => Some(load),
+            Cmd::Compare(a) => Some(&mut a.load),
+            Cmd::Serve(a) => Some(&mut a.load),
+            _ => None,
+        }
     }
 }
 
@@ -506,6 +610,45 @@ fn run(cli: Cli) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multi_letter_single_dash_flags_are_never_split_into_letters() {
+        let args =
+            |a: &[&str]| llama_server_aliases(a.iter().map(|s| s.to_string())).map(|v| v.join(" "));
+        assert_eq!(
+            args(&["quiver", "serve", "-cb", "-tb", "2", "-ub", "64", "-kvu", "-dev", "CUDA0", "-sm", "layer", "-np", "4"]).unwrap(),
+            "quiver serve --cont-batching --threads-batch 2 --ubatch-size 64 --kv-unified --device CUDA0 --split-mode layer --parallel 4"
+        );
+        // Values stay values: negative numbers, `-`, a flag's value, everything after `--`.
+        assert_eq!(
+            args(&[
+                "quiver",
+                "serve",
+                "-n",
+                "-1",
+                "--api-key",
+                "-kvu",
+                "-f",
+                "-",
+                "-c4096",
+                "--",
+                "-cb"
+            ])
+            .unwrap(),
+            "quiver serve -n -1 --api-key -kvu -f - -c4096 -- -cb"
+        );
+        for (a, says) in [
+            ("-nocb", "--max-seqs 1"),
+            ("--no-cont-batching", "--max-seqs 1"),
+            ("--reranking", "/v1/embeddings"),
+            ("-xyz", "unknown flag '-xyz'"),
+            ("-ts", "unknown flag '-ts'"),
+            ("-no-cnv", "unknown flag"),
+        ] {
+            let e = args(&["quiver", "serve", a]).unwrap_err();
+            assert!(e.contains(says) && !e.contains('\n'), "{a}: {e}");
+        }
+    }
 
     #[test]
     fn log_lines_split_on_newlines_and_carriage_returns() {

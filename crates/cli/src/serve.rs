@@ -21,6 +21,8 @@ const MAX_SEQS: i64 = 65_536;
 pub struct ServeArgs {
     #[command(flatten)]
     pub load: LoadArgs,
+    #[command(flatten)]
+    pub dropin: crate::dropin::ServeDropin,
     /// The model as a positional argument (vLLM's `vllm serve MODEL`): what -m takes.
     #[arg(value_name = "MODEL", conflicts_with_all = ["model", "hf_repo", "model_url"])]
     pub model_arg: Option<String>,
@@ -39,9 +41,11 @@ pub struct ServeArgs {
     /// Tests: wait this long before loading the model (the port answers 503 meanwhile).
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub load_delay_ms: u64,
-    /// Most sequences running at once (llama-server's `-np/--parallel`).
-    #[arg(long, visible_alias = "parallel", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_SEQS))]
-    pub max_seqs: u32,
+    /// Most sequences running at once (default 16; llama-server's `-np/--parallel`, vLLM's
+    /// `--max-num-seqs`). With -c, llama-server's meaning: -c is the total, each sequence
+    /// gets -c / -np tokens (unless -kvu).
+    #[arg(long, visible_aliases = ["parallel", "max-num-seqs"], value_name = "N", value_parser = clap::value_parser!(u32).range(1..=MAX_SEQS))]
+    pub max_seqs: Option<u32>,
     /// How `/v1/embeddings` pools a text's hidden states: mean, cls or last (llama-server's
     /// `--pooling`; default: the file's `pooling_type`, else last, as vLLM does for
     /// generative models).
@@ -67,11 +71,11 @@ pub struct ServeArgs {
     pub kv_mem: Option<u64>,
     /// The model name clients use (default: the file's stem, e.g. smollm2-135m; llama-server's
     /// `-a/--alias`).
-    #[arg(long, short = 'a', visible_alias = "alias")]
+    #[arg(long, short = 'a', visible_aliases = ["alias", "served-model-name"])]
     pub model_name: Option<String>,
-    /// A chat template instead of the model's: Jinja source or a built-in name (chatml,
-    /// gemma).
-    #[arg(long, conflicts_with = "chat_template_file")]
+    /// A chat template instead of the model's: Jinja source or a built-in name (llama3,
+    /// mistral, mistral-v7, mistral-v7-tekken, phi3, qwen, gemma, chatml).
+    #[arg(long, conflicts_with = "chat_template_file", value_parser = parse_chat_template)]
     pub chat_template: Option<String>,
     /// A file holding a Jinja chat template instead of the model's.
     #[arg(long)]
@@ -112,6 +116,18 @@ pub struct ServeArgs {
     pub max_connections: u32,
 }
 
+/// `--chat-template`: Jinja source, or the name of a built-in template.
+fn parse_chat_template(s: &str) -> std::result::Result<String, String> {
+    if ChatTemplate::is_source(s) || quiver_tokenizer::chat::BUILTIN_NAMES.contains(&s) {
+        Ok(s.into())
+    } else {
+        Err(format!(
+            "give Jinja source (or a file with --chat-template-file), or a built-in name: {}",
+            quiver_tokenizer::chat::BUILTIN_NAMES.join(", ")
+        ))
+    }
+}
+
 pub fn run(mut a: ServeArgs) -> Result<()> {
     if let Some(n) = &a.n_gpu_layers {
         let n: i64 = n
@@ -139,19 +155,29 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         }
         (None, None) => ChatTemplate::for_model(&file)?,
     };
-    let n_ctx = engine::n_ctx(&a.load, &file);
     let bs = quiver_engine::BLOCK_SIZE;
+    let max_seqs = a.max_seqs.unwrap_or(16);
+    // -c with -np as llama-server means it: the total, divided among the sequences.
+    let (n_ctx, pool) = crate::dropin::context(
+        a.load.ctx_size,
+        a.max_seqs,
+        a.dropin.kv_unified,
+        a.dropin.max_model_len,
+        engine::default_ctx(&file),
+        bs,
+    );
     // Bytes of one block of the pool, as the model's KV cache asks.
     let hp = quiver_models::hparams(&file)?;
     let kv = a.load.kv_types();
     let block = hp.kv_spec(bs, kv);
     block.check().map_err(anyhow::Error::msg)?;
     let per_block = block.bytes() as usize;
-    let want = a.max_seqs as usize * n_ctx.div_ceil(bs);
-    let kv_blocks = match (a.kv_blocks, a.kv_mem) {
-        (Some(n), _) => n as usize,
-        (None, Some(m)) => (m as usize / per_block).max(1),
-        (None, None) => want.min((2usize << 30) / per_block),
+    let want = max_seqs as usize * n_ctx.div_ceil(bs);
+    let kv_blocks = match (a.kv_blocks, a.kv_mem, pool) {
+        (Some(n), _, _) => n as usize,
+        (None, Some(m), _) => (m as usize / per_block).max(1),
+        (None, None, Some(tokens)) => tokens / bs,
+        (None, None, None) => want.min((2usize << 30) / per_block),
     };
     let layers = block.layers.clone();
     let verbose = a.load.verbose;
@@ -204,19 +230,25 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     let opts = ServeOptions {
         kv,
         n_ctx,
-        max_seqs: a.max_seqs as usize,
+        max_seqs: max_seqs as usize,
         kv_blocks,
-        max_batch_tokens: (a.load.batch_size as usize).max(a.max_seqs as usize),
+        max_batch_tokens: (a.load.batch_size as usize).max(max_seqs as usize),
         max_waiting: a.max_waiting as usize,
     };
     let (device, desc) = engine::choose_device(&a.load.device)?;
-    let max_seqs = a.max_seqs;
+    let mlock = a.load.mlock;
     let model_name = name.clone();
     let what = path.display().to_string();
     // The port answers (503 while loading) from before the model loads.
     let load = move || -> Result<quiver_engine::serve::EngineHandle, String> {
         let t0 = std::time::Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(load_delay_ms));
+        if mlock {
+            match engine::mlock(&file, device) {
+                (line, true) => tracing::warn!("{line}"),
+                (line, false) => tracing::info!("{line}"),
+            }
+        }
         // The kernel table and invariance lines, logged once the model has loaded.
         let mut notes = Vec::new();
         let handle = match device {
@@ -278,9 +310,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         read_timeout: std::time::Duration::from_secs(a.timeout_read_secs),
         idle_timeout: std::time::Duration::from_secs(a.timeout_idle_secs),
         max_connections: a.max_connections as usize,
-        max_seqs: a.max_seqs as usize,
+        max_seqs: max_seqs as usize,
         pooling,
         allowed_origins: a.allowed_origins.clone(),
+        defaults: a.dropin.request_defaults(),
         ..Default::default()
     };
     quiver_server::run(quiver_server::Engine::Load(Box::new(load)), cfg)?;

@@ -373,13 +373,14 @@ fn absurd_sizes_are_one_line_errors_not_aborts() {
 #[test]
 fn device_flag_errors_are_one_line_errors() {
     let m = model("smollm2-135m");
+    // A value --device does not take is a flag error (exit 2).
     let out = quiver(&["run", "-m", &m, "-p", "hi", "-n", "2", "--device", "gpu"]);
-    assert_one_line_error(&out, 1, "--device gpu");
+    assert_one_line_error(&out, 2, "--device gpu");
     assert!(String::from_utf8_lossy(&out.stderr).contains("use auto, cpu, cuda or cuda:N"));
     let out = quiver(&[
         "bench", "-m", &m, "-p", "8", "-n", "2", "--device", "cuda:x",
     ]);
-    assert_one_line_error(&out, 1, "--device cuda:x");
+    assert_one_line_error(&out, 2, "--device cuda:x");
     // `quiver devices` answers either way, with the libraries it found.
     let out = quiver(&["devices", "--json"]);
     assert!(out.status.success());
@@ -763,7 +764,7 @@ fn chat_answers_resets_and_exits() {
         assert!(err.contains(said), "{said:?} not in {err}");
     }
     let saved: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(saved).unwrap()).unwrap();
     assert_eq!(saved[2]["content"], "And 3+3?");
     // After /reset the same question at temperature 0 gets the same first answer.
     let first = text.split("\n").next().unwrap();
