@@ -17,6 +17,10 @@ pub const TOOL_CALL_PARSERS: &[&str] = &[
 
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct ServeDropin {
+    /// llama-server's -np/--parallel: the sequences running at once (as --max-seqs), and with
+    /// -c, llama-server's meaning: -c is the total, each sequence gets -c / -np tokens.
+    #[arg(long = "parallel", value_name = "N", conflicts_with = "max_seqs", value_parser = clap::value_parser!(u32).range(1..=crate::serve::MAX_SEQS))]
+    pub parallel: Option<u32>,
     /// llama-server's -cb/--cont-batching: accepted (quiver always batches continuously;
     /// --no-cont-batching is refused).
     #[arg(long = "cont-batching")]
@@ -151,8 +155,9 @@ impl ServeDropin {
 }
 
 /// Each sequence's context and the KV pool's size in tokens (None: quiver's default, every
-/// sequence's full context up to 2 GiB), from `-c`, `-np/--max-seqs` (as given, not the
-/// default), `-kvu` and `--max-model-len`, as llama-server and vLLM mean them:
+/// sequence's full context up to 2 GiB), from `-c`, `-np` (llama-server's spelling; quiver's
+/// `--max-seqs` keeps `-c` per sequence), `-kvu` and `--max-model-len`, as llama-server and
+/// vLLM mean them:
 /// - `-c N -np P`: N is the total, each sequence gets N/P tokens and the pool holds N
 ///   (llama-server's slots); with `-kvu`, each sequence may use all N of the pool;
 /// - `-c N` without `-np`, or `--max-model-len N`: each sequence's context (llama-server's

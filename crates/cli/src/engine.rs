@@ -163,7 +163,7 @@ fn parse_kv_type(s: &str) -> std::result::Result<KvType, String> {
         };
         match nearest {
             Some(n) => format!(
-                "quiver has no {l} KV cache: {n} (known: {})",
+                "unknown KV type (quiver has no {l} cache: {n}; known: {})",
                 names.join(", ")
             ),
             None => format!("unknown KV type (known: {})", names.join(", ")),

@@ -15,7 +15,7 @@ const MAX_SECS: u64 = 86_400;
 /// Most connections or waiting requests a flag allows.
 const MAX_COUNT: i64 = 1_000_000;
 /// Most sequences at once (`--max-seqs`).
-const MAX_SEQS: i64 = 65_536;
+pub(crate) const MAX_SEQS: i64 = 65_536;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -41,11 +41,10 @@ pub struct ServeArgs {
     /// Tests: wait this long before loading the model (the port answers 503 meanwhile).
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub load_delay_ms: u64,
-    /// Most sequences running at once (default 16; llama-server's `-np/--parallel`, vLLM's
-    /// `--max-num-seqs`). With -c, llama-server's meaning: -c is the total, each sequence
-    /// gets -c / -np tokens (unless -kvu).
-    #[arg(long, visible_aliases = ["parallel", "max-num-seqs"], value_name = "N", value_parser = clap::value_parser!(u32).range(1..=MAX_SEQS))]
-    pub max_seqs: Option<u32>,
+    /// Most sequences running at once (vLLM's `--max-num-seqs`; llama-server's `-np/--parallel`
+    /// is the same count, and divides -c among the sequences).
+    #[arg(long, visible_alias = "max-num-seqs", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_SEQS))]
+    pub max_seqs: u32,
     /// How `/v1/embeddings` pools a text's hidden states: mean, cls or last (llama-server's
     /// `--pooling`; default: the file's `pooling_type`, else last, as vLLM does for
     /// generative models).
@@ -122,7 +121,7 @@ fn parse_chat_template(s: &str) -> std::result::Result<String, String> {
         Ok(s.into())
     } else {
         Err(format!(
-            "give Jinja source (or a file with --chat-template-file), or a built-in name: {}",
+            "unknown chat template: give Jinja source (or a file with --chat-template-file), or a built-in name: {}",
             quiver_tokenizer::chat::BUILTIN_NAMES.join(", ")
         ))
     }
@@ -156,11 +155,11 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         (None, None) => ChatTemplate::for_model(&file)?,
     };
     let bs = quiver_engine::BLOCK_SIZE;
-    let max_seqs = a.max_seqs.unwrap_or(16);
+    let max_seqs = a.dropin.parallel.unwrap_or(a.max_seqs);
     // -c with -np as llama-server means it: the total, divided among the sequences.
     let (n_ctx, pool) = crate::dropin::context(
         a.load.ctx_size,
-        a.max_seqs,
+        a.dropin.parallel,
         a.dropin.kv_unified,
         a.dropin.max_model_len,
         engine::default_ctx(&file),

@@ -474,4 +474,15 @@ fn ctx_over_parallel_and_request_defaults_as_llama_server_means_them() {
     );
     let e = http(srv.1, "POST", "/v1/completions", &long);
     assert_eq!(e["error"]["code"], "context_length_exceeded", "{e}");
+    drop(srv);
+    // quiver's --max-seqs (and vLLM's --max-num-seqs) keep -c per sequence; without -n the
+    // default max_tokens is each endpoint's own.
+    let srv = serve(&["-c", "512", "--max-num-seqs", "4"]);
+    let props = http(srv.1, "GET", "/props", "");
+    assert_eq!(
+        props["default_generation_settings"]["n_ctx"], 512,
+        "{props}"
+    );
+    assert_eq!(props["total_slots"], 4);
+    assert!(props["default_generation_settings"]["params"]["n_predict"].is_null());
 }
