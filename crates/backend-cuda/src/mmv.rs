@@ -1,4 +1,4 @@
-//! The matrix-vector products (kernels/quant.cu, mmvq.cu): up to three matrices of one type
+//! The matrix-vector products (kernels/mmv.cu, mmvq.cu): up to three matrices of one type
 //! over the same x in one launch per 8 tokens, or gate·up with the activation fused; on int8
 //! activations (dp4a; the exact-sum order for the int8 tensor-core types with the
 //! batch-invariant numerics) where the type has them, else on f32. And the activation
@@ -13,7 +13,7 @@ use quiver_gguf::GgmlType;
 /// Tokens per matrix-vector launch (the kernels keep one accumulator per token).
 pub(crate) const MMV_TOKENS: usize = 8;
 /// Matrix-vector launches over at most this many weight bytes prefetch their rows into L2
-/// before waiting for the previous kernel (quant.cu `MMV_BEGIN`): measured on the H200, tg128
+/// before waiting for the previous kernel (mmv.cu `MMV_BEGIN`): measured on the H200, tg128
 /// +5% on the SmolLM2 shape and +2% on the Gemma3 shape, neutral on the 8B shapes, whose larger
 /// launches lose with it (8B Q4_0 −12% with every launch prefetching, −4% with launches up to
 /// 24 MiB doing it; BENCHMARKS.md).
@@ -22,7 +22,7 @@ const MMV_PREFETCH_MAX: usize = 4 << 20;
 fn mmv_name(names: &[String; 4], nt: usize, bytes: usize) -> &str {
     &names[usize::from(nt == 1) + 2 * usize::from(bytes <= MMV_PREFETCH_MAX)]
 }
-/// One matrix of an `mmv` launch (mirrors `MmvMat` in quant.cu).
+/// One matrix of an `mmv` launch (mirrors `MmvMat` in mmv.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct MmvMat {

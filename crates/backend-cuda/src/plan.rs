@@ -14,7 +14,7 @@ use std::fmt::Write;
 /// A family of product kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Product {
-    /// The matrix-vector kernels, up to 8 tokens a launch (kernels/quant.cu, mmvq.cu): on int8
+    /// The matrix-vector kernels, up to 8 tokens a launch (kernels/mmv.cu, mmvq.cu): on int8
     /// activations (dp4a) where the type has them, in the exact-sum order with
     /// [`Numerics::BatchInvariant`] for the int8 tensor-core types (mmvqc).
     Mmv,
