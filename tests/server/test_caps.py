@@ -1,10 +1,13 @@
 """Caps on what one request can make the server do (docs/SERVER.md, "Limits"): a body announced
 past the limit is refused before it is sent, `/detokenize` answers in proportion to what it is
-asked, and a field the server cannot honour is refused rather than ignored."""
+asked, and `cache_salt` (or `--cache-isolation key`) keeps tenants' prefix caches apart."""
 
 import json
 import socket
 import time
+import uuid
+
+from conftest import Server
 
 
 def test_a_huge_content_length_is_refused_up_front(server):
@@ -54,11 +57,66 @@ def test_detokenize_answers_in_proportion_to_the_request(server):
     assert s == 200, body[:200]
 
 
-def test_cache_salt_is_refused_not_ignored(server):
-    """vLLM's `cache_salt` asks for a prefix cache of its own; until the engine can give one,
-    it is a 400 naming the field, never silently shared."""
-    for path, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-                       ("/v1/completions", {"prompt": "hi"})]:
-        s, _, resp = server.request("POST", path, {**body, "max_tokens": 1, "cache_salt": "tenant-a"})
+def cached(server, path, body, salt=None, key=None):
+    """The cached prompt tokens a one-token request reports (`usage.prompt_tokens_details`, or
+    `tokens_cached` on llama-server's /completion)."""
+    body = {**body, "n_predict" if path == "/completion" else "max_tokens": 1, "temperature": 0}
+    if salt is not None:
+        body["cache_salt"] = salt
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    s, _, resp = server.request("POST", path, body, headers=headers)
+    assert s == 200, (path, s, resp[:300])
+    r = json.loads(resp)
+    return r["tokens_cached"] if path == "/completion" else r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def long_prompt():
+    return f"Session {uuid.uuid4()}. " + " ".join(f"Rule {i}: answer politely and briefly." for i in range(20))
+
+
+def test_cache_salt_keeps_tenants_apart(server):
+    """Requests with different `cache_salt`s (or one without) share no prefix-cache blocks, so
+    `cached_tokens` cannot tell one tenant another's prompt; the same salt shares as before."""
+    for path, body in [
+        ("/v1/chat/completions", {"messages": [{"role": "system", "content": long_prompt()},
+                                               {"role": "user", "content": "Hi"}]}),
+        ("/v1/completions", {"prompt": long_prompt()}),
+        ("/completion", {"prompt": long_prompt()}),
+    ]:
+        assert cached(server, path, body, salt="tenant-a") == 0, path
+        assert cached(server, path, body, salt="tenant-b") == 0, path
+        assert cached(server, path, body) == 0, path
+        assert cached(server, path, body, salt="tenant-a") > 100, path
+        assert cached(server, path, body, salt="tenant-b") > 100, path
+        assert cached(server, path, body) > 100, path
+
+
+def test_a_bad_cache_salt_is_a_400_naming_it(server):
+    for salt in ["", "x" * 1025, 7, ["a"], {"a": 1}]:
+        s, _, resp = server.request("POST", "/v1/completions",
+                                    {"prompt": "hi", "max_tokens": 1, "cache_salt": salt})
         e = json.loads(resp)["error"]
-        assert s == 400 and e["param"] == "cache_salt", (path, s, e)
+        assert s == 400 and e["param"] == "cache_salt", (salt, s, e)
+    assert cached(server, "/v1/completions", {"prompt": "hi"}, salt="x" * 1024) == 0
+
+
+def test_cache_isolation_by_key():
+    """`--cache-isolation key`: each API key its own prefix cache (a salt within it is a
+    namespace of its own too); requests with the same key and salt share as before."""
+    s = Server("--ctx-size", "512", "--cache-isolation", "key", keys=("key-one", "key-two"))
+    try:
+        body = {"prompt": long_prompt()}
+        path = "/v1/completions"
+        assert cached(s, path, body, key="key-one") == 0
+        assert cached(s, path, body, key="key-two") == 0
+        assert cached(s, path, body, key="key-one") > 100
+        assert cached(s, path, body, key="key-two") > 100
+        assert cached(s, path, body, key="key-two", salt="s") == 0
+        assert cached(s, path, body, key="key-one", salt="s") == 0
+        assert cached(s, path, body, key="key-one", salt="s") > 100
+        chat = {"messages": [{"role": "system", "content": long_prompt()}, {"role": "user", "content": "Hi"}]}
+        assert cached(s, "/v1/chat/completions", chat, key="key-two") == 0
+        assert cached(s, "/v1/chat/completions", chat, key="key-one") == 0
+        assert cached(s, "/v1/chat/completions", chat, key="key-two") > 100
+    finally:
+        s.stop()

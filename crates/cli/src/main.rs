@@ -362,6 +362,12 @@ fn main() {
     if let Some(load) = cli.cmd.load_args() {
         load.fold_llama_flags();
     }
+    if let Cmd::Serve(a) = &cli.cmd {
+        if let Err(e) = a.check() {
+            eprintln!("error: {e} (see quiver --help)");
+            std::process::exit(2);
+        }
+    }
     let log_format = cli.log_format;
     let _ = LOG_FORMAT.set(log_format);
     init_logging(log_format);

@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// A file of accepted API keys, one a line.
     #[arg(long)]
     pub api_key_file: Option<PathBuf>,
+    /// Who shares the prefix cache: `shared` (every request, but those with different
+    /// `cache_salt`s), or `key` (each API key its own, salted further by `cache_salt`; needs
+    /// --api-key or --api-key-file).
+    #[arg(long, default_value = "shared", value_parser = ["shared", "key"])]
+    pub cache_isolation: String,
     /// Tests: wait this long before loading the model (the port answers 503 meanwhile).
     #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub load_delay_ms: u64,
@@ -113,6 +118,17 @@ pub struct ServeArgs {
     /// without a request in progress, or is answered 503 when all are busy.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=MAX_COUNT))]
     pub max_connections: u32,
+}
+
+impl ServeArgs {
+    /// Flags that contradict each other, in one line (a flag error: exit 2).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.cache_isolation == "key" && self.api_keys.is_empty() && self.api_key_file.is_none()
+        {
+            return Err("--cache-isolation key keeps the prefix cache apart per API key: give keys with --api-key or --api-key-file".into());
+        }
+        Ok(())
+    }
 }
 
 /// `--chat-template`: Jinja source, or the name of a built-in template.
@@ -303,6 +319,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         host: a.host,
         port: a.port,
         api_keys: keys,
+        cache_by_key: a.cache_isolation == "key",
         model_name,
         shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
         chat_template: Some(Arc::new(tmpl)),

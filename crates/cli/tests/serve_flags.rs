@@ -115,3 +115,41 @@ fn durations_and_sizes_past_their_bounds_are_one_line_errors() {
         assert!(got.is_none(), "{flag} {value}: {got:?}");
     }
 }
+
+#[test]
+fn cache_isolation_by_key_without_keys_is_a_flag_error() {
+    let m = model("smollm2-135m");
+    let got = run_for(
+        &["serve", "-m", &m, "--port", "0", "--cache-isolation", "key"],
+        Duration::from_secs(15),
+    );
+    assert_one_line_error(got, 2, &["--cache-isolation key", "--api-key"], "no keys");
+    let got = run_for(
+        &[
+            "serve",
+            "-m",
+            &m,
+            "--port",
+            "0",
+            "--cache-isolation",
+            "tenant",
+        ],
+        Duration::from_secs(15),
+    );
+    assert_one_line_error(got, 2, &["--cache-isolation"], "an unknown mode");
+    let got = run_for(
+        &[
+            "serve",
+            "-m",
+            &m,
+            "--port",
+            "0",
+            "--cache-isolation",
+            "key",
+            "--api-key",
+            "k",
+        ],
+        Duration::from_secs(3),
+    );
+    assert!(got.is_none(), "with a key the server starts: {got:?}");
+}

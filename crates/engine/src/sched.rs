@@ -46,6 +46,9 @@ pub struct SchedRequest {
     pub prompt_logits: bool,
     /// The prompt is computed whole, never taken from the prefix cache (embeddings).
     pub whole_prompt: bool,
+    /// The request's prefix-cache namespace: its blocks are found only by requests with the
+    /// same salt (None: the shared namespace).
+    pub cache_salt: Option<String>,
 }
 
 /// One request's part of a step.
@@ -169,6 +172,8 @@ struct Entry {
     /// Full blocks registered (or found) in the prefix cache, and the hash of the last.
     hashed: usize,
     last_hash: u64,
+    /// The hash chain's seed: the model's, salted by the request's `cache_salt`.
+    seed: u64,
     cached_tokens: usize,
     started: bool,
     /// Tokens scheduled this step.
@@ -242,6 +247,16 @@ fn block_hash(e: &Entry, b: usize) -> u64 {
     }
 }
 
+/// The seed of a request's hash chain: the model's, or for a salted request the model's and
+/// the salt hashed together (no two salts, and no salt and the unsalted chain, share a block).
+fn salted_seed(model: u64, salt: Option<&str>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let Some(salt) = salt else { return model };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (model, "cache_salt", salt).hash(&mut h);
+    h.finish()
+}
+
 impl Scheduler {
     pub fn new(cfg: SchedConfig) -> Scheduler {
         Scheduler {
@@ -259,6 +274,7 @@ impl Scheduler {
     pub fn add(&mut self, r: SchedRequest) {
         let arrived = self.next_arrival;
         self.next_arrival += 1;
+        let seed = salted_seed(self.cfg.hash_seed, r.cache_salt.as_deref());
         self.waiting.push_back(Entry {
             id: r.id,
             arrived,
@@ -271,7 +287,8 @@ impl Scheduler {
             n_computed: 0,
             blocks: Vec::new(),
             hashed: 0,
-            last_hash: self.cfg.hash_seed,
+            last_hash: seed,
+            seed,
             cached_tokens: 0,
             started: false,
             step: 0,
@@ -362,7 +379,7 @@ impl Scheduler {
         };
         let mut e = self.running.remove(i);
         self.pool.release_all(&mut e.blocks);
-        (e.n_computed, e.hashed, e.last_hash, e.step) = (0, 0, self.cfg.hash_seed, 0);
+        (e.n_computed, e.hashed, e.last_hash, e.step) = (0, 0, e.seed, 0);
         self.out.preempted.push(e.id);
         self.waiting.push_front(e);
     }
@@ -432,7 +449,7 @@ impl Scheduler {
             let upto = e.n_computed + want;
             if !Self::grow(&mut self.pool, &mut e, upto) {
                 self.pool.release_all(&mut e.blocks);
-                (e.n_computed, e.hashed, e.last_hash) = (0, 0, self.cfg.hash_seed);
+                (e.n_computed, e.hashed, e.last_hash) = (0, 0, e.seed);
                 if self.running.is_empty() {
                     let tokens = upto;
                     self.waiting.push_front(e);

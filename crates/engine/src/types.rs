@@ -96,6 +96,10 @@ pub struct Request {
     /// hidden states pooled so, and the request ends with `Event::Embedding` (`max_tokens`,
     /// the sampler and the rest unused).
     pub embed: Option<crate::embed::Pooling>,
+    /// The prefix-cache namespace (vLLM's `cache_salt`, per tenant): the request reuses and
+    /// leaves cached blocks only for requests with the same salt, so `cached_tokens` tells it
+    /// nothing of another namespace's prompts. None: the shared namespace.
+    pub cache_salt: Option<String>,
 }
 
 /// What a request's sink receives, in order: `Started`, `PromptLogprobs` when asked for, zero

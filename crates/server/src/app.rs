@@ -32,6 +32,8 @@ pub(crate) struct AppState {
     pub(crate) handle: EngineHandle,
     pub(crate) model: String,
     pub(crate) keys: Vec<String>,
+    /// Each API key has a prefix cache of its own (`crate::tenant`).
+    pub(crate) cache_by_key: bool,
     pub(crate) template: Arc<ChatTemplate>,
     pub(crate) max_body: usize,
     pub(crate) metrics: Metrics,

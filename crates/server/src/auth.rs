@@ -2,12 +2,15 @@
 
 use crate::app::St;
 use crate::error::ApiError;
+use crate::reqlog::ReqLog;
 use axum::extract::{Request as HttpRequest, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 
-/// Keys guard everything but `/health` (`/v1/health`) and `/metrics`.
+/// Keys guard everything but `/health` (`/v1/health`) and `/metrics`. With the cache isolated by
+/// key, the request's log records which key it came with (its prefix-cache namespace).
 pub(crate) async fn auth(State(st): State<St>, req: HttpRequest, next: Next) -> Response {
     let path = req.uri().path();
     if st.keys.is_empty() || path == "/health" || path == "/v1/health" || path == "/metrics" {
@@ -19,16 +22,24 @@ pub(crate) async fn auth(State(st): State<St>, req: HttpRequest, next: Next) -> 
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
         .map(str::trim);
-    match given {
-        Some(k)
-            if st
-                .keys
-                .iter()
-                .any(|key| ct_eq(key.as_bytes(), k.as_bytes())) =>
-        {
+    // Every key is compared (no early exit on a match either).
+    let found = given.and_then(|k| {
+        st.keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| (i, ct_eq(key.as_bytes(), k.as_bytes())))
+            .fold(None, |first, (i, eq)| first.or(eq.then_some(i)))
+    });
+    match found {
+        Some(i) => {
+            if st.cache_by_key {
+                if let Some(log) = req.extensions().get::<Arc<ReqLog>>() {
+                    log.set_cache_key(i);
+                }
+            }
             next.run(req).await
         }
-        _ => ApiError::unauthorized().into_response(),
+        None => ApiError::unauthorized().into_response(),
     }
 }
 

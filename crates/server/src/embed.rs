@@ -118,6 +118,7 @@ async fn embed(
                 ignore_eos: false,
                 constraint: None,
                 embed: Some(st.pooling),
+                cache_salt: None,
             };
             let (tx, i) = (tx.clone(), next);
             match st

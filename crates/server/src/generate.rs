@@ -366,6 +366,7 @@ pub(crate) async fn submit(
     let mut gens = Vec::with_capacity(n_choices);
     for i in 0..n_choices {
         // Choice i samples with seed + i (the same prompt, its blocks shared through the
+        cache_salt: crate::tenant::engine_salt(log.cache_key(), p.cache_salt.as_deref()),
         // prefix cache).
         let mut r = req.clone();
         r.sampling.seed = r.sampling.seed.wrapping_add(i as u64);

@@ -24,6 +24,7 @@ mod routes;
 mod stream;
 mod tools;
 
+mod tenant;
 use app::{router, AppState};
 use metrics::Metrics;
 use quiver_engine::serve::EngineHandle;
@@ -48,6 +49,9 @@ pub struct ServerConfig {
     pub model_name: String,
     pub max_body_bytes: usize,
     /// On SIGTERM/SIGINT, how long running requests may go on before they are aborted.
+    /// Each API key gets a prefix cache of its own (`--cache-isolation key`): requests with
+    /// different keys never share cached blocks, whatever their `cache_salt`.
+    pub cache_by_key: bool,
     pub shutdown_grace: Duration,
     /// The model's chat template (`ChatTemplate::for_model`); None: ChatML.
     pub chat_template: Option<Arc<ChatTemplate>>,
@@ -103,6 +107,7 @@ impl Default for ServerConfig {
             chat_template: None,
             read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
+            cache_by_key: false,
             max_connections: 1024,
             max_seqs: 1,
             pooling: quiver_engine::embed::Pooling::Last,
@@ -261,6 +266,7 @@ pub async fn serve_until(
         max_body: cfg.max_body_bytes,
         metrics: Metrics::default(),
         shutting_down: AtomicBool::new(false),
+        cache_by_key: cfg.cache_by_key,
         next_id: AtomicU64::new(1),
         next_request: AtomicU64::new(1),
         cpu: cpu::CpuPool::new(

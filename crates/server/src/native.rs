@@ -42,6 +42,7 @@ fn translate(m: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
         "frequency_penalty",
         "logit_bias",
         "model",
+        "cache_salt",
     ] {
         if let Some(v) = m.get(k).filter(|v| !v.is_null()) {
             o.insert(k.into(), v.clone());

@@ -39,6 +39,8 @@ pub struct GenParams {
     /// A thinking model's chat: its tags and whether the prompt already opened the thinking
     /// (set by the chat handler); its thinking goes to `reasoning_content`.
     pub thinking: Option<crate::reasoning::Thinking>,
+    /// vLLM's `cache_salt`: the request's prefix-cache namespace (None: the shared one).
+    pub cache_salt: Option<String>,
 }
 
 /// The prompt of `/v1/completions`.
@@ -161,13 +163,7 @@ fn random_seed() -> u64 {
 /// `top_logprobs`) over the legacy one (an integer).
 fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<GenParams, ApiError> {
     let model = get_str(m, "model")?.map(str::to_string);
-    if present(m, "cache_salt").is_some() {
-        // Ignoring it would share the prefix cache the client asked to keep apart.
-        return Err(ApiError::invalid(
-            "cache_salt",
-            "`cache_salt` is not supported: this server's prefix cache cannot be kept apart per salt yet",
-        ));
-    }
+    let cache_salt = crate::tenant::parse_salt(m)?;
     let n = get_uint(m, "n", 1, u64::MAX)?.unwrap_or(1);
     if n > MAX_N as u64 {
         return Err(ApiError::invalid(
@@ -373,6 +369,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         tools: None,
         n,
         thinking: None,
+        cache_salt,
     })
 }
 

@@ -27,6 +27,9 @@ pub struct ReqLog {
     route: String,
     t0: Instant,
     inner: Mutex<Inner>,
+    /// The number of the API key the request came with, when the server keeps the prefix
+    /// cache apart by key (`crate::tenant`; set by `crate::auth`, not logged).
+    cache_key: std::sync::OnceLock<usize>,
 }
 
 #[derive(Default)]
@@ -55,7 +58,18 @@ impl ReqLog {
             route,
             t0: Instant::now(),
             inner: Mutex::new(Inner::default()),
+            cache_key: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The request's prefix cache is API key number `key`'s.
+    pub fn set_cache_key(&self, key: usize) {
+        let _ = self.cache_key.set(key);
+    }
+
+    /// The API key whose prefix cache the request uses (None: no isolation by key).
+    pub fn cache_key(&self) -> Option<usize> {
+        self.cache_key.get().copied()
     }
 
     pub fn id(&self) -> &str {

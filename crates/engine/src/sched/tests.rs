@@ -23,6 +23,7 @@ fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> SchedRequest {
         ignore_eos: false,
         prompt_logits: false,
         whole_prompt: false,
+        cache_salt: None,
     }
 }
 
@@ -388,4 +389,57 @@ fn prompt_logits_take_every_prompt_row_within_the_row_budget() {
             .collect();
         s.update(&sampled);
     }
+}
+
+#[test]
+fn requests_with_different_cache_salts_share_no_blocks() {
+    let salted = |id, p: &Vec<u32>, salt: Option<&str>| SchedRequest {
+        cache_salt: salt.map(String::from),
+        ..req(id, p.clone(), 4)
+    };
+    let mut s = sched(256, 4, 64);
+    let p = prompt(40, 11);
+    s.add(salted(1, &p, Some("tenant-a")));
+    drain(&mut s);
+    // Another salt, and no salt, find none of tenant-a's cached blocks.
+    for (id, salt) in [(2, Some("tenant-b")), (3, None)] {
+        s.add(salted(id, &p, salt));
+        let (out, _) = step(&mut s);
+        assert_eq!(out.started[0].cached_tokens, 0, "{salt:?}");
+        drain(&mut s);
+    }
+    // The same salt does (two full blocks; the last is computed for logits).
+    s.add(salted(4, &p, Some("tenant-a")));
+    let (out, _) = step(&mut s);
+    assert_eq!(out.started[0].cached_tokens, 32);
+    drain(&mut s);
+    // Running side by side, two salts hold disjoint blocks; the same salt shares them.
+    let mut s = sched(256, 8, 64);
+    s.add(salted(5, &p, Some("x")));
+    s.add(salted(6, &p, Some("y")));
+    s.add(salted(7, &p, Some("x")));
+    let tables = |s: &mut Scheduler| {
+        let (out, _) = step(s);
+        out.scheduled
+            .iter()
+            .map(|x| (x.id, out.parts(x).1.to_vec()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    // Step 1 computes the three prompts (nothing cached yet); each samples its first token,
+    // and step 2 decodes them beside the new prompts.
+    tables(&mut s);
+    s.add(salted(8, &p, Some("x")));
+    s.add(salted(9, &p, Some("z")));
+    let t = tables(&mut s);
+    let shared = |a: &[u32], b: &[u32]| a.iter().filter(|x| b.contains(x)).count();
+    assert_eq!(shared(&t[&5], &t[&6]), 0);
+    assert_eq!(shared(&t[&9], &t[&5]) + shared(&t[&9], &t[&6]), 0);
+    assert_eq!(shared(&t[&8], &t[&6]), 0);
+    assert_eq!(
+        shared(&t[&8][..2], &t[&5]),
+        2,
+        "the same salt shares its blocks"
+    );
+    drain(&mut s);
+    assert_eq!(s.kv_blocks_used(), 0);
 }

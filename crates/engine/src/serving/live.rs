@@ -36,6 +36,7 @@ impl<'t> Live<'t> {
             ignore_eos: req.ignore_eos,
             prompt_logits: req.prompt_logprobs.is_some(),
             whole_prompt: req.embed.is_some(),
+            cache_salt: req.cache_salt,
             prompt: req.prompt,
         };
         let live = Live {

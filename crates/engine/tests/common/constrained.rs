@@ -73,6 +73,7 @@ pub fn agree(
             ignore_eos: true,
             constraint: Some(g.constraint(&spec).unwrap()),
             embed: None,
+            cache_salt: None,
         };
         let (tx, rx) = mpsc::channel();
         h.submit(req, Box::new(move |e| tx.send(e).is_ok()))

@@ -19,6 +19,7 @@ pub fn request(prompt: &[u32], sampling: SamplerParams, max_tokens: usize) -> Re
         ignore_eos: true,
         constraint: None,
         embed: None,
+        cache_salt: None,
     }
 }
 
