@@ -98,7 +98,7 @@ pub struct ServeArgs {
     /// llama-server's `--metrics`: accepted (`/metrics` is always served).
     #[arg(long)]
     pub metrics: bool,
-    /// llama-server's `--no-webui`: accepted (quiver serves no web UI).
+    /// Serve no web chat page at `/` (llama-server's `--no-webui`).
     #[arg(long)]
     pub no_webui: bool,
     /// llama-server's `-to/--timeout SECONDS`: sets `--timeout-read-secs`.
@@ -330,6 +330,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         pooling,
         allowed_origins: a.allowed_origins.clone(),
         defaults: a.dropin.request_defaults(),
+        webui: !a.no_webui,
         ..Default::default()
     };
     quiver_server::run(quiver_server::Engine::Load(Box::new(load)), cfg)?;

@@ -59,6 +59,8 @@ pub(crate) struct AppState {
     /// Time a request's body has to arrive once its headers have.
     pub(crate) read_timeout: Duration,
     pub(crate) conns: Arc<Conns>,
+    /// The web chat page is served at `/` (`crate::webui`).
+    pub(crate) webui: bool,
 }
 
 pub(crate) type St = Arc<AppState>;
@@ -112,6 +114,12 @@ pub(crate) fn router(state: St) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), read_body))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        // The page's static files: outside the key check (a browser opening the page sends none).
+        .merge(if state.webui {
+            crate::webui::router()
+        } else {
+            Router::new()
+        })
         .layer(middleware::from_fn_with_state(
             state.clone(),
             crate::cors::cors,

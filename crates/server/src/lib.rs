@@ -23,6 +23,7 @@ mod reqlog;
 mod routes;
 mod stream;
 mod tools;
+mod webui;
 
 mod tenant;
 use app::{router, AppState};
@@ -71,6 +72,8 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// Defaults of generation requests that leave a field out.
     pub defaults: RequestDefaults,
+    /// Serve the web chat page at `/` (`--no-webui`: false).
+    pub webui: bool,
 }
 
 /// Defaults of generation requests that leave a field out: `quiver serve`'s `-n`, `--temp`,
@@ -113,6 +116,7 @@ impl Default for ServerConfig {
             pooling: quiver_engine::embed::Pooling::Last,
             allowed_origins: vec!["*".into()],
             defaults: RequestDefaults::default(),
+            webui: true,
         }
     }
 }
@@ -282,6 +286,7 @@ pub async fn serve_until(
         defaults: cfg.defaults.clone(),
         read_timeout: cfg.read_timeout,
         conns: conns.clone(),
+        webui: cfg.webui,
         nonce: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
