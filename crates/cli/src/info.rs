@@ -55,6 +55,20 @@ const SPECIAL: &[(&str, &str)] = &[
     ("mask", "tokenizer.ggml.mask_token_id"),
 ];
 
+/// A file of an architecture quiver runs must have hyperparameters it can load (as `bench`,
+/// `run` and `serve` read them: counts within the file, sizes that fit together); else one
+/// error. A file of another architecture is described as stored.
+pub fn check(path: &Path, f: &GgufFile) -> anyhow::Result<()> {
+    match f.arch() {
+        Ok(a) if quiver_models::SUPPORTED.contains(&a) => {
+            quiver_models::hparams(f).map(drop).map_err(|e| {
+                anyhow::anyhow!("{}: {a} file that cannot be loaded: {e}", path.display())
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The report; every field is always present (null when the file does not say).
 pub fn report(path: &Path, f: &GgufFile) -> J {
     let arch = f

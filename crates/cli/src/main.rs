@@ -454,6 +454,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Info { model, path, json } => {
             let path = resolve(model.as_deref().or(path.as_deref()))?;
             let f = quiver_gguf::GgufFile::open(&path)?;
+            info::check(&path, &f)?;
             let report = info::report(&path, &f);
             let mut out = std::io::stdout().lock();
             if json {
