@@ -57,8 +57,10 @@ export function inline(s, parent) {
       return;
     }
     const { kind, m } = best;
-    // A `_` inside a word (snake_case) is not emphasis.
-    if (kind === 'em' && m[1] === '_' && m.index > 0 && /\w/.test(s[m.index - 1])) {
+    // `_` and `__` inside a word (snake_case, a__b__c) are not emphasis.
+    const end = m.index + m[0].length;
+    if ((kind === 'em' || kind === 'strong') && m[1][0] === '_' &&
+        ((m.index > 0 && /\w/.test(s[m.index - 1])) || (end < s.length && /\w/.test(s[end])))) {
       parent.appendChild(document.createTextNode(s.slice(0, m.index + 1)));
       s = s.slice(m.index + 1);
       continue;
