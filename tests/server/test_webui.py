@@ -245,7 +245,7 @@ def test_stop_aborts_the_fetch_and_the_server_stops_generating(page, server):
     server.wait_idle()
     m0 = server.metrics()
     aborts = 'quiver_request_finished_total{finish_reason="abort"}'
-    page.send("Count from 1 to 1000, one number per line.")
+    page.send("Repeat the word 'hello' 500 times.")
     page.page.wait_for_function(
         "() => (document.querySelector('.msg.assistant .body') || {}).textContent?.length > 10")
     assert page.page.is_visible("#stop")
@@ -261,12 +261,17 @@ def test_stop_aborts_the_fetch_and_the_server_stops_generating(page, server):
     assert 0 < generated < 600
     time.sleep(0.5)
     assert server.metrics()["quiver_generation_tokens_total"] == m1["quiver_generation_tokens_total"]
-    # What came before the stop stays in the conversation.
+    # What came before the stop stays in the conversation. Esc stops too.
     stopped = page.answers()[0]
     assert stopped
-    page.send("Thanks")
-    page.wait_done()
+    page.send("Write a very long essay about the history of the Roman Empire.")
+    page.page.wait_for_function(
+        "() => (document.querySelectorAll('.msg.assistant .body')[1] || {}).textContent?.length > 10")
+    page.page.keyboard.press("Escape")
+    page.page.wait_for_selector("#send:not([hidden])")
     assert page.bodies[1]["messages"][-2] == {"role": "assistant", "content": stopped}
+    m2 = server.wait_idle(timeout=10)
+    assert m2.get(aborts, 0) == m0.get(aborts, 0) + 2
 
 
 def test_a_code_block_from_the_model_is_rendered(page, server, client):

@@ -316,6 +316,9 @@ function init() {
   $('toggle-settings').addEventListener('click', () => showSettings($('settings').hidden));
   $('new-chat').addEventListener('click', newChat);
   $('stop').addEventListener('click', () => state.busy && state.busy.abort());
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Escape' && state.busy) state.busy.abort();
+  });
   $('composer').addEventListener('submit', (e) => {
     e.preventDefault();
     const text = $('prompt').value.trim();
