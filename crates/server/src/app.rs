@@ -93,6 +93,20 @@ pub(crate) fn router(state: St) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(crate::anthropic::messages))
+        .route(
+            "/v1/messages/count_tokens",
+            post(crate::anthropic::count_tokens),
+        )
+        .route("/v1/responses", post(crate::responses::responses))
+        // The same without `/v1`, as llama-server serves them (`/embeddings` is its own shape).
+        .route("/chat/completions", post(chat_completions))
+        .route("/completions", post(completions))
+        .route("/messages", post(crate::anthropic::messages))
+        .route("/messages/count_tokens", post(crate::anthropic::count_tokens))
+        .route("/responses", post(crate::responses::responses))
+        .route("/models", get(list_models))
+        .route("/models/{model}", get(get_model))
         .route("/completion", post(crate::native::completion))
         .route("/infill", post(crate::native::infill))
         .route("/v1/embeddings", post(crate::embed::embeddings_oai))
@@ -114,6 +128,7 @@ pub(crate) fn router(state: St) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), read_body))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn(crate::anthropic::error_shape))
         // The page's static files: outside the key check (a browser opening the page sends none).
         .merge(if state.webui {
             crate::webui::router()

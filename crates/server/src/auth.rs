@@ -1,4 +1,4 @@
-//! API keys: `Authorization: Bearer KEY`.
+//! API keys: `Authorization: Bearer KEY`, or `x-api-key: KEY` (Anthropic's clients).
 
 use crate::app::St;
 use crate::error::ApiError;
@@ -21,6 +21,8 @@ pub(crate) async fn auth(State(st): State<St>, req: HttpRequest, next: Next) -> 
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
+        // Anthropic's clients send the key as `x-api-key`.
+        .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     // Every key is compared (no early exit on a match either).
     let found = given.and_then(|k| {

@@ -48,7 +48,7 @@ impl ApiError {
             ..ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
-                "missing or incorrect API key: send `Authorization: Bearer KEY`",
+                "missing or incorrect API key: send `Authorization: Bearer KEY` (or `x-api-key: KEY`)",
             )
         }
     }

@@ -22,14 +22,11 @@ pub(crate) fn check_model(st: &AppState, p: &GenParams) -> Result<(), ApiError> 
     check_model_name(st, p.model.as_deref())
 }
 
-/// A request's `model`: absent, empty, or the name served (or the engine's).
-pub(crate) fn check_model_name(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        Some(m) if !m.is_empty() && m != st.model && m != st.handle.info().name => {
-            Err(ApiError::model_not_found(m, &st.model))
-        }
-        _ => Ok(()),
-    }
+/// A request's `model`: the server serves one model, so any name is taken (clients send their
+/// own defaults, `gpt-4o-mini` or `claude-…`), as llama-server takes it; the response names
+/// the model served.
+pub(crate) fn check_model_name(_st: &AppState, _model: Option<&str>) -> Result<(), ApiError> {
+    Ok(())
 }
 
 pub(crate) fn render_chat(
@@ -67,41 +64,48 @@ pub(crate) fn render_chat(
         .map_err(failed)
 }
 
+/// A chat-completions body parsed, its tools and reasoning read, its prompt rendered with
+/// the chat template and tokenized: the parameters and the prompt's ids. Anthropic's Messages
+/// and OpenAI's Responses translate their bodies into this one and run it the same way.
+pub(crate) fn prepare_chat(
+    s: &AppState,
+    mut m: serde_json::Map<String, serde_json::Value>,
+) -> Result<(GenParams, Vec<u32>), ApiError> {
+    s.defaults.fill(&mut m);
+    let mut req = params::parse_chat(&m, s.handle.info().n_vocab)?;
+    check_model(s, &req.params)?;
+    let format = crate::tools::Format::of_template(s.template.source());
+    if let Some(t) = crate::tools::Tools::parse(&m, format)? {
+        if let Some(spec) = t.constraint() {
+            if let Some((_, field)) = &req.params.constraint {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("`tool_choice` forces a tool call; `{field}` constrains the output too: give one"),
+                ));
+            }
+            req.params.constraint = Some((spec, "tool_choice"));
+        }
+        req.params.tools = Some(t);
+    }
+    let ids = render_chat(s, &req, true)?;
+    if let Some(tags) = crate::reasoning::template_thinks(s.template.source()) {
+        let tail = &ids[ids.len().saturating_sub(8)..];
+        let text = s.handle.tokenizer().decode(tail, false);
+        req.params.thinking = Some(crate::reasoning::Thinking {
+            tags,
+            prompt_opened: text.trim_end().ends_with(tags.open),
+        });
+    }
+    Ok((req.params, ids))
+}
+
 pub(crate) async fn chat_completions(
     State(st): State<St>,
     Extension(log): Extension<Arc<ReqLog>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let (params, ids) = on_cpu(&st, body, move |s, mut m| {
-                s.defaults.fill(&mut m);
-                let mut req = params::parse_chat(&m, s.handle.info().n_vocab)?;
-                check_model(s, &req.params)?;
-                let format = crate::tools::Format::of_template(s.template.source());
-                if let Some(t) = crate::tools::Tools::parse(&m, format)? {
-                    if let Some(spec) = t.constraint() {
-                        if let Some((_, field)) = &req.params.constraint {
-                            return Err(ApiError::invalid(
-                                "tool_choice",
-                                format!("`tool_choice` forces a tool call; `{field}` constrains the output too: give one"),
-                            ));
-                        }
-                        req.params.constraint = Some((spec, "tool_choice"));
-                    }
-                    req.params.tools = Some(t);
-                }
-                let ids = render_chat(s, &req, true)?;
-                if let Some(tags) = crate::reasoning::template_thinks(s.template.source()) {
-                    let tail = &ids[ids.len().saturating_sub(8)..];
-                    let text = s.handle.tokenizer().decode(tail, false);
-                    req.params.thinking = Some(crate::reasoning::Thinking {
-                        tags,
-                        prompt_opened: text.trim_end().ends_with(tags.open),
-                    });
-                }
-                Ok((req.params, ids))
-            })
-            .await?;
+        let (params, ids) = on_cpu(&st, body, prepare_chat).await?;
         generate(st.clone(), log, ids, params, Kind::Chat, None, 0).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
@@ -362,11 +366,11 @@ pub(crate) async fn submit(
         ignore_eos: p.ignore_eos,
         constraint,
         embed: None,
+        cache_salt: crate::tenant::engine_salt(log.cache_key(), p.cache_salt.as_deref()),
     };
     let mut gens = Vec::with_capacity(n_choices);
     for i in 0..n_choices {
         // Choice i samples with seed + i (the same prompt, its blocks shared through the
-        cache_salt: crate::tenant::engine_salt(log.cache_key(), p.cache_salt.as_deref()),
         // prefix cache).
         let mut r = req.clone();
         r.sampling.seed = r.sampling.seed.wrapping_add(i as u64);

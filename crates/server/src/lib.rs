@@ -4,6 +4,7 @@
 //!
 //! The CLI calls [`run`] (or, inside a tokio runtime, [`serve`]) with a started engine.
 
+mod anthropic;
 mod app;
 mod auth;
 mod conn;
@@ -20,9 +21,11 @@ mod output;
 pub mod params;
 pub mod reasoning;
 mod reqlog;
+mod responses;
 mod routes;
 mod stream;
 mod tools;
+mod turn;
 mod webui;
 
 mod tenant;

@@ -301,7 +301,7 @@ pub(crate) fn stream_response(
 /// Text from the format's marker on is held (it is a call); so is a tail that could be the
 /// marker's start. Without a marker (Llama 3's bare JSON), output that starts as a JSON object
 /// is held whole.
-fn split_for_calls<'a>(
+pub(crate) fn split_for_calls<'a>(
     held: &'a str,
     marker: Option<&str>,
     in_call: &mut bool,
