@@ -103,7 +103,10 @@ pub(crate) fn router(state: St) -> Router {
         .route("/chat/completions", post(chat_completions))
         .route("/completions", post(completions))
         .route("/messages", post(crate::anthropic::messages))
-        .route("/messages/count_tokens", post(crate::anthropic::count_tokens))
+        .route(
+            "/messages/count_tokens",
+            post(crate::anthropic::count_tokens),
+        )
         .route("/responses", post(crate::responses::responses))
         .route("/models", get(list_models))
         .route("/models/{model}", get(get_model))
