@@ -72,6 +72,9 @@ impl CpuBackend {
             reference::moe_route(&s.logits[t * ne..][..ne], p, &mut r.one);
             r.routes.extend_from_slice(&r.one);
         }
+        check("moe", r.routes.len() == rows * k, || {
+            format!("{} routes for {rows} rows of {k} experts", r.routes.len())
+        })?;
         // Counting sort of the pairs by expert.
         r.start.clear();
         r.start.resize(ne + 1, 0);

@@ -6,13 +6,15 @@ use crate::{Activation, AttnParams, Batch, Gating, MoeParams, RopeMode, RopePara
 /// The experts a token goes to and their weights, best first, as llama.cpp routes: the
 /// router's probabilities (softmax over all experts, or each logit's sigmoid), the `n_used`
 /// largest (ties to the smaller index), divided by their sum (at least 2⁻¹⁴) when `norm`,
-/// times `scale`.
+/// times `scale`. Always `min(n_used, logits.len())` distinct experts: a NaN probability (a
+/// NaN logit, or an infinite one) ranks below every number and is left out of the softmax's
+/// sum; when fewer than `n_used` are numbers, NaN ones fill the rest by index, weighing 0.
 pub fn moe_route(logits: &[f32], p: &MoeParams, out: &mut Vec<(u32, f32)>) {
     let probs: Vec<f32> = match p.gating {
         Gating::Softmax => {
             let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let e: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-            let sum: f64 = e.iter().map(|&v| v as f64).sum();
+            let sum: f64 = e.iter().filter(|v| !v.is_nan()).map(|&v| v as f64).sum();
             let inv = (1.0 / sum) as f32;
             e.iter().map(|&v| v * inv).collect()
         }
@@ -20,6 +22,9 @@ pub fn moe_route(logits: &[f32], p: &MoeParams, out: &mut Vec<(u32, f32)>) {
     };
     out.clear();
     top_k(&probs, p.n_used, out);
+    let nan = probs.iter().enumerate().filter(|(_, v)| v.is_nan());
+    let missing = p.n_used.min(probs.len()) - out.len();
+    out.extend(nan.take(missing).map(|(i, _)| (i as u32, 0.0)));
     if p.norm {
         let sum: f32 = out.iter().map(|e| e.1).sum();
         let sum = sum.max(2f32.powi(-14));
@@ -305,6 +310,43 @@ pub fn matmul(w: &[f32], rows: usize, cols: usize, x: &[f32], n_tokens: usize, o
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moe_routes_every_token_whatever_nan_its_logits_hold() {
+        let nan = f32::NAN;
+        for gating in [Gating::Softmax, Gating::Sigmoid] {
+            let p = MoeParams {
+                n_expert: 4,
+                n_used: 2,
+                n_ff: 1,
+                gating,
+                norm: true,
+                scale: 1.0,
+                act: Activation::SwiGlu,
+                router_given: false,
+            };
+            let mut r = Vec::new();
+            // A NaN expert is never chosen ahead of a number; the numbers' weights are as
+            // without it.
+            moe_route(&[nan, 1.0, 0.5, 2.0], &p, &mut r);
+            let ids: Vec<u32> = r.iter().map(|e| e.0).collect();
+            assert_eq!(ids, [3, 1], "{gating:?}");
+            let mut without = Vec::new();
+            moe_route(&[f32::NEG_INFINITY, 1.0, 0.5, 2.0], &p, &mut without);
+            assert_eq!(r, without, "{gating:?}");
+            // One number: it, then the first NaN expert at weight 0.
+            moe_route(&[nan, nan, 3.0, nan], &p, &mut r);
+            assert_eq!(r, [(2, 1.0), (0, 0.0)], "{gating:?}");
+            // Nothing but NaN: the first experts, weighing nothing.
+            moe_route(&[nan; 4], &p, &mut r);
+            assert_eq!(r, [(0, 0.0), (1, 0.0)], "{gating:?}");
+            // An infinite logit: still two distinct experts with finite weights.
+            moe_route(&[f32::INFINITY, 1.0, nan, f32::NEG_INFINITY], &p, &mut r);
+            assert_eq!(r.len(), 2);
+            assert_ne!(r[0].0, r[1].0);
+            assert!(r.iter().all(|e| e.1.is_finite()), "{gating:?}: {r:?}");
+        }
+    }
 
     #[test]
     fn rope_preserves_norm_and_position_zero_is_identity() {

@@ -181,11 +181,6 @@ impl Rng {
     }
 }
 
-/// Panics found by this test outside the crates it guards (the loader's sizes), reported to
-/// their owners: weights read as another type than written give NaN router logits,
-/// `moe_route` then keeps fewer than `n_used` experts and the CPU MoE indexes past its routes.
-const KNOWN: &[&str] = &["crates/backend-cpu/src/moe.rs"];
-
 /// Runs `quiver ARGS` under the memory cap; a description of what went wrong, if anything.
 /// `fails`: whether it must exit with an error (None: either way).
 fn check(args: &[&str], case: &str, fails: Option<&Result<(), String>>) -> Option<String> {
@@ -209,11 +204,6 @@ fn check(args: &[&str], case: &str, fails: Option<&Result<(), String>>) -> Optio
         _ => true,
     };
     let crashed = err.contains("panicked") || err.contains("memory allocation");
-    if crashed && KNOWN.iter().any(|k| err.contains(k)) {
-        let line = err.lines().find(|l| l.contains("panicked")).unwrap_or("");
-        eprintln!("known, reported elsewhere: {case}: {line}");
-        return None;
-    }
     (bad || crashed).then(|| {
         format!(
             "{case}: `quiver {}` exited {:?}: {} (the file {})",
