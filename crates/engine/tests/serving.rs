@@ -314,3 +314,31 @@ fn constrained_requests_agree_on_a_made_up_vocabulary() {
     constrained::agree(&h, &g, &prompts, |ids| constrained::spell(&words, ids));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A shutdown grace of any length (`Duration::MAX` included) is a far deadline, never an
+/// overflow (it panicked adding the grace to the clock); a second shutdown brings it closer
+/// and aborts what still runs.
+#[test]
+fn shutdown_takes_any_grace_and_a_second_call_shortens_it() {
+    use std::time::Duration;
+    let h = start(64, 2);
+    let p = h
+        .tokenizer()
+        .encode("Once upon a time", true, false)
+        .unwrap();
+    let rx = submit(&h, request(&p, 900, 0.0, 0));
+    assert!(matches!(rx.recv().unwrap(), Event::Started { .. }));
+    let first = h.clone();
+    let t = std::thread::spawn(move || first.shutdown(Duration::MAX));
+    std::thread::sleep(Duration::from_millis(200));
+    h.shutdown(Duration::ZERO);
+    t.join().expect("shutdown with Duration::MAX returns");
+    let (ids, _, reason, _) = collect(rx);
+    assert_eq!(reason, FinishReason::Abort);
+    assert!(ids.len() < 900);
+    // On an idle engine it returns at once.
+    let idle = start(64, 2);
+    let t0 = std::time::Instant::now();
+    idle.shutdown(Duration::MAX);
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}

@@ -14,6 +14,18 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// `grace` after `now`, or the furthest instant within a factor of two of it when that is past
+/// what an `Instant` can hold (a grace of `Duration::MAX` waits as long as anything can).
+fn deadline(now: Instant, grace: Duration) -> Instant {
+    let mut g = grace;
+    loop {
+        if let Some(d) = now.checked_add(g) {
+            return d;
+        }
+        g /= 2;
+    }
+}
+
 /// A submitted request the loop has not taken yet.
 pub(crate) struct Pending {
     pub id: u64,
@@ -109,7 +121,7 @@ impl Shared {
         {
             let mut inbox = self.inbox();
             // A later call can only bring the deadline closer (a second SIGTERM).
-            let d = Instant::now() + grace;
+            let d = deadline(Instant::now(), grace);
             inbox.deadline = Some(inbox.deadline.map_or(d, |old| old.min(d)));
             self.cv.notify_one();
         }
