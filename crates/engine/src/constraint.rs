@@ -4,7 +4,10 @@
 //! [`Constraint`] is one request's matcher: before each token it masks the logits of every
 //! token the grammar cannot take next, after it consumes the token drawn. When the grammar is
 //! complete only the end-of-generation tokens remain allowed, and the request ends there.
+//! JSON output (schemas, `json_object`, the tool-call grammars) follows quiver's JSON rules
+//! (`json_rules`): object schemas closed unless they say otherwise, numbers' digits bounded.
 
+use crate::json_rules;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
@@ -20,6 +23,9 @@ pub enum ConstraintSpec {
     JsonSchema(serde_json::Value),
     /// A grammar in llguidance's Lark dialect (`grammar`, `guided_grammar`).
     Lark(String),
+    /// A Lark grammar whose output is JSON values (`%json`) between literals holding no `"`
+    /// (the tool-call grammars): its numbers' digits are bounded as a schema's are.
+    JsonLark(String),
     /// A regular expression over the whole output (`guided_regex`).
     Regex(String),
 }
@@ -29,6 +35,15 @@ pub struct Grammars {
     factory: Arc<ParserFactory>,
     eog: Vec<u32>,
     primary_eos: u32,
+    vocab: Arc<JsonVocab>,
+}
+
+/// What the digit bound reads of the vocabulary: each token's bytes (a special token's marked),
+/// the tokens that start with digits and how many, the most any starts with.
+struct JsonVocab {
+    words: Vec<Box<[u8]>>,
+    leads: Vec<(u32, u8)>,
+    longest: usize,
 }
 
 impl Grammars {
@@ -77,10 +92,23 @@ impl Grammars {
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
         let mut factory = ParserFactory::new_simple(&env).ok()?;
         factory.quiet();
+        let leads: Vec<(u32, u8)> = words
+            .iter()
+            .enumerate()
+            .map(|(id, w)| (id as u32, json_rules::leading_digits(w)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        let longest = leads.iter().map(|&(_, n)| n as usize).max().unwrap_or(0);
+        let vocab = JsonVocab {
+            words: words.iter().map(|w| w.clone().into_boxed_slice()).collect(),
+            leads,
+            longest,
+        };
         Some(Grammars {
             factory: Arc::new(factory),
             eog,
             primary_eos,
+            vocab: Arc::new(vocab),
         })
     }
 
@@ -91,10 +119,17 @@ impl Grammars {
             ConstraintSpec::JsonObject => {
                 TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
             }
-            ConstraintSpec::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
-            ConstraintSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            ConstraintSpec::JsonSchema(s) => {
+                let mut s = s.clone();
+                json_rules::close_objects(&mut s);
+                TopLevelGrammar::from_json_schema(compact(s))
+            }
+            ConstraintSpec::Lark(g) | ConstraintSpec::JsonLark(g) => {
+                TopLevelGrammar::from_lark(g.clone())
+            }
             ConstraintSpec::Regex(r) => TopLevelGrammar::from_regex(r),
         };
+        let json = !matches!(spec, ConstraintSpec::Lark(_) | ConstraintSpec::Regex(_));
         let parser = self
             .factory
             .create_parser(grammar)
@@ -107,6 +142,7 @@ impl Grammars {
             m,
             eog: self.eog.clone(),
             primary_eos: self.primary_eos,
+            digits: json.then(|| (json_rules::Digits::default(), self.vocab.clone())),
         })
     }
 }
@@ -136,6 +172,8 @@ pub struct Constraint {
     m: Matcher,
     eog: Vec<u32>,
     primary_eos: u32,
+    /// JSON output: the digit bound's state.
+    digits: Option<(json_rules::Digits, Arc<JsonVocab>)>,
 }
 
 impl Constraint {
@@ -162,6 +200,9 @@ impl Constraint {
                 }
             }
         }
+        if let Some((d, v)) = &self.digits {
+            d.restrict(&mut bits, &v.leads, v.longest);
+        }
         Ok(bits)
     }
 
@@ -172,6 +213,11 @@ impl Constraint {
         } else {
             token
         };
+        if let Some((d, v)) = &mut self.digits {
+            if let Some(w) = v.words.get(token as usize) {
+                d.push(w, w.first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER));
+            }
+        }
         self.m.consume_token(t).map_err(|e| e.to_string())
     }
 
@@ -184,5 +230,66 @@ impl Constraint {
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Constraint")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A made-up vocabulary and a "model" that takes the first token of a fixed preference
+    /// list the mask allows: it would invent keys and write digits for ever if let.
+    fn run(spec: &ConstraintSpec) -> String {
+        let words: Vec<Vec<u8>> = [
+            "9", ",", "\"x\"", ":", "\"age\"", "\"", "{", "}", "age", "x", "1",
+        ]
+        .iter()
+        .map(|w| w.as_bytes().to_vec())
+        .chain([special_word(11)])
+        .collect();
+        let g = Grammars::from_words(&words, vec![11], 11, None).unwrap();
+        let mut c = g.constraint(spec).unwrap();
+        let mut out = String::new();
+        for _ in 0..200 {
+            let bits = c.next_mask(words.len()).unwrap();
+            let allowed = |id: usize| bits[id / 32] & (1 << (id % 32)) != 0;
+            let id = (0..words.len()).find(|&i| allowed(i)).expect("a token");
+            c.commit(id as u32).unwrap();
+            if id == 11 {
+                return out;
+            }
+            out.push_str(std::str::from_utf8(&words[id]).unwrap());
+            if c.done() {
+                return out;
+            }
+        }
+        panic!("no end: {out}")
+    }
+
+    #[test]
+    fn schemas_are_closed_and_numbers_bounded() {
+        let schema = json!({"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]});
+        let nines = "9".repeat(json_rules::MAX_DIGITS);
+        assert_eq!(
+            run(&ConstraintSpec::JsonSchema(schema)),
+            format!("{{\"age\":{nines}}}")
+        );
+        // Said open, it stays open (and the invented key's number is bounded too).
+        let open = json!({"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"], "additionalProperties": {"type": "integer"}, "maxProperties": 2});
+        assert_eq!(
+            run(&ConstraintSpec::JsonSchema(open)),
+            format!("{{\"age\":{nines},\"x\":{nines}}}")
+        );
+        // The same rules in a tool-call grammar.
+        let lark = format!(
+            "start: \"{{\" call \"}}\"\ncall: %json {}\n",
+            json!({"type": "object", "properties": {"age": {"type": "number"}}, "required": ["age"], "additionalProperties": false})
+        );
+        let out = run(&ConstraintSpec::JsonLark(lark.clone()));
+        assert!(out.len() < 60 && out.contains(&nines), "{out}");
+        // A plain Lark grammar is the client's: nothing is added.
+        let free = run(&ConstraintSpec::Lark("start: /9{0,40}/".into()));
+        assert_eq!(free, "9".repeat(40));
     }
 }

@@ -11,6 +11,7 @@ pub mod constraint;
 pub mod embed;
 pub mod gbnf;
 mod generate;
+pub mod json_rules;
 mod kv;
 pub mod output;
 mod phases;

@@ -1,6 +1,9 @@
 //! The request fields that constrain the output: OpenAI's `response_format` (`json_object`,
 //! `json_schema`), llama-server's `json_schema` and `grammar`, vLLM's `guided_json`,
-//! `guided_regex`, `guided_grammar` and `guided_choice`. At most one per request; an unknown
+//! `guided_regex`, `guided_grammar` and `guided_choice`, and their newer form
+//! `structured_outputs` (`json`, `regex`, `choice`, `grammar`, `json_object`). JSON schemas
+//! are closed and numbers bounded by the engine (`quiver_engine::json_rules`). At most one per
+//! request; an unknown
 //! `response_format.type`, a malformed one or (at compile time, `generate`) an invalid schema
 //! or grammar is a 400 naming the field.
 
@@ -44,24 +47,10 @@ pub fn parse(m: &Map<String, Value>) -> Result<Option<(ConstraintSpec, &'static 
         found.push((grammar(g, "guided_grammar")?, "guided_grammar"));
     }
     if let Some(c) = m.get("guided_choice").filter(|v| !v.is_null()) {
-        let choices: Option<Vec<&str>> = c
-            .as_array()
-            .and_then(|a| a.iter().map(|s| s.as_str()).collect());
-        match choices {
-            Some(ch) if !ch.is_empty() => {
-                let alts: Vec<String> = ch.iter().map(|s| regex_escape(s)).collect();
-                found.push((
-                    ConstraintSpec::Regex(format!("({})", alts.join("|"))),
-                    "guided_choice",
-                ));
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    "guided_choice",
-                    "`guided_choice` must be a non-empty array of strings",
-                ))
-            }
-        }
+        found.push((choice(c, "guided_choice")?, "guided_choice"));
+    }
+    if let Some(so) = m.get("structured_outputs").filter(|v| !v.is_null()) {
+        structured_outputs(so, &mut found)?;
     }
     match found.len() {
         0 => Ok(None),
@@ -74,6 +63,66 @@ pub fn parse(m: &Map<String, Value>) -> Result<Option<(ConstraintSpec, &'static 
             ),
         )),
     }
+}
+
+/// A choice among strings, as a regular expression.
+fn choice(c: &Value, field: &'static str) -> Result<ConstraintSpec, ApiError> {
+    let choices: Option<Vec<&str>> = c
+        .as_array()
+        .and_then(|a| a.iter().map(|s| s.as_str()).collect());
+    match choices {
+        Some(ch) if !ch.is_empty() => {
+            let alts: Vec<String> = ch.iter().map(|s| regex_escape(s)).collect();
+            Ok(ConstraintSpec::Regex(format!("({})", alts.join("|"))))
+        }
+        _ => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be a non-empty array of strings"),
+        )),
+    }
+}
+
+/// vLLM's `structured_outputs`: one of `json` (a schema), `regex`, `choice`, `grammar`,
+/// `json_object`; its switches `disable_any_whitespace`, `disable_additional_properties` and
+/// `disable_fallback` ask for what quiver always does, and are taken; others are a 400.
+fn structured_outputs(
+    so: &Value,
+    found: &mut Vec<(ConstraintSpec, &'static str)>,
+) -> Result<(), ApiError> {
+    const F: &str = "structured_outputs";
+    let Some(o) = so.as_object() else {
+        return Err(ApiError::invalid(
+            F,
+            "`structured_outputs` must be an object",
+        ));
+    };
+    for (k, v) in o.iter().filter(|(_, v)| !v.is_null()) {
+        let spec = match k.as_str() {
+            "json" => ConstraintSpec::JsonSchema(schema(v, F)?),
+            "regex" => match v.as_str() {
+                Some(r) => ConstraintSpec::Regex(r.to_string()),
+                None => return Err(ApiError::invalid(F, "`structured_outputs.regex` must be a string")),
+            },
+            "choice" => choice(v, F)?,
+            "grammar" => grammar(v, F)?,
+            "json_object" => match v {
+                Value::Bool(true) => ConstraintSpec::JsonObject,
+                Value::Bool(false) => continue,
+                _ => return Err(ApiError::invalid(F, "`structured_outputs.json_object` must be a boolean")),
+            },
+            "disable_any_whitespace" | "disable_additional_properties" | "disable_fallback" => {
+                continue
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    F,
+                    format!("`structured_outputs.{other}` is not supported (json, regex, choice, grammar, json_object)"),
+                ))
+            }
+        };
+        found.push((spec, F));
+    }
+    Ok(())
 }
 
 fn response_format(rf: &Value) -> Result<Option<ConstraintSpec>, ApiError> {
@@ -185,6 +234,43 @@ mod tests {
             p(json!({"guided_choice": ["yes", "no."]})).unwrap(),
             Some(ConstraintSpec::Regex("(yes|no\\.)".into()))
         );
+    }
+
+    #[test]
+    fn vllm_structured_outputs() {
+        let s = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let so = |v: Value| p(json!({"structured_outputs": v}));
+        assert_eq!(
+            so(json!({"json": s, "disable_any_whitespace": true})).unwrap(),
+            Some(ConstraintSpec::JsonSchema(s.clone()))
+        );
+        assert_eq!(
+            so(json!({"regex": "[0-9]+"})).unwrap(),
+            Some(ConstraintSpec::Regex("[0-9]+".into()))
+        );
+        assert_eq!(
+            so(json!({"choice": ["a", "b"]})).unwrap(),
+            Some(ConstraintSpec::Regex("(a|b)".into()))
+        );
+        assert_eq!(
+            so(json!({"grammar": "start: \"x\""})).unwrap(),
+            Some(ConstraintSpec::Lark("start: \"x\"".into()))
+        );
+        assert_eq!(
+            so(json!({"json_object": true})).unwrap(),
+            Some(ConstraintSpec::JsonObject)
+        );
+        for bad in [
+            json!("x"),
+            json!({"regex": 1}),
+            json!({"choice": []}),
+            json!({"structural_tag": "{}"}),
+            json!({"regex": "a", "choice": ["a"]}),
+        ] {
+            let e = so(bad.clone()).unwrap_err();
+            assert!(e.contains("structured_outputs"), "{bad}: {e}");
+        }
+        assert!(p(json!({"structured_outputs": {"regex": "a"}, "guided_regex": "a"})).is_err());
     }
 
     #[test]

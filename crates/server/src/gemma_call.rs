@@ -9,18 +9,27 @@ pub(crate) const CLOSE: &str = "<tool_call|>";
 const QUOTE: &str = "<|\"|>";
 
 /// The calls in `text` from the first `<|tool_call>` on: (name, arguments); None if one of
-/// them does not parse.
+/// them does not parse, except a last one cut short (no `<tool_call|>` after it), left out.
 pub(crate) fn calls(mut text: &str) -> Option<Vec<(String, Value)>> {
     let mut out = Vec::new();
     while let Some(a) = text.find(OPEN) {
-        let body = text[a + OPEN.len()..].strip_prefix("call:")?;
-        let brace = body.find('{')?;
-        let name = body[..brace].trim().to_string();
-        let mut p = P { s: &body[brace..] };
-        let args = p.value()?;
-        let rest = p.s.trim_start();
-        text = rest.strip_prefix(CLOSE).unwrap_or(rest);
-        out.push((name, args));
+        let after = &text[a + OPEN.len()..];
+        let one = || {
+            let body = after.strip_prefix("call:")?;
+            let brace = body.find('{')?;
+            let name = body[..brace].trim().to_string();
+            let mut p = P { s: &body[brace..] };
+            let args = p.value()?;
+            Some((name, args, p.s.trim_start()))
+        };
+        match one() {
+            Some((name, args, rest)) => {
+                text = rest.strip_prefix(CLOSE).unwrap_or(rest);
+                out.push((name, args));
+            }
+            None if !after.contains(CLOSE) => break,
+            None => return None,
+        }
     }
     Some(out)
 }
@@ -139,8 +148,8 @@ pub(crate) fn grammar(functions: &[(&str, &Value)], parallel: bool) -> String {
          list: \"[\" (value (\",\" value)*)? \"]\"\n\
          KEY: /[A-Za-z_][A-Za-z0-9_]*/\n\
          TEXT: /[^<]*/\n\
-         INT: /-?[0-9]+/\n\
-         NUMBER: /-?[0-9]+(\\.[0-9]+)?([eE][+-]?[0-9]+)?/\n",
+         INT: /-?[0-9]{{1,16}}/\n\
+         NUMBER: /-?[0-9]{{1,16}}(\\.[0-9]{{1,16}})?([eE][+-]?[0-9]{{1,16}})?/\n",
         calls.join(" | "),
         g.rules,
     )
@@ -281,7 +290,12 @@ mod tests {
             ["get_time", "get_weather"]
         );
         assert_eq!(calls("<|tool_call>call:f{a:}<tool_call|>"), None);
-        assert_eq!(calls("<|tool_call>call:f{a:1"), None);
+        // A last call cut short is left out, the whole ones before it kept.
+        assert_eq!(calls("<|tool_call>call:f{a:1"), Some(vec![]));
+        assert_eq!(
+            calls("<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{b:<|\"|>x"),
+            Some(vec![("f".to_string(), json!({"a": 1}))])
+        );
     }
 
     #[test]

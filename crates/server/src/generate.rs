@@ -34,6 +34,27 @@ pub(crate) fn render_chat(
     req: &params::ChatRequest,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
+    render_chat_with(st, req, add_generation_prompt, None)
+}
+
+/// [`render_chat`] with the template's extra variables (`chat_template_kwargs`). A last
+/// assistant message (without tool calls) is continued, as llama-server does: the template
+/// renders the messages before it and opens the assistant's turn, and its text follows, for
+/// the answer to go on from.
+pub(crate) fn render_chat_with(
+    st: &AppState,
+    req: &params::ChatRequest,
+    add_generation_prompt: bool,
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<Vec<u32>, ApiError> {
+    let (messages, prefill) = match req.messages.split_last() {
+        Some((last, before))
+            if add_generation_prompt && last.role == "assistant" && last.tool_calls.is_none() =>
+        {
+            (before, Some(last.content.as_str()))
+        }
+        _ => (&req.messages[..], None),
+    };
     let failed = |e: quiver_tokenizer::TokenizerError| match e {
         quiver_tokenizer::TokenizerError::Template(_) => ApiError::invalid(
             "messages",
@@ -49,17 +70,19 @@ pub(crate) fn render_chat(
     if check_prompt_bytes(st, text_bytes, "messages").is_err() {
         let text = st
             .template
-            .render(&req.messages, add_generation_prompt, req.tools.as_ref())
+            .render_with(messages, add_generation_prompt, req.tools.as_ref(), kwargs)
             .map_err(failed)?;
         check_prompt_bytes(st, text.len(), "messages")?;
     }
     // Special tokens come only from the template: the messages' text is tokenized as text.
     st.template
-        .tokenize(
+        .tokenize_with(
             st.handle.tokenizer(),
-            &req.messages,
+            messages,
             add_generation_prompt,
             req.tools.as_ref(),
+            kwargs,
+            prefill,
         )
         .map_err(failed)
 }
@@ -72,10 +95,14 @@ pub(crate) fn prepare_chat(
     mut m: serde_json::Map<String, serde_json::Value>,
 ) -> Result<(GenParams, Vec<u32>), ApiError> {
     s.defaults.fill(&mut m);
+    let reasoning = crate::compat::reasoning_parsed(&m)?;
+    let legacy = crate::compat::legacy_functions(&mut m)?;
+    let kwargs = crate::compat::template_kwargs(&m)?;
     let mut req = params::parse_chat(&m, s.handle.info().n_vocab)?;
     check_model(s, &req.params)?;
     let format = crate::tools::Format::of_template(s.template.source());
-    if let Some(t) = crate::tools::Tools::parse(&m, format)? {
+    if let Some(mut t) = crate::tools::Tools::parse(&m, format)? {
+        t.legacy = legacy;
         if let Some(spec) = t.constraint() {
             if let Some((_, field)) = &req.params.constraint {
                 return Err(ApiError::invalid(
@@ -87,8 +114,9 @@ pub(crate) fn prepare_chat(
         }
         req.params.tools = Some(t);
     }
-    let ids = render_chat(s, &req, true)?;
-    if let Some(tags) = crate::reasoning::template_thinks(s.template.source()) {
+    let ids = render_chat_with(s, &req, true, kwargs.as_ref())?;
+    let thinks = crate::reasoning::template_thinks(s.template.source());
+    if let Some(tags) = thinks.filter(|_| reasoning) {
         let tail = &ids[ids.len().saturating_sub(8)..];
         let text = s.handle.tokenizer().decode(tail, false);
         req.params.thinking = Some(crate::reasoning::Thinking {

@@ -7,6 +7,7 @@
 mod anthropic;
 mod app;
 mod auth;
+mod compat;
 mod conn;
 mod constrain;
 mod cors;

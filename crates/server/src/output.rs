@@ -210,15 +210,30 @@ pub(crate) async fn whole_response(
                     None => (None, c.text.clone()),
                 };
                 let calls = out.tools.as_ref().and_then(|t| t.extract(&text));
+                let legacy = out.tools.as_ref().is_some_and(|t| t.legacy);
                 let (mut message, fr) = match calls {
-                    Some((content, calls)) => (
-                        json!({
-                            "role": "assistant",
-                            "content": if content.is_empty() { Value::Null } else { json!(content) },
-                            "tool_calls": crate::tools::tool_calls_json(&calls, &format!("{}_{i}", out.id)),
-                        }),
-                        if fr == "stop" { "tool_calls" } else { fr },
-                    ),
+                    Some((content, calls)) if !calls.is_empty() => {
+                        let content = if content.is_empty() {
+                            Value::Null
+                        } else {
+                            json!(content)
+                        };
+                        let mut m = json!({"role": "assistant", "content": content});
+                        if legacy {
+                            m["function_call"] = crate::tools::function_call_json(&calls[0]);
+                        } else {
+                            m["tool_calls"] =
+                                crate::tools::tool_calls_json(&calls, &format!("{}_{i}", out.id));
+                        }
+                        let called = if legacy {
+                            "function_call"
+                        } else {
+                            "tool_calls"
+                        };
+                        (m, if fr == "stop" { called } else { fr })
+                    }
+                    // A call cut short: the text before it.
+                    Some((content, _)) => (json!({"role": "assistant", "content": content}), fr),
                     None => (json!({"role": "assistant", "content": text}), fr),
                 };
                 if let Some(r) = reasoning {

@@ -119,14 +119,28 @@ impl StreamState {
                                 let c = json!([{"index": idx, "delta": {"content": content}, "logprobs": null, "finish_reason": null}]);
                                 self.pending.push_back(out.chunk(c, None));
                             }
-                            let mut tc = crate::tools::tool_calls_json(&calls, &out.id);
-                            for (i, c) in tc.as_array_mut().into_iter().flatten().enumerate() {
-                                c["index"] = json!(i);
-                            }
-                            let c = json!([{"index": idx, "delta": {"tool_calls": tc}, "logprobs": null, "finish_reason": null}]);
-                            self.pending.push_back(out.chunk(c, None));
-                            if fr == "stop" {
-                                fr = "tool_calls";
+                            // (None: the only call was cut short, and is left out.)
+                            if let Some(first) = calls.first() {
+                                let delta = if t.legacy {
+                                    json!({"function_call": crate::tools::function_call_json(first)})
+                                } else {
+                                    let mut tc = crate::tools::tool_calls_json(&calls, &out.id);
+                                    for (i, c) in
+                                        tc.as_array_mut().into_iter().flatten().enumerate()
+                                    {
+                                        c["index"] = json!(i);
+                                    }
+                                    json!({"tool_calls": tc})
+                                };
+                                let c = json!([{"index": idx, "delta": delta, "logprobs": null, "finish_reason": null}]);
+                                self.pending.push_back(out.chunk(c, None));
+                                if fr == "stop" {
+                                    fr = if t.legacy {
+                                        "function_call"
+                                    } else {
+                                        "tool_calls"
+                                    };
+                                }
                             }
                         }
                         None if !held.is_empty() => {

@@ -10,6 +10,12 @@ use crate::error::ApiError;
 use quiver_engine::constraint::ConstraintSpec;
 use serde_json::{json, Map, Value};
 
+/// How forced calls' JSON is spaced: as the templates' `tojson` writes the calls they render
+/// (Python's `json.dumps`), so that a model's calls look like the ones it was shown.
+static JSON_STYLE: std::sync::LazyLock<Value> = std::sync::LazyLock::new(
+    || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Hermes,
@@ -76,6 +82,8 @@ pub struct Tools {
     pub format: Format,
     pub choice: Choice,
     pub parallel: bool,
+    /// Asked for with the legacy `functions`: answered with `function_call`, one call.
+    pub legacy: bool,
     functions: Vec<(String, Value)>,
 }
 
@@ -145,6 +153,7 @@ impl Tools {
             format,
             choice,
             parallel,
+            legacy: false,
             functions,
         }))
     }
@@ -160,6 +169,16 @@ impl Tools {
             Format::Llama3 => "parameters",
             _ => "arguments",
         };
+        // Parameters are closed as a schema's are: an object schema lists its keys.
+        let closed: Vec<(String, Value)> = fs
+            .iter()
+            .map(|(name, params)| {
+                let mut p = params.clone();
+                quiver_engine::json_rules::close_objects(&mut p);
+                (name.clone(), p)
+            })
+            .collect();
+        let fs: Vec<&(String, Value)> = closed.iter().collect();
         // Each function's parameters may reference their own definitions (`#/$defs/…`,
         // `#/definitions/…`): they move to the root's `$defs`, their references with them.
         let mut defs = Map::new();
@@ -175,14 +194,19 @@ impl Tools {
                 })
             })
             .collect();
-        let mut call = json!({"anyOf": one, "x-guidance": {"whitespace_flexible": false}});
+        let mut call = json!({"anyOf": one, "x-guidance": JSON_STYLE.clone()});
         if !defs.is_empty() {
             call["$defs"] = Value::Object(defs.clone());
         }
         let lark = match self.format {
             Format::Hermes => {
-                let rep = if self.parallel { "+" } else { "" };
-                format!("start: (\"<tool_call>\\n\" call \"\\n</tool_call>\"){rep}\ncall: %json {call}\n")
+                // Qwen's templates put a newline between one call's block and the next.
+                let more = if self.parallel {
+                    " (\"\\n<tool_call>\\n\" call \"\\n</tool_call>\")*"
+                } else {
+                    ""
+                };
+                format!("start: \"<tool_call>\\n\" call \"\\n</tool_call>\"{more}\ncall: %json {call}\n")
             }
             Format::Mistral => {
                 let max = if self.parallel { json!(null) } else { json!(1) };
@@ -190,7 +214,7 @@ impl Tools {
                 if let Some(o) = items.as_object_mut() {
                     o.remove("$defs");
                 }
-                let mut arr = json!({"type": "array", "items": items, "minItems": 1, "x-guidance": {"whitespace_flexible": false}});
+                let mut arr = json!({"type": "array", "items": items, "minItems": 1, "x-guidance": JSON_STYLE.clone()});
                 if !max.is_null() {
                     arr["maxItems"] = max;
                 }
@@ -199,6 +223,7 @@ impl Tools {
                 }
                 format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {arr}\n")
             }
+            // Llama 3.x's templates take one call per turn.
             Format::Llama3 => format!("start: call\ncall: %json {call}\n"),
             Format::Gemma4 => {
                 let funcs: Vec<(&str, &Value)> = fs.iter().map(|(n, p)| (n.as_str(), p)).collect();
@@ -216,7 +241,7 @@ impl Tools {
                         .expect("a string");
                         let tail = serde_json::to_string(&format!("\n```{DS_CALL_END}"))
                             .expect("a string");
-                        let schema = json!({"x-guidance": {"whitespace_flexible": false}})
+                        let schema = json!({"x-guidance": JSON_STYLE.clone()})
                             .as_object()
                             .cloned()
                             .map(|mut o| {
@@ -230,9 +255,14 @@ impl Tools {
                     })
                     .collect();
                 let names: Vec<String> = (0..fs.len()).map(|i| format!("f{i}")).collect();
-                let rep = if self.parallel { "+" } else { "" };
+                // R1's template puts a newline between calls.
+                let rep = if self.parallel {
+                    " (\"\\n\" call)*"
+                } else {
+                    ""
+                };
                 format!(
-                    "start: {} (call){rep} {}\ncall: {}\n{}",
+                    "start: {} call{rep} {}\ncall: {}\n{}",
                     serde_json::to_string(DS_CALLS).expect("a string"),
                     serde_json::to_string(DS_CALLS_END).expect("a string"),
                     names.join(" | "),
@@ -240,11 +270,17 @@ impl Tools {
                 )
             }
         };
-        Some(ConstraintSpec::Lark(lark))
+        Some(match self.format {
+            // Gemma 4's strings are not JSON's: its grammar bounds its own numbers.
+            Format::Gemma4 => ConstraintSpec::Lark(lark),
+            _ => ConstraintSpec::JsonLark(lark),
+        })
     }
 
     /// The text before any call, and the calls (name, arguments as a JSON string), where the
-    /// text holds calls in the format; None where it holds none (plain content).
+    /// text holds calls in the format; None where it holds none (plain content). A last call
+    /// cut short (the token limit) is left out, the complete ones before it kept: the calls
+    /// may then be none, and the text before the call is still all the content.
     pub fn extract(&self, text: &str) -> Option<(String, Vec<(String, String)>)> {
         if self.choice == Choice::None {
             return None;
@@ -276,23 +312,33 @@ impl Tools {
                 let mut r = rest;
                 while let Some(a) = r.find("<tool_call>") {
                     let body = &r[a + "<tool_call>".len()..];
-                    let end = body.find("</tool_call>").unwrap_or(body.len());
-                    let v: Value = serde_json::from_str(body[..end].trim()).ok()?;
-                    push(&v, "arguments")?;
-                    r = &body[end..];
+                    let end = body.find("</tool_call>");
+                    let json = body[..end.unwrap_or(body.len())].trim();
+                    match serde_json::from_str::<Value>(json) {
+                        Ok(v) => push(&v, "arguments")?,
+                        // The last call, unclosed: cut short.
+                        Err(_) if end.is_none() => break,
+                        Err(_) => return None,
+                    }
+                    r = &body[end.unwrap_or(body.len())..];
                 }
             }
             Format::Mistral => {
-                let body = rest.strip_prefix("[TOOL_CALLS]")?.trim();
-                let v: Value = serde_json::from_str(body).ok()?;
-                for c in v.as_array()? {
-                    push(c, "arguments")?;
+                let body = rest.strip_prefix("[TOOL_CALLS]")?.trim_start();
+                if !body.is_empty() {
+                    for c in json_array_items(body.strip_prefix('[')?)? {
+                        push(&c, "arguments")?;
+                    }
                 }
             }
             Format::Llama3 => {
                 let body = rest.strip_prefix("<|python_tag|>").unwrap_or(rest);
-                let v: Value = serde_json::from_str(body).ok()?;
-                push(&v, "parameters")?;
+                match serde_json::from_str::<Value>(body) {
+                    Ok(v) => push(&v, "parameters")?,
+                    // A call cut short: `{"name"` and no end.
+                    Err(e) if e.is_eof() && squeezed(body).starts_with("{\"name\"") => {}
+                    Err(_) => return None,
+                }
             }
             Format::Gemma4 => {
                 for (name, args) in crate::gemma_call::calls(rest)? {
@@ -303,31 +349,74 @@ impl Tools {
                 let mut r = rest;
                 while let Some(a) = r.find(DS_CALL) {
                     let body = &r[a + DS_CALL.len()..];
-                    let end = body.find(DS_CALL_END).unwrap_or(body.len());
-                    let (left, right) = body[..end].split_once(DS_SEP)?;
-                    let (name, args) = if left.trim() == "function" {
-                        // R1: NAME, a newline, ```json ARGS ```.
-                        let (name, block) = right.split_once('\n')?;
-                        let block = block.trim();
-                        let block = block
-                            .strip_prefix("```json")
-                            .or_else(|| block.strip_prefix("```"))
-                            .unwrap_or(block);
-                        (
-                            name.trim(),
-                            block.strip_suffix("```").unwrap_or(block).trim(),
-                        )
-                    } else {
-                        // V3.1: NAME<｜tool▁sep｜>ARGS.
-                        (left.trim(), right.trim())
+                    let Some(end) = body.find(DS_CALL_END) else {
+                        // The last call, cut short unless its arguments are whole.
+                        if let Some((name, v)) = ds_call(body) {
+                            push(&json!({"name": name, "arguments": v}), "arguments")?;
+                        }
+                        break;
                     };
-                    let v: Value = serde_json::from_str(args).ok()?;
+                    let (name, v) = ds_call(&body[..end])?;
                     push(&json!({"name": name, "arguments": v}), "arguments")?;
                     r = &body[end..];
                 }
             }
         }
-        (!calls.is_empty()).then_some((content, calls))
+        Some((content, calls))
+    }
+}
+
+/// One DeepSeek call's body (between its begin and end marks): its name and arguments.
+fn ds_call(body: &str) -> Option<(String, Value)> {
+    let (left, right) = body.split_once(DS_SEP)?;
+    let (name, args) = if left.trim() == "function" {
+        // R1: NAME, a newline, ```json ARGS ```.
+        let (name, block) = right.split_once('\n')?;
+        let block = block.trim();
+        let block = block
+            .strip_prefix("```json")
+            .or_else(|| block.strip_prefix("```"))
+            .unwrap_or(block);
+        (
+            name.trim(),
+            block.strip_suffix("```").unwrap_or(block).trim(),
+        )
+    } else {
+        // V3.1: NAME<｜tool▁sep｜>ARGS.
+        (left.trim(), right.trim())
+    };
+    let v: Value = serde_json::from_str(args).ok()?;
+    Some((name.to_string(), v))
+}
+
+/// The first characters of `s` without whitespace.
+fn squeezed(s: &str) -> String {
+    s.chars().filter(|c| !c.is_whitespace()).take(8).collect()
+}
+
+/// The whole items of a JSON array from after its `[`: a last item cut short is left out.
+/// None: an item is not JSON, or the array goes on after a whole item with neither `,` nor `]`.
+fn json_array_items(mut s: &str) -> Option<Vec<Value>> {
+    let mut items = Vec::new();
+    loop {
+        s = s.trim_start();
+        if s.is_empty() || s.starts_with(']') {
+            return Some(items);
+        }
+        let mut it = serde_json::Deserializer::from_str(s).into_iter::<Value>();
+        match it.next() {
+            Some(Ok(v)) => {
+                items.push(v);
+                s = s[it.byte_offset()..].trim_start();
+                match s.strip_prefix(',') {
+                    Some(r) => s = r,
+                    None if s.is_empty() || s.starts_with(']') => return Some(items),
+                    None => return None,
+                }
+            }
+            Some(Err(e)) if e.is_eof() => return Some(items),
+            _ => return None,
+        }
     }
 }
 
@@ -368,6 +457,11 @@ fn hoist(params: &Value, i: usize, defs: &mut Map<String, Value>) -> Value {
     }
     defs.insert(name.clone(), p);
     json!({"$ref": format!("#/$defs/{name}")})
+}
+
+/// The legacy `function_call` of a call: `{name, arguments}`.
+pub fn function_call_json(call: &(String, String)) -> Value {
+    json!({"name": call.0, "arguments": call.1})
 }
 
 /// OpenAI's `tool_calls` array for parsed calls; ids unique within the response.
@@ -475,7 +569,7 @@ mod tests {
     #[test]
     fn choices_and_their_grammars() {
         assert!(tools(Format::Hermes, json!("auto")).constraint().is_none());
-        let Some(ConstraintSpec::Lark(g)) = tools(
+        let Some(ConstraintSpec::JsonLark(g)) = tools(
             Format::Hermes,
             json!({"type": "function", "function": {"name": "get_time"}}),
         )
@@ -490,6 +584,81 @@ mod tests {
         assert!(e.contains("\"g\""), "{e}");
         let m = json!({"tool_choice": "required"});
         assert!(Tools::parse(m.as_object().unwrap(), Format::Hermes).is_err());
+    }
+
+    #[test]
+    fn calls_cut_short_keep_the_whole_ones() {
+        let w = (
+            "get_weather".to_string(),
+            "{\"city\":\"Paris\"}".to_string(),
+        );
+        let t = tools(Format::Hermes, json!("auto"));
+        let two = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_ti";
+        assert_eq!(t.extract(two), Some(("Sure.".into(), vec![w.clone()])));
+        // Only a cut call: no calls, and its text is not content.
+        assert_eq!(
+            t.extract("Hi <tool_call>\n{\"name\": \"get"),
+            Some(("Hi".into(), vec![]))
+        );
+        // Unclosed but whole (the model ended there): kept.
+        let (_, c) = t
+            .extract("<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}")
+            .unwrap();
+        assert_eq!(c, vec![w.clone()]);
+        // A closed call that is not JSON is not a call: the text stays content.
+        assert!(t.extract("<tool_call>{oops</tool_call>").is_none());
+        let t = tools(Format::Mistral, json!("auto"));
+        assert_eq!(
+            t.extract("[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_"),
+            Some((String::new(), vec![w.clone()]))
+        );
+        assert_eq!(t.extract("[TOOL_CALLS]"), Some((String::new(), vec![])));
+        let t = tools(Format::Llama3, json!("auto"));
+        assert_eq!(
+            t.extract("{\"name\": \"get_weather\", \"parameters\": {\"ci"),
+            Some((String::new(), vec![]))
+        );
+        assert!(t.extract("{not a call").is_none());
+        let t = tools(Format::DeepSeek, json!("auto"));
+        let ds = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{";
+        assert_eq!(t.extract(ds), Some((String::new(), vec![w])));
+    }
+
+    #[test]
+    fn forced_calls_follow_the_templates_forms() {
+        let cat = json!({
+            "tools": [{"type": "function", "function": {"name": "Cat", "strict": true, "parameters": {
+                "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                "required": ["name", "age"]}}}],
+            "tool_choice": "required",
+        });
+        let grammar = |format| {
+            let t = Tools::parse(cat.as_object().unwrap(), format)
+                .unwrap()
+                .unwrap();
+            match t.constraint() {
+                Some(ConstraintSpec::JsonLark(g) | ConstraintSpec::Lark(g)) => g,
+                other => panic!("{other:?}"),
+            }
+        };
+        // The parameters are closed: the schema lists the only keys.
+        let g = grammar(Format::Hermes);
+        let schema = g
+            .lines()
+            .find_map(|l| l.strip_prefix("call: %json "))
+            .unwrap();
+        let schema: Value = serde_json::from_str(schema).unwrap();
+        let args = &schema["anyOf"][0]["properties"]["arguments"];
+        assert_eq!(args["additionalProperties"], json!(false), "{g}");
+        // Parallel calls: Qwen's newline between blocks, R1's newline between calls.
+        assert!(
+            g.contains("(\"\\n<tool_call>\\n\" call \"\\n</tool_call>\")*"),
+            "{g}"
+        );
+        assert!(grammar(Format::DeepSeek).contains("(\"\\n\" call)*"));
+        // JSON spaced as the templates' tojson writes it.
+        assert!(g.contains("\"item_separator\":\", \""), "{g}");
+        assert!(grammar(Format::Mistral).contains("\"key_separator\":\": \""));
     }
 
     /// Every `$ref` in the grammar's JSON schemas resolves from its schema's root.
@@ -536,7 +705,7 @@ mod tests {
                 let t = Tools::parse(m.as_object().unwrap(), format)
                     .unwrap()
                     .unwrap();
-                let Some(ConstraintSpec::Lark(g)) = t.constraint() else {
+                let Some(ConstraintSpec::JsonLark(g)) = t.constraint() else {
                     panic!()
                 };
                 let mut n = 0;

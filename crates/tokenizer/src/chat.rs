@@ -246,12 +246,25 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String, TokenizerError> {
+        self.render_with(messages, add_generation_prompt, tools, None)
+    }
+
+    /// [`ChatTemplate::render`] with more variables for the template (`chat_template_kwargs`,
+    /// such as Qwen 3's `enable_thinking`); the built-in formats take none. The standard ones
+    /// (`messages`, `tools`, `add_generation_prompt`, the BOS and EOS texts) win over them.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, TokenizerError> {
         match &self.inner {
             Inner::Builtin(Builtin::ChatMl) => Ok(render_chatml(messages, add_generation_prompt)),
             Inner::Builtin(Builtin::Gemma) => Ok(render_gemma(messages, add_generation_prompt)),
             Inner::Jinja(env) => {
                 let tmpl = env.get_template(TEMPLATE_NAME).map_err(template_error)?;
-                let mut ctx = serde_json::Map::new();
+                let mut ctx = kwargs.cloned().unwrap_or_default();
                 ctx.insert(
                     "messages".into(),
                     serde_json::to_value(messages)
@@ -284,6 +297,21 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.tokenize_with(tok, messages, add_generation_prompt, tools, None, None)
+    }
+
+    /// [`ChatTemplate::tokenize`] with the template's extra variables (`kwargs`) and, with
+    /// `prefill`, the start of the assistant's answer: the turn is opened (the generation
+    /// prompt) and `prefill` follows it as plain text, for the model to continue.
+    pub fn tokenize_with(
+        &self,
+        tok: &crate::Tokenizer,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+        prefill: Option<&str>,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let mut g = crate::guard::Guard::default();
         let messages = messages
             .iter()
@@ -297,7 +325,11 @@ impl ChatTemplate {
             }
             None => None,
         };
-        let text = self.render(&messages, add_generation_prompt, tools.as_ref())?;
+        let agp = add_generation_prompt || prefill.is_some();
+        let mut text = self.render_with(&messages, agp, tools.as_ref(), kwargs)?;
+        if let Some(p) = prefill {
+            text.push_str(&g.protect(tok, p)?);
+        }
         tok.encode_chat_guarded(&text, Some(&g))
     }
 }
@@ -644,6 +676,18 @@ mod tests {
             t.render(&conv(), true, None).unwrap(),
             "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
              <start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"
+        );
+    }
+
+    #[test]
+    fn template_kwargs_reach_the_template() {
+        let src = "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{{ messages | length }}{{ add_generation_prompt }}";
+        let t = ChatTemplate::from_source(src, "<s>", "</s>").unwrap();
+        assert_eq!(t.render(&conv(), true, None).unwrap(), "4True");
+        let kw = serde_json::json!({"enable_thinking": false, "add_generation_prompt": false});
+        assert_eq!(
+            t.render_with(&conv(), true, None, kw.as_object()).unwrap(),
+            "<think></think>4True"
         );
     }
 
