@@ -167,8 +167,11 @@ pub fn bench(load: &LoadArgs, shape: BenchShape, reps: usize, json_out: bool) ->
     let gguf = engine::open(load)?;
     let mut args = load.clone();
     let need = depth + n_prompt.max(n_gen).max(1);
+    let Ok(need_ctx) = u32::try_from(need) else {
+        bail!("-d {depth} with -p {n_prompt} -n {n_gen} needs a context of {need} tokens, past any model's");
+    };
     if args.ctx_size.is_none() {
-        args.ctx_size = Some(need as u32);
+        args.ctx_size = Some(need_ctx);
     }
     args.batch_size = args.batch_size.max(n_prompt as u32);
     let mut l = engine::load(&args, gguf, 1)?;
@@ -181,12 +184,12 @@ pub fn bench(load: &LoadArgs, shape: BenchShape, reps: usize, json_out: bool) ->
         x ^= x << 17;
         (x % nv) as u32
     };
-    let prompt: Vec<u32> = (0..n_prompt).map(|_| rnd()).collect();
-    let context: Vec<u32> = (0..depth).map(|_| rnd()).collect();
     let ctx = args.ctx_size.unwrap_or(0) as usize;
     if ctx < need {
         bail!("-c {ctx} is less than the depth and the test need ({need} tokens)");
     }
+    let prompt: Vec<u32> = (0..n_prompt).map(|_| rnd()).collect();
+    let context: Vec<u32> = (0..depth).map(|_| rnd()).collect();
     // The depth's tokens fill positions 0..depth once; every test writes after them.
     let step = (args.batch_size as usize).max(1);
     for (i, chunk) in context.chunks(step).enumerate() {

@@ -362,6 +362,16 @@ fn absurd_sizes_are_one_line_errors_not_aborts() {
             ],
             "available",
         ),
+        // The depth plus the test past u32 (it wrapped to a context of 3 tokens and built
+        // 4 G tokens of depth before refusing them).
+        (
+            vec!["bench", "-m", &m, "-p", "4", "-n", "1", "-d", "4294967295"],
+            "past any model",
+        ),
+        (
+            vec!["bench", "-m", &m, "-p", "4", "-n", "1", "-d", "4294967000"],
+            "available",
+        ),
     ] {
         let out = quiver(&args);
         assert_one_line_error(&out, 1, &format!("{args:?}"));
