@@ -41,3 +41,46 @@ def test_thinking_goes_to_reasoning_content(tmp_path):
         assert (rs.strip(), cs) == (reasoning, m.content)
     finally:
         s.stop()
+
+
+# Qwen 3's switch: `enable_thinking: false` closes an empty thinking block in the prompt.
+QWEN3_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"
+    "{% endif %}"
+)
+
+
+def test_template_kwargs_and_reasoning_format(tmp_path):
+    """`chat_template_kwargs` reach the template (Qwen 3's `enable_thinking`); a request's
+    `reasoning_format: none`, or `--reasoning-format none`, leaves the thoughts in `content`."""
+    t = tmp_path / "qwen3.jinja"
+    t.write_text(QWEN3_LIKE)
+    kw = dict(messages=[{"role": "user", "content": "Is water wet?"}], max_tokens=12, temperature=0)
+    s = Server("--chat-template-file", str(t), "-c", "512")
+    try:
+        c = s.client()
+        kw["model"] = c.models.list().data[0].id
+        # Thinking: the prompt opened it, the answer never closes it: all reasoning.
+        m = c.chat.completions.create(**kw).choices[0].message
+        thought = m.model_extra.get("reasoning_content")
+        assert thought and not m.content, m
+        # Thinking off: the answer is content, after the closed block.
+        r = c.chat.completions.create(**kw, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        off = r.choices[0].message
+        assert off.content and not off.model_extra.get("reasoning_content"), off
+        assert r.usage.prompt_tokens > c.chat.completions.create(**kw).usage.prompt_tokens
+        m = c.chat.completions.create(**kw, extra_body={"reasoning_format": "none"}).choices[0].message
+        assert m.content.strip() == thought and not m.model_extra.get("reasoning_content"), m
+    finally:
+        s.stop()
+    s = Server("--chat-template-file", str(t), "-c", "512", "--reasoning-format", "none")
+    try:
+        c = s.client()
+        m = c.chat.completions.create(**kw).choices[0].message
+        assert m.content.strip() == thought and not m.model_extra.get("reasoning_content"), m
+        m = c.chat.completions.create(**kw, extra_body={"reasoning_format": "deepseek"}).choices[0].message
+        assert m.model_extra.get("reasoning_content") == thought, m
+    finally:
+        s.stop()

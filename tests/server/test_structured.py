@@ -118,3 +118,65 @@ def test_what_cannot_be_followed_is_a_400(server, client, body, param):
         )
     assert e.value.status_code == 400
     assert e.value.body["param"] == param, e.value.body
+
+
+def token_id(server, text):
+    s, _, body = server.request("POST", "/tokenize", {"content": text})
+    ids = json.loads(body)["tokens"]
+    assert s == 200 and len(ids) == 1, (text, ids)
+    return ids[0]
+
+
+CAT = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}
+EXTRACT = [{"role": "user", "content": "Extract: Tom is a cat who is 3 years old."}]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "Cat", "schema": CAT, "strict": True}}},
+        {"guided_json": CAT},
+        {"json_schema": CAT},
+        {"structured_outputs": {"json": CAT}},
+    ],
+)
+def test_schemas_without_additional_properties_are_closed(server, client, body):
+    """A schema that does not say `additionalProperties` gets only its own keys (the model,
+    left free, invents more until max_tokens)."""
+    r = client.chat.completions.create(model="smollm2-135m", messages=EXTRACT, max_tokens=60, temperature=0, extra_body=body)
+    c = r.choices[0]
+    assert c.finish_reason == "stop", c
+    v = json.loads(c.message.content)
+    assert set(v) == {"name", "age"} and isinstance(v["age"], int), v
+
+
+def test_numbers_are_bounded_in_digits(server, client):
+    """Biased towards the digits 1 and 0, the model would write one number to max_tokens:
+    each run of digits (integer part, fraction, exponent) stops at 16."""
+    bias = {str(token_id(server, d)): 30 for d in "10"}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}}, "required": ["a", "b"]}
+    r = client.chat.completions.create(
+        model="smollm2-135m", messages=EXTRACT, max_tokens=150, temperature=0, logit_bias=bias,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "stop", c
+    runs = re.findall(r"[0-9]+", c.message.content)
+    assert runs and max(len(x) for x in runs) == 16, c.message.content
+    v = json.loads(c.message.content)
+    assert set(v) == {"a", "b"} and isinstance(v["a"], int), v
+
+
+def test_vllm_structured_outputs(server, client):
+    r = ask(client, extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}}, temperature=1.0, seed=5)
+    assert r.choices[0].message.content in ("red", "green", "blue"), r
+    r = ask(client, extra_body={"structured_outputs": {"regex": r"[A-Z][a-z]{2,8} is [0-9]{1,2}\."}}, temperature=0)
+    assert re.fullmatch(r"[A-Z][a-z]{2,8} is [0-9]{1,2}\.", r.choices[0].message.content), r
+    msgs = [{"role": "user", "content": "Give a JSON object with a city and its country."}]
+    r = client.chat.completions.create(
+        model="smollm2-135m", messages=msgs, max_tokens=120, temperature=0, extra_body={"structured_outputs": {"json_object": True}}
+    )
+    assert isinstance(json.loads(r.choices[0].message.content), dict), r
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, extra_body={"structured_outputs": {"structural_tag": "{}"}})
+    assert e.value.body["param"] == "structured_outputs", e.value.body

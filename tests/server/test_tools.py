@@ -214,3 +214,105 @@ def test_the_context_bound_counts_what_the_template_renders(server, client):
         assert "1024" in e.value.body["message"], e.value.body
     finally:
         srv.stop()
+
+
+CAT = {
+    "type": "function",
+    "function": {
+        "name": "Cat",
+        "strict": True,
+        "parameters": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]},
+    },
+}
+EXTRACT = [{"role": "user", "content": "Extract: Tom is a cat who is 3 years old."}]
+
+
+def im_end(server):
+    s, _, body = server.request("POST", "/tokenize", {"content": "<|im_end|>"})
+    return json.loads(body)["tokens"][0]
+
+
+def test_parameters_without_additional_properties_are_closed(server, client):
+    """Issue 33's example: a strict tool whose parameters do not say `additionalProperties`
+    (as Pydantic, instructor and LangChain write them) gets only its own keys."""
+    r = chat(client, messages=EXTRACT, tools=[CAT], tool_choice="required", max_tokens=60, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    assert json.loads(c.message.tool_calls[0].function.arguments) == {"name": "Tom", "age": 3}, c
+
+
+def test_calls_cut_by_max_tokens(server, client):
+    """With the end of turn banned, forced parallel calls run into max_tokens: the whole calls
+    come back (finish_reason length), the cut one is dropped and never sent as content."""
+    kw = dict(messages=EXTRACT, tools=[CAT], tool_choice="required", temperature=0, logit_bias={str(im_end(server)): -100})
+    r = chat(client, max_tokens=70, **kw)
+    c = r.choices[0]
+    assert c.finish_reason == "length", c
+    assert len(c.message.tool_calls) == 1 and json.loads(c.message.tool_calls[0].function.arguments) == {"name": "Tom", "age": 3}, c
+    assert not c.message.content, c
+    r = chat(client, max_tokens=20, **kw)
+    c = r.choices[0]
+    assert c.finish_reason == "length" and not c.message.tool_calls and not c.message.content, c
+    for max_tokens, n in [(70, 1), (20, 0)]:
+        calls, text, finish = [], "", None
+        for ch in chat(client, max_tokens=max_tokens, stream=True, **kw):
+            if ch.choices:
+                d = ch.choices[0].delta
+                text += d.content or ""
+                calls += d.tool_calls or []
+                finish = ch.choices[0].finish_reason or finish
+        assert (finish, len(calls), text) == ("length", n, ""), (calls, text)
+
+
+def test_parallel_calls_are_separated_as_the_template_writes_them(server, client):
+    """Hermes / Qwen: one `<tool_call>` block per call, a newline between blocks (the raw
+    text, read back from the tokens' log-probabilities)."""
+    r = chat(client, messages=EXTRACT, tools=[CAT], tool_choice="required", max_tokens=110, temperature=0,
+             logit_bias={str(im_end(server)): -100}, logprobs=True)
+    c = r.choices[0]
+    raw = "".join(t.token for t in c.logprobs.content)
+    assert len(c.message.tool_calls) == 2, raw
+    assert "\n</tool_call>\n<tool_call>\n{" in raw, raw
+    assert raw.startswith('<tool_call>\n{"name": "Cat", "arguments": {"name": '), raw
+
+
+def test_legacy_functions(server, client):
+    """OpenAI's legacy `functions` / `function_call`: the call comes back as `function_call`
+    (finish_reason function_call), whole and streamed, and a function result renders."""
+    fn = CAT["function"]
+    kw = dict(messages=EXTRACT, functions=[fn], function_call={"name": "Cat"}, max_tokens=60, temperature=0)
+    r = chat(client, **kw)
+    c = r.choices[0]
+    assert c.finish_reason == "function_call" and c.message.tool_calls is None, c
+    assert c.message.function_call.name == "Cat", c
+    assert json.loads(c.message.function_call.arguments) == {"name": "Tom", "age": 3}
+    name, args, finish = "", "", None
+    for ch in chat(client, stream=True, **kw):
+        if ch.choices:
+            fc = ch.choices[0].delta.function_call
+            name += (fc and fc.name) or ""
+            args += (fc and fc.arguments) or ""
+            finish = ch.choices[0].finish_reason or finish
+    assert (name, json.loads(args), finish) == ("Cat", {"name": "Tom", "age": 3}, "function_call")
+    history = EXTRACT + [
+        {"role": "assistant", "content": None, "function_call": {"name": "Cat", "arguments": c.message.function_call.arguments}},
+        {"role": "function", "name": "Cat", "content": "saved"},
+    ]
+    r = chat(client, messages=history, functions=[fn], function_call="none", max_tokens=8, temperature=0)
+    assert r.choices[0].message.function_call is None and r.choices[0].message.content, r
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, messages=EXTRACT, functions=[fn], tools=[CAT], max_tokens=4)
+    assert e.value.body["param"] == "functions", e.value.body
+
+
+def test_a_last_assistant_message_is_continued(server, client):
+    """Prefill, as llama-server does it: the answer continues the last assistant message
+    (greedy: the same text as the raw prompt of the template plus that message's text)."""
+    prefill = "Sure! Here is a short poem about the sea:\n\n"
+    msgs = [{"role": "user", "content": "Write a poem."}, {"role": "assistant", "content": prefill}]
+    r = chat(client, messages=msgs, max_tokens=16, temperature=0)
+    s, _, body = server.request("POST", "/apply-template", {"messages": msgs[:1]})
+    prompt = json.loads(body)["prompt"] + prefill
+    raw = client.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=16, temperature=0)
+    assert r.choices[0].message.content == raw.choices[0].text, (r, raw)
+    assert r.usage.prompt_tokens == raw.usage.prompt_tokens

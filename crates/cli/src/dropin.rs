@@ -39,9 +39,10 @@ pub struct ServeDropin {
     /// blocks of 16 tokens).
     #[arg(long = "cache-reuse", value_name = "N")]
     pub cache_reuse: Option<u32>,
-    /// llama-server's --reasoning-format: auto or deepseek (a thinking model's thoughts come
-    /// back as reasoning_content, which quiver always does); none is refused for now.
-    #[arg(long = "reasoning-format", value_name = "auto|deepseek", value_parser = parse_reasoning_format)]
+    /// llama-server's --reasoning-format: the default of requests' `reasoning_format`. auto and
+    /// deepseek (quiver's default): a thinking model's thoughts come back as reasoning_content;
+    /// none: left in content as the model wrote them.
+    #[arg(long = "reasoning-format", value_name = "none|deepseek|auto", value_parser = parse_reasoning_format)]
     pub reasoning_format: Option<String>,
     /// Default max_tokens of requests that give none (llama-server's -n/--n-predict; -1: to the
     /// end of the context; default: the rest of the context for chat, 16 for completions).
@@ -77,11 +78,11 @@ pub struct ServeDropin {
 
 fn parse_reasoning_format(s: &str) -> Result<String, String> {
     match s {
-        "auto" | "deepseek" => Ok(s.into()),
-        "none" | "deepseek-legacy" => Err(format!(
-            "{s} is not supported yet: quiver returns a thinking model's thoughts as reasoning_content (--reasoning-format auto)"
-        )),
-        _ => Err("use auto or deepseek".into()),
+        "auto" | "deepseek" | "none" => Ok(s.into()),
+        "deepseek-legacy" => Err(
+            "deepseek-legacy is not supported: use deepseek (thoughts in reasoning_content) or none (thoughts left in content)".into(),
+        ),
+        _ => Err("use none, deepseek or auto".into()),
     }
 }
 
@@ -146,6 +147,9 @@ impl ServeDropin {
         }
         if let Some(s) = self.seed.filter(|&s| s >= 0) {
             put("seed", json!(s));
+        }
+        if let Some(f) = &self.reasoning_format {
+            put("reasoning_format", json!(f));
         }
         quiver_server::RequestDefaults {
             max_tokens: self.n_predict.map(|n| n.max(0) as usize),
@@ -225,9 +229,11 @@ mod tests {
             seed: Some(7),
             n_predict: Some(64),
             min_p: Some(0.05),
+            reasoning_format: Some("none".into()),
             ..ServeDropin::default()
         }
         .request_defaults();
+        assert_eq!(d.fields["reasoning_format"], json!("none"));
         assert_eq!(d.max_tokens, Some(64));
         assert_eq!(d.fields["seed"], json!(7));
         assert!(d.fields.contains_key("min_p"));

@@ -111,6 +111,7 @@ fn llama_server_and_vllm_flags_parse() {
         &["--cache-reuse", "256"],
         &["--reasoning-format", "deepseek"],
         &["--reasoning-format", "auto"],
+        &["--reasoning-format", "none"],
         // vLLM's.
         &["--max-model-len", "2048"],
         &["--served-model-name", "my-model"],
@@ -226,12 +227,8 @@ fn refusals_are_one_line_naming_the_nearest_flag() {
         (&["-ctv", "q5_1"], &["use q8_0"]),
         (&["--kv-type", "f32"], &["use f16"]),
         (
-            &["--reasoning-format", "none"],
-            &["--reasoning-format auto"],
-        ),
-        (
             &["--reasoning-format", "deepseek-legacy"],
-            &["--reasoning-format auto"],
+            &["use deepseek", "or none"],
         ),
         (
             &["--tool-call-parser", "pythonic"],
