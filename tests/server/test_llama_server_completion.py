@@ -39,7 +39,7 @@ def test_completion_and_infill_errors(server):
     for path, body, param in [
         ("/completion", {"prompt": "hi", "n_predict": 0}, "n_predict"),
         ("/completion", {"n_predict": 4}, "prompt"),
-        ("/completion", {"prompt": "hi", "n_probs": 3}, "n_probs"),
+        ("/completion", {"prompt": "hi", "n_probs": 21}, "n_probs"),
         ("/infill", {"input_prefix": "def f():", "input_suffix": "\n"}, "input_prefix"),
     ]:
         s, _, resp = server.request("POST", path, body)

@@ -145,33 +145,48 @@ pub(crate) async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let (params, ids, echo) = on_cpu(&st, body, move |s, mut m| {
+        let (params, mut prompts) = on_cpu(&st, body, move |s, mut m| {
             s.defaults.fill(&mut m);
-            let req = params::parse_completion(&m, s.handle.info().n_vocab)?;
-            check_model(s, &req.params)?;
-            let tok = s.handle.tokenizer();
-            // A raw prompt is the client's own template: special-token text in it becomes
-            // those tokens unless the client says `"parse_special": false`.
-            let parse_special = params::opt_bool(&m, "parse_special", true)?;
-            let (ids, text) = match req.prompt {
-                Prompt::Text(t) => {
-                    check_prompt_bytes(s, t.len(), "prompt")?;
-                    let ids = tok.encode(&t, true, parse_special).map_err(|e| {
-                        ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
-                    })?;
-                    (ids, Some(t))
-                }
-                Prompt::Tokens(ids) => {
-                    // Decoded only to echo it, and not when generate() refuses it anyway.
-                    let fits = ids.len() < s.handle.info().n_ctx;
-                    let t = (req.echo && fits).then(|| tok.decode(&ids, false));
-                    (ids, t)
-                }
-            };
-            let echo = if req.echo { text } else { None };
-            Ok((req.params, ids, echo))
+            let mut params = None;
+            let mut prompts = Vec::new();
+            // A list of prompts: each its own body, answered together (crate::prompts).
+            for m in crate::prompts::split(&m)? {
+                let req = params::parse_completion(&m, s.handle.info().n_vocab)?;
+                check_model(s, &req.params)?;
+                let tok = s.handle.tokenizer();
+                // A raw prompt is the client's own template: special-token text in it becomes
+                // those tokens unless the client says `"parse_special": false`.
+                let parse_special = params::opt_bool(&m, "parse_special", true)?;
+                let (ids, text) = match req.prompt {
+                    Prompt::Text(t) => {
+                        check_prompt_bytes(s, t.len(), "prompt")?;
+                        let ids = tok.encode(&t, true, parse_special).map_err(|e| {
+                            ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}"))
+                        })?;
+                        (ids, Some(t))
+                    }
+                    Prompt::Tokens(ids) => {
+                        // Decoded only to echo it, and not when generate() refuses it anyway.
+                        let fits = ids.len() < s.handle.info().n_ctx;
+                        let t = (req.echo && fits).then(|| tok.decode(&ids, false));
+                        (ids, t)
+                    }
+                };
+                let echo = if req.echo { text } else { None };
+                prompts.push((ids, echo));
+                params.get_or_insert(req.params);
+            }
+            let params =
+                params.ok_or_else(|| ApiError::invalid("prompt", "`prompt` is required"))?;
+            Ok((params, prompts))
         })
         .await?;
+        if prompts.len() > 1 {
+            return crate::prompts::generate_many(st.clone(), log, prompts, params).await;
+        }
+        let (ids, echo) = prompts
+            .pop()
+            .ok_or_else(|| ApiError::invalid("prompt", "`prompt` is required"))?;
         generate(st.clone(), log, ids, params, Kind::Completion, echo, 16).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)

@@ -20,6 +20,7 @@ pub mod metrics;
 mod native;
 mod output;
 pub mod params;
+mod prompts;
 pub mod reasoning;
 mod reqlog;
 mod responses;

@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use quiver_engine::serve::{Event, FinishReason};
+use quiver_engine::serve::{Event, FinishReason, TokenLogprob};
 use quiver_tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
@@ -73,16 +73,43 @@ fn translate(m: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     {
         o.insert("seed".into(), v.clone());
     }
-    if m.get("n_probs")
-        .and_then(Value::as_u64)
-        .is_some_and(|n| n > 0)
-    {
+    Ok(o)
+}
+
+/// `n_probs`: how many of the likeliest tokens each generated token's entry of
+/// `completion_probabilities` lists (None: no probabilities). They are the model's
+/// log-probabilities before sampling; llama-server's `post_sampling_probs` (the sampler's
+/// probabilities) is refused.
+fn n_probs(m: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    if m.get("post_sampling_probs").and_then(Value::as_bool) == Some(true) {
         return Err(ApiError::invalid(
-            "n_probs",
-            "`n_probs` is not supported on /completion: use /v1/completions with `logprobs`",
+            "post_sampling_probs",
+            "`post_sampling_probs` is not supported: `n_probs` gives the model's log-probabilities before sampling",
         ));
     }
-    Ok(o)
+    match m.get("n_probs").filter(|v| !v.is_null()) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(0) => Ok(None),
+            Some(n) if n <= params::MAX_TOP_LOGPROBS as u64 => Ok(Some(n as usize)),
+            _ => Err(ApiError::invalid(
+                "n_probs",
+                format!(
+                    "`n_probs` must be an integer from 0 to {}, got {v}",
+                    params::MAX_TOP_LOGPROBS
+                ),
+            )),
+        },
+    }
+}
+
+/// One generated token's entry of llama-server's `completion_probabilities`: its id, text,
+/// bytes and log-probability, and the `n_probs` likeliest tokens' (`top_logprobs`).
+fn prob_entry(tok: &Tokenizer, id: u32, lp: &TokenLogprob) -> Value {
+    let one = |id: u32, logprob: f32| json!({"id": id, "token": tok.decode(&[id], false), "bytes": tok.token_piece_bytes(id).into_owned(), "logprob": logprob});
+    let mut v = one(id, lp.logprob);
+    v["top_logprobs"] = lp.top.iter().map(|&(t, l)| one(t, l)).collect();
+    v
 }
 
 /// The FIM tokens of the vocabulary (prefix, suffix, middle; repository, file separator), by
@@ -308,7 +335,9 @@ async fn native(
                 }
                 (None, Prompt::Tokens(ids)) => (ids, None),
             };
-            Ok((req.params, ids, text))
+            let mut p = req.params;
+            p.logprobs = n_probs(&m)?;
+            Ok((p, ids, text))
         })
         .await?;
         let n_prompt = ids.len();
@@ -324,6 +353,7 @@ async fn native(
             n_gen: 0,
             last: None,
             prompt: text.unwrap_or_default(),
+            probs: p.logprobs.map(|_| Vec::new()),
         };
         if p.stream {
             Ok(stream(run))
@@ -345,6 +375,8 @@ struct Run {
     n_gen: usize,
     last: Option<u32>,
     prompt: String,
+    /// With `n_probs`: the entries of `completion_probabilities` not yet sent.
+    probs: Option<Vec<Value>>,
 }
 
 impl Run {
@@ -353,7 +385,10 @@ impl Run {
         loop {
             match self.gen.next().await {
                 Some(Event::Started { cached_tokens, .. }) => self.cached = cached_tokens,
-                Some(Event::Token { id, text, .. }) => {
+                Some(Event::Token { id, text, logprob }) => {
+                    if let (Some(probs), Some(lp)) = (self.probs.as_mut(), &logprob) {
+                        probs.push(prob_entry(self.st.handle.tokenizer(), id, lp));
+                    }
                     self.first.get_or_insert_with(Instant::now);
                     self.n_gen += 1;
                     self.last = Some(id);
@@ -425,6 +460,9 @@ async fn whole(mut run: Run) -> Result<Response, ApiError> {
     }
     let mut v = run.totals(end.unwrap_or(FinishReason::Abort), &content);
     v["content"] = json!(content);
+    if let Some(probs) = run.probs.take() {
+        v["completion_probabilities"] = Value::Array(probs);
+    }
     Ok(Json(v).into_response())
 }
 
@@ -444,7 +482,7 @@ fn stream(run: Run) -> Response {
             return None;
         }
         let mut end = None;
-        let data = match s.run.next(&mut end).await {
+        let mut data = match s.run.next(&mut end).await {
             Ok(Some(t)) => {
                 s.content.push_str(&t);
                 json!({"index": 0, "content": t, "stop": false, "id_slot": 0})
@@ -460,6 +498,9 @@ fn stream(run: Run) -> Response {
                 e.body()
             }
         };
+        if let (false, Some(probs)) = (s.done, s.run.probs.as_mut()) {
+            data["completion_probabilities"] = Value::Array(std::mem::take(probs));
+        }
         Some((
             Ok::<_, Infallible>(SseEvent::default().data(data.to_string())),
             s,

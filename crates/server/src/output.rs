@@ -183,9 +183,18 @@ async fn collect(mut gen: Gen, logprobs: bool) -> Result<Collected, ApiError> {
 /// generation i; usage counts the prompt once and every choice's tokens.
 pub(crate) async fn whole_response(
     gens: Vec<Gen>,
-    mut out: Out,
+    out: Out,
     echo: Option<String>,
 ) -> Result<Response, ApiError> {
+    Ok(Json(whole_json(gens, out, echo).await?).into_response())
+}
+
+/// [`whole_response`]'s body.
+pub(crate) async fn whole_json(
+    gens: Vec<Gen>,
+    mut out: Out,
+    echo: Option<String>,
+) -> Result<Value, ApiError> {
     let logprobs = out.logprobs;
     let all = futures_util::future::join_all(gens.into_iter().map(|g| collect(g, logprobs))).await;
     let mut choices = Vec::new();
@@ -275,7 +284,7 @@ pub(crate) async fn whole_response(
         "choices": choices,
         "usage": usage(prompt, completion, cached),
     });
-    Ok(Json(body).into_response())
+    Ok(body)
 }
 
 /// The prompt's legacy logprobs followed by the generated tokens'.

@@ -281,27 +281,51 @@ pub(crate) fn stream_response(
         let s = choice_stream(gen, out, 0, include_usage, echo, None);
         return Sse::new(s.map(data)).into_response();
     }
-    let totals = Arc::new(Mutex::new(Totals::default()));
-    let streams: Vec<_> = gens
-        .into_iter()
-        .enumerate()
-        .map(|(i, g)| {
-            Box::pin(choice_stream(
+    stream_groups(vec![(gens, out, echo)], include_usage)
+}
+
+/// Several prompts' choices streamed as one response (`/v1/completions` with a list of
+/// prompts; one prompt's `n` choices are one group): the choices of group g follow those of
+/// the groups before it in `index`, every choice's chunks go out as they come, then one usage
+/// chunk when asked for (each prompt counted once) and `[DONE]`.
+pub(crate) fn stream_groups(
+    groups: Vec<(Vec<Gen>, Out, Option<String>)>,
+    include_usage: bool,
+) -> Response {
+    use futures_util::StreamExt;
+    let data = |s: String| Ok::<_, Infallible>(SseEvent::default().data(s));
+    let end_out = groups.first().map(|g| g.1.clone());
+    let mut totals = Vec::with_capacity(groups.len());
+    let mut streams = Vec::new();
+    for (gens, out, echo) in groups {
+        let t = Arc::new(Mutex::new(Totals::default()));
+        for g in gens {
+            let i = streams.len();
+            let s = choice_stream(
                 g,
                 out.clone(),
                 i,
                 include_usage,
                 echo.clone(),
-                Some(totals.clone()),
-            ))
-        })
-        .collect();
-    let end_out = out;
+                Some(t.clone()),
+            );
+            streams.push(Box::pin(s));
+        }
+        totals.push(t);
+    }
     let tail = futures_util::stream::once(async move {
         let mut v = Vec::new();
-        if include_usage {
-            let t = totals.lock().unwrap_or_else(|e| e.into_inner());
-            v.push(end_out.chunk(json!([]), Some(usage(t.prompt, t.completion, t.cached))));
+        if let (true, Some(end_out)) = (include_usage, end_out) {
+            let (mut prompt, mut completion, mut cached) = (0, 0, 0);
+            for t in &totals {
+                let t = t.lock().unwrap_or_else(|e| e.into_inner());
+                (prompt, completion, cached) = (
+                    prompt + t.prompt,
+                    completion + t.completion,
+                    cached + t.cached,
+                );
+            }
+            v.push(end_out.chunk(json!([]), Some(usage(prompt, completion, cached))));
         }
         v.push("[DONE]".to_string());
         futures_util::stream::iter(v)

@@ -255,9 +255,10 @@ impl Turn {
             Some(th) => crate::reasoning::split(&self.raw, th),
             None => (None, self.raw.clone()),
         };
+        // (Calls may be empty: the only call was cut short, and the text before it stays.)
         let (text, calls) = match tools.as_ref().and_then(|t| t.extract(&text)) {
             Some((content, calls)) => {
-                if end.stop != Stop::Length && end.stop != Stop::Abort {
+                if !calls.is_empty() && end.stop != Stop::Length && end.stop != Stop::Abort {
                     end.stop = Stop::ToolCalls;
                 }
                 (content, calls)
