@@ -120,3 +120,16 @@ def test_cache_isolation_by_key():
         assert cached(s, "/v1/chat/completions", chat, key="key-two") > 100
     finally:
         s.stop()
+
+
+def test_a_deeply_nested_grammar_is_a_400_not_a_crash(server):
+    """5,000 nested groups in a GBNF grammar overflowed the request thread's stack and aborted
+    the server; nesting is bounded, and the server goes on answering."""
+    for n in [5000, 201]:
+        g = "root ::= " + "(" * n + '"a"' + ")" * n
+        s, _, resp = server.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "grammar": g})
+        e = json.loads(resp)["error"]
+        assert s == 400 and e["param"] == "grammar" and "nested" in e["message"], (n, s, e["message"][:200])
+    s, _, _ = server.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+    assert s == 200

@@ -7,12 +7,17 @@
 //! the end of its line unless a group is open; alternatives may continue on the next line
 //! after a `|`. `root` is the start rule.
 
+/// Most groups open at once: the parser recurses once per group, and Lark refuses grammars
+/// nested deeper than this anyway.
+const MAX_GROUP_DEPTH: usize = 200;
+
 /// The Lark text of a GBNF grammar, or why it is not one.
 pub fn gbnf_to_lark(src: &str) -> Result<String, String> {
     let mut p = Parser {
         s: src.chars().collect(),
         pos: 0,
         line: 1,
+        depth: 0,
     };
     let mut rules: Vec<(String, String)> = Vec::new();
     loop {
@@ -77,6 +82,8 @@ struct Parser {
     s: Vec<char>,
     pos: usize,
     line: usize,
+    /// Groups open.
+    depth: usize,
 }
 
 impl Parser {
@@ -280,9 +287,17 @@ impl Parser {
                 Ok("/(?s:.)/".into())
             }
             Some('(') => {
+                if self.depth == MAX_GROUP_DEPTH {
+                    return Err(
+                        self.err(&format!("groups nested more than {MAX_GROUP_DEPTH} deep"))
+                    );
+                }
                 self.pos += 1;
                 self.space(true);
-                let inner = self.alternates(true)?;
+                self.depth += 1;
+                let inner = self.alternates(true);
+                self.depth -= 1;
+                let inner = inner?;
                 self.space(true);
                 if !self.eat(')') {
                     return Err(self.err("expected `)`"));
@@ -375,6 +390,24 @@ mod tests {
         ] {
             let e = gbnf_to_lark(g).unwrap_err();
             assert!(e.contains(what), "{g:?}: {e}");
+        }
+    }
+
+    /// Nesting is bounded before it can exhaust a thread's stack (5,000 groups overflowed
+    /// the request thread's stack and aborted the server).
+    #[test]
+    fn groups_nested_past_the_bound_are_an_error() {
+        let nested = |n: usize| format!("root ::= {}\"a\"{}", "(".repeat(n), ")".repeat(n));
+        assert!(gbnf_to_lark(&nested(MAX_GROUP_DEPTH)).is_ok());
+        for n in [MAX_GROUP_DEPTH + 1, 5_000, 1_000_000] {
+            let e = std::thread::Builder::new()
+                .stack_size(1 << 20)
+                .spawn(move || gbnf_to_lark(&nested(n)))
+                .unwrap()
+                .join()
+                .expect("no stack overflow")
+                .unwrap_err();
+            assert!(e.contains("nested more than 200 deep"), "{n}: {e}");
         }
     }
 }
