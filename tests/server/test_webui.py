@@ -115,6 +115,9 @@ class Page:
         self.page.on("console", self._on_console)
         self.page.set_default_timeout(90_000)
         self.page.goto(server.url + "/")
+        # The page's first /v1/models has answered: the model's name, or the notice asking for a key.
+        self.page.wait_for_function(
+            "() => document.getElementById('model').textContent !== '' || !document.getElementById('notice').hidden")
 
     def _on_request(self, r):
         self.requests.append(r.url)
@@ -286,7 +289,31 @@ def test_a_code_block_from_the_model_is_rendered(page, server, client):
     code = page.page.inner_text(".msg.assistant pre > code")
     fenced = raw.split("```", 2)[1].split("\n", 1)[1].rstrip("\n")
     assert code.strip() == fenced.strip()
-    assert page.page.is_visible(".msg.assistant .code .copy")
+    # Copy puts the block's code on the clipboard.
+    page.ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.url)
+    page.page.click(".msg.assistant .code .copy")
+    page.page.wait_for_selector(".msg.assistant .code .copy:text('Copied')")
+    assert page.page.evaluate("() => navigator.clipboard.readText()") == fenced
+
+
+def test_a_server_without_keys_asks_for_none(browser):
+    s = Server(keys=())
+    p = Page(browser, s)
+    try:
+        p.page.wait_for_function("() => document.getElementById('model').textContent !== ''")
+        assert p.page.is_hidden("#notice") and p.page.is_hidden("#settings")
+        p.setting("max_tokens", 16)
+        p.send("Hi")
+        p.wait_done()
+        assert p.answers()[0]
+        headers = []
+        p.page.on("request", lambda r: headers.append(r.headers))
+        p.send("Bye")
+        p.wait_done()
+        assert headers and all("authorization" not in h for h in headers)
+        p.close()
+    finally:
+        s.stop()
 
 
 MARKDOWN = """# Title
