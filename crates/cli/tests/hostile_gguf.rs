@@ -4,7 +4,8 @@
 //! (deterministic seeds). `quiver info`, `quiver bench` (which loads and runs the model) and
 //! `quiver serve` (up to its listen) run on each under a memory cap: each exits 0 or with a
 //! one-line error, never an abort (134), a panic (101) or a signal; `info` exits with an error
-//! exactly when the file's header or its hyperparameters cannot be read for loading.
+//! exactly when the file's header or its hyperparameters cannot be read for loading. The real
+//! models' tokenizers get the same treatment under `quiver tokenize`.
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -351,6 +352,108 @@ fn hostile_sizes_are_clean_errors_under_a_memory_cap() {
     let failures = failures.into_inner().unwrap();
     eprintln!(
         "{} hostile files on {workers} threads in {:.1}s",
+        cases.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} commands failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// A GGUF holding only the tokenizer of a real model (its `tokenizer.*` keys and
+/// `general.architecture`, no tensors).
+fn tokenizer_base(alias: &str) -> Vec<u8> {
+    let p = quiver_hub::alias_path(alias);
+    assert!(p.is_file(), "{} is missing: run scripts/test", p.display());
+    let f = quiver_gguf::GgufFile::open(&p).unwrap();
+    let mut w = quiver_gguf::GgufWriter::new();
+    for (k, v) in &f.metadata {
+        if k.starts_with("tokenizer.") || k == "general.architecture" {
+            w.set(k.clone(), v.clone());
+        }
+    }
+    w.to_bytes(&[]).unwrap()
+}
+
+/// The real models' tokenizers with hostile counts, lengths, types and ids (the synth files
+/// have none): `quiver tokenize` exits 0 or with one line under the memory cap.
+#[test]
+fn hostile_tokenizer_fields_are_clean_errors_under_a_memory_cap() {
+    let t0 = Instant::now();
+    let mut cases = Vec::new();
+    let mut bases = Vec::new();
+    for (alias, seed) in [("smollm2-135m", 5u64), ("gemma3-270m", 6)] {
+        let b = tokenizer_base(alias);
+        let fields = Walk::file(&b);
+        let mut rng = Rng(seed);
+        // Every field, with five of its hostile values (0, the largest, and three at random).
+        for f in &fields {
+            let vals = hostile(f.width, get(&b, f));
+            let mut pick = vec![vals[0], vals[vals.len() - 1]];
+            pick.extend((0..3).map(|_| vals[rng.below(vals.len())]));
+            pick.sort_unstable();
+            pick.dedup();
+            cases.extend(
+                pick.into_iter()
+                    .map(|v| (bases.len(), vec![(f.clone(), v)])),
+            );
+        }
+        for _ in 0..40 {
+            let set = (0..1 + rng.below(3))
+                .map(|_| {
+                    let f = &fields[rng.below(fields.len())];
+                    let vals = hostile(f.width, get(&b, f));
+                    (f.clone(), vals[rng.below(vals.len())])
+                })
+                .collect();
+            cases.push((bases.len(), set));
+        }
+        bases.push((alias, b));
+    }
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for w in 0..workers {
+            let (cases, bases, next, failures) = (&cases, &bases, &next, &failures);
+            s.spawn(move || {
+                let path = tmp(&format!("tok-{w}.gguf"));
+                let f = path.to_str().unwrap();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((base, set)) = cases.get(i) else {
+                        break;
+                    };
+                    let (alias, b) = &bases[*base];
+                    let mut bytes = b.clone();
+                    for (fld, v) in set {
+                        crate::set(&mut bytes, fld, *v);
+                    }
+                    std::fs::write(&path, &bytes).unwrap();
+                    let name = set
+                        .iter()
+                        .map(|(f, v)| format!("{} = {v}", f.what))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let args = [
+                        "tokenize",
+                        "-m",
+                        f,
+                        "Hello <|im_start|> wörld <start_of_turn>",
+                    ];
+                    if let Some(e) = check(&args, &format!("{alias} {name}"), None) {
+                        failures.lock().unwrap().push(e);
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    eprintln!(
+        "{} hostile tokenizers in {:.1}s",
         cases.len(),
         t0.elapsed().as_secs_f64()
     );
