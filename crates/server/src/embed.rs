@@ -6,7 +6,6 @@
 
 use crate::app::{check_prompt_bytes, on_cpu, AppState, St};
 use crate::error::ApiError;
-use crate::generate::check_model_name;
 use crate::params::token_ids;
 use crate::reqlog::ReqLog;
 use axum::body::Bytes;
@@ -192,7 +191,6 @@ pub(crate) async fn embeddings_oai(
 ) -> Response {
     let r = async {
         let (list, base64) = on_cpu(&st, body, |s, m| {
-            check_model_name(s, m.get("model").and_then(Value::as_str))?;
             let base64 = match m.get("encoding_format") {
                 None | Some(Value::Null) => false,
                 Some(Value::String(f)) if f == "float" => false,

@@ -18,17 +18,6 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
-pub(crate) fn check_model(st: &AppState, p: &GenParams) -> Result<(), ApiError> {
-    check_model_name(st, p.model.as_deref())
-}
-
-/// A request's `model`: the server serves one model, so any name is taken (clients send their
-/// own defaults, `gpt-4o-mini` or `claude-…`), as llama-server takes it; the response names
-/// the model served.
-pub(crate) fn check_model_name(_st: &AppState, _model: Option<&str>) -> Result<(), ApiError> {
-    Ok(())
-}
-
 pub(crate) fn render_chat(
     st: &AppState,
     req: &params::ChatRequest,
@@ -99,7 +88,6 @@ pub(crate) fn prepare_chat(
     let legacy = crate::compat::legacy_functions(&mut m)?;
     let kwargs = crate::compat::template_kwargs(&m)?;
     let mut req = params::parse_chat(&m, s.handle.info().n_vocab)?;
-    check_model(s, &req.params)?;
     let format = crate::tools::Format::of_template(s.template.source());
     if let Some(mut t) = crate::tools::Tools::parse(&m, format)? {
         t.legacy = legacy;
@@ -152,7 +140,6 @@ pub(crate) async fn completions(
             // A list of prompts: each its own body, answered together (crate::prompts).
             for m in crate::prompts::split(&m)? {
                 let req = params::parse_completion(&m, s.handle.info().n_vocab)?;
-                check_model(s, &req.params)?;
                 let tok = s.handle.tokenizer();
                 // A raw prompt is the client's own template: special-token text in it becomes
                 // those tokens unless the client says `"parse_special": false`.

@@ -6,7 +6,7 @@
 
 use crate::app::{check_prompt_bytes, on_cpu, AppState, St};
 use crate::error::ApiError;
-use crate::generate::{check_model, submit, Gen};
+use crate::generate::{submit, Gen};
 use crate::params::{self, Prompt};
 use crate::reqlog::ReqLog;
 use axum::body::Bytes;
@@ -322,7 +322,6 @@ async fn native(
                 None
             };
             let req = params::parse_completion(&t, s.handle.info().n_vocab)?;
-            check_model(s, &req.params)?;
             let tok = s.handle.tokenizer();
             let (ids, text) = match (ids, req.prompt) {
                 (Some(ids), _) => (ids, None),
