@@ -47,6 +47,7 @@ mod sampling;
 mod scratch;
 mod split;
 mod weights;
+mod wmm;
 
 use quiver_backend::{BackendError, Result};
 use quiver_gguf::GgmlType;

@@ -30,6 +30,8 @@ pub enum Product {
     /// The int8 tensor-core kernel (kernels/imm.cu), split over whole 256-column chunks, in the
     /// exact-sum order.
     Imm,
+    /// Hopper's warpgroup kernel over the GGUF blocks (kernels/wmm.cu, wgmma), prompt rows.
+    Wmm,
     /// cuBLAS over F16 weights.
     Blas,
 }
@@ -43,6 +45,7 @@ impl Product {
             Product::Qmm { split: false } => "qmm",
             Product::Imv => "imv",
             Product::Imm => "imm",
+            Product::Wmm => "wmm",
             Product::Blas => "cublas",
         }
     }
@@ -60,6 +63,9 @@ impl Product {
             Product::Imm => {
                 "64 tokens x 64 rows a block of 4 warps, split over 256-column chunks to 2 blocks an SM"
             }
+            Product::Wmm => {
+                "64 or 128 rows x 64 or 128 tokens a block of 1 or 2 warpgroups (wgmma), the largest tile that fills the device"
+            }
             Product::Blas => "cublasGemmEx, f16 in, f32 out",
         }
     }
@@ -74,6 +80,8 @@ enum Order {
     ExactSum,
     /// qmm's tile order, which qmv reproduces.
     Tile,
+    /// wmm's: the stages in order into one accumulator.
+    Stages,
 }
 
 /// Token-count buckets of a product row: the most tokens of each.
@@ -144,6 +152,7 @@ impl ProductRow {
             Product::Imv | Product::Imm => registry::int8_mma(w.kernel),
             Product::Blas => w.blas,
             Product::Qmv => w.qmv_fits,
+            Product::Wmm => crate::wmm::wmm_arch(arch),
             _ => true,
         };
         if let Some(p) = pin.filter(|&p| has(p)) {
@@ -199,6 +208,13 @@ impl ProductRow {
                 }
                 (true, false) => (fast, fast),
             };
+            // Prompt rows (a kind of their own only with the invariant numerics) on Hopper's
+            // warpgroup kernel at every count: one order however a prompt is chunked.
+            let prompt = if invariant && crate::wmm::wmm_arch(arch) {
+                Product::Wmm
+            } else {
+                prompt
+            };
             by[0][b] = decode;
             by[1][b] = prompt;
         }
@@ -215,6 +231,7 @@ impl ProductRow {
             Product::Mmv if self.exact_mmv => Some(Order::ExactSum),
             Product::Imv | Product::Imm => Some(Order::ExactSum),
             Product::Qmv | Product::Qmm { split: false } => Some(Order::Tile),
+            Product::Wmm => Some(Order::Stages),
             Product::Mmv | Product::Qmm { split: true } | Product::Blas => None,
         }
     }
@@ -468,9 +485,22 @@ mod tests {
         let inv = Numerics::BatchInvariant;
         let q4k = row(inv, "q4_k");
         assert_eq!(decode(&q4k), [Mmv, Mmv, Imv, Imv, Imm]);
-        assert_eq!(q4k.get(Kind::Prompt, 1), Qmm { split: false });
-        assert_eq!(q4k.get(Kind::Prompt, 512), Qmm { split: false });
+        // Prompt rows on wgmma on Hopper, at every count; qmm unsplit before it.
+        assert_eq!(q4k.get(Kind::Prompt, 1), Wmm);
+        assert_eq!(q4k.get(Kind::Prompt, 512), Wmm);
         assert!(q4k.invariant());
+        let ada = ProductRow::new(
+            inv,
+            89,
+            WeightKey {
+                kernel: "q4_k",
+                blas: false,
+                qmv_fits: true,
+            },
+        );
+        assert_eq!(ada.get(Kind::Prompt, 1), Qmm { split: false });
+        assert_eq!(ada.get(Kind::Prompt, 512), Qmm { split: false });
+        assert!(ada.invariant());
         let q5k = row(inv, "q5_k");
         assert_eq!(
             decode(&q5k),

@@ -43,17 +43,24 @@ pub(crate) fn check_matmul(
     )
 }
 
-/// Whether a tensor-core product reads int8 activations (`quantize_act`) rather than f16.
-fn reads_int8(p: Product) -> bool {
-    matches!(p, Product::Imm | Product::Imv)
-}
-
-/// The activations a tensor-core product reads: f16 (`to_half`), or int8 (`quantize_act`:
-/// quants, scales, and for blocks of 256 the per-16 sums).
+/// The activations a tensor-core product reads: f16 (`to_half`), the same permuted for wmm
+/// (`permute_act`), or int8 (`quantize_act`: quants, scales, and for blocks of 256 the per-16
+/// sums).
 #[derive(Clone, Copy)]
 enum Act {
     Half(u64),
+    Permuted(u64),
     Int8 { q: u64, d: u64, s: u64 },
+}
+
+/// Which of [`Act`]'s forms a tensor-core family reads (0 f16, 1 permuted, 2 int8): products
+/// that read the same form share one copy of x.
+fn act_form(p: Product) -> u8 {
+    match p {
+        Product::Imm | Product::Imv => 2,
+        Product::Wmm => 1,
+        _ => 0,
+    }
 }
 
 /// How the fast path runs `matmul_qkv`.
@@ -107,12 +114,17 @@ impl CudaBackend {
 
     /// x (`n` rows of `w.cols`) as the product `tc` of `w` reads it.
     fn act(&self, tc: Product, x: u64, n: usize, w: &CudaWeight) -> Result<Act> {
-        Ok(if reads_int8(tc) {
-            let block = registry::int8_activations(w.kernel).unwrap_or(32);
-            let (q, d, s) = self.quantize_act(x, n, w.cols, block, w.ty)?;
-            Act::Int8 { q, d, s }
-        } else {
-            Act::Half(self.to_half(x, n, w.cols, w.ty)?)
+        Ok(match act_form(tc) {
+            2 => {
+                let block = registry::int8_activations(w.kernel).unwrap_or(32);
+                let (q, d, s) = self.quantize_act(x, n, w.cols, block, w.ty)?;
+                Act::Int8 { q, d, s }
+            }
+            1 => {
+                let xh = self.to_half(x, n, w.cols, w.ty)?;
+                Act::Permuted(self.permute_act(xh, n, w.cols)?)
+            }
+            _ => Act::Half(self.to_half(x, n, w.cols, w.ty)?),
         })
     }
 
@@ -161,7 +173,7 @@ impl CudaBackend {
 
     /// y[n, w.rows] = x[n, w.cols] · Wᵀ on the tensor cores, by family `tc` over the
     /// activations `act` made for it: cuBLAS over F16 weights, qmm / qmv (src/qmm.rs), imm / imv
-    /// (src/imm.rs).
+    /// (src/imm.rs), wmm (src/wmm.rs).
     fn gemm(&self, w: &CudaWeight, tc: Product, a: Act, n: usize, y: u64) -> Result<()> {
         match (tc, a) {
             (Product::Blas, Act::Half(xh)) => {
@@ -173,6 +185,7 @@ impl CudaBackend {
             (Product::Qmv, Act::Half(xh)) => self.qmv(w, xh, n, y),
             (Product::Imm, Act::Int8 { q, d, s }) => self.imm(w, (q, d, s), n, y),
             (Product::Imv, Act::Int8 { q, d, s }) => self.imv(w, (q, d, s), n, y),
+            (Product::Wmm, Act::Permuted(xp)) => self.wmm(w, xp, n, y),
             _ => {
                 unreachable!("`act` makes each family's activations; mmv is no tensor-core family")
             }
@@ -223,7 +236,7 @@ impl CudaBackend {
             .iter()
             .all(|m| m.cols == w[0].cols && act_grid(m.ty) == act_grid(w[0].ty));
         if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core(m, rows_x, kind)) {
-            if same_width && reads_int8(q) == reads_int8(k) && reads_int8(q) == reads_int8(v) {
+            if same_width && act_form(q) == act_form(k) && act_form(q) == act_form(v) {
                 return QkvPath::Gemm([q, k, v]);
             }
         }
@@ -301,7 +314,7 @@ impl CudaBackend {
             (Some(gh), Some(uh))
                 if gate.cols == up.cols
                     && act_grid(gate.ty) == act_grid(up.ty)
-                    && reads_int8(gh) == reads_int8(uh) =>
+                    && act_form(gh) == act_form(uh) =>
             {
                 GluPath::Gemm(gh, uh)
             }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const QUANT: &str = include_str!("../kernels/quant.cu");
+const WMM: &str = include_str!("../kernels/wmm.cu");
 const MMV: &str = include_str!("../kernels/mmv.cu");
 const OPS: &str = include_str!("../kernels/ops.cu");
 const FLASH: &str = include_str!("../kernels/flash.cu");
@@ -124,6 +125,7 @@ const OPS_KERNELS: &[&str] = &[
     "add",
     "gather_rows",
     "f32_to_f16",
+    "f16_permute",
     "argmax_rows",
     "quantize_a32",
     "quantize_a256",
@@ -226,6 +228,9 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
     one("qmm", format!("qmm<{w}>"));
     one("qmv", format!("qmv<{w}>"));
     one("qmm_g", format!("qmm_g<{w}>"));
+    for (bm, bn) in crate::wmm::WMM_TILES {
+        one(&format!("wmm{bm}x{bn}"), format!("wmm<{w}, {bm}, {bn}>"));
+    }
     for n in ["moe_glu", "moe_mmv", "moe_glu_g", "moe_mmv_g"] {
         one(n, format!("{n}<{w}>"));
     }
@@ -293,6 +298,7 @@ pub fn module_source(module: &str) -> Option<String> {
                 f.push(("mmvq.cu", MMVQ));
             }
             f.push(("qmm.cu", QMM));
+            f.push(("wmm.cu", WMM));
             if int8_mma(t) {
                 f.push(("imm.cu", IMM));
             }
@@ -307,8 +313,14 @@ pub fn module_source(module: &str) -> Option<String> {
 }
 
 fn options(module: &str, arch: u32) -> Vec<String> {
+    // Hopper's own instructions (wgmma, kernels/wmm.cu) need the architecture-specific target.
+    let target = if arch == 90 {
+        "sm_90a".to_string()
+    } else {
+        format!("sm_{arch}")
+    };
     let mut o = vec![
-        format!("--gpu-architecture=sm_{arch}"),
+        format!("--gpu-architecture={target}"),
         "--std=c++17".into(),
         "-default-device".into(),
         "--extra-device-vectorization".into(),
@@ -623,8 +635,9 @@ impl Registry {
 mod tests {
     use super::*;
 
-    const FILES: [(&str, &str); 9] = [
+    const FILES: [(&str, &str); 10] = [
         ("quant.cu", QUANT),
+        ("wmm.cu", WMM),
         ("mmv.cu", MMV),
         ("mmvq.cu", MMVQ),
         ("qmm.cu", QMM),

@@ -23,8 +23,10 @@ pub(crate) struct Scratch {
     pub(crate) abs: Option<DevBuf>,
     /// Split-K products' partial sums (src/split.rs).
     pub(crate) qpart: Option<DevBuf>,
-    /// f16 activations of the cuBLAS products.
+    /// f16 activations of the tensor-core products.
     pub(crate) xbf: Option<DevBuf>,
+    /// The same permuted for wmm (src/wmm.rs).
+    pub(crate) xperm: Option<DevBuf>,
     /// The logits rows gathered for `matmul_logits`.
     pub(crate) gather: Option<DevBuf>,
     /// Rope angle tables, by their f32 bits.
@@ -91,6 +93,10 @@ impl CudaBackend {
             ),
         ];
         plan.push((|s| &mut s.xbf, n * cols * 2, "f16 activations"));
+        if crate::wmm::wmm_arch(self.dev.info.arch) {
+            let colsp = crate::wmm::permuted_cols(cols);
+            plan.push((|s| &mut s.xperm, n * colsp * 2, "permuted activations"));
+        }
         if self.split_scratch() {
             plan.push((
                 |s| &mut s.qpart,

@@ -33,6 +33,8 @@ pub(crate) struct KernelNames {
     pub(crate) qmv: String,
     /// qmm over the experts' rows, grouped by a tile list (MoE prefill).
     pub(crate) qmm_g: String,
+    /// Hopper's warpgroup products (kernels/wmm.cu), one per tile of `wmm::WMM_TILES`.
+    pub(crate) wmm: [String; 3],
     /// The int8 tensor-core products (`registry::int8_mma`).
     pub(crate) imm: String,
     /// imv for 8 and 16 tokens per launch (one, two n8 tiles).
@@ -72,6 +74,7 @@ impl KernelNames {
             qmm: format!("qmm_{kernel}"),
             qmv: format!("qmv_{kernel}"),
             qmm_g: format!("qmm_g_{kernel}"),
+            wmm: crate::wmm::WMM_TILES.map(|(bm, bn)| format!("wmm{bm}x{bn}_{kernel}")),
             imm: format!("imm_{kernel}"),
             imv: ["", "2"].map(|t| format!("imv{t}_{kernel}")),
             x_mm: format!("x_mm_{kernel}"),

@@ -94,10 +94,14 @@ impl Harness<CudaBackend> for Cuda {
         }
     }
 
-    /// The f16 offset sums of Q4_1/Q5_1 on int8 activations (ggml's q8_1), on the
-    /// matrix-vector kernels.
+    /// The f16 offset sums of Q4_1/Q5_1 on int8 activations (ggml's q8_1): on the
+    /// matrix-vector kernels, and on imv / imm, which read the same activations.
     fn offsets(&self, be: &CudaBackend, w: &WeightCase, n: usize, x: &[f32]) -> Vec<f32> {
-        if int8_block(w.ty, mmv(be, w.ty, w.cols, n)) == Some(32) {
+        let int8_mma = matches!(
+            be.product_family(w.ty, w.cols, n),
+            Some(Product::Imv | Product::Imm)
+        );
+        if int8_block(w.ty, mmv(be, w.ty, w.cols, n) || int8_mma) == Some(32) {
             quiver_cpu_kernels::activation_offset_terms(w.ty, &w.bytes, w.rows, w.cols, x, n)
                 .iter()
                 .map(|&v| v as f32)
@@ -153,7 +157,7 @@ fn matmul_and_embedding_match_reference_for_every_type() {
     // Each numerics' kernel table, then each family pinned for every token count (where the
     // weight's type has it): the matrix-vector kernels (in launches of up to 8 tokens; in the
     // exact-sum order for the int8 types with the invariant numerics), qmm split and whole,
-    // qmv, imv (launches of 8 and 16 tokens), imm: a backend each.
+    // qmv, imv (launches of 8 and 16 tokens), imm, wmm (sm_90): a backend each.
     let (fast, inv) = (Numerics::Fast, Numerics::BatchInvariant);
     for (numerics, pin) in [
         (fast, None),
@@ -164,6 +168,7 @@ fn matmul_and_embedding_match_reference_for_every_type() {
         (inv, Some(Product::Qmv)),
         (inv, Some(Product::Imv)),
         (inv, Some(Product::Imm)),
+        (inv, Some(Product::Wmm)),
     ] {
         let mut be = backend_with(CudaConfig {
             pin,
@@ -189,16 +194,52 @@ fn matmul_and_embedding_match_reference_for_every_type() {
 #[ignore = "needs a CUDA GPU"]
 fn products_are_batch_invariant_in_the_invariant_mode() {
     let mut rng = seeded_rng();
-    {
-        let be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
+    // The table (decode rows), then wmm for every count (prompt rows on sm_90: tiles of 64
+    // tokens up to 64, of 128 past it).
+    for pin in [None, Some(Product::Wmm)] {
+        let be = backend_with(CudaConfig {
+            pin,
+            ..CudaConfig::from_env(Numerics::BatchInvariant)
+        });
         products::batch_invariance(
             &be,
             &Cuda,
             &mut rng,
             WEIGHT_TYPES,
-            &[1, 2, 3, 8, 9, 17, 64, 65, 150],
+            &[1, 2, 3, 8, 9, 17, 64, 65, 150, 300],
         );
     }
+}
+
+/// wmm over widths past whole stages of 128 columns (the permuted activations padded with
+/// zeros) and over row counts past whole tiles of 128, against the reference.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn wmm_pads_partial_stages_and_tiles() {
+    let mut rng = seeded_rng();
+    let be = backend_with(CudaConfig {
+        pin: Some(Product::Wmm),
+        ..CudaConfig::from_env(Numerics::BatchInvariant)
+    });
+    let notes = products::matmuls(
+        &be,
+        &Cuda,
+        &mut rng,
+        &[(48, 416), (200, 160), (130, 576)],
+        &[
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::IQ4_NL,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::F32,
+        ],
+        &[1, 63, 70, 150],
+    );
+    notes.print("wmm, partial stages and tiles");
+    assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
 }
 
 /// The int8 types are batch invariant on the default path (the invariant numerics): their

@@ -72,6 +72,34 @@ pub fn products<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) -> 
     notes
 }
 
+/// `matmul` against the reference for each of `types` (those with a quantizer for the shape)
+/// at each of `shapes` and `tokens`: shapes outside the table's (columns past whole tiles).
+pub fn matmuls<B: Backend, H: Harness<B>>(
+    be: &B,
+    h: &H,
+    rng: &mut Rng,
+    shapes: &[(usize, usize)],
+    types: &[quiver_gguf::GgmlType],
+    tokens: &[usize],
+) -> Notes {
+    let mut notes = Notes::default();
+    for &(rows, cols) in shapes {
+        for &ty in types {
+            let Some(wc) = WeightCase::random(rng, ty, rows, cols) else {
+                notes.skip(format!("{ty}: no quantizer for [{rows}, {cols}]"));
+                continue;
+            };
+            let Some(w) = load(be, &wc, &mut notes) else {
+                continue;
+            };
+            for &n in tokens {
+                matmul(be, h, rng, &mut notes, &wc, &w, n);
+            }
+        }
+    }
+    notes
+}
+
 /// Each token's product is the same bits whatever else is in the call: for every weight type
 /// and shape, `matmul` over the last `n` rows of one x, for each `n` of `counts`, against the
 /// same rows of the product over all `max(counts)` rows (a token then sits elsewhere in its
