@@ -118,6 +118,18 @@ def test_cache_isolation_by_key():
         assert cached(s, "/v1/chat/completions", chat, key="key-two") == 0
         assert cached(s, "/v1/chat/completions", chat, key="key-one") == 0
         assert cached(s, "/v1/chat/completions", chat, key="key-two") > 100
+
+        # Anthropic's Messages, the key as `x-api-key`: the same namespaces.
+        def messages_cached(key):
+            body = {"model": "m", "max_tokens": 1, "system": long_system,
+                    "messages": [{"role": "user", "content": "Hi"}]}
+            st, _, resp = s.request("POST", "/v1/messages", body, headers={"Authorization": "", "x-api-key": key})
+            assert st == 200, resp[:300]
+            return json.loads(resp)["usage"]["cache_read_input_tokens"]
+        long_system = long_prompt()
+        assert messages_cached("key-one") == 0
+        assert messages_cached("key-two") == 0
+        assert messages_cached("key-one") > 100
     finally:
         s.stop()
 
