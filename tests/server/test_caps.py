@@ -60,14 +60,19 @@ def test_detokenize_answers_in_proportion_to_the_request(server):
 def cached(server, path, body, salt=None, key=None):
     """The cached prompt tokens a one-token request reports (`usage.prompt_tokens_details`, or
     `tokens_cached` on llama-server's /completion)."""
-    body = {**body, "n_predict" if path == "/completion" else "max_tokens": 1, "temperature": 0}
+    limit = {"/completion": "n_predict", "/v1/responses": "max_output_tokens"}.get(path, "max_tokens")
+    body = {**body, limit: 1, "temperature": 0}
     if salt is not None:
         body["cache_salt"] = salt
     headers = {"Authorization": f"Bearer {key}"} if key else None
     s, _, resp = server.request("POST", path, body, headers=headers)
     assert s == 200, (path, s, resp[:300])
     r = json.loads(resp)
-    return r["tokens_cached"] if path == "/completion" else r["usage"]["prompt_tokens_details"]["cached_tokens"]
+    if path == "/completion":
+        return r["tokens_cached"]
+    if path == "/v1/responses":
+        return r["usage"]["input_tokens_details"]["cached_tokens"]
+    return r["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 def long_prompt():
@@ -82,6 +87,7 @@ def test_cache_salt_keeps_tenants_apart(server):
                                                {"role": "user", "content": "Hi"}]}),
         ("/v1/completions", {"prompt": long_prompt()}),
         ("/completion", {"prompt": long_prompt()}),
+        ("/v1/responses", {"instructions": long_prompt(), "input": "Hi"}),
     ]:
         assert cached(server, path, body, salt="tenant-a") == 0, path
         assert cached(server, path, body, salt="tenant-b") == 0, path

@@ -317,6 +317,7 @@ pub(crate) fn to_chat(m: &Map<String, Value>) -> Result<Map<String, Value>, ApiE
         "top_p",
         "parallel_tool_calls",
         "seed",
+        "cache_salt",
     ] {
         if let Some(v) = present(m, k) {
             o.insert(k.into(), v.clone());
