@@ -13,7 +13,9 @@ every request makes them all). `--invariance N` then sends N different prompts (
 server, and prints how many answers are identical (issue 18). Starts the server on a free loopback port, runs each width in
 turn (every client sends its requests back to back, temperature 0, ignore_eos so each request makes max_tokens
 tokens unless its constraint ends first), and prints a Markdown table: clients, requests,
-generated tokens, seconds, tokens/s summed. Only the standard library: it runs on a machine
+generated tokens, seconds, tokens/s summed, and the server's CPU time per generated token (user
+and system, all its threads, from /proc: on a machine others load, a steadier measure of the
+work than the wall clock). Only the standard library: it runs on a machine
 without the project's virtual environment (the GPU machine).
 """
 import argparse, json, re, subprocess, sys, threading, time, urllib.request
@@ -29,6 +31,16 @@ def schema(max_tokens):
         "required": ["name", "age", "tags", "ok"]}
     return {"type": "object", "required": ["people"], "properties": {
         "people": {"type": "array", "items": person, "minItems": max(8, max_tokens // 8)}}}
+
+def cpu_seconds(pid):
+    """A process's user + system CPU time so far (Linux's /proc), in seconds."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        import os
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return float("nan")
 
 def post(port, path, body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
@@ -99,8 +111,8 @@ def main():
         extra["guided_regex"] = a.guided_regex
     if a.guided_json:
         extra["guided_json"] = schema(a.max_tokens)
-    print("| clients | requests | generated tokens | seconds | generated t/s (sum) |")
-    print("|---|---|---|---|---|")
+    print("| clients | requests | generated tokens | seconds | generated t/s (sum) | server CPU ms/token |")
+    print("|---|---|---|---|---|---|")
     try:
         for c in widths:
             tokens = [0] * c
@@ -114,12 +126,13 @@ def main():
                         json.loads(ch["text"])  # a finished answer parses
 
                     tokens[i] += out["usage"]["completion_tokens"]
-            t0 = time.time()
+            t0, cpu0 = time.time(), cpu_seconds(srv.pid)
             ts = [threading.Thread(target=work, args=(i,)) for i in range(c)]
             for t in ts: t.start()
             for t in ts: t.join()
-            dt = time.time() - t0
-            print(f"| {c} | {c * a.requests_per_client} | {sum(tokens)} | {dt:.1f} | {sum(tokens) / dt:.1f} |", flush=True)
+            dt, cpu = time.time() - t0, cpu_seconds(srv.pid) - cpu0
+            print(f"| {c} | {c * a.requests_per_client} | {sum(tokens)} | {dt:.1f} | {sum(tokens) / dt:.1f} "
+                  f"| {1000 * cpu / max(1, sum(tokens)):.2f} |", flush=True)
         if a.invariance:
             invariance(port, model, a, extra, max(widths))
     finally:
