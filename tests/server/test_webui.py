@@ -275,6 +275,17 @@ def test_stop_aborts_the_fetch_and_the_server_stops_generating(page, server):
     assert page.bodies[1]["messages"][-2] == {"role": "assistant", "content": stopped}
     m2 = server.wait_idle(timeout=10)
     assert m2.get(aborts, 0) == m0.get(aborts, 0) + 2
+    # New chat while an answer streams: it stops, and the next request starts over.
+    page.send("Repeat the word 'hello' 500 times.")
+    page.page.wait_for_function(
+        "() => (document.querySelectorAll('.msg.assistant .body')[2] || {}).textContent?.length > 10")
+    page.page.click("#new-chat")
+    page.page.wait_for_selector("#send:not([hidden])")
+    assert server.wait_idle(timeout=10).get(aborts, 0) == m0.get(aborts, 0) + 3
+    page.setting("max_tokens", 8)
+    page.send("Hi")
+    page.wait_done()
+    assert page.bodies[-1]["messages"] == [{"role": "user", "content": "Hi"}]
 
 
 def test_a_code_block_from_the_model_is_rendered(page, server, client):

@@ -231,7 +231,7 @@ async function send(text) {
       const msg = await errorText(res);
       if (res.status === 401) needKey(msg);
       answer.end('Error: ' + msg, 'error');
-      state.messages.pop();
+      conversation.pop();
       return;
     }
     await readEvents(res, (data) => {
@@ -274,9 +274,11 @@ async function send(text) {
     stats(s);
     setBusy(null);
   }
-  // What was answered, even if stopped, is the conversation's next turn.
-  if (answer.content) state.messages.push({ role: 'assistant', content: answer.content });
-  else state.messages.pop();
+  // What was answered, even if stopped, is the conversation's next turn (unless New chat
+  // started another conversation meanwhile).
+  if (state.messages !== conversation) return;
+  if (answer.content) conversation.push({ role: 'assistant', content: answer.content });
+  else conversation.pop();
 }
 
 function setBusy(ctl) {
