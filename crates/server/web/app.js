@@ -191,7 +191,8 @@ async function readEvents(res, onData) {
 
 function stats(s) {
   const parts = [];
-  if (s.tokens) parts.push(s.tokens + ' tokens' + (s.counted ? '' : ' (chunks)'));
+  // Without the usage chunk (a stopped answer), the count is of chunks: about one a token.
+  if (s.tokens) parts.push((s.counted ? '' : '~') + s.tokens + ' tokens');
   if (s.tps) parts.push(s.tps.toFixed(1) + ' tokens/s');
   if (s.ttft !== null) parts.push('first token ' + (s.ttft / 1000).toFixed(2) + ' s');
   if (s.finish) parts.push('finish: ' + s.finish);
