@@ -6,6 +6,7 @@ Anthropic's shape, and the key as `x-api-key`."""
 import json
 
 import anthropic
+import pydantic
 import pytest
 
 USER = [{"role": "user", "content": "Count from 1 to 10 with commas"}]
@@ -165,3 +166,14 @@ def test_output_config_format(ac):
                            messages=[{"role": "user", "content": "Tom is a cat who is 3 years old. Answer in JSON."}])
     v = json.loads(m.content[0].text)
     assert set(v) == {"name", "age"} and isinstance(v["age"], int), v
+
+
+class Cat(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=20)
+    age: int
+
+
+def test_parse_with_a_pydantic_model(ac):
+    m = ac.messages.parse(model="m", max_tokens=60, extra_body=T0, output_format=Cat,
+                          messages=[{"role": "user", "content": "Tom is a cat who is 3 years old. Answer in JSON."}])
+    assert isinstance(m.parsed_output, Cat), m

@@ -111,6 +111,10 @@ def test_text_format_json_schema_and_parse(client):
     r = client.responses.parse(model="m", input="Tom is a cat who is 3 years old. Answer in JSON.", text_format=Cat,
                                max_output_tokens=60, temperature=0)
     assert isinstance(r.output_parsed, Cat), r
+    with client.responses.stream(model="m", input="Tom is a cat who is 3 years old. Answer in JSON.", text_format=Cat,
+                                 max_output_tokens=60, temperature=0) as s:
+        final = s.get_final_response()
+    assert final.output_parsed == r.output_parsed
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
     r = client.responses.create(model="m", input="Is water wet?", max_output_tokens=30, temperature=0,
                                 text={"format": {"type": "json_schema", "name": "yesno", "schema": schema, "strict": True}})
