@@ -1,10 +1,10 @@
 //! A step's rows by kind: decode rows (a request's generated tokens, whichever step computes
 //! them; `SeqSpan::decode_from`) and prompt rows. With [`Numerics::BatchInvariant`] the kernel
 //! table (plan.rs) gives each kind its own families: for the int8 types, decode rows the
-//! exact-sum kernels (mmvqc, imv, imm: the same bits for any count) and prompt rows the f16
-//! tensor-core kernel unsplit (qmm, whose per-element order does not depend on how a prompt is
-//! chunked), so that every row's product is the same whatever shares its step, at qmm's prompt
-//! speed. The scheduler puts a step's
+//! exact-sum kernels (mmvqc, imv, imm: the same bits for any count) and prompt rows a
+//! tensor-core kernel whose per-element order does not depend on how a prompt is chunked (wmm on
+//! Hopper, qmm unsplit before it), so that every row's product is the same whatever shares its
+//! step, at prompt speed. The scheduler puts a step's
 //! decode rows first, so the kinds are two ranges of rows.
 
 use crate::CudaBackend;
