@@ -418,10 +418,19 @@ extern "C" __global__ void topk_rows(const float* __restrict__ x, u32* __restric
 
 // Mixture-of-experts routing, one warp per token: the experts' probabilities (gating 0
 // softmax over all n_expert logits, 1 each logit's sigmoid), the k largest (ties to the smaller
-// index; chosen on the logits, whose order is the probabilities'), divided by their sum
-// (at least 2^-14) when norm, times scale when scale is neither 0 nor 1.
+// index), divided by their sum (at least 2^-14) when norm, times scale when scale is neither 0
+// nor 1. Always k distinct experts (the reference's moe_route): a NaN probability (a NaN or
+// infinite logit) ranks below every number, is left out of the softmax's sum and weighs 0.
 // routes[(t·k + j)·2] = expert (as a float), routes[(t·k + j)·2 + 1] = its weight.
 // n_expert ≤ 1024, k ≤ 32.                                             grid (n_tokens), block 32
+// Whether (v, i) ranks before (bv, bi) in moe_route: numbers by value, larger first, then NaN;
+// ties to the smaller index; bi < 0 is no candidate.
+__device__ __forceinline__ bool route_before(float v, int i, float bv, int bi) {
+    if (bi < 0) return true;
+    const bool a = !isnan(v), b = !isnan(bv);
+    if (a != b) return a;
+    return (a && v > bv) || ((!a || v == bv) && i < bi);
+}
 extern "C" __global__ void moe_route(const float* __restrict__ logits, float* __restrict__ routes,
                                      int n_expert, int k, int gating, int norm, float scale) { pdl_begin();
     const float* l = logits + (long long)blockIdx.x * n_expert;
@@ -431,30 +440,35 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, float* __
     m = warp_max(m);
     float s = 0.f;
     if (gating == 0) {
-        for (int i = lane; i < n_expert; i += 32) s += expf(l[i] - m);
+        for (int i = lane; i < n_expert; i += 32) {
+            const float e = expf(l[i] - m);
+            if (!isnan(e)) s += e;
+        }
         s = warp_sum(s);
     }
+    auto prob = [&](int i) { return gating == 0 ? expf(l[i] - m) / s : 1.f / (1.f + expf(-l[i])); };
     u32 taken = 0;  // bit c: expert lane + 32c is chosen
     float my_w = 0.f;
     int my_e = 0;
-    for (int j = 0; j < k; j++) {
-        float bv = __int_as_float(0xff800000);
-        int bi = 0x7fffffff;
+    for (int j = 0; j < k && j < n_expert; j++) {
+        float bv = 0.f;
+        int bi = -1;
         for (int c = 0, i = lane; i < n_expert; c++, i += 32) {
-            if (!(taken >> c & 1u) && (l[i] > bv || bi == 0x7fffffff)) { bv = l[i]; bi = i; }
+            const float p = prob(i);
+            if (!(taken >> c & 1u) && route_before(p, i, bv, bi)) { bv = p; bi = i; }
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+            if (oi >= 0 && route_before(ov, oi, bv, bi)) { bv = ov; bi = oi; }
         }
         if (bi % 32 == lane) taken |= 1u << (bi / 32);
-        float p = gating == 0 ? expf(bv - m) / s : 1.f / (1.f + expf(-bv));
-        if (lane == j) { my_w = p; my_e = bi; }
+        if (lane == j) { my_w = isnan(bv) ? 0.f : bv; my_e = bi; }
     }
-    float sum = warp_sum(lane < k ? my_w : 0.f);
-    if (lane < k) {
+    const int kk = min(k, n_expert);
+    float sum = warp_sum(lane < kk ? my_w : 0.f);
+    if (lane < kk) {
         float w = my_w;
         if (norm) w /= fmaxf(sum, 6.103515625e-5f);
         if (scale != 0.f && scale != 1.f) w *= scale;
