@@ -284,6 +284,16 @@ pub(crate) fn to_chat(m: &Map<String, Value>) -> Result<Map<String, Value>, ApiE
             return Err(ApiError::invalid(k, format!("`{k}` is not supported: {why}")));
         }
     }
+    let logprobs = present(m, "include")
+        .and_then(Value::as_array)
+        .is_some_and(|a| a.iter().any(|v| v == "message.output_text.logprobs"));
+    if logprobs || present(m, "top_logprobs").is_some_and(|v| v.as_u64() != Some(0)) {
+        let k = if logprobs { "include" } else { "top_logprobs" };
+        return Err(ApiError::invalid(
+            k,
+            "log-probabilities are not served on /v1/responses: use /v1/chat/completions with `logprobs`",
+        ));
+    }
     if present(m, "background") == Some(&Value::Bool(true)) {
         return Err(ApiError::invalid(
             "background",

@@ -75,6 +75,11 @@ fn bad_requests_name_the_field() {
         ),
         (json!({"input": "x", "conversation": "c"}), "conversation"),
         (json!({"input": "x", "background": true}), "background"),
+        (json!({"input": "x", "top_logprobs": 2}), "top_logprobs"),
+        (
+            json!({"input": "x", "include": ["message.output_text.logprobs"]}),
+            "include",
+        ),
         (json!({"input": "x", "instructions": 1}), "instructions"),
         (
             json!({"input": [{"role": "tool", "content": "x"}]}),
