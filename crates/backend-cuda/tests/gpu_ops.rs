@@ -242,6 +242,14 @@ fn wmm_pads_partial_stages_and_tiles() {
     assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
 }
 
+/// Router logits holding NaN: `n_used` distinct experts a token (moe_route), finite output.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_routes_around_nan_router_logits() {
+    let be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
+    quiver_backend::testing::moe::moe_nan_router(&be, &Cuda);
+}
+
 /// The int8 types are batch invariant on the default path (the invariant numerics): their
 /// decode kernels (mmvqc, imv) sum in the order of their int8 tensor-core kernel (imm), so a
 /// token's product is the same bits on either side of the cut-overs.

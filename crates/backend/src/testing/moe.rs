@@ -171,3 +171,76 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
     }
     notes
 }
+
+/// Router logits holding NaN (weights read as another type than written): every token still
+/// goes to `n_used` distinct experts, a NaN one never ahead of a number and weighing nothing,
+/// and the output is finite. Three tokens over 4 experts, 2 used: NaN among numbers, all NaN,
+/// NaN beside one number.
+pub fn moe_nan_router<B: Backend, H: Harness<B>>(be: &B, h: &H) {
+    let (d, ff, ne, k, n) = (32usize, 32usize, 4usize, 2usize, 3usize);
+    let weight = |rows: usize, shape: &[u64]| {
+        let bytes: Vec<u8> = (0..rows * shape[shape.len() - 1] as usize)
+            .flat_map(|i| (((i % 7) as f32 - 3.0) * 0.01).to_le_bytes())
+            .collect();
+        let t = super::tensor(GgmlType::F32, shape, &bytes);
+        be.weight("w", GgmlType::F32, shape, t).unwrap()
+    };
+    let (ne64, ff64, d64) = (ne as u64, ff as u64, d as u64);
+    let router = weight(ne, &[ne64, d64]);
+    let gate = weight(ne * ff, &[ne64, ff64, d64]);
+    let up = weight(ne * ff, &[ne64, ff64, d64]);
+    let down = weight(ne * d, &[ne64, d64, ff64]);
+    let p = MoeParams {
+        n_expert: ne,
+        n_used: k,
+        n_ff: ff,
+        gating: Gating::Softmax,
+        norm: true,
+        scale: 1.0,
+        act: Activation::SwiGlu,
+        router_given: true,
+    };
+    let sizes = p.scratch_floats(n, d);
+    let nan = f32::NAN;
+    let mut logits = vec![0.0; sizes[0]];
+    logits[..n * ne].copy_from_slice(&[nan, 1.0, 0.5, 2.0, nan, nan, nan, nan, 3.0, nan, nan, 1.0]);
+    let mut bufs: Vec<B::Buf> = sizes[1..].iter().map(|&m| poison(be, h, m)).collect();
+    let mut lg = h.upload(be, &logits);
+    let x: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.1).sin()).collect();
+    let xb = h.upload(be, &x);
+    let mut out = poison(be, h, n * d);
+    let [routes, xs, g, u, a, ys] = &mut bufs[..] else {
+        unreachable!()
+    };
+    be.moe(
+        &xb,
+        n,
+        MoeWeights {
+            router: &router,
+            gate: &gate,
+            up: &up,
+            down: &down,
+            down_scale: None,
+        },
+        &p,
+        MoeScratch {
+            logits: &mut lg,
+            routes,
+            xs,
+            gate: g,
+            up: u,
+            act: a,
+            ys,
+        },
+        &mut out,
+    )
+    .unwrap();
+    let r = read(be, routes, n * k * 2);
+    let experts: Vec<f32> = r.chunks(2).map(|e| e[0]).collect();
+    assert_eq!(experts, [3.0, 1.0, 0.0, 1.0, 0.0, 3.0], "{}", be.name());
+    let weights: Vec<f32> = r.chunks(2).map(|e| e[1]).collect();
+    assert_eq!(&weights[2..4], [0.0, 0.0], "token 1's logits are all NaN");
+    let out = read(be, &out, n * d);
+    assert!(out.iter().all(|v| v.is_finite()), "{out:?}");
+    assert!(out[d..2 * d].iter().all(|&v| v == 0.0));
+}
