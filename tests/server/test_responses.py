@@ -133,6 +133,7 @@ def test_errors(server, client):
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": "hi", "tool_choice": "required"}, "tool_choice"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        ({"input": "hi", "top_logprobs": 2}, "top_logprobs"),
         ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "nope"}}}}, "text.format"),
         ({"input": "hi " * 2000}, "input"),
     ]:
