@@ -316,3 +316,31 @@ def test_a_last_assistant_message_is_continued(server, client):
     raw = client.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=16, temperature=0)
     assert r.choices[0].message.content == raw.choices[0].text, (r, raw)
     assert r.usage.prompt_tokens == raw.usage.prompt_tokens
+
+
+def test_auto_calls_follow_the_closed_schema():
+    """`tool_choice: auto` (Qwen 2.5's template, which shows the model the tools and the
+    `<tool_call>` form): the answer is free until `<tool_call>`, and the call after it follows
+    the tool's closed schema (left free, the small model names the call after the cat and
+    writes the schema back as arguments). Free text stays free."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from conftest import Server
+
+    src = os.environ.get("QUIVER_LLAMA_SRC") or subprocess.run(
+        ["bash", "tools/llama-src.sh"], capture_output=True, text=True, check=True).stdout.strip()
+    srv = Server("--chat-template-file", str(Path(src) / "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja"), "-c", "1024")
+    try:
+        c = srv.client()
+        msgs = [{"role": "user", "content": "Call the Cat tool for Tom, 3 years old."}]
+        r = chat(c, messages=msgs, tools=[CAT], parallel_tool_calls=False, max_tokens=80, temperature=0)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch
+        assert ch.message.tool_calls[0].function.name == "Cat"
+        assert json.loads(ch.message.tool_calls[0].function.arguments) == {"name": "Tom", "age": 3}, ch
+        r = chat(c, messages=[{"role": "user", "content": "Say hello."}], tools=[CAT], max_tokens=30, temperature=0)
+        assert r.choices[0].message.content and not r.choices[0].message.tool_calls, r
+    finally:
+        srv.stop()

@@ -99,6 +99,9 @@ pub(crate) fn prepare_chat(
                 ));
             }
             req.params.constraint = Some((spec, "tool_choice"));
+        } else if req.params.constraint.is_none() {
+            // `auto`: the calls the model may write follow the tools' schemas.
+            req.params.constraint = t.auto_constraint().map(|spec| (spec, "tools"));
         }
         req.params.tools = Some(t);
     }
@@ -380,8 +383,14 @@ pub(crate) async fn submit(
                         ApiError::invalid(field, format!("invalid schema or grammar: {e}"))
                     })
                 })
-                .await?;
-            Some(compiled)
+                .await;
+            match compiled {
+                Ok(c) => Some(c),
+                // `tool_choice: auto` asked for no grammar: tools whose schemas llguidance
+                // cannot compile leave the answer free, as without one.
+                Err(_) if field == "tools" => None,
+                Err(e) => return Err(e),
+            }
         }
     };
     let n_choices = p.n.max(1);
