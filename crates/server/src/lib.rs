@@ -26,11 +26,11 @@ mod reqlog;
 mod responses;
 mod routes;
 mod stream;
+mod tenant;
 mod tools;
 mod turn;
 mod webui;
 
-mod tenant;
 use app::{router, AppState};
 use metrics::Metrics;
 use quiver_engine::serve::EngineHandle;
@@ -51,13 +51,13 @@ pub struct ServerConfig {
     pub port: u16,
     /// Accepted `Authorization: Bearer KEY` keys; empty: no authentication.
     pub api_keys: Vec<String>,
+    /// Each API key gets a prefix cache of its own (`--cache-isolation key`): requests with
+    /// different keys never share cached blocks, whatever their `cache_salt`.
+    pub cache_by_key: bool,
     /// The model id clients name (`model`); empty: the engine's model name.
     pub model_name: String,
     pub max_body_bytes: usize,
     /// On SIGTERM/SIGINT, how long running requests may go on before they are aborted.
-    /// Each API key gets a prefix cache of its own (`--cache-isolation key`): requests with
-    /// different keys never share cached blocks, whatever their `cache_salt`.
-    pub cache_by_key: bool,
     pub shutdown_grace: Duration,
     /// The model's chat template (`ChatTemplate::for_model`); None: ChatML.
     pub chat_template: Option<Arc<ChatTemplate>>,
@@ -109,13 +109,13 @@ impl Default for ServerConfig {
             host: "127.0.0.1".into(),
             port: 8080,
             api_keys: Vec::new(),
+            cache_by_key: false,
             model_name: String::new(),
             max_body_bytes: 8 << 20,
             shutdown_grace: Duration::from_secs(10),
             chat_template: None,
             read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
-            cache_by_key: false,
             max_connections: 1024,
             max_seqs: 1,
             pooling: quiver_engine::embed::Pooling::Last,
@@ -268,6 +268,7 @@ pub async fn serve_until(
         handle: handle.clone(),
         model,
         keys: cfg.api_keys.clone(),
+        cache_by_key: cfg.cache_by_key,
         template: cfg
             .chat_template
             .clone()
@@ -275,7 +276,6 @@ pub async fn serve_until(
         max_body: cfg.max_body_bytes,
         metrics: Metrics::default(),
         shutting_down: AtomicBool::new(false),
-        cache_by_key: cfg.cache_by_key,
         next_id: AtomicU64::new(1),
         next_request: AtomicU64::new(1),
         cpu: cpu::CpuPool::new(
