@@ -122,7 +122,7 @@ impl P<'_> {
 
 /// The Lark grammar of one or more calls (`parallel`) to the functions (name, parameters
 /// schema): the syntax above, each call's arguments held to its schema where the schema is
-/// of the kinds below (objects with `required` properties, strings and their `enum`,
+/// of the kinds below (objects with properties, closed, strings and their `enum`,
 /// integers, numbers, booleans, null, arrays and nested objects); anything else takes any
 /// value of the syntax.
 pub(crate) fn grammar(functions: &[(&str, &Value)], parallel: bool) -> String {
@@ -192,8 +192,9 @@ impl Grammar {
         None
     }
 
-    /// An object schema with at least one required property: the required ones in the
-    /// schema's order, then each optional one (in order) or not. None: not of that kind.
+    /// An object schema with properties: the required ones in the order of `required`, then
+    /// each optional one (in order) or not; all optional: `optional_object`. None: not of that
+    /// kind.
     fn object(&mut self, schema: &Value) -> Option<String> {
         let schema = &self.resolve(schema)?;
         let props = schema.get("properties")?.as_object()?;
@@ -202,8 +203,11 @@ impl Grammar {
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        if required.is_empty() || required.iter().any(|r| !props.contains_key(*r)) {
+        if required.iter().any(|r| !props.contains_key(*r)) {
             return None;
+        }
+        if required.is_empty() {
+            return self.optional_object(schema, props);
         }
         let mut parts = Vec::new();
         for (i, k) in required.iter().enumerate() {
@@ -219,6 +223,38 @@ impl Grammar {
             parts.push(format!("(\",\" {} {v})?", lit(&format!("{k}:"))));
         }
         Some(self.rule(format!("\"{{\" {} \"}}\"", parts.join(" "))))
+    }
+
+    /// An object schema whose properties are all optional, closed as JSON schemas are unless
+    /// it says otherwise: any of them in the schema's order, a comma between two. None (any
+    /// dict): it allows other keys, or has too many properties for the grammar's alternatives
+    /// (one per first property: quadratic in their number).
+    fn optional_object(&mut self, schema: &Value, props: &Map<String, Value>) -> Option<String> {
+        let open = ["additionalProperties", "patternProperties"]
+            .iter()
+            .any(|k| schema.get(*k).is_some_and(|v| v != &Value::Bool(false)));
+        if open || props.len() > 12 {
+            return None;
+        }
+        let items: Vec<String> = props
+            .iter()
+            .map(|(k, s)| format!("{} {}", lit(&format!("{k}:")), self.value(s)))
+            .collect();
+        let alts: Vec<String> = (0..items.len())
+            .map(|first| {
+                let mut a = items[first].clone();
+                for later in &items[first + 1..] {
+                    a += &format!(" (\",\" {later})?");
+                }
+                a
+            })
+            .collect();
+        let body = if alts.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})?", alts.join(" | "))
+        };
+        Some(self.rule(format!("\"{{\"{body} \"}}\"")))
     }
 
     fn value(&mut self, s: &Value) -> String {
@@ -325,11 +361,20 @@ mod tests {
             g.contains("s1: \"[\" ((\"true\" | \"false\") (\",\" (\"true\" | \"false\"))*)? \"]\""),
             "{g}"
         );
-        // A schema with nothing required takes any dict.
+        // A schema without properties takes any dict.
         assert!(
             g.contains("\"<|tool_call>call:anything\" dict \"<tool_call|>\""),
             "{g}"
         );
+        // Properties all optional: closed, any of them in order, commas between.
+        let opt = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}});
+        let g = grammar(&[("f", &opt)], false);
+        assert!(
+            g.contains("\"{\" (\"a:\" INT (\",\" \"b:\" (\"true\" | \"false\"))? | \"b:\" (\"true\" | \"false\"))? \"}\""),
+            "{g}"
+        );
+        let open = json!({"type": "object", "properties": {"a": {}}, "additionalProperties": true});
+        assert!(grammar(&[("f", &open)], false).contains("\"<|tool_call>call:f\" dict"));
         assert!(g.starts_with("start: call\n"));
     }
 }
