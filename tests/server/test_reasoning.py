@@ -3,6 +3,7 @@
 (`--chat-template-file`, its generation prompt opening `<think>` as Qwen 3's does) and a regex
 (`guided_regex`) make it write that shape."""
 
+import json
 import re
 
 from conftest import Server
@@ -71,6 +72,8 @@ def test_template_kwargs_and_reasoning_format(tmp_path):
         off = r.choices[0].message
         assert off.content and not off.model_extra.get("reasoning_content"), off
         assert r.usage.prompt_tokens > c.chat.completions.create(**kw).usage.prompt_tokens
+        _, _, body = s.request("POST", "/apply-template", {"messages": kw["messages"], "chat_template_kwargs": {"enable_thinking": False}})
+        assert json.loads(body)["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), body
         m = c.chat.completions.create(**kw, extra_body={"reasoning_format": "none"}).choices[0].message
         assert m.content.strip() == thought and not m.model_extra.get("reasoning_content"), m
     finally:

@@ -313,6 +313,9 @@ def test_a_last_assistant_message_is_continued(server, client):
     r = chat(client, messages=msgs, max_tokens=16, temperature=0)
     s, _, body = server.request("POST", "/apply-template", {"messages": msgs[:1]})
     prompt = json.loads(body)["prompt"] + prefill
+    # /apply-template renders it as the chat request does.
+    s, _, body = server.request("POST", "/apply-template", {"messages": msgs})
+    assert s == 200 and json.loads(body)["prompt"] == prompt, body
     raw = client.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=16, temperature=0)
     assert r.choices[0].message.content == raw.choices[0].text, (r, raw)
     assert r.usage.prompt_tokens == raw.usage.prompt_tokens

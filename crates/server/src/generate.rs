@@ -26,6 +26,22 @@ pub(crate) fn render_chat(
     render_chat_with(st, req, add_generation_prompt, None)
 }
 
+/// The messages the template renders and the text that continues them: a last assistant
+/// message without tool calls is continued (when the turn is to be opened), not closed.
+pub(crate) fn prefill_split(
+    messages: &[quiver_tokenizer::chat::Message],
+    add_generation_prompt: bool,
+) -> (&[quiver_tokenizer::chat::Message], Option<&str>) {
+    match messages.split_last() {
+        Some((last, before))
+            if add_generation_prompt && last.role == "assistant" && last.tool_calls.is_none() =>
+        {
+            (before, Some(last.content.as_str()))
+        }
+        _ => (messages, None),
+    }
+}
+
 /// [`render_chat`] with the template's extra variables (`chat_template_kwargs`). A last
 /// assistant message (without tool calls) is continued, as llama-server does: the template
 /// renders the messages before it and opens the assistant's turn, and its text follows, for
@@ -36,14 +52,7 @@ pub(crate) fn render_chat_with(
     add_generation_prompt: bool,
     kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Vec<u32>, ApiError> {
-    let (messages, prefill) = match req.messages.split_last() {
-        Some((last, before))
-            if add_generation_prompt && last.role == "assistant" && last.tool_calls.is_none() =>
-        {
-            (before, Some(last.content.as_str()))
-        }
-        _ => (&req.messages[..], None),
-    };
+    let (messages, prefill) = prefill_split(&req.messages, add_generation_prompt);
     let failed = |e: quiver_tokenizer::TokenizerError| match e {
         quiver_tokenizer::TokenizerError::Template(_) => ApiError::invalid(
             "messages",

@@ -235,7 +235,8 @@ pub(crate) async fn detokenize(
 }
 
 /// llama-server's `/apply-template`: `{"messages": [...]}` (and `tools`,
-/// `add_generation_prompt`, default true) → `{"prompt": the rendered text}`.
+/// `add_generation_prompt`, default true, `chat_template_kwargs`) → `{"prompt": the rendered
+/// text}`, a last assistant message continued as a chat request's is.
 pub(crate) async fn apply_template(
     State(st): State<St>,
     body: Result<Bytes, BytesRejection>,
@@ -243,15 +244,19 @@ pub(crate) async fn apply_template(
     json_on_cpu(st, body, |s, m| {
         let req = params::parse_chat(&m, s.handle.info().n_vocab)?;
         let agp = params::opt_bool(&m, "add_generation_prompt", true)?;
-        let prompt = s
+        let kwargs = crate::compat::template_kwargs(&m)?;
+        // As a chat request renders it: a last assistant message continued.
+        let (messages, prefill) = crate::generate::prefill_split(&req.messages, agp);
+        let mut prompt = s
             .template
-            .render(&req.messages, agp, req.tools.as_ref())
+            .render_with(messages, agp, req.tools.as_ref(), kwargs.as_ref())
             .map_err(|e| {
                 ApiError::invalid(
                     "messages",
                     format!("the chat template cannot render these messages: {e}"),
                 )
             })?;
+        prompt.push_str(prefill.unwrap_or(""));
         Ok(json!({"prompt": prompt}))
     })
     .await
