@@ -93,6 +93,14 @@ pub(crate) fn load_ffn<B: Backend>(
                 detail: "fused gate and up experts are not supported (split them)".into(),
             });
         }
+        for part in ["ffn_gate_exps.scale", "ffn_up_exps.scale"] {
+            if has(part) {
+                return Err(ModelError::BadHparam {
+                    key: format!("blk.{i}.{part}"),
+                    detail: "per-expert gate/up scales are not supported".into(),
+                });
+            }
+        }
         let down_scale = match has("ffn_down_exps.scale") {
             true => Some(weight(
                 b,

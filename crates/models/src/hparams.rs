@@ -213,16 +213,22 @@ impl<'a> Reader<'a> {
     }
 
     /// Which layers use the sliding window: `attention.sliding_window_pattern` as an array of
-    /// booleans or as a period n (every n-th layer global, the others local), else the
-    /// architecture's period, as llama.cpp reads it.
+    /// one flag per layer (booleans, or integers where non-zero marks a sliding layer) or as
+    /// a period n (every n-th layer global, the others local), else the architecture's
+    /// period, as llama.cpp reads it.
     pub fn swa_layers(&self, n_layer: usize, default_period: usize) -> Result<Vec<bool>> {
         let key = self.key("attention.sliding_window_pattern");
         if let Some(quiver_gguf::Value::Array(a)) = self.f.get(&key) {
-            let quiver_gguf::Array::Bool(v) = a else {
-                return Err(self.bad(
-                    "attention.sliding_window_pattern",
-                    "is an array of something other than booleans",
-                ));
+            let v: Vec<bool> = match a {
+                quiver_gguf::Array::Bool(v) => v.clone(),
+                quiver_gguf::Array::U32(v) => v.iter().map(|&x| x != 0).collect(),
+                quiver_gguf::Array::I32(v) => v.iter().map(|&x| x != 0).collect(),
+                _ => {
+                    return Err(self.bad(
+                        "attention.sliding_window_pattern",
+                        "is an array of something other than booleans or integers",
+                    ))
+                }
             };
             if v.len() != n_layer {
                 return Err(self.bad(
@@ -230,7 +236,7 @@ impl<'a> Reader<'a> {
                     format!("has {} entries for {n_layer} layers", v.len()),
                 ));
             }
-            return Ok(v.clone());
+            return Ok(v);
         }
         let period = self
             .u("attention.sliding_window_pattern")?
@@ -240,8 +246,9 @@ impl<'a> Reader<'a> {
             .collect())
     }
 
-    /// The MoE keys (`expert_count`, `expert_used_count`, `expert_feed_forward_length`,
-    /// `expert_weights_scale`), checked against each other.
+    /// The MoE keys (`expert_count`, `expert_used_count`, `expert_feed_forward_length`),
+    /// checked against each other. The chosen weights are left unscaled: none of our
+    /// architectures' llama.cpp loaders reads `expert_weights_scale`.
     pub fn moe(
         &self,
         n_ff: usize,
@@ -267,7 +274,7 @@ impl<'a> Reader<'a> {
             n_ff,
             gating,
             norm,
-            scale: self.f32("expert_weights_scale")?.unwrap_or(0.0),
+            scale: 0.0,
             act,
             router_given: false,
         })
@@ -324,6 +331,16 @@ impl<'a> Reader<'a> {
                 n_embd / n_head
             }
         };
+        // The decoder's values are as wide as its keys.
+        match self.u("attention.value_length")? {
+            Some(v) if v != head_dim => {
+                return Err(self.bad(
+                    "attention.value_length",
+                    format!("{v} differs from the key length {head_dim} (not supported)"),
+                ))
+            }
+            _ => {}
+        }
         let n_vocab = match self.f.get_array("tokenizer.ggml.tokens")? {
             Some(a) => a.len(),
             None => match self.u("vocab_size")? {
@@ -347,7 +364,12 @@ impl<'a> Reader<'a> {
             rope_dims,
             self.f32("rope.freq_base")?.unwrap_or(10000.0),
         );
-        let factor = self.f32("rope.scaling.factor")?.unwrap_or(1.0);
+        // A factor of 0 (or none) is no scaling, as llama.cpp reads it.
+        let factor = match self.f32("rope.scaling.factor")? {
+            None => 1.0,
+            Some(f) if f == 0.0 => 1.0,
+            Some(f) => f,
+        };
         match self.f.get_str(&self.key("rope.scaling.type"))? {
             None | Some("none") => {}
             // LongRoPE's factors are tensors (`Hparams::rope_long`, phi3.rs).

@@ -1,0 +1,200 @@
+//! Hyperparameters are read per architecture, as llama.cpp's loader reads them: keys an
+//! architecture does not read leave its model alone (llama.cpp's own test models write every
+//! key, used or not), and keys llama.cpp accepts in two forms are accepted in both.
+
+use quiver_gguf::{Array, GgufFile, GgufWriter, Value};
+use std::path::PathBuf;
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("quiver-hparams-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A tiny preset's file, under a name of the test's own (tests run in parallel).
+fn synth(name: &str, test: &str) -> PathBuf {
+    let path = dir().join(format!("{name}-{test}.gguf"));
+    let p = quiver_synth::preset(name).unwrap();
+    let ft = quiver_synth::file_type("F32").unwrap();
+    quiver_synth::write(p, ft, 1, &path, 1, |_, _| {}).unwrap();
+    path
+}
+
+/// The file at `src` with `edit` applied to its metadata, written as `tag`.
+fn rewrite(src: &PathBuf, tag: &str, edit: impl FnOnce(&mut GgufWriter, &str)) -> GgufFile {
+    let f = GgufFile::open(src).unwrap();
+    let mut w = GgufWriter::new();
+    w.metadata = f.metadata.clone();
+    for t in &f.tensors {
+        w.add_tensor(t.name.clone(), t.ty, &t.shape);
+    }
+    edit(&mut w, f.arch().unwrap());
+    let path = dir().join(format!("{tag}.gguf"));
+    w.write_file(&path, |i, _, buf| {
+        buf.extend_from_slice(f.tensor_data(&f.tensors[i]));
+        Ok(())
+    })
+    .unwrap();
+    GgufFile::open(&path).unwrap()
+}
+
+fn hparams(f: &GgufFile) -> String {
+    format!("{:?}", quiver_models::hparams(f).unwrap())
+}
+
+/// Keys llama.cpp's model saver writes for every architecture, with the values its test
+/// models carry, that the architectures below do not read.
+fn unused_keys(w: &mut GgufWriter, arch: &str, n_layer: usize) {
+    let k = |s: &str| format!("{arch}.{s}");
+    w.set(k("attn_logit_softcapping"), Value::F32(50.0));
+    w.set(k("final_logit_softcapping"), Value::F32(30.0));
+    w.set(k("router_logit_softcapping"), Value::F32(30.0));
+    w.set(k("logit_scale"), Value::F32(1.0));
+    w.set(k("expert_weights_scale"), Value::F32(2.5));
+    w.set(k("expert_weights_norm"), Value::Bool(false));
+    w.set(k("expert_gating_func"), Value::U32(2));
+    w.set(k("attention.sliding_window"), Value::U32(8));
+    w.set(
+        k("attention.sliding_window_pattern"),
+        Value::Array(Array::U32((0..n_layer as u32).map(|i| i % 2).collect())),
+    );
+    w.set(k("attention.temperature_scale"), Value::F32(0.5));
+    w.set(k("attention.clamp_kqv"), Value::F32(1.0));
+    w.set(k("attention.max_alibi_bias"), Value::F32(8.0));
+    w.set(k("rope.scaling.yarn_beta_fast"), Value::F32(3.0));
+    w.set(k("rope.scaling.yarn_log_multiplier"), Value::F32(0.7));
+    w.set(k("use_parallel_residual"), Value::Bool(true));
+    // llama.cpp's "no scaling": linear by a factor of 0.
+    w.set(k("rope.scaling.type"), Value::String("linear".into()));
+    w.set(k("rope.scaling.factor"), Value::F32(0.0));
+}
+
+#[test]
+fn keys_an_architecture_does_not_read_leave_its_model_alone() {
+    for name in [
+        "tiny-llama",
+        "tiny-qwen2",
+        "tiny-qwen3",
+        "tiny-qwen3moe",
+        "tiny-phi3",
+    ] {
+        let path = synth(name, "unused");
+        let plain = GgufFile::open(&path).unwrap();
+        let before = hparams(&plain);
+        let n_layer = quiver_models::hparams(&plain).unwrap().n_layer;
+        let f = rewrite(&path, &format!("{name}-unused"), |w, a| {
+            unused_keys(w, a, n_layer)
+        });
+        assert_eq!(hparams(&f), before, "{name}");
+    }
+}
+
+#[test]
+fn gemma3_reads_no_attention_softcap_and_a_zero_final_cap_is_none() {
+    let path = synth("tiny-gemma3", "caps");
+    let plain = GgufFile::open(&path).unwrap();
+    let hp = quiver_models::hparams(&plain).unwrap();
+    assert_eq!(hp.attn_softcap, None);
+    let f = rewrite(&path, "gemma3-caps", |w, a| {
+        w.set(format!("{a}.attn_logit_softcapping"), Value::F32(50.0));
+        w.set(format!("{a}.final_logit_softcapping"), Value::F32(0.0));
+    });
+    let hp2 = quiver_models::hparams(&f).unwrap();
+    assert_eq!(hp2.attn_softcap, None);
+    assert_eq!(hp2.final_softcap, None);
+    assert_eq!(hparams(&f), format!("{hp:?}"));
+    let f = rewrite(&path, "gemma3-final", |w, a| {
+        w.set(format!("{a}.final_logit_softcapping"), Value::F32(30.0));
+    });
+    assert_eq!(
+        quiver_models::hparams(&f).unwrap().final_softcap,
+        Some(30.0)
+    );
+}
+
+#[test]
+fn the_sliding_window_pattern_is_a_period_or_one_flag_per_layer() {
+    let path = synth("tiny-gemma2", "swa");
+    let n = quiver_models::hparams(&GgufFile::open(&path).unwrap())
+        .unwrap()
+        .n_layer;
+    let key = "gemma2.attention.sliding_window_pattern";
+    // The period 3: layers 0, 1 local, 2 global, …
+    let by_period = rewrite(&path, "g2-period", |w, _| {
+        w.set(key, Value::U32(3));
+    });
+    let want: Vec<bool> = (0..n).map(|i| i % 3 != 2).collect();
+    assert_eq!(quiver_models::hparams(&by_period).unwrap().swa_layers, want);
+    // The same layers as flags, in each element type llama.cpp accepts.
+    let forms: [(&str, Array); 3] = [
+        ("bool", Array::Bool(want.clone())),
+        ("u32", Array::U32(want.iter().map(|&b| b as u32).collect())),
+        (
+            "i32",
+            Array::I32(want.iter().map(|&b| b as i32 * 7).collect()),
+        ),
+    ];
+    for (tag, arr) in forms {
+        let f = rewrite(&path, &format!("g2-{tag}"), |w, _| {
+            w.set(key, Value::Array(arr));
+        });
+        assert_eq!(
+            quiver_models::hparams(&f).unwrap().swa_layers,
+            want,
+            "{tag}"
+        );
+    }
+    // A list of the wrong length or of floats is a one-line error naming the key.
+    for (tag, arr) in [
+        ("short", Array::U32(vec![1; n - 1])),
+        ("float", Array::F32(vec![1.0; n])),
+    ] {
+        let f = rewrite(&path, &format!("g2-{tag}"), |w, _| {
+            w.set(key, Value::Array(arr));
+        });
+        let e = quiver_models::hparams(&f).unwrap_err().to_string();
+        assert!(e.contains(key) && !e.contains('\n'), "{tag}: {e}");
+    }
+}
+
+#[test]
+fn head_counts_are_a_number_or_one_per_layer() {
+    let path = synth("tiny-llama", "heads");
+    let hp = quiver_models::hparams(&GgufFile::open(&path).unwrap()).unwrap();
+    let n = hp.n_layer;
+    let f = rewrite(&path, "llama-heads", |w, a| {
+        w.set(
+            format!("{a}.attention.head_count"),
+            Value::Array(Array::U32(vec![hp.n_head as u32; n])),
+        );
+        w.set(
+            format!("{a}.attention.head_count_kv"),
+            Value::Array(Array::I32(vec![hp.n_head_kv as i32; n])),
+        );
+        w.set(
+            format!("{a}.feed_forward_length"),
+            Value::Array(Array::U32(vec![hp.n_ff as u32; n])),
+        );
+    });
+    assert_eq!(hparams(&f), format!("{hp:?}"));
+}
+
+#[test]
+fn llama_and_mistral3_experts_are_as_wide_as_the_dense_ffn() {
+    // A Mixtral-style file: the dense architecture's keys plus expert_count / used; llama.cpp
+    // sizes each expert by feed_forward_length and ignores expert_feed_forward_length.
+    for name in ["tiny-llama", "tiny-mistral3"] {
+        let path = synth(name, "moe");
+        let f = rewrite(&path, &format!("{name}-moe"), |w, a| {
+            w.set(format!("{a}.expert_count"), Value::U32(4));
+            w.set(format!("{a}.expert_used_count"), Value::U32(2));
+            w.set(format!("{a}.expert_feed_forward_length"), Value::U32(7));
+            w.set(format!("{a}.expert_weights_scale"), Value::F32(2.5));
+        });
+        let hp = quiver_models::hparams(&f).unwrap();
+        let m = hp.moe.expect("experts");
+        assert_eq!((m.n_expert, m.n_used, m.n_ff), (4, 2, hp.n_ff), "{name}");
+        assert_eq!(m.gating, quiver_backend::Gating::Softmax);
+        assert!(m.norm && m.scale == 0.0, "{name}: {m:?}");
+    }
+}
