@@ -46,7 +46,9 @@ def test_thinking_goes_to_reasoning_content(tmp_path):
 
 # Qwen 3's switch: `enable_thinking: false` closes an empty thinking block in the prompt.
 QWEN3_LIKE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content is defined %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"
     "{% endif %}"
@@ -74,6 +76,11 @@ def test_template_kwargs_and_reasoning_format(tmp_path):
         assert r.usage.prompt_tokens > c.chat.completions.create(**kw).usage.prompt_tokens
         _, _, body = s.request("POST", "/apply-template", {"messages": kw["messages"], "chat_template_kwargs": {"enable_thinking": False}})
         assert json.loads(body)["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), body
+        # An earlier turn's thinking, given back as `reasoning_content`, reaches the template.
+        turns = kw["messages"] + [{"role": "assistant", "content": "Yes.", "reasoning_content": "water <|im_end|> wets"},
+                                  {"role": "user", "content": "Sure?"}]
+        _, _, body = s.request("POST", "/apply-template", {"messages": turns})
+        assert "<|im_start|>assistant\n<think>water <|im_end|> wets</think>Yes.<|im_end|>" in json.loads(body)["prompt"], body
         m = c.chat.completions.create(**kw, extra_body={"reasoning_format": "none"}).choices[0].message
         assert m.content.strip() == thought and not m.model_extra.get("reasoning_content"), m
     finally:

@@ -63,7 +63,11 @@ pub(crate) fn render_chat_with(
     // The prompt is bounded before it is tokenized. The messages' and tools' text, when it
     // fits, bounds it; when it does not, the rendered prompt decides, since a template may
     // leave some of it out (tools, say).
-    let text_bytes: usize = req.messages.iter().map(|m| m.content.len()).sum::<usize>()
+    let text_bytes: usize = req
+        .messages
+        .iter()
+        .map(|m| m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len))
+        .sum::<usize>()
         + req.tools.as_ref().map_or(0, |t| t.to_string().len());
     if check_prompt_bytes(st, text_bytes, "messages").is_err() {
         let text = st

@@ -477,12 +477,24 @@ pub fn parse_chat(m: &Map<String, Value>, n_vocab: usize) -> Result<ChatRequest,
         if role == "tool" && tool_call_id.is_none() && name.is_none() {
             // Accepted: some clients leave it out; the template decides what it needs.
         }
+        // A thinking model's earlier thinking, as its answers gave it (`reasoning_content`).
+        let reasoning_content = match o.get("reasoning_content") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].reasoning_content"),
+                    "`reasoning_content` must be a string",
+                ))
+            }
+        };
         messages.push(Message {
             role,
             content,
             tool_calls,
             name,
             tool_call_id,
+            reasoning_content,
         });
     }
     let tools = match present(m, "tools") {

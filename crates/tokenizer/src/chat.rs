@@ -30,6 +30,10 @@ pub struct Message {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's thinking, given back apart from its content (thinking models'
+    /// templates, Qwen 3's, place it in the turns that need it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -689,6 +693,18 @@ mod tests {
             t.render_with(&conv(), true, None, kw.as_object()).unwrap(),
             "<think></think>4True"
         );
+    }
+
+    #[test]
+    fn reasoning_content_reaches_the_template() {
+        let src = "{% for m in messages %}{% if m.reasoning_content is defined %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}|{% endfor %}";
+        let t = ChatTemplate::from_source(src, "<s>", "</s>").unwrap();
+        let mut a = Message::new("assistant", "4.");
+        a.reasoning_content = Some("2+2".into());
+        let out = t
+            .render(&[Message::new("user", "2+2?"), a], false, None)
+            .unwrap();
+        assert_eq!(out, "2+2?|<think>2+2</think>4.|");
     }
 
     #[test]

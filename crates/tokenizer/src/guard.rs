@@ -114,6 +114,11 @@ impl Guard {
                 .as_deref()
                 .map(|s| self.protect(tok, s))
                 .transpose()?,
+            reasoning_content: m
+                .reasoning_content
+                .as_deref()
+                .map(|s| self.protect(tok, s))
+                .transpose()?,
         })
     }
 
