@@ -26,6 +26,9 @@ pub enum ConstraintSpec {
     /// A Lark grammar whose output is JSON values (`%json`) between literals holding no `"`
     /// (the tool-call grammars): its numbers' digits are bounded as a schema's are.
     JsonLark(String),
+    /// A Lark grammar whose output is free text until the marker (the second string), then
+    /// as [`ConstraintSpec::JsonLark`]'s (`tool_choice: auto`'s calls): digits bounded after it.
+    JsonLarkAfter(String, String),
     /// A regular expression over the whole output (`guided_regex`).
     Regex(String),
 }
@@ -124,9 +127,9 @@ impl Grammars {
                 json_rules::close_objects(&mut s);
                 TopLevelGrammar::from_json_schema(compact(s))
             }
-            ConstraintSpec::Lark(g) | ConstraintSpec::JsonLark(g) => {
-                TopLevelGrammar::from_lark(g.clone())
-            }
+            ConstraintSpec::Lark(g)
+            | ConstraintSpec::JsonLark(g)
+            | ConstraintSpec::JsonLarkAfter(g, _) => TopLevelGrammar::from_lark(g.clone()),
             ConstraintSpec::Regex(r) => TopLevelGrammar::from_regex(r),
         };
         let json = !matches!(spec, ConstraintSpec::Lark(_) | ConstraintSpec::Regex(_));
@@ -142,7 +145,13 @@ impl Grammars {
             m,
             eog: self.eog.clone(),
             primary_eos: self.primary_eos,
-            digits: json.then(|| (json_rules::Digits::default(), self.vocab.clone())),
+            digits: json.then(|| {
+                let d = match spec {
+                    ConstraintSpec::JsonLarkAfter(_, marker) => json_rules::Digits::after(marker),
+                    _ => json_rules::Digits::default(),
+                };
+                (d, self.vocab.clone())
+            }),
         })
     }
 }

@@ -77,15 +77,45 @@ pub struct Digits {
     in_string: bool,
     escaped: bool,
     run: usize,
+    /// Output that is free text until a marker (tool calls after free text): the marker, and
+    /// the text's last bytes (shorter than it) while it has not come.
+    wait: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Digits {
+    /// The bound of output that is JSON only after `marker` (free text before it).
+    pub fn after(marker: &str) -> Digits {
+        Digits {
+            wait: Some((marker.as_bytes().to_vec(), Vec::new())),
+            ..Digits::default()
+        }
+    }
+
     /// Follows a token's bytes (a special token's are none of JSON's: they end a run).
     pub fn push(&mut self, bytes: &[u8], special: bool) {
         if special {
             self.run = 0;
             return;
         }
+        let bytes = match &mut self.wait {
+            None => bytes,
+            Some((marker, tail)) => {
+                let from = tail.len();
+                tail.extend_from_slice(bytes);
+                match tail.windows(marker.len()).position(|w| w == &marker[..]) {
+                    Some(at) => {
+                        let rest = at + marker.len() - from;
+                        self.wait = None;
+                        &bytes[rest.min(bytes.len())..]
+                    }
+                    None => {
+                        let keep = tail.len().min(marker.len() - 1);
+                        tail.drain(..tail.len() - keep);
+                        return;
+                    }
+                }
+            }
+        };
         for &b in bytes {
             if self.in_string {
                 match (self.escaped, b) {
@@ -107,7 +137,7 @@ impl Digits {
     /// with) would make the run longer than [`MAX_DIGITS`]; unless that leaves no token, when
     /// the grammar itself asks for more digits (a schema's large `minimum`).
     pub fn restrict(&self, bits: &mut [u32], leads: &[(u32, u8)], longest: usize) {
-        if self.in_string || self.run + longest <= MAX_DIGITS {
+        if self.wait.is_some() || self.in_string || self.run + longest <= MAX_DIGITS {
             return;
         }
         let room = MAX_DIGITS.saturating_sub(self.run);
@@ -215,6 +245,17 @@ mod tests {
         d.restrict(&mut bits, &leads, 2);
         assert_eq!(bits[0], 0b110);
         assert_eq!(leading_digits(b"123,"), 3);
+        // Free text until the marker: digits bounded after it only (a marker split over
+        // tokens, the JSON starting in the token that ends it).
+        let mut d = Digits::after("<tool_call>");
+        d.push(b"call 12345678901234567890 <tool", false);
+        let mut bits = bits_all(64);
+        d.restrict(&mut bits, &leads, 2);
+        assert_eq!(bits[0] & 0b110, 0b110);
+        d.push(b"_call>\n{\"a\": 1234567890123456", false);
+        let mut bits = bits_all(64);
+        d.restrict(&mut bits, &leads, 2);
+        assert_eq!(bits[0] & 0b110, 0, "16 digits after the marker");
         assert_eq!(leading_digits(b"a1"), 0);
     }
 }

@@ -177,8 +177,8 @@ impl Tools {
     /// marker and holds the calls after it to the tools' schemas (closed, as forced calls'
     /// are), as llama.cpp's lazy grammars do: text without the marker, or text, the marker and
     /// the calls. None where the format has no marker that opens all its calls (Llama 3.x's
-    /// bare JSON, Gemma 4's per-call marks) or there are no tools. Digits are not bounded
-    /// here: the free text is no JSON.
+    /// bare JSON, Gemma 4's per-call marks) or there are no tools. Digits are bounded from the
+    /// marker on.
     pub fn auto_constraint(&self) -> Option<ConstraintSpec> {
         if self.choice != Choice::Auto || self.functions.is_empty() {
             return None;
@@ -208,13 +208,16 @@ impl Tools {
                 }
             })
             .collect();
-        Some(ConstraintSpec::Lark(format!(
-            "start: TEXT | pre rest\n\
+        Some(ConstraintSpec::JsonLarkAfter(
+            format!(
+                "start: TEXT | pre rest\n\
              TEXT: /(?s:.*)/ & ~/(?s:.*){escaped}(?s:.*)/\n\
              pre[suffix={}]: /(?s:.*)/\n\
              rest: {rest}\n{rules}",
-            lit(marker)
-        )))
+                lit(marker)
+            ),
+            marker.to_string(),
+        ))
     }
 
     /// The Lark grammar of one or more calls (as `parallel` allows) of the functions `fs`, in

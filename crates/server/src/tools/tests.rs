@@ -278,6 +278,11 @@ fn auto_calls_follow_the_schemas_after_the_marker() {
         .unwrap();
     let spec = t.auto_constraint().unwrap();
     follows(&spec, "Just text, with <b>tags</b> and { braces }.").unwrap();
+    // Digits are free in the text, bounded in the call.
+    follows(&spec, "Call 12345678901234567890.").unwrap();
+    let long = "<tool_call>\n{\"name\": \"Cat\", \"arguments\": {\"name\": \"Tom\", \"age\": 12345678901234567";
+    let e = follows(&spec, long).unwrap_err();
+    assert!(e.ends_with("4567\""), "{e}");
     follows(&spec, "Sure.\n<tool_call>\n{\"name\": \"Cat\", \"arguments\": {\"name\": \"Tom\", \"age\": 3}}\n</tool_call>").unwrap();
     let e = follows(&spec, "<tool_call>\n{\"name\": \"Tom\"").unwrap_err();
     assert!(e.contains("refused"), "{e}");
