@@ -249,6 +249,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         kv_blocks,
         max_batch_tokens: (a.load.batch_size as usize).max(max_seqs as usize),
         max_waiting: a.max_waiting as usize,
+        spec: Default::default(),
     };
     let (device, desc) = engine::choose_device(&a.load.device)?;
     let mlock = a.load.mlock;

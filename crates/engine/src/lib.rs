@@ -21,6 +21,7 @@ pub mod sampler;
 pub mod sched;
 pub mod serve;
 mod serving;
+pub mod spec;
 pub mod types;
 mod workers;
 

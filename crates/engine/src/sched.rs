@@ -11,6 +11,7 @@
 //! Stop strings are text, so the output processor finds them and calls [`Scheduler::finish`].
 
 use crate::kv::{chain_hash, BlockPool};
+use crate::spec::{ngram_propose, SpecConfig, SpecState};
 use crate::types::{FinishReason, SchedError, BLOCK_SIZE};
 use std::collections::VecDeque;
 
@@ -30,6 +31,8 @@ pub struct SchedConfig {
     pub hash_seed: u64,
     /// End-of-generation token ids.
     pub eog: Vec<u32>,
+    /// Speculative decoding (proposals for the requests that allow it).
+    pub spec: SpecConfig,
 }
 
 /// What the scheduler needs of a request.
@@ -49,6 +52,8 @@ pub struct SchedRequest {
     /// The request's prefix-cache namespace: its blocks are found only by requests with the
     /// same salt (None: the shared namespace).
     pub cache_salt: Option<String>,
+    /// Its decode steps may carry proposed tokens (`SchedConfig::spec`).
+    pub speculate: bool,
 }
 
 /// One request's part of a step.
@@ -70,6 +75,9 @@ pub struct Scheduled {
     /// The request's prompt length: its tokens from this position on are generated ones
     /// (decode rows, whichever step computes them: a recompute after preemption too).
     pub decode_from: usize,
+    /// The step's last `draft` tokens are proposed ones: every row samples (logits from 0),
+    /// and row j's pick is checked against token j + 1.
+    pub draft: usize,
 }
 
 impl Scheduled {
@@ -140,6 +148,8 @@ impl SchedulerOutput {
 pub struct Outcome {
     pub id: u64,
     pub token: u32,
+    /// Its index in `update`'s `sampled`.
+    pub index: usize,
     /// The token joined the request's output (false for an end-of-generation token, which ends
     /// the request without being output).
     pub appended: bool,
@@ -176,8 +186,12 @@ struct Entry {
     seed: u64,
     cached_tokens: usize,
     started: bool,
-    /// Tokens scheduled this step.
+    /// Tokens scheduled this step (with `proposal`).
     step: usize,
+    speculate: bool,
+    /// This step's proposed tokens (after `tokens`).
+    proposal: Vec<u32>,
+    spec: SpecState,
 }
 
 impl Entry {
@@ -208,6 +222,22 @@ impl Entry {
         want
     }
 
+    /// Decoding: one known token past those in the cache, beyond the prompt.
+    fn decoding(&self) -> bool {
+        self.n_computed >= self.prompt_len && self.n_computed + 1 == self.tokens.len()
+    }
+
+    /// Full blocks whose tokens are known join the prefix cache (never a block holding a
+    /// proposed token that was not accepted: `tokens` holds accepted ones only).
+    fn register(&mut self, pool: &mut BlockPool) {
+        while (self.hashed + 1) * BLOCK_SIZE <= self.n_computed.min(self.tokens.len()) {
+            let h = block_hash(self, self.hashed);
+            pool.register(self.blocks[self.hashed], h);
+            self.hashed += 1;
+            self.last_hash = h;
+        }
+    }
+
     fn counts(&self) -> Counts {
         Counts {
             prompt_tokens: self.prompt_len,
@@ -225,6 +255,16 @@ pub struct Scheduler {
     next_arrival: u64,
     out: SchedulerOutput,
     outcomes: Vec<Outcome>,
+    spec_counts: SpecCounts,
+}
+
+/// Proposed and accepted tokens since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecCounts {
+    pub proposed: u64,
+    pub accepted: u64,
+    /// Request-steps that carried a proposal.
+    pub steps: u64,
 }
 
 /// The prefix-cache hash of full block `b` of `e`'s tokens, chained on the blocks before it.
@@ -267,6 +307,7 @@ impl Scheduler {
             next_arrival: 0,
             out: SchedulerOutput::default(),
             outcomes: Vec::new(),
+            spec_counts: SpecCounts::default(),
         }
     }
 
@@ -292,6 +333,9 @@ impl Scheduler {
             cached_tokens: 0,
             started: false,
             step: 0,
+            speculate: r.speculate,
+            proposal: Vec::new(),
+            spec: SpecState::default(),
         });
     }
 
@@ -334,6 +378,10 @@ impl Scheduler {
         self.running
             .iter()
             .map(|e| (e.id, e.counts(), e.n_computed))
+    }
+
+    pub fn spec_counts(&self) -> SpecCounts {
+        self.spec_counts
     }
 
     pub fn n_waiting(&self) -> usize {
@@ -380,6 +428,7 @@ impl Scheduler {
         let mut e = self.running.remove(i);
         self.pool.release_all(&mut e.blocks);
         (e.n_computed, e.hashed, e.last_hash, e.step) = (0, 0, e.seed, 0);
+        e.proposal.clear();
         self.out.preempted.push(e.id);
         self.waiting.push_front(e);
     }
@@ -409,16 +458,38 @@ impl Scheduler {
         let mut prompt_rows = self.cfg.max_logits.saturating_sub(self.cfg.max_seqs);
         // 1. Running requests: decode tokens and prefill chunks, oldest first.
         self.running.sort_by_key(|e| e.arrived);
+        let spec = self.cfg.spec.clone();
+        let speculate =
+            spec.on() && self.running.iter().filter(|e| e.decoding()).count() <= spec.max_decoding;
         let mut i = 0;
         while i < self.running.len() {
             let e = &mut self.running[i];
-            let want = e.want(budget, &mut prompt_rows);
+            let mut want = e.want(budget, &mut prompt_rows);
+            e.proposal.clear();
             if want == 0 {
                 e.step = 0;
                 i += 1;
                 continue;
             }
-            let upto = e.n_computed + want;
+            if speculate && e.speculate && !e.prompt_logits && e.decoding() {
+                let room = (budget - want)
+                    .min(prompt_rows)
+                    .min(e.max_tokens.saturating_sub(e.generated() + 1));
+                let len = e.spec.next_len(spec.draft_max).min(room);
+                let p = ngram_propose(&e.tokens, spec.ngram_max, spec.ngram_min, len);
+                if !p.is_empty() && p.len() >= spec.draft_min {
+                    e.proposal.extend_from_slice(p);
+                    want += p.len();
+                    prompt_rows -= p.len();
+                }
+            }
+            let mut upto = e.n_computed + want;
+            if !e.proposal.is_empty() && !Self::grow(&mut self.pool, e, upto) {
+                // No blocks for the proposal: the step decodes one token.
+                prompt_rows += e.proposal.len();
+                (want, upto) = (want - e.proposal.len(), upto - e.proposal.len());
+                e.proposal.clear();
+            }
             if Self::grow(&mut self.pool, e, upto) {
                 e.step = want;
                 budget -= want;
@@ -486,11 +557,13 @@ impl Scheduler {
         );
         for e in dec.chain(pre) {
             let t0 = out.tokens.len();
+            let draft = e.proposal.len();
             out.tokens
-                .extend_from_slice(&e.tokens[e.n_computed..e.n_computed + e.step]);
+                .extend_from_slice(&e.tokens[e.n_computed..e.n_computed + e.step - draft]);
+            out.tokens.extend_from_slice(&e.proposal);
             let b0 = out.blocks.len();
             out.blocks.extend_from_slice(&e.blocks);
-            let sample = e.n_computed + e.step == e.tokens.len();
+            let sample = e.n_computed + e.step - draft == e.tokens.len();
             out.scheduled.push(Scheduled {
                 id: e.id,
                 start_pos: e.n_computed,
@@ -498,7 +571,8 @@ impl Scheduler {
                 blocks: (b0, out.blocks.len()),
                 sample,
                 decode_from: e.prompt_len,
-                logits_from: if e.prompt_rows() {
+                draft,
+                logits_from: if e.prompt_rows() || draft > 0 {
                     Some(0)
                 } else {
                     sample.then(|| e.step - 1)
@@ -515,20 +589,38 @@ impl Scheduler {
 
     /// Consumes the step's results: every scheduled request advances by its step (its full
     /// blocks join the prefix cache), and each `(id, token)` sampled from a `sample` row is
-    /// appended or ends its request. Requests that ended are no longer in the scheduler.
-    /// Outcomes come in the order of `sampled`.
+    /// appended or ends its request. A request whose step carried a proposal has one token
+    /// per accepted proposed token and one more, in order: it advances past the accepted
+    /// ones, and the blocks past them go back to the pool. Requests that ended are no longer
+    /// in the scheduler (their later tokens are dropped). Outcomes come in the order of
+    /// `sampled`.
     pub fn update(&mut self, sampled: &[(u64, u32)]) -> &[Outcome] {
+        let draft_max = self.cfg.spec.draft_max;
         for e in self.running.iter_mut() {
-            e.n_computed += std::mem::take(&mut e.step);
-            while (e.hashed + 1) * BLOCK_SIZE <= e.n_computed {
-                let h = block_hash(e, e.hashed);
-                self.pool.register(e.blocks[e.hashed], h);
-                e.hashed += 1;
-                e.last_hash = h;
+            let mut step = std::mem::take(&mut e.step);
+            let proposed = e.proposal.len();
+            if proposed > 0 {
+                // Its picks: the accepted proposals, then the one that differed (or followed).
+                let picks = sampled.iter().filter(|s| s.0 == e.id).count();
+                let accepted = picks.saturating_sub(1).min(proposed);
+                step -= proposed - accepted;
+                e.spec.record(proposed, accepted, draft_max);
+                self.spec_counts.proposed += proposed as u64;
+                self.spec_counts.accepted += accepted as u64;
+                self.spec_counts.steps += 1;
+                e.proposal.clear();
             }
+            e.n_computed += step;
+            // Blocks past the computed tokens (a rejected proposal's) go back to the pool.
+            while e.blocks.len() > e.n_computed.div_ceil(BLOCK_SIZE) {
+                if let Some(b) = e.blocks.pop() {
+                    self.pool.release(b);
+                }
+            }
+            e.register(&mut self.pool);
         }
         self.outcomes.clear();
-        for &(id, token) in sampled {
+        for (index, &(id, token)) in sampled.iter().enumerate() {
             let Some(i) = self.running.iter().position(|e| e.id == id) else {
                 continue;
             };
@@ -537,6 +629,7 @@ impl Scheduler {
                 Some((false, FinishReason::Stop))
             } else {
                 e.tokens.push(token);
+                e.register(&mut self.pool);
                 (e.generated() >= e.max_tokens).then_some((true, FinishReason::Length))
             };
             let (appended, finish) = match finish {
@@ -550,6 +643,7 @@ impl Scheduler {
             self.outcomes.push(Outcome {
                 id,
                 token,
+                index,
                 appended,
                 finish,
             });
@@ -568,5 +662,7 @@ fn release(pool: &mut BlockPool, ended: impl Iterator<Item = Entry>) -> Vec<(u64
         .collect()
 }
 
+#[cfg(test)]
+mod spec_tests;
 #[cfg(test)]
 mod tests;

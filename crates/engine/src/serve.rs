@@ -86,6 +86,7 @@ where
                     ],
                 ),
                 eog: sh.tokenizer.eog_ids().collect(),
+                spec: opts.spec.clone(),
             });
             Engine::new(&sh, runner, sched).run();
         })

@@ -169,6 +169,9 @@ pub struct Stats {
     pub prefix_cache_hit_tokens_total: u64,
     pub preemptions_total: u64,
     pub steps_total: u64,
+    /// Speculative decoding: tokens proposed and accepted.
+    pub spec_proposed_tokens_total: u64,
+    pub spec_accepted_tokens_total: u64,
 }
 
 /// One running request as the last step left it.
@@ -197,6 +200,8 @@ pub struct ServeOptions {
     pub max_waiting: usize,
     /// The KV cache's element types.
     pub kv: quiver_backend::KvTypes,
+    /// Speculative decoding.
+    pub spec: crate::spec::SpecConfig,
 }
 
 /// What the server needs to know about the loaded model.

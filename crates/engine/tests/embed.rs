@@ -111,6 +111,7 @@ fn served_embeddings_equal_single_sequence_ones() {
         tok,
         ServeOptions {
             kv: Default::default(),
+            spec: Default::default(),
             n_ctx: 1024,
             max_seqs: 8,
             kv_blocks: 256,

@@ -164,6 +164,7 @@ fn load_equals_alone(f: Arc<GgufFile>, label: &str, widths: &[usize], kv_blocks:
         .collect();
     let so = ServeOptions {
         kv: Default::default(),
+        spec: Default::default(),
         n_ctx: 256,
         max_seqs: most,
         kv_blocks,
@@ -297,6 +298,7 @@ fn serving_equals_solo(
     }
     let so = ServeOptions {
         kv: Default::default(),
+        spec: Default::default(),
         n_ctx: 256,
         max_seqs: 16,
         kv_blocks,
@@ -457,6 +459,7 @@ fn constrained_requests_on_the_gpu_agree_alone_together_and_on_the_host() {
     let g = quiver_engine::constraint::Grammars::from_words(&words, vec![0], 0, None).unwrap();
     let so = ServeOptions {
         kv: Default::default(),
+        spec: Default::default(),
         n_ctx: 256,
         max_seqs: 8,
         kv_blocks: 128,

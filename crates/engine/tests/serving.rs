@@ -23,6 +23,7 @@ fn start(kv_blocks: usize, max_seqs: usize) -> EngineHandle {
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let opts = ServeOptions {
         kv: Default::default(),
+        spec: Default::default(),
         n_ctx: 1024,
         max_seqs,
         kv_blocks,
@@ -302,6 +303,7 @@ fn constrained_requests_agree_on_a_made_up_vocabulary() {
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let opts = ServeOptions {
         kv: Default::default(),
+        spec: Default::default(),
         n_ctx: 256,
         max_seqs: 8,
         kv_blocks: 64,

@@ -12,6 +12,7 @@ fn sched(max_batch_tokens: usize, max_seqs: usize, kv_blocks: usize) -> Schedule
         kv_blocks,
         hash_seed: 7,
         eog: vec![EOG],
+        spec: Default::default(),
     })
 }
 
@@ -24,6 +25,7 @@ fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> SchedRequest {
         prompt_logits: false,
         whole_prompt: false,
         cache_salt: None,
+        speculate: false,
     }
 }
 
@@ -314,6 +316,7 @@ fn end_of_generation_and_length_end_requests() {
         Outcome {
             id: 1,
             token: EOG,
+            index: 0,
             appended: false,
             finish: Some(FinishReason::Stop)
         }
@@ -323,6 +326,7 @@ fn end_of_generation_and_length_end_requests() {
         Outcome {
             id: 2,
             token: EOG,
+            index: 1,
             appended: true,
             finish: None
         }

@@ -98,14 +98,16 @@ fn tokens(
     ended: &mut Vec<(u64, FinishReason)>,
 ) -> u64 {
     let mut generated = 0;
-    for (o, lp) in outcomes.iter().zip(&mut mo.logprobs) {
+    for o in outcomes {
+        // A request that ended on an earlier token of this step (a stop string) takes no more.
         let Some(l) = reqs
             .live
             .get_mut(&o.id)
-            .filter(|_| !reqs.dead.contains(&o.id))
+            .filter(|_| !reqs.dead.contains(&o.id) && !ended.iter().any(|e| e.0 == o.id))
         else {
             continue;
         };
+        let lp = &mut mo.logprobs[o.index];
         if !o.appended {
             // An end-of-generation token: the scheduler ended the request without it.
             ended.push((o.id, FinishReason::Stop));

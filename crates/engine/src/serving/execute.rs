@@ -21,8 +21,11 @@ use std::collections::HashMap;
 /// What a step's forward pass and picks produced. Kept from step to step (its vectors reused).
 #[derive(Default)]
 pub(crate) struct ModelOutput {
-    /// The step's sampling rows, (request, logits row), in schedule order.
+    /// The step's sampling rows, (request, logits row), in schedule order: one per request,
+    /// or with a proposal one per proposed token and one more.
     pub rows: Vec<(u64, usize)>,
+    /// Each row's proposed token (`rows`' index), which its pick is checked against.
+    pub proposed: Vec<Option<u32>>,
     /// (request, token) of each row picked, in row order: `Scheduler::update`'s input.
     pub sampled: Vec<(u64, u32)>,
     /// The log-probabilities of each of `sampled`, where its request asked for them.
@@ -177,15 +180,21 @@ impl<B: Backend> StepRunner<B> {
     /// top-k-only rows its k best (a GPU sends back k pairs per row); prompt rows and
     /// log-probabilities need every logit.
     fn plan_rows(&mut self, out: &SchedulerOutput, reqs: &Requests) -> (usize, Fetch) {
-        let rows = &mut self.out.rows;
+        let (rows, proposed) = (&mut self.out.rows, &mut self.out.proposed);
         rows.clear();
+        proposed.clear();
         let mut n_rows = 0;
         let mut how = Fetch::Argmax;
         for s in &out.scheduled {
             n_rows += s.logit_rows();
             let embeds = reqs.embeds(s.id);
             if s.sample && !embeds {
-                rows.push((s.id, n_rows - 1));
+                let (tokens, _) = out.parts(s);
+                let draft = &tokens[tokens.len() - s.draft..];
+                for j in 0..=s.draft {
+                    rows.push((s.id, n_rows - 1 - s.draft + j));
+                    proposed.push(draft.get(j).copied());
+                }
             }
             if let Some(l) = reqs.live.get(&s.id).filter(|_| !embeds) {
                 let prompt = s.logits_from == Some(0) && l.prompt_logprobs.is_some();
@@ -242,7 +251,10 @@ fn prompt_logprobs(out: &SchedulerOutput, sched: &Scheduler, reqs: &mut Requests
 }
 
 /// Each sampling row's token, with its request's sampler (its tokens so far for penalties)
-/// under its constraint's mask, into `mo.sampled` and `mo.logprobs`. A constrained request
+/// under its constraint's mask, into `mo.sampled` and `mo.logprobs`. A request's rows with
+/// proposed tokens are picked in order while each pick equals its row's proposal (the
+/// tokens before a row, accepted proposals included, are its history): the picks are the
+/// accepted proposals and the token after them. A constrained request
 /// whose matcher failed (an internal error, not the model's doing) ends rather than produce
 /// text the grammar does not allow. Returns the constrained requests' tokens, for their
 /// matchers.
@@ -256,12 +268,27 @@ fn pick(
     mo.sampled.clear();
     mo.logprobs.clear();
     let mut commits = Vec::new();
-    for &(id, r) in &mo.rows {
-        let (Some(l), Some(history)) = (reqs.live.get_mut(&id), sched.tokens(id)) else {
+    // The request whose picks this step are over (a pick differed from its proposal), and the
+    // accepted proposals of the current request.
+    let mut over = None;
+    let (mut current, mut accepted) = (None, 0);
+    let mut longer = Vec::new();
+    for (i, &(id, r)) in mo.rows.iter().enumerate() {
+        let (Some(l), Some(mut history)) = (reqs.live.get_mut(&id), sched.tokens(id)) else {
             continue;
         };
-        if reqs.dead.contains(&id) {
+        if reqs.dead.contains(&id) || over == Some(id) {
             continue;
+        }
+        if current != Some(id) {
+            (current, accepted) = (Some(id), 0);
+        }
+        if accepted > 0 {
+            longer.clear();
+            longer.extend_from_slice(history);
+            let picks = &mo.sampled[mo.sampled.len() - accepted..];
+            longer.extend(picks.iter().map(|s| s.1));
+            history = &longer;
         }
         let p = if l.constraint.is_none() {
             picker.pick(r, &mut l.sampler, history, l.logprobs, None)
@@ -279,6 +306,11 @@ fn pick(
         };
         mo.sampled.push((id, p.token));
         mo.logprobs.push(p.logprob);
+        if mo.proposed[i] == Some(p.token) {
+            accepted += 1;
+        } else {
+            over = Some(id);
+        }
     }
     commits
 }

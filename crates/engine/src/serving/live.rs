@@ -37,6 +37,8 @@ impl<'t> Live<'t> {
             prompt_logits: req.prompt_logprobs.is_some(),
             whole_prompt: req.embed.is_some(),
             cache_salt: req.cache_salt,
+            // A constraint's matcher takes one token a step: no proposals to check.
+            speculate: req.constraint.is_none() && req.embed.is_none(),
             prompt: req.prompt,
         };
         let live = Live {

@@ -160,5 +160,8 @@ impl Shared {
         st.waiting = sched.n_waiting();
         st.kv_blocks_total = sched.kv_blocks_total();
         st.kv_blocks_used = sched.kv_blocks_used();
+        let spec = sched.spec_counts();
+        st.spec_proposed_tokens_total = spec.proposed;
+        st.spec_accepted_tokens_total = spec.accepted;
     }
 }

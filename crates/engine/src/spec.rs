@@ -1,0 +1,210 @@
+//! Speculative decoding's proposer and policy, pure functions of a request's tokens: prompt
+//! lookup (n-gram) proposes the tokens that followed the latest earlier occurrence of the
+//! sequence's last n tokens, and [`SpecState`] decides how many to propose each step from the
+//! request's own acceptance. The scheduler asks for proposals; the runner scores them in the
+//! step's one forward pass as decode rows of the positions they would take; each row's token
+//! is picked with the request's sampler as it would be without speculation, and the proposal
+//! is accepted while the picked token equals it (`accepted_prefix`).
+//!
+//! With a sampler that draws by inverting the distribution's CDF at one uniform number per
+//! token, accepting a proposed token exactly when the draw lands on it is the standard
+//! rejection rule for a deterministic proposer: the token is accepted with probability
+//! p(t), and on rejection the draw is distributed as p with t removed and renormalised. Each
+//! generated token consumes one draw with or without speculation, so a seeded request's
+//! tokens are the same either way.
+
+/// Which proposer runs (`--spec-type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpecType {
+    #[default]
+    None,
+    Ngram,
+}
+
+impl SpecType {
+    pub fn parse(s: &str) -> Option<SpecType> {
+        match s {
+            "none" => Some(SpecType::None),
+            "ngram" => Some(SpecType::Ngram),
+            _ => None,
+        }
+    }
+}
+
+/// Speculation settings of the serving engine.
+#[derive(Clone, Debug)]
+pub struct SpecConfig {
+    pub kind: SpecType,
+    /// Most tokens proposed per step (`--draft-max`).
+    pub draft_max: usize,
+    /// A proposal shorter than this is not made (`--draft-min`).
+    pub draft_min: usize,
+    /// Longest n-gram matched (then shorter ones down to `ngram_min`).
+    pub ngram_max: usize,
+    pub ngram_min: usize,
+    /// No proposals in a step with more decoding requests than this: a large step is bound by
+    /// compute, and extra rows cost more than they save.
+    pub max_decoding: usize,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig {
+            kind: SpecType::None,
+            draft_max: 16,
+            draft_min: 0,
+            ngram_max: 4,
+            ngram_min: 2,
+            max_decoding: 4,
+        }
+    }
+}
+
+impl SpecConfig {
+    pub fn on(&self) -> bool {
+        self.kind != SpecType::None && self.draft_max > 0
+    }
+
+    /// Checks the settings; the error names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.draft_min > self.draft_max {
+            return Err(format!(
+                "--draft-min {} is above --draft-max {}",
+                self.draft_min, self.draft_max
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Prompt lookup: the tokens that followed the latest earlier occurrence of the last n tokens
+/// of `tokens` (n from `n_max` down to `n_min`), at most `len`.
+pub fn ngram_propose(tokens: &[u32], n_max: usize, n_min: usize, len: usize) -> &[u32] {
+    if len == 0 {
+        return &[];
+    }
+    for n in (n_min.max(1)..=n_max).rev() {
+        if tokens.len() <= n {
+            continue;
+        }
+        let tail = &tokens[tokens.len() - n..];
+        // Latest match first: an occurrence ending before the tail's start.
+        for start in (0..tokens.len() - n).rev() {
+            if &tokens[start..start + n] == tail {
+                let from = start + n;
+                return &tokens[from..(from + len).min(tokens.len())];
+            }
+        }
+    }
+    &[]
+}
+
+/// How many of `proposed` a step accepted, given the tokens picked from its rows in order
+/// (one per row, the picks stopping at the first that differs from its proposal).
+pub fn accepted_prefix(proposed: &[u32], picked: &[u32]) -> usize {
+    proposed
+        .iter()
+        .zip(picked)
+        .take_while(|(p, t)| p == t)
+        .count()
+}
+
+/// A request's speculation policy: the proposal length follows its acceptance (doubling after
+/// a step that accepted everything, down to one past the accepted count otherwise), and after
+/// steps that accepted nothing it stops proposing for a while (1, 2, 4, … up to 32 steps).
+#[derive(Clone, Debug, Default)]
+pub struct SpecState {
+    /// Proposal length for the next step (0: not yet set, start at the maximum).
+    len: usize,
+    /// Steps to wait before proposing again.
+    cooldown: usize,
+    /// Steps in a row that accepted nothing.
+    misses: u32,
+}
+
+impl SpecState {
+    /// The proposal length this step may use (0: none), and counts down a pause.
+    pub fn next_len(&mut self, draft_max: usize) -> usize {
+        if self.cooldown > 0 {
+            self.cooldown -= 1;
+            return 0;
+        }
+        if self.len == 0 {
+            self.len = draft_max;
+        }
+        self.len.min(draft_max)
+    }
+
+    /// Takes a step's result: `accepted` of `proposed` tokens.
+    pub fn record(&mut self, proposed: usize, accepted: usize, draft_max: usize) {
+        if proposed == 0 {
+            return;
+        }
+        if accepted == 0 {
+            self.misses += 1;
+            self.cooldown = 1 << (self.misses - 1).min(5);
+            self.len = (self.len / 2).max(1);
+        } else {
+            self.misses = 0;
+            self.len = if accepted == proposed {
+                (self.len * 2).min(draft_max)
+            } else {
+                accepted + 1
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ngram_lookup_proposes_the_latest_continuation_longest_match_first() {
+        // "1 2 3 4 5 ... 1 2 3" → 4 5 (the 3-gram), at most `len`.
+        let t = [1, 2, 3, 4, 5, 9, 1, 2, 3];
+        assert_eq!(ngram_propose(&t, 3, 1, 8), &[4, 5, 9, 1, 2, 3]);
+        assert_eq!(ngram_propose(&t, 3, 1, 2), &[4, 5]);
+        // The latest occurrence wins: 7 8 after the second "2 3".
+        let t = [2, 3, 5, 2, 3, 7, 8, 2, 3];
+        assert_eq!(ngram_propose(&t, 2, 2, 2), &[7, 8]);
+        // The longest n matches first: the 3-gram "4 2 3" points at 6, the 2-gram at 7.
+        let t = [4, 2, 3, 6, 2, 3, 7, 4, 2, 3];
+        assert_eq!(ngram_propose(&t, 3, 2, 1), &[6]);
+        assert_eq!(ngram_propose(&t, 2, 2, 1), &[7]);
+        // No earlier occurrence, or n below the minimum: nothing.
+        assert!(ngram_propose(&[1, 2, 3, 4], 3, 1, 4).is_empty());
+        assert!(ngram_propose(&[5, 1, 5], 3, 2, 4).is_empty());
+        assert_eq!(ngram_propose(&[5, 1, 5], 3, 1, 4), &[1, 5]);
+        assert!(ngram_propose(&t, 3, 2, 0).is_empty());
+    }
+
+    #[test]
+    fn acceptance_is_the_matching_prefix() {
+        assert_eq!(accepted_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(accepted_prefix(&[1, 2, 3], &[1, 2, 3, 9]), 3);
+        assert_eq!(accepted_prefix(&[1, 2, 3], &[5]), 0);
+    }
+
+    #[test]
+    fn the_policy_grows_on_acceptance_and_pauses_on_misses() {
+        let mut s = SpecState::default();
+        assert_eq!(s.next_len(16), 16);
+        s.record(16, 3, 16);
+        assert_eq!(s.next_len(16), 4);
+        s.record(4, 4, 16);
+        assert_eq!(s.next_len(16), 8);
+        s.record(8, 0, 16);
+        // One step off, then 4.
+        assert_eq!(s.next_len(16), 0);
+        assert_eq!(s.next_len(16), 4);
+        s.record(4, 0, 16);
+        assert_eq!((s.next_len(16), s.next_len(16), s.next_len(16)), (0, 0, 2));
+        for _ in 0..10 {
+            s.record(1, 0, 16);
+        }
+        // The pause is capped at 32 steps.
+        assert_eq!((0..32).filter(|_| s.next_len(16) == 0).count(), 32);
+        assert_eq!(s.next_len(16), 1);
+    }
+}
