@@ -186,6 +186,67 @@ mod tests {
         assert_eq!(accepted_prefix(&[1, 2, 3], &[5]), 0);
     }
 
+    /// The rejection rule as the engine applies it (a proposed token is accepted when the
+    /// request's sampler draws it): accepted with probability p(t), and on rejection the token
+    /// drawn follows p with t removed and renormalised; then the next row's draw follows p.
+    #[test]
+    fn accepting_the_draw_that_equals_the_proposal_keeps_the_targets_distribution() {
+        use crate::sampler::{Sampler, SamplerParams};
+        let logits = [1.0f32, 0.2, 2.0, -0.5, 1.4, 0.0];
+        let temp = 0.7;
+        let e: Vec<f64> = logits.iter().map(|&l| ((l / temp) as f64).exp()).collect();
+        let p: Vec<f64> = e.iter().map(|x| x / e.iter().sum::<f64>()).collect();
+        let (t, n) = (4u32, 40_000);
+        let (mut accepted, mut rejected, mut next) = (0usize, [0usize; 6], [0usize; 6]);
+        for seed in 0..n {
+            let mut s = Sampler::new(SamplerParams {
+                temperature: temp,
+                seed: seed as u64,
+                ..SamplerParams::neutral()
+            });
+            let first = s.sample(&logits, &[]);
+            if first == t {
+                accepted += 1;
+                next[s.sample(&logits, &[t]) as usize] += 1;
+            } else {
+                rejected[first as usize] += 1;
+            }
+        }
+        let pt = p[t as usize];
+        let sd = (pt * (1.0 - pt) / n as f64).sqrt();
+        let rate = accepted as f64 / n as f64;
+        assert!((rate - pt).abs() < 4.0 * sd, "accepted {rate}, p(t) {pt}");
+        // Chi-square, 4 degrees of freedom (5 for `next`): 0.1% critical values.
+        let chi2 = |counts: &[usize; 6], q: &dyn Fn(usize) -> f64| {
+            let total: usize = counts.iter().sum();
+            (0..6)
+                .filter(|&i| q(i) > 0.0)
+                .map(|i| {
+                    let want = q(i) * total as f64;
+                    (counts[i] as f64 - want).powi(2) / want
+                })
+                .sum::<f64>()
+        };
+        assert_eq!(rejected[t as usize], 0);
+        let c = chi2(&rejected, &|i| {
+            if i == t as usize {
+                0.0
+            } else {
+                p[i] / (1.0 - pt)
+            }
+        });
+        assert!(c < 18.47, "rejected draws {rejected:?}: chi2 {c}");
+        let c = chi2(&next, &|i| p[i]);
+        assert!(c < 20.52, "next draws {next:?}: chi2 {c}");
+        // A token the sampler's filters drop (top-k 2) is never accepted.
+        let mut s = Sampler::new(SamplerParams {
+            temperature: temp,
+            top_k: 2,
+            ..SamplerParams::neutral()
+        });
+        assert!((0..1000).all(|_| s.sample(&logits, &[]) != 1));
+    }
+
     #[test]
     fn the_policy_grows_on_acceptance_and_pauses_on_misses() {
         let mut s = SpecState::default();
