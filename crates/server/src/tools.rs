@@ -176,9 +176,8 @@ impl Tools {
     /// With `tool_choice: auto`, the grammar that leaves the answer free until the format's
     /// marker and holds the calls after it to the tools' schemas (closed, as forced calls'
     /// are), as llama.cpp's lazy grammars do: text without the marker, or text, the marker and
-    /// the calls. None where the format has no marker that opens all its calls (Llama 3.x's
-    /// bare JSON, Gemma 4's per-call marks) or there are no tools. Digits are bounded from the
-    /// marker on.
+    /// the calls. None where the format has no marker (Llama 3.x's bare JSON) or there are no
+    /// tools. Digits are bounded from the marker on (Gemma 4's grammar bounds its own).
     pub fn auto_constraint(&self) -> Option<ConstraintSpec> {
         if self.choice != Choice::Auto || self.functions.is_empty() {
             return None;
@@ -189,6 +188,7 @@ impl Tools {
         let body = first.strip_prefix("start: ")?;
         let marker = self.format.marker()?;
         let lit = |t: &str| serde_json::to_string(t).expect("a string");
+        let mut rules = rules.to_string();
         let rest = match self.format {
             Format::Hermes => body
                 .strip_prefix("\"<tool_call>\\n\"")
@@ -196,7 +196,25 @@ impl Tools {
             Format::Mistral | Format::DeepSeek => {
                 body.strip_prefix(&lit(marker)).map(str::to_string)
             }
-            Format::Llama3 | Format::Gemma4 => None,
+            // Each call opens with the marker: the first call without it, then the others.
+            Format::Gemma4 => {
+                let call = rules.lines().find(|l| l.starts_with("call: "))?;
+                let open = format!("\"{marker}call:");
+                let first = call
+                    .replacen("call: ", "first: ", 1)
+                    .replace(&open, "\"call:");
+                rules.push_str(&first);
+                rules.push('\n');
+                Some(
+                    if body.ends_with('+') {
+                        "first call*"
+                    } else {
+                        "first"
+                    }
+                    .to_string(),
+                )
+            }
+            Format::Llama3 => None,
         }?;
         let escaped: String = marker
             .chars()
@@ -208,16 +226,18 @@ impl Tools {
                 }
             })
             .collect();
-        Some(ConstraintSpec::JsonLarkAfter(
-            format!(
-                "start: TEXT | pre rest\n\
-             TEXT: /(?s:.*)/ & ~/(?s:.*){escaped}(?s:.*)/\n\
+        let lark = format!(
+            "start: FREE_TEXT | pre rest\n\
+             FREE_TEXT: /(?s:.*)/ & ~/(?s:.*){escaped}(?s:.*)/\n\
              pre[suffix={}]: /(?s:.*)/\n\
              rest: {rest}\n{rules}",
-                lit(marker)
-            ),
-            marker.to_string(),
-        ))
+            lit(marker)
+        );
+        Some(match self.format {
+            // Gemma 4's strings are not JSON's: its grammar bounds its own numbers.
+            Format::Gemma4 => ConstraintSpec::Lark(lark),
+            _ => ConstraintSpec::JsonLarkAfter(lark, marker.to_string()),
+        })
     }
 
     /// The Lark grammar of one or more calls (as `parallel` allows) of the functions `fs`, in

@@ -300,6 +300,14 @@ fn auto_calls_follow_the_schemas_after_the_marker() {
         "[TOOL_CALLS][{\"name\": \"Cat\", \"arguments\": {\"name\": \"Tom\", \"age\": 3}}]",
     )
     .unwrap();
+    let t = Tools::parse(m.as_object().unwrap(), Format::Gemma4)
+        .unwrap()
+        .unwrap();
+    let spec = t.auto_constraint().unwrap();
+    follows(&spec, "Sure.<|tool_call>call:Cat{name:<|\"|>Tom<|\"|>,age:3}<tool_call|><|tool_call>call:Cat{name:<|\"|>Al<|\"|>,age:4}<tool_call|>").unwrap();
+    follows(&spec, "No call, just call: text.").unwrap();
+    assert!(follows(&spec, "<|tool_call>call:Dog{").is_err());
+    assert!(follows(&spec, "<|tool_call>call:Cat{name:<|\"|>Tom<|\"|>,age:3,x").is_err());
     let t = Tools::parse(m.as_object().unwrap(), Format::Llama3)
         .unwrap()
         .unwrap();
