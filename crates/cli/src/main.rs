@@ -8,6 +8,7 @@ mod gen;
 mod info;
 mod score;
 mod serve;
+mod spec;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};

@@ -23,6 +23,8 @@ pub struct ServeArgs {
     pub load: LoadArgs,
     #[command(flatten)]
     pub dropin: crate::dropin::ServeDropin,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
     /// The model as a positional argument (vLLM's `vllm serve MODEL`): what -m takes.
     #[arg(value_name = "MODEL", conflicts_with_all = ["model", "hf_repo", "model_url"])]
     pub model_arg: Option<String>,
@@ -127,6 +129,7 @@ impl ServeArgs {
         {
             return Err("--cache-isolation key keeps the prefix cache apart per API key: give keys with --api-key or --api-key-file".into());
         }
+        self.spec.config()?;
         Ok(())
     }
 }
@@ -249,7 +252,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         kv_blocks,
         max_batch_tokens: (a.load.batch_size as usize).max(max_seqs as usize),
         max_waiting: a.max_waiting as usize,
-        spec: Default::default(),
+        spec: a.spec.config().map_err(anyhow::Error::msg)?,
     };
     let (device, desc) = engine::choose_device(&a.load.device)?;
     let mlock = a.load.mlock;

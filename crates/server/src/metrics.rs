@@ -183,6 +183,18 @@ impl Metrics {
             "Forward steps of the engine.",
             s.steps_total,
         );
+        counter(
+            &mut out,
+            "quiver_spec_proposed_tokens_total",
+            "Tokens proposed by speculative decoding.",
+            s.spec_proposed_tokens_total,
+        );
+        counter(
+            &mut out,
+            "quiver_spec_accepted_tokens_total",
+            "Proposed tokens accepted.",
+            s.spec_accepted_tokens_total,
+        );
         gauge(
             &mut out,
             "quiver_requests_running",
@@ -297,6 +309,22 @@ impl Metrics {
             "Generated tokens.",
             &l,
             s.generated_tokens_total as f64,
+        );
+        one(
+            &mut out,
+            "vllm:spec_decode_num_draft_tokens_total",
+            "counter",
+            "Tokens proposed by speculative decoding.",
+            &l,
+            s.spec_proposed_tokens_total as f64,
+        );
+        one(
+            &mut out,
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Proposed tokens accepted.",
+            &l,
+            s.spec_accepted_tokens_total as f64,
         );
         one(
             &mut out,
