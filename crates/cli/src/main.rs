@@ -199,6 +199,11 @@ enum Cmd {
         /// reports prompt and generation t/s summed over the sequences (e.g. 1,8,32,64).
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4096))]
         parallel: Vec<u32>,
+        /// With --spec ngram: generation through the serving engine with speculation off, then
+        /// on, on prompts that quote themselves (-p tokens: a random block twice), for each
+        /// --parallel count (default 1): t/s, proposals accepted and tokens per step.
+        #[command(flatten)]
+        spec: spec::SpecArgs,
     },
     /// OpenAI-compatible HTTP server with continuous batching (docs/SERVER.md).
     Serve(Box<serve::ServeArgs>),
@@ -544,10 +549,27 @@ fn run(cli: Cli) -> Result<()> {
             load,
             n_prompt,
             n_gen,
+            reps,
+            json,
+            parallel,
+            depth,
+            spec,
+        } if spec.spec_type != quiver_engine::spec::SpecType::None => {
+            if depth > 0 {
+                anyhow::bail!("--n-depth with --spec: the prompt (-p) is what the proposals quote");
+            }
+            let (p, n) = (n_prompt as usize, n_gen as usize);
+            spec::bench::run(&load, &spec, p, n, &parallel, reps as usize, json)?
+        }
+        Cmd::Bench {
+            load,
+            n_prompt,
+            n_gen,
             reps: _,
             json,
             parallel,
             depth,
+            ..
         } if !parallel.is_empty() => {
             if depth > 0 {
                 anyhow::bail!(

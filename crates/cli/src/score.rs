@@ -135,7 +135,7 @@ pub fn logprobs_cmd(load: &LoadArgs, ids_json: &str, top: usize) -> Result<()> {
     Ok(())
 }
 
-fn mean_sd(v: &[f64]) -> (f64, f64) {
+pub(crate) fn mean_sd(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
     let var = if v.len() > 1 {
         v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() - 1) as f64

@@ -11,7 +11,7 @@ pub struct SpecArgs {
     /// followed the latest earlier occurrence of the last 4, 3 or 2 tokens of the prompt and
     /// text so far are proposed, and checked in the step's one forward pass; the tokens are
     /// those of plain decoding, greedy or seeded).
-    #[arg(long = "spec-type", value_name = "none|ngram", default_value = "none", value_parser = parse_spec_type)]
+    #[arg(long = "spec-type", visible_alias = "spec", value_name = "none|ngram", default_value = "none", value_parser = parse_spec_type)]
     pub spec_type: SpecType,
     /// Most tokens proposed per request and step (llama-server's --draft-max, --draft).
     #[arg(long = "draft-max", visible_aliases = ["draft", "draft-n"], value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=MAX_DRAFT))]
@@ -36,5 +36,212 @@ impl SpecArgs {
         };
         c.validate()?;
         Ok(c)
+    }
+}
+
+/// `quiver bench --spec TYPE`: generation through the serving engine with speculation off and
+/// on, for each sequence count: t/s, proposals accepted and tokens per step.
+pub mod bench {
+    use super::SpecArgs;
+    use crate::engine::{self, Device, LoadArgs};
+    use anyhow::{anyhow, bail, Result};
+    use quiver_backend::Numerics;
+    use quiver_backend_cpu::{CpuBackend, CpuConfig};
+    use quiver_engine::serve::{EngineHandle, Event, ServeOptions};
+    use quiver_engine::spec::SpecConfig;
+    use quiver_engine::{SamplerParams, BLOCK_SIZE};
+    use serde_json::json;
+    use std::sync::mpsc;
+    use std::time::Instant;
+
+    /// What one run measured.
+    struct Measured {
+        tokens_per_second: f64,
+        proposed: u64,
+        accepted: u64,
+        generated: u64,
+        steps: u64,
+    }
+
+    fn start(load: &LoadArgs, opts: ServeOptions) -> Result<EngineHandle> {
+        let file = engine::open(load)?;
+        let tok = quiver_tokenizer::Tokenizer::from_gguf(&file)?;
+        let (device, _) = engine::choose_device(&load.device)?;
+        let (threads, numerics) = (engine::threads(load)?, load.numerics);
+        let name = "bench".to_string();
+        let h = match device {
+            Device::Cpu => quiver_engine::start_serving(
+                move || CpuBackend::with_config(CpuConfig { threads, numerics }),
+                file,
+                tok,
+                opts,
+                name,
+            ),
+            Device::Cuda(n) => {
+                let config = quiver_backend_cuda::CudaConfig::from_env(numerics);
+                if numerics == Numerics::Parity {
+                    let be = quiver_backend_cuda::ParityBackend::new(n, config)?;
+                    quiver_engine::start_serving(move || be, file, tok, opts, name)
+                } else {
+                    let be = quiver_backend_cuda::CudaBackend::new(n, config)?;
+                    quiver_engine::start_serving(move || be, file, tok, opts, name)
+                }
+            }
+        };
+        h.map_err(|e| anyhow!("{e}"))
+    }
+
+    /// `parallel` requests of `prompts` at once, `n_gen` greedy tokens each: generation t/s
+    /// from the moment every request has its first token.
+    fn measure(h: &EngineHandle, prompts: &[Vec<u32>], n_gen: usize) -> Result<Measured> {
+        let before = h.stats();
+        let rxs = prompts
+            .iter()
+            .map(|p| {
+                let (tx, rx) = mpsc::channel();
+                let req = quiver_engine::serve::Request {
+                    prompt: p.clone(),
+                    sampling: SamplerParams::greedy(),
+                    max_tokens: n_gen,
+                    stop: vec![],
+                    logprobs: None,
+                    prompt_logprobs: None,
+                    ignore_eos: true,
+                    constraint: None,
+                    embed: None,
+                    cache_salt: None,
+                };
+                let sink = move |e: Event| tx.send((Instant::now(), e)).is_ok();
+                h.submit(req, Box::new(sink)).map_err(|e| anyhow!("{e}"))?;
+                Ok(rx)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Each request's token times.
+        let mut times = Vec::new();
+        for rx in rxs {
+            let mut t = Vec::new();
+            for (at, e) in rx {
+                match e {
+                    Event::Token { .. } => t.push(at),
+                    Event::Finished { .. } => break,
+                    Event::Error(e) => bail!("engine error: {e}"),
+                    _ => {}
+                }
+            }
+            times.push(t);
+        }
+        let after = h.stats();
+        let t0 = times.iter().filter_map(|t| t.first()).max();
+        let t1 = times.iter().filter_map(|t| t.last()).max();
+        let (Some(&t0), Some(&t1)) = (t0, t1) else {
+            bail!("no tokens generated");
+        };
+        let later = times.iter().flatten().filter(|&&t| t > t0).count();
+        Ok(Measured {
+            tokens_per_second: later as f64 / (t1 - t0).as_secs_f64().max(1e-9),
+            proposed: after.spec_proposed_tokens_total - before.spec_proposed_tokens_total,
+            accepted: after.spec_accepted_tokens_total - before.spec_accepted_tokens_total,
+            generated: after.generated_tokens_total - before.generated_tokens_total,
+            steps: after.steps_total - before.steps_total,
+        })
+    }
+
+    /// Prompts that quote themselves: a pseudo-random block of token ids, then the block
+    /// again (`n_prompt` tokens in all), one block per sequence.
+    fn prompts(n: usize, n_prompt: usize, n_vocab: usize) -> Vec<Vec<u32>> {
+        let mut x = 0x2545F4914F6CDD1Du64;
+        (0..n)
+            .map(|_| {
+                let half = n_prompt.div_ceil(2);
+                let block: Vec<u32> = (0..half)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        (x % n_vocab as u64) as u32
+                    })
+                    .collect();
+                block.iter().chain(&block).take(n_prompt).copied().collect()
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        load: &LoadArgs,
+        spec: &SpecArgs,
+        n_prompt: usize,
+        n_gen: usize,
+        parallel: &[u32],
+        reps: usize,
+        json_out: bool,
+    ) -> Result<()> {
+        if n_prompt < 2 || n_gen == 0 {
+            bail!("--spec needs -p of 2 or more (the prompt quotes itself) and -n above 0");
+        }
+        let cfg = spec.config().map_err(anyhow::Error::msg)?;
+        let parallel: Vec<usize> = if parallel.is_empty() {
+            vec![1]
+        } else {
+            parallel.iter().map(|&p| p as usize).collect()
+        };
+        let most = parallel.iter().copied().max().unwrap_or(1);
+        let per_seq = (n_prompt + n_gen + cfg.draft_max).div_ceil(BLOCK_SIZE) + 1;
+        let opts = |spec: SpecConfig| ServeOptions {
+            n_ctx: n_prompt + n_gen + 1,
+            max_seqs: most,
+            kv_blocks: most * per_seq,
+            max_batch_tokens: (load.batch_size as usize).max(most),
+            max_waiting: most,
+            kv: load.kv_types(),
+            spec,
+        };
+        let mut rows = Vec::new();
+        for (label, c) in [("none", SpecConfig::default()), ("ngram", cfg.clone())] {
+            let h = start(load, opts(c))?;
+            let nv = h.info().n_vocab;
+            measure(&h, &prompts(1, n_prompt.min(64), nv), n_gen.min(8))?;
+            for &p in &parallel {
+                let ps = prompts(p, n_prompt, nv);
+                let runs = (0..reps)
+                    .map(|_| measure(&h, &ps, n_gen))
+                    .collect::<Result<Vec<_>>>()?;
+                let tps: Vec<f64> = runs.iter().map(|m| m.tokens_per_second).collect();
+                let (m, sd) = crate::score::mean_sd(&tps);
+                let sum = |f: fn(&Measured) -> u64| runs.iter().map(f).sum::<u64>();
+                let (proposed, accepted) = (sum(|m| m.proposed), sum(|m| m.accepted));
+                let (generated, steps) = (sum(|m| m.generated), sum(|m| m.steps));
+                rows.push(json!({
+                    "spec": label, "parallel": p, "n_prompt": n_prompt, "n_gen": n_gen,
+                    "tokens_per_second": m, "sd": sd, "samples": tps,
+                    "proposed": proposed, "accepted": accepted,
+                    "acceptance": accepted as f64 / proposed.max(1) as f64,
+                    "tokens_per_step": generated as f64 / (steps.max(1) * p as u64) as f64,
+                }));
+            }
+            h.shutdown(std::time::Duration::from_secs(10));
+        }
+        if json_out {
+            let j = json!({"draft_max": cfg.draft_max, "draft_min": cfg.draft_min, "repetitions": reps, "results": rows});
+            println!("{}", serde_json::to_string_pretty(&j)?);
+            return Ok(());
+        }
+        println!("| spec | B | test | t/s | accepted | tokens/step |");
+        println!("|---|---|---|---|---|---|");
+        for r in &rows {
+            println!(
+                "| {} | {} | tg{} | {:.2} ± {:.2} | {}/{} ({:.0}%) | {:.2} |",
+                r["spec"].as_str().unwrap_or(""),
+                r["parallel"],
+                n_gen,
+                r["tokens_per_second"].as_f64().unwrap_or(0.0),
+                r["sd"].as_f64().unwrap_or(0.0),
+                r["accepted"],
+                r["proposed"],
+                100.0 * r["acceptance"].as_f64().unwrap_or(0.0),
+                r["tokens_per_step"].as_f64().unwrap_or(0.0),
+            );
+        }
+        Ok(())
     }
 }
