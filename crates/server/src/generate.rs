@@ -112,21 +112,23 @@ pub(crate) fn prepare_chat(
                 ));
             }
             req.params.constraint = Some((spec, "tool_choice"));
-        } else if req.params.constraint.is_none() {
-            // `auto`: the calls the model may write follow the tools' schemas.
-            req.params.constraint = t.auto_constraint().map(|spec| (spec, "tools"));
         }
         req.params.tools = Some(t);
     }
     let ids = render_chat_with(s, &req, true, kwargs.as_ref())?;
-    let thinks = crate::reasoning::template_thinks(s.template.source());
-    if let Some(tags) = thinks.filter(|_| reasoning) {
+    let thinking = crate::reasoning::template_thinks(s.template.source()).map(|tags| {
         let tail = &ids[ids.len().saturating_sub(8)..];
         let text = s.handle.tokenizer().decode(tail, false);
-        req.params.thinking = Some(crate::reasoning::Thinking {
+        crate::reasoning::Thinking {
             tags,
             prompt_opened: text.trim_end().ends_with(tags.open),
-        });
+        }
+    });
+    req.params.thinking = thinking.filter(|_| reasoning);
+    if let (None, Some(t)) = (&req.params.constraint, &req.params.tools) {
+        // `auto`: the calls the model may write (after its thinking) follow the tools' schemas.
+        let spec = t.auto_constraint(thinking);
+        req.params.constraint = spec.map(|spec| (spec, "tools"));
     }
     Ok((req.params, ids))
 }

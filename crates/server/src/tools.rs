@@ -7,6 +7,7 @@
 //! (a bare JSON object `{"name", "parameters"}`).
 
 use crate::error::ApiError;
+use crate::reasoning::Thinking;
 use quiver_engine::constraint::ConstraintSpec;
 use serde_json::{json, Map, Value};
 
@@ -177,8 +178,10 @@ impl Tools {
     /// marker and holds the calls after it to the tools' schemas (closed, as forced calls'
     /// are), as llama.cpp's lazy grammars do: text without the marker, or text, the marker and
     /// the calls. None where the format has no marker (Llama 3.x's bare JSON) or there are no
-    /// tools. Digits are bounded from the marker on (Gemma 4's grammar bounds its own).
-    pub fn auto_constraint(&self) -> Option<ConstraintSpec> {
+    /// tools. Digits are bounded from the marker on (Gemma 4's grammar bounds its own). A
+    /// thinking model's thinking (`think`: its tags, and whether the prompt opened it) is free
+    /// too: a marker there is not a call.
+    pub fn auto_constraint(&self, think: Option<Thinking>) -> Option<ConstraintSpec> {
         if self.choice != Choice::Auto || self.functions.is_empty() {
             return None;
         }
@@ -216,20 +219,32 @@ impl Tools {
             }
             Format::Llama3 => None,
         }?;
-        let escaped: String = marker
-            .chars()
-            .map(|c| {
-                if "\\.+*?()|[]{}^$#&-~/".contains(c) {
-                    format!("\\{c}")
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect();
+        let escaped = regex_lit(marker);
+        // With thinking: the answer may open with it, and then does not start with its tag.
+        let (start, not_think) = match think.map(|t| (t.tags.open, t.tags.close, t.prompt_opened)) {
+            // The answer starts inside the thinking.
+            Some((_, close, true)) => (
+                format!(
+                    "start: thinking answer\nthinking[suffix={}]: /(?s:.*)/\n",
+                    lit(close)
+                ),
+                String::new(),
+            ),
+            Some((open, close, false)) => (
+                format!(
+                    "start: {} thinking answer | answer\nthinking[suffix={}]: /(?s:.*)/\n",
+                    lit(open),
+                    lit(close)
+                ),
+                format!(" & ~/{}(?s:.*)/", regex_lit(open)),
+            ),
+            None => ("start: answer\n".to_string(), String::new()),
+        };
         let lark = format!(
-            "start: FREE_TEXT | pre rest\n\
-             FREE_TEXT: /(?s:.*)/ & ~/(?s:.*){escaped}(?s:.*)/\n\
-             pre[suffix={}]: /(?s:.*)/\n\
+            "{start}\
+             answer: FREE_TEXT | pre rest\n\
+             FREE_TEXT: /(?s:.*)/ & ~/(?s:.*){escaped}(?s:.*)/{not_think}\n\
+             pre[suffix={}]: /(?s:.*)/{not_think}\n\
              rest: {rest}\n{rules}",
             lit(marker)
         );
@@ -438,6 +453,19 @@ impl Tools {
         }
         Some((content, calls))
     }
+}
+
+/// `s` as a regular expression (between Lark's slashes) that matches it literally.
+fn regex_lit(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if "\\.+*?()|[]{}^$#&-~/".contains(c) {
+                format!("\\{c}")
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// One DeepSeek call's body (between its begin and end marks): its name and arguments.

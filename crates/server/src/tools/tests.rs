@@ -276,7 +276,7 @@ fn auto_calls_follow_the_schemas_after_the_marker() {
     let t = Tools::parse(m.as_object().unwrap(), Format::Hermes)
         .unwrap()
         .unwrap();
-    let spec = t.auto_constraint().unwrap();
+    let spec = t.auto_constraint(None).unwrap();
     follows(&spec, "Just text, with <b>tags</b> and { braces }.").unwrap();
     // Digits are free in the text, bounded in the call.
     follows(&spec, "Call 12345678901234567890.").unwrap();
@@ -296,14 +296,14 @@ fn auto_calls_follow_the_schemas_after_the_marker() {
         .unwrap()
         .unwrap();
     follows(
-        &t.auto_constraint().unwrap(),
+        &t.auto_constraint(None).unwrap(),
         "[TOOL_CALLS][{\"name\": \"Cat\", \"arguments\": {\"name\": \"Tom\", \"age\": 3}}]",
     )
     .unwrap();
     let t = Tools::parse(m.as_object().unwrap(), Format::Gemma4)
         .unwrap()
         .unwrap();
-    let spec = t.auto_constraint().unwrap();
+    let spec = t.auto_constraint(None).unwrap();
     follows(&spec, "Sure.<|tool_call>call:Cat{name:<|\"|>Tom<|\"|>,age:3}<tool_call|><|tool_call>call:Cat{name:<|\"|>Al<|\"|>,age:4}<tool_call|>").unwrap();
     follows(&spec, "No call, just call: text.").unwrap();
     assert!(follows(&spec, "<|tool_call>call:Dog{").is_err());
@@ -311,5 +311,28 @@ fn auto_calls_follow_the_schemas_after_the_marker() {
     let t = Tools::parse(m.as_object().unwrap(), Format::Llama3)
         .unwrap()
         .unwrap();
-    assert!(t.auto_constraint().is_none());
+    assert!(t.auto_constraint(None).is_none());
+    // A thinking model: a marker in its thinking is not a call; after it, it is.
+    let t = Tools::parse(m.as_object().unwrap(), Format::Hermes)
+        .unwrap()
+        .unwrap();
+    let th = |prompt_opened| {
+        Some(Thinking {
+            tags: crate::reasoning::THINK,
+            prompt_opened,
+        })
+    };
+    let spec = t.auto_constraint(th(false)).unwrap();
+    follows(
+        &spec,
+        "<think>I could write <tool_call> here.</think>\n\nNo call.",
+    )
+    .unwrap();
+    follows(&spec, "<think>Plan.</think><tool_call>\n{\"name\": \"Cat\", \"arguments\": {\"name\": \"Tom\", \"age\": 3}}\n</tool_call>").unwrap();
+    follows(&spec, "No thinking at all.").unwrap();
+    assert!(follows(&spec, "<think>x</think><tool_call>\n{\"name\": \"Dog\"").is_err());
+    // The prompt opened the thinking (DeepSeek R1's): the answer starts inside it.
+    let spec = t.auto_constraint(th(true)).unwrap();
+    follows(&spec, "I could write <tool_call> here.</think>\n\nNo call.").unwrap();
+    assert!(follows(&spec, "x</think><tool_call>\n{\"name\": \"Dog\"").is_err());
 }
