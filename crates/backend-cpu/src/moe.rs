@@ -55,16 +55,9 @@ impl CpuBackend {
         if !p.router_given {
             self.matmul(w.router, x, rows, s.logits)?;
         }
-        let down_scale = match w.down_scale {
-            Some(v) => {
-                let v = v.vector("moe")?;
-                check("moe", v.len() == ne, || {
-                    format!("{} down scales for {ne} experts", v.len())
-                })?;
-                Some(v)
-            }
-            None => None,
-        };
+        let down_scale = per_expert(w.down_scale, ne, "down")?;
+        let gate_scale = per_expert(w.gate_scale, ne, "gate")?;
+        let up_scale = per_expert(w.up_scale, ne, "up")?;
         let mut r = self.routing.lock().unwrap_or_else(|e| e.into_inner());
         let r = &mut *r;
         r.routes.clear();
@@ -111,6 +104,12 @@ impl CpuBackend {
             let u = &mut s.up[a * ff..(a + n) * ff];
             self.mm
                 .run(w.up.ty, &w.up.bytes()[e * ub..][..ub], ff, d, xs, n, u)?;
+            if let Some(sc) = gate_scale {
+                g.iter_mut().for_each(|v| *v *= sc[e]);
+            }
+            if let Some(sc) = up_scale {
+                u.iter_mut().for_each(|v| *v *= sc[e]);
+            }
             let act = &mut s.act[a * ff..(a + n) * ff];
             let (g, u) = (&s.gate[a * ff..(a + n) * ff], &s.up[a * ff..(a + n) * ff]);
             match p.act {
@@ -152,4 +151,14 @@ impl CpuBackend {
         }
         Ok(())
     }
+}
+
+/// A per-expert scale vector of `ne` floats, where the model has one.
+fn per_expert<'w>(w: Option<&'w CpuWeight>, ne: usize, what: &str) -> Result<Option<&'w [f32]>> {
+    let Some(v) = w else { return Ok(None) };
+    let v = v.vector("moe")?;
+    check("moe", v.len() == ne, || {
+        format!("{} {what} scales for {ne} experts", v.len())
+    })?;
+    Ok(Some(v))
 }

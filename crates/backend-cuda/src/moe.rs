@@ -54,6 +54,13 @@ impl CudaBackend {
         if !p.router_given {
             self.mm(w.router, x.ptr(), rows, s.logits.ptr())?;
         }
+        check(
+            "moe",
+            w.gate_scale.is_none() && w.up_scale.is_none(),
+            || {
+                "per-expert gate/up scales (ffn_gate_exps.scale, ffn_up_exps.scale) have no CUDA kernels".into()
+            },
+        )?;
         let scale = match w.down_scale {
             Some(v) => {
                 check(

@@ -336,6 +336,10 @@ pub struct MoeWeights<'a, W> {
     /// Per-expert scales [n_expert] multiplying each expert's output before its routing
     /// weight (`ffn_down_exps.scale`), where the model has them.
     pub down_scale: Option<&'a W>,
+    /// Per-expert scales [n_expert] of the gate's and the up product (`ffn_gate_exps.scale`,
+    /// `ffn_up_exps.scale`), the gate's before the activation; backends without them refuse.
+    pub gate_scale: Option<&'a W>,
+    pub up_scale: Option<&'a W>,
 }
 
 /// Buffers [`Backend::moe`] may overwrite, sized by [`MoeParams::scratch_floats`].

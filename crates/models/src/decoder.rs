@@ -32,6 +32,20 @@ pub struct Layer<B: Backend> {
     pub ple: Option<crate::extras::PleLayer<B>>,
     /// Multiplies the layer's output (Gemma 4's `layer_output_scale`).
     pub out_scale: Option<f32>,
+    pub scales: Scales,
+}
+
+/// Per-tensor weight scales (`blk.N.attn_q.scale`, … holding one f32): the product's output
+/// times the scale, before its bias, as llama.cpp's graph applies them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Scales {
+    pub q: Option<f32>,
+    pub k: Option<f32>,
+    pub v: Option<f32>,
+    pub o: Option<f32>,
+    pub gate: Option<f32>,
+    pub up: Option<f32>,
+    pub down: Option<f32>,
 }
 
 /// A layer's feed-forward block.
@@ -59,13 +73,15 @@ pub enum Ffn<B: Backend> {
 }
 
 /// A layer's experts: router [n_expert, n_embd] and the experts stacked as the GGUF's 3-D
-/// tensors hold them, and the per-expert output scales where the file has them.
+/// tensors hold them, and the per-expert scales of each product where the file has them.
 pub struct Experts<B: Backend> {
     pub router: B::Weight,
     pub gate: B::Weight,
     pub up: B::Weight,
     pub down: B::Weight,
     pub down_scale: Option<B::Weight>,
+    pub gate_scale: Option<B::Weight>,
+    pub up_scale: Option<B::Weight>,
 }
 
 pub struct Model<B: Backend> {
@@ -164,6 +180,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             kv: hp.kv_index(i),
             ple: crate::extras::load_ple_layer(b, f, &hp, i)?,
             out_scale: crate::extras::out_scale(f, &hp, i)?,
+            scales: crate::extras::weight_scales(b, f, &hp, i)?,
         });
     }
     let tok_embd = w("token_embd.weight", &[hp.n_vocab as u64, d])?;
@@ -269,7 +286,15 @@ impl<B: Backend> Model<B> {
                 )?,
                 (None, _) => b.matmul(&l.wq, &s.xn, n, &mut s.q)?,
             }
-            for (bias, out) in [(&l.bq, &mut s.q), (&l.bk, &mut s.k), (&l.bv, &mut s.v)] {
+            let sc = &l.scales;
+            for (scale, bias, out, len) in [
+                (sc.q, &l.bq, &mut s.q, n * qd),
+                (sc.k, &l.bk, &mut s.k, n * kvd),
+                (sc.v, &l.bv, &mut s.v, n * kvd),
+            ] {
+                if let Some(c) = scale {
+                    b.scale(out, c, len)?;
+                }
                 if let Some(bias) = bias {
                     b.add_bias(out, bias, n)?;
                 }
@@ -312,6 +337,9 @@ impl<B: Backend> Model<B> {
             b.attention(step, &s.q, &s.kv[l.kv], a, &mut s.attn)?;
             dump.put(b, "kqv_out", i, &s.attn, n * qd);
             b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
+            if let Some(c) = sc.o {
+                b.scale(&mut s.o, c, n * d)?;
+            }
             if let Some(bias) = &l.bo {
                 b.add_bias(&mut s.o, bias, n)?;
             }
@@ -325,17 +353,33 @@ impl<B: Backend> Model<B> {
             dump.put(b, "ffn_norm", i, &s.xn, n * d);
             match &l.ffn {
                 Ffn::Dense { gate, up, down } => {
-                    b.matmul_glu(
-                        hp.act,
-                        gate,
-                        up,
-                        &s.xn,
-                        n,
-                        [&mut s.gate, &mut s.up],
-                        &mut s.act,
-                    )?;
-                    dump.put(b, "ffn_act", i, &s.act, n * hp.layers[i].n_ff);
+                    let ff = hp.layers[i].n_ff;
+                    if sc.gate.is_some() || sc.up.is_some() {
+                        // The gate's scale comes before the activation.
+                        b.matmul(gate, &s.xn, n, &mut s.gate)?;
+                        b.matmul(up, &s.xn, n, &mut s.up)?;
+                        for (scale, out) in [(sc.gate, &mut s.gate), (sc.up, &mut s.up)] {
+                            if let Some(c) = scale {
+                                b.scale(out, c, n * ff)?;
+                            }
+                        }
+                        b.glu(hp.act, &s.gate, &s.up, n * ff, &mut s.act)?;
+                    } else {
+                        b.matmul_glu(
+                            hp.act,
+                            gate,
+                            up,
+                            &s.xn,
+                            n,
+                            [&mut s.gate, &mut s.up],
+                            &mut s.act,
+                        )?;
+                    }
+                    dump.put(b, "ffn_act", i, &s.act, n * ff);
                     b.matmul(down, &s.act, n, &mut s.o)?;
+                    if let Some(c) = sc.down {
+                        b.scale(&mut s.o, c, n * d)?;
+                    }
                 }
                 Ffn::Moe(e) => {
                     let p = hp.moe.as_ref().expect("MoE layers come with MoE hparams");

@@ -73,6 +73,54 @@ pub(crate) fn check_ops<B: Backend>(b: &B, hp: &Hparams) -> Result<()> {
     }
 }
 
+/// Layer `i`'s per-tensor weight scales: q, k, v (one scale for a fused `attn_qkv`) and the
+/// attention output in every architecture, the dense FFN's where the architecture's graph in
+/// llama.cpp takes them (`Hparams::ffn_weight_scales`).
+pub(crate) fn weight_scales<B: Backend>(
+    b: &B,
+    f: &GgufFile,
+    hp: &Hparams,
+    i: usize,
+) -> Result<crate::decoder::Scales> {
+    let one = |s: &str| -> Result<Option<f32>> {
+        let name = format!("blk.{i}.{s}.scale");
+        let Some(t) = f.tensor(&name) else {
+            return Ok(None);
+        };
+        if t.ty != quiver_gguf::GgmlType::F32 || t.n_elements != 1 {
+            return Err(ModelError::BadHparam {
+                key: name,
+                detail: format!(
+                    "a weight scale must be one f32, not {:?} {:?}",
+                    t.ty, t.shape
+                ),
+            });
+        }
+        let v = f.tensor_data(t);
+        Ok(Some(f32::from_le_bytes([v[0], v[1], v[2], v[3]])))
+    };
+    let mut sc = crate::decoder::Scales::default();
+    if f.tensor(&format!("blk.{i}.attn_qkv.weight")).is_some() {
+        let s = one("attn_qkv")?;
+        (sc.q, sc.k, sc.v) = (s, s, s);
+    } else {
+        (sc.q, sc.k, sc.v) = (one("attn_q")?, one("attn_k")?, one("attn_v")?);
+    }
+    sc.o = one("attn_output")?;
+    if hp.ffn_weight_scales {
+        (sc.gate, sc.up, sc.down) = (one("ffn_gate")?, one("ffn_up")?, one("ffn_down")?);
+    }
+    if sc != crate::decoder::Scales::default() && !b.supports(ExtraOp::Scale) {
+        return Err(BackendError::MissingOp {
+            op: ExtraOp::Scale,
+            backend: b.name(),
+            arch: hp.arch.clone(),
+        }
+        .into());
+    }
+    Ok(sc)
+}
+
 /// Layer `i`'s FFN: dense, experts (every layer of an MoE model but Gemma 4's), or Gemma 4's
 /// dense MLP beside experts (the layers that have a router).
 pub(crate) fn load_ffn<B: Backend>(
@@ -93,29 +141,23 @@ pub(crate) fn load_ffn<B: Backend>(
                 detail: "fused gate and up experts are not supported (split them)".into(),
             });
         }
-        for part in ["ffn_gate_exps.scale", "ffn_up_exps.scale"] {
-            if has(part) {
-                return Err(ModelError::BadHparam {
-                    key: format!("blk.{i}.{part}"),
-                    detail: "per-expert gate/up scales are not supported".into(),
-                });
+        // Per-expert scales of the products, where the file has them (llama.cpp's graphs of
+        // our MoE architectures all take them).
+        let scale = |part: &str| -> Result<Option<B::Weight>> {
+            let name = format!("blk.{i}.{part}.scale");
+            match f.tensor(&name) {
+                Some(_) => Ok(Some(weight(b, f, &name, &[ne])?)),
+                None => Ok(None),
             }
-        }
-        let down_scale = match has("ffn_down_exps.scale") {
-            true => Some(weight(
-                b,
-                f,
-                &format!("blk.{i}.ffn_down_exps.scale"),
-                &[ne],
-            )?),
-            false => None,
         };
         Ok(Experts {
             router: w("ffn_gate_inp", &[ne, d])?,
             gate: w("ffn_gate_exps", &[ne, fe, d])?,
             up: w("ffn_up_exps", &[ne, fe, d])?,
             down: w("ffn_down_exps", &[ne, d, fe])?,
-            down_scale,
+            down_scale: scale("ffn_down_exps")?,
+            gate_scale: scale("ffn_gate_exps")?,
+            up_scale: scale("ffn_up_exps")?,
         })
     };
     let dense = || -> Result<[B::Weight; 3]> {
@@ -298,6 +340,8 @@ pub(crate) fn experts<B: Backend>(
             up: &e.up,
             down: &e.down,
             down_scale: e.down_scale.as_ref(),
+            gate_scale: e.gate_scale.as_ref(),
+            up_scale: e.up_scale.as_ref(),
         },
         p,
         MoeScratch {

@@ -48,6 +48,10 @@ pub struct Hparams {
     pub v_norm: bool,
     /// Per-layer embeddings of this width (Gemma 4's PLE), 0: none.
     pub n_embd_per_layer: usize,
+    /// The dense FFN's products take the file's per-tensor scales (`ffn_gate.scale`, …) and
+    /// the experts' the per-expert ones, as llama.cpp's graph of the architecture does; the
+    /// attention products' scales apply in every architecture.
+    pub ffn_weight_scales: bool,
 }
 
 /// One layer's attention and FFN shape.
@@ -365,11 +369,10 @@ impl<'a> Reader<'a> {
             self.f32("rope.freq_base")?.unwrap_or(10000.0),
         );
         // A factor of 0 (or none) is no scaling, as llama.cpp reads it.
-        let factor = match self.f32("rope.scaling.factor")? {
-            None => 1.0,
-            Some(f) if f == 0.0 => 1.0,
-            Some(f) => f,
-        };
+        let factor = self
+            .f32("rope.scaling.factor")?
+            .filter(|&f| f != 0.0)
+            .unwrap_or(1.0);
         match self.f.get_str(&self.key("rope.scaling.type"))? {
             None | Some("none") => {}
             // LongRoPE's factors are tensors (`Hparams::rope_long`, phi3.rs).
@@ -479,6 +482,7 @@ impl<'a> Reader<'a> {
                 .collect(),
             v_norm: false,
             n_embd_per_layer: 0,
+            ffn_weight_scales: false,
         })
     }
 }

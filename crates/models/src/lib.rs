@@ -13,7 +13,7 @@ mod phi3;
 mod qwen;
 mod state;
 
-pub use decoder::{Experts, Ffn, Layer, Model};
+pub use decoder::{Experts, Ffn, Layer, Model, Scales};
 pub use hparams::{Hparams, LayerHp};
 pub use state::State;
 

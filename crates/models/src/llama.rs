@@ -12,6 +12,7 @@ use quiver_gguf::GgufFile;
 pub fn hparams(f: &GgufFile) -> Result<Hparams> {
     let r = Reader::new(f)?;
     let mut hp = r.base(RopeMode::Normal, Activation::SwiGlu)?;
+    hp.ffn_weight_scales = true;
     if r.u("expert_count")?.unwrap_or(0) > 0 {
         // Mixtral-style experts: softmax router, the top-k weights divided by their sum,
         // unscaled; each expert as wide as `feed_forward_length` (llama.cpp's llama and

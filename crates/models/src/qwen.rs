@@ -13,9 +13,13 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
     let mut hp = r.base(RopeMode::Neox, Activation::SwiGlu)?;
     hp.rms_eps = r.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6);
     match hp.arch.as_str() {
-        "qwen3" => hp.qk_norm = true,
+        "qwen3" => {
+            hp.qk_norm = true;
+            hp.ffn_weight_scales = true;
+        }
         "qwen3moe" => {
             hp.qk_norm = true;
+            hp.ffn_weight_scales = true;
             hp.moe = Some(r.moe(hp.n_ff, Gating::Softmax, true, Activation::SwiGlu)?);
         }
         _ => {}

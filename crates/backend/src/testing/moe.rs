@@ -81,6 +81,8 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                             up: &uw,
                             down: &dw,
                             down_scale: None,
+                            gate_scale: None,
+                            up_scale: None,
                         },
                         &p,
                         MoeScratch {
@@ -221,6 +223,8 @@ pub fn moe_nan_router<B: Backend, H: Harness<B>>(be: &B, h: &H) {
             up: &up,
             down: &down,
             down_scale: None,
+            gate_scale: None,
+            up_scale: None,
         },
         &p,
         MoeScratch {
