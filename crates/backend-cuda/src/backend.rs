@@ -351,8 +351,8 @@ impl Backend for CudaBackend {
     }
 
     /// Every extra op (src/extras.rs).
-    fn supports(&self, _op: ExtraOp) -> bool {
-        true
+    fn supports(&self, op: ExtraOp) -> bool {
+        op != ExtraOp::MoeProductScales
     }
 
     fn scale(&self, x: &mut CudaBuf, s: f32, n: usize) -> Result<()> {

@@ -260,6 +260,9 @@ pub enum ExtraOp {
     /// [`Backend::moe`] with router logits the caller computed (`MoeParams::router_given`)
     /// and per-expert output scales (`MoeWeights::down_scale`).
     MoeExtras,
+    /// [`Backend::moe`] with per-expert scales of the gate and up products
+    /// (`MoeWeights::gate_scale`, `up_scale`).
+    MoeProductScales,
 }
 
 impl std::fmt::Display for ExtraOp {
@@ -271,6 +274,7 @@ impl std::fmt::Display for ExtraOp {
             ExtraOp::CopyCols => "copy_cols",
             ExtraOp::RopeQ => "rope_q",
             ExtraOp::MoeExtras => "moe (given router logits, per-expert scales)",
+            ExtraOp::MoeProductScales => "moe (per-expert gate/up scales)",
         })
     }
 }

@@ -150,14 +150,23 @@ pub(crate) fn load_ffn<B: Backend>(
                 None => Ok(None),
             }
         };
+        let (gate_scale, up_scale) = (scale("ffn_gate_exps")?, scale("ffn_up_exps")?);
+        if (gate_scale.is_some() || up_scale.is_some()) && !b.supports(ExtraOp::MoeProductScales) {
+            return Err(BackendError::MissingOp {
+                op: ExtraOp::MoeProductScales,
+                backend: b.name(),
+                arch: hp.arch.clone(),
+            }
+            .into());
+        }
         Ok(Experts {
             router: w("ffn_gate_inp", &[ne, d])?,
             gate: w("ffn_gate_exps", &[ne, fe, d])?,
             up: w("ffn_up_exps", &[ne, fe, d])?,
             down: w("ffn_down_exps", &[ne, d, fe])?,
             down_scale: scale("ffn_down_exps")?,
-            gate_scale: scale("ffn_gate_exps")?,
-            up_scale: scale("ffn_up_exps")?,
+            gate_scale,
+            up_scale,
         })
     };
     let dense = || -> Result<[B::Weight; 3]> {
