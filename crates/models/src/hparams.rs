@@ -250,6 +250,20 @@ impl<'a> Reader<'a> {
             .collect())
     }
 
+    /// A key llama.cpp reads as one number or one per layer, where quiver needs one value for
+    /// every layer: the number, or the array's entries if they are all equal.
+    pub fn same_per_layer(&self, k: &str) -> Result<Option<usize>> {
+        let n_layer = self.u("block_count")?.unwrap_or(0);
+        let Some(v) = self.per_layer(k, n_layer)? else {
+            return Ok(None);
+        };
+        match v.first() {
+            Some(&first) if v.iter().all(|&x| x == first) => Ok(Some(first)),
+            Some(_) => Err(self.bad(k, "differs between layers (not supported)")),
+            None => Ok(None),
+        }
+    }
+
     /// The MoE keys (`expert_count`, `expert_used_count`, `expert_feed_forward_length`),
     /// checked against each other. The chosen weights are left unscaled: none of our
     /// architectures' llama.cpp loaders reads `expert_weights_scale`.
@@ -261,14 +275,17 @@ impl<'a> Reader<'a> {
         act: Activation,
     ) -> Result<quiver_backend::MoeParams> {
         let n_expert = self.req("expert_count")?;
-        let n_used = self.req("expert_used_count")?;
+        let n_used = self
+            .same_per_layer("expert_used_count")?
+            .filter(|&v| v > 0)
+            .ok_or_else(|| self.bad("expert_used_count", "missing or 0"))?;
         if n_used > n_expert {
             return Err(self.bad(
                 "expert_used_count",
                 format!("{n_used} is more than expert_count {n_expert}"),
             ));
         }
-        let n_ff = match self.u("expert_feed_forward_length")? {
+        let n_ff = match self.same_per_layer("expert_feed_forward_length")? {
             Some(v) if v > 0 => v,
             _ => n_ff / n_used,
         };

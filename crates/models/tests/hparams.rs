@@ -198,3 +198,29 @@ fn llama_and_mistral3_experts_are_as_wide_as_the_dense_ffn() {
         assert!(m.norm && m.scale == 0.0, "{name}: {m:?}");
     }
 }
+
+#[test]
+fn expert_counts_are_a_number_or_one_per_layer() {
+    let path = synth("tiny-qwen3moe", "per-layer");
+    let hp = quiver_models::hparams(&GgufFile::open(&path).unwrap()).unwrap();
+    let (n, m) = (hp.n_layer, hp.moe.unwrap());
+    let key = "qwen3moe.expert_used_count";
+    let f = rewrite(&path, "moe-used-array", |w, _| {
+        w.set(key, Value::Array(Array::U32(vec![m.n_used as u32; n])));
+        w.set(
+            "qwen3moe.expert_feed_forward_length",
+            Value::Array(Array::I32(vec![m.n_ff as i32; n])),
+        );
+    });
+    assert_eq!(hparams(&f), format!("{hp:?}"));
+    // Counts that differ between layers are refused by name, in one line.
+    let f = rewrite(&path, "moe-used-mixed", |w, _| {
+        let v = (0..n as u32).map(|i| 1 + i % 2).collect();
+        w.set(key, Value::Array(Array::U32(v)));
+    });
+    let e = quiver_models::hparams(&f).unwrap_err().to_string();
+    assert!(
+        e.contains(key) && e.contains("differs") && !e.contains('\n'),
+        "{e}"
+    );
+}
