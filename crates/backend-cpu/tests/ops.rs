@@ -63,3 +63,9 @@ fn products_are_batch_invariant() {
 fn moe_routes_around_nan_router_logits() {
     quiver_backend::testing::moe::moe_nan_router(&backend(Numerics::BatchInvariant), &Cpu);
 }
+
+/// Per-expert gate, up and down scales: as the experts' weights scaled by them.
+#[test]
+fn moe_product_scales_match_scaled_weights() {
+    quiver_backend::testing::moe::moe_product_scales(&backend(Numerics::BatchInvariant), &Cpu);
+}

@@ -248,3 +248,94 @@ pub fn moe_nan_router<B: Backend, H: Harness<B>>(be: &B, h: &H) {
     assert!(out.iter().all(|v| v.is_finite()), "{out:?}");
     assert!(out[d..2 * d].iter().all(|&v| v == 0.0));
 }
+
+/// Per-expert scales of the gate, up and down products (`ExtraOp::MoeProductScales`, with
+/// `down_scale`): the same output as the experts' F32 weights multiplied by them, the gate's
+/// scale thus taken before the activation. Three tokens over 4 experts, 2 used.
+pub fn moe_product_scales<B: Backend, H: Harness<B>>(be: &B, h: &H) {
+    let (d, ff, ne, k, n) = (32usize, 16usize, 4usize, 2usize, 3usize);
+    let (ne64, ff64, d64) = (ne as u64, ff as u64, d as u64);
+    let (gs, us, ds) = (
+        [0.5f32, -1.5, 2.0, 0.25],
+        [1.25f32, 0.75, -0.5, 3.0],
+        [2.0f32, 0.5, 1.5, -1.0],
+    );
+    // Expert e's rows of a stacked weight, times `s[e]` where given.
+    let values = |rows_per_expert: usize, cols: usize, salt: usize, s: Option<&[f32; 4]>| {
+        (0..ne * rows_per_expert * cols)
+            .map(|i| {
+                let v = ((i * 7 + salt) % 13) as f32 * 0.02 - 0.12;
+                v * s.map_or(1.0, |s| s[i / (rows_per_expert * cols)])
+            })
+            .collect::<Vec<f32>>()
+    };
+    let weight = |v: &[f32], shape: &[u64]| {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let t = super::tensor(GgmlType::F32, shape, &bytes);
+        be.weight("w", GgmlType::F32, shape, t).unwrap()
+    };
+    let router = weight(&values(1, d, 3, None), &[ne64, d64]);
+    let p = MoeParams {
+        n_expert: ne,
+        n_used: k,
+        n_ff: ff,
+        gating: Gating::Softmax,
+        norm: true,
+        scale: 0.0,
+        act: Activation::SwiGlu,
+        router_given: false,
+    };
+    let x: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
+    let xb = h.upload(be, &x);
+    let run = |w: MoeWeights<'_, B::Weight>| -> Vec<f32> {
+        let sizes = p.scratch_floats(n, d);
+        let mut bufs: Vec<B::Buf> = sizes.iter().map(|&m| poison(be, h, m)).collect();
+        let [lg, routes, xs, g, u, a, ys] = &mut bufs[..] else {
+            unreachable!()
+        };
+        let mut out = poison(be, h, n * d);
+        let s = MoeScratch {
+            logits: lg,
+            routes,
+            xs,
+            gate: g,
+            up: u,
+            act: a,
+            ys,
+        };
+        be.moe(&xb, n, w, &p, s, &mut out).unwrap();
+        read(be, &out, n * d)
+    };
+    let (gate, up, down) = (
+        weight(&values(ff, d, 1, None), &[ne64, ff64, d64]),
+        weight(&values(ff, d, 5, None), &[ne64, ff64, d64]),
+        weight(&values(d, ff, 9, None), &[ne64, d64, ff64]),
+    );
+    let scale = |s: &[f32; 4]| weight(s, &[ne64]);
+    let (g_s, u_s, d_s) = (scale(&gs), scale(&us), scale(&ds));
+    let scaled = run(MoeWeights {
+        router: &router,
+        gate: &gate,
+        up: &up,
+        down: &down,
+        down_scale: Some(&d_s),
+        gate_scale: Some(&g_s),
+        up_scale: Some(&u_s),
+    });
+    let (gate_f, up_f, down_f) = (
+        weight(&values(ff, d, 1, Some(&gs)), &[ne64, ff64, d64]),
+        weight(&values(ff, d, 5, Some(&us)), &[ne64, ff64, d64]),
+        weight(&values(d, ff, 9, Some(&ds)), &[ne64, d64, ff64]),
+    );
+    let folded = run(MoeWeights {
+        router: &router,
+        gate: &gate_f,
+        up: &up_f,
+        down: &down_f,
+        down_scale: None,
+        gate_scale: None,
+        up_scale: None,
+    });
+    let err = rel_err(&scaled, &folded);
+    assert!(err < 1e-4, "{}: relative error {err}", be.name());
+}
