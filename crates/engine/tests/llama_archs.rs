@@ -7,7 +7,7 @@
 //! llama.cpp test drew them (`llama_archs/rng.rs`), checks the file's sha256 against
 //! llama.cpp's, and compares on the CPU: each of llama.cpp's best 8 tokens' log-probability
 //! within 0.02 (the weights are F32), top-1 equal wherever llama.cpp's leads by more than
-//! 0.1 nat.
+//! 0.1 nat. On CUDA (ignored without a GPU) within 0.05.
 
 #[path = "llama_archs/rng.rs"]
 mod rng;
@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// The CPU's bound (F32 weights).
 const BOUND: f64 = 0.02;
 const LEAD: f64 = 0.1;
 
@@ -130,8 +131,9 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
     row.iter().map(|&v| v as f64 - lse).collect()
 }
 
-#[test]
-fn cpu_matches_llama_cpp_on_its_test_models() {
+/// Compares one backend with every fixture, log-probabilities within `bound`; a model whose
+/// name holds one of `refused` must be refused at load, naming what is missing.
+fn check<B: quiver_backend::Backend>(make: impl Fn() -> B, bound: f64, refused: &[&str]) {
     let all = fixtures();
     assert!(all.len() >= 18, "{} fixtures", all.len());
     let mut failures = Vec::new();
@@ -143,12 +145,18 @@ fn cpu_matches_llama_cpp_on_its_test_models() {
             n_batch: 64,
             max_logits: 64,
         };
-        let backend = CpuBackend::with_config(CpuConfig {
-            threads: 2,
-            numerics: Numerics::Fast,
-        });
-        let mut r = match ModelRunner::new(backend, &f, &opts) {
+        let mut r = match ModelRunner::new(make(), &f, &opts) {
             Ok(r) => r,
+            Err(e) if refused.iter().any(|p| fx.name.contains(p)) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("has no"),
+                    "{}: refused without saying why: {e}",
+                    fx.name
+                );
+                eprintln!("{}: refused at load, as expected: {e}", fx.name);
+                continue;
+            }
             Err(e) => {
                 failures.push(format!("{}: load: {e}", fx.name));
                 continue;
@@ -175,18 +183,45 @@ fn cpu_matches_llama_cpp_on_its_test_models() {
             }
         }
         eprintln!(
-            "{}: max |Δ logprob| {worst:.4} (bound {BOUND}), top-1 {}/{checked} where \
+            "{}: max |Δ logprob| {worst:.4} (bound {bound}), top-1 {}/{checked} where \
              llama.cpp leads by {LEAD}",
             fx.name,
             checked - wrong
         );
-        if worst > BOUND || wrong > 0 {
+        if worst > bound || wrong > 0 {
             failures.push(format!(
-                "{}: max |Δ logprob| {worst:.4} > {BOUND} or {wrong} of {checked} top-1 differ",
+                "{}: max |Δ logprob| {worst:.4} > {bound} or {wrong} of {checked} top-1 differ",
                 fx.name
             ));
         }
         assert!(checked >= 3, "{}: too few clear positions", fx.name);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn cpu_matches_llama_cpp_on_its_test_models() {
+    check(
+        || {
+            CpuBackend::with_config(CpuConfig {
+                threads: 2,
+                numerics: Numerics::Fast,
+            })
+        },
+        BOUND,
+        &[],
+    );
+}
+
+/// On CUDA F32 is held to 0.05 (as in archs.rs); the MoE forms' per-expert gate/up scales have
+/// no CUDA kernels, so those files are refused at load.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matches_llama_cpp_on_its_test_models() {
+    use quiver_backend_cuda::{CudaBackend, CudaConfig};
+    check(
+        || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
+        0.05,
+        &["-moe-"],
+    );
 }
