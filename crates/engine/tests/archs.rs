@@ -16,12 +16,14 @@
 //! equal experts, 0.26 without). Gemma 4 too, since the tenth session (head dim 512 on the
 //! split-K attention, the extra ops of the CUDA backend's src/extras.rs).
 
+mod teacher;
 use quiver_backend::Backend;
 use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
-use quiver_engine::{ModelRunner, RunnerOptions, Want};
+use quiver_engine::{ModelRunner, RunnerOptions};
 use quiver_gguf::GgufFile;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
+use teacher::{log_softmax, teacher_forced};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/archs");
 
@@ -120,17 +122,6 @@ fn model(fx: &Fixture) -> Arc<GgufFile> {
     Arc::new(GgufFile::open(&path).unwrap())
 }
 
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max
-        + row
-            .iter()
-            .map(|&v| (v as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
-    row.iter().map(|&v| v as f64 - lse).collect()
-}
-
 /// Compares one backend with every fixture; `bound(preset, type)` is the log-probability
 /// bound, `lead(preset, type)` how far llama.cpp's top-1 must lead for top-1 to be checked.
 fn check<B: Backend>(
@@ -176,10 +167,7 @@ fn check<B: Backend>(
         };
         let nv = r.n_vocab();
         let np = fx.n_prompt;
-        let mut rows = r.eval(&fx.tokens[..np], 0, Want::From(0)).unwrap().to_vec();
-        for (k, &t) in fx.tokens[np..].iter().enumerate() {
-            rows.extend_from_slice(r.eval(&[t], np + k, Want::Last).unwrap());
-        }
+        let rows = teacher_forced(&mut r, &fx.tokens, np);
         assert_eq!(rows.len(), fx.top.len() * nv, "{}", fx.name);
         let (mut worst, mut top1_checked, mut top1_wrong) = (0f64, 0, 0);
         for (pos, want) in fx.top.iter().enumerate() {

@@ -12,12 +12,14 @@
 #[path = "llama_archs/rng.rs"]
 mod rng;
 
+mod teacher;
 use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
-use quiver_engine::{ModelRunner, RunnerOptions, Want};
+use quiver_engine::{ModelRunner, RunnerOptions};
 use quiver_gguf::{GgmlType, GgufFile};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
+use teacher::{log_softmax, teacher_forced};
 
 /// The CPU's bound (F32 weights).
 const BOUND: f64 = 0.02;
@@ -120,17 +122,6 @@ fn model(fx: &Fixture) -> Arc<GgufFile> {
     Arc::new(GgufFile::open(&path).unwrap())
 }
 
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max
-        + row
-            .iter()
-            .map(|&v| (v as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
-    row.iter().map(|&v| v as f64 - lse).collect()
-}
-
 /// Compares one backend with every fixture, log-probabilities within `bound`; a model whose
 /// name holds one of `refused` must be refused at load, naming what is missing.
 fn check<B: quiver_backend::Backend>(make: impl Fn() -> B, bound: f64, refused: &[&str]) {
@@ -164,10 +155,7 @@ fn check<B: quiver_backend::Backend>(make: impl Fn() -> B, bound: f64, refused: 
         };
         let nv = r.n_vocab();
         let np = fx.n_prompt;
-        let mut rows = r.eval(&fx.tokens[..np], 0, Want::From(0)).unwrap().to_vec();
-        for (k, &t) in fx.tokens[np..].iter().enumerate() {
-            rows.extend_from_slice(r.eval(&[t], np + k, Want::Last).unwrap());
-        }
+        let rows = teacher_forced(&mut r, &fx.tokens, np);
         assert_eq!(rows.len(), fx.top.len() * nv, "{}", fx.name);
         let (mut worst, mut checked, mut wrong) = (0f64, 0, 0);
         for (pos, want) in fx.top.iter().enumerate() {
