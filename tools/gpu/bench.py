@@ -31,8 +31,9 @@ TEST_SETS = {
     "engine": ("engine GPU tests", "test-gpu", ["--include-ignored", "--test-threads=1", "--skip", "real_models"]),
     "engine-real": ("engine GPU tests, real models too", "test-gpu", ["--include-ignored", "--test-threads=1"]),
     "archs": ("architectures on the GPU", "test-archs", ["--include-ignored", "--test-threads=1", "gpu_matches"]),
+    "llama-archs": ("llama.cpp's test models on the GPU", "test-llama_archs", ["--include-ignored", "--test-threads=1", "gpu_matches"]),
 }
-DEFAULT_TESTS = ("compile", "ops", "engine", "archs")
+DEFAULT_TESTS = ("compile", "ops", "engine", "archs", "llama-archs")
 
 
 def elapsed():
