@@ -30,6 +30,7 @@ mod tenant;
 mod tools;
 mod turn;
 mod webui;
+mod xml_call;
 
 use app::{router, AppState};
 use metrics::Metrics;

@@ -4,7 +4,8 @@
 //!
 //! Formats: Hermes / Qwen (`<tool_call>{"name", "arguments"}</tool_call>`, also the default for
 //! templates that show none), Mistral (`[TOOL_CALLS][{"name", "arguments"}, ...]`), Llama 3.x
-//! (a bare JSON object `{"name", "parameters"}`).
+//! (a bare JSON object `{"name", "parameters"}`), DeepSeek, Gemma 4, and Qwen3-Coder / Qwen 3.5's
+//! XML form (crate::xml_call).
 
 use crate::error::ApiError;
 use crate::reasoning::Thinking;
@@ -29,6 +30,9 @@ pub enum Format {
     DeepSeek,
     /// Gemma 4: `<|tool_call>call:NAME{key:value,…}<tool_call|>` (crate::gemma_call).
     Gemma4,
+    /// Qwen3-Coder, Qwen 3.5: `<tool_call>` `<function=NAME>` `<parameter=KEY>` raw value
+    /// `</parameter>` … `</function>` `</tool_call>` (crate::xml_call).
+    XmlFunction,
 }
 
 const DS_CALLS: &str = "<｜tool▁calls▁begin｜>";
@@ -47,6 +51,8 @@ impl Format {
             Format::DeepSeek
         } else if s.contains(crate::gemma_call::OPEN) {
             Format::Gemma4
+        } else if s.contains("<function=") {
+            Format::XmlFunction
         } else if s.contains("<tool_call>") {
             Format::Hermes
         } else if s.contains("<|python_tag|>") || s.contains("ipython") {
@@ -64,6 +70,7 @@ impl Format {
             Format::Llama3 => None,
             Format::DeepSeek => Some(DS_CALLS),
             Format::Gemma4 => Some(crate::gemma_call::OPEN),
+            Format::XmlFunction => Some(crate::xml_call::OPEN),
         }
     }
 }
@@ -168,8 +175,9 @@ impl Tools {
         };
         let lark = self.calls_grammar(&fs);
         Some(match self.format {
-            // Gemma 4's strings are not JSON's: its grammar bounds its own numbers.
-            Format::Gemma4 => ConstraintSpec::Lark(lark),
+            // Gemma 4's strings are not JSON's: its grammar bounds its own numbers. The XML
+            // form's string values are raw text, where digits are free.
+            Format::Gemma4 | Format::XmlFunction => ConstraintSpec::Lark(lark),
             _ => ConstraintSpec::JsonLark(lark),
         })
     }
@@ -196,7 +204,7 @@ impl Tools {
             Format::Hermes => body
                 .strip_prefix("\"<tool_call>\\n\"")
                 .map(|r| format!("\"\\n\"{r}")),
-            Format::Mistral | Format::DeepSeek => {
+            Format::Mistral | Format::DeepSeek | Format::XmlFunction => {
                 body.strip_prefix(&lit(marker)).map(str::to_string)
             }
             // Each call opens with the marker: the first call without it, then the others.
@@ -249,8 +257,9 @@ impl Tools {
             lit(marker)
         );
         Some(match self.format {
-            // Gemma 4's strings are not JSON's: its grammar bounds its own numbers.
-            Format::Gemma4 => ConstraintSpec::Lark(lark),
+            // Gemma 4's strings are not JSON's: its grammar bounds its own numbers; the XML
+            // form's raw text values leave digits free.
+            Format::Gemma4 | Format::XmlFunction => ConstraintSpec::Lark(lark),
             _ => ConstraintSpec::JsonLarkAfter(lark, marker.to_string()),
         })
     }
@@ -321,6 +330,10 @@ impl Tools {
             Format::Gemma4 => {
                 let funcs: Vec<(&str, &Value)> = fs.iter().map(|(n, p)| (n.as_str(), p)).collect();
                 crate::gemma_call::grammar(&funcs, self.parallel)
+            }
+            Format::XmlFunction => {
+                let funcs: Vec<(&str, &Value)> = fs.iter().map(|(n, p)| (n.as_str(), p)).collect();
+                crate::xml_call::grammar(&funcs, self.parallel, &JSON_STYLE)
             }
             Format::DeepSeek => {
                 // One alternative per function: its name, then arguments to its schema.
@@ -431,6 +444,13 @@ impl Tools {
             }
             Format::Gemma4 => {
                 for (name, args) in crate::gemma_call::calls(rest)? {
+                    push(&json!({"name": name, "arguments": args}), "arguments")?;
+                }
+            }
+            Format::XmlFunction => {
+                let schema_of =
+                    |n: &str| self.functions.iter().find(|(f, _)| f == n).map(|(_, p)| p);
+                for (name, args) in crate::xml_call::calls(rest, schema_of)? {
                     push(&json!({"name": name, "arguments": args}), "arguments")?;
                 }
             }

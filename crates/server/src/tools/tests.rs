@@ -336,3 +336,46 @@ fn auto_calls_follow_the_schemas_after_the_marker() {
     follows(&spec, "I could write <tool_call> here.</think>\n\nNo call.").unwrap();
     assert!(follows(&spec, "x</think><tool_call>\n{\"name\": \"Dog\"").is_err());
 }
+
+/// Qwen3-Coder and Qwen 3.5's XML calls: found in their templates, parsed with the values typed
+/// by the schemas, and forced (or, with `auto`, held after the marker) by their grammar.
+#[test]
+fn xml_function_calls_parse_and_follow_their_grammar() {
+    let qwen35 = "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}";
+    assert_eq!(Format::of_template(Some(qwen35)), Format::XmlFunction);
+    let m = json!({"tools": [{"type": "function", "function": {"name": "Cat", "parameters": {
+        "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "age"]}}}], "tool_choice": "required"});
+    let t = Tools::parse(m.as_object().unwrap(), Format::XmlFunction)
+        .unwrap()
+        .unwrap();
+    let call = "<tool_call>\n<function=Cat>\n<parameter=name>\nTom\n12\n</parameter>\n<parameter=age>\n3\n</parameter>\n</function>\n</tool_call>";
+    let (content, calls) = t.extract(&format!("Sure.\n{call}")).unwrap();
+    assert_eq!(content, "Sure.");
+    assert_eq!(
+        calls,
+        vec![("Cat".into(), "{\"name\":\"Tom\\n12\",\"age\":3}".into())]
+    );
+    let forced = t.constraint().unwrap();
+    follows(&forced, call).unwrap();
+    follows(&forced, &format!("{call}\n{call}")).unwrap();
+    // The optional parameter, as JSON.
+    follows(&forced, "<tool_call>\n<function=Cat>\n<parameter=name>\nAl\n</parameter>\n<parameter=age>\n4\n</parameter>\n<parameter=tags>\n[\"x\"]\n</parameter>\n</function>\n</tool_call>").unwrap();
+    // A required parameter left out, a value not of its type, a function not among the tools.
+    assert!(follows(&forced, "<tool_call>\n<function=Cat>\n<parameter=age>").is_err());
+    assert!(follows(
+        &forced,
+        "<tool_call>\n<function=Cat>\n<parameter=name>\nAl\n</parameter>\n<parameter=age>\nfour"
+    )
+    .is_err());
+    assert!(follows(&forced, "<tool_call>\n<function=Dog>").is_err());
+    assert!(follows(&forced, "Sure.").is_err());
+    let m = json!({"tools": m["tools"]});
+    let t = Tools::parse(m.as_object().unwrap(), Format::XmlFunction)
+        .unwrap()
+        .unwrap();
+    let auto = t.auto_constraint(None).unwrap();
+    follows(&auto, "No call: 12345678901234567890 and <function=x>.").unwrap();
+    follows(&auto, &format!("Sure.\n{call}")).unwrap();
+    assert!(follows(&auto, "<tool_call>\n<function=Dog>").is_err());
+}
