@@ -265,6 +265,7 @@ fn llama_server_aliases(args: impl Iterator<Item = String>) -> Result<Vec<String
             "-kvu" => "--kv-unified",
             "-dev" => "--device",
             "-sm" => "--split-mode",
+            "-md" => "--model-draft",
             "-nocb" | "--no-cont-batching" => return Err(format!(
                 "{a}: quiver always batches continuously (it has no other mode); to run one request at a time use --max-seqs 1 (-np 1)"
             )),
@@ -554,7 +555,7 @@ fn run(cli: Cli) -> Result<()> {
             parallel,
             depth,
             spec,
-        } if spec.spec_type != quiver_engine::spec::SpecType::None => {
+        } if spec.kind() != quiver_engine::spec::SpecType::None => {
             if depth > 0 {
                 anyhow::bail!("--n-depth with --spec: the prompt (-p) is what the proposals quote");
             }

@@ -8,6 +8,7 @@
 mod batch;
 mod batched;
 pub mod constraint;
+pub mod draft;
 pub mod embed;
 pub mod gbnf;
 mod generate;

@@ -11,7 +11,9 @@
 //! Stop strings are text, so the output processor finds them and calls [`Scheduler::finish`].
 
 use crate::kv::{chain_hash, BlockPool};
-use crate::spec::{ngram_propose, SpecConfig, SpecState};
+use crate::spec::{
+    batch_cap, ngram_propose, Drafter, RequestSpec, SpecConfig, SpecState, SpecType,
+};
 use crate::types::{FinishReason, SchedError, BLOCK_SIZE};
 use std::collections::VecDeque;
 
@@ -54,6 +56,8 @@ pub struct SchedRequest {
     pub cache_salt: Option<String>,
     /// Its decode steps may carry proposed tokens (`SchedConfig::spec`).
     pub speculate: bool,
+    /// Its own speculation settings (in place of `SchedConfig::spec`'s).
+    pub spec: RequestSpec,
 }
 
 /// One request's part of a step.
@@ -192,6 +196,10 @@ struct Entry {
     /// This step's proposed tokens (after `tokens`).
     proposal: Vec<u32>,
     spec: SpecState,
+    /// (draft_max, draft_min, p_min) of this request.
+    limits: (usize, usize, f32),
+    /// Tokens whose K/V the draft model holds (its KV in the same blocks as the target's).
+    draft_done: usize,
 }
 
 impl Entry {
@@ -336,6 +344,8 @@ impl Scheduler {
             speculate: r.speculate,
             proposal: Vec::new(),
             spec: SpecState::default(),
+            limits: r.spec.resolve(&self.cfg.spec),
+            draft_done: 0,
         });
     }
 
@@ -428,6 +438,7 @@ impl Scheduler {
         let mut e = self.running.remove(i);
         self.pool.release_all(&mut e.blocks);
         (e.n_computed, e.hashed, e.last_hash, e.step) = (0, 0, e.seed, 0);
+        e.draft_done = 0;
         e.proposal.clear();
         self.out.preempted.push(e.id);
         self.waiting.push_front(e);
@@ -452,6 +463,15 @@ impl Scheduler {
 
     /// Plans the next step. The output is empty when there is nothing to run.
     pub fn schedule(&mut self) -> Result<&SchedulerOutput, SchedError> {
+        self.schedule_with(None)
+    }
+
+    /// Plans the next step, a draft model proposing for the requests that may (with
+    /// [`SpecType::Draft`]; without a drafter they propose nothing).
+    pub fn schedule_with(
+        &mut self,
+        mut drafter: Option<&mut dyn Drafter>,
+    ) -> Result<&SchedulerOutput, SchedError> {
         self.out.clear();
         let mut budget = self.cfg.max_batch_tokens;
         // Logits rows for prompt log-probabilities, beyond one sampling row per request.
@@ -459,8 +479,7 @@ impl Scheduler {
         // 1. Running requests: decode tokens and prefill chunks, oldest first.
         self.running.sort_by_key(|e| e.arrived);
         let spec = self.cfg.spec.clone();
-        let speculate =
-            spec.on() && self.running.iter().filter(|e| e.decoding()).count() <= spec.max_decoding;
+        let cap = batch_cap(&spec, self.running.iter().filter(|e| e.decoding()).count());
         let mut i = 0;
         while i < self.running.len() {
             let e = &mut self.running[i];
@@ -471,17 +490,41 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            if speculate && e.speculate && !e.prompt_logits && e.decoding() {
+            let (draft_max, draft_min, p_min) = e.limits;
+            if cap > 0 && draft_max > 0 && e.speculate && !e.prompt_logits && e.decoding() {
                 let room = (budget - want)
                     .min(prompt_rows)
-                    .min(e.max_tokens.saturating_sub(e.generated() + 1));
-                let len = e.spec.next_len(spec.draft_max).min(room);
-                let p = ngram_propose(&e.tokens, spec.ngram_max, spec.ngram_min, len);
-                if !p.is_empty() && p.len() >= spec.draft_min {
-                    e.proposal.extend_from_slice(p);
-                    want += p.len();
-                    prompt_rows -= p.len();
+                    .min(e.max_tokens.saturating_sub(e.generated() + 1))
+                    .min(cap);
+                let len = e.spec.next_len(draft_max).min(room);
+                match (spec.kind, drafter.as_deref_mut()) {
+                    (SpecType::Ngram, _) => {
+                        let p = ngram_propose(&e.tokens, spec.ngram_max, spec.ngram_min, len);
+                        e.proposal.extend_from_slice(p);
+                    }
+                    // The draft writes its K/V of the proposal's positions in the blocks the
+                    // target's step will have.
+                    (SpecType::Draft, Some(d))
+                        if len > 0
+                            && len >= draft_min
+                            && Self::grow(&mut self.pool, e, e.n_computed + want + len) =>
+                    {
+                        d.draft(
+                            &e.tokens,
+                            &mut e.draft_done,
+                            &e.blocks,
+                            len,
+                            p_min,
+                            &mut e.proposal,
+                        );
+                    }
+                    _ => {}
                 }
+                if e.proposal.len() < draft_min.max(1) {
+                    e.proposal.clear();
+                }
+                want += e.proposal.len();
+                prompt_rows -= e.proposal.len();
             }
             let mut upto = e.n_computed + want;
             if !e.proposal.is_empty() && !Self::grow(&mut self.pool, e, upto) {
@@ -595,8 +638,8 @@ impl Scheduler {
     /// in the scheduler (their later tokens are dropped). Outcomes come in the order of
     /// `sampled`.
     pub fn update(&mut self, sampled: &[(u64, u32)]) -> &[Outcome] {
-        let draft_max = self.cfg.spec.draft_max;
         for e in self.running.iter_mut() {
+            let draft_max = e.limits.0;
             let mut step = std::mem::take(&mut e.step);
             let proposed = e.proposal.len();
             if proposed > 0 {
@@ -611,6 +654,8 @@ impl Scheduler {
                 e.proposal.clear();
             }
             e.n_computed += step;
+            // The draft's K/V past the accepted tokens are of rejected ones.
+            e.draft_done = e.draft_done.min(e.n_computed);
             // Blocks past the computed tokens (a rejected proposal's) go back to the pool.
             while e.blocks.len() > e.n_computed.div_ceil(BLOCK_SIZE) {
                 if let Some(b) = e.blocks.pop() {

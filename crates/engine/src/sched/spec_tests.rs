@@ -60,6 +60,7 @@ fn run(kind: SpecType, kv_blocks: usize, prompts: &[Vec<u32>], max_tokens: usize
             whole_prompt: false,
             cache_salt: None,
             speculate: true,
+            spec: Default::default(),
         });
     }
     let mut kv = Kv::new();
