@@ -135,6 +135,8 @@ enum Cmd {
         /// Feed the prompt as is: no chat template; BOS as the model asks; special-token text parsed.
         #[arg(long)]
         raw: bool,
+        #[command(flatten)]
+        spec: spec::SpecArgs,
     },
     /// Interactive multi-turn chat: /reset, /exit; Ctrl-C stops the current answer.
     Chat {
@@ -145,6 +147,8 @@ enum Cmd {
         /// A system message.
         #[arg(long)]
         system: Option<String>,
+        #[command(flatten)]
+        spec: spec::SpecArgs,
     },
     /// Perplexity of a text file, by llama-perplexity's method.
     Perplexity {
@@ -530,12 +534,14 @@ fn run(cli: Cli) -> Result<()> {
             file,
             system,
             raw,
-        } => gen::run(&load, &sample, prompt, file, system, raw)?,
+            spec,
+        } => gen::run(&load, &sample, &spec, prompt, file, system, raw)?,
         Cmd::Chat {
             load,
             sample,
             system,
-        } => gen::chat(&load, &sample, system)?,
+            spec,
+        } => gen::chat(&load, &sample, &spec, system)?,
         Cmd::Perplexity {
             load,
             file,

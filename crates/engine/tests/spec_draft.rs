@@ -251,3 +251,107 @@ fn a_draft_of_another_vocabulary_is_refused_at_load() {
     .unwrap();
     assert!(e.contains("-md"), "{e}");
 }
+
+/// `quiver run`'s path (one sequence, `generate_spec`): with prompt lookup, the target as its
+/// own draft and a random draft, the tokens of plain `generate`, greedy and seeded; a chat's
+/// second turn (KV reused, the speculator kept) too.
+#[test]
+fn single_sequence_speculation_gives_the_tokens_of_plain_generation() {
+    use quiver_engine::{generate, generate_spec, GenOptions, ModelRunner, RunnerOptions};
+    use quiver_engine::{Sampler, Session, Speculator};
+    let target = synth(512, 7);
+    let other = synth(512, 99);
+    let tok = Tokenizer::from_gguf(&target).unwrap();
+    let runner = |f: &Arc<GgufFile>, max_logits| {
+        let opts = RunnerOptions {
+            n_ctx: 256,
+            n_batch: 64,
+            max_logits,
+            kv: Default::default(),
+        };
+        ModelRunner::new(CpuBackend::new(2), f, &opts).unwrap()
+    };
+    let opts = GenOptions {
+        max_tokens: 40,
+        ..Default::default()
+    };
+    // A prompt that repeats itself (prompt lookup finds it), then a second turn.
+    let first: Vec<u32> = ids(12, 5, 512).repeat(3);
+    let second = ids(9, 6, 512);
+    let sampling = |i: u64| {
+        if i == 0 {
+            SamplerParams::greedy()
+        } else {
+            SamplerParams {
+                temperature: 0.9,
+                seed: i,
+                ..Default::default()
+            }
+        }
+    };
+    // Two turns: the second's prompt after the first's prompt and answer (its K/V kept).
+    let two_turns = |r: &mut ModelRunner<CpuBackend>,
+                     mut s: Option<&mut Speculator>,
+                     i: u64|
+     -> Vec<Vec<u32>> {
+        let mut sampler = Sampler::new(sampling(i));
+        let g1 = generate_spec(
+            r,
+            s.as_deref_mut(),
+            &tok,
+            &first,
+            0,
+            &mut sampler,
+            &opts,
+            |_| true,
+        )
+        .unwrap();
+        let start = first.len() + g1.kv_tokens;
+        let g2 = generate_spec(r, s, &tok, &second, start, &mut sampler, &opts, |_| true).unwrap();
+        vec![g1.tokens, g2.tokens]
+    };
+    for i in [0u64, 3, 4] {
+        let mut plain = runner(&target, 1);
+        let want = two_turns(&mut plain, None, i);
+        // `generate` is `generate_spec` without a speculator.
+        let mut sampler = Sampler::new(sampling(i));
+        let g = generate(&mut plain, &tok, &first, 0, &mut sampler, &opts, |_| true).unwrap();
+        assert_eq!(g.tokens, want[0]);
+        for (label, kind, draft) in [
+            ("ngram", SpecType::Ngram, None),
+            ("self draft", SpecType::Draft, Some(&target)),
+            ("random draft", SpecType::Draft, Some(&other)),
+        ] {
+            let mut r = runner(&target, 7);
+            let mut d = draft.map(|f| runner(f, 1));
+            let cfg = SpecConfig {
+                kind,
+                draft_max: 6,
+                ngram_min: 1,
+                ..Default::default()
+            };
+            let mut s = Speculator::new(cfg, d.as_mut().map(|d| d as &mut dyn Session));
+            let got = two_turns(&mut r, Some(&mut s), i);
+            assert_eq!(got, want, "{label}, sampling {i}");
+            eprintln!(
+                "{label}, sampling {i}: {}/{} accepted",
+                s.accepted, s.proposed
+            );
+            assert!(s.proposed > 0, "{label}: nothing proposed");
+            if label == "self draft" && i == 0 {
+                assert_eq!(
+                    s.accepted, s.proposed,
+                    "{label}: a greedy proposal rejected"
+                );
+            }
+            if label == "random draft" {
+                assert!(
+                    s.accepted * 4 < s.proposed,
+                    "{label}: {}/{}",
+                    s.accepted,
+                    s.proposed
+                );
+            }
+        }
+    }
+}
