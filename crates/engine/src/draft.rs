@@ -15,7 +15,7 @@
 use crate::batch::{BatchBuilder, Blocks};
 use crate::picker::{Fetch, Picker};
 use crate::sampler::{Sampler, SamplerParams};
-use crate::spec::Drafter;
+use crate::spec::{DraftJob, Drafter};
 use crate::types::{EngineError, Result};
 use quiver_backend::Backend;
 use quiver_gguf::GgufFile;
@@ -72,6 +72,8 @@ pub struct DraftModel<B: Backend> {
     picker: Picker,
     greedy: Sampler,
     n_batch: usize,
+    /// Sequences drafted together (logits rows per step).
+    max_rows: usize,
     /// Proposals stop before a token the target's vocabulary does not have.
     target_vocab: usize,
     /// The first error a draft step met (the serving loop fails its step with it).
@@ -79,13 +81,14 @@ pub struct DraftModel<B: Backend> {
 }
 
 impl<B: Backend> DraftModel<B> {
-    /// Loads the draft on `backend` with a KV cache of `n_slots` positions and steps of at most
-    /// `n_batch` tokens.
+    /// Loads the draft on `backend` with a KV cache of `n_slots` positions, steps of at most
+    /// `n_batch` tokens, and `max_rows` sequences drafted at once.
     pub fn load(
         backend: &B,
         file: &Arc<GgufFile>,
         n_slots: usize,
         n_batch: usize,
+        max_rows: usize,
         kv: quiver_backend::KvTypes,
         target_vocab: usize,
     ) -> Result<Self> {
@@ -93,7 +96,8 @@ impl<B: Backend> DraftModel<B> {
         model.for_context(n_slots);
         model.set_kv_types(kv)?;
         let n_batch = n_batch.max(1);
-        let state = model.state(backend, n_slots, n_batch, 1)?;
+        let max_rows = max_rows.clamp(1, n_batch);
+        let state = model.state(backend, n_slots, n_batch, max_rows)?;
         Ok(DraftModel {
             model,
             state,
@@ -101,6 +105,7 @@ impl<B: Backend> DraftModel<B> {
             picker: Picker::default(),
             greedy: Sampler::new(SamplerParams::greedy()),
             n_batch,
+            max_rows,
             target_vocab,
             error: None,
         })
@@ -111,83 +116,96 @@ impl<B: Backend> DraftModel<B> {
         self.error.take()
     }
 
-    /// One step: `tokens` at `start_pos..`, the last row's logits kept.
-    fn forward(
-        &mut self,
-        b: &mut B,
-        tokens: &[u32],
-        start_pos: usize,
-        blocks: Blocks,
-    ) -> Result<()> {
-        let batch = self
-            .batch
-            .begin()
-            .push_seq(tokens, start_pos, blocks, Some(tokens.len() - 1))
-            .batch();
+    /// Runs the batch built since `batch.begin()`.
+    fn forward(&mut self, b: &mut B) -> Result<()> {
+        let batch = self.batch.batch();
         self.model.forward(b, &mut self.state, batch)?;
         Ok(())
     }
 
-    /// The last step's top token and (with `p_min` above 0) its probability.
-    fn top(&mut self, b: &B, p_min: f32) -> Result<(u32, f32)> {
-        let nv = self.model.hp.n_vocab;
-        let how = if p_min > 0.0 {
-            Fetch::Logits
-        } else {
-            Fetch::Argmax
-        };
-        self.picker
-            .fetch(b, &self.state.logits, 1, nv, how)
-            .map_err(ModelError::from)?;
-        let token = self.picker.pick(0, &mut self.greedy, &[], None, None).token;
-        let p = match self.picker.row(0) {
-            Some(row) => {
-                let max = row[token as usize];
-                1.0 / row.iter().map(|&l| (l - max).exp()).sum::<f32>()
-            }
-            None => 1.0,
-        };
-        Ok((token, p))
+    /// Drafts for every job (see [`DraftJob`]): the tokens their KV lacks first (packed into
+    /// steps of `n_batch` tokens), then one step per proposed position with a row for each
+    /// job still drafting.
+    pub fn propose(&mut self, b: &mut B, jobs: &mut [DraftJob<'_>]) -> Result<()> {
+        for j in jobs.iter_mut() {
+            j.out.clear();
+        }
+        let rows = self.max_rows;
+        for group in jobs.chunks_mut(rows) {
+            self.propose_group(b, group)?;
+        }
+        Ok(())
     }
 
-    /// Proposes up to `len` tokens after `tokens` into `out` (see [`Drafter::draft`]), its KV
-    /// in `blocks`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn propose(
-        &mut self,
-        b: &mut B,
-        tokens: &[u32],
-        done: &mut usize,
-        blocks: Blocks,
-        len: usize,
-        p_min: f32,
-        out: &mut Vec<u32>,
-    ) -> Result<()> {
-        out.clear();
-        if len == 0 || tokens.is_empty() {
-            return Ok(());
-        }
-        // The tokens its KV lacks (at least the last, whose logits give the first proposal).
-        let mut d = (*done).min(tokens.len() - 1);
-        *done = d;
-        while d < tokens.len() {
-            let end = (d + self.n_batch).min(tokens.len());
-            self.forward(b, &tokens[d..end], d, blocks)?;
-            d = end;
-            *done = d;
-        }
-        loop {
-            let (t, p) = self.top(b, p_min)?;
-            if p < p_min || t as usize >= self.target_vocab {
-                return Ok(());
+    fn propose_group(&mut self, b: &mut B, jobs: &mut [DraftJob<'_>]) -> Result<()> {
+        // 1. Each sequence's tokens but the last, where the draft's KV lacks them.
+        self.batch.begin();
+        let mut n = 0;
+        for j in jobs.iter_mut().filter(|j| !j.tokens.is_empty()) {
+            let end = j.tokens.len() - 1;
+            let mut d = (*j.done).min(end);
+            while d < end {
+                let take = (end - d).min(self.n_batch - n);
+                self.batch
+                    .push_seq(&j.tokens[d..d + take], d, Blocks::Table(j.blocks), None);
+                (n, d) = (n + take, d + take);
+                if n == self.n_batch {
+                    self.forward(b)?;
+                    self.batch.begin();
+                    n = 0;
+                }
             }
-            out.push(t);
-            if out.len() == len {
-                return Ok(());
-            }
-            self.forward(b, &[t], *done, blocks)?;
-            *done += 1;
+            *j.done = end;
         }
+        if n > 0 {
+            self.forward(b)?;
+        }
+        // 2. The last token, then each proposed one, a row per sequence still drafting.
+        let mut active: Vec<usize> = (0..jobs.len())
+            .filter(|&k| jobs[k].len > 0 && !jobs[k].tokens.is_empty())
+            .collect();
+        let mut feed: Vec<u32> = active
+            .iter()
+            .map(|&k| jobs[k].tokens[jobs[k].tokens.len() - 1])
+            .collect();
+        let nv = self.model.hp.n_vocab;
+        while !active.is_empty() {
+            self.batch.begin();
+            for (i, &k) in active.iter().enumerate() {
+                let j = &jobs[k];
+                self.batch
+                    .push_seq(&feed[i..i + 1], *j.done, Blocks::Table(j.blocks), Some(0));
+            }
+            self.forward(b)?;
+            let probs = active.iter().any(|&k| jobs[k].p_min > 0.0);
+            let how = if probs { Fetch::Logits } else { Fetch::Argmax };
+            self.picker
+                .fetch(b, &self.state.logits, active.len(), nv, how)
+                .map_err(ModelError::from)?;
+            let (mut next, mut next_feed) = (Vec::new(), Vec::new());
+            for (i, &k) in active.iter().enumerate() {
+                let j = &mut jobs[k];
+                *j.done += 1;
+                let t = self.picker.pick(i, &mut self.greedy, &[], None, None).token;
+                let p = match self.picker.row(i) {
+                    Some(row) => {
+                        let max = row[t as usize];
+                        1.0 / row.iter().map(|&l| (l - max).exp()).sum::<f32>()
+                    }
+                    None => 1.0,
+                };
+                if p < j.p_min || t as usize >= self.target_vocab {
+                    continue;
+                }
+                j.out.push(t);
+                if j.out.len() < j.len {
+                    next.push(k);
+                    next_feed.push(t);
+                }
+            }
+            (active, feed) = (next, next_feed);
+        }
+        Ok(())
     }
 }
 
@@ -198,31 +216,16 @@ pub(crate) struct OnBackend<'a, B: Backend> {
 }
 
 impl<B: Backend> Drafter for OnBackend<'_, B> {
-    fn draft(
-        &mut self,
-        tokens: &[u32],
-        done: &mut usize,
-        blocks: &[u32],
-        len: usize,
-        p_min: f32,
-        out: &mut Vec<u32>,
-    ) {
+    fn draft(&mut self, jobs: &mut [DraftJob<'_>]) {
         if self.draft.error.is_some() {
-            out.clear();
+            jobs.iter_mut().for_each(|j| j.out.clear());
             return;
         }
-        let r = self.draft.propose(
-            self.backend,
-            tokens,
-            done,
-            Blocks::Table(blocks),
-            len,
-            p_min,
-            out,
-        );
-        if let Err(e) = r {
-            out.clear();
-            *done = 0;
+        if let Err(e) = self.draft.propose(self.backend, jobs) {
+            for j in jobs.iter_mut() {
+                j.out.clear();
+                *j.done = 0;
+            }
             self.draft.error = Some(e);
         }
     }

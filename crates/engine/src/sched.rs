@@ -12,7 +12,7 @@
 
 use crate::kv::{chain_hash, BlockPool};
 use crate::spec::{
-    batch_cap, ngram_propose, Drafter, RequestSpec, SpecConfig, SpecState, SpecType,
+    batch_cap, ngram_propose, DraftJob, Drafter, RequestSpec, SpecConfig, SpecState, SpecType,
 };
 use crate::types::{FinishReason, SchedError, BLOCK_SIZE};
 use std::collections::VecDeque;
@@ -200,6 +200,8 @@ struct Entry {
     limits: (usize, usize, f32),
     /// Tokens whose K/V the draft model holds (its KV in the same blocks as the target's).
     draft_done: usize,
+    /// Tokens reserved this step for the draft model's proposal (drafted after the loop).
+    draft_len: usize,
 }
 
 impl Entry {
@@ -346,6 +348,7 @@ impl Scheduler {
             spec: SpecState::default(),
             limits: r.spec.resolve(&self.cfg.spec),
             draft_done: 0,
+            draft_len: 0,
         });
     }
 
@@ -438,7 +441,7 @@ impl Scheduler {
         let mut e = self.running.remove(i);
         self.pool.release_all(&mut e.blocks);
         (e.n_computed, e.hashed, e.last_hash, e.step) = (0, 0, e.seed, 0);
-        e.draft_done = 0;
+        (e.draft_done, e.draft_len) = (0, 0);
         e.proposal.clear();
         self.out.preempted.push(e.id);
         self.waiting.push_front(e);
@@ -470,7 +473,7 @@ impl Scheduler {
     /// [`SpecType::Draft`]; without a drafter they propose nothing).
     pub fn schedule_with(
         &mut self,
-        mut drafter: Option<&mut dyn Drafter>,
+        drafter: Option<&mut dyn Drafter>,
     ) -> Result<&SchedulerOutput, SchedError> {
         self.out.clear();
         let mut budget = self.cfg.max_batch_tokens;
@@ -485,46 +488,42 @@ impl Scheduler {
             let e = &mut self.running[i];
             let mut want = e.want(budget, &mut prompt_rows);
             e.proposal.clear();
+            e.draft_len = 0;
             if want == 0 {
                 e.step = 0;
                 i += 1;
                 continue;
             }
-            let (draft_max, draft_min, p_min) = e.limits;
+            let (draft_max, draft_min, _) = e.limits;
             if cap > 0 && draft_max > 0 && e.speculate && !e.prompt_logits && e.decoding() {
                 let room = (budget - want)
                     .min(prompt_rows)
                     .min(e.max_tokens.saturating_sub(e.generated() + 1))
                     .min(cap);
                 let len = e.spec.next_len(draft_max).min(room);
-                match (spec.kind, drafter.as_deref_mut()) {
-                    (SpecType::Ngram, _) => {
+                match spec.kind {
+                    SpecType::Ngram => {
                         let p = ngram_propose(&e.tokens, spec.ngram_max, spec.ngram_min, len);
-                        e.proposal.extend_from_slice(p);
+                        if p.len() >= draft_min.max(1) {
+                            e.proposal.extend_from_slice(p);
+                        }
                     }
-                    // The draft writes its K/V of the proposal's positions in the blocks the
-                    // target's step will have.
-                    (SpecType::Draft, Some(d))
-                        if len > 0
+                    // The proposal's rows are reserved and its blocks allocated (the draft
+                    // writes its K/V there); the draft proposes after this loop, for every
+                    // request at once (`draft_all`).
+                    SpecType::Draft
+                        if drafter.is_some()
+                            && len > 0
                             && len >= draft_min
                             && Self::grow(&mut self.pool, e, e.n_computed + want + len) =>
                     {
-                        d.draft(
-                            &e.tokens,
-                            &mut e.draft_done,
-                            &e.blocks,
-                            len,
-                            p_min,
-                            &mut e.proposal,
-                        );
+                        e.draft_len = len;
                     }
                     _ => {}
                 }
-                if e.proposal.len() < draft_min.max(1) {
-                    e.proposal.clear();
-                }
-                want += e.proposal.len();
-                prompt_rows -= e.proposal.len();
+                let reserved = e.proposal.len() + e.draft_len;
+                want += reserved;
+                prompt_rows -= reserved;
             }
             let mut upto = e.n_computed + want;
             if !e.proposal.is_empty() && !Self::grow(&mut self.pool, e, upto) {
@@ -547,6 +546,11 @@ impl Scheduler {
                     tokens: upto,
                 });
             }
+        }
+        if let Some(d) = drafter {
+            let (b, p) = self.draft_all(d);
+            budget += b;
+            prompt_rows += p;
         }
         // 2. Admit waiting requests while there is room.
         while budget > 0 && self.running.len() < self.cfg.max_seqs {
@@ -623,6 +627,40 @@ impl Scheduler {
             });
         }
         Ok(&self.out)
+    }
+
+    /// The draft model's proposals for the requests that reserved rows for one this step; the
+    /// rows and budget they leave unused go back: returns (budget, logits rows) returned.
+    fn draft_all(&mut self, d: &mut dyn Drafter) -> (usize, usize) {
+        let mut jobs: Vec<DraftJob> = self
+            .running
+            .iter_mut()
+            .filter(|e| e.draft_len > 0 && e.step > 0)
+            .map(|e| DraftJob {
+                tokens: &e.tokens,
+                done: &mut e.draft_done,
+                blocks: &e.blocks,
+                len: e.draft_len,
+                p_min: e.limits.2,
+                out: &mut e.proposal,
+            })
+            .collect();
+        if !jobs.is_empty() {
+            d.draft(&mut jobs);
+        }
+        drop(jobs);
+        let mut unused = 0;
+        for e in self.running.iter_mut().filter(|e| e.draft_len > 0) {
+            if e.proposal.len() < e.limits.1.max(1) {
+                e.proposal.clear();
+            }
+            let u = e.draft_len - e.proposal.len().min(e.draft_len);
+            e.proposal.truncate(e.draft_len);
+            e.step -= u;
+            unused += u;
+            e.draft_len = 0;
+        }
+        (unused, unused)
     }
 
     /// The last `schedule()`'s output.

@@ -126,6 +126,7 @@ fn load_draft<B: Backend>(
         &file.0,
         opts.kv_blocks * BLOCK_SIZE,
         opts.max_batch_tokens,
+        opts.max_seqs,
         opts.kv,
         runner.n_vocab(),
     )

@@ -139,22 +139,24 @@ pub fn batch_cap(cfg: &SpecConfig, n_decoding: usize) -> usize {
     }
 }
 
+/// One request's drafting this step: up to `len` tokens after `tokens` into `out` (cleared
+/// first), stopping where the draft's top token is below `p_min`. The draft's KV holds the
+/// first `*done` of `tokens` in `blocks` (the target's block numbers, the proposal's blocks
+/// already allocated); `*done` is left at what it holds then.
+pub struct DraftJob<'a> {
+    pub tokens: &'a [u32],
+    pub done: &'a mut usize,
+    pub blocks: &'a [u32],
+    pub len: usize,
+    pub p_min: f32,
+    pub out: &'a mut Vec<u32>,
+}
+
 /// Proposes tokens with a draft model (the serving loop's, `crate::draft`): the scheduler
-/// calls it for each request that may propose this step, with the blocks of its proposal
-/// already allocated.
+/// calls it once a step with every request that may propose, which it drafts together (one
+/// forward pass per proposed position).
 pub trait Drafter {
-    /// Up to `len` tokens after `tokens` into `out` (cleared first), stopping where the
-    /// draft's top token is below `p_min`. The draft's KV holds the first `*done` of `tokens`
-    /// in `blocks` (same block numbers as the target's); `*done` is left at what it holds then.
-    fn draft(
-        &mut self,
-        tokens: &[u32],
-        done: &mut usize,
-        blocks: &[u32],
-        len: usize,
-        p_min: f32,
-        out: &mut Vec<u32>,
-    );
+    fn draft(&mut self, jobs: &mut [DraftJob<'_>]);
 }
 
 impl Default for SpecConfig {
