@@ -63,7 +63,7 @@ fn positive(s: &str) -> Result<f32, String> {
     })
 }
 
-fn unit(s: &str) -> Result<f32, String> {
+pub(crate) fn unit(s: &str) -> Result<f32, String> {
     parse_f32(s).and_then(|v| {
         if (0.0..=1.0).contains(&v) {
             Ok(v)

@@ -27,7 +27,8 @@ pub struct SpecArgs {
         long = "draft-p-min",
         visible_alias = "spec-draft-p-min",
         value_name = "P",
-        default_value_t = 0.0
+        default_value_t = 0.0,
+        value_parser = crate::gen::unit
     )]
     pub draft_p_min: f32,
 }
