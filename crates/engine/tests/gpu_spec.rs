@@ -176,3 +176,83 @@ fn draft_models_on_the_gpu_give_the_tokens_of_plain_serving() {
     let (p, a) = same_answers(&f, spec(SpecType::Draft, Some(other)), "random draft");
     assert!(p > 0 && a * 4 < p, "random draft: {a}/{p}");
 }
+
+/// `quiver run --spec …` on the GPU: one sequence (`generate_spec`, the proposal verified as a
+/// step of several rows) gives the tokens of plain `generate` on the same backend, greedy and
+/// seeded, with prompt lookup, the target as its own draft (a second backend on the same GPU)
+/// and a random draft.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn single_sequence_speculation_on_the_gpu_gives_the_tokens_of_plain_generation() {
+    use quiver_engine::{generate, generate_spec, GenOptions, ModelRunner, RunnerOptions};
+    use quiver_engine::{Sampler, Session, Speculator};
+    let target = synth("smollm2-135m", "Q4_1", 7);
+    let other = synth("smollm2-135m", "Q4_1", 99);
+    let tok = Tokenizer::from_gguf(&target).unwrap();
+    let runner = |f: &Arc<GgufFile>, max_logits| {
+        let opts = RunnerOptions {
+            n_ctx: 256,
+            n_batch: 64,
+            max_logits,
+            kv: Default::default(),
+        };
+        ModelRunner::new(backend(), f, &opts).unwrap()
+    };
+    let opts = GenOptions {
+        max_tokens: 40,
+        ..Default::default()
+    };
+    let prompt: Vec<u32> = ids(16, 5, 49152).repeat(3);
+    for i in [0u64, 3] {
+        let sampling = || {
+            Sampler::new(if i == 0 {
+                SamplerParams::greedy()
+            } else {
+                SamplerParams {
+                    temperature: 0.8,
+                    seed: i,
+                    ..Default::default()
+                }
+            })
+        };
+        let mut plain = runner(&target, 1);
+        let want = generate(&mut plain, &tok, &prompt, 0, &mut sampling(), &opts, |_| {
+            true
+        })
+        .unwrap()
+        .tokens;
+        drop(plain);
+        for (label, kind, draft) in [
+            ("ngram", SpecType::Ngram, None),
+            ("self draft", SpecType::Draft, Some(&target)),
+            ("random draft", SpecType::Draft, Some(&other)),
+        ] {
+            let mut r = runner(&target, 7);
+            let mut d = draft.map(|f| runner(f, 1));
+            let cfg = SpecConfig {
+                kind,
+                draft_max: 6,
+                ..Default::default()
+            };
+            let mut s = Speculator::new(cfg, d.as_mut().map(|d| d as &mut dyn Session));
+            let got = generate_spec(
+                &mut r,
+                Some(&mut s),
+                &tok,
+                &prompt,
+                0,
+                &mut sampling(),
+                &opts,
+                |_| true,
+            )
+            .unwrap()
+            .tokens;
+            eprintln!(
+                "{label}, sampling {i}: {}/{} accepted",
+                s.accepted, s.proposed
+            );
+            assert_eq!(got, want, "{label}, sampling {i}");
+            assert!(s.proposed > 0, "{label}: nothing proposed");
+        }
+    }
+}
