@@ -482,7 +482,7 @@ impl Scheduler {
         // 1. Running requests: decode tokens and prefill chunks, oldest first.
         self.running.sort_by_key(|e| e.arrived);
         let spec = self.cfg.spec.clone();
-        let cap = batch_cap(&spec, self.running.iter().filter(|e| e.decoding()).count());
+        let n_decoding = self.running.iter().filter(|e| e.decoding()).count();
         let mut i = 0;
         while i < self.running.len() {
             let e = &mut self.running[i];
@@ -495,7 +495,8 @@ impl Scheduler {
                 continue;
             }
             let (draft_max, draft_min, _) = e.limits;
-            if cap > 0 && draft_max > 0 && e.speculate && !e.prompt_logits && e.decoding() {
+            let cap = batch_cap(&spec, draft_max, n_decoding);
+            if cap > 0 && e.speculate && !e.prompt_logits && e.decoding() {
                 let room = (budget - want)
                     .min(prompt_rows)
                     .min(e.max_tokens.saturating_sub(e.generated() + 1))

@@ -117,7 +117,8 @@ fn load_draft<B: Backend>(
     opts: &ServeOptions,
 ) -> Result<Option<DraftModel<B>>, EngineError> {
     opts.spec.validate().map_err(EngineError::Draft)?;
-    let Some(file) = opts.spec.draft_model.as_ref().filter(|_| opts.spec.on()) else {
+    // Loaded with --draft-max 0 too: a request's `speculative.n_max` may ask for proposals.
+    let Some(file) = opts.spec.draft_model.as_ref() else {
         return Ok(None);
     };
     check_vocab(target, &file.0).map_err(EngineError::Draft)?;

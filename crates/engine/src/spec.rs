@@ -129,13 +129,14 @@ pub const MAX_DRAFT: usize = 256;
 /// step's weight reads are shared by its rows, and each proposed row adds compute that a
 /// larger step has less idle time for: at most `2 · draft_max / n` rows, so the step's
 /// proposed rows stay within twice one request's); none above `max_decoding`.
-pub fn batch_cap(cfg: &SpecConfig, n_decoding: usize) -> usize {
-    if !cfg.on() || n_decoding > cfg.max_decoding {
+/// `draft_max` is the request's (`speculative.n_max`, else `--draft-max`).
+pub fn batch_cap(cfg: &SpecConfig, draft_max: usize, n_decoding: usize) -> usize {
+    if cfg.kind == SpecType::None || n_decoding > cfg.max_decoding {
         return 0;
     }
     match n_decoding {
-        0 | 1 => cfg.draft_max,
-        n => (2 * cfg.draft_max / n).clamp(1, cfg.draft_max),
+        0 | 1 => draft_max,
+        n => (2 * draft_max / n).clamp(1, draft_max),
     }
 }
 
@@ -384,17 +385,16 @@ mod tests {
             max_decoding: 8,
             ..Default::default()
         };
-        let caps: Vec<usize> = (0..=9).map(|n| batch_cap(&cfg, n)).collect();
+        let caps: Vec<usize> = (0..=9).map(|n| batch_cap(&cfg, 16, n)).collect();
         assert_eq!(caps, [16, 16, 16, 10, 8, 6, 5, 4, 4, 0]);
         // Proposed rows per step stay within twice one request's.
-        assert!((1..=8).all(|n| n * batch_cap(&cfg, n) <= 2 * 16));
-        // Off: nothing, whatever the batch.
-        assert_eq!(batch_cap(&SpecConfig::default(), 1), 0);
-        let one = SpecConfig {
-            draft_max: 1,
-            ..cfg
-        };
-        assert_eq!((batch_cap(&one, 2), batch_cap(&one, 8)), (1, 1));
+        assert!((1..=8).all(|n| n * batch_cap(&cfg, 16, n) <= 2 * 16));
+        // A request's own maximum, above or below the server's.
+        assert_eq!((batch_cap(&cfg, 32, 2), batch_cap(&cfg, 4, 4)), (32, 2));
+        // Off: nothing, whatever the batch or the request.
+        assert_eq!(batch_cap(&SpecConfig::default(), 16, 1), 0);
+        assert_eq!((batch_cap(&cfg, 1, 2), batch_cap(&cfg, 1, 8)), (1, 1));
+        assert_eq!(batch_cap(&cfg, 0, 1), 0);
     }
 
     #[test]
