@@ -270,6 +270,8 @@ fn llama_server_aliases(args: impl Iterator<Item = String>) -> Result<Vec<String
             "-dev" => "--device",
             "-sm" => "--split-mode",
             "-md" => "--model-draft",
+            "-ngld" => "--n-gpu-layers-draft",
+            "-cd" => "--ctx-size-draft",
             "-nocb" | "--no-cont-batching" => return Err(format!(
                 "{a}: quiver always batches continuously (it has no other mode); to run one request at a time use --max-seqs 1 (-np 1)"
             )),

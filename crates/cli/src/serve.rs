@@ -273,6 +273,14 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         spec,
     };
     let (device, desc) = engine::choose_device(&a.load.device)?;
+    if let Some(n) = &a.dropin.n_gpu_layers_draft {
+        let n: i64 = n
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--n-gpu-layers-draft {n}: not a number"))?;
+        if n == 0 && device != engine::Device::Cpu {
+            bail!("--n-gpu-layers-draft 0: the draft model runs on the model's device ({desc}); run both on the CPU with --device cpu");
+        }
+    }
     let mlock = a.load.mlock;
     let model_name = name.clone();
     let what = path.display().to_string();
