@@ -101,7 +101,12 @@ fn load_spec(
         quiver_engine::draft::check_vocab(&gguf, &d.0).map_err(anyhow::Error::msg)?;
     }
     let ctx = engine::n_ctx(load, &gguf);
-    let rows = if cfg.on() { cfg.draft_max + 1 } else { 1 };
+    // A power of two: a verification step of up to 64 rows then replays a CUDA graph.
+    let rows = if cfg.on() {
+        (cfg.draft_max + 1).next_power_of_two()
+    } else {
+        1
+    };
     let target = engine::load(load, gguf, rows)?;
     let draft = match draft {
         Some(d) => {

@@ -240,7 +240,17 @@ impl<B: Backend> ModelRunner<B> {
             }
             .into());
         }
-        self.forward_single(tokens, start_pos, 0)?;
+        // Decode rows, as the serving loop's proposals are (`SeqSpan::decode_from`): a backend
+        // that routes rows by kind computes each as it computes a one-token decode step.
+        let n_blocks = self.n_ctx / BLOCK_SIZE;
+        let batch = self
+            .batch
+            .begin()
+            .push_seq(tokens, start_pos, Blocks::Identity(n_blocks), Some(0))
+            .decode_from(start_pos)
+            .batch();
+        self.model
+            .forward(&mut self.backend, &mut self.state, batch)?;
         let how = Fetch::of(sampler.needs(), false);
         let picker = self.fetch(rows, how)?;
         let mut h = history.to_vec();

@@ -227,11 +227,12 @@ fn single_sequence_speculation_on_the_gpu_gives_the_tokens_of_plain_generation()
             ("self draft", SpecType::Draft, Some(&target)),
             ("random draft", SpecType::Draft, Some(&other)),
         ] {
-            let mut r = runner(&target, 7);
+            // As `quiver run` sizes it: a power of two of logits rows (graph buckets).
+            let mut r = runner(&target, 8);
             let mut d = draft.map(|f| runner(f, 1));
             let cfg = SpecConfig {
                 kind,
-                draft_max: 6,
+                draft_max: 7,
                 ..Default::default()
             };
             let mut s = Speculator::new(cfg, d.as_mut().map(|d| d as &mut dyn Session));
