@@ -96,7 +96,8 @@ impl<B: Backend> DraftModel<B> {
         model.for_context(n_slots);
         model.set_kv_types(kv)?;
         let n_batch = n_batch.max(1);
-        let max_rows = max_rows.clamp(1, n_batch);
+        // A power of two: a drafting step's rows then fit a CUDA graph bucket.
+        let max_rows = max_rows.next_power_of_two().clamp(1, n_batch);
         let state = model.state(backend, n_slots, n_batch, max_rows)?;
         Ok(DraftModel {
             model,
