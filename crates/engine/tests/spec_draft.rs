@@ -355,3 +355,53 @@ fn single_sequence_speculation_gives_the_tokens_of_plain_generation() {
         }
     }
 }
+
+/// Log-probabilities of tokens accepted from a proposal are those plain decoding gives them
+/// (each verified row's logits are its own position's), and a request with prompt
+/// log-probabilities (never speculated) runs beside speculating ones unchanged.
+#[test]
+fn log_probabilities_of_accepted_tokens_are_plain_decodings() {
+    let target = synth(512, 7);
+    let mut reqs = requests();
+    for r in reqs.iter_mut().take(4) {
+        r.logprobs = Some(2);
+    }
+    reqs[4].prompt_logprobs = Some(1);
+    let run = |spec: SpecConfig| {
+        let h = start(target.clone(), options(spec, 256)).unwrap();
+        let rxs: Vec<_> = reqs
+            .iter()
+            .map(|r| {
+                let (tx, rx) = mpsc::channel();
+                h.submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()))
+                    .unwrap();
+                rx
+            })
+            .collect();
+        let out: Vec<Vec<String>> = rxs
+            .into_iter()
+            .map(|rx| {
+                let mut got = Vec::new();
+                for e in rx {
+                    match e {
+                        Event::Token { id, logprob, .. } => got.push(format!("{id} {logprob:?}")),
+                        Event::PromptLogprobs(lp) => got.push(format!("{lp:?}")),
+                        Event::Finished { .. } => break,
+                        Event::Error(e) => panic!("{e}"),
+                        _ => {}
+                    }
+                }
+                got
+            })
+            .collect();
+        let st = h.stats();
+        h.shutdown(std::time::Duration::from_secs(5));
+        (out, st.spec_accepted_tokens_total)
+    };
+    let (want, _) = run(SpecConfig::default());
+    let (got, accepted) = run(draft(target.clone(), 6));
+    assert!(accepted > 20, "{accepted} accepted");
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&got[i], w, "request {i}");
+    }
+}
