@@ -6,10 +6,11 @@
 //! scheduler's one block manager allocates, frees and shares blocks for the two models at once
 //! (a block's memory is the target's K/V plus the draft's; `quiver serve` divides its KV
 //! budget by the sum and logs both). The scheduler keeps per sequence how many of its tokens
-//! the draft's KV holds; before drafting the draft computes the rest (the prompt the first
-//! time, then the tokens accepted since), then one token at a time. The draft's K/V never
-//! decide a token — the target verifies every proposal — so blocks a prefix-cache hit shares
-//! are rewritten with the draft's K/V of the same tokens, and a wrong entry only costs
+//! the draft's KV holds; each step the draft computes the rest for every request that
+//! proposes (the prompt the first time, then the tokens accepted since), then proposes one
+//! position at a time, a forward pass with a row per request still drafting. The draft's K/V
+//! never decide a token — the target verifies every proposal — so blocks a prefix-cache hit
+//! shares are rewritten with the draft's K/V of the same tokens, and a wrong entry only costs
 //! acceptance.
 
 use crate::batch::{BatchBuilder, Blocks};
