@@ -32,8 +32,9 @@ TEST_SETS = {
     "engine-real": ("engine GPU tests, real models too", "test-gpu", ["--include-ignored", "--test-threads=1"]),
     "archs": ("architectures on the GPU", "test-archs", ["--include-ignored", "--test-threads=1", "gpu_matches"]),
     "llama-archs": ("llama.cpp's test models on the GPU", "test-llama_archs", ["--include-ignored", "--test-threads=1", "gpu_matches"]),
+    "spec": ("speculative decoding on the GPU", "test-gpu_spec", ["--include-ignored", "--test-threads=1", "--nocapture"]),
 }
-DEFAULT_TESTS = ("compile", "ops", "engine", "archs", "llama-archs")
+DEFAULT_TESTS = ("compile", "ops", "engine", "archs", "llama-archs", "spec")
 
 
 def elapsed():

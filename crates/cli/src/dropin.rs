@@ -35,6 +35,14 @@ pub struct ServeDropin {
     /// llama-server's --no-warmup: accepted (the server does not warm up at load).
     #[arg(long = "no-warmup")]
     pub no_warmup: bool,
+    /// llama-server's -ngld/--n-gpu-layers-draft: the draft model (-md) runs on the model's
+    /// device; 0 (the draft on the CPU) is refused unless the model is on the CPU too.
+    #[arg(long = "n-gpu-layers-draft", visible_aliases = ["gpu-layers-draft"], value_name = "N")]
+    pub n_gpu_layers_draft: Option<String>,
+    /// llama-server's -cd/--ctx-size-draft: accepted (the draft's KV cache is the model's pool,
+    /// block for block).
+    #[arg(long = "ctx-size-draft", value_name = "N")]
+    pub ctx_size_draft: Option<u32>,
     /// llama-server's --cache-reuse N: accepted (prefix caching is always on, in whole KV
     /// blocks of 16 tokens).
     #[arg(long = "cache-reuse", value_name = "N")]

@@ -1,8 +1,10 @@
 //! `quiver run` and `quiver chat`.
 
 use crate::engine::{self, LoadArgs};
+use crate::spec::SpecArgs;
 use anyhow::{bail, Context, Result};
-use quiver_engine::{generate, FinishReason, GenOptions, Sampler, SamplerParams};
+use quiver_engine::spec::SpecConfig;
+use quiver_engine::{generate_spec, FinishReason, GenOptions, Sampler, SamplerParams, Speculator};
 use quiver_tokenizer::chat::{ChatTemplate, Message};
 use quiver_tokenizer::Tokenizer;
 use std::io::{BufRead, Write};
@@ -61,7 +63,7 @@ fn positive(s: &str) -> Result<f32, String> {
     })
 }
 
-fn unit(s: &str) -> Result<f32, String> {
+pub(crate) fn unit(s: &str) -> Result<f32, String> {
     parse_f32(s).and_then(|v| {
         if (0.0..=1.0).contains(&v) {
             Ok(v)
@@ -85,9 +87,52 @@ impl SampleArgs {
     }
 }
 
+/// The target model (with logits rows to verify proposals) and, with `-md`, the draft model
+/// (checked against the target's vocabulary, loaded on the same device with the target's
+/// context).
+fn load_spec(
+    load: &LoadArgs,
+    gguf: Arc<quiver_gguf::GgufFile>,
+    spec: &SpecArgs,
+) -> Result<(engine::Loaded, Option<engine::Loaded>, SpecConfig)> {
+    let cfg = spec.config()?;
+    let draft = cfg.draft_model.clone();
+    if let Some(d) = &draft {
+        quiver_engine::draft::check_vocab(&gguf, &d.0).map_err(anyhow::Error::msg)?;
+    }
+    let ctx = engine::n_ctx(load, &gguf);
+    // A power of two: a verification step of up to 64 rows then replays a CUDA graph.
+    let rows = if cfg.on() {
+        (cfg.draft_max + 1).next_power_of_two()
+    } else {
+        1
+    };
+    let target = engine::load(load, gguf, rows)?;
+    let draft = match draft {
+        Some(d) => {
+            let args = LoadArgs {
+                ctx_size: Some(ctx as u32),
+                ..load.clone()
+            };
+            Some(engine::load(&args, d.0, 1)?)
+        }
+        None => None,
+    };
+    Ok((target, draft, cfg))
+}
+
+fn spec_report(s: &Speculator) {
+    eprintln!(
+        "quiver: speculative decoding: {}/{} proposed tokens accepted in {} steps",
+        s.accepted, s.proposed, s.steps
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     load: &LoadArgs,
     s: &SampleArgs,
+    spec: &SpecArgs,
     prompt: Option<String>,
     file: Option<std::path::PathBuf>,
     system: Option<String>,
@@ -141,15 +186,20 @@ pub fn run(
         }
         .into());
     }
-    let mut l = engine::load(load, gguf, 1)?;
+    let (mut l, mut draft, cfg) = load_spec(load, gguf, spec)?;
+    let d = draft
+        .as_mut()
+        .map(|d| d.runner.as_mut() as &mut dyn quiver_engine::Session);
+    let mut spec = cfg.on().then(|| Speculator::new(cfg, d));
     let mut sampler = Sampler::new(s.params());
     let opts = GenOptions {
         max_tokens: s.n_predict as usize,
         ..Default::default()
     };
     let mut out = std::io::stdout().lock();
-    let g = generate(
+    let g = generate_spec(
         l.runner.as_mut(),
+        spec.as_mut(),
         &tok,
         &ids,
         0,
@@ -163,6 +213,9 @@ pub fn run(
     )?;
     let _ = writeln!(out);
     report(&g);
+    if let Some(s) = &spec {
+        spec_report(s);
+    }
     l.report_counters(load);
     Ok(())
 }
@@ -184,11 +237,20 @@ fn report(g: &quiver_engine::Generated) {
     );
 }
 
-pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<()> {
+pub fn chat(
+    load: &LoadArgs,
+    s: &SampleArgs,
+    spec: &SpecArgs,
+    system: Option<String>,
+) -> Result<()> {
     let gguf = engine::open(load)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     let tmpl = ChatTemplate::for_model(&gguf)?;
-    let mut l = engine::load(load, gguf, 1)?;
+    let (mut l, mut draft, cfg) = load_spec(load, gguf, spec)?;
+    let d = draft
+        .as_mut()
+        .map(|d| d.runner.as_mut() as &mut dyn quiver_engine::Session);
+    let mut spec = cfg.on().then(|| Speculator::new(cfg, d));
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -261,8 +323,9 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
             ..Default::default()
         };
         let mut out = std::io::stdout().lock();
-        let g = generate(
+        let g = generate_spec(
             l.runner.as_mut(),
+            spec.as_mut(),
             &tok,
             &ids[keep..],
             keep,
@@ -281,6 +344,9 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
         if g.finish == FinishReason::Abort {
             eprintln!("(stopped)");
         }
+    }
+    if let Some(s) = &spec {
+        spec_report(s);
     }
     Ok(())
 }

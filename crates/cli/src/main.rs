@@ -135,6 +135,8 @@ enum Cmd {
         /// Feed the prompt as is: no chat template; BOS as the model asks; special-token text parsed.
         #[arg(long)]
         raw: bool,
+        #[command(flatten)]
+        spec: spec::SpecArgs,
     },
     /// Interactive multi-turn chat: /reset, /exit; Ctrl-C stops the current answer.
     Chat {
@@ -145,6 +147,8 @@ enum Cmd {
         /// A system message.
         #[arg(long)]
         system: Option<String>,
+        #[command(flatten)]
+        spec: spec::SpecArgs,
     },
     /// Perplexity of a text file, by llama-perplexity's method.
     Perplexity {
@@ -265,6 +269,9 @@ fn llama_server_aliases(args: impl Iterator<Item = String>) -> Result<Vec<String
             "-kvu" => "--kv-unified",
             "-dev" => "--device",
             "-sm" => "--split-mode",
+            "-md" => "--model-draft",
+            "-ngld" => "--n-gpu-layers-draft",
+            "-cd" => "--ctx-size-draft",
             "-nocb" | "--no-cont-batching" => return Err(format!(
                 "{a}: quiver always batches continuously (it has no other mode); to run one request at a time use --max-seqs 1 (-np 1)"
             )),
@@ -529,12 +536,14 @@ fn run(cli: Cli) -> Result<()> {
             file,
             system,
             raw,
-        } => gen::run(&load, &sample, prompt, file, system, raw)?,
+            spec,
+        } => gen::run(&load, &sample, &spec, prompt, file, system, raw)?,
         Cmd::Chat {
             load,
             sample,
             system,
-        } => gen::chat(&load, &sample, system)?,
+            spec,
+        } => gen::chat(&load, &sample, &spec, system)?,
         Cmd::Perplexity {
             load,
             file,
@@ -554,7 +563,7 @@ fn run(cli: Cli) -> Result<()> {
             parallel,
             depth,
             spec,
-        } if spec.spec_type != quiver_engine::spec::SpecType::None => {
+        } if spec.kind() != quiver_engine::spec::SpecType::None => {
             if depth > 0 {
                 anyhow::bail!("--n-depth with --spec: the prompt (-p) is what the proposals quote");
             }

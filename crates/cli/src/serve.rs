@@ -129,7 +129,7 @@ impl ServeArgs {
         {
             return Err("--cache-isolation key keeps the prefix cache apart per API key: give keys with --api-key or --api-key-file".into());
         }
-        self.spec.config()?;
+        self.spec.check()?;
         Ok(())
     }
 }
@@ -189,7 +189,18 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     let kv = a.load.kv_types();
     let block = hp.kv_spec(bs, kv);
     block.check().map_err(anyhow::Error::msg)?;
-    let per_block = block.bytes() as usize;
+    // A draft model's KV sits beside the target's in the same blocks: a block costs both.
+    let spec = a.spec.config()?;
+    let draft_block = match &spec.draft_model {
+        Some(d) => {
+            let b = quiver_models::hparams(&d.0)?.kv_spec(bs, kv);
+            b.check()
+                .map_err(|e| anyhow::anyhow!("the draft model: {e}"))?;
+            Some(b)
+        }
+        None => None,
+    };
+    let per_block = (block.bytes() + draft_block.as_ref().map_or(0, |b| b.bytes())) as usize;
     let want = max_seqs as usize * n_ctx.div_ceil(bs);
     let kv_blocks = match (a.kv_blocks, a.kv_mem, pool) {
         (Some(n), _, _) => n as usize,
@@ -199,10 +210,17 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     };
     let layers = block.layers.clone();
     let verbose = a.load.verbose;
-    let kv_line = engine::kv_summary(&quiver_backend::KvSpec {
+    let mut kv_line = engine::kv_summary(&quiver_backend::KvSpec {
         n_slots: kv_blocks * bs,
         ..block
     });
+    if let Some(d) = draft_block {
+        let d = engine::kv_summary(&quiver_backend::KvSpec {
+            n_slots: kv_blocks * bs,
+            ..d
+        });
+        kv_line = format!("{kv_line}; the draft model's, in the same blocks: {d}");
+    }
     if kv_blocks * bs < n_ctx {
         bail!("the KV pool of {kv_blocks} blocks ({} tokens) cannot hold one full context of {n_ctx} tokens", kv_blocks * bs);
     }
@@ -252,9 +270,17 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         kv_blocks,
         max_batch_tokens: (a.load.batch_size as usize).max(max_seqs as usize),
         max_waiting: a.max_waiting as usize,
-        spec: a.spec.config().map_err(anyhow::Error::msg)?,
+        spec,
     };
     let (device, desc) = engine::choose_device(&a.load.device)?;
+    if let Some(n) = &a.dropin.n_gpu_layers_draft {
+        let n: i64 = n
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--n-gpu-layers-draft {n}: not a number"))?;
+        if n == 0 && device != engine::Device::Cpu {
+            bail!("--n-gpu-layers-draft 0: the draft model runs on the model's device ({desc}); run both on the CPU with --device cpu");
+        }
+    }
     let mlock = a.load.mlock;
     let model_name = name.clone();
     let what = path.display().to_string();

@@ -1,46 +1,102 @@
 //! Speculative decoding's flags, as llama-server spells them.
 
-use quiver_engine::spec::{SpecConfig, SpecType};
-
-/// The most tokens a step may propose per request.
-const MAX_DRAFT: i64 = 256;
+use quiver_engine::spec::{DraftFile, SpecConfig, SpecType, MAX_DRAFT};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecArgs {
-    /// Speculative decoding: none (the default) or ngram (prompt lookup: the tokens that
+    /// Speculative decoding: none (the default), ngram (prompt lookup: the tokens that
     /// followed the latest earlier occurrence of the last 4, 3 or 2 tokens of the prompt and
-    /// text so far are proposed, and checked in the step's one forward pass; the tokens are
-    /// those of plain decoding, greedy or seeded).
-    #[arg(long = "spec-type", visible_alias = "spec", value_name = "none|ngram", default_value = "none", value_parser = parse_spec_type)]
-    pub spec_type: SpecType,
+    /// text so far are proposed), or draft (a draft model, -md, proposes greedily); the
+    /// proposals are checked in the step's one forward pass, and the tokens are those of plain
+    /// decoding, greedy or seeded. -md alone means draft.
+    #[arg(long = "spec-type", visible_alias = "spec", value_name = "none|ngram|draft", value_parser = parse_spec_type)]
+    pub spec_type: Option<SpecType>,
+    /// The draft model (llama-server's -md): a GGUF path or alias of the target's vocabulary,
+    /// run on the target's device, its KV beside the target's in the same blocks.
+    #[arg(long = "model-draft", value_name = "PATH")]
+    pub model_draft: Option<String>,
     /// Most tokens proposed per request and step (llama-server's --draft-max, --draft).
-    #[arg(long = "draft-max", visible_aliases = ["draft", "draft-n"], value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=MAX_DRAFT))]
+    #[arg(long = "draft-max", visible_aliases = ["draft", "draft-n"], value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=MAX_DRAFT as i64))]
     pub draft_max: u32,
     /// A proposal shorter than this is not made (llama-server's --draft-min).
-    #[arg(long = "draft-min", visible_alias = "draft-n-min", value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=MAX_DRAFT))]
+    #[arg(long = "draft-min", visible_alias = "draft-n-min", value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=MAX_DRAFT as i64))]
     pub draft_min: u32,
+    /// The draft model drafts while its top token's probability is at least P (llama-server's
+    /// --draft-p-min; 0 to 1).
+    #[arg(
+        long = "draft-p-min",
+        visible_alias = "spec-draft-p-min",
+        value_name = "P",
+        default_value_t = 0.0,
+        value_parser = crate::gen::unit
+    )]
+    pub draft_p_min: f32,
 }
 
 fn parse_spec_type(s: &str) -> Result<SpecType, String> {
-    SpecType::parse(s).ok_or_else(|| format!("unknown speculative decoding type {s:?}: none or ngram (draft models are not supported)"))
+    SpecType::parse(s)
+        .ok_or_else(|| format!("unknown speculative decoding type {s:?}: none, ngram or draft"))
 }
 
 impl SpecArgs {
-    /// The engine's settings; Err names the flags that disagree.
-    pub fn config(&self) -> Result<SpecConfig, String> {
+    /// The type asked for: --spec-type, else draft with -md, else none.
+    pub fn kind(&self) -> SpecType {
+        match (self.spec_type, &self.model_draft) {
+            (Some(k), _) => k,
+            (None, Some(_)) => SpecType::Draft,
+            (None, None) => SpecType::None,
+        }
+    }
+
+    /// The settings without the draft model's file (for checking the flags before loading).
+    pub fn check(&self) -> Result<SpecConfig, String> {
         let c = SpecConfig {
-            kind: self.spec_type,
+            kind: self.kind(),
             draft_max: self.draft_max as usize,
             draft_min: self.draft_min as usize,
+            p_min: self.draft_p_min,
             ..Default::default()
         };
-        c.validate()?;
+        if c.kind == SpecType::Draft && self.model_draft.is_none() {
+            return Err("--spec-type draft needs a draft model (-md/--model-draft)".into());
+        }
+        if c.kind != SpecType::Draft && self.model_draft.is_some() {
+            return Err(format!(
+                "-md/--model-draft goes with --spec-type draft, not {}",
+                self.spec_type.map_or("none", SpecType::name)
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            return Err(format!(
+                "--draft-p-min {} is not between 0 and 1",
+                self.draft_p_min
+            ));
+        }
+        // (The draft model's file is checked with it in `config`.)
+        SpecConfig {
+            kind: SpecType::Ngram,
+            ..c.clone()
+        }
+        .validate()?;
+        Ok(c)
+    }
+
+    /// The engine's settings, the draft model's file opened; Err names the flags that disagree
+    /// or the file that does not open.
+    pub fn config(&self) -> anyhow::Result<SpecConfig> {
+        let mut c = self.check().map_err(anyhow::Error::msg)?;
+        if let Some(m) = &self.model_draft {
+            let path = crate::resolve(Some(m))?;
+            let f = crate::engine::open_path(&path)?;
+            c.draft_model = Some(DraftFile(f));
+        }
         Ok(c)
     }
 }
 
-/// `quiver bench --spec TYPE`: generation through the serving engine with speculation off and
-/// on, for each sequence count: t/s, proposals accepted and tokens per step.
+/// `quiver bench --spec TYPE` (ngram, or draft with `-md`): generation through the serving
+/// engine with speculation off and on, for each sequence count: t/s, proposals accepted and
+/// tokens per step.
 pub mod bench {
     use super::SpecArgs;
     use crate::engine::{self, Device, LoadArgs};
@@ -110,6 +166,7 @@ pub mod bench {
                     constraint: None,
                     embed: None,
                     cache_salt: None,
+                    speculative: Default::default(),
                 };
                 let sink = move |e: Event| tx.send((Instant::now(), e)).is_ok();
                 h.submit(req, Box::new(sink)).map_err(|e| anyhow!("{e}"))?;
@@ -179,7 +236,7 @@ pub mod bench {
         if n_prompt < 2 || n_gen == 0 {
             bail!("--spec needs -p of 2 or more (the prompt quotes itself) and -n above 0");
         }
-        let cfg = spec.config().map_err(anyhow::Error::msg)?;
+        let cfg = spec.config()?;
         let parallel: Vec<usize> = if parallel.is_empty() {
             vec![1]
         } else {
@@ -197,7 +254,10 @@ pub mod bench {
             spec,
         };
         let mut rows = Vec::new();
-        for (label, c) in [("none", SpecConfig::default()), ("ngram", cfg.clone())] {
+        for (label, c) in [
+            ("none", SpecConfig::default()),
+            (cfg.kind.name(), cfg.clone()),
+        ] {
             let h = start(load, opts(c))?;
             let nv = h.info().n_vocab;
             measure(&h, &prompts(1, n_prompt.min(64), nv), n_gen.min(8))?;
@@ -222,7 +282,7 @@ pub mod bench {
             h.shutdown(std::time::Duration::from_secs(10));
         }
         if json_out {
-            let j = json!({"draft_max": cfg.draft_max, "draft_min": cfg.draft_min, "repetitions": reps, "results": rows});
+            let j = json!({"draft_max": cfg.draft_max, "draft_min": cfg.draft_min, "draft_p_min": cfg.p_min, "model_draft": spec.model_draft, "repetitions": reps, "results": rows});
             println!("{}", serde_json::to_string_pretty(&j)?);
             return Ok(());
         }

@@ -327,6 +327,87 @@ fn generation_flag_errors_and_context_overflow_are_one_line_errors() {
 }
 
 #[test]
+fn run_with_speculation_prints_the_text_of_plain_run() {
+    let m = model("smollm2-135m");
+    let prompt =
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n";
+    let base = ["run", "-m", &m, "--raw", "-p", prompt, "-n", "40"];
+    let greedy = ["--temp", "0"];
+    let seeded = ["--temp", "0.9", "--seed", "3"];
+    for sampling in [&greedy[..], &seeded[..]] {
+        let plain = quiver(&[&base[..], sampling].concat());
+        assert!(
+            plain.status.success(),
+            "{}",
+            String::from_utf8_lossy(&plain.stderr)
+        );
+        assert!(plain.stdout.len() > 40, "no text generated");
+        let ngram = ["--spec", "ngram", "--draft-max", "8"];
+        let draft = ["-md", &m];
+        let sure = [
+            "--model-draft",
+            &m,
+            "--draft-p-min",
+            "0.5",
+            "--draft-max",
+            "4",
+        ];
+        for spec in [&ngram[..], &draft[..], &sure[..]] {
+            let out = quiver(&[&base[..], sampling, spec].concat());
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{spec:?}: {err}");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&plain.stdout),
+                "{sampling:?} {spec:?}"
+            );
+            let line = err.lines().find(|l| l.contains("speculative decoding: "));
+            let line = line.unwrap_or_else(|| panic!("{spec:?}: no acceptance line: {err}"));
+            // The model as its own draft, greedy: every proposal accepted.
+            if spec == &draft[..] && sampling == &greedy[..] {
+                let counts = line.split_whitespace().find(|w| w.contains('/')).unwrap();
+                let (a, p) = counts.split_once('/').unwrap();
+                assert!(a == p && a != "0", "{line}");
+            }
+        }
+    }
+}
+
+#[test]
+fn speculation_flag_errors_are_one_line_errors() {
+    let m = model("smollm2-135m");
+    let g = model("gemma3-270m");
+    for (args, code, says) in [
+        (
+            vec!["--spec-type", "draft"],
+            1,
+            "needs a draft model (-md/--model-draft)",
+        ),
+        (vec!["--spec-type", "eagle"], 2, "none, ngram or draft"),
+        (
+            vec!["--spec", "ngram", "-md", &m],
+            1,
+            "goes with --spec-type draft",
+        ),
+        (vec!["-md", &g], 1, "not the same vocabulary"),
+        (vec!["-md", "no-such-draft.gguf"], 1, "no-such-draft.gguf"),
+        (vec!["-md", &m, "--draft-p-min", "2"], 2, "--draft-p-min"),
+        (
+            vec!["-md", &m, "--draft-min", "5", "--draft-max", "2"],
+            1,
+            "--draft-min 5",
+        ),
+    ] {
+        for cmd in [&["run", "-m", &m, "-p", "hi"][..], &["chat", "-m", &m]] {
+            let out = quiver(&[cmd, &args].concat());
+            assert_one_line_error(&out, code, &format!("{cmd:?} {args:?}"));
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(says), "{cmd:?} {args:?}: {err}");
+        }
+    }
+}
+
+#[test]
 fn absurd_sizes_are_one_line_errors_not_aborts() {
     let m = model("smollm2-135m");
     for (args, says) in [

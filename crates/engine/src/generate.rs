@@ -5,6 +5,7 @@
 use crate::output::OutputProcessor;
 use crate::runner::{Session, Want};
 use crate::sampler::Sampler;
+use crate::spec_gen::Speculator;
 use crate::types::{EngineError, FinishReason, Result};
 use quiver_tokenizer::Tokenizer;
 
@@ -51,6 +52,22 @@ pub fn generate(
     start_pos: usize,
     sampler: &mut Sampler,
     opts: &GenOptions,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<Generated> {
+    generate_spec(r, None, tok, prompt, start_pos, sampler, opts, on_text)
+}
+
+/// `generate` with speculative decoding when `spec` is given: each step scores the last token
+/// and a proposal (`Speculator`) in one forward pass; the tokens are those of `generate`.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_spec(
+    r: &mut (impl Session + ?Sized),
+    mut spec: Option<&mut Speculator>,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    start_pos: usize,
+    sampler: &mut Sampler,
+    opts: &GenOptions,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generated> {
     if prompt.is_empty() {
@@ -64,21 +81,27 @@ pub fn generate(
             ctx: r.n_ctx(),
         });
     }
+    if let Some(s) = spec.as_deref_mut() {
+        s.begin(prompt, start_pos);
+    }
     let t0 = std::time::Instant::now();
     let mut history: Vec<u32> = prompt.to_vec();
     let split = prompt_split(r.hparams(), prompt.len());
     if split > 0 {
         r.eval(&prompt[..split], start_pos, Want::Last)?;
     }
-    let mut next = r.eval_pick(&prompt[split..], start_pos + split, sampler, &history)?;
+    let next = r.eval_pick(&prompt[split..], start_pos + split, sampler, &history)?;
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = std::time::Instant::now();
     let mut out = Vec::new();
     let mut text = OutputProcessor::new(tok, opts.stop.clone());
     let mut finish = FinishReason::Length;
+    // The position of the first token without K/V; the tokens picked and not yet output (the
+    // accepted proposals of a step have their K/V, the last pick not).
     let mut pos = total;
-    let mut kv_tokens = 0;
-    while out.len() < opts.max_tokens {
+    let mut queue = std::collections::VecDeque::from([next]);
+    let (mut proposal, mut step, mut picks) = (Vec::new(), Vec::new(), Vec::new());
+    while let Some(next) = queue.pop_front() {
         if !opts.ignore_eos && tok.is_eog(next) {
             finish = FinishReason::Stop;
             break;
@@ -97,9 +120,38 @@ pub fn generate(
         if out.len() == opts.max_tokens {
             break;
         }
-        next = r.eval_pick(&[next], pos, sampler, &history)?;
-        kv_tokens += 1;
-        pos += 1;
+        if !queue.is_empty() {
+            continue;
+        }
+        // `next` is the last token: this step computes it, with a proposal if one is made.
+        let len = match spec.as_deref_mut() {
+            Some(s) => {
+                s.seq.push(next);
+                let room = (opts.max_tokens - out.len() - 1)
+                    .min(r.n_ctx() - pos - 1)
+                    .min(r.max_verify() - 1);
+                let len = s.next_len(room);
+                s.propose(len, r.n_vocab(), &mut proposal)?;
+                proposal.len()
+            }
+            None => 0,
+        };
+        if len == 0 {
+            queue.push_back(r.eval_pick(&[next], pos, sampler, &history)?);
+            pos += 1;
+            continue;
+        }
+        step.clear();
+        step.push(next);
+        step.extend_from_slice(&proposal);
+        r.eval_verify(&step, pos, sampler, &history, &mut picks)?;
+        let accepted = picks.len() - 1;
+        pos += accepted + 1;
+        if let Some(s) = spec.as_deref_mut() {
+            s.record(len, accepted, pos);
+            s.seq.extend_from_slice(&picks[..accepted]);
+        }
+        queue.extend(&picks);
     }
     if finish == FinishReason::Length {
         let tail = text.finish();
@@ -108,8 +160,8 @@ pub fn generate(
         }
     }
     Ok(Generated {
+        kv_tokens: out.len().min(pos - total),
         tokens: out,
-        kv_tokens,
         text: text.into_text(),
         finish,
         prompt_tokens: prompt.len(),

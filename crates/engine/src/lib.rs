@@ -8,6 +8,7 @@
 mod batch;
 mod batched;
 pub mod constraint;
+pub mod draft;
 pub mod embed;
 pub mod gbnf;
 mod generate;
@@ -22,13 +23,15 @@ pub mod sched;
 pub mod serve;
 mod serving;
 pub mod spec;
+mod spec_gen;
 pub mod types;
 mod workers;
 
 pub use batched::{batched_bench, bench_prompt, BatchedResult};
-pub use generate::{generate, prompt_split, GenOptions, Generated};
+pub use generate::{generate, generate_spec, prompt_split, GenOptions, Generated};
 pub use picker::{Fetch, Picker};
 pub use runner::{ModelRunner, RunnerOptions, Session, Want};
 pub use sampler::{argmax, logprobs, Needs, Sampler, SamplerParams};
 pub use serve::start as start_serving;
+pub use spec_gen::Speculator;
 pub use types::{EngineError, FinishReason, Result, SchedError, BLOCK_SIZE};

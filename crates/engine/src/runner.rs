@@ -219,6 +219,53 @@ impl<B: Backend> ModelRunner<B> {
             .token)
     }
 
+    /// Evaluates `tokens` (a token, then proposed ones) at `start_pos..` and picks each row's
+    /// token in order with `sampler` as `eval_pick` would (`history`: the tokens so far, then
+    /// the accepted picks), while the pick equals the next proposed token: `picks` gets the
+    /// accepted proposals and the token after them. At most the state's logits rows.
+    pub fn eval_verify(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+        picks: &mut Vec<u32>,
+    ) -> Result<()> {
+        self.check_tokens(tokens, start_pos)?;
+        let rows = tokens.len();
+        if rows > self.state.max_logits || rows > self.n_batch {
+            return Err(ModelError::BatchTooLarge {
+                got: rows,
+                max: self.state.max_logits.min(self.n_batch),
+            }
+            .into());
+        }
+        // Decode rows, as the serving loop's proposals are (`SeqSpan::decode_from`): a backend
+        // that routes rows by kind computes each as it computes a one-token decode step.
+        let n_blocks = self.n_ctx / BLOCK_SIZE;
+        let batch = self
+            .batch
+            .begin()
+            .push_seq(tokens, start_pos, Blocks::Identity(n_blocks), Some(0))
+            .decode_from(start_pos)
+            .batch();
+        self.model
+            .forward(&mut self.backend, &mut self.state, batch)?;
+        let how = Fetch::of(sampler.needs(), false);
+        let picker = self.fetch(rows, how)?;
+        let mut h = history.to_vec();
+        picks.clear();
+        for j in 0..rows {
+            let t = picker.pick(j, sampler, &h, None, None).token;
+            picks.push(t);
+            if tokens.get(j + 1) != Some(&t) {
+                break;
+            }
+            h.push(t);
+        }
+        Ok(())
+    }
+
     /// The last step's first `rows` final hidden states (`[rows, n_embd]`, see
     /// `State::hidden`), read back to the host.
     pub fn hidden(&mut self, rows: usize) -> Result<&[f32]> {
@@ -270,6 +317,17 @@ pub trait Session {
         sampler: &mut Sampler,
         history: &[u32],
     ) -> Result<u32>;
+    /// See `ModelRunner::eval_verify`.
+    fn eval_verify(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+        picks: &mut Vec<u32>,
+    ) -> Result<()>;
+    /// The most tokens `eval_verify` takes at once.
+    fn max_verify(&self) -> usize;
     fn n_vocab(&self) -> usize;
     fn n_ctx(&self) -> usize;
     fn hparams(&self) -> &quiver_models::Hparams;
@@ -302,6 +360,19 @@ impl<B: Backend> Session for ModelRunner<B> {
         history: &[u32],
     ) -> Result<u32> {
         ModelRunner::eval_pick(self, tokens, start_pos, sampler, history)
+    }
+    fn eval_verify(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+        picks: &mut Vec<u32>,
+    ) -> Result<()> {
+        ModelRunner::eval_verify(self, tokens, start_pos, sampler, history, picks)
+    }
+    fn max_verify(&self) -> usize {
+        self.state.max_logits.min(self.n_batch)
     }
     fn n_vocab(&self) -> usize {
         self.model.hp.n_vocab

@@ -11,7 +11,9 @@
 //! Stop strings are text, so the output processor finds them and calls [`Scheduler::finish`].
 
 use crate::kv::{chain_hash, BlockPool};
-use crate::spec::{ngram_propose, SpecConfig, SpecState};
+use crate::spec::{
+    batch_cap, ngram_propose, DraftJob, Drafter, RequestSpec, SpecConfig, SpecState, SpecType,
+};
 use crate::types::{FinishReason, SchedError, BLOCK_SIZE};
 use std::collections::VecDeque;
 
@@ -54,6 +56,8 @@ pub struct SchedRequest {
     pub cache_salt: Option<String>,
     /// Its decode steps may carry proposed tokens (`SchedConfig::spec`).
     pub speculate: bool,
+    /// Its own speculation settings (in place of `SchedConfig::spec`'s).
+    pub spec: RequestSpec,
 }
 
 /// One request's part of a step.
@@ -192,6 +196,12 @@ struct Entry {
     /// This step's proposed tokens (after `tokens`).
     proposal: Vec<u32>,
     spec: SpecState,
+    /// (draft_max, draft_min, p_min) of this request.
+    limits: (usize, usize, f32),
+    /// Tokens whose K/V the draft model holds (its KV in the same blocks as the target's).
+    draft_done: usize,
+    /// Tokens reserved this step for the draft model's proposal (drafted after the loop).
+    draft_len: usize,
 }
 
 impl Entry {
@@ -336,6 +346,9 @@ impl Scheduler {
             speculate: r.speculate,
             proposal: Vec::new(),
             spec: SpecState::default(),
+            limits: r.spec.resolve(&self.cfg.spec),
+            draft_done: 0,
+            draft_len: 0,
         });
     }
 
@@ -428,6 +441,7 @@ impl Scheduler {
         let mut e = self.running.remove(i);
         self.pool.release_all(&mut e.blocks);
         (e.n_computed, e.hashed, e.last_hash, e.step) = (0, 0, e.seed, 0);
+        (e.draft_done, e.draft_len) = (0, 0);
         e.proposal.clear();
         self.out.preempted.push(e.id);
         self.waiting.push_front(e);
@@ -452,6 +466,15 @@ impl Scheduler {
 
     /// Plans the next step. The output is empty when there is nothing to run.
     pub fn schedule(&mut self) -> Result<&SchedulerOutput, SchedError> {
+        self.schedule_with(None)
+    }
+
+    /// Plans the next step, a draft model proposing for the requests that may (with
+    /// [`SpecType::Draft`]; without a drafter they propose nothing).
+    pub fn schedule_with(
+        &mut self,
+        drafter: Option<&mut dyn Drafter>,
+    ) -> Result<&SchedulerOutput, SchedError> {
         self.out.clear();
         let mut budget = self.cfg.max_batch_tokens;
         // Logits rows for prompt log-probabilities, beyond one sampling row per request.
@@ -459,29 +482,49 @@ impl Scheduler {
         // 1. Running requests: decode tokens and prefill chunks, oldest first.
         self.running.sort_by_key(|e| e.arrived);
         let spec = self.cfg.spec.clone();
-        let speculate =
-            spec.on() && self.running.iter().filter(|e| e.decoding()).count() <= spec.max_decoding;
+        let n_decoding = self.running.iter().filter(|e| e.decoding()).count();
         let mut i = 0;
         while i < self.running.len() {
             let e = &mut self.running[i];
             let mut want = e.want(budget, &mut prompt_rows);
             e.proposal.clear();
+            e.draft_len = 0;
             if want == 0 {
                 e.step = 0;
                 i += 1;
                 continue;
             }
-            if speculate && e.speculate && !e.prompt_logits && e.decoding() {
+            let (draft_max, draft_min, _) = e.limits;
+            let cap = batch_cap(&spec, draft_max, n_decoding);
+            if cap > 0 && e.speculate && !e.prompt_logits && e.decoding() {
                 let room = (budget - want)
                     .min(prompt_rows)
-                    .min(e.max_tokens.saturating_sub(e.generated() + 1));
-                let len = e.spec.next_len(spec.draft_max).min(room);
-                let p = ngram_propose(&e.tokens, spec.ngram_max, spec.ngram_min, len);
-                if !p.is_empty() && p.len() >= spec.draft_min {
-                    e.proposal.extend_from_slice(p);
-                    want += p.len();
-                    prompt_rows -= p.len();
+                    .min(e.max_tokens.saturating_sub(e.generated() + 1))
+                    .min(cap);
+                let len = e.spec.next_len(draft_max).min(room);
+                match spec.kind {
+                    SpecType::Ngram => {
+                        let p = ngram_propose(&e.tokens, spec.ngram_max, spec.ngram_min, len);
+                        if p.len() >= draft_min.max(1) {
+                            e.proposal.extend_from_slice(p);
+                        }
+                    }
+                    // The proposal's rows are reserved and its blocks allocated (the draft
+                    // writes its K/V there); the draft proposes after this loop, for every
+                    // request at once (`draft_all`).
+                    SpecType::Draft
+                        if drafter.is_some()
+                            && len > 0
+                            && len >= draft_min
+                            && Self::grow(&mut self.pool, e, e.n_computed + want + len) =>
+                    {
+                        e.draft_len = len;
+                    }
+                    _ => {}
                 }
+                let reserved = e.proposal.len() + e.draft_len;
+                want += reserved;
+                prompt_rows -= reserved;
             }
             let mut upto = e.n_computed + want;
             if !e.proposal.is_empty() && !Self::grow(&mut self.pool, e, upto) {
@@ -504,6 +547,11 @@ impl Scheduler {
                     tokens: upto,
                 });
             }
+        }
+        if let Some(d) = drafter {
+            let (b, p) = self.draft_all(d);
+            budget += b;
+            prompt_rows += p;
         }
         // 2. Admit waiting requests while there is room.
         while budget > 0 && self.running.len() < self.cfg.max_seqs {
@@ -582,6 +630,40 @@ impl Scheduler {
         Ok(&self.out)
     }
 
+    /// The draft model's proposals for the requests that reserved rows for one this step; the
+    /// rows and budget they leave unused go back: returns (budget, logits rows) returned.
+    fn draft_all(&mut self, d: &mut dyn Drafter) -> (usize, usize) {
+        let mut jobs: Vec<DraftJob> = self
+            .running
+            .iter_mut()
+            .filter(|e| e.draft_len > 0 && e.step > 0)
+            .map(|e| DraftJob {
+                tokens: &e.tokens,
+                done: &mut e.draft_done,
+                blocks: &e.blocks,
+                len: e.draft_len,
+                p_min: e.limits.2,
+                out: &mut e.proposal,
+            })
+            .collect();
+        if !jobs.is_empty() {
+            d.draft(&mut jobs);
+        }
+        drop(jobs);
+        let mut unused = 0;
+        for e in self.running.iter_mut().filter(|e| e.draft_len > 0) {
+            if e.proposal.len() < e.limits.1.max(1) {
+                e.proposal.clear();
+            }
+            let u = e.draft_len - e.proposal.len().min(e.draft_len);
+            e.proposal.truncate(e.draft_len);
+            e.step -= u;
+            unused += u;
+            e.draft_len = 0;
+        }
+        (unused, unused)
+    }
+
     /// The last `schedule()`'s output.
     pub fn output(&self) -> &SchedulerOutput {
         &self.out
@@ -595,8 +677,8 @@ impl Scheduler {
     /// in the scheduler (their later tokens are dropped). Outcomes come in the order of
     /// `sampled`.
     pub fn update(&mut self, sampled: &[(u64, u32)]) -> &[Outcome] {
-        let draft_max = self.cfg.spec.draft_max;
         for e in self.running.iter_mut() {
+            let draft_max = e.limits.0;
             let mut step = std::mem::take(&mut e.step);
             let proposed = e.proposal.len();
             if proposed > 0 {
@@ -611,6 +693,8 @@ impl Scheduler {
                 e.proposal.clear();
             }
             e.n_computed += step;
+            // The draft's K/V past the accepted tokens are of rejected ones.
+            e.draft_done = e.draft_done.min(e.n_computed);
             // Blocks past the computed tokens (a rejected proposal's) go back to the pool.
             while e.blocks.len() > e.n_computed.div_ceil(BLOCK_SIZE) {
                 if let Some(b) = e.blocks.pop() {

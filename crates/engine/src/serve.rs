@@ -9,6 +9,7 @@ pub use crate::types::{
     SubmitError, TokenLogprob,
 };
 
+use crate::draft::{check_vocab, DraftModel};
 use crate::kv::chain_hash;
 use crate::runner::{ModelRunner, RunnerOptions};
 use crate::sched::{SchedConfig, Scheduler};
@@ -67,6 +68,13 @@ where
                 }));
                 return;
             }
+            let draft = match load_draft(&runner, &file, &opts) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
             let _ = ready_tx.send(Ok(()));
             let sched = Scheduler::new(SchedConfig {
                 max_batch_tokens: opts.max_batch_tokens,
@@ -88,7 +96,7 @@ where
                 eog: sh.tokenizer.eog_ids().collect(),
                 spec: opts.spec.clone(),
             });
-            Engine::new(&sh, runner, sched).run();
+            Engine::new(&sh, runner, sched, draft).run();
         })
         .map_err(|e| EngineError::Thread(e.to_string()))?;
     shared.set_thread(t);
@@ -99,6 +107,32 @@ where
             "the engine thread stopped while loading".into(),
         )),
     }
+}
+
+/// The draft model of `opts.spec` (None without one): checked against the target's vocabulary,
+/// loaded on its backend with a KV pool of the target's block count (the same block numbers).
+fn load_draft<B: Backend>(
+    runner: &ModelRunner<B>,
+    target: &GgufFile,
+    opts: &ServeOptions,
+) -> Result<Option<DraftModel<B>>, EngineError> {
+    opts.spec.validate().map_err(EngineError::Draft)?;
+    // Loaded with --draft-max 0 too: a request's `speculative.n_max` may ask for proposals.
+    let Some(file) = opts.spec.draft_model.as_ref() else {
+        return Ok(None);
+    };
+    check_vocab(target, &file.0).map_err(EngineError::Draft)?;
+    let d = DraftModel::load(
+        &runner.backend,
+        &file.0,
+        opts.kv_blocks * BLOCK_SIZE,
+        opts.max_batch_tokens,
+        opts.max_seqs,
+        opts.kv,
+        runner.n_vocab(),
+    )
+    .map_err(|e| EngineError::Draft(e.to_string()))?;
+    Ok(Some(d))
 }
 
 /// A cloneable handle to the engine thread.

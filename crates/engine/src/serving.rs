@@ -19,6 +19,7 @@ mod execute;
 mod live;
 pub(crate) mod shared;
 
+use crate::draft::{DraftModel, OnBackend};
 use crate::phases::{Phase, Phases};
 use crate::runner::ModelRunner;
 use crate::sched::Scheduler;
@@ -38,6 +39,8 @@ pub(crate) struct Engine<'a, B: Backend> {
     ended: Vec<(u64, FinishReason)>,
     /// `QUIVER_SERVE_PROFILE`'s phase times.
     phases: Phases,
+    /// Speculative decoding's draft model (`-md`).
+    draft: Option<DraftModel<B>>,
 }
 
 enum Inbound {
@@ -46,7 +49,12 @@ enum Inbound {
 }
 
 impl<'a, B: Backend> Engine<'a, B> {
-    pub fn new(sh: &'a Shared, runner: ModelRunner<B>, sched: Scheduler) -> Self {
+    pub fn new(
+        sh: &'a Shared,
+        runner: ModelRunner<B>,
+        sched: Scheduler,
+        draft: Option<DraftModel<B>>,
+    ) -> Self {
         Engine {
             sh,
             sched,
@@ -54,6 +62,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             reqs: Requests::default(),
             ended: Vec::new(),
             phases: Phases::from_env(),
+            draft,
         }
     }
 
@@ -83,7 +92,21 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// One step: schedule → runner.execute → scheduler.update → output stage.
     fn step(&mut self) -> Result<(), EngineError> {
         self.phases.start();
-        self.sched.schedule()?;
+        match self.draft.as_mut() {
+            Some(draft) => {
+                let mut d = OnBackend {
+                    backend: self.runner.backend_mut(),
+                    draft,
+                };
+                self.sched.schedule_with(Some(&mut d))?;
+                if let Some(e) = draft.take_error() {
+                    return Err(e);
+                }
+            }
+            None => {
+                self.sched.schedule()?;
+            }
+        }
         // Gauges as of this step's admissions and preemptions, before any client hears of them.
         self.sh.publish(&self.sched);
         let out = self.sched.output();

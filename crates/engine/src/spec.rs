@@ -6,6 +6,14 @@
 //! is picked with the request's sampler as it would be without speculation, and the proposal
 //! is accepted while the picked token equals it (`accepted_prefix`).
 //!
+//! A draft model ([`SpecType::Draft`], `crate::draft`) proposes instead: its argmax token after
+//! the sequence, then after that token, … (greedy, as llama.cpp drafts by default), stopping
+//! where its top token's probability falls below `p_min`. A greedy draft is a deterministic
+//! proposer too (its distribution q is a point mass on the proposed token), so the rule below
+//! is the standard one with q's probabilities: accept with min(1, p(t)/q(t)) = p(t), and on
+//! rejection draw from max(0, p − q) renormalised = p without t. Nothing else of the draft's
+//! distribution enters, and the output's distribution is the target's whatever the draft.
+//!
 //! With a sampler that draws by inverting the distribution's CDF at one uniform number per
 //! token, accepting a proposed token exactly when the draw lands on it is the standard
 //! rejection rule for a deterministic proposer: the token is accepted with probability
@@ -19,6 +27,8 @@ pub enum SpecType {
     #[default]
     None,
     Ngram,
+    /// A draft model of the same vocabulary (`-md`).
+    Draft,
 }
 
 impl SpecType {
@@ -26,7 +36,16 @@ impl SpecType {
         match s {
             "none" => Some(SpecType::None),
             "ngram" => Some(SpecType::Ngram),
+            "draft" => Some(SpecType::Draft),
             _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SpecType::None => "none",
+            SpecType::Ngram => "ngram",
+            SpecType::Draft => "draft",
         }
     }
 }
@@ -45,6 +64,100 @@ pub struct SpecConfig {
     /// No proposals in a step with more decoding requests than this: a large step is bound by
     /// compute, and extra rows cost more than they save.
     pub max_decoding: usize,
+    /// The draft model drafts while its top token's probability is at least this
+    /// (`--draft-p-min`; 0: always, and the draft's argmax is all the device sends back).
+    pub p_min: f32,
+    /// The draft model's file (`-md`), for [`SpecType::Draft`].
+    pub draft_model: Option<DraftFile>,
+}
+
+/// The draft model's open file.
+#[derive(Clone)]
+pub struct DraftFile(pub std::sync::Arc<quiver_gguf::GgufFile>);
+
+impl std::fmt::Debug for DraftFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DraftFile({} tensors)", self.0.tensors.len())
+    }
+}
+
+/// A request's own speculation settings (llama-server's `speculative.n_max`, `.n_min`,
+/// `.p_min`), each in place of the server's when given.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestSpec {
+    pub n_max: Option<usize>,
+    pub n_min: Option<usize>,
+    pub p_min: Option<f32>,
+}
+
+impl RequestSpec {
+    /// (draft_max, draft_min, p_min) of a request under the server's settings.
+    pub fn resolve(&self, cfg: &SpecConfig) -> (usize, usize, f32) {
+        (
+            self.n_max.unwrap_or(cfg.draft_max),
+            self.n_min.unwrap_or(cfg.draft_min),
+            self.p_min.unwrap_or(cfg.p_min),
+        )
+    }
+
+    /// Checks the fields; the error names the field (an OpenAI-shaped 400 for the server).
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [("n_max", self.n_max), ("n_min", self.n_min)] {
+            if v.is_some_and(|v| v > MAX_DRAFT) {
+                return Err(format!("speculative.{name} must be at most {MAX_DRAFT}"));
+            }
+        }
+        if let (Some(max), Some(min)) = (self.n_max, self.n_min) {
+            if min > max {
+                return Err(format!(
+                    "speculative.n_min ({min}) must not be above speculative.n_max ({max})"
+                ));
+            }
+        }
+        if self.p_min.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
+            return Err("speculative.p_min must be between 0 and 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// The most tokens a step may propose per request.
+pub const MAX_DRAFT: usize = 256;
+
+/// The adaptive policy's cap on a step's proposal length per request, from the number of
+/// requests decoding in it: the full `draft_max` alone; shorter as the step grows (a decode
+/// step's weight reads are shared by its rows, and each proposed row adds compute that a
+/// larger step has less idle time for: at most `2 · draft_max / n` rows, so the step's
+/// proposed rows stay within twice one request's); none above `max_decoding`.
+/// `draft_max` is the request's (`speculative.n_max`, else `--draft-max`).
+pub fn batch_cap(cfg: &SpecConfig, draft_max: usize, n_decoding: usize) -> usize {
+    if cfg.kind == SpecType::None || n_decoding > cfg.max_decoding {
+        return 0;
+    }
+    match n_decoding {
+        0 | 1 => draft_max,
+        n => (2 * draft_max / n).clamp(1, draft_max),
+    }
+}
+
+/// One request's drafting this step: up to `len` tokens after `tokens` into `out` (cleared
+/// first), stopping where the draft's top token is below `p_min`. The draft's KV holds the
+/// first `*done` of `tokens` in `blocks` (the target's block numbers, the proposal's blocks
+/// already allocated); `*done` is left at what it holds then.
+pub struct DraftJob<'a> {
+    pub tokens: &'a [u32],
+    pub done: &'a mut usize,
+    pub blocks: &'a [u32],
+    pub len: usize,
+    pub p_min: f32,
+    pub out: &'a mut Vec<u32>,
+}
+
+/// Proposes tokens with a draft model (the serving loop's, `crate::draft`): the scheduler
+/// calls it once a step with every request that may propose, which it drafts together (one
+/// forward pass per proposed position).
+pub trait Drafter {
+    fn draft(&mut self, jobs: &mut [DraftJob<'_>]);
 }
 
 impl Default for SpecConfig {
@@ -56,6 +169,8 @@ impl Default for SpecConfig {
             ngram_max: 4,
             ngram_min: 2,
             max_decoding: 4,
+            p_min: 0.0,
+            draft_model: None,
         }
     }
 }
@@ -67,6 +182,21 @@ impl SpecConfig {
 
     /// Checks the settings; the error names the flag.
     pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.p_min) {
+            return Err(format!(
+                "--draft-p-min {} is not between 0 and 1",
+                self.p_min
+            ));
+        }
+        match (self.kind, &self.draft_model) {
+            (SpecType::Draft, None) => {
+                return Err("--spec-type draft needs a draft model (-md/--model-draft)".into())
+            }
+            (SpecType::None | SpecType::Ngram, Some(_)) => {
+                return Err("-md/--model-draft goes with --spec-type draft".into())
+            }
+            _ => {}
+        }
         if self.draft_min > self.draft_max {
             return Err(format!(
                 "--draft-min {} is above --draft-max {}",
@@ -245,6 +375,26 @@ mod tests {
             ..SamplerParams::neutral()
         });
         assert!((0..1000).all(|_| s.sample(&logits, &[]) != 1));
+    }
+
+    #[test]
+    fn the_batch_cap_shrinks_proposals_as_the_step_grows_and_stops_them_above_the_limit() {
+        let cfg = SpecConfig {
+            kind: SpecType::Ngram,
+            draft_max: 16,
+            max_decoding: 8,
+            ..Default::default()
+        };
+        let caps: Vec<usize> = (0..=9).map(|n| batch_cap(&cfg, 16, n)).collect();
+        assert_eq!(caps, [16, 16, 16, 10, 8, 6, 5, 4, 4, 0]);
+        // Proposed rows per step stay within twice one request's.
+        assert!((1..=8).all(|n| n * batch_cap(&cfg, 16, n) <= 2 * 16));
+        // A request's own maximum, above or below the server's.
+        assert_eq!((batch_cap(&cfg, 32, 2), batch_cap(&cfg, 4, 4)), (32, 2));
+        // Off: nothing, whatever the batch or the request.
+        assert_eq!(batch_cap(&SpecConfig::default(), 16, 1), 0);
+        assert_eq!((batch_cap(&cfg, 1, 2), batch_cap(&cfg, 1, 8)), (1, 1));
+        assert_eq!(batch_cap(&cfg, 0, 1), 0);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub enum EngineError {
     VocabMismatch { tokenizer: usize, model: usize },
     #[error("engine thread: {0}")]
     Thread(String),
+    #[error("draft model: {0}")]
+    Draft(String),
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;
@@ -100,6 +102,8 @@ pub struct Request {
     /// leaves cached blocks only for requests with the same salt, so `cached_tokens` tells it
     /// nothing of another namespace's prompts. None: the shared namespace.
     pub cache_salt: Option<String>,
+    /// Its own speculative-decoding settings (llama-server's `speculative.*` fields).
+    pub speculative: crate::spec::RequestSpec,
 }
 
 /// What a request's sink receives, in order: `Started`, `PromptLogprobs` when asked for, zero

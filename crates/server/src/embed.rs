@@ -118,6 +118,7 @@ async fn embed(
                 constraint: None,
                 embed: Some(st.pooling),
                 cache_salt: None,
+                speculative: Default::default(),
             };
             let (tx, i) = (tx.clone(), next);
             match st

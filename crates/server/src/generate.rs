@@ -421,6 +421,7 @@ pub(crate) async fn submit(
         constraint,
         embed: None,
         cache_salt: crate::tenant::engine_salt(log.cache_key(), p.cache_salt.as_deref()),
+        speculative: p.speculative,
     };
     let mut gens = Vec::with_capacity(n_choices);
     for i in 0..n_choices {

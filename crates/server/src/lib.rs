@@ -25,6 +25,7 @@ pub mod reasoning;
 mod reqlog;
 mod responses;
 mod routes;
+mod spec;
 mod stream;
 mod tenant;
 mod tools;

@@ -41,6 +41,8 @@ pub struct GenParams {
     pub thinking: Option<crate::reasoning::Thinking>,
     /// vLLM's `cache_salt`: the request's prefix-cache namespace (None: the shared one).
     pub cache_salt: Option<String>,
+    /// llama-server's `speculative.n_max`, `.n_min`, `.p_min` (`crate::spec`).
+    pub speculative: quiver_engine::spec::RequestSpec,
 }
 
 /// The prompt of `/v1/completions`.
@@ -81,7 +83,10 @@ fn present<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     m.get(key).filter(|v| !v.is_null())
 }
 
-fn get_f32(m: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+/// A field's value if given, or the 400 naming it.
+type Field<T> = Result<Option<T>, ApiError>;
+
+pub(crate) fn get_f32(m: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Field<f32> {
     match present(m, key) {
         None => Ok(None),
         Some(v) => match v.as_f64() {
@@ -95,7 +100,7 @@ fn get_f32(m: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Result<Option
     }
 }
 
-fn get_uint(m: &Map<String, Value>, key: &str, lo: u64, hi: u64) -> Result<Option<u64>, ApiError> {
+pub(crate) fn get_uint(m: &Map<String, Value>, key: &str, lo: u64, hi: u64) -> Field<u64> {
     match present(m, key) {
         None => Ok(None),
         Some(v) => {
@@ -370,6 +375,7 @@ fn parse_common(m: &Map<String, Value>, n_vocab: usize, chat: bool) -> Result<Ge
         n,
         thinking: None,
         cache_salt,
+        speculative: crate::spec::parse(m)?,
     })
 }
 

@@ -3,7 +3,7 @@
 //! unaccepted token in the prefix cache).
 
 use super::*;
-use crate::spec::SpecType;
+use crate::spec::{DraftJob, Drafter, SpecType};
 use std::collections::{BTreeMap, HashMap};
 
 /// The fake KV cache: (block, offset) → the token written there.
@@ -36,6 +36,16 @@ struct Run {
 }
 
 fn run(kind: SpecType, kv_blocks: usize, prompts: &[Vec<u32>], max_tokens: usize) -> Run {
+    run_with(kind, kv_blocks, prompts, max_tokens, None)
+}
+
+fn run_with(
+    kind: SpecType,
+    kv_blocks: usize,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    mut drafter: Option<&mut dyn Drafter>,
+) -> Run {
     let mut s = Scheduler::new(SchedConfig {
         max_batch_tokens: 64,
         max_seqs: 4,
@@ -60,6 +70,7 @@ fn run(kind: SpecType, kv_blocks: usize, prompts: &[Vec<u32>], max_tokens: usize
             whole_prompt: false,
             cache_salt: None,
             speculate: true,
+            spec: Default::default(),
         });
     }
     let mut kv = Kv::new();
@@ -75,7 +86,12 @@ fn run(kind: SpecType, kv_blocks: usize, prompts: &[Vec<u32>], max_tokens: usize
             r.steps < 10_000,
             "the scheduler did not finish its requests"
         );
-        let out = s.schedule().unwrap().clone();
+        let out = match drafter.as_mut() {
+            Some(d) => s.schedule_with(Some(&mut **d)),
+            None => s.schedule(),
+        }
+        .unwrap()
+        .clone();
         r.preemptions += out.preempted.len();
         let mut sampled = Vec::new();
         for x in &out.scheduled {
@@ -155,4 +171,88 @@ fn proposals_stop_at_the_token_limit() {
     let r = run(SpecType::Ngram, 64, &[p], 9);
     assert_eq!(r.outputs[&1].len(), 9);
     assert!(r.counts.accepted > 0, "{:?}", r.counts);
+}
+
+/// A fake draft model with its own KV (the same block numbers): it checks that the scheduler's
+/// `done` never claims a position its KV does not hold with the request's token (a rejected
+/// proposal's, a preempted request's), writes what it computes, and proposes the token
+/// `PERIOD` back (the fake target's usual rule), or with `wrong` one it never picks.
+#[derive(Default)]
+struct FakeDraft {
+    kv: Kv,
+    wrong: bool,
+    calls: usize,
+    caught_up: usize,
+}
+
+impl Drafter for FakeDraft {
+    fn draft(&mut self, jobs: &mut [DraftJob<'_>]) {
+        self.calls += 1;
+        for j in jobs.iter_mut() {
+            let slot = |p: usize| (j.blocks[p / BLOCK_SIZE], p % BLOCK_SIZE);
+            for p in 0..*j.done {
+                assert_eq!(self.kv.get(&slot(p)), Some(&j.tokens[p]), "draft KV at {p}");
+            }
+            assert!(
+                j.blocks.len() * BLOCK_SIZE >= j.tokens.len() + j.len,
+                "no blocks"
+            );
+            let mut seq = j.tokens.to_vec();
+            for (p, &t) in seq.iter().enumerate().skip(*j.done) {
+                self.kv.insert(slot(p), t);
+                self.caught_up += 1;
+            }
+            *j.done = seq.len();
+            j.out.clear();
+            while j.out.len() < j.len {
+                let t = if self.wrong {
+                    299
+                } else {
+                    seq[seq.len() - PERIOD]
+                };
+                j.out.push(t);
+                if j.out.len() == j.len {
+                    break;
+                }
+                self.kv.insert(slot(seq.len()), t);
+                seq.push(t);
+                *j.done += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_drafter_changes_the_steps_not_the_tokens_and_its_kv_follows_the_accepted_tokens() {
+    let plain = run(SpecType::None, 256, &prompts(), 60);
+    for wrong in [false, true] {
+        for kv_blocks in [256, 12] {
+            let mut d = FakeDraft {
+                wrong,
+                ..Default::default()
+            };
+            let r = run_with(SpecType::Draft, kv_blocks, &prompts(), 60, Some(&mut d));
+            assert_eq!(
+                r.outputs, plain.outputs,
+                "wrong {wrong}, {kv_blocks} blocks"
+            );
+            let c = r.counts;
+            assert!(d.calls > 0 && c.proposed > 0, "{c:?}");
+            if wrong {
+                assert_eq!(c.accepted, 0, "{c:?}");
+            } else {
+                assert!(c.accepted > c.proposed / 2, "{c:?}");
+                assert!(r.steps < plain.steps, "{} vs {}", r.steps, plain.steps);
+            }
+            if kv_blocks == 12 {
+                assert!(r.preemptions > 0);
+            }
+        }
+    }
+    // Without a drafter, `SpecType::Draft` proposes nothing.
+    let none = run(SpecType::Draft, 256, &prompts(), 60);
+    assert_eq!(
+        (none.outputs, none.counts),
+        (plain.outputs, SpecCounts::default())
+    );
 }

@@ -26,6 +26,7 @@ fn req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> SchedRequest {
         whole_prompt: false,
         cache_salt: None,
         speculate: false,
+        spec: Default::default(),
     }
 }
 

@@ -55,6 +55,11 @@ impl<B: Backend> StepRunner<B> {
         }
     }
 
+    /// The target's backend (the draft model runs on it too).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.runner.backend
+    }
+
     /// Runs the scheduled step `out` and picks its tokens (`sched` gives each request's
     /// tokens so far). Err: the forward pass or a constraint worker failed, and the step fails
     /// with every request in it.

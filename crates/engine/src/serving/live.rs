@@ -39,6 +39,7 @@ impl<'t> Live<'t> {
             cache_salt: req.cache_salt,
             // A constraint's matcher takes one token a step: no proposals to check.
             speculate: req.constraint.is_none() && req.embed.is_none(),
+            spec: req.speculative,
             prompt: req.prompt,
         };
         let live = Live {

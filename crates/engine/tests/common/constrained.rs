@@ -74,6 +74,7 @@ pub fn agree(
             constraint: Some(g.constraint(&spec).unwrap()),
             embed: None,
             cache_salt: None,
+            speculative: Default::default(),
         };
         let (tx, rx) = mpsc::channel();
         h.submit(req, Box::new(move |e| tx.send(e).is_ok()))

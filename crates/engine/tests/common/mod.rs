@@ -20,6 +20,7 @@ pub fn request(prompt: &[u32], sampling: SamplerParams, max_tokens: usize) -> Re
         constraint: None,
         embed: None,
         cache_salt: None,
+        speculative: Default::default(),
     }
 }
 
