@@ -8,6 +8,7 @@
 mod act_fn;
 mod attn;
 mod attn_tiled;
+mod delta_net;
 mod matmul;
 mod moe;
 mod rope;
@@ -676,6 +677,42 @@ impl Backend for CpuBackend {
 
     fn supports(&self, _op: ExtraOp) -> bool {
         true
+    }
+
+    fn delta_net(
+        &self,
+        step: &Step<CpuStep>,
+        p: &quiver_backend::DeltaNetParams,
+        w: quiver_backend::DeltaNetWeights<'_, CpuWeight>,
+        qkv: &mut Vec<f32>,
+        alpha: &Vec<f32>,
+        beta: &Vec<f32>,
+        state: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        delta_net::run(
+            self.mm.pool(),
+            step.batch,
+            p,
+            w.conv.vector("delta_net")?,
+            w.dt_bias.vector("delta_net")?,
+            w.a.vector("delta_net")?,
+            qkv,
+            alpha,
+            beta,
+            state,
+            out,
+        )
+    }
+
+    fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
+        check("sigmoid_mul", x.len() >= n && gate.len() >= n, || {
+            format!("{n} elements")
+        })?;
+        for (v, &g) in x[..n].iter_mut().zip(&gate[..n]) {
+            *v *= quiver_backend::delta_net::sigmoid(g);
+        }
+        Ok(())
     }
 
     fn scale(&self, x: &mut Vec<f32>, s: f32, n: usize) -> Result<()> {

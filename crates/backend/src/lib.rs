@@ -10,6 +10,7 @@
 //! op, which each backend's parity tests compare against.
 
 mod batch;
+pub mod delta_net;
 pub mod kvcodec;
 mod numerics;
 pub mod reference;
@@ -19,6 +20,7 @@ pub mod testing;
 pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
+pub use delta_net::DeltaNetParams;
 pub use numerics::Numerics;
 use quiver_gguf::GgmlType;
 pub use rope::{Llama3Scaling, RopeAngles, RopeMode, RopeParams, Yarn, ROPE_MAX_PAIRS};
@@ -263,6 +265,10 @@ pub enum ExtraOp {
     /// [`Backend::moe`] with per-expert scales of the gate and up products
     /// (`MoeWeights::gate_scale`, `up_scale`).
     MoeProductScales,
+    /// [`Backend::delta_net`] over the recurrent state (Qwen 3.5's linear-attention layers).
+    DeltaNet,
+    /// [`Backend::sigmoid_mul`]
+    SigmoidMul,
 }
 
 impl std::fmt::Display for ExtraOp {
@@ -275,6 +281,8 @@ impl std::fmt::Display for ExtraOp {
             ExtraOp::RopeQ => "rope_q",
             ExtraOp::MoeExtras => "moe (given router logits, per-expert scales)",
             ExtraOp::MoeProductScales => "moe (per-expert gate/up scales)",
+            ExtraOp::DeltaNet => "gated delta net (recurrent state)",
+            ExtraOp::SigmoidMul => "sigmoid_mul",
         })
     }
 }
@@ -632,6 +640,32 @@ pub trait Backend {
         let _ = (step, q, rope, attn);
         Err(self.missing(ExtraOp::RopeQ))
     }
+    /// One gated-delta-net layer ([`delta_net`]) over the step's sequences. `qkv` holds the
+    /// in-projection ([rows, `p.channels()`]; the op may overwrite it), `alpha` and `beta`
+    /// the raw gate products ([rows, `p.n_v_heads`]). Sequence s reads and updates slot
+    /// `batch.seqs[s].state_slot` of `state` (slots of `p.state_floats()`: the convolution's
+    /// last inputs, then the matrices); a sequence whose span starts at position 0 starts
+    /// from a zero state. `out` gets the rule's output, [rows, `p.value_dim()`].
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        step: &Step<Self::StepCtx>,
+        p: &DeltaNetParams,
+        w: DeltaNetWeights<'_, Self::Weight>,
+        qkv: &mut Self::Buf,
+        alpha: &Self::Buf,
+        beta: &Self::Buf,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (step, p, w, qkv, alpha, beta, state, out);
+        Err(self.missing(ExtraOp::DeltaNet))
+    }
+    /// x[i] *= σ(gate[i]) for the first n elements.
+    fn sigmoid_mul(&self, x: &mut Self::Buf, gate: &Self::Buf, n: usize) -> Result<()> {
+        let _ = (x, gate, n);
+        Err(self.missing(ExtraOp::SigmoidMul))
+    }
     /// The error of an op this backend lacks.
     fn missing(&self, op: ExtraOp) -> BackendError {
         BackendError::MissingOp {
@@ -682,6 +716,16 @@ pub trait Backend {
         out.extend(v.chunks_exact(cols.max(1)).map(reference::argmax));
         Ok(())
     }
+}
+
+/// The weights [`Backend::delta_net`] reads: the convolution's kernel as one vector
+/// ([channels · conv_kernel], channel after channel, tap 0 the oldest), the gate's bias
+/// (`ssm_dt.bias`) and its per-head factor (`ssm_a`, −exp(A_log)), each [n_v_heads].
+#[derive(Clone, Copy)]
+pub struct DeltaNetWeights<'a, W> {
+    pub conv: &'a W,
+    pub dt_bias: &'a W,
+    pub a: &'a W,
 }
 
 /// A forward step in progress, as `begin_step` decided it: the batch, the rows the ops run
