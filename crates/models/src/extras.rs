@@ -41,6 +41,12 @@ pub struct PleBufs<B: Backend> {
 /// loads.
 pub(crate) fn check_ops<B: Backend>(b: &B, hp: &Hparams) -> Result<()> {
     let mut need = Vec::new();
+    if hp.delta_net.is_some() {
+        need.extend([ExtraOp::DeltaNet, ExtraOp::Scale]);
+    }
+    if hp.q_gate {
+        need.extend([ExtraOp::CopyCols, ExtraOp::SigmoidMul]);
+    }
     if hp.v_norm {
         need.push(ExtraOp::RmsNormPlain);
     }

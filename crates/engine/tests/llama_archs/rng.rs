@@ -119,7 +119,19 @@ impl Normal {
 pub fn tensor_values(name: &str, seed: u64, stdev: f32, n: usize) -> Vec<f32> {
     let mut g = Mt19937::new(seed ^ string_hash(name.as_bytes()));
     let mut d = Normal::new(stdev);
-    (0..n).map(|_| d.sample(&mut g)).collect()
+    // As the llama.cpp test: a name holding "ssm_a" (Mamba's A, Qwen 3.5's `ssm_a` and
+    // `ssm_alpha` alike) gets -|x| (a decay).
+    let neg = name.contains("ssm_a");
+    (0..n)
+        .map(|_| {
+            let x = d.sample(&mut g);
+            if neg {
+                -x.abs()
+            } else {
+                x
+            }
+        })
+        .collect()
 }
 
 #[test]
