@@ -85,6 +85,21 @@ impl<B: Backend> ModelRunner<B> {
         self.model.hp.n_vocab
     }
 
+    /// Makes room for `n` sequences at once in the model's recurrent state (models with
+    /// recurrent layers, Qwen 3.5: the state is made again, checked against memory; others
+    /// need nothing).
+    pub fn set_max_seqs(&mut self, n: usize) -> Result<()> {
+        self.model.set_max_seqs(n);
+        if self.model.hp.delta_net.is_some() && self.state.n_seq_states != n.max(1) {
+            let (n_slots, n_batch, max_logits) =
+                (self.state.n_slots, self.state.max_tokens, self.state.max_logits);
+            // The old state goes first: both need not fit at once.
+            self.state = self.model.state(&self.backend, 0, 1, 1)?;
+            self.state = self.model.state(&self.backend, n_slots, n_batch, max_logits)?;
+        }
+        Ok(())
+    }
+
     /// Runs a scheduled step; its sampling rows' logits are then in `state.logits`, in
     /// schedule order.
     pub fn execute(&mut self, out: &SchedulerOutput) -> Result<()> {

@@ -53,7 +53,9 @@ where
                 max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
                 kv: opts.kv,
             };
-            let runner = match ModelRunner::new(make(), &file, &runner_opts) {
+            let runner = match ModelRunner::new(make(), &file, &runner_opts)
+                .and_then(|mut r| r.set_max_seqs(opts.max_seqs).map(|_| r))
+            {
                 Ok(r) => r,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -68,6 +70,7 @@ where
                 return;
             }
             let _ = ready_tx.send(Ok(()));
+            let recurrent = runner.model.hp.delta_net.is_some();
             let sched = Scheduler::new(SchedConfig {
                 max_batch_tokens: opts.max_batch_tokens,
                 max_seqs: opts.max_seqs,
@@ -87,6 +90,7 @@ where
                 ),
                 eog: sh.tokenizer.eog_ids().collect(),
                 spec: opts.spec.clone(),
+                recurrent,
             });
             Engine::new(&sh, runner, sched).run();
         })

@@ -55,6 +55,19 @@ impl<B: Backend> Model<B> {
         max_tokens: usize,
         max_logits: usize,
     ) -> Result<State<B>> {
+        self.state_with_seqs(b, n_slots, max_tokens, max_logits, self.max_seqs)
+    }
+
+    /// [`Model::state`] with recurrent state for `n_seqs` sequences at once (models with
+    /// recurrent layers; others ignore it).
+    pub fn state_with_seqs(
+        &self,
+        b: &B,
+        n_slots: usize,
+        max_tokens: usize,
+        max_logits: usize,
+        n_seqs: usize,
+    ) -> Result<State<B>> {
         let hp = &self.hp;
         let n = max_tokens;
         let (qd, kvd, max_ff) = hp.max_dims();
@@ -95,7 +108,7 @@ impl<B: Backend> Model<B> {
             n_slots,
         };
         // The hybrid layers' step buffers and every sequence slot's recurrent state.
-        let n_seq_states = self.max_seqs.max(1);
+        let n_seq_states = n_seqs.max(1);
         let hy_floats = match hp.delta_net {
             Some(_) => crate::qwen35::HybridBufs::<B>::floats(hp, n) as u64,
             None => 0,

@@ -49,6 +49,7 @@ fn run(kind: SpecType, kv_blocks: usize, prompts: &[Vec<u32>], max_tokens: usize
             ngram_min: 1,
             ..Default::default()
         },
+        recurrent: false,
     });
     for (i, p) in prompts.iter().enumerate() {
         s.add(SchedRequest {

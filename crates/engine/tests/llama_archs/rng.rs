@@ -111,7 +111,8 @@ impl Normal {
                 y * mult
             }
         };
-        v * self.stdev
+        // `· σ + mean` with mean 0: a −0 draw comes out +0, as libstdc++'s does.
+        v * self.stdev + 0.0
     }
 }
 
