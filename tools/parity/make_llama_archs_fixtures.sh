@@ -34,7 +34,7 @@ seeds=("$@")
 if [ ${#seeds[@]} -eq 0 ]; then
     seeds=(1 2)
 fi
-ARCHS='^(llama|mistral3|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|gemma2|gemma3|phi3)$'
+ARCHS='^(llama|mistral3|qwen2|qwen3|qwen3moe|qwen35|gemma2|gemma3|phi3)$'
 STDEV=0.1
 N_PROMPT=32
 N_TOTAL=48

@@ -105,6 +105,17 @@ pub(crate) fn run(
     Ok(())
 }
 
+/// x[i] *= σ(gate[i]) for the first n elements.
+pub(crate) fn sigmoid_mul(x: &mut [f32], gate: &[f32], n: usize) -> Result<()> {
+    check("sigmoid_mul", x.len() >= n && gate.len() >= n, || {
+        format!("{n} elements")
+    })?;
+    for (v, &g) in x[..n].iter_mut().zip(&gate[..n]) {
+        *v *= dn::sigmoid(g);
+    }
+    Ok(())
+}
+
 /// [`dn::conv_silu`] in place over one sequence's `n` rows: outputs from the last row back, so
 /// that each row is overwritten only after every output that reads it.
 fn conv_in_place(x: &mut [f32], n: usize, c: usize, w: &[f32], k: usize, conv: &mut [f32]) {
@@ -136,4 +147,104 @@ fn conv_in_place(x: &mut [f32], n: usize, c: usize, w: &[f32], k: usize, conv: &
         }
     }
     conv.copy_from_slice(&next);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quiver_backend::SeqSpan;
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
+    /// Three sequences in one step, each in its own state slot (one starting at position 0
+    /// over a dirty slot, two continuing), give what the scalar reference gives each alone
+    /// from its own state, bit for bit; the slot of no sequence is left as it was.
+    #[test]
+    fn sequences_of_a_batch_each_use_their_own_slot() {
+        let p = DeltaNetParams {
+            n_k_heads: 2,
+            n_v_heads: 4,
+            head_k: 16,
+            head_v: 16,
+            conv_kernel: 4,
+            eps: 1e-6,
+        };
+        let mut r = rng(11);
+        let (c, hv, vd, per) = (p.channels(), p.n_v_heads, p.value_dim(), p.state_floats());
+        // (slot, position of the first token, tokens)
+        let seqs = [(2usize, 0usize, 5usize), (0, 6, 3), (3, 9, 1)];
+        let n: usize = seqs.iter().map(|s| s.2).sum();
+        let qkv: Vec<f32> = (0..n * c).map(|_| r()).collect();
+        let alpha: Vec<f32> = (0..n * hv).map(|_| r()).collect();
+        let beta: Vec<f32> = (0..n * hv).map(|_| r()).collect();
+        let w: Vec<f32> = (0..c * 4).map(|_| r() * 0.5).collect();
+        let dt: Vec<f32> = (0..hv).map(|_| r()).collect();
+        let a: Vec<f32> = (0..hv).map(|_| -r().abs()).collect();
+        let state0: Vec<f32> = (0..5 * per).map(|_| r() * 0.3).collect();
+        let mut batch = Batch {
+            block_size: 16,
+            ..Default::default()
+        };
+        let mut start = 0;
+        for (si, &(slot, pos, len)) in seqs.iter().enumerate() {
+            batch.seqs.push(SeqSpan {
+                start,
+                len,
+                kv_len: pos + len,
+                state_slot: slot as u32,
+                ..Default::default()
+            });
+            for t in 0..len {
+                batch.tokens.push(0);
+                batch.positions.push((pos + t) as u32);
+                batch.slots.push(0);
+                batch.seq_of.push(si as u32);
+            }
+            start += len;
+        }
+        let pool = ThreadPool::new(3).unwrap();
+        let mut state = state0.clone();
+        let mut x = qkv.clone();
+        let mut out = vec![0f32; n * vd];
+        run(
+            &pool, &batch, &p, &w, &dt, &a, &mut x, &alpha, &beta, &mut state, &mut out,
+        )
+        .unwrap();
+        let mut want_state = state0.clone();
+        for (s, &(slot, pos, len)) in batch.seqs.iter().zip(&seqs) {
+            let st = &mut want_state[slot * per..(slot + 1) * per];
+            if pos == 0 {
+                st.fill(0.0);
+            }
+            let mut want = vec![0f32; len * vd];
+            let r = s.start..s.start + len;
+            dn::sequence(
+                &p,
+                len,
+                &mut qkv[r.start * c..r.end * c].to_vec(),
+                &alpha[r.start * hv..r.end * hv],
+                &beta[r.start * hv..r.end * hv],
+                &w,
+                &dt,
+                &a,
+                st,
+                &mut want,
+            );
+            assert_eq!(&out[r.start * vd..r.end * vd], &want[..], "slot {slot}");
+        }
+        assert_eq!(state, want_state);
+        assert_eq!(
+            state[per..2 * per],
+            state0[per..2 * per],
+            "slot 1 untouched"
+        );
+    }
 }

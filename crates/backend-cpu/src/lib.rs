@@ -11,8 +11,10 @@ mod attn_tiled;
 mod delta_net;
 mod matmul;
 mod moe;
+mod norm;
 mod rope;
 
+use norm::rms_norm_rows;
 use quiver_backend::{
     reference, Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, KvType,
     MoeParams, MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
@@ -176,31 +178,6 @@ fn par_rows(pool: &ThreadPool, rows: usize, min_rows: usize, f: impl Fn(usize, u
     pool.run(rows.div_ceil(per), &|i| {
         f(i * per, ((i + 1) * per).min(rows))
     });
-}
-
-/// `reference::rms_norm` over rows of `w.len()`, four rows at a time: each row's squares summed
-/// in f64 in order as there (ggml's rounding), the four sums' chains interleaved so that their
-/// latencies overlap. The same bits as the reference.
-fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let d = w.len();
-    let mut xr = x.chunks_exact(4 * d);
-    let mut or = out.chunks_exact_mut(4 * d);
-    for (x4, o4) in (&mut xr).zip(&mut or) {
-        let mut ss = [0f64; 4];
-        for i in 0..d {
-            for (r, s) in ss.iter_mut().enumerate() {
-                let v = x4[r * d + i];
-                *s += (v * v) as f64;
-            }
-        }
-        for (r, s) in ss.iter().enumerate() {
-            let inv = 1.0 / ((s / d as f64) as f32 + eps).sqrt();
-            for ((o, &v), &g) in o4[r * d..][..d].iter_mut().zip(&x4[r * d..][..d]).zip(w) {
-                *o = v * inv * g;
-            }
-        }
-    }
-    reference::rms_norm(xr.remainder(), w, eps, or.into_remainder());
 }
 
 fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
@@ -706,13 +683,7 @@ impl Backend for CpuBackend {
     }
 
     fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
-        check("sigmoid_mul", x.len() >= n && gate.len() >= n, || {
-            format!("{n} elements")
-        })?;
-        for (v, &g) in x[..n].iter_mut().zip(&gate[..n]) {
-            *v *= quiver_backend::delta_net::sigmoid(g);
-        }
-        Ok(())
+        delta_net::sigmoid_mul(x, gate, n)
     }
 
     fn scale(&self, x: &mut Vec<f32>, s: f32, n: usize) -> Result<()> {

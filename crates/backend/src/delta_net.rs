@@ -68,7 +68,7 @@ impl DeltaNetParams {
         if self.n_k_heads == 0 || self.n_v_heads == 0 || self.head_k == 0 {
             return Err("zero heads or head width".into());
         }
-        if self.n_v_heads % self.n_k_heads != 0 {
+        if !self.n_v_heads.is_multiple_of(self.n_k_heads) {
             return Err(format!(
                 "{} value heads are not a multiple of {} key heads",
                 self.n_v_heads, self.n_k_heads
@@ -223,9 +223,9 @@ pub fn chunked(m: &mut [f32], h: &HeadInputs, cs: usize, o: &mut [f32]) {
         // Cumulative log decay within the chunk (through token t, inclusive).
         let mut gc = vec![0f64; c];
         let mut acc = 0f64;
-        for t in 0..c {
+        for (t, x) in gc.iter_mut().enumerate() {
             acc += h.g[c0 + t] as f64;
-            gc[t] = acc;
+            *x = acc;
         }
         let kk = |t: usize, i: usize| h.k[c0 + t][i] as f64;
         let qq = |t: usize, i: usize| h.q[c0 + t][i] as f64 * scale;

@@ -91,11 +91,16 @@ impl<B: Backend> ModelRunner<B> {
     pub fn set_max_seqs(&mut self, n: usize) -> Result<()> {
         self.model.set_max_seqs(n);
         if self.model.hp.delta_net.is_some() && self.state.n_seq_states != n.max(1) {
-            let (n_slots, n_batch, max_logits) =
-                (self.state.n_slots, self.state.max_tokens, self.state.max_logits);
+            let (n_slots, n_batch, max_logits) = (
+                self.state.n_slots,
+                self.state.max_tokens,
+                self.state.max_logits,
+            );
             // The old state goes first: both need not fit at once.
             self.state = self.model.state(&self.backend, 0, 1, 1)?;
-            self.state = self.model.state(&self.backend, n_slots, n_batch, max_logits)?;
+            self.state = self
+                .model
+                .state(&self.backend, n_slots, n_batch, max_logits)?;
         }
         Ok(())
     }

@@ -52,8 +52,17 @@ pub type Result<T> = std::result::Result<T, ModelError>;
 
 /// The architectures [`load`] knows (GGUF `general.architecture`).
 pub const SUPPORTED: &[&str] = &[
-    "llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "gemma2", "gemma3",
-    "gemma4", "phi3",
+    "llama",
+    "mistral3",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "qwen35",
+    "qwen35moe",
+    "gemma2",
+    "gemma3",
+    "gemma4",
+    "phi3",
 ];
 
 /// Loads the model of the file's architecture onto a backend.

@@ -34,10 +34,7 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
     let n_all = hp.n_layer;
     let nextn = r.u("nextn_predict_layers")?.unwrap_or(0);
     if nextn >= n_all {
-        return Err(r.bad(
-            "nextn_predict_layers",
-            format!("{nextn} of {n_all} blocks"),
-        ));
+        return Err(r.bad("nextn_predict_layers", format!("{nextn} of {n_all} blocks")));
     }
     let recurrent = recurrent_layers(&r, n_all, nextn)?;
     hp.n_layer = n_all - nextn;
@@ -95,7 +92,9 @@ fn recurrent_layers(r: &Reader, n_all: usize, nextn: usize) -> Result<Vec<bool>>
     if interval == 0 {
         return Err(r.bad("full_attention_interval", "is 0"));
     }
-    Ok((0..n_all - nextn).map(|i| (i + 1) % interval != 0).collect())
+    Ok((0..n_all - nextn)
+        .map(|i| (i + 1) % interval != 0)
+        .collect())
 }
 
 /// The interleaved M-RoPE of text positions is the split-halves rope as long as every rotated
@@ -123,7 +122,7 @@ fn check_sections(r: &Reader, n_dims: usize) -> Result<()> {
     }
     for pair in 0..n_dims / 2 {
         let sector = pair % total;
-        let thw = (sector % 3 == 0 && sector < 3 * sec[0])
+        let thw = (sector.is_multiple_of(3) && sector < 3 * sec[0])
             || (sector % 3 == 1 && sector < 3 * sec[1])
             || (sector % 3 == 2 && sector < 3 * sec[2]);
         if !thw {
@@ -224,7 +223,11 @@ pub(crate) fn load_linear<B: Backend>(
 ) -> Result<(B::Weight, B::Weight, LinearAttn<B>)> {
     let p = hp.delta_net.expect("hybrid hparams");
     let d = hp.n_embd as u64;
-    let (c, vd, hv) = (p.channels() as u64, p.value_dim() as u64, p.n_v_heads as u64);
+    let (c, vd, hv) = (
+        p.channels() as u64,
+        p.value_dim() as u64,
+        p.n_v_heads as u64,
+    );
     let n = |s: &str| format!("blk.{i}.{s}.weight");
     let w = |name: &str, shape: &[u64]| weight(b, f, name, shape);
     if f.tensor(&n("attn_qkv")).is_none() {
@@ -247,7 +250,11 @@ pub(crate) fn load_linear<B: Backend>(
             expected: vec![c, k],
         });
     }
-    let idx = f.tensors.iter().position(|x| x.name == conv_name).unwrap_or(0);
+    let idx = f
+        .tensors
+        .iter()
+        .position(|x| x.name == conv_name)
+        .unwrap_or(0);
     let conv = b.weight(
         &conv_name,
         t.ty,
@@ -272,7 +279,11 @@ pub(crate) fn load_linear<B: Backend>(
         ],
         rs,
     };
-    Ok((w(&n("attn_qkv"), &[c, d])?, w(&n("ssm_out"), &[d, vd])?, lin))
+    Ok((
+        w(&n("attn_qkv"), &[c, d])?,
+        w(&n("ssm_out"), &[d, vd])?,
+        lin,
+    ))
 }
 
 /// A gated-delta-net layer over the normed input `s.xn`: its output (before the residual)
