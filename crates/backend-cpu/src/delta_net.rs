@@ -105,13 +105,28 @@ pub(crate) fn run(
     Ok(())
 }
 
-/// x[i] *= σ(gate[i]) for the first n elements.
-pub(crate) fn sigmoid_mul(x: &mut [f32], gate: &[f32], n: usize) -> Result<()> {
-    check("sigmoid_mul", x.len() >= n && gate.len() >= n, || {
-        format!("{n} elements")
+/// `Backend::sigmoid_mul`: x[r, c] *= σ(gate[r, c]), or σ(gate[r]) with `per_row`.
+pub(crate) fn sigmoid_mul(
+    x: &mut [f32],
+    gate: &[f32],
+    rows: usize,
+    cols: usize,
+    per_row: bool,
+) -> Result<()> {
+    let n = rows * cols;
+    let gn = if per_row { rows } else { n };
+    check("sigmoid_mul", x.len() >= n && gate.len() >= gn, || {
+        format!("{rows}×{cols} elements")
     })?;
-    for (v, &g) in x[..n].iter_mut().zip(&gate[..n]) {
-        *v *= dn::sigmoid(g);
+    if per_row {
+        for (row, &g) in x[..n].chunks_exact_mut(cols.max(1)).zip(&gate[..rows]) {
+            let s = dn::sigmoid(g);
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+    } else {
+        for (v, &g) in x[..n].iter_mut().zip(&gate[..n]) {
+            *v *= dn::sigmoid(g);
+        }
     }
     Ok(())
 }

@@ -12,15 +12,16 @@ mod delta_net;
 mod matmul;
 mod moe;
 mod norm;
+mod par;
 mod rope;
 
 use norm::rms_norm_rows;
+use par::{par_rows, SyncPtr};
 use quiver_backend::{
     reference, Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, KvType,
     MoeParams, MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
 };
 pub use quiver_cpu_kernels::Numerics;
-use quiver_cpu_kernels::ThreadPool;
 use quiver_gguf::GgmlType;
 
 pub struct CpuWeight {
@@ -145,39 +146,6 @@ impl CpuBackend {
             }
         });
     }
-}
-
-/// A raw pointer the pool's tasks share; each task touches only its own part (see `par_rows`).
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: `par_rows` hands each task a disjoint range and reads nothing back until the pool's
-// `run` has returned.
-unsafe impl Sync for SyncPtr {}
-
-impl SyncPtr {
-    /// Elements `start..start + len`.
-    ///
-    /// # Safety
-    /// The range lies inside the buffer, and no other live slice overlaps it.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
-        // SAFETY: per the function's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
-    }
-}
-
-/// Runs `f(r0, r1)` over rows `0..rows` cut into ranges of at least `min_rows` rows, one range per
-/// pool task; rows are independent, so each row's result is what a single thread computes.
-fn par_rows(pool: &ThreadPool, rows: usize, min_rows: usize, f: impl Fn(usize, usize) + Sync) {
-    let tasks = (rows / min_rows.max(1)).clamp(1, 4 * pool.n_threads());
-    if tasks == 1 {
-        f(0, rows);
-        return;
-    }
-    let per = rows.div_ceil(tasks);
-    pool.run(rows.div_ceil(per), &|i| {
-        f(i * per, ((i + 1) * per).min(rows))
-    });
 }
 
 fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
@@ -682,8 +650,15 @@ impl Backend for CpuBackend {
         )
     }
 
-    fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize) -> Result<()> {
-        delta_net::sigmoid_mul(x, gate, n)
+    fn sigmoid_mul(
+        &self,
+        x: &mut Vec<f32>,
+        g: &Vec<f32>,
+        r: usize,
+        c: usize,
+        row: bool,
+    ) -> Result<()> {
+        delta_net::sigmoid_mul(x, g, r, c, row)
     }
 
     fn scale(&self, x: &mut Vec<f32>, s: f32, n: usize) -> Result<()> {

@@ -355,7 +355,10 @@ impl Backend for CudaBackend {
         // No kernels for the gated delta net (Qwen 3.5) yet: such models are refused at load.
         !matches!(
             op,
-            ExtraOp::MoeProductScales | ExtraOp::DeltaNet | ExtraOp::SigmoidMul
+            ExtraOp::MoeProductScales
+                | ExtraOp::DeltaNet
+                | ExtraOp::SigmoidMul
+                | ExtraOp::MoeGateUpFused
         )
     }
 

@@ -87,6 +87,16 @@ impl DeltaNetParams {
     }
 }
 
+/// The weights [`crate::Backend::delta_net`] reads: the convolution's kernel as one vector
+/// ([channels · conv_kernel], channel after channel, tap 0 the oldest), the gate's bias
+/// (`ssm_dt.bias`) and its per-head factor (`ssm_a`, −exp(A_log)), each [n_v_heads].
+#[derive(Clone, Copy)]
+pub struct DeltaNetWeights<'a, W> {
+    pub conv: &'a W,
+    pub dt_bias: &'a W,
+    pub a: &'a W,
+}
+
 /// ggml's softplus: x past 20 as is, else ln(1 + eˣ).
 pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {

@@ -20,7 +20,7 @@ pub mod testing;
 pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
-pub use delta_net::DeltaNetParams;
+pub use delta_net::{DeltaNetParams, DeltaNetWeights};
 pub use numerics::Numerics;
 use quiver_gguf::GgmlType;
 pub use rope::{Llama3Scaling, RopeAngles, RopeMode, RopeParams, Yarn, ROPE_MAX_PAIRS};
@@ -269,6 +269,9 @@ pub enum ExtraOp {
     DeltaNet,
     /// [`Backend::sigmoid_mul`]
     SigmoidMul,
+    /// [`Backend::moe`] with the gate and up experts in one tensor (`MoeWeights::gate` and
+    /// `up` the same weight).
+    MoeGateUpFused,
 }
 
 impl std::fmt::Display for ExtraOp {
@@ -283,6 +286,7 @@ impl std::fmt::Display for ExtraOp {
             ExtraOp::MoeProductScales => "moe (per-expert gate/up scales)",
             ExtraOp::DeltaNet => "gated delta net (recurrent state)",
             ExtraOp::SigmoidMul => "sigmoid_mul",
+            ExtraOp::MoeGateUpFused => "moe (gate and up experts in one tensor)",
         })
     }
 }
@@ -340,6 +344,9 @@ impl MoeParams {
 /// One MoE layer's weights: the router [n_expert, n_embd], and the experts stacked as
 /// [n_expert · n_ff, n_embd] (gate, up) and [n_expert · n_embd, n_ff] (down), as the GGUF's
 /// 3-D tensors lie in memory.
+///
+/// `gate` and `up` may be the same weight (`std::ptr::eq`): the experts' gate and up in one
+/// tensor of 2·n_ff rows per expert, the gate's first ([`ExtraOp::MoeGateUpFused`]).
 pub struct MoeWeights<'a, W> {
     pub router: &'a W,
     pub gate: &'a W,
@@ -661,9 +668,17 @@ pub trait Backend {
         let _ = (step, p, w, qkv, alpha, beta, state, out);
         Err(self.missing(ExtraOp::DeltaNet))
     }
-    /// x[i] *= σ(gate[i]) for the first n elements.
-    fn sigmoid_mul(&self, x: &mut Self::Buf, gate: &Self::Buf, n: usize) -> Result<()> {
-        let _ = (x, gate, n);
+    /// x[r, c] *= σ(gate[r, c]) over `rows` rows of `cols`, or with `per_row`
+    /// x[r, c] *= σ(gate[r]) (one gate per row).
+    fn sigmoid_mul(
+        &self,
+        x: &mut Self::Buf,
+        gate: &Self::Buf,
+        rows: usize,
+        cols: usize,
+        per_row: bool,
+    ) -> Result<()> {
+        let _ = (x, gate, rows, cols, per_row);
         Err(self.missing(ExtraOp::SigmoidMul))
     }
     /// The error of an op this backend lacks.
@@ -716,16 +731,6 @@ pub trait Backend {
         out.extend(v.chunks_exact(cols.max(1)).map(reference::argmax));
         Ok(())
     }
-}
-
-/// The weights [`Backend::delta_net`] reads: the convolution's kernel as one vector
-/// ([channels · conv_kernel], channel after channel, tap 0 the oldest), the gate's bias
-/// (`ssm_dt.bias`) and its per-head factor (`ssm_a`, −exp(A_log)), each [n_v_heads].
-#[derive(Clone, Copy)]
-pub struct DeltaNetWeights<'a, W> {
-    pub conv: &'a W,
-    pub dt_bias: &'a W,
-    pub a: &'a W,
 }
 
 /// A forward step in progress, as `begin_step` decided it: the batch, the rows the ops run

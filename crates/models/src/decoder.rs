@@ -79,12 +79,27 @@ pub enum Ffn<B: Backend> {
 /// tensors hold them, and the per-expert scales of each product where the file has them.
 pub struct Experts<B: Backend> {
     pub router: B::Weight,
+    /// The gate experts, or (with `up` None) the gate and up experts in one tensor of 2·n_ff
+    /// rows per expert, the gate's first (`ffn_gate_up_exps`).
     pub gate: B::Weight,
-    pub up: B::Weight,
+    pub up: Option<B::Weight>,
     pub down: B::Weight,
     pub down_scale: Option<B::Weight>,
     pub gate_scale: Option<B::Weight>,
     pub up_scale: Option<B::Weight>,
+    /// The shared expert beside the routed ones (Qwen 3.5 MoE).
+    pub shared: Option<SharedExpert<B>>,
+}
+
+/// A shared expert: a SwiGLU FFN every token runs, its output times σ(x · `gate_inp`).
+pub struct SharedExpert<B: Backend> {
+    pub gate: B::Weight,
+    pub up: B::Weight,
+    pub down: B::Weight,
+    /// [n_embd]: the shared expert's gate (`ffn_gate_inp_shexp`).
+    pub gate_inp: B::Weight,
+    /// Per-tensor scales of gate, up, down.
+    pub scales: [Option<f32>; 3],
 }
 
 pub struct Model<B: Backend> {
@@ -496,7 +511,7 @@ impl<B: Backend> Model<B> {
         b.attention(step, &s.q, &s.kv[l.kv], a, &mut s.attn)?;
         dump.put(b, "kqv_out", i, &s.attn, n * qd);
         if let Some(hy) = qg.as_ref() {
-            b.sigmoid_mul(&mut s.attn, &hy.gate, n * qd)?;
+            b.sigmoid_mul(&mut s.attn, &hy.gate, n, qd, false)?;
         }
         b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
         if let Some(c) = sc.o {

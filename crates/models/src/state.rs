@@ -78,7 +78,9 @@ impl<B: Backend> Model<B> {
         };
         // Dense layers' FFN buffers (a model of MoE layers only has none).
         let ff = if hp.has_dense_ffn() { max_ff } else { 0 };
-        let n_aux = if hp.moe.is_some_and(|m| m.router_given) {
+        // The shared expert runs through the dense FFN's buffers.
+        let ff = ff.max(hp.shared_expert_ff);
+        let n_aux = if hp.moe.is_some_and(|m| m.router_given) || hp.shared_expert_ff > 0 {
             2
         } else {
             0
