@@ -240,12 +240,17 @@ pub fn chat(load: &LoadArgs, s: &SampleArgs, system: Option<String>) -> Result<(
         };
         msgs.push(Message::new("user", text));
         let ids = tmpl.tokenize(&tok, &msgs, true, None)?;
-        let keep = cached
+        let mut keep = cached
             .iter()
             .zip(&ids)
             .take_while(|(a, b)| a == b)
             .count()
             .min(ids.len() - 1);
+        // A recurrent state (Qwen 3.5) holds every cached token: it continues only from the
+        // end of the cache, else the conversation is computed again from its start.
+        if l.runner.hparams().delta_net.is_some() && keep < cached.len() {
+            keep = 0;
+        }
         let room = l.runner.n_ctx().saturating_sub(ids.len());
         if room == 0 {
             eprintln!(

@@ -189,7 +189,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     let kv = a.load.kv_types();
     let block = hp.kv_spec(bs, kv);
     block.check().map_err(anyhow::Error::msg)?;
-    let per_block = block.bytes() as usize;
+    // (max 1: a model of recurrent layers only would have no KV cache.)
+    let per_block = (block.bytes() as usize).max(1);
     let want = max_seqs as usize * n_ctx.div_ceil(bs);
     let kv_blocks = match (a.kv_blocks, a.kv_mem, pool) {
         (Some(n), _, _) => n as usize,
@@ -199,10 +200,13 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     };
     let layers = block.layers.clone();
     let verbose = a.load.verbose;
-    let kv_line = engine::kv_summary(&quiver_backend::KvSpec {
+    let mut kv_line = engine::kv_summary(&quiver_backend::KvSpec {
         n_slots: kv_blocks * bs,
         ..block
     });
+    if let Some(state) = engine::state_summary(&hp, max_seqs as usize) {
+        kv_line = format!("{kv_line}; {state}");
+    }
     if kv_blocks * bs < n_ctx {
         bail!("the KV pool of {kv_blocks} blocks ({} tokens) cannot hold one full context of {n_ctx} tokens", kv_blocks * bs);
     }
