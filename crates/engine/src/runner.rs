@@ -49,6 +49,9 @@ pub struct ModelRunner<B: Backend> {
     picker: Picker,
     logits: Vec<f32>,
     hidden: Vec<f32>,
+    /// The position after the last evaluated token: where a model with recurrent state
+    /// continues (its state holds every token before it).
+    next_pos: usize,
 }
 
 /// Which positions of an `eval` need logits.
@@ -78,6 +81,7 @@ impl<B: Backend> ModelRunner<B> {
             picker: Picker::default(),
             logits: Vec::new(),
             hidden: Vec::new(),
+            next_pos: 0,
         })
     }
 
@@ -145,6 +149,12 @@ impl<B: Backend> ModelRunner<B> {
                 ctx: self.n_ctx,
             });
         }
+        if self.model.hp.delta_net.is_some() && start_pos != 0 && start_pos != self.next_pos {
+            return Err(EngineError::StateRewind {
+                at: start_pos,
+                next: self.next_pos,
+            });
+        }
         let nv = self.n_vocab();
         match tokens.iter().find(|&&t| t as usize >= nv) {
             Some(&id) => Err(EngineError::BadToken { id, n_vocab: nv }),
@@ -173,6 +183,7 @@ impl<B: Backend> ModelRunner<B> {
             .batch();
         self.model
             .forward(&mut self.backend, &mut self.state, batch)?;
+        self.next_pos = start_pos + tokens.len();
         Ok(())
     }
 

@@ -231,3 +231,17 @@ fn preempted_requests_lose_nothing() {
         same(&got, &want[i], i);
     }
 }
+
+/// The single-sequence runner continues a recurrent state only where it ended (or from 0):
+/// evaluating again from an earlier position is refused with one line, not answered wrong.
+#[test]
+fn the_runner_refuses_to_rewind_a_recurrent_state() {
+    let f = file();
+    let mut r = ModelRunner::new(CpuBackend::new(2), &f, &RunnerOptions::default()).unwrap();
+    r.eval(&[1, 2, 3, 4, 5], 0, Want::Last).unwrap();
+    r.eval(&[6], 5, Want::Last).unwrap();
+    let e = r.eval(&[7], 3, Want::Last).unwrap_err().to_string();
+    assert!(e.contains("continues at position 6"), "{e}");
+    // From 0 again: a fresh state.
+    r.eval(&[1, 2], 0, Want::Last).unwrap();
+}
