@@ -1,5 +1,6 @@
 //! A model with recurrent state (Qwen 3.5's gated delta net, on llama.cpp's own `qwen35` test
-//! model of `tests/reference/llama-archs/`) under the serving engine: each request holds its
+//! model of `tests/reference/llama-archs/`, and `quiver synth`'s `tiny-qwen35moe`) under the
+//! serving engine: each request holds its
 //! own state slot, so requests served together get exactly the tokens they get alone; a
 //! prompt seen before is computed again (no prefix reuse: `cached_tokens` 0) to the same
 //! tokens; a preempted request is computed again from its first token and loses nothing.
@@ -70,6 +71,20 @@ fn file() -> Arc<GgufFile> {
     assert_eq!(&bytes[at..at + 4], b"test");
     bytes[at..at + 4].copy_from_slice(b"none");
     std::fs::write(&path, &bytes).unwrap();
+    Arc::new(GgufFile::open(&path).unwrap())
+}
+
+/// `quiver synth --preset tiny-qwen35moe` (F32): experts beside a shared expert, two
+/// delta-net layers.
+fn synth_moe() -> Arc<GgufFile> {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = std::env::temp_dir().join(format!("quiver-recurrent-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let path = tmp.join(format!("tiny-qwen35moe-{k}.gguf"));
+    let p = quiver_synth::preset("tiny-qwen35moe").unwrap();
+    let ft = quiver_synth::file_type("F32").unwrap();
+    quiver_synth::write(p, ft, 7, &path, 2, |_, _| {}).unwrap();
     Arc::new(GgufFile::open(&path).unwrap())
 }
 
@@ -213,6 +228,19 @@ fn served_together_equals_alone() {
     for (i, rx) in rxs.into_iter().enumerate() {
         let (got, cached) = collect(rx);
         assert_eq!(cached, 0, "request {i}: a recurrent model reuses no prefix");
+        same(&got, &want[i], i);
+    }
+}
+
+#[test]
+fn moe_served_together_equals_alone_under_preemption() {
+    let f = synth_moe();
+    let ps = prompts();
+    let want = solo(&f, &ps);
+    let h = start(&f, 6, 4);
+    let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (got, _) = collect(rx);
         same(&got, &want[i], i);
     }
 }
