@@ -8,9 +8,23 @@ use quiver_backend::delta_net as dn;
 use quiver_backend::{Batch, DeltaNetParams, Result};
 use quiver_cpu_kernels::ThreadPool;
 
+/// The op's host scratch, kept by the backend: it grows to the largest step and is reused
+/// (no allocation per step once grown).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    g: Vec<f32>,
+    b: Vec<f32>,
+    conv: Vec<f32>,
+    tasks: Vec<(usize, usize)>,
+    /// One output row per task.
+    rows: Vec<f32>,
+    slots: Vec<u32>,
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     pool: &ThreadPool,
+    sc: &mut Scratch,
     batch: &Batch,
     p: &DeltaNetParams,
     conv_w: &[f32],
@@ -39,6 +53,15 @@ pub(crate) fn run(
             && a.len() == hv,
         || format!("{n} rows of {c} channels, {hv} value heads"),
     )?;
+    // Each sequence its own slot: two sharing one would race over it.
+    sc.slots.clear();
+    sc.slots.extend(batch.seqs.iter().map(|s| s.state_slot));
+    sc.slots.sort_unstable();
+    check(
+        "delta_net",
+        sc.slots.windows(2).all(|w| w[0] != w[1]),
+        || "two sequences of the step name one state slot".into(),
+    )?;
     for s in &batch.seqs {
         let slot = s.state_slot as usize;
         check("delta_net", (slot + 1) * per_slot <= state.len(), || {
@@ -59,12 +82,15 @@ pub(crate) fn run(
             conv_w,
             p.conv_kernel,
             &mut st[..p.conv_floats()],
+            &mut sc.conv,
         );
         dn::normalize_qk(p, s.len, rows);
     }
     // The gates of every row.
-    let mut g = vec![0f32; n * hv];
-    let mut b = vec![0f32; n * hv];
+    sc.g.clear();
+    sc.g.resize(n * hv, 0.0);
+    sc.b.clear();
+    sc.b.resize(n * hv, 0.0);
     for t in 0..n {
         let r = t * hv..(t + 1) * hv;
         dn::gates(
@@ -72,34 +98,36 @@ pub(crate) fn run(
             &beta[r.clone()],
             dt_bias,
             a,
-            &mut g[r.clone()],
-            &mut b[r],
+            &mut sc.g[r.clone()],
+            &mut sc.b[r],
         );
     }
-    let tasks: Vec<(usize, usize)> = (0..batch.seqs.len())
-        .flat_map(|s| (0..hv).map(move |h| (s, h)))
-        .collect();
+    sc.tasks.clear();
+    sc.tasks
+        .extend((0..batch.seqs.len()).flat_map(|s| (0..hv).map(move |h| (s, h))));
+    sc.rows.clear();
+    sc.rows.resize(sc.tasks.len() * p.head_v, 0.0);
     let (op, sp) = (SyncPtr(out.as_mut_ptr()), SyncPtr(state.as_mut_ptr()));
+    let rp = SyncPtr(sc.rows.as_mut_ptr());
     let mat = p.head_k * p.head_v;
     let qkv = &*qkv;
+    let (g, b, tasks) = (&sc.g, &sc.b, &sc.tasks);
     par_rows(pool, tasks.len(), 1, |i0, i1| {
-        let mut o = Vec::new();
-        for &(si, h) in &tasks[i0..i1] {
+        for (i, &(si, h)) in tasks.iter().enumerate().take(i1).skip(i0) {
             let s = &batch.seqs[si];
             let (gs, bs) = (&g[s.start * hv..], &b[s.start * hv..]);
             let inputs = dn::head_inputs(p, s.len, &qkv[s.start * c..], gs, bs, h);
             let slot = s.state_slot as usize;
             // SAFETY: head h's matrix of this sequence's slot is this task's alone (each
-            // sequence has its own slot, each head its own matrix), inside `state` (checked).
+            // sequence has its own slot (checked), each head its own matrix), inside `state`
+            // (checked); row i of the scratch is this task's.
             let m = unsafe { sp.slice(slot * per_slot + p.conv_floats() + h * mat, mat) };
-            o.clear();
-            o.resize(s.len * p.head_v, 0.0);
-            dn::recurrent(m, &inputs, &mut o);
-            for t in 0..s.len {
+            let row = unsafe { rp.slice(i * p.head_v, p.head_v) };
+            dn::recurrent_with(m, &inputs, row, |t, o| {
                 // SAFETY: head h's columns of the sequence's rows are this task's alone.
-                let row = unsafe { op.slice((s.start + t) * vd + h * p.head_v, p.head_v) };
-                row.copy_from_slice(&o[t * p.head_v..(t + 1) * p.head_v]);
-            }
+                let dst = unsafe { op.slice((s.start + t) * vd + h * p.head_v, p.head_v) };
+                dst.copy_from_slice(o);
+            });
         }
     });
     Ok(())
@@ -133,10 +161,19 @@ pub(crate) fn sigmoid_mul(
 
 /// [`dn::conv_silu`] in place over one sequence's `n` rows: outputs from the last row back, so
 /// that each row is overwritten only after every output that reads it.
-fn conv_in_place(x: &mut [f32], n: usize, c: usize, w: &[f32], k: usize, conv: &mut [f32]) {
+fn conv_in_place(
+    x: &mut [f32],
+    n: usize,
+    c: usize,
+    w: &[f32],
+    k: usize,
+    conv: &mut [f32],
+    next: &mut Vec<f32>,
+) {
     let hist = k - 1;
     // The state after these rows: the window's last k - 1 rows.
-    let mut next = vec![0f32; hist * c];
+    next.clear();
+    next.resize(hist * c, 0.0);
     for r in 0..hist {
         let src = n + r; // row of the window (state rows first)
         let v = if src < hist {
@@ -161,5 +198,5 @@ fn conv_in_place(x: &mut [f32], n: usize, c: usize, w: &[f32], k: usize, conv: &
             x[t * c + ch] = dn::silu(s);
         }
     }
-    conv.copy_from_slice(&next);
+    conv.copy_from_slice(next);
 }

@@ -99,6 +99,7 @@ pub struct CpuBackend {
     /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
     packed: std::sync::Mutex<Vec<f32>>,
     routing: std::sync::Mutex<moe::Routing>,
+    dn: std::sync::Mutex<delta_net::Scratch>,
 }
 
 /// The CPU's part of a step.
@@ -119,6 +120,7 @@ impl CpuBackend {
             mm: matmul::MatMul::new(config.threads, config.numerics),
             packed: Default::default(),
             routing: Default::default(),
+            dn: Default::default(),
         }
     }
 
@@ -635,8 +637,10 @@ impl Backend for CpuBackend {
         state: &mut Vec<f32>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
+        let mut sc = self.dn.lock().unwrap_or_else(|e| e.into_inner());
         delta_net::run(
             self.mm.pool(),
+            &mut sc,
             step.batch,
             p,
             w.conv.vector("delta_net")?,

@@ -189,29 +189,64 @@ pub fn step(m: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, o
 }
 
 /// Per-token inputs of the delta rule of one sequence and one value head, as [`step`] takes
-/// them: q, k (normed), v, the gate g (log decay) and β, token after token.
+/// them (q, k normed; v; the gate g, a log decay; β), read in place: token t's q, k and v are
+/// `width`-long runs of `rows` at `t · stride` plus their offsets, its g and β
+/// `gates[t · gate_stride]` and `betas[t · gate_stride]`.
+#[derive(Clone, Copy)]
 pub struct HeadInputs<'a> {
-    pub q: Vec<&'a [f32]>,
-    pub k: Vec<&'a [f32]>,
-    pub v: Vec<&'a [f32]>,
-    pub g: Vec<f32>,
-    pub beta: Vec<f32>,
+    pub rows: &'a [f32],
+    pub stride: usize,
+    pub q_at: usize,
+    pub k_at: usize,
+    pub v_at: usize,
+    pub width: usize,
+    pub gates: &'a [f32],
+    pub betas: &'a [f32],
+    pub gate_stride: usize,
+    pub n: usize,
 }
 
-/// The recurrent form over a run of tokens: `o` gets one row of `s` per token.
-pub fn recurrent(m: &mut [f32], h: &HeadInputs, o: &mut [f32]) {
-    let s = h.v.first().map_or(0, |v| v.len());
-    for t in 0..h.v.len() {
-        step(
-            m,
-            h.q[t],
-            h.k[t],
-            h.v[t],
-            h.g[t],
-            h.beta[t],
-            &mut o[t * s..(t + 1) * s],
-        );
+impl<'a> HeadInputs<'a> {
+    fn run(&self, t: usize, at: usize) -> &'a [f32] {
+        &self.rows[t * self.stride + at..][..self.width]
     }
+    pub fn q(&self, t: usize) -> &'a [f32] {
+        self.run(t, self.q_at)
+    }
+    pub fn k(&self, t: usize) -> &'a [f32] {
+        self.run(t, self.k_at)
+    }
+    pub fn v(&self, t: usize) -> &'a [f32] {
+        self.run(t, self.v_at)
+    }
+    pub fn g(&self, t: usize) -> f32 {
+        self.gates[t * self.gate_stride]
+    }
+    pub fn beta(&self, t: usize) -> f32 {
+        self.betas[t * self.gate_stride]
+    }
+}
+
+/// The recurrent form over a run of tokens: `emit(t, o)` gets token t's output row.
+pub fn recurrent_with(
+    m: &mut [f32],
+    h: &HeadInputs,
+    row: &mut [f32],
+    mut emit: impl FnMut(usize, &[f32]),
+) {
+    for t in 0..h.n {
+        step(m, h.q(t), h.k(t), h.v(t), h.g(t), h.beta(t), row);
+        emit(t, row);
+    }
+}
+
+/// The recurrent form over a run of tokens: `o` gets one row of `width` per token.
+pub fn recurrent(m: &mut [f32], h: &HeadInputs, o: &mut [f32]) {
+    let s = h.width;
+    let mut row = vec![0f32; s];
+    recurrent_with(m, h, &mut row, |t, r| {
+        o[t * s..(t + 1) * s].copy_from_slice(r)
+    });
 }
 
 /// The chunked (parallel) form of [`recurrent`]: tokens in chunks of `cs`; within a chunk the
@@ -219,12 +254,11 @@ pub fn recurrent(m: &mut [f32], h: &HeadInputs, o: &mut [f32]) {
 /// come from the matrix at the chunk's start plus the intra-chunk attention, and the matrix
 /// moves once per chunk. Computed in f64 within a chunk.
 pub fn chunked(m: &mut [f32], h: &HeadInputs, cs: usize, o: &mut [f32]) {
-    let n = h.v.len();
+    let n = h.n;
     if n == 0 {
         return;
     }
-    let s = h.v[0].len();
-    let sk = h.k[0].len();
+    let (s, sk) = (h.width, h.width);
     let scale = 1.0 / (sk as f64).sqrt();
     let mut st: Vec<f64> = m.iter().map(|&x| x as f64).collect(); // [s rows (j)][sk (i)]
     let mut c0 = 0;
@@ -234,12 +268,12 @@ pub fn chunked(m: &mut [f32], h: &HeadInputs, cs: usize, o: &mut [f32]) {
         let mut gc = vec![0f64; c];
         let mut acc = 0f64;
         for (t, x) in gc.iter_mut().enumerate() {
-            acc += h.g[c0 + t] as f64;
+            acc += h.g(c0 + t) as f64;
             *x = acc;
         }
-        let kk = |t: usize, i: usize| h.k[c0 + t][i] as f64;
-        let qq = |t: usize, i: usize| h.q[c0 + t][i] as f64 * scale;
-        let beta = |t: usize| h.beta[c0 + t] as f64;
+        let kk = |t: usize, i: usize| h.k(c0 + t)[i] as f64;
+        let qq = |t: usize, i: usize| h.q(c0 + t)[i] as f64 * scale;
+        let beta = |t: usize| h.beta(c0 + t) as f64;
         // A[t][u] (u < t) = β_t exp(gc_t − gc_u) k_t·k_u; T = (I + A)⁻¹ (lower unitriangular).
         let dot = |a: usize, b: usize| (0..sk).map(|i| kk(a, i) * kk(b, i)).sum::<f64>();
         // The pseudo-values: u_t = β_t (v_t − exp(gc_t) M₀ k_t) − Σ_{u<t} A[t][u] u_u, solved
@@ -250,7 +284,7 @@ pub fn chunked(m: &mut [f32], h: &HeadInputs, cs: usize, o: &mut [f32]) {
             for j in 0..s {
                 let row = &st[j * sk..(j + 1) * sk];
                 let mk: f64 = (0..sk).map(|i| row[i] * kk(t, i)).sum();
-                u[t * s + j] = beta(t) * (h.v[c0 + t][j] as f64 - eg * mk);
+                u[t * s + j] = beta(t) * (h.v(c0 + t)[j] as f64 - eg * mk);
             }
             for p in 0..t {
                 let a = beta(t) * (gc[t] - gc[p]).exp() * dot(t, p);
@@ -375,21 +409,23 @@ pub fn head_inputs<'a>(
     p: &DeltaNetParams,
     n: usize,
     qkv: &'a [f32],
-    g: &[f32],
-    b: &[f32],
+    g: &'a [f32],
+    b: &'a [f32],
     h: usize,
 ) -> HeadInputs<'a> {
-    let c = p.channels();
     let kh = h % p.n_k_heads;
-    let (kd, hk, hv) = (p.key_dim(), p.head_k, p.head_v);
+    let kd = p.key_dim();
     HeadInputs {
-        q: (0..n).map(|t| &qkv[t * c + kh * hk..][..hk]).collect(),
-        k: (0..n).map(|t| &qkv[t * c + kd + kh * hk..][..hk]).collect(),
-        v: (0..n)
-            .map(|t| &qkv[t * c + 2 * kd + h * hv..][..hv])
-            .collect(),
-        g: (0..n).map(|t| g[t * p.n_v_heads + h]).collect(),
-        beta: (0..n).map(|t| b[t * p.n_v_heads + h]).collect(),
+        rows: qkv,
+        stride: p.channels(),
+        q_at: kh * p.head_k,
+        k_at: kd + kh * p.head_k,
+        v_at: 2 * kd + h * p.head_v,
+        width: p.head_v,
+        gates: &g[h..],
+        betas: &b[h..],
+        gate_stride: p.n_v_heads,
+        n,
     }
 }
 
@@ -431,12 +467,25 @@ mod tests {
             let g: Vec<f32> = (0..n).map(|_| -softplus(r() * 2.0) * 0.5).collect();
             let beta: Vec<f32> = (0..n).map(|_| sigmoid(r() * 3.0)).collect();
             let m0 = mk(s * s, &mut r);
+            // q, k, v of a token side by side, as the op's rows hold them.
+            let rows: Vec<f32> = (0..n)
+                .flat_map(|t| {
+                    [&q, &k, &v]
+                        .into_iter()
+                        .flat_map(move |x| x[t * s..(t + 1) * s].iter().copied())
+                })
+                .collect();
             let h = HeadInputs {
-                q: q.chunks_exact(s).collect(),
-                k: k.chunks_exact(s).collect(),
-                v: v.chunks_exact(s).collect(),
-                g,
-                beta,
+                rows: &rows,
+                stride: 3 * s,
+                q_at: 0,
+                k_at: s,
+                v_at: 2 * s,
+                width: s,
+                gates: &g,
+                betas: &beta,
+                gate_stride: 1,
+                n,
             };
             let (mut m1, mut m2) = (m0.clone(), m0.clone());
             let (mut o1, mut o2) = (vec![0f32; n * s], vec![0f32; n * s]);
