@@ -76,6 +76,7 @@ pub(crate) fn run(
         }
         let rows = &mut qkv[s.start * c..(s.start + s.len) * c];
         conv_in_place(
+            pool,
             rows,
             s.len,
             c,
@@ -160,8 +161,11 @@ pub(crate) fn sigmoid_mul(
 }
 
 /// [`dn::conv_silu`] in place over one sequence's `n` rows: outputs from the last row back, so
-/// that each row is overwritten only after every output that reads it.
+/// that each row is overwritten only after every output that reads it; channels split over
+/// the pool (each channel's outputs read that channel alone).
+#[allow(clippy::too_many_arguments)]
 fn conv_in_place(
+    pool: &ThreadPool,
     x: &mut [f32],
     n: usize,
     c: usize,
@@ -183,20 +187,26 @@ fn conv_in_place(
         };
         next[r * c..(r + 1) * c].copy_from_slice(v);
     }
-    for t in (0..n).rev() {
-        for ch in 0..c {
-            let mut s = 0.0f32;
-            for i in 0..k {
-                let r = t + i;
-                let v = if r < hist {
-                    conv[r * c + ch]
-                } else {
-                    x[(r - hist) * c + ch]
-                };
-                s += v * w[ch * k + i];
+    let xp = SyncPtr(x.as_mut_ptr());
+    let conv_r = &*conv;
+    par_rows(pool, c, 256, |c0, c1| {
+        for t in (0..n).rev() {
+            for ch in c0..c1 {
+                let mut s = 0.0f32;
+                for i in 0..k {
+                    let r = t + i;
+                    let v = if r < hist {
+                        conv_r[r * c + ch]
+                    } else {
+                        // SAFETY: channel ch of any row is this task's alone, inside `x`.
+                        unsafe { *xp.at((r - hist) * c + ch) }
+                    };
+                    s += v * w[ch * k + i];
+                }
+                // SAFETY: as above.
+                unsafe { *xp.at(t * c + ch) = dn::silu(s) };
             }
-            x[t * c + ch] = dn::silu(s);
         }
-    }
+    });
     conv.copy_from_slice(next);
 }

@@ -10,6 +10,11 @@ pub(crate) struct SyncPtr(pub(crate) *mut f32);
 unsafe impl Sync for SyncPtr {}
 
 impl SyncPtr {
+    /// A pointer to element `i` (inside the buffer for the caller to use it).
+    pub(crate) fn at(&self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+
     /// Elements `start..start + len`.
     ///
     /// # Safety

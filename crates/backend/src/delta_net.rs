@@ -174,18 +174,36 @@ pub fn step(m: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, o
     let s = v.len();
     let decay = g.exp();
     let scale = 1.0 / (q.len() as f32).sqrt();
-    for x in m.iter_mut() {
-        *x *= decay;
-    }
+    // Row by row, the row staying in cache through its three passes.
     for j in 0..s {
         let row = &mut m[j * s..(j + 1) * s];
-        let dot: f32 = row.iter().zip(k).map(|(a, b)| a * b).sum();
-        let d = (v[j] - dot) * beta;
+        for x in row.iter_mut() {
+            *x *= decay;
+        }
+        let d = (v[j] - dot(row, k)) * beta;
         for (a, &b) in row.iter_mut().zip(k) {
             *a += d * b;
         }
-        o[j] = row.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * scale;
+        o[j] = dot(row, q) * scale;
     }
+}
+
+/// Σ a·b in 16 lanes (lane l sums elements l, l + 16, …; the lanes then in order, the tail
+/// last): an order the compiler vectorizes, the same whatever the batch.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..16 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut sum = acc.iter().sum::<f32>();
+    for (x, y) in ar.iter().zip(br) {
+        sum += x * y;
+    }
+    sum
 }
 
 /// Per-token inputs of the delta rule of one sequence and one value head, as [`step`] takes
