@@ -162,12 +162,13 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             linear = Some((lin, wo));
             (wq, None, None)
         } else if has(&n("attn_qkv")) {
-            let shape = [qd + 2 * kvd, d];
+            // (Qwen 3.5: q and its gate first, as one part.)
+            let shape = [qg + 2 * kvd, d];
             let part = |first, rows| weight_rows(b, f, &n("attn_qkv"), &shape, first, rows);
             (
-                part(0, qd)?,
-                Some(part(qd, kvd)?),
-                Some(part(qd + kvd, kvd)?),
+                part(0, qg)?,
+                Some(part(qg, kvd)?),
+                Some(part(qg + kvd, kvd)?),
             )
         } else if !own_kv {
             (w(&n("attn_q"), &[qd, d])?, None, None)
