@@ -28,7 +28,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 presets=("$@")
 if [ ${#presets[@]} -eq 0 ]; then
-    presets=(tiny-llama tiny-mistral3 tiny-qwen2 tiny-qwen3 tiny-qwen3moe tiny-gemma2 tiny-gemma3 tiny-gemma4 tiny-gemma4moe tiny-phi3)
+    presets=(tiny-llama tiny-mistral3 tiny-qwen2 tiny-qwen3 tiny-qwen3moe tiny-qwen35 tiny-qwen35moe tiny-gemma2 tiny-gemma3 tiny-gemma4 tiny-gemma4moe tiny-phi3)
 fi
 N_PROMPT=24
 N_TOTAL=40

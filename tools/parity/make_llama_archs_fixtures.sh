@@ -9,6 +9,9 @@
 #              one batch, the rest one per step; the best TOP per position)
 #
 #   tools/parity/make_llama_archs_fixtures.sh [SEED...]     (default: 1 2)
+#   ARCHS='^(qwen35|qwen35moe)$' STDEV=0.5 tools/parity/make_llama_archs_fixtures.sh
+#       (another σ for some architectures, files NAME-d0.5-sSEED: at σ 0.1 the linear
+#       attention's state and the shared expert move no log-probability by 1e-4)
 #
 # Needs a C++ compiler, cmake and .venv (scripts/test makes it: the `gguf` package). Builds
 # llama.cpp's CPU library and test-llama-archs from tools/llama-src.sh's tree into
@@ -34,8 +37,13 @@ seeds=("$@")
 if [ ${#seeds[@]} -eq 0 ]; then
     seeds=(1 2)
 fi
-ARCHS='^(llama|mistral3|qwen2|qwen3|qwen3moe|gemma2|gemma3|phi3)$'
-STDEV=0.1
+ARCHS="${ARCHS:-^(llama|mistral3|qwen2|qwen3|qwen3moe|qwen35|qwen35moe|gemma2|gemma3|phi3)\$}"
+STDEV="${STDEV:-0.1}"
+# Files of another σ are named NAME-dSTDEV-sSEED.
+tag=""
+if [ "$STDEV" != "0.1" ]; then
+    tag="-d$STDEV"
+fi
 N_PROMPT=32
 N_TOTAL=48
 TOP=8
@@ -43,7 +51,7 @@ for seed in "${seeds[@]}"; do
     mkdir -p "$tmp/$seed"
     "$build/bin/test-llama-archs" -a "$ARCHS" -s "$seed" -d "$STDEV" -o "$tmp/$seed" >/dev/null 2>&1
     for f in "$tmp/$seed"/*.gguf; do
-        name="$(basename "$f" .gguf)-s$seed"
+        name="$(basename "$f" .gguf)$tag-s$seed"
         # A fixed pseudo-random token sequence per model and seed.
         ids=$(python3 -c "import random,sys; r=random.Random(sys.argv[1]); print(' '.join(str(r.randrange(128)) for _ in range($N_TOTAL)))" "$name")
         "$harness" "$f" "$N_PROMPT" "$TOP" $ids > "$tmp/rows" 2>/dev/null

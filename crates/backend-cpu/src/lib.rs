@@ -8,16 +8,20 @@
 mod act_fn;
 mod attn;
 mod attn_tiled;
+mod delta_net;
 mod matmul;
 mod moe;
+mod norm;
+mod par;
 mod rope;
 
+use norm::rms_norm_rows;
+use par::{par_rows, SyncPtr};
 use quiver_backend::{
     reference, Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, KvType,
     MoeParams, MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
 };
 pub use quiver_cpu_kernels::Numerics;
-use quiver_cpu_kernels::ThreadPool;
 use quiver_gguf::GgmlType;
 
 pub struct CpuWeight {
@@ -95,6 +99,7 @@ pub struct CpuBackend {
     /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
     packed: std::sync::Mutex<Vec<f32>>,
     routing: std::sync::Mutex<moe::Routing>,
+    dn: std::sync::Mutex<delta_net::Scratch>,
 }
 
 /// The CPU's part of a step.
@@ -115,6 +120,7 @@ impl CpuBackend {
             mm: matmul::MatMul::new(config.threads, config.numerics),
             packed: Default::default(),
             routing: Default::default(),
+            dn: Default::default(),
         }
     }
 
@@ -142,64 +148,6 @@ impl CpuBackend {
             }
         });
     }
-}
-
-/// A raw pointer the pool's tasks share; each task touches only its own part (see `par_rows`).
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: `par_rows` hands each task a disjoint range and reads nothing back until the pool's
-// `run` has returned.
-unsafe impl Sync for SyncPtr {}
-
-impl SyncPtr {
-    /// Elements `start..start + len`.
-    ///
-    /// # Safety
-    /// The range lies inside the buffer, and no other live slice overlaps it.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
-        // SAFETY: per the function's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
-    }
-}
-
-/// Runs `f(r0, r1)` over rows `0..rows` cut into ranges of at least `min_rows` rows, one range per
-/// pool task; rows are independent, so each row's result is what a single thread computes.
-fn par_rows(pool: &ThreadPool, rows: usize, min_rows: usize, f: impl Fn(usize, usize) + Sync) {
-    let tasks = (rows / min_rows.max(1)).clamp(1, 4 * pool.n_threads());
-    if tasks == 1 {
-        f(0, rows);
-        return;
-    }
-    let per = rows.div_ceil(tasks);
-    pool.run(rows.div_ceil(per), &|i| {
-        f(i * per, ((i + 1) * per).min(rows))
-    });
-}
-
-/// `reference::rms_norm` over rows of `w.len()`, four rows at a time: each row's squares summed
-/// in f64 in order as there (ggml's rounding), the four sums' chains interleaved so that their
-/// latencies overlap. The same bits as the reference.
-fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let d = w.len();
-    let mut xr = x.chunks_exact(4 * d);
-    let mut or = out.chunks_exact_mut(4 * d);
-    for (x4, o4) in (&mut xr).zip(&mut or) {
-        let mut ss = [0f64; 4];
-        for i in 0..d {
-            for (r, s) in ss.iter_mut().enumerate() {
-                let v = x4[r * d + i];
-                *s += (v * v) as f64;
-            }
-        }
-        for (r, s) in ss.iter().enumerate() {
-            let inv = 1.0 / ((s / d as f64) as f32 + eps).sqrt();
-            for ((o, &v), &g) in o4[r * d..][..d].iter_mut().zip(&x4[r * d..][..d]).zip(w) {
-                *o = v * inv * g;
-            }
-        }
-    }
-    reference::rms_norm(xr.remainder(), w, eps, or.into_remainder());
 }
 
 fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
@@ -676,6 +624,45 @@ impl Backend for CpuBackend {
 
     fn supports(&self, _op: ExtraOp) -> bool {
         true
+    }
+
+    fn delta_net(
+        &self,
+        step: &Step<CpuStep>,
+        p: &quiver_backend::DeltaNetParams,
+        w: quiver_backend::DeltaNetWeights<'_, CpuWeight>,
+        qkv: &mut Vec<f32>,
+        alpha: &Vec<f32>,
+        beta: &Vec<f32>,
+        state: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let mut sc = self.dn.lock().unwrap_or_else(|e| e.into_inner());
+        delta_net::run(
+            self.mm.pool(),
+            &mut sc,
+            step.batch,
+            p,
+            w.conv.vector("delta_net")?,
+            w.dt_bias.vector("delta_net")?,
+            w.a.vector("delta_net")?,
+            qkv,
+            alpha,
+            beta,
+            state,
+            out,
+        )
+    }
+
+    fn sigmoid_mul(
+        &self,
+        x: &mut Vec<f32>,
+        g: &Vec<f32>,
+        r: usize,
+        c: usize,
+        row: bool,
+    ) -> Result<()> {
+        delta_net::sigmoid_mul(x, g, r, c, row)
     }
 
     fn scale(&self, x: &mut Vec<f32>, s: f32, n: usize) -> Result<()> {

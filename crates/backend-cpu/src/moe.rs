@@ -33,11 +33,14 @@ impl CpuBackend {
         let d = w.router.cols;
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
         let sizes = p.scratch_floats(rows, d);
+        // Gate and up in one tensor: 2·ff rows per expert, the gate's first.
+        let fused = std::ptr::eq(w.gate, w.up);
+        let per = if fused { 2 * ff } else { ff };
         check(
             "moe",
             w.router.rows == ne
-                && w.gate.rows == ne * ff
-                && w.up.rows == ne * ff
+                && w.gate.rows == ne * per
+                && w.up.rows == ne * per
                 && w.gate.cols == d
                 && w.down.rows == ne * d
                 && w.down.cols == ff
@@ -92,6 +95,9 @@ impl CpuBackend {
             w.up.ty.row_bytes(d as u64).unwrap_or(0) as usize * ff,
             w.down.ty.row_bytes(ff as u64).unwrap_or(0) as usize * d,
         );
+        // Where expert e's gate and up rows start.
+        let g_at = |e: usize, gb: usize| if fused { e * 2 * gb } else { e * gb };
+        let u_at = |e: usize, ub: usize| if fused { e * 2 * ub + ub } else { e * ub };
         for e in 0..ne {
             let (a, n) = (r.start[e], r.start[e + 1] - r.start[e]);
             if n == 0 {
@@ -99,11 +105,18 @@ impl CpuBackend {
             }
             let xs = &s.xs[a * d..(a + n) * d];
             let g = &mut s.gate[a * ff..(a + n) * ff];
-            self.mm
-                .run(w.gate.ty, &w.gate.bytes()[e * gb..][..gb], ff, d, xs, n, g)?;
+            self.mm.run(
+                w.gate.ty,
+                &w.gate.bytes()[g_at(e, gb)..][..gb],
+                ff,
+                d,
+                xs,
+                n,
+                g,
+            )?;
             let u = &mut s.up[a * ff..(a + n) * ff];
             self.mm
-                .run(w.up.ty, &w.up.bytes()[e * ub..][..ub], ff, d, xs, n, u)?;
+                .run(w.up.ty, &w.up.bytes()[u_at(e, ub)..][..ub], ff, d, xs, n, u)?;
             if let Some(sc) = gate_scale {
                 g.iter_mut().for_each(|v| *v *= sc[e]);
             }

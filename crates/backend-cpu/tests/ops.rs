@@ -39,6 +39,17 @@ fn norms_glu_softcap_argmax_top_k_match_reference() {
 }
 
 #[test]
+fn delta_net_keeps_each_sequence_in_its_slot_and_matches_reference() {
+    let mut rng = seeded_rng();
+    quiver_backend::testing::delta_net::delta_net(
+        &mut backend(Numerics::BatchInvariant),
+        &Cpu,
+        &mut rng,
+    )
+    .print("delta_net");
+}
+
+#[test]
 fn moe_and_bias_match_reference() {
     let mut rng = seeded_rng();
     quiver_backend::testing::moe::moe(&backend(Numerics::BatchInvariant), &Cpu, &mut rng)

@@ -14,6 +14,9 @@ pub struct SeqSpan {
     /// rows, each the same way whatever the step holds. `usize::MAX` (the default):
     /// not known; the backend then goes by the step's shape.
     pub decode_from: usize,
+    /// The slot of the model's recurrent state (models with one: Qwen 3.5) the sequence
+    /// reads and updates; a span starting at position 0 starts from a zero state.
+    pub state_slot: u32,
 }
 
 impl Default for SeqSpan {
@@ -24,6 +27,7 @@ impl Default for SeqSpan {
             kv_len: 0,
             block_table: Vec::new(),
             decode_from: usize::MAX,
+            state_slot: 0,
         }
     }
 }

@@ -10,6 +10,7 @@
 //! op, which each backend's parity tests compare against.
 
 mod batch;
+pub mod delta_net;
 pub mod kvcodec;
 mod numerics;
 pub mod reference;
@@ -19,6 +20,7 @@ pub mod testing;
 pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
+pub use delta_net::{DeltaNetParams, DeltaNetWeights};
 pub use numerics::Numerics;
 use quiver_gguf::GgmlType;
 pub use rope::{Llama3Scaling, RopeAngles, RopeMode, RopeParams, Yarn, ROPE_MAX_PAIRS};
@@ -263,6 +265,13 @@ pub enum ExtraOp {
     /// [`Backend::moe`] with per-expert scales of the gate and up products
     /// (`MoeWeights::gate_scale`, `up_scale`).
     MoeProductScales,
+    /// [`Backend::delta_net`] over the recurrent state (Qwen 3.5's linear-attention layers).
+    DeltaNet,
+    /// [`Backend::sigmoid_mul`]
+    SigmoidMul,
+    /// [`Backend::moe`] with the gate and up experts in one tensor (`MoeWeights::gate` and
+    /// `up` the same weight).
+    MoeGateUpFused,
 }
 
 impl std::fmt::Display for ExtraOp {
@@ -275,6 +284,9 @@ impl std::fmt::Display for ExtraOp {
             ExtraOp::RopeQ => "rope_q",
             ExtraOp::MoeExtras => "moe (given router logits, per-expert scales)",
             ExtraOp::MoeProductScales => "moe (per-expert gate/up scales)",
+            ExtraOp::DeltaNet => "gated delta net (recurrent state)",
+            ExtraOp::SigmoidMul => "sigmoid_mul",
+            ExtraOp::MoeGateUpFused => "moe (gate and up experts in one tensor)",
         })
     }
 }
@@ -332,6 +344,9 @@ impl MoeParams {
 /// One MoE layer's weights: the router [n_expert, n_embd], and the experts stacked as
 /// [n_expert · n_ff, n_embd] (gate, up) and [n_expert · n_embd, n_ff] (down), as the GGUF's
 /// 3-D tensors lie in memory.
+///
+/// `gate` and `up` may be the same weight (`std::ptr::eq`): the experts' gate and up in one
+/// tensor of 2·n_ff rows per expert, the gate's first ([`ExtraOp::MoeGateUpFused`]).
 pub struct MoeWeights<'a, W> {
     pub router: &'a W,
     pub gate: &'a W,
@@ -631,6 +646,40 @@ pub trait Backend {
     ) -> Result<()> {
         let _ = (step, q, rope, attn);
         Err(self.missing(ExtraOp::RopeQ))
+    }
+    /// One gated-delta-net layer ([`delta_net`]) over the step's sequences. `qkv` holds the
+    /// in-projection ([rows, `p.channels()`]; the op may overwrite it), `alpha` and `beta`
+    /// the raw gate products ([rows, `p.n_v_heads`]). Sequence s reads and updates slot
+    /// `batch.seqs[s].state_slot` of `state` (slots of `p.state_floats()`: the convolution's
+    /// last inputs, then the matrices); a sequence whose span starts at position 0 starts
+    /// from a zero state. `out` gets the rule's output, [rows, `p.value_dim()`].
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        step: &Step<Self::StepCtx>,
+        p: &DeltaNetParams,
+        w: DeltaNetWeights<'_, Self::Weight>,
+        qkv: &mut Self::Buf,
+        alpha: &Self::Buf,
+        beta: &Self::Buf,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (step, p, w, qkv, alpha, beta, state, out);
+        Err(self.missing(ExtraOp::DeltaNet))
+    }
+    /// x[r, c] *= σ(gate[r, c]) over `rows` rows of `cols`, or with `per_row`
+    /// x[r, c] *= σ(gate[r]) (one gate per row).
+    fn sigmoid_mul(
+        &self,
+        x: &mut Self::Buf,
+        gate: &Self::Buf,
+        rows: usize,
+        cols: usize,
+        per_row: bool,
+    ) -> Result<()> {
+        let _ = (x, gate, rows, cols, per_row);
+        Err(self.missing(ExtraOp::SigmoidMul))
     }
     /// The error of an op this backend lacks.
     fn missing(&self, op: ExtraOp) -> BackendError {

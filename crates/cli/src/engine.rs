@@ -189,6 +189,22 @@ pub fn kv_summary(spec: &quiver_backend::KvSpec) -> String {
     )
 }
 
+/// The load log's line on the recurrent state of models with one (Qwen 3.5's gated delta
+/// net): bytes per sequence over its layers, and for `n_seqs` sequences. None for others.
+pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize) -> Option<String> {
+    let p = hp.delta_net?;
+    let per_seq = hp.state_bytes_per_seq();
+    let layers = hp.n_recurrent() as u64;
+    Some(format!(
+        "recurrent state f32: {} per sequence ({} convolution + {} matrices per layer, {layers} layers), {n_seqs} sequence{} in {}",
+        quiver_backend::human_bytes(per_seq),
+        quiver_backend::human_bytes(4 * p.conv_floats() as u64),
+        quiver_backend::human_bytes(4 * p.matrix_floats() as u64),
+        if n_seqs == 1 { "" } else { "s" },
+        quiver_backend::human_bytes(per_seq.saturating_mul(n_seqs as u64)),
+    ))
+}
+
 pub struct Loaded {
     pub runner: Box<dyn Session + Send>,
 }
@@ -451,6 +467,9 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
         }
     };
     eprintln!("quiver: {}", kv_summary(&kv_spec));
+    if let Some(line) = state_summary(runner.hparams(), 1) {
+        eprintln!("quiver: {line}");
+    }
     Ok(Loaded { runner })
 }
 

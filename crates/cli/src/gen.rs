@@ -95,11 +95,23 @@ fn load_spec(
     gguf: Arc<quiver_gguf::GgufFile>,
     spec: &SpecArgs,
 ) -> Result<(engine::Loaded, Option<engine::Loaded>, SpecConfig)> {
-    let cfg = spec.config()?;
-    let draft = cfg.draft_model.clone();
-    if let Some(d) = &draft {
+    let mut cfg = spec.config()?;
+    if let Some(d) = &cfg.draft_model {
         quiver_engine::draft::check_vocab(&gguf, &d.0).map_err(anyhow::Error::msg)?;
+        quiver_engine::draft::check_rollback(&d.0).map_err(anyhow::Error::msg)?;
     }
+    // A recurrent state cannot be rolled back past a rejected proposal: such a model decodes
+    // without speculation, as the server does.
+    if cfg.on()
+        && quiver_models::hparams(&gguf)?
+            .layers
+            .iter()
+            .any(|l| l.recurrent)
+    {
+        eprintln!("quiver: speculative decoding is off: the model has recurrent layers, whose state cannot be rolled back");
+        cfg = SpecConfig::default();
+    }
+    let draft = cfg.draft_model.clone();
     let ctx = engine::n_ctx(load, &gguf);
     // A power of two: a verification step of up to 64 rows then replays a CUDA graph.
     let rows = if cfg.on() {
@@ -302,12 +314,17 @@ pub fn chat(
         };
         msgs.push(Message::new("user", text));
         let ids = tmpl.tokenize(&tok, &msgs, true, None)?;
-        let keep = cached
+        let mut keep = cached
             .iter()
             .zip(&ids)
             .take_while(|(a, b)| a == b)
             .count()
             .min(ids.len() - 1);
+        // A recurrent state (Qwen 3.5) holds every cached token: it continues only from the
+        // end of the cache, else the conversation is computed again from its start.
+        if l.runner.hparams().delta_net.is_some() && keep < cached.len() {
+            keep = 0;
+        }
         let room = l.runner.n_ctx().saturating_sub(ids.len());
         if room == 0 {
             eprintln!(

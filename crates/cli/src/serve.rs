@@ -200,7 +200,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let per_block = (block.bytes() + draft_block.as_ref().map_or(0, |b| b.bytes())) as usize;
+    // (max 1: a model of recurrent layers only would have no KV cache.)
+    let per_block =
+        ((block.bytes() + draft_block.as_ref().map_or(0, |b| b.bytes())) as usize).max(1);
     let want = max_seqs as usize * n_ctx.div_ceil(bs);
     let kv_blocks = match (a.kv_blocks, a.kv_mem, pool) {
         (Some(n), _, _) => n as usize,
@@ -220,6 +222,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             ..d
         });
         kv_line = format!("{kv_line}; the draft model's, in the same blocks: {d}");
+    }
+    if let Some(state) = engine::state_summary(&hp, max_seqs as usize) {
+        kv_line = format!("{kv_line}; {state}");
     }
     if kv_blocks * bs < n_ctx {
         bail!("the KV pool of {kv_blocks} blocks ({} tokens) cannot hold one full context of {n_ctx} tokens", kv_blocks * bs);

@@ -65,6 +65,7 @@ impl BatchBuilder {
         let span = &mut b.seqs[si];
         (span.start, span.len, span.kv_len) = (start, n, start_pos + n);
         span.decode_from = usize::MAX;
+        span.state_slot = 0;
         match blocks {
             Blocks::Identity(n_blocks) => {
                 span.block_table.clear();
@@ -106,12 +107,20 @@ impl BatchBuilder {
     /// The scheduled step: each request's tokens over its block table, logits rows as the
     /// schedule asks (the last token of the requests that sample; every prompt token of those
     /// that want prompt log-probabilities).
+    /// The last pushed sequence's slot of the model's recurrent state
+    /// (`SeqSpan::state_slot`; 0 by default).
+    pub fn state_slot(&mut self, slot: u32) -> &mut Self {
+        self.batch.seqs[self.n_seqs - 1].state_slot = slot;
+        self
+    }
+
     pub fn build_scheduled(&mut self, out: &SchedulerOutput) -> &Batch {
         self.begin();
         for s in &out.scheduled {
             let (tokens, table) = out.parts(s);
             self.push_seq(tokens, s.start_pos, Blocks::Table(table), s.logits_from)
-                .decode_from(s.decode_from);
+                .decode_from(s.decode_from)
+                .state_slot(s.state_slot);
         }
         self.batch()
     }

@@ -61,7 +61,7 @@ pub fn batched_bench<B: Backend>(
     // Room for a padded decode batch (a backend may round it up to a graph bucket).
     let rows = parallel.next_power_of_two();
     let step_tokens = step_tokens.max(rows);
-    let mut state = model.state(b, n_slots, step_tokens, rows)?;
+    let mut state = model.state_with_seqs(b, n_slots, step_tokens, rows, parallel)?;
     let tables: Vec<Vec<u32>> = (0..parallel)
         .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
         .collect();
@@ -92,7 +92,8 @@ pub fn batched_bench<B: Backend>(
                 Blocks::Table(&tables[s]),
                 ends.then_some(len - 1),
             )
-            .decode_from(n_prompt);
+            .decode_from(n_prompt)
+            .state_slot(s as u32);
             if ends {
                 last_of.push(s);
             }
@@ -119,7 +120,8 @@ pub fn batched_bench<B: Backend>(
         bb.begin();
         for s in 0..parallel {
             bb.push_seq(&next[s..s + 1], pos, Blocks::Table(&tables[s]), Some(0))
-                .decode_from(n_prompt);
+                .decode_from(n_prompt)
+                .state_slot(s as u32);
         }
         model.forward(b, &mut state, bb.batch())?;
         picker

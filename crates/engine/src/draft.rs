@@ -27,6 +27,16 @@ use std::sync::Arc;
 /// Vocabularies may differ in size by this many tokens (padding rows), as llama.cpp allows.
 const VOCAB_SIZE_SLACK: usize = 128;
 
+/// A draft model's state must roll back past a rejected proposal: one with recurrent layers
+/// (Qwen 3.5's gated delta net) is refused.
+pub fn check_rollback(draft: &GgufFile) -> std::result::Result<(), String> {
+    let hp = quiver_models::hparams(draft).map_err(|e| format!("the draft model: {e}"))?;
+    if hp.layers.iter().any(|l| l.recurrent) {
+        return Err("the draft model has recurrent layers, whose state cannot be rolled back after a rejected proposal: choose a draft without them".into());
+    }
+    Ok(())
+}
+
 /// Whether the draft's vocabulary is the target's: the same text for every token id both
 /// have, sizes within [`VOCAB_SIZE_SLACK`]. Err: one line saying where they differ.
 pub fn check_vocab(target: &GgufFile, draft: &GgufFile) -> std::result::Result<(), String> {

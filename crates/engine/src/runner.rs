@@ -49,6 +49,9 @@ pub struct ModelRunner<B: Backend> {
     picker: Picker,
     logits: Vec<f32>,
     hidden: Vec<f32>,
+    /// The position after the last evaluated token: where a model with recurrent state
+    /// continues (its state holds every token before it).
+    next_pos: usize,
 }
 
 /// Which positions of an `eval` need logits.
@@ -78,11 +81,32 @@ impl<B: Backend> ModelRunner<B> {
             picker: Picker::default(),
             logits: Vec::new(),
             hidden: Vec::new(),
+            next_pos: 0,
         })
     }
 
     pub fn n_vocab(&self) -> usize {
         self.model.hp.n_vocab
+    }
+
+    /// Makes room for `n` sequences at once in the model's recurrent state (models with
+    /// recurrent layers, Qwen 3.5: the state is made again, checked against memory; others
+    /// need nothing).
+    pub fn set_max_seqs(&mut self, n: usize) -> Result<()> {
+        self.model.set_max_seqs(n);
+        if self.model.hp.delta_net.is_some() && self.state.n_seq_states != n.max(1) {
+            let (n_slots, n_batch, max_logits) = (
+                self.state.n_slots,
+                self.state.max_tokens,
+                self.state.max_logits,
+            );
+            // The old state goes first: both need not fit at once.
+            self.state = self.model.state(&self.backend, 0, 1, 1)?;
+            self.state = self
+                .model
+                .state(&self.backend, n_slots, n_batch, max_logits)?;
+        }
+        Ok(())
     }
 
     /// Runs a scheduled step; its sampling rows' logits are then in `state.logits`, in
@@ -125,6 +149,12 @@ impl<B: Backend> ModelRunner<B> {
                 ctx: self.n_ctx,
             });
         }
+        if self.model.hp.delta_net.is_some() && start_pos != 0 && start_pos != self.next_pos {
+            return Err(EngineError::StateRewind {
+                at: start_pos,
+                next: self.next_pos,
+            });
+        }
         let nv = self.n_vocab();
         match tokens.iter().find(|&&t| t as usize >= nv) {
             Some(&id) => Err(EngineError::BadToken { id, n_vocab: nv }),
@@ -153,6 +183,7 @@ impl<B: Backend> ModelRunner<B> {
             .batch();
         self.model
             .forward(&mut self.backend, &mut self.state, batch)?;
+        self.next_pos = start_pos + tokens.len();
         Ok(())
     }
 

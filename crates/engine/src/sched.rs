@@ -35,6 +35,12 @@ pub struct SchedConfig {
     pub eog: Vec<u32>,
     /// Speculative decoding (proposals for the requests that allow it).
     pub spec: SpecConfig,
+    /// The model keeps a recurrent state per sequence (Qwen 3.5): each running request holds
+    /// one of `max_seqs` state slots; prefixes are never taken from the prefix cache (the
+    /// state at a block's end is not kept: the prompt is computed whole), steps carry no
+    /// proposed tokens (a rejected one could not be taken back out of the state), and a
+    /// preempted request is computed again from its first token.
+    pub recurrent: bool,
 }
 
 /// What the scheduler needs of a request.
@@ -82,6 +88,8 @@ pub struct Scheduled {
     /// The step's last `draft` tokens are proposed ones: every row samples (logits from 0),
     /// and row j's pick is checked against token j + 1.
     pub draft: usize,
+    /// The request's slot of the model's recurrent state (`SchedConfig::recurrent`).
+    pub state_slot: u32,
 }
 
 impl Scheduled {
@@ -182,6 +190,8 @@ struct Entry {
     whole_prompt: bool,
     /// Tokens whose K/V are in the cache.
     n_computed: usize,
+    /// Its slot of the recurrent state while running (`SchedConfig::recurrent`).
+    slot: u32,
     blocks: Vec<u32>,
     /// Full blocks registered (or found) in the prefix cache, and the hash of the last.
     hashed: usize,
@@ -334,8 +344,9 @@ impl Scheduler {
             max_tokens: r.max_tokens,
             ignore_eos: r.ignore_eos,
             prompt_logits: r.prompt_logits,
-            whole_prompt: r.whole_prompt,
+            whole_prompt: r.whole_prompt || self.cfg.recurrent,
             n_computed: 0,
+            slot: 0,
             blocks: Vec::new(),
             hashed: 0,
             last_hash: seed,
@@ -343,7 +354,7 @@ impl Scheduler {
             cached_tokens: 0,
             started: false,
             step: 0,
-            speculate: r.speculate,
+            speculate: r.speculate && !self.cfg.recurrent,
             proposal: Vec::new(),
             spec: SpecState::default(),
             limits: r.spec.resolve(&self.cfg.spec),
@@ -591,6 +602,11 @@ impl Scheduler {
                 cached_tokens: if resumed { 0 } else { e.cached_tokens },
                 resumed,
             });
+            // The lowest state slot no running request holds (there is one: fewer than
+            // max_seqs run).
+            e.slot = (0..self.cfg.max_seqs as u32)
+                .find(|s| self.running.iter().all(|r| r.slot != *s))
+                .unwrap_or(0);
             e.step = want;
             budget -= want;
             self.running.push(e);
@@ -619,6 +635,7 @@ impl Scheduler {
                 blocks: (b0, out.blocks.len()),
                 sample,
                 decode_from: e.prompt_len,
+                state_slot: e.slot,
                 draft,
                 logits_from: if e.prompt_rows() || draft > 0 {
                     Some(0)

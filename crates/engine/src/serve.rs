@@ -9,7 +9,7 @@ pub use crate::types::{
     SubmitError, TokenLogprob,
 };
 
-use crate::draft::{check_vocab, DraftModel};
+use crate::draft::{check_rollback, check_vocab, DraftModel};
 use crate::kv::chain_hash;
 use crate::runner::{ModelRunner, RunnerOptions};
 use crate::sched::{SchedConfig, Scheduler};
@@ -54,7 +54,9 @@ where
                 max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
                 kv: opts.kv,
             };
-            let runner = match ModelRunner::new(make(), &file, &runner_opts) {
+            let runner = match ModelRunner::new(make(), &file, &runner_opts)
+                .and_then(|mut r| r.set_max_seqs(opts.max_seqs).map(|_| r))
+            {
                 Ok(r) => r,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -76,6 +78,7 @@ where
                 }
             };
             let _ = ready_tx.send(Ok(()));
+            let recurrent = runner.model.hp.delta_net.is_some();
             let sched = Scheduler::new(SchedConfig {
                 max_batch_tokens: opts.max_batch_tokens,
                 max_seqs: opts.max_seqs,
@@ -95,6 +98,7 @@ where
                 ),
                 eog: sh.tokenizer.eog_ids().collect(),
                 spec: opts.spec.clone(),
+                recurrent,
             });
             Engine::new(&sh, runner, sched, draft).run();
         })
@@ -122,6 +126,7 @@ fn load_draft<B: Backend>(
         return Ok(None);
     };
     check_vocab(target, &file.0).map_err(EngineError::Draft)?;
+    check_rollback(&file.0).map_err(EngineError::Draft)?;
     let d = DraftModel::load(
         &runner.backend,
         &file.0,

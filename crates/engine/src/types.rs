@@ -22,6 +22,8 @@ pub enum EngineError {
     },
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("the model keeps a recurrent state: evaluation continues at position {next} or starts again at 0, not at {at}")]
+    StateRewind { at: usize, next: usize },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
     #[error(transparent)]

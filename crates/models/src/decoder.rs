@@ -33,6 +33,9 @@ pub struct Layer<B: Backend> {
     /// Multiplies the layer's output (Gemma 4's `layer_output_scale`).
     pub out_scale: Option<f32>,
     pub scales: Scales,
+    /// A gated-delta-net layer's own weights (Qwen 3.5); `wq` is then its in-projection and
+    /// `wo` its output projection, and the layer has no attention.
+    pub linear: Option<crate::qwen35::LinearAttn<B>>,
 }
 
 /// Per-tensor weight scales (`blk.N.attn_q.scale`, … holding one f32): the product's output
@@ -76,12 +79,27 @@ pub enum Ffn<B: Backend> {
 /// tensors hold them, and the per-expert scales of each product where the file has them.
 pub struct Experts<B: Backend> {
     pub router: B::Weight,
+    /// The gate experts, or (with `up` None) the gate and up experts in one tensor of 2·n_ff
+    /// rows per expert, the gate's first (`ffn_gate_up_exps`).
     pub gate: B::Weight,
-    pub up: B::Weight,
+    pub up: Option<B::Weight>,
     pub down: B::Weight,
     pub down_scale: Option<B::Weight>,
     pub gate_scale: Option<B::Weight>,
     pub up_scale: Option<B::Weight>,
+    /// The shared expert beside the routed ones (Qwen 3.5 MoE).
+    pub shared: Option<SharedExpert<B>>,
+}
+
+/// A shared expert: a SwiGLU FFN every token runs, its output times σ(x · `gate_inp`).
+pub struct SharedExpert<B: Backend> {
+    pub gate: B::Weight,
+    pub up: B::Weight,
+    pub down: B::Weight,
+    /// [n_embd]: the shared expert's gate (`ffn_gate_inp_shexp`).
+    pub gate_inp: B::Weight,
+    /// Per-tensor scales of gate, up, down.
+    pub scales: [Option<f32>; 3],
 }
 
 pub struct Model<B: Backend> {
@@ -96,6 +114,9 @@ pub struct Model<B: Backend> {
     pub ple: Option<crate::extras::PleInput<B>>,
     /// The KV cache's element types ([`Model::set_kv_types`]; f16 by default).
     pub kv_types: quiver_backend::KvTypes,
+    /// Sequences a state made after this holds recurrent state for (models with recurrent
+    /// layers; [`Model::set_max_seqs`], 1 by default).
+    pub max_seqs: usize,
 }
 
 pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
@@ -112,6 +133,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
     // Present in the file: optional tensors (biases) load when they are there.
     let has = |name: &str| f.tensor(name).is_some();
     let mut layers = Vec::with_capacity(hp.n_layer);
+    let mut n_recurrent = 0;
     for i in 0..hp.n_layer {
         let lh = &hp.layers[i];
         let (hd, ff) = (lh.head_dim as u64, lh.n_ff as u64);
@@ -131,13 +153,22 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             hp.rope.clone()
         };
         let own_kv = lh.kv_from == i;
-        let (wq, wk, wv) = if has(&n("attn_qkv")) {
-            let shape = [qd + 2 * kvd, d];
+        // Qwen 3.5's gated attention: q and its gate in one product.
+        let qg = if hp.q_gate { 2 * qd } else { qd };
+        let mut linear = None;
+        let (wq, wk, wv) = if lh.recurrent {
+            let (wq, wo, lin) = crate::qwen35::load_linear(b, f, &hp, i, n_recurrent)?;
+            n_recurrent += 1;
+            linear = Some((lin, wo));
+            (wq, None, None)
+        } else if has(&n("attn_qkv")) {
+            // (Qwen 3.5: q and its gate first, as one part.)
+            let shape = [qg + 2 * kvd, d];
             let part = |first, rows| weight_rows(b, f, &n("attn_qkv"), &shape, first, rows);
             (
-                part(0, qd)?,
-                Some(part(qd, kvd)?),
-                Some(part(qd + kvd, kvd)?),
+                part(0, qg)?,
+                Some(part(qg, kvd)?),
+                Some(part(qg + kvd, kvd)?),
             )
         } else if !own_kv {
             (w(&n("attn_q"), &[qd, d])?, None, None)
@@ -145,26 +176,39 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             // Gemma 4's global layers may have no v (then v is k's product).
             let v_optional = hp.v_norm && !swa;
             (
-                w(&n("attn_q"), &[qd, d])?,
+                w(&n("attn_q"), &[qg, d])?,
                 Some(w(&n("attn_k"), &[kvd, d])?),
                 opt(&n("attn_v"), &[kvd, d], !v_optional || has(&n("attn_v")))?,
             )
         };
         let ffn = crate::extras::load_ffn(b, f, &hp, i, ff)?;
+        let (linear, wo) = match linear {
+            Some((lin, wo)) => (Some(lin), wo),
+            None => (None, w(&n("attn_output"), &[d, qd])?),
+        };
+        let ffn_norm = if hp.q_gate {
+            "post_attention_norm"
+        } else {
+            "ffn_norm"
+        };
         layers.push(Layer {
             attn_norm: w(&n("attn_norm"), &[d])?,
             wq,
             wk,
             wv,
-            wo: w(&n("attn_output"), &[d, qd])?,
-            bq: bias("attn_q", qd)?,
+            wo,
+            bq: bias("attn_q", qg)?,
             bk: bias("attn_k", kvd)?,
             bv: bias("attn_v", kvd)?,
             bo: bias("attn_output", d)?,
-            q_norm: opt(&n("attn_q_norm"), &[hd], hp.qk_norm)?,
-            k_norm: opt(&n("attn_k_norm"), &[hd], hp.qk_norm && own_kv)?,
+            q_norm: opt(&n("attn_q_norm"), &[hd], hp.qk_norm && !lh.recurrent)?,
+            k_norm: opt(
+                &n("attn_k_norm"),
+                &[hd],
+                hp.qk_norm && own_kv && !lh.recurrent,
+            )?,
             post_attn_norm: opt(&n("post_attention_norm"), &[d], hp.post_norms)?,
-            ffn_norm: w(&n("ffn_norm"), &[d])?,
+            ffn_norm: w(&n(ffn_norm), &[d])?,
             ffn,
             post_ffw_norm: opt(&n("post_ffw_norm"), &[d], hp.post_norms)?,
             attn: AttnParams {
@@ -181,6 +225,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             ple: crate::extras::load_ple_layer(b, f, &hp, i)?,
             out_scale: crate::extras::out_scale(f, &hp, i)?,
             scales: crate::extras::weight_scales(b, f, &hp, i)?,
+            linear,
         });
     }
     let tok_embd = w("token_embd.weight", &[hp.n_vocab as u64, d])?;
@@ -198,6 +243,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         ple: crate::extras::load_ple_input(b, f, &hp)?,
         hp,
         kv_types: quiver_backend::KvTypes::default(),
+        max_seqs: 1,
     })
 }
 
@@ -213,6 +259,12 @@ impl<B: Backend> Model<B> {
             .map_err(ModelError::UnsupportedKv)?;
         self.kv_types = kv;
         Ok(())
+    }
+
+    /// Sets how many sequences a state made after this holds at once: the slots of the
+    /// recurrent state (`SeqSpan::state_slot`) of models with recurrent layers.
+    pub fn set_max_seqs(&mut self, n: usize) {
+        self.max_seqs = n.max(1);
     }
 
     pub fn for_context(&mut self, n_ctx_seq: usize) {
@@ -274,75 +326,13 @@ impl<B: Backend> Model<B> {
         }
         b.rms_norm(&s.x, &self.layers[0].attn_norm, eps, n, &mut s.xn)?;
         for (i, l) in self.layers.iter().enumerate() {
-            let a = &l.attn;
-            let (qd, kvd) = (a.n_head * a.head_dim, a.n_head_kv * a.head_dim);
             dump.put(b, "attn_norm", i, &s.xn, n * d);
-            match (&l.wk, &l.wv) {
-                (Some(wk), wv) => b.matmul_qkv(
-                    [&l.wq, wk, wv.as_ref().unwrap_or(wk)],
-                    &s.xn,
-                    n,
-                    [&mut s.q, &mut s.k, &mut s.v],
-                )?,
-                (None, _) => b.matmul(&l.wq, &s.xn, n, &mut s.q)?,
+            if let Some(lin) = &l.linear {
+                crate::qwen35::linear(b, s, step, l, lin, hp)?;
+            } else {
+                self.attention(b, s, step, i, l, &dump)?;
             }
             let sc = &l.scales;
-            for (scale, bias, out, len) in [
-                (sc.q, &l.bq, &mut s.q, n * qd),
-                (sc.k, &l.bk, &mut s.k, n * kvd),
-                (sc.v, &l.bv, &mut s.v, n * kvd),
-            ] {
-                if let Some(c) = scale {
-                    b.scale(out, c, len)?;
-                }
-                if let Some(bias) = bias {
-                    b.add_bias(out, bias, n)?;
-                }
-            }
-            // q and k normed per head in the rope op where both norms are there (one launch on
-            // CUDA), else here.
-            let fused = match (&l.q_norm, &l.k_norm) {
-                (Some(qn), Some(kn)) if l.wk.is_some() => Some((qn, kn, eps)),
-                _ => None,
-            };
-            if fused.is_none() {
-                if let Some(qn) = &l.q_norm {
-                    b.rms_norm_inplace(&mut s.q, qn, eps, n * a.n_head)?;
-                }
-                if let Some(kn) = &l.k_norm {
-                    b.rms_norm_inplace(&mut s.k, kn, eps, n * a.n_head_kv)?;
-                }
-            }
-            if l.wk.is_some() {
-                // V normed without weight (Gemma 4) into the attention buffer, free till then.
-                let v = if hp.v_norm {
-                    b.rms_norm_plain(&s.v, a.head_dim, eps, n * a.n_head_kv, &mut s.attn)?;
-                    &s.attn
-                } else {
-                    &s.v
-                };
-                dump.put(b, "Vcur", i, v, n * kvd);
-                let kv = &mut s.kv[l.kv];
-                match fused {
-                    Some(norms) => {
-                        b.qk_norm_rope_kv_write(step, &mut s.q, &mut s.k, v, norms, &l.rope, a, kv)?
-                    }
-                    None => b.rope_kv_write(step, &mut s.q, &mut s.k, v, &l.rope, a, kv)?,
-                }
-                dump.put(b, "Kcur", i, &s.k, n * kvd);
-            } else {
-                b.rope_q(step, &mut s.q, &l.rope, a)?;
-            }
-            dump.put(b, "Qcur_f16", i, &s.q, n * qd);
-            b.attention(step, &s.q, &s.kv[l.kv], a, &mut s.attn)?;
-            dump.put(b, "kqv_out", i, &s.attn, n * qd);
-            b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
-            if let Some(c) = sc.o {
-                b.scale(&mut s.o, c, n * d)?;
-            }
-            if let Some(bias) = &l.bo {
-                b.add_bias(&mut s.o, bias, n)?;
-            }
             dump.put(b, "attn_out", i, &s.o, n * d);
             if let Some(pn) = &l.post_attn_norm {
                 b.rms_norm(&s.o, pn, eps, n, &mut s.xn)?;
@@ -428,6 +418,108 @@ impl<B: Backend> Model<B> {
         );
         if let Some(cap) = hp.final_softcap {
             b.softcap(&mut s.logits, cap, step.logit_rows * hp.n_vocab)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `i`'s attention over the normed input `s.xn`: its output (before the residual)
+    /// into `s.o`.
+    fn attention(
+        &self,
+        b: &mut B,
+        s: &mut State<B>,
+        step: &Step<B::StepCtx>,
+        i: usize,
+        l: &Layer<B>,
+        dump: &Dump,
+    ) -> Result<()> {
+        let n = step.rows;
+        let hp = &self.hp;
+        let (d, eps) = (hp.n_embd, hp.rms_eps);
+        let a = &l.attn;
+        let (qd, kvd) = (a.n_head * a.head_dim, a.n_head_kv * a.head_dim);
+        // Qwen 3.5: q and its gate in one product, split per head below.
+        let mut qg = match (hp.q_gate, s.hy.as_mut()) {
+            (true, Some(hy)) => Some(hy),
+            _ => None,
+        };
+        let (q_out, q_len) = match qg.as_mut() {
+            Some(hy) => (&mut hy.qg, 2 * n * qd),
+            None => (&mut s.q, n * qd),
+        };
+        match (&l.wk, &l.wv) {
+            (Some(wk), wv) => b.matmul_qkv(
+                [&l.wq, wk, wv.as_ref().unwrap_or(wk)],
+                &s.xn,
+                n,
+                [q_out, &mut s.k, &mut s.v],
+            )?,
+            (None, _) => b.matmul(&l.wq, &s.xn, n, q_out)?,
+        }
+        let sc = &l.scales;
+        for (scale, bias, out, len) in [
+            (sc.q, &l.bq, q_out, q_len),
+            (sc.k, &l.bk, &mut s.k, n * kvd),
+            (sc.v, &l.bv, &mut s.v, n * kvd),
+        ] {
+            if let Some(c) = scale {
+                b.scale(out, c, len)?;
+            }
+            if let Some(bias) = bias {
+                b.add_bias(out, bias, n)?;
+            }
+        }
+        if let Some(hy) = qg.as_mut() {
+            let hd = a.head_dim;
+            b.copy_cols(&hy.qg, 2 * hd, 0, hd, n * a.n_head, &mut s.q)?;
+            b.copy_cols(&hy.qg, 2 * hd, hd, hd, n * a.n_head, &mut hy.gate)?;
+        }
+        // q and k normed per head in the rope op where both norms are there (one launch on
+        // CUDA), else here.
+        let fused = match (&l.q_norm, &l.k_norm) {
+            (Some(qn), Some(kn)) if l.wk.is_some() => Some((qn, kn, eps)),
+            _ => None,
+        };
+        if fused.is_none() {
+            if let Some(qn) = &l.q_norm {
+                b.rms_norm_inplace(&mut s.q, qn, eps, n * a.n_head)?;
+            }
+            if let Some(kn) = &l.k_norm {
+                b.rms_norm_inplace(&mut s.k, kn, eps, n * a.n_head_kv)?;
+            }
+        }
+        if l.wk.is_some() {
+            // V normed without weight (Gemma 4) into the attention buffer, free till then.
+            let v = if hp.v_norm {
+                b.rms_norm_plain(&s.v, a.head_dim, eps, n * a.n_head_kv, &mut s.attn)?;
+                &s.attn
+            } else {
+                &s.v
+            };
+            dump.put(b, "Vcur", i, v, n * kvd);
+            let kv = &mut s.kv[l.kv];
+            match fused {
+                Some(norms) => {
+                    b.qk_norm_rope_kv_write(step, &mut s.q, &mut s.k, v, norms, &l.rope, a, kv)?
+                }
+                None => b.rope_kv_write(step, &mut s.q, &mut s.k, v, &l.rope, a, kv)?,
+            }
+            dump.put(b, "Kcur", i, &s.k, n * kvd);
+        } else {
+            b.rope_q(step, &mut s.q, &l.rope, a)?;
+        }
+        dump.put(b, "Qcur_f16", i, &s.q, n * qd);
+        b.attention(step, &s.q, &s.kv[l.kv], a, &mut s.attn)?;
+        dump.put(b, "kqv_out", i, &s.attn, n * qd);
+        if let Some(hy) = qg.as_ref() {
+            b.sigmoid_mul(&mut s.attn, &hy.gate, n, qd, false)?;
+        }
+        b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
+        if let Some(c) = sc.o {
+            b.scale(&mut s.o, c, n * d)?;
+        }
+        if let Some(bias) = &l.bo {
+            b.add_bias(&mut s.o, bias, n)?;
         }
         Ok(())
     }

@@ -41,6 +41,12 @@ pub struct PleBufs<B: Backend> {
 /// loads.
 pub(crate) fn check_ops<B: Backend>(b: &B, hp: &Hparams) -> Result<()> {
     let mut need = Vec::new();
+    if hp.delta_net.is_some() {
+        need.extend([ExtraOp::DeltaNet, ExtraOp::Scale]);
+    }
+    if hp.q_gate {
+        need.extend([ExtraOp::CopyCols, ExtraOp::SigmoidMul]);
+    }
     if hp.v_norm {
         need.push(ExtraOp::RmsNormPlain);
     }
@@ -135,11 +141,14 @@ pub(crate) fn load_ffn<B: Backend>(
     let has = |s: &str| f.tensor(&format!("blk.{i}.{s}")).is_some();
     let experts = |m: &MoeParams| -> Result<Experts<B>> {
         let (ne, fe) = (m.n_expert as u64, m.n_ff as u64);
-        if has("ffn_gate_up_exps.weight") && !has("ffn_gate_exps.weight") {
-            return Err(ModelError::BadHparam {
-                key: format!("blk.{i}.ffn_gate_up_exps.weight"),
-                detail: "fused gate and up experts are not supported (split them)".into(),
-            });
+        let fused = has("ffn_gate_up_exps.weight") && !has("ffn_gate_exps.weight");
+        if fused && !b.supports(ExtraOp::MoeGateUpFused) {
+            return Err(BackendError::MissingOp {
+                op: ExtraOp::MoeGateUpFused,
+                backend: b.name(),
+                arch: hp.arch.clone(),
+            }
+            .into());
         }
         // Per-expert scales of the products, where the file has them (llama.cpp's graphs of
         // our MoE architectures all take them).
@@ -150,7 +159,13 @@ pub(crate) fn load_ffn<B: Backend>(
                 None => Ok(None),
             }
         };
-        let (gate_scale, up_scale) = (scale("ffn_gate_exps")?, scale("ffn_up_exps")?);
+        // A fused product's scale (`ffn_up_exps.scale`, as llama.cpp takes it) multiplies both
+        // halves.
+        let (gate_scale, up_scale) = if fused {
+            (scale("ffn_up_exps")?, scale("ffn_up_exps")?)
+        } else {
+            (scale("ffn_gate_exps")?, scale("ffn_up_exps")?)
+        };
         if (gate_scale.is_some() || up_scale.is_some()) && !b.supports(ExtraOp::MoeProductScales) {
             return Err(BackendError::MissingOp {
                 op: ExtraOp::MoeProductScales,
@@ -159,14 +174,40 @@ pub(crate) fn load_ffn<B: Backend>(
             }
             .into());
         }
+        let shared = match hp.shared_expert_ff as u64 {
+            0 => None,
+            sf => {
+                let sc = |s: &str| crate::qwen35::scale_of(f, &format!("blk.{i}.{s}.scale"));
+                Some(crate::decoder::SharedExpert {
+                    gate: w("ffn_gate_shexp", &[sf, d])?,
+                    up: w("ffn_up_shexp", &[sf, d])?,
+                    down: w("ffn_down_shexp", &[d, sf])?,
+                    gate_inp: w("ffn_gate_inp_shexp", &[d])?,
+                    scales: [
+                        sc("ffn_gate_shexp")?,
+                        sc("ffn_up_shexp")?,
+                        sc("ffn_down_shexp")?,
+                    ],
+                })
+            }
+        };
         Ok(Experts {
             router: w("ffn_gate_inp", &[ne, d])?,
-            gate: w("ffn_gate_exps", &[ne, fe, d])?,
-            up: w("ffn_up_exps", &[ne, fe, d])?,
+            gate: if fused {
+                w("ffn_gate_up_exps", &[ne, 2 * fe, d])?
+            } else {
+                w("ffn_gate_exps", &[ne, fe, d])?
+            },
+            up: if fused {
+                None
+            } else {
+                Some(w("ffn_up_exps", &[ne, fe, d])?)
+            },
             down: w("ffn_down_exps", &[ne, d, fe])?,
             down_scale: scale("ffn_down_exps")?,
             gate_scale,
             up_scale,
+            shared,
         })
     };
     let dense = || -> Result<[B::Weight; 3]> {
@@ -346,7 +387,7 @@ pub(crate) fn experts<B: Backend>(
         MoeWeights {
             router: &e.router,
             gate: &e.gate,
-            up: &e.up,
+            up: e.up.as_ref().unwrap_or(&e.gate),
             down: &e.down,
             down_scale: e.down_scale.as_ref(),
             gate_scale: e.gate_scale.as_ref(),
@@ -364,6 +405,40 @@ pub(crate) fn experts<B: Backend>(
         },
         &mut s.o,
     )?;
+    if let Some(sh) = &e.shared {
+        shared_expert(b, s, n, sh)?;
+    }
+    Ok(())
+}
+
+/// Adds the shared expert's gated output to the experts' (`s.o`), over the normed `s.xn`.
+fn shared_expert<B: Backend>(
+    b: &B,
+    s: &mut State<B>,
+    n: usize,
+    sh: &crate::decoder::SharedExpert<B>,
+) -> Result<()> {
+    let d = b.weight_rows(&sh.down);
+    let ff = b.weight_rows(&sh.gate);
+    b.matmul(&sh.gate, &s.xn, n, &mut s.gate)?;
+    b.matmul(&sh.up, &s.xn, n, &mut s.up)?;
+    let [sg, su, sd] = sh.scales;
+    for (scale, out) in [(sg, &mut s.gate), (su, &mut s.up)] {
+        if let Some(c) = scale {
+            b.scale(out, c, n * ff)?;
+        }
+    }
+    b.glu(Activation::SwiGlu, &s.gate, &s.up, n * ff, &mut s.act)?;
+    let [y, g] = &mut s.aux[..] else {
+        unreachable!("two aux buffers beside a shared expert")
+    };
+    b.matmul(&sh.down, &s.act, n, y)?;
+    if let Some(c) = sd {
+        b.scale(y, c, n * d)?;
+    }
+    b.matmul(&sh.gate_inp, &s.xn, n, g)?;
+    b.sigmoid_mul(y, g, n, d, true)?;
+    b.add(&mut s.o, y, n * d)?;
     Ok(())
 }
 

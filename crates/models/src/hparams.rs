@@ -52,6 +52,15 @@ pub struct Hparams {
     /// the experts' the per-expert ones, as llama.cpp's graph of the architecture does; the
     /// attention products' scales apply in every architecture.
     pub ffn_weight_scales: bool,
+    /// The gated-delta-net layers' shape (Qwen 3.5), where the model has such layers
+    /// (`LayerHp::recurrent`).
+    pub delta_net: Option<quiver_backend::DeltaNetParams>,
+    /// The q projection carries a sigmoid output gate per head (q and gate interleaved per
+    /// head: `head_dim` of q, then `head_dim` of gate); the FFN's input norm is
+    /// `post_attention_norm` (Qwen 3.5).
+    pub q_gate: bool,
+    /// The shared expert's width beside the experts (Qwen 3.5 MoE), 0: none.
+    pub shared_expert_ff: usize,
 }
 
 /// One layer's attention and FFN shape.
@@ -64,6 +73,8 @@ pub struct LayerHp {
     /// The layer whose K/V this one attends over: itself, or an earlier layer (Gemma 4's
     /// shared-KV layers, which write no cache of their own).
     pub kv_from: usize,
+    /// A gated-delta-net layer (no attention, no KV cache: its state is the recurrent one).
+    pub recurrent: bool,
 }
 
 impl LayerHp {
@@ -87,7 +98,7 @@ impl Hparams {
                 .layers
                 .iter()
                 .enumerate()
-                .filter(|(i, l)| l.kv_from == *i)
+                .filter(|(i, l)| l.kv_from == *i && !l.recurrent)
                 .map(|(_, l)| quiver_backend::KvLayer {
                     n_head_kv: l.n_head_kv,
                     head_dim: l.head_dim,
@@ -99,7 +110,22 @@ impl Hparams {
     /// The index of the cache layer `i` reads, among the caches of [`Hparams::kv_spec`].
     pub fn kv_index(&self, i: usize) -> usize {
         let from = self.layers[i].kv_from;
-        (0..from).filter(|&j| self.layers[j].kv_from == j).count()
+        (0..from)
+            .filter(|&j| self.layers[j].kv_from == j && !self.layers[j].recurrent)
+            .count()
+    }
+
+    /// The recurrent layers' count (each holds one state slot array).
+    pub fn n_recurrent(&self) -> usize {
+        self.layers.iter().filter(|l| l.recurrent).count()
+    }
+
+    /// Bytes of one sequence's recurrent state over every layer (0 without such layers).
+    pub fn state_bytes_per_seq(&self) -> u64 {
+        match &self.delta_net {
+            Some(p) => 4 * (p.state_floats() * self.n_recurrent()) as u64,
+            None => 0,
+        }
     }
 
     /// Whether any layer runs a dense FFN (all but pure-MoE models; Gemma 4's MoE layers run
@@ -123,6 +149,7 @@ impl Hparams {
                 head_dim: self.head_dim,
                 n_ff: self.n_ff,
                 kv_from: i,
+                recurrent: false,
             })
             .collect();
     }
@@ -495,11 +522,15 @@ impl<'a> Reader<'a> {
                     head_dim,
                     n_ff: n_ffs[i],
                     kv_from: i,
+                    recurrent: false,
                 })
                 .collect(),
             v_norm: false,
             n_embd_per_layer: 0,
             ffn_weight_scales: false,
+            delta_net: None,
+            q_gate: false,
+            shared_expert_ff: 0,
         })
     }
 }

@@ -11,6 +11,7 @@ mod hparams;
 mod llama;
 mod phi3;
 mod qwen;
+mod qwen35;
 mod state;
 
 pub use decoder::{Experts, Ffn, Layer, Model, Scales};
@@ -51,7 +52,17 @@ pub type Result<T> = std::result::Result<T, ModelError>;
 
 /// The architectures [`load`] knows (GGUF `general.architecture`).
 pub const SUPPORTED: &[&str] = &[
-    "llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3",
+    "llama",
+    "mistral3",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "qwen35",
+    "qwen35moe",
+    "gemma2",
+    "gemma3",
+    "gemma4",
+    "phi3",
 ];
 
 /// Loads the model of the file's architecture onto a backend.
@@ -75,6 +86,7 @@ pub fn hparams(file: &GgufFile) -> Result<Hparams> {
         "gemma4" => gemma4::hparams(file),
         "phi3" => phi3::hparams(file),
         "qwen2" | "qwen3" | "qwen3moe" => qwen::hparams(file),
+        "qwen35" | "qwen35moe" => qwen35::hparams(file),
         other => Err(ModelError::UnknownArch(other.into())),
     }
 }

@@ -28,6 +28,13 @@ pub struct State<B: Backend> {
     pub(crate) aux: Vec<B::Buf>,
     /// Gemma 4's per-layer embedding buffers, where the model has them.
     pub(crate) ple: Option<crate::extras::PleBufs<B>>,
+    /// The hybrid layers' step buffers (Qwen 3.5), where the model has them.
+    pub(crate) hy: Option<crate::qwen35::HybridBufs<B>>,
+    /// The recurrent state of each gated-delta-net layer: `n_seq_states` slots of
+    /// `DeltaNetParams::state_floats` (Qwen 3.5; none elsewhere).
+    pub rs: Vec<B::Buf>,
+    /// Sequences the recurrent state holds at once (`SeqSpan::state_slot` below this).
+    pub n_seq_states: usize,
     /// [max_logits, n_vocab] after a step
     pub logits: B::Buf,
 }
@@ -48,6 +55,19 @@ impl<B: Backend> Model<B> {
         max_tokens: usize,
         max_logits: usize,
     ) -> Result<State<B>> {
+        self.state_with_seqs(b, n_slots, max_tokens, max_logits, self.max_seqs)
+    }
+
+    /// [`Model::state`] with recurrent state for `n_seqs` sequences at once (models with
+    /// recurrent layers; others ignore it).
+    pub fn state_with_seqs(
+        &self,
+        b: &B,
+        n_slots: usize,
+        max_tokens: usize,
+        max_logits: usize,
+        n_seqs: usize,
+    ) -> Result<State<B>> {
         let hp = &self.hp;
         let n = max_tokens;
         let (qd, kvd, max_ff) = hp.max_dims();
@@ -58,7 +78,9 @@ impl<B: Backend> Model<B> {
         };
         // Dense layers' FFN buffers (a model of MoE layers only has none).
         let ff = if hp.has_dense_ffn() { max_ff } else { 0 };
-        let n_aux = if hp.moe.is_some_and(|m| m.router_given) {
+        // The shared expert runs through the dense FFN's buffers.
+        let ff = ff.max(hp.shared_expert_ff);
+        let n_aux = if hp.moe.is_some_and(|m| m.router_given) || hp.shared_expert_ff > 0 {
             2
         } else {
             0
@@ -87,14 +109,28 @@ impl<B: Backend> Model<B> {
             attention,
             n_slots,
         };
+        // The hybrid layers' step buffers and every sequence slot's recurrent state.
+        let n_seq_states = n_seqs.max(1);
+        let hy_floats = match hp.delta_net {
+            Some(_) => crate::qwen35::HybridBufs::<B>::floats(hp, n) as u64,
+            None => 0,
+        };
+        let rs_bytes = hp.state_bytes_per_seq().saturating_mul(n_seq_states as u64);
+        let floats = floats.saturating_add(hy_floats);
         let need = kv
+            .saturating_add(rs_bytes)
             .saturating_add(floats.saturating_mul(4))
             .saturating_add(b.workspace_bytes(&ws));
         if let Some(available) = b.memory_available() {
             if need > available {
                 return Err(quiver_backend::BackendError::OutOfMemory {
                     what: format!(
-                        "the KV cache for {n_slots} positions and the buffers for {n} tokens per step"
+                        "the KV cache for {n_slots} positions{}, and the buffers for {n} tokens per step",
+                        if rs_bytes > 0 {
+                            format!(", the recurrent state of {n_seq_states} sequences")
+                        } else {
+                            String::new()
+                        }
                     ),
                     need,
                     available,
@@ -141,6 +177,17 @@ impl<B: Backend> Model<B> {
                     a: b.buf(n * ple)?,
                 }),
             },
+            hy: match hp.delta_net {
+                Some(_) => Some(crate::qwen35::HybridBufs::new(b, hp, n)?),
+                None => None,
+            },
+            rs: match hp.delta_net {
+                Some(p) => (0..hp.n_recurrent())
+                    .map(|_| b.buf(n_seq_states * p.state_floats()))
+                    .collect::<std::result::Result<_, _>>()?,
+                None => Vec::new(),
+            },
+            n_seq_states,
             logits: b.buf(max_logits * hp.n_vocab)?,
         })
     }

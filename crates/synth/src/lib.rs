@@ -5,6 +5,7 @@
 
 mod gemma4;
 mod mix;
+mod qwen35;
 mod weights;
 
 pub use mix::{Chooser, FileType, Role};
@@ -72,6 +73,14 @@ pub struct Preset {
     pub double_wide_shared: bool,
     /// gemma4: global layers have no `attn_v` (v is k's product).
     pub k_eq_v: bool,
+    /// qwen35/qwen35moe: the gated delta net's key heads, value heads and head width (0: no
+    /// such layers), every `full_attn_interval`-th layer full attention.
+    pub ssm_heads: (u64, u64, u64),
+    pub full_attn_interval: u64,
+    /// qwen35/qwen35moe: rotated dims of the full-attention heads (0: all).
+    pub n_rot: u64,
+    /// qwen35moe: the shared expert's width (0: none).
+    pub n_ff_shexp: u64,
 }
 
 const BASE: Preset = Preset {
@@ -102,6 +111,10 @@ const BASE: Preset = Preset {
     n_embd_per_layer: 0,
     double_wide_shared: false,
     k_eq_v: false,
+    ssm_heads: (0, 0, 0),
+    full_attn_interval: 0,
+    n_rot: 0,
+    n_ff_shexp: 0,
 };
 
 /// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
@@ -133,6 +146,10 @@ const TINY: Preset = Preset {
     n_embd_per_layer: 0,
     double_wide_shared: false,
     k_eq_v: false,
+    ssm_heads: (0, 0, 0),
+    full_attn_interval: 0,
+    n_rot: 0,
+    n_ff_shexp: 0,
 };
 
 pub const PRESETS: &[Preset] = &[
@@ -432,6 +449,55 @@ pub const PRESETS: &[Preset] = &[
         tied: true,
         ..TINY
     },
+    // Qwen 3.5 0.8B (its smallest), from memory of its Hugging Face config (not checked
+    // against a file): llama.cpp confirms 24 layers of 1024 (its 0.8B type); 8 query heads of
+    // 256 over 2 KV heads, a quarter of each rotated, a full-attention layer every fourth, 16
+    // key and 16 value heads of 128 in the delta net, an FFN of 3584, the vocabulary of
+    // 248320 and the rope base of 10⁷ are as remembered.
+    Preset {
+        name: "qwen3.5-0.8b",
+        arch: "qwen35",
+        n_vocab: 248320,
+        n_embd: 1024,
+        n_layer: 24,
+        n_head: 8,
+        n_head_kv: 2,
+        n_ff: 3584,
+        n_ctx: 262144,
+        rope_base: 10_000_000.0,
+        head_dim: 256,
+        n_rot: 64,
+        ssm_heads: (16, 16, 128),
+        full_attn_interval: 4,
+        tied: true,
+        rms_eps: 1e-6,
+        ..BASE
+    },
+    // Three delta-net layers (more value heads than key heads) and one full-attention layer
+    // (q gate, half the head rotated).
+    Preset {
+        name: "tiny-qwen35",
+        arch: "qwen35",
+        head_dim: 64,
+        n_rot: 32,
+        ssm_heads: (2, 4, 32),
+        full_attn_interval: 4,
+        ..TINY
+    },
+    // The same with experts beside a shared expert.
+    Preset {
+        name: "tiny-qwen35moe",
+        arch: "qwen35moe",
+        head_dim: 64,
+        n_rot: 32,
+        ssm_heads: (2, 4, 32),
+        full_attn_interval: 2,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 128,
+        n_ff_shexp: 192,
+        ..TINY
+    },
     Preset {
         name: "tiny-phi3",
         arch: "phi3",
@@ -474,6 +540,9 @@ pub fn plan(p: &Preset) -> Vec<Planned> {
     };
     if p.arch == "gemma4" {
         return gemma4::plan(p);
+    }
+    if p.ssm_heads.0 > 0 {
+        return qwen35::plan(p);
     }
     let (d, hd, arch) = (p.n_embd, p.head_dim, p.arch);
     let (qd, kvd) = (p.n_head * hd, p.n_head_kv * hd);
@@ -569,6 +638,9 @@ fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
     if p.arch == "gemma4" {
         return gemma4::metadata(w, p, ft);
     }
+    if p.ssm_heads.0 > 0 {
+        return qwen35::metadata(w, p, ft);
+    }
     let a = p.arch;
     let k = |s: &str| format!("{a}.{s}");
     w.set("general.architecture", Value::String(a.into()));
@@ -662,7 +734,9 @@ pub fn write(
         let cols = info.cols() as usize;
         let rows = info.rows() as usize;
         let scale = p.stdev / 0.02;
-        if let Some(v) = gemma4::fixed_values(p, &planned[i].name) {
+        let fixed = gemma4::fixed_values(p, &planned[i].name)
+            .or_else(|| qwen35::fixed_values(p, &planned[i].name));
+        if let Some(v) = fixed {
             v.iter()
                 .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
         } else if planned[i].role == Role::Vector {

@@ -14,6 +14,7 @@
 pub mod attention;
 pub mod batches;
 pub mod cases;
+pub mod delta_net;
 pub mod elementwise;
 pub mod kv_types;
 pub mod moe;
@@ -175,6 +176,11 @@ pub trait Harness<B: Backend> {
     fn product_bound(&self, be: &B, ty: GgmlType, n: usize) -> f64;
     /// The relative error the MoE op may have over `n` tokens of experts of `ty`, against the
     /// f32 reference (activations rounded to the int8 grid where the backend does so).
+    /// The gated delta net's and `sigmoid_mul`'s relative error (the CPU runs the reference).
+    fn delta_net_bound(&self, be: &B) -> f64 {
+        let _ = be;
+        1e-5
+    }
     fn moe_bound(&self, be: &B, ty: GgmlType, n: usize) -> f64 {
         let _ = (be, n);
         if ty == GgmlType::F32 {

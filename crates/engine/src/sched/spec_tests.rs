@@ -59,6 +59,7 @@ fn run_with(
             ngram_min: 1,
             ..Default::default()
         },
+        recurrent: false,
     });
     for (i, p) in prompts.iter().enumerate() {
         s.add(SchedRequest {

@@ -13,6 +13,7 @@ fn sched(max_batch_tokens: usize, max_seqs: usize, kv_blocks: usize) -> Schedule
         hash_seed: 7,
         eog: vec![EOG],
         spec: Default::default(),
+        recurrent: false,
     })
 }
 

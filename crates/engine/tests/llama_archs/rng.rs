@@ -111,7 +111,8 @@ impl Normal {
                 y * mult
             }
         };
-        v * self.stdev
+        // `· σ + mean` with mean 0: a −0 draw comes out +0, as libstdc++'s does.
+        v * self.stdev + 0.0
     }
 }
 
@@ -119,7 +120,19 @@ impl Normal {
 pub fn tensor_values(name: &str, seed: u64, stdev: f32, n: usize) -> Vec<f32> {
     let mut g = Mt19937::new(seed ^ string_hash(name.as_bytes()));
     let mut d = Normal::new(stdev);
-    (0..n).map(|_| d.sample(&mut g)).collect()
+    // As the llama.cpp test: a name holding "ssm_a" (Mamba's A, Qwen 3.5's `ssm_a` and
+    // `ssm_alpha` alike) gets -|x| (a decay).
+    let neg = name.contains("ssm_a");
+    (0..n)
+        .map(|_| {
+            let x = d.sample(&mut g);
+            if neg {
+                -x.abs()
+            } else {
+                x
+            }
+        })
+        .collect()
 }
 
 #[test]

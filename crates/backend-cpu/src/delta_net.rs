@@ -1,0 +1,212 @@
+//! The gated delta net on the CPU: the convolution per sequence, then the delta rule one task
+//! per (sequence, value head), each task the scalar recurrence of
+//! [`quiver_backend::delta_net`] (so every token's floats are what it gets alone, whatever the
+//! batch).
+
+use crate::{check, par_rows, SyncPtr};
+use quiver_backend::delta_net as dn;
+use quiver_backend::{Batch, DeltaNetParams, Result};
+use quiver_cpu_kernels::ThreadPool;
+
+/// The op's host scratch, kept by the backend: it grows to the largest step and is reused
+/// (no allocation per step once grown).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    g: Vec<f32>,
+    b: Vec<f32>,
+    conv: Vec<f32>,
+    tasks: Vec<(usize, usize)>,
+    /// One output row per task.
+    rows: Vec<f32>,
+    slots: Vec<u32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    pool: &ThreadPool,
+    sc: &mut Scratch,
+    batch: &Batch,
+    p: &DeltaNetParams,
+    conv_w: &[f32],
+    dt_bias: &[f32],
+    a: &[f32],
+    qkv: &mut [f32],
+    alpha: &[f32],
+    beta: &[f32],
+    state: &mut [f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let n = batch.n_tokens();
+    let (c, hv, vd) = (p.channels(), p.n_v_heads, p.value_dim());
+    let per_slot = p.state_floats();
+    check("delta_net", p.check().is_ok(), || {
+        p.check().err().unwrap_or_default()
+    })?;
+    check(
+        "delta_net",
+        qkv.len() >= n * c
+            && alpha.len() >= n * hv
+            && beta.len() >= n * hv
+            && out.len() >= n * vd
+            && conv_w.len() == c * p.conv_kernel
+            && dt_bias.len() == hv
+            && a.len() == hv,
+        || format!("{n} rows of {c} channels, {hv} value heads"),
+    )?;
+    // Each sequence its own slot: two sharing one would race over it.
+    sc.slots.clear();
+    sc.slots.extend(batch.seqs.iter().map(|s| s.state_slot));
+    sc.slots.sort_unstable();
+    check(
+        "delta_net",
+        sc.slots.windows(2).all(|w| w[0] != w[1]),
+        || "two sequences of the step name one state slot".into(),
+    )?;
+    for s in &batch.seqs {
+        let slot = s.state_slot as usize;
+        check("delta_net", (slot + 1) * per_slot <= state.len(), || {
+            format!(
+                "state slot {slot} past the {} slots",
+                state.len() / per_slot.max(1)
+            )
+        })?;
+        let st = &mut state[slot * per_slot..(slot + 1) * per_slot];
+        if s.kv_len == s.len {
+            st.fill(0.0);
+        }
+        let rows = &mut qkv[s.start * c..(s.start + s.len) * c];
+        conv_in_place(
+            pool,
+            rows,
+            s.len,
+            c,
+            conv_w,
+            p.conv_kernel,
+            &mut st[..p.conv_floats()],
+            &mut sc.conv,
+        );
+        dn::normalize_qk(p, s.len, rows);
+    }
+    // The gates of every row.
+    sc.g.clear();
+    sc.g.resize(n * hv, 0.0);
+    sc.b.clear();
+    sc.b.resize(n * hv, 0.0);
+    for t in 0..n {
+        let r = t * hv..(t + 1) * hv;
+        dn::gates(
+            &alpha[r.clone()],
+            &beta[r.clone()],
+            dt_bias,
+            a,
+            &mut sc.g[r.clone()],
+            &mut sc.b[r],
+        );
+    }
+    sc.tasks.clear();
+    sc.tasks
+        .extend((0..batch.seqs.len()).flat_map(|s| (0..hv).map(move |h| (s, h))));
+    sc.rows.clear();
+    sc.rows.resize(sc.tasks.len() * p.head_v, 0.0);
+    let (op, sp) = (SyncPtr(out.as_mut_ptr()), SyncPtr(state.as_mut_ptr()));
+    let rp = SyncPtr(sc.rows.as_mut_ptr());
+    let mat = p.head_k * p.head_v;
+    let qkv = &*qkv;
+    let (g, b, tasks) = (&sc.g, &sc.b, &sc.tasks);
+    par_rows(pool, tasks.len(), 1, |i0, i1| {
+        for (i, &(si, h)) in tasks.iter().enumerate().take(i1).skip(i0) {
+            let s = &batch.seqs[si];
+            let (gs, bs) = (&g[s.start * hv..], &b[s.start * hv..]);
+            let inputs = dn::head_inputs(p, s.len, &qkv[s.start * c..], gs, bs, h);
+            let slot = s.state_slot as usize;
+            // SAFETY: head h's matrix of this sequence's slot is this task's alone (each
+            // sequence has its own slot (checked), each head its own matrix), inside `state`
+            // (checked); row i of the scratch is this task's.
+            let m = unsafe { sp.slice(slot * per_slot + p.conv_floats() + h * mat, mat) };
+            let row = unsafe { rp.slice(i * p.head_v, p.head_v) };
+            dn::recurrent_with(m, &inputs, row, |t, o| {
+                // SAFETY: head h's columns of the sequence's rows are this task's alone.
+                let dst = unsafe { op.slice((s.start + t) * vd + h * p.head_v, p.head_v) };
+                dst.copy_from_slice(o);
+            });
+        }
+    });
+    Ok(())
+}
+
+/// `Backend::sigmoid_mul`: x[r, c] *= σ(gate[r, c]), or σ(gate[r]) with `per_row`.
+pub(crate) fn sigmoid_mul(
+    x: &mut [f32],
+    gate: &[f32],
+    rows: usize,
+    cols: usize,
+    per_row: bool,
+) -> Result<()> {
+    let n = rows * cols;
+    let gn = if per_row { rows } else { n };
+    check("sigmoid_mul", x.len() >= n && gate.len() >= gn, || {
+        format!("{rows}×{cols} elements")
+    })?;
+    if per_row {
+        for (row, &g) in x[..n].chunks_exact_mut(cols.max(1)).zip(&gate[..rows]) {
+            let s = dn::sigmoid(g);
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+    } else {
+        for (v, &g) in x[..n].iter_mut().zip(&gate[..n]) {
+            *v *= dn::sigmoid(g);
+        }
+    }
+    Ok(())
+}
+
+/// [`dn::conv_silu`] in place over one sequence's `n` rows: outputs from the last row back, so
+/// that each row is overwritten only after every output that reads it; channels split over
+/// the pool (each channel's outputs read that channel alone).
+#[allow(clippy::too_many_arguments)]
+fn conv_in_place(
+    pool: &ThreadPool,
+    x: &mut [f32],
+    n: usize,
+    c: usize,
+    w: &[f32],
+    k: usize,
+    conv: &mut [f32],
+    next: &mut Vec<f32>,
+) {
+    let hist = k - 1;
+    // The state after these rows: the window's last k - 1 rows.
+    next.clear();
+    next.resize(hist * c, 0.0);
+    for r in 0..hist {
+        let src = n + r; // row of the window (state rows first)
+        let v = if src < hist {
+            &conv[src * c..(src + 1) * c]
+        } else {
+            &x[(src - hist) * c..(src - hist + 1) * c]
+        };
+        next[r * c..(r + 1) * c].copy_from_slice(v);
+    }
+    let xp = SyncPtr(x.as_mut_ptr());
+    let conv_r = &*conv;
+    par_rows(pool, c, 256, |c0, c1| {
+        for t in (0..n).rev() {
+            for ch in c0..c1 {
+                let mut s = 0.0f32;
+                for i in 0..k {
+                    let r = t + i;
+                    let v = if r < hist {
+                        conv_r[r * c + ch]
+                    } else {
+                        // SAFETY: channel ch of any row is this task's alone, inside `x`.
+                        unsafe { *xp.at((r - hist) * c + ch) }
+                    };
+                    s += v * w[ch * k + i];
+                }
+                // SAFETY: as above.
+                unsafe { *xp.at(t * c + ch) = dn::silu(s) };
+            }
+        }
+    });
+    conv.copy_from_slice(next);
+}

@@ -1,0 +1,140 @@
+//! The gated delta net ([`crate::Backend::delta_net`]) and `sigmoid_mul` against the scalar
+//! reference ([`crate::delta_net`]): one step of three sequences in their own state slots (one
+//! starting at position 0 over a dirty slot, one continuing a prompt, one decoding), with more
+//! value heads than key heads, over random inputs and a random starting state. Each sequence's
+//! output and slot must be the reference's for it alone, the slot no sequence names left as it
+//! was.
+
+use super::{poison, read, rel_err, vector, Harness, Notes, Rng};
+use crate::delta_net as dn;
+use crate::{Backend, Batch, DeltaNetParams, DeltaNetWeights, SeqSpan};
+
+pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) -> Notes {
+    let mut notes = Notes::default();
+    let bound = h.delta_net_bound(be);
+    let p = DeltaNetParams {
+        n_k_heads: 2,
+        n_v_heads: 4,
+        head_k: 32,
+        head_v: 32,
+        conv_kernel: 4,
+        eps: 1e-6,
+    };
+    let (c, hv, vd, per) = (p.channels(), p.n_v_heads, p.value_dim(), p.state_floats());
+    // (slot, position of the first token, tokens); slot 1 is nobody's.
+    let seqs = [(2usize, 0usize, 7usize), (0, 6, 5), (3, 9, 1)];
+    let n: usize = seqs.iter().map(|s| s.2).sum();
+    let qkv = rng.vec(n * c);
+    let alpha = rng.vec(n * hv);
+    let beta = rng.scaled(n * hv, 3.0);
+    let conv_w = rng.scaled(c * p.conv_kernel, 0.5);
+    let dt = rng.vec(hv);
+    let a: Vec<f32> = rng.vec(hv).iter().map(|x| -x.abs() - 0.1).collect();
+    let state0 = rng.scaled(5 * per, 0.3);
+    let mut batch = Batch {
+        block_size: crate::KV_BLOCK_SIZE,
+        ..Default::default()
+    };
+    let mut start = 0;
+    for (si, &(slot, pos, len)) in seqs.iter().enumerate() {
+        batch.seqs.push(SeqSpan {
+            start,
+            len,
+            kv_len: pos + len,
+            block_table: vec![0],
+            state_slot: slot as u32,
+            ..Default::default()
+        });
+        for t in 0..len {
+            batch.tokens.push(0);
+            batch.positions.push((pos + t) as u32);
+            batch.slots.push((pos + t) as u32);
+            batch.seq_of.push(si as u32);
+        }
+        start += len;
+    }
+    let (wc, wdt, wa) = (vector(be, &conv_w), vector(be, &dt), vector(be, &a));
+    let mut x = h.upload(be, &qkv);
+    let (ba, bb) = (h.upload(be, &alpha), h.upload(be, &beta));
+    let mut state = h.upload(be, &state0);
+    let mut out = poison(be, h, n * vd);
+    let st = be.begin_step(&batch, 0, 256, 256).unwrap();
+    be.delta_net(
+        &st,
+        &p,
+        DeltaNetWeights {
+            conv: &wc,
+            dt_bias: &wdt,
+            a: &wa,
+        },
+        &mut x,
+        &ba,
+        &bb,
+        &mut state,
+        &mut out,
+    )
+    .unwrap();
+    assert!(be.end_step(true).unwrap(), "the test step was not kept");
+    let got = read(be, &out, n * vd);
+    let got_state = read(be, &state, 5 * per);
+    let mut want_state = state0.clone();
+    for (s, &(slot, pos, len)) in batch.seqs.iter().zip(&seqs) {
+        let ws = &mut want_state[slot * per..(slot + 1) * per];
+        if pos == 0 {
+            ws.fill(0.0);
+        }
+        let mut want = vec![0f32; len * vd];
+        let r = s.start..s.start + len;
+        dn::sequence(
+            &p,
+            len,
+            &mut qkv[r.start * c..r.end * c].to_vec(),
+            &alpha[r.start * hv..r.end * hv],
+            &beta[r.start * hv..r.end * hv],
+            &conv_w,
+            &dt,
+            &a,
+            ws,
+            &mut want,
+        );
+        notes.check(
+            "delta_net",
+            rel_err(&got[r.start * vd..r.end * vd], &want),
+            bound,
+            || format!("slot {slot}, positions {pos}..{}", pos + len),
+        );
+        notes.check(
+            "delta_net state",
+            rel_err(
+                &got_state[slot * per..(slot + 1) * per],
+                &want_state[slot * per..(slot + 1) * per],
+            ),
+            bound,
+            || format!("slot {slot}"),
+        );
+    }
+    assert_eq!(
+        got_state[per..2 * per],
+        state0[per..2 * per],
+        "a slot no sequence names changed"
+    );
+    // sigmoid_mul, element by element and one gate per row.
+    let (rows, cols) = (5, 48);
+    let xs = rng.vec(rows * cols);
+    for per_row in [false, true] {
+        let g = rng.scaled(if per_row { rows } else { rows * cols }, 4.0);
+        let mut bx = h.upload(be, &xs);
+        be.sigmoid_mul(&mut bx, &h.upload(be, &g), rows, cols, per_row)
+            .unwrap();
+        let want: Vec<f32> = (0..rows * cols)
+            .map(|i| xs[i] * dn::sigmoid(g[if per_row { i / cols } else { i }]))
+            .collect();
+        notes.check(
+            "sigmoid_mul",
+            rel_err(&read(be, &bx, rows * cols), &want),
+            bound,
+            || format!("per row {per_row}"),
+        );
+    }
+    notes
+}

@@ -1,0 +1,299 @@
+//! A model with recurrent state (Qwen 3.5's gated delta net, on llama.cpp's own `qwen35` test
+//! model of `tests/reference/llama-archs/`, and `quiver synth`'s `tiny-qwen35moe`) under the
+//! serving engine: each request holds its
+//! own state slot, so requests served together get exactly the tokens they get alone; a
+//! prompt seen before is computed again (no prefix reuse: `cached_tokens` 0) to the same
+//! tokens; a preempted request is computed again from its first token and loses nothing.
+
+mod common;
+#[path = "llama_archs/rng.rs"]
+mod rng;
+
+use quiver_backend_cpu::CpuBackend;
+use quiver_engine::serve::{EngineHandle, Event, ServeOptions};
+use quiver_engine::{ModelRunner, RunnerOptions, SamplerParams, Want};
+use quiver_gguf::GgufFile;
+use quiver_tokenizer::Tokenizer;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+const FIXTURE: &str = "qwen35-dense-s1";
+
+/// The fixture's model (its stored head, the weights drawn again, the linear-attention
+/// output scaled up), its `test` tokenizer
+/// renamed `none` (same length) so that the engine has a tokenizer of ids only.
+fn file() -> Arc<GgufFile> {
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/reference/llama-archs"
+    ));
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!("{FIXTURE}.json"))).unwrap(),
+    )
+    .unwrap();
+    let size = v["size"].as_u64().unwrap() as usize;
+    let seed = v["seed"].as_u64().unwrap();
+    let stdev = v["stdev"].as_f64().unwrap() as f32;
+    let mut bytes = std::fs::read(dir.join(format!("{FIXTURE}.head"))).unwrap();
+    bytes.resize(size, 0);
+    let tmp = std::env::temp_dir().join(format!("quiver-recurrent-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    // One file per call: the tests run in parallel, and a mapped file is never rewritten.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = tmp.join(format!("{FIXTURE}-{k}.gguf"));
+    std::fs::write(&path, &bytes).unwrap();
+    let skeleton = GgufFile::open(&path).unwrap();
+    for t in &skeleton.tensors {
+        let at = (skeleton.data_offset + t.offset) as usize;
+        let mut vals = rng::tensor_values(&t.name, seed, stdev, t.n_elements as usize);
+        // At llama.cpp's σ the linear-attention layer's output is too small to move the
+        // tokens; its gated norm's weight scaled up makes the recurrent state decide them
+        // (this test compares quiver with itself, not with llama.cpp).
+        if t.name.contains("ssm_norm") || t.name.contains("ssm_out") {
+            vals.iter_mut().for_each(|v| *v *= 20.0);
+        }
+        bytes[at..at + t.n_bytes as usize]
+            .chunks_exact_mut(4)
+            .zip(&vals)
+            .for_each(|(o, x)| o.copy_from_slice(&x.to_le_bytes()));
+    }
+    drop(skeleton);
+    let key = b"tokenizer.ggml.model";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("tokenizer key")
+        + key.len()
+        + 4
+        + 8;
+    assert_eq!(&bytes[at..at + 4], b"test");
+    bytes[at..at + 4].copy_from_slice(b"none");
+    std::fs::write(&path, &bytes).unwrap();
+    Arc::new(GgufFile::open(&path).unwrap())
+}
+
+/// `quiver synth --preset tiny-qwen35moe` (F32): experts beside a shared expert, two
+/// delta-net layers.
+fn synth_moe() -> Arc<GgufFile> {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = std::env::temp_dir().join(format!("quiver-recurrent-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let path = tmp.join(format!("tiny-qwen35moe-{k}.gguf"));
+    let p = quiver_synth::preset("tiny-qwen35moe").unwrap();
+    let ft = quiver_synth::file_type("F32").unwrap();
+    quiver_synth::write(p, ft, 7, &path, 2, |_, _| {}).unwrap();
+    Arc::new(GgufFile::open(&path).unwrap())
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    [21usize, 37, 5, 50, 16, 33]
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % 128) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+const GEN: usize = 12;
+
+/// log-softmax at `id`.
+fn logprob(row: &[f32], id: u32) -> f32 {
+    let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let z: f64 = row.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    ((row[id as usize] - m) as f64 - z.ln()) as f32
+}
+
+/// Greedy tokens of each prompt alone, on the single-sequence runner, with their
+/// log-probabilities.
+fn solo(f: &Arc<GgufFile>, ps: &[Vec<u32>]) -> Vec<Vec<(u32, f32)>> {
+    let mut r = ModelRunner::new(
+        CpuBackend::new(2),
+        f,
+        &RunnerOptions {
+            kv: Default::default(),
+            n_ctx: 256,
+            n_batch: 16,
+            max_logits: 1,
+        },
+    )
+    .unwrap();
+    ps.iter()
+        .map(|p| {
+            let mut out = Vec::new();
+            let pick = |row: &[f32]| {
+                let t = quiver_engine::argmax(row);
+                (t, logprob(row, t))
+            };
+            // The prompt in steps of at most 16 tokens (the state carried between them).
+            let mut pos = 0;
+            let mut last = (0, 0.0);
+            for chunk in p.chunks(16) {
+                last = pick(r.eval(chunk, pos, Want::Last).unwrap());
+                pos += chunk.len();
+            }
+            out.push(last);
+            while out.len() < GEN {
+                last = pick(r.eval(&[last.0], pos, Want::Last).unwrap());
+                pos += 1;
+                out.push(last);
+            }
+            out
+        })
+        .collect()
+}
+
+fn start(f: &Arc<GgufFile>, kv_blocks: usize, max_seqs: usize) -> EngineHandle {
+    let tok = Tokenizer::from_gguf(f).unwrap();
+    let opts = ServeOptions {
+        kv: Default::default(),
+        spec: Default::default(),
+        n_ctx: 256,
+        max_seqs,
+        kv_blocks,
+        max_batch_tokens: 24,
+        max_waiting: 64,
+    };
+    quiver_engine::start_serving(|| CpuBackend::new(2), f.clone(), tok, opts, "qwen35".into())
+        .unwrap()
+}
+
+fn submit(h: &EngineHandle, p: &[u32]) -> mpsc::Receiver<Event> {
+    let (tx, rx) = mpsc::channel();
+    let greedy = SamplerParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let mut req = common::request(p, greedy, GEN);
+    req.logprobs = Some(0);
+    h.submit(req, Box::new(move |e| tx.send(e).is_ok()))
+        .unwrap();
+    rx
+}
+
+/// ((token id, log-probability) of each token, cached tokens)
+fn collect(rx: mpsc::Receiver<Event>) -> (Vec<(u32, f32)>, usize) {
+    let (mut ids, mut cached) = (Vec::new(), 0);
+    for e in rx {
+        match e {
+            Event::Started { cached_tokens, .. } => cached = cached_tokens,
+            Event::Token { id, logprob, .. } => ids.push((id, logprob.unwrap().logprob)),
+            Event::Finished { .. } => return (ids, cached),
+            Event::Error(e) => panic!("engine error: {e}"),
+            _ => {}
+        }
+    }
+    panic!("no Finished event");
+}
+
+/// The same tokens, each log-probability within 1e-4 of the solo run's (the state of another
+/// sequence leaking in would move them far more).
+fn same(got: &[(u32, f32)], want: &[(u32, f32)], i: usize) {
+    let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+    assert_eq!(ids(got), ids(want), "request {i}");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g.1 - w.1).abs() < 1e-4,
+            "request {i} token {k}: log-probability {} alone {}",
+            g.1,
+            w.1
+        );
+    }
+}
+
+#[test]
+fn served_together_equals_alone() {
+    let f = file();
+    let ps = prompts();
+    let want = solo(&f, &ps);
+    // Room for every request at once (4 state slots, 6 requests: two wait for a slot).
+    let h = start(&f, 64, 4);
+    let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (got, _) = collect(rx);
+        same(&got, &want[i], i);
+    }
+    // The same prompts again: computed whole (no prefix reuse), the same tokens.
+    let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (got, cached) = collect(rx);
+        assert_eq!(cached, 0, "request {i}: a recurrent model reuses no prefix");
+        same(&got, &want[i], i);
+    }
+}
+
+#[test]
+fn moe_served_together_equals_alone_under_preemption() {
+    let f = synth_moe();
+    let ps = prompts();
+    let want = solo(&f, &ps);
+    let h = start(&f, 6, 4);
+    let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (got, _) = collect(rx);
+        same(&got, &want[i], i);
+    }
+}
+
+#[test]
+fn preempted_requests_lose_nothing() {
+    let f = file();
+    let ps = prompts();
+    let want = solo(&f, &ps);
+    // 6 blocks of 16 tokens for requests of up to 62 tokens each: the newest are preempted
+    // and computed again from their first token.
+    let h = start(&f, 6, 4);
+    let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (got, _) = collect(rx);
+        same(&got, &want[i], i);
+    }
+}
+
+/// The single-sequence runner continues a recurrent state only where it ended (or from 0):
+/// evaluating again from an earlier position is refused with one line, not answered wrong.
+#[test]
+fn the_runner_refuses_to_rewind_a_recurrent_state() {
+    let f = file();
+    let mut r = ModelRunner::new(CpuBackend::new(2), &f, &RunnerOptions::default()).unwrap();
+    r.eval(&[1, 2, 3, 4, 5], 0, Want::Last).unwrap();
+    r.eval(&[6], 5, Want::Last).unwrap();
+    let e = r.eval(&[7], 3, Want::Last).unwrap_err().to_string();
+    assert!(e.contains("continues at position 6"), "{e}");
+    // From 0 again: a fresh state.
+    r.eval(&[1, 2], 0, Want::Last).unwrap();
+}
+
+/// A draft model must roll its state back past a rejected proposal: one with recurrent layers
+/// is refused in one line, a transformer draft is not.
+#[test]
+fn a_recurrent_draft_is_refused() {
+    let e = quiver_engine::draft::check_rollback(&file()).unwrap_err();
+    assert!(e.contains("recurrent layers") && !e.contains('\n'), "{e}");
+    let dir = std::env::temp_dir().join(format!("quiver-rollback-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny-llama.gguf");
+    let p = quiver_synth::preset("tiny-llama").unwrap();
+    quiver_synth::write(
+        p,
+        quiver_synth::file_type("F32").unwrap(),
+        7,
+        &path,
+        2,
+        |_, _| {},
+    )
+    .unwrap();
+    let llama = GgufFile::open(&path).unwrap();
+    quiver_engine::draft::check_rollback(&llama).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
