@@ -320,6 +320,7 @@ fn auto_calls_follow_the_schemas_after_the_marker() {
         Some(Thinking {
             tags: crate::reasoning::THINK,
             prompt_opened,
+            calls: None,
         })
     };
     let spec = t.auto_constraint(th(false)).unwrap();
