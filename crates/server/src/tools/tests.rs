@@ -251,17 +251,21 @@ fn definitions_resolve_in_forced_calls() {
 
 use quiver_engine::constraint::{special_word, Grammars};
 
-/// A made-up vocabulary of single bytes: the tokens of `text`, one by one, through the
-/// grammar; Err at the first it refuses.
+/// A made-up vocabulary of single bytes (all but 0xFF, which UTF-8 never holds and which marks
+/// the special token): the tokens of `text`, one by one, through the grammar; Err at the first
+/// it refuses.
 fn follows(spec: &ConstraintSpec, text: &str) -> Result<(), String> {
-    let mut words: Vec<Vec<u8>> = (0u8..128).map(|b| vec![b]).collect();
-    words.push(special_word(128));
-    let g = Grammars::from_words(&words, vec![128], 128, None).unwrap();
+    let mut words: Vec<Vec<u8>> = (0u8..255).map(|b| vec![b]).collect();
+    words.push(special_word(255));
+    let g = Grammars::from_words(&words, vec![255], 255, None).unwrap();
     let mut c = g.constraint(spec)?;
     for (i, b) in text.bytes().enumerate() {
         let bits = c.next_mask(words.len())?;
         if bits[b as usize / 32] & (1 << (b % 32)) == 0 {
-            return Err(format!("refused at {i}: {:?}", &text[..=i]));
+            return Err(format!(
+                "refused at {i}: {:?}",
+                String::from_utf8_lossy(&text.as_bytes()[..=i])
+            ));
         }
         c.commit(b as u32)?;
     }
@@ -379,4 +383,191 @@ fn xml_function_calls_parse_and_follow_their_grammar() {
     follows(&auto, "No call: 12345678901234567890 and <function=x>.").unwrap();
     follows(&auto, &format!("Sure.\n{call}")).unwrap();
     assert!(follows(&auto, "<tool_call>\n<function=Dog>").is_err());
+}
+
+/// DeepSeek V3.2 and V4's DSML calls: found in their templates (the lines that write them),
+/// parsed with the content before them, forced and (with `auto`) held after the block's tag by
+/// their grammars, which take the forms the templates write.
+#[test]
+fn dsml_calls_parse_and_follow_their_grammar() {
+    use crate::dsml_call::Block;
+    let v32 = "{%- set dsml_token = '｜DSML｜' -%}\n{{- '\\n\\n<' + dsml_token + 'function_calls>\\n' -}}\n{{- '<｜tool▁calls▁begin｜>' if false -}}";
+    let v4 = "{%- set dsml_token = '｜DSML｜' -%}\n{{- '\\n\\n<' + dsml_token + 'tool_calls>\\n' -}}\n{{- '<tool_result>' -}}";
+    assert_eq!(
+        Format::of_template(Some(v32)),
+        Format::Dsml(Block::FunctionCalls)
+    );
+    assert_eq!(
+        Format::of_template(Some(v4)),
+        Format::Dsml(Block::ToolCalls)
+    );
+    assert_eq!(
+        Format::Dsml(Block::ToolCalls).marker(),
+        Some("<｜DSML｜tool_calls>")
+    );
+    let cat = json!({"type": "function", "function": {"name": "Cat", "parameters": {
+        "type": "object", "properties": {
+            "name": {"type": "string"}, "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "unit": {"enum": ["C", "F"]}},
+        "required": ["name", "age"]}}});
+    let ping = json!({"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}});
+    let req = |choice: Value| {
+        let m = json!({"tools": [cat, ping], "tool_choice": choice});
+        Tools::parse(m.as_object().unwrap(), Format::Dsml(Block::ToolCalls))
+            .unwrap()
+            .unwrap()
+    };
+    let p = |k: &str, s: bool, v: &str| {
+        format!("<｜DSML｜parameter name=\"{k}\" string=\"{s}\">{v}</｜DSML｜parameter>\n")
+    };
+    let inv =
+        |name: &str, ps: &str| format!("<｜DSML｜invoke name=\"{name}\">\n{ps}</｜DSML｜invoke>\n");
+    let block = |invokes: &str| format!("<｜DSML｜tool_calls>\n{invokes}</｜DSML｜tool_calls>");
+    let tom = inv(
+        "Cat",
+        &(p("name", true, "Tom 12") + &p("age", false, "3") + &p("unit", true, "C")),
+    );
+    // V4's invoke without arguments: a lone newline.
+    let ping_call = inv("ping", "\n");
+    let two = block(&(tom.clone() + &ping_call));
+    // As the template writes content and calls: "\n\n" between them.
+    let t = req(json!("auto"));
+    let (content, calls) = t
+        .extract(&format!("Let me call the function.\n\n{two}"))
+        .unwrap();
+    assert_eq!(content, "Let me call the function.");
+    assert_eq!(
+        calls,
+        vec![
+            (
+                "Cat".into(),
+                "{\"name\":\"Tom 12\",\"age\":3,\"unit\":\"C\"}".into()
+            ),
+            ("ping".into(), "{}".into())
+        ]
+    );
+    // Cut short in its second call: the first stays.
+    let cut = format!(
+        "\n\n<｜DSML｜tool_calls>\n{tom}<｜DSML｜invoke name=\"Cat\">\n{}",
+        p("name", true, "Al")
+    );
+    assert_eq!(t.extract(&cut).unwrap().1.len(), 1);
+    assert!(t.extract("No call.").is_none());
+    // V3.2's block is not V4's.
+    assert!(t
+        .extract(&format!(
+            "<｜DSML｜function_calls>\n{tom}</｜DSML｜function_calls>"
+        ))
+        .is_none());
+
+    let forced = req(json!("required")).constraint().unwrap();
+    assert!(matches!(forced, ConstraintSpec::Lark(_)), "{forced:?}");
+    follows(&forced, &two).unwrap();
+    follows(&forced, &block(&ping_call)).unwrap();
+    follows(&forced, &block(&inv("ping", ""))).unwrap();
+    // The optional parameters, one as JSON spaced as tojson writes it.
+    follows(
+        &forced,
+        &block(&inv(
+            "Cat",
+            &(p("name", true, "Al") + &p("age", false, "4") + &p("tags", false, "[\"a\", \"b\"]")),
+        )),
+    )
+    .unwrap();
+    // A string value over lines, with digits and tags in it.
+    follows(
+        &forced,
+        &block(&inv(
+            "Cat",
+            &(p("name", true, "line 1\n<b>99999999999999999999</b>") + &p("age", false, "4")),
+        )),
+    )
+    .unwrap();
+    // Wrong: a required parameter left out, a string marked as JSON, an integer as text or not
+    // an integer, an enum's other value, an unknown function or parameter, text before the
+    // block, V3.2's block.
+    let refused = [
+        block(&inv("Cat", &p("age", false, "3"))),
+        block(&inv("Cat", &p("name", false, "\"Tom\""))),
+        block(&inv(
+            "Cat",
+            &(p("name", true, "Tom") + &p("age", true, "3")),
+        )),
+        block(&inv(
+            "Cat",
+            &(p("name", true, "Tom") + &p("age", false, "3.5")),
+        )),
+        block(&inv(
+            "Cat",
+            &(p("name", true, "Tom") + &p("age", false, "3") + &p("unit", true, "K")),
+        )),
+        block(&inv("Dog", "")),
+        block(&inv(
+            "Cat",
+            &(p("name", true, "Tom") + &p("color", true, "red")),
+        )),
+        format!("Sure.{two}"),
+        format!("<｜DSML｜function_calls>\n{tom}"),
+    ];
+    for text in &refused {
+        assert!(follows(&forced, text).is_err(), "{text}");
+    }
+    // One call unless parallel calls are allowed.
+    let m = json!({"tools": [cat, ping], "tool_choice": "required", "parallel_tool_calls": false});
+    let single = Tools::parse(m.as_object().unwrap(), Format::Dsml(Block::ToolCalls))
+        .unwrap()
+        .unwrap()
+        .constraint()
+        .unwrap();
+    follows(&single, &block(&tom)).unwrap();
+    assert!(follows(&single, &two).is_err());
+    // Named: only that function.
+    let named = req(json!({"type": "function", "function": {"name": "ping"}}))
+        .constraint()
+        .unwrap();
+    follows(&named, &block(&ping_call)).unwrap();
+    assert!(follows(&named, &block(&tom)).is_err());
+
+    let auto = t.auto_constraint(None).unwrap();
+    follows(
+        &auto,
+        "No call: 12345678901234567890 and <｜DSML｜invoke name=\"x\">.",
+    )
+    .unwrap();
+    follows(&auto, &format!("Let me call the function.\n\n{two}")).unwrap();
+    for text in &refused[..7] {
+        assert!(
+            follows(&auto, &format!("Sure.\n\n{text}")).is_err(),
+            "{text}"
+        );
+    }
+    // V4 thinking: the prompt opened it, the calls come after `</think>`.
+    let th = Thinking {
+        tags: crate::reasoning::THINK,
+        prompt_opened: true,
+        calls: Format::Dsml(Block::ToolCalls).marker(),
+    };
+    let auto = t.auto_constraint(Some(th)).unwrap();
+    follows(
+        &auto,
+        &format!("I could write <｜DSML｜tool_calls> here.</think>\n\n{two}"),
+    )
+    .unwrap();
+    assert!(follows(&auto, &format!("Plan.</think>\n\n{}", refused[5])).is_err());
+
+    // V3.2: its block, and no newline in an invoke without arguments.
+    let m = json!({"tools": [cat, ping], "tool_choice": "required"});
+    let t = Tools::parse(m.as_object().unwrap(), Format::Dsml(Block::FunctionCalls))
+        .unwrap()
+        .unwrap();
+    let v32_two = format!(
+        "<｜DSML｜function_calls>\n{tom}{}</｜DSML｜function_calls>",
+        inv("ping", "")
+    );
+    let (_, calls) = t.extract(&v32_two).unwrap();
+    assert_eq!(calls.len(), 2);
+    let forced = t.constraint().unwrap();
+    follows(&forced, &v32_two).unwrap();
+    assert!(follows(&forced, &two).is_err());
 }
