@@ -571,3 +571,188 @@ fn dsml_calls_parse_and_follow_their_grammar() {
     follows(&forced, &v32_two).unwrap();
     assert!(follows(&forced, &two).is_err());
 }
+
+/// llama.cpp's test-chat.cpp cases for DeepSeek-V3.2.jinja, DeepSeek-V4.jinja and
+/// DeepSeek-V4-Flash-0731.jinja, whole: the answer split into reasoning (the prompt opened the
+/// thinking where it is on) and the rest, then the calls read from it, against the expected
+/// reasoning, content and calls. The V3.2 cases run in V4's block too (the same invokes).
+#[test]
+#[allow(clippy::approx_constant)] // The cases' 3.14, not π.
+fn deepseek_v3_2_and_v4_answers_as_test_chat_cpp_reads_them() {
+    use crate::dsml_call::Block;
+    /// Thinking on, the answer, its reasoning, content and calls.
+    type Case<'a> = (bool, String, &'a str, &'a str, Vec<(&'a str, Value)>);
+    let one = |k: &str, t: &str| json!({"type": "object", "properties": {k: {"type": t}}, "required": [k]});
+    let fs = [
+        ("get_time", one("city", "string")),
+        ("get_weather", one("city", "string")),
+        ("special_function", one("arg1", "integer")),
+        (
+            "magic_int",
+            json!({"type": "object", "properties": {"ref": {"type": "integer"}, "name": {"type": "string"}}, "required": ["ref"]}),
+        ),
+        ("amount", one("orig", "number")),
+        ("toggle", one("enabled", "boolean")),
+        ("todo_list", one("todos", "array")),
+        ("set_config", one("config", "object")),
+    ];
+    let tools: Vec<Value> = fs
+        .iter()
+        .map(|(n, p)| json!({"type": "function", "function": {"name": n, "parameters": p}}))
+        .collect();
+    let inv = |name: &str, params: &[(&str, bool, &str)]| {
+        let ps: String = params
+            .iter()
+            .map(|(k, s, v)| {
+                format!("<｜DSML｜parameter name=\"{k}\" string=\"{s}\">{v}</｜DSML｜parameter>\n")
+            })
+            .collect();
+        format!("<｜DSML｜invoke name=\"{name}\">\n{ps}</｜DSML｜invoke>\n")
+    };
+    for block in [Block::FunctionCalls, Block::ToolCalls] {
+        let b = |invokes: &str| {
+            let close = block.open().replacen('<', "</", 1);
+            format!("{}\n{invokes}{close}", block.open())
+        };
+        let time = |city: &str| inv("get_time", &[("city", true, city)]);
+        let special = b(&inv("special_function", &[("arg1", false, "1")]));
+        let hello = "Hello, world!\nWhat's up?";
+        let mut cases: Vec<Case> = vec![
+            (false, hello.into(), "", hello, vec![]),
+            (
+                true,
+                format!("I'm\nthinking</think>{hello}"),
+                "I'm\nthinking",
+                hello,
+                vec![],
+            ),
+            (
+                true,
+                format!("Let me check the time</think>\n\n{}", b(&time("Tokyo"))),
+                "Let me check the time",
+                "",
+                vec![("get_time", json!({"city": "Tokyo"}))],
+            ),
+            (
+                false,
+                special.clone(),
+                "",
+                "",
+                vec![("special_function", json!({"arg1": 1}))],
+            ),
+            (
+                true,
+                format!(
+                    "Calling both</think>\n\n{}",
+                    b(&(time("Paris") + &inv("get_weather", &[("city", true, "Paris")])))
+                ),
+                "Calling both",
+                "",
+                vec![
+                    ("get_time", json!({"city": "Paris"})),
+                    ("get_weather", json!({"city": "Paris"})),
+                ],
+            ),
+            (
+                true,
+                format!("Thinking about it</think>Let me call the function.\n\n{special}"),
+                "Thinking about it",
+                "Let me call the function.",
+                vec![("special_function", json!({"arg1": 1}))],
+            ),
+            (
+                true,
+                format!("</think>\n\n{}", b(&time("XYZCITY"))),
+                "",
+                "",
+                vec![("get_time", json!({"city": "XYZCITY"}))],
+            ),
+            (
+                true,
+                format!(
+                    "Multi-arg call</think>\n\n{}",
+                    b(&inv(
+                        "magic_int",
+                        &[("ref", false, "42"), ("name", true, "foo bar")]
+                    ))
+                ),
+                "Multi-arg call",
+                "",
+                vec![("magic_int", json!({"ref": 42, "name": "foo bar"}))],
+            ),
+        ];
+        for (reasoning, name, key, raw, value) in [
+            ("Test negative", "magic_int", "ref", "-14", json!(-14)),
+            ("Test decimal", "amount", "orig", "3.14", json!(3.14)),
+            ("Test boolean", "toggle", "enabled", "true", json!(true)),
+            (
+                "Test array",
+                "todo_list",
+                "todos",
+                "[\"buy milk\",\"walk dog\"]",
+                json!(["buy milk", "walk dog"]),
+            ),
+            (
+                "Test object",
+                "set_config",
+                "config",
+                "{\"theme\":\"dark\",\"level\":2}",
+                json!({"theme": "dark", "level": 2}),
+            ),
+        ] {
+            cases.push((
+                true,
+                format!(
+                    "{reasoning}</think>\n\n{}",
+                    b(&inv(name, &[(key, false, raw)]))
+                ),
+                reasoning,
+                "",
+                vec![(name, json!({key: value}))],
+            ));
+        }
+        if block == Block::ToolCalls {
+            // V4: a call ends a thinking that never closed.
+            cases.push((
+                true,
+                format!("Let me check the time\n\n{}", b(&time("Tokyo"))),
+                "Let me check the time",
+                "",
+                vec![("get_time", json!({"city": "Tokyo"}))],
+            ));
+            // V4-Flash, not thinking: the separator belongs to the block.
+            cases.push((
+                false,
+                format!("\n\n{special}"),
+                "",
+                "",
+                vec![("special_function", json!({"arg1": 1}))],
+            ));
+        }
+        let format = Format::Dsml(block);
+        let m = json!({"tools": tools});
+        let t = Tools::parse(m.as_object().unwrap(), format)
+            .unwrap()
+            .unwrap();
+        for (thinking, answer, reasoning, content, calls) in cases {
+            let th = Thinking {
+                tags: crate::reasoning::THINK,
+                prompt_opened: thinking,
+                calls: format.marker(),
+            };
+            let (r, rest) = crate::reasoning::split(&answer, th);
+            let (c, got) = t.extract(&rest).unwrap_or((rest, vec![]));
+            let got: Vec<(String, Value)> = got
+                .into_iter()
+                .map(|(n, a)| (n, serde_json::from_str(&a).unwrap()))
+                .collect();
+            let want: Vec<(String, Value)> =
+                calls.into_iter().map(|(n, v)| (n.into(), v)).collect();
+            assert_eq!(
+                (r.unwrap_or_default().as_str(), c.as_str(), got),
+                (reasoning, content, want),
+                "{answer}"
+            );
+        }
+    }
+}
