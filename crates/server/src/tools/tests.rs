@@ -756,3 +756,38 @@ fn deepseek_v3_2_and_v4_answers_as_test_chat_cpp_reads_them() {
         }
     }
 }
+
+/// Streamed with tools, the text before a call goes out as it comes, but the whitespace just
+/// before the call's marker is held with the call (V4-Flash's "\n\n" separator is not
+/// content); whitespace followed by more text goes out with it.
+#[test]
+fn streamed_text_keeps_a_calls_separator_back() {
+    let marker = Format::Dsml(crate::dsml_call::Block::ToolCalls).marker();
+    let stream = |text: &str| {
+        let (mut held, mut sent, mut in_call) = (String::new(), String::new(), false);
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(2) {
+            held.extend(piece);
+            let (emit, keep) = crate::stream::split_for_calls(&held, marker, &mut in_call);
+            sent.push_str(emit);
+            held = keep.to_string();
+        }
+        (sent, held)
+    };
+    let block = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    assert_eq!(
+        stream(&format!("Let me call the function.\n\n{block}")),
+        (
+            "Let me call the function.".to_string(),
+            format!("\n\n{block}")
+        )
+    );
+    assert_eq!(
+        stream(&format!("\n\n{block}")),
+        (String::new(), format!("\n\n{block}"))
+    );
+    assert_eq!(
+        stream("Two lines:\n\nthe second. "),
+        ("Two lines:\n\nthe second.".to_string(), " ".to_string())
+    );
+}
