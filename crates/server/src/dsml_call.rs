@@ -169,9 +169,10 @@ pub(crate) fn grammar(
                 rules.push_str(&format!("{v}: {}\n", strings.join(" | ")));
                 format!("{} {v} {close}", head(true))
             } else if ty.and_then(Value::as_str) == Some("string") {
-                // Any text up to the first closing tag, which it takes too.
-                rules.push_str(&format!("{v}[suffix={close}]: /(?s:.*)/\n"));
-                format!("{} {v}", head(true))
+                // Any text up to the first closing tag (which it takes too), as the parse
+                // reads it.
+                rules.push_str(&format!("{v}[suffix={}]: /(?s:.*)/\n", lit(PARAM_END)));
+                format!("{} {v} \"\\n\"", head(true))
             } else {
                 let mut s = schema.clone();
                 if let Some(o) = s.as_object_mut() {
@@ -184,8 +185,8 @@ pub(crate) fn grammar(
                     .and_then(Value::as_array)
                     .is_some_and(|ts| ts.iter().any(|t| t == "string"));
                 if or_text {
-                    rules.push_str(&format!("{v}s[suffix={close}]: /(?s:.*)/\n"));
-                    format!("({json} | {} {v}s)", head(true))
+                    rules.push_str(&format!("{v}s[suffix={}]: /(?s:.*)/\n", lit(PARAM_END)));
+                    format!("({json} | {} {v}s \"\\n\")", head(true))
                 } else {
                     json
                 }
