@@ -121,7 +121,13 @@ pub(crate) fn prepare_chat(
         let text = s.handle.tokenizer().decode(tail, false);
         crate::reasoning::Thinking {
             tags,
-            prompt_opened: text.trim_end().ends_with(tags.open),
+            prompt_opened: crate::reasoning::prompt_opens(&text, tags),
+            calls: req
+                .params
+                .tools
+                .as_ref()
+                .filter(|t| t.choice != crate::tools::Choice::None)
+                .and_then(|t| t.format.marker()),
         }
     });
     req.params.thinking = thinking.filter(|_| reasoning);

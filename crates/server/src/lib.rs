@@ -12,6 +12,7 @@ mod conn;
 mod constrain;
 mod cors;
 mod cpu;
+mod dsml_call;
 mod embed;
 pub mod error;
 mod gemma_call;

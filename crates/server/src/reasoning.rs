@@ -24,6 +24,10 @@ pub const GEMMA4: Tags = Tags {
 pub struct Thinking {
     pub tags: Tags,
     pub prompt_opened: bool,
+    /// The tag that opens the request's tool calls, where it has tools: a thinking that never
+    /// closes ends where a call begins, as llama.cpp reads DeepSeek V4's answers (a call
+    /// forced right after the prompt's `<think>` is written with no `</think>`).
+    pub calls: Option<&'static str>,
 }
 
 /// The thinking tags of a chat template, where it is a thinking model's (its source spells
@@ -35,9 +39,17 @@ pub fn template_thinks(source: Option<&str>) -> Option<Tags> {
         .find(|t| s.contains(t.open.trim_end_matches("thought")) && s.contains(t.close))
 }
 
+/// Whether a prompt (its last characters) leaves the answer inside the thinking: it ends with
+/// the open tag (DeepSeek V3.2 and V4 thinking: `<｜Assistant｜><think>`; not thinking, V3.2
+/// closes it again, `<think></think>`, and V4 writes a bare `</think>`).
+pub fn prompt_opens(prompt_tail: &str, tags: Tags) -> bool {
+    prompt_tail.trim_end().ends_with(tags.open)
+}
+
 /// (reasoning, content) of a whole answer: the text inside a leading `<think>` … `</think>`,
 /// or, where the prompt already opened the thinking (`prompt_opened`: it ends with `<think>`),
-/// everything before `</think>`. An answer that opened it and never closed it is all reasoning.
+/// everything before `</think>`. An answer that opened it and never closed it is all reasoning,
+/// up to a tool call's tag (`th.calls`) where one follows: the call on is content.
 pub fn split(text: &str, th: Thinking) -> (Option<String>, String) {
     let Tags { open, close } = th.tags;
     let t = text.trim_start();
@@ -51,7 +63,10 @@ pub fn split(text: &str, th: Thinking) -> (Option<String>, String) {
             Some(body[..end].trim().to_string()),
             body[end + close.len()..].trim_start().to_string(),
         ),
-        None => (Some(body.trim().to_string()), String::new()),
+        None => match th.calls.and_then(|m| body.find(m)) {
+            Some(at) => (Some(body[..at].trim().to_string()), body[at..].to_string()),
+            None => (Some(body.trim().to_string()), String::new()),
+        },
     }
 }
 
@@ -63,6 +78,9 @@ pub struct Splitter {
     thinking: Option<bool>,
     prompt_opened: bool,
     tags: Tags,
+    /// The tools' call tag: held back inside the thinking until it closes (reasoning) or the
+    /// answer ends (content: the thinking never closed, a call ended it).
+    calls: Option<&'static str>,
     /// Whitespace right after `</think>` is not content (as `split` trims it).
     trim_next: bool,
 }
@@ -75,6 +93,7 @@ impl Splitter {
             thinking: None,
             prompt_opened: th.prompt_opened,
             tags: th.tags,
+            calls: th.calls,
             trim_next: false,
         }
     }
@@ -106,7 +125,14 @@ impl Splitter {
                         self.trim_next = true;
                     }
                     None => {
-                        let keep = tag_prefix_tail(&self.held, close);
+                        let call = self.calls.map(|m| (m, self.held.find(m)));
+                        let keep = match call {
+                            // From a call's tag on, held: it may yet be thinking.
+                            Some((_, Some(at))) => self.held.len() - at,
+                            Some((m, None)) => tag_prefix_tail(&self.held, close)
+                                .max(tag_prefix_tail(&self.held, m)),
+                            None => tag_prefix_tail(&self.held, close),
+                        };
                         let cut = self.held.len() - keep;
                         r.push_str(&self.held[..cut]);
                         self.held.drain(..cut);
@@ -135,7 +161,8 @@ impl Splitter {
     pub fn finish(&mut self) -> (String, String) {
         let rest = std::mem::take(&mut self.held);
         match self.thinking {
-            Some(true) => (rest, String::new()),
+            // The thinking never closed: a call held back is the answer.
+            Some(true) if !self.calls.is_some_and(|m| rest.starts_with(m)) => (rest, String::new()),
             _ => (String::new(), rest),
         }
     }
@@ -158,6 +185,7 @@ mod tests {
         Thinking {
             tags: THINK,
             prompt_opened,
+            calls: None,
         }
     }
 
@@ -216,6 +244,7 @@ mod tests {
         let g = Thinking {
             tags: GEMMA4,
             prompt_opened: false,
+            calls: None,
         };
         assert_eq!(
             split(
@@ -245,5 +274,102 @@ mod tests {
         );
         assert_eq!(template_thinks(Some("<think></think>")), Some(THINK));
         assert_eq!(template_thinks(Some("plain")), None);
+    }
+
+    /// llama.cpp's test-chat.cpp cases for DeepSeek-V3.2.jinja, DeepSeek-V4.jinja and
+    /// V4-Flash-0731 (reasoning format `deepseek`): the prompts' ends, then the answers split.
+    #[test]
+    fn deepseek_v3_2_and_v4_as_test_chat_cpp_has_them() {
+        // Thinking: `<think>` ends the prompt; not thinking, V3.2's `<think></think>` and V4's
+        // bare `</think>` do not open it.
+        assert!(prompt_opens("<｜Assistant｜><think>", THINK));
+        assert!(!prompt_opens("<｜Assistant｜><think></think>", THINK));
+        assert!(!prompt_opens("<｜Assistant｜></think>", THINK));
+        let block = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Tokyo</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let ds = |prompt_opened| Thinking {
+            tags: THINK,
+            prompt_opened,
+            calls: Some("<｜DSML｜tool_calls>"),
+        };
+        let hello = "Hello, world!\nWhat's up?".to_string();
+        assert_eq!(split(&hello, ds(false)), (None, hello.clone()));
+        assert_eq!(
+            split("I'm\nthinking</think>Hello, world!\nWhat's up?", ds(true)),
+            (Some("I'm\nthinking".into()), hello.clone())
+        );
+        assert_eq!(
+            split(
+                &format!("Let me check the time</think>\n\n{block}"),
+                ds(true)
+            ),
+            (Some("Let me check the time".into()), block.to_string())
+        );
+        assert_eq!(
+            split(
+                &format!("Thinking about it</think>Let me call the function.\n\n{block}"),
+                ds(true)
+            ),
+            (
+                Some("Thinking about it".into()),
+                format!("Let me call the function.\n\n{block}")
+            )
+        );
+        assert_eq!(
+            split(&format!("</think>\n\n{block}"), ds(true)),
+            (Some(String::new()), block.to_string())
+        );
+        // V4-Flash, not thinking: the separator goes with the block (the call parse trims it).
+        assert_eq!(
+            split(&format!("\n\n{block}"), ds(false)),
+            (None, format!("\n\n{block}"))
+        );
+        // A thinking that never closes ends where a call begins (a call forced right after
+        // the prompt's `<think>`); without tools it is all thinking.
+        let unclosed = format!("Let me check the time\n\n{block}");
+        assert_eq!(
+            split(&unclosed, ds(true)),
+            (Some("Let me check the time".into()), block.to_string())
+        );
+        assert_eq!(
+            split(block, ds(true)),
+            (Some(String::new()), block.to_string())
+        );
+        assert_eq!(
+            split(&unclosed, th(true)),
+            (Some(unclosed.trim().to_string()), String::new())
+        );
+        // A call's tag inside a thinking that closes is thinking.
+        let mention = format!("I could write {block} here.</think>No call.");
+        assert_eq!(
+            split(&mention, ds(true)),
+            (
+                Some(format!("I could write {block} here.")),
+                "No call.".into()
+            )
+        );
+        // Streamed, in pieces that cut the tags: the same answers.
+        for text in [
+            unclosed.as_str(),
+            mention.as_str(),
+            "I'm\nthinking</think>Hello",
+        ] {
+            let mut s = Splitter::new(ds(true));
+            let (mut r, mut c) = (String::new(), String::new());
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(3) {
+                let (a, b) = s.push(&piece.iter().collect::<String>());
+                r.push_str(&a);
+                c.push_str(&b);
+            }
+            let (a, b) = s.finish();
+            r.push_str(&a);
+            c.push_str(&b);
+            let (want_r, want_c) = split(text, ds(true));
+            assert_eq!(
+                (r.trim(), c.as_str()),
+                (want_r.unwrap().as_str(), want_c.as_str()),
+                "{text}"
+            );
+        }
     }
 }

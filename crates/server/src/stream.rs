@@ -337,7 +337,8 @@ pub(crate) fn stream_groups(
 
 /// With tools: the part of `held` that can be streamed as content now, and the part to hold.
 /// Text from the format's marker on is held (it is a call); so is a tail that could be the
-/// marker's start. Without a marker (Llama 3's bare JSON), output that starts as a JSON object
+/// marker's start, and the whitespace before it (the templates' separator before a call block,
+/// as llama.cpp's DeepSeek V4 cases have it, goes with the calls, not the content). Without a marker (Llama 3's bare JSON), output that starts as a JSON object
 /// is held whole.
 pub(crate) fn split_for_calls<'a>(
     held: &'a str,
@@ -360,11 +361,12 @@ pub(crate) fn split_for_calls<'a>(
         Some(m) => {
             if let Some(at) = held.find(m) {
                 *in_call = true;
-                return held.split_at(at);
+                return held.split_at(held[..at].trim_end().len());
             }
-            // The longest tail that is a prefix of the marker stays held.
+            // The longest tail that is a prefix of the marker stays held, with the
+            // whitespace before it.
             let keep = crate::reasoning::tag_prefix_tail(held, m);
-            held.split_at(held.len() - keep)
+            held.split_at(held[..held.len() - keep].trim_end().len())
         }
     }
 }

@@ -4,8 +4,9 @@
 //!
 //! Formats: Hermes / Qwen (`<tool_call>{"name", "arguments"}</tool_call>`, also the default for
 //! templates that show none), Mistral (`[TOOL_CALLS][{"name", "arguments"}, ...]`), Llama 3.x
-//! (a bare JSON object `{"name", "parameters"}`), DeepSeek, Gemma 4, and Qwen3-Coder / Qwen 3.5's
-//! XML form (crate::xml_call).
+//! (a bare JSON object `{"name", "parameters"}`), DeepSeek (R1, V3, V3.1; V3.2 and V4's DSML
+//! markup in crate::dsml_call), Gemma 4, and Qwen3-Coder / Qwen 3.5's XML form
+//! (crate::xml_call).
 
 use crate::error::ApiError;
 use crate::reasoning::Thinking;
@@ -33,6 +34,10 @@ pub enum Format {
     /// Qwen3-Coder, Qwen 3.5: `<tool_call>` `<function=NAME>` `<parameter=KEY>` raw value
     /// `</parameter>` … `</function>` `</tool_call>` (crate::xml_call).
     XmlFunction,
+    /// DeepSeek V3.2 (`<｜DSML｜function_calls>`) and V4 (`<｜DSML｜tool_calls>`): `<｜DSML｜invoke
+    /// name="NAME">` with `<｜DSML｜parameter name="KEY" string="true|false">` values
+    /// (crate::dsml_call).
+    Dsml(crate::dsml_call::Block),
 }
 
 const DS_CALLS: &str = "<｜tool▁calls▁begin｜>";
@@ -47,6 +52,8 @@ impl Format {
         let s = source.unwrap_or("");
         if s.contains("[TOOL_CALLS]") {
             Format::Mistral
+        } else if let Some(b) = crate::dsml_call::Block::of_template(s) {
+            Format::Dsml(b)
         } else if s.contains(DS_CALLS) {
             Format::DeepSeek
         } else if s.contains(crate::gemma_call::OPEN) {
@@ -71,6 +78,7 @@ impl Format {
             Format::DeepSeek => Some(DS_CALLS),
             Format::Gemma4 => Some(crate::gemma_call::OPEN),
             Format::XmlFunction => Some(crate::xml_call::OPEN),
+            Format::Dsml(b) => Some(b.open()),
         }
     }
 }
@@ -176,8 +184,8 @@ impl Tools {
         let lark = self.calls_grammar(&fs);
         Some(match self.format {
             // Gemma 4's strings are not JSON's: its grammar bounds its own numbers. The XML
-            // form's string values are raw text, where digits are free.
-            Format::Gemma4 | Format::XmlFunction => ConstraintSpec::Lark(lark),
+            // and DSML forms' string values are raw text, where digits are free.
+            Format::Gemma4 | Format::XmlFunction | Format::Dsml(_) => ConstraintSpec::Lark(lark),
             _ => ConstraintSpec::JsonLark(lark),
         })
     }
@@ -204,7 +212,7 @@ impl Tools {
             Format::Hermes => body
                 .strip_prefix("\"<tool_call>\\n\"")
                 .map(|r| format!("\"\\n\"{r}")),
-            Format::Mistral | Format::DeepSeek | Format::XmlFunction => {
+            Format::Mistral | Format::DeepSeek | Format::XmlFunction | Format::Dsml(_) => {
                 body.strip_prefix(&lit(marker)).map(str::to_string)
             }
             // Each call opens with the marker: the first call without it, then the others.
@@ -258,8 +266,8 @@ impl Tools {
         );
         Some(match self.format {
             // Gemma 4's strings are not JSON's: its grammar bounds its own numbers; the XML
-            // form's raw text values leave digits free.
-            Format::Gemma4 | Format::XmlFunction => ConstraintSpec::Lark(lark),
+            // and DSML forms' raw text values leave digits free.
+            Format::Gemma4 | Format::XmlFunction | Format::Dsml(_) => ConstraintSpec::Lark(lark),
             _ => ConstraintSpec::JsonLarkAfter(lark, marker.to_string()),
         })
     }
@@ -334,6 +342,10 @@ impl Tools {
             Format::XmlFunction => {
                 let funcs: Vec<(&str, &Value)> = fs.iter().map(|(n, p)| (n.as_str(), p)).collect();
                 crate::xml_call::grammar(&funcs, self.parallel, &JSON_STYLE)
+            }
+            Format::Dsml(b) => {
+                let funcs: Vec<(&str, &Value)> = fs.iter().map(|(n, p)| (n.as_str(), p)).collect();
+                crate::dsml_call::grammar(&funcs, b, self.parallel, &JSON_STYLE)
             }
             Format::DeepSeek => {
                 // One alternative per function: its name, then arguments to its schema.
@@ -451,6 +463,13 @@ impl Tools {
                 let schema_of =
                     |n: &str| self.functions.iter().find(|(f, _)| f == n).map(|(_, p)| p);
                 for (name, args) in crate::xml_call::calls(rest, schema_of)? {
+                    push(&json!({"name": name, "arguments": args}), "arguments")?;
+                }
+            }
+            Format::Dsml(b) => {
+                let schema_of =
+                    |n: &str| self.functions.iter().find(|(f, _)| f == n).map(|(_, p)| p);
+                for (name, args) in crate::dsml_call::calls(rest, b, schema_of)? {
                     push(&json!({"name": name, "arguments": args}), "arguments")?;
                 }
             }

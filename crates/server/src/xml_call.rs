@@ -78,7 +78,7 @@ fn one<'a>(body: &str, schema_of: &impl Fn(&str) -> Option<&'a Value>) -> Option
 
 /// A raw value as the parameter's schema types it: text for a string (or a type that allows
 /// one), JSON where it parses for the other types, else text.
-fn typed(raw: &str, ty: Option<&Value>) -> Value {
+pub(crate) fn typed(raw: &str, ty: Option<&Value>) -> Value {
     let allows_string = match ty {
         Some(Value::String(t)) => t == "string",
         Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),

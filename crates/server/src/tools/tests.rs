@@ -251,17 +251,21 @@ fn definitions_resolve_in_forced_calls() {
 
 use quiver_engine::constraint::{special_word, Grammars};
 
-/// A made-up vocabulary of single bytes: the tokens of `text`, one by one, through the
-/// grammar; Err at the first it refuses.
+/// A made-up vocabulary of single bytes (all but 0xFF, which UTF-8 never holds and which marks
+/// the special token): the tokens of `text`, one by one, through the grammar; Err at the first
+/// it refuses.
 fn follows(spec: &ConstraintSpec, text: &str) -> Result<(), String> {
-    let mut words: Vec<Vec<u8>> = (0u8..128).map(|b| vec![b]).collect();
-    words.push(special_word(128));
-    let g = Grammars::from_words(&words, vec![128], 128, None).unwrap();
+    let mut words: Vec<Vec<u8>> = (0u8..255).map(|b| vec![b]).collect();
+    words.push(special_word(255));
+    let g = Grammars::from_words(&words, vec![255], 255, None).unwrap();
     let mut c = g.constraint(spec)?;
     for (i, b) in text.bytes().enumerate() {
         let bits = c.next_mask(words.len())?;
         if bits[b as usize / 32] & (1 << (b % 32)) == 0 {
-            return Err(format!("refused at {i}: {:?}", &text[..=i]));
+            return Err(format!(
+                "refused at {i}: {:?}",
+                String::from_utf8_lossy(&text.as_bytes()[..=i])
+            ));
         }
         c.commit(b as u32)?;
     }
@@ -320,6 +324,7 @@ fn auto_calls_follow_the_schemas_after_the_marker() {
         Some(Thinking {
             tags: crate::reasoning::THINK,
             prompt_opened,
+            calls: None,
         })
     };
     let spec = t.auto_constraint(th(false)).unwrap();
@@ -379,3 +384,5 @@ fn xml_function_calls_parse_and_follow_their_grammar() {
     follows(&auto, &format!("Sure.\n{call}")).unwrap();
     assert!(follows(&auto, "<tool_call>\n<function=Dog>").is_err());
 }
+
+mod dsml;
