@@ -18,6 +18,10 @@
 set -euo pipefail
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 RUST_BACKTRACE=1
 export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home}
+# Kernels compiled here by stage.sh --kernels: into the machine's cache, not compiled again.
+if [ -d .gpu/home/kernels ]; then
+  mkdir -p "$QUIVER_HOME/kernels" && cp -n .gpu/home/kernels/* "$QUIVER_HOME/kernels/"
+fi
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 exec python3 "$(dirname "$0")/bench.py" "$@"

@@ -8,16 +8,20 @@
 #     --old REV   REV's release binary too → .gpu/quiver-old (REV's tree from git archive, built
 #                 in target/stage-old with its own target folder: the first build is a full one)
 #     --peer      llama.cpp's source for the peer build → .gpu/llama.cpp.tar.xz (peer.sh pack)
+#     --kernels "MODULE ..."  those kernel modules compiled for sm_90 here → .gpu/home/kernels
+#                 (bench.sh copies them into the machine's cache: no NVRTC compile there, ~15 s a
+#                 module with wgmma kernels; the same NVRTC version on both sides, 13.0)
 # Binaries are stripped; .gpu/stage.txt records what was built from which commit.
 set -euo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/../.."
-tests=1 old="" peer=0
+tests=1 old="" peer=0 kmods=""
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) tests=0; shift ;;
     --old) old=${2:?--old needs a revision}; shift 2 ;;
     --peer) peer=1; shift ;;
+    --kernels) kmods=${2:?--kernels needs module names}; shift 2 ;;
     *) sed -n '2,11p' "$self"; exit 2 ;;
   esac
 done
@@ -63,6 +67,13 @@ for l in sys.stdin:
 fi
 
 [ "$peer" = 1 ] && bash tools/gpu/peer.sh pack
+if [ -n "$kmods" ]; then
+  rm -rf .gpu/home
+  # shellcheck disable=SC2086 # the module names, one word each
+  QUIVER_HOME=$PWD/.gpu/home QUIVER_CUDA_LIB_DIR="$(.venv/bin/python -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')" \
+    cargo run -q --release --example kernel_cache -p quiver-backend-cuda -- $kmods
+  echo "kernels: $kmods" >>.gpu/stage.txt
+fi
 cat .gpu/stage.txt
 ls -la .gpu
 # A call carries at most 64 MiB, the working tree (about 8 MiB) included.

@@ -485,6 +485,32 @@ pub fn cache_file(module: &str, arch: u32) -> Result<PathBuf, String> {
         .join(format!("{module}-{hex}-sm{arch}.cubin")))
 }
 
+/// `c` into the disk cache at `path` (its names file first: a cubin in the cache always has
+/// its names beside it); false where it could not be written.
+fn store(path: &Path, c: &Compiled) -> bool {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let text: String = c
+        .lowered
+        .iter()
+        .map(|(n, l)| format!("{n} {l}\n"))
+        .collect();
+    write_atomic(&names_file(path), text.as_bytes()) && write_atomic(path, &c.cubin)
+}
+
+/// Compiles `module` for `arch` into the disk cache (where a later load finds it), without a
+/// GPU: a machine with NVRTC fills the cache that a GPU machine with the same NVRTC version
+/// reads (tools/gpu/stage.sh --kernels). The cached file's path.
+pub fn precompile(module: &str, arch: u32) -> Result<PathBuf, String> {
+    let path = cache_file(module, arch)?;
+    let c = compile(module, arch)?;
+    if !store(&path, &c) {
+        return Err(format!("could not write {}", path.display()));
+    }
+    Ok(path)
+}
+
 /// The file beside a cached cubin that holds its kernels' lowered names, a line
 /// `launch_name lowered_name` per kernel.
 pub fn names_file(cubin: &Path) -> PathBuf {
@@ -564,18 +590,7 @@ impl Registry {
             None => {
                 let c = compile(module, self.arch)?;
                 self.compiled += 1;
-                if let Some(dir) = path.parent() {
-                    let _ = std::fs::create_dir_all(dir);
-                    // The names first: a cubin in the cache always has its names beside it.
-                    let text: String = c
-                        .lowered
-                        .iter()
-                        .map(|(n, l)| format!("{n} {l}\n"))
-                        .collect();
-                    if write_atomic(&names, text.as_bytes()) {
-                        write_atomic(&path, &c.cubin);
-                    }
-                }
+                store(&path, &c);
                 (c.cubin, c.lowered.into_iter().collect())
             }
         };
