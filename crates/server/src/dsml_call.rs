@@ -137,16 +137,7 @@ pub(crate) fn grammar(
     let mut rules = String::new();
     let mut alts = Vec::new();
     for (i, (name, params)) in fs.iter().enumerate() {
-        let props = params
-            .get("properties")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        let required: Vec<&str> = params
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let (props, required) = crate::xml_call::parameters(params);
         let mut seq = Vec::new();
         for (j, (key, schema)) in props.iter().enumerate() {
             let v = format!("v{i}_{j}");

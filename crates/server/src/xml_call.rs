@@ -90,6 +90,22 @@ pub(crate) fn typed(raw: &str, ty: Option<&Value>) -> Value {
     serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string()))
 }
 
+/// A function's parameters (an object schema): its properties in order, and the names it
+/// requires.
+pub(crate) fn parameters(params: &Value) -> (Map<String, Value>, Vec<&str>) {
+    let props = params
+        .get("properties")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let required = params
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    (props, required)
+}
+
 /// The Lark rules of one call of each function in `fs` (name, parameters: an object schema,
 /// closed), as rule `call`; `%json` holds the values that are not strings to their schemas.
 /// `json_style`: the `x-guidance` options of those values.
@@ -98,16 +114,7 @@ pub(crate) fn call_rules(fs: &[(&str, &Value)], json_style: &Value) -> String {
     let mut rules = String::new();
     let mut alts = Vec::new();
     for (i, (name, params)) in fs.iter().enumerate() {
-        let props = params
-            .get("properties")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        let required: Vec<&str> = params
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let (props, required) = crate::xml_call::parameters(params);
         // The parameters in the schema's order, the optional ones optional.
         let mut seq = Vec::new();
         for (j, (key, schema)) in props.iter().enumerate() {
