@@ -8,11 +8,11 @@
 
 use quiver_backend::Numerics;
 use quiver_backend_cuda::{CudaBackend, CudaConfig, ParityBackend};
-use quiver_engine::serve::{Event, Request, ServeOptions};
+use quiver_engine::serve::{Request, ServeOptions};
 use quiver_engine::{ModelRunner, RunnerOptions, SamplerParams, Want};
 use quiver_gguf::GgufFile;
 use quiver_tokenizer::Tokenizer;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 mod common;
 #[path = "common/constrained.rs"]
@@ -175,12 +175,12 @@ fn load_equals_alone(f: Arc<GgufFile>, label: &str, widths: &[usize], kv_blocks:
         quiver_engine::start_serving(default_backend, f.clone(), tok, so, "synth".into()).unwrap();
     let alone: Vec<Vec<u32>> = reqs
         .iter()
-        .map(|r| answers(&h, std::slice::from_ref(r)).remove(0))
+        .map(|r| common::answers(&h, std::slice::from_ref(r)).remove(0))
         .collect();
     let before = h.stats();
     for &w in widths {
         for (g, group) in reqs.chunks(w).enumerate() {
-            for (k, got) in answers(&h, group).iter().enumerate() {
+            for (k, got) in common::answers(&h, group).iter().enumerate() {
                 let i = g * w + k;
                 assert_eq!(got, &alone[i], "{label}: request {i} of a group of {w}");
             }
@@ -238,33 +238,6 @@ fn vocab(f: &GgufFile) -> u32 {
         .unwrap_or(49152)
 }
 
-/// The generated tokens of `reqs`, submitted together to the server `h`.
-fn answers(h: &quiver_engine::serve::EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
-    let rxs: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            let (tx, rx) = mpsc::channel();
-            h.submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()))
-                .unwrap();
-            rx
-        })
-        .collect();
-    rxs.into_iter()
-        .map(|rx| {
-            let mut got = Vec::new();
-            for e in rx {
-                match e {
-                    Event::Token { id, .. } => got.push(id),
-                    Event::Finished { .. } => break,
-                    Event::Error(e) => panic!("{e}"),
-                    _ => {}
-                }
-            }
-            got
-        })
-        .collect()
-}
-
 /// Greedy answers of `prompts(vocab)` from a server of `make()` backends, all at once in steps
 /// of at most `step_tokens`, against the same prompts run alone on a runner.
 fn serving_equals_solo(
@@ -310,7 +283,7 @@ fn serving_equals_solo(
         .iter()
         .map(|p| common::request(p, SamplerParams::greedy(), max_tokens))
         .collect();
-    for (i, got) in answers(&h, &reqs).iter().enumerate() {
+    for (i, got) in common::answers(&h, &reqs).iter().enumerate() {
         assert_eq!(got, &solo[i], "request {i}");
     }
 }

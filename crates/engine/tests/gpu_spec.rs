@@ -6,12 +6,12 @@
 
 use quiver_backend::Numerics;
 use quiver_backend_cuda::{CudaBackend, CudaConfig};
-use quiver_engine::serve::{EngineHandle, Event, Request, ServeOptions};
+use quiver_engine::serve::{EngineHandle, Request, ServeOptions};
 use quiver_engine::spec::{DraftFile, SpecConfig, SpecType};
 use quiver_engine::SamplerParams;
 use quiver_gguf::GgufFile;
 use quiver_tokenizer::Tokenizer;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 mod common;
 
@@ -85,35 +85,9 @@ fn requests() -> Vec<Request> {
         .collect()
 }
 
-fn answers(h: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
-    let rxs: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            let (tx, rx) = mpsc::channel();
-            h.submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()))
-                .unwrap();
-            rx
-        })
-        .collect();
-    rxs.into_iter()
-        .map(|rx| {
-            let mut got = Vec::new();
-            for e in rx {
-                match e {
-                    Event::Token { id, .. } => got.push(id),
-                    Event::Finished { .. } => break,
-                    Event::Error(e) => panic!("{e}"),
-                    _ => {}
-                }
-            }
-            got
-        })
-        .collect()
-}
-
 fn alone(h: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
     reqs.iter()
-        .map(|r| answers(h, std::slice::from_ref(r)).remove(0))
+        .map(|r| common::answers(h, std::slice::from_ref(r)).remove(0))
         .collect()
 }
 
@@ -125,7 +99,7 @@ fn same_answers(f: &Arc<GgufFile>, spec: SpecConfig, label: &str) -> (u64, u64) 
     let want = alone(&plain, &reqs);
     plain.shutdown(std::time::Duration::from_secs(5));
     let h = start(f, spec.clone(), 512);
-    let (a, t) = (alone(&h, &reqs), answers(&h, &reqs));
+    let (a, t) = (alone(&h, &reqs), common::answers(&h, &reqs));
     let st = h.stats();
     h.shutdown(std::time::Duration::from_secs(5));
     for (i, w) in want.iter().enumerate() {
@@ -133,7 +107,7 @@ fn same_answers(f: &Arc<GgufFile>, spec: SpecConfig, label: &str) -> (u64, u64) 
         assert_eq!(&t[i], w, "{label}: request {i} with the others");
     }
     let small = start(f, spec, 28);
-    let t = answers(&small, &reqs);
+    let t = common::answers(&small, &reqs);
     let st2 = small.stats();
     small.shutdown(std::time::Duration::from_secs(5));
     for (i, w) in want.iter().enumerate() {

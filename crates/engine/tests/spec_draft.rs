@@ -92,40 +92,13 @@ fn requests() -> Vec<Request> {
         .collect()
 }
 
-/// The generated tokens of `reqs`, submitted together.
-fn answers(h: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
-    let rxs: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            let (tx, rx) = mpsc::channel();
-            h.submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()))
-                .unwrap();
-            rx
-        })
-        .collect();
-    rxs.into_iter()
-        .map(|rx| {
-            let mut out = Vec::new();
-            for e in rx {
-                match e {
-                    Event::Token { id, .. } => out.push(id),
-                    Event::Finished { .. } => return out,
-                    Event::Error(e) => panic!("engine error: {e}"),
-                    _ => {}
-                }
-            }
-            panic!("no Finished event")
-        })
-        .collect()
-}
-
 /// Each request alone, then all together.
 fn alone_and_together(h: &EngineHandle, reqs: &[Request]) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let alone = reqs
         .iter()
-        .map(|r| answers(h, std::slice::from_ref(r)).remove(0))
+        .map(|r| common::answers(h, std::slice::from_ref(r)).remove(0))
         .collect();
-    (alone, answers(h, reqs))
+    (alone, common::answers(h, reqs))
 }
 
 /// (proposed, accepted) since `before`.
@@ -141,7 +114,7 @@ fn plain_answers(target: &Arc<GgufFile>, reqs: &[Request]) -> Vec<Vec<u32>> {
     let plain = start(target.clone(), options(SpecConfig::default(), 256)).unwrap();
     let want: Vec<Vec<u32>> = reqs
         .iter()
-        .map(|r| answers(&plain, std::slice::from_ref(r)).remove(0))
+        .map(|r| common::answers(&plain, std::slice::from_ref(r)).remove(0))
         .collect();
     plain.shutdown(std::time::Duration::from_secs(5));
     want
@@ -155,7 +128,7 @@ fn the_target_as_its_own_draft_gives_plain_tokens_and_its_greedy_proposals_are_a
     let h = start(target.clone(), options(draft(target.clone(), 6), 256)).unwrap();
     // Greedy requests alone: every proposal is the target's own argmax.
     let greedy: Vec<Request> = reqs.iter().step_by(2).cloned().collect();
-    let g = answers(&h, &greedy[..1]);
+    let g = common::answers(&h, &greedy[..1]);
     let (p, a) = spec_delta(&h, (0, 0));
     assert_eq!(g[0], want[0]);
     eprintln!("greedy alone: {a}/{p} accepted");
@@ -210,14 +183,14 @@ fn draft_p_min_stops_proposals_and_per_request_limits_apply() {
         ..draft(target.clone(), 6)
     };
     let h = start(target.clone(), options(spec, 256)).unwrap();
-    assert_eq!(answers(&h, &reqs[..2]), want);
+    assert_eq!(common::answers(&h, &reqs[..2]), want);
     assert_eq!(spec_delta(&h, (0, 0)), (0, 0));
     // A request's own p_min 0 and n_max 2: proposals of at most 2 tokens.
     let mut r = reqs[0].clone();
     r.speculative.p_min = Some(0.0);
     r.speculative.n_max = Some(2);
     let steps0 = h.stats().steps_total;
-    assert_eq!(answers(&h, std::slice::from_ref(&r))[0], want[0]);
+    assert_eq!(common::answers(&h, std::slice::from_ref(&r))[0], want[0]);
     let st = h.stats();
     h.shutdown(std::time::Duration::from_secs(5));
     let (p, a) = (st.spec_proposed_tokens_total, st.spec_accepted_tokens_total);

@@ -1,6 +1,6 @@
 //! What several engine test binaries share.
 
-use quiver_engine::serve::Request;
+use quiver_engine::serve::{EngineHandle, Event, Request};
 use quiver_engine::SamplerParams;
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
@@ -22,6 +22,35 @@ pub fn request(prompt: &[u32], sampling: SamplerParams, max_tokens: usize) -> Re
         cache_salt: None,
         speculative: Default::default(),
     }
+}
+
+/// The generated tokens of `reqs`, submitted together to the engine `h` (an engine error
+/// fails the test).
+#[allow(dead_code)] // not every test binary serves
+pub fn answers(h: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            h.submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()))
+                .unwrap();
+            rx
+        })
+        .collect();
+    rxs.into_iter()
+        .map(|rx| {
+            let mut out = Vec::new();
+            for e in rx {
+                match e {
+                    Event::Token { id, .. } => out.push(id),
+                    Event::Finished { .. } => return out,
+                    Event::Error(e) => panic!("engine error: {e}"),
+                    _ => {}
+                }
+            }
+            panic!("no Finished event")
+        })
+        .collect()
 }
 
 /// The real SmolLM2 test model (scripts/test fetches it).
