@@ -89,6 +89,9 @@ pub struct DraftModel<B: Backend> {
     target_vocab: usize,
     /// The first error a draft step met (the serving loop fails its step with it).
     error: Option<EngineError>,
+    /// The jobs still drafting and the token each feeds next (kept: no allocation a step).
+    active: Vec<usize>,
+    feed: Vec<u32>,
 }
 
 impl<B: Backend> DraftModel<B> {
@@ -120,6 +123,8 @@ impl<B: Backend> DraftModel<B> {
             max_rows,
             target_vocab,
             error: None,
+            active: Vec::with_capacity(max_rows),
+            feed: Vec::with_capacity(max_rows),
         })
     }
 
@@ -173,13 +178,18 @@ impl<B: Backend> DraftModel<B> {
             self.forward(b)?;
         }
         // 2. The last token, then each proposed one, a row per sequence still drafting.
-        let mut active: Vec<usize> = (0..jobs.len())
-            .filter(|&k| jobs[k].len > 0 && !jobs[k].tokens.is_empty())
-            .collect();
-        let mut feed: Vec<u32> = active
-            .iter()
-            .map(|&k| jobs[k].tokens[jobs[k].tokens.len() - 1])
-            .collect();
+        let (mut active, mut feed) = (
+            std::mem::take(&mut self.active),
+            std::mem::take(&mut self.feed),
+        );
+        active.clear();
+        active.extend((0..jobs.len()).filter(|&k| jobs[k].len > 0 && !jobs[k].tokens.is_empty()));
+        feed.clear();
+        feed.extend(
+            active
+                .iter()
+                .map(|&k| jobs[k].tokens[jobs[k].tokens.len() - 1]),
+        );
         let nv = self.model.hp.n_vocab;
         while !active.is_empty() {
             self.batch.begin();
@@ -194,8 +204,11 @@ impl<B: Backend> DraftModel<B> {
             self.picker
                 .fetch(b, &self.state.logits, active.len(), nv, how)
                 .map_err(ModelError::from)?;
-            let (mut next, mut next_feed) = (Vec::new(), Vec::new());
-            for (i, &k) in active.iter().enumerate() {
+            // The jobs that go on, compacted in place (row i is read before slot i is
+            // written: w ≤ i).
+            let mut w = 0;
+            for i in 0..active.len() {
+                let k = active[i];
                 let j = &mut jobs[k];
                 *j.done += 1;
                 let t = self.picker.pick(i, &mut self.greedy, &[], None, None).token;
@@ -211,12 +224,15 @@ impl<B: Backend> DraftModel<B> {
                 }
                 j.out.push(t);
                 if j.out.len() < j.len {
-                    next.push(k);
-                    next_feed.push(t);
+                    (active[w], feed[w]) = (k, t);
+                    w += 1;
                 }
             }
-            (active, feed) = (next, next_feed);
+            active.truncate(w);
+            feed.truncate(w);
         }
+        // (An error above drops them: the next call makes them again.)
+        (self.active, self.feed) = (active, feed);
         Ok(())
     }
 }

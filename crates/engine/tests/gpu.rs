@@ -35,18 +35,6 @@ fn synth(preset: &str, ty: &str) -> Arc<GgufFile> {
     Arc::new(GgufFile::open(&path).unwrap())
 }
 
-fn ids(n: usize, seed: u64, vocab: u32) -> Vec<u32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replay_equals_eager_bit_for_bit() {
@@ -73,7 +61,7 @@ fn graph_replay_equals_eager_bit_for_bit() {
     .unwrap();
     let mut eager = ModelRunner::new(be, &f, &opts).unwrap();
     let nv = graphs.n_vocab() as u32;
-    let prompt = ids(12, 3, nv);
+    let prompt = common::ids(12, 3, nv);
     let a = graphs.eval(&prompt, 0, Want::Last).unwrap().to_vec();
     let b = eager.eval(&prompt, 0, Want::Last).unwrap().to_vec();
     assert_eq!(
@@ -81,7 +69,7 @@ fn graph_replay_equals_eager_bit_for_bit() {
         b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
         "prompt step"
     );
-    for (i, &t) in ids(24, 5, nv).iter().enumerate() {
+    for (i, &t) in common::ids(24, 5, nv).iter().enumerate() {
         let pos = prompt.len() + i;
         let a = graphs.eval(&[t], pos, Want::Last).unwrap().to_vec();
         let b = eager.eval(&[t], pos, Want::Last).unwrap().to_vec();
@@ -111,7 +99,11 @@ fn batch_invariant() -> CudaBackend {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn batched_serving_on_the_gpu_equals_solo_runs() {
-    let prompts = |nv| (0..6).map(|i| ids(5 + 7 * i, 100 + i as u64, nv)).collect();
+    let prompts = |nv| {
+        (0..6)
+            .map(|i| common::ids(5 + 7 * i, 100 + i as u64, nv))
+            .collect()
+    };
     serving_equals_solo(model(), batch_invariant, prompts, 128);
 }
 
@@ -126,7 +118,7 @@ fn default_serving_of_the_int8_types_equals_solo_runs() {
     for ty in ["Q8_0", "Q4_0", "Q4_1"] {
         let prompts = |nv| {
             (0..16)
-                .map(|i| ids(3 + 13 * i, 300 + i as u64, nv))
+                .map(|i| common::ids(3 + 13 * i, 300 + i as u64, nv))
                 .collect()
         };
         serving_equals_solo(synth("smollm2-135m", ty), default_backend, prompts, 64);
@@ -146,11 +138,11 @@ fn load_equals_alone(f: Arc<GgufFile>, label: &str, widths: &[usize], kv_blocks:
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let nv = vocab(&f);
     let most = *widths.iter().max().unwrap();
-    let shared = ids(48, 999, nv);
+    let shared = common::ids(48, 999, nv);
     let reqs: Vec<Request> = (0..most)
         .map(|i| {
             let mut prompt = if i % 3 == 0 { shared.clone() } else { vec![] };
-            prompt.extend(ids(2 + (i * 7) % 37, 500 + i as u64, nv));
+            prompt.extend(common::ids(2 + (i * 7) % 37, 500 + i as u64, nv));
             let sampling = if i % 4 == 1 {
                 SamplerParams {
                     seed: 1000 + i as u64,
@@ -350,7 +342,7 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
         });
         let mut cpu = ModelRunner::new(cpu_be, &f, &opts).unwrap();
         let nv = gpu.n_vocab() as u32;
-        let prompt = ids(40, 11, nv);
+        let prompt = common::ids(40, 11, nv);
         let a = gpu.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
         let b = cpu.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
         assert!(a.iter().all(|x| x.is_finite()), "{preset} {ty}");
@@ -365,7 +357,7 @@ fn parity_mode_equals_the_cpu_bit_for_bit() {
             "{preset} {ty}: {differ} of {} prompt logits differ",
             a.len()
         );
-        for (i, &t) in ids(6, 9, nv).iter().enumerate() {
+        for (i, &t) in common::ids(6, 9, nv).iter().enumerate() {
             let pos = prompt.len() + i;
             let a = gpu.eval(&[t], pos, Want::Last).unwrap().to_vec();
             let b = cpu.eval(&[t], pos, Want::Last).unwrap().to_vec();
@@ -400,7 +392,7 @@ fn steps_allocate_no_scratch_after_load() {
         let at_load = r.backend.mem_stats().workspace;
         assert!(at_load > 0, "nothing reserved");
         let nv = r.n_vocab() as u32;
-        let prompt = ids(300, 5, nv);
+        let prompt = common::ids(300, 5, nv);
         r.eval(&prompt, 0, Want::From(296)).unwrap();
         let mut sampler = quiver_engine::Sampler::new(SamplerParams {
             temperature: 0.7,
@@ -442,7 +434,7 @@ fn constrained_requests_on_the_gpu_agree_alone_together_and_on_the_host() {
     let h =
         quiver_engine::start_serving(batch_invariant, f.clone(), tok, so, "synth".into()).unwrap();
     let prompts: Vec<Vec<u32>> = (0..6)
-        .map(|i| ids(5 + 7 * i, 300 + i as u64, 49152))
+        .map(|i| common::ids(5 + 7 * i, 300 + i as u64, 49152))
         .collect();
     constrained::agree(&h, &g, &prompts, |ids| constrained::spell(&words, ids));
 }

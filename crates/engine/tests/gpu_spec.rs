@@ -50,24 +50,12 @@ fn start(f: &Arc<GgufFile>, spec: SpecConfig, kv_blocks: usize) -> EngineHandle 
     quiver_engine::start_serving(backend, f.clone(), tok, so, "synth".into()).unwrap()
 }
 
-fn ids(n: usize, seed: u64, vocab: u32) -> Vec<u32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
-}
-
 /// Twelve requests: random prompts, every third a block that repeats (prompt lookup finds it),
 /// even ones greedy, odd ones sampled at 0.8 with their own seed, 24 tokens each.
 fn requests() -> Vec<Request> {
     (0..12)
         .map(|i| {
-            let mut p = ids(4 + 5 * i, 70 + i as u64, 49152);
+            let mut p = common::ids(4 + 5 * i, 70 + i as u64, 49152);
             if i % 3 == 0 {
                 p = p.iter().chain(&p).chain(&p).copied().collect();
             }
@@ -176,7 +164,7 @@ fn single_sequence_speculation_on_the_gpu_gives_the_tokens_of_plain_generation()
         max_tokens: 40,
         ..Default::default()
     };
-    let prompt: Vec<u32> = ids(16, 5, 49152).repeat(3);
+    let prompt: Vec<u32> = common::ids(16, 5, 49152).repeat(3);
     for i in [0u64, 3] {
         let sampling = || {
             Sampler::new(if i == 0 {

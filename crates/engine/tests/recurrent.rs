@@ -232,12 +232,12 @@ fn served_together_equals_alone() {
     }
 }
 
-#[test]
-fn moe_served_together_equals_alone_under_preemption() {
-    let f = synth_moe();
+/// `f`'s requests served together in 6 blocks of 16 tokens (requests of up to 62 tokens each:
+/// the newest are preempted and computed again from their first token) give their tokens alone.
+fn preempted_requests_lose_nothing_on(f: &Arc<GgufFile>) {
     let ps = prompts();
-    let want = solo(&f, &ps);
-    let h = start(&f, 6, 4);
+    let want = solo(f, &ps);
+    let h = start(f, 6, 4);
     let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
     for (i, rx) in rxs.into_iter().enumerate() {
         let (got, _) = collect(rx);
@@ -246,18 +246,13 @@ fn moe_served_together_equals_alone_under_preemption() {
 }
 
 #[test]
+fn moe_served_together_equals_alone_under_preemption() {
+    preempted_requests_lose_nothing_on(&synth_moe());
+}
+
+#[test]
 fn preempted_requests_lose_nothing() {
-    let f = file();
-    let ps = prompts();
-    let want = solo(&f, &ps);
-    // 6 blocks of 16 tokens for requests of up to 62 tokens each: the newest are preempted
-    // and computed again from their first token.
-    let h = start(&f, 6, 4);
-    let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
-    for (i, rx) in rxs.into_iter().enumerate() {
-        let (got, _) = collect(rx);
-        same(&got, &want[i], i);
-    }
+    preempted_requests_lose_nothing_on(&file());
 }
 
 /// The single-sequence runner continues a recurrent state only where it ended (or from 0):

@@ -61,18 +61,6 @@ fn draft(file: Arc<GgufFile>, draft_max: usize) -> SpecConfig {
     }
 }
 
-fn ids(n: usize, seed: u64, vocab: u32) -> Vec<u32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
-}
-
 /// Eight requests: prompts of 3 to 66 tokens, the even ones greedy, the odd ones sampled at
 /// temperature 0.9 with their own seed, 32 tokens each.
 fn requests() -> Vec<Request> {
@@ -87,7 +75,7 @@ fn requests() -> Vec<Request> {
                     ..Default::default()
                 }
             };
-            common::request(&ids(3 + 9 * i, 7 + i as u64, 512), sampling, 32)
+            common::request(&common::ids(3 + 9 * i, 7 + i as u64, 512), sampling, 32)
         })
         .collect()
 }
@@ -249,8 +237,8 @@ fn single_sequence_speculation_gives_the_tokens_of_plain_generation() {
         ..Default::default()
     };
     // A prompt that repeats itself (prompt lookup finds it), then a second turn.
-    let first: Vec<u32> = ids(12, 5, 512).repeat(3);
-    let second = ids(9, 6, 512);
+    let first: Vec<u32> = common::ids(12, 5, 512).repeat(3);
+    let second = common::ids(9, 6, 512);
     let sampling = |i: u64| {
         if i == 0 {
             SamplerParams::greedy()

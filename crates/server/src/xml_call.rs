@@ -109,7 +109,7 @@ pub(crate) fn parameters(params: &Value) -> (Map<String, Value>, Vec<&str>) {
 /// The Lark rules of one call of each function in `fs` (name, parameters: an object schema,
 /// closed), as rule `call`; `%json` holds the values that are not strings to their schemas.
 /// `json_style`: the `x-guidance` options of those values.
-pub(crate) fn call_rules(fs: &[(&str, &Value)], json_style: &Value) -> String {
+fn call_rules(fs: &[(&str, &Value)], json_style: &Value) -> String {
     let lit = |t: &str| serde_json::to_string(t).expect("a string");
     let mut rules = String::new();
     let mut alts = Vec::new();

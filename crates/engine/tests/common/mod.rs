@@ -53,6 +53,20 @@ pub fn answers(h: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// `n` token ids below `vocab`, drawn by xorshift from `seed`.
+#[allow(dead_code)] // not every test binary makes prompts
+pub fn ids(n: usize, seed: u64, vocab: u32) -> Vec<u32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
 /// The real SmolLM2 test model (scripts/test fetches it).
 #[allow(dead_code)] // not every test binary opens it
 pub fn smollm2() -> Arc<GgufFile> {
