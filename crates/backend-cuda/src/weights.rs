@@ -187,7 +187,7 @@ impl CudaBackend {
         check("weight", row_bytes * rows == raw.len(), || {
             format!("{name}: {} bytes for {rows}×{cols} {ty}", raw.len())
         })?;
-        let data = self.alloc(raw.len(), name)?;
+        let data = self.alloc(raw.len() + crate::wmm::WEIGHT_SLACK, name)?;
         // Straight from the mapped file, in pieces so the progress bar moves.
         const PIECE: usize = 64 << 20;
         for (i, chunk) in raw.chunks(PIECE).enumerate() {
