@@ -11,21 +11,22 @@
 //
 // The activations come permuted and tiled (f16_permute, ops.cu): within each stage of 128
 // columns, position 16s + kk holds the value qmm's step s takes at k position kk, and 16-byte
-// piece c of every token (c over the padded row, 16 a stage) lies at (c · np + t) · 16 bytes,
-// np the token count rounded up to 128. So a stage's tile (tokens n0..n0+BN-1) is 16 runs of
-// BN · 16 contiguous bytes, and copied run by run it sits in shared memory in the canonical
-// no-swizzle K-major layout wgmma reads: core matrix (kc, ng) — positions 8kc..8kc+7 of tokens
-// 8ng..8ng+7 — at (kc · BN/8 + ng) · 128 bytes; step s reads kc = 2s, 2s + 1 (leading byte
-// offset BN/8 · 128 between them, stride 128 between groups of 8 tokens). Tokens past n are
-// read from the padding and give results that are never stored (a token's column of the
-// product is its own).
+// piece c of every token (c over the padded row, 16 a stage) lies at (c · n + t) · 16 bytes. A
+// stage's tile (tokens n0..n0+BN-1) is one box of a 3-D tensor map (8 halves × tokens ×
+// pieces), which the tensor memory accelerator (TMA) writes in the canonical no-swizzle K-major
+// layout wgmma reads: core matrix (kc, ng) — positions 8kc..8kc+7 of tokens 8ng..8ng+7 — at
+// (kc · BN/8 + ng) · 128 bytes; step s reads kc = 2s, 2s + 1 (leading byte offset BN/8 · 128
+// between them, stride 128 between groups of 8 tokens). Tokens past n come as zeros.
+// The weights' windows (qmm_copy_w's bytes, from the 16-byte boundary at or below the stage's
+// bytes) are one box of a 2-D tensor map over the rows (4-byte units, rows a multiple of 16
+// bytes: wmm_fits); bytes past a row's end and rows past `rows` come as zeros.
 //
-// Pipeline (warp-specialized): a producer warp sends each stage's copies as bulk copies (the
-// 16 activation runs and each weight row's window, qmm_copy_w's bytes) that complete on the
-// stage's `full` barrier, NST stages ahead, reusing a buffer once every consumer warp has
-// arrived on its `empty` barrier. Each consumer warpgroup issues stage j's 8 wgmma and, while
-// they run, waits for stage j + 1 and dequantizes its fragments into the other register set;
-// then it waits for its products and releases stage j. No block barrier in the loop.
+// Pipeline (warp-specialized): one thread of the producer warp sends each stage's two tensor
+// copies, completing on the stage's `full` barrier, NST stages ahead, reusing a buffer once
+// every consumer warp has arrived on its `empty` barrier. Each consumer warpgroup issues stage
+// j's 8 wgmma and, while they run, waits for stage j + 1 and dequantizes its fragments into the
+// other register set; then it waits for its products and releases stage j. No block barrier in
+// the loop.
 //
 // CTA: BM weight rows (64 or 128: one or two consumer warpgroups of 64, warp w rows
 // 16w..16w+15) × BN tokens (64 or 128), and the producer warp; the launcher picks the largest
@@ -107,13 +108,25 @@ __device__ __forceinline__ void mbar_wait(u64* b, u32 parity) {
         "r"(parity)
         : "memory");
 }
-// `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte aligned),
-// completing on `bar`.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes, u64* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
+// A tensor map (CUtensorMap: 128 opaque bytes, cuTensorMapEncodeTiled on the host), passed as
+// a __grid_constant__ parameter.
+struct __align__(64) TMap {
+    u64 v[16];
+};
+// The box at coordinates (c0, c1[, c2]) of tensor map `m` into shared `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_2d(void* dst, const TMap* m, int c0, int c1, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            smem_u32(dst)),
+        "l"((u64)m), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+        : "memory");
+}
+__device__ __forceinline__ void tma_3d(void* dst, const TMap* m, int c0, int c1, int c2, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(
+            smem_u32(dst)),
+        "l"((u64)m), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+        : "memory");
 }
 
 // A lane's fragments of stage j from its warp's windows (qmm_frag's values, the same bits), the
@@ -163,8 +176,8 @@ struct WmmSmem {
 };
 
 template <DeqFn DEQ, int BB, int BV, int BM, int BN>
-__device__ __forceinline__ void wmm_impl(const u8* __restrict__ W, long long row_bytes, int rows, int cols,
-                                         const u16* __restrict__ xp, int np, float* __restrict__ y, int n) {
+__device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u8* __restrict__ W, long long row_bytes,
+                                         int rows, int cols, float* __restrict__ y, int n) {
 #ifdef WMM_ON
     typedef QWin<BB, BV> Q;
     typedef WmmSmem<BB, BV, BM, BN> S;
@@ -187,19 +200,13 @@ __device__ __forceinline__ void wmm_impl(const u8* __restrict__ W, long long row
     if (warp == CW) {
         // The producer: stage st into buffer st % NST once its last use (stage st - NST) is
         // released.
-        const u8* xs = (const u8*)xp + (long long)n0 * 16;
-        for (int st = 0; st < nst; st++) {
-            const int b = st % NST;
-            if (st >= NST) mbar_wait(empty + b, ((st / NST) - 1) & 1);
-            if (lane == 0) mbar_expect(full + b, S::X + S::W);
-            __syncwarp();
-            if (lane < 16) bulk_copy(xbuf(b) + lane * BN * 16, xs + (long long)(st * 16 + lane) * np * 16, BN * 16, full + b);
-            u8* wb = wsm + NST * S::X + b * S::W;
-#pragma unroll
-            for (int i = 0; i < BM / 32; i++) {
-                const int r = lane + 32 * i;
-                const u8* row = W + (long long)min((int)blockIdx.y * BM + r, rows - 1) * row_bytes;
-                bulk_copy(wb + r * Q::WIN, (const u8*)((u64)(row + Q::start(st)) & ~15ull), Q::WIN, full + b);
+        if (lane == 0) {
+            for (int st = 0; st < nst; st++) {
+                const int b = st % NST;
+                if (st >= NST) mbar_wait(empty + b, ((st / NST) - 1) & 1);
+                mbar_expect(full + b, S::X + S::W);
+                tma_3d(xbuf(b), xm, 0, n0, 16 * st, full + b);
+                tma_2d(wsm + NST * S::X + b * S::W, wm, (Q::start(st) & ~15) / 4, (int)blockIdx.y * BM, full + b);
             }
         }
         return;
@@ -269,8 +276,8 @@ __device__ __forceinline__ void wmm_impl(const u8* __restrict__ W, long long row
 // picks from.
 template <class T, int BM, int BN>
 __global__ void __launch_bounds__(2 * BM + 32, 1)
-    wmm(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const u16* __restrict__ xp, int np,
-        float* __restrict__ y, int n) {
+    wmm(const __grid_constant__ TMap xm, const __grid_constant__ TMap wm, const u8* __restrict__ W, long long row_bytes,
+        int rows, int cols, float* __restrict__ y, int n) {
     pdl_begin();
-    wmm_impl<deqh<T>, T::BYTES, T::VALUES, BM, BN>(W, row_bytes, rows, cols, xp, np, y, n);
+    wmm_impl<deqh<T>, T::BYTES, T::VALUES, BM, BN>(&xm, &wm, W, row_bytes, rows, cols, y, n);
 }

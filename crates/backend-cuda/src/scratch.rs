@@ -95,8 +95,7 @@ impl CudaBackend {
         plan.push((|s| &mut s.xbf, n * cols * 2, "f16 activations"));
         if crate::wmm::wmm_arch(self.dev.info.arch) {
             let colsp = crate::wmm::permuted_cols(cols);
-            let np = crate::wmm::permuted_tokens(n);
-            plan.push((|s| &mut s.xperm, np * colsp * 2, "permuted activations"));
+            plan.push((|s| &mut s.xperm, n * colsp * 2, "permuted activations"));
         }
         if self.split_scratch() {
             plan.push((

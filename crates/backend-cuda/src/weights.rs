@@ -155,6 +155,7 @@ impl CudaBackend {
                 kernel,
                 blas: ty == GgmlType::F16 && self.blas.is_some(),
                 qmv_fits: crate::qmm::qmv_fits(kernel, cols),
+                wmm_fits: crate::wmm::wmm_fits(ty.row_bytes(cols as u64).unwrap_or(0) as usize),
             },
             self.cfg.pin,
         )
@@ -187,7 +188,7 @@ impl CudaBackend {
         check("weight", row_bytes * rows == raw.len(), || {
             format!("{name}: {} bytes for {rows}×{cols} {ty}", raw.len())
         })?;
-        let data = self.alloc(raw.len() + crate::wmm::WEIGHT_SLACK, name)?;
+        let data = self.alloc(raw.len(), name)?;
         // Straight from the mapped file, in pieces so the progress bar moves.
         const PIECE: usize = 64 << 20;
         for (i, chunk) in raw.chunks(PIECE).enumerate() {
