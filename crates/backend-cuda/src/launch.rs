@@ -156,6 +156,7 @@ mod tests {
             bt_off: 7,
             block_tables: 8,
             drows: 9,
+            state_slot: 10,
             block_size: 16,
         };
         let m = MmvMat {

@@ -242,6 +242,18 @@ fn wmm_pads_partial_stages_and_tiles() {
     assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
 }
 
+/// Qwen 3.5's gated delta net (kernels/delta.cu) and sigmoid_mul against the reference: three
+/// sequences in their own state slots, one fresh over a dirty slot.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn delta_net_keeps_each_sequence_in_its_slot_and_matches_reference() {
+    let mut rng = seeded_rng();
+    let mut be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
+    let notes = quiver_backend::testing::delta_net::delta_net(&mut be, &Cuda, &mut rng);
+    notes.print("delta_net");
+    assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
+}
+
 /// Router logits holding NaN: `n_used` distinct experts a token (moe_route), finite output.
 #[test]
 #[ignore = "needs a CUDA GPU"]
