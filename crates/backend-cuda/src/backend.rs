@@ -352,8 +352,8 @@ impl Backend for CudaBackend {
 
     /// Every extra op (src/extras.rs).
     fn supports(&self, op: ExtraOp) -> bool {
-        // Not yet: per-expert gate/up scales, Qwen 3.5 MoE's gate and up experts in one tensor.
-        !matches!(op, ExtraOp::MoeProductScales | ExtraOp::MoeGateUpFused)
+        // Not yet: per-expert gate/up scales.
+        !matches!(op, ExtraOp::MoeProductScales)
     }
 
     #[allow(clippy::too_many_arguments)]

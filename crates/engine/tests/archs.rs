@@ -230,8 +230,7 @@ fn gpu_matches_llama_cpp_on_every_architecture() {
         || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         gpu_bound,
         |preset, ty| gpu_bound(preset, ty).clamp(0.1, 0.7),
-        // No CUDA kernel for Qwen 3.5 MoE's fused gate/up experts yet.
-        &["tiny-qwen35moe"],
+        &[],
     );
 }
 
