@@ -94,6 +94,8 @@ struct BatchView {
     // The rows a kernel over a subset of the step takes (kvd in a mixed step: row i of its grid
     // is drows[i]); null: rows 0.. .
     const u32* drows;
+    // Per sequence: the slot of the model's recurrent state it reads and updates (delta.cu).
+    const u32* state_slot;
     u32 block_size;
 };
 

@@ -176,22 +176,25 @@ extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restri
 
 // The activations of wmm (wmm.cu): `n` f16 rows of `cols` (xh) as rows of `colsp` (whole stages
 // of 128 columns, zeros past `cols`), each stage permuted as qmm's steps take it: 16-byte piece c
-// (step c / 2, half c % 2) holds the pairs of columns 32g + 4·(c / 2) + 2·(c % 2) + {0, 1} for
-// the four 32-groups g. grid (ceil(n · colsp / 8 / 256)), block 256: a thread per piece.
-extern "C" __global__ void f16_permute(const u16* __restrict__ xh, u16* __restrict__ xp, int n, int cols, int colsp) {
+// (step c / 2, half c % 2, of stage c / 16) holds the pairs of columns 32g + 4·(c / 2) + 2·(c % 2)
+// + {0, 1} for the four 32-groups g; tiled: piece c of token t at (c · np + t) · 16 bytes (np ≥ n,
+// tokens n..np-1 left as they are). grid (ceil(n · colsp / 8 / 256)), block 256: a thread per
+// piece, consecutive threads consecutive tokens.
+extern "C" __global__ void f16_permute(const u16* __restrict__ xh, u16* __restrict__ xp, int n, int cols, int colsp,
+                                       int np) {
     pdl_begin();
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x, per = colsp / 8;
-    if (i >= n * per) return;
-    const long long t = i / per;
-    const int c = (int)(i - t * per), j = c >> 4, s = (c & 15) >> 1, h = c & 1;
-    const u16* src = xh + t * cols;
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= (long long)n * (colsp / 8)) return;
+    const int c = (int)(i / n), t = (int)(i - (long long)c * n);
+    const int j = c >> 4, s = (c & 15) >> 1, h = c & 1;
+    const u16* src = xh + (long long)t * cols;
     u32 v[4];
 #pragma unroll
     for (int g = 0; g < 4; g++) {
         const int col = j * 128 + 32 * g + 4 * s + 2 * h;
         v[g] = col < cols ? *(const u32*)(src + col) : 0u;
     }
-    *(uint4*)(xp + t * colsp + 8 * c) = make_uint4(v[0], v[1], v[2], v[3]);
+    *(uint4*)(xp + ((long long)c * np + t) * 8) = make_uint4(v[0], v[1], v[2], v[3]);
 }
 
 // Constrained decoding's masks: mask m's row (rows[m]) keeps column c only where bit c of its

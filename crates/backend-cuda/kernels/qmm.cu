@@ -398,16 +398,18 @@ __global__ void __launch_bounds__(32 * QMM_WARPS)
     qmm_impl<deqh<T>, T::BYTES, T::VALUES>(W, row_bytes, rows, cols, xh, y, n, blockIdx.x * QMM_BN);
 }
 // The experts' grouped product (MoE): tile i of the list (tiles[0] of them) is 64 tokens of one
-// expert e (tiles[1 + i] = e << 16 | chunk), its rows off[e].. of xh and y, its weights the e-th
-// [rows, cols] of W. grid (at most tiles, ceil(rows / 64)); other blocks return.
+// expert e (tiles[1 + i] = e << 16 | chunk), its rows off[e].. of xh and y, its weights the
+// [rows, cols] at row e · expert_rows of W (expert_rows = rows, or 2 · rows where an expert's gate
+// and up lie in one tensor). grid (at most tiles, ceil(rows / 64)); other blocks return.
 template <class T>
 __global__ void __launch_bounds__(32 * QMM_WARPS)
-    qmm_g(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const u16* __restrict__ xh,
-          float* __restrict__ y, const int* __restrict__ off, const int* __restrict__ tiles) {
+    qmm_g(const u8* __restrict__ W, long long row_bytes, long long expert_rows, int rows, int cols,
+          const u16* __restrict__ xh, float* __restrict__ y, const int* __restrict__ off,
+          const int* __restrict__ tiles) {
     pdl_begin();
     if ((int)blockIdx.x >= tiles[0]) return;
     const int tl = tiles[1 + blockIdx.x], e = tl >> 16, o = off[e];
-    qmm_impl<deqh<T>, T::BYTES, T::VALUES>(W + (long long)e * rows * row_bytes, row_bytes, rows, cols,
+    qmm_impl<deqh<T>, T::BYTES, T::VALUES>(W + (long long)e * expert_rows * row_bytes, row_bytes, rows, cols,
                                            xh + (long long)o * cols, y + (long long)o * rows, off[e + 1] - o,
                                            (tl & 0xffff) * QMM_BN);
 }

@@ -9,22 +9,29 @@
 // on `cols` only: a token's result is the same bits whatever the number of tokens, the tile it
 // falls in and the tile's width (BN, 64 or 128 tokens: the same per-element products).
 //
-// The activations come permuted (f16_permute, ops.cu: within each stage of 128 columns,
-// position 16s + kk holds the value qmm's step s takes at k position kk, the rows padded with
-// zeros to whole stages), so that wgmma's 8×8 core matrices are 16-byte pieces of a token's row.
-// A stage's tile sits in shared memory in the canonical no-swizzle K-major layout: core matrix
-// (kc, ng) — positions 8kc..8kc+7 of tokens 8ng..8ng+7 — at (kc · BN/8 + ng) · 128 bytes; step
-// s reads kc = 2s, 2s + 1 (leading byte offset BN/8 · 128 between them, stride 128 between
-// groups of 8 tokens).
+// The activations come permuted and tiled (f16_permute, ops.cu): within each stage of 128
+// columns, position 16s + kk holds the value qmm's step s takes at k position kk, and 16-byte
+// piece c of every token (c over the padded row, 16 a stage) lies at (c · n + t) · 16 bytes. A
+// stage's tile (tokens n0..n0+BN-1) is one box of a 3-D tensor map (8 halves × tokens ×
+// pieces), which the tensor memory accelerator (TMA) writes in the canonical no-swizzle K-major
+// layout wgmma reads: core matrix (kc, ng) — positions 8kc..8kc+7 of tokens 8ng..8ng+7 — at
+// (kc · BN/8 + ng) · 128 bytes; step s reads kc = 2s, 2s + 1 (leading byte offset BN/8 · 128
+// between them, stride 128 between groups of 8 tokens). Tokens past n come as zeros.
+// The weights' windows (qmm_copy_w's bytes, from the 16-byte boundary at or below the stage's
+// bytes) are one box of a 2-D tensor map over the rows (4-byte units, rows a multiple of 16
+// bytes: wmm_fits); bytes past a row's end and rows past `rows` come as zeros.
 //
-// Pipeline: every thread copies (cp.async) a share of the activations and its warp's weight
-// windows (qmm_copy_w), NST - 1 stages ahead; a warpgroup issues its stage's 8 wgmma and, while
-// they run, sends the copies of a later stage and dequantizes the next stage's fragments into
-// the other register set. One block barrier a stage.
+// Pipeline (warp-specialized): one thread of the producer warp sends each stage's two tensor
+// copies, completing on the stage's `full` barrier, NST stages ahead, reusing a buffer once
+// every consumer warp has arrived on its `empty` barrier. Each consumer warpgroup issues stage
+// j's 8 wgmma and, while they run, waits for stage j + 1 and dequantizes its fragments into the
+// other register set; then it waits for its products and releases stage j. No block barrier in
+// the loop.
 //
-// CTA: BM weight rows (64 or 128: one or two warpgroups of 64, warp w rows 16w..16w+15) × BN
-// tokens (64 or 128); the launcher picks the largest tile that still fills the device.
-//                              grid (ceil(n / BN), ceil(rows / BM)), block 2·BM, dynamic smem
+// CTA: BM weight rows (64 or 128: one or two consumer warpgroups of 64, warp w rows
+// 16w..16w+15) × BN tokens (64 or 128), and the producer warp; the launcher picks the largest
+// tile that still fills the device.
+//                      grid (ceil(n / BN), ceil(rows / BM)), block 2·BM + 32, dynamic smem
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WMM_ON 1
@@ -78,9 +85,6 @@ __device__ __forceinline__ void keep_a(u32 (*a)[4]) {
 #pragma unroll
         for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory");
 }
-__device__ __forceinline__ void fence_async_smem() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 
 // A shared-memory matrix descriptor, no swizzle: start, leading byte offset (the K direction),
 // stride byte offset (the M/N direction), all in 16-byte units.
@@ -88,72 +92,145 @@ __device__ __forceinline__ u64 wmm_desc(const void* p, u32 lbo, u32 sbo) {
     return (u64)((smem_u32(p) & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32);
 }
 
-// Stage j of the permuted activations (tokens n0..n0+BN-1) into `dst` as the canonical layout,
-// by TH threads.
-template <int BN, int TH>
-__device__ __forceinline__ void wmm_copy_x(u8* dst, const u16* __restrict__ xp, int colsp, int n, int n0,
-                                           int j) {
-#pragma unroll
-    for (int r = 0; r < BN * 16 / TH; r++) {
-        const int i = threadIdx.x + TH * r;
-        const int kc = (i >> 3) & 15, t = (i >> 7) * 8 + (i & 7);
-        const bool ok = n0 + t < n;
-        cp_async16(dst + ((kc * (BN / 8) + (t >> 3)) * 8 + (t & 7)) * 16,
-                   ok ? xp + (long long)(n0 + t) * colsp + j * QMM_BK + kc * 8 : xp, ok);
-    }
+// ---- mbarriers and bulk copies (the tensor memory accelerator's 1-D form) ----
+__device__ __forceinline__ void mbar_init(u64* b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect(u64* b, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u64* b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* b, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(smem_u32(b)),
+        "r"(parity)
+        : "memory");
+}
+// A tensor map (CUtensorMap: 128 opaque bytes, cuTensorMapEncodeTiled on the host), passed as
+// a __grid_constant__ parameter.
+struct __align__(64) TMap {
+    u64 v[16];
+};
+// The box at coordinates (c0, c1[, c2]) of tensor map `m` into shared `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_2d(void* dst, const TMap* m, int c0, int c1, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            smem_u32(dst)),
+        "l"((u64)m), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+        : "memory");
+}
+__device__ __forceinline__ void tma_3d(void* dst, const TMap* m, int c0, int c1, int c2, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(
+            smem_u32(dst)),
+        "l"((u64)m), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+        : "memory");
 }
 
-// The stage sizes: activations BN × 128 halves, weights BM rows × the window.
+// A lane's fragments of stage j from its warp's windows (qmm_frag's values, the same bits), the
+// rows' offsets in their windows fixed for the kernel: a[s] for step s. `FULL`: the stage's 128
+// columns are all in the row (every stage but a partial last one); else `ok` says whether this
+// lane's group is.
+template <DeqFn DEQ, class Q>
+struct WFrag {
+    u32 w0;        // row g's window in the warp's (row g + 8's: 8 windows on)
+    u32 ra0, ra1;  // the rows' start addresses mod 16
+    int q;
+    __device__ WFrag(const QRows& R) {
+        const int g = (threadIdx.x & 31) >> 2;
+        q = threadIdx.x & 3;
+        ra0 = (u32)(u64)R.row(g) & 15;
+        ra1 = (u32)(u64)R.row(g + 8) & 15;
+        w0 = g * Q::WIN;
+    }
+    template <bool FULL>
+    __device__ __forceinline__ void frag(u32 (*a)[4], const u8* wins, int j, bool ok) const {
+        const int grp = Q::group(j, q);
+        const u32 st = (u32)Q::start(j);
+        u32 hv[16];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const u32 off = ((h ? ra1 : ra0) + st) & 15;
+            DEQ(wins + w0 + h * 8 * Q::WIN + off, grp, hv);
+#pragma unroll
+            for (int s = 0; s < 8; s++) {
+                a[s][h] = FULL || ok ? hv[2 * s] : 0u;
+                a[s][2 + h] = FULL || ok ? hv[2 * s + 1] : 0u;
+            }
+        }
+    }
+};
+
+// The stage sizes: activations BN × 128 halves, weights BM rows × the window; after the stages,
+// a full and an empty barrier per stage.
 template <int BB, int BV, int BM, int BN>
 struct WmmSmem {
     static constexpr int X = BN * QMM_BK * 2;
     static constexpr int W = BM * QWin<BB, BV>::WIN;
+    static constexpr int FIT = 227 * 1024 - 64;
     // Stages in flight: 4 where they fit the 227 KiB a block may take, else fewer.
-    static constexpr int NST = 4 * (X + W) <= 227 * 1024 ? 4 : 3 * (X + W) <= 227 * 1024 ? 3 : 2;
-    static constexpr int BYTES = NST * (X + W);
+    static constexpr int NST = 4 * (X + W) <= FIT ? 4 : 3 * (X + W) <= FIT ? 3 : 2;
+    static constexpr int BYTES = NST * (X + W) + 64;
 };
 
 template <DeqFn DEQ, int BB, int BV, int BM, int BN>
-__device__ __forceinline__ void wmm_impl(const u8* __restrict__ W, long long row_bytes, int rows, int cols,
-                                         const u16* __restrict__ xp, float* __restrict__ y, int n) {
+__device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u8* __restrict__ W, long long row_bytes,
+                                         int rows, int cols, float* __restrict__ y, int n) {
 #ifdef WMM_ON
     typedef QWin<BB, BV> Q;
     typedef WmmSmem<BB, BV, BM, BN> S;
-    constexpr int TH = 2 * BM;
-    constexpr int NST = S::NST;
+    constexpr int NST = S::NST, CW = 2 * BM / 32;  // consumer warps
     extern __shared__ __align__(128) u8 wsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, q = lane & 3;
     const int n0 = blockIdx.x * BN;
-    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * BM + warp * 16, rows};
-    const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK, colsp = nst * QMM_BK;
+    const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
+    u64* full = (u64*)(wsm + NST * (S::X + S::W));
+    u64* empty = full + NST;
     auto xbuf = [&](int b) { return wsm + b * S::X; };
-    auto wbuf = [&](int b) { return wsm + NST * S::X + (b * (BM / 16) + warp) * 16 * Q::WIN; };
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < NST; b++) {
+            mbar_init(full + b, 1);
+            mbar_init(empty + b, CW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == CW) {
+        // The producer: stage st into buffer st % NST once its last use (stage st - NST) is
+        // released.
+        if (lane == 0) {
+            for (int st = 0; st < nst; st++) {
+                const int b = st % NST;
+                if (st >= NST) mbar_wait(empty + b, ((st / NST) - 1) & 1);
+                mbar_expect(full + b, S::X + S::W);
+                tma_3d(xbuf(b), xm, 0, n0, 16 * st, full + b);
+                tma_2d(wsm + NST * S::X + b * S::W, wm, (Q::start(st) & ~15) / 4, (int)blockIdx.y * BM, full + b);
+            }
+        }
+        return;
+    }
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * BM + warp * 16, rows};
+    auto wbuf = [&](int b) { return wsm + NST * S::X + b * S::W + warp * 16 * Q::WIN; };
+    const WFrag<DEQ, Q> wf(R);
+    // Stages whose 128 columns all lie in the rows: every one but a partial last.
+    const int nfull = ng / 4;
+    auto frag = [&](u32 (*a)[4], int j) {
+        mbar_wait(full + j % NST, (j / NST) & 1);
+        if (j < nfull)
+            wf.template frag<true>(a, wbuf(j % NST), j, true);
+        else
+            wf.template frag<false>(a, wbuf(j % NST), j, 4 * j + wf.q < ng);
+    };
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.f;
-    // Stages 0..NST-2 in flight; stage j (j ≥ 0) sends stage j + NST - 1 into the buffers that
-    // stage j - 1 used, once every warpgroup is past stage j - 1's products.
-#pragma unroll
-    for (int st = 0; st < NST - 1; st++) {
-        if (st < nst) {
-            wmm_copy_x<BN, TH>(xbuf(st), xp, colsp, n, n0, st);
-            qmm_copy_w<Q>(wbuf(st), R, st);
-        }
-        cp_async_commit();
-    }
     u32 a0[8][4], a1[8][4];
-    cp_async_wait<NST - 2>();
-    __syncwarp();
-    qmm_frag<DEQ, Q>(a0, wbuf(0), R, 0, ng);
-    // Stage j: its products from `cur`; while they run, the copies of stage j + NST - 1 and
-    // the next stage's fragments into `nxt`.
+    frag(a0, 0);
+    // Stage j: its products from `cur`; while they run, the next stage's fragments into `nxt`;
+    // then stage j's buffers are released.
     auto stage = [&](u32 (*cur)[4], u32 (*nxt)[4], int j) {
-        // Every thread's copies of stage j are complete (waited for before its fragments):
-        // visible to the tensor cores' reads once all have passed the barrier, which also
-        // finds every warpgroup done with stage j - 1's buffers.
-        fence_async_smem();
-        __syncthreads();
         wg_fence();
         keep_f<BN / 2>(d);
         keep_a(cur);
@@ -168,27 +245,19 @@ __device__ __forceinline__ void wmm_impl(const u8* __restrict__ W, long long row
         }
         wg_commit();
         keep_f<BN / 2>(d);
-        const int st = j + NST - 1, b = st % NST;
-        if (st < nst) {
-            wmm_copy_x<BN, TH>(xbuf(b), xp, colsp, n, n0, st);
-            qmm_copy_w<Q>(wbuf(b), R, st);
-        }
-        cp_async_commit();
-        if (j + 1 < nst) {
-            // A warp's weight windows are its own copies.
-            cp_async_wait<NST - 2>();
-            __syncwarp();
-            qmm_frag<DEQ, Q>(nxt, wbuf((j + 1) % NST), R, j + 1, ng);
-        }
+        if (j + 1 < nst) frag(nxt, j + 1);
         wg_wait0();
         keep_f<BN / 2>(d);
         keep_a(cur);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + j % NST);
     };
     for (int j = 0; j < nst; j += 2) {
         stage(a0, a1, j);
         if (j + 1 < nst) stage(a1, a0, j + 1);
     }
     // d: for n8 tile i, (row g, tokens 8i + 2q, +1), (row g + 8, the same tokens).
+    const int g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int i = 0; i < BN / 8; i++) {
         const int t = n0 + 8 * i + 2 * q;
@@ -206,9 +275,9 @@ __device__ __forceinline__ void wmm_impl(const u8* __restrict__ W, long long row
 // The kernels of a type T (registry.rs `kernels`): wmm<T, BM, BN> for the tiles the launcher
 // picks from.
 template <class T, int BM, int BN>
-__global__ void __launch_bounds__(2 * BM, 1)
-    wmm(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const u16* __restrict__ xp,
-        float* __restrict__ y, int n) {
+__global__ void __launch_bounds__(2 * BM + 32, 1)
+    wmm(const __grid_constant__ TMap xm, const __grid_constant__ TMap wm, const u8* __restrict__ W, long long row_bytes,
+        int rows, int cols, float* __restrict__ y, int n) {
     pdl_begin();
-    wmm_impl<deqh<T>, T::BYTES, T::VALUES, BM, BN>(W, row_bytes, rows, cols, xp, y, n);
+    wmm_impl<deqh<T>, T::BYTES, T::VALUES, BM, BN>(&xm, &wm, W, row_bytes, rows, cols, y, n);
 }

@@ -352,14 +352,34 @@ impl Backend for CudaBackend {
 
     /// Every extra op (src/extras.rs).
     fn supports(&self, op: ExtraOp) -> bool {
-        // No kernels for the gated delta net (Qwen 3.5) yet: such models are refused at load.
-        !matches!(
-            op,
-            ExtraOp::MoeProductScales
-                | ExtraOp::DeltaNet
-                | ExtraOp::SigmoidMul
-                | ExtraOp::MoeGateUpFused
-        )
+        // Not yet: per-expert gate/up scales.
+        !matches!(op, ExtraOp::MoeProductScales)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        step: &Step<CudaStep>,
+        p: &quiver_backend::DeltaNetParams,
+        w: quiver_backend::DeltaNetWeights<'_, CudaWeight>,
+        qkv: &mut CudaBuf,
+        alpha: &CudaBuf,
+        beta: &CudaBuf,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.delta_net_kernel(step, p, w, qkv, alpha, beta, state, out)
+    }
+
+    fn sigmoid_mul(
+        &self,
+        x: &mut CudaBuf,
+        gate: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        per_row: bool,
+    ) -> Result<()> {
+        self.sigmoid_mul_kernel(x, gate, rows, cols, per_row)
     }
 
     fn scale(&self, x: &mut CudaBuf, s: f32, n: usize) -> Result<()> {

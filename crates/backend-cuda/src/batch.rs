@@ -19,7 +19,7 @@ pub(crate) struct BatchLayout {
 
 impl BatchLayout {
     fn words(&self) -> usize {
-        5 * self.cap_t + 2 * self.cap_s + self.cap_bt
+        5 * self.cap_t + 3 * self.cap_s + self.cap_bt
     }
 }
 
@@ -38,6 +38,8 @@ pub(crate) struct BatchView {
     /// The rows a kernel launched over a subset of the step takes (0: rows 0..): the decode
     /// rows of a mixed step for the KV-group kernel.
     pub(crate) drows: u64,
+    /// Per sequence, its slot of the recurrent state (SeqSpan::state_slot).
+    pub(crate) state_slot: u64,
     pub(crate) block_size: u32,
 }
 
@@ -53,6 +55,7 @@ impl Default for BatchView {
             bt_off: 0,
             block_tables: 0,
             drows: 0,
+            state_slot: 0,
             block_size: 1,
         }
     }
@@ -273,7 +276,7 @@ impl CudaBackend {
         let (ct, cs) = (l.cap_t, l.cap_s);
         let h = &mut s.host;
         h.clear();
-        h.resize(5 * ct + 2 * cs + bt_total, 0);
+        h.resize(5 * ct + 3 * cs + bt_total, 0);
         let dummy = n_seqs as u32;
         for t in 0..rows {
             if t < n {
@@ -294,7 +297,8 @@ impl CudaBackend {
         for (si, sq) in batch.seqs.iter().enumerate() {
             h[5 * ct + si] = sq.kv_len as u32;
             h[5 * ct + cs + si] = off;
-            let b = 5 * ct + 2 * cs + off as usize;
+            h[5 * ct + 2 * cs + si] = sq.state_slot;
+            let b = 5 * ct + 3 * cs + off as usize;
             h[b..b + sq.block_table.len()].copy_from_slice(&sq.block_table);
             off += sq.block_table.len() as u32;
         }
@@ -312,7 +316,8 @@ impl CudaBackend {
             logit_rows: at(4 * ct),
             kv_len: at(5 * ct),
             bt_off: at(5 * ct + cs),
-            block_tables: at(5 * ct + 2 * cs),
+            state_slot: at(5 * ct + 2 * cs),
+            block_tables: at(5 * ct + 3 * cs),
             drows: 0,
             block_size: batch.block_size as u32,
         };

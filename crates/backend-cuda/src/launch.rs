@@ -15,7 +15,7 @@ pub(crate) struct Args {
 }
 
 /// Room for a launch's arguments, on the stack (no allocation per launch).
-const ARG_WORDS: usize = 40;
+const ARG_WORDS: usize = 64;
 const MAX_ARGS: usize = 24;
 
 impl Default for Args {
@@ -156,6 +156,7 @@ mod tests {
             bt_off: 7,
             block_tables: 8,
             drows: 9,
+            state_slot: 10,
             block_size: 16,
         };
         let m = MmvMat {

@@ -24,6 +24,7 @@ mod backend;
 mod batch;
 mod config;
 mod context;
+mod delta;
 mod dev;
 mod embed;
 mod exact;

@@ -27,12 +27,23 @@ impl CudaBackend {
     ) -> Result<()> {
         let d = w.router.cols;
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
+        // Gate and up in one tensor (Qwen 3.5 MoE): each expert's 2·ff rows, the gate's first.
+        let fused = std::ptr::eq(w.gate, w.up);
+        let expert_rows = if fused { 2 * ff } else { ff };
+        let (gate_ptr, up_ptr) = if fused {
+            (
+                w.gate.data.ptr,
+                w.gate.data.ptr + (ff * w.gate.row_bytes) as u64,
+            )
+        } else {
+            (w.gate.data.ptr, w.up.data.ptr)
+        };
         let sizes = p.scratch_floats(rows, d);
         check(
             "moe",
             w.router.rows == ne
-                && w.gate.rows == ne * ff
-                && w.up.rows == ne * ff
+                && w.gate.rows == ne * expert_rows
+                && w.up.rows == ne * expert_rows
                 && w.gate.cols == d
                 && w.gate.ty == w.up.ty
                 && w.down.rows == ne * d
@@ -134,12 +145,24 @@ impl CudaBackend {
                     args![x.ptr(), pos, xh, k as i32, d as i32],
                 )?;
                 let max_tiles = (rows * k).div_ceil(QMM_BN) + ne;
-                self.qmm_grouped(w.gate, ff, xh, s.gate.ptr(), off, tiles, max_tiles)?;
-                self.qmm_grouped(w.up, ff, xh, s.up.ptr(), off, tiles, max_tiles)?;
+                let er = expert_rows;
+                self.qmm_grouped(
+                    w.gate,
+                    gate_ptr,
+                    er,
+                    ff,
+                    xh,
+                    s.gate.ptr(),
+                    off,
+                    tiles,
+                    max_tiles,
+                )?;
+                self.qmm_grouped(w.up, up_ptr, er, ff, xh, s.up.ptr(), off, tiles, max_tiles)?;
                 self.glu_fast(p.act, s.gate, s.up, rows * k * ff, s.act)?;
                 let ah = s.gate.ptr();
                 self.to_half_plain(s.act.ptr(), ah, rows * k * ff)?;
-                self.qmm_grouped(w.down, d, ah, s.ys.ptr(), off, tiles, max_tiles)?;
+                let down = w.down.data.ptr;
+                self.qmm_grouped(w.down, down, d, d, ah, s.ys.ptr(), off, tiles, max_tiles)?;
                 return self.moe_sum(&s, pos, scale, out, k, d, rows);
             }
             self.launch(
@@ -155,10 +178,10 @@ impl CudaBackend {
                 (ff.div_ceil(WARPS) as u32, ne as u32, 1),
                 (32, WARPS as u32, 1),
                 args![
-                    w.gate.data.ptr,
-                    w.up.data.ptr,
+                    gate_ptr,
+                    up_ptr,
                     w.gate.row_bytes as i64,
-                    ff as i64,
+                    expert_rows as i64,
                     off,
                     s.xs.ptr(),
                     s.act.ptr(),
@@ -198,10 +221,10 @@ impl CudaBackend {
                 (ff.div_ceil(WARPS) as u32, pairs, 1),
                 (32, WARPS as u32, 1),
                 args![
-                    w.gate.data.ptr,
-                    w.up.data.ptr,
+                    gate_ptr,
+                    up_ptr,
                     w.gate.row_bytes as i64,
-                    ff as i64,
+                    expert_rows as i64,
                     s.routes.ptr(),
                     q,
                     dq,
@@ -242,10 +265,10 @@ impl CudaBackend {
                 (ff.div_ceil(WARPS) as u32, pairs, 1),
                 (32, WARPS as u32, 1),
                 args![
-                    w.gate.data.ptr,
-                    w.up.data.ptr,
+                    gate_ptr,
+                    up_ptr,
                     w.gate.row_bytes as i64,
-                    ff as i64,
+                    expert_rows as i64,
                     s.routes.ptr(),
                     x.ptr(),
                     s.act.ptr(),

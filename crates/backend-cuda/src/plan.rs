@@ -126,6 +126,8 @@ pub struct WeightKey {
     pub blas: bool,
     /// qmv's shared memory fits the device for the weight's width.
     pub qmv_fits: bool,
+    /// wmm's tensor map can step the weight's rows (`wmm::wmm_fits`).
+    pub wmm_fits: bool,
 }
 
 /// A weight's row of the table: the family of each (kind, bucket).
@@ -152,7 +154,7 @@ impl ProductRow {
             Product::Imv | Product::Imm => registry::int8_mma(w.kernel),
             Product::Blas => w.blas,
             Product::Qmv => w.qmv_fits,
-            Product::Wmm => crate::wmm::wmm_arch(arch),
+            Product::Wmm => crate::wmm::wmm_arch(arch) && w.wmm_fits,
             _ => true,
         };
         if let Some(p) = pin.filter(|&p| has(p)) {
@@ -210,7 +212,7 @@ impl ProductRow {
             };
             // Prompt rows (a kind of their own only with the invariant numerics) on Hopper's
             // warpgroup kernel at every count: one order however a prompt is chunked.
-            let prompt = if invariant && crate::wmm::wmm_arch(arch) {
+            let prompt = if invariant && crate::wmm::wmm_arch(arch) && w.wmm_fits {
                 Product::Wmm
             } else {
                 prompt
@@ -436,6 +438,7 @@ pub fn table(
             kernel,
             blas: blas && ty == quiver_gguf::GgmlType::F16,
             qmv_fits,
+            wmm_fits: crate::wmm::wmm_fits(ty.row_bytes(cols as u64).unwrap_or(0) as usize),
         };
         let label = if qmv_fits {
             ty.to_string()
@@ -472,6 +475,7 @@ mod tests {
                 kernel,
                 blas: kernel == "f16",
                 qmv_fits: true,
+                wmm_fits: true,
             },
         )
     }
@@ -496,6 +500,7 @@ mod tests {
                 kernel: "q4_k",
                 blas: false,
                 qmv_fits: true,
+                wmm_fits: true,
             },
         );
         assert_eq!(ada.get(Kind::Prompt, 1), Qmm { split: false });
@@ -515,6 +520,7 @@ mod tests {
                 kernel: "q5_k",
                 blas: false,
                 qmv_fits: false,
+                wmm_fits: true,
             },
         );
         assert!(!wide.invariant());

@@ -111,11 +111,14 @@ impl CudaBackend {
 
     /// The experts' grouped product (MoE prompts, `moe_qmm`): for every tile of the list at
     /// `tiles` (kernels/ops.cu `moe_tiles`), 64 sorted pairs of one expert, y = xh · that
-    /// expert's `rows` × `w.cols` weights (kernels/qmm.cu `qmm_g_T`); at most `max_tiles`.
+    /// expert's `rows` × `w.cols` weights (kernels/qmm.cu `qmm_g_T`), expert e's at row
+    /// e · `expert_rows` from `base` (in `w`'s buffer); at most `max_tiles`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn qmm_grouped(
         &self,
         w: &CudaWeight,
+        base: u64,
+        expert_rows: usize,
         rows: usize,
         xh: u64,
         y: u64,
@@ -130,8 +133,9 @@ impl CudaBackend {
             (QMM_THREADS, 1, 1),
             qmm_smem(w).0 as u32,
             args![
-                w.data.ptr,
+                base,
                 w.row_bytes as i64,
+                expert_rows as i64,
                 rows as i32,
                 w.cols as i32,
                 xh,

@@ -15,6 +15,7 @@ const QUANT: &str = include_str!("../kernels/quant.cu");
 const WMM: &str = include_str!("../kernels/wmm.cu");
 const MMV: &str = include_str!("../kernels/mmv.cu");
 const OPS: &str = include_str!("../kernels/ops.cu");
+const DELTA: &str = include_str!("../kernels/delta.cu");
 const FLASH: &str = include_str!("../kernels/flash.cu");
 const EXACT: &str = include_str!("../kernels/exact.cu");
 const QMM: &str = include_str!("../kernels/qmm.cu");
@@ -118,6 +119,10 @@ fn kvq_pair(module: &str) -> Option<(KvType, KvType)> {
 
 /// The ops module's kernels (`extern "C"`, by their own names).
 const OPS_KERNELS: &[&str] = &[
+    "dn_conv",
+    "dn_norm",
+    "dn_rule",
+    "sigmoid_mul",
     "rms_norm",
     "rope_kv_write",
     "glu",
@@ -286,7 +291,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
 pub fn module_source(module: &str) -> Option<String> {
     let files: Vec<(&str, &str)> = match module {
         m if kvq_pair(m).is_some() => vec![("kvq.cu", KVQ), ("flash.cu", FLASH)],
-        "ops" => vec![("ops.cu", OPS)],
+        "ops" => vec![("ops.cu", OPS), ("delta.cu", DELTA)],
         // The parity mode's embedding kernels use quant.cu's dequantizers.
         "exact" => vec![("quant.cu", QUANT), ("exact.cu", EXACT)],
         m => {
@@ -650,8 +655,9 @@ impl Registry {
 mod tests {
     use super::*;
 
-    const FILES: [(&str, &str); 10] = [
+    const FILES: [(&str, &str); 11] = [
         ("quant.cu", QUANT),
+        ("delta.cu", DELTA),
         ("wmm.cu", WMM),
         ("mmv.cu", MMV),
         ("mmvq.cu", MMVQ),

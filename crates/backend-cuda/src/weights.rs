@@ -155,6 +155,7 @@ impl CudaBackend {
                 kernel,
                 blas: ty == GgmlType::F16 && self.blas.is_some(),
                 qmv_fits: crate::qmm::qmv_fits(kernel, cols),
+                wmm_fits: crate::wmm::wmm_fits(ty.row_bytes(cols as u64).unwrap_or(0) as usize),
             },
             self.cfg.pin,
         )

@@ -1,15 +1,16 @@
 //! Hopper's warpgroup products over the GGUF blocks (kernels/wmm.cu, sm_90a): prompt rows on
 //! wgmma, over activations permuted for it (`f16_permute`, ops.cu), in tiles of 64 or 128
 //! weight rows × 64 or 128 tokens (a token's results are the same bits in any tile); their
-//! launch shapes and shared memory.
+//! launch shapes, shared memory and tensor maps.
 
 use crate::launch::grid1;
+use cudarc::driver::sys as ds;
 use crate::weights::CudaWeight;
 use crate::{registry, CudaBackend};
 use quiver_backend::Result;
 
 /// The tiles (weight rows, tokens), largest first: the launcher takes the first whose blocks
-/// cover [`FILL`] of the multiprocessors, else the last. A block has 2 · rows threads.
+/// cover [`FILL`] of the multiprocessors, else the last. A block has 2 · rows + 32 threads.
 pub(crate) const WMM_TILES: [(usize, usize); 3] = [(128, 128), (128, 64), (64, 64)];
 /// The share of the multiprocessors a tile's blocks must cover to be taken.
 const FILL: f64 = 0.75;
@@ -29,13 +30,62 @@ pub(crate) fn permuted_cols(cols: usize) -> usize {
     cols.div_ceil(WMM_BK) * WMM_BK
 }
 
+/// Whether wmm can take a weight whose rows hold `row_bytes` bytes: its tensor map steps whole
+/// 16-byte units from row to row.
+pub fn wmm_fits(row_bytes: usize) -> bool {
+    row_bytes.is_multiple_of(16)
+}
+
+/// A tensor map (CUtensorMap; kernels/wmm.cu `TMap`): 128 bytes, 64-byte aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct TMap([u64; 16]);
+
+/// A tiled tensor map over `dims` (innermost first) of `ty` elements at `ptr`, with the byte
+/// strides of the outer dimensions, boxes of `bx`, zeros outside.
+fn tensor_map(
+    ty: ds::CUtensorMapDataType,
+    ptr: u64,
+    dims: &[u64],
+    strides: &[u64],
+    bx: &[u32],
+) -> Result<TMap> {
+    let mut m = TMap([0; 16]);
+    let ones = [1u32; 5];
+    // SAFETY: the arrays hold `dims.len()` (strides: one fewer) entries, as the rank says;
+    // `m` is 64-byte aligned and 128 bytes.
+    let r = unsafe {
+        ds::cuTensorMapEncodeTiled(
+            &mut m as *mut TMap as *mut ds::CUtensorMap,
+            ty,
+            dims.len() as u32,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            bx.as_ptr(),
+            ones.as_ptr(),
+            ds::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            ds::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            ds::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != ds::CUresult::CUDA_SUCCESS {
+        return Err(quiver_backend::BackendError::Device(format!(
+            "cuTensorMapEncodeTiled: {r:?} (dims {dims:?}, strides {strides:?}, box {bx:?})"
+        )));
+    }
+    Ok(m)
+}
+
 /// wmm's dynamic shared memory for a weight of type `kernel` and a tile of `bn` tokens
-/// (kernels/wmm.cu `WmmSmem`): stages of activations and weight windows, 4 deep where they fit.
+/// (kernels/wmm.cu `WmmSmem`): stages of activations and weight windows, 4 deep where they fit,
+/// and 64 bytes of barriers.
 fn wmm_smem(kernel: &str, bm: usize, bn: usize) -> usize {
     let (win, _) = registry::qmm_window(kernel).expect("every CUDA weight type has a qmm window");
     let stage = bn * WMM_BK * 2 + bm * win;
-    let nst = (2..=4).rev().find(|s| s * stage <= MAX_SMEM).unwrap_or(2);
-    nst * stage
+    let nst = (2..=4).rev().find(|s| s * stage + 64 <= MAX_SMEM).unwrap_or(2);
+    nst * stage + 64
 }
 
 /// The tile (an index of [`WMM_TILES`]) of a product of `rows` weight rows over `n` tokens on
@@ -51,15 +101,15 @@ pub(crate) fn wmm_tile(rows: usize, n: usize, sms: usize) -> usize {
 impl CudaBackend {
     /// `n` rows of f16 activations at `xh` (`cols` wide) permuted for wmm, in scratch.
     pub(crate) fn permute_act(&self, xh: u64, n: usize, cols: usize) -> Result<u64> {
-        let colsp = permuted_cols(cols);
-        let xp = self.scratch_ptr(|s| &mut s.xperm, n * colsp * 2, "permuted activations")?;
+        let (colsp, np) = (permuted_cols(cols), n);
+        let xp = self.scratch_ptr(|s| &mut s.xperm, np * colsp * 2, "permuted activations")?;
         let pieces = n * colsp / 8;
         self.launch(
             "ops",
             "f16_permute",
             (grid1(pieces, 256, u32::MAX as usize), 1, 1),
             (256, 1, 1),
-            args![xh, xp, n as i32, cols as i32, colsp as i32],
+            args![xh, xp, n as i32, cols as i32, colsp as i32, np as i32],
         )?;
         Ok(xp)
     }
@@ -69,18 +119,38 @@ impl CudaBackend {
     pub(crate) fn wmm(&self, w: &CudaWeight, xp: u64, n: usize, y: u64) -> Result<()> {
         let t = wmm_tile(w.rows, n, self.dev.info.sms as usize);
         let (bm, bn) = WMM_TILES[t];
+        let (win, _) = registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
+        // The activations: 8 halves × n tokens × the pieces (f16_permute's layout); a box is a
+        // stage's tile.
+        let pieces = permuted_cols(w.cols) / 8;
+        let xm = tensor_map(
+            ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            xp,
+            &[8, n as u64, pieces as u64],
+            &[16, n as u64 * 16],
+            &[8, bn as u32, 16],
+        )?;
+        // The weights: rows of 4-byte units; a box is a stage's windows of the tile's rows.
+        let wm = tensor_map(
+            ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+            w.data.ptr,
+            &[w.row_bytes as u64 / 4, w.rows as u64],
+            &[w.row_bytes as u64],
+            &[win as u32 / 4, bm as u32],
+        )?;
         self.launch_smem(
             &w.names.module,
             &w.names.wmm[t],
             (n.div_ceil(bn) as u32, w.rows.div_ceil(bm) as u32, 1),
-            (2 * bm as u32, 1, 1),
+            (2 * bm as u32 + 32, 1, 1),
             wmm_smem(w.kernel, bm, bn) as u32,
             args![
+                xm,
+                wm,
                 w.data.ptr,
                 w.row_bytes as i64,
                 w.rows as i32,
                 w.cols as i32,
-                xp,
                 y,
                 n as i32
             ],

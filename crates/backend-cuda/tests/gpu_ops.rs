@@ -221,24 +221,48 @@ fn wmm_pads_partial_stages_and_tiles() {
         pin: Some(Product::Wmm),
         ..CudaConfig::from_env(Numerics::BatchInvariant)
     });
-    let notes = products::matmuls(
+    // wmm takes weights whose rows are whole 16-byte units (its tensor map steps them): the
+    // block types at widths of whole 256-column chunks, the float types at any width (partial
+    // stages).
+    let mut notes = products::matmuls(
         &be,
         &Cuda,
         &mut rng,
-        &[(48, 416), (200, 160), (130, 576)],
+        &[(48, 512), (200, 256), (130, 768)],
         &[
             GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q5_0,
             GgmlType::Q8_0,
             GgmlType::IQ4_NL,
-            GgmlType::F16,
-            GgmlType::BF16,
-            GgmlType::F32,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
         ],
         &[1, 63, 70, 150],
     );
+    let floats = products::matmuls(
+        &be,
+        &Cuda,
+        &mut rng,
+        &[(48, 416), (200, 160), (130, 576)],
+        &[GgmlType::F16, GgmlType::BF16, GgmlType::F32],
+        &[1, 63, 70, 150],
+    );
+    floats.print("wmm, partial stages (float types)");
+    notes.skipped.extend(floats.skipped);
     notes.print("wmm, partial stages and tiles");
+    assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
+}
+
+/// Qwen 3.5's gated delta net (kernels/delta.cu) and sigmoid_mul against the reference: three
+/// sequences in their own state slots, one fresh over a dirty slot.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn delta_net_keeps_each_sequence_in_its_slot_and_matches_reference() {
+    let mut rng = seeded_rng();
+    let mut be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
+    let notes = quiver_backend::testing::delta_net::delta_net(&mut be, &Cuda, &mut rng);
+    notes.print("delta_net");
     assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
 }
 

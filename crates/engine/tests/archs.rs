@@ -230,8 +230,7 @@ fn gpu_matches_llama_cpp_on_every_architecture() {
         || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         gpu_bound,
         |preset, ty| gpu_bound(preset, ty).clamp(0.1, 0.7),
-        // No CUDA kernels for the gated delta net yet.
-        &["tiny-qwen35", "tiny-qwen35moe"],
+        &[],
     );
 }
 

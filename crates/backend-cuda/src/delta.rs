@@ -1,0 +1,135 @@
+//! Qwen 3.5's gated delta net on the device (kernels/delta.cu): the convolution, the q/k norms
+//! and the delta rule, each sequence by the block of its first row in its own order of tokens
+//! (a sequence's floats do not depend on the step's other rows), and the sigmoid gate.
+
+use crate::batch::CudaStep;
+use crate::launch::grid1;
+use crate::memory::CudaBuf;
+use crate::weights::CudaWeight;
+use crate::{check, CudaBackend};
+use quiver_backend::{DeltaNetParams, DeltaNetWeights, Result, Step};
+
+/// Widest convolution the kernel's window holds.
+const MAX_CONV: usize = 8;
+
+impl CudaBackend {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn delta_net_kernel(
+        &self,
+        st: &Step<CudaStep>,
+        p: &DeltaNetParams,
+        w: DeltaNetWeights<'_, CudaWeight>,
+        qkv: &mut CudaBuf,
+        alpha: &CudaBuf,
+        beta: &CudaBuf,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let rows = st.rows;
+        let (c, hv, s) = (p.channels(), p.n_v_heads, p.head_k);
+        check("delta_net", p.check().is_ok(), || {
+            p.check().err().unwrap_or_default()
+        })?;
+        check(
+            "delta_net",
+            qkv.len >= rows * c
+                && alpha.len >= rows * hv
+                && beta.len >= rows * hv
+                && out.len >= rows * p.value_dim()
+                && w.conv.cols == c * p.conv_kernel
+                && w.dt_bias.cols == hv
+                && w.a.cols == hv
+                && p.conv_kernel <= MAX_CONV
+                && s <= 1024,
+            || format!("{rows} rows of {c} channels, {hv} value heads of {s}"),
+        )?;
+        let per = p.state_floats();
+        let mut slots: Vec<u32> = st.batch.seqs.iter().map(|q| q.state_slot).collect();
+        slots.sort_unstable();
+        check("delta_net", slots.windows(2).all(|w| w[0] != w[1]), || {
+            "two sequences of the step name one state slot".into()
+        })?;
+        check(
+            "delta_net",
+            slots
+                .last()
+                .is_none_or(|&l| (l as usize + 1) * per <= state.len),
+            || format!("a state slot past the {} slots", state.len / per.max(1)),
+        )?;
+        let view = st.ctx.view;
+        self.launch(
+            "ops",
+            "dn_conv",
+            (rows as u32, c.div_ceil(256) as u32, 1),
+            (256, 1, 1),
+            args![
+                view,
+                rows as i32,
+                qkv.ptr(),
+                c as i32,
+                w.conv.data.ptr,
+                p.conv_kernel as i32,
+                state.ptr(),
+                per as i64
+            ],
+        )?;
+        self.launch(
+            "ops",
+            "dn_norm",
+            (rows as u32, 2 * p.n_k_heads as u32, 1),
+            (32, 1, 1),
+            args![qkv.ptr(), c as i32, s as i32, p.eps],
+        )?;
+        self.launch_smem(
+            "ops",
+            "dn_rule",
+            (rows as u32, hv as u32, 1),
+            (s as u32, 1, 1),
+            ((s * s + 2 * s) * 4) as u32,
+            args![
+                view,
+                rows as i32,
+                qkv.ptr(),
+                c as i32,
+                p.n_k_heads as i32,
+                s as i32,
+                alpha.ptr(),
+                beta.ptr(),
+                w.dt_bias.data.ptr,
+                w.a.data.ptr,
+                state.ptr(),
+                per as i64,
+                p.conv_floats() as i64,
+                out.ptr()
+            ],
+        )
+    }
+
+    pub(crate) fn sigmoid_mul_kernel(
+        &self,
+        x: &mut CudaBuf,
+        gate: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        per_row: bool,
+    ) -> Result<()> {
+        let n = rows * cols;
+        let g = if per_row { rows } else { n };
+        check("sigmoid_mul", x.len >= n && gate.len >= g, || {
+            format!("{rows} rows of {cols}")
+        })?;
+        self.launch(
+            "ops",
+            "sigmoid_mul",
+            (grid1(n, 256, u32::MAX as usize), 1, 1),
+            (256, 1, 1),
+            args![
+                x.ptr(),
+                gate.ptr(),
+                rows as i64,
+                cols as i32,
+                per_row as i32
+            ],
+        )
+    }
+}
