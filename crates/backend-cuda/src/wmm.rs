@@ -4,9 +4,9 @@
 //! launch shapes, shared memory and tensor maps.
 
 use crate::launch::grid1;
-use cudarc::driver::sys as ds;
 use crate::weights::CudaWeight;
 use crate::{registry, CudaBackend};
+use cudarc::driver::sys as ds;
 use quiver_backend::Result;
 
 /// The tiles (weight rows, tokens), largest first: the launcher takes the first whose blocks
@@ -84,7 +84,10 @@ fn tensor_map(
 fn wmm_smem(kernel: &str, bm: usize, bn: usize) -> usize {
     let (win, _) = registry::qmm_window(kernel).expect("every CUDA weight type has a qmm window");
     let stage = bn * WMM_BK * 2 + bm * win;
-    let nst = (2..=4).rev().find(|s| s * stage + 64 <= MAX_SMEM).unwrap_or(2);
+    let nst = (2..=4)
+        .rev()
+        .find(|s| s * stage + 64 <= MAX_SMEM)
+        .unwrap_or(2);
     nst * stage + 64
 }
 
@@ -119,7 +122,8 @@ impl CudaBackend {
     pub(crate) fn wmm(&self, w: &CudaWeight, xp: u64, n: usize, y: u64) -> Result<()> {
         let t = wmm_tile(w.rows, n, self.dev.info.sms as usize);
         let (bm, bn) = WMM_TILES[t];
-        let (win, _) = registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
+        let (win, _) =
+            registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
         // The activations: 8 halves × n tokens × the pieces (f16_permute's layout); a box is a
         // stage's tile.
         let pieces = permuted_cols(w.cols) / 8;

@@ -215,7 +215,12 @@ fn single_sequence_speculation_on_the_gpu_gives_the_tokens_of_plain_generation()
                 s.accepted, s.proposed
             );
             assert_eq!(got, want, "{label}, sampling {i}");
-            assert!(s.proposed > 0, "{label}: nothing proposed");
+            // Sampled tokens of a random model rarely repeat the prompt: the n-gram lookup
+            // may find nothing to propose there (the draft models always propose).
+            assert!(
+                s.proposed > 0 || (kind == SpecType::Ngram && i != 0),
+                "{label}, sampling {i}: nothing proposed"
+            );
         }
     }
 }

@@ -210,6 +210,6 @@ fn gpu_matches_llama_cpp_on_its_test_models() {
     check(
         || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         0.05,
-        &["llama-moe", "mistral3-moe"],
+        &["llama-moe", "mistral3-moe", "qwen3moe-moe"],
     );
 }

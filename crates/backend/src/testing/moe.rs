@@ -23,9 +23,11 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
     let mut notes = Notes::default();
     let (d, ff, ne) = (256usize, 256usize, 16usize);
     for &ty in MOE_TYPES {
-        for (gating, norm, k, act) in [
-            (Gating::Softmax, true, 4, Activation::SwiGlu),
-            (Gating::Sigmoid, false, 2, Activation::GeGlu),
+        // The last case has gate and up in one tensor, 2·n_ff rows per expert (Qwen 3.5 MoE).
+        for (gating, norm, k, act, fused) in [
+            (Gating::Softmax, true, 4, Activation::SwiGlu, false),
+            (Gating::Sigmoid, false, 2, Activation::GeGlu, false),
+            (Gating::Softmax, true, 4, Activation::SwiGlu, true),
         ] {
             let p = MoeParams {
                 n_expert: ne,
@@ -52,16 +54,38 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                 be.weight("w", w.ty, shape, super::tensor(w.ty, shape, &w.bytes))
             };
             let (ne64, ff64, d64) = (ne as u64, ff as u64, d as u64);
+            let (gate_up, up_load) = if fused {
+                // Expert e's gate rows, then its up rows.
+                let per = gate.bytes.len() / ne;
+                let both = WeightCase {
+                    ty,
+                    rows: 2 * ne * ff,
+                    cols: d,
+                    bytes: (0..ne)
+                        .flat_map(|e| [&gate.bytes[e * per..][..per], &up.bytes[e * per..][..per]])
+                        .flatten()
+                        .copied()
+                        .collect(),
+                    values: Vec::new(),
+                };
+                (load(&both, &[ne64, 2 * ff64, d64]), None)
+            } else {
+                (
+                    load(&gate, &[ne64, ff64, d64]),
+                    Some(load(&up, &[ne64, ff64, d64])),
+                )
+            };
             let loaded = (
                 load(&router, &[ne64, d64]),
-                load(&gate, &[ne64, ff64, d64]),
-                load(&up, &[ne64, ff64, d64]),
+                gate_up,
+                up_load.transpose(),
                 load(&down, &[ne64, d64, ff64]),
             );
             let (Ok(rw), Ok(gw), Ok(uw), Ok(dw)) = loaded else {
                 notes.skip(format!("{}: no {ty} experts", be.name()));
                 continue;
             };
+            let uw = uw.as_ref().unwrap_or(&gw);
             for &n in MOE_TOKENS {
                 let x = rng.scaled(n * d, 0.5);
                 let xb = h.upload(be, &x);
@@ -78,7 +102,7 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                         MoeWeights {
                             router: &rw,
                             gate: &gw,
-                            up: &uw,
+                            up: uw,
                             down: &dw,
                             down_scale: None,
                             gate_scale: None,
@@ -150,7 +174,12 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                 );
                 let e = rel_err(&g_same, &w_same);
                 notes.check("moe", e, h.moe_bound(be, ty, n), || {
-                    format!("{ty}, {gating:?}, {n} tokens, top {k} of {ne}")
+                    let form = if fused {
+                        ", gate and up in one tensor"
+                    } else {
+                        ""
+                    };
+                    format!("{ty}, {gating:?}{form}, {n} tokens, top {k} of {ne}")
                 });
             }
         }
