@@ -229,7 +229,11 @@ fn gpu_matches_llama_cpp_on_every_architecture() {
     check(
         || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         gpu_bound,
-        |preset, ty| gpu_bound(preset, ty).clamp(0.1, 0.7),
+        |preset, ty| match preset {
+            // Its flipped routes move the top-1 too (gpu_bound).
+            "tiny-qwen35moe" => gpu_bound(preset, ty),
+            _ => gpu_bound(preset, ty).clamp(0.1, 0.7),
+        },
         &[],
     );
 }
@@ -246,6 +250,13 @@ fn gpu_bound(preset: &str, ty: &str) -> f64 {
         // that it cannot grow unnoticed.
         (_, "tiny-gemma4") => 0.8,
         (_, "tiny-gemma4moe") => 2.1,
+        // Qwen 3.5 MoE in Q8_0, measured on the H200: 2.50, top-1 6/7; F32 within 0.05 (0.036).
+        // Its tensors against the CPU's (QUIVER_DUMP_DIR, the router logits recomputed from both):
+        // one MoE FFN moves its output by ~1% (llama.cpp's int8 activations against the GPU's
+        // f32), and every large difference is a token routed to another expert where the 2nd
+        // and 3rd router logits lie within 0.002 to 0.06 (inputs within 1 to 5%); the delta
+        // net carries such a token into the following ones.
+        (_, "tiny-qwen35moe") => 2.6,
         (_, p) if p.ends_with("moe") => 0.7,
         _ => 0.4,
     }
