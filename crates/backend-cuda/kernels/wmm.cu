@@ -12,8 +12,9 @@
 // The activations come permuted and tiled (f16_permute, ops.cu): within each stage of 128
 // columns, position 16s + kk holds the value qmm's step s takes at k position kk, and 16-byte
 // piece c of every token (c over the padded row, 16 a stage) lies at (c · n + t) · 16 bytes. A
-// stage's tile (tokens n0..n0+BN-1) is one box of a 3-D tensor map (8 halves × tokens ×
-// pieces), which the tensor memory accelerator (TMA) writes in the canonical no-swizzle K-major
+// stage's tile (tokens n0..n0+BN-1) is one box of a 2-D tensor map (a row of 8-byte units per
+// piece c: the tokens' pieces, BN · 16 bytes in one run of it), which the tensor memory
+// accelerator (TMA) writes in the canonical no-swizzle K-major
 // layout wgmma reads: core matrix (kc, ng) — positions 8kc..8kc+7 of tokens 8ng..8ng+7 — at
 // (kc · BN/8 + ng) · 128 bytes; step s reads kc = 2s, 2s + 1 (leading byte offset BN/8 · 128
 // between them, stride 128 between groups of 8 tokens). Tokens past n come as zeros.
@@ -113,19 +114,12 @@ __device__ __forceinline__ void mbar_wait(u64* b, u32 parity) {
 struct __align__(64) TMap {
     u64 v[16];
 };
-// The box at coordinates (c0, c1[, c2]) of tensor map `m` into shared `dst`, completing on `bar`.
+// The box at coordinates (c0, c1) of tensor map `m` into shared `dst`, completing on `bar`.
 __device__ __forceinline__ void tma_2d(void* dst, const TMap* m, int c0, int c1, u64* bar) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
             smem_u32(dst)),
         "l"((u64)m), "r"(c0), "r"(c1), "r"(smem_u32(bar))
-        : "memory");
-}
-__device__ __forceinline__ void tma_3d(void* dst, const TMap* m, int c0, int c1, int c2, u64* bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(
-            smem_u32(dst)),
-        "l"((u64)m), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
         : "memory");
 }
 
@@ -205,7 +199,7 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
                 const int b = st % NST;
                 if (st >= NST) mbar_wait(empty + b, ((st / NST) - 1) & 1);
                 mbar_expect(full + b, S::X + S::W);
-                tma_3d(xbuf(b), xm, 0, n0, 16 * st, full + b);
+                tma_2d(xbuf(b), xm, 2 * n0, 16 * st, full + b);
                 tma_2d(wsm + NST * S::X + b * S::W, wm, (Q::start(st) & ~15) / 4, (int)blockIdx.y * BM, full + b);
             }
         }

@@ -124,15 +124,16 @@ impl CudaBackend {
         let (bm, bn) = WMM_TILES[t];
         let (win, _) =
             registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
-        // The activations: 8 halves × n tokens × the pieces (f16_permute's layout); a box is a
-        // stage's tile.
+        // The activations: a row of 2·n 8-byte units (the n tokens' 16-byte pieces c) per piece
+        // c (f16_permute's layout); a box is a stage's tile, BN tokens' pieces in one run of the
+        // row (whole lines for the L2, not one request per piece).
         let pieces = permuted_cols(w.cols) / 8;
         let xm = tensor_map(
-            ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT64,
             xp,
-            &[8, n as u64, pieces as u64],
-            &[16, n as u64 * 16],
-            &[8, bn as u32, 16],
+            &[2 * n as u64, pieces as u64],
+            &[n as u64 * 16],
+            &[2 * bn as u32, 16],
         )?;
         // The weights: rows of 4-byte units; a box is a stage's windows of the tile's rows.
         let wm = tensor_map(
