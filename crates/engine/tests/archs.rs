@@ -123,11 +123,12 @@ fn model(fx: &Fixture) -> Arc<GgufFile> {
 }
 
 /// Compares one backend with every fixture; `bound(preset, type)` is the log-probability
-/// bound, `lead(preset, type)` how far llama.cpp's top-1 must lead for top-1 to be checked.
+/// bound, `lead(preset, type)` how far llama.cpp's top-1 must lead for top-1 to be checked and
+/// how many of those checked may differ.
 fn check<B: Backend>(
     make: impl Fn() -> B,
     bound: impl Fn(&str, &str) -> f64,
-    lead: impl Fn(&str, &str) -> f64,
+    lead: impl Fn(&str, &str) -> (f64, usize),
     refused: &[&str],
 ) {
     let mut failures = Vec::new();
@@ -182,7 +183,7 @@ fn check<B: Backend>(
                 }
                 worst = worst.max(d);
             }
-            if want[0].1 - want[1].1 > lead(&fx.preset, &fx.ty) {
+            if want[0].1 - want[1].1 > lead(&fx.preset, &fx.ty).0 {
                 top1_checked += 1;
                 if quiver_engine::argmax(&rows[pos * nv..][..nv]) != want[0].0 {
                     top1_wrong += 1;
@@ -194,9 +195,9 @@ fn check<B: Backend>(
             "{}: max |Δ logprob| {worst:.4} (bound {b}), top-1 {}/{top1_checked} where llama.cpp leads by {}",
             fx.name,
             top1_checked - top1_wrong,
-            lead(&fx.preset, &fx.ty)
+            lead(&fx.preset, &fx.ty).0
         );
-        if worst > b || top1_wrong > 0 {
+        if worst > b || top1_wrong > lead(&fx.preset, &fx.ty).1 {
             failures.push(format!(
                 "{}: max |Δ logprob| {worst:.4} > {b} or {top1_wrong} top-1 differ",
                 fx.name
@@ -217,7 +218,7 @@ fn cpu_matches_llama_cpp_on_every_architecture() {
             })
         },
         |_, ty| if ty == "F32" { 0.02 } else { 0.05 },
-        |_, _| 0.1,
+        |_, _| (0.1, 0),
         &[],
     );
 }
@@ -229,10 +230,11 @@ fn gpu_matches_llama_cpp_on_every_architecture() {
     check(
         || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         gpu_bound,
-        |preset, ty| match preset {
-            // Its flipped routes move the top-1 too (gpu_bound).
-            "tiny-qwen35moe" => gpu_bound(preset, ty),
-            _ => gpu_bound(preset, ty).clamp(0.1, 0.7),
+        |preset, ty| {
+            // Qwen 3.5 MoE in Q8_0: a token routed to another expert moves its top-1 too
+            // (gpu_bound); one such position is allowed.
+            let flips = usize::from(preset == "tiny-qwen35moe" && ty != "F32");
+            (gpu_bound(preset, ty).clamp(0.1, 0.7), flips)
         },
         &[],
     );
