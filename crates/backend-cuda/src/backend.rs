@@ -352,13 +352,15 @@ impl Backend for CudaBackend {
 
     /// Every extra op (src/extras.rs).
     fn supports(&self, op: ExtraOp) -> bool {
-        // No kernels for the gated delta net (Qwen 3.5) yet: such models are refused at load.
+        // No kernels for the gated delta net (Qwen 3.5) nor DeepSeek-V4's ops yet: such models
+        // are refused at load.
         !matches!(
             op,
             ExtraOp::MoeProductScales
                 | ExtraOp::DeltaNet
                 | ExtraOp::SigmoidMul
                 | ExtraOp::MoeGateUpFused
+                | ExtraOp::Dsv4
         )
     }
 

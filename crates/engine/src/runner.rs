@@ -94,7 +94,7 @@ impl<B: Backend> ModelRunner<B> {
     /// need nothing).
     pub fn set_max_seqs(&mut self, n: usize) -> Result<()> {
         self.model.set_max_seqs(n);
-        if self.model.hp.delta_net.is_some() && self.state.n_seq_states != n.max(1) {
+        if self.model.hp.has_seq_state() && self.state.n_seq_states != n.max(1) {
             let (n_slots, n_batch, max_logits) = (
                 self.state.n_slots,
                 self.state.max_tokens,
@@ -149,7 +149,7 @@ impl<B: Backend> ModelRunner<B> {
                 ctx: self.n_ctx,
             });
         }
-        if self.model.hp.delta_net.is_some() && start_pos != 0 && start_pos != self.next_pos {
+        if self.model.hp.has_seq_state() && start_pos != 0 && start_pos != self.next_pos {
             return Err(EngineError::StateRewind {
                 at: start_pos,
                 next: self.next_pos,

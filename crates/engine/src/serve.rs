@@ -78,7 +78,7 @@ where
                 }
             };
             let _ = ready_tx.send(Ok(()));
-            let recurrent = runner.model.hp.delta_net.is_some();
+            let recurrent = runner.model.hp.has_seq_state();
             let sched = Scheduler::new(SchedConfig {
                 max_batch_tokens: opts.max_batch_tokens,
                 max_seqs: opts.max_seqs,

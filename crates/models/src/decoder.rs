@@ -114,12 +114,31 @@ pub struct Model<B: Backend> {
     pub ple: Option<crate::extras::PleInput<B>>,
     /// The KV cache's element types ([`Model::set_kv_types`]; f16 by default).
     pub kv_types: quiver_backend::KvTypes,
+    /// DeepSeek-V4's weights (its layers replace `layers`, which it leaves empty).
+    pub dsv4: Option<crate::deepseek4::Dsv4<B>>,
     /// Sequences a state made after this holds recurrent state for (models with recurrent
     /// layers; [`Model::set_max_seqs`], 1 by default).
     pub max_seqs: usize,
 }
 
 pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
+    if hp.dsv4.is_some() {
+        let d = hp.n_embd as u64;
+        let v = hp.n_vocab as u64;
+        let ds = crate::deepseek4::load(b, f, &hp)?;
+        return Ok(Model {
+            tok_embd: weight(b, f, "token_embd.weight", &[v, d])?,
+            output_norm: weight(b, f, "output_norm.weight", &[d])?,
+            output: Some(weight(b, f, "output.weight", &[v, d])?),
+            output_b: None,
+            layers: Vec::new(),
+            ple: None,
+            dsv4: Some(ds),
+            hp,
+            kv_types: quiver_backend::KvTypes::default(),
+            max_seqs: 1,
+        });
+    }
     crate::extras::check_ops(b, &hp)?;
     let d = hp.n_embd as u64;
     let w = |name: &str, shape: &[u64]| weight(b, f, name, shape);
@@ -241,6 +260,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         output,
         layers,
         ple: crate::extras::load_ple_input(b, f, &hp)?,
+        dsv4: None,
         hp,
         kv_types: quiver_backend::KvTypes::default(),
         max_seqs: 1,
@@ -315,6 +335,9 @@ impl<B: Backend> Model<B> {
 
     /// The ops of one step over `step.rows` token rows.
     fn ops(&self, b: &mut B, s: &mut State<B>, step: &Step<B::StepCtx>) -> Result<()> {
+        if let Some(w) = &self.dsv4 {
+            return crate::deepseek4::forward(b, self, w, s, step);
+        }
         let n = step.rows;
         let hp = &self.hp;
         let dump = Dump::new();
