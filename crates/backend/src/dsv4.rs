@@ -497,7 +497,6 @@ pub fn attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let mut q = vec![0f32; h * hd];
     let mut keys: Vec<usize> = Vec::new();
-    let mut logits: Vec<f32> = Vec::new();
     let mut iq = vec![0f32; s.ix_heads * s.ix_dim];
     let mut iscore: Vec<(f32, usize)> = Vec::new();
     for seq in &batch.seqs {
@@ -625,7 +624,6 @@ pub fn attention(
             let first = (p + 1).saturating_sub(s.n_swa);
             let n_raw = p + 1 - first;
             for (hh, hq) in q.chunks_exact(hd).enumerate() {
-                logits.clear();
                 let key = |j: usize| -> &[f32] {
                     if j < n_raw {
                         &st.raw[((first + j) % s.n_swa) * hd..][..hd]
@@ -633,22 +631,37 @@ pub fn attention(
                         &st.comp[keys[j - n_raw] * hd..][..hd]
                     }
                 };
-                let n_keys = n_raw + keys.len();
-                for j in 0..n_keys {
-                    let k = key(j);
-                    logits.push(scale * hq.iter().zip(k).map(|(a, b)| a * b).sum::<f32>());
-                }
-                let sink = w.sinks[hh];
-                let m = logits.iter().copied().fold(sink, f32::max);
-                let mut den = (sink - m).exp();
+                // llama.cpp's flash attention over an f16 cache: q in f16, an online softmax
+                // whose p·v accumulator is rounded to f16 after every update, the sink last.
                 let o = &mut out[t * h * hd + hh * hd..][..hd];
                 o.fill(0.0);
-                for (j, &l) in logits.iter().enumerate() {
-                    let e = (l - m).exp();
-                    den += e;
-                    o.iter_mut().zip(key(j)).for_each(|(o, &v)| *o += e * v);
+                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                for j in 0..n_raw + keys.len() {
+                    let k = key(j);
+                    let l = scale * hq.iter().zip(k).map(|(a, b)| f16r(*a) * b).sum::<f32>();
+                    let (mut ms, mut vs) = (1f32, 1f32);
+                    if l > m {
+                        ms = (m - l).exp();
+                        m = l;
+                        o.iter_mut().for_each(|v| *v = f16r(*v * ms));
+                    } else {
+                        vs = (l - m).exp();
+                    }
+                    o.iter_mut()
+                        .zip(k)
+                        .for_each(|(o, &v)| *o = f16r(v.mul_add(vs, *o)));
+                    sum = sum * ms + vs;
                 }
-                o.iter_mut().for_each(|v| *v /= den);
+                let sink = w.sinks[hh];
+                if sink > m {
+                    let ms = (m - sink).exp();
+                    o.iter_mut().for_each(|v| *v *= ms);
+                    sum = sum * ms + 1.0;
+                } else {
+                    sum += (sink - m).exp();
+                }
+                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                o.iter_mut().for_each(|v| *v *= inv);
                 rope_tail(o, &sin[..np], &cos[..np], -1.0);
             }
         }
