@@ -216,6 +216,6 @@ fn gpu_matches_llama_cpp_on_its_test_models() {
     check(
         || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         0.05,
-        &["-moe-", "qwen35"],
+        &["-moe-", "qwen35", "deepseek4"],
     );
 }
