@@ -537,7 +537,7 @@ pub fn attention(
                     *d = v + a;
                 }
                 n_vis = (p + 1) / ratio;
-                if (p + 1) % ratio == 0 {
+                if (p + 1).is_multiple_of(ratio) {
                     let b = p / ratio;
                     compress(
                         st.ckv,
@@ -567,7 +567,7 @@ pub fn attention(
                 {
                     *d = v + a;
                 }
-                if (p + 1) % 4 == 0 {
+                if (p + 1).is_multiple_of(4) {
                     let b = p / 4;
                     compress(
                         st.ikv,
