@@ -4,6 +4,9 @@
 //! own state slot, so requests served together get exactly the tokens they get alone; a
 //! prompt seen before is computed again (no prefix reuse: `cached_tokens` 0) to the same
 //! tokens; a preempted request is computed again from its first token and loses nothing.
+//! The same for DeepSeek-V4 (`deepseek4`), whose compressed KV is per-sequence state too
+//! (llama.cpp's test model at σ 0.3, where the compressed rows and the indexer move the
+//! tokens).
 
 mod common;
 #[path = "llama_archs/rng.rs"]
@@ -19,30 +22,35 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 const FIXTURE: &str = "qwen35-dense-s1";
+const DSV4: &str = "deepseek4-moe-d0.3-k4-s1";
 
 /// The fixture's model (its stored head, the weights drawn again, the linear-attention
 /// output scaled up), its `test` tokenizer
 /// renamed `none` (same length) so that the engine has a tokenizer of ids only.
 fn file() -> Arc<GgufFile> {
+    fixture(FIXTURE)
+}
+
+/// A fixture's model, as [`file`] makes it.
+fn fixture(name: &str) -> Arc<GgufFile> {
     let dir = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/reference/llama-archs"
     ));
-    let v: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join(format!("{FIXTURE}.json"))).unwrap(),
-    )
-    .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
+            .unwrap();
     let size = v["size"].as_u64().unwrap() as usize;
     let seed = v["seed"].as_u64().unwrap();
     let stdev = v["stdev"].as_f64().unwrap() as f32;
-    let mut bytes = std::fs::read(dir.join(format!("{FIXTURE}.head"))).unwrap();
+    let mut bytes = std::fs::read(dir.join(format!("{name}.head"))).unwrap();
     bytes.resize(size, 0);
     let tmp = std::env::temp_dir().join(format!("quiver-recurrent-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     // One file per call: the tests run in parallel, and a mapped file is never rewritten.
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = tmp.join(format!("{FIXTURE}-{k}.gguf"));
+    let path = tmp.join(format!("{name}-{k}.gguf"));
     std::fs::write(&path, &bytes).unwrap();
     let skeleton = GgufFile::open(&path).unwrap();
     for t in &skeleton.tensors {
@@ -213,7 +221,21 @@ fn same(got: &[(u32, f32)], want: &[(u32, f32)], i: usize) {
 
 #[test]
 fn served_together_equals_alone() {
-    let f = file();
+    served_together_equals_alone_on(&file());
+}
+
+#[test]
+fn deepseek4_served_together_equals_alone() {
+    served_together_equals_alone_on(&fixture(DSV4));
+}
+
+#[test]
+fn deepseek4_preempted_requests_lose_nothing() {
+    preempted_requests_lose_nothing_on(&fixture(DSV4));
+}
+
+fn served_together_equals_alone_on(f: &Arc<GgufFile>) {
+    let f = f.clone();
     let ps = prompts();
     let want = solo(&f, &ps);
     // Room for every request at once (4 state slots, 6 requests: two wait for a slot).
@@ -259,7 +281,13 @@ fn preempted_requests_lose_nothing() {
 /// evaluating again from an earlier position is refused with one line, not answered wrong.
 #[test]
 fn the_runner_refuses_to_rewind_a_recurrent_state() {
-    let f = file();
+    for f in [file(), fixture(DSV4)] {
+        refuses_to_rewind(&f);
+    }
+}
+
+fn refuses_to_rewind(f: &Arc<GgufFile>) {
+    let f = f.clone();
     let mut r = ModelRunner::new(CpuBackend::new(2), &f, &RunnerOptions::default()).unwrap();
     r.eval(&[1, 2, 3, 4, 5], 0, Want::Last).unwrap();
     r.eval(&[6], 5, Want::Last).unwrap();
@@ -273,8 +301,10 @@ fn the_runner_refuses_to_rewind_a_recurrent_state() {
 /// is refused in one line, a transformer draft is not.
 #[test]
 fn a_recurrent_draft_is_refused() {
-    let e = quiver_engine::draft::check_rollback(&file()).unwrap_err();
-    assert!(e.contains("recurrent layers") && !e.contains('\n'), "{e}");
+    for f in [file(), fixture(DSV4)] {
+        let e = quiver_engine::draft::check_rollback(&f).unwrap_err();
+        assert!(e.contains("recurrent layers") && !e.contains('\n'), "{e}");
+    }
     let dir = std::env::temp_dir().join(format!("quiver-rollback-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tiny-llama.gguf");
