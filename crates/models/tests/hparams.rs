@@ -224,3 +224,80 @@ fn expert_counts_are_a_number_or_one_per_layer() {
         "{e}"
     );
 }
+
+/// llama.cpp's deepseek4 test model's file (its stored head; the tensor data zeros).
+fn deepseek4() -> PathBuf {
+    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    let fx = root.join("tests/reference/llama-archs/deepseek4-moe-s1");
+    // The file's size, from the fixture's `"size":N`.
+    let json = std::fs::read_to_string(fx.with_extension("json")).unwrap();
+    let size: usize = json
+        .split("\"size\":")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut bytes = std::fs::read(fx.with_extension("head")).unwrap();
+    bytes.resize(size, 0);
+    let path = dir().join("deepseek4-moe-s1.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    path
+}
+
+#[test]
+fn deepseek4_reads_its_keys_and_refuses_what_it_cannot_run_in_one_line() {
+    let src = deepseek4();
+    let hp = quiver_models::hparams(&GgufFile::open(&src).unwrap()).unwrap();
+    let ds = hp.dsv4.as_ref().unwrap();
+    assert_eq!(ds.ratios, vec![0, 0, 4, 128]);
+    assert_eq!((ds.hc.hc, ds.hc.iters, ds.q_lora, ds.n_swa), (4, 2, 64, 32));
+    assert_eq!(
+        (ds.o_groups, ds.o_lora, ds.ix_heads, ds.ix_dim),
+        (8, 32, 64, 128)
+    );
+    assert_eq!(
+        (ds.n_rot, ds.rope_comp.base, ds.n_ff_shared),
+        (32, 160000.0, 1024)
+    );
+    assert_eq!(ds.clamp_shexp, vec![10.0; 4]);
+    let m = hp.moe.unwrap();
+    assert_eq!(
+        (m.n_expert, m.n_used, m.n_ff, m.norm, m.scale),
+        (2, 2, 1024, true, 1.0)
+    );
+    // Every layer keeps per-sequence state: no paged KV.
+    assert!(hp.layers.iter().all(|l| l.recurrent));
+    assert!(hp.kv_spec(16, Default::default()).layers.is_empty());
+    let cases: [(&str, Value, &str); 5] = [
+        ("expert_gating_func", Value::U32(2), "sqrt-softplus"),
+        (
+            "attention.compress_ratios",
+            Value::Array(Array::U32(vec![0, 0, 4, 64])),
+            "0, 4 and 128",
+        ),
+        (
+            "attention.compress_ratios",
+            Value::Array(Array::U32(vec![0, 4])),
+            "2 entries for 4 blocks",
+        ),
+        ("hyper_connection.count", Value::U32(2), "4 only"),
+        (
+            "attention.output_group_count",
+            Value::U32(3),
+            "does not divide",
+        ),
+    ];
+    for (i, (key, value, says)) in cases.into_iter().enumerate() {
+        let f = rewrite(&src, &format!("deepseek4-bad-{i}"), |w, arch| {
+            w.set(format!("{arch}.{key}"), value);
+        });
+        let e = quiver_models::hparams(&f).unwrap_err().to_string();
+        assert!(
+            e.contains(key) && e.contains(says) && !e.contains('\n'),
+            "{e}"
+        );
+    }
+}
