@@ -322,3 +322,68 @@ fn a_recurrent_draft_is_refused() {
     quiver_engine::draft::check_rollback(&llama).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A deepseek4 file with one multi-token-prediction block (a copy of block 0 as block 4,
+/// `nextn.*` tensors of zeros): the block is loaded, not run, and the trunk's logits are the
+/// file's without it, bit for bit.
+#[test]
+fn deepseek4_loads_its_multi_token_prediction_block() {
+    use quiver_gguf::{Array, GgmlType, GgufWriter, Value};
+    let src = fixture(DSV4);
+    let mut w = GgufWriter::new();
+    w.metadata = src.metadata.clone();
+    let k = |s: &str| format!("deepseek4.{s}");
+    w.set(k("block_count"), Value::U32(5));
+    w.set(k("nextn_predict_layers"), Value::U32(1));
+    w.set(
+        k("attention.compress_ratios"),
+        Value::Array(Array::U32(vec![0, 0, 4, 128, 0])),
+    );
+    for key in ["swiglu_clamp_exp", "swiglu_clamp_shexp"] {
+        w.set(k(key), Value::Array(Array::F32(vec![10.0; 5])));
+    }
+    // (name, shape, source tensor or zeros)
+    let mut parts: Vec<(String, Vec<u64>, Option<usize>)> = Vec::new();
+    for (i, t) in src.tensors.iter().enumerate() {
+        parts.push((t.name.clone(), t.shape.clone(), Some(i)));
+        if let Some(rest) = t.name.strip_prefix("blk.0.") {
+            parts.push((format!("blk.4.{rest}"), t.shape.clone(), Some(i)));
+        }
+    }
+    let d = 512u64;
+    for (name, shape) in [
+        ("eh_proj", vec![d, 2 * d]),
+        ("enorm", vec![d]),
+        ("hnorm", vec![d]),
+    ] {
+        parts.push((format!("blk.4.nextn.{name}.weight"), shape, None));
+    }
+    for (name, shape, _) in &parts {
+        w.add_tensor(name.clone(), GgmlType::F32, shape);
+    }
+    let path = std::env::temp_dir().join(format!("quiver-recurrent-{}", std::process::id()));
+    let path = path.join("deepseek4-mtp.gguf");
+    w.write_file(&path, |i, info, buf| {
+        match parts[i].2 {
+            Some(j) => buf.extend_from_slice(src.tensor_data(&src.tensors[j])),
+            None => buf.resize(buf.len() + info.n_bytes as usize, 0),
+        }
+        Ok(())
+    })
+    .unwrap();
+    let with = Arc::new(GgufFile::open(&path).unwrap());
+    let opts = RunnerOptions {
+        kv: Default::default(),
+        n_ctx: 256,
+        n_batch: 16,
+        max_logits: 1,
+    };
+    let mut a = ModelRunner::new(CpuBackend::new(2), &src, &opts).unwrap();
+    let mut b = ModelRunner::new(CpuBackend::new(2), &with, &opts).unwrap();
+    let ds = b.model.hp.dsv4.as_ref().unwrap();
+    assert_eq!((b.model.hp.n_layer, ds.nextn), (4, 1));
+    assert_eq!(b.model.dsv4.as_ref().unwrap().mtp.len(), 1);
+    let p = &prompts()[1];
+    let want = a.eval(p, 0, Want::Last).unwrap().to_vec();
+    assert_eq!(b.eval(p, 0, Want::Last).unwrap(), &want[..]);
+}

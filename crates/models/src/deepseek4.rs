@@ -13,8 +13,9 @@
 //! state, it cannot be shared between sequences or rolled back: prefix hits, preemption and
 //! speculative decoding recompute from position 0 (the scheduler's `recurrent` policy).
 //!
-//! Not run: the multi-token-prediction layers (`nextn_predict_layers`, the last blocks:
-//! counted out of the trunk, their tensors left unread) and image inputs.
+//! The multi-token-prediction blocks (`nextn_predict_layers`, the last blocks, where the file
+//! has their tensors) are counted out of the trunk and loaded ([`MtpBlock`]), not run; image
+//! inputs are not run.
 
 use crate::hparams::Reader;
 use crate::{Hparams, ModelError, Result, State};
@@ -33,7 +34,7 @@ pub struct Dsv4Hp {
     pub hc: HcParams,
     pub o_groups: usize,
     pub o_lora: usize,
-    /// Per trunk layer: 0, 4 or 128.
+    /// Per block (the trunk's, then the multi-token-prediction blocks'): 0, 4 or 128.
     pub ratios: Vec<usize>,
     pub n_swa: usize,
     pub n_rot: usize,
@@ -44,7 +45,7 @@ pub struct Dsv4Hp {
     pub ix_dim: usize,
     pub ix_top_k: usize,
     pub hash_layers: usize,
-    /// Per trunk layer, the SwiGLU limits of the experts and the shared expert (≤ 1e-6: none).
+    /// Per block, the SwiGLU limits of the experts and the shared expert (≤ 1e-6: none).
     pub clamp_exp: Vec<f32>,
     pub clamp_shexp: Vec<f32>,
     /// Width of the shared expert (expert width × shared count).
@@ -79,7 +80,7 @@ impl Dsv4Hp {
 
     /// Bytes of one sequence's state over every layer for `n_ctx` positions.
     pub fn state_bytes(&self, hp: &Hparams, n_ctx: usize) -> u64 {
-        (0..self.ratios.len())
+        (0..hp.n_layer)
             .map(|i| 4 * self.shape(hp, i, n_ctx).state_floats() as u64)
             .sum()
     }
@@ -170,7 +171,7 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
             format!("has {} entries for {n_all} blocks", ratios.len()),
         ));
     }
-    if let Some(x) = ratios.iter().find(|&&x| !matches!(x, 0 | 4 | 128)) {
+    if let Some(x) = ratios[..n_all].iter().find(|&&x| !matches!(x, 0 | 4 | 128)) {
         return Err(r.bad(
             "attention.compress_ratios",
             format!("holds {x} (0, 4 and 128 only)"),
@@ -235,7 +236,7 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
         hc: hcp,
         o_groups,
         o_lora: r.req("attention.output_lora_rank")?,
-        ratios: ratios[..n].to_vec(),
+        ratios: ratios[..n_all].to_vec(),
         n_swa: r.req("attention.sliding_window")?,
         n_rot,
         rope_raw,
@@ -244,8 +245,8 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
         ix_dim,
         ix_top_k: r.req("attention.indexer.top_k")?,
         hash_layers: r.u("hash_layer_count")?.unwrap_or(0),
-        clamp_exp: clamp_exp[..n].to_vec(),
-        clamp_shexp: clamp_shexp[..n].to_vec(),
+        clamp_exp,
+        clamp_shexp,
         n_ff_shared: hp.shared_expert_ff,
         nextn,
     });
@@ -284,9 +285,25 @@ pub struct Dsv4Layer<B: Backend> {
     pub sh_down: B::Weight,
 }
 
+/// A multi-token-prediction block (loaded, not run: for speculative decoding): its layer,
+/// `eh_proj` over the normed token embedding and the normed trunk state, and its own
+/// embedding, head and head norm where the file has them (else the model's).
+pub struct MtpBlock<B: Backend> {
+    pub layer: Dsv4Layer<B>,
+    /// [n_embd, 2·n_embd]
+    pub eh_proj: B::Weight,
+    pub enorm: B::Weight,
+    pub hnorm: B::Weight,
+    pub embed: Option<B::Weight>,
+    pub head: Option<B::Weight>,
+    pub head_norm: Option<B::Weight>,
+}
+
 /// The model's weights beyond `Model`'s embedding, output norm and output.
 pub struct Dsv4<B: Backend> {
     pub layers: Vec<Dsv4Layer<B>>,
+    /// The multi-token-prediction blocks (`nextn_predict_layers`), loaded, not run.
+    pub mtp: Vec<MtpBlock<B>>,
     pub head: [B::Weight; 3],
 }
 
@@ -331,8 +348,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: &Hparams) -> Result
     let (ne, ff, sf) = (moe.n_expert as u64, moe.n_ff as u64, ds.n_ff_shared as u64);
     let mix = ds.hc.mix_dim() as u64;
     let w = |name: &str, shape: &[u64]| crate::weight(b, f, name, shape);
-    let mut layers = Vec::with_capacity(hp.n_layer);
-    for i in 0..hp.n_layer {
+    let layer = |i: usize| -> Result<Dsv4Layer<B>> {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
         let ratio = ds.ratios[i] as u64;
         let hcw = |s: &str| -> Result<[B::Weight; 3]> {
@@ -377,7 +393,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: &Hparams) -> Result
         } else {
             (Some(w(&format!("blk.{i}.exp_probs_b.bias"), &[ne])?), None)
         };
-        layers.push(Dsv4Layer {
+        Ok(Dsv4Layer {
             attn_norm: w(&n("attn_norm"), &[d])?,
             sinks: w(&n("attn_sinks"), &[nh])?,
             wq_a: w(&n("attn_q_a"), &[ql, d])?,
@@ -409,10 +425,35 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: &Hparams) -> Result
             sh_gate: w(&n("ffn_gate_shexp"), &[sf, d])?,
             sh_up: w(&n("ffn_up_shexp"), &[sf, d])?,
             sh_down: w(&n("ffn_down_shexp"), &[d, sf])?,
-        });
-    }
+        })
+    };
+    let layers = (0..hp.n_layer).map(layer).collect::<Result<Vec<_>>>()?;
+    // The multi-token-prediction blocks: a layer of their own each, and the projection of
+    // the embedding beside the trunk's hidden state.
+    let v = hp.n_vocab as u64;
+    let opt = |name: String, shape: &[u64]| -> Result<Option<B::Weight>> {
+        match f.tensor(&name) {
+            Some(_) => w(&name, shape).map(Some),
+            None => Ok(None),
+        }
+    };
+    let mtp = (hp.n_layer..hp.n_layer + ds.nextn)
+        .map(|i| -> Result<MtpBlock<B>> {
+            let n = |s: &str| format!("blk.{i}.nextn.{s}.weight");
+            Ok(MtpBlock {
+                layer: layer(i)?,
+                eh_proj: w(&n("eh_proj"), &[d, 2 * d])?,
+                enorm: w(&n("enorm"), &[d])?,
+                hnorm: w(&n("hnorm"), &[d])?,
+                embed: opt(n("embed_tokens"), &[v, d])?,
+                head: opt(n("shared_head_head"), &[v, d])?,
+                head_norm: opt(n("shared_head_norm"), &[d])?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(Dsv4 {
         layers,
+        mtp,
         head: [
             w("output_hc_fn.weight", &[hc, hc * d])?,
             w("output_hc_base.weight", &[hc])?,
