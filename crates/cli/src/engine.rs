@@ -190,13 +190,13 @@ pub fn kv_summary(spec: &quiver_backend::KvSpec) -> String {
 }
 
 /// The load log's line on the per-sequence state of models with one (Qwen 3.5's gated delta
-/// net; DeepSeek-V4's window and compressed KV for up to `n_slots` positions, as
-/// `Model::state` sizes it): bytes per sequence over its layers, and for `n_seqs` sequences.
+/// net; DeepSeek-V4's window and compressed KV for up to `n_slots` positions per sequence,
+/// as `Model::state` sizes it): bytes per sequence over its layers, and for `n_seqs` sequences.
 /// None for others.
 pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize, n_slots: usize) -> Option<String> {
     let s = if n_seqs == 1 { "" } else { "s" };
     if let Some(ds) = &hp.dsv4 {
-        let n_ctx = n_slots.min(hp.n_ctx_train).max(1);
+        let n_ctx = n_slots.max(1);
         let per_seq = ds.state_bytes(hp, n_ctx);
         return Some(format!(
             "compressed KV state f32: {} per sequence ({n_ctx} positions: a window of {}, compressed rows and compressor rings over {} layers), {n_seqs} sequence{s} in {}",

@@ -116,6 +116,9 @@ pub struct Model<B: Backend> {
     pub kv_types: quiver_backend::KvTypes,
     /// DeepSeek-V4's weights (its layers replace `layers`, which it leaves empty).
     pub dsv4: Option<crate::deepseek4::Dsv4<B>>,
+    /// The positions one sequence may reach, where a state's size depends on it
+    /// (DeepSeek-V4's compressed KV); None: as many as the state's KV slots.
+    pub seq_ctx: Option<usize>,
     /// Sequences a state made after this holds recurrent state for (models with recurrent
     /// layers; [`Model::set_max_seqs`], 1 by default).
     pub max_seqs: usize,
@@ -134,6 +137,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             layers: Vec::new(),
             ple: None,
             dsv4: Some(ds),
+            seq_ctx: None,
             hp,
             kv_types: quiver_backend::KvTypes::default(),
             max_seqs: 1,
@@ -261,6 +265,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         layers,
         ple: crate::extras::load_ple_input(b, f, &hp)?,
         dsv4: None,
+        seq_ctx: None,
         hp,
         kv_types: quiver_backend::KvTypes::default(),
         max_seqs: 1,

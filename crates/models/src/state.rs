@@ -118,7 +118,7 @@ impl<B: Backend> Model<B> {
             None => 0,
         };
         // DeepSeek-V4's per-sequence state holds as many positions as a sequence can reach.
-        let ds_ctx = n_slots.min(hp.n_ctx_train).max(1);
+        let ds_ctx = n_slots.min(self.seq_ctx.unwrap_or(n_slots)).max(1);
         let ds_floats = match hp.dsv4 {
             Some(_) => crate::deepseek4::Bufs::<B>::floats(hp, n) as u64,
             None => 0,
