@@ -3,9 +3,21 @@
 //! tokens in position order: each updates the state the next reads); the grouped product
 //! and the experts run on the matmul kernels.
 
-use crate::{check, CpuBackend, CpuWeight};
+use crate::{check, par_rows, CpuBackend, CpuWeight, SyncPtr};
 use quiver_backend::dsv4::{self, AttnHost, AttnInputs, AttnShape, AttnWeights, HcParams};
 use quiver_backend::{Batch, MoeParams, MoeScratch, MoeWeights, Result};
+
+/// The indexer's choices per token, written by the pool's tasks, each its own tokens'.
+#[derive(Clone, Copy)]
+struct SelPtr(*mut Vec<usize>);
+// SAFETY: the tasks write disjoint entries and nothing reads them before the pool returns.
+unsafe impl Sync for SelPtr {}
+
+impl SelPtr {
+    fn at(&self, t: usize) -> *mut Vec<usize> {
+        self.0.wrapping_add(t)
+    }
+}
 
 fn vec_of<'a>(w: Option<&'a CpuWeight>, op: &'static str) -> Result<&'a [f32]> {
     match w {
@@ -205,8 +217,38 @@ impl CpuBackend {
             ix_kv: x.ix_kv.map(|v| v.as_slice()),
             ix_score: x.ix_score.map(|v| v.as_slice()),
         };
-        dsv4::attention(batch, s, &host, &inputs, state, out)
-            .map_err(|detail| quiver_backend::BackendError::Shape { op, detail })
+        // The phases of dsv4::attention: the state brought up to each sequence's last token
+        // (one sequence after another), then every (token, head) in parallel, then the rings.
+        let mut keys = vec![0f32; n * hd];
+        dsv4::attention_prepare(batch, s, &host, &inputs, state, &mut keys)
+            .map_err(|detail| quiver_backend::BackendError::Shape { op, detail })?;
+        let st: &[f32] = state;
+        let sel: Vec<Vec<usize>> = if s.ratio == 4 {
+            let mut sel = vec![Vec::new(); n];
+            let ptr = SelPtr(sel.as_mut_ptr());
+            par_rows(self.mm.pool(), n, 1, |r0, r1| {
+                for t in r0..r1 {
+                    // SAFETY: each task writes only its own rows' entries.
+                    unsafe { *ptr.at(t) = dsv4::attention_select(batch, s, &inputs, st, t) };
+                }
+            });
+            sel
+        } else {
+            (0..n)
+                .map(|t| dsv4::attention_select(batch, s, &inputs, st, t))
+                .collect()
+        };
+        let (h, o) = (s.n_head, SyncPtr(out.as_mut_ptr()));
+        par_rows(self.mm.pool(), n * h, 1, |r0, r1| {
+            for i in r0..r1 {
+                let (t, hh) = (i / h, i % h);
+                // SAFETY: head hh of token t is its own range of out, written by this task only.
+                let o = unsafe { o.slice(i * hd, hd) };
+                dsv4::attention_head(batch, s, &host, &inputs, st, &keys, t, hh, &sel[t], o);
+            }
+        });
+        dsv4::attention_commit(batch, s, state, &keys);
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -439,44 +439,318 @@ fn compress(
     out[..dim].iter_mut().for_each(|v| *v = f16r(*v));
 }
 
-/// The state's parts of one slot.
-struct Parts<'a> {
-    raw: &'a mut [f32],
-    ckv: &'a mut [f32],
-    csc: &'a mut [f32],
-    comp: &'a mut [f32],
-    ikv: &'a mut [f32],
-    isc: &'a mut [f32],
-    icomp: &'a mut [f32],
+/// Where each part of a slot lies: (start, length) of the raw window, the compressor's value
+/// and score rings, its rows, the indexer's rings and its rows.
+fn layout(s: &AttnShape) -> [(usize, usize); 7] {
+    let (hd, cw, nc) = (s.head_dim, s.comp_width(), s.n_comp());
+    let ring = if s.ratio > 0 { s.ring() * cw } else { 0 };
+    let iw = if s.ratio == 4 { 8 * 2 * s.ix_dim } else { 0 };
+    let lens = [
+        s.n_swa * hd,
+        ring,
+        ring,
+        if s.ratio > 0 { nc * hd } else { 0 },
+        iw,
+        iw,
+        if s.ratio == 4 { nc * s.ix_dim } else { 0 },
+    ];
+    let mut at = 0;
+    lens.map(|l| {
+        at += l;
+        (at - l, l)
+    })
 }
 
-fn parts<'a>(s: &AttnShape, slot: &'a mut [f32]) -> Parts<'a> {
-    let hd = s.head_dim;
-    let (raw, rest) = slot.split_at_mut(s.n_swa * hd);
-    let (rw, cw, nc) = (s.ring(), s.comp_width(), s.n_comp());
-    let (ckv, rest) = rest.split_at_mut(if s.ratio > 0 { rw * cw } else { 0 });
-    let (csc, rest) = rest.split_at_mut(ckv.len());
-    let (comp, rest) = rest.split_at_mut(nc * hd);
-    let iw = if s.ratio == 4 { 8 * 2 * s.ix_dim } else { 0 };
-    let (ikv, rest) = rest.split_at_mut(iw);
-    let (isc, rest) = rest.split_at_mut(iw);
-    let icomp = &mut rest[..if s.ratio == 4 { nc * s.ix_dim } else { 0 }];
-    Parts {
-        raw,
-        ckv,
-        csc,
-        comp,
-        ikv,
-        isc,
-        icomp,
+fn part(slot: &[f32], l: (usize, usize)) -> &[f32] {
+    &slot[l.0..l.0 + l.1]
+}
+
+/// Checks the step's sequences against the state: distinct slots inside it, positions inside
+/// the state's context.
+fn check_step(batch: &crate::Batch, s: &AttnShape, state_len: usize) -> Result<(), String> {
+    let sf = s.state_floats();
+    let mut slots: Vec<u32> = batch.seqs.iter().map(|q| q.state_slot).collect();
+    slots.sort_unstable();
+    if slots.windows(2).any(|w| w[0] == w[1]) {
+        return Err("two sequences of one step share a state slot".into());
+    }
+    if let Some(&last) = slots.last() {
+        if (last as usize + 1) * sf > state_len {
+            return Err(format!(
+                "state slot {last} past the state's {} slots",
+                state_len / sf.max(1)
+            ));
+        }
+    }
+    match batch.positions.iter().find(|&&p| p as usize >= s.n_ctx) {
+        Some(p) => Err(format!(
+            "position {p} past the state's context of {}",
+            s.n_ctx
+        )),
+        None => Ok(()),
     }
 }
 
-/// One layer's attention for the step's sequences, token after token in position order
-/// (each updates its sequence's state: the raw window, the compressor rings, the compressed
-/// rows, then attends). `state` holds `n_slots` slots of [`AttnShape::state_floats`];
-/// sequence s uses slot `batch.seqs[s].state_slot` and must continue where that slot's
-/// sequence stopped (or start at position 0). `out`: [rows, n_head·head_dim], rotated back.
+/// The first of a layer's three phases over a step ([`attention`]): each token's key rotated
+/// and f16-rounded into `keys` ([rows, head_dim]), and each sequence's compressor rings and
+/// compressed rows (and the indexer's) brought up to its last token, in position order.
+pub fn attention_prepare(
+    batch: &crate::Batch,
+    s: &AttnShape,
+    w: &AttnHost,
+    x: &AttnInputs<[f32]>,
+    state: &mut [f32],
+    keys: &mut [f32],
+) -> Result<(), String> {
+    check_step(batch, s, state.len())?;
+    let hd = s.head_dim;
+    let sf = s.state_floats();
+    let angles = RopeAngles::new(&s.rope);
+    let cang = RopeAngles::new(&s.comp_rope);
+    let np = angles.pairs();
+    let mut sin = [0f32; crate::ROPE_MAX_PAIRS];
+    let mut cos = [0f32; crate::ROPE_MAX_PAIRS];
+    let (cw, ring, ratio) = (s.comp_width(), s.ring(), s.ratio);
+    let lay = layout(s);
+    for seq in &batch.seqs {
+        let slot = &mut state[seq.state_slot as usize * sf..][..sf];
+        for t in seq.start..seq.start + seq.len {
+            let p = batch.positions[t] as usize;
+            angles.at(p as u32, &mut sin[..np], &mut cos[..np]);
+            let k = &mut keys[t * hd..][..hd];
+            k.copy_from_slice(&x.kv[t * hd..][..hd]);
+            rope_tail(k, &sin[..np], &cos[..np], 1.0);
+            k.iter_mut().for_each(|v| *v = f16r(*v));
+            // The compressors: this token's rows into the rings, a block's row at its end.
+            let mut comp = |kv: &[f32],
+                            sc: &[f32],
+                            ape: &[f32],
+                            norm: &[f32],
+                            ratio,
+                            ring,
+                            w,
+                            dim,
+                            parts: [usize; 3]| {
+                let [rk, rs, rc] = parts.map(|i| lay[i]);
+                let r = p % ring;
+                slot[rk.0 + r * w..][..w].copy_from_slice(&kv[t * w..][..w]);
+                let ape = &ape[(p % ratio) * w..][..w];
+                for ((d, &v), &a) in slot[rs.0 + r * w..][..w]
+                    .iter_mut()
+                    .zip(&sc[t * w..][..w])
+                    .zip(ape)
+                {
+                    *d = v + a;
+                }
+                if (p + 1).is_multiple_of(ratio) {
+                    let b = p / ratio;
+                    let (head, rows) = slot.split_at_mut(rc.0);
+                    compress(
+                        &head[rk.0..rk.0 + rk.1],
+                        &head[rs.0..rs.0 + rs.1],
+                        ring,
+                        w,
+                        ratio,
+                        dim,
+                        b,
+                        norm,
+                        s.rms_eps,
+                        &cang,
+                        &mut rows[b * dim..][..dim],
+                    );
+                }
+            };
+            if ratio > 0 {
+                let (kv, sc) = (x.comp_kv.unwrap(), x.comp_score.unwrap());
+                comp(kv, sc, w.ape, w.norm, ratio, ring, cw, hd, [1, 2, 3]);
+            }
+            if ratio == 4 {
+                let (kv, sc) = (x.ix_kv.unwrap(), x.ix_score.unwrap());
+                comp(
+                    kv,
+                    sc,
+                    w.ix_ape,
+                    w.ix_norm,
+                    4,
+                    8,
+                    2 * s.ix_dim,
+                    s.ix_dim,
+                    [4, 5, 6],
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The second phase: token `t`'s attention (all heads) into `out` ([n_head·head_dim],
+/// rotated back), over the keys [`attention_prepare`] made and its sequence's slot: the
+/// compressed rows it reads ([`attention_select`]), then each head ([`attention_head`]).
+/// Tokens and heads are independent here (any order, in parallel).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_token(
+    batch: &crate::Batch,
+    s: &AttnShape,
+    w: &AttnHost,
+    x: &AttnInputs<[f32]>,
+    state: &[f32],
+    keys: &[f32],
+    t: usize,
+    out: &mut [f32],
+) {
+    let sel = attention_select(batch, s, x, state, t);
+    let hd = s.head_dim;
+    for (hh, o) in out.chunks_exact_mut(hd).take(s.n_head).enumerate() {
+        attention_head(batch, s, w, x, state, keys, t, hh, &sel, o);
+    }
+}
+
+/// The compressed rows token `t` attends to: every visible one, or (ratio 4, more visible
+/// than `ix_top_k`) the lightning indexer's best `ix_top_k`, ties to the earlier row.
+pub fn attention_select(
+    batch: &crate::Batch,
+    s: &AttnShape,
+    x: &AttnInputs<[f32]>,
+    state: &[f32],
+    t: usize,
+) -> Vec<usize> {
+    let ratio = s.ratio;
+    let p = batch.positions[t] as usize;
+    let n_vis = (p + 1).checked_div(ratio).unwrap_or(0);
+    if ratio != 4 || n_vis <= s.ix_top_k {
+        return (0..n_vis).collect();
+    }
+    let seq = &batch.seqs[batch.seq_of[t] as usize];
+    let sf = s.state_floats();
+    let slot = &state[seq.state_slot as usize * sf..][..sf];
+    let icomp = part(slot, layout(s)[6]);
+    let (ixq, ixw) = (x.ix_q.unwrap(), x.ix_w.unwrap());
+    let (ih, id) = (s.ix_heads, s.ix_dim);
+    let cang = RopeAngles::new(&s.comp_rope);
+    let cnp = cang.pairs();
+    let mut sin = [0f32; crate::ROPE_MAX_PAIRS];
+    let mut cos = [0f32; crate::ROPE_MAX_PAIRS];
+    cang.at(p as u32, &mut sin[..cnp], &mut cos[..cnp]);
+    let mut iq = ixq[t * ih * id..][..ih * id].to_vec();
+    for hq in iq.chunks_exact_mut(id) {
+        rope_tail(hq, &sin[..cnp], &cos[..cnp], 1.0);
+    }
+    let wscale = 1.0 / ((id * ih) as f32).sqrt();
+    let mut score: Vec<(f32, usize)> = (0..n_vis)
+        .map(|b| {
+            let k = &icomp[b * id..][..id];
+            let sc = iq.chunks_exact(id).enumerate().map(|(hh, hq)| {
+                let dot: f32 = hq.iter().zip(k).map(|(a, b)| a * b).sum();
+                dot.max(0.0) * (ixw[t * ih + hh] * wscale)
+            });
+            (sc.sum(), b)
+        })
+        .collect();
+    score.sort_by(|a, b| {
+        b.0.partial_cmp(&a.0)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.1.cmp(&b.1))
+    });
+    score[..s.ix_top_k].iter().map(|e| e.1).collect()
+}
+
+/// Head `hh` of token `t` into `o` ([head_dim], rotated back): the window's keys (this
+/// step's from its sequence's first position on, the ring's before) and the rows `sel`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_head(
+    batch: &crate::Batch,
+    s: &AttnShape,
+    w: &AttnHost,
+    x: &AttnInputs<[f32]>,
+    state: &[f32],
+    keys: &[f32],
+    t: usize,
+    hh: usize,
+    sel: &[usize],
+    o: &mut [f32],
+) {
+    let (h, hd) = (s.n_head, s.head_dim);
+    let seq = &batch.seqs[batch.seq_of[t] as usize];
+    let sf = s.state_floats();
+    let slot = &state[seq.state_slot as usize * sf..][..sf];
+    let lay = layout(s);
+    let (raw, comp) = (part(slot, lay[0]), part(slot, lay[3]));
+    let p = batch.positions[t] as usize;
+    let p0 = batch.positions[seq.start] as usize;
+    let mut sin = [0f32; crate::ROPE_MAX_PAIRS];
+    let mut cos = [0f32; crate::ROPE_MAX_PAIRS];
+    let angles = RopeAngles::new(&s.rope);
+    let np = angles.pairs();
+    angles.at(p as u32, &mut sin[..np], &mut cos[..np]);
+    let first = (p + 1).saturating_sub(s.n_swa);
+    let n_raw = p + 1 - first;
+    let key = |j: usize| -> &[f32] {
+        if j < n_raw {
+            let q = first + j;
+            if q >= p0 {
+                &keys[(seq.start + q - p0) * hd..][..hd]
+            } else {
+                &raw[(q % s.n_swa) * hd..][..hd]
+            }
+        } else {
+            &comp[sel[j - n_raw] * hd..][..hd]
+        }
+    };
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut q = x.q[t * h * hd + hh * hd..][..hd].to_vec();
+    rope_tail(&mut q, &sin[..np], &cos[..np], 1.0);
+    // llama.cpp's flash attention over an f16 cache: q in f16, an online softmax whose p·v
+    // accumulator is rounded to f16 after every update, the sink last.
+    q.iter_mut().for_each(|v| *v = f16r(*v));
+    o.fill(0.0);
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for j in 0..n_raw + sel.len() {
+        let k = key(j);
+        let l = scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>();
+        let (mut ms, mut vs) = (1f32, 1f32);
+        if l > m {
+            ms = (m - l).exp();
+            m = l;
+            o.iter_mut().for_each(|v| *v = f16r(*v * ms));
+        } else {
+            vs = (l - m).exp();
+        }
+        o.iter_mut()
+            .zip(k)
+            .for_each(|(o, &v)| *o = f16r(v.mul_add(vs, *o)));
+        sum = sum * ms + vs;
+    }
+    let sink = w.sinks[hh];
+    if sink > m {
+        let ms = (m - sink).exp();
+        o.iter_mut().for_each(|v| *v *= ms);
+        sum = sum * ms + 1.0;
+    } else {
+        sum += (sink - m).exp();
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    o.iter_mut().for_each(|v| *v *= inv);
+    rope_tail(o, &sin[..np], &cos[..np], -1.0);
+}
+
+/// The third phase: each sequence's last keys into its slot's window ring.
+pub fn attention_commit(batch: &crate::Batch, s: &AttnShape, state: &mut [f32], keys: &[f32]) {
+    let (hd, sf) = (s.head_dim, s.state_floats());
+    for seq in &batch.seqs {
+        let raw = &mut state[seq.state_slot as usize * sf..][..s.n_swa * hd];
+        for t in (seq.start..seq.start + seq.len).rev().take(s.n_swa) {
+            let p = batch.positions[t] as usize;
+            raw[(p % s.n_swa) * hd..][..hd].copy_from_slice(&keys[t * hd..][..hd]);
+        }
+    }
+}
+
+/// One layer's attention over the step's sequences. `state` holds slots of
+/// [`AttnShape::state_floats`]; sequence s uses slot `batch.seqs[s].state_slot` (distinct
+/// within a step) and must continue where that slot's sequence stopped, or start at position
+/// 0 (a token reads only positions its own sequence wrote: a slot needs no clearing).
+/// `out`: [rows, n_head·head_dim], rotated back. In three phases: [`attention_prepare`],
+/// [`attention_token`] per token, [`attention_commit`].
 pub fn attention(
     batch: &crate::Batch,
     s: &AttnShape,
@@ -485,186 +759,22 @@ pub fn attention(
     state: &mut [f32],
     out: &mut [f32],
 ) -> Result<(), String> {
-    let (h, hd) = (s.n_head, s.head_dim);
-    let sf = s.state_floats();
-    let angles = RopeAngles::new(&s.rope);
-    let cang = RopeAngles::new(&s.comp_rope);
-    let np = angles.pairs();
-    let cnp = cang.pairs();
-    let mut sin = [0f32; crate::ROPE_MAX_PAIRS];
-    let mut cos = [0f32; crate::ROPE_MAX_PAIRS];
-    let (cw, ring, ratio) = (s.comp_width(), s.ring(), s.ratio);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut q = vec![0f32; h * hd];
-    let mut keys: Vec<usize> = Vec::new();
-    let mut iq = vec![0f32; s.ix_heads * s.ix_dim];
-    let mut iscore: Vec<(f32, usize)> = Vec::new();
-    for seq in &batch.seqs {
-        let slot = seq.state_slot as usize;
-        if (slot + 1) * sf > state.len() {
-            return Err(format!(
-                "state slot {slot} past the state's {} slots",
-                state.len() / sf.max(1)
-            ));
-        }
-        let st = parts(s, &mut state[slot * sf..(slot + 1) * sf]);
-        for t in seq.start..seq.start + seq.len {
-            let p = batch.positions[t] as usize;
-            if p >= s.n_ctx {
-                return Err(format!(
-                    "position {p} past the state's context of {}",
-                    s.n_ctx
-                ));
-            }
-            angles.at(p as u32, &mut sin[..np], &mut cos[..np]);
-            // The raw key (= value), rotated, f16.
-            let kr = &mut st.raw[(p % s.n_swa) * hd..][..hd];
-            kr.copy_from_slice(&x.kv[t * hd..][..hd]);
-            rope_tail(kr, &sin[..np], &cos[..np], 1.0);
-            kr.iter_mut().for_each(|v| *v = f16r(*v));
-            // The compressors.
-            let mut n_vis = 0;
-            if ratio > 0 {
-                let (ckv, csc) = (x.comp_kv.unwrap(), x.comp_score.unwrap());
-                let r = p % ring;
-                st.ckv[r * cw..][..cw].copy_from_slice(&ckv[t * cw..][..cw]);
-                let ape = &w.ape[(p % ratio) * cw..][..cw];
-                for ((d, &v), &a) in st.csc[r * cw..][..cw]
-                    .iter_mut()
-                    .zip(&csc[t * cw..][..cw])
-                    .zip(ape)
-                {
-                    *d = v + a;
-                }
-                n_vis = (p + 1) / ratio;
-                if (p + 1).is_multiple_of(ratio) {
-                    let b = p / ratio;
-                    compress(
-                        st.ckv,
-                        st.csc,
-                        ring,
-                        cw,
-                        ratio,
-                        hd,
-                        b,
-                        w.norm,
-                        s.rms_eps,
-                        &cang,
-                        &mut st.comp[b * hd..][..hd],
-                    );
-                }
-            }
-            if ratio == 4 {
-                let iw = 2 * s.ix_dim;
-                let (ikv, isc) = (x.ix_kv.unwrap(), x.ix_score.unwrap());
-                let r = p % 8;
-                st.ikv[r * iw..][..iw].copy_from_slice(&ikv[t * iw..][..iw]);
-                let ape = &w.ix_ape[(p % 4) * iw..][..iw];
-                for ((d, &v), &a) in st.isc[r * iw..][..iw]
-                    .iter_mut()
-                    .zip(&isc[t * iw..][..iw])
-                    .zip(ape)
-                {
-                    *d = v + a;
-                }
-                if (p + 1).is_multiple_of(4) {
-                    let b = p / 4;
-                    compress(
-                        st.ikv,
-                        st.isc,
-                        8,
-                        iw,
-                        4,
-                        s.ix_dim,
-                        b,
-                        w.ix_norm,
-                        s.rms_eps,
-                        &cang,
-                        &mut st.icomp[b * s.ix_dim..][..s.ix_dim],
-                    );
-                }
-            }
-            // The compressed rows this token attends to: all visible ones, or the indexer's
-            // top-k of them.
-            keys.clear();
-            if ratio == 4 && n_vis > s.ix_top_k {
-                let (ixq, ixw) = (x.ix_q.unwrap(), x.ix_w.unwrap());
-                let (ih, id) = (s.ix_heads, s.ix_dim);
-                iq.copy_from_slice(&ixq[t * ih * id..][..ih * id]);
-                cang.at(p as u32, &mut sin[..cnp], &mut cos[..cnp]);
-                for hq in iq.chunks_exact_mut(id) {
-                    rope_tail(hq, &sin[..cnp], &cos[..cnp], 1.0);
-                }
-                let wscale = 1.0 / ((id * ih) as f32).sqrt();
-                iscore.clear();
-                for b in 0..n_vis {
-                    let k = &st.icomp[b * id..][..id];
-                    let mut sc = 0f32;
-                    for (hh, hq) in iq.chunks_exact(id).enumerate() {
-                        let dot: f32 = hq.iter().zip(k).map(|(a, b)| a * b).sum();
-                        sc += dot.max(0.0) * (ixw[t * ih + hh] * wscale);
-                    }
-                    iscore.push((sc, b));
-                }
-                iscore.sort_by(|a, b| {
-                    b.0.partial_cmp(&a.0)
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                        .then(a.1.cmp(&b.1))
-                });
-                keys.extend(iscore[..s.ix_top_k].iter().map(|e| e.1));
-            } else {
-                keys.extend(0..n_vis);
-            }
-            // q, rotated.
-            angles.at(p as u32, &mut sin[..np], &mut cos[..np]);
-            q.copy_from_slice(&x.q[t * h * hd..][..h * hd]);
-            for hq in q.chunks_exact_mut(hd) {
-                rope_tail(hq, &sin[..np], &cos[..np], 1.0);
-            }
-            let first = (p + 1).saturating_sub(s.n_swa);
-            let n_raw = p + 1 - first;
-            for (hh, hq) in q.chunks_exact(hd).enumerate() {
-                let key = |j: usize| -> &[f32] {
-                    if j < n_raw {
-                        &st.raw[((first + j) % s.n_swa) * hd..][..hd]
-                    } else {
-                        &st.comp[keys[j - n_raw] * hd..][..hd]
-                    }
-                };
-                // llama.cpp's flash attention over an f16 cache: q in f16, an online softmax
-                // whose p·v accumulator is rounded to f16 after every update, the sink last.
-                let o = &mut out[t * h * hd + hh * hd..][..hd];
-                o.fill(0.0);
-                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-                for j in 0..n_raw + keys.len() {
-                    let k = key(j);
-                    let l = scale * hq.iter().zip(k).map(|(a, b)| f16r(*a) * b).sum::<f32>();
-                    let (mut ms, mut vs) = (1f32, 1f32);
-                    if l > m {
-                        ms = (m - l).exp();
-                        m = l;
-                        o.iter_mut().for_each(|v| *v = f16r(*v * ms));
-                    } else {
-                        vs = (l - m).exp();
-                    }
-                    o.iter_mut()
-                        .zip(k)
-                        .for_each(|(o, &v)| *o = f16r(v.mul_add(vs, *o)));
-                    sum = sum * ms + vs;
-                }
-                let sink = w.sinks[hh];
-                if sink > m {
-                    let ms = (m - sink).exp();
-                    o.iter_mut().for_each(|v| *v *= ms);
-                    sum = sum * ms + 1.0;
-                } else {
-                    sum += (sink - m).exp();
-                }
-                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-                o.iter_mut().for_each(|v| *v *= inv);
-                rope_tail(o, &sin[..np], &cos[..np], -1.0);
-            }
-        }
+    let n = batch.n_tokens();
+    let width = s.n_head * s.head_dim;
+    let mut keys = vec![0f32; n * s.head_dim];
+    attention_prepare(batch, s, w, x, state, &mut keys)?;
+    for t in 0..n {
+        attention_token(
+            batch,
+            s,
+            w,
+            x,
+            state,
+            &keys,
+            t,
+            &mut out[t * width..][..width],
+        );
     }
+    attention_commit(batch, s, state, &keys);
     Ok(())
 }

@@ -348,32 +348,37 @@ fn attention<B: Backend, H: Harness<B>>(
     let state0 = rng.scaled(n_slots * sf, 9.0);
     let width = s.n_head * hd;
     // One step over `spans` (sequence, first token, tokens, slot): the outputs per span.
+    // A step's batch and inputs over `spans` (sequence, first token, tokens, slot).
+    let make = |spans: &[(usize, usize, usize, usize)]| -> (Batch, Vec<Vec<f32>>) {
+        let mut batch = Batch {
+            block_size: crate::KV_BLOCK_SIZE,
+            ..Default::default()
+        };
+        let mut parts: Vec<Vec<f32>> = widths.iter().map(|_| Vec::new()).collect();
+        for (si, &(q, first, len, slot)) in spans.iter().enumerate() {
+            batch.seqs.push(SeqSpan {
+                start: batch.tokens.len(),
+                len,
+                kv_len: first + len,
+                block_table: vec![0; 16],
+                state_slot: slot as u32,
+                ..Default::default()
+            });
+            for t in first..first + len {
+                batch.tokens.push(0);
+                batch.positions.push(t as u32);
+                batch.slots.push(0);
+                batch.seq_of.push(si as u32);
+            }
+            for (k, &w) in widths.iter().enumerate() {
+                parts[k].extend_from_slice(&inputs[q].parts[k][first * w..(first + len) * w]);
+            }
+        }
+        (batch, parts)
+    };
     let run =
         |be: &mut B, state: &mut B::Buf, spans: &[(usize, usize, usize, usize)]| -> Vec<Vec<f32>> {
-            let mut batch = Batch {
-                block_size: crate::KV_BLOCK_SIZE,
-                ..Default::default()
-            };
-            let mut parts: Vec<Vec<f32>> = widths.iter().map(|_| Vec::new()).collect();
-            for (si, &(q, first, len, slot)) in spans.iter().enumerate() {
-                batch.seqs.push(SeqSpan {
-                    start: batch.tokens.len(),
-                    len,
-                    kv_len: first + len,
-                    block_table: vec![0; 16],
-                    state_slot: slot as u32,
-                    ..Default::default()
-                });
-                for t in first..first + len {
-                    batch.tokens.push(0);
-                    batch.positions.push(t as u32);
-                    batch.slots.push(0);
-                    batch.seq_of.push(si as u32);
-                }
-                for (k, &w) in widths.iter().enumerate() {
-                    parts[k].extend_from_slice(&inputs[q].parts[k][first * w..(first + len) * w]);
-                }
-            }
+            let (batch, parts) = make(spans);
             let n = batch.tokens.len();
             let bufs: Vec<B::Buf> = parts.iter().map(|p| h.upload(&*be, p)).collect();
             let mut out = poison(&*be, h, n * width);
@@ -422,6 +427,34 @@ fn attention<B: Backend, H: Harness<B>>(
         .enumerate()
         .map(|(q, &(len, slot, _))| run(be, &mut state, &[(q, 0, len, slot)]).remove(0))
         .collect();
+    // The scalar reference, each sequence alone.
+    let host = ds::AttnHost {
+        sinks: &sinks,
+        ape: if ratio > 0 { &ape } else { &[] },
+        norm: if ratio > 0 { &norm } else { &[] },
+        ix_ape: if ratio == 4 { &ix_ape } else { &[] },
+        ix_norm: if ratio == 4 { &ix_norm } else { &[] },
+    };
+    for (q, &(len, slot, _)) in seqs.iter().enumerate() {
+        let (batch, parts) = make(&[(q, 0, len, slot)]);
+        let (c, i) = (ratio > 0, ratio == 4);
+        let x = AttnInputs {
+            q: &parts[0][..],
+            kv: &parts[1][..],
+            comp_kv: c.then_some(&parts[2][..]),
+            comp_score: c.then_some(&parts[3][..]),
+            ix_q: i.then_some(&parts[4][..]),
+            ix_w: i.then_some(&parts[5][..]),
+            ix_kv: i.then_some(&parts[6][..]),
+            ix_score: i.then_some(&parts[7][..]),
+        };
+        let mut st = state0.clone();
+        let mut want = vec![0f32; len * width];
+        ds::attention(&batch, &s, &host, &x, &mut st, &mut want).unwrap();
+        notes.check("dsv4_attention", rel_err(&alone[q], &want), bound, || {
+            format!("ratio {ratio}, sequence {q} alone against the reference")
+        });
+    }
     // Together, in other slots, over steps of other chunkings (prompt pieces and decodes).
     let mut state = h.upload(be, &state0);
     let mut got: Vec<Vec<f32>> = seqs.iter().map(|_| Vec::new()).collect();
