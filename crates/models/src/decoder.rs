@@ -278,6 +278,11 @@ impl<B: Backend> Model<B> {
     /// Chooses the KV cache's element types for the states made after this; an error names
     /// the first layer whose heads a type cannot store.
     pub fn set_kv_types(&mut self, kv: quiver_backend::KvTypes) -> Result<()> {
+        if self.hp.dsv4.is_some() && kv != quiver_backend::KvTypes::default() {
+            return Err(ModelError::UnsupportedKv(format!(
+                "deepseek4 keeps its window and compressed KV as f16-rounded values in its own state: KV type {kv} is not supported (f16 only)"
+            )));
+        }
         self.hp
             .kv_spec(0, kv)
             .check()

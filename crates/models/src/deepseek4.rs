@@ -214,6 +214,13 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
     if rope_comp.yarn.is_some_and(|y| y.ext_factor != 0.0) {
         rope_comp.attn_factor = 1.0 / (1.0 + 0.1 * (1.0 / rope_comp.freq_scale).ln());
     }
+    // llama.cpp would route within expert groups where the file has more than one.
+    if let Some(g) = r.u("expert_group_count")?.filter(|&g| g > 1) {
+        return Err(r.bad(
+            "expert_group_count",
+            format!("{g} (group-limited routing is not supported)"),
+        ));
+    }
     let mut moe = r.moe(hp.n_ff, Gating::Softmax, true, Activation::SwiGlu)?;
     moe.n_ff = r
         .per_layer("expert_feed_forward_length", n_all)?

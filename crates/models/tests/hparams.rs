@@ -271,7 +271,8 @@ fn deepseek4_reads_its_keys_and_refuses_what_it_cannot_run_in_one_line() {
     // Every layer keeps per-sequence state: no paged KV.
     assert!(hp.layers.iter().all(|l| l.recurrent));
     assert!(hp.kv_spec(16, Default::default()).layers.is_empty());
-    let cases: [(&str, Value, &str); 5] = [
+    let cases: [(&str, Value, &str); 6] = [
+        ("expert_group_count", Value::U32(2), "group-limited"),
         ("expert_gating_func", Value::U32(2), "sqrt-softplus"),
         (
             "attention.compress_ratios",
