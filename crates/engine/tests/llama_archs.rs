@@ -119,7 +119,10 @@ fn model(fx: &Fixture) -> Arc<GgufFile> {
         fx.name
     );
     std::fs::write(&path, &bytes).unwrap();
-    Arc::new(GgufFile::open(&path).unwrap())
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    // The mapping stays; the file (up to 85 MB) need not outlive the test.
+    let _ = std::fs::remove_file(&path);
+    f
 }
 
 /// Compares one backend with every fixture, log-probabilities within `bound`; a model whose

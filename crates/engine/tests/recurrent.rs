@@ -79,7 +79,10 @@ fn fixture(name: &str) -> Arc<GgufFile> {
     assert_eq!(&bytes[at..at + 4], b"test");
     bytes[at..at + 4].copy_from_slice(b"none");
     std::fs::write(&path, &bytes).unwrap();
-    Arc::new(GgufFile::open(&path).unwrap())
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    // The mapping stays; the file need not outlive the test.
+    let _ = std::fs::remove_file(&path);
+    f
 }
 
 /// `quiver synth --preset tiny-qwen35moe` (F32): experts beside a shared expert, two
@@ -93,7 +96,9 @@ fn synth_moe() -> Arc<GgufFile> {
     let p = quiver_synth::preset("tiny-qwen35moe").unwrap();
     let ft = quiver_synth::file_type("F32").unwrap();
     quiver_synth::write(p, ft, 7, &path, 2, |_, _| {}).unwrap();
-    Arc::new(GgufFile::open(&path).unwrap())
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    let _ = std::fs::remove_file(&path);
+    f
 }
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -372,6 +377,7 @@ fn deepseek4_loads_its_multi_token_prediction_block() {
     })
     .unwrap();
     let with = Arc::new(GgufFile::open(&path).unwrap());
+    let _ = std::fs::remove_file(&path);
     let opts = RunnerOptions {
         kv: Default::default(),
         n_ctx: 256,
