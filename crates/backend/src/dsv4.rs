@@ -80,21 +80,23 @@ pub fn hc_weights(
     for (i, c) in comb.iter_mut().enumerate() {
         *c = mixes[2 * hc + i] * scale[2] + base[2 * hc + i];
     }
-    // Softmax over dst per src row, then + eps.
+    // Softmax over dst per src row (ggml's: the sum in f64, scaled by its inverse), + eps.
     for row in comb.chunks_exact_mut(hc) {
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0;
+        let mut sum = 0f64;
         for v in row.iter_mut() {
             *v = (*v - m).exp();
-            sum += *v;
+            sum += *v as f64;
         }
+        let inv = (1.0 / sum) as f32;
         for v in row.iter_mut() {
-            *v = *v / sum + p.eps;
+            *v = *v * inv + p.eps;
         }
     }
+    // Sums in f64, as ggml's sum_rows.
     let norm_cols = |c: &mut [f32]| {
         for dst in 0..hc {
-            let s: f32 = (0..hc).map(|src| c[src * hc + dst]).sum::<f32>() + p.eps;
+            let s = (0..hc).map(|src| c[src * hc + dst] as f64).sum::<f64>() as f32 + p.eps;
             for src in 0..hc {
                 c[src * hc + dst] /= s;
             }
@@ -102,7 +104,7 @@ pub fn hc_weights(
     };
     let norm_rows = |c: &mut [f32]| {
         for row in c.chunks_exact_mut(hc) {
-            let s: f32 = row.iter().sum::<f32>() + p.eps;
+            let s = row.iter().map(|&v| v as f64).sum::<f64>() as f32 + p.eps;
             row.iter_mut().for_each(|v| *v /= s);
         }
     };
@@ -217,7 +219,7 @@ pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
-        x.exp().ln_1p()
+        (1.0 + x.exp()).ln()
     }
 }
 
@@ -261,7 +263,7 @@ pub fn moe_route(logits: &[f32], token: u32, r: &MoeRoute, out: &mut Vec<(u32, f
         }
     }
     if r.norm {
-        let sum: f32 = out.iter().map(|e| e.1).sum();
+        let sum = out.iter().map(|e| e.1 as f64).sum::<f64>() as f32;
         let sum = sum.max(6.103_515_6e-5);
         out.iter_mut().for_each(|e| e.1 /= sum);
     }
@@ -375,9 +377,11 @@ fn rope_tail(v: &mut [f32], sin: &[f32], cos: &[f32], sign: f32) {
     }
 }
 
+/// RMS norm times `w`, summed as ggml does (squares in f32, their sum in f64).
 fn rms_norm_w(v: &mut [f32], w: &[f32], eps: f32) {
-    let ss: f32 = v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32;
-    let s = 1.0 / (ss + eps).sqrt();
+    let ss: f64 = v.iter().map(|x| (x * x) as f64).sum();
+    let mean = (ss / v.len() as f64) as f32;
+    let s = 1.0 / (mean + eps).sqrt();
     v.iter_mut().zip(w).for_each(|(x, w)| *x = *x * s * w);
 }
 
@@ -422,13 +426,21 @@ fn compress(
             .iter()
             .map(|&(r, off)| sc[r * w + off + c])
             .fold(f32::NEG_INFINITY, f32::max);
-        let (mut num, mut den) = (0f32, 0f32);
-        for &(r, off) in &src {
-            let e = (sc[r * w + off + c] - m).exp();
-            num += e * kv[r * w + off + c];
-            den += e;
-        }
-        *o = num / den;
+        // As ggml's soft_max then sum_rows: the exponentials' sum in f64, the weights
+        // scaled by its inverse in f32, the weighted values summed in f64.
+        let den: f64 = src
+            .iter()
+            .map(|&(r, off)| (sc[r * w + off + c] - m).exp() as f64)
+            .sum();
+        let inv = (1.0 / den) as f32;
+        let num: f64 = src
+            .iter()
+            .map(|&(r, off)| {
+                let wt = (sc[r * w + off + c] - m).exp() * inv;
+                (kv[r * w + off + c] * wt) as f64
+            })
+            .sum();
+        *o = num as f32;
     }
     rms_norm_w(&mut out[..dim], norm, eps);
     let mut sin = [0f32; crate::ROPE_MAX_PAIRS];
