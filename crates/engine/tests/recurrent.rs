@@ -210,13 +210,14 @@ fn collect(rx: mpsc::Receiver<Event>) -> (Vec<(u32, f32)>, usize) {
 }
 
 /// The same tokens, each log-probability within 1e-4 of the solo run's (the state of another
-/// sequence leaking in would move them far more).
-fn same(got: &[(u32, f32)], want: &[(u32, f32)], i: usize) {
+/// sequence leaking in would move them far more), or where `exact` the same bits (deepseek4:
+/// batch invariant in the default numerics).
+fn same(got: &[(u32, f32)], want: &[(u32, f32)], i: usize, exact: bool) {
     let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
     assert_eq!(ids(got), ids(want), "request {i}");
     for (k, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(
-            (g.1 - w.1).abs() < 1e-4,
+            (g.1 - w.1).abs() < 1e-4 && (!exact || g.1.to_bits() == w.1.to_bits()),
             "request {i} token {k}: log-probability {} alone {}",
             g.1,
             w.1
@@ -226,20 +227,20 @@ fn same(got: &[(u32, f32)], want: &[(u32, f32)], i: usize) {
 
 #[test]
 fn served_together_equals_alone() {
-    served_together_equals_alone_on(&file());
+    served_together_equals_alone_on(&file(), false);
 }
 
 #[test]
 fn deepseek4_served_together_equals_alone() {
-    served_together_equals_alone_on(&fixture(DSV4));
+    served_together_equals_alone_on(&fixture(DSV4), true);
 }
 
 #[test]
 fn deepseek4_preempted_requests_lose_nothing() {
-    preempted_requests_lose_nothing_on(&fixture(DSV4));
+    preempted_requests_lose_nothing_on(&fixture(DSV4), true);
 }
 
-fn served_together_equals_alone_on(f: &Arc<GgufFile>) {
+fn served_together_equals_alone_on(f: &Arc<GgufFile>, exact: bool) {
     let f = f.clone();
     let ps = prompts();
     let want = solo(&f, &ps);
@@ -248,38 +249,38 @@ fn served_together_equals_alone_on(f: &Arc<GgufFile>) {
     let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
     for (i, rx) in rxs.into_iter().enumerate() {
         let (got, _) = collect(rx);
-        same(&got, &want[i], i);
+        same(&got, &want[i], i, exact);
     }
     // The same prompts again: computed whole (no prefix reuse), the same tokens.
     let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
     for (i, rx) in rxs.into_iter().enumerate() {
         let (got, cached) = collect(rx);
         assert_eq!(cached, 0, "request {i}: a recurrent model reuses no prefix");
-        same(&got, &want[i], i);
+        same(&got, &want[i], i, exact);
     }
 }
 
 /// `f`'s requests served together in 6 blocks of 16 tokens (requests of up to 62 tokens each:
 /// the newest are preempted and computed again from their first token) give their tokens alone.
-fn preempted_requests_lose_nothing_on(f: &Arc<GgufFile>) {
+fn preempted_requests_lose_nothing_on(f: &Arc<GgufFile>, exact: bool) {
     let ps = prompts();
     let want = solo(f, &ps);
     let h = start(f, 6, 4);
     let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
     for (i, rx) in rxs.into_iter().enumerate() {
         let (got, _) = collect(rx);
-        same(&got, &want[i], i);
+        same(&got, &want[i], i, exact);
     }
 }
 
 #[test]
 fn moe_served_together_equals_alone_under_preemption() {
-    preempted_requests_lose_nothing_on(&synth_moe());
+    preempted_requests_lose_nothing_on(&synth_moe(), false);
 }
 
 #[test]
 fn preempted_requests_lose_nothing() {
-    preempted_requests_lose_nothing_on(&file());
+    preempted_requests_lose_nothing_on(&file(), false);
 }
 
 /// The single-sequence runner continues a recurrent state only where it ended (or from 0):
@@ -392,4 +393,37 @@ fn deepseek4_loads_its_multi_token_prediction_block() {
     let p = &prompts()[1];
     let want = a.eval(p, 0, Want::Last).unwrap().to_vec();
     assert_eq!(b.eval(p, 0, Want::Last).unwrap(), &want[..]);
+}
+
+/// In the default numerics (batch invariant) a deepseek4 prompt's logits are the same bits
+/// whether it runs in one step, in steps of 5 tokens, or token by token.
+#[test]
+fn deepseek4_prompts_are_batch_invariant() {
+    let f = fixture(DSV4);
+    let p = &prompts()[3];
+    let opts = RunnerOptions {
+        kv: Default::default(),
+        n_ctx: 256,
+        n_batch: 64,
+        max_logits: 64,
+    };
+    let mut r = ModelRunner::new(CpuBackend::new(2), &f, &opts).unwrap();
+    let whole = r.eval(p, 0, Want::From(0)).unwrap().to_vec();
+    let nv = r.n_vocab();
+    for step in [5, 1] {
+        let mut rows = Vec::new();
+        for (i, chunk) in p.chunks(step).enumerate() {
+            rows.extend_from_slice(r.eval(chunk, i * step, Want::From(0)).unwrap());
+        }
+        assert_eq!(rows.len(), p.len() * nv);
+        let differ = rows
+            .iter()
+            .zip(&whole)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "steps of {step}: {differ} logits differ from one step's"
+        );
+    }
 }
