@@ -189,9 +189,23 @@ pub fn kv_summary(spec: &quiver_backend::KvSpec) -> String {
     )
 }
 
-/// The load log's line on the recurrent state of models with one (Qwen 3.5's gated delta
-/// net): bytes per sequence over its layers, and for `n_seqs` sequences. None for others.
-pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize) -> Option<String> {
+/// The load log's line on the per-sequence state of models with one (Qwen 3.5's gated delta
+/// net; DeepSeek-V4's window and compressed KV for up to `n_slots` positions per sequence,
+/// as `Model::state` sizes it): bytes per sequence over its layers, and for `n_seqs` sequences.
+/// None for others.
+pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize, n_slots: usize) -> Option<String> {
+    let s = if n_seqs == 1 { "" } else { "s" };
+    if let Some(ds) = &hp.dsv4 {
+        let n_ctx = n_slots.max(1);
+        let per_seq = ds.state_bytes(hp, n_ctx);
+        return Some(format!(
+            "compressed KV state f32: {} per sequence ({n_ctx} positions: a window of {}, compressed rows and compressor rings over {} layers), {n_seqs} sequence{s} in {}",
+            quiver_backend::human_bytes(per_seq),
+            ds.n_swa,
+            hp.n_layer,
+            quiver_backend::human_bytes(per_seq.saturating_mul(n_seqs as u64)),
+        ));
+    }
     let p = hp.delta_net?;
     let per_seq = hp.state_bytes_per_seq();
     let layers = hp.n_recurrent() as u64;
@@ -200,7 +214,7 @@ pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize) -> Option<Strin
         quiver_backend::human_bytes(per_seq),
         quiver_backend::human_bytes(4 * p.conv_floats() as u64),
         quiver_backend::human_bytes(4 * p.matrix_floats() as u64),
-        if n_seqs == 1 { "" } else { "s" },
+        s,
         quiver_backend::human_bytes(per_seq.saturating_mul(n_seqs as u64)),
     ))
 }
@@ -467,7 +481,7 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
         }
     };
     eprintln!("quiver: {}", kv_summary(&kv_spec));
-    if let Some(line) = state_summary(runner.hparams(), 1) {
+    if let Some(line) = state_summary(runner.hparams(), 1, kv_spec.n_slots) {
         eprintln!("quiver: {line}");
     }
     Ok(Loaded { runner })
