@@ -507,6 +507,39 @@ impl Backend for CpuBackend {
                         quiver_backend::kvcodec::encode_head(ty, x, rec);
                     }
                 }
+            } else if let Some(mode) = tq4_sim() {
+                // Experiment (not for main): f16 cache holding tq4's reconstruction; keys
+                // centred by their 16-token block's first key in mode "centred".
+                use quiver_backend::turboquant::{decode_rotated, encode, unrotate, Tq};
+                let hd = a.head_dim;
+                let rt = |x: &[f32]| unrotate(&decode_rotated(&encode(x, Tq::Tq4), hd, Tq::Tq4));
+                let pos = b.positions[t] as usize;
+                let first = slot - pos % 16;
+                let mut kk = vec![0f32; kv_dim];
+                for h in 0..a.n_head_kv {
+                    let x = &kt[h * hd..][..hd];
+                    let y: Vec<f32> = if mode.starts_with("centred") {
+                        if pos % 16 == 0 {
+                            x.to_vec()
+                        } else {
+                            let mu: Vec<f32> = kv.k[first * kv_dim + h * hd..][..hd].iter().map(|v| v.to_f32()).collect();
+                            let d: Vec<f32> = x.iter().zip(&mu).map(|(a, b)| a - b).collect();
+                            rt(&d).iter().zip(&mu).map(|(a, b)| a + b).collect()
+                        }
+                    } else if mode == "vonly" {
+                        x.to_vec()
+                    } else {
+                        rt(x)
+                    };
+                    kk[h * hd..][..hd].copy_from_slice(&y);
+                }
+                let mut vv = vec![0f32; kv_dim];
+                for h in 0..a.n_head_kv {
+                    let y = if mode == "konly" || mode == "centred-konly" { vt[h * hd..][..hd].to_vec() } else { rt(&vt[h * hd..][..hd]) };
+                    vv[h * hd..][..hd].copy_from_slice(&y);
+                }
+                kv.k[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&kk);
+                kv.v[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&vv);
             } else {
                 kv.k[slot * kv_dim..][..kv_dim].convert_from_f32_slice(kt);
                 kv.v[slot * kv_dim..][..kv_dim].convert_from_f32_slice(vt);
@@ -775,4 +808,9 @@ mod tests {
             assert_eq!(p.to_bits(), q.to_bits(), "{i}");
         }
     }
+}
+
+fn tq4_sim() -> Option<&'static str> {
+    static M: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    M.get_or_init(|| std::env::var("QUIVER_TQ4_SIM").ok()).as_deref()
 }
