@@ -155,7 +155,7 @@ fn parse_kv_type(s: &str) -> std::result::Result<KvType, String> {
         // llama.cpp's cache types quiver lacks, and the nearest it has.
         let nearest = match l.as_str() {
             "q4_0" | "q4_1" | "iq4_nl" => {
-                Some("use tq4 (TurboQuant: 8-bit keys, 4-bit values, about 0.4 of f16's bytes)")
+                Some("use tq4 (4-bit TurboQuant; --kv-type tq4 keeps keys at 8 bits: about 0.4 of f16's bytes)")
             }
             "q5_0" | "q5_1" => Some(
                 "use q8_0 (the nearest in quality, about half of f16's bytes) or tq4 (smaller)",
