@@ -507,77 +507,6 @@ impl Backend for CpuBackend {
                         quiver_backend::kvcodec::encode_head(ty, x, rec);
                     }
                 }
-            } else if let Some(mode) = tq4_sim() {
-                // Experiment (not for main): the f16 cache holds tq4's reconstruction.
-                // QUIVER_TQ4_SIM=K,V: K one of plain, first (centred by the 16-token block's
-                // first key), bmean (by the block's mean: the block re-encoded from its
-                // original keys at every write, the partial block by its mean so far), prev
-                // (by the previous block's mean), mix (half first key, half previous block's
-                // mean), exact; V one of tq4, exact.
-                use quiver_backend::turboquant::{decode_rotated, encode, unrotate, Tq};
-                let hd = a.head_dim;
-                let rt = |x: &[f32]| unrotate(&decode_rotated(&encode(x, Tq::Tq4), hd, Tq::Tq4));
-                let (km, vm) = mode.split_once(',').unwrap_or((mode, "tq4"));
-                let pos = b.positions[t] as usize;
-                let first = slot - pos % 16;
-                let layer = kv.k.as_ptr() as usize;
-                let orig = sim_store();
-                let mut st = orig.lock().unwrap();
-                st.insert((layer, slot), kt.to_vec());
-                let seq = b.seq_of[t] as usize;
-                // The mean of the original keys of positions from..to (of this sequence).
-                let mean_of = |st: &std::collections::HashMap<(usize, usize), Vec<f32>>, from: usize, to: usize, h: usize| {
-                    let mut m = vec![0f32; hd];
-                    for p in from..to {
-                        for (a, x) in m.iter_mut().zip(&st[&(layer, b.slot(seq, p))][h * hd..][..hd]) {
-                            *a += x / (to - from) as f32;
-                        }
-                    }
-                    m
-                };
-                let centred = |x: &[f32], mu: &[f32]| -> Vec<f32> {
-                    let d: Vec<f32> = x.iter().zip(mu).map(|(a, b)| a - b).collect();
-                    rt(&d).iter().zip(mu).map(|(a, b)| a + b).collect()
-                };
-                if km == "bmean" {
-                    for h in 0..a.n_head_kv {
-                        let mu = mean_of(&st, pos - pos % 16, pos + 1, h);
-                        let mu: Vec<f32> = mu.iter().map(|v| half::f16::from_f32(*v).to_f32()).collect();
-                        for s in first..=slot {
-                            let y = centred(&st[&(layer, s)][h * hd..][..hd], &mu);
-                            kv.k[s * kv_dim + h * hd..][..hd].convert_from_f32_slice(&y);
-                        }
-                    }
-                } else {
-                    let mut kk = vec![0f32; kv_dim];
-                    for h in 0..a.n_head_kv {
-                        let x = &kt[h * hd..][..hd];
-                        let prev = (pos >= 16).then(|| mean_of(&st, pos - pos % 16 - 16, pos - pos % 16, h));
-                        let k0 = &st[&(layer, first)][h * hd..][..hd];
-                        let y: Vec<f32> = match km {
-                            "exact" => x.to_vec(),
-                            "plain" => rt(x),
-                            "first" => centred(x, k0),
-                            "prev" => centred(x, prev.as_deref().unwrap_or(k0)),
-                            "mix" => {
-                                let mu: Vec<f32> = match &prev {
-                                    Some(p) => k0.iter().zip(p).map(|(a, b)| 0.5 * (a + b)).collect(),
-                                    None => k0.to_vec(),
-                                };
-                                centred(x, &mu)
-                            }
-                            _ => panic!("QUIVER_TQ4_SIM: K mode {km}"),
-                        };
-                        kk[h * hd..][..hd].copy_from_slice(&y);
-                    }
-                    kv.k[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&kk);
-                }
-                let mut vv = vec![0f32; kv_dim];
-                for h in 0..a.n_head_kv {
-                    let y = if vm == "exact" { vt[h * hd..][..hd].to_vec() } else { rt(&vt[h * hd..][..hd]) };
-                    vv[h * hd..][..hd].copy_from_slice(&y);
-                }
-                kv.v[slot * kv_dim..][..kv_dim].convert_from_f32_slice(&vv);
             } else {
                 kv.k[slot * kv_dim..][..kv_dim].convert_from_f32_slice(kt);
                 kv.v[slot * kv_dim..][..kv_dim].convert_from_f32_slice(vt);
@@ -846,15 +775,4 @@ mod tests {
             assert_eq!(p.to_bits(), q.to_bits(), "{i}");
         }
     }
-}
-
-type SimStore = std::sync::Mutex<std::collections::HashMap<(usize, usize), Vec<f32>>>;
-fn sim_store() -> &'static SimStore {
-    static S: std::sync::OnceLock<SimStore> = std::sync::OnceLock::new();
-    S.get_or_init(Default::default)
-}
-
-fn tq4_sim() -> Option<&'static str> {
-    static M: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    M.get_or_init(|| std::env::var("QUIVER_TQ4_SIM").ok()).as_deref()
 }
