@@ -158,26 +158,6 @@ impl Default for KvTypes {
     }
 }
 
-impl KvTypes {
-    /// The K and V types one name stands for (`--kv-type`): both that type, except `tq4`,
-    /// whose keys are stored as tq8. tq4 keys miss the quality bound (perplexity within 3% of
-    /// f16 at 2048 tokens): keys carry a component common to a head that the per-256 RMS
-    /// scales the error with (+8.1% on SmolLM2-135M and +14.0% on Gemma 3 270M from the keys
-    /// alone, against +0.7% and +1.0% from the values; centring keys by a per-block offset
-    /// halves that, not enough: docs/TURBOQUANT.md, "tq4's keys"). tq8 keys with tq4 values
-    /// are within it (+0.4%, +1.1%) at ~0.39 of f16's bytes (0.28 with tq4 keys). Plain tq4
-    /// keys stay available by naming K's type (`--kv-type-k tq4`).
-    pub fn named(t: KvType) -> KvTypes {
-        match t {
-            KvType::Tq4 => KvTypes {
-                k: KvType::Tq8,
-                v: KvType::Tq4,
-            },
-            t => KvTypes { k: t, v: t },
-        }
-    }
-}
-
 impl std::fmt::Display for KvTypes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.k == self.v {
