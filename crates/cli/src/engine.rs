@@ -62,7 +62,9 @@ pub struct LoadArgs {
     /// Print backend counters (graph captures and replays, kernels compiled) at the end.
     #[arg(short = 'v', long)]
     pub verbose: bool,
-    /// KV cache element type of K and V: f16 (default), bf16, q8_0, tq8 or tq4 (TurboQuant).
+    /// KV cache element type of K and V: f16 (default), bf16, q8_0, tq8 or tq4 (TurboQuant;
+    /// tq4 stores K as tq8 and V as tq4, ~0.39 of f16's bytes: 4-bit keys miss the quality
+    /// bound; --kv-type-k tq4 asks for them).
     #[arg(long = "kv-type", value_name = "TYPE", value_parser = parse_kv_type)]
     pub kv_type: Option<KvType>,
     /// K's type, over --kv-type (llama-server's -ctk/--cache-type-k).
@@ -138,10 +140,10 @@ impl LoadArgs {
 
     /// The KV cache's element types these flags choose.
     pub fn kv_types(&self) -> KvTypes {
-        let both = self.kv_type.unwrap_or(KvType::F16);
+        let named = KvTypes::named(self.kv_type.unwrap_or(KvType::F16));
         KvTypes {
-            k: self.kv_type_k.unwrap_or(both),
-            v: self.kv_type_v.unwrap_or(both),
+            k: self.kv_type_k.unwrap_or(named.k),
+            v: self.kv_type_v.unwrap_or(named.v),
         }
     }
 }
@@ -153,7 +155,7 @@ fn parse_kv_type(s: &str) -> std::result::Result<KvType, String> {
         // llama.cpp's cache types quiver lacks, and the nearest it has.
         let nearest = match l.as_str() {
             "q4_0" | "q4_1" | "iq4_nl" => {
-                Some("use tq4 (4-bit TurboQuant, about a quarter of f16's bytes)")
+                Some("use tq4 (4-bit TurboQuant; --kv-type tq4 keeps keys at 8 bits: about 0.4 of f16's bytes)")
             }
             "q5_0" | "q5_1" => Some(
                 "use q8_0 (the nearest in quality, about half of f16's bytes) or tq4 (smaller)",
@@ -690,5 +692,32 @@ mod tests {
         let moe = line(inv, &f);
         assert!(moe.contains("not batch invariant: MoE experts"), "{moe}");
         assert!(cpu_invariance(Numerics::Parity).contains(": batch invariant"));
+    }
+
+    #[test]
+    fn kv_type_tq4_names_tq8_keys_and_tq4_values() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            load: LoadArgs,
+        }
+        let kv = |args: &[&str]| {
+            use clap::Parser;
+            Cli::try_parse_from(std::iter::once("quiver").chain(args.iter().copied()))
+                .unwrap()
+                .load
+                .kv_types()
+        };
+        let t = |k, v| KvTypes { k, v };
+        assert_eq!(kv(&[]), t(KvType::F16, KvType::F16));
+        assert_eq!(kv(&["--kv-type", "tq8"]), t(KvType::Tq8, KvType::Tq8));
+        assert_eq!(kv(&["--kv-type", "tq4"]), t(KvType::Tq8, KvType::Tq4));
+        // Naming K's type asks for tq4 keys.
+        assert_eq!(
+            kv(&["--kv-type", "tq4", "--kv-type-k", "tq4"]),
+            t(KvType::Tq4, KvType::Tq4)
+        );
+        assert_eq!(kv(&["--kv-type-v", "tq4"]), t(KvType::F16, KvType::Tq4));
+        assert_eq!(format!("{}", kv(&["--kv-type", "tq4"])), "K tq8, V tq4");
     }
 }
