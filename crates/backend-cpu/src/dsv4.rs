@@ -7,6 +7,20 @@ use crate::{check, par_rows, CpuBackend, CpuWeight, SyncPtr};
 use quiver_backend::dsv4::{self, AttnHost, AttnInputs, AttnShape, AttnWeights, HcParams};
 use quiver_backend::{Batch, MoeParams, MoeScratch, MoeWeights, Result};
 
+/// Buffers of the ops below, grown to the largest step seen and kept (`CpuBackend::ds`).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    xs: Vec<f32>,
+    ys: Vec<f32>,
+    keys: Vec<f32>,
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
 /// The indexer's choices per token, written by the pool's tasks, each its own tokens'.
 #[derive(Clone, Copy)]
 struct SelPtr(*mut Vec<usize>);
@@ -138,8 +152,10 @@ impl CpuBackend {
             },
         )?;
         let rb = w.ty.row_bytes(c as u64).unwrap_or(0) as usize;
-        let mut xs = vec![0f32; rows * c];
-        let mut ys = vec![0f32; rows * r];
+        let mut guard = self.ds.lock().unwrap_or_else(|e| e.into_inner());
+        let Scratch { xs, ys, .. } = &mut *guard;
+        grow(xs, rows * c);
+        grow(ys, rows * r);
         for g in 0..groups {
             for t in 0..rows {
                 xs[t * c..][..c].copy_from_slice(&x[t * groups * c + g * c..][..c]);
@@ -149,9 +165,9 @@ impl CpuBackend {
                 &w.bytes()[g * r * rb..][..r * rb],
                 r,
                 c,
-                &xs,
+                &xs[..rows * c],
                 rows,
-                &mut ys,
+                &mut ys[..rows * r],
             )?;
             for t in 0..rows {
                 out[t * groups * r + g * r..][..r].copy_from_slice(&ys[t * r..][..r]);
@@ -219,9 +235,12 @@ impl CpuBackend {
         };
         // The phases of dsv4::attention: the state brought up to each sequence's last token
         // (one sequence after another), then every (token, head) in parallel, then the rings.
-        let mut keys = vec![0f32; n * hd];
-        dsv4::attention_prepare(batch, s, &host, &inputs, state, &mut keys)
+        let mut guard = self.ds.lock().unwrap_or_else(|e| e.into_inner());
+        grow(&mut guard.keys, n * hd);
+        let keys = &mut guard.keys[..n * hd];
+        dsv4::attention_prepare(batch, s, &host, &inputs, state, keys)
             .map_err(|detail| quiver_backend::BackendError::Shape { op, detail })?;
+        let keys: &[f32] = keys;
         let st: &[f32] = state;
         let sel: Vec<Vec<usize>> = if s.ratio == 4 {
             let mut sel = vec![Vec::new(); n];
@@ -244,10 +263,10 @@ impl CpuBackend {
                 let (t, hh) = (i / h, i % h);
                 // SAFETY: head hh of token t is its own range of out, written by this task only.
                 let o = unsafe { o.slice(i * hd, hd) };
-                dsv4::attention_head(batch, s, &host, &inputs, st, &keys, t, hh, &sel[t], o);
+                dsv4::attention_head(batch, s, &host, &inputs, st, keys, t, hh, &sel[t], o);
             }
         });
-        dsv4::attention_commit(batch, s, state, &keys);
+        dsv4::attention_commit(batch, s, state, keys);
         Ok(())
     }
 

@@ -56,6 +56,9 @@ pub struct CpuBackend {
     packed: std::sync::Mutex<Vec<f32>>,
     routing: std::sync::Mutex<moe::Routing>,
     dn: std::sync::Mutex<delta_net::Scratch>,
+    /// DeepSeek-V4's grouped product's gathered rows and results, its attention's keys: kept
+    /// from step to step.
+    ds: std::sync::Mutex<dsv4::Scratch>,
 }
 
 /// The CPU's part of a step.
@@ -77,6 +80,7 @@ impl CpuBackend {
             packed: Default::default(),
             routing: Default::default(),
             dn: Default::default(),
+            ds: Default::default(),
         }
     }
 
