@@ -7,7 +7,7 @@ use crate::{check, par_rows, CpuBackend, CpuWeight, SyncPtr};
 use quiver_backend::dsv4::{self, AttnHost, AttnInputs, AttnShape, AttnWeights, HcParams};
 use quiver_backend::{Batch, MoeParams, MoeScratch, MoeWeights, Result};
 
-/// Buffers of the ops below, grown to the largest step seen and kept (`CpuBackend::ds`).
+/// Buffers of the ops below, grown to the largest step seen and kept (`ExtraScratch::ds`).
 #[derive(Default)]
 pub(crate) struct Scratch {
     xs: Vec<f32>,
@@ -152,8 +152,8 @@ impl CpuBackend {
             },
         )?;
         let rb = w.ty.row_bytes(c as u64).unwrap_or(0) as usize;
-        let mut guard = self.ds.lock().unwrap_or_else(|e| e.into_inner());
-        let Scratch { xs, ys, .. } = &mut *guard;
+        let mut guard = self.extra.lock().unwrap_or_else(|e| e.into_inner());
+        let Scratch { xs, ys, .. } = &mut guard.ds;
         grow(xs, rows * c);
         grow(ys, rows * r);
         for g in 0..groups {
@@ -235,9 +235,9 @@ impl CpuBackend {
         };
         // The phases of dsv4::attention: the state brought up to each sequence's last token
         // (one sequence after another), then every (token, head) in parallel, then the rings.
-        let mut guard = self.ds.lock().unwrap_or_else(|e| e.into_inner());
-        grow(&mut guard.keys, n * hd);
-        let keys = &mut guard.keys[..n * hd];
+        let mut guard = self.extra.lock().unwrap_or_else(|e| e.into_inner());
+        grow(&mut guard.ds.keys, n * hd);
+        let keys = &mut guard.ds.keys[..n * hd];
         dsv4::attention_prepare(batch, s, &host, &inputs, state, keys)
             .map_err(|detail| quiver_backend::BackendError::Shape { op, detail })?;
         let keys: &[f32] = keys;

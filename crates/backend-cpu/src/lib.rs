@@ -55,10 +55,8 @@ pub struct CpuBackend {
     /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
     packed: std::sync::Mutex<Vec<f32>>,
     routing: std::sync::Mutex<moe::Routing>,
-    dn: std::sync::Mutex<delta_net::Scratch>,
-    /// DeepSeek-V4's grouped product's gathered rows and results, its attention's keys: kept
-    /// from step to step.
-    ds: std::sync::Mutex<dsv4::Scratch>,
+    /// The extra ops' buffers (the delta net's, DeepSeek-V4's), kept from step to step.
+    extra: std::sync::Mutex<types::ExtraScratch>,
 }
 
 /// The CPU's part of a step.
@@ -79,8 +77,7 @@ impl CpuBackend {
             mm: matmul::MatMul::new(config.threads, config.numerics),
             packed: Default::default(),
             routing: Default::default(),
-            dn: Default::default(),
-            ds: Default::default(),
+            extra: Default::default(),
         }
     }
 
@@ -597,10 +594,10 @@ impl Backend for CpuBackend {
         state: &mut Vec<f32>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let mut sc = self.dn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sc = self.extra.lock().unwrap_or_else(|e| e.into_inner());
         delta_net::run(
             self.mm.pool(),
-            &mut sc,
+            &mut sc.dn,
             step.batch,
             p,
             w.conv.vector("delta_net")?,

@@ -49,3 +49,10 @@ impl CpuKv {
         self.types != quiver_backend::KvTypes::default()
     }
 }
+
+/// The extra ops' buffers, grown to the largest step seen and kept (`CpuBackend::extra`).
+#[derive(Default)]
+pub(crate) struct ExtraScratch {
+    pub(crate) dn: crate::delta_net::Scratch,
+    pub(crate) ds: crate::dsv4::Scratch,
+}
