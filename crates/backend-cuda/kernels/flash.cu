@@ -62,6 +62,7 @@ __device__ void flash_impl(const float* __restrict__ q, const u8* __restrict__ k
                            BatchView b, const float* __restrict__ tq, int n_head, int n_head_kv, float scale,
                            int window, float softcap, int rk, int n_ranges) {
     static_assert(RG * CS == 4, "4 warps");
+    static_assert(HD % 32 == 0 && (HD / CS) % 16 == 0, "ldmatrix in pairs of steps and of column tiles");
     const int LD = HD + 8;   // padded row (halves): conflict-free fragment loads
     const int OC = HD / CS;  // output columns per warp
     const int ROWS = 16 * RG;
@@ -145,14 +146,18 @@ __device__ void flash_impl(const float* __restrict__ q, const u8* __restrict__ k
         __syncthreads();
         flash_tile<HD, KT, VTY, LD>(Vs, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, lvv);
         // S = Q·Kᵀ for this warp's 16 rows × KT keys.
+        // K's fragments by ldmatrix: matrix i of a load is keys nt·8… × columns (ks + i/2)·16 +
+        // (i%2)·8…, so r[0], r[1] are step ks's and r[2], r[3] step ks + 1's.
         float sc[KT / 8][4];
 #pragma unroll
         for (int nt = 0; nt < KT / 8; nt++) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
 #pragma unroll
-            for (int ks = 0; ks < HD / 16; ks++) {
-                const u16* kr = Ks + (nt * 8 + g) * LD + ks * 16 + 2 * tq4;
-                mma_16816(sc[nt], qa[ks], *(const u32*)kr, *(const u32*)(kr + 8));
+            for (int ks = 0; ks < HD / 16; ks += 2) {
+                u32 kf[4];
+                ldsm4(kf, Ks + (nt * 8 + (lane & 7)) * LD + (ks + (lane >> 4)) * 16 + ((lane >> 3) & 1) * 8);
+                mma_16816(sc[nt], qa[ks], kf[0], kf[1]);
+                mma_16816(sc[nt], qa[ks + 1], kf[2], kf[3]);
             }
         }
         // Scale, soft-cap, mask; row maxima over the 4 lanes of each row.
@@ -203,14 +208,16 @@ __device__ void flash_impl(const float* __restrict__ q, const u8* __restrict__ k
         __syncthreads();
         if (j0 + KT < j_end) flash_tile<HD, KT, KTY, LD>(Ks, kc, bt, b.block_size, n_head_kv, kvh, j0 + KT, j_end, lk);
         // O += P·V over this warp's columns.
+        // V's fragments by ldmatrix, transposed: matrix i of a load is keys kk·16 + (i%2)·8… ×
+        // columns of dn + i/2, so r[0], r[1] are dn's and r[2], r[3] dn + 1's.
 #pragma unroll
-        for (int dn = 0; dn < OC / 8; dn++) {
+        for (int dn = 0; dn < OC / 8; dn += 2) {
 #pragma unroll
             for (int kk = 0; kk < KT / 16; kk++) {
-                const u16* v0 = Vs + (kk * 16 + 2 * tq4) * LD + cb + dn * 8 + g;
-                u32 b0 = (u32)v0[0] | ((u32)v0[LD] << 16);
-                u32 b1 = (u32)v0[8 * LD] | ((u32)v0[9 * LD] << 16);
-                mma_16816(o[dn], pa[kk], b0, b1);
+                u32 vf[4];
+                ldsm4_t(vf, Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + cb + (dn + (lane >> 4)) * 8);
+                mma_16816(o[dn], pa[kk], vf[0], vf[1]);
+                mma_16816(o[dn + 1], pa[kk], vf[2], vf[3]);
             }
         }
     }
