@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """How much a per-block key offset helps tq4 (issue 35, item 4): attention's KL divergence
 from the exact scores, per layer and KV head, for the plain codec and for keys centred by
-offsets of several granularities (the offset restored exactly in the score, as q·μ).
+offsets of several granularities (the offset restored exactly in the score, as q·μ), and for
+codebooks of 32 and 64 levels (5 and 6 bits) in place of tq4's 16.
 
 Keys and queries come from quiver's dump of one step (post-rope `Kcur`, `Qcur_f16`):
   QUIVER_DUMP_DIR=/tmp/kd quiver perplexity -m smollm2-135m -f TEXT -c 512 -b 512 --device cpu
@@ -10,6 +11,7 @@ The codec is the reference's (crates/backend/src/turboquant.rs: signs, Walsh–H
 one RMS per 256 coordinates, Lloyd–Max levels read from turboquant_tables.rs).
 """
 import argparse
+import math
 import pathlib
 import re
 
@@ -49,6 +51,18 @@ def fwht(x):
     return x
 
 
+def lloyd_max(n):
+    """Lloyd-Max levels of N(0, 1) (turboquant::lloyd_max's fixed point, iterated in f64)."""
+    phi = lambda x: np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    cdf = np.vectorize(lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2))))
+    lv = np.linspace(-3, 3, n)
+    for _ in range(5000):
+        t = (lv[1:] + lv[:-1]) / 2
+        a, b = np.concatenate([[-40.0], t]), np.concatenate([t, [40.0]])
+        lv = (phi(a) - phi(b)) / np.maximum(cdf(b) - cdf(a), 1e-300)
+    return lv
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dump")
@@ -64,17 +78,18 @@ def main():
     rot = lambda x: fwht(x * sg) / np.sqrt(d)
     unrot = lambda y: fwht(y) / np.sqrt(d) * sg
 
-    def codec(x, lv):
+    def codec(x, lv, sub=256):
         y = rot(x)
         out = np.empty_like(y)
-        for b0 in range(0, d, 256):
-            yb = y[..., b0 : b0 + 256]
+        for b0 in range(0, d, sub):
+            yb = y[..., b0 : b0 + sub]
             r = np.sqrt((yb * yb).mean(-1, keepdims=True))
             z = yb / np.maximum(r, 1e-30)
-            out[..., b0 : b0 + 256] = lv[np.searchsorted((lv[1:] + lv[:-1]) / 2, z)] * r
+            out[..., b0 : b0 + sub] = lv[np.searchsorted((lv[1:] + lv[:-1]) / 2, z)] * r
         return unrot(out)
 
     l4, l8 = levels("TQ4_LEVELS"), levels("TQ8_LEVELS")
+    l5, l6 = lloyd_max(32), lloyd_max(64)
     mask = np.tril(np.ones((n, n), bool))[:, None, :]
 
     def kl(q, k, khat):
@@ -95,14 +110,34 @@ def main():
             k, q = K[:, h].astype(np.float64), Q[:, h * g : (h + 1) * g].astype(np.float64)
             first = np.repeat(k[::blk], blk, axis=0)[:n]
             first8 = codec(first, l8)
-            mean = np.repeat(k[: n // blk * blk].reshape(-1, blk, d).mean(1), blk, axis=0)
+            nb = n // blk
+            kb = k[: nb * blk].reshape(nb, blk, d)
+            mean = np.repeat(kb.mean(1), blk, axis=0)
             if len(mean) < n:
                 mean = np.concatenate([mean, np.repeat(k[len(mean) :].mean(0, keepdims=True), n - len(mean), 0)])
+            # Causal offsets, fixed when a block starts: the previous block's mean, the mean of
+            # every earlier key but the first (the first block: its first key).
+            prev = np.concatenate([first[:blk], np.repeat(kb[:-1].mean(1), blk, axis=0)])[:n]
+            csum = np.cumsum(kb.sum(1), 0) - k[0]
+            run = np.repeat(np.array([k[0]] + [csum[b - 1] / (b * blk - 1) for b in range(1, nb)]), blk, 0)
+            run = np.concatenate([run, np.repeat(run[-1:], n - len(run), 0)])
+            seq1 = np.repeat(k[1:blk].mean(0, keepdims=True), n, 0)
+            seq1[:blk] = first[:blk]
+            glob = np.repeat(k[1:].mean(0, keepdims=True), n, 0)
             cases = {
                 "tq4": codec(k, l4),
                 "tq4, offset: the block's first key (exact)": first + codec(k - first, l4),
                 "tq4, offset: the block's first key as tq8": first8 + codec(k - first8, l4),
                 "tq4, offset: the block's mean (not causal)": mean + codec(k - mean, l4),
+                "tq4, offset: the previous block's mean": prev + codec(k - prev, l4),
+                "tq4, offset: the mean of all earlier keys": run + codec(k - run, l4),
+                "tq4, offset: the first block's mean": seq1 + codec(k - seq1, l4),
+                "tq4, offset: all keys' mean (oracle)": glob + codec(k - glob, l4),
+                "tq4, RMS per 32": codec(k, l4, 32),
+                "tq4, block's mean, RMS per 32": mean + codec(k - mean, l4, 32),
+                "5-bit (32 levels)": codec(k, l5),
+                "5-bit, offset: the block's first key": first + codec(k - first, l5),
+                "6-bit (64 levels)": codec(k, l6),
                 "tq8": codec(k, l8),
             }
             for name, khat in cases.items():

@@ -12,6 +12,12 @@
 #   ARCHS='^(qwen35|qwen35moe)$' STDEV=0.5 tools/parity/make_llama_archs_fixtures.sh
 #       (another σ for some architectures, files NAME-d0.5-sSEED: at σ 0.1 the linear
 #       attention's state and the shared expert move no log-probability by 1e-4)
+#   ARCHS='^deepseek4$' STDEV=0.5 N_TOTAL=160 PATCH=attention.indexer.top_k=4 TAG=-k4 \
+#       tools/parity/make_llama_archs_fixtures.sh
+#       (N_TOTAL tokens; PATCH sets a u32 key of the architecture in the file llama.cpp
+#       runs, in place: the sha256 is that file's; TAG goes into the name: DeepSeek-V4's
+#       ratio-128 block completes at position 127, and the indexer picks among the ratio-4
+#       blocks only once more than top_k are visible)
 #
 # Needs a C++ compiler, cmake and .venv (scripts/test makes it: the `gguf` package). Builds
 # llama.cpp's CPU library and test-llama-archs from tools/llama-src.sh's tree into
@@ -44,13 +50,31 @@ tag=""
 if [ "$STDEV" != "0.1" ]; then
     tag="-d$STDEV"
 fi
-N_PROMPT=32
-N_TOTAL=48
+N_PROMPT="${N_PROMPT:-32}"
+N_TOTAL="${N_TOTAL:-48}"
+PATCH="${PATCH:-}"
+tag="$tag${TAG:-}"
 TOP=8
 for seed in "${seeds[@]}"; do
     mkdir -p "$tmp/$seed"
     "$build/bin/test-llama-archs" -a "$ARCHS" -s "$seed" -d "$STDEV" -o "$tmp/$seed" >/dev/null 2>&1
     for f in "$tmp/$seed"/*.gguf; do
+        if [ -n "$PATCH" ]; then
+            python3 - "$f" "$PATCH" <<'PY'
+import struct, sys
+path, patch = sys.argv[1:]
+key, value = patch.split("=")
+data = bytearray(open(path, "rb").read())
+# general.architecture: the key, its type (u32), the string's length (u64), the string.
+i = data.index(b"general.architecture") + len(b"general.architecture") + 4
+arch = data[i + 8:i + 8 + struct.unpack("<Q", data[i:i + 8])[0]].decode()
+name = f"{arch}.{key}".encode()
+at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+assert struct.unpack("<I", data[at:at + 4])[0] == 4, "not a u32 key"
+data[at + 4:at + 8] = struct.pack("<I", int(value))
+open(path, "wb").write(data)
+PY
+        fi
         name="$(basename "$f" .gguf)$tag-s$seed"
         # A fixed pseudo-random token sequence per model and seed.
         ids=$(python3 -c "import random,sys; r=random.Random(sys.argv[1]); print(' '.join(str(r.randrange(128)) for _ in range($N_TOTAL)))" "$name")

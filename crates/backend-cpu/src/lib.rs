@@ -9,11 +9,13 @@ mod act_fn;
 mod attn;
 mod attn_tiled;
 mod delta_net;
+mod dsv4;
 mod matmul;
 mod moe;
 mod norm;
 mod par;
 mod rope;
+mod types;
 
 use norm::rms_norm_rows;
 use par::{par_rows, SyncPtr};
@@ -23,53 +25,7 @@ use quiver_backend::{
 };
 pub use quiver_cpu_kernels::Numerics;
 use quiver_gguf::GgmlType;
-
-pub struct CpuWeight {
-    pub ty: GgmlType,
-    pub rows: usize,
-    pub cols: usize,
-    bytes: WeightBytes,
-    /// Vectors (norm weights) as f32, converted once at load: they are tiny.
-    vector: Option<Vec<f32>>,
-}
-
-impl CpuWeight {
-    pub fn bytes(&self) -> &[u8] {
-        self.bytes.bytes()
-    }
-
-    fn vector(&self, op: &'static str) -> Result<&[f32]> {
-        self.vector.as_deref().ok_or_else(|| BackendError::Shape {
-            op,
-            detail: format!(
-                "expected a vector weight, got [{}, {}]",
-                self.rows, self.cols
-            ),
-        })
-    }
-}
-
-/// One layer's K and V: `n_slots` rows of `kv_dim` values. An f16 cache (both types f16, the
-/// default) is held in `k` and `v` for llama.cpp's attention; any other pair of types as
-/// records of [`quiver_backend::kvcodec`] in `kb` and `vb` (an f16 side as well).
-pub struct CpuKv {
-    pub k: Vec<half::f16>,
-    pub v: Vec<half::f16>,
-    pub kb: Vec<u8>,
-    pub vb: Vec<u8>,
-    pub types: quiver_backend::KvTypes,
-    pub n_head_kv: usize,
-    pub head_dim: usize,
-    pub kv_dim: usize,
-    pub n_slots: usize,
-}
-
-impl CpuKv {
-    /// Whether the cache is held as records (not the f16 vectors).
-    fn packed(&self) -> bool {
-        self.types != quiver_backend::KvTypes::default()
-    }
-}
+pub use types::{CpuKv, CpuWeight};
 
 /// How a [`CpuBackend`] is built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,7 +55,8 @@ pub struct CpuBackend {
     /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
     packed: std::sync::Mutex<Vec<f32>>,
     routing: std::sync::Mutex<moe::Routing>,
-    dn: std::sync::Mutex<delta_net::Scratch>,
+    /// The extra ops' buffers (the delta net's, DeepSeek-V4's), kept from step to step.
+    extra: std::sync::Mutex<types::ExtraScratch>,
 }
 
 /// The CPU's part of a step.
@@ -120,7 +77,7 @@ impl CpuBackend {
             mm: matmul::MatMul::new(config.threads, config.numerics),
             packed: Default::default(),
             routing: Default::default(),
-            dn: Default::default(),
+            extra: Default::default(),
         }
     }
 
@@ -637,10 +594,10 @@ impl Backend for CpuBackend {
         state: &mut Vec<f32>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let mut sc = self.dn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sc = self.extra.lock().unwrap_or_else(|e| e.into_inner());
         delta_net::run(
             self.mm.pool(),
-            &mut sc,
+            &mut sc.dn,
             step.batch,
             p,
             w.conv.vector("delta_net")?,
@@ -652,6 +609,92 @@ impl Backend for CpuBackend {
             state,
             out,
         )
+    }
+
+    fn hc_pre(
+        &self,
+        x: &Vec<f32>,
+        mixes: &Vec<f32>,
+        scale: &CpuWeight,
+        base: &CpuWeight,
+        p: &quiver_backend::dsv4::HcParams,
+        head: bool,
+        rows: usize,
+        out: &mut Vec<f32>,
+        pc: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.hc_pre_cpu(x, mixes, scale, base, p, head, rows, out, pc)
+    }
+
+    fn hc_post(
+        &self,
+        y: &Vec<f32>,
+        residual: &Vec<f32>,
+        pc: &Vec<f32>,
+        p: &quiver_backend::dsv4::HcParams,
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.hc_post_cpu(y, residual, pc, p, rows, out)
+    }
+
+    fn hc_expand(
+        &self,
+        x: &Vec<f32>,
+        p: &quiver_backend::dsv4::HcParams,
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.hc_expand_cpu(x, p, rows, out)
+    }
+
+    fn matmul_grouped(
+        &self,
+        w: &CpuWeight,
+        groups: usize,
+        x: &Vec<f32>,
+        rows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.matmul_grouped_cpu(w, groups, x, rows, out)
+    }
+
+    fn swiglu_clamp(
+        &self,
+        gate: &Vec<f32>,
+        up: &Vec<f32>,
+        limit: f32,
+        n: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.swiglu_clamp_cpu(gate, up, limit, n, out)
+    }
+
+    fn dsv4_attention(
+        &self,
+        step: &Step<CpuStep>,
+        s: &quiver_backend::dsv4::AttnShape,
+        w: quiver_backend::dsv4::AttnWeights<'_, CpuWeight>,
+        x: quiver_backend::dsv4::AttnInputs<'_, Vec<f32>>,
+        state: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.dsv4_attention_cpu(step.batch, s, w, x, state, out)
+    }
+
+    fn moe_dsv4(
+        &self,
+        step: &Step<CpuStep>,
+        x: &Vec<f32>,
+        w: MoeWeights<'_, CpuWeight>,
+        p: &MoeParams,
+        bias: Option<&CpuWeight>,
+        hash: Option<&[i32]>,
+        clamp: f32,
+        scratch: MoeScratch<'_, Vec<f32>>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.moe_dsv4_cpu(step.batch, x, w, p, bias, hash, clamp, scratch, out)
     }
 
     fn sigmoid_mul(
@@ -728,7 +771,7 @@ impl Backend for CpuBackend {
         scratch: MoeScratch<'_, Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.moe_cpu(x, rows, w, p, scratch, out)
+        self.moe_cpu(x, rows, w, p, scratch, out, None)
     }
 
     fn softcap(&self, x: &mut Vec<f32>, cap: f32, n: usize) -> Result<()> {
@@ -753,26 +796,5 @@ impl Backend for CpuBackend {
             quiver_backend::reference::mask_row(r, bits);
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Four rows at a time gives the reference's bits, remainder rows included.
-    #[test]
-    fn rms_norm_rows_equals_the_reference_bit_for_bit() {
-        let d = 40;
-        let x: Vec<f32> = (0..7 * d)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173)
-            .collect();
-        let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 * 0.031).collect();
-        let (mut a, mut b) = (vec![0f32; 7 * d], vec![0f32; 7 * d]);
-        rms_norm_rows(&x, &w, 1e-6, &mut a);
-        reference::rms_norm(&x, &w, 1e-6, &mut b);
-        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
-            assert_eq!(p.to_bits(), q.to_bits(), "{i}");
-        }
     }
 }

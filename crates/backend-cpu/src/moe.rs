@@ -20,7 +20,12 @@ pub(crate) struct Routing {
     next: Vec<usize>,
 }
 
+/// A router other than [`reference::moe_route`]: token t's (expert, weight) pairs from its
+/// logits (DeepSeek-V4's), and the clamp of its SwiGLU (0: none).
+pub(crate) type Router<'a> = (&'a dyn Fn(usize, &[f32], &mut Vec<(u32, f32)>), f32);
+
 impl CpuBackend {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_cpu(
         &self,
         x: &Vec<f32>,
@@ -29,6 +34,7 @@ impl CpuBackend {
         p: &MoeParams,
         s: MoeScratch<'_, Vec<f32>>,
         out: &mut [f32],
+        router: Option<Router<'_>>,
     ) -> Result<()> {
         let d = w.router.cols;
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
@@ -65,7 +71,10 @@ impl CpuBackend {
         let r = &mut *r;
         r.routes.clear();
         for t in 0..rows {
-            reference::moe_route(&s.logits[t * ne..][..ne], p, &mut r.one);
+            match router {
+                Some((f, _)) => f(t, &s.logits[t * ne..][..ne], &mut r.one),
+                None => reference::moe_route(&s.logits[t * ne..][..ne], p, &mut r.one),
+            }
             r.routes.extend_from_slice(&r.one);
         }
         check("moe", r.routes.len() == rows * k, || {
@@ -125,9 +134,12 @@ impl CpuBackend {
             }
             let act = &mut s.act[a * ff..(a + n) * ff];
             let (g, u) = (&s.gate[a * ff..(a + n) * ff], &s.up[a * ff..(a + n) * ff]);
-            match p.act {
-                Activation::GeGlu => crate::act_fn::geglu(g, u, act),
-                Activation::SwiGlu => crate::act_fn::swiglu(g, u, act),
+            match (p.act, router) {
+                (_, Some((_, limit))) if limit > 0.0 => {
+                    quiver_backend::dsv4::swiglu_clamp(g, u, limit, act)
+                }
+                (Activation::GeGlu, _) => crate::act_fn::geglu(g, u, act),
+                (Activation::SwiGlu, _) => crate::act_fn::swiglu(g, u, act),
             }
             let ys = &mut s.ys[a * d..(a + n) * d];
             self.mm.run(

@@ -26,3 +26,25 @@ pub(crate) fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
     reference::rms_norm(xr.remainder(), w, eps, or.into_remainder());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quiver_backend::reference;
+
+    /// Four rows at a time gives the reference's bits, remainder rows included.
+    #[test]
+    fn rms_norm_rows_equals_the_reference_bit_for_bit() {
+        let d = 40;
+        let x: Vec<f32> = (0..7 * d)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173)
+            .collect();
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 * 0.031).collect();
+        let (mut a, mut b) = (vec![0f32; 7 * d], vec![0f32; 7 * d]);
+        rms_norm_rows(&x, &w, 1e-6, &mut a);
+        reference::rms_norm(&x, &w, 1e-6, &mut b);
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(p.to_bits(), q.to_bits(), "{i}");
+        }
+    }
+}

@@ -50,6 +50,13 @@ fn delta_net_keeps_each_sequence_in_its_slot_and_matches_reference() {
 }
 
 #[test]
+fn dsv4_ops_match_reference_and_keep_each_sequence_in_its_slot() {
+    let mut rng = seeded_rng();
+    quiver_backend::testing::dsv4::dsv4(&mut backend(Numerics::BatchInvariant), &Cpu, &mut rng)
+        .print("dsv4");
+}
+
+#[test]
 fn moe_and_bias_match_reference() {
     let mut rng = seeded_rng();
     quiver_backend::testing::moe::moe(&backend(Numerics::BatchInvariant), &Cpu, &mut rng)

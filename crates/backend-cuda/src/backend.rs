@@ -352,8 +352,8 @@ impl Backend for CudaBackend {
 
     /// Every extra op (src/extras.rs).
     fn supports(&self, op: ExtraOp) -> bool {
-        // Not yet: per-expert gate/up scales.
-        !matches!(op, ExtraOp::MoeProductScales)
+        // Not yet: per-expert gate/up scales, DeepSeek-V4's ops (such models are refused at load).
+        !matches!(op, ExtraOp::MoeProductScales | ExtraOp::Dsv4)
     }
 
     #[allow(clippy::too_many_arguments)]

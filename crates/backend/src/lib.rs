@@ -11,8 +11,10 @@
 
 mod batch;
 pub mod delta_net;
+pub mod dsv4;
 pub mod kvcodec;
 mod numerics;
+mod ops;
 pub mod reference;
 mod rope;
 #[doc(hidden)]
@@ -22,6 +24,7 @@ pub mod turboquant;
 pub use batch::{Batch, SeqSpan};
 pub use delta_net::{DeltaNetParams, DeltaNetWeights};
 pub use numerics::Numerics;
+pub use ops::{Activation, ExtraOp, Gating, MoeParams, MoeScratch, MoeWeights};
 use quiver_gguf::GgmlType;
 pub use rope::{Llama3Scaling, RopeAngles, RopeMode, RopeParams, Yarn, ROPE_MAX_PAIRS};
 
@@ -243,137 +246,6 @@ pub struct WorkspaceSpec {
     pub attention: Vec<(usize, usize)>,
     /// KV positions in the pool.
     pub n_slots: usize,
-}
-
-/// Ops beyond the core every architecture uses. A backend says which it has
-/// ([`Backend::supports`]); a model that needs one its backend lacks is refused at load.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExtraOp {
-    /// [`Backend::scale`]
-    Scale,
-    /// [`Backend::rms_norm_plain`]
-    RmsNormPlain,
-    /// [`Backend::mul_cols`]
-    MulCols,
-    /// [`Backend::copy_cols`]
-    CopyCols,
-    /// [`Backend::rope_q`]
-    RopeQ,
-    /// [`Backend::moe`] with router logits the caller computed (`MoeParams::router_given`)
-    /// and per-expert output scales (`MoeWeights::down_scale`).
-    MoeExtras,
-    /// [`Backend::moe`] with per-expert scales of the gate and up products
-    /// (`MoeWeights::gate_scale`, `up_scale`).
-    MoeProductScales,
-    /// [`Backend::delta_net`] over the recurrent state (Qwen 3.5's linear-attention layers).
-    DeltaNet,
-    /// [`Backend::sigmoid_mul`]
-    SigmoidMul,
-    /// [`Backend::moe`] with the gate and up experts in one tensor (`MoeWeights::gate` and
-    /// `up` the same weight).
-    MoeGateUpFused,
-}
-
-impl std::fmt::Display for ExtraOp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ExtraOp::Scale => "scale",
-            ExtraOp::RmsNormPlain => "rms_norm_plain",
-            ExtraOp::MulCols => "mul_cols",
-            ExtraOp::CopyCols => "copy_cols",
-            ExtraOp::RopeQ => "rope_q",
-            ExtraOp::MoeExtras => "moe (given router logits, per-expert scales)",
-            ExtraOp::MoeProductScales => "moe (per-expert gate/up scales)",
-            ExtraOp::DeltaNet => "gated delta net (recurrent state)",
-            ExtraOp::SigmoidMul => "sigmoid_mul",
-            ExtraOp::MoeGateUpFused => "moe (gate and up experts in one tensor)",
-        })
-    }
-}
-
-/// Element-wise gated activations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// silu(gate) · up
-    SwiGlu,
-    /// gelu_tanh(gate) · up
-    GeGlu,
-}
-
-/// How a mixture-of-experts router turns its logits into expert probabilities.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gating {
-    Softmax,
-    Sigmoid,
-}
-
-/// A mixture-of-experts FFN: `n_used` of `n_expert` experts per token, each a gated FFN of
-/// hidden width `n_ff`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MoeParams {
-    pub n_expert: usize,
-    pub n_used: usize,
-    pub n_ff: usize,
-    pub gating: Gating,
-    /// Divide the chosen experts' probabilities by their sum.
-    pub norm: bool,
-    /// Multiplies the chosen weights (1: none).
-    pub scale: f32,
-    pub act: Activation,
-    /// The caller has written the router logits into [`MoeScratch::logits`] (a router over
-    /// another input than the experts', Gemma 4): the backend skips the router product.
-    pub router_given: bool,
-}
-
-impl MoeParams {
-    /// Floats of each [`MoeScratch`] buffer a step of `rows` tokens needs, in field order.
-    pub fn scratch_floats(&self, rows: usize, n_embd: usize) -> [usize; 7] {
-        let pairs = rows * self.n_used;
-        [
-            rows * self.n_expert,
-            2 * pairs,
-            pairs * n_embd,
-            pairs * self.n_ff,
-            pairs * self.n_ff,
-            pairs * self.n_ff,
-            pairs * n_embd,
-        ]
-    }
-}
-
-/// One MoE layer's weights: the router [n_expert, n_embd], and the experts stacked as
-/// [n_expert · n_ff, n_embd] (gate, up) and [n_expert · n_embd, n_ff] (down), as the GGUF's
-/// 3-D tensors lie in memory.
-///
-/// `gate` and `up` may be the same weight (`std::ptr::eq`): the experts' gate and up in one
-/// tensor of 2·n_ff rows per expert, the gate's first ([`ExtraOp::MoeGateUpFused`]).
-pub struct MoeWeights<'a, W> {
-    pub router: &'a W,
-    pub gate: &'a W,
-    pub up: &'a W,
-    pub down: &'a W,
-    /// Per-expert scales [n_expert] multiplying each expert's output before its routing
-    /// weight (`ffn_down_exps.scale`), where the model has them.
-    pub down_scale: Option<&'a W>,
-    /// Per-expert scales [n_expert] of the gate's and the up product (`ffn_gate_exps.scale`,
-    /// `ffn_up_exps.scale`), the gate's before the activation; backends without them refuse.
-    pub gate_scale: Option<&'a W>,
-    pub up_scale: Option<&'a W>,
-}
-
-/// Buffers [`Backend::moe`] may overwrite, sized by [`MoeParams::scratch_floats`].
-pub struct MoeScratch<'a, B> {
-    /// Router logits [rows, n_expert].
-    pub logits: &'a mut B,
-    /// The chosen experts and their weights per (token, slot).
-    pub routes: &'a mut B,
-    /// Inputs gathered per (token, slot) [pairs, n_embd].
-    pub xs: &'a mut B,
-    pub gate: &'a mut B,
-    pub up: &'a mut B,
-    pub act: &'a mut B,
-    /// Each expert's output per (token, slot) [pairs, n_embd].
-    pub ys: &'a mut B,
 }
 
 /// The device contract. Buffers hold f32 activations; weights keep their GGUF type.
@@ -680,6 +552,107 @@ pub trait Backend {
     ) -> Result<()> {
         let _ = (x, gate, rows, cols, per_row);
         Err(self.missing(ExtraOp::SigmoidMul))
+    }
+    /// DeepSeek-V4's block input ([`dsv4::hc_pre`]): out [rows, d] and the post/comb
+    /// weights pc [rows, pc_dim] from the streams x [rows, hc·d] and their mixes.
+    #[allow(clippy::too_many_arguments)]
+    fn hc_pre(
+        &self,
+        x: &Self::Buf,
+        mixes: &Self::Buf,
+        scale: &Self::Weight,
+        base: &Self::Weight,
+        p: &dsv4::HcParams,
+        head: bool,
+        rows: usize,
+        out: &mut Self::Buf,
+        pc: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (x, mixes, scale, base, p, head, rows, out, pc);
+        Err(self.missing(ExtraOp::Dsv4))
+    }
+    /// DeepSeek-V4's block output ([`dsv4::hc_post`]).
+    fn hc_post(
+        &self,
+        y: &Self::Buf,
+        residual: &Self::Buf,
+        pc: &Self::Buf,
+        p: &dsv4::HcParams,
+        rows: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (y, residual, pc, p, rows, out);
+        Err(self.missing(ExtraOp::Dsv4))
+    }
+    /// out[t, h] = x[t] for each of the hc streams (x [rows, d], out [rows, hc·d]).
+    fn hc_expand(
+        &self,
+        x: &Self::Buf,
+        p: &dsv4::HcParams,
+        rows: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (x, p, rows, out);
+        Err(self.missing(ExtraOp::Dsv4))
+    }
+    /// A product per group of columns ([`dsv4::matmul_grouped`]): w [groups·R, C],
+    /// x [rows, groups·C], out [rows, groups·R].
+    fn matmul_grouped(
+        &self,
+        w: &Self::Weight,
+        groups: usize,
+        x: &Self::Buf,
+        rows: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (w, groups, x, rows, out);
+        Err(self.missing(ExtraOp::Dsv4))
+    }
+    /// out = silu(min(gate, limit)) · clamp(up, −limit, limit) for n elements.
+    fn swiglu_clamp(
+        &self,
+        gate: &Self::Buf,
+        up: &Self::Buf,
+        limit: f32,
+        n: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (gate, up, limit, n, out);
+        Err(self.missing(ExtraOp::Dsv4))
+    }
+    /// One DeepSeek-V4 attention layer over the step's sequences ([`dsv4::attention`]):
+    /// `state` holds the sequences' slots of [`dsv4::AttnShape::state_floats`].
+    #[allow(clippy::too_many_arguments)]
+    fn dsv4_attention(
+        &self,
+        step: &Step<Self::StepCtx>,
+        s: &dsv4::AttnShape,
+        w: dsv4::AttnWeights<'_, Self::Weight>,
+        x: dsv4::AttnInputs<'_, Self::Buf>,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (step, s, w, x, state, out);
+        Err(self.missing(ExtraOp::Dsv4))
+    }
+    /// A DeepSeek-V4 MoE layer: [`Backend::moe`]'s contract with the experts chosen by
+    /// [`dsv4::moe_route`] (sqrt-softplus scores, `bias` [n_expert] for the choice, or the
+    /// token's row of `hash`) and, where `clamp` > 0, the clamped SwiGLU.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_dsv4(
+        &self,
+        step: &Step<Self::StepCtx>,
+        x: &Self::Buf,
+        w: MoeWeights<'_, Self::Weight>,
+        p: &MoeParams,
+        bias: Option<&Self::Weight>,
+        hash: Option<&[i32]>,
+        clamp: f32,
+        scratch: MoeScratch<'_, Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (step, x, w, p, bias, hash, clamp, scratch, out);
+        Err(self.missing(ExtraOp::Dsv4))
     }
     /// The error of an op this backend lacks.
     fn missing(&self, op: ExtraOp) -> BackendError {

@@ -62,7 +62,9 @@ pub struct LoadArgs {
     /// Print backend counters (graph captures and replays, kernels compiled) at the end.
     #[arg(short = 'v', long)]
     pub verbose: bool,
-    /// KV cache element type of K and V: f16 (default), bf16, q8_0, tq8 or tq4 (TurboQuant).
+    /// KV cache element type of K and V: f16 (default), bf16, q8_0, tq8 or tq4 (TurboQuant;
+    /// tq4 stores K as tq8 and V as tq4, ~0.39 of f16's bytes: 4-bit keys miss the quality
+    /// bound; --kv-type-k tq4 asks for them).
     #[arg(long = "kv-type", value_name = "TYPE", value_parser = parse_kv_type)]
     pub kv_type: Option<KvType>,
     /// K's type, over --kv-type (llama-server's -ctk/--cache-type-k).
@@ -138,10 +140,10 @@ impl LoadArgs {
 
     /// The KV cache's element types these flags choose.
     pub fn kv_types(&self) -> KvTypes {
-        let both = self.kv_type.unwrap_or(KvType::F16);
+        let named = KvTypes::named(self.kv_type.unwrap_or(KvType::F16));
         KvTypes {
-            k: self.kv_type_k.unwrap_or(both),
-            v: self.kv_type_v.unwrap_or(both),
+            k: self.kv_type_k.unwrap_or(named.k),
+            v: self.kv_type_v.unwrap_or(named.v),
         }
     }
 }
@@ -153,7 +155,7 @@ fn parse_kv_type(s: &str) -> std::result::Result<KvType, String> {
         // llama.cpp's cache types quiver lacks, and the nearest it has.
         let nearest = match l.as_str() {
             "q4_0" | "q4_1" | "iq4_nl" => {
-                Some("use tq4 (4-bit TurboQuant, about a quarter of f16's bytes)")
+                Some("use tq4 (4-bit TurboQuant; --kv-type tq4 keeps keys at 8 bits: about 0.4 of f16's bytes)")
             }
             "q5_0" | "q5_1" => Some(
                 "use q8_0 (the nearest in quality, about half of f16's bytes) or tq4 (smaller)",
@@ -189,9 +191,23 @@ pub fn kv_summary(spec: &quiver_backend::KvSpec) -> String {
     )
 }
 
-/// The load log's line on the recurrent state of models with one (Qwen 3.5's gated delta
-/// net): bytes per sequence over its layers, and for `n_seqs` sequences. None for others.
-pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize) -> Option<String> {
+/// The load log's line on the per-sequence state of models with one (Qwen 3.5's gated delta
+/// net; DeepSeek-V4's window and compressed KV for up to `n_slots` positions per sequence,
+/// as `Model::state` sizes it): bytes per sequence over its layers, and for `n_seqs` sequences.
+/// None for others.
+pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize, n_slots: usize) -> Option<String> {
+    let s = if n_seqs == 1 { "" } else { "s" };
+    if let Some(ds) = &hp.dsv4 {
+        let n_ctx = n_slots.max(1);
+        let per_seq = ds.state_bytes(hp, n_ctx);
+        return Some(format!(
+            "compressed KV state f32: {} per sequence ({n_ctx} positions: a window of {}, compressed rows and compressor rings over {} layers), {n_seqs} sequence{s} in {}",
+            quiver_backend::human_bytes(per_seq),
+            ds.n_swa,
+            hp.n_layer,
+            quiver_backend::human_bytes(per_seq.saturating_mul(n_seqs as u64)),
+        ));
+    }
     let p = hp.delta_net?;
     let per_seq = hp.state_bytes_per_seq();
     let layers = hp.n_recurrent() as u64;
@@ -200,7 +216,7 @@ pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize) -> Option<Strin
         quiver_backend::human_bytes(per_seq),
         quiver_backend::human_bytes(4 * p.conv_floats() as u64),
         quiver_backend::human_bytes(4 * p.matrix_floats() as u64),
-        if n_seqs == 1 { "" } else { "s" },
+        s,
         quiver_backend::human_bytes(per_seq.saturating_mul(n_seqs as u64)),
     ))
 }
@@ -467,7 +483,7 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
         }
     };
     eprintln!("quiver: {}", kv_summary(&kv_spec));
-    if let Some(line) = state_summary(runner.hparams(), 1) {
+    if let Some(line) = state_summary(runner.hparams(), 1, kv_spec.n_slots) {
         eprintln!("quiver: {line}");
     }
     Ok(Loaded { runner })
@@ -676,5 +692,32 @@ mod tests {
         let moe = line(inv, &f);
         assert!(moe.contains("not batch invariant: MoE experts"), "{moe}");
         assert!(cpu_invariance(Numerics::Parity).contains(": batch invariant"));
+    }
+
+    #[test]
+    fn kv_type_tq4_names_tq8_keys_and_tq4_values() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            load: LoadArgs,
+        }
+        let kv = |args: &[&str]| {
+            use clap::Parser;
+            Cli::try_parse_from(std::iter::once("quiver").chain(args.iter().copied()))
+                .unwrap()
+                .load
+                .kv_types()
+        };
+        let t = |k, v| KvTypes { k, v };
+        assert_eq!(kv(&[]), t(KvType::F16, KvType::F16));
+        assert_eq!(kv(&["--kv-type", "tq8"]), t(KvType::Tq8, KvType::Tq8));
+        assert_eq!(kv(&["--kv-type", "tq4"]), t(KvType::Tq8, KvType::Tq4));
+        // Naming K's type asks for tq4 keys.
+        assert_eq!(
+            kv(&["--kv-type", "tq4", "--kv-type-k", "tq4"]),
+            t(KvType::Tq4, KvType::Tq4)
+        );
+        assert_eq!(kv(&["--kv-type-v", "tq4"]), t(KvType::F16, KvType::Tq4));
+        assert_eq!(format!("{}", kv(&["--kv-type", "tq4"])), "K tq8, V tq4");
     }
 }

@@ -322,7 +322,7 @@ pub fn chat(
             .min(ids.len() - 1);
         // A recurrent state (Qwen 3.5) holds every cached token: it continues only from the
         // end of the cache, else the conversation is computed again from its start.
-        if l.runner.hparams().delta_net.is_some() && keep < cached.len() {
+        if l.runner.hparams().has_seq_state() && keep < cached.len() {
             keep = 0;
         }
         let room = l.runner.n_ctx().saturating_sub(ids.len());

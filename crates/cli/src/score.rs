@@ -188,9 +188,9 @@ pub fn bench(load: &LoadArgs, shape: BenchShape, reps: usize, json_out: bool) ->
     if ctx < need {
         bail!("-c {ctx} is less than the depth and the test need ({need} tokens)");
     }
-    if depth > 0 && l.runner.hparams().delta_net.is_some() {
+    if depth > 0 && l.runner.hparams().has_seq_state() {
         // Each test would start over a state that already holds the previous test's tokens.
-        bail!("-d {depth}: a model with recurrent state (qwen35) is benchmarked from depth 0 only");
+        bail!("-d {depth}: a model with per-sequence state (qwen35, deepseek4) is benchmarked from depth 0 only");
     }
     let prompt: Vec<u32> = (0..n_prompt).map(|_| rnd()).collect();
     let context: Vec<u32> = (0..depth).map(|_| rnd()).collect();

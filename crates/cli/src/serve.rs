@@ -223,7 +223,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         });
         kv_line = format!("{kv_line}; the draft model's, in the same blocks: {d}");
     }
-    if let Some(state) = engine::state_summary(&hp, max_seqs as usize) {
+    if let Some(state) = engine::state_summary(&hp, max_seqs as usize, n_ctx.min(kv_blocks * bs)) {
         kv_line = format!("{kv_line}; {state}");
     }
     if kv_blocks * bs < n_ctx {

@@ -93,8 +93,17 @@ impl<B: Backend> ModelRunner<B> {
     /// recurrent layers, Qwen 3.5: the state is made again, checked against memory; others
     /// need nothing).
     pub fn set_max_seqs(&mut self, n: usize) -> Result<()> {
+        let ctx = self.model.seq_ctx;
+        self.set_seq_state(n, ctx)
+    }
+
+    /// [`ModelRunner::set_max_seqs`], with each sequence's context where the state's size
+    /// depends on it (DeepSeek-V4's compressed KV; None: as many positions as the KV slots).
+    pub fn set_seq_state(&mut self, n: usize, n_ctx_seq: Option<usize>) -> Result<()> {
+        let ctx_changed = self.model.seq_ctx != n_ctx_seq && self.model.hp.dsv4.is_some();
         self.model.set_max_seqs(n);
-        if self.model.hp.delta_net.is_some() && self.state.n_seq_states != n.max(1) {
+        self.model.seq_ctx = n_ctx_seq;
+        if self.model.hp.has_seq_state() && (self.state.n_seq_states != n.max(1) || ctx_changed) {
             let (n_slots, n_batch, max_logits) = (
                 self.state.n_slots,
                 self.state.max_tokens,
@@ -149,7 +158,7 @@ impl<B: Backend> ModelRunner<B> {
                 ctx: self.n_ctx,
             });
         }
-        if self.model.hp.delta_net.is_some() && start_pos != 0 && start_pos != self.next_pos {
+        if self.model.hp.has_seq_state() && start_pos != 0 && start_pos != self.next_pos {
             return Err(EngineError::StateRewind {
                 at: start_pos,
                 next: self.next_pos,

@@ -55,7 +55,7 @@ where
                 kv: opts.kv,
             };
             let runner = match ModelRunner::new(make(), &file, &runner_opts)
-                .and_then(|mut r| r.set_max_seqs(opts.max_seqs).map(|_| r))
+                .and_then(|mut r| r.set_seq_state(opts.max_seqs, Some(opts.n_ctx)).map(|_| r))
             {
                 Ok(r) => r,
                 Err(e) => {
@@ -78,7 +78,7 @@ where
                 }
             };
             let _ = ready_tx.send(Ok(()));
-            let recurrent = runner.model.hp.delta_net.is_some();
+            let recurrent = runner.model.hp.has_seq_state();
             let sched = Scheduler::new(SchedConfig {
                 max_batch_tokens: opts.max_batch_tokens,
                 max_seqs: opts.max_seqs,

@@ -4,6 +4,9 @@
 //! own state slot, so requests served together get exactly the tokens they get alone; a
 //! prompt seen before is computed again (no prefix reuse: `cached_tokens` 0) to the same
 //! tokens; a preempted request is computed again from its first token and loses nothing.
+//! The same for DeepSeek-V4 (`deepseek4`), whose compressed KV is per-sequence state too
+//! (llama.cpp's test model at σ 0.3, where the compressed rows and the indexer move the
+//! tokens).
 
 mod common;
 #[path = "llama_archs/rng.rs"]
@@ -19,30 +22,35 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 const FIXTURE: &str = "qwen35-dense-s1";
+const DSV4: &str = "deepseek4-moe-d0.3-k4-s1";
 
 /// The fixture's model (its stored head, the weights drawn again, the linear-attention
 /// output scaled up), its `test` tokenizer
 /// renamed `none` (same length) so that the engine has a tokenizer of ids only.
 fn file() -> Arc<GgufFile> {
+    fixture(FIXTURE)
+}
+
+/// A fixture's model, as [`file`] makes it.
+fn fixture(name: &str) -> Arc<GgufFile> {
     let dir = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/reference/llama-archs"
     ));
-    let v: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join(format!("{FIXTURE}.json"))).unwrap(),
-    )
-    .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
+            .unwrap();
     let size = v["size"].as_u64().unwrap() as usize;
     let seed = v["seed"].as_u64().unwrap();
     let stdev = v["stdev"].as_f64().unwrap() as f32;
-    let mut bytes = std::fs::read(dir.join(format!("{FIXTURE}.head"))).unwrap();
+    let mut bytes = std::fs::read(dir.join(format!("{name}.head"))).unwrap();
     bytes.resize(size, 0);
     let tmp = std::env::temp_dir().join(format!("quiver-recurrent-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     // One file per call: the tests run in parallel, and a mapped file is never rewritten.
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = tmp.join(format!("{FIXTURE}-{k}.gguf"));
+    let path = tmp.join(format!("{name}-{k}.gguf"));
     std::fs::write(&path, &bytes).unwrap();
     let skeleton = GgufFile::open(&path).unwrap();
     for t in &skeleton.tensors {
@@ -71,7 +79,10 @@ fn file() -> Arc<GgufFile> {
     assert_eq!(&bytes[at..at + 4], b"test");
     bytes[at..at + 4].copy_from_slice(b"none");
     std::fs::write(&path, &bytes).unwrap();
-    Arc::new(GgufFile::open(&path).unwrap())
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    // The mapping stays; the file need not outlive the test.
+    let _ = std::fs::remove_file(&path);
+    f
 }
 
 /// `quiver synth --preset tiny-qwen35moe` (F32): experts beside a shared expert, two
@@ -85,7 +96,9 @@ fn synth_moe() -> Arc<GgufFile> {
     let p = quiver_synth::preset("tiny-qwen35moe").unwrap();
     let ft = quiver_synth::file_type("F32").unwrap();
     quiver_synth::write(p, ft, 7, &path, 2, |_, _| {}).unwrap();
-    Arc::new(GgufFile::open(&path).unwrap())
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    let _ = std::fs::remove_file(&path);
+    f
 }
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -197,13 +210,14 @@ fn collect(rx: mpsc::Receiver<Event>) -> (Vec<(u32, f32)>, usize) {
 }
 
 /// The same tokens, each log-probability within 1e-4 of the solo run's (the state of another
-/// sequence leaking in would move them far more).
-fn same(got: &[(u32, f32)], want: &[(u32, f32)], i: usize) {
+/// sequence leaking in would move them far more), or where `exact` the same bits (deepseek4:
+/// batch invariant in the default numerics).
+fn same(got: &[(u32, f32)], want: &[(u32, f32)], i: usize, exact: bool) {
     let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
     assert_eq!(ids(got), ids(want), "request {i}");
     for (k, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(
-            (g.1 - w.1).abs() < 1e-4,
+            (g.1 - w.1).abs() < 1e-4 && (!exact || g.1.to_bits() == w.1.to_bits()),
             "request {i} token {k}: log-probability {} alone {}",
             g.1,
             w.1
@@ -213,7 +227,21 @@ fn same(got: &[(u32, f32)], want: &[(u32, f32)], i: usize) {
 
 #[test]
 fn served_together_equals_alone() {
-    let f = file();
+    served_together_equals_alone_on(&file(), false);
+}
+
+#[test]
+fn deepseek4_served_together_equals_alone() {
+    served_together_equals_alone_on(&fixture(DSV4), true);
+}
+
+#[test]
+fn deepseek4_preempted_requests_lose_nothing() {
+    preempted_requests_lose_nothing_on(&fixture(DSV4), true);
+}
+
+fn served_together_equals_alone_on(f: &Arc<GgufFile>, exact: bool) {
+    let f = f.clone();
     let ps = prompts();
     let want = solo(&f, &ps);
     // Room for every request at once (4 state slots, 6 requests: two wait for a slot).
@@ -221,45 +249,51 @@ fn served_together_equals_alone() {
     let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
     for (i, rx) in rxs.into_iter().enumerate() {
         let (got, _) = collect(rx);
-        same(&got, &want[i], i);
+        same(&got, &want[i], i, exact);
     }
     // The same prompts again: computed whole (no prefix reuse), the same tokens.
     let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
     for (i, rx) in rxs.into_iter().enumerate() {
         let (got, cached) = collect(rx);
         assert_eq!(cached, 0, "request {i}: a recurrent model reuses no prefix");
-        same(&got, &want[i], i);
+        same(&got, &want[i], i, exact);
     }
 }
 
 /// `f`'s requests served together in 6 blocks of 16 tokens (requests of up to 62 tokens each:
 /// the newest are preempted and computed again from their first token) give their tokens alone.
-fn preempted_requests_lose_nothing_on(f: &Arc<GgufFile>) {
+fn preempted_requests_lose_nothing_on(f: &Arc<GgufFile>, exact: bool) {
     let ps = prompts();
     let want = solo(f, &ps);
     let h = start(f, 6, 4);
     let rxs: Vec<_> = ps.iter().map(|p| submit(&h, p)).collect();
     for (i, rx) in rxs.into_iter().enumerate() {
         let (got, _) = collect(rx);
-        same(&got, &want[i], i);
+        same(&got, &want[i], i, exact);
     }
 }
 
 #[test]
 fn moe_served_together_equals_alone_under_preemption() {
-    preempted_requests_lose_nothing_on(&synth_moe());
+    preempted_requests_lose_nothing_on(&synth_moe(), false);
 }
 
 #[test]
 fn preempted_requests_lose_nothing() {
-    preempted_requests_lose_nothing_on(&file());
+    preempted_requests_lose_nothing_on(&file(), false);
 }
 
 /// The single-sequence runner continues a recurrent state only where it ended (or from 0):
 /// evaluating again from an earlier position is refused with one line, not answered wrong.
 #[test]
 fn the_runner_refuses_to_rewind_a_recurrent_state() {
-    let f = file();
+    for f in [file(), fixture(DSV4)] {
+        refuses_to_rewind(&f);
+    }
+}
+
+fn refuses_to_rewind(f: &Arc<GgufFile>) {
+    let f = f.clone();
     let mut r = ModelRunner::new(CpuBackend::new(2), &f, &RunnerOptions::default()).unwrap();
     r.eval(&[1, 2, 3, 4, 5], 0, Want::Last).unwrap();
     r.eval(&[6], 5, Want::Last).unwrap();
@@ -273,8 +307,10 @@ fn the_runner_refuses_to_rewind_a_recurrent_state() {
 /// is refused in one line, a transformer draft is not.
 #[test]
 fn a_recurrent_draft_is_refused() {
-    let e = quiver_engine::draft::check_rollback(&file()).unwrap_err();
-    assert!(e.contains("recurrent layers") && !e.contains('\n'), "{e}");
+    for f in [file(), fixture(DSV4)] {
+        let e = quiver_engine::draft::check_rollback(&f).unwrap_err();
+        assert!(e.contains("recurrent layers") && !e.contains('\n'), "{e}");
+    }
     let dir = std::env::temp_dir().join(format!("quiver-rollback-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tiny-llama.gguf");
@@ -291,4 +327,103 @@ fn a_recurrent_draft_is_refused() {
     let llama = GgufFile::open(&path).unwrap();
     quiver_engine::draft::check_rollback(&llama).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A deepseek4 file with one multi-token-prediction block (a copy of block 0 as block 4,
+/// `nextn.*` tensors of zeros): the block is loaded, not run, and the trunk's logits are the
+/// file's without it, bit for bit.
+#[test]
+fn deepseek4_loads_its_multi_token_prediction_block() {
+    use quiver_gguf::{Array, GgmlType, GgufWriter, Value};
+    let src = fixture(DSV4);
+    let mut w = GgufWriter::new();
+    w.metadata = src.metadata.clone();
+    let k = |s: &str| format!("deepseek4.{s}");
+    w.set(k("block_count"), Value::U32(5));
+    w.set(k("nextn_predict_layers"), Value::U32(1));
+    w.set(
+        k("attention.compress_ratios"),
+        Value::Array(Array::U32(vec![0, 0, 4, 128, 0])),
+    );
+    for key in ["swiglu_clamp_exp", "swiglu_clamp_shexp"] {
+        w.set(k(key), Value::Array(Array::F32(vec![10.0; 5])));
+    }
+    // (name, shape, source tensor or zeros)
+    let mut parts: Vec<(String, Vec<u64>, Option<usize>)> = Vec::new();
+    for (i, t) in src.tensors.iter().enumerate() {
+        parts.push((t.name.clone(), t.shape.clone(), Some(i)));
+        if let Some(rest) = t.name.strip_prefix("blk.0.") {
+            parts.push((format!("blk.4.{rest}"), t.shape.clone(), Some(i)));
+        }
+    }
+    let d = 512u64;
+    for (name, shape) in [
+        ("eh_proj", vec![d, 2 * d]),
+        ("enorm", vec![d]),
+        ("hnorm", vec![d]),
+    ] {
+        parts.push((format!("blk.4.nextn.{name}.weight"), shape, None));
+    }
+    for (name, shape, _) in &parts {
+        w.add_tensor(name.clone(), GgmlType::F32, shape);
+    }
+    let path = std::env::temp_dir().join(format!("quiver-recurrent-{}", std::process::id()));
+    let path = path.join("deepseek4-mtp.gguf");
+    w.write_file(&path, |i, info, buf| {
+        match parts[i].2 {
+            Some(j) => buf.extend_from_slice(src.tensor_data(&src.tensors[j])),
+            None => buf.resize(buf.len() + info.n_bytes as usize, 0),
+        }
+        Ok(())
+    })
+    .unwrap();
+    let with = Arc::new(GgufFile::open(&path).unwrap());
+    let _ = std::fs::remove_file(&path);
+    let opts = RunnerOptions {
+        kv: Default::default(),
+        n_ctx: 256,
+        n_batch: 16,
+        max_logits: 1,
+    };
+    let mut a = ModelRunner::new(CpuBackend::new(2), &src, &opts).unwrap();
+    let mut b = ModelRunner::new(CpuBackend::new(2), &with, &opts).unwrap();
+    let ds = b.model.hp.dsv4.as_ref().unwrap();
+    assert_eq!((b.model.hp.n_layer, ds.nextn), (4, 1));
+    assert_eq!(b.model.dsv4.as_ref().unwrap().mtp.len(), 1);
+    let p = &prompts()[1];
+    let want = a.eval(p, 0, Want::Last).unwrap().to_vec();
+    assert_eq!(b.eval(p, 0, Want::Last).unwrap(), &want[..]);
+}
+
+/// In the default numerics (batch invariant) a deepseek4 prompt's logits are the same bits
+/// whether it runs in one step, in steps of 5 tokens, or token by token.
+#[test]
+fn deepseek4_prompts_are_batch_invariant() {
+    let f = fixture(DSV4);
+    let p = &prompts()[3];
+    let opts = RunnerOptions {
+        kv: Default::default(),
+        n_ctx: 256,
+        n_batch: 64,
+        max_logits: 64,
+    };
+    let mut r = ModelRunner::new(CpuBackend::new(2), &f, &opts).unwrap();
+    let whole = r.eval(p, 0, Want::From(0)).unwrap().to_vec();
+    let nv = r.n_vocab();
+    for step in [5, 1] {
+        let mut rows = Vec::new();
+        for (i, chunk) in p.chunks(step).enumerate() {
+            rows.extend_from_slice(r.eval(chunk, i * step, Want::From(0)).unwrap());
+        }
+        assert_eq!(rows.len(), p.len() * nv);
+        let differ = rows
+            .iter()
+            .zip(&whole)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "steps of {step}: {differ} logits differ from one step's"
+        );
+    }
 }

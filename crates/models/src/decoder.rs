@@ -114,12 +114,35 @@ pub struct Model<B: Backend> {
     pub ple: Option<crate::extras::PleInput<B>>,
     /// The KV cache's element types ([`Model::set_kv_types`]; f16 by default).
     pub kv_types: quiver_backend::KvTypes,
+    /// DeepSeek-V4's weights (its layers replace `layers`, which it leaves empty).
+    pub dsv4: Option<crate::deepseek4::Dsv4<B>>,
+    /// The positions one sequence may reach, where a state's size depends on it
+    /// (DeepSeek-V4's compressed KV); None: as many as the state's KV slots.
+    pub seq_ctx: Option<usize>,
     /// Sequences a state made after this holds recurrent state for (models with recurrent
     /// layers; [`Model::set_max_seqs`], 1 by default).
     pub max_seqs: usize,
 }
 
 pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
+    if hp.dsv4.is_some() {
+        let d = hp.n_embd as u64;
+        let v = hp.n_vocab as u64;
+        let ds = crate::deepseek4::load(b, f, &hp)?;
+        return Ok(Model {
+            tok_embd: weight(b, f, "token_embd.weight", &[v, d])?,
+            output_norm: weight(b, f, "output_norm.weight", &[d])?,
+            output: Some(weight(b, f, "output.weight", &[v, d])?),
+            output_b: None,
+            layers: Vec::new(),
+            ple: None,
+            dsv4: Some(ds),
+            seq_ctx: None,
+            hp,
+            kv_types: quiver_backend::KvTypes::default(),
+            max_seqs: 1,
+        });
+    }
     crate::extras::check_ops(b, &hp)?;
     let d = hp.n_embd as u64;
     let w = |name: &str, shape: &[u64]| weight(b, f, name, shape);
@@ -241,6 +264,8 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         output,
         layers,
         ple: crate::extras::load_ple_input(b, f, &hp)?,
+        dsv4: None,
+        seq_ctx: None,
         hp,
         kv_types: quiver_backend::KvTypes::default(),
         max_seqs: 1,
@@ -253,6 +278,11 @@ impl<B: Backend> Model<B> {
     /// Chooses the KV cache's element types for the states made after this; an error names
     /// the first layer whose heads a type cannot store.
     pub fn set_kv_types(&mut self, kv: quiver_backend::KvTypes) -> Result<()> {
+        if self.hp.dsv4.is_some() && kv != quiver_backend::KvTypes::default() {
+            return Err(ModelError::UnsupportedKv(format!(
+                "deepseek4 keeps its window and compressed KV as f16-rounded values in its own state: KV type {kv} is not supported (f16 only)"
+            )));
+        }
         self.hp
             .kv_spec(0, kv)
             .check()
@@ -315,6 +345,9 @@ impl<B: Backend> Model<B> {
 
     /// The ops of one step over `step.rows` token rows.
     fn ops(&self, b: &mut B, s: &mut State<B>, step: &Step<B::StepCtx>) -> Result<()> {
+        if let Some(w) = &self.dsv4 {
+            return crate::deepseek4::forward(b, self, w, s, step);
+        }
         let n = step.rows;
         let hp = &self.hp;
         let dump = Dump::new();

@@ -59,8 +59,11 @@ pub struct Hparams {
     /// head: `head_dim` of q, then `head_dim` of gate); the FFN's input norm is
     /// `post_attention_norm` (Qwen 3.5).
     pub q_gate: bool,
-    /// The shared expert's width beside the experts (Qwen 3.5 MoE), 0: none.
+    /// The shared expert's width beside the experts (Qwen 3.5 MoE, DeepSeek-V4), 0: none.
     pub shared_expert_ff: usize,
+    /// DeepSeek-V4's own hyperparameters (`deepseek4`; its layers keep per-sequence state,
+    /// `LayerHp::recurrent`).
+    pub dsv4: Option<crate::Dsv4Hp>,
 }
 
 /// One layer's attention and FFN shape.
@@ -73,7 +76,9 @@ pub struct LayerHp {
     /// The layer whose K/V this one attends over: itself, or an earlier layer (Gemma 4's
     /// shared-KV layers, which write no cache of their own).
     pub kv_from: usize,
-    /// A gated-delta-net layer (no attention, no KV cache: its state is the recurrent one).
+    /// A layer without paged KV whose state belongs to a sequence (`State::rs`): a
+    /// gated-delta-net layer (Qwen 3.5), or any DeepSeek-V4 layer (its raw window and
+    /// compressed KV, [`quiver_backend::dsv4::AttnShape`]).
     pub recurrent: bool,
 }
 
@@ -126,6 +131,14 @@ impl Hparams {
             Some(p) => 4 * (p.state_floats() * self.n_recurrent()) as u64,
             None => 0,
         }
+    }
+
+    /// Whether the model keeps a state per sequence beside (or instead of) the paged KV
+    /// (Qwen 3.5's recurrent state, DeepSeek-V4's compressed KV): such a state cannot be
+    /// shared by a prefix hit nor rolled back, so sequences continue where they stopped or
+    /// start again at position 0.
+    pub fn has_seq_state(&self) -> bool {
+        self.delta_net.is_some() || self.dsv4.is_some()
     }
 
     /// Whether any layer runs a dense FFN (all but pure-MoE models; Gemma 4's MoE layers run
@@ -531,6 +544,7 @@ impl<'a> Reader<'a> {
             delta_net: None,
             q_gate: false,
             shared_expert_ff: 0,
+            dsv4: None,
         })
     }
 }

@@ -3,6 +3,7 @@
 //! Adding an architecture is one file plus one line in [`load`].
 
 mod decoder;
+mod deepseek4;
 mod extras;
 mod gemma2;
 mod gemma3;
@@ -15,6 +16,7 @@ mod qwen35;
 mod state;
 
 pub use decoder::{Experts, Ffn, Layer, Model, Scales};
+pub use deepseek4::Dsv4Hp;
 pub use hparams::{Hparams, LayerHp};
 pub use state::State;
 
@@ -63,6 +65,7 @@ pub const SUPPORTED: &[&str] = &[
     "gemma3",
     "gemma4",
     "phi3",
+    "deepseek4",
 ];
 
 /// Loads the model of the file's architecture onto a backend.
@@ -87,6 +90,7 @@ pub fn hparams(file: &GgufFile) -> Result<Hparams> {
         "phi3" => phi3::hparams(file),
         "qwen2" | "qwen3" | "qwen3moe" => qwen::hparams(file),
         "qwen35" | "qwen35moe" => qwen35::hparams(file),
+        "deepseek4" => deepseek4::hparams(file),
         other => Err(ModelError::UnknownArch(other.into())),
     }
 }
@@ -120,7 +124,11 @@ pub(crate) fn weight_rows<B: Backend>(
     Ok(backend.weight(&part, ty, &[n, shape[1]], bytes)?)
 }
 
-fn find(file: &GgufFile, name: &str, shape: &[u64]) -> Result<(usize, quiver_gguf::GgmlType)> {
+pub(crate) fn find(
+    file: &GgufFile,
+    name: &str,
+    shape: &[u64],
+) -> Result<(usize, quiver_gguf::GgmlType)> {
     let idx = file
         .tensors
         .iter()

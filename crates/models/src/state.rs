@@ -30,6 +30,8 @@ pub struct State<B: Backend> {
     pub(crate) ple: Option<crate::extras::PleBufs<B>>,
     /// The hybrid layers' step buffers (Qwen 3.5), where the model has them.
     pub(crate) hy: Option<crate::qwen35::HybridBufs<B>>,
+    /// DeepSeek-V4's step buffers, where the model is one.
+    pub(crate) ds: Option<crate::deepseek4::Bufs<B>>,
     /// The recurrent state of each gated-delta-net layer: `n_seq_states` slots of
     /// `DeltaNetParams::state_floats` (Qwen 3.5; none elsewhere).
     pub rs: Vec<B::Buf>,
@@ -115,8 +117,15 @@ impl<B: Backend> Model<B> {
             Some(_) => crate::qwen35::HybridBufs::<B>::floats(hp, n) as u64,
             None => 0,
         };
-        let rs_bytes = hp.state_bytes_per_seq().saturating_mul(n_seq_states as u64);
-        let floats = floats.saturating_add(hy_floats);
+        // DeepSeek-V4's per-sequence state holds as many positions as a sequence can reach.
+        let ds_ctx = n_slots.min(self.seq_ctx.unwrap_or(n_slots)).max(1);
+        let ds_floats = match hp.dsv4 {
+            Some(_) => crate::deepseek4::Bufs::<B>::floats(hp, n) as u64,
+            None => 0,
+        };
+        let ds_bytes = hp.dsv4.as_ref().map_or(0, |ds| ds.state_bytes(hp, ds_ctx));
+        let rs_bytes = (hp.state_bytes_per_seq() + ds_bytes).saturating_mul(n_seq_states as u64);
+        let floats = floats.saturating_add(hy_floats).saturating_add(ds_floats);
         let need = kv
             .saturating_add(rs_bytes)
             .saturating_add(floats.saturating_mul(4))
@@ -181,11 +190,18 @@ impl<B: Backend> Model<B> {
                 Some(_) => Some(crate::qwen35::HybridBufs::new(b, hp, n)?),
                 None => None,
             },
-            rs: match hp.delta_net {
-                Some(p) => (0..hp.n_recurrent())
+            ds: match hp.dsv4 {
+                Some(_) => Some(crate::deepseek4::Bufs::new(b, hp, n, ds_ctx)?),
+                None => None,
+            },
+            rs: match (hp.delta_net, &hp.dsv4) {
+                (Some(p), _) => (0..hp.n_recurrent())
                     .map(|_| b.buf(n_seq_states * p.state_floats()))
                     .collect::<std::result::Result<_, _>>()?,
-                None => Vec::new(),
+                (None, Some(ds)) => (0..hp.n_layer)
+                    .map(|i| b.buf(n_seq_states * ds.shape(hp, i, ds_ctx).state_floats()))
+                    .collect::<std::result::Result<_, _>>()?,
+                (None, None) => Vec::new(),
             },
             n_seq_states,
             logits: b.buf(max_logits * hp.n_vocab)?,

@@ -224,3 +224,237 @@ fn expert_counts_are_a_number_or_one_per_layer() {
         "{e}"
     );
 }
+
+/// llama.cpp's deepseek4 test model's file (its stored head; the tensor data zeros), under a
+/// name of the test's own.
+fn deepseek4(test: &str) -> PathBuf {
+    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    let fx = root.join("tests/reference/llama-archs/deepseek4-moe-s1");
+    // The file's size, from the fixture's `"size":N`.
+    let json = std::fs::read_to_string(fx.with_extension("json")).unwrap();
+    let size: usize = json
+        .split("\"size\":")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut bytes = std::fs::read(fx.with_extension("head")).unwrap();
+    bytes.resize(size, 0);
+    let path = dir().join(format!("deepseek4-moe-s1-{test}.gguf"));
+    std::fs::write(&path, &bytes).unwrap();
+    path
+}
+
+#[test]
+fn deepseek4_reads_its_keys_and_refuses_what_it_cannot_run_in_one_line() {
+    let src = deepseek4("keys");
+    let hp = quiver_models::hparams(&GgufFile::open(&src).unwrap()).unwrap();
+    let ds = hp.dsv4.as_ref().unwrap();
+    assert_eq!(ds.ratios, vec![0, 0, 4, 128]);
+    assert_eq!((ds.hc.hc, ds.hc.iters, ds.q_lora, ds.n_swa), (4, 2, 64, 32));
+    assert_eq!(
+        (ds.o_groups, ds.o_lora, ds.ix_heads, ds.ix_dim),
+        (8, 32, 64, 128)
+    );
+    assert_eq!(
+        (ds.n_rot, ds.rope_comp.base, ds.n_ff_shared),
+        (32, 160000.0, 1024)
+    );
+    assert_eq!(ds.clamp_shexp, vec![10.0; 4]);
+    let m = hp.moe.unwrap();
+    assert_eq!(
+        (m.n_expert, m.n_used, m.n_ff, m.norm, m.scale),
+        (2, 2, 1024, true, 1.0)
+    );
+    // Every layer keeps per-sequence state: no paged KV.
+    assert!(hp.layers.iter().all(|l| l.recurrent));
+    assert!(hp.kv_spec(16, Default::default()).layers.is_empty());
+    let cases: [(&str, Value, &str); 6] = [
+        ("expert_group_count", Value::U32(2), "group-limited"),
+        ("expert_gating_func", Value::U32(2), "sqrt-softplus"),
+        (
+            "attention.compress_ratios",
+            Value::Array(Array::U32(vec![0, 0, 4, 64])),
+            "0, 4 and 128",
+        ),
+        (
+            "attention.compress_ratios",
+            Value::Array(Array::U32(vec![0, 4])),
+            "2 entries for 4 blocks",
+        ),
+        ("hyper_connection.count", Value::U32(2), "4 only"),
+        (
+            "attention.output_group_count",
+            Value::U32(3),
+            "does not divide",
+        ),
+    ];
+    for (i, (key, value, says)) in cases.into_iter().enumerate() {
+        let f = rewrite(&src, &format!("deepseek4-bad-{i}"), |w, arch| {
+            w.set(format!("{arch}.{key}"), value);
+        });
+        let e = quiver_models::hparams(&f).unwrap_err().to_string();
+        assert!(
+            e.contains(key) && e.contains(says) && !e.contains('\n'),
+            "{e}"
+        );
+    }
+}
+
+/// A backend without DeepSeek-V4's ops (as CUDA today): only its name and what it supports
+/// answer; the load must stop, in one line naming the op, before touching anything else.
+struct NoDsv4;
+
+impl quiver_backend::Backend for NoDsv4 {
+    type Buf = ();
+    type Weight = ();
+    type Kv = ();
+    type StepCtx = ();
+    fn name(&self) -> &'static str {
+        "nodsv4"
+    }
+    fn supports(&self, op: quiver_backend::ExtraOp) -> bool {
+        op != quiver_backend::ExtraOp::Dsv4
+    }
+    fn weight(
+        &self,
+        _: &str,
+        _: quiver_gguf::GgmlType,
+        _: &[u64],
+        _: quiver_backend::WeightBytes,
+    ) -> quiver_backend::Result<()> {
+        unreachable!("a weight loaded before the ops were checked")
+    }
+    fn buf(&self, _: usize) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn kv(&self, _: &quiver_backend::KvSpec, _: usize) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn begin_step<'b>(
+        &mut self,
+        _: &'b quiver_backend::Batch,
+        _: u64,
+        _: usize,
+        _: usize,
+    ) -> quiver_backend::Result<quiver_backend::Step<'b, ()>> {
+        unreachable!()
+    }
+    fn embed(
+        &self,
+        _: &quiver_backend::Step<()>,
+        _: &(),
+        _: f32,
+        _: &mut (),
+    ) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn rms_norm(&self, _: &(), _: &(), _: f32, _: usize, _: &mut ()) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn rms_norm_inplace(&self, _: &mut (), _: &(), _: f32, _: usize) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn add_rms_norm(
+        &self,
+        _: &mut (),
+        _: &(),
+        _: &(),
+        _: f32,
+        _: usize,
+        _: &mut (),
+    ) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn add(&self, _: &mut (), _: &(), _: usize) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn add_bias(&self, _: &mut (), _: &(), _: usize) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn moe(
+        &self,
+        _: &(),
+        _: usize,
+        _: quiver_backend::MoeWeights<'_, ()>,
+        _: &quiver_backend::MoeParams,
+        _: quiver_backend::MoeScratch<'_, ()>,
+        _: &mut (),
+    ) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn matmul(&self, _: &(), _: &(), _: usize, _: &mut ()) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn weight_rows(&self, _: &()) -> usize {
+        unreachable!()
+    }
+    fn matmul_logits(
+        &self,
+        _: &quiver_backend::Step<()>,
+        _: &(),
+        _: &(),
+        _: &mut (),
+    ) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn rope_kv_write(
+        &self,
+        _: &quiver_backend::Step<()>,
+        _: &mut (),
+        _: &mut (),
+        _: &(),
+        _: &quiver_backend::RopeParams,
+        _: &quiver_backend::AttnParams,
+        _: &mut (),
+    ) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn attention(
+        &self,
+        _: &quiver_backend::Step<()>,
+        _: &(),
+        _: &(),
+        _: &quiver_backend::AttnParams,
+        _: &mut (),
+    ) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn glu(
+        &self,
+        _: quiver_backend::Activation,
+        _: &(),
+        _: &(),
+        _: usize,
+        _: &mut (),
+    ) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn softcap(&self, _: &mut (), _: f32, _: usize) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn read(&self, _: &(), _: usize, _: &mut Vec<f32>) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+    fn mask_rows(&self, _: &mut (), _: usize, _: &[(usize, &[u32])]) -> quiver_backend::Result<()> {
+        unreachable!()
+    }
+}
+
+#[test]
+fn a_backend_without_the_deepseek4_ops_refuses_it_at_load_in_one_line() {
+    let f = std::sync::Arc::new(GgufFile::open(deepseek4("refuse")).unwrap());
+    let e = match quiver_models::load(&NoDsv4, &f) {
+        Ok(_) => panic!("loaded without the deepseek4 ops"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("nodsv4 backend has no deepseek4")
+            && e.contains("deepseek4 models")
+            && !e.contains('\n'),
+        "{e}"
+    );
+}

@@ -148,8 +148,8 @@ pub fn kv_types<B: Backend, H: Harness<B>>(
     notes
 }
 
-/// Every pair of one type for both, and the mixed pairs that exercise a rotated side next to
-/// a plain one.
+/// Every pair of one type for both, the mixed pairs that exercise a rotated side next to a
+/// plain one, and what `--kv-type tq4` names (K tq8, V tq4: [`KvTypes::named`]).
 pub fn all_pairs() -> Vec<KvTypes> {
     let mut p: Vec<KvTypes> = KvType::ALL
         .iter()
@@ -163,6 +163,7 @@ pub fn all_pairs() -> Vec<KvTypes> {
         k: KvType::Q8_0,
         v: KvType::Tq4,
     });
+    p.push(KvTypes::named(KvType::Tq4));
     p
 }
 

@@ -15,6 +15,7 @@ pub mod attention;
 pub mod batches;
 pub mod cases;
 pub mod delta_net;
+pub mod dsv4;
 pub mod elementwise;
 pub mod kv_types;
 pub mod moe;

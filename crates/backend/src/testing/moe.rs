@@ -57,18 +57,14 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
             let (gate_up, up_load) = if fused {
                 // Expert e's gate rows, then its up rows.
                 let per = gate.bytes.len() / ne;
-                let both = WeightCase {
-                    ty,
-                    rows: 2 * ne * ff,
-                    cols: d,
-                    bytes: (0..ne)
-                        .flat_map(|e| [&gate.bytes[e * per..][..per], &up.bytes[e * per..][..per]])
-                        .flatten()
-                        .copied()
-                        .collect(),
-                    values: Vec::new(),
-                };
-                (load(&both, &[ne64, 2 * ff64, d64]), None)
+                let both: Vec<u8> = (0..ne)
+                    .flat_map(|e| [&gate.bytes[e * per..][..per], &up.bytes[e * per..][..per]])
+                    .flatten()
+                    .copied()
+                    .collect();
+                let shape = [ne64, 2 * ff64, d64];
+                let w = be.weight("w", ty, &shape, super::tensor(ty, &shape, &both));
+                (w, None)
             } else {
                 (
                     load(&gate, &[ne64, ff64, d64]),

@@ -1,0 +1,58 @@
+//! The CPU's weights and K/V caches.
+
+use quiver_backend::{BackendError, Result, WeightBytes};
+use quiver_gguf::GgmlType;
+
+pub struct CpuWeight {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub(crate) bytes: WeightBytes,
+    /// Vectors (norm weights) as f32, converted once at load: they are tiny.
+    pub(crate) vector: Option<Vec<f32>>,
+}
+
+impl CpuWeight {
+    pub fn bytes(&self) -> &[u8] {
+        self.bytes.bytes()
+    }
+
+    pub(crate) fn vector(&self, op: &'static str) -> Result<&[f32]> {
+        self.vector.as_deref().ok_or_else(|| BackendError::Shape {
+            op,
+            detail: format!(
+                "expected a vector weight, got [{}, {}]",
+                self.rows, self.cols
+            ),
+        })
+    }
+}
+
+/// One layer's K and V: `n_slots` rows of `kv_dim` values. An f16 cache (both types f16, the
+/// default) is held in `k` and `v` for llama.cpp's attention; any other pair of types as
+/// records of [`quiver_backend::kvcodec`] in `kb` and `vb` (an f16 side as well).
+pub struct CpuKv {
+    pub k: Vec<half::f16>,
+    pub v: Vec<half::f16>,
+    pub kb: Vec<u8>,
+    pub vb: Vec<u8>,
+    pub types: quiver_backend::KvTypes,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub kv_dim: usize,
+    pub n_slots: usize,
+}
+
+impl CpuKv {
+    /// Whether the cache is held as records (not the f16 vectors).
+    pub(crate) fn packed(&self) -> bool {
+        self.types != quiver_backend::KvTypes::default()
+    }
+}
+
+/// The extra ops' buffers, grown to the largest step seen and kept (`CpuBackend::extra`).
+#[derive(Default)]
+pub(crate) struct ExtraScratch {
+    pub(crate) dn: crate::delta_net::Scratch,
+    pub(crate) ds: crate::dsv4::Scratch,
+}

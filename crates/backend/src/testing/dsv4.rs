@@ -1,0 +1,489 @@
+//! DeepSeek-V4's ops ([`crate::ExtraOp::Dsv4`]) against the scalar references of
+//! [`crate::dsv4`] on random inputs: the hyper-connections (pre with its Sinkhorn weights,
+//! post, expand, the head), the grouped product (Q8_0 weights), the clamped SwiGLU, the MoE
+//! with sqrt-softplus routing plus a bias and with hash routing, and the attention over the
+//! per-sequence state: three sequences (ratios 0, 4 with the indexer's top-k, and 128) each
+//! alone in one step against the same sequences interleaved in one batch over several steps
+//! of other chunkings, in other slots — every output the same, and a slot no sequence names
+//! left as it was.
+
+use super::{poison, read, rel_err, vector, Harness, Notes, Rng, WeightCase};
+use crate::dsv4::{self as ds, AttnInputs, AttnShape, AttnWeights, HcParams};
+use crate::{
+    Activation, Backend, Batch, Gating, MoeParams, MoeScratch, MoeWeights, RopeMode, RopeParams,
+    SeqSpan,
+};
+use quiver_gguf::GgmlType;
+
+pub fn dsv4<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) -> Notes {
+    let mut notes = Notes::default();
+    let bound = h.delta_net_bound(be);
+    hyper_connections(be, h, rng, bound, &mut notes);
+    products(be, h, rng, &mut notes);
+    moe(be, h, rng, &mut notes);
+    for ratio in [0, 4, 128] {
+        attention(be, h, rng, ratio, bound, &mut notes);
+    }
+    notes
+}
+
+fn hyper_connections<B: Backend, H: Harness<B>>(
+    be: &B,
+    h: &H,
+    rng: &mut Rng,
+    bound: f64,
+    notes: &mut Notes,
+) {
+    let p = HcParams {
+        hc: 4,
+        d: 48,
+        eps: 1e-6,
+        iters: 20,
+    };
+    let rows = 5;
+    let hcd = p.hc * p.d;
+    let x = rng.vec(rows * hcd);
+    for head in [false, true] {
+        let md = if head { p.hc } else { p.mix_dim() };
+        let mixes = rng.scaled(rows * md, 3.0);
+        let scale = rng.vec(if head { 1 } else { 3 });
+        let base = rng.vec(md);
+        let mut out = poison(be, h, rows * p.d);
+        let mut pc = poison(be, h, rows * p.pc_dim());
+        be.hc_pre(
+            &h.upload(be, &x),
+            &h.upload(be, &mixes),
+            &vector(be, &scale),
+            &vector(be, &base),
+            &p,
+            head,
+            rows,
+            &mut out,
+            &mut pc,
+        )
+        .unwrap();
+        let mut want = vec![0f32; rows * p.d];
+        let mut want_pc = vec![0f32; rows * p.pc_dim()];
+        ds::hc_pre(
+            &x,
+            &mixes,
+            &scale,
+            &base,
+            &p,
+            head,
+            rows,
+            &mut want,
+            &mut want_pc,
+        );
+        let got = read(be, &out, rows * p.d);
+        notes.check("hc_pre", rel_err(&got, &want), bound, || {
+            format!("head {head}")
+        });
+        if head {
+            continue;
+        }
+        let got_pc = read(be, &pc, rows * p.pc_dim());
+        notes.check("hc_pre weights", rel_err(&got_pc, &want_pc), bound, || {
+            "post and comb".into()
+        });
+        // The comb weights are doubly stochastic after 20 Sinkhorn rounds.
+        for t in 0..rows {
+            let c = &got_pc[t * p.pc_dim() + p.hc..][..p.hc * p.hc];
+            for i in 0..p.hc {
+                let row: f32 = (0..p.hc).map(|j| c[i * p.hc + j]).sum();
+                let col: f32 = (0..p.hc).map(|j| c[j * p.hc + i]).sum();
+                assert!(
+                    (row - 1.0).abs() < 1e-3 && (col - 1.0).abs() < 1e-3,
+                    "{row} {col}"
+                );
+            }
+        }
+        let y = rng.vec(rows * p.d);
+        let mut post = poison(be, h, rows * hcd);
+        be.hc_post(
+            &h.upload(be, &y),
+            &h.upload(be, &x),
+            &pc,
+            &p,
+            rows,
+            &mut post,
+        )
+        .unwrap();
+        let mut want_post = vec![0f32; rows * hcd];
+        ds::hc_post(&y, &x, &want_pc, &p, rows, &mut want_post);
+        notes.check(
+            "hc_post",
+            rel_err(&read(be, &post, rows * hcd), &want_post),
+            bound,
+            || "post".into(),
+        );
+        let mut ex = poison(be, h, rows * hcd);
+        be.hc_expand(&h.upload(be, &y), &p, rows, &mut ex).unwrap();
+        let want_ex: Vec<f32> = (0..rows * hcd)
+            .map(|i| y[(i / hcd) * p.d + i % p.d])
+            .collect();
+        notes.check(
+            "hc_expand",
+            rel_err(&read(be, &ex, rows * hcd), &want_ex),
+            0.0,
+            || "copies".into(),
+        );
+    }
+}
+
+fn products<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng, notes: &mut Notes) {
+    let (groups, r, c, rows) = (4, 16, 64, 3);
+    for ty in [GgmlType::F32, GgmlType::Q8_0] {
+        let w = WeightCase::random(rng, ty, groups * r, c).expect("a quantizer");
+        let x = rng.vec(rows * groups * c);
+        let mut out = poison(be, h, rows * groups * r);
+        be.matmul_grouped(
+            &w.load(be).unwrap(),
+            groups,
+            &h.upload(be, &x),
+            rows,
+            &mut out,
+        )
+        .unwrap();
+        let mut want = vec![0f32; rows * groups * r];
+        let seen = h.as_seen(be, ty, rows * groups, &x);
+        ds::matmul_grouped(&w.values, groups, &seen, rows, &mut want);
+        notes.check(
+            "matmul_grouped",
+            rel_err(&read(be, &out, rows * groups * r), &want),
+            h.product_bound(be, ty, rows),
+            || format!("{ty:?}"),
+        );
+    }
+    let n = 300;
+    let (g, u) = (rng.scaled(n, 20.0), rng.scaled(n, 20.0));
+    let mut out = poison(be, h, n);
+    be.swiglu_clamp(&h.upload(be, &g), &h.upload(be, &u), 7.0, n, &mut out)
+        .unwrap();
+    let mut want = vec![0f32; n];
+    ds::swiglu_clamp(&g, &u, 7.0, &mut want);
+    notes.check(
+        "swiglu_clamp",
+        rel_err(&read(be, &out, n), &want),
+        1e-6,
+        || "limit 7".into(),
+    );
+}
+
+fn moe<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng, notes: &mut Notes) {
+    let (ne, used, ff, d, rows, vocab) = (6, 2, 32, 48, 7, 10);
+    let p = MoeParams {
+        n_expert: ne,
+        n_used: used,
+        n_ff: ff,
+        gating: Gating::Softmax,
+        norm: true,
+        scale: 1.5,
+        act: Activation::SwiGlu,
+        router_given: false,
+    };
+    let f32w =
+        |rng: &mut Rng, r: usize, c: usize| WeightCase::random(rng, GgmlType::F32, r, c).unwrap();
+    let (router, gate, up, down) = (
+        f32w(rng, ne, d),
+        f32w(rng, ne * ff, d),
+        f32w(rng, ne * ff, d),
+        f32w(rng, ne * d, ff),
+    );
+    let bias = rng.vec(ne);
+    let hash: Vec<i32> = (0..vocab * used).map(|_| rng.below(ne) as i32).collect();
+    let x = rng.scaled(rows * d, 2.0);
+    let tokens: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
+    let batch = Batch {
+        tokens: tokens.clone(),
+        positions: (0..rows as u32).collect(),
+        slots: (0..rows as u32).collect(),
+        seq_of: vec![0; rows],
+        seqs: vec![SeqSpan {
+            start: 0,
+            len: rows,
+            kv_len: rows,
+            block_table: vec![0],
+            ..Default::default()
+        }],
+        logits: Vec::new(),
+        block_size: crate::KV_BLOCK_SIZE,
+    };
+    let ws = [&router, &gate, &up, &down].map(|w| w.load(&*be).unwrap());
+    let bw = vector(&*be, &bias);
+    for (hashed, clamp) in [(false, 0.0), (false, 1.5), (true, 1.5)] {
+        let sizes = p.scratch_floats(rows, d);
+        let mut sc: Vec<B::Buf> = sizes.iter().map(|&n| be.buf(n).unwrap()).collect();
+        let [lg, rt, xs, g, u, a, ys] = &mut sc[..] else {
+            unreachable!()
+        };
+        let mut out = poison(be, h, rows * d);
+        let st = be.begin_step(&batch, 0, 64, 64).unwrap();
+        be.moe_dsv4(
+            &st,
+            &h.upload(be, &x),
+            MoeWeights {
+                router: &ws[0],
+                gate: &ws[1],
+                up: &ws[2],
+                down: &ws[3],
+                down_scale: None,
+                gate_scale: None,
+                up_scale: None,
+            },
+            &p,
+            (!hashed).then_some(&bw),
+            hashed.then_some(&hash[..]),
+            clamp,
+            MoeScratch {
+                logits: lg,
+                routes: rt,
+                xs,
+                gate: g,
+                up: u,
+                act: a,
+                ys,
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert!(be.end_step(true).unwrap());
+        // The reference: route, then each chosen expert's clamped SwiGLU FFN.
+        let route = ds::MoeRoute {
+            bias: (!hashed).then_some(&bias[..]),
+            hash: hashed.then_some(&hash[..]),
+            n_used: used,
+            norm: true,
+            scale: 1.5,
+        };
+        let mut want = vec![0f32; rows * d];
+        let mut r = Vec::new();
+        let mv = |w: &[f32], rows_w: usize, cols: usize, x: &[f32]| -> Vec<f32> {
+            (0..rows_w)
+                .map(|i| (0..cols).map(|j| w[i * cols + j] * x[j]).sum())
+                .collect()
+        };
+        for t in 0..rows {
+            let xt = &x[t * d..][..d];
+            let logits = mv(&router.values, ne, d, xt);
+            ds::moe_route(&logits, tokens[t], &route, &mut r);
+            for &(e, wt) in &r {
+                let e = e as usize;
+                let gv = mv(&gate.values[e * ff * d..][..ff * d], ff, d, xt);
+                let uv = mv(&up.values[e * ff * d..][..ff * d], ff, d, xt);
+                let mut act = vec![0f32; ff];
+                if clamp > 0.0 {
+                    ds::swiglu_clamp(&gv, &uv, clamp, &mut act);
+                } else {
+                    crate::reference::glu(Activation::SwiGlu, &gv, &uv, &mut act);
+                }
+                let y = mv(&down.values[e * d * ff..][..d * ff], d, ff, &act);
+                for c in 0..d {
+                    want[t * d + c] += wt * y[c];
+                }
+            }
+        }
+        notes.check(
+            "moe_dsv4",
+            rel_err(&read(be, &out, rows * d), &want),
+            h.moe_bound(be, GgmlType::F32, rows),
+            || format!("hash {hashed}, clamp {clamp}"),
+        );
+    }
+}
+
+/// Per-token inputs of one sequence, [len, width] each.
+struct SeqInputs {
+    parts: Vec<Vec<f32>>,
+}
+
+fn attention<B: Backend, H: Harness<B>>(
+    be: &mut B,
+    h: &H,
+    rng: &mut Rng,
+    ratio: usize,
+    bound: f64,
+    notes: &mut Notes,
+) {
+    let rope = |base| RopeParams::plain(RopeMode::Normal, 16, base);
+    let s = AttnShape {
+        n_head: 4,
+        head_dim: 32,
+        n_rot: 16,
+        n_swa: 8,
+        ratio,
+        rope: rope(if ratio == 0 { 10000.0 } else { 160000.0 }),
+        comp_rope: rope(160000.0),
+        rms_eps: 1e-6,
+        ix_heads: 2,
+        ix_dim: 32,
+        ix_top_k: 3,
+        n_ctx: 160,
+    };
+    let (hd, cw, id) = (s.head_dim, s.comp_width(), s.ix_dim);
+    // Widths of q, kv, comp kv, comp score, indexer q, w, kv, score.
+    let widths = [s.n_head * hd, hd, cw, cw, 2 * id, 2, 2 * id, 2 * id];
+    // Three sequences: (length, slot alone, slot together).
+    let seqs = [(150usize, 0usize, 3usize), (23, 1, 0), (9, 2, 1)];
+    let inputs: Vec<SeqInputs> = seqs
+        .iter()
+        .map(|&(len, _, _)| SeqInputs {
+            parts: widths.iter().map(|&w| rng.scaled(len * w, 2.0)).collect(),
+        })
+        .collect();
+    let sinks = rng.vec(s.n_head);
+    let ape = rng.vec(ratio * cw);
+    let norm: Vec<f32> = rng.vec(hd).iter().map(|v| 1.0 + 0.3 * v).collect();
+    let ix_ape = rng.vec(4 * 2 * id);
+    let ix_norm: Vec<f32> = rng.vec(id).iter().map(|v| 1.0 + 0.3 * v).collect();
+    let wv = |v: &[f32]| (!v.is_empty()).then(|| vector(&*be, v));
+    let (w_sinks, w_ape, w_norm) = (vector(&*be, &sinks), wv(&ape), wv(&norm));
+    let (w_ix_ape, w_ix_norm) = if ratio == 4 {
+        (wv(&ix_ape), wv(&ix_norm))
+    } else {
+        (None, None)
+    };
+    let sf = s.state_floats();
+    let n_slots = 5;
+    let state0 = rng.scaled(n_slots * sf, 9.0);
+    let width = s.n_head * hd;
+    // One step over `spans` (sequence, first token, tokens, slot): the outputs per span.
+    // A step's batch and inputs over `spans` (sequence, first token, tokens, slot).
+    let make = |spans: &[(usize, usize, usize, usize)]| -> (Batch, Vec<Vec<f32>>) {
+        let mut batch = Batch {
+            block_size: crate::KV_BLOCK_SIZE,
+            ..Default::default()
+        };
+        let mut parts: Vec<Vec<f32>> = widths.iter().map(|_| Vec::new()).collect();
+        for (si, &(q, first, len, slot)) in spans.iter().enumerate() {
+            batch.seqs.push(SeqSpan {
+                start: batch.tokens.len(),
+                len,
+                kv_len: first + len,
+                block_table: vec![0; 16],
+                state_slot: slot as u32,
+                ..Default::default()
+            });
+            for t in first..first + len {
+                batch.tokens.push(0);
+                batch.positions.push(t as u32);
+                batch.slots.push(0);
+                batch.seq_of.push(si as u32);
+            }
+            for (k, &w) in widths.iter().enumerate() {
+                parts[k].extend_from_slice(&inputs[q].parts[k][first * w..(first + len) * w]);
+            }
+        }
+        (batch, parts)
+    };
+    let run =
+        |be: &mut B, state: &mut B::Buf, spans: &[(usize, usize, usize, usize)]| -> Vec<Vec<f32>> {
+            let (batch, parts) = make(spans);
+            let n = batch.tokens.len();
+            let bufs: Vec<B::Buf> = parts.iter().map(|p| h.upload(&*be, p)).collect();
+            let mut out = poison(&*be, h, n * width);
+            let st = be.begin_step(&batch, 0, 256, 256).unwrap();
+            let c = ratio > 0;
+            let i = ratio == 4;
+            be.dsv4_attention(
+                &st,
+                &s,
+                AttnWeights {
+                    sinks: &w_sinks,
+                    ape: w_ape.as_ref().filter(|_| c),
+                    norm: w_norm.as_ref().filter(|_| c),
+                    ix_ape: w_ix_ape.as_ref(),
+                    ix_norm: w_ix_norm.as_ref(),
+                },
+                AttnInputs {
+                    q: &bufs[0],
+                    kv: &bufs[1],
+                    comp_kv: c.then_some(&bufs[2]),
+                    comp_score: c.then_some(&bufs[3]),
+                    ix_q: i.then_some(&bufs[4]),
+                    ix_w: i.then_some(&bufs[5]),
+                    ix_kv: i.then_some(&bufs[6]),
+                    ix_score: i.then_some(&bufs[7]),
+                },
+                state,
+                &mut out,
+            )
+            .unwrap();
+            assert!(be.end_step(true).unwrap());
+            let got = read(&*be, &out, n * width);
+            let mut at = 0;
+            spans
+                .iter()
+                .map(|&(_, _, len, _)| {
+                    at += len;
+                    got[(at - len) * width..at * width].to_vec()
+                })
+                .collect()
+        };
+    // Each sequence alone, in one step.
+    let mut state = h.upload(be, &state0);
+    let alone: Vec<Vec<f32>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(q, &(len, slot, _))| run(be, &mut state, &[(q, 0, len, slot)]).remove(0))
+        .collect();
+    // The scalar reference, each sequence alone.
+    let host = ds::AttnHost {
+        sinks: &sinks,
+        ape: if ratio > 0 { &ape } else { &[] },
+        norm: if ratio > 0 { &norm } else { &[] },
+        ix_ape: if ratio == 4 { &ix_ape } else { &[] },
+        ix_norm: if ratio == 4 { &ix_norm } else { &[] },
+    };
+    for (q, &(len, slot, _)) in seqs.iter().enumerate() {
+        let (batch, parts) = make(&[(q, 0, len, slot)]);
+        let (c, i) = (ratio > 0, ratio == 4);
+        let x = AttnInputs {
+            q: &parts[0][..],
+            kv: &parts[1][..],
+            comp_kv: c.then_some(&parts[2][..]),
+            comp_score: c.then_some(&parts[3][..]),
+            ix_q: i.then_some(&parts[4][..]),
+            ix_w: i.then_some(&parts[5][..]),
+            ix_kv: i.then_some(&parts[6][..]),
+            ix_score: i.then_some(&parts[7][..]),
+        };
+        let mut st = state0.clone();
+        let mut want = vec![0f32; len * width];
+        ds::attention(&batch, &s, &host, &x, &mut st, &mut want).unwrap();
+        notes.check("dsv4_attention", rel_err(&alone[q], &want), bound, || {
+            format!("ratio {ratio}, sequence {q} alone against the reference")
+        });
+    }
+    // Together, in other slots, over steps of other chunkings (prompt pieces and decodes).
+    let mut state = h.upload(be, &state0);
+    let mut got: Vec<Vec<f32>> = seqs.iter().map(|_| Vec::new()).collect();
+    let mut next = [0usize; 3];
+    let chunks = [[40, 5, 1], [70, 1, 3], [1, 17, 1], [39, 0, 4]];
+    for step in chunks {
+        let spans: Vec<(usize, usize, usize, usize)> = (0..3)
+            .filter(|&q| step[q] > 0 && next[q] < seqs[q].0)
+            .map(|q| (q, next[q], step[q].min(seqs[q].0 - next[q]), seqs[q].2))
+            .collect();
+        for (o, &(q, _, len, _)) in run(be, &mut state, &spans).into_iter().zip(&spans) {
+            got[q].extend_from_slice(&o);
+            next[q] += len;
+        }
+    }
+    assert_eq!(next, [150, 23, 9], "the chunking covers every token");
+    for q in 0..3 {
+        notes.check("dsv4_attention", rel_err(&got[q], &alone[q]), bound, || {
+            format!("ratio {ratio}, sequence {q} in steps against alone")
+        });
+        assert!(
+            got[q].iter().all(|v| v.is_finite()),
+            "ratio {ratio}: not finite"
+        );
+    }
+    let st = read(be, &state, n_slots * sf);
+    assert_eq!(
+        st[2 * sf..3 * sf],
+        state0[2 * sf..3 * sf],
+        "ratio {ratio}: a slot no sequence names changed"
+    );
+}
