@@ -85,7 +85,7 @@ enum Order {
 }
 
 /// Token-count buckets of a product row: the most tokens of each.
-pub const BUCKETS: [usize; 5] = [1, 2, 8, 16, usize::MAX];
+pub const BUCKETS: [usize; 6] = [1, 2, 8, 16, 128, usize::MAX];
 
 fn bucket(n: usize) -> usize {
     BUCKETS
@@ -102,6 +102,9 @@ pub struct Thresholds {
     pub gemm_min_tokens: usize,
     /// Token counts the int8 tensor-core decode kernel takes (the int8 types).
     pub imv_tokens: (usize, usize),
+    /// Products of at least this many tokens take Hopper's wmm in the fast numerics too (the
+    /// invariant numerics take it for every prompt row).
+    pub wmm_min_tokens: usize,
 }
 
 /// The thresholds for compute capability `arch`. Measured on the H200 (sm_90): a qmm launch
@@ -114,6 +117,7 @@ pub fn thresholds(_arch: u32) -> Thresholds {
     Thresholds {
         gemm_min_tokens: 9,
         imv_tokens: (3, 16),
+        wmm_min_tokens: 129,
     }
 }
 
@@ -181,6 +185,8 @@ impl ProductRow {
                 }
             } else if imv && registry::imv_default(w.kernel) {
                 Product::Imv
+            } else if n >= th.wmm_min_tokens && crate::wmm::wmm_arch(arch) && w.wmm_fits {
+                Product::Wmm
             } else if n >= th.gemm_min_tokens {
                 Product::Qmm { split: true }
             } else {
@@ -361,7 +367,7 @@ pub fn describe(
         s.push_str("  every op on the parity kernels (kernels/exact.cu)\n");
         return s;
     }
-    let heads = ["1", "2", "3-8", "9-16", "17+"];
+    let heads = ["1", "2", "3-8", "9-16", "17-128", "129+"];
     let head: String = heads.map(|h| format!("{h:<12}")).join("");
     let _ = writeln!(s, "  {:<8} {:<7} {}", "weights", "rows", head.trim_end());
     for (t, r) in rows {
@@ -488,7 +494,7 @@ mod tests {
     fn invariant_rows_keep_one_order_per_kind() {
         let inv = Numerics::BatchInvariant;
         let q4k = row(inv, "q4_k");
-        assert_eq!(decode(&q4k), [Mmv, Mmv, Imv, Imv, Imm]);
+        assert_eq!(decode(&q4k), [Mmv, Mmv, Imv, Imv, Imm, Imm]);
         // Prompt rows on wgmma on Hopper, at every count; qmm unsplit before it.
         assert_eq!(q4k.get(Kind::Prompt, 1), Wmm);
         assert_eq!(q4k.get(Kind::Prompt, 512), Wmm);
@@ -509,7 +515,14 @@ mod tests {
         let q5k = row(inv, "q5_k");
         assert_eq!(
             decode(&q5k),
-            [Qmv, Qmv, Qmv, Qmm { split: false }, Qmm { split: false }]
+            [
+                Qmv,
+                Qmv,
+                Qmv,
+                Qmm { split: false },
+                Qmm { split: false },
+                Qmm { split: false }
+            ]
         );
         assert!(q5k.invariant());
         // Too wide for qmv: the fast families, and the table says so.
@@ -552,15 +565,15 @@ mod tests {
     fn fast_rows_take_the_fastest_family_per_bucket() {
         let f = Numerics::Fast;
         let q4k = row(f, "q4_k");
-        assert_eq!(decode(&q4k), [Mmv, Mmv, Imv, Imv, Qmm { split: true }]);
-        assert_eq!(q4k.get(Kind::Prompt, 512), Qmm { split: true });
+        let qmm = Qmm { split: true };
+        // Wmm from 129 tokens on Hopper, qmm (split where the tiles are few) before.
+        assert_eq!(decode(&q4k), [Mmv, Mmv, Imv, Imv, qmm, Wmm]);
+        assert_eq!(q4k.get(Kind::Prompt, 512), Wmm);
+        assert_eq!(q4k.get(Kind::Prompt, 128), qmm);
         assert!(!q4k.invariant());
         let q4_1 = row(f, "q4_1");
-        assert_eq!(
-            decode(&q4_1),
-            [Mmv, Mmv, Mmv, Qmm { split: true }, Qmm { split: true }]
-        );
-        assert_eq!(decode(&row(f, "f16")), [Mmv, Mmv, Mmv, Blas, Blas]);
+        assert_eq!(decode(&q4_1), [Mmv, Mmv, Mmv, qmm, qmm, Wmm]);
+        assert_eq!(decode(&row(f, "f16")), [Mmv, Mmv, Mmv, Blas, Blas, Blas]);
         assert_eq!(
             invariance(f, &[("Q4_K".into(), q4k)], &[], false).as_deref(),
             Some("--numerics fast")
