@@ -34,95 +34,6 @@
 // tile that still fills the device.
 //                      grid (ceil(n / BN), ceil(rows / BM)), block 2·BM + 32, dynamic smem
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WMM_ON 1
-__device__ __forceinline__ void wgmma_n128(float* d, const u32* a, u64 desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-__device__ __forceinline__ void wgmma_n64(float* d, const u32* a, u64 desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-#endif
-
-// Keeps the compiler from moving register work across the asynchronous products: the values
-// are read and written here, as far as it knows.
-template <int N>
-__device__ __forceinline__ void keep_f(float* d) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void keep_a(u32 (*a)[4]) {
-#pragma unroll
-    for (int s = 0; s < 8; s++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory");
-}
-
-// A shared-memory matrix descriptor, no swizzle: start, leading byte offset (the K direction),
-// stride byte offset (the M/N direction), all in 16-byte units.
-__device__ __forceinline__ u64 wmm_desc(const void* p, u32 lbo, u32 sbo) {
-    return (u64)((smem_u32(p) & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32);
-}
-
-// ---- mbarriers and bulk copies (the tensor memory accelerator's 1-D form) ----
-__device__ __forceinline__ void mbar_init(u64* b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect(u64* b, int bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u64* b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u64* b, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(smem_u32(b)),
-        "r"(parity)
-        : "memory");
-}
-// A tensor map (CUtensorMap: 128 opaque bytes, cuTensorMapEncodeTiled on the host), passed as
-// a __grid_constant__ parameter.
-struct __align__(64) TMap {
-    u64 v[16];
-};
-// The box at coordinates (c0, c1) of tensor map `m` into shared `dst`, completing on `bar`.
-__device__ __forceinline__ void tma_2d(void* dst, const TMap* m, int c0, int c1, u64* bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-            smem_u32(dst)),
-        "l"((u64)m), "r"(c0), "r"(c1), "r"(smem_u32(bar))
-        : "memory");
-}
-
 // A lane's fragments of stage j from its warp's windows (qmm_frag's values, the same bits), the
 // rows' offsets in their windows fixed for the kernel: a[s] for step s. `FULL`: the stage's 128
 // columns are all in the row (every stage but a partial last one); else `ok` says whether this
@@ -172,7 +83,7 @@ struct WmmSmem {
 template <DeqFn DEQ, int BB, int BV, int BM, int BN>
 __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u8* __restrict__ W, long long row_bytes,
                                          int rows, int cols, float* __restrict__ y, int n) {
-#ifdef WMM_ON
+#ifdef WG_ON
     typedef QWin<BB, BV> Q;
     typedef WmmSmem<BB, BV, BM, BN> S;
     constexpr int NST = S::NST, CW = 2 * BM / 32;  // consumer warps
@@ -231,11 +142,11 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
         const u8* xb = xbuf(j % NST);
 #pragma unroll
         for (int s = 0; s < 8; s++) {
-            const u64 desc = wmm_desc(xb + s * 2 * (BN / 8) * 128, (BN / 8) * 128, 128);
+            const u64 desc = wg_desc(xb + s * 2 * (BN / 8) * 128, (BN / 8) * 128, 128);
             if constexpr (BN == 128)
-                wgmma_n128(d, cur[s], desc);
+                wg_rs128<0>(d, cur[s], desc);
             else
-                wgmma_n64(d, cur[s], desc);
+                wg_rs64<0>(d, cur[s], desc);
         }
         wg_commit();
         keep_f<BN / 2>(d);

@@ -16,6 +16,12 @@ const FLASH_ATTENTION: [&str; 4] = [
     "flash_attention_128",
     "flash_attention_256",
 ];
+const FWG_ATTENTION: [&str; 4] = [
+    "fwg_attention_64",
+    "fwg_attention_96",
+    "fwg_attention_128",
+    "fwg_attention_256",
+];
 const FLASH_MERGE: [&str; 4] = [
     "flash_merge_64",
     "flash_merge_96",
@@ -123,32 +129,65 @@ impl CudaBackend {
             (n_tiles.max(1), 0)
         };
         let window = a.window.map(|w| w as i32).unwrap_or(0);
+        let wgmma = plan::flash_on_wgmma(self.dev.info.arch, kv.packed());
         for t0 in (0..n_tiles).step_by(group) {
             let c = (n_tiles - t0).min(group);
             let tl = tiles + 16 * t0 as u64;
-            self.launch(
-                &kv.module,
-                FLASH_ATTENTION[i],
-                (c as u32, a.n_head as u32, (parts * n_ranges) as u32),
-                (128, 1, 1),
-                args![
-                    q.ptr(),
-                    kv.k.ptr,
-                    kv.v.ptr,
-                    out.ptr(),
-                    part,
-                    tl,
-                    st.ctx.view,
-                    kv.tq,
-                    a.n_head as i32,
-                    a.n_head_kv as i32,
-                    a.scale,
-                    window,
-                    a.softcap.unwrap_or(0.0),
-                    rk as i32,
-                    n_ranges as i32
-                ],
-            )?;
+            if wgmma {
+                // A KV group's heads in blocks of 128 rows (fwg.cu): ceil(G / 2) per KV head.
+                let g = a.n_head / a.n_head_kv.max(1);
+                self.launch_smem(
+                    &kv.module,
+                    FWG_ATTENTION[i],
+                    (
+                        c as u32,
+                        (a.n_head_kv * g.div_ceil(2)) as u32,
+                        n_ranges as u32,
+                    ),
+                    (384, 1, 1),
+                    plan::fwg_smem(hd) as u32,
+                    args![
+                        q.ptr(),
+                        kv.k.ptr,
+                        kv.v.ptr,
+                        out.ptr(),
+                        part,
+                        tl,
+                        st.ctx.view,
+                        a.n_head as i32,
+                        a.n_head_kv as i32,
+                        a.scale,
+                        window,
+                        a.softcap.unwrap_or(0.0),
+                        rk as i32,
+                        n_ranges as i32
+                    ],
+                )?;
+            } else {
+                self.launch(
+                    &kv.module,
+                    FLASH_ATTENTION[i],
+                    (c as u32, a.n_head as u32, (parts * n_ranges) as u32),
+                    (128, 1, 1),
+                    args![
+                        q.ptr(),
+                        kv.k.ptr,
+                        kv.v.ptr,
+                        out.ptr(),
+                        part,
+                        tl,
+                        st.ctx.view,
+                        kv.tq,
+                        a.n_head as i32,
+                        a.n_head_kv as i32,
+                        a.scale,
+                        window,
+                        a.softcap.unwrap_or(0.0),
+                        rk as i32,
+                        n_ranges as i32
+                    ],
+                )?;
+            }
             if n_ranges > 1 {
                 self.launch(
                     &kv.module,

@@ -280,7 +280,10 @@ impl Attention {
     /// Its launch shape (src/attention.rs, kvq.rs).
     pub fn shape(self) -> &'static str {
         match self {
-            Attention::Flash => "64-row prompt tiles per head, key ranges of 4,096 positions",
+            Attention::Flash => {
+                "64-row prompt tiles per head (sm_90 with f16 K and V: wgmma, a KV group's heads \
+                 128 rows a block), key ranges of 4,096 positions"
+            }
             Attention::Kvd => {
                 "a KV group's heads a block, up to 64 rows a launch, ranges by own keys"
             }
@@ -297,6 +300,19 @@ impl Attention {
 /// Head dims of the flash kernel and of the KV-group kernel.
 pub const FLASH_HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
 pub const KVD_HEAD_DIMS: &[usize] = &[64, 128, 256, 512];
+
+/// Whether prompt attention runs on the wgmma kernel (kernels/fwg.cu): Hopper, f16 keys and
+/// values (`packed`: another cache type, decoded by flash.cu's threads).
+pub fn flash_on_wgmma(arch: u32, packed: bool) -> bool {
+    arch == 90 && !packed
+}
+
+/// fwg.cu's dynamic shared memory at head dim `hd` (`FwgCfg::BYTES`): 128 q rows, two stages of
+/// a K and a V tile (128 keys; 64 at head dim 256), three mbarriers a stage.
+pub fn fwg_smem(hd: usize) -> usize {
+    let kt = if hd == 256 { 64 } else { 128 };
+    128 * hd * 2 + 2 * 2 * kt * hd * 2 + 3 * 2 * 8
+}
 
 /// The attention family of a step's rows of head dim `hd`: `prompt` for a step with prompt
 /// tiles (a mixed step's decode rows are decode rows), else decode.

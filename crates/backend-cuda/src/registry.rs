@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 const QUANT: &str = include_str!("../kernels/quant.cu");
+const WGMMA: &str = include_str!("../kernels/wgmma.cuh");
 const WMM: &str = include_str!("../kernels/wmm.cu");
+const FWG: &str = include_str!("../kernels/fwg.cu");
 const MMV: &str = include_str!("../kernels/mmv.cu");
 const OPS: &str = include_str!("../kernels/ops.cu");
 const DELTA: &str = include_str!("../kernels/delta.cu");
@@ -221,6 +223,11 @@ fn attention_kernels(k: u32, v: u32) -> Vec<(String, String)> {
     family("kvq", crate::kvq::KVQ_HEAD_DIMS);
     family("kvd", crate::plan::KVD_HEAD_DIMS);
     family("flash", crate::plan::FLASH_HEAD_DIMS);
+    if (k, v) == (0, 0) {
+        for d in crate::plan::FLASH_HEAD_DIMS {
+            l.push((format!("fwg_attention_{d}"), format!("fwg_attention<{d}>")));
+        }
+    }
     l
 }
 
@@ -290,6 +297,13 @@ pub fn kernel_names(module: &str) -> Vec<String> {
 /// define kernel templates; the module's list ([`kernels`]) instantiates them.
 pub fn module_source(module: &str) -> Option<String> {
     let files: Vec<(&str, &str)> = match module {
+        // The wgmma prompt kernel (fwg.cu) reads f16 keys and values only.
+        m if kvq_pair(m) == Some((KvType::F16, KvType::F16)) => vec![
+            ("kvq.cu", KVQ),
+            ("flash.cu", FLASH),
+            ("wgmma.cuh", WGMMA),
+            ("fwg.cu", FWG),
+        ],
         m if kvq_pair(m).is_some() => vec![("kvq.cu", KVQ), ("flash.cu", FLASH)],
         "ops" => vec![("ops.cu", OPS), ("delta.cu", DELTA)],
         // The parity mode's embedding kernels use quant.cu's dequantizers.
@@ -303,6 +317,7 @@ pub fn module_source(module: &str) -> Option<String> {
                 f.push(("mmvq.cu", MMVQ));
             }
             f.push(("qmm.cu", QMM));
+            f.push(("wgmma.cuh", WGMMA));
             f.push(("wmm.cu", WMM));
             if int8_mma(t) {
                 f.push(("imm.cu", IMM));
@@ -655,7 +670,7 @@ impl Registry {
 mod tests {
     use super::*;
 
-    const FILES: [(&str, &str); 11] = [
+    const FILES: [(&str, &str); 12] = [
         ("quant.cu", QUANT),
         ("delta.cu", DELTA),
         ("wmm.cu", WMM),
@@ -666,6 +681,7 @@ mod tests {
         ("kvq.cu", KVQ),
         ("ops.cu", OPS),
         ("flash.cu", FLASH),
+        ("fwg.cu", FWG),
         ("exact.cu", EXACT),
     ];
 

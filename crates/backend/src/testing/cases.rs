@@ -92,6 +92,8 @@ pub const ATTENTION: &[AttnCase] = &[
     attn(128, 6, 3, None, Some(30.0)),
     attn(128, 32, 8, None, None),
     attn(128, 8, 2, None, None),
+    // Qwen2.5-32B's KV group of 5 (the wgmma prompt kernel's 128-row blocks: 2 + 2 + 1 heads).
+    attn(128, 10, 2, None, None),
     attn(128, 4, 4, Some(40), None),
     attn(64, 4, 1, Some(100), Some(20.0)),
     attn(256, 4, 1, Some(40), None),

@@ -1,0 +1,309 @@
+// ---- Prompt attention on Hopper's warpgroup tensor cores (wgmma, sm_90a) over an f16 cache;
+// part of the kvq_f16_f16 module, after flash.cu and wgmma.cuh ----
+//
+// What flash_attention computes, for the same tiles, key ranges (rk absolute positions) and
+// partials (merged by flash_merge), on wgmma:
+// Rows. A block takes up to 128 (query head, token) rows of one KV group and one query tile:
+// the group's G heads × the tile's T tokens, head-major (row i: head i / T, token i % T), cut
+// into ceil(G / 2) parts of 128 — two consumer warpgroups of 64 rows — so that each K and V
+// tile the block loads serves every row (at G = 4, two heads × 64 tokens).
+// Keys. Tiles of KT keys (128; 64 at head dim 256) at multiples of KT, within the block's key
+// range. Per tile, S = Q·Kᵀ (HD/16 wgmma m64nKTk16, q and K in shared memory), the online
+// softmax in registers (base 2, the scale folded in), then O += P·V (KT/16 wgmma m64nHDk16, P
+// from S's registers as f16 pairs, V N-major in shared memory). One f32 accumulator per
+// element, the tiles in ascending order, the same KT at every batch: a row's bits depend on
+// its own keys only, whatever the rows beside it.
+// Pipeline. A producer warpgroup copies each tile's K and V through the block table (cp.async,
+// 16-byte pieces) into one of NST stages in the canonical no-swizzle layout — key group kg,
+// 16-byte column c at (kg · HD/8 + c) · 128 bytes, the same bytes serving as K-major K for S and
+// N-major V for O — and marks each full (mbarrier) once its copies have landed; the consumers
+// release a stage after its products. While O += P·V of tile i runs, S of tile i + 1 is issued.
+// The producer gives its registers to the consumers (setmaxnreg: 40 and 232 a thread).
+//   grid (n_tiles, n_head_kv · ceil(G / 2), n_ranges), block 384 (2 consumer warpgroups, then
+//   the producer's)
+
+template <int HD>
+struct FwgCfg {
+    static constexpr int KT = HD == 256 ? 64 : 128;
+    static constexpr int NST = 2;
+    static constexpr int QB = 128 * HD * 2;  // the block's q rows, f16
+    static constexpr int TB = KT * HD * 2;   // one K or V tile
+    static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8;
+};
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <int N>
+__device__ __forceinline__ void keep_u(u32* a) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// Keys j0 … j0 + KT − 1 of one cache (those < j_end; the rest zero) into stage buffer `s`, by
+// the producer's 128 threads: piece e is key (e / HD) · 8 + e % 8, column (e / 8) % (HD / 8),
+// at e · 16 bytes.
+template <int HD, int KT>
+__device__ __forceinline__ void fwg_copy(u8* s, const u8* __restrict__ cache, const u32* __restrict__ bt, u32 bs,
+                                         int n_head_kv, int kvh, int j0, int j_end, int pt) {
+#pragma unroll 4
+    for (int e = pt; e < KT * HD / 8; e += 128) {
+        const int j = j0 + (e / HD) * 8 + (e & 7), c = (e >> 3) % (HD / 8);
+        const bool ok = j < j_end;
+        const u8* src = cache;
+        if (ok) src += ((long long)(bt[j / bs] * bs + j % bs) * n_head_kv + kvh) * (HD * 2) + c * 16;
+        cp_async16(s + e * 16, src, ok);
+    }
+    cp_async_commit();
+}
+
+template <int HD>
+__device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,
+                         float* __restrict__ out, float* __restrict__ part, const int4* __restrict__ tiles, BatchView b,
+                         int n_head, int n_head_kv, float scale, int window, float softcap, int rk, int n_ranges) {
+#ifdef WG_ON
+    typedef FwgCfg<HD> C;
+    constexpr int KT = C::KT, NST = C::NST;
+    extern __shared__ __align__(128) u8 fsm[];
+    u8* kbuf = fsm + C::QB;
+    u8* vbuf = kbuf + NST * C::TB;
+    u64* full_k = (u64*)(vbuf + NST * C::TB);
+    u64* full_v = full_k + NST;
+    u64* empty = full_v + NST;
+    const int4 tile = tiles[blockIdx.x];
+    const int s = tile.x, tok0 = tile.y, T = tile.z;
+    const int G = n_head / n_head_kv, parts = (G + 1) / 2;
+    const int kvh = blockIdx.y / parts, idx0 = (blockIdx.y % parts) * 128, GT = G * T;
+    const int nrows = min(128, GT - idx0);
+    if (nrows <= 0) return;
+    // The tokens the block's rows cover: the whole tile, or a run of it.
+    int t_lo = 0, t_hi = T - 1;
+    if (nrows < T) {
+        const int a = idx0 % T, z = (idx0 + nrows - 1) % T;
+        if (a <= z) t_lo = a, t_hi = z;
+    }
+    const int pos0 = (int)b.pos[tok0];
+    const u32* bt = b.block_tables + b.bt_off[s];
+    int j_end = min(pos0 + t_hi + 1, (int)b.kv_len[s]);
+    int j_begin = window > 0 ? max(0, pos0 + t_lo - window + 1) : 0;
+    // This block's key range.
+    const int k = j_begin / rk + (int)blockIdx.z;
+    j_begin = max(j_begin - j_begin % KT, k * rk);
+    j_end = min(j_end, (k + 1) * rk);
+    if (j_begin >= j_end) return;
+    const int ntiles = (j_end - j_begin + KT - 1) / KT;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwg = (nrows + 63) / 64;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NST; i++) {
+            mbar_init(full_k + i, 128);
+            mbar_init(full_v + i, 128);
+            mbar_init(empty + i, 4 * nwg);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp >= 8) {
+        // The producer: tile i into stage i % NST once tile i − NST has released it; each
+        // thread marks K and then V full once its own copies have landed (the proxy fence makes
+        // them visible to the tensor cores' reads).
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        const int pt = threadIdx.x - 256;
+        for (int i = 0; i < ntiles; i++) {
+            const int st = i % NST;
+            if (i >= NST) mbar_wait(empty + st, ((i / NST) - 1) & 1);
+            const int j0 = j_begin + i * KT;
+            fwg_copy<HD, KT>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            fwg_copy<HD, KT>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            cp_async_wait<1>();
+            fence_async_smem();
+            mbar_arrive(full_k + st);
+            cp_async_wait<0>();
+            fence_async_smem();
+            mbar_arrive(full_v + st);
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int wg = warp >> 2;
+    if (wg >= nwg) return;
+    const int tid = threadIdx.x & 127, w = warp & 3, g = lane >> 2, qd = lane & 3;
+    // The warpgroup's 64 q rows, f16, in the canonical layout (row group r / 8, 16-byte column
+    // c at (r / 8 · HD/8 + c) · 128 + (r % 8) · 16); rows past the block's are zeros.
+    u8* qs = fsm + wg * (C::QB / 2);
+    for (int e = tid; e < 64 * HD / 8; e += 128) {
+        const int r = (e / HD) * 8 + (e & 7), c = (e >> 3) % (HD / 8), idx = idx0 + wg * 64 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (idx < GT) {
+            const float4* src =
+                (const float4*)(q + ((long long)(tok0 + idx % T) * n_head + kvh * G + idx / T) * HD + c * 8);
+            const float4 x = src[0], y = src[1];
+            v = make_uint4(pack_h2(x.x, x.y), pack_h2(x.z, x.w), pack_h2(y.x, y.y), pack_h2(y.z, y.w));
+        }
+        *(uint4*)(qs + e * 16) = v;
+    }
+    fence_async_smem();
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+
+    // This thread's two rows (g and g + 8 of its warp's 16).
+    int rpos[2], ridx[2];
+    bool rok[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        ridx[h] = idx0 + wg * 64 + 16 * w + g + 8 * h;
+        rok[h] = ridx[h] < GT;
+        rpos[h] = pos0 + ridx[h] % T;
+    }
+    const float LOG2E = 1.4426950408889634f, sl = scale * LOG2E;
+    float o[HD / 2], sc[KT / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < KT / 2; i++) sc[i] = 0.f;
+    float m[2] = {-1e30f, -1e30f}, l[2] = {0.f, 0.f};
+    auto qk = [&](int st) {
+        const u8* kb = kbuf + st * C::TB;
+        wg_fence();
+        keep_f<KT / 2>(sc);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const u64 da = wg_desc(qs + kk * 256, 128, HD * 16), db = wg_desc(kb + kk * 256, 128, HD * 16);
+            if constexpr (KT == 64)
+                wg_ss64(sc, da, db, kk > 0);
+            else
+                wg_ss128(sc, da, db, kk > 0);
+        }
+        wg_commit();
+    };
+    mbar_wait(full_k, 0);
+    qk(0);
+    wg_wait0();
+    keep_f<KT / 2>(sc);
+    for (int it = 0; it < ntiles; it++) {
+        const int st = it % NST;
+        const int j0 = j_begin + it * KT;
+        // Scale, soft-cap, mask (base-2 logits); row maxima over the 4 lanes of each row.
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int i = 0; i < KT / 8; i++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int h = e >> 1, j = j0 + 8 * i + 2 * qd + (e & 1), p = rpos[h];
+                const bool ok = rok[h] && j <= p && j < j_end && (window <= 0 || j > p - window);
+                float v = sc[4 * i + e];
+                v = softcap > 0.f ? softcap * tanhf(v * scale / softcap) * LOG2E : v * sl;
+                v = ok ? v : -1e30f;
+                sc[4 * i + e] = v;
+                mx[h] = fmaxf(mx[h], v);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        }
+        const float c0 = ex2(m[0] - mx[0]), c1 = ex2(m[1] - mx[1]);
+        m[0] = mx[0];
+        m[1] = mx[1];
+        l[0] *= c0;
+        l[1] *= c1;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            o[4 * i] *= c0;
+            o[4 * i + 1] *= c0;
+            o[4 * i + 2] *= c1;
+            o[4 * i + 3] *= c1;
+        }
+        // P = 2^(S − m) as the A operand: k16 slice kk is n8 tiles 2kk, 2kk + 1.
+        u32 pa[KT / 16][4];
+#pragma unroll
+        for (int i = 0; i < KT / 8; i++) {
+            float e[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) e[x] = sc[4 * i + x] <= -1e29f ? 0.f : ex2(sc[4 * i + x] - m[x >> 1]);
+            l[0] += e[0] + e[1];
+            l[1] += e[2] + e[3];
+            pa[i >> 1][(i & 1) * 2] = pack_h2(e[0], e[1]);
+            pa[i >> 1][(i & 1) * 2 + 1] = pack_h2(e[2], e[3]);
+        }
+        mbar_wait(full_v + st, (it / NST) & 1);
+        wg_fence();
+        keep_f<HD / 2>(o);
+        keep_u<KT / 4>(&pa[0][0]);
+        const u8* vb = vbuf + st * C::TB;
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; kk++) {
+            const u64 dv = wg_desc(vb + kk * 2 * HD * 16, HD * 16, 128);
+            if constexpr (HD == 64)
+                wg_rs64<1>(o, pa[kk], dv);
+            else if constexpr (HD == 96)
+                wg_rs96<1>(o, pa[kk], dv);
+            else if constexpr (HD == 128)
+                wg_rs128<1>(o, pa[kk], dv);
+            else
+                wg_rs256<1>(o, pa[kk], dv);
+        }
+        wg_commit();
+        if (it + 1 < ntiles) {
+            mbar_wait(full_k + (it + 1) % NST, ((it + 1) / NST) & 1);
+            qk((it + 1) % NST);
+        }
+        wg_wait0();
+        keep_f<HD / 2>(o);
+        keep_f<KT / 2>(sc);
+        keep_u<KT / 4>(&pa[0][0]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + st);
+    }
+    // Row sums over the 4 lanes of each row; each row written (its only range), or this range's
+    // (max in natural-log units, sum, unnormalised acc) kept for flash_merge.
+    const float LN2 = 0.6931471805599453f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (!rok[h]) continue;
+        const int t = ridx[h] % T, head = kvh * G + ridx[h] / T;
+        int kf, nr;
+        row_ranges(b, tok0 + t, window, rk, kf, nr);
+        if (k < kf || k >= kf + nr) continue;
+        if (nr > 1) {
+            float* pp = part + ((((long long)blockIdx.x * 64 + t) * n_head + head) * n_ranges + (k - kf)) * (HD + 2);
+            if (qd == 0) {
+                pp[0] = m[h] * LN2;
+                pp[1] = l[h];
+            }
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                pp[2 + 8 * i + 2 * qd] = o[4 * i + 2 * h];
+                pp[3 + 8 * i + 2 * qd] = o[4 * i + 2 * h + 1];
+            }
+        } else {
+            float* orow = out + ((long long)(tok0 + t) * n_head + head) * HD;
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                const float a0 = l[h] > 0.f ? o[4 * i + 2 * h] / l[h] : 0.f;
+                const float a1 = l[h] > 0.f ? o[4 * i + 2 * h + 1] / l[h] : 0.f;
+                *(float2*)(orow + 8 * i + 2 * qd) = make_float2(a0, a1);
+            }
+        }
+    }
+#else
+    __trap();
+#endif
+}
+
+// The module's kernels per head dim (registry.rs `kernels`, the f16/f16 pair only).
+template <int HD>
+__global__ void __launch_bounds__(384, 1)
+    fwg_attention(const float* q, const u8* kc, const u8* vc, float* out, float* part, const int4* tiles, BatchView b,
+                  int n_head, int n_head_kv, float scale, int window, float softcap, int rk, int n_ranges) {
+    pdl_begin();
+    fwg_impl<HD>(q, kc, vc, out, part, tiles, b, n_head, n_head_kv, scale, window, softcap, rk, n_ranges);
+}
