@@ -25,9 +25,10 @@
 template <int HD>
 struct FwgCfg {
     static constexpr int KT = HD == 256 ? 64 : 128;
-    static constexpr int NST = 2;
     static constexpr int QB = 128 * HD * 2;  // the block's q rows, f16
     static constexpr int TB = KT * HD * 2;   // one K or V tile
+    // Three stages where they fit the 227 KiB a block may take (head dims to 128), else two.
+    static constexpr int NST = QB + 3 * 2 * TB + 3 * 3 * 8 <= 227 * 1024 ? 3 : 2;
     static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8;
 };
 
@@ -60,6 +61,29 @@ __device__ __forceinline__ void fwg_copy(u8* s, const u8* __restrict__ cache, co
     cp_async_commit();
 }
 
+// A tile's logits in base 2 (scale, soft-cap), masked on an `edge` tile (a key past the row's
+// position or the range, or before its window, is −1e30), and the rows' running maxima.
+template <int KT, bool CAP>
+__device__ __forceinline__ void fwg_logits(float* sc, float* mx, bool edge, int j0, int j_end, const int* rpos,
+                                           const bool* rok, int qd, int window, float scale, float softcap) {
+    const float LOG2E = 1.4426950408889634f, sl = scale * LOG2E;
+#pragma unroll
+    for (int i = 0; i < KT / 8; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = sc[4 * i + e];
+            v = CAP ? softcap * tanhf(v * scale / softcap) * LOG2E : v * sl;
+            if (edge) {
+                const int h = e >> 1, j = j0 + 8 * i + 2 * qd + (e & 1), p = rpos[h];
+                const bool ok = rok[h] && j <= p && j < j_end && (window <= 0 || j > p - window);
+                v = ok ? v : -1e30f;
+            }
+            sc[4 * i + e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+    }
+}
+
 template <int HD>
 __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,
                          float* __restrict__ out, float* __restrict__ part, const int4* __restrict__ tiles, BatchView b,
@@ -85,10 +109,10 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
         const int a = idx0 % T, z = (idx0 + nrows - 1) % T;
         if (a <= z) t_lo = a, t_hi = z;
     }
-    const int pos0 = (int)b.pos[tok0];
+    const int pos0 = (int)b.pos[tok0], p_lo = pos0 + t_lo, p_hi = pos0 + t_hi;
     const u32* bt = b.block_tables + b.bt_off[s];
-    int j_end = min(pos0 + t_hi + 1, (int)b.kv_len[s]);
-    int j_begin = window > 0 ? max(0, pos0 + t_lo - window + 1) : 0;
+    int j_end = min(p_hi + 1, (int)b.kv_len[s]);
+    int j_begin = window > 0 ? max(0, p_lo - window + 1) : 0;
     // This block's key range.
     const int k = j_begin / rk + (int)blockIdx.z;
     j_begin = max(j_begin - j_begin % KT, k * rk);
@@ -157,7 +181,6 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
         rok[h] = ridx[h] < GT;
         rpos[h] = pos0 + ridx[h] % T;
     }
-    const float LOG2E = 1.4426950408889634f, sl = scale * LOG2E;
     float o[HD / 2], sc[KT / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
@@ -185,21 +208,15 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
     for (int it = 0; it < ntiles; it++) {
         const int st = it % NST;
         const int j0 = j_begin + it * KT;
-        // Scale, soft-cap, mask (base-2 logits); row maxima over the 4 lanes of each row.
+        // Scale, soft-cap, mask (base-2 logits); row maxima over the 4 lanes of each row. Only a
+        // tile with a key some row of the block must not see (past its position, before its
+        // window, past the range) is masked: a seen key's value is the same on either path.
         float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int i = 0; i < KT / 8; i++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int h = e >> 1, j = j0 + 8 * i + 2 * qd + (e & 1), p = rpos[h];
-                const bool ok = rok[h] && j <= p && j < j_end && (window <= 0 || j > p - window);
-                float v = sc[4 * i + e];
-                v = softcap > 0.f ? softcap * tanhf(v * scale / softcap) * LOG2E : v * sl;
-                v = ok ? v : -1e30f;
-                sc[4 * i + e] = v;
-                mx[h] = fmaxf(mx[h], v);
-            }
-        }
+        const bool edge = j0 + KT > j_end || j0 + KT - 1 > p_lo || (window > 0 && j0 <= p_hi - window);
+        if (softcap > 0.f)
+            fwg_logits<KT, true>(sc, mx, edge, j0, j_end, rpos, rok, qd, window, scale, softcap);
+        else
+            fwg_logits<KT, false>(sc, mx, edge, j0, j_end, rpos, rok, qd, window, scale, softcap);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));

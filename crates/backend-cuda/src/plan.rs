@@ -307,11 +307,17 @@ pub fn flash_on_wgmma(arch: u32, packed: bool) -> bool {
     arch == 90 && !packed
 }
 
-/// fwg.cu's dynamic shared memory at head dim `hd` (`FwgCfg::BYTES`): 128 q rows, two stages of
-/// a K and a V tile (128 keys; 64 at head dim 256), three mbarriers a stage.
+/// fwg.cu's dynamic shared memory at head dim `hd` (`FwgCfg::BYTES`): 128 q rows, and stages of
+/// a K and a V tile (128 keys; 64 at head dim 256) with three mbarriers each: three stages where
+/// they fit in 227 KiB, else two.
 pub fn fwg_smem(hd: usize) -> usize {
     let kt = if hd == 256 { 64 } else { 128 };
-    128 * hd * 2 + 2 * 2 * kt * hd * 2 + 3 * 2 * 8
+    let bytes = |stages: usize| 128 * hd * 2 + stages * (2 * kt * hd * 2 + 3 * 8);
+    if bytes(3) <= 227 * 1024 {
+        bytes(3)
+    } else {
+        bytes(2)
+    }
 }
 
 /// The attention family of a step's rows of head dim `hd`: `prompt` for a step with prompt
