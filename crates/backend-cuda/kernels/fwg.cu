@@ -136,42 +136,18 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
         // them visible to the tensor cores' reads).
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         const int pt = threadIdx.x - 256;
-        auto issue = [&](int i) {
+        for (int i = 0; i < ntiles; i++) {
             const int st = i % NST;
             if (i >= NST) mbar_wait(empty + st, ((i / NST) - 1) & 1);
             const int j0 = j_begin + i * KT;
             fwg_copy<HD, KT>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
             fwg_copy<HD, KT>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
-        };
-        if constexpr (NST >= 3) {
-            // Tile i + 1's copies are issued before tile i's are waited for (its stage is free
-            // once tile i − 2 is released, which needs no more than tile i − 1).
-            issue(0);
-            for (int i = 0; i < ntiles; i++) {
-                const int st = i % NST;
-                if (i + 1 < ntiles) {
-                    issue(i + 1);
-                    cp_async_wait<2>();
-                } else {
-                    cp_async_wait<0>();
-                }
-                fence_async_smem();
-                mbar_arrive(full_k + st);
-                mbar_arrive(full_v + st);
-            }
-        } else {
-            // Two stages: tile i + 1's stage is tile i − 1's, released only once tile i is
-            // full (its keys are the consumers' next S), so each tile is marked first.
-            for (int i = 0; i < ntiles; i++) {
-                const int st = i % NST;
-                issue(i);
-                cp_async_wait<1>();
-                fence_async_smem();
-                mbar_arrive(full_k + st);
-                cp_async_wait<0>();
-                fence_async_smem();
-                mbar_arrive(full_v + st);
-            }
+            cp_async_wait<1>();
+            fence_async_smem();
+            mbar_arrive(full_k + st);
+            cp_async_wait<0>();
+            fence_async_smem();
+            mbar_arrive(full_v + st);
         }
         return;
     }
