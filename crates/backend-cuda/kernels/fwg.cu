@@ -18,7 +18,7 @@
 // 16-byte column c at (kg · HD/8 + c) · 128 bytes, the same bytes serving as K-major K for S and
 // N-major V for O — and marks each full (mbarrier) once its copies have landed; the consumers
 // release a stage after its products. While O += P·V of tile i runs, S of tile i + 1 is issued.
-// The producer gives its registers to the consumers (setmaxnreg: 40 and 232 a thread).
+// The producer gives its registers to the consumers (setmaxnreg, FwgCfg::PREG and CREG).
 //   grid (n_tiles, n_head_kv · ceil(G / 2), n_ranges), block 384 (2 consumer warpgroups, then
 //   the producer's)
 
@@ -28,8 +28,11 @@ struct FwgCfg {
     static constexpr int QB = 128 * HD * 2;  // the block's q rows, f16
     static constexpr int TB = KT * HD * 2;   // one K or V tile
     // Three stages where they fit the 227 KiB a block may take (head dims to 128), else two.
-    static constexpr int NST = QB + 3 * 2 * TB + 3 * 3 * 8 <= 227 * 1024 ? 3 : 2;
-    static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8;
+    static constexpr int NST = QB + 3 * 2 * TB + 3 * 3 * 8 + 1024 <= 227 * 1024 ? 3 : 2;
+    static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8 + 1024;
+    // Registers a thread (setmaxnreg) of the producer's warpgroup and of each consumer's: the
+    // 65,536 of a multiprocessor; head dim 256's accumulators take 232.
+    static constexpr int PREG = HD == 256 ? 40 : 56, CREG = HD == 256 ? 232 : 224;
 };
 
 __device__ __forceinline__ float ex2(float x) {
@@ -44,19 +47,62 @@ __device__ __forceinline__ void keep_u(u32* a) {
     for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i])::"memory");
 }
 
+// A tile of ROWS rows of HD halves in shared memory (q rows, or keys: the same bytes are K-major
+// for S and N-major V for O). Head dims that are multiples of 64: the 128-byte swizzle — column
+// blocks of 64 halves, each ROWS rows of 128 bytes, 16-byte piece c of row r at
+// ((c ^ r) % 8) · 16 (atoms of 8 rows, 1024 bytes, 1024-aligned), so that the tensor cores' row
+// reads spread over the banks. Else no swizzle: piece c of row r in core matrix (r / 8, c), at
+// ((r / 8) · HD/8 + c) · 128 + (r % 8) · 16.
+template <int HD>
+struct FwgLayout {
+    static constexpr bool SW = HD % 64 == 0;
+    template <int ROWS>
+    static __device__ __forceinline__ int off(int r, int c) {
+        if constexpr (SW)
+            return (c >> 3) * (ROWS * 128) + r * 128 + (((c ^ r) & 7) << 4);
+        else
+            return ((r >> 3) * (HD / 8) + c) * 128 + (r & 7) * 16;
+    }
+    // Piece e of a tile's copy: row and column, consecutive pieces along a row (one 128-byte
+    // line of a swizzled block per 8 lanes), or down a core matrix without the swizzle.
+    static __device__ __forceinline__ int2 piece(int e) {
+        if constexpr (SW)
+            return make_int2(e / (HD / 8), e % (HD / 8));
+        else
+            return make_int2((e / HD) * 8 + (e & 7), (e >> 3) % (HD / 8));
+    }
+    // Descriptors. K-major (q as A, K as B of S) at k16 step kk of a tile of ROWS rows; N-major
+    // (V as B of O) at k16 step kk (keys 16kk …) of a tile of KT keys.
+    template <int ROWS>
+    static __device__ __forceinline__ u64 kmajor(const u8* t, int kk) {
+        if constexpr (SW)
+            return wg_desc(t + (kk >> 2) * (ROWS * 128) + (kk & 3) * 32, 16, 1024) | (1ull << 62);
+        else
+            return wg_desc(t + kk * 256, 128, HD * 16);
+    }
+    template <int KT>
+    static __device__ __forceinline__ u64 nmajor(const u8* t, int kk) {
+        if constexpr (SW)
+            return wg_desc(t + kk * 2048, KT * 128, 1024) | (1ull << 62);
+        else
+            return wg_desc(t + kk * 2 * HD * 16, HD * 16, 128);
+    }
+};
+
 // Keys j0 … j0 + KT − 1 of one cache (those < j_end; the rest zero) into stage buffer `s`, by
-// the producer's 128 threads: piece e is key (e / HD) · 8 + e % 8, column (e / 8) % (HD / 8),
-// at e · 16 bytes.
+// the producer's 128 threads, in FwgLayout.
 template <int HD, int KT>
 __device__ __forceinline__ void fwg_copy(u8* s, const u8* __restrict__ cache, const u32* __restrict__ bt, u32 bs,
                                          int n_head_kv, int kvh, int j0, int j_end, int pt) {
+    typedef FwgLayout<HD> L;
 #pragma unroll 4
     for (int e = pt; e < KT * HD / 8; e += 128) {
-        const int j = j0 + (e / HD) * 8 + (e & 7), c = (e >> 3) % (HD / 8);
+        const int2 rc = L::piece(e);
+        const int r = rc.x, c = rc.y, j = j0 + r;
         const bool ok = j < j_end;
         const u8* src = cache;
         if (ok) src += ((long long)(bt[j / bs] * bs + j % bs) * n_head_kv + kvh) * (HD * 2) + c * 16;
-        cp_async16(s + e * 16, src, ok);
+        cp_async16(s + L::template off<KT>(r, c), src, ok);
     }
     cp_async_commit();
 }
@@ -91,7 +137,10 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
 #ifdef WG_ON
     typedef FwgCfg<HD> C;
     constexpr int KT = C::KT, NST = C::NST;
-    extern __shared__ __align__(128) u8 fsm[];
+    typedef FwgLayout<HD> L;
+    extern __shared__ __align__(1024) u8 fsm_raw[];
+    // The swizzle's atoms are 1024-aligned (BYTES holds the slack).
+    u8* fsm = fsm_raw + ((1024 - (smem_u32(fsm_raw) & 1023)) & 1023);
     u8* kbuf = fsm + C::QB;
     u8* vbuf = kbuf + NST * C::TB;
     u64* full_k = (u64*)(vbuf + NST * C::TB);
@@ -134,7 +183,7 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
         // The producer: tile i into stage i % NST once tile i − NST has released it; each
         // thread marks K and then V full once its own copies have landed (the proxy fence makes
         // them visible to the tensor cores' reads).
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(C::PREG));
         const int pt = threadIdx.x - 256;
         for (int i = 0; i < ntiles; i++) {
             const int st = i % NST;
@@ -151,15 +200,15 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(C::CREG));
     const int wg = warp >> 2;
     if (wg >= nwg) return;
     const int tid = threadIdx.x & 127, w = warp & 3, g = lane >> 2, qd = lane & 3;
-    // The warpgroup's 64 q rows, f16, in the canonical layout (row group r / 8, 16-byte column
-    // c at (r / 8 · HD/8 + c) · 128 + (r % 8) · 16); rows past the block's are zeros.
+    // The warpgroup's 64 q rows, f16, in FwgLayout; rows past the block's are zeros.
     u8* qs = fsm + wg * (C::QB / 2);
     for (int e = tid; e < 64 * HD / 8; e += 128) {
-        const int r = (e / HD) * 8 + (e & 7), c = (e >> 3) % (HD / 8), idx = idx0 + wg * 64 + r;
+        const int2 rc = L::piece(e);
+        const int r = rc.x, c = rc.y, idx = idx0 + wg * 64 + r;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (idx < GT) {
             const float4* src =
@@ -167,7 +216,7 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
             const float4 x = src[0], y = src[1];
             v = make_uint4(pack_h2(x.x, x.y), pack_h2(x.z, x.w), pack_h2(y.x, y.y), pack_h2(y.z, y.w));
         }
-        *(uint4*)(qs + e * 16) = v;
+        *(uint4*)(qs + L::template off<64>(r, c)) = v;
     }
     fence_async_smem();
     asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
@@ -193,7 +242,7 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
         keep_f<KT / 2>(sc);
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
-            const u64 da = wg_desc(qs + kk * 256, 128, HD * 16), db = wg_desc(kb + kk * 256, 128, HD * 16);
+            const u64 da = L::template kmajor<64>(qs, kk), db = L::template kmajor<KT>(kb, kk);
             if constexpr (KT == 64)
                 wg_ss64(sc, da, db, kk > 0);
             else
@@ -253,7 +302,7 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
         const u8* vb = vbuf + st * C::TB;
 #pragma unroll
         for (int kk = 0; kk < KT / 16; kk++) {
-            const u64 dv = wg_desc(vb + kk * 2 * HD * 16, HD * 16, 128);
+            const u64 dv = L::template nmajor<KT>(vb, kk);
             if constexpr (HD == 64)
                 wg_rs64<1>(o, pa[kk], dv);
             else if constexpr (HD == 96)

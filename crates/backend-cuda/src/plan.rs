@@ -308,11 +308,11 @@ pub fn flash_on_wgmma(arch: u32, packed: bool) -> bool {
 }
 
 /// fwg.cu's dynamic shared memory at head dim `hd` (`FwgCfg::BYTES`): 128 q rows, and stages of
-/// a K and a V tile (128 keys; 64 at head dim 256) with three mbarriers each: three stages where
-/// they fit in 227 KiB, else two.
+/// a K and a V tile (128 keys; 64 at head dim 256) with three mbarriers each — three stages where
+/// they fit in 227 KiB, else two — and 1 KiB to align the swizzled tiles.
 pub fn fwg_smem(hd: usize) -> usize {
     let kt = if hd == 256 { 64 } else { 128 };
-    let bytes = |stages: usize| 128 * hd * 2 + stages * (2 * kt * hd * 2 + 3 * 8);
+    let bytes = |stages: usize| 128 * hd * 2 + stages * (2 * kt * hd * 2 + 3 * 8) + 1024;
     if bytes(3) <= 227 * 1024 {
         bytes(3)
     } else {
