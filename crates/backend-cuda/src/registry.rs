@@ -349,6 +349,10 @@ fn options(module: &str, arch: u32) -> Vec<String> {
         // The parity mode fuses a multiply and an add only where the CPU does (explicit fmaf).
         o.push("--fmad=false".into());
     }
+    if std::env::var_os("QUIVER_CUDA_LINEINFO").is_some() {
+        // Source lines in the cubin, for Nsight Compute's source view (debugging).
+        o.push("--generate-line-info".into());
+    }
     o
 }
 

@@ -2,7 +2,7 @@
 //! the start-up warning for any other.
 
 /// Every `QUIVER_*` variable read anywhere in quiver: locations, kill switches, debug aids.
-pub const KNOWN: [&str; 12] = [
+pub const KNOWN: [&str; 13] = [
     "QUIVER_HOME",
     "QUIVER_THREADS",
     "QUIVER_CPU_SIMD",
@@ -10,6 +10,7 @@ pub const KNOWN: [&str; 12] = [
     "QUIVER_CUDA_GRAPHS",
     "QUIVER_CUDA_PDL",
     "QUIVER_CUDA_SYNC",
+    "QUIVER_CUDA_LINEINFO",
     "QUIVER_DUMP_DIR",
     "QUIVER_SERVE_PROFILE",
     "QUIVER_TEST_SEED",
