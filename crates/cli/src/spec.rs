@@ -309,7 +309,7 @@ pub mod bench {
             // Warm-up: the real prompt (the runs then find it in the prefix cache alike), or
             // a short random one.
             match &text {
-                Some(ids) => measure(&h, &[ids.clone()], n_gen.min(32), batch)?,
+                Some(ids) => measure(&h, std::slice::from_ref(ids), n_gen.min(32), batch)?,
                 None => measure(&h, &prompts(1, n_prompt.min(64), nv), n_gen.min(8), batch)?,
             };
             for &p in &parallel {
