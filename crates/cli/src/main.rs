@@ -120,6 +120,9 @@ enum Cmd {
         /// vocabulary size): a random draft of its vocabulary for `--spec-type draft -md`.
         #[arg(long = "vocab-from", value_name = "MODEL")]
         vocab_from: Option<String>,
+        /// Layers, instead of the preset's (a smaller model of the same vocabulary).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=4096))]
+        layers: Option<u64>,
     },
     /// Generate text from a prompt, streamed to stdout (stats on stderr).
     Run {
@@ -506,8 +509,11 @@ fn run(cli: Cli) -> Result<()> {
             seed,
             threads,
             vocab_from,
+            layers,
         } => {
-            let p = quiver_synth::preset(&preset)?;
+            let mut p = quiver_synth::preset(&preset)?.clone();
+            p.n_layer = layers.unwrap_or(p.n_layer);
+            let p = &p;
             let arch = arch.unwrap_or_else(|| p.arch.to_string());
             if p.arch != arch {
                 anyhow::bail!(quiver_synth::SynthError::ArchMismatch {

@@ -109,6 +109,26 @@ fn bench_measures_speculation_on_a_prompt_file() {
         rows[1]["accepted"].as_u64().unwrap(),
     );
     assert!(p > 0 && a * 4 < p, "{}", rows[1]);
+    // One layer of it (--layers): a valid draft too, of one block.
+    let one = tmp("random-draft-1l.gguf");
+    let one = one.to_str().unwrap();
+    let synth1 = [
+        "synth",
+        "--preset",
+        "smollm2-135m",
+        "--type",
+        "Q4_0",
+        "-o",
+        one,
+    ];
+    ok(&quiver(
+        &[&synth1[..], &["--vocab-from", m, "--layers", "1"]].concat(),
+    ));
+    let info: Value =
+        serde_json::from_slice(&ok(&quiver(&["info", one, "--json"])).stdout).unwrap();
+    assert_eq!(info["hparams"]["block_count"], 1, "{}", info["hparams"]);
+    let rows = bench(m, f, &["--spec", "draft", "-md", one], "8");
+    assert!(rows[1]["proposed"].as_u64().unwrap() > 0, "{}", rows[1]);
     // The model as its own draft: every proposal accepted.
     let rows = bench(m, f, &["--spec", "draft", "-md", m], "16");
     let (p, a) = (
