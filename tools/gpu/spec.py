@@ -184,7 +184,7 @@ DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([
 
 
 def llama_run(run, binary, path, prompt, extra, base, spec, reps=None, n=None):
-    tps, drafted, accepted = [], 0, 0
+    tps, predicted, drafted, accepted = [], 0, 0, 0
     argv = [binary, "-m", path, "-f", prompt, "-n", str(n or run.a.n), "--temp", "0", "--top-k", "1",
             "--ignore-eos", "-c", "4096", "-ngl", "99", "--seed", "42"] + extra
     if reps == 0:  # a warm-up: the file into the page cache, the driver's first start
@@ -199,13 +199,15 @@ def llama_run(run, binary, path, prompt, extra, base, spec, reps=None, n=None):
             run.table()
             return
         tps.append(float(m.group(3)))
+        predicted += int(m.group(1))
         drafted += int(re.search(r"n_drafted\s*=\s*(\d+)", se).group(1))
         accepted += int(re.search(r"n_accept\s*=\s*(\d+)", se).group(1))
     n_prompt = re.search(r"encoded\s+(\d+) tokens", se)
     run.add(**dict(base, n_prompt=int(n_prompt.group(1)) if n_prompt else 0, engine="llama.cpp", spec=spec,
                    tps=statistics.mean(tps), sd=statistics.stdev(tps) if len(tps) > 1 else None,
                    proposed=drafted, accepted=accepted, acc=accepted / drafted if drafted else None,
-                   step=None, samples=tps))
+                   # Each of its target's decode calls gives the accepted proposals and one token.
+                   step=predicted / max(predicted - accepted, 1), samples=tps))
 
 
 def main():
