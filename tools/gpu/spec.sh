@@ -47,7 +47,7 @@ case ${1:-} in
       rm -f "$PARTS/$n".p*
       split -b "$PART_BYTES" -d -a 2 "$f" "$PARTS/$n.p"
       (cd "$PARTS" && sha256sum "$n".p* >"$n.sha256")
-      echo "$n: $(stat -c %s "$f") bytes, parts: $(cd "$PARTS" && ls "$n".p* | tr '\n' ' ')"
+      echo "$n: $(stat -c %s "$f") bytes, parts: $(awk '{printf "%s ", $2}' "$PARTS/$n.sha256")"
     done
     exit 0
     ;;
@@ -93,9 +93,10 @@ for m in "${models[@]}"; do
   n=$(basename "${m%.gguf}").gguf
   if [ ! -f "$WORK/$n" ]; then
     miss=$(missing "$n")
-    [ -z "$miss" ] || { echo "spec.sh: $m is no file, and its parts are missing: $(echo $miss)" >&2; exit 1; }
+    [ -z "$miss" ] || { echo "spec.sh: $m is no file, and its parts are missing: ${miss//$'\n'/ }" >&2; exit 1; }
     (cd "$PARTS" && sha256sum --quiet -c "$n.sha256") || { echo "spec.sh: $n: a part differs from its sha256" >&2; exit 1; }
-    cat $(awk -v d="$PARTS/" '{print d $2}' "$PARTS/$n.sha256") >"$WORK/$n.part"
+    mapfile -t parts < <(awk -v d="$PARTS/" '{print d $2}' "$PARTS/$n.sha256")
+    cat "${parts[@]}" >"$WORK/$n.part"
     mv "$WORK/$n.part" "$WORK/$n"
     echo "spec.sh: joined $WORK/$n ($(stat -c %s "$WORK/$n") bytes)"
   fi
@@ -112,8 +113,13 @@ elif [ $peer = 1 ]; then
     echo "spec.sh: llama.cpp did not build (above): quiver's rows only" >&2
   fi
 fi
-stage=$(cat .gpu/stage.txt 2>/dev/null | tr '\n' ' ' || true)
-device=$([ $cpu = 1 ] && echo "CPU ($(nproc) threads)" || nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+stage=
+[ ! -f .gpu/stage.txt ] || stage=$(tr '\n' ' ' <.gpu/stage.txt)
+if [ $cpu = 1 ]; then
+  device="CPU ($(nproc) threads)"
+else
+  device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+fi
 exec python3 tools/gpu/spec.py --quiver "$Q" "${llama[@]}" --stage "${stage:-$("$Q" --version 2>/dev/null)}" \
   --work "$WORK" --out "$OUT" "${args[@]}" "${paths[@]}" --device-name "${device:-GPU}" \
   --budget $((budget - SECONDS)) # (the joins and a llama.cpp build counted in)
