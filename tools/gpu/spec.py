@@ -232,7 +232,8 @@ def main():
     a = ap.parse_args()
     a.quiver_flags = shlex.split(a.quiver_flags)
     # llama.cpp's n-gram lookup (ngram-simple): its lookup and draft lengths set to quiver's
-    # (the last 3 tokens matched, at most 16 proposed), then as llama.cpp ships them (12, 48).
+    # (the last 3 tokens matched, at most 16 proposed; quiver matches 4, 3 or 2), then as llama.cpp
+    # ships them (12, 48).
     ngrams = [("ngram n3 m16", ["--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "16"]),
               ("ngram n12 m48", [])]
     a.peer_ngram = ngrams[0][0]

