@@ -252,7 +252,9 @@ def main():
         run.notes.append("draft random: `quiver synth --vocab-from MODEL` of the model's shape and type (its "
                          "forward as costly as the model's); draft random 1 layer: the same with `--layers 1`; "
                          "draft self: the model as its own draft (every proposal accepted); all with quiver's "
-                         "defaults (`--draft-max 16 --draft-p-min 0`, its adaptive policy on)")
+                         "defaults (`--draft-max 16 --draft-p-min 0`, its adaptive policy on). Their t/s "
+                         "include the draft's pass over the prompt, which it makes at the first decode step "
+                         "(llama.cpp makes it before its timing starts)")
     run.table()
     for path in a.models:
         info, chatml = model_info(run, a.quiver, path)
