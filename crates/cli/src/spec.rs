@@ -107,6 +107,7 @@ pub mod bench {
     use quiver_engine::spec::SpecConfig;
     use quiver_engine::{SamplerParams, BLOCK_SIZE};
     use serde_json::json;
+    use std::path::PathBuf;
     use std::sync::mpsc;
     use std::time::Instant;
 
@@ -115,8 +116,17 @@ pub mod bench {
         tokens_per_second: f64,
         proposed: u64,
         accepted: u64,
-        generated: u64,
+        /// Tokens of the decode steps (all but each sequence's first) and those steps.
+        decoded: u64,
         steps: u64,
+    }
+
+    /// The prompt each sequence gets.
+    pub enum Prompt {
+        /// This many tokens: a random block, then the block again.
+        Random(usize),
+        /// A text file, tokenized as `run --raw` and llama.cpp's `-f` do.
+        File(PathBuf),
     }
 
     fn start(load: &LoadArgs, opts: ServeOptions) -> Result<EngineHandle> {
@@ -148,8 +158,14 @@ pub mod bench {
     }
 
     /// `parallel` requests of `prompts` at once, `n_gen` greedy tokens each: generation t/s
-    /// from the moment every request has its first token.
-    fn measure(h: &EngineHandle, prompts: &[Vec<u32>], n_gen: usize) -> Result<Measured> {
+    /// from the moment every request has its first token. `batch`: the most tokens a step
+    /// takes, to tell the prompt's steps from the decode steps.
+    fn measure(
+        h: &EngineHandle,
+        prompts: &[Vec<u32>],
+        n_gen: usize,
+        batch: usize,
+    ) -> Result<Measured> {
         let before = h.stats();
         let rxs = prompts
             .iter()
@@ -194,12 +210,19 @@ pub mod bench {
             bail!("no tokens generated");
         };
         let later = times.iter().flatten().filter(|&&t| t > t0).count();
+        // The prompt's steps (its tokens the prefix cache did not hold, `batch` a step) give
+        // each sequence its first token; the decode steps give the rest.
+        let computed = (after.prompt_tokens_total - before.prompt_tokens_total).saturating_sub(
+            after.prefix_cache_hit_tokens_total - before.prefix_cache_hit_tokens_total,
+        );
+        let steps = after.steps_total - before.steps_total;
+        let generated = after.generated_tokens_total - before.generated_tokens_total;
         Ok(Measured {
             tokens_per_second: later as f64 / (t1 - t0).as_secs_f64().max(1e-9),
             proposed: after.spec_proposed_tokens_total - before.spec_proposed_tokens_total,
             accepted: after.spec_accepted_tokens_total - before.spec_accepted_tokens_total,
-            generated: after.generated_tokens_total - before.generated_tokens_total,
-            steps: after.steps_total - before.steps_total,
+            decoded: generated.saturating_sub(prompts.len() as u64),
+            steps: steps.saturating_sub(computed.div_ceil(batch.max(1) as u64)),
         })
     }
 
@@ -227,16 +250,34 @@ pub mod bench {
     pub fn run(
         load: &LoadArgs,
         spec: &SpecArgs,
-        n_prompt: usize,
+        prompt: Prompt,
         n_gen: usize,
         parallel: &[u32],
         reps: usize,
         json_out: bool,
     ) -> Result<()> {
-        if n_prompt < 2 || n_gen == 0 {
-            bail!("--spec needs -p of 2 or more (the prompt quotes itself) and -n above 0");
-        }
         let cfg = spec.config()?;
+        // The file's tokens and its name, or None for random tokens.
+        let (text, file) = match &prompt {
+            Prompt::Random(_) => (None, None),
+            Prompt::File(f) => {
+                let t = std::fs::read_to_string(f)
+                    .map_err(|e| anyhow!("reading the prompt file {}: {e}", f.display()))?;
+                let tok = quiver_tokenizer::Tokenizer::from_gguf(&*engine::open(load)?)?;
+                (
+                    Some(tok.encode(&t, true, true)?),
+                    Some(f.display().to_string()),
+                )
+            }
+        };
+        let n_prompt = match (&prompt, &text) {
+            (_, Some(ids)) => ids.len(),
+            (Prompt::Random(n), None) => *n,
+            (Prompt::File(_), None) => 0,
+        };
+        if n_prompt < 2 || n_gen == 0 {
+            bail!("--spec needs a prompt of 2 tokens or more (-p, or -f FILE) and -n above 0");
+        }
         let parallel: Vec<usize> = if parallel.is_empty() {
             vec![1]
         } else {
@@ -244,14 +285,19 @@ pub mod bench {
         };
         let most = parallel.iter().copied().max().unwrap_or(1);
         let per_seq = (n_prompt + n_gen + cfg.draft_max).div_ceil(BLOCK_SIZE) + 1;
+        let batch = (load.batch_size as usize).max(most);
         let opts = |spec: SpecConfig| ServeOptions {
             n_ctx: n_prompt + n_gen + 1,
             max_seqs: most,
             kv_blocks: most * per_seq,
-            max_batch_tokens: (load.batch_size as usize).max(most),
+            max_batch_tokens: batch,
             max_waiting: most,
             kv: load.kv_types(),
             spec,
+        };
+        let seq_prompts = |p: usize, nv: usize| match &text {
+            Some(ids) => vec![ids.clone(); p],
+            None => prompts(p, n_prompt, nv),
         };
         let mut rows = Vec::new();
         for (label, c) in [
@@ -260,23 +306,29 @@ pub mod bench {
         ] {
             let h = start(load, opts(c))?;
             let nv = h.info().n_vocab;
-            measure(&h, &prompts(1, n_prompt.min(64), nv), n_gen.min(8))?;
+            // Warm-up: the real prompt (the runs then find it in the prefix cache alike), or
+            // a short random one.
+            match &text {
+                Some(ids) => measure(&h, std::slice::from_ref(ids), n_gen.min(32), batch)?,
+                None => measure(&h, &prompts(1, n_prompt.min(64), nv), n_gen.min(8), batch)?,
+            };
             for &p in &parallel {
-                let ps = prompts(p, n_prompt, nv);
+                let ps = seq_prompts(p, nv);
                 let runs = (0..reps)
-                    .map(|_| measure(&h, &ps, n_gen))
+                    .map(|_| measure(&h, &ps, n_gen, batch))
                     .collect::<Result<Vec<_>>>()?;
                 let tps: Vec<f64> = runs.iter().map(|m| m.tokens_per_second).collect();
                 let (m, sd) = crate::score::mean_sd(&tps);
                 let sum = |f: fn(&Measured) -> u64| runs.iter().map(f).sum::<u64>();
                 let (proposed, accepted) = (sum(|m| m.proposed), sum(|m| m.accepted));
-                let (generated, steps) = (sum(|m| m.generated), sum(|m| m.steps));
+                let (decoded, steps) = (sum(|m| m.decoded), sum(|m| m.steps));
                 rows.push(json!({
                     "spec": label, "parallel": p, "n_prompt": n_prompt, "n_gen": n_gen,
+                    "prompt_file": file,
                     "tokens_per_second": m, "sd": sd, "samples": tps,
                     "proposed": proposed, "accepted": accepted,
                     "acceptance": accepted as f64 / proposed.max(1) as f64,
-                    "tokens_per_step": generated as f64 / (steps.max(1) * p as u64) as f64,
+                    "tokens_per_step": decoded as f64 / (steps.max(1) * p as u64) as f64,
                 }));
             }
             h.shutdown(std::time::Duration::from_secs(10));
@@ -290,9 +342,11 @@ pub mod bench {
         println!("|---|---|---|---|---|---|");
         for r in &rows {
             println!(
-                "| {} | {} | tg{} | {:.2} ± {:.2} | {}/{} ({:.0}%) | {:.2} |",
+                "| {} | {} | {}tg{} | {:.2} ± {:.2} | {}/{} ({:.0}%) | {:.2} |",
                 r["spec"].as_str().unwrap_or(""),
                 r["parallel"],
+                file.as_ref()
+                    .map_or(String::new(), |f| format!("{f} ({n_prompt} tokens) ")),
                 n_gen,
                 r["tokens_per_second"].as_f64().unwrap_or(0.0),
                 r["sd"].as_f64().unwrap_or(0.0),

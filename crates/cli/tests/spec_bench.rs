@@ -1,0 +1,160 @@
+//! `quiver bench --spec … -f FILE` on SmolLM2 (tools/gpu/spec.sh's measurements, on the CPU):
+//! the prompt is the file's text as llama.cpp's `-f` reads it; plain decode is one token a
+//! step; prompt lookup on a text that repeats itself is accepted; a random draft of the
+//! model's vocabulary (`synth --vocab-from`) is a valid draft that is rarely right, the model
+//! as its own draft always.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn quiver(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args(args)
+        .output()
+        .expect("quiver runs")
+}
+
+fn ok(out: &Output) -> &Output {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn one_line_error(out: &Output, code: i32, says: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+    assert!(err.contains(says), "{err}");
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("quiver-spec-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// The bench's rows: (spec, row) for the plain and the speculative run.
+fn bench(m: &str, file: &str, spec: &[&str], n: &str) -> Vec<Value> {
+    let base = ["bench", "-m", m, "--device", "cpu", "-f", file, "-n", n];
+    let out = quiver(&[&base[..], &["-r", "1", "--json"], spec].concat());
+    let j: Value = serde_json::from_slice(&ok(&out).stdout).unwrap();
+    j["results"].as_array().unwrap().clone()
+}
+
+#[test]
+fn bench_measures_speculation_on_a_prompt_file() {
+    let m = quiver_hub::alias_path("smollm2-135m");
+    assert!(m.is_file(), "{}: run scripts/test", m.display());
+    let m = m.to_str().unwrap();
+    // A list that quotes itself, in the ChatML turn spec.sh writes for SmolLM2.
+    let lines: String = (1..=12)
+        .map(|i| format!("- item {i}: check the valve, then log the pressure.\n"))
+        .collect();
+    let text = format!(
+        "<|im_start|>user\nCopy this list exactly.\n\n{lines}<|im_end|>\n<|im_start|>assistant\n- item 1:"
+    );
+    let f = tmp("prompt.txt");
+    std::fs::write(&f, &text).unwrap();
+    let f = f.to_str().unwrap();
+    // The prompt's tokens are tokenize's with special-token text parsed (llama.cpp's -f).
+    let ids: Vec<u32> = serde_json::from_slice(
+        &ok(&quiver(&["tokenize", "-m", m, "--parse-special", &text])).stdout,
+    )
+    .unwrap();
+
+    let rows = bench(m, f, &["--spec", "ngram"], "48");
+    assert_eq!(rows.len(), 2);
+    let (plain, ngram) = (&rows[0], &rows[1]);
+    assert_eq!(plain["spec"], "none");
+    assert_eq!(ngram["spec"], "ngram");
+    for r in &rows {
+        assert_eq!(r["n_prompt"], ids.len(), "{r}");
+        assert_eq!(r["prompt_file"], f);
+        assert!(r["tokens_per_second"].as_f64().unwrap() > 0.0);
+    }
+    // Plain decode: no proposals, one token a decode step (the prompt's step not counted).
+    assert_eq!(plain["proposed"], 0);
+    assert_eq!(plain["tokens_per_step"], 1.0);
+    // Prompt lookup on a list that repeats: proposals made and taken, more than a token a step.
+    let (p, a) = (
+        ngram["proposed"].as_u64().unwrap(),
+        ngram["accepted"].as_u64().unwrap(),
+    );
+    assert!(a > 0 && a <= p, "{ngram}");
+    let tps = ngram["tokens_per_step"].as_f64().unwrap();
+    assert!(tps > 1.5, "{ngram}");
+    // Each decode step gives its accepted proposals and one token more: 47 tokens after the
+    // first, in 47 - a steps.
+    assert!((tps - 47.0 / (47 - a) as f64).abs() < 1e-9, "{ngram}");
+
+    // A random draft of SmolLM2's vocabulary: accepted by the vocabulary check, rarely right.
+    let rnd = tmp("random-draft.gguf");
+    let rnd = rnd.to_str().unwrap();
+    let synth = [
+        "synth",
+        "--preset",
+        "smollm2-135m",
+        "--type",
+        "Q4_0",
+        "-o",
+        rnd,
+    ];
+    ok(&quiver(&[&synth[..], &["--vocab-from", m]].concat()));
+    let rows = bench(m, f, &["--spec", "draft", "-md", rnd], "16");
+    let (p, a) = (
+        rows[1]["proposed"].as_u64().unwrap(),
+        rows[1]["accepted"].as_u64().unwrap(),
+    );
+    assert!(p > 0 && a * 4 < p, "{}", rows[1]);
+    // One layer of it (--layers): a valid draft too, of one block.
+    let one = tmp("random-draft-1l.gguf");
+    let one = one.to_str().unwrap();
+    let synth1 = [
+        "synth",
+        "--preset",
+        "smollm2-135m",
+        "--type",
+        "Q4_0",
+        "-o",
+        one,
+    ];
+    ok(&quiver(
+        &[&synth1[..], &["--vocab-from", m, "--layers", "1"]].concat(),
+    ));
+    let info: Value =
+        serde_json::from_slice(&ok(&quiver(&["info", one, "--json"])).stdout).unwrap();
+    assert_eq!(info["hparams"]["block_count"], 1, "{}", info["hparams"]);
+    let rows = bench(m, f, &["--spec", "draft", "-md", one], "8");
+    assert!(rows[1]["proposed"].as_u64().unwrap() > 0, "{}", rows[1]);
+    // The model as its own draft: every proposal accepted.
+    let rows = bench(m, f, &["--spec", "draft", "-md", m], "16");
+    let (p, a) = (
+        rows[1]["proposed"].as_u64().unwrap(),
+        rows[1]["accepted"].as_u64().unwrap(),
+    );
+    assert!(p > 0 && a == p, "{}", rows[1]);
+
+    // Errors: one line each.
+    let g = quiver_hub::alias_path("gemma3-270m");
+    let out = quiver(&[&synth[..], &["--vocab-from", g.to_str().unwrap()]].concat());
+    one_line_error(
+        &out,
+        1,
+        "vocabulary has 262144 tokens, preset smollm2-135m's 49152",
+    );
+    one_line_error(&quiver(&["bench", "-m", m, "-f", f]), 1, "goes with --spec");
+    let out = quiver(&[
+        "bench",
+        "-m",
+        m,
+        "-f",
+        "no-such-prompt.txt",
+        "--spec",
+        "ngram",
+    ]);
+    one_line_error(&out, 1, "no-such-prompt.txt");
+    let _ = std::fs::remove_dir_all(tmp(""));
+}
