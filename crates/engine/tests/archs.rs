@@ -119,7 +119,10 @@ fn model(fx: &Fixture) -> Arc<GgufFile> {
          (tools/parity/make_arch_fixtures.sh)",
         fx.name
     );
-    Arc::new(GgufFile::open(&path).unwrap())
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    // Read through its mapping from here on: no file left behind.
+    let _ = std::fs::remove_file(&path);
+    f
 }
 
 /// Compares one backend with every fixture; `bound(preset, type)` is the log-probability

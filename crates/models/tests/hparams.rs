@@ -11,9 +11,32 @@ fn dir() -> PathBuf {
     d
 }
 
+/// A test's file, removed when dropped (a failing test's too); a file opened from it stays
+/// readable through its mapping.
+struct Tmp(PathBuf);
+
+impl std::ops::Deref for Tmp {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for Tmp {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A tiny preset's file, under a name of the test's own (tests run in parallel).
-fn synth(name: &str, test: &str) -> PathBuf {
-    let path = dir().join(format!("{name}-{test}.gguf"));
+fn synth(name: &str, test: &str) -> Tmp {
+    let path = Tmp(dir().join(format!("{name}-{test}.gguf")));
     let p = quiver_synth::preset(name).unwrap();
     let ft = quiver_synth::file_type("F32").unwrap();
     quiver_synth::write(p, ft, 1, &path, 1, |_, _| {}).unwrap();
@@ -29,7 +52,7 @@ fn rewrite(src: &PathBuf, tag: &str, edit: impl FnOnce(&mut GgufWriter, &str)) -
         w.add_tensor(t.name.clone(), t.ty, &t.shape);
     }
     edit(&mut w, f.arch().unwrap());
-    let path = dir().join(format!("{tag}.gguf"));
+    let path = Tmp(dir().join(format!("{tag}.gguf")));
     w.write_file(&path, |i, _, buf| {
         buf.extend_from_slice(f.tensor_data(&f.tensors[i]));
         Ok(())
@@ -227,7 +250,7 @@ fn expert_counts_are_a_number_or_one_per_layer() {
 
 /// llama.cpp's deepseek4 test model's file (its stored head; the tensor data zeros), under a
 /// name of the test's own.
-fn deepseek4(test: &str) -> PathBuf {
+fn deepseek4(test: &str) -> Tmp {
     let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     let fx = root.join("tests/reference/llama-archs/deepseek4-moe-s1");
     // The file's size, from the fixture's `"size":N`.
@@ -243,7 +266,7 @@ fn deepseek4(test: &str) -> PathBuf {
         .unwrap();
     let mut bytes = std::fs::read(fx.with_extension("head")).unwrap();
     bytes.resize(size, 0);
-    let path = dir().join(format!("deepseek4-moe-s1-{test}.gguf"));
+    let path = Tmp(dir().join(format!("deepseek4-moe-s1-{test}.gguf")));
     std::fs::write(&path, &bytes).unwrap();
     path
 }

@@ -12,6 +12,8 @@ fn load(p: &quiver_synth::Preset, tag: &str) -> Result<(), String> {
     let ft = quiver_synth::file_type("F32").unwrap();
     quiver_synth::write(p, ft, 1, &path, 1, |_, _| {}).unwrap();
     let f = Arc::new(GgufFile::open(&path).unwrap());
+    // Read through its mapping from here on.
+    let _ = std::fs::remove_file(&path);
     quiver_models::load(&CpuBackend::new(1), &f)
         .map(|_| ())
         .map_err(|e| e.to_string())
@@ -95,6 +97,7 @@ fn expert_tensors_that_do_not_fit_the_keys_are_named() {
     )
     .unwrap();
     let f = GgufFile::open(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
     let mut hp = quiver_models::hparams(&f).unwrap();
     if let Some(m) = hp.moe.as_mut() {
         m.n_ff = 64;
