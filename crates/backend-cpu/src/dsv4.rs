@@ -13,6 +13,8 @@ pub(crate) struct Scratch {
     xs: Vec<f32>,
     ys: Vec<f32>,
     keys: Vec<f32>,
+    /// Each token's compressed-row selection (`dsv4::attention_select_into`).
+    sel: Vec<dsv4::SelectBufs>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -23,12 +25,12 @@ fn grow(v: &mut Vec<f32>, n: usize) {
 
 /// The indexer's choices per token, written by the pool's tasks, each its own tokens'.
 #[derive(Clone, Copy)]
-struct SelPtr(*mut Vec<usize>);
+struct SelPtr(*mut dsv4::SelectBufs);
 // SAFETY: the tasks write disjoint entries and nothing reads them before the pool returns.
 unsafe impl Sync for SelPtr {}
 
 impl SelPtr {
-    fn at(&self, t: usize) -> *mut Vec<usize> {
+    fn at(&self, t: usize) -> *mut dsv4::SelectBufs {
         self.0.wrapping_add(t)
     }
 }
@@ -236,34 +238,40 @@ impl CpuBackend {
         // The phases of dsv4::attention: the state brought up to each sequence's last token
         // (one sequence after another), then every (token, head) in parallel, then the rings.
         let mut guard = self.extra.lock().unwrap_or_else(|e| e.into_inner());
-        grow(&mut guard.ds.keys, n * hd);
-        let keys = &mut guard.ds.keys[..n * hd];
+        let ds = &mut guard.ds;
+        grow(&mut ds.keys, n * hd);
+        if ds.sel.len() < n {
+            ds.sel.resize_with(n, Default::default);
+        }
+        let keys = &mut ds.keys[..n * hd];
         dsv4::attention_prepare(batch, s, &host, &inputs, state, keys)
             .map_err(|detail| quiver_backend::BackendError::Shape { op, detail })?;
         let keys: &[f32] = keys;
         let st: &[f32] = state;
-        let sel: Vec<Vec<usize>> = if s.ratio == 4 {
-            let mut sel = vec![Vec::new(); n];
+        let sel = &mut ds.sel[..n];
+        if s.ratio == 4 {
+            // The indexer's scores: every token's in parallel.
             let ptr = SelPtr(sel.as_mut_ptr());
             par_rows(self.mm.pool(), n, 1, |r0, r1| {
                 for t in r0..r1 {
-                    // SAFETY: each task writes only its own rows' entries.
-                    unsafe { *ptr.at(t) = dsv4::attention_select(batch, s, &inputs, st, t) };
+                    // SAFETY: each task writes only its own tokens' entries.
+                    let b = unsafe { &mut *ptr.at(t) };
+                    dsv4::attention_select_into(batch, s, &inputs, st, t, b);
                 }
             });
-            sel
         } else {
-            (0..n)
-                .map(|t| dsv4::attention_select(batch, s, &inputs, st, t))
-                .collect()
-        };
+            for (t, b) in sel.iter_mut().enumerate() {
+                dsv4::attention_select_into(batch, s, &inputs, st, t, b);
+            }
+        }
+        let sel: &[dsv4::SelectBufs] = sel;
         let (h, o) = (s.n_head, SyncPtr(out.as_mut_ptr()));
         par_rows(self.mm.pool(), n * h, 1, |r0, r1| {
             for i in r0..r1 {
                 let (t, hh) = (i / h, i % h);
                 // SAFETY: head hh of token t is its own range of out, written by this task only.
                 let o = unsafe { o.slice(i * hd, hd) };
-                dsv4::attention_head(batch, s, &host, &inputs, st, keys, t, hh, &sel[t], o);
+                dsv4::attention_head(batch, s, &host, &inputs, st, keys, t, hh, &sel[t].rows, o);
             }
         });
         dsv4::attention_commit(batch, s, state, keys);

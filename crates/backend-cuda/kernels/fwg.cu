@@ -41,11 +41,6 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
-template <int N>
-__device__ __forceinline__ void keep_u(u32* a) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i])::"memory");
-}
 
 // A tile of ROWS rows of HD halves in shared memory (q rows, or keys: the same bytes are K-major
 // for S and N-major V for O). Head dims that are multiples of 64: the 128-byte swizzle — column

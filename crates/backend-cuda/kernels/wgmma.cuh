@@ -136,7 +136,6 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 #endif
 
-
 // Keeps the compiler from moving register work across the asynchronous products: the values
 // are read and written here, as far as it knows.
 template <int N>
@@ -144,11 +143,10 @@ __device__ __forceinline__ void keep_f(float* d) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
-__device__ __forceinline__ void keep_a(u32 (*a)[4]) {
+template <int N>
+__device__ __forceinline__ void keep_u(u32* a) {
 #pragma unroll
-    for (int s = 0; s < 8; s++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory");
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(a[i])::"memory");
 }
 
 // A shared-memory matrix descriptor, no swizzle: start, leading byte offset (the K direction),

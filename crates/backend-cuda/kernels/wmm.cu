@@ -138,7 +138,7 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
     auto stage = [&](u32 (*cur)[4], u32 (*nxt)[4], int j) {
         wg_fence();
         keep_f<BN / 2>(d);
-        keep_a(cur);
+        keep_u<32>(&cur[0][0]);
         const u8* xb = xbuf(j % NST);
 #pragma unroll
         for (int s = 0; s < 8; s++) {
@@ -153,7 +153,7 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
         if (j + 1 < nst) frag(nxt, j + 1);
         wg_wait0();
         keep_f<BN / 2>(d);
-        keep_a(cur);
+        keep_u<32>(&cur[0][0]);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + j % NST);
     };

@@ -37,6 +37,22 @@ fn tmp(name: &str) -> std::path::PathBuf {
 }
 
 /// The bench's rows: (spec, row) for the plain and the speculative run.
+/// A random Q4_0 model of SmolLM2's shape with the tokenizer of `vocab` at `out`.
+fn random_draft(out: &str, vocab: &str, more: &[&str]) {
+    let synth = [
+        "synth",
+        "--preset",
+        "smollm2-135m",
+        "--type",
+        "Q4_0",
+        "-o",
+        out,
+    ];
+    ok(&quiver(
+        &[&synth[..], &["--vocab-from", vocab], more].concat(),
+    ));
+}
+
 fn bench(m: &str, file: &str, spec: &[&str], n: &str) -> Vec<Value> {
     let base = ["bench", "-m", m, "--device", "cpu", "-f", file, "-n", n];
     let out = quiver(&[&base[..], &["-r", "1", "--json"], spec].concat());
@@ -93,16 +109,7 @@ fn bench_measures_speculation_on_a_prompt_file() {
     // A random draft of SmolLM2's vocabulary: accepted by the vocabulary check, rarely right.
     let rnd = tmp("random-draft.gguf");
     let rnd = rnd.to_str().unwrap();
-    let synth = [
-        "synth",
-        "--preset",
-        "smollm2-135m",
-        "--type",
-        "Q4_0",
-        "-o",
-        rnd,
-    ];
-    ok(&quiver(&[&synth[..], &["--vocab-from", m]].concat()));
+    random_draft(rnd, m, &[]);
     let rows = bench(m, f, &["--spec", "draft", "-md", rnd], "16");
     let (p, a) = (
         rows[1]["proposed"].as_u64().unwrap(),
@@ -112,18 +119,7 @@ fn bench_measures_speculation_on_a_prompt_file() {
     // One layer of it (--layers): a valid draft too, of one block.
     let one = tmp("random-draft-1l.gguf");
     let one = one.to_str().unwrap();
-    let synth1 = [
-        "synth",
-        "--preset",
-        "smollm2-135m",
-        "--type",
-        "Q4_0",
-        "-o",
-        one,
-    ];
-    ok(&quiver(
-        &[&synth1[..], &["--vocab-from", m, "--layers", "1"]].concat(),
-    ));
+    random_draft(one, m, &["--layers", "1"]);
     let info: Value =
         serde_json::from_slice(&ok(&quiver(&["info", one, "--json"])).stdout).unwrap();
     assert_eq!(info["hparams"]["block_count"], 1, "{}", info["hparams"]);
@@ -139,6 +135,15 @@ fn bench_measures_speculation_on_a_prompt_file() {
 
     // Errors: one line each.
     let g = quiver_hub::alias_path("gemma3-270m");
+    let synth = [
+        "synth",
+        "--preset",
+        "smollm2-135m",
+        "--type",
+        "Q4_0",
+        "-o",
+        rnd,
+    ];
     let out = quiver(&[&synth[..], &["--vocab-from", g.to_str().unwrap()]].concat());
     one_line_error(
         &out,
