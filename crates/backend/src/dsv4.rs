@@ -25,7 +25,9 @@
 //!
 //! Keys are stored rounded to f16, as llama.cpp's f16 caches hold them.
 
+mod select;
 use crate::{RopeAngles, RopeParams};
+pub use select::{attention_select, attention_select_into, SelectBufs};
 
 /// The hyper-connections' shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -615,85 +617,6 @@ pub fn attention_token(
     for (hh, o) in out.chunks_exact_mut(hd).take(s.n_head).enumerate() {
         attention_head(batch, s, w, x, state, keys, t, hh, &sel, o);
     }
-}
-
-/// The buffers of [`attention_select_into`]: a caller that keeps them from step to step
-/// (the CPU backend, one per token of the largest step) selects without allocating.
-#[derive(Clone, Debug, Default)]
-pub struct SelectBufs {
-    /// The selected compressed rows.
-    pub rows: Vec<usize>,
-    score: Vec<(f32, usize)>,
-    iq: Vec<f32>,
-}
-
-/// The compressed rows token `t` attends to ([`attention_select_into`], new buffers).
-pub fn attention_select(
-    batch: &crate::Batch,
-    s: &AttnShape,
-    x: &AttnInputs<[f32]>,
-    state: &[f32],
-    t: usize,
-) -> Vec<usize> {
-    let mut b = SelectBufs::default();
-    attention_select_into(batch, s, x, state, t, &mut b);
-    b.rows
-}
-
-/// The compressed rows token `t` attends to, into `b.rows`: every visible one, or (ratio 4,
-/// more visible than `ix_top_k`) the lightning indexer's best `ix_top_k`, ties to the earlier
-/// row. Allocates only where `b` is smaller than this token needs.
-pub fn attention_select_into(
-    batch: &crate::Batch,
-    s: &AttnShape,
-    x: &AttnInputs<[f32]>,
-    state: &[f32],
-    t: usize,
-    b: &mut SelectBufs,
-) {
-    let ratio = s.ratio;
-    let p = batch.positions[t] as usize;
-    let n_vis = (p + 1).checked_div(ratio).unwrap_or(0);
-    b.rows.clear();
-    if ratio != 4 || n_vis <= s.ix_top_k {
-        b.rows.extend(0..n_vis);
-        return;
-    }
-    let seq = &batch.seqs[batch.seq_of[t] as usize];
-    let sf = s.state_floats();
-    let slot = &state[seq.state_slot as usize * sf..][..sf];
-    let icomp = part(slot, layout(s)[6]);
-    let (ixq, ixw) = (x.ix_q.unwrap(), x.ix_w.unwrap());
-    let (ih, id) = (s.ix_heads, s.ix_dim);
-    let cang = RopeAngles::new(&s.comp_rope);
-    let cnp = cang.pairs();
-    let mut sin = [0f32; crate::ROPE_MAX_PAIRS];
-    let mut cos = [0f32; crate::ROPE_MAX_PAIRS];
-    cang.at(p as u32, &mut sin[..cnp], &mut cos[..cnp]);
-    b.iq.clear();
-    b.iq.extend_from_slice(&ixq[t * ih * id..][..ih * id]);
-    for hq in b.iq.chunks_exact_mut(id) {
-        rope_tail(hq, &sin[..cnp], &cos[..cnp], 1.0);
-    }
-    let wscale = 1.0 / ((id * ih) as f32).sqrt();
-    let iq = &b.iq;
-    b.score.clear();
-    b.score.extend((0..n_vis).map(|r| {
-        let k = &icomp[r * id..][..id];
-        let sc = iq.chunks_exact(id).enumerate().map(|(hh, hq)| {
-            let dot: f32 = hq.iter().zip(k).map(|(a, b)| a * b).sum();
-            dot.max(0.0) * (ixw[t * ih + hh] * wscale)
-        });
-        (sc.sum(), r)
-    }));
-    // Score descending, then row ascending: no two entries compare equal, so the unstable
-    // sort (which allocates nothing) orders them as a stable one would.
-    b.score.sort_unstable_by(|a, b| {
-        b.0.partial_cmp(&a.0)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.1.cmp(&b.1))
-    });
-    b.rows.extend(b.score[..s.ix_top_k].iter().map(|e| e.1));
 }
 
 /// Head `hh` of token `t` into `o` ([head_dim], rotated back): the window's keys (this
