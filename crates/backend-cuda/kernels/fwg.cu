@@ -13,11 +13,13 @@
 // from S's registers as f16 pairs, V N-major in shared memory). One f32 accumulator per
 // element, the tiles in ascending order, the same KT at every batch: a row's bits depend on
 // its own keys only, whatever the rows beside it.
-// Pipeline. A producer warpgroup copies each tile's K and V through the block table (cp.async,
-// 16-byte pieces) into one of NST stages in the canonical no-swizzle layout — key group kg,
-// 16-byte column c at (kg · HD/8 + c) · 128 bytes, the same bytes serving as K-major K for S and
-// N-major V for O — and marks each full (mbarrier) once its copies have landed; the consumers
-// release a stage after its products. While O += P·V of tile i runs, S of tile i + 1 is issued.
+// Pipeline. A producer warpgroup brings each tile's K and V into one of NST stages in FwgLayout
+// (the same bytes serve as K-major K for S and N-major V for O) and marks each full (mbarrier);
+// the consumers release a stage after its products. A whole tile (every key < the range's end)
+// of a swizzled head dim comes by the tensor memory accelerator: one box per cache block of 16
+// keys and 64 columns, the blocks' slots from the block table, issued by one warp. Other tiles
+// (the range's last, head dim 96, another block size) are copied through the block table by the
+// warpgroup's 128 threads (cp.async, 16-byte pieces), keys past the end zeroed. While O += P·V of tile i runs, S of tile i + 1 is issued.
 // The producer gives its registers to the consumers (setmaxnreg, FwgCfg::PREG and CREG).
 //   grid (n_tiles, n_head_kv · ceil(G / 2), n_ranges), block 384 (2 consumer warpgroups, then
 //   the producer's)
@@ -31,8 +33,11 @@ struct FwgCfg {
     static constexpr int NST = QB + 3 * 2 * TB + 3 * 3 * 8 + 1024 <= 227 * 1024 ? 3 : 2;
     static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8 + 1024;
     // Registers a thread (setmaxnreg) of the producer's warpgroup and of each consumer's: the
-    // 65,536 of a multiprocessor; head dim 256's accumulators take 232.
+    // block is given 168 a thread (384 threads under 65,536), and an increase waits until the
+    // producer's decrease has freed enough: PREG + 2 · CREG ≤ 3 · 168 (else the consumers wait
+    // for ever). Head dim 256's accumulators take 232.
     static constexpr int PREG = HD == 256 ? 40 : 56, CREG = HD == 256 ? 232 : 224;
+    static_assert(PREG + 2 * CREG <= 3 * 168, "setmaxnreg: more registers than the block holds");
 };
 
 __device__ __forceinline__ float ex2(float x) {
@@ -102,6 +107,40 @@ __device__ __forceinline__ void fwg_copy(u8* s, const u8* __restrict__ cache, co
     cp_async_commit();
 }
 
+// Keys j0 … j0 + KT − 1 of both caches (all < the range's end) into stage buffers `ks` and `vs`
+// by the tensor memory accelerator, issued by the producer's first warp (lane `pt`): box e is
+// cache block e / CB of the tile (16 keys, FWG_BOX) and column block e % CB (64 halves), at
+// (e % CB) · KT · 128 + (e / CB) · 2048 bytes; the other threads only arrive.
+constexpr int FWG_BOX = 16;
+template <int HD, int KT>
+__device__ __forceinline__ void fwg_tma(u8* ks, u8* vs, u64* fk, u64* fv, const TMap* km, const TMap* vm,
+                                        const u32* __restrict__ bt, int kvh, int j0, int pt) {
+    constexpr int CB = HD / 64, NB = KT / FWG_BOX * CB;
+    if (pt < 32) {
+        if (pt == 0) {
+            mbar_expect(fk, KT * HD * 2);
+            mbar_expect(fv, KT * HD * 2);
+        }
+        __syncwarp();
+        for (int e = pt; e < 2 * NB; e += 32) {
+            const int x = e % NB, blk = x / CB, cb = x % CB;
+            const int slot = (int)bt[j0 / FWG_BOX + blk] * FWG_BOX;
+            const int o = cb * (KT * 128) + blk * (FWG_BOX * 128);
+            if (e < NB)
+                tma_3d(ks + o, km, cb * 64, kvh, slot, fk);
+            else
+                tma_3d(vs + o, vm, cb * 64, kvh, slot, fv);
+        }
+        if (pt != 0) {
+            mbar_arrive(fk);
+            mbar_arrive(fv);
+        }
+    } else {
+        mbar_arrive(fk);
+        mbar_arrive(fv);
+    }
+}
+
 // A tile's logits in base 2 (scale, soft-cap), masked on an `edge` tile (a key past the row's
 // position or the range, or before its window, is −1e30), and the rows' running maxima.
 template <int KT, bool CAP>
@@ -126,7 +165,7 @@ __device__ __forceinline__ void fwg_logits(float* sc, float* mx, bool edge, int 
 }
 
 template <int HD>
-__device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,
+__device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,
                          float* __restrict__ out, float* __restrict__ part, const int4* __restrict__ tiles, BatchView b,
                          int n_head, int n_head_kv, float scale, int window, float softcap, int rk, int n_ranges) {
 #ifdef WG_ON
@@ -180,10 +219,15 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
         // them visible to the tensor cores' reads).
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(C::PREG));
         const int pt = threadIdx.x - 256;
+        const bool tma = L::SW && b.block_size == FWG_BOX;
         for (int i = 0; i < ntiles; i++) {
             const int st = i % NST;
             if (i >= NST) mbar_wait(empty + st, ((i / NST) - 1) & 1);
             const int j0 = j_begin + i * KT;
+            if (tma && j0 + KT <= j_end) {
+                fwg_tma<HD, KT>(kbuf + st * C::TB, vbuf + st * C::TB, full_k + st, full_v + st, km, vm, bt, kvh, j0, pt);
+                continue;
+            }
             fwg_copy<HD, KT>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
             fwg_copy<HD, KT>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
             cp_async_wait<1>();
@@ -363,8 +407,8 @@ __device__ void fwg_impl(const float* __restrict__ q, const u8* __restrict__ kc,
 // The module's kernels per head dim (registry.rs `kernels`, the f16/f16 pair only).
 template <int HD>
 __global__ void __launch_bounds__(384, 1)
-    fwg_attention(const float* q, const u8* kc, const u8* vc, float* out, float* part, const int4* tiles, BatchView b,
+    fwg_attention(const __grid_constant__ TMap km, const __grid_constant__ TMap vm, const float* q, const u8* kc, const u8* vc, float* out, float* part, const int4* tiles, BatchView b,
                   int n_head, int n_head_kv, float scale, int window, float softcap, int rk, int n_ranges) {
     pdl_begin();
-    fwg_impl<HD>(q, kc, vc, out, part, tiles, b, n_head, n_head_kv, scale, window, softcap, rk, n_ranges);
+    fwg_impl<HD>(&km, &vm, q, kc, vc, out, part, tiles, b, n_head, n_head_kv, scale, window, softcap, rk, n_ranges);
 }

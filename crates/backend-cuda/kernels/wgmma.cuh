@@ -185,6 +185,15 @@ __device__ __forceinline__ void tma_2d(void* dst, const TMap* m, int c0, int c1,
         : "memory");
 }
 
+// The box at coordinates (c0, c1, c2) of tensor map `m` into shared `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_3d(void* dst, const TMap* m, int c0, int c1, int c2, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];" ::"r"(smem_u32(dst)),
+        "l"((u64)m), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+        : "memory");
+}
+
 // Orders this thread's earlier generic-proxy writes to shared memory (stores, completed
 // cp.async copies) before later asynchronous-proxy reads of it (wgmma operands).
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

@@ -5,7 +5,9 @@
 use crate::batch::CudaStep;
 use crate::memory::{CudaBuf, CudaKv};
 use crate::plan::{self, Attention, FLASH_HEAD_DIMS};
+use crate::wmm::{tensor_map, TMap};
 use crate::{check, CudaBackend};
+use cudarc::driver::sys as ds;
 use quiver_backend::{AttnParams, Result, Step};
 
 /// Head dims the attention kernels are built for.
@@ -130,6 +132,23 @@ impl CudaBackend {
         };
         let window = a.window.map(|w| w as i32).unwrap_or(0);
         let wgmma = plan::flash_on_wgmma(self.dev.info.arch, kv.packed());
+        // fwg's producer brings whole tiles by the tensor memory accelerator: boxes of one
+        // cache block's keys × 64 halves of one KV head, 128-byte swizzled (fwg.cu FwgLayout).
+        let maps = if wgmma && hd.is_multiple_of(64) {
+            let map = |ptr| {
+                tensor_map(
+                    ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                    ptr,
+                    &[hd as u64, a.n_head_kv as u64, kv.n_slots as u64],
+                    &[hd as u64 * 2, kv.kv_dim as u64 * 2],
+                    &[64, 1, quiver_backend::KV_BLOCK_SIZE as u32],
+                    ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                )
+            };
+            (map(kv.k.ptr)?, map(kv.v.ptr)?)
+        } else {
+            (TMap::default(), TMap::default())
+        };
         for t0 in (0..n_tiles).step_by(group) {
             let c = (n_tiles - t0).min(group);
             let tl = tiles + 16 * t0 as u64;
@@ -147,6 +166,8 @@ impl CudaBackend {
                     (384, 1, 1),
                     plan::fwg_smem(hd) as u32,
                     args![
+                        maps.0,
+                        maps.1,
                         q.ptr(),
                         kv.k.ptr,
                         kv.v.ptr,

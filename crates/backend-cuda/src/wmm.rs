@@ -37,18 +37,20 @@ pub fn wmm_fits(row_bytes: usize) -> bool {
 }
 
 /// A tensor map (CUtensorMap; kernels/wmm.cu `TMap`): 128 bytes, 64-byte aligned.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 #[repr(C, align(64))]
 pub(crate) struct TMap([u64; 16]);
 
 /// A tiled tensor map over `dims` (innermost first) of `ty` elements at `ptr`, with the byte
-/// strides of the outer dimensions, boxes of `bx`, zeros outside.
-fn tensor_map(
+/// strides of the outer dimensions, boxes of `bx`, zeros outside, the boxes' rows in shared
+/// memory as `swizzle` lays them.
+pub(crate) fn tensor_map(
     ty: ds::CUtensorMapDataType,
     ptr: u64,
     dims: &[u64],
     strides: &[u64],
     bx: &[u32],
+    swizzle: ds::CUtensorMapSwizzle,
 ) -> Result<TMap> {
     let mut m = TMap([0; 16]);
     let ones = [1u32; 5];
@@ -65,7 +67,7 @@ fn tensor_map(
             bx.as_ptr(),
             ones.as_ptr(),
             ds::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            swizzle,
             ds::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             ds::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
@@ -134,6 +136,7 @@ impl CudaBackend {
             &[2 * n as u64, pieces as u64],
             &[n as u64 * 16],
             &[2 * bn as u32, 16],
+            ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         )?;
         // The weights: rows of 4-byte units; a box is a stage's windows of the tile's rows.
         let wm = tensor_map(
@@ -142,6 +145,7 @@ impl CudaBackend {
             &[w.row_bytes as u64 / 4, w.rows as u64],
             &[w.row_bytes as u64],
             &[win as u32 / 4, bm as u32],
+            ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         )?;
         self.launch_smem(
             &w.names.module,
