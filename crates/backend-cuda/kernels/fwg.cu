@@ -19,7 +19,8 @@
 // of a swizzled head dim comes by the tensor memory accelerator: one box per cache block of 16
 // keys and 64 columns, the blocks' slots from the block table, issued by one warp. Other tiles
 // (the range's last, head dim 96, another block size) are copied through the block table by the
-// warpgroup's 128 threads (cp.async, 16-byte pieces), keys past the end zeroed. While O += P·V of tile i runs, S of tile i + 1 is issued.
+// warpgroup's 128 threads (cp.async, 16-byte pieces), keys past the end zeroed. While O += P·V
+// of tile i runs, S of tile i + 1 is issued; the two consumer warpgroups take turns to issue.
 // The producer gives its registers to the consumers (setmaxnreg, FwgCfg::PREG and CREG).
 //   grid (n_tiles, n_head_kv · ceil(G / 2), n_ranges), block 384 (2 consumer warpgroups, then
 //   the producer's)
@@ -289,8 +290,21 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
         }
         wg_commit();
     };
+    // The two consumer warpgroups take turns to issue their products (FlashAttention-3's
+    // ping-pong, named barriers 3 and 4): one's softmax runs while the other's products do. A
+    // turn is one group of products; warpgroup 1 gives warpgroup 0 the first.
+    const bool pp = nwg == 2;
+    auto turn = [&] {
+        if (pp) asm volatile("bar.sync %0, 256;" ::"r"(3 + wg) : "memory");
+    };
+    auto pass = [&] {
+        if (pp) asm volatile("bar.arrive %0, 256;" ::"r"(4 - wg) : "memory");
+    };
+    if (wg == 1) pass();
     mbar_wait(full_k, 0);
+    turn();
     qk(0);
+    pass();
     wg_wait0();
     keep_f<KT / 2>(sc);
     for (int it = 0; it < ntiles; it++) {
@@ -328,13 +342,19 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
         for (int i = 0; i < KT / 8; i++) {
             float e[4];
 #pragma unroll
-            for (int x = 0; x < 4; x++) e[x] = sc[4 * i + x] <= -1e29f ? 0.f : ex2(sc[4 * i + x] - m[x >> 1]);
+            for (int x = 0; x < 4; x++) {
+                // A masked key (only on edge tiles) weighs 0, also in a row with no key yet.
+                const float v = sc[4 * i + x];
+                e[x] = edge && v <= -1e29f ? 0.f : ex2(v - m[x >> 1]);
+            }
             l[0] += e[0] + e[1];
             l[1] += e[2] + e[3];
             pa[i >> 1][(i & 1) * 2] = pack_h2(e[0], e[1]);
             pa[i >> 1][(i & 1) * 2 + 1] = pack_h2(e[2], e[3]);
         }
         mbar_wait(full_v + st, (it / NST) & 1);
+        if (it + 1 < ntiles) mbar_wait(full_k + (it + 1) % NST, ((it + 1) / NST) & 1);
+        turn();
         wg_fence();
         keep_f<HD / 2>(o);
         keep_u<KT / 4>(&pa[0][0]);
@@ -352,10 +372,9 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
                 wg_rs256<1>(o, pa[kk], dv);
         }
         wg_commit();
-        if (it + 1 < ntiles) {
-            mbar_wait(full_k + (it + 1) % NST, ((it + 1) / NST) & 1);
-            qk((it + 1) % NST);
-        }
+        if (it + 1 < ntiles) qk((it + 1) % NST);
+        // Warpgroup 1's last turn passes none on: warpgroup 0 has no more.
+        if (wg == 0 || it + 1 < ntiles) pass();
         wg_wait0();
         keep_f<HD / 2>(o);
         keep_f<KT / 2>(sc);
