@@ -30,9 +30,12 @@
 // the loop.
 //
 // CTA: BM weight rows (64 or 128: one or two consumer warpgroups of 64, warp w rows
-// 16w..16w+15) × BN tokens (64 or 128), and the producer warp; the launcher picks the largest
-// tile that still fills the device.
-//                      grid (ceil(n / BN), ceil(rows / BM)), block 2·BM + 32, dynamic smem
+// 16w..16w+15) × BN tokens (64, 128 or 256), and the producer warp; the launcher picks the
+// largest tile that still fills the device. A tile of 256 tokens is two halves of 128 (a box and
+// an m64n128 product each, both from the same fragments: the dequantization serves twice the
+// products), its accumulators 128 registers a thread: the producer is a warpgroup that gives
+// its registers to the consumers (setmaxnreg: 40 and 232 of the block's 168 a thread).
+//                      grid (ceil(n / BN), ceil(rows / BM)), block 2·BM + WmmSmem::PT
 
 // A lane's fragments of stage j from its warp's windows (qmm_frag's values, the same bits), the
 // rows' offsets in their windows fixed for the kernel: a[s] for step s. `FULL`: the stage's 128
@@ -78,6 +81,9 @@ struct WmmSmem {
     // Stages in flight: 4 where they fit the 227 KiB a block may take, else fewer.
     static constexpr int NST = 4 * (X + W) <= FIT ? 4 : 3 * (X + W) <= FIT ? 3 : 2;
     static constexpr int BYTES = NST * (X + W) + 64;
+    // Halves of 128 tokens (one box and one product each); producer threads.
+    static constexpr int NH = BN > 128 ? BN / 128 : 1, HN = BN / NH, PT = BN > 128 ? 128 : 32;
+    static_assert(BN <= 128 || BM == 128, "setmaxnreg's 40 + 2 · 232 registers are 384 threads' 168");
 };
 
 template <DeqFn DEQ, int BB, int BV, int BM, int BN>
@@ -102,20 +108,23 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (warp == CW) {
+    if (warp >= CW) {
         // The producer: stage st into buffer st % NST once its last use (stage st - NST) is
         // released.
-        if (lane == 0) {
+        if constexpr (S::PT == 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (warp == CW && lane == 0) {
             for (int st = 0; st < nst; st++) {
                 const int b = st % NST;
                 if (st >= NST) mbar_wait(empty + b, ((st / NST) - 1) & 1);
                 mbar_expect(full + b, S::X + S::W);
-                tma_2d(xbuf(b), xm, 2 * n0, 16 * st, full + b);
+#pragma unroll
+                for (int h = 0; h < S::NH; h++) tma_2d(xbuf(b) + h * (S::X / S::NH), xm, 2 * (n0 + h * S::HN), 16 * st, full + b);
                 tma_2d(wsm + NST * S::X + b * S::W, wm, (Q::start(st) & ~15) / 4, (int)blockIdx.y * BM, full + b);
             }
         }
         return;
     }
+    if constexpr (S::PT == 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * BM + warp * 16, rows};
     auto wbuf = [&](int b) { return wsm + NST * S::X + b * S::W + warp * 16 * Q::WIN; };
     const WFrag<DEQ, Q> wf(R);
@@ -142,11 +151,15 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
         const u8* xb = xbuf(j % NST);
 #pragma unroll
         for (int s = 0; s < 8; s++) {
-            const u64 desc = wg_desc(xb + s * 2 * (BN / 8) * 128, (BN / 8) * 128, 128);
-            if constexpr (BN == 128)
-                wg_rs128<0>(d, cur[s], desc);
-            else
-                wg_rs64<0>(d, cur[s], desc);
+#pragma unroll
+            for (int h = 0; h < S::NH; h++) {
+                constexpr int HN = S::HN;
+                const u64 desc = wg_desc(xb + h * (S::X / S::NH) + s * 2 * (HN / 8) * 128, (HN / 8) * 128, 128);
+                if constexpr (HN == 128)
+                    wg_rs128<0>(d + h * 64, cur[s], desc);
+                else
+                    wg_rs64<0>(d, cur[s], desc);
+            }
         }
         wg_commit();
         keep_f<BN / 2>(d);
@@ -180,7 +193,7 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
 // The kernels of a type T (registry.rs `kernels`): wmm<T, BM, BN> for the tiles the launcher
 // picks from.
 template <class T, int BM, int BN>
-__global__ void __launch_bounds__(2 * BM + 32, 1)
+__global__ void __launch_bounds__(2 * BM + (BN > 128 ? 128 : 32), 1)
     wmm(const __grid_constant__ TMap xm, const __grid_constant__ TMap wm, const u8* __restrict__ W, long long row_bytes,
         int rows, int cols, float* __restrict__ y, int n) {
     pdl_begin();

@@ -24,6 +24,9 @@ pub struct CudaConfig {
     /// Tests: every product on this family wherever the weight's type has it, whatever the
     /// token count (the kernel table's other entries otherwise). No variable sets it.
     pub pin: Option<crate::plan::Product>,
+    /// Tests: every wmm product in this tile (an index of [`crate::WMM_TILES`]) whatever its
+    /// shape. No variable sets it.
+    pub wmm_tile: Option<usize>,
     /// Tests: every attention call on the split-K kernel with this many key ranges per (token,
     /// head) (1 to 64). No variable sets it.
     pub attention_splits: Option<usize>,
@@ -40,6 +43,7 @@ impl Default for CudaConfig {
             pdl: true,
             sync_each: false,
             pin: None,
+            wmm_tile: None,
             attention_splits: None,
             load_total: None,
         }

@@ -61,6 +61,7 @@ pub use graph::{GraphStats, MAX_GRAPH_TOKENS};
 pub use memory::{CudaBuf, CudaKv, MemStats};
 pub use parity::ParityBackend;
 pub use weights::CudaWeight;
+pub use wmm::WMM_TILES;
 
 /// The int8 grid the CPU backend (like ggml) quantizes activations to for products with weights
 /// of type `ty`: blocks of 32 for the legacy quantized types, of 256 for the K-quants, none for

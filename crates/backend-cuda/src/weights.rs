@@ -34,7 +34,7 @@ pub(crate) struct KernelNames {
     /// qmm over the experts' rows, grouped by a tile list (MoE prefill).
     pub(crate) qmm_g: String,
     /// Hopper's warpgroup products (kernels/wmm.cu), one per tile of `wmm::WMM_TILES`.
-    pub(crate) wmm: [String; 3],
+    pub(crate) wmm: [String; crate::wmm::WMM_TILES.len()],
     /// The int8 tensor-core products (`registry::int8_mma`).
     pub(crate) imm: String,
     /// imv for 8 and 16 tokens per launch (one, two n8 tiles).

@@ -10,8 +10,9 @@ use cudarc::driver::sys as ds;
 use quiver_backend::Result;
 
 /// The tiles (weight rows, tokens), largest first: the launcher takes the first whose blocks
-/// cover [`FILL`] of the multiprocessors, else the last. A block has 2 · rows + 32 threads.
-pub(crate) const WMM_TILES: [(usize, usize); 3] = [(128, 128), (128, 64), (64, 64)];
+/// cover [`FILL`] of the multiprocessors, else the last. A block has 2 · rows consumer threads
+/// and a producer warp (a warpgroup at 256 tokens: [`wmm_threads`]).
+pub const WMM_TILES: [(usize, usize); 4] = [(128, 256), (128, 128), (128, 64), (64, 64)];
 /// The share of the multiprocessors a tile's blocks must cover to be taken.
 const FILL: f64 = 0.75;
 /// Columns of a stage (kernels/qmm.cu `QMM_BK`): the permuted activations' rows are whole
@@ -93,6 +94,11 @@ fn wmm_smem(kernel: &str, bm: usize, bn: usize) -> usize {
     nst * stage + 64
 }
 
+/// Threads of a block of tile (`bm`, `bn`) (kernels/wmm.cu `WmmSmem::PT`).
+fn wmm_threads(bm: usize, bn: usize) -> u32 {
+    (2 * bm + if bn > 128 { 128 } else { 32 }) as u32
+}
+
 /// The tile (an index of [`WMM_TILES`]) of a product of `rows` weight rows over `n` tokens on
 /// `sms` multiprocessors.
 pub(crate) fn wmm_tile(rows: usize, n: usize, sms: usize) -> usize {
@@ -122,7 +128,10 @@ impl CudaBackend {
     /// y[n, w.rows] = x · Wᵀ on wmm, x permuted (`permute_act`), in the tile [`wmm_tile`]
     /// picks.
     pub(crate) fn wmm(&self, w: &CudaWeight, xp: u64, n: usize, y: u64) -> Result<()> {
-        let t = wmm_tile(w.rows, n, self.dev.info.sms as usize);
+        let t = self
+            .cfg
+            .wmm_tile
+            .unwrap_or_else(|| wmm_tile(w.rows, n, self.dev.info.sms as usize));
         let (bm, bn) = WMM_TILES[t];
         let (win, _) =
             registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
@@ -135,7 +144,8 @@ impl CudaBackend {
             xp,
             &[2 * n as u64, pieces as u64],
             &[n as u64 * 16],
-            &[2 * bn as u32, 16],
+            // (a 256-token tile takes two boxes: a box's rows are at most 256 units)
+            &[2 * bn.min(128) as u32, 16],
             ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         )?;
         // The weights: rows of 4-byte units; a box is a stage's windows of the tile's rows.
@@ -151,7 +161,7 @@ impl CudaBackend {
             &w.names.module,
             &w.names.wmm[t],
             (n.div_ceil(bn) as u32, w.rows.div_ceil(bm) as u32, 1),
-            (2 * bm as u32 + 32, 1, 1),
+            (wmm_threads(bm, bn), 1, 1),
             wmm_smem(w.kernel, bm, bn) as u32,
             args![
                 xm,
@@ -175,7 +185,7 @@ mod tests {
     fn tiles_fill_the_device_largest_first() {
         // The 8B's 4096-row products over 512 tokens: 128 blocks of 128 × 128 on 132 SMs.
         assert_eq!(WMM_TILES[wmm_tile(4096, 512, 132)], (128, 128));
-        assert_eq!(WMM_TILES[wmm_tile(14336, 512, 132)], (128, 128));
+        assert_eq!(WMM_TILES[wmm_tile(14336, 512, 132)], (128, 256));
         // SmolLM2's 576 rows: 72 blocks of 64 × 64, the most there are.
         assert_eq!(WMM_TILES[wmm_tile(576, 512, 132)], (64, 64));
         assert_eq!(WMM_TILES[wmm_tile(2048, 512, 132)], (128, 64));

@@ -20,7 +20,7 @@ use quiver_backend::testing::{
 };
 use quiver_backend::{Backend, BackendError, Batch, Numerics};
 use quiver_backend_cuda::plan::Product;
-use quiver_backend_cuda::{CudaBackend, CudaConfig, CudaKv, ParityBackend};
+use quiver_backend_cuda::{CudaBackend, CudaConfig, CudaKv, ParityBackend, WMM_TILES};
 use quiver_gguf::GgmlType;
 
 /// The CUDA backend's part: buffers and caches copied to and from the device, and how its
@@ -212,46 +212,50 @@ fn products_are_batch_invariant_in_the_invariant_mode() {
 }
 
 /// wmm over widths past whole stages of 128 columns (the permuted activations padded with
-/// zeros) and over row counts past whole tiles of 128, against the reference.
+/// zeros) and over row counts past whole tiles, in every tile, against the reference; and the
+/// same bits in every tile.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn wmm_pads_partial_stages_and_tiles() {
     let mut rng = seeded_rng();
-    let be = backend_with(CudaConfig {
-        pin: Some(Product::Wmm),
-        ..CudaConfig::from_env(Numerics::BatchInvariant)
-    });
+    let tiles: Vec<CudaBackend> = (0..WMM_TILES.len())
+        .map(|t| {
+            backend_with(CudaConfig {
+                pin: Some(Product::Wmm),
+                wmm_tile: Some(t),
+                ..CudaConfig::from_env(Numerics::BatchInvariant)
+            })
+        })
+        .collect();
     // wmm takes weights whose rows are whole 16-byte units (its tensor map steps them): the
     // block types at widths of whole 256-column chunks, the float types at any width (partial
     // stages).
-    let mut notes = products::matmuls(
-        &be,
+    use GgmlType::*;
+    let blocks = [Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q6_K];
+    for (be, tile) in tiles.iter().zip(WMM_TILES) {
+        let shapes = [(48, 512), (200, 256), (130, 768)];
+        let mut notes = products::matmuls(be, &Cuda, &mut rng, &shapes, &blocks, &[1, 63, 70, 150]);
+        let shapes = [(48, 416), (200, 160), (130, 576)];
+        let floats = products::matmuls(
+            be,
+            &Cuda,
+            &mut rng,
+            &shapes,
+            &[F16, BF16, F32],
+            &[1, 63, 70, 150],
+        );
+        notes.skipped.extend(floats.skipped);
+        notes.print(&format!("wmm {tile:?}, partial stages and tiles"));
+        assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
+    }
+    products::same_bits(
+        &tiles,
         &Cuda,
         &mut rng,
-        &[(48, 512), (200, 256), (130, 768)],
-        &[
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q8_0,
-            GgmlType::IQ4_NL,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ],
-        &[1, 63, 70, 150],
+        &[(200, 256)],
+        &[Q4_K, Q6_K, Q8_0, F16],
+        300,
     );
-    let floats = products::matmuls(
-        &be,
-        &Cuda,
-        &mut rng,
-        &[(48, 416), (200, 160), (130, 576)],
-        &[GgmlType::F16, GgmlType::BF16, GgmlType::F32],
-        &[1, 63, 70, 150],
-    );
-    floats.print("wmm, partial stages (float types)");
-    notes.skipped.extend(floats.skipped);
-    notes.print("wmm, partial stages and tiles");
-    assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
 }
 
 /// Qwen 3.5's gated delta net (kernels/delta.cu) and sigmoid_mul against the reference: three

@@ -145,6 +145,44 @@ pub fn batch_invariance<B: Backend, H: Harness<B>>(
     notes
 }
 
+/// Each product is the same bits on every backend of `bes` (one kernel family's configurations
+/// side by side: wmm's tiles): for every weight type and shape, `matmul` of the same `n` tokens
+/// on each, against the first's.
+pub fn same_bits<B: Backend, H: Harness<B>>(
+    bes: &[B],
+    h: &H,
+    rng: &mut Rng,
+    shapes: &[(usize, usize)],
+    types: &[quiver_gguf::GgmlType],
+    n: usize,
+) {
+    for &(rows, cols) in shapes {
+        for &ty in types {
+            let Some(wc) = WeightCase::random(rng, ty, rows, cols) else {
+                continue;
+            };
+            let x = rng.vec(n * cols);
+            let outs: Vec<Vec<f32>> = bes
+                .iter()
+                .map(|be| {
+                    let w = wc.load(be).expect("the weight loads");
+                    let xb = h.upload(be, &x);
+                    let mut out = poison(be, h, n * rows);
+                    be.matmul(&w, &xb, n, &mut out).unwrap();
+                    read(be, &out, n * rows)
+                })
+                .collect();
+            for (i, o) in outs.iter().enumerate().skip(1) {
+                let d = super::bits_differ(o, &outs[0]);
+                assert_eq!(
+                    d, 0,
+                    "{ty} [{rows}, {cols}], {n} tokens: {d} results differ on backend {i}"
+                );
+            }
+        }
+    }
+}
+
 /// `matmul` of `n` tokens.
 fn matmul<B: Backend, H: Harness<B>>(
     be: &B,
