@@ -99,13 +99,20 @@ fn wmm_threads(bm: usize, bn: usize) -> u32 {
     (2 * bm + if bn > 128 { 128 } else { 32 }) as u32
 }
 
-/// The tile (an index of [`WMM_TILES`]) of a product of `rows` weight rows over `n` tokens on
-/// `sms` multiprocessors.
-pub(crate) fn wmm_tile(rows: usize, n: usize, sms: usize) -> usize {
+/// Whether two stages of tile (`bm`, `bn`) fit a block's shared memory for weights of type
+/// `kernel` (f32's windows do not at 256 tokens).
+fn wmm_tile_fits(kernel: &str, (bm, bn): (usize, usize)) -> bool {
+    wmm_smem(kernel, bm, bn) <= MAX_SMEM
+}
+
+/// The tile (an index of [`WMM_TILES`]) of a product of `rows` weight rows of type `kernel` over
+/// `n` tokens on `sms` multiprocessors: the largest that fits and fills the device, else the
+/// smallest.
+pub(crate) fn wmm_tile(kernel: &str, rows: usize, n: usize, sms: usize) -> usize {
     let blocks = |(bm, bn): (usize, usize)| rows.div_ceil(bm) * n.div_ceil(bn);
     WMM_TILES
         .iter()
-        .position(|&t| blocks(t) as f64 >= FILL * sms as f64)
+        .position(|&t| wmm_tile_fits(kernel, t) && blocks(t) as f64 >= FILL * sms as f64)
         .unwrap_or(WMM_TILES.len() - 1)
 }
 
@@ -128,10 +135,12 @@ impl CudaBackend {
     /// y[n, w.rows] = x · Wᵀ on wmm, x permuted (`permute_act`), in the tile [`wmm_tile`]
     /// picks.
     pub(crate) fn wmm(&self, w: &CudaWeight, xp: u64, n: usize, y: u64) -> Result<()> {
+        // A tile pinned by the tests where the type's stages fit it.
         let t = self
             .cfg
             .wmm_tile
-            .unwrap_or_else(|| wmm_tile(w.rows, n, self.dev.info.sms as usize));
+            .filter(|&t| wmm_tile_fits(w.kernel, WMM_TILES[t]))
+            .unwrap_or_else(|| wmm_tile(w.kernel, w.rows, n, self.dev.info.sms as usize));
         let (bm, bn) = WMM_TILES[t];
         let (win, _) =
             registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
@@ -184,11 +193,13 @@ mod tests {
     #[test]
     fn tiles_fill_the_device_largest_first() {
         // The 8B's 4096-row products over 512 tokens: 128 blocks of 128 × 128 on 132 SMs.
-        assert_eq!(WMM_TILES[wmm_tile(4096, 512, 132)], (128, 128));
-        assert_eq!(WMM_TILES[wmm_tile(14336, 512, 132)], (128, 256));
+        assert_eq!(WMM_TILES[wmm_tile("q4_k", 4096, 512, 132)], (128, 128));
+        assert_eq!(WMM_TILES[wmm_tile("q4_k", 14336, 512, 132)], (128, 256));
         // SmolLM2's 576 rows: 72 blocks of 64 × 64, the most there are.
-        assert_eq!(WMM_TILES[wmm_tile(576, 512, 132)], (64, 64));
-        assert_eq!(WMM_TILES[wmm_tile(2048, 512, 132)], (128, 64));
-        assert_eq!(WMM_TILES[wmm_tile(4096, 1, 132)], (64, 64));
+        assert_eq!(WMM_TILES[wmm_tile("q4_k", 576, 512, 132)], (64, 64));
+        assert_eq!(WMM_TILES[wmm_tile("q4_k", 2048, 512, 132)], (128, 64));
+        assert_eq!(WMM_TILES[wmm_tile("q4_k", 4096, 1, 132)], (64, 64));
+        // f32's windows: two stages of 256 tokens do not fit.
+        assert_eq!(WMM_TILES[wmm_tile("f32", 14336, 512, 132)], (128, 128));
     }
 }
