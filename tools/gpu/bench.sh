@@ -20,7 +20,10 @@ export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 RUST_BACKTRACE=1
 export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home}
 # Kernels compiled here by stage.sh --kernels: into the machine's cache, not compiled again.
 if [ -d .gpu/home/kernels ]; then
-  mkdir -p "$QUIVER_HOME/kernels" && cp -n .gpu/home/kernels/* "$QUIVER_HOME/kernels/"
+  mkdir -p "$QUIVER_HOME/kernels"
+  for f in .gpu/home/kernels/*; do
+    [ -e "$QUIVER_HOME/kernels/${f##*/}" ] || cp "$f" "$QUIVER_HOME/kernels/"
+  done
 fi
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
