@@ -7,7 +7,7 @@
 // Order of summation: one f32 accumulator per output element, the columns' stages of 128 in
 // ascending order, 8 steps of 16 values each (one wgmma, the values of qmm's step s). It depends
 // on `cols` only: a token's result is the same bits whatever the number of tokens, the tile it
-// falls in and the tile's width (BN, 64 or 128 tokens: the same per-element products).
+// falls in and the tile's width (BN, 64, 128 or 256 tokens: the same per-element products).
 //
 // The activations come permuted and tiled (f16_permute, ops.cu): within each stage of 128
 // columns, position 16s + kk holds the value qmm's step s takes at k position kk, and 16-byte

@@ -1,6 +1,6 @@
 //! Hopper's warpgroup products over the GGUF blocks (kernels/wmm.cu, sm_90a): prompt rows on
 //! wgmma, over activations permuted for it (`f16_permute`, ops.cu), in tiles of 64 or 128
-//! weight rows × 64 or 128 tokens (a token's results are the same bits in any tile); their
+//! weight rows × 64, 128 or 256 tokens (a token's results are the same bits in any tile); their
 //! launch shapes, shared memory and tensor maps.
 
 use crate::launch::grid1;
