@@ -120,11 +120,10 @@ fn prompts() -> Vec<Vec<u32>> {
 
 const GEN: usize = 12;
 
-/// log-softmax at `id`.
+/// log-softmax at `id`: the engine's own (`quiver_engine::logprobs`), so that an exact
+/// comparison with served tokens compares the logits, not two roundings of one value.
 fn logprob(row: &[f32], id: u32) -> f32 {
-    let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let z: f64 = row.iter().map(|&x| ((x - m) as f64).exp()).sum();
-    ((row[id as usize] - m) as f64 - z.ln()) as f32
+    quiver_engine::logprobs(row, id, 0).0
 }
 
 /// Greedy tokens of each prompt alone, on the single-sequence runner, with their
