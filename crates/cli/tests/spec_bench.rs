@@ -36,9 +36,8 @@ fn tmp(name: &str) -> std::path::PathBuf {
     d.join(name)
 }
 
-/// The bench's rows: (spec, row) for the plain and the speculative run.
-/// A random Q4_0 model of SmolLM2's shape with the tokenizer of `vocab` at `out`.
-fn random_draft(out: &str, vocab: &str, more: &[&str]) {
+/// `quiver synth`: a random Q4_0 model of SmolLM2's shape with the tokenizer of `vocab` at `out`.
+fn synth_draft(out: &str, vocab: &str, more: &[&str]) -> Output {
     let synth = [
         "synth",
         "--preset",
@@ -48,11 +47,15 @@ fn random_draft(out: &str, vocab: &str, more: &[&str]) {
         "-o",
         out,
     ];
-    ok(&quiver(
-        &[&synth[..], &["--vocab-from", vocab], more].concat(),
-    ));
+    quiver(&[&synth[..], &["--vocab-from", vocab], more].concat())
 }
 
+/// [`synth_draft`], which must succeed.
+fn random_draft(out: &str, vocab: &str, more: &[&str]) {
+    ok(&synth_draft(out, vocab, more));
+}
+
+/// The bench's rows: (spec, row) for the plain and the speculative run.
 fn bench(m: &str, file: &str, spec: &[&str], n: &str) -> Vec<Value> {
     let base = ["bench", "-m", m, "--device", "cpu", "-f", file, "-n", n];
     let out = quiver(&[&base[..], &["-r", "1", "--json"], spec].concat());
@@ -135,16 +138,7 @@ fn bench_measures_speculation_on_a_prompt_file() {
 
     // Errors: one line each.
     let g = quiver_hub::alias_path("gemma3-270m");
-    let synth = [
-        "synth",
-        "--preset",
-        "smollm2-135m",
-        "--type",
-        "Q4_0",
-        "-o",
-        rnd,
-    ];
-    let out = quiver(&[&synth[..], &["--vocab-from", g.to_str().unwrap()]].concat());
+    let out = synth_draft(rnd, g.to_str().unwrap(), &[]);
     one_line_error(
         &out,
         1,
