@@ -523,7 +523,7 @@ impl Scheduler {
                     // The proposal's rows are reserved and its blocks allocated (the draft
                     // writes its K/V there); the draft proposes after this loop, for every
                     // request at once (`draft_all`).
-                    SpecType::Draft
+                    SpecType::Draft | SpecType::Eagle3
                         if drafter.is_some()
                             && len > 0
                             && len >= draft_min
@@ -649,12 +649,18 @@ impl Scheduler {
 
     /// The draft model's proposals for the requests that reserved rows for one this step; the
     /// rows and budget they leave unused go back: returns (budget, logits rows) returned.
+    /// An EAGLE-3 head also catches up with the states the target computed for every other
+    /// running request (`len` 0), so that they wait in no buffer.
     fn draft_all(&mut self, d: &mut dyn Drafter) -> (usize, usize) {
+        let catch_up = self.cfg.spec.kind == SpecType::Eagle3;
         let mut jobs: Vec<DraftJob> = self
             .running
             .iter_mut()
-            .filter(|e| e.draft_len > 0 && e.step > 0)
+            .filter(|e| {
+                (e.draft_len > 0 && e.step > 0) || (catch_up && e.n_computed > e.draft_done)
+            })
             .map(|e| DraftJob {
+                id: e.id,
                 tokens: &e.tokens,
                 done: &mut e.draft_done,
                 blocks: &e.blocks,

@@ -3,6 +3,7 @@
 //! values, so these files let benchmarks and GPU-vs-CPU parity run on real shapes where the
 //! real models cannot be carried.
 
+mod eagle3;
 mod gemma4;
 mod meta;
 mod mix;
@@ -88,6 +89,8 @@ pub struct Preset {
     pub n_rot: u64,
     /// qwen35moe: the shared expert's width (0: none).
     pub n_ff_shexp: u64,
+    /// eagle3: the draft head's target and form.
+    pub eagle3: Option<eagle3::Head>,
 }
 
 const BASE: Preset = Preset {
@@ -122,6 +125,7 @@ const BASE: Preset = Preset {
     full_attn_interval: 0,
     n_rot: 0,
     n_ff_shexp: 0,
+    eagle3: None,
 };
 
 /// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
@@ -157,6 +161,7 @@ const TINY: Preset = Preset {
     full_attn_interval: 0,
     n_rot: 0,
     n_ff_shexp: 0,
+    eagle3: None,
 };
 
 pub const PRESETS: &[Preset] = &[
@@ -317,6 +322,31 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "tiny-llama",
+        ..TINY
+    },
+    Preset {
+        name: "tiny-eagle3",
+        arch: "eagle3",
+        n_layer: 1,
+        // Reads tiny-llama's layers 1 to 3; a draft vocabulary of 384 of its 512 tokens, with
+        // an output matrix of its own.
+        eagle3: Some(eagle3::Head {
+            target_layers: [1, 2, 3],
+            draft_vocab: 384,
+            norms: false,
+        }),
+        ..TINY
+    },
+    Preset {
+        name: "tiny-eagle3-norms",
+        arch: "eagle3",
+        n_layer: 1,
+        // g normed before fc and as the residual; the target's vocabulary and output matrix.
+        eagle3: Some(eagle3::Head {
+            target_layers: [0, 2, 3],
+            draft_vocab: 0,
+            norms: true,
+        }),
         ..TINY
     },
     Preset {
@@ -551,6 +581,9 @@ pub fn plan(p: &Preset) -> Vec<Planned> {
     if p.ssm_heads.0 > 0 {
         return qwen35::plan(p);
     }
+    if let Some(h) = &p.eagle3 {
+        return eagle3::plan(p, h);
+    }
     let (d, hd, arch) = (p.n_embd, p.head_dim, p.arch);
     let (qd, kvd) = (p.n_head * hd, p.n_head_kv * hd);
     let gemma = arch == "gemma2" || arch == "gemma3";
@@ -659,7 +692,10 @@ pub fn write_with(
         .iter()
         .for_each(|(k, v)| _ = w.set(k.clone(), v.clone()));
     for t in &planned {
-        let ty = chooser.choose(t.role, *t.shape.last().unwrap_or(&1));
+        let ty = match t.name.as_str() {
+            "d2t" => quiver_gguf::GgmlType::I64,
+            _ => chooser.choose(t.role, *t.shape.last().unwrap_or(&1)),
+        };
         w.add_tensor(t.name.clone(), ty, &t.shape);
     }
     let mut weights = Weights::new(seed);
@@ -671,7 +707,10 @@ pub fn write_with(
         let scale = p.stdev / 0.02;
         let fixed = gemma4::fixed_values(p, &planned[i].name)
             .or_else(|| qwen35::fixed_values(p, &planned[i].name));
-        if let Some(v) = fixed {
+        if let Some(ids) = eagle3::d2t(p, &planned[i].name) {
+            ids.iter()
+                .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
+        } else if let Some(v) = fixed {
             v.iter()
                 .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
         } else if planned[i].role == Role::Vector {
