@@ -195,6 +195,40 @@ pub const PRESETS: &[Preset] = &[
         rope_base: 500000.0,
         ..BASE
     },
+    // EAGLE-3 heads of those targets' shapes (the converter's default layers 2, n/2, n - 3;
+    // the target's vocabulary and output matrix): the machinery's cost with nothing accepted.
+    Preset {
+        name: "smollm2-135m-eagle3",
+        arch: "eagle3",
+        n_vocab: 49152,
+        n_embd: 576,
+        n_layer: 1,
+        n_head: 9,
+        n_head_kv: 3,
+        n_ff: 1536,
+        rope_base: 100000.0,
+        head_dim: 64,
+        eagle3: Some(eagle3::Head {
+            target_layers: [2, 15, 27],
+            draft_vocab: 0,
+            norms: false,
+        }),
+        ..BASE
+    },
+    Preset {
+        name: "llama3-8b-eagle3",
+        arch: "eagle3",
+        n_vocab: 128256,
+        n_layer: 1,
+        rope_base: 500000.0,
+        // Llama 3.1 8B's EAGLE-3 heads predict over a draft vocabulary of 32,000 tokens.
+        eagle3: Some(eagle3::Head {
+            target_layers: [2, 16, 29],
+            draft_vocab: 32000,
+            norms: false,
+        }),
+        ..BASE
+    },
     Preset {
         name: "gemma3-270m",
         arch: "gemma3",
