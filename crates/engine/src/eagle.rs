@@ -11,6 +11,9 @@
 //! at a time, each drafted token at the next position with the head's own pre-norm state as
 //! its g. The head's KV of drafted positions is written again from the target's states once
 //! those positions are verified (`done` stays at the last position with a target state).
+//! Under load (more requests decoding than may propose, `SpecConfig::max_decoding`) the head
+//! neither keeps states nor catches up: its cost stops with its proposals, and a request keeps
+//! at most [`MAX_KEPT`] rows.
 
 use crate::batch::{BatchBuilder, Blocks};
 use crate::picker::{Fetch, Picker};
@@ -21,6 +24,11 @@ use crate::types::Result;
 use quiver_backend::Backend;
 use quiver_models::{Model, ModelError, State};
 use std::collections::HashMap;
+
+/// The most rows a request keeps: beyond, the oldest go (their positions' KV in the head is
+/// then never written: only acceptance suffers). A request's rows wait while it does not
+/// propose in steps of more requests decoding than may.
+const MAX_KEPT: usize = 4096;
 
 /// A request's g rows not yet in the head's KV: positions `first..first + rows`.
 #[derive(Default)]
@@ -75,6 +83,11 @@ impl Eagle {
                 r.g.truncate((s.start_pos - r.first) * d);
             }
             r.g.extend_from_slice(&self.host[s.tokens.0 * d..s.tokens.1 * d]);
+            let over = (r.g.len() / d).saturating_sub(MAX_KEPT);
+            if over > 0 {
+                r.g.drain(..over * d);
+                r.first += over;
+            }
         }
         Ok(())
     }

@@ -122,12 +122,21 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mo = self
             .runner
             .execute(out, &self.sched, &mut self.reqs, &mut self.phases)?;
-
+        let decoding = out
+            .scheduled
+            .iter()
+            .filter(|s| s.start_pos >= s.decode_from)
+            .count();
         let outcomes = self.sched.update(&mo.sampled);
         emit::emit(self.sh, outcomes, mo, &mut self.reqs, &mut self.ended);
         let rows = mo.rows.len();
-        // (Before the ended requests are forgotten.)
-        if let Some(d) = self.draft.as_mut() {
+        // (Before the ended requests are forgotten; not in a step of more requests decoding
+        // than may propose: none did, and the next step will likely not either.)
+        if let Some(d) = self
+            .draft
+            .as_mut()
+            .filter(|_| decoding <= self.sched.spec_limit())
+        {
             let (b, target) = self.runner.backend_and_state();
             d.absorb(b, target, self.sched.output())?;
         }

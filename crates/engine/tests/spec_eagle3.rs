@@ -98,11 +98,19 @@ fn an_eagle3_head_changes_no_token_alone_together_or_under_preemption() {
     let plain = start(target.clone(), options(SpecConfig::default(), 256)).unwrap();
     let want = answers_alone(&plain, &reqs);
     plain.shutdown(std::time::Duration::from_secs(5));
-    for (preset, blocks) in [("tiny-eagle3", 256), ("tiny-eagle3-norms", 24)] {
-        // 24 blocks of 16 cannot hold eight requests of up to 98 tokens: preemptions, the
-        // head's states and KV recomputed with the target's.
+    // 24 blocks of 16 cannot hold eight requests of up to 98 tokens: preemptions, the head's
+    // states and KV recomputed with the target's. With at most 2 requests decoding in a step
+    // that proposes, the eight together leave the head idle (no states kept, none caught up).
+    for (preset, blocks, max_decoding) in [
+        ("tiny-eagle3", 256, 8),
+        ("tiny-eagle3-norms", 24, 8),
+        ("tiny-eagle3", 256, 2),
+    ] {
         let head = synth(preset, 8, None);
-        let spec = eagle(SpecType::Eagle3, head, 4);
+        let spec = SpecConfig {
+            max_decoding,
+            ..eagle(SpecType::Eagle3, head, 4)
+        };
         let h = start(target.clone(), options(spec, blocks)).unwrap();
         let alone = answers_alone(&h, &reqs);
         let together = common::answers(&h, &reqs);
