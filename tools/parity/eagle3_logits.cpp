@@ -12,6 +12,7 @@
 // tokens the head can name.
 #include "llama.h"
 #include "../../src/llama-ext.h"
+#include "rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,25 +21,6 @@
 #include <cstring>
 #include <numeric>
 #include <vector>
-
-static int print_row(const float * logits, int n_vocab, int top) {
-    double mx = -INFINITY;
-    for (int i = 0; i < n_vocab; i++) mx = std::max(mx, (double) logits[i]);
-    double sum = 0.0;
-    for (int i = 0; i < n_vocab; i++) sum += std::exp((double) logits[i] - mx);
-    double lse = mx + std::log(sum);
-    std::vector<int> idx(n_vocab);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + top, idx.end(), [&](int a, int b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    printf("[");
-    for (int k = 0; k < top; k++) {
-        printf("%s[%d,%.6f]", k ? "," : "", idx[k], (double) logits[idx[k]] - lse);
-    }
-    printf("]\n");
-    return idx[0];
-}
 
 int main(int argc, char ** argv) {
     if (argc < 7) {

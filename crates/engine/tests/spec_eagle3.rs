@@ -7,54 +7,25 @@
 
 mod common;
 
-use quiver_backend_cpu::CpuBackend;
-use quiver_engine::serve::{EngineHandle, Request, ServeOptions};
+use quiver_engine::serve::{EngineHandle, Request};
 use quiver_engine::spec::{DraftFile, SpecConfig, SpecType};
 use quiver_engine::SamplerParams;
 use quiver_gguf::GgufFile;
-use quiver_tokenizer::Tokenizer;
 use std::sync::Arc;
 
 /// `preset` (a tiny one, or tiny-llama with `embd` columns) written with `seed`, F32.
 fn synth(preset: &str, seed: u64, embd: Option<u64>) -> Arc<GgufFile> {
-    let dir = std::env::temp_dir().join(format!("quiver-spec-eagle3-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{preset}-{seed}-{embd:?}.gguf"));
-    if !path.is_file() {
-        let base = quiver_synth::preset(preset).unwrap().clone();
-        let p = match embd {
-            Some(d) => quiver_synth::Preset {
-                n_embd: d,
-                n_head: d / 64,
-                n_head_kv: 1,
-                ..base
-            },
-            None => base,
-        };
-        let ft = quiver_synth::file_type("F32").unwrap();
-        let tmp = path.with_extension(format!("{:?}.tmp", std::thread::current().id()));
-        quiver_synth::write(&p, ft, seed, &tmp, 2, |_, _| {}).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    Arc::new(GgufFile::open(&path).unwrap())
-}
-
-fn options(spec: SpecConfig, kv_blocks: usize) -> ServeOptions {
-    ServeOptions {
-        kv: Default::default(),
-        spec,
-        n_ctx: 256,
-        max_seqs: 8,
-        kv_blocks,
-        max_batch_tokens: 128,
-        max_waiting: 64,
-    }
-}
-
-fn start(target: Arc<GgufFile>, opts: ServeOptions) -> Result<EngineHandle, String> {
-    let tok = Tokenizer::from_gguf(&target).unwrap();
-    quiver_engine::start_serving(|| CpuBackend::new(2), target, tok, opts, "t".into())
-        .map_err(|e| e.to_string())
+    let base = quiver_synth::preset(preset).unwrap().clone();
+    let p = match embd {
+        Some(d) => quiver_synth::Preset {
+            n_embd: d,
+            n_head: d / 64,
+            n_head_kv: 1,
+            ..base
+        },
+        None => base,
+    };
+    common::synth_f32(&p, seed, &format!("{preset}-{embd:?}"))
 }
 
 fn eagle(kind: SpecType, head: Arc<GgufFile>, draft_max: usize) -> SpecConfig {
@@ -95,7 +66,7 @@ fn answers_alone(h: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
 fn an_eagle3_head_changes_no_token_alone_together_or_under_preemption() {
     let target = synth("tiny-llama", 7, None);
     let reqs = requests();
-    let plain = start(target.clone(), options(SpecConfig::default(), 256)).unwrap();
+    let plain = common::serve_cpu(target.clone(), SpecConfig::default(), 256).unwrap();
     let want = answers_alone(&plain, &reqs);
     plain.shutdown(std::time::Duration::from_secs(5));
     // 24 blocks of 16 cannot hold eight requests of up to 98 tokens: preemptions, the head's
@@ -111,7 +82,7 @@ fn an_eagle3_head_changes_no_token_alone_together_or_under_preemption() {
             max_decoding,
             ..eagle(SpecType::Eagle3, head, 4)
         };
-        let h = start(target.clone(), options(spec, blocks)).unwrap();
+        let h = common::serve_cpu(target.clone(), spec, blocks).unwrap();
         let alone = answers_alone(&h, &reqs);
         let together = common::answers(&h, &reqs);
         let st = h.stats();
@@ -143,7 +114,7 @@ fn a_head_that_does_not_fit_its_target_or_type_is_refused_at_load() {
     let target = synth("tiny-llama", 7, None);
     let head = synth("tiny-eagle3", 8, None);
     let refused = |spec: SpecConfig, target: &Arc<GgufFile>| {
-        let e = start(target.clone(), options(spec, 256))
+        let e = common::serve_cpu(target.clone(), spec, 256)
             .err()
             .expect("loaded");
         assert!(!e.contains('\n'), "{e}");
