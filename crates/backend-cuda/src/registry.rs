@@ -151,6 +151,7 @@ const OPS_KERNELS: &[&str] = &[
     "scale",
     "mul_cols",
     "copy_cols",
+    "put_cols",
 ];
 
 /// An `extern "C"` kernel: its launch name is its name in the source.
