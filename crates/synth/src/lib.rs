@@ -3,6 +3,7 @@
 //! values, so these files let benchmarks and GPU-vs-CPU parity run on real shapes where the
 //! real models cannot be carried.
 
+mod deep;
 mod gemma4;
 mod meta;
 mod mix;
@@ -35,6 +36,28 @@ pub enum SynthError {
     #[error("{0}")]
     Vocab(String),
 }
+
+/// How the random weights are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Init {
+    /// Every matrix N(0, stdev²).
+    Flat,
+    /// σ per tensor by role, fan-in and depth, for deep models that stay well conditioned
+    /// (`deep.rs`).
+    Deep,
+}
+
+impl Init {
+    pub fn parse(s: &str) -> Option<Init> {
+        match s.to_ascii_lowercase().as_str() {
+            "flat" => Some(Init::Flat),
+            "deep" => Some(Init::Deep),
+            _ => None,
+        }
+    }
+}
+
+pub use deep::LOGIT_SD;
 
 /// A model shape.
 #[derive(Clone, Debug)]
@@ -88,9 +111,11 @@ pub struct Preset {
     pub n_rot: u64,
     /// qwen35moe: the shared expert's width (0: none).
     pub n_ff_shexp: u64,
+    /// How the weights are drawn (`stdev` is `Init::Flat`'s σ).
+    pub init: Init,
 }
 
-const BASE: Preset = Preset {
+pub(crate) const BASE: Preset = Preset {
     name: "",
     arch: "llama",
     n_vocab: 32000,
@@ -122,6 +147,7 @@ const BASE: Preset = Preset {
     full_attn_interval: 0,
     n_rot: 0,
     n_ff_shexp: 0,
+    init: Init::Flat,
 };
 
 /// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
@@ -157,6 +183,7 @@ const TINY: Preset = Preset {
     full_attn_interval: 0,
     n_rot: 0,
     n_ff_shexp: 0,
+    init: Init::Flat,
 };
 
 pub const PRESETS: &[Preset] = &[
@@ -513,15 +540,16 @@ pub const PRESETS: &[Preset] = &[
     },
 ];
 
+/// Every preset: the real shapes, the tiny parity models, the deep parity models.
+pub fn presets() -> impl Iterator<Item = &'static Preset> {
+    PRESETS.iter().chain(deep::PRESETS)
+}
+
 pub fn preset(name: &str) -> Result<&'static Preset, SynthError> {
-    PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
+    presets().find(|p| p.name == name).ok_or_else(|| {
         SynthError::UnknownPreset(
             name.into(),
-            PRESETS
-                .iter()
-                .map(|p| p.name)
-                .collect::<Vec<_>>()
-                .join(", "),
+            presets().map(|p| p.name).collect::<Vec<_>>().join(", "),
         )
     })
 }
@@ -668,7 +696,10 @@ pub fn write_with(
     w.write_file(path, |i, info, buf| {
         let cols = info.cols() as usize;
         let rows = info.rows() as usize;
-        let scale = p.stdev / 0.02;
+        let scale = match p.init {
+            Init::Flat => p.stdev / 0.02,
+            Init::Deep => deep::sigma(p, planned[i].role, &planned[i].name, cols as u64) / 0.02,
+        };
         let fixed = gemma4::fixed_values(p, &planned[i].name)
             .or_else(|| qwen35::fixed_values(p, &planned[i].name));
         if let Some(v) = fixed {
@@ -688,8 +719,12 @@ pub fn write_with(
                 let mut row = vec![0f32; rows * cols];
                 let start = weights.row_start();
                 weights.fill_row(start, &mut row);
+                let f = match p.init {
+                    Init::Flat => 1.0,
+                    Init::Deep => deep::norm_factor(p, name, rows * cols),
+                };
                 for v in row {
-                    let v = if bias { 5.0 * v } else { 1.0 + 5.0 * v };
+                    let v = if bias { 5.0 * v } else { f * (1.0 + 5.0 * v) };
                     buf.extend_from_slice(&v.to_le_bytes());
                 }
             } else {
