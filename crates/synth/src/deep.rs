@@ -315,7 +315,7 @@ mod tests {
         write(&p, file_type("F32").unwrap(), 1, &path, 2, |_, _| {}).unwrap();
         let f = GgufFile::open(&path).unwrap();
         let _ = std::fs::remove_file(&path);
-        let (d, q) = (512f64, 8.0 * 128.0);
+        let (d, q) = (512f64, 1024f64);
         let branch = (2.0 * 2f64).sqrt();
         for (name, want) in [
             ("token_embd.weight", 3.0 / d.sqrt()),
