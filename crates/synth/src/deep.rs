@@ -29,6 +29,16 @@ use crate::{Init, Preset, Role, BASE};
 /// The standard deviation of the output logits over the vocabulary.
 pub const LOGIT_SD: f32 = 3.0;
 
+/// The standard deviation of the expert routers' logits: the softmax over them peaked, so that
+/// the last expert chosen weighs little, and two near-equal router logits (which one rounding
+/// ranks one way and another the other) swap experts of little weight.
+pub const ROUTER_SD: f32 = 4.0;
+
+/// An expert router (`ffn_gate_inp`, not the shared expert's gate `ffn_gate_inp_shexp`).
+fn is_router(name: &str) -> bool {
+    name.contains(".ffn_gate_inp.") && !name.contains("shexp")
+}
+
 /// σ of a matrix of `Init::Deep`: by role, name and fan-in (`cols`, the row length).
 pub(crate) fn sigma(p: &Preset, role: Role, name: &str, cols: u64) -> f32 {
     let fan_in = (cols.max(1)) as f32;
@@ -43,7 +53,9 @@ pub(crate) fn sigma(p: &Preset, role: Role, name: &str, cols: u64) -> f32 {
         Role::TokenEmbd if p.tied => LOGIT_SD / d.sqrt(),
         Role::TokenEmbd => 1.0,
         Role::Output => LOGIT_SD / d.sqrt(),
-        Role::Router if p.arch == "gemma4" && name.contains("ffn_gate_inp") => 1.0,
+        // Gemma 4 scales the router's input by 1/√n_embd.
+        Role::Router if is_router(name) && p.arch == "gemma4" => ROUTER_SD,
+        Role::Router if is_router(name) => ROUTER_SD / fan_in.sqrt(),
         Role::AttnOutput | Role::FfnDown if !post_norms => LOGIT_SD / (fan_in.sqrt() * branch),
         _ => 1.0 / fan_in.sqrt(),
     }
