@@ -373,6 +373,27 @@ mod tests {
     }
 
     #[test]
+    fn deep_weights_scale_the_plain_norms_of_real_shapes() {
+        // gemma4-e2b (norm weights of exactly 1 when flat), cut to 5 layers, no PLE.
+        let mut p = preset("gemma4-e2b").unwrap().clone();
+        (p.n_layer, p.n_kv_shared, p.n_embd_per_layer, p.n_vocab) = (5, 0, 0, 512);
+        p.init = Init::Deep;
+        let path = std::env::temp_dir().join(format!("quiver-deepe-{}.gguf", std::process::id()));
+        write(&p, file_type("F32").unwrap(), 1, &path, 2, |_, _| {}).unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let first = |name: &str| {
+            let d = f.tensor_data(f.tensor(name).unwrap());
+            f32::from_le_bytes(d[..4].try_into().unwrap())
+        };
+        assert_eq!(first("blk.0.attn_q_norm.weight"), 0.25); // head dim 256
+        assert_eq!(first("blk.4.attn_k_norm.weight"), 512f32.powf(-0.25));
+        assert_eq!(first("blk.0.attn_norm.weight"), 1.0);
+        let post = super::LOGIT_SD * 1536f32.sqrt() / 10f32.sqrt();
+        assert_eq!(first("blk.3.post_ffw_norm.weight"), post);
+    }
+
+    #[test]
     fn only_the_deep_presets_draw_deep_weights() {
         for p in crate::presets() {
             assert_eq!(

@@ -708,6 +708,11 @@ pub fn write_with(
         } else if planned[i].role == Role::Vector {
             let bias = planned[i].name.ends_with(".bias");
             let name = &planned[i].name;
+            // The deep weights' factor on a norm (`deep::norm_factor`).
+            let f = match p.init {
+                Init::Flat => 1.0,
+                Init::Deep => deep::norm_factor(p, name, rows * cols),
+            };
             if name.starts_with("rope_factors_") {
                 // Frequency divisors growing over the pairs, the long ones faster.
                 let step = if name.contains("long") { 0.5 } else { 0.05 };
@@ -719,17 +724,13 @@ pub fn write_with(
                 let mut row = vec![0f32; rows * cols];
                 let start = weights.row_start();
                 weights.fill_row(start, &mut row);
-                let f = match p.init {
-                    Init::Flat => 1.0,
-                    Init::Deep => deep::norm_factor(p, name, rows * cols),
-                };
                 for v in row {
                     let v = if bias { 5.0 * v } else { f * (1.0 + 5.0 * v) };
                     buf.extend_from_slice(&v.to_le_bytes());
                 }
             } else {
                 // Norm weights: ones, biases zeros, as a freshly initialised model has.
-                let v: f32 = if bias { 0.0 } else { 1.0 };
+                let v: f32 = if bias { 0.0 } else { f };
                 for _ in 0..rows * cols {
                     buf.extend_from_slice(&v.to_le_bytes());
                 }
