@@ -107,8 +107,8 @@ pub const PRESETS: &[Preset] = &[
         rms_eps: 1e-5,
         ..DEEP
     },
-    // Ministral 3 3B's depth (26 layers), heads of 128 in GQA 4 and YaRN by 16 over 16384;
-    // width 3072 cut to 512.
+    // Ministral 3 3B's depth (26 layers), heads of 128 in GQA 4 and YaRN by 16 over 16384, as
+    // remembered (not checked against a file); width 3072 cut to 512.
     Preset {
         name: "deep-mistral3",
         arch: "mistral3",
