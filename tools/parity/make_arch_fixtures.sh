@@ -36,8 +36,8 @@ fi
 TOP=8
 SEED=7
 # Whether llama.cpp's build ran AVX-512 (the build above, on a CPU that has it): quiver's CPU
-# reproduces that build's floats; an AVX2 build's differ in their last bits (its f16 dot
-# products and exponentials), which Q8_0's 8-bit activations turn into larger differences.
+# reproduces that build's floats; an AVX2 build's differ in their last bits (its vector e^x, in
+# attention and SiLU), which Q8_0's 8-bit activations turn into larger differences at depth.
 if grep -q avx512f /proc/cpuinfo; then avx512=True; else avx512=False; fi
 for p in "${presets[@]}"; do
     case "$p" in

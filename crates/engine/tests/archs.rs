@@ -313,10 +313,10 @@ fn cpu_fast() -> CpuBackend {
 
 /// The CPU's bound at real depth: the tiny models' 0.02 (F32) and 0.05 (Q8_0) against
 /// llama.cpp's AVX-512 build, whose floats quiver's CPU reproduces. Against an AVX2 build (the
-/// fixtures made on a CPU without AVX-512), whose f16 dot products and exponentials round
-/// otherwise in the last bits, Q8_0's 8-bit activations round some values to the neighbouring
-/// step, layer after layer: measured 0.19–0.38 on the dense and Qwen3 MoE models, 0.55–0.68 on
-/// Qwen 3.5's (the delta net carries a difference to every later token), held at 0.5 / 0.8.
+/// fixtures made on a CPU without AVX-512), whose vector e^x (attention, SiLU) rounds otherwise
+/// in the last bits, Q8_0's 8-bit activations round some values to the neighbouring step,
+/// layer after layer: measured 0.19–0.32 on the dense and Qwen3 MoE models, 0.41–0.68 on
+/// Qwen 3.5's, held at 0.5 / 0.8 (tools/parity/README.md, "Deep models").
 /// Gemma 4 with experts: F32 0.33 (0.0204 at 6 layers, 0.0106 without its experts: the MoE
 /// blocks amplify the rounding over 30 layers, quiver's CPU against its own batch-invariant
 /// numerics alike), held at 0.4, Q8_0 at 1.5 (a follow-up: what in its MoE amplifies).
