@@ -9,8 +9,8 @@
 #   tools/gpu/bench.sh prepare MATRIX    only the models and llama.cpp's build (side by side)
 #   tools/gpu/bench.sh compare MATRIX    quiver compare (GPU against CPU) per model x config
 #   tools/gpu/bench.sh tests [SET...]    the GPU tests: compile, ops[:FILTER,...], engine,
-#                                        engine-real, archs, llama-archs (default: all but
-#                                        engine-real)
+#                                        engine-real, archs, llama-archs, spec, eagle3
+#                                        (default: all but engine-real)
 #   tools/gpu/bench.sh peer              only llama.cpp's build (tools/gpu/peer.sh build)
 # Options (anywhere): -n / --dry-run (print the commands, run none), --only model=NAME |
 # config=NAME | test=TEXT (repeatable), --budget S (no command starts after S seconds; default

@@ -7,6 +7,7 @@
 // step, each fed the given id. Prints one JSON array per position: the TOP best
 // [id, log-probability] pairs, the log-softmax taken in double precision.
 #include "llama.h"
+#include "rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,24 +15,6 @@
 #include <cstdlib>
 #include <numeric>
 #include <vector>
-
-static void print_row(const float * logits, int n_vocab, int top) {
-    double mx = -INFINITY;
-    for (int i = 0; i < n_vocab; i++) mx = std::max(mx, (double) logits[i]);
-    double sum = 0.0;
-    for (int i = 0; i < n_vocab; i++) sum += std::exp((double) logits[i] - mx);
-    double lse = mx + std::log(sum);
-    std::vector<int> idx(n_vocab);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + top, idx.end(), [&](int a, int b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    printf("[");
-    for (int k = 0; k < top; k++) {
-        printf("%s[%d,%.6f]", k ? "," : "", idx[k], (double) logits[idx[k]] - lse);
-    }
-    printf("]\n");
-}
 
 int main(int argc, char ** argv) {
     if (argc < 5) {

@@ -8,6 +8,7 @@
 mod act_fn;
 mod attn;
 mod attn_tiled;
+mod copy;
 mod delta_net;
 mod dsv4;
 mod matmul;
@@ -16,6 +17,8 @@ mod norm;
 mod par;
 mod rope;
 mod types;
+
+use copy::check;
 
 use norm::rms_norm_rows;
 use par::{par_rows, SyncPtr};
@@ -104,17 +107,6 @@ impl CpuBackend {
                 *v = half::f16::from_f32(*v).to_f32();
             }
         });
-    }
-}
-
-fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(BackendError::Shape {
-            op,
-            detail: detail(),
-        })
     }
 }
 
@@ -748,18 +740,23 @@ impl Backend for CpuBackend {
         rows: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        check(
-            "copy_cols",
-            first + width <= src_cols && src.len() >= rows * src_cols && out.len() >= rows * width,
-            || {
-                format!(
-                    "{rows} rows, columns {first}..{} of {src_cols}",
-                    first + width
-                )
-            },
-        )?;
-        reference::copy_cols(src, src_cols, first, width, rows, out);
-        Ok(())
+        copy::copy_cols(src, src_cols, first, width, rows, out)
+    }
+
+    fn put_cols(
+        &self,
+        src: &Vec<f32>,
+        width: usize,
+        rows: usize,
+        out: &mut Vec<f32>,
+        out_cols: usize,
+        at: usize,
+    ) -> Result<()> {
+        copy::put_cols(src, width, rows, out, out_cols, at)
+    }
+
+    fn write(&self, x: &mut Vec<f32>, data: &[f32]) -> Result<()> {
+        copy::write(x, data)
     }
 
     fn moe(

@@ -131,6 +131,13 @@ extern "C" __global__ void copy_cols(const float* __restrict__ src, float* __res
         out[i] = src[(i / width) * src_cols + first + i % width];
 }
 
+// out[t, at + c] = src[t, c] over n = rows · width values (out rows of out_cols).
+extern "C" __global__ void put_cols(const float* __restrict__ src, float* __restrict__ out, long long n,
+                                    int width, int out_cols, int at) { pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[(i / width) * out_cols + at + i % width] = src[i];
+}
+
 extern "C" __global__ void add(float* __restrict__ a, const float* __restrict__ b, long long n) { pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         a[i] += b[i];

@@ -413,6 +413,22 @@ impl Backend for CudaBackend {
         self.copy_cols_kernel(src, src_cols, first, width, rows, out)
     }
 
+    fn put_cols(
+        &self,
+        src: &CudaBuf,
+        width: usize,
+        rows: usize,
+        out: &mut CudaBuf,
+        out_cols: usize,
+        at: usize,
+    ) -> Result<()> {
+        self.put_cols_kernel(src, width, rows, out, out_cols, at)
+    }
+
+    fn write(&self, x: &mut CudaBuf, data: &[f32]) -> Result<()> {
+        self.write_buf(x, data)
+    }
+
     fn rope_q(
         &self,
         st: &Step<CudaStep>,

@@ -111,6 +111,37 @@ impl CudaBackend {
         )
     }
 
+    pub(crate) fn put_cols_kernel(
+        &self,
+        src: &CudaBuf,
+        width: usize,
+        rows: usize,
+        out: &mut CudaBuf,
+        out_cols: usize,
+        at: usize,
+    ) -> Result<()> {
+        check(
+            "put_cols",
+            at + width <= out_cols && src.len >= rows * width && out.len >= rows * out_cols,
+            || format!("columns {at}..{} of {rows}×{out_cols}", at + width),
+        )?;
+        let n = rows * width;
+        self.launch(
+            "ops",
+            "put_cols",
+            (grid1(n, 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![
+                src.ptr(),
+                out.ptr(),
+                n as i64,
+                width as i32,
+                out_cols as i32,
+                at as i32
+            ],
+        )
+    }
+
     /// The q half of `rope_kv_write`: the same kernel over the q heads only, no cache.
     pub(crate) fn rope_q_kernel(
         &self,

@@ -102,6 +102,17 @@ impl CudaBackend {
         })
     }
 
+    /// Overwrites the first `data.len()` values of `x`.
+    pub(crate) fn write_buf(&self, x: &mut CudaBuf, data: &[f32]) -> Result<()> {
+        check("write", data.len() <= x.len, || {
+            format!("{} values into {}", data.len(), x.len)
+        })?;
+        // Ordered on the stream after the ops before it (pageable memory: staged at once).
+        self.dev
+            .htod_async(x.ptr(), data)
+            .map_err(BackendError::Device)
+    }
+
     /// A buffer holding `data` (tests, tools).
     pub fn buf_from(&self, data: &[f32]) -> Result<CudaBuf> {
         let b = self.zeroed_buf(data.len())?;

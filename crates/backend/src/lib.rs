@@ -507,6 +507,26 @@ pub trait Backend {
         let _ = (src, src_cols, first, width, rows, out);
         Err(self.missing(ExtraOp::CopyCols))
     }
+    /// out[t, at + c] = src[t, c] for c < width, t < rows; out rows hold `out_cols` (the other
+    /// columns untouched): one part of a concatenation.
+    fn put_cols(
+        &self,
+        src: &Self::Buf,
+        width: usize,
+        rows: usize,
+        out: &mut Self::Buf,
+        out_cols: usize,
+        at: usize,
+    ) -> Result<()> {
+        let _ = (src, width, rows, out, out_cols, at);
+        Err(self.missing(ExtraOp::PutCols))
+    }
+    /// Overwrites the first `data.len()` elements of `x` with `data` (an input the host made:
+    /// a draft head's hidden states).
+    fn write(&self, x: &mut Self::Buf, data: &[f32]) -> Result<()> {
+        let _ = (x, data);
+        Err(self.missing(ExtraOp::Write))
+    }
     /// The q half of [`Backend::rope_kv_write`]: rotates q and prepares it for attention, for
     /// a layer that reads another layer's cache and writes none.
     fn rope_q(

@@ -12,6 +12,10 @@ pub enum ExtraOp {
     MulCols,
     /// [`Backend::copy_cols`]
     CopyCols,
+    /// [`Backend::put_cols`]
+    PutCols,
+    /// [`Backend::write`]
+    Write,
     /// [`Backend::rope_q`]
     RopeQ,
     /// [`Backend::moe`] with router logits the caller computed (`MoeParams::router_given`)
@@ -40,6 +44,8 @@ impl std::fmt::Display for ExtraOp {
             ExtraOp::RmsNormPlain => "rms_norm_plain",
             ExtraOp::MulCols => "mul_cols",
             ExtraOp::CopyCols => "copy_cols",
+            ExtraOp::PutCols => "put_cols",
+            ExtraOp::Write => "write",
             ExtraOp::RopeQ => "rope_q",
             ExtraOp::MoeExtras => "moe (given router logits, per-expert scales)",
             ExtraOp::MoeProductScales => "moe (per-expert gate/up scales)",

@@ -132,6 +132,20 @@ pub fn copy_cols(
     }
 }
 
+/// out[t, at + c] = src[t, c] over `rows` rows of `width` (out rows of `out_cols`).
+pub fn put_cols(
+    src: &[f32],
+    width: usize,
+    rows: usize,
+    out: &mut [f32],
+    out_cols: usize,
+    at: usize,
+) {
+    for t in 0..rows {
+        out[t * out_cols + at..][..width].copy_from_slice(&src[t * width..][..width]);
+    }
+}
+
 /// In-place rotation of `x` [n_tokens, n_heads, head_dim] at the tokens' positions.
 pub fn rope(x: &mut [f32], positions: &[u32], n_heads: usize, head_dim: usize, p: &RopeParams) {
     let half = p.n_dims / 2;

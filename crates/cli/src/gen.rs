@@ -96,6 +96,9 @@ fn load_spec(
     spec: &SpecArgs,
 ) -> Result<(engine::Loaded, Option<engine::Loaded>, SpecConfig)> {
     let mut cfg = spec.config()?;
+    if cfg.kind == quiver_engine::spec::SpecType::Eagle3 {
+        bail!("--spec-type eagle3 is served only (quiver serve, quiver bench --spec eagle3): run and chat take ngram or draft");
+    }
     if let Some(d) = &cfg.draft_model {
         quiver_engine::draft::check_vocab(&gguf, &d.0).map_err(anyhow::Error::msg)?;
         quiver_engine::draft::check_rollback(&d.0).map_err(anyhow::Error::msg)?;

@@ -98,11 +98,13 @@ enum Cmd {
         arch: Option<String>,
         /// Shape preset: smollm2-135m, llama3-1b, llama3-8b, gemma3-270m, gemma2-2b,
         /// qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen2.5-7b, qwen2.5-32b, phi3-mini,
-        /// gemma4-e2b, gemma4-26b-a4b, or a tiny parity model: tiny-llama, tiny-mistral3,
-        /// tiny-qwen2, tiny-qwen3, tiny-qwen3moe, tiny-gemma2, tiny-gemma3, tiny-gemma4,
-        /// tiny-gemma4moe, tiny-phi3, or a deep parity model (real depth, `--weights deep`):
-        /// deep-llama, deep-mistral3, deep-qwen2, deep-qwen3, deep-qwen3moe, deep-gemma2,
-        /// deep-gemma3, deep-gemma4, deep-gemma4moe, deep-phi3, deep-qwen35, deep-qwen35moe.
+        /// gemma4-e2b, gemma4-26b-a4b, qwen3.5-0.8b, or a tiny parity model: tiny-llama,
+        /// tiny-mistral3, tiny-qwen2, tiny-qwen3, tiny-qwen3moe, tiny-qwen35, tiny-qwen35moe,
+        /// tiny-gemma2, tiny-gemma3, tiny-gemma4, tiny-gemma4moe, tiny-phi3; EAGLE-3 heads:
+        /// tiny-eagle3, tiny-eagle3-norms (over tiny-llama), smollm2-135m-eagle3,
+        /// llama3-8b-eagle3; or a deep parity model (real depth, `--weights deep`): deep-llama,
+        /// deep-mistral3, deep-qwen2, deep-qwen3, deep-qwen3moe, deep-gemma2, deep-gemma3,
+        /// deep-gemma4, deep-gemma4moe, deep-phi3, deep-qwen35, deep-qwen35moe.
         #[arg(long)]
         preset: String,
         /// File type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S/M/L,

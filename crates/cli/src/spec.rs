@@ -6,10 +6,11 @@ use quiver_engine::spec::{DraftFile, SpecConfig, SpecType, MAX_DRAFT};
 pub struct SpecArgs {
     /// Speculative decoding: none (the default), ngram (prompt lookup: the tokens that
     /// followed the latest earlier occurrence of the last 4, 3 or 2 tokens of the prompt and
-    /// text so far are proposed), or draft (a draft model, -md, proposes greedily); the
+    /// text so far are proposed), draft (a draft model, -md, proposes greedily) or eagle3 (an
+    /// EAGLE-3 head, -md, reads the target's hidden states; served: serve, bench); the
     /// proposals are checked in the step's one forward pass, and the tokens are those of plain
-    /// decoding, greedy or seeded. -md alone means draft.
-    #[arg(long = "spec-type", visible_alias = "spec", value_name = "none|ngram|draft", value_parser = parse_spec_type)]
+    /// decoding, greedy or seeded. -md alone means draft (eagle3 for an EAGLE-3 file).
+    #[arg(long = "spec-type", visible_alias = "spec", value_name = "none|ngram|draft|eagle3", value_parser = parse_spec_type)]
     pub spec_type: Option<SpecType>,
     /// The draft model (llama-server's -md): a GGUF path or alias of the target's vocabulary,
     /// run on the target's device, its KV beside the target's in the same blocks.
@@ -34,8 +35,9 @@ pub struct SpecArgs {
 }
 
 fn parse_spec_type(s: &str) -> Result<SpecType, String> {
-    SpecType::parse(s)
-        .ok_or_else(|| format!("unknown speculative decoding type {s:?}: none, ngram or draft"))
+    SpecType::parse(s).ok_or_else(|| {
+        format!("unknown speculative decoding type {s:?}: none, ngram, draft or eagle3")
+    })
 }
 
 impl SpecArgs {
@@ -57,12 +59,15 @@ impl SpecArgs {
             p_min: self.draft_p_min,
             ..Default::default()
         };
-        if c.kind == SpecType::Draft && self.model_draft.is_none() {
-            return Err("--spec-type draft needs a draft model (-md/--model-draft)".into());
-        }
-        if c.kind != SpecType::Draft && self.model_draft.is_some() {
+        if c.kind.uses_model() && self.model_draft.is_none() {
             return Err(format!(
-                "-md/--model-draft goes with --spec-type draft, not {}",
+                "--spec-type {} needs a draft model (-md/--model-draft)",
+                c.kind.name()
+            ));
+        }
+        if !c.kind.uses_model() && self.model_draft.is_some() {
+            return Err(format!(
+                "-md/--model-draft goes with --spec-type draft or eagle3, not {}",
                 self.spec_type.map_or("none", SpecType::name)
             ));
         }
@@ -88,6 +93,18 @@ impl SpecArgs {
         if let Some(m) = &self.model_draft {
             let path = crate::resolve(Some(m))?;
             let f = crate::engine::open_path(&path)?;
+            let eagle = f.arch().ok() == Some("eagle3");
+            match (self.spec_type, eagle) {
+                (None, true) => c.kind = SpecType::Eagle3,
+                (Some(SpecType::Draft), true) => anyhow::bail!(
+                    "the draft model {m} is an EAGLE-3 head: use --spec-type eagle3"
+                ),
+                (Some(SpecType::Eagle3), false) => anyhow::bail!(
+                    "--spec-type eagle3: the draft model {m} is not an EAGLE-3 head (architecture {})",
+                    f.arch().unwrap_or("unknown")
+                ),
+                _ => {}
+            }
             c.draft_model = Some(DraftFile(f));
         }
         Ok(c)

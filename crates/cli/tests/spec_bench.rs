@@ -157,3 +157,55 @@ fn bench_measures_speculation_on_a_prompt_file() {
     one_line_error(&out, 1, "no-such-prompt.txt");
     let _ = std::fs::remove_dir_all(tmp(""));
 }
+
+/// An EAGLE-3 head of random weights over SmolLM2 (`synth --preset smollm2-135m-eagle3
+/// --vocab-from`): `bench --spec eagle3` drafts with it (and `-md HEAD` alone means eagle3);
+/// the wrong type for the file, and `run` with a head, are one-line errors.
+#[test]
+fn bench_drafts_with_an_eagle3_head_and_the_wrong_type_is_refused() {
+    let m = quiver_hub::alias_path("smollm2-135m");
+    assert!(m.is_file(), "{}: run scripts/test", m.display());
+    let m = m.to_str().unwrap();
+    let head = tmp("eagle3-head.gguf");
+    let head = head.to_str().unwrap();
+    let synth = ["synth", "--preset", "smollm2-135m-eagle3", "--type", "Q8_0"];
+    ok(&quiver(
+        &[&synth[..], &["-o", head, "--vocab-from", m]].concat(),
+    ));
+    let f = tmp("eagle3-prompt.txt");
+    std::fs::write(&f, "The valve is checked, then the pressure is logged.").unwrap();
+    let f = f.to_str().unwrap();
+    for spec in [&["--spec", "eagle3", "-md", head][..], &["-md", head]] {
+        let rows = bench(m, f, spec, "12");
+        assert_eq!(rows[1]["spec"], "eagle3", "{}", rows[1]);
+        let p = rows[1]["proposed"].as_u64().unwrap();
+        assert!(p > 0, "{}", rows[1]);
+    }
+    let bench_with = |spec: &[&str]| quiver(&[&["bench", "-m", m, "-f", f][..], spec].concat());
+    one_line_error(
+        &bench_with(&["--spec", "draft", "-md", head]),
+        1,
+        "is an EAGLE-3 head: use --spec-type eagle3",
+    );
+    one_line_error(
+        &bench_with(&["--spec", "eagle3", "-md", m]),
+        1,
+        "is not an EAGLE-3 head",
+    );
+    let run = [
+        "run",
+        "-m",
+        m,
+        "-p",
+        "hi",
+        "-n",
+        "2",
+        "--spec-type",
+        "eagle3",
+    ];
+    one_line_error(
+        &quiver(&[&run[..], &["-md", head]].concat()),
+        1,
+        "served only",
+    );
+}

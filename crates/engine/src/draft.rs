@@ -92,6 +92,8 @@ pub struct DraftModel<B: Backend> {
     /// The jobs still drafting and the token each feeds next (kept: no allocation a step).
     active: Vec<usize>,
     feed: Vec<u32>,
+    /// An EAGLE-3 head's side (`--spec-type eagle3`).
+    eagle: Option<crate::eagle::Eagle>,
 }
 
 impl<B: Backend> DraftModel<B> {
@@ -106,7 +108,63 @@ impl<B: Backend> DraftModel<B> {
         kv: quiver_backend::KvTypes,
         target_vocab: usize,
     ) -> Result<Self> {
-        let mut model = quiver_models::load(backend, file)?;
+        let model = quiver_models::load(backend, file)?;
+        Self::with_model(backend, model, n_slots, n_batch, max_rows, kv, target_vocab)
+    }
+
+    /// Loads an EAGLE-3 head for `target` (whose runner must then keep the layers
+    /// [`DraftModel::eagle3_layers`] names), as [`DraftModel::load`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn load_eagle3(
+        backend: &B,
+        file: &Arc<GgufFile>,
+        target: &Arc<GgufFile>,
+        n_slots: usize,
+        n_batch: usize,
+        max_rows: usize,
+        kv: quiver_backend::KvTypes,
+        target_vocab: usize,
+    ) -> Result<Self> {
+        let model = quiver_models::load_eagle3(backend, file, target)?;
+        let mut d = Self::with_model(backend, model, n_slots, n_batch, max_rows, kv, target_vocab)?;
+        d.eagle = Some(Default::default());
+        Ok(d)
+    }
+
+    /// The target layers an EAGLE-3 head reads (None: a draft model).
+    pub fn eagle3_layers(&self) -> Option<[usize; 3]> {
+        self.model.hp.eagle3.as_ref().map(|e| e.target_layers)
+    }
+
+    /// An EAGLE-3 head keeps the g of the target's last step (`out`, run over `target`).
+    pub fn absorb(
+        &mut self,
+        b: &mut B,
+        target: &State<B>,
+        out: &crate::sched::SchedulerOutput,
+    ) -> Result<()> {
+        match self.eagle.as_mut() {
+            Some(e) => e.absorb(b, &self.model, &mut self.state, target, out),
+            None => Ok(()),
+        }
+    }
+
+    /// A request ended: what the draft kept for it goes.
+    pub fn forget(&mut self, id: u64) {
+        if let Some(e) = self.eagle.as_mut() {
+            e.forget(id);
+        }
+    }
+
+    fn with_model(
+        backend: &B,
+        mut model: Model<B>,
+        n_slots: usize,
+        n_batch: usize,
+        max_rows: usize,
+        kv: quiver_backend::KvTypes,
+        target_vocab: usize,
+    ) -> Result<Self> {
         model.for_context(n_slots);
         model.set_kv_types(kv)?;
         let n_batch = n_batch.max(1);
@@ -125,6 +183,7 @@ impl<B: Backend> DraftModel<B> {
             error: None,
             active: Vec::with_capacity(max_rows),
             feed: Vec::with_capacity(max_rows),
+            eagle: None,
         })
     }
 
@@ -147,6 +206,12 @@ impl<B: Backend> DraftModel<B> {
         for j in jobs.iter_mut() {
             j.out.clear();
         }
+        if let Some(e) = self.eagle.as_mut() {
+            // Every job at once: the catching up is one step (the proposals' rows are few).
+            let (hs, batch, picker) = (&mut self.state, &mut self.batch, &mut self.picker);
+            let (greedy, tv) = (&mut self.greedy, self.target_vocab);
+            return e.propose(b, &self.model, hs, batch, picker, greedy, tv, jobs);
+        }
         let rows = self.max_rows;
         for group in jobs.chunks_mut(rows) {
             self.propose_group(b, group)?;
@@ -155,6 +220,9 @@ impl<B: Backend> DraftModel<B> {
     }
 
     fn propose_group(&mut self, b: &mut B, jobs: &mut [DraftJob<'_>]) -> Result<()> {
+        if jobs.iter().all(|j| j.len == 0) {
+            return Ok(());
+        }
         // 1. Each sequence's tokens but the last, where the draft's KV lacks them.
         self.batch.begin();
         let mut n = 0;

@@ -9,6 +9,7 @@ mod batch;
 mod batched;
 pub mod constraint;
 pub mod draft;
+mod eagle;
 pub mod embed;
 pub mod gbnf;
 mod generate;

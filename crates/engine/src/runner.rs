@@ -118,6 +118,14 @@ impl<B: Backend> ModelRunner<B> {
         Ok(())
     }
 
+    /// Makes every later step keep the inputs of `layers` (the layer count: the final
+    /// pre-norm state) for an EAGLE-3 head.
+    pub fn keep_layers(&mut self, layers: &[usize]) -> Result<()> {
+        let d = self.model.hp.n_embd;
+        self.state.capture_layers(&self.backend, layers, d)?;
+        Ok(())
+    }
+
     /// Runs a scheduled step; its sampling rows' logits are then in `state.logits`, in
     /// schedule order.
     pub fn execute(&mut self, out: &SchedulerOutput) -> Result<()> {

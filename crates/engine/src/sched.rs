@@ -404,6 +404,11 @@ impl Scheduler {
             .map(|e| (e.id, e.counts(), e.n_computed))
     }
 
+    /// The most requests decoding in a step that proposes (`SpecConfig::max_decoding`).
+    pub fn spec_limit(&self) -> usize {
+        self.cfg.spec.max_decoding
+    }
+
     pub fn spec_counts(&self) -> SpecCounts {
         self.spec_counts
     }
@@ -523,7 +528,7 @@ impl Scheduler {
                     // The proposal's rows are reserved and its blocks allocated (the draft
                     // writes its K/V there); the draft proposes after this loop, for every
                     // request at once (`draft_all`).
-                    SpecType::Draft
+                    SpecType::Draft | SpecType::Eagle3
                         if drafter.is_some()
                             && len > 0
                             && len >= draft_min
@@ -560,7 +565,9 @@ impl Scheduler {
             }
         }
         if let Some(d) = drafter {
-            let (b, p) = self.draft_all(d);
+            // (Above the decoding limit nothing is proposed, and nothing is caught up.)
+            let catch_up = spec.kind == SpecType::Eagle3 && n_decoding <= spec.max_decoding;
+            let (b, p) = self.draft_all(d, catch_up);
             budget += b;
             prompt_rows += p;
         }
@@ -649,12 +656,17 @@ impl Scheduler {
 
     /// The draft model's proposals for the requests that reserved rows for one this step; the
     /// rows and budget they leave unused go back: returns (budget, logits rows) returned.
-    fn draft_all(&mut self, d: &mut dyn Drafter) -> (usize, usize) {
+    /// With `catch_up` (an EAGLE-3 head) the head also catches up with the states the target
+    /// computed for every other running request (`len` 0), so that few wait in its buffer.
+    fn draft_all(&mut self, d: &mut dyn Drafter, catch_up: bool) -> (usize, usize) {
         let mut jobs: Vec<DraftJob> = self
             .running
             .iter_mut()
-            .filter(|e| e.draft_len > 0 && e.step > 0)
+            .filter(|e| {
+                (e.draft_len > 0 && e.step > 0) || (catch_up && e.n_computed > e.draft_done)
+            })
             .map(|e| DraftJob {
+                id: e.id,
                 tokens: &e.tokens,
                 done: &mut e.draft_done,
                 blocks: &e.blocks,

@@ -15,6 +15,7 @@ use crate::runner::{ModelRunner, RunnerOptions};
 use crate::sched::{SchedConfig, Scheduler};
 use crate::serving::shared::Shared;
 use crate::serving::Engine;
+use crate::spec::SpecType;
 use crate::types::{EngineError, BLOCK_SIZE};
 use quiver_backend::Backend;
 use quiver_gguf::GgufFile;
@@ -54,7 +55,7 @@ where
                 max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
                 kv: opts.kv,
             };
-            let runner = match ModelRunner::new(make(), &file, &runner_opts)
+            let mut runner = match ModelRunner::new(make(), &file, &runner_opts)
                 .and_then(|mut r| r.set_seq_state(opts.max_seqs, Some(opts.n_ctx)).map(|_| r))
             {
                 Ok(r) => r,
@@ -70,7 +71,7 @@ where
                 }));
                 return;
             }
-            let draft = match load_draft(&runner, &file, &opts) {
+            let draft = match load_draft(&mut runner, &file, &opts) {
                 Ok(d) => d,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -115,9 +116,10 @@ where
 
 /// The draft model of `opts.spec` (None without one): checked against the target's vocabulary,
 /// loaded on its backend with a KV pool of the target's block count (the same block numbers).
+/// An EAGLE-3 head makes the target keep the hidden states it reads.
 fn load_draft<B: Backend>(
-    runner: &ModelRunner<B>,
-    target: &GgufFile,
+    runner: &mut ModelRunner<B>,
+    target: &Arc<GgufFile>,
     opts: &ServeOptions,
 ) -> Result<Option<DraftModel<B>>, EngineError> {
     opts.spec.validate().map_err(EngineError::Draft)?;
@@ -127,16 +129,40 @@ fn load_draft<B: Backend>(
     };
     check_vocab(target, &file.0).map_err(EngineError::Draft)?;
     check_rollback(&file.0).map_err(EngineError::Draft)?;
-    let d = DraftModel::load(
-        &runner.backend,
-        &file.0,
-        opts.kv_blocks * BLOCK_SIZE,
-        opts.max_batch_tokens,
-        opts.max_seqs,
-        opts.kv,
-        runner.n_vocab(),
-    )
+    let eagle = file.0.arch().ok() == Some("eagle3");
+    if eagle != (opts.spec.kind == SpecType::Eagle3) {
+        return Err(EngineError::Draft(match eagle {
+            true => "the draft model is an EAGLE-3 head: use --spec-type eagle3".into(),
+            false => "--spec-type eagle3 needs an EAGLE-3 head (-md), not a draft model".into(),
+        }));
+    }
+    let n_slots = opts.kv_blocks * BLOCK_SIZE;
+    let (n_batch, rows, nv) = (opts.max_batch_tokens, opts.max_seqs, runner.n_vocab());
+    let d = match eagle {
+        true => DraftModel::load_eagle3(
+            &runner.backend,
+            &file.0,
+            target,
+            n_slots,
+            n_batch,
+            rows,
+            opts.kv,
+            nv,
+        ),
+        false => DraftModel::load(
+            &runner.backend,
+            &file.0,
+            n_slots,
+            n_batch,
+            rows,
+            opts.kv,
+            nv,
+        ),
+    }
     .map_err(|e| EngineError::Draft(e.to_string()))?;
+    if let Some(layers) = d.eagle3_layers() {
+        runner.keep_layers(&layers)?;
+    }
     Ok(Some(d))
 }
 

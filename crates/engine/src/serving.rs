@@ -75,6 +75,9 @@ impl<'a, B: Backend> Engine<'a, B> {
             if let Err(e) = self.step() {
                 // A failed step fails every request in it; the engine goes on.
                 for (id, _) in self.sched.finish_running() {
+                    if let Some(d) = self.draft.as_mut() {
+                        d.forget(id);
+                    }
                     if let Some(mut l) = self.reqs.live.remove(&id) {
                         l.send(Event::Error(format!("internal error: {e}")));
                     }
@@ -119,9 +122,24 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mo = self
             .runner
             .execute(out, &self.sched, &mut self.reqs, &mut self.phases)?;
+        let decoding = out
+            .scheduled
+            .iter()
+            .filter(|s| s.start_pos >= s.decode_from)
+            .count();
         let outcomes = self.sched.update(&mo.sampled);
         emit::emit(self.sh, outcomes, mo, &mut self.reqs, &mut self.ended);
         let rows = mo.rows.len();
+        // (Before the ended requests are forgotten; not in a step of more requests decoding
+        // than may propose: none did, and the next step will likely not either.)
+        if let Some(d) = self
+            .draft
+            .as_mut()
+            .filter(|_| decoding <= self.sched.spec_limit())
+        {
+            let (b, target) = self.runner.backend_and_state();
+            d.absorb(b, target, self.sched.output())?;
+        }
         for i in 0..self.ended.len() {
             let (id, reason) = self.ended[i];
             self.end(id, reason);
@@ -174,6 +192,9 @@ impl<'a, B: Backend> Engine<'a, B> {
 
     /// Tells the client of a request the scheduler no longer holds that it ended.
     fn ended(&mut self, id: u64, reason: FinishReason) {
+        if let Some(d) = self.draft.as_mut() {
+            d.forget(id);
+        }
         let Some(mut l) = self.reqs.live.remove(&id) else {
             return;
         };

@@ -29,6 +29,8 @@ pub enum SpecType {
     Ngram,
     /// A draft model of the same vocabulary (`-md`).
     Draft,
+    /// An EAGLE-3 head (`-md`) reading the target's hidden states (`crate::draft`).
+    Eagle3,
 }
 
 impl SpecType {
@@ -37,6 +39,7 @@ impl SpecType {
             "none" => Some(SpecType::None),
             "ngram" => Some(SpecType::Ngram),
             "draft" => Some(SpecType::Draft),
+            "eagle3" | "draft-eagle3" => Some(SpecType::Eagle3),
             _ => None,
         }
     }
@@ -46,7 +49,13 @@ impl SpecType {
             SpecType::None => "none",
             SpecType::Ngram => "ngram",
             SpecType::Draft => "draft",
+            SpecType::Eagle3 => "eagle3",
         }
+    }
+
+    /// Proposals come from a second model (`-md`).
+    pub fn uses_model(self) -> bool {
+        matches!(self, SpecType::Draft | SpecType::Eagle3)
     }
 }
 
@@ -141,10 +150,13 @@ pub fn batch_cap(cfg: &SpecConfig, draft_max: usize, n_decoding: usize) -> usize
 }
 
 /// One request's drafting this step: up to `len` tokens after `tokens` into `out` (cleared
-/// first), stopping where the draft's top token is below `p_min`. The draft's KV holds the
+/// first), stopping where the draft's top token is below `p_min` (`len` 0: an EAGLE-3 head
+/// only catches up with the target's new states). The draft's KV holds the
 /// first `*done` of `tokens` in `blocks` (the target's block numbers, the proposal's blocks
 /// already allocated); `*done` is left at what it holds then.
 pub struct DraftJob<'a> {
+    /// The request (an EAGLE-3 head keeps the target's states of its tokens by it).
+    pub id: u64,
     pub tokens: &'a [u32],
     pub done: &'a mut usize,
     pub blocks: &'a [u32],
@@ -188,12 +200,15 @@ impl SpecConfig {
                 self.p_min
             ));
         }
-        match (self.kind, &self.draft_model) {
-            (SpecType::Draft, None) => {
-                return Err("--spec-type draft needs a draft model (-md/--model-draft)".into())
+        match (self.kind.uses_model(), &self.draft_model) {
+            (true, None) => {
+                return Err(format!(
+                    "--spec-type {} needs a draft model (-md/--model-draft)",
+                    self.kind.name()
+                ))
             }
-            (SpecType::None | SpecType::Ngram, Some(_)) => {
-                return Err("-md/--model-draft goes with --spec-type draft".into())
+            (false, Some(_)) => {
+                return Err("-md/--model-draft goes with --spec-type draft or eagle3".into())
             }
             _ => {}
         }

@@ -67,7 +67,8 @@ impl<'a> Speculator<'a> {
             return Ok(());
         }
         match self.cfg.kind {
-            SpecType::None => {}
+            // (An EAGLE-3 head is served only: `run` and `chat` refuse it.)
+            SpecType::None | SpecType::Eagle3 => {}
             SpecType::Ngram => out.extend_from_slice(ngram_propose(
                 &self.seq,
                 self.cfg.ngram_max,

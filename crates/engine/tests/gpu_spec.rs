@@ -1,6 +1,7 @@
 //! Speculative decoding on the GPU (tests/spec_draft.rs's comparison on the CUDA backend), on a
 //! synthetic SmolLM2-shaped model written at test time: with prompt lookup, with the target as
-//! its own draft and with a draft of random weights, the tokens (greedy and seeded, alone,
+//! its own draft, with a draft of random weights and with an EAGLE-3 head of random weights
+//! (the head's numbers against llama.cpp: tests/eagle3.rs), the tokens (greedy and seeded, alone,
 //! together and under preemption) are those of plain serving on the same backend. Needs a
 //! GPU: `#[ignore]`d; docs/GPU.md says how to run them.
 
@@ -137,6 +138,15 @@ fn draft_models_on_the_gpu_give_the_tokens_of_plain_serving() {
     let other = synth("smollm2-135m", "Q4_1", 99);
     let (p, a) = same_answers(&f, spec(SpecType::Draft, Some(other)), "random draft");
     assert!(p > 0 && a * 4 < p, "random draft: {a}/{p}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn eagle3_heads_on_the_gpu_give_the_tokens_of_plain_serving() {
+    let f = synth("smollm2-135m", "Q4_1", 7);
+    let head = synth("smollm2-135m-eagle3", "Q4_1", 8);
+    let (p, a) = same_answers(&f, spec(SpecType::Eagle3, Some(head)), "eagle3");
+    assert!(p > 0 && a * 4 < p, "random eagle3 head: {a}/{p}");
 }
 
 /// `quiver run --spec …` on the GPU: one sequence (`generate_spec`, the proposal verified as a

@@ -7,7 +7,7 @@
 mod common;
 
 use quiver_backend_cpu::CpuBackend;
-use quiver_engine::serve::{EngineHandle, Event, Request, ServeOptions};
+use quiver_engine::serve::{EngineHandle, Event, Request};
 use quiver_engine::spec::{DraftFile, SpecConfig, SpecType};
 use quiver_engine::SamplerParams;
 use quiver_gguf::GgufFile;
@@ -16,39 +16,11 @@ use std::sync::{mpsc, Arc};
 
 /// A tiny-llama-shaped model (vocabulary `n_vocab`) with weights from `seed`.
 fn synth(n_vocab: u64, seed: u64) -> Arc<GgufFile> {
-    let dir = std::env::temp_dir().join(format!("quiver-spec-draft-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("tiny-{n_vocab}-{seed}.gguf"));
-    if !path.is_file() {
-        let p = quiver_synth::Preset {
-            n_vocab,
-            ..quiver_synth::preset("tiny-llama").unwrap().clone()
-        };
-        let ft = quiver_synth::file_type("F32").unwrap();
-        // Tests run in parallel: each writes its own copy, renamed into place whole.
-        let tmp = path.with_extension(format!("{:?}.tmp", std::thread::current().id()));
-        quiver_synth::write(&p, ft, seed, &tmp, 2, |_, _| {}).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    Arc::new(GgufFile::open(&path).unwrap())
-}
-
-fn options(spec: SpecConfig, kv_blocks: usize) -> ServeOptions {
-    ServeOptions {
-        kv: Default::default(),
-        spec,
-        n_ctx: 256,
-        max_seqs: 8,
-        kv_blocks,
-        max_batch_tokens: 128,
-        max_waiting: 64,
-    }
-}
-
-fn start(target: Arc<GgufFile>, opts: ServeOptions) -> Result<EngineHandle, String> {
-    let tok = Tokenizer::from_gguf(&target).unwrap();
-    quiver_engine::start_serving(|| CpuBackend::new(2), target, tok, opts, "t".into())
-        .map_err(|e| e.to_string())
+    let p = quiver_synth::Preset {
+        n_vocab,
+        ..quiver_synth::preset("tiny-llama").unwrap().clone()
+    };
+    common::synth_f32(&p, seed, &format!("tiny-{n_vocab}"))
 }
 
 fn draft(file: Arc<GgufFile>, draft_max: usize) -> SpecConfig {
@@ -99,7 +71,7 @@ fn spec_delta(h: &EngineHandle, before: (u64, u64)) -> (u64, u64) {
 }
 
 fn plain_answers(target: &Arc<GgufFile>, reqs: &[Request]) -> Vec<Vec<u32>> {
-    let plain = start(target.clone(), options(SpecConfig::default(), 256)).unwrap();
+    let plain = common::serve_cpu(target.clone(), SpecConfig::default(), 256).unwrap();
     let want: Vec<Vec<u32>> = reqs
         .iter()
         .map(|r| common::answers(&plain, std::slice::from_ref(r)).remove(0))
@@ -113,7 +85,7 @@ fn the_target_as_its_own_draft_gives_plain_tokens_and_its_greedy_proposals_are_a
     let target = synth(512, 7);
     let reqs = requests();
     let want = plain_answers(&target, &reqs);
-    let h = start(target.clone(), options(draft(target.clone(), 6), 256)).unwrap();
+    let h = common::serve_cpu(target.clone(), draft(target.clone(), 6), 256).unwrap();
     // Greedy requests alone: every proposal is the target's own argmax.
     let greedy: Vec<Request> = reqs.iter().step_by(2).cloned().collect();
     let g = common::answers(&h, &greedy[..1]);
@@ -142,7 +114,7 @@ fn a_random_draft_is_rarely_accepted_and_changes_no_token_even_under_preemption(
     let want = plain_answers(&target, &reqs);
     // 24 blocks of 16 cannot hold eight requests of up to 98 tokens: preemptions, and the
     // draft's KV recomputed with the target's.
-    let h = start(target.clone(), options(draft(other, 4), 24)).unwrap();
+    let h = common::serve_cpu(target.clone(), draft(other, 4), 24).unwrap();
     let (alone, together) = alone_and_together(&h, &reqs);
     let st = h.stats();
     h.shutdown(std::time::Duration::from_secs(5));
@@ -170,7 +142,7 @@ fn draft_p_min_stops_proposals_and_per_request_limits_apply() {
         p_min: 1.0,
         ..draft(target.clone(), 6)
     };
-    let h = start(target.clone(), options(spec, 256)).unwrap();
+    let h = common::serve_cpu(target.clone(), spec, 256).unwrap();
     assert_eq!(common::answers(&h, &reqs[..2]), want);
     assert_eq!(spec_delta(&h, (0, 0)), (0, 0));
     // A request's own p_min 0 and n_max 2: proposals of at most 2 tokens.
@@ -192,24 +164,17 @@ fn draft_p_min_stops_proposals_and_per_request_limits_apply() {
 #[test]
 fn a_draft_of_another_vocabulary_is_refused_at_load() {
     let target = synth(512, 7);
-    let e = start(target.clone(), options(draft(synth(1024, 7), 4), 256))
+    let e = common::serve_cpu(target.clone(), draft(synth(1024, 7), 4), 256)
         .err()
         .expect("a draft of 1024 tokens for a target of 512 loaded");
     assert!(e.contains("not the same vocabulary"), "{e}");
     assert!(!e.contains('\n'), "{e}");
     // -md without --spec-type draft, and draft without -md, are refused too.
-    let e = start(
-        target.clone(),
-        options(
-            SpecConfig {
-                kind: SpecType::Draft,
-                ..Default::default()
-            },
-            256,
-        ),
-    )
-    .err()
-    .unwrap();
+    let spec = SpecConfig {
+        kind: SpecType::Draft,
+        ..Default::default()
+    };
+    let e = common::serve_cpu(target.clone(), spec, 256).err().unwrap();
     assert!(e.contains("-md"), "{e}");
 }
 
@@ -329,7 +294,7 @@ fn log_probabilities_of_accepted_tokens_are_plain_decodings() {
     }
     reqs[4].prompt_logprobs = Some(1);
     let run = |spec: SpecConfig| {
-        let h = start(target.clone(), options(spec, 256)).unwrap();
+        let h = common::serve_cpu(target.clone(), spec, 256).unwrap();
         let rxs: Vec<_> = reqs
             .iter()
             .map(|r| {

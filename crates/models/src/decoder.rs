@@ -116,6 +116,8 @@ pub struct Model<B: Backend> {
     pub kv_types: quiver_backend::KvTypes,
     /// DeepSeek-V4's weights (its layers replace `layers`, which it leaves empty).
     pub dsv4: Option<crate::deepseek4::Dsv4<B>>,
+    /// An EAGLE-3 draft head's weights beside its one layer.
+    pub eagle3: Option<crate::eagle3::Eagle3<B>>,
     /// The positions one sequence may reach, where a state's size depends on it
     /// (DeepSeek-V4's compressed KV); None: as many as the state's KV slots.
     pub seq_ctx: Option<usize>,
@@ -137,6 +139,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             layers: Vec::new(),
             ple: None,
             dsv4: Some(ds),
+            eagle3: None,
             seq_ctx: None,
             hp,
             kv_types: quiver_backend::KvTypes::default(),
@@ -265,6 +268,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         layers,
         ple: crate::extras::load_ple_input(b, f, &hp)?,
         dsv4: None,
+        eagle3: None,
         seq_ctx: None,
         hp,
         kv_types: quiver_backend::KvTypes::default(),
@@ -348,6 +352,9 @@ impl<B: Backend> Model<B> {
         if let Some(w) = &self.dsv4 {
             return crate::deepseek4::forward(b, self, w, s, step);
         }
+        if let Some(e) = &self.eagle3 {
+            return crate::eagle3::forward(b, self, e, s, step);
+        }
         let n = step.rows;
         let hp = &self.hp;
         let dump = Dump::new();
@@ -359,6 +366,7 @@ impl<B: Backend> Model<B> {
         }
         b.rms_norm(&s.x, &self.layers[0].attn_norm, eps, n, &mut s.xn)?;
         for (i, l) in self.layers.iter().enumerate() {
+            s.capture(b, i, n, d)?;
             dump.put(b, "attn_norm", i, &s.xn, n * d);
             if let Some(lin) = &l.linear {
                 crate::qwen35::linear(b, s, step, l, lin, hp)?;
@@ -436,6 +444,7 @@ impl<B: Backend> Model<B> {
             }
             dump.put(b, "l_out", i, &s.x, n * d);
         }
+        s.capture(b, self.layers.len(), n, d)?;
         dump.put(b, "result_norm", usize::MAX, &s.xn, n * d);
         let out = self.output.as_ref().unwrap_or(&self.tok_embd);
         b.matmul_logits(step, out, &s.xn, &mut s.logits)?;

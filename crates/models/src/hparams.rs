@@ -64,6 +64,8 @@ pub struct Hparams {
     /// DeepSeek-V4's own hyperparameters (`deepseek4`; its layers keep per-sequence state,
     /// `LayerHp::recurrent`).
     pub dsv4: Option<crate::Dsv4Hp>,
+    /// An EAGLE-3 draft head's own hyperparameters (`eagle3`).
+    pub eagle3: Option<crate::Eagle3Hp>,
 }
 
 /// One layer's attention and FFN shape.
@@ -545,6 +547,7 @@ impl<'a> Reader<'a> {
             q_gate: false,
             shared_expert_ff: 0,
             dsv4: None,
+            eagle3: None,
         })
     }
 }

@@ -4,6 +4,7 @@
 
 mod decoder;
 mod deepseek4;
+mod eagle3;
 mod extras;
 mod gemma2;
 mod gemma3;
@@ -17,6 +18,7 @@ mod state;
 
 pub use decoder::{Experts, Ffn, Layer, Model, Scales};
 pub use deepseek4::Dsv4Hp;
+pub use eagle3::{check_target as eagle3_check_target, load as load_eagle3, Eagle3Hp};
 pub use hparams::{Hparams, LayerHp};
 pub use state::State;
 
@@ -66,11 +68,19 @@ pub const SUPPORTED: &[&str] = &[
     "gemma4",
     "phi3",
     "deepseek4",
+    "eagle3",
 ];
 
 /// Loads the model of the file's architecture onto a backend.
 pub fn load<B: Backend>(backend: &B, file: &Arc<GgufFile>) -> Result<Model<B>> {
-    decoder::load(backend, file, hparams(file)?)
+    let hp = hparams(file)?;
+    if hp.eagle3.is_some() {
+        return Err(ModelError::UnknownArch(
+            "eagle3 (an EAGLE-3 draft head runs beside its target: --spec-type eagle3 -md FILE)"
+                .into(),
+        ));
+    }
+    decoder::load(backend, file, hp)
 }
 
 /// Loads the file's tensors under the given hyperparameters (what [`load`] does after reading
@@ -91,6 +101,7 @@ pub fn hparams(file: &GgufFile) -> Result<Hparams> {
         "qwen2" | "qwen3" | "qwen3moe" => qwen::hparams(file),
         "qwen35" | "qwen35moe" => qwen35::hparams(file),
         "deepseek4" => deepseek4::hparams(file),
+        "eagle3" => eagle3::hparams(file),
         other => Err(ModelError::UnknownArch(other.into())),
     }
 }

@@ -32,6 +32,10 @@ pub struct State<B: Backend> {
     pub(crate) hy: Option<crate::qwen35::HybridBufs<B>>,
     /// DeepSeek-V4's step buffers, where the model is one.
     pub(crate) ds: Option<crate::deepseek4::Bufs<B>>,
+    /// An EAGLE-3 head's step buffers, where the model is one.
+    pub(crate) ea: Option<crate::eagle3::Bufs<B>>,
+    /// The hidden states a step keeps for an EAGLE-3 head ([`State::capture_layers`]).
+    cap: Option<Capture<B>>,
     /// The recurrent state of each gated-delta-net layer: `n_seq_states` slots of
     /// `DeltaNetParams::state_floats` (Qwen 3.5; none elsewhere).
     pub rs: Vec<B::Buf>,
@@ -41,11 +45,45 @@ pub struct State<B: Backend> {
     pub logits: B::Buf,
 }
 
+/// Which layers' inputs a step keeps, side by side per token.
+struct Capture<B: Backend> {
+    layers: Vec<usize>,
+    /// [max_tokens, layers.len() · n_embd]
+    feat: B::Buf,
+}
+
 impl<B: Backend> State<B> {
     /// After a step: every token's final hidden state, `[n, n_embd]`, normed by the model's
     /// output norm (what the output matrix multiplies; what embeddings pool).
     pub fn hidden(&self) -> &B::Buf {
         &self.xn
+    }
+
+    /// Makes every later step keep the input of each of `layers` (a layer count: the final
+    /// pre-norm state) for each token, side by side ([`State::features`]): what an EAGLE-3
+    /// head reads. The model's width is `n_embd`.
+    pub fn capture_layers(&mut self, b: &B, layers: &[usize], n_embd: usize) -> Result<()> {
+        self.cap = Some(Capture {
+            layers: layers.to_vec(),
+            feat: b.buf(self.max_tokens * layers.len() * n_embd)?,
+        });
+        Ok(())
+    }
+
+    /// After a step with [`State::capture_layers`]: [rows, layers · n_embd].
+    pub fn features(&self) -> Option<&B::Buf> {
+        self.cap.as_ref().map(|c| &c.feat)
+    }
+
+    /// At layer `i`'s start (the residual stream `x` is its input): keeps x where captured.
+    pub(crate) fn capture(&mut self, b: &B, i: usize, n: usize, d: usize) -> Result<()> {
+        if let Some(c) = self.cap.as_mut() {
+            let cols = c.layers.len() * d;
+            for (k, _) in c.layers.iter().enumerate().filter(|(_, &l)| l == i) {
+                b.put_cols(&self.x, d, n, &mut c.feat, cols, k * d)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -105,7 +143,16 @@ impl<B: Backend> Model<B> {
         let ws = quiver_backend::WorkspaceSpec {
             max_tokens: n,
             max_logits,
-            max_product_cols: hp.n_embd.max(ff).max(qd).max(ple_all),
+            // (An EAGLE-3 head's attention reads twice its width, its fc three target widths.)
+            max_product_cols: hp
+                .n_embd
+                .max(ff)
+                .max(qd)
+                .max(ple_all)
+                .max(match &hp.eagle3 {
+                    Some(e) => (2 * hp.n_embd).max(3 * e.n_embd_tgt),
+                    None => 0,
+                }),
             n_embd: hp.n_embd,
             n_vocab: hp.n_vocab,
             attention,
@@ -125,7 +172,13 @@ impl<B: Backend> Model<B> {
         };
         let ds_bytes = hp.dsv4.as_ref().map_or(0, |ds| ds.state_bytes(hp, ds_ctx));
         let rs_bytes = (hp.state_bytes_per_seq() + ds_bytes).saturating_mul(n_seq_states as u64);
-        let floats = floats.saturating_add(hy_floats).saturating_add(ds_floats);
+        let ea_floats = match hp.eagle3 {
+            Some(_) => crate::eagle3::Bufs::<B>::floats(hp, n) as u64,
+            None => 0,
+        };
+        let floats = (floats.saturating_add(hy_floats))
+            .saturating_add(ds_floats)
+            .saturating_add(ea_floats);
         let need = kv
             .saturating_add(rs_bytes)
             .saturating_add(floats.saturating_mul(4))
@@ -194,6 +247,11 @@ impl<B: Backend> Model<B> {
                 Some(_) => Some(crate::deepseek4::Bufs::new(b, hp, n, ds_ctx)?),
                 None => None,
             },
+            ea: match hp.eagle3 {
+                Some(_) => Some(crate::eagle3::Bufs::new(b, hp, n)?),
+                None => None,
+            },
+            cap: None,
             rs: match (hp.delta_net, &hp.dsv4) {
                 (Some(p), _) => (0..hp.n_recurrent())
                     .map(|_| b.buf(n_seq_states * p.state_floats()))

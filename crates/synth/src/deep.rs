@@ -24,7 +24,27 @@
 //!
 //! Norm weights are 1 + N(0, 0.1²) and biases N(0, 0.1²), as the tiny presets have them.
 
-use crate::{Init, Preset, Role, BASE};
+use crate::{Preset, Role, BASE};
+
+/// How the random weights are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Init {
+    /// Every matrix N(0, stdev²).
+    Flat,
+    /// σ per tensor by role, fan-in and depth, for deep models that stay well conditioned
+    /// (`deep.rs`).
+    Deep,
+}
+
+impl Init {
+    pub fn parse(s: &str) -> Option<Init> {
+        match s.to_ascii_lowercase().as_str() {
+            "flat" => Some(Init::Flat),
+            "deep" => Some(Init::Deep),
+            _ => None,
+        }
+    }
+}
 
 /// The standard deviation of the output logits over the vocabulary.
 pub const LOGIT_SD: f32 = 3.0;

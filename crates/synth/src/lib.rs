@@ -4,6 +4,7 @@
 //! real models cannot be carried.
 
 mod deep;
+mod eagle3;
 mod gemma4;
 mod meta;
 mod mix;
@@ -37,27 +38,7 @@ pub enum SynthError {
     Vocab(String),
 }
 
-/// How the random weights are drawn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Init {
-    /// Every matrix N(0, stdev²).
-    Flat,
-    /// σ per tensor by role, fan-in and depth, for deep models that stay well conditioned
-    /// (`deep.rs`).
-    Deep,
-}
-
-impl Init {
-    pub fn parse(s: &str) -> Option<Init> {
-        match s.to_ascii_lowercase().as_str() {
-            "flat" => Some(Init::Flat),
-            "deep" => Some(Init::Deep),
-            _ => None,
-        }
-    }
-}
-
-pub use deep::LOGIT_SD;
+pub use deep::{Init, LOGIT_SD};
 
 /// A model shape.
 #[derive(Clone, Debug)]
@@ -113,6 +94,8 @@ pub struct Preset {
     pub n_ff_shexp: u64,
     /// How the weights are drawn (`stdev` is `Init::Flat`'s σ).
     pub init: Init,
+    /// eagle3: the draft head's target and form.
+    pub eagle3: Option<eagle3::Head>,
 }
 
 pub(crate) const BASE: Preset = Preset {
@@ -148,6 +131,7 @@ pub(crate) const BASE: Preset = Preset {
     n_rot: 0,
     n_ff_shexp: 0,
     init: Init::Flat,
+    eagle3: None,
 };
 
 /// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
@@ -184,6 +168,7 @@ const TINY: Preset = Preset {
     n_rot: 0,
     n_ff_shexp: 0,
     init: Init::Flat,
+    eagle3: None,
 };
 
 pub const PRESETS: &[Preset] = &[
@@ -215,6 +200,40 @@ pub const PRESETS: &[Preset] = &[
         name: "llama3-8b",
         n_vocab: 128256,
         rope_base: 500000.0,
+        ..BASE
+    },
+    // EAGLE-3 heads of those targets' shapes (the converter's default layers 2, n/2, n - 3;
+    // the target's vocabulary and output matrix): the machinery's cost with nothing accepted.
+    Preset {
+        name: "smollm2-135m-eagle3",
+        arch: "eagle3",
+        n_vocab: 49152,
+        n_embd: 576,
+        n_layer: 1,
+        n_head: 9,
+        n_head_kv: 3,
+        n_ff: 1536,
+        rope_base: 100000.0,
+        head_dim: 64,
+        eagle3: Some(eagle3::Head {
+            target_layers: [2, 15, 27],
+            draft_vocab: 0,
+            norms: false,
+        }),
+        ..BASE
+    },
+    Preset {
+        name: "llama3-8b-eagle3",
+        arch: "eagle3",
+        n_vocab: 128256,
+        n_layer: 1,
+        rope_base: 500000.0,
+        // Llama 3.1 8B's EAGLE-3 heads predict over a draft vocabulary of 32,000 tokens.
+        eagle3: Some(eagle3::Head {
+            target_layers: [2, 16, 29],
+            draft_vocab: 32000,
+            norms: false,
+        }),
         ..BASE
     },
     Preset {
@@ -344,6 +363,31 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "tiny-llama",
+        ..TINY
+    },
+    Preset {
+        name: "tiny-eagle3",
+        arch: "eagle3",
+        n_layer: 1,
+        // Reads tiny-llama's layers 1 to 3; a draft vocabulary of 384 of its 512 tokens, with
+        // an output matrix of its own.
+        eagle3: Some(eagle3::Head {
+            target_layers: [1, 2, 3],
+            draft_vocab: 384,
+            norms: false,
+        }),
+        ..TINY
+    },
+    Preset {
+        name: "tiny-eagle3-norms",
+        arch: "eagle3",
+        n_layer: 1,
+        // g normed before fc and as the residual; the target's vocabulary and output matrix.
+        eagle3: Some(eagle3::Head {
+            target_layers: [0, 2, 3],
+            draft_vocab: 0,
+            norms: true,
+        }),
         ..TINY
     },
     Preset {
@@ -579,6 +623,9 @@ pub fn plan(p: &Preset) -> Vec<Planned> {
     if p.ssm_heads.0 > 0 {
         return qwen35::plan(p);
     }
+    if let Some(h) = &p.eagle3 {
+        return eagle3::plan(p, h);
+    }
     let (d, hd, arch) = (p.n_embd, p.head_dim, p.arch);
     let (qd, kvd) = (p.n_head * hd, p.n_head_kv * hd);
     let gemma = arch == "gemma2" || arch == "gemma3";
@@ -687,7 +734,10 @@ pub fn write_with(
         .iter()
         .for_each(|(k, v)| _ = w.set(k.clone(), v.clone()));
     for t in &planned {
-        let ty = chooser.choose(t.role, *t.shape.last().unwrap_or(&1));
+        let ty = match t.name.as_str() {
+            "d2t" => quiver_gguf::GgmlType::I64,
+            _ => chooser.choose(t.role, *t.shape.last().unwrap_or(&1)),
+        };
         w.add_tensor(t.name.clone(), ty, &t.shape);
     }
     let mut weights = Weights::new(seed);
@@ -702,38 +752,15 @@ pub fn write_with(
         };
         let fixed = gemma4::fixed_values(p, &planned[i].name)
             .or_else(|| qwen35::fixed_values(p, &planned[i].name));
-        if let Some(v) = fixed {
+        if let Some(ids) = eagle3::d2t(p, &planned[i].name) {
+            ids.iter()
+                .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
+        } else if let Some(v) = fixed {
             v.iter()
                 .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
         } else if planned[i].role == Role::Vector {
-            let bias = planned[i].name.ends_with(".bias");
-            let name = &planned[i].name;
-            // The deep weights' factor on a norm (`deep::norm_factor`).
-            let f = match p.init {
-                Init::Flat => 1.0,
-                Init::Deep => deep::norm_factor(p, name, rows * cols),
-            };
-            if name.starts_with("rope_factors_") {
-                // Frequency divisors growing over the pairs, the long ones faster.
-                let step = if name.contains("long") { 0.5 } else { 0.05 };
-                for j in 0..rows * cols {
-                    buf.extend_from_slice(&(1.0 + step * j as f32).to_le_bytes());
-                }
-            } else if p.random_vectors {
-                // Norms 1 + N(0, 0.1²), biases N(0, 0.1²).
-                let mut row = vec![0f32; rows * cols];
-                let start = weights.row_start();
-                weights.fill_row(start, &mut row);
-                for v in row {
-                    let v = if bias { 5.0 * v } else { f * (1.0 + 5.0 * v) };
-                    buf.extend_from_slice(&v.to_le_bytes());
-                }
-            } else {
-                // Norm weights: ones, biases zeros, as a freshly initialised model has.
-                let v: f32 = if bias { 0.0 } else { f };
-                for _ in 0..rows * cols {
-                    buf.extend_from_slice(&v.to_le_bytes());
-                }
+            for v in weights::vector(p, &planned[i].name, rows * cols, &mut weights) {
+                buf.extend_from_slice(&v.to_le_bytes());
             }
         } else {
             let starts: Vec<usize> = (0..rows).map(|_| weights.row_start()).collect();

@@ -30,6 +30,9 @@ pub(crate) fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
     if p.ssm_heads.0 > 0 {
         return qwen35::metadata(w, p, ft);
     }
+    if let Some(h) = &p.eagle3 {
+        return crate::eagle3::metadata(w, p, h, ft);
+    }
     let a = p.arch;
     let k = |s: &str| format!("{a}.{s}");
     w.set("general.architecture", Value::String(a.into()));

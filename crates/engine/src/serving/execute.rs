@@ -60,6 +60,11 @@ impl<B: Backend> StepRunner<B> {
         &mut self.runner.backend
     }
 
+    /// The backend and the target's buffers after a step (an EAGLE-3 head reads them).
+    pub fn backend_and_state(&mut self) -> (&mut B, &quiver_models::State<B>) {
+        (&mut self.runner.backend, &self.runner.state)
+    }
+
     /// Runs the scheduled step `out` and picks its tokens (`sched` gives each request's
     /// tokens so far). Err: the forward pass or a constraint worker failed, and the step fails
     /// with every request in it.

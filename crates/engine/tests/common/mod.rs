@@ -103,3 +103,41 @@ pub fn cpu_runner(
     };
     quiver_engine::ModelRunner::new(CpuBackend::with_config(config), &f, opts).unwrap()
 }
+
+/// `preset` written F32 with `seed` once per test process (`name` tells the variants apart),
+/// renamed into place whole: tests running at once each write their own copy first.
+#[allow(dead_code)] // not every test binary writes models
+pub fn synth_f32(preset: &quiver_synth::Preset, seed: u64, name: &str) -> Arc<GgufFile> {
+    let dir = std::env::temp_dir().join(format!("quiver-synth-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}-{seed}.gguf"));
+    if !path.is_file() {
+        let ft = quiver_synth::file_type("F32").unwrap();
+        let tmp = path.with_extension(format!("{:?}.tmp", std::thread::current().id()));
+        quiver_synth::write(preset, ft, seed, &tmp, 2, |_, _| {}).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    Arc::new(GgufFile::open(&path).unwrap())
+}
+
+/// The serving engine on 2 CPU threads over `target` with `spec` and `kv_blocks` blocks: a
+/// context of 256, 8 sequences, steps of 128 tokens. Err: the load's one-line error.
+#[allow(dead_code)] // not every test binary serves with speculation
+pub fn serve_cpu(
+    target: Arc<GgufFile>,
+    spec: quiver_engine::spec::SpecConfig,
+    kv_blocks: usize,
+) -> Result<EngineHandle, String> {
+    let opts = quiver_engine::serve::ServeOptions {
+        kv: Default::default(),
+        spec,
+        n_ctx: 256,
+        max_seqs: 8,
+        kv_blocks,
+        max_batch_tokens: 128,
+        max_waiting: 64,
+    };
+    let tok = quiver_tokenizer::Tokenizer::from_gguf(&target).unwrap();
+    let cpu = || quiver_backend_cpu::CpuBackend::new(2);
+    quiver_engine::start_serving(cpu, target, tok, opts, "t".into()).map_err(|e| e.to_string())
+}

@@ -1,0 +1,57 @@
+//! Copies between buffers (parts of rows, host data), with their shape checks.
+
+use quiver_backend::{reference, BackendError, Result};
+
+pub(crate) fn check(op: &'static str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(BackendError::Shape {
+            op,
+            detail: detail(),
+        })
+    }
+}
+
+pub(crate) fn copy_cols(
+    src: &[f32],
+    src_cols: usize,
+    first: usize,
+    width: usize,
+    rows: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let ok = first + width <= src_cols && src.len() >= rows * src_cols && out.len() >= rows * width;
+    check("copy_cols", ok, || {
+        format!(
+            "{rows} rows, columns {first}..{} of {src_cols}",
+            first + width
+        )
+    })?;
+    reference::copy_cols(src, src_cols, first, width, rows, out);
+    Ok(())
+}
+
+pub(crate) fn put_cols(
+    src: &[f32],
+    width: usize,
+    rows: usize,
+    out: &mut [f32],
+    out_cols: usize,
+    at: usize,
+) -> Result<()> {
+    let ok = at + width <= out_cols && src.len() >= rows * width && out.len() >= rows * out_cols;
+    check("put_cols", ok, || {
+        format!("{rows} rows, columns {at}..{} of {out_cols}", at + width)
+    })?;
+    reference::put_cols(src, width, rows, out, out_cols, at);
+    Ok(())
+}
+
+pub(crate) fn write(x: &mut [f32], data: &[f32]) -> Result<()> {
+    check("write", data.len() <= x.len(), || {
+        format!("{} values into {}", data.len(), x.len())
+    })?;
+    x[..data.len()].copy_from_slice(data);
+    Ok(())
+}
