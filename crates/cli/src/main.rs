@@ -102,7 +102,9 @@ enum Cmd {
         /// tiny-mistral3, tiny-qwen2, tiny-qwen3, tiny-qwen3moe, tiny-qwen35, tiny-qwen35moe,
         /// tiny-gemma2, tiny-gemma3, tiny-gemma4, tiny-gemma4moe, tiny-phi3; EAGLE-3 heads:
         /// tiny-eagle3, tiny-eagle3-norms (over tiny-llama), smollm2-135m-eagle3,
-        /// llama3-8b-eagle3.
+        /// llama3-8b-eagle3; or a deep parity model (real depth, `--weights deep`): deep-llama,
+        /// deep-mistral3, deep-qwen2, deep-qwen3, deep-qwen3moe, deep-gemma2, deep-gemma3,
+        /// deep-gemma4, deep-gemma4moe, deep-phi3, deep-qwen35, deep-qwen35moe.
         #[arg(long)]
         preset: String,
         /// File type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S/M/L,
@@ -125,6 +127,11 @@ enum Cmd {
         /// Layers, instead of the preset's (a smaller model of the same vocabulary).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=4096))]
         layers: Option<u64>,
+        /// How the weights are drawn: `flat` (one σ for every matrix) or `deep` (σ per tensor
+        /// by role, fan-in and depth: deep models stay well conditioned). Default: the
+        /// preset's (`deep` for the deep-* presets).
+        #[arg(long, value_name = "flat|deep")]
+        weights: Option<String>,
     },
     /// Generate text from a prompt, streamed to stdout (stats on stderr).
     Run {
@@ -512,9 +519,14 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             vocab_from,
             layers,
+            weights,
         } => {
             let mut p = quiver_synth::preset(&preset)?.clone();
             p.n_layer = layers.unwrap_or(p.n_layer);
+            if let Some(w) = weights {
+                p.init = quiver_synth::Init::parse(&w)
+                    .with_context(|| format!("unknown --weights {w:?} (known: flat, deep)"))?;
+            }
             let p = &p;
             let arch = arch.unwrap_or_else(|| p.arch.to_string());
             if p.arch != arch {

@@ -121,6 +121,19 @@ fn missing_files_unknown_flags_and_bad_values_are_one_line_errors() {
     assert!(!std::path::Path::new(o).exists());
     let out = quiver(&[
         "synth",
+        "--preset",
+        "deep-llama",
+        "--type",
+        "Q8_0",
+        "--weights",
+        "wide",
+        "-o",
+        o,
+    ]);
+    assert_one_line_error(&out, 1, "unknown --weights");
+    assert!(!std::path::Path::new(o).exists());
+    let out = quiver(&[
+        "synth",
         "--arch",
         "llama",
         "--preset",

@@ -25,33 +25,46 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use teacher::{log_softmax, teacher_forced};
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/archs");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 
-/// The fixtures' folder: where the build put them, else relative to the repo root (a test
-/// binary carried to another machine and run from a copy of the tree).
-fn fixture_dir() -> std::path::PathBuf {
-    let built = std::path::PathBuf::from(FIXTURES);
+/// A fixtures' folder (`archs`: the tiny models, `deep`: real depth): where the build put
+/// them, else relative to the repo root (a test binary carried to another machine and run from
+/// a copy of the tree).
+fn fixture_dir(set: &str) -> std::path::PathBuf {
+    // QUIVER_DEEP_FIXTURES=DIR: the deep set from elsewhere (e.g. files of `--weights flat`,
+    // to measure what the deep weights change).
+    if let Ok(dir) = std::env::var("QUIVER_DEEP_FIXTURES") {
+        if set == "deep" {
+            return dir.into();
+        }
+    }
+    let built = std::path::PathBuf::from(FIXTURES).join(set);
     if built.is_dir() {
         built
     } else {
-        std::path::PathBuf::from("crates/engine/tests/fixtures/archs")
+        std::path::PathBuf::from("crates/engine/tests/fixtures").join(set)
     }
 }
 
+#[derive(Clone)]
 struct Fixture {
     name: String,
     preset: String,
     ty: String,
     seed: u64,
+    /// `quiver synth --weights`, where not the preset's.
+    weights: Option<String>,
     sha256: String,
+    /// Whether llama.cpp's build ran AVX-512 (absent: it did, as the tiny fixtures' build).
+    avx512: bool,
     n_prompt: usize,
     tokens: Vec<u32>,
     /// Per position: llama.cpp's best (id, log-probability), best first.
     top: Vec<Vec<(u32, f64)>>,
 }
 
-fn fixtures() -> Vec<Fixture> {
-    let dir = fixture_dir();
+fn fixtures(set: &str, min: usize) -> Vec<Fixture> {
+    let dir = fixture_dir(set);
     let mut names: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -59,7 +72,7 @@ fn fixtures() -> Vec<Fixture> {
         .collect();
     names.sort();
     assert!(
-        names.len() >= 16,
+        names.len() >= min,
         "{} fixtures in {}",
         names.len(),
         dir.display()
@@ -75,7 +88,9 @@ fn fixtures() -> Vec<Fixture> {
                 preset: s("preset"),
                 ty: s("type"),
                 seed: v["seed"].as_u64().unwrap(),
+                weights: v["weights"].as_str().map(String::from),
                 sha256: s("sha256"),
+                avx512: v["avx512"].as_bool().unwrap_or(true),
                 n_prompt: v["n_prompt"].as_u64().unwrap() as usize,
                 tokens: v["tokens"]
                     .as_array()
@@ -108,9 +123,12 @@ fn model(fx: &Fixture) -> Arc<GgufFile> {
     let dir = std::env::temp_dir().join(format!("quiver-archs-{}-{thread}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{}.gguf", fx.name));
-    let p = quiver_synth::preset(&fx.preset).unwrap();
+    let mut p = quiver_synth::preset(&fx.preset).unwrap().clone();
+    if let Some(w) = &fx.weights {
+        p.init = quiver_synth::Init::parse(w).unwrap();
+    }
     let ft = quiver_synth::file_type(&fx.ty).unwrap();
-    quiver_synth::write(p, ft, fx.seed, &path, 2, |_, _| {}).unwrap();
+    quiver_synth::write(&p, ft, fx.seed, &path, 2, |_, _| {}).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     let sha = format!("{:x}", Sha256::digest(&bytes));
     assert_eq!(
@@ -125,19 +143,24 @@ fn model(fx: &Fixture) -> Arc<GgufFile> {
     f
 }
 
-/// Compares one backend with every fixture; `bound(preset, type)` is the log-probability
-/// bound, `lead(preset, type)` how far llama.cpp's top-1 must lead for top-1 to be checked and
-/// how many of those checked may differ.
+/// Compares one backend with every fixture of `set` whose name passes `pick`; `bound(fixture)`
+/// is the log-probability bound, `lead(fixture)` how far llama.cpp's top-1 must
+/// lead for top-1 to be checked and how many of those checked may differ.
 fn check<B: Backend>(
+    set: &str,
+    pick: impl Fn(&str) -> bool,
     make: impl Fn() -> B,
-    bound: impl Fn(&str, &str) -> f64,
-    lead: impl Fn(&str, &str) -> (f64, usize),
+    bound: impl Fn(&Fixture) -> f64,
+    lead: impl Fn(&Fixture) -> (f64, usize),
     refused: &[&str],
 ) {
     let mut failures = Vec::new();
     // QUIVER_ONLY=name,name: only those fixtures (op-by-op debugging with QUIVER_DUMP_DIR).
     let only = std::env::var("QUIVER_ONLY").ok();
-    for fx in fixtures() {
+    let all = fixtures(set, if set == "archs" { 16 } else { 1 });
+    let mut ran = 0;
+    for fx in all.into_iter().filter(|fx| pick(&fx.name)) {
+        ran += 1;
         if let Some(only) = &only {
             if !only.split(',').any(|n| n == fx.name) {
                 continue;
@@ -148,8 +171,8 @@ fn check<B: Backend>(
         let opts = RunnerOptions {
             kv: Default::default(),
             n_ctx: 1024,
-            n_batch: 64,
-            max_logits: 64,
+            n_batch: fx.n_prompt.max(64),
+            max_logits: fx.n_prompt.max(64),
         };
         let mut r = match ModelRunner::new(make(), &f, &opts) {
             Ok(r) => r,
@@ -173,12 +196,12 @@ fn check<B: Backend>(
         let np = fx.n_prompt;
         let rows = teacher_forced(&mut r, &fx.tokens, np);
         assert_eq!(rows.len(), fx.top.len() * nv, "{}", fx.name);
-        let (mut worst, mut top1_checked, mut top1_wrong) = (0f64, 0, 0);
+        let (mut worst, mut top1_checked, mut top1_wrong, mut top1_same) = (0f64, 0, 0, 0);
         for (pos, want) in fx.top.iter().enumerate() {
             let lp = log_softmax(&rows[pos * nv..][..nv]);
             for &(id, ref_lp) in want {
                 let d = (lp[id as usize] - ref_lp).abs();
-                if d > bound(&fx.preset, &fx.ty) {
+                if d > bound(&fx) {
                     eprintln!(
                         "{} position {pos}: token {id} {:.4} vs llama.cpp {ref_lp:.4}",
                         fx.name, lp[id as usize]
@@ -186,42 +209,48 @@ fn check<B: Backend>(
                 }
                 worst = worst.max(d);
             }
-            if want[0].1 - want[1].1 > lead(&fx.preset, &fx.ty).0 {
+            let same = quiver_engine::argmax(&rows[pos * nv..][..nv]) == want[0].0;
+            top1_same += usize::from(same);
+            if want[0].1 - want[1].1 > lead(&fx).0 {
                 top1_checked += 1;
-                if quiver_engine::argmax(&rows[pos * nv..][..nv]) != want[0].0 {
-                    top1_wrong += 1;
-                }
+                top1_wrong += usize::from(!same);
             }
         }
-        let b = bound(&fx.preset, &fx.ty);
+        let b = bound(&fx);
         eprintln!(
-            "{}: max |Δ logprob| {worst:.4} (bound {b}), top-1 {}/{top1_checked} where llama.cpp leads by {}",
+            "{}: max |Δ logprob| {worst:.4} (bound {b}), top-1 {}/{top1_checked} where llama.cpp leads by {}, {top1_same}/{} in all",
             fx.name,
             top1_checked - top1_wrong,
-            lead(&fx.preset, &fx.ty).0
+            lead(&fx).0,
+            fx.top.len()
         );
-        if worst > b || top1_wrong > lead(&fx.preset, &fx.ty).1 {
+        if worst > b || top1_wrong > lead(&fx).1 {
             failures.push(format!(
                 "{}: max |Δ logprob| {worst:.4} > {b} or {top1_wrong} top-1 differ",
                 fx.name
             ));
         }
-        assert!(top1_checked >= 3, "{}: too few clear positions", fx.name);
+        if top1_checked < 3 {
+            failures.push(format!("{}: too few clear positions", fx.name));
+        }
     }
+    assert!(ran > 0, "no fixture of {set} picked");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
 fn cpu_matches_llama_cpp_on_every_architecture() {
     check(
+        "archs",
+        |_| true,
         || {
             CpuBackend::with_config(CpuConfig {
                 threads: 2,
                 numerics: Numerics::Fast,
             })
         },
-        |_, ty| if ty == "F32" { 0.02 } else { 0.05 },
-        |_, _| (0.1, 0),
+        |fx| if fx.ty == "F32" { 0.02 } else { 0.05 },
+        |_| (0.1, 0),
         &[],
     );
 }
@@ -231,9 +260,12 @@ fn cpu_matches_llama_cpp_on_every_architecture() {
 fn gpu_matches_llama_cpp_on_every_architecture() {
     use quiver_backend_cuda::{CudaBackend, CudaConfig};
     check(
+        "archs",
+        |_| true,
         || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
-        gpu_bound,
-        |preset, ty| {
+        |fx| gpu_bound(&fx.preset, &fx.ty),
+        |fx| {
+            let (preset, ty) = (fx.preset.as_str(), fx.ty.as_str());
             // Qwen 3.5 MoE in Q8_0: a token routed to another expert moves its top-1 too
             // (gpu_bound); one such position is allowed.
             let flips = usize::from(preset == "tiny-qwen35moe" && ty != "F32");
@@ -265,4 +297,89 @@ fn gpu_bound(preset: &str, ty: &str) -> f64 {
         (_, p) if p.ends_with("moe") => 0.7,
         _ => 0.4,
     }
+}
+
+/// The deep models whose comparison runs by default (a plain decoder, and Gemma 4's extra ops
+/// and shared KV over 35 layers: about 25 s on 2 cores; Qwen 3.5's delta net would add 40 s);
+/// all of them (3 minutes) are `cpu_matches_llama_cpp_at_every_real_depth`.
+const DEEP_DEFAULT: &[&str] = &["deep-llama-", "deep-gemma4-"];
+
+fn cpu_fast() -> CpuBackend {
+    CpuBackend::with_config(CpuConfig {
+        threads: 2,
+        numerics: Numerics::Fast,
+    })
+}
+
+/// The CPU's bound at real depth: the tiny models' 0.02 (F32) and 0.05 (Q8_0) against
+/// llama.cpp's AVX-512 build, whose floats quiver's CPU reproduces. Against an AVX2 build (the
+/// fixtures made on a CPU without AVX-512), whose vector e^x (attention, SiLU) rounds otherwise
+/// in the last bits, Q8_0's 8-bit activations round some values to the neighbouring step,
+/// layer after layer: measured 0.19–0.32 on the dense and Qwen3 MoE models, 0.41–0.68 on
+/// Qwen 3.5's, held at 0.5 / 0.8 (tools/parity/README.md, "Deep models").
+/// Gemma 4 with experts: F32 0.33 (0.0204 at 6 layers, 0.0106 without its experts: the MoE
+/// blocks amplify the rounding over 30 layers, quiver's CPU against its own batch-invariant
+/// numerics alike), held at 0.4, Q8_0 at 1.5 (a follow-up: what in its MoE amplifies).
+fn deep_bound(fx: &Fixture) -> f64 {
+    let g4moe = fx.preset == "deep-gemma4moe";
+    match (fx.ty.as_str(), fx.avx512) {
+        ("F32", _) if g4moe => 0.4,
+        ("F32", _) => 0.02,
+        (_, true) => 0.05,
+        _ if g4moe => 1.5,
+        _ if fx.preset.starts_with("deep-qwen35") => 0.8,
+        _ => 0.5,
+    }
+}
+
+/// Where top-1 is checked (llama.cpp's lead over its second) and how many may differ there: at
+/// 0.1 none, as for the tiny models; past a loose bound, past that bound.
+fn deep_lead(fx: &Fixture) -> (f64, usize) {
+    (deep_bound(fx).max(0.1), 0)
+}
+
+/// Each architecture at the depth of its smallest published model (`quiver synth --preset
+/// deep-*`, `--weights deep`; fixtures in `tests/fixtures/deep`, 96 prompt tokens and 48 steps)
+/// against llama.cpp ([`deep_bound`]). Here the default ones.
+#[test]
+fn cpu_matches_llama_cpp_at_real_depth() {
+    check(
+        "deep",
+        |n| DEEP_DEFAULT.iter().any(|d| n.starts_with(d)),
+        cpu_fast,
+        deep_bound,
+        deep_lead,
+        &[],
+    );
+}
+
+#[test]
+#[ignore = "minutes on 2 cores: cargo test --release -p quiver-engine --test archs -- --ignored cpu_matches_llama_cpp_at_every_real_depth"]
+fn cpu_matches_llama_cpp_at_every_real_depth() {
+    check("deep", |_| true, cpu_fast, deep_bound, deep_lead, &[]);
+}
+
+/// The deep models on the GPU. Not yet measured on one: the bounds are the tiny F32 models'
+/// 0.05 (Gemma 4 with experts: the CPU's) and, for Q8_0 (the GPU's products take f32
+/// activations, llama.cpp's CPU 8-bit ones), the CPU's against an AVX2 build, which is the same
+/// kind of difference.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matches_llama_cpp_at_every_real_depth() {
+    use quiver_backend_cuda::{CudaBackend, CudaConfig};
+    let bound = |fx: &Fixture| match fx.ty.as_str() {
+        "F32" => deep_bound(fx).max(0.05),
+        _ => deep_bound(&Fixture {
+            avx512: false,
+            ..fx.clone()
+        }),
+    };
+    check(
+        "deep",
+        |_| true,
+        || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
+        bound,
+        move |fx| (bound(fx).max(0.1), 0),
+        &[],
+    );
 }

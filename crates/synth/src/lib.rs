@@ -3,6 +3,7 @@
 //! values, so these files let benchmarks and GPU-vs-CPU parity run on real shapes where the
 //! real models cannot be carried.
 
+mod deep;
 mod eagle3;
 mod gemma4;
 mod meta;
@@ -36,6 +37,8 @@ pub enum SynthError {
     #[error("{0}")]
     Vocab(String),
 }
+
+pub use deep::{Init, LOGIT_SD};
 
 /// A model shape.
 #[derive(Clone, Debug)]
@@ -89,11 +92,13 @@ pub struct Preset {
     pub n_rot: u64,
     /// qwen35moe: the shared expert's width (0: none).
     pub n_ff_shexp: u64,
+    /// How the weights are drawn (`stdev` is `Init::Flat`'s σ).
+    pub init: Init,
     /// eagle3: the draft head's target and form.
     pub eagle3: Option<eagle3::Head>,
 }
 
-const BASE: Preset = Preset {
+pub(crate) const BASE: Preset = Preset {
     name: "",
     arch: "llama",
     n_vocab: 32000,
@@ -125,6 +130,7 @@ const BASE: Preset = Preset {
     full_attn_interval: 0,
     n_rot: 0,
     n_ff_shexp: 0,
+    init: Init::Flat,
     eagle3: None,
 };
 
@@ -161,6 +167,7 @@ const TINY: Preset = Preset {
     full_attn_interval: 0,
     n_rot: 0,
     n_ff_shexp: 0,
+    init: Init::Flat,
     eagle3: None,
 };
 
@@ -577,15 +584,16 @@ pub const PRESETS: &[Preset] = &[
     },
 ];
 
+/// Every preset: the real shapes, the tiny parity models, the deep parity models.
+pub fn presets() -> impl Iterator<Item = &'static Preset> {
+    PRESETS.iter().chain(deep::PRESETS)
+}
+
 pub fn preset(name: &str) -> Result<&'static Preset, SynthError> {
-    PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
+    presets().find(|p| p.name == name).ok_or_else(|| {
         SynthError::UnknownPreset(
             name.into(),
-            PRESETS
-                .iter()
-                .map(|p| p.name)
-                .collect::<Vec<_>>()
-                .join(", "),
+            presets().map(|p| p.name).collect::<Vec<_>>().join(", "),
         )
     })
 }
@@ -738,7 +746,10 @@ pub fn write_with(
     w.write_file(path, |i, info, buf| {
         let cols = info.cols() as usize;
         let rows = info.rows() as usize;
-        let scale = p.stdev / 0.02;
+        let scale = match p.init {
+            Init::Flat => p.stdev / 0.02,
+            Init::Deep => deep::sigma(p, planned[i].role, &planned[i].name, cols as u64) / 0.02,
+        };
         let fixed = gemma4::fixed_values(p, &planned[i].name)
             .or_else(|| qwen35::fixed_values(p, &planned[i].name));
         if let Some(ids) = eagle3::d2t(p, &planned[i].name) {
@@ -748,29 +759,8 @@ pub fn write_with(
             v.iter()
                 .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
         } else if planned[i].role == Role::Vector {
-            let bias = planned[i].name.ends_with(".bias");
-            let name = &planned[i].name;
-            if name.starts_with("rope_factors_") {
-                // Frequency divisors growing over the pairs, the long ones faster.
-                let step = if name.contains("long") { 0.5 } else { 0.05 };
-                for j in 0..rows * cols {
-                    buf.extend_from_slice(&(1.0 + step * j as f32).to_le_bytes());
-                }
-            } else if p.random_vectors {
-                // Norms 1 + N(0, 0.1²), biases N(0, 0.1²).
-                let mut row = vec![0f32; rows * cols];
-                let start = weights.row_start();
-                weights.fill_row(start, &mut row);
-                for v in row {
-                    let v = if bias { 5.0 * v } else { 1.0 + 5.0 * v };
-                    buf.extend_from_slice(&v.to_le_bytes());
-                }
-            } else {
-                // Norm weights: ones, biases zeros, as a freshly initialised model has.
-                let v: f32 = if bias { 0.0 } else { 1.0 };
-                for _ in 0..rows * cols {
-                    buf.extend_from_slice(&v.to_le_bytes());
-                }
+            for v in weights::vector(p, &planned[i].name, rows * cols, &mut weights) {
+                buf.extend_from_slice(&v.to_le_bytes());
             }
         } else {
             let starts: Vec<usize> = (0..rows).map(|_| weights.row_start()).collect();

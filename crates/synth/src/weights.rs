@@ -2,6 +2,7 @@
 //! pseudo-random places and quantized; for the large matrices of the slow quantizers
 //! (K-quants, IQ types) rows of pre-quantized pool blocks instead.
 
+use crate::{deep, Init, Preset};
 use quiver_gguf::GgmlType;
 use std::collections::HashMap;
 
@@ -98,6 +99,32 @@ pub(crate) fn quantize_rows(
         all.extend_from_slice(&c?);
     }
     Ok(all)
+}
+
+/// The values of a norm or bias vector `name` of `n` values.
+pub(crate) fn vector(p: &Preset, name: &str, n: usize, weights: &mut Weights) -> Vec<f32> {
+    let bias = name.ends_with(".bias");
+    // The deep weights' factor on a norm (`deep::norm_factor`).
+    let f = match p.init {
+        Init::Flat => 1.0,
+        Init::Deep => deep::norm_factor(p, name, n),
+    };
+    if name.starts_with("rope_factors_") {
+        // Frequency divisors growing over the pairs, the long ones faster.
+        let step = if name.contains("long") { 0.5 } else { 0.05 };
+        (0..n).map(|j| 1.0 + step * j as f32).collect()
+    } else if p.random_vectors {
+        // Norms 1 + N(0, 0.1²), biases N(0, 0.1²).
+        let mut row = vec![0f32; n];
+        let start = weights.row_start();
+        weights.fill_row(start, &mut row);
+        row.iter()
+            .map(|&v| if bias { 5.0 * v } else { f * (1.0 + 5.0 * v) })
+            .collect()
+    } else {
+        // Norm weights: ones, biases zeros, as a freshly initialised model has.
+        vec![if bias { 0.0 } else { f }; n]
+    }
 }
 
 /// Matrices of at least this many values take pre-quantized rows (`Prequant`) where their type's
