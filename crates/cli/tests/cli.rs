@@ -396,7 +396,11 @@ fn speculation_flag_errors_are_one_line_errors() {
             1,
             "needs a draft model (-md/--model-draft)",
         ),
-        (vec!["--spec-type", "eagle"], 2, "none, ngram, draft or eagle3"),
+        (
+            vec!["--spec-type", "eagle"],
+            2,
+            "none, ngram, draft or eagle3",
+        ),
         (
             vec!["--spec", "ngram", "-md", &m],
             1,

@@ -77,7 +77,7 @@ impl Eagle {
             let kept = r.g.len() / d;
             if r.g.is_empty() || s.start_pos < r.first || s.start_pos > r.first + kept {
                 // A new request, a recompute, or a gap (a prefix-cache hit): start here.
-                (r.first, r.g) = (s.start_pos, std::mem::take(&mut r.g));
+                r.first = s.start_pos;
                 r.g.clear();
             } else {
                 r.g.truncate((s.start_pos - r.first) * d);
