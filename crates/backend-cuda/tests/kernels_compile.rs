@@ -24,39 +24,58 @@ fn ensure_nvrtc() {
     }
 }
 
+/// One module: its cubin holds every kernel of its list under the lowered name.
+fn check_module(m: &str) -> Result<(), String> {
+    let c = registry::compile(m, 90)?;
+    // An ELF image with machine code, not PTX text.
+    if &c.cubin[..4] != b"\x7fELF" {
+        return Err(format!("{m}: not a cubin"));
+    }
+    let names = registry::kernel_names(m);
+    let lowered: Vec<_> = c.lowered.iter().map(|(n, _)| n).collect();
+    if lowered != names.iter().collect::<Vec<_>>() {
+        return Err(format!("{m}: kernels {lowered:?}, the list {names:?}"));
+    }
+    for (name, lowered) in &c.lowered {
+        if !c
+            .cubin
+            .windows(lowered.len())
+            .any(|w| w == lowered.as_bytes())
+        {
+            return Err(format!(
+                "{m}: kernel {name} ({lowered}) missing from the cubin"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every module, compiled on as many threads as there are cores (NVRTC compiles one module on
+/// one thread; this test is most of CI's time on two cores).
 #[test]
 fn every_module_compiles_for_sm90() {
     ensure_nvrtc();
-    let mut failures = Vec::new();
     // QUIVER_ONLY=S: only the modules whose name contains S (while working on them).
     let only = std::env::var("QUIVER_ONLY").unwrap_or_default();
-    for m in registry::module_names()
+    let modules: Vec<String> = registry::module_names()
         .into_iter()
         .filter(|m| m.contains(&only))
-    {
-        match registry::compile(&m, 90) {
-            Ok(c) => {
-                // An ELF image with machine code, not PTX text.
-                assert_eq!(&c.cubin[..4], b"\x7fELF", "{m}: not a cubin");
-                // Every kernel of the list, under its lowered name.
-                let names = registry::kernel_names(&m);
-                assert_eq!(
-                    c.lowered.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-                    names.iter().collect::<Vec<_>>(),
-                    "{m}"
-                );
-                for (name, lowered) in &c.lowered {
-                    assert!(
-                        c.cubin
-                            .windows(lowered.len())
-                            .any(|w| w == lowered.as_bytes()),
-                        "{m}: kernel {name} ({lowered}) missing from the cubin"
-                    );
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(modules.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(m) = modules.get(i) else { break };
+                if let Err(e) = check_module(m) {
+                    failures.lock().unwrap().push(e);
                 }
-            }
-            Err(e) => failures.push(e),
+            });
         }
-    }
+    });
+    let failures = failures.into_inner().unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
