@@ -7,10 +7,12 @@
 //! it kept from there, so the rows of rejected proposals are overwritten by the next step's).
 //! When the scheduler plans a step, the head writes its KV for the positions it lacks — at
 //! position P the pair (token P + 1, g of P), the last such pair's logits giving the first
-//! proposal — for every request with new rows, proposing or not; then it drafts one position
-//! at a time, each drafted token at the next position with the head's own pre-norm state as
-//! its g. The head's KV of drafted positions is written again from the target's states once
-//! those positions are verified (`done` stays at the last position with a target state).
+//! proposal — for every request that proposes, and for the others once [`CATCH_UP_ROWS`] of
+//! their rows wait (as many as the step holds; the rest the next time). Then it drafts one
+//! position at a time, each drafted token at the next position with the head's own pre-norm
+//! state as its g. The head's KV of drafted positions is written again from the target's
+//! states once those positions are verified (`done` stays at the last position with a target
+//! state).
 //! Under load (more requests decoding than may propose, `SpecConfig::max_decoding`) the head
 //! neither keeps states nor catches up: its cost stops with its proposals, and a request keeps
 //! at most [`MAX_KEPT`] rows.
@@ -29,6 +31,10 @@ use std::collections::HashMap;
 /// then never written: only acceptance suffers). A request's rows wait while it does not
 /// propose in steps of more requests decoding than may.
 const MAX_KEPT: usize = 4096;
+
+/// A request that does not propose this step is caught up only once this many of its rows
+/// wait (a paused request's rows go in with its next proposal, in one pass).
+const CATCH_UP_ROWS: usize = 64;
 
 /// A request's g rows not yet in the head's KV: positions `first..first + rows`.
 #[derive(Default)]
@@ -125,13 +131,16 @@ impl Eagle {
             };
             let kept_end = r.first + r.g.len() / d;
             // The pairs need the token after each position.
-            let end = kept_end.min(j.tokens.len().saturating_sub(1));
+            let mut end = kept_end.min(j.tokens.len().saturating_sub(1));
             let from = (*j.done).max(r.first);
-            if from >= end {
+            if from >= end || (j.len == 0 && end - from < CATCH_UP_ROWS) {
+                // Nothing new, or a request that does not propose now with few rows waiting:
+                // they go in with its next proposal's pass (a paused request costs no pass).
                 continue;
             }
-            if n + (end - from) > hs.max_tokens {
-                // More than a step holds: these rows wait for the next call.
+            // What the step has room for; the rest waits for the next call.
+            end = end.min(from + (hs.max_tokens - n));
+            if end == from {
                 continue;
             }
             let wants = j.len > 0 && end + 1 == j.tokens.len();
