@@ -365,7 +365,7 @@ fn cpu_matches_llama_cpp_at_every_real_depth() {
 /// f32 activations, llama.cpp's CPU 8-bit ones): 0.21–0.53, held at the CPU's AVX2 bounds (0.5,
 /// Qwen 3.5 MoE 0.8); Qwen 3.5 1.18, held at 1.5; Gemma 4 with experts 3.34 (top-1 100/144: a
 /// router's near tie flips experts, and over 30 layers that compounds; the CPU's F32 gap of 0.33
-/// is the same follow-up), held at 4.
+/// is the same follow-up), held at 4; top-1 where llama.cpp leads by the bound, at most 1.5.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_matches_llama_cpp_at_every_real_depth() {
@@ -388,7 +388,12 @@ fn gpu_matches_llama_cpp_at_every_real_depth() {
         |_| true,
         || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         bound,
-        move |fx| (bound(fx).max(0.1), 0),
+        // Top-1 where llama.cpp leads by the bound (at most 1.5, so that enough positions are
+        // checked); Gemma 4 with experts may swap one of them (14/15 at 1.5 in Q8_0).
+        move |fx| {
+            let g4moe = fx.preset == "deep-gemma4moe";
+            (bound(fx).clamp(0.1, 1.5), usize::from(g4moe))
+        },
         &[],
     );
 }
