@@ -89,17 +89,16 @@ impl SampleArgs {
 
 /// The target model (with logits rows to verify proposals) and, with `-md`, the draft model
 /// (checked against the target's vocabulary, loaded on the same device with the target's
-/// context).
+/// context), or an EAGLE-3 head, which the target's session holds.
 fn load_spec(
     load: &LoadArgs,
     gguf: Arc<quiver_gguf::GgufFile>,
     spec: &SpecArgs,
 ) -> Result<(engine::Loaded, Option<engine::Loaded>, SpecConfig)> {
     let mut cfg = spec.config()?;
-    if cfg.kind == quiver_engine::spec::SpecType::Eagle3 {
-        bail!("--spec-type eagle3 is served only (quiver serve, quiver bench --spec eagle3): run and chat take ngram or draft");
-    }
-    if let Some(d) = &cfg.draft_model {
+    let eagle = cfg.kind == quiver_engine::spec::SpecType::Eagle3;
+    // (An EAGLE-3 head is checked against the target as it loads beside it.)
+    if let Some(d) = cfg.draft_model.as_ref().filter(|_| !eagle) {
         quiver_engine::draft::check_vocab(&gguf, &d.0).map_err(anyhow::Error::msg)?;
         quiver_engine::draft::check_rollback(&d.0).map_err(anyhow::Error::msg)?;
     }
@@ -122,8 +121,13 @@ fn load_spec(
     } else {
         1
     };
-    let target = engine::load(load, gguf, rows)?;
+    let target_file = gguf.clone();
+    let mut target = engine::load(load, gguf, rows)?;
     let draft = match draft {
+        Some(d) if eagle => {
+            target.runner.attach_eagle3(&d.0, &target_file)?;
+            None
+        }
         Some(d) => {
             let args = LoadArgs {
                 ctx_size: Some(ctx as u32),

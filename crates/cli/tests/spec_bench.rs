@@ -160,9 +160,10 @@ fn bench_measures_speculation_on_a_prompt_file() {
 
 /// An EAGLE-3 head of random weights over SmolLM2 (`synth --preset smollm2-135m-eagle3
 /// --vocab-from`): `bench --spec eagle3` drafts with it (and `-md HEAD` alone means eagle3);
-/// the wrong type for the file, and `run` with a head, are one-line errors.
+/// the wrong type for the file is a one-line error; `run` and `chat` with the head write
+/// plain decoding's text.
 #[test]
-fn bench_drafts_with_an_eagle3_head_and_the_wrong_type_is_refused() {
+fn an_eagle3_head_drafts_in_bench_run_and_chat_and_the_wrong_type_is_refused() {
     let m = quiver_hub::alias_path("smollm2-135m");
     assert!(m.is_file(), "{}: run scripts/test", m.display());
     let m = m.to_str().unwrap();
@@ -192,20 +193,47 @@ fn bench_drafts_with_an_eagle3_head_and_the_wrong_type_is_refused() {
         1,
         "is not an EAGLE-3 head",
     );
-    let run = [
-        "run",
-        "-m",
-        m,
-        "-p",
-        "hi",
-        "-n",
-        "2",
-        "--spec-type",
-        "eagle3",
-    ];
-    one_line_error(
-        &quiver(&[&run[..], &["-md", head]].concat()),
-        1,
-        "served only",
-    );
+    // `run` and `chat` with the head: the text of plain decoding, greedy and seeded, and
+    // proposals made (a chat's second turn continues the first's cache, the head's too).
+    let run = |sample: &[&str], spec: &[&str]| {
+        let p = [
+            "run",
+            "-m",
+            m,
+            "-p",
+            "Write the alphabet twice: a b c d",
+            "-n",
+            "40",
+        ];
+        ok(&quiver(&[&p[..], sample, spec].concat())).clone()
+    };
+    let with_head = ["--spec-type", "eagle3", "-md", head];
+    for sample in [&["--temp", "0"][..], &["--temp", "0.9", "--seed", "7"]] {
+        let (plain, spec) = (run(sample, &[]), run(sample, &with_head));
+        assert_eq!(plain.stdout, spec.stdout, "{sample:?}");
+        let err = String::from_utf8_lossy(&spec.stderr);
+        let proposed = err
+            .split("speculative decoding: ")
+            .nth(1)
+            .and_then(|t| t.split(['/', ' ']).nth(1))
+            .and_then(|n| n.parse::<u64>().ok());
+        assert!(proposed.is_some_and(|n| n > 0), "{err}");
+    }
+    let chat = |spec: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"))
+            .args([&["chat", "-m", m, "-n", "30", "--temp", "0"][..], spec].concat())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        let mut stdin = c.stdin.take().unwrap();
+        stdin
+            .write_all(b"Count from one to ten.\nNow backwards.\n")
+            .unwrap();
+        drop(stdin);
+        ok(&c.wait_with_output().unwrap()).stdout.clone()
+    };
+    assert_eq!(chat(&[]), chat(&with_head));
 }

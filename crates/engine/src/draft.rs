@@ -149,6 +149,33 @@ impl<B: Backend> DraftModel<B> {
         }
     }
 
+    /// [`DraftModel::absorb`] of a single-sequence step: `rows` rows at `start_pos..`, as
+    /// sequence 0.
+    pub(crate) fn absorb_one(
+        &mut self,
+        b: &mut B,
+        target: &State<B>,
+        start_pos: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let Some(e) = self.eagle.as_mut() else {
+            return Ok(());
+        };
+        let span = crate::eagle::Span {
+            id: 0,
+            start_pos,
+            rows: 0..rows,
+        };
+        e.absorb_spans(
+            b,
+            &self.model,
+            &mut self.state,
+            target,
+            rows,
+            std::iter::once(span),
+        )
+    }
+
     /// A request ended: what the draft kept for it goes.
     pub fn forget(&mut self, id: u64) {
         if let Some(e) = self.eagle.as_mut() {

@@ -36,6 +36,13 @@ const MAX_KEPT: usize = 4096;
 /// wait (a paused request's rows go in with its next proposal, in one pass).
 const CATCH_UP_ROWS: usize = 64;
 
+/// A request's rows in a target step: its first position, and its rows of the step.
+pub(crate) struct Span {
+    pub id: u64,
+    pub start_pos: usize,
+    pub rows: std::ops::Range<usize>,
+}
+
 /// A request's g rows not yet in the head's KV: positions `first..first + rows`.
 #[derive(Default)]
 struct Rows {
@@ -66,7 +73,24 @@ impl Eagle {
         target: &State<B>,
         out: &SchedulerOutput,
     ) -> Result<()> {
-        let rows = out.tokens.len();
+        let spans = out.scheduled.iter().map(|s| Span {
+            id: s.id,
+            start_pos: s.start_pos,
+            rows: s.tokens.0..s.tokens.1,
+        });
+        self.absorb_spans(b, head, hs, target, out.tokens.len(), spans)
+    }
+
+    /// [`Eagle::absorb`] of a step of `rows` rows whose requests are `spans`.
+    pub(crate) fn absorb_spans<B: Backend>(
+        &mut self,
+        b: &mut B,
+        head: &Model<B>,
+        hs: &mut State<B>,
+        target: &State<B>,
+        rows: usize,
+        spans: impl Iterator<Item = Span>,
+    ) -> Result<()> {
         let feat = target.features().ok_or_else(|| ModelError::BadHparam {
             key: "eagle3".into(),
             detail: "the target keeps no hidden states for the head".into(),
@@ -78,7 +102,7 @@ impl Eagle {
         // (The head's steps are as long as the target's.)
         head.eagle3_encode(b, hs, feat, rows)?;
         head.eagle3_g(b, hs, rows, &mut self.host)?;
-        for s in &out.scheduled {
+        for s in spans {
             let r = self.seqs.entry(s.id).or_default();
             let kept = r.g.len() / d;
             if r.g.is_empty() || s.start_pos < r.first || s.start_pos > r.first + kept {
@@ -88,7 +112,7 @@ impl Eagle {
             } else {
                 r.g.truncate((s.start_pos - r.first) * d);
             }
-            r.g.extend_from_slice(&self.host[s.tokens.0 * d..s.tokens.1 * d]);
+            r.g.extend_from_slice(&self.host[s.rows.start * d..s.rows.end * d]);
             let over = (r.g.len() / d).saturating_sub(MAX_KEPT);
             if over > 0 {
                 r.g.drain(..over * d);

@@ -131,7 +131,7 @@ pub fn generate_spec(
                     .min(r.n_ctx() - pos - 1)
                     .min(r.max_verify() - 1);
                 let len = s.next_len(room);
-                s.propose(len, r.n_vocab(), &mut proposal)?;
+                s.propose(r, len, &mut proposal)?;
                 proposal.len()
             }
             None => 0,

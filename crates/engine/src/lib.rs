@@ -19,6 +19,7 @@ pub mod output;
 mod phases;
 pub mod picker;
 pub mod runner;
+mod runner_eagle;
 pub mod sampler;
 pub mod sched;
 pub mod serve;

@@ -52,6 +52,8 @@ pub struct ModelRunner<B: Backend> {
     /// The position after the last evaluated token: where a model with recurrent state
     /// continues (its state holds every token before it).
     next_pos: usize,
+    /// An EAGLE-3 head reading this runner's steps ([`ModelRunner::attach_eagle3`]).
+    pub(crate) eagle: Option<Box<crate::runner_eagle::RunnerEagle<B>>>,
 }
 
 /// Which positions of an `eval` need logits.
@@ -82,6 +84,7 @@ impl<B: Backend> ModelRunner<B> {
             logits: Vec::new(),
             hidden: Vec::new(),
             next_pos: 0,
+            eagle: None,
         })
     }
 
@@ -201,7 +204,7 @@ impl<B: Backend> ModelRunner<B> {
         self.model
             .forward(&mut self.backend, &mut self.state, batch)?;
         self.next_pos = start_pos + tokens.len();
-        Ok(())
+        self.eagle_absorb(start_pos, tokens.len())
     }
 
     /// Evaluates `tokens` at positions `start_pos..` (the KV before `start_pos` must hold the
@@ -299,6 +302,7 @@ impl<B: Backend> ModelRunner<B> {
             .batch();
         self.model
             .forward(&mut self.backend, &mut self.state, batch)?;
+        self.eagle_absorb(start_pos, rows)?;
         let how = Fetch::of(sampler.needs(), false);
         let picker = self.fetch(rows, how)?;
         let mut h = history.to_vec();
@@ -376,6 +380,19 @@ pub trait Session {
     ) -> Result<()>;
     /// The most tokens `eval_verify` takes at once.
     fn max_verify(&self) -> usize;
+    /// Loads an EAGLE-3 head (`head`) for this session's model (`target`, its file): see
+    /// `ModelRunner::attach_eagle3`.
+    fn attach_eagle3(&mut self, head: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Result<()>;
+    /// With a head attached: up to `len` tokens after `tokens` (the sequence by position, the
+    /// last one the token the next step computes) into `out`, stopping below `p_min`; false
+    /// without a head.
+    fn propose_eagle3(
+        &mut self,
+        tokens: &[u32],
+        len: usize,
+        p_min: f32,
+        out: &mut Vec<u32>,
+    ) -> Result<bool>;
     fn n_vocab(&self) -> usize;
     fn n_ctx(&self) -> usize;
     fn hparams(&self) -> &quiver_models::Hparams;
@@ -421,6 +438,18 @@ impl<B: Backend> Session for ModelRunner<B> {
     }
     fn max_verify(&self) -> usize {
         self.state.max_logits.min(self.n_batch)
+    }
+    fn attach_eagle3(&mut self, head: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Result<()> {
+        ModelRunner::attach_eagle3(self, head, target)
+    }
+    fn propose_eagle3(
+        &mut self,
+        tokens: &[u32],
+        len: usize,
+        p_min: f32,
+        out: &mut Vec<u32>,
+    ) -> Result<bool> {
+        self.eagle_propose(tokens, len, p_min, out)
     }
     fn n_vocab(&self) -> usize {
         self.model.hp.n_vocab

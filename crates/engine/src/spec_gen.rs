@@ -1,6 +1,6 @@
 //! Speculative decoding for one sequence (`quiver run`, `quiver chat`): the proposer of
-//! [`crate::spec`] (prompt lookup, or a draft model as a second [`Session`] on the target's
-//! device) and the same verification as the serving loop's, through
+//! [`crate::spec`] (prompt lookup, a draft model as a second [`Session`] on the target's
+//! device, or an EAGLE-3 head the target's session holds, `Session::attach_eagle3`) and the same verification as the serving loop's, through
 //! [`Session::eval_verify`]: the target scores the last token and the proposal in one step
 //! and each row's token is picked with the request's sampler while it equals the proposal,
 //! so the tokens are those of plain decoding, greedy or seeded.
@@ -60,15 +60,24 @@ impl<'a> Speculator<'a> {
         self.policy.next_len(self.cfg.draft_max).min(room)
     }
 
-    /// Up to `len` tokens after `seq` into `out`.
-    pub(crate) fn propose(&mut self, len: usize, n_vocab: usize, out: &mut Vec<u32>) -> Result<()> {
+    /// Up to `len` tokens after `seq` into `out` (`target`: the model, whose EAGLE-3 head
+    /// proposes for [`SpecType::Eagle3`]).
+    pub(crate) fn propose(
+        &mut self,
+        target: &mut (impl Session + ?Sized),
+        len: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
         out.clear();
         if len == 0 {
             return Ok(());
         }
+        let n_vocab = target.n_vocab();
         match self.cfg.kind {
-            // (An EAGLE-3 head is served only: `run` and `chat` refuse it.)
-            SpecType::None | SpecType::Eagle3 => {}
+            SpecType::None => {}
+            SpecType::Eagle3 => {
+                target.propose_eagle3(&self.seq, len, self.cfg.p_min, out)?;
+            }
             SpecType::Ngram => out.extend_from_slice(ngram_propose(
                 &self.seq,
                 self.cfg.ngram_max,
