@@ -109,6 +109,25 @@ fn an_eagle3_head_changes_no_token_alone_together_or_under_preemption() {
     }
 }
 
+/// A prompt of 200 tokens, longer than a step (128): its states reach the head over two steps
+/// (each part written to the head's KV once 64 rows wait, before the request proposes), then
+/// it drafts; the tokens are plain decoding's.
+#[test]
+fn a_prompt_longer_than_a_step_is_caught_up_in_parts() {
+    let target = synth("tiny-llama", 7, None);
+    let req = common::request(&common::ids(200, 3, 512), SamplerParams::greedy(), 40);
+    let plain = common::serve_cpu(target.clone(), SpecConfig::default(), 256).unwrap();
+    let want = common::answers(&plain, std::slice::from_ref(&req));
+    plain.shutdown(std::time::Duration::from_secs(5));
+    let head = synth("tiny-eagle3", 8, None);
+    let h = common::serve_cpu(target, eagle(SpecType::Eagle3, head, 4), 256).unwrap();
+    let got = common::answers(&h, std::slice::from_ref(&req));
+    let st = h.stats();
+    h.shutdown(std::time::Duration::from_secs(5));
+    assert_eq!(got, want);
+    assert!(st.spec_proposed_tokens_total > 0, "nothing proposed");
+}
+
 #[test]
 fn a_head_that_does_not_fit_its_target_or_type_is_refused_at_load() {
     let target = synth("tiny-llama", 7, None);
