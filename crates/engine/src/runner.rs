@@ -384,15 +384,15 @@ pub trait Session {
     /// `ModelRunner::attach_eagle3`.
     fn attach_eagle3(&mut self, head: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Result<()>;
     /// With a head attached: up to `len` tokens after `tokens` (the sequence by position, the
-    /// last one the token the next step computes) into `out`, stopping below `p_min`; false
-    /// without a head.
+    /// last one the token the next step computes) into `out`, stopping below `p_min`; without
+    /// one, nothing.
     fn propose_eagle3(
         &mut self,
         tokens: &[u32],
         len: usize,
         p_min: f32,
         out: &mut Vec<u32>,
-    ) -> Result<bool>;
+    ) -> Result<()>;
     fn n_vocab(&self) -> usize;
     fn n_ctx(&self) -> usize;
     fn hparams(&self) -> &quiver_models::Hparams;
@@ -448,7 +448,7 @@ impl<B: Backend> Session for ModelRunner<B> {
         len: usize,
         p_min: f32,
         out: &mut Vec<u32>,
-    ) -> Result<bool> {
+    ) -> Result<()> {
         self.eagle_propose(tokens, len, p_min, out)
     }
     fn n_vocab(&self) -> usize {

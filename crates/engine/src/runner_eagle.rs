@@ -65,9 +65,9 @@ impl<B: Backend> ModelRunner<B> {
         len: usize,
         p_min: f32,
         out: &mut Vec<u32>,
-    ) -> Result<bool> {
+    ) -> Result<()> {
         let Some(e) = self.eagle.as_mut() else {
-            return Ok(false);
+            return Ok(());
         };
         // The target's KV holds every token but the last.
         e.done = e.done.min(tokens.len().saturating_sub(1));
@@ -86,7 +86,7 @@ impl<B: Backend> ModelRunner<B> {
                 .propose(&mut self.backend, std::slice::from_mut(&mut job))?;
             // A long prompt's states go in a step at a time; the last one drafts.
             if !out.is_empty() || e.done == before || e.done + 1 >= tokens.len() {
-                return Ok(true);
+                return Ok(());
             }
         }
     }
