@@ -5,7 +5,7 @@
 
 use crate::{check, par_rows, SyncPtr};
 use quiver_backend::delta_net as dn;
-use quiver_backend::{Batch, DeltaNetParams, Result};
+use quiver_backend::{Batch, DeltaNetParams, Result, Snapshots};
 use quiver_cpu_kernels::ThreadPool;
 
 /// The op's host scratch, kept by the backend: it grows to the largest step and is reused
@@ -34,6 +34,7 @@ pub(crate) fn run(
     alpha: &[f32],
     beta: &[f32],
     state: &mut [f32],
+    snaps: Option<Snapshots<'_, Vec<f32>>>,
     out: &mut [f32],
 ) -> Result<()> {
     let n = batch.n_tokens();
@@ -62,6 +63,10 @@ pub(crate) fn run(
         sc.slots.windows(2).all(|w| w[0] != w[1]),
         || "two sequences of the step name one state slot".into(),
     )?;
+    let (snap, planes) = match snaps {
+        Some(sn) => (sn.buf.as_mut_slice(), sn.planes),
+        None => (&mut [][..], 0),
+    };
     for s in &batch.seqs {
         let slot = s.state_slot as usize;
         check("delta_net", (slot + 1) * per_slot <= state.len(), || {
@@ -70,11 +75,34 @@ pub(crate) fn run(
                 state.len() / per_slot.max(1)
             )
         })?;
+        check(
+            "delta_net",
+            (slot + 1) * planes * per_slot <= snap.len(),
+            || format!("state slot {slot}'s {planes} kept states past their buffer"),
+        )?;
         let st = &mut state[slot * per_slot..(slot + 1) * per_slot];
         if s.kv_len == s.len {
             st.fill(0.0);
         }
         let rows = &mut qkv[s.start * c..(s.start + s.len) * c];
+        // The convolution's state after each kept row: the window's k - 1 inputs after it
+        // (the state's rows, then the span's), before the convolution overwrites them.
+        let hist = p.conv_kernel - 1;
+        for j in 0..planes {
+            let Some(r) = Snapshots::<Vec<f32>>::row_of(planes, s.len, j) else {
+                continue;
+            };
+            let dst = &mut snap[(slot * planes + j) * per_slot..][..hist * c];
+            for i in 0..hist {
+                let w = r + 1 + i; // of the window: state rows, then the span's
+                let src = if w < hist {
+                    &st[w * c..(w + 1) * c]
+                } else {
+                    &rows[(w - hist) * c..(w - hist + 1) * c]
+                };
+                dst[i * c..(i + 1) * c].copy_from_slice(src);
+            }
+        }
         conv_in_place(
             pool,
             rows,
@@ -109,6 +137,7 @@ pub(crate) fn run(
     sc.rows.clear();
     sc.rows.resize(sc.tasks.len() * p.head_v, 0.0);
     let (op, sp) = (SyncPtr(out.as_mut_ptr()), SyncPtr(state.as_mut_ptr()));
+    let kp = SyncPtr(snap.as_mut_ptr());
     let rp = SyncPtr(sc.rows.as_mut_ptr());
     let mat = p.head_k * p.head_v;
     let qkv = &*qkv;
@@ -124,10 +153,16 @@ pub(crate) fn run(
             // (checked); row i of the scratch is this task's.
             let m = unsafe { sp.slice(slot * per_slot + p.conv_floats() + h * mat, mat) };
             let row = unsafe { rp.slice(i * p.head_v, p.head_v) };
-            dn::recurrent_with(m, &inputs, row, |t, o| {
+            dn::recurrent_with(m, &inputs, row, |t, o, m| {
                 // SAFETY: head h's columns of the sequence's rows are this task's alone.
                 let dst = unsafe { op.slice((s.start + t) * vd + h * p.head_v, p.head_v) };
                 dst.copy_from_slice(o);
+                if let Some(j) = Snapshots::<Vec<f32>>::plane_of(planes, s.len, t) {
+                    let at = (slot * planes + j) * per_slot + p.conv_floats() + h * mat;
+                    // SAFETY: head h's matrix in this sequence's planes is this task's alone,
+                    // inside `snap` (checked).
+                    unsafe { kp.slice(at, mat) }.copy_from_slice(m);
+                }
             });
         }
     });

@@ -584,6 +584,7 @@ impl Backend for CpuBackend {
         alpha: &Vec<f32>,
         beta: &Vec<f32>,
         state: &mut Vec<f32>,
+        snaps: Option<quiver_backend::Snapshots<'_, Vec<f32>>>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let mut sc = self.extra.lock().unwrap_or_else(|e| e.into_inner());
@@ -599,8 +600,32 @@ impl Backend for CpuBackend {
             alpha,
             beta,
             state,
+            snaps,
             out,
         )
+    }
+
+    fn copy_range(
+        &self,
+        src: &Vec<f32>,
+        src_at: usize,
+        dst: &mut Vec<f32>,
+        dst_at: usize,
+        n: usize,
+    ) -> Result<()> {
+        check(
+            "copy_range",
+            src_at + n <= src.len() && dst_at + n <= dst.len(),
+            || {
+                format!(
+                    "{n} values from {src_at} of {} to {dst_at} of {}",
+                    src.len(),
+                    dst.len()
+                )
+            },
+        )?;
+        dst[dst_at..dst_at + n].copy_from_slice(&src[src_at..src_at + n]);
+        Ok(())
     }
 
     fn hc_pre(

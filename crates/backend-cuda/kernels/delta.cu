@@ -9,6 +9,16 @@
 // slot): the convolution's last k - 1 input rows (oldest first, [k - 1, C]), then one S × S
 // matrix per value head, row j (value index) over i (key index). A sequence whose first row is
 // at position 0 starts from zeros.
+//
+// With kept states (`snap` not null, `planes` per slot: quiver_backend::Snapshots), the state
+// after row t of a span of L rows also goes to plane t + 1 + planes - L of the slot's planes
+// when that is in 0..planes and t is not the last row.
+
+// The plane that keeps the state after row t of a span of L rows, or -1.
+__device__ __forceinline__ int dn_plane(int planes, int L, int t) {
+    const int j = t + 1 + planes - L;
+    return (t + 1 < L && j >= 0) ? j : -1;
+}
 
 // Whether row r begins a sequence of the step (and that sequence's rows r..end).
 __device__ __forceinline__ bool dn_first(BatchView b, int rows, int r, int& end) {
@@ -24,12 +34,14 @@ __device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x));
 // The causal convolution (taps oldest first) then SiLU, in place over x ([rows, C]), channel by
 // channel; the state keeps the last k - 1 inputs. grid (rows, ceil(C / 256)), block 256.
 extern "C" __global__ void dn_conv(BatchView b, int rows, float* __restrict__ x, int C, const float* __restrict__ w,
-                                   int k, float* __restrict__ state, long long per) {
+                                   int k, float* __restrict__ state, long long per, float* __restrict__ snap,
+                                   int planes) {
     pdl_begin();
     int end;
     const int r = blockIdx.x, ch = blockIdx.y * 256 + threadIdx.x;
     if (ch >= C || !dn_first(b, rows, r, end)) return;
-    float* st = state + (long long)b.state_slot[b.seq[r]] * per;
+    const long long slot = b.state_slot[b.seq[r]];
+    float* st = state + slot * per;
     const bool fresh = b.pos[r] == 0;
     // The window: k - 1 earlier inputs, then the current one (at most 8 taps).
     float win[8];
@@ -40,6 +52,11 @@ extern "C" __global__ void dn_conv(BatchView b, int rows, float* __restrict__ x,
         for (int i = 0; i < k; i++) s += win[i] * w[ch * k + i];
         x[(long long)t * C + ch] = dn_silu(s);
         for (int i = 0; i + 1 < k; i++) win[i] = win[i + 1];
+        const int j = snap ? dn_plane(planes, end - r, t - r) : -1;
+        if (j >= 0) {
+            float* kept = snap + (slot * planes + j) * per;
+            for (int i = 0; i < k - 1; i++) kept[(long long)i * C + ch] = win[i];
+        }
     }
     for (int i = 0; i < k - 1; i++) st[(long long)i * C + ch] = win[i];
 }
@@ -66,7 +83,7 @@ extern "C" __global__ void dn_rule(BatchView b, int rows, const float* __restric
                                    const float* __restrict__ alpha, const float* __restrict__ beta,
                                    const float* __restrict__ dt_bias, const float* __restrict__ a,
                                    float* __restrict__ state, long long per, long long conv_floats,
-                                   float* __restrict__ out) {
+                                   float* __restrict__ snap, int planes, float* __restrict__ out) {
     pdl_begin();
     extern __shared__ float dsm[];
     int end;
@@ -75,7 +92,8 @@ extern "C" __global__ void dn_rule(BatchView b, int rows, const float* __restric
     float* m = dsm;  // m[i·S + j] = M[j][i]
     float* qs = dsm + S * S;
     float* ks = qs + S;
-    float* mat = state + (long long)b.state_slot[b.seq[r]] * per + conv_floats + (long long)h * S * S;
+    const long long slot = b.state_slot[b.seq[r]];
+    float* mat = state + slot * per + conv_floats + (long long)h * S * S;
     const bool fresh = b.pos[r] == 0;
     for (int i = 0; i < S; i++) m[i * S + j] = fresh ? 0.f : mat[(long long)j * S + i];
     const int kh = h % nk, kd = nk * S;
@@ -105,6 +123,11 @@ extern "C" __global__ void dn_rule(BatchView b, int rows, const float* __restric
             o += e * qs[i];
         }
         out[(long long)t * hv * S + h * S + j] = o * scale;
+        const int pl = snap ? dn_plane(planes, end - r, t - r) : -1;
+        if (pl >= 0) {
+            float* kept = snap + (slot * planes + pl) * per + conv_floats + (long long)h * S * S;
+            for (int i = 0; i < S; i++) kept[(long long)j * S + i] = m[i * S + j];
+        }
     }
     for (int i = 0; i < S; i++) mat[(long long)j * S + i] = m[i * S + j];
 }

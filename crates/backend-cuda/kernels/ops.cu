@@ -138,6 +138,12 @@ extern "C" __global__ void put_cols(const float* __restrict__ src, float* __rest
         out[(i / width) * out_cols + at + i % width] = src[i];
 }
 
+// dst[i] = src[i] over n values (pointers already at their offsets).
+extern "C" __global__ void copy_range(const float* __restrict__ src, float* __restrict__ dst, long long n) { pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
 extern "C" __global__ void add(float* __restrict__ a, const float* __restrict__ b, long long n) { pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         a[i] += b[i];

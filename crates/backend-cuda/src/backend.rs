@@ -366,9 +366,21 @@ impl Backend for CudaBackend {
         alpha: &CudaBuf,
         beta: &CudaBuf,
         state: &mut CudaBuf,
+        snaps: Option<quiver_backend::Snapshots<'_, CudaBuf>>,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.delta_net_kernel(step, p, w, qkv, alpha, beta, state, out)
+        self.delta_net_kernel(step, p, w, qkv, alpha, beta, state, snaps, out)
+    }
+
+    fn copy_range(
+        &self,
+        src: &CudaBuf,
+        src_at: usize,
+        dst: &mut CudaBuf,
+        dst_at: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.copy_range_kernel(src, src_at, dst, dst_at, n)
     }
 
     fn sigmoid_mul(

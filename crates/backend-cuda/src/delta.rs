@@ -23,6 +23,7 @@ impl CudaBackend {
         alpha: &CudaBuf,
         beta: &CudaBuf,
         state: &mut CudaBuf,
+        snaps: Option<quiver_backend::Snapshots<'_, CudaBuf>>,
         out: &mut CudaBuf,
     ) -> Result<()> {
         let rows = st.rows;
@@ -56,6 +57,19 @@ impl CudaBackend {
                 .is_none_or(|&l| (l as usize + 1) * per <= state.len),
             || format!("a state slot past the {} slots", state.len / per.max(1)),
         )?;
+        let (snap, planes) = match snaps {
+            Some(sn) => {
+                check(
+                    "delta_net",
+                    slots
+                        .last()
+                        .is_none_or(|&l| (l as usize + 1) * sn.planes * per <= sn.buf.len),
+                    || format!("{} kept states a slot past their buffer", sn.planes),
+                )?;
+                (sn.buf.ptr(), sn.planes)
+            }
+            None => (0u64, 0),
+        };
         let view = st.ctx.view;
         self.launch(
             "ops",
@@ -70,7 +84,9 @@ impl CudaBackend {
                 w.conv.data.ptr,
                 p.conv_kernel as i32,
                 state.ptr(),
-                per as i64
+                per as i64,
+                snap,
+                planes as i32
             ],
         )?;
         self.launch(
@@ -100,6 +116,8 @@ impl CudaBackend {
                 state.ptr(),
                 per as i64,
                 p.conv_floats() as i64,
+                snap,
+                planes as i32,
                 out.ptr()
             ],
         )

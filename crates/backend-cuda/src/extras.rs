@@ -111,6 +111,37 @@ impl CudaBackend {
         )
     }
 
+    pub(crate) fn copy_range_kernel(
+        &self,
+        src: &CudaBuf,
+        src_at: usize,
+        dst: &mut CudaBuf,
+        dst_at: usize,
+        n: usize,
+    ) -> Result<()> {
+        check(
+            "copy_range",
+            src_at + n <= src.len && dst_at + n <= dst.len,
+            || {
+                format!(
+                    "{n} values from {src_at} of {} to {dst_at} of {}",
+                    src.len, dst.len
+                )
+            },
+        )?;
+        self.launch(
+            "ops",
+            "copy_range",
+            (grid1(n, 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![
+                src.ptr() + 4 * src_at as u64,
+                dst.ptr() + 4 * dst_at as u64,
+                n as i64
+            ],
+        )
+    }
+
     pub(crate) fn put_cols_kernel(
         &self,
         src: &CudaBuf,

@@ -152,6 +152,7 @@ const OPS_KERNELS: &[&str] = &[
     "mul_cols",
     "copy_cols",
     "put_cols",
+    "copy_range",
 ];
 
 /// An `extern "C"` kernel: its launch name is its name in the source.

@@ -97,6 +97,31 @@ pub struct DeltaNetWeights<'a, W> {
     pub a: &'a W,
 }
 
+/// Where [`crate::Backend::delta_net`] keeps, beside each sequence's state, the states of its
+/// last rows, so that speculative decoding can return a sequence to the state after any
+/// accepted proposal: `planes` states per slot, slot s's plane j at
+/// `(s · planes + j) · state_floats` of `buf`. For a span of `len` rows, plane j holds the
+/// state after row `len − 1 − planes + j` ([`Snapshots::row_of`]); the state after the last
+/// row is the slot itself, and planes of rows before the span's first are left as they were.
+/// A verification span of one token and d ≤ `planes` proposals, a < d of them accepted,
+/// returns to plane `planes − d + a`.
+pub struct Snapshots<'a, Buf> {
+    pub buf: &'a mut Buf,
+    pub planes: usize,
+}
+
+impl<Buf> Snapshots<'_, Buf> {
+    /// The plane that keeps the state after row `row` of a span of `len` rows, if one does.
+    pub fn plane_of(planes: usize, len: usize, row: usize) -> Option<usize> {
+        (row + 1 < len && row + 1 + planes >= len).then(|| row + 1 + planes - len)
+    }
+
+    /// The row whose state plane j keeps in a span of `len` rows, if any.
+    pub fn row_of(planes: usize, len: usize, j: usize) -> Option<usize> {
+        (j < planes && len + j > planes).then(|| len + j - planes - 1)
+    }
+}
+
 /// ggml's softplus: x past 20 as is, else ln(1 + eˣ).
 pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
@@ -245,16 +270,17 @@ impl<'a> HeadInputs<'a> {
     }
 }
 
-/// The recurrent form over a run of tokens: `emit(t, o)` gets token t's output row.
+/// The recurrent form over a run of tokens: `emit(t, o, m)` gets token t's output row and the
+/// matrix after it.
 pub fn recurrent_with(
     m: &mut [f32],
     h: &HeadInputs,
     row: &mut [f32],
-    mut emit: impl FnMut(usize, &[f32]),
+    mut emit: impl FnMut(usize, &[f32], &[f32]),
 ) {
     for t in 0..h.n {
         step(m, h.q(t), h.k(t), h.v(t), h.g(t), h.beta(t), row);
-        emit(t, row);
+        emit(t, row, m);
     }
 }
 
@@ -262,7 +288,7 @@ pub fn recurrent_with(
 pub fn recurrent(m: &mut [f32], h: &HeadInputs, o: &mut [f32]) {
     let s = h.width;
     let mut row = vec![0f32; s];
-    recurrent_with(m, h, &mut row, |t, r| {
+    recurrent_with(m, h, &mut row, |t, r, _| {
         o[t * s..(t + 1) * s].copy_from_slice(r)
     });
 }

@@ -22,7 +22,7 @@ pub mod testing;
 pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
-pub use delta_net::{DeltaNetParams, DeltaNetWeights};
+pub use delta_net::{DeltaNetParams, DeltaNetWeights, Snapshots};
 pub use numerics::Numerics;
 pub use ops::{Activation, ExtraOp, Gating, MoeParams, MoeScratch, MoeWeights};
 use quiver_gguf::GgmlType;
@@ -521,6 +521,19 @@ pub trait Backend {
         let _ = (src, width, rows, out, out_cols, at);
         Err(self.missing(ExtraOp::PutCols))
     }
+    /// dst[dst_at + i] = src[src_at + i] for i < n: a sequence's recurrent state put back to
+    /// one it kept ([`Snapshots`]).
+    fn copy_range(
+        &self,
+        src: &Self::Buf,
+        src_at: usize,
+        dst: &mut Self::Buf,
+        dst_at: usize,
+        n: usize,
+    ) -> Result<()> {
+        let _ = (src, src_at, dst, dst_at, n);
+        Err(self.missing(ExtraOp::CopyRange))
+    }
     /// Overwrites the first `data.len()` elements of `x` with `data` (an input the host made:
     /// a draft head's hidden states).
     fn write(&self, x: &mut Self::Buf, data: &[f32]) -> Result<()> {
@@ -544,7 +557,8 @@ pub trait Backend {
     /// the raw gate products ([rows, `p.n_v_heads`]). Sequence s reads and updates slot
     /// `batch.seqs[s].state_slot` of `state` (slots of `p.state_floats()`: the convolution's
     /// last inputs, then the matrices); a sequence whose span starts at position 0 starts
-    /// from a zero state. `out` gets the rule's output, [rows, `p.value_dim()`].
+    /// from a zero state. `out` gets the rule's output, [rows, `p.value_dim()`]. With `snaps`,
+    /// each sequence also keeps the states a rollback may return to ([`Snapshots`]).
     #[allow(clippy::too_many_arguments)]
     fn delta_net(
         &self,
@@ -555,9 +569,10 @@ pub trait Backend {
         alpha: &Self::Buf,
         beta: &Self::Buf,
         state: &mut Self::Buf,
+        snaps: Option<Snapshots<'_, Self::Buf>>,
         out: &mut Self::Buf,
     ) -> Result<()> {
-        let _ = (step, p, w, qkv, alpha, beta, state, out);
+        let _ = (step, p, w, qkv, alpha, beta, state, snaps, out);
         Err(self.missing(ExtraOp::DeltaNet))
     }
     /// x[r, c] *= σ(gate[r, c]) over `rows` rows of `cols`, or with `per_row`

@@ -16,6 +16,8 @@ pub enum ExtraOp {
     PutCols,
     /// [`Backend::write`]
     Write,
+    /// [`Backend::copy_range`]
+    CopyRange,
     /// [`Backend::rope_q`]
     RopeQ,
     /// [`Backend::moe`] with router logits the caller computed (`MoeParams::router_given`)
@@ -44,6 +46,7 @@ impl std::fmt::Display for ExtraOp {
             ExtraOp::RmsNormPlain => "rms_norm_plain",
             ExtraOp::MulCols => "mul_cols",
             ExtraOp::CopyCols => "copy_cols",
+            ExtraOp::CopyRange => "copy_range",
             ExtraOp::PutCols => "put_cols",
             ExtraOp::Write => "write",
             ExtraOp::RopeQ => "rope_q",

@@ -193,9 +193,15 @@ pub fn kv_summary(spec: &quiver_backend::KvSpec) -> String {
 
 /// The load log's line on the per-sequence state of models with one (Qwen 3.5's gated delta
 /// net; DeepSeek-V4's window and compressed KV for up to `n_slots` positions per sequence,
-/// as `Model::state` sizes it): bytes per sequence over its layers, and for `n_seqs` sequences.
-/// None for others.
-pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize, n_slots: usize) -> Option<String> {
+/// as `Model::state` sizes it): bytes per sequence over its layers, and for `n_seqs` sequences;
+/// with `planes`, the states each sequence keeps for speculative decoding's rollback
+/// (`State::keep_states`). None for others.
+pub fn state_summary(
+    hp: &quiver_models::Hparams,
+    n_seqs: usize,
+    n_slots: usize,
+    planes: usize,
+) -> Option<String> {
     let s = if n_seqs == 1 { "" } else { "s" };
     if let Some(ds) = &hp.dsv4 {
         let n_ctx = n_slots.max(1);
@@ -211,8 +217,17 @@ pub fn state_summary(hp: &quiver_models::Hparams, n_seqs: usize, n_slots: usize)
     let p = hp.delta_net?;
     let per_seq = hp.state_bytes_per_seq();
     let layers = hp.n_recurrent() as u64;
+    let kept = match planes {
+        0 => String::new(),
+        _ => format!(
+            ", and {planes} kept states per sequence for speculative decoding's rollback ({} in all)",
+            quiver_backend::human_bytes(
+                per_seq.saturating_mul((n_seqs * planes) as u64)
+            )
+        ),
+    };
     Some(format!(
-        "recurrent state f32: {} per sequence ({} convolution + {} matrices per layer, {layers} layers), {n_seqs} sequence{} in {}",
+        "recurrent state f32: {} per sequence ({} convolution + {} matrices per layer, {layers} layers), {n_seqs} sequence{} in {}{kept}",
         quiver_backend::human_bytes(per_seq),
         quiver_backend::human_bytes(4 * p.conv_floats() as u64),
         quiver_backend::human_bytes(4 * p.matrix_floats() as u64),
@@ -483,7 +498,7 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
         }
     };
     eprintln!("quiver: {}", kv_summary(&kv_spec));
-    if let Some(line) = state_summary(runner.hparams(), 1, kv_spec.n_slots) {
+    if let Some(line) = state_summary(runner.hparams(), 1, kv_spec.n_slots, 0) {
         eprintln!("quiver: {line}");
     }
     Ok(Loaded { runner })

@@ -102,15 +102,10 @@ fn load_spec(
         quiver_engine::draft::check_vocab(&gguf, &d.0).map_err(anyhow::Error::msg)?;
         quiver_engine::draft::check_rollback(&d.0).map_err(anyhow::Error::msg)?;
     }
-    // A recurrent state cannot be rolled back past a rejected proposal: such a model decodes
-    // without speculation, as the server does.
-    if cfg.on()
-        && quiver_models::hparams(&gguf)?
-            .layers
-            .iter()
-            .any(|l| l.recurrent)
-    {
-        eprintln!("quiver: speculative decoding is off: the model has recurrent layers, whose state cannot be rolled back");
+    // DeepSeek-V4's per-sequence state cannot be rolled back past a rejected proposal: such
+    // a model decodes without speculation, as the server does.
+    if cfg.on() && quiver_models::hparams(&gguf)?.dsv4.is_some() {
+        eprintln!("quiver: speculative decoding is off: DeepSeek-V4's per-sequence state cannot be rolled back");
         cfg = SpecConfig::default();
     }
     let draft = cfg.draft_model.clone();
@@ -123,6 +118,19 @@ fn load_spec(
     };
     let target_file = gguf.clone();
     let mut target = engine::load(load, gguf, rows)?;
+    if cfg.on() {
+        // A recurrent state (Qwen 3.5) keeps the states proposals may roll back to.
+        target.runner.keep_states(cfg.draft_max)?;
+        let hp = target.runner.hparams();
+        if hp.delta_net.is_some() {
+            let bytes = hp.state_bytes_per_seq() * cfg.draft_max as u64;
+            eprintln!(
+                "quiver: speculative decoding keeps {} recurrent states to roll back to ({})",
+                cfg.draft_max,
+                quiver_backend::human_bytes(bytes)
+            );
+        }
+    }
     let draft = match draft {
         Some(d) if eagle => {
             target.runner.attach_eagle3(&d.0, &target_file)?;

@@ -223,7 +223,13 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         });
         kv_line = format!("{kv_line}; the draft model's, in the same blocks: {d}");
     }
-    if let Some(state) = engine::state_summary(&hp, max_seqs as usize, n_ctx.min(kv_blocks * bs)) {
+    let planes = match spec.kind {
+        quiver_engine::spec::SpecType::None => 0,
+        _ => spec.draft_max,
+    };
+    if let Some(state) =
+        engine::state_summary(&hp, max_seqs as usize, n_ctx.min(kv_blocks * bs), planes)
+    {
         kv_line = format!("{kv_line}; {state}");
     }
     if kv_blocks * bs < n_ctx {

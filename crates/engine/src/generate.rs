@@ -159,8 +159,12 @@ pub fn generate_spec(
             on_text(&tail);
         }
     }
+    // A stop inside a step's accepted proposals: the sequence keeps the output's tokens only
+    // (a recurrent state must hold what the next turn continues from).
+    let kv_tokens = out.len().min(pos - total);
+    r.rewind(total + kv_tokens)?;
     Ok(Generated {
-        kv_tokens: out.len().min(pos - total),
+        kv_tokens,
         tokens: out,
         text: text.into_text(),
         finish,

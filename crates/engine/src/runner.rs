@@ -54,6 +54,9 @@ pub struct ModelRunner<B: Backend> {
     next_pos: usize,
     /// An EAGLE-3 head reading this runner's steps ([`ModelRunner::attach_eagle3`]).
     pub(crate) eagle: Option<Box<crate::runner_eagle::RunnerEagle<B>>>,
+    /// The last verification step's first position and rows (`eval_verify`): where a
+    /// recurrent state may be returned to ([`ModelRunner::rewind`]).
+    last_verify: Option<(usize, usize)>,
 }
 
 /// Which positions of an `eval` need logits.
@@ -85,6 +88,7 @@ impl<B: Backend> ModelRunner<B> {
             hidden: Vec::new(),
             next_pos: 0,
             eagle: None,
+            last_verify: None,
         })
     }
 
@@ -114,11 +118,31 @@ impl<B: Backend> ModelRunner<B> {
             );
             // The old state goes first: both need not fit at once.
             self.state = self.model.state(&self.backend, 0, 1, 1)?;
+            let planes = self.state.snap_planes;
             self.state = self
                 .model
                 .state(&self.backend, n_slots, n_batch, max_logits)?;
+            self.state
+                .keep_states(&self.backend, &self.model.hp, planes)?;
         }
         Ok(())
+    }
+
+    /// Makes a model with a recurrent state (Qwen 3.5) keep, per sequence, the states
+    /// after its last `planes` rows, so that a step may carry up to `planes` proposed tokens
+    /// and roll rejected ones back (`State::keep_states`). Returns how many proposed tokens a
+    /// step may carry: unbounded (`usize::MAX`) for a model without such state, 0 for one
+    /// whose state cannot be rolled back (DeepSeek-V4's).
+    pub fn keep_states(&mut self, planes: usize) -> Result<usize> {
+        let hp = &self.model.hp;
+        if hp.delta_net.is_some() {
+            self.state.keep_states(&self.backend, hp, planes)?;
+            Ok(planes)
+        } else if hp.has_seq_state() {
+            Ok(0)
+        } else {
+            Ok(usize::MAX)
+        }
     }
 
     /// Makes every later step keep the inputs of `layers` (the layer count: the final
@@ -204,6 +228,7 @@ impl<B: Backend> ModelRunner<B> {
         self.model
             .forward(&mut self.backend, &mut self.state, batch)?;
         self.next_pos = start_pos + tokens.len();
+        self.last_verify = None;
         self.eagle_absorb(start_pos, tokens.len())
     }
 
@@ -302,6 +327,7 @@ impl<B: Backend> ModelRunner<B> {
             .batch();
         self.model
             .forward(&mut self.backend, &mut self.state, batch)?;
+        self.next_pos = start_pos + rows;
         self.eagle_absorb(start_pos, rows)?;
         let how = Fetch::of(sampler.needs(), false);
         let picker = self.fetch(rows, how)?;
@@ -315,6 +341,31 @@ impl<B: Backend> ModelRunner<B> {
             }
             h.push(t);
         }
+        // A recurrent state returns to the state after the accepted rows.
+        self.last_verify = Some((start_pos, rows));
+        self.rewind(start_pos + picks.len())
+    }
+
+    /// Returns the sequence to position `pos` (the tokens before it kept): a model with a
+    /// recurrent state goes back to its state after token `pos − 1`, which it keeps for the
+    /// rows of the last verification (`eval_verify`) only; the KV of others needs nothing
+    /// (later positions are written again).
+    pub fn rewind(&mut self, pos: usize) -> Result<()> {
+        if !self.model.hp.has_seq_state() || pos >= self.next_pos {
+            return Ok(());
+        }
+        let Some((start, rows)) = self
+            .last_verify
+            .filter(|&(s, r)| pos > s && s + r == self.next_pos)
+        else {
+            return Err(EngineError::StateRewind {
+                at: pos,
+                next: self.next_pos,
+            });
+        };
+        self.state
+            .rewind(&self.backend, &self.model.hp, 0, rows, pos - start - 1)?;
+        self.next_pos = pos;
         Ok(())
     }
 
@@ -380,6 +431,10 @@ pub trait Session {
     ) -> Result<()>;
     /// The most tokens `eval_verify` takes at once.
     fn max_verify(&self) -> usize;
+    /// See `ModelRunner::keep_states`.
+    fn keep_states(&mut self, planes: usize) -> Result<usize>;
+    /// See `ModelRunner::rewind`.
+    fn rewind(&mut self, pos: usize) -> Result<()>;
     /// Loads an EAGLE-3 head (`head`) for this session's model (`target`, its file): see
     /// `ModelRunner::attach_eagle3`.
     fn attach_eagle3(&mut self, head: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Result<()>;
@@ -437,7 +492,18 @@ impl<B: Backend> Session for ModelRunner<B> {
         ModelRunner::eval_verify(self, tokens, start_pos, sampler, history, picks)
     }
     fn max_verify(&self) -> usize {
-        self.state.max_logits.min(self.n_batch)
+        let rows = self.state.max_logits.min(self.n_batch);
+        match self.model.hp.has_seq_state() {
+            // A token and as many proposals as there are states to roll back to.
+            true => rows.min(self.state.snap_planes + 1),
+            false => rows,
+        }
+    }
+    fn keep_states(&mut self, planes: usize) -> Result<usize> {
+        ModelRunner::keep_states(self, planes)
+    }
+    fn rewind(&mut self, pos: usize) -> Result<()> {
+        ModelRunner::rewind(self, pos)
     }
     fn attach_eagle3(&mut self, head: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Result<()> {
         ModelRunner::attach_eagle3(self, head, target)

@@ -35,12 +35,15 @@ pub struct SchedConfig {
     pub eog: Vec<u32>,
     /// Speculative decoding (proposals for the requests that allow it).
     pub spec: SpecConfig,
-    /// The model keeps a recurrent state per sequence (Qwen 3.5): each running request holds
-    /// one of `max_seqs` state slots; prefixes are never taken from the prefix cache (the
-    /// state at a block's end is not kept: the prompt is computed whole), steps carry no
-    /// proposed tokens (a rejected one could not be taken back out of the state), and a
+    /// The model keeps a per-sequence state (Qwen 3.5, DeepSeek-V4): each running request
+    /// holds one of `max_seqs` state slots; prefixes are never taken from the prefix cache
+    /// (the state at a block's end is not kept: the prompt is computed whole), and a
     /// preempted request is computed again from its first token.
     pub recurrent: bool,
+    /// With `recurrent`: the most proposed tokens one request's step may carry, as many as
+    /// the states the model keeps to roll a rejected proposal back (`State::keep_states`);
+    /// 0: none (the state cannot be taken back).
+    pub rollback: usize,
 }
 
 /// What the scheduler needs of a request.
@@ -354,7 +357,7 @@ impl Scheduler {
             cached_tokens: 0,
             started: false,
             step: 0,
-            speculate: r.speculate && !self.cfg.recurrent,
+            speculate: r.speculate && (!self.cfg.recurrent || self.cfg.rollback > 0),
             proposal: Vec::new(),
             spec: SpecState::default(),
             limits: r.spec.resolve(&self.cfg.spec),
@@ -511,7 +514,10 @@ impl Scheduler {
                 continue;
             }
             let (draft_max, draft_min, _) = e.limits;
-            let cap = batch_cap(&spec, draft_max, n_decoding);
+            let mut cap = batch_cap(&spec, draft_max, n_decoding);
+            if self.cfg.recurrent {
+                cap = cap.min(self.cfg.rollback);
+            }
             if cap > 0 && e.speculate && !e.prompt_logits && e.decoding() {
                 let room = (budget - want)
                     .min(prompt_rows)

@@ -78,8 +78,20 @@ where
                     return;
                 }
             };
-            let _ = ready_tx.send(Ok(()));
             let recurrent = runner.model.hp.has_seq_state();
+            // A recurrent state keeps --draft-max states to roll proposals back to.
+            let planes = match opts.spec.kind {
+                SpecType::None => 0,
+                _ => opts.spec.draft_max,
+            };
+            let rollback = match runner.keep_states(planes) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(()));
             let sched = Scheduler::new(SchedConfig {
                 max_batch_tokens: opts.max_batch_tokens,
                 max_seqs: opts.max_seqs,
@@ -100,6 +112,7 @@ where
                 eog: sh.tokenizer.eog_ids().collect(),
                 spec: opts.spec.clone(),
                 recurrent,
+                rollback,
             });
             Engine::new(&sh, runner, sched, draft).run();
         })

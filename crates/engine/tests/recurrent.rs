@@ -14,6 +14,7 @@ mod rng;
 
 use quiver_backend_cpu::CpuBackend;
 use quiver_engine::serve::{EngineHandle, Event, ServeOptions};
+use quiver_engine::spec::{SpecConfig, SpecType};
 use quiver_engine::{ModelRunner, RunnerOptions, SamplerParams, Want};
 use quiver_gguf::GgufFile;
 use quiver_tokenizer::Tokenizer;
@@ -129,6 +130,11 @@ fn logprob(row: &[f32], id: u32) -> f32 {
 /// Greedy tokens of each prompt alone, on the single-sequence runner, with their
 /// log-probabilities.
 fn solo(f: &Arc<GgufFile>, ps: &[Vec<u32>]) -> Vec<Vec<(u32, f32)>> {
+    solo_n(f, ps, GEN)
+}
+
+/// [`solo`], `n` tokens each.
+fn solo_n(f: &Arc<GgufFile>, ps: &[Vec<u32>], n: usize) -> Vec<Vec<(u32, f32)>> {
     let mut r = ModelRunner::new(
         CpuBackend::new(2),
         f,
@@ -155,7 +161,7 @@ fn solo(f: &Arc<GgufFile>, ps: &[Vec<u32>]) -> Vec<Vec<(u32, f32)>> {
                 pos += chunk.len();
             }
             out.push(last);
-            while out.len() < GEN {
+            while out.len() < n {
                 last = pick(r.eval(&[last.0], pos, Want::Last).unwrap());
                 pos += 1;
                 out.push(last);
@@ -166,10 +172,19 @@ fn solo(f: &Arc<GgufFile>, ps: &[Vec<u32>]) -> Vec<Vec<(u32, f32)>> {
 }
 
 fn start(f: &Arc<GgufFile>, kv_blocks: usize, max_seqs: usize) -> EngineHandle {
+    start_with(f, kv_blocks, max_seqs, Default::default())
+}
+
+fn start_with(
+    f: &Arc<GgufFile>,
+    kv_blocks: usize,
+    max_seqs: usize,
+    spec: SpecConfig,
+) -> EngineHandle {
     let tok = Tokenizer::from_gguf(f).unwrap();
     let opts = ServeOptions {
         kv: Default::default(),
-        spec: Default::default(),
+        spec,
         n_ctx: 256,
         max_seqs,
         kv_blocks,
@@ -181,12 +196,16 @@ fn start(f: &Arc<GgufFile>, kv_blocks: usize, max_seqs: usize) -> EngineHandle {
 }
 
 fn submit(h: &EngineHandle, p: &[u32]) -> mpsc::Receiver<Event> {
+    submit_n(h, p, GEN)
+}
+
+fn submit_n(h: &EngineHandle, p: &[u32], n: usize) -> mpsc::Receiver<Event> {
     let (tx, rx) = mpsc::channel();
     let greedy = SamplerParams {
         temperature: 0.0,
         ..Default::default()
     };
-    let mut req = common::request(p, greedy, GEN);
+    let mut req = common::request(p, greedy, n);
     req.logprobs = Some(0);
     h.submit(req, Box::new(move |e| tx.send(e).is_ok()))
         .unwrap();
@@ -280,6 +299,97 @@ fn moe_served_together_equals_alone_under_preemption() {
 #[test]
 fn preempted_requests_lose_nothing() {
     preempted_requests_lose_nothing_on(&file(), false);
+}
+
+/// Prompt lookup on a recurrent model: rejected proposals roll each sequence's state back
+/// to the state after its accepted ones (`State::keep_states`), so the tokens are plain
+/// decoding's, served together (4 state slots, 6 requests) and under preemption (6 blocks),
+/// while proposals are rejected (and on the dense model, which repeats itself, accepted).
+#[test]
+fn proposals_roll_the_recurrent_state_back() {
+    const N: usize = 40;
+    let spec = SpecConfig {
+        kind: SpecType::Ngram,
+        draft_max: 4,
+        max_decoding: 8,
+        ngram_min: 1,
+        ..Default::default()
+    };
+    for (f, accepts) in [(file(), true), (synth_moe(), false)] {
+        let ps = prompts();
+        let want = solo_n(&f, &ps, N);
+        for kv_blocks in [64, 6] {
+            let h = start_with(&f, kv_blocks, 4, spec.clone());
+            let rxs: Vec<_> = ps.iter().map(|p| submit_n(&h, p, N)).collect();
+            for (i, rx) in rxs.into_iter().enumerate() {
+                let (got, _) = collect(rx);
+                same(&got, &want[i], i, false);
+            }
+            let st = h.stats();
+            let (p, a) = (st.spec_proposed_tokens_total, st.spec_accepted_tokens_total);
+            eprintln!("{} blocks: {a}/{p} proposed tokens accepted", kv_blocks);
+            assert!(
+                a < p && (a > 0 || !accepts),
+                "{kv_blocks} blocks: {a}/{p} accepted"
+            );
+            h.shutdown(std::time::Duration::from_secs(5));
+        }
+    }
+}
+
+/// The single-sequence runner's verification: a proposal rejected after its first token
+/// leaves the state after the accepted one, and decoding goes on from there with the logits
+/// of plain decoding, bit for bit; without kept states a step carries no proposal.
+#[test]
+fn the_runner_rolls_a_rejected_proposal_back() {
+    let f = file();
+    let opts = RunnerOptions {
+        kv: Default::default(),
+        n_ctx: 256,
+        n_batch: 16,
+        max_logits: 8,
+    };
+    let p = &prompts()[1];
+    let mut plain = ModelRunner::new(CpuBackend::new(2), &f, &opts).unwrap();
+    let mut t = vec![quiver_engine::argmax(plain.eval(p, 0, Want::Last).unwrap())];
+    let mut rows = Vec::new();
+    for k in 0..5 {
+        let row = plain
+            .eval(&[t[k]], p.len() + k, Want::Last)
+            .unwrap()
+            .to_vec();
+        t.push(quiver_engine::argmax(&row));
+        rows.push(row);
+    }
+    let mut r = ModelRunner::new(CpuBackend::new(2), &f, &opts).unwrap();
+    use quiver_engine::Session;
+    assert_eq!(r.max_verify(), 1, "no kept states: no room for a proposal");
+    assert_eq!(r.keep_states(4).unwrap(), 4);
+    assert_eq!(r.max_verify(), 5);
+    r.eval(p, 0, Want::Last).unwrap();
+    // t0, then t1 (right) and two wrong tokens.
+    let wrong = |x: u32| (x + 1) % 128;
+    let mut s = quiver_engine::Sampler::new(SamplerParams::greedy());
+    let mut picks = Vec::new();
+    let verify = [t[0], t[1], wrong(t[2]), wrong(t[3])];
+    r.eval_verify(&verify, p.len(), &mut s, p, &mut picks)
+        .unwrap();
+    assert_eq!(picks, vec![t[1], t[2]]);
+    // On from the position after t1: t2, t3 and t4 all accepted (their rows plain decoding's:
+    // the picks), then the sequence returned to the position after t3 (as a stop string
+    // inside the accepted tokens would), and t4's row computed again is plain decoding's.
+    let mut h = p.clone();
+    h.extend_from_slice(&t[..2]);
+    r.eval_verify(&[t[2], t[3], t[4]], p.len() + 2, &mut s, &h, &mut picks)
+        .unwrap();
+    assert_eq!(picks, vec![t[3], t[4], t[5]]);
+    r.rewind(p.len() + 4).unwrap();
+    let row = r.eval(&[t[4]], p.len() + 4, Want::Last).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(row), bits(&rows[4]), "the row after the rollback");
+    // Back past the last verification's rows: refused in one line.
+    let e = r.rewind(p.len() + 1).unwrap_err().to_string();
+    assert!(e.contains("continues at position"), "{e}");
 }
 
 /// The single-sequence runner continues a recurrent state only where it ended (or from 0):

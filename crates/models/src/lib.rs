@@ -50,6 +50,8 @@ pub enum ModelError {
     BatchTooLarge { got: usize, max: usize },
     #[error("{got} logits rows requested, the workspace holds {max}")]
     TooManyLogits { got: usize, max: usize },
+    #[error("cannot roll the recurrent state back by {back} tokens: it keeps {planes} states")]
+    Rollback { back: usize, planes: usize },
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;

@@ -327,6 +327,10 @@ pub(crate) fn linear<B: Backend>(
         &hy.alpha,
         &hy.beta,
         &mut s.rs[lin.rs],
+        s.snap.get_mut(lin.rs).map(|buf| quiver_backend::Snapshots {
+            buf,
+            planes: s.snap_planes,
+        }),
         &mut hy.core,
     )?;
     // The gated norm: rms_norm(o) per head · silu(z).

@@ -41,6 +41,11 @@ pub struct State<B: Backend> {
     pub rs: Vec<B::Buf>,
     /// Sequences the recurrent state holds at once (`SeqSpan::state_slot` below this).
     pub n_seq_states: usize,
+    /// Per recurrent layer, the states each slot keeps for a rollback
+    /// ([`quiver_backend::Snapshots`], [`State::keep_states`]); empty without.
+    pub(crate) snap: Vec<B::Buf>,
+    /// Kept states per slot (0: none).
+    pub snap_planes: usize,
     /// [max_logits, n_vocab] after a step
     pub logits: B::Buf,
 }
@@ -67,6 +72,77 @@ impl<B: Backend> State<B> {
             layers: layers.to_vec(),
             feat: b.buf(self.max_tokens * layers.len() * n_embd)?,
         });
+        Ok(())
+    }
+
+    /// Makes every later step keep, for each sequence, the recurrent state after each of its
+    /// last `planes` rows but one (Qwen 3.5's delta-net layers: [`quiver_backend::Snapshots`]),
+    /// so that [`State::rewind`] can return it to any of them: what speculative decoding needs
+    /// to drop rejected proposals. Memory: `planes` times the recurrent state, checked.
+    pub fn keep_states(&mut self, b: &B, hp: &crate::Hparams, planes: usize) -> Result<()> {
+        let Some(p) = hp.delta_net else {
+            return Ok(());
+        };
+        self.snap.clear();
+        self.snap_planes = 0;
+        if planes == 0 {
+            return Ok(());
+        }
+        let floats = self.n_seq_states * planes * p.state_floats();
+        let need = (floats as u64) * 4 * self.rs.len() as u64;
+        if let Some(available) = b.memory_available() {
+            if need > available {
+                return Err(quiver_backend::BackendError::OutOfMemory {
+                    what: format!(
+                        "{planes} kept recurrent states for each of {} sequences (speculative decoding's rollback)",
+                        self.n_seq_states
+                    ),
+                    need,
+                    available,
+                    device: b.name(),
+                    hint: ": lower --draft-max or the number of sequences (--parallel)",
+                }
+                .into());
+            }
+        }
+        self.snap = (0..self.rs.len())
+            .map(|_| b.buf(floats))
+            .collect::<std::result::Result<_, _>>()?;
+        self.snap_planes = planes;
+        // New buffers: steps captured before them are not this state's any more.
+        self.id = next_id();
+        Ok(())
+    }
+
+    /// Returns state slot `slot` to its state after row `row` of its last step's span of
+    /// `len` rows (the kept states: [`quiver_backend::Snapshots`]): a verification whose
+    /// proposals were not all accepted goes back to the row of its last accepted token.
+    /// Nothing to do for the last row; a row the state did not keep is an error.
+    pub fn rewind(
+        &mut self,
+        b: &B,
+        hp: &crate::Hparams,
+        slot: usize,
+        len: usize,
+        row: usize,
+    ) -> Result<()> {
+        let Some(p) = hp.delta_net else {
+            return Ok(());
+        };
+        if row + 1 >= len {
+            return Ok(());
+        }
+        let planes = self.snap_planes;
+        let Some(j) = quiver_backend::Snapshots::<B::Buf>::plane_of(planes, len, row) else {
+            return Err(crate::ModelError::Rollback {
+                back: len - 1 - row,
+                planes,
+            });
+        };
+        let per = p.state_floats();
+        for (rs, snap) in self.rs.iter_mut().zip(&self.snap) {
+            b.copy_range(snap, (slot * planes + j) * per, rs, slot * per, per)?;
+        }
         Ok(())
     }
 
@@ -203,9 +279,8 @@ impl<B: Backend> Model<B> {
             }
         }
         b.reserve_workspace(&ws)?;
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(State {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: next_id(),
             kv: (0..spec.layers.len())
                 .map(|i| b.kv(&spec, i))
                 .collect::<std::result::Result<_, _>>()?,
@@ -262,7 +337,15 @@ impl<B: Backend> Model<B> {
                 (None, None) => Vec::new(),
             },
             n_seq_states,
+            snap: Vec::new(),
+            snap_planes: 0,
             logits: b.buf(max_logits * hp.n_vocab)?,
         })
     }
+}
+
+/// A state's id, unique in the process.
+fn next_id() -> u64 {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

@@ -57,6 +57,11 @@ pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) ->
     let mut x = h.upload(be, &qkv);
     let (ba, bb) = (h.upload(be, &alpha), h.upload(be, &beta));
     let mut state = h.upload(be, &state0);
+    // Three kept states a slot: the first sequence keeps rows 3..6, the second rows 1..4, the
+    // decoding one none (its planes stay as they were).
+    let planes = 3;
+    let snap0 = rng.scaled(5 * planes * per, 0.3);
+    let mut snap = h.upload(be, &snap0);
     let mut out = poison(be, h, n * vd);
     let st = be.begin_step(&batch, 0, 256, 256).unwrap();
     be.delta_net(
@@ -71,14 +76,51 @@ pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) ->
         &ba,
         &bb,
         &mut state,
+        Some(crate::Snapshots {
+            buf: &mut snap,
+            planes,
+        }),
         &mut out,
     )
     .unwrap();
     assert!(be.end_step(true).unwrap(), "the test step was not kept");
     let got = read(be, &out, n * vd);
     let got_state = read(be, &state, 5 * per);
+    let got_snap = read(be, &snap, 5 * planes * per);
     let mut want_state = state0.clone();
     for (s, &(slot, pos, len)) in batch.seqs.iter().zip(&seqs) {
+        // Each kept state: the reference over the span's rows up to its row.
+        for j in 0..planes {
+            let kept = &got_snap[(slot * planes + j) * per..][..per];
+            let Some(row) = crate::Snapshots::<B::Buf>::row_of(planes, len, j) else {
+                assert_eq!(
+                    kept,
+                    &snap0[(slot * planes + j) * per..][..per],
+                    "slot {slot}'s plane {j} keeps no row of a span of {len}, yet changed"
+                );
+                continue;
+            };
+            let mut ws = state0[slot * per..(slot + 1) * per].to_vec();
+            if pos == 0 {
+                ws.fill(0.0);
+            }
+            let r = s.start..s.start + row + 1;
+            dn::sequence(
+                &p,
+                row + 1,
+                &mut qkv[r.start * c..r.end * c].to_vec(),
+                &alpha[r.start * hv..r.end * hv],
+                &beta[r.start * hv..r.end * hv],
+                &conv_w,
+                &dt,
+                &a,
+                &mut ws,
+                &mut vec![0f32; (row + 1) * vd],
+            );
+            notes.check("delta_net kept state", rel_err(kept, &ws), bound, || {
+                format!("slot {slot}, plane {j}: after row {row} of {len}")
+            });
+        }
         let ws = &mut want_state[slot * per..(slot + 1) * per];
         if pos == 0 {
             ws.fill(0.0);

@@ -60,6 +60,7 @@ fn run_with(
             ..Default::default()
         },
         recurrent: false,
+        rollback: 0,
     });
     for (i, p) in prompts.iter().enumerate() {
         s.add(SchedRequest {

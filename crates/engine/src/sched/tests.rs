@@ -14,6 +14,7 @@ fn sched(max_batch_tokens: usize, max_seqs: usize, kv_blocks: usize) -> Schedule
         eog: vec![EOG],
         spec: Default::default(),
         recurrent: false,
+        rollback: 0,
     })
 }
 

@@ -61,6 +61,29 @@ impl<B: Backend> StepRunner<B> {
     }
 
     /// The backend and the target's buffers after a step (an EAGLE-3 head reads them).
+    /// Returns the recurrent state of every request whose step's proposals were not all
+    /// accepted to the state after its accepted ones (the step's picks: one per accepted
+    /// proposal and one more). Models without a recurrent state need nothing.
+    fn roll_back(&mut self, out: &SchedulerOutput) -> Result<(), EngineError> {
+        let (r, sampled) = (&mut self.runner, &self.out.sampled);
+        if r.model.hp.delta_net.is_none() {
+            return Ok(());
+        }
+        for s in out.scheduled.iter().filter(|s| s.draft > 0) {
+            let picks = sampled.iter().filter(|x| x.0 == s.id).count();
+            let accepted = picks.saturating_sub(1).min(s.draft);
+            let len = s.n_tokens();
+            r.state.rewind(
+                &r.backend,
+                &r.model.hp,
+                s.state_slot as usize,
+                len,
+                len - 1 - (s.draft - accepted),
+            )?;
+        }
+        Ok(())
+    }
+
     pub fn backend_and_state(&mut self) -> (&mut B, &quiver_models::State<B>) {
         (&mut self.runner.backend, &self.runner.state)
     }
@@ -87,6 +110,7 @@ impl<B: Backend> StepRunner<B> {
         let commits = pick(picker, sched, reqs, &masks, &mut self.out);
         phases.mark(Phase::Pick);
         self.commit(commits, reqs)?;
+        self.roll_back(out)?;
         phases.mark(Phase::Constraints);
         Ok(&mut self.out)
     }
