@@ -34,8 +34,9 @@ TEST_SETS = {
     "llama-archs": ("llama.cpp's test models on the GPU", "test-llama_archs", ["--include-ignored", "--test-threads=1", "gpu_matches"]),
     "spec": ("speculative decoding on the GPU", "test-gpu_spec", ["--include-ignored", "--test-threads=1", "--nocapture"]),
     "eagle3": ("EAGLE-3 heads against llama.cpp on the GPU", "test-eagle3", ["--include-ignored", "--test-threads=1", "--nocapture", "gpu_head"]),
+    "mtp": ("multi-token-prediction blocks against llama.cpp on the GPU", "test-mtp", ["--include-ignored", "--test-threads=1", "--nocapture", "gpu_block"]),
 }
-DEFAULT_TESTS = ("compile", "ops", "engine", "archs", "llama-archs", "spec", "eagle3")
+DEFAULT_TESTS = ("compile", "ops", "engine", "archs", "llama-archs", "spec", "eagle3", "mtp")
 
 
 def elapsed():

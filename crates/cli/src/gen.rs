@@ -131,6 +131,12 @@ fn load_spec(
             );
         }
     }
+    if cfg.kind == quiver_engine::spec::SpecType::Mtp {
+        target
+            .runner
+            .attach_mtp(&target_file)
+            .map_err(|e| anyhow::anyhow!("--spec-type mtp: {e}"))?;
+    }
     let draft = match draft {
         Some(d) if eagle => {
             target.runner.attach_eagle3(&d.0, &target_file)?;

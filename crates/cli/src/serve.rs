@@ -191,9 +191,18 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     block.check().map_err(anyhow::Error::msg)?;
     // A draft model's KV sits beside the target's in the same blocks: a block costs both.
     let spec = a.spec.config()?;
-    let draft_block = match &spec.draft_model {
-        Some(d) => {
-            let b = quiver_models::hparams(&d.0)?.kv_spec(bs, kv);
+    // (The target's own multi-token-prediction block is such a draft.)
+    let draft_hp = match (&spec.draft_model, spec.kind) {
+        (Some(d), _) => Some(quiver_models::hparams(&d.0)?),
+        (None, quiver_engine::spec::SpecType::Mtp) => Some(
+            quiver_models::mtp::hparams(&file)
+                .map_err(|e| anyhow::anyhow!("--spec-type mtp: {e}"))?,
+        ),
+        (None, _) => None,
+    };
+    let draft_block = match draft_hp {
+        Some(hp) => {
+            let b = hp.kv_spec(bs, kv);
             b.check()
                 .map_err(|e| anyhow::anyhow!("the draft model: {e}"))?;
             Some(b)

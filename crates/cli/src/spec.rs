@@ -6,11 +6,12 @@ use quiver_engine::spec::{DraftFile, SpecConfig, SpecType, MAX_DRAFT};
 pub struct SpecArgs {
     /// Speculative decoding: none (the default), ngram (prompt lookup: the tokens that
     /// followed the latest earlier occurrence of the last 4, 3 or 2 tokens of the prompt and
-    /// text so far are proposed), draft (a draft model, -md, proposes greedily) or eagle3 (an
-    /// EAGLE-3 head, -md, reads the target's hidden states; served: serve, bench); the
+    /// text so far are proposed), draft (a draft model, -md, proposes greedily), eagle3 (an
+    /// EAGLE-3 head, -md, reads the target's hidden states) or mtp (the model's own
+    /// multi-token-prediction block, Qwen 3.5's, reads its final hidden states); the
     /// proposals are checked in the step's one forward pass, and the tokens are those of plain
     /// decoding, greedy or seeded. -md alone means draft (eagle3 for an EAGLE-3 file).
-    #[arg(long = "spec-type", visible_alias = "spec", value_name = "none|ngram|draft|eagle3", value_parser = parse_spec_type)]
+    #[arg(long = "spec-type", visible_alias = "spec", value_name = "none|ngram|draft|eagle3|mtp", value_parser = parse_spec_type)]
     pub spec_type: Option<SpecType>,
     /// The draft model (llama-server's -md): a GGUF path or alias of the target's vocabulary,
     /// run on the target's device, its KV beside the target's in the same blocks.
@@ -36,7 +37,7 @@ pub struct SpecArgs {
 
 fn parse_spec_type(s: &str) -> Result<SpecType, String> {
     SpecType::parse(s).ok_or_else(|| {
-        format!("unknown speculative decoding type {s:?}: none, ngram, draft or eagle3")
+        format!("unknown speculative decoding type {s:?}: none, ngram, draft, eagle3 or mtp")
     })
 }
 

@@ -92,7 +92,7 @@ pub struct DraftModel<B: Backend> {
     /// The jobs still drafting and the token each feeds next (kept: no allocation a step).
     active: Vec<usize>,
     feed: Vec<u32>,
-    /// An EAGLE-3 head's side (`--spec-type eagle3`).
+    /// A draft head's side (`--spec-type eagle3`, `mtp`).
     eagle: Option<crate::eagle::Eagle>,
 }
 
@@ -131,12 +131,30 @@ impl<B: Backend> DraftModel<B> {
         Ok(d)
     }
 
+    /// The target's own multi-token-prediction block (`target`'s file) as a draft head, as
+    /// [`DraftModel::load`].
+    pub fn load_mtp(
+        backend: &B,
+        target: &Arc<GgufFile>,
+        n_slots: usize,
+        n_batch: usize,
+        max_rows: usize,
+        kv: quiver_backend::KvTypes,
+    ) -> Result<Self> {
+        let model = quiver_models::mtp::load(backend, target)?;
+        let nv = model.hp.n_vocab;
+        let mut d = Self::with_model(backend, model, n_slots, n_batch, max_rows, kv, nv)?;
+        d.eagle = Some(Default::default());
+        Ok(d)
+    }
+
     /// The target layers an EAGLE-3 head reads (None: a draft model).
     pub fn eagle3_layers(&self) -> Option<[usize; 3]> {
         self.model.hp.eagle3.as_ref().map(|e| e.target_layers)
     }
 
-    /// An EAGLE-3 head keeps the g of the target's last step (`out`, run over `target`).
+    /// A draft head (EAGLE-3, multi-token prediction) keeps the g of the target's last step
+    /// (`out`, run over `target`).
     pub fn absorb(
         &mut self,
         b: &mut B,

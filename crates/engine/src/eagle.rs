@@ -1,5 +1,7 @@
-//! Speculative decoding with an EAGLE-3 head (`--spec-type eagle3 -md HEAD`): the draft
-//! model's side of it ([`crate::draft::DraftModel`] holds an [`Eagle`] beside the head).
+//! Speculative decoding with an EAGLE-3 head (`--spec-type eagle3 -md HEAD`), or with the
+//! target's own multi-token-prediction block (`--spec-type mtp`: the same flow, its g the
+//! target's final hidden state, its own normed output the g it drafts on): the draft model's
+//! side of it ([`crate::draft::DraftModel`] holds an [`Eagle`] beside the head).
 //!
 //! After each target step the head encodes the target's hidden states of the step's rows
 //! (`State::features`, three layers side by side) into one g row per token and keeps them by
@@ -64,7 +66,8 @@ pub(crate) struct Eagle {
 
 impl Eagle {
     /// Keeps the g of each row of the target's last step (`out`; the target's `state` kept
-    /// the layers the head reads).
+    /// the layers an EAGLE-3 head reads, or its hidden states for a multi-token-prediction
+    /// block).
     pub(crate) fn absorb<B: Backend>(
         &mut self,
         b: &mut B,
@@ -91,7 +94,11 @@ impl Eagle {
         rows: usize,
         spans: impl Iterator<Item = Span>,
     ) -> Result<()> {
-        let feat = target.features().ok_or_else(|| ModelError::BadHparam {
+        let feat = match head.head_reads_hidden() {
+            true => Some(target.hidden()),
+            false => target.features(),
+        };
+        let feat = feat.ok_or_else(|| ModelError::BadHparam {
             key: "eagle3".into(),
             detail: "the target keeps no hidden states for the head".into(),
         })?;
@@ -100,8 +107,8 @@ impl Eagle {
         }
         let d = head.hp.n_embd;
         // (The head's steps are as long as the target's.)
-        head.eagle3_encode(b, hs, feat, rows)?;
-        head.eagle3_g(b, hs, rows, &mut self.host)?;
+        head.head_encode(b, hs, feat, rows)?;
+        head.head_g(b, hs, rows, &mut self.host)?;
         for s in spans {
             let r = self.seqs.entry(s.id).or_default();
             let kept = r.g.len() / d;
@@ -142,6 +149,9 @@ impl Eagle {
     ) -> Result<()> {
         let d = head.hp.n_embd;
         let nv = head.hp.n_vocab;
+        // A multi-token-prediction block's pair (token P + 1, h of P) is at position P + 1,
+        // and position 0 holds (token 0, zeros), as llama.cpp's draft-mtp writes them.
+        let shift = usize::from(head.head_reads_hidden());
         // 1. Each job's pairs (token P + 1, g of P) from `done` to the last kept position
         //    (which the last token follows), logits at the last where the job drafts.
         batch.begin();
@@ -162,22 +172,25 @@ impl Eagle {
                 // they go in with its next proposal's pass (a paused request costs no pass).
                 continue;
             }
+            // (The zero pair first where a multi-token-prediction block starts a sequence.)
+            let zero = usize::from(shift == 1 && from == 0);
             // What the step has room for; the rest waits for the next call.
-            end = end.min(from + (hs.max_tokens - n));
+            end = end.min(from + (hs.max_tokens - n).saturating_sub(zero));
             if end == from {
                 continue;
             }
             let wants = j.len > 0 && end + 1 == j.tokens.len();
-            let logits = wants.then_some(end - from - 1);
+            let logits = wants.then_some(end - from - 1 + zero);
             batch.push_seq(
-                &j.tokens[from + 1..end + 1],
-                from,
+                &j.tokens[from + 1 - zero..end + 1],
+                from + shift - zero,
                 Blocks::Table(j.blocks),
                 logits,
             );
+            self.feed.resize(self.feed.len() + zero * d, 0.0);
             self.feed
                 .extend_from_slice(&r.g[(from - r.first) * d..(end - r.first) * d]);
-            n += end - from;
+            n += end - from + zero;
             if wants {
                 self.last_row.pop();
                 self.last_row.push(Some(n - 1));
@@ -191,10 +204,10 @@ impl Eagle {
         if n == 0 {
             return Ok(());
         }
-        head.eagle3_input(b, hs, &self.feed)?;
+        head.head_input(b, hs, &self.feed)?;
         head.forward(b, hs, batch.batch())?;
         // 2. Draft: each job still drafting feeds its token at the next position, with its
-        //    last row's pre-norm state as g.
+        //    last row's state as g (`Model::head_next_g`).
         self.active.clear();
         self.active
             .extend((0..jobs.len()).filter(|&k| self.last_row[k].is_some()));
@@ -206,7 +219,7 @@ impl Eagle {
             picker
                 .fetch(b, &hs.logits, self.active.len(), nv, how)
                 .map_err(ModelError::from)?;
-            head.eagle3_prenorm(b, hs, rows, &mut self.host)?;
+            head.head_next_g(b, hs, rows, &mut self.host)?;
             batch.begin();
             self.feed.clear();
             let mut w = 0;
@@ -221,7 +234,7 @@ impl Eagle {
                     }
                     None => 1.0,
                 };
-                let t = head.eagle3_target_id(t);
+                let t = head.head_target_id(t);
                 if p < j.p_min || t as usize >= target_vocab {
                     continue;
                 }
@@ -232,8 +245,8 @@ impl Eagle {
                 let row = self.last_row[k].expect("an active job's row");
                 self.feed
                     .extend_from_slice(&self.host[row * d..(row + 1) * d]);
-                // (The last pass's row was at done - 1 + drafted.)
-                let pos = *j.done + drafted;
+                // (The last pass's row was at done - 1 + drafted, shifted.)
+                let pos = *j.done + drafted + shift;
                 batch.push_seq(&[t], pos, Blocks::Table(j.blocks), Some(0));
                 self.last_row[k] = Some(w);
                 self.active[w] = k;
@@ -243,7 +256,7 @@ impl Eagle {
             if w == 0 {
                 break;
             }
-            head.eagle3_input(b, hs, &self.feed)?;
+            head.head_input(b, hs, &self.feed)?;
             head.forward(b, hs, batch.batch())?;
             rows = w;
             drafted += 1;

@@ -52,7 +52,8 @@ pub struct ModelRunner<B: Backend> {
     /// The position after the last evaluated token: where a model with recurrent state
     /// continues (its state holds every token before it).
     next_pos: usize,
-    /// An EAGLE-3 head reading this runner's steps ([`ModelRunner::attach_eagle3`]).
+    /// A draft head reading this runner's steps ([`ModelRunner::attach_eagle3`],
+    /// [`ModelRunner::attach_mtp`]).
     pub(crate) eagle: Option<Box<crate::runner_eagle::RunnerEagle<B>>>,
     /// The last verification step's first position and rows (`eval_verify`): where a
     /// recurrent state may be returned to ([`ModelRunner::rewind`]).
@@ -438,10 +439,13 @@ pub trait Session {
     /// Loads an EAGLE-3 head (`head`) for this session's model (`target`, its file): see
     /// `ModelRunner::attach_eagle3`.
     fn attach_eagle3(&mut self, head: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Result<()>;
+    /// Loads the model's own multi-token-prediction block (`file`: the model's file): see
+    /// `ModelRunner::attach_mtp`.
+    fn attach_mtp(&mut self, file: &Arc<GgufFile>) -> Result<()>;
     /// With a head attached: up to `len` tokens after `tokens` (the sequence by position, the
     /// last one the token the next step computes) into `out`, stopping below `p_min`; without
     /// one, nothing.
-    fn propose_eagle3(
+    fn propose_head(
         &mut self,
         tokens: &[u32],
         len: usize,
@@ -508,7 +512,10 @@ impl<B: Backend> Session for ModelRunner<B> {
     fn attach_eagle3(&mut self, head: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Result<()> {
         ModelRunner::attach_eagle3(self, head, target)
     }
-    fn propose_eagle3(
+    fn attach_mtp(&mut self, file: &Arc<GgufFile>) -> Result<()> {
+        ModelRunner::attach_mtp(self, file)
+    }
+    fn propose_head(
         &mut self,
         tokens: &[u32],
         len: usize,

@@ -1,8 +1,9 @@
-//! An EAGLE-3 head beside a [`ModelRunner`]'s one sequence (`quiver run`, `quiver chat` with
-//! `--spec-type eagle3 -md HEAD`): the serving loop's head ([`crate::eagle`]) with the
-//! sequence as request 0. Every forward step of the runner hands the head the target's states
-//! of its rows, and [`Session::propose_eagle3`](crate::Session::propose_eagle3) catches the
-//! head's KV up with them and drafts. The head's KV has the runner's context, addressed as the
+//! A draft head beside a [`ModelRunner`]'s one sequence (`quiver run`, `quiver chat` with
+//! `--spec-type eagle3 -md HEAD` or `--spec-type mtp`): the serving loop's head
+//! ([`crate::eagle`]) with the sequence as request 0. Every forward step of the runner hands
+//! the head the target's states of its rows, and
+//! [`Session::propose_head`](crate::Session::propose_head) catches the head's KV up with them
+//! and drafts. The head's KV has the runner's context, addressed as the
 //! runner's (block `k` is positions `16k..`).
 
 use crate::draft::DraftModel;
@@ -39,12 +40,25 @@ impl<B: Backend> ModelRunner<B> {
         )?;
         let layers = d.eagle3_layers().expect("an EAGLE-3 head names its layers");
         self.keep_layers(&layers)?;
+        self.attach_head(d);
+        Ok(())
+    }
+
+    /// Loads this runner's model's own multi-token-prediction block (`file`: the model's file)
+    /// as its draft head, as [`ModelRunner::attach_eagle3`] does an EAGLE-3 head.
+    pub fn attach_mtp(&mut self, file: &Arc<GgufFile>) -> Result<()> {
+        let kv = self.model.kv_types;
+        let d = DraftModel::load_mtp(&self.backend, file, self.n_ctx, self.n_batch, 1, kv)?;
+        self.attach_head(d);
+        Ok(())
+    }
+
+    fn attach_head(&mut self, head: DraftModel<B>) {
         self.eagle = Some(Box::new(RunnerEagle {
-            head: d,
+            head,
             table: (0..(self.n_ctx / BLOCK_SIZE) as u32).collect(),
             done: 0,
         }));
-        Ok(())
     }
 
     /// After a step of `rows` tokens at `start_pos..`: the head keeps their states (and holds
@@ -58,7 +72,7 @@ impl<B: Backend> ModelRunner<B> {
         Ok(())
     }
 
-    /// See [`Session::propose_eagle3`](crate::Session::propose_eagle3).
+    /// See [`Session::propose_head`](crate::Session::propose_head).
     pub(crate) fn eagle_propose(
         &mut self,
         tokens: &[u32],

@@ -534,7 +534,7 @@ impl Scheduler {
                     // The proposal's rows are reserved and its blocks allocated (the draft
                     // writes its K/V there); the draft proposes after this loop, for every
                     // request at once (`draft_all`).
-                    SpecType::Draft | SpecType::Eagle3
+                    SpecType::Draft | SpecType::Eagle3 | SpecType::Mtp
                         if drafter.is_some()
                             && len > 0
                             && len >= draft_min
@@ -572,7 +572,7 @@ impl Scheduler {
         }
         if let Some(d) = drafter {
             // (Above the decoding limit nothing is proposed, and nothing is caught up.)
-            let catch_up = spec.kind == SpecType::Eagle3 && n_decoding <= spec.max_decoding;
+            let catch_up = spec.kind.uses_head() && n_decoding <= spec.max_decoding;
             let (b, p) = self.draft_all(d, catch_up);
             budget += b;
             prompt_rows += p;

@@ -129,13 +129,22 @@ where
 
 /// The draft model of `opts.spec` (None without one): checked against the target's vocabulary,
 /// loaded on its backend with a KV pool of the target's block count (the same block numbers).
-/// An EAGLE-3 head makes the target keep the hidden states it reads.
+/// An EAGLE-3 head makes the target keep the hidden states it reads; `--spec-type mtp` loads
+/// the target's own multi-token-prediction block.
 fn load_draft<B: Backend>(
     runner: &mut ModelRunner<B>,
     target: &Arc<GgufFile>,
     opts: &ServeOptions,
 ) -> Result<Option<DraftModel<B>>, EngineError> {
     opts.spec.validate().map_err(EngineError::Draft)?;
+    let n_slots = opts.kv_blocks * BLOCK_SIZE;
+    if opts.spec.kind == SpecType::Mtp {
+        // The target's own block; its K/V in the target's blocks as a draft model's.
+        let (n_batch, rows) = (opts.max_batch_tokens, opts.max_seqs);
+        let d = DraftModel::load_mtp(&runner.backend, target, n_slots, n_batch, rows, opts.kv)
+            .map_err(|e| EngineError::Draft(format!("--spec-type mtp: {e}")))?;
+        return Ok(Some(d));
+    }
     // Loaded with --draft-max 0 too: a request's `speculative.n_max` may ask for proposals.
     let Some(file) = opts.spec.draft_model.as_ref() else {
         return Ok(None);
@@ -149,7 +158,6 @@ fn load_draft<B: Backend>(
             false => "--spec-type eagle3 needs an EAGLE-3 head (-md), not a draft model".into(),
         }));
     }
-    let n_slots = opts.kv_blocks * BLOCK_SIZE;
     let (n_batch, rows, nv) = (opts.max_batch_tokens, opts.max_seqs, runner.n_vocab());
     let d = match eagle {
         true => DraftModel::load_eagle3(

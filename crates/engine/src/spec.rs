@@ -31,6 +31,9 @@ pub enum SpecType {
     Draft,
     /// An EAGLE-3 head (`-md`) reading the target's hidden states (`crate::draft`).
     Eagle3,
+    /// The target's own multi-token-prediction block (Qwen 3.5's `nextn` layer) reading its
+    /// final hidden states, run as an EAGLE-3 head is (`crate::eagle`).
+    Mtp,
 }
 
 impl SpecType {
@@ -40,6 +43,7 @@ impl SpecType {
             "ngram" => Some(SpecType::Ngram),
             "draft" => Some(SpecType::Draft),
             "eagle3" | "draft-eagle3" => Some(SpecType::Eagle3),
+            "mtp" | "draft-mtp" => Some(SpecType::Mtp),
             _ => None,
         }
     }
@@ -50,12 +54,18 @@ impl SpecType {
             SpecType::Ngram => "ngram",
             SpecType::Draft => "draft",
             SpecType::Eagle3 => "eagle3",
+            SpecType::Mtp => "mtp",
         }
     }
 
     /// Proposals come from a second model (`-md`).
     pub fn uses_model(self) -> bool {
         matches!(self, SpecType::Draft | SpecType::Eagle3)
+    }
+
+    /// Proposals come from a head reading the target's hidden states (`crate::eagle`).
+    pub fn uses_head(self) -> bool {
+        matches!(self, SpecType::Eagle3 | SpecType::Mtp)
     }
 }
 

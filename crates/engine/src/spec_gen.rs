@@ -1,6 +1,7 @@
 //! Speculative decoding for one sequence (`quiver run`, `quiver chat`): the proposer of
 //! [`crate::spec`] (prompt lookup, a draft model as a second [`Session`] on the target's
-//! device, or an EAGLE-3 head the target's session holds, `Session::attach_eagle3`) and the same verification as the serving loop's, through
+//! device, or a draft head the target's session holds: `Session::attach_eagle3`,
+//! `Session::attach_mtp`) and the same verification as the serving loop's, through
 //! [`Session::eval_verify`]: the target scores the last token and the proposal in one step
 //! and each row's token is picked with the request's sampler while it equals the proposal,
 //! so the tokens are those of plain decoding, greedy or seeded.
@@ -60,8 +61,8 @@ impl<'a> Speculator<'a> {
         self.policy.next_len(self.cfg.draft_max).min(room)
     }
 
-    /// Up to `len` tokens after `seq` into `out` (`target`: the model, whose EAGLE-3 head
-    /// proposes for [`SpecType::Eagle3`]).
+    /// Up to `len` tokens after `seq` into `out` (`target`: the model, whose draft head
+    /// proposes for [`SpecType::Eagle3`] and [`SpecType::Mtp`]).
     pub(crate) fn propose(
         &mut self,
         target: &mut (impl Session + ?Sized),
@@ -75,8 +76,8 @@ impl<'a> Speculator<'a> {
         let n_vocab = target.n_vocab();
         match self.cfg.kind {
             SpecType::None => {}
-            SpecType::Eagle3 => {
-                target.propose_eagle3(&self.seq, len, self.cfg.p_min, out)?;
+            SpecType::Eagle3 | SpecType::Mtp => {
+                target.propose_head(&self.seq, len, self.cfg.p_min, out)?;
             }
             SpecType::Ngram => out.extend_from_slice(ngram_propose(
                 &self.seq,

@@ -113,12 +113,12 @@ fn head_rows<B: Backend>(mut b: B, fx: &Fixture, tag: &str) -> Vec<Vec<(u32, f64
     let batch = Batch::single(&fx.tokens, 0, &table, bs, vec![(n - 1) as u32]);
     target.forward(&mut b, &mut ts, &batch).unwrap();
     let mut hs = head.state(&b, 1024, 64, 64).unwrap();
-    head.eagle3_encode(&b, &mut hs, ts.features().unwrap(), n)
+    head.head_encode(&b, &mut hs, ts.features().unwrap(), n)
         .unwrap();
     let d = head.hp.n_embd;
     let mut g = Vec::new();
-    head.eagle3_g(&b, &hs, n, &mut g).unwrap();
-    head.eagle3_input(&b, &mut hs, &g[..(n - 1) * d]).unwrap();
+    head.head_g(&b, &hs, n, &mut g).unwrap();
+    head.head_input(&b, &mut hs, &g[..(n - 1) * d]).unwrap();
     let all = (0..(n - 1) as u32).collect();
     let batch = Batch::single(&fx.tokens[1..], 0, &table, bs, all);
     head.forward(&mut b, &mut hs, &batch).unwrap();
@@ -132,22 +132,22 @@ fn head_rows<B: Backend>(mut b: B, fx: &Fixture, tag: &str) -> Vec<Vec<(u32, f64
                 rows.push(
                     lp.iter()
                         .enumerate()
-                        .map(|(i, &l)| (head.eagle3_target_id(i as u32), l))
+                        .map(|(i, &l)| (head.head_target_id(i as u32), l))
                         .collect(),
                 );
             }
         };
     take(&b, &hs, n - 1, &mut rows);
-    head.eagle3_prenorm(&b, &hs, n - 1, &mut h).unwrap();
+    head.head_next_g(&b, &hs, n - 1, &mut h).unwrap();
     let mut last = h[(n - 2) * d..].to_vec();
     for k in 0..fx.draft {
         // llama.cpp's drafted token: its best at the row before.
         let t = fx.top[n - 2 + k][0].0;
-        head.eagle3_input(&b, &mut hs, &last).unwrap();
+        head.head_input(&b, &mut hs, &last).unwrap();
         let batch = Batch::single(&[t], n - 1 + k, &table, bs, vec![0]);
         head.forward(&mut b, &mut hs, &batch).unwrap();
         take(&b, &hs, 1, &mut rows);
-        head.eagle3_prenorm(&b, &hs, 1, &mut h).unwrap();
+        head.head_next_g(&b, &hs, 1, &mut h).unwrap();
         last = h[..d].to_vec();
     }
     rows

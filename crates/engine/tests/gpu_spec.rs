@@ -1,7 +1,8 @@
 //! Speculative decoding on the GPU (tests/spec_draft.rs's comparison on the CUDA backend), on a
 //! synthetic SmolLM2-shaped model written at test time: with prompt lookup, with the target as
 //! its own draft, with a draft of random weights and with an EAGLE-3 head of random weights
-//! (the head's numbers against llama.cpp: tests/eagle3.rs), the tokens (greedy and seeded, alone,
+//! (the head's numbers against llama.cpp: tests/eagle3.rs), and on Qwen 3.5 (recurrent state
+//! rolled back) with prompt lookup and its multi-token-prediction block, the tokens (greedy and seeded, alone,
 //! together and under preemption) are those of plain serving on the same backend. Needs a
 //! GPU: `#[ignore]`d; docs/GPU.md says how to run them.
 
@@ -53,10 +54,10 @@ fn start(f: &Arc<GgufFile>, spec: SpecConfig, kv_blocks: usize) -> EngineHandle 
 
 /// Twelve requests: random prompts, every third a block that repeats (prompt lookup finds it),
 /// even ones greedy, odd ones sampled at 0.8 with their own seed, 24 tokens each.
-fn requests() -> Vec<Request> {
+fn requests(n_vocab: u32) -> Vec<Request> {
     (0..12)
         .map(|i| {
-            let mut p = common::ids(4 + 5 * i, 70 + i as u64, 49152);
+            let mut p = common::ids(4 + 5 * i, 70 + i as u64, n_vocab);
             if i % 3 == 0 {
                 p = p.iter().chain(&p).chain(&p).copied().collect();
             }
@@ -83,7 +84,8 @@ fn alone(h: &EngineHandle, reqs: &[Request]) -> Vec<Vec<u32>> {
 /// `spec`'s answers alone, together, and together in a pool small enough to preempt, against
 /// plain serving's alone; returns (proposed, accepted).
 fn same_answers(f: &Arc<GgufFile>, spec: SpecConfig, label: &str) -> (u64, u64) {
-    let reqs = requests();
+    let n_vocab = Tokenizer::from_gguf(f).unwrap().n_vocab() as u32;
+    let reqs = requests(n_vocab);
     let plain = start(f, SpecConfig::default(), 512);
     let want = alone(&plain, &reqs);
     plain.shutdown(std::time::Duration::from_secs(5));
@@ -147,6 +149,20 @@ fn eagle3_heads_on_the_gpu_give_the_tokens_of_plain_serving() {
     let head = synth("smollm2-135m-eagle3", "Q4_1", 8);
     let (p, a) = same_answers(&f, spec(SpecType::Eagle3, Some(head)), "eagle3");
     assert!(p > 0 && a * 4 < p, "random eagle3 head: {a}/{p}");
+}
+
+/// Qwen 3.5 on the GPU: prompt lookup and the model's own multi-token-prediction block
+/// (random) propose; the delta net keeps each sequence's states after its last rows and a
+/// rejected proposal returns it to its accepted row (the kernels' kept states), so the tokens
+/// are plain serving's, alone, together and under preemption.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qwen35_speculation_on_the_gpu_rolls_the_recurrent_state_back() {
+    let f = synth("tiny-qwen35-mtp", "Q8_0", 7);
+    let (p, a) = same_answers(&f, spec(SpecType::Ngram, None), "qwen35 ngram");
+    assert!(p > 0 && a < p, "qwen35 ngram: {a}/{p}");
+    let (p, _) = same_answers(&f, spec(SpecType::Mtp, None), "qwen35 mtp");
+    assert!(p > 0, "qwen35 mtp: no proposals");
 }
 
 /// `quiver run --spec …` on the GPU: one sequence (`generate_spec`, the proposal verified as a

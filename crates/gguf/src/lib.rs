@@ -110,6 +110,8 @@ impl TensorInfo {
 enum Storage {
     Mmap(memmap2::Mmap),
     Owned(Vec<u8>),
+    /// Another file's bytes ([`GgufFile::view`]).
+    Shared(std::sync::Arc<GgufFile>),
 }
 
 impl Storage {
@@ -117,6 +119,7 @@ impl Storage {
         match self {
             Storage::Mmap(m) => m,
             Storage::Owned(v) => v,
+            Storage::Shared(f) => f.storage.bytes(),
         }
     }
 }
@@ -181,6 +184,45 @@ impl GgufFile {
             data_offset: h.data_offset,
             index,
         })
+    }
+
+    /// The same bytes under other metadata and tensor names, without a copy: each tensor for
+    /// which `rename` gives a name is kept under it (a name given twice keeps the later
+    /// tensor). A model part a file carries beside its main model (a multi-token-prediction
+    /// block) loads from such a view as a model of its own.
+    pub fn view(
+        self: &std::sync::Arc<Self>,
+        metadata: IndexMap<String, Value>,
+        rename: impl Fn(&str) -> Option<String>,
+    ) -> GgufFile {
+        let mut tensors: Vec<TensorInfo> = Vec::new();
+        let mut index = std::collections::HashMap::new();
+        for t in &self.tensors {
+            let Some(name) = rename(&t.name) else {
+                continue;
+            };
+            let info = TensorInfo {
+                name: name.clone(),
+                ..t.clone()
+            };
+            match index.get(&name) {
+                Some(&i) => tensors[i] = info,
+                None => {
+                    index.insert(name, tensors.len());
+                    tensors.push(info);
+                }
+            }
+        }
+        GgufFile {
+            storage: Storage::Shared(self.clone()),
+            version: self.version,
+            metadata,
+            tensors,
+            alignment: self.alignment,
+            infos_offset: self.infos_offset,
+            data_offset: self.data_offset,
+            index,
+        }
     }
 
     /// Size of the whole file in bytes.

@@ -214,6 +214,25 @@ impl Array {
         self.len() == 0
     }
 
+    /// Elements `a..b` (within the array) as an array of the same type.
+    pub fn slice(&self, a: usize, b: usize) -> Array {
+        match self {
+            Array::U8(v) => Array::U8(v[a..b].to_vec()),
+            Array::I8(v) => Array::I8(v[a..b].to_vec()),
+            Array::U16(v) => Array::U16(v[a..b].to_vec()),
+            Array::I16(v) => Array::I16(v[a..b].to_vec()),
+            Array::U32(v) => Array::U32(v[a..b].to_vec()),
+            Array::I32(v) => Array::I32(v[a..b].to_vec()),
+            Array::F32(v) => Array::F32(v[a..b].to_vec()),
+            Array::Bool(v) => Array::Bool(v[a..b].to_vec()),
+            Array::String(v) => Array::String(v[a..b].to_vec()),
+            Array::Array(v) => Array::Array(v[a..b].to_vec()),
+            Array::U64(v) => Array::U64(v[a..b].to_vec()),
+            Array::I64(v) => Array::I64(v[a..b].to_vec()),
+            Array::F64(v) => Array::F64(v[a..b].to_vec()),
+        }
+    }
+
     /// Element `i` as an integer, for arrays of any integer type.
     pub fn int_at(&self, i: usize) -> Option<i128> {
         Some(match self {

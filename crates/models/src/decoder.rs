@@ -118,6 +118,8 @@ pub struct Model<B: Backend> {
     pub dsv4: Option<crate::deepseek4::Dsv4<B>>,
     /// An EAGLE-3 draft head's weights beside its one layer.
     pub eagle3: Option<crate::eagle3::Eagle3<B>>,
+    /// A multi-token-prediction block's input stage (`crate::mtp`: the block is layer 0).
+    pub mtp: Option<crate::mtp::Mtp<B>>,
     /// The positions one sequence may reach, where a state's size depends on it
     /// (DeepSeek-V4's compressed KV); None: as many as the state's KV slots.
     pub seq_ctx: Option<usize>,
@@ -140,6 +142,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             ple: None,
             dsv4: Some(ds),
             eagle3: None,
+            mtp: None,
             seq_ctx: None,
             hp,
             kv_types: quiver_backend::KvTypes::default(),
@@ -269,6 +272,7 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         ple: crate::extras::load_ple_input(b, f, &hp)?,
         dsv4: None,
         eagle3: None,
+        mtp: None,
         seq_ctx: None,
         hp,
         kv_types: quiver_backend::KvTypes::default(),
@@ -360,7 +364,10 @@ impl<B: Backend> Model<B> {
         let dump = Dump::new();
         let d = hp.n_embd;
         let eps = hp.rms_eps;
-        b.embed(step, &self.tok_embd, hp.embed_scale, &mut s.x)?;
+        match &self.mtp {
+            Some(w) => crate::mtp::input(b, self, w, s, step)?,
+            None => b.embed(step, &self.tok_embd, hp.embed_scale, &mut s.x)?,
+        }
         if let Some(ple) = &self.ple {
             crate::extras::ple_inputs(b, s, step, ple, hp)?;
         }

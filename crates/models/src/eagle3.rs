@@ -2,7 +2,7 @@
 //! decoding. It reads the target model's hidden states at three of its layers
 //! (`target_layers`: the input of each such layer, or the final pre-norm state where the id is
 //! the target's layer count), concatenated per token and projected by `fc` to the head's width:
-//! that token's "g" ([`Model::eagle3_encode`]). The head is one llama layer: at position P it
+//! that token's "g" ([`Model::head_encode`]). The head is one llama layer: at position P it
 //! reads the token at P + 1 and g at P; its attention takes
 //! [attn_norm(embedding) | hidden_norm(g)] (twice its width) and g (or hidden_norm(g), with
 //! `norm_before_residual`) is the residual. Its pre-norm output is the g of the position it
@@ -42,11 +42,11 @@ pub struct Eagle3<B: Backend> {
 
 /// The head's step buffers ([`State`]).
 pub(crate) struct Bufs<B: Backend> {
-    /// [n, 2 · n_embd]: the attention's input.
-    cat: B::Buf,
-    /// [n, n_embd]: g of each row, as [`Model::eagle3_input`] writes it; after
-    /// [`Model::eagle3_encode`], the encoded rows.
-    g: B::Buf,
+    /// [n, 2 · n_embd]: the attention's input (a multi-token-prediction block's `eh_proj`'s).
+    pub(crate) cat: B::Buf,
+    /// [n, n_embd]: g of each row, as [`Model::head_input`] writes it; after
+    /// [`Model::head_encode`], the encoded rows.
+    pub(crate) g: B::Buf,
     /// [n, 3 · n_embd_tgt]: the normed states, with `norm_before_fc`.
     enc: Option<B::Buf>,
 }
@@ -57,14 +57,15 @@ impl<B: Backend> Bufs<B> {
         n * (3 * hp.n_embd + e)
     }
 
+    /// An EAGLE-3 head's buffers, or a multi-token-prediction block's (`crate::mtp`: g and
+    /// cat only).
     pub(crate) fn new(b: &B, hp: &Hparams, n: usize) -> Result<Self> {
-        let e = hp.eagle3.as_ref().expect("an eagle3 model's hparams");
         Ok(Bufs {
             cat: b.buf(n * 2 * hp.n_embd)?,
             g: b.buf(n * hp.n_embd)?,
-            enc: match e.norm_before_fc {
-                true => Some(b.buf(n * 3 * e.n_embd_tgt)?),
-                false => None,
+            enc: match hp.eagle3.as_ref().filter(|e| e.norm_before_fc) {
+                Some(e) => Some(b.buf(n * 3 * e.n_embd_tgt)?),
+                None => None,
             },
         })
     }
@@ -218,6 +219,7 @@ pub fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Res
         ple: None,
         dsv4: None,
         eagle3: Some(head),
+        mtp: None,
         seq_ctx: None,
         hp,
         kv_types: quiver_backend::KvTypes::default(),
@@ -302,18 +304,22 @@ pub(crate) fn forward<B: Backend>(
 }
 
 impl<B: Backend> Model<B> {
-    /// An EAGLE-3 head's g of `rows` tokens from the target's hidden states `feat`
-    /// ([rows, 3 · n_embd_tgt], [`State::features`]) into `s` (read back with
-    /// [`Model::eagle3_g`]).
-    pub fn eagle3_encode(&self, b: &B, s: &mut State<B>, feat: &B::Buf, rows: usize) -> Result<()> {
-        let e = self.eagle3.as_ref().expect("an EAGLE-3 head");
-        let ea = s.ea.as_mut().expect("an eagle3 state");
+    /// A draft head's g of `rows` tokens from the target's states `feat` into `s` (read back
+    /// with [`Model::head_g`]): an EAGLE-3 head's from the layers it reads
+    /// ([rows, 3 · n_embd_tgt], [`State::features`]); a multi-token-prediction block's is the
+    /// target's hidden state itself ([rows, n_embd], [`State::hidden`]).
+    pub fn head_encode(&self, b: &B, s: &mut State<B>, feat: &B::Buf, rows: usize) -> Result<()> {
+        let ea = s.ea.as_mut().expect("a draft head's state");
         if rows > s.max_tokens {
             return Err(ModelError::BatchTooLarge {
                 got: rows,
                 max: s.max_tokens,
             });
         }
+        let Some(e) = self.eagle3.as_ref() else {
+            let d = self.hp.n_embd;
+            return Ok(b.copy_cols(feat, d, 0, d, rows, &mut ea.g)?);
+        };
         let input = match (&e.enc_norm, ea.enc.as_mut()) {
             (Some(w), Some(enc)) => {
                 b.rms_norm(feat, w, self.hp.rms_eps, rows, enc)?;
@@ -325,31 +331,34 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// The first `rows` rows of g the last [`Model::eagle3_encode`] made, to the host.
-    pub fn eagle3_g(&self, b: &B, s: &State<B>, rows: usize, out: &mut Vec<f32>) -> Result<()> {
-        let ea = s.ea.as_ref().expect("an eagle3 state");
+    /// Which of the target's states a draft head reads: its final hidden states
+    /// ([`State::hidden`], a multi-token-prediction block) or the layers it keeps
+    /// ([`State::features`], an EAGLE-3 head).
+    pub fn head_reads_hidden(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// The first `rows` rows of g the last [`Model::head_encode`] made, to the host.
+    pub fn head_g(&self, b: &B, s: &State<B>, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        let ea = s.ea.as_ref().expect("a draft head's state");
         Ok(b.read(&ea.g, rows * self.hp.n_embd, out)?)
     }
 
     /// Writes the next step's g rows ([rows, n_embd], row-major) from the host.
-    pub fn eagle3_input(&self, b: &B, s: &mut State<B>, g: &[f32]) -> Result<()> {
-        let ea = s.ea.as_mut().expect("an eagle3 state");
+    pub fn head_input(&self, b: &B, s: &mut State<B>, g: &[f32]) -> Result<()> {
+        let ea = s.ea.as_mut().expect("a draft head's state");
         Ok(b.write(&mut ea.g, g)?)
     }
 
-    /// The last step's pre-norm states ([rows, n_embd]): the g of each row's next position.
-    pub fn eagle3_prenorm(
-        &self,
-        b: &B,
-        s: &State<B>,
-        rows: usize,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        Ok(b.read(&s.x, rows * self.hp.n_embd, out)?)
+    /// The g of each row's next position after the last step ([rows, n_embd]): an EAGLE-3
+    /// head's pre-norm states, a multi-token-prediction block's normed ones.
+    pub fn head_next_g(&self, b: &B, s: &State<B>, rows: usize, out: &mut Vec<f32>) -> Result<()> {
+        let x = if self.mtp.is_some() { &s.xn } else { &s.x };
+        Ok(b.read(x, rows * self.hp.n_embd, out)?)
     }
 
     /// The head's draft-vocabulary id as the target's.
-    pub fn eagle3_target_id(&self, id: u32) -> u32 {
+    pub fn head_target_id(&self, id: u32) -> u32 {
         match self.eagle3.as_ref().and_then(|e| e.d2t.as_ref()) {
             Some(m) => m.get(id as usize).copied().unwrap_or(u32::MAX),
             None => id,

@@ -66,6 +66,9 @@ pub struct Hparams {
     pub dsv4: Option<crate::Dsv4Hp>,
     /// An EAGLE-3 draft head's own hyperparameters (`eagle3`).
     pub eagle3: Option<crate::Eagle3Hp>,
+    /// A multi-token-prediction block run as a draft head (`crate::mtp`): its input is the
+    /// target's hidden state and the next token.
+    pub mtp: bool,
 }
 
 /// One layer's attention and FFN shape.
@@ -548,6 +551,7 @@ impl<'a> Reader<'a> {
             shared_expert_ff: 0,
             dsv4: None,
             eagle3: None,
+            mtp: false,
         })
     }
 }

@@ -11,6 +11,7 @@ mod gemma3;
 mod gemma4;
 mod hparams;
 mod llama;
+pub mod mtp;
 mod phi3;
 mod qwen;
 mod qwen35;

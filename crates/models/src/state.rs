@@ -32,7 +32,8 @@ pub struct State<B: Backend> {
     pub(crate) hy: Option<crate::qwen35::HybridBufs<B>>,
     /// DeepSeek-V4's step buffers, where the model is one.
     pub(crate) ds: Option<crate::deepseek4::Bufs<B>>,
-    /// An EAGLE-3 head's step buffers, where the model is one.
+    /// A draft head's step buffers (EAGLE-3, a multi-token-prediction block), where the model
+    /// is one.
     pub(crate) ea: Option<crate::eagle3::Bufs<B>>,
     /// The hidden states a step keeps for an EAGLE-3 head ([`State::capture_layers`]).
     cap: Option<Capture<B>>,
@@ -219,7 +220,8 @@ impl<B: Backend> Model<B> {
         let ws = quiver_backend::WorkspaceSpec {
             max_tokens: n,
             max_logits,
-            // (An EAGLE-3 head's attention reads twice its width, its fc three target widths.)
+            // (An EAGLE-3 head's attention reads twice its width, its fc three target widths; a
+            // multi-token-prediction block's eh_proj twice its width.)
             max_product_cols: hp
                 .n_embd
                 .max(ff)
@@ -227,6 +229,7 @@ impl<B: Backend> Model<B> {
                 .max(ple_all)
                 .max(match &hp.eagle3 {
                     Some(e) => (2 * hp.n_embd).max(3 * e.n_embd_tgt),
+                    None if hp.mtp => 2 * hp.n_embd,
                     None => 0,
                 }),
             n_embd: hp.n_embd,
@@ -248,9 +251,10 @@ impl<B: Backend> Model<B> {
         };
         let ds_bytes = hp.dsv4.as_ref().map_or(0, |ds| ds.state_bytes(hp, ds_ctx));
         let rs_bytes = (hp.state_bytes_per_seq() + ds_bytes).saturating_mul(n_seq_states as u64);
-        let ea_floats = match hp.eagle3 {
-            Some(_) => crate::eagle3::Bufs::<B>::floats(hp, n) as u64,
-            None => 0,
+        let head = hp.eagle3.is_some() || hp.mtp;
+        let ea_floats = match head {
+            true => crate::eagle3::Bufs::<B>::floats(hp, n) as u64,
+            false => 0,
         };
         let floats = (floats.saturating_add(hy_floats))
             .saturating_add(ds_floats)
@@ -322,9 +326,9 @@ impl<B: Backend> Model<B> {
                 Some(_) => Some(crate::deepseek4::Bufs::new(b, hp, n, ds_ctx)?),
                 None => None,
             },
-            ea: match hp.eagle3 {
-                Some(_) => Some(crate::eagle3::Bufs::new(b, hp, n)?),
-                None => None,
+            ea: match head {
+                true => Some(crate::eagle3::Bufs::new(b, hp, n)?),
+                false => None,
             },
             cap: None,
             rs: match (hp.delta_net, &hp.dsv4) {

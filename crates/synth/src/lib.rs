@@ -96,6 +96,10 @@ pub struct Preset {
     pub init: Init,
     /// eagle3: the draft head's target and form.
     pub eagle3: Option<eagle3::Head>,
+    /// qwen35/qwen35moe: multi-token-prediction blocks after the `n_layer` blocks
+    /// (`nextn_predict_layers`: a full-attention block with `nextn.eh_proj`, `enorm`, `hnorm`
+    /// and `shared_head_norm`).
+    pub nextn: u64,
 }
 
 pub(crate) const BASE: Preset = Preset {
@@ -132,6 +136,7 @@ pub(crate) const BASE: Preset = Preset {
     n_ff_shexp: 0,
     init: Init::Flat,
     eagle3: None,
+    nextn: 0,
 };
 
 /// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
@@ -169,6 +174,7 @@ const TINY: Preset = Preset {
     n_ff_shexp: 0,
     init: Init::Flat,
     eagle3: None,
+    nextn: 0,
 };
 
 pub const PRESETS: &[Preset] = &[
@@ -562,6 +568,17 @@ pub const PRESETS: &[Preset] = &[
         full_attn_interval: 4,
         ..TINY
     },
+    // tiny-qwen35 with a multi-token-prediction block (`--spec-type mtp`).
+    Preset {
+        name: "tiny-qwen35-mtp",
+        arch: "qwen35",
+        head_dim: 64,
+        n_rot: 32,
+        ssm_heads: (2, 4, 32),
+        full_attn_interval: 4,
+        nextn: 1,
+        ..TINY
+    },
     // The same with experts beside a shared expert.
     Preset {
         name: "tiny-qwen35moe",
@@ -574,6 +591,21 @@ pub const PRESETS: &[Preset] = &[
         n_expert_used: 2,
         n_ff_exp: 128,
         n_ff_shexp: 192,
+        ..TINY
+    },
+    // tiny-qwen35moe with a multi-token-prediction block (`--spec-type mtp`).
+    Preset {
+        name: "tiny-qwen35moe-mtp",
+        arch: "qwen35moe",
+        head_dim: 64,
+        n_rot: 32,
+        ssm_heads: (2, 4, 32),
+        full_attn_interval: 2,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 128,
+        n_ff_shexp: 192,
+        nextn: 1,
         ..TINY
     },
     Preset {

@@ -8,7 +8,7 @@ use quiver_gguf::{GgufWriter, Value};
 const CONV_KERNEL: u64 = 4;
 
 fn recurrent(p: &Preset, i: u64) -> bool {
-    !(i + 1).is_multiple_of(p.full_attn_interval.max(1))
+    i < p.n_layer && !(i + 1).is_multiple_of(p.full_attn_interval.max(1))
 }
 
 pub(crate) fn plan(p: &Preset) -> Vec<Planned> {
@@ -27,8 +27,15 @@ pub(crate) fn plan(p: &Preset) -> Vec<Planned> {
         Role::TokenEmbd,
         &[p.n_vocab, d],
     )];
-    for i in 0..p.n_layer {
+    for i in 0..p.n_layer + p.nextn {
         let b = |s: &str| format!("blk.{i}.{s}.weight");
+        if i >= p.n_layer {
+            // A multi-token-prediction block: its input stage and its shared head's norm.
+            v.push(t(b("nextn.eh_proj"), Role::AttnOutput, &[d, 2 * d]));
+            v.push(t(b("nextn.enorm"), Role::Vector, &[d]));
+            v.push(t(b("nextn.hnorm"), Role::Vector, &[d]));
+            v.push(t(b("nextn.shared_head_norm"), Role::Vector, &[d]));
+        }
         v.push(t(b("attn_norm"), Role::Vector, &[d]));
         if recurrent(p, i) {
             v.push(t(b("attn_qkv"), Role::AttnQkv, &[c, d]));
@@ -99,6 +106,10 @@ pub(crate) fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
         k("full_attention_interval"),
         Value::U32(p.full_attn_interval as u32),
     );
+    if p.nextn > 0 {
+        w.set(k("block_count"), Value::U32((p.n_layer + p.nextn) as u32));
+        w.set(k("nextn_predict_layers"), Value::U32(p.nextn as u32));
+    }
     w.set(k("ssm.conv_kernel"), Value::U32(CONV_KERNEL as u32));
     w.set(k("ssm.state_size"), Value::U32(hs as u32));
     w.set(k("ssm.group_count"), Value::U32(nk as u32));
