@@ -97,8 +97,9 @@ fn load_spec(
 ) -> Result<(engine::Loaded, Option<engine::Loaded>, SpecConfig)> {
     let mut cfg = spec.config()?;
     let eagle = cfg.kind == quiver_engine::spec::SpecType::Eagle3;
-    // (An EAGLE-3 head is checked against the target as it loads beside it.)
-    if let Some(d) = cfg.draft_model.as_ref().filter(|_| !eagle) {
+    let mtp = cfg.kind == quiver_engine::spec::SpecType::Mtp;
+    // (A head is checked against the target as it loads beside it.)
+    if let Some(d) = cfg.draft_model.as_ref().filter(|_| !eagle && !mtp) {
         quiver_engine::draft::check_vocab(&gguf, &d.0).map_err(anyhow::Error::msg)?;
         quiver_engine::draft::check_rollback(&d.0).map_err(anyhow::Error::msg)?;
     }
@@ -131,13 +132,21 @@ fn load_spec(
             );
         }
     }
-    if cfg.kind == quiver_engine::spec::SpecType::Mtp {
-        target
-            .runner
-            .attach_mtp(&target_file)
-            .map_err(|e| anyhow::anyhow!("--spec-type mtp: {e}"))?;
-    }
     let draft = match draft {
+        Some(d) if mtp => {
+            target
+                .runner
+                .attach_mtp(&d.0)
+                .map_err(|e| anyhow::anyhow!("--spec-type mtp: {e}"))?;
+            None
+        }
+        None if mtp => {
+            target
+                .runner
+                .attach_mtp(&target_file)
+                .map_err(|e| anyhow::anyhow!("--spec-type mtp: {e}"))?;
+            None
+        }
         Some(d) if eagle => {
             target.runner.attach_eagle3(&d.0, &target_file)?;
             None

@@ -121,7 +121,8 @@ enum Cmd {
         #[arg(short = 't', long)]
         threads: Option<usize>,
         /// Copy this model's tokenizer (every tokenizer.* key; a path or alias of the preset's
-        /// vocabulary size): a random draft of its vocabulary for `--spec-type draft -md`.
+        /// vocabulary size, or of any size for a tiny-* preset, which takes it): a random draft
+        /// of its vocabulary for `--spec-type draft -md`, a tiny model that reads text.
         #[arg(long = "vocab-from", value_name = "MODEL")]
         vocab_from: Option<String>,
         /// Layers, instead of the preset's (a smaller model of the same vocabulary).
@@ -523,6 +524,14 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let mut p = quiver_synth::preset(&preset)?.clone();
             p.n_layer = layers.unwrap_or(p.n_layer);
+            let vocab = match &vocab_from {
+                Some(m) => Some(engine::open_path(&resolve(Some(m))?)?),
+                None => None,
+            };
+            // A tiny parity model takes the vocabulary's size (a real shape keeps its own).
+            if let Some(v) = vocab.as_ref().filter(|_| p.name.starts_with("tiny-")) {
+                p.n_vocab = quiver_synth::vocab_size(v)?;
+            }
             if let Some(w) = weights {
                 p.init = quiver_synth::Init::parse(&w)
                     .with_context(|| format!("unknown --weights {w:?} (known: flat, deep)"))?;
@@ -544,10 +553,8 @@ fn run(cli: Cli) -> Result<()> {
             });
             let mut bar = quiver_hub::Progress::count(quiver_synth::plan(p).len() as u64);
             let mut err = std::io::stderr();
-            let extra = match &vocab_from {
-                Some(m) => {
-                    quiver_synth::tokenizer_keys(&*engine::open_path(&resolve(Some(m))?)?, p)?
-                }
+            let extra = match &vocab {
+                Some(v) => quiver_synth::tokenizer_keys(v, p)?,
                 None => vec![],
             };
             let t0 = std::time::Instant::now();

@@ -192,13 +192,15 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     // A draft model's KV sits beside the target's in the same blocks: a block costs both.
     let spec = a.spec.config()?;
     // (The target's own multi-token-prediction block is such a draft.)
-    let draft_hp = match (&spec.draft_model, spec.kind) {
-        (Some(d), _) => Some(quiver_models::hparams(&d.0)?),
-        (None, quiver_engine::spec::SpecType::Mtp) => Some(
-            quiver_models::mtp::hparams(&file)
-                .map_err(|e| anyhow::anyhow!("--spec-type mtp: {e}"))?,
-        ),
-        (None, _) => None,
+    let mtp = spec.kind == quiver_engine::spec::SpecType::Mtp;
+    let draft_hp = match &spec.draft_model {
+        _ if mtp => {
+            let f = spec.draft_model.as_ref().map_or(&file, |d| &d.0);
+            let hp = quiver_models::mtp::hparams(f);
+            Some(hp.map_err(|e| anyhow::anyhow!("--spec-type mtp: {e}"))?)
+        }
+        Some(d) => Some(quiver_models::hparams(&d.0)?),
+        None => None,
     };
     let draft_block = match draft_hp {
         Some(hp) => {

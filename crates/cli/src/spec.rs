@@ -10,7 +10,9 @@ pub struct SpecArgs {
     /// EAGLE-3 head, -md, reads the target's hidden states) or mtp (the model's own
     /// multi-token-prediction block, Qwen 3.5's, reads its final hidden states); the
     /// proposals are checked in the step's one forward pass, and the tokens are those of plain
-    /// decoding, greedy or seeded. -md alone means draft (eagle3 for an EAGLE-3 file).
+    /// decoding, greedy or seeded. -md alone means draft (eagle3 for an EAGLE-3 file, mtp for
+    /// a file of a multi-token-prediction block alone; mtp takes the model's own block
+    /// without -md).
     #[arg(long = "spec-type", visible_alias = "spec", value_name = "none|ngram|draft|eagle3|mtp", value_parser = parse_spec_type)]
     pub spec_type: Option<SpecType>,
     /// The draft model (llama-server's -md): a GGUF path or alias of the target's vocabulary,
@@ -66,9 +68,9 @@ impl SpecArgs {
                 c.kind.name()
             ));
         }
-        if !c.kind.uses_model() && self.model_draft.is_some() {
+        if !c.kind.uses_model() && c.kind != SpecType::Mtp && self.model_draft.is_some() {
             return Err(format!(
-                "-md/--model-draft goes with --spec-type draft or eagle3, not {}",
+                "-md/--model-draft goes with --spec-type draft, eagle3 or mtp, not {}",
                 self.spec_type.map_or("none", SpecType::name)
             ));
         }
@@ -95,12 +97,17 @@ impl SpecArgs {
             let path = crate::resolve(Some(m))?;
             let f = crate::engine::open_path(&path)?;
             let eagle = f.arch().ok() == Some("eagle3");
-            match (self.spec_type, eagle) {
-                (None, true) => c.kind = SpecType::Eagle3,
-                (Some(SpecType::Draft), true) => anyhow::bail!(
+            let sidecar = quiver_models::mtp::is_sidecar(&f);
+            match (self.spec_type, eagle, sidecar) {
+                (None, true, _) => c.kind = SpecType::Eagle3,
+                (None, _, true) => c.kind = SpecType::Mtp,
+                (Some(SpecType::Draft), true, _) => anyhow::bail!(
                     "the draft model {m} is an EAGLE-3 head: use --spec-type eagle3"
                 ),
-                (Some(SpecType::Eagle3), false) => anyhow::bail!(
+                (Some(SpecType::Draft), _, true) => anyhow::bail!(
+                    "the draft model {m} is a multi-token-prediction block alone: use --spec-type mtp"
+                ),
+                (Some(SpecType::Eagle3), false, _) => anyhow::bail!(
                     "--spec-type eagle3: the draft model {m} is not an EAGLE-3 head (architecture {})",
                     f.arch().unwrap_or("unknown")
                 ),

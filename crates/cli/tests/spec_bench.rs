@@ -237,3 +237,64 @@ fn an_eagle3_head_drafts_in_bench_run_and_chat_and_the_wrong_type_is_refused() {
     };
     assert_eq!(chat(&[]), chat(&with_head));
 }
+
+/// Qwen 3.5 (a tiny one reading SmolLM2's vocabulary): its own multi-token-prediction block
+/// drafts in `bench`, `run` and `chat` (`--spec-type mtp`, the recurrent state rolled back past
+/// rejected proposals), and the text is that of plain decoding; a model without a block is
+/// refused in one line.
+#[test]
+fn a_qwen35_models_own_block_drafts_in_bench_run_and_chat() {
+    let v = quiver_hub::alias_path("smollm2-135m");
+    assert!(v.is_file(), "{}: run scripts/test", v.display());
+    let v = v.to_str().unwrap();
+    let (m, bare) = (tmp("qwen35-mtp.gguf"), tmp("qwen35.gguf"));
+    let (m, bare) = (m.to_str().unwrap(), bare.to_str().unwrap());
+    for (preset, out) in [("tiny-qwen35-mtp", m), ("tiny-qwen35", bare)] {
+        let synth = ["synth", "--preset", preset, "--type", "Q8_0", "-o", out];
+        ok(&quiver(&[&synth[..], &["--vocab-from", v]].concat()));
+    }
+    let f = tmp("mtp-prompt.txt");
+    std::fs::write(&f, "The valve is checked, then the pressure is logged.").unwrap();
+    let f = f.to_str().unwrap();
+    let rows = bench(m, f, &["--spec", "mtp"], "12");
+    assert_eq!(rows[1]["spec"], "mtp", "{}", rows[1]);
+    assert!(rows[1]["proposed"].as_u64().unwrap() > 0, "{}", rows[1]);
+    one_line_error(
+        &quiver(&["bench", "-m", bare, "-f", f, "--spec", "mtp"]),
+        1,
+        "no multi-token-prediction block",
+    );
+    let run = |spec: &[&str]| {
+        let p = [
+            "run",
+            "-m",
+            m,
+            "-p",
+            "Write the alphabet twice: a b c d",
+            "-n",
+            "30",
+        ];
+        ok(&quiver(&[&p[..], &["--temp", "0"], spec].concat())).clone()
+    };
+    let plain = run(&[]);
+    for spec in [&["--spec-type", "mtp"][..], &["--spec-type", "ngram"]] {
+        assert_eq!(run(spec).stdout, plain.stdout, "{spec:?}");
+    }
+    let chat = |spec: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"))
+            .args([&["chat", "-m", m, "-n", "24", "--temp", "0"][..], spec].concat())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        let mut stdin = c.stdin.take().unwrap();
+        stdin
+            .write_all(b"Count from one to ten.\nNow backwards.\n")
+            .unwrap();
+        drop(stdin);
+        ok(&c.wait_with_output().unwrap()).stdout.clone()
+    };
+    assert_eq!(chat(&[]), chat(&["--spec-type", "mtp"]));
+}

@@ -131,18 +131,25 @@ impl<B: Backend> DraftModel<B> {
         Ok(d)
     }
 
-    /// The target's own multi-token-prediction block (`target`'s file) as a draft head, as
-    /// [`DraftModel::load`].
+    /// A multi-token-prediction block (of `file`: the target's own, or a sidecar of the block
+    /// alone) as a draft head for a target of `target_vocab` tokens, as [`DraftModel::load`].
+    #[allow(clippy::too_many_arguments)]
     pub fn load_mtp(
         backend: &B,
-        target: &Arc<GgufFile>,
+        file: &Arc<GgufFile>,
         n_slots: usize,
         n_batch: usize,
         max_rows: usize,
         kv: quiver_backend::KvTypes,
+        target_vocab: usize,
     ) -> Result<Self> {
-        let model = quiver_models::mtp::load(backend, target)?;
+        let model = quiver_models::mtp::load(backend, file)?;
         let nv = model.hp.n_vocab;
+        if nv != target_vocab {
+            return Err(EngineError::Draft(format!(
+                "the multi-token-prediction block has {nv} tokens, the target {target_vocab}"
+            )));
+        }
         let mut d = Self::with_model(backend, model, n_slots, n_batch, max_rows, kv, nv)?;
         d.eagle = Some(Default::default());
         Ok(d)

@@ -44,11 +44,12 @@ impl<B: Backend> ModelRunner<B> {
         Ok(())
     }
 
-    /// Loads this runner's model's own multi-token-prediction block (`file`: the model's file)
-    /// as its draft head, as [`ModelRunner::attach_eagle3`] does an EAGLE-3 head.
+    /// Loads this runner's model's multi-token-prediction block (`file`: the model's file, or
+    /// a sidecar of the block alone) as its draft head, as [`ModelRunner::attach_eagle3`] does
+    /// an EAGLE-3 head.
     pub fn attach_mtp(&mut self, file: &Arc<GgufFile>) -> Result<()> {
-        let kv = self.model.kv_types;
-        let d = DraftModel::load_mtp(&self.backend, file, self.n_ctx, self.n_batch, 1, kv)?;
+        let (kv, nv) = (self.model.kv_types, self.model.hp.n_vocab);
+        let d = DraftModel::load_mtp(&self.backend, file, self.n_ctx, self.n_batch, 1, kv, nv)?;
         self.attach_head(d);
         Ok(())
     }

@@ -139,9 +139,11 @@ fn load_draft<B: Backend>(
     opts.spec.validate().map_err(EngineError::Draft)?;
     let n_slots = opts.kv_blocks * BLOCK_SIZE;
     if opts.spec.kind == SpecType::Mtp {
-        // The target's own block; its K/V in the target's blocks as a draft model's.
-        let (n_batch, rows) = (opts.max_batch_tokens, opts.max_seqs);
-        let d = DraftModel::load_mtp(&runner.backend, target, n_slots, n_batch, rows, opts.kv)
+        // The target's own block (or a sidecar's); its K/V in the target's blocks as a draft
+        // model's.
+        let file = opts.spec.draft_model.as_ref().map_or(target, |d| &d.0);
+        let (n_batch, rows, nv) = (opts.max_batch_tokens, opts.max_seqs, runner.n_vocab());
+        let d = DraftModel::load_mtp(&runner.backend, file, n_slots, n_batch, rows, opts.kv, nv)
             .map_err(|e| EngineError::Draft(format!("--spec-type mtp: {e}")))?;
         return Ok(Some(d));
     }

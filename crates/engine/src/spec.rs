@@ -217,9 +217,10 @@ impl SpecConfig {
                     self.kind.name()
                 ))
             }
-            (false, Some(_)) => {
-                return Err("-md/--model-draft goes with --spec-type draft or eagle3".into())
-            }
+            (false, Some(_)) if self.kind != SpecType::Mtp => return Err(
+                "-md/--model-draft goes with --spec-type draft, eagle3 or mtp (a block's own file)"
+                    .into(),
+            ),
             _ => {}
         }
         if self.draft_min > self.draft_max {

@@ -306,3 +306,53 @@ fn a_model_without_a_block_is_refused() {
         "{e}"
     );
 }
+
+/// A sidecar file of the block alone (the trunk's blocks left out, as llama.cpp's converter
+/// can write one; `-md` with `--spec-type mtp`) drafts what the model's own block drafts.
+#[test]
+fn a_sidecar_of_the_block_drafts_as_the_models_own() {
+    use quiver_gguf::GgufWriter;
+    let fx = fixtures().into_iter().next().unwrap();
+    let f = write(&fx, "sidecar");
+    let mut w = GgufWriter::new();
+    w.metadata = f.metadata.clone();
+    let keep: Vec<usize> = (0..f.tensors.len())
+        .filter(|&i| {
+            let name = &f.tensors[i].name;
+            !name.starts_with("blk.") || name.starts_with("blk.4.")
+        })
+        .collect();
+    for &i in &keep {
+        let t = &f.tensors[i];
+        w.add_tensor(t.name.clone(), t.ty, &t.shape);
+    }
+    let dir = std::env::temp_dir().join(format!("quiver-mtp-{}", std::process::id()));
+    let path = dir.join("sidecar.gguf");
+    w.write_file(&path, |k, _, buf| {
+        buf.extend_from_slice(f.tensor_data(&f.tensors[keep[k]]));
+        Ok(())
+    })
+    .unwrap();
+    let side = Arc::new(GgufFile::open(&path).unwrap());
+    let _ = std::fs::remove_file(&path);
+    assert!(quiver_models::mtp::is_sidecar(&side) && !quiver_models::mtp::is_sidecar(&f));
+    let cpu = || CpuBackend::new(2);
+    let opts = RunnerOptions {
+        kv: Default::default(),
+        n_ctx: 256,
+        n_batch: 64,
+        max_logits: 8,
+    };
+    let n = fx.tokens.len();
+    let mut drafts = Vec::new();
+    for head in [&f, &side] {
+        let mut r = ModelRunner::new(cpu(), &f, &opts).unwrap();
+        r.attach_mtp(head).unwrap();
+        r.eval(&fx.tokens[..n - 1], 0, Want::Last).unwrap();
+        let mut out = Vec::new();
+        r.propose_head(&fx.tokens, 4, 0.0, &mut out).unwrap();
+        drafts.push(out);
+    }
+    assert_eq!(drafts[0].len(), 4);
+    assert_eq!(drafts[0], drafts[1], "the sidecar's drafts");
+}

@@ -9,7 +9,8 @@
 //!
 //! The block loads from a view of the target's file ([`quiver_gguf::GgufFile::view`]): the
 //! block as layer 0 of a one-layer model of the same architecture, the shared head's tensors
-//! in place of the output's, the trunk's blocks left out; no byte is copied.
+//! in place of the output's, the trunk's blocks left out; no byte is copied. A sidecar file
+//! holding the block alone ([`is_sidecar`]) loads the same way.
 
 use crate::{weight, Model, ModelError, Result, State};
 use quiver_backend::Backend;
@@ -35,6 +36,12 @@ pub fn blocks(f: &GgufFile) -> usize {
         },
         _ => 0,
     }
+}
+
+/// Whether `f` holds a multi-token-prediction block without the model it belongs to (a
+/// sidecar file, as llama.cpp's converter can write one: `-md` with `--spec-type mtp`).
+pub fn is_sidecar(f: &GgufFile) -> bool {
+    blocks(f) > 0 && f.tensor("blk.0.attn_norm.weight").is_none()
 }
 
 /// The hyperparameters of `target`'s first multi-token-prediction block as a draft head (its

@@ -17,7 +17,7 @@ pub(crate) use meta::metadata_common;
 pub use mix::{Chooser, FileType, Role};
 use quiver_gguf::{GgufError, GgufWriter, Value};
 use std::path::Path;
-pub use vocab::tokenizer_keys;
+pub use vocab::{tokenizer_keys, vocab_size};
 use weights::{quantize_rows, slow_quantizer, Prequant, Weights, PREQUANT_MIN};
 
 #[derive(Debug, thiserror::Error)]

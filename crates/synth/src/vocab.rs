@@ -5,17 +5,20 @@
 use crate::{Preset, SynthError};
 use quiver_gguf::{GgufFile, Value};
 
+/// The size of `file`'s vocabulary (its `tokenizer.ggml.tokens` list).
+pub fn vocab_size(file: &GgufFile) -> Result<u64, SynthError> {
+    match file.get("tokenizer.ggml.tokens") {
+        Some(Value::Array(a)) => Ok(a.len() as u64),
+        _ => Err(SynthError::Vocab(
+            "--vocab-from: the file has no tokenizer.ggml.tokens list".into(),
+        )),
+    }
+}
+
 /// Every `tokenizer.*` key of `file`, to write into a model of preset `p`; Err when the
 /// file's vocabulary is not the preset's size.
 pub fn tokenizer_keys(file: &GgufFile, p: &Preset) -> Result<Vec<(String, Value)>, SynthError> {
-    let n = match file.get("tokenizer.ggml.tokens") {
-        Some(Value::Array(a)) => a.len() as u64,
-        _ => {
-            return Err(SynthError::Vocab(
-                "--vocab-from: the file has no tokenizer.ggml.tokens list".into(),
-            ))
-        }
-    };
+    let n = vocab_size(file)?;
     if n != p.n_vocab {
         return Err(SynthError::Vocab(format!(
             "--vocab-from: the file's vocabulary has {n} tokens, preset {}'s {}",
