@@ -690,3 +690,19 @@ mod tests {
         }
     }
 }
+
+impl crate::CpuBackend {
+    /// q after rope: the cache holds f16 (as llama.cpp's default cache does); q meets it in
+    /// f16 (in f32 for llama.cpp's tiled attention, see `attn::tiled`), scaled first where the
+    /// model says so (`scale_q`; attention then multiplies by 1).
+    pub(crate) fn finish_q(&self, n: usize, q: &mut [f32], a: &quiver_backend::AttnParams) {
+        let s = if a.scale_q { a.scale } else { 1.0 };
+        let f16_q = !tiled(n, self.numerics());
+        q[..n * a.n_head * a.head_dim].iter_mut().for_each(|v| {
+            *v *= s;
+            if f16_q {
+                *v = half::f16::from_f32(*v).to_f32();
+            }
+        });
+    }
+}

@@ -55,3 +55,22 @@ pub(crate) fn write(x: &mut [f32], data: &[f32]) -> Result<()> {
     x[..data.len()].copy_from_slice(data);
     Ok(())
 }
+
+pub(crate) fn copy_range(
+    src: &[f32],
+    src_at: usize,
+    dst: &mut [f32],
+    dst_at: usize,
+    n: usize,
+) -> Result<()> {
+    let ok = src_at + n <= src.len() && dst_at + n <= dst.len();
+    check("copy_range", ok, || {
+        format!(
+            "{n} values from {src_at} of {} to {dst_at} of {}",
+            src.len(),
+            dst.len()
+        )
+    })?;
+    dst[dst_at..dst_at + n].copy_from_slice(&src[src_at..src_at + n]);
+    Ok(())
+}

@@ -94,22 +94,6 @@ impl CpuBackend {
     }
 }
 
-impl CpuBackend {
-    /// q after rope: the cache holds f16 (as llama.cpp's default cache does); q meets it in
-    /// f16 (in f32 for llama.cpp's tiled attention, see `attn::tiled`), scaled first where the
-    /// model says so (`scale_q`; attention then multiplies by 1).
-    fn finish_q(&self, n: usize, q: &mut [f32], a: &AttnParams) {
-        let s = if a.scale_q { a.scale } else { 1.0 };
-        let f16_q = !attn::tiled(n, self.numerics());
-        q[..n * a.n_head * a.head_dim].iter_mut().for_each(|v| {
-            *v *= s;
-            if f16_q {
-                *v = half::f16::from_f32(*v).to_f32();
-            }
-        });
-    }
-}
-
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Weight = CpuWeight;
@@ -613,19 +597,7 @@ impl Backend for CpuBackend {
         dst_at: usize,
         n: usize,
     ) -> Result<()> {
-        check(
-            "copy_range",
-            src_at + n <= src.len() && dst_at + n <= dst.len(),
-            || {
-                format!(
-                    "{n} values from {src_at} of {} to {dst_at} of {}",
-                    src.len(),
-                    dst.len()
-                )
-            },
-        )?;
-        dst[dst_at..dst_at + n].copy_from_slice(&src[src_at..src_at + n]);
-        Ok(())
+        copy::copy_range(src, src_at, dst, dst_at, n)
     }
 
     fn hc_pre(

@@ -140,7 +140,7 @@ pub(crate) const BASE: Preset = Preset {
 };
 
 /// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
-const TINY: Preset = Preset {
+pub(crate) const TINY: Preset = Preset {
     name: "",
     arch: "llama",
     n_vocab: 512,
@@ -568,17 +568,6 @@ pub const PRESETS: &[Preset] = &[
         full_attn_interval: 4,
         ..TINY
     },
-    // tiny-qwen35 with a multi-token-prediction block (`--spec-type mtp`).
-    Preset {
-        name: "tiny-qwen35-mtp",
-        arch: "qwen35",
-        head_dim: 64,
-        n_rot: 32,
-        ssm_heads: (2, 4, 32),
-        full_attn_interval: 4,
-        nextn: 1,
-        ..TINY
-    },
     // The same with experts beside a shared expert.
     Preset {
         name: "tiny-qwen35moe",
@@ -593,21 +582,6 @@ pub const PRESETS: &[Preset] = &[
         n_ff_shexp: 192,
         ..TINY
     },
-    // tiny-qwen35moe with a multi-token-prediction block (`--spec-type mtp`).
-    Preset {
-        name: "tiny-qwen35moe-mtp",
-        arch: "qwen35moe",
-        head_dim: 64,
-        n_rot: 32,
-        ssm_heads: (2, 4, 32),
-        full_attn_interval: 2,
-        n_expert: 8,
-        n_expert_used: 2,
-        n_ff_exp: 128,
-        n_ff_shexp: 192,
-        nextn: 1,
-        ..TINY
-    },
     Preset {
         name: "tiny-phi3",
         arch: "phi3",
@@ -618,7 +592,7 @@ pub const PRESETS: &[Preset] = &[
 
 /// Every preset: the real shapes, the tiny parity models, the deep parity models.
 pub fn presets() -> impl Iterator<Item = &'static Preset> {
-    PRESETS.iter().chain(deep::PRESETS)
+    PRESETS.iter().chain(qwen35::PRESETS).chain(deep::PRESETS)
 }
 
 pub fn preset(name: &str) -> Result<&'static Preset, SynthError> {
