@@ -186,6 +186,7 @@ impl CpuBackend {
         w: AttnWeights<'_, CpuWeight>,
         x: AttnInputs<'_, Vec<f32>>,
         state: &mut [f32],
+        kept: Option<quiver_backend::Snapshots<'_, Vec<f32>>>,
         out: &mut [f32],
     ) -> Result<()> {
         let op = "dsv4_attention";
@@ -244,7 +245,11 @@ impl CpuBackend {
             ds.sel.resize_with(n, Default::default);
         }
         let keys = &mut ds.keys[..n * hd];
-        dsv4::attention_prepare(batch, s, &host, &inputs, state, keys)
+        let mut kept = kept.map(|k| dsv4::Kept {
+            rows: k.buf.as_mut_slice(),
+            planes: k.planes,
+        });
+        dsv4::attention_prepare(batch, s, &host, &inputs, state, kept.as_mut(), keys)
             .map_err(|detail| quiver_backend::BackendError::Shape { op, detail })?;
         let keys: &[f32] = keys;
         let st: &[f32] = state;
@@ -274,7 +279,7 @@ impl CpuBackend {
                 dsv4::attention_head(batch, s, &host, &inputs, st, keys, t, hh, &sel[t].rows, o);
             }
         });
-        dsv4::attention_commit(batch, s, state, keys);
+        dsv4::attention_commit(batch, s, state, kept.as_mut(), keys);
         Ok(())
     }
 
@@ -320,4 +325,24 @@ impl CpuBackend {
         };
         self.moe_cpu(x, batch.n_tokens(), w, p, s, out, Some((&f, clamp)))
     }
+}
+
+/// `Backend::dsv4_rewind` on the host.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rewind(
+    s: &AttnShape,
+    state: &mut [f32],
+    kept: &[f32],
+    planes: usize,
+    slot: usize,
+    start: usize,
+    len: usize,
+    row: usize,
+) -> Result<()> {
+    dsv4::rewind(s, state, kept, planes, slot, start, len, row).map_err(|detail| {
+        quiver_backend::BackendError::Shape {
+            op: "dsv4_rewind",
+            detail,
+        }
+    })
 }

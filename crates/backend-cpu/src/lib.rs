@@ -8,6 +8,7 @@
 mod act_fn;
 mod attn;
 mod attn_tiled;
+mod config;
 mod copy;
 mod delta_net;
 mod dsv4;
@@ -20,6 +21,7 @@ mod types;
 
 use copy::check;
 
+pub use config::CpuConfig;
 use norm::rms_norm_rows;
 use par::{par_rows, SyncPtr};
 use quiver_backend::{
@@ -29,29 +31,6 @@ use quiver_backend::{
 pub use quiver_cpu_kernels::Numerics;
 use quiver_gguf::GgmlType;
 pub use types::{CpuKv, CpuWeight};
-
-/// How a [`CpuBackend`] is built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CpuConfig {
-    /// Threads of the instance's pool (at least 1).
-    pub threads: usize,
-    /// How its products and attention round: [`Numerics::BatchInvariant`] (the default) gives
-    /// every token the same bits whatever its batch (matmuls on the decode path, one-row
-    /// attention); [`Numerics::Fast`] takes the GEMM path and llama.cpp's tiled attention for
-    /// steps of 64+ tokens and rounds as llama.cpp does for one sequence
-    /// (`quiver_cpu_kernels::gemm_min_tokens`).
-    pub numerics: Numerics,
-}
-
-impl CpuConfig {
-    /// `threads` threads, the default numerics (batch invariant).
-    pub fn new(threads: usize) -> Self {
-        CpuConfig {
-            threads,
-            numerics: Numerics::default(),
-        }
-    }
-}
 
 pub struct CpuBackend {
     mm: matmul::MatMul,
@@ -67,31 +46,6 @@ pub struct CpuBackend {
 pub struct CpuStep {
     /// KV slots the step's block tables reach.
     pub slots_needed: usize,
-}
-
-impl CpuBackend {
-    /// `threads` threads, batch invariant (as [`CpuConfig::new`]).
-    pub fn new(threads: usize) -> Self {
-        CpuBackend::with_config(CpuConfig::new(threads))
-    }
-
-    pub fn with_config(config: CpuConfig) -> Self {
-        CpuBackend {
-            mm: matmul::MatMul::new(config.threads, config.numerics),
-            packed: Default::default(),
-            routing: Default::default(),
-            extra: Default::default(),
-        }
-    }
-
-    pub fn threads(&self) -> usize {
-        self.mm.threads()
-    }
-
-    /// This instance's numerics (fixed at construction).
-    pub fn numerics(&self) -> Numerics {
-        self.mm.numerics()
-    }
 }
 
 impl Backend for CpuBackend {
@@ -666,9 +620,24 @@ impl Backend for CpuBackend {
         w: quiver_backend::dsv4::AttnWeights<'_, CpuWeight>,
         x: quiver_backend::dsv4::AttnInputs<'_, Vec<f32>>,
         state: &mut Vec<f32>,
+        kept: Option<quiver_backend::Snapshots<'_, Vec<f32>>>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.dsv4_attention_cpu(step.batch, s, w, x, state, out)
+        self.dsv4_attention_cpu(step.batch, s, w, x, state, kept, out)
+    }
+
+    fn dsv4_rewind(
+        &self,
+        s: &quiver_backend::dsv4::AttnShape,
+        state: &mut Vec<f32>,
+        kept: &Vec<f32>,
+        planes: usize,
+        slot: usize,
+        start: usize,
+        len: usize,
+        row: usize,
+    ) -> Result<()> {
+        dsv4::rewind(s, state, kept, planes, slot, start, len, row)
     }
 
     fn moe_dsv4(

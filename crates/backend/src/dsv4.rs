@@ -25,8 +25,10 @@
 //!
 //! Keys are stored rounded to f16, as llama.cpp's f16 caches hold them.
 
+mod rollback;
 mod select;
 use crate::{RopeAngles, RopeParams};
+pub use rollback::{kept_floats, rewind, Kept};
 pub use select::{attention_select, attention_select_into, SelectBufs};
 
 /// The hyper-connections' shape.
@@ -514,9 +516,19 @@ pub fn attention_prepare(
     w: &AttnHost,
     x: &AttnInputs<[f32]>,
     state: &mut [f32],
+    mut kept: Option<&mut Kept>,
     keys: &mut [f32],
 ) -> Result<(), String> {
     check_step(batch, s, state.len())?;
+    if let Some(k) = kept.as_deref() {
+        let need = |q: &crate::SeqSpan| (q.state_slot as usize + 1) * k.planes * kept_floats(s);
+        if batch.seqs.iter().any(|q| need(q) > k.rows.len()) {
+            return Err(format!(
+                "a state slot's {} kept rows past their buffer",
+                k.planes
+            ));
+        }
+    }
     let hd = s.head_dim;
     let sf = s.state_floats();
     let angles = RopeAngles::new(&s.rope);
@@ -530,6 +542,10 @@ pub fn attention_prepare(
         let slot = &mut state[seq.state_slot as usize * sf..][..sf];
         for t in seq.start..seq.start + seq.len {
             let p = batch.positions[t] as usize;
+            if let Some(k) = kept.as_deref_mut().filter(|_| ratio > 0) {
+                let (q, r) = (seq.state_slot as usize, t - seq.start);
+                k.keep(s, slot, q, seq.len, r, p, 1..5);
+            }
             angles.at(p as u32, &mut sin[..np], &mut cos[..np]);
             let k = &mut keys[t * hd..][..hd];
             k.copy_from_slice(&x.kv[t * hd..][..hd]);
@@ -698,14 +714,25 @@ pub fn attention_head(
     rope_tail(o, &sin[..np], &cos[..np], -1.0);
 }
 
-/// The third phase: each sequence's last keys into its slot's window ring.
-pub fn attention_commit(batch: &crate::Batch, s: &AttnShape, state: &mut [f32], keys: &[f32]) {
+/// The third phase: each sequence's keys into its slot's window ring, in position order
+/// (what a row overwrites kept first, with `kept`).
+pub fn attention_commit(
+    batch: &crate::Batch,
+    s: &AttnShape,
+    state: &mut [f32],
+    mut kept: Option<&mut Kept>,
+    keys: &[f32],
+) {
     let (hd, sf) = (s.head_dim, s.state_floats());
     for seq in &batch.seqs {
-        let raw = &mut state[seq.state_slot as usize * sf..][..s.n_swa * hd];
-        for t in (seq.start..seq.start + seq.len).rev().take(s.n_swa) {
+        let q = seq.state_slot as usize;
+        let slot = &mut state[q * sf..][..sf];
+        for t in seq.start..seq.start + seq.len {
             let p = batch.positions[t] as usize;
-            raw[(p % s.n_swa) * hd..][..hd].copy_from_slice(&keys[t * hd..][..hd]);
+            if let Some(k) = kept.as_deref_mut() {
+                k.keep(s, slot, q, seq.len, t - seq.start, p, 0..1);
+            }
+            slot[(p % s.n_swa) * hd..][..hd].copy_from_slice(&keys[t * hd..][..hd]);
         }
     }
 }
@@ -715,19 +742,21 @@ pub fn attention_commit(batch: &crate::Batch, s: &AttnShape, state: &mut [f32], 
 /// within a step) and must continue where that slot's sequence stopped, or start at position
 /// 0 (a token reads only positions its own sequence wrote: a slot needs no clearing).
 /// `out`: [rows, n_head·head_dim], rotated back. In three phases: [`attention_prepare`],
-/// [`attention_token`] per token, [`attention_commit`].
+/// [`attention_token`] per token, [`attention_commit`]. With `kept`, each sequence's last rows
+/// keep what they overwrite, for [`rewind`].
 pub fn attention(
     batch: &crate::Batch,
     s: &AttnShape,
     w: &AttnHost,
     x: &AttnInputs<[f32]>,
     state: &mut [f32],
+    mut kept: Option<&mut Kept>,
     out: &mut [f32],
 ) -> Result<(), String> {
     let n = batch.n_tokens();
     let width = s.n_head * s.head_dim;
     let mut keys = vec![0f32; n * s.head_dim];
-    attention_prepare(batch, s, w, x, state, &mut keys)?;
+    attention_prepare(batch, s, w, x, state, kept.as_deref_mut(), &mut keys)?;
     for t in 0..n {
         attention_token(
             batch,
@@ -740,6 +769,6 @@ pub fn attention(
             &mut out[t * width..][..width],
         );
     }
-    attention_commit(batch, s, state, &keys);
+    attention_commit(batch, s, state, kept, &keys);
     Ok(())
 }

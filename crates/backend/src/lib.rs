@@ -12,6 +12,7 @@
 mod batch;
 pub mod delta_net;
 pub mod dsv4;
+mod kv;
 pub mod kvcodec;
 mod numerics;
 mod ops;
@@ -23,6 +24,7 @@ pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
 pub use delta_net::{DeltaNetParams, DeltaNetWeights, Snapshots};
+pub use kv::{KvLayer, KvSpec, KvType, KvTypes, KV_BLOCK_SIZE};
 pub use numerics::Numerics;
 pub use ops::{Activation, ExtraOp, Gating, MoeParams, MoeScratch, MoeWeights};
 use quiver_gguf::GgmlType;
@@ -125,107 +127,6 @@ pub struct AttnParams {
     pub window: Option<u32>,
     /// `tanh` soft-capping of scores.
     pub softcap: Option<f32>,
-}
-
-/// Tokens per block of the paged KV pool.
-pub const KV_BLOCK_SIZE: usize = 16;
-
-/// How K or V values are stored in the cache (layouts in [`kvcodec`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KvType {
-    /// IEEE half precision (llama.cpp's default).
-    F16,
-    /// bfloat16.
-    Bf16,
-    /// ggml's q8_0 blocks (llama.cpp's `-ctk q8_0`).
-    Q8_0,
-    /// TurboQuant, 8 bits (docs/TURBOQUANT.md).
-    Tq8,
-    /// TurboQuant, 4 bits.
-    Tq4,
-}
-
-/// The element types of K and of V.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct KvTypes {
-    pub k: KvType,
-    pub v: KvType,
-}
-
-impl Default for KvTypes {
-    fn default() -> Self {
-        KvTypes {
-            k: KvType::F16,
-            v: KvType::F16,
-        }
-    }
-}
-
-impl std::fmt::Display for KvTypes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.k == self.v {
-            write!(f, "{}", self.k.name())
-        } else {
-            write!(f, "K {}, V {}", self.k.name(), self.v.name())
-        }
-    }
-}
-
-/// One layer's KV shape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvLayer {
-    pub n_head_kv: usize,
-    pub head_dim: usize,
-}
-
-impl KvLayer {
-    /// `n_head_kv * head_dim`.
-    pub fn dim(&self) -> usize {
-        self.n_head_kv * self.head_dim
-    }
-}
-
-/// The KV cache a model asks of a backend: element types, the paged pool's size and each
-/// layer's shape. Bytes follow from it, before anything is allocated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KvSpec {
-    pub k: KvType,
-    pub v: KvType,
-    /// Tokens per block of the paged pool.
-    pub block_size: usize,
-    /// Positions in the pool (a whole number of blocks).
-    pub n_slots: usize,
-    /// Each cache layer's heads and head dim.
-    pub layers: Vec<KvLayer>,
-}
-
-impl KvSpec {
-    /// Bytes one position takes over every layer, K and V.
-    pub fn bytes_per_token(&self) -> u64 {
-        self.layers
-            .iter()
-            .map(|l| {
-                self.k.row_bytes(l.n_head_kv, l.head_dim)
-                    + self.v.row_bytes(l.n_head_kv, l.head_dim)
-            })
-            .sum()
-    }
-
-    /// Bytes of the whole cache.
-    pub fn bytes(&self) -> u64 {
-        self.bytes_per_token().saturating_mul(self.n_slots as u64)
-    }
-
-    /// Whether both types can store every layer's heads; else which layer cannot, and why.
-    pub fn check(&self) -> std::result::Result<(), String> {
-        for (i, l) in self.layers.iter().enumerate() {
-            for t in [self.k, self.v] {
-                t.check(l.head_dim)
-                    .map_err(|e| format!("KV cache layer {i}: {e}"))?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The largest step a model's buffers are made for, in the shapes a backend's own scratch
@@ -656,7 +557,10 @@ pub trait Backend {
         Err(self.missing(ExtraOp::Dsv4))
     }
     /// One DeepSeek-V4 attention layer over the step's sequences ([`dsv4::attention`]):
-    /// `state` holds the sequences' slots of [`dsv4::AttnShape::state_floats`].
+    /// `state` holds the sequences' slots of [`dsv4::AttnShape::state_floats`]. With `kept`
+    /// (its `buf` holding `planes` rows of [`dsv4::kept_floats`] per slot, as
+    /// [`dsv4::Kept`] lays them out) each sequence's last rows keep what they overwrite, for
+    /// [`Backend::dsv4_rewind`].
     #[allow(clippy::too_many_arguments)]
     fn dsv4_attention(
         &self,
@@ -665,9 +569,27 @@ pub trait Backend {
         w: dsv4::AttnWeights<'_, Self::Weight>,
         x: dsv4::AttnInputs<'_, Self::Buf>,
         state: &mut Self::Buf,
+        kept: Option<Snapshots<'_, Self::Buf>>,
         out: &mut Self::Buf,
     ) -> Result<()> {
-        let _ = (step, s, w, x, state, out);
+        let _ = (step, s, w, x, state, kept, out);
+        Err(self.missing(ExtraOp::Dsv4))
+    }
+    /// [`dsv4::rewind`]: slot `slot` back to its state after row `row` of its last step's
+    /// span of `len` rows from position `start`, from the rows `kept` holds.
+    #[allow(clippy::too_many_arguments)]
+    fn dsv4_rewind(
+        &self,
+        s: &dsv4::AttnShape,
+        state: &mut Self::Buf,
+        kept: &Self::Buf,
+        planes: usize,
+        slot: usize,
+        start: usize,
+        len: usize,
+        row: usize,
+    ) -> Result<()> {
+        let _ = (s, state, kept, planes, slot, start, len, row);
         Err(self.missing(ExtraOp::Dsv4))
     }
     /// A DeepSeek-V4 MoE layer: [`Backend::moe`]'s contract with the experts chosen by

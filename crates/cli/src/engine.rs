@@ -203,11 +203,18 @@ pub fn state_summary(
     planes: usize,
 ) -> Option<String> {
     let s = if n_seqs == 1 { "" } else { "s" };
+    let kept = match planes {
+        0 => String::new(),
+        _ => format!(
+            ", and what {planes} rows change kept per sequence for speculative decoding's rollback ({} in all)",
+            quiver_backend::human_bytes(hp.kept_state_bytes(planes).saturating_mul(n_seqs as u64))
+        ),
+    };
     if let Some(ds) = &hp.dsv4 {
         let n_ctx = n_slots.max(1);
         let per_seq = ds.state_bytes(hp, n_ctx);
         return Some(format!(
-            "compressed KV state f32: {} per sequence ({n_ctx} positions: a window of {}, compressed rows and compressor rings over {} layers), {n_seqs} sequence{s} in {}",
+            "compressed KV state f32: {} per sequence ({n_ctx} positions: a window of {}, compressed rows and compressor rings over {} layers), {n_seqs} sequence{s} in {}{kept}",
             quiver_backend::human_bytes(per_seq),
             ds.n_swa,
             hp.n_layer,
@@ -217,15 +224,6 @@ pub fn state_summary(
     let p = hp.delta_net?;
     let per_seq = hp.state_bytes_per_seq();
     let layers = hp.n_recurrent() as u64;
-    let kept = match planes {
-        0 => String::new(),
-        _ => format!(
-            ", and {planes} kept states per sequence for speculative decoding's rollback ({} in all)",
-            quiver_backend::human_bytes(
-                per_seq.saturating_mul((n_seqs * planes) as u64)
-            )
-        ),
-    };
     Some(format!(
         "recurrent state f32: {} per sequence ({} convolution + {} matrices per layer, {layers} layers), {n_seqs} sequence{} in {}{kept}",
         quiver_backend::human_bytes(per_seq),

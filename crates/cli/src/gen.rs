@@ -95,19 +95,13 @@ fn load_spec(
     gguf: Arc<quiver_gguf::GgufFile>,
     spec: &SpecArgs,
 ) -> Result<(engine::Loaded, Option<engine::Loaded>, SpecConfig)> {
-    let mut cfg = spec.config()?;
+    let cfg = spec.config()?;
     let eagle = cfg.kind == quiver_engine::spec::SpecType::Eagle3;
     let mtp = cfg.kind == quiver_engine::spec::SpecType::Mtp;
     // (A head is checked against the target as it loads beside it.)
     if let Some(d) = cfg.draft_model.as_ref().filter(|_| !eagle && !mtp) {
         quiver_engine::draft::check_vocab(&gguf, &d.0).map_err(anyhow::Error::msg)?;
         quiver_engine::draft::check_rollback(&d.0).map_err(anyhow::Error::msg)?;
-    }
-    // DeepSeek-V4's per-sequence state cannot be rolled back past a rejected proposal: such
-    // a model decodes without speculation, as the server does.
-    if cfg.on() && quiver_models::hparams(&gguf)?.dsv4.is_some() {
-        eprintln!("quiver: speculative decoding is off: DeepSeek-V4's per-sequence state cannot be rolled back");
-        cfg = SpecConfig::default();
     }
     let draft = cfg.draft_model.clone();
     let ctx = engine::n_ctx(load, &gguf);
@@ -123,12 +117,11 @@ fn load_spec(
         // A recurrent state (Qwen 3.5) keeps the states proposals may roll back to.
         target.runner.keep_states(cfg.draft_max)?;
         let hp = target.runner.hparams();
-        if hp.delta_net.is_some() {
-            let bytes = hp.state_bytes_per_seq() * cfg.draft_max as u64;
+        if hp.has_seq_state() {
             eprintln!(
-                "quiver: speculative decoding keeps {} recurrent states to roll back to ({})",
+                "quiver: speculative decoding keeps what the last {} rows change in the per-sequence state, to roll back ({})",
                 cfg.draft_max,
-                quiver_backend::human_bytes(bytes)
+                quiver_backend::human_bytes(hp.kept_state_bytes(cfg.draft_max))
             );
         }
     }

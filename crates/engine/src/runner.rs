@@ -129,18 +129,16 @@ impl<B: Backend> ModelRunner<B> {
         Ok(())
     }
 
-    /// Makes a model with a recurrent state (Qwen 3.5) keep, per sequence, the states
-    /// after its last `planes` rows, so that a step may carry up to `planes` proposed tokens
-    /// and roll rejected ones back (`State::keep_states`). Returns how many proposed tokens a
-    /// step may carry: unbounded (`usize::MAX`) for a model without such state, 0 for one
-    /// whose state cannot be rolled back (DeepSeek-V4's).
+    /// Makes a model with a per-sequence state (Qwen 3.5's recurrent state, DeepSeek-V4's
+    /// rings) keep what its last `planes` rows change, so that a step may carry up to
+    /// `planes` proposed tokens and roll rejected ones back (`State::keep_states`). Returns
+    /// how many proposed tokens a step may carry (unbounded, `usize::MAX`, for a model without
+    /// such state).
     pub fn keep_states(&mut self, planes: usize) -> Result<usize> {
         let hp = &self.model.hp;
-        if hp.delta_net.is_some() {
+        if hp.has_seq_state() {
             self.state.keep_states(&self.backend, hp, planes)?;
             Ok(planes)
-        } else if hp.has_seq_state() {
-            Ok(0)
         } else {
             Ok(usize::MAX)
         }
@@ -364,8 +362,14 @@ impl<B: Backend> ModelRunner<B> {
                 next: self.next_pos,
             });
         };
-        self.state
-            .rewind(&self.backend, &self.model.hp, 0, rows, pos - start - 1)?;
+        self.state.rewind(
+            &self.backend,
+            &self.model.hp,
+            0,
+            start,
+            rows,
+            pos - start - 1,
+        )?;
         self.next_pos = pos;
         Ok(())
     }

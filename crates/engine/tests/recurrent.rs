@@ -301,10 +301,12 @@ fn preempted_requests_lose_nothing() {
     preempted_requests_lose_nothing_on(&file(), false);
 }
 
-/// Prompt lookup on a recurrent model: rejected proposals roll each sequence's state back
-/// to the state after its accepted ones (`State::keep_states`), so the tokens are plain
-/// decoding's, served together (4 state slots, 6 requests) and under preemption (6 blocks),
-/// while proposals are rejected (and on the dense model, which repeats itself, accepted).
+/// Prompt lookup on a model with per-sequence state: rejected proposals roll each sequence's
+/// state back to the state after its accepted ones (`State::keep_states`: the delta net's
+/// states, DeepSeek-V4's ring rows), so the tokens are plain decoding's (DeepSeek-V4's
+/// log-probabilities bit for bit), served together (4 state slots, 6 requests) and under
+/// preemption (6 blocks), while proposals are rejected (and on the dense Qwen 3.5 model, which
+/// repeats itself, accepted).
 #[test]
 fn proposals_roll_the_recurrent_state_back() {
     const N: usize = 40;
@@ -315,7 +317,12 @@ fn proposals_roll_the_recurrent_state_back() {
         ngram_min: 1,
         ..Default::default()
     };
-    for (f, accepts) in [(file(), true), (synth_moe(), false)] {
+    let models = [
+        (file(), true, false),
+        (synth_moe(), false, false),
+        (fixture(DSV4), false, true),
+    ];
+    for (f, accepts, exact) in models {
         let ps = prompts();
         let want = solo_n(&f, &ps, N);
         for kv_blocks in [64, 6] {
@@ -323,7 +330,7 @@ fn proposals_roll_the_recurrent_state_back() {
             let rxs: Vec<_> = ps.iter().map(|p| submit_n(&h, p, N)).collect();
             for (i, rx) in rxs.into_iter().enumerate() {
                 let (got, _) = collect(rx);
-                same(&got, &want[i], i, false);
+                same(&got, &want[i], i, exact);
             }
             let st = h.stats();
             let (p, a) = (st.spec_proposed_tokens_total, st.spec_accepted_tokens_total);
@@ -342,7 +349,12 @@ fn proposals_roll_the_recurrent_state_back() {
 /// of plain decoding, bit for bit; without kept states a step carries no proposal.
 #[test]
 fn the_runner_rolls_a_rejected_proposal_back() {
-    let f = file();
+    for f in [file(), fixture(DSV4)] {
+        runner_rolls_back(&f);
+    }
+}
+
+fn runner_rolls_back(f: &Arc<GgufFile>) {
     let opts = RunnerOptions {
         kv: Default::default(),
         n_ctx: 256,
@@ -350,7 +362,7 @@ fn the_runner_rolls_a_rejected_proposal_back() {
         max_logits: 8,
     };
     let p = &prompts()[1];
-    let mut plain = ModelRunner::new(CpuBackend::new(2), &f, &opts).unwrap();
+    let mut plain = ModelRunner::new(CpuBackend::new(2), f, &opts).unwrap();
     let mut t = vec![quiver_engine::argmax(plain.eval(p, 0, Want::Last).unwrap())];
     let mut rows = Vec::new();
     for k in 0..5 {
@@ -361,7 +373,7 @@ fn the_runner_rolls_a_rejected_proposal_back() {
         t.push(quiver_engine::argmax(&row));
         rows.push(row);
     }
-    let mut r = ModelRunner::new(CpuBackend::new(2), &f, &opts).unwrap();
+    let mut r = ModelRunner::new(CpuBackend::new(2), f, &opts).unwrap();
     use quiver_engine::Session;
     assert_eq!(r.max_verify(), 1, "no kept states: no room for a proposal");
     assert_eq!(r.keep_states(4).unwrap(), 4);

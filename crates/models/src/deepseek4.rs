@@ -84,6 +84,14 @@ impl Dsv4Hp {
             .map(|i| 4 * self.shape(hp, i, n_ctx).state_floats() as u64)
             .sum()
     }
+
+    /// Bytes one sequence keeps per row a rollback may undo (`quiver_backend::dsv4::Kept`),
+    /// over the layers.
+    pub fn kept_bytes(&self, hp: &Hparams) -> u64 {
+        (0..hp.n_layer)
+            .map(|i| 4 * quiver_backend::dsv4::kept_floats(&self.shape(hp, i, 1)) as u64)
+            .sum()
+    }
 }
 
 fn f32_per_layer(r: &Reader, k: &str, n: usize) -> Result<Option<Vec<f32>>> {
@@ -632,6 +640,10 @@ pub(crate) fn forward<B: Backend>(
                     ix_score: has_i.then_some(&bf.isc),
                 },
                 &mut s.rs[i],
+                s.snap.get_mut(i).map(|buf| quiver_backend::Snapshots {
+                    buf,
+                    planes: s.snap_planes,
+                }),
                 &mut s.attn,
             )?;
             b.matmul_grouped(&l.wo_a, ds.o_groups, &s.attn, n, &mut bf.oa)?;

@@ -138,6 +138,17 @@ impl Hparams {
         }
     }
 
+    /// Bytes one sequence keeps to roll its state back over `planes` rows
+    /// (`State::keep_states`): `planes` recurrent states (Qwen 3.5) or `planes` rows of
+    /// DeepSeek-V4's rings.
+    pub fn kept_state_bytes(&self, planes: usize) -> u64 {
+        let per = match &self.dsv4 {
+            Some(ds) => ds.kept_bytes(self),
+            None => self.state_bytes_per_seq(),
+        };
+        per.saturating_mul(planes as u64)
+    }
+
     /// Whether the model keeps a state per sequence beside (or instead of) the paged KV
     /// (Qwen 3.5's recurrent state, DeepSeek-V4's compressed KV): such a state cannot be
     /// shared by a prefix hit nor rolled back, so sequences continue where they stopped or

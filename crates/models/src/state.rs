@@ -78,19 +78,28 @@ impl<B: Backend> State<B> {
 
     /// Makes every later step keep, for each sequence, the recurrent state after each of its
     /// last `planes` rows but one (Qwen 3.5's delta-net layers: [`quiver_backend::Snapshots`]),
-    /// so that [`State::rewind`] can return it to any of them: what speculative decoding needs
-    /// to drop rejected proposals. Memory: `planes` times the recurrent state, checked.
+    /// or what its last `planes` rows overwrite in DeepSeek-V4's rings
+    /// ([`quiver_backend::dsv4::Kept`]), so that [`State::rewind`] can return it to any of
+    /// them: what speculative decoding needs to drop rejected proposals. Memory checked.
     pub fn keep_states(&mut self, b: &B, hp: &crate::Hparams, planes: usize) -> Result<()> {
-        let Some(p) = hp.delta_net else {
+        if !hp.has_seq_state() {
             return Ok(());
-        };
+        }
         self.snap.clear();
         self.snap_planes = 0;
         if planes == 0 {
             return Ok(());
         }
-        let floats = self.n_seq_states * planes * p.state_floats();
-        let need = (floats as u64) * 4 * self.rs.len() as u64;
+        // Per layer buffer: whole states (the delta net's), or DeepSeek-V4's ring rows.
+        let per_layer: Vec<usize> = match (&hp.dsv4, hp.delta_net) {
+            (Some(ds), _) => (0..self.rs.len())
+                .map(|i| quiver_backend::dsv4::kept_floats(&ds.shape(hp, i, 1)))
+                .collect(),
+            (None, Some(p)) => vec![p.state_floats(); self.rs.len()],
+            (None, None) => Vec::new(),
+        };
+        let n = self.n_seq_states * planes;
+        let need = per_layer.iter().map(|&f| (f * n) as u64 * 4).sum::<u64>();
         if let Some(available) = b.memory_available() {
             if need > available {
                 return Err(quiver_backend::BackendError::OutOfMemory {
@@ -106,8 +115,9 @@ impl<B: Backend> State<B> {
                 .into());
             }
         }
-        self.snap = (0..self.rs.len())
-            .map(|_| b.buf(floats))
+        self.snap = per_layer
+            .iter()
+            .map(|&f| b.buf(f * n))
             .collect::<std::result::Result<_, _>>()?;
         self.snap_planes = planes;
         // New buffers: steps captured before them are not this state's any more.
@@ -116,24 +126,41 @@ impl<B: Backend> State<B> {
     }
 
     /// Returns state slot `slot` to its state after row `row` of its last step's span of
-    /// `len` rows (the kept states: [`quiver_backend::Snapshots`]): a verification whose
+    /// `len` rows from position `start` (the kept states: [`quiver_backend::Snapshots`], or
+    /// DeepSeek-V4's kept ring rows, [`quiver_backend::dsv4::Kept`]): a verification whose
     /// proposals were not all accepted goes back to the row of its last accepted token.
     /// Nothing to do for the last row; a row the state did not keep is an error.
+    #[allow(clippy::too_many_arguments)]
     pub fn rewind(
         &mut self,
         b: &B,
         hp: &crate::Hparams,
         slot: usize,
+        start: usize,
         len: usize,
         row: usize,
     ) -> Result<()> {
-        let Some(p) = hp.delta_net else {
-            return Ok(());
-        };
         if row + 1 >= len {
             return Ok(());
         }
         let planes = self.snap_planes;
+        if len - 1 - row > planes {
+            return Err(crate::ModelError::Rollback {
+                back: len - 1 - row,
+                planes,
+            });
+        }
+        if let Some(ds) = &hp.dsv4 {
+            let n_ctx = self.ds.as_ref().map_or(1, |d| d.n_ctx);
+            for (i, (rs, kept)) in self.rs.iter_mut().zip(&self.snap).enumerate() {
+                let shape = ds.shape(hp, i, n_ctx);
+                b.dsv4_rewind(&shape, rs, kept, planes, slot, start, len, row)?;
+            }
+            return Ok(());
+        }
+        let Some(p) = hp.delta_net else {
+            return Ok(());
+        };
         let Some(j) = quiver_backend::Snapshots::<B::Buf>::plane_of(planes, len, row) else {
             return Err(crate::ModelError::Rollback {
                 back: len - 1 - row,

@@ -325,12 +325,27 @@ fn attention<B: Backend, H: Harness<B>>(
     let widths = [s.n_head * hd, hd, cw, cw, 2 * id, 2, 2 * id, 2 * id];
     // Three sequences: (length, slot alone, slot together).
     let seqs = [(150usize, 0usize, 3usize), (23, 1, 0), (9, 2, 1)];
-    let inputs: Vec<SeqInputs> = seqs
+    let mut inputs: Vec<SeqInputs> = seqs
         .iter()
         .map(|&(len, _, _)| SeqInputs {
             parts: widths.iter().map(|&w| rng.scaled(len * w, 2.0)).collect(),
         })
         .collect();
+    // A fourth: the first sequence's rows up to position 44, other rows after (rejected
+    // proposals' rows).
+    let wrong = SeqInputs {
+        parts: widths
+            .iter()
+            .enumerate()
+            .map(|(k, &w)| {
+                let mut v = inputs[0].parts[k].clone();
+                let other = rng.scaled(v.len() - 44 * w, 2.0);
+                v[44 * w..].copy_from_slice(&other);
+                v
+            })
+            .collect(),
+    };
+    inputs.push(wrong);
     let sinks = rng.vec(s.n_head);
     let ape = rng.vec(ratio * cw);
     let norm: Vec<f32> = rng.vec(hd).iter().map(|v| 1.0 + 0.3 * v).collect();
@@ -376,50 +391,57 @@ fn attention<B: Backend, H: Harness<B>>(
         }
         (batch, parts)
     };
-    let run =
-        |be: &mut B, state: &mut B::Buf, spans: &[(usize, usize, usize, usize)]| -> Vec<Vec<f32>> {
-            let (batch, parts) = make(spans);
-            let n = batch.tokens.len();
-            let bufs: Vec<B::Buf> = parts.iter().map(|p| h.upload(&*be, p)).collect();
-            let mut out = poison(&*be, h, n * width);
-            let st = be.begin_step(&batch, 0, 256, 256).unwrap();
-            let c = ratio > 0;
-            let i = ratio == 4;
-            be.dsv4_attention(
-                &st,
-                &s,
-                AttnWeights {
-                    sinks: &w_sinks,
-                    ape: w_ape.as_ref().filter(|_| c),
-                    norm: w_norm.as_ref().filter(|_| c),
-                    ix_ape: w_ix_ape.as_ref(),
-                    ix_norm: w_ix_norm.as_ref(),
-                },
-                AttnInputs {
-                    q: &bufs[0],
-                    kv: &bufs[1],
-                    comp_kv: c.then_some(&bufs[2]),
-                    comp_score: c.then_some(&bufs[3]),
-                    ix_q: i.then_some(&bufs[4]),
-                    ix_w: i.then_some(&bufs[5]),
-                    ix_kv: i.then_some(&bufs[6]),
-                    ix_score: i.then_some(&bufs[7]),
-                },
-                state,
-                &mut out,
-            )
-            .unwrap();
-            assert!(be.end_step(true).unwrap());
-            let got = read(&*be, &out, n * width);
-            let mut at = 0;
-            spans
-                .iter()
-                .map(|&(_, _, len, _)| {
-                    at += len;
-                    got[(at - len) * width..at * width].to_vec()
-                })
-                .collect()
-        };
+    let run_kept = |be: &mut B,
+                    state: &mut B::Buf,
+                    kept: Option<&mut B::Buf>,
+                    spans: &[(usize, usize, usize, usize)]|
+     -> Vec<Vec<f32>> {
+        let (batch, parts) = make(spans);
+        let n = batch.tokens.len();
+        let bufs: Vec<B::Buf> = parts.iter().map(|p| h.upload(&*be, p)).collect();
+        let mut out = poison(&*be, h, n * width);
+        let st = be.begin_step(&batch, 0, 256, 256).unwrap();
+        let c = ratio > 0;
+        let i = ratio == 4;
+        be.dsv4_attention(
+            &st,
+            &s,
+            AttnWeights {
+                sinks: &w_sinks,
+                ape: w_ape.as_ref().filter(|_| c),
+                norm: w_norm.as_ref().filter(|_| c),
+                ix_ape: w_ix_ape.as_ref(),
+                ix_norm: w_ix_norm.as_ref(),
+            },
+            AttnInputs {
+                q: &bufs[0],
+                kv: &bufs[1],
+                comp_kv: c.then_some(&bufs[2]),
+                comp_score: c.then_some(&bufs[3]),
+                ix_q: i.then_some(&bufs[4]),
+                ix_w: i.then_some(&bufs[5]),
+                ix_kv: i.then_some(&bufs[6]),
+                ix_score: i.then_some(&bufs[7]),
+            },
+            state,
+            kept.map(|buf| crate::Snapshots { buf, planes: KEPT }),
+            &mut out,
+        )
+        .unwrap();
+        assert!(be.end_step(true).unwrap());
+        let got = read(&*be, &out, n * width);
+        let mut at = 0;
+        spans
+            .iter()
+            .map(|&(_, _, len, _)| {
+                at += len;
+                got[(at - len) * width..at * width].to_vec()
+            })
+            .collect()
+    };
+    let run = |be: &mut B, state: &mut B::Buf, spans: &[(usize, usize, usize, usize)]| {
+        run_kept(be, state, None, spans)
+    };
     // Each sequence alone, in one step.
     let mut state = h.upload(be, &state0);
     let alone: Vec<Vec<f32>> = seqs
@@ -450,7 +472,7 @@ fn attention<B: Backend, H: Harness<B>>(
         };
         let mut st = state0.clone();
         let mut want = vec![0f32; len * width];
-        ds::attention(&batch, &s, &host, &x, &mut st, &mut want).unwrap();
+        ds::attention(&batch, &s, &host, &x, &mut st, None, &mut want).unwrap();
         notes.check("dsv4_attention", rel_err(&alone[q], &want), bound, || {
             format!("ratio {ratio}, sequence {q} alone against the reference")
         });
@@ -486,4 +508,23 @@ fn attention<B: Backend, H: Harness<B>>(
         state0[2 * sf..3 * sf],
         "ratio {ratio}: a slot no sequence names changed"
     );
+    // A rollback (speculative decoding): the first sequence to position 40 in slot 4, a step
+    // of 12 rows keeping what they overwrite (the rings wrap: 8 rows) of which the last 8 are
+    // wrong, undone back to position 44, then on with the right rows: what it gets alone.
+    let mut state = h.upload(be, &state0);
+    let mut kept = h.upload(be, &vec![0f32; n_slots * KEPT * ds::kept_floats(&s)]);
+    run(be, &mut state, &[(0, 0, 40, 4)]);
+    run_kept(be, &mut state, Some(&mut kept), &[(3, 40, 12, 4)]);
+    be.dsv4_rewind(&s, &mut state, &kept, KEPT, 4, 40, 12, 3)
+        .unwrap();
+    let after = run(be, &mut state, &[(0, 44, 30, 4)]).remove(0);
+    notes.check(
+        "dsv4_attention rollback",
+        rel_err(&after, &alone[0][44 * width..74 * width]),
+        bound,
+        || format!("ratio {ratio}: positions 44..74 after undoing 44..52"),
+    );
 }
+
+/// Rows a slot keeps for a rollback in the attention test.
+const KEPT: usize = 12;

@@ -66,7 +66,7 @@ impl<B: Backend> StepRunner<B> {
     /// proposal and one more). Models without a recurrent state need nothing.
     fn roll_back(&mut self, out: &SchedulerOutput) -> Result<(), EngineError> {
         let (r, sampled) = (&mut self.runner, &self.out.sampled);
-        if r.model.hp.delta_net.is_none() {
+        if !r.model.hp.has_seq_state() {
             return Ok(());
         }
         for s in out.scheduled.iter().filter(|s| s.draft > 0) {
@@ -77,6 +77,7 @@ impl<B: Backend> StepRunner<B> {
                 &r.backend,
                 &r.model.hp,
                 s.state_slot as usize,
+                s.start_pos,
                 len,
                 len - 1 - (s.draft - accepted),
             )?;

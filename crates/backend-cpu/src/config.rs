@@ -1,0 +1,51 @@
+//! How a [`CpuBackend`] is built.
+
+use crate::{matmul, CpuBackend, Numerics};
+
+/// How a [`CpuBackend`] is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuConfig {
+    /// Threads of the instance's pool (at least 1).
+    pub threads: usize,
+    /// How its products and attention round: [`Numerics::BatchInvariant`] (the default) gives
+    /// every token the same bits whatever its batch (matmuls on the decode path, one-row
+    /// attention); [`Numerics::Fast`] takes the GEMM path and llama.cpp's tiled attention for
+    /// steps of 64+ tokens and rounds as llama.cpp does for one sequence
+    /// (`quiver_cpu_kernels::gemm_min_tokens`).
+    pub numerics: Numerics,
+}
+
+impl CpuConfig {
+    /// `threads` threads, the default numerics (batch invariant).
+    pub fn new(threads: usize) -> Self {
+        CpuConfig {
+            threads,
+            numerics: Numerics::default(),
+        }
+    }
+}
+
+impl CpuBackend {
+    /// `threads` threads, batch invariant (as [`CpuConfig::new`]).
+    pub fn new(threads: usize) -> Self {
+        CpuBackend::with_config(CpuConfig::new(threads))
+    }
+
+    pub fn with_config(config: CpuConfig) -> Self {
+        CpuBackend {
+            mm: matmul::MatMul::new(config.threads, config.numerics),
+            packed: Default::default(),
+            routing: Default::default(),
+            extra: Default::default(),
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.mm.threads()
+    }
+
+    /// This instance's numerics (fixed at construction).
+    pub fn numerics(&self) -> Numerics {
+        self.mm.numerics()
+    }
+}
