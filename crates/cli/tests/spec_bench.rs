@@ -55,6 +55,24 @@ fn random_draft(out: &str, vocab: &str, more: &[&str]) {
     ok(&synth_draft(out, vocab, more));
 }
 
+/// `quiver chat` over two turns (greedy, `n` tokens each) with `spec`'s flags: its stdout.
+fn chat_two_turns(m: &str, n: &str, spec: &[&str]) -> Vec<u8> {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args([&["chat", "-m", m, "-n", n, "--temp", "0"][..], spec].concat())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    let mut stdin = c.stdin.take().unwrap();
+    stdin
+        .write_all(b"Count from one to ten.\nNow backwards.\n")
+        .unwrap();
+    drop(stdin);
+    ok(&c.wait_with_output().unwrap()).stdout.clone()
+}
+
 /// The bench's rows: (spec, row) for the plain and the speculative run.
 fn bench(m: &str, file: &str, spec: &[&str], n: &str) -> Vec<Value> {
     let base = ["bench", "-m", m, "--device", "cpu", "-f", file, "-n", n];
@@ -219,22 +237,7 @@ fn an_eagle3_head_drafts_in_bench_run_and_chat_and_the_wrong_type_is_refused() {
             .and_then(|n| n.parse::<u64>().ok());
         assert!(proposed.is_some_and(|n| n > 0), "{err}");
     }
-    let chat = |spec: &[&str]| {
-        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"))
-            .args([&["chat", "-m", m, "-n", "30", "--temp", "0"][..], spec].concat())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        let mut stdin = c.stdin.take().unwrap();
-        stdin
-            .write_all(b"Count from one to ten.\nNow backwards.\n")
-            .unwrap();
-        drop(stdin);
-        ok(&c.wait_with_output().unwrap()).stdout.clone()
-    };
+    let chat = |spec: &[&str]| chat_two_turns(m, "30", spec);
     assert_eq!(chat(&[]), chat(&with_head));
 }
 
@@ -280,21 +283,6 @@ fn a_qwen35_models_own_block_drafts_in_bench_run_and_chat() {
     for spec in [&["--spec-type", "mtp"][..], &["--spec-type", "ngram"]] {
         assert_eq!(run(spec).stdout, plain.stdout, "{spec:?}");
     }
-    let chat = |spec: &[&str]| {
-        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"))
-            .args([&["chat", "-m", m, "-n", "24", "--temp", "0"][..], spec].concat())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        let mut stdin = c.stdin.take().unwrap();
-        stdin
-            .write_all(b"Count from one to ten.\nNow backwards.\n")
-            .unwrap();
-        drop(stdin);
-        ok(&c.wait_with_output().unwrap()).stdout.clone()
-    };
+    let chat = |spec: &[&str]| chat_two_turns(m, "24", spec);
     assert_eq!(chat(&[]), chat(&["--spec-type", "mtp"]));
 }

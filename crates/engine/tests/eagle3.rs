@@ -15,63 +15,12 @@ use quiver_gguf::GgufFile;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/eagle3");
+mod common;
 
-struct Fixture {
-    name: String,
-    preset: String,
-    ty: String,
-    seed: u64,
-    sha256: String,
-    target_sha256: String,
-    tokens: Vec<u32>,
-    draft: usize,
-    top: Vec<Vec<(u32, f64)>>,
-}
+use common::HeadFixture as Fixture;
 
 fn fixtures() -> Vec<Fixture> {
-    let dir = std::path::PathBuf::from(FIXTURES);
-    let dir = match dir.is_dir() {
-        true => dir,
-        false => "crates/engine/tests/fixtures/eagle3".into(),
-    };
-    let mut names: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    names.sort();
-    assert_eq!(names.len(), 4, "fixtures in {}", dir.display());
-    names
-        .iter()
-        .map(|p| {
-            let v: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-            let s = |k: &str| v[k].as_str().unwrap().to_string();
-            let ids = |x: &serde_json::Value| x.as_u64().unwrap() as u32;
-            Fixture {
-                name: p.file_stem().unwrap().to_string_lossy().into(),
-                preset: s("preset"),
-                ty: s("type"),
-                seed: v["seed"].as_u64().unwrap(),
-                sha256: s("sha256"),
-                target_sha256: s("target_sha256"),
-                tokens: v["tokens"].as_array().unwrap().iter().map(ids).collect(),
-                draft: v["draft"].as_u64().unwrap() as usize,
-                top: v["top"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|row| {
-                        let row = row.as_array().unwrap();
-                        row.iter()
-                            .map(|p| (ids(&p[0]), p[1].as_f64().unwrap()))
-                            .collect()
-                    })
-                    .collect(),
-            }
-        })
-        .collect()
+    common::head_fixtures("eagle3", 4)
 }
 
 /// The preset written again, checked against the fixture's bytes.
@@ -101,7 +50,8 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
 
 /// The head's rows as llama.cpp's harness runs them: log-probabilities by target id.
 fn head_rows<B: Backend>(mut b: B, fx: &Fixture, tag: &str) -> Vec<Vec<(u32, f64)>> {
-    let tf = write("tiny-llama", &fx.ty, fx.seed, &fx.target_sha256, tag);
+    let target_sha = fx.target_sha256.as_deref().expect("the target's sha256");
+    let tf = write("tiny-llama", &fx.ty, fx.seed, target_sha, tag);
     let hf = write(&fx.preset, &fx.ty, fx.seed + 1, &fx.sha256, tag);
     let target = quiver_models::load(&b, &tf).unwrap();
     let head = quiver_models::load_eagle3(&b, &hf, &tf).unwrap();

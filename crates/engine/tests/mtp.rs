@@ -20,62 +20,10 @@ use quiver_gguf::GgufFile;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mtp");
-
-struct Fixture {
-    name: String,
-    preset: String,
-    ty: String,
-    seed: u64,
-    sha256: String,
-    tokens: Vec<u32>,
-    draft: usize,
-    top: Vec<Vec<(u32, f64)>>,
-}
+use common::HeadFixture as Fixture;
 
 fn fixtures() -> Vec<Fixture> {
-    // (Relative to the repository where the binary runs elsewhere: the GPU machine.)
-    let dir = std::path::PathBuf::from(FIXTURES);
-    let dir = match dir.is_dir() {
-        true => dir,
-        false => "crates/engine/tests/fixtures/mtp".into(),
-    };
-    let mut names: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    names.sort();
-    assert_eq!(names.len(), 4, "fixtures in {}", dir.display());
-    names
-        .iter()
-        .map(|p| {
-            let v: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-            let s = |k: &str| v[k].as_str().unwrap().to_string();
-            let ids = |x: &serde_json::Value| x.as_u64().unwrap() as u32;
-            Fixture {
-                name: p.file_stem().unwrap().to_string_lossy().into(),
-                preset: s("preset"),
-                ty: s("type"),
-                seed: v["seed"].as_u64().unwrap(),
-                sha256: s("sha256"),
-                tokens: v["tokens"].as_array().unwrap().iter().map(ids).collect(),
-                draft: v["draft"].as_u64().unwrap() as usize,
-                top: v["top"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|row| {
-                        let row = row.as_array().unwrap();
-                        row.iter()
-                            .map(|p| (ids(&p[0]), p[1].as_f64().unwrap()))
-                            .collect()
-                    })
-                    .collect(),
-            }
-        })
-        .collect()
+    common::head_fixtures("mtp", 4)
 }
 
 /// The preset written again, checked against the fixture's bytes.

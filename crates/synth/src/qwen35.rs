@@ -2,7 +2,7 @@
 //! `full_attn_interval`-th, as llama.cpp's loader names and shapes their tensors.
 
 use crate::mix::{FileType, Role};
-use crate::{Planned, Preset, BASE, TINY};
+use crate::{Planned, Preset, QWEN35_0_8B, TINY};
 use quiver_gguf::{GgufWriter, Value};
 
 const CONV_KERNEL: u64 = 4;
@@ -12,23 +12,8 @@ const CONV_KERNEL: u64 = 4;
 pub(crate) const PRESETS: &[Preset] = &[
     Preset {
         name: "qwen3.5-0.8b-mtp",
-        arch: "qwen35",
-        n_vocab: 248320,
-        n_embd: 1024,
-        n_layer: 24,
-        n_head: 8,
-        n_head_kv: 2,
-        n_ff: 3584,
-        n_ctx: 262144,
-        rope_base: 10_000_000.0,
-        head_dim: 256,
-        n_rot: 64,
-        ssm_heads: (16, 16, 128),
-        full_attn_interval: 4,
-        tied: true,
-        rms_eps: 1e-6,
         nextn: 1,
-        ..BASE
+        ..QWEN35_0_8B
     },
     // tiny-qwen35 with a multi-token-prediction block (`--spec-type mtp`).
     Preset {

@@ -141,3 +141,70 @@ pub fn serve_cpu(
     let cpu = || quiver_backend_cpu::CpuBackend::new(2);
     quiver_engine::start_serving(cpu, target, tok, opts, "t".into()).map_err(|e| e.to_string())
 }
+
+/// A draft head's parity fixture (`tools/parity/make_eagle3_fixtures.sh`,
+/// `make_mtp_fixtures.sh`): the model's preset, type, seed and sha256 (and its target's, for a
+/// head of its own file), a token sequence, the drafted positions, and llama.cpp's best
+/// [id, log-probability] pairs of every row.
+#[allow(dead_code)] // not every test binary reads them
+pub struct HeadFixture {
+    pub name: String,
+    pub preset: String,
+    pub ty: String,
+    pub seed: u64,
+    pub sha256: String,
+    pub target_sha256: Option<String>,
+    pub tokens: Vec<u32>,
+    pub draft: usize,
+    pub top: Vec<Vec<(u32, f64)>>,
+}
+
+/// The `count` fixtures of `tests/fixtures/{sub}`, by name (relative to the repository where
+/// the binary runs elsewhere: the GPU machine).
+#[allow(dead_code)] // not every test binary reads them
+pub fn head_fixtures(sub: &str, count: usize) -> Vec<HeadFixture> {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(sub);
+    let dir = match dir.is_dir() {
+        true => dir,
+        false => std::path::PathBuf::from("crates/engine/tests/fixtures").join(sub),
+    };
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), count, "fixtures in {}", dir.display());
+    names
+        .iter()
+        .map(|p| {
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+            let s = |k: &str| v[k].as_str().unwrap().to_string();
+            let ids = |x: &serde_json::Value| x.as_u64().unwrap() as u32;
+            HeadFixture {
+                name: p.file_stem().unwrap().to_string_lossy().into(),
+                preset: s("preset"),
+                ty: s("type"),
+                seed: v["seed"].as_u64().unwrap(),
+                sha256: s("sha256"),
+                target_sha256: v["target_sha256"].as_str().map(String::from),
+                tokens: v["tokens"].as_array().unwrap().iter().map(ids).collect(),
+                draft: v["draft"].as_u64().unwrap() as usize,
+                top: v["top"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|row| {
+                        let row = row.as_array().unwrap();
+                        row.iter()
+                            .map(|p| (ids(&p[0]), p[1].as_f64().unwrap()))
+                            .collect()
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
