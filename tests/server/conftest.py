@@ -35,10 +35,11 @@ def quiver_exe() -> Path:
 
 
 class Server:
-    def __init__(self, *args: str, keys=(KEY,)):
+    def __init__(self, *args: str, keys=(KEY,), model=None):
         exe = quiver_exe()
         assert exe.is_file(), f"{exe} is missing: cargo build --release"
-        cmd = [str(exe), "serve", "-m", str(model_path()), "--host", "127.0.0.1", "--port", "0", "-t", "2", *args]
+        model = model or model_path()
+        cmd = [str(exe), "serve", "-m", str(model), "--host", "127.0.0.1", "--port", "0", "-t", "2", *args]
         for k in keys:
             cmd += ["--api-key", k]
         self.key = keys[0] if keys else None

@@ -1,6 +1,7 @@
-"""Speculative decoding (`--spec-type ngram`, and a draft model with `-md`): the same text as
-plain serving, proposed and accepted tokens on /metrics, the per-request `speculative.*` fields,
-and its flags' errors."""
+"""Speculative decoding (`--spec-type ngram`, a draft model with `-md`, and a Qwen 3.5 model's
+own multi-token-prediction block with `--spec-type mtp`): the same text as plain serving,
+proposed and accepted tokens on /metrics, the per-request `speculative.*` fields, and its
+flags' errors."""
 
 import json
 import subprocess
@@ -90,6 +91,31 @@ def test_per_request_fields_apply_and_bad_values_are_400s(server, draft_server):
             assert r["error"]["param"] == param and r["error"]["type"] == "invalid_request_error", r
 
 
+@pytest.fixture(scope="module")
+def qwen35_mtp(tmp_path_factory):
+    """A tiny Qwen 3.5 model with a multi-token-prediction block, reading SmolLM2's vocabulary."""
+    out = tmp_path_factory.mktemp("mtp") / "tiny-qwen35-mtp.gguf"
+    cmd = [str(quiver_exe()), "synth", "--preset", "tiny-qwen35-mtp", "--type", "Q8_0", "-o", str(out)]
+    subprocess.run([*cmd, "--vocab-from", str(model_path())], check=True, capture_output=True, timeout=120)
+    return out
+
+
+def test_a_qwen35_models_own_block_gives_plain_serving_text(qwen35_mtp):
+    plain = Server("--ctx-size", "512", "--max-seqs", "2", model=qwen35_mtp)
+    mtp = Server("--ctx-size", "512", "--max-seqs", "2", "--spec-type", "draft-mtp", "--draft-max", "4", model=qwen35_mtp)
+    try:
+        for kw in ({"temperature": 0}, {"temperature": 0.8, "seed": 5}):
+            for prompt in (PROMPT, "The capital of France is"):
+                assert complete(mtp, prompt, **kw) == complete(plain, prompt, **kw), (prompt, kw)
+        assert mtp.metrics()["quiver_spec_proposed_tokens_total"] > 0
+        # The block's KV and the recurrent state's kept rows are in the startup line.
+        log = "".join(mtp.stderr_lines)
+        assert "the draft model's, in the same blocks" in log and "speculative decoding's rollback" in log, log
+    finally:
+        plain.stop()
+        mtp.stop()
+
+
 def test_a_draft_of_another_vocabulary_is_refused_in_one_line(tmp_path):
     other = model_path().parent / "gemma3-270m.gguf"
     if not other.is_file():
@@ -105,6 +131,7 @@ def test_a_draft_of_another_vocabulary_is_refused_in_one_line(tmp_path):
     [
         (["--spec-type", "draft"], "needs a draft model (-md/--model-draft)"),
         (["--spec-type", "ngram", "-md", "x.gguf"], "-md/--model-draft goes with --spec-type draft"),
+        (["--spec-type", "lookahead"], "unknown speculative decoding type"),
         (["--draft-p-min", "1.5"], "--draft-p-min"),
         (["--spec-type", "ngram", "--draft-min", "9", "--draft-max", "4"], "--draft-min 9 is above --draft-max 4"),
         (["--draft-max", "100000"], "--draft-max"),
