@@ -63,6 +63,15 @@ pub(crate) fn run(
         sc.slots.windows(2).all(|w| w[0] != w[1]),
         || "two sequences of the step name one state slot".into(),
     )?;
+    sc.slots.clear();
+    sc.slots.extend(batch.seqs.iter().map(|s| s.kept_slot));
+    sc.slots.retain(|&k| k != quiver_backend::SeqSpan::NOT_KEPT);
+    sc.slots.sort_unstable();
+    check(
+        "delta_net",
+        sc.slots.windows(2).all(|w| w[0] != w[1]),
+        || "two sequences of the step name one kept slot".into(),
+    )?;
     let (snap, planes) = match snaps {
         Some(sn) => (sn.buf.as_mut_slice(), sn.planes),
         None => (&mut [][..], 0),
@@ -75,10 +84,12 @@ pub(crate) fn run(
                 state.len() / per_slot.max(1)
             )
         })?;
+        let kept = s.kept_slot as usize;
+        let keeps = s.kept_slot != quiver_backend::SeqSpan::NOT_KEPT && planes > 0;
         check(
             "delta_net",
-            (slot + 1) * planes * per_slot <= snap.len(),
-            || format!("state slot {slot}'s {planes} kept states past their buffer"),
+            !keeps || (kept + 1) * planes * per_slot <= snap.len(),
+            || format!("kept slot {kept}'s {planes} states past their buffer"),
         )?;
         let st = &mut state[slot * per_slot..(slot + 1) * per_slot];
         if s.kv_len == s.len {
@@ -88,11 +99,11 @@ pub(crate) fn run(
         // The convolution's state after each kept row: the window's k - 1 inputs after it
         // (the state's rows, then the span's), before the convolution overwrites them.
         let hist = p.conv_kernel - 1;
-        for j in 0..planes {
+        for j in (0..planes).filter(|_| keeps) {
             let Some(r) = Snapshots::<Vec<f32>>::row_of(planes, s.len, j) else {
                 continue;
             };
-            let dst = &mut snap[(slot * planes + j) * per_slot..][..hist * c];
+            let dst = &mut snap[(kept * planes + j) * per_slot..][..hist * c];
             for i in 0..hist {
                 let w = r + 1 + i; // of the window: state rows, then the span's
                 let src = if w < hist {
@@ -157,10 +168,15 @@ pub(crate) fn run(
                 // SAFETY: head h's columns of the sequence's rows are this task's alone.
                 let dst = unsafe { op.slice((s.start + t) * vd + h * p.head_v, p.head_v) };
                 dst.copy_from_slice(o);
-                if let Some(j) = Snapshots::<Vec<f32>>::plane_of(planes, s.len, t) {
-                    let at = (slot * planes + j) * per_slot + p.conv_floats() + h * mat;
-                    // SAFETY: head h's matrix in this sequence's planes is this task's alone,
-                    // inside `snap` (checked).
+                let kept = s.kept_slot as usize;
+                let plane = match s.kept_slot {
+                    quiver_backend::SeqSpan::NOT_KEPT => None,
+                    _ => Snapshots::<Vec<f32>>::plane_of(planes, s.len, t),
+                };
+                if let Some(j) = plane {
+                    let at = (kept * planes + j) * per_slot + p.conv_floats() + h * mat;
+                    // SAFETY: head h's matrix in this sequence's planes is this task's alone
+                    // (each sequence its own kept slot, checked), inside `snap` (checked).
                     unsafe { kp.slice(at, mat) }.copy_from_slice(m);
                 }
             });

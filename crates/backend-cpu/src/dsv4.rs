@@ -335,11 +335,12 @@ pub(crate) fn rewind(
     kept: &[f32],
     planes: usize,
     slot: usize,
+    kept_slot: usize,
     start: usize,
     len: usize,
     row: usize,
 ) -> Result<()> {
-    dsv4::rewind(s, state, kept, planes, slot, start, len, row).map_err(|detail| {
+    dsv4::rewind(s, state, kept, planes, slot, kept_slot, start, len, row).map_err(|detail| {
         quiver_backend::BackendError::Shape {
             op: "dsv4_rewind",
             detail,

@@ -633,11 +633,12 @@ impl Backend for CpuBackend {
         kept: &Vec<f32>,
         planes: usize,
         slot: usize,
+        kept_slot: usize,
         start: usize,
         len: usize,
         row: usize,
     ) -> Result<()> {
-        dsv4::rewind(s, state, kept, planes, slot, start, len, row)
+        dsv4::rewind(s, state, kept, planes, slot, kept_slot, start, len, row)
     }
 
     fn moe_dsv4(

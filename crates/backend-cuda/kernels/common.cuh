@@ -96,6 +96,8 @@ struct BatchView {
     const u32* drows;
     // Per sequence: the slot of the model's recurrent state it reads and updates (delta.cu).
     const u32* state_slot;
+    // Per sequence: where it keeps what a rollback needs (0xFFFFFFFF: nothing; delta.cu).
+    const u32* kept_slot;
     u32 block_size;
 };
 

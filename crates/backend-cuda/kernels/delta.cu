@@ -10,9 +10,9 @@
 // matrix per value head, row j (value index) over i (key index). A sequence whose first row is
 // at position 0 starts from zeros.
 //
-// With kept states (`snap` not null, `planes` per slot: quiver_backend::Snapshots), the state
-// after row t of a span of L rows also goes to plane t + 1 + planes - L of the slot's planes
-// when that is in 0..planes and t is not the last row.
+// With kept states (`snap` not null, `planes` per kept slot: quiver_backend::Snapshots), the
+// state after row t of a span of L rows also goes to plane t + 1 + planes - L of the span's
+// kept slot (`kept_slot`; none: 0xFFFFFFFF) when that is in 0..planes and t is not the last row.
 
 // The plane that keeps the state after row t of a span of L rows, or -1.
 __device__ __forceinline__ int dn_plane(int planes, int L, int t) {
@@ -41,6 +41,7 @@ extern "C" __global__ void dn_conv(BatchView b, int rows, float* __restrict__ x,
     const int r = blockIdx.x, ch = blockIdx.y * 256 + threadIdx.x;
     if (ch >= C || !dn_first(b, rows, r, end)) return;
     const long long slot = b.state_slot[b.seq[r]];
+    const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
     float* st = state + slot * per;
     const bool fresh = b.pos[r] == 0;
     // The window: k - 1 earlier inputs, then the current one (at most 8 taps).
@@ -52,9 +53,9 @@ extern "C" __global__ void dn_conv(BatchView b, int rows, float* __restrict__ x,
         for (int i = 0; i < k; i++) s += win[i] * w[ch * k + i];
         x[(long long)t * C + ch] = dn_silu(s);
         for (int i = 0; i + 1 < k; i++) win[i] = win[i + 1];
-        const int j = snap ? dn_plane(planes, end - r, t - r) : -1;
+        const int j = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
         if (j >= 0) {
-            float* kept = snap + (slot * planes + j) * per;
+            float* kept = snap + ((long long)kslot * planes + j) * per;
             for (int i = 0; i < k - 1; i++) kept[(long long)i * C + ch] = win[i];
         }
     }
@@ -93,6 +94,7 @@ extern "C" __global__ void dn_rule(BatchView b, int rows, const float* __restric
     float* qs = dsm + S * S;
     float* ks = qs + S;
     const long long slot = b.state_slot[b.seq[r]];
+    const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
     float* mat = state + slot * per + conv_floats + (long long)h * S * S;
     const bool fresh = b.pos[r] == 0;
     for (int i = 0; i < S; i++) m[i * S + j] = fresh ? 0.f : mat[(long long)j * S + i];
@@ -123,9 +125,9 @@ extern "C" __global__ void dn_rule(BatchView b, int rows, const float* __restric
             o += e * qs[i];
         }
         out[(long long)t * hv * S + h * S + j] = o * scale;
-        const int pl = snap ? dn_plane(planes, end - r, t - r) : -1;
+        const int pl = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
         if (pl >= 0) {
-            float* kept = snap + (slot * planes + pl) * per + conv_floats + (long long)h * S * S;
+            float* kept = snap + ((long long)kslot * planes + pl) * per + conv_floats + (long long)h * S * S;
             for (int i = 0; i < S; i++) kept[(long long)j * S + i] = m[i * S + j];
         }
     }

@@ -19,7 +19,7 @@ pub(crate) struct BatchLayout {
 
 impl BatchLayout {
     fn words(&self) -> usize {
-        5 * self.cap_t + 3 * self.cap_s + self.cap_bt
+        5 * self.cap_t + 4 * self.cap_s + self.cap_bt
     }
 }
 
@@ -40,6 +40,8 @@ pub(crate) struct BatchView {
     pub(crate) drows: u64,
     /// Per sequence, its slot of the recurrent state (SeqSpan::state_slot).
     pub(crate) state_slot: u64,
+    /// Per sequence, where it keeps what a rollback needs (SeqSpan::kept_slot).
+    pub(crate) kept_slot: u64,
     pub(crate) block_size: u32,
 }
 
@@ -56,6 +58,7 @@ impl Default for BatchView {
             block_tables: 0,
             drows: 0,
             state_slot: 0,
+            kept_slot: 0,
             block_size: 1,
         }
     }
@@ -276,7 +279,7 @@ impl CudaBackend {
         let (ct, cs) = (l.cap_t, l.cap_s);
         let h = &mut s.host;
         h.clear();
-        h.resize(5 * ct + 3 * cs + bt_total, 0);
+        h.resize(5 * ct + 4 * cs + bt_total, 0);
         let dummy = n_seqs as u32;
         for t in 0..rows {
             if t < n {
@@ -298,7 +301,8 @@ impl CudaBackend {
             h[5 * ct + si] = sq.kv_len as u32;
             h[5 * ct + cs + si] = off;
             h[5 * ct + 2 * cs + si] = sq.state_slot;
-            let b = 5 * ct + 3 * cs + off as usize;
+            h[5 * ct + 3 * cs + si] = sq.kept_slot;
+            let b = 5 * ct + 4 * cs + off as usize;
             h[b..b + sq.block_table.len()].copy_from_slice(&sq.block_table);
             off += sq.block_table.len() as u32;
         }
@@ -317,7 +321,8 @@ impl CudaBackend {
             kv_len: at(5 * ct),
             bt_off: at(5 * ct + cs),
             state_slot: at(5 * ct + 2 * cs),
-            block_tables: at(5 * ct + 3 * cs),
+            kept_slot: at(5 * ct + 3 * cs),
+            block_tables: at(5 * ct + 4 * cs),
             drows: 0,
             block_size: batch.block_size as u32,
         };

@@ -59,12 +59,21 @@ impl CudaBackend {
         )?;
         let (snap, planes) = match snaps {
             Some(sn) => {
+                let mut kept: Vec<u32> = st.batch.seqs.iter().map(|q| q.kept_slot).collect();
+                kept.retain(|&k| k != quiver_backend::SeqSpan::NOT_KEPT);
+                kept.sort_unstable();
                 check(
                     "delta_net",
-                    slots
-                        .last()
-                        .is_none_or(|&l| (l as usize + 1) * sn.planes * per <= sn.buf.len),
-                    || format!("{} kept states a slot past their buffer", sn.planes),
+                    kept.windows(2).all(|w| w[0] != w[1])
+                        && kept
+                            .last()
+                            .is_none_or(|&l| (l as usize + 1) * sn.planes * per <= sn.buf.len),
+                    || {
+                        format!(
+                            "kept slots shared or past their buffer of {} states each",
+                            sn.planes
+                        )
+                    },
                 )?;
                 (sn.buf.ptr(), sn.planes)
             }

@@ -157,6 +157,7 @@ mod tests {
             block_tables: 8,
             drows: 9,
             state_slot: 10,
+            kept_slot: 11,
             block_size: 16,
         };
         let m = MmvMat {

@@ -17,6 +17,15 @@ pub struct SeqSpan {
     /// The slot of the model's recurrent state (models with one: Qwen 3.5) the sequence
     /// reads and updates; a span starting at position 0 starts from a zero state.
     pub state_slot: u32,
+    /// Where the span keeps what a rollback of its last rows needs (`crate::Snapshots`,
+    /// `crate::dsv4::Kept`): its index among the step's speculating sequences;
+    /// [`SeqSpan::NOT_KEPT`]: nothing kept.
+    pub kept_slot: u32,
+}
+
+impl SeqSpan {
+    /// [`SeqSpan::kept_slot`] of a span that keeps nothing.
+    pub const NOT_KEPT: u32 = u32::MAX;
 }
 
 impl Default for SeqSpan {
@@ -28,6 +37,7 @@ impl Default for SeqSpan {
             block_table: Vec::new(),
             decode_from: usize::MAX,
             state_slot: 0,
+            kept_slot: SeqSpan::NOT_KEPT,
         }
     }
 }

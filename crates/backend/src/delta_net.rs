@@ -97,10 +97,11 @@ pub struct DeltaNetWeights<'a, W> {
     pub a: &'a W,
 }
 
-/// Where [`crate::Backend::delta_net`] keeps, beside each sequence's state, the states of its
-/// last rows, so that speculative decoding can return a sequence to the state after any
-/// accepted proposal: `planes` states per slot, slot s's plane j at
-/// `(s · planes + j) · state_floats` of `buf`. For a span of `len` rows, plane j holds the
+/// Where [`crate::Backend::delta_net`] keeps, beside a speculating sequence's state, the states
+/// of its last rows, so that speculative decoding can return it to the state after any
+/// accepted proposal: `planes` states per kept slot (a span's `SeqSpan::kept_slot`: the
+/// step's speculating sequences each have one; other spans keep nothing), kept slot k's plane
+/// j at `(k · planes + j) · state_floats` of `buf`. For a span of `len` rows, plane j holds the
 /// state after row `len − 1 − planes + j` ([`Snapshots::row_of`]); the state after the last
 /// row is the slot itself, and planes of rows before the span's first are left as they were.
 /// A verification span of one token and d ≤ `planes` proposals, a < d of them accepted,

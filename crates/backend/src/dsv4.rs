@@ -521,12 +521,18 @@ pub fn attention_prepare(
 ) -> Result<(), String> {
     check_step(batch, s, state.len())?;
     if let Some(k) = kept.as_deref() {
-        let need = |q: &crate::SeqSpan| (q.state_slot as usize + 1) * k.planes * kept_floats(s);
-        if batch.seqs.iter().any(|q| need(q) > k.rows.len()) {
-            return Err(format!(
-                "a state slot's {} kept rows past their buffer",
-                k.planes
-            ));
+        let mut ks: Vec<u32> = batch.seqs.iter().map(|q| q.kept_slot).collect();
+        ks.retain(|&x| x != crate::SeqSpan::NOT_KEPT);
+        ks.sort_unstable();
+        if ks.windows(2).any(|w| w[0] == w[1]) {
+            return Err("two sequences of one step share a kept slot".into());
+        }
+        let kf = kept_floats(s);
+        if ks
+            .last()
+            .is_some_and(|&l| (l as usize + 1) * k.planes * kf > k.rows.len())
+        {
+            return Err(format!("a kept slot's {} rows past their buffer", k.planes));
         }
     }
     let hd = s.head_dim;
@@ -543,7 +549,7 @@ pub fn attention_prepare(
         for t in seq.start..seq.start + seq.len {
             let p = batch.positions[t] as usize;
             if let Some(k) = kept.as_deref_mut().filter(|_| ratio > 0) {
-                let (q, r) = (seq.state_slot as usize, t - seq.start);
+                let (q, r) = (seq.kept_slot as usize, t - seq.start);
                 k.keep(s, slot, q, seq.len, r, p, 1..5);
             }
             angles.at(p as u32, &mut sin[..np], &mut cos[..np]);
@@ -725,12 +731,12 @@ pub fn attention_commit(
 ) {
     let (hd, sf) = (s.head_dim, s.state_floats());
     for seq in &batch.seqs {
-        let q = seq.state_slot as usize;
+        let (q, kq) = (seq.state_slot as usize, seq.kept_slot as usize);
         let slot = &mut state[q * sf..][..sf];
         for t in seq.start..seq.start + seq.len {
             let p = batch.positions[t] as usize;
             if let Some(k) = kept.as_deref_mut() {
-                k.keep(s, slot, q, seq.len, t - seq.start, p, 0..1);
+                k.keep(s, slot, kq, seq.len, t - seq.start, p, 0..1);
             }
             slot[(p % s.n_swa) * hd..][..hd].copy_from_slice(&keys[t * hd..][..hd]);
         }

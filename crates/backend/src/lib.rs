@@ -576,7 +576,7 @@ pub trait Backend {
         Err(self.missing(ExtraOp::Dsv4))
     }
     /// [`dsv4::rewind`]: slot `slot` back to its state after row `row` of its last step's
-    /// span of `len` rows from position `start`, from the rows `kept` holds.
+    /// span of `len` rows from position `start`, from the rows `kept` holds in `kept_slot`.
     #[allow(clippy::too_many_arguments)]
     fn dsv4_rewind(
         &self,
@@ -585,11 +585,12 @@ pub trait Backend {
         kept: &Self::Buf,
         planes: usize,
         slot: usize,
+        kept_slot: usize,
         start: usize,
         len: usize,
         row: usize,
     ) -> Result<()> {
-        let _ = (s, state, kept, planes, slot, start, len, row);
+        let _ = (s, state, kept, planes, slot, kept_slot, start, len, row);
         Err(self.missing(ExtraOp::Dsv4))
     }
     /// A DeepSeek-V4 MoE layer: [`Backend::moe`]'s contract with the experts chosen by

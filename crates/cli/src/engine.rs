@@ -194,20 +194,21 @@ pub fn kv_summary(spec: &quiver_backend::KvSpec) -> String {
 /// The load log's line on the per-sequence state of models with one (Qwen 3.5's gated delta
 /// net; DeepSeek-V4's window and compressed KV for up to `n_slots` positions per sequence,
 /// as `Model::state` sizes it): bytes per sequence over its layers, and for `n_seqs` sequences;
-/// with `planes`, the states each sequence keeps for speculative decoding's rollback
-/// (`State::keep_states`). None for others.
+/// with `kept` (rows, sequences), what that many rows of that many speculating sequences a
+/// step change, kept for speculative decoding's rollback (`State::keep_states`). None for
+/// others.
 pub fn state_summary(
     hp: &quiver_models::Hparams,
     n_seqs: usize,
     n_slots: usize,
-    planes: usize,
+    kept: (usize, usize),
 ) -> Option<String> {
     let s = if n_seqs == 1 { "" } else { "s" };
-    let kept = match planes {
-        0 => String::new(),
-        _ => format!(
-            ", and what {planes} rows change kept per sequence for speculative decoding's rollback ({} in all)",
-            quiver_backend::human_bytes(hp.kept_state_bytes(planes).saturating_mul(n_seqs as u64))
+    let kept = match kept {
+        (0, _) | (_, 0) => String::new(),
+        (planes, seqs) => format!(
+            ", and what {planes} rows change kept for {seqs} speculating sequences (speculative decoding's rollback: {})",
+            quiver_backend::human_bytes(hp.kept_state_bytes(planes).saturating_mul(seqs as u64))
         ),
     };
     if let Some(ds) = &hp.dsv4 {
@@ -496,7 +497,7 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
         }
     };
     eprintln!("quiver: {}", kv_summary(&kv_spec));
-    if let Some(line) = state_summary(runner.hparams(), 1, kv_spec.n_slots, 0) {
+    if let Some(line) = state_summary(runner.hparams(), 1, kv_spec.n_slots, (0, 0)) {
         eprintln!("quiver: {line}");
     }
     Ok(Loaded { runner })

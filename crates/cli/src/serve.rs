@@ -238,8 +238,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         quiver_engine::spec::SpecType::None => 0,
         _ => spec.draft_max,
     };
+    // (As the engine keeps them: for the most requests that propose in one step.)
+    let kept = (planes, spec.max_decoding.min(max_seqs as usize));
     if let Some(state) =
-        engine::state_summary(&hp, max_seqs as usize, n_ctx.min(kv_blocks * bs), planes)
+        engine::state_summary(&hp, max_seqs as usize, n_ctx.min(kv_blocks * bs), kept)
     {
         kv_line = format!("{kv_line}; {state}");
     }

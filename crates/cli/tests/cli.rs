@@ -399,7 +399,7 @@ fn speculation_flag_errors_are_one_line_errors() {
         (
             vec!["--spec-type", "eagle"],
             2,
-            "none, ngram, draft or eagle3",
+            "none, ngram, draft, eagle3 or mtp",
         ),
         (
             vec!["--spec", "ngram", "-md", &m],

@@ -66,6 +66,7 @@ impl BatchBuilder {
         (span.start, span.len, span.kv_len) = (start, n, start_pos + n);
         span.decode_from = usize::MAX;
         span.state_slot = 0;
+        span.kept_slot = SeqSpan::NOT_KEPT;
         match blocks {
             Blocks::Identity(n_blocks) => {
                 span.block_table.clear();
@@ -114,13 +115,23 @@ impl BatchBuilder {
         self
     }
 
+    /// The last pushed sequence keeps what a rollback of its last rows needs, in kept slot
+    /// `k` (`SeqSpan::kept_slot`).
+    pub fn kept_slot(&mut self, k: u32) -> &mut Self {
+        self.batch.seqs[self.n_seqs - 1].kept_slot = k;
+        self
+    }
+
+    /// The scheduled step; a request whose step carries proposals keeps what a rollback needs,
+    /// the i-th such request of the step in kept slot i ([`kept_slots`]).
     pub fn build_scheduled(&mut self, out: &SchedulerOutput) -> &Batch {
         self.begin();
-        for s in &out.scheduled {
+        for (s, k) in out.scheduled.iter().zip(kept_slots(out)) {
             let (tokens, table) = out.parts(s);
             self.push_seq(tokens, s.start_pos, Blocks::Table(table), s.logits_from)
                 .decode_from(s.decode_from)
-                .state_slot(s.state_slot);
+                .state_slot(s.state_slot)
+                .kept_slot(k);
         }
         self.batch()
     }
@@ -130,6 +141,19 @@ impl BatchBuilder {
         self.batch.seqs.truncate(self.n_seqs);
         &self.batch
     }
+}
+
+/// Each scheduled request's kept slot: the requests whose steps carry proposals numbered in
+/// schedule order, the others none (`SeqSpan::NOT_KEPT`).
+pub(crate) fn kept_slots(out: &SchedulerOutput) -> impl Iterator<Item = u32> + '_ {
+    let mut k = 0;
+    out.scheduled.iter().map(move |s| match s.draft {
+        0 => SeqSpan::NOT_KEPT,
+        _ => {
+            k += 1;
+            k - 1
+        }
+    })
 }
 
 #[cfg(test)]

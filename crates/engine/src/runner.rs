@@ -118,26 +118,26 @@ impl<B: Backend> ModelRunner<B> {
                 self.state.max_logits,
             );
             // The old state goes first: both need not fit at once.
+            let (planes, slots) = (self.state.snap_planes, self.state.snap_slots);
             self.state = self.model.state(&self.backend, 0, 1, 1)?;
-            let planes = self.state.snap_planes;
             self.state = self
                 .model
                 .state(&self.backend, n_slots, n_batch, max_logits)?;
             self.state
-                .keep_states(&self.backend, &self.model.hp, planes)?;
+                .keep_states(&self.backend, &self.model.hp, planes, slots)?;
         }
         Ok(())
     }
 
     /// Makes a model with a per-sequence state (Qwen 3.5's recurrent state, DeepSeek-V4's
-    /// rings) keep what its last `planes` rows change, so that a step may carry up to
-    /// `planes` proposed tokens and roll rejected ones back (`State::keep_states`). Returns
-    /// how many proposed tokens a step may carry (unbounded, `usize::MAX`, for a model without
-    /// such state).
-    pub fn keep_states(&mut self, planes: usize) -> Result<usize> {
+    /// rings) keep what the last `planes` rows of up to `seqs` speculating sequences a step
+    /// change, so that a step may carry up to `planes` proposed tokens a sequence and roll
+    /// rejected ones back (`State::keep_states`). Returns how many proposed tokens a step may
+    /// carry (unbounded, `usize::MAX`, for a model without such state).
+    pub fn keep_states(&mut self, planes: usize, seqs: usize) -> Result<usize> {
         let hp = &self.model.hp;
         if hp.has_seq_state() {
-            self.state.keep_states(&self.backend, hp, planes)?;
+            self.state.keep_states(&self.backend, hp, planes, seqs)?;
             Ok(planes)
         } else {
             Ok(usize::MAX)
@@ -323,6 +323,7 @@ impl<B: Backend> ModelRunner<B> {
             .begin()
             .push_seq(tokens, start_pos, Blocks::Identity(n_blocks), Some(0))
             .decode_from(start_pos)
+            .kept_slot(0)
             .batch();
         self.model
             .forward(&mut self.backend, &mut self.state, batch)?;
@@ -365,6 +366,7 @@ impl<B: Backend> ModelRunner<B> {
         self.state.rewind(
             &self.backend,
             &self.model.hp,
+            0,
             0,
             start,
             rows,
@@ -436,7 +438,7 @@ pub trait Session {
     ) -> Result<()>;
     /// The most tokens `eval_verify` takes at once.
     fn max_verify(&self) -> usize;
-    /// See `ModelRunner::keep_states`.
+    /// See `ModelRunner::keep_states` (for this one sequence).
     fn keep_states(&mut self, planes: usize) -> Result<usize>;
     /// See `ModelRunner::rewind`.
     fn rewind(&mut self, pos: usize) -> Result<()>;
@@ -508,7 +510,7 @@ impl<B: Backend> Session for ModelRunner<B> {
         }
     }
     fn keep_states(&mut self, planes: usize) -> Result<usize> {
-        ModelRunner::keep_states(self, planes)
+        ModelRunner::keep_states(self, planes, 1)
     }
     fn rewind(&mut self, pos: usize) -> Result<()> {
         ModelRunner::rewind(self, pos)

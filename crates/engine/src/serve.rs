@@ -84,7 +84,9 @@ where
                 SpecType::None => 0,
                 _ => opts.spec.draft_max,
             };
-            let rollback = match runner.keep_states(planes) {
+            // (At most `max_decoding` requests propose in one step.)
+            let seqs = opts.spec.max_decoding.min(opts.max_seqs);
+            let rollback = match runner.keep_states(planes, seqs) {
                 Ok(n) => n,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));

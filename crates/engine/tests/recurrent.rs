@@ -376,7 +376,7 @@ fn runner_rolls_back(f: &Arc<GgufFile>) {
     let mut r = ModelRunner::new(CpuBackend::new(2), f, &opts).unwrap();
     use quiver_engine::Session;
     assert_eq!(r.max_verify(), 1, "no kept states: no room for a proposal");
-    assert_eq!(r.keep_states(4).unwrap(), 4);
+    assert_eq!(r.keep_states(4, 1).unwrap(), 4);
     assert_eq!(r.max_verify(), 5);
     r.eval(p, 0, Want::Last).unwrap();
     // t0, then t1 (right) and two wrong tokens.

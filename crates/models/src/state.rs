@@ -42,11 +42,13 @@ pub struct State<B: Backend> {
     pub rs: Vec<B::Buf>,
     /// Sequences the recurrent state holds at once (`SeqSpan::state_slot` below this).
     pub n_seq_states: usize,
-    /// Per recurrent layer, the states each slot keeps for a rollback
+    /// Per recurrent layer, the states each kept slot holds for a rollback
     /// ([`quiver_backend::Snapshots`], [`State::keep_states`]); empty without.
     pub(crate) snap: Vec<B::Buf>,
-    /// Kept states per slot (0: none).
+    /// Kept states per kept slot (0: none).
     pub snap_planes: usize,
+    /// Kept slots: the sequences of one step that may keep states (`SeqSpan::kept_slot`).
+    pub snap_slots: usize,
     /// [max_logits, n_vocab] after a step
     pub logits: B::Buf,
 }
@@ -76,18 +78,25 @@ impl<B: Backend> State<B> {
         Ok(())
     }
 
-    /// Makes every later step keep, for each sequence, the recurrent state after each of its
+    /// Makes later steps keep, for up to `slots` sequences a step (those whose span names a
+    /// `SeqSpan::kept_slot`: the speculating ones), the recurrent state after each of their
     /// last `planes` rows but one (Qwen 3.5's delta-net layers: [`quiver_backend::Snapshots`]),
-    /// or what its last `planes` rows overwrite in DeepSeek-V4's rings
-    /// ([`quiver_backend::dsv4::Kept`]), so that [`State::rewind`] can return it to any of
-    /// them: what speculative decoding needs to drop rejected proposals. Memory checked.
-    pub fn keep_states(&mut self, b: &B, hp: &crate::Hparams, planes: usize) -> Result<()> {
+    /// or what their last `planes` rows overwrite in DeepSeek-V4's rings
+    /// ([`quiver_backend::dsv4::Kept`]), so that [`State::rewind`] can return them to any of
+    /// those rows: what speculative decoding needs to drop rejected proposals. Memory checked.
+    pub fn keep_states(
+        &mut self,
+        b: &B,
+        hp: &crate::Hparams,
+        planes: usize,
+        slots: usize,
+    ) -> Result<()> {
         if !hp.has_seq_state() {
             return Ok(());
         }
         self.snap.clear();
-        self.snap_planes = 0;
-        if planes == 0 {
+        (self.snap_planes, self.snap_slots) = (0, 0);
+        if planes == 0 || slots == 0 {
             return Ok(());
         }
         // Per layer buffer: whole states (the delta net's), or DeepSeek-V4's ring rows.
@@ -98,19 +107,18 @@ impl<B: Backend> State<B> {
             (None, Some(p)) => vec![p.state_floats(); self.rs.len()],
             (None, None) => Vec::new(),
         };
-        let n = self.n_seq_states * planes;
+        let n = slots * planes;
         let need = per_layer.iter().map(|&f| (f * n) as u64 * 4).sum::<u64>();
         if let Some(available) = b.memory_available() {
             if need > available {
                 return Err(quiver_backend::BackendError::OutOfMemory {
                     what: format!(
-                        "{planes} kept recurrent states for each of {} sequences (speculative decoding's rollback)",
-                        self.n_seq_states
+                        "what {planes} rows change in the per-sequence state, for {slots} speculating sequences (speculative decoding's rollback)"
                     ),
                     need,
                     available,
                     device: b.name(),
-                    hint: ": lower --draft-max or the number of sequences (--parallel)",
+                    hint: ": lower --draft-max",
                 }
                 .into());
             }
@@ -119,14 +127,15 @@ impl<B: Backend> State<B> {
             .iter()
             .map(|&f| b.buf(f * n))
             .collect::<std::result::Result<_, _>>()?;
-        self.snap_planes = planes;
+        (self.snap_planes, self.snap_slots) = (planes, slots);
         // New buffers: steps captured before them are not this state's any more.
         self.id = next_id();
         Ok(())
     }
 
     /// Returns state slot `slot` to its state after row `row` of its last step's span of
-    /// `len` rows from position `start` (the kept states: [`quiver_backend::Snapshots`], or
+    /// `len` rows from position `start`, which kept slot `kept_slot` held (the kept states:
+    /// [`quiver_backend::Snapshots`], or
     /// DeepSeek-V4's kept ring rows, [`quiver_backend::dsv4::Kept`]): a verification whose
     /// proposals were not all accepted goes back to the row of its last accepted token.
     /// Nothing to do for the last row; a row the state did not keep is an error.
@@ -136,6 +145,7 @@ impl<B: Backend> State<B> {
         b: &B,
         hp: &crate::Hparams,
         slot: usize,
+        kept_slot: usize,
         start: usize,
         len: usize,
         row: usize,
@@ -154,7 +164,7 @@ impl<B: Backend> State<B> {
             let n_ctx = self.ds.as_ref().map_or(1, |d| d.n_ctx);
             for (i, (rs, kept)) in self.rs.iter_mut().zip(&self.snap).enumerate() {
                 let shape = ds.shape(hp, i, n_ctx);
-                b.dsv4_rewind(&shape, rs, kept, planes, slot, start, len, row)?;
+                b.dsv4_rewind(&shape, rs, kept, planes, slot, kept_slot, start, len, row)?;
             }
             return Ok(());
         }
@@ -169,7 +179,7 @@ impl<B: Backend> State<B> {
         };
         let per = p.state_floats();
         for (rs, snap) in self.rs.iter_mut().zip(&self.snap) {
-            b.copy_range(snap, (slot * planes + j) * per, rs, slot * per, per)?;
+            b.copy_range(snap, (kept_slot * planes + j) * per, rs, slot * per, per)?;
         }
         Ok(())
     }
@@ -370,6 +380,7 @@ impl<B: Backend> Model<B> {
             n_seq_states,
             snap: Vec::new(),
             snap_planes: 0,
+            snap_slots: 0,
             logits: b.buf(max_logits * hp.n_vocab)?,
         })
     }

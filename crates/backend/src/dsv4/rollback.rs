@@ -36,8 +36,9 @@ fn ring_rows(s: &AttnShape, p: usize) -> [(usize, usize); 5] {
     r
 }
 
-/// The rows a step keeps for a rollback: `planes` rows per slot ([`kept_floats`] each),
-/// slot s's row j at `(s · planes + j) · kept_floats`, row j of a span of `len` rows being
+/// The rows a step keeps for a rollback: `planes` rows per kept slot ([`kept_floats`] each;
+/// a span's `SeqSpan::kept_slot`, none for spans that keep nothing), kept slot k's row j at
+/// `(k · planes + j) · kept_floats`, row j of a span of `len` rows being
 /// its row `len − planes + j` (its last `planes` rows). Each holds what that row's position's
 /// ring rows held when the row wrote them (the step writes the rings in position order), so
 /// that [`rewind`] can undo a span's last rows in reverse.
@@ -48,7 +49,8 @@ pub struct Kept<'a> {
 
 impl Kept<'_> {
     /// Keeps the `parts` of position `p`'s ring rows for row `r` of a span of `len` rows in
-    /// slot `slot`, if the row is one of its last `planes`.
+    /// kept slot `slot` (none: [`crate::SeqSpan::NOT_KEPT`]), if the row is one of its last
+    /// `planes`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn keep(
         &mut self,
@@ -60,7 +62,7 @@ impl Kept<'_> {
         p: usize,
         parts: std::ops::Range<usize>,
     ) {
-        if r + self.planes < len {
+        if r + self.planes < len || slot == crate::SeqSpan::NOT_KEPT as usize {
             return;
         }
         let j = r + self.planes - len;
@@ -77,7 +79,7 @@ impl Kept<'_> {
 
 /// Returns sequence slot `slot` to its state after row `row` of its last step's span of `len`
 /// rows starting at position `start` (rows `row + 1 ..` undone, the last first, from the rows
-/// [`Kept`] holds: at most `planes` of them). Compressed rows of blocks the undone rows
+/// [`Kept`] holds in kept slot `kept_slot`: at most `planes` of them). Compressed rows of blocks the undone rows
 /// completed stay, unread, until their blocks complete again.
 #[allow(clippy::too_many_arguments)]
 pub fn rewind(
@@ -86,6 +88,7 @@ pub fn rewind(
     kept: &[f32],
     planes: usize,
     slot: usize,
+    kept_slot: usize,
     start: usize,
     len: usize,
     row: usize,
@@ -97,13 +100,15 @@ pub fn rewind(
             len - 1 - row.min(len - 1)
         ));
     }
-    if (slot + 1) * sf > state.len() || (slot + 1) * planes * kf > kept.len() {
-        return Err(format!("state slot {slot} past the state or its kept rows"));
+    if (slot + 1) * sf > state.len() || (kept_slot + 1) * planes * kf > kept.len() {
+        return Err(format!(
+            "state slot {slot} or kept slot {kept_slot} past the state or its kept rows"
+        ));
     }
     let st = &mut state[slot * sf..][..sf];
     for r in (row + 1..len).rev() {
         let j = r + planes - len;
-        let src = &kept[(slot * planes + j) * kf..][..kf];
+        let src = &kept[(kept_slot * planes + j) * kf..][..kf];
         let mut at = 0;
         for (off, l) in ring_rows(s, start + r) {
             st[off..off + l].copy_from_slice(&src[at..at + l]);

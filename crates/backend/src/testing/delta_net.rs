@@ -43,6 +43,9 @@ pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) ->
             kv_len: pos + len,
             block_table: vec![0],
             state_slot: slot as u32,
+            // Kept slots apart from the state slots: 1 and 0 for the prompts, none for the
+            // decoding one.
+            kept_slot: [1, 0, SeqSpan::NOT_KEPT][si],
             ..Default::default()
         });
         for t in 0..len {
@@ -57,8 +60,8 @@ pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) ->
     let mut x = h.upload(be, &qkv);
     let (ba, bb) = (h.upload(be, &alpha), h.upload(be, &beta));
     let mut state = h.upload(be, &state0);
-    // Three kept states a slot: the first sequence keeps rows 3..6, the second rows 1..4, the
-    // decoding one none (its planes stay as they were).
+    // Three kept states a kept slot: the first sequence keeps rows 3..6, the second rows 1..4,
+    // the decoding one none (kept slots 2.. stay as they were).
     let planes = 3;
     let snap0 = rng.scaled(5 * planes * per, 0.3);
     let mut snap = h.upload(be, &snap0);
@@ -88,15 +91,21 @@ pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) ->
     let got_state = read(be, &state, 5 * per);
     let got_snap = read(be, &snap, 5 * planes * per);
     let mut want_state = state0.clone();
+    assert_eq!(
+        got_snap[2 * planes * per..],
+        snap0[2 * planes * per..],
+        "kept slots no span names changed"
+    );
     for (s, &(slot, pos, len)) in batch.seqs.iter().zip(&seqs) {
         // Each kept state: the reference over the span's rows up to its row.
-        for j in 0..planes {
-            let kept = &got_snap[(slot * planes + j) * per..][..per];
+        let k = s.kept_slot as usize;
+        for j in (0..planes).filter(|_| s.kept_slot != SeqSpan::NOT_KEPT) {
+            let kept = &got_snap[(k * planes + j) * per..][..per];
             let Some(row) = crate::Snapshots::<B::Buf>::row_of(planes, len, j) else {
                 assert_eq!(
                     kept,
-                    &snap0[(slot * planes + j) * per..][..per],
-                    "slot {slot}'s plane {j} keeps no row of a span of {len}, yet changed"
+                    &snap0[(k * planes + j) * per..][..per],
+                    "kept slot {k}'s plane {j} keeps no row of a span of {len}, yet changed"
                 );
                 continue;
             };

@@ -396,7 +396,13 @@ fn attention<B: Backend, H: Harness<B>>(
                     kept: Option<&mut B::Buf>,
                     spans: &[(usize, usize, usize, usize)]|
      -> Vec<Vec<f32>> {
-        let (batch, parts) = make(spans);
+        let (mut batch, parts) = make(spans);
+        if kept.is_some() {
+            // Kept slots apart from the state slots: 1, 2, …
+            for (i, q) in batch.seqs.iter_mut().enumerate() {
+                q.kept_slot = 1 + i as u32;
+            }
+        }
         let n = batch.tokens.len();
         let bufs: Vec<B::Buf> = parts.iter().map(|p| h.upload(&*be, p)).collect();
         let mut out = poison(&*be, h, n * width);
@@ -515,7 +521,7 @@ fn attention<B: Backend, H: Harness<B>>(
     let mut kept = h.upload(be, &vec![0f32; n_slots * KEPT * ds::kept_floats(&s)]);
     run(be, &mut state, &[(0, 0, 40, 4)]);
     run_kept(be, &mut state, Some(&mut kept), &[(3, 40, 12, 4)]);
-    be.dsv4_rewind(&s, &mut state, &kept, KEPT, 4, 40, 12, 3)
+    be.dsv4_rewind(&s, &mut state, &kept, KEPT, 4, 1, 40, 12, 3)
         .unwrap();
     let after = run(be, &mut state, &[(0, 44, 30, 4)]).remove(0);
     notes.check(

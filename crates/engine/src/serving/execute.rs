@@ -69,7 +69,8 @@ impl<B: Backend> StepRunner<B> {
         if !r.model.hp.has_seq_state() {
             return Ok(());
         }
-        for s in out.scheduled.iter().filter(|s| s.draft > 0) {
+        let kept = crate::batch::kept_slots(out);
+        for (s, k) in out.scheduled.iter().zip(kept).filter(|(s, _)| s.draft > 0) {
             let picks = sampled.iter().filter(|x| x.0 == s.id).count();
             let accepted = picks.saturating_sub(1).min(s.draft);
             let len = s.n_tokens();
@@ -77,6 +78,7 @@ impl<B: Backend> StepRunner<B> {
                 &r.backend,
                 &r.model.hp,
                 s.state_slot as usize,
+                k as usize,
                 s.start_pos,
                 len,
                 len - 1 - (s.draft - accepted),
