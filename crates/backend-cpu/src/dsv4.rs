@@ -326,24 +326,3 @@ impl CpuBackend {
         self.moe_cpu(x, batch.n_tokens(), w, p, s, out, Some((&f, clamp)))
     }
 }
-
-/// `Backend::dsv4_rewind` on the host.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn rewind(
-    s: &AttnShape,
-    state: &mut [f32],
-    kept: &[f32],
-    planes: usize,
-    slot: usize,
-    kept_slot: usize,
-    start: usize,
-    len: usize,
-    row: usize,
-) -> Result<()> {
-    dsv4::rewind(s, state, kept, planes, slot, kept_slot, start, len, row).map_err(|detail| {
-        quiver_backend::BackendError::Shape {
-            op: "dsv4_rewind",
-            detail,
-        }
-    })
-}

@@ -638,7 +638,11 @@ impl Backend for CpuBackend {
         len: usize,
         row: usize,
     ) -> Result<()> {
-        dsv4::rewind(s, state, kept, planes, slot, kept_slot, start, len, row)
+        quiver_backend::dsv4::rewind(s, state, kept, planes, slot, kept_slot, start, len, row)
+            .map_err(|detail| BackendError::Shape {
+                op: "dsv4_rewind",
+                detail,
+            })
     }
 
     fn moe_dsv4(

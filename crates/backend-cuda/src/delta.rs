@@ -59,7 +59,10 @@ impl CudaBackend {
         )?;
         let (snap, planes) = match snaps {
             Some(sn) => {
-                let mut kept: Vec<u32> = st.batch.seqs.iter().map(|q| q.kept_slot).collect();
+                // The state slots' list reused: one allocation a step, as before.
+                let kept = &mut slots;
+                kept.clear();
+                kept.extend(st.batch.seqs.iter().map(|q| q.kept_slot));
                 kept.retain(|&k| k != quiver_backend::SeqSpan::NOT_KEPT);
                 kept.sort_unstable();
                 check(

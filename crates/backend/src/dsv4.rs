@@ -521,17 +521,15 @@ pub fn attention_prepare(
 ) -> Result<(), String> {
     check_step(batch, s, state.len())?;
     if let Some(k) = kept.as_deref() {
-        let mut ks: Vec<u32> = batch.seqs.iter().map(|q| q.kept_slot).collect();
-        ks.retain(|&x| x != crate::SeqSpan::NOT_KEPT);
-        ks.sort_unstable();
-        if ks.windows(2).any(|w| w[0] == w[1]) {
+        // (No allocation: this runs in every layer of every step.)
+        let seqs = &batch.seqs;
+        let kept = |i: usize| Some(seqs[i].kept_slot).filter(|&x| x != crate::SeqSpan::NOT_KEPT);
+        if (0..seqs.len()).any(|i| kept(i).is_some() && (0..i).any(|j| kept(j) == kept(i))) {
             return Err("two sequences of one step share a kept slot".into());
         }
         let kf = kept_floats(s);
-        if ks
-            .last()
-            .is_some_and(|&l| (l as usize + 1) * k.planes * kf > k.rows.len())
-        {
+        let past = |l: u32| (l as usize + 1) * k.planes * kf > k.rows.len();
+        if (0..seqs.len()).any(|i| kept(i).is_some_and(past)) {
             return Err(format!("a kept slot's {} rows past their buffer", k.planes));
         }
     }

@@ -42,11 +42,7 @@ fn write(preset: &str, ty: &str, seed: u64, sha: &str, tag: &str) -> Arc<GgufFil
     f
 }
 
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let m = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
-    row.iter().map(|&x| x as f64 - lse).collect()
-}
+use common::log_softmax;
 
 /// The head's rows as llama.cpp's harness runs them: log-probabilities by target id.
 fn head_rows<B: Backend>(mut b: B, fx: &Fixture, tag: &str) -> Vec<Vec<(u32, f64)>> {

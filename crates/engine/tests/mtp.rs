@@ -46,11 +46,7 @@ fn write(fx: &Fixture, tag: &str) -> Arc<GgufFile> {
     f
 }
 
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let m = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
-    row.iter().map(|&x| x as f64 - lse).collect()
-}
+use common::log_softmax;
 
 /// The block's rows as llama.cpp's harness runs them: log-probabilities by token id.
 fn block_rows<B: Backend>(mut b: B, fx: &Fixture, f: &Arc<GgufFile>) -> Vec<Vec<f64>> {

@@ -171,12 +171,8 @@ impl<B: Backend> State<B> {
         let Some(p) = hp.delta_net else {
             return Ok(());
         };
-        let Some(j) = quiver_backend::Snapshots::<B::Buf>::plane_of(planes, len, row) else {
-            return Err(crate::ModelError::Rollback {
-                back: len - 1 - row,
-                planes,
-            });
-        };
+        // Row `row`'s plane (`Snapshots::plane_of`), in range: checked above.
+        let j = row + 1 + planes - len;
         let per = p.state_floats();
         for (rs, snap) in self.rs.iter_mut().zip(&self.snap) {
             b.copy_range(snap, (kept_slot * planes + j) * per, rs, slot * per, per)?;

@@ -203,6 +203,34 @@ pub(crate) const QWEN35_0_8B: Preset = Preset {
     ..BASE
 };
 
+/// Three delta-net layers (more value heads than key heads) and one full-attention layer
+/// (q gate, half the head rotated); `qwen35::PRESETS` has it with a multi-token-prediction block.
+pub(crate) const TINY_QWEN35: Preset = Preset {
+    name: "tiny-qwen35",
+    arch: "qwen35",
+    head_dim: 64,
+    n_rot: 32,
+    ssm_heads: (2, 4, 32),
+    full_attn_interval: 4,
+    ..TINY
+};
+
+/// [`TINY_QWEN35`] with experts beside a shared expert (and, in `qwen35::PRESETS`, with a
+/// multi-token-prediction block).
+pub(crate) const TINY_QWEN35MOE: Preset = Preset {
+    name: "tiny-qwen35moe",
+    arch: "qwen35moe",
+    head_dim: 64,
+    n_rot: 32,
+    ssm_heads: (2, 4, 32),
+    full_attn_interval: 2,
+    n_expert: 8,
+    n_expert_used: 2,
+    n_ff_exp: 128,
+    n_ff_shexp: 192,
+    ..TINY
+};
+
 pub const PRESETS: &[Preset] = &[
     Preset {
         name: "smollm2-135m",
@@ -560,31 +588,8 @@ pub const PRESETS: &[Preset] = &[
         ..TINY
     },
     QWEN35_0_8B,
-    // Three delta-net layers (more value heads than key heads) and one full-attention layer
-    // (q gate, half the head rotated).
-    Preset {
-        name: "tiny-qwen35",
-        arch: "qwen35",
-        head_dim: 64,
-        n_rot: 32,
-        ssm_heads: (2, 4, 32),
-        full_attn_interval: 4,
-        ..TINY
-    },
-    // The same with experts beside a shared expert.
-    Preset {
-        name: "tiny-qwen35moe",
-        arch: "qwen35moe",
-        head_dim: 64,
-        n_rot: 32,
-        ssm_heads: (2, 4, 32),
-        full_attn_interval: 2,
-        n_expert: 8,
-        n_expert_used: 2,
-        n_ff_exp: 128,
-        n_ff_shexp: 192,
-        ..TINY
-    },
+    TINY_QWEN35,
+    TINY_QWEN35MOE,
     Preset {
         name: "tiny-phi3",
         arch: "phi3",

@@ -2,7 +2,7 @@
 //! `full_attn_interval`-th, as llama.cpp's loader names and shapes their tensors.
 
 use crate::mix::{FileType, Role};
-use crate::{Planned, Preset, QWEN35_0_8B, TINY};
+use crate::{Planned, Preset, QWEN35_0_8B, TINY_QWEN35, TINY_QWEN35MOE};
 use quiver_gguf::{GgufWriter, Value};
 
 const CONV_KERNEL: u64 = 4;
@@ -18,28 +18,13 @@ pub(crate) const PRESETS: &[Preset] = &[
     // tiny-qwen35 with a multi-token-prediction block (`--spec-type mtp`).
     Preset {
         name: "tiny-qwen35-mtp",
-        arch: "qwen35",
-        head_dim: 64,
-        n_rot: 32,
-        ssm_heads: (2, 4, 32),
-        full_attn_interval: 4,
         nextn: 1,
-        ..TINY
+        ..TINY_QWEN35
     },
-    // tiny-qwen35moe with a multi-token-prediction block (`--spec-type mtp`).
     Preset {
         name: "tiny-qwen35moe-mtp",
-        arch: "qwen35moe",
-        head_dim: 64,
-        n_rot: 32,
-        ssm_heads: (2, 4, 32),
-        full_attn_interval: 2,
-        n_expert: 8,
-        n_expert_used: 2,
-        n_ff_exp: 128,
-        n_ff_shexp: 192,
         nextn: 1,
-        ..TINY
+        ..TINY_QWEN35MOE
     },
 ];
 

@@ -208,3 +208,11 @@ pub fn head_fixtures(sub: &str, count: usize) -> Vec<HeadFixture> {
         })
         .collect()
 }
+
+/// log-softmax of a logits row in f64 (llama.cpp's harnesses print the same).
+#[allow(dead_code)] // not every test binary reads logits
+pub fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+    row.iter().map(|&x| x as f64 - lse).collect()
+}
