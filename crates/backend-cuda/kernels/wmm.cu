@@ -7,7 +7,7 @@
 // Order of summation: one f32 accumulator per output element, the columns' stages of 128 in
 // ascending order, 8 steps of 16 values each (one wgmma, the values of qmm's step s). It depends
 // on `cols` only: a token's result is the same bits whatever the number of tokens, the tile it
-// falls in and the tile's width (BN, 64, 128 or 256 tokens: the same per-element products).
+// falls in and the tile's width (BN, 64, 128, 192 or 256 tokens: the same per-element products).
 //
 // The activations come permuted and tiled (f16_permute, ops.cu): within each stage of 128
 // columns, position 16s + kk holds the value qmm's step s takes at k position kk, and 16-byte
@@ -30,11 +30,12 @@
 // the loop.
 //
 // CTA: BM weight rows (64 or 128: one or two consumer warpgroups of 64, warp w rows
-// 16w..16w+15) × BN tokens (64, 128 or 256), and the producer warp; the launcher picks the
-// largest tile that still fills the device. A tile of 256 tokens is two halves of 128 (a box and
-// an m64n128 product each, both from the same fragments: the dequantization serves twice the
-// products), its accumulators 128 registers a thread: the producer is a warpgroup that gives
-// its registers to the consumers (setmaxnreg: 40 and 232 of the block's 168 a thread).
+// 16w..16w+15) × BN tokens (64, 128, 192 or 256), and the producer warp; the launcher picks the
+// tile by its waves over the multiprocessors (wmm.rs `wmm_tile`). A tile of 192 or 256 tokens is
+// two halves of 96 or 128 (a box and an m64n96 / m64n128 product each, both from the same
+// fragments: the dequantization serves twice the products), its accumulators 96 or 128
+// registers a thread: the producer is a warpgroup that gives its registers to the consumers
+// (setmaxnreg: 40 and 232 of the block's 168 a thread).
 //                      grid (ceil(n / BN), ceil(rows / BM)), block 2·BM + WmmSmem::PT
 
 // A lane's fragments of stage j from its warp's windows (qmm_frag's values, the same bits), the
@@ -81,8 +82,9 @@ struct WmmSmem {
     // Stages in flight: 4 where they fit the 227 KiB a block may take, else fewer.
     static constexpr int NST = 4 * (X + W) <= FIT ? 4 : 3 * (X + W) <= FIT ? 3 : 2;
     static constexpr int BYTES = NST * (X + W) + 64;
-    // Halves of 128 tokens (one box and one product each); producer threads.
-    static constexpr int NH = BN > 128 ? BN / 128 : 1, HN = BN / NH, PT = BN > 128 ? 128 : 32;
+    // Halves past 128 tokens (one box and one product each); producer threads.
+    static constexpr int NH = BN > 128 ? 2 : 1, HN = BN / NH, PT = BN > 128 ? 128 : 32;
+    static_assert(HN == 64 || HN == 96 || HN == 128, "a product of 64, 96 or 128 tokens");
     static_assert(BN <= 128 || BM == 128, "setmaxnreg's 40 + 2 · 232 registers are 384 threads' 168");
 };
 
@@ -157,6 +159,8 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
                 const u64 desc = wg_desc(xb + h * (S::X / S::NH) + s * 2 * (HN / 8) * 128, (HN / 8) * 128, 128);
                 if constexpr (HN == 128)
                     wg_rs128<0>(d + h * 64, cur[s], desc);
+                else if constexpr (HN == 96)
+                    wg_rs96<0>(d + h * 48, cur[s], desc);
                 else
                     wg_rs64<0>(d, cur[s], desc);
             }
