@@ -64,7 +64,7 @@ impl Product {
                 "64 tokens x 64 rows a block of 4 warps, split over 256-column chunks to 2 blocks an SM"
             }
             Product::Wmm => {
-                "64 or 128 rows x 64 or 128 tokens a block of 1 or 2 warpgroups (wgmma), the largest tile that fills the device"
+                "64 or 128 rows x 64 to 256 tokens a block of 1 or 2 warpgroups and a producer (wgmma), the tile of fewest waves"
             }
             Product::Blas => "cublasGemmEx, f16 in, f32 out",
         }
