@@ -20,7 +20,12 @@
 // between them, stride 128 between groups of 8 tokens). Tokens past n come as zeros.
 // The weights' windows (qmm_copy_w's bytes, from the 16-byte boundary at or below the stage's
 // bytes) are one box of a 2-D tensor map over the rows (4-byte units, rows a multiple of 16
-// bytes: wmm_fits); bytes past a row's end and rows past `rows` come as zeros.
+// bytes); bytes past a row's end and rows past `rows` come as zeros. Rows of 8-byte units (Q6_K
+// and Q3_K at most widths: 22,680 bytes for the 32B's down projection) are read in pairs
+// (`pairs`, wmm.rs `wmm_pairs`; past an odd count of rows memory holds one more): the map's rows
+// are the pairs, a stage takes
+// two boxes of BM / 2 pairs, the even rows' windows and the odd rows' (row_bytes further on);
+// bytes past an even row's end are then its odd partner's, in groups the stage masks anyway.
 //
 // Pipeline (warp-specialized): one thread of the producer warp sends each stage's two tensor
 // copies, completing on the stage's `full` barrier, NST stages ahead, reusing a buffer once
@@ -38,21 +43,26 @@
 // (setmaxnreg: 40 and 232 of the block's 168 a thread).
 //                      grid (ceil(n / BN), ceil(rows / BM)), block 2·BM + WmmSmem::PT
 
+// Where row r of a block's BM lies among a stage's windows: in order, or with `pairs` (rows of
+// 8-byte units: two copies, the even rows' windows, then the odd rows') the even rows first.
+__device__ __forceinline__ int wmm_slot(int r, int bm, bool pairs) { return pairs ? (r & 1) * (bm / 2) + (r >> 1) : r; }
+
 // A lane's fragments of stage j from its warp's windows (qmm_frag's values, the same bits), the
 // rows' offsets in their windows fixed for the kernel: a[s] for step s. `FULL`: the stage's 128
 // columns are all in the row (every stage but a partial last one); else `ok` says whether this
 // lane's group is.
 template <DeqFn DEQ, class Q>
 struct WFrag {
-    u32 w0;        // row g's window in the warp's (row g + 8's: 8 windows on)
+    u32 w0, w1;    // rows g's and g + 8's windows in the stage's (wmm_slot)
     u32 ra0, ra1;  // the rows' start addresses mod 16
     int q;
-    __device__ WFrag(const QRows& R) {
+    __device__ WFrag(const QRows& R, int warp, int bm, bool pairs) {
         const int g = (threadIdx.x & 31) >> 2;
         q = threadIdx.x & 3;
         ra0 = (u32)(u64)R.row(g) & 15;
         ra1 = (u32)(u64)R.row(g + 8) & 15;
-        w0 = g * Q::WIN;
+        w0 = wmm_slot(16 * warp + g, bm, pairs) * Q::WIN;
+        w1 = wmm_slot(16 * warp + g + 8, bm, pairs) * Q::WIN;
     }
     template <bool FULL>
     __device__ __forceinline__ void frag(u32 (*a)[4], const u8* wins, int j, bool ok) const {
@@ -62,7 +72,7 @@ struct WFrag {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const u32 off = ((h ? ra1 : ra0) + st) & 15;
-            DEQ(wins + w0 + h * 8 * Q::WIN + off, grp, hv);
+            DEQ(wins + (h ? w1 : w0) + off, grp, hv);
 #pragma unroll
             for (int s = 0; s < 8; s++) {
                 a[s][h] = FULL || ok ? hv[2 * s] : 0u;
@@ -90,7 +100,7 @@ struct WmmSmem {
 
 template <DeqFn DEQ, int BB, int BV, int BM, int BN>
 __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u8* __restrict__ W, long long row_bytes,
-                                         int rows, int cols, float* __restrict__ y, int n) {
+                                         int rows, int cols, float* __restrict__ y, int n, bool pairs) {
 #ifdef WG_ON
     typedef QWin<BB, BV> Q;
     typedef WmmSmem<BB, BV, BM, BN> S;
@@ -121,15 +131,23 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
                 mbar_expect(full + b, S::X + S::W);
 #pragma unroll
                 for (int h = 0; h < S::NH; h++) tma_2d(xbuf(b) + h * (S::X / S::NH), xm, 2 * (n0 + h * S::HN), 16 * st, full + b);
-                tma_2d(wsm + NST * S::X + b * S::W, wm, (Q::start(st) & ~15) / 4, (int)blockIdx.y * BM, full + b);
+                u8* wb = wsm + NST * S::X + b * S::W;
+                if (pairs) {
+                    // Rows in pairs (the map's rows): the even rows' windows, then the odd ones',
+                    // which start row_bytes on in the pair.
+                    tma_2d(wb, wm, (Q::start(st) & ~15) / 4, (int)blockIdx.y * (BM / 2), full + b);
+                    tma_2d(wb + S::W / 2, wm, (int)((row_bytes + Q::start(st)) & ~15) / 4, (int)blockIdx.y * (BM / 2), full + b);
+                } else {
+                    tma_2d(wb, wm, (Q::start(st) & ~15) / 4, (int)blockIdx.y * BM, full + b);
+                }
             }
         }
         return;
     }
     if constexpr (S::PT == 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * BM + warp * 16, rows};
-    auto wbuf = [&](int b) { return wsm + NST * S::X + b * S::W + warp * 16 * Q::WIN; };
-    const WFrag<DEQ, Q> wf(R);
+    auto wbuf = [&](int b) { return wsm + NST * S::X + b * S::W; };
+    const WFrag<DEQ, Q> wf(R, warp, BM, pairs);
     // Stages whose 128 columns all lie in the rows: every one but a partial last.
     const int nfull = ng / 4;
     auto frag = [&](u32 (*a)[4], int j) {
@@ -199,7 +217,7 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
 template <class T, int BM, int BN>
 __global__ void __launch_bounds__(2 * BM + (BN > 128 ? 128 : 32), 1)
     wmm(const __grid_constant__ TMap xm, const __grid_constant__ TMap wm, const u8* __restrict__ W, long long row_bytes,
-        int rows, int cols, float* __restrict__ y, int n) {
+        int rows, int cols, float* __restrict__ y, int n, int pairs) {
     pdl_begin();
-    wmm_impl<deqh<T>, T::BYTES, T::VALUES, BM, BN>(&xm, &wm, W, row_bytes, rows, cols, y, n);
+    wmm_impl<deqh<T>, T::BYTES, T::VALUES, BM, BN>(&xm, &wm, W, row_bytes, rows, cols, y, n, pairs != 0);
 }

@@ -99,6 +99,11 @@ impl CudaBackend {
         smem: u32,
         mut a: Args,
     ) -> Result<()> {
+        // Nothing to do (a step's rows of one kind can be none): no launch, which CUDA would
+        // refuse as an invalid grid.
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
         let f = self.func(module, name, smem)?;
         let (mut p, n) = a.ptrs();
         if self.cfg.pdl {

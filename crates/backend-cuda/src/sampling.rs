@@ -19,6 +19,10 @@ impl CudaBackend {
         check("top_k", rows * cols <= x.len && k >= 1, || {
             format!("{rows}×{cols} > {} or k = {k}", x.len)
         })?;
+        if rows == 0 {
+            out.clear();
+            return Ok(());
+        }
         let n = rows * k;
         let ids = self.scratch_ptr(|s| &mut s.top_ids, n * 4, "top-k ids")?;
         let vals = self.scratch_ptr(|s| &mut s.top_vals, n * 4, "top-k values")?;
@@ -51,7 +55,11 @@ impl CudaBackend {
         check("argmax", rows * cols <= x.len, || {
             format!("{rows}×{cols} > {}", x.len)
         })?;
-        let ids = self.scratch_ptr(|s| &mut s.ids, rows.max(1) * 4, "argmax ids")?;
+        if rows == 0 {
+            out.clear();
+            return Ok(());
+        }
+        let ids = self.scratch_ptr(|s| &mut s.ids, rows * 4, "argmax ids")?;
         self.launch(
             "ops",
             "argmax_rows",

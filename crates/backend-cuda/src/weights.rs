@@ -188,7 +188,13 @@ impl CudaBackend {
         check("weight", row_bytes * rows == raw.len(), || {
             format!("{name}: {} bytes for {rows}×{cols} {ty}", raw.len())
         })?;
-        let data = self.alloc(raw.len(), name)?;
+        // An odd count of rows that wmm reads in pairs: a row more, never written or stored.
+        let pad = if crate::wmm::wmm_pairs(row_bytes) && rows % 2 == 1 {
+            row_bytes
+        } else {
+            0
+        };
+        let data = self.alloc(raw.len() + pad, name)?;
         // Straight from the mapped file, in pieces so the progress bar moves.
         const PIECE: usize = 64 << 20;
         for (i, chunk) in raw.chunks(PIECE).enumerate() {

@@ -36,9 +36,16 @@ pub(crate) fn permuted_cols(cols: usize) -> usize {
 }
 
 /// Whether wmm can take a weight whose rows hold `row_bytes` bytes: its tensor map steps whole
-/// 16-byte units from row to row.
+/// 16-byte units from row to row, so rows of 8-byte units are read in pairs ([`wmm_pairs`]).
 pub fn wmm_fits(row_bytes: usize) -> bool {
-    row_bytes.is_multiple_of(16)
+    row_bytes.is_multiple_of(8)
+}
+
+/// Whether wmm reads a weight's rows in pairs (kernels/wmm.cu `pairs`): rows of 8-byte units,
+/// such as Q6_K's 22,680 bytes at 27,648 columns. The weight's memory then holds a row past an
+/// odd count of rows, so that the last pair is whole ([`CudaBackend::matrix_weight`]).
+pub(crate) fn wmm_pairs(row_bytes: usize) -> bool {
+    !row_bytes.is_multiple_of(16)
 }
 
 /// A tensor map (CUtensorMap; kernels/wmm.cu `TMap`): 128 bytes, 64-byte aligned.
@@ -169,13 +176,16 @@ impl CudaBackend {
             &[2 * if bn > 128 { bn / 2 } else { bn } as u32, 16],
             ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         )?;
-        // The weights: rows of 4-byte units; a box is a stage's windows of the tile's rows.
+        // The weights: rows of 4-byte units; a box is a stage's windows of the tile's rows (of
+        // its even or its odd rows, the map's rows being pairs of rows).
+        let pairs = wmm_pairs(w.row_bytes);
+        let k = if pairs { 2 } else { 1 };
         let wm = tensor_map(
             ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
             w.data.ptr,
-            &[w.row_bytes as u64 / 4, w.rows as u64],
-            &[w.row_bytes as u64],
-            &[win as u32 / 4, bm as u32],
+            &[(k * w.row_bytes) as u64 / 4, w.rows.div_ceil(k) as u64],
+            &[(k * w.row_bytes) as u64],
+            &[win as u32 / 4, (bm / k) as u32],
             ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         )?;
         self.launch_smem(
@@ -192,7 +202,8 @@ impl CudaBackend {
                 w.rows as i32,
                 w.cols as i32,
                 y,
-                n as i32
+                n as i32,
+                pairs as i32
             ],
         )
     }

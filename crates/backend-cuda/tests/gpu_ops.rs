@@ -229,11 +229,12 @@ fn wmm_pads_partial_stages_and_tiles() {
         .collect();
     // wmm takes weights whose rows are whole 16-byte units (its tensor map steps them): the
     // block types at widths of whole 256-column chunks, the float types at any width (partial
-    // stages).
+    // stages); rows of 8-byte units in pairs (Q6_K at 1,024 columns: 840 bytes), an odd count
+    // of them too.
     use GgmlType::*;
     let blocks = [Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q6_K];
     for (be, tile) in tiles.iter().zip(WMM_TILES) {
-        let shapes = [(48, 512), (200, 256), (130, 768)];
+        let shapes = [(48, 512), (200, 256), (130, 768), (130, 1024), (129, 1024)];
         let mut notes = products::matmuls(be, &Cuda, &mut rng, &shapes, &blocks, &[1, 63, 70, 150]);
         let shapes = [(48, 416), (200, 160), (130, 576)];
         let floats = products::matmuls(
