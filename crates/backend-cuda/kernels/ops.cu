@@ -187,27 +187,83 @@ extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restri
         for (long long j = n & ~3LL; j < n; j++) out[j] = f2h(x[j]);
 }
 
-// The activations of wmm (wmm.cu): `n` f16 rows of `cols` (xh) as rows of `colsp` (whole stages
-// of 128 columns, zeros past `cols`), each stage permuted as qmm's steps take it: 16-byte piece c
-// (step c / 2, half c % 2, of stage c / 16) holds the pairs of columns 32g + 4·(c / 2) + 2·(c % 2)
-// + {0, 1} for the four 32-groups g; tiled: piece c of token t at (c · np + t) · 16 bytes (np ≥ n,
-// tokens n..np-1 left as they are). grid (ceil(n · colsp / 8 / 256)), block 256: a thread per
-// piece, consecutive threads consecutive tokens.
-extern "C" __global__ void f16_permute(const u16* __restrict__ xh, u16* __restrict__ xp, int n, int cols, int colsp,
-                                       int np) {
-    pdl_begin();
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= (long long)n * (colsp / 8)) return;
-    const int c = (int)(i / n), t = (int)(i - (long long)c * n);
-    const int j = c >> 4, s = (c & 15) >> 1, h = c & 1;
-    const u16* src = xh + (long long)t * cols;
-    u32 v[4];
+// Round to nearest, ties to even (the activations' int8 grid).
+__device__ __forceinline__ int f2i_rn(float f) { int i; asm("cvt.rni.s32.f32 %0, %1;" : "=r"(i) : "f"(f)); return i; }
+// The reciprocal scale of a block of 256 spread eight values per lane (ggml's Q8_K); its
+// d = 1 / id.
+__device__ __forceinline__ float inv_scale256(const float* v) {
+    float amax = 0.f;
 #pragma unroll
-    for (int g = 0; g < 4; g++) {
-        const int col = j * 128 + 32 * g + 4 * s + 2 * h;
-        v[g] = col < cols ? *(const u32*)(src + col) : 0u;
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+    amax = warp_max(amax);
+    return amax > 0.f ? 127.f / amax : 0.f;
+}
+
+// The activations of wmm (wmm.cu) from `n` f32 rows of `cols` (x): f16 on the int8 grid of the
+// weight's type (`grid` 32 or 256, as f32_to_f16_q32 / f32_to_f16_q256 round; 0: plain f16), as
+// rows of `colsp` (whole stages of 128 columns, zeros past `cols`), each stage permuted as qmm's
+// steps take it: 16-byte piece c (step c / 2, half c % 2, of stage c / 16) holds the pairs of
+// columns 32g + 4·(c / 2) + 2·(c % 2) + {0, 1} for the four 32-groups g; tiled: piece c of token
+// t at (c · np + t) · 16 bytes (np ≥ n, tokens n..np-1 left as they are).
+// grid (ceil(colsp / 256), ceil(n / 32)), block 256: a block rounds 32 tokens' 256 columns into
+// shared memory (a warp a token at a time, a lane 8 columns: rows read whole), then writes their
+// 32 pieces, consecutive threads consecutive tokens (whole lines).
+extern "C" __global__ void f32_permute(const float* __restrict__ x, u16* __restrict__ xp, int n, int cols, int colsp,
+                                       int np, int grid) {
+    pdl_begin();
+    constexpr int RW = 129;  // a token's 256 columns in 4-byte words, one more: no bank conflicts
+    __shared__ u32 tile[32 * RW];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c0 = blockIdx.x * 256, t0 = blockIdx.y * 32;
+    for (int tl = warp; tl < 32; tl += 8) {
+        const int t = t0 + tl;
+        if (t >= n) break;
+        const float* r = x + (long long)t * cols;
+        const int col = c0 + 8 * lane;
+        float v[8];
+        if ((cols & 7) == 0 && col < cols) {
+            const float4 u = *(const float4*)(r + col), w = *(const float4*)(r + col + 4);
+            v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w, v[4] = w.x, v[5] = w.y, v[6] = w.z, v[7] = w.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = col + i < cols ? r[col + i] : 0.f;
+        }
+        u32 h[4];
+        if (grid == 256) {
+            // (cols a multiple of 256: the warp's 256 columns are one block)
+            const float id = inv_scale256(v), d = id > 0.f ? 1.f / id : 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                h[i] = (u32)f2h((float)f2i_rn(v[2 * i] * id) * d) | ((u32)f2h((float)f2i_rn(v[2 * i + 1] * id) * d) << 16);
+        } else if (grid == 32) {
+            float amax = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            const float id = amax > 0.f ? 127.f / amax : 0.f, d = h2f(f2h(amax / 127.f));
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                h[i] = (u32)f2h((float)f2i_rn(v[2 * i] * id) * d) | ((u32)f2h((float)f2i_rn(v[2 * i + 1] * id) * d) << 16);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) h[i] = (u32)f2h(v[2 * i]) | ((u32)f2h(v[2 * i + 1]) << 16);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) tile[tl * RW + 4 * lane + i] = h[i];
     }
-    *(uint4*)(xp + ((long long)c * np + t) * 8) = make_uint4(v[0], v[1], v[2], v[3]);
+    __syncthreads();
+    const int pieces = colsp / 8;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int item = k * 256 + threadIdx.x, pl = item >> 5, tl = item & 31;
+        const int t = t0 + tl, c = c0 / 8 + pl;
+        if (t >= n || c >= pieces) continue;
+        // piece pl of the block's two stages: stage pl / 16, step (pl % 16) / 2, half pl % 2
+        const int base = (pl >> 4) * 64 + 2 * ((pl & 15) >> 1) + (pl & 1);
+        const u32* row = tile + tl * RW;
+        *(uint4*)(xp + ((long long)c * np + t) * 8) = make_uint4(row[base], row[base + 16], row[base + 32], row[base + 48]);
+    }
 }
 
 // Constrained decoding's masks: mask m's row (rows[m]) keeps column c only where bit c of its
@@ -271,7 +327,6 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restr
 
 // ---- activation quantization (as the CPU backend and ggml do it: quants round(x · 127/max),
 // ties to even), for the integer matrix-vector kernels ----
-__device__ __forceinline__ int f2i_rn(float f) { int i; asm("cvt.rni.s32.f32 %0, %1;" : "=r"(i) : "f"(f)); return i; }
 __device__ __forceinline__ int warp_sum_i(int v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -281,15 +336,6 @@ __device__ __forceinline__ int warp_sum_i(int v) {
 // Blocks of 32: q int8, ds[2b] = d in f16 precision, ds[2b + 1] = the offset sum: d16 · Σq
 // (ggml's q8_0), or for Q4_1/Q5_1 weights (q8_1 != 0) d · Σq rounded to f16 (ggml's q8_1).
 // One warp per block; block (32, 8).
-// The reciprocal scale of a block of 256 spread eight values per lane (ggml's Q8_K); its
-// d = 1 / id.
-__device__ __forceinline__ float inv_scale256(const float* v) {
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
-    amax = warp_max(amax);
-    return amax > 0.f ? 127.f / amax : 0.f;
-}
 extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ ds, long long nblocks, int q8_1) { pdl_begin();
     long long b = blockIdx.x * 8LL + threadIdx.y;
     if (b >= nblocks) return;

@@ -9,7 +9,7 @@
 // on `cols` only: a token's result is the same bits whatever the number of tokens, the tile it
 // falls in and the tile's width (BN, 64, 128, 192 or 256 tokens: the same per-element products).
 //
-// The activations come permuted and tiled (f16_permute, ops.cu): within each stage of 128
+// The activations come permuted and tiled (f32_permute, ops.cu): within each stage of 128
 // columns, position 16s + kk holds the value qmm's step s takes at k position kk, and 16-byte
 // piece c of every token (c over the padded row, 16 a stage) lies at (c · n + t) · 16 bytes. A
 // stage's tile (tokens n0..n0+BN-1) is one box of a 2-D tensor map (a row of 8-byte units per

@@ -120,10 +120,7 @@ impl CudaBackend {
                 let (q, d, s) = self.quantize_act(x, n, w.cols, block, w.ty)?;
                 Act::Int8 { q, d, s }
             }
-            1 => {
-                let xh = self.to_half(x, n, w.cols, w.ty)?;
-                Act::Permuted(self.permute_act(xh, n, w.cols)?)
-            }
+            1 => Act::Permuted(self.permute_act(x, n, w.cols, w.ty)?),
             _ => Act::Half(self.to_half(x, n, w.cols, w.ty)?),
         })
     }

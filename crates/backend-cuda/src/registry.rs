@@ -132,7 +132,7 @@ const OPS_KERNELS: &[&str] = &[
     "add",
     "gather_rows",
     "f32_to_f16",
-    "f16_permute",
+    "f32_permute",
     "argmax_rows",
     "quantize_a32",
     "quantize_a256",

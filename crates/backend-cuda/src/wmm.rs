@@ -1,13 +1,13 @@
 //! Hopper's warpgroup products over the GGUF blocks (kernels/wmm.cu, sm_90a): prompt rows on
-//! wgmma, over activations permuted for it (`f16_permute`, ops.cu), in tiles of 64 or 128
-//! weight rows × 64, 128 or 256 tokens (a token's results are the same bits in any tile); their
-//! launch shapes, shared memory and tensor maps.
+//! wgmma, over activations rounded and permuted for it (`f32_permute`, ops.cu), in tiles of 64
+//! or 128 weight rows × 64 to 256 tokens (a token's results are the same bits in any tile);
+//! their launch shapes, shared memory and tensor maps.
 
-use crate::launch::grid1;
 use crate::weights::CudaWeight;
 use crate::{registry, CudaBackend};
 use cudarc::driver::sys as ds;
 use quiver_backend::Result;
+use quiver_gguf::GgmlType;
 
 /// The tiles (weight rows, tokens), largest first. A block has 2 · rows consumer threads and a
 /// producer warp (a warpgroup past 128 tokens: [`wmm_threads`]).
@@ -135,17 +135,29 @@ pub(crate) fn wmm_tile(kernel: &str, rows: usize, n: usize, sms: usize) -> usize
 }
 
 impl CudaBackend {
-    /// `n` rows of f16 activations at `xh` (`cols` wide) permuted for wmm, in scratch.
-    pub(crate) fn permute_act(&self, xh: u64, n: usize, cols: usize) -> Result<u64> {
-        let (colsp, np) = (permuted_cols(cols), n);
-        let xp = self.scratch_ptr(|s| &mut s.xperm, np * colsp * 2, "permuted activations")?;
-        let pieces = n * colsp / 8;
+    /// `n` rows of f32 activations at `x` (`cols` wide) as wmm reads them for weights of type
+    /// `ty`: f16 on the type's int8 grid ([`crate::act_grid`]), permuted, in scratch
+    /// (ops.cu `f32_permute`).
+    pub(crate) fn permute_act(&self, x: u64, n: usize, cols: usize, ty: GgmlType) -> Result<u64> {
+        let colsp = permuted_cols(cols);
+        let xp = self.scratch_ptr(|s| &mut s.xperm, n * colsp * 2, "permuted activations")?;
+        let grid = crate::act_grid(ty)
+            .filter(|b| cols.is_multiple_of(*b))
+            .unwrap_or(0);
         self.launch(
             "ops",
-            "f16_permute",
-            (grid1(pieces, 256, u32::MAX as usize), 1, 1),
+            "f32_permute",
+            (colsp.div_ceil(256) as u32, n.div_ceil(32) as u32, 1),
             (256, 1, 1),
-            args![xh, xp, n as i32, cols as i32, colsp as i32, np as i32],
+            args![
+                x,
+                xp,
+                n as i32,
+                cols as i32,
+                colsp as i32,
+                n as i32,
+                grid as i32
+            ],
         )?;
         Ok(xp)
     }
@@ -163,7 +175,7 @@ impl CudaBackend {
         let (win, _) =
             registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
         // The activations: a row of 2·n 8-byte units (the n tokens' 16-byte pieces c) per piece
-        // c (f16_permute's layout); a box is a stage's tile, BN tokens' pieces in one run of the
+        // c (f32_permute's layout); a box is a stage's tile, BN tokens' pieces in one run of the
         // row (whole lines for the L2, not one request per piece).
         let pieces = permuted_cols(w.cols) / 8;
         let xm = tensor_map(
