@@ -177,60 +177,6 @@ pub(crate) const TINY: Preset = Preset {
     nextn: 0,
 };
 
-/// Qwen 3.5 0.8B (its smallest; `qwen35::PRESETS` has it with its multi-token-prediction
-/// block), from memory of its Hugging Face config (not checked against a file): llama.cpp
-/// confirms 24 layers of 1024 (its 0.8B type); 8 query heads of 256 over 2 KV heads, a quarter
-/// of each rotated, a full-attention layer every fourth, 16 key and 16 value heads of 128 in
-/// the delta net, an FFN of 3584, the vocabulary of 248320 and the rope base of 10⁷ are as
-/// remembered.
-pub(crate) const QWEN35_0_8B: Preset = Preset {
-    name: "qwen3.5-0.8b",
-    arch: "qwen35",
-    n_vocab: 248320,
-    n_embd: 1024,
-    n_layer: 24,
-    n_head: 8,
-    n_head_kv: 2,
-    n_ff: 3584,
-    n_ctx: 262144,
-    rope_base: 10_000_000.0,
-    head_dim: 256,
-    n_rot: 64,
-    ssm_heads: (16, 16, 128),
-    full_attn_interval: 4,
-    tied: true,
-    rms_eps: 1e-6,
-    ..BASE
-};
-
-/// Three delta-net layers (more value heads than key heads) and one full-attention layer
-/// (q gate, half the head rotated); `qwen35::PRESETS` has it with a multi-token-prediction block.
-pub(crate) const TINY_QWEN35: Preset = Preset {
-    name: "tiny-qwen35",
-    arch: "qwen35",
-    head_dim: 64,
-    n_rot: 32,
-    ssm_heads: (2, 4, 32),
-    full_attn_interval: 4,
-    ..TINY
-};
-
-/// [`TINY_QWEN35`] with experts beside a shared expert (and, in `qwen35::PRESETS`, with a
-/// multi-token-prediction block).
-pub(crate) const TINY_QWEN35MOE: Preset = Preset {
-    name: "tiny-qwen35moe",
-    arch: "qwen35moe",
-    head_dim: 64,
-    n_rot: 32,
-    ssm_heads: (2, 4, 32),
-    full_attn_interval: 2,
-    n_expert: 8,
-    n_expert_used: 2,
-    n_ff_exp: 128,
-    n_ff_shexp: 192,
-    ..TINY
-};
-
 pub const PRESETS: &[Preset] = &[
     Preset {
         name: "smollm2-135m",
@@ -587,9 +533,9 @@ pub const PRESETS: &[Preset] = &[
         tied: true,
         ..TINY
     },
-    QWEN35_0_8B,
-    TINY_QWEN35,
-    TINY_QWEN35MOE,
+    qwen35::QWEN35_0_8B,
+    qwen35::TINY_QWEN35,
+    qwen35::TINY_QWEN35MOE,
     Preset {
         name: "tiny-phi3",
         arch: "phi3",
