@@ -98,16 +98,17 @@ struct WmmSmem {
     static_assert(BN <= 128 || BM == 128, "setmaxnreg's 40 + 2 · 232 registers are 384 threads' 168");
 };
 
+// A block's tile: tokens n0.. (stored below n) of the activations' map, weight rows
+// blockIdx.y · BM.. of the matrix at W (`rows` rows), which are rows wr.. of the weights' map.
 template <DeqFn DEQ, int BB, int BV, int BM, int BN>
 __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u8* __restrict__ W, long long row_bytes,
-                                         int rows, int cols, float* __restrict__ y, int n, bool pairs) {
+                                         int rows, int cols, float* __restrict__ y, int n0, int n, int wr, bool pairs) {
 #ifdef WG_ON
     typedef QWin<BB, BV> Q;
     typedef WmmSmem<BB, BV, BM, BN> S;
     constexpr int NST = S::NST, CW = 2 * BM / 32;  // consumer warps
     extern __shared__ __align__(128) u8 wsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n0 = blockIdx.x * BN;
     const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
     u64* full = (u64*)(wsm + NST * (S::X + S::W));
     u64* empty = full + NST;
@@ -135,10 +136,10 @@ __device__ __forceinline__ void wmm_impl(const TMap* xm, const TMap* wm, const u
                 if (pairs) {
                     // Rows in pairs (the map's rows): the even rows' windows, then the odd ones',
                     // which start row_bytes on in the pair.
-                    tma_2d(wb, wm, (Q::start(st) & ~15) / 4, (int)blockIdx.y * (BM / 2), full + b);
-                    tma_2d(wb + S::W / 2, wm, (int)((row_bytes + Q::start(st)) & ~15) / 4, (int)blockIdx.y * (BM / 2), full + b);
+                    tma_2d(wb, wm, (Q::start(st) & ~15) / 4, wr / 2, full + b);
+                    tma_2d(wb + S::W / 2, wm, (int)((row_bytes + Q::start(st)) & ~15) / 4, wr / 2, full + b);
                 } else {
-                    tma_2d(wb, wm, (Q::start(st) & ~15) / 4, (int)blockIdx.y * BM, full + b);
+                    tma_2d(wb, wm, (Q::start(st) & ~15) / 4, wr, full + b);
                 }
             }
         }
@@ -219,5 +220,27 @@ __global__ void __launch_bounds__(2 * BM + (BN > 128 ? 128 : 32), 1)
     wmm(const __grid_constant__ TMap xm, const __grid_constant__ TMap wm, const u8* __restrict__ W, long long row_bytes,
         int rows, int cols, float* __restrict__ y, int n, int pairs) {
     pdl_begin();
-    wmm_impl<deqh<T>, T::BYTES, T::VALUES, BM, BN>(&xm, &wm, W, row_bytes, rows, cols, y, n, pairs != 0);
+    wmm_impl<deqh<T>, T::BYTES, T::VALUES, BM, BN>(&xm, &wm, W, row_bytes, rows, cols, y, blockIdx.x * BN, n,
+                                                   blockIdx.y * BM, pairs != 0);
+}
+
+// The experts' products (MoE, moe.rs): the pairs (token, expert) sorted by expert, expert e's at
+// rows off[e]..off[e+1] of the activations' map (f32_permute over the sorted rows), in tiles of
+// 64 of one expert (ops.cu moe_tiles: tiles[0] tiles, then (e << 16) | c for its c-th 64);
+// expert e's matrix is rows e · expert_rows + row_off.. of the weights (`rows` of them; gate
+// and up in one tensor: row_off 0 and rows). A token's results are wmm's bits whatever the
+// expert's other tokens. grid (the most tiles there can be, ceil(rows / BM)): blocks past
+// tiles[0] leave.
+template <class T, int BM>
+__global__ void __launch_bounds__(2 * BM + 32, 1)
+    wmm_g(const __grid_constant__ TMap xm, const __grid_constant__ TMap wm, const u8* __restrict__ W,
+          long long row_bytes, long long expert_rows, int row_off, int rows, int cols, float* __restrict__ y,
+          const int* __restrict__ off, const int* __restrict__ tiles, int pairs) {
+    pdl_begin();
+    if ((int)blockIdx.x >= tiles[0]) return;
+    const int tile = tiles[1 + blockIdx.x], e = tile >> 16, c = tile & 0xffff;
+    const long long r0 = e * expert_rows + row_off;
+    wmm_impl<deqh<T>, T::BYTES, T::VALUES, BM, 64>(&xm, &wm, W + r0 * row_bytes, row_bytes, rows, cols, y,
+                                                   off[e] + 64 * c, off[e + 1], (int)r0 + blockIdx.y * BM,
+                                                   pairs != 0);
 }

@@ -136,6 +136,37 @@ impl CudaBackend {
                     (32, 1, 1),
                     args![off, tiles, ne as i32, QMM_BN as i32],
                 )?;
+                let max_tiles = (rows * k).div_ceil(QMM_BN) + ne;
+                let er = expert_rows;
+                let (up_off, pairs_n) = (if fused { ff } else { 0 }, rows * k);
+                // On Hopper's warpgroup products where the experts' rows allow: the pairs'
+                // inputs gathered (xs), rounded and permuted into ys (free until down), gate
+                // and up, the GLU, its output permuted into xs, down into ys.
+                let colsp = |c: usize| crate::wmm::permuted_cols(c);
+                if self.wmm_grouped_fits(w.gate, er, 0)
+                    && self.wmm_grouped_fits(w.up, er, up_off)
+                    && self.wmm_grouped_fits(w.down, d, 0)
+                    && 2 * s.ys.len >= pairs_n * colsp(d)
+                    && 2 * s.xs.len >= pairs_n * colsp(ff)
+                {
+                    let g = (off, tiles, max_tiles);
+                    self.launch(
+                        "ops",
+                        "moe_gather",
+                        (pairs, 1, 1),
+                        (256, 1, 1),
+                        args![x.ptr(), pos, s.xs.ptr(), k as i32, d as i32],
+                    )?;
+                    let xp = s.ys.ptr();
+                    self.permute_to(s.xs.ptr(), pairs_n, d, w.gate.ty, xp)?;
+                    self.wmm_grouped(w.gate, 0, ff, er, xp, pairs_n, s.gate.ptr(), g)?;
+                    self.wmm_grouped(w.up, up_off, ff, er, xp, pairs_n, s.up.ptr(), g)?;
+                    self.glu_fast(p.act, s.gate, s.up, pairs_n * ff, s.act)?;
+                    let ap = s.xs.ptr();
+                    self.permute_to(s.act.ptr(), pairs_n, ff, w.down.ty, ap)?;
+                    self.wmm_grouped(w.down, 0, d, d, ap, pairs_n, s.ys.ptr(), g)?;
+                    return self.moe_sum(&s, pos, scale, out, k, d, rows);
+                }
                 let xh = s.xs.ptr();
                 self.launch(
                     "ops",
@@ -144,8 +175,6 @@ impl CudaBackend {
                     (256, 1, 1),
                     args![x.ptr(), pos, xh, k as i32, d as i32],
                 )?;
-                let max_tiles = (rows * k).div_ceil(QMM_BN) + ne;
-                let er = expert_rows;
                 self.qmm_grouped(
                     w.gate,
                     gate_ptr,

@@ -245,6 +245,7 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
     for (bm, bn) in crate::wmm::WMM_TILES {
         one(&format!("wmm{bm}x{bn}"), format!("wmm<{w}, {bm}, {bn}>"));
     }
+    one("wmm_g", format!("wmm_g<{w}, {}>", crate::wmm::WMM_G_ROWS));
     for n in ["moe_glu", "moe_mmv", "moe_glu_g", "moe_mmv_g"] {
         one(n, format!("{n}<{w}>"));
     }

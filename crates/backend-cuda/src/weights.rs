@@ -35,6 +35,8 @@ pub(crate) struct KernelNames {
     pub(crate) qmm_g: String,
     /// Hopper's warpgroup products (kernels/wmm.cu), one per tile of `wmm::WMM_TILES`.
     pub(crate) wmm: [String; crate::wmm::WMM_TILES.len()],
+    /// The experts' products on wmm (kernels/wmm.cu `wmm_g`).
+    pub(crate) wmm_g: String,
     /// The int8 tensor-core products (`registry::int8_mma`).
     pub(crate) imm: String,
     /// imv for 8 and 16 tokens per launch (one, two n8 tiles).
@@ -75,6 +77,7 @@ impl KernelNames {
             qmv: format!("qmv_{kernel}"),
             qmm_g: format!("qmm_g_{kernel}"),
             wmm: crate::wmm::WMM_TILES.map(|(bm, bn)| format!("wmm{bm}x{bn}_{kernel}")),
+            wmm_g: format!("wmm_g_{kernel}"),
             imm: format!("imm_{kernel}"),
             imv: ["", "2"].map(|t| format!("imv{t}_{kernel}")),
             x_mm: format!("x_mm_{kernel}"),

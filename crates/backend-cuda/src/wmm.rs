@@ -13,6 +13,9 @@ use quiver_gguf::GgmlType;
 /// producer warp (a warpgroup past 128 tokens: [`wmm_threads`]).
 pub const WMM_TILES: [(usize, usize); 5] =
     [(128, 256), (128, 192), (128, 128), (128, 64), (64, 64)];
+/// The weight rows of an experts' product's tile (kernels/wmm.cu `wmm_g`; its tokens: the
+/// grouped tiles of 64, [`crate::qmm::QMM_BN`]).
+pub(crate) const WMM_G_ROWS: usize = 128;
 /// The share of the multiprocessors a tile's blocks must cover to be taken.
 const FILL: f64 = 0.75;
 /// A block's fixed cost in tokens (the dequantization its fragments take, which a tile's tokens
@@ -141,6 +144,20 @@ impl CudaBackend {
     pub(crate) fn permute_act(&self, x: u64, n: usize, cols: usize, ty: GgmlType) -> Result<u64> {
         let colsp = permuted_cols(cols);
         let xp = self.scratch_ptr(|s| &mut s.xperm, n * colsp * 2, "permuted activations")?;
+        self.permute_to(x, n, cols, ty, xp)?;
+        Ok(xp)
+    }
+
+    /// [`permute_act`](Self::permute_act) into `xp` (`n` · [`permuted_cols`] halves).
+    pub(crate) fn permute_to(
+        &self,
+        x: u64,
+        n: usize,
+        cols: usize,
+        ty: GgmlType,
+        xp: u64,
+    ) -> Result<()> {
+        let colsp = permuted_cols(cols);
         let grid = crate::act_grid(ty)
             .filter(|b| cols.is_multiple_of(*b))
             .unwrap_or(0);
@@ -158,8 +175,7 @@ impl CudaBackend {
                 n as i32,
                 grid as i32
             ],
-        )?;
-        Ok(xp)
+        )
     }
 
     /// y[n, w.rows] = x · Wᵀ on wmm, x permuted (`permute_act`), in the tile [`wmm_tile`]
@@ -172,6 +188,37 @@ impl CudaBackend {
             .filter(|&t| wmm_tile_fits(w.kernel, WMM_TILES[t]))
             .unwrap_or_else(|| wmm_tile(w.kernel, w.rows, n, self.dev.info.sms as usize));
         let (bm, bn) = WMM_TILES[t];
+        let (xm, wm, pairs) = self.wmm_maps(w, xp, n, bm, bn)?;
+        self.launch_smem(
+            &w.names.module,
+            &w.names.wmm[t],
+            (n.div_ceil(bn) as u32, w.rows.div_ceil(bm) as u32, 1),
+            (wmm_threads(bm, bn), 1, 1),
+            wmm_smem(w.kernel, bm, bn) as u32,
+            args![
+                xm,
+                wm,
+                w.data.ptr,
+                w.row_bytes as i64,
+                w.rows as i32,
+                w.cols as i32,
+                y,
+                n as i32,
+                pairs as i32
+            ],
+        )
+    }
+
+    /// The activations' (`n` tokens permuted at `xp`) and the weights' tensor maps of a product
+    /// of `w` in tiles of `bm` rows × `bn` tokens, and whether the rows go in pairs.
+    fn wmm_maps(
+        &self,
+        w: &CudaWeight,
+        xp: u64,
+        n: usize,
+        bm: usize,
+        bn: usize,
+    ) -> Result<(TMap, TMap, bool)> {
         let (win, _) =
             registry::qmm_window(w.kernel).expect("every CUDA weight type has a qmm window");
         // The activations: a row of 2·n 8-byte units (the n tokens' 16-byte pieces c) per piece
@@ -200,10 +247,31 @@ impl CudaBackend {
             &[win as u32 / 4, (bm / k) as u32],
             ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         )?;
+        Ok((xm, wm, pairs))
+    }
+
+    /// The experts' products on wmm (kernels/wmm.cu `wmm_g`): y[p, r] = x[p] · W[e·expert_rows +
+    /// row_off + r] for the pairs p of each expert e (rows off[e]..off[e+1] of the permuted
+    /// activations at `xp`, `pairs` of them), `rows` rows an expert, in the tiles of 64 that
+    /// `tiles` lists (at most `max_tiles`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn wmm_grouped(
+        &self,
+        w: &CudaWeight,
+        row_off: usize,
+        rows: usize,
+        expert_rows: usize,
+        xp: u64,
+        pairs: usize,
+        y: u64,
+        (off, tiles, max_tiles): (u64, u64, usize),
+    ) -> Result<()> {
+        let (bm, bn) = (WMM_G_ROWS, crate::qmm::QMM_BN);
+        let (xm, wm, in_pairs) = self.wmm_maps(w, xp, pairs, bm, bn)?;
         self.launch_smem(
             &w.names.module,
-            &w.names.wmm[t],
-            (n.div_ceil(bn) as u32, w.rows.div_ceil(bm) as u32, 1),
+            &w.names.wmm_g,
+            (max_tiles as u32, rows.div_ceil(bm) as u32, 1),
             (wmm_threads(bm, bn), 1, 1),
             wmm_smem(w.kernel, bm, bn) as u32,
             args![
@@ -211,13 +279,29 @@ impl CudaBackend {
                 wm,
                 w.data.ptr,
                 w.row_bytes as i64,
-                w.rows as i32,
+                expert_rows as i64,
+                row_off as i32,
+                rows as i32,
                 w.cols as i32,
                 y,
-                n as i32,
-                pairs as i32
+                off,
+                tiles,
+                in_pairs as i32
             ],
         )
+    }
+
+    /// Whether the experts' products of `w` (`expert_rows` rows an expert, from row `row_off`)
+    /// can run on wmm: sm_90, rows wmm's map steps, and in pairs whole pairs an expert.
+    pub(crate) fn wmm_grouped_fits(
+        &self,
+        w: &CudaWeight,
+        expert_rows: usize,
+        row_off: usize,
+    ) -> bool {
+        wmm_arch(self.dev.info.arch)
+            && wmm_fits(w.row_bytes)
+            && (!wmm_pairs(w.row_bytes) || (expert_rows % 2 == 0 && row_off % 2 == 0))
     }
 }
 
