@@ -4,8 +4,9 @@
 //! warp per output row of every (token, slot) pair. Many: the pairs sorted by expert on the
 //! device and each expert's tokens run 8 at a time per weight row on CUDA cores, or (with
 //! `moe_qmm`) each expert's tokens in tiles of 64 on the tensor cores (kernels/qmm.cu
-//! `qmm_g_T`; on sm_90 Hopper's warpgroup products, kernels/wmm.cu `wmm_g_T`). The CUDA-core kernels give a token the same bits either way. Few tokens with
-//! `moe_int8`: the pair-wise kernels on int8 activations (kernels/mmvq.cu `moeq_*_T`).
+//! `qmm_g_T`; on sm_90 Hopper's warpgroup products, kernels/wmm.cu `wmm_g_T`). The CUDA-core
+//! kernels give a token the same bits either way. Few tokens with `moe_int8`: the pair-wise
+//! kernels on int8 activations (kernels/mmvq.cu `moeq_*_T`).
 
 use crate::memory::CudaBuf;
 use crate::qmm::QMM_BN;
