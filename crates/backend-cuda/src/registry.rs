@@ -242,10 +242,9 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
     one("qmm", format!("qmm<{w}>"));
     one("qmv", format!("qmv<{w}>"));
     one("qmm_g", format!("qmm_g<{w}>"));
-    for (bm, bn) in crate::wmm::WMM_TILES {
-        one(&format!("wmm{bm}x{bn}"), format!("wmm<{w}, {bm}, {bn}>"));
+    for (name, expr) in crate::wmm::wmm_kernels(&w) {
+        one(&name, expr);
     }
-    one("wmm_g", format!("wmm_g<{w}, {}>", crate::wmm::WMM_G_ROWS));
     for n in ["moe_glu", "moe_mmv", "moe_glu_g", "moe_mmv_g"] {
         one(n, format!("{n}<{w}>"));
     }

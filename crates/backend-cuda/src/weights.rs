@@ -192,7 +192,7 @@ impl CudaBackend {
             format!("{name}: {} bytes for {rows}×{cols} {ty}", raw.len())
         })?;
         // An odd count of rows that wmm reads in pairs: a row more, never written or stored.
-        let pad = if crate::wmm::wmm_pairs(row_bytes) && rows % 2 == 1 {
+        let pad = if crate::wmm::wmm_pairs(row_bytes) && !rows.is_multiple_of(2) {
             row_bytes
         } else {
             0

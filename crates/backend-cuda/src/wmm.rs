@@ -22,6 +22,17 @@ const FILL: f64 = 0.75;
 /// share), for the waves' cost of [`wmm_tile`] (sm_90: 128 × 256 tiles took 224 blocks of the
 /// 8B's gate/up, two waves, 5% faster overall than 448 of 128 × 128).
 const BLOCK_TOKENS: usize = 32;
+/// wmm's kernels of the weight type tagged `w` (registry.rs `quant_kernels`): (name without the
+/// type's suffix, template expression), a product per tile and the experts' products.
+pub(crate) fn wmm_kernels(w: &str) -> Vec<(String, String)> {
+    let mut l: Vec<(String, String)> = WMM_TILES
+        .iter()
+        .map(|(bm, bn)| (format!("wmm{bm}x{bn}"), format!("wmm<{w}, {bm}, {bn}>")))
+        .collect();
+    l.push(("wmm_g".into(), format!("wmm_g<{w}, {WMM_G_ROWS}>")));
+    l
+}
+
 /// Columns of a stage (kernels/qmm.cu `QMM_BK`): the permuted activations' rows are whole
 /// stages.
 pub(crate) const WMM_BK: usize = 128;
@@ -301,7 +312,8 @@ impl CudaBackend {
     ) -> bool {
         wmm_arch(self.dev.info.arch)
             && wmm_fits(w.row_bytes)
-            && (!wmm_pairs(w.row_bytes) || (expert_rows % 2 == 0 && row_off % 2 == 0))
+            && (!wmm_pairs(w.row_bytes)
+                || (expert_rows.is_multiple_of(2) && row_off.is_multiple_of(2)))
     }
 }
 
