@@ -100,7 +100,8 @@ enum Cmd {
         /// qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen2.5-7b, qwen2.5-32b, phi3-mini,
         /// gemma4-e2b, gemma4-26b-a4b, qwen3.5-0.8b, qwen3.5-0.8b-mtp, or a tiny parity model: tiny-llama,
         /// tiny-mistral3, tiny-qwen2, tiny-qwen3, tiny-qwen3moe, tiny-qwen35, tiny-qwen35moe, tiny-qwen35-mtp, tiny-qwen35moe-mtp,
-        /// tiny-gemma2, tiny-gemma3, tiny-gemma4, tiny-gemma4moe, tiny-phi3; EAGLE-3 heads:
+        /// tiny-gemma2, tiny-gemma3, tiny-gemma4, tiny-gemma4moe, tiny-phi3, tiny-deepseek4,
+        /// tiny-deepseek4-mtp; EAGLE-3 heads:
         /// tiny-eagle3, tiny-eagle3-norms (over tiny-llama), smollm2-135m-eagle3,
         /// llama3-8b-eagle3; or a deep parity model (real depth, `--weights deep`): deep-llama,
         /// deep-mistral3, deep-qwen2, deep-qwen3, deep-qwen3moe, deep-gemma2, deep-gemma3,

@@ -327,6 +327,55 @@ fn deepseek4_reads_its_keys_and_refuses_what_it_cannot_run_in_one_line() {
     }
 }
 
+/// `quiver synth`'s DeepSeek-V4 presets read as written: every compression ratio, both
+/// routings, per-block clamps, YaRN on the compressed blocks only; the file with a
+/// multi-token-prediction block loads for plain use, the block counted out of the trunk and
+/// loaded beside it.
+#[test]
+fn synth_deepseek4_presets_read_as_written_with_and_without_their_block() {
+    for (name, nextn) in [("tiny-deepseek4", 0), ("tiny-deepseek4-mtp", 1)] {
+        let path = synth(name, "dsv4");
+        let f = std::sync::Arc::new(GgufFile::open(&path).unwrap());
+        let hp = quiver_models::hparams(&f).unwrap();
+        let ds = hp.dsv4.as_ref().unwrap();
+        assert_eq!((hp.n_layer, ds.nextn), (4, nextn), "{name}");
+        assert_eq!(ds.ratios, [0, 4, 128, 4, 0][..4 + nextn], "{name}");
+        assert_eq!((ds.hash_layers, ds.hc.hc, ds.hc.iters), (2, 4, 20));
+        assert_eq!((ds.ix_heads, ds.ix_dim, ds.ix_top_k), (16, 64, 4));
+        assert_eq!(
+            (hp.head_dim, ds.n_rot, ds.n_swa, ds.q_lora),
+            (128, 32, 8, 64)
+        );
+        assert_eq!(ds.clamp_exp[..4], [2.0, 2.5, 3.0, 2.0]);
+        assert_eq!(ds.clamp_shexp[..4], [3.0, 2.0, 2.5, 3.0]);
+        assert!(ds.rope_comp.yarn.is_some() && ds.rope_raw.yarn.is_none());
+        let m = hp.moe.unwrap();
+        assert_eq!((m.n_expert, m.n_used, m.n_ff, m.scale), (8, 2, 128, 1.5));
+        let model = quiver_models::load(&quiver_backend_cpu::CpuBackend::new(1), &f).unwrap();
+        let w = model.dsv4.as_ref().unwrap();
+        assert_eq!((w.layers.len(), w.mtp.len()), (4, nextn), "{name}");
+        assert!(w
+            .layers
+            .iter()
+            .take(2)
+            .all(|l| l.hash.is_some() && l.bias.is_none()));
+        assert!(w
+            .layers
+            .iter()
+            .skip(2)
+            .all(|l| l.hash.is_none() && l.bias.is_some()));
+        let ratios: Vec<_> = w
+            .layers
+            .iter()
+            .map(|l| (l.comp.is_some(), l.ix.is_some()))
+            .collect();
+        assert_eq!(
+            ratios,
+            [(false, false), (true, true), (true, false), (true, true)]
+        );
+    }
+}
+
 /// A backend without DeepSeek-V4's ops (as CUDA today): only its name and what it supports
 /// answer; the load must stop, in one line naming the op, before touching anything else.
 struct NoDsv4;

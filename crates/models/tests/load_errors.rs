@@ -34,6 +34,9 @@ fn every_tiny_architecture_loads() {
         "tiny-gemma2",
         "tiny-gemma3",
         "tiny-phi3",
+        "tiny-deepseek4",
+        // With a multi-token-prediction block after the trunk (loaded, not run).
+        "tiny-deepseek4-mtp",
     ] {
         load(&preset(name), name).unwrap_or_else(|e| panic!("{name}: {e}"));
     }

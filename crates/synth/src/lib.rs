@@ -4,6 +4,7 @@
 //! real models cannot be carried.
 
 mod deep;
+mod deepseek4;
 mod eagle3;
 mod gemma4;
 mod meta;
@@ -100,6 +101,8 @@ pub struct Preset {
     /// (`nextn_predict_layers`: a full-attention block with `nextn.eh_proj`, `enorm`, `hnorm`
     /// and `shared_head_norm`).
     pub nextn: u64,
+    /// deepseek4: its own shape (hyper-connections, compression, indexer, hash routing).
+    pub dsv4: Option<deepseek4::Shape>,
 }
 
 pub(crate) const BASE: Preset = Preset {
@@ -137,6 +140,7 @@ pub(crate) const BASE: Preset = Preset {
     init: Init::Flat,
     eagle3: None,
     nextn: 0,
+    dsv4: None,
 };
 
 /// The tiny parity models' common shape: 4 layers of 256, head dim 64, GQA 2.
@@ -175,6 +179,7 @@ pub(crate) const TINY: Preset = Preset {
     init: Init::Flat,
     eagle3: None,
     nextn: 0,
+    dsv4: None,
 };
 
 pub const PRESETS: &[Preset] = &[
@@ -546,7 +551,11 @@ pub const PRESETS: &[Preset] = &[
 
 /// Every preset: the real shapes, the tiny parity models, the deep parity models.
 pub fn presets() -> impl Iterator<Item = &'static Preset> {
-    PRESETS.iter().chain(qwen35::PRESETS).chain(deep::PRESETS)
+    PRESETS
+        .iter()
+        .chain(qwen35::PRESETS)
+        .chain(deepseek4::PRESETS)
+        .chain(deep::PRESETS)
 }
 
 pub fn preset(name: &str) -> Result<&'static Preset, SynthError> {
@@ -582,6 +591,9 @@ pub fn plan(p: &Preset) -> Vec<Planned> {
     }
     if p.ssm_heads.0 > 0 {
         return qwen35::plan(p);
+    }
+    if p.dsv4.is_some() {
+        return deepseek4::plan(p);
     }
     if let Some(h) = &p.eagle3 {
         return eagle3::plan(p, h);
@@ -694,8 +706,9 @@ pub fn write_with(
         .iter()
         .for_each(|(k, v)| _ = w.set(k.clone(), v.clone()));
     for t in &planned {
-        let ty = match t.name.as_str() {
-            "d2t" => quiver_gguf::GgmlType::I64,
+        let ty = match (t.name.as_str(), deepseek4::int_tensor(p, &t.name)) {
+            ("d2t", _) => quiver_gguf::GgmlType::I64,
+            (_, Some((ty, _))) => ty,
             _ => chooser.choose(t.role, *t.shape.last().unwrap_or(&1)),
         };
         w.add_tensor(t.name.clone(), ty, &t.shape);
@@ -715,6 +728,8 @@ pub fn write_with(
         if let Some(ids) = eagle3::d2t(p, &planned[i].name) {
             ids.iter()
                 .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
+        } else if let Some((_, bytes)) = deepseek4::int_tensor(p, &planned[i].name) {
+            buf.extend_from_slice(&bytes);
         } else if let Some(v) = fixed {
             v.iter()
                 .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));

@@ -30,6 +30,9 @@ pub(crate) fn metadata(w: &mut GgufWriter, p: &Preset, ft: FileType) {
     if p.ssm_heads.0 > 0 {
         return qwen35::metadata(w, p, ft);
     }
+    if p.dsv4.is_some() {
+        return crate::deepseek4::metadata(w, p, ft);
+    }
     if let Some(h) = &p.eagle3 {
         return crate::eagle3::metadata(w, p, h, ft);
     }
