@@ -270,13 +270,27 @@ impl CpuBackend {
             }
         }
         let sel: &[dsv4::SelectBufs] = sel;
+        // llama.cpp's tiled form for steps of 64+ rows, as the other attention's (attn.rs).
+        let tiled = crate::attn::tiled(n, self.numerics());
         let (h, o) = (s.n_head, SyncPtr(out.as_mut_ptr()));
         par_rows(self.mm.pool(), n * h, 1, |r0, r1| {
             for i in r0..r1 {
                 let (t, hh) = (i / h, i % h);
                 // SAFETY: head hh of token t is its own range of out, written by this task only.
                 let o = unsafe { o.slice(i * hd, hd) };
-                dsv4::attention_head(batch, s, &host, &inputs, st, keys, t, hh, &sel[t].rows, o);
+                dsv4::attention_head(
+                    batch,
+                    s,
+                    &host,
+                    &inputs,
+                    st,
+                    keys,
+                    t,
+                    hh,
+                    &sel[t].rows,
+                    tiled,
+                    o,
+                );
             }
         });
         dsv4::attention_commit(batch, s, state, kept.as_mut(), keys);

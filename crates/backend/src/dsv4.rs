@@ -25,9 +25,11 @@
 //!
 //! Keys are stored rounded to f16, as llama.cpp's f16 caches hold them.
 
+mod head;
 mod rollback;
 mod select;
 use crate::{RopeAngles, RopeParams};
+pub use head::attention_head;
 pub use rollback::{kept_floats, rewind, Kept};
 pub use select::{attention_select, attention_select_into, SelectBufs};
 
@@ -400,7 +402,8 @@ pub struct AttnHost<'a> {
 
 /// Block `b`'s compressed row from a ring of value/score rows (`ring` rows of `w`, position
 /// p at p % ring): ratio 4 mixes the previous block's first halves (none for b = 0) and this
-/// block's second halves; otherwise the block's rows. Then RMS norm, rope at b·ratio, f16.
+/// block's second halves; otherwise the block's rows. Then RMS norm, rope at b·ratio, the
+/// indexer's rotation (`rot`), f16.
 #[allow(clippy::too_many_arguments)]
 fn compress(
     kv: &[f32],
@@ -413,6 +416,7 @@ fn compress(
     norm: &[f32],
     eps: f32,
     angles: &RopeAngles,
+    rot: bool,
     out: &mut [f32],
 ) {
     let overlap = ratio == 4;
@@ -452,6 +456,9 @@ fn compress(
     let np = angles.pairs();
     angles.at((b * ratio) as u32, &mut sin[..np], &mut cos[..np]);
     rope_tail(&mut out[..dim], &sin[..np], &cos[..np], 1.0);
+    if rot {
+        select::ix_rotate(&mut out[..dim]);
+    }
     out[..dim].iter_mut().for_each(|v| *v = f16r(*v));
 }
 
@@ -590,6 +597,8 @@ pub fn attention_prepare(
                         norm,
                         s.rms_eps,
                         &cang,
+                        // The indexer's rows (parts 4 to 6) are rotated.
+                        parts[0] == 4,
                         &mut rows[b * dim..][..dim],
                     );
                 }
@@ -635,87 +644,8 @@ pub fn attention_token(
     let sel = attention_select(batch, s, x, state, t);
     let hd = s.head_dim;
     for (hh, o) in out.chunks_exact_mut(hd).take(s.n_head).enumerate() {
-        attention_head(batch, s, w, x, state, keys, t, hh, &sel, o);
+        attention_head(batch, s, w, x, state, keys, t, hh, &sel, false, o);
     }
-}
-
-/// Head `hh` of token `t` into `o` ([head_dim], rotated back): the window's keys (this
-/// step's from its sequence's first position on, the ring's before) and the rows `sel`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_head(
-    batch: &crate::Batch,
-    s: &AttnShape,
-    w: &AttnHost,
-    x: &AttnInputs<[f32]>,
-    state: &[f32],
-    keys: &[f32],
-    t: usize,
-    hh: usize,
-    sel: &[usize],
-    o: &mut [f32],
-) {
-    let (h, hd) = (s.n_head, s.head_dim);
-    let seq = &batch.seqs[batch.seq_of[t] as usize];
-    let sf = s.state_floats();
-    let slot = &state[seq.state_slot as usize * sf..][..sf];
-    let lay = layout(s);
-    let (raw, comp) = (part(slot, lay[0]), part(slot, lay[3]));
-    let p = batch.positions[t] as usize;
-    let p0 = batch.positions[seq.start] as usize;
-    let mut sin = [0f32; crate::ROPE_MAX_PAIRS];
-    let mut cos = [0f32; crate::ROPE_MAX_PAIRS];
-    let angles = RopeAngles::new(&s.rope);
-    let np = angles.pairs();
-    angles.at(p as u32, &mut sin[..np], &mut cos[..np]);
-    let first = (p + 1).saturating_sub(s.n_swa);
-    let n_raw = p + 1 - first;
-    let key = |j: usize| -> &[f32] {
-        if j < n_raw {
-            let q = first + j;
-            if q >= p0 {
-                &keys[(seq.start + q - p0) * hd..][..hd]
-            } else {
-                &raw[(q % s.n_swa) * hd..][..hd]
-            }
-        } else {
-            &comp[sel[j - n_raw] * hd..][..hd]
-        }
-    };
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut q = x.q[t * h * hd + hh * hd..][..hd].to_vec();
-    rope_tail(&mut q, &sin[..np], &cos[..np], 1.0);
-    // llama.cpp's flash attention over an f16 cache: q in f16, an online softmax whose p·v
-    // accumulator is rounded to f16 after every update, the sink last.
-    q.iter_mut().for_each(|v| *v = f16r(*v));
-    o.fill(0.0);
-    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-    for j in 0..n_raw + sel.len() {
-        let k = key(j);
-        let l = scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>();
-        let (mut ms, mut vs) = (1f32, 1f32);
-        if l > m {
-            ms = (m - l).exp();
-            m = l;
-            o.iter_mut().for_each(|v| *v = f16r(*v * ms));
-        } else {
-            vs = (l - m).exp();
-        }
-        o.iter_mut()
-            .zip(k)
-            .for_each(|(o, &v)| *o = f16r(v.mul_add(vs, *o)));
-        sum = sum * ms + vs;
-    }
-    let sink = w.sinks[hh];
-    if sink > m {
-        let ms = (m - sink).exp();
-        o.iter_mut().for_each(|v| *v *= ms);
-        sum = sum * ms + 1.0;
-    } else {
-        sum += (sink - m).exp();
-    }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    o.iter_mut().for_each(|v| *v *= inv);
-    rope_tail(o, &sin[..np], &cos[..np], -1.0);
 }
 
 /// The third phase: each sequence's keys into its slot's window ring, in position order

@@ -578,13 +578,13 @@ impl<B: Backend> Model<B> {
 /// `s{step}_{tensor}-{layer}.bin` (`s{step}_{tensor}.bin` after the last layer), named as
 /// llama.cpp's graph names them, for comparing the two op by op (`tools/parity/`). It reads
 /// device buffers mid-step: with CUDA, run with `QUIVER_CUDA_GRAPHS=0`.
-struct Dump {
+pub(crate) struct Dump {
     dir: Option<&'static str>,
     step: usize,
 }
 
 impl Dump {
-    fn new() -> Dump {
+    pub(crate) fn new() -> Dump {
         static DIR: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
         static STEP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let dir = DIR
@@ -597,7 +597,14 @@ impl Dump {
         Dump { dir, step }
     }
 
-    fn put<B: Backend>(&self, b: &B, name: &str, layer: usize, buf: &B::Buf, len: usize) {
+    pub(crate) fn put<B: Backend>(
+        &self,
+        b: &B,
+        name: &str,
+        layer: usize,
+        buf: &B::Buf,
+        len: usize,
+    ) {
         let Some(d) = self.dir else { return };
         let file = match layer {
             usize::MAX => format!("{d}/s{}_{name}.bin", self.step),

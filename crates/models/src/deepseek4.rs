@@ -588,6 +588,8 @@ pub(crate) fn forward<B: Backend>(
     let (d, eps, hcp) = (hp.n_embd, hp.rms_eps, ds.hc);
     let hcd = hcp.hc * d;
     let mut bf = s.ds.take().expect("deepseek4 buffers");
+    // QUIVER_DUMP_DIR: the tensors llama.cpp's graph names alike (tools/parity/).
+    let dump = crate::decoder::Dump::new();
     let r = (|| -> Result<()> {
         b.embed(step, &m.tok_embd, 1.0, &mut s.x)?;
         b.hc_expand(&s.x, &hcp, n, &mut bf.h)?;
@@ -599,13 +601,16 @@ pub(crate) fn forward<B: Backend>(
             b.hc_pre(
                 &bf.h, &bf.mixes, hscale, hbase, &hcp, false, n, &mut s.x, &mut bf.pc,
             )?;
+            dump.put(b, "hc_attn_pre", i, &s.x, n * d);
             b.rms_norm(&s.x, &l.attn_norm, eps, n, &mut s.xn)?;
             b.matmul(&l.wq_a, &s.xn, n, &mut bf.qr)?;
             b.rms_norm_inplace(&mut bf.qr, &l.q_a_norm, eps, n)?;
+            dump.put(b, "qr_norm", i, &bf.qr, n * ds.q_lora);
             b.matmul(&l.wq_b, &bf.qr, n, &mut s.attn)?;
             b.rms_norm_plain(&s.attn, hp.head_dim, eps, n * hp.n_head, &mut s.q)?;
             b.matmul(&l.wkv, &s.xn, n, &mut s.k)?;
             b.rms_norm_inplace(&mut s.k, &l.kv_norm, eps, n)?;
+            dump.put(b, "kv_norm", i, &s.k, n * hp.head_dim);
             if let Some([kv, gate, _, _]) = &l.comp {
                 b.matmul(kv, &s.xn, n, &mut bf.ckv)?;
                 b.matmul(gate, &s.xn, n, &mut bf.csc)?;
@@ -647,9 +652,12 @@ pub(crate) fn forward<B: Backend>(
                 &mut s.attn,
             )?;
             b.matmul_grouped(&l.wo_a, ds.o_groups, &s.attn, n, &mut bf.oa)?;
+            dump.put(b, "attn_derope", i, &s.attn, n * hp.n_head * hp.head_dim);
             b.matmul(&l.wo_b, &bf.oa, n, &mut s.o)?;
+            dump.put(b, "attn_out", i, &s.o, n * d);
             b.hc_post(&s.o, &bf.h, &bf.pc, &hcp, n, &mut bf.h2)?;
             std::mem::swap(&mut bf.h, &mut bf.h2);
+            dump.put(b, "hc_attn_post", i, &bf.h, n * hcd);
             // FFN.
             let [hfn, hbase, hscale] = &l.hc_ffn;
             b.rms_norm_plain(&bf.h, hcd, eps, n, &mut bf.flat)?;
@@ -657,6 +665,7 @@ pub(crate) fn forward<B: Backend>(
             b.hc_pre(
                 &bf.h, &bf.mixes, hscale, hbase, &hcp, false, n, &mut s.x, &mut bf.pc,
             )?;
+            dump.put(b, "hc_ffn_pre", i, &s.x, n * d);
             b.rms_norm(&s.x, &l.ffn_norm, eps, n, &mut s.xn)?;
             let limit = |x: f32| if x > 1e-6 { x } else { 0.0 };
             let [lg, rt, xs, g, u, a, ys] = &mut s.moe[..] else {
@@ -692,6 +701,7 @@ pub(crate) fn forward<B: Backend>(
                 },
                 &mut s.o,
             )?;
+            dump.put(b, "ffn_moe_out", i, &s.o, n * d);
             let sf = ds.n_ff_shared;
             b.matmul(&l.sh_gate, &s.xn, n, &mut s.gate)?;
             b.matmul(&l.sh_up, &s.xn, n, &mut s.up)?;
@@ -700,9 +710,11 @@ pub(crate) fn forward<B: Backend>(
                 x => b.swiglu_clamp(&s.gate, &s.up, x, n * sf, &mut s.act)?,
             }
             b.matmul(&l.sh_down, &s.act, n, &mut bf.sh)?;
+            dump.put(b, "ffn_shexp", i, &bf.sh, n * d);
             b.add(&mut s.o, &bf.sh, n * d)?;
             b.hc_post(&s.o, &bf.h, &bf.pc, &hcp, n, &mut bf.h2)?;
             std::mem::swap(&mut bf.h, &mut bf.h2);
+            dump.put(b, "l_last", i, &bf.h, n * hcd);
         }
         // The head: the streams mixed by their own weights, then the output norm.
         let [hfn, hbase, hscale] = &w.head;

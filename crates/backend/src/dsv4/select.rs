@@ -4,6 +4,27 @@
 use super::{layout, part, rope_tail, AttnInputs, AttnShape};
 use crate::RopeAngles;
 
+/// llama.cpp's rotation of the indexer's keys and queries (its lightning-indexer cache rotates
+/// both, `llama_kv_cache`'s `n_rot_k`): each block of `n` values (64, doubled while the head
+/// width is a multiple of twice that) scaled by 1/√n, then Walsh–Hadamard transformed in
+/// ggml's order (`ggml_compute_forward_fwht`). The scores are the same up to rounding, but the
+/// keys are stored in f16 after it: where two rows score close, that rounding picks the top-k.
+pub(super) fn ix_rotate(head: &mut [f32]) {
+    let dim = head.len();
+    if !dim.is_multiple_of(64) {
+        return;
+    }
+    let mut n = 64;
+    while dim.is_multiple_of(2 * n) {
+        n *= 2;
+    }
+    let scale = 1.0 / (n as f32).sqrt();
+    for b in head.chunks_exact_mut(n) {
+        b.iter_mut().for_each(|x| *x *= scale);
+        crate::turboquant::fwht(b);
+    }
+}
+
 /// The buffers of [`attention_select_into`]: a caller that keeps them from step to step
 /// (the CPU backend, one per token of the largest step) selects without allocating.
 #[derive(Clone, Debug, Default)]
@@ -28,8 +49,9 @@ pub fn attention_select(
 }
 
 /// The compressed rows token `t` attends to, into `b.rows`: every visible one, or (ratio 4,
-/// more visible than `ix_top_k`) the lightning indexer's best `ix_top_k`, ties to the earlier
-/// row. Allocates only where `b` is smaller than this token needs.
+/// more visible than `ix_top_k`) the lightning indexer's best `ix_top_k` (its queries and keys
+/// rotated as llama.cpp's, [`ix_rotate`]), ties to the earlier row; ascending. Allocates only
+/// where `b` is smaller than this token needs.
 pub fn attention_select_into(
     batch: &crate::Batch,
     s: &AttnShape,
@@ -61,6 +83,7 @@ pub fn attention_select_into(
     b.iq.extend_from_slice(&ixq[t * ih * id..][..ih * id]);
     for hq in b.iq.chunks_exact_mut(id) {
         rope_tail(hq, &sin[..cnp], &cos[..cnp], 1.0);
+        ix_rotate(hq);
     }
     let wscale = 1.0 / ((id * ih) as f32).sqrt();
     let iq = &b.iq;
@@ -81,4 +104,6 @@ pub fn attention_select_into(
             .then(a.1.cmp(&b.1))
     });
     b.rows.extend(b.score[..s.ix_top_k].iter().map(|e| e.1));
+    // In the cache's order, as llama.cpp's attention reads them.
+    b.rows.sort_unstable();
 }
