@@ -29,7 +29,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 presets=("$@")
 if [ ${#presets[@]} -eq 0 ]; then
-    presets=(tiny-llama tiny-mistral3 tiny-qwen2 tiny-qwen3 tiny-qwen3moe tiny-qwen35 tiny-qwen35moe tiny-gemma2 tiny-gemma3 tiny-gemma4 tiny-gemma4moe tiny-phi3)
+    presets=(tiny-llama tiny-mistral3 tiny-qwen2 tiny-qwen3 tiny-qwen3moe tiny-qwen35 tiny-qwen35moe tiny-gemma2 tiny-gemma3 tiny-gemma4 tiny-gemma4moe tiny-phi3 tiny-deepseek4)
 elif [ "${presets[*]}" = deep ]; then
     presets=(deep-llama deep-mistral3 deep-qwen2 deep-qwen3 deep-qwen3moe deep-qwen35 deep-qwen35moe deep-gemma2 deep-gemma3 deep-gemma4 deep-gemma4moe deep-phi3)
 fi
@@ -40,14 +40,21 @@ SEED=7
 # attention and SiLU), which Q8_0's 8-bit activations turn into larger differences at depth.
 if grep -q avx512f /proc/cpuinfo; then avx512=True; else avx512=False; fi
 for p in "${presets[@]}"; do
+    types="F32 Q8_0"
     case "$p" in
         # The deep models (real depth): 3×48 tokens, 96 as the prompt and 48 one at a time,
         # from a vocabulary of 4096; their fixtures in fixtures/deep.
         deep-*) N_PROMPT=96 N_TOTAL=144 N_IDS=4096 dir="$out/../deep" ;;
+        # DeepSeek-V4's ratio-128 blocks compress their first row at position 127: its tiny
+        # model reads 144 tokens (96 as the prompt, 48 one at a time) of its 512. F32 only:
+        # quiver's DeepSeek-V4 ops are not llama.cpp's floats bit for bit (its attention's sums,
+        # the hyper-connections), and Q8_0's 8-bit activations turn that into other experts
+        # and other compressed rows chosen (tools/parity/README.md, "DeepSeek-V4").
+        tiny-deepseek4) N_PROMPT=96 N_TOTAL=144 N_IDS=512 dir="$out" types=F32 ;;
         *) N_PROMPT=24 N_TOTAL=40 N_IDS=512 dir="$out" ;;
     esac
     mkdir -p "$dir"
-    for ty in F32 Q8_0; do
+    for ty in $types; do
         f="$tmp/$p-$ty.gguf"
         "$quiver" synth --preset "$p" --type "$ty" --seed "$SEED" -o "$f" -t 2 2>/dev/null
         # A fixed pseudo-random token sequence per preset.
