@@ -47,7 +47,8 @@ int main(int argc, char ** argv) {
     if (!ctx_tgt || !ctx_dft) return 1;
     llama_set_embeddings_nextn(ctx_tgt, true, false);
     llama_set_embeddings_nextn(ctx_dft, true, true);
-    const int d = llama_model_n_embd(model);
+    // (The state the block reads: n_embd wide, DeepSeek-V4's hc streams side by side.)
+    const int d = llama_model_n_embd_out(model);
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
     // The target over every id, its nextn states kept.

@@ -286,6 +286,9 @@ pub struct AttnShape {
     /// Rotated dims at the tail of each head.
     pub n_rot: usize,
     pub n_swa: usize,
+    /// Rows of the raw ring beyond the window (0 but for a draft head: the positions it
+    /// drafts past its last verified one then overwrite no row a verified position reads).
+    pub spare: usize,
     /// 0 (raw window only), 4 (compressed, overlapping, with the indexer) or 128.
     pub ratio: usize,
     /// Rope of q and kv (the layer's: the compressed layers' own base where ratio > 0).
@@ -325,12 +328,16 @@ impl AttnShape {
             self.n_ctx.div_ceil(self.ratio)
         }
     }
-    /// One sequence's state, as laid out in a slot: the raw window's keys (n_swa rows,
-    /// by position mod n_swa), then where ratio > 0 the compressor's value and score rings,
-    /// the compressed keys, and where ratio = 4 the indexer's value and score rings and its
-    /// compressed keys.
+    /// Rows of the raw ring: the window and the spare rows.
+    pub fn raw_ring(&self) -> usize {
+        self.n_swa + self.spare
+    }
+    /// One sequence's state, as laid out in a slot: the raw window's keys
+    /// ([`Self::raw_ring`] rows, by position mod that), then where ratio > 0 the compressor's
+    /// value and score rings and the compressed keys, and where ratio = 4 the indexer's value
+    /// and score rings and its compressed keys.
     pub fn state_floats(&self) -> usize {
-        let mut n = self.n_swa * self.head_dim;
+        let mut n = self.raw_ring() * self.head_dim;
         if self.ratio > 0 {
             n += 2 * self.ring() * self.comp_width() + self.n_comp() * self.head_dim;
         }
@@ -469,7 +476,7 @@ fn layout(s: &AttnShape) -> [(usize, usize); 7] {
     let ring = if s.ratio > 0 { s.ring() * cw } else { 0 };
     let iw = if s.ratio == 4 { 8 * 2 * s.ix_dim } else { 0 };
     let lens = [
-        s.n_swa * hd,
+        s.raw_ring() * hd,
         ring,
         ring,
         if s.ratio > 0 { nc * hd } else { 0 },
@@ -666,7 +673,7 @@ pub fn attention_commit(
             if let Some(k) = kept.as_deref_mut() {
                 k.keep(s, slot, kq, seq.len, t - seq.start, p, 0..1);
             }
-            slot[(p % s.n_swa) * hd..][..hd].copy_from_slice(&keys[t * hd..][..hd]);
+            slot[(p % s.raw_ring()) * hd..][..hd].copy_from_slice(&keys[t * hd..][..hd]);
         }
     }
 }

@@ -8,7 +8,7 @@ pub struct SpecArgs {
     /// followed the latest earlier occurrence of the last 4, 3 or 2 tokens of the prompt and
     /// text so far are proposed), draft (a draft model, -md, proposes greedily), eagle3 (an
     /// EAGLE-3 head, -md, reads the target's hidden states) or mtp (the model's own
-    /// multi-token-prediction block, Qwen 3.5's, reads its final hidden states); the
+    /// multi-token-prediction block, Qwen 3.5's or DeepSeek-V4's, reads its hidden states); the
     /// proposals are checked in the step's one forward pass, and the tokens are those of plain
     /// decoding, greedy or seeded. -md alone means draft (eagle3 for an EAGLE-3 file, mtp for
     /// a file of a multi-token-prediction block alone; mtp takes the model's own block

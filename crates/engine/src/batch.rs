@@ -105,9 +105,6 @@ impl BatchBuilder {
         self
     }
 
-    /// The scheduled step: each request's tokens over its block table, logits rows as the
-    /// schedule asks (the last token of the requests that sample; every prompt token of those
-    /// that want prompt log-probabilities).
     /// The last pushed sequence's slot of the model's recurrent state
     /// (`SeqSpan::state_slot`; 0 by default).
     pub fn state_slot(&mut self, slot: u32) -> &mut Self {

@@ -219,6 +219,8 @@ impl<B: Backend> DraftModel<B> {
     ) -> Result<Self> {
         model.for_context(n_slots);
         model.set_kv_types(kv)?;
+        // A head with a per-sequence state (DeepSeek-V4's block) uses the target's slots.
+        model.set_max_seqs(max_rows);
         let n_batch = n_batch.max(1);
         // A power of two: a drafting step's rows then fit a CUDA graph bucket.
         let max_rows = max_rows.next_power_of_two().clamp(1, n_batch);

@@ -95,7 +95,7 @@ impl Eagle {
         spans: impl Iterator<Item = Span>,
     ) -> Result<()> {
         let feat = match head.head_reads_hidden() {
-            true => Some(target.hidden()),
+            true => Some(target.head_hidden()),
             false => target.features(),
         };
         let feat = feat.ok_or_else(|| ModelError::BadHparam {
@@ -105,7 +105,7 @@ impl Eagle {
         if rows == 0 {
             return Ok(());
         }
-        let d = head.hp.n_embd;
+        let d = head.head_width();
         // (The head's steps are as long as the target's.)
         head.head_encode(b, hs, feat, rows)?;
         head.head_g(b, hs, rows, &mut self.host)?;
@@ -147,7 +147,7 @@ impl Eagle {
         target_vocab: usize,
         jobs: &mut [DraftJob<'_>],
     ) -> Result<()> {
-        let d = head.hp.n_embd;
+        let d = head.head_width();
         let nv = head.hp.n_vocab;
         // A multi-token-prediction block's pair (token P + 1, h of P) is at position P + 1,
         // and position 0 holds (token 0, zeros), as llama.cpp's draft-mtp writes them.
@@ -181,12 +181,14 @@ impl Eagle {
             }
             let wants = j.len > 0 && end + 1 == j.tokens.len();
             let logits = wants.then_some(end - from - 1 + zero);
-            batch.push_seq(
-                &j.tokens[from + 1 - zero..end + 1],
-                from + shift - zero,
-                Blocks::Table(j.blocks),
-                logits,
-            );
+            batch
+                .push_seq(
+                    &j.tokens[from + 1 - zero..end + 1],
+                    from + shift - zero,
+                    Blocks::Table(j.blocks),
+                    logits,
+                )
+                .state_slot(j.slot);
             self.feed.resize(self.feed.len() + zero * d, 0.0);
             self.feed
                 .extend_from_slice(&r.g[(from - r.first) * d..(end - r.first) * d]);
@@ -247,7 +249,9 @@ impl Eagle {
                     .extend_from_slice(&self.host[row * d..(row + 1) * d]);
                 // (The last pass's row was at done - 1 + drafted, shifted.)
                 let pos = *j.done + drafted + shift;
-                batch.push_seq(&[t], pos, Blocks::Table(j.blocks), Some(0));
+                batch
+                    .push_seq(&[t], pos, Blocks::Table(j.blocks), Some(0))
+                    .state_slot(j.slot);
                 self.last_row[k] = Some(w);
                 self.active[w] = k;
                 w += 1;

@@ -93,6 +93,7 @@ impl<B: Backend> ModelRunner<B> {
                 tokens,
                 done: &mut e.done,
                 blocks: &e.table,
+                slot: 0,
                 len,
                 p_min,
                 out,

@@ -676,6 +676,7 @@ impl Scheduler {
                 tokens: &e.tokens,
                 done: &mut e.draft_done,
                 blocks: &e.blocks,
+                slot: e.slot,
                 len: e.draft_len,
                 p_min: e.limits.2,
                 out: &mut e.proposal,

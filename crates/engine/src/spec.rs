@@ -170,6 +170,8 @@ pub struct DraftJob<'a> {
     pub tokens: &'a [u32],
     pub done: &'a mut usize,
     pub blocks: &'a [u32],
+    /// Its slot of the target's per-sequence state (a DeepSeek-V4 block's state uses the same).
+    pub slot: u32,
     pub len: usize,
     pub p_min: f32,
     pub out: &'a mut Vec<u32>,

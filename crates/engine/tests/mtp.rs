@@ -23,7 +23,7 @@ use std::sync::Arc;
 use common::HeadFixture as Fixture;
 
 fn fixtures() -> Vec<Fixture> {
-    common::head_fixtures("mtp", 4)
+    common::head_fixtures("mtp", 5)
 }
 
 /// The preset written again, checked against the fixture's bytes.
@@ -52,15 +52,15 @@ use common::log_softmax;
 fn block_rows<B: Backend>(mut b: B, fx: &Fixture, f: &Arc<GgufFile>) -> Vec<Vec<f64>> {
     let target = quiver_models::load(&b, f).unwrap();
     let head = quiver_models::mtp::load(&b, f).unwrap();
-    assert!(head.head_reads_hidden() && head.layers.len() == 1);
+    assert!(head.head_reads_hidden() && head.hp.n_layer == 1);
     let (n, bs) = (fx.tokens.len(), quiver_backend::KV_BLOCK_SIZE);
     let table: Vec<u32> = (0..(1024 / bs) as u32).collect();
     let mut ts = target.state(&b, 1024, 64, 64).unwrap();
     let batch = Batch::single(&fx.tokens, 0, &table, bs, vec![(n - 1) as u32]);
     target.forward(&mut b, &mut ts, &batch).unwrap();
     let mut hs = head.state(&b, 1024, 64, 64).unwrap();
-    head.head_encode(&b, &mut hs, ts.hidden(), n).unwrap();
-    let d = head.hp.n_embd;
+    head.head_encode(&b, &mut hs, ts.head_hidden(), n).unwrap();
+    let d = head.head_width();
     let mut g = Vec::new();
     head.head_g(&b, &hs, n, &mut g).unwrap();
     // (zeros, h of 0 .. n - 2) beside tokens 0 .. n - 1.
@@ -206,7 +206,11 @@ fn gpu_block_matches_llama_cpp() {
 fn served_with_the_block_the_tokens_are_plain_decodings() {
     use quiver_engine::spec::{SpecConfig, SpecType};
     use quiver_engine::SamplerParams;
-    for preset in ["tiny-qwen35-mtp", "tiny-qwen35moe-mtp"] {
+    for preset in [
+        "tiny-qwen35-mtp",
+        "tiny-qwen35moe-mtp",
+        "tiny-deepseek4-mtp",
+    ] {
         let f = common::synth_f32(quiver_synth::preset(preset).unwrap(), 7, preset);
         let reqs: Vec<_> = (0..8)
             .map(|i| {
@@ -242,6 +246,72 @@ fn served_with_the_block_the_tokens_are_plain_decodings() {
             h.shutdown(std::time::Duration::from_secs(5));
         }
     }
+}
+
+/// DeepSeek-V4's block keeps its window in a ring per sequence: the positions it drafts past
+/// the last verified one go to rows beyond the window (`mtp::DRAFT_SPARE`), so the verified
+/// positions written again after a draft read what a head that never drafted reads — the same
+/// bits, with the window wrapped several times.
+#[test]
+fn deepseek4_drafts_leave_the_blocks_window_alone() {
+    let name = "tiny-deepseek4-mtp";
+    let f = common::synth_f32(quiver_synth::preset(name).unwrap(), 7, name);
+    let mut b = CpuBackend::new(2);
+    let target = quiver_models::load(&b, &f).unwrap();
+    let head = quiver_models::mtp::load(&b, &f).unwrap();
+    let ds = head.hp.dsv4.as_ref().unwrap();
+    let (n, cut, drafts) = (40, 21, 6);
+    assert!(n - cut > ds.n_swa && drafts < ds.n_swa && drafts <= quiver_models::mtp::DRAFT_SPARE);
+    let tokens = common::ids(n, 3, 512);
+    let bs = quiver_backend::KV_BLOCK_SIZE;
+    let table: Vec<u32> = (0..(256 / bs) as u32).collect();
+    let mut ts = target.state(&b, 256, 64, 64).unwrap();
+    let all = |k: usize| (0..k as u32).collect::<Vec<_>>();
+    target
+        .forward(
+            &mut b,
+            &mut ts,
+            &Batch::single(&tokens, 0, &table, bs, vec![0]),
+        )
+        .unwrap();
+    let w = head.head_width();
+    let mut hs = head.state(&b, 256, 64, 64).unwrap();
+    head.head_encode(&b, &mut hs, ts.head_hidden(), n).unwrap();
+    let mut g = vec![0f32; w];
+    let mut h = Vec::new();
+    head.head_g(&b, &hs, n, &mut h).unwrap();
+    g.extend_from_slice(&h[..(n - 1) * w]);
+    // Rows `from..to` of the pairs (token P, h of P − 1) in one step: their logits.
+    let run =
+        |b: &mut CpuBackend, hs: &mut quiver_models::State<CpuBackend>, from: usize, to: usize| {
+            head.head_input(b, hs, &g[from * w..to * w]).unwrap();
+            let batch = Batch::single(&tokens[from..to], from, &table, bs, all(to - from));
+            head.forward(b, hs, &batch).unwrap();
+            let mut l = Vec::new();
+            b.read(&hs.logits, (to - from) * head.hp.n_vocab, &mut l)
+                .unwrap();
+            l
+        };
+    let whole = run(&mut b, &mut hs, 0, n);
+    let mut hs = head.state(&b, 256, 64, 64).unwrap();
+    run(&mut b, &mut hs, 0, cut);
+    // Drafts at cut .. cut + drafts: tokens and states that are not the verified ones.
+    for k in 0..drafts {
+        head.head_input(&b, &mut hs, &vec![0.5f32; w]).unwrap();
+        let t = [(tokens[cut + k] + 1) % 512];
+        head.forward(
+            &mut b,
+            &mut hs,
+            &Batch::single(&t, cut + k, &table, bs, vec![0]),
+        )
+        .unwrap();
+    }
+    let again = run(&mut b, &mut hs, cut, n);
+    let nv = head.hp.n_vocab;
+    assert!(
+        again == whole[cut * nv..],
+        "the rows after a draft differ from a head that never drafted"
+    );
 }
 
 /// `--spec-type mtp` on a model without such a block is refused at load in one line.

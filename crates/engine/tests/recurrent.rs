@@ -510,7 +510,10 @@ fn deepseek4_loads_its_multi_token_prediction_block() {
     let mut b = ModelRunner::new(CpuBackend::new(2), &with, &opts).unwrap();
     let ds = b.model.hp.dsv4.as_ref().unwrap();
     assert_eq!((b.model.hp.n_layer, ds.nextn), (4, 1));
-    assert_eq!(b.model.dsv4.as_ref().unwrap().mtp.len(), 1);
+    assert_eq!(quiver_models::mtp::blocks(&with), 1);
+    let head = quiver_models::mtp::load(&CpuBackend::new(2), &with).unwrap();
+    assert_eq!(head.hp.n_layer, 1);
+    assert_eq!(head.hp.dsv4.as_ref().unwrap().ratios, [0]);
     let p = &prompts()[1];
     let want = a.eval(p, 0, Want::Last).unwrap().to_vec();
     assert_eq!(b.eval(p, 0, Want::Last).unwrap(), &want[..]);

@@ -10,12 +10,13 @@
 //! Qwen 3.5's recurrent state), the raw window's keys, the compressor's rings, and the
 //! compressed rows of up to `n_ctx` positions ([`quiver_backend::dsv4::AttnShape`]); the paged
 //! KV cache is not used (every layer counts as `LayerHp::recurrent`). Like the recurrent
-//! state, it cannot be shared between sequences or rolled back: prefix hits, preemption and
-//! speculative decoding recompute from position 0 (the scheduler's `recurrent` policy).
+//! state, it cannot be shared between sequences: prefix hits and preemption recompute from
+//! position 0 (the scheduler's `recurrent` policy); speculative decoding keeps what a step's
+//! last rows overwrite and rolls rejected proposals back (`State::keep_states`).
 //!
 //! The multi-token-prediction blocks (`nextn_predict_layers`, the last blocks, where the file
-//! has their tensors) are counted out of the trunk and loaded ([`MtpBlock`]), not run; image
-//! inputs are not run.
+//! has their tensors) are counted out of the trunk; the first runs as a draft head
+//! (`crate::mtp`; `mtp_input` is its input stage). Image inputs are not run.
 
 use crate::hparams::Reader;
 use crate::{Hparams, ModelError, Result, State};
@@ -50,8 +51,11 @@ pub struct Dsv4Hp {
     pub clamp_shexp: Vec<f32>,
     /// Width of the shared expert (expert width × shared count).
     pub n_ff_shared: usize,
-    /// Multi-token-prediction blocks after the trunk (not run).
+    /// Multi-token-prediction blocks after the trunk (not run by the trunk).
     pub nextn: usize,
+    /// Raw ring rows beyond the window ([`AttnShape::spare`]): a multi-token-prediction
+    /// block's run as a draft head (`crate::mtp`), 0 in the trunk.
+    pub spare: usize,
 }
 
 impl Dsv4Hp {
@@ -63,6 +67,7 @@ impl Dsv4Hp {
             head_dim: hp.head_dim,
             n_rot: self.n_rot,
             n_swa: self.n_swa,
+            spare: self.spare,
             ratio,
             rope: if ratio == 0 {
                 self.rope_raw.clone()
@@ -264,6 +269,7 @@ pub fn hparams(f: &GgufFile) -> Result<Hparams> {
         clamp_shexp,
         n_ff_shared: hp.shared_expert_ff,
         nextn,
+        spare: 0,
     });
     Ok(hp)
 }
@@ -300,25 +306,9 @@ pub struct Dsv4Layer<B: Backend> {
     pub sh_down: B::Weight,
 }
 
-/// A multi-token-prediction block (loaded, not run: for speculative decoding): its layer,
-/// `eh_proj` over the normed token embedding and the normed trunk state, and its own
-/// embedding, head and head norm where the file has them (else the model's).
-pub struct MtpBlock<B: Backend> {
-    pub layer: Dsv4Layer<B>,
-    /// [n_embd, 2·n_embd]
-    pub eh_proj: B::Weight,
-    pub enorm: B::Weight,
-    pub hnorm: B::Weight,
-    pub embed: Option<B::Weight>,
-    pub head: Option<B::Weight>,
-    pub head_norm: Option<B::Weight>,
-}
-
 /// The model's weights beyond `Model`'s embedding, output norm and output.
 pub struct Dsv4<B: Backend> {
     pub layers: Vec<Dsv4Layer<B>>,
-    /// The multi-token-prediction blocks (`nextn_predict_layers`), loaded, not run.
-    pub mtp: Vec<MtpBlock<B>>,
     pub head: [B::Weight; 3],
 }
 
@@ -443,32 +433,8 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: &Hparams) -> Result
         })
     };
     let layers = (0..hp.n_layer).map(layer).collect::<Result<Vec<_>>>()?;
-    // The multi-token-prediction blocks: a layer of their own each, and the projection of
-    // the embedding beside the trunk's hidden state.
-    let v = hp.n_vocab as u64;
-    let opt = |name: String, shape: &[u64]| -> Result<Option<B::Weight>> {
-        match f.tensor(&name) {
-            Some(_) => w(&name, shape).map(Some),
-            None => Ok(None),
-        }
-    };
-    let mtp = (hp.n_layer..hp.n_layer + ds.nextn)
-        .map(|i| -> Result<MtpBlock<B>> {
-            let n = |s: &str| format!("blk.{i}.nextn.{s}.weight");
-            Ok(MtpBlock {
-                layer: layer(i)?,
-                eh_proj: w(&n("eh_proj"), &[d, 2 * d])?,
-                enorm: w(&n("enorm"), &[d])?,
-                hnorm: w(&n("hnorm"), &[d])?,
-                embed: opt(n("embed_tokens"), &[v, d])?,
-                head: opt(n("shared_head_head"), &[v, d])?,
-                head_norm: opt(n("shared_head_norm"), &[d])?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
     Ok(Dsv4 {
         layers,
-        mtp,
         head: [
             w("output_hc_fn.weight", &[hc, hc * d])?,
             w("output_hc_base.weight", &[hc])?,
@@ -526,6 +492,11 @@ pub struct Bufs<B: Backend> {
 }
 
 impl<B: Backend> Bufs<B> {
+    /// The hc streams after a step's last block (before the head mixes them).
+    pub(crate) fn streams(&self) -> &B::Buf {
+        &self.h
+    }
+
     fn dims(hp: &Hparams) -> [usize; 14] {
         let ds = hp.dsv4.as_ref().expect("deepseek4 hparams");
         let hcd = ds.hc.hc * hp.n_embd;
@@ -591,8 +562,13 @@ pub(crate) fn forward<B: Backend>(
     // QUIVER_DUMP_DIR: the tensors llama.cpp's graph names alike (tools/parity/).
     let dump = crate::decoder::Dump::new();
     let r = (|| -> Result<()> {
-        b.embed(step, &m.tok_embd, 1.0, &mut s.x)?;
-        b.hc_expand(&s.x, &hcp, n, &mut bf.h)?;
+        match &m.mtp {
+            Some(w) => mtp_input(b, m, w, s, &mut bf, step)?,
+            None => {
+                b.embed(step, &m.tok_embd, 1.0, &mut s.x)?;
+                b.hc_expand(&s.x, &hcp, n, &mut bf.h)?;
+            }
+        }
         for (i, l) in w.layers.iter().enumerate() {
             // Attention.
             let [hfn, hbase, hscale] = &l.hc_attn;
@@ -730,4 +706,31 @@ pub(crate) fn forward<B: Backend>(
     })();
     s.ds = Some(bf);
     r
+}
+
+/// A multi-token-prediction block's input, as llama.cpp's `graph_mtp`: each of the target's hc
+/// streams of the row's previous position (the head's g rows, `Model::head_input`) normed by
+/// hnorm beside the row's token's embedding normed by enorm, projected by eh_proj: the
+/// block's streams.
+fn mtp_input<B: Backend>(
+    b: &mut B,
+    m: &crate::Model<B>,
+    w: &crate::mtp::Mtp<B>,
+    s: &mut State<B>,
+    bf: &mut Bufs<B>,
+    step: &Step<B::StepCtx>,
+) -> Result<()> {
+    let (n, hp) = (step.rows, &m.hp);
+    let (d, eps) = (hp.n_embd, hp.rms_eps);
+    let hcp = hp.dsv4.as_ref().expect("deepseek4 hparams").hc;
+    let rows = n * hcp.hc;
+    let ea = s.ea.as_mut().expect("a draft head's state");
+    b.embed(step, &m.tok_embd, 1.0, &mut s.x)?;
+    b.rms_norm(&s.x, &w.enorm, eps, n, &mut s.xn)?;
+    b.hc_expand(&s.xn, &hcp, n, &mut bf.h2)?;
+    b.rms_norm(&ea.g, &w.hnorm, eps, rows, &mut bf.flat)?;
+    b.put_cols(&bf.h2, d, rows, &mut ea.cat, 2 * d, 0)?;
+    b.put_cols(&bf.flat, d, rows, &mut ea.cat, 2 * d, d)?;
+    b.matmul(&w.eh_proj, &ea.cat, rows, &mut bf.h)?;
+    Ok(())
 }

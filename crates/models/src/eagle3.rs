@@ -54,15 +54,16 @@ pub(crate) struct Bufs<B: Backend> {
 impl<B: Backend> Bufs<B> {
     pub(crate) fn floats(hp: &Hparams, n: usize) -> usize {
         let e = hp.eagle3.as_ref().map_or(0, |e| e.n_embd_tgt * 3);
-        n * (3 * hp.n_embd + e)
+        n * (3 * hp.stream_width() + e)
     }
 
     /// An EAGLE-3 head's buffers, or a multi-token-prediction block's (`crate::mtp`: g and
-    /// cat only).
+    /// cat only; DeepSeek-V4's per stream).
     pub(crate) fn new(b: &B, hp: &Hparams, n: usize) -> Result<Self> {
+        let w = hp.stream_width();
         Ok(Bufs {
-            cat: b.buf(n * 2 * hp.n_embd)?,
-            g: b.buf(n * hp.n_embd)?,
+            cat: b.buf(n * 2 * w)?,
+            g: b.buf(n * w)?,
             enc: match hp.eagle3.as_ref().filter(|e| e.norm_before_fc) {
                 Some(e) => Some(b.buf(n * 3 * e.n_embd_tgt)?),
                 None => None,
@@ -307,7 +308,7 @@ impl<B: Backend> Model<B> {
     /// A draft head's g of `rows` tokens from the target's states `feat` into `s` (read back
     /// with [`Model::head_g`]): an EAGLE-3 head's from the layers it reads
     /// ([rows, 3 · n_embd_tgt], [`State::features`]); a multi-token-prediction block's is the
-    /// target's hidden state itself ([rows, n_embd], [`State::hidden`]).
+    /// target's hidden state itself ([rows, `Hparams::stream_width`], [`State::head_hidden`]).
     pub fn head_encode(&self, b: &B, s: &mut State<B>, feat: &B::Buf, rows: usize) -> Result<()> {
         let ea = s.ea.as_mut().expect("a draft head's state");
         if rows > s.max_tokens {
@@ -317,8 +318,8 @@ impl<B: Backend> Model<B> {
             });
         }
         let Some(e) = self.eagle3.as_ref() else {
-            let d = self.hp.n_embd;
-            return Ok(b.copy_cols(feat, d, 0, d, rows, &mut ea.g)?);
+            let w = self.hp.stream_width();
+            return Ok(b.copy_cols(feat, w, 0, w, rows, &mut ea.g)?);
         };
         let input = match (&e.enc_norm, ea.enc.as_mut()) {
             (Some(w), Some(enc)) => {
@@ -332,7 +333,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// Which of the target's states a draft head reads: its final hidden states
-    /// ([`State::hidden`], a multi-token-prediction block) or the layers it keeps
+    /// ([`State::head_hidden`], a multi-token-prediction block) or the layers it keeps
     /// ([`State::features`], an EAGLE-3 head).
     pub fn head_reads_hidden(&self) -> bool {
         self.mtp.is_some()
@@ -341,20 +342,34 @@ impl<B: Backend> Model<B> {
     /// The first `rows` rows of g the last [`Model::head_encode`] made, to the host.
     pub fn head_g(&self, b: &B, s: &State<B>, rows: usize, out: &mut Vec<f32>) -> Result<()> {
         let ea = s.ea.as_ref().expect("a draft head's state");
-        Ok(b.read(&ea.g, rows * self.hp.n_embd, out)?)
+        Ok(b.read(&ea.g, rows * self.head_width(), out)?)
     }
 
-    /// Writes the next step's g rows ([rows, n_embd], row-major) from the host.
+    /// Width of a draft head's g row: n_embd, or a multi-token-prediction block's
+    /// `Hparams::stream_width` (DeepSeek-V4's hc streams).
+    pub fn head_width(&self) -> usize {
+        match self.mtp {
+            Some(_) => self.hp.stream_width(),
+            None => self.hp.n_embd,
+        }
+    }
+
+    /// Writes the next step's g rows ([rows, [`Model::head_width`]], row-major) from the host.
     pub fn head_input(&self, b: &B, s: &mut State<B>, g: &[f32]) -> Result<()> {
         let ea = s.ea.as_mut().expect("a draft head's state");
         Ok(b.write(&mut ea.g, g)?)
     }
 
-    /// The g of each row's next position after the last step ([rows, n_embd]): an EAGLE-3
-    /// head's pre-norm states, a multi-token-prediction block's normed ones.
+    /// The g of each row's next position after the last step ([rows, [`Model::head_width`]]):
+    /// an EAGLE-3 head's pre-norm states, a multi-token-prediction block's hidden ones
+    /// ([`State::head_hidden`]).
     pub fn head_next_g(&self, b: &B, s: &State<B>, rows: usize, out: &mut Vec<f32>) -> Result<()> {
-        let x = if self.mtp.is_some() { &s.xn } else { &s.x };
-        Ok(b.read(x, rows * self.hp.n_embd, out)?)
+        let x = if self.mtp.is_some() {
+            s.head_hidden()
+        } else {
+            &s.x
+        };
+        Ok(b.read(x, rows * self.head_width(), out)?)
     }
 
     /// The head's draft-vocabulary id as the target's.

@@ -157,6 +157,12 @@ impl Hparams {
         self.delta_net.is_some() || self.dsv4.is_some()
     }
 
+    /// Width of a token's hidden state as a multi-token-prediction block reads it and hands
+    /// on ([`crate::State::head_hidden`]): DeepSeek-V4's hc streams side by side, else n_embd.
+    pub fn stream_width(&self) -> usize {
+        self.dsv4.as_ref().map_or(1, |d| d.hc.hc) * self.n_embd
+    }
+
     /// Whether any layer runs a dense FFN (all but pure-MoE models; Gemma 4's MoE layers run
     /// one beside their experts).
     pub fn has_dense_ffn(&self) -> bool {

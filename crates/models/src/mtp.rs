@@ -1,11 +1,17 @@
-//! A model's own multi-token-prediction block (Qwen 3.5's `nextn_predict_layers`, the file's
-//! last block) run as a draft head for speculative decoding, as llama.cpp's `draft-mtp` runs
-//! it. At position P it reads the token at P + 1 and the target's final hidden state at P
-//! (normed by the output norm: `State::hidden`): `eh_proj` over
-//! [enorm(embedding) | hnorm(h)] makes the block's input, then one full-attention block of the
-//! architecture (its own KV), the shared head's norm (else the model's output norm) and its
-//! output matrix (else the model's). The normed output is the h of the position it drafts
-//! next.
+//! A model's own multi-token-prediction block (`nextn_predict_layers`, the file's last block:
+//! Qwen 3.5's and DeepSeek-V4's) run as a draft head for speculative decoding, as llama.cpp's
+//! `draft-mtp` runs it. At position P it reads the token at P + 1 and the target's hidden state
+//! at P (`State::head_hidden`): `eh_proj` over [enorm(embedding) | hnorm(h)] makes the block's
+//! input, then one block of the architecture, the shared head's norm (else the model's output
+//! norm) and its output matrix (else the model's). Its hidden state is the h of the position it
+//! drafts next.
+//!
+//! Qwen 3.5's h is the final state normed by the output norm, its block full attention over its
+//! own paged KV. DeepSeek-V4's h is the hc streams before the head mixes them (each stream
+//! normed and projected beside the embedding), its block window-only attention over a state
+//! slot per sequence (the target request's slot number) whose ring has [`DRAFT_SPARE`] rows
+//! beyond the window: drafted positions then overwrite no row a verified position reads, and
+//! the verified ones are written again.
 //!
 //! The block loads from a view of the target's file ([`quiver_gguf::GgufFile::view`]): the
 //! block as layer 0 of a one-layer model of the same architecture, the shared head's tensors
@@ -25,15 +31,22 @@ pub struct Mtp<B: Backend> {
     pub hnorm: B::Weight,
 }
 
+/// Positions a DeepSeek-V4 block's ring holds beyond its window: a draft of at most this many
+/// positions past the last verified one overwrites nothing a later position reads (a longer
+/// one costs acceptance, never a token).
+pub const DRAFT_SPARE: usize = 64;
+
 /// The multi-token-prediction blocks `f` carries (0: none, or an architecture whose blocks
 /// quiver does not run as a head).
 pub fn blocks(f: &GgufFile) -> usize {
     match f.arch() {
-        Ok(a @ ("qwen35" | "qwen35moe")) => match f.get(&format!("{a}.nextn_predict_layers")) {
-            Some(Value::U32(n)) => *n as usize,
-            Some(Value::I32(n)) => (*n).max(0) as usize,
-            _ => 0,
-        },
+        Ok(a @ ("qwen35" | "qwen35moe" | "deepseek4")) => {
+            match f.get(&format!("{a}.nextn_predict_layers")) {
+                Some(Value::U32(n)) => *n as usize,
+                Some(Value::I32(n)) => (*n).max(0) as usize,
+                _ => 0,
+            }
+        }
         _ => 0,
     }
 }
@@ -63,6 +76,9 @@ pub fn load<B: Backend>(b: &B, target: &Arc<GgufFile>) -> Result<Model<B>> {
         enorm: weight(b, &view, "mtp.enorm.weight", &[d])?,
         hnorm: weight(b, &view, "mtp.hnorm.weight", &[d])?,
     };
+    if let Some(ds) = hp.dsv4.as_mut() {
+        ds.spare = DRAFT_SPARE;
+    }
     let mut m = crate::load_with(b, &view, hp)?;
     m.mtp = Some(input);
     Ok(m)
@@ -78,9 +94,11 @@ fn view(target: &Arc<GgufFile>) -> Result<Arc<GgufFile>> {
     let nextn = blocks(target);
     if nextn == 0 {
         return Err(bad(match arch.as_str() {
-            "qwen35" | "qwen35moe" => "0: the model has no multi-token-prediction block".into(),
+            "qwen35" | "qwen35moe" | "deepseek4" => {
+                "0: the model has no multi-token-prediction block".into()
+            }
             _ => format!(
-                "a multi-token-prediction block of {arch} is not run as a draft head (Qwen 3.5's are)"
+                "a multi-token-prediction block of {arch} is not run as a draft head (Qwen 3.5's and DeepSeek-V4's are)"
             ),
         }));
     }
@@ -102,10 +120,36 @@ fn view(target: &Arc<GgufFile>) -> Result<Arc<GgufFile>> {
     }
     meta.insert(key("block_count"), Value::U32(1));
     meta.insert(key("nextn_predict_layers"), Value::U32(0));
-    meta.insert(
-        key("attention.recurrent_layers"),
-        Value::Array(Array::Bool(vec![false])),
-    );
+    if arch == "deepseek4" {
+        // As llama.cpp runs it: window-only attention, experts routed by score.
+        let ratio = match meta.get(&key("attention.compress_ratios")) {
+            Some(Value::Array(Array::U32(v))) => v.first().map(|&x| x as u64),
+            Some(Value::Array(Array::I32(v))) => v.first().map(|&x| x as u64),
+            _ => None,
+        };
+        if ratio.is_some_and(|r| r != 0) {
+            return Err(bad(format!(
+                "the block's compress ratio is {} (llama.cpp runs window-only blocks)",
+                ratio.unwrap_or(0)
+            )));
+        }
+        let hashed = match target.get(&key("hash_layer_count")) {
+            Some(Value::U32(h)) => *h as usize,
+            Some(Value::I32(h)) => (*h).max(0) as usize,
+            _ => 0,
+        };
+        if n < hashed {
+            return Err(bad(format!(
+                "the block is hash-routed ({hashed} such layers; llama.cpp runs score-routed blocks)"
+            )));
+        }
+        meta.insert(key("hash_layer_count"), Value::U32(0));
+    } else {
+        meta.insert(
+            key("attention.recurrent_layers"),
+            Value::Array(Array::Bool(vec![false])),
+        );
+    }
     let own = format!("blk.{n}.");
     let has = |s: &str| target.tensor(&format!("{own}nextn.{s}.weight")).is_some();
     let (embd, head, norm) = (

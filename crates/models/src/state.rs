@@ -67,6 +67,16 @@ impl<B: Backend> State<B> {
         &self.xn
     }
 
+    /// After a step: every token's hidden state as a multi-token-prediction block reads it,
+    /// `[n, Hparams::stream_width]`: [`State::hidden`], or DeepSeek-V4's hc streams before the
+    /// head mixes them (llama.cpp's `h_nextn`).
+    pub fn head_hidden(&self) -> &B::Buf {
+        match &self.ds {
+            Some(ds) => ds.streams(),
+            None => &self.xn,
+        }
+    }
+
     /// Makes every later step keep the input of each of `layers` (a layer count: the final
     /// pre-norm state) for each token, side by side ([`State::features`]): what an EAGLE-3
     /// head reads. The model's width is `n_embd`.
@@ -251,7 +261,8 @@ impl<B: Backend> Model<B> {
         attention.sort_unstable();
         attention.dedup();
         let ws = quiver_backend::WorkspaceSpec {
-            max_tokens: n,
+            // (A DeepSeek-V4 block's eh_proj multiplies each of a row's hc streams.)
+            max_tokens: n * hp.stream_width() / hp.n_embd,
             max_logits,
             // (An EAGLE-3 head's attention reads twice its width, its fc three target widths; a
             // multi-token-prediction block's eh_proj twice its width.)

@@ -53,7 +53,7 @@ pub fn attention_head(
             if q >= p0 {
                 &keys[(seq.start + q - p0) * hd..][..hd]
             } else {
-                &raw[(q % s.n_swa) * hd..][..hd]
+                &raw[(q % s.raw_ring()) * hd..][..hd]
             }
         } else {
             &comp[sel[j - n_raw] * hd..][..hd]

@@ -22,7 +22,7 @@ pub fn kept_floats(s: &AttnShape) -> usize {
 fn ring_rows(s: &AttnShape, p: usize) -> [(usize, usize); 5] {
     let lay = layout(s);
     let mut r = [(0, 0); 5];
-    r[0] = (lay[0].0 + (p % s.n_swa) * s.head_dim, s.head_dim);
+    r[0] = (lay[0].0 + (p % s.raw_ring()) * s.head_dim, s.head_dim);
     if s.ratio > 0 {
         let (w, ring) = (s.comp_width(), s.ring());
         r[1] = (lay[1].0 + (p % ring) * w, w);

@@ -311,6 +311,7 @@ fn attention<B: Backend, H: Harness<B>>(
         head_dim: 32,
         n_rot: 16,
         n_swa: 8,
+        spare: 0,
         ratio,
         rope: rope(if ratio == 0 { 10000.0 } else { 160000.0 }),
         comp_rope: rope(160000.0),
