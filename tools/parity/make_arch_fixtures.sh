@@ -41,16 +41,18 @@ SEED=7
 if grep -q avx512f /proc/cpuinfo; then avx512=True; else avx512=False; fi
 for p in "${presets[@]}"; do
     types="F32 Q8_0"
+    Q8_PROMPT=
     case "$p" in
         # The deep models (real depth): 3×48 tokens, 96 as the prompt and 48 one at a time,
         # from a vocabulary of 4096; their fixtures in fixtures/deep.
         deep-*) N_PROMPT=96 N_TOTAL=144 N_IDS=4096 dir="$out/../deep" ;;
         # DeepSeek-V4's ratio-128 blocks compress their first row at position 127: its tiny
-        # model reads 144 tokens (96 as the prompt, 48 one at a time) of its 512. F32 only:
-        # quiver's DeepSeek-V4 ops are not llama.cpp's floats bit for bit (its attention's sums,
-        # the hyper-connections), and Q8_0's 8-bit activations turn that into other experts
-        # and other compressed rows chosen (tools/parity/README.md, "DeepSeek-V4").
-        tiny-deepseek4) N_PROMPT=96 N_TOTAL=144 N_IDS=512 dir="$out" types=F32 ;;
+        # model reads 144 tokens of its 512, 96 as the prompt (F32: llama.cpp's tiled
+        # attention), then one at a time. Its Q8_0 file has a prompt of 24: from 64 rows
+        # llama.cpp's products keep its decode order where quiver's fast numerics take their
+        # GEMM path, and 8-bit activations turn that into other experts and rows chosen
+        # (tools/parity/README.md, "DeepSeek-V4").
+        tiny-deepseek4) N_PROMPT=96 N_TOTAL=144 N_IDS=512 dir="$out" Q8_PROMPT=24 ;;
         *) N_PROMPT=24 N_TOTAL=40 N_IDS=512 dir="$out" ;;
     esac
     mkdir -p "$dir"
@@ -59,8 +61,10 @@ for p in "${presets[@]}"; do
         "$quiver" synth --preset "$p" --type "$ty" --seed "$SEED" -o "$f" -t 2 2>/dev/null
         # A fixed pseudo-random token sequence per preset.
         ids=$(python3 -c "import random,sys; r=random.Random(sys.argv[1]); print(' '.join(str(r.randrange($N_IDS)) for _ in range($N_TOTAL)))" "$p")
-        rows=$("$harness" "$f" "$N_PROMPT" "$TOP" $ids 2>/dev/null)
-        python3 - "$p" "$ty" "$SEED" "$f" "$N_PROMPT" "$ids" > "$dir/$p-$ty.json" <<PY
+        np=$N_PROMPT
+        [ "$ty" = Q8_0 ] && np=${Q8_PROMPT:-$N_PROMPT}
+        rows=$("$harness" "$f" "$np" "$TOP" $ids 2>/dev/null)
+        python3 - "$p" "$ty" "$SEED" "$f" "$np" "$ids" > "$dir/$p-$ty.json" <<PY
 import hashlib, json, sys
 preset, ty, seed, path, n_prompt, ids = sys.argv[1:]
 rows = [json.loads(l) for l in """$rows""".strip().splitlines()]

@@ -26,47 +26,6 @@ pub(crate) struct Out(pub(crate) *mut f32);
 // slice is not read until `pool.run` returns.
 unsafe impl Sync for Out {}
 
-/// q·k in the order of ggml's f16 dot product on AVX-512 (`ggml_vec_dot_f16`), which llama.cpp's
-/// CPU attention uses: per 64 elements, four 16-lane partial sums; then sums 0+2 and 1+3, their
-/// sum, and the 16 lanes reduced as `_mm512_reduce_add_ps` does (halves, quarters, then pairs);
-/// a tail past the last 64 is added in f64. In the row-by-row form both inputs hold f16
-/// values, so each product is exact in f32 and only the order of the additions matters (an FMA
-/// would round alike).
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut s = [[0f32; 16]; 4];
-    let (ca, cb) = (a.chunks_exact(64), b.chunks_exact(64));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for (j, sj) in s.iter_mut().enumerate() {
-            for (l, v) in sj.iter_mut().enumerate() {
-                *v += x[16 * j + l] * y[16 * j + l];
-            }
-        }
-    }
-    let mut sum = dot_reduce(&s) as f64;
-    for (x, y) in ra.iter().zip(rb) {
-        sum += (x * y) as f64;
-    }
-    sum as f32
-}
-
-/// The reduction of [`dot`]'s four 16-lane partial sums: 0+2 and 1+3, their sum, then the 16
-/// lanes as `_mm512_reduce_add_ps` reduces them.
-#[inline(always)]
-fn dot_reduce(s: &[[f32; 16]; 4]) -> f32 {
-    let mut x0 = [0f32; 16];
-    for l in 0..16 {
-        x0[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
-    }
-    let mut t3 = [0f32; 8];
-    for i in 0..8 {
-        t3[i] = x0[i] + x0[8 + i];
-    }
-    let t6 = [t3[0] + t3[4], t3[1] + t3[5], t3[2] + t3[6], t3[3] + t3[7]];
-    (t6[0] + t6[2]) + (t6[1] + t6[3])
-}
-
 /// Whether a step of `n` query rows takes llama.cpp's tiled attention: with
 /// [`Numerics::Fast`] (single sequence), from 64 rows, as llama.cpp does; that form keeps q and
 /// the p·v accumulator in f32. Below that it works row by row with q in f16 and an f16
@@ -79,7 +38,7 @@ pub fn tiled(n: usize, numerics: Numerics) -> bool {
 /// The per-key operations of a task over `G` heads that share a KV head (their queries and
 /// accumulators side by side, head `j` at `j · head_dim`); [`softmax_group`] runs the online
 /// softmax over them once for every implementation. Each computes the same floats: the dot
-/// products in [`dot`]'s order (products rounded, then added), the updates as fused
+/// products in `numerics::f16_dot`'s order (products rounded, then added), the updates as fused
 /// multiply-adds, the accumulator rounded to f16 after each update when `r16`.
 trait Keys {
     /// q_j·k with one K row.
@@ -156,7 +115,7 @@ fn softmax_group<K: Keys>(
 /// Heads one task takes at most (a KV group is cut into parts of at most this many).
 const MAX_GROUP: usize = 8;
 
-/// Plain Rust: rows widened into a buffer, then [`dot`] and the element loops.
+/// Plain Rust: rows widened into a buffer, then `numerics::f16_dot` and the element loops.
 struct Generic<'a> {
     q: &'a [f32],
     acc: &'a mut [f32],
@@ -178,7 +137,7 @@ impl Generic<'_> {
 impl Keys for Generic<'_> {
     fn dot(&mut self, j: usize, k: &[half::f16]) -> f32 {
         k.convert_to_f32_slice(self.row32);
-        dot(&self.q[j * self.hd..][..self.hd], self.row32)
+        quiver_backend::numerics::f16_dot(&self.q[j * self.hd..][..self.hd], self.row32)
     }
     fn rescale(&mut self, j: usize, r: f32) {
         self.acc[j * self.hd..][..self.hd]
@@ -295,8 +254,8 @@ impl Keys for F16c<'_> {
                 }
                 c += 64;
             }
-            // [`dot_reduce`] in registers, the same additions in the same order: the four
-            // 16-lane sums are (v0, v1), (v2, v3), (v4, v5), (v6, v7).
+            // `numerics::f16_dot`'s reduction in registers, the same additions in the same
+            // order: the four 16-lane sums are (v0, v1), (v2, v3), (v4, v5), (v6, v7).
             let lo = _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6]));
             let hi = _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]));
             let t3 = _mm256_add_ps(lo, hi);

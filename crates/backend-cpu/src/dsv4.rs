@@ -270,8 +270,13 @@ impl CpuBackend {
             }
         }
         let sel: &[dsv4::SelectBufs] = sel;
-        // llama.cpp's tiled form for steps of 64+ rows, as the other attention's (attn.rs).
-        let tiled = crate::attn::tiled(n, self.numerics());
+        // llama.cpp's tiled form for steps of 64+ rows, as the other attention's (attn.rs), and
+        // its split one for a step of one row, under the fast numerics.
+        let form = match (crate::attn::tiled(n, self.numerics()), n) {
+            (true, _) => dsv4::Form::Tiled,
+            (false, 1) if !self.numerics().is_batch_invariant() => dsv4::Form::Split,
+            _ => dsv4::Form::Rows,
+        };
         let (h, o) = (s.n_head, SyncPtr(out.as_mut_ptr()));
         par_rows(self.mm.pool(), n * h, 1, |r0, r1| {
             for i in r0..r1 {
@@ -288,7 +293,7 @@ impl CpuBackend {
                     t,
                     hh,
                     &sel[t].rows,
-                    tiled,
+                    form,
                     o,
                 );
             }

@@ -29,7 +29,7 @@ mod head;
 mod rollback;
 mod select;
 use crate::{RopeAngles, RopeParams};
-pub use head::attention_head;
+pub use head::{attention_head, Form};
 pub use rollback::{kept_floats, rewind, Kept};
 pub use select::{attention_select, attention_select_into, SelectBufs};
 
@@ -82,36 +82,39 @@ pub fn hc_weights(
     for h in 0..hc {
         pc[h] = 2.0 * sigmoid(mixes[hc + h] * scale[1] + base[hc + h]);
     }
+    // As ggml's fused CPU op (`dsv4_hc_comb`, its C compiled with contraction): the affine
+    // map and the eps step fused multiply-adds, sums in f32 (the normalisations' from eps),
+    // products by the inverse.
     let comb = &mut pc[hc..hc + hc * hc];
     for (i, c) in comb.iter_mut().enumerate() {
-        *c = mixes[2 * hc + i] * scale[2] + base[2 * hc + i];
+        *c = mixes[2 * hc + i].mul_add(scale[2], base[2 * hc + i]);
     }
-    // Softmax over dst per src row (ggml's: the sum in f64, scaled by its inverse), + eps.
+    // Softmax over dst per src row, + eps.
     for row in comb.chunks_exact_mut(hc) {
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f64;
+        let mut sum = 0f32;
         for v in row.iter_mut() {
             *v = (*v - m).exp();
-            sum += *v as f64;
+            sum += *v;
         }
-        let inv = (1.0 / sum) as f32;
+        let inv = 1.0 / sum;
         for v in row.iter_mut() {
-            *v = *v * inv + p.eps;
+            *v = v.mul_add(inv, p.eps);
         }
     }
-    // Sums in f64, as ggml's sum_rows.
     let norm_cols = |c: &mut [f32]| {
         for dst in 0..hc {
-            let s = (0..hc).map(|src| c[src * hc + dst] as f64).sum::<f64>() as f32 + p.eps;
+            let s = (0..hc).fold(p.eps, |s, src| s + c[src * hc + dst]);
+            let inv = 1.0 / s;
             for src in 0..hc {
-                c[src * hc + dst] /= s;
+                c[src * hc + dst] *= inv;
             }
         }
     };
     let norm_rows = |c: &mut [f32]| {
         for row in c.chunks_exact_mut(hc) {
-            let s = row.iter().map(|&v| v as f64).sum::<f64>() as f32 + p.eps;
-            row.iter_mut().for_each(|v| *v /= s);
+            let inv = 1.0 / row.iter().fold(p.eps, |s, &v| s + v);
+            row.iter_mut().for_each(|v| *v *= inv);
         }
     };
     norm_cols(comb);
@@ -155,10 +158,15 @@ pub fn hc_pre(
         }
         let o = &mut out[t * d..][..d];
         let xt = &x[t * hc * d..][..hc * d];
+        // A block's as ggml's fused `dsv4_hc_pre` (fused multiply-adds); the head's as its
+        // separate products and sums.
         for (c, o) in o.iter_mut().enumerate() {
-            let mut acc = 0.0;
+            let mut acc = 0.0f32;
             for h in 0..hc {
-                acc += xt[h * d + c] * pre[h];
+                acc = match head {
+                    true => acc + xt[h * d + c] * pre[h],
+                    false => xt[h * d + c].mul_add(pre[h], acc),
+                };
             }
             *o = acc;
         }
@@ -183,9 +191,10 @@ pub fn hc_post(
         for dst in 0..hc {
             let o = &mut out[t * hc * d + dst * d..][..d];
             for c in 0..d {
+                // (As ggml's fused `dsv4_hc_post`: fused multiply-adds.)
                 let mut acc = yt[c] * w[dst];
                 for src in 0..hc {
-                    acc += r[src * d + c] * w[hc + src * hc + dst];
+                    acc = r[src * d + c].mul_add(w[hc + src * hc + dst], acc);
                 }
                 o[c] = acc;
             }
@@ -383,10 +392,12 @@ fn f16r(x: f32) -> f32 {
 fn rope_tail(v: &mut [f32], sin: &[f32], cos: &[f32], sign: f32) {
     let off = v.len() - 2 * sin.len();
     for i in 0..sin.len() {
+        // (ggml's contraction of `x0·cos − x1·sin` and `x0·sin + x1·cos`: the first product
+        // fused.)
         let (a, b) = (v[off + 2 * i], v[off + 2 * i + 1]);
         let s = sign * sin[i];
-        v[off + 2 * i] = a * cos[i] - b * s;
-        v[off + 2 * i + 1] = a * s + b * cos[i];
+        v[off + 2 * i] = a.mul_add(cos[i], -(b * s));
+        v[off + 2 * i + 1] = a.mul_add(s, b * cos[i]);
     }
 }
 
@@ -651,7 +662,7 @@ pub fn attention_token(
     let sel = attention_select(batch, s, x, state, t);
     let hd = s.head_dim;
     for (hh, o) in out.chunks_exact_mut(hd).take(s.n_head).enumerate() {
-        attention_head(batch, s, w, x, state, keys, t, hh, &sel, false, o);
+        attention_head(batch, s, w, x, state, keys, t, hh, &sel, Form::Rows, o);
     }
 }
 

@@ -14,7 +14,7 @@ pub mod delta_net;
 pub mod dsv4;
 mod kv;
 pub mod kvcodec;
-mod numerics;
+pub mod numerics;
 mod ops;
 pub mod reference;
 mod rope;

@@ -54,6 +54,69 @@ impl std::fmt::Display for Numerics {
     }
 }
 
+/// q·k in the order of ggml's f16 dot product on AVX-512 (`ggml_vec_dot_f16`), which llama.cpp's
+/// CPU attention uses: per 64 elements, four 16-lane partial sums; then sums 0+2 and 1+3, their
+/// sum, and the 16 lanes reduced as `_mm512_reduce_add_ps` does (halves, quarters, then pairs);
+/// a tail past the last 64 is added in f64. In the row-by-row form both inputs hold f16
+/// values, so each product is exact in f32 and only the order of the additions matters (an FMA
+/// would round alike).
+#[inline(always)]
+pub fn f16_dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut s = [[0f32; 16]; 4];
+    let (ca, cb) = (a.chunks_exact(64), b.chunks_exact(64));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for (j, sj) in s.iter_mut().enumerate() {
+            for (l, v) in sj.iter_mut().enumerate() {
+                *v += x[16 * j + l] * y[16 * j + l];
+            }
+        }
+    }
+    let mut sum = f16_dot_reduce(&s) as f64;
+    for (x, y) in ra.iter().zip(rb) {
+        sum += (x * y) as f64;
+    }
+    sum as f32
+}
+
+/// x·y in the order of ggml's f32 dot product on AVX-512 (`ggml_vec_dot_f32`: llama.cpp's
+/// product of an f32 weight with a single token): per 64 elements four 16-lane sums of fused
+/// multiply-adds, reduced as [`f16_dot`]'s, the tail past the last 64 added in f64.
+#[inline(always)]
+pub fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut s = [[0f32; 16]; 4];
+    let (ca, cb) = (a.chunks_exact(64), b.chunks_exact(64));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for (j, sj) in s.iter_mut().enumerate() {
+            for (l, v) in sj.iter_mut().enumerate() {
+                *v = x[16 * j + l].mul_add(y[16 * j + l], *v);
+            }
+        }
+    }
+    let mut sum = f16_dot_reduce(&s) as f64;
+    for (x, y) in ra.iter().zip(rb) {
+        sum += (x * y) as f64;
+    }
+    sum as f32
+}
+
+/// The reduction of [`f16_dot`]'s four 16-lane partial sums: 0+2 and 1+3, their sum, then the 16
+/// lanes as `_mm512_reduce_add_ps` reduces them.
+#[inline(always)]
+fn f16_dot_reduce(s: &[[f32; 16]; 4]) -> f32 {
+    let mut x0 = [0f32; 16];
+    for l in 0..16 {
+        x0[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
+    }
+    let mut t3 = [0f32; 8];
+    for i in 0..8 {
+        t3[i] = x0[i] + x0[8 + i];
+    }
+    let t6 = [t3[0] + t3[4], t3[1] + t3[5], t3[2] + t3[6], t3[3] + t3[7]];
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,7 +103,8 @@ impl RopeParams {
     pub fn mscale(&self) -> f32 {
         match self.yarn {
             Some(y) if y.ext_factor != 0.0 => {
-                self.attn_factor * (1.0 + 0.1 * (1.0 / self.freq_scale).ln())
+                // (`1 + 0.1·ln(1/freq_scale)` fused, as ggml's C contracts it.)
+                self.attn_factor * 0.1f32.mul_add((1.0 / self.freq_scale).ln(), 1.0)
             }
             _ => self.attn_factor,
         }
@@ -209,8 +210,10 @@ impl<'a> RopeAngles<'a> {
                 let interp = self.freq_scale * extrap;
                 match self.yarn {
                     Some((y, corr)) if y.ext_factor != 0.0 => {
+                        // (ggml's contraction of `interp·(1 − mix) + extrap·mix`: the first
+                        // product fused.)
                         let mix = y.mix(corr, i);
-                        interp * (1.0 - mix) + extrap * mix
+                        interp.mul_add(1.0 - mix, extrap * mix)
                     }
                     _ => interp,
                 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use common::HeadFixture as Fixture;
 
 fn fixtures() -> Vec<Fixture> {
-    common::head_fixtures("mtp", 5)
+    common::head_fixtures("mtp", 6)
 }
 
 /// The preset written again, checked against the fixture's bytes.

@@ -579,7 +579,9 @@ pub(crate) fn forward<B: Backend>(
             )?;
             dump.put(b, "hc_attn_pre", i, &s.x, n * d);
             b.rms_norm(&s.x, &l.attn_norm, eps, n, &mut s.xn)?;
+            dump.put(b, "attn_norm", i, &s.xn, n * d);
             b.matmul(&l.wq_a, &s.xn, n, &mut bf.qr)?;
+            dump.put(b, "qr", i, &bf.qr, n * ds.q_lora);
             b.rms_norm_inplace(&mut bf.qr, &l.q_a_norm, eps, n)?;
             dump.put(b, "qr_norm", i, &bf.qr, n * ds.q_lora);
             b.matmul(&l.wq_b, &bf.qr, n, &mut s.attn)?;

@@ -2,6 +2,7 @@
 
 use super::{FloatW, Job, Kernel, WBF16, WF16, WF32};
 use crate::shared::SharedMut;
+use crate::SimdLevel;
 use quiver_gguf::GgmlType;
 
 /// Rows `r0..r1` of a float-weight matmul, all tokens, in 4 x 4 blocks.
@@ -39,6 +40,25 @@ unsafe fn float_rows_t<K: Kernel, F: FloatW>(
     }
     let row = |r: usize| &job.w[r * rb..(r + 1) * rb];
     let tok = |t: usize| &job.x[t * cols..(t + 1) * cols];
+    // A single token under the fast numerics, f32 weights, AVX-512: ggml's `vec_dot_f32`
+    // order, llama.cpp's product for one token (its tinyBLAS, whose order the blocks below
+    // follow, takes two and more).
+    if F::ID == 0
+        && job.n_tokens == 1
+        && job.level == SimdLevel::Avx512
+        && !job.numerics.is_batch_invariant()
+    {
+        // SAFETY: any 4 bytes are an f32; the slice is used only where it covers the rows.
+        let (pre, w, _) = unsafe { job.w[r0 * rb..r1 * rb].align_to::<f32>() };
+        if pre.is_empty() && w.len() >= (r1 - r0) * cols {
+            for (r, w) in (r0..r1).zip(w.chunks_exact(cols)) {
+                let v = quiver_backend::numerics::f32_dot(w, tok(0));
+                // SAFETY: this task owns rows r0..r1.
+                unsafe { out.write(r, v) };
+            }
+            return;
+        }
+    }
     let mut r = r0;
     while r < r1 {
         let nr = 4.min(r1 - r);
