@@ -169,6 +169,25 @@ impl Hparams {
         self.moe.is_none_or(|m| m.router_given)
     }
 
+    /// A dense FFN needs its width (`feed_forward_length`, which the shared reader takes as
+    /// optional), the experts theirs.
+    pub(crate) fn check_ffn(&self) -> Result<()> {
+        let key = |k: &str| format!("{}.{k}", self.arch);
+        if self.has_dense_ffn() && self.layers.iter().any(|l| l.n_ff == 0) {
+            return Err(ModelError::BadHparam {
+                key: key("feed_forward_length"),
+                detail: "missing (the model runs a dense FFN)".into(),
+            });
+        }
+        if self.moe.is_some_and(|m| m.n_ff == 0) {
+            return Err(ModelError::BadHparam {
+                key: key("expert_feed_forward_length"),
+                detail: "missing or 0, and no feed_forward_length to derive it from".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// The widest q, KV and FFN rows of any layer.
     pub fn max_dims(&self) -> (usize, usize, usize) {
         let m = |f: fn(&LayerHp) -> usize| self.layers.iter().map(f).max().unwrap_or(0);
@@ -393,12 +412,17 @@ impl<'a> Reader<'a> {
                 ));
             }
         }
-        let n_ffs = self
-            .per_layer("feed_forward_length", n_layer)?
-            .ok_or_else(|| self.bad("feed_forward_length", "missing"))?;
-        if let Some(i) = n_ffs.iter().position(|&v| v == 0) {
-            return Err(self.bad("feed_forward_length", format!("is 0 for layer {i}")));
-        }
+        // Optional, as llama.cpp reads it: a model without a dense FFN (DeepSeek-V4, Qwen3 MoE)
+        // needs none ([`Hparams::check_ffn`] refuses its absence where one runs).
+        let n_ffs = match self.per_layer("feed_forward_length", n_layer)? {
+            Some(v) => match v.iter().position(|&v| v == 0) {
+                Some(i) => {
+                    return Err(self.bad("feed_forward_length", format!("is 0 for layer {i}")))
+                }
+                None => v,
+            },
+            None => vec![0; n_layer],
+        };
         let n_head = heads.iter().copied().max().unwrap_or(0);
         let n_head_kv = heads_kv.iter().copied().max().unwrap_or(0);
         let head_dim = match self.u("attention.key_length")? {

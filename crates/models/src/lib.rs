@@ -95,7 +95,7 @@ pub fn load_with<B: Backend>(backend: &B, file: &Arc<GgufFile>, hp: Hparams) -> 
 /// The hyperparameters of the file's architecture, without loading any weight (sizing a KV
 /// pool before the load, say).
 pub fn hparams(file: &GgufFile) -> Result<Hparams> {
-    match file.arch()? {
+    let hp = match file.arch()? {
         "llama" | "mistral3" => llama::hparams(file),
         "gemma2" => gemma2::hparams(file),
         "gemma3" => gemma3::hparams(file),
@@ -106,7 +106,9 @@ pub fn hparams(file: &GgufFile) -> Result<Hparams> {
         "deepseek4" => deepseek4::hparams(file),
         "eagle3" => eagle3::hparams(file),
         other => Err(ModelError::UnknownArch(other.into())),
-    }
+    }?;
+    hp.check_ffn()?;
+    Ok(hp)
 }
 
 /// Fetches a tensor, checks its shape, and hands its bytes to the backend.

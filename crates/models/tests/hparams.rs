@@ -531,3 +531,61 @@ fn a_backend_without_the_deepseek4_ops_refuses_it_at_load_in_one_line() {
         "{e}"
     );
 }
+
+/// `feed_forward_length` is optional, as llama.cpp reads it: DeepSeek-V4 and Qwen3 MoE, which
+/// run no dense FFN, read the same without it (DeepSeek-V4's logits the same bits); a model
+/// with a dense FFN is refused in one line naming the key.
+#[test]
+fn feed_forward_length_is_needed_only_by_a_dense_ffn() {
+    use quiver_backend::{Backend, Batch};
+    for (name, dense) in [
+        ("tiny-deepseek4", false),
+        ("tiny-qwen3moe", false),
+        ("tiny-llama", true),
+    ] {
+        let path = synth(name, "no-ff");
+        let with = GgufFile::open(&path).unwrap();
+        let without = rewrite(&path, &format!("{name}-no-ff"), |w, a| {
+            assert!(w
+                .metadata
+                .shift_remove(&format!("{a}.feed_forward_length"))
+                .is_some());
+        });
+        if dense {
+            let e = quiver_models::hparams(&without).unwrap_err().to_string();
+            assert!(
+                e.contains("feed_forward_length") && e.contains("missing") && !e.contains('\n'),
+                "{name}: {e}"
+            );
+            continue;
+        }
+        let (a, b) = (
+            quiver_models::hparams(&with).unwrap(),
+            quiver_models::hparams(&without).unwrap(),
+        );
+        assert_eq!(
+            (a.moe, a.shared_expert_ff),
+            (b.moe, b.shared_expert_ff),
+            "{name}"
+        );
+        if name != "tiny-deepseek4" {
+            continue;
+        }
+        let mut be = quiver_backend_cpu::CpuBackend::new(1);
+        let tokens = [3u32, 141, 59, 26, 5, 35];
+        let logits = |f: GgufFile, be: &mut quiver_backend_cpu::CpuBackend| {
+            let m = quiver_models::load(be, &std::sync::Arc::new(f)).unwrap();
+            let mut s = m.state(be, 64, 8, 8).unwrap();
+            let table: Vec<u32> = (0..4).collect();
+            let all = (0..tokens.len() as u32).collect();
+            let batch = Batch::single(&tokens, 0, &table, quiver_backend::KV_BLOCK_SIZE, all);
+            m.forward(be, &mut s, &batch).unwrap();
+            let mut out = Vec::new();
+            be.read(&s.logits, tokens.len() * m.hp.n_vocab, &mut out)
+                .unwrap();
+            out
+        };
+        let want = logits(with, &mut be);
+        assert!(logits(without, &mut be) == want, "{name}: logits differ");
+    }
+}
