@@ -37,7 +37,15 @@ impl CpuBackend {
             packed: Default::default(),
             routing: Default::default(),
             extra: Default::default(),
+            resident: Default::default(),
         }
+    }
+
+    /// Every weight read from the file's mapping, none copied into huge pages
+    /// (`resident.rs`): for `--mlock`, which locks the mapping (with `mapped` true).
+    pub fn weights_mapped(mut self, mapped: bool) -> Self {
+        self.resident.mapped = mapped;
+        self
     }
 
     pub fn threads(&self) -> usize {

@@ -16,6 +16,7 @@ mod matmul;
 mod moe;
 mod norm;
 mod par;
+mod resident;
 mod rope;
 mod types;
 
@@ -39,6 +40,8 @@ pub struct CpuBackend {
     routing: std::sync::Mutex<moe::Routing>,
     /// The extra ops' buffers (the delta net's, DeepSeek-V4's), kept from step to step.
     extra: std::sync::Mutex<types::ExtraScratch>,
+    /// The copies of the weights a step streams (`resident.rs`).
+    resident: resident::Resident,
 }
 
 /// The CPU's part of a step.
@@ -86,6 +89,10 @@ impl Backend for CpuBackend {
                 });
             }
             None
+        };
+        let bytes = match vector {
+            Some(_) => resident::Bytes::File(bytes),
+            None => self.resident.place(bytes),
         };
         Ok(CpuWeight {
             ty,

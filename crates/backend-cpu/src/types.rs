@@ -1,13 +1,13 @@
 //! The CPU's weights and K/V caches.
 
-use quiver_backend::{BackendError, Result, WeightBytes};
+use quiver_backend::{BackendError, Result};
 use quiver_gguf::GgmlType;
 
 pub struct CpuWeight {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
-    pub(crate) bytes: WeightBytes,
+    pub(crate) bytes: crate::resident::Bytes,
     /// Vectors (norm weights) as f32, converted once at load: they are tiny.
     pub(crate) vector: Option<Vec<f32>>,
 }

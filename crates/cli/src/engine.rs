@@ -54,9 +54,9 @@ pub struct LoadArgs {
     /// (ulimit -l) is a warning, as in llama-server.
     #[arg(long)]
     pub mlock: bool,
-    /// llama-server's --no-mmap: accepted; quiver always maps the file read-only (the CPU reads
-    /// the weights from the mapping, CUDA copies them to the device at load); --mlock keeps
-    /// them resident.
+    /// llama-server's --no-mmap: accepted; quiver always maps the file read-only (the CPU copies
+    /// its weights of 2 MiB and more into huge pages, CUDA to the device, at load); --mlock
+    /// keeps the CPU's weights in the mapping and locks it.
     #[arg(long)]
     pub no_mmap: bool,
     /// Print backend counters (graph captures and replays, kernels compiled) at the end.
@@ -453,7 +453,8 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
             let be = CpuBackend::with_config(CpuConfig {
                 threads: n_threads,
                 numerics: args.numerics,
-            });
+            })
+            .weights_mapped(args.mlock);
             let r = ModelRunner::new(be, &file, &opts)?;
             eprintln!(
                 "quiver: loaded {} ({} layers, {} vocabulary) on {desc} with {n_threads} threads, context {} tokens, in {:.2}s",

@@ -2,10 +2,11 @@
 //! the start-up warning for any other.
 
 /// Every `QUIVER_*` variable read anywhere in quiver: locations, kill switches, debug aids.
-pub const KNOWN: [&str; 13] = [
+pub const KNOWN: [&str; 14] = [
     "QUIVER_HOME",
     "QUIVER_THREADS",
     "QUIVER_CPU_SIMD",
+    "QUIVER_CPU_MMAP",
     "QUIVER_CUDA_LIB_DIR",
     "QUIVER_CUDA_GRAPHS",
     "QUIVER_CUDA_PDL",

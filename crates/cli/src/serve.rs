@@ -324,7 +324,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             engine::Device::Cpu => {
                 notes.push(engine::cpu_invariance(numerics));
                 quiver_engine::start_serving(
-                    move || CpuBackend::with_config(CpuConfig { threads, numerics }),
+                    move || {
+                        CpuBackend::with_config(CpuConfig { threads, numerics })
+                            .weights_mapped(mlock)
+                    },
                     file,
                     tok,
                     opts,
