@@ -104,9 +104,17 @@ impl Resident {
                 (Arc::new(a), 0)
             }
         };
-        // SAFETY: `at..at + len` is inside the arena and past every range handed out; this
-        // thread holds the lock every writer takes.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), arena.base.add(at), len) };
+        // By parts, each part's source pages leaving the resident set once copied: the copy
+        // does not hold the source and itself at once.
+        for (i, part) in src.chunks(8 << 20).enumerate() {
+            let dst = at + i * (8 << 20);
+            // SAFETY: `at..at + len` is inside the arena and past every range handed out; this
+            // thread holds the lock every writer takes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(part.as_ptr(), arena.base.add(dst), part.len())
+            };
+            b.file.release(part);
+        }
         if len < ARENA_BYTES {
             st.open = Some((arena.clone(), at + len));
         }

@@ -156,6 +156,33 @@ impl GgufFile {
         Self::from_storage(Storage::Mmap(map))
     }
 
+    /// Tells the OS that this process will not read `bytes` (part of this file's image) again
+    /// soon: where the file is mapped, their pages leave the process's resident set (the page
+    /// cache keeps them, and a later read faults them back in; pages they share with other
+    /// bytes too). Nothing for a file held in memory. The CPU backend calls it for the weights
+    /// it copies, whose mapped pages would otherwise count twice.
+    pub fn release(&self, bytes: &[u8]) {
+        match &self.storage {
+            Storage::Mmap(m) => {
+                let off = (bytes.as_ptr() as usize).wrapping_sub(m.as_ptr() as usize);
+                if off.saturating_add(bytes.len()) <= m.len() && !bytes.is_empty() {
+                    // SAFETY: the mapping is read-only and file-backed: dropped pages refault
+                    // with the file's bytes (quiver never writes a model file while it is
+                    // open, as the mapping itself assumes); failure leaves them resident.
+                    let _ = unsafe {
+                        m.unchecked_advise_range(
+                            memmap2::UncheckedAdvice::DontNeed,
+                            off,
+                            bytes.len(),
+                        )
+                    };
+                }
+            }
+            Storage::Owned(_) => {}
+            Storage::Shared(f) => f.release(bytes),
+        }
+    }
+
     /// Parses a file image held in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile> {
         Self::from_storage(Storage::Owned(bytes))
