@@ -62,49 +62,33 @@ impl std::fmt::Display for Numerics {
 /// would round alike).
 #[inline(always)]
 pub fn f16_dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut s = [[0f32; 16]; 4];
-    let (ca, cb) = (a.chunks_exact(64), b.chunks_exact(64));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for (j, sj) in s.iter_mut().enumerate() {
-            for (l, v) in sj.iter_mut().enumerate() {
-                *v += x[16 * j + l] * y[16 * j + l];
-            }
-        }
-    }
-    let mut sum = f16_dot_reduce(&s) as f64;
-    for (x, y) in ra.iter().zip(rb) {
-        sum += (x * y) as f64;
-    }
-    sum as f32
+    ggml_dot::<false>(a, b)
 }
 
 /// x·y in the order of ggml's f32 dot product on AVX-512 (`ggml_vec_dot_f32`: llama.cpp's
-/// product of an f32 weight with a single token): per 64 elements four 16-lane sums of fused
-/// multiply-adds, reduced as [`f16_dot`]'s, the tail past the last 64 added in f64.
+/// product of an f32 weight with a single token): [`f16_dot`]'s, its lane sums fused
+/// multiply-adds.
 #[inline(always)]
 pub fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
+    ggml_dot::<true>(a, b)
+}
+
+/// The order of ggml's AVX-512 dot products ([`f16_dot`]), the lanes' products added
+/// (`FUSED` false) or fused into them.
+#[inline(always)]
+fn ggml_dot<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
     let mut s = [[0f32; 16]; 4];
     let (ca, cb) = (a.chunks_exact(64), b.chunks_exact(64));
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for (j, sj) in s.iter_mut().enumerate() {
             for (l, v) in sj.iter_mut().enumerate() {
-                *v = x[16 * j + l].mul_add(y[16 * j + l], *v);
+                let (x, y) = (x[16 * j + l], y[16 * j + l]);
+                *v = if FUSED { x.mul_add(y, *v) } else { *v + x * y };
             }
         }
     }
-    let mut sum = f16_dot_reduce(&s) as f64;
-    for (x, y) in ra.iter().zip(rb) {
-        sum += (x * y) as f64;
-    }
-    sum as f32
-}
-
-/// The reduction of [`f16_dot`]'s four 16-lane partial sums: 0+2 and 1+3, their sum, then the 16
-/// lanes as `_mm512_reduce_add_ps` reduces them.
-#[inline(always)]
-fn f16_dot_reduce(s: &[[f32; 16]; 4]) -> f32 {
+    // 0+2 and 1+3, their sum, then the 16 lanes as `_mm512_reduce_add_ps` reduces them.
     let mut x0 = [0f32; 16];
     for l in 0..16 {
         x0[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
@@ -114,7 +98,11 @@ fn f16_dot_reduce(s: &[[f32; 16]; 4]) -> f32 {
         t3[i] = x0[i] + x0[8 + i];
     }
     let t6 = [t3[0] + t3[4], t3[1] + t3[5], t3[2] + t3[6], t3[3] + t3[7]];
-    (t6[0] + t6[2]) + (t6[1] + t6[3])
+    let mut sum = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
+    for (x, y) in ra.iter().zip(rb) {
+        sum += (x * y) as f64;
+    }
+    sum as f32
 }
 
 #[cfg(test)]
