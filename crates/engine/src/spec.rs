@@ -31,8 +31,8 @@ pub enum SpecType {
     Draft,
     /// An EAGLE-3 head (`-md`) reading the target's hidden states (`crate::draft`).
     Eagle3,
-    /// The target's own multi-token-prediction block (Qwen 3.5's `nextn` layer) reading its
-    /// final hidden states, run as an EAGLE-3 head is (`crate::eagle`).
+    /// The target's own multi-token-prediction block (Qwen 3.5's or DeepSeek-V4's `nextn`
+    /// layer) reading its hidden states, run as an EAGLE-3 head is (`crate::eagle`).
     Mtp,
 }
 
