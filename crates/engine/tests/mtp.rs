@@ -121,7 +121,12 @@ fn check<B: Backend + 'static>(
     tag: &str,
 ) {
     let mut failures = Vec::new();
-    for fx in fixtures() {
+    // (CUDA refuses DeepSeek-V4 at load: the archs test checks it says so.)
+    let cuda = tag == "gpu";
+    for fx in fixtures()
+        .into_iter()
+        .filter(|fx| !(cuda && fx.preset.starts_with("tiny-deepseek4")))
+    {
         let f = write(&fx, tag);
         let rows = block_rows(make(), &fx, &f);
         assert_eq!(rows.len(), fx.top.len(), "{}: rows", fx.name);
