@@ -2,11 +2,11 @@
 //! memory that asks for 2 MiB pages (transparent huge pages, `madvise`): every step reads
 //! every weight once, and over the file's 4 KiB pages the walks of the page tables cost
 //! Gemma 3 270M's decode 10–14% on the 2-core VM (BENCHMARKS.md). Weights are packed into
-//! arenas of [`ARENA_BYTES`] (a bigger one gets its own), each 64-byte aligned; vectors
-//! (norms, converted to f32 at load) are not copied, as does whatever the host's
-//! free memory would not hold with [`SPARE_BYTES`] to spare (a model larger than memory keeps
-//! reading through the mapping). A tensor range is copied once: a second model over the same
-//! file (a draft head's view of it) shares the copy. `QUIVER_CPU_MMAP=1`, or
+//! arenas of [`ARENA_BYTES`] (a bigger one gets its own), each 64-byte aligned. Vectors (norms,
+//! converted to f32 at load) are not copied, and what the host's free memory would not hold
+//! with [`SPARE_BYTES`] to spare stays in the mapping (a model larger than memory keeps reading
+//! through it). A tensor range is copied once: a second model over the same file (a draft
+//! head's view of it) shares the copy. `QUIVER_CPU_MMAP=1`, or
 //! [`crate::CpuBackend::weights_mapped`] (`--mlock`, which locks the mapping), leaves every
 //! weight in the mapping.
 
