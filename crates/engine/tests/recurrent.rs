@@ -451,8 +451,8 @@ fn a_recurrent_draft_is_refused() {
 }
 
 /// A deepseek4 file with one multi-token-prediction block (a copy of block 0 as block 4,
-/// `nextn.*` tensors of zeros): the block is loaded, not run, and the trunk's logits are the
-/// file's without it, bit for bit.
+/// `nextn.*` tensors of zeros): the trunk leaves the block out (its logits are the file's
+/// without it, bit for bit), and the block loads as a draft head (`mtp::load`).
 #[test]
 fn deepseek4_loads_its_multi_token_prediction_block() {
     use quiver_gguf::{Array, GgmlType, GgufWriter, Value};

@@ -35,7 +35,7 @@ fn every_tiny_architecture_loads() {
         "tiny-gemma3",
         "tiny-phi3",
         "tiny-deepseek4",
-        // With a multi-token-prediction block after the trunk (loaded, not run).
+        // With a multi-token-prediction block after the trunk (counted out of it).
         "tiny-deepseek4-mtp",
     ] {
         load(&preset(name), name).unwrap_or_else(|e| panic!("{name}: {e}"));
