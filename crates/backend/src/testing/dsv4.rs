@@ -86,14 +86,16 @@ fn hyper_connections<B: Backend, H: Harness<B>>(
         notes.check("hc_pre weights", rel_err(&got_pc, &want_pc), bound, || {
             "post and comb".into()
         });
-        // The comb weights are doubly stochastic after 20 Sinkhorn rounds.
+        // The comb weights are doubly stochastic after 20 Sinkhorn rounds: the columns (the
+        // last normalisation) to 1e-3, the rows to 1e-2 (some random mixes converge that
+        // slowly: seed 1796481540548801645 leaves a row at 0.99878).
         for t in 0..rows {
             let c = &got_pc[t * p.pc_dim() + p.hc..][..p.hc * p.hc];
             for i in 0..p.hc {
                 let row: f32 = (0..p.hc).map(|j| c[i * p.hc + j]).sum();
                 let col: f32 = (0..p.hc).map(|j| c[j * p.hc + i]).sum();
                 assert!(
-                    (row - 1.0).abs() < 1e-3 && (col - 1.0).abs() < 1e-3,
+                    (row - 1.0).abs() < 1e-2 && (col - 1.0).abs() < 1e-3,
                     "{row} {col}"
                 );
             }
