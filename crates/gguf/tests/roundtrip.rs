@@ -118,6 +118,30 @@ fn writer_output_reads_back_identically() {
     assert_eq!(w2.to_bytes(&refs2).unwrap(), bytes);
 }
 
+/// Released bytes read back the same: from a mapped file (their pages refault from the file)
+/// and from a file held in memory (nothing is released).
+#[test]
+fn released_tensor_bytes_read_back_the_same() {
+    let (w, data) = sample_writer();
+    let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+    let bytes = w.to_bytes(&refs).unwrap();
+    let path = std::env::temp_dir().join(format!("quiver-release-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    for f in [
+        GgufFile::open(&path).unwrap(),
+        GgufFile::from_bytes(bytes.clone()).unwrap(),
+    ] {
+        for (t, d) in f.tensors.iter().zip(&data) {
+            f.release(f.tensor_data(t));
+            assert_eq!(f.tensor_data(t), d.as_slice(), "{}", t.name);
+        }
+        // A slice from elsewhere is left alone.
+        f.release(&bytes[..16]);
+        assert_eq!(&bytes[..4], b"GGUF");
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn writer_rejects_wrong_data_size_and_duplicates() {
     let mut w = GgufWriter::new();
