@@ -262,7 +262,11 @@ impl<B: Backend> Model<B> {
         attention.dedup();
         let ws = quiver_backend::WorkspaceSpec {
             // (A DeepSeek-V4 block's eh_proj multiplies each of a row's hc streams.)
-            max_tokens: n * hp.stream_width() / hp.n_embd,
+            max_tokens: if hp.mtp {
+                n * hp.stream_width() / hp.n_embd
+            } else {
+                n
+            },
             max_logits,
             // (An EAGLE-3 head's attention reads twice its width, its fc three target widths; a
             // multi-token-prediction block's eh_proj twice its width.)

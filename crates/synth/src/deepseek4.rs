@@ -127,11 +127,7 @@ pub(crate) fn plan(p: &Preset) -> Vec<Planned> {
     for i in 0..p.n_layer + p.nextn {
         let b = |s: &str| format!("blk.{i}.{s}.weight");
         if i >= p.n_layer {
-            // A multi-token-prediction block: its input stage and its shared head's norm.
-            v.push(t(b("nextn.eh_proj"), Role::AttnOutput, &[d, 2 * d]));
-            v.push(t(b("nextn.enorm"), Role::Vector, &[d]));
-            v.push(t(b("nextn.hnorm"), Role::Vector, &[d]));
-            v.push(t(b("nextn.shared_head_norm"), Role::Vector, &[d]));
+            v.extend(crate::mtp_input(i, d));
         }
         // The hyper-connections (F32, as converted): mixing weights, bases, scales.
         for h in ["attn", "ffn"] {

@@ -579,6 +579,22 @@ pub struct Planned {
     pub shape: Vec<u64>,
 }
 
+/// A multi-token-prediction block's input stage and its shared head's norm (block `i`, width
+/// `d`), as Qwen 3.5's and DeepSeek-V4's files carry them.
+pub(crate) fn mtp_input(i: u64, d: u64) -> [Planned; 4] {
+    let t = |s: &str, role, shape: &[u64]| Planned {
+        name: format!("blk.{i}.nextn.{s}.weight"),
+        role,
+        shape: shape.to_vec(),
+    };
+    [
+        t("eh_proj", Role::AttnOutput, &[d, 2 * d]),
+        t("enorm", Role::Vector, &[d]),
+        t("hnorm", Role::Vector, &[d]),
+        t("shared_head_norm", Role::Vector, &[d]),
+    ]
+}
+
 /// The tensors of a preset in file order.
 pub fn plan(p: &Preset) -> Vec<Planned> {
     let t = |name: String, role, shape: &[u64]| Planned {
