@@ -6,7 +6,8 @@
 //!
 //! THREADS defaults to the available cores (0 = default); LEVEL is portable|avx2|avx512|all
 //! (default: the active level); FILTER keeps shapes whose label contains it.
-//! `BENCH_NS=1,2,3,8` prints ms per call for those token counts instead of the table.
+//! `BENCH_NS=1,2,3,8` prints ms per call for those token counts instead of the table
+//! (`BENCH_FAST=1`: in the fast numerics, else the batch-invariant default).
 //! `BENCH_MODEL=1` instead runs every weight matrix of the two real models (distinct
 //! buffers, so the weights stream from memory as in real decoding) once per token: matmul
 //! time per generated token (n = 1) and per 64-token prompt (n = 64; the output head for
@@ -398,7 +399,12 @@ fn main() {
             .split(',')
             .filter_map(|v| v.trim().parse().ok())
             .collect();
-        let mut scratch = Scratch::new();
+        // BENCH_FAST=1: the fast numerics (the GEMM path from its token count).
+        let mut scratch = if std::env::var("BENCH_FAST").is_ok() {
+            Scratch::with_numerics(quiver_cpu_kernels::Numerics::Fast)
+        } else {
+            Scratch::new()
+        };
         print!("{:<22} {:>6} {:>8} |", "shape", "type", "level");
         for n in &ns {
             print!(" {:>9}", format!("n={n} us"));

@@ -17,6 +17,10 @@
 //!   64 tokens, tokens across the SIMD lanes (each row's 4 weight bytes broadcast,
 //!   `vpdpbusd` on AVX-512 VNNI), scaling per sub-block with vectors over tokens. Every
 //!   weight row is read and decoded once per 64-token tile; tasks are (tile, rows) pairs.
+//! - **exact tiles** (the 32-element types from 16 tokens, below the GEMM's count; AVX-512):
+//!   the prefill path's panel, but each output summed in the decode path's float order (eight
+//!   lane accumulators per row and token, fed block by block), so the same bits as the decode
+//!   path at about half its time on prompts (`x86/xgemm.rs`).
 //! - F32/F16/BF16 weights: float FMA over 4 rows x up to 4 tokens register blocks.
 //!
 //! SIMD: a portable path (plain Rust, used off x86), AVX2+FMA+F16C, and AVX-512
@@ -25,7 +29,8 @@
 //!
 //! **Numerics** are the caller's, per instance: each [`Scratch`] carries a [`Numerics`] and
 //! every call through it rounds accordingly, so two callers in one process can differ.
-//! [`Numerics::BatchInvariant`] (the default): every call takes the decode path, so a token's
+//! [`Numerics::BatchInvariant`] (the default): every call takes the decode path (or its exact
+//! tiles), so a token's
 //! output row is bit-identical whatever `n_tokens`, the other tokens of the call and the
 //! thread count (`tests/batch_invariance.rs`). [`Numerics::Fast`] (single-sequence callers):
 //! batches of 64+ tokens take the prefill path (about 2.5-3x faster prefill) and smaller ones

@@ -17,6 +17,7 @@ pub(crate) fn entry() -> Entry {
         gemv: |j, a, r0, r1, o| unsafe { driver::gemv_rows::<Portable>(j, a, r0, r1, o) },
         gemm: |j, p, t, r0, r1, o| unsafe { driver::gemm_rows::<Portable>(j, p, t, r0, r1, o) },
         float: |j, r0, r1, o| unsafe { driver::float_rows::<Portable>(j, r0, r1, o) },
+        xgemm: None,
     }
 }
 

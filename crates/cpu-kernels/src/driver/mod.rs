@@ -50,6 +50,9 @@ pub(crate) use gemv::gemv_rows;
 pub(crate) const KC: usize = 512;
 /// Rows decoded per GEMM step (a row group), a multiple of every kernel's `GEMM_R`.
 pub(crate) const RG: usize = 16;
+/// Tokens from which a 32-element type's product takes exact tiles ([`Entry::xgemm`]) instead
+/// of the decode path, where the level has them.
+pub(crate) const XGEMM_MIN: usize = 16;
 
 pub(crate) struct Job<'a> {
     pub level: SimdLevel,
@@ -235,9 +238,15 @@ pub(crate) struct Entry {
     pub quantize_a256: fn(&[f32], &mut [A256]),
     pub pack: fn(&Job<'_>, &PanelShape, usize, usize, &PanelOut<'_>),
     pub gemv: fn(&Job<'_>, &Acts<'_>, usize, usize, &SharedMut<'_, f32>),
-    pub gemm: fn(&Job<'_>, &Panel<'_>, usize, usize, usize, &SharedMut<'_, f32>),
+    pub gemm: GemmFn,
     pub float: fn(&Job<'_>, usize, usize, &SharedMut<'_, f32>),
+    /// Exact tiles (the 32-element types on the panel in the decode path's order), where the
+    /// level has them.
+    pub xgemm: Option<GemmFn>,
 }
+
+/// A level's GEMM over one token tile and a range of rows.
+pub(crate) type GemmFn = fn(&Job<'_>, &Panel<'_>, usize, usize, usize, &SharedMut<'_, f32>);
 
 fn entry(level: SimdLevel) -> Entry {
     #[cfg(target_arch = "x86_64")]
@@ -294,7 +303,13 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
         });
         return;
     }
-    if n < gemm_min_tokens(job.ty, job.numerics) {
+    // The 32-element types below the fast GEMM's count take exact tiles where the level has
+    // them: the decode path's bits in about a third of its work (x86/xgemm.rs).
+    let gemm_min = gemm_min_tokens(job.ty, job.numerics);
+    let exact = e
+        .xgemm
+        .filter(|_| fam == Family::Legacy && (XGEMM_MIN..gemm_min).contains(&n));
+    if n < gemm_min && exact.is_none() {
         let acts = if fam == Family::Legacy {
             let nb = n * cols / 32;
             grow(&mut scratch.a32_q, nb * 32);
@@ -383,7 +398,7 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
             ((c + 1) * chunk - shift).min(rows),
         );
         if r0 < r1 {
-            (e.gemm)(job, &panel, tile, r0, r1, &out)
+            exact.unwrap_or(e.gemm)(job, &panel, tile, r0, r1, &out)
         }
     });
 }

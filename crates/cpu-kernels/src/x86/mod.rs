@@ -8,6 +8,7 @@
 mod gemm;
 mod kern;
 pub(crate) mod unpack;
+mod xgemm;
 
 use crate::act::{quantize_a256, quantize_a32, A32Mut, PanelShape, A256, A32};
 use crate::decode::{KQuant, Legacy};
@@ -128,7 +129,7 @@ unsafe impl Kernel for Avx512 {
 
 /// Defines one level's `#[target_feature]` entry points and its `Entry` table.
 macro_rules! level_entries {
-    ($entry:ident, $k:ty, $feat:literal) => {
+    ($entry:ident, $k:ty, $feat:literal, $xgemm:expr) => {
         pub(crate) fn $entry() -> Entry {
             #[target_feature(enable = $feat)]
             unsafe fn qa32(x: &[f32], o: A32Mut<'_>) {
@@ -174,7 +175,7 @@ macro_rules! level_entries {
                 // SAFETY: this function has the level's features.
                 unsafe { driver::float_rows::<$k>(j, r0, r1, o) }
             }
-            // SAFETY (all six closures below): `driver::entry` returns this table only for a
+            // SAFETY (all closures below): `driver::entry` returns this table only for a
             // level the CPU supports (`SimdLevel::detected()` checked these features).
             Entry {
                 quantize_a32: |x, o| unsafe { qa32(x, o) },
@@ -183,14 +184,30 @@ macro_rules! level_entries {
                 gemv: |j, a, r0, r1, o| unsafe { gemv(j, a, r0, r1, o) },
                 gemm: |j, p, t, r0, r1, o| unsafe { gemm(j, p, t, r0, r1, o) },
                 float: |j, r0, r1, o| unsafe { float(j, r0, r1, o) },
+                xgemm: $xgemm,
             }
         }
     };
 }
 
-level_entries!(entry_avx2, Avx2, "avx2,fma,f16c");
+level_entries!(entry_avx2, Avx2, "avx2,fma,f16c", None);
 level_entries!(
     entry_avx512,
     Avx512,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    // SAFETY: as the closures above.
+    Some(|j, p, t, r0, r1, o| unsafe { xgemm512(j, p, t, r0, r1, o) })
 );
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn xgemm512(
+    j: &Job<'_>,
+    p: &Panel<'_>,
+    t: usize,
+    r0: usize,
+    r1: usize,
+    o: &SharedMut<'_, f32>,
+) {
+    // SAFETY: this function has the level's features.
+    unsafe { xgemm::xgemm_rows(j, p, t, r0, r1, o) }
+}
