@@ -240,10 +240,13 @@ pub(crate) struct Entry {
     pub gemv: fn(&Job<'_>, &Acts<'_>, usize, usize, &SharedMut<'_, f32>),
     pub gemm: GemmFn,
     pub float: fn(&Job<'_>, usize, usize, &SharedMut<'_, f32>),
-    /// Exact tiles (the 32-element types on the panel in the decode path's order), where the
-    /// level has them.
-    pub xgemm: Option<GemmFn>,
+    /// Exact tiles (products on the panel in the decode path's order), where the level has
+    /// them, and the types they take.
+    pub xgemm: Option<(GemmFn, TypeFilter)>,
 }
+
+/// Which weight types a path takes.
+pub(crate) type TypeFilter = fn(GgmlType) -> bool;
 
 /// A level's GEMM over one token tile and a range of rows.
 pub(crate) type GemmFn = fn(&Job<'_>, &Panel<'_>, usize, usize, usize, &SharedMut<'_, f32>);
@@ -303,12 +306,18 @@ pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch:
         });
         return;
     }
-    // The 32-element types below the fast GEMM's count take exact tiles where the level has
-    // them: the decode path's bits in about a third of its work (x86/xgemm.rs).
+    // Below the fast GEMM's count, exact tiles where the level has them for the type: the
+    // decode path's bits in a half to a fifth of its time (x86/xgemm.rs). The K-quants' only
+    // in the batch-invariant numerics (the fast one rounds them as llama.cpp's batch kernels).
     let gemm_min = gemm_min_tokens(job.ty, job.numerics);
     let exact = e
         .xgemm
-        .filter(|_| fam == Family::Legacy && (XGEMM_MIN..gemm_min).contains(&n));
+        .filter(|&(_, takes)| {
+            takes(job.ty)
+                && (fam == Family::Legacy || job.numerics.is_batch_invariant())
+                && (XGEMM_MIN..gemm_min).contains(&n)
+        })
+        .map(|(f, _)| f);
     if n < gemm_min && exact.is_none() {
         let acts = if fam == Family::Legacy {
             let nb = n * cols / 32;

@@ -196,7 +196,10 @@ level_entries!(
     Avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     // SAFETY: as the closures above.
-    Some(|j, p, t, r0, r1, o| unsafe { xgemm512(j, p, t, r0, r1, o) })
+    Some((
+        |j, p, t, r0, r1, o| unsafe { xgemm512(j, p, t, r0, r1, o) },
+        xgemm::takes
+    ))
 );
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

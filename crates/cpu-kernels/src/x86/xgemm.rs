@@ -1,5 +1,5 @@
-//! Exact tiles: the 32-element types' prompt products on the GEMM panel, each output in the
-//! decode path's order (AVX-512).
+//! Exact tiles: prompt products on the GEMM panel, each output in the decode path's order
+//! (AVX-512): the 32-element types, Q4_K and Q6_K (below).
 //!
 //! The decode path ([`super::kern::dot_legacy512`], ggml's `ggml_vec_dot_q*_q8_*`) sums a row
 //! and a token per block as eight i32 lanes, lane `j` the products of columns `4j..4j + 4`,
@@ -20,14 +20,23 @@ use crate::act::LANES;
 use crate::decode::*;
 use crate::driver::{Job, Panel};
 use crate::shared::SharedMut;
-use quiver_quant::as_blocks;
+use quiver_quant::{as_blocks, QK_K};
 use std::arch::x86_64::*;
 
 /// Rows per pass: each keeps 8 accumulators of 16 tokens (24 of the 32 registers).
 const R: usize = 3;
 
-/// Rows `r0..r1` of token tile `tile`, every type of [`crate::decode::Legacy`]; other types
-/// write nothing (the caller only asks for these).
+/// Whether exact tiles take a type: the 32-element ones, Q4_K and Q6_K.
+pub(crate) fn takes(ty: quiver_gguf::GgmlType) -> bool {
+    use quiver_gguf::GgmlType as G;
+    matches!(
+        ty,
+        G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 | G::IQ4_NL | G::Q4_K | G::Q6_K
+    )
+}
+
+/// Rows `r0..r1` of token tile `tile`, for the types [`takes`] names; other types write
+/// nothing.
 ///
 /// # Safety
 /// The CPU supports AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C).
@@ -50,6 +59,8 @@ pub(crate) unsafe fn xgemm_rows(
             G::Q5_1 => xgemm::<TQ5_1>(job, p, tile, r0, r1, out),
             G::Q8_0 => xgemm::<TQ8_0>(job, p, tile, r0, r1, out),
             G::IQ4_NL => xgemm::<TIq4Nl>(job, p, tile, r0, r1, out),
+            G::Q4_K => xgemm_k::<TQ4K>(job, p, tile, r0, r1, out),
+            G::Q6_K => xgemm_k::<TQ6K>(job, p, tile, r0, r1, out),
             _ => {}
         }
     }
@@ -251,6 +262,270 @@ unsafe fn pass<T: Legacy, const N: usize>(
             let s3 = _mm512_add_ps(a[3], a[7]);
             let h = _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
             _mm512_storeu_ps(res[i].as_mut_ptr(), _mm512_add_ps(h, ms[i]));
+        }
+    }
+}
+
+// The K-quants whose decode product ends in whole-block or eight-lane sums (Q4_K as
+// llama.cpp's repacked kernel, Q6_K as `ggml_vec_dot_q6_K_q8_K`): per group of 4 columns a
+// row's broadcast bytes times 16 tokens' quants (`vpmaddubsw`) scaled by the group's integer
+// sub-block scale (`vpdpwssd`) into the lane's integer sum, the correction from the tile's
+// quant sums per 16 columns; then per super-block the decode path's float steps.
+
+/// Unpacked K-quant rows: values (256 a super-block), and per super-block the i16 scale of
+/// each 16 columns as an i32 pair, the correction coefficients of each two 16s as an i16
+/// pair, `d` and `cd`.
+struct KRows {
+    u: Vec<u8>,
+    sc: Vec<i32>,
+    corr: Vec<i32>,
+    d: Vec<f32>,
+    cd: Vec<f32>,
+}
+
+/// Two i16 in one i32 word, `lo` first.
+fn pair16(lo: i8, hi: i8) -> i32 {
+    (lo as i16 as u16 as u32 | (hi as i16 as u16 as u32) << 16) as i32
+}
+
+#[inline(always)]
+unsafe fn xgemm_k<T: KQuant>(
+    job: &Job<'_>,
+    p: &Panel<'_>,
+    tile: usize,
+    r0: usize,
+    r1: usize,
+    out: &SharedMut<'_, f32>,
+) {
+    let Some(w) = as_blocks::<T::B>(job.w) else {
+        return;
+    };
+    let shape = &p.shape;
+    let (t0, nt, tpad) = shape.tile(tile);
+    let (qo, so) = (shape.q_offset(tile), shape.s_offset(tile));
+    let (cols, nb) = (job.cols, job.cols / QK_K);
+    let (q_len, s_len) = (tpad * cols / 4, tpad * cols / T::SUB);
+    if T::WIDE
+        || shape.sub != T::SUB
+        || w.len() < r1 * nb
+        || p.q.len() < qo + q_len
+        || p.a0.len() < so + s_len
+    {
+        return;
+    }
+    let (q, a0) = (&p.q[qo..qo + q_len], &p.a0[so..so + s_len]);
+    // SAFETY: forwarded from the caller.
+    let sums = unsafe { quant_sums(q, cols, tpad) };
+    let mut rows = KRows {
+        u: vec![0; KR * cols],
+        sc: vec![0; KR * 16 * nb],
+        corr: vec![0; KR * 8 * nb],
+        d: vec![0.0; KR * nb],
+        cd: vec![0.0; KR * nb],
+    };
+    let mut res = [[0f32; LANES]; KR];
+    let q6 = T::GGML == GGML_Q6K;
+    let step = if q6 { 2 } else { KR };
+    let mut r = r0;
+    while r < r1 {
+        let nr = step.min(r1 - r);
+        for i in 0..nr {
+            let blocks = &w[(r + i) * nb..(r + i + 1) * nb];
+            // SAFETY: forwarded from the caller.
+            unsafe { unpack_k::<T>(blocks, i, &mut rows) };
+        }
+        for v in 0..tpad / LANES {
+            // SAFETY: forwarded; the panel slices hold tpad lanes of every group and
+            // sub-block, `sums` one word per 32 columns and lane, and v < tpad / 16.
+            unsafe {
+                match (q6, nr) {
+                    (true, 2) => pass_k::<T, true, 2>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
+                    (true, _) => pass_k::<T, true, 1>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
+                    (false, 4) => pass_k::<T, false, 4>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
+                    (false, 3) => pass_k::<T, false, 3>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
+                    (false, 2) => pass_k::<T, false, 2>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
+                    (false, _) => pass_k::<T, false, 1>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
+                }
+            }
+            let lanes = (nt - LANES * v).min(LANES);
+            for (i, res) in res.iter().enumerate().take(nr) {
+                for (l, &x) in res.iter().enumerate().take(lanes) {
+                    // SAFETY: this task owns rows r0..r1 of this tile's tokens.
+                    unsafe { out.write((t0 + LANES * v + l) * job.rows + r + i, x) };
+                }
+            }
+        }
+        r += nr;
+    }
+}
+
+/// Rows per K-quant pass (Q4_K; Q6_K takes 2: eight lane sums a row).
+const KR: usize = 4;
+
+/// The tile's quant sums per 16 columns, two a word (i16: the 16s `2j` and `2j + 1`), as
+/// `[cols / 32][tpad]`: the activation's `bsums` pairs, for the correction.
+#[inline(always)]
+unsafe fn quant_sums(q: &[u32], cols: usize, tpad: usize) -> Vec<i32> {
+    let mut s = vec![0i32; cols / 32 * tpad];
+    // SAFETY: AVX-512 F/BW/VNNI per the module contract; words (8 j + g) tpad + 16 v + 16
+    // <= cols / 4 · tpad, sums j tpad + 16 v + 16 <= cols / 32 · tpad.
+    unsafe {
+        let ones = _mm512_set1_epi8(1);
+        let lo16 = _mm512_set1_epi32(0xffff);
+        for j in 0..cols / 32 {
+            for v in 0..tpad / LANES {
+                let mut h = [_mm512_setzero_si512(); 2];
+                for (k, h) in h.iter_mut().enumerate() {
+                    for g in 0..4 {
+                        let at = (8 * j + 4 * k + g) * tpad + LANES * v;
+                        let av = _mm512_loadu_si512(q.as_ptr().add(at).cast());
+                        *h = _mm512_dpbusd_epi32(*h, ones, av);
+                    }
+                }
+                let word =
+                    _mm512_or_si512(_mm512_and_si512(h[0], lo16), _mm512_slli_epi32::<16>(h[1]));
+                _mm512_storeu_si512(s.as_mut_ptr().add(j * tpad + LANES * v).cast(), word);
+            }
+        }
+    }
+    s
+}
+
+/// Row `i` of `rows` from its super-blocks.
+#[inline(always)]
+unsafe fn unpack_k<T: KQuant>(blocks: &[T::B], i: usize, rows: &mut KRows) {
+    let nb = blocks.len();
+    for (b, blk) in blocks.iter().enumerate() {
+        // SAFETY: forwarded from the caller; 256 bytes at 256 (i nb + b).
+        unsafe {
+            super::kern::dec_k::<T>(
+                blk,
+                &mut rows.u[QK_K * (i * nb + b)..QK_K * (i * nb + b + 1)],
+            )
+        };
+        let k = T::scales::<F16c>(blk);
+        for j in 0..16 {
+            rows.sc[16 * (i * nb + b) + j] = pair16(k.sc[j], k.sc[j]);
+        }
+        for j in 0..8 {
+            rows.corr[8 * (i * nb + b) + j] = pair16(k.corr[2 * j], k.corr[2 * j + 1]);
+        }
+        rows.d[i * nb + b] = k.d;
+        rows.cd[i * nb + b] = k.cd;
+    }
+}
+
+/// `N` K-quant rows against token vector `v`: Q4_K (`Q6` false) one integer sum and one
+/// correction a super-block, fused into two accumulators, `acc + accm`; Q6_K eight lane
+/// sums less 32 times their corrections, fused into eight, then `hsum`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn pass_k<T: KQuant, const Q6: bool, const N: usize>(
+    rows: &KRows,
+    nb: usize,
+    q: &[u32],
+    a0: &[f32],
+    sums: &[i32],
+    tpad: usize,
+    v: usize,
+    res: &mut [[f32; LANES]; KR],
+) {
+    let cols = QK_K * nb;
+    let per = QK_K / T::SUB;
+    // SAFETY: AVX-512 F/BW/VNNI per the module contract. Loads: quant words at
+    // kg tpad + 16 v + 16 <= cols / 4 · tpad, scales at (per b) tpad + 16 v + 16 <= cols / SUB
+    // · tpad, sums at (8 b + k) tpad + 16 v + 16 <= cols / 32 · tpad, weight words at
+    // i cols + 4 kg + 4 <= N cols.
+    unsafe {
+        let (q, a0, sums) = (
+            q.as_ptr().add(LANES * v),
+            a0.as_ptr().add(LANES * v),
+            sums.as_ptr().add(LANES * v),
+        );
+        let u = rows.u.as_ptr();
+        let zero = _mm512_setzero_si512();
+        let mut acc = [[_mm512_setzero_ps(); 8]; N];
+        let mut accm = [_mm512_setzero_ps(); N];
+        // Q6_K's eight float sums a row live in memory (read once a super-block): the
+        // registers hold the integer ones.
+        let mut mem = [[[0f32; LANES]; 8]; N];
+        for b in 0..nb {
+            let da = _mm512_loadu_ps(a0.add(per * b * tpad));
+            let mut lanes = [[zero; 8]; N];
+            if !Q6 {
+                // Q4_K: one scale a 32 columns, one sum a super-block: the 32's products
+                // chained by `vpdpbusd`, then scaled.
+                for s in 0..8 {
+                    let mut t = [zero; N];
+                    for g in 0..8 {
+                        let kg = 64 * b + 8 * s + g;
+                        let av = _mm512_loadu_si512(q.add(kg * tpad).cast());
+                        for i in 0..N {
+                            let word = u.add(i * cols + 4 * kg).cast::<i32>().read_unaligned();
+                            t[i] = _mm512_dpbusd_epi32(t[i], _mm512_set1_epi32(word), av);
+                        }
+                    }
+                    for i in 0..N {
+                        let sc = _mm512_set1_epi32(rows.sc[16 * (i * nb + b) + 2 * s] & 0xffff);
+                        lanes[i][0] = _mm512_add_epi32(lanes[i][0], _mm512_mullo_epi32(t[i], sc));
+                    }
+                }
+            }
+            for j in (0..16).filter(|_| Q6) {
+                let mut scv = [zero; N];
+                for i in 0..N {
+                    scv[i] = _mm512_set1_epi32(rows.sc[16 * (i * nb + b) + j]);
+                }
+                for g in 0..4 {
+                    let kg = 64 * b + 4 * j + g;
+                    let av = _mm512_loadu_si512(q.add(kg * tpad).cast());
+                    let l = if Q6 { (4 * j + g) % 8 } else { 0 };
+                    for i in 0..N {
+                        let word = u.add(i * cols + 4 * kg).cast::<i32>().read_unaligned();
+                        let p16 = _mm512_maddubs_epi16(_mm512_set1_epi32(word), av);
+                        lanes[i][l] = _mm512_dpwssd_epi32(lanes[i][l], p16, scv[i]);
+                    }
+                }
+            }
+            for i in 0..N {
+                let at = i * nb + b;
+                let kd = _mm512_mul_ps(_mm512_set1_ps(rows.d[at]), da);
+                if Q6 {
+                    for k in 0..8 {
+                        let s = _mm512_loadu_si512(sums.add((8 * b + k) * tpad).cast());
+                        let c =
+                            _mm512_dpwssd_epi32(zero, s, _mm512_set1_epi32(rows.corr[8 * at + k]));
+                        let l = _mm512_sub_epi32(lanes[i][k], _mm512_slli_epi32::<5>(c));
+                        let m = mem[i][k].as_mut_ptr();
+                        _mm512_storeu_ps(
+                            m,
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), kd, _mm512_loadu_ps(m)),
+                        );
+                    }
+                } else {
+                    let mut c = zero;
+                    for k in 0..8 {
+                        let s = _mm512_loadu_si512(sums.add((8 * b + k) * tpad).cast());
+                        c = _mm512_dpwssd_epi32(c, s, _mm512_set1_epi32(rows.corr[8 * at + k]));
+                    }
+                    let kcd = _mm512_mul_ps(_mm512_set1_ps(rows.cd[at]), da);
+                    acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes[i][0]), kd, acc[i][0]);
+                    accm[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), kcd, accm[i]);
+                }
+            }
+        }
+        for i in 0..N {
+            let r = if Q6 {
+                let a = mem[i].map(|m| _mm512_loadu_ps(m.as_ptr()));
+                let s0 = _mm512_add_ps(a[0], a[4]);
+                let s1 = _mm512_add_ps(a[1], a[5]);
+                let s2 = _mm512_add_ps(a[2], a[6]);
+                let s3 = _mm512_add_ps(a[3], a[7]);
+                _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))
+            } else {
+                _mm512_add_ps(acc[i][0], accm[i])
+            };
+            _mm512_storeu_ps(res[i].as_mut_ptr(), r);
         }
     }
 }
