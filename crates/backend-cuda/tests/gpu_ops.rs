@@ -111,8 +111,8 @@ impl Harness<CudaBackend> for Cuda {
         }
     }
 
-    fn product_bound(&self, be: &CudaBackend, ty: GgmlType, n: usize) -> f64 {
-        if mmv(be, ty, 256, n) {
+    fn product_bound(&self, be: &CudaBackend, ty: GgmlType, cols: usize, n: usize) -> f64 {
+        if mmv(be, ty, cols, n) {
             1e-5
         } else {
             1.5e-3
@@ -132,8 +132,8 @@ impl Harness<CudaBackend> for Cuda {
 
     /// The tensor-core path's activations are on the int8 grid, not plain f16: against x
     /// itself the error is the int8 rounding's, several times larger.
-    fn activations_rounded(&self, be: &CudaBackend, ty: GgmlType, n: usize) -> bool {
-        !mmv(be, ty, 256, n) && quiver_backend_cuda::act_grid(ty).is_some()
+    fn activations_rounded(&self, be: &CudaBackend, ty: GgmlType, cols: usize, n: usize) -> bool {
+        !mmv(be, ty, cols, n) && quiver_backend_cuda::act_grid(ty).is_some()
     }
 }
 

@@ -55,7 +55,7 @@ impl Harness<CpuBackend> for Cpu {
             .collect()
     }
 
-    fn product_bound(&self, _: &CpuBackend, _: GgmlType, _: usize) -> f64 {
+    fn product_bound(&self, _: &CpuBackend, _: GgmlType, _: usize, _: usize) -> f64 {
         // Integer dot products on the int8 grid, f32 sums: exact up to f32 rounding.
         1e-5
     }

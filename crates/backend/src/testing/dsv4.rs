@@ -153,7 +153,7 @@ fn products<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng, notes: &mut
         notes.check(
             "matmul_grouped",
             rel_err(&read(be, &out, rows * groups * r), &want),
-            h.product_bound(be, ty, rows),
+            h.product_bound(be, ty, c, rows),
             || format!("{ty:?}"),
         );
     }

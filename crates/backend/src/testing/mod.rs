@@ -172,9 +172,9 @@ pub trait Harness<B: Backend> {
         let _ = (be, x);
         vec![0.0; n * w.rows]
     }
-    /// The relative error a product of `ty` weights over `n` tokens may make against the
-    /// reference over `as_seen` activations (plus `offsets`).
-    fn product_bound(&self, be: &B, ty: GgmlType, n: usize) -> f64;
+    /// The relative error a product of `ty` weights of `cols` columns over `n` tokens may make
+    /// against the reference over `as_seen` activations (plus `offsets`).
+    fn product_bound(&self, be: &B, ty: GgmlType, cols: usize, n: usize) -> f64;
     /// The relative error the MoE op may have over `n` tokens of experts of `ty`, against the
     /// f32 reference (activations rounded to the int8 grid where the backend does so).
     /// The gated delta net's and `sigmoid_mul`'s relative error (the CPU runs the reference).
@@ -193,8 +193,8 @@ pub trait Harness<B: Backend> {
     /// Products whose activations must measurably be what `as_seen` says rather than plain x
     /// (a rounding that is there, not merely allowed for by the bound): the body then also
     /// checks that the error against plain x is several times larger.
-    fn activations_rounded(&self, be: &B, ty: GgmlType, n: usize) -> bool {
-        let _ = (be, ty, n);
+    fn activations_rounded(&self, be: &B, ty: GgmlType, cols: usize, n: usize) -> bool {
+        let _ = (be, ty, cols, n);
         false
     }
 }

@@ -201,11 +201,11 @@ fn matmul<B: Backend, H: Harness<B>>(
     let got = read(be, &out, n * rows);
     let want = reference_product(be, h, wc, n, &x);
     let e = rel_err(&got, &want);
-    let bound = h.product_bound(be, ty, n);
+    let bound = h.product_bound(be, ty, cols, n);
     notes.check("matmul", e, bound, || {
         format!("{ty} [{rows}, {cols}], {n} tokens")
     });
-    if h.activations_rounded(be, ty, n) {
+    if h.activations_rounded(be, ty, cols, n) {
         // Against x itself the error is the activations' rounding's, several times larger.
         let mut plain = vec![0f32; n * rows];
         reference::matmul(&wc.values, rows, cols, &x, n, &mut plain);
@@ -231,7 +231,7 @@ fn fused<B: Backend, H: Harness<B>>(
     let (ty, rows, cols) = (wc[0].ty, wc[0].rows, wc[0].cols);
     let x = rng.vec(n * cols);
     let xb = h.upload(be, &x);
-    let bound = h.product_bound(be, ty, n);
+    let bound = h.product_bound(be, ty, cols, n);
     let (mut a, mut b, mut c) = (
         poison(be, h, n * rows),
         poison(be, h, n * rows),
@@ -310,7 +310,7 @@ fn step_ops<B: Backend, H: Harness<B>>(
         .collect();
     let want = reference_product(be, h, wc, nl, &picked);
     let e = rel_err(&read(be, &logits, nl * rows), &want);
-    let bound = h.product_bound(be, ty, nl);
+    let bound = h.product_bound(be, ty, cols, nl);
     notes.check("matmul_logits", e, bound, || {
         format!("{ty} [{rows}, {cols}], {} (rows {:?})", tb.name, b.logits)
     });
