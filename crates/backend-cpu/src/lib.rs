@@ -1,5 +1,6 @@
-//! The CPU backend: activations in `Vec<f32>`, weights borrowed from the mapped GGUF file
-//! (never copied to the heap), K/V in one f16 pool per layer.
+//! The CPU backend: activations in `Vec<f32>`, weights from the mapped GGUF file (copied at
+//! load into arenas of 2 MiB pages, `resident.rs`; kept in the mapping with `--mlock` or
+//! `QUIVER_CPU_MMAP=1`), K/V in one f16 pool per layer.
 //!
 //! Each instance has its own [`Numerics`] ([`CpuConfig`]): batch invariant by default (the
 //! server), or fast (single-sequence commands); instances with different settings can live in
