@@ -1,7 +1,7 @@
 //! The prefill path: activations packed into a token-interleaved panel, weight rows decoded
 //! [`KC`] columns at a time and multiplied with a token tile by the level's micro-kernel.
 
-use super::{act_scales, Acc, Dec, Job, Kernel, Panel, PanelOut, TileIn, KC, RG};
+use super::{act_scales, Acc, Dec, Job, Kernel, Panel, PanelOut, TileIn, TileView, KC, RG};
 use crate::act::{self, PanelShape, TILE};
 use crate::decode::*;
 use crate::shared::SharedMut;
@@ -98,19 +98,17 @@ unsafe fn gemm_loop<K: Kernel>(
     wide: bool,
     decoder: &impl RowDecoder<K>,
 ) {
-    let shape = &p.shape;
-    let (t0, nt, tpad) = shape.tile(tile);
-    let (qo, so) = (shape.q_offset(tile), shape.s_offset(tile));
-    let cols = job.cols;
-    let (q_len, s_len) = (tpad * cols / 4, tpad * cols / sub);
-    if p.q.len() < qo + q_len || p.a0.len() < so + s_len || p.a1.len() < so + s_len {
+    let Some(TileView {
+        q,
+        a0,
+        a1,
+        t0,
+        nt,
+        tpad,
+    }) = p.tile_view(tile)
+    else {
         return;
-    }
-    let (q, a0, a1) = (
-        &p.q[qo..qo + q_len],
-        &p.a0[so..so + s_len],
-        &p.a1[so..so + s_len],
-    );
+    };
     let mut dec = Dec {
         vals: [[0; KC]; RG],
         s: [[0.0; KC / 16]; RG],
@@ -121,7 +119,7 @@ unsafe fn gemm_loop<K: Kernel>(
     // instead of one scattered store per row and token).
     let mut obuf = [[0f32; RG]; TILE];
     let bpc = KC / qk;
-    let nb = cols / qk;
+    let nb = job.cols / qk;
     let mut g0 = r0;
     while g0 < r1 {
         let nrg = RG.min(r1 - g0);

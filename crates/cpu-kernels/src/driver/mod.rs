@@ -281,6 +281,35 @@ pub(crate) struct Panel<'a> {
     pub a1: &'a [f32],
 }
 
+/// One token tile of the panel: its quants `[cols / 4][tpad]` and scales `[cols / sub][tpad]`,
+/// its first token, tokens and padded tokens.
+pub(crate) struct TileView<'a> {
+    pub q: &'a [u32],
+    pub a0: &'a [f32],
+    pub a1: &'a [f32],
+    pub t0: usize,
+    pub nt: usize,
+    pub tpad: usize,
+}
+
+impl<'a> Panel<'a> {
+    /// Tile `tile`, or None where the panel is short of it.
+    pub fn tile_view(&self, tile: usize) -> Option<TileView<'a>> {
+        let shape = &self.shape;
+        let (t0, nt, tpad) = shape.tile(tile);
+        let (qo, so) = (shape.q_offset(tile), shape.s_offset(tile));
+        let (q_len, s_len) = (tpad * shape.cols / 4, tpad * shape.cols / shape.sub);
+        Some(TileView {
+            q: self.q.get(qo..qo + q_len)?,
+            a0: self.a0.get(so..so + s_len)?,
+            a1: self.a1.get(so..so + s_len)?,
+            t0,
+            nt,
+            tpad,
+        })
+    }
+}
+
 pub(crate) fn matmul(pool: &ThreadPool, job: &Job<'_>, out: &mut [f32], scratch: &mut Scratch) {
     let e = entry(job.level);
     let nth = pool.n_threads();

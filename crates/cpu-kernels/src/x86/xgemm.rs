@@ -18,7 +18,7 @@
 use super::kern::F16c;
 use crate::act::LANES;
 use crate::decode::*;
-use crate::driver::{Job, Panel};
+use crate::driver::{Job, Panel, TileView};
 use crate::shared::SharedMut;
 use quiver_quant::{as_blocks, QK_K};
 use std::arch::x86_64::*;
@@ -66,6 +66,43 @@ pub(crate) unsafe fn xgemm_rows(
     }
 }
 
+/// The most rows a pass takes (its results' rows).
+const RMAX: usize = 4;
+
+/// Eight lane sums of 16 tokens each added in ggml's `hsum` order (lanes j and j + 4, then
+/// (0 + 2) and (1 + 3), then their sum), token by token.
+#[inline(always)]
+unsafe fn hsum8(a: &[__m512; 8]) -> __m512 {
+    // SAFETY: AVX-512 F per the module contract.
+    unsafe {
+        let s0 = _mm512_add_ps(a[0], a[4]);
+        let s1 = _mm512_add_ps(a[1], a[5]);
+        let s2 = _mm512_add_ps(a[2], a[6]);
+        let s3 = _mm512_add_ps(a[3], a[7]);
+        _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))
+    }
+}
+
+/// Results `res[i]` of rows `r + i` for token vector `v` of the tile into `out` ([tokens,
+/// rows]), the tile's real tokens only.
+#[inline(always)]
+fn write_out(
+    out: &SharedMut<'_, f32>,
+    rows: usize,
+    tv: &TileView<'_>,
+    v: usize,
+    r: usize,
+    res: &[[f32; LANES]],
+) {
+    let lanes = (tv.nt - LANES * v).min(LANES);
+    for (i, res) in res.iter().enumerate() {
+        for (l, &x) in res.iter().enumerate().take(lanes) {
+            // SAFETY: the calling task owns these rows of this tile's tokens.
+            unsafe { out.write((tv.t0 + LANES * v + l) * rows + r + i, x) };
+        }
+    }
+}
+
 /// Unpacked rows: values as unsigned bytes (wide types `v ^ 0x80`), `d` and `m` per block;
 /// and for the types without an offset field the tile's `M_MUL · Σa` per panel word.
 struct Rows {
@@ -103,27 +140,14 @@ unsafe fn xgemm<T: Legacy>(
     r1: usize,
     out: &SharedMut<'_, f32>,
 ) {
-    let Some(w) = as_blocks::<T::B>(job.w) else {
+    let (cols, nb) = (job.cols, job.cols / 32);
+    let (Some(w), Some(tv)) = (as_blocks::<T::B>(job.w), p.tile_view(tile)) else {
         return;
     };
-    let shape = &p.shape;
-    let (t0, nt, tpad) = shape.tile(tile);
-    let (qo, so) = (shape.q_offset(tile), shape.s_offset(tile));
-    let (cols, nb) = (job.cols, job.cols / 32);
-    let (q_len, s_len) = (tpad * cols / 4, tpad * nb);
-    if shape.sub != 32
-        || w.len() < r1 * nb
-        || p.q.len() < qo + q_len
-        || p.a0.len() < so + s_len
-        || p.a1.len() < so + s_len
-    {
+    if p.shape.sub != 32 || w.len() < r1 * nb {
         return;
     }
-    let (q, a0, a1) = (
-        &p.q[qo..qo + q_len],
-        &p.a0[so..so + s_len],
-        &p.a1[so..so + s_len],
-    );
+    let (q, a0, a1, tpad) = (tv.q, tv.a0, tv.a1, tv.tpad);
     let mut rows = Rows {
         u: vec![0; R * cols],
         d: vec![0.0; R * nb],
@@ -134,7 +158,7 @@ unsafe fn xgemm<T: Legacy>(
         // SAFETY: forwarded from the caller.
         rows.c = unsafe { offsets::<T>(q) };
     }
-    let mut res = [[0f32; LANES]; R];
+    let mut res = [[0f32; LANES]; RMAX];
     let mut r = r0;
     while r < r1 {
         let nr = R.min(r1 - r);
@@ -152,13 +176,7 @@ unsafe fn xgemm<T: Legacy>(
                     _ => pass::<T, 1>(&rows, nb, q, a0, a1, tpad, v, &mut res),
                 }
             }
-            let lanes = (nt - LANES * v).min(LANES);
-            for (i, res) in res.iter().enumerate().take(nr) {
-                for (l, &x) in res.iter().enumerate().take(lanes) {
-                    // SAFETY: this task owns rows r0..r1 of this tile's tokens.
-                    unsafe { out.write((t0 + LANES * v + l) * job.rows + r + i, x) };
-                }
-            }
+            write_out(out, job.rows, &tv, v, r, &res[..nr]);
         }
         r += nr;
     }
@@ -206,7 +224,7 @@ unsafe fn pass<T: Legacy, const N: usize>(
     a1: &[f32],
     tpad: usize,
     v: usize,
-    res: &mut [[f32; LANES]; R],
+    res: &mut [[f32; LANES]; RMAX],
 ) {
     let cols = 32 * nb;
     // SAFETY: AVX-512 F/BW/VNNI per the module contract. Loads: quant words at
@@ -254,14 +272,7 @@ unsafe fn pass<T: Legacy, const N: usize>(
             }
         }
         for i in 0..N {
-            // hsum's order: lanes j and j + 4, then (0 + 2) and (1 + 3), then their sum.
-            let a = &acc[i];
-            let s0 = _mm512_add_ps(a[0], a[4]);
-            let s1 = _mm512_add_ps(a[1], a[5]);
-            let s2 = _mm512_add_ps(a[2], a[6]);
-            let s3 = _mm512_add_ps(a[3], a[7]);
-            let h = _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3));
-            _mm512_storeu_ps(res[i].as_mut_ptr(), _mm512_add_ps(h, ms[i]));
+            _mm512_storeu_ps(res[i].as_mut_ptr(), _mm512_add_ps(hsum8(&acc[i]), ms[i]));
         }
     }
 }
@@ -297,23 +308,14 @@ unsafe fn xgemm_k<T: KQuant>(
     r1: usize,
     out: &SharedMut<'_, f32>,
 ) {
-    let Some(w) = as_blocks::<T::B>(job.w) else {
+    let (cols, nb) = (job.cols, job.cols / QK_K);
+    let (Some(w), Some(tv)) = (as_blocks::<T::B>(job.w), p.tile_view(tile)) else {
         return;
     };
-    let shape = &p.shape;
-    let (t0, nt, tpad) = shape.tile(tile);
-    let (qo, so) = (shape.q_offset(tile), shape.s_offset(tile));
-    let (cols, nb) = (job.cols, job.cols / QK_K);
-    let (q_len, s_len) = (tpad * cols / 4, tpad * cols / T::SUB);
-    if T::WIDE
-        || shape.sub != T::SUB
-        || w.len() < r1 * nb
-        || p.q.len() < qo + q_len
-        || p.a0.len() < so + s_len
-    {
+    if T::WIDE || p.shape.sub != T::SUB || w.len() < r1 * nb {
         return;
     }
-    let (q, a0) = (&p.q[qo..qo + q_len], &p.a0[so..so + s_len]);
+    let (q, a0, tpad) = (tv.q, tv.a0, tv.tpad);
     // SAFETY: forwarded from the caller.
     let sums = unsafe { quant_sums(q, cols, tpad) };
     let mut rows = KRows {
@@ -323,7 +325,7 @@ unsafe fn xgemm_k<T: KQuant>(
         d: vec![0.0; KR * nb],
         cd: vec![0.0; KR * nb],
     };
-    let mut res = [[0f32; LANES]; KR];
+    let mut res = [[0f32; LANES]; RMAX];
     let q6 = T::GGML == GGML_Q6K;
     let step = if q6 { 2 } else { KR };
     let mut r = r0;
@@ -347,13 +349,7 @@ unsafe fn xgemm_k<T: KQuant>(
                     (false, _) => pass_k::<T, false, 1>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
                 }
             }
-            let lanes = (nt - LANES * v).min(LANES);
-            for (i, res) in res.iter().enumerate().take(nr) {
-                for (l, &x) in res.iter().enumerate().take(lanes) {
-                    // SAFETY: this task owns rows r0..r1 of this tile's tokens.
-                    unsafe { out.write((t0 + LANES * v + l) * job.rows + r + i, x) };
-                }
-            }
+            write_out(out, job.rows, &tv, v, r, &res[..nr]);
         }
         r += nr;
     }
@@ -428,7 +424,7 @@ unsafe fn pass_k<T: KQuant, const Q6: bool, const N: usize>(
     sums: &[i32],
     tpad: usize,
     v: usize,
-    res: &mut [[f32; LANES]; KR],
+    res: &mut [[f32; LANES]; RMAX],
 ) {
     let cols = QK_K * nb;
     let per = QK_K / T::SUB;
@@ -516,12 +512,7 @@ unsafe fn pass_k<T: KQuant, const Q6: bool, const N: usize>(
         }
         for i in 0..N {
             let r = if Q6 {
-                let a = mem[i].map(|m| _mm512_loadu_ps(m.as_ptr()));
-                let s0 = _mm512_add_ps(a[0], a[4]);
-                let s1 = _mm512_add_ps(a[1], a[5]);
-                let s2 = _mm512_add_ps(a[2], a[6]);
-                let s3 = _mm512_add_ps(a[3], a[7]);
-                _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))
+                hsum8(&mem[i].map(|m| _mm512_loadu_ps(m.as_ptr())))
             } else {
                 _mm512_add_ps(acc[i][0], accm[i])
             };
