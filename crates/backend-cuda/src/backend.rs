@@ -383,6 +383,55 @@ impl Backend for CudaBackend {
         self.copy_range_kernel(src, src_at, dst, dst_at, n)
     }
 
+    #[allow(clippy::too_many_arguments)]
+    fn hc_pre(
+        &self,
+        x: &CudaBuf,
+        mixes: &CudaBuf,
+        scale: &CudaWeight,
+        base: &CudaWeight,
+        p: &quiver_backend::dsv4::HcParams,
+        head: bool,
+        rows: usize,
+        out: &mut CudaBuf,
+        pc: &mut CudaBuf,
+    ) -> Result<()> {
+        self.hc_pre_kernel(x, mixes, scale, base, p, head, rows, out, pc)
+    }
+
+    fn hc_post(
+        &self,
+        y: &CudaBuf,
+        residual: &CudaBuf,
+        pc: &CudaBuf,
+        p: &quiver_backend::dsv4::HcParams,
+        rows: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.hc_post_kernel(y, residual, pc, p, rows, out)
+    }
+
+    fn hc_expand(
+        &self,
+        x: &CudaBuf,
+        p: &quiver_backend::dsv4::HcParams,
+        rows: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.hc_expand_kernel(x, p, rows, out)
+    }
+
+    fn swiglu_clamp(
+        &self,
+        gate: &CudaBuf,
+        up: &CudaBuf,
+        limit: f32,
+        n: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.swiglu_clamp_kernel(gate, up, limit, n, out)
+    }
+
     fn sigmoid_mul(
         &self,
         x: &mut CudaBuf,

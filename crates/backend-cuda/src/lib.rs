@@ -26,6 +26,7 @@ mod config;
 mod context;
 mod delta;
 mod dev;
+mod dsv4;
 mod embed;
 mod exact;
 mod extras;

@@ -18,6 +18,7 @@ const FWG: &str = include_str!("../kernels/fwg.cu");
 const MMV: &str = include_str!("../kernels/mmv.cu");
 const OPS: &str = include_str!("../kernels/ops.cu");
 const DELTA: &str = include_str!("../kernels/delta.cu");
+const DSV4: &str = include_str!("../kernels/dsv4.cu");
 const FLASH: &str = include_str!("../kernels/flash.cu");
 const EXACT: &str = include_str!("../kernels/exact.cu");
 const QMM: &str = include_str!("../kernels/qmm.cu");
@@ -125,6 +126,10 @@ const OPS_KERNELS: &[&str] = &[
     "dn_norm",
     "dn_rule",
     "sigmoid_mul",
+    "hc_expand",
+    "swiglu_clamp",
+    "hc_pre",
+    "hc_post",
     "rms_norm",
     "rope_kv_write",
     "glu",
@@ -307,7 +312,7 @@ pub fn module_source(module: &str) -> Option<String> {
             ("fwg.cu", FWG),
         ],
         m if kvq_pair(m).is_some() => vec![("kvq.cu", KVQ), ("flash.cu", FLASH)],
-        "ops" => vec![("ops.cu", OPS), ("delta.cu", DELTA)],
+        "ops" => vec![("ops.cu", OPS), ("delta.cu", DELTA), ("dsv4.cu", DSV4)],
         // The parity mode's embedding kernels use quant.cu's dequantizers.
         "exact" => vec![("quant.cu", QUANT), ("exact.cu", EXACT)],
         m => {
@@ -676,9 +681,10 @@ impl Registry {
 mod tests {
     use super::*;
 
-    const FILES: [(&str, &str); 12] = [
+    const FILES: [(&str, &str); 13] = [
         ("quant.cu", QUANT),
         ("delta.cu", DELTA),
+        ("dsv4.cu", DSV4),
         ("wmm.cu", WMM),
         ("mmv.cu", MMV),
         ("mmvq.cu", MMVQ),

@@ -271,6 +271,19 @@ fn delta_net_keeps_each_sequence_in_its_slot_and_matches_reference() {
     assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
 }
 
+/// DeepSeek-V4's element-wise ops (kernels/dsv4.cu) against the reference: the
+/// hyper-connections' block input with its Sinkhorn weights, the head's, the block output, the
+/// streams' expansion, the clamped SwiGLU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dsv4_elementwise_ops_match_reference() {
+    let mut rng = seeded_rng();
+    let be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
+    let notes = quiver_backend::testing::dsv4::elementwise(&be, &Cuda, &mut rng);
+    notes.print("dsv4 element-wise");
+    assert!(notes.skipped.is_empty(), "{:?}", notes.skipped);
+}
+
 /// Router logits holding NaN: `n_used` distinct experts a token (moe_route), finite output.
 #[test]
 #[ignore = "needs a CUDA GPU"]

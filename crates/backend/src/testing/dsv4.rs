@@ -16,14 +16,23 @@ use crate::{
 use quiver_gguf::GgmlType;
 
 pub fn dsv4<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) -> Notes {
-    let mut notes = Notes::default();
+    let mut notes = elementwise(be, h, rng);
     let bound = h.delta_net_bound(be);
-    hyper_connections(be, h, rng, bound, &mut notes);
     products(be, h, rng, &mut notes);
     moe(be, h, rng, &mut notes);
     for ratio in [0, 4, 128] {
         attention(be, h, rng, ratio, bound, &mut notes);
     }
+    notes
+}
+
+/// The element-wise ops alone: the hyper-connections (pre with its Sinkhorn weights, post,
+/// expand, the head) and the clamped SwiGLU.
+pub fn elementwise<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
+    let mut notes = Notes::default();
+    let bound = h.delta_net_bound(be);
+    hyper_connections(be, h, rng, bound, &mut notes);
+    swiglu(be, h, rng, &mut notes);
     notes
 }
 
@@ -157,6 +166,9 @@ fn products<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng, notes: &mut
             || format!("{ty:?}"),
         );
     }
+}
+
+fn swiglu<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng, notes: &mut Notes) {
     let n = 300;
     let (g, u) = (rng.scaled(n, 20.0), rng.scaled(n, 20.0));
     let mut out = poison(be, h, n);
