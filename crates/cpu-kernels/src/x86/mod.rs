@@ -9,6 +9,7 @@ mod gemm;
 mod kern;
 pub(crate) mod unpack;
 mod xgemm;
+mod xgemm2;
 
 use crate::act::{quantize_a256, quantize_a32, A32Mut, PanelShape, A256, A32};
 use crate::decode::{KQuant, Legacy};
@@ -190,7 +191,16 @@ macro_rules! level_entries {
     };
 }
 
-level_entries!(entry_avx2, Avx2, "avx2,fma,f16c", None);
+level_entries!(
+    entry_avx2,
+    Avx2,
+    "avx2,fma,f16c",
+    // SAFETY: as the closures above.
+    Some((
+        |j, p, t, r0, r1, o| unsafe { xgemm256(j, p, t, r0, r1, o) },
+        xgemm2::takes
+    ))
+);
 level_entries!(
     entry_avx512,
     Avx512,
@@ -201,6 +211,19 @@ level_entries!(
         xgemm::takes
     ))
 );
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn xgemm256(
+    j: &Job<'_>,
+    p: &Panel<'_>,
+    t: usize,
+    r0: usize,
+    r1: usize,
+    o: &SharedMut<'_, f32>,
+) {
+    // SAFETY: this function has the level's features.
+    unsafe { xgemm2::xgemm_rows(j, p, t, r0, r1, o) }
+}
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn xgemm512(
