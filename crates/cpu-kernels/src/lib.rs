@@ -18,7 +18,7 @@
 //!   `vpdpbusd` on AVX-512 VNNI), scaling per sub-block with vectors over tokens. Every
 //!   weight row is read and decoded once per 64-token tile; tasks are (tile, rows) pairs.
 //! - **exact tiles** (from 16 tokens below the GEMM's count; AVX-512: the 32-element types,
-//!   and Q4_K and Q6_K in the batch-invariant numerics; AVX2: the 32-element types): the
+//!   and Q4_K and Q6_K in the batch-invariant numerics; AVX2: the 32-element types, and Q4_K): the
 //!   prefill path's panel, but each output summed in the decode path's float order (per row
 //!   and token the decode path's lane accumulators, fed block by block), so the same bits as
 //!   the decode path in 0.3–0.9 of its time on prompts (`x86/xgemm.rs`, `x86/xgemm2.rs`).

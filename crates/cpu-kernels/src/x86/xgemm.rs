@@ -286,12 +286,12 @@ unsafe fn pass<T: Legacy, const N: usize>(
 /// Unpacked K-quant rows: values (256 a super-block), and per super-block the i16 scale of
 /// each 16 columns as an i32 pair, the correction coefficients of each two 16s as an i16
 /// pair, `d` and `cd`.
-struct KRows {
-    u: Vec<u8>,
-    sc: Vec<i32>,
-    corr: Vec<i32>,
-    d: Vec<f32>,
-    cd: Vec<f32>,
+pub(super) struct KRows {
+    pub u: Vec<u8>,
+    pub sc: Vec<i32>,
+    pub corr: Vec<i32>,
+    pub d: Vec<f32>,
+    pub cd: Vec<f32>,
 }
 
 /// Two i16 in one i32 word, `lo` first.
@@ -389,7 +389,7 @@ unsafe fn quant_sums(q: &[u32], cols: usize, tpad: usize) -> Vec<i32> {
 
 /// Row `i` of `rows` from its super-blocks.
 #[inline(always)]
-unsafe fn unpack_k<T: KQuant>(blocks: &[T::B], i: usize, rows: &mut KRows) {
+pub(super) unsafe fn unpack_k<T: KQuant>(blocks: &[T::B], i: usize, rows: &mut KRows) {
     let nb = blocks.len();
     for (b, blk) in blocks.iter().enumerate() {
         // SAFETY: forwarded from the caller; 256 bytes at 256 (i nb + b).
