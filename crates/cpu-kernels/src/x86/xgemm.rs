@@ -83,40 +83,65 @@ unsafe fn hsum8(a: &[__m512; 8]) -> __m512 {
     }
 }
 
-/// Results `res[i]` of rows `r + i` for token vector `v` of the tile into `out` ([tokens,
+/// Results `res[i]` of rows `r + i` for the tile's tokens `t..t + W` into `out` ([tokens,
 /// rows]), the tile's real tokens only.
 #[inline(always)]
-fn write_out(
+pub(super) fn write_out<const W: usize>(
     out: &SharedMut<'_, f32>,
     rows: usize,
     tv: &TileView<'_>,
-    v: usize,
+    t: usize,
     r: usize,
-    res: &[[f32; LANES]],
+    res: &[[f32; W]],
 ) {
-    let lanes = (tv.nt - LANES * v).min(LANES);
+    let lanes = tv.nt.saturating_sub(t).min(W);
     for (i, res) in res.iter().enumerate() {
         for (l, &x) in res.iter().enumerate().take(lanes) {
             // SAFETY: the calling task owns these rows of this tile's tokens.
-            unsafe { out.write((tv.t0 + LANES * v + l) * rows + r + i, x) };
+            unsafe { out.write((tv.t0 + t + l) * rows + r + i, x) };
         }
     }
 }
 
-/// Unpacked rows: values as unsigned bytes (wide types `v ^ 0x80`), `d` and `m` per block;
-/// and for the types without an offset field the tile's `M_MUL · Σa` per panel word.
-struct Rows {
-    u: Vec<u8>,
-    d: Vec<f32>,
-    m: Vec<f32>,
-    c: Vec<i32>,
+/// Unpacked 32-element rows: values (here unsigned, wide types `v ^ 0x80`; on AVX2 signed but
+/// for Q4_1/Q5_1, with their magnitudes in `ua`), `d` and `m` per block; and for the types
+/// without an offset field the tile's `M_MUL · Σa` per panel word.
+#[derive(Default)]
+pub(super) struct Rows {
+    pub u: Vec<u8>,
+    pub ua: Vec<u8>,
+    pub d: Vec<f32>,
+    pub m: Vec<f32>,
+    pub c: Vec<i32>,
+}
+
+/// The tiles' buffers, kept per thread from call to call (`KEPT.take()` … `KEPT.set(..)`):
+/// a product allocates only when it is wider than any before on its thread (served decode
+/// steps of 16+ rows take the tiles too).
+#[derive(Default)]
+pub(super) struct Kept {
+    pub rows: Rows,
+    pub krows: KRows,
+    /// The tile's quant sums (K-quants).
+    pub sums: Vec<i32>,
+}
+
+thread_local! {
+    pub(super) static KEPT: std::cell::Cell<Kept> = std::cell::Cell::new(Kept::default());
+}
+
+/// `v` holding at least `n` values (grown, never shrunk: the caller writes what it reads).
+pub(super) fn fit<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
 }
 
 /// `M_MUL · Σa` of each word of the tile's quants: the lane sums of the signed values
 /// `u + M_MUL` start there.
 #[inline(always)]
-unsafe fn offsets<T: Legacy>(q: &[u32]) -> Vec<i32> {
-    let mut c = vec![0i32; q.len()];
+unsafe fn offsets<T: Legacy>(q: &[u32], c: &mut Vec<i32>) {
+    fit(c, q.len());
     // |M_MUL| as a byte (8, 16, 128).
     let kx = _mm512_set1_epi8((-T::M_MUL) as i32 as u8 as i8);
     // SAFETY: AVX-512 F/VNNI per the module contract; 16 words at k < q.len() - 15.
@@ -128,7 +153,6 @@ unsafe fn offsets<T: Legacy>(q: &[u32]) -> Vec<i32> {
             _mm512_storeu_si512(c.as_mut_ptr().add(k).cast(), v);
         }
     }
-    c
 }
 
 #[inline(always)]
@@ -148,15 +172,14 @@ unsafe fn xgemm<T: Legacy>(
         return;
     }
     let (q, a0, a1, tpad) = (tv.q, tv.a0, tv.a1, tv.tpad);
-    let mut rows = Rows {
-        u: vec![0; R * cols],
-        d: vec![0.0; R * nb],
-        m: vec![0.0; R * nb],
-        c: Vec::new(),
-    };
+    let mut kept = KEPT.take();
+    let rows = &mut kept.rows;
+    fit(&mut rows.u, R * cols);
+    fit(&mut rows.d, R * nb);
+    fit(&mut rows.m, R * nb);
     if !T::M_FIELD {
         // SAFETY: forwarded from the caller.
-        rows.c = unsafe { offsets::<T>(q) };
+        unsafe { offsets::<T>(q, &mut rows.c) };
     }
     let mut res = [[0f32; LANES]; RMAX];
     let mut r = r0;
@@ -164,22 +187,23 @@ unsafe fn xgemm<T: Legacy>(
         let nr = R.min(r1 - r);
         for i in 0..nr {
             // SAFETY: forwarded from the caller; row r + i < r1 has nb blocks in w.
-            unsafe { unpack_row::<T>(&w[(r + i) * nb..(r + i + 1) * nb], i, &mut rows) };
+            unsafe { unpack_row::<T>(&w[(r + i) * nb..(r + i + 1) * nb], i, rows) };
         }
         for v in 0..tpad / LANES {
             // SAFETY: forwarded; the panel slices hold tpad lanes of every group and block,
             // and v < tpad / 16.
             unsafe {
                 match nr {
-                    3 => pass::<T, 3>(&rows, nb, q, a0, a1, tpad, v, &mut res),
-                    2 => pass::<T, 2>(&rows, nb, q, a0, a1, tpad, v, &mut res),
-                    _ => pass::<T, 1>(&rows, nb, q, a0, a1, tpad, v, &mut res),
+                    3 => pass::<T, 3>(rows, nb, q, a0, a1, tpad, v, &mut res),
+                    2 => pass::<T, 2>(rows, nb, q, a0, a1, tpad, v, &mut res),
+                    _ => pass::<T, 1>(rows, nb, q, a0, a1, tpad, v, &mut res),
                 }
             }
-            write_out(out, job.rows, &tv, v, r, &res[..nr]);
+            write_out(out, job.rows, &tv, LANES * v, r, &res[..nr]);
         }
         r += nr;
     }
+    KEPT.set(kept);
 }
 
 /// Row `i` of `rows` from its blocks.
@@ -286,12 +310,24 @@ unsafe fn pass<T: Legacy, const N: usize>(
 /// Unpacked K-quant rows: values (256 a super-block), and per super-block the i16 scale of
 /// each 16 columns as an i32 pair, the correction coefficients of each two 16s as an i16
 /// pair, `d` and `cd`.
+#[derive(Default)]
 pub(super) struct KRows {
     pub u: Vec<u8>,
     pub sc: Vec<i32>,
     pub corr: Vec<i32>,
     pub d: Vec<f32>,
     pub cd: Vec<f32>,
+}
+
+impl KRows {
+    /// Room for `rows` rows of `nb` super-blocks.
+    pub fn fit(&mut self, rows: usize, nb: usize) {
+        fit(&mut self.u, rows * QK_K * nb);
+        fit(&mut self.sc, rows * 16 * nb);
+        fit(&mut self.corr, rows * 8 * nb);
+        fit(&mut self.d, rows * nb);
+        fit(&mut self.cd, rows * nb);
+    }
 }
 
 /// Two i16 in one i32 word, `lo` first.
@@ -316,15 +352,11 @@ unsafe fn xgemm_k<T: KQuant>(
         return;
     }
     let (q, a0, tpad) = (tv.q, tv.a0, tv.tpad);
+    let mut kept = KEPT.take();
+    let (rows, sums) = (&mut kept.krows, &mut kept.sums);
     // SAFETY: forwarded from the caller.
-    let sums = unsafe { quant_sums(q, cols, tpad) };
-    let mut rows = KRows {
-        u: vec![0; KR * cols],
-        sc: vec![0; KR * 16 * nb],
-        corr: vec![0; KR * 8 * nb],
-        d: vec![0.0; KR * nb],
-        cd: vec![0.0; KR * nb],
-    };
+    unsafe { quant_sums(q, cols, tpad, sums) };
+    rows.fit(KR, nb);
     let mut res = [[0f32; LANES]; RMAX];
     let q6 = T::GGML == GGML_Q6K;
     let step = if q6 { 2 } else { KR };
@@ -334,25 +366,26 @@ unsafe fn xgemm_k<T: KQuant>(
         for i in 0..nr {
             let blocks = &w[(r + i) * nb..(r + i + 1) * nb];
             // SAFETY: forwarded from the caller.
-            unsafe { unpack_k::<T>(blocks, i, &mut rows) };
+            unsafe { unpack_k::<T>(blocks, i, rows) };
         }
         for v in 0..tpad / LANES {
             // SAFETY: forwarded; the panel slices hold tpad lanes of every group and
             // sub-block, `sums` one word per 32 columns and lane, and v < tpad / 16.
             unsafe {
                 match (q6, nr) {
-                    (true, 2) => pass_k::<T, true, 2>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
-                    (true, _) => pass_k::<T, true, 1>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
-                    (false, 4) => pass_k::<T, false, 4>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
-                    (false, 3) => pass_k::<T, false, 3>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
-                    (false, 2) => pass_k::<T, false, 2>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
-                    (false, _) => pass_k::<T, false, 1>(&rows, nb, q, a0, &sums, tpad, v, &mut res),
+                    (true, 2) => pass_k::<T, true, 2>(rows, nb, q, a0, sums, tpad, v, &mut res),
+                    (true, _) => pass_k::<T, true, 1>(rows, nb, q, a0, sums, tpad, v, &mut res),
+                    (false, 4) => pass_k::<T, false, 4>(rows, nb, q, a0, sums, tpad, v, &mut res),
+                    (false, 3) => pass_k::<T, false, 3>(rows, nb, q, a0, sums, tpad, v, &mut res),
+                    (false, 2) => pass_k::<T, false, 2>(rows, nb, q, a0, sums, tpad, v, &mut res),
+                    (false, _) => pass_k::<T, false, 1>(rows, nb, q, a0, sums, tpad, v, &mut res),
                 }
             }
-            write_out(out, job.rows, &tv, v, r, &res[..nr]);
+            write_out(out, job.rows, &tv, LANES * v, r, &res[..nr]);
         }
         r += nr;
     }
+    KEPT.set(kept);
 }
 
 /// Rows per K-quant pass (Q4_K; Q6_K takes 2: eight lane sums a row).
@@ -361,8 +394,8 @@ const KR: usize = 4;
 /// The tile's quant sums per 16 columns, two a word (i16: the 16s `2j` and `2j + 1`), as
 /// `[cols / 32][tpad]`: the activation's `bsums` pairs, for the correction.
 #[inline(always)]
-unsafe fn quant_sums(q: &[u32], cols: usize, tpad: usize) -> Vec<i32> {
-    let mut s = vec![0i32; cols / 32 * tpad];
+unsafe fn quant_sums(q: &[u32], cols: usize, tpad: usize, s: &mut Vec<i32>) {
+    fit(s, cols / 32 * tpad);
     // SAFETY: AVX-512 F/BW/VNNI per the module contract; words (8 j + g) tpad + 16 v + 16
     // <= cols / 4 · tpad, sums j tpad + 16 v + 16 <= cols / 32 · tpad.
     unsafe {
@@ -384,7 +417,6 @@ unsafe fn quant_sums(q: &[u32], cols: usize, tpad: usize) -> Vec<i32> {
             }
         }
     }
-    s
 }
 
 /// Row `i` of `rows` from its super-blocks.

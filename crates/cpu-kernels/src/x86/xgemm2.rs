@@ -12,7 +12,7 @@
 //! into `super`'s entry point.
 
 use super::kern::F16c;
-use super::xgemm::{unpack_k, KRows};
+use super::xgemm::{fit, unpack_k, write_out, KRows, Rows, KEPT};
 use crate::decode::*;
 use crate::driver::{Job, Panel, TileView};
 use crate::shared::SharedMut;
@@ -60,15 +60,6 @@ pub(crate) unsafe fn xgemm_rows(
     }
 }
 
-/// One row unpacked: values (signed but for Q4_1/Q5_1), their magnitudes (the signed ones),
-/// `d` and `m` per block.
-struct Row {
-    u: Vec<u8>,
-    ua: Vec<u8>,
-    d: Vec<f32>,
-    m: Vec<f32>,
-}
-
 #[inline(always)]
 unsafe fn xgemm<T: Legacy>(
     job: &Job<'_>,
@@ -85,32 +76,29 @@ unsafe fn xgemm<T: Legacy>(
     if p.shape.sub != 32 || w.len() < r1 * nb {
         return;
     }
-    let mut row = Row {
-        u: vec![0; cols],
-        ua: vec![0; if T::M_FIELD { 0 } else { cols }],
-        d: vec![0.0; nb],
-        m: vec![0.0; nb],
-    };
+    let mut kept = KEPT.take();
+    let row = &mut kept.rows;
+    fit(&mut row.u, cols);
+    fit(&mut row.ua, cols);
+    fit(&mut row.d, nb);
+    fit(&mut row.m, nb);
     let mut res = [0f32; L8];
     for r in r0..r1 {
         // SAFETY: forwarded from the caller; row r < r1 has nb blocks in w.
-        unsafe { unpack_row::<T>(&w[r * nb..(r + 1) * nb], &mut row) };
+        unsafe { unpack_row::<T>(&w[r * nb..(r + 1) * nb], row) };
         for h in 0..tv.tpad / L8 {
             // SAFETY: forwarded; the tile's slices hold tpad lanes of every group and block,
             // and h < tpad / 8.
-            unsafe { pass::<T>(&row, nb, &tv, h, &mut res) };
-            let lanes = tv.nt.saturating_sub(L8 * h).min(L8);
-            for (l, &x) in res.iter().enumerate().take(lanes) {
-                // SAFETY: this task owns rows r0..r1 of this tile's tokens.
-                unsafe { out.write((tv.t0 + L8 * h + l) * job.rows + r, x) };
-            }
+            unsafe { pass::<T>(row, nb, &tv, h, &mut res) };
+            write_out(out, job.rows, &tv, L8 * h, r, &[res]);
         }
     }
+    KEPT.set(kept);
 }
 
 /// The row from its blocks.
 #[inline(always)]
-unsafe fn unpack_row<T: Legacy>(blocks: &[T::B], row: &mut Row) {
+unsafe fn unpack_row<T: Legacy>(blocks: &[T::B], row: &mut Rows) {
     for (b, blk) in blocks.iter().enumerate() {
         // SAFETY: AVX2 per the module contract; 32 bytes at 32 b < 32 nb.
         unsafe {
@@ -133,7 +121,7 @@ unsafe fn unpack_row<T: Legacy>(blocks: &[T::B], row: &mut Row) {
 /// The row against tokens `8 h..8 h + 8` of the tile: their 8 results into `res`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-unsafe fn pass<T: Legacy>(row: &Row, nb: usize, tv: &TileView<'_>, h: usize, res: &mut [f32; L8]) {
+unsafe fn pass<T: Legacy>(row: &Rows, nb: usize, tv: &TileView<'_>, h: usize, res: &mut [f32; L8]) {
     let tpad = tv.tpad;
     // SAFETY: AVX2 + FMA per the module contract. Loads: quant words at (8 b + g) tpad + 8 h
     // + 8 <= cols / 4 · tpad (the tile's slices), scales at b tpad + 8 h + 8 <= nb tpad,
@@ -211,49 +199,40 @@ unsafe fn xgemm_q4k(
     if p.shape.sub != 32 || w.len() < r1 * nb {
         return;
     }
+    let mut kept = KEPT.take();
+    let (rows, sums) = (&mut kept.krows, &mut kept.sums);
     // SAFETY: forwarded from the caller.
-    let sums = unsafe { quant_sums(tv.q, cols, tv.tpad) };
-    let mut rows = KRows {
-        u: vec![0; KR2 * cols],
-        sc: vec![0; KR2 * 16 * nb],
-        corr: vec![0; KR2 * 8 * nb],
-        d: vec![0.0; KR2 * nb],
-        cd: vec![0.0; KR2 * nb],
-    };
+    unsafe { quant_sums(tv.q, cols, tv.tpad, sums) };
+    rows.fit(KR2, nb);
     let mut res = [[0f32; L8]; KR2];
     let mut r = r0;
     while r < r1 {
         let nr = KR2.min(r1 - r);
         for i in 0..nr {
             // SAFETY: forwarded from the caller (`unpack_k` needs AVX2 only).
-            unsafe { unpack_k::<TQ4K>(&w[(r + i) * nb..(r + i + 1) * nb], i, &mut rows) };
+            unsafe { unpack_k::<TQ4K>(&w[(r + i) * nb..(r + i + 1) * nb], i, rows) };
         }
         for h in 0..tv.tpad / L8 {
             // SAFETY: forwarded; the tile's slices hold tpad lanes of every group and 32,
             // `sums` one word per 32 columns and lane, h < tpad / 8.
             unsafe {
                 match nr {
-                    3 => pass_q4k::<3>(&rows, nb, &tv, &sums, h, &mut res),
-                    2 => pass_q4k::<2>(&rows, nb, &tv, &sums, h, &mut res),
-                    _ => pass_q4k::<1>(&rows, nb, &tv, &sums, h, &mut res),
+                    3 => pass_q4k::<3>(rows, nb, &tv, sums, h, &mut res),
+                    2 => pass_q4k::<2>(rows, nb, &tv, sums, h, &mut res),
+                    _ => pass_q4k::<1>(rows, nb, &tv, sums, h, &mut res),
                 }
             }
-            let lanes = tv.nt.saturating_sub(L8 * h).min(L8);
-            for (i, res) in res.iter().enumerate().take(nr) {
-                for (l, &x) in res.iter().enumerate().take(lanes) {
-                    // SAFETY: this task owns rows r0..r1 of this tile's tokens.
-                    unsafe { out.write((tv.t0 + L8 * h + l) * job.rows + r + i, x) };
-                }
-            }
+            write_out(out, job.rows, &tv, L8 * h, r, &res[..nr]);
         }
         r += nr;
     }
+    KEPT.set(kept);
 }
 
 /// The tile's quant sums per 16 columns, two a word (i16), as `[cols / 32][tpad]`.
 #[inline(always)]
-unsafe fn quant_sums(q: &[u32], cols: usize, tpad: usize) -> Vec<i32> {
-    let mut s = vec![0i32; cols / 32 * tpad];
+unsafe fn quant_sums(q: &[u32], cols: usize, tpad: usize, s: &mut Vec<i32>) {
+    fit(s, cols / 32 * tpad);
     // SAFETY: AVX2 per the module contract; words (8 j + g) tpad + 8 h + 8 <= cols / 4 · tpad,
     // sums j tpad + 8 h + 8 <= cols / 32 · tpad.
     unsafe {
@@ -278,7 +257,6 @@ unsafe fn quant_sums(q: &[u32], cols: usize, tpad: usize) -> Vec<i32> {
             }
         }
     }
-    s
 }
 
 /// `N` Q4_K rows against tokens `8 h..8 h + 8`: `res[i]` their results.
