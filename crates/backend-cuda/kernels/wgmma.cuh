@@ -131,6 +131,25 @@ __device__ __forceinline__ void wg_ss128(float* d, u64 a, u64 b, int acc) {
         : "l"(a), "l"(b), "r"(acc));
 }
 
+// wgmma m64n64k32, s8 × s8 → s32 (exact integer sums): A from registers (four u32 of 4 int8
+// each, mma.sync's m16n8k32 layout per warp: row g's k 4q..4q+3 and 16+4q..16+4q+3 in a[0] /
+// a[2], row g + 8's in a[1] / a[3]), B from shared memory, K-major; `acc` 0 overwrites d.
+// d as wg_rs64's: for n8 tile i, d[4i], d[4i+1] (row 16w + g, columns 8i + 2q, +1), d[4i+2],
+// d[4i+3] row 16w + g + 8.
+__device__ __forceinline__ void wg_s8_rs64(int* d, const u32* a, u64 b, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p;\n}"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+}
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }

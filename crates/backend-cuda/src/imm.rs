@@ -4,13 +4,25 @@
 
 use crate::qmm::{QMM_BM, QMM_BN, QMM_NST, QMM_THREADS};
 use crate::weights::CudaWeight;
+use crate::wmm::tensor_map;
 use crate::{registry, CudaBackend};
+use cudarc::driver::sys as ds;
 use quiver_backend::Result;
 
 /// Tokens per imv launch (kernels/imm.cu: up to two n8 tiles).
 const IMV_TOKENS: usize = 16;
 /// An int8 activation tile's token row in bytes (kernels/qmm.cu `IMM_XLD`).
 const IMM_XLD_BYTES: usize = 144;
+/// Stages in flight of imm on wgmma (kernels/imm.cu `IMW_NST`).
+const IMW_NST: usize = 3;
+
+/// Dynamic shared memory of immw (kernels/imm.cu): per stage (a super-block) the tokens' 256
+/// int8 activations, the rows' blocks of `block` bytes, the tokens' 32-sums split and d; a
+/// barrier per stage.
+fn immw_smem(block: usize) -> usize {
+    IMW_NST * (QMM_BN * (256 + 16 + 4) + QMM_BM * block + 8)
+}
+
 /// Dynamic shared memory of the imm kernel and of the imv kernel of `nt` n8 tiles for `w`: per
 /// stage the int8 activations, their scales (32-blocks: 4 (d, s) pairs per token; the K-quants:
 /// the 32-sums split and one d per token) and the weights' windows.
@@ -40,6 +52,9 @@ impl CudaBackend {
         y: u64,
     ) -> Result<()> {
         let (splits, part, cnt) = self.exact_splits(w, n)?;
+        if registry::imm_wgmma(w.kernel, self.dev.info.arch) {
+            return self.immw(w, (q, d, s), n, y, (splits, part, cnt));
+        }
         self.launch_smem(
             &w.names.module,
             &w.names.imm,
@@ -56,6 +71,64 @@ impl CudaBackend {
                 w.rows as i32,
                 w.cols as i32,
                 q,
+                d,
+                s,
+                y,
+                n as i32,
+                part,
+                cnt
+            ],
+        )
+    }
+
+    /// imm on wgmma (kernels/imm.cu `immw`) in `splits` parts: the tensor maps of the int8
+    /// activations (a box is 16 values of 64 tokens: a piece of a stage, in wgmma's canonical
+    /// layout) and of the weights (rows of 4-byte units: a box is a super-block's blocks of 64
+    /// rows).
+    fn immw(
+        &self,
+        w: &CudaWeight,
+        (q, d, s): (u64, u64, u64),
+        n: usize,
+        y: u64,
+        (splits, part, cnt): (usize, u64, u64),
+    ) -> Result<()> {
+        let (block, _) = registry::block_layout(w.kernel).expect("a block type");
+        let u8t = ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8;
+        let none = ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE;
+        let xm = tensor_map(
+            u8t,
+            q,
+            &[w.cols as u64, n as u64],
+            &[w.cols as u64],
+            &[16, QMM_BN as u32],
+            none,
+        )?;
+        let wm = tensor_map(
+            ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+            w.data.ptr,
+            &[w.row_bytes as u64 / 4, w.rows as u64],
+            &[w.row_bytes as u64],
+            &[block as u32 / 4, QMM_BM as u32],
+            none,
+        )?;
+        self.launch_smem(
+            &w.names.module,
+            &w.names.immw,
+            (
+                n.div_ceil(QMM_BN) as u32,
+                w.rows.div_ceil(QMM_BM) as u32,
+                splits as u32,
+            ),
+            (QMM_THREADS, 1, 1),
+            immw_smem(block) as u32,
+            args![
+                xm,
+                wm,
+                w.data.ptr,
+                w.row_bytes as i64,
+                w.rows as i32,
+                w.cols as i32,
                 d,
                 s,
                 y,

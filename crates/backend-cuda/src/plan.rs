@@ -61,7 +61,7 @@ impl Product {
             Product::Qmm { split: false } => "64 tokens x 64 rows a block of 4 warps",
             Product::Imv => "16 rows a block of 8 warps, 8 or 16 tokens a launch",
             Product::Imm => {
-                "64 tokens x 64 rows a block of 4 warps, split over 256-column chunks to 2 blocks an SM"
+                "64 tokens x 64 rows a block of 4 warps (Q4_K on sm_90: a warpgroup on wgmma, TMA), split over 256-column chunks to 2 blocks an SM"
             }
             Product::Wmm => {
                 "64 or 128 rows x 64 to 256 tokens a block of 1 or 2 warpgroups and a producer (wgmma), the tile of fewest waves"

@@ -90,6 +90,15 @@ pub fn int8_mma(t: &str) -> bool {
     )
 }
 
+/// Types whose imm has a form on Hopper's warpgroup products (kernels/imm.cu `immw_T`).
+const IMM_WGMMA_TYPES: &[&str] = &["q4_k"];
+
+/// Whether imm runs on Hopper's warpgroup products (`immw_T`) for type `t` on compute
+/// capability `arch`.
+pub fn imm_wgmma(t: &str, arch: u32) -> bool {
+    IMM_WGMMA_TYPES.contains(&t) && crate::wmm::wmm_arch(arch)
+}
+
 /// The int8 types whose imv takes the kernel table's imv token counts with
 /// [`Numerics::Fast`](quiver_backend::Numerics) (measured faster than the dp4a kernels there;
 /// with the batch-invariant numerics every int8 type's imv does: 8B Q4_1 at 8 sequences
@@ -257,6 +266,9 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
         one("imm", format!("imm<{w}>"));
         one("imv", format!("imv<{w}, 1>"));
         one("imv2", format!("imv<{w}, 2>"));
+    }
+    if IMM_WGMMA_TYPES.contains(&t) {
+        one("immw", format!("immw<{w}>"));
     }
     if int8_activations(t).is_some() {
         for n in ["moeq_glu", "moeq_mmv"] {

@@ -39,6 +39,8 @@ pub(crate) struct KernelNames {
     pub(crate) wmm_g: String,
     /// The int8 tensor-core products (`registry::int8_mma`).
     pub(crate) imm: String,
+    /// imm on wgmma (`registry::imm_wgmma` types).
+    pub(crate) immw: String,
     /// imv for 8 and 16 tokens per launch (one, two n8 tiles).
     pub(crate) imv: [String; 2],
     /// The parity mode's product and gather (module "exact").
@@ -79,6 +81,7 @@ impl KernelNames {
             wmm: crate::wmm::WMM_TILES.map(|(bm, bn)| format!("wmm{bm}x{bn}_{kernel}")),
             wmm_g: format!("wmm_g_{kernel}"),
             imm: format!("imm_{kernel}"),
+            immw: format!("immw_{kernel}"),
             imv: ["", "2"].map(|t| format!("imv{t}_{kernel}")),
             x_mm: format!("x_mm_{kernel}"),
             x_embed: format!("x_embed_{kernel}"),

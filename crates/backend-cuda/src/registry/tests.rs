@@ -68,11 +68,17 @@ fn every_kernel_begins_by_waiting_for_the_previous_one() {
             let first = src[body + 1..].trim_start();
             // The matrix-vector kernels may prefetch their weight rows first (mmv.cu
             // MMV_BEGIN, common.cuh `pdl_begin_prefetch`: weights are never written, so
-            // that read may precede the wait).
+            // that read may precede the wait); imm on wgmma (imm.cu `immw_impl`) sends its
+            // first stages' weight copies before its pdl_begin, and touches nothing else.
             assert!(
-                ["pdl_begin();", "MMV_BEGIN(PF)", "GLU_BEGIN(PF)"]
-                    .iter()
-                    .any(|p| first.starts_with(p)),
+                [
+                    "pdl_begin();",
+                    "MMV_BEGIN(PF)",
+                    "GLU_BEGIN(PF)",
+                    "immw_impl<"
+                ]
+                .iter()
+                .any(|p| first.starts_with(p)),
                 "{file}: the kernel at byte {at} does not begin with pdl_begin()"
             );
             n += 1;
