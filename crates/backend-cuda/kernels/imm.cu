@@ -469,6 +469,7 @@ struct IK<Q4_K> {
             mma_s8(Q[nt], al, x0, x1);
         }
     }
+    template <bool CLEAR = true>
     __device__ static void fin(long long (*tot)[4], int (*P)[4], int (*Q)[4], const u8* b0, const u8* b1,
                                const u8* hs, const float* dd, int g, int q) {
         u32 s[2], m0[2], m1[2];
@@ -492,7 +493,7 @@ struct IK<Q4_K> {
                 const float s1 = __fmaf_rn(i2f_small(P[nt][e]), 8.f, i2f_small(Q[nt][e]));
                 const float s2 = i2f_small(256 * ch[e] + cl[e]);
                 tot[nt][e] += fix_of(q4k_term_f(da, d[e >> 1], dmin[e >> 1], s1, s2));
-                P[nt][e] = Q[nt][e] = 0;
+                if (CLEAR) P[nt][e] = Q[nt][e] = 0;
             }
         }
     }
@@ -510,6 +511,7 @@ struct IK<Q6_K> {
             KQ<Q6_K>::acc(p, x0, x1, nullptr, P[nt], nullptr);
         }
     }
+    template <bool CLEAR = true>
     __device__ static void fin(long long (*tot)[4], int (*P)[4], int (*)[4], const u8* b0, const u8* b1,
                                const u8*, const float* dd, int, int q) {
 #pragma unroll
@@ -518,7 +520,7 @@ struct IK<Q6_K> {
             for (int e = 0; e < 4; e++) {
                 const float da = dd[nt * 8 + 2 * q + (e & 1)];
                 tot[nt][e] += fix_of(KQ<Q6_K>::term(da, (e >> 1) ? b1 : b0, P[nt][e], 0));
-                P[nt][e] = 0;
+                if (CLEAR) P[nt][e] = 0;
             }
     }
 };
@@ -602,7 +604,7 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
         const int half = j & 1;
 #pragma unroll
         for (int kb = 0; kb < 4; kb++) K::kb(P, Qa, b0, b1, 4 * half + kb, xs, kb, g, q);
-        if (half == 1) K::fin(tot, P, Qa, b0, b1, Hs + b * QMM_BN * 16, Dd + b * QMM_BN, g, q);
+        if (half == 1) K::template fin<true>(tot, P, Qa, b0, b1, Hs + b * QMM_BN * 16, Dd + b * QMM_BN, g, q);
     }
     imm_store(tot, R, n0, rows, y, n, part, cnt);
 }
@@ -746,26 +748,8 @@ __device__ __forceinline__ void immw_impl(const TMap* xm, const TMap* wm, const 
         keep_u<32>((u32*)Qa);
         keep_u<32>(&A[0][0][0][0]);
         keep_u<32>(&A[1][0][0][0]);
-        // The super-block's terms (immk's IK<Q4_K>::fin).
-        const u32 h0 = q < 2 ? m0[q & 1] : 0u, h1 = q < 2 ? m1[q & 1] : 0u;
-        const u32 l0 = q < 2 ? 0u : m0[q & 1], l1 = q < 2 ? 0u : m1[q & 1];
-        const float d[2] = {h2f(ld_u16(b0)), h2f(ld_u16(b1))}, dmin[2] = {h2f(ld_u16(b0 + 2)), h2f(ld_u16(b1 + 2))};
-        const u8* hs = Hs + b * QMM_BN * 16;
-        const float* dd = Dd + b * QMM_BN;
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            const u32 x = *(const u32*)(hs + (nt * 8 + g) * 16 + 4 * q);
-            int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
-            mma_s8_k16(ch, h0, h1, x);
-            mma_s8_k16(cl, l0, l1, x);
-            const float2 da = *(const float2*)(dd + nt * 8 + 2 * q);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float s1 = __fmaf_rn(i2f_small(P[4 * nt + e]), 8.f, i2f_small(Qa[4 * nt + e]));
-                const float s2 = i2f_small(256 * ch[e] + cl[e]);
-                tot[nt][e] += fix_of(q4k_term_f((e & 1) ? da.y : da.x, d[e >> 1], dmin[e >> 1], s1, s2));
-            }
-        }
+        // The super-block's terms (P and Q are overwritten by the next stage's first product).
+        K::template fin<false>(tot, (int(*)[4])P, (int(*)[4])Qa, b0, b1, Hs + b * QMM_BN * 16, Dd + b * QMM_BN, g, q);
     }
     imm_store(tot, R, n0, rows, y, n, part, cnt);
 #else

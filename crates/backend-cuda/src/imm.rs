@@ -41,6 +41,15 @@ fn imm_smem(w: &CudaWeight, nt: usize) -> (usize, usize) {
     (imm, imv)
 }
 
+/// imm's grid (and immw's): tiles of 64 tokens × 64 rows, `splits` parts of the columns.
+fn imm_grid(w: &CudaWeight, n: usize, splits: usize) -> (u32, u32, u32) {
+    (
+        n.div_ceil(QMM_BN) as u32,
+        w.rows.div_ceil(QMM_BM) as u32,
+        splits as u32,
+    )
+}
+
 impl CudaBackend {
     /// y[n, w.rows] = x · Wᵀ over the int8 activations `(q, d, s)` (quants, scales, per-16 sums)
     /// on imm.
@@ -58,11 +67,7 @@ impl CudaBackend {
         self.launch_smem(
             &w.names.module,
             &w.names.imm,
-            (
-                n.div_ceil(QMM_BN) as u32,
-                w.rows.div_ceil(QMM_BM) as u32,
-                splits as u32,
-            ),
+            imm_grid(w, n, splits),
             (QMM_THREADS, 1, 1),
             imm_smem(w, 1).0 as u32,
             args![
@@ -115,11 +120,7 @@ impl CudaBackend {
         self.launch_smem(
             &w.names.module,
             &w.names.immw,
-            (
-                n.div_ceil(QMM_BN) as u32,
-                w.rows.div_ceil(QMM_BM) as u32,
-                splits as u32,
-            ),
+            imm_grid(w, n, splits),
             (QMM_THREADS, 1, 1),
             immw_smem(block) as u32,
             args![
