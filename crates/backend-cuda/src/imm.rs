@@ -1,6 +1,7 @@
 //! The int8 tensor-core products in the exact-sum order (kernels/imm.cu): imm (split over whole
-//! 256-column chunks, each tile's last part adding the parts' 64-bit totals) and its decode form
-//! imv (8 or 16 tokens a launch); their launch shapes and shared memory.
+//! 256-column chunks, each tile's last part adding the parts' 64-bit totals; Q4_K's on Hopper's
+//! wgmma fed by the tensor memory accelerator, immw) and its decode form imv (8 or 16 tokens a
+//! launch); their launch shapes and shared memory.
 
 use crate::qmm::{QMM_BM, QMM_BN, QMM_NST, QMM_THREADS};
 use crate::weights::CudaWeight;
