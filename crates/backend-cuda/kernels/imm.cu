@@ -199,7 +199,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
             const int kb = i / QMM_BN, t = i % QMM_BN, blk = 4 * j + kb;
             const bool ok = n0 + t < n && blk < ng;
             const float* src = ok ? ad + ((long long)(n0 + t) * ng + blk) * 2 : ad;
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_u32(ds + 2 * i)), "l"(src), "r"(ok ? 8 : 0));
+            cp_async8(ds + 2 * i, src, ok);
         }
     };
     long long tot[8][4];
@@ -567,7 +567,7 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
         for (int t = threadIdx.x; t < QMM_BN; t += 32 * QMM_WARPS) {
             const bool ok = n0 + t < n;
             const float* src = ok ? ad + (long long)(n0 + t) * nsb + (j >> 1) : ad;
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dd + t)), "l"(src), "r"(ok ? 4 : 0));
+            cp_async4(dd + t, src, ok);
         }
     };
     int P[8][4], Qa[8][4];
@@ -607,161 +607,6 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
         if (half == 1) K::template fin<true>(tot, P, Qa, b0, b1, Hs + b * QMM_BN * 16, Dd + b * QMM_BN, g, q);
     }
     imm_store(tot, R, n0, rows, y, n, part, cnt);
-}
-
-// immw: Q4_K's imm on Hopper's warpgroup products (sm_90a), the same terms and order as immk
-// (so the same bits as mmvq.cu's rowq_c<Q4_K>). The block is one warpgroup (warp w rows
-// 16w..16w+15, immk's tile of 64 rows × 64 tokens); a stage is a whole super-block, IMW_NST in
-// flight. Thread 0 sends each stage's two tensor copies (the tensor memory accelerator),
-// completing on the stage's barrier: the rows' 144-byte blocks (Q4_K rows are whole 16-byte
-// units, so a block starts on one), and the tokens' 256 int8 activations in wgmma's canonical
-// K-major layout (core matrix (piece p of 16 values, tokens 8i..8i+7) at p · 1024 + i · 128
-// bytes: a box of 16 values × 64 tokens of the activations' map per piece); the tokens' 32-sums
-// split and d come by cp.async. The weights' copies of the first stages are sent before the
-// wait for the previous kernel (programmatic dependent launch), which never writes them.
-// The sub-block pairs' A fragments (sh·q and sl·q, immk's) are wgmma's register operand, the
-// activations its B operand: per stage two groups of 8 wgmma m64n64k32 (pairs 0..3, then 4..7,
-// whose fragments are made while the first group runs) into P and Q, which the stage's first
-// product overwrites; then the super-block's terms as immk's fin. Split over grid z in whole
-// super-blocks (imm_store).
-//                                grid (ceil(n / 64), ceil(rows / 64), parts), block 128
-#define IMW_NST 3
-#define IMW_X (QMM_BN * 256)
-#define IMW_W (QMM_BM * 144)
-template <class K>
-__device__ __forceinline__ void immw_impl(const TMap* xm, const TMap* wm, const u8* __restrict__ W, long long row_bytes,
-                                          int rows, int cols, const float* __restrict__ ad,
-                                          const int* __restrict__ abs_, float* __restrict__ y, int n, long long* part,
-                                          unsigned* cnt) {
-#ifdef WG_ON
-    extern __shared__ __align__(128) u8 imw_sm[];
-    u8* Xs = imw_sm;                                           // [stage][piece][token][16]
-    u8* Ws = imw_sm + IMW_NST * IMW_X;                           // [stage][row][144]
-    u8* Hs = Ws + IMW_NST * IMW_W;                             // [stage][token][16]
-    float* Dd = (float*)(Hs + IMW_NST * QMM_BN * 16);          // [stage][token]
-    u64* full = (u64*)(Dd + IMW_NST * QMM_BN);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int n0 = blockIdx.x * QMM_BN, r0 = blockIdx.y * QMM_BM;
-    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, r0 + warp * 16, rows};
-    const int nsb = cols / 256;
-    const u8* hl = (const u8*)(abs_ + (long long)n * (cols / 16));
-    const int S = gridDim.z, z = blockIdx.z;
-    const int s0 = z * nsb / S, s1 = (z + 1) * nsb / S;
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < IMW_NST; b++) mbar_init(full + b, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    auto send_w = [&](int b, int sb) {
-        mbar_expect(full + b, IMW_X + IMW_W);
-        tma_2d(Ws + b * IMW_W, wm, sb * 36, r0, full + b);
-    };
-    auto send_x = [&](int b, int sb) {
-#pragma unroll 1
-        for (int p = 0; p < 16; p++) tma_2d(Xs + b * IMW_X + p * (QMM_BN * 16), xm, sb * 256 + 16 * p, n0, full + b);
-    };
-    auto copy_s = [&](int b, int sb) {
-        const int t = threadIdx.x & 63;
-        const bool ok = n0 + t < n;
-        if (threadIdx.x < 64)
-            cp_async16(Hs + (b * QMM_BN + t) * 16, ok ? hl + ((long long)(n0 + t) * nsb + sb) * 16 : hl, ok);
-        else
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(Dd + b * QMM_BN + t)),
-                         "l"(ok ? ad + (long long)(n0 + t) * nsb + sb : ad), "r"(ok ? 4 : 0));
-    };
-    if (threadIdx.x == 0)
-        for (int st = 0; st < IMW_NST - 1 && s0 + st < s1; st++) send_w(st, s0 + st);
-    pdl_begin();
-#pragma unroll
-    for (int st = 0; st < IMW_NST - 1; st++) {
-        if (s0 + st < s1) {
-            if (threadIdx.x == 0) send_x(st, s0 + st);
-            copy_s(st, s0 + st);
-        }
-        cp_async_commit();
-    }
-    int P[32], Qa[32];
-    long long tot[8][4];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) tot[i][e] = 0;
-    for (int sb = s0; sb < s1; sb++) {
-        const int b = (sb - s0) % IMW_NST;
-        cp_async_wait<IMW_NST - 2>();
-        mbar_wait(full + b, ((sb - s0) / IMW_NST) & 1);
-        __syncthreads();
-        // Into the buffer of super-block sb - 1, whose products finished before the barrier.
-        if (sb + IMW_NST - 1 < s1) {
-            const int nb = (sb - s0 + IMW_NST - 1) % IMW_NST;
-            if (threadIdx.x == 0) {
-                send_w(nb, sb + IMW_NST - 1);
-                send_x(nb, sb + IMW_NST - 1);
-            }
-            copy_s(nb, sb + IMW_NST - 1);
-        }
-        cp_async_commit();
-        const u8* b0 = Ws + b * IMW_W + (16 * warp + g) * 144;
-        const u8* b1 = b0 + 8 * 144;
-        const u8* xs = Xs + b * IMW_X;
-        u32 sc0[2], sc1[2], m0[2], m1[2];
-        q4k_scales_mins(b0, sc0, m0);
-        q4k_scales_mins(b1, sc1, m1);
-        u32 A[2][4][2][4];  // [group][pair][sh, sl][fragment]
-        auto frags = [&](u32 (*a)[2][4], int h) {
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int jj = 4 * h + k;
-                const int c0 = (sc0[h] >> (8 * k)) & 63, c1 = (sc1[h] >> (8 * k)) & 63;
-                u32 v[4];
-                q4k_frag(b0, jj, q, v[0], v[2]);
-                q4k_frag(b1, jj, q, v[1], v[3]);
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int c = (i & 1) ? c1 : c0;
-                    a[k][0][i] = v[i] * (u32)(c >> 3);
-                    a[k][1][i] = v[i] * (u32)(c & 7);
-                }
-            }
-        };
-        auto issue = [&](u32 (*a)[2][4], int h) {
-            wg_fence();
-            keep_u<32>((u32*)P);
-            keep_u<32>((u32*)Qa);
-            keep_u<32>(&a[0][0][0]);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int jj = 4 * h + k;
-                const u64 desc = wg_desc(xs + 2 * jj * (QMM_BN * 16), QMM_BN * 16, 128);
-                wg_s8_rs64(P, a[k][0], desc, jj);
-                wg_s8_rs64(Qa, a[k][1], desc, jj);
-            }
-            wg_commit();
-        };
-        frags(A[0], 0);
-        issue(A[0], 0);
-        frags(A[1], 1);
-        issue(A[1], 1);
-        wg_wait0();
-        keep_u<32>((u32*)P);
-        keep_u<32>((u32*)Qa);
-        keep_u<32>(&A[0][0][0][0]);
-        keep_u<32>(&A[1][0][0][0]);
-        // The super-block's terms (P and Q are overwritten by the next stage's first product).
-        K::template fin<false>(tot, (int(*)[4])P, (int(*)[4])Qa, b0, b1, Hs + b * QMM_BN * 16, Dd + b * QMM_BN, g, q);
-    }
-    imm_store(tot, R, n0, rows, y, n, part, cnt);
-#else
-    __trap();
-#endif
-}
-template <class T>
-__global__ void __launch_bounds__(32 * QMM_WARPS)
-    immw(const __grid_constant__ TMap xm, const __grid_constant__ TMap wm, const u8* __restrict__ W, long long row_bytes,
-         int rows, int cols, const float* __restrict__ ad, const int* __restrict__ abs_, float* __restrict__ y, int n,
-         long long* part, unsigned* cnt) {
-    immw_impl<IK<T>>(&xm, &wm, W, row_bytes, rows, cols, ad, abs_, y, n, part, cnt);
 }
 
 // imvk: imv's layout (NT n8 tiles), one super-block per chunk.

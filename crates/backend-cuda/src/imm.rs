@@ -1,7 +1,7 @@
-//! The int8 tensor-core products in the exact-sum order (kernels/imm.cu): imm (split over whole
-//! 256-column chunks, each tile's last part adding the parts' 64-bit totals; Q4_K's on Hopper's
-//! wgmma fed by the tensor memory accelerator, immw) and its decode form imv (8 or 16 tokens a
-//! launch); their launch shapes and shared memory.
+//! The int8 tensor-core products in the exact-sum order (kernels/imm.cu, immw.cu): imm (split
+//! over whole 256-column chunks, each tile's last part adding the parts' 64-bit totals; Q4_K's
+//! on Hopper's wgmma fed by the tensor memory accelerator, immw) and its decode form imv (8 or
+//! 16 tokens a launch); their launch shapes and shared memory.
 
 use crate::qmm::{QMM_BM, QMM_BN, QMM_NST, QMM_THREADS};
 use crate::weights::CudaWeight;
@@ -17,7 +17,7 @@ const IMM_XLD_BYTES: usize = 144;
 /// Stages in flight of imm on wgmma (kernels/imm.cu `IMW_NST`).
 const IMW_NST: usize = 3;
 
-/// Dynamic shared memory of immw (kernels/imm.cu): per stage (a super-block) the tokens' 256
+/// Dynamic shared memory of immw (kernels/immw.cu): per stage (a super-block) the tokens' 256
 /// int8 activations, the rows' blocks of `block` bytes, the tokens' 32-sums split and d; a
 /// barrier per stage.
 fn immw_smem(block: usize) -> usize {
@@ -87,7 +87,7 @@ impl CudaBackend {
         )
     }
 
-    /// imm on wgmma (kernels/imm.cu `immw`) in `splits` parts: the tensor maps of the int8
+    /// imm on wgmma (kernels/immw.cu `immw`) in `splits` parts: the tensor maps of the int8
     /// activations (a box is 16 values of 64 tokens: a piece of a stage, in wgmma's canonical
     /// layout) and of the weights (rows of 4-byte units: a box is a super-block's blocks of 64
     /// rows).

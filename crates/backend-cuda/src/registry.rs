@@ -24,6 +24,7 @@ const EXACT: &str = include_str!("../kernels/exact.cu");
 const QMM: &str = include_str!("../kernels/qmm.cu");
 const MMVQ: &str = include_str!("../kernels/mmvq.cu");
 const IMM: &str = include_str!("../kernels/imm.cu");
+const IMMW: &str = include_str!("../kernels/immw.cu");
 const KVQ: &str = include_str!("../kernels/kvq.cu");
 
 /// Weight types with quantized kernels (`embed_T`, `mmv_T`, `qmm_T`), by kernel
@@ -340,6 +341,9 @@ pub fn module_source(module: &str) -> Option<String> {
             f.push(("wmm.cu", WMM));
             if int8_mma(t) {
                 f.push(("imm.cu", IMM));
+            }
+            if IMM_WGMMA_TYPES.contains(&t) {
+                f.push(("immw.cu", IMMW));
             }
             f
         }

@@ -3,7 +3,7 @@
 
 use super::*;
 
-const FILES: [(&str, &str); 13] = [
+const FILES: [(&str, &str); 14] = [
     ("quant.cu", QUANT),
     ("delta.cu", DELTA),
     ("dsv4.cu", DSV4),
@@ -12,6 +12,7 @@ const FILES: [(&str, &str); 13] = [
     ("mmvq.cu", MMVQ),
     ("qmm.cu", QMM),
     ("imm.cu", IMM),
+    ("immw.cu", IMMW),
     ("kvq.cu", KVQ),
     ("ops.cu", OPS),
     ("flash.cu", FLASH),

@@ -129,8 +129,9 @@ unsafe impl Kernel for Avx512 {
 }
 
 /// Defines one level's `#[target_feature]` entry points and its `Entry` table.
+/// `$x`: the level's exact tiles (a module with `xgemm_rows` and `takes`).
 macro_rules! level_entries {
-    ($entry:ident, $k:ty, $feat:literal, $xgemm:expr) => {
+    ($entry:ident, $k:ty, $feat:literal, $x:ident) => {
         pub(crate) fn $entry() -> Entry {
             #[target_feature(enable = $feat)]
             unsafe fn qa32(x: &[f32], o: A32Mut<'_>) {
@@ -176,6 +177,18 @@ macro_rules! level_entries {
                 // SAFETY: this function has the level's features.
                 unsafe { driver::float_rows::<$k>(j, r0, r1, o) }
             }
+            #[target_feature(enable = $feat)]
+            unsafe fn exact(
+                j: &Job<'_>,
+                p: &Panel<'_>,
+                t: usize,
+                r0: usize,
+                r1: usize,
+                o: &SharedMut<'_, f32>,
+            ) {
+                // SAFETY: this function has the level's features.
+                unsafe { $x::xgemm_rows(j, p, t, r0, r1, o) }
+            }
             // SAFETY (all closures below): `driver::entry` returns this table only for a
             // level the CPU supports (`SimdLevel::detected()` checked these features).
             Entry {
@@ -185,55 +198,19 @@ macro_rules! level_entries {
                 gemv: |j, a, r0, r1, o| unsafe { gemv(j, a, r0, r1, o) },
                 gemm: |j, p, t, r0, r1, o| unsafe { gemm(j, p, t, r0, r1, o) },
                 float: |j, r0, r1, o| unsafe { float(j, r0, r1, o) },
-                xgemm: $xgemm,
+                xgemm: Some((
+                    |j, p, t, r0, r1, o| unsafe { exact(j, p, t, r0, r1, o) },
+                    $x::takes,
+                )),
             }
         }
     };
 }
 
-level_entries!(
-    entry_avx2,
-    Avx2,
-    "avx2,fma,f16c",
-    // SAFETY: as the closures above.
-    Some((
-        |j, p, t, r0, r1, o| unsafe { xgemm256(j, p, t, r0, r1, o) },
-        xgemm2::takes
-    ))
-);
+level_entries!(entry_avx2, Avx2, "avx2,fma,f16c", xgemm2);
 level_entries!(
     entry_avx512,
     Avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    // SAFETY: as the closures above.
-    Some((
-        |j, p, t, r0, r1, o| unsafe { xgemm512(j, p, t, r0, r1, o) },
-        xgemm::takes
-    ))
+    xgemm
 );
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn xgemm256(
-    j: &Job<'_>,
-    p: &Panel<'_>,
-    t: usize,
-    r0: usize,
-    r1: usize,
-    o: &SharedMut<'_, f32>,
-) {
-    // SAFETY: this function has the level's features.
-    unsafe { xgemm2::xgemm_rows(j, p, t, r0, r1, o) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn xgemm512(
-    j: &Job<'_>,
-    p: &Panel<'_>,
-    t: usize,
-    r0: usize,
-    r1: usize,
-    o: &SharedMut<'_, f32>,
-) {
-    // SAFETY: this function has the level's features.
-    unsafe { xgemm::xgemm_rows(j, p, t, r0, r1, o) }
-}
