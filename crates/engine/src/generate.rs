@@ -124,6 +124,7 @@ pub fn generate_spec(
             continue;
         }
         // `next` is the last token: this step computes it, with a proposal if one is made.
+        let t_step = std::time::Instant::now();
         let len = match spec.as_deref_mut() {
             Some(s) => {
                 s.seq.push(next);
@@ -139,6 +140,9 @@ pub fn generate_spec(
         if len == 0 {
             queue.push_back(r.eval_pick(&[next], pos, sampler, &history)?);
             pos += 1;
+            if let Some(s) = spec.as_deref_mut() {
+                s.timed(1, t_step.elapsed().as_secs_f64());
+            }
             continue;
         }
         step.clear();
@@ -148,6 +152,7 @@ pub fn generate_spec(
         let accepted = picks.len() - 1;
         pos += accepted + 1;
         if let Some(s) = spec.as_deref_mut() {
+            s.timed(step.len(), t_step.elapsed().as_secs_f64());
             s.record(len, accepted, pos);
             s.seq.extend_from_slice(&picks[..accepted]);
         }

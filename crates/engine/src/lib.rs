@@ -25,6 +25,7 @@ pub mod sched;
 pub mod serve;
 mod serving;
 pub mod spec;
+pub mod spec_cost;
 mod spec_gen;
 pub mod types;
 mod workers;

@@ -14,6 +14,7 @@ use crate::kv::{chain_hash, BlockPool};
 use crate::spec::{
     batch_cap, ngram_propose, DraftJob, Drafter, RequestSpec, SpecConfig, SpecState, SpecType,
 };
+use crate::spec_cost::StepCost;
 use crate::types::{FinishReason, SchedError, BLOCK_SIZE};
 use std::collections::VecDeque;
 
@@ -279,6 +280,8 @@ pub struct Scheduler {
     out: SchedulerOutput,
     outcomes: Vec<Outcome>,
     spec_counts: SpecCounts,
+    /// The engine's step times, for the cost of proposed rows (`note_step`).
+    cost: StepCost,
 }
 
 /// Proposed and accepted tokens since the start.
@@ -331,6 +334,7 @@ impl Scheduler {
             out: SchedulerOutput::default(),
             outcomes: Vec::new(),
             spec_counts: SpecCounts::default(),
+            cost: StepCost::default(),
         }
     }
 
@@ -414,6 +418,11 @@ impl Scheduler {
 
     pub fn spec_counts(&self) -> SpecCounts {
         self.spec_counts
+    }
+
+    /// The last scheduled step took `secs` from its planning to its tokens.
+    pub fn note_step(&mut self, secs: f64) {
+        self.cost.record(self.out.n_tokens(), secs);
     }
 
     pub fn n_waiting(&self) -> usize {
@@ -523,7 +532,7 @@ impl Scheduler {
                     .min(prompt_rows)
                     .min(e.max_tokens.saturating_sub(e.generated() + 1))
                     .min(cap);
-                let len = e.spec.next_len(draft_max).min(room);
+                let len = e.spec.next_len(draft_max, n_decoding, &self.cost).min(room);
                 match spec.kind {
                     SpecType::Ngram => {
                         let p = ngram_propose(&e.tokens, spec.ngram_max, spec.ngram_min, len);

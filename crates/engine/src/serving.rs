@@ -94,6 +94,7 @@ impl<'a, B: Backend> Engine<'a, B> {
 
     /// One step: schedule → runner.execute → scheduler.update → output stage.
     fn step(&mut self) -> Result<(), EngineError> {
+        let t0 = Instant::now();
         self.phases.start();
         match self.draft.as_mut() {
             Some(draft) => {
@@ -140,6 +141,8 @@ impl<'a, B: Backend> Engine<'a, B> {
             let (b, target) = self.runner.backend_and_state();
             d.absorb(b, target, self.sched.output())?;
         }
+        // The step's time, for what proposed rows cost (the drafting included).
+        self.sched.note_step(t0.elapsed().as_secs_f64());
         for i in 0..self.ended.len() {
             let (id, reason) = self.ended[i];
             self.end(id, reason);

@@ -21,6 +21,8 @@
 //! generated token consumes one draw with or without speculation, so a seeded request's
 //! tokens are the same either way.
 
+use crate::spec_cost::{worth, Acceptance, StepCost};
+
 /// Which proposer runs (`--spec-type`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SpecType {
@@ -270,11 +272,15 @@ pub fn accepted_prefix(proposed: &[u32], picked: &[u32]) -> usize {
 /// A request's speculation policy: the proposal length starts at [`START_LEN`] and follows its
 /// acceptance (doubling after a step that accepted everything, down to one past the accepted
 /// count otherwise), and after steps that accepted nothing it stops proposing for a while (1, 2,
-/// 4, … up to 32 steps).
+/// 4, … up to 32 steps). Then the engine's step times cut it to the length of the most tokens
+/// per second ([`crate::spec_cost::worth`]): where that is none, it pauses [`COST_PAUSE`] steps.
 /// A request's first proposal length (at most `--draft-max`): a proposer that agrees reaches 16
 /// after two steps, one that does not costs 4 verified rows, not 16 (a random EAGLE-3 head over
 /// SmolLM2 on the CPU: −22% of plain decode's speed starting at 16, −10% at 4).
 pub const START_LEN: usize = 4;
+/// Steps without a proposal after the step times said that none pays (the acceptance's
+/// evidence ages meanwhile, so that the choice is made again on fresher terms).
+pub const COST_PAUSE: usize = 4;
 
 #[derive(Clone, Debug, Default)]
 pub struct SpecState {
@@ -284,19 +290,28 @@ pub struct SpecState {
     cooldown: usize,
     /// Steps in a row that accepted nothing.
     misses: u32,
+    acc: Acceptance,
 }
 
 impl SpecState {
-    /// The proposal length this step may use (0: none), and counts down a pause.
-    pub fn next_len(&mut self, draft_max: usize) -> usize {
+    /// The proposal length this step may use (0: none) in a step of `n` decoding requests
+    /// whose times `cost` holds, and counts down a pause.
+    pub fn next_len(&mut self, draft_max: usize, n: usize, cost: &StepCost) -> usize {
         if self.cooldown > 0 {
             self.cooldown -= 1;
+            self.acc.age();
             return 0;
         }
         if self.len == 0 {
             self.len = START_LEN;
         }
-        self.len.min(draft_max)
+        let len = self.len.min(draft_max);
+        let l = worth(len, n, &self.acc, cost);
+        if l == 0 && len > 0 {
+            self.cooldown = COST_PAUSE - 1;
+            self.acc.age();
+        }
+        l
     }
 
     /// Takes a step's result: `accepted` of `proposed` tokens.
@@ -304,6 +319,7 @@ impl SpecState {
         if proposed == 0 {
             return;
         }
+        self.acc.record(proposed, accepted);
         if accepted == 0 {
             self.misses += 1;
             self.cooldown = 1 << (self.misses - 1).min(5);
@@ -434,29 +450,38 @@ mod tests {
     #[test]
     fn the_policy_grows_on_acceptance_and_pauses_on_misses() {
         let mut s = SpecState::default();
-        assert_eq!(s.next_len(2), 2);
-        assert_eq!(s.next_len(16), START_LEN);
+        // Step times not yet known: the acceptance alone decides.
+        let c = StepCost::default();
+        assert_eq!(s.next_len(2, 1, &c), 2);
+        assert_eq!(s.next_len(16, 1, &c), START_LEN);
         s.record(4, 4, 16);
-        assert_eq!(s.next_len(16), 8);
+        assert_eq!(s.next_len(16, 1, &c), 8);
         s.record(8, 8, 16);
-        assert_eq!(s.next_len(16), 16);
+        assert_eq!(s.next_len(16, 1, &c), 16);
         s.record(16, 16, 16);
-        assert_eq!(s.next_len(16), 16);
+        assert_eq!(s.next_len(16, 1, &c), 16);
         s.record(16, 3, 16);
-        assert_eq!(s.next_len(16), 4);
+        assert_eq!(s.next_len(16, 1, &c), 4);
         s.record(4, 4, 16);
-        assert_eq!(s.next_len(16), 8);
+        assert_eq!(s.next_len(16, 1, &c), 8);
         s.record(8, 0, 16);
         // One step off, then 4.
-        assert_eq!(s.next_len(16), 0);
-        assert_eq!(s.next_len(16), 4);
+        assert_eq!(s.next_len(16, 1, &c), 0);
+        assert_eq!(s.next_len(16, 1, &c), 4);
         s.record(4, 0, 16);
-        assert_eq!((s.next_len(16), s.next_len(16), s.next_len(16)), (0, 0, 2));
+        assert_eq!(
+            (
+                s.next_len(16, 1, &c),
+                s.next_len(16, 1, &c),
+                s.next_len(16, 1, &c)
+            ),
+            (0, 0, 2)
+        );
         for _ in 0..10 {
             s.record(1, 0, 16);
         }
         // The pause is capped at 32 steps.
-        assert_eq!((0..32).filter(|_| s.next_len(16) == 0).count(), 32);
-        assert_eq!(s.next_len(16), 1);
+        assert_eq!((0..32).filter(|_| s.next_len(16, 1, &c) == 0).count(), 32);
+        assert_eq!(s.next_len(16, 1, &c), 1);
     }
 }

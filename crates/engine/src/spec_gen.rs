@@ -8,6 +8,7 @@
 
 use crate::runner::{Session, Want};
 use crate::spec::{ngram_propose, SpecConfig, SpecState, SpecType};
+use crate::spec_cost::StepCost;
 use crate::types::Result;
 
 /// A sequence's proposer and policy, kept from call to call of `generate_spec` (a chat's
@@ -20,6 +21,8 @@ pub struct Speculator<'a> {
     /// Tokens whose K/V the draft holds (a prefix of `seq`).
     draft_done: usize,
     policy: SpecState,
+    /// The sequence's step times by rows, for what a proposal costs.
+    cost: StepCost,
     /// Tokens proposed and accepted, and steps that verified a proposal, so far.
     pub proposed: u64,
     pub accepted: u64,
@@ -36,6 +39,7 @@ impl<'a> Speculator<'a> {
             seq: Vec::new(),
             draft_done: 0,
             policy: SpecState::default(),
+            cost: StepCost::default(),
             proposed: 0,
             accepted: 0,
             steps: 0,
@@ -58,7 +62,15 @@ impl<'a> Speculator<'a> {
         if !self.cfg.on() {
             return 0;
         }
-        self.policy.next_len(self.cfg.draft_max).min(room)
+        self.policy
+            .next_len(self.cfg.draft_max, 1, &self.cost)
+            .min(room)
+    }
+
+    /// A step of `rows` rows (the last token and the proposal) took `secs`, its proposing
+    /// included.
+    pub(crate) fn timed(&mut self, rows: usize, secs: f64) {
+        self.cost.record(rows, secs);
     }
 
     /// Up to `len` tokens after `seq` into `out` (`target`: the model, whose draft head

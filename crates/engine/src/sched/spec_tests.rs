@@ -36,15 +36,17 @@ struct Run {
 }
 
 fn run(kind: SpecType, kv_blocks: usize, prompts: &[Vec<u32>], max_tokens: usize) -> Run {
-    run_with(kind, kv_blocks, prompts, max_tokens, None)
+    run_with(kind, kv_blocks, prompts, max_tokens, None, None)
 }
 
+/// `step_secs`: each step's time by its rows, told to the scheduler (`note_step`).
 fn run_with(
     kind: SpecType,
     kv_blocks: usize,
     prompts: &[Vec<u32>],
     max_tokens: usize,
     mut drafter: Option<&mut dyn Drafter>,
+    step_secs: Option<&dyn Fn(usize) -> f64>,
 ) -> Run {
     let mut s = Scheduler::new(SchedConfig {
         max_batch_tokens: 64,
@@ -120,6 +122,9 @@ fn run_with(
         for o in s.update(&sampled).iter().filter(|o| o.appended) {
             r.outputs.entry(o.id).or_default().push(o.token);
         }
+        if let Some(f) = step_secs {
+            s.note_step(f(out.n_tokens()));
+        }
         // Every running request holds the blocks of its computed tokens and no more, and its
         // registered blocks are full blocks of accepted tokens.
         for e in &s.running {
@@ -153,6 +158,35 @@ fn speculation_changes_the_steps_not_the_tokens() {
         "{} vs {}",
         spec.steps,
         plain.steps
+    );
+}
+
+#[test]
+fn proposals_follow_what_their_rows_cost() {
+    // One request whose prompt half repeats: a row that costs as much as a step (a CPU's
+    // arithmetic) leaves a proposal only where it pays; one that costs nothing (a GPU's
+    // weight reads shared) keeps them all. The tokens are the same.
+    let p: Vec<u32> = (0..48).map(|k| ((k % 24) * 7 % 50) as u32).collect();
+    let plain = run(SpecType::None, 64, std::slice::from_ref(&p), 300);
+    let free = run_with(
+        SpecType::Ngram,
+        64,
+        std::slice::from_ref(&p),
+        300,
+        None,
+        Some(&|_| 1.0),
+    );
+    let dear = run_with(SpecType::Ngram, 64, &[p], 300, None, Some(&|r| r as f64));
+    assert_eq!(free.outputs, plain.outputs);
+    assert_eq!(dear.outputs, plain.outputs);
+    let (f, d) = (free.counts, dear.counts);
+    assert!(f.accepted > 0 && free.steps < plain.steps, "{f:?}");
+    assert!(d.proposed * 2 < f.proposed, "{d:?} against {f:?}");
+    // Where a row costs a step, no proposal pays once the steps are timed: those made while
+    // they were not are all the rejected ones.
+    assert!(
+        d.proposed - d.accepted <= f.proposed - f.accepted,
+        "{d:?} against {f:?}"
     );
 }
 
@@ -233,7 +267,14 @@ fn a_drafter_changes_the_steps_not_the_tokens_and_its_kv_follows_the_accepted_to
                 wrong,
                 ..Default::default()
             };
-            let r = run_with(SpecType::Draft, kv_blocks, &prompts(), 60, Some(&mut d));
+            let r = run_with(
+                SpecType::Draft,
+                kv_blocks,
+                &prompts(),
+                60,
+                Some(&mut d),
+                None,
+            );
             assert_eq!(
                 r.outputs, plain.outputs,
                 "wrong {wrong}, {kv_blocks} blocks"
