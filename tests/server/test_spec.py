@@ -18,7 +18,9 @@ PROMPT = (
 
 @pytest.fixture(scope="module")
 def spec_server():
-    s = Server("--ctx-size", "1024", "--max-seqs", "4", "--spec-type", "ngram", "--draft-max", "8")
+    # Proposals by acceptance alone (--spec-timing off): the counts below do not depend on this
+    # machine's step times.
+    s = Server("--ctx-size", "1024", "--max-seqs", "4", "--spec-type", "ngram", "--draft-max", "8", "--spec-timing", "off")
     yield s
     s.stop()
 
@@ -47,7 +49,7 @@ def test_ngram_speculation_gives_plain_serving_text_and_counts_its_tokens(server
 @pytest.fixture(scope="module")
 def draft_server():
     # The model as its own draft: its greedy proposals are the model's own tokens.
-    s = Server("--ctx-size", "1024", "--max-seqs", "4", "-md", str(model_path()), "--draft-max", "6")
+    s = Server("--ctx-size", "1024", "--max-seqs", "4", "-md", str(model_path()), "--draft-max", "6", "--spec-timing", "off")
     yield s
     s.stop()
 
@@ -102,7 +104,7 @@ def qwen35_mtp(tmp_path_factory):
 
 def test_a_qwen35_models_own_block_gives_plain_serving_text(qwen35_mtp):
     plain = Server("--ctx-size", "512", "--max-seqs", "2", model=qwen35_mtp)
-    mtp = Server("--ctx-size", "512", "--max-seqs", "2", "--spec-type", "draft-mtp", "--draft-max", "4", model=qwen35_mtp)
+    mtp = Server("--ctx-size", "512", "--max-seqs", "2", "--spec-type", "draft-mtp", "--draft-max", "4", "--spec-timing", "off", model=qwen35_mtp)
     try:
         for kw in ({"temperature": 0}, {"temperature": 0.8, "seed": 5}):
             for prompt in (PROMPT, "The capital of France is"):

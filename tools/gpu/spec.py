@@ -251,8 +251,9 @@ def main():
     if a.drafts != "none":
         run.notes.append("draft random: `quiver synth --vocab-from MODEL` of the model's shape and type (its "
                          "forward as costly as the model's); draft random 1 layer: the same with `--layers 1`; "
-                         "draft self: the model as its own draft (every proposal accepted); all with quiver's "
-                         "defaults (`--draft-max 16 --draft-p-min 0`, its adaptive policy on). Their t/s "
+                         "draft self: the model as its own draft (every proposal accepted; `--spec-timing off`, "
+                         "since on time it never pays: it shows the machinery's ceiling in tokens a step); all with "
+                         "quiver's defaults (`--draft-max 16 --draft-p-min 0`, its adaptive policy on). Their t/s "
                          "include the draft's pass over the prompt, which it makes at the first decode step "
                          "(llama.cpp makes it before its timing starts)")
     run.table()
@@ -293,7 +294,8 @@ def main():
                     run.notes.append(f"{model}: no {label} (preset {preset}, type {ty})")
             drafts.append(("draft self", path))
             for label, d in drafts:
-                for r in quiver_bench(run, a.quiver, path, prompt, ["--spec", "draft", "-md", d], base):
+                timing = ["--spec-timing", "off"] if label == "draft self" else []
+                for r in quiver_bench(run, a.quiver, path, prompt, ["--spec", "draft", "-md", d] + timing, base):
                     if r["raw"]["spec"] != "none":
                         run.add(**dict(r, spec=label))
     run.table()

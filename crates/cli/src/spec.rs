@@ -35,6 +35,19 @@ pub struct SpecArgs {
         value_parser = crate::gen::unit
     )]
     pub draft_p_min: f32,
+    /// on: each request's proposal length is cut to what pays by the engine's measured step
+    /// times (a CPU's rows cost their arithmetic: short proposals, or none); off: by acceptance
+    /// alone (to measure the machinery, e.g. a model as its own draft).
+    #[arg(long = "spec-timing", value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pub spec_timing: bool,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?} is neither on nor off")),
+    }
 }
 
 fn parse_spec_type(s: &str) -> Result<SpecType, String> {
@@ -60,6 +73,7 @@ impl SpecArgs {
             draft_max: self.draft_max as usize,
             draft_min: self.draft_min as usize,
             p_min: self.draft_p_min,
+            timed: self.spec_timing,
             ..Default::default()
         };
         if c.kind.uses_model() && self.model_draft.is_none() {

@@ -356,7 +356,7 @@ fn run_with_speculation_prints_the_text_of_plain_run() {
         );
         assert!(plain.stdout.len() > 40, "no text generated");
         let ngram = ["--spec", "ngram", "--draft-max", "8"];
-        let draft = ["-md", &m];
+        let draft = ["-md", &m, "--spec-timing", "off"];
         let sure = [
             "--model-draft",
             &m,

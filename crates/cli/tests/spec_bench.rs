@@ -73,9 +73,22 @@ fn chat_two_turns(m: &str, n: &str, spec: &[&str]) -> Vec<u8> {
     ok(&c.wait_with_output().unwrap()).stdout.clone()
 }
 
-/// The bench's rows: (spec, row) for the plain and the speculative run.
+/// The bench's rows: (spec, row) for the plain and the speculative run (proposals by
+/// acceptance alone, `--spec-timing off`: the counts do not depend on this machine's speed).
 fn bench(m: &str, file: &str, spec: &[&str], n: &str) -> Vec<Value> {
-    let base = ["bench", "-m", m, "--device", "cpu", "-f", file, "-n", n];
+    let base = [
+        "bench",
+        "-m",
+        m,
+        "--device",
+        "cpu",
+        "-f",
+        file,
+        "-n",
+        n,
+        "--spec-timing",
+        "off",
+    ];
     let out = quiver(&[&base[..], &["-r", "1", "--json"], spec].concat());
     let j: Value = serde_json::from_slice(&ok(&out).stdout).unwrap();
     j["results"].as_array().unwrap().clone()
@@ -225,7 +238,7 @@ fn an_eagle3_head_drafts_in_bench_run_and_chat_and_the_wrong_type_is_refused() {
         ];
         ok(&quiver(&[&p[..], sample, spec].concat())).clone()
     };
-    let with_head = ["--spec-type", "eagle3", "-md", head];
+    let with_head = ["--spec-type", "eagle3", "-md", head, "--spec-timing", "off"];
     for sample in [&["--temp", "0"][..], &["--temp", "0.9", "--seed", "7"]] {
         let (plain, spec) = (run(sample, &[]), run(sample, &with_head));
         assert_eq!(plain.stdout, spec.stdout, "{sample:?}");

@@ -422,7 +422,9 @@ impl Scheduler {
 
     /// The last scheduled step took `secs` from its planning to its tokens.
     pub fn note_step(&mut self, secs: f64) {
-        self.cost.record(self.out.n_tokens(), secs);
+        if self.cfg.spec.timed {
+            self.cost.record(self.out.n_tokens(), secs);
+        }
     }
 
     pub fn n_waiting(&self) -> usize {

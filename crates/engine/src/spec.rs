@@ -90,6 +90,9 @@ pub struct SpecConfig {
     pub p_min: f32,
     /// The draft model's file (`-md`), for [`SpecType::Draft`].
     pub draft_model: Option<DraftFile>,
+    /// Proposal lengths cut by the measured step times (`--spec-timing`; [`crate::spec_cost`]);
+    /// off, by acceptance alone.
+    pub timed: bool,
 }
 
 /// The draft model's open file.
@@ -197,6 +200,7 @@ impl Default for SpecConfig {
             max_decoding: 4,
             p_min: 0.0,
             draft_model: None,
+            timed: true,
         }
     }
 }

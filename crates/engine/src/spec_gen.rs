@@ -70,7 +70,9 @@ impl<'a> Speculator<'a> {
     /// A step of `rows` rows (the last token and the proposal) took `secs`, its proposing
     /// included.
     pub(crate) fn timed(&mut self, rows: usize, secs: f64) {
-        self.cost.record(rows, secs);
+        if self.cfg.timed {
+            self.cost.record(rows, secs);
+        }
     }
 
     /// Up to `len` tokens after `seq` into `out` (`target`: the model, whose draft head

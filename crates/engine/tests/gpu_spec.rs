@@ -119,6 +119,8 @@ fn spec(kind: SpecType, draft: Option<Arc<GgufFile>>) -> SpecConfig {
         draft_max: 6,
         max_decoding: 12,
         draft_model: draft.map(DraftFile),
+        // By acceptance alone: what these tests count does not depend on the step times.
+        timed: false,
         ..Default::default()
     }
 }
@@ -226,6 +228,7 @@ fn single_sequence_speculation_on_the_gpu_gives_the_tokens_of_plain_generation()
             let cfg = SpecConfig {
                 kind,
                 draft_max: 7,
+                timed: false,
                 ..Default::default()
             };
             let mut s = Speculator::new(cfg, d.as_mut().map(|d| d as &mut dyn Session));

@@ -238,6 +238,8 @@ fn served_with_the_block_the_tokens_are_plain_decodings() {
             kind: SpecType::Mtp,
             draft_max: 4,
             max_decoding: 8,
+            // By acceptance alone: what these tests count does not depend on the step times.
+            timed: false,
             ..Default::default()
         };
         for kv_blocks in [64, 12] {
@@ -335,6 +337,7 @@ fn a_model_without_a_block_is_refused() {
     let spec = SpecConfig {
         kind: SpecType::Mtp,
         draft_max: 4,
+        timed: false,
         ..Default::default()
     };
     let e = common::serve_cpu(f, spec, 64).map(|_| ()).unwrap_err();

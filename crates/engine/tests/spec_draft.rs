@@ -29,6 +29,8 @@ fn draft(file: Arc<GgufFile>, draft_max: usize) -> SpecConfig {
         draft_max,
         max_decoding: 8,
         draft_model: Some(DraftFile(file)),
+        // By acceptance alone: what these tests count does not depend on the step times.
+        timed: false,
         ..Default::default()
     }
 }
@@ -254,6 +256,7 @@ fn single_sequence_speculation_gives_the_tokens_of_plain_generation() {
                 kind,
                 draft_max: 6,
                 ngram_min: 1,
+                timed: false,
                 ..Default::default()
             };
             let mut s = Speculator::new(cfg, d.as_mut().map(|d| d as &mut dyn Session));

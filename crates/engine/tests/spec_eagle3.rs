@@ -34,6 +34,8 @@ fn eagle(kind: SpecType, head: Arc<GgufFile>, draft_max: usize) -> SpecConfig {
         draft_max,
         max_decoding: 8,
         draft_model: Some(DraftFile(head)),
+        // By acceptance alone: what these tests count does not depend on the step times.
+        timed: false,
         ..Default::default()
     }
 }
@@ -151,6 +153,7 @@ fn a_head_that_does_not_fit_its_target_or_type_is_refused_at_load() {
     // eagle3 without a head.
     let spec = SpecConfig {
         kind: SpecType::Eagle3,
+        timed: false,
         ..Default::default()
     };
     let e = refused(spec, &target);
