@@ -125,9 +125,12 @@ __device__ __forceinline__ void imm_store(long long (*tot)[4], const QRows& R, i
 #pragma unroll
     for (int i = 0; i < 32; i++) __stcg(a + (long long)blockIdx.z * tiles * TS + i * 32 * QMM_WARPS, tot[i >> 2][i & 3]);
     __shared__ bool last;
-    __threadfence();
+    // The block's stores before the count (one thread's fence after the barrier covers them).
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == gridDim.z - 1;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(cnt + tile, 1u) == gridDim.z - 1;
+    }
     __syncthreads();
     if (!last) return;
     __threadfence();

@@ -355,7 +355,10 @@ extern "C" __global__ void quantize_a32(const float* __restrict__ x, i8* __restr
 // Blocks of 256 (ggml's Q8_K: d = 1 / (127/max)): q int8, d per block, sums of each 16 quants,
 // and after those sums (at bsums + 16·nblocks) each 32's sum split for imm.cu's Q4_K mins term
 // as 256·h + l (h, l int8): per block h_0..h_7, l_0..l_7. One warp per block.
-extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d256, int* __restrict__ bsums, long long nblocks) { pdl_begin();
+// q: row-major ([token][cols]), or with tn > 0 (the token count; nsb blocks a token) tiled for
+// imm on wgmma (imm.cu immw): piece c (16 values) of token t at (c · tn + t) · 16 bytes, so that
+// a stage's pieces of 64 tokens are whole runs of 1 KiB.
+extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d256, int* __restrict__ bsums, long long nblocks, int nsb, int tn) { pdl_begin();
     long long b = blockIdx.x * 8LL + threadIdx.y;
     if (b >= nblocks) return;
     int lane = threadIdx.x;
@@ -371,7 +374,8 @@ extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __rest
         s += qi;
         packed[i >> 2] |= ((u32)(qi & 255)) << (8 * (i & 3));
     }
-    *(uint2*)(q + b * 256 + lane * 8) = make_uint2(packed[0], packed[1]);
+    const long long at = tn > 0 ? (((b % nsb) * 16 + lane / 2) * (long long)tn + b / nsb) * 16 + (lane & 1) * 8 : b * 256 + lane * 8;
+    *(uint2*)(q + at) = make_uint2(packed[0], packed[1]);
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     if ((lane & 1) == 0) bsums[b * 16 + lane / 2] = s;
     const int s32 = s + __shfl_xor_sync(0xffffffffu, s, 2), h = (s32 + 128) >> 8;

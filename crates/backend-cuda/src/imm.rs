@@ -1,7 +1,7 @@
 //! The int8 tensor-core products in the exact-sum order (kernels/imm.cu, immw.cu): imm (split
 //! over whole 256-column chunks, each tile's last part adding the parts' 64-bit totals; Q4_K's
-//! on Hopper's wgmma fed by the tensor memory accelerator, immw) and its decode form imv (8 or
-//! 16 tokens a launch); their launch shapes and shared memory.
+//! and Q6_K's on Hopper's wgmma fed by the tensor memory accelerator, immw) and its decode form
+//! imv (8 or 16 tokens a launch); their launch shapes and shared memory.
 
 use crate::qmm::{QMM_BM, QMM_BN, QMM_NST, QMM_THREADS};
 use crate::weights::CudaWeight;
@@ -14,14 +14,20 @@ use quiver_backend::Result;
 const IMV_TOKENS: usize = 16;
 /// An int8 activation tile's token row in bytes (kernels/qmm.cu `IMM_XLD`).
 const IMM_XLD_BYTES: usize = 144;
-/// Stages in flight of imm on wgmma (kernels/imm.cu `IMW_NST`).
+/// Stages in flight of imm on wgmma (kernels/immw.cu `IMW_NST`).
 const IMW_NST: usize = 3;
 
-/// Dynamic shared memory of immw (kernels/immw.cu): per stage (a super-block) the tokens' 256
-/// int8 activations, the rows' blocks of `block` bytes, the tokens' 32-sums split and d; a
-/// barrier per stage.
-fn immw_smem(block: usize) -> usize {
-    IMW_NST * (QMM_BN * (256 + 16 + 4) + QMM_BM * block + 8)
+/// Dynamic shared memory of immw (kernels/immw.cu) for weights of kernel suffix `kernel`: per
+/// stage (a super-block) the tokens' 256 int8 activations and d, the rows' blocks (Q4_K: 144
+/// bytes by a tensor copy, and the tokens' 32-sums split; Q6_K: qmm's windows of 240) and a
+/// barrier.
+fn immw_smem(kernel: &str) -> usize {
+    let (rows, sums) = if kernel == "q6_k" {
+        (240, 0)
+    } else {
+        (144, 16)
+    };
+    IMW_NST * (QMM_BN * (256 + sums + 4) + QMM_BM * rows + 8)
 }
 
 /// Dynamic shared memory of the imm kernel and of the imv kernel of `nt` n8 tiles for `w`: per
@@ -87,10 +93,11 @@ impl CudaBackend {
         )
     }
 
-    /// imm on wgmma (kernels/immw.cu `immw`) in `splits` parts: the tensor maps of the int8
-    /// activations (a box is 16 values of 64 tokens: a piece of a stage, in wgmma's canonical
-    /// layout) and of the weights (rows of 4-byte units: a box is a super-block's blocks of 64
-    /// rows).
+    /// imm on wgmma (kernels/immw.cu `immw`) in `splits` parts, over int8 activations in its
+    /// tiles (`quantize_act_as`): the tensor maps of the activations (a row of 8-byte units per
+    /// piece of 16 values, the n tokens' pieces; a box is a stage's 16 pieces of 64 tokens, in
+    /// wgmma's canonical layout) and of the weights (rows of 4-byte units: a box is a
+    /// super-block's blocks of 64 rows).
     fn immw(
         &self,
         w: &CudaWeight,
@@ -100,30 +107,34 @@ impl CudaBackend {
         (splits, part, cnt): (usize, u64, u64),
     ) -> Result<()> {
         let (block, _) = registry::block_layout(w.kernel).expect("a block type");
-        let u8t = ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8;
         let none = ds::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE;
         let xm = tensor_map(
-            u8t,
+            ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT64,
             q,
-            &[w.cols as u64, n as u64],
-            &[w.cols as u64],
-            &[16, QMM_BN as u32],
+            &[2 * n as u64, (w.cols / 16) as u64],
+            &[n as u64 * 16],
+            &[2 * QMM_BN as u32, 16],
             none,
         )?;
-        let wm = tensor_map(
-            ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
-            w.data.ptr,
-            &[w.row_bytes as u64 / 4, w.rows as u64],
-            &[w.row_bytes as u64],
-            &[block as u32 / 4, QMM_BM as u32],
-            none,
-        )?;
+        // (Q6_K's rows, of any alignment, go by cp.async: the activations' map stands in.)
+        let wm = if w.row_bytes.is_multiple_of(16) && block.is_multiple_of(16) {
+            tensor_map(
+                ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+                w.data.ptr,
+                &[w.row_bytes as u64 / 4, w.rows as u64],
+                &[w.row_bytes as u64],
+                &[block as u32 / 4, QMM_BM as u32],
+                none,
+            )?
+        } else {
+            xm
+        };
         self.launch_smem(
             &w.names.module,
             &w.names.immw,
             imm_grid(w, n, splits),
             (QMM_THREADS, 1, 1),
-            immw_smem(block) as u32,
+            immw_smem(w.kernel) as u32,
             args![
                 xm,
                 wm,

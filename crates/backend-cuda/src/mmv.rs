@@ -166,6 +166,21 @@ impl CudaBackend {
         block: usize,
         ty: GgmlType,
     ) -> Result<(u64, u64, u64)> {
+        self.quantize_act_as(x, n, cols, block, ty, false)
+    }
+
+    /// [`quantize_act`](Self::quantize_act) with, for blocks of 256 and `tiled`, the quants in
+    /// imm on wgmma's tiles (ops.cu `quantize_a256`: piece c of 16 values of token t at
+    /// (c · n + t) · 16 bytes).
+    pub(crate) fn quantize_act_as(
+        &self,
+        x: u64,
+        n: usize,
+        cols: usize,
+        block: usize,
+        ty: GgmlType,
+        tiled: bool,
+    ) -> Result<(u64, u64, u64)> {
         let q = self.scratch_ptr(|s| &mut s.aq, n * cols, "int8 activations")?;
         let nb = (n * cols / block) as i64;
         let grid = ((nb as usize).div_ceil(8) as u32, 1, 1);
@@ -192,7 +207,15 @@ impl CudaBackend {
                 "quantize_a256",
                 grid,
                 (32, 8, 1),
-                args![x, q, d, bs, nb],
+                args![
+                    x,
+                    q,
+                    d,
+                    bs,
+                    nb,
+                    (cols / 256) as i32,
+                    if tiled { n as i32 } else { 0 }
+                ],
             )?;
             Ok((q, d, bs))
         }

@@ -53,10 +53,12 @@ enum Act {
     Int8 { q: u64, d: u64, s: u64 },
 }
 
-/// Which of [`Act`]'s forms a tensor-core family reads (0 f16, 1 permuted, 2 int8): products
-/// that read the same form share one copy of x.
-fn act_form(p: Product) -> u8 {
+/// Which of [`Act`]'s forms the product `p` of a weight of kernel suffix `kernel` reads on
+/// compute capability `arch` (0 f16, 1 permuted, 2 int8, 3 int8 tiled for imm on wgmma):
+/// products that read the same form share one copy of x.
+fn act_form(p: Product, kernel: &str, arch: u32) -> u8 {
     match p {
+        Product::Imm if registry::imm_wgmma(kernel, arch) => 3,
         Product::Imm | Product::Imv => 2,
         Product::Wmm => 1,
         _ => 0,
@@ -114,10 +116,10 @@ impl CudaBackend {
 
     /// x (`n` rows of `w.cols`) as the product `tc` of `w` reads it.
     fn act(&self, tc: Product, x: u64, n: usize, w: &CudaWeight) -> Result<Act> {
-        Ok(match act_form(tc) {
-            2 => {
+        Ok(match act_form(tc, w.kernel, self.dev.info.arch) {
+            f @ (2 | 3) => {
                 let block = registry::int8_activations(w.kernel).unwrap_or(32);
-                let (q, d, s) = self.quantize_act(x, n, w.cols, block, w.ty)?;
+                let (q, d, s) = self.quantize_act_as(x, n, w.cols, block, w.ty, f == 3)?;
                 Act::Int8 { q, d, s }
             }
             1 => Act::Permuted(self.permute_act(x, n, w.cols, w.ty)?),
@@ -233,7 +235,10 @@ impl CudaBackend {
             .iter()
             .all(|m| m.cols == w[0].cols && act_grid(m.ty) == act_grid(w[0].ty));
         if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core(m, rows_x, kind)) {
-            if same_width && act_form(q) == act_form(k) && act_form(q) == act_form(v) {
+            let arch = self.dev.info.arch;
+            let [fq, fk, fv] =
+                [(q, w[0]), (k, w[1]), (v, w[2])].map(|(p, m)| act_form(p, m.kernel, arch));
+            if same_width && fq == fk && fq == fv {
                 return QkvPath::Gemm([q, k, v]);
             }
         }
@@ -311,7 +316,8 @@ impl CudaBackend {
             (Some(gh), Some(uh))
                 if gate.cols == up.cols
                     && act_grid(gate.ty) == act_grid(up.ty)
-                    && act_form(gh) == act_form(uh) =>
+                    && act_form(gh, gate.kernel, self.dev.info.arch)
+                        == act_form(uh, up.kernel, self.dev.info.arch) =>
             {
                 GluPath::Gemm(gh, uh)
             }

@@ -92,7 +92,7 @@ pub fn int8_mma(t: &str) -> bool {
 }
 
 /// Types whose imm has a form on Hopper's warpgroup products (kernels/imm.cu `immw_T`).
-const IMM_WGMMA_TYPES: &[&str] = &["q4_k"];
+const IMM_WGMMA_TYPES: &[&str] = &["q4_k", "q6_k"];
 
 /// Whether imm runs on Hopper's warpgroup products (`immw_T`) for type `t` on compute
 /// capability `arch`.
