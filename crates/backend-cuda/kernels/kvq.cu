@@ -126,9 +126,9 @@ extern "C" __global__ void __launch_bounds__(128) kv_encode(const float* __restr
 }
 
 // Element i of a head record of type T (rotated for the TurboQuant types); lv: the type's
-// levels in shared memory.
-template <int T, int HD>
-__device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, const float* lv) {
+// levels in shared memory (NR, REP, rl: as kv_load8 reads them).
+template <int T, int HD, bool NR = false, int REP = 1>
+__device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, const float* lv, int rl = 0) {
     if (T == KV_F16) return h2f(((const u16*)rec)[i]);
     if (T == KV_BF16) return bf2f(((const u16*)rec)[i]);
     if (T == KV_Q8_0) {
@@ -136,16 +136,17 @@ __device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, cons
         return (float)(i8)b[2 + (i & 31)] * h2f((u16)(b[0] | (b[1] << 8)));
     }
     const float* r = (const float*)(rec + kv_code_bytes(T, HD));
-    int c = T == KV_TQ8 ? rec[i] : (rec[i >> 1] >> ((i & 1) * 4)) & 15;
-    return lv[c] * r[i / TQ_BLOCK];
+    int c = T == KV_TQ8 ? rec[i] * REP + rl : (rec[i >> 1] >> ((i & 1) * 4)) & 15;
+    return NR ? lv[c] : lv[c] * r[i / TQ_BLOCK];
 }
 
-// A TurboQuant type's levels into shared memory (nothing for the other types); every thread
-// of the block calls it, `tid` of `nt`.
-template <int T>
+// A TurboQuant type's levels into shared memory (nothing for the other types), tq8's REP times
+// ([level][copy]); every thread of the block calls it, `tid` of `nt`.
+template <int T, int REP = 1>
 __device__ __forceinline__ void load_levels(float* lv, const float* __restrict__ tq, int tid, int nt) {
+    const int R = T == KV_TQ8 ? REP : 1;
     if (T == KV_TQ8 || T == KV_TQ4)
-        for (int i = tid; i < (T == KV_TQ8 ? 256 : 16); i += nt) lv[i] = tq[(T == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
+        for (int i = tid; i < (T == KV_TQ8 ? 256 : 16) * R; i += nt) lv[i] = tq[(T == KV_TQ8 ? TQ_L8 : TQ_L4) + i / R];
 }
 
 // The keys token t attends to: positions lo … hi−1 of its sequence (causal, within the window).
@@ -311,6 +312,10 @@ __global__ void kvq_merge(const float* part, float* out, const float* tq, int n_
 // acc) go to `part` for kvd_merge.
 #define KVD_G 4
 #define KVD_KEYS 128
+// Copies of tq8's levels in kvd's shared memory (head dims to 256; one at 512, where they would
+// not fit): lane l reads copy l % KVD_REP, so that the lanes of a copy look their levels up in
+// different banks.
+#define KVD_REP 8
 #define KVD_MAX_SPLITS 64
 
 __host__ __device__ __forceinline__ int kvd_splits(int n_keys) {
@@ -318,9 +323,11 @@ __host__ __device__ __forceinline__ int kvd_splits(int n_keys) {
     return s < 1 ? 1 : (s > KVD_MAX_SPLITS ? KVD_MAX_SPLITS : s);
 }
 
-// Eight consecutive values d0 … d0+7 (d0 a multiple of 8) of a record of type T.
-template <int T, int HD>
-__device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, const float* lv, float* o) {
+// Eight consecutive values d0 … d0+7 (d0 a multiple of 8) of a record of type T. NR: a
+// TurboQuant record's levels without its RMS (the caller applies kv_rms once); REP: tq8's levels
+// replicated, [level][copy], read from copy `rl` (load_levels_rep).
+template <int T, int HD, bool NR = false, int REP = 1>
+__device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, const float* lv, float* o, int rl = 0) {
     if (T == KV_F16 || T == KV_BF16) {
         uint4 u = *(const uint4*)(rec + 2 * d0);
         u32 w[4] = {u.x, u.y, u.z, u.w};
@@ -341,13 +348,13 @@ __device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, con
             o[2 * i + 1] = (float)(i8)(p >> 8) * s;
         }
     } else {
-        float r = ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
+        float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
         if (T == KV_TQ8) {
             u32 a = *(const u32*)(rec + d0), b = *(const u32*)(rec + d0 + 4);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                o[i] = lv[(a >> (8 * i)) & 0xff] * r;
-                o[4 + i] = lv[(b >> (8 * i)) & 0xff] * r;
+                o[i] = lv[((a >> (8 * i)) & 0xff) * REP + rl] * r;
+                o[4 + i] = lv[((b >> (8 * i)) & 0xff) * REP + rl] * r;
             }
         } else {
             u32 a = *(const u32*)(rec + d0 / 2);
@@ -357,13 +364,22 @@ __device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, con
     }
 }
 
-// VPL = HD / 32 consecutive values from d0 = lane · VPL (VPL of 2, 4, 8 or 16).
+// The RMS of the 256-value block of a record of type T that holds value d (1 for the types
+// without one).
 template <int T, int HD>
-__device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0, const float* lv, float* o) {
+__device__ __forceinline__ float kv_rms(const u8* __restrict__ rec, int d) {
+    if (T == KV_TQ8 || T == KV_TQ4) return ((const float*)(rec + kv_code_bytes(T, HD)))[d / TQ_BLOCK];
+    return 1.f;
+}
+
+// VPL = HD / 32 consecutive values from d0 = lane · VPL (VPL of 2, 4, 8 or 16), as kv_load8
+// gives them (NR, REP, rl).
+template <int T, int HD, bool NR = false, int REP = 1>
+__device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0, const float* lv, float* o, int rl = 0) {
     const int VPL = HD / 32;
     if (VPL % 8 == 0) {
 #pragma unroll
-        for (int i = 0; i < VPL; i += 8) kv_load8<T, HD>(rec, d0 + i, lv, o + i);
+        for (int i = 0; i < VPL; i += 8) kv_load8<T, HD, NR, REP>(rec, d0 + i, lv, o + i, rl);
     } else if (VPL == 4 && (T == KV_F16 || T == KV_BF16)) {
         uint2 u = *(const uint2*)(rec + 2 * d0);
         u32 w[2] = {u.x, u.y};
@@ -375,12 +391,17 @@ __device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0,
         }
     } else if (VPL == 4 && T == KV_TQ8) {
         u32 a = *(const u32*)(rec + d0);
-        float r = ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
+        float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
 #pragma unroll
-        for (int i = 0; i < 4; i++) o[i] = lv[(a >> (8 * i)) & 0xff] * r;
+        for (int i = 0; i < 4; i++) o[i] = lv[((a >> (8 * i)) & 0xff) * REP + rl] * r;
+    } else if (VPL == 4 && T == KV_TQ4) {
+        u32 a = *(const u16*)(rec + d0 / 2);
+        float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[i] = lv[(a >> (4 * i)) & 15] * r;
     } else {
 #pragma unroll
-        for (int i = 0; i < VPL; i++) o[i] = kv_elem<T, HD>(rec, d0 + i, lv);
+        for (int i = 0; i < VPL; i++) o[i] = kv_elem<T, HD, NR, REP>(rec, d0 + i, lv, rl);
     }
 }
 
@@ -473,7 +494,8 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     // Two stages per warp while the ranges run; the warps' accumulators at each range's end.
     __shared__ __align__(16) u8 sbuf[SB];
     __shared__ __align__(16) float qs[KVD_G][HD];
-    __shared__ float lk[256], lvv[256];
+    constexpr int REP = HD <= 256 ? KVD_REP : 1;
+    __shared__ float lk[KT == KV_TQ8 ? 256 * REP : 256], lvv[VT == KV_TQ8 ? 256 * REP : 256];
     __shared__ float wm[4][KVD_G], wl[4][KVD_G];
     float(*wacc)[KVD_G][HD] = (float(*)[KVD_G][HD])sbuf;
     int i = blockIdx.z, t = b.drows ? (int)b.drows[i] : i;
@@ -492,8 +514,8 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
         float x = g < gn ? q[((long long)t * n_head + h0 + g) * HD + d] : 0.f;
         qs[g][d] = KROT ? x * tq[TQ_SIGNS + d] : x * scale;
     }
-    load_levels<KT>(lk, tq, tid, 128);
-    load_levels<VT>(lvv, tq, tid, 128);
+    load_levels<KT, REP>(lk, tq, tid, 128);
+    load_levels<VT, REP>(lvv, tq, tid, 128);
     __syncthreads();
     if (KROT) {
         fwht_rows(qs[0], KVD_G, HD);
@@ -502,7 +524,11 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     }
     const u32* bt = b.block_tables + b.bt_off[s];
     u8* stg = sbuf + w * 2 * STAGE;
-    const int u = lane % TK, sub = lane / TK;
+    const int u = lane % TK, sub = lane / TK, rl = lane % REP;
+    // A lane's score chunks, and those within one 256-value block of a TurboQuant key (summed
+    // over its levels, then weighed by the block's RMS once).
+    constexpr int NC = HD / (8 * LPK);
+    constexpr int CPB = KT == KV_TQ8 || KT == KV_TQ4 ? (256 / (8 * LPK) < NC ? 256 / (8 * LPK) : NC) : NC;
     for (int split = blockIdx.x; split < ns; split += gridDim.x) {
         const int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
         const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
@@ -538,14 +564,23 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
 #pragma unroll
             for (int g = 0; g < KVD_G; g++) sc[g] = 0.f;
 #pragma unroll
-            for (int c = 0; c < HD / (8 * LPK); c++) {
-                const int d = 8 * (sub + LPK * c);
-                float kv8[8];
-                kv_load8<KT, HD>(kb + u * KS, d, lk, kv8);
+            for (int c0 = 0; c0 < NC; c0 += CPB) {
+                float sb[KVD_G];
 #pragma unroll
-                for (int g = 0; g < KVD_G; g++)
+                for (int g = 0; g < KVD_G; g++) sb[g] = 0.f;
 #pragma unroll
-                    for (int e = 0; e < 8; e++) sc[g] += qs[g][d + e] * kv8[e];
+                for (int c = c0; c < c0 + CPB; c++) {
+                    const int d = 8 * (sub + LPK * c);
+                    float kv8[8];
+                    kv_load8<KT, HD, true, REP>(kb + u * KS, d, lk, kv8, rl);
+#pragma unroll
+                    for (int g = 0; g < KVD_G; g++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) sb[g] += qs[g][d + e] * kv8[e];
+                }
+                const float r = kv_rms<KT, HD>(kb + u * KS, 8 * (sub + LPK * c0));
+#pragma unroll
+                for (int g = 0; g < KVD_G; g++) sc[g] += sb[g] * r;
             }
             float pr[KVD_G];
 #pragma unroll
@@ -573,10 +608,11 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
             for (int uu = 0; uu < TK; uu++) {
                 if (uu < nk) {
                     float vv[VPL];
-                    kv_load_lane<VT, HD>(vb + uu * VB, lane * VPL, lvv, vv);
+                    kv_load_lane<VT, HD, true, REP>(vb + uu * VB, lane * VPL, lvv, vv, rl);
+                    const float rv = kv_rms<VT, HD>(vb + uu * VB, lane * VPL);
 #pragma unroll
                     for (int g = 0; g < KVD_G; g++) {
-                        float pj = __shfl_sync(0xffffffffu, pr[g], uu);
+                        float pj = __shfl_sync(0xffffffffu, pr[g], uu) * rv;
 #pragma unroll
                         for (int d = 0; d < VPL; d++) acc[g][d] += pj * vv[d];
                     }
