@@ -126,9 +126,9 @@ extern "C" __global__ void __launch_bounds__(128) kv_encode(const float* __restr
 }
 
 // Element i of a head record of type T (rotated for the TurboQuant types); lv: the type's
-// levels in shared memory (NR, REP, rl: as kv_load8 reads them).
-template <int T, int HD, bool NR = false, int REP = 1>
-__device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, const float* lv, int rl = 0) {
+// levels in shared memory (NR: as kv_load8 reads them).
+template <int T, int HD, bool NR = false>
+__device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, const float* lv) {
     if (T == KV_F16) return h2f(((const u16*)rec)[i]);
     if (T == KV_BF16) return bf2f(((const u16*)rec)[i]);
     if (T == KV_Q8_0) {
@@ -136,17 +136,16 @@ __device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, cons
         return (float)(i8)b[2 + (i & 31)] * h2f((u16)(b[0] | (b[1] << 8)));
     }
     const float* r = (const float*)(rec + kv_code_bytes(T, HD));
-    int c = T == KV_TQ8 ? rec[i] * REP + rl : (rec[i >> 1] >> ((i & 1) * 4)) & 15;
+    int c = T == KV_TQ8 ? rec[i] : (rec[i >> 1] >> ((i & 1) * 4)) & 15;
     return NR ? lv[c] : lv[c] * r[i / TQ_BLOCK];
 }
 
-// A TurboQuant type's levels into shared memory (nothing for the other types), tq8's REP times
-// ([level][copy]); every thread of the block calls it, `tid` of `nt`.
-template <int T, int REP = 1>
+// A TurboQuant type's levels into shared memory (nothing for the other types); every thread
+// of the block calls it, `tid` of `nt`.
+template <int T>
 __device__ __forceinline__ void load_levels(float* lv, const float* __restrict__ tq, int tid, int nt) {
-    const int R = T == KV_TQ8 ? REP : 1;
     if (T == KV_TQ8 || T == KV_TQ4)
-        for (int i = tid; i < (T == KV_TQ8 ? 256 : 16) * R; i += nt) lv[i] = tq[(T == KV_TQ8 ? TQ_L8 : TQ_L4) + i / R];
+        for (int i = tid; i < (T == KV_TQ8 ? 256 : 16); i += nt) lv[i] = tq[(T == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
 }
 
 // The keys token t attends to: positions lo … hi−1 of its sequence (causal, within the window).
@@ -312,10 +311,6 @@ __global__ void kvq_merge(const float* part, float* out, const float* tq, int n_
 // acc) go to `part` for kvd_merge.
 #define KVD_G 4
 #define KVD_KEYS 128
-// Copies of tq8's levels in kvd's shared memory (head dims to 256; one at 512, where they would
-// not fit): lane l reads copy l % KVD_REP, so that the lanes of a copy look their levels up in
-// different banks.
-#define KVD_REP 8
 #define KVD_MAX_SPLITS 64
 
 __host__ __device__ __forceinline__ int kvd_splits(int n_keys) {
@@ -324,10 +319,9 @@ __host__ __device__ __forceinline__ int kvd_splits(int n_keys) {
 }
 
 // Eight consecutive values d0 … d0+7 (d0 a multiple of 8) of a record of type T. NR: a
-// TurboQuant record's levels without its RMS (the caller applies kv_rms once); REP: tq8's levels
-// replicated, [level][copy], read from copy `rl` (load_levels_rep).
-template <int T, int HD, bool NR = false, int REP = 1>
-__device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, const float* lv, float* o, int rl = 0) {
+// TurboQuant record's levels without its RMS (the caller applies kv_rms once).
+template <int T, int HD, bool NR = false>
+__device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, const float* lv, float* o) {
     if (T == KV_F16 || T == KV_BF16) {
         uint4 u = *(const uint4*)(rec + 2 * d0);
         u32 w[4] = {u.x, u.y, u.z, u.w};
@@ -353,8 +347,8 @@ __device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, con
             u32 a = *(const u32*)(rec + d0), b = *(const u32*)(rec + d0 + 4);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                o[i] = lv[((a >> (8 * i)) & 0xff) * REP + rl] * r;
-                o[4 + i] = lv[((b >> (8 * i)) & 0xff) * REP + rl] * r;
+                o[i] = lv[(a >> (8 * i)) & 0xff] * r;
+                o[4 + i] = lv[(b >> (8 * i)) & 0xff] * r;
             }
         } else {
             u32 a = *(const u32*)(rec + d0 / 2);
@@ -373,13 +367,13 @@ __device__ __forceinline__ float kv_rms(const u8* __restrict__ rec, int d) {
 }
 
 // VPL = HD / 32 consecutive values from d0 = lane · VPL (VPL of 2, 4, 8 or 16), as kv_load8
-// gives them (NR, REP, rl).
-template <int T, int HD, bool NR = false, int REP = 1>
-__device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0, const float* lv, float* o, int rl = 0) {
+// gives them (NR).
+template <int T, int HD, bool NR = false>
+__device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0, const float* lv, float* o) {
     const int VPL = HD / 32;
     if (VPL % 8 == 0) {
 #pragma unroll
-        for (int i = 0; i < VPL; i += 8) kv_load8<T, HD, NR, REP>(rec, d0 + i, lv, o + i, rl);
+        for (int i = 0; i < VPL; i += 8) kv_load8<T, HD, NR>(rec, d0 + i, lv, o + i);
     } else if (VPL == 4 && (T == KV_F16 || T == KV_BF16)) {
         uint2 u = *(const uint2*)(rec + 2 * d0);
         u32 w[2] = {u.x, u.y};
@@ -393,7 +387,7 @@ __device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0,
         u32 a = *(const u32*)(rec + d0);
         float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
 #pragma unroll
-        for (int i = 0; i < 4; i++) o[i] = lv[((a >> (8 * i)) & 0xff) * REP + rl] * r;
+        for (int i = 0; i < 4; i++) o[i] = lv[(a >> (8 * i)) & 0xff] * r;
     } else if (VPL == 4 && T == KV_TQ4) {
         u32 a = *(const u16*)(rec + d0 / 2);
         float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
@@ -401,7 +395,7 @@ __device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0,
         for (int i = 0; i < 4; i++) o[i] = lv[(a >> (4 * i)) & 15] * r;
     } else {
 #pragma unroll
-        for (int i = 0; i < VPL; i++) o[i] = kv_elem<T, HD, NR, REP>(rec, d0 + i, lv, rl);
+        for (int i = 0; i < VPL; i++) o[i] = kv_elem<T, HD, NR>(rec, d0 + i, lv);
     }
 }
 
@@ -494,8 +488,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     // Two stages per warp while the ranges run; the warps' accumulators at each range's end.
     __shared__ __align__(16) u8 sbuf[SB];
     __shared__ __align__(16) float qs[KVD_G][HD];
-    constexpr int REP = HD <= 256 ? KVD_REP : 1;
-    __shared__ float lk[KT == KV_TQ8 ? 256 * REP : 256], lvv[VT == KV_TQ8 ? 256 * REP : 256];
+    __shared__ float lk[256], lvv[256];
     __shared__ float wm[4][KVD_G], wl[4][KVD_G];
     float(*wacc)[KVD_G][HD] = (float(*)[KVD_G][HD])sbuf;
     int i = blockIdx.z, t = b.drows ? (int)b.drows[i] : i;
@@ -514,8 +507,8 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
         float x = g < gn ? q[((long long)t * n_head + h0 + g) * HD + d] : 0.f;
         qs[g][d] = KROT ? x * tq[TQ_SIGNS + d] : x * scale;
     }
-    load_levels<KT, REP>(lk, tq, tid, 128);
-    load_levels<VT, REP>(lvv, tq, tid, 128);
+    load_levels<KT>(lk, tq, tid, 128);
+    load_levels<VT>(lvv, tq, tid, 128);
     __syncthreads();
     if (KROT) {
         fwht_rows(qs[0], KVD_G, HD);
@@ -524,7 +517,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     }
     const u32* bt = b.block_tables + b.bt_off[s];
     u8* stg = sbuf + w * 2 * STAGE;
-    const int u = lane % TK, sub = lane / TK, rl = lane % REP;
+    const int u = lane % TK, sub = lane / TK;
     // A lane's score chunks, and those within one 256-value block of a TurboQuant key (summed
     // over its levels, then weighed by the block's RMS once).
     constexpr int NC = HD / (8 * LPK);
@@ -572,7 +565,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
                 for (int c = c0; c < c0 + CPB; c++) {
                     const int d = 8 * (sub + LPK * c);
                     float kv8[8];
-                    kv_load8<KT, HD, true, REP>(kb + u * KS, d, lk, kv8, rl);
+                    kv_load8<KT, HD, true>(kb + u * KS, d, lk, kv8);
 #pragma unroll
                     for (int g = 0; g < KVD_G; g++)
 #pragma unroll
@@ -608,7 +601,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
             for (int uu = 0; uu < TK; uu++) {
                 if (uu < nk) {
                     float vv[VPL];
-                    kv_load_lane<VT, HD, true, REP>(vb + uu * VB, lane * VPL, lvv, vv, rl);
+                    kv_load_lane<VT, HD, true>(vb + uu * VB, lane * VPL, lvv, vv);
                     const float rv = kv_rms<VT, HD>(vb + uu * VB, lane * VPL);
 #pragma unroll
                     for (int g = 0; g < KVD_G; g++) {
