@@ -518,10 +518,13 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     const u32* bt = b.block_tables + b.bt_off[s];
     u8* stg = sbuf + w * 2 * STAGE;
     const int u = lane % TK, sub = lane / TK;
-    // A lane's score chunks, and those within one 256-value block of a TurboQuant key (summed
-    // over its levels, then weighed by the block's RMS once).
+    // A lane's score chunks; a TurboQuant key of one 256-value block (head dims to 256) is
+    // summed over its levels and weighed by the block's RMS once (KNR), a wider one per value
+    // (one sum: registers).
     constexpr int NC = HD / (8 * LPK);
-    constexpr int CPB = KT == KV_TQ8 || KT == KV_TQ4 ? (256 / (8 * LPK) < NC ? 256 / (8 * LPK) : NC) : NC;
+    constexpr bool KNR = (KT == KV_TQ8 || KT == KV_TQ4) && HD <= TQ_BLOCK;
+    // A TurboQuant value's RMS in its weight, likewise (VNR), so that a value costs a lookup.
+    constexpr bool VNR = (VT == KV_TQ8 || VT == KV_TQ4) && HD <= TQ_BLOCK;
     for (int split = blockIdx.x; split < ns; split += gridDim.x) {
         const int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
         const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
@@ -557,23 +560,19 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
 #pragma unroll
             for (int g = 0; g < KVD_G; g++) sc[g] = 0.f;
 #pragma unroll
-            for (int c0 = 0; c0 < NC; c0 += CPB) {
-                float sb[KVD_G];
+            for (int c = 0; c < NC; c++) {
+                const int d = 8 * (sub + LPK * c);
+                float kv8[8];
+                kv_load8<KT, HD, KNR>(kb + u * KS, d, lk, kv8);
 #pragma unroll
-                for (int g = 0; g < KVD_G; g++) sb[g] = 0.f;
+                for (int g = 0; g < KVD_G; g++)
 #pragma unroll
-                for (int c = c0; c < c0 + CPB; c++) {
-                    const int d = 8 * (sub + LPK * c);
-                    float kv8[8];
-                    kv_load8<KT, HD, true>(kb + u * KS, d, lk, kv8);
+                    for (int e = 0; e < 8; e++) sc[g] += qs[g][d + e] * kv8[e];
+            }
+            if (KNR) {
+                const float r = kv_rms<KT, HD>(kb + u * KS, 0);
 #pragma unroll
-                    for (int g = 0; g < KVD_G; g++)
-#pragma unroll
-                        for (int e = 0; e < 8; e++) sb[g] += qs[g][d + e] * kv8[e];
-                }
-                const float r = kv_rms<KT, HD>(kb + u * KS, 8 * (sub + LPK * c0));
-#pragma unroll
-                for (int g = 0; g < KVD_G; g++) sc[g] += sb[g] * r;
+                for (int g = 0; g < KVD_G; g++) sc[g] *= r;
             }
             float pr[KVD_G];
 #pragma unroll
@@ -601,8 +600,8 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
             for (int uu = 0; uu < TK; uu++) {
                 if (uu < nk) {
                     float vv[VPL];
-                    kv_load_lane<VT, HD, true>(vb + uu * VB, lane * VPL, lvv, vv);
-                    const float rv = kv_rms<VT, HD>(vb + uu * VB, lane * VPL);
+                    kv_load_lane<VT, HD, VNR>(vb + uu * VB, lane * VPL, lvv, vv);
+                    const float rv = VNR ? kv_rms<VT, HD>(vb + uu * VB, 0) : 1.f;
 #pragma unroll
                     for (int g = 0; g < KVD_G; g++) {
                         float pj = __shfl_sync(0xffffffffu, pr[g], uu) * rv;
