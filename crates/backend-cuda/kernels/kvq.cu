@@ -126,8 +126,8 @@ extern "C" __global__ void __launch_bounds__(128) kv_encode(const float* __restr
 }
 
 // Element i of a head record of type T (rotated for the TurboQuant types); lv: the type's
-// levels in shared memory.
-template <int T, int HD>
+// levels in shared memory (NR: as kv_load8 reads them).
+template <int T, int HD, bool NR = false>
 __device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, const float* lv) {
     if (T == KV_F16) return h2f(((const u16*)rec)[i]);
     if (T == KV_BF16) return bf2f(((const u16*)rec)[i]);
@@ -137,7 +137,7 @@ __device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, cons
     }
     const float* r = (const float*)(rec + kv_code_bytes(T, HD));
     int c = T == KV_TQ8 ? rec[i] : (rec[i >> 1] >> ((i & 1) * 4)) & 15;
-    return lv[c] * r[i / TQ_BLOCK];
+    return NR ? lv[c] : lv[c] * r[i / TQ_BLOCK];
 }
 
 // A TurboQuant type's levels into shared memory (nothing for the other types); every thread
@@ -318,8 +318,9 @@ __host__ __device__ __forceinline__ int kvd_splits(int n_keys) {
     return s < 1 ? 1 : (s > KVD_MAX_SPLITS ? KVD_MAX_SPLITS : s);
 }
 
-// Eight consecutive values d0 … d0+7 (d0 a multiple of 8) of a record of type T.
-template <int T, int HD>
+// Eight consecutive values d0 … d0+7 (d0 a multiple of 8) of a record of type T. NR: a
+// TurboQuant record's levels without its RMS (the caller applies kv_rms once).
+template <int T, int HD, bool NR = false>
 __device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, const float* lv, float* o) {
     if (T == KV_F16 || T == KV_BF16) {
         uint4 u = *(const uint4*)(rec + 2 * d0);
@@ -341,7 +342,7 @@ __device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, con
             o[2 * i + 1] = (float)(i8)(p >> 8) * s;
         }
     } else {
-        float r = ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
+        float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
         if (T == KV_TQ8) {
             u32 a = *(const u32*)(rec + d0), b = *(const u32*)(rec + d0 + 4);
 #pragma unroll
@@ -357,13 +358,22 @@ __device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, con
     }
 }
 
-// VPL = HD / 32 consecutive values from d0 = lane · VPL (VPL of 2, 4, 8 or 16).
+// The RMS of the 256-value block of a record of type T that holds value d (1 for the types
+// without one).
 template <int T, int HD>
+__device__ __forceinline__ float kv_rms(const u8* __restrict__ rec, int d) {
+    if (T == KV_TQ8 || T == KV_TQ4) return ((const float*)(rec + kv_code_bytes(T, HD)))[d / TQ_BLOCK];
+    return 1.f;
+}
+
+// VPL = HD / 32 consecutive values from d0 = lane · VPL (VPL of 2, 4, 8 or 16), as kv_load8
+// gives them (NR).
+template <int T, int HD, bool NR = false>
 __device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0, const float* lv, float* o) {
     const int VPL = HD / 32;
     if (VPL % 8 == 0) {
 #pragma unroll
-        for (int i = 0; i < VPL; i += 8) kv_load8<T, HD>(rec, d0 + i, lv, o + i);
+        for (int i = 0; i < VPL; i += 8) kv_load8<T, HD, NR>(rec, d0 + i, lv, o + i);
     } else if (VPL == 4 && (T == KV_F16 || T == KV_BF16)) {
         uint2 u = *(const uint2*)(rec + 2 * d0);
         u32 w[2] = {u.x, u.y};
@@ -375,12 +385,17 @@ __device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0,
         }
     } else if (VPL == 4 && T == KV_TQ8) {
         u32 a = *(const u32*)(rec + d0);
-        float r = ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
+        float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
 #pragma unroll
         for (int i = 0; i < 4; i++) o[i] = lv[(a >> (8 * i)) & 0xff] * r;
+    } else if (VPL == 4 && T == KV_TQ4) {
+        u32 a = *(const u16*)(rec + d0 / 2);
+        float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[i] = lv[(a >> (4 * i)) & 15] * r;
     } else {
 #pragma unroll
-        for (int i = 0; i < VPL; i++) o[i] = kv_elem<T, HD>(rec, d0 + i, lv);
+        for (int i = 0; i < VPL; i++) o[i] = kv_elem<T, HD, NR>(rec, d0 + i, lv);
     }
 }
 
@@ -503,6 +518,13 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     const u32* bt = b.block_tables + b.bt_off[s];
     u8* stg = sbuf + w * 2 * STAGE;
     const int u = lane % TK, sub = lane / TK;
+    // A lane's score chunks; a TurboQuant key of one 256-value block (head dims to 256) is
+    // summed over its levels and weighed by the block's RMS once (KNR), a wider one per value
+    // (one sum: registers).
+    constexpr int NC = HD / (8 * LPK);
+    constexpr bool KNR = (KT == KV_TQ8 || KT == KV_TQ4) && HD <= TQ_BLOCK;
+    // A TurboQuant value's RMS in its weight, likewise (VNR), so that a value costs a lookup.
+    constexpr bool VNR = (VT == KV_TQ8 || VT == KV_TQ4) && HD <= TQ_BLOCK;
     for (int split = blockIdx.x; split < ns; split += gridDim.x) {
         const int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
         const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
@@ -538,14 +560,19 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
 #pragma unroll
             for (int g = 0; g < KVD_G; g++) sc[g] = 0.f;
 #pragma unroll
-            for (int c = 0; c < HD / (8 * LPK); c++) {
+            for (int c = 0; c < NC; c++) {
                 const int d = 8 * (sub + LPK * c);
                 float kv8[8];
-                kv_load8<KT, HD>(kb + u * KS, d, lk, kv8);
+                kv_load8<KT, HD, KNR>(kb + u * KS, d, lk, kv8);
 #pragma unroll
                 for (int g = 0; g < KVD_G; g++)
 #pragma unroll
                     for (int e = 0; e < 8; e++) sc[g] += qs[g][d + e] * kv8[e];
+            }
+            if (KNR) {
+                const float r = kv_rms<KT, HD>(kb + u * KS, 0);
+#pragma unroll
+                for (int g = 0; g < KVD_G; g++) sc[g] *= r;
             }
             float pr[KVD_G];
 #pragma unroll
@@ -573,10 +600,11 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
             for (int uu = 0; uu < TK; uu++) {
                 if (uu < nk) {
                     float vv[VPL];
-                    kv_load_lane<VT, HD>(vb + uu * VB, lane * VPL, lvv, vv);
+                    kv_load_lane<VT, HD, VNR>(vb + uu * VB, lane * VPL, lvv, vv);
+                    const float rv = VNR ? kv_rms<VT, HD>(vb + uu * VB, 0) : 1.f;
 #pragma unroll
                     for (int g = 0; g < KVD_G; g++) {
-                        float pj = __shfl_sync(0xffffffffu, pr[g], uu);
+                        float pj = __shfl_sync(0xffffffffu, pr[g], uu) * rv;
 #pragma unroll
                         for (int d = 0; d < VPL; d++) acc[g][d] += pj * vv[d];
                     }
