@@ -93,45 +93,58 @@ for t in ts:
 
 def test_big_prompts_do_not_block_the_server():
     """8 concurrent ~8 MB prompts, 3 rounds: each gets a 400 context_length_exceeded, and /health
-    and a small /tokenize keep answering within 100 ms meanwhile."""
+    and a small /tokenize keep answering within 100 ms meanwhile. A blocked server fails every
+    attempt; a machine busy with other work may stall one probe once, so a second attempt runs
+    before the latency fails the test."""
     s = Server("--ctx-size", "1024", keys=())
     try:
         port = int(s.url.rsplit(":", 1)[1])
         small = json.dumps({"prompt": "hello"}).encode()
         base = [_probe(port, "/health")[1] for _ in range(20)]
         assert _probe(port, "/tokenize", small)[0] == 200
-        p = subprocess.Popen([sys.executable, "-c", BIG_SENDER, str(port), "8", "3"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert p.stdout.readline().strip() == "ready"
-            t0 = time.perf_counter()
-            p.stdin.write("go\n")
-            p.stdin.flush()
-            probes = []
-            while (p.poll() is None or len(probes) < 20) and len(probes) < 2000:
-                st, dt = _probe(port, "/health") if len(probes) % 2 == 0 else _probe(port, "/tokenize", small)
-                assert st == 200
-                probes.append(dt)
-                time.sleep(0.005)
-            window = time.perf_counter() - t0
-            out, _ = p.communicate(timeout=120)
-        finally:
-            if p.poll() is None:
-                p.kill()
-        results = [json.loads(line) for line in out.splitlines() if line.strip()]
-        assert len(results) == 24, results
-        for r in results:
-            assert "error" not in r, r
-            e = json.loads(r["body"])["error"]
-            assert r["status"] == 400 and e["code"] == "context_length_exceeded", (r["path"], r["status"], e)
-            assert e["type"] == "invalid_request_error" and "1024" in e["message"]
-            assert e["param"] == ("messages" if "chat" in r["path"] else "prompt")
-        lat = sorted(probes)
-        print(f"\nbig prompts: {window:.2f}s, {len(probes)} probes, median {lat[len(lat) // 2] * 1000:.1f} ms, "
-              f"max {lat[-1] * 1000:.1f} ms (idle: max {max(base) * 1000:.1f} ms)")
+        for attempt in range(2):
+            lat = _big_prompt_round(port, small)
+            print(f" (idle: max {max(base) * 1000:.1f} ms)")
+            if lat[-1] < 0.100:
+                break
         assert lat[-1] < 0.100, [round(x * 1000, 1) for x in lat[-5:]]
     finally:
         assert s.stop() == 0
+
+
+def _big_prompt_round(port, small):
+    """One round of test_big_prompts_do_not_block_the_server: the responses checked, the probes'
+    latencies (seconds, sorted) returned."""
+    p = subprocess.Popen([sys.executable, "-c", BIG_SENDER, str(port), "8", "3"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        t0 = time.perf_counter()
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        probes = []
+        while (p.poll() is None or len(probes) < 20) and len(probes) < 2000:
+            st, dt = _probe(port, "/health") if len(probes) % 2 == 0 else _probe(port, "/tokenize", small)
+            assert st == 200
+            probes.append(dt)
+            time.sleep(0.005)
+        window = time.perf_counter() - t0
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    results = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert len(results) == 24, results
+    for r in results:
+        assert "error" not in r, r
+        e = json.loads(r["body"])["error"]
+        assert r["status"] == 400 and e["code"] == "context_length_exceeded", (r["path"], r["status"], e)
+        assert e["type"] == "invalid_request_error" and "1024" in e["message"]
+        assert e["param"] == ("messages" if "chat" in r["path"] else "prompt")
+    lat = sorted(probes)
+    print(f"\nbig prompts: {window:.2f}s, {len(probes)} probes, median {lat[len(lat) // 2] * 1000:.1f} ms, "
+          f"max {lat[-1] * 1000:.1f} ms", end="")
+    return lat
 
 
 def _metrics(port):
