@@ -125,6 +125,23 @@ fn default_serving_of_the_int8_types_equals_solo_runs() {
     }
 }
 
+/// A mixture-of-experts model on the default path, 16 requests of 3 to 198 tokens in steps of
+/// at most 64 tokens: the experts' products change with a step's (token, expert) pairs (one
+/// warp a pair's row on int8 activations for a few, grouped by expert on CUDA cores or in
+/// tensor-core tiles for many), and each answer is as alone.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn default_serving_of_a_moe_model_equals_solo_runs() {
+    for ty in ["Q8_0", "Q4_0"] {
+        let prompts = |nv| {
+            (0..16)
+                .map(|i| common::ids(3 + 13 * i, 500 + i as u64, nv))
+                .collect()
+        };
+        serving_equals_solo(synth("tiny-qwen3moe", ty), default_backend, prompts, 64);
+    }
+}
+
 fn default_backend() -> CudaBackend {
     CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap()
 }
