@@ -64,6 +64,12 @@ fn moe_and_bias_match_reference() {
 }
 
 #[test]
+fn moe_is_batch_invariant() {
+    let mut rng = seeded_rng();
+    quiver_backend::testing::moe::moe_invariance(&backend(Numerics::BatchInvariant), &Cpu, &mut rng);
+}
+
+#[test]
 fn products_are_batch_invariant() {
     let mut rng = seeded_rng();
     products::batch_invariance(

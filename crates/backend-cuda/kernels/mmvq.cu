@@ -598,14 +598,15 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
     }
 }
 // MoE decode on int8 activations (as moe_glu / moe_mmv in mmv.cu, which read f32): one warp
-// per output row of one (token, slot) pair p = blockIdx.y, from the expert routes[2p] chose.
-// The activations are quantize_a32's or quantize_a256's (ablk: 32 or 256) of the tokens
-// (moeq_glu: token p / k) or of the pairs (moeq_mmv: row p).      grid (rows / 4, pairs), block (32, 4)
+// per output row of one (token, slot) pair p = blockIdx.y, from the expert routes[2p] chose, in
+// the order C (RowQ; true: imm.cu imm_g's bits). The activations are quantize_a32's or
+// quantize_a256's (ablk: 32 or 256) of the tokens (moeq_glu: token p / k) or of the pairs
+// (moeq_mmv: row p).                                         grid (rows / 4, pairs), block (32, 4)
 #define MOEQ_ACT                                                                                      \
     const i8* a = aq + t * cols;                                                                      \
     const float* d = ad + t * (ablk == 32 ? (cols / 32) * 2 : cols / 256);                            \
     const int* s = abs_ + (ablk == 32 ? 0 : t * (cols / 16));
-template <class T>
+template <class T, bool C>
 __global__ void __launch_bounds__(32 * MMV_WARPS)
     moeq_glu(const u8* __restrict__ wg, const u8* __restrict__ wu, long long row_bytes, long long expert_rows,
              const float* __restrict__ routes, const i8* __restrict__ aq, const float* __restrict__ ad,
@@ -615,15 +616,15 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
     if (r >= rows) return;
     const long long p = blockIdx.y, e = (long long)routes[2 * p], t = p / k;
     MOEQ_ACT
-    float ag[8], au[8];
+    typename RowQ<T, C>::Acc ag[8], au[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) ag[i] = au[i] = 0.f;
-    rowq<T>(wg + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, ag);
-    rowq<T>(wu + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, au);
-    const float g = warp_sum(ag[0]), u = warp_sum(au[0]);
+    for (int i = 0; i < 8; i++) ag[i] = au[i] = 0;
+    RowQ<T, C>::dot(wg + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, ag);
+    RowQ<T, C>::dot(wu + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, au);
+    const float g = RowQ<T, C>::fin(ag[0]), u = RowQ<T, C>::fin(au[0]);
     if (threadIdx.x == 0) out[p * rows + r] = act_fn(g, act) * u;
 }
-template <class T>
+template <class T, bool C>
 __global__ void __launch_bounds__(32 * MMV_WARPS)
     moeq_mmv(const u8* __restrict__ w, long long row_bytes, long long expert_rows, const float* __restrict__ routes,
              const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_,
@@ -633,11 +634,10 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
     if (r >= rows) return;
     const long long p = blockIdx.y, e = (long long)routes[2 * p], t = p;
     MOEQ_ACT
-    float acc[8];
+    typename RowQ<T, C>::Acc acc[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) acc[i] = 0.f;
-    rowq<T>(w + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, acc);
-    const float v = warp_sum(acc[0]);
+    for (int i = 0; i < 8; i++) acc[i] = 0;
+    RowQ<T, C>::dot(w + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, acc);
+    const float v = RowQ<T, C>::fin(acc[0]);
     if (threadIdx.x == 0) y[p * rows + r] = v;
 }
-

@@ -265,6 +265,7 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
     }
     if int8_mma(t) {
         one("imm", format!("imm<{w}>"));
+        one("imm_g", format!("imm_g<{w}>"));
         one("imv", format!("imv<{w}, 1>"));
         one("imv2", format!("imv<{w}, 2>"));
     }
@@ -272,8 +273,12 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
         one("immw", format!("immw<{w}>"));
     }
     if int8_activations(t).is_some() {
-        for n in ["moeq_glu", "moeq_mmv"] {
-            one(n, format!("{n}<{w}>"));
+        for n in ["glu", "mmv"] {
+            one(&format!("moeq_{n}"), format!("moeq_{n}<{w}, false>"));
+            // The exact-sum order (imm_g's bits) of the int8 tensor-core types.
+            if int8_mma(t) {
+                one(&format!("moeqc_{n}"), format!("moeq_{n}<{w}, true>"));
+            }
         }
     }
     // The matrix-vector kernels: {family}{p}{1}{_glu}_T is template{_glu}<T{order}, NTOK, PF>

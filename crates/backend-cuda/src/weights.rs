@@ -49,8 +49,11 @@ pub(crate) struct KernelNames {
     /// The expert-indexed product kernels: [gated, plain] per pair, then the same grouped by
     /// expert.
     pub(crate) moe: [String; 4],
-    /// [gated, plain] per pair on int8 activations (types with int8 decode kernels).
+    /// [gated, plain] per pair on int8 activations (types with int8 decode kernels), in the
+    /// exact-sum order where `canon` (moeqc: imm_g's bits).
     pub(crate) moeq: [String; 2],
+    /// The experts' products on imm (kernels/imm.cu `imm_g`, `registry::int8_mma` types).
+    pub(crate) imm_g: String,
 }
 
 impl KernelNames {
@@ -91,7 +94,11 @@ impl KernelNames {
                 format!("moe_glu_g_{kernel}"),
                 format!("moe_mmv_g_{kernel}"),
             ],
-            moeq: [format!("moeq_glu_{kernel}"), format!("moeq_mmv_{kernel}")],
+            moeq: ["glu", "mmv"].map(|k| {
+                let q = if canon { "moeqc" } else { "moeq" };
+                format!("{q}_{k}_{kernel}")
+            }),
+            imm_g: format!("imm_g_{kernel}"),
         }
     }
 }

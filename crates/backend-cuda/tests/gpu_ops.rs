@@ -573,6 +573,16 @@ fn moe_and_bias_match_reference() {
     }
 }
 
+/// The default numerics' experts: a token's bits whatever the step's other tokens (pair-wise
+/// moeqc, imm_g's tiles; the f32 kernels of the other types).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_is_batch_invariant() {
+    let mut rng = seeded_rng();
+    let be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
+    quiver_backend::testing::moe::moe_invariance(&be, &Cuda, &mut rng);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn parity_mode_products_and_gather_give_the_cpu_bits() {

@@ -364,3 +364,90 @@ pub fn moe_product_scales<B: Backend, H: Harness<B>>(be: &B, h: &H) {
     let err = rel_err(&scaled, &folded);
     assert!(err < 1e-4, "{}: relative error {err}", be.name());
 }
+
+/// Batch invariance (for a backend in its batch-invariant numerics): each token of a step of
+/// 300 — sorted by expert, several tiles of some experts — comes out with the same bits as in
+/// steps of its first 1, 2, 7 and 40 tokens, which take the pair-wise kernels or fewer tiles;
+/// for every type of [`MOE_TYPES`], gate and up apart and in one tensor.
+pub fn moe_invariance<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) {
+    let (d, ff, ne, k, n) = (256usize, 256usize, 16usize, 4usize, 300usize);
+    let (ne64, ff64, d64) = (ne as u64, ff as u64, d as u64);
+    for &ty in MOE_TYPES {
+        for fused in [false, true] {
+            let p = MoeParams {
+                n_expert: ne,
+                n_used: k,
+                n_ff: ff,
+                gating: Gating::Softmax,
+                norm: true,
+                scale: 1.0,
+                act: Activation::SwiGlu,
+                router_given: false,
+            };
+            let router = WeightCase::random(rng, GgmlType::F32, ne, d).unwrap();
+            let gate_rows = if fused { 2 * ne * ff } else { ne * ff };
+            let (Some(gate), Some(up), Some(down)) = (
+                WeightCase::random(rng, ty, gate_rows, d),
+                WeightCase::random(rng, ty, ne * ff, d),
+                WeightCase::random(rng, ty, ne * d, ff),
+            ) else {
+                continue;
+            };
+            let load = |w: &WeightCase, shape: &[u64]| {
+                be.weight("w", w.ty, shape, super::tensor(w.ty, shape, &w.bytes))
+                    .unwrap()
+            };
+            let er = gate_rows as u64 / ne64;
+            let (rw, gw, uw, dw) = (
+                load(&router, &[ne64, d64]),
+                load(&gate, &[ne64, er, d64]),
+                load(&up, &[ne64, ff64, d64]),
+                load(&down, &[ne64, d64, ff64]),
+            );
+            let x = rng.scaled(n * d, 0.5);
+            let run = |m: usize| {
+                let xb = h.upload(be, &x[..m * d]);
+                let sizes = p.scratch_floats(m, d);
+                let mut s: Vec<B::Buf> = sizes.iter().map(|&c| poison(be, h, c)).collect();
+                let mut out = poison(be, h, m * d);
+                let [logits, routes, xs, g, u, a, ys] = &mut s[..] else {
+                    unreachable!()
+                };
+                let scratch = MoeScratch {
+                    logits,
+                    routes,
+                    xs,
+                    gate: g,
+                    up: u,
+                    act: a,
+                    ys,
+                };
+                let w = MoeWeights {
+                    router: &rw,
+                    gate: &gw,
+                    up: if fused { &gw } else { &uw },
+                    down: &dw,
+                    down_scale: None,
+                    gate_scale: None,
+                    up_scale: None,
+                };
+                be.moe(&xb, m, w, &p, scratch, &mut out).unwrap();
+                read(be, &out, m * d)
+            };
+            let all = run(n);
+            for m in [1usize, 2, 7, 40] {
+                let part = run(m);
+                for t in 0..m {
+                    let (a, b) = (&part[t * d..][..d], &all[t * d..][..d]);
+                    let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{}: moe {ty}{}: token {t} of a step of {m} differs from the same token in a step of {n}",
+                        be.name(),
+                        if fused { ", gate and up in one tensor" } else { "" }
+                    );
+                }
+            }
+        }
+    }
+}
