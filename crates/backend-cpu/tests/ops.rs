@@ -66,7 +66,11 @@ fn moe_and_bias_match_reference() {
 #[test]
 fn moe_is_batch_invariant() {
     let mut rng = seeded_rng();
-    quiver_backend::testing::moe::moe_invariance(&backend(Numerics::BatchInvariant), &Cpu, &mut rng);
+    quiver_backend::testing::moe::moe_invariance(
+        &backend(Numerics::BatchInvariant),
+        &Cpu,
+        &mut rng,
+    );
 }
 
 #[test]

@@ -152,10 +152,10 @@ impl CudaBackend {
         )
     }
 
-    /// The experts' products on imm (kernels/imm.cu `imm_g`): y[p, r] = x[p] · W[e·expert_rows
-    /// + r] (rows from `base`) for the pairs p of each expert e, over the int8 activations of
-    /// all `n_all` pairs sorted by expert (`quantize_act`); `off`, `tiles`: ops.cu moe_group's
-    /// offsets and moe_tiles' list, at most `max_tiles` long.
+    /// The experts' products on imm (kernels/imm.cu `imm_g`): y[p, r] = x[p] · W[r +
+    /// e·expert_rows] (rows from `base`) for the pairs p of each expert e, over the int8
+    /// activations of all `n_all` pairs sorted by expert (`quantize_act`); `off`, `tiles`: ops.cu
+    /// moe_group's offsets and moe_tiles' list, at most `max_tiles` long.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn imm_grouped(
         &self,

@@ -2,19 +2,23 @@
 //! decode step stays inside its captured graph), the experts' products reading only the chosen
 //! experts' rows of the stacked 3-D tensors, and the weighted sum in slot order.
 //!
-//! With the batch-invariant numerics a pair's products do not depend on the step's other pairs:
-//! the int8 tensor-core types (`registry::int8_mma`) sum in the exact-sum order, few pairs one
-//! warp per output row of each pair (kernels/mmvq.cu `moeqc_*`), many sorted by expert and each
-//! expert's in tiles of 64 on imm (kernels/imm.cu `imm_g`), the same bits; the other types run
-//! on CUDA cores over f32 (kernels/mmv.cu `moe_*`, pair-wise or grouped: the same bits). The fast
-//! numerics take the f16 tensor cores for many pairs (kernels/qmm.cu `qmm_g`; on sm_90 Hopper's
-//! warpgroup products, kernels/wmm.cu `wmm_g`) and the float-order int8 kernels for few.
+//! With the batch-invariant numerics a row's experts do not depend on the step's other rows,
+//! each kind of row (kinds.rs) on its own kernels as the dense products are: decode rows of the
+//! int8 tensor-core types (`registry::int8_mma`) in the exact-sum order, few pairs one warp per
+//! output row of each pair (kernels/mmvq.cu `moeqc_*`), many sorted by expert and each expert's
+//! in tiles of 64 on imm (kernels/imm.cu `imm_g`), the same bits; decode rows of the other types
+//! on CUDA cores over f32 (kernels/mmv.cu `moe_*`, pair-wise or grouped: the same bits); prompt
+//! rows always sorted and on the tensor cores, whose per-element order does not depend on the
+//! tile's other pairs (kernels/wmm.cu `wmm_g` on sm_90 Hopper's warpgroup products where the
+//! weights' rows allow, else kernels/qmm.cu `qmm_g`). The fast numerics choose by the step's
+//! pair count alone: the tensor cores for many, the float-order int8 kernels (`moeq_*`) for few.
 
+use crate::kinds::Kind;
 use crate::memory::CudaBuf;
 use crate::qmm::QMM_BN;
 use crate::weights::CudaWeight;
 use crate::{check, registry, CudaBackend};
-use quiver_backend::{Gating, MoeParams, MoeScratch, MoeWeights, Numerics, Result};
+use quiver_backend::{Activation, Gating, MoeParams, MoeScratch, MoeWeights, Numerics, Result};
 
 const WARPS: usize = 4;
 
@@ -38,6 +42,31 @@ enum MoePath {
     GroupedQmm,
 }
 
+impl MoePath {
+    /// Whether the pairs are sorted by expert (moe_group), their outputs at their sorted rows.
+    fn sorted(self) -> bool {
+        !matches!(self, MoePath::PairsF32 | MoePath::PairsInt8)
+    }
+}
+
+/// A part of a step's rows: its first row's pointers into the op's buffers (x, out, routes) and
+/// the scratch's buffers (sort: the router logits' buffer, spent by then), and its row count.
+#[derive(Clone, Copy)]
+struct Rows {
+    x: u64,
+    out: u64,
+    routes: u64,
+    sort: u64,
+    xs: u64,
+    gate: u64,
+    up: u64,
+    act: u64,
+    ys: u64,
+    xs_len: usize,
+    ys_len: usize,
+    n: usize,
+}
+
 impl CudaBackend {
     pub(crate) fn moe_fast(
         &self,
@@ -51,15 +80,10 @@ impl CudaBackend {
         let d = w.router.cols;
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
         // Gate and up in one tensor (Qwen 3.5 MoE): each expert's 2·ff rows, the gate's first.
-        let fused = std::ptr::eq(w.gate, w.up);
-        let expert_rows = if fused { 2 * ff } else { ff };
-        let (gate_ptr, up_ptr) = if fused {
-            (
-                w.gate.data.ptr,
-                w.gate.data.ptr + (ff * w.gate.row_bytes) as u64,
-            )
+        let expert_rows = if std::ptr::eq(w.gate, w.up) {
+            2 * ff
         } else {
-            (w.gate.data.ptr, w.up.data.ptr)
+            ff
         };
         let sizes = p.scratch_floats(rows, d);
         check(
@@ -78,6 +102,9 @@ impl CudaBackend {
                 && out.len >= rows * d
                 && s.logits.len >= sizes[0]
                 && s.routes.len >= sizes[1]
+                && s.xs.len >= sizes[2]
+                && s.gate.len >= sizes[3]
+                && s.up.len >= sizes[4]
                 && s.act.len >= sizes[5]
                 && s.ys.len >= sizes[6],
             || format!("{rows} rows, {ne} experts of {ff}, {k} used, n_embd {d}"),
@@ -125,27 +152,128 @@ impl CudaBackend {
                 p.scale
             ],
         )?;
-        let pairs = (rows * k) as u32;
-        let (er, pairs_n) = (expert_rows, rows * k);
-        let up_off = if fused { ff } else { 0 };
+        // The step's decode rows, then its prompt rows (one part unless the kinds route).
+        let all = Rows {
+            x: x.ptr(),
+            out: out.ptr(),
+            routes: s.routes.ptr(),
+            sort: s.logits.ptr(),
+            xs: s.xs.ptr(),
+            gate: s.gate.ptr(),
+            up: s.up.ptr(),
+            act: s.act.ptr(),
+            ys: s.ys.ptr(),
+            xs_len: s.xs.len,
+            ys_len: s.ys.len,
+            n: rows,
+        };
+        let invariant = self.cfg.numerics == Numerics::BatchInvariant;
+        let dr = if invariant {
+            self.decode_rows(rows)
+        } else {
+            rows
+        };
+        for (r0, n, kind) in [(0, dr, Kind::Decode), (dr, rows - dr, Kind::Prompt)] {
+            if n > 0 {
+                let part = Rows {
+                    x: all.x + (4 * r0 * d) as u64,
+                    out: all.out + (4 * r0 * d) as u64,
+                    routes: all.routes + (8 * r0 * k) as u64,
+                    n,
+                    ..all
+                };
+                let path = self.moe_path(&w, p, &part, d, kind);
+                self.experts(&w, p, &part, d, path)?;
+                self.moe_sum(&part, path, scale, p, d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The experts' kernels for `r.n` rows of `kind` (see [`MoePath`]).
+    fn moe_path(
+        &self,
+        w: &MoeWeights<'_, CudaWeight>,
+        p: &MoeParams,
+        r: &Rows,
+        d: usize,
+        kind: Kind,
+    ) -> MoePath {
+        let (ne, pairs) = (p.n_expert, r.n * p.n_used);
+        let invariant = self.cfg.numerics == Numerics::BatchInvariant;
+        let int8 = registry::int8_activations(w.gate.kernel).is_some()
+            && registry::int8_activations(w.down.kernel).is_some();
+        // moeqc and imm_g: a pair's bits whatever the step's other pairs.
+        let exact = registry::int8_mma(w.gate.kernel) && registry::int8_mma(w.down.kernel);
+        // Grouped by expert from about a pair per expert.
+        let many = pairs >= ne;
+        let tensor_cores = || {
+            let ff = p.n_ff;
+            let (er, up_off) = if std::ptr::eq(w.gate, w.up) {
+                (2 * ff, ff)
+            } else {
+                (ff, 0)
+            };
+            let colsp = crate::wmm::permuted_cols;
+            let wmm = self.wmm_grouped_fits(w.gate, er, 0)
+                && self.wmm_grouped_fits(w.up, er, up_off)
+                && self.wmm_grouped_fits(w.down, d, 0)
+                && 2 * r.ys_len >= pairs * colsp(d)
+                && 2 * r.xs_len >= pairs * colsp(ff);
+            if wmm {
+                MoePath::GroupedWmm
+            } else {
+                MoePath::GroupedQmm
+            }
+        };
+        match (invariant, kind) {
+            (true, Kind::Prompt) => tensor_cores(),
+            (true, Kind::Decode) if exact && many => MoePath::GroupedImm,
+            (true, Kind::Decode) if exact => MoePath::PairsInt8,
+            (true, Kind::Decode) if many => MoePath::GroupedF32,
+            (true, Kind::Decode) => MoePath::PairsF32,
+            (false, _) if many => tensor_cores(),
+            (false, _) if int8 => MoePath::PairsInt8,
+            (false, _) => MoePath::PairsF32,
+        }
+    }
+
+    /// The experts' products of the rows `r` by `path`, each pair's output into ys (at its
+    /// sorted row where the path sorts).
+    fn experts(
+        &self,
+        w: &MoeWeights<'_, CudaWeight>,
+        p: &MoeParams,
+        r: &Rows,
+        d: usize,
+        path: MoePath,
+    ) -> Result<()> {
+        let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
+        let fused = std::ptr::eq(w.gate, w.up);
+        let er = if fused { 2 * ff } else { ff };
+        let (gate_ptr, up_ptr) = if fused {
+            (
+                w.gate.data.ptr,
+                w.gate.data.ptr + (ff * w.gate.row_bytes) as u64,
+            )
+        } else {
+            (w.gate.data.ptr, w.up.data.ptr)
+        };
+        let pairs_n = r.n * k;
+        let pairs = pairs_n as u32;
         let act = crate::products::act_code(p.act);
-        let path = self.moe_path(&w, &s, p, rows, d);
-        let (mut off, mut pos, mut tiles) = (0u64, 0u64, 0u64);
+        let (off, pos, tiles) = Self::sort_at(r, ne, pairs_n);
         let max_tiles = pairs_n.div_ceil(QMM_BN) + ne;
-        if !matches!(path, MoePath::PairsF32 | MoePath::PairsInt8) {
-            // Sorted by expert: the router's logits are spent, and their buffer holds the sort
-            // (off: n_expert + 1 ints, pos: a pair) and the tile list.
-            off = s.logits.ptr();
-            pos = off + 4 * (ne as u64 + 1);
+        let g = (off, tiles, max_tiles);
+        if path.sorted() {
             self.launch(
                 "ops",
                 "moe_group",
                 (1, 1, 1),
                 (1024, 1, 1),
-                args![s.routes.ptr(), off, pos, pairs as i32, ne as i32],
+                args![r.routes, off, pos, pairs as i32, ne as i32],
             )?;
             if path != MoePath::GroupedF32 {
-                tiles = pos + 4 * pairs as u64;
                 self.launch(
                     "ops",
                     "moe_tiles",
@@ -155,75 +283,55 @@ impl CudaBackend {
                 )?;
             }
         }
-        let g = (off, tiles, max_tiles);
+        let gather = |name: &str| {
+            self.launch(
+                "ops",
+                name,
+                (pairs, 1, 1),
+                (256, 1, 1),
+                args![r.x, pos, r.xs, k as i32, d as i32],
+            )
+        };
         match path {
             MoePath::GroupedImm => {
-                // The pairs' inputs gathered (xs) and quantized, gate and up, the GLU, its
-                // output quantized, down into ys: each pair's bits as moeqc's.
-                let bg = registry::int8_activations(w.gate.kernel).expect("an int8 type");
-                let bd = registry::int8_activations(w.down.kernel).expect("an int8 type");
-                self.launch(
-                    "ops",
-                    "moe_gather",
-                    (pairs, 1, 1),
-                    (256, 1, 1),
-                    args![x.ptr(), pos, s.xs.ptr(), k as i32, d as i32],
-                )?;
-                let a = self.quantize_act(s.xs.ptr(), pairs_n, d, bg, w.gate.ty)?;
-                self.imm_grouped(w.gate, gate_ptr, er, ff, a, pairs_n, s.gate.ptr(), g)?;
-                self.imm_grouped(w.up, up_ptr, er, ff, a, pairs_n, s.up.ptr(), g)?;
-                self.glu_fast(p.act, s.gate, s.up, pairs_n * ff, s.act)?;
-                let a = self.quantize_act(s.act.ptr(), pairs_n, ff, bd, w.down.ty)?;
-                let down = w.down.data.ptr;
-                self.imm_grouped(w.down, down, d, d, a, pairs_n, s.ys.ptr(), g)?;
+                // The pairs' inputs gathered and quantized, gate and up, the GLU, its output
+                // quantized, down: each pair's bits as moeqc's.
+                let (bg, bd) = int8_blocks(w);
+                gather("moe_gather")?;
+                let a = self.quantize_act(r.xs, pairs_n, d, bg, w.gate.ty)?;
+                self.imm_grouped(w.gate, gate_ptr, er, ff, a, pairs_n, r.gate, g)?;
+                self.imm_grouped(w.up, up_ptr, er, ff, a, pairs_n, r.up, g)?;
+                self.glu_ptr(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
+                let a = self.quantize_act(r.act, pairs_n, ff, bd, w.down.ty)?;
+                self.imm_grouped(w.down, w.down.data.ptr, d, d, a, pairs_n, r.ys, g)
             }
             MoePath::GroupedWmm => {
                 // The pairs' inputs gathered (xs), rounded and permuted into ys (free until
                 // down), gate and up, the GLU, its output permuted into xs, down into ys.
-                self.launch(
-                    "ops",
-                    "moe_gather",
-                    (pairs, 1, 1),
-                    (256, 1, 1),
-                    args![x.ptr(), pos, s.xs.ptr(), k as i32, d as i32],
-                )?;
-                let xp = s.ys.ptr();
-                self.permute_to(s.xs.ptr(), pairs_n, d, w.gate.ty, xp)?;
-                self.wmm_grouped(w.gate, 0, ff, er, xp, pairs_n, s.gate.ptr(), g)?;
-                self.wmm_grouped(w.up, up_off, ff, er, xp, pairs_n, s.up.ptr(), g)?;
-                self.glu_fast(p.act, s.gate, s.up, pairs_n * ff, s.act)?;
-                let ap = s.xs.ptr();
-                self.permute_to(s.act.ptr(), pairs_n, ff, w.down.ty, ap)?;
-                self.wmm_grouped(w.down, 0, d, d, ap, pairs_n, s.ys.ptr(), g)?;
+                gather("moe_gather")?;
+                let up_off = if fused { ff } else { 0 };
+                self.permute_to(r.xs, pairs_n, d, w.gate.ty, r.ys)?;
+                self.wmm_grouped(w.gate, 0, ff, er, r.ys, pairs_n, r.gate, g)?;
+                self.wmm_grouped(w.up, up_off, ff, er, r.ys, pairs_n, r.up, g)?;
+                self.glu_ptr(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
+                self.permute_to(r.act, pairs_n, ff, w.down.ty, r.xs)?;
+                self.wmm_grouped(w.down, 0, d, d, r.xs, pairs_n, r.ys, g)
             }
             MoePath::GroupedQmm => {
                 // The pairs' inputs in f16 (in xs), gate and up, the GLU, its output in f16
                 // (in gate), down.
-                let xh = s.xs.ptr();
-                self.launch(
-                    "ops",
-                    "moe_gather_h",
-                    (pairs, 1, 1),
-                    (256, 1, 1),
-                    args![x.ptr(), pos, xh, k as i32, d as i32],
+                gather("moe_gather_h")?;
+                self.qmm_grouped(
+                    w.gate, gate_ptr, er, ff, r.xs, r.gate, off, tiles, max_tiles,
                 )?;
-                let t = (off, tiles, max_tiles);
-                self.qmm_grouped(w.gate, gate_ptr, er, ff, xh, s.gate.ptr(), t.0, t.1, t.2)?;
-                self.qmm_grouped(w.up, up_ptr, er, ff, xh, s.up.ptr(), t.0, t.1, t.2)?;
-                self.glu_fast(p.act, s.gate, s.up, pairs_n * ff, s.act)?;
-                let ah = s.gate.ptr();
-                self.to_half_plain(s.act.ptr(), ah, pairs_n * ff)?;
-                let down = w.down.data.ptr;
-                self.qmm_grouped(w.down, down, d, d, ah, s.ys.ptr(), t.0, t.1, t.2)?;
+                self.qmm_grouped(w.up, up_ptr, er, ff, r.xs, r.up, off, tiles, max_tiles)?;
+                self.glu_ptr(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
+                self.to_half_plain(r.act, r.gate, pairs_n * ff)?;
+                let dw = w.down.data.ptr;
+                self.qmm_grouped(w.down, dw, d, d, r.gate, r.ys, off, tiles, max_tiles)
             }
             MoePath::GroupedF32 => {
-                self.launch(
-                    "ops",
-                    "moe_gather",
-                    (pairs, 1, 1),
-                    (256, 1, 1),
-                    args![x.ptr(), pos, s.xs.ptr(), k as i32, d as i32],
-                )?;
+                gather("moe_gather")?;
                 self.launch(
                     &w.gate.names.module,
                     &w.gate.names.moe[2],
@@ -233,10 +341,10 @@ impl CudaBackend {
                         gate_ptr,
                         up_ptr,
                         w.gate.row_bytes as i64,
-                        expert_rows as i64,
+                        er as i64,
                         off,
-                        s.xs.ptr(),
-                        s.act.ptr(),
+                        r.xs,
+                        r.act,
                         ff as i32,
                         d as i32,
                         act
@@ -252,20 +360,19 @@ impl CudaBackend {
                         w.down.row_bytes as i64,
                         d as i64,
                         off,
-                        s.act.ptr(),
-                        s.ys.ptr(),
+                        r.act,
+                        r.ys,
                         d as i32,
                         ff as i32
                     ],
-                )?;
+                )
             }
             MoePath::PairsInt8 => {
                 // The tokens' rows quantized for gate and up, then the pairs' GLU outputs for
                 // down (the scratch holds one set at a time; the stream orders them); in the
                 // exact-sum order where the weights' names say so (moeqc).
-                let bg = registry::int8_activations(w.gate.kernel).expect("an int8 type");
-                let bd = registry::int8_activations(w.down.kernel).expect("an int8 type");
-                let (q, dq, sq) = self.quantize_act(x.ptr(), rows, d, bg, w.gate.ty)?;
+                let (bg, bd) = int8_blocks(w);
+                let (q, dq, sq) = self.quantize_act(r.x, r.n, d, bg, w.gate.ty)?;
                 self.launch(
                     &w.gate.names.module,
                     &w.gate.names.moeq[0],
@@ -275,12 +382,12 @@ impl CudaBackend {
                         gate_ptr,
                         up_ptr,
                         w.gate.row_bytes as i64,
-                        expert_rows as i64,
-                        s.routes.ptr(),
+                        er as i64,
+                        r.routes,
                         q,
                         dq,
                         sq,
-                        s.act.ptr(),
+                        r.act,
                         ff as i32,
                         d as i32,
                         k as i32,
@@ -288,7 +395,7 @@ impl CudaBackend {
                         bg as i32
                     ],
                 )?;
-                let (q, dq, sq) = self.quantize_act(s.act.ptr(), pairs_n, ff, bd, w.down.ty)?;
+                let (q, dq, sq) = self.quantize_act(r.act, pairs_n, ff, bd, w.down.ty)?;
                 self.launch(
                     &w.down.names.module,
                     &w.down.names.moeq[1],
@@ -298,16 +405,16 @@ impl CudaBackend {
                         w.down.data.ptr,
                         w.down.row_bytes as i64,
                         d as i64,
-                        s.routes.ptr(),
+                        r.routes,
                         q,
                         dq,
                         sq,
-                        s.ys.ptr(),
+                        r.ys,
                         d as i32,
                         ff as i32,
                         bd as i32
                     ],
-                )?;
+                )
             }
             MoePath::PairsF32 => {
                 self.launch(
@@ -319,10 +426,10 @@ impl CudaBackend {
                         gate_ptr,
                         up_ptr,
                         w.gate.row_bytes as i64,
-                        expert_rows as i64,
-                        s.routes.ptr(),
-                        x.ptr(),
-                        s.act.ptr(),
+                        er as i64,
+                        r.routes,
+                        r.x,
+                        r.act,
                         ff as i32,
                         d as i32,
                         k as i32,
@@ -338,92 +445,58 @@ impl CudaBackend {
                         w.down.data.ptr,
                         w.down.row_bytes as i64,
                         d as i64,
-                        s.routes.ptr(),
-                        s.act.ptr(),
-                        s.ys.ptr(),
+                        r.routes,
+                        r.act,
+                        r.ys,
                         d as i32,
                         ff as i32
                     ],
-                )?;
+                )
             }
-        }
-        self.moe_sum(&s, pos, scale, out, k, d, rows)
-    }
-
-    /// The experts' kernels for a step of `rows` tokens (see [`MoePath`]).
-    fn moe_path(
-        &self,
-        w: &MoeWeights<'_, CudaWeight>,
-        s: &MoeScratch<'_, CudaBuf>,
-        p: &MoeParams,
-        rows: usize,
-        d: usize,
-    ) -> MoePath {
-        let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
-        let sizes = p.scratch_floats(rows, d);
-        let pairs = rows * k;
-        let int8 = registry::int8_activations(w.gate.kernel).is_some()
-            && registry::int8_activations(w.down.kernel).is_some();
-        let invariant = self.cfg.numerics == Numerics::BatchInvariant;
-        // moeqc and imm_g: a pair's bits whatever the step's other pairs.
-        let exact = invariant && registry::int8_mma(w.gate.kernel) && registry::int8_mma(w.down.kernel);
-        // Grouped by expert from about a pair per expert, where the logits' buffer holds the
-        // sort; on the tensor cores where it also holds the tile list.
-        let grouped = pairs >= ne && rows * ne >= ne + 1 + pairs;
-        let tiles = grouped
-            && s.gate.len >= sizes[3]
-            && s.up.len >= sizes[4]
-            && rows * ne >= 2 * ne + 2 + pairs + pairs.div_ceil(QMM_BN);
-        let fused = std::ptr::eq(w.gate, w.up);
-        let (er, up_off) = if fused { (2 * ff, ff) } else { (ff, 0) };
-        let colsp = crate::wmm::permuted_cols;
-        match (exact, invariant) {
-            (true, _) if tiles => MoePath::GroupedImm,
-            (true, _) => MoePath::PairsInt8,
-            (false, false) if tiles => {
-                let wmm = self.wmm_grouped_fits(w.gate, er, 0)
-                    && self.wmm_grouped_fits(w.up, er, up_off)
-                    && self.wmm_grouped_fits(w.down, d, 0)
-                    && 2 * s.ys.len >= pairs * colsp(d)
-                    && 2 * s.xs.len >= pairs * colsp(ff);
-                if wmm {
-                    MoePath::GroupedWmm
-                } else {
-                    MoePath::GroupedQmm
-                }
-            }
-            _ if grouped => MoePath::GroupedF32,
-            (false, false) if int8 => MoePath::PairsInt8,
-            _ => MoePath::PairsF32,
         }
     }
 
-    /// out[t] = Σ_j weight(t, j) · ys[row of pair (t, j)] (`pos`: the sorted rows, or 0).
-    #[allow(clippy::too_many_arguments)]
-    fn moe_sum(
-        &self,
-        s: &MoeScratch<'_, CudaBuf>,
-        pos: u64,
-        scale: u64,
-        out: &mut CudaBuf,
-        k: usize,
-        d: usize,
-        rows: usize,
-    ) -> Result<()> {
+    /// Where the sort of `pairs` pairs over `ne` experts lies in the router logits' buffer
+    /// (`MoeParams::scratch_floats` leaves room): off (n_expert + 1 ints), pos (a pair each),
+    /// the tile list (a count, then at most pairs / 64 + n_expert tiles).
+    fn sort_at(r: &Rows, ne: usize, pairs: usize) -> (u64, u64, u64) {
+        let off = r.sort;
+        let pos = off + 4 * (ne as u64 + 1);
+        (off, pos, pos + 4 * pairs as u64)
+    }
+
+    /// gate·up's activation over `n` floats at raw addresses (`glu_fast`'s kernel).
+    fn glu_ptr(&self, act: Activation, gate: u64, up: u64, n: usize, out: u64) -> Result<()> {
+        self.launch(
+            "ops",
+            "glu",
+            (crate::launch::grid1(n, 256, 8192), 1, 1),
+            (256, 1, 1),
+            args![gate, up, out, n as i64, crate::products::act_code(act)],
+        )
+    }
+
+    /// out[t] = Σ_j weight(t, j) · ys[row of pair (t, j)] over the rows `r` (the sorted rows
+    /// where `path` sorts).
+    fn moe_sum(&self, r: &Rows, path: MoePath, scale: u64, p: &MoeParams, d: usize) -> Result<()> {
+        let k = p.n_used;
+        let pos = if path.sorted() {
+            Self::sort_at(r, p.n_expert, r.n * k).1
+        } else {
+            0
+        };
         self.launch(
             "ops",
             "moe_sum",
-            (rows as u32, d.div_ceil(256).min(64) as u32, 1),
+            (r.n as u32, d.div_ceil(256).min(64) as u32, 1),
             (256, 1, 1),
-            args![
-                s.ys.ptr(),
-                s.routes.ptr(),
-                pos,
-                scale,
-                out.ptr(),
-                k as i32,
-                d as i32
-            ],
+            args![r.ys, r.routes, pos, scale, r.out, k as i32, d as i32],
         )
     }
+}
+
+/// The int8 activations' block lengths of gate (and up) and of down.
+fn int8_blocks(w: &MoeWeights<'_, CudaWeight>) -> (usize, usize) {
+    let b = |w: &CudaWeight| registry::int8_activations(w.kernel).expect("an int8 type");
+    (b(w.gate), b(w.down))
 }
