@@ -115,13 +115,12 @@ impl CudaBackend {
         )
     }
 
-    /// The kernel table of a model whose products have weights of these (type, columns)
-    /// (`experts`: and MoE experts) and attention these head dims, on this device.
+    /// The kernel table of a model whose products have weights of these (type, columns) and
+    /// attention these head dims, on this device.
     pub fn kernel_table(
         &self,
         weights: &[(quiver_gguf::GgmlType, usize)],
         head_dims: &[usize],
-        experts: bool,
     ) -> crate::plan::Table {
         crate::plan::table(
             self.cfg.numerics,
@@ -129,7 +128,6 @@ impl CudaBackend {
             self.blas.is_some(),
             weights,
             head_dims,
-            experts,
         )
     }
 

@@ -334,12 +334,12 @@ pub fn attention(hd: usize, prompt: bool) -> Attention {
 }
 
 /// Why serving under this table would not give each request the same answer alone and under
-/// load (None: it would): the weights' rows (`(type name, row)`), the head dims, MoE experts.
+/// load (None: it would): the weights' rows (`(type name, row)`), the head dims. (MoE experts
+/// run by row kind as the table's products do: moe.rs.)
 pub fn invariance(
     numerics: Numerics,
     rows: &[(String, ProductRow)],
     head_dims: &[usize],
-    experts: bool,
 ) -> Option<String> {
     match numerics {
         Numerics::Fast => return Some("--numerics fast".into()),
@@ -366,12 +366,6 @@ pub fn invariance(
         return Some(format!(
             "attention of head dim {hd} has no KV-group kernel (split-K ranges follow the step)"
         ));
-    }
-    if experts {
-        return Some(
-            "MoE experts: prompt rows take the grouped kernels, decode rows the per-pair ones"
-                .into(),
-        );
     }
     None
 }
@@ -445,8 +439,8 @@ pub struct Table {
     pub variance: Option<String>,
 }
 
-/// The table for a model whose products have weights of these (type, columns) (`experts`: and
-/// MoE experts) and attention these head dims, under `numerics` on compute capability `arch`
+/// The table for a model whose products have weights of these (type, columns) and attention
+/// these head dims, under `numerics` on compute capability `arch`
 /// (`blas`: cuBLAS loaded).
 pub fn table(
     numerics: Numerics,
@@ -454,7 +448,6 @@ pub fn table(
     blas: bool,
     weights: &[(quiver_gguf::GgmlType, usize)],
     head_dims: &[usize],
-    experts: bool,
 ) -> Table {
     let mut rows: Vec<(String, ProductRow)> = Vec::new();
     for &(ty, cols) in weights {
@@ -482,7 +475,7 @@ pub fn table(
     let mut dims = head_dims.to_vec();
     dims.sort_unstable();
     dims.dedup();
-    let variance = invariance(numerics, &rows, &dims, experts);
+    let variance = invariance(numerics, &rows, &dims);
     let mut text = describe(numerics, arch, &rows, &dims);
     if rows.iter().any(|(l, _)| l.ends_with('*')) {
         text.push_str("  (* weights too wide for qmv)\n");
@@ -559,7 +552,7 @@ mod tests {
             },
         );
         assert!(!wide.invariant());
-        let why = invariance(inv, &[("Q5_K".into(), wide)], &[128], false).unwrap();
+        let why = invariance(inv, &[("Q5_K".into(), wide)], &[128]).unwrap();
         assert!(why.starts_with("Q5_K products"), "{why}");
         // A model's table: the wide weight marked, the reason read from its rows.
         use quiver_gguf::GgmlType;
@@ -569,7 +562,6 @@ mod tests {
             true,
             &[(GgmlType::Q4_K, 4096), (GgmlType::Q5_K, 1 << 20)],
             &[128, 128],
-            false,
         );
         assert!(t.text.contains("Q5_K*") && t.variance.unwrap().starts_with("Q5_K* products"));
         let t = table(
@@ -578,7 +570,6 @@ mod tests {
             true,
             &[(GgmlType::Q4_K, 4096), (GgmlType::Q6_K, 14336)],
             &[128],
-            false,
         );
         assert_eq!(t.variance, None, "{}", t.text);
     }
@@ -597,7 +588,7 @@ mod tests {
         assert_eq!(decode(&q4_1), [Mmv, Mmv, Mmv, qmm, qmm, Wmm]);
         assert_eq!(decode(&row(f, "f16")), [Mmv, Mmv, Mmv, Blas, Blas, Blas]);
         assert_eq!(
-            invariance(f, &[("Q4_K".into(), q4k)], &[], false).as_deref(),
+            invariance(f, &[("Q4_K".into(), q4k)], &[]).as_deref(),
             Some("--numerics fast")
         );
     }
@@ -610,12 +601,11 @@ mod tests {
         assert_eq!(attention(96, false), Attention::SplitK);
         let inv = Numerics::BatchInvariant;
         let q4k = vec![("Q4_K".to_string(), row(inv, "q4_k"))];
-        assert_eq!(invariance(inv, &q4k, &[64, 128, 256, 512], false), None);
-        assert!(invariance(inv, &q4k, &[96], false)
+        assert_eq!(invariance(inv, &q4k, &[64, 128, 256, 512]), None);
+        assert!(invariance(inv, &q4k, &[96])
             .unwrap()
             .contains("head dim 96"));
-        assert!(invariance(inv, &q4k, &[128], true).unwrap().contains("MoE"));
-        assert_eq!(invariance(Numerics::Parity, &q4k, &[96], true), None);
+        assert_eq!(invariance(Numerics::Parity, &q4k, &[96]), None);
         let text = describe(inv, 90, &q4k, &[128]);
         assert!(text.contains("Q4_K     decode  mmv"), "{text}");
         assert!(text.contains(": decode kvd, prompt flash"), "{text}");

@@ -529,31 +529,26 @@ pub fn kernel_table(
     file: &GgufFile,
     layers: &[quiver_backend::KvLayer],
 ) -> quiver_backend_cuda::plan::Table {
-    let (weights, experts) = product_weights(file);
+    let weights = product_weights(file);
     let dims: Vec<usize> = layers.iter().map(|l| l.head_dim).collect();
-    be.kernel_table(&weights, &dims, experts)
+    be.kernel_table(&weights, &dims)
 }
 
-/// The (type, columns) of `file`'s products' weights (its matrices, less the embeddings
-/// gathered by row: token_embd counts when the output shares it), and whether it has MoE
-/// experts (3-D).
-pub fn product_weights(file: &GgufFile) -> (Vec<(GgmlType, usize)>, bool) {
+/// The (type, columns) of `file`'s products' weights: its matrices (MoE experts' 3-D tensors
+/// too), less the embeddings gathered by row (token_embd counts when the output shares it).
+pub fn product_weights(file: &GgufFile) -> Vec<(GgmlType, usize)> {
     let tied = !file.tensors.iter().any(|t| t.name == "output.weight");
     let mut types = Vec::new();
-    let mut experts = false;
     for t in &file.tensors {
         let gathered = t.name.contains("_embd") && !(tied && t.name == "token_embd.weight");
         let cols = *t.shape.last().unwrap_or(&1) as usize;
         match t.shape.len() {
             2 if !gathered => types.push((t.ty, cols)),
-            3 => {
-                experts = true;
-                types.push((t.ty, cols));
-            }
+            3 => types.push((t.ty, cols)),
             _ => {}
         }
     }
-    (types, experts)
+    types
 }
 
 /// Device memory and kernel cache line for the load log.
@@ -577,7 +572,7 @@ pub fn kernels(path: &std::path::Path, numerics: Numerics) -> Result<()> {
     let layers = quiver_models::hparams(&file)?
         .kv_spec(quiver_engine::BLOCK_SIZE, KvTypes::default())
         .layers;
-    let (weights, experts) = product_weights(&file);
+    let weights = product_weights(&file);
     let dims: Vec<usize> = layers.iter().map(|l| l.head_dim).collect();
     let (arch, blas, note) = match quiver_backend_cuda::probe(0) {
         Ok(i) => (
@@ -591,7 +586,7 @@ pub fn kernels(path: &std::path::Path, numerics: Numerics) -> Result<()> {
             format!(" (no GPU: {e}; sm_90 with cuBLAS assumed)"),
         ),
     };
-    let t = quiver_backend_cuda::plan::table(numerics, arch, blas, &weights, &dims, experts);
+    let t = quiver_backend_cuda::plan::table(numerics, arch, blas, &weights, &dims);
     print!("{}", t.text);
     println!("{}{note}", invariance_line(numerics, t.variance));
     Ok(())
@@ -674,15 +669,11 @@ mod tests {
         use quiver_backend_cuda::plan::table;
         let inv = Numerics::BatchInvariant;
         let line = |n: Numerics, f: &GgufFile| {
-            let (w, experts) = product_weights(f);
-            invariance_line(n, table(n, 90, true, &w, &[64], experts).variance)
+            invariance_line(n, table(n, 90, true, &product_weights(f), &[64]).variance)
         };
         let f = synth("tiny-llama", "Q4_K_M");
-        let (weights, experts) = product_weights(&f);
-        assert!(
-            !experts && weights.iter().any(|w| w.0 == GgmlType::Q4_K),
-            "{weights:?}"
-        );
+        let weights = product_weights(&f);
+        assert!(weights.iter().any(|w| w.0 == GgmlType::Q4_K), "{weights:?}");
         // Norms and the row-gathered embedding (when the output has its own) are no products.
         assert!(!weights.iter().any(|w| w.0 == GgmlType::F32), "{weights:?}");
         assert!(
@@ -702,10 +693,10 @@ mod tests {
             "{}",
             line(inv, &f)
         );
+        // MoE experts by row kind (moe.rs): invariant.
         let f = synth("tiny-qwen3moe", "Q4_0");
-        assert!(product_weights(&f).1);
         let moe = line(inv, &f);
-        assert!(moe.contains("not batch invariant: MoE experts"), "{moe}");
+        assert!(moe.contains(": batch invariant"), "{moe}");
         assert!(cpu_invariance(Numerics::Parity).contains(": batch invariant"));
     }
 
