@@ -720,6 +720,28 @@ __global__ void __launch_bounds__(32 * QMM_WARPS)
                          (const u8*)(abs_ + (long long)n_all * (cols / 16)) + (long long)o * (cols / 256) * 16,
                          y + (long long)o * rows, n, n0, nullptr, nullptr);
 }
+// imv over the experts of a mixture: tile blockIdx.y of `tiles` (ops.cu moe_tiles with 8·NT
+// pairs a tile: expert e, its c-th 8·NT pairs) takes expert e's `rows` rows at row
+// e·expert_rows against those pairs' activations (sorted by expert: rows off[e] + 8·NT·c on),
+// into the same rows of y: the same bits as imm_g and moeqc for each pair, for a decode step's
+// few pairs an expert.                         grid (ceil(rows / 16), at most tiles), block 256
+template <class T, int NT>
+__global__ void __launch_bounds__(256)
+    imv_g(const u8* __restrict__ W, long long row_bytes, long long expert_rows, int rows, int cols,
+          const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_,
+          float* __restrict__ y, const int* __restrict__ off, const int* __restrict__ tiles) {
+    pdl_begin();
+    if ((int)blockIdx.y >= tiles[0]) return;
+    const int tl = tiles[1 + blockIdx.y], e = tl >> 16, o = off[e] + (tl & 0xffff) * 8 * NT;
+    const int n = min(off[e + 1] - o, 8 * NT);
+    const u8* We = W + (long long)e * expert_rows * row_bytes;
+    if constexpr (T::VALUES == 32)
+        imv_impl<iw<T>, T::BYTES, T::MIN == 1, NT>(We, row_bytes, rows, cols, aq + (long long)o * cols,
+                                                   ad + (long long)o * (cols / 32) * 2, y + (long long)o * rows, n);
+    else
+        imvk_impl<KQ<T>, NT>(We, row_bytes, rows, cols, aq + (long long)o * cols, ad + (long long)o * (cols / 256),
+                             abs_ + (long long)o * (cols / 16), y + (long long)o * rows, n);
+}
 template <class T, int NT>
 __global__ void __launch_bounds__(256)
     imv(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const i8* __restrict__ aq,

@@ -191,6 +191,42 @@ impl CudaBackend {
         )
     }
 
+    /// [`imm_grouped`](Self::imm_grouped) on imv: `tiles` of 8·`nt` pairs of one expert (`nt`
+    /// 1 or 2 n8 tiles).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn imv_grouped(
+        &self,
+        w: &CudaWeight,
+        base: u64,
+        expert_rows: usize,
+        rows: usize,
+        (q, d, s): (u64, u64, u64),
+        y: u64,
+        (off, tiles, max_tiles): (u64, u64, usize),
+        nt: usize,
+    ) -> Result<()> {
+        self.launch_smem(
+            &w.names.module,
+            &w.names.imv_g[nt - 1],
+            (rows.div_ceil(16) as u32, max_tiles as u32, 1),
+            (256, 1, 1),
+            imm_smem(w, nt).1 as u32,
+            args![
+                base,
+                w.row_bytes as i64,
+                expert_rows as i64,
+                rows as i32,
+                w.cols as i32,
+                q,
+                d,
+                s,
+                y,
+                off,
+                tiles
+            ],
+        )
+    }
+
     /// imm's decode form: launches of up to [`IMV_TOKENS`] tokens.
     pub(crate) fn imv(
         &self,

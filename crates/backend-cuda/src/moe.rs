@@ -6,7 +6,8 @@
 //! each kind of row (kinds.rs) on its own kernels as the dense products are: decode rows of the
 //! int8 tensor-core types (`registry::int8_mma`) in the exact-sum order, few pairs one warp per
 //! output row of each pair (kernels/mmvq.cu `moeqc_*`), many sorted by expert and each expert's
-//! in tiles of 64 on imm (kernels/imm.cu `imm_g`), the same bits; decode rows of the other types
+//! in tiles of 8 or 16 on imv (kernels/imm.cu `imv_g`; 64 on `imm_g` from 32 pairs an expert),
+//! the same bits; decode rows of the other types
 //! on CUDA cores over f32 (kernels/mmv.cu `moe_*`, pair-wise or grouped: the same bits); prompt
 //! rows always sorted and on the tensor cores, whose per-element order does not depend on the
 //! tile's other pairs (kernels/wmm.cu `wmm_g` on sm_90 Hopper's warpgroup products where the
@@ -33,9 +34,9 @@ enum MoePath {
     /// Sorted by expert, each expert's pairs 8 at a time per weight row on CUDA cores (mmv.cu
     /// `moe_glu_g`, `moe_mmv_g`): PairsF32's bits.
     GroupedF32,
-    /// Sorted, each expert's pairs in tiles of 64 on the int8 tensor cores (imm.cu `imm_g`):
-    /// `moeqc`'s bits.
-    GroupedImm,
+    /// Sorted, each expert's pairs in tiles of `8·n` (n = 1, 2: imm.cu `imv_g`) or of 64 (n = 8:
+    /// `imm_g`) on the int8 tensor cores: `moeqc`'s bits.
+    GroupedImm(usize),
     /// Sorted, tiles on Hopper's warpgroup products (wmm.cu `wmm_g`).
     GroupedWmm,
     /// Sorted, tiles on the f16 tensor cores (qmm.cu `qmm_g`).
@@ -47,7 +48,20 @@ impl MoePath {
     fn sorted(self) -> bool {
         !matches!(self, MoePath::PairsF32 | MoePath::PairsInt8)
     }
+
+    /// The pairs of one expert a tile takes (moe_tiles).
+    fn tile(self) -> usize {
+        match self {
+            MoePath::GroupedImm(n) => 8 * n,
+            _ => QMM_BN,
+        }
+    }
 }
+
+/// Decode's pairs per expert (the step's average) from which imv's two n8 tiles (16 pairs)
+/// take a tile, and from which imm's 64 do.
+const IMV2_PAIRS: usize = 6;
+const IMM_PAIRS: usize = 32;
 
 /// A part of a step's rows: its first row's pointers into the op's buffers (x, out, routes) and
 /// the scratch's buffers (sort: the router logits' buffer, spent by then), and its row count.
@@ -228,7 +242,11 @@ impl CudaBackend {
         };
         match (invariant, kind) {
             (true, Kind::Prompt) => tensor_cores(),
-            (true, Kind::Decode) if exact && many => MoePath::GroupedImm,
+            (true, Kind::Decode) if exact && many => MoePath::GroupedImm(match pairs / ne {
+                a if a >= IMM_PAIRS => 8,
+                a if a >= IMV2_PAIRS => 2,
+                _ => 1,
+            }),
             (true, Kind::Decode) if exact => MoePath::PairsInt8,
             (true, Kind::Decode) if many => MoePath::GroupedF32,
             (true, Kind::Decode) => MoePath::PairsF32,
@@ -263,7 +281,7 @@ impl CudaBackend {
         let pairs = pairs_n as u32;
         let act = crate::products::act_code(p.act);
         let (off, pos, tiles) = Self::sort_at(r, ne, pairs_n);
-        let max_tiles = pairs_n.div_ceil(QMM_BN) + ne;
+        let max_tiles = pairs_n.div_ceil(path.tile()) + ne;
         let g = (off, tiles, max_tiles);
         if path.sorted() {
             self.launch(
@@ -279,7 +297,7 @@ impl CudaBackend {
                     "moe_tiles",
                     (1, 1, 1),
                     (32, 1, 1),
-                    args![off, tiles, ne as i32, QMM_BN as i32],
+                    args![off, tiles, ne as i32, path.tile() as i32],
                 )?;
             }
         }
@@ -293,17 +311,24 @@ impl CudaBackend {
             )
         };
         match path {
-            MoePath::GroupedImm => {
+            MoePath::GroupedImm(nt) => {
                 // The pairs' inputs gathered and quantized, gate and up, the GLU, its output
                 // quantized, down: each pair's bits as moeqc's.
                 let (bg, bd) = int8_blocks(w);
                 gather("moe_gather")?;
+                let product = |w: &CudaWeight, base: u64, er: usize, rows: usize, a, y: u64| {
+                    if nt == 8 {
+                        self.imm_grouped(w, base, er, rows, a, pairs_n, y, g)
+                    } else {
+                        self.imv_grouped(w, base, er, rows, a, y, g, nt)
+                    }
+                };
                 let a = self.quantize_act(r.xs, pairs_n, d, bg, w.gate.ty)?;
-                self.imm_grouped(w.gate, gate_ptr, er, ff, a, pairs_n, r.gate, g)?;
-                self.imm_grouped(w.up, up_ptr, er, ff, a, pairs_n, r.up, g)?;
+                product(w.gate, gate_ptr, er, ff, a, r.gate)?;
+                product(w.up, up_ptr, er, ff, a, r.up)?;
                 self.glu_ptr(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
                 let a = self.quantize_act(r.act, pairs_n, ff, bd, w.down.ty)?;
-                self.imm_grouped(w.down, w.down.data.ptr, d, d, a, pairs_n, r.ys, g)
+                product(w.down, w.down.data.ptr, d, d, a, r.ys)
             }
             MoePath::GroupedWmm => {
                 // The pairs' inputs gathered (xs), rounded and permuted into ys (free until
@@ -458,7 +483,7 @@ impl CudaBackend {
 
     /// Where the sort of `pairs` pairs over `ne` experts lies in the router logits' buffer
     /// (`MoeParams::scratch_floats` leaves room): off (n_expert + 1 ints), pos (a pair each),
-    /// the tile list (a count, then at most pairs / 64 + n_expert tiles).
+    /// the tile list (a count, then at most pairs / tile + n_expert tiles).
     fn sort_at(r: &Rows, ne: usize, pairs: usize) -> (u64, u64, u64) {
         let off = r.sort;
         let pos = off + 4 * (ne as u64 + 1);

@@ -266,6 +266,8 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
     if int8_mma(t) {
         one("imm", format!("imm<{w}>"));
         one("imm_g", format!("imm_g<{w}>"));
+        one("imv_g", format!("imv_g<{w}, 1>"));
+        one("imv_g2", format!("imv_g<{w}, 2>"));
         one("imv", format!("imv<{w}, 1>"));
         one("imv2", format!("imv<{w}, 2>"));
     }

@@ -52,8 +52,10 @@ pub(crate) struct KernelNames {
     /// [gated, plain] per pair on int8 activations (types with int8 decode kernels), in the
     /// exact-sum order where `canon` (moeqc: imm_g's bits).
     pub(crate) moeq: [String; 2],
-    /// The experts' products on imm (kernels/imm.cu `imm_g`, `registry::int8_mma` types).
+    /// The experts' products on imm and on imv of one and two n8 tiles (kernels/imm.cu `imm_g`,
+    /// `imv_g`; `registry::int8_mma` types).
     pub(crate) imm_g: String,
+    pub(crate) imv_g: [String; 2],
 }
 
 impl KernelNames {
@@ -99,6 +101,7 @@ impl KernelNames {
                 format!("{q}_{k}_{kernel}")
             }),
             imm_g: format!("imm_g_{kernel}"),
+            imv_g: ["", "2"].map(|t| format!("imv_g{t}_{kernel}")),
         }
     }
 }

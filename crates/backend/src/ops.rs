@@ -99,11 +99,11 @@ pub struct MoeParams {
 impl MoeParams {
     /// Floats of each [`MoeScratch`] buffer a step of `rows` tokens needs, in field order: the
     /// router logits' with room for a device's sort of the pairs by expert once they are spent
-    /// (offsets, a row per pair, a list of the tiles of 64 pairs of one expert).
+    /// (offsets, a row per pair, a list of the tiles of 8 or more pairs of one expert).
     pub fn scratch_floats(&self, rows: usize, n_embd: usize) -> [usize; 7] {
         let pairs = rows * self.n_used;
         [
-            (rows * self.n_expert).max(2 * self.n_expert + 2 + pairs + pairs.div_ceil(64)),
+            (rows * self.n_expert).max(2 * self.n_expert + 2 + pairs + pairs.div_ceil(8)),
             2 * pairs,
             pairs * n_embd,
             pairs * self.n_ff,
