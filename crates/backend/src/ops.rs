@@ -134,6 +134,14 @@ pub struct MoeWeights<'a, W> {
     pub up_scale: Option<&'a W>,
 }
 
+// Copy whatever W is: the fields are references.
+impl<W> Clone for MoeWeights<'_, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<W> Copy for MoeWeights<'_, W> {}
+
 /// Buffers [`Backend::moe`] may overwrite, sized by [`MoeParams::scratch_floats`].
 pub struct MoeScratch<'a, B> {
     /// Router logits [rows, n_expert].

@@ -84,42 +84,16 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
             let uw = uw.as_ref().unwrap_or(&gw);
             for &n in MOE_TOKENS {
                 let x = rng.scaled(n * d, 0.5);
-                let xb = h.upload(be, &x);
-                let sizes = p.scratch_floats(n, d);
-                let mut s: Vec<B::Buf> = sizes.iter().map(|&m| poison(be, h, m)).collect();
-                let mut out = poison(be, h, n * d);
-                {
-                    let [logits, routes, xs, g, u, a, ys] = &mut s[..] else {
-                        unreachable!()
-                    };
-                    be.moe(
-                        &xb,
-                        n,
-                        MoeWeights {
-                            router: &rw,
-                            gate: &gw,
-                            up: uw,
-                            down: &dw,
-                            down_scale: None,
-                            gate_scale: None,
-                            up_scale: None,
-                        },
-                        &p,
-                        MoeScratch {
-                            logits,
-                            routes,
-                            xs,
-                            gate: g,
-                            up: u,
-                            act: a,
-                            ys,
-                        },
-                        &mut out,
-                    )
-                    .unwrap();
-                }
-                let got = read(be, &out, n * d);
-                let routes = read(be, &s[1], 2 * n * k);
+                let w = MoeWeights {
+                    router: &rw,
+                    gate: &gw,
+                    up: uw,
+                    down: &dw,
+                    down_scale: None,
+                    gate_scale: None,
+                    up_scale: None,
+                };
+                let (got, routes) = run_moe(be, h, w, &p, &x, n, d);
                 let mut want = vec![0f32; n * d];
                 reference::moe(
                     &x,
@@ -197,6 +171,39 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
         notes.check("add_bias", e, 0.0, || format!("{rows}×{cols}"));
     }
     notes
+}
+
+/// One `moe` call over the `n` tokens of `x` (rows of `d`) with fresh NaN-filled scratch: the
+/// output and the routes (expert, weight per slot) read back.
+fn run_moe<B: Backend, H: Harness<B>>(
+    be: &B,
+    h: &H,
+    w: MoeWeights<'_, B::Weight>,
+    p: &MoeParams,
+    x: &[f32],
+    n: usize,
+    d: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let xb = h.upload(be, &x[..n * d]);
+    let sizes = p.scratch_floats(n, d);
+    let mut s: Vec<B::Buf> = sizes.iter().map(|&m| poison(be, h, m)).collect();
+    let mut out = poison(be, h, n * d);
+    {
+        let [logits, routes, xs, gate, up, act, ys] = &mut s[..] else {
+            unreachable!()
+        };
+        let scratch = MoeScratch {
+            logits,
+            routes,
+            xs,
+            gate,
+            up,
+            act,
+            ys,
+        };
+        be.moe(&xb, n, w, p, scratch, &mut out).unwrap();
+    }
+    (read(be, &out, n * d), read(be, &s[1], 2 * n * p.n_used))
 }
 
 /// Router logits holding NaN (weights read as another type than written): every token still
@@ -405,35 +412,16 @@ pub fn moe_invariance<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) {
                 load(&down, &[ne64, d64, ff64]),
             );
             let x = rng.scaled(n * d, 0.5);
-            let run = |m: usize| {
-                let xb = h.upload(be, &x[..m * d]);
-                let sizes = p.scratch_floats(m, d);
-                let mut s: Vec<B::Buf> = sizes.iter().map(|&c| poison(be, h, c)).collect();
-                let mut out = poison(be, h, m * d);
-                let [logits, routes, xs, g, u, a, ys] = &mut s[..] else {
-                    unreachable!()
-                };
-                let scratch = MoeScratch {
-                    logits,
-                    routes,
-                    xs,
-                    gate: g,
-                    up: u,
-                    act: a,
-                    ys,
-                };
-                let w = MoeWeights {
-                    router: &rw,
-                    gate: &gw,
-                    up: if fused { &gw } else { &uw },
-                    down: &dw,
-                    down_scale: None,
-                    gate_scale: None,
-                    up_scale: None,
-                };
-                be.moe(&xb, m, w, &p, scratch, &mut out).unwrap();
-                read(be, &out, m * d)
+            let w = MoeWeights {
+                router: &rw,
+                gate: &gw,
+                up: if fused { &gw } else { &uw },
+                down: &dw,
+                down_scale: None,
+                gate_scale: None,
+                up_scale: None,
             };
+            let run = |m: usize| run_moe(be, h, w, &p, &x, m, d).0;
             let all = run(n);
             for m in [1usize, 2, 7, 40] {
                 let part = run(m);
