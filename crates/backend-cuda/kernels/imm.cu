@@ -166,7 +166,7 @@ __device__ __forceinline__ void imv_part(long long* part, const long long (*acc)
             part[warp * 128 * NT + ((e >> 1) * 8 + g) * 8 * NT + nt * 8 + 2 * q + (e & 1)] = acc[nt][e];
 }
 
-// imm: CTA 64 rows × 64 tokens from token n0, 4 warps of 16 rows, stages of 128 columns (4 blocks: a quad) as qmm:
+// imm: CTA 64 rows × 64 tokens, 4 warps of 16 rows, stages of 128 columns (4 blocks: a quad) as qmm:
 // weight windows, the tokens' int8 activations and their d through shared memory with cp.async,
 // QMM_NST stages in flight; split over grid z in whole 256-column chunks (imm_store).
 //                                       grid (ceil(n / 64), ceil(rows / 64), parts), block 128
@@ -174,7 +174,7 @@ __device__ __forceinline__ void imv_part(long long* part, const long long (*acc)
 template <IwFn IW, int BB, bool OFF>
 __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const i8* __restrict__ aq,
-                                         const float* __restrict__ ad, float* __restrict__ y, int n, int n0,
+                                         const float* __restrict__ ad, float* __restrict__ y, int n,
                                          long long* part, unsigned* cnt) {
     typedef QWin<BB, 32> Q;
     extern __shared__ __align__(16) u8 qsm[];
@@ -183,6 +183,7 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
     u8* Ws = (u8*)(Ds + QMM_NST * 4 * QMM_BN * 2);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
+    const int n0 = blockIdx.x * QMM_BN;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
     const int ng = cols / 32, nst = (cols + QMM_BK - 1) / QMM_BK;
     // This block's stages: all of them, or split z's whole chunks (two stages each).
@@ -527,16 +528,15 @@ struct IK<Q6_K> {
     }
 };
 
-// immk: qmm's tiling (64 rows × 64 tokens from token n0, stages of 128 columns: half a
-// super-block). Per stage the tokens' int8 activations, their super-block's d and (HL) 32-sums
-// split (hl: quantize_a256's, after its per-16 sums: 16 bytes per token and super-block) go through
+// immk: qmm's tiling (64 rows × 64 tokens, stages of 128 columns: half a super-block). Per
+// stage the tokens' int8 activations, their super-block's d and (HL) 32-sums split go through
 // shared memory; the terms are added at the super-block's second stage (fin). Split over grid z
 // in whole super-blocks (imm_store).
 template <class K>
 __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                           int cols, const i8* __restrict__ aq,
-                                          const float* __restrict__ ad, const u8* __restrict__ hl,
-                                          float* __restrict__ y, int n, int n0, long long* part, unsigned* cnt) {
+                                          const float* __restrict__ ad, const int* __restrict__ abs_,
+                                          float* __restrict__ y, int n, long long* part, unsigned* cnt) {
     typedef QWin<K::BB, 256> Q;
     extern __shared__ __align__(16) u8 qsm[];
     u8* Xs = qsm;                                              // [stage][token][IMM_XLD]
@@ -545,8 +545,11 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
     u8* Ws = (u8*)(Dd + QMM_NST * QMM_BN);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
+    const int n0 = blockIdx.x * QMM_BN;
     const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.y * QMM_BM + warp * 16, rows};
     const int nsb = cols / 256;
+    // quantize_a256's 32-sums split, after its per-16 sums.
+    const u8* hl = (const u8*)(abs_ + (long long)n * (cols / 16));
     // Split z's super-blocks (two stages each).
     const int S = gridDim.z, z = blockIdx.z;
     const int j0 = 2 * (z * nsb / S), j1 = 2 * ((z + 1) * nsb / S);
@@ -690,40 +693,15 @@ __global__ void __launch_bounds__(32 * QMM_WARPS)
         const float* __restrict__ ad, const int* __restrict__ abs_, float* __restrict__ y, int n, long long* part,
         unsigned* cnt) {
     pdl_begin();
-    const int n0 = blockIdx.x * QMM_BN;
     if constexpr (T::VALUES == 32)
-        imm_impl<iw<T>, T::BYTES, T::MIN == 1>(W, row_bytes, rows, cols, aq, ad, y, n, n0, part, cnt);
+        imm_impl<iw<T>, T::BYTES, T::MIN == 1>(W, row_bytes, rows, cols, aq, ad, y, n, part, cnt);
     else
-        immk_impl<IK<T>>(W, row_bytes, rows, cols, aq, ad, (const u8*)(abs_ + (long long)n * (cols / 16)), y, n, n0,
-                         part, cnt);
-}
-// imm over the experts of a mixture (as qmm.cu's qmm_g): tile i of `tiles` (ops.cu moe_tiles:
-// expert e, its c-th 64 pairs) takes expert e's `rows` rows at row e·expert_rows and its pairs'
-// activations, which lie sorted by expert (rows off[e] .. off[e + 1] of the n_all quantized),
-// into the same rows of y. One part over the columns (imm_store stores directly): the same bits
-// as imm, imv and mmvqc / moeqc for each pair.           grid (at most tiles, ceil(rows / 64)), block 128
-template <class T>
-__global__ void __launch_bounds__(32 * QMM_WARPS)
-    imm_g(const u8* __restrict__ W, long long row_bytes, long long expert_rows, int rows, int cols,
-          const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_, int n_all,
-          float* __restrict__ y, const int* __restrict__ off, const int* __restrict__ tiles) {
-    pdl_begin();
-    if ((int)blockIdx.x >= tiles[0]) return;
-    const int tl = tiles[1 + blockIdx.x], e = tl >> 16, o = off[e], n = off[e + 1] - o, n0 = (tl & 0xffff) * QMM_BN;
-    const u8* We = W + (long long)e * expert_rows * row_bytes;
-    if constexpr (T::VALUES == 32)
-        imm_impl<iw<T>, T::BYTES, T::MIN == 1>(We, row_bytes, rows, cols, aq + (long long)o * cols,
-                                               ad + (long long)o * (cols / 32) * 2, y + (long long)o * rows, n, n0,
-                                               nullptr, nullptr);
-    else
-        immk_impl<IK<T>>(We, row_bytes, rows, cols, aq + (long long)o * cols, ad + (long long)o * (cols / 256),
-                         (const u8*)(abs_ + (long long)n_all * (cols / 16)) + (long long)o * (cols / 256) * 16,
-                         y + (long long)o * rows, n, n0, nullptr, nullptr);
+        immk_impl<IK<T>>(W, row_bytes, rows, cols, aq, ad, abs_, y, n, part, cnt);
 }
 // imv over the experts of a mixture: tile blockIdx.y of `tiles` (ops.cu moe_tiles with 8·NT
 // pairs a tile: expert e, its c-th 8·NT pairs) takes expert e's `rows` rows at row
 // e·expert_rows against those pairs' activations (sorted by expert: rows off[e] + 8·NT·c on),
-// into the same rows of y: the same bits as imm_g and moeqc for each pair, for a decode step's
+// into the same rows of y: the same bits as moeqc (and imv, imm) for each pair, for a decode step's
 // few pairs an expert.                         grid (ceil(rows / 16), at most tiles), block 256
 template <class T, int NT>
 __global__ void __launch_bounds__(256)

@@ -599,7 +599,7 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
 }
 // MoE decode on int8 activations (as moe_glu / moe_mmv in mmv.cu, which read f32): one warp
 // per output row of one (token, slot) pair p = blockIdx.y, from the expert routes[2p] chose, in
-// the order C (RowQ; true: imm.cu imm_g's bits). The activations are quantize_a32's or
+// the order C (RowQ; true: imm.cu imv_g's bits). The activations are quantize_a32's or
 // quantize_a256's (ablk: 32 or 256) of the tokens (moeq_glu: token p / k) or of the pairs
 // (moeq_mmv: row p).                                         grid (rows / 4, pairs), block (32, 4)
 #define MOEQ_ACT                                                                                      \

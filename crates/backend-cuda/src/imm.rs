@@ -152,47 +152,11 @@ impl CudaBackend {
         )
     }
 
-    /// The experts' products on imm (kernels/imm.cu `imm_g`): y[p, r] = x[p] · W[r +
+    /// The experts' products on imv (kernels/imm.cu `imv_g`): y[p, r] = x[p] · W[r +
     /// e·expert_rows] (rows from `base`) for the pairs p of each expert e, over the int8
-    /// activations of all `n_all` pairs sorted by expert (`quantize_act`); `off`, `tiles`: ops.cu
-    /// moe_group's offsets and moe_tiles' list, at most `max_tiles` long.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn imm_grouped(
-        &self,
-        w: &CudaWeight,
-        base: u64,
-        expert_rows: usize,
-        rows: usize,
-        (q, d, s): (u64, u64, u64),
-        n_all: usize,
-        y: u64,
-        (off, tiles, max_tiles): (u64, u64, usize),
-    ) -> Result<()> {
-        self.launch_smem(
-            &w.names.module,
-            &w.names.imm_g,
-            (max_tiles as u32, rows.div_ceil(QMM_BM) as u32, 1),
-            (QMM_THREADS, 1, 1),
-            imm_smem(w, 1).0 as u32,
-            args![
-                base,
-                w.row_bytes as i64,
-                expert_rows as i64,
-                rows as i32,
-                w.cols as i32,
-                q,
-                d,
-                s,
-                n_all as i32,
-                y,
-                off,
-                tiles
-            ],
-        )
-    }
-
-    /// [`imm_grouped`](Self::imm_grouped) on imv: `tiles` of 8·`nt` pairs of one expert (`nt`
-    /// 1 or 2 n8 tiles).
+    /// activations of the pairs sorted by expert (`quantize_act`); `off`, `tiles`: ops.cu
+    /// moe_group's offsets and moe_tiles' list of 8·`nt` pairs a tile (`nt` n8 tiles, 1 or 2),
+    /// at most `max_tiles` long.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn imv_grouped(
         &self,

@@ -6,8 +6,7 @@
 //! each kind of row (kinds.rs) on its own kernels as the dense products are: decode rows of the
 //! int8 tensor-core types (`registry::int8_mma`) in the exact-sum order, few pairs one warp per
 //! output row of each pair (kernels/mmvq.cu `moeqc_*`), many sorted by expert and each expert's
-//! in tiles of 8 or 16 on imv (kernels/imm.cu `imv_g`; 64 on `imm_g` from 32 pairs an expert),
-//! the same bits; decode rows of the other types
+//! in tiles of 8 or 16 on imv (kernels/imm.cu `imv_g`), the same bits; decode rows of the other types
 //! on CUDA cores over f32 (kernels/mmv.cu `moe_*`, pair-wise or grouped: the same bits); prompt
 //! rows always sorted and on the tensor cores, whose per-element order does not depend on the
 //! tile's other pairs (kernels/wmm.cu `wmm_g` on sm_90 Hopper's warpgroup products where the
@@ -34,9 +33,9 @@ enum MoePath {
     /// Sorted by expert, each expert's pairs 8 at a time per weight row on CUDA cores (mmv.cu
     /// `moe_glu_g`, `moe_mmv_g`): PairsF32's bits.
     GroupedF32,
-    /// Sorted, each expert's pairs in tiles of `8·n` (n = 1, 2: imm.cu `imv_g`) or of 64 (n = 8:
-    /// `imm_g`) on the int8 tensor cores: `moeqc`'s bits.
-    GroupedImm(usize),
+    /// Sorted, each expert's pairs in tiles of 8·n (n = 1, 2 n8 tiles) on the int8 tensor cores
+    /// (imm.cu `imv_g`): `moeqc`'s bits.
+    GroupedImv(usize),
     /// Sorted, tiles on Hopper's warpgroup products (wmm.cu `wmm_g`).
     GroupedWmm,
     /// Sorted, tiles on the f16 tensor cores (qmm.cu `qmm_g`).
@@ -52,16 +51,15 @@ impl MoePath {
     /// The pairs of one expert a tile takes (moe_tiles).
     fn tile(self) -> usize {
         match self {
-            MoePath::GroupedImm(n) => 8 * n,
+            MoePath::GroupedImv(n) => 8 * n,
             _ => QMM_BN,
         }
     }
 }
 
 /// Decode's pairs per expert (the step's average) from which imv's two n8 tiles (16 pairs)
-/// take a tile, and from which imm's 64 do.
+/// take a tile.
 const IMV2_PAIRS: usize = 6;
-const IMM_PAIRS: usize = 32;
 
 /// A part of a step's rows: its first row's pointers into the op's buffers (x, out, routes) and
 /// the scratch's buffers (sort: the router logits' buffer, spent by then), and its row count.
@@ -217,7 +215,7 @@ impl CudaBackend {
         let invariant = self.cfg.numerics == Numerics::BatchInvariant;
         let int8 = registry::int8_activations(w.gate.kernel).is_some()
             && registry::int8_activations(w.down.kernel).is_some();
-        // moeqc and imm_g: a pair's bits whatever the step's other pairs.
+        // moeqc and imv_g: a pair's bits whatever the step's other pairs.
         let exact = registry::int8_mma(w.gate.kernel) && registry::int8_mma(w.down.kernel);
         // Grouped by expert from about a pair per expert.
         let many = pairs >= ne;
@@ -242,11 +240,9 @@ impl CudaBackend {
         };
         match (invariant, kind) {
             (true, Kind::Prompt) => tensor_cores(),
-            (true, Kind::Decode) if exact && many => MoePath::GroupedImm(match pairs / ne {
-                a if a >= IMM_PAIRS => 8,
-                a if a >= IMV2_PAIRS => 2,
-                _ => 1,
-            }),
+            (true, Kind::Decode) if exact && many => {
+                MoePath::GroupedImv(if pairs / ne >= IMV2_PAIRS { 2 } else { 1 })
+            }
             (true, Kind::Decode) if exact => MoePath::PairsInt8,
             (true, Kind::Decode) if many => MoePath::GroupedF32,
             (true, Kind::Decode) => MoePath::PairsF32,
@@ -311,24 +307,17 @@ impl CudaBackend {
             )
         };
         match path {
-            MoePath::GroupedImm(nt) => {
+            MoePath::GroupedImv(nt) => {
                 // The pairs' inputs gathered and quantized, gate and up, the GLU, its output
                 // quantized, down: each pair's bits as moeqc's.
                 let (bg, bd) = int8_blocks(w);
                 gather("moe_gather")?;
-                let product = |w: &CudaWeight, base: u64, er: usize, rows: usize, a, y: u64| {
-                    if nt == 8 {
-                        self.imm_grouped(w, base, er, rows, a, pairs_n, y, g)
-                    } else {
-                        self.imv_grouped(w, base, er, rows, a, y, g, nt)
-                    }
-                };
                 let a = self.quantize_act(r.xs, pairs_n, d, bg, w.gate.ty)?;
-                product(w.gate, gate_ptr, er, ff, a, r.gate)?;
-                product(w.up, up_ptr, er, ff, a, r.up)?;
+                self.imv_grouped(w.gate, gate_ptr, er, ff, a, r.gate, g, nt)?;
+                self.imv_grouped(w.up, up_ptr, er, ff, a, r.up, g, nt)?;
                 self.glu_ptr(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
                 let a = self.quantize_act(r.act, pairs_n, ff, bd, w.down.ty)?;
-                product(w.down, w.down.data.ptr, d, d, a, r.ys)
+                self.imv_grouped(w.down, w.down.data.ptr, d, d, a, r.ys, g, nt)
             }
             MoePath::GroupedWmm => {
                 // The pairs' inputs gathered (xs), rounded and permuted into ys (free until

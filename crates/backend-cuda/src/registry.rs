@@ -265,7 +265,6 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
     }
     if int8_mma(t) {
         one("imm", format!("imm<{w}>"));
-        one("imm_g", format!("imm_g<{w}>"));
         one("imv_g", format!("imv_g<{w}, 1>"));
         one("imv_g2", format!("imv_g<{w}, 2>"));
         one("imv", format!("imv<{w}, 1>"));
@@ -277,7 +276,7 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
     if int8_activations(t).is_some() {
         for n in ["glu", "mmv"] {
             one(&format!("moeq_{n}"), format!("moeq_{n}<{w}, false>"));
-            // The exact-sum order (imm_g's bits) of the int8 tensor-core types.
+            // The exact-sum order (imv_g's bits) of the int8 tensor-core types.
             if int8_mma(t) {
                 one(&format!("moeqc_{n}"), format!("moeq_{n}<{w}, true>"));
             }

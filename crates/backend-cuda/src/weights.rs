@@ -50,11 +50,10 @@ pub(crate) struct KernelNames {
     /// expert.
     pub(crate) moe: [String; 4],
     /// [gated, plain] per pair on int8 activations (types with int8 decode kernels), in the
-    /// exact-sum order where `canon` (moeqc: imm_g's bits).
+    /// exact-sum order where `canon` (moeqc: imv_g's bits).
     pub(crate) moeq: [String; 2],
-    /// The experts' products on imm and on imv of one and two n8 tiles (kernels/imm.cu `imm_g`,
-    /// `imv_g`; `registry::int8_mma` types).
-    pub(crate) imm_g: String,
+    /// The experts' products on imv of one and two n8 tiles (kernels/imm.cu `imv_g`;
+    /// `registry::int8_mma` types).
     pub(crate) imv_g: [String; 2],
 }
 
@@ -100,7 +99,6 @@ impl KernelNames {
                 let q = if canon { "moeqc" } else { "moeq" };
                 format!("{q}_{k}_{kernel}")
             }),
-            imm_g: format!("imm_g_{kernel}"),
             imv_g: ["", "2"].map(|t| format!("imv_g{t}_{kernel}")),
         }
     }

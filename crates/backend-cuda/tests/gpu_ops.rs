@@ -574,7 +574,7 @@ fn moe_and_bias_match_reference() {
 }
 
 /// The default numerics' experts: a token's bits whatever the step's other tokens (pair-wise
-/// moeqc, imm_g's tiles; the f32 kernels of the other types).
+/// moeqc, imv_g's tiles; the f32 kernels of the other types).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_is_batch_invariant() {
