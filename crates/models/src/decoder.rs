@@ -588,7 +588,14 @@ impl Dump {
         static DIR: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
         static STEP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let dir = DIR
-            .get_or_init(|| std::env::var("QUIVER_DUMP_DIR").ok())
+            .get_or_init(|| {
+                let d = std::env::var("QUIVER_DUMP_DIR").ok()?;
+                // Made if missing (a dump into a folder that is not there wrote nothing).
+                if let Err(e) = std::fs::create_dir_all(&d) {
+                    eprintln!("QUIVER_DUMP_DIR: {d}: {e}");
+                }
+                Some(d)
+            })
             .as_deref();
         let step = match dir {
             Some(_) => STEP.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
