@@ -8,21 +8,22 @@ use crate::CudaBackend;
 use quiver_backend::{Activation, Result};
 
 impl CudaBackend {
-    /// out = act(gate) · up over `n` elements (shapes checked by the caller).
+    /// out = act(gate) · up over `n` elements at device addresses (shapes checked by the
+    /// caller).
     pub(crate) fn glu_fast(
         &self,
         act: Activation,
-        gate: &CudaBuf,
-        up: &CudaBuf,
+        gate: u64,
+        up: u64,
         n: usize,
-        out: &mut CudaBuf,
+        out: u64,
     ) -> Result<()> {
         self.launch(
             "ops",
             "glu",
             (grid1(n, 256, 8192), 1, 1),
             (256, 1, 1),
-            args![gate.ptr(), up.ptr(), out.ptr(), n as i64, act_code(act)],
+            args![gate, up, out, n as i64, act_code(act)],
         )
     }
 

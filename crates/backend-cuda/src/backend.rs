@@ -342,7 +342,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         check_glu(gate, up, n, out)?;
-        self.glu_fast(act, gate, up, n, out)
+        self.glu_fast(act, gate.ptr(), up.ptr(), n, out.ptr())
     }
 
     fn softcap(&self, x: &mut CudaBuf, cap: f32, n: usize) -> Result<()> {

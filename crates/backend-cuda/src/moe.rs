@@ -18,7 +18,7 @@ use crate::memory::CudaBuf;
 use crate::qmm::QMM_BN;
 use crate::weights::CudaWeight;
 use crate::{check, registry, CudaBackend};
-use quiver_backend::{Activation, Gating, MoeParams, MoeScratch, MoeWeights, Numerics, Result};
+use quiver_backend::{Gating, MoeParams, MoeScratch, MoeWeights, Numerics, Result};
 
 const WARPS: usize = 4;
 
@@ -61,6 +61,38 @@ impl MoePath {
 /// take a tile.
 const IMV2_PAIRS: usize = 6;
 
+/// Where the experts' gate and up rows lie: each expert's `er` rows from `gate` / `up` (gate and
+/// up in one tensor, Qwen 3.5 MoE: each expert's 2·ff rows, the gate's first, so `up` is the
+/// gate's address plus ff rows and `up_row` = ff, the offset wmm's maps take).
+#[derive(Clone, Copy)]
+struct Layout {
+    er: usize,
+    gate: u64,
+    up: u64,
+    up_row: usize,
+}
+
+impl Layout {
+    fn of(w: &MoeWeights<'_, CudaWeight>, ff: usize) -> Layout {
+        if std::ptr::eq(w.gate, w.up) {
+            let up = w.gate.data.ptr + (ff * w.gate.row_bytes) as u64;
+            Layout {
+                er: 2 * ff,
+                gate: w.gate.data.ptr,
+                up,
+                up_row: ff,
+            }
+        } else {
+            Layout {
+                er: ff,
+                gate: w.gate.data.ptr,
+                up: w.up.data.ptr,
+                up_row: 0,
+            }
+        }
+    }
+}
+
 /// A part of a step's rows: its first row's pointers into the op's buffers (x, out, routes) and
 /// the scratch's buffers (sort: the router logits' buffer, spent by then), and its row count.
 #[derive(Clone, Copy)]
@@ -69,6 +101,7 @@ struct Rows {
     out: u64,
     routes: u64,
     sort: u64,
+    sort_len: usize,
     xs: u64,
     gate: u64,
     up: u64,
@@ -91,18 +124,13 @@ impl CudaBackend {
     ) -> Result<()> {
         let d = w.router.cols;
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
-        // Gate and up in one tensor (Qwen 3.5 MoE): each expert's 2·ff rows, the gate's first.
-        let expert_rows = if std::ptr::eq(w.gate, w.up) {
-            2 * ff
-        } else {
-            ff
-        };
+        let lay = Layout::of(&w, ff);
         let sizes = p.scratch_floats(rows, d);
         check(
             "moe",
             w.router.rows == ne
-                && w.gate.rows == ne * expert_rows
-                && w.up.rows == ne * expert_rows
+                && w.gate.rows == ne * lay.er
+                && w.up.rows == ne * lay.er
                 && w.gate.cols == d
                 && w.gate.ty == w.up.ty
                 && w.down.rows == ne * d
@@ -170,6 +198,7 @@ impl CudaBackend {
             out: out.ptr(),
             routes: s.routes.ptr(),
             sort: s.logits.ptr(),
+            sort_len: s.logits.len,
             xs: s.xs.ptr(),
             gate: s.gate.ptr(),
             up: s.up.ptr(),
@@ -194,8 +223,8 @@ impl CudaBackend {
                     n,
                     ..all
                 };
-                let path = self.moe_path(&w, p, &part, d, kind);
-                self.experts(&w, p, &part, d, path)?;
+                let path = self.moe_path(&w, lay, p, &part, d, kind);
+                self.experts(&w, lay, p, &part, d, path)?;
                 self.moe_sum(&part, path, scale, p, d)?;
             }
         }
@@ -206,6 +235,7 @@ impl CudaBackend {
     fn moe_path(
         &self,
         w: &MoeWeights<'_, CudaWeight>,
+        lay: Layout,
         p: &MoeParams,
         r: &Rows,
         d: usize,
@@ -220,18 +250,12 @@ impl CudaBackend {
         // Grouped by expert from about a pair per expert.
         let many = pairs >= ne;
         let tensor_cores = || {
-            let ff = p.n_ff;
-            let (er, up_off) = if std::ptr::eq(w.gate, w.up) {
-                (2 * ff, ff)
-            } else {
-                (ff, 0)
-            };
             let colsp = crate::wmm::permuted_cols;
-            let wmm = self.wmm_grouped_fits(w.gate, er, 0)
-                && self.wmm_grouped_fits(w.up, er, up_off)
+            let wmm = self.wmm_grouped_fits(w.gate, lay.er, 0)
+                && self.wmm_grouped_fits(w.up, lay.er, lay.up_row)
                 && self.wmm_grouped_fits(w.down, d, 0)
                 && 2 * r.ys_len >= pairs * colsp(d)
-                && 2 * r.xs_len >= pairs * colsp(ff);
+                && 2 * r.xs_len >= pairs * colsp(p.n_ff);
             if wmm {
                 MoePath::GroupedWmm
             } else {
@@ -257,22 +281,14 @@ impl CudaBackend {
     fn experts(
         &self,
         w: &MoeWeights<'_, CudaWeight>,
+        lay: Layout,
         p: &MoeParams,
         r: &Rows,
         d: usize,
         path: MoePath,
     ) -> Result<()> {
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
-        let fused = std::ptr::eq(w.gate, w.up);
-        let er = if fused { 2 * ff } else { ff };
-        let (gate_ptr, up_ptr) = if fused {
-            (
-                w.gate.data.ptr,
-                w.gate.data.ptr + (ff * w.gate.row_bytes) as u64,
-            )
-        } else {
-            (w.gate.data.ptr, w.up.data.ptr)
-        };
+        let (er, gate_ptr, up_ptr) = (lay.er, lay.gate, lay.up);
         let pairs_n = r.n * k;
         let pairs = pairs_n as u32;
         let act = crate::products::act_code(p.act);
@@ -280,6 +296,14 @@ impl CudaBackend {
         let max_tiles = pairs_n.div_ceil(path.tile()) + ne;
         let g = (off, tiles, max_tiles);
         if path.sorted() {
+            // The sort and the tile list in the logits' buffer (MoeParams::scratch_floats).
+            let need = sort_floats(ne, pairs_n, path.tile());
+            check("moe", r.sort_len >= need, || {
+                format!(
+                    "{} floats for a sort of {pairs_n} pairs ({need})",
+                    r.sort_len
+                )
+            })?;
             self.launch(
                 "ops",
                 "moe_group",
@@ -315,7 +339,7 @@ impl CudaBackend {
                 let a = self.quantize_act(r.xs, pairs_n, d, bg, w.gate.ty)?;
                 self.imv_grouped(w.gate, gate_ptr, er, ff, a, r.gate, g, nt)?;
                 self.imv_grouped(w.up, up_ptr, er, ff, a, r.up, g, nt)?;
-                self.glu_ptr(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
+                self.glu_fast(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
                 let a = self.quantize_act(r.act, pairs_n, ff, bd, w.down.ty)?;
                 self.imv_grouped(w.down, w.down.data.ptr, d, d, a, r.ys, g, nt)
             }
@@ -323,11 +347,10 @@ impl CudaBackend {
                 // The pairs' inputs gathered (xs), rounded and permuted into ys (free until
                 // down), gate and up, the GLU, its output permuted into xs, down into ys.
                 gather("moe_gather")?;
-                let up_off = if fused { ff } else { 0 };
                 self.permute_to(r.xs, pairs_n, d, w.gate.ty, r.ys)?;
                 self.wmm_grouped(w.gate, 0, ff, er, r.ys, pairs_n, r.gate, g)?;
-                self.wmm_grouped(w.up, up_off, ff, er, r.ys, pairs_n, r.up, g)?;
-                self.glu_ptr(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
+                self.wmm_grouped(w.up, lay.up_row, ff, er, r.ys, pairs_n, r.up, g)?;
+                self.glu_fast(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
                 self.permute_to(r.act, pairs_n, ff, w.down.ty, r.xs)?;
                 self.wmm_grouped(w.down, 0, d, d, r.xs, pairs_n, r.ys, g)
             }
@@ -339,7 +362,7 @@ impl CudaBackend {
                     w.gate, gate_ptr, er, ff, r.xs, r.gate, off, tiles, max_tiles,
                 )?;
                 self.qmm_grouped(w.up, up_ptr, er, ff, r.xs, r.up, off, tiles, max_tiles)?;
-                self.glu_ptr(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
+                self.glu_fast(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
                 self.to_half_plain(r.act, r.gate, pairs_n * ff)?;
                 let dw = w.down.data.ptr;
                 self.qmm_grouped(w.down, dw, d, d, r.gate, r.ys, off, tiles, max_tiles)
@@ -479,17 +502,6 @@ impl CudaBackend {
         (off, pos, pos + 4 * pairs as u64)
     }
 
-    /// gate·up's activation over `n` floats at raw addresses (`glu_fast`'s kernel).
-    fn glu_ptr(&self, act: Activation, gate: u64, up: u64, n: usize, out: u64) -> Result<()> {
-        self.launch(
-            "ops",
-            "glu",
-            (crate::launch::grid1(n, 256, 8192), 1, 1),
-            (256, 1, 1),
-            args![gate, up, out, n as i64, crate::products::act_code(act)],
-        )
-    }
-
     /// out[t] = Σ_j weight(t, j) · ys[row of pair (t, j)] over the rows `r` (the sorted rows
     /// where `path` sorts).
     fn moe_sum(&self, r: &Rows, path: MoePath, scale: u64, p: &MoeParams, d: usize) -> Result<()> {
@@ -509,8 +521,49 @@ impl CudaBackend {
     }
 }
 
+/// Floats (ints) the sort of `pairs` pairs over `ne` experts takes ([`CudaBackend::sort_at`]'s
+/// layout): off, pos, the tile list's count and its tiles of `tile` pairs.
+fn sort_floats(ne: usize, pairs: usize, tile: usize) -> usize {
+    (ne + 1) + pairs + 1 + pairs.div_ceil(tile) + ne
+}
+
 /// The int8 activations' block lengths of gate (and up) and of down.
 fn int8_blocks(w: &MoeWeights<'_, CudaWeight>) -> (usize, usize) {
     let b = |w: &CudaWeight| registry::int8_activations(w.kernel).expect("an int8 type");
     (b(w.gate), b(w.down))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quiver_backend::Activation;
+
+    /// `MoeParams::scratch_floats` leaves the logits' buffer room for every sorted path's sort
+    /// (the smallest tile, imv_g's 8 pairs, needs the most), at any row count.
+    #[test]
+    fn the_logits_buffer_holds_every_sort() {
+        for (ne, k) in [(4, 2), (16, 4), (128, 8), (256, 8)] {
+            let p = MoeParams {
+                n_expert: ne,
+                n_used: k,
+                n_ff: 64,
+                gating: Gating::Softmax,
+                norm: true,
+                scale: 1.0,
+                act: Activation::SwiGlu,
+                router_given: false,
+            };
+            for rows in [1, 2, 7, 64, 300, 4096] {
+                let room = p.scratch_floats(rows, 64)[0];
+                for path in [
+                    MoePath::GroupedImv(1),
+                    MoePath::GroupedImv(2),
+                    MoePath::GroupedQmm,
+                ] {
+                    let need = sort_floats(ne, rows * k, path.tile());
+                    assert!(need <= room, "{ne} experts, {rows} rows: {need} > {room}");
+                }
+            }
+        }
+    }
 }

@@ -296,7 +296,7 @@ impl CudaBackend {
         }
         let n = rows_x * n_ff;
         check_glu(g, u, n, out)?;
-        self.glu_fast(act, g, u, n, out)
+        self.glu_fast(act, g.ptr(), u.ptr(), n, out.ptr())
     }
 
     fn glu_path(&self, gate: &CudaWeight, up: &CudaWeight, rows_x: usize) -> GluPath {
