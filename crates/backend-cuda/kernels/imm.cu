@@ -141,20 +141,34 @@ __device__ __forceinline__ void imm_store(long long (*tot)[4], const QRows& R, i
     if (threadIdx.x == 0) cnt[tile] = 0;
     fix_store(tot, R, n0, rows, y, n);
 }
-// imv's last step: the threads, one per (row, token) of the block's 16 rows × 8·NT tokens in
-// turn, add the warps' sums (`part`, [warp][row · 8·NT + token]) and store the total.
-template <int NT>
-__device__ __forceinline__ void fix_total(const long long* part, int nw, const QRows& R, int rows,
+// imv's last step: the threads, one per (row, token) of the block's 16·RW rows (from row rb) ×
+// 8·NT tokens in turn, add the sums of the warps of the row's group (`part`, [warp][row · 8·NT +
+// token], warp = column group · RW + row group) and store the total. A warp that takes all the
+// columns of its rows (RW = 8) stores its own (imv_store).
+template <int NT, int RW>
+__device__ __forceinline__ void fix_total(const long long* part, int rb, int rows,
                                           float* __restrict__ y, int n) {
-    constexpr int TT = 8 * NT;
-    for (int i = threadIdx.x; i < 16 * TT; i += blockDim.x) {
-        const int row = i / TT, t = i % TT;
-        if (t < n && R.rb + row < rows) {
+    constexpr int TT = 8 * NT, CW = 8 / RW;
+    for (int i = threadIdx.x; i < 16 * RW * TT; i += blockDim.x) {
+        const int row = i / TT, t = i % TT, rg = row / 16, r16 = row % 16;
+        if (t < n && rb + row < rows) {
             long long tot = 0;
-            for (int w = 0; w < nw; w++) tot += part[w * 16 * TT + row * TT + t];
-            y[(long long)t * rows + R.rb + row] = fix_val(tot);
+            for (int w = 0; w < CW; w++) tot += part[(w * RW + rg) * 16 * TT + r16 * TT + t];
+            y[(long long)t * rows + rb + row] = fix_val(tot);
         }
     }
+}
+// A warp's 16 rows (from rb) × 8·NT tokens of sums stored as floats.
+template <int NT>
+__device__ __forceinline__ void imv_store(const long long (*acc)[4], int rb, int rows, float* __restrict__ y,
+                                          int n, int g, int q) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = rb + g + 8 * (e >> 1), t = nt * 8 + 2 * q + (e & 1);
+            if (t < n && row < rows) y[(long long)t * rows + row] = fix_val(acc[nt][e]);
+        }
 }
 // A warp's 16 rows × 8·NT tokens of sums into `part` for fix_total.
 template <int NT>
@@ -166,6 +180,19 @@ __device__ __forceinline__ void imv_part(long long* part, const long long (*acc)
             part[warp * 128 * NT + ((e >> 1) * 8 + g) * 8 * NT + nt * 8 + 2 * q + (e & 1)] = acc[nt][e];
 }
 
+// The end of imv: the warps' sums stored, through shared memory where several warps share rows.
+template <int NT, int RW>
+__device__ __forceinline__ void imv_finish(long long* part, const long long (*acc)[4], int rb, int rows,
+                                           float* __restrict__ y, int n) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if constexpr (RW == 8) {
+        imv_store<NT>(acc, rb + warp * 16, rows, y, n, lane >> 2, lane & 3);
+    } else {
+        imv_part<NT>(part, acc, warp, lane >> 2, lane & 3);
+        __syncthreads();
+        fix_total<NT, RW>(part, rb, rows, y, n);
+    }
+}
 // imm: CTA 64 rows × 64 tokens, 4 warps of 16 rows, stages of 128 columns (4 blocks: a quad) as qmm:
 // weight windows, the tokens' int8 activations and their d through shared memory with cp.async,
 // QMM_NST stages in flight; split over grid z in whole 256-column chunks (imm_store).
@@ -257,23 +284,29 @@ __device__ __forceinline__ void imm_impl(const u8* __restrict__ W, long long row
 }
 
 // imv: n ≤ 8·NT tokens as NT n8 tiles (NT = 1, 2; a form of 4 tiles measured slower than qmm at
-// 24 and 32 tokens, fourteenth session); a block of 8 warps takes 16 rows, warp
-// w the chunks w, w + 8, … (8 blocks each, their weight bytes copied to shared memory while the
-// previous chunk is multiplied; each A fragment feeds the NT tiles); the warps' sums meet in
-// shared memory and one thread per (row, token) adds them (fix_total).
-//                                            grid (ceil(rows / 16)), block 256, dynamic smem
-template <IwFn IW, int BB, bool OFF, int NT>
+// 24 and 32 tokens, fourteenth session); a block of 8 warps takes 16·RW rows: RW groups of 16
+// rows, each over the columns in 8 / RW column groups, warp w (row group w % RW) the chunks
+// w / RW, w / RW + 8 / RW, … (8 blocks each, their weight bytes copied to shared memory while
+// the previous chunk is multiplied; each A fragment feeds the NT tiles); the sums are integers
+// (the exact-sum order), so any split of the columns gives the same bits; the column groups'
+// sums meet in shared memory and one thread per (row, token) adds them (imv_finish).
+//                                       grid (ceil(rows / (16·RW))), block 256, dynamic smem
+template <IwFn IW, int BB, bool OFF, int NT, int RW>
 __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                          int cols, const i8* __restrict__ aq,
-                                         const float* __restrict__ ad, float* __restrict__ y, int n) {
+                                         const float* __restrict__ ad, float* __restrict__ y, int n, int bx) {
     typedef QWinC<BB, 32> Q;
     constexpr int QW = 8;
     extern __shared__ __align__(16) u8 qsm[];
     long long* part = (long long*)(qsm + QW * 2 * 16 * Q::WIN);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
+    constexpr int CW = QW / RW;
+    const int rb = bx * 16 * RW;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, rb + (warp % RW) * 16, rows};
     const int ng = cols / 32, nch = (ng + 7) / 8;
+    // A warp whose rows all lie past the end takes no chunks.
+    const int c0 = R.rb < rows ? warp / RW : nch;
     long long acc[NT][4];
     float P[NT][4];  // a quad's first pair
     // Tile nt: token nt·8 + g's activations (zeros past the last token); tokens nt·8 + 2q,
@@ -289,10 +322,10 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         t0[nt] = min(nt * 8 + 2 * q, n - 1), t1[nt] = min(nt * 8 + 2 * q + 1, n - 1);
     }
     auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
-    if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
+    if (c0 < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * c0);
     cp_async_commit();
-    for (int c = warp, i = 0; c < nch; c += QW, i++) {
-        if (c + QW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + QW));
+    for (int c = c0, i = 0; c < nch; c += CW, i++) {
+        if (c + CW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + CW));
         cp_async_commit();
         cp_async_wait<1>();
         __syncwarp();
@@ -329,9 +362,7 @@ __device__ __forceinline__ void imv_impl(const u8* __restrict__ W, long long row
         // Every lane is done with buffer i & 1 before the next copy into it.
         __syncwarp();
     }
-    imv_part<NT>(part, acc, warp, g, q);
-    __syncthreads();
-    fix_total<NT>(part, QW, R, rows, y, n);
+    imv_finish<NT, RW>(part, acc, rb, rows, y, n);
 }
 
 // ---- The K-quants on int8 mma (imm_q4_k / imv_q4_k, imm_q6_k / imv_q6_k) over quantize_a256's
@@ -612,21 +643,48 @@ __device__ __forceinline__ void immk_impl(const u8* __restrict__ W, long long ro
     imm_store(tot, R, n0, rows, y, n, part, cnt);
 }
 
-// imvk: imv's layout (NT n8 tiles), one super-block per chunk.
-//                                                           grid (ceil(rows / 16)), block 256
-template <class K, int NT>
+// imvk: imv's layout (NT n8 tiles, RW row groups), one super-block per chunk.
+//                                                     grid (ceil(rows / (16·RW))), block 256
+template <class K, int NT, int RW, bool XS = false>
 __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long row_bytes, int rows,
                                           int cols, const i8* __restrict__ aq,
                                           const float* __restrict__ ad, const int* __restrict__ abs_,
-                                          float* __restrict__ y, int n) {
+                                          float* __restrict__ y, int n, int bx) {
     typedef QWinC<K::BB, 256> Q;
     constexpr int QW = 8;
     extern __shared__ __align__(16) u8 qsm[];
     long long* part = (long long*)(qsm + QW * 2 * 16 * Q::WIN);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, (int)blockIdx.x * 16, rows};
+    constexpr int CW = QW / RW;
+    const int rb = bx * 16 * RW;
+    const QRows R = {W, W + (long long)rows * row_bytes, row_bytes, rb + (warp % RW) * 16, rows};
     const int nch = cols / 256;
+    // A warp whose rows all lie past the end takes no chunks.
+    const int c0 = R.rb < rows ? warp / RW : nch;
+    // The activations and their per-16 sums: read where they lie, or (XS) copied once into
+    // shared memory behind the sums (rows cols + 16 bytes apart: a quad's lanes on distinct banks).
+    const i8* xa = aq;
+    const int* xb = abs_;
+    long long xst = cols;
+    if constexpr (XS) {
+        u8* xs = (u8*)(part + QW * 16 * 8 * NT);
+        const int xstr = cols + 16, cpr = cols / 16, bpr = cols / 64;
+        int* bsm = (int*)(xs + 8 * NT * xstr);
+        for (int i = threadIdx.x; i < n * cpr; i += blockDim.x) {
+            const int t = i / cpr, c = i - t * cpr;
+            cp_async16(xs + t * xstr + 16 * c, aq + (long long)t * cols + 16 * c, true);
+        }
+        if (K::SUMS)
+            for (int i = threadIdx.x; i < n * bpr; i += blockDim.x) {
+                const int t = i / bpr, c = i - t * bpr;
+                cp_async16((u8*)bsm + t * (cols / 4) + 16 * c, (const u8*)(abs_ + (long long)t * (cols / 16)) + 16 * c, true);
+            }
+        cp_async_commit();
+        xa = (const i8*)xs;
+        xb = bsm;
+        xst = xstr;
+    }
     long long acc[NT][4];
     bool tok[NT];
     const i8* xr[NT];
@@ -635,14 +693,20 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
     for (int nt = 0; nt < NT; nt++) {
         acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
         tok[nt] = nt * 8 + g < n;
-        xr[nt] = aq + (long long)(tok[nt] ? nt * 8 + g : 0) * cols;
+        xr[nt] = xa + (tok[nt] ? nt * 8 + g : 0) * xst;
         tk[nt][0] = min(nt * 8 + 2 * q, n - 1), tk[nt][1] = min(nt * 8 + 2 * q + 1, n - 1);
     }
     auto wbuf = [&](int b) { return qsm + (warp * 2 + b) * 16 * Q::WIN; };
-    if (warp < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * warp);
+    if (c0 < nch) qmm_copy_w<Q>(wbuf(0), R, 2 * c0);
     cp_async_commit();
-    for (int c = warp, i = 0; c < nch; c += QW, i++) {
-        if (c + QW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + QW));
+    if constexpr (XS) {
+        // This thread's activation copies done (the weights' may still be in flight), then
+        // every thread's.
+        cp_async_wait<1>();
+        __syncthreads();
+    }
+    for (int c = c0, i = 0; c < nch; c += CW, i++) {
+        if (c + CW < nch) qmm_copy_w<Q>(wbuf((i + 1) & 1), R, 2 * (c + CW));
         cp_async_commit();
         cp_async_wait<1>();
         __syncwarp();
@@ -663,7 +727,7 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
                 if (K::SUMS) {
 #pragma unroll
                     for (int t = 0; t < 2; t++) {
-                        const int* bs = abs_ + (long long)tk[nt][t] * (cols / 16) + c * 16 + 2 * jj;
+                        const int* bs = xb + (long long)tk[nt][t] * (cols / 16) + c * 16 + 2 * jj;
                         asum[t] = bs[0] + bs[1];
                     }
                 }
@@ -679,9 +743,7 @@ __device__ __forceinline__ void imvk_impl(const u8* __restrict__ W, long long ro
             }
         __syncwarp();
     }
-    imv_part<NT>(part, acc, warp, g, q);
-    __syncthreads();
-    fix_total<NT>(part, QW, R, rows, y, n);
+    imv_finish<NT, RW>(part, acc, rb, rows, y, n);
 }
 
 // The kernels of a type T (a tag of quant.cu; registry.rs `kernels`): the 32-blocks' forms
@@ -698,27 +760,34 @@ __global__ void __launch_bounds__(32 * QMM_WARPS)
     else
         immk_impl<IK<T>>(W, row_bytes, rows, cols, aq, ad, abs_, y, n, part, cnt);
 }
-// imv over the experts of a mixture: tile blockIdx.y of `tiles` (ops.cu moe_tiles with 8·NT
+// imv over the experts of a mixture: tile blockIdx.y of `tiles` (ops.cu moe_group with 8·NT
 // pairs a tile: expert e, its c-th 8·NT pairs) takes expert e's `rows` rows at row
 // e·expert_rows against those pairs' activations (sorted by expert: rows off[e] + 8·NT·c on),
-// into the same rows of y: the same bits as moeqc (and imv, imm) for each pair, for a decode step's
-// few pairs an expert.                         grid (ceil(rows / 16), at most tiles), block 256
-template <class T, int NT>
+// into the same rows of y: the same bits as moeqc (and imv, imm) for each pair, for a decode
+// step's few pairs an expert. Two products over the same activations in one launch (gate and
+// up): the first `nb` row blocks take W and y, the rest W2 and y2.
+//                                 grid (nb + blocks of W2, at most tiles), block 256
+template <class T, int NT, int RW, bool XS>
 __global__ void __launch_bounds__(256)
-    imv_g(const u8* __restrict__ W, long long row_bytes, long long expert_rows, int rows, int cols,
-          const i8* __restrict__ aq, const float* __restrict__ ad, const int* __restrict__ abs_,
-          float* __restrict__ y, const int* __restrict__ off, const int* __restrict__ tiles) {
+    imv_g(const u8* __restrict__ W, const u8* __restrict__ W2, long long row_bytes, long long expert_rows,
+          int rows, int cols, const i8* __restrict__ aq, const float* __restrict__ ad,
+          const int* __restrict__ abs_, float* __restrict__ y, float* __restrict__ y2, int nb,
+          const int* __restrict__ off, const int* __restrict__ tiles) {
     pdl_begin();
     if ((int)blockIdx.y >= tiles[0]) return;
     const int tl = tiles[1 + blockIdx.y], e = tl >> 16, o = off[e] + (tl & 0xffff) * 8 * NT;
     const int n = min(off[e + 1] - o, 8 * NT);
-    const u8* We = W + (long long)e * expert_rows * row_bytes;
+    const bool second = (int)blockIdx.x >= nb;
+    const u8* We = (second ? W2 : W) + (long long)e * expert_rows * row_bytes;
+    float* yo = (second ? y2 : y) + (long long)o * rows;
+    // imv_impl / imvk_impl read blockIdx.x as their row block.
+    const int bx = second ? (int)blockIdx.x - nb : (int)blockIdx.x;
     if constexpr (T::VALUES == 32)
-        imv_impl<iw<T>, T::BYTES, T::MIN == 1, NT>(We, row_bytes, rows, cols, aq + (long long)o * cols,
-                                                   ad + (long long)o * (cols / 32) * 2, y + (long long)o * rows, n);
+        imv_impl<iw<T>, T::BYTES, T::MIN == 1, NT, RW>(We, row_bytes, rows, cols, aq + (long long)o * cols,
+                                                       ad + (long long)o * (cols / 32) * 2, yo, n, bx);
     else
-        imvk_impl<KQ<T>, NT>(We, row_bytes, rows, cols, aq + (long long)o * cols, ad + (long long)o * (cols / 256),
-                             abs_ + (long long)o * (cols / 16), y + (long long)o * rows, n);
+        imvk_impl<KQ<T>, NT, RW, XS>(We, row_bytes, rows, cols, aq + (long long)o * cols, ad + (long long)o * (cols / 256),
+                                 abs_ + (long long)o * (cols / 16), yo, n, bx);
 }
 template <class T, int NT>
 __global__ void __launch_bounds__(256)
@@ -726,7 +795,7 @@ __global__ void __launch_bounds__(256)
         const float* __restrict__ ad, const int* __restrict__ abs_, float* __restrict__ y, int n) {
     pdl_begin();
     if constexpr (T::VALUES == 32)
-        imv_impl<iw<T>, T::BYTES, T::MIN == 1, NT>(W, row_bytes, rows, cols, aq, ad, y, n);
+        imv_impl<iw<T>, T::BYTES, T::MIN == 1, NT, 1>(W, row_bytes, rows, cols, aq, ad, y, n, blockIdx.x);
     else
-        imvk_impl<KQ<T>, NT>(W, row_bytes, rows, cols, aq, ad, abs_, y, n);
+        imvk_impl<KQ<T>, NT, 1>(W, row_bytes, rows, cols, aq, ad, abs_, y, n, blockIdx.x);
 }

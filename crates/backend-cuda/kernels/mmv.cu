@@ -360,3 +360,58 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
         }
     }
 }
+
+// f32mm: y[t, r] = Σ_k W[r, k] · x[t, k] for weights stored in f32, in f32 on the CUDA cores
+// (llama.cpp's products of F32 weights are f32 throughout; the tensor-core families would round
+// both sides to f16), in one order whatever the launch: lane l of a warp takes the columns
+// 4l..4l+3 of every 128 as one fmaf chain, and the 32 chains meet in the warp's butterfly
+// (warp_sum) — so a token's results are the same bits for decode rows and prompt rows at any
+// count. NT tokens a launch column (8, or 1 for a single token: more warps, deeper loads), a
+// warp takes R = 2 rows (1 for one token) × NT tokens, a block 8 warps over the same tokens.
+// cols a multiple of 4.                    grid (ceil(n / NT), ceil(rows / (8·R))), block 256
+template <class T, int NT>
+__global__ void __launch_bounds__(256)
+    f32mm(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const float* __restrict__ x,
+          float* __restrict__ y, int n) {
+    pdl_begin();
+    constexpr int R = NT == 1 ? 1 : 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.y * 8 + warp) * R, t0 = blockIdx.x * NT;
+    if (r0 >= rows) return;
+    const int nt = min(NT, n - t0);
+    const float* wr[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) wr[i] = (const float*)(W + (long long)min(r0 + i, rows - 1) * row_bytes);
+    const float* xt = x + (long long)t0 * cols;
+    float acc[R][NT];
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[i][j] = 0.f;
+#pragma unroll(NT == 1 ? 8 : 4)
+    for (int k = 4 * lane; k < cols; k += 128) {
+        float4 xv[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            xv[j] = j < nt ? *(const float4*)(xt + (long long)j * cols + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const float4 w = *(const float4*)(wr[i] + k);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                float a = acc[i][j];
+                a = fmaf(w.x, xv[j].x, a);
+                a = fmaf(w.y, xv[j].y, a);
+                a = fmaf(w.z, xv[j].z, a);
+                acc[i][j] = fmaf(w.w, xv[j].w, a);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const float v = warp_sum(acc[i][j]);
+            if (lane == 0 && r0 + i < rows && j < nt) y[(long long)(t0 + j) * rows + r0 + i] = v;
+        }
+}

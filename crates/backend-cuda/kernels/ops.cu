@@ -546,36 +546,50 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, float* __
 
 // Sorts a step's (token, slot) pairs by expert: off[e] = the first sorted row of expert e
 // (n_expert + 1 entries), pos[p] = pair p's sorted row. Within an expert the order is whatever
-// the atomics give: each pair's sums do not depend on it.          grid 1, block 1024; n_expert ≤ 1024
+// the atomics give: each pair's sums do not depend on it. With bn > 0 also the grouped
+// products' tile list: tiles[0] = their count, then for each expert in turn its ceil(count / bn)
+// chunks of bn sorted pairs as e << 16 | chunk (qmm.cu `qmm_g_T`, imm.cu `imv_g`, wmm.cu
+// `wmm_g`). Counts and chunks are summed by one scan of the block.
+//                                                   grid 1, block 1024; n_expert ≤ 1024
 extern "C" __global__ void moe_group(const float* __restrict__ routes, int* __restrict__ off,
-                                     int* __restrict__ pos, int n_pairs, int n_expert) { pdl_begin();
-    __shared__ int cnt[1025];
+                                     int* __restrict__ pos, int* __restrict__ tiles, int n_pairs,
+                                     int n_expert, int bn) { pdl_begin();
+    __shared__ int cnt[1024];
     __shared__ int fill[1024];
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) { cnt[e] = 0; fill[e] = 0; }
+    __shared__ int2 scan[2][1024];  // (pairs, tiles) before expert e, ping-pong
+    const int e = threadIdx.x;
+    if (e < n_expert) { cnt[e] = 0; fill[e] = 0; }
     __syncthreads();
     for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) atomicAdd(&cnt[(int)routes[2 * p]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int a = 0;
-        for (int e = 0; e < n_expert; e++) { int c = cnt[e]; cnt[e] = a; off[e] = a; a += c; }
-        off[n_expert] = a;
+    const int c = e < n_expert ? cnt[e] : 0, ch = bn > 0 ? (c + bn - 1) / bn : 0;
+    // Inclusive scan (Hillis-Steele) of (count, chunks) over the experts.
+    int b = 0;
+    scan[0][e] = make_int2(c, ch);
+    __syncthreads();
+    for (int d = 1; d < 1024; d <<= 1) {
+        int2 v = scan[b][e];
+        if (e >= d) { const int2 u = scan[b][e - d]; v.x += u.x; v.y += u.y; }
+        scan[b ^ 1][e] = v;
+        b ^= 1;
+        __syncthreads();
+    }
+    const int2 incl = scan[b][e];
+    const int first = incl.x - c, tile0 = incl.y - ch;
+    if (e < n_expert) {
+        cnt[e] = first;
+        off[e] = first;
+        for (int j = 0; j < ch; j++) tiles[1 + tile0 + j] = (e << 16) | j;
+    }
+    if (e == n_expert - 1) {
+        off[n_expert] = incl.x;
+        if (bn > 0) tiles[0] = incl.y;
     }
     __syncthreads();
     for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
-        int e = (int)routes[2 * p];
-        pos[p] = cnt[e] + atomicAdd(&fill[e], 1);
+        int ex = (int)routes[2 * p];
+        pos[p] = cnt[ex] + atomicAdd(&fill[ex], 1);
     }
-}
-
-// The grouped product's tile list (qmm.cu `qmm_g_T`): tiles[0] = their count, then for each
-// expert its ceil(count / bn) chunks of bn sorted pairs as e << 16 | chunk.       grid 1, block 32
-extern "C" __global__ void moe_tiles(const int* __restrict__ off, int* __restrict__ tiles, int n_expert,
-                                     int bn) { pdl_begin();
-    if (threadIdx.x != 0) return;
-    int t = 0;
-    for (int e = 0; e < n_expert; e++)
-        for (int c = 0; c * bn < off[e + 1] - off[e]; c++) tiles[1 + t++] = (e << 16) | c;
-    tiles[0] = t;
 }
 
 // xh[pos[p], :] = f16(x[p / k, :]): moe_gather's rows as the grouped product reads them.

@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(2 * BM + (BN > 128 ? 128 : 32), 1)
 
 // The experts' products (MoE, moe.rs): the pairs (token, expert) sorted by expert, expert e's at
 // rows off[e]..off[e+1] of the activations' map (f32_permute over the sorted rows), in tiles of
-// 64 of one expert (ops.cu moe_tiles: tiles[0] tiles, then (e << 16) | c for its c-th 64);
+// 64 of one expert (ops.cu moe_group: tiles[0] tiles, then (e << 16) | c for its c-th 64);
 // expert e's matrix is rows e · expert_rows + row_off.. of the weights (`rows` of them; gate
 // and up in one tensor: row_off 0 and rows). A token's results are wmm's bits whatever the
 // expert's other tokens. grid (the most tiles there can be, ceil(rows / BM)): blocks past

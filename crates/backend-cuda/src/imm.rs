@@ -30,6 +30,12 @@ fn immw_smem(kernel: &str) -> usize {
     IMW_NST * (QMM_BN * (256 + sums + 4) + QMM_BM * rows + 8)
 }
 
+/// Row groups of 16 an `imv_g` block takes (kernels/imm.cu `imv_g<T, NT, RW, XS>`): 64 rows a
+/// block, each group over half the columns. Measured on the H200 (8 layers of Qwen3-30B-A3B
+/// Q4_K_M, S_TG at 16 / 64 sequences): 1 group 5,104 / 13,734 t/s, 4 groups 5,885 / 16,257, 8
+/// groups (a warp over all the columns of its rows) 5,733 / 16,101.
+pub(crate) const IMV_G_RW: usize = 4;
+
 /// Dynamic shared memory of the imm kernel and of the imv kernel of `nt` n8 tiles for `w`: per
 /// stage the int8 activations, their scales (32-blocks: 4 (d, s) pairs per token; the K-quants:
 /// the 32-sums split and one d per token) and the weights' windows.
@@ -152,31 +158,40 @@ impl CudaBackend {
         )
     }
 
-    /// The experts' products on imv (kernels/imm.cu `imv_g`): y[p, r] = x[p] · W[r +
-    /// e·expert_rows] (rows from `base`) for the pairs p of each expert e, over the int8
-    /// activations of the pairs sorted by expert (`quantize_act`); `off`, `tiles`: ops.cu
-    /// moe_group's offsets and moe_tiles' list of 8·`nt` pairs a tile (`nt` n8 tiles, 1 or 2),
-    /// at most `max_tiles` long.
+    /// The experts' products on imv (kernels/imm.cu `imv_g`): for each `(base, y)` of `outs`
+    /// (one, or gate and up in one launch), y[p, r] = x[p] · W[r + e·expert_rows] (rows from
+    /// `base`) for the pairs p of each expert e, over the int8 activations of the pairs sorted
+    /// by expert (`quantize_act`); `off`, `tiles`: ops.cu moe_group's offsets and tile list of
+    /// 8·`nt` pairs a tile (`nt` n8 tiles, 1 or 2), at most `max_tiles` long.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn imv_grouped(
         &self,
         w: &CudaWeight,
-        base: u64,
+        outs: &[(u64, u64)],
         expert_rows: usize,
         rows: usize,
         (q, d, s): (u64, u64, u64),
-        y: u64,
         (off, tiles, max_tiles): (u64, u64, usize),
         nt: usize,
     ) -> Result<()> {
+        let nb = rows.div_ceil(16 * IMV_G_RW);
+        let (first, second) = (outs[0], *outs.last().expect("an output"));
+        // The K-quants' activations and per-16 sums staged in shared memory (rows of cols + 16
+        // bytes; imm.cu `imvk_impl`).
+        let extra = if registry::int8_activations(w.kernel) == Some(256) {
+            8 * nt * (w.cols + 16) + 8 * nt * w.cols / 4
+        } else {
+            0
+        };
         self.launch_smem(
             &w.names.module,
             &w.names.imv_g[nt - 1],
-            (rows.div_ceil(16) as u32, max_tiles as u32, 1),
+            ((nb * outs.len()) as u32, max_tiles as u32, 1),
             (256, 1, 1),
-            imm_smem(w, nt).1 as u32,
+            (imm_smem(w, nt).1 + extra) as u32,
             args![
-                base,
+                first.0,
+                second.0,
                 w.row_bytes as i64,
                 expert_rows as i64,
                 rows as i32,
@@ -184,7 +199,9 @@ impl CudaBackend {
                 q,
                 d,
                 s,
-                y,
+                first.1,
+                second.1,
+                nb as i32,
                 off,
                 tiles
             ],

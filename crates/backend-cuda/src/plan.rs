@@ -34,6 +34,8 @@ pub enum Product {
     Wmm,
     /// cuBLAS over F16 weights.
     Blas,
+    /// F32 weights at f32 precision on the CUDA cores (kernels/mmv.cu `f32mm`), every row.
+    F32,
 }
 
 impl Product {
@@ -47,6 +49,7 @@ impl Product {
             Product::Imm => "imm",
             Product::Wmm => "wmm",
             Product::Blas => "cublas",
+            Product::F32 => "f32mm",
         }
     }
 
@@ -67,6 +70,7 @@ impl Product {
                 "64 or 128 rows x 64 to 256 tokens a block of 1 or 2 warpgroups and a producer (wgmma), the tile of fewest waves"
             }
             Product::Blas => "cublasGemmEx, f16 in, f32 out",
+            Product::F32 => "16 rows x 8 tokens a block of 8 warps, lane-strided f32 fma chains",
         }
     }
 }
@@ -82,6 +86,8 @@ enum Order {
     Tile,
     /// wmm's: the stages in order into one accumulator.
     Stages,
+    /// f32mm's: a lane's fmaf chain over its columns, then the warp's butterfly.
+    Lanes,
 }
 
 /// Token-count buckets of a product row: the most tokens of each.
@@ -154,12 +160,17 @@ impl ProductRow {
     /// where the weight's type has that family (tests: `CudaConfig::pin`).
     pub fn pinned(numerics: Numerics, arch: u32, w: WeightKey, pin: Option<Product>) -> Self {
         let mut row = Self::new(numerics, arch, w);
+        // F32 weights have the matrix-vector kernels and f32mm only.
+        let f32 = w.kernel == "f32";
         let has = |p: Product| match p {
+            Product::Mmv => true,
+            Product::F32 => f32,
+            _ if f32 => false,
             Product::Imv | Product::Imm => registry::int8_mma(w.kernel),
             Product::Blas => w.blas,
             Product::Qmv => w.qmv_fits,
             Product::Wmm => crate::wmm::wmm_arch(arch) && w.wmm_fits,
-            _ => true,
+            Product::Qmm { .. } => true,
         };
         if let Some(p) = pin.filter(|&p| has(p)) {
             row.by = [[p; BUCKETS.len()]; 2];
@@ -169,6 +180,14 @@ impl ProductRow {
 
     /// The row of a weight under `numerics` on compute capability `arch`.
     pub fn new(numerics: Numerics, arch: u32, w: WeightKey) -> Self {
+        if w.kernel == "f32" {
+            // F32 weights at f32 precision in every mode, as llama.cpp computes them (a
+            // router's near ties then fall as its do), every row in f32mm's one order.
+            return ProductRow {
+                by: [[Product::F32; BUCKETS.len()]; 2],
+                exact_mmv: false,
+            };
+        }
         let th = thresholds(arch);
         let int8 = registry::int8_mma(w.kernel);
         let invariant = numerics != Numerics::Fast;
@@ -237,6 +256,7 @@ impl ProductRow {
     fn order(&self, p: Product) -> Option<Order> {
         match p {
             Product::Mmv if self.exact_mmv => Some(Order::ExactSum),
+            Product::F32 => Some(Order::Lanes),
             Product::Imv | Product::Imm => Some(Order::ExactSum),
             Product::Qmv | Product::Qmm { split: false } => Some(Order::Tile),
             Product::Wmm => Some(Order::Stages),
@@ -503,6 +523,26 @@ mod tests {
 
     fn decode(r: &ProductRow) -> Vec<Product> {
         BUCKETS.iter().map(|&n| r.get(Kind::Decode, n)).collect()
+    }
+
+    #[test]
+    fn f32_weights_stay_f32_in_every_mode() {
+        for n in [Numerics::BatchInvariant, Numerics::Fast] {
+            let r = row(n, "f32");
+            assert_eq!(decode(&r), [F32; BUCKETS.len()]);
+            assert!(BUCKETS.iter().all(|&b| r.get(Kind::Prompt, b) == F32));
+            assert!(r.invariant());
+            // No pin moves them to the f16 tensor cores.
+            let key = WeightKey {
+                kernel: "f32",
+                blas: false,
+                qmv_fits: true,
+                wmm_fits: true,
+            };
+            for pin in [Wmm, Qmv, Qmm { split: true }, Imv] {
+                assert_eq!(ProductRow::pinned(n, 90, key, Some(pin)), r, "{pin:?}");
+            }
+        }
     }
 
     #[test]

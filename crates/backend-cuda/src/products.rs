@@ -50,17 +50,24 @@ pub(crate) fn check_matmul(
 enum Act {
     Half(u64),
     Permuted(u64),
-    Int8 { q: u64, d: u64, s: u64 },
+    Int8 {
+        q: u64,
+        d: u64,
+        s: u64,
+    },
+    /// x itself (f32mm).
+    F32(u64),
 }
 
 /// Which of [`Act`]'s forms the product `p` of a weight of kernel suffix `kernel` reads on
-/// compute capability `arch` (0 f16, 1 permuted, 2 int8, 3 int8 tiled for imm on wgmma):
+/// compute capability `arch` (0 f16, 1 permuted, 2 int8, 3 int8 tiled for imm on wgmma, 4 f32):
 /// products that read the same form share one copy of x.
 fn act_form(p: Product, kernel: &str, arch: u32) -> u8 {
     match p {
         Product::Imm if registry::imm_wgmma(kernel, arch) => 3,
         Product::Imm | Product::Imv => 2,
         Product::Wmm => 1,
+        Product::F32 => 4,
         _ => 0,
     }
 }
@@ -123,6 +130,7 @@ impl CudaBackend {
                 Act::Int8 { q, d, s }
             }
             1 => Act::Permuted(self.permute_act(x, n, w.cols, w.ty)?),
+            4 => Act::F32(x),
             _ => Act::Half(self.to_half(x, n, w.cols, w.ty)?),
         })
     }
@@ -185,10 +193,34 @@ impl CudaBackend {
             (Product::Imm, Act::Int8 { q, d, s }) => self.imm(w, (q, d, s), n, y),
             (Product::Imv, Act::Int8 { q, d, s }) => self.imv(w, (q, d, s), n, y),
             (Product::Wmm, Act::Permuted(xp)) => self.wmm(w, xp, n, y),
+            (Product::F32, Act::F32(x)) => self.f32mm(w, x, n, y),
             _ => {
                 unreachable!("`act` makes each family's activations; mmv is no tensor-core family")
             }
         }
+    }
+
+    /// y[n, w.rows] = x[n, w.cols] · Wᵀ for an F32 weight in f32 (kernels/mmv.cu `f32mm`).
+    fn f32mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
+        self.launch(
+            &w.names.module,
+            &w.names.f32mm[usize::from(n == 1)],
+            if n == 1 {
+                (1, w.rows.div_ceil(8) as u32, 1)
+            } else {
+                (n.div_ceil(8) as u32, w.rows.div_ceil(16) as u32, 1)
+            },
+            (256, 1, 1),
+            args![
+                w.data.ptr,
+                w.row_bytes as i64,
+                w.rows as i32,
+                w.cols as i32,
+                x,
+                y,
+                n as i32
+            ],
+        )
     }
 
     /// The fast path's `matmul_qkv` (shapes checked by the caller).

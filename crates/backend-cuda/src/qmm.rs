@@ -110,7 +110,7 @@ impl CudaBackend {
     }
 
     /// The experts' grouped product (MoE prompts, `moe_qmm`): for every tile of the list at
-    /// `tiles` (kernels/ops.cu `moe_tiles`), 64 sorted pairs of one expert, y = xh · that
+    /// `tiles` (kernels/ops.cu `moe_group`), 64 sorted pairs of one expert, y = xh · that
     /// expert's `rows` × `w.cols` weights (kernels/qmm.cu `qmm_g_T`), expert e's at row
     /// e · `expert_rows` from `base` (in `w`'s buffer); at most `max_tiles`.
     #[allow(clippy::too_many_arguments)]

@@ -159,7 +159,6 @@ const OPS_KERNELS: &[&str] = &[
     "moe_route",
     "moe_group",
     "moe_gather",
-    "moe_tiles",
     "moe_gather_h",
     "moe_sum",
     "mask_rows",
@@ -254,19 +253,28 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
     let mut l = Vec::new();
     let mut one = |name: &str, expr: String| l.push((format!("{name}_{t}"), expr));
     one("embed", format!("embed<{w}>"));
-    one("qmm", format!("qmm<{w}>"));
-    one("qmv", format!("qmv<{w}>"));
-    one("qmm_g", format!("qmm_g<{w}>"));
-    for (name, expr) in crate::wmm::wmm_kernels(&w) {
-        one(&name, expr);
+    if t == "f32" {
+        // F32 weights at f32 precision only (plan.rs): no f16 tensor-core kernels.
+        one("f32mm", format!("f32mm<{w}, 8>"));
+        one("f32mm1", format!("f32mm<{w}, 1>"));
+    } else {
+        one("qmm", format!("qmm<{w}>"));
+        one("qmv", format!("qmv<{w}>"));
+        one("qmm_g", format!("qmm_g<{w}>"));
+        for (name, expr) in crate::wmm::wmm_kernels(&w) {
+            one(&name, expr);
+        }
     }
     for n in ["moe_glu", "moe_mmv", "moe_glu_g", "moe_mmv_g"] {
         one(n, format!("{n}<{w}>"));
     }
     if int8_mma(t) {
         one("imm", format!("imm<{w}>"));
-        one("imv_g", format!("imv_g<{w}, 1>"));
-        one("imv_g2", format!("imv_g<{w}, 2>"));
+        let rw = crate::imm::IMV_G_RW;
+        // The K-quants' activations staged in shared memory (imm.cu `imvk_impl`, XS).
+        let xs = int8_activations(t) == Some(256);
+        one("imv_g", format!("imv_g<{w}, 1, {rw}, {xs}>"));
+        one("imv_g2", format!("imv_g<{w}, 2, {rw}, {xs}>"));
         one("imv", format!("imv<{w}, 1>"));
         one("imv2", format!("imv<{w}, 2>"));
     }

@@ -55,6 +55,9 @@ pub(crate) struct KernelNames {
     /// The experts' products on imv of one and two n8 tiles (kernels/imm.cu `imv_g`;
     /// `registry::int8_mma` types).
     pub(crate) imv_g: [String; 2],
+    /// F32 weights' product of 8 tokens a launch column and of one token (kernels/mmv.cu
+    /// `f32mm`; module quant_f32 only).
+    pub(crate) f32mm: [String; 2],
 }
 
 impl KernelNames {
@@ -100,6 +103,7 @@ impl KernelNames {
                 format!("{q}_{k}_{kernel}")
             }),
             imv_g: ["", "2"].map(|t| format!("imv_g{t}_{kernel}")),
+            f32mm: ["", "1"].map(|t| format!("f32mm{t}_{kernel}")),
         }
     }
 }
