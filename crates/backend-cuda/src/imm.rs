@@ -36,6 +36,33 @@ fn immw_smem(kernel: &str) -> usize {
 /// groups (a warp over all the columns of its rows) 5,733 / 16,101.
 pub(crate) const IMV_G_RW: usize = 4;
 
+/// Dynamic shared memory of `imv_g` of `nt` n8 tiles for weights of type `kernel` and `cols`
+/// columns: imv's, and for the K-quants the tile's activations and per-16 sums staged (rows of
+/// cols + 16 bytes; imm.cu `imvk_impl`).
+fn imv_g_smem(kernel: &str, cols: usize, nt: usize) -> usize {
+    let winc = registry::qmm_window(kernel)
+        .expect("every CUDA weight type has a qmm window")
+        .1;
+    let staged = if registry::int8_activations(kernel) == Some(256) {
+        8 * nt * (cols + 16) + 8 * nt * cols / 4
+    } else {
+        0
+    };
+    imv_smem(winc, nt) + staged
+}
+
+/// Whether `imv_g` of `nt` n8 tiles fits the device's shared memory for `w` (very wide experts
+/// of the K-quants do not: their pairs take moeqc, the same bits).
+pub(crate) fn imv_g_fits(w: &CudaWeight, nt: usize) -> bool {
+    imv_g_smem(w.kernel, w.cols, nt) <= crate::qmm::MAX_SMEM
+}
+
+/// imv's shared memory for a chunk window of `winc` bytes: two chunk copies per warp, then each
+/// warp's sums (16 rows × 8·nt tokens of i64).
+fn imv_smem(winc: usize, nt: usize) -> usize {
+    8 * 2 * 16 * winc + 8 * 128 * nt * 8
+}
+
 /// Dynamic shared memory of the imm kernel and of the imv kernel of `nt` n8 tiles for `w`: per
 /// stage the int8 activations, their scales (32-blocks: 4 (d, s) pairs per token; the K-quants:
 /// the 32-sums split and one d per token) and the weights' windows.
@@ -49,9 +76,7 @@ fn imm_smem(w: &CudaWeight, nt: usize) -> (usize, usize) {
         4 * QMM_BN * 8
     };
     let imm = QMM_NST * (QMM_BN * IMM_XLD_BYTES + scales + QMM_BM * win);
-    // Two chunk copies per warp, then each warp's sums: 16 rows × 8·nt tokens of i64.
-    let imv = 8 * 2 * 16 * winc + 8 * 128 * nt * 8;
-    (imm, imv)
+    (imm, imv_smem(winc, nt))
 }
 
 /// imm's grid (and immw's): tiles of 64 tokens × 64 rows, `splits` parts of the columns.
@@ -176,19 +201,12 @@ impl CudaBackend {
     ) -> Result<()> {
         let nb = rows.div_ceil(16 * IMV_G_RW);
         let (first, second) = (outs[0], *outs.last().expect("an output"));
-        // The K-quants' activations and per-16 sums staged in shared memory (rows of cols + 16
-        // bytes; imm.cu `imvk_impl`).
-        let extra = if registry::int8_activations(w.kernel) == Some(256) {
-            8 * nt * (w.cols + 16) + 8 * nt * w.cols / 4
-        } else {
-            0
-        };
         self.launch_smem(
             &w.names.module,
             &w.names.imv_g[nt - 1],
             ((nb * outs.len()) as u32, max_tiles as u32, 1),
             (256, 1, 1),
-            (imm_smem(w, nt).1 + extra) as u32,
+            imv_g_smem(w.kernel, w.cols, nt) as u32,
             args![
                 first.0,
                 second.0,
@@ -250,5 +268,26 @@ impl CudaBackend {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn imv_g_fits_shared_memory_up_to_wide_k_quant_experts() {
+        let fits =
+            |k: &str, cols: usize, nt: usize| imv_g_smem(k, cols, nt) <= crate::qmm::MAX_SMEM;
+        // Qwen3-30B-A3B's experts (2048 wide; down 768) in either tile; DeepSeek-V3's 7168.
+        for k in ["q4_k", "q6_k", "q4_0", "q8_0"] {
+            assert!(fits(k, 2048, 2) && fits(k, 768, 2), "{k}");
+        }
+        assert!(fits("q6_k", 7168, 2));
+        // The K-quants stage their activations: past ~7.5k columns two tiles no longer fit.
+        assert!(!fits("q6_k", 8192, 2));
+        assert!(fits("q6_k", 8192, 1));
+        // The 32-blocks read them from L2: any width.
+        assert!(fits("q8_0", 16384, 2));
     }
 }

@@ -270,14 +270,23 @@ impl CudaBackend {
                 MoePath::GroupedQmm
             }
         };
+        let imv_fits = |nt| {
+            [w.gate, w.up, w.down]
+                .iter()
+                .all(|m| crate::imm::imv_g_fits(m, nt))
+        };
         // F32 experts at f32 precision in every mode (as the dense F32 products).
         let f32 = [w.gate, w.up, w.down].iter().all(|m| m.kernel == "f32");
         match (invariant, kind) {
             _ if f32 && many => MoePath::GroupedF32,
             _ if f32 => MoePath::PairsF32,
             (true, Kind::Prompt) => tensor_cores(),
-            (true, Kind::Decode) if exact && imv_g_from(ne, pairs) => {
-                MoePath::GroupedImv(if pairs / ne >= IMV2_PAIRS { 2 } else { 1 })
+            (true, Kind::Decode) if exact && imv_g_from(ne, pairs) && imv_fits(1) => {
+                MoePath::GroupedImv(if pairs / ne >= IMV2_PAIRS && imv_fits(2) {
+                    2
+                } else {
+                    1
+                })
             }
             (true, Kind::Decode) if exact => MoePath::PairsInt8,
             (true, Kind::Decode) if many => MoePath::GroupedF32,

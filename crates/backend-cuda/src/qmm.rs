@@ -21,7 +21,7 @@ pub(crate) const QMM_NST: usize = 3;
 const QMM_XLD_BYTES: usize = 144 * 2;
 /// Shared memory a block may take (H100/H200: 227 KiB); a weight whose qmv block would need
 /// more (rows of more than ~32k–64k columns) is not batch invariant.
-const MAX_SMEM: usize = 227 * 1024;
+pub(crate) const MAX_SMEM: usize = 227 * 1024;
 /// Warps of a qmv block (kernels/qmm.cu `QMV_WARPS`): 8, or 4 for a chunk window over 384 bytes.
 fn qmv_warps(winc: usize) -> usize {
     if winc > 384 {

@@ -3,6 +3,7 @@
 //! or 128 weight rows × 64 to 256 tokens (a token's results are the same bits in any tile);
 //! their launch shapes, shared memory and tensor maps.
 
+use crate::qmm::MAX_SMEM;
 use crate::weights::CudaWeight;
 use crate::{registry, CudaBackend};
 use cudarc::driver::sys as ds;
@@ -36,8 +37,6 @@ pub(crate) fn wmm_kernels(w: &str) -> Vec<(String, String)> {
 /// Columns of a stage (kernels/qmm.cu `QMM_BK`): the permuted activations' rows are whole
 /// stages.
 pub(crate) const WMM_BK: usize = 128;
-/// Shared memory a block may take (H100/H200: 227 KiB).
-const MAX_SMEM: usize = 227 * 1024;
 
 /// Whether compute capability `arch` runs wmm (wgmma: sm_90 only).
 pub fn wmm_arch(arch: u32) -> bool {
