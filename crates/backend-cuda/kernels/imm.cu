@@ -143,8 +143,8 @@ __device__ __forceinline__ void imm_store(long long (*tot)[4], const QRows& R, i
 }
 // imv's last step: the threads, one per (row, token) of the block's 16·RW rows (from row rb) ×
 // 8·NT tokens in turn, add the sums of the warps of the row's group (`part`, [warp][row · 8·NT +
-// token], warp = column group · RW + row group) and store the total. A warp that takes all the
-// columns of its rows (RW = 8) stores its own (imv_store).
+// token], warp = column group · RW + row group) and store the total. (RW = 8, a warp over all
+// the columns of its rows storing its own sums, measured slower than 4: BENCHMARKS.)
 template <int NT, int RW>
 __device__ __forceinline__ void fix_total(const long long* part, int rb, int rows,
                                           float* __restrict__ y, int n) {
@@ -158,18 +158,6 @@ __device__ __forceinline__ void fix_total(const long long* part, int rb, int row
         }
     }
 }
-// A warp's 16 rows (from rb) × 8·NT tokens of sums stored as floats.
-template <int NT>
-__device__ __forceinline__ void imv_store(const long long (*acc)[4], int rb, int rows, float* __restrict__ y,
-                                          int n, int g, int q) {
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int row = rb + g + 8 * (e >> 1), t = nt * 8 + 2 * q + (e & 1);
-            if (t < n && row < rows) y[(long long)t * rows + row] = fix_val(acc[nt][e]);
-        }
-}
 // A warp's 16 rows × 8·NT tokens of sums into `part` for fix_total.
 template <int NT>
 __device__ __forceinline__ void imv_part(long long* part, const long long (*acc)[4], int warp, int g, int q) {
@@ -180,18 +168,15 @@ __device__ __forceinline__ void imv_part(long long* part, const long long (*acc)
             part[warp * 128 * NT + ((e >> 1) * 8 + g) * 8 * NT + nt * 8 + 2 * q + (e & 1)] = acc[nt][e];
 }
 
-// The end of imv: the warps' sums stored, through shared memory where several warps share rows.
+// The end of imv: the warps' sums through shared memory, added per row.
 template <int NT, int RW>
 __device__ __forceinline__ void imv_finish(long long* part, const long long (*acc)[4], int rb, int rows,
                                            float* __restrict__ y, int n) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if constexpr (RW == 8) {
-        imv_store<NT>(acc, rb + warp * 16, rows, y, n, lane >> 2, lane & 3);
-    } else {
-        imv_part<NT>(part, acc, warp, lane >> 2, lane & 3);
-        __syncthreads();
-        fix_total<NT, RW>(part, rb, rows, y, n);
-    }
+    static_assert(RW == 1 || RW == 2 || RW == 4, "row groups that share the columns");
+    imv_part<NT>(part, acc, warp, lane >> 2, lane & 3);
+    __syncthreads();
+    fix_total<NT, RW>(part, rb, rows, y, n);
 }
 // imm: CTA 64 rows × 64 tokens, 4 warps of 16 rows, stages of 128 columns (4 blocks: a quad) as qmm:
 // weight windows, the tokens' int8 activations and their d through shared memory with cp.async,
