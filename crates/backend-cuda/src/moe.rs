@@ -275,8 +275,9 @@ impl CudaBackend {
                 .iter()
                 .all(|m| crate::imm::imv_g_fits(m, nt))
         };
-        // F32 experts at f32 precision in every mode (as the dense F32 products).
-        let f32 = [w.gate, w.up, w.down].iter().all(|m| m.kernel == "f32");
+        // Experts with an F32 weight on the f32 kernels in every mode (as the dense F32
+        // products; F32 has no tensor-core kernels, and the f32 kernels take every type).
+        let f32 = [w.gate, w.up, w.down].iter().any(|m| m.kernel == "f32");
         match (invariant, kind) {
             _ if f32 && many => MoePath::GroupedF32,
             _ if f32 => MoePath::PairsF32,
