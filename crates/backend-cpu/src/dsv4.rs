@@ -10,8 +10,6 @@ use quiver_backend::{Batch, MoeParams, MoeScratch, MoeWeights, Result};
 /// Buffers of the ops below, grown to the largest step seen and kept (`ExtraScratch::ds`).
 #[derive(Default)]
 pub(crate) struct Scratch {
-    xs: Vec<f32>,
-    ys: Vec<f32>,
     keys: Vec<f32>,
     /// Each token's compressed-row selection (`dsv4::attention_select_into`).
     sel: Vec<dsv4::SelectBufs>,
@@ -133,44 +131,30 @@ impl CpuBackend {
 
     pub(crate) fn matmul_grouped_cpu(
         &self,
-        w: &CpuWeight,
-        groups: usize,
+        w: &[CpuWeight],
         x: &[f32],
         rows: usize,
         out: &mut [f32],
+        scratch: &mut [f32],
     ) -> Result<()> {
-        let (c, r) = (w.cols, w.rows / groups.max(1));
+        let groups = w.len();
+        let (r, c) = w.first().map_or((0, 0), |w| (w.rows, w.cols));
         check(
             "matmul_grouped",
             groups > 0
-                && w.rows == groups * r
+                && w.iter().all(|g| (g.rows, g.cols) == (r, c))
                 && x.len() >= rows * groups * c
-                && out.len() >= rows * groups * r,
-            || {
-                format!(
-                    "[{}, {}] in {groups} groups over {rows} rows",
-                    w.rows, w.cols
-                )
-            },
+                && out.len() >= rows * groups * r
+                && scratch.len() >= dsv4::grouped_scratch_floats(rows, 1, c, r),
+            || format!("{groups} groups of [{r}, {c}] over {rows} rows"),
         )?;
-        let rb = w.ty.row_bytes(c as u64).unwrap_or(0) as usize;
-        let mut guard = self.extra.lock().unwrap_or_else(|e| e.into_inner());
-        let Scratch { xs, ys, .. } = &mut guard.ds;
-        grow(xs, rows * c);
-        grow(ys, rows * r);
-        for g in 0..groups {
+        let (xs, ys) = scratch.split_at_mut(rows * c);
+        for (g, w) in w.iter().enumerate() {
             for t in 0..rows {
                 xs[t * c..][..c].copy_from_slice(&x[t * groups * c + g * c..][..c]);
             }
-            self.mm.run(
-                w.ty,
-                &w.bytes()[g * r * rb..][..r * rb],
-                r,
-                c,
-                &xs[..rows * c],
-                rows,
-                &mut ys[..rows * r],
-            )?;
+            self.mm
+                .run(w.ty, w.bytes(), r, c, &xs[..rows * c], rows, &mut ys[..rows * r])?;
             for t in 0..rows {
                 out[t * groups * r + g * r..][..r].copy_from_slice(&ys[t * r..][..r]);
             }
@@ -310,7 +294,7 @@ impl CpuBackend {
         w: MoeWeights<'_, CpuWeight>,
         p: &MoeParams,
         bias: Option<&CpuWeight>,
-        hash: Option<&[i32]>,
+        hash: Option<&[f32]>,
         clamp: f32,
         s: MoeScratch<'_, Vec<f32>>,
         out: &mut [f32],

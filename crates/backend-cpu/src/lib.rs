@@ -601,13 +601,13 @@ impl Backend for CpuBackend {
 
     fn matmul_grouped(
         &self,
-        w: &CpuWeight,
-        groups: usize,
+        w: &[CpuWeight],
         x: &Vec<f32>,
         rows: usize,
         out: &mut Vec<f32>,
+        scratch: &mut Vec<f32>,
     ) -> Result<()> {
-        self.matmul_grouped_cpu(w, groups, x, rows, out)
+        self.matmul_grouped_cpu(w, x, rows, out, scratch)
     }
 
     fn swiglu_clamp(
@@ -629,6 +629,7 @@ impl Backend for CpuBackend {
         x: quiver_backend::dsv4::AttnInputs<'_, Vec<f32>>,
         state: &mut Vec<f32>,
         kept: Option<quiver_backend::Snapshots<'_, Vec<f32>>>,
+        _scratch: &mut Vec<f32>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         self.dsv4_attention_cpu(step.batch, s, w, x, state, kept, out)
@@ -660,12 +661,12 @@ impl Backend for CpuBackend {
         w: MoeWeights<'_, CpuWeight>,
         p: &MoeParams,
         bias: Option<&CpuWeight>,
-        hash: Option<&[i32]>,
+        hash: Option<&Vec<f32>>,
         clamp: f32,
         scratch: MoeScratch<'_, Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.moe_dsv4_cpu(step.batch, x, w, p, bias, hash, clamp, scratch, out)
+        self.moe_dsv4_cpu(step.batch, x, w, p, bias, hash.map(|h| &h[..]), clamp, scratch, out)
     }
 
     fn sigmoid_mul(

@@ -80,6 +80,19 @@ __device__ __forceinline__ float act_fn(float g, int act) {
     return h2f(f2h(0.5f * x * (1.f + tanhf(c * x * (1.f + 0.044715f * x * x)))));
 }
 
+// A gated activation's output act(g)·u: act 0 silu, 1 gelu; any other value is the f32 bits of a
+// positive limit L of the clamped SwiGLU silu(min(g, L))·clamp(u, −L, L) (DeepSeek-V4's experts;
+// dsv4.cu swiglu_clamp's operations).
+__device__ __forceinline__ float glu_fn(float g, float u, int act) {
+    if (act > 1) {
+        const float lim = __int_as_float(act);
+        g = fminf(g, lim);
+        u = u != u ? u : fminf(fmaxf(u, -lim), lim);
+        return __fdiv_rn(g, 1.f + expf(-g)) * u;
+    }
+    return act_fn(g, act) * u;
+}
+
 // The flat batch as the backend uploads it (see batch.rs): per token id, position, KV slot,
 // sequence; per sequence KV length and offset of its block table.
 struct BatchView {

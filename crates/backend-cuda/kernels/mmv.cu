@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
     for (int t = 0; t < 8; t++) {
         if (t < ntok) {
             float g = warp_sum(ag[t]), u = warp_sum(au[t]);
-            if (threadIdx.x == 0) out[(long long)t * rows + r] = act_fn(g, act) * u;
+            if (threadIdx.x == 0) out[(long long)t * rows + r] = glu_fn(g, u, act);
         }
     }
 }
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
     row_dot<T>(wg + (e * expert_rows + r) * row_bytes, xt, cols, 1, ag);
     row_dot<T>(wu + (e * expert_rows + r) * row_bytes, xt, cols, 1, au);
     float g = warp_sum(ag[0]), u = warp_sum(au[0]);
-    if (threadIdx.x == 0) out[p * rows + r] = act_fn(g, act) * u;
+    if (threadIdx.x == 0) out[p * rows + r] = glu_fn(g, u, act);
 }
 template <class T>
 __global__ void __launch_bounds__(32 * MMV_WARPS)
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
         for (int t = 0; t < 8; t++) {
             if (t < n) {
                 float g = warp_sum(ag[t]), u = warp_sum(au[t]);
-                if (threadIdx.x == 0) out[(long long)(c + t) * rows + r] = act_fn(g, act) * u;
+                if (threadIdx.x == 0) out[(long long)(c + t) * rows + r] = glu_fn(g, u, act);
             }
         }
     }

@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
     for (int t = 0; t < 8; t++) {
         if (t < ntok) {
             float g = RowQ<T, C>::fin(ag[t]), u = RowQ<T, C>::fin(au[t]);
-            if (threadIdx.x == 0) out[(long long)t * rows + r] = act_fn(g, act) * u;
+            if (threadIdx.x == 0) out[(long long)t * rows + r] = glu_fn(g, u, act);
         }
     }
 }
@@ -622,7 +622,7 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
     RowQ<T, C>::dot(wg + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, ag);
     RowQ<T, C>::dot(wu + (e * expert_rows + r) * row_bytes, a, d, s, cols, 1, au);
     const float g = RowQ<T, C>::fin(ag[0]), u = RowQ<T, C>::fin(au[0]);
-    if (threadIdx.x == 0) out[p * rows + r] = act_fn(g, act) * u;
+    if (threadIdx.x == 0) out[p * rows + r] = glu_fn(g, u, act);
 }
 template <class T, bool C>
 __global__ void __launch_bounds__(32 * MMV_WARPS)

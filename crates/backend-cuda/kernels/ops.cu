@@ -102,11 +102,11 @@ extern "C" __global__ void rope_kv_write(float* __restrict__ q, float* __restric
     }
 }
 
-// out = act(gate) · up.
+// out = act(gate) · up (common.cuh glu_fn: the act codes).
 extern "C" __global__ void glu(const float* __restrict__ gate, const float* __restrict__ up,
                                float* __restrict__ out, long long n, int act) { pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        out[i] = act_fn(gate[i], act) * up[i];
+        out[i] = glu_fn(gate[i], up[i], act);
 }
 
 extern "C" __global__ void softcap(float* __restrict__ x, long long n, float cap) { pdl_begin();

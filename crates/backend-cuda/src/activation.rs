@@ -18,12 +18,17 @@ impl CudaBackend {
         n: usize,
         out: u64,
     ) -> Result<()> {
+        self.glu_code(act_code(act), gate, up, n, out)
+    }
+
+    /// The glu kernel by its act code (common.cuh `glu_fn`: a clamped SwiGLU's limit too).
+    pub(crate) fn glu_code(&self, act: i32, gate: u64, up: u64, n: usize, out: u64) -> Result<()> {
         self.launch(
             "ops",
             "glu",
             (grid1(n, 256, 8192), 1, 1),
             (256, 1, 1),
-            args![gate, up, out, n as i64, act_code(act)],
+            args![gate, up, out, n as i64, act],
         )
     }
 

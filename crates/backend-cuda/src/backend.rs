@@ -352,8 +352,8 @@ impl Backend for CudaBackend {
 
     /// Every extra op (src/extras.rs).
     fn supports(&self, op: ExtraOp) -> bool {
-        // Not yet: per-expert gate/up scales, DeepSeek-V4's ops (such models are refused at load).
-        !matches!(op, ExtraOp::MoeProductScales | ExtraOp::Dsv4)
+        // Not yet: per-expert gate/up scales.
+        !matches!(op, ExtraOp::MoeProductScales)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -430,6 +430,61 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.swiglu_clamp_kernel(gate, up, limit, n, out)
+    }
+
+    fn matmul_grouped(
+        &self,
+        w: &[CudaWeight],
+        x: &CudaBuf,
+        rows: usize,
+        out: &mut CudaBuf,
+        scratch: &mut CudaBuf,
+    ) -> Result<()> {
+        self.matmul_grouped_kernel(w, x, rows, out, scratch)
+    }
+
+    fn dsv4_attention(
+        &self,
+        step: &Step<CudaStep>,
+        s: &quiver_backend::dsv4::AttnShape,
+        w: quiver_backend::dsv4::AttnWeights<'_, CudaWeight>,
+        x: quiver_backend::dsv4::AttnInputs<'_, CudaBuf>,
+        state: &mut CudaBuf,
+        kept: Option<quiver_backend::Snapshots<'_, CudaBuf>>,
+        scratch: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.dsv4_attention_kernel(step, s, w, x, state, kept, scratch, out)
+    }
+
+    fn dsv4_rewind(
+        &self,
+        s: &quiver_backend::dsv4::AttnShape,
+        state: &mut CudaBuf,
+        kept: &CudaBuf,
+        planes: usize,
+        slot: usize,
+        kept_slot: usize,
+        start: usize,
+        len: usize,
+        row: usize,
+    ) -> Result<()> {
+        self.dsv4_rewind_kernel(s, state, kept, planes, slot, kept_slot, start, len, row)
+    }
+
+    fn moe_dsv4(
+        &self,
+        step: &Step<CudaStep>,
+        x: &CudaBuf,
+        w: MoeWeights<'_, CudaWeight>,
+        p: &MoeParams,
+        bias: Option<&CudaWeight>,
+        hash: Option<&CudaBuf>,
+        clamp: f32,
+        scratch: MoeScratch<'_, CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.moe_dsv4_kernel(step, x, w, p, bias, hash, clamp, scratch, out)
     }
 
     fn sigmoid_mul(

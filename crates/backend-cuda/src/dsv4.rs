@@ -1,16 +1,96 @@
-//! DeepSeek-V4's element-wise ops on the GPU (kernels/dsv4.cu): the hyper-connections' block
-//! input and output, the streams' expansion, the clamped SwiGLU. Each row's floats are the
-//! reference's (`quiver_backend::dsv4`) whatever else the step holds. The attention over the
-//! per-sequence state, the grouped product and the MoE routing are not on the GPU yet:
-//! `supports(ExtraOp::Dsv4)` stays false and such models are refused at load.
+//! DeepSeek-V4's ops on the GPU (kernels/dsv4.cu): the hyper-connections' block input and
+//! output, the streams' expansion, the clamped SwiGLU, the attention over the per-sequence state
+//! in the reference's phases (prepare, select, heads, commit) and its rollback, the MoE routing;
+//! the grouped product on the products of each group's weight. A row's floats do not depend on
+//! the step's other rows (`quiver_backend::dsv4` holds the scalar references).
 
+use crate::batch::CudaStep;
 use crate::launch::grid1;
 use crate::memory::CudaBuf;
+use crate::moe::DsRoute;
 use crate::weights::CudaWeight;
 use crate::{check, CudaBackend};
-use quiver_backend::dsv4::HcParams;
-use quiver_backend::Result;
+use quiver_backend::dsv4::{self as ds, AttnInputs, AttnShape, AttnWeights, HcParams};
+use quiver_backend::{MoeParams, MoeScratch, MoeWeights, Result, SeqSpan, Snapshots, Step};
 use quiver_gguf::GgmlType;
+
+/// The attention kernels' shape (kernels/dsv4.cu `DsAttn`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DsAttn {
+    hd: i32,
+    nh: i32,
+    np: i32,
+    cnp: i32,
+    n_swa: i32,
+    raw_ring: i32,
+    ratio: i32,
+    ring: i32,
+    cw: i32,
+    nc: i32,
+    ih: i32,
+    id: i32,
+    top_k: i32,
+    kf: i32,
+    planes: i32,
+    score_rows: i32,
+    sf: i64,
+    off: [i64; 7],
+    eps: f32,
+    scale: f32,
+    mscale: f32,
+    cmscale: f32,
+}
+
+impl DsAttn {
+    fn new(s: &AttnShape, planes: usize, rows: usize) -> DsAttn {
+        let (hd, cw, nc) = (s.head_dim, s.comp_width(), s.n_comp());
+        let ring = if s.ratio > 0 { s.ring() * cw } else { 0 };
+        let iw = if s.ratio == 4 { 8 * 2 * s.ix_dim } else { 0 };
+        let lens = [
+            s.raw_ring() * hd,
+            ring,
+            ring,
+            if s.ratio > 0 { nc * hd } else { 0 },
+            iw,
+            iw,
+            if s.ratio == 4 { nc * s.ix_dim } else { 0 },
+        ];
+        let mut off = [0i64; 7];
+        let mut at = 0;
+        for (o, l) in off.iter_mut().zip(lens) {
+            *o = at as i64;
+            at += l;
+        }
+        DsAttn {
+            hd: hd as i32,
+            nh: s.n_head as i32,
+            np: (s.rope.n_dims / 2) as i32,
+            cnp: (s.comp_rope.n_dims / 2) as i32,
+            n_swa: s.n_swa as i32,
+            raw_ring: s.raw_ring() as i32,
+            ratio: s.ratio as i32,
+            ring: if s.ratio > 0 { s.ring() as i32 } else { 0 },
+            cw: cw as i32,
+            nc: nc as i32,
+            ih: s.ix_heads as i32,
+            id: s.ix_dim as i32,
+            top_k: s.ix_top_k as i32,
+            kf: ds::kept_floats(s) as i32,
+            planes: planes as i32,
+            score_rows: ds::score_rows(s, rows) as i32,
+            sf: s.state_floats() as i64,
+            off,
+            eps: s.rms_eps,
+            scale: 1.0 / (hd as f32).sqrt(),
+            mscale: s.rope.mscale(),
+            cmscale: s.comp_rope.mscale(),
+        }
+    }
+}
+
+/// Head dims the head kernel holds (4 values a thread of 128).
+const MAX_HEAD_DIM: usize = 512;
 
 /// Streams the kernels hold per token (kernels/dsv4.cu `HC_MAX`).
 const HC_MAX: usize = 8;
@@ -152,5 +232,320 @@ impl CudaBackend {
                 p.d as i32
             ],
         )
+    }
+
+    /// Group g's columns of x through its weight, into its columns of out (the step's rows
+    /// gathered by group into the scratch, each group's product, the outputs put back).
+    pub(crate) fn matmul_grouped_kernel(
+        &self,
+        w: &[CudaWeight],
+        x: &CudaBuf,
+        rows: usize,
+        out: &mut CudaBuf,
+        scratch: &mut CudaBuf,
+    ) -> Result<()> {
+        let groups = w.len();
+        let (r, c) = w.first().map_or((0, 0), |w| (w.rows, w.cols));
+        check(
+            "matmul_grouped",
+            groups > 0
+                && w.iter().all(|g| (g.rows, g.cols) == (r, c))
+                && x.len >= rows * groups * c
+                && out.len >= rows * groups * r
+                && scratch.len >= ds::grouped_scratch_floats(rows, groups, c, r),
+            || format!("{groups} groups of [{r}, {c}] over {rows} rows"),
+        )?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let (xs, ys) = (scratch.ptr(), scratch.ptr() + (4 * rows * groups * c) as u64);
+        let grid = |n: usize| (grid1(n, 256, 8192), 1, 1);
+        for (g, wg) in w.iter().enumerate() {
+            let (xg, yg) = (xs + (4 * g * rows * c) as u64, ys + (4 * g * rows * r) as u64);
+            let n = rows * c;
+            self.launch(
+                "ops",
+                "copy_cols",
+                grid(n),
+                (256, 1, 1),
+                args![x.ptr(), xg, n as i64, (groups * c) as i32, (g * c) as i32, c as i32],
+            )?;
+            self.mm(wg, xg, rows, yg)?;
+            let n = rows * r;
+            self.launch(
+                "ops",
+                "put_cols",
+                grid(n),
+                (256, 1, 1),
+                args![yg, out.ptr(), n as i64, r as i32, (groups * r) as i32, (g * r) as i32],
+            )?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_dsv4_kernel(
+        &self,
+        st: &Step<CudaStep>,
+        x: &CudaBuf,
+        w: MoeWeights<'_, CudaWeight>,
+        p: &MoeParams,
+        bias: Option<&CudaWeight>,
+        hash: Option<&CudaBuf>,
+        clamp: f32,
+        s: MoeScratch<'_, CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let (ne, k) = (p.n_expert, p.n_used);
+        check(
+            "moe_dsv4",
+            bias.is_none_or(|b| f32_vector(b, ne))
+                && hash.is_none_or(|h| {
+                    st.batch
+                        .tokens
+                        .iter()
+                        .all(|&t| (t as usize + 1) * k <= h.len)
+                })
+                && (1..=32).contains(&k),
+            || format!("routing bias or hash table for {ne} experts"),
+        )?;
+        let route = DsRoute {
+            view: st.ctx.view,
+            bias: bias.map_or(0, |b| b.data.ptr),
+            hash: hash.map_or(0, |h| h.ptr()),
+            clamp,
+        };
+        self.moe_routed(x, st.rows, w, p, s, out, Some(route))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dsv4_attention_kernel(
+        &self,
+        st: &Step<CudaStep>,
+        s: &AttnShape,
+        w: AttnWeights<'_, CudaWeight>,
+        x: AttnInputs<'_, CudaBuf>,
+        state: &mut CudaBuf,
+        kept: Option<Snapshots<'_, CudaBuf>>,
+        scratch: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let op = "dsv4_attention";
+        let rows = st.rows;
+        let (hd, cw, id) = (s.head_dim, s.comp_width(), s.ix_dim);
+        let len = |b: Option<&CudaBuf>| b.map_or(0, |b| b.len);
+        let vec_ok = |v: Option<&CudaWeight>, n: usize| v.is_some_and(|v| f32_vector(v, n));
+        let comp = s.ratio == 0
+            || (len(x.comp_kv) >= rows * cw
+                && len(x.comp_score) >= rows * cw
+                && vec_ok(w.ape, s.ratio * cw)
+                && vec_ok(w.norm, hd));
+        let ix = s.ratio != 4
+            || (len(x.ix_q) >= rows * s.ix_heads * id
+                && len(x.ix_w) >= rows * s.ix_heads
+                && len(x.ix_kv) >= rows * 2 * id
+                && len(x.ix_score) >= rows * 2 * id
+                && vec_ok(w.ix_ape, 8 * id)
+                && vec_ok(w.ix_norm, id)
+                && s.ix_heads * id * 4 <= 48 * 1024
+                && id <= MAX_HEAD_DIM);
+        check(
+            op,
+            matches!(s.ratio, 0 | 4 | 128)
+                && s.n_rot <= hd
+                && s.n_rot == s.rope.n_dims
+                && s.comp_rope.n_dims <= hd
+                && (s.ratio != 4 || s.comp_rope.n_dims <= id)
+                && s.n_swa > 0
+                && (2..=MAX_HEAD_DIM).contains(&hd)
+                && x.q.len >= rows * s.n_head * hd
+                && x.kv.len >= rows * hd
+                && f32_vector(w.sinks, s.n_head)
+                && out.len >= rows * s.n_head * hd
+                && scratch.len >= ds::attention_scratch_floats(s, rows)
+                && comp
+                && ix,
+            || format!("{rows} rows, ratio {}, head dim {hd}", s.ratio),
+        )?;
+        let detail = |d: String| quiver_backend::BackendError::Shape { op, detail: d };
+        check_slots(st.batch, s, state.len, kept.as_ref()).map_err(detail)?;
+        let planes = kept.as_ref().map_or(0, |k| k.planes);
+        let a = DsAttn::new(s, planes, rows);
+        let (theta, ctheta) = (self.theta_ptr(&s.rope)?, self.theta_ptr(&s.comp_rope)?);
+        let view = st.ctx.view;
+        let ptr = |b: Option<&CudaBuf>| b.map_or(0, |b| b.ptr());
+        let wptr = |v: Option<&CudaWeight>| v.map_or(0, |v| v.data.ptr);
+        let kept = kept.map_or(0, |k| k.buf.ptr());
+        // The scratch: keys, each row's first row, the indexer's choices, its scores.
+        let keys = scratch.ptr();
+        let row0 = keys + (4 * rows * hd) as u64;
+        let sel = row0 + (4 * rows) as u64;
+        let scores = sel + (4 * rows * s.ix_top_k) as u64;
+        let smem = (4 * 2 * hd.max(id)) as u32;
+        self.launch_smem(
+            "ops",
+            "ds_prepare",
+            (rows as u32, 1, 1),
+            (256, 1, 1),
+            smem,
+            args![
+                view,
+                rows as i32,
+                a,
+                theta,
+                ctheta,
+                x.kv.ptr(),
+                ptr(x.comp_kv),
+                ptr(x.comp_score),
+                ptr(x.ix_kv),
+                ptr(x.ix_score),
+                wptr(w.ape),
+                wptr(w.norm),
+                wptr(w.ix_ape),
+                wptr(w.ix_norm),
+                state.ptr(),
+                kept,
+                keys,
+                row0
+            ],
+        )?;
+        if s.ratio == 4 {
+            let chunk = (a.score_rows as usize).max(1);
+            for r0 in (0..rows).step_by(chunk) {
+                self.launch_smem(
+                    "ops",
+                    "ds_select",
+                    (chunk.min(rows - r0) as u32, 1, 1),
+                    (256, 1, 1),
+                    (4 * s.ix_heads * id) as u32,
+                    args![
+                        view,
+                        r0 as i32,
+                        rows as i32,
+                        a,
+                        ctheta,
+                        ptr(x.ix_q),
+                        ptr(x.ix_w),
+                        state.ptr(),
+                        scores,
+                        sel
+                    ],
+                )?;
+            }
+        }
+        self.launch_smem(
+            "ops",
+            "ds_head",
+            (rows as u32, s.n_head as u32, 1),
+            (128, 1, 1),
+            (4 * hd) as u32,
+            args![
+                view,
+                rows as i32,
+                a,
+                theta,
+                x.q.ptr(),
+                state.ptr(),
+                keys,
+                row0,
+                sel,
+                w.sinks.data.ptr,
+                out.ptr()
+            ],
+        )?;
+        self.launch(
+            "ops",
+            "ds_commit",
+            (rows as u32, 1, 1),
+            (256, 1, 1),
+            args![view, rows as i32, a, state.ptr(), kept, keys],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dsv4_rewind_kernel(
+        &self,
+        s: &AttnShape,
+        state: &mut CudaBuf,
+        kept: &CudaBuf,
+        planes: usize,
+        slot: usize,
+        kept_slot: usize,
+        start: usize,
+        len: usize,
+        row: usize,
+    ) -> Result<()> {
+        let (sf, kf) = (s.state_floats(), ds::kept_floats(s));
+        let undo = len.saturating_sub(1 + row.min(len.saturating_sub(1)));
+        check(
+            "dsv4_rewind",
+            undo <= planes
+                && (slot + 1) * sf <= state.len
+                && (kept_slot + 1) * planes * kf <= kept.len,
+            || {
+                format!(
+                    "{undo} rows to undo with {planes} kept, state slot {slot}, kept slot {kept_slot}"
+                )
+            },
+        )?;
+        if undo == 0 {
+            return Ok(());
+        }
+        let a = DsAttn::new(s, planes, 1);
+        self.launch(
+            "ops",
+            "ds_rewind",
+            (1, 1, 1),
+            (256, 1, 1),
+            args![
+                a,
+                state.ptr(),
+                kept.ptr(),
+                slot as i64,
+                kept_slot as i64,
+                start as i64,
+                len as i32,
+                row as i32
+            ],
+        )
+    }
+}
+
+/// The step's sequences against the state (the reference's checks): distinct slots inside it,
+/// positions inside its context, distinct kept slots inside their buffer.
+fn check_slots(
+    batch: &quiver_backend::Batch,
+    s: &AttnShape,
+    state_len: usize,
+    kept: Option<&Snapshots<'_, CudaBuf>>,
+) -> std::result::Result<(), String> {
+    let sf = s.state_floats();
+    let seqs = &batch.seqs;
+    for (i, q) in seqs.iter().enumerate() {
+        if seqs[..i].iter().any(|o| o.state_slot == q.state_slot) {
+            return Err("two sequences of one step share a state slot".into());
+        }
+        if (q.state_slot as usize + 1) * sf > state_len {
+            return Err(format!(
+                "state slot {} past the state's {} slots",
+                q.state_slot,
+                state_len / sf.max(1)
+            ));
+        }
+        if let Some(k) = kept.filter(|_| q.kept_slot != SeqSpan::NOT_KEPT) {
+            if seqs[..i].iter().any(|o| o.kept_slot == q.kept_slot) {
+                return Err("two sequences of one step share a kept slot".into());
+            }
+            if (q.kept_slot as usize + 1) * k.planes * ds::kept_floats(s) > k.buf.len {
+                return Err(format!("a kept slot's {} rows past their buffer", k.planes));
+            }
+        }
+    }
+    match batch.positions.iter().find(|&&p| p as usize >= s.n_ctx) {
+        Some(p) => Err(format!(
+            "position {p} past the state's context of {}",
+            s.n_ctx
+        )),
+        None => Ok(()),
     }
 }

@@ -13,6 +13,7 @@
 //! weights' rows allow, else kernels/qmm.cu `qmm_g`). The fast numerics choose by the step's
 //! pair count alone: the tensor cores for many, the float-order int8 kernels (`moeq_*`) for few.
 
+use crate::batch::BatchView;
 use crate::kinds::Kind;
 use crate::memory::CudaBuf;
 use crate::qmm::QMM_BN;
@@ -120,6 +121,17 @@ struct Rows {
     n: usize,
 }
 
+/// DeepSeek-V4's routing (dsv4.cu `moe_route_dsv4`) and its clamped SwiGLU.
+#[derive(Clone, Copy)]
+pub(crate) struct DsRoute {
+    pub(crate) view: BatchView,
+    /// exp_probs_b [n_expert] (0: none) and the hash table [n_vocab, n_used] (0: none).
+    pub(crate) bias: u64,
+    pub(crate) hash: u64,
+    /// The SwiGLU's limit (0: none).
+    pub(crate) clamp: f32,
+}
+
 impl CudaBackend {
     pub(crate) fn moe_fast(
         &self,
@@ -129,6 +141,21 @@ impl CudaBackend {
         p: &MoeParams,
         s: MoeScratch<'_, CudaBuf>,
         out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.moe_routed(x, rows, w, p, s, out, None)
+    }
+
+    /// The MoE op, routed by `moe_route` or (`ds`) DeepSeek-V4's routing.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_routed(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: MoeWeights<'_, CudaWeight>,
+        p: &MoeParams,
+        s: MoeScratch<'_, CudaBuf>,
+        out: &mut CudaBuf,
+        ds: Option<DsRoute>,
     ) -> Result<()> {
         let d = w.router.cols;
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
@@ -185,21 +212,50 @@ impl CudaBackend {
             Gating::Softmax => 0i32,
             Gating::Sigmoid => 1,
         };
-        self.launch(
-            "ops",
-            "moe_route",
-            (rows as u32, 1, 1),
-            (32, 1, 1),
-            args![
-                s.logits.ptr(),
-                s.routes.ptr(),
-                ne as i32,
-                k as i32,
-                gating,
-                p.norm as i32,
-                p.scale
-            ],
-        )?;
+        let mut act = crate::products::act_code(p.act);
+        match ds {
+            Some(r) => {
+                if r.clamp > 0.0 {
+                    // glu_fn's code of the clamped SwiGLU: the limit's bits (a positive normal).
+                    check("moe", r.clamp.is_normal(), || {
+                        format!("SwiGLU limit {}", r.clamp)
+                    })?;
+                    act = r.clamp.to_bits() as i32;
+                }
+                self.launch(
+                    "ops",
+                    "moe_route_dsv4",
+                    (rows as u32, 1, 1),
+                    (32, 1, 1),
+                    args![
+                        r.view,
+                        s.logits.ptr(),
+                        s.routes.ptr(),
+                        ne as i32,
+                        k as i32,
+                        r.bias,
+                        r.hash,
+                        p.norm as i32,
+                        p.scale
+                    ],
+                )?
+            }
+            None => self.launch(
+                "ops",
+                "moe_route",
+                (rows as u32, 1, 1),
+                (32, 1, 1),
+                args![
+                    s.logits.ptr(),
+                    s.routes.ptr(),
+                    ne as i32,
+                    k as i32,
+                    gating,
+                    p.norm as i32,
+                    p.scale
+                ],
+            )?,
+        }
         // The step's decode rows, then its prompt rows (one part unless the kinds route).
         let all = Rows {
             x: x.ptr(),
@@ -232,7 +288,7 @@ impl CudaBackend {
                     ..all
                 };
                 let path = self.moe_path(&w, lay, p, &part, d, kind);
-                self.experts(&w, lay, p, &part, d, path)?;
+                self.experts(&w, lay, p, &part, d, path, act)?;
                 self.moe_sum(&part, path, scale, p, d)?;
             }
         }
@@ -308,12 +364,12 @@ impl CudaBackend {
         r: &Rows,
         d: usize,
         path: MoePath,
+        act: i32,
     ) -> Result<()> {
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
         let (er, gate_ptr, up_ptr) = (lay.er, lay.gate, lay.up);
         let pairs_n = r.n * k;
         let pairs = pairs_n as u32;
-        let act = crate::products::act_code(p.act);
         let (off, pos, tiles) = Self::sort_at(r, ne, pairs_n);
         let max_tiles = pairs_n.div_ceil(path.tile()) + ne;
         let g = (off, tiles, max_tiles);
@@ -371,7 +427,7 @@ impl CudaBackend {
                     self.imv_grouped(w.gate, &[(gate_ptr, r.gate)], er, ff, a, g, nt)?;
                     self.imv_grouped(w.up, &[(up_ptr, r.up)], er, ff, a, g, nt)?;
                 }
-                self.glu_fast(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
+                self.glu_code(act, r.gate, r.up, pairs_n * ff, r.act)?;
                 let a = self.quantize_act(r.act, pairs_n, ff, bd, w.down.ty)?;
                 self.imv_grouped(w.down, &[(w.down.data.ptr, r.ys)], d, d, a, g, nt)
             }
@@ -382,7 +438,7 @@ impl CudaBackend {
                 self.permute_to(r.xs, pairs_n, d, w.gate.ty, r.ys)?;
                 self.wmm_grouped(w.gate, 0, ff, er, r.ys, pairs_n, r.gate, g)?;
                 self.wmm_grouped(w.up, lay.up_row, ff, er, r.ys, pairs_n, r.up, g)?;
-                self.glu_fast(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
+                self.glu_code(act, r.gate, r.up, pairs_n * ff, r.act)?;
                 self.permute_to(r.act, pairs_n, ff, w.down.ty, r.xs)?;
                 self.wmm_grouped(w.down, 0, d, d, r.xs, pairs_n, r.ys, g)
             }
@@ -394,7 +450,7 @@ impl CudaBackend {
                     w.gate, gate_ptr, er, ff, r.xs, r.gate, off, tiles, max_tiles,
                 )?;
                 self.qmm_grouped(w.up, up_ptr, er, ff, r.xs, r.up, off, tiles, max_tiles)?;
-                self.glu_fast(p.act, r.gate, r.up, pairs_n * ff, r.act)?;
+                self.glu_code(act, r.gate, r.up, pairs_n * ff, r.act)?;
                 self.to_half_plain(r.act, r.gate, pairs_n * ff)?;
                 let dw = w.down.data.ptr;
                 self.qmm_grouped(w.down, dw, d, d, r.gate, r.ys, off, tiles, max_tiles)

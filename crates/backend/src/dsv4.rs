@@ -202,6 +202,12 @@ pub fn hc_post(
     }
 }
 
+/// Floats of [`crate::Backend::matmul_grouped`]'s scratch over `rows` rows of `groups` groups
+/// of `cols` columns into `out_rows` rows each: the inputs and the outputs by group.
+pub fn grouped_scratch_floats(rows: usize, groups: usize, cols: usize, out_rows: usize) -> usize {
+    rows * groups * (cols + out_rows)
+}
+
 /// out[t, g·R + r] = Σ_c w[g·R + r, c]·x[t, g·C + c]: a product per group of columns
 /// (`attn_output_a`), w: [groups·R, C], x: [rows, groups·C].
 pub fn matmul_grouped(w: &[f32], groups: usize, x: &[f32], rows: usize, out: &mut [f32]) {
@@ -245,8 +251,8 @@ pub fn softplus(x: f32) -> f32 {
 #[derive(Clone, Copy, Debug)]
 pub struct MoeRoute<'a> {
     pub bias: Option<&'a [f32]>,
-    /// [n_vocab, n_used] expert ids.
-    pub hash: Option<&'a [i32]>,
+    /// [n_vocab, n_used] expert ids (as f32: exact below 2²⁴).
+    pub hash: Option<&'a [f32]>,
     pub n_used: usize,
     pub norm: bool,
     pub scale: f32,
@@ -355,6 +361,30 @@ impl AttnShape {
         }
         n
     }
+}
+
+/// Indexer scores a backend holds at once ([`attention_scratch_floats`]): a step's rows are
+/// scored in chunks of [`score_rows`].
+pub const SCORE_FLOATS: usize = 1 << 22;
+
+/// Rows of a step whose indexer scores (one per compressed row of the context) are held at
+/// once (0 but for ratio 4).
+pub fn score_rows(s: &AttnShape, rows: usize) -> usize {
+    match s.ratio {
+        4 => rows.min((SCORE_FLOATS / s.n_comp().max(1)).max(1)),
+        _ => 0,
+    }
+}
+
+/// Floats of [`crate::Backend::dsv4_attention`]'s scratch over `rows` rows: the step's keys
+/// (rotated, f16-rounded), each row's first row of its sequence, and for ratio 4 the
+/// indexer's choices and a chunk of its scores.
+pub fn attention_scratch_floats(s: &AttnShape, rows: usize) -> usize {
+    let mut n = rows * (s.head_dim + 1);
+    if s.ratio == 4 {
+        n += rows * s.ix_top_k + score_rows(s, rows) * s.n_comp();
+    }
+    n
 }
 
 /// One layer's small weights, as f32.

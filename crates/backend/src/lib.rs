@@ -531,17 +531,18 @@ pub trait Backend {
         let _ = (x, p, rows, out);
         Err(self.missing(ExtraOp::Dsv4))
     }
-    /// A product per group of columns ([`dsv4::matmul_grouped`]): w [groups·R, C],
-    /// x [rows, groups·C], out [rows, groups·R].
+    /// A product per group of columns ([`dsv4::matmul_grouped`]): group g's weight `w[g]`
+    /// [R, C], x [rows, groups·C], out [rows, groups·R]; `scratch` holds
+    /// [`dsv4::grouped_scratch_floats`].
     fn matmul_grouped(
         &self,
-        w: &Self::Weight,
-        groups: usize,
+        w: &[Self::Weight],
         x: &Self::Buf,
         rows: usize,
         out: &mut Self::Buf,
+        scratch: &mut Self::Buf,
     ) -> Result<()> {
-        let _ = (w, groups, x, rows, out);
+        let _ = (w, x, rows, out, scratch);
         Err(self.missing(ExtraOp::Dsv4))
     }
     /// out = silu(min(gate, limit)) · clamp(up, −limit, limit) for n elements.
@@ -560,7 +561,7 @@ pub trait Backend {
     /// `state` holds the sequences' slots of [`dsv4::AttnShape::state_floats`]. With `kept`
     /// (its `buf` holding `planes` rows of [`dsv4::kept_floats`] per slot, as
     /// [`dsv4::Kept`] lays them out) each sequence's last rows keep what they overwrite, for
-    /// [`Backend::dsv4_rewind`].
+    /// [`Backend::dsv4_rewind`]. `scratch` holds [`dsv4::attention_scratch_floats`].
     #[allow(clippy::too_many_arguments)]
     fn dsv4_attention(
         &self,
@@ -570,9 +571,10 @@ pub trait Backend {
         x: dsv4::AttnInputs<'_, Self::Buf>,
         state: &mut Self::Buf,
         kept: Option<Snapshots<'_, Self::Buf>>,
+        scratch: &mut Self::Buf,
         out: &mut Self::Buf,
     ) -> Result<()> {
-        let _ = (step, s, w, x, state, kept, out);
+        let _ = (step, s, w, x, state, kept, scratch, out);
         Err(self.missing(ExtraOp::Dsv4))
     }
     /// [`dsv4::rewind`]: slot `slot` back to its state after row `row` of its last step's
@@ -595,7 +597,8 @@ pub trait Backend {
     }
     /// A DeepSeek-V4 MoE layer: [`Backend::moe`]'s contract with the experts chosen by
     /// [`dsv4::moe_route`] (sqrt-softplus scores, `bias` [n_expert] for the choice, or the
-    /// token's row of `hash`) and, where `clamp` > 0, the clamped SwiGLU.
+    /// token's row of `hash`, [n_vocab, n_used] expert ids as f32) and, where `clamp` > 0, the
+    /// clamped SwiGLU.
     #[allow(clippy::too_many_arguments)]
     fn moe_dsv4(
         &self,
@@ -604,7 +607,7 @@ pub trait Backend {
         w: MoeWeights<'_, Self::Weight>,
         p: &MoeParams,
         bias: Option<&Self::Weight>,
-        hash: Option<&[i32]>,
+        hash: Option<&Self::Buf>,
         clamp: f32,
         scratch: MoeScratch<'_, Self::Buf>,
         out: &mut Self::Buf,

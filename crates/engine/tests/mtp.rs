@@ -121,12 +121,7 @@ fn check<B: Backend + 'static>(
     tag: &str,
 ) {
     let mut failures = Vec::new();
-    // (CUDA refuses DeepSeek-V4 at load: the archs test checks it says so.)
-    let cuda = tag == "gpu";
-    for fx in fixtures()
-        .into_iter()
-        .filter(|fx| !(cuda && fx.preset.starts_with("tiny-deepseek4")))
-    {
+    for fx in fixtures() {
         let f = write(&fx, tag);
         let rows = block_rows(make(), &fx, &f);
         assert_eq!(rows.len(), fx.top.len(), "{}: rows", fx.name);
@@ -202,6 +197,9 @@ fn gpu_block_matches_llama_cpp() {
     let bound = |fx: &Fixture| match fx.ty.as_str() {
         "F32" => 0.05,
         _ if moe_q8(fx) => 3.6,
+        // DeepSeek-V4's block in Q8_0 (its experts and hyper-connections; first GPU run: to be
+        // measured).
+        _ if fx.preset.starts_with("tiny-deepseek4") => 1.0,
         _ => 0.4,
     };
     check(gpu, bound, 1.0, |fx| usize::from(moe_q8(fx)), "gpu");

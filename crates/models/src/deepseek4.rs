@@ -283,8 +283,8 @@ pub struct Dsv4Layer<B: Backend> {
     pub wq_b: B::Weight,
     pub wkv: B::Weight,
     pub kv_norm: B::Weight,
-    /// [groups · o_lora, n_head·head_dim / groups]
-    pub wo_a: B::Weight,
+    /// Per group, [o_lora, n_head·head_dim / groups] (rows of one tensor).
+    pub wo_a: Vec<B::Weight>,
     pub wo_b: B::Weight,
     /// fn, base, scale of the attention's and the FFN's hyper-connections.
     pub hc_attn: [B::Weight; 3],
@@ -299,8 +299,8 @@ pub struct Dsv4Layer<B: Backend> {
     pub up_exps: B::Weight,
     pub down_exps: B::Weight,
     pub bias: Option<B::Weight>,
-    /// `ffn_gate_tid2eid` [n_vocab, n_used] (the hash-routed layers).
-    pub hash: Option<Vec<i32>>,
+    /// `ffn_gate_tid2eid` [n_vocab, n_used] as f32 (the hash-routed layers).
+    pub hash: Option<B::Buf>,
     pub sh_gate: B::Weight,
     pub sh_up: B::Weight,
     pub sh_down: B::Weight,
@@ -394,7 +394,11 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: &Hparams) -> Result
             None
         };
         let (bias, hash) = if i < ds.hash_layers {
-            (None, Some(hash_table(f, i, hp, moe.n_used)?))
+            let ids = hash_table(f, i, hp, moe.n_used)?;
+            let ids: Vec<f32> = ids.iter().map(|&e| e as f32).collect();
+            let mut buf = b.buf(ids.len())?;
+            b.write(&mut buf, &ids)?;
+            (None, Some(buf))
         } else {
             (Some(w(&format!("blk.{i}.exp_probs_b.bias"), &[ne])?), None)
         };
@@ -407,13 +411,18 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: &Hparams) -> Result
             wkv: w(&n("attn_kv"), &[hd, d])?,
             kv_norm: w(&n("attn_kv_a_norm"), &[hd])?,
             wo_a: {
+                // Each group's rows of the one tensor.
                 let (t, ty) = crate::find(f, &wo_a_name, &wo_a_shape)?;
-                b.weight(
-                    &wo_a_name,
-                    ty,
-                    &[g * ol, gd],
-                    WeightBytes::whole(f.clone(), t),
-                )?
+                let rb = ty.row_bytes(gd).unwrap_or(0) as usize * ol as usize;
+                (0..g as usize)
+                    .map(|k| {
+                        let bytes = WeightBytes {
+                            range: Some((k * rb, rb)),
+                            ..WeightBytes::whole(f.clone(), t)
+                        };
+                        Ok(b.weight(&wo_a_name, ty, &[ol, gd], bytes)?)
+                    })
+                    .collect::<Result<Vec<_>>>()?
             },
             wo_b: w(&n("attn_output_b"), &[d, g * ol])?,
             hc_attn: hcw("attn")?,
@@ -489,6 +498,8 @@ pub struct Bufs<B: Backend> {
     iw: B::Buf,
     oa: B::Buf,
     sh: B::Buf,
+    /// The attention's and the grouped product's scratch (one at a time).
+    scratch: B::Buf,
 }
 
 impl<B: Backend> Bufs<B> {
@@ -518,13 +529,28 @@ impl<B: Backend> Bufs<B> {
         ]
     }
 
-    pub(crate) fn floats(hp: &Hparams, n: usize) -> usize {
-        n * Self::dims(hp).iter().sum::<usize>()
+    /// The scratch's floats: the widest layer's attention, or the grouped product.
+    fn scratch_floats(hp: &Hparams, n: usize, n_ctx: usize) -> usize {
+        let ds = hp.dsv4.as_ref().expect("deepseek4 hparams");
+        let grouped = quiver_backend::dsv4::grouped_scratch_floats(
+            n,
+            ds.o_groups,
+            hp.n_head * hp.head_dim / ds.o_groups.max(1),
+            ds.o_lora,
+        );
+        (0..hp.n_layer)
+            .map(|i| quiver_backend::dsv4::attention_scratch_floats(&ds.shape(hp, i, n_ctx), n))
+            .fold(grouped, usize::max)
+    }
+
+    pub(crate) fn floats(hp: &Hparams, n: usize, n_ctx: usize) -> usize {
+        n * Self::dims(hp).iter().sum::<usize>() + Self::scratch_floats(hp, n, n_ctx)
     }
 
     pub(crate) fn new(b: &B, hp: &Hparams, n: usize, n_ctx: usize) -> Result<Self> {
         let [a, c, e, g, h, i, j, k, l, m, o, p, q, r] = Self::dims(hp).map(|x| n * x.max(1));
         Ok(Bufs {
+            scratch: b.buf(Self::scratch_floats(hp, n, n_ctx).max(1))?,
             n_ctx,
             h: b.buf(a)?,
             h2: b.buf(c)?,
@@ -627,9 +653,10 @@ pub(crate) fn forward<B: Backend>(
                     buf,
                     planes: s.snap_planes,
                 }),
+                &mut bf.scratch,
                 &mut s.attn,
             )?;
-            b.matmul_grouped(&l.wo_a, ds.o_groups, &s.attn, n, &mut bf.oa)?;
+            b.matmul_grouped(&l.wo_a, &s.attn, n, &mut bf.oa, &mut bf.scratch)?;
             dump.put(b, "attn_derope", i, &s.attn, n * hp.n_head * hp.head_dim);
             b.matmul(&l.wo_b, &bf.oa, n, &mut s.o)?;
             dump.put(b, "attn_out", i, &s.o, n * d);
@@ -666,7 +693,7 @@ pub(crate) fn forward<B: Backend>(
                 },
                 &moe,
                 l.bias.as_ref(),
-                l.hash.as_deref(),
+                l.hash.as_ref(),
                 limit(ds.clamp_exp[i]),
                 MoeScratch {
                     logits: lg,

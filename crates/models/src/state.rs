@@ -275,6 +275,7 @@ impl<B: Backend> Model<B> {
                 .max(ff)
                 .max(qd)
                 .max(ple_all)
+                .max(hp.stream_width())
                 .max(match &hp.eagle3 {
                     Some(e) => (2 * hp.n_embd).max(3 * e.n_embd_tgt),
                     None if hp.mtp => 2 * hp.n_embd,
@@ -294,7 +295,7 @@ impl<B: Backend> Model<B> {
         // DeepSeek-V4's per-sequence state holds as many positions as a sequence can reach.
         let ds_ctx = n_slots.min(self.seq_ctx.unwrap_or(n_slots)).max(1);
         let ds_floats = match hp.dsv4 {
-            Some(_) => crate::deepseek4::Bufs::<B>::floats(hp, n) as u64,
+            Some(_) => crate::deepseek4::Bufs::<B>::floats(hp, n, ds_ctx) as u64,
             None => 0,
         };
         let ds_bytes = hp.dsv4.as_ref().map_or(0, |ds| ds.state_bytes(hp, ds_ctx));

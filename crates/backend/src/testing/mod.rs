@@ -182,6 +182,11 @@ pub trait Harness<B: Backend> {
         let _ = be;
         1e-5
     }
+    /// DeepSeek-V4's attention's relative error against the reference (which rounds q and the
+    /// running p·v sum to f16 as llama.cpp's CPU form does).
+    fn dsv4_attention_bound(&self, be: &B) -> f64 {
+        self.delta_net_bound(be)
+    }
     fn moe_bound(&self, be: &B, ty: GgmlType, n: usize) -> f64 {
         let _ = (be, n);
         if ty == GgmlType::F32 {
