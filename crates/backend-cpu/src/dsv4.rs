@@ -153,8 +153,15 @@ impl CpuBackend {
             for t in 0..rows {
                 xs[t * c..][..c].copy_from_slice(&x[t * groups * c + g * c..][..c]);
             }
-            self.mm
-                .run(w.ty, w.bytes(), r, c, &xs[..rows * c], rows, &mut ys[..rows * r])?;
+            self.mm.run(
+                w.ty,
+                w.bytes(),
+                r,
+                c,
+                &xs[..rows * c],
+                rows,
+                &mut ys[..rows * r],
+            )?;
             for t in 0..rows {
                 out[t * groups * r + g * r..][..r].copy_from_slice(&ys[t * r..][..r]);
             }

@@ -666,7 +666,17 @@ impl Backend for CpuBackend {
         scratch: MoeScratch<'_, Vec<f32>>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.moe_dsv4_cpu(step.batch, x, w, p, bias, hash.map(|h| &h[..]), clamp, scratch, out)
+        self.moe_dsv4_cpu(
+            step.batch,
+            x,
+            w,
+            p,
+            bias,
+            hash.map(|h| &h[..]),
+            clamp,
+            scratch,
+            out,
+        )
     }
 
     fn sigmoid_mul(

@@ -258,17 +258,30 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let (xs, ys) = (scratch.ptr(), scratch.ptr() + (4 * rows * groups * c) as u64);
+        let (xs, ys) = (
+            scratch.ptr(),
+            scratch.ptr() + (4 * rows * groups * c) as u64,
+        );
         let grid = |n: usize| (grid1(n, 256, 8192), 1, 1);
         for (g, wg) in w.iter().enumerate() {
-            let (xg, yg) = (xs + (4 * g * rows * c) as u64, ys + (4 * g * rows * r) as u64);
+            let (xg, yg) = (
+                xs + (4 * g * rows * c) as u64,
+                ys + (4 * g * rows * r) as u64,
+            );
             let n = rows * c;
             self.launch(
                 "ops",
                 "copy_cols",
                 grid(n),
                 (256, 1, 1),
-                args![x.ptr(), xg, n as i64, (groups * c) as i32, (g * c) as i32, c as i32],
+                args![
+                    x.ptr(),
+                    xg,
+                    n as i64,
+                    (groups * c) as i32,
+                    (g * c) as i32,
+                    c as i32
+                ],
             )?;
             self.mm(wg, xg, rows, yg)?;
             let n = rows * r;
@@ -277,7 +290,14 @@ impl CudaBackend {
                 "put_cols",
                 grid(n),
                 (256, 1, 1),
-                args![yg, out.ptr(), n as i64, r as i32, (groups * r) as i32, (g * r) as i32],
+                args![
+                    yg,
+                    out.ptr(),
+                    n as i64,
+                    r as i32,
+                    (groups * r) as i32,
+                    (g * r) as i32
+                ],
             )?;
         }
         Ok(())

@@ -356,6 +356,7 @@ impl CudaBackend {
 
     /// The experts' products of the rows `r` by `path`, each pair's output into ys (at its
     /// sorted row where the path sorts).
+    #[allow(clippy::too_many_arguments)]
     fn experts(
         &self,
         w: &MoeWeights<'_, CudaWeight>,
