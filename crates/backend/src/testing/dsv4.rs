@@ -186,7 +186,7 @@ fn swiglu<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng, notes: &mut N
 }
 
 fn moe<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng, notes: &mut Notes) {
-    let (ne, used, ff, d, rows, vocab) = (6, 2, 32, 48, 7, 10);
+    let (ne, used, ff, d, rows, vocab) = (6, 2, 32, 64, 7, 10);
     let p = MoeParams {
         n_expert: ne,
         n_used: used,
