@@ -98,7 +98,8 @@ enum Cmd {
         arch: Option<String>,
         /// Shape preset: smollm2-135m, llama3-1b, llama3-8b, gemma3-270m, gemma2-2b,
         /// qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen2.5-7b, qwen2.5-32b, phi3-mini,
-        /// gemma4-e2b, gemma4-26b-a4b, qwen3.5-0.8b, qwen3.5-0.8b-mtp, or a tiny parity model: tiny-llama,
+        /// gemma4-e2b, gemma4-26b-a4b, qwen3.5-0.8b, qwen3.5-0.8b-mtp, deepseek4-flash (`--layers N`
+        /// to fit one GPU), or a tiny parity model: tiny-llama,
         /// tiny-mistral3, tiny-qwen2, tiny-qwen3, tiny-qwen3moe, tiny-qwen35, tiny-qwen35moe, tiny-qwen35-mtp, tiny-qwen35moe-mtp,
         /// tiny-gemma2, tiny-gemma3, tiny-gemma4, tiny-gemma4moe, tiny-phi3, tiny-deepseek4,
         /// tiny-deepseek4-mtp; EAGLE-3 heads:

@@ -80,7 +80,56 @@ pub(crate) const TINY_DEEPSEEK4: Preset = Preset {
 
 /// [`TINY_DEEPSEEK4`] and the same with a multi-token-prediction block (window-only,
 /// score-routed: llama.cpp runs no hash-routed one).
+/// DeepSeek-V4-Flash's shape (284B parameters, 13B active: too large for one H200 at 4 bits;
+/// `--layers N` keeps its first N blocks): 43 blocks of 4096 with 64 query heads of 512 over one
+/// KV head (64 rotated dims), a window of 128, blocks of ratios 0, 0, 4, then 128 and 4 by
+/// turns; 256 experts of 2048 (6 a token) beside a shared one, the
+/// first three routed by token id; 4 hyper-connection streams; the output in 8 groups of rank
+/// 1024; the indexer's 64 heads of 128; YaRN (×16 over 65,536) on the compressed blocks' rope
+/// of base 160,000. Not in the sources read for it (public configs and recipes): q's rank
+/// (1024 here), the indexer's top-k (512), the SwiGLU limit (10) and the experts' scale (1.5).
+const DEEPSEEK4_FLASH: Preset = Preset {
+    name: "deepseek4-flash",
+    arch: "deepseek4",
+    n_vocab: 129_280,
+    n_embd: 4096,
+    n_layer: 43,
+    n_head: 64,
+    n_head_kv: 1,
+    n_ff: 2048,
+    n_ctx: 1 << 20,
+    rope_base: 10000.0,
+    head_dim: 512,
+    n_rot: 64,
+    rms_eps: 1e-6,
+    n_expert: 256,
+    n_expert_used: 6,
+    n_ff_exp: 2048,
+    n_ff_shexp: 2048,
+    sliding_window: 128,
+    yarn: (16.0, 65536),
+    dsv4: Some(Shape {
+        q_lora: 1024,
+        o_groups: 8,
+        o_lora: 1024,
+        hc: 4,
+        sinkhorn: 20,
+        ratios: &[
+            0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128,
+            4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4,
+        ],
+        indexer: (64, 128, 512),
+        hash_layers: 3,
+        clamp_exp: &[10.0],
+        clamp_shexp: &[10.0],
+        compress_rope_base: 160000.0,
+        expert_scale: 1.5,
+    }),
+    ..crate::BASE
+};
+
 pub(crate) const PRESETS: &[Preset] = &[
+    DEEPSEEK4_FLASH,
     TINY_DEEPSEEK4,
     Preset {
         name: "tiny-deepseek4-mtp",
