@@ -11,7 +11,7 @@ use crate::moe::DsRoute;
 use crate::weights::CudaWeight;
 use crate::{check, CudaBackend};
 use quiver_backend::dsv4::{self as ds, AttnInputs, AttnShape, AttnWeights, HcParams};
-use quiver_backend::{MoeParams, MoeScratch, MoeWeights, Result, SeqSpan, Snapshots, Step};
+use quiver_backend::{MoeParams, MoeScratch, MoeWeights, Result, Snapshots, Step};
 use quiver_gguf::GgmlType;
 
 /// The attention kernels' shape (kernels/dsv4.cu `DsAttn`).
@@ -45,23 +45,7 @@ struct DsAttn {
 impl DsAttn {
     fn new(s: &AttnShape, planes: usize, rows: usize) -> DsAttn {
         let (hd, cw, nc) = (s.head_dim, s.comp_width(), s.n_comp());
-        let ring = if s.ratio > 0 { s.ring() * cw } else { 0 };
-        let iw = if s.ratio == 4 { 8 * 2 * s.ix_dim } else { 0 };
-        let lens = [
-            s.raw_ring() * hd,
-            ring,
-            ring,
-            if s.ratio > 0 { nc * hd } else { 0 },
-            iw,
-            iw,
-            if s.ratio == 4 { nc * s.ix_dim } else { 0 },
-        ];
-        let mut off = [0i64; 7];
-        let mut at = 0;
-        for (o, l) in off.iter_mut().zip(lens) {
-            *o = at as i64;
-            at += l;
-        }
+        let off = ds::layout(s).map(|(at, _)| at as i64);
         DsAttn {
             hd: hd as i32,
             nh: s.n_head as i32,
@@ -388,7 +372,8 @@ impl CudaBackend {
             || format!("{rows} rows, ratio {}, head dim {hd}", s.ratio),
         )?;
         let detail = |d: String| quiver_backend::BackendError::Shape { op, detail: d };
-        check_slots(st.batch, s, state.len, kept.as_ref()).map_err(detail)?;
+        let k = kept.as_ref().map(|k| (k.planes, k.buf.len));
+        ds::check_step(st.batch, s, state.len, k).map_err(detail)?;
         let planes = kept.as_ref().map_or(0, |k| k.planes);
         let a = DsAttn::new(s, planes, rows);
         let (theta, ctheta) = (self.theta_ptr(&s.rope)?, self.theta_ptr(&s.comp_rope)?);
@@ -528,44 +513,5 @@ impl CudaBackend {
                 row as i32
             ],
         )
-    }
-}
-
-/// The step's sequences against the state (the reference's checks): distinct slots inside it,
-/// positions inside its context, distinct kept slots inside their buffer.
-fn check_slots(
-    batch: &quiver_backend::Batch,
-    s: &AttnShape,
-    state_len: usize,
-    kept: Option<&Snapshots<'_, CudaBuf>>,
-) -> std::result::Result<(), String> {
-    let sf = s.state_floats();
-    let seqs = &batch.seqs;
-    for (i, q) in seqs.iter().enumerate() {
-        if seqs[..i].iter().any(|o| o.state_slot == q.state_slot) {
-            return Err("two sequences of one step share a state slot".into());
-        }
-        if (q.state_slot as usize + 1) * sf > state_len {
-            return Err(format!(
-                "state slot {} past the state's {} slots",
-                q.state_slot,
-                state_len / sf.max(1)
-            ));
-        }
-        if let Some(k) = kept.filter(|_| q.kept_slot != SeqSpan::NOT_KEPT) {
-            if seqs[..i].iter().any(|o| o.kept_slot == q.kept_slot) {
-                return Err("two sequences of one step share a kept slot".into());
-            }
-            if (q.kept_slot as usize + 1) * k.planes * ds::kept_floats(s) > k.buf.len {
-                return Err(format!("a kept slot's {} rows past their buffer", k.planes));
-            }
-        }
-    }
-    match batch.positions.iter().find(|&&p| p as usize >= s.n_ctx) {
-        Some(p) => Err(format!(
-            "position {p} past the state's context of {}",
-            s.n_ctx
-        )),
-        None => Ok(()),
     }
 }

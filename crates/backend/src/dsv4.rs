@@ -512,7 +512,7 @@ fn compress(
 
 /// Where each part of a slot lies: (start, length) of the raw window, the compressor's value
 /// and score rings, its rows, the indexer's rings and its rows.
-fn layout(s: &AttnShape) -> [(usize, usize); 7] {
+pub fn layout(s: &AttnShape) -> [(usize, usize); 7] {
     let (hd, cw, nc) = (s.head_dim, s.comp_width(), s.n_comp());
     let ring = if s.ratio > 0 { s.ring() * cw } else { 0 };
     let iw = if s.ratio == 4 { 8 * 2 * s.ix_dim } else { 0 };
@@ -537,8 +537,27 @@ fn part(slot: &[f32], l: (usize, usize)) -> &[f32] {
 }
 
 /// Checks the step's sequences against the state: distinct slots inside it, positions inside
-/// the state's context.
-fn check_step(batch: &crate::Batch, s: &AttnShape, state_len: usize) -> Result<(), String> {
+/// the state's context, and with kept rows (`kept`: planes per kept slot and the buffer's
+/// floats) distinct kept slots inside their buffer.
+pub fn check_step(
+    batch: &crate::Batch,
+    s: &AttnShape,
+    state_len: usize,
+    kept: Option<(usize, usize)>,
+) -> Result<(), String> {
+    if let Some((planes, len)) = kept {
+        // (No allocation: this runs in every layer of every step.)
+        let seqs = &batch.seqs;
+        let kept = |i: usize| Some(seqs[i].kept_slot).filter(|&x| x != crate::SeqSpan::NOT_KEPT);
+        if (0..seqs.len()).any(|i| kept(i).is_some() && (0..i).any(|j| kept(j) == kept(i))) {
+            return Err("two sequences of one step share a kept slot".into());
+        }
+        let kf = kept_floats(s);
+        let past = |l: u32| (l as usize + 1) * planes * kf > len;
+        if (0..seqs.len()).any(|i| kept(i).is_some_and(past)) {
+            return Err(format!("a kept slot's {planes} rows past their buffer"));
+        }
+    }
     let sf = s.state_floats();
     let mut slots: Vec<u32> = batch.seqs.iter().map(|q| q.state_slot).collect();
     slots.sort_unstable();
@@ -574,20 +593,8 @@ pub fn attention_prepare(
     mut kept: Option<&mut Kept>,
     keys: &mut [f32],
 ) -> Result<(), String> {
-    check_step(batch, s, state.len())?;
-    if let Some(k) = kept.as_deref() {
-        // (No allocation: this runs in every layer of every step.)
-        let seqs = &batch.seqs;
-        let kept = |i: usize| Some(seqs[i].kept_slot).filter(|&x| x != crate::SeqSpan::NOT_KEPT);
-        if (0..seqs.len()).any(|i| kept(i).is_some() && (0..i).any(|j| kept(j) == kept(i))) {
-            return Err("two sequences of one step share a kept slot".into());
-        }
-        let kf = kept_floats(s);
-        let past = |l: u32| (l as usize + 1) * k.planes * kf > k.rows.len();
-        if (0..seqs.len()).any(|i| kept(i).is_some_and(past)) {
-            return Err(format!("a kept slot's {} rows past their buffer", k.planes));
-        }
-    }
+    let k = kept.as_deref().map(|k| (k.planes, k.rows.len()));
+    check_step(batch, s, state.len(), k)?;
     let hd = s.head_dim;
     let sf = s.state_floats();
     let angles = RopeAngles::new(&s.rope);
