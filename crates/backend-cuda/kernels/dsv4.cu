@@ -15,6 +15,21 @@ extern "C" __global__ void hc_expand(const float* __restrict__ x, float* __restr
     out[i] = x[t * d + (int)(i % d)];
 }
 
+// The grouped product's layouts (src/dsv4.rs matmul_grouped_kernel): row-major [rows, groups, w]
+// into group-major [groups, rows, w] (to_groups), or back. grid-stride, block 256.
+extern "C" __global__ void group_major(const float* __restrict__ src, float* __restrict__ dst, long long rows,
+                                       int groups, int w, int to_groups) {
+    pdl_begin();
+    const long long n = rows * groups * w;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long t = i / ((long long)groups * w);
+        const int g = (int)(i / w % groups), c = (int)(i % w);
+        const long long gm = ((long long)g * rows + t) * w + c;
+        if (to_groups) dst[gm] = src[i];
+        else dst[i] = src[gm];
+    }
+}
+
 // silu(min(gate, limit)) · clamp(up, −limit, limit). grid (ceil(n / 256)), block 256.
 extern "C" __global__ void swiglu_clamp(const float* __restrict__ gate, const float* __restrict__ up,
                                         float* __restrict__ out, long long n, float limit) {

@@ -219,7 +219,7 @@ impl CudaBackend {
     }
 
     /// Group g's columns of x through its weight, into its columns of out (the step's rows
-    /// gathered by group into the scratch, each group's product, the outputs put back).
+    /// laid out by group in the scratch, each group's product, the outputs laid back).
     pub(crate) fn matmul_grouped_kernel(
         &self,
         w: &[CudaWeight],
@@ -246,45 +246,32 @@ impl CudaBackend {
             scratch.ptr(),
             scratch.ptr() + (4 * rows * groups * c) as u64,
         );
-        let grid = |n: usize| (grid1(n, 256, 8192), 1, 1);
+        // x's groups as consecutive [rows, C] blocks, each group's product, the outputs back.
+        let layout = |src: u64, dst: u64, w: usize, to_groups: bool| {
+            self.launch(
+                "ops",
+                "group_major",
+                (grid1(rows * groups * w, 256, 8192), 1, 1),
+                (256, 1, 1),
+                args![
+                    src,
+                    dst,
+                    rows as i64,
+                    groups as i32,
+                    w as i32,
+                    to_groups as i32
+                ],
+            )
+        };
+        layout(x.ptr(), xs, c, true)?;
         for (g, wg) in w.iter().enumerate() {
             let (xg, yg) = (
                 xs + (4 * g * rows * c) as u64,
                 ys + (4 * g * rows * r) as u64,
             );
-            let n = rows * c;
-            self.launch(
-                "ops",
-                "copy_cols",
-                grid(n),
-                (256, 1, 1),
-                args![
-                    x.ptr(),
-                    xg,
-                    n as i64,
-                    (groups * c) as i32,
-                    (g * c) as i32,
-                    c as i32
-                ],
-            )?;
             self.mm(wg, xg, rows, yg)?;
-            let n = rows * r;
-            self.launch(
-                "ops",
-                "put_cols",
-                grid(n),
-                (256, 1, 1),
-                args![
-                    yg,
-                    out.ptr(),
-                    n as i64,
-                    r as i32,
-                    (groups * r) as i32,
-                    (g * r) as i32
-                ],
-            )?;
         }
-        Ok(())
+        layout(ys, out.ptr(), r, false)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -146,6 +146,7 @@ const OPS_KERNELS: &[&str] = &[
     "ds_commit",
     "ds_rewind",
     "moe_route_dsv4",
+    "group_major",
     "rms_norm",
     "rope_kv_write",
     "glu",
