@@ -142,6 +142,22 @@ fn default_serving_of_a_moe_model_equals_solo_runs() {
     }
 }
 
+/// DeepSeek-V4 on CUDA (its attention over the per-sequence state: the window, ratio-4 blocks
+/// with the indexer's top-k and a ratio-128 block; hash- and score-routed experts): 16 requests
+/// of 3 to 198 tokens served together, in steps of at most 64 tokens, each answer as alone.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn default_serving_of_deepseek4_equals_solo_runs() {
+    for ty in ["Q8_0", "Q4_K_M"] {
+        let prompts = |nv| {
+            (0..16)
+                .map(|i| common::ids(3 + 13 * i, 700 + i as u64, nv))
+                .collect()
+        };
+        serving_equals_solo(synth("tiny-deepseek4", ty), default_backend, prompts, 64);
+    }
+}
+
 fn default_backend() -> CudaBackend {
     CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap()
 }
