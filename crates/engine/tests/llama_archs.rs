@@ -211,7 +211,8 @@ fn cpu_matches_llama_cpp_on_its_test_models() {
 }
 
 /// On CUDA F32 is held to 0.05 (as in archs.rs); the MoE forms' per-expert gate/up scales have
-/// no CUDA kernels, so those files are refused at load (Qwen 3.5's run: kernels/delta.cu).
+/// no CUDA kernels, so those files are refused at load (Qwen 3.5's run: kernels/delta.cu;
+/// DeepSeek-V4's since 2026-12-06: kernels/dsv4.cu, not yet run on these files).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_matches_llama_cpp_on_its_test_models() {
@@ -219,6 +220,6 @@ fn gpu_matches_llama_cpp_on_its_test_models() {
     check(
         || CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap(),
         0.05,
-        &["llama-moe", "mistral3-moe", "qwen3moe-moe", "deepseek4"],
+        &["llama-moe", "mistral3-moe", "qwen3moe-moe"],
     );
 }
