@@ -377,7 +377,7 @@ fn synth_deepseek4_presets_read_as_written_with_and_without_their_block() {
     }
 }
 
-/// A backend without DeepSeek-V4's ops (as CUDA today): only its name and what it supports
+/// A backend without DeepSeek-V4's ops (as the parity mode): only its name and what it supports
 /// answer; the load must stop, in one line naming the op, before touching anything else.
 struct NoDsv4;
 
