@@ -174,9 +174,13 @@ fn parse_kv_type(s: &str) -> std::result::Result<KvType, String> {
 }
 
 /// The load log's KV line: the types, bytes per token (each layer and all), the pool's tokens
-/// and bytes.
+/// and bytes; for a model with no paged attention (DeepSeek-V4: its state line says what each
+/// sequence holds), that it has none.
 pub fn kv_summary(spec: &quiver_backend::KvSpec) -> String {
     let per_token = spec.bytes_per_token();
+    if per_token == 0 {
+        return "KV cache: none (no layer attends over paged KV)".into();
+    }
     let layers = spec.layers.len().max(1) as u64;
     let kv = KvTypes {
         k: spec.k,
@@ -662,6 +666,28 @@ mod tests {
         let ft = quiver_synth::file_type(ty).unwrap();
         quiver_synth::write(p, ft, 1, &path, 2, |_, _| {}).unwrap();
         GgufFile::open(&path).unwrap()
+    }
+
+    /// A model with no paged attention (DeepSeek-V4) says so, not "0 bytes per token".
+    #[test]
+    fn the_kv_line_says_when_no_layer_attends_over_paged_kv() {
+        let spec = |layers| quiver_backend::KvSpec {
+            k: quiver_backend::KvType::F16,
+            v: quiver_backend::KvType::F16,
+            block_size: 16,
+            n_slots: 64,
+            layers,
+        };
+        let none = kv_summary(&spec(Vec::new()));
+        assert_eq!(none, "KV cache: none (no layer attends over paged KV)");
+        let one = kv_summary(&spec(vec![quiver_backend::KvLayer {
+            n_head_kv: 2,
+            head_dim: 64,
+        }]));
+        assert!(
+            one.starts_with("KV cache f16: 512 bytes per token per layer"),
+            "{one}"
+        );
     }
 
     #[test]
