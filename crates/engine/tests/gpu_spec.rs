@@ -172,6 +172,18 @@ fn qwen35_speculation_on_the_gpu_rolls_the_recurrent_state_back() {
     assert!(p > 0, "qwen35 mtp: no proposals");
 }
 
+/// DeepSeek-V4 on the GPU: its own multi-token-prediction block (random, window-only) proposes;
+/// the attention keeps what each speculating row overwrites in the window and compressor rings
+/// and a rejected proposal writes them back (dsv4.cu `ds_rewind`), so the tokens are plain
+/// serving's, alone, together and under preemption (not yet run on a GPU).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn deepseek4_speculation_on_the_gpu_rolls_the_rings_back() {
+    let f = synth("tiny-deepseek4-mtp", "Q8_0", 7);
+    let (p, _) = same_answers(&f, spec(SpecType::Mtp, None), "deepseek4 mtp");
+    assert!(p > 0, "deepseek4 mtp: no proposals");
+}
+
 /// `quiver run --spec …` on the GPU: one sequence (`generate_spec`, the proposal verified as a
 /// step of several rows) gives the tokens of plain `generate` on the same backend, greedy and
 /// seeded, with prompt lookup, the target as its own draft (a second backend on the same GPU)
