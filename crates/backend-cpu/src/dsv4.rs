@@ -138,15 +138,12 @@ impl CpuBackend {
         scratch: &mut [f32],
     ) -> Result<()> {
         let groups = w.len();
-        let (r, c) = w.first().map_or((0, 0), |w| (w.rows, w.cols));
-        check(
-            "matmul_grouped",
-            groups > 0
-                && w.iter().all(|g| (g.rows, g.cols) == (r, c))
-                && x.len() >= rows * groups * c
-                && out.len() >= rows * groups * r
-                && scratch.len() >= dsv4::grouped_scratch_floats(rows, 1, c, r),
-            || format!("{groups} groups of [{r}, {c}] over {rows} rows"),
+        let shapes = w.iter().map(|g| (g.rows, g.cols));
+        let (r, c) = dsv4::grouped_shape(shapes, rows, x.len(), out.len(), scratch.len()).map_err(
+            |detail| quiver_backend::BackendError::Shape {
+                op: "matmul_grouped",
+                detail,
+            },
         )?;
         let (xs, ys) = scratch.split_at_mut(rows * c);
         for (g, w) in w.iter().enumerate() {

@@ -229,16 +229,14 @@ impl CudaBackend {
         scratch: &mut CudaBuf,
     ) -> Result<()> {
         let groups = w.len();
-        let (r, c) = w.first().map_or((0, 0), |w| (w.rows, w.cols));
-        check(
-            "matmul_grouped",
-            groups > 0
-                && w.iter().all(|g| (g.rows, g.cols) == (r, c))
-                && x.len >= rows * groups * c
-                && out.len >= rows * groups * r
-                && scratch.len >= ds::grouped_scratch_floats(rows, groups, c, r),
-            || format!("{groups} groups of [{r}, {c}] over {rows} rows"),
-        )?;
+        let shapes = w.iter().map(|g| (g.rows, g.cols));
+        let (r, c) =
+            ds::grouped_shape(shapes, rows, x.len, out.len, scratch.len).map_err(|detail| {
+                quiver_backend::BackendError::Shape {
+                    op: "matmul_grouped",
+                    detail,
+                }
+            })?;
         if rows == 0 {
             return Ok(());
         }

@@ -208,6 +208,35 @@ pub fn grouped_scratch_floats(rows: usize, groups: usize, cols: usize, out_rows:
     rows * groups * (cols + out_rows)
 }
 
+/// The grouped product's shapes checked (every group's weight [R, C] alike; x, out and the
+/// scratch long enough for `rows` rows): (R, C), or what is wrong.
+pub fn grouped_shape(
+    shapes: impl Iterator<Item = (usize, usize)>,
+    rows: usize,
+    x: usize,
+    out: usize,
+    scratch: usize,
+) -> Result<(usize, usize), String> {
+    let (mut groups, mut alike, mut rc) = (0, true, (0, 0));
+    for g in shapes {
+        if groups == 0 {
+            rc = g;
+        }
+        alike &= g == rc;
+        groups += 1;
+    }
+    let (r, c) = rc;
+    let ok = groups > 0
+        && alike
+        && x >= rows * groups * c
+        && out >= rows * groups * r
+        && scratch >= grouped_scratch_floats(rows, groups, c, r);
+    match ok {
+        true => Ok((r, c)),
+        false => Err(format!("{groups} groups of [{r}, {c}] over {rows} rows")),
+    }
+}
+
 /// out[t, g·R + r] = Σ_c w[g·R + r, c]·x[t, g·C + c]: a product per group of columns
 /// (`attn_output_a`), w: [groups·R, C], x: [rows, groups·C].
 pub fn matmul_grouped(w: &[f32], groups: usize, x: &[f32], rows: usize, out: &mut [f32]) {
@@ -761,3 +790,6 @@ pub fn attention(
     attention_commit(batch, s, state, kept, &keys);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
