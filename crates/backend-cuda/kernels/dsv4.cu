@@ -30,18 +30,6 @@ extern "C" __global__ void group_major(const float* __restrict__ src, float* __r
     }
 }
 
-// silu(min(gate, limit)) · clamp(up, −limit, limit). grid (ceil(n / 256)), block 256.
-extern "C" __global__ void swiglu_clamp(const float* __restrict__ gate, const float* __restrict__ up,
-                                        float* __restrict__ out, long long n, float limit) {
-    pdl_begin();
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float g = fminf(gate[i], limit);
-    const float u0 = up[i];
-    const float u = u0 != u0 ? u0 : fminf(fmaxf(u0, -limit), limit);
-    out[i] = __fdiv_rn(g, 1.f + expf(-g)) * u;
-}
-
 __device__ __forceinline__ float hc_sigmoid(float x) { return __fdiv_rn(1.f, 1.f + expf(-x)); }
 
 // One token's pre, post and comb weights from its mixes (quiver_backend::dsv4::hc_weights): pre
@@ -137,7 +125,7 @@ extern "C" __global__ void hc_post(const float* __restrict__ y, const float* __r
 // value and score rings, its rows, the indexer's rings and its rows.
 
 struct DsAttn {
-    int hd, nh, np, cnp, n_swa, raw_ring, ratio, ring, cw, nc, ih, id, top_k, kf, planes, score_rows;
+    int hd, nh, np, cnp, n_swa, raw_ring, ratio, ring, cw, nc, ih, id, top_k, kf, planes;
     long long sf;
     long long off[7];
     float eps, scale, mscale, cmscale;
@@ -192,14 +180,27 @@ __device__ double ds_block_sum(double v, double* red) {
     return s;
 }
 
-// Copies the ring rows position p writes (parts lo..hi of kept order: raw, comp value, comp score,
-// indexer value, indexer score) from the slot into kept row `row` (dsv4/rollback.rs Kept::keep).
+// The ring rows position p writes, in kept order (raw, comp value, comp score, indexer value,
+// indexer score; absent rings of length 0): their offsets in a slot and lengths
+// (dsv4/rollback.rs `ring_rows`).
+__device__ void ds_ring_rows(const DsAttn& a, long long p, long long at[5], int len[5]) {
+    const int ix = a.ratio == 4 ? 2 * a.id : 0, cw = a.ratio > 0 ? a.cw : 0, ring = a.ring ? a.ring : 1;
+    at[0] = a.off[0] + (p % a.raw_ring) * a.hd;
+    at[1] = a.off[1] + (p % ring) * cw;
+    at[2] = a.off[2] + (p % ring) * cw;
+    at[3] = a.off[4] + (p % 8) * ix;
+    at[4] = a.off[5] + (p % 8) * ix;
+    len[0] = a.hd;
+    len[1] = len[2] = cw;
+    len[3] = len[4] = ix;
+}
+
+// Copies parts lo..hi of the ring rows position p writes from the slot into kept row `row`
+// (dsv4/rollback.rs Kept::keep).
 __device__ void ds_keep(const DsAttn& a, const float* slot, float* row, long long p, int lo, int hi) {
-    const int ix = a.ratio == 4 ? 2 * a.id : 0, cw = a.ratio > 0 ? a.cw : 0;
-    const long long start[5] = {a.off[0] + (p % a.raw_ring) * a.hd, a.off[1] + (p % (a.ring ? a.ring : 1)) * cw,
-                                a.off[2] + (p % (a.ring ? a.ring : 1)) * cw, a.off[4] + (p % 8) * ix,
-                                a.off[5] + (p % 8) * ix};
-    const int len[5] = {a.hd, cw, cw, ix, ix};
+    long long start[5];
+    int len[5];
+    ds_ring_rows(a, p, start, len);
     int at = 0;
     for (int k = 0; k < lo; k++) at += len[k];
     for (int k = lo; k < hi; k++) {
@@ -567,13 +568,11 @@ extern "C" __global__ void ds_rewind(DsAttn a, float* __restrict__ state, const 
                                      long long slot, long long kslot, long long start, int len, int row) {
     pdl_begin();
     float* st = state + slot * a.sf;
-    const int ix = a.ratio == 4 ? 2 * a.id : 0, cw = a.ratio > 0 ? a.cw : 0, ring = a.ring ? a.ring : 1;
-    const int lens[5] = {a.hd, cw, cw, ix, ix};
     for (int r = len - 1; r > row; r--) {
-        const long long p = start + r;
         const float* src = kept + (kslot * a.planes + (r + a.planes - len)) * a.kf;
-        const long long at[5] = {a.off[0] + (p % a.raw_ring) * a.hd, a.off[1] + (p % ring) * cw,
-                                 a.off[2] + (p % ring) * cw, a.off[4] + (p % 8) * ix, a.off[5] + (p % 8) * ix};
+        long long at[5];
+        int lens[5];
+        ds_ring_rows(a, start + r, at, lens);
         int o = 0;
         for (int k = 0; k < 5; k++) {
             for (int i = threadIdx.x; i < lens[k]; i += blockDim.x) st[at[k] + i] = src[o + i];

@@ -21,6 +21,19 @@ impl CudaBackend {
         self.glu_code(act_code(act), gate, up, n, out)
     }
 
+    /// silu(min(gate, limit)) · clamp(up, −limit, limit) over `n` elements: the glu kernel with
+    /// the limit's act code.
+    pub(crate) fn swiglu_clamp_code(
+        &self,
+        limit: f32,
+        gate: u64,
+        up: u64,
+        n: usize,
+        out: u64,
+    ) -> Result<()> {
+        self.glu_code(clamp_code(limit)?, gate, up, n, out)
+    }
+
     /// The glu kernel by its act code (common.cuh `glu_fn`: a clamped SwiGLU's limit too).
     pub(crate) fn glu_code(&self, act: i32, gate: u64, up: u64, n: usize, out: u64) -> Result<()> {
         self.launch(
@@ -42,5 +55,33 @@ impl CudaBackend {
             (256, 1, 1),
             args![x.ptr(), n as i64, cap],
         )
+    }
+}
+
+/// common.cuh `glu_fn`'s act code of the clamped SwiGLU: the limit's f32 bits (a positive
+/// normal float, whose bits exceed the plain activations' codes 0 and 1).
+pub(crate) fn clamp_code(limit: f32) -> Result<i32> {
+    crate::check("swiglu_clamp", limit.is_normal() && limit > 0.0, || {
+        format!("SwiGLU limit {limit}")
+    })?;
+    Ok(limit.to_bits() as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limit's code lies past the plain activations' codes (glu_fn tells them apart by it);
+    /// no limit that is not a positive normal float has one.
+    #[test]
+    fn a_clamp_limit_codes_past_the_plain_activations() {
+        for limit in [f32::MIN_POSITIVE, 1e-6, 7.0, 1e30] {
+            let c = clamp_code(limit).unwrap();
+            assert!(c > act_code(Activation::GeGlu), "{limit}");
+            assert_eq!(f32::from_bits(c as u32), limit);
+        }
+        for limit in [0.0, -1.0, f32::NAN, f32::INFINITY, 1e-40] {
+            assert!(clamp_code(limit).is_err(), "{limit}");
+        }
     }
 }

@@ -231,7 +231,7 @@ impl Backend for CudaBackend {
         s: MoeScratch<'_, CudaBuf>,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.moe_fast(x, rows, w, p, s, out)
+        self.moe_routed(x, rows, w, p, s, out, None)
     }
 
     fn matmul(&self, w: &CudaWeight, x: &CudaBuf, rows_x: usize, out: &mut CudaBuf) -> Result<()> {

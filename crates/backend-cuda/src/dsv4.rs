@@ -33,7 +33,6 @@ struct DsAttn {
     top_k: i32,
     kf: i32,
     planes: i32,
-    score_rows: i32,
     sf: i64,
     off: [i64; 7],
     eps: f32,
@@ -43,7 +42,7 @@ struct DsAttn {
 }
 
 impl DsAttn {
-    fn new(s: &AttnShape, planes: usize, rows: usize) -> DsAttn {
+    fn new(s: &AttnShape, planes: usize) -> DsAttn {
         let (hd, cw, nc) = (s.head_dim, s.comp_width(), s.n_comp());
         let off = ds::layout(s).map(|(at, _)| at as i64);
         DsAttn {
@@ -62,7 +61,6 @@ impl DsAttn {
             top_k: s.ix_top_k as i32,
             kf: ds::kept_floats(s) as i32,
             planes: planes as i32,
-            score_rows: ds::score_rows(s, rows) as i32,
             sf: s.state_floats() as i64,
             off,
             eps: s.rms_eps,
@@ -124,13 +122,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        self.launch(
-            "ops",
-            "swiglu_clamp",
-            (grid1(n, 256, u32::MAX as usize), 1, 1),
-            (256, 1, 1),
-            args![gate.ptr(), up.ptr(), out.ptr(), n as i64, limit],
-        )
+        self.swiglu_clamp_code(limit, gate.ptr(), up.ptr(), n, out.ptr())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -360,7 +352,7 @@ impl CudaBackend {
         let k = kept.as_ref().map(|k| (k.planes, k.buf.len));
         ds::check_step(st.batch, s, state.len, k).map_err(detail)?;
         let planes = kept.as_ref().map_or(0, |k| k.planes);
-        let a = DsAttn::new(s, planes, rows);
+        let a = DsAttn::new(s, planes);
         let (theta, ctheta) = (self.theta_ptr(&s.rope)?, self.theta_ptr(&s.comp_rope)?);
         let view = st.ctx.view;
         let ptr = |b: Option<&CudaBuf>| b.map_or(0, |b| b.ptr());
@@ -400,7 +392,7 @@ impl CudaBackend {
             ],
         )?;
         if s.ratio == 4 {
-            let chunk = (a.score_rows as usize).max(1);
+            let chunk = ds::score_rows(s, rows).max(1);
             for r0 in (0..rows).step_by(chunk) {
                 self.launch_smem(
                     "ops",
@@ -481,7 +473,7 @@ impl CudaBackend {
         if undo == 0 {
             return Ok(());
         }
-        let a = DsAttn::new(s, planes, 1);
+        let a = DsAttn::new(s, planes);
         self.launch(
             "ops",
             "ds_rewind",

@@ -133,18 +133,6 @@ pub(crate) struct DsRoute {
 }
 
 impl CudaBackend {
-    pub(crate) fn moe_fast(
-        &self,
-        x: &CudaBuf,
-        rows: usize,
-        w: MoeWeights<'_, CudaWeight>,
-        p: &MoeParams,
-        s: MoeScratch<'_, CudaBuf>,
-        out: &mut CudaBuf,
-    ) -> Result<()> {
-        self.moe_routed(x, rows, w, p, s, out, None)
-    }
-
     /// The MoE op, routed by `moe_route` or (`ds`) DeepSeek-V4's routing.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_routed(
@@ -216,11 +204,7 @@ impl CudaBackend {
         match ds {
             Some(r) => {
                 if r.clamp > 0.0 {
-                    // glu_fn's code of the clamped SwiGLU: the limit's bits (a positive normal).
-                    check("moe", r.clamp.is_normal(), || {
-                        format!("SwiGLU limit {}", r.clamp)
-                    })?;
-                    act = r.clamp.to_bits() as i32;
+                    act = crate::activation::clamp_code(r.clamp)?;
                 }
                 self.launch(
                     "ops",

@@ -137,7 +137,6 @@ const OPS_KERNELS: &[&str] = &[
     "dn_rule",
     "sigmoid_mul",
     "hc_expand",
-    "swiglu_clamp",
     "hc_pre",
     "hc_post",
     "ds_prepare",
