@@ -32,34 +32,56 @@ __device__ __forceinline__ bool dn_first(BatchView b, int rows, int r, int& end)
 __device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x)); }
 
 // The causal convolution (taps oldest first) then SiLU, in place over x ([rows, C]), channel by
-// channel; the state keeps the last k - 1 inputs. grid (rows, ceil(C / 256)), block 256.
+// channel; the state keeps the last k - 1 inputs. A thread owns one channel of one sequence and
+// reads DN_CONV_ROWS rows ahead of its writes (it alone touches that channel, so in place is
+// safe), so that the loads of a long prompt overlap. The window holds the newest input at slot 7
+// and the taps align to its end: slot 8 - k + i is tap i. grid (rows, ceil(C / 64)), block 64.
+#define DN_CONV_ROWS 16
 extern "C" __global__ void dn_conv(BatchView b, int rows, float* __restrict__ x, int C, const float* __restrict__ w,
                                    int k, float* __restrict__ state, long long per, float* __restrict__ snap,
                                    int planes) {
     pdl_begin();
     int end;
-    const int r = blockIdx.x, ch = blockIdx.y * 256 + threadIdx.x;
+    const int r = blockIdx.x, ch = blockIdx.y * 64 + threadIdx.x;
     if (ch >= C || !dn_first(b, rows, r, end)) return;
     const long long slot = b.state_slot[b.seq[r]];
     const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
     float* st = state + slot * per;
     const bool fresh = b.pos[r] == 0;
-    // The window: k - 1 earlier inputs, then the current one (at most 8 taps).
+    const float* wc = w + (long long)ch * k - (8 - k);  // wc[q] is the tap of slot q
+    // The k - 1 earlier inputs at slots 9 - k .. 7, oldest first (the newest goes in at 7 after
+    // the shift).
     float win[8];
-    for (int i = 0; i < k - 1; i++) win[i] = fresh ? 0.f : st[(long long)i * C + ch];
-    for (int t = r; t < end; t++) {
-        win[k - 1] = x[(long long)t * C + ch];
-        float s = 0.f;
-        for (int i = 0; i < k; i++) s += win[i] * w[ch * k + i];
-        x[(long long)t * C + ch] = dn_silu(s);
-        for (int i = 0; i + 1 < k; i++) win[i] = win[i + 1];
-        const int j = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
-        if (j >= 0) {
-            float* kept = snap + ((long long)kslot * planes + j) * per;
-            for (int i = 0; i < k - 1; i++) kept[(long long)i * C + ch] = win[i];
+#pragma unroll
+    for (int q = 0; q < 8; q++) win[q] = (q >= 9 - k && !fresh) ? st[(long long)(q - (9 - k)) * C + ch] : 0.f;
+    for (int t0 = r; t0 < end; t0 += DN_CONV_ROWS) {
+        float in[DN_CONV_ROWS];
+#pragma unroll
+        for (int u = 0; u < DN_CONV_ROWS; u++) in[u] = t0 + u < end ? x[(long long)(t0 + u) * C + ch] : 0.f;
+#pragma unroll
+        for (int u = 0; u < DN_CONV_ROWS; u++) {
+            const int t = t0 + u;
+            if (t >= end) break;
+#pragma unroll
+            for (int q = 0; q < 7; q++) win[q] = win[q + 1];
+            win[7] = in[u];
+            float s = 0.f;
+#pragma unroll
+            for (int q = 0; q < 8; q++)
+                if (q >= 8 - k) s += win[q] * wc[q];
+            x[(long long)t * C + ch] = dn_silu(s);
+            const int j = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
+            if (j >= 0) {
+                float* kept = snap + ((long long)kslot * planes + j) * per;
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (q >= 9 - k) kept[(long long)(q - (9 - k)) * C + ch] = win[q];
+            }
         }
     }
-    for (int i = 0; i < k - 1; i++) st[(long long)i * C + ch] = win[i];
+#pragma unroll
+    for (int q = 0; q < 8; q++)
+        if (q >= 9 - k) st[(long long)(q - (9 - k)) * C + ch] = win[q];
 }
 
 // The L2 norm of each q and k head (the first 2·nk·S columns of each row of x, [rows, C]):
@@ -77,62 +99,104 @@ extern "C" __global__ void dn_norm(float* __restrict__ x, int C, int S, float ep
 
 // The gated delta rule of one sequence and value head: per token, M ← M·e^g, δ_j = (v_j −
 // Σ_i M[j][i] k_i)·β, M[j][i] += δ_j k_i, o_j = Σ_i M[j][i] q_i / √S; g = softplus(α + dt_bias)·a,
-// β = σ(β raw). Thread j holds the matrix's row j (in shared memory as column j, so that the
-// threads' reads at one i fall in consecutive banks). grid (rows, value heads), block S,
-// dynamic smem (S·S + 2·S) floats.
-extern "C" __global__ void dn_rule(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S,
-                                   const float* __restrict__ alpha, const float* __restrict__ beta,
-                                   const float* __restrict__ dt_bias, const float* __restrict__ a,
-                                   float* __restrict__ state, long long per, long long conv_floats,
-                                   float* __restrict__ snap, int planes, float* __restrict__ out) {
-    pdl_begin();
-    extern __shared__ float dsm[];
+// β = σ(β raw). Rows j of M are independent of each other: lane j of warp z holds row 32·z + j in
+// registers (SM ≥ S values, the loops unrolled over SM with i < S), the token's q and k go
+// through the warp's shared memory, and the next token's inputs are loaded while this one's
+// sums run. grid (rows, value heads, ceil(S / 32)), block 32.
+template <int SM>
+__device__ __forceinline__ void dn_rule_rows(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S,
+                                             const float* __restrict__ alpha, const float* __restrict__ beta,
+                                             const float* __restrict__ dt_bias, const float* __restrict__ a,
+                                             float* __restrict__ state, long long per, long long conv_floats,
+                                             float* __restrict__ snap, int planes, float* __restrict__ out) {
+    __shared__ float qk[2][2][SM];  // [token parity][q, k][i]
+    constexpr int PER = (SM + 31) / 32;  // q and k values a lane copies
     int end;
-    const int r = blockIdx.x, h = blockIdx.y, hv = gridDim.y, j = threadIdx.x;
+    const int r = blockIdx.x, h = blockIdx.y, hv = gridDim.y, lane = threadIdx.x, j = blockIdx.z * 32 + lane;
     if (!dn_first(b, rows, r, end)) return;
-    float* m = dsm;  // m[i·S + j] = M[j][i]
-    float* qs = dsm + S * S;
-    float* ks = qs + S;
+    const bool live = j < S;
     const long long slot = b.state_slot[b.seq[r]];
     const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
     float* mat = state + slot * per + conv_floats + (long long)h * S * S;
     const bool fresh = b.pos[r] == 0;
-    for (int i = 0; i < S; i++) m[i * S + j] = fresh ? 0.f : mat[(long long)j * S + i];
+    float m[SM];
+#pragma unroll
+    for (int i = 0; i < SM; i++) m[i] = (live && i < S && !fresh) ? mat[(long long)j * S + i] : 0.f;
     const int kh = h % nk, kd = nk * S;
     const float scale = 1.f / sqrtf((float)S);
-    for (int t = r; t < end; t++) {
+    // Token t's q and k into buffer t & 1 (cp.async: no registers), its v, α and β into nv, na, nb.
+    float nv = 0.f, na, nb;
+    auto fetch = [&](int t) {
         const float* row = x + (long long)t * C;
-        __syncthreads();
-        qs[j] = row[kh * S + j];
-        ks[j] = row[kd + kh * S + j];
-        __syncthreads();
-        const float v = row[2 * kd + h * S + j];
-        const float al = alpha[(long long)t * hv + h] + dt_bias[h];
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int i = u * 32 + lane;
+            if (i < SM) {
+                cp_async4(&qk[t & 1][0][i], row + kh * S + (i < S ? i : 0), i < S);
+                cp_async4(&qk[t & 1][1][i], row + kd + kh * S + (i < S ? i : 0), i < S);
+            }
+        }
+        cp_async_commit();
+        if (live) nv = row[2 * kd + h * S + j];
+        na = alpha[(long long)t * hv + h];
+        nb = beta[(long long)t * hv + h];
+    };
+    fetch(r);
+    for (int t = r; t < end; t++) {
+        const float v = nv, al = na + dt_bias[h], braw = nb;
+        cp_async_wait<0>();
+        __syncwarp();  // token t's q and k in, every lane past token t - 1 (whose buffer t + 1 takes)
+        if (t + 1 < end) fetch(t + 1);
+        const float* qs = qk[t & 1][0];
+        const float* ks = qk[t & 1][1];
         const float sp = al > 20.f ? al : logf(1.f + expf(al));
         const float decay = expf(sp * a[h]);
-        const float bt = 1.f / (1.f + expf(-beta[(long long)t * hv + h]));
+        const float bt = 1.f / (1.f + expf(-braw));
         float dk = 0.f;
-        for (int i = 0; i < S; i++) {
-            const float e = m[i * S + j] * decay;
-            m[i * S + j] = e;
-            dk += e * ks[i];
-        }
+#pragma unroll
+        for (int i = 0; i < SM; i++)
+            if (i < S) {
+                const float e = m[i] * decay;
+                m[i] = e;
+                dk += e * ks[i];
+            }
         const float d = (v - dk) * bt;
         float o = 0.f;
-        for (int i = 0; i < S; i++) {
-            const float e = m[i * S + j] + d * ks[i];
-            m[i * S + j] = e;
-            o += e * qs[i];
-        }
-        out[(long long)t * hv * S + h * S + j] = o * scale;
+#pragma unroll
+        for (int i = 0; i < SM; i++)
+            if (i < S) {
+                const float e = m[i] + d * ks[i];
+                m[i] = e;
+                o += e * qs[i];
+            }
+        if (live) out[(long long)t * hv * S + h * S + j] = o * scale;
         const int pl = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
-        if (pl >= 0) {
+        if (pl >= 0 && live) {
             float* kept = snap + ((long long)kslot * planes + pl) * per + conv_floats + (long long)h * S * S;
-            for (int i = 0; i < S; i++) kept[(long long)j * S + i] = m[i * S + j];
+#pragma unroll
+            for (int i = 0; i < SM; i++)
+                if (i < S) kept[(long long)j * S + i] = m[i];
         }
     }
-    for (int i = 0; i < S; i++) mat[(long long)j * S + i] = m[i * S + j];
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < SM; i++)
+            if (i < S) mat[(long long)j * S + i] = m[i];
+    }
 }
+
+#define DN_RULE(SM)                                                                                                 \
+    extern "C" __global__ void dn_rule_##SM(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S, \
+                                            const float* __restrict__ alpha, const float* __restrict__ beta,         \
+                                            const float* __restrict__ dt_bias, const float* __restrict__ a,          \
+                                            float* __restrict__ state, long long per, long long conv_floats,         \
+                                            float* __restrict__ snap, int planes, float* __restrict__ out) {         \
+        pdl_begin();                                                                                                \
+        dn_rule_rows<SM>(b, rows, x, C, nk, S, alpha, beta, dt_bias, a, state, per, conv_floats, snap, planes, out); \
+    }
+DN_RULE(32)
+DN_RULE(64)
+DN_RULE(128)
 
 // x[r, c] *= σ(gate[r, c]), or σ(gate[r]) with per_row. grid (ceil(rows·cols / 256)), block 256.
 extern "C" __global__ void sigmoid_mul(float* __restrict__ x, const float* __restrict__ gate, long long rows,

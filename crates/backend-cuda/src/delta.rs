@@ -11,6 +11,8 @@ use quiver_backend::{DeltaNetParams, DeltaNetWeights, Result, Step};
 
 /// Widest convolution the kernel's window holds.
 const MAX_CONV: usize = 8;
+/// Widest head the delta rule's registers hold (a lane holds a row of the head's matrix).
+const MAX_HEAD: usize = 128;
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
@@ -41,7 +43,7 @@ impl CudaBackend {
                 && w.dt_bias.cols == hv
                 && w.a.cols == hv
                 && p.conv_kernel <= MAX_CONV
-                && s <= 1024,
+                && s <= MAX_HEAD,
             || format!("{rows} rows of {c} channels, {hv} value heads of {s}"),
         )?;
         let per = p.state_floats();
@@ -86,8 +88,8 @@ impl CudaBackend {
         self.launch(
             "ops",
             "dn_conv",
-            (rows as u32, c.div_ceil(256) as u32, 1),
-            (256, 1, 1),
+            (rows as u32, c.div_ceil(64) as u32, 1),
+            (64, 1, 1),
             args![
                 view,
                 rows as i32,
@@ -108,12 +110,16 @@ impl CudaBackend {
             (32, 1, 1),
             args![qkv.ptr(), c as i32, s as i32, p.eps],
         )?;
-        self.launch_smem(
+        let rule = match s {
+            0..=32 => "dn_rule_32",
+            33..=64 => "dn_rule_64",
+            _ => "dn_rule_128",
+        };
+        self.launch(
             "ops",
-            "dn_rule",
-            (rows as u32, hv as u32, 1),
-            (s as u32, 1, 1),
-            ((s * s + 2 * s) * 4) as u32,
+            rule,
+            (rows as u32, hv as u32, s.div_ceil(32) as u32),
+            (32, 1, 1),
             args![
                 view,
                 rows as i32,

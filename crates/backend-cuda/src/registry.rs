@@ -134,7 +134,9 @@ fn kvq_pair(module: &str) -> Option<(KvType, KvType)> {
 const OPS_KERNELS: &[&str] = &[
     "dn_conv",
     "dn_norm",
-    "dn_rule",
+    "dn_rule_32",
+    "dn_rule_64",
+    "dn_rule_128",
     "sigmoid_mul",
     "hc_expand",
     "hc_pre",

@@ -11,18 +11,37 @@ use crate::{Backend, Batch, DeltaNetParams, DeltaNetWeights, SeqSpan};
 
 pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) -> Notes {
     let mut notes = Notes::default();
+    // Head widths of one warp, part of one (16: idle lanes) and of four (Qwen 3.5's 128); the
+    // first prompt long enough for several of the convolution's read-ahead rounds.
+    for (head, conv, first) in [(32, 4, 7), (16, 3, 37), (128, 4, 20)] {
+        let p = DeltaNetParams {
+            n_k_heads: 2,
+            n_v_heads: 4,
+            head_k: head,
+            head_v: head,
+            conv_kernel: conv,
+            eps: 1e-6,
+        };
+        rule_case(be, h, rng, &mut notes, &p, first);
+    }
+    sigmoid_case(be, h, rng, &mut notes);
+    notes
+}
+
+/// One step of three sequences (the first `first` tokens long) through the delta net.
+fn rule_case<B: Backend, H: Harness<B>>(
+    be: &mut B,
+    h: &H,
+    rng: &mut Rng,
+    notes: &mut Notes,
+    p: &DeltaNetParams,
+    first: usize,
+) {
     let bound = h.delta_net_bound(be);
-    let p = DeltaNetParams {
-        n_k_heads: 2,
-        n_v_heads: 4,
-        head_k: 32,
-        head_v: 32,
-        conv_kernel: 4,
-        eps: 1e-6,
-    };
+    let p = *p;
     let (c, hv, vd, per) = (p.channels(), p.n_v_heads, p.value_dim(), p.state_floats());
     // (slot, position of the first token, tokens); slot 1 is nobody's.
-    let seqs = [(2usize, 0usize, 7usize), (0, 6, 5), (3, 9, 1)];
+    let seqs = [(2usize, 0usize, first), (0, 6, 5), (3, 9, 1)];
     let n: usize = seqs.iter().map(|s| s.2).sum();
     let qkv = rng.vec(n * c);
     let alpha = rng.vec(n * hv);
@@ -169,6 +188,11 @@ pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) ->
         state0[per..2 * per],
         "a slot no sequence names changed"
     );
+}
+
+/// `sigmoid_mul` against its definition.
+fn sigmoid_case<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng, notes: &mut Notes) {
+    let bound = h.delta_net_bound(be);
     // sigmoid_mul, element by element and one gate per row.
     let (rows, cols) = (5, 48);
     let xs = rng.vec(rows * cols);
@@ -187,5 +211,4 @@ pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) ->
             || format!("per row {per_row}"),
         );
     }
-    notes
 }
