@@ -32,70 +32,88 @@ extern "C" __global__ void group_major(const float* __restrict__ src, float* __r
 
 __device__ __forceinline__ float hc_sigmoid(float x) { return __fdiv_rn(1.f, 1.f + expf(-x)); }
 
-// One token's pre, post and comb weights from its mixes (quiver_backend::dsv4::hc_weights): pre
-// into pre[hc]; unless `head`, post then comb[src·hc + dst] into pc.
-__device__ void hc_weights(const float* mixes, const float* scale, const float* base, int hc, float eps,
-                           int iters, bool head, float* pre, float* pc) {
-    for (int h = 0; h < hc; h++) pre[h] = hc_sigmoid(__fmul_rn(mixes[h], scale[0]) + base[h]) + eps;
-    if (head) return;
-    for (int h = 0; h < hc; h++) pc[h] = 2.f * hc_sigmoid(__fmul_rn(mixes[hc + h], scale[1]) + base[hc + h]);
+// One token's pre, post and comb weights from its mixes (quiver_backend::dsv4::hc_weights), by
+// one warp: lane l owns comb elements l and l + 32 (src e / hc, dst e % hc) and computes each in
+// the reference's operations, every sum in its order (a row's or column's sum is computed alike by
+// each lane of that row or column, from the values before the phase: the serial form's bits);
+// pre into pre[hc]; unless `head`, post then comb[src·hc + dst] into pc (shared memory).
+__device__ void hc_weights_warp(const float* mixes, const float* scale, const float* base, int hc, float eps,
+                                int iters, bool head, float* pre, float* pc) {
+    const int lane = threadIdx.x & 31, n = hc * hc;
+    if (lane < hc) pre[lane] = hc_sigmoid(__fmul_rn(mixes[lane], scale[0]) + base[lane]) + eps;
+    if (head) {
+        __syncwarp();
+        return;
+    }
+    if (lane < hc) pc[lane] = 2.f * hc_sigmoid(__fmul_rn(mixes[hc + lane], scale[1]) + base[hc + lane]);
     float* comb = pc + hc;
-    for (int i = 0; i < hc * hc; i++) comb[i] = fmaf(mixes[2 * hc + i], scale[2], base[2 * hc + i]);
-    for (int s = 0; s < hc; s++) {
-        float* row = comb + s * hc;
+    for (int e = lane; e < n; e += 32) comb[e] = fmaf(mixes[2 * hc + e], scale[2], base[2 * hc + e]);
+    __syncwarp();
+    // Softmax over dst per src row, + eps.
+    float v[2];
+    for (int k = 0, e = lane; k < 2; k++, e += 32) {
+        if (e >= n) break;
+        const float* row = comb + e / hc * hc;
         float m = __int_as_float(0xff800000);
         for (int j = 0; j < hc; j++) m = fmaxf(m, row[j]);
         float sum = 0.f;
-        for (int j = 0; j < hc; j++) {
-            row[j] = expf(row[j] - m);
-            sum += row[j];
-        }
-        const float inv = __fdiv_rn(1.f, sum);
-        for (int j = 0; j < hc; j++) row[j] = fmaf(row[j], inv, eps);
+        for (int j = 0; j < hc; j++) sum += expf(row[j] - m);
+        v[k] = fmaf(expf(comb[e] - m), __fdiv_rn(1.f, sum), eps);
     }
+    __syncwarp();
+    for (int k = 0, e = lane; k < 2 && e < n; k++, e += 32) comb[e] = v[k];
+    __syncwarp();
     for (int it = 0; it < iters; it++) {
-        if (it > 0) {
-            for (int s = 0; s < hc; s++) {
+        for (int cols = it == 0 ? 1 : 0; cols < 2; cols++) {
+            for (int k = 0, e = lane; k < 2; k++, e += 32) {
+                if (e >= n) break;
+                const int s0 = cols ? e % hc : e / hc * hc, step = cols ? hc : 1;
                 float sum = eps;
-                for (int j = 0; j < hc; j++) sum += comb[s * hc + j];
-                const float inv = __fdiv_rn(1.f, sum);
-                for (int j = 0; j < hc; j++) comb[s * hc + j] = __fmul_rn(comb[s * hc + j], inv);
+                for (int j = 0; j < hc; j++) sum += comb[s0 + j * step];
+                v[k] = __fmul_rn(comb[e], __fdiv_rn(1.f, sum));
             }
-        }
-        for (int dst = 0; dst < hc; dst++) {
-            float sum = eps;
-            for (int s = 0; s < hc; s++) sum += comb[s * hc + dst];
-            const float inv = __fdiv_rn(1.f, sum);
-            for (int s = 0; s < hc; s++) comb[s * hc + dst] = __fmul_rn(comb[s * hc + dst], inv);
+            __syncwarp();
+            for (int k = 0, e = lane; k < 2 && e < n; k++, e += 32) comb[e] = v[k];
+            __syncwarp();
         }
     }
 }
 
 // A block's (or, with `head`, the output head's) input from the hc streams: out[t, c] =
 // Σ_h pre[h]·x[t, h·d + c] (the block's fused, the head's products then sums), and the block's
-// post and comb weights into pc [rows, hc + hc²]. grid (rows), block 256.
+// post and comb weights into pc [rows, hc + hc²]. Each block's first warp makes the token's
+// weights (the same bits in every block of the row), then the block takes HC_COLS columns.
+// grid (rows, ceil(d / HC_COLS)), block 128.
+#define HC_COLS 512
 extern "C" __global__ void hc_pre(const float* __restrict__ x, const float* __restrict__ mixes,
                                   const float* __restrict__ scale, const float* __restrict__ base,
                                   float* __restrict__ out, float* __restrict__ pc, int hc, int d, float eps, int iters,
                                   int head) {
     pdl_begin();
-    __shared__ float pre[HC_MAX];
+    __shared__ float pre[HC_MAX], w[HC_MAX + HC_MAX * HC_MAX];
     const long long t = blockIdx.x;
     const int md = head ? hc : (2 + hc) * hc, pcd = hc + hc * hc;
-    if (threadIdx.x == 0) {
-        float w[HC_MAX + HC_MAX * HC_MAX];
-        hc_weights(mixes + t * md, scale, base, hc, eps, iters, head != 0, pre, w);
-        if (!head)
-            for (int i = 0; i < pcd; i++) pc[t * pcd + i] = w[i];
-    }
+    if (threadIdx.x < 32) hc_weights_warp(mixes + t * md, scale, base, hc, eps, iters, head != 0, pre, w);
     __syncthreads();
+    if (!head && blockIdx.y == 0)
+        for (int i = threadIdx.x; i < pcd; i += blockDim.x) pc[t * pcd + i] = w[i];
     const float* xt = x + t * hc * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float acc = 0.f;
-        for (int h = 0; h < hc; h++)
-            acc = head ? __fadd_rn(acc, __fmul_rn(xt[h * d + c], pre[h])) : fmaf(xt[h * d + c], pre[h], acc);
-        out[t * d + c] = acc;
+    constexpr int PER = HC_COLS / 128;
+    float acc[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) acc[u] = 0.f;
+    const int c0 = blockIdx.y * HC_COLS + threadIdx.x;
+    for (int h = 0; h < hc; h++) {
+        float xv[PER];
+#pragma unroll
+        for (int u = 0; u < PER; u++) xv[u] = c0 + u * 128 < d ? xt[h * d + c0 + u * 128] : 0.f;
+#pragma unroll
+        for (int u = 0; u < PER; u++)
+            acc[u] = head ? __fadd_rn(acc[u], __fmul_rn(xv[u], pre[h])) : fmaf(xv[u], pre[h], acc[u]);
     }
+#pragma unroll
+    for (int u = 0; u < PER; u++)
+        if (c0 + u * 128 < d) out[t * d + c0 + u * 128] = acc[u];
 }
 
 // A block's output streams: out[t, dst·d + c] = post[dst]·y[t, c] + Σ_src comb[src][dst]·

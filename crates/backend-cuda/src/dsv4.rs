@@ -74,6 +74,8 @@ impl DsAttn {
 /// Head dims the head kernel holds (4 values a thread of 128).
 const MAX_HEAD_DIM: usize = 512;
 
+/// Columns a block of `hc_pre` takes (kernels/dsv4.cu `HC_COLS`).
+const HC_COLS: usize = 512;
 /// Streams the kernels hold per token (kernels/dsv4.cu `HC_MAX`).
 const HC_MAX: usize = 8;
 
@@ -157,8 +159,8 @@ impl CudaBackend {
         self.launch(
             "ops",
             "hc_pre",
-            (rows as u32, 1, 1),
-            (256, 1, 1),
+            (rows as u32, p.d.div_ceil(HC_COLS) as u32, 1),
+            (128, 1, 1),
             args![
                 x.ptr(),
                 mixes.ptr(),
