@@ -43,12 +43,28 @@ fn hyper_connections<B: Backend, H: Harness<B>>(
     bound: f64,
     notes: &mut Notes,
 ) {
-    let p = HcParams {
-        hc: 4,
-        d: 48,
-        eps: 1e-6,
-        iters: 20,
-    };
+    // Four streams (DeepSeek-V4's) and eight (comb elements past a warp's lanes), rows of one
+    // block's columns and of several.
+    for (hc, d) in [(4, 48), (8, 1100)] {
+        let p = HcParams {
+            hc,
+            d,
+            eps: 1e-6,
+            iters: 20,
+        };
+        hc_case(be, h, rng, bound, notes, &p);
+    }
+}
+
+fn hc_case<B: Backend, H: Harness<B>>(
+    be: &B,
+    h: &H,
+    rng: &mut Rng,
+    bound: f64,
+    notes: &mut Notes,
+    p: &HcParams,
+) {
+    let p = *p;
     let rows = 5;
     let hcd = p.hc * p.d;
     let x = rng.vec(rows * hcd);
