@@ -108,14 +108,13 @@ extern "C" __global__ void dn_norm(float* __restrict__ x, int C, int S, float ep
 
 // The gated delta rule of one sequence and value head: per token, M ← M·e^g, δ_j = (v_j −
 // Σ_i M[j][i] k_i)·β, M[j][i] += δ_j k_i, o_j = Σ_i M[j][i] q_i / √S; g = softplus(α + dt_bias)·a,
-// β = σ(β raw). Rows j of M are independent of each other: H lanes hold a row in registers
-// (SM ≥ S entries, lane h of the row the h-th SM / H of them), the token's q and k go through
-// the warp's shared memory, and the next token's inputs are loaded while this one's sums run.
-// A row's sums run in i's order: the row's lanes one after another, each going on from the
-// previous one's sum. The sums run over all SM: the entries past S are zeros in M, q and k,
-// which add exact zeros (no branch between the steps, so that their loads run ahead of the
-// chain). grid (rows, value heads, ceil(S / (32 / H))), block 32.
-template <int SM, int H>
+// β = σ(β raw). Rows j of M are independent of each other: lane j of warp z holds row 32·z + j
+// in registers (SM ≥ S entries), the token's q and k go through the warp's shared memory, and
+// the next token's inputs are loaded while this one's sums run. The sums run over all SM in i's
+// order: the entries past S are zeros in M, q and k, which add exact zeros (no branch between
+// the steps, so that their loads run ahead of the chain). grid (rows, value heads,
+// ceil(S / 32)), block 32.
+template <int SM>
 __device__ __forceinline__ void dn_rule_rows(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S,
                                              const float* __restrict__ alpha, const float* __restrict__ beta,
                                              const float* __restrict__ dt_bias, const float* __restrict__ a,
@@ -123,19 +122,17 @@ __device__ __forceinline__ void dn_rule_rows(BatchView b, int rows, const float*
                                              float* __restrict__ snap, int planes, float* __restrict__ out) {
     __shared__ float qk[2][2][SM];  // [token parity][q, k][i]
     constexpr int PER = (SM + 31) / 32;  // q and k values a lane copies
-    constexpr int W = SM / H;            // a lane's entries of its row
     int end;
-    const int r = blockIdx.x, h = blockIdx.y, hv = gridDim.y, lane = threadIdx.x;
-    const int part = lane % H, i0 = part * W, j = blockIdx.z * (32 / H) + lane / H, last = lane - part + H - 1;
+    const int r = blockIdx.x, h = blockIdx.y, hv = gridDim.y, lane = threadIdx.x, j = blockIdx.z * 32 + lane;
     if (!dn_first(b, rows, r, end)) return;
     const bool live = j < S;
     const long long slot = b.state_slot[b.seq[r]];
     const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
     float* mat = state + slot * per + conv_floats + (long long)h * S * S;
     const bool fresh = b.pos[r] == 0;
-    float m[W];
+    float m[SM];
 #pragma unroll
-    for (int u = 0; u < W; u++) m[u] = (live && i0 + u < S && !fresh) ? mat[(long long)j * S + i0 + u] : 0.f;
+    for (int i = 0; i < SM; i++) m[i] = (live && i < S && !fresh) ? mat[(long long)j * S + i] : 0.f;
     const int kh = h % nk, kd = nk * S;
     const float scale = 1.f / sqrtf((float)S);
     // Token t's q and k into buffer t & 1 (cp.async: no registers), its v, α and β into nv, na, nb.
@@ -161,71 +158,54 @@ __device__ __forceinline__ void dn_rule_rows(BatchView b, int rows, const float*
         cp_async_wait<0>();
         __syncwarp();  // token t's q and k in, every lane past token t - 1 (whose buffer t + 1 takes)
         if (t + 1 < end) fetch(t + 1);
-        const float* qs = qk[t & 1][0] + i0;
-        const float* ks = qk[t & 1][1] + i0;
+        const float* qs = qk[t & 1][0];
+        const float* ks = qk[t & 1][1];
         const float sp = al > 20.f ? al : logf(1.f + expf(al));
         const float decay = expf(sp * a[h]);
         const float bt = 1.f / (1.f + expf(-braw));
         float dk = 0.f;
 #pragma unroll
-        for (int p = 0; p < H; p++) {
-            if (p > 0) dk = __shfl_up_sync(0xffffffffu, dk, 1);
-            if (part == p) {
-#pragma unroll
-                for (int u = 0; u < W; u++) {
-                    const float e = m[u] * decay;
-                    m[u] = e;
-                    dk += e * ks[u];
-                }
-            }
+        for (int i = 0; i < SM; i++) {
+            const float e = m[i] * decay;
+            m[i] = e;
+            dk += e * ks[i];
         }
-        if (H > 1) dk = __shfl_sync(0xffffffffu, dk, last);
         const float d = (v - dk) * bt;
         float o = 0.f;
 #pragma unroll
-        for (int p = 0; p < H; p++) {
-            if (p > 0) o = __shfl_up_sync(0xffffffffu, o, 1);
-            if (part == p) {
-#pragma unroll
-                for (int u = 0; u < W; u++) {
-                    const float e = m[u] + d * ks[u];
-                    m[u] = e;
-                    o += e * qs[u];
-                }
-            }
+        for (int i = 0; i < SM; i++) {
+            const float e = m[i] + d * ks[i];
+            m[i] = e;
+            o += e * qs[i];
         }
-        if (live && part == H - 1) out[(long long)t * hv * S + h * S + j] = o * scale;
+        if (live) out[(long long)t * hv * S + h * S + j] = o * scale;
         const int pl = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
         if (pl >= 0 && live) {
             float* kept = snap + ((long long)kslot * planes + pl) * per + conv_floats + (long long)h * S * S;
 #pragma unroll
-            for (int u = 0; u < W; u++)
-                if (i0 + u < S) kept[(long long)j * S + i0 + u] = m[u];
+            for (int i = 0; i < SM; i++)
+                if (i < S) kept[(long long)j * S + i] = m[i];
         }
     }
     if (live) {
 #pragma unroll
-        for (int u = 0; u < W; u++)
-            if (i0 + u < S) mat[(long long)j * S + i0 + u] = m[u];
+        for (int i = 0; i < SM; i++)
+            if (i < S) mat[(long long)j * S + i] = m[i];
     }
 }
 
-#define DN_RULE(SM, H)                                                                                              \
+#define DN_RULE(SM)                                                                                                 \
     extern "C" __global__ void dn_rule_##SM(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S, \
                                             const float* __restrict__ alpha, const float* __restrict__ beta,         \
                                             const float* __restrict__ dt_bias, const float* __restrict__ a,          \
                                             float* __restrict__ state, long long per, long long conv_floats,         \
                                             float* __restrict__ snap, int planes, float* __restrict__ out) {         \
         pdl_begin();                                                                                                \
-        dn_rule_rows<SM, H>(b, rows, x, C, nk, S, alpha, beta, dt_bias, a, state, per, conv_floats, snap, planes,   \
-                            out);                                                                                   \
+        dn_rule_rows<SM>(b, rows, x, C, nk, S, alpha, beta, dt_bias, a, state, per, conv_floats, snap, planes, out); \
     }
-#ifndef DN_RULE_128_LANES
-#define DN_RULE_128_LANES 2
-#endif
-DN_RULE(32, 1)
-DN_RULE(64, 1)
-DN_RULE(128, DN_RULE_128_LANES)
+DN_RULE(32)
+DN_RULE(64)
+DN_RULE(128)
 
 // x[r, c] *= σ(gate[r, c]), or σ(gate[r]) with per_row. grid (ceil(rows·cols / 256)), block 256.
 extern "C" __global__ void sigmoid_mul(float* __restrict__ x, const float* __restrict__ gate, long long rows,

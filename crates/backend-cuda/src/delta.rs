@@ -11,10 +11,8 @@ use quiver_backend::{DeltaNetParams, DeltaNetWeights, Result, Step};
 
 /// Widest convolution the kernel's window holds.
 const MAX_CONV: usize = 8;
-/// Widest head the delta rule's registers hold.
+/// Widest head the delta rule's registers hold (a lane holds a row of the head's matrix).
 const MAX_HEAD: usize = 128;
-/// Lanes that share a row of a 128-wide head's matrix (kernels/delta.cu `DN_RULE_128_LANES`).
-const RULE_128_LANES: usize = 2;
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
@@ -112,16 +110,15 @@ impl CudaBackend {
             (32, 1, 1),
             args![qkv.ptr(), c as i32, s as i32, p.eps],
         )?;
-        // The kernel for the head width, and the rows of M a warp holds (kernels/delta.cu).
-        let (rule, rows_a_warp) = match s {
-            0..=32 => ("dn_rule_32", 32),
-            33..=64 => ("dn_rule_64", 32),
-            _ => ("dn_rule_128", 32 / RULE_128_LANES),
+        let rule = match s {
+            0..=32 => "dn_rule_32",
+            33..=64 => "dn_rule_64",
+            _ => "dn_rule_128",
         };
         self.launch(
             "ops",
             rule,
-            (rows as u32, hv as u32, s.div_ceil(rows_a_warp) as u32),
+            (rows as u32, hv as u32, s.div_ceil(32) as u32),
             (32, 1, 1),
             args![
                 view,
