@@ -106,45 +106,58 @@ extern "C" __global__ void dn_norm(float* __restrict__ x, int C, int S, float ep
     for (int i = threadIdx.x; i < S; i += 32) h[i] = h[i] * scale * post;
 }
 
+// The sum of v over the H lanes of a row (lanes h·⌊l/H⌋ ..): a butterfly, whose additions give
+// every lane of the row the same bits (a + b = b + a).
+template <int H>
+__device__ __forceinline__ float dn_row_sum(float v) {
+#pragma unroll
+    for (int o = 1; o < H; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // The gated delta rule of one sequence and value head: per token, M ← M·e^g, δ_j = (v_j −
 // Σ_i M[j][i] k_i)·β, M[j][i] += δ_j k_i, o_j = Σ_i M[j][i] q_i / √S; g = softplus(α + dt_bias)·a,
-// β = σ(β raw). Rows j of M are independent of each other: lane j of warp z holds row 32·z + j
-// in registers (SM ≥ S entries), the token's q and k go through the warp's shared memory, and
-// the next token's inputs are loaded while this one's sums run. The sums run over all SM in i's
-// order: the entries past S are zeros in M, q and k, which add exact zeros (no branch between
-// the steps, so that their loads run ahead of the chain). grid (rows, value heads,
-// ceil(S / 32)), block 32.
-template <int SM>
+// β = σ(β raw). Rows j of M are independent of each other: H lanes hold a row in registers, lane
+// h of the row its entries h·W .. h·W + W - 1 (W = SM / H, SM ≥ S), each summing its part in
+// i's order and the parts meeting in dn_row_sum: a token's floats are the same in a prompt and
+// in decode (one order, whatever the step). The token's q and k go through the warp's shared
+// memory (4 floats between the parts: each part's reads on its own banks), and the next token's
+// inputs are loaded while this one's sums run. The sums run over all SM: the entries past S are
+// zeros in M, q and k, which add exact zeros (no branch between the steps, so that their loads
+// run ahead of the chain). grid (rows, value heads, ceil(S / (32 / H))), block 32.
+template <int SM, int H>
 __device__ __forceinline__ void dn_rule_rows(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S,
                                              const float* __restrict__ alpha, const float* __restrict__ beta,
                                              const float* __restrict__ dt_bias, const float* __restrict__ a,
                                              float* __restrict__ state, long long per, long long conv_floats,
                                              float* __restrict__ snap, int planes, float* __restrict__ out) {
-    __shared__ float qk[2][2][SM];  // [token parity][q, k][i]
-    constexpr int PER = (SM + 31) / 32;  // q and k values a lane copies
+    constexpr int W = SM / H, LD = W + 4;   // a lane's entries; a part's floats in shared memory
+    constexpr int PER = (SM + 31) / 32;     // q and k values a lane copies
+    __shared__ __align__(16) float qk[2][2][H * LD];  // [token parity][q, k][part · LD + entry]
     int end;
-    const int r = blockIdx.x, h = blockIdx.y, hv = gridDim.y, lane = threadIdx.x, j = blockIdx.z * 32 + lane;
+    const int r = blockIdx.x, h = blockIdx.y, hv = gridDim.y, lane = threadIdx.x;
+    const int part = lane % H, i0 = part * W, j = blockIdx.z * (32 / H) + lane / H;
     if (!dn_first(b, rows, r, end)) return;
     const bool live = j < S;
     const long long slot = b.state_slot[b.seq[r]];
     const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
     float* mat = state + slot * per + conv_floats + (long long)h * S * S;
     const bool fresh = b.pos[r] == 0;
-    float m[SM];
+    float m[W];
 #pragma unroll
-    for (int i = 0; i < SM; i++) m[i] = (live && i < S && !fresh) ? mat[(long long)j * S + i] : 0.f;
+    for (int u = 0; u < W; u++) m[u] = (live && i0 + u < S && !fresh) ? mat[(long long)j * S + i0 + u] : 0.f;
     const int kh = h % nk, kd = nk * S;
-    const float scale = 1.f / sqrtf((float)S);
+    const float scale = 1.f / sqrtf((float)S), dtb = dt_bias[h], ah = a[h];
     // Token t's q and k into buffer t & 1 (cp.async: no registers), its v, α and β into nv, na, nb.
     float nv = 0.f, na, nb;
     auto fetch = [&](int t) {
         const float* row = x + (long long)t * C;
 #pragma unroll
         for (int u = 0; u < PER; u++) {
-            const int i = u * 32 + lane;
+            const int i = u * 32 + lane, at = i / W * LD + i % W;
             if (i < SM) {
-                cp_async4(&qk[t & 1][0][i], row + kh * S + (i < S ? i : 0), i < S);
-                cp_async4(&qk[t & 1][1][i], row + kd + kh * S + (i < S ? i : 0), i < S);
+                cp_async4(&qk[t & 1][0][at], row + kh * S + (i < S ? i : 0), i < S);
+                cp_async4(&qk[t & 1][1][at], row + kd + kh * S + (i < S ? i : 0), i < S);
             }
         }
         cp_async_commit();
@@ -154,58 +167,62 @@ __device__ __forceinline__ void dn_rule_rows(BatchView b, int rows, const float*
     };
     fetch(r);
     for (int t = r; t < end; t++) {
-        const float v = nv, al = na + dt_bias[h], braw = nb;
+        const float v = nv, al = na + dtb, braw = nb;
         cp_async_wait<0>();
         __syncwarp();  // token t's q and k in, every lane past token t - 1 (whose buffer t + 1 takes)
         if (t + 1 < end) fetch(t + 1);
-        const float* qs = qk[t & 1][0];
-        const float* ks = qk[t & 1][1];
+        const float* qs = qk[t & 1][0] + part * LD;
+        const float* ks = qk[t & 1][1] + part * LD;
         const float sp = al > 20.f ? al : logf(1.f + expf(al));
-        const float decay = expf(sp * a[h]);
+        const float decay = expf(sp * ah);
         const float bt = 1.f / (1.f + expf(-braw));
         float dk = 0.f;
 #pragma unroll
-        for (int i = 0; i < SM; i++) {
-            const float e = m[i] * decay;
-            m[i] = e;
-            dk += e * ks[i];
+        for (int u = 0; u < W; u++) {
+            const float e = m[u] * decay;
+            m[u] = e;
+            dk += e * ks[u];
         }
+        dk = dn_row_sum<H>(dk);
         const float d = (v - dk) * bt;
         float o = 0.f;
 #pragma unroll
-        for (int i = 0; i < SM; i++) {
-            const float e = m[i] + d * ks[i];
-            m[i] = e;
-            o += e * qs[i];
+        for (int u = 0; u < W; u++) {
+            const float e = m[u] + d * ks[u];
+            m[u] = e;
+            o += e * qs[u];
         }
-        if (live) out[(long long)t * hv * S + h * S + j] = o * scale;
+        o = dn_row_sum<H>(o);
+        if (live && part == 0) out[(long long)t * hv * S + h * S + j] = o * scale;
         const int pl = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
         if (pl >= 0 && live) {
             float* kept = snap + ((long long)kslot * planes + pl) * per + conv_floats + (long long)h * S * S;
 #pragma unroll
-            for (int i = 0; i < SM; i++)
-                if (i < S) kept[(long long)j * S + i] = m[i];
+            for (int u = 0; u < W; u++)
+                if (i0 + u < S) kept[(long long)j * S + i0 + u] = m[u];
         }
     }
     if (live) {
 #pragma unroll
-        for (int i = 0; i < SM; i++)
-            if (i < S) mat[(long long)j * S + i] = m[i];
+        for (int u = 0; u < W; u++)
+            if (i0 + u < S) mat[(long long)j * S + i0 + u] = m[u];
     }
 }
 
-#define DN_RULE(SM)                                                                                                 \
+// Kernel dn_rule_SM: heads up to SM wide, H lanes a row (src/delta.rs `RULE_LANES`).
+#define DN_RULE(SM, H)                                                                                              \
     extern "C" __global__ void dn_rule_##SM(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S, \
                                             const float* __restrict__ alpha, const float* __restrict__ beta,         \
                                             const float* __restrict__ dt_bias, const float* __restrict__ a,          \
                                             float* __restrict__ state, long long per, long long conv_floats,         \
                                             float* __restrict__ snap, int planes, float* __restrict__ out) {         \
         pdl_begin();                                                                                                \
-        dn_rule_rows<SM>(b, rows, x, C, nk, S, alpha, beta, dt_bias, a, state, per, conv_floats, snap, planes, out); \
+        dn_rule_rows<SM, H>(b, rows, x, C, nk, S, alpha, beta, dt_bias, a, state, per, conv_floats, snap, planes,   \
+                            out);                                                                                   \
     }
-DN_RULE(32)
-DN_RULE(64)
-DN_RULE(128)
+DN_RULE(32, 1)
+DN_RULE(64, 2)
+DN_RULE(128, 4)
 
 // x[r, c] *= σ(gate[r, c]), or σ(gate[r]) with per_row. grid (ceil(rows·cols / 256)), block 256.
 extern "C" __global__ void sigmoid_mul(float* __restrict__ x, const float* __restrict__ gate, long long rows,

@@ -11,8 +11,15 @@ use quiver_backend::{DeltaNetParams, DeltaNetWeights, Result, Step};
 
 /// Widest convolution the kernel's window holds.
 const MAX_CONV: usize = 8;
-/// Widest head the delta rule's registers hold (a lane holds a row of the head's matrix).
-const MAX_HEAD: usize = 128;
+/// The delta rule's kernels: the widest head each holds and the lanes that share a row of its
+/// matrix, 32 entries a lane (kernels/delta.cu `DN_RULE`).
+const RULE_LANES: [(&str, usize, usize); 3] = [
+    ("dn_rule_32", 32, 1),
+    ("dn_rule_64", 64, 2),
+    ("dn_rule_128", 128, 4),
+];
+/// Widest head the delta rule's registers hold.
+const MAX_HEAD: usize = RULE_LANES[2].1;
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
@@ -110,15 +117,14 @@ impl CudaBackend {
             (32, 1, 1),
             args![qkv.ptr(), c as i32, s as i32, p.eps],
         )?;
-        let rule = match s {
-            0..=32 => "dn_rule_32",
-            33..=64 => "dn_rule_64",
-            _ => "dn_rule_128",
-        };
+        let &(rule, _, lanes) = RULE_LANES
+            .iter()
+            .find(|r| s <= r.1)
+            .unwrap_or(&RULE_LANES[2]);
         self.launch(
             "ops",
             rule,
-            (rows as u32, hv as u32, s.div_ceil(32) as u32),
+            (rows as u32, hv as u32, s.div_ceil(32 / lanes) as u32),
             (32, 1, 1),
             args![
                 view,

@@ -11,10 +11,16 @@ use crate::{Backend, Batch, DeltaNetParams, DeltaNetWeights, SeqSpan};
 
 pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) -> Notes {
     let mut notes = Notes::default();
-    // Head widths of one warp, part of one (16: idle lanes), of four (Qwen 3.5's 128) and one
-    // that fills no warp (100); the first prompt long enough for several of the convolution's
-    // read-ahead rounds.
-    for (head, conv, first) in [(32, 4, 7), (16, 3, 37), (128, 4, 20), (100, 2, 9)] {
+    // Head widths of each kernel (a row over 1, 2 and 4 lanes: 32, 64, Qwen 3.5's 128), and ones
+    // that fill no warp (16: idle lanes, 100: idle rows and entries); the first prompt long
+    // enough for several of the convolution's read-ahead rounds.
+    for (head, conv, first) in [
+        (32, 4, 7),
+        (16, 3, 37),
+        (64, 4, 6),
+        (128, 4, 20),
+        (100, 2, 9),
+    ] {
         let p = DeltaNetParams {
             n_k_heads: 2,
             n_v_heads: 4,
