@@ -606,24 +606,51 @@ pub(crate) fn forward<B: Backend>(
             dump.put(b, "hc_attn_pre", i, &s.x, n * d);
             b.rms_norm(&s.x, &l.attn_norm, eps, n, &mut s.xn)?;
             dump.put(b, "attn_norm", i, &s.xn, n * d);
-            b.matmul(&l.wq_a, &s.xn, n, &mut bf.qr)?;
+            // The products of xn by threes where the layer has them (a backend may run three
+            // of one type and width as one launch over one copy of xn).
+            match (&l.comp, &l.ix) {
+                (Some([ckv, cg, _, _]), Some([_, _, ikv, ig, _, _])) => {
+                    b.matmul_qkv(
+                        [&l.wq_a, &l.wkv, ckv],
+                        &s.xn,
+                        n,
+                        [&mut bf.qr, &mut s.k, &mut bf.ckv],
+                    )?;
+                    b.matmul_qkv(
+                        [cg, ikv, ig],
+                        &s.xn,
+                        n,
+                        [&mut bf.csc, &mut bf.ikv, &mut bf.isc],
+                    )?;
+                }
+                (Some([ckv, cg, _, _]), None) => {
+                    b.matmul_qkv(
+                        [&l.wq_a, &l.wkv, ckv],
+                        &s.xn,
+                        n,
+                        [&mut bf.qr, &mut s.k, &mut bf.ckv],
+                    )?;
+                    b.matmul(cg, &s.xn, n, &mut bf.csc)?;
+                }
+                (None, ix) => {
+                    b.matmul(&l.wq_a, &s.xn, n, &mut bf.qr)?;
+                    b.matmul(&l.wkv, &s.xn, n, &mut s.k)?;
+                    if let Some([_, _, ikv, ig, _, _]) = ix {
+                        b.matmul(ikv, &s.xn, n, &mut bf.ikv)?;
+                        b.matmul(ig, &s.xn, n, &mut bf.isc)?;
+                    }
+                }
+            }
             dump.put(b, "qr", i, &bf.qr, n * ds.q_lora);
             b.rms_norm_inplace(&mut bf.qr, &l.q_a_norm, eps, n)?;
             dump.put(b, "qr_norm", i, &bf.qr, n * ds.q_lora);
             b.matmul(&l.wq_b, &bf.qr, n, &mut s.attn)?;
             b.rms_norm_plain(&s.attn, hp.head_dim, eps, n * hp.n_head, &mut s.q)?;
-            b.matmul(&l.wkv, &s.xn, n, &mut s.k)?;
             b.rms_norm_inplace(&mut s.k, &l.kv_norm, eps, n)?;
             dump.put(b, "kv_norm", i, &s.k, n * hp.head_dim);
-            if let Some([kv, gate, _, _]) = &l.comp {
-                b.matmul(kv, &s.xn, n, &mut bf.ckv)?;
-                b.matmul(gate, &s.xn, n, &mut bf.csc)?;
-            }
-            if let Some([q_b, proj, kv, gate, _, _]) = &l.ix {
+            if let Some([q_b, proj, _, _, _, _]) = &l.ix {
                 b.matmul(q_b, &bf.qr, n, &mut bf.iq)?;
                 b.matmul(proj, &s.xn, n, &mut bf.iw)?;
-                b.matmul(kv, &s.xn, n, &mut bf.ikv)?;
-                b.matmul(gate, &s.xn, n, &mut bf.isc)?;
             }
             let shape = ds.shape(hp, i, bf.n_ctx);
             let has_c = l.comp.is_some();
