@@ -116,6 +116,64 @@ extern "C" __global__ void hc_pre(const float* __restrict__ x, const float* __re
         if (c0 + u * 128 < d) out[t * d + c0 + u * 128] = acc[u];
 }
 
+// DeepSeek-V4's mixes (quiver_backend::Backend::hc_mixes): out[t, r] = (Σ_c w[r, c]·x[t, c]) /
+// rms(x[t]), R ≤ HCM_R rows of w in f32, in one order whatever the step: hc_mix_part sums each
+// chunk of HCM_COLS columns of a row (a thread's 4 columns as an fmaf chain, the warp's
+// butterfly, the block's 8 warps in order) for every r and for Σx², into part [rows, P, R + 1];
+// hc_mix_sum adds a row's P chunks in order and scales by rsqrt(Σx² / cols + eps).
+#define HCM_COLS 1024
+#define HCM_ROWS 8
+#define HCM_R 32
+// grid (P = ceil(cols / HCM_COLS), ceil(rows / HCM_ROWS)), block 256; cols a multiple of 4.
+extern "C" __global__ void __launch_bounds__(256)
+    hc_mix_part(const float* __restrict__ x, const float* __restrict__ w, long long w_stride, int R, int cols,
+                long long rows, float* __restrict__ part) {
+    pdl_begin();
+    __shared__ float red[8][HCM_R + 1];
+    const int p = blockIdx.x, P = gridDim.x, c = p * HCM_COLS + threadIdx.x * 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool in = c < cols;
+    float4 wv[HCM_R];
+#pragma unroll
+    for (int r = 0; r < HCM_R; r++)
+        wv[r] = (r < R && in) ? *(const float4*)(w + r * w_stride + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < HCM_ROWS; k++) {
+        const long long t = (long long)blockIdx.y * HCM_ROWS + k;
+        if (t >= rows) break;
+        const float4 xv = in ? *(const float4*)(x + t * cols + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float ss = fmaf(xv.w, xv.w, fmaf(xv.z, xv.z, fmaf(xv.y, xv.y, xv.x * xv.x)));
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp][HCM_R] = ss;
+#pragma unroll
+        for (int r = 0; r < HCM_R; r++) {
+            float d = fmaf(wv[r].w, xv.w, fmaf(wv[r].z, xv.z, fmaf(wv[r].y, xv.y, wv[r].x * xv.x)));
+            d = warp_sum(d);
+            if (lane == 0) red[warp][r] = d;
+        }
+        __syncthreads();
+        if (threadIdx.x <= R) {
+            const int i = threadIdx.x == R ? HCM_R : threadIdx.x;
+            float v = 0.f;
+            for (int q = 0; q < 8; q++) v += red[q][i];
+            part[(t * P + p) * (R + 1) + threadIdx.x] = v;
+        }
+        __syncthreads();
+    }
+}
+
+// grid (rows), block 32.
+extern "C" __global__ void hc_mix_sum(const float* __restrict__ part, int P, int R, int cols, float eps,
+                                      float* __restrict__ out) {
+    pdl_begin();
+    const long long t = blockIdx.x;
+    const int i = threadIdx.x;
+    float v = 0.f;
+    if (i <= R)
+        for (int q = 0; q < P; q++) v += part[(t * P + q) * (R + 1) + i];
+    const float ss = __shfl_sync(0xffffffffu, v, R);
+    if (i < R) out[t * R + i] = v * rsqrtf(ss / cols + eps);
+}
+
 // A block's output streams: out[t, dst·d + c] = post[dst]·y[t, c] + Σ_src comb[src][dst]·
 // residual[t, src·d + c], fused in src order. grid (ceil(rows·hc·d / 256)), block 256.
 extern "C" __global__ void hc_post(const float* __restrict__ y, const float* __restrict__ residual,

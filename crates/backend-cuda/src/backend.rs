@@ -399,6 +399,19 @@ impl Backend for CudaBackend {
         self.hc_pre_kernel(x, mixes, scale, base, p, head, rows, out, pc)
     }
 
+    fn hc_mixes(
+        &self,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        cols: usize,
+        eps: f32,
+        rows: usize,
+        scratch: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.hc_mixes_kernel(x, w, cols, eps, rows, scratch, out)
+    }
+
     fn hc_post(
         &self,
         y: &CudaBuf,

@@ -74,6 +74,11 @@ impl DsAttn {
 /// Head dims the head kernel holds (4 values a thread of 128).
 const MAX_HEAD_DIM: usize = 512;
 
+/// `hc_mix_part`'s chunk of columns, rows a block and most mixes (kernels/dsv4.cu `HCM_*`:
+/// fewer than HCM_R mixes take the kernels).
+const HCM_COLS: usize = 1024;
+const HCM_ROWS: usize = 8;
+const HCM_R: usize = 32;
 /// Columns a block of `hc_pre` takes (kernels/dsv4.cu `HC_COLS`).
 const HC_COLS: usize = 512;
 /// Streams the kernels hold per token (kernels/dsv4.cu `HC_MAX`).
@@ -173,6 +178,67 @@ impl CudaBackend {
                 p.eps,
                 p.iters as i32,
                 head as i32
+            ],
+        )
+    }
+
+    /// `hc_mixes` as two kernels (kernels/dsv4.cu `hc_mix_part`, `hc_mix_sum`) where the
+    /// weight is F32 with fewer than `HCM_R` rows; else `rms_norm_plain` then the product.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn hc_mixes_kernel(
+        &self,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        cols: usize,
+        eps: f32,
+        rows: usize,
+        scratch: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        if w.ty != GgmlType::F32 || w.rows >= HCM_R || w.cols != cols || !cols.is_multiple_of(4) {
+            self.rms_norm_plain_kernel(x, cols, eps, rows, scratch)?;
+            crate::products::check_matmul(w, scratch, rows, out)?;
+            return self.mm(w, scratch.ptr(), rows, out.ptr());
+        }
+        let (r, parts) = (w.rows, cols.div_ceil(HCM_COLS));
+        check(
+            "hc_mixes",
+            x.len >= rows * cols
+                && out.len >= rows * r
+                && scratch.len >= rows * parts * (r + 1)
+                && w.row_bytes == cols * 4,
+            || format!("{rows} rows of {cols} into {r} mixes"),
+        )?;
+        if rows == 0 {
+            return Ok(());
+        }
+        self.launch(
+            "ops",
+            "hc_mix_part",
+            (parts as u32, rows.div_ceil(HCM_ROWS) as u32, 1),
+            (256, 1, 1),
+            args![
+                x.ptr(),
+                w.data.ptr,
+                cols as i64,
+                r as i32,
+                cols as i32,
+                rows as i64,
+                scratch.ptr()
+            ],
+        )?;
+        self.launch(
+            "ops",
+            "hc_mix_sum",
+            (rows as u32, 1, 1),
+            (32, 1, 1),
+            args![
+                scratch.ptr(),
+                parts as i32,
+                r as i32,
+                cols as i32,
+                eps,
+                out.ptr()
             ],
         )
     }

@@ -141,6 +141,8 @@ const OPS_KERNELS: &[&str] = &[
     "hc_expand",
     "hc_pre",
     "hc_post",
+    "hc_mix_part",
+    "hc_mix_sum",
     "ds_prepare",
     "ds_select",
     "ds_head",

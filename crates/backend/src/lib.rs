@@ -489,6 +489,23 @@ pub trait Backend {
         let _ = (x, gate, rows, cols, per_row);
         Err(self.missing(ExtraOp::SigmoidMul))
     }
+    /// DeepSeek-V4's mixes of the hc streams: out [rows, w.rows] = w · (x / rms(x)) over rows
+    /// of `cols` (`rms_norm_plain` then `matmul`, `scratch` holding the normed rows: rows·cols
+    /// floats); a backend may fuse them.
+    #[allow(clippy::too_many_arguments)]
+    fn hc_mixes(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Weight,
+        cols: usize,
+        eps: f32,
+        rows: usize,
+        scratch: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.rms_norm_plain(x, cols, eps, rows, scratch)?;
+        self.matmul(w, scratch, rows, out)
+    }
     /// DeepSeek-V4's block input ([`dsv4::hc_pre`]): out [rows, d] and the post/comb
     /// weights pc [rows, pc_dim] from the streams x [rows, hc·d] and their mixes.
     #[allow(clippy::too_many_arguments)]

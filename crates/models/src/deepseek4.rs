@@ -598,8 +598,7 @@ pub(crate) fn forward<B: Backend>(
         for (i, l) in w.layers.iter().enumerate() {
             // Attention.
             let [hfn, hbase, hscale] = &l.hc_attn;
-            b.rms_norm_plain(&bf.h, hcd, eps, n, &mut bf.flat)?;
-            b.matmul(hfn, &bf.flat, n, &mut bf.mixes)?;
+            b.hc_mixes(&bf.h, hfn, hcd, eps, n, &mut bf.flat, &mut bf.mixes)?;
             b.hc_pre(
                 &bf.h, &bf.mixes, hscale, hbase, &hcp, false, n, &mut s.x, &mut bf.pc,
             )?;
@@ -692,8 +691,7 @@ pub(crate) fn forward<B: Backend>(
             dump.put(b, "hc_attn_post", i, &bf.h, n * hcd);
             // FFN.
             let [hfn, hbase, hscale] = &l.hc_ffn;
-            b.rms_norm_plain(&bf.h, hcd, eps, n, &mut bf.flat)?;
-            b.matmul(hfn, &bf.flat, n, &mut bf.mixes)?;
+            b.hc_mixes(&bf.h, hfn, hcd, eps, n, &mut bf.flat, &mut bf.mixes)?;
             b.hc_pre(
                 &bf.h, &bf.mixes, hscale, hbase, &hcp, false, n, &mut s.x, &mut bf.pc,
             )?;
@@ -750,8 +748,7 @@ pub(crate) fn forward<B: Backend>(
         }
         // The head: the streams mixed by their own weights, then the output norm.
         let [hfn, hbase, hscale] = &w.head;
-        b.rms_norm_plain(&bf.h, hcd, eps, n, &mut bf.flat)?;
-        b.matmul(hfn, &bf.flat, n, &mut bf.mixes)?;
+        b.hc_mixes(&bf.h, hfn, hcd, eps, n, &mut bf.flat, &mut bf.mixes)?;
         b.hc_pre(
             &bf.h, &bf.mixes, hscale, hbase, &hcp, true, n, &mut s.x, &mut bf.pc,
         )?;

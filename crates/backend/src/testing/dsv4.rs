@@ -7,7 +7,7 @@
 //! of other chunkings, in other slots — every output the same, and a slot no sequence names
 //! left as it was.
 
-use super::{poison, read, rel_err, vector, Harness, Notes, Rng, WeightCase};
+use super::{bits_differ, poison, read, rel_err, tensor, vector, Harness, Notes, Rng, WeightCase};
 use crate::dsv4::{self as ds, AttnInputs, AttnShape, AttnWeights, HcParams};
 use crate::{
     Activation, Backend, Batch, Gating, MoeParams, MoeScratch, MoeWeights, RopeMode, RopeParams,
@@ -56,6 +56,65 @@ fn hyper_connections<B: Backend, H: Harness<B>>(
     }
 }
 
+/// `hc_mixes` (the block's mixes and the head's) against `rms_norm_plain` then the product in
+/// the reference, and each row's bits alone against among the others.
+#[allow(clippy::too_many_arguments)]
+fn hc_mixes_case<B: Backend, H: Harness<B>>(
+    be: &B,
+    h: &H,
+    rng: &mut Rng,
+    bound: f64,
+    notes: &mut Notes,
+    p: &HcParams,
+    x: &[f32],
+    rows: usize,
+) {
+    let hcd = p.hc * p.d;
+    for md in [p.mix_dim(), p.hc] {
+        let wv = rng.vec(md * hcd);
+        let bytes: Vec<u8> = wv.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let shape = [md as u64, hcd as u64];
+        let w = be
+            .weight(
+                "w",
+                GgmlType::F32,
+                &shape,
+                tensor(GgmlType::F32, &shape, &bytes),
+            )
+            .expect("an f32 matrix");
+        let mut normed = vec![0f32; rows * hcd];
+        for (o, r) in normed.chunks_exact_mut(hcd).zip(x.chunks_exact(hcd)) {
+            crate::reference::rms_norm_plain(r, hcd, p.eps, o);
+        }
+        let mut want = vec![0f32; rows * md];
+        crate::reference::matmul(&wv, md, hcd, &normed, rows, &mut want);
+        let mut got = Vec::new();
+        for n in [rows, 1] {
+            let mut scratch = poison(be, h, n * hcd);
+            let mut out = poison(be, h, n * md);
+            be.hc_mixes(
+                &h.upload(be, &x[..n * hcd]),
+                &w,
+                hcd,
+                p.eps,
+                n,
+                &mut scratch,
+                &mut out,
+            )
+            .unwrap();
+            got.push(read(be, &out, n * md));
+        }
+        notes.check("hc_mixes", rel_err(&got[0], &want), bound, || {
+            format!("{md} mixes of {} streams", p.hc)
+        });
+        assert_eq!(
+            bits_differ(&got[0][..md], &got[1]),
+            0,
+            "hc_mixes: a row's mixes alone differ from the same row among {rows}"
+        );
+    }
+}
+
 fn hc_case<B: Backend, H: Harness<B>>(
     be: &B,
     h: &H,
@@ -68,6 +127,7 @@ fn hc_case<B: Backend, H: Harness<B>>(
     let rows = 5;
     let hcd = p.hc * p.d;
     let x = rng.vec(rows * hcd);
+    hc_mixes_case(be, h, rng, bound, notes, &p, &x, rows);
     for head in [false, true] {
         let md = if head { p.hc } else { p.mix_dim() };
         let mixes = rng.scaled(rows * md, 3.0);
