@@ -124,13 +124,15 @@ __device__ __forceinline__ float dn_row_sum(float v) {
 // memory (4 floats between the parts: each part's reads on its own banks), and the next token's
 // inputs are loaded while this one's sums run. The sums run over all SM: the entries past S are
 // zeros in M, q and k, which add exact zeros (no branch between the steps, so that their loads
-// run ahead of the chain). grid (rows, value heads, ceil(S / (32 / H))), block 32.
+// run ahead of the chain). Instances: src/delta.rs `RULE_LANES`. grid (rows, value heads,
+// ceil(S / (32 / H))), block 32.
 template <int SM, int H>
-__device__ __forceinline__ void dn_rule_rows(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S,
-                                             const float* __restrict__ alpha, const float* __restrict__ beta,
-                                             const float* __restrict__ dt_bias, const float* __restrict__ a,
-                                             float* __restrict__ state, long long per, long long conv_floats,
-                                             float* __restrict__ snap, int planes, float* __restrict__ out) {
+__global__ void dn_rule(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S,
+                        const float* __restrict__ alpha, const float* __restrict__ beta,
+                        const float* __restrict__ dt_bias, const float* __restrict__ a, float* __restrict__ state,
+                        long long per, long long conv_floats, float* __restrict__ snap, int planes,
+                        float* __restrict__ out) {
+    pdl_begin();
     constexpr int W = SM / H, LD = W + 4;   // a lane's entries; a part's floats in shared memory
     constexpr int PER = (SM + 31) / 32;     // q and k values a lane copies
     __shared__ __align__(16) float qk[2][2][H * LD];  // [token parity][q, k][part · LD + entry]
@@ -209,20 +211,6 @@ __device__ __forceinline__ void dn_rule_rows(BatchView b, int rows, const float*
     }
 }
 
-// Kernel dn_rule_SM: heads up to SM wide, H lanes a row (src/delta.rs `RULE_LANES`).
-#define DN_RULE(SM, H)                                                                                              \
-    extern "C" __global__ void dn_rule_##SM(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S, \
-                                            const float* __restrict__ alpha, const float* __restrict__ beta,         \
-                                            const float* __restrict__ dt_bias, const float* __restrict__ a,          \
-                                            float* __restrict__ state, long long per, long long conv_floats,         \
-                                            float* __restrict__ snap, int planes, float* __restrict__ out) {         \
-        pdl_begin();                                                                                                \
-        dn_rule_rows<SM, H>(b, rows, x, C, nk, S, alpha, beta, dt_bias, a, state, per, conv_floats, snap, planes,   \
-                            out);                                                                                   \
-    }
-DN_RULE(32, 1)
-DN_RULE(64, 2)
-DN_RULE(128, 4)
 
 // x[r, c] *= σ(gate[r, c]), or σ(gate[r]) with per_row. grid (ceil(rows·cols / 256)), block 256.
 extern "C" __global__ void sigmoid_mul(float* __restrict__ x, const float* __restrict__ gate, long long rows,

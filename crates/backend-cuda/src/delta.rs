@@ -12,12 +12,18 @@ use quiver_backend::{DeltaNetParams, DeltaNetWeights, Result, Step};
 /// Widest convolution the kernel's window holds.
 const MAX_CONV: usize = 8;
 /// The delta rule's kernels: the widest head each holds and the lanes that share a row of its
-/// matrix, 32 entries a lane (kernels/delta.cu `DN_RULE`).
+/// matrix, 32 entries a lane (kernels/delta.cu `dn_rule<SM, H>`).
 const RULE_LANES: [(&str, usize, usize); 3] = [
     ("dn_rule_32", 32, 1),
     ("dn_rule_64", 64, 2),
     ("dn_rule_128", 128, 4),
 ];
+/// The delta rule's instances for the ops module's list: (launch name, `dn_rule<SM, H>`).
+pub(crate) fn rule_kernels() -> impl Iterator<Item = (String, String)> {
+    RULE_LANES
+        .iter()
+        .map(|&(name, sm, h)| (name.to_string(), format!("dn_rule<{sm}, {h}>")))
+}
 /// Widest head the delta rule's registers hold.
 const MAX_HEAD: usize = RULE_LANES[2].1;
 

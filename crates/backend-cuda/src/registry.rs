@@ -134,9 +134,6 @@ fn kvq_pair(module: &str) -> Option<(KvType, KvType)> {
 const OPS_KERNELS: &[&str] = &[
     "dn_conv",
     "dn_norm",
-    "dn_rule_32",
-    "dn_rule_64",
-    "dn_rule_128",
     "sigmoid_mul",
     "hc_expand",
     "hc_pre",
@@ -194,7 +191,11 @@ pub fn kernels(module: &str) -> Vec<(String, String)> {
         return attention_kernels(crate::kvq::kv_type_id(k), crate::kvq::kv_type_id(v));
     }
     match module {
-        "ops" => OPS_KERNELS.iter().map(|n| plain(n)).collect(),
+        "ops" => OPS_KERNELS
+            .iter()
+            .map(|n| plain(n))
+            .chain(crate::delta::rule_kernels())
+            .collect(),
         "exact" => {
             let mut v: Vec<_> = ["x_rms_norm", "x_rope_kv_write", "x_attention", "x_glu"]
                 .into_iter()
