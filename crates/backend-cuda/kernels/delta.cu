@@ -40,57 +40,77 @@ __device__ __forceinline__ bool dn_first(BatchView b, int rows, int r, int& end)
 __device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x)); }
 
 // The causal convolution (taps oldest first) then SiLU, in place over x ([rows, C]), channel by
-// channel; the state keeps the last k - 1 inputs. A thread owns one channel of one sequence and
-// reads DN_CONV_ROWS rows ahead of its writes (it alone touches that channel, so in place is
-// safe; past the sequence's end it reads its last row again, unused), so that the loads of a
-// long prompt overlap. The window holds the newest input at slot 7
-// and the taps align to its end: slot 8 - k + i is tap i. grid (rows, ceil(C / 64)), block 64.
-#define DN_CONV_ROWS 16
-extern "C" __global__ void dn_conv(BatchView b, int rows, float* __restrict__ x, int C, const float* __restrict__ w,
-                                   int k, float* __restrict__ state, long long per, float* __restrict__ snap,
-                                   int planes) {
+// channel; the state keeps the last k - 1 inputs. A block takes 32 channels of one sequence and
+// its tokens in rounds of 8 segments of DN_CONV_SEG: each thread loads its segment's inputs and
+// the 7 before them (from the state before the sequence's first row, and from the previous
+// round's last segment, whose inputs the round overwrote, through shared memory), the block
+// waits, then each thread writes its segment's outputs. a[j] holds the input at 7 - j rows
+// before the segment; output u takes a[u + q] for the taps q = 8 - k .. 7 (tap q - (8 - k)), the
+// window after row u is a[u + q] for q = 9 - k .. 7 (state row q - (9 - k)).
+// grid (rows, ceil(C / 32)), block (32, 8).
+#define DN_CONV_SEG 16
+extern "C" __global__ void __launch_bounds__(256)
+    dn_conv(BatchView b, int rows, float* __restrict__ x, int C, const float* __restrict__ w, int k,
+            float* __restrict__ state, long long per, float* __restrict__ snap, int planes) {
     pdl_begin();
+    __shared__ float carry[7][32];
     int end;
-    const int r = blockIdx.x, ch = blockIdx.y * 64 + threadIdx.x;
-    if (!dn_first(b, rows, r, end) || ch >= C) return;
+    const int r = blockIdx.x, lane = threadIdx.x, sg = threadIdx.y, ch = blockIdx.y * 32 + lane;
+    if (!dn_first(b, rows, r, end)) return;
+    const bool live = ch < C;
+    const int cc = live ? ch : 0, L = end - r;
     const long long slot = b.state_slot[b.seq[r]];
     const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
     float* st = state + slot * per;
     const bool fresh = b.pos[r] == 0;
-    const float* wc = w + (long long)ch * k - (8 - k);  // wc[q] is the tap of slot q
-    // The k - 1 earlier inputs at slots 9 - k .. 7, oldest first (the newest goes in at 7 after
-    // the shift).
-    float win[8];
+    float tap[8];
 #pragma unroll
-    for (int q = 0; q < 8; q++) win[q] = (q >= 9 - k && !fresh) ? st[(long long)(q - (9 - k)) * C + ch] : 0.f;
-    for (int t0 = r; t0 < end; t0 += DN_CONV_ROWS) {
-        float in[DN_CONV_ROWS];
+    for (int q = 0; q < 8; q++) tap[q] = q >= 8 - k ? w[(long long)cc * k + q - (8 - k)] : 0.f;
+    // The input at row p of the sequence (p ≥ -(k - 1)); before the first row, the state's.
+    auto input = [&](int p) {
+        if (p >= 0) return x[(long long)(r + min(p, L - 1)) * C + cc];
+        const int i = k - 1 + p;
+        return (i >= 0 && !fresh) ? st[(long long)i * C + cc] : 0.f;
+    };
+    float a[DN_CONV_SEG + 7];
+    for (int t0 = 0; t0 < L; t0 += 8 * DN_CONV_SEG) {
+        const int s0 = t0 + sg * DN_CONV_SEG;
 #pragma unroll
-        for (int u = 0; u < DN_CONV_ROWS; u++) in[u] = x[(long long)min(t0 + u, end - 1) * C + ch];
+        for (int j = 0; j < 7; j++) a[j] = (sg == 0 && t0 > 0) ? carry[j][lane] : input(s0 - 7 + j);
 #pragma unroll
-        for (int u = 0; u < DN_CONV_ROWS; u++) {
-            const int t = t0 + u;
-            if (t >= end) break;
+        for (int u = 0; u < DN_CONV_SEG; u++) a[7 + u] = input(s0 + u);
+        __syncthreads();  // every load of the round (carry included) before any write
+        if (sg == 7)
 #pragma unroll
-            for (int q = 0; q < 7; q++) win[q] = win[q + 1];
-            win[7] = in[u];
+            for (int j = 0; j < 7; j++) carry[j][lane] = a[DN_CONV_SEG + j];
+#pragma unroll
+        for (int u = 0; u < DN_CONV_SEG; u++) {
+            const int t = s0 + u;
+            if (!live || t >= L) break;
             float s = 0.f;
 #pragma unroll
             for (int q = 0; q < 8; q++)
-                if (q >= 8 - k) s += win[q] * wc[q];
-            x[(long long)t * C + ch] = dn_silu(s);
-            const int j = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
-            if (j >= 0) {
-                float* kept = snap + ((long long)kslot * planes + j) * per;
+                if (q >= 8 - k) s += a[u + q] * tap[q];
+            x[(long long)(r + t) * C + ch] = dn_silu(s);
+            const int pl = kslot != 0xFFFFFFFFu ? dn_plane(planes, L, t) : -1;
+            if (pl >= 0) {
+                float* kept = snap + ((long long)kslot * planes + pl) * per;
 #pragma unroll
                 for (int q = 0; q < 8; q++)
-                    if (q >= 9 - k) kept[(long long)(q - (9 - k)) * C + ch] = win[q];
+                    if (q >= 9 - k) kept[(long long)(q - (9 - k)) * C + ch] = a[u + q];
             }
+            // The state: the last k - 1 inputs (rows L - k + 1 .. L - 1).
+            if (t >= L - (k - 1)) st[(long long)(t - (L - (k - 1))) * C + ch] = a[7 + u];
         }
+        __syncthreads();  // the writes and the carry before the next round's loads
     }
+    // A sequence shorter than k - 1 rows keeps the newest of the old state's rows: state row i
+    // takes the sequence's row p = L - (k - 1) + i < 0, which the first segment's a[7 + p] holds
+    // (its only round).
+    if (live && sg == 0 && L < k - 1)
 #pragma unroll
-    for (int q = 0; q < 8; q++)
-        if (q >= 9 - k) st[(long long)(q - (9 - k)) * C + ch] = win[q];
+        for (int q = 0; q < 7; q++)
+            if (q - 7 >= L - (k - 1)) st[(long long)(q - 7 - (L - (k - 1))) * C + ch] = a[q];
 }
 
 // The L2 norm of each q and k head (the first 2·nk·S columns of each row of x, [rows, C]):

@@ -101,8 +101,8 @@ impl CudaBackend {
         self.launch(
             "ops",
             "dn_conv",
-            (rows as u32, c.div_ceil(64) as u32, 1),
-            (64, 1, 1),
+            (rows as u32, c.div_ceil(32) as u32, 1),
+            (32, 8, 1),
             args![
                 view,
                 rows as i32,
