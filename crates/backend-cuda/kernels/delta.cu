@@ -44,9 +44,9 @@ __device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x));
 // its tokens in rounds of 8 segments of DN_CONV_SEG: each thread loads its segment's inputs and
 // the 7 before them (from the state before the sequence's first row, and from the previous
 // round's last segment, whose inputs the round overwrote, through shared memory), the block
-// waits, then each thread writes its segment's outputs. a[j] holds the input at 7 - j rows
-// before the segment; output u takes a[u + q] for the taps q = 8 - k .. 7 (tap q - (8 - k)), the
-// window after row u is a[u + q] for q = 9 - k .. 7 (state row q - (9 - k)).
+// waits, then each thread writes its segment's outputs. a[j] holds the segment's row j - 7 (the
+// first 7: rows before it); output u takes a[u + q] for the taps q = 8 - k .. 7 (tap
+// q - (8 - k)), the window after row u is a[u + q] for q = 9 - k .. 7 (state row q - (9 - k)).
 // grid (rows, ceil(C / 32)), block (32, 8).
 #define DN_CONV_SEG 16
 extern "C" __global__ void __launch_bounds__(256)

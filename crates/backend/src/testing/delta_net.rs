@@ -12,10 +12,10 @@ use crate::{Backend, Batch, DeltaNetParams, DeltaNetWeights, SeqSpan};
 pub fn delta_net<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng) -> Notes {
     let mut notes = Notes::default();
     // Head widths of each kernel (a row over 1, 2 and 4 lanes: 32, 64, Qwen 3.5's 128), and ones
-    // that fill no warp (16: idle lanes, 100: idle rows and entries); the first prompt long
-    // enough for several of the convolution's read-ahead rounds.
+    // that fill no warp (16: idle lanes, 100: idle rows and entries); first prompts past one
+    // round of the convolution's segments (128 rows) and within one.
     for (head, conv, first) in [
-        (32, 4, 7),
+        (32, 4, 150),
         (16, 3, 37),
         (64, 4, 6),
         (128, 4, 20),
