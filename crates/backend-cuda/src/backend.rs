@@ -262,7 +262,15 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         // Each path checks the buffers it uses (the fused one never touches `scratch`).
-        self.matmul_glu_fast(act, gate, up, x, rows_x, scratch, out)
+        self.matmul_glu_fast(
+            crate::products::act_code(act),
+            gate,
+            up,
+            x,
+            rows_x,
+            scratch,
+            out,
+        )
     }
 
     fn matmul_logits(
@@ -443,6 +451,25 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.swiglu_clamp_kernel(gate, up, limit, n, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_glu_clamp(
+        &self,
+        limit: f32,
+        gate: &CudaWeight,
+        up: &CudaWeight,
+        x: &CudaBuf,
+        rows_x: usize,
+        n_ff: usize,
+        scratch: [&mut CudaBuf; 2],
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        check("matmul_glu_clamp", gate.rows == n_ff, || {
+            format!("{n_ff} rows of {}", gate.rows)
+        })?;
+        let code = crate::activation::clamp_code(limit)?;
+        self.matmul_glu_fast(code, gate, up, x, rows_x, scratch, out)
     }
 
     fn matmul_grouped(

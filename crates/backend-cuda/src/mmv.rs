@@ -4,10 +4,9 @@
 //! batch-invariant numerics) where the type has them, else on f32. And the activation
 //! quantizer the int8 kernels read.
 
-use crate::products::act_code;
 use crate::weights::CudaWeight;
 use crate::{registry, CudaBackend};
-use quiver_backend::{Activation, Result};
+use quiver_backend::Result;
 use quiver_gguf::GgmlType;
 
 /// Tokens per matrix-vector launch (the kernels keep one accumulator per token).
@@ -84,7 +83,7 @@ impl CudaBackend {
     /// one type and shape).
     pub(crate) fn mmv_glu(
         &self,
-        act: Activation,
+        a: i32,
         gate: &CudaWeight,
         up: &CudaWeight,
         x: u64,
@@ -92,7 +91,6 @@ impl CudaBackend {
         out: u64,
     ) -> Result<()> {
         let n_ff = gate.rows;
-        let a = act_code(act);
         let module = &gate.names.module;
         let int8 = self.int8_block(gate);
         let grid = (n_ff.div_ceil(4) as u32, 1, 1);

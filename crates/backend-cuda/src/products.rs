@@ -282,12 +282,13 @@ impl CudaBackend {
     }
 
     /// The fast path's `matmul_glu`: gate·up fused on the matrix-vector kernels, both
-    /// products on cuBLAS, or two products then the glu kernel. Each path checks the buffers
-    /// it uses (the fused one never touches `scratch`).
+    /// products on cuBLAS, or two products then the glu kernel, the activation by its code
+    /// (`act_code`, `activation::clamp_code`). Each path checks the buffers it uses (the fused
+    /// one never touches `scratch`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_glu_fast(
         &self,
-        act: Activation,
+        act: i32,
         gate: &CudaWeight,
         up: &CudaWeight,
         x: &CudaBuf,
@@ -328,7 +329,7 @@ impl CudaBackend {
         }
         let n = rows_x * n_ff;
         check_glu(g, u, n, out)?;
-        self.glu_fast(act, g.ptr(), u.ptr(), n, out.ptr())
+        self.glu_code(act, g.ptr(), u.ptr(), n, out.ptr())
     }
 
     fn glu_path(&self, gate: &CudaWeight, up: &CudaWeight, rows_x: usize) -> GluPath {

@@ -574,6 +574,25 @@ pub trait Backend {
         let _ = (gate, up, limit, n, out);
         Err(self.missing(ExtraOp::Dsv4))
     }
+    /// out = swiglu_clamp(x·gateᵀ, x·upᵀ, limit) over `rows_x` rows of `n_ff`: DeepSeek-V4's
+    /// shared expert, `scratch` holding the two products where the backend does not fuse them.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_glu_clamp(
+        &self,
+        limit: f32,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        x: &Self::Buf,
+        rows_x: usize,
+        n_ff: usize,
+        scratch: [&mut Self::Buf; 2],
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let [g, u] = scratch;
+        self.matmul(gate, x, rows_x, g)?;
+        self.matmul(up, x, rows_x, u)?;
+        self.swiglu_clamp(g, u, limit, rows_x * n_ff, out)
+    }
     /// One DeepSeek-V4 attention layer over the step's sequences ([`dsv4::attention`]):
     /// `state` holds the sequences' slots of [`dsv4::AttnShape::state_floats`]. With `kept`
     /// (its `buf` holding `planes` rows of [`dsv4::kept_floats`] per slot, as
