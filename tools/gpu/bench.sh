@@ -19,10 +19,13 @@ set -euo pipefail
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1 RUST_BACKTRACE=1
 export QUIVER_HOME=${QUIVER_HOME:-/tmp/quiver-home}
 # Kernels compiled here by stage.sh --kernels: into the machine's cache, not compiled again.
+# Each file goes in under a name of this process's, then is renamed into place: two bench.sh
+# started together (a prepare beside the tests) never see each other's half-written files.
 if [ -d .gpu/home/kernels ]; then
   mkdir -p "$QUIVER_HOME/kernels"
   for f in .gpu/home/kernels/*; do
-    [ -e "$QUIVER_HOME/kernels/${f##*/}" ] || cp "$f" "$QUIVER_HOME/kernels/"
+    dst=$QUIVER_HOME/kernels/${f##*/}
+    [ -e "$dst" ] || { cp "$f" "$dst.$$" && mv -f "$dst.$$" "$dst"; }
   done
 fi
 export OUT=${OUT:-/tmp/out}
