@@ -300,6 +300,18 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
+        if rows == 1 {
+            // One row is group-major already: each group's product straight from x into out.
+            for (g, wg) in w.iter().enumerate() {
+                self.mm(
+                    wg,
+                    x.ptr() + (4 * g * c) as u64,
+                    1,
+                    out.ptr() + (4 * g * r) as u64,
+                )?;
+            }
+            return Ok(());
+        }
         let (xs, ys) = (
             scratch.ptr(),
             scratch.ptr() + (4 * rows * groups * c) as u64,

@@ -236,11 +236,27 @@ fn products<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng, notes: &mut
         let seen = h.as_seen(be, ty, rows * groups, &x);
         let values: Vec<f32> = ws.iter().flat_map(|w| w.values.iter().copied()).collect();
         ds::matmul_grouped(&values, groups, &seen, rows, &mut want);
+        let got = read(be, &out, rows * groups * r);
         notes.check(
             "matmul_grouped",
-            rel_err(&read(be, &out, rows * groups * r), &want),
+            rel_err(&got, &want),
             h.product_bound(be, ty, c, rows),
             || format!("{ty:?}"),
+        );
+        // The first row alone: the same bits.
+        let mut one = poison(be, h, groups * r);
+        be.matmul_grouped(
+            &loaded,
+            &h.upload(be, &x[..groups * c]),
+            1,
+            &mut one,
+            &mut scratch,
+        )
+        .unwrap();
+        assert_eq!(
+            bits_differ(&read(be, &one, groups * r), &got[..groups * r]),
+            0,
+            "matmul_grouped {ty:?}: a row alone differs from the same row among {rows}"
         );
     }
 }
