@@ -461,13 +461,9 @@ impl Backend for CudaBackend {
         up: &CudaWeight,
         x: &CudaBuf,
         rows_x: usize,
-        n_ff: usize,
         scratch: [&mut CudaBuf; 2],
         out: &mut CudaBuf,
     ) -> Result<()> {
-        check("matmul_glu_clamp", gate.rows == n_ff, || {
-            format!("{n_ff} rows of {}", gate.rows)
-        })?;
         let code = crate::activation::clamp_code(limit)?;
         self.matmul_glu_fast(code, gate, up, x, rows_x, scratch, out)
     }

@@ -574,8 +574,7 @@ pub trait Backend {
         let _ = (gate, up, limit, n, out);
         Err(self.missing(ExtraOp::Dsv4))
     }
-    /// out = swiglu_clamp(x·gateᵀ, x·upᵀ, limit) over `rows_x` rows of `n_ff`: DeepSeek-V4's
-    /// shared expert, `scratch` holding the two products where the backend does not fuse them.
+    /// [`Self::matmul_glu`] with DeepSeek-V4's clamped SwiGLU ([`Self::swiglu_clamp`]).
     #[allow(clippy::too_many_arguments)]
     fn matmul_glu_clamp(
         &self,
@@ -584,14 +583,13 @@ pub trait Backend {
         up: &Self::Weight,
         x: &Self::Buf,
         rows_x: usize,
-        n_ff: usize,
         scratch: [&mut Self::Buf; 2],
         out: &mut Self::Buf,
     ) -> Result<()> {
         let [g, u] = scratch;
         self.matmul(gate, x, rows_x, g)?;
         self.matmul(up, x, rows_x, u)?;
-        self.swiglu_clamp(g, u, limit, rows_x * n_ff, out)
+        self.swiglu_clamp(g, u, limit, rows_x * self.weight_rows(gate), out)
     }
     /// One DeepSeek-V4 attention layer over the step's sequences ([`dsv4::attention`]):
     /// `state` holds the sequences' slots of [`dsv4::AttnShape::state_floats`]. With `kept`

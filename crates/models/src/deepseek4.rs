@@ -732,11 +732,10 @@ pub(crate) fn forward<B: Backend>(
                 &mut s.o,
             )?;
             dump.put(b, "ffn_moe_out", i, &s.o, n * d);
-            let sf = ds.n_ff_shared;
             let (gate, up, scratch) = (&l.sh_gate, &l.sh_up, [&mut s.gate, &mut s.up]);
             match limit(ds.clamp_shexp[i]) {
                 0.0 => b.matmul_glu(Activation::SwiGlu, gate, up, &s.xn, n, scratch, &mut s.act)?,
-                x => b.matmul_glu_clamp(x, gate, up, &s.xn, n, sf, scratch, &mut s.act)?,
+                x => b.matmul_glu_clamp(x, gate, up, &s.xn, n, scratch, &mut s.act)?,
             }
             b.matmul(&l.sh_down, &s.act, n, &mut bf.sh)?;
             dump.put(b, "ffn_shexp", i, &bf.sh, n * d);
