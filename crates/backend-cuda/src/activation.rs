@@ -21,19 +21,6 @@ impl CudaBackend {
         self.glu_code(act_code(act), gate, up, n, out)
     }
 
-    /// silu(min(gate, limit)) · clamp(up, −limit, limit) over `n` elements: the glu kernel with
-    /// the limit's act code.
-    pub(crate) fn swiglu_clamp_code(
-        &self,
-        limit: f32,
-        gate: u64,
-        up: u64,
-        n: usize,
-        out: u64,
-    ) -> Result<()> {
-        self.glu_code(clamp_code(limit)?, gate, up, n, out)
-    }
-
     /// The glu kernel by its act code (common.cuh `glu_fn`: a clamped SwiGLU's limit too).
     pub(crate) fn glu_code(&self, act: i32, gate: u64, up: u64, n: usize, out: u64) -> Result<()> {
         self.launch(

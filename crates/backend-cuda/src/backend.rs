@@ -450,7 +450,9 @@ impl Backend for CudaBackend {
         n: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.swiglu_clamp_kernel(gate, up, limit, n, out)
+        check_glu(gate, up, n, out)?;
+        let code = crate::activation::clamp_code(limit)?;
+        self.glu_code(code, gate.ptr(), up.ptr(), n, out.ptr())
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -113,25 +113,6 @@ impl CudaBackend {
         )
     }
 
-    pub(crate) fn swiglu_clamp_kernel(
-        &self,
-        gate: &CudaBuf,
-        up: &CudaBuf,
-        limit: f32,
-        n: usize,
-        out: &mut CudaBuf,
-    ) -> Result<()> {
-        check(
-            "swiglu_clamp",
-            gate.len >= n && up.len >= n && out.len >= n,
-            || format!("{n} values over {} / {} / {}", gate.len, up.len, out.len),
-        )?;
-        if n == 0 {
-            return Ok(());
-        }
-        self.swiglu_clamp_code(limit, gate.ptr(), up.ptr(), n, out.ptr())
-    }
-
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn hc_pre_kernel(
         &self,
@@ -197,8 +178,7 @@ impl CudaBackend {
     ) -> Result<()> {
         if w.ty != GgmlType::F32 || w.rows >= HCM_R || w.cols != cols || !cols.is_multiple_of(4) {
             self.rms_norm_plain_kernel(x, cols, eps, rows, scratch)?;
-            crate::products::check_matmul(w, scratch, rows, out)?;
-            return self.mm(w, scratch.ptr(), rows, out.ptr());
+            return quiver_backend::Backend::matmul(self, w, scratch, rows, out);
         }
         let (r, parts) = (w.rows, cols.div_ceil(HCM_COLS));
         check(

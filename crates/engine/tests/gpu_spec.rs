@@ -175,7 +175,7 @@ fn qwen35_speculation_on_the_gpu_rolls_the_recurrent_state_back() {
 /// DeepSeek-V4 on the GPU: its own multi-token-prediction block (random, window-only) proposes;
 /// the attention keeps what each speculating row overwrites in the window and compressor rings
 /// and a rejected proposal writes them back (dsv4.cu `ds_rewind`), so the tokens are plain
-/// serving's, alone, together and under preemption (not yet run on a GPU).
+/// serving's, alone, together and under preemption.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn deepseek4_speculation_on_the_gpu_rolls_the_rings_back() {

@@ -212,7 +212,7 @@ fn cpu_matches_llama_cpp_on_its_test_models() {
 
 /// On CUDA F32 is held to 0.05 (as in archs.rs); the MoE forms' per-expert gate/up scales have
 /// no CUDA kernels, so those files are refused at load (Qwen 3.5's run: kernels/delta.cu;
-/// DeepSeek-V4's since 2026-12-06: kernels/dsv4.cu, not yet run on these files).
+/// DeepSeek-V4's: kernels/dsv4.cu).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_matches_llama_cpp_on_its_test_models() {

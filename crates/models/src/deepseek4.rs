@@ -607,34 +607,30 @@ pub(crate) fn forward<B: Backend>(
             dump.put(b, "attn_norm", i, &s.xn, n * d);
             // The products of xn by threes where the layer has them (a backend may run three
             // of one type and width as one launch over one copy of xn).
-            match (&l.comp, &l.ix) {
-                (Some([ckv, cg, _, _]), Some([_, _, ikv, ig, _, _])) => {
-                    b.matmul_qkv(
-                        [&l.wq_a, &l.wkv, ckv],
-                        &s.xn,
-                        n,
-                        [&mut bf.qr, &mut s.k, &mut bf.ckv],
-                    )?;
-                    b.matmul_qkv(
-                        [cg, ikv, ig],
-                        &s.xn,
-                        n,
-                        [&mut bf.csc, &mut bf.ikv, &mut bf.isc],
-                    )?;
-                }
-                (Some([ckv, cg, _, _]), None) => {
-                    b.matmul_qkv(
-                        [&l.wq_a, &l.wkv, ckv],
-                        &s.xn,
-                        n,
-                        [&mut bf.qr, &mut s.k, &mut bf.ckv],
-                    )?;
-                    b.matmul(cg, &s.xn, n, &mut bf.csc)?;
-                }
-                (None, ix) => {
+            match &l.comp {
+                Some([ckv, ..]) => b.matmul_qkv(
+                    [&l.wq_a, &l.wkv, ckv],
+                    &s.xn,
+                    n,
+                    [&mut bf.qr, &mut s.k, &mut bf.ckv],
+                )?,
+                None => {
                     b.matmul(&l.wq_a, &s.xn, n, &mut bf.qr)?;
                     b.matmul(&l.wkv, &s.xn, n, &mut s.k)?;
-                    if let Some([_, _, ikv, ig, _, _]) = ix {
+                }
+            }
+            match (&l.comp, &l.ix) {
+                (Some([_, cg, ..]), Some([_, _, ikv, ig, ..])) => b.matmul_qkv(
+                    [cg, ikv, ig],
+                    &s.xn,
+                    n,
+                    [&mut bf.csc, &mut bf.ikv, &mut bf.isc],
+                )?,
+                (comp, ix) => {
+                    if let Some([_, cg, ..]) = comp {
+                        b.matmul(cg, &s.xn, n, &mut bf.csc)?;
+                    }
+                    if let Some([_, _, ikv, ig, ..]) = ix {
                         b.matmul(ikv, &s.xn, n, &mut bf.ikv)?;
                         b.matmul(ig, &s.xn, n, &mut bf.isc)?;
                     }
