@@ -138,14 +138,17 @@ __device__ __forceinline__ float dn_row_sum(float v) {
 // The gated delta rule of one sequence and value head: per token, M ← M·e^g, δ_j = (v_j −
 // Σ_i M[j][i] k_i)·β, M[j][i] += δ_j k_i, o_j = Σ_i M[j][i] q_i / √S; g = softplus(α + dt_bias)·a,
 // β = σ(β raw). Rows j of M are independent of each other: H lanes hold a row in registers, lane
-// h of the row its entries h·W .. h·W + W - 1 (W = SM / H, SM ≥ S), each summing its part in
-// i's order and the parts meeting in dn_row_sum: a token's floats are the same in a prompt and
-// in decode (one order, whatever the step). The token's q and k go through the warp's shared
-// memory (4 floats between the parts: each part's reads on its own banks), and the next token's
-// inputs are loaded while this one's sums run. The sums run over all SM: the entries past S are
-// zeros in M, q and k, which add exact zeros (no branch between the steps, so that their loads
-// run ahead of the chain). Instances: src/delta.rs `RULE_LANES`. grid (rows, value heads,
+// h of the row its entries h·W .. h·W + W - 1 (W = SM / H, SM ≥ S), each summing its part in four
+// interleaved chains (entry u into chain u % 4, the chains then (c0 + c1) + (c2 + c3)) and the
+// parts meeting in dn_row_sum: a token's floats are the same in a prompt and in decode (one
+// order, whatever the step). Tokens' q, k and v come through the warp's shared memory in a ring
+// of DN_RING tokens (cp.async, DN_RING - 1 tokens ahead; 4 floats between the parts: each part's
+// reads on its own banks); the gate and β of 32 tokens at a time, lane l computing token l's and
+// the token's lane handing them out, the next 32 tokens' raw values loaded meanwhile. The sums run
+// over all SM: the entries past S are zeros in M, q and k, which add exact zeros (no branch
+// between the steps). Instances: src/delta.rs `RULE_LANES`. grid (rows, value heads,
 // ceil(S / (32 / H))), block 32.
+#define DN_RING 4
 template <int SM, int H>
 __global__ void dn_rule(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S,
                         const float* __restrict__ alpha, const float* __restrict__ beta,
@@ -155,10 +158,13 @@ __global__ void dn_rule(BatchView b, int rows, const float* __restrict__ x, int 
     pdl_begin();
     constexpr int W = SM / H, LD = W + 4;   // a lane's entries; a part's floats in shared memory
     constexpr int PER = (SM + 31) / 32;     // q and k values a lane copies
-    __shared__ __align__(16) float qk[2][2][H * LD];  // [token parity][q, k][part · LD + entry]
+    constexpr int NR = 32 / H;              // the warp's rows
+    static_assert(W % 4 == 0, "four chains a part");
+    __shared__ __align__(16) float qk[DN_RING][2][H * LD];  // [token % ring][q, k][part · LD + entry]
+    __shared__ __align__(16) float vs[DN_RING][NR];
     int end;
     const int r = blockIdx.x, h = blockIdx.y, hv = gridDim.y, lane = threadIdx.x;
-    const int part = lane % H, i0 = part * W, j = blockIdx.z * (32 / H) + lane / H;
+    const int part = lane % H, i0 = part * W, j = blockIdx.z * NR + lane / H;
     if (!dn_first(b, rows, r, end)) return;
     const bool live = j < S;
     const long long slot = b.state_slot[b.seq[r]];
@@ -170,51 +176,71 @@ __global__ void dn_rule(BatchView b, int rows, const float* __restrict__ x, int 
     for (int u = 0; u < W; u++) m[u] = (live && i0 + u < S && !fresh) ? mat[(long long)j * S + i0 + u] : 0.f;
     const int kh = h % nk, kd = nk * S;
     const float scale = 1.f / sqrtf((float)S), dtb = dt_bias[h], ah = a[h];
-    // Token t's q and k into buffer t & 1 (cp.async: no registers), its v, α and β into nv, na, nb.
-    float nv = 0.f, na, nb;
+    // Token t's q, k and v into ring slot t % DN_RING (cp.async: no registers); a group always
+    // (empty past the end), so that DN_RING - 2 groups younger than token t's are in flight.
     auto fetch = [&](int t) {
-        const float* row = x + (long long)t * C;
+        if (t < end) {
+            const float* row = x + (long long)t * C;
 #pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const int i = u * 32 + lane, at = i / W * LD + i % W;
-            if (i < SM) {
-                cp_async4(&qk[t & 1][0][at], row + kh * S + (i < S ? i : 0), i < S);
-                cp_async4(&qk[t & 1][1][at], row + kd + kh * S + (i < S ? i : 0), i < S);
+            for (int u = 0; u < PER; u++) {
+                const int i = u * 32 + lane, at = i / W * LD + i % W;
+                if (i < SM) {
+                    cp_async4(&qk[t % DN_RING][0][at], row + kh * S + (i < S ? i : 0), i < S);
+                    cp_async4(&qk[t % DN_RING][1][at], row + kd + kh * S + (i < S ? i : 0), i < S);
+                }
             }
+            const int jv = blockIdx.z * NR + lane;
+            if (lane < NR) cp_async4(&vs[t % DN_RING][lane], row + 2 * kd + h * S + (jv < S ? jv : 0), jv < S);
         }
         cp_async_commit();
-        if (live) nv = row[2 * kd + h * S + j];
-        na = alpha[(long long)t * hv + h];
-        nb = beta[(long long)t * hv + h];
     };
-    fetch(r);
+    // The raw α and β of token t0 + lane.
+    float pa = 0.f, pb = 0.f;
+    auto raw = [&](int t0) {
+        const int t = t0 + lane;
+        if (t < end) {
+            pa = alpha[(long long)t * hv + h];
+            pb = beta[(long long)t * hv + h];
+        }
+    };
+#pragma unroll
+    for (int d = 0; d < DN_RING - 1; d++) fetch(r + d);
+    raw(r);
+    float gd = 0.f, gb = 0.f;  // this lane's token of the current 32: e^g and β
     for (int t = r; t < end; t++) {
-        const float v = nv, al = na + dtb, braw = nb;
-        cp_async_wait<0>();
-        __syncwarp();  // token t's q and k in, every lane past token t - 1 (whose buffer t + 1 takes)
-        if (t + 1 < end) fetch(t + 1);
-        const float* qs = qk[t & 1][0] + part * LD;
-        const float* ks = qk[t & 1][1] + part * LD;
-        const float sp = al > 20.f ? al : logf(1.f + expf(al));
-        const float decay = expf(sp * ah);
-        const float bt = 1.f / (1.f + expf(-braw));
-        float dk = 0.f;
+        const int tl = (t - r) & 31;
+        if (tl == 0) {
+            const float al = pa + dtb;
+            const float sp = al > 20.f ? al : logf(1.f + expf(al));
+            gd = expf(sp * ah);
+            gb = 1.f / (1.f + expf(-pb));
+            raw(t + 32);
+        }
+        const float decay = __shfl_sync(0xffffffffu, gd, tl), bt = __shfl_sync(0xffffffffu, gb, tl);
+        cp_async_wait<DN_RING - 2>();
+        __syncwarp();  // token t's inputs in, every lane past token t - 1 (whose slot t + RING - 1 takes)
+        fetch(t + DN_RING - 1);
+        const float* qs = qk[t % DN_RING][0] + part * LD;
+        const float* ks = qk[t % DN_RING][1] + part * LD;
+        const float v = vs[t % DN_RING][lane / H];
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int u = 0; u < W; u++) {
             const float e = m[u] * decay;
             m[u] = e;
-            dk += e * ks[u];
+            c[u % 4] += e * ks[u];
         }
-        dk = dn_row_sum<H>(dk);
+        const float dk = dn_row_sum<H>((c[0] + c[1]) + (c[2] + c[3]));
         const float d = (v - dk) * bt;
-        float o = 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; u++) c[u] = 0.f;
 #pragma unroll
         for (int u = 0; u < W; u++) {
             const float e = m[u] + d * ks[u];
             m[u] = e;
-            o += e * qs[u];
+            c[u % 4] += e * qs[u];
         }
-        o = dn_row_sum<H>(o);
+        const float o = dn_row_sum<H>((c[0] + c[1]) + (c[2] + c[3]));
         if (live && part == 0) out[(long long)t * hv * S + h * S + j] = o * scale;
         const int pl = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
         if (pl >= 0 && live) {
@@ -224,6 +250,7 @@ __global__ void dn_rule(BatchView b, int rows, const float* __restrict__ x, int 
                 if (i0 + u < S) kept[(long long)j * S + i0 + u] = m[u];
         }
     }
+    cp_async_wait<0>();
     if (live) {
 #pragma unroll
         for (int u = 0; u < W; u++)
