@@ -2,10 +2,11 @@
 // write, gated activations, soft-capping, row gathers, conversions and the device argmax.
 
 // RMSNorm of each row of `cols` (a multiple of 4) times w (w null: no weight).
-// If `residual` is non-null: residual += x first and the norm is taken of the sum.
+// If `residual` is non-null: residual += x first and the norm is taken of the sum. If `gate` is
+// non-null ([rows, cols] as out): out = silu(gate) · the norm, the glu kernel's SwiGLU (glu_fn).
 extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* __restrict__ x,
                                     const float* __restrict__ w, float* __restrict__ out, int rows,
-                                    int cols, float eps) { pdl_begin();
+                                    int cols, float eps, const float* __restrict__ gate) { pdl_begin();
     // grid (rows), block a multiple of 32 (≤ 1024): one block per row, every lane loading
     // float4s, so that a row of 4096 is a few loads per thread, not a serial walk of one warp.
     int r = blockIdx.x;
@@ -34,7 +35,12 @@ extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* _
     float* o = out + (long long)r * cols;
     for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
         float4 v = *(const float4*)(src + c), g = w ? *(const float4*)(w + c) : make_float4(1.f, 1.f, 1.f, 1.f);
-        *(float4*)(o + c) = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+        float4 y = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+        if (gate) {
+            const float4 z = *(const float4*)(gate + (long long)r * cols + c);
+            y = make_float4(glu_fn(z.x, y.x, 0), glu_fn(z.y, y.y, 0), glu_fn(z.z, y.z, 0), glu_fn(z.w, y.w, 0));
+        }
+        *(float4*)(o + c) = y;
     }
 }
 

@@ -193,6 +193,24 @@ impl Backend for CudaBackend {
         norm_with(&Norm::of(x, w, eps, rows, x), |n| self.norm_fast(n))
     }
 
+    fn rms_norm_gated(
+        &self,
+        x: &mut CudaBuf,
+        w: &CudaWeight,
+        eps: f32,
+        rows: usize,
+        cols: usize,
+        gate: &CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        check("rms_norm_gated", w.cols == cols, || {
+            format!("a norm of {} over rows of {cols}", w.cols)
+        })?;
+        norm_with(&Norm::of(x, w, eps, rows, out).gated(gate), |n| {
+            self.norm_fast(n)
+        })
+    }
+
     fn add_rms_norm(
         &self,
         residual: &mut CudaBuf,

@@ -53,7 +53,8 @@ impl CudaBackend {
                 out.ptr(),
                 rows as i32,
                 cols as i32,
-                eps
+                eps,
+                0u64
             ],
         )
     }

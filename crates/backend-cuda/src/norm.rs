@@ -8,8 +8,8 @@ use crate::{check, CudaBackend};
 use quiver_backend::Result;
 
 /// One norm: `out = rms_norm(x) · w` over `rows` rows of `w.cols`, or with `residual`:
-/// `residual += x` first and the norm is taken of the sum. `out` may be `x`. Pointers with
-/// the lengths of their buffers.
+/// `residual += x` first and the norm is taken of the sum; with `gate`: out = silu(gate) · the
+/// norm. `out` may be `x`. Pointers with the lengths of their buffers.
 pub(crate) struct Norm<'a> {
     pub(crate) residual: Option<(u64, usize)>,
     pub(crate) x: (u64, usize),
@@ -17,6 +17,7 @@ pub(crate) struct Norm<'a> {
     pub(crate) eps: f32,
     pub(crate) rows: usize,
     pub(crate) out: (u64, usize),
+    pub(crate) gate: Option<(u64, usize)>,
 }
 
 impl<'a> Norm<'a> {
@@ -29,6 +30,7 @@ impl<'a> Norm<'a> {
             eps,
             rows,
             out: (out.ptr(), out.len),
+            gate: None,
         }
     }
 
@@ -47,7 +49,15 @@ impl<'a> Norm<'a> {
         }
     }
 
-    /// The shapes, in either mode.
+    /// `rms_norm_gated`'s: the norm times silu(gate).
+    pub(crate) fn gated(self, gate: &CudaBuf) -> Self {
+        Norm {
+            gate: Some((gate.ptr(), gate.len)),
+            ..self
+        }
+    }
+
+    /// The shapes, in every mode.
     pub(crate) fn check(&self) -> Result<()> {
         let (rows, cols) = (self.rows, self.w.cols);
         let n = rows * cols;
@@ -55,6 +65,7 @@ impl<'a> Norm<'a> {
         let ok = x_len >= n
             && out_len >= n
             && self.residual.is_none_or(|(_, l)| l >= n)
+            && self.gate.is_none_or(|(_, l)| l >= n)
             && cols.is_multiple_of(4);
         check("rms_norm", ok, || {
             format!("{rows}×{cols} over buffers of {x_len} / {out_len}")
@@ -83,7 +94,8 @@ impl CudaBackend {
                 n.out.0,
                 n.rows as i32,
                 cols as i32,
-                n.eps
+                n.eps,
+                n.gate.map(|(p, _)| p).unwrap_or(0)
             ],
         )
     }

@@ -239,6 +239,22 @@ pub trait Backend {
         eps: f32,
         rows: usize,
     ) -> Result<()>;
+    /// out = rms_norm(x) · w · silu(gate), row by row over `rows` rows of `cols` (Qwen 3.5's
+    /// gated norm); `x` may be left holding the norm.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_gated(
+        &self,
+        x: &mut Self::Buf,
+        w: &Self::Weight,
+        eps: f32,
+        rows: usize,
+        cols: usize,
+        gate: &Self::Buf,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.rms_norm_inplace(x, w, eps, rows)?;
+        self.glu(Activation::SwiGlu, gate, x, rows * cols, out)
+    }
     /// residual[t] += x[t]; out[t] = rms_norm(residual[t]) · w
     fn add_rms_norm(
         &self,

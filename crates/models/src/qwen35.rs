@@ -334,8 +334,15 @@ pub(crate) fn linear<B: Backend>(
         &mut hy.core,
     )?;
     // The gated norm: rms_norm(o) per head · silu(z).
-    b.rms_norm_inplace(&mut hy.core, &lin.norm, hp.rms_eps, n * hv)?;
-    b.glu(Activation::SwiGlu, &hy.z, &hy.core, n * vd, &mut hy.gated)?;
+    b.rms_norm_gated(
+        &mut hy.core,
+        &lin.norm,
+        hp.rms_eps,
+        n * hv,
+        p.head_v,
+        &hy.z,
+        &mut hy.gated,
+    )?;
     b.matmul(&l.wo, &hy.gated, n, &mut s.o)?;
     if let Some(x) = s_o {
         b.scale(&mut s.o, x, n * hp.n_embd)?;

@@ -28,6 +28,35 @@ pub fn elementwise<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> N
         let e = rel_err(&read(be, &inplace, n), &want);
         notes.check("rms_norm_inplace", e, bounds.norm, || what.clone());
 
+        // The gated norm against the reference, and against the backend's own two ops (the
+        // trait's default) bit for bit.
+        let z = rng.scaled(n, 6.0);
+        let zb = h.upload(be, &z);
+        let mut gated = vec![0.0; n];
+        reference::glu(Activation::SwiGlu, &z, &want, &mut gated);
+        let mut xg = h.upload(be, &x);
+        let mut out = poison(be, h, n);
+        be.rms_norm_gated(&mut xg, &w, 1e-6, rows, d, &zb, &mut out)
+            .unwrap();
+        let fused = read(be, &out, n);
+        let e = rel_err(&fused, &gated);
+        notes.check("rms_norm_gated", e, bounds.norm + bounds.glu, || {
+            what.clone()
+        });
+        let mut out2 = poison(be, h, n);
+        be.glu(Activation::SwiGlu, &zb, &inplace, n, &mut out2)
+            .unwrap();
+        let same = fused
+            .iter()
+            .zip(read(be, &out2, n))
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        notes.check(
+            "rms_norm_gated = rms_norm_inplace, glu",
+            f64::from(u8::from(!same)),
+            0.0,
+            || what.clone(),
+        );
+
         let (resid, addv) = (rng.vec(n), rng.vec(n));
         let sum: Vec<f32> = resid.iter().zip(&addv).map(|(a, b)| a + b).collect();
         reference::rms_norm(&sum, &g, 1e-6, &mut want);
