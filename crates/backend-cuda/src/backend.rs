@@ -26,13 +26,14 @@ pub(crate) fn check_add(a: &CudaBuf, b: &CudaBuf, n: usize) -> Result<()> {
     })
 }
 
-/// The shapes of `matmul_qkv`.
-pub(crate) fn check_qkv(
-    w: &[&CudaWeight; 3],
+/// The shapes of `matmul_many`.
+pub(crate) fn check_many(
+    w: &[&CudaWeight],
     x: &CudaBuf,
     rows_x: usize,
-    out: &[&mut CudaBuf; 3],
+    out: &[&mut CudaBuf],
 ) -> Result<()> {
+    quiver_backend::check_many(w.len(), out.len())?;
     for (m, o) in w.iter().zip(out) {
         check(
             "matmul",
@@ -257,15 +258,16 @@ impl Backend for CudaBackend {
         self.mm(w, x.ptr(), rows_x, out.ptr())
     }
 
-    fn matmul_qkv(
+    fn matmul_many(
         &self,
-        w: [&CudaWeight; 3],
+        w: &[&CudaWeight],
         x: &CudaBuf,
         rows_x: usize,
-        out: [&mut CudaBuf; 3],
+        out: &mut [&mut CudaBuf],
     ) -> Result<()> {
-        check_qkv(&w, x, rows_x, &out)?;
-        self.matmul_qkv_fast(w, x, rows_x, out)
+        check_many(w, x, rows_x, out)?;
+        let ys: Vec<u64> = out.iter().map(|o| o.ptr()).collect();
+        self.matmul_many_fast(w, x.ptr(), rows_x, &ys)
     }
 
     #[allow(clippy::too_many_arguments)]

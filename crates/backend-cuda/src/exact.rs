@@ -158,21 +158,6 @@ impl Parity {
         )
     }
 
-    /// The three products one after the other (shapes checked by the caller).
-    pub(crate) fn matmul_qkv(
-        &self,
-        be: &CudaBackend,
-        w: [&CudaWeight; 3],
-        x: &CudaBuf,
-        rows_x: usize,
-        out: [&mut CudaBuf; 3],
-    ) -> Result<()> {
-        for (m, o) in w.iter().zip(out) {
-            self.mm(be, m, x.ptr(), rows_x, o.ptr())?;
-        }
-        Ok(())
-    }
-
     /// The two products into `scratch`, then the glu (the CPU's order).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_glu(

@@ -35,6 +35,29 @@ impl CudaBackend {
     /// Matrix-vector products of up to three matrices of one type over the same x, in one
     /// launch per 8 tokens.
     pub(crate) fn mmv(&self, mats: &[(&CudaWeight, u64)], x: u64, n: usize) -> Result<()> {
+        self.mmv_over(mats, x, n, None)
+    }
+
+    /// [`mmv`](Self::mmv) over `n` ≤ 8 tokens whose int8 activations `quantize_act` has made
+    /// (for a weight of an int8 type; `x` for the others).
+    pub(crate) fn mmv_quantized(
+        &self,
+        mats: &[(&CudaWeight, u64)],
+        x: u64,
+        n: usize,
+        q: Option<(u64, u64, u64)>,
+    ) -> Result<()> {
+        debug_assert!(n <= MMV_TOKENS);
+        self.mmv_over(mats, x, n, q)
+    }
+
+    fn mmv_over(
+        &self,
+        mats: &[(&CudaWeight, u64)],
+        x: u64,
+        n: usize,
+        made: Option<(u64, u64, u64)>,
+    ) -> Result<()> {
         let w0 = mats[0].0;
         let module = &w0.names.module;
         let int8 = self.int8_block(w0);
@@ -57,7 +80,10 @@ impl CudaBackend {
             let name = mmv_name(&w0.names.mmv, nt, bytes);
             match int8 {
                 Some(block) => {
-                    let (q, d, bs) = self.quantize_act(xo, nt, w0.cols, block, w0.ty)?;
+                    let (q, d, bs) = match made {
+                        Some(q) => q,
+                        None => self.quantize_act(xo, nt, w0.cols, block, w0.ty)?,
+                    };
                     self.launch(
                         module,
                         name,

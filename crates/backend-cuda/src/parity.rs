@@ -7,7 +7,7 @@
 //! architecture that needs them is refused at load) and only f16 KV caches.
 
 use crate::backend::{
-    check_add, check_head_dims, check_logits, check_qkv, check_softcap, make_kv, norm_with,
+    check_add, check_head_dims, check_logits, check_many, check_softcap, make_kv, norm_with,
 };
 use crate::batch::CudaStep;
 use crate::embed::check_embed;
@@ -201,15 +201,18 @@ impl Backend for ParityBackend {
         self.p.mm(&self.cuda, w, x.ptr(), rows_x, out.ptr())
     }
 
-    fn matmul_qkv(
+    fn matmul_many(
         &self,
-        w: [&CudaWeight; 3],
+        w: &[&CudaWeight],
         x: &CudaBuf,
         rows_x: usize,
-        out: [&mut CudaBuf; 3],
+        out: &mut [&mut CudaBuf],
     ) -> Result<()> {
-        check_qkv(&w, x, rows_x, &out)?;
-        self.p.matmul_qkv(&self.cuda, w, x, rows_x, out)
+        check_many(w, x, rows_x, out)?;
+        for (m, o) in w.iter().zip(out.iter()) {
+            self.p.mm(&self.cuda, m, x.ptr(), rows_x, o.ptr())?;
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

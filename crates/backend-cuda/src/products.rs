@@ -72,14 +72,15 @@ fn act_form(p: Product, kernel: &str, arch: u32) -> u8 {
     }
 }
 
-/// How the fast path runs `matmul_qkv`.
-enum QkvPath {
-    /// All three on the tensor cores over one f16 copy of x.
-    Gemm([Product; 3]),
-    /// One matrix-vector launch per 8 tokens for the three (one type, one width).
-    Fused,
-    /// Three products, each as `matmul` runs it.
-    Separate,
+/// What a product of `matmul_many` reads x as: products of one key share one copy. The form
+/// ([`act_form`]; the matrix-vector kernels' int8 is form 2, imv's), the width, and what else
+/// shapes the copy: the int8 block and Q4_1/Q5_1's f16 offsets, the f16 copy's grid, the
+/// permuted copy's type.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ActKey {
+    form: u8,
+    cols: usize,
+    shape: u32,
 }
 
 /// How the fast path runs `matmul_glu`.
@@ -223,62 +224,114 @@ impl CudaBackend {
         )
     }
 
-    /// The fast path's `matmul_qkv` (shapes checked by the caller).
-    pub(crate) fn matmul_qkv_fast(
+    /// The fast path's `matmul_many` (shapes checked by the caller): each product on its
+    /// family, the products that read x alike over one copy of it, made once (the scratch holds
+    /// one copy of a kind: one key at a time), and the matrix-vector ones of one type and width
+    /// up to three a launch. Each product's bits are `mm`'s.
+    pub(crate) fn matmul_many_fast(
         &self,
-        w: [&CudaWeight; 3],
-        x: &CudaBuf,
+        w: &[&CudaWeight],
+        x: u64,
         rows_x: usize,
-        out: [&mut CudaBuf; 3],
+        out: &[u64],
     ) -> Result<()> {
-        match self.qkv_path(&w, rows_x) {
-            QkvPath::Gemm(tcs) => {
-                // One copy of x (f16 or int8) for the three products.
-                let a = self.act(tcs[0], x.ptr(), rows_x, w[0])?;
-                for ((m, o), tc) in w.iter().zip(out).zip(tcs) {
-                    self.gemm(m, tc, a, rows_x, o.ptr())?;
-                }
-                Ok(())
+        // Decode rows and prompt rows together: each product in two ranges (`mm`).
+        let Some(kind) = self.kind_of(rows_x) else {
+            for (m, &y) in w.iter().zip(out) {
+                self.mm(m, x, rows_x, y)?;
             }
-            QkvPath::Fused => self.mmv(
-                &[
-                    (w[0], out[0].ptr()),
-                    (w[1], out[1].ptr()),
-                    (w[2], out[2].ptr()),
-                ],
-                x.ptr(),
-                rows_x,
-            ),
-            QkvPath::Separate => {
-                for (m, o) in w.iter().zip(out) {
-                    self.mm(m, x.ptr(), rows_x, o.ptr())?;
+            return Ok(());
+        };
+        let tcs: Vec<Option<Product>> = w
+            .iter()
+            .map(|m| self.tensor_core(m, rows_x, kind))
+            .collect();
+        let keys: Vec<Option<ActKey>> = w
+            .iter()
+            .zip(&tcs)
+            .map(|(m, &tc)| self.act_key(tc, m, rows_x))
+            .collect();
+        let mut done = vec![false; w.len()];
+        for i in 0..w.len() {
+            if done[i] {
+                continue;
+            }
+            let key = keys[i];
+            let act = match (key, tcs[i]) {
+                (Some(_), Some(tc)) => Some(self.act(tc, x, rows_x, w[i])?),
+                (Some(_), None) => {
+                    let block = registry::int8_activations(w[i].kernel).expect("an int8 key");
+                    let (q, d, s) = self.quantize_act(x, rows_x, w[i].cols, block, w[i].ty)?;
+                    Some(Act::Int8 { q, d, s })
                 }
-                Ok(())
+                (None, _) => None,
+            };
+            // The tensor-core products of this key, then its matrix-vector ones by type and width.
+            for j in i..w.len() {
+                if let (false, true, Some(tc), Some(a)) = (done[j], keys[j] == key, tcs[j], act) {
+                    self.gemm(w[j], tc, a, rows_x, out[j])?;
+                    done[j] = true;
+                }
+            }
+            for j in i..w.len() {
+                if done[j] || keys[j] != key || tcs[j].is_some() {
+                    continue;
+                }
+                let mut mats = vec![(w[j], out[j])];
+                done[j] = true;
+                for k in j + 1..w.len() {
+                    let m = w[k];
+                    if mats.len() < 3
+                        && !done[k]
+                        && keys[k] == key
+                        && tcs[k].is_none()
+                        && m.ty == w[j].ty
+                        && m.cols == w[j].cols
+                    {
+                        mats.push((m, out[k]));
+                        done[k] = true;
+                    }
+                }
+                match act {
+                    Some(Act::Int8 { q, d, s }) => {
+                        self.mmv_quantized(&mats, x, rows_x, Some((q, d, s)))?
+                    }
+                    _ => self.mmv(&mats, x, rows_x)?,
+                }
             }
         }
+        Ok(())
     }
 
-    fn qkv_path(&self, w: &[&CudaWeight; 3], rows_x: usize) -> QkvPath {
-        // Decode rows and prompt rows: each product in two ranges (`mm`).
-        let Some(kind) = self.kind_of(rows_x) else {
-            return QkvPath::Separate;
-        };
-        let same_width = w
-            .iter()
-            .all(|m| m.cols == w[0].cols && act_grid(m.ty) == act_grid(w[0].ty));
-        if let [Some(q), Some(k), Some(v)] = w.map(|m| self.tensor_core(m, rows_x, kind)) {
-            let arch = self.dev.info.arch;
-            let [fq, fk, fv] =
-                [(q, w[0]), (k, w[1]), (v, w[2])].map(|(p, m)| act_form(p, m.kernel, arch));
-            if same_width && fq == fk && fq == fv {
-                return QkvPath::Gemm([q, k, v]);
+    /// The copy of x a product of `w` over `n` rows reads (`tc`: its tensor-core family; none:
+    /// the matrix-vector kernels, whose int8 activations are shared over at most one launch's
+    /// tokens and whose f32 x needs no copy).
+    fn act_key(&self, tc: Option<Product>, w: &CudaWeight, n: usize) -> Option<ActKey> {
+        let q8_1 = u32::from(matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q5_1));
+        let int8 = |block: usize| 2 * block as u32 + q8_1;
+        let (form, shape) = match tc {
+            None => (
+                2,
+                int8(registry::int8_activations(w.kernel).filter(|_| n <= MMV_TOKENS)?),
+            ),
+            Some(tc) => {
+                let form = act_form(tc, w.kernel, self.dev.info.arch);
+                let shape = match form {
+                    2 | 3 => int8(registry::int8_activations(w.kernel).unwrap_or(32)),
+                    0 => act_grid(w.ty)
+                        .filter(|b| w.cols.is_multiple_of(*b))
+                        .unwrap_or(0) as u32,
+                    1 => w.ty as u32,
+                    _ => 0,
+                };
+                (form, shape)
             }
-        }
-        if rows_x <= MMV_TOKENS && w.iter().all(|m| m.ty == w[0].ty && m.cols == w[0].cols) {
-            QkvPath::Fused
-        } else {
-            QkvPath::Separate
-        }
+        };
+        Some(ActKey {
+            form,
+            cols: w.cols,
+            shape,
+        })
     }
 
     /// The fast path's `matmul_glu`: gate·up fused on the matrix-vector kernels, both

@@ -149,6 +149,18 @@ pub struct WorkspaceSpec {
     pub n_slots: usize,
 }
 
+/// `matmul_many`'s lists: a weight for every output.
+pub fn check_many(weights: usize, outs: usize) -> Result<()> {
+    if weights == outs {
+        Ok(())
+    } else {
+        Err(BackendError::Shape {
+            op: "matmul_many",
+            detail: format!("{weights} weights for {outs} outputs"),
+        })
+    }
+}
+
 /// The device contract. Buffers hold f32 activations; weights keep their GGUF type.
 pub trait Backend {
     /// An activation buffer of f32.
@@ -289,15 +301,18 @@ pub trait Backend {
         rows_x: usize,
         out: &mut Self::Buf,
     ) -> Result<()>;
-    /// The q, k and v products of one x (a backend may run them as one launch).
-    fn matmul_qkv(
+    /// out[i] = x · w[i]ᵀ for every i: the products of one x (q, k and v; a layer's input
+    /// projections), each with the bits `matmul` gives it; a backend may share one copy of x
+    /// between them and run several in one launch.
+    fn matmul_many(
         &self,
-        w: [&Self::Weight; 3],
+        w: &[&Self::Weight],
         x: &Self::Buf,
         rows_x: usize,
-        out: [&mut Self::Buf; 3],
+        out: &mut [&mut Self::Buf],
     ) -> Result<()> {
-        for (w, o) in w.into_iter().zip(out) {
+        check_many(w.len(), out.len())?;
+        for (w, o) in w.iter().zip(out.iter_mut()) {
             self.matmul(w, x, rows_x, o)?;
         }
         Ok(())

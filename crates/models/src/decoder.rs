@@ -497,11 +497,11 @@ impl<B: Backend> Model<B> {
             None => (&mut s.q, n * qd),
         };
         match (&l.wk, &l.wv) {
-            (Some(wk), wv) => b.matmul_qkv(
-                [&l.wq, wk, wv.as_ref().unwrap_or(wk)],
+            (Some(wk), wv) => b.matmul_many(
+                &[&l.wq, wk, wv.as_ref().unwrap_or(wk)],
                 &s.xn,
                 n,
-                [q_out, &mut s.k, &mut s.v],
+                &mut [q_out, &mut s.k, &mut s.v],
             )?,
             (None, _) => b.matmul(&l.wq, &s.xn, n, q_out)?,
         }

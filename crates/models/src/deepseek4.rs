@@ -605,37 +605,19 @@ pub(crate) fn forward<B: Backend>(
             dump.put(b, "hc_attn_pre", i, &s.x, n * d);
             b.rms_norm(&s.x, &l.attn_norm, eps, n, &mut s.xn)?;
             dump.put(b, "attn_norm", i, &s.xn, n * d);
-            // The products of xn by threes where the layer has them (a backend may run three
-            // of one type and width as one launch over one copy of xn).
-            match &l.comp {
-                Some([ckv, ..]) => b.matmul_qkv(
-                    [&l.wq_a, &l.wkv, ckv],
-                    &s.xn,
-                    n,
-                    [&mut bf.qr, &mut s.k, &mut bf.ckv],
-                )?,
-                None => {
-                    b.matmul(&l.wq_a, &s.xn, n, &mut bf.qr)?;
-                    b.matmul(&l.wkv, &s.xn, n, &mut s.k)?;
-                }
+            // The products of xn: q_a, kv, the compressor's kv and gate, the indexer's kv and
+            // gate (a backend may share one copy of xn and run several in one launch).
+            let mut ws: Vec<&B::Weight> = vec![&l.wq_a, &l.wkv];
+            let mut outs: Vec<&mut B::Buf> = vec![&mut bf.qr, &mut s.k];
+            if let Some([ckv, cg, ..]) = &l.comp {
+                ws.extend([ckv, cg]);
+                outs.extend([&mut bf.ckv, &mut bf.csc]);
             }
-            match (&l.comp, &l.ix) {
-                (Some([_, cg, ..]), Some([_, _, ikv, ig, ..])) => b.matmul_qkv(
-                    [cg, ikv, ig],
-                    &s.xn,
-                    n,
-                    [&mut bf.csc, &mut bf.ikv, &mut bf.isc],
-                )?,
-                (comp, ix) => {
-                    if let Some([_, cg, ..]) = comp {
-                        b.matmul(cg, &s.xn, n, &mut bf.csc)?;
-                    }
-                    if let Some([_, _, ikv, ig, ..]) = ix {
-                        b.matmul(ikv, &s.xn, n, &mut bf.ikv)?;
-                        b.matmul(ig, &s.xn, n, &mut bf.isc)?;
-                    }
-                }
+            if let Some([_, _, ikv, ig, ..]) = &l.ix {
+                ws.extend([ikv, ig]);
+                outs.extend([&mut bf.ikv, &mut bf.isc]);
             }
+            b.matmul_many(&ws, &s.xn, n, &mut outs)?;
             dump.put(b, "qr", i, &bf.qr, n * ds.q_lora);
             b.rms_norm_inplace(&mut bf.qr, &l.q_a_norm, eps, n)?;
             dump.put(b, "qr_norm", i, &bf.qr, n * ds.q_lora);

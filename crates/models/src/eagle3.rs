@@ -279,7 +279,12 @@ pub(crate) fn forward<B: Backend>(
     b.copy_cols(residual, d, 0, d, n, &mut s.x)?;
     let (wk, wv) = (l.wk.as_ref(), l.wv.as_ref());
     let (wk, wv) = (wk.expect("eagle3 k"), wv.expect("eagle3 v"));
-    b.matmul_qkv([&l.wq, wk, wv], &ea.cat, n, [&mut s.q, &mut s.k, &mut s.v])?;
+    b.matmul_many(
+        &[&l.wq, wk, wv],
+        &ea.cat,
+        n,
+        &mut [&mut s.q, &mut s.k, &mut s.v],
+    )?;
     b.rope_kv_write(
         step,
         &mut s.q,

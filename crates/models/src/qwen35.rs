@@ -300,10 +300,12 @@ pub(crate) fn linear<B: Backend>(
     let p = hp.delta_net.expect("hybrid hparams");
     let hy = s.hy.as_mut().expect("hybrid buffers");
     let (c, vd, hv) = (p.channels(), p.value_dim(), p.n_v_heads);
-    b.matmul(&l.wq, &s.xn, n, &mut hy.qkv)?;
-    b.matmul(&lin.z, &s.xn, n, &mut hy.z)?;
-    b.matmul(&lin.alpha, &s.xn, n, &mut hy.alpha)?;
-    b.matmul(&lin.beta, &s.xn, n, &mut hy.beta)?;
+    b.matmul_many(
+        &[&l.wq, &lin.z, &lin.alpha, &lin.beta],
+        &s.xn,
+        n,
+        &mut [&mut hy.qkv, &mut hy.z, &mut hy.alpha, &mut hy.beta],
+    )?;
     let [s_qkv, s_z, s_a, s_b, s_o] = lin.scales;
     for (scale, buf, len) in [
         (s_qkv, &mut hy.qkv, n * c),

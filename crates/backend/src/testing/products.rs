@@ -1,5 +1,5 @@
 //! Products and the embedding for every weight type of the table: `matmul` at every token
-//! count, `matmul_qkv` and `matmul_glu` (both activations), `matmul_logits` over each batch's
+//! count, `matmul_many` and `matmul_glu` (both activations), `matmul_logits` over each batch's
 //! (non-contiguous) logits rows, `embed` of each batch's tokens.
 
 use super::batches::{batches, TestBatch};
@@ -218,7 +218,7 @@ fn matmul<B: Backend, H: Harness<B>>(
     }
 }
 
-/// `matmul_qkv` over `[w, w2, w]` and `matmul_glu` (gate `w`, up `w2`) with both activations.
+/// `matmul_many` over `[w, w2, w, w2]` and `matmul_glu` (gate `w`, up `w2`) with both activations.
 fn fused<B: Backend, H: Harness<B>>(
     be: &B,
     h: &H,
@@ -232,20 +232,35 @@ fn fused<B: Backend, H: Harness<B>>(
     let x = rng.vec(n * cols);
     let xb = h.upload(be, &x);
     let bound = h.product_bound(be, ty, cols, n);
-    let (mut a, mut b, mut c) = (
-        poison(be, h, n * rows),
-        poison(be, h, n * rows),
-        poison(be, h, n * rows),
-    );
-    be.matmul_qkv([w[0], w[1], w[0]], &xb, n, [&mut a, &mut b, &mut c])
-        .unwrap();
+    let mut outs: Vec<B::Buf> = (0..4).map(|_| poison(be, h, n * rows)).collect();
+    be.matmul_many(
+        &[w[0], w[1], w[0], w[1]],
+        &xb,
+        n,
+        &mut outs.iter_mut().collect::<Vec<_>>(),
+    )
+    .unwrap();
     let wa = reference_product(be, h, wc[0], n, &x);
     let wb = reference_product(be, h, wc[1], n, &x);
-    for (i, (buf, want)) in [(&a, &wa), (&b, &wb), (&c, &wa)].into_iter().enumerate() {
-        let e = rel_err(&read(be, buf, n * rows), want);
-        notes.check("matmul_qkv", e, bound, || {
+    for (i, buf) in outs.iter().enumerate() {
+        let got = read(be, buf, n * rows);
+        let e = rel_err(&got, [&wa, &wb][i % 2]);
+        notes.check("matmul_many", e, bound, || {
             format!("{ty} [{rows}, {cols}], output {i}, {n} tokens")
         });
+        // Each product of the set has the bits `matmul` gives it alone.
+        let mut alone = poison(be, h, n * rows);
+        be.matmul(w[i % 2], &xb, n, &mut alone).unwrap();
+        let same = got
+            .iter()
+            .zip(read(be, &alone, n * rows))
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        notes.check(
+            "matmul_many = matmul",
+            f64::from(u8::from(!same)),
+            0.0,
+            || format!("{ty} [{rows}, {cols}], output {i}, {n} tokens"),
+        );
     }
     for act in [Activation::SwiGlu, Activation::GeGlu] {
         let (mut s1, mut s2, mut o) = (
