@@ -111,6 +111,9 @@ struct BatchView {
     const u32* state_slot;
     // Per sequence: where it keeps what a rollback needs (0xFFFFFFFF: nothing; delta.cu).
     const u32* kept_slot;
+    // Per sequence: its first row and its rows, consecutive (0 past the step's sequences).
+    const u32* seq_row;
+    const u32* seq_rows;
     u32 block_size;
 };
 

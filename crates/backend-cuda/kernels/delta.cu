@@ -1,9 +1,8 @@
 // ---- The gated delta net (Qwen 3.5's linear-attention layers) ----
 // The scalar reference is crates/backend/src/delta_net.rs; these kernels compute it per
 // sequence, in its order of tokens, so that a sequence's floats do not depend on the step's
-// other rows. A sequence's rows are consecutive in the step; the block of a sequence's first row
-// does the sequence's work (the others return), so that the grid follows the step's rows (a
-// graph's bucket) whatever the sequences.
+// other rows. A sequence's rows are consecutive in the step; the grid's x goes over the step's
+// sequences (dn_seq; src/delta.rs `seq_grid`).
 //
 // The recurrent state of one sequence in one layer (`state_slot` of the batch, `per` floats a
 // slot): the convolution's last k - 1 input rows (oldest first, [k - 1, C]), then one S × S
@@ -37,6 +36,16 @@ __device__ __forceinline__ bool dn_first(BatchView b, int rows, int r, int& end)
     }
 }
 
+// The sequence of block x: its first row r and its end. The grid goes over the step's sequences,
+// or over its rows in a step a graph replays (whose sequences vary under one grid): the blocks
+// past the step's sequences (no rows) return.
+__device__ __forceinline__ bool dn_seq(BatchView b, int& r, int& end) {
+    const int n = (int)b.seq_rows[blockIdx.x];
+    r = (int)b.seq_row[blockIdx.x];
+    end = r + n;
+    return n > 0;
+}
+
 __device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x)); }
 
 // The causal convolution (taps oldest first) then SiLU, in place over x ([rows, C]), channel by
@@ -47,16 +56,16 @@ __device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x));
 // waits, then each thread writes its segment's outputs. a[j] holds the segment's row j - 7 (the
 // first 7: rows before it); output u takes a[u + q] for the taps q = 8 - k .. 7 (tap
 // q - (8 - k)), the window after row u is a[u + q] for q = 9 - k .. 7 (state row q - (9 - k)).
-// grid (rows, ceil(C / 32)), block (32, 8).
+// grid (sequences, ceil(C / 32)), block (32, 8).
 #define DN_CONV_SEG 16
 extern "C" __global__ void __launch_bounds__(256)
-    dn_conv(BatchView b, int rows, float* __restrict__ x, int C, const float* __restrict__ w, int k,
+    dn_conv(BatchView b, float* __restrict__ x, int C, const float* __restrict__ w, int k,
             float* __restrict__ state, long long per, float* __restrict__ snap, int planes) {
     pdl_begin();
     __shared__ float carry[7][32];
-    int end;
-    const int r = blockIdx.x, lane = threadIdx.x, sg = threadIdx.y, ch = blockIdx.y * 32 + lane;
-    if (!dn_first(b, rows, r, end)) return;
+    int r, end;
+    const int lane = threadIdx.x, sg = threadIdx.y, ch = blockIdx.y * 32 + lane;
+    if (!dn_seq(b, r, end)) return;
     const bool live = ch < C;
     const int cc = live ? ch : 0, L = end - r;
     const long long slot = b.state_slot[b.seq[r]];
@@ -146,11 +155,11 @@ __device__ __forceinline__ float dn_row_sum(float v) {
 // reads on its own banks); the gate and β of 32 tokens at a time, lane l computing token l's and
 // the token's lane handing them out, the next 32 tokens' raw values loaded meanwhile. The sums run
 // over all SM: the entries past S are zeros in M, q and k, which add exact zeros (no branch
-// between the steps). Instances: src/delta.rs `RULE_LANES`. grid (rows, value heads,
+// between the steps). Instances: src/delta.rs `RULE_LANES`. grid (sequences, value heads,
 // ceil(S / (32 / H))), block 32.
 #define DN_RING 4
 template <int SM, int H>
-__global__ void dn_rule(BatchView b, int rows, const float* __restrict__ x, int C, int nk, int S,
+__global__ void dn_rule(BatchView b, const float* __restrict__ x, int C, int nk, int S,
                         const float* __restrict__ alpha, const float* __restrict__ beta,
                         const float* __restrict__ dt_bias, const float* __restrict__ a, float* __restrict__ state,
                         long long per, long long conv_floats, float* __restrict__ snap, int planes,
@@ -162,10 +171,10 @@ __global__ void dn_rule(BatchView b, int rows, const float* __restrict__ x, int 
     static_assert(W % 4 == 0, "four chains a part");
     __shared__ __align__(16) float qk[DN_RING][2][H * LD];  // [token % ring][q, k][part · LD + entry]
     __shared__ __align__(16) float vs[DN_RING][NR];
-    int end;
-    const int r = blockIdx.x, h = blockIdx.y, hv = gridDim.y, lane = threadIdx.x;
+    int r, end;
+    const int h = blockIdx.y, hv = gridDim.y, lane = threadIdx.x;
     const int part = lane % H, i0 = part * W, j = blockIdx.z * NR + lane / H;
-    if (!dn_first(b, rows, r, end)) return;
+    if (!dn_seq(b, r, end)) return;
     const bool live = j < S;
     const long long slot = b.state_slot[b.seq[r]];
     const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;

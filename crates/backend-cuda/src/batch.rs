@@ -19,7 +19,7 @@ pub(crate) struct BatchLayout {
 
 impl BatchLayout {
     fn words(&self) -> usize {
-        5 * self.cap_t + 4 * self.cap_s + self.cap_bt
+        5 * self.cap_t + 6 * self.cap_s + self.cap_bt
     }
 }
 
@@ -42,6 +42,10 @@ pub(crate) struct BatchView {
     pub(crate) state_slot: u64,
     /// Per sequence, where it keeps what a rollback needs (SeqSpan::kept_slot).
     pub(crate) kept_slot: u64,
+    /// Per sequence, its first row and its rows (consecutive in the step; 0 past the step's
+    /// sequences): the kernels whose grid goes over the sequences (delta.cu).
+    pub(crate) seq_row: u64,
+    pub(crate) seq_rows: u64,
     pub(crate) block_size: u32,
 }
 
@@ -59,6 +63,8 @@ impl Default for BatchView {
             drows: 0,
             state_slot: 0,
             kept_slot: 0,
+            seq_row: 0,
+            seq_rows: 0,
             block_size: 1,
         }
     }
@@ -279,7 +285,7 @@ impl CudaBackend {
         let (ct, cs) = (l.cap_t, l.cap_s);
         let h = &mut s.host;
         h.clear();
-        h.resize(5 * ct + 4 * cs + bt_total, 0);
+        h.resize(5 * ct + 6 * cs + bt_total, 0);
         let dummy = n_seqs as u32;
         for t in 0..rows {
             if t < n {
@@ -302,9 +308,14 @@ impl CudaBackend {
             h[5 * ct + cs + si] = off;
             h[5 * ct + 2 * cs + si] = sq.state_slot;
             h[5 * ct + 3 * cs + si] = sq.kept_slot;
-            let b = 5 * ct + 4 * cs + off as usize;
+            let b = 5 * ct + 6 * cs + off as usize;
             h[b..b + sq.block_table.len()].copy_from_slice(&sq.block_table);
             off += sq.block_table.len() as u32;
+        }
+        for t in (0..n).rev() {
+            let si = batch.seq_of[t] as usize;
+            h[5 * ct + 4 * cs + si] = t as u32;
+            h[5 * ct + 5 * cs + si] += 1;
         }
         // The padding sequence: no keys.
         h[5 * ct + n_seqs] = 0;
@@ -322,7 +333,9 @@ impl CudaBackend {
             bt_off: at(5 * ct + cs),
             state_slot: at(5 * ct + 2 * cs),
             kept_slot: at(5 * ct + 3 * cs),
-            block_tables: at(5 * ct + 4 * cs),
+            seq_row: at(5 * ct + 4 * cs),
+            seq_rows: at(5 * ct + 5 * cs),
+            block_tables: at(5 * ct + 6 * cs),
             drows: 0,
             block_size: batch.block_size as u32,
         };

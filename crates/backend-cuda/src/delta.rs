@@ -1,6 +1,6 @@
 //! Qwen 3.5's gated delta net on the device (kernels/delta.cu): the convolution, the q/k norms
-//! and the delta rule, each sequence by the block of its first row in its own order of tokens
-//! (a sequence's floats do not depend on the step's other rows), and the sigmoid gate.
+//! and the delta rule, each sequence by its own blocks in its own order of tokens (a
+//! sequence's floats do not depend on the step's other rows), and the sigmoid gate.
 
 use crate::batch::CudaStep;
 use crate::launch::grid1;
@@ -26,6 +26,17 @@ pub(crate) fn rule_kernels() -> impl Iterator<Item = (String, String)> {
 }
 /// Widest head the delta rule's registers hold.
 const MAX_HEAD: usize = RULE_LANES[2].1;
+
+/// The grid's x of the kernels that go over a step's sequences (delta.cu `dn_seq`): the
+/// sequences, or the rows in a step a graph may replay (its sequences vary under one grid; the
+/// blocks past them return). A prompt of 512 rows then launches one block where it launched 512.
+pub(crate) fn seq_grid(st: &Step<CudaStep>) -> u32 {
+    if st.rows <= crate::graph::MAX_GRAPH_TOKENS {
+        st.rows as u32
+    } else {
+        st.batch.seqs.len() as u32
+    }
+}
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
@@ -101,11 +112,10 @@ impl CudaBackend {
         self.launch(
             "ops",
             "dn_conv",
-            (rows as u32, c.div_ceil(32) as u32, 1),
+            (seq_grid(st), c.div_ceil(32) as u32, 1),
             (32, 8, 1),
             args![
                 view,
-                rows as i32,
                 qkv.ptr(),
                 c as i32,
                 w.conv.data.ptr,
@@ -130,11 +140,10 @@ impl CudaBackend {
         self.launch(
             "ops",
             rule,
-            (rows as u32, hv as u32, s.div_ceil(32 / lanes) as u32),
+            (seq_grid(st), hv as u32, s.div_ceil(32 / lanes) as u32),
             (32, 1, 1),
             args![
                 view,
-                rows as i32,
                 qkv.ptr(),
                 c as i32,
                 p.n_k_heads as i32,

@@ -163,6 +163,8 @@ mod tests {
             drows: 9,
             state_slot: 10,
             kept_slot: 11,
+            seq_row: 12,
+            seq_rows: 13,
             block_size: 16,
         };
         let m = MmvMat {
