@@ -2,7 +2,7 @@
 //! weight for its rows, through that family's launcher — the matrix-vector kernels (mmv.rs),
 //! qmm / qmv (qmm.rs), imm / imv (imm.rs), cuBLAS on F16 weights — over the activations the
 //! family reads (f16 on the weight type's int8 grid, ops.cu; or int8, mmv.rs
-//! `quantize_act`); `matmul_qkv` and `matmul_glu` share one copy of the activations between
+//! `quantize_act`); `matmul_many` and `matmul_glu` share one copy of the activations between
 //! their products. The parity mode's products are in src/exact.rs.
 
 use crate::batch::CudaStep;
