@@ -35,29 +35,19 @@ impl CudaBackend {
     /// Matrix-vector products of up to three matrices of one type over the same x, in one
     /// launch per 8 tokens.
     pub(crate) fn mmv(&self, mats: &[(&CudaWeight, u64)], x: u64, n: usize) -> Result<()> {
-        self.mmv_over(mats, x, n, None)
+        self.mmv_quantized(mats, x, n, None)
     }
 
-    /// [`mmv`](Self::mmv) over `n` ≤ 8 tokens whose int8 activations `quantize_act` has made
-    /// (for a weight of an int8 type; `x` for the others).
+    /// [`mmv`](Self::mmv), the int8 activations of an int8 type from `made` where
+    /// `quantize_act` has made them (`n` ≤ 8 tokens: one launch's).
     pub(crate) fn mmv_quantized(
-        &self,
-        mats: &[(&CudaWeight, u64)],
-        x: u64,
-        n: usize,
-        q: Option<(u64, u64, u64)>,
-    ) -> Result<()> {
-        debug_assert!(n <= MMV_TOKENS);
-        self.mmv_over(mats, x, n, q)
-    }
-
-    fn mmv_over(
         &self,
         mats: &[(&CudaWeight, u64)],
         x: u64,
         n: usize,
         made: Option<(u64, u64, u64)>,
     ) -> Result<()> {
+        debug_assert!(made.is_none() || n <= MMV_TOKENS);
         let w0 = mats[0].0;
         let module = &w0.names.module;
         let int8 = self.int8_block(w0);
