@@ -42,7 +42,7 @@ pub(crate) struct BatchView {
     pub(crate) state_slot: u64,
     /// Per sequence, where it keeps what a rollback needs (SeqSpan::kept_slot).
     pub(crate) kept_slot: u64,
-    /// Per sequence, its first row and its rows (consecutive in the step; 0 past the step's
+    /// Per sequence, its first row and its rows (`SeqSpan::start`, `len`; 0 past the step's
     /// sequences): the kernels whose grid goes over the sequences (delta.cu).
     pub(crate) seq_row: u64,
     pub(crate) seq_rows: u64,
@@ -308,14 +308,11 @@ impl CudaBackend {
             h[5 * ct + cs + si] = off;
             h[5 * ct + 2 * cs + si] = sq.state_slot;
             h[5 * ct + 3 * cs + si] = sq.kept_slot;
+            h[5 * ct + 4 * cs + si] = sq.start as u32;
+            h[5 * ct + 5 * cs + si] = sq.len as u32;
             let b = 5 * ct + 6 * cs + off as usize;
             h[b..b + sq.block_table.len()].copy_from_slice(&sq.block_table);
             off += sq.block_table.len() as u32;
-        }
-        for t in (0..n).rev() {
-            let si = batch.seq_of[t] as usize;
-            h[5 * ct + 4 * cs + si] = t as u32;
-            h[5 * ct + 5 * cs + si] += 1;
         }
         // The padding sequence: no keys.
         h[5 * ct + n_seqs] = 0;

@@ -154,6 +154,13 @@ impl Batch {
             if s.start + s.len > n {
                 return Err(format!("sequence {si} spans past the batch"));
             }
+            // The kernels that go over a step's sequences take a sequence's rows as its span.
+            if self.seq_of[s.start..s.start + s.len]
+                .iter()
+                .any(|&o| o as usize != si)
+            {
+                return Err(format!("sequence {si}: a row of its span is another's"));
+            }
             if s.block_table.len() * self.block_size < s.kv_len {
                 return Err(format!(
                     "sequence {si}: block table too short for {} positions",

@@ -184,5 +184,14 @@ mod tests {
         bb.begin()
             .push_seq(&[1, 2], 15, Blocks::Table(&[3]), Some(1));
         assert!(bb.batch().validate(64 * 16).is_err());
+        // A row inside one sequence's span that names another sequence is refused too.
+        bb.begin()
+            .push_seq(&[1, 2], 0, Blocks::Identity(1), Some(1))
+            .push_seq(&[3], 0, Blocks::Identity(1), Some(0));
+        let mut b = bb.batch().clone();
+        b.validate(16).unwrap();
+        b.seq_of[1] = 1;
+        let e = b.validate(16).unwrap_err();
+        assert!(e.contains("sequence 0"), "{e}");
     }
 }
