@@ -149,6 +149,13 @@ const SHAPES: &[Shape] = &[
         rows: 1024,
         cols: 2048,
     },
+    // Qwen3.5-0.8B Q4_K_M's delta layers' in-projection (q, k, v channels).
+    Shape {
+        label: "qwen3.5 attn_qkv",
+        ty: GgmlType::Q5_K,
+        rows: 6144,
+        cols: 1024,
+    },
     Shape {
         label: "other 1024x2048",
         ty: GgmlType::IQ4_XS,

@@ -1,5 +1,5 @@
 //! Exact tiles: prompt products on the GEMM panel, each output in the decode path's order
-//! (AVX-512): the 32-element types, Q4_K and Q6_K (below).
+//! (AVX-512): the 32-element types, Q4_K, Q5_K and Q6_K (below).
 //!
 //! The decode path ([`super::kern::dot_legacy512`], ggml's `ggml_vec_dot_q*_q8_*`) sums a row
 //! and a token per block as eight i32 lanes, lane `j` the products of columns `4j..4j + 4`,
@@ -26,12 +26,12 @@ use std::arch::x86_64::*;
 /// Rows per pass: each keeps 8 accumulators of 16 tokens (24 of the 32 registers).
 const R: usize = 3;
 
-/// Whether exact tiles take a type: the 32-element ones, Q4_K and Q6_K.
+/// Whether exact tiles take a type: the 32-element ones, Q4_K, Q5_K and Q6_K.
 pub(crate) fn takes(ty: quiver_gguf::GgmlType) -> bool {
     use quiver_gguf::GgmlType as G;
     matches!(
         ty,
-        G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 | G::IQ4_NL | G::Q4_K | G::Q6_K
+        G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 | G::IQ4_NL | G::Q4_K | G::Q5_K | G::Q6_K
     )
 }
 
@@ -60,6 +60,7 @@ pub(crate) unsafe fn xgemm_rows(
             G::Q8_0 => xgemm::<TQ8_0>(job, p, tile, r0, r1, out),
             G::IQ4_NL => xgemm::<TIq4Nl>(job, p, tile, r0, r1, out),
             G::Q4_K => xgemm_k::<TQ4K>(job, p, tile, r0, r1, out),
+            G::Q5_K => xgemm_k::<TQ5K>(job, p, tile, r0, r1, out),
             G::Q6_K => xgemm_k::<TQ6K>(job, p, tile, r0, r1, out),
             _ => {}
         }
@@ -301,8 +302,9 @@ unsafe fn pass<T: Legacy, const N: usize>(
     }
 }
 
-// The K-quants whose decode product ends in whole-block or eight-lane sums (Q4_K as
-// llama.cpp's repacked kernel, Q6_K as `ggml_vec_dot_q6_K_q8_K`): per group of 4 columns a
+// The K-quants whose decode product ends in whole-block or lane sums (Q4_K as llama.cpp's
+// repacked kernel, Q6_K as `ggml_vec_dot_q6_K_q8_K`, Q5_K as the AVX-512 decode path's sixteen
+// lanes, `kern::dot_k512`): per group of 4 columns a
 // row's broadcast bytes times 16 tokens' quants (`vpmaddubsw`) scaled by the group's integer
 // sub-block scale (`vpdpwssd`) into the lane's integer sum, the correction from the tile's
 // quant sums per 16 columns; then per super-block the decode path's float steps.
@@ -359,7 +361,14 @@ unsafe fn xgemm_k<T: KQuant>(
     rows.fit(KR, nb);
     let mut res = [[0f32; LANES]; RMAX];
     let q6 = T::GGML == GGML_Q6K;
-    let step = if q6 { 2 } else { KR };
+    let lanes16 = T::GGML == GGML_LANES;
+    let step = if q6 {
+        2
+    } else if lanes16 {
+        1
+    } else {
+        KR
+    };
     let mut r = r0;
     while r < r1 {
         let nr = step.min(r1 - r);
@@ -373,6 +382,7 @@ unsafe fn xgemm_k<T: KQuant>(
             // sub-block, `sums` one word per 32 columns and lane, and v < tpad / 16.
             unsafe {
                 match (q6, nr) {
+                    _ if lanes16 => pass_k16::<T>(rows, nb, q, a0, sums, tpad, v, &mut res),
                     (true, 2) => pass_k::<T, true, 2>(rows, nb, q, a0, sums, tpad, v, &mut res),
                     (true, _) => pass_k::<T, true, 1>(rows, nb, q, a0, sums, tpad, v, &mut res),
                     (false, 4) => pass_k::<T, false, 4>(rows, nb, q, a0, sums, tpad, v, &mut res),
@@ -550,5 +560,131 @@ unsafe fn pass_k<T: KQuant, const Q6: bool, const N: usize>(
             };
             _mm512_storeu_ps(res[i].as_mut_ptr(), r);
         }
+    }
+}
+
+/// One K-quant row of [`GGML_LANES`] (Q5_K) against token vector `v`, as the AVX-512 decode
+/// path (`kern::dot_k512`) sums it: per super-block sixteen integer lane sums (lane `l` the 4
+/// columns of word `16 p + l` of each 64 columns `p`: the even 32's for `l < 8`, the odd one's
+/// above; each word's products times its 32's scale), each converted and fused into its float
+/// lane with `d · d_a`; the correction's eight lanes fused with `cd · d_a`; then the sixteen
+/// lanes added in `_mm512_reduce_add_ps`'s order ([`reduce16`]) plus the eight in `hsum`'s.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pass_k16<T: KQuant>(
+    rows: &KRows,
+    nb: usize,
+    q: &[u32],
+    a0: &[f32],
+    sums: &[i32],
+    tpad: usize,
+    v: usize,
+    res: &mut [[f32; LANES]; RMAX],
+) {
+    let per = QK_K / T::SUB;
+    // SAFETY: AVX-512 F/BW/VNNI per the module contract. Loads: quant words at
+    // kg tpad + 16 v + 16 <= cols / 4 · tpad, scales at (per b) tpad + 16 v + 16 <= cols / SUB
+    // · tpad, sums at (8 b + k) tpad + 16 v + 16 <= cols / 32 · tpad, weight words at
+    // 4 kg + 4 <= cols (row 0 of `rows`).
+    unsafe {
+        let (q, a0, sums) = (
+            q.as_ptr().add(LANES * v),
+            a0.as_ptr().add(LANES * v),
+            sums.as_ptr().add(LANES * v),
+        );
+        let u = rows.u.as_ptr();
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut accm = [_mm512_setzero_ps(); 8];
+        for b in 0..nb {
+            let da = _mm512_loadu_ps(a0.add(per * b * tpad));
+            let kd = _mm512_mul_ps(_mm512_set1_ps(rows.d[b]), da);
+            let kcd = _mm512_mul_ps(_mm512_set1_ps(rows.cd[b]), da);
+            for (l, acc) in acc.iter_mut().enumerate() {
+                let mut isum = zero;
+                for p in 0..4 {
+                    let kg = 64 * b + 16 * p + l;
+                    let av = _mm512_loadu_si512(q.add(kg * tpad).cast());
+                    let word = u.add(4 * kg).cast::<i32>().read_unaligned();
+                    // The 32 of these columns: 2 p, or 2 p + 1 for the upper eight lanes.
+                    let sc = _mm512_set1_epi32(rows.sc[16 * b + 2 * (2 * p + l / 8)]);
+                    let p16 = _mm512_maddubs_epi16(_mm512_set1_epi32(word), av);
+                    isum = _mm512_dpwssd_epi32(isum, p16, sc);
+                }
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), kd, *acc);
+            }
+            for (k, accm) in accm.iter_mut().enumerate() {
+                let s = _mm512_loadu_si512(sums.add((8 * b + k) * tpad).cast());
+                let c = _mm512_dpwssd_epi32(zero, s, _mm512_set1_epi32(rows.corr[8 * b + k]));
+                *accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), kcd, *accm);
+            }
+        }
+        _mm512_storeu_ps(
+            res[0].as_mut_ptr(),
+            _mm512_add_ps(reduce16(&acc), hsum8(&accm)),
+        );
+    }
+}
+
+/// Sixteen lane sums of 16 tokens each added token by token in `_mm512_reduce_add_ps`'s
+/// order: lanes `i` and `i + 8`, then `+ 4`, `+ 2`, `+ 1` (the halving tree; a test holds it).
+#[inline(always)]
+unsafe fn reduce16(a: &[__m512; 16]) -> __m512 {
+    // SAFETY: AVX-512 F per the module contract.
+    unsafe {
+        let t8: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(a[i], a[i + 8]));
+        let t4: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t8[i], t8[i + 4]));
+        let t2: [__m512; 2] = std::array::from_fn(|i| _mm512_add_ps(t4[i], t4[i + 2]));
+        _mm512_add_ps(t2[0], t2[1])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`reduce16`] adds a token's sixteen lanes as `_mm512_reduce_add_ps` adds a register's
+    /// (the decode path's last step), on values whose sum depends on the order.
+    #[test]
+    fn reduce16_is_mm512_reduce_add_ps() {
+        if !is_x86_feature_detected!("avx512f") {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        #[target_feature(enable = "avx512f")]
+        unsafe fn check(seed: u64) -> (f32, f32, f32) {
+            let mut x = seed;
+            let mut vals = [0f32; 16];
+            for v in vals.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let e = (x >> 58) as i32 - 32; // exponents over a wide range
+                *v = ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi(e / 2);
+            }
+            // SAFETY: AVX-512 F is present; 16 floats.
+            unsafe {
+                let want = _mm512_reduce_add_ps(_mm512_loadu_ps(vals.as_ptr()));
+                let lanes: [__m512; 16] = std::array::from_fn(|l| _mm512_set1_ps(vals[l]));
+                let got = _mm512_cvtss_f32(reduce16(&lanes));
+                (want, got, vals.iter().sum())
+            }
+        }
+        let mut other_orders = 0;
+        for seed in 1..2000u64 {
+            // SAFETY: AVX-512 F checked above.
+            let (want, got, sequential) = unsafe { check(seed * 0x9e37_79b9) };
+            assert_eq!(
+                want.to_bits(),
+                got.to_bits(),
+                "seed {seed}: {want} vs {got}"
+            );
+            other_orders += usize::from(sequential.to_bits() != want.to_bits());
+        }
+        // The values tell orders apart: a left-to-right sum differs often.
+        assert!(
+            other_orders > 100,
+            "{other_orders} of 1999 differ from the sequential sum"
+        );
     }
 }
