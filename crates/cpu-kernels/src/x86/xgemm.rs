@@ -1,5 +1,5 @@
 //! Exact tiles: prompt products on the GEMM panel, each output in the decode path's order
-//! (AVX-512): the 32-element types, Q4_K, Q5_K and Q6_K (below).
+//! (AVX-512): the 32-element types and Q2_K to Q6_K (below).
 //!
 //! The decode path ([`super::kern::dot_legacy512`], ggml's `ggml_vec_dot_q*_q8_*`) sums a row
 //! and a token per block as eight i32 lanes, lane `j` the products of columns `4j..4j + 4`,
@@ -26,12 +26,22 @@ use std::arch::x86_64::*;
 /// Rows per pass: each keeps 8 accumulators of 16 tokens (24 of the 32 registers).
 const R: usize = 3;
 
-/// Whether exact tiles take a type: the 32-element ones, Q4_K, Q5_K and Q6_K.
+/// Whether exact tiles take a type: the 32-element ones and Q2_K to Q6_K.
 pub(crate) fn takes(ty: quiver_gguf::GgmlType) -> bool {
     use quiver_gguf::GgmlType as G;
     matches!(
         ty,
-        G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0 | G::IQ4_NL | G::Q4_K | G::Q5_K | G::Q6_K
+        G::Q4_0
+            | G::Q4_1
+            | G::Q5_0
+            | G::Q5_1
+            | G::Q8_0
+            | G::IQ4_NL
+            | G::Q2_K
+            | G::Q3_K
+            | G::Q4_K
+            | G::Q5_K
+            | G::Q6_K
     )
 }
 
@@ -59,6 +69,8 @@ pub(crate) unsafe fn xgemm_rows(
             G::Q5_1 => xgemm::<TQ5_1>(job, p, tile, r0, r1, out),
             G::Q8_0 => xgemm::<TQ8_0>(job, p, tile, r0, r1, out),
             G::IQ4_NL => xgemm::<TIq4Nl>(job, p, tile, r0, r1, out),
+            G::Q2_K => xgemm_k::<TQ2K>(job, p, tile, r0, r1, out),
+            G::Q3_K => xgemm_k::<TQ3K>(job, p, tile, r0, r1, out),
             G::Q4_K => xgemm_k::<TQ4K>(job, p, tile, r0, r1, out),
             G::Q5_K => xgemm_k::<TQ5K>(job, p, tile, r0, r1, out),
             G::Q6_K => xgemm_k::<TQ6K>(job, p, tile, r0, r1, out),
@@ -303,8 +315,8 @@ unsafe fn pass<T: Legacy, const N: usize>(
 }
 
 // The K-quants whose decode product ends in whole-block or lane sums (Q4_K as llama.cpp's
-// repacked kernel, Q6_K as `ggml_vec_dot_q6_K_q8_K`, Q5_K as the AVX-512 decode path's sixteen
-// lanes, `kern::dot_k512`): per group of 4 columns a
+// repacked kernel, Q6_K as `ggml_vec_dot_q6_K_q8_K`, Q2_K, Q3_K and Q5_K as the AVX-512 decode
+// path's sixteen lanes, `kern::dot_k512`): per group of 4 columns a
 // row's broadcast bytes times 16 tokens' quants (`vpmaddubsw`) scaled by the group's integer
 // sub-block scale (`vpdpwssd`) into the lane's integer sum, the correction from the tile's
 // quant sums per 16 columns; then per super-block the decode path's float steps.
@@ -563,12 +575,13 @@ unsafe fn pass_k<T: KQuant, const Q6: bool, const N: usize>(
     }
 }
 
-/// One K-quant row of [`GGML_LANES`] (Q5_K) against token vector `v`, as the AVX-512 decode
-/// path (`kern::dot_k512`) sums it: per super-block sixteen integer lane sums (lane `l` the 4
-/// columns of word `16 p + l` of each 64 columns `p`: the even 32's for `l < 8`, the odd one's
-/// above; each word's products times its 32's scale), each converted and fused into its float
-/// lane with `d · d_a`; the correction's eight lanes fused with `cd · d_a`; then the sixteen
-/// lanes added in `_mm512_reduce_add_ps`'s order ([`reduce16`]) plus the eight in `hsum`'s.
+/// One K-quant row of [`GGML_LANES`] (Q2_K, Q3_K, Q5_K) against token vector `v`, as the
+/// AVX-512 decode path (`kern::dot_k512`) sums it: per super-block sixteen integer lane sums
+/// (lane `l` the 4 columns of word `16 p + l` of each 64 columns `p`: the even 32's for
+/// `l < 8`, the odd one's above; each word's products times its 16's scale), each converted
+/// and fused into its float lane with `d · d_a`; the correction's eight lanes fused with
+/// `cd · d_a`; then the sixteen lanes added in `_mm512_reduce_add_ps`'s order ([`reduce16`])
+/// plus the eight in `hsum`'s.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pass_k16<T: KQuant>(
@@ -606,8 +619,10 @@ unsafe fn pass_k16<T: KQuant>(
                     let kg = 64 * b + 16 * p + l;
                     let av = _mm512_loadu_si512(q.add(kg * tpad).cast());
                     let word = u.add(4 * kg).cast::<i32>().read_unaligned();
-                    // The 32 of these columns: 2 p, or 2 p + 1 for the upper eight lanes.
-                    let sc = _mm512_set1_epi32(rows.sc[16 * b + 2 * (2 * p + l / 8)]);
+                    // The 16 of these columns: of the 32 2 p (lanes below 8) or 2 p + 1, its
+                    // first half for the lanes l % 8 < 4.
+                    let half = 2 * (2 * p + l / 8) + (l % 8) / 4;
+                    let sc = _mm512_set1_epi32(rows.sc[16 * b + half]);
                     let p16 = _mm512_maddubs_epi16(_mm512_set1_epi32(word), av);
                     isum = _mm512_dpwssd_epi32(isum, p16, sc);
                 }
