@@ -266,8 +266,17 @@ impl Backend for CudaBackend {
         out: &mut [&mut CudaBuf],
     ) -> Result<()> {
         check_many(w, x, rows_x, out)?;
-        let ys: Vec<u64> = out.iter().map(|o| o.ptr()).collect();
-        self.matmul_many_fast(w, x.ptr(), rows_x, &ys)
+        let mut ys = [0u64; crate::products::MANY_MAX];
+        if w.len() > ys.len() {
+            for (m, o) in w.iter().zip(out.iter()) {
+                self.mm(m, x.ptr(), rows_x, o.ptr())?;
+            }
+            return Ok(());
+        }
+        for (y, o) in ys.iter_mut().zip(out.iter()) {
+            *y = o.ptr();
+        }
+        self.matmul_many_fast(w, x.ptr(), rows_x, &ys[..w.len()])
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -83,6 +83,9 @@ struct ActKey {
     shape: u32,
 }
 
+/// The most products `matmul_many` groups (DeepSeek-V4's six of xn; more run one by one).
+pub(crate) const MANY_MAX: usize = 8;
+
 /// How the fast path runs `matmul_glu`.
 enum GluPath {
     /// gate·up with the activation in one matrix-vector launch per 8 tokens.
@@ -242,16 +245,16 @@ impl CudaBackend {
             }
             return Ok(());
         };
-        let tcs: Vec<Option<Product>> = w
-            .iter()
-            .map(|m| self.tensor_core(m, rows_x, kind))
-            .collect();
-        let keys: Vec<Option<ActKey>> = w
-            .iter()
-            .zip(&tcs)
-            .map(|(m, &tc)| self.act_key(tc, m, rows_x))
-            .collect();
-        let mut done = vec![false; w.len()];
+        // Fixed arrays: a step's products allocate nothing (the caller runs more than
+        // MANY_MAX one by one).
+        debug_assert!(w.len() <= MANY_MAX);
+        let mut tcs = [None; MANY_MAX];
+        let mut keys = [None; MANY_MAX];
+        for (i, m) in w.iter().enumerate() {
+            tcs[i] = self.tensor_core(m, rows_x, kind);
+            keys[i] = self.act_key(tcs[i], m, rows_x);
+        }
+        let mut done = [false; MANY_MAX];
         for i in 0..w.len() {
             if done[i] {
                 continue;
@@ -277,26 +280,28 @@ impl CudaBackend {
                 if done[j] || keys[j] != key || tcs[j].is_some() {
                     continue;
                 }
-                let mut mats = vec![(w[j], out[j])];
+                let mut mats = [(w[j], out[j]); 3];
+                let mut nm = 1;
                 done[j] = true;
                 for k in j + 1..w.len() {
                     let m = w[k];
-                    if mats.len() < 3
+                    if nm < 3
                         && !done[k]
                         && keys[k] == key
                         && tcs[k].is_none()
                         && m.ty == w[j].ty
                         && m.cols == w[j].cols
                     {
-                        mats.push((m, out[k]));
+                        mats[nm] = (m, out[k]);
+                        nm += 1;
                         done[k] = true;
                     }
                 }
                 match act {
                     Some(Act::Int8 { q, d, s }) => {
-                        self.mmv_quantized(&mats, x, rows_x, Some((q, d, s)))?
+                        self.mmv_quantized(&mats[..nm], x, rows_x, Some((q, d, s)))?
                     }
-                    _ => self.mmv(&mats, x, rows_x)?,
+                    _ => self.mmv(&mats[..nm], x, rows_x)?,
                 }
             }
         }

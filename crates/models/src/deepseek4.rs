@@ -607,17 +607,29 @@ pub(crate) fn forward<B: Backend>(
             dump.put(b, "attn_norm", i, &s.xn, n * d);
             // The products of xn: q_a, kv, the compressor's kv and gate, the indexer's kv and
             // gate (a backend may share one copy of xn and run several in one launch).
-            let mut ws: Vec<&B::Weight> = vec![&l.wq_a, &l.wkv];
-            let mut outs: Vec<&mut B::Buf> = vec![&mut bf.qr, &mut s.k];
-            if let Some([ckv, cg, ..]) = &l.comp {
-                ws.extend([ckv, cg]);
-                outs.extend([&mut bf.ckv, &mut bf.csc]);
+            // (Arrays, not vectors: a step allocates nothing.)
+            let (xn, qr, k) = (&s.xn, &mut bf.qr, &mut s.k);
+            match (&l.comp, &l.ix) {
+                (Some([ckv, cg, ..]), Some([_, _, ikv, ig, ..])) => b.matmul_many(
+                    &[&l.wq_a, &l.wkv, ckv, cg, ikv, ig],
+                    xn,
+                    n,
+                    &mut [qr, k, &mut bf.ckv, &mut bf.csc, &mut bf.ikv, &mut bf.isc],
+                )?,
+                (Some([ckv, cg, ..]), None) => b.matmul_many(
+                    &[&l.wq_a, &l.wkv, ckv, cg],
+                    xn,
+                    n,
+                    &mut [qr, k, &mut bf.ckv, &mut bf.csc],
+                )?,
+                (None, Some([_, _, ikv, ig, ..])) => b.matmul_many(
+                    &[&l.wq_a, &l.wkv, ikv, ig],
+                    xn,
+                    n,
+                    &mut [qr, k, &mut bf.ikv, &mut bf.isc],
+                )?,
+                (None, None) => b.matmul_many(&[&l.wq_a, &l.wkv], xn, n, &mut [qr, k])?,
             }
-            if let Some([_, _, ikv, ig, ..]) = &l.ix {
-                ws.extend([ikv, ig]);
-                outs.extend([&mut bf.ikv, &mut bf.isc]);
-            }
-            b.matmul_many(&ws, &s.xn, n, &mut outs)?;
             dump.put(b, "qr", i, &bf.qr, n * ds.q_lora);
             b.rms_norm_inplace(&mut bf.qr, &l.q_a_norm, eps, n)?;
             dump.put(b, "qr_norm", i, &bf.qr, n * ds.q_lora);
