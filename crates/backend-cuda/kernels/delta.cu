@@ -84,10 +84,13 @@ extern "C" __global__ void __launch_bounds__(256)
     float a[DN_CONV_SEG + 7];
     for (int t0 = 0; t0 < L; t0 += 8 * DN_CONV_SEG) {
         const int s0 = t0 + sg * DN_CONV_SEG;
+        // A segment past the sequence loads nothing (decode: one segment of eight works).
+        if (s0 < L) {
 #pragma unroll
-        for (int j = 0; j < 7; j++) a[j] = (sg == 0 && t0 > 0) ? carry[j][lane] : input(s0 - 7 + j);
+            for (int j = 0; j < 7; j++) a[j] = (sg == 0 && t0 > 0) ? carry[j][lane] : input(s0 - 7 + j);
 #pragma unroll
-        for (int u = 0; u < DN_CONV_SEG; u++) a[7 + u] = input(s0 + u);
+            for (int u = 0; u < DN_CONV_SEG; u++) a[7 + u] = input(s0 + u);
+        }
         __syncthreads();  // every load of the round (carry included) before any write
         if (sg == 7)
 #pragma unroll
@@ -146,17 +149,17 @@ __device__ __forceinline__ float dn_row_sum(float v) {
 
 // The gated delta rule of one sequence and value head: per token, M ← M·e^g, δ_j = (v_j −
 // Σ_i M[j][i] k_i)·β, M[j][i] += δ_j k_i, o_j = Σ_i M[j][i] q_i / √S; g = softplus(α + dt_bias)·a,
-// β = σ(β raw). Rows j of M are independent of each other: H lanes hold a row in registers, lane
-// h of the row its entries h·W .. h·W + W - 1 (W = SM / H, SM ≥ S), each summing its part in four
-// interleaved chains (entry u into chain u % 4, the chains then (c0 + c1) + (c2 + c3)) and the
-// parts meeting in dn_row_sum: a token's floats are the same in a prompt and in decode (one
-// order, whatever the step). Tokens' q, k and v come through the warp's shared memory in a ring
-// of DN_RING tokens (cp.async, DN_RING - 1 tokens ahead; 4 floats between the parts: each part's
-// reads on its own banks); the gate and β of 32 tokens at a time, lane l computing token l's and
-// the token's lane handing them out, the next 32 tokens' raw values loaded meanwhile. The sums run
-// over all SM: the entries past S are zeros in M, q and k, which add exact zeros (no branch
-// between the steps). Instances: src/delta.rs `RULE_LANES`. grid (sequences, value heads,
-// ceil(S / (32 / H))), block 32.
+// β = σ(β raw). Rows j of M are independent of each other: H lanes hold a row in registers, 32
+// entries each, in chunks of 4: lane h of the row holds chunk c's entries i = c·4H + 4h .. + 3
+// (so that a warp's load of a chunk reads whole 32-byte sectors of M's rows). Each lane sums its
+// entries in four chains (entry e of each chunk into chain e, the chains then (c0 + c1) +
+// (c2 + c3)) and the row's lanes meet in dn_row_sum: a token's floats are the same in a prompt
+// and in decode (one order, whatever the step). Tokens' q, k and v come through the warp's shared
+// memory in a ring of DN_RING tokens (cp.async, DN_RING - 1 tokens ahead); the gate and β of 32
+// tokens at a time, lane l computing token l's and the token's lane handing them out, the next 32
+// tokens' raw values loaded meanwhile. The sums run over all SM: the entries past S are zeros in
+// M, q and k, which add exact zeros (no branch between the steps). Instances: src/delta.rs
+// `RULE_LANES`. grid (sequences, value heads, ceil(S / (32 / H))), block 32.
 #define DN_RING 4
 template <int SM, int H>
 __global__ void dn_rule(BatchView b, const float* __restrict__ x, int C, int nk, int S,
@@ -165,24 +168,60 @@ __global__ void dn_rule(BatchView b, const float* __restrict__ x, int C, int nk,
                         long long per, long long conv_floats, float* __restrict__ snap, int planes,
                         float* __restrict__ out) {
     pdl_begin();
-    constexpr int W = SM / H, LD = W + 4;   // a lane's entries; a part's floats in shared memory
+    constexpr int W = SM / H, NC = W / 4;   // a lane's entries and chunks
     constexpr int PER = (SM + 31) / 32;     // q and k values a lane copies
     constexpr int NR = 32 / H;              // the warp's rows
-    static_assert(W % 4 == 0, "four chains a part");
-    __shared__ __align__(16) float qk[DN_RING][2][H * LD];  // [token % ring][q, k][part · LD + entry]
+    static_assert(W == 32, "32 entries a lane");
+    __shared__ __align__(16) float qk[DN_RING][2][SM];  // [token % ring][q, k][entry]
     __shared__ __align__(16) float vs[DN_RING][NR];
     int r, end;
     const int h = blockIdx.y, hv = gridDim.y, lane = threadIdx.x;
-    const int part = lane % H, i0 = part * W, j = blockIdx.z * NR + lane / H;
+    const int part = lane % H, j = blockIdx.z * NR + lane / H;
     if (!dn_seq(b, r, end)) return;
     const bool live = j < S;
     const long long slot = b.state_slot[b.seq[r]];
     const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
     float* mat = state + slot * per + conv_floats + (long long)h * S * S;
     const bool fresh = b.pos[r] == 0;
-    float m[W];
+    // Chunk c's first entry of this lane; whole chunks by float4 where the rows allow it.
+    auto at = [&](int c) { return c * 4 * H + 4 * part; };
+    const bool vec = S % 4 == 0 && ((unsigned long long)mat & 15) == 0 && ((unsigned long long)snap & 15) == 0 &&
+                     (per & 3) == 0 && (conv_floats & 3) == 0;
+    // Row j's entries of this lane from `src` into m, or m into `dst`.
+    auto load = [&](float* m, const float* src) {
 #pragma unroll
-    for (int u = 0; u < W; u++) m[u] = (live && i0 + u < S && !fresh) ? mat[(long long)j * S + i0 + u] : 0.f;
+        for (int c = 0; c < NC; c++) {
+            const int i = at(c);
+            if (vec && live && i < S) {
+                const float4 v = *(const float4*)(src + (long long)j * S + i);
+                m[4 * c] = v.x, m[4 * c + 1] = v.y, m[4 * c + 2] = v.z, m[4 * c + 3] = v.w;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++) m[4 * c + e] = (live && i + e < S) ? src[(long long)j * S + i + e] : 0.f;
+            }
+        }
+    };
+    auto store = [&](const float* m, float* dst) {
+        if (!live) return;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            const int i = at(c);
+            if (vec && i < S) {
+                *(float4*)(dst + (long long)j * S + i) = make_float4(m[4 * c], m[4 * c + 1], m[4 * c + 2], m[4 * c + 3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (i + e < S) dst[(long long)j * S + i + e] = m[4 * c + e];
+            }
+        }
+    };
+    float m[W];
+    if (fresh) {
+#pragma unroll
+        for (int u = 0; u < W; u++) m[u] = 0.f;
+    } else {
+        load(m, mat);
+    }
     const int kh = h % nk, kd = nk * S;
     const float scale = 1.f / sqrtf((float)S), dtb = dt_bias[h], ah = a[h];
     // Token t's q, k and v into ring slot t % DN_RING (cp.async: no registers); a group always
@@ -192,10 +231,10 @@ __global__ void dn_rule(BatchView b, const float* __restrict__ x, int C, int nk,
             const float* row = x + (long long)t * C;
 #pragma unroll
             for (int u = 0; u < PER; u++) {
-                const int i = u * 32 + lane, at = i / W * LD + i % W;
+                const int i = u * 32 + lane;
                 if (i < SM) {
-                    cp_async4(&qk[t % DN_RING][0][at], row + kh * S + (i < S ? i : 0), i < S);
-                    cp_async4(&qk[t % DN_RING][1][at], row + kd + kh * S + (i < S ? i : 0), i < S);
+                    cp_async4(&qk[t % DN_RING][0][i], row + kh * S + (i < S ? i : 0), i < S);
+                    cp_async4(&qk[t % DN_RING][1][i], row + kd + kh * S + (i < S ? i : 0), i < S);
                 }
             }
             const int jv = blockIdx.z * NR + lane;
@@ -229,42 +268,43 @@ __global__ void dn_rule(BatchView b, const float* __restrict__ x, int C, int nk,
         cp_async_wait<DN_RING - 2>();
         __syncwarp();  // token t's inputs in, every lane past token t - 1 (whose slot t + RING - 1 takes)
         fetch(t + DN_RING - 1);
-        const float* qs = qk[t % DN_RING][0] + part * LD;
-        const float* ks = qk[t % DN_RING][1] + part * LD;
+        const float* qs = qk[t % DN_RING][0];
+        const float* ks = qk[t % DN_RING][1];
         const float v = vs[t % DN_RING][lane / H];
         float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int u = 0; u < W; u++) {
-            const float e = m[u] * decay;
-            m[u] = e;
-            c[u % 4] += e * ks[u];
+        for (int cc = 0; cc < NC; cc++) {
+            const float4 kv = *(const float4*)(ks + at(cc));
+            const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float en = m[4 * cc + e] * decay;
+                m[4 * cc + e] = en;
+                c[e] += en * kk[e];
+            }
         }
         const float dk = dn_row_sum<H>((c[0] + c[1]) + (c[2] + c[3]));
         const float d = (v - dk) * bt;
 #pragma unroll
-        for (int u = 0; u < 4; u++) c[u] = 0.f;
+        for (int e = 0; e < 4; e++) c[e] = 0.f;
 #pragma unroll
-        for (int u = 0; u < W; u++) {
-            const float e = m[u] + d * ks[u];
-            m[u] = e;
-            c[u % 4] += e * qs[u];
+        for (int cc = 0; cc < NC; cc++) {
+            const float4 kv = *(const float4*)(ks + at(cc)), qv = *(const float4*)(qs + at(cc));
+            const float kk[4] = {kv.x, kv.y, kv.z, kv.w}, qq[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float en = m[4 * cc + e] + d * kk[e];
+                m[4 * cc + e] = en;
+                c[e] += en * qq[e];
+            }
         }
         const float o = dn_row_sum<H>((c[0] + c[1]) + (c[2] + c[3]));
         if (live && part == 0) out[(long long)t * hv * S + h * S + j] = o * scale;
         const int pl = kslot != 0xFFFFFFFFu ? dn_plane(planes, end - r, t - r) : -1;
-        if (pl >= 0 && live) {
-            float* kept = snap + ((long long)kslot * planes + pl) * per + conv_floats + (long long)h * S * S;
-#pragma unroll
-            for (int u = 0; u < W; u++)
-                if (i0 + u < S) kept[(long long)j * S + i0 + u] = m[u];
-        }
+        if (pl >= 0) store(m, snap + ((long long)kslot * planes + pl) * per + conv_floats + (long long)h * S * S);
     }
     cp_async_wait<0>();
-    if (live) {
-#pragma unroll
-        for (int u = 0; u < W; u++)
-            if (i0 + u < S) mat[(long long)j * S + i0 + u] = m[u];
-    }
+    store(m, mat);
 }
 
 
