@@ -8,8 +8,9 @@ use crate::batch::CudaStep;
 use crate::launch::grid1;
 use crate::memory::CudaBuf;
 use crate::moe::DsRoute;
+use crate::plan::Product;
 use crate::weights::CudaWeight;
-use crate::{check, CudaBackend};
+use crate::{check, registry, CudaBackend};
 use quiver_backend::dsv4::{self as ds, AttnInputs, AttnShape, AttnWeights, HcParams};
 use quiver_backend::{MoeParams, MoeScratch, MoeWeights, Result, Snapshots, Step};
 use quiver_gguf::GgmlType;
@@ -282,13 +283,39 @@ impl CudaBackend {
         }
         if rows == 1 {
             // One row is group-major already: each group's product straight from x into out.
+            // Where every group runs the matrix-vector kernels on int8 activations, x is
+            // quantized once: a token's int8 copy (quants, scales, per-16 sums) is laid out
+            // along its columns, so group g's is the slice from column g·c.
+            let int8 = registry::int8_activations(w[0].kernel).filter(|b| {
+                c.is_multiple_of(*b)
+                    && self.kind_of(1).is_some_and(|k| {
+                        w.iter()
+                            .all(|g| g.kernel == w[0].kernel && g.plan.get(k, 1) == Product::Mmv)
+                    })
+            });
+            let made = match int8 {
+                Some(block) => {
+                    let (q, d, s) = self.quantize_act(x.ptr(), 1, groups * c, block, w[0].ty)?;
+                    Some((q, d, s, block))
+                }
+                None => None,
+            };
             for (g, wg) in w.iter().enumerate() {
-                self.mm(
-                    wg,
-                    x.ptr() + (4 * g * c) as u64,
-                    1,
-                    out.ptr() + (4 * g * r) as u64,
-                )?;
+                let (xg, yg) = (x.ptr() + (4 * g * c) as u64, out.ptr() + (4 * g * r) as u64);
+                match made {
+                    Some((q, d, s, block)) => {
+                        // Scales: 2 floats a block of 32, 1 a block of 256; sums: 1 int a 16.
+                        let d_bytes = if block == 32 { c / 32 * 8 } else { c / 256 * 4 };
+                        let s_bytes = if block == 32 { 0 } else { c / 16 * 4 };
+                        let qa = (
+                            q + (g * c) as u64,
+                            d + (g * d_bytes) as u64,
+                            s + (g * s_bytes) as u64,
+                        );
+                        self.mmv_quantized(&[(wg, yg)], xg, 1, Some(qa))?
+                    }
+                    None => self.mm(wg, xg, 1, yg)?,
+                }
             }
             return Ok(());
         }
