@@ -49,29 +49,40 @@ __device__ __forceinline__ bool dn_seq(BatchView b, int& r, int& end) {
 __device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x)); }
 
 // The causal convolution (taps oldest first) then SiLU, in place over x ([rows, C]), channel by
-// channel; the state keeps the last k - 1 inputs. A block takes 32 channels of one sequence and
-// its tokens in rounds of 8 segments of DN_CONV_SEG: each thread loads its segment's inputs and
-// the 7 before them (from the state before the sequence's first row, and from the previous
+// channel; the state keeps the last k - 1 inputs; then the L2 norm of each q and k head (the
+// first `normed` heads). A block takes one head (S channels; lanes past S idle) of one sequence
+// and its tokens in rounds of SEGS segments of DN_CONV_SEG: each thread loads its segment's inputs
+// and the 7 before them (from the state before the sequence's first row, and from the previous
 // round's last segment, whose inputs the round overwrote, through shared memory), the block
-// waits, then each thread writes its segment's outputs. a[j] holds the segment's row j - 7 (the
-// first 7: rows before it); output u takes a[u + q] for the taps q = 8 - k .. 7 (tap
-// q - (8 - k)), the window after row u is a[u + q] for q = 9 - k .. 7 (state row q - (9 - k)).
-// grid (sequences, ceil(C / 32)), block (32, 8).
+// waits, each thread convolves its segment's rows, a q or k head's squares go through shared
+// memory to the segment's warps (row u to warp u mod SW / 32), which sum each row's (lane l
+// over channels l, l + 32, .. in double, then a butterfly) into its scale, and each
+// thread writes its outputs: x / √(Σx² / S + eps / S) / √S, llama.cpp's rms_norm(x, eps / S) /
+// √S. a[j] holds the segment's row j - 7 (the first 7: rows before it); output u takes a[u + q]
+// for the taps q = 8 - k .. 7 (tap q - (8 - k)), the window after row u is a[u + q] for
+// q = 9 - k .. 7 (state row q - (9 - k)). grid (sequences, C / S), block (SW = S rounded up to
+// 32, SEGS = 256 / SW).
 #define DN_CONV_SEG 16
+#define DN_CONV_W 128
 extern "C" __global__ void __launch_bounds__(256)
     dn_conv(BatchView b, float* __restrict__ x, int C, const float* __restrict__ w, int k,
-            float* __restrict__ state, long long per, float* __restrict__ snap, int planes) {
+            float* __restrict__ state, long long per, float* __restrict__ snap, int planes, int S, int normed,
+            float eps) {
     pdl_begin();
-    __shared__ float carry[7][32];
+    __shared__ float carry[7][DN_CONV_W];
+    __shared__ float sq[256 * DN_CONV_SEG];  // [segment][row][SW]
+    __shared__ float scl[256 / 32][DN_CONV_SEG];
     int r, end;
-    const int lane = threadIdx.x, sg = threadIdx.y, ch = blockIdx.y * 32 + lane;
+    const int lane = threadIdx.x, sg = threadIdx.y, SW = blockDim.x, SEGS = blockDim.y;
+    const int head = blockIdx.y, ch = head * S + lane;
     if (!dn_seq(b, r, end)) return;
-    const bool live = ch < C;
+    const bool live = lane < S, norm = head < normed;
     const int cc = live ? ch : 0, L = end - r;
     const long long slot = b.state_slot[b.seq[r]];
     const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
     float* st = state + slot * per;
     const bool fresh = b.pos[r] == 0;
+    const float n = (float)S, post = 1.f / sqrtf(n);
     float tap[8];
 #pragma unroll
     for (int q = 0; q < 8; q++) tap[q] = q >= 8 - k ? w[(long long)cc * k + q - (8 - k)] : 0.f;
@@ -81,10 +92,10 @@ extern "C" __global__ void __launch_bounds__(256)
         const int i = k - 1 + p;
         return (i >= 0 && !fresh) ? st[(long long)i * C + cc] : 0.f;
     };
-    float a[DN_CONV_SEG + 7];
-    for (int t0 = 0; t0 < L; t0 += 8 * DN_CONV_SEG) {
+    float a[DN_CONV_SEG + 7], y[DN_CONV_SEG];
+    for (int t0 = 0; t0 < L; t0 += SEGS * DN_CONV_SEG) {
         const int s0 = t0 + sg * DN_CONV_SEG;
-        // A segment past the sequence loads nothing (decode: one segment of eight works).
+        // A segment past the sequence loads nothing (decode: one segment works).
         if (s0 < L) {
 #pragma unroll
             for (int j = 0; j < 7; j++) a[j] = (sg == 0 && t0 > 0) ? carry[j][lane] : input(s0 - 7 + j);
@@ -92,29 +103,50 @@ extern "C" __global__ void __launch_bounds__(256)
             for (int u = 0; u < DN_CONV_SEG; u++) a[7 + u] = input(s0 + u);
         }
         __syncthreads();  // every load of the round (carry included) before any write
-        if (sg == 7)
+        if (sg == SEGS - 1)
 #pragma unroll
             for (int j = 0; j < 7; j++) carry[j][lane] = a[DN_CONV_SEG + j];
 #pragma unroll
         for (int u = 0; u < DN_CONV_SEG; u++) {
             const int t = s0 + u;
-            if (!live || t >= L) break;
-            float s = 0.f;
-#pragma unroll
-            for (int q = 0; q < 8; q++)
-                if (q >= 8 - k) s += a[u + q] * tap[q];
-            x[(long long)(r + t) * C + ch] = dn_silu(s);
-            const int pl = kslot != 0xFFFFFFFFu ? dn_plane(planes, L, t) : -1;
-            if (pl >= 0) {
-                float* kept = snap + ((long long)kslot * planes + pl) * per;
+            y[u] = 0.f;
+            if (live && t < L) {
+                float s = 0.f;
 #pragma unroll
                 for (int q = 0; q < 8; q++)
-                    if (q >= 9 - k) kept[(long long)(q - (9 - k)) * C + ch] = a[u + q];
+                    if (q >= 8 - k) s += a[u + q] * tap[q];
+                y[u] = dn_silu(s);
+                const int pl = kslot != 0xFFFFFFFFu ? dn_plane(planes, L, t) : -1;
+                if (pl >= 0) {
+                    float* kept = snap + ((long long)kslot * planes + pl) * per;
+#pragma unroll
+                    for (int q = 0; q < 8; q++)
+                        if (q >= 9 - k) kept[(long long)(q - (9 - k)) * C + ch] = a[u + q];
+                }
+                // The state: the last k - 1 inputs (rows L - k + 1 .. L - 1).
+                if (t >= L - (k - 1)) st[(long long)(t - (L - (k - 1))) * C + ch] = a[7 + u];
             }
-            // The state: the last k - 1 inputs (rows L - k + 1 .. L - 1).
-            if (t >= L - (k - 1)) st[(long long)(t - (L - (k - 1))) * C + ch] = a[7 + u];
+            if (norm) sq[(sg * DN_CONV_SEG + u) * SW + lane] = y[u] * y[u];
         }
-        __syncthreads();  // the writes and the carry before the next round's loads
+        if (norm) {
+            __syncthreads();  // the head's squares in
+            const int l = lane & 31;
+            for (int u = lane >> 5; u < DN_CONV_SEG && s0 + u < L; u += SW >> 5) {
+                const float* row = sq + (sg * DN_CONV_SEG + u) * SW;
+                double ss = 0.0;
+                for (int i = l; i < S; i += 32) ss += (double)row[i];
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                if (l == 0) scl[sg][u] = 1.f / sqrtf((float)(ss / n) + eps / n);
+            }
+            __syncthreads();  // the scales in
+        }
+#pragma unroll
+        for (int u = 0; u < DN_CONV_SEG; u++) {
+            const int t = s0 + u;
+            if (!live || t >= L) break;
+            x[(long long)(r + t) * C + ch] = norm ? y[u] * scl[sg][u] * post : y[u];
+        }
+        __syncthreads();  // the writes, the carry and the squares before the next round's
     }
     // A sequence shorter than k - 1 rows keeps the newest of the old state's rows: state row i
     // takes the sequence's row p = L - (k - 1) + i < 0, which the first segment's a[7 + p] holds
@@ -123,19 +155,6 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int q = 0; q < 7; q++)
             if (q - 7 >= L - (k - 1)) st[(long long)(q - 7 - (L - (k - 1))) * C + ch] = a[q];
-}
-
-// The L2 norm of each q and k head (the first 2·nk·S columns of each row of x, [rows, C]):
-// x / √(Σx² + eps) as llama.cpp's rms_norm(x, eps / S) / √S. grid (rows, 2·nk), block 32.
-extern "C" __global__ void dn_norm(float* __restrict__ x, int C, int S, float eps) {
-    pdl_begin();
-    float* h = x + (long long)blockIdx.x * C + blockIdx.y * S;
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < S; i += 32) ss += (double)(h[i] * h[i]);
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float n = (float)S;
-    const float scale = 1.f / sqrtf((float)(ss / n) + eps / n), post = 1.f / sqrtf(n);
-    for (int i = threadIdx.x; i < S; i += 32) h[i] = h[i] * scale * post;
 }
 
 // The sum of v over the H lanes of a row (lanes h·⌊l/H⌋ ..): a butterfly, whose additions give

@@ -1,5 +1,5 @@
-//! Qwen 3.5's gated delta net on the device (kernels/delta.cu): the convolution, the q/k norms
-//! and the delta rule, each sequence by its own blocks in its own order of tokens (a
+//! Qwen 3.5's gated delta net on the device (kernels/delta.cu): the convolution with the q/k
+//! norms, and the delta rule, each sequence by its own blocks in its own order of tokens (a
 //! sequence's floats do not depend on the step's other rows), and the sigmoid gate.
 
 use crate::batch::CudaStep;
@@ -109,11 +109,13 @@ impl CudaBackend {
             None => (0u64, 0),
         };
         let view = st.ctx.view;
+        // A head a block (its channels rounded up to warps), 256 threads.
+        let sw = s.div_ceil(32) * 32;
         self.launch(
             "ops",
             "dn_conv",
-            (seq_grid(st), c.div_ceil(32) as u32, 1),
-            (32, 8, 1),
+            (seq_grid(st), (c / s) as u32, 1),
+            (sw as u32, (256 / sw) as u32, 1),
             args![
                 view,
                 qkv.ptr(),
@@ -123,15 +125,11 @@ impl CudaBackend {
                 state.ptr(),
                 per as i64,
                 snap,
-                planes as i32
+                planes as i32,
+                s as i32,
+                2 * p.n_k_heads as i32,
+                p.eps
             ],
-        )?;
-        self.launch(
-            "ops",
-            "dn_norm",
-            (rows as u32, 2 * p.n_k_heads as u32, 1),
-            (32, 1, 1),
-            args![qkv.ptr(), c as i32, s as i32, p.eps],
         )?;
         let &(rule, _, lanes) = RULE_LANES
             .iter()
