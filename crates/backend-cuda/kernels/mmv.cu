@@ -368,15 +368,24 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
 // (warp_sum) — so a token's results are the same bits for decode rows and prompt rows at any
 // count. NT tokens a launch column (8, or 1 for a single token: more warps, deeper loads), a
 // warp takes R = 2 rows (1 for one token) × NT tokens, a block 8 warps over the same tokens.
-// cols a multiple of 4.                    grid (ceil(n / NT), ceil(rows / (8·R))), block 256
+// A second matrix of the same row bytes and columns (W2, rows2 > 0) over the same x: the blocks
+// past the first matrix's take its rows into y2 (two products, one launch; each row's bits
+// its own). cols a multiple of 4.  grid (ceil(n / NT), ceil(rows / (8·R)) + ceil(rows2 / (8·R))),
+// block 256
 template <class T, int NT>
 __global__ void __launch_bounds__(256)
     f32mm(const u8* __restrict__ W, long long row_bytes, int rows, int cols, const float* __restrict__ x,
-          float* __restrict__ y, int n) {
+          float* __restrict__ y, int n, const u8* __restrict__ W2, int rows2, float* __restrict__ y2) {
     pdl_begin();
     constexpr int R = NT == 1 ? 1 : 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r0 = (blockIdx.y * 8 + warp) * R, t0 = blockIdx.x * NT;
+    int by = blockIdx.y;
+    const int first = (rows + 8 * R - 1) / (8 * R);
+    if (by >= first) {
+        W = W2, rows = rows2, y = y2;
+        by -= first;
+    }
+    const int r0 = (by * 8 + warp) * R, t0 = blockIdx.x * NT;
     if (r0 >= rows) return;
     const int nt = min(NT, n - t0);
     const float* wr[R];

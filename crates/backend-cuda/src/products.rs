@@ -197,23 +197,32 @@ impl CudaBackend {
             (Product::Imm, Act::Int8 { q, d, s }) => self.imm(w, (q, d, s), n, y),
             (Product::Imv, Act::Int8 { q, d, s }) => self.imv(w, (q, d, s), n, y),
             (Product::Wmm, Act::Permuted(xp)) => self.wmm(w, xp, n, y),
-            (Product::F32, Act::F32(x)) => self.f32mm(w, x, n, y),
+            (Product::F32, Act::F32(x)) => self.f32mm(w, x, n, y, None),
             _ => {
                 unreachable!("`act` makes each family's activations; mmv is no tensor-core family")
             }
         }
     }
 
-    /// y[n, w.rows] = x[n, w.cols] · Wᵀ for an F32 weight in f32 (kernels/mmv.cu `f32mm`).
-    fn f32mm(&self, w: &CudaWeight, x: u64, n: usize, y: u64) -> Result<()> {
+    /// y[n, w.rows] = x[n, w.cols] · Wᵀ for an F32 weight in f32 (kernels/mmv.cu `f32mm`);
+    /// with `also`, a second weight of the same row bytes and columns over the same x in the
+    /// same launch.
+    fn f32mm(
+        &self,
+        w: &CudaWeight,
+        x: u64,
+        n: usize,
+        y: u64,
+        also: Option<(&CudaWeight, u64)>,
+    ) -> Result<()> {
+        // Rows a block: 8 warps of 1 row (one token) or 2.
+        let per_block = if n == 1 { 8 } else { 16 };
+        let (w2, rows2, y2) = also.map_or((0, 0, 0), |(m, y2)| (m.data.ptr, m.rows, y2));
+        let blocks = (w.rows.div_ceil(per_block) + rows2.div_ceil(per_block)) as u32;
         self.launch(
             &w.names.module,
             &w.names.f32mm[usize::from(n == 1)],
-            if n == 1 {
-                (1, w.rows.div_ceil(8) as u32, 1)
-            } else {
-                (n.div_ceil(8) as u32, w.rows.div_ceil(16) as u32, 1)
-            },
+            (n.div_ceil(if n == 1 { 1 } else { 8 }) as u32, blocks, 1),
             (256, 1, 1),
             args![
                 w.data.ptr,
@@ -222,7 +231,10 @@ impl CudaBackend {
                 w.cols as i32,
                 x,
                 y,
-                n as i32
+                n as i32,
+                w2,
+                rows2 as i32,
+                y2
             ],
         )
     }
@@ -272,8 +284,23 @@ impl CudaBackend {
             // The tensor-core products of this key, then its matrix-vector ones by type and width.
             for j in i..w.len() {
                 if let (false, true, Some(tc), Some(a)) = (done[j], keys[j] == key, tcs[j], act) {
-                    self.gemm(w[j], tc, a, rows_x, out[j])?;
                     done[j] = true;
+                    // Two F32 products of one shape in one launch.
+                    let partner = (j + 1..w.len()).find(|&k| {
+                        tc == Product::F32
+                            && !done[k]
+                            && keys[k] == key
+                            && tcs[k] == Some(Product::F32)
+                            && w[k].ty == w[j].ty
+                            && w[k].row_bytes == w[j].row_bytes
+                    });
+                    match (a, partner) {
+                        (Act::F32(x), Some(k)) => {
+                            done[k] = true;
+                            self.f32mm(w[j], x, rows_x, out[j], Some((w[k], out[k])))?
+                        }
+                        _ => self.gemm(w[j], tc, a, rows_x, out[j])?,
+                    }
                 }
             }
             for j in i..w.len() {
