@@ -4,9 +4,32 @@
 // RMSNorm of each row of `cols` (a multiple of 4) times w (w null: no weight).
 // If `residual` is non-null: residual += x first and the norm is taken of the sum. If `gate` is
 // non-null ([rows, cols] as out): out = silu(gate) · the norm, the glu kernel's SwiGLU (glu_fn).
+// With `q` non-null the output is also quantized for the next product, as quantize_a32
+// (qblock 32, q8_1 as there; qd its ds) or quantize_a256 (qblock 256; qd its d256, qs its bsums,
+// tn its tiling) quantize it, bit for bit: each warp takes whole blocks of 256 values then, a
+// lane 8 of them (cols a multiple of 256 for blocks of 256; lanes past cols idle for 32).
+__device__ __forceinline__ float4 norm_out(float4 v, float inv, float4 g, const float* gate, long long at) {
+    float4 y = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    if (gate) {
+        const float4 z = *(const float4*)(gate + at);
+        y = make_float4(glu_fn(z.x, y.x, 0), glu_fn(z.y, y.y, 0), glu_fn(z.z, y.z, 0), glu_fn(z.w, y.w, 0));
+    }
+    return y;
+}
+__device__ __forceinline__ int f2i_rn(float f) { int i; asm("cvt.rni.s32.f32 %0, %1;" : "=r"(i) : "f"(f)); return i; }
+// The reciprocal scale of a block of 256 spread eight values per lane (ggml's Q8_K); its
+// d = 1 / id.
+__device__ __forceinline__ float inv_scale256(const float* v) {
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+    amax = warp_max(amax);
+    return amax > 0.f ? 127.f / amax : 0.f;
+}
 extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* __restrict__ x,
                                     const float* __restrict__ w, float* __restrict__ out, int rows,
-                                    int cols, float eps, const float* __restrict__ gate) { pdl_begin();
+                                    int cols, float eps, const float* __restrict__ gate, i8* __restrict__ q,
+                                    float* __restrict__ qd, int* __restrict__ qs, int qblock, int q8_1, int tn) { pdl_begin();
     // grid (rows), block a multiple of 32 (≤ 1024): one block per row, every lane loading
     // float4s, so that a row of 4096 is a few loads per thread, not a serial walk of one warp.
     int r = blockIdx.x;
@@ -27,20 +50,85 @@ extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* _
     ss = warp_sum(ss);
     int w_ = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
     if (l == 0) part[w_] = ss;
-    __syncthreads();
+    __syncthreads();  // also every lane's residual sums in, which the quantizing form reads across lanes
     ss = l < nw ? part[l] : 0.f;
     ss = warp_sum(ss);
     float inv = rsqrtf(ss / cols + eps);
     const float* src = rr ? rr : xr;
     float* o = out + (long long)r * cols;
-    for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
-        float4 v = *(const float4*)(src + c), g = w ? *(const float4*)(w + c) : make_float4(1.f, 1.f, 1.f, 1.f);
-        float4 y = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
-        if (gate) {
-            const float4 z = *(const float4*)(gate + (long long)r * cols + c);
-            y = make_float4(glu_fn(z.x, y.x, 0), glu_fn(z.y, y.y, 0), glu_fn(z.z, y.z, 0), glu_fn(z.w, y.w, 0));
+    const float4 one = make_float4(1.f, 1.f, 1.f, 1.f);
+    if (!q) {
+        for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
+            const float4 g = w ? *(const float4*)(w + c) : one;
+            *(float4*)(o + c) = norm_out(*(const float4*)(src + c), inv, g, gate, (long long)r * cols + c);
         }
-        *(float4*)(o + c) = y;
+        return;
+    }
+    for (int c0 = w_ * 256; c0 < cols; c0 += nw * 256) {
+        const int c = c0 + l * 8;
+        const bool live = c < cols;
+        float v[8];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (live) {
+                const float4 g = w ? *(const float4*)(w + c + 4 * h) : one;
+                y = norm_out(*(const float4*)(src + c + 4 * h), inv, g, gate, (long long)r * cols + c + 4 * h);
+                *(float4*)(o + c + 4 * h) = y;
+            }
+            v[4 * h] = y.x, v[4 * h + 1] = y.y, v[4 * h + 2] = y.z, v[4 * h + 3] = y.w;
+        }
+        if (qblock == 32) {
+            // quantize_a32's block of 32: four lanes.
+            float amax = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+            int s = 0;
+            u32 packed[2] = {0, 0};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int qi = f2i_rn(v[i] * id);
+                s += qi;
+                packed[i >> 2] |= ((u32)(qi & 255)) << (8 * (i & 3));
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            const long long at = (long long)r * cols + c;
+            if (live) *(uint2*)(q + at) = make_uint2(packed[0], packed[1]);
+            if (live && (l & 3) == 0) {
+                const long long b = at / 32;
+                const float d16 = h2f(f2h(d));
+                qd[2 * b] = d16;
+                qd[2 * b + 1] = q8_1 ? h2f(f2h(d * (float)s)) : d16 * (float)s;
+            }
+        } else {
+            // quantize_a256's block: the warp.
+            const int nsb = cols / 256;
+            const long long b = (long long)r * nsb + c0 / 256, nblocks = (long long)rows * nsb;
+            float id = inv_scale256(v), d = id > 0.f ? 1.f / id : 0.f;
+            int s = 0;
+            u32 packed[2] = {0, 0};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int qi = f2i_rn(v[i] * id);
+                s += qi;
+                packed[i >> 2] |= ((u32)(qi & 255)) << (8 * (i & 3));
+            }
+            const long long at = tn > 0 ? (((b % nsb) * 16 + l / 2) * (long long)tn + b / nsb) * 16 + (l & 1) * 8 : b * 256 + l * 8;
+            *(uint2*)(q + at) = make_uint2(packed[0], packed[1]);
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            if ((l & 1) == 0) qs[b * 16 + l / 2] = s;
+            const int s32 = s + __shfl_xor_sync(0xffffffffu, s, 2), hh = (s32 + 128) >> 8;
+            if ((l & 3) == 0) {
+                i8* hl = (i8*)(qs + 16 * nblocks) + b * 16;
+                hl[l / 4] = (i8)hh;
+                hl[8 + l / 4] = (i8)(s32 - 256 * hh);
+            }
+            if (l == 0) qd[b] = d;
+        }
     }
 }
 
@@ -194,16 +282,6 @@ extern "C" __global__ void f32_to_f16(const float* __restrict__ x, u16* __restri
 }
 
 // Round to nearest, ties to even (the activations' int8 grid).
-__device__ __forceinline__ int f2i_rn(float f) { int i; asm("cvt.rni.s32.f32 %0, %1;" : "=r"(i) : "f"(f)); return i; }
-// The reciprocal scale of a block of 256 spread eight values per lane (ggml's Q8_K); its
-// d = 1 / id.
-__device__ __forceinline__ float inv_scale256(const float* v) {
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
-    amax = warp_max(amax);
-    return amax > 0.f ? 127.f / amax : 0.f;
-}
 
 // The activations of wmm (wmm.cu) from `n` f32 rows of `cols` (x): f16 on the int8 grid of the
 // weight's type (`grid` 32 or 256, as f32_to_f16_q32 / f32_to_f16_q256 round; 0: plain f16), as

@@ -6,9 +6,11 @@ use crate::config::CudaConfig;
 use crate::dev::{self, DevBuf, Device, DeviceInfo};
 use crate::graph::{self, GraphStats};
 use crate::memory::MemStats;
+use crate::norm::{ActForm, NormOut};
 use crate::registry;
 use crate::scratch::Scratch;
 use quiver_backend::{BackendError, Numerics, Result};
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
@@ -30,6 +32,12 @@ pub struct CudaBackend {
     pub(crate) generation: AtomicU64,
     /// The load progress bar: (bar, bytes done, bytes in all).
     pub(crate) load_progress: Mutex<Option<(quiver_hub::Progress, u64, u64)>>,
+    /// Kernels launched (and cuBLAS calls made) so far: what ran between two points.
+    pub(crate) launches: AtomicU64,
+    /// The last norm launched (src/norm.rs).
+    pub(crate) norm_out: Mutex<Option<NormOut>>,
+    /// The int8 copy the product after a norm reads, by the norm's weight and row count.
+    pub(crate) norm_forms: Mutex<HashMap<(u64, usize), ActForm>>,
 }
 
 impl CudaBackend {
@@ -70,6 +78,9 @@ impl CudaBackend {
             mem: Mutex::new(MemStats::default()),
             generation: AtomicU64::default(),
             load_progress: Mutex::new(load_progress),
+            launches: AtomicU64::default(),
+            norm_out: Mutex::new(None),
+            norm_forms: Mutex::new(HashMap::new()),
         })
     }
 
@@ -94,6 +105,11 @@ impl CudaBackend {
 
     pub fn mem_stats(&self) -> MemStats {
         *self.mem.lock().unwrap()
+    }
+
+    /// Kernels launched (and cuBLAS calls made) on this context so far.
+    pub fn launch_count(&self) -> u64 {
+        self.launches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn has_cublas(&self) -> bool {

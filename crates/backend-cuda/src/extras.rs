@@ -54,7 +54,13 @@ impl CudaBackend {
                 rows as i32,
                 cols as i32,
                 eps,
-                0u64
+                0u64,
+                0u64,
+                0u64,
+                0u64,
+                0i32,
+                0i32,
+                0i32
             ],
         )
     }

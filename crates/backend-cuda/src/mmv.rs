@@ -4,6 +4,7 @@
 //! batch-invariant numerics) where the type has them, else on f32. And the activation
 //! quantizer the int8 kernels read.
 
+use crate::norm::ActForm;
 use crate::weights::CudaWeight;
 use crate::{registry, CudaBackend};
 use quiver_backend::Result;
@@ -195,27 +196,22 @@ impl CudaBackend {
         ty: GgmlType,
         tiled: bool,
     ) -> Result<(u64, u64, u64)> {
-        let q = self.scratch_ptr(|s| &mut s.aq, n * cols, "int8 activations")?;
+        let form = ActForm::new(block, ty, tiled);
+        if let Some(made) = self.norm_made(x, n, cols, form)? {
+            return Ok(made);
+        }
+        let (q, d, bs) = self.act_scratch(n, cols, block)?;
         let nb = (n * cols / block) as i64;
         let grid = ((nb as usize).div_ceil(8) as u32, 1, 1);
         if block == 32 {
-            let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 32 * 8, "activation scales")?;
-            let q8_1 = i32::from(matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1));
             self.launch(
                 "ops",
                 "quantize_a32",
                 grid,
                 (32, 8, 1),
-                args![x, q, d, nb, q8_1],
+                args![x, q, d, nb, i32::from(form.q8_1)],
             )?;
-            Ok((q, d, 0))
         } else {
-            let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 256 * 4, "activation scales")?;
-            let bs = self.scratch_ptr(
-                |s| &mut s.abs,
-                crate::scratch::act_sums_bytes(n, cols),
-                "activation sums",
-            )?;
             self.launch(
                 "ops",
                 "quantize_a256",
@@ -230,6 +226,24 @@ impl CudaBackend {
                     (cols / 256) as i32,
                     if tiled { n as i32 } else { 0 }
                 ],
+            )?;
+        }
+        Ok((q, d, bs))
+    }
+
+    /// The activation scratch for `n` rows of `cols` in int8 blocks of `block`: (quants,
+    /// scales, per-16 sums; 0 for blocks of 32).
+    pub(crate) fn act_scratch(&self, n: usize, cols: usize, block: usize) -> Result<(u64, u64, u64)> {
+        let q = self.scratch_ptr(|s| &mut s.aq, n * cols, "int8 activations")?;
+        if block == 32 {
+            let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 32 * 8, "activation scales")?;
+            Ok((q, d, 0))
+        } else {
+            let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 256 * 4, "activation scales")?;
+            let bs = self.scratch_ptr(
+                |s| &mut s.abs,
+                crate::scratch::act_sums_bytes(n, cols),
+                "activation sums",
             )?;
             Ok((q, d, bs))
         }

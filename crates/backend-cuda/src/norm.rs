@@ -1,11 +1,61 @@
 //! RMSNorm, with the residual add fused (ops.cu `rms_norm`), and the plain residual add
 //! (`add`). The parity mode's norm is in src/exact.rs.
+//!
+//! A norm's output is usually the next product's input, which the int8 products quantize
+//! first (`quantize_act_as`): the norm kernel can write that int8 copy itself, bit for bit the
+//! quantizer's, one launch fewer. Which copy (block size, Q4_1/Q5_1's sums, imm's tiling) the
+//! product reads is the product's business, so the norm learns it: `quantize_act_as` asks
+//! [`norm_made`](CudaBackend::norm_made) first, which, when x is the output of the norm launched
+//! just before (no launch between), records the form under the norm's weight and row count
+//! and, if the norm made that form, hands out its copy. A step's first run (eager, before its
+//! graph is captured) teaches the form; the form never changes a bit of the results.
 
 use crate::launch::grid1;
 use crate::memory::CudaBuf;
 use crate::weights::CudaWeight;
 use crate::{check, CudaBackend};
 use quiver_backend::Result;
+use quiver_gguf::GgmlType;
+use std::sync::atomic::Ordering;
+
+/// An int8 copy of activations as `quantize_act_as` makes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ActForm {
+    /// 32 (`quantize_a32`) or 256 (`quantize_a256`).
+    pub(crate) block: u16,
+    /// Blocks of 32: the offset sums of Q4_1/Q5_1 (q8_1).
+    pub(crate) q8_1: bool,
+    /// Blocks of 256: on imm's wgmma tiles.
+    pub(crate) tiled: bool,
+}
+
+impl ActForm {
+    pub(crate) fn new(block: usize, ty: GgmlType, tiled: bool) -> Self {
+        let q8_1 = block == 32 && matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+        ActForm {
+            block: block as u16,
+            q8_1,
+            tiled: block == 256 && tiled,
+        }
+    }
+
+    /// Whether the norm kernel can make this form of rows of `cols`.
+    fn fits(self, cols: usize) -> bool {
+        cols.is_multiple_of(self.block as usize)
+    }
+}
+
+/// The last norm launched: its output, its weight, the form it made, and the launch count
+/// after it.
+#[derive(Clone, Copy)]
+pub(crate) struct NormOut {
+    out: u64,
+    rows: usize,
+    cols: usize,
+    w: u64,
+    made: Option<(ActForm, (u64, u64, u64))>,
+    launches: u64,
+}
 
 /// One norm: `out = rms_norm(x) · w` over `rows` rows of `w.cols`, or with `residual`:
 /// `residual += x` first and the norm is taken of the sum; with `gate`: out = silu(gate) · the
@@ -79,9 +129,19 @@ impl<'a> Norm<'a> {
 }
 
 impl CudaBackend {
-    /// The fast path's norm over `rows` > 0 rows (shapes checked by the caller).
+    /// The fast path's norm over `rows` > 0 rows (shapes checked by the caller), with the int8
+    /// copy of its output that the product after it read last time.
     pub(crate) fn norm_fast(&self, n: &Norm) -> Result<()> {
         let cols = n.w.cols;
+        let form = self.norm_forms.lock().unwrap().get(&(n.w.data.ptr, n.rows)).copied();
+        let made = match form.filter(|f| f.fits(cols)) {
+            Some(f) => Some((f, self.act_scratch(n.rows, cols, f.block as usize)?)),
+            None => None,
+        };
+        let ((q, d, s), block, q8_1, tn) = match made {
+            Some((f, q)) => (q, f.block as i32, i32::from(f.q8_1), if f.tiled { n.rows as i32 } else { 0 }),
+            None => ((0, 0, 0), 0, 0, 0),
+        };
         self.launch(
             "ops",
             "rms_norm",
@@ -95,9 +155,54 @@ impl CudaBackend {
                 n.rows as i32,
                 cols as i32,
                 n.eps,
-                n.gate.map(|(p, _)| p).unwrap_or(0)
+                n.gate.map(|(p, _)| p).unwrap_or(0),
+                q,
+                d,
+                s,
+                block,
+                q8_1,
+                tn
             ],
-        )
+        )?;
+        *self.norm_out.lock().unwrap() = Some(NormOut {
+            out: n.out.0,
+            rows: n.rows,
+            cols,
+            w: n.w.data.ptr,
+            made,
+            launches: self.launches.load(Ordering::Relaxed),
+        });
+        Ok(())
+    }
+
+    /// The int8 copy of `n` rows of `cols` at `x` in `form`, if the norm launched just before
+    /// wrote x and made it (and the form the product wants learnt for that norm either way).
+    pub(crate) fn norm_made(
+        &self,
+        x: u64,
+        n: usize,
+        cols: usize,
+        form: ActForm,
+    ) -> Result<Option<(u64, u64, u64)>> {
+        let Some(last) = self.norm_out.lock().unwrap().take() else {
+            return Ok(None);
+        };
+        if last.out != x
+            || last.rows != n
+            || last.cols != cols
+            || last.launches != self.launches.load(Ordering::Relaxed)
+        {
+            return Ok(None);
+        }
+        let mut forms = self.norm_forms.lock().unwrap();
+        if forms.get(&(last.w, n)) != Some(&form) {
+            forms.insert((last.w, n), form);
+        }
+        drop(forms);
+        match last.made {
+            Some((f, q)) if f == form && self.act_scratch(n, cols, f.block as usize)? == q => Ok(Some(q)),
+            _ => Ok(None),
+        }
     }
 
     /// a[i] += b[i] for `n` elements (shapes checked by the caller; exact in f32, so the

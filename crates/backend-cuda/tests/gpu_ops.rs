@@ -247,6 +247,71 @@ fn f32_weights_multiply_in_f32() {
     }
 }
 
+/// A norm followed by a product: the norm kernel writes the int8 copy the product read the
+/// time before (src/norm.rs), one launch fewer, and every bit is the unfused path's (the norm's
+/// output, the residual, the product), for blocks of 32 (q8_0 and Q4_1's q8_1 sums, rows of
+/// 544: lanes past the row idle), of 256 (rows, and imm's tiles at 64 decode rows), plain,
+/// with the residual and gated norms; a launch between the norm and the product turns it off.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_norms_int8_copy_is_the_quantizers() {
+    let mut rng = seeded_rng();
+    let be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
+    let mut fused = 0;
+    for (ty, cols) in [
+        (GgmlType::Q4_0, 544),
+        (GgmlType::Q4_1, 544),
+        (GgmlType::Q8_0, 512),
+        (GgmlType::Q4_K, 512),
+        (GgmlType::Q6_K, 768),
+    ] {
+        let w = WeightCase::random(&mut rng, ty, 96, cols).unwrap().load(&be).unwrap();
+        let nw = quiver_backend::testing::vector(&be, &rng.vec(cols));
+        for n in [1, 3, 8, 64] {
+            let (x0, r0, g0) = (rng.vec(n * cols), rng.vec(n * cols), rng.vec(n * cols));
+            let (x, g) = (Cuda.upload(&be, &x0), Cuda.upload(&be, &g0));
+            // kind 0 rms_norm, 1 add_rms_norm, 2 rms_norm_gated; `between`: a launch between
+            // the norm and the product. Results: (norm, residual, product) and launches.
+            let run = |kind: usize, between: bool| {
+                let mut r = Cuda.upload(&be, &r0);
+                let mut xn = Cuda.upload(&be, &x0);
+                let mut out = poison(&be, &Cuda, n * cols);
+                let mut y = poison(&be, &Cuda, n * 96);
+                let before = be.launch_count();
+                match kind {
+                    0 => be.rms_norm(&x, &nw, 1e-5, n, &mut out).unwrap(),
+                    1 => be.add_rms_norm(&mut r, &x, &nw, 1e-5, n, &mut out).unwrap(),
+                    _ => be.rms_norm_gated(&mut xn, &nw, 1e-5, n, cols, &g, &mut out).unwrap(),
+                }
+                if between {
+                    let mut other = Cuda.upload(&be, &[0.0; 4]);
+                    be.add(&mut other, &Cuda.upload(&be, &[1.0; 4]), 4).unwrap();
+                }
+                be.matmul(&w, &out, n, &mut y).unwrap();
+                let launches = be.launch_count() - before - u64::from(between);
+                ((read(&be, &out, n * cols), read(&be, &r, n * cols), read(&be, &y, n * 96)), launches)
+            };
+            for kind in 0..3 {
+                let (plain, plain_launches) = run(kind, true);
+                let _ = run(kind, false); // learns the form
+                let (made, made_launches) = run(kind, false);
+                let case = format!("{ty:?} over {cols} columns, {n} rows, norm kind {kind}");
+                assert_eq!(bits_differ(&made.0, &plain.0), 0, "the norm: {case}");
+                assert_eq!(bits_differ(&made.1, &plain.1), 0, "the residual: {case}");
+                assert_eq!(bits_differ(&made.2, &plain.2), 0, "the product: {case}");
+                // Decode rows quantize once for any product family: the norm does it.
+                if n <= 8 {
+                    assert_eq!(made_launches + 1, plain_launches, "{case}");
+                } else {
+                    assert!(made_launches <= plain_launches, "{case}");
+                }
+                fused += usize::from(made_launches < plain_launches);
+            }
+        }
+    }
+    println!("{fused} of 60 norm-product pairs fused (45 of 1–8 rows)");
+}
+
 /// wmm over widths past whole stages of 128 columns (the permuted activations padded with
 /// zeros) and over row counts past whole tiles, in every tile, against the reference; and the
 /// same bits in every tile.
