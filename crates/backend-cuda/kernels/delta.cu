@@ -50,7 +50,8 @@ __device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x));
 
 // The causal convolution (taps oldest first) then SiLU, in place over x ([rows, C]), channel by
 // channel; the state keeps the last k - 1 inputs; then the L2 norm of each q and k head (the
-// first `normed` heads). A block takes one head (S channels; lanes past S idle) of one sequence
+// first `normed` heads; the rest by dn_norm). A block takes S channels of one sequence (a head
+// where it norms them; lanes past S idle)
 // and its tokens in rounds of SEGS segments of DN_CONV_SEG: each thread loads its segment's inputs
 // and the 7 before them (from the state before the sequence's first row, and from the previous
 // round's last segment, whose inputs the round overwrote, through shared memory), the block
@@ -60,8 +61,8 @@ __device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x));
 // thread writes its outputs: x / √(Σx² / S + eps / S) / √S, llama.cpp's rms_norm(x, eps / S) /
 // √S. a[j] holds the segment's row j - 7 (the first 7: rows before it); output u takes a[u + q]
 // for the taps q = 8 - k .. 7 (tap q - (8 - k)), the window after row u is a[u + q] for
-// q = 9 - k .. 7 (state row q - (9 - k)). grid (sequences, C / S), block (SW = S rounded up to
-// 32, SEGS = 256 / SW).
+// q = 9 - k .. 7 (state row q - (9 - k)). grid (sequences, ⌈C / S⌉), block (SW = S rounded up
+// to 32, SEGS = 256 / SW).
 #define DN_CONV_SEG 16
 #define DN_CONV_W 128
 extern "C" __global__ void __launch_bounds__(256)
@@ -76,7 +77,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int lane = threadIdx.x, sg = threadIdx.y, SW = blockDim.x, SEGS = blockDim.y;
     const int head = blockIdx.y, ch = head * S + lane;
     if (!dn_seq(b, r, end)) return;
-    const bool live = lane < S, norm = head < normed;
+    const bool live = lane < S && ch < C, norm = head < normed;
     const int cc = live ? ch : 0, L = end - r;
     const long long slot = b.state_slot[b.seq[r]];
     const u32 kslot = snap ? b.kept_slot[b.seq[r]] : 0xFFFFFFFFu;
@@ -155,6 +156,20 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int q = 0; q < 7; q++)
             if (q - 7 >= L - (k - 1)) st[(long long)(q - 7 - (L - (k - 1))) * C + ch] = a[q];
+}
+
+// The L2 norm of each q and k head (the first 2·nk·S columns of each row of x, [rows, C]) apart
+// from the convolution (prompts), in dn_conv's order: x / √(Σx² / S + eps / S) / √S.
+// grid (rows, 2·nk), block 32.
+extern "C" __global__ void dn_norm(float* __restrict__ x, int C, int S, float eps) {
+    pdl_begin();
+    float* h = x + (long long)blockIdx.x * C + blockIdx.y * S;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < S; i += 32) ss += (double)(h[i] * h[i]);
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float n = (float)S;
+    const float scale = 1.f / sqrtf((float)(ss / n) + eps / n), post = 1.f / sqrtf(n);
+    for (int i = threadIdx.x; i < S; i += 32) h[i] = h[i] * scale * post;
 }
 
 // The sum of v over the H lanes of a row (lanes h·⌊l/H⌋ ..): a butterfly, whose additions give

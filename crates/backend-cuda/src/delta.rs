@@ -109,12 +109,21 @@ impl CudaBackend {
             None => (0u64, 0),
         };
         let view = st.ctx.view;
-        // A head a block (its channels rounded up to warps), 256 threads.
-        let sw = s.div_ceil(32) * 32;
+        // Steps a graph may replay (decode; each sequence's rows in one or two rounds): a head a
+        // block (its channels rounded up to warps), the q/k norms in it. Longer steps (prompts):
+        // blocks of 32 channels, eight segments a round (four times the blocks and a quarter
+        // of the rounds), then the norms apart (`dn_norm`: the same sums in the same order).
+        let fused = st.rows <= crate::graph::MAX_GRAPH_TOKENS;
+        let (width, normed) = if fused {
+            (s, 2 * p.n_k_heads)
+        } else {
+            (32, 0)
+        };
+        let sw = width.div_ceil(32) * 32;
         self.launch(
             "ops",
             "dn_conv",
-            (seq_grid(st), (c / s) as u32, 1),
+            (seq_grid(st), c.div_ceil(width) as u32, 1),
             (sw as u32, (256 / sw) as u32, 1),
             args![
                 view,
@@ -126,11 +135,20 @@ impl CudaBackend {
                 per as i64,
                 snap,
                 planes as i32,
-                s as i32,
-                2 * p.n_k_heads as i32,
+                width as i32,
+                normed as i32,
                 p.eps
             ],
         )?;
+        if !fused {
+            self.launch(
+                "ops",
+                "dn_norm",
+                (rows as u32, 2 * p.n_k_heads as u32, 1),
+                (32, 1, 1),
+                args![qkv.ptr(), c as i32, s as i32, p.eps],
+            )?;
+        }
         let &(rule, _, lanes) = RULE_LANES
             .iter()
             .find(|r| s <= r.1)

@@ -133,6 +133,7 @@ fn kvq_pair(module: &str) -> Option<(KvType, KvType)> {
 /// The ops module's kernels (`extern "C"`, by their own names).
 const OPS_KERNELS: &[&str] = &[
     "dn_conv",
+    "dn_norm",
     "sigmoid_mul",
     "hc_expand",
     "hc_pre",

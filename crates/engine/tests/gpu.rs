@@ -158,6 +158,22 @@ fn default_serving_of_deepseek4_equals_solo_runs() {
     }
 }
 
+/// Qwen 3.5, dense and MoE, on CUDA: 16 requests of 3 to 198 tokens served together in steps
+/// of up to 256 rows (the delta net's convolution in blocks of 32 channels, the q/k norms
+/// apart) and alone in steps of up to 64 (a head a block, the norms in it): the same answers.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn default_serving_of_qwen35_equals_solo_runs() {
+    for preset in ["tiny-qwen35", "tiny-qwen35moe"] {
+        let prompts = |nv| {
+            (0..16)
+                .map(|i| common::ids(3 + 13 * i, 900 + i as u64, nv))
+                .collect()
+        };
+        serving_equals_solo(synth(preset, "Q8_0"), default_backend, prompts, 256);
+    }
+}
+
 fn default_backend() -> CudaBackend {
     CudaBackend::new(0, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap()
 }
