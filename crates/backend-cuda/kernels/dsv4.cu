@@ -50,7 +50,7 @@ __device__ void hc_weights_warp(const float* mixes, const float* scale, const fl
     for (int e = lane; e < n; e += 32) comb[e] = fmaf(mixes[2 * hc + e], scale[2], base[2 * hc + e]);
     __syncwarp();
     // Softmax over dst per src row, + eps.
-    float v[2];
+    float v[2] = {0.f, 0.f};
     for (int k = 0, e = lane; k < 2; k++, e += 32) {
         if (e >= n) break;
         const float* row = comb + e / hc * hc;
@@ -60,40 +60,56 @@ __device__ void hc_weights_warp(const float* mixes, const float* scale, const fl
         for (int j = 0; j < hc; j++) sum += expf(row[j] - m);
         v[k] = fmaf(expf(comb[e] - m), __fdiv_rn(1.f, sum), eps);
     }
-    __syncwarp();
-    for (int k = 0, e = lane; k < 2 && e < n; k++, e += 32) comb[e] = v[k];
-    __syncwarp();
+    // The Sinkhorn rounds in registers: lane l holds elements l and l + 32 (c[0], c[1]), a row's
+    // or column's values come by shuffles, summed in the serial form's order.
+    float c[2] = {v[0], v[1]};
     for (int it = 0; it < iters; it++) {
         for (int cols = it == 0 ? 1 : 0; cols < 2; cols++) {
-            for (int k = 0, e = lane; k < 2; k++, e += 32) {
-                if (e >= n) break;
+            float nv[2];
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int e = lane + 32 * k;
                 const int s0 = cols ? e % hc : e / hc * hc, step = cols ? hc : 1;
                 float sum = eps;
-                for (int j = 0; j < hc; j++) sum += comb[s0 + j * step];
-                v[k] = __fmul_rn(comb[e], __fdiv_rn(1.f, sum));
+                for (int j = 0; j < hc; j++) {
+                    const int at = (s0 + j * step) & 63;  // lanes past n: any element (unused)
+                    const float lo = __shfl_sync(0xffffffffu, c[0], at & 31), hi = __shfl_sync(0xffffffffu, c[1], at & 31);
+                    sum += at < 32 ? lo : hi;
+                }
+                nv[k] = __fmul_rn(c[k], __fdiv_rn(1.f, sum));
             }
-            __syncwarp();
-            for (int k = 0, e = lane; k < 2 && e < n; k++, e += 32) comb[e] = v[k];
-            __syncwarp();
+            c[0] = nv[0], c[1] = nv[1];
         }
     }
+    for (int k = 0, e = lane; k < 2 && e < n; k++, e += 32) comb[e] = c[k];
+    __syncwarp();
 }
 
 // A block's (or, with `head`, the output head's) input from the hc streams: out[t, c] =
 // Σ_h pre[h]·x[t, h·d + c] (the block's fused, the head's products then sums), and the block's
 // post and comb weights into pc [rows, hc + hc²]. Each block's first warp makes the token's
 // weights (the same bits in every block of the row), then the block takes HC_COLS columns.
+// With `part` non-null the mixes come from hc_mix_part's chunks (P of them, R + 1 values each,
+// rows of `cols`), summed as hc_mix_sum sums them (its bits; norm_eps its eps), not from `mixes`.
 // grid (rows, ceil(d / HC_COLS)), block 128.
 #define HC_COLS 512
+__device__ __forceinline__ void hc_mix_sum_warp(const float* __restrict__ part, int P, int R, int cols, float eps,
+                                                long long t, float* __restrict__ out);
 extern "C" __global__ void hc_pre(const float* __restrict__ x, const float* __restrict__ mixes,
                                   const float* __restrict__ scale, const float* __restrict__ base,
                                   float* __restrict__ out, float* __restrict__ pc, int hc, int d, float eps, int iters,
-                                  int head) {
+                                  int head, const float* __restrict__ part, int P, int cols, float norm_eps) {
     pdl_begin();
-    __shared__ float pre[HC_MAX], w[HC_MAX + HC_MAX * HC_MAX];
+    __shared__ float pre[HC_MAX], w[HC_MAX + HC_MAX * HC_MAX], mx[32];
     const long long t = blockIdx.x;
     const int md = head ? hc : (2 + hc) * hc, pcd = hc + hc * hc;
-    if (threadIdx.x < 32) hc_weights_warp(mixes + t * md, scale, base, hc, eps, iters, head != 0, pre, w);
+    if (threadIdx.x < 32) {
+        if (part) {
+            hc_mix_sum_warp(part, P, md, cols, norm_eps, t, mx);
+            __syncwarp();
+        }
+        hc_weights_warp(part ? mx : mixes + t * md, scale, base, hc, eps, iters, head != 0, pre, w);
+    }
     __syncthreads();
     if (!head && blockIdx.y == 0)
         for (int i = threadIdx.x; i < pcd; i += blockDim.x) pc[t * pcd + i] = w[i];
@@ -161,17 +177,22 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// grid (rows), block 32.
-extern "C" __global__ void hc_mix_sum(const float* __restrict__ part, int P, int R, int cols, float eps,
-                                      float* __restrict__ out) {
-    pdl_begin();
-    const long long t = blockIdx.x;
-    const int i = threadIdx.x;
+// Row t's mixes from its parts into out[0..R], by one warp.
+__device__ __forceinline__ void hc_mix_sum_warp(const float* __restrict__ part, int P, int R, int cols, float eps,
+                                                long long t, float* __restrict__ out) {
+    const int i = threadIdx.x & 31;
     float v = 0.f;
     if (i <= R)
         for (int q = 0; q < P; q++) v += part[(t * P + q) * (R + 1) + i];
     const float ss = __shfl_sync(0xffffffffu, v, R);
-    if (i < R) out[t * R + i] = v * rsqrtf(ss / cols + eps);
+    if (i < R) out[i] = v * rsqrtf(ss / cols + eps);
+}
+
+// grid (rows), block 32.
+extern "C" __global__ void hc_mix_sum(const float* __restrict__ part, int P, int R, int cols, float eps,
+                                      float* __restrict__ out) {
+    pdl_begin();
+    hc_mix_sum_warp(part, P, R, cols, eps, blockIdx.x, out + (long long)blockIdx.x * R);
 }
 
 // A block's output streams: out[t, dst·d + c] = post[dst]·y[t, c] + Σ_src comb[src][dst]·

@@ -624,6 +624,31 @@ __global__ void __launch_bounds__(32 * MMV_WARPS)
     const float g = RowQ<T, C>::fin(ag[0]), u = RowQ<T, C>::fin(au[0]);
     if (threadIdx.x == 0) out[p * rows + r] = glu_fn(g, u, act);
 }
+// A product per group of one row's columns (DeepSeek-V4's grouped output projection): group
+// t = blockIdx.y multiplies its own matrix w.p[t] by the row's int8 activations from column
+// t·cols (a row's int8 copy is laid out along its columns: the slice is token t's of a
+// [groups, cols] copy), each output as mmvq's one-token rows (RowQ, order C), y[t·rows + r].
+// grid (rows / 4, groups ≤ MMVQ_GROUPS), block (32, 4)
+#define MMVQ_GROUPS 8
+struct MmvGroups {
+    const u8* p[MMVQ_GROUPS];
+};
+template <class T, bool C>
+__global__ void __launch_bounds__(32 * MMV_WARPS)
+    mmvq_groups(MmvGroups w, long long row_bytes, const i8* __restrict__ aq, const float* __restrict__ ad,
+                const int* __restrict__ abs_, float* __restrict__ y, int rows, int cols, int ablk) {
+    pdl_begin();
+    const int r = blockIdx.x * MMV_WARPS + threadIdx.y;
+    if (r >= rows) return;
+    const long long t = blockIdx.y;
+    MOEQ_ACT
+    typename RowQ<T, C>::Acc acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] = 0;
+    RowQ<T, C>::dot(w.p[t] + (long long)r * row_bytes, a, d, s, cols, 1, acc);
+    const float v = RowQ<T, C>::fin(acc[0]);
+    if (threadIdx.x == 0) y[t * rows + r] = v;
+}
 template <class T, bool C>
 __global__ void __launch_bounds__(32 * MMV_WARPS)
     moeq_mmv(const u8* __restrict__ w, long long row_bytes, long long expert_rows, const float* __restrict__ routes,

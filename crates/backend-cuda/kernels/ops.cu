@@ -360,18 +360,41 @@ extern "C" __global__ void mask_rows(float* __restrict__ x, const u32* __restric
     if (!((w >> (c & 31)) & 1u)) x[(long long)rows[m] * cols + c] = -__int_as_float(0x7f800000);
 }
 
-// Index of the largest value of each row (the first on ties); grid (rows), block 1024.
-extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int cols) { pdl_begin();
-    const float* r = x + (long long)blockIdx.x * cols;
+// Index of the largest value of each row (the first on ties; NaN never wins, a row of NaN
+// gives 0). grid (rows, P), block 256: block p scans its chunk of the row (chunk a multiple
+// of 4 columns), writes its best (value, index) into part[row·P + p] (values, then indices at
+// part + rows·P), and the row's last block to finish (count[row], left at 0 again) takes the
+// best of the P.
+__device__ __forceinline__ void amax_pick(float& best, int& bi, float ov, int oi) {
+    if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+}
+__device__ __forceinline__ void amax_block(float& best, int& bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax_pick(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    if (l == 0) { sv[w] = best; si[w] = bi; }
+    __syncthreads();
+    best = l < nw ? sv[l] : -__int_as_float(0x7f800000);
+    bi = l < nw ? si[l] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax_pick(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
+}
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restrict__ out, int cols, int chunk,
+                                       float* __restrict__ part, u32* __restrict__ count) { pdl_begin();
+    const int P = gridDim.y, p = blockIdx.y;
+    const long long row = blockIdx.x;
+    const float* r = x + row * cols;
+    const int c0 = p * chunk, c1 = min(cols, c0 + chunk);
     float best = -__int_as_float(0x7f800000);
     int bi = 0x7fffffff;
     if ((cols & 3) == 0) {
         // float4 loads, four in flight per thread; within a thread the indices rise, so `>`
         // keeps the first of equal values.
         const float4* r4 = (const float4*)r;
-        int n4 = cols / 4;
 #pragma unroll 4
-        for (int c = threadIdx.x; c < n4; c += blockDim.x) {
+        for (int c = c0 / 4 + threadIdx.x; c < c1 / 4; c += blockDim.x) {
             float4 v = r4[c];
             if (v.x > best) { best = v.x; bi = 4 * c; }
             if (v.y > best) { best = v.y; bi = 4 * c + 1; }
@@ -379,33 +402,37 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, u32* __restr
             if (v.w > best) { best = v.w; bi = 4 * c + 3; }
         }
     } else {
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
             float v = r[c];
             if (v > best) { best = v; bi = c; }
         }
     }
-    __shared__ float sv[32];
-    __shared__ int si[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    amax_block(best, bi);
+    if (P == 1) {
+        if (threadIdx.x == 0) out[row] = bi == 0x7fffffff ? 0 : bi;
+        return;
     }
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    if (l == 0) { sv[w] = best; si[w] = bi; }
+    const long long rows = gridDim.x;
+    int* pidx = (int*)(part + rows * P);
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        part[row * P + p] = best;
+        pidx[row * P + p] = bi;
+        __threadfence();
+        last = atomicAdd(&count[row], 1u) == (u32)P - 1;
+    }
     __syncthreads();
-    if (w == 0) {
-        int nw = blockDim.x / 32;
-        best = l < nw ? sv[l] : -__int_as_float(0x7f800000);
-        bi = l < nw ? si[l] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-        }
-        if (l == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    if (!last) return;
+    __threadfence();
+    best = -__int_as_float(0x7f800000);
+    bi = 0x7fffffff;
+    for (int q = threadIdx.x; q < P; q += blockDim.x) {
+        amax_pick(best, bi, ((volatile float*)part)[row * P + q], ((volatile int*)pidx)[row * P + q]);
+    }
+    amax_block(best, bi);
+    if (threadIdx.x == 0) {
+        out[row] = bi == 0x7fffffff ? 0 : bi;
+        count[row] = 0;
     }
 }
 

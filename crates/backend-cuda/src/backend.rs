@@ -436,6 +436,34 @@ impl Backend for CudaBackend {
         self.hc_pre_kernel(x, mixes, scale, base, p, head, rows, out, pc)
     }
 
+    fn hc_mix_pre(
+        &self,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        eps: f32,
+        scale: &CudaWeight,
+        base: &CudaWeight,
+        p: &quiver_backend::dsv4::HcParams,
+        head: bool,
+        rows: usize,
+        scratch: &mut CudaBuf,
+        mixes: &mut CudaBuf,
+        out: &mut CudaBuf,
+        pc: &mut CudaBuf,
+    ) -> Result<()> {
+        self.hc_mix_pre_kernel(
+            x,
+            w,
+            eps,
+            (scale, base, p, head),
+            rows,
+            scratch,
+            mixes,
+            out,
+            pc,
+        )
+    }
+
     fn hc_mixes(
         &self,
         x: &CudaBuf,

@@ -114,11 +114,7 @@ impl CudaBackend {
         // blocks of 32 channels, eight segments a round (four times the blocks and a quarter
         // of the rounds), then the norms apart (`dn_norm`: the same sums in the same order).
         let fused = st.rows <= crate::graph::MAX_GRAPH_TOKENS;
-        let (width, normed) = if fused {
-            (s, 2 * p.n_k_heads)
-        } else {
-            (32, 0)
-        };
+        let (width, normed) = if fused { (s, 2 * p.n_k_heads) } else { (32, 0) };
         let sw = width.div_ceil(32) * 32;
         self.launch(
             "ops",

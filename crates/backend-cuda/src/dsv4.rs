@@ -90,6 +90,16 @@ fn f32_vector(w: &CudaWeight, n: usize) -> bool {
     w.ty == GgmlType::F32 && w.rows * w.cols == n && (w.rows == 1 || w.cols == 1)
 }
 
+/// Groups one `mmvq_groups` launch takes (mmvq.cu `MMVQ_GROUPS`).
+const MMVQ_GROUPS: usize = 8;
+
+/// The groups' matrices of an `mmvq_groups` launch (mirrors `MmvGroups` in mmvq.cu).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MmvGroups {
+    p: [u64; MMVQ_GROUPS],
+}
+
 impl CudaBackend {
     pub(crate) fn hc_expand_kernel(
         &self,
@@ -127,13 +137,32 @@ impl CudaBackend {
         out: &mut CudaBuf,
         pc: &mut CudaBuf,
     ) -> Result<()> {
+        self.hc_pre_launch(x, mixes, scale, base, p, head, rows, out, pc, None)
+    }
+
+    /// `hc_pre`, the mixes from `parts` where given (hc_mix_part's chunks: their pointer,
+    /// count, the rows' width and the norm's eps) instead of `mixes`.
+    #[allow(clippy::too_many_arguments)]
+    fn hc_pre_launch(
+        &self,
+        x: &CudaBuf,
+        mixes: &CudaBuf,
+        scale: &CudaWeight,
+        base: &CudaWeight,
+        p: &HcParams,
+        head: bool,
+        rows: usize,
+        out: &mut CudaBuf,
+        pc: &mut CudaBuf,
+        parts: Option<(u64, usize, usize, f32)>,
+    ) -> Result<()> {
         let md = if head { p.hc } else { p.mix_dim() };
         check(
             "hc_pre",
             (1..=HC_MAX).contains(&p.hc)
                 && p.iters >= 1
                 && x.len >= rows * p.hc * p.d
-                && mixes.len >= rows * md
+                && (parts.is_some() || mixes.len >= rows * md)
                 && f32_vector(base, md)
                 && f32_vector(scale, if head { 1 } else { 3 })
                 && out.len >= rows * p.d
@@ -159,7 +188,11 @@ impl CudaBackend {
                 p.d as i32,
                 p.eps,
                 p.iters as i32,
-                head as i32
+                head as i32,
+                parts.map(|(q, _, _, _)| q).unwrap_or(0),
+                parts.map(|(_, n, _, _)| n as i32).unwrap_or(0),
+                parts.map(|(_, _, c, _)| c as i32).unwrap_or(0),
+                parts.map(|(_, _, _, e)| e).unwrap_or(0.0)
             ],
         )
     }
@@ -177,22 +210,79 @@ impl CudaBackend {
         scratch: &mut CudaBuf,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        if w.ty != GgmlType::F32 || w.rows >= HCM_R || w.cols != cols || !cols.is_multiple_of(4) {
+        let Some(parts) = self.hc_mix_parts(x, w, cols, rows, scratch)? else {
             self.rms_norm_plain_kernel(x, cols, eps, rows, scratch)?;
             return quiver_backend::Backend::matmul(self, w, scratch, rows, out);
+        };
+        let r = w.rows;
+        check("hc_mixes", out.len >= rows * r, || {
+            format!("{rows} rows of {cols} into {r} mixes")
+        })?;
+        self.launch(
+            "ops",
+            "hc_mix_sum",
+            (rows as u32, 1, 1),
+            (32, 1, 1),
+            args![
+                scratch.ptr(),
+                parts as i32,
+                r as i32,
+                cols as i32,
+                eps,
+                out.ptr()
+            ],
+        )
+    }
+
+    /// `hc_mix_pre`: hc_mix_part, then hc_pre summing the parts itself (one launch fewer),
+    /// where `hc_mixes` takes two kernels; else `hc_mixes` then `hc_pre`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn hc_mix_pre_kernel(
+        &self,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        eps: f32,
+        (scale, base, p, head): (&CudaWeight, &CudaWeight, &HcParams, bool),
+        rows: usize,
+        scratch: &mut CudaBuf,
+        mixes: &mut CudaBuf,
+        out: &mut CudaBuf,
+        pc: &mut CudaBuf,
+    ) -> Result<()> {
+        let (cols, md) = (p.hc * p.d, if head { p.hc } else { p.mix_dim() });
+        match self.hc_mix_parts(x, w, cols, rows, scratch)? {
+            Some(parts) if w.rows == md => {
+                let part = Some((scratch.ptr(), parts, cols, eps));
+                self.hc_pre_launch(x, mixes, scale, base, p, head, rows, out, pc, part)
+            }
+            _ => {
+                self.hc_mixes_kernel(x, w, cols, eps, rows, scratch, mixes)?;
+                self.hc_pre_kernel(x, mixes, scale, base, p, head, rows, out, pc)
+            }
+        }
+    }
+
+    /// hc_mix_part's chunks of x's products with `w` into `scratch`: their count, or None
+    /// where the weight is not F32 with fewer than `HCM_R` rows of `cols`.
+    fn hc_mix_parts(
+        &self,
+        x: &CudaBuf,
+        w: &CudaWeight,
+        cols: usize,
+        rows: usize,
+        scratch: &mut CudaBuf,
+    ) -> Result<Option<usize>> {
+        if w.ty != GgmlType::F32 || w.rows >= HCM_R || w.cols != cols || !cols.is_multiple_of(4) {
+            return Ok(None);
         }
         let (r, parts) = (w.rows, cols.div_ceil(HCM_COLS));
         check(
             "hc_mixes",
             x.len >= rows * cols
-                && out.len >= rows * r
                 && scratch.len >= rows * parts * (r + 1)
                 && w.row_bytes == cols * 4,
             || format!("{rows} rows of {cols} into {r} mixes"),
         )?;
-        if rows == 0 {
-            return Ok(());
-        }
         self.launch(
             "ops",
             "hc_mix_part",
@@ -208,20 +298,7 @@ impl CudaBackend {
                 scratch.ptr()
             ],
         )?;
-        self.launch(
-            "ops",
-            "hc_mix_sum",
-            (rows as u32, 1, 1),
-            (32, 1, 1),
-            args![
-                scratch.ptr(),
-                parts as i32,
-                r as i32,
-                cols as i32,
-                eps,
-                out.ptr()
-            ],
-        )
+        Ok(Some(parts))
     }
 
     pub(crate) fn hc_post_kernel(
@@ -300,6 +377,34 @@ impl CudaBackend {
                 }
                 None => None,
             };
+            if let Some((q, d, s, block)) = made.filter(|_| {
+                groups <= MMVQ_GROUPS && w.iter().all(|g| g.row_bytes == w[0].row_bytes)
+            }) {
+                // One launch: a block row per group (mmvq.cu `mmvq_groups`).
+                let mut p = MmvGroups {
+                    p: [0; MMVQ_GROUPS],
+                };
+                for (g, wg) in w.iter().enumerate() {
+                    p.p[g] = wg.data.ptr;
+                }
+                return self.launch(
+                    &w[0].names.module,
+                    &w[0].names.mmvq_groups,
+                    (r.div_ceil(4) as u32, groups as u32, 1),
+                    (32, 4, 1),
+                    args![
+                        p,
+                        w[0].row_bytes as i64,
+                        q,
+                        d,
+                        s,
+                        out.ptr(),
+                        r as i32,
+                        c as i32,
+                        block as i32
+                    ],
+                );
+            }
             for (g, wg) in w.iter().enumerate() {
                 let (xg, yg) = (x.ptr() + (4 * g * c) as u64, out.ptr() + (4 * g * r) as u64);
                 match made {

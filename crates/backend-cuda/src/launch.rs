@@ -105,7 +105,8 @@ impl CudaBackend {
             return Ok(());
         }
         let f = self.func(module, name, smem)?;
-        self.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.launches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (mut p, n) = a.ptrs();
         if self.cfg.pdl {
             // Programmatic dependent launch: every kernel begins with pdl_begin() (common.cuh),

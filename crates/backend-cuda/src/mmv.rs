@@ -233,7 +233,12 @@ impl CudaBackend {
 
     /// The activation scratch for `n` rows of `cols` in int8 blocks of `block`: (quants,
     /// scales, per-16 sums; 0 for blocks of 32).
-    pub(crate) fn act_scratch(&self, n: usize, cols: usize, block: usize) -> Result<(u64, u64, u64)> {
+    pub(crate) fn act_scratch(
+        &self,
+        n: usize,
+        cols: usize,
+        block: usize,
+    ) -> Result<(u64, u64, u64)> {
         let q = self.scratch_ptr(|s| &mut s.aq, n * cols, "int8 activations")?;
         if block == 32 {
             let d = self.scratch_ptr(|s| &mut s.ad, n * cols / 32 * 8, "activation scales")?;

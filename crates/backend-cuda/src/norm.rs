@@ -133,13 +133,23 @@ impl CudaBackend {
     /// copy of its output that the product after it read last time.
     pub(crate) fn norm_fast(&self, n: &Norm) -> Result<()> {
         let cols = n.w.cols;
-        let form = self.norm_forms.lock().unwrap().get(&(n.w.data.ptr, n.rows)).copied();
+        let form = self
+            .norm_forms
+            .lock()
+            .unwrap()
+            .get(&(n.w.data.ptr, n.rows))
+            .copied();
         let made = match form.filter(|f| f.fits(cols)) {
             Some(f) => Some((f, self.act_scratch(n.rows, cols, f.block as usize)?)),
             None => None,
         };
         let ((q, d, s), block, q8_1, tn) = match made {
-            Some((f, q)) => (q, f.block as i32, i32::from(f.q8_1), if f.tiled { n.rows as i32 } else { 0 }),
+            Some((f, q)) => (
+                q,
+                f.block as i32,
+                i32::from(f.q8_1),
+                if f.tiled { n.rows as i32 } else { 0 },
+            ),
             None => ((0, 0, 0), 0, 0, 0),
         };
         self.launch(
@@ -200,7 +210,9 @@ impl CudaBackend {
         }
         drop(forms);
         match last.made {
-            Some((f, q)) if f == form && self.act_scratch(n, cols, f.block as usize)? == q => Ok(Some(q)),
+            Some((f, q)) if f == form && self.act_scratch(n, cols, f.block as usize)? == q => {
+                Ok(Some(q))
+            }
             _ => Ok(None),
         }
     }

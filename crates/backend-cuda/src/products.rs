@@ -189,7 +189,8 @@ impl CudaBackend {
         match (tc, a) {
             (Product::Blas, Act::Half(xh)) => {
                 let blas = self.blas.as_ref().expect("the table checked cuBLAS");
-                self.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.launches
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 blas.gemm_f16(w.data.ptr, xh, y, w.rows, n, w.cols)
                     .map_err(|e| derr("cublasGemmEx", e))
             }

@@ -293,6 +293,10 @@ fn quant_kernels(t: &str) -> Vec<(String, String)> {
         one("immw", format!("immw<{w}>"));
     }
     if int8_activations(t).is_some() {
+        one("mmvq_groups", format!("mmvq_groups<{w}, false>"));
+        if int8_mma(t) {
+            one("mmvqc_groups", format!("mmvq_groups<{w}, true>"));
+        }
         for n in ["glu", "mmv"] {
             one(&format!("moeq_{n}"), format!("moeq_{n}<{w}, false>"));
             // The exact-sum order (imv_g's bits) of the int8 tensor-core types.

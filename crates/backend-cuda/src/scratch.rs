@@ -15,6 +15,8 @@ pub(crate) struct Scratch {
     pub(crate) top_ids: Option<DevBuf>,
     pub(crate) top_vals: Option<DevBuf>,
     pub(crate) ids: Option<DevBuf>,
+    /// `argmax_rows`' partials and counters (src/sampling.rs).
+    pub(crate) amax: Option<DevBuf>,
     /// Constrained decoding's masks: each mask's row, then its bits.
     pub(crate) masks: Option<DevBuf>,
     /// int8 activations: quants, scales, per-16 sums.
@@ -110,10 +112,12 @@ impl CudaBackend {
 
     /// Bytes of `scratch_plan` (allocations round up to powers of two).
     pub(crate) fn scratch_bytes(&self, ws: &WorkspaceSpec) -> u64 {
+        let argmax = crate::sampling::argmax_bytes(ws.max_logits.max(1));
         self.scratch_plan(ws)
             .iter()
             .map(|p| p.1.next_power_of_two() as u64)
-            .sum()
+            .sum::<u64>()
+            + argmax.next_power_of_two() as u64
     }
 
     /// Allocates `scratch_plan` now.
@@ -122,6 +126,7 @@ impl CudaBackend {
             self.scratch_ptr(pick, bytes, what)?;
         }
         self.row_ids(ws.max_tokens.max(1))?;
+        self.argmax_parts(ws.max_logits.max(1))?;
         if self.cfg.numerics == quiver_backend::Numerics::BatchInvariant {
             self.exact_parts()?;
         }

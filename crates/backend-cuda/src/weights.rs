@@ -52,6 +52,9 @@ pub(crate) struct KernelNames {
     /// [gated, plain] per pair on int8 activations (types with int8 decode kernels), in the
     /// exact-sum order where `canon` (moeqc: imv_g's bits).
     pub(crate) moeq: [String; 2],
+    /// A product per group of one row's columns on int8 activations (mmvq.cu `mmvq_groups`),
+    /// in the matrix-vector kernels' order.
+    pub(crate) mmvq_groups: String,
     /// The experts' products on imv of one and two n8 tiles (kernels/imm.cu `imv_g`;
     /// `registry::int8_mma` types).
     pub(crate) imv_g: [String; 2],
@@ -102,6 +105,7 @@ impl KernelNames {
                 let q = if canon { "moeqc" } else { "moeq" };
                 format!("{q}_{k}_{kernel}")
             }),
+            mmvq_groups: format!("{base}_groups_{kernel}"),
             imv_g: ["", "2"].map(|t| format!("imv_g{t}_{kernel}")),
             f32mm: ["", "1"].map(|t| format!("f32mm{t}_{kernel}")),
         }

@@ -265,7 +265,10 @@ fn a_norms_int8_copy_is_the_quantizers() {
         (GgmlType::Q4_K, 512),
         (GgmlType::Q6_K, 768),
     ] {
-        let w = WeightCase::random(&mut rng, ty, 96, cols).unwrap().load(&be).unwrap();
+        let w = WeightCase::random(&mut rng, ty, 96, cols)
+            .unwrap()
+            .load(&be)
+            .unwrap();
         let nw = quiver_backend::testing::vector(&be, &rng.vec(cols));
         for n in [1, 3, 8, 64] {
             let (x0, r0, g0) = (rng.vec(n * cols), rng.vec(n * cols), rng.vec(n * cols));
@@ -281,7 +284,9 @@ fn a_norms_int8_copy_is_the_quantizers() {
                 match kind {
                     0 => be.rms_norm(&x, &nw, 1e-5, n, &mut out).unwrap(),
                     1 => be.add_rms_norm(&mut r, &x, &nw, 1e-5, n, &mut out).unwrap(),
-                    _ => be.rms_norm_gated(&mut xn, &nw, 1e-5, n, cols, &g, &mut out).unwrap(),
+                    _ => be
+                        .rms_norm_gated(&mut xn, &nw, 1e-5, n, cols, &g, &mut out)
+                        .unwrap(),
                 }
                 if between {
                     let mut other = Cuda.upload(&be, &[0.0; 4]);
@@ -289,7 +294,14 @@ fn a_norms_int8_copy_is_the_quantizers() {
                 }
                 be.matmul(&w, &out, n, &mut y).unwrap();
                 let launches = be.launch_count() - before - u64::from(between);
-                ((read(&be, &out, n * cols), read(&be, &r, n * cols), read(&be, &y, n * 96)), launches)
+                (
+                    (
+                        read(&be, &out, n * cols),
+                        read(&be, &r, n * cols),
+                        read(&be, &y, n * 96),
+                    ),
+                    launches,
+                )
             };
             for kind in 0..3 {
                 let (plain, plain_launches) = run(kind, true);

@@ -537,6 +537,28 @@ pub trait Backend {
         self.rms_norm_plain(x, cols, eps, rows, scratch)?;
         self.matmul(w, scratch, rows, out)
     }
+    /// `hc_mixes` of the streams x [rows, hc·d] by `w` (the norm's `eps`) into `mixes`, then
+    /// `hc_pre` over them: a block's (or, with `head`, the output head's) input; a backend may
+    /// fuse the two and leave `mixes` unwritten.
+    #[allow(clippy::too_many_arguments)]
+    fn hc_mix_pre(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Weight,
+        eps: f32,
+        scale: &Self::Weight,
+        base: &Self::Weight,
+        p: &dsv4::HcParams,
+        head: bool,
+        rows: usize,
+        scratch: &mut Self::Buf,
+        mixes: &mut Self::Buf,
+        out: &mut Self::Buf,
+        pc: &mut Self::Buf,
+    ) -> Result<()> {
+        self.hc_mixes(x, w, p.hc * p.d, eps, rows, scratch, mixes)?;
+        self.hc_pre(x, mixes, scale, base, p, head, rows, out, pc)
+    }
     /// DeepSeek-V4's block input ([`dsv4::hc_pre`]): out [rows, d] and the post/comb
     /// weights pc [rows, pc_dim] from the streams x [rows, hc·d] and their mixes.
     #[allow(clippy::too_many_arguments)]

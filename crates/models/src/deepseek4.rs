@@ -598,9 +598,19 @@ pub(crate) fn forward<B: Backend>(
         for (i, l) in w.layers.iter().enumerate() {
             // Attention.
             let [hfn, hbase, hscale] = &l.hc_attn;
-            b.hc_mixes(&bf.h, hfn, hcd, eps, n, &mut bf.flat, &mut bf.mixes)?;
-            b.hc_pre(
-                &bf.h, &bf.mixes, hscale, hbase, &hcp, false, n, &mut s.x, &mut bf.pc,
+            b.hc_mix_pre(
+                &bf.h,
+                hfn,
+                eps,
+                hscale,
+                hbase,
+                &hcp,
+                false,
+                n,
+                &mut bf.flat,
+                &mut bf.mixes,
+                &mut s.x,
+                &mut bf.pc,
             )?;
             dump.put(b, "hc_attn_pre", i, &s.x, n * d);
             b.rms_norm(&s.x, &l.attn_norm, eps, n, &mut s.xn)?;
@@ -681,9 +691,19 @@ pub(crate) fn forward<B: Backend>(
             dump.put(b, "hc_attn_post", i, &bf.h, n * hcd);
             // FFN.
             let [hfn, hbase, hscale] = &l.hc_ffn;
-            b.hc_mixes(&bf.h, hfn, hcd, eps, n, &mut bf.flat, &mut bf.mixes)?;
-            b.hc_pre(
-                &bf.h, &bf.mixes, hscale, hbase, &hcp, false, n, &mut s.x, &mut bf.pc,
+            b.hc_mix_pre(
+                &bf.h,
+                hfn,
+                eps,
+                hscale,
+                hbase,
+                &hcp,
+                false,
+                n,
+                &mut bf.flat,
+                &mut bf.mixes,
+                &mut s.x,
+                &mut bf.pc,
             )?;
             dump.put(b, "hc_ffn_pre", i, &s.x, n * d);
             b.rms_norm(&s.x, &l.ffn_norm, eps, n, &mut s.xn)?;
@@ -736,9 +756,19 @@ pub(crate) fn forward<B: Backend>(
         }
         // The head: the streams mixed by their own weights, then the output norm.
         let [hfn, hbase, hscale] = &w.head;
-        b.hc_mixes(&bf.h, hfn, hcd, eps, n, &mut bf.flat, &mut bf.mixes)?;
-        b.hc_pre(
-            &bf.h, &bf.mixes, hscale, hbase, &hcp, true, n, &mut s.x, &mut bf.pc,
+        b.hc_mix_pre(
+            &bf.h,
+            hfn,
+            eps,
+            hscale,
+            hbase,
+            &hcp,
+            true,
+            n,
+            &mut bf.flat,
+            &mut bf.mixes,
+            &mut s.x,
+            &mut bf.pc,
         )?;
         b.rms_norm(&s.x, &m.output_norm, eps, n, &mut s.xn)?;
         let out = m.output.as_ref().unwrap_or(&m.tok_embd);

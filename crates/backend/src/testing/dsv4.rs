@@ -115,6 +115,81 @@ fn hc_mixes_case<B: Backend, H: Harness<B>>(
     }
 }
 
+/// `hc_mix_pre` (which a backend may fuse) gives `hc_mixes` then `hc_pre`'s bits, for a
+/// block (pre, post and comb) and for the head (pre).
+fn hc_mix_pre_case<B: Backend, H: Harness<B>>(
+    be: &B,
+    h: &H,
+    rng: &mut Rng,
+    p: &HcParams,
+    x: &[f32],
+    rows: usize,
+) {
+    let hcd = p.hc * p.d;
+    let xb = h.upload(be, x);
+    for head in [false, true] {
+        let md = if head { p.hc } else { p.mix_dim() };
+        let wv = rng.vec(md * hcd);
+        let bytes: Vec<u8> = wv.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let shape = [md as u64, hcd as u64];
+        let w = be
+            .weight(
+                "w",
+                GgmlType::F32,
+                &shape,
+                tensor(GgmlType::F32, &shape, &bytes),
+            )
+            .expect("an f32 matrix");
+        let scale = vector(be, &rng.vec(if head { 1 } else { 3 }));
+        let base = vector(be, &rng.vec(md));
+        let mut got = Vec::new();
+        for fused in [false, true] {
+            let mut scratch = poison(be, h, rows * hcd);
+            let mut mixes = poison(be, h, rows * md);
+            let mut out = poison(be, h, rows * p.d);
+            let mut pc = poison(be, h, rows * p.pc_dim());
+            if fused {
+                be.hc_mix_pre(
+                    &xb,
+                    &w,
+                    p.eps,
+                    &scale,
+                    &base,
+                    p,
+                    head,
+                    rows,
+                    &mut scratch,
+                    &mut mixes,
+                    &mut out,
+                    &mut pc,
+                )
+                .unwrap();
+            } else {
+                be.hc_mixes(&xb, &w, hcd, p.eps, rows, &mut scratch, &mut mixes)
+                    .unwrap();
+                be.hc_pre(&xb, &mixes, &scale, &base, p, head, rows, &mut out, &mut pc)
+                    .unwrap();
+            }
+            let pc = if head {
+                vec![]
+            } else {
+                read(be, &pc, rows * p.pc_dim())
+            };
+            got.push((read(be, &out, rows * p.d), pc));
+        }
+        assert_eq!(
+            bits_differ(&got[0].0, &got[1].0),
+            0,
+            "hc_mix_pre's input, head {head}"
+        );
+        assert_eq!(
+            bits_differ(&got[0].1, &got[1].1),
+            0,
+            "hc_mix_pre's weights, head {head}"
+        );
+    }
+}
+
 fn hc_case<B: Backend, H: Harness<B>>(
     be: &B,
     h: &H,
@@ -128,6 +203,7 @@ fn hc_case<B: Backend, H: Harness<B>>(
     let hcd = p.hc * p.d;
     let x = rng.vec(rows * hcd);
     hc_mixes_case(be, h, rng, bound, notes, &p, &x, rows);
+    hc_mix_pre_case(be, h, rng, &p, &x, rows);
     for head in [false, true] {
         let md = if head { p.hc } else { p.mix_dim() };
         let mixes = rng.scaled(rows * md, 3.0);

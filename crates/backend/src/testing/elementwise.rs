@@ -158,7 +158,10 @@ fn logits<B: Backend, H: Harness<B>>(
 ) {
     let what = format!("{rows}×{cols}");
     let mut logits = rng.vec(rows * cols);
-    // Ties: row 1 has its maximum once, row 2 twice side by side.
+    // Ties: row 0 has its maximum twice far apart (in different blocks of a backend that
+    // splits a row), row 1 once, row 2 twice side by side.
+    logits[10] = 9.0;
+    logits[cols - 3] = 9.0;
     let c1 = cols * 7 / 10;
     logits[cols + c1] = 9.0;
     logits[2 * cols + 5] = 9.0;
