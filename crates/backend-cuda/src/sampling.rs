@@ -64,7 +64,9 @@ impl CudaBackend {
         let a = self.grow(&mut s.amax, bytes, "argmax partials")?;
         if fresh {
             let bytes = s.amax.as_ref().map_or(0, |b| b.bytes);
-            self.dev.memset_zero(a, bytes).map_err(BackendError::Device)?;
+            self.dev
+                .memset_zero(a, bytes)
+                .map_err(BackendError::Device)?;
         }
         // The counters after the partials of as many rows as the buffer holds.
         let held = s.amax.as_ref().map_or(0, |b| b.bytes) / (ARGMAX_BLOCKS * 8 + 4);

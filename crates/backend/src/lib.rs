@@ -12,6 +12,7 @@
 mod batch;
 pub mod delta_net;
 pub mod dsv4;
+mod error;
 mod kv;
 pub mod kvcodec;
 pub mod numerics;
@@ -24,48 +25,13 @@ pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
 pub use delta_net::{DeltaNetParams, DeltaNetWeights, Snapshots};
+pub use error::{host_memory_available, human_bytes, BackendError, Result};
 pub use kv::{KvLayer, KvSpec, KvType, KvTypes, KV_BLOCK_SIZE};
 pub use numerics::Numerics;
 pub use ops::{Activation, ExtraOp, Gating, MoeParams, MoeScratch, MoeWeights};
 use quiver_gguf::GgmlType;
 pub use rope::{Llama3Scaling, RopeAngles, RopeMode, RopeParams, Yarn, ROPE_MAX_PAIRS};
 
-#[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    #[error("{op}: {detail}")]
-    Shape { op: &'static str, detail: String },
-    #[error("{op}: weight type {ty} is not supported by the {backend} backend")]
-    Unsupported {
-        op: &'static str,
-        ty: GgmlType,
-        backend: &'static str,
-    },
-    #[error("the {backend} backend has no KV cache of K {k} and V {v}")]
-    UnsupportedKv {
-        k: &'static str,
-        v: &'static str,
-        backend: &'static str,
-    },
-    #[error("{0}")]
-    Device(String),
-    #[error("the {backend} backend has no {op} op, which {arch} models need")]
-    MissingOp {
-        op: ExtraOp,
-        backend: &'static str,
-        arch: String,
-    },
-    #[error("{what} need {} but the {device} backend has {} available{hint}", human_bytes(*need), human_bytes(*available))]
-    OutOfMemory {
-        what: String,
-        need: u64,
-        available: u64,
-        device: &'static str,
-        /// What to change, e.g. ": lower --ctx-size".
-        hint: &'static str,
-    },
-}
-
-/// `1.5 GiB`-style sizes for messages.
 /// [`Backend::qk_norm_rope_kv_write`] as three ops: q's and k's heads normed in place, then
 /// `rope_kv_write` (the default, and a backend's fallback where it does not fuse them).
 #[allow(clippy::too_many_arguments)]
@@ -85,32 +51,6 @@ pub fn qk_norm_then_rope<B: Backend + ?Sized>(
     b.rms_norm_inplace(k, kn, eps, step.rows * attn.n_head_kv)?;
     b.rope_kv_write(step, q, k, v, rope, attn, kv)
 }
-
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-/// Host memory a new allocation can take without swapping (Linux `MemAvailable`), where the
-/// system says.
-pub fn host_memory_available() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib.saturating_mul(1024))
-}
-
-pub type Result<T> = std::result::Result<T, BackendError>;
 
 /// Attention shape and masking.
 #[derive(Clone, Copy, Debug, PartialEq)]

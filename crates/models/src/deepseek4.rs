@@ -587,6 +587,24 @@ pub(crate) fn forward<B: Backend>(
     let mut bf = s.ds.take().expect("deepseek4 buffers");
     // QUIVER_DUMP_DIR: the tensors llama.cpp's graph names alike (tools/parity/).
     let dump = crate::decoder::Dump::new();
+    // A block's (or the head's) input from the streams by its mixes' weights.
+    let hc_in =
+        |b: &B, [f, base, scale]: &[B::Weight; 3], head, bf: &mut Bufs<B>, x: &mut B::Buf| {
+            b.hc_mix_pre(
+                &bf.h,
+                f,
+                eps,
+                scale,
+                base,
+                &hcp,
+                head,
+                n,
+                &mut bf.flat,
+                &mut bf.mixes,
+                x,
+                &mut bf.pc,
+            )
+        };
     let r = (|| -> Result<()> {
         match &m.mtp {
             Some(w) => mtp_input(b, m, w, s, &mut bf, step)?,
@@ -597,21 +615,7 @@ pub(crate) fn forward<B: Backend>(
         }
         for (i, l) in w.layers.iter().enumerate() {
             // Attention.
-            let [hfn, hbase, hscale] = &l.hc_attn;
-            b.hc_mix_pre(
-                &bf.h,
-                hfn,
-                eps,
-                hscale,
-                hbase,
-                &hcp,
-                false,
-                n,
-                &mut bf.flat,
-                &mut bf.mixes,
-                &mut s.x,
-                &mut bf.pc,
-            )?;
+            hc_in(b, &l.hc_attn, false, &mut bf, &mut s.x)?;
             dump.put(b, "hc_attn_pre", i, &s.x, n * d);
             b.rms_norm(&s.x, &l.attn_norm, eps, n, &mut s.xn)?;
             dump.put(b, "attn_norm", i, &s.xn, n * d);
@@ -690,21 +694,7 @@ pub(crate) fn forward<B: Backend>(
             std::mem::swap(&mut bf.h, &mut bf.h2);
             dump.put(b, "hc_attn_post", i, &bf.h, n * hcd);
             // FFN.
-            let [hfn, hbase, hscale] = &l.hc_ffn;
-            b.hc_mix_pre(
-                &bf.h,
-                hfn,
-                eps,
-                hscale,
-                hbase,
-                &hcp,
-                false,
-                n,
-                &mut bf.flat,
-                &mut bf.mixes,
-                &mut s.x,
-                &mut bf.pc,
-            )?;
+            hc_in(b, &l.hc_ffn, false, &mut bf, &mut s.x)?;
             dump.put(b, "hc_ffn_pre", i, &s.x, n * d);
             b.rms_norm(&s.x, &l.ffn_norm, eps, n, &mut s.xn)?;
             let limit = |x: f32| if x > 1e-6 { x } else { 0.0 };
@@ -755,21 +745,7 @@ pub(crate) fn forward<B: Backend>(
             dump.put(b, "l_last", i, &bf.h, n * hcd);
         }
         // The head: the streams mixed by their own weights, then the output norm.
-        let [hfn, hbase, hscale] = &w.head;
-        b.hc_mix_pre(
-            &bf.h,
-            hfn,
-            eps,
-            hscale,
-            hbase,
-            &hcp,
-            true,
-            n,
-            &mut bf.flat,
-            &mut bf.mixes,
-            &mut s.x,
-            &mut bf.pc,
-        )?;
+        hc_in(b, &w.head, true, &mut bf, &mut s.x)?;
         b.rms_norm(&s.x, &m.output_norm, eps, n, &mut s.xn)?;
         let out = m.output.as_ref().unwrap_or(&m.tok_embd);
         b.matmul_logits(step, out, &s.xn, &mut s.logits)?;
