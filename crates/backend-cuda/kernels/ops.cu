@@ -26,6 +26,32 @@ __device__ __forceinline__ float inv_scale256(const float* v) {
     amax = warp_max(amax);
     return amax > 0.f ? 127.f / amax : 0.f;
 }
+// quantize_a256's block b (of nblocks; nsb a token) from lane's 8 values v (a warp a block):
+// the quants (row-major, or tiled for tn tokens), d and the sums (see quantize_a256).
+__device__ __forceinline__ void q256_block(const float* v, long long b, int nsb, long long nblocks, int tn, int lane,
+                                           i8* __restrict__ q, float* __restrict__ d256, int* __restrict__ bsums) {
+    float id = inv_scale256(v), d = id > 0.f ? 1.f / id : 0.f;
+    int s = 0;
+    u32 packed[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int qi = f2i_rn(v[i] * id);
+        s += qi;
+        packed[i >> 2] |= ((u32)(qi & 255)) << (8 * (i & 3));
+    }
+    const long long at = tn > 0 ? (((b % nsb) * 16 + lane / 2) * (long long)tn + b / nsb) * 16 + (lane & 1) * 8 : b * 256 + lane * 8;
+    *(uint2*)(q + at) = make_uint2(packed[0], packed[1]);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if ((lane & 1) == 0) bsums[b * 16 + lane / 2] = s;
+    const int s32 = s + __shfl_xor_sync(0xffffffffu, s, 2), h = (s32 + 128) >> 8;
+    if ((lane & 3) == 0) {
+        i8* hl = (i8*)(bsums + 16 * nblocks) + b * 16;
+        hl[lane / 4] = (i8)h;
+        hl[8 + lane / 4] = (i8)(s32 - 256 * h);
+    }
+    if (lane == 0) d256[b] = d;
+}
+
 extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* __restrict__ x,
                                     const float* __restrict__ w, float* __restrict__ out, int rows,
                                     int cols, float eps, const float* __restrict__ gate, i8* __restrict__ q,
@@ -107,27 +133,7 @@ extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* _
         } else {
             // quantize_a256's block: the warp.
             const int nsb = cols / 256;
-            const long long b = (long long)r * nsb + c0 / 256, nblocks = (long long)rows * nsb;
-            float id = inv_scale256(v), d = id > 0.f ? 1.f / id : 0.f;
-            int s = 0;
-            u32 packed[2] = {0, 0};
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                int qi = f2i_rn(v[i] * id);
-                s += qi;
-                packed[i >> 2] |= ((u32)(qi & 255)) << (8 * (i & 3));
-            }
-            const long long at = tn > 0 ? (((b % nsb) * 16 + l / 2) * (long long)tn + b / nsb) * 16 + (l & 1) * 8 : b * 256 + l * 8;
-            *(uint2*)(q + at) = make_uint2(packed[0], packed[1]);
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            if ((l & 1) == 0) qs[b * 16 + l / 2] = s;
-            const int s32 = s + __shfl_xor_sync(0xffffffffu, s, 2), hh = (s32 + 128) >> 8;
-            if ((l & 3) == 0) {
-                i8* hl = (i8*)(qs + 16 * nblocks) + b * 16;
-                hl[l / 4] = (i8)hh;
-                hl[8 + l / 4] = (i8)(s32 - 256 * hh);
-            }
-            if (l == 0) qd[b] = d;
+            q256_block(v, (long long)r * nsb + c0 / 256, nsb, (long long)rows * nsb, tn, l, q, qd, qs);
         }
     }
 }
@@ -476,26 +482,7 @@ extern "C" __global__ void quantize_a256(const float* __restrict__ x, i8* __rest
     const float4* xp = (const float4*)(x + b * 256 + lane * 8);
     float4 u = xp[0], w = xp[1];
     float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
-    float id = inv_scale256(v), d = id > 0.f ? 1.f / id : 0.f;
-    int s = 0;
-    u32 packed[2] = {0, 0};
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int qi = f2i_rn(v[i] * id);
-        s += qi;
-        packed[i >> 2] |= ((u32)(qi & 255)) << (8 * (i & 3));
-    }
-    const long long at = tn > 0 ? (((b % nsb) * 16 + lane / 2) * (long long)tn + b / nsb) * 16 + (lane & 1) * 8 : b * 256 + lane * 8;
-    *(uint2*)(q + at) = make_uint2(packed[0], packed[1]);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if ((lane & 1) == 0) bsums[b * 16 + lane / 2] = s;
-    const int s32 = s + __shfl_xor_sync(0xffffffffu, s, 2), h = (s32 + 128) >> 8;
-    if ((lane & 3) == 0) {
-        i8* hl = (i8*)(bsums + 16 * nblocks) + b * 16;
-        hl[lane / 4] = (i8)h;
-        hl[8 + lane / 4] = (i8)(s32 - 256 * h);
-    }
-    if (lane == 0) d256[b] = d;
+    q256_block(v, b, nsb, nblocks, tn, lane, q, d256, bsums);
 }
 
 // f16 activations for the tensor-core products, on the same int8 grid as the quantizers above

@@ -433,7 +433,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
         pc: &mut CudaBuf,
     ) -> Result<()> {
-        self.hc_pre_kernel(x, mixes, scale, base, p, head, rows, out, pc)
+        self.hc_pre_kernel(x, mixes, scale, base, p, head, rows, out, pc, None)
     }
 
     fn hc_mix_pre(

@@ -124,26 +124,10 @@ impl CudaBackend {
         )
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn hc_pre_kernel(
-        &self,
-        x: &CudaBuf,
-        mixes: &CudaBuf,
-        scale: &CudaWeight,
-        base: &CudaWeight,
-        p: &HcParams,
-        head: bool,
-        rows: usize,
-        out: &mut CudaBuf,
-        pc: &mut CudaBuf,
-    ) -> Result<()> {
-        self.hc_pre_launch(x, mixes, scale, base, p, head, rows, out, pc, None)
-    }
-
     /// `hc_pre`, the mixes from `parts` where given (hc_mix_part's chunks: their pointer,
     /// count, the rows' width and the norm's eps) instead of `mixes`.
     #[allow(clippy::too_many_arguments)]
-    fn hc_pre_launch(
+    pub(crate) fn hc_pre_kernel(
         &self,
         x: &CudaBuf,
         mixes: &CudaBuf,
@@ -253,11 +237,11 @@ impl CudaBackend {
         match self.hc_mix_parts(x, w, cols, rows, scratch)? {
             Some(parts) if w.rows == md => {
                 let part = Some((scratch.ptr(), parts, cols, eps));
-                self.hc_pre_launch(x, mixes, scale, base, p, head, rows, out, pc, part)
+                self.hc_pre_kernel(x, mixes, scale, base, p, head, rows, out, pc, part)
             }
             _ => {
                 self.hc_mixes_kernel(x, w, cols, eps, rows, scratch, mixes)?;
-                self.hc_pre_kernel(x, mixes, scale, base, p, head, rows, out, pc)
+                self.hc_pre_kernel(x, mixes, scale, base, p, head, rows, out, pc, None)
             }
         }
     }

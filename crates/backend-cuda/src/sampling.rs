@@ -58,18 +58,10 @@ impl CudaBackend {
     /// `argmax_rows`' partials ([rows, ARGMAX_BLOCKS] values, then indices) and per-row
     /// counters, made zeroed (the last block of a row leaves its counter at zero).
     pub(crate) fn argmax_parts(&self, rows: usize) -> Result<(u64, u64)> {
-        let bytes = argmax_bytes(rows);
-        let mut s = self.scratch.lock().unwrap();
-        let fresh = s.amax.as_ref().is_none_or(|b| b.bytes < bytes);
-        let a = self.grow(&mut s.amax, bytes, "argmax partials")?;
-        if fresh {
-            let bytes = s.amax.as_ref().map_or(0, |b| b.bytes);
-            self.dev
-                .memset_zero(a, bytes)
-                .map_err(BackendError::Device)?;
-        }
+        let (a, len) =
+            self.zeroed_scratch(|s| &mut s.amax, argmax_bytes(rows), "argmax partials")?;
         // The counters after the partials of as many rows as the buffer holds.
-        let held = s.amax.as_ref().map_or(0, |b| b.bytes) / (ARGMAX_BLOCKS * 8 + 4);
+        let held = len / (ARGMAX_BLOCKS * 8 + 4);
         Ok((a, a + (held * ARGMAX_BLOCKS * 8) as u64))
     }
 

@@ -159,6 +159,25 @@ impl CudaBackend {
         self.grow(pick(&mut s), bytes, what)
     }
 
+    /// [`scratch_ptr`](Self::scratch_ptr) for counters: zeroed whenever (re)made (their users
+    /// leave them at zero). The pointer and the buffer's bytes.
+    pub(crate) fn zeroed_scratch(
+        &self,
+        pick: fn(&mut Scratch) -> &mut Option<DevBuf>,
+        bytes: usize,
+        what: &str,
+    ) -> Result<(u64, usize)> {
+        let mut s = self.scratch.lock().unwrap();
+        let slot = pick(&mut s);
+        let fresh = slot.as_ref().is_none_or(|b| b.bytes < bytes);
+        let p = self.grow(slot, bytes, what)?;
+        let len = slot.as_ref().map_or(0, |b| b.bytes);
+        if fresh {
+            self.dev.memset_zero(p, len).map_err(BackendError::Device)?;
+        }
+        Ok((p, len))
+    }
+
     /// Grows `cur` to at least `bytes` (a power of two), counted as workspace; a move
     /// invalidates captured graphs.
     pub(crate) fn grow(&self, cur: &mut Option<DevBuf>, bytes: usize, what: &str) -> Result<u64> {

@@ -73,17 +73,10 @@ impl CudaBackend {
     /// rule), so at most one tile per multiprocessor: room for that many tiles' partials, one
     /// counter per multiprocessor.
     pub(crate) fn exact_parts(&self) -> Result<(u64, u64)> {
-        let mut s = self.scratch.lock().unwrap();
-        if let (Some(a), Some(c)) = (&s.epart, &s.ecnt) {
-            return Ok((a.ptr, c.ptr));
-        }
         let sms = self.dev.info.sms as usize;
         let (parts, counters) = (2 * sms * QMM_BM * QMM_BN * 8, sms * 4);
-        let a = self.grow(&mut s.epart, parts, "split partials")?;
-        let c = self.grow(&mut s.ecnt, counters, "split counters")?;
-        self.dev
-            .memset_zero(c, counters)
-            .map_err(quiver_backend::BackendError::Device)?;
+        let a = self.scratch_ptr(|s| &mut s.epart, parts, "split partials")?;
+        let (c, _) = self.zeroed_scratch(|s| &mut s.ecnt, counters, "split counters")?;
         Ok((a, c))
     }
 

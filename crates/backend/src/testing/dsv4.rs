@@ -72,16 +72,7 @@ fn hc_mixes_case<B: Backend, H: Harness<B>>(
     let hcd = p.hc * p.d;
     for md in [p.mix_dim(), p.hc] {
         let wv = rng.vec(md * hcd);
-        let bytes: Vec<u8> = wv.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let shape = [md as u64, hcd as u64];
-        let w = be
-            .weight(
-                "w",
-                GgmlType::F32,
-                &shape,
-                tensor(GgmlType::F32, &shape, &bytes),
-            )
-            .expect("an f32 matrix");
+        let w = f32_matrix(be, md, hcd, &wv);
         let mut normed = vec![0f32; rows * hcd];
         for (o, r) in normed.chunks_exact_mut(hcd).zip(x.chunks_exact(hcd)) {
             crate::reference::rms_norm_plain(r, hcd, p.eps, o);
@@ -115,6 +106,19 @@ fn hc_mixes_case<B: Backend, H: Harness<B>>(
     }
 }
 
+/// An F32 matrix of `rows` × `cols` values on `be`.
+fn f32_matrix<B: Backend>(be: &B, rows: usize, cols: usize, values: &[f32]) -> B::Weight {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let shape = [rows as u64, cols as u64];
+    be.weight(
+        "w",
+        GgmlType::F32,
+        &shape,
+        tensor(GgmlType::F32, &shape, &bytes),
+    )
+    .expect("an f32 matrix")
+}
+
 /// `hc_mix_pre` (which a backend may fuse) gives `hc_mixes` then `hc_pre`'s bits, for a
 /// block (pre, post and comb) and for the head (pre).
 fn hc_mix_pre_case<B: Backend, H: Harness<B>>(
@@ -130,16 +134,7 @@ fn hc_mix_pre_case<B: Backend, H: Harness<B>>(
     for head in [false, true] {
         let md = if head { p.hc } else { p.mix_dim() };
         let wv = rng.vec(md * hcd);
-        let bytes: Vec<u8> = wv.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let shape = [md as u64, hcd as u64];
-        let w = be
-            .weight(
-                "w",
-                GgmlType::F32,
-                &shape,
-                tensor(GgmlType::F32, &shape, &bytes),
-            )
-            .expect("an f32 matrix");
+        let w = f32_matrix(be, md, hcd, &wv);
         let scale = vector(be, &rng.vec(if head { 1 } else { 3 }));
         let base = vector(be, &rng.vec(md));
         let mut got = Vec::new();
