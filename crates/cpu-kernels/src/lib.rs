@@ -42,6 +42,7 @@ mod decode;
 mod driver;
 pub mod pool;
 mod portable;
+mod prefetch;
 mod shared;
 #[cfg(target_arch = "x86_64")]
 mod x86;

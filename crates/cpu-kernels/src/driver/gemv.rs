@@ -2,6 +2,7 @@
 
 use super::{Acts, Job, Kernel};
 use crate::decode::*;
+use crate::prefetch;
 use crate::shared::SharedMut;
 use quiver_quant::{as_blocks, QK_K};
 
@@ -38,10 +39,12 @@ unsafe fn gemv_legacy<K: Kernel, T: Legacy>(
     }
     // No closures around kernel calls here: a closure is its own function, compiled without
     // the entry point's target features unless LLVM happens to inline it.
+    let (ahead, row_bytes) = (prefetch::distance(), std::mem::size_of::<T::B>() * nb);
     let mut r = r0;
     if n == 1 {
         let a0 = a.blocks(0, nb);
         while r + 2 <= r1 {
+            prefetch::rows(job.w, r * row_bytes, (r + 2) * row_bytes, ahead);
             let rows = [&w[r * nb..(r + 1) * nb], &w[(r + 1) * nb..(r + 2) * nb]];
             // SAFETY: the caller guarantees the level; the calling task owns rows r0..r1.
             unsafe {
@@ -53,6 +56,7 @@ unsafe fn gemv_legacy<K: Kernel, T: Legacy>(
         }
     }
     for r in r..r1 {
+        prefetch::rows(job.w, r * row_bytes, (r + 1) * row_bytes, ahead);
         let w = &w[r * nb..(r + 1) * nb];
         let mut t = 0;
         while t < n {
@@ -104,7 +108,9 @@ unsafe fn gemv_k<K: Kernel, T: KQuant>(
             FORM_VEC
         }
     };
+    let (ahead, row_bytes) = (prefetch::distance(), std::mem::size_of::<T::B>() * nb);
     for r in r0..r1 {
+        prefetch::rows(job.w, r * row_bytes, (r + 1) * row_bytes, ahead);
         let w = &w[r * nb..(r + 1) * nb];
         let mut t = 0;
         while t < n {
