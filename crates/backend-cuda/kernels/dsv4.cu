@@ -60,22 +60,38 @@ __device__ void hc_weights_warp(const float* mixes, const float* scale, const fl
         for (int j = 0; j < hc; j++) sum += expf(row[j] - m);
         v[k] = fmaf(expf(comb[e] - m), __fdiv_rn(1.f, sum), eps);
     }
-    // The Sinkhorn rounds in registers: lane l holds elements l and l + 32 (c[0], c[1]), a row's
-    // or column's values come by shuffles, summed in the serial form's order.
+    // The Sinkhorn rounds in registers: lane l holds elements l and l + 32 (c[0], c[1]; the
+    // second only where hc² > 32), a row's or column's values come by shuffles (all issued
+    // before the sums), summed in the serial form's order. Each element's row and column
+    // starts are worked out once (a lane's integer divisions by hc, not one per round).
     float c[2] = {v[0], v[1]};
+    const int slots = n > 32 ? 2 : 1;
+    int row0[2], col0[2];  // each slot's row and column starts
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int e = lane + 32 * k;
+        row0[k] = e / hc * hc;
+        col0[k] = e % hc;
+    }
     for (int it = 0; it < iters; it++) {
         for (int cols = it == 0 ? 1 : 0; cols < 2; cols++) {
-            float nv[2];
+            const int step = cols ? hc : 1;
+            float nv[2] = {c[0], c[1]};
 #pragma unroll
             for (int k = 0; k < 2; k++) {
-                const int e = lane + 32 * k;
-                const int s0 = cols ? e % hc : e / hc * hc, step = cols ? hc : 1;
-                float sum = eps;
-                for (int j = 0; j < hc; j++) {
-                    const int at = (s0 + j * step) & 63;  // lanes past n: any element (unused)
-                    const float lo = __shfl_sync(0xffffffffu, c[0], at & 31), hi = __shfl_sync(0xffffffffu, c[1], at & 31);
-                    sum += at < 32 ? lo : hi;
+                if (k >= slots) break;
+                float got[HC_MAX];
+#pragma unroll
+                for (int j = 0; j < HC_MAX; j++) {
+                    const int at = ((cols ? col0[k] : row0[k]) + j * step) & 63;  // lanes past n: any element (unused)
+                    const float lo = __shfl_sync(0xffffffffu, c[0], at & 31);
+                    const float hi = slots > 1 ? __shfl_sync(0xffffffffu, c[1], at & 31) : 0.f;
+                    got[j] = at < 32 ? lo : hi;
                 }
+                float sum = eps;
+#pragma unroll
+                for (int j = 0; j < HC_MAX; j++)
+                    if (j < hc) sum += got[j];
                 nv[k] = __fmul_rn(c[k], __fdiv_rn(1.f, sum));
             }
             c[0] = nv[0], c[1] = nv[1];
