@@ -119,6 +119,16 @@ extern "C" __global__ void hc_pre(const float* __restrict__ x, const float* __re
     __shared__ float pre[HC_MAX], w[HC_MAX + HC_MAX * HC_MAX], mx[32];
     const long long t = blockIdx.x;
     const int md = head ? hc : (2 + hc) * hc, pcd = hc + hc * hc;
+    // The streams' columns of this thread, loaded before the weights are waited for (their
+    // latency under warp 0's).
+    const float* xt = x + t * hc * d;
+    constexpr int PER = HC_COLS / 128;
+    const int c0 = blockIdx.y * HC_COLS + threadIdx.x;
+    float xv[HC_MAX][PER];
+#pragma unroll
+    for (int h = 0; h < HC_MAX; h++)
+#pragma unroll
+        for (int u = 0; u < PER; u++) xv[h][u] = h < hc && c0 + u * 128 < d ? xt[h * d + c0 + u * 128] : 0.f;
     if (threadIdx.x < 32) {
         if (part) {
             hc_mix_sum_warp(part, P, md, cols, norm_eps, t, mx);
@@ -129,19 +139,15 @@ extern "C" __global__ void hc_pre(const float* __restrict__ x, const float* __re
     __syncthreads();
     if (!head && blockIdx.y == 0)
         for (int i = threadIdx.x; i < pcd; i += blockDim.x) pc[t * pcd + i] = w[i];
-    const float* xt = x + t * hc * d;
-    constexpr int PER = HC_COLS / 128;
     float acc[PER];
 #pragma unroll
     for (int u = 0; u < PER; u++) acc[u] = 0.f;
-    const int c0 = blockIdx.y * HC_COLS + threadIdx.x;
-    for (int h = 0; h < hc; h++) {
-        float xv[PER];
 #pragma unroll
-        for (int u = 0; u < PER; u++) xv[u] = c0 + u * 128 < d ? xt[h * d + c0 + u * 128] : 0.f;
+    for (int h = 0; h < HC_MAX; h++) {
+        if (h >= hc) break;
 #pragma unroll
         for (int u = 0; u < PER; u++)
-            acc[u] = head ? __fadd_rn(acc[u], __fmul_rn(xv[u], pre[h])) : fmaf(xv[u], pre[h], acc[u]);
+            acc[u] = head ? __fadd_rn(acc[u], __fmul_rn(xv[h][u], pre[h])) : fmaf(xv[h][u], pre[h], acc[u]);
     }
 #pragma unroll
     for (int u = 0; u < PER; u++)
@@ -198,8 +204,20 @@ __device__ __forceinline__ void hc_mix_sum_warp(const float* __restrict__ part, 
                                                 long long t, float* __restrict__ out) {
     const int i = threadIdx.x & 31;
     float v = 0.f;
-    if (i <= R)
-        for (int q = 0; q < P; q++) v += part[(t * P + q) * (R + 1) + i];
+    if (i <= R) {
+        // The chunks in order, loaded four at a time (one wait for four, the same sums).
+        const float* p = part + t * P * (R + 1) + i;
+        int q = 0;
+        for (; q + 4 <= P; q += 4) {
+            const float a0 = p[q * (R + 1)], a1 = p[(q + 1) * (R + 1)], a2 = p[(q + 2) * (R + 1)],
+                        a3 = p[(q + 3) * (R + 1)];
+            v += a0;
+            v += a1;
+            v += a2;
+            v += a3;
+        }
+        for (; q < P; q++) v += p[q * (R + 1)];
+    }
     const float ss = __shfl_sync(0xffffffffu, v, R);
     if (i < R) out[i] = v * rsqrtf(ss / cols + eps);
 }
