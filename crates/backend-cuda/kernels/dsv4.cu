@@ -735,13 +735,23 @@ extern "C" __global__ void moe_route_dsv4(BatchView b, const float* __restrict__
             my_w = ds_prob(l[my_e]);
         }
     } else {
+        // The lane's experts' scores once, in registers (expert lane + 32c in pv[c]).
+        float pv[32];
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const int i = lane + 32 * c;
+            if (32 * c >= n_expert) break;
+            pv[c] = i < n_expert ? (bias ? __fadd_rn(ds_prob(l[i]), bias[i]) : ds_prob(l[i])) : 0.f;
+        }
         u32 taken = 0;
         for (int j = 0; j < k && j < n_expert; j++) {
             float bv = 0.f;
             int bi = -1;
-            for (int c = 0, i = lane; i < n_expert; c++, i += 32) {
-                const float pr = bias ? __fadd_rn(ds_prob(l[i]), bias[i]) : ds_prob(l[i]);
-                if (!(taken >> c & 1u) && route_before(pr, i, bv, bi)) { bv = pr; bi = i; }
+#pragma unroll
+            for (int c = 0; c < 32; c++) {
+                const int i = lane + 32 * c;
+                if (32 * c >= n_expert) break;
+                if (i < n_expert && !(taken >> c & 1u) && route_before(pv[c], i, bv, bi)) { bv = pv[c]; bi = i; }
             }
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) {
