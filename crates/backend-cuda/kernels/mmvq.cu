@@ -392,6 +392,12 @@ __device__ __forceinline__ void rowq_c1_q4_k(const u8* __restrict__ row, const i
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int s = 32 * (i0 + u) + lane;
+            if (32 * (i0 + u) >= nsl) {
+                // Past the row for the whole warp (rows of under 4,096 columns): nothing to load.
+                v[u] = v[4 + u] = 0;
+                d[u] = dmin[u] = 0.f;
+                continue;
+            }
             const Q4kSlice w = q4k_slice(row, min(s, nsl - 1));
             q4k_slice_dot(w, aq, abs_, cols, 0, v[u], v[4 + u]);
             d[u] = w.d, dmin[u] = w.dmin;
