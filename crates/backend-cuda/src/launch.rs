@@ -31,6 +31,8 @@ impl Default for Args {
 
 impl Args {
     pub(crate) fn push<T: Copy>(&mut self, v: T) -> &mut Self {
+        // An argument type larger than the whole room is a build error, not a launch-time panic.
+        const { assert!(std::mem::size_of::<T>() <= ARG_WORDS * 8) };
         let need = std::mem::size_of::<T>().div_ceil(8);
         assert!(
             self.n < MAX_ARGS && self.used + need <= ARG_WORDS,
