@@ -40,20 +40,19 @@ fn intel() -> bool {
 /// [`distance`]: the bytes the rows `ahead` bytes past `from..to` will read.
 #[inline(always)]
 pub(crate) fn rows(w: &[u8], from: usize, to: usize, ahead: usize) {
-    if ahead == 0 {
-        return;
-    }
-    let end = (to + ahead).min(w.len());
-    let mut o = (from + ahead) & !63;
-    while o < end {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: o < w.len(): the address is inside `w` (a prefetch never faults anyway).
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(o).cast());
+    #[cfg(target_arch = "x86_64")]
+    if ahead > 0 {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let end = (to + ahead).min(w.len());
+        let mut o = (from + ahead) & !63;
+        while o < end {
+            // SAFETY: o < w.len(): the address is inside `w` (a prefetch never faults anyway).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(o).cast()) };
+            o += 64;
         }
-        o += 64;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (w, from, to, ahead);
 }
 
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
