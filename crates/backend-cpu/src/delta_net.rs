@@ -164,7 +164,7 @@ pub(crate) fn run(
             // (checked); row i of the scratch is this task's.
             let m = unsafe { sp.slice(slot * per_slot + p.conv_floats() + h * mat, mat) };
             let row = unsafe { rp.slice(i * p.head_v, p.head_v) };
-            dn::recurrent_with(m, &inputs, row, |t, o, m| {
+            recurrent(m, &inputs, row, |t, o, m| {
                 // SAFETY: head h's columns of the sequence's rows are this task's alone.
                 let dst = unsafe { op.slice((s.start + t) * vd + h * p.head_v, p.head_v) };
                 dst.copy_from_slice(o);
@@ -183,6 +183,122 @@ pub(crate) fn run(
         }
     });
     Ok(())
+}
+
+/// [`dn::recurrent_with`], on AVX-512 four rows of the matrix at a time ([`step_avx512`]).
+fn recurrent(
+    m: &mut [f32],
+    h: &dn::HeadInputs,
+    row: &mut [f32],
+    mut emit: impl FnMut(usize, &[f32], &[f32]),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if quiver_cpu_kernels::SimdLevel::active() == quiver_cpu_kernels::SimdLevel::Avx512 {
+        for t in 0..h.n {
+            // SAFETY: the level's features were detected (`SimdLevel::detected` caps it).
+            unsafe { step_avx512(m, h.q(t), h.k(t), h.v(t), h.g(t), h.beta(t), row) };
+            emit(t, row, m);
+        }
+        return;
+    }
+    dn::recurrent_with(m, h, row, emit)
+}
+
+/// [`dn::step`] four rows at a time: each row's operations and their order as there (so its
+/// bits: Rust neither fuses nor reorders float operations), the four rows' dependency chains
+/// (the 16-lane sums, then the lanes in order) side by side for the core to overlap.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn step_avx512(
+    m: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: f32,
+    beta: f32,
+    o: &mut [f32],
+) {
+    let s = v.len();
+    let decay = g.exp();
+    let scale = 1.0 / (q.len() as f32).sqrt();
+    let mut j = 0;
+    for rows in m[..s * s].chunks_exact_mut(4 * s) {
+        let (r01, r23) = rows.split_at_mut(2 * s);
+        let (r0, r1) = r01.split_at_mut(s);
+        let (r2, r3) = r23.split_at_mut(s);
+        for r in [&mut *r0, &mut *r1, &mut *r2, &mut *r3] {
+            for x in r.iter_mut() {
+                *x *= decay;
+            }
+        }
+        // SAFETY: the caller's.
+        let dk = unsafe { dot4_avx512([&*r0, &*r1, &*r2, &*r3], k) };
+        for (i, r) in [&mut *r0, &mut *r1, &mut *r2, &mut *r3]
+            .into_iter()
+            .enumerate()
+        {
+            let d = (v[j + i] - dk[i]) * beta;
+            for (a, &b) in r.iter_mut().zip(k) {
+                *a += d * b;
+            }
+        }
+        // SAFETY: the caller's.
+        let dq = unsafe { dot4_avx512([&*r0, &*r1, &*r2, &*r3], q) };
+        for i in 0..4 {
+            o[j + i] = dq[i] * scale;
+        }
+        j += 4;
+    }
+    for j in j..s {
+        let row = &mut m[j * s..(j + 1) * s];
+        for x in row.iter_mut() {
+            *x *= decay;
+        }
+        let d = (v[j] - dn::dot(row, k)) * beta;
+        for (a, &b) in row.iter_mut().zip(k) {
+            *a += d * b;
+        }
+        o[j] = dn::dot(row, q) * scale;
+    }
+}
+
+/// [`dn::dot`] of four rows (as long as `b`) with `b`, each in its order: lane l of a row's
+/// register sums its elements l, l + 16, … (a product, then a sum, each rounded), then the
+/// lanes in order and the tail.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot4_avx512(rows: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let n16 = b.len() / 16 * 16;
+    assert!(rows.iter().all(|r| r.len() == b.len()));
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for c in (0..n16).step_by(16) {
+        // SAFETY: c + 16 ≤ n16 ≤ every row's length and b's (asserted).
+        unsafe {
+            let y = _mm512_loadu_ps(b.as_ptr().add(c));
+            for (a, r) in acc.iter_mut().zip(&rows) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(_mm512_loadu_ps(r.as_ptr().add(c)), y));
+            }
+        }
+    }
+    let mut out = [0f32; 4];
+    for ((o, a), r) in out.iter_mut().zip(acc).zip(rows) {
+        let mut lanes = [0f32; 16];
+        // SAFETY: 16 floats.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), a) };
+        let mut sum = lanes.iter().sum::<f32>();
+        for (x, y) in r[n16..].iter().zip(&b[n16..]) {
+            sum += x * y;
+        }
+        *o = sum;
+    }
+    out
 }
 
 /// `Backend::sigmoid_mul`: x[r, c] *= σ(gate[r, c]), or σ(gate[r]) with `per_row`.
@@ -260,4 +376,46 @@ fn conv_in_place(
         }
     });
     conv.copy_from_slice(next);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX-512 step gives the reference's bits over a few tokens, at head widths with and
+    /// without remainders (rows past a multiple of 4, columns past a multiple of 16).
+    #[test]
+    fn avx512_step_is_the_reference_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        if quiver_cpu_kernels::SimdLevel::detected() == quiver_cpu_kernels::SimdLevel::Avx512 {
+            let mut seed = 0x2545_f491_4f6c_dd1du64;
+            let mut rnd = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            };
+            for s in [128usize, 42, 7] {
+                let mut m: Vec<f32> = (0..s * s).map(|_| rnd()).collect();
+                let mut want = m.clone();
+                for _ in 0..3 {
+                    let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                        (0..s).map(|_| rnd()).collect(),
+                        (0..s).map(|_| rnd()).collect(),
+                        (0..s).map(|_| rnd()).collect(),
+                    );
+                    let (g, beta) = (-0.3 * rnd().abs(), 0.5 + 0.4 * rnd());
+                    let (mut o, mut o_want) = (vec![0f32; s], vec![0f32; s]);
+                    // SAFETY: AVX-512F detected above.
+                    unsafe { step_avx512(&mut m, &q, &k, &v, g, beta, &mut o) };
+                    dn::step(&mut want, &q, &k, &v, g, beta, &mut o_want);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&o), bits(&o_want), "outputs, s = {s}");
+                    assert_eq!(bits(&m), bits(&want), "matrix, s = {s}");
+                }
+            }
+            return;
+        }
+        println!("skipped: no AVX-512 here");
+    }
 }
