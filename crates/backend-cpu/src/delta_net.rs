@@ -388,23 +388,13 @@ mod tests {
     fn avx512_step_is_the_reference_bit_for_bit() {
         #[cfg(target_arch = "x86_64")]
         if quiver_cpu_kernels::SimdLevel::detected() == quiver_cpu_kernels::SimdLevel::Avx512 {
-            let mut seed = 0x2545_f491_4f6c_dd1du64;
-            let mut rnd = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            };
+            let mut rng = quiver_backend::testing::Rng(0x2545_f491_4f6c_dd1d);
             for s in [128usize, 42, 7] {
-                let mut m: Vec<f32> = (0..s * s).map(|_| rnd()).collect();
+                let mut m = rng.vec(s * s);
                 let mut want = m.clone();
                 for _ in 0..3 {
-                    let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-                        (0..s).map(|_| rnd()).collect(),
-                        (0..s).map(|_| rnd()).collect(),
-                        (0..s).map(|_| rnd()).collect(),
-                    );
-                    let (g, beta) = (-0.3 * rnd().abs(), 0.5 + 0.4 * rnd());
+                    let (q, k, v) = (rng.vec(s), rng.vec(s), rng.vec(s));
+                    let (g, beta) = (-0.3 * rng.f().abs(), 0.5 + 0.4 * rng.f());
                     let (mut o, mut o_want) = (vec![0f32; s], vec![0f32; s]);
                     // SAFETY: AVX-512F detected above.
                     unsafe { step_avx512(&mut m, &q, &k, &v, g, beta, &mut o) };
