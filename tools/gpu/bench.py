@@ -57,16 +57,23 @@ def fail(msg):
 
 
 class Model:
+    """`model: FILE.gguf`, or `model: PRESET TYPE [--layers N]` made by `quiver synth` (the
+    first N blocks of the preset with --layers: a model too big for one GPU, DeepSeek-V4-Flash)."""
+
     def __init__(self, words, where, models_dir):
+        self.layers = None
+        if len(words) == 4 and words[2] == "--layers" and words[3].isdigit():
+            self.layers = int(words[3])
+            words = words[:2]
         if len(words) == 1 and words[0].endswith(".gguf"):
             self.path, self.preset, self.ftype = words[0], None, None
             self.name = os.path.basename(words[0])[: -len(".gguf")]
         elif len(words) == 2:
             self.preset, self.ftype = words
-            self.name = f"{self.preset}-{self.ftype}"
+            self.name = f"{self.preset}-{self.ftype}" + (f"-l{self.layers}" if self.layers else "")
             self.path = os.path.join(models_dir, self.name + ".gguf")
         else:
-            raise ValueError(f"{where}: model: PRESET TYPE (quiver synth) or FILE.gguf")
+            raise ValueError(f"{where}: model: PRESET TYPE [--layers N] (quiver synth) or FILE.gguf")
 
 
 class Test:
@@ -398,6 +405,8 @@ class Bench:
                 say(f"model {model.name}: {model.path}{'' if os.path.exists(model.path) else ' (missing)'}")
                 continue
             argv = [synth, "synth", "--preset", model.preset, "--type", model.ftype, "-o", model.path + ".part"]
+            if model.layers:
+                argv[4:4] = ["--layers", str(model.layers)]
             say(f"model {model.name}: {shown(argv)}")
             if self.dry:
                 continue
