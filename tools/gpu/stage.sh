@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Here, before GPU calls: builds what the GPU machine runs (no CUDA toolkit needed) into .gpu/
 # (git-ignored), the folder a call carries; tools/gpu/README.md says what to carry.
-#   tools/gpu/stage.sh [--no-tests] [--old REV] [--peer]
+#   tools/gpu/stage.sh [--no-tests] [--old REV] [--peer] [--bundle] [--kernels "MODULE ..."]
 #     always      the release binary → .gpu/quiver
 #     (default)   the GPU test binaries → .gpu/test-{gpu_ops,kernels_compile,gpu,archs,llama_archs,gpu_spec,eagle3,mtp}
 #     --no-tests  not them (a bench call needs the quiver binaries alone)
 #     --old REV   REV's release binary too → .gpu/quiver-old (REV's tree from git archive, built
 #                 in target/stage-old with its own target folder: the first build is a full one)
 #     --peer      llama.cpp's source for the peer build → .gpu/llama.cpp.tar.xz (peer.sh pack)
+#     --bundle    the binaries (quiver, quiver-old, test-*) also in one .gpu/bundle.tar.xz (about a
+#                 third of their size): carry it with .gpu/home and .gpu/stage.txt, and start the
+#                 call with `tar xJf .gpu/bundle.tar.xz -C .gpu`
 #     --kernels "MODULE ..."  those kernel modules compiled for sm_90 here → .gpu/home/kernels
 #                 (bench.sh copies them into the machine's cache: no NVRTC compile there, ~15 s a
 #                 module with wgmma kernels; the same NVRTC version on both sides, 13.0)
@@ -15,14 +18,15 @@
 set -euo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/../.."
-tests=1 old="" peer=0 kmods=""
+tests=1 old="" peer=0 kmods="" bundle=0
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) tests=0; shift ;;
     --old) old=${2:?--old needs a revision}; shift 2 ;;
     --peer) peer=1; shift ;;
+    --bundle) bundle=1; shift ;;
     --kernels) kmods=${2:?--kernels needs module names}; shift 2 ;;
-    *) sed -n '2,11p' "$self"; exit 2 ;;
+    *) sed -n '2,16p' "$self"; exit 2 ;;
   esac
 done
 mkdir -p .gpu
@@ -73,6 +77,9 @@ if [ -n "$kmods" ]; then
   QUIVER_HOME=$PWD/.gpu/home QUIVER_CUDA_LIB_DIR="$(.venv/bin/python -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')" \
     cargo run -q --release --example kernel_cache -p quiver-backend-cuda -- $kmods
   echo "kernels: $kmods" >>.gpu/stage.txt
+fi
+if [ "$bundle" = 1 ]; then
+  (cd .gpu && rm -f bundle.tar.xz && tar cJf bundle.tar.xz quiver $(ls quiver-old test-* 2>/dev/null))
 fi
 cat .gpu/stage.txt
 ls -la .gpu
