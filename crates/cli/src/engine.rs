@@ -49,6 +49,14 @@ pub struct LoadArgs {
     /// device); row is refused (no tensor parallelism yet).
     #[arg(long = "split-mode", value_name = "none|layer", value_parser = parse_split_mode)]
     pub split_mode: Option<String>,
+    /// vLLM's -tp/--tensor-parallel-size: 1 is what quiver runs; more is refused (no tensor
+    /// parallelism yet).
+    #[arg(long = "tensor-parallel", visible_alias = "tensor-parallel-size", value_name = "1", value_parser = parse_tensor_parallel)]
+    pub tensor_parallel: Option<u32>,
+    /// llama-server's -ts/--tensor-split: a split that gives everything to one device is
+    /// accepted; one over several devices is refused.
+    #[arg(long = "tensor-split", value_name = "P0,P1,...", value_parser = parse_tensor_split)]
+    pub tensor_split: Option<String>,
     /// Lock the model's mapped weights in memory (mlock) so that they are never paged out; on
     /// CUDA the weights live in device memory and nothing is locked. A lock the system refuses
     /// (ulimit -l) is a warning, as in llama-server.
@@ -117,6 +125,38 @@ fn parse_split_mode(s: &str) -> std::result::Result<String, String> {
         _ => Err("use none or layer".into()),
     }
 }
+
+/// `--tensor-parallel`: 1 (one device), else the refusal.
+fn parse_tensor_parallel(s: &str) -> std::result::Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(1) => Ok(1),
+        Ok(n) if n > 1 => Err(format!("{n} GPUs: {NO_TP}")),
+        _ => Err("use 1 (quiver runs a model on one device)".into()),
+    }
+}
+
+/// `--tensor-split`: proportions separated by `,` or `/`, of which at most one is not zero.
+fn parse_tensor_split(s: &str) -> std::result::Result<String, String> {
+    let parts: Vec<f64> = s
+        .split([',', '/'])
+        .map(|p| p.trim().parse::<f64>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| {
+            "use proportions such as 1 or 1,0 (numbers separated by , or /)".to_string()
+        })?;
+    if parts.iter().any(|p| !p.is_finite() || *p < 0.0) || parts.iter().all(|p| *p == 0.0) {
+        return Err(
+            "use proportions such as 1 or 1,0 (numbers, not negative, one above zero)".into(),
+        );
+    }
+    match parts.iter().filter(|p| **p > 0.0).count() {
+        1 => Ok(s.into()),
+        _ => Err(format!("a split over several devices: {NO_TP}")),
+    }
+}
+
+/// What a request for several devices is told.
+const NO_TP: &str = "quiver has no tensor parallelism yet (a model runs whole on one GPU); use --device cuda:N to pick the GPU";
 
 impl LoadArgs {
     /// Folds llama-server's spellings into quiver's flags: -ub caps -b, -tb is -t where -t

@@ -219,6 +219,20 @@ fn llama_server_and_vllm_flags_parse() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("stdin"), "{err}");
     assert_parses("bench", &["-ub", "64", "-tb", "1", "-dev", "CPU"]);
+    // One device, however it is said.
+    assert_parses("serve", &["-tp", "1", "-ts", "1,0"]);
+    assert_parses(
+        "run",
+        &[
+            "--tensor-parallel-size",
+            "1",
+            "--tensor-split",
+            "0/1",
+            "-p",
+            "hi",
+        ],
+    );
+    assert_parses("bench", &["--tensor-parallel", "1", "-ts", "1"]);
 }
 
 #[test]
@@ -262,7 +276,21 @@ fn refusals_are_one_line_naming_the_nearest_flag() {
         ),
         // Any other single-dash word is an unknown flag, never letters.
         (&["-xyz"], &["unknown flag '-xyz'"]),
-        (&["-ts", "1,1"], &["unknown flag '-ts'"]),
+        (&["-tpx", "2"], &["unknown flag '-tpx'"]),
+        // Several devices: vLLM's -tp, llama-server's -ts over two.
+        (
+            &["-tp", "2"],
+            &["2 GPUs", "tensor parallelism", "--device cuda:N"],
+        ),
+        (
+            &["--tensor-parallel-size", "4"],
+            &["4 GPUs", "tensor parallelism"],
+        ),
+        (&["-tp", "0"], &["use 1"]),
+        (&["-ts", "1,1"], &["several devices", "tensor parallelism"]),
+        (&["--tensor-split", "3/1"], &["several devices"]),
+        (&["-ts", "1,x"], &["proportions"]),
+        (&["-ts", "0,0"], &["one above zero"]),
         (&["-no-cnv"], &["unknown flag '-no-cnv'"]),
     ];
     for (flags, says) in cases {
