@@ -40,7 +40,7 @@ pub fn tiled(n: usize, numerics: Numerics) -> bool {
 /// softmax over them once for every implementation. Each computes the same floats: the dot
 /// products in `numerics::f16_dot`'s order (products rounded, then added), the updates as fused
 /// multiply-adds, the accumulator rounded to f16 after each update when `r16`.
-trait Keys {
+pub(crate) trait Keys {
     /// q_j·k with one K row.
     fn dot(&mut self, j: usize, k: &[half::f16]) -> f32;
     /// acc_j ← acc_j · r.
@@ -59,7 +59,7 @@ trait Keys {
 /// each head's operations are those it takes alone. `rows`: the `g` output rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn softmax_group<K: Keys>(
+pub(crate) fn softmax_group<K: Keys>(
     ks: &mut K,
     t: usize,
     h0: usize,
@@ -166,11 +166,11 @@ impl Keys for Generic<'_> {
 /// same pass as the update. Only constructed where the CPU has AVX2, FMA and F16C, and only
 /// run inside [`task_avx2`] (its methods are inlined there, with those features enabled).
 #[cfg(target_arch = "x86_64")]
-struct F16c<'a> {
-    q: &'a [f32],
-    acc: &'a mut [f32],
-    hd: usize,
-    r16: bool,
+pub(crate) struct F16c<'a> {
+    pub(crate) q: &'a [f32],
+    pub(crate) acc: &'a mut [f32],
+    pub(crate) hd: usize,
+    pub(crate) r16: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -292,7 +292,7 @@ thread_local! {
 
 /// Runs `f` with this thread's scratch holding at least `n` zeros.
 #[inline(always)]
-fn with_zeros<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+pub(crate) fn with_zeros<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         if s.len() < n {
@@ -305,12 +305,12 @@ fn with_zeros<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 }
 
 /// A task: heads `h0..h0 + g` of token `t`; `q` and `rows` are theirs (`g · head_dim` each).
-struct Task<'a> {
-    t: usize,
-    h0: usize,
-    g: usize,
-    q: &'a [f32],
-    rows: &'a mut [f32],
+pub(crate) struct Task<'a> {
+    pub(crate) t: usize,
+    pub(crate) h0: usize,
+    pub(crate) g: usize,
+    pub(crate) q: &'a [f32],
+    pub(crate) rows: &'a mut [f32],
 }
 
 /// One task on the generic implementation.
@@ -506,6 +506,7 @@ pub(crate) fn run(
     assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * g * hd && q.len() >= out.len());
     let o = &Out(out.as_mut_ptr());
     let avx2 = has_avx2();
+    let avx512 = SimdLevel::active() == SimdLevel::Avx512;
     let task = |i: usize| {
         let (t, h0) = (i / (nh / g), (i % (nh / g)) * g);
         let at = (t * nh + h0) * hd;
@@ -519,6 +520,12 @@ pub(crate) fn run(
             q: &q[at..at + g * hd],
             rows,
         };
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            // SAFETY: the AVX-512 level implies AVX-512F, AVX2, FMA and F16C.
+            unsafe { crate::attn_avx512::task(task, k_cache, v_cache, batch, a, r16, tiled) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: `avx2` is true only when AVX2, FMA and F16C were detected.

@@ -8,6 +8,8 @@
 
 mod act_fn;
 mod attn;
+#[cfg(target_arch = "x86_64")]
+mod attn_avx512;
 mod attn_tiled;
 mod config;
 mod copy;
