@@ -737,7 +737,7 @@ mod tests {
             ("--no-cont-batching", "--max-seqs 1"),
             ("--reranking", "/v1/embeddings"),
             ("-xyz", "unknown flag '-xyz'"),
-            ("-ts", "unknown flag '-ts'"),
+            ("-tsx", "unknown flag '-tsx'"),
             ("-no-cnv", "unknown flag"),
         ] {
             let e = args(&["quiver", "serve", a]).unwrap_err();
