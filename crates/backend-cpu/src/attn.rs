@@ -162,63 +162,148 @@ impl Keys for Generic<'_> {
     }
 }
 
-/// AVX2 + F16C: the rows read as f16 and widened 8 at a time in registers, the rounding in the
-/// same pass as the update. Only constructed where the CPU has AVX2, FMA and F16C, and only
-/// run inside [`task_avx2`] (its methods are inlined there, with those features enabled).
+/// The f16 path's register work at one width: AVX2's 8 lanes ([`Avx2`]) or AVX-512's 16
+/// (attn_avx512.rs), the same floats.
 #[cfg(target_arch = "x86_64")]
-pub(crate) struct F16c<'a> {
+pub(crate) trait Lanes {
+    /// `acc ← v · w + acc` (MAD) or `acc · w`, each element rounded to f16 when R16, over the
+    /// elements of whole registers; returns how many that was (the caller does the rest).
+    ///
+    /// # Safety
+    /// The CPU has the width's features (the caller runs with them enabled); with MAD,
+    /// `v.len() >= acc.len()`.
+    unsafe fn update<const MAD: bool, const R16: bool>(
+        acc: &mut [f32],
+        v: &[half::f16],
+        w: f32,
+    ) -> usize;
+    /// Σ a·b over the first `full` elements (a multiple of 64 within both), in
+    /// `numerics::f16_dot`'s order: four 16-lane sums over the 64-element steps, then
+    /// (s0 + s2) + (s1 + s3) lane by lane, then its halves, quarters and pairs.
+    ///
+    /// # Safety
+    /// As [`Lanes::update`].
+    unsafe fn dot64(a: &[f32], b: &[half::f16], full: usize) -> f32;
+}
+
+/// AVX2 + F16C: 8 lanes.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx2 {
+    #[inline(always)]
+    unsafe fn update<const MAD: bool, const R16: bool>(
+        acc: &mut [f32],
+        v: &[half::f16],
+        w: f32,
+    ) -> usize {
+        use std::arch::x86_64::*;
+        let full = acc.len() / 8 * 8;
+        // SAFETY: the features per the contract; loads and stores of 8 elements below `full`
+        // <= the lengths of `acc` and (with MAD) `v`.
+        unsafe {
+            let wv = _mm256_set1_ps(w);
+            let pa = acc.as_mut_ptr();
+            let mut i = 0;
+            while i < full {
+                let x = _mm256_loadu_ps(pa.add(i));
+                let mut y = if MAD {
+                    let h = _mm_loadu_si128(v.as_ptr().add(i) as *const __m128i);
+                    _mm256_fmadd_ps(_mm256_cvtph_ps(h), wv, x)
+                } else {
+                    _mm256_mul_ps(x, wv)
+                };
+                if R16 {
+                    y = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(y));
+                }
+                _mm256_storeu_ps(pa.add(i), y);
+                i += 8;
+            }
+        }
+        full
+    }
+    #[inline(always)]
+    unsafe fn dot64(a: &[f32], b: &[half::f16], full: usize) -> f32 {
+        use std::arch::x86_64::*;
+        // SAFETY: the features per the contract; every load reads 8 elements below `full`.
+        unsafe {
+            let mut v = [_mm256_setzero_ps(); 8];
+            let (pa, pb) = (a.as_ptr(), b.as_ptr());
+            let mut c = 0;
+            while c < full {
+                for (k, vk) in v.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(pa.add(c + 8 * k));
+                    let y = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(c + 8 * k) as *const __m128i));
+                    *vk = _mm256_add_ps(*vk, _mm256_mul_ps(x, y));
+                }
+                c += 64;
+            }
+            // The four 16-lane sums are (v0, v1), (v2, v3), (v4, v5), (v6, v7).
+            let lo = _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6]));
+            let hi = _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]));
+            quarter_sums(_mm256_add_ps(lo, hi))
+        }
+    }
+}
+
+/// The last steps of [`Lanes::dot64`]'s order: t3's halves, quarters and pairs.
+///
+/// # Safety
+/// The CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn quarter_sums(t3: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    // SAFETY: AVX per the contract.
+    unsafe {
+        let t6 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps::<1>(t3));
+        let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+        _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
+    }
+}
+
+/// The rows read as f16 and widened in registers of width `W`, the rounding in the same pass
+/// as the update. Only constructed where the CPU has the width's features, and only run inside
+/// [`task_f16`] (its methods are inlined there, with those features enabled).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct F16c<'a, W: Lanes> {
     pub(crate) q: &'a [f32],
     pub(crate) acc: &'a mut [f32],
     pub(crate) hd: usize,
     pub(crate) r16: bool,
+    pub(crate) lanes: std::marker::PhantomData<W>,
 }
 
 #[cfg(target_arch = "x86_64")]
-impl F16c<'_> {
+impl<W: Lanes> F16c<'_, W> {
     /// acc_j ← v · w + acc_j (`v` Some) or acc_j · w, each rounded to f16 when `r16`.
     #[inline(always)]
     fn update(&mut self, j: usize, v: Option<&[half::f16]>, w: f32) {
         let acc = &mut self.acc[j * self.hd..][..self.hd];
         // One loop per case: no flag tested per element.
         match (v, self.r16) {
-            (Some(v), true) => update_row::<true, true>(acc, v, w),
-            (Some(v), false) => update_row::<true, false>(acc, v, w),
-            (None, true) => update_row::<false, true>(acc, &[], w),
-            (None, false) => update_row::<false, false>(acc, &[], w),
+            (Some(v), true) => update_row::<W, true, true>(acc, v, w),
+            (Some(v), false) => update_row::<W, true, false>(acc, v, w),
+            (None, true) => update_row::<W, false, true>(acc, &[], w),
+            (None, false) => update_row::<W, false, false>(acc, &[], w),
         }
     }
 }
 
-/// `acc ← v · w + acc` (MAD) or `acc · w`, each element rounded to f16 when R16; 8 at a time
-/// with AVX2 + FMA + F16C (the caller runs with them enabled: see [`F16c`]).
+/// [`Lanes::update`] over whole registers, then the rest one by one (a fused multiply-add and
+/// a rounding to nearest each, as in the registers).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn update_row<const MAD: bool, const R16: bool>(acc: &mut [f32], v: &[half::f16], w: f32) {
-    use std::arch::x86_64::*;
+fn update_row<W: Lanes, const MAD: bool, const R16: bool>(
+    acc: &mut [f32],
+    v: &[half::f16],
+    w: f32,
+) {
     let n = acc.len();
-    let full = n / 8 * 8;
     assert!(!MAD || v.len() >= n);
-    // SAFETY: AVX, FMA and F16C per [`F16c`]'s contract; loads and stores of 8 elements below
-    // `full` <= the lengths of `acc` and (with MAD) `v`.
-    unsafe {
-        let wv = _mm256_set1_ps(w);
-        let pa = acc.as_mut_ptr();
-        let mut i = 0;
-        while i < full {
-            let x = _mm256_loadu_ps(pa.add(i));
-            let mut y = if MAD {
-                let h = _mm_loadu_si128(v.as_ptr().add(i) as *const __m128i);
-                _mm256_fmadd_ps(_mm256_cvtph_ps(h), wv, x)
-            } else {
-                _mm256_mul_ps(x, wv)
-            };
-            if R16 {
-                y = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(y));
-            }
-            _mm256_storeu_ps(pa.add(i), y);
-            i += 8;
-        }
-    }
+    // SAFETY: the width's features per [`F16c`]'s contract; `v` checked above.
+    let full = unsafe { W::update::<MAD, R16>(acc, v, w) };
     for i in full..n {
         let mut y = if MAD {
             v[i].to_f32().mul_add(w, acc[i])
@@ -233,36 +318,14 @@ fn update_row<const MAD: bool, const R16: bool>(acc: &mut [f32], v: &[half::f16]
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Keys for F16c<'_> {
+impl<W: Lanes> Keys for F16c<'_, W> {
     #[inline(always)]
     fn dot(&mut self, j: usize, b: &[half::f16]) -> f32 {
-        use std::arch::x86_64::*;
         let a = &self.q[j * self.hd..][..self.hd];
         let n = a.len().min(b.len());
         let full = n / 64 * 64;
-        // SAFETY: AVX and F16C per the type's contract; every load reads 8 elements below
-        // `full` <= the length of both slices.
-        let reduced = unsafe {
-            let mut v = [_mm256_setzero_ps(); 8];
-            let (pa, pb) = (a.as_ptr(), b.as_ptr());
-            let mut c = 0;
-            while c < full {
-                for (k, vk) in v.iter_mut().enumerate() {
-                    let x = _mm256_loadu_ps(pa.add(c + 8 * k));
-                    let y = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(c + 8 * k) as *const __m128i));
-                    *vk = _mm256_add_ps(*vk, _mm256_mul_ps(x, y));
-                }
-                c += 64;
-            }
-            // `numerics::f16_dot`'s reduction in registers, the same additions in the same
-            // order: the four 16-lane sums are (v0, v1), (v2, v3), (v4, v5), (v6, v7).
-            let lo = _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6]));
-            let hi = _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]));
-            let t3 = _mm256_add_ps(lo, hi);
-            let t6 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps::<1>(t3));
-            let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
-            _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)))
-        };
+        // SAFETY: the width's features per the type's contract; `full` within both slices.
+        let reduced = unsafe { W::dot64(a, b, full) };
         let mut sum = reduced as f64;
         for i in full..n {
             sum += (a[i] * b[i].to_f32()) as f64;
@@ -340,7 +403,35 @@ fn task_generic(
     })
 }
 
-/// One task on [`F16c`], compiled for AVX2 + FMA + F16C.
+/// One task on [`F16c`] of width `W` over the zeroed accumulators `acc`, inlined into each
+/// width's `target_feature` function (whose closure around it inherits the features; a
+/// closure made here would not, and the intrinsics would become calls).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn task_f16<W: Lanes>(
+    task: Task<'_>,
+    acc: &mut [f32],
+    k: &[half::f16],
+    v: &[half::f16],
+    b: &Batch,
+    a: &AttnParams,
+    r16: bool,
+    tiled: bool,
+) {
+    let mut ks = F16c::<W> {
+        q: task.q,
+        acc,
+        hd: a.head_dim,
+        r16,
+        lanes: std::marker::PhantomData,
+    };
+    softmax_group(
+        &mut ks, task.t, task.h0, task.g, k, v, b, a, tiled, task.rows,
+    );
+}
+
+/// One task on [`F16c`] with AVX2 + FMA + F16C.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
@@ -356,17 +447,8 @@ unsafe fn task_avx2(
     r16: bool,
     tiled: bool,
 ) {
-    let hd = a.head_dim;
-    with_zeros(task.g * hd, |acc| {
-        let mut ks = F16c {
-            q: task.q,
-            acc,
-            hd,
-            r16,
-        };
-        softmax_group(
-            &mut ks, task.t, task.h0, task.g, k, v, b, a, tiled, task.rows,
-        );
+    with_zeros(task.g * a.head_dim, |acc| {
+        task_f16::<Avx2>(task, acc, k, v, b, a, r16, tiled)
     })
 }
 
