@@ -587,8 +587,7 @@ pub(crate) fn run(
     let n_tasks = batch.n_tokens() * nh / g;
     assert!(hd <= MAX_HEAD_DIM && out.len() >= n_tasks * g * hd && q.len() >= out.len());
     let o = &Out(out.as_mut_ptr());
-    let avx2 = has_avx2();
-    let avx512 = SimdLevel::active() == SimdLevel::Avx512;
+    let level = SimdLevel::active();
     let task = |i: usize| {
         let (t, h0) = (i / (nh / g), (i % (nh / g)) * g);
         let at = (t * nh + h0) * hd;
@@ -603,18 +602,20 @@ pub(crate) fn run(
             rows,
         };
         #[cfg(target_arch = "x86_64")]
-        if avx512 {
+        match level {
             // SAFETY: the AVX-512 level implies AVX-512F, AVX2, FMA and F16C.
-            unsafe { crate::attn_avx512::task(task, k_cache, v_cache, batch, a, r16, tiled) };
-            return;
+            SimdLevel::Avx512 => unsafe {
+                crate::attn_avx512::task(task, k_cache, v_cache, batch, a, r16, tiled)
+            },
+            // SAFETY: the AVX2 level implies AVX2, FMA and F16C (`has_avx2`).
+            SimdLevel::Avx2 => unsafe { task_avx2(task, k_cache, v_cache, batch, a, r16, tiled) },
+            SimdLevel::Portable => task_generic(task, k_cache, v_cache, batch, a, r16, tiled),
         }
-        #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: `avx2` is true only when AVX2, FMA and F16C were detected.
-            unsafe { task_avx2(task, k_cache, v_cache, batch, a, r16, tiled) };
-            return;
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = level;
+            task_generic(task, k_cache, v_cache, batch, a, r16, tiled);
         }
-        task_generic(task, k_cache, v_cache, batch, a, r16, tiled);
     };
     pool.run(n_tasks, &task);
 }

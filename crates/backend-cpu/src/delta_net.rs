@@ -253,15 +253,7 @@ unsafe fn step_avx512(
         j += 4;
     }
     for j in j..s {
-        let row = &mut m[j * s..(j + 1) * s];
-        for x in row.iter_mut() {
-            *x *= decay;
-        }
-        let d = (v[j] - dn::dot(row, k)) * beta;
-        for (a, &b) in row.iter_mut().zip(k) {
-            *a += d * b;
-        }
-        o[j] = dn::dot(row, q) * scale;
+        o[j] = dn::step_row(&mut m[j * s..(j + 1) * s], q, k, v[j], decay, beta, scale);
     }
 }
 

@@ -202,16 +202,30 @@ pub fn step(m: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, o
     let scale = 1.0 / (q.len() as f32).sqrt();
     // Row by row, the row staying in cache through its three passes.
     for j in 0..s {
-        let row = &mut m[j * s..(j + 1) * s];
-        for x in row.iter_mut() {
-            *x *= decay;
-        }
-        let d = (v[j] - dot(row, k)) * beta;
-        for (a, &b) in row.iter_mut().zip(k) {
-            *a += d * b;
-        }
-        o[j] = dot(row, q) * scale;
+        o[j] = step_row(&mut m[j * s..(j + 1) * s], q, k, v[j], decay, beta, scale);
     }
+}
+
+/// Row j of [`step`]: the row decayed, moved by (v_j − row·k)·β along k; its output row·q
+/// scaled.
+#[inline]
+pub fn step_row(
+    row: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    vj: f32,
+    decay: f32,
+    beta: f32,
+    scale: f32,
+) -> f32 {
+    for x in row.iter_mut() {
+        *x *= decay;
+    }
+    let d = (vj - dot(row, k)) * beta;
+    for (a, &b) in row.iter_mut().zip(k) {
+        *a += d * b;
+    }
+    dot(row, q) * scale
 }
 
 /// Σ a·b in 16 lanes (lane l sums elements l, l + 16, …; the lanes then in order, the tail

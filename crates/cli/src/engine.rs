@@ -135,7 +135,7 @@ fn parse_tensor_parallel(s: &str) -> std::result::Result<u32, String> {
     }
 }
 
-/// `--tensor-split`: proportions separated by `,` or `/`, of which at most one is not zero.
+/// `--tensor-split`: proportions separated by `,` or `/`, exactly one of them above zero.
 fn parse_tensor_split(s: &str) -> std::result::Result<String, String> {
     let parts: Vec<f64> = s
         .split([',', '/'])
