@@ -29,8 +29,8 @@ pub use config::CpuConfig;
 use norm::rms_norm_rows;
 use par::{par_rows, SyncPtr};
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, KvType,
-    MoeParams, MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
+    reference, Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, MoeParams,
+    MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
 };
 pub use quiver_cpu_kernels::Numerics;
 use quiver_gguf::GgmlType;
@@ -45,6 +45,8 @@ pub struct CpuBackend {
     extra: std::sync::Mutex<types::ExtraScratch>,
     /// The copies of the weights a step streams (`resident.rs`).
     resident: resident::Resident,
+    /// The tensor-parallel group this instance is a rank of ([`CpuBackend::with_comm`]).
+    comm: Option<std::sync::Arc<dyn quiver_backend::Comm>>,
 }
 
 /// The CPU's part of a step.
@@ -119,35 +121,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv(&self, spec: &KvSpec, layer: usize) -> Result<CpuKv> {
-        let l = spec.layers[layer];
-        spec.check()
-            .map_err(|detail| BackendError::Shape { op: "kv", detail })?;
-        let n_slots = spec.n_slots;
-        let types = quiver_backend::KvTypes {
-            k: spec.k,
-            v: spec.v,
-        };
-        let mut kv = CpuKv {
-            k: Vec::new(),
-            v: Vec::new(),
-            kb: Vec::new(),
-            vb: Vec::new(),
-            types,
-            n_head_kv: l.n_head_kv,
-            head_dim: l.head_dim,
-            kv_dim: l.dim(),
-            n_slots,
-        };
-        if kv.packed() {
-            let bytes =
-                |t: KvType| vec![0u8; n_slots * t.row_bytes(l.n_head_kv, l.head_dim) as usize];
-            kv.kb = bytes(spec.k);
-            kv.vb = bytes(spec.v);
-        } else {
-            kv.k = vec![half::f16::ZERO; n_slots * l.dim()];
-            kv.v = vec![half::f16::ZERO; n_slots * l.dim()];
-        }
-        Ok(kv)
+        CpuKv::new(spec, layer)
     }
 
     fn begin_step<'b>(
@@ -766,6 +740,20 @@ impl Backend for CpuBackend {
     fn softcap(&self, x: &mut Vec<f32>, cap: f32, n: usize) -> Result<()> {
         x[..n].iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
         Ok(())
+    }
+
+    fn shard(&self) -> quiver_backend::Shard {
+        self.comm
+            .as_ref()
+            .map_or(quiver_backend::Shard::ONE, |c| c.shard())
+    }
+
+    fn all_reduce(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
+        check("all_reduce", x.len() >= n, || format!("{n} elements"))?;
+        match &self.comm {
+            Some(c) => c.all_reduce_sum(&mut x[..n]),
+            None => Ok(()),
+        }
     }
 
     fn read(&self, x: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {

@@ -10,6 +10,7 @@
 //! op, which each backend's parity tests compare against.
 
 mod batch;
+pub mod comm;
 pub mod delta_net;
 pub mod dsv4;
 mod error;
@@ -24,6 +25,7 @@ pub mod testing;
 pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
+pub use comm::{Comm, LocalComm, Shard};
 pub use delta_net::{DeltaNetParams, DeltaNetWeights, Snapshots};
 pub use error::{host_memory_available, human_bytes, BackendError, Result};
 pub use kv::{KvLayer, KvSpec, KvType, KvTypes, KV_BLOCK_SIZE};
@@ -649,6 +651,17 @@ pub trait Backend {
             backend: self.name(),
             arch: "these".into(),
         }
+    }
+    /// The part of a tensor-parallel model this instance runs: its communicator's rank and
+    /// size ([`comm`]); [`Shard::ONE`] without one.
+    fn shard(&self) -> Shard {
+        Shard::ONE
+    }
+    /// x[..n] ← the sum over the ranks of their x[..n], in rank order ([`Comm::all_reduce_sum`]):
+    /// after a product whose input columns the ranks split. Nothing to do on one rank.
+    fn all_reduce(&self, x: &mut Self::Buf, n: usize) -> Result<()> {
+        let _ = (x, n);
+        Ok(())
     }
     /// Copies the first n elements to the host.
     fn read(&self, x: &Self::Buf, n: usize, out: &mut Vec<f32>) -> Result<()>;
