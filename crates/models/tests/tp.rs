@@ -11,11 +11,16 @@ use std::sync::Arc;
 
 /// tiny-llama with heads, KV heads and FFN width that 2 and 4 ranks divide (8, 4, 1024).
 fn preset() -> quiver_synth::Preset {
+    preset_of("tiny-llama")
+}
+
+/// The tiny preset `name` with the heads and FFN width of [`preset`].
+fn preset_of(name: &str) -> quiver_synth::Preset {
     quiver_synth::Preset {
         n_head: 8,
         n_head_kv: 4,
         n_ff: 1024,
-        ..quiver_synth::preset("tiny-llama").unwrap().clone()
+        ..quiver_synth::preset(name).unwrap().clone()
     }
 }
 
@@ -152,7 +157,11 @@ fn rel_l2(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 /// weights, 1e-2 with quantized ones, on these tiny random models. A rank's missing or
 /// misplaced part differs by order 1.
 fn check(ty: &str, tp_sizes: &[usize], close: f64) {
-    let f = synth(&preset(), ty, "tp");
+    check_preset(&preset(), ty, tp_sizes, close)
+}
+
+fn check_preset(p: &quiver_synth::Preset, ty: &str, tp_sizes: &[usize], close: f64) {
+    let f = synth(p, ty, p.name);
     let want = whole(&f);
     assert!(want.iter().flatten().all(|x| x.is_finite()));
     assert_eq!(bits_differ(&reference(&f, 1), &want), 0, "{ty}: 1 part");
@@ -184,6 +193,22 @@ fn ranks_give_the_reference_bit_for_bit_q8_0() {
 fn ranks_give_the_reference_bit_for_bit_q4_k_m() {
     // (Q4_K and Q6_K blocks of 256: 4 ranks would split the 512 head columns off them.)
     check("Q4_K_M", &[2], 5e-2);
+}
+
+#[test]
+fn every_dense_architecture_splits() {
+    // Biases and a tied output (qwen2), q/k norms (qwen3, gemma3), post-norms, soft-capping
+    // and sliding windows (gemma2, gemma3), YaRN (mistral3), fused QKV and gate-up (phi3).
+    for name in [
+        "tiny-qwen2",
+        "tiny-qwen3",
+        "tiny-gemma2",
+        "tiny-gemma3",
+        "tiny-mistral3",
+        "tiny-phi3",
+    ] {
+        check_preset(&preset_of(name), "F32", &[2, 4], 1e-3);
+    }
 }
 
 #[test]
