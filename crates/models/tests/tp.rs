@@ -6,7 +6,7 @@
 use quiver_backend::{Backend, Batch, Comm, LocalComm, SeqSpan, Shard, KV_BLOCK_SIZE};
 use quiver_backend_cpu::CpuBackend;
 use quiver_gguf::GgufFile;
-use quiver_models::{load_reduce_chunks, load_shard, Model};
+use quiver_models::{load_reduce_chunks, load_shard, Model, TpRanks};
 use std::sync::Arc;
 
 /// tiny-llama with heads, KV heads and FFN width that 2 and 4 ranks divide (8, 4, 1024).
@@ -67,10 +67,10 @@ fn batch(spans: &[(u32, &[u32], usize)]) -> Batch {
     b
 }
 
-/// A prompt of two sequences in one step (7 and 5 tokens), decode steps of both, and one of
-/// sequence 0 alone: every step's logits.
-fn run(b: &mut CpuBackend, m: &Model<CpuBackend>) -> Vec<Vec<f32>> {
-    let steps = [
+/// A prompt of two sequences in one step (7 and 5 tokens), decode steps of both (listed in
+/// either order), and one of sequence 0 alone.
+fn steps() -> Vec<Batch> {
+    vec![
         batch(&[
             (0, &[1, 17, 300, 42, 9, 511, 3], 0),
             (1, &[5, 250, 77, 8, 100], 0),
@@ -79,10 +79,14 @@ fn run(b: &mut CpuBackend, m: &Model<CpuBackend>) -> Vec<Vec<f32>> {
         batch(&[(1, &[400], 6), (0, &[401], 8)]),
         batch(&[(0, &[2], 9)]),
         batch(&[(0, &[33], 10), (1, &[34], 7)]),
-    ];
+    ]
+}
+
+/// Every step's logits.
+fn run(b: &mut CpuBackend, m: &Model<CpuBackend>) -> Vec<Vec<f32>> {
     let mut s = m.state(b, 4 * KV_BLOCK_SIZE, 16, 16).unwrap();
     let n_vocab = m.hp.n_vocab;
-    steps
+    steps()
         .iter()
         .map(|batch| {
             m.forward(b, &mut s, batch).unwrap();
@@ -209,6 +213,33 @@ fn every_dense_architecture_splits() {
     ] {
         check_preset(&preset_of(name), "F32", &[2, 4], 1e-3);
     }
+}
+
+#[test]
+fn a_driver_runs_the_ranks_as_one_model() {
+    let f = synth(&preset(), "Q8_0", "driver");
+    let want = reference(&f, 2);
+    let backends = LocalComm::group(2)
+        .into_iter()
+        .map(|c| CpuBackend::new(1).with_comm(Arc::new(c)))
+        .collect();
+    let mut tp = TpRanks::start(backends, &f, 4 * KV_BLOCK_SIZE, 16, 16).unwrap();
+    let got: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
+    assert_eq!(bits_differ(&got, &want), 0);
+    // A step the states cannot hold: every rank refuses it, and the ranks stop.
+    let e = tp.forward(&batch(&[(0, &[1; 17], 11)])).unwrap_err();
+    assert!(e.to_string().contains("exceeds the workspace"), "{e}");
+    let e = tp.forward(&steps()[1]).unwrap_err();
+    assert!(e.to_string().contains("stopped"), "{e}");
+    // Backends of no group: rank 0 of 1 each, not the parts of one model.
+    let alone = vec![CpuBackend::new(1), CpuBackend::new(1)];
+    let e = TpRanks::start(alone, &f, 4 * KV_BLOCK_SIZE, 16, 16)
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string().contains("not the ranks of one group of 2"),
+        "{e}"
+    );
 }
 
 #[test]
