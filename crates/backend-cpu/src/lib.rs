@@ -38,7 +38,8 @@ pub use types::{CpuKv, CpuWeight};
 
 pub struct CpuBackend {
     mm: matmul::MatMul,
-    /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
+    /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous; the
+    /// ranks' logits in `all_gather_cols`.
     packed: std::sync::Mutex<Vec<f32>>,
     routing: std::sync::Mutex<moe::Routing>,
     /// The extra ops' buffers (the delta net's, DeepSeek-V4's), kept from step to step.
@@ -754,6 +755,12 @@ impl Backend for CpuBackend {
             Some(c) => c.all_reduce_sum(&mut x[..n]),
             None => Ok(()),
         }
+    }
+
+    fn all_gather_cols(&self, x: &mut Vec<f32>, rows: usize, width: usize) -> Result<()> {
+        let Some(c) = &self.comm else { return Ok(()) };
+        let mut all = self.packed.lock().unwrap_or_else(|e| e.into_inner());
+        copy::all_gather_cols(c.as_ref(), x, rows, width, &mut all)
     }
 
     fn read(&self, x: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {

@@ -36,6 +36,9 @@ pub trait Comm: Send + Sync {
     /// x ← Σ_r x_r over the ranks, added in rank order (`((x_0 + x_1) + x_2) + …`, element by
     /// element): every rank gets the same bits. Every rank calls it with the same length.
     fn all_reduce_sum(&self, x: &mut [f32]) -> Result<()>;
+    /// out ← every rank's x, rank after rank (`out.len()` = size · `x.len()`). Every rank
+    /// calls it with the same length.
+    fn all_gather(&self, x: &[f32], out: &mut [f32]) -> Result<()>;
 }
 
 /// Ranks that are threads of one process: [`LocalComm::group`] makes one per rank, each
@@ -78,10 +81,38 @@ impl Comm for LocalComm {
     }
 
     fn all_reduce_sum(&self, x: &mut [f32]) -> Result<()> {
-        let g = &self.group;
-        if g.slots.len() == 1 {
+        if self.group.slots.len() == 1 {
             return Ok(());
         }
+        self.put(x)?;
+        // Each rank sums all of them, in rank order.
+        self.take(x.len(), |r, p| {
+            if r == 0 {
+                x.copy_from_slice(p);
+            } else {
+                x.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+            }
+        })
+    }
+
+    fn all_gather(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
+        let n = x.len();
+        if out.len() != n * self.group.slots.len() {
+            return Err(comm_error(format!(
+                "gathering {n} values of {} ranks into {}",
+                self.group.slots.len(),
+                out.len()
+            )));
+        }
+        self.put(x)?;
+        self.take(n, |r, p| out[r * n..(r + 1) * n].copy_from_slice(p))
+    }
+}
+
+impl LocalComm {
+    /// Puts this rank's `x` where the others see it, and waits for theirs.
+    fn put(&self, x: &[f32]) -> Result<()> {
+        let g = &self.group;
         {
             let mut mine = g.slots[self.rank]
                 .write()
@@ -89,27 +120,27 @@ impl Comm for LocalComm {
             mine.clear();
             mine.extend_from_slice(x);
         }
-        // Every rank's values are in place; each rank sums all of them, in rank order.
-        g.gate.wait()?;
+        g.gate.wait()
+    }
+
+    /// After [`LocalComm::put`]: every rank's values to `take` in rank order (each must hold
+    /// `len`), then waits for every rank to have read them.
+    fn take(&self, len: usize, mut take: impl FnMut(usize, &[f32])) -> Result<()> {
+        let g = &self.group;
         let mut result = Ok(());
         for (r, slot) in g.slots.iter().enumerate() {
             let p = slot.read().unwrap_or_else(|e| e.into_inner());
-            if p.len() != x.len() {
+            if p.len() != len {
                 result = Err(comm_error(format!(
-                    "rank {r} reduced {} values, rank {} {}",
+                    "rank {r} exchanged {} values, rank {} {len}",
                     p.len(),
                     self.rank,
-                    x.len()
                 )));
                 break;
             }
-            if r == 0 {
-                x.copy_from_slice(&p);
-            } else {
-                x.iter_mut().zip(p.iter()).for_each(|(a, b)| *a += b);
-            }
+            take(r, &p);
         }
-        // No rank overwrites its values for the next reduction before all have read them.
+        // No rank overwrites its values for the next exchange before all have read them.
         g.gate.wait()?;
         result
     }
@@ -226,6 +257,21 @@ mod tests {
             .map(|i| (1..4).fold(part(0)[i], |a, r| a + part(r)[i]))
             .collect();
         assert_ne!(reversed, forward);
+    }
+
+    #[test]
+    fn every_rank_gets_every_ranks_values_in_rank_order() {
+        for n in [1, 3] {
+            let got = ranks(n, |c| {
+                let r = c.shard().rank as f32;
+                let mut out = vec![0.0; 2 * n];
+                c.all_gather(&[r, -r - 0.5], &mut out).unwrap();
+                assert!(c.all_gather(&[r], &mut out).is_err()); // out of the wrong length
+                out
+            });
+            let want: Vec<f32> = (0..n).flat_map(|r| [r as f32, -(r as f32) - 0.5]).collect();
+            assert!(got.iter().all(|g| *g == want), "{got:?}");
+        }
     }
 
     #[test]

@@ -663,6 +663,13 @@ pub trait Backend {
         let _ = (x, n);
         Ok(())
     }
+    /// x[..rows · width · size] ← every rank's columns side by side: rank r's x[..rows · width]
+    /// (rows of `width`) becomes columns r·width.. of rows of size·width (the logits of a head
+    /// the ranks split by vocabulary). Nothing to do on one rank.
+    fn all_gather_cols(&self, x: &mut Self::Buf, rows: usize, width: usize) -> Result<()> {
+        let _ = (x, rows, width);
+        Ok(())
+    }
     /// Copies the first n elements to the host.
     fn read(&self, x: &Self::Buf, n: usize, out: &mut Vec<f32>) -> Result<()>;
     /// Constrained decoding's token masks, applied where the logits are: for each

@@ -280,11 +280,17 @@ pub(crate) fn load<B: Backend>(
             reduce_parts,
         });
     }
-    let tok_embd = w("token_embd.weight", &[hp.n_vocab as u64, d])?;
-    let output = if has("output.weight") {
-        Some(w("output.weight", &[hp.n_vocab as u64, d])?)
-    } else {
-        None
+    let v = hp.n_vocab as u64;
+    let tok_embd = w("token_embd.weight", &[v, d])?;
+    let head = match has("output.weight") {
+        true => "output.weight",
+        false => "token_embd.weight",
+    };
+    let output = match tp.head_rows(v) {
+        // The rank's rows of the head (of the embedding, where they are tied).
+        Some(rows) => Some(tp.rows(b, f, head, &[rows, d], 0, rows)?),
+        None if has("output.weight") => Some(w(head, &[v, d])?),
+        None => None,
     };
     Ok(Model {
         output_norm: w("output_norm.weight", &[d])?,
@@ -481,6 +487,11 @@ impl<B: Backend> Model<B> {
         dump.put(b, "result_norm", usize::MAX, &s.xn, n * d);
         let out = self.output.as_ref().unwrap_or(&self.tok_embd);
         b.matmul_logits(step, out, &s.xn, &mut s.logits)?;
+        let part = b.weight_rows(out);
+        if part < hp.n_vocab {
+            // A rank's part of a head split by vocabulary (`crate::tp`).
+            b.all_gather_cols(&mut s.logits, step.logit_rows, part)?;
+        }
         if let Some(bias) = &self.output_b {
             b.add_bias(&mut s.logits, bias, step.logit_rows)?;
         }

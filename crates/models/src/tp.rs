@@ -1,10 +1,12 @@
 //! Tensor parallelism: N ranks each hold part of every layer and run the ordinary forward on
 //! it (SPMD). A rank holds its share of the attention heads (the rows of q, k, v and the
 //! matching columns of the output projection) and of the FFN's width (the rows of gate and up,
-//! the matching columns of down); norms, embedding and output head are whole on every rank.
+//! the matching columns of down); norms and embedding are whole on every rank.
 //! The output and down projections then give each rank a partial sum over its columns, which
 //! [`Backend::all_reduce`] adds in rank order; everything else is per head or per row, so a
-//! rank computes its heads as the whole model does.
+//! rank computes its heads as the whole model does. The output head is split by vocabulary
+//! where the ranks divide it: each rank's logits of its rows, gathered
+//! ([`Backend::all_gather_cols`]); the embedding stays whole on every rank.
 //!
 //! [`load_reduce_chunks`] loads the whole model with those two products split the same way
 //! (each column part's product, the parts added in order): the unsharded model that N ranks
@@ -122,6 +124,13 @@ impl Tp {
         shard: Shard::ONE,
         chunks: 1,
     };
+
+    /// The rows of the output head a rank holds, where the ranks split it by vocabulary (a
+    /// vocabulary that divides by the ranks; else every rank holds it whole).
+    pub(crate) fn head_rows(&self, n_vocab: u64) -> Option<u64> {
+        let size = self.shard.size as u64;
+        (size > 1 && n_vocab.is_multiple_of(size)).then(|| n_vocab / size)
+    }
 
     /// The rank's rows of the part `first..first + n` of a tensor whose rank-local shape is
     /// `local` (a tensor of several parts, as a fused QKV, holds each part's rows of every

@@ -72,7 +72,7 @@ fn batch(spans: &[(u32, &[u32], usize)]) -> Batch {
 fn steps() -> Vec<Batch> {
     vec![
         batch(&[
-            (0, &[1, 17, 300, 42, 9, 511, 3], 0),
+            (0, &[1, 17, 300, 42, 9, 505, 3], 0),
             (1, &[5, 250, 77, 8, 100], 0),
         ]),
         batch(&[(0, &[12], 7), (1, &[13], 5)]),
@@ -121,6 +121,10 @@ fn ranks(f: &Arc<GgufFile>, n: usize) -> Vec<Vec<Vec<f32>>> {
                     let mut b = CpuBackend::new(1).with_comm(Arc::new(c));
                     let m = load_shard(&b, f, shard).unwrap();
                     assert_eq!(m.hp.n_head, 8 / n);
+                    // The head split by vocabulary where the ranks divide it.
+                    let v = m.hp.n_vocab;
+                    let head = b.weight_rows(m.output.as_ref().unwrap_or(&m.tok_embd));
+                    assert_eq!(head, if v % n == 0 { v / n } else { v });
                     run(&mut b, &m)
                 })
             })
@@ -213,6 +217,16 @@ fn every_dense_architecture_splits() {
     ] {
         check_preset(&preset_of(name), "F32", &[2, 4], 1e-3);
     }
+}
+
+#[test]
+fn a_vocabulary_the_ranks_do_not_divide_keeps_the_head_whole() {
+    // 510 tokens: split over 2 ranks, whole on each of 4; tied (the head is the embedding's).
+    let p = quiver_synth::Preset {
+        n_vocab: 510,
+        ..preset_of("tiny-qwen2")
+    };
+    check_preset(&p, "Q8_0", &[2, 4], 5e-2);
 }
 
 #[test]
