@@ -99,3 +99,45 @@ pub(crate) fn all_gather_cols(
     }
     Ok(())
 }
+
+/// out[t] = dequantized row `tokens[t]` of `table` · scale; with `part` (the table holds rows
+/// `part..` of the vocabulary), rows of the tokens outside it are −0.0.
+pub(crate) fn embed(
+    tokens: &[u32],
+    table: &crate::CpuWeight,
+    part: Option<usize>,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    let cols = table.cols;
+    let row_bytes = table.ty.row_bytes(cols as u64).unwrap_or(0) as usize;
+    let n = tokens.len();
+    check("embed", out.len() >= n * cols, || {
+        format!("out holds {} < {n}×{cols}", out.len())
+    })?;
+    for (t, &id) in tokens.iter().enumerate() {
+        let o = &mut out[t * cols..][..cols];
+        let id = match part {
+            None => id as usize,
+            Some(first) => match (id as usize).checked_sub(first) {
+                Some(i) if i < table.rows => i,
+                _ => {
+                    o.fill(-0.0);
+                    continue;
+                }
+            },
+        };
+        check("embed", id < table.rows, || {
+            format!("token id {id} ≥ vocabulary {}", table.rows)
+        })?;
+        quiver_quant::dequantize(table.ty, &table.bytes()[id * row_bytes..][..row_bytes], o)
+            .map_err(|e| BackendError::Shape {
+                op: "embed",
+                detail: e.to_string(),
+            })?;
+        if scale != 1.0 {
+            o.iter_mut().for_each(|x| *x *= scale);
+        }
+    }
+    Ok(())
+}

@@ -149,28 +149,18 @@ impl Backend for CpuBackend {
         scale: f32,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let cols = table.cols;
-        let row_bytes = table.ty.row_bytes(cols as u64).unwrap_or(0) as usize;
-        let n = step.batch.n_tokens();
-        check("embed", out.len() >= n * cols, || {
-            format!("out holds {} < {n}×{cols}", out.len())
-        })?;
-        for (t, &id) in step.batch.tokens.iter().enumerate() {
-            let id = id as usize;
-            check("embed", id < table.rows, || {
-                format!("token id {id} ≥ vocabulary {}", table.rows)
-            })?;
-            let o = &mut out[t * cols..][..cols];
-            quiver_quant::dequantize(table.ty, &table.bytes()[id * row_bytes..][..row_bytes], o)
-                .map_err(|e| BackendError::Shape {
-                    op: "embed",
-                    detail: e.to_string(),
-                })?;
-            if scale != 1.0 {
-                o.iter_mut().for_each(|x| *x *= scale);
-            }
-        }
-        Ok(())
+        copy::embed(&step.batch.tokens, table, None, scale, out)
+    }
+
+    fn embed_part(
+        &self,
+        step: &Step<CpuStep>,
+        table: &CpuWeight,
+        first: usize,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        copy::embed(&step.batch.tokens, table, Some(first), scale, out)
     }
 
     fn rms_norm(

@@ -176,6 +176,20 @@ pub trait Backend {
         scale: f32,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// [`Backend::embed`] of a table holding rows `first..first + rows` of the vocabulary (a
+    /// rank's part): a token outside them gets a row of −0.0, which a sum adds exactly, so
+    /// that the ranks' rows all-reduced are the whole table's.
+    fn embed_part(
+        &self,
+        step: &Step<Self::StepCtx>,
+        table: &Self::Weight,
+        first: usize,
+        scale: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (step, table, first, scale, out);
+        Err(self.missing(ExtraOp::EmbedPart))
+    }
     /// out[t] = x[t] / rms(x[t]) · w, rows of `w.len()`                 // x, out: [rows, cols]
     fn rms_norm(
         &self,

@@ -280,17 +280,22 @@ pub(crate) fn load<B: Backend>(
             reduce_parts,
         });
     }
+    // Embedding and head split by vocabulary where the ranks divide it (`crate::tp`).
     let v = hp.n_vocab as u64;
-    let tok_embd = w("token_embd.weight", &[v, d])?;
-    let head = match has("output.weight") {
-        true => "output.weight",
-        false => "token_embd.weight",
+    let split = tp.vocab_rows(v);
+    let part = |name: &str, rows: u64| tp.rows(b, f, name, &[rows, d], 0, rows);
+    let tok_embd = match split {
+        Some(r) if b.supports(quiver_backend::ExtraOp::EmbedPart) => part("token_embd.weight", r)?,
+        _ => w("token_embd.weight", &[v, d])?,
     };
-    let output = match tp.head_rows(v) {
-        // The rank's rows of the head (of the embedding, where they are tied).
-        Some(rows) => Some(tp.rows(b, f, head, &[rows, d], 0, rows)?),
-        None if has("output.weight") => Some(w(head, &[v, d])?),
-        None => None,
+    let tied = !has("output.weight");
+    let output = match split {
+        // (A tied head is the embedding's rows, the rank's where the embedding is split.)
+        Some(_) if tied && b.weight_rows(&tok_embd) < hp.n_vocab => None,
+        Some(r) if tied => Some(part("token_embd.weight", r)?),
+        Some(r) => Some(part("output.weight", r)?),
+        None if tied => None,
+        None => Some(w("output.weight", &[v, d])?),
     };
     Ok(Model {
         output_norm: w("output_norm.weight", &[d])?,
@@ -395,7 +400,7 @@ impl<B: Backend> Model<B> {
         let eps = hp.rms_eps;
         match &self.mtp {
             Some(w) => crate::mtp::input(b, self, w, s, step)?,
-            None => b.embed(step, &self.tok_embd, hp.embed_scale, &mut s.x)?,
+            None => crate::tp::embed(b, self, step, &mut s.x)?,
         }
         if let Some(ple) = &self.ple {
             crate::extras::ple_inputs(b, s, step, ple, hp)?;

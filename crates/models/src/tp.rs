@@ -1,12 +1,13 @@
 //! Tensor parallelism: N ranks each hold part of every layer and run the ordinary forward on
 //! it (SPMD). A rank holds its share of the attention heads (the rows of q, k, v and the
 //! matching columns of the output projection) and of the FFN's width (the rows of gate and up,
-//! the matching columns of down); norms and embedding are whole on every rank.
+//! the matching columns of down); norms are whole on every rank.
 //! The output and down projections then give each rank a partial sum over its columns, which
 //! [`Backend::all_reduce`] adds in rank order; everything else is per head or per row, so a
-//! rank computes its heads as the whole model does. The output head is split by vocabulary
-//! where the ranks divide it: each rank's logits of its rows, gathered
-//! ([`Backend::all_gather_cols`]); the embedding stays whole on every rank.
+//! rank computes its heads as the whole model does. Embedding and output head are split by
+//! vocabulary where the ranks divide it: the embedding's rows of the other ranks' tokens are
+//! −0.0 and summed ([`Backend::embed_part`], exact), each rank's logits of its rows gathered
+//! ([`Backend::all_gather_cols`]).
 //!
 //! [`load_reduce_chunks`] loads the whole model with those two products split the same way
 //! (each column part's product, the parts added in order): the unsharded model that N ranks
@@ -125,9 +126,9 @@ impl Tp {
         chunks: 1,
     };
 
-    /// The rows of the output head a rank holds, where the ranks split it by vocabulary (a
-    /// vocabulary that divides by the ranks; else every rank holds it whole).
-    pub(crate) fn head_rows(&self, n_vocab: u64) -> Option<u64> {
+    /// The rows of the embedding and output head a rank holds, where the ranks split them by
+    /// vocabulary (a vocabulary that divides by the ranks; else every rank holds them whole).
+    pub(crate) fn vocab_rows(&self, n_vocab: u64) -> Option<u64> {
         let size = self.shard.size as u64;
         (size > 1 && n_vocab.is_multiple_of(size)).then(|| n_vocab / size)
     }
@@ -248,6 +249,36 @@ pub(crate) fn weight_cols<B: Backend>(
     let file = GgufFile::from_bytes(w.to_bytes(&[&bytes])?)?;
     let whole = WeightBytes::whole(Arc::new(file), 0);
     Ok(b.weight(&part, ty, &[shape[0], n], whole)?)
+}
+
+/// The step's token embeddings into `x`: a rank's rows of an embedding split by vocabulary
+/// ([`Backend::embed_part`]: −0.0 for the other ranks' tokens), summed over the ranks.
+pub(crate) fn embed<B: Backend>(
+    b: &B,
+    m: &Model<B>,
+    step: &quiver_backend::Step<B::StepCtx>,
+    x: &mut B::Buf,
+) -> Result<()> {
+    let (rows, hp) = (b.weight_rows(&m.tok_embd), &m.hp);
+    if rows == hp.n_vocab {
+        return Ok(b.embed(step, &m.tok_embd, hp.embed_scale, x)?);
+    }
+    // (No rank holds a token past the vocabulary: refused as the whole table refuses it.)
+    if let Some(&id) = step
+        .batch
+        .tokens
+        .iter()
+        .find(|&&t| t as usize >= hp.n_vocab)
+    {
+        return Err(quiver_backend::BackendError::Shape {
+            op: "embed",
+            detail: format!("token id {id} ≥ vocabulary {}", hp.n_vocab),
+        }
+        .into());
+    }
+    let first = b.shard().rank * rows;
+    b.embed_part(step, &m.tok_embd, first, hp.embed_scale, x)?;
+    Ok(b.all_reduce(x, step.rows * hp.n_embd)?)
 }
 
 /// out = x · wᵀ over `rows` rows of x [rows, cols], summed over the ranks (the rank's partial

@@ -121,10 +121,11 @@ fn ranks(f: &Arc<GgufFile>, n: usize) -> Vec<Vec<Vec<f32>>> {
                     let mut b = CpuBackend::new(1).with_comm(Arc::new(c));
                     let m = load_shard(&b, f, shard).unwrap();
                     assert_eq!(m.hp.n_head, 8 / n);
-                    // The head split by vocabulary where the ranks divide it.
+                    // Embedding and head split by vocabulary where the ranks divide it.
                     let v = m.hp.n_vocab;
+                    let part = if v % n == 0 { v / n } else { v };
                     let head = b.weight_rows(m.output.as_ref().unwrap_or(&m.tok_embd));
-                    assert_eq!(head, if v % n == 0 { v / n } else { v });
+                    assert_eq!((b.weight_rows(&m.tok_embd), head), (part, part));
                     run(&mut b, &m)
                 })
             })
@@ -240,9 +241,13 @@ fn a_driver_runs_the_ranks_as_one_model() {
     let mut tp = TpRanks::start(backends, &f, 4 * KV_BLOCK_SIZE, 16, 16).unwrap();
     let got: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
     assert_eq!(bits_differ(&got, &want), 0);
-    // A step the states cannot hold: every rank refuses it, and the ranks stop.
-    let e = tp.forward(&batch(&[(0, &[1; 17], 11)])).unwrap_err();
-    assert!(e.to_string().contains("exceeds the workspace"), "{e}");
+    // A token past the vocabulary, which no rank's part of the embedding holds: every rank
+    // refuses it, and the ranks stop.
+    let e = tp.forward(&batch(&[(0, &[600], 11)])).unwrap_err();
+    assert!(
+        e.to_string().contains("token id 600 ≥ vocabulary 512"),
+        "{e}"
+    );
     let e = tp.forward(&steps()[1]).unwrap_err();
     assert!(e.to_string().contains("stopped"), "{e}");
     // Backends of no group: rank 0 of 1 each, not the parts of one model.
