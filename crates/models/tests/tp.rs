@@ -262,6 +262,39 @@ fn a_driver_runs_the_ranks_as_one_model() {
 }
 
 #[test]
+fn the_ranks_are_batch_invariant_and_deterministic() {
+    let f = synth(&preset(), "Q8_0", "invariant");
+    let start = || {
+        let backends = LocalComm::group(4)
+            .into_iter()
+            .map(|c| CpuBackend::new(1).with_comm(Arc::new(c)))
+            .collect();
+        TpRanks::start(backends, &f, 4 * KV_BLOCK_SIZE, 16, 16).unwrap()
+    };
+    let mut tp = start();
+    let mixed: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
+    // Sequence 0 alone, step by step: its rows of the mixed steps (the row of each step).
+    let v = tp.n_vocab();
+    let alone = [
+        (batch(&[(0, &[1, 17, 300, 42, 9, 505, 3], 0)]), 0..7, 0..7),
+        (batch(&[(0, &[12], 7)]), 1..2, 0..1),
+        (batch(&[(0, &[401], 8)]), 2..3, 1..2),
+        (batch(&[(0, &[2], 9)]), 3..4, 0..1),
+        (batch(&[(0, &[33], 10)]), 4..5, 0..1),
+    ];
+    let mut tp = start();
+    for (b, step, rows) in alone {
+        let got = tp.forward(&b).unwrap();
+        let want = &mixed[step.start][rows.start * v..rows.end * v];
+        assert_eq!(bits_differ(&[got], &[want.to_vec()]), 0, "step {step:?}");
+    }
+    // The same steps again on fresh ranks: the same bits.
+    let mut tp = start();
+    let again: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
+    assert_eq!(bits_differ(&again, &mixed), 0);
+}
+
+#[test]
 fn one_rank_is_the_whole_model() {
     let f = synth(&preset(), "Q8_0", "one");
     let mut b = CpuBackend::new(1);
