@@ -38,7 +38,17 @@ impl CpuBackend {
             routing: Default::default(),
             extra: Default::default(),
             resident: Default::default(),
+            comm: None,
         }
+    }
+
+    /// This instance as one rank of a tensor-parallel group: [`Backend::all_reduce`] sums over
+    /// the group through `comm` (each rank's model holds its part of every layer).
+    ///
+    /// [`Backend::all_reduce`]: quiver_backend::Backend::all_reduce
+    pub fn with_comm(mut self, comm: std::sync::Arc<dyn quiver_backend::Comm>) -> Self {
+        self.comm = Some(comm);
+        self
     }
 
     /// Every weight read from the file's mapping, none copied into huge pages

@@ -74,3 +74,70 @@ pub(crate) fn copy_range(
     dst[dst_at..dst_at + n].copy_from_slice(&src[src_at..src_at + n]);
     Ok(())
 }
+
+/// [`quiver_backend::Backend::all_gather_cols`] through `comm`, the ranks' values gathered
+/// rank after rank into `all` first.
+pub(crate) fn all_gather_cols(
+    comm: &dyn quiver_backend::Comm,
+    x: &mut [f32],
+    rows: usize,
+    width: usize,
+    all: &mut Vec<f32>,
+) -> Result<()> {
+    let size = comm.shard().size;
+    let (part, row) = (rows * width, size * width);
+    check("all_gather_cols", x.len() >= rows * row, || {
+        format!("{} values for {size} ranks of {rows}×{width}", x.len())
+    })?;
+    all.clear();
+    all.resize(rows * row, 0.0);
+    comm.all_gather(&x[..part], all)?;
+    for (r, block) in all.chunks_exact(part.max(1)).enumerate() {
+        for (t, src) in block.chunks_exact(width.max(1)).enumerate() {
+            x[t * row + r * width..][..width].copy_from_slice(src);
+        }
+    }
+    Ok(())
+}
+
+/// out[t] = dequantized row `tokens[t]` of `table` · scale; with `part` (the table holds rows
+/// `part..` of the vocabulary), rows of the tokens outside it are −0.0.
+pub(crate) fn embed(
+    tokens: &[u32],
+    table: &crate::CpuWeight,
+    part: Option<usize>,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    let cols = table.cols;
+    let row_bytes = table.ty.row_bytes(cols as u64).unwrap_or(0) as usize;
+    let n = tokens.len();
+    check("embed", out.len() >= n * cols, || {
+        format!("out holds {} < {n}×{cols}", out.len())
+    })?;
+    for (t, &id) in tokens.iter().enumerate() {
+        let o = &mut out[t * cols..][..cols];
+        let id = match part {
+            None => id as usize,
+            Some(first) => match (id as usize).checked_sub(first) {
+                Some(i) if i < table.rows => i,
+                _ => {
+                    o.fill(-0.0);
+                    continue;
+                }
+            },
+        };
+        check("embed", id < table.rows, || {
+            format!("token id {id} ≥ vocabulary {}", table.rows)
+        })?;
+        quiver_quant::dequantize(table.ty, &table.bytes()[id * row_bytes..][..row_bytes], o)
+            .map_err(|e| BackendError::Shape {
+                op: "embed",
+                detail: e.to_string(),
+            })?;
+        if scale != 1.0 {
+            o.iter_mut().for_each(|x| *x *= scale);
+        }
+    }
+    Ok(())
+}

@@ -29,8 +29,8 @@ pub use config::CpuConfig;
 use norm::rms_norm_rows;
 use par::{par_rows, SyncPtr};
 use quiver_backend::{
-    reference, Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, KvType,
-    MoeParams, MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
+    reference, Activation, AttnParams, Backend, BackendError, Batch, ExtraOp, KvSpec, MoeParams,
+    MoeScratch, MoeWeights, Result, RopeParams, Step, WeightBytes,
 };
 pub use quiver_cpu_kernels::Numerics;
 use quiver_gguf::GgmlType;
@@ -38,13 +38,16 @@ pub use types::{CpuKv, CpuWeight};
 
 pub struct CpuBackend {
     mm: matmul::MatMul,
-    /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous.
+    /// Rows of x gathered for `matmul_logits` when the wanted rows are not contiguous; the
+    /// ranks' logits in `all_gather_cols`.
     packed: std::sync::Mutex<Vec<f32>>,
     routing: std::sync::Mutex<moe::Routing>,
     /// The extra ops' buffers (the delta net's, DeepSeek-V4's), kept from step to step.
     extra: std::sync::Mutex<types::ExtraScratch>,
     /// The copies of the weights a step streams (`resident.rs`).
     resident: resident::Resident,
+    /// The tensor-parallel group this instance is a rank of ([`CpuBackend::with_comm`]).
+    comm: Option<std::sync::Arc<dyn quiver_backend::Comm>>,
 }
 
 /// The CPU's part of a step.
@@ -119,35 +122,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv(&self, spec: &KvSpec, layer: usize) -> Result<CpuKv> {
-        let l = spec.layers[layer];
-        spec.check()
-            .map_err(|detail| BackendError::Shape { op: "kv", detail })?;
-        let n_slots = spec.n_slots;
-        let types = quiver_backend::KvTypes {
-            k: spec.k,
-            v: spec.v,
-        };
-        let mut kv = CpuKv {
-            k: Vec::new(),
-            v: Vec::new(),
-            kb: Vec::new(),
-            vb: Vec::new(),
-            types,
-            n_head_kv: l.n_head_kv,
-            head_dim: l.head_dim,
-            kv_dim: l.dim(),
-            n_slots,
-        };
-        if kv.packed() {
-            let bytes =
-                |t: KvType| vec![0u8; n_slots * t.row_bytes(l.n_head_kv, l.head_dim) as usize];
-            kv.kb = bytes(spec.k);
-            kv.vb = bytes(spec.v);
-        } else {
-            kv.k = vec![half::f16::ZERO; n_slots * l.dim()];
-            kv.v = vec![half::f16::ZERO; n_slots * l.dim()];
-        }
-        Ok(kv)
+        CpuKv::new(spec, layer)
     }
 
     fn begin_step<'b>(
@@ -174,28 +149,18 @@ impl Backend for CpuBackend {
         scale: f32,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let cols = table.cols;
-        let row_bytes = table.ty.row_bytes(cols as u64).unwrap_or(0) as usize;
-        let n = step.batch.n_tokens();
-        check("embed", out.len() >= n * cols, || {
-            format!("out holds {} < {n}×{cols}", out.len())
-        })?;
-        for (t, &id) in step.batch.tokens.iter().enumerate() {
-            let id = id as usize;
-            check("embed", id < table.rows, || {
-                format!("token id {id} ≥ vocabulary {}", table.rows)
-            })?;
-            let o = &mut out[t * cols..][..cols];
-            quiver_quant::dequantize(table.ty, &table.bytes()[id * row_bytes..][..row_bytes], o)
-                .map_err(|e| BackendError::Shape {
-                    op: "embed",
-                    detail: e.to_string(),
-                })?;
-            if scale != 1.0 {
-                o.iter_mut().for_each(|x| *x *= scale);
-            }
-        }
-        Ok(())
+        copy::embed(&step.batch.tokens, table, None, scale, out)
+    }
+
+    fn embed_part(
+        &self,
+        step: &Step<CpuStep>,
+        table: &CpuWeight,
+        first: usize,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        copy::embed(&step.batch.tokens, table, Some(first), scale, out)
     }
 
     fn rms_norm(
@@ -766,6 +731,26 @@ impl Backend for CpuBackend {
     fn softcap(&self, x: &mut Vec<f32>, cap: f32, n: usize) -> Result<()> {
         x[..n].iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
         Ok(())
+    }
+
+    fn shard(&self) -> quiver_backend::Shard {
+        self.comm
+            .as_ref()
+            .map_or(quiver_backend::Shard::ONE, |c| c.shard())
+    }
+
+    fn all_reduce(&self, x: &mut Vec<f32>, n: usize) -> Result<()> {
+        check("all_reduce", x.len() >= n, || format!("{n} elements"))?;
+        match &self.comm {
+            Some(c) => c.all_reduce_sum(&mut x[..n]),
+            None => Ok(()),
+        }
+    }
+
+    fn all_gather_cols(&self, x: &mut Vec<f32>, rows: usize, width: usize) -> Result<()> {
+        let Some(c) = &self.comm else { return Ok(()) };
+        let mut all = self.packed.lock().unwrap_or_else(|e| e.into_inner());
+        copy::all_gather_cols(c.as_ref(), x, rows, width, &mut all)
     }
 
     fn read(&self, x: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {

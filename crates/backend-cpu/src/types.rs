@@ -44,6 +44,40 @@ pub struct CpuKv {
 }
 
 impl CpuKv {
+    /// Layer `layer`'s K and V of the cache `spec` describes, zeroed.
+    pub(crate) fn new(spec: &quiver_backend::KvSpec, layer: usize) -> Result<CpuKv> {
+        let l = spec.layers[layer];
+        spec.check()
+            .map_err(|detail| BackendError::Shape { op: "kv", detail })?;
+        let n_slots = spec.n_slots;
+        let types = quiver_backend::KvTypes {
+            k: spec.k,
+            v: spec.v,
+        };
+        let mut kv = CpuKv {
+            k: Vec::new(),
+            v: Vec::new(),
+            kb: Vec::new(),
+            vb: Vec::new(),
+            types,
+            n_head_kv: l.n_head_kv,
+            head_dim: l.head_dim,
+            kv_dim: l.dim(),
+            n_slots,
+        };
+        if kv.packed() {
+            let bytes = |t: quiver_backend::KvType| {
+                vec![0u8; n_slots * t.row_bytes(l.n_head_kv, l.head_dim) as usize]
+            };
+            kv.kb = bytes(spec.k);
+            kv.vb = bytes(spec.v);
+        } else {
+            kv.k = vec![half::f16::ZERO; n_slots * l.dim()];
+            kv.v = vec![half::f16::ZERO; n_slots * l.dim()];
+        }
+        Ok(kv)
+    }
+
     /// Whether the cache is held as records (not the f16 vectors).
     pub(crate) fn packed(&self) -> bool {
         self.types != quiver_backend::KvTypes::default()

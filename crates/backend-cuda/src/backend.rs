@@ -389,8 +389,8 @@ impl Backend for CudaBackend {
 
     /// Every extra op (src/extras.rs).
     fn supports(&self, op: ExtraOp) -> bool {
-        // Not yet: per-expert gate/up scales.
-        !matches!(op, ExtraOp::MoeProductScales)
+        // Not yet: per-expert gate/up scales, an embedding split by vocabulary (no ranks).
+        !matches!(op, ExtraOp::MoeProductScales | ExtraOp::EmbedPart)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -10,6 +10,7 @@
 //! op, which each backend's parity tests compare against.
 
 mod batch;
+pub mod comm;
 pub mod delta_net;
 pub mod dsv4;
 mod error;
@@ -24,6 +25,7 @@ pub mod testing;
 pub mod turboquant;
 
 pub use batch::{Batch, SeqSpan};
+pub use comm::{Comm, LocalComm, Shard};
 pub use delta_net::{DeltaNetParams, DeltaNetWeights, Snapshots};
 pub use error::{host_memory_available, human_bytes, BackendError, Result};
 pub use kv::{KvLayer, KvSpec, KvType, KvTypes, KV_BLOCK_SIZE};
@@ -174,6 +176,20 @@ pub trait Backend {
         scale: f32,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// [`Backend::embed`] of a table holding rows `first..first + rows` of the vocabulary (a
+    /// rank's part): a token outside them gets a row of −0.0, which a sum adds exactly, so
+    /// that the ranks' rows all-reduced are the whole table's.
+    fn embed_part(
+        &self,
+        step: &Step<Self::StepCtx>,
+        table: &Self::Weight,
+        first: usize,
+        scale: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (step, table, first, scale, out);
+        Err(self.missing(ExtraOp::EmbedPart))
+    }
     /// out[t] = x[t] / rms(x[t]) · w, rows of `w.len()`                 // x, out: [rows, cols]
     fn rms_norm(
         &self,
@@ -649,6 +665,24 @@ pub trait Backend {
             backend: self.name(),
             arch: "these".into(),
         }
+    }
+    /// The part of a tensor-parallel model this instance runs: its communicator's rank and
+    /// size ([`comm`]); [`Shard::ONE`] without one.
+    fn shard(&self) -> Shard {
+        Shard::ONE
+    }
+    /// x[..n] ← the sum over the ranks of their x[..n], in rank order ([`Comm::all_reduce_sum`]):
+    /// after a product whose input columns the ranks split. Nothing to do on one rank.
+    fn all_reduce(&self, x: &mut Self::Buf, n: usize) -> Result<()> {
+        let _ = (x, n);
+        Ok(())
+    }
+    /// x[..rows · width · size] ← every rank's columns side by side: rank r's x[..rows · width]
+    /// (rows of `width`) becomes columns r·width.. of rows of size·width (the logits of a head
+    /// the ranks split by vocabulary). Nothing to do on one rank.
+    fn all_gather_cols(&self, x: &mut Self::Buf, rows: usize, width: usize) -> Result<()> {
+        let _ = (x, rows, width);
+        Ok(())
     }
     /// Copies the first n elements to the host.
     fn read(&self, x: &Self::Buf, n: usize, out: &mut Vec<f32>) -> Result<()>;

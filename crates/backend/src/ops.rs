@@ -37,6 +37,8 @@ pub enum ExtraOp {
     /// [`Backend::hc_expand`], [`Backend::matmul_grouped`], [`Backend::swiglu_clamp`],
     /// [`Backend::dsv4_attention`], [`Backend::moe_dsv4`].
     Dsv4,
+    /// [`Backend::embed_part`]
+    EmbedPart,
 }
 
 impl std::fmt::Display for ExtraOp {
@@ -55,6 +57,7 @@ impl std::fmt::Display for ExtraOp {
             ExtraOp::DeltaNet => "gated delta net (recurrent state)",
             ExtraOp::SigmoidMul => "sigmoid_mul",
             ExtraOp::MoeGateUpFused => "moe (gate and up experts in one tensor)",
+            ExtraOp::EmbedPart => "embed_part (an embedding split by vocabulary)",
             ExtraOp::Dsv4 => {
                 "deepseek4 (hyper-connections, compressed sparse attention, sqrt-softplus MoE)"
             }

@@ -1,6 +1,6 @@
 //! The decoder-only transformer forward every architecture shares, over a flat batch.
 
-use crate::{weight, weight_rows, Hparams, ModelError, Result, State};
+use crate::{weight, Hparams, ModelError, Result, State};
 use quiver_backend::{AttnParams, Backend, Batch, RopeParams, Step};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
@@ -36,6 +36,9 @@ pub struct Layer<B: Backend> {
     /// A gated-delta-net layer's own weights (Qwen 3.5); `wq` is then its in-projection and
     /// `wo` its output projection, and the layer has no attention.
     pub linear: Option<crate::qwen35::LinearAttn<B>>,
+    /// `wo` and the FFN's down in column parts, used in their place (the unsharded reference
+    /// of tensor-parallel ranks, `crate::tp`).
+    pub reduce_parts: Option<crate::ReduceParts<B>>,
 }
 
 /// Per-tensor weight scales (`blk.N.attn_q.scale`, … holding one f32): the product's output
@@ -128,7 +131,14 @@ pub struct Model<B: Backend> {
     pub max_seqs: usize,
 }
 
-pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
+/// Loads the model `hp` describes; `tp` says which part of each layer (`hp` is then the
+/// rank's, `Hparams::shard`).
+pub(crate) fn load<B: Backend>(
+    b: &B,
+    f: &Arc<GgufFile>,
+    hp: Hparams,
+    tp: crate::tp::Tp,
+) -> Result<Model<B>> {
     if hp.dsv4.is_some() {
         let d = hp.n_embd as u64;
         let v = hp.n_vocab as u64;
@@ -168,13 +178,17 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         let (hd, ff) = (lh.head_dim as u64, lh.n_ff as u64);
         let (qd, kvd) = (lh.q_dim() as u64, lh.kv_dim() as u64);
         let n = |s: &str| format!("blk.{i}.{s}.weight");
-        let bias = |s: &str, len: u64| {
-            opt(
-                &format!("blk.{i}.{s}.bias"),
-                &[len],
-                has(&format!("blk.{i}.{s}.bias")),
-            )
+        // (q, k and v's split with their rows.)
+        let bias = |s: &str, len: u64, split: bool| {
+            let name = format!("blk.{i}.{s}.bias");
+            match (has(&name), split) {
+                (false, _) => Ok(None),
+                (true, true) => tp.vector(b, f, &name, len).map(Some),
+                (true, false) => w(&name, &[len]).map(Some),
+            }
         };
+        // The rank's rows of a whole tensor.
+        let rows = |name: &str, r: u64| tp.rows(b, f, name, &[r, d], 0, r);
         let swa = hp.swa_layers[i];
         let rope = if swa {
             hp.rope_local.clone().unwrap_or_else(|| hp.rope.clone())
@@ -193,27 +207,35 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
         } else if has(&n("attn_qkv")) {
             // (Qwen 3.5: q and its gate first, as one part.)
             let shape = [qg + 2 * kvd, d];
-            let part = |first, rows| weight_rows(b, f, &n("attn_qkv"), &shape, first, rows);
+            let part = |first, rows| tp.rows(b, f, &n("attn_qkv"), &shape, first, rows);
             (
                 part(0, qg)?,
                 Some(part(qg, kvd)?),
                 Some(part(qg + kvd, kvd)?),
             )
         } else if !own_kv {
-            (w(&n("attn_q"), &[qd, d])?, None, None)
+            (rows(&n("attn_q"), qd)?, None, None)
         } else {
             // Gemma 4's global layers may have no v (then v is k's product).
             let v_optional = hp.v_norm && !swa;
+            let wv = !v_optional || has(&n("attn_v"));
             (
-                w(&n("attn_q"), &[qg, d])?,
-                Some(w(&n("attn_k"), &[kvd, d])?),
-                opt(&n("attn_v"), &[kvd, d], !v_optional || has(&n("attn_v")))?,
+                rows(&n("attn_q"), qg)?,
+                Some(rows(&n("attn_k"), kvd)?),
+                wv.then(|| rows(&n("attn_v"), kvd)).transpose()?,
             )
         };
-        let ffn = crate::extras::load_ffn(b, f, &hp, i, ff)?;
+        let ffn = crate::extras::load_ffn(b, f, &hp, i, ff, &tp)?;
         let (linear, wo) = match linear {
             Some((lin, wo)) => (Some(lin), wo),
-            None => (None, w(&n("attn_output"), &[d, qd])?),
+            None => (None, tp.cols(b, f, &n("attn_output"), &[d, qd])?),
+        };
+        let reduce_parts = match (
+            tp.col_parts(b, f, &n("attn_output"), &[d, qd])?,
+            tp.col_parts(b, f, &n("ffn_down"), &[d, ff])?,
+        ) {
+            (Some(wo), Some(down)) => Some(crate::ReduceParts { wo, down }),
+            _ => None,
         };
         let ffn_norm = if hp.q_gate {
             "post_attention_norm"
@@ -226,10 +248,10 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             wk,
             wv,
             wo,
-            bq: bias("attn_q", qg)?,
-            bk: bias("attn_k", kvd)?,
-            bv: bias("attn_v", kvd)?,
-            bo: bias("attn_output", d)?,
+            bq: bias("attn_q", qg, true)?,
+            bk: bias("attn_k", kvd, true)?,
+            bv: bias("attn_v", kvd, true)?,
+            bo: bias("attn_output", d, false)?,
             q_norm: opt(&n("attn_q_norm"), &[hd], hp.qk_norm && !lh.recurrent)?,
             k_norm: opt(
                 &n("attn_k_norm"),
@@ -255,13 +277,25 @@ pub(crate) fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, hp: Hparams) -> Result<
             out_scale: crate::extras::out_scale(f, &hp, i)?,
             scales: crate::extras::weight_scales(b, f, &hp, i)?,
             linear,
+            reduce_parts,
         });
     }
-    let tok_embd = w("token_embd.weight", &[hp.n_vocab as u64, d])?;
-    let output = if has("output.weight") {
-        Some(w("output.weight", &[hp.n_vocab as u64, d])?)
-    } else {
-        None
+    // Embedding and head split by vocabulary where the ranks divide it (`crate::tp`).
+    let v = hp.n_vocab as u64;
+    let split = tp.vocab_rows(v);
+    let part = |name: &str, rows: u64| tp.rows(b, f, name, &[rows, d], 0, rows);
+    let tok_embd = match split {
+        Some(r) if b.supports(quiver_backend::ExtraOp::EmbedPart) => part("token_embd.weight", r)?,
+        _ => w("token_embd.weight", &[v, d])?,
+    };
+    let tied = !has("output.weight");
+    let output = match split {
+        // (A tied head is the embedding's rows, the rank's where the embedding is split.)
+        Some(_) if tied && b.weight_rows(&tok_embd) < hp.n_vocab => None,
+        Some(r) if tied => Some(part("token_embd.weight", r)?),
+        Some(r) => Some(part("output.weight", r)?),
+        None if tied => None,
+        None => Some(w("output.weight", &[v, d])?),
     };
     Ok(Model {
         output_norm: w("output_norm.weight", &[d])?,
@@ -366,7 +400,7 @@ impl<B: Backend> Model<B> {
         let eps = hp.rms_eps;
         match &self.mtp {
             Some(w) => crate::mtp::input(b, self, w, s, step)?,
-            None => b.embed(step, &self.tok_embd, hp.embed_scale, &mut s.x)?,
+            None => crate::tp::embed(b, self, step, &mut s.x)?,
         }
         if let Some(ple) = &self.ple {
             crate::extras::ple_inputs(b, s, step, ple, hp)?;
@@ -414,7 +448,10 @@ impl<B: Backend> Model<B> {
                         )?;
                     }
                     dump.put(b, "ffn_act", i, &s.act, n * ff);
-                    b.matmul(down, &s.act, n, &mut s.o)?;
+                    // (s.gate and s.xn are free: scratch of the reference's parts.)
+                    let parts = l.reduce_parts.as_ref().map(|p| &p.down[..]);
+                    let scratch = [&mut s.gate, &mut s.xn];
+                    crate::tp::reduced_matmul(b, down, parts, &s.act, ff, n, scratch, &mut s.o)?;
                     if let Some(c) = sc.down {
                         b.scale(&mut s.o, c, n * d)?;
                     }
@@ -455,6 +492,11 @@ impl<B: Backend> Model<B> {
         dump.put(b, "result_norm", usize::MAX, &s.xn, n * d);
         let out = self.output.as_ref().unwrap_or(&self.tok_embd);
         b.matmul_logits(step, out, &s.xn, &mut s.logits)?;
+        let part = b.weight_rows(out);
+        if part < hp.n_vocab {
+            // A rank's part of a head split by vocabulary (`crate::tp`).
+            b.all_gather_cols(&mut s.logits, step.logit_rows, part)?;
+        }
         if let Some(bias) = &self.output_b {
             b.add_bias(&mut s.logits, bias, step.logit_rows)?;
         }
@@ -563,7 +605,10 @@ impl<B: Backend> Model<B> {
         if let Some(hy) = qg.as_ref() {
             b.sigmoid_mul(&mut s.attn, &hy.gate, n, qd, false)?;
         }
-        b.matmul(&l.wo, &s.attn, n, &mut s.o)?;
+        // (s.q and s.xn are free: scratch of the reference's parts.)
+        let parts = l.reduce_parts.as_ref().map(|p| &p.wo[..]);
+        let scratch = [&mut s.q, &mut s.xn];
+        crate::tp::reduced_matmul(b, &l.wo, parts, &s.attn, qd, n, scratch, &mut s.o)?;
         if let Some(c) = sc.o {
             b.scale(&mut s.o, c, n * d)?;
         }

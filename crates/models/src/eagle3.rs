@@ -200,6 +200,7 @@ pub fn load<B: Backend>(b: &B, f: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Res
         out_scale: None,
         scales: Scales::default(),
         linear: None,
+        reduce_parts: None,
     };
     let dt = e.n_embd_tgt as u64;
     let head = Eagle3 {

@@ -135,6 +135,7 @@ pub(crate) fn load_ffn<B: Backend>(
     hp: &Hparams,
     i: usize,
     ff: u64,
+    tp: &crate::tp::Tp,
 ) -> Result<Ffn<B>> {
     let d = hp.n_embd as u64;
     let w = |s: &str, shape: &[u64]| weight(b, f, &format!("blk.{i}.{s}.weight"), shape);
@@ -216,15 +217,16 @@ pub(crate) fn load_ffn<B: Backend>(
             let shape = [2 * ff, d];
             let name = format!("blk.{i}.ffn_up.weight");
             return Ok([
-                crate::weight_rows(b, f, &name, &shape, 0, ff)?,
-                crate::weight_rows(b, f, &name, &shape, ff, ff)?,
-                w("ffn_down", &[d, ff])?,
+                tp.rows(b, f, &name, &shape, 0, ff)?,
+                tp.rows(b, f, &name, &shape, ff, ff)?,
+                tp.cols(b, f, &format!("blk.{i}.ffn_down.weight"), &[d, ff])?,
             ]);
         }
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
         Ok([
-            w("ffn_gate", &[ff, d])?,
-            w("ffn_up", &[ff, d])?,
-            w("ffn_down", &[d, ff])?,
+            tp.rows(b, f, &n("ffn_gate"), &[ff, d], 0, ff)?,
+            tp.rows(b, f, &n("ffn_up"), &[ff, d], 0, ff)?,
+            tp.cols(b, f, &n("ffn_down"), &[d, ff])?,
         ])
     };
     match &hp.moe {

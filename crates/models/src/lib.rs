@@ -16,12 +16,16 @@ mod phi3;
 mod qwen;
 mod qwen35;
 mod state;
+mod tp;
+mod tp_ranks;
 
 pub use decoder::{Experts, Ffn, Layer, Model, Scales};
 pub use deepseek4::Dsv4Hp;
 pub use eagle3::{check_target as eagle3_check_target, load as load_eagle3, Eagle3Hp};
 pub use hparams::{Hparams, LayerHp};
 pub use state::State;
+pub use tp::{load_reduce_chunks, load_shard, ReduceParts};
+pub use tp_ranks::TpRanks;
 
 use quiver_backend::{Backend, BackendError, WeightBytes};
 use quiver_gguf::{GgufError, GgufFile};
@@ -51,6 +55,8 @@ pub enum ModelError {
     BatchTooLarge { got: usize, max: usize },
     #[error("{got} logits rows requested, the workspace holds {max}")]
     TooManyLogits { got: usize, max: usize },
+    #[error("tensor parallelism: {0}")]
+    Tp(String),
     #[error("cannot roll the recurrent state back by {back} tokens: it keeps {planes} states")]
     Rollback { back: usize, planes: usize },
 }
@@ -83,13 +89,13 @@ pub fn load<B: Backend>(backend: &B, file: &Arc<GgufFile>) -> Result<Model<B>> {
                 .into(),
         ));
     }
-    decoder::load(backend, file, hp)
+    decoder::load(backend, file, hp, tp::Tp::NONE)
 }
 
 /// Loads the file's tensors under the given hyperparameters (what [`load`] does after reading
 /// them): every tensor is checked against them.
 pub fn load_with<B: Backend>(backend: &B, file: &Arc<GgufFile>, hp: Hparams) -> Result<Model<B>> {
-    decoder::load(backend, file, hp)
+    decoder::load(backend, file, hp, tp::Tp::NONE)
 }
 
 /// The hyperparameters of the file's architecture, without loading any weight (sizing a KV
