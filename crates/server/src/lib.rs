@@ -196,6 +196,38 @@ fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     }
 }
 
+/// Connections the kernel queues before the accept loop takes them (capped by the system's
+/// `net.core.somaxconn`). A flood of connections (the slow-body test's 1,100 sockets
+/// reconnecting) fills tokio's default of 1,024, and a new client's SYN is then dropped: it
+/// waits a second for the retry.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` (a name resolves to its addresses, tried in turn, as `bind` does)
+/// with [`LISTEN_BACKLOG`].
+async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // (As tokio's bind does on Unix: a restarted server takes its port back at once.)
+        #[cfg(unix)]
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a).and_then(|()| socket.listen(LISTEN_BACKLOG)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "could not resolve to any address",
+        )
+    }))
+}
+
 /// Serves until `stop` resolves: stops accepting, lets running requests finish within
 /// `shutdown_grace` (aborting the rest), then joins the engine.
 pub async fn serve_until(
@@ -212,12 +244,10 @@ pub async fn serve_until(
         *d = (*d).min(MAX_DURATION);
     }
     let addr = format!("{}:{}", cfg.host, cfg.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|source| ServerError::Bind {
-            addr: addr.clone(),
-            source,
-        })?;
+    let listener = listen(&addr).await.map_err(|source| ServerError::Bind {
+        addr: addr.clone(),
+        source,
+    })?;
     let local = listener.local_addr()?;
     if let Some(w) = cors::exposure_warning(local, &cfg.api_keys, &cfg.allowed_origins) {
         tracing::warn!("{w}");
