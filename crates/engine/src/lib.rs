@@ -27,6 +27,7 @@ mod serving;
 pub mod spec;
 pub mod spec_cost;
 mod spec_gen;
+pub mod tp_session;
 pub mod types;
 mod workers;
 
@@ -37,4 +38,5 @@ pub use runner::{ModelRunner, RunnerOptions, Session, Want};
 pub use sampler::{argmax, logprobs, Needs, Sampler, SamplerParams};
 pub use serve::start as start_serving;
 pub use spec_gen::Speculator;
+pub use tp_session::TpSession;
 pub use types::{EngineError, FinishReason, Result, SchedError, BLOCK_SIZE};

@@ -1,0 +1,176 @@
+//! [`TpSession`]: one sequence over a tensor-parallel model's ranks ([`TpRanks`]), the
+//! [`Session`] `run`, `chat` and `bench` drive: each step goes to every rank, rank 0's logits
+//! come back to the host, and tokens are picked there. Speculation, the batched bench and
+//! heads are refused (one line each).
+
+use crate::batched::BatchedResult;
+use crate::runner::{RunnerOptions, Session, Want};
+use crate::sampler::Sampler;
+use crate::types::{EngineError, Result, BLOCK_SIZE};
+use quiver_backend::Batch;
+use quiver_gguf::GgufFile;
+use quiver_models::{Hparams, ModelError, TpRanks};
+use std::sync::Arc;
+
+pub struct TpSession {
+    ranks: TpRanks,
+    hp: Hparams,
+    n_ctx: usize,
+    n_batch: usize,
+    max_logits: usize,
+    logits: Vec<f32>,
+}
+
+impl TpSession {
+    /// Starts a rank on each of `backends` (the ranks of one group, `TpRanks::start`) with
+    /// states of `opts`' context (whole blocks), steps and logits rows, as `ModelRunner::new`
+    /// sizes them.
+    pub fn start<B: quiver_backend::Backend + Send + 'static>(
+        backends: Vec<B>,
+        file: &Arc<GgufFile>,
+        opts: &RunnerOptions,
+    ) -> Result<TpSession> {
+        let n_ctx = opts.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        let n_batch = opts.n_batch.max(1);
+        let max_logits = opts.max_logits.clamp(1, n_batch);
+        if opts.kv != quiver_backend::KvTypes::default() {
+            return Err(Self::refused("a KV type other than f16"));
+        }
+        let ranks = TpRanks::start(backends, file, n_ctx, n_batch, max_logits)?;
+        Ok(TpSession {
+            ranks,
+            hp: quiver_models::hparams(file)?,
+            n_ctx,
+            n_batch,
+            max_logits,
+            logits: Vec::new(),
+        })
+    }
+
+    /// The ranks.
+    pub fn size(&self) -> usize {
+        self.ranks.size()
+    }
+
+    fn check_tokens(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if start_pos + tokens.len() > self.n_ctx {
+            return Err(EngineError::ContextOverflow {
+                prompt: start_pos + tokens.len(),
+                gen: 0,
+                ctx: self.n_ctx,
+            });
+        }
+        let nv = self.hp.n_vocab;
+        match tokens.iter().find(|&&t| t as usize >= nv) {
+            Some(&id) => Err(EngineError::BadToken { id, n_vocab: nv }),
+            None => Ok(()),
+        }
+    }
+
+    fn refused(what: &str) -> EngineError {
+        EngineError::Model(ModelError::Tp(format!(
+            "{what} does not run with --tensor-parallel yet"
+        )))
+    }
+}
+
+impl Session for TpSession {
+    fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
+        self.check_tokens(tokens, start_pos)?;
+        let first_wanted = match want {
+            Want::Last => tokens.len() - 1,
+            Want::From(k) => k.min(tokens.len() - 1),
+        };
+        // The sequence's positions in order: the identity block table of the ranks' states.
+        let table: Vec<u32> = (0..self.n_ctx.div_ceil(BLOCK_SIZE) as u32).collect();
+        self.logits.clear();
+        let mut done = 0;
+        while done < tokens.len() {
+            // One step: at most n_batch tokens and at most max_logits wanted rows.
+            let mut end = (done + self.n_batch).min(tokens.len());
+            let from = first_wanted.max(done);
+            if from < end && end - from > self.max_logits {
+                end = from + self.max_logits;
+            }
+            let rows: Vec<u32> = (from.saturating_sub(done)..end - done)
+                .map(|r| r as u32)
+                .collect();
+            let batch = Batch::single(
+                &tokens[done..end],
+                start_pos + done,
+                &table,
+                BLOCK_SIZE,
+                rows,
+            );
+            let logits = self.ranks.forward(&batch)?;
+            self.logits.extend_from_slice(&logits);
+            done = end;
+        }
+        Ok(&self.logits)
+    }
+    fn eval_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<u32> {
+        let logits = self.eval(tokens, start_pos, Want::Last)?;
+        Ok(crate::sampler::argmax(logits))
+    }
+    fn eval_pick(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+    ) -> Result<u32> {
+        self.eval(tokens, start_pos, Want::Last)?;
+        Ok(sampler.sample(&self.logits, history))
+    }
+    fn eval_verify(
+        &mut self,
+        _: &[u32],
+        _: usize,
+        _: &mut Sampler,
+        _: &[u32],
+        _: &mut Vec<u32>,
+    ) -> Result<()> {
+        Err(Self::refused("speculative decoding"))
+    }
+    fn max_verify(&self) -> usize {
+        1
+    }
+    fn keep_states(&mut self, _: usize) -> Result<usize> {
+        // (The sharded models hold no recurrent state: nothing to keep.)
+        Ok(0)
+    }
+    fn rewind(&mut self, _: usize) -> Result<()> {
+        // Attention only: positions past `pos` are written again before they are read.
+        Ok(())
+    }
+    fn attach_eagle3(&mut self, _: &Arc<GgufFile>, _: &Arc<GgufFile>) -> Result<()> {
+        Err(Self::refused("an EAGLE-3 head"))
+    }
+    fn attach_mtp(&mut self, _: &Arc<GgufFile>) -> Result<()> {
+        Err(Self::refused("a multi-token-prediction block"))
+    }
+    fn propose_head(&mut self, _: &[u32], _: usize, _: f32, _: &mut Vec<u32>) -> Result<()> {
+        Ok(())
+    }
+    fn n_vocab(&self) -> usize {
+        self.hp.n_vocab
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn hparams(&self) -> &Hparams {
+        &self.hp
+    }
+    fn backend_name(&self) -> &'static str {
+        "cpu"
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+    fn batched_bench(&mut self, _: usize, _: usize, _: usize, _: usize) -> Result<BatchedResult> {
+        Err(Self::refused("the batched bench (--parallel)"))
+    }
+}

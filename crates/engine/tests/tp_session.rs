@@ -1,0 +1,112 @@
+//! A sequence over tensor-parallel CPU ranks (`TpSession`): a prompt in steps of a few tokens
+//! and greedy decoding give the whole model's logits (within the reordered o/down sums'
+//! rounding) and its tokens; what it does not run is refused in one line.
+
+use quiver_backend::{Comm, KvTypes, LocalComm};
+use quiver_backend_cpu::CpuBackend;
+use quiver_engine::{ModelRunner, RunnerOptions, Sampler, SamplerParams, Session, TpSession, Want};
+use quiver_gguf::GgufFile;
+use std::sync::Arc;
+
+/// tiny-llama with heads, KV heads and FFN width that 2 ranks divide, F32 (the sums' order is
+/// the only difference from the whole model).
+fn model(tag: &str) -> Arc<GgufFile> {
+    let p = quiver_synth::Preset {
+        n_head: 8,
+        n_head_kv: 4,
+        n_ff: 1024,
+        ..quiver_synth::preset("tiny-llama").unwrap().clone()
+    };
+    let dir = std::env::temp_dir().join(format!("quiver-tp-session-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{tag}.gguf"));
+    let ft = quiver_synth::file_type("F32").unwrap();
+    quiver_synth::write(&p, ft, 11, &path, 1, |_, _| {}).unwrap();
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    let _ = std::fs::remove_file(&path);
+    f
+}
+
+fn ranks(n: usize) -> Vec<CpuBackend> {
+    LocalComm::group(n)
+        .into_iter()
+        .map(|c| {
+            let c: Arc<dyn Comm> = Arc::new(c);
+            CpuBackend::new(1).with_comm(c)
+        })
+        .collect()
+}
+
+fn opts(n_batch: usize) -> RunnerOptions {
+    RunnerOptions {
+        n_ctx: 64,
+        n_batch,
+        max_logits: n_batch,
+        kv: KvTypes::default(),
+    }
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+#[test]
+fn two_ranks_give_the_whole_models_logits_and_tokens() {
+    let f = model("logits");
+    let prompt: Vec<u32> = vec![1, 17, 300, 42, 9, 505, 3, 77, 250, 8];
+    let mut whole = ModelRunner::new(CpuBackend::new(1), &f, &opts(64)).unwrap();
+    let want = whole.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
+    // Steps of 3 tokens: 4 steps, every row's logits.
+    let mut tp = TpSession::start(ranks(2), &f, &opts(3)).unwrap();
+    assert_eq!(tp.size(), 2);
+    let got = tp.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
+    assert_eq!(got.len(), want.len(), "a row of logits per prompt token");
+    let e = rel_l2(&got, &want);
+    assert!(e < 1e-3, "logits off the whole model's by {e}");
+    // A wrong position shows: the prompt shifted by one gives other logits.
+    let mut shifted = TpSession::start(ranks(2), &f, &opts(3)).unwrap();
+    let off = shifted.eval(&prompt[1..], 0, Want::Last).unwrap().to_vec();
+    assert!(rel_l2(&off, &want[want.len() - off.len()..]) > 1e-2);
+    // Greedy decoding: the same tokens as the whole model, by argmax and by a greedy sampler.
+    let mut sampler = Sampler::new(SamplerParams::greedy());
+    let (mut a, mut b) = (*prompt.last().unwrap(), *prompt.last().unwrap());
+    for i in 0..8 {
+        let pos = prompt.len() - 1 + i;
+        a = whole.eval_argmax(&[a], pos).unwrap();
+        b = if i % 2 == 0 {
+            tp.eval_argmax(&[b], pos).unwrap()
+        } else {
+            tp.eval_pick(&[b], pos, &mut sampler, &prompt).unwrap()
+        };
+        assert_eq!(a, b, "token {i} of greedy decoding");
+    }
+}
+
+#[test]
+fn what_the_ranks_do_not_run_is_refused_in_one_line() {
+    let f = model("refusals");
+    let mut tp = TpSession::start(ranks(2), &f, &opts(8)).unwrap();
+    let mut sampler = Sampler::new(SamplerParams::greedy());
+    let errors = [
+        tp.eval_verify(&[1, 2], 0, &mut sampler, &[], &mut Vec::new())
+            .unwrap_err(),
+        tp.batched_bench(8, 8, 4, 64).map(|_| ()).unwrap_err(),
+        tp.eval(&[1, 9999], 0, Want::Last).map(|_| ()).unwrap_err(),
+        tp.eval(&[1; 65], 0, Want::Last).map(|_| ()).unwrap_err(),
+    ]
+    .map(|e| e.to_string());
+    let says = [
+        &["speculative decoding", "--tensor-parallel"][..],
+        &["--parallel"],
+        &["9999"],
+        &["context"],
+    ];
+    for (e, says) in errors.iter().zip(says) {
+        assert!(says.iter().all(|w| e.contains(w)), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+    // An error ends no rank: the next step runs.
+    assert!(tp.eval(&[1, 2, 3], 0, Want::Last).is_ok());
+}
