@@ -27,6 +27,19 @@ pub struct RunnerOptions {
     pub kv: quiver_backend::KvTypes,
 }
 
+impl RunnerOptions {
+    /// A single-sequence session's state: (positions in whole blocks, tokens a step, logits
+    /// rows a step).
+    pub(crate) fn sizes(&self) -> (usize, usize, usize) {
+        let n_batch = self.n_batch.max(1);
+        (
+            self.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE,
+            n_batch,
+            self.max_logits.clamp(1, n_batch),
+        )
+    }
+}
+
 impl Default for RunnerOptions {
     fn default() -> Self {
         RunnerOptions {
@@ -73,9 +86,7 @@ impl<B: Backend> ModelRunner<B> {
         let mut model = quiver_models::load(&backend, file)?;
         model.for_context(opts.n_ctx);
         model.set_kv_types(opts.kv)?;
-        let n_ctx = opts.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
-        let n_batch = opts.n_batch.max(1);
-        let max_logits = opts.max_logits.clamp(1, n_batch);
+        let (n_ctx, n_batch, max_logits) = opts.sizes();
         let state = model.state(&backend, n_ctx, n_batch, max_logits)?;
         Ok(ModelRunner {
             backend,
@@ -180,29 +191,17 @@ impl<B: Backend> ModelRunner<B> {
         Ok(&mut self.picker)
     }
 
-    /// Tokens to evaluate at `start_pos..`: not empty, within the context and the vocabulary.
+    /// Tokens to evaluate at `start_pos..`: [`check_single`], and a model with recurrent state
+    /// continues where it stopped or starts again.
     fn check_tokens(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if start_pos + tokens.len() > self.n_ctx {
-            return Err(EngineError::ContextOverflow {
-                prompt: start_pos + tokens.len(),
-                gen: 0,
-                ctx: self.n_ctx,
-            });
-        }
+        check_single(tokens, start_pos, self.n_ctx, self.n_vocab())?;
         if self.model.hp.has_seq_state() && start_pos != 0 && start_pos != self.next_pos {
             return Err(EngineError::StateRewind {
                 at: start_pos,
                 next: self.next_pos,
             });
         }
-        let nv = self.n_vocab();
-        match tokens.iter().find(|&&t| t as usize >= nv) {
-            Some(&id) => Err(EngineError::BadToken { id, n_vocab: nv }),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// One single-sequence step over `tokens` at `start_pos..` with logits from index
@@ -243,12 +242,13 @@ impl<B: Backend> ModelRunner<B> {
         self.logits.clear();
         let mut done = 0;
         while done < tokens.len() {
-            // One step: at most n_batch tokens and at most max_logits wanted rows.
-            let mut end = (done + self.n_batch).min(tokens.len());
-            let from = first_wanted.max(done);
-            if from < end && end - from > self.state.max_logits {
-                end = from + self.state.max_logits;
-            }
+            let (end, from) = single_step(
+                done,
+                tokens.len(),
+                first_wanted,
+                self.n_batch,
+                self.state.max_logits,
+            );
             self.forward_single(&tokens[done..end], start_pos + done, from - done)?;
             let rows = end.saturating_sub(from);
             if rows > 0 {
@@ -414,6 +414,48 @@ impl<B: Backend> ModelRunner<B> {
 }
 
 /// A loaded model and one sequence, whatever the backend: what the CLI commands drive.
+/// Tokens one sequence evaluates at `start_pos..`: not empty, within a context of `n_ctx`
+/// positions and a vocabulary of `n_vocab` (a single-sequence session's check).
+pub(crate) fn check_single(
+    tokens: &[u32],
+    start_pos: usize,
+    n_ctx: usize,
+    n_vocab: usize,
+) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if start_pos + tokens.len() > n_ctx {
+        return Err(EngineError::ContextOverflow {
+            prompt: start_pos + tokens.len(),
+            gen: 0,
+            ctx: n_ctx,
+        });
+    }
+    match tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        Some(&id) => Err(EngineError::BadToken { id, n_vocab }),
+        None => Ok(()),
+    }
+}
+
+/// The step of a single-sequence evaluation of `len` tokens after `done` of them: its end and
+/// the first row whose logits it returns (rows from `first_wanted` on are wanted), at most
+/// `n_batch` tokens and `max_logits` wanted rows.
+pub(crate) fn single_step(
+    done: usize,
+    len: usize,
+    first_wanted: usize,
+    n_batch: usize,
+    max_logits: usize,
+) -> (usize, usize) {
+    let mut end = (done + n_batch).min(len);
+    let from = first_wanted.max(done);
+    if from < end && end - from > max_logits {
+        end = from + max_logits;
+    }
+    (end, from)
+}
+
 pub trait Session {
     /// See `ModelRunner::eval`.
     fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]>;

@@ -4,7 +4,7 @@
 //! heads are refused (one line each).
 
 use crate::batched::BatchedResult;
-use crate::runner::{RunnerOptions, Session, Want};
+use crate::runner::{check_single, single_step, RunnerOptions, Session, Want};
 use crate::sampler::Sampler;
 use crate::types::{EngineError, Result, BLOCK_SIZE};
 use quiver_backend::Batch;
@@ -30,9 +30,7 @@ impl TpSession {
         file: &Arc<GgufFile>,
         opts: &RunnerOptions,
     ) -> Result<TpSession> {
-        let n_ctx = opts.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
-        let n_batch = opts.n_batch.max(1);
-        let max_logits = opts.max_logits.clamp(1, n_batch);
+        let (n_ctx, n_batch, max_logits) = opts.sizes();
         if opts.kv != quiver_backend::KvTypes::default() {
             return Err(Self::refused("a KV type other than f16"));
         }
@@ -52,24 +50,6 @@ impl TpSession {
         self.ranks.size()
     }
 
-    fn check_tokens(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if start_pos + tokens.len() > self.n_ctx {
-            return Err(EngineError::ContextOverflow {
-                prompt: start_pos + tokens.len(),
-                gen: 0,
-                ctx: self.n_ctx,
-            });
-        }
-        let nv = self.hp.n_vocab;
-        match tokens.iter().find(|&&t| t as usize >= nv) {
-            Some(&id) => Err(EngineError::BadToken { id, n_vocab: nv }),
-            None => Ok(()),
-        }
-    }
-
     fn refused(what: &str) -> EngineError {
         EngineError::Model(ModelError::Tp(format!(
             "{what} does not run with --tensor-parallel yet"
@@ -79,7 +59,7 @@ impl TpSession {
 
 impl Session for TpSession {
     fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
-        self.check_tokens(tokens, start_pos)?;
+        check_single(tokens, start_pos, self.n_ctx, self.hp.n_vocab)?;
         let first_wanted = match want {
             Want::Last => tokens.len() - 1,
             Want::From(k) => k.min(tokens.len() - 1),
@@ -89,12 +69,13 @@ impl Session for TpSession {
         self.logits.clear();
         let mut done = 0;
         while done < tokens.len() {
-            // One step: at most n_batch tokens and at most max_logits wanted rows.
-            let mut end = (done + self.n_batch).min(tokens.len());
-            let from = first_wanted.max(done);
-            if from < end && end - from > self.max_logits {
-                end = from + self.max_logits;
-            }
+            let (end, from) = single_step(
+                done,
+                tokens.len(),
+                first_wanted,
+                self.n_batch,
+                self.max_logits,
+            );
             let rows: Vec<u32> = (from.saturating_sub(done)..end - done)
                 .map(|r| r as u32)
                 .collect();
