@@ -81,6 +81,16 @@ pub enum Want {
     From(usize),
 }
 
+impl Want {
+    /// The first of `len` (> 0) evaluated tokens whose logits are wanted.
+    pub(crate) fn first(self, len: usize) -> usize {
+        match self {
+            Want::Last => len - 1,
+            Want::From(k) => k.min(len - 1),
+        }
+    }
+}
+
 impl<B: Backend> ModelRunner<B> {
     pub fn new(backend: B, file: &Arc<GgufFile>, opts: &RunnerOptions) -> Result<Self> {
         let mut model = quiver_models::load(&backend, file)?;
@@ -235,10 +245,7 @@ impl<B: Backend> ModelRunner<B> {
     pub fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
         self.check_tokens(tokens, start_pos)?;
         let nv = self.n_vocab();
-        let first_wanted = match want {
-            Want::Last => tokens.len() - 1,
-            Want::From(k) => k.min(tokens.len() - 1),
-        };
+        let first_wanted = want.first(tokens.len());
         self.logits.clear();
         let mut done = 0;
         while done < tokens.len() {

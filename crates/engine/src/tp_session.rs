@@ -18,6 +18,8 @@ pub struct TpSession {
     n_ctx: usize,
     n_batch: usize,
     max_logits: usize,
+    /// The sequence's positions in order: the identity block table of the ranks' states.
+    table: Vec<u32>,
     logits: Vec<f32>,
 }
 
@@ -41,6 +43,7 @@ impl TpSession {
             n_ctx,
             n_batch,
             max_logits,
+            table: (0..(n_ctx / BLOCK_SIZE) as u32).collect(),
             logits: Vec::new(),
         })
     }
@@ -60,12 +63,7 @@ impl TpSession {
 impl Session for TpSession {
     fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]> {
         check_single(tokens, start_pos, self.n_ctx, self.hp.n_vocab)?;
-        let first_wanted = match want {
-            Want::Last => tokens.len() - 1,
-            Want::From(k) => k.min(tokens.len() - 1),
-        };
-        // The sequence's positions in order: the identity block table of the ranks' states.
-        let table: Vec<u32> = (0..self.n_ctx.div_ceil(BLOCK_SIZE) as u32).collect();
+        let first_wanted = want.first(tokens.len());
         self.logits.clear();
         let mut done = 0;
         while done < tokens.len() {
@@ -82,7 +80,7 @@ impl Session for TpSession {
             let batch = Batch::single(
                 &tokens[done..end],
                 start_pos + done,
-                &table,
+                &self.table,
                 BLOCK_SIZE,
                 rows,
             );
