@@ -39,6 +39,7 @@ impl CpuBackend {
             extra: Default::default(),
             resident: Default::default(),
             comm: None,
+            weights_made: Default::default(),
         }
     }
 

@@ -48,6 +48,8 @@ pub struct CpuBackend {
     resident: resident::Resident,
     /// The tensor-parallel group this instance is a rank of ([`CpuBackend::with_comm`]).
     comm: Option<std::sync::Arc<dyn quiver_backend::Comm>>,
+    /// Bytes of the weights made so far ([`Backend::weights_bytes`]).
+    weights_made: std::sync::atomic::AtomicU64,
 }
 
 /// The CPU's part of a step.
@@ -96,6 +98,10 @@ impl Backend for CpuBackend {
             }
             None
         };
+        self.weights_made.fetch_add(
+            bytes.bytes().len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let bytes = match vector {
             Some(_) => resident::Bytes::File(bytes),
             None => self.resident.place(bytes),
@@ -119,6 +125,10 @@ impl Backend for CpuBackend {
 
     fn memory_available(&self) -> Option<u64> {
         quiver_backend::host_memory_available()
+    }
+
+    fn weights_bytes(&self) -> Option<u64> {
+        Some(self.weights_made.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn kv(&self, spec: &KvSpec, layer: usize) -> Result<CpuKv> {

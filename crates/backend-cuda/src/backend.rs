@@ -131,6 +131,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn weights_bytes(&self) -> Option<u64> {
+        Some(self.mem_stats().weights)
+    }
+
     fn workspace_bytes(&self, ws: &WorkspaceSpec) -> u64 {
         self.scratch_bytes(ws)
     }

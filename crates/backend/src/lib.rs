@@ -135,6 +135,11 @@ pub trait Backend {
     fn memory_available(&self) -> Option<u64> {
         None
     }
+    /// Bytes of the weights this backend has made (`weight`), where it counts them: what a
+    /// tensor-parallel rank holds, for the load log.
+    fn weights_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Bytes of the backend's own scratch a step of at most `ws` needs.
     fn workspace_bytes(&self, ws: &WorkspaceSpec) -> u64 {
         let _ = ws;

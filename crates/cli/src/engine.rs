@@ -46,16 +46,19 @@ pub struct LoadArgs {
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: String,
     /// llama-server's -sm/--split-mode: none and layer are accepted (a model runs whole on one
-    /// device); row is refused (no tensor parallelism yet).
-    #[arg(long = "split-mode", value_name = "none|layer", value_parser = parse_split_mode)]
+    /// device); row is refused (over GPUs quiver has no tensor parallelism yet; -tp N runs
+    /// CPU ranks).
+    #[arg(long = "split-mode", value_name = "none|layer", value_parser = crate::tp::parse_split_mode)]
     pub split_mode: Option<String>,
-    /// vLLM's -tp/--tensor-parallel-size: 1 is what quiver runs; more is refused (no tensor
-    /// parallelism yet).
-    #[arg(long = "tensor-parallel", visible_alias = "tensor-parallel-size", value_name = "1", value_parser = parse_tensor_parallel)]
+    /// vLLM's -tp/--tensor-parallel-size: the model's heads and FFN split over N ranks, the
+    /// ranks' partial products summed in rank order (the same tokens as one rank). N > 1 runs
+    /// N CPU ranks of --threads / N threads each (--device cpu; over GPUs it is not built yet)
+    /// for run, chat, bench, perplexity and logprobs; serve runs one rank.
+    #[arg(long = "tensor-parallel", visible_alias = "tensor-parallel-size", value_name = "N", value_parser = crate::tp::parse_tensor_parallel)]
     pub tensor_parallel: Option<u32>,
     /// llama-server's -ts/--tensor-split: a split that gives everything to one device is
     /// accepted; one over several devices is refused.
-    #[arg(long = "tensor-split", value_name = "P0,P1,...", value_parser = parse_tensor_split)]
+    #[arg(long = "tensor-split", value_name = "P0,P1,...", value_parser = crate::tp::parse_tensor_split)]
     pub tensor_split: Option<String>,
     /// Lock the model's mapped weights in memory (mlock) so that they are never paged out; on
     /// CUDA the weights live in device memory and nothing is locked. A lock the system refuses
@@ -115,48 +118,6 @@ pub fn parse_device(s: &str) -> std::result::Result<String, String> {
             }),
     }
 }
-
-/// `--split-mode`: none and layer (one device holds the whole model either way); row asks for
-/// tensor parallelism, which quiver does not have.
-fn parse_split_mode(s: &str) -> std::result::Result<String, String> {
-    match s {
-        "none" | "layer" => Ok(s.into()),
-        "row" => Err("quiver has no tensor parallelism yet (a model runs whole on one GPU): use --split-mode layer or none, and --device cuda:N to pick the GPU".into()),
-        _ => Err("use none or layer".into()),
-    }
-}
-
-/// `--tensor-parallel`: 1 (one device), else the refusal.
-fn parse_tensor_parallel(s: &str) -> std::result::Result<u32, String> {
-    match s.parse::<u32>() {
-        Ok(1) => Ok(1),
-        Ok(n) if n > 1 => Err(format!("{n} GPUs: {NO_TP}")),
-        _ => Err("use 1 (quiver runs a model on one device)".into()),
-    }
-}
-
-/// `--tensor-split`: proportions separated by `,` or `/`, exactly one of them above zero.
-fn parse_tensor_split(s: &str) -> std::result::Result<String, String> {
-    let parts: Vec<f64> = s
-        .split([',', '/'])
-        .map(|p| p.trim().parse::<f64>())
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|_| {
-            "use proportions such as 1 or 1,0 (numbers separated by , or /)".to_string()
-        })?;
-    if parts.iter().any(|p| !p.is_finite() || *p < 0.0) || parts.iter().all(|p| *p == 0.0) {
-        return Err(
-            "use proportions such as 1 or 1,0 (numbers, not negative, one above zero)".into(),
-        );
-    }
-    match parts.iter().filter(|p| **p > 0.0).count() {
-        1 => Ok(s.into()),
-        _ => Err(format!("a split over several devices: {NO_TP}")),
-    }
-}
-
-/// What a request for several devices is told.
-const NO_TP: &str = "quiver has no tensor parallelism yet (a model runs whole on one GPU); use --device cuda:N to pick the GPU";
 
 impl LoadArgs {
     /// Folds llama-server's spellings into quiver's flags: -ub caps -b, -tb is -t where -t
@@ -489,6 +450,9 @@ pub fn load(args: &LoadArgs, file: Arc<GgufFile>, max_logits: usize) -> Result<L
     if args.mlock {
         let (line, warn) = mlock(&file, device);
         eprintln!("{}: {line}", if warn { "warning" } else { "quiver" });
+    }
+    if let Some(ranks @ 2..) = args.tensor_parallel {
+        return crate::tp::load(args, &file, &opts, ranks as usize, (device, &desc), t0);
     }
     // (ModelRunner::new refuses types the model's heads cannot take.)
     let kv_spec = quiver_models::hparams(&file)?.kv_spec(n_ctx, opts.kv);

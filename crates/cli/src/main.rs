@@ -9,6 +9,7 @@ mod info;
 mod score;
 mod serve;
 mod spec;
+mod tp;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};

@@ -276,6 +276,9 @@ pub fn batched(
     if n_prompt == 0 || n_gen == 0 {
         bail!("--parallel needs -p and -n above 0");
     }
+    if let Some(tp @ 2..) = load.tensor_parallel {
+        bail!("--parallel runs on one rank: the batched bench does not run with -tp {tp} yet");
+    }
     let gguf = engine::open(load)?;
     let mut args = load.clone();
     // The runner's own sequence is only a warm-up; each count gets its own KV pool.

@@ -147,6 +147,9 @@ fn parse_chat_template(s: &str) -> std::result::Result<String, String> {
 }
 
 pub fn run(mut a: ServeArgs) -> Result<()> {
+    if let Some(n @ 2..) = a.load.tensor_parallel {
+        bail!("-tp {n}: serve runs a model on one rank (tensor-parallel ranks run with run, chat, bench, perplexity and logprobs: -tp {n} --device cpu)");
+    }
     if let Some(n) = &a.n_gpu_layers {
         let n: i64 = n
             .parse()

@@ -387,6 +387,152 @@ fn run_with_speculation_prints_the_text_of_plain_run() {
 }
 
 #[test]
+fn tensor_parallel_cpu_ranks_run_bench_and_score_as_one_rank() {
+    let m = model("smollm2-135m");
+    let run = |tp: &str, t: &str| {
+        let p = "The capital of France is";
+        let args = ["run", "-m", &m, "--device", "cpu", "-t", t, "-tp", tp];
+        let out = quiver(&[&args[..], &["-p", p, "-n", "12", "--temp", "0"]].concat());
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "-tp {tp}: {err}");
+        (String::from_utf8_lossy(&out.stdout).to_string(), err)
+    };
+    let (one, _) = run("1", "2");
+    let (three, log) = run("3", "2");
+    assert!(one.len() > 12, "no text generated: {one:?}");
+    // SmolLM2's 9 heads, 3 KV heads, 1,536-wide FFN and vocabulary split over 3 ranks: the
+    // partial sums added in rank order round differently from one product, not enough to
+    // change these greedy tokens; the ranks' threads change no bits.
+    assert_eq!(three, one);
+    assert_eq!(run("3", "6").0, three);
+    assert!(
+        log.contains("as 3 tensor-parallel ranks of 1 thread"),
+        "{log}"
+    );
+    // Each rank holds a third of the weights and of the KV heads.
+    let ranks: Vec<&str> = log.lines().filter(|l| l.contains(": rank ")).collect();
+    assert_eq!(ranks.len(), 3, "{log}");
+    let whole = std::fs::metadata(&m).unwrap().len() as f64 / 1048576.0;
+    for l in &ranks {
+        let mib: f64 = l
+            .split("weights ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (mib - whole / 3.0).abs() < 0.05 * whole,
+            "{l} (file {whole:.1} MiB)"
+        );
+        assert!(l.contains("256 bytes per token per layer"), "{l}");
+    }
+    // Perplexity over 3 ranks near one rank's: 0.33% apart here, since the int8 copies of
+    // activations the products read flip a code where the reordered sums differ by an ulp
+    // (F32 weights: logits within 1e-4).
+    let ppl = |tp: &str| -> f64 {
+        let out = quiver(&[
+            "perplexity",
+            "-m",
+            &m,
+            "--device",
+            "cpu",
+            "-tp",
+            tp,
+            "-f",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/reference/GPL-3"),
+            "-c",
+            "128",
+            "--chunk",
+            "128",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        j["ppl"].as_f64().unwrap_or_else(|| panic!("{j}"))
+    };
+    let (p1, p3) = (ppl("1"), ppl("3"));
+    assert!((p3 / p1 - 1.0).abs() < 0.01, "{p1} {p3}");
+    // bench over ranks reports its tests.
+    let out = quiver(&[
+        "bench", "-m", &m, "--device", "cpu", "-tp", "3", "-p", "16", "-n", "4", "-r", "1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("pp16") && table.contains("tg4"), "{table}");
+    // What ranks do not run, in one line each.
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["run", "-m", &m, "--device", "cpu", "-tp", "2", "-p", "hi"],
+            "heads (9) do not divide by 2 ranks",
+        ),
+        (
+            &[
+                "run",
+                "-m",
+                &m,
+                "--device",
+                "cpu",
+                "-tp",
+                "3",
+                "--kv-type",
+                "q8_0",
+                "-p",
+                "hi",
+            ],
+            "KV type",
+        ),
+        (
+            &[
+                "run", "-m", &m, "--device", "cpu", "-tp", "3", "--spec", "ngram", "-p", "hi",
+            ],
+            "speculative decoding",
+        ),
+        (
+            &[
+                "bench",
+                "-m",
+                &m,
+                "--device",
+                "cpu",
+                "-tp",
+                "3",
+                "--parallel",
+                "2",
+                "-p",
+                "8",
+                "-n",
+                "2",
+            ],
+            "--parallel",
+        ),
+        (
+            &["serve", "-m", &m, "--port", "0", "-tp", "3"],
+            "serve runs a model on one rank",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = quiver(args);
+        assert_one_line_error(&out, 1, says);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(says),
+            "{args:?}: {err:?} does not say {says:?}"
+        );
+    }
+}
+
+#[test]
 fn speculation_flag_errors_are_one_line_errors() {
     let m = model("smollm2-135m");
     let g = model("gemma3-270m");

@@ -277,17 +277,17 @@ fn refusals_are_one_line_naming_the_nearest_flag() {
         // Any other single-dash word is an unknown flag, never letters.
         (&["-xyz"], &["unknown flag '-xyz'"]),
         (&["-tpx", "2"], &["unknown flag '-tpx'"]),
-        // Several devices: vLLM's -tp, llama-server's -ts over two.
+        // vLLM's -tp out of range; llama-server's -ts over two devices.
+        (&["-tp", "0"], &["ranks from 1 to 64"]),
+        (&["--tensor-parallel-size", "65"], &["ranks from 1 to 64"]),
         (
-            &["-tp", "2"],
-            &["2 GPUs", "tensor parallelism", "--device cuda:N"],
+            &["-ts", "1,1"],
+            &[
+                "several devices",
+                "tensor parallelism over GPUs",
+                "-tp N --device cpu",
+            ],
         ),
-        (
-            &["--tensor-parallel-size", "4"],
-            &["4 GPUs", "tensor parallelism"],
-        ),
-        (&["-tp", "0"], &["use 1"]),
-        (&["-ts", "1,1"], &["several devices", "tensor parallelism"]),
         (&["--tensor-split", "3/1"], &["several devices"]),
         (&["-ts", "1,x"], &["proportions"]),
         (&["-ts", "0,0"], &["one above zero"]),

@@ -53,6 +53,11 @@ impl TpSession {
         self.ranks.size()
     }
 
+    /// Each rank's weights' bytes, as its backend counts them.
+    pub fn weights_bytes(&self) -> &[Option<u64>] {
+        self.ranks.weights_bytes()
+    }
+
     fn refused(what: &str) -> EngineError {
         EngineError::Model(ModelError::Tp(format!(
             "{what} does not run with --tensor-parallel yet"

@@ -17,6 +17,8 @@ pub struct TpRanks {
     threads: Vec<JoinHandle<()>>,
     n_vocab: usize,
     failed: bool,
+    /// Each rank's weights' bytes as its backend counts them ([`Backend::weights_bytes`]).
+    weights: Vec<Option<u64>>,
 }
 
 impl TpRanks {
@@ -47,16 +49,18 @@ impl TpRanks {
         }
         let hp = crate::hparams(file)?;
         let (done_tx, done) = channel();
+        let (held_tx, held_rx) = channel();
         let mut ranks = TpRanks {
             steps: Vec::new(),
             done,
             threads: Vec::new(),
             n_vocab: hp.n_vocab,
             failed: false,
+            weights: vec![None; n],
         };
         for mut b in backends {
             let (tx, rx) = channel::<Arc<Batch>>();
-            let (file, done) = (file.clone(), done_tx.clone());
+            let (file, done, held) = (file.clone(), done_tx.clone(), held_tx.clone());
             let rank = b.shard().rank;
             ranks.steps.push(tx);
             ranks.threads.push(std::thread::spawn(move || {
@@ -71,6 +75,7 @@ impl TpRanks {
                         return;
                     }
                 };
+                _ = held.send((rank, b.weights_bytes()));
                 _ = done.send((rank, Ok(Vec::new())));
                 for batch in rx {
                     let mut logits = Vec::new();
@@ -90,6 +95,9 @@ impl TpRanks {
             }));
         }
         ranks.collect()?;
+        for (rank, w) in held_rx.try_iter() {
+            ranks.weights[rank] = w;
+        }
         Ok(ranks)
     }
 
@@ -109,6 +117,11 @@ impl TpRanks {
             _ = tx.send(batch.clone());
         }
         self.collect()
+    }
+
+    /// Each rank's weights' bytes, as its backend counts them (None: it does not).
+    pub fn weights_bytes(&self) -> &[Option<u64>] {
+        &self.weights
     }
 
     pub fn n_vocab(&self) -> usize {
