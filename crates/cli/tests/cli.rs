@@ -26,6 +26,16 @@ fn tmp(name: &str) -> std::path::PathBuf {
     d.join(name)
 }
 
+/// A successful command's JSON output (its stderr in the message otherwise).
+fn json_of(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn assert_one_line_error(out: &Output, code: i32, what: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -153,12 +163,7 @@ fn missing_files_unknown_flags_and_bad_values_are_one_line_errors() {
 #[test]
 fn info_json_describes_smollm2() {
     let out = quiver(&["info", "--json", "-m", &model("smollm2-135m")]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json_of(&out);
     assert_eq!(j["architecture"], "llama");
     assert_eq!(j["hparams"]["block_count"], 30);
     assert_eq!(j["hparams"]["attention.layer_norm_rms_epsilon"], 1e-5);
@@ -449,12 +454,7 @@ fn tensor_parallel_cpu_ranks_run_bench_and_score_as_one_rank() {
             "128",
             "--json",
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let j = json_of(&out);
         j["ppl"].as_f64().unwrap_or_else(|| panic!("{j}"))
     };
     let (p1, p3) = (ppl("1"), ppl("3"));
@@ -729,12 +729,7 @@ fn bench_runs_on_a_synth_model_without_vocabulary() {
         "1",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json_of(&out);
     let res = j["results"].as_array().unwrap();
     assert_eq!(res[0]["test"], "pp16");
     assert_eq!(res[1]["test"], "tg4");
@@ -753,12 +748,7 @@ fn bench_runs_on_a_synth_model_without_vocabulary() {
         "1",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json_of(&out);
     assert_eq!(j["results"].as_array().unwrap().len(), 1);
     assert_one_line_error(
         &quiver(&["bench", "-m", p.to_str().unwrap(), "-p", "0", "-n", "0"]),
@@ -778,12 +768,7 @@ fn bench_runs_on_a_synth_model_without_vocabulary() {
         "1,3",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json_of(&out);
     let res = j["results"].as_array().unwrap();
     assert_eq!(
         res.iter()
@@ -934,12 +919,7 @@ fn perplexity_matches_llama_cpp(alias: &str, key: &str) {
         "fast",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json_of(&out);
     let reference: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
