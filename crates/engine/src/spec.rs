@@ -302,6 +302,20 @@ impl SpecState {
     /// whose times `cost` holds, and counts down a pause.
     pub fn next_len(&mut self, draft_max: usize, n: usize, cost: &StepCost) -> usize {
         if self.cooldown > 0 {
+            // The pause after misses is for rows that cost: where the step times show that a
+            // proposal pays even at this request's acceptance so far (on a GPU a step of a few
+            // rows costs what one row does), it proposes at once.
+            let len = self.len.clamp(1, draft_max.max(1));
+            let timed = cost.secs(n.max(1)).is_some() && cost.secs(n.max(1) + len).is_some();
+            let l = if timed {
+                worth(len, n, &self.acc, cost)
+            } else {
+                0
+            };
+            if l > 0 && draft_max > 0 {
+                self.cooldown = 0;
+                return l;
+            }
             self.cooldown -= 1;
             self.acc.age();
             return 0;
@@ -487,5 +501,38 @@ mod tests {
         // The pause is capped at 32 steps.
         assert_eq!((0..32).filter(|_| s.next_len(16, 1, &c) == 0).count(), 32);
         assert_eq!(s.next_len(16, 1, &c), 1);
+    }
+
+    /// Step times of `rows`-row steps: `t(rows)` each, timed enough to be used.
+    fn timed(t: impl Fn(usize) -> f64) -> StepCost {
+        let mut c = StepCost::default();
+        for rows in 1..=40 {
+            for _ in 0..3 {
+                c.record(rows, t(rows));
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn misses_pause_proposals_only_where_rows_cost() {
+        // A GPU: a step of up to 17 rows costs what one row does (2% a row more).
+        let gpu = timed(|r| 1e-3 * (1.0 + 0.02 * r as f64));
+        // A CPU: each row costs its share.
+        let cpu = timed(|r| 1e-3 * r as f64);
+        for (cost, pauses) in [(&gpu, false), (&cpu, true)] {
+            let mut s = SpecState::default();
+            s.record(4, 2, 16);
+            s.record(3, 0, 16);
+            let next = s.next_len(16, 1, cost);
+            assert_eq!(next == 0, pauses, "{next}");
+        }
+        // Two misses in a row at an acceptance near zero: the GPU still proposes, and shorter.
+        let mut s = SpecState::default();
+        for _ in 0..6 {
+            s.record(8, 0, 16);
+        }
+        let l = s.next_len(16, 1, &gpu);
+        assert!((1..=4).contains(&l), "{l}");
     }
 }
