@@ -22,12 +22,8 @@ fn main() {
     let c: f64 = a[2].parse().expect("row cost");
     let draft_max: usize = a.get(3).map_or(16, |s| s.parse().expect("draft max"));
     let t = |rows: usize| 1e-3 * (1.0 + c * (rows as f64 - 1.0));
+    // Learnt as the engine learns it: each step's time by its rows.
     let mut cost = StepCost::default();
-    for rows in 1..=draft_max + 1 {
-        for _ in 0..3 {
-            cost.record(rows, t(rows));
-        }
-    }
     let (mut p, mut steps, mut time, mut proposed, mut accepted) = (prompt, 0, 0.0, 0, 0);
     let mut state = SpecState::default();
     while p < ids.len() {
@@ -41,6 +37,7 @@ fn main() {
         state.record(prop.len(), ok, draft_max);
         (proposed, accepted) = (proposed + prop.len(), accepted + ok);
         time += t(1 + prop.len());
+        cost.record(1 + prop.len(), t(1 + prop.len()));
         steps += 1;
         p += ok + 1;
     }
