@@ -79,7 +79,7 @@ if [ -n "$kmods" ]; then
   echo "kernels: $kmods" >>.gpu/stage.txt
 fi
 if [ "$bundle" = 1 ]; then
-  (cd .gpu && rm -f bundle.tar.xz && tar cJf bundle.tar.xz quiver $(ls quiver-old test-* 2>/dev/null))
+  (cd .gpu && rm -f bundle.tar.xz && tar cJf bundle.tar.xz quiver $(ls quiver-* test-* 2>/dev/null))
 fi
 cat .gpu/stage.txt
 ls -la .gpu
