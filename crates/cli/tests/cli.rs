@@ -470,27 +470,35 @@ fn tensor_parallel_cpu_ranks_run_bench_and_score_as_one_rank() {
     );
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("pp16") && table.contains("tg4"), "{table}");
+    // A quantized KV cache over the ranks: each holds its heads' records.
+    let out = quiver(&[
+        "run",
+        "-m",
+        &m,
+        "--device",
+        "cpu",
+        "-tp",
+        "3",
+        "--kv-type",
+        "q8_0",
+        "-p",
+        "hi",
+        "-n",
+        "4",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        err.matches("KV cache q8_0: 136 bytes per token per layer")
+            .count(),
+        3,
+        "{err}"
+    );
     // What ranks do not run, in one line each.
     let cases: &[(&[&str], &str)] = &[
         (
             &["run", "-m", &m, "--device", "cpu", "-tp", "2", "-p", "hi"],
             "heads (9) do not divide by 2 ranks",
-        ),
-        (
-            &[
-                "run",
-                "-m",
-                &m,
-                "--device",
-                "cpu",
-                "-tp",
-                "3",
-                "--kv-type",
-                "q8_0",
-                "-p",
-                "hi",
-            ],
-            "KV type",
         ),
         (
             &[

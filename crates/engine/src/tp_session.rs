@@ -9,7 +9,7 @@ use crate::sampler::Sampler;
 use crate::types::{EngineError, Result, BLOCK_SIZE};
 use quiver_backend::Batch;
 use quiver_gguf::GgufFile;
-use quiver_models::{Hparams, ModelError, TpRanks};
+use quiver_models::{Hparams, ModelError, TpRanks, TpSizes};
 use std::sync::Arc;
 
 pub struct TpSession {
@@ -24,19 +24,23 @@ pub struct TpSession {
 }
 
 impl TpSession {
-    /// Starts a rank on each of `backends` (the ranks of one group, `TpRanks::start`) with
-    /// states of `opts`' context (whole blocks), steps and logits rows, as `ModelRunner::new`
-    /// sizes them.
+    /// Starts a rank on each of `backends` (the ranks of one group, `TpRanks::start`) for
+    /// `opts`' context and KV types, with states of its context (whole blocks), steps and logits
+    /// rows, as `ModelRunner::new` makes them.
     pub fn start<B: quiver_backend::Backend + Send + 'static>(
         backends: Vec<B>,
         file: &Arc<GgufFile>,
         opts: &RunnerOptions,
     ) -> Result<TpSession> {
         let (n_ctx, n_batch, max_logits) = opts.sizes();
-        if opts.kv != quiver_backend::KvTypes::default() {
-            return Err(Self::refused("a KV type other than f16"));
-        }
-        let ranks = TpRanks::start(backends, file, n_ctx, n_batch, max_logits)?;
+        let sizes = TpSizes {
+            n_ctx: opts.n_ctx,
+            kv: opts.kv,
+            n_slots: n_ctx,
+            max_tokens: n_batch,
+            max_logits,
+        };
+        let ranks = TpRanks::start(backends, file, sizes)?;
         Ok(TpSession {
             ranks,
             hp: quiver_models::hparams(file)?,

@@ -2,7 +2,7 @@
 //! and greedy decoding give the whole model's logits (within the reordered o/down sums'
 //! rounding) and its tokens; what it does not run is refused in one line.
 
-use quiver_backend::{Comm, KvTypes, LocalComm};
+use quiver_backend::{Comm, KvType, KvTypes, LocalComm};
 use quiver_backend_cpu::CpuBackend;
 use quiver_engine::{ModelRunner, RunnerOptions, Sampler, SamplerParams, Session, TpSession, Want};
 use quiver_gguf::GgufFile;
@@ -82,6 +82,71 @@ fn two_ranks_give_the_whole_models_logits_and_tokens() {
         };
         assert_eq!(a, b, "token {i} of greedy decoding");
     }
+}
+
+#[test]
+fn ranks_keep_a_quantized_kv_cache_as_the_whole_model_does() {
+    let f = model("kv");
+    let prompt: Vec<u32> = vec![1, 17, 300, 42, 9, 505, 3, 77, 250, 8, 61, 140];
+    let with = |kv: KvTypes| RunnerOptions { kv, ..opts(4) };
+    let f16 = TpSession::start(ranks(2), &f, &opts(4))
+        .unwrap()
+        .eval(&prompt, 0, Want::From(0))
+        .unwrap()
+        .to_vec();
+    for t in [KvType::Q8_0, KvType::Tq8, KvType::Tq4] {
+        let kv = KvTypes { k: t, v: t };
+        let mut whole = ModelRunner::new(CpuBackend::new(1), &f, &with(kv)).unwrap();
+        let want = whole.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
+        let mut tp = TpSession::start(ranks(2), &f, &with(kv)).unwrap();
+        let got = tp.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
+        // Each rank codes its own KV heads as the whole model codes them: only the o and
+        // down sums' order differs.
+        let e = rel_l2(&got, &want);
+        assert!(e < 1e-3, "{t:?}: logits off the whole model's by {e}");
+        // And the cache is the type's: not f16's logits.
+        assert!(
+            rel_l2(&got, &f16) > 1e-6,
+            "{t:?}: the same logits as an f16 cache"
+        );
+    }
+}
+
+#[test]
+fn ranks_take_the_rope_factors_of_their_context() {
+    // tiny-phi3: LongRoPE's long factors past an original context of 512.
+    let p = quiver_synth::preset("tiny-phi3").unwrap().clone();
+    let dir = std::env::temp_dir().join(format!("quiver-tp-session-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("phi3.gguf");
+    quiver_synth::write(
+        &p,
+        quiver_synth::file_type("F32").unwrap(),
+        5,
+        &path,
+        1,
+        |_, _| {},
+    )
+    .unwrap();
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    let _ = std::fs::remove_file(&path);
+    let prompt: Vec<u32> = vec![1, 17, 300, 42, 9, 505, 3, 77];
+    let at = |n_ctx: usize| RunnerOptions { n_ctx, ..opts(8) };
+    let mut long = ModelRunner::new(CpuBackend::new(1), &f, &at(1024)).unwrap();
+    let want = long.eval(&prompt, 0, Want::Last).unwrap().to_vec();
+    let mut short = ModelRunner::new(CpuBackend::new(1), &f, &at(256)).unwrap();
+    let other = short.eval(&prompt, 0, Want::Last).unwrap().to_vec();
+    assert!(
+        rel_l2(&other, &want) > 1e-3,
+        "the factors should matter here"
+    );
+    let mut tp = TpSession::start(ranks(2), &f, &at(1024)).unwrap();
+    let got = tp.eval(&prompt, 0, Want::Last).unwrap().to_vec();
+    let e = rel_l2(&got, &want);
+    assert!(
+        e < 1e-3,
+        "logits off the whole model's at its context by {e}"
+    );
 }
 
 #[test]

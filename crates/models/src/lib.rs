@@ -25,7 +25,7 @@ pub use eagle3::{check_target as eagle3_check_target, load as load_eagle3, Eagle
 pub use hparams::{Hparams, LayerHp};
 pub use state::State;
 pub use tp::{load_reduce_chunks, load_shard, ReduceParts};
-pub use tp_ranks::TpRanks;
+pub use tp_ranks::{TpRanks, TpSizes};
 
 use quiver_backend::{Backend, BackendError, WeightBytes};
 use quiver_gguf::{GgufError, GgufFile};

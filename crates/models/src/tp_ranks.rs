@@ -2,7 +2,7 @@
 //! each, driven as one model: each step goes to every rank, rank 0's logits come back.
 
 use crate::{load_shard, ModelError, Result};
-use quiver_backend::{Backend, Batch, Shard};
+use quiver_backend::{Backend, Batch, KvTypes, Shard};
 use quiver_gguf::GgufFile;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
@@ -21,16 +21,26 @@ pub struct TpRanks {
     weights: Vec<Option<u64>>,
 }
 
+/// What each rank's part of the model is made for: a sequence's context (`n_ctx`: rope
+/// factors that depend on it, as `Model::for_context`), the KV cache's types and positions
+/// (`n_slots`), and a step's rows and logits rows.
+#[derive(Clone, Copy, Debug)]
+pub struct TpSizes {
+    pub n_ctx: usize,
+    pub kv: KvTypes,
+    pub n_slots: usize,
+    pub max_tokens: usize,
+    pub max_logits: usize,
+}
+
 impl TpRanks {
     /// Starts a rank on each of `backends` (rank r's backend is rank r of its communicator's
-    /// group, in any order), loads its part of `file`, and makes its state of `n_slots` KV
-    /// positions, `max_tokens` rows and `max_logits` logits rows a step.
+    /// group, in any order), loads its part of `file` for `sizes.n_ctx` and `sizes.kv`, and
+    /// makes its state of `sizes`' KV positions, rows and logits rows a step.
     pub fn start<B: Backend + Send + 'static>(
         backends: Vec<B>,
         file: &Arc<GgufFile>,
-        n_slots: usize,
-        max_tokens: usize,
-        max_logits: usize,
+        sizes: TpSizes,
     ) -> Result<TpRanks> {
         let mut shards: Vec<Shard> = backends.iter().map(|b| b.shard()).collect();
         shards.sort_by_key(|s| s.rank);
@@ -64,8 +74,10 @@ impl TpRanks {
             let rank = b.shard().rank;
             ranks.steps.push(tx);
             ranks.threads.push(std::thread::spawn(move || {
-                let loaded = load_shard(&b, &file, b.shard()).and_then(|m| {
-                    let s = m.state(&b, n_slots, max_tokens, max_logits)?;
+                let loaded = load_shard(&b, &file, b.shard()).and_then(|mut m| {
+                    m.for_context(sizes.n_ctx);
+                    m.set_kv_types(sizes.kv)?;
+                    let s = m.state(&b, sizes.n_slots, sizes.max_tokens, sizes.max_logits)?;
                     Ok((m, s))
                 });
                 let (m, mut s) = match loaded {

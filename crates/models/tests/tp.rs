@@ -6,7 +6,7 @@
 use quiver_backend::{Backend, Batch, Comm, LocalComm, SeqSpan, Shard, KV_BLOCK_SIZE};
 use quiver_backend_cpu::CpuBackend;
 use quiver_gguf::GgufFile;
-use quiver_models::{load_reduce_chunks, load_shard, Model, TpRanks};
+use quiver_models::{load_reduce_chunks, load_shard, Model, TpRanks, TpSizes};
 use std::sync::Arc;
 
 /// tiny-llama with heads, KV heads and FFN width that 2 and 4 ranks divide (8, 4, 1024).
@@ -38,6 +38,17 @@ fn synth(p: &quiver_synth::Preset, ty: &str, tag: &str) -> Arc<GgufFile> {
 
 /// A batch of the listed sequences' spans: (sequence, tokens, first position), every row's
 /// logits wanted. Sequence s has blocks 2s and 2s + 1.
+/// The ranks' sizes in these tests: 4 blocks of KV (f16), steps of 16 rows and logits.
+fn sizes() -> TpSizes {
+    TpSizes {
+        n_ctx: 4 * KV_BLOCK_SIZE,
+        kv: Default::default(),
+        n_slots: 4 * KV_BLOCK_SIZE,
+        max_tokens: 16,
+        max_logits: 16,
+    }
+}
+
 fn batch(spans: &[(u32, &[u32], usize)]) -> Batch {
     let mut b = Batch {
         block_size: KV_BLOCK_SIZE,
@@ -238,7 +249,7 @@ fn a_driver_runs_the_ranks_as_one_model() {
         .into_iter()
         .map(|c| CpuBackend::new(1).with_comm(Arc::new(c)))
         .collect();
-    let mut tp = TpRanks::start(backends, &f, 4 * KV_BLOCK_SIZE, 16, 16).unwrap();
+    let mut tp = TpRanks::start(backends, &f, sizes()).unwrap();
     let got: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
     assert_eq!(bits_differ(&got, &want), 0);
     // A token past the vocabulary, which no rank's part of the embedding holds: every rank
@@ -252,9 +263,7 @@ fn a_driver_runs_the_ranks_as_one_model() {
     assert!(e.to_string().contains("stopped"), "{e}");
     // Backends of no group: rank 0 of 1 each, not the parts of one model.
     let alone = vec![CpuBackend::new(1), CpuBackend::new(1)];
-    let e = TpRanks::start(alone, &f, 4 * KV_BLOCK_SIZE, 16, 16)
-        .err()
-        .unwrap();
+    let e = TpRanks::start(alone, &f, sizes()).err().unwrap();
     assert!(
         e.to_string().contains("not the ranks of one group of 2"),
         "{e}"
@@ -269,7 +278,7 @@ fn the_ranks_are_batch_invariant_and_deterministic() {
             .into_iter()
             .map(|c| CpuBackend::new(1).with_comm(Arc::new(c)))
             .collect();
-        TpRanks::start(backends, &f, 4 * KV_BLOCK_SIZE, 16, 16).unwrap()
+        TpRanks::start(backends, &f, sizes()).unwrap()
     };
     let mut tp = start();
     let mixed: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
