@@ -96,9 +96,6 @@ fn load_spec(
     spec: &SpecArgs,
 ) -> Result<(engine::Loaded, Option<engine::Loaded>, SpecConfig)> {
     let cfg = spec.config()?;
-    if cfg.on() && load.tensor_parallel.is_some_and(|n| n > 1) {
-        bail!("speculative decoding does not run with --tensor-parallel yet: drop --spec-type/-md, or use -tp 1");
-    }
     let eagle = cfg.kind == quiver_engine::spec::SpecType::Eagle3;
     let mtp = cfg.kind == quiver_engine::spec::SpecType::Mtp;
     // (A head is checked against the target as it loads beside it.)

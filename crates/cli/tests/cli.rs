@@ -410,6 +410,27 @@ fn tensor_parallel_cpu_ranks_run_bench_and_score_as_one_rank() {
     // change these greedy tokens; the ranks' threads change no bits.
     assert_eq!(three, one);
     assert_eq!(run("3", "6").0, three);
+    // Prompt lookup over the ranks: the same text.
+    let p = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,";
+    let spec = |extra: &[&str]| {
+        let args = [
+            "run", "-m", &m, "--device", "cpu", "-tp", "3", "-p", p, "-n", "24", "--temp", "0",
+        ];
+        let out = quiver(&[&args[..], extra].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (plain, _) = spec(&[]);
+    let (looked, log) = spec(&["--spec", "ngram", "--spec-timing", "off"]);
+    assert_eq!(looked, plain);
+    assert!(log.contains("speculative decoding: "), "{log}");
     assert!(
         log.contains("as 3 tensor-parallel ranks of 1 thread"),
         "{log}"
@@ -499,12 +520,6 @@ fn tensor_parallel_cpu_ranks_run_bench_and_score_as_one_rank() {
         (
             &["run", "-m", &m, "--device", "cpu", "-tp", "2", "-p", "hi"],
             "heads (9) do not divide by 2 ranks",
-        ),
-        (
-            &[
-                "run", "-m", &m, "--device", "cpu", "-tp", "3", "--spec", "ngram", "-p", "hi",
-            ],
-            "speculative decoding",
         ),
         (
             &[

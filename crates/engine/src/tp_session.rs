@@ -1,7 +1,7 @@
 //! [`TpSession`]: one sequence over a tensor-parallel model's ranks ([`TpRanks`]), the
 //! [`Session`] `run`, `chat` and `bench` drive: each step goes to every rank, rank 0's logits
-//! come back to the host, and tokens are picked there. Speculation, the batched bench and
-//! heads are refused (one line each).
+//! come back to the host, and tokens are picked there (proposals verified there too). The
+//! batched bench and draft heads are refused (one line each).
 
 use crate::batched::BatchedResult;
 use crate::runner::{check_single, single_step, RunnerOptions, Session, Want};
@@ -113,18 +113,40 @@ impl Session for TpSession {
         self.eval(tokens, start_pos, Want::Last)?;
         Ok(sampler.sample(&self.logits, history))
     }
+    /// As `ModelRunner::eval_verify`: every row's logits on the host, each row's token picked
+    /// in order while it equals the next proposed one (no state to roll back: attention only).
     fn eval_verify(
         &mut self,
-        _: &[u32],
-        _: usize,
-        _: &mut Sampler,
-        _: &[u32],
-        _: &mut Vec<u32>,
+        tokens: &[u32],
+        start_pos: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+        picks: &mut Vec<u32>,
     ) -> Result<()> {
-        Err(Self::refused("speculative decoding"))
+        let rows = tokens.len();
+        if rows > self.max_verify() {
+            return Err(ModelError::BatchTooLarge {
+                got: rows,
+                max: self.max_verify(),
+            }
+            .into());
+        }
+        let nv = self.hp.n_vocab;
+        self.eval(tokens, start_pos, Want::From(0))?;
+        let mut h = history.to_vec();
+        picks.clear();
+        for j in 0..rows {
+            let t = sampler.sample(&self.logits[j * nv..(j + 1) * nv], &h);
+            picks.push(t);
+            if tokens.get(j + 1) != Some(&t) {
+                break;
+            }
+            h.push(t);
+        }
+        Ok(())
     }
     fn max_verify(&self) -> usize {
-        1
+        self.max_logits.min(self.n_batch)
     }
     fn keep_states(&mut self, _: usize) -> Result<usize> {
         // (The sharded models hold no recurrent state: nothing to keep.)

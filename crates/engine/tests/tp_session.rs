@@ -113,6 +113,39 @@ fn ranks_keep_a_quantized_kv_cache_as_the_whole_model_does() {
 }
 
 #[test]
+fn ranks_verify_proposals_as_the_whole_model_does() {
+    let f = model("verify");
+    let prompt: Vec<u32> = vec![1, 17, 300, 42, 9, 505, 3, 77];
+    let mut whole = ModelRunner::new(CpuBackend::new(1), &f, &opts(8)).unwrap();
+    let mut tp = TpSession::start(ranks(2), &f, &opts(8)).unwrap();
+    assert_eq!(tp.max_verify(), 8);
+    whole.eval(&prompt[..7], 0, Want::Last).unwrap();
+    tp.eval(&prompt[..7], 0, Want::Last).unwrap();
+    // The whole model's own greedy continuation as the proposal: every token accepted, and
+    // the token after them.
+    let mut cont = vec![prompt[7]];
+    for i in 0..5 {
+        let t = whole.eval_argmax(&[*cont.last().unwrap()], 7 + i).unwrap();
+        cont.push(t);
+    }
+    let mut sampler = Sampler::new(SamplerParams::greedy());
+    let mut picks = Vec::new();
+    tp.eval_verify(&cont[..5], 7, &mut sampler, &prompt, &mut picks)
+        .unwrap();
+    assert_eq!(
+        picks,
+        cont[1..6].to_vec(),
+        "all four proposals and the next token"
+    );
+    // A wrong second proposal: the first accepted, then the model's own token.
+    let mut wrong = cont[..5].to_vec();
+    wrong[2] = wrong[2].wrapping_add(1) % 512;
+    tp.eval_verify(&wrong, 7, &mut sampler, &prompt, &mut picks)
+        .unwrap();
+    assert_eq!(picks, cont[1..3].to_vec());
+}
+
+#[test]
 fn ranks_take_the_rope_factors_of_their_context() {
     // tiny-phi3: LongRoPE's long factors past an original context of 512.
     let p = quiver_synth::preset("tiny-phi3").unwrap().clone();
@@ -155,19 +188,14 @@ fn what_the_ranks_do_not_run_is_refused_in_one_line() {
     let mut tp = TpSession::start(ranks(2), &f, &opts(8)).unwrap();
     let mut sampler = Sampler::new(SamplerParams::greedy());
     let errors = [
-        tp.eval_verify(&[1, 2], 0, &mut sampler, &[], &mut Vec::new())
+        tp.eval_verify(&[1; 9], 0, &mut sampler, &[], &mut Vec::new())
             .unwrap_err(),
         tp.batched_bench(8, 8, 4, 64).map(|_| ()).unwrap_err(),
         tp.eval(&[1, 9999], 0, Want::Last).map(|_| ()).unwrap_err(),
         tp.eval(&[1; 65], 0, Want::Last).map(|_| ()).unwrap_err(),
     ]
     .map(|e| e.to_string());
-    let says = [
-        &["speculative decoding", "--tensor-parallel"][..],
-        &["--parallel"],
-        &["9999"],
-        &["context"],
-    ];
+    let says = [&["9", "8"][..], &["--parallel"], &["9999"], &["context"]];
     for (e, says) in errors.iter().zip(says) {
         assert!(says.iter().all(|w| e.contains(w)), "{e}");
         assert!(!e.contains('\n'), "{e}");
