@@ -492,21 +492,15 @@ fn tensor_parallel_cpu_ranks_run_bench_and_score_as_one_rank() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("pp16") && table.contains("tg4"), "{table}");
     // A quantized KV cache over the ranks: each holds its heads' records.
-    let out = quiver(&[
-        "run",
-        "-m",
-        &m,
-        "--device",
-        "cpu",
-        "-tp",
-        "3",
-        "--kv-type",
-        "q8_0",
-        "-p",
-        "hi",
-        "-n",
-        "4",
-    ]);
+    let on3 = |cmd: &'static str, rest: &[&'static str]| {
+        let m: &str = &m;
+        let mut a = vec![cmd.to_string(), "-m".into(), m.into()];
+        a.extend(["--device", "cpu", "-tp", "3"].map(String::from));
+        a.extend(rest.iter().map(|s| s.to_string()));
+        a
+    };
+    let kv = on3("run", &["--kv-type", "q8_0", "-p", "hi", "-n", "4"]);
+    let out = quiver(&kv.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert_eq!(

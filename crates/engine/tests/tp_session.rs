@@ -17,11 +17,16 @@ fn model(tag: &str) -> Arc<GgufFile> {
         n_ff: 1024,
         ..quiver_synth::preset("tiny-llama").unwrap().clone()
     };
+    synth(&p, 11, tag)
+}
+
+/// `p`'s F32 file of random weights (`seed`), opened (the file itself removed).
+fn synth(p: &quiver_synth::Preset, seed: u64, tag: &str) -> Arc<GgufFile> {
     let dir = std::env::temp_dir().join(format!("quiver-tp-session-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{tag}.gguf"));
     let ft = quiver_synth::file_type("F32").unwrap();
-    quiver_synth::write(&p, ft, 11, &path, 1, |_, _| {}).unwrap();
+    quiver_synth::write(p, ft, seed, &path, 1, |_, _| {}).unwrap();
     let f = Arc::new(GgufFile::open(&path).unwrap());
     let _ = std::fs::remove_file(&path);
     f
@@ -148,21 +153,7 @@ fn ranks_verify_proposals_as_the_whole_model_does() {
 #[test]
 fn ranks_take_the_rope_factors_of_their_context() {
     // tiny-phi3: LongRoPE's long factors past an original context of 512.
-    let p = quiver_synth::preset("tiny-phi3").unwrap().clone();
-    let dir = std::env::temp_dir().join(format!("quiver-tp-session-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("phi3.gguf");
-    quiver_synth::write(
-        &p,
-        quiver_synth::file_type("F32").unwrap(),
-        5,
-        &path,
-        1,
-        |_, _| {},
-    )
-    .unwrap();
-    let f = Arc::new(GgufFile::open(&path).unwrap());
-    let _ = std::fs::remove_file(&path);
+    let f = synth(quiver_synth::preset("tiny-phi3").unwrap(), 5, "phi3");
     let prompt: Vec<u32> = vec![1, 17, 300, 42, 9, 505, 3, 77];
     let at = |n_ctx: usize| RunnerOptions { n_ctx, ..opts(8) };
     let mut long = ModelRunner::new(CpuBackend::new(1), &f, &at(1024)).unwrap();
