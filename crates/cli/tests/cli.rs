@@ -428,9 +428,9 @@ fn tensor_parallel_cpu_ranks_run_bench_and_score_as_one_rank() {
         )
     };
     let (plain, _) = spec(&[]);
-    let (looked, log) = spec(&["--spec", "ngram", "--spec-timing", "off"]);
+    let (looked, spec_log) = spec(&["--spec", "ngram", "--spec-timing", "off"]);
     assert_eq!(looked, plain);
-    assert!(log.contains("speculative decoding: "), "{log}");
+    assert!(spec_log.contains("speculative decoding: "), "{spec_log}");
     assert!(
         log.contains("as 3 tensor-parallel ranks of 1 thread"),
         "{log}"
