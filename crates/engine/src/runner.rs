@@ -247,15 +247,13 @@ impl<B: Backend> ModelRunner<B> {
         let nv = self.n_vocab();
         let first_wanted = want.first(tokens.len());
         self.logits.clear();
-        let mut done = 0;
-        while done < tokens.len() {
-            let (end, from) = single_step(
-                done,
-                tokens.len(),
-                first_wanted,
-                self.n_batch,
-                self.state.max_logits,
-            );
+        let steps = single_steps(
+            tokens.len(),
+            first_wanted,
+            self.n_batch,
+            self.state.max_logits,
+        );
+        for (done, end, from) in steps {
             self.forward_single(&tokens[done..end], start_pos + done, from - done)?;
             let rows = end.saturating_sub(from);
             if rows > 0 {
@@ -271,7 +269,6 @@ impl<B: Backend> ModelRunner<B> {
                     self.logits.extend_from_slice(&host[..rows * nv]);
                 }
             }
-            done = end;
         }
         Ok(&self.logits)
     }
@@ -338,16 +335,9 @@ impl<B: Backend> ModelRunner<B> {
         self.eagle_absorb(start_pos, rows)?;
         let how = Fetch::of(sampler.needs(), false);
         let picker = self.fetch(rows, how)?;
-        let mut h = history.to_vec();
-        picks.clear();
-        for j in 0..rows {
-            let t = picker.pick(j, sampler, &h, None, None).token;
-            picks.push(t);
-            if tokens.get(j + 1) != Some(&t) {
-                break;
-            }
-            h.push(t);
-        }
+        verify_picks(tokens, history, picks, |j, h| {
+            picker.pick(j, sampler, h, None, None).token
+        });
         // A recurrent state returns to the state after the accepted rows.
         self.last_verify = Some((start_pos, rows));
         self.rewind(start_pos + picks.len())
@@ -445,22 +435,50 @@ pub(crate) fn check_single(
     }
 }
 
-/// The step of a single-sequence evaluation of `len` tokens after `done` of them: its end and
-/// the first row whose logits it returns (rows from `first_wanted` on are wanted), at most
-/// `n_batch` tokens and `max_logits` wanted rows.
-pub(crate) fn single_step(
-    done: usize,
+/// The steps of a single-sequence evaluation of `len` tokens whose rows from `first_wanted` on
+/// are wanted: each `(done, end, from)`, tokens `done..end` with logits from row `from`, at
+/// most `n_batch` tokens and `max_logits` wanted rows a step.
+pub(crate) fn single_steps(
     len: usize,
     first_wanted: usize,
     n_batch: usize,
     max_logits: usize,
-) -> (usize, usize) {
-    let mut end = (done + n_batch).min(len);
-    let from = first_wanted.max(done);
-    if from < end && end - from > max_logits {
-        end = from + max_logits;
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        if done >= len {
+            return None;
+        }
+        let mut end = (done + n_batch).min(len);
+        let from = first_wanted.max(done);
+        if from < end && end - from > max_logits {
+            end = from + max_logits;
+        }
+        let step = (done, end, from);
+        done = end;
+        Some(step)
+    })
+}
+
+/// A verification's picks (`eval_verify`): row j's token by `pick(j, history so far)`, in
+/// order while it equals the next proposed token of `tokens`; `picks` gets the accepted
+/// proposals and the token after them.
+pub(crate) fn verify_picks(
+    tokens: &[u32],
+    history: &[u32],
+    picks: &mut Vec<u32>,
+    mut pick: impl FnMut(usize, &[u32]) -> u32,
+) {
+    let mut h = history.to_vec();
+    picks.clear();
+    for j in 0..tokens.len() {
+        let t = pick(j, &h);
+        picks.push(t);
+        if tokens.get(j + 1) != Some(&t) {
+            break;
+        }
+        h.push(t);
     }
-    (end, from)
 }
 
 pub trait Session {

@@ -305,37 +305,35 @@ impl SpecState {
     /// The proposal length this step may use (0: none) in a step of `n` decoding requests
     /// whose times `cost` holds, and counts down a pause.
     pub fn next_len(&mut self, draft_max: usize, n: usize, cost: &StepCost) -> usize {
-        if self.cooldown > 0 {
-            // The pause after misses is for rows that cost: where the step times show that a
-            // proposal pays even at this request's acceptance so far (on a GPU a step of a few
-            // rows costs what one row does), it proposes at once.
-            let len = self.len.clamp(1, draft_max.max(1));
-            let timed = cost.secs(n.max(1)).is_some() && cost.secs(n.max(1) + len).is_some();
-            let l = if timed {
-                worth(len, n, &self.acc, cost)
-            } else {
-                0
-            };
-            if l > 0 && draft_max > 0 {
-                self.cooldown = 0;
-                return l;
-            }
-            self.cooldown -= 1;
-            self.acc.age();
-            return 0;
-        }
         if self.len == 0 {
             self.len = START_LEN;
         }
         // Once the step times reach `draft_max` more rows, they choose the length (of
         // `draft_max`, half of it, …, by the tokens a second at this acceptance); before, the
         // acceptance's own length bounds it.
-        let timed = cost.secs(n.max(1)).is_some() && cost.secs(n.max(1) + draft_max).is_some();
+        let timed = cost.knows(n, draft_max);
         let len = if timed {
             draft_max
         } else {
             self.len.min(draft_max)
         };
+        if self.cooldown > 0 {
+            // The pause after misses is for rows that cost: where the step times show that a
+            // proposal pays even at this request's acceptance so far (on a GPU a step of a few
+            // rows costs what one row does), it proposes at once.
+            let l = if timed {
+                worth(len, n, &self.acc, cost)
+            } else {
+                0
+            };
+            if l == 0 {
+                self.cooldown -= 1;
+                self.acc.age();
+            } else {
+                self.cooldown = 0;
+            }
+            return l;
+        }
         let l = worth(len, n, &self.acc, cost);
         if l == 0 && len > 0 {
             self.cooldown = COST_PAUSE - 1;

@@ -59,6 +59,12 @@ impl StepCost {
         *c = c.saturating_add(1);
     }
 
+    /// Whether steps of `n` rows (at least 1) and of `extra` rows more are both timed.
+    pub fn knows(&self, n: usize, extra: usize) -> bool {
+        let n = n.max(1);
+        self.secs(n).is_some() && self.secs(n + extra).is_some()
+    }
+
     /// The time of a step of `rows` rows, once its bucket has been timed enough.
     pub fn secs(&self, rows: usize) -> Option<f64> {
         let b = bucket(rows);

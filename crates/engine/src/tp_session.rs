@@ -4,7 +4,7 @@
 //! batched bench and draft heads are refused (one line each).
 
 use crate::batched::BatchedResult;
-use crate::runner::{check_single, single_step, RunnerOptions, Session, Want};
+use crate::runner::{check_single, single_steps, verify_picks, RunnerOptions, Session, Want};
 use crate::sampler::Sampler;
 use crate::types::{EngineError, Result, BLOCK_SIZE};
 use quiver_backend::Batch;
@@ -74,15 +74,8 @@ impl Session for TpSession {
         check_single(tokens, start_pos, self.n_ctx, self.hp.n_vocab)?;
         let first_wanted = want.first(tokens.len());
         self.logits.clear();
-        let mut done = 0;
-        while done < tokens.len() {
-            let (end, from) = single_step(
-                done,
-                tokens.len(),
-                first_wanted,
-                self.n_batch,
-                self.max_logits,
-            );
+        let steps = single_steps(tokens.len(), first_wanted, self.n_batch, self.max_logits);
+        for (done, end, from) in steps {
             let rows: Vec<u32> = (from.saturating_sub(done)..end - done)
                 .map(|r| r as u32)
                 .collect();
@@ -95,7 +88,6 @@ impl Session for TpSession {
             );
             let logits = self.ranks.forward(&batch)?;
             self.logits.extend_from_slice(&logits);
-            done = end;
         }
         Ok(&self.logits)
     }
@@ -123,26 +115,19 @@ impl Session for TpSession {
         history: &[u32],
         picks: &mut Vec<u32>,
     ) -> Result<()> {
-        let rows = tokens.len();
-        if rows > self.max_verify() {
+        if tokens.len() > self.max_verify() {
             return Err(ModelError::BatchTooLarge {
-                got: rows,
+                got: tokens.len(),
                 max: self.max_verify(),
             }
             .into());
         }
         let nv = self.hp.n_vocab;
         self.eval(tokens, start_pos, Want::From(0))?;
-        let mut h = history.to_vec();
-        picks.clear();
-        for j in 0..rows {
-            let t = sampler.sample(&self.logits[j * nv..(j + 1) * nv], &h);
-            picks.push(t);
-            if tokens.get(j + 1) != Some(&t) {
-                break;
-            }
-            h.push(t);
-        }
+        let logits = &self.logits;
+        verify_picks(tokens, history, picks, |j, h| {
+            sampler.sample(&logits[j * nv..(j + 1) * nv], h)
+        });
         Ok(())
     }
     fn max_verify(&self) -> usize {
