@@ -52,89 +52,143 @@ __device__ __forceinline__ void q256_block(const float* v, long long b, int nsb,
     if (lane == 0) d256[b] = d;
 }
 
-extern "C" __global__ void rms_norm(float* __restrict__ residual, const float* __restrict__ x,
-                                    const float* __restrict__ w, float* __restrict__ out, int rows,
-                                    int cols, float eps, const float* __restrict__ gate, i8* __restrict__ q,
-                                    float* __restrict__ qd, int* __restrict__ qs, int qblock, int q8_1, int tn) { pdl_begin();
-    // grid (rows), block a multiple of 32 (≤ 1024): one block per row, every lane loading
-    // float4s, so that a row of 4096 is a few loads per thread, not a serial walk of one warp.
-    int r = blockIdx.x;
-    const float* xr = x + (long long)r * cols;
-    float* rr = residual ? residual + (long long)r * cols : 0;
-    float ss = 0.f;
-#pragma unroll 4
-    for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
-        float4 v = *(const float4*)(xr + c);
-        if (rr) {
-            float4 a = *(float4*)(rr + c);
-            v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
-            *(float4*)(rr + c) = v;
+// The norm's output y of a thread's 8 columns from c (v: the normed input, residual added),
+// stored, and with q its int8 copy (see rms_norm): a warp holds 256 consecutive columns, a lane
+// 8, lanes at or past cols idle.
+__device__ __forceinline__ void norm_group(float* v, const float4* g, float inv, int r, int c, int rows, int cols,
+                                           const float* __restrict__ gate, float* __restrict__ out,
+                                           i8* __restrict__ q, float* __restrict__ qd, int* __restrict__ qs,
+                                           int qblock, int q8_1, int tn) {
+    const int l = threadIdx.x & 31;
+    const long long at = (long long)r * cols + c;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c + 4 * h < cols) {
+            y = norm_out(make_float4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]), inv, g[h], gate, at + 4 * h);
+            *(float4*)(out + at + 4 * h) = y;
         }
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        v[4 * h] = y.x, v[4 * h + 1] = y.y, v[4 * h + 2] = y.z, v[4 * h + 3] = y.w;
     }
-    __shared__ float part[32];
-    ss = warp_sum(ss);
-    int w_ = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
-    if (l == 0) part[w_] = ss;
-    __syncthreads();  // also every lane's residual sums in, which the quantizing form reads across lanes
-    ss = l < nw ? part[l] : 0.f;
-    ss = warp_sum(ss);
-    float inv = rsqrtf(ss / cols + eps);
-    const float* src = rr ? rr : xr;
-    float* o = out + (long long)r * cols;
+    if (!q) return;
+    const bool live = c < cols;
+    if (qblock == 32) {
+        // quantize_a32's block of 32: four lanes.
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        int s = 0;
+        u32 packed[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int qi = f2i_rn(v[i] * id);
+            s += qi;
+            packed[i >> 2] |= ((u32)(qi & 255)) << (8 * (i & 3));
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (live) *(uint2*)(q + at) = make_uint2(packed[0], packed[1]);
+        if (live && (l & 3) == 0) {
+            const long long b = at / 32;
+            const float d16 = h2f(f2h(d));
+            qd[2 * b] = d16;
+            qd[2 * b + 1] = q8_1 ? h2f(f2h(d * (float)s)) : d16 * (float)s;
+        }
+    } else {
+        // quantize_a256's block: the warp.
+        const int nsb = cols / 256;
+        q256_block(v, (long long)r * nsb + (c - 8 * l) / 256, nsb, (long long)rows * nsb, tn, l, q, qd, qs);
+    }
+}
+
+// Columns a thread of rms_norm keeps in registers: NORM_PASSES groups of 8, one group a pass of
+// the block over the row (a row of up to NORM_PASSES · 8 · blockDim columns is read once).
+#define NORM_PASSES 1
+extern "C" __global__ void __launch_bounds__(512)
+    rms_norm(float* __restrict__ residual, const float* __restrict__ x, const float* __restrict__ w,
+             float* __restrict__ out, int rows, int cols, float eps, const float* __restrict__ gate,
+             i8* __restrict__ q, float* __restrict__ qd, int* __restrict__ qs, int qblock, int q8_1, int tn) {
+    // grid (rows), block a multiple of 32 (≤ 512, norm_threads): one block per row, thread t
+    // owning columns p·8·blockDim + 8t .. + 8 of each pass p, so that a warp's columns of a pass
+    // are one block of 256 (the int8 copy's) and the sum's order is a function of cols alone.
+    const int r = blockIdx.x, tid = threadIdx.x, step = blockDim.x * 8;
     const float4 one = make_float4(1.f, 1.f, 1.f, 1.f);
-    if (!q) {
-        for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
-            const float4 g = w ? *(const float4*)(w + c) : one;
-            *(float4*)(o + c) = norm_out(*(const float4*)(src + c), inv, g, gate, (long long)r * cols + c);
-        }
-        return;
-    }
-    for (int c0 = w_ * 256; c0 < cols; c0 += nw * 256) {
-        const int c = c0 + l * 8;
-        const bool live = c < cols;
-        float v[8];
+    // The weights before the wait: no kernel writes them.
+    float4 g[NORM_PASSES][2];
+#pragma unroll
+    for (int p = 0; p < NORM_PASSES; p++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (live) {
-                const float4 g = w ? *(const float4*)(w + c + 4 * h) : one;
-                y = norm_out(*(const float4*)(src + c + 4 * h), inv, g, gate, (long long)r * cols + c + 4 * h);
-                *(float4*)(o + c + 4 * h) = y;
-            }
-            v[4 * h] = y.x, v[4 * h + 1] = y.y, v[4 * h + 2] = y.z, v[4 * h + 3] = y.w;
+            const int c = p * step + tid * 8 + 4 * h;
+            g[p][h] = w && c < cols ? *(const float4*)(w + c) : one;
         }
-        if (qblock == 32) {
-            // quantize_a32's block of 32: four lanes.
-            float amax = 0.f;
+    pdl_begin();
+    const long long base = (long long)r * cols;
+    const float* xr = x + base;
+    float* rr = residual ? residual + base : 0;
+    float v[NORM_PASSES][8];
+    float ss = 0.f;
+    // x (+ residual, written back) of the thread's columns: the first NORM_PASSES passes kept,
+    // a wider row's later columns read again below (by the thread that wrote them).
 #pragma unroll
-            for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-            const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-            int s = 0;
-            u32 packed[2] = {0, 0};
+    for (int p = 0; p < NORM_PASSES; p++)
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int qi = f2i_rn(v[i] * id);
-                s += qi;
-                packed[i >> 2] |= ((u32)(qi & 255)) << (8 * (i & 3));
+        for (int h = 0; h < 2; h++) {
+            const int c = p * step + tid * 8 + 4 * h;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (c < cols) {
+                a = *(const float4*)(xr + c);
+                if (rr) {
+                    const float4 b = *(const float4*)(rr + c);
+                    a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+                    *(float4*)(rr + c) = a;
+                }
             }
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
-            const long long at = (long long)r * cols + c;
-            if (live) *(uint2*)(q + at) = make_uint2(packed[0], packed[1]);
-            if (live && (l & 3) == 0) {
-                const long long b = at / 32;
-                const float d16 = h2f(f2h(d));
-                qd[2 * b] = d16;
-                qd[2 * b + 1] = q8_1 ? h2f(f2h(d * (float)s)) : d16 * (float)s;
-            }
-        } else {
-            // quantize_a256's block: the warp.
-            const int nsb = cols / 256;
-            q256_block(v, (long long)r * nsb + c0 / 256, nsb, (long long)rows * nsb, tn, l, q, qd, qs);
+            v[p][4 * h] = a.x, v[p][4 * h + 1] = a.y, v[p][4 * h + 2] = a.z, v[p][4 * h + 3] = a.w;
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
         }
+    for (int c = NORM_PASSES * step + tid * 8; c < cols; c += step)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (c + 4 * h >= cols) continue;
+            float4 a = *(const float4*)(xr + c + 4 * h);
+            if (rr) {
+                const float4 b = *(const float4*)(rr + c + 4 * h);
+                a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+                *(float4*)(rr + c + 4 * h) = a;
+            }
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+    __shared__ float part[32];
+    ss = warp_sum(ss);
+    const int wi = tid / 32, l = tid % 32, nw = blockDim.x / 32;
+    if (l == 0) part[wi] = ss;
+    __syncthreads();
+    ss = l < nw ? part[l] : 0.f;
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss / cols + eps);
+#pragma unroll
+    for (int p = 0; p < NORM_PASSES; p++) {
+        // Whole warps past the row idle (their 256 columns are none of it).
+        if (p * step + wi * 256 < cols)
+            norm_group(v[p], g[p], inv, r, p * step + tid * 8, rows, cols, gate, out, q, qd, qs, qblock, q8_1, tn);
+    }
+    const float* src = rr ? rr : xr;
+    for (int c0 = NORM_PASSES * step + wi * 256; c0 < cols; c0 += step) {
+        const int c = c0 + l * 8;
+        float u[8];
+        float4 gw[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const bool in = c + 4 * h < cols;
+            const float4 a = in ? *(const float4*)(src + c + 4 * h) : make_float4(0.f, 0.f, 0.f, 0.f);
+            gw[h] = w && in ? *(const float4*)(w + c + 4 * h) : one;
+            u[4 * h] = a.x, u[4 * h + 1] = a.y, u[4 * h + 2] = a.z, u[4 * h + 3] = a.w;
+        }
+        norm_group(u, gw, inv, r, c, rows, cols, gate, out, q, qd, qs, qblock, q8_1, tn);
     }
 }
 

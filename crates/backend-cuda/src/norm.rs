@@ -240,10 +240,10 @@ impl CudaBackend {
     }
 }
 
-/// Threads of the one block per row of the norm kernel: one float4 per thread up to 256
-/// threads (a row of 4096 is four loads per thread).
+/// Threads of the one block per row of the norm kernel: 8 columns a thread in passes of up to
+/// 512 threads (ops.cu `rms_norm`: a row of 4,096 in one pass, read once).
 pub(crate) fn norm_threads(cols: usize) -> u32 {
-    (cols / 4).div_ceil(32).clamp(1, 8) as u32 * 32
+    cols.div_ceil(256).clamp(1, 16) as u32 * 32
 }
 
 #[cfg(test)]
@@ -251,11 +251,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn norm_blocks_take_one_float4_per_thread_up_to_256_threads() {
-        assert_eq!(norm_threads(4096), 256);
-        assert_eq!(norm_threads(640), 160);
-        assert_eq!(norm_threads(256), 64);
-        assert_eq!(norm_threads(64), 32);
+    fn norm_blocks_take_8_columns_a_thread_up_to_512_threads() {
+        assert_eq!(norm_threads(4096), 512);
+        assert_eq!(norm_threads(8192), 512);
+        assert_eq!(norm_threads(640), 96);
+        assert_eq!(norm_threads(576), 96);
+        assert_eq!(norm_threads(256), 32);
         assert_eq!(norm_threads(4), 32);
     }
 }
