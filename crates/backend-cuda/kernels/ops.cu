@@ -107,25 +107,33 @@ __device__ __forceinline__ void norm_group(float* v, const float4* g, float inv,
 // Columns a thread of rms_norm keeps in registers: NORM_PASSES groups of 8, one group a pass of
 // the block over the row (a row of up to NORM_PASSES · 8 · blockDim columns is read once).
 #define NORM_PASSES 1
-extern "C" __global__ void __launch_bounds__(512)
-    rms_norm(float* __restrict__ residual, const float* __restrict__ x, const float* __restrict__ w,
-             float* __restrict__ out, int rows, int cols, float eps, const float* __restrict__ gate,
-             i8* __restrict__ q, float* __restrict__ qd, int* __restrict__ qs, int qblock, int q8_1, int tn) {
-    // grid (rows), block a multiple of 32 (≤ 512, norm_threads): one block per row, thread t
-    // owning columns p·8·blockDim + 8t .. + 8 of each pass p, so that a warp's columns of a pass
-    // are one block of 256 (the int8 copy's) and the sum's order is a function of cols alone.
-    const int r = blockIdx.x, tid = threadIdx.x, step = blockDim.x * 8;
-    const float4 one = make_float4(1.f, 1.f, 1.f, 1.f);
-    // The weights before the wait: no kernel writes them.
+// A thread's norm weights (w null: ones) of its NORM_PASSES groups, loaded before rms_norm
+// waits for the previous kernel (no kernel writes weights); then the wait.
+struct NormW {
     float4 g[NORM_PASSES][2];
+};
+__device__ __forceinline__ NormW norm_begin(const float* __restrict__ w, int cols) {
+    NormW n;
 #pragma unroll
     for (int p = 0; p < NORM_PASSES; p++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int c = p * step + tid * 8 + 4 * h;
-            g[p][h] = w && c < cols ? *(const float4*)(w + c) : one;
+            const int c = p * blockDim.x * 8 + threadIdx.x * 8 + 4 * h;
+            n.g[p][h] = w && c < cols ? *(const float4*)(w + c) : make_float4(1.f, 1.f, 1.f, 1.f);
         }
     pdl_begin();
+    return n;
+}
+// grid (rows), block a multiple of 32 (≤ 512, norm_threads): one block per row, thread t owning
+// columns p·8·blockDim + 8t .. + 8 of each pass p, so that a warp's columns of a pass are one
+// block of 256 (the int8 copy's) and the sum's order is a function of cols alone.
+extern "C" __global__ void __launch_bounds__(512)
+    rms_norm(float* __restrict__ residual, const float* __restrict__ x, const float* __restrict__ w,
+             float* __restrict__ out, int rows, int cols, float eps, const float* __restrict__ gate,
+             i8* __restrict__ q, float* __restrict__ qd, int* __restrict__ qs, int qblock, int q8_1, int tn) {
+    const NormW g = norm_begin(w, cols);
+    const int r = blockIdx.x, tid = threadIdx.x, step = blockDim.x * 8;
+    const float4 one = make_float4(1.f, 1.f, 1.f, 1.f);
     const long long base = (long long)r * cols;
     const float* xr = x + base;
     float* rr = residual ? residual + base : 0;
@@ -174,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(512)
     for (int p = 0; p < NORM_PASSES; p++) {
         // Whole warps past the row idle (their 256 columns are none of it).
         if (p * step + wi * 256 < cols)
-            norm_group(v[p], g[p], inv, r, p * step + tid * 8, rows, cols, gate, out, q, qd, qs, qblock, q8_1, tn);
+            norm_group(v[p], g.g[p], inv, r, p * step + tid * 8, rows, cols, gate, out, q, qd, qs, qblock, q8_1, tn);
     }
     const float* src = rr ? rr : xr;
     for (int c0 = NORM_PASSES * step + wi * 256; c0 < cols; c0 += step) {

@@ -69,13 +69,15 @@ fn every_kernel_begins_by_waiting_for_the_previous_one() {
             let first = src[body + 1..].trim_start();
             // The matrix-vector kernels may prefetch their weight rows first (mmv.cu
             // MMV_BEGIN, common.cuh `pdl_begin_prefetch`: weights are never written, so
-            // that read may precede the wait); imm on wgmma (imm.cu `immw_impl`) sends its
-            // first stages' weight copies before its pdl_begin, and touches nothing else.
+            // that read may precede the wait), the norm may load its weights first (ops.cu
+            // `norm_begin`), and imm on wgmma (imm.cu `immw_impl`) sends its first stages'
+            // weight copies before its pdl_begin; none touches anything else before the wait.
             assert!(
                 [
                     "pdl_begin();",
                     "MMV_BEGIN(PF)",
                     "GLU_BEGIN(PF)",
+                    "const NormW g = norm_begin(",
                     "immw_impl<"
                 ]
                 .iter()
