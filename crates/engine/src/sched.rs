@@ -420,8 +420,9 @@ impl Scheduler {
         self.spec_counts
     }
 
-    /// The last scheduled step took `secs` from its planning to its tokens.
+    /// The last scheduled step took `secs` from its planning to its tokens (debug log).
     pub fn note_step(&mut self, secs: f64) {
+        tracing::debug!(rows = self.out.n_tokens(), ms = secs * 1e3, "step");
         if self.cfg.spec.timed {
             self.cost.record(self.out.n_tokens(), secs);
         }

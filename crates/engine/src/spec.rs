@@ -347,6 +347,7 @@ impl SpecState {
         if proposed == 0 {
             return;
         }
+        tracing::debug!(proposed, accepted, "proposal verified");
         self.acc.record(proposed, accepted);
         if accepted == 0 {
             self.misses += 1;

@@ -12,12 +12,14 @@
 /// Steps of at most this many rows are timed each by its count; larger ones by powers of two.
 const EXACT: usize = 64;
 const BUCKETS: usize = EXACT + 11;
-/// A bucket's time is used once this many steps have been timed in it (the first steps of a
-/// shape are slow: kernels loaded, CUDA graphs captured).
+/// A bucket's time is used once this many steps have been timed in it.
 const SEEN: u32 = 3;
-
-/// Step times by rows: a time follows a faster step at once (halfway) and a slower one slowly,
-/// so that a step delayed by something else (a page fault, another process) moves it little.
+/// Step times by rows: the first step of a bucket is counted but its time not kept (the first
+/// step of a shape may load kernels and capture its CUDA graph, many times a step's time; kept,
+/// it would make proposals of that length look too costly to try again, and so to be timed
+/// again); after it a time follows a faster step at once (halfway) and a slower one slowly, so
+/// that a step delayed by something else (a page fault, another process) moves it little. The
+/// serving engine keeps them over its requests (`Scheduler::note_step`).
 #[derive(Clone, Debug)]
 pub struct StepCost {
     secs: [f64; BUCKETS],
@@ -52,7 +54,8 @@ impl StepCost {
         let b = bucket(rows);
         let (t, c) = (&mut self.secs[b], &mut self.count[b]);
         *t = match *c {
-            0 => secs,
+            0 => 0.0,
+            1 => secs,
             _ if secs < *t => *t + 0.5 * (secs - *t),
             _ => *t + 0.1 * (secs - *t),
         };
@@ -162,7 +165,8 @@ mod tests {
     #[test]
     fn step_times_are_known_after_a_few_steps_and_follow_faster_ones() {
         let mut c = StepCost::default();
-        c.record(5, 1.0);
+        // The first step of a shape (its graph captured) is not taken: the next one is.
+        c.record(5, 100.0);
         c.record(5, 1.0);
         assert_eq!(c.secs(5), None);
         c.record(5, 1.0);
