@@ -518,7 +518,7 @@ mod tests {
     fn timed(t: impl Fn(usize) -> f64) -> StepCost {
         let mut c = StepCost::default();
         for rows in 1..=40 {
-            for _ in 0..3 {
+            for _ in 0..crate::spec_cost::SEEN {
                 c.record(rows, t(rows));
             }
         }

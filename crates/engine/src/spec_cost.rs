@@ -12,14 +12,17 @@
 /// Steps of at most this many rows are timed each by its count; larger ones by powers of two.
 const EXACT: usize = 64;
 const BUCKETS: usize = EXACT + 11;
+/// Steps of a bucket counted but not timed: the first run of a step's shape is eager (it
+/// teaches the backend its forms) and the second captures its CUDA graph, each a few times a
+/// step's time (an H100, SmolLM2: 4–6 ms where the shape then takes 1.0–1.4).
+const WARM: u32 = 2;
 /// A bucket's time is used once this many steps have been timed in it.
-const SEEN: u32 = 3;
-/// Step times by rows: the first step of a bucket is counted but its time not kept (the first
-/// step of a shape may load kernels and capture its CUDA graph, many times a step's time; kept,
-/// it would make proposals of that length look too costly to try again, and so to be timed
-/// again); after it a time follows a faster step at once (halfway) and a slower one slowly, so
-/// that a step delayed by something else (a page fault, another process) moves it little. The
-/// serving engine keeps them over its requests (`Scheduler::note_step`).
+pub(crate) const SEEN: u32 = WARM + 2;
+/// Step times by rows, after a bucket's `WARM` steps: a time takes a faster step at once and
+/// follows a slower one a tenth of the way, so that a step delayed by something else (a page
+/// fault, another process) moves it little, and a length that once looked too costly is not
+/// kept from proposing (and so from being timed again) by a slow step. The serving engine keeps
+/// them over its requests (`Scheduler::note_step`).
 #[derive(Clone, Debug)]
 pub struct StepCost {
     secs: [f64; BUCKETS],
@@ -54,9 +57,8 @@ impl StepCost {
         let b = bucket(rows);
         let (t, c) = (&mut self.secs[b], &mut self.count[b]);
         *t = match *c {
-            0 => 0.0,
-            1 => secs,
-            _ if secs < *t => *t + 0.5 * (secs - *t),
+            c if c < WARM => 0.0,
+            c if c == WARM || secs < *t => secs,
             _ => *t + 0.1 * (secs - *t),
         };
         *c = c.saturating_add(1);
@@ -165,17 +167,18 @@ mod tests {
     #[test]
     fn step_times_are_known_after_a_few_steps_and_follow_faster_ones() {
         let mut c = StepCost::default();
-        // The first step of a shape (its graph captured) is not taken: the next one is.
+        // The first two steps of a shape (eager, then its graph captured) are not taken.
         c.record(5, 100.0);
+        c.record(5, 50.0);
         c.record(5, 1.0);
         assert_eq!(c.secs(5), None);
         c.record(5, 1.0);
         assert_eq!(c.secs(5), Some(1.0));
-        // A slow step moves the time a tenth of the way, a fast one half.
+        // A slow step moves the time a tenth of the way, a fast one all of it.
         c.record(5, 2.0);
         assert!((c.secs(5).unwrap() - 1.1).abs() < 1e-12);
         c.record(5, 0.1);
-        assert!((c.secs(5).unwrap() - 0.6).abs() < 1e-12);
+        assert_eq!(c.secs(5), Some(0.1));
         // Buckets: exact to 64 rows, then powers of two; nothing of zero rows.
         assert_eq!(
             (bucket(64), bucket(65), bucket(128), bucket(129)),
