@@ -277,8 +277,8 @@ pub fn accepted_prefix(proposed: &[u32], picked: &[u32]) -> usize {
 /// acceptance (doubling after a step that accepted everything, down to one past the accepted
 /// count otherwise), and after steps that accepted nothing it stops proposing for a while (1, 2,
 /// 4, … up to 32 steps) unless the step times say a proposal still pays. The engine's step
-/// times cut the length to the one of the most tokens per second ([`crate::spec_cost::worth`]),
-/// and once they reach `--draft-max` more rows they choose it among `--draft-max` and its
+/// times choose the length of the most tokens per second ([`crate::spec_cost::worth`]) among the
+/// longest timed one of `--draft-max` and its halves (or the acceptance's, if longer) and its
 /// halves; where none pays, it pauses [`COST_PAUSE`] steps. (`examples/spec_sim.rs` replays the
 /// policy on a greedy output: on a GPU-like step cost it took `typos` from 1.78× to 2.00× of
 /// plain decode and `code_rename` from 5.00× to 5.85×.)
@@ -308,15 +308,15 @@ impl SpecState {
         if self.len == 0 {
             self.len = START_LEN;
         }
-        // Once the step times reach `draft_max` more rows, they choose the length (of
-        // `draft_max`, half of it, …, by the tokens a second at this acceptance); before, the
-        // acceptance's own length bounds it.
-        let timed = cost.knows(n, draft_max);
-        let len = if timed {
-            draft_max
-        } else {
-            self.len.min(draft_max)
-        };
+        // The step times choose the length (of the longest timed one among `draft_max` and
+        // its halves, half of it, …, by the tokens a second at this acceptance); lengths
+        // longer than every timed one are the acceptance's to reach.
+        let top = (0..usize::BITS)
+            .map(|k| draft_max >> k)
+            .find(|&l| l == 0 || cost.knows(n, l))
+            .unwrap_or(0);
+        let len = top.max(self.len.min(draft_max));
+        let timed = top > 0;
         if self.cooldown > 0 {
             // The pause after misses is for rows that cost: where the step times show that a
             // proposal pays even at this request's acceptance so far (on a GPU a step of a few
