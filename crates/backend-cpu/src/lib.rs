@@ -363,28 +363,7 @@ impl Backend for CpuBackend {
             rope,
         );
         self.finish_q(n, q, a);
-        use half::slice::HalfFloatSliceExt;
-        for t in 0..n {
-            let slot = b.slots[t] as usize;
-            check("rope_kv_write", slot < kv.n_slots, || {
-                format!("slot {slot} ≥ {}", kv.n_slots)
-            })?;
-            let (kt, vt) = (&k[t * kv_dim..][..kv_dim], &v[t * kv_dim..][..kv_dim]);
-            if kv.packed() {
-                let hd = kv.head_dim;
-                for (src, ty, dst) in [(kt, kv.types.k, &mut kv.kb), (vt, kv.types.v, &mut kv.vb)] {
-                    let hb = ty.head_bytes(hd);
-                    let row = &mut dst[slot * kv.n_head_kv * hb..][..kv.n_head_kv * hb];
-                    for (x, rec) in src.chunks_exact(hd).zip(row.chunks_exact_mut(hb)) {
-                        quiver_backend::kvcodec::encode_head(ty, x, rec);
-                    }
-                }
-            } else {
-                kv.k[slot * kv_dim..][..kv_dim].convert_from_f32_slice(kt);
-                kv.v[slot * kv_dim..][..kv_dim].convert_from_f32_slice(vt);
-            }
-        }
-        Ok(())
+        kv.write(&b.slots, &k[..n * kv_dim], &v[..n * kv_dim])
     }
 
     fn attention(
@@ -410,17 +389,18 @@ impl Backend for CpuBackend {
             format!("head_dim {} > {}", a.head_dim, attn::MAX_HEAD_DIM)
         })?;
         if kv.packed() {
-            let rows = |ty, bytes| quiver_backend::kvcodec::KvRows {
+            let rows = |ty, bytes, exact| quiver_backend::kvcodec::KvRows {
                 ty,
                 bytes,
                 n_head_kv: kv.n_head_kv,
                 head_dim: kv.head_dim,
+                exact,
             };
             attn::attention_packed(
                 self.mm.pool(),
                 &q[..n],
-                rows(kv.types.k, &kv.kb),
-                rows(kv.types.v, &kv.vb),
+                rows(kv.types.k, &kv.kb, kv.exact.as_ref()),
+                rows(kv.types.v, &kv.vb, None),
                 step.batch,
                 a,
                 &mut out[..n],

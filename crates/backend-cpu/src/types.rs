@@ -41,6 +41,8 @@ pub struct CpuKv {
     pub head_dim: usize,
     pub kv_dim: usize,
     pub n_slots: usize,
+    /// tq4 keys: the exact keys of the blocks written lately (`kblock::ExactKeys`).
+    pub exact: Option<quiver_backend::kblock::ExactKeys>,
 }
 
 impl CpuKv {
@@ -64,13 +66,16 @@ impl CpuKv {
             head_dim: l.head_dim,
             kv_dim: l.dim(),
             n_slots,
+            exact: None,
         };
         if kv.packed() {
-            let bytes = |t: quiver_backend::KvType| {
-                vec![0u8; n_slots * t.row_bytes(l.n_head_kv, l.head_dim) as usize]
-            };
-            kv.kb = bytes(spec.k);
-            kv.vb = bytes(spec.v);
+            let bytes = |n: u64| vec![0u8; n_slots * n as usize];
+            kv.kb = bytes(spec.k.key_row_bytes(l.n_head_kv, l.head_dim));
+            kv.vb = bytes(spec.v.row_bytes(l.n_head_kv, l.head_dim));
+            if spec.k.key_blocks() {
+                let keep = quiver_backend::kblock::ExactKeys::keep_for(n_slots / spec.block_size);
+                kv.exact = Some(quiver_backend::kblock::ExactKeys::new(l.dim(), keep));
+            }
         } else {
             kv.k = vec![half::f16::ZERO; n_slots * l.dim()];
             kv.v = vec![half::f16::ZERO; n_slots * l.dim()];
@@ -81,6 +86,41 @@ impl CpuKv {
     /// Whether the cache is held as records (not the f16 vectors).
     pub(crate) fn packed(&self) -> bool {
         self.types != quiver_backend::KvTypes::default()
+    }
+
+    /// Keys `k` and values `v` of the step's rows (`kv_dim` each, k after rope) at `slots`.
+    pub(crate) fn write(&mut self, slots: &[u32], k: &[f32], v: &[f32]) -> Result<()> {
+        use half::slice::HalfFloatSliceExt;
+        if let Some(&slot) = slots.iter().find(|&&s| s as usize >= self.n_slots) {
+            return Err(BackendError::Shape {
+                op: "rope_kv_write",
+                detail: format!("slot {slot} ≥ {}", self.n_slots),
+            });
+        }
+        let (kd, hd, nkv) = (self.kv_dim, self.head_dim, self.n_head_kv);
+        if let Some(x) = self.exact.as_mut() {
+            // tq4 keys: by blocks (each touched block's record encoded again).
+            x.write(slots, k, &mut self.kb, nkv, hd);
+        }
+        for (t, &slot) in slots.iter().enumerate() {
+            let slot = slot as usize;
+            let (kt, vt) = (&k[t * kd..][..kd], &v[t * kd..][..kd]);
+            if !self.packed() {
+                self.k[slot * kd..][..kd].convert_from_f32_slice(kt);
+                self.v[slot * kd..][..kd].convert_from_f32_slice(vt);
+                continue;
+            }
+            // (tq4 keys were written by blocks above.)
+            let keys = (self.exact.is_none()).then_some((kt, self.types.k, &mut self.kb));
+            for (src, ty, dst) in keys.into_iter().chain([(vt, self.types.v, &mut self.vb)]) {
+                let hb = ty.head_bytes(hd);
+                let row = &mut dst[slot * nkv * hb..][..nkv * hb];
+                for (x, rec) in src.chunks_exact(hd).zip(row.chunks_exact_mut(hb)) {
+                    quiver_backend::kvcodec::encode_head(ty, x, rec);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

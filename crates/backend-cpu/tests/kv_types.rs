@@ -42,6 +42,30 @@ fn a_head_dim_a_type_cannot_store_is_refused() {
 }
 
 #[test]
+fn tq4_keys_need_blocks_of_16_slots() {
+    let be = CpuBackend::new(1);
+    let spec = KvSpec {
+        k: KvType::Tq4,
+        v: KvType::F16,
+        block_size: 32,
+        n_slots: 64,
+        layers: vec![KvLayer {
+            n_head_kv: 2,
+            head_dim: 64,
+        }],
+    };
+    let e = be.kv(&spec, 0).err().expect("refused").to_string();
+    assert_eq!(e, "kv: tq4 keys need KV blocks of 16 slots, not 32");
+    // As values tq4 takes any block size.
+    let spec = KvSpec {
+        k: KvType::F16,
+        v: KvType::Tq4,
+        ..spec
+    };
+    assert!(be.kv(&spec, 0).is_ok());
+}
+
+#[test]
 fn prompts_over_every_kv_type_at_depth() {
     let mut be = common::backend(quiver_backend_cpu::Numerics::BatchInvariant);
     let mut rng = Rng(0x5eed_4b57);

@@ -79,6 +79,16 @@ pub(crate) fn check_head_dims(ws: &WorkspaceSpec) -> Result<()> {
 pub(crate) fn make_kv(be: &CudaBackend, spec: &KvSpec, layer: usize) -> Result<CudaKv> {
     spec.check()
         .map_err(|detail| BackendError::Shape { op: "kv", detail })?;
+    if spec.k.key_blocks() {
+        // tq4 keys are per-block records with exact keys kept aside (quiver_backend::kblock):
+        // their kernels are not written yet (docs/TURBOQUANT.md, "tq4 keys").
+        return Err(BackendError::Shape {
+            op: "kv",
+            detail: "the cuda backend has no tq4 keys yet (per-block records); tq8 keys with \
+                     tq4 values (--kv-type-k tq8 --kv-type-v tq4) are within the same bound"
+                .into(),
+        });
+    }
     let types = quiver_backend::KvTypes {
         k: spec.k,
         v: spec.v,

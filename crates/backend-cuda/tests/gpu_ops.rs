@@ -835,7 +835,7 @@ fn every_kv_type_attends_within_its_codecs_error() {
             attention_splits,
             ..CudaConfig::from_env(Numerics::BatchInvariant)
         });
-        for pair in kv_types::all_pairs() {
+        for pair in cuda_pairs() {
             let what = format!("splits {attention_splits:?}");
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 kv_types::kv_types(&mut be, &Cuda, &[pair], &mut rng)
@@ -847,6 +847,34 @@ fn every_kv_type_attends_within_its_codecs_error() {
         }
     }
     assert!(failed.is_empty(), "{failed:#?}");
+}
+
+/// The pairs of `kv_types::all_pairs` the CUDA backend has kernels for: all but tq4 keys
+/// (per-block records, `quiver_backend::kblock`), which it refuses (`tq4_keys_are_refused`).
+fn cuda_pairs() -> Vec<quiver_backend::KvTypes> {
+    kv_types::all_pairs()
+        .into_iter()
+        .filter(|p| !p.k.key_blocks())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tq4_keys_are_refused() {
+    use quiver_backend::{KvLayer, KvSpec, KvType};
+    let be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
+    let spec = KvSpec {
+        k: KvType::Tq4,
+        v: KvType::Tq4,
+        block_size: quiver_backend::KV_BLOCK_SIZE,
+        n_slots: 32,
+        layers: vec![KvLayer {
+            n_head_kv: 2,
+            head_dim: 64,
+        }],
+    };
+    let e = be.kv(&spec, 0).err().expect("tq4 keys refused").to_string();
+    assert!(e.contains("no tq4 keys") && !e.contains('\n'), "{e}");
 }
 
 #[test]
@@ -873,7 +901,11 @@ fn kv_records_are_the_cpu_encoders_bytes() {
             softcap: None,
         };
         let (kh, vh) = (rng.scaled(n * nkv * hd, 4.0), rng.vec(n * nkv * hd));
-        for ty in KvType::ALL.into_iter().filter(|&t| t != KvType::F16) {
+        // tq4 keys: no CUDA kernels yet (`cuda_pairs`).
+        for ty in KvType::ALL
+            .into_iter()
+            .filter(|&t| t != KvType::F16 && !t.key_blocks())
+        {
             let spec = KvSpec {
                 k: ty,
                 v: KvType::Tq4,
@@ -924,7 +956,7 @@ fn prompts_over_every_kv_type_at_depth() {
     let mut be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
     let mut failed = Vec::new();
     for len in [300usize, 4500] {
-        for pair in kv_types::all_pairs() {
+        for pair in cuda_pairs() {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 kv_types::prompt_at_depth(&mut be, &Cuda, &[pair], len, &mut rng)
             }));

@@ -14,7 +14,8 @@ pub enum KvType {
     Q8_0,
     /// TurboQuant, 8 bits (docs/TURBOQUANT.md).
     Tq8,
-    /// TurboQuant, 4 bits.
+    /// TurboQuant, 4 bits; as keys, 4-bit codes between each channel's minimum and maximum
+    /// over a 16-slot block (`crate::kblock`).
     Tq4,
 }
 
@@ -73,12 +74,19 @@ pub struct KvSpec {
 }
 
 impl KvSpec {
-    /// Bytes one position takes over every layer, K and V.
+    /// Bytes one position takes over every layer, K and V (tq4 keys: with their share of the
+    /// exact keys kept of one block in 16, `crate::kblock::ExactKeys`).
     pub fn bytes_per_token(&self) -> u64 {
         self.layers
             .iter()
             .map(|l| {
-                self.k.row_bytes(l.n_head_kv, l.head_dim)
+                let exact = if self.k.key_blocks() {
+                    (l.dim() / 8) as u64
+                } else {
+                    0
+                };
+                self.k.key_row_bytes(l.n_head_kv, l.head_dim)
+                    + exact
                     + self.v.row_bytes(l.n_head_kv, l.head_dim)
             })
             .sum()
@@ -91,6 +99,13 @@ impl KvSpec {
 
     /// Whether both types can store every layer's heads; else which layer cannot, and why.
     pub fn check(&self) -> std::result::Result<(), String> {
+        if self.k.key_blocks() && self.block_size != crate::kblock::SLOTS {
+            return Err(format!(
+                "tq4 keys need KV blocks of {} slots, not {}",
+                crate::kblock::SLOTS,
+                self.block_size
+            ));
+        }
         for (i, l) in self.layers.iter().enumerate() {
             for t in [self.k, self.v] {
                 t.check(l.head_dim)

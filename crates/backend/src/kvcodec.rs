@@ -11,12 +11,18 @@
 //!
 //! TurboQuant rows hold the *rotated* vector: attention scores a rotated q against them and
 //! accumulates values in the rotated domain, un-rotating the output once ([`attend`]).
+//!
+//! tq4 *keys* are the exception: not rows but one record per (KV block, KV head), 4-bit codes
+//! between each channel's minimum and maximum over the block, no rotation ([`crate::kblock`]);
+//! a K cache of type tq4 is laid out by blocks ([`KvType::key_row_bytes`] a slot on average).
 
+use crate::kblock::{self, ExactKeys};
 use crate::turboquant::{self, Tq};
 
 /// The version of the record layouts and codebooks: part of what identifies a cached block
 /// (the prefix cache's hash seed), so that a block is never read under another codec.
-pub const LAYOUT_VERSION: u32 = 1;
+/// 2: tq4 keys are per-block min/max records ([`crate::kblock`]).
+pub const LAYOUT_VERSION: u32 = 2;
 use crate::{AttnParams, Batch, KvType, KvTypes};
 
 impl KvType {
@@ -89,29 +95,34 @@ impl KvType {
         }
     }
 
-    /// Bytes one position of a layer with `n_head_kv` heads of `head_dim` takes.
+    /// Bytes one position of a layer with `n_head_kv` heads of `head_dim` takes (as V, or as
+    /// K of any type but tq4: [`KvType::key_row_bytes`]).
     pub fn row_bytes(self, n_head_kv: usize, head_dim: usize) -> u64 {
         (n_head_kv * self.head_bytes(head_dim)) as u64
+    }
+
+    /// Whether keys of this type are per-block records ([`crate::kblock`]): tq4.
+    pub fn key_blocks(self) -> bool {
+        self == KvType::Tq4
+    }
+
+    /// Bytes one position of a K cache of this type takes: [`KvType::row_bytes`], except tq4
+    /// keys, a 16th of a block's records (¾ of a byte a value).
+    pub fn key_row_bytes(self, n_head_kv: usize, head_dim: usize) -> u64 {
+        if self.key_blocks() {
+            (n_head_kv * kblock::record_bytes(head_dim) / kblock::SLOTS) as u64
+        } else {
+            self.row_bytes(n_head_kv, head_dim)
+        }
     }
 }
 
 impl KvTypes {
-    /// The K and V types one name stands for (`--kv-type`): both that type, except `tq4`,
-    /// whose keys are stored as tq8. tq4 keys miss the quality bound (perplexity within 3% of
-    /// f16 at 2048 tokens): keys carry a component common to a head that the per-256 RMS
-    /// scales the error with (+8.1% on SmolLM2-135M and +14.0% on Gemma 3 270M from the keys
-    /// alone, against +0.7% and +1.0% from the values; centring keys by a per-block offset
-    /// halves that, not enough: docs/TURBOQUANT.md, "tq4's keys"). tq8 keys with tq4 values
-    /// are within it (+0.4%, +1.1%) at ~0.39 of f16's bytes (0.28 with tq4 keys). Plain tq4
-    /// keys stay available by naming K's type (`--kv-type-k tq4`).
+    /// The K and V types one name stands for (`--kv-type`): both that type. (Before layout 2
+    /// `tq4` named tq8 keys, as rotated tq4 keys missed the quality bound; tq4 keys are now
+    /// per-block min/max codes, within it: docs/TURBOQUANT.md, "tq4 keys".)
     pub fn named(t: KvType) -> KvTypes {
-        match t {
-            KvType::Tq4 => KvTypes {
-                k: KvType::Tq8,
-                v: KvType::Tq4,
-            },
-            t => KvTypes { k: t, v: t },
-        }
+        KvTypes { k: t, v: t }
     }
 }
 
@@ -195,20 +206,44 @@ pub fn decode_head(ty: KvType, rec: &[u8], out: &mut [f32]) {
     }
 }
 
-/// One layer's K or V cache as bytes: `ty` records of `head_dim` values, `n_head_kv` per slot.
+/// One layer's K or V cache as bytes: `ty` records of `head_dim` values, `n_head_kv` per slot;
+/// as K of type tq4, `n_head_kv` [`kblock`] records per block of 16 slots, and the exact keys
+/// of the blocks written lately (`exact`; `None`: every key from its record).
 #[derive(Clone, Copy)]
 pub struct KvRows<'a> {
     pub ty: KvType,
     pub bytes: &'a [u8],
     pub n_head_kv: usize,
     pub head_dim: usize,
+    pub exact: Option<&'a ExactKeys>,
 }
 
 impl<'a> KvRows<'a> {
-    /// The record of KV head `h` at `slot`.
+    /// The record of KV head `h` at `slot` (not for tq4 keys).
     pub fn head(&self, slot: usize, h: usize) -> &'a [u8] {
         let hb = self.ty.head_bytes(self.head_dim);
         &self.bytes[(slot * self.n_head_kv + h) * hb..][..hb]
+    }
+
+    /// tq4 keys: the record of KV head `h` of block `b`.
+    pub fn block_record(&self, b: usize, h: usize) -> &'a [u8] {
+        let rb = kblock::record_bytes(self.head_dim);
+        &self.bytes[(b * self.n_head_kv + h) * rb..][..rb]
+    }
+
+    /// tq4 keys: KV head `h`'s key at `slot` into `out`, from the exact keys when `exact` and
+    /// the block's are held, else from the block's record.
+    pub fn block_key(&self, slot: usize, h: usize, exact: bool, out: &mut [f32]) {
+        let (b, s) = (slot / kblock::SLOTS, slot % kblock::SLOTS);
+        let d = self.head_dim;
+        if let Some(keys) = self.exact.filter(|_| exact).and_then(|x| x.block(b)) {
+            let row = &keys[(s * self.n_head_kv + h) * d..][..d];
+            for (o, x) in out.iter_mut().zip(row) {
+                *o = x.to_f32();
+            }
+            return;
+        }
+        kblock::decode(self.block_record(b, h), d, s, out);
     }
 }
 
@@ -220,6 +255,8 @@ pub struct AttendScratch {
     m: Vec<f32>,
     sum: Vec<f32>,
     krow: Vec<f32>,
+    /// tq4 keys: the key as the query's own block holds it (exact).
+    kown: Vec<f32>,
     vrow: Vec<f32>,
 }
 
@@ -250,8 +287,10 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// ([`AttendScratch::row`]). Each key's records are decoded once for all the
 /// tokens and heads, scores and the online softmax in f32 in key order, values accumulated in
 /// f32. A rotated K type meets a rotated q; a rotated V type's accumulator is un-rotated at the
-/// end. Each token's floats are those it gets alone (batch invariant): the same operations on
-/// the same keys in the same order, whatever else shares the call.
+/// end. tq4 keys ([`crate::kblock`]): a token reads the keys of its own block (the block of
+/// its position) exactly, as written so far, and every earlier block's from its record. Each
+/// token's floats are those it gets alone (batch invariant): the same operations on the same
+/// keys in the same order, whatever else shares the call.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     q: &[f32],
@@ -280,7 +319,8 @@ pub fn attend(
     for t in tokens.clone() {
         sc.q.extend_from_slice(&q[(t * a.n_head + h0) * hd..][..g * hd]);
     }
-    if k.ty.rotated() {
+    let kb = k.ty.key_blocks();
+    if k.ty.rotated() && !kb {
         sc.q.chunks_exact_mut(hd)
             .for_each(turboquant::rotate_in_place);
     }
@@ -291,20 +331,49 @@ pub fn attend(
     sc.sum.clear();
     sc.sum.resize(nt * g, 0.0);
     sc.krow.resize(hd, 0.0);
+    sc.kown.resize(hd, 0.0);
     sc.vrow.resize(hd, 0.0);
+    let bs = kblock::SLOTS;
     let lo = tokens.clone().map(|t| span(t).0).min().unwrap_or(0);
     let hi = tokens.clone().map(|t| span(t).1).max().unwrap_or(0);
     for p in lo..=hi {
         let slot = batch.slot(s, p);
-        decode_head(k.ty, k.head(slot, kvh), &mut sc.krow);
+        // tq4 keys: whether a token of the run reads p from its block's record (an earlier
+        // block) or exactly (its own block).
+        if kb {
+            let (mut rec, mut own) = (false, false);
+            for t in tokens.clone() {
+                let (first, pos) = span(t);
+                if (first..=pos).contains(&p) {
+                    if pos / bs == p / bs {
+                        own = true;
+                    } else {
+                        rec = true;
+                    }
+                }
+            }
+            if rec {
+                k.block_key(slot, kvh, false, &mut sc.krow);
+            }
+            if own {
+                k.block_key(slot, kvh, true, &mut sc.kown);
+            }
+        } else {
+            decode_head(k.ty, k.head(slot, kvh), &mut sc.krow);
+        }
         decode_head(v.ty, v.head(slot, kvh), &mut sc.vrow);
         for (i, t) in tokens.clone().enumerate() {
             let (first, pos) = span(t);
             if p < first || p > pos {
                 continue;
             }
+            let krow = if kb && pos / bs == p / bs {
+                &sc.kown
+            } else {
+                &sc.krow
+            };
             for j in i * g..(i + 1) * g {
-                let mut x = dot(&sc.q[j * hd..][..hd], &sc.krow) * scale;
+                let mut x = dot(&sc.q[j * hd..][..hd], krow) * scale;
                 if let Some(c) = a.softcap {
                     x = c * (x / c).tanh();
                 }
@@ -375,17 +444,20 @@ mod tests {
     }
 
     #[test]
-    fn tq4_names_tq8_keys_and_tq4_values() {
+    fn a_name_is_both_sides_type() {
         for t in KvType::ALL {
-            let n = KvTypes::named(t);
-            assert_eq!(n.v, t);
-            assert_eq!(n.k, if t == KvType::Tq4 { KvType::Tq8 } else { t });
+            assert_eq!(KvTypes::named(t), KvTypes { k: t, v: t });
         }
-        // K and V bytes of one head at one position against f16's: 0.41, 0.39, 0.38, 0.38.
+        // tq4 K and V bytes of one head at one position against f16's 256, 512, 1,024,
+        // 2,048: 0.33, 0.32, 0.32, 0.32.
         let n = KvTypes::named(KvType::Tq4);
-        for (d, bytes) in [(64, 104), (128, 200), (256, 392), (512, 784)] {
-            assert_eq!(n.k.head_bytes(d) + n.v.head_bytes(d), bytes);
+        for (d, bytes) in [(64, 84), (128, 164), (256, 324), (512, 648)] {
+            assert_eq!(n.k.key_row_bytes(1, d) + n.v.row_bytes(1, d), bytes);
         }
+        assert_eq!(
+            KvType::Tq8.key_row_bytes(2, 64),
+            KvType::Tq8.row_bytes(2, 64)
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod comm;
 pub mod delta_net;
 pub mod dsv4;
 mod error;
+pub mod kblock;
 mod kv;
 pub mod kvcodec;
 pub mod numerics;

@@ -1,10 +1,12 @@
 //! Speculative decoding (prompt lookup) on the real SmolLM2 model with the CPU backend's
 //! batch-invariant numerics: the tokens are those of plain decoding, greedy and seeded
 //! sampling, alone and with concurrent requests, while prompts that quote themselves get
-//! proposals accepted.
+//! proposals accepted; over an f16 cache and over tq4 (whose keys' blocks are encoded again
+//! after rejected tokens are written over, and shared by the prefix cache once full).
 
 mod common;
 
+use quiver_backend::{KvType, KvTypes};
 use quiver_backend_cpu::CpuBackend;
 use quiver_engine::serve::{EngineHandle, Event, ServeOptions};
 use quiver_engine::spec::{SpecConfig, SpecType};
@@ -12,11 +14,11 @@ use quiver_engine::SamplerParams;
 use quiver_tokenizer::Tokenizer;
 use std::sync::mpsc;
 
-fn start(spec: SpecConfig) -> EngineHandle {
+fn start(spec: SpecConfig, kv: KvTypes) -> EngineHandle {
     let f = common::smollm2();
     let tok = Tokenizer::from_gguf(&f).unwrap();
     let opts = ServeOptions {
-        kv: Default::default(),
+        kv,
         spec,
         n_ctx: 1024,
         max_seqs: 8,
@@ -91,12 +93,21 @@ fn generate(h: &EngineHandle, together: bool) -> Vec<Vec<u32>> {
 
 #[test]
 fn prompt_lookup_gives_the_tokens_of_plain_decoding() {
-    let plain = start(SpecConfig::default());
+    lookup_is_plain_decoding(KvTypes::default());
+}
+
+#[test]
+fn prompt_lookup_over_tq4_gives_the_tokens_of_plain_decoding() {
+    lookup_is_plain_decoding(KvTypes::named(KvType::Tq4));
+}
+
+fn lookup_is_plain_decoding(kv: KvTypes) {
+    let plain = start(SpecConfig::default(), kv);
     let want = generate(&plain, false);
     assert_eq!(plain.stats().spec_proposed_tokens_total, 0);
     plain.shutdown(std::time::Duration::from_secs(5));
 
-    let spec = start(ngram());
+    let spec = start(ngram(), kv);
     let alone = generate(&spec, false);
     let st = spec.stats();
     let together = generate(&spec, true);
@@ -104,8 +115,8 @@ fn prompt_lookup_gives_the_tokens_of_plain_decoding() {
     spec.shutdown(std::time::Duration::from_secs(5));
     for (i, w) in want.iter().enumerate() {
         assert_eq!(w.len(), 40);
-        assert_eq!(&alone[i], w, "request {i} alone");
-        assert_eq!(&together[i], w, "request {i} with the others");
+        assert_eq!(&alone[i], w, "{kv}: request {i} alone");
+        assert_eq!(&together[i], w, "{kv}: request {i} with the others");
     }
     // Proposals were made and some accepted, alone and together.
     let (p1, a1) = (st.spec_proposed_tokens_total, st.spec_accepted_tokens_total);
@@ -113,7 +124,7 @@ fn prompt_lookup_gives_the_tokens_of_plain_decoding() {
         st2.spec_proposed_tokens_total - p1,
         st2.spec_accepted_tokens_total - a1,
     );
-    eprintln!("alone: {a1}/{p1} accepted; together: {a2}/{p2}");
+    eprintln!("{kv}: alone: {a1}/{p1} accepted; together: {a2}/{p2}");
     assert!(a1 > 20 && a1 <= p1, "alone: {a1}/{p1}");
     assert!(a2 > 20 && a2 <= p2, "together: {a2}/{p2}");
 }
