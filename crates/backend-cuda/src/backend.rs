@@ -85,7 +85,7 @@ pub(crate) fn make_kv(be: &CudaBackend, spec: &KvSpec, layer: usize) -> Result<C
         return Err(BackendError::Shape {
             op: "kv",
             detail: "the cuda backend has no tq4 keys yet (per-block records); tq8 keys with \
-                     tq4 values (--kv-type-k tq8 --kv-type-v tq4) are within the same bound"
+                     tq4 values (what --kv-type tq4 names) run there"
                 .into(),
         });
     }

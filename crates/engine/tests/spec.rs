@@ -98,7 +98,10 @@ fn prompt_lookup_gives_the_tokens_of_plain_decoding() {
 
 #[test]
 fn prompt_lookup_over_tq4_gives_the_tokens_of_plain_decoding() {
-    lookup_is_plain_decoding(KvTypes::named(KvType::Tq4));
+    lookup_is_plain_decoding(KvTypes {
+        k: KvType::Tq4,
+        v: KvType::Tq4,
+    });
 }
 
 fn lookup_is_plain_decoding(kv: KvTypes) {
