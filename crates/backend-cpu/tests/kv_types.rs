@@ -56,10 +56,22 @@ fn tq4_keys_need_blocks_of_16_slots() {
     };
     let e = be.kv(&spec, 0).err().expect("refused").to_string();
     assert_eq!(e, "kv: tq4 keys need KV blocks of 16 slots, not 32");
+    let spec = KvSpec {
+        block_size: 16,
+        n_slots: 40,
+        ..spec
+    };
+    let e = be.kv(&spec, 0).err().expect("refused").to_string();
+    assert_eq!(
+        e,
+        "kv: tq4 keys need a whole number of 16-slot blocks, not 40 slots"
+    );
     // As values tq4 takes any block size.
     let spec = KvSpec {
         k: KvType::F16,
         v: KvType::Tq4,
+        block_size: 32,
+        n_slots: 64,
         ..spec
     };
     assert!(be.kv(&spec, 0).is_ok());

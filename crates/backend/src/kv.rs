@@ -99,11 +99,17 @@ impl KvSpec {
 
     /// Whether both types can store every layer's heads; else which layer cannot, and why.
     pub fn check(&self) -> std::result::Result<(), String> {
-        if self.k.key_blocks() && self.block_size != crate::kblock::SLOTS {
+        let bs = crate::kblock::SLOTS;
+        if self.k.key_blocks() && self.block_size != bs {
             return Err(format!(
-                "tq4 keys need KV blocks of {} slots, not {}",
-                crate::kblock::SLOTS,
+                "tq4 keys need KV blocks of {bs} slots, not {}",
                 self.block_size
+            ));
+        }
+        if self.k.key_blocks() && !self.n_slots.is_multiple_of(bs) {
+            return Err(format!(
+                "tq4 keys need a whole number of {bs}-slot blocks, not {} slots",
+                self.n_slots
             ));
         }
         for (i, l) in self.layers.iter().enumerate() {
