@@ -119,12 +119,27 @@ fn code(x: f32, m: f32, st: f32) -> u8 {
 
 /// Slot `s`'s key from a record, into `out` (`d` values).
 pub fn decode(rec: &[u8], d: usize, s: usize, out: &mut [f32]) {
+    let mut st = [0f32; 2 * crate::turboquant::MAX_DIM];
+    stats(rec, d, &mut st[..2 * d]);
+    decode_with(rec, &st[..2 * d], d, s, out);
+}
+
+/// A record's minimums then steps as f32 (`2·d` values into `out`): what [`decode_with`]
+/// takes, read once for a block's 16 keys.
+pub fn stats(rec: &[u8], d: usize, out: &mut [f32]) {
+    for (o, b) in out[..2 * d].iter_mut().zip(rec.chunks_exact(2)) {
+        *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    }
+}
+
+/// Slot `s`'s key from a record whose [`stats`] are `st`, into `out` (`d` values): the same
+/// floats as [`decode`].
+pub fn decode_with(rec: &[u8], st: &[f32], d: usize, s: usize, out: &mut [f32]) {
     let codes = &rec[4 * d + s * d / 2..][..d / 2];
+    let (m, step) = st[..2 * d].split_at(d);
     for (c, o) in out[..d].iter_mut().enumerate() {
-        let m = half::f16::from_le_bytes([rec[2 * c], rec[2 * c + 1]]).to_f32();
-        let st = half::f16::from_le_bytes([rec[2 * d + 2 * c], rec[2 * d + 2 * c + 1]]).to_f32();
         let q = (codes[c / 2] >> (4 * (c % 2))) & 15;
-        *o = st.mul_add(q as f32, m);
+        *o = step[c].mul_add(q as f32, m[c]);
     }
 }
 

@@ -244,7 +244,16 @@ impl<'a> KvRows<'a> {
 
     /// tq4 keys: KV head `h`'s key at `slot` into `out`, from the exact keys when `exact` and
     /// the block's are held, else from the block's record.
-    pub fn block_key(&self, slot: usize, h: usize, exact: bool, out: &mut [f32]) {
+    /// `st` caches the statistics of the block last read from a record (`*st_of`: that block
+    /// + 1, 0 for none), so that a block's 16 keys read them once.
+    pub fn block_key(
+        &self,
+        slot: usize,
+        h: usize,
+        exact: bool,
+        st: (&mut [f32], &mut usize),
+        out: &mut [f32],
+    ) {
         let (b, s) = (slot / kblock::SLOTS, slot % kblock::SLOTS);
         let d = self.head_dim;
         if let Some(keys) = self.exact.filter(|_| exact).and_then(|x| x.block(b)) {
@@ -254,7 +263,13 @@ impl<'a> KvRows<'a> {
             }
             return;
         }
-        kblock::decode(self.block_record(b, h), d, s, out);
+        let rec = self.block_record(b, h);
+        let (st, st_of) = st;
+        if *st_of != b + 1 {
+            kblock::stats(rec, d, st);
+            *st_of = b + 1;
+        }
+        kblock::decode_with(rec, st, d, s, out);
     }
 }
 
@@ -268,6 +283,9 @@ pub struct AttendScratch {
     krow: Vec<f32>,
     /// tq4 keys: the key as the query's own block holds it (exact).
     kown: Vec<f32>,
+    /// tq4 keys: the statistics of the block last read from a record, and that block + 1.
+    kstat: Vec<f32>,
+    kstat_of: usize,
     vrow: Vec<f32>,
 }
 
@@ -343,6 +361,8 @@ pub fn attend(
     sc.sum.resize(nt * g, 0.0);
     sc.krow.resize(hd, 0.0);
     sc.kown.resize(hd, 0.0);
+    sc.kstat.resize(2 * hd, 0.0);
+    sc.kstat_of = 0;
     sc.vrow.resize(hd, 0.0);
     let bs = kblock::SLOTS;
     let lo = tokens.clone().map(|t| span(t).0).min().unwrap_or(0);
@@ -364,10 +384,12 @@ pub fn attend(
                 }
             }
             if rec {
-                k.block_key(slot, kvh, false, &mut sc.krow);
+                let st = (&mut sc.kstat[..], &mut sc.kstat_of);
+                k.block_key(slot, kvh, false, st, &mut sc.krow);
             }
             if own {
-                k.block_key(slot, kvh, true, &mut sc.kown);
+                let st = (&mut sc.kstat[..], &mut sc.kstat_of);
+                k.block_key(slot, kvh, true, st, &mut sc.kown);
             }
         } else {
             decode_head(k.ty, k.head(slot, kvh), &mut sc.krow);
