@@ -16,6 +16,7 @@
 //! equal experts, 0.26 without). Gemma 4 too, since the tenth session (head dim 512 on the
 //! split-K attention, the extra ops of the CUDA backend's src/extras.rs).
 
+mod common;
 mod teacher;
 use quiver_backend::Backend;
 use quiver_backend_cpu::{CpuBackend, CpuConfig, Numerics};
@@ -249,7 +250,7 @@ fn cpu_matches_llama_cpp_on_every_architecture() {
                 numerics: Numerics::Fast,
             })
         },
-        |fx| if fx.ty == "F32" { 0.02 } else { 0.05 },
+        |fx| common::cpu_bound(&fx.preset, &fx.ty),
         |_| (0.1, 0),
         &[],
     );

@@ -179,7 +179,7 @@ fn cpu_block_matches_llama_cpp() {
             numerics: Numerics::BatchInvariant,
         })
     };
-    let bound = |fx: &Fixture| if fx.ty == "F32" { 0.02 } else { 0.05 };
+    let bound = |fx: &Fixture| common::cpu_bound(&fx.preset, &fx.ty);
     check(cpu, bound, 0.1, |_| 0, "cpu");
 }
 
