@@ -104,72 +104,58 @@ __device__ __forceinline__ void norm_group(float* v, const float4* g, float inv,
     }
 }
 
-// Columns a thread of rms_norm keeps in registers: NORM_PASSES groups of 8, one group a pass of
-// the block over the row (a row of up to NORM_PASSES · 8 · blockDim columns is read once).
-#define NORM_PASSES 1
-// A thread's norm weights (w null: ones) of its NORM_PASSES groups, loaded before rms_norm
-// waits for the previous kernel (no kernel writes weights); then the wait.
+// A thread's norm weights (w null: ones) of its 8 columns of the first pass, loaded before
+// rms_norm waits for the previous kernel (no kernel writes weights); then the wait.
 struct NormW {
-    float4 g[NORM_PASSES][2];
+    float4 g[2];
 };
 __device__ __forceinline__ NormW norm_begin(const float* __restrict__ w, int cols) {
     NormW n;
 #pragma unroll
-    for (int p = 0; p < NORM_PASSES; p++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int c = p * blockDim.x * 8 + threadIdx.x * 8 + 4 * h;
-            n.g[p][h] = w && c < cols ? *(const float4*)(w + c) : make_float4(1.f, 1.f, 1.f, 1.f);
-        }
+    for (int h = 0; h < 2; h++) {
+        const int c = threadIdx.x * 8 + 4 * h;
+        n.g[h] = w && c < cols ? *(const float4*)(w + c) : make_float4(1.f, 1.f, 1.f, 1.f);
+    }
     pdl_begin();
     return n;
 }
+// x (+ residual, written back) of the 8 columns from c (cols a multiple of 4) into v, and
+// their squares added to ss in order.
+__device__ __forceinline__ void norm_load(const float* __restrict__ xr, float* __restrict__ rr, int c, int cols,
+                                          float* v, float& ss) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c + 4 * h < cols) {
+            a = *(const float4*)(xr + c + 4 * h);
+            if (rr) {
+                const float4 b = *(const float4*)(rr + c + 4 * h);
+                a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
+                *(float4*)(rr + c + 4 * h) = a;
+            }
+        }
+        v[4 * h] = a.x, v[4 * h + 1] = a.y, v[4 * h + 2] = a.z, v[4 * h + 3] = a.w;
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+}
 // grid (rows), block a multiple of 32 (≤ 512, norm_threads): one block per row, thread t owning
 // columns p·8·blockDim + 8t .. + 8 of each pass p, so that a warp's columns of a pass are one
-// block of 256 (the int8 copy's) and the sum's order is a function of cols alone.
+// block of 256 (the int8 copy's) and the sum's order is a function of cols alone. The first
+// pass (a row of up to 4,096) stays in registers; a wider row's later passes are read again
+// by the thread that wrote them.
 extern "C" __global__ void __launch_bounds__(512)
     rms_norm(float* __restrict__ residual, const float* __restrict__ x, const float* __restrict__ w,
              float* __restrict__ out, int rows, int cols, float eps, const float* __restrict__ gate,
              i8* __restrict__ q, float* __restrict__ qd, int* __restrict__ qs, int qblock, int q8_1, int tn) {
     const NormW g = norm_begin(w, cols);
     const int r = blockIdx.x, tid = threadIdx.x, step = blockDim.x * 8;
-    const float4 one = make_float4(1.f, 1.f, 1.f, 1.f);
     const long long base = (long long)r * cols;
     const float* xr = x + base;
     float* rr = residual ? residual + base : 0;
-    float v[NORM_PASSES][8];
+    float v[8], u[8];
     float ss = 0.f;
-    // x (+ residual, written back) of the thread's columns: the first NORM_PASSES passes kept,
-    // a wider row's later columns read again below (by the thread that wrote them).
-#pragma unroll
-    for (int p = 0; p < NORM_PASSES; p++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int c = p * step + tid * 8 + 4 * h;
-            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (c < cols) {
-                a = *(const float4*)(xr + c);
-                if (rr) {
-                    const float4 b = *(const float4*)(rr + c);
-                    a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
-                    *(float4*)(rr + c) = a;
-                }
-            }
-            v[p][4 * h] = a.x, v[p][4 * h + 1] = a.y, v[p][4 * h + 2] = a.z, v[p][4 * h + 3] = a.w;
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-        }
-    for (int c = NORM_PASSES * step + tid * 8; c < cols; c += step)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            if (c + 4 * h >= cols) continue;
-            float4 a = *(const float4*)(xr + c + 4 * h);
-            if (rr) {
-                const float4 b = *(const float4*)(rr + c + 4 * h);
-                a.x += b.x; a.y += b.y; a.z += b.z; a.w += b.w;
-                *(float4*)(rr + c + 4 * h) = a;
-            }
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-        }
+    norm_load(xr, rr, tid * 8, cols, v, ss);
+    for (int c = step + tid * 8; c < cols; c += step) norm_load(xr, rr, c, cols, u, ss);
     __shared__ float part[32];
     ss = warp_sum(ss);
     const int wi = tid / 32, l = tid % 32, nw = blockDim.x / 32;
@@ -178,16 +164,12 @@ extern "C" __global__ void __launch_bounds__(512)
     ss = l < nw ? part[l] : 0.f;
     ss = warp_sum(ss);
     const float inv = rsqrtf(ss / cols + eps);
-#pragma unroll
-    for (int p = 0; p < NORM_PASSES; p++) {
-        // Whole warps past the row idle (their 256 columns are none of it).
-        if (p * step + wi * 256 < cols)
-            norm_group(v[p], g.g[p], inv, r, p * step + tid * 8, rows, cols, gate, out, q, qd, qs, qblock, q8_1, tn);
-    }
+    // Whole warps past the row idle (their 256 columns are none of it).
+    if (wi * 256 < cols) norm_group(v, g.g, inv, r, tid * 8, rows, cols, gate, out, q, qd, qs, qblock, q8_1, tn);
     const float* src = rr ? rr : xr;
-    for (int c0 = NORM_PASSES * step + wi * 256; c0 < cols; c0 += step) {
+    const float4 one = make_float4(1.f, 1.f, 1.f, 1.f);
+    for (int c0 = step + wi * 256; c0 < cols; c0 += step) {
         const int c = c0 + l * 8;
-        float u[8];
         float4 gw[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {

@@ -25,6 +25,9 @@ use std::collections::HashMap;
 /// Slots of the KV block a record covers (the paged pool's block size, which tq4 keys need).
 pub const SLOTS: usize = crate::KV_BLOCK_SIZE;
 
+/// A pool keeps the exact keys of one block in this many ([`ExactKeys::keep_for`]).
+pub const KEEP_ONE_IN: usize = 16;
+
 /// Bytes of one (block, KV head) record of head dim `d`: minimums, steps, codes.
 pub fn record_bytes(d: usize) -> usize {
     2 * d + 2 * d + SLOTS * d / 2
@@ -166,6 +169,8 @@ pub struct ExactKeys {
     /// The step's touched blocks: (block, entry, written slots).
     touched: Vec<(u32, u32, usize)>,
     row: Vec<f32>,
+    /// `evict`'s candidates (kept, so that a step allocates nothing once warm).
+    old: Vec<(u64, u32)>,
 }
 
 impl ExactKeys {
@@ -183,18 +188,21 @@ impl ExactKeys {
             now: 0,
             touched: Vec::new(),
             row: Vec::new(),
+            old: Vec::new(),
         }
     }
 
-    /// How many blocks [`ExactKeys::new`] keeps for a pool of `n_blocks` blocks: one in 16,
-    /// at least 4 (a sequence needs its open block; the rest is slack for rollbacks).
+    /// How many blocks [`ExactKeys::new`] keeps for a pool of `n_blocks` blocks: one in
+    /// [`KEEP_ONE_IN`], at least 4 (a sequence needs its open block; the rest is slack for
+    /// rollbacks).
     pub fn keep_for(n_blocks: usize) -> usize {
-        (n_blocks / 16).max(4)
+        (n_blocks / KEEP_ONE_IN).max(4)
     }
 
-    /// Bytes of `keep` entries of `kv_dim` values a slot (what a cache adds for them).
-    pub fn bytes(kv_dim: usize, keep: usize) -> u64 {
-        (keep * SLOTS * kv_dim * 2) as u64
+    /// Bytes the kept entries add to each slot of a pool of `kv_dim` values a slot: f16 keys
+    /// of one block in [`KEEP_ONE_IN`].
+    pub fn bytes_per_slot(kv_dim: usize) -> u64 {
+        (2 * kv_dim / KEEP_ONE_IN) as u64
     }
 
     /// Block `b`'s exact keys (16 slots × kv_dim), if held.
@@ -295,16 +303,22 @@ impl ExactKeys {
         if held <= self.keep {
             return;
         }
-        let mut old: Vec<(u64, u32)> = (0..self.block.len() as u32)
-            .filter(|&e| self.block[e as usize] != u32::MAX && self.stamp[e as usize] < self.now)
-            .map(|e| (self.stamp[e as usize], e))
-            .collect();
+        let mut old = std::mem::take(&mut self.old);
+        old.clear();
+        old.extend(
+            (0..self.block.len() as u32)
+                .filter(|&e| {
+                    self.block[e as usize] != u32::MAX && self.stamp[e as usize] < self.now
+                })
+                .map(|e| (self.stamp[e as usize], e)),
+        );
         old.sort_unstable();
         for &(_, e) in old.iter().take(held - self.keep) {
             self.map.remove(&self.block[e as usize]);
             self.block[e as usize] = u32::MAX;
             self.free.push(e);
         }
+        self.old = old;
     }
 }
 

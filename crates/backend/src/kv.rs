@@ -75,13 +75,13 @@ pub struct KvSpec {
 
 impl KvSpec {
     /// Bytes one position takes over every layer, K and V (tq4 keys: with their share of the
-    /// exact keys kept of one block in 16, `crate::kblock::ExactKeys`).
+    /// exact keys kept, `crate::kblock::ExactKeys::bytes_per_slot`).
     pub fn bytes_per_token(&self) -> u64 {
         self.layers
             .iter()
             .map(|l| {
                 let exact = if self.k.key_blocks() {
-                    (l.dim() / 8) as u64
+                    crate::kblock::ExactKeys::bytes_per_slot(l.dim())
                 } else {
                     0
                 };

@@ -319,8 +319,7 @@ impl SpecState {
         let timed = top > 0;
         if self.cooldown > 0 {
             // The pause after misses is for rows that cost: where the step times show that a
-            // proposal pays even at this request's acceptance so far (on a GPU a step of a few
-            // rows costs what one row does), it proposes at once.
+            // proposal pays even at this request's acceptance so far, it proposes at once.
             let l = if timed {
                 worth(len, n, &self.acc, cost)
             } else {

@@ -36,8 +36,6 @@ fn synth(p: &quiver_synth::Preset, ty: &str, tag: &str) -> Arc<GgufFile> {
     f
 }
 
-/// A batch of the listed sequences' spans: (sequence, tokens, first position), every row's
-/// logits wanted. Sequence s has blocks 2s and 2s + 1.
 /// The ranks' sizes in these tests: 4 blocks of KV (f16), steps of 16 rows and logits.
 fn sizes() -> TpSizes {
     TpSizes {
@@ -49,6 +47,8 @@ fn sizes() -> TpSizes {
     }
 }
 
+/// A batch of the listed sequences' spans: (sequence, tokens, first position), every row's
+/// logits wanted. Sequence s has blocks 2s and 2s + 1.
 fn batch(spans: &[(u32, &[u32], usize)]) -> Batch {
     let mut b = Batch {
         block_size: KV_BLOCK_SIZE,
