@@ -4,13 +4,17 @@
 Usage: tools/bench_server.py [--model smollm2-135m] [--clients 1,4,16] [--max-tokens 64]
                              [--requests-per-client 3] [--quiver target/release/quiver]
                              [--device cpu|cuda] [--guided-regex PATTERN | --guided-json]
-                             [--invariance N]
+                             [--invariance N] [--server-flags "FLAGS"] [--prompts FILE,...]
 `--guided-regex` constrains every request (vLLM's field) to measure constrained decoding; the
 pattern must allow `--max-tokens` tokens (e.g. "[a-z ]+"). `--guided-json` constrains every
 request to a JSON schema (a list of people too long to end within `--max-tokens`, so that
 every request makes them all). `--invariance N` then sends N different prompts (temperature
 0) one at a time, then the same N together with the widest width's other clients loading the
-server, and prints how many answers are identical (issue 18). Starts the server on a free loopback port, runs each width in
+server, and prints how many answers are identical (issue 18). `--server-flags` passes more
+flags to `quiver serve` (e.g. "--spec ngram"); `--prompts` gives files whose texts the clients
+send in turn (client i's request r takes file (i + r) mod n) instead of the short story prompts,
+e.g. tools/gpu/spec/*.txt, tasks that quote their input; the table then also gives the tokens
+speculation proposed and accepted (from /metrics) at each width. Starts the server on a free loopback port, runs each width in
 turn (every client sends its requests back to back, temperature 0, ignore_eos so each request makes max_tokens
 tokens unless its constraint ends first), and prints a Markdown table: clients, requests,
 generated tokens, seconds, tokens/s summed, and the server's CPU time per generated token (user
@@ -47,6 +51,15 @@ def post(port, path, body):
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
         return json.loads(r.read())
+
+def spec_counts(port):
+    """Speculation's proposed and accepted token totals so far, from the server's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
+        text = r.read().decode()
+    def total(name):
+        m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+    return total("quiver_spec_proposed_tokens_total"), total("quiver_spec_accepted_tokens_total")
 
 SUBJECTS = ["the sea", "a small town", "winter", "bread", "a lighthouse keeper", "rivers",
             "the moon", "an old map", "trains", "a garden", "mountains", "a library", "rain",
@@ -89,10 +102,12 @@ def main():
     ap.add_argument("--guided-regex", default=None)
     ap.add_argument("--guided-json", action="store_true")
     ap.add_argument("--invariance", type=int, default=0)
+    ap.add_argument("--server-flags", default="")
+    ap.add_argument("--prompts", default="")
     a = ap.parse_args()
     widths = [int(x) for x in a.clients.split(",")]
     srv = subprocess.Popen([a.quiver, "serve", "-m", a.model, "--port", "0", "--device", a.device,
-                            "--max-seqs", str(max(widths))], stderr=subprocess.PIPE, text=True)
+                            "--max-seqs", str(max(widths))] + a.server_flags.split(), stderr=subprocess.PIPE, text=True)
     port = None
     for line in srv.stderr:
         m = re.search(r"listening on http://[^:]+:(\d+)", line)
@@ -111,28 +126,37 @@ def main():
         extra["guided_regex"] = a.guided_regex
     if a.guided_json:
         extra["guided_json"] = schema(a.max_tokens)
-    print("| clients | requests | generated tokens | seconds | generated t/s (sum) | server CPU ms/token |")
-    print("|---|---|---|---|---|---|")
+    texts = []
+    for f in filter(None, a.prompts.split(",")):
+        with open(f) as fh:
+            texts.append(fh.read())
+    def prompt(i, r):
+        return texts[(i + r) % len(texts)] if texts else f"Story {i}-{r}: Once upon a time"
+    print("| clients | requests | generated tokens | seconds | generated t/s (sum) | server CPU ms/token "
+          "| proposed / accepted |")
+    print("|---|---|---|---|---|---|---|")
     try:
         for c in widths:
             tokens = [0] * c
             def work(i):
                 for r in range(a.requests_per_client):
                     out = post(port, "/v1/completions", {
-                        "model": model, "prompt": f"Story {i}-{r}: Once upon a time",
+                        "model": model, "prompt": prompt(i, r),
                         "max_tokens": a.max_tokens, "temperature": 0, **extra})
                     ch = out["choices"][0]
                     if a.guided_json and ch["finish_reason"] == "stop":
                         json.loads(ch["text"])  # a finished answer parses
 
                     tokens[i] += out["usage"]["completion_tokens"]
+            spec0 = spec_counts(port)
             t0, cpu0 = time.time(), cpu_seconds(srv.pid)
             ts = [threading.Thread(target=work, args=(i,)) for i in range(c)]
             for t in ts: t.start()
             for t in ts: t.join()
             dt, cpu = time.time() - t0, cpu_seconds(srv.pid) - cpu0
+            spec = [x - y for x, y in zip(spec_counts(port), spec0)]
             print(f"| {c} | {c * a.requests_per_client} | {sum(tokens)} | {dt:.1f} | {sum(tokens) / dt:.1f} "
-                  f"| {1000 * cpu / max(1, sum(tokens)):.2f} |", flush=True)
+                  f"| {1000 * cpu / max(1, sum(tokens)):.2f} | {spec[0]:.0f} / {spec[1]:.0f} |", flush=True)
         if a.invariance:
             invariance(port, model, a, extra, max(widths))
     finally:

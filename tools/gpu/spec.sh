@@ -14,6 +14,12 @@
 #                                     into /tmp/quiver-spec and checked); builds llama.cpp first
 #                                     (tools/gpu/peer.sh build, cached while the machine is warm)
 #   tools/gpu/spec.sh parts NAME...   the parts of NAME still missing here (exit 1 if any)
+#   tools/gpu/spec.sh --serve CLIENTS MODEL...
+#                                     the server instead (tools/bench_server.py): every client
+#                                     sends the prompts in turn, -n tokens each (ignore_eos), 4
+#                                     requests a client, at each width of CLIENTS (e.g. 1,64),
+#                                     --spec ngram off and on alternated over -r rounds (2);
+#                                     table: $OUT/serve.md (issue 37: on ≥ off under load)
 # Options: --cpu (quiver on the CPU, no llama.cpp: a check anywhere), --device DEV (quiver's;
 # default cuda), --no-peer, -n N (256),
 # -r N (3), --budget S (540: no command starts later, counted from the script's start: a
@@ -64,14 +70,17 @@ case ${1:-} in
     ;;
 esac
 
-cpu=0 peer=1 budget=540 args=() models=()
+cpu=0 peer=1 budget=540 args=() models=() serve="" n=256 rounds=2
 while [ $# -gt 0 ]; do
   case $1 in
     --cpu) cpu=1 ;;
     --device) args+=(--device "$2"); shift ;;
     --no-peer) peer=0 ;;
+    --serve) serve=$2; shift ;;
     --budget) budget=$2; shift ;;
-    -n | -r | --only | --drafts | --quiver-flags) args+=("$1" "$2"); shift ;;
+    -n) n=$2; args+=("$1" "$2"); shift ;;
+    -r) rounds=$2; args+=("$1" "$2"); shift ;;
+    --only | --drafts | --quiver-flags) args+=("$1" "$2"); shift ;;
     -*) echo "spec.sh: unknown option $1" >&2; exit 2 ;;
     *) models+=("$1") ;;
   esac
@@ -104,6 +113,27 @@ for m in "${models[@]}"; do
   fi
   paths+=("$WORK/$n")
 done
+
+if [ -n "$serve" ]; then
+  dev=cuda
+  [ $cpu = 0 ] || dev=cpu
+  prompts=$(ls tools/gpu/spec/*.txt | grep -v README | paste -sd,)
+  for p in "${paths[@]}"; do
+    for r in $(seq "$rounds"); do
+      order="off on"
+      [ $((r % 2)) = 1 ] || order="on off"
+      for mode in $order; do
+        flags=""
+        [ $mode = off ] || flags="--spec ngram"
+        echo "### $(basename "$p"), round $r, speculation $mode${flags:+ ($flags)}"
+        python3 tools/bench_server.py --quiver "$Q" --model "$p" --device $dev --clients "$serve" \
+          --max-tokens "$n" --requests-per-client 4 --prompts "$prompts" --server-flags "$flags"
+        echo
+      done
+    done
+  done | tee "$OUT/serve.md"
+  exit 0
+fi
 
 llama=() llama_ver=
 if [ $cpu = 1 ]; then
