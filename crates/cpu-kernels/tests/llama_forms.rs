@@ -46,19 +46,20 @@ fn q5_k_and_q6_k_tiled_form_matches_the_reference() {
     run(GgmlType::Q6_K, &[8, 9, 33, 63]);
 }
 
-/// One token with f32 weights under `Numerics::Fast` on AVX-512 rounds as llama.cpp's product
-/// for one token (`ggml_vec_dot_f32`: `quiver_backend::numerics::f32_dot`), bit for bit, on
-/// lengths with and without a tail past the last 64; two tokens keep the blocks' order (the
-/// reference within its bound either way).
+/// f32 weights round as llama.cpp's AVX-512 build at every SIMD level from AVX2: one token under
+/// `Numerics::Fast` as its product for one token (`ggml_vec_dot_f32`:
+/// `quiver_backend::numerics::f32_dot`), and every other product (two and three tokens, and one
+/// in the batch-invariant numerics) in the order of its tinyBLAS blocks (16-lane sums over whole
+/// 16-column chunks, reduced by halves, then the tail: [`block_order`]); bit for bit, on lengths
+/// with and without a tail past the last 64 and the last 16.
 #[test]
-fn f32_one_token_takes_ggml_vec_dot_order() {
+fn f32_weights_round_as_avx512_at_every_level() {
     use quiver_cpu_kernels::{matmul_with_level, SimdLevel};
-    if SimdLevel::detected() < SimdLevel::Avx512 {
-        eprintln!("skipped: this CPU has no AVX-512");
+    if SimdLevel::detected() < SimdLevel::Avx2 {
+        eprintln!("skipped: this CPU has no AVX2");
         return;
     }
     let pool = ThreadPool::new(2).unwrap();
-    let mut scratch = Scratch::with_numerics(Numerics::Fast);
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let mut rnd = move || {
         x ^= x << 13;
@@ -66,41 +67,75 @@ fn f32_one_token_takes_ggml_vec_dot_order() {
         x ^= x << 17;
         (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     };
-    for (rows, cols) in [(9, 1024), (5, 256 + 48)] {
-        let w: Vec<f32> = (0..rows * cols).map(|_| rnd()).collect();
-        // (The f32 rows' own bytes: aligned as a file's tensor data is.)
-        // SAFETY: `w` holds rows·cols f32s; x86 is little-endian, as GGUF is.
-        let bytes = unsafe { std::slice::from_raw_parts(w.as_ptr() as *const u8, w.len() * 4) };
-        let a: Vec<f32> = (0..2 * cols).map(|_| rnd()).collect();
-        let mut out = vec![0f32; 2 * rows];
-        let mut differ = 0;
-        for n in [1, 2] {
-            matmul_with_level(
-                SimdLevel::Avx512,
-                &pool,
-                GgmlType::F32,
-                bytes,
-                rows,
-                cols,
-                &a[..n * cols],
-                n,
-                &mut out[..n * rows],
-                &mut scratch,
-            )
-            .unwrap();
-            for r in 0..rows {
-                let want = quiver_backend::numerics::f32_dot(&w[r * cols..][..cols], &a[..cols]);
-                if n == 1 {
-                    assert_eq!(out[r].to_bits(), want.to_bits(), "row {r} of {rows}×{cols}");
-                } else {
-                    differ += usize::from(out[r].to_bits() != want.to_bits());
-                    let exact: f64 = (0..cols)
-                        .map(|c| w[r * cols + c] as f64 * a[c] as f64)
-                        .sum();
-                    assert!((out[r] as f64 - exact).abs() < 1e-4, "row {r}: {}", out[r]);
+    for level in [SimdLevel::Avx2, SimdLevel::Avx512] {
+        if SimdLevel::detected() < level {
+            eprintln!("{}: not on this CPU", level.name());
+            continue;
+        }
+        for (rows, cols) in [(9, 1024), (5, 256 + 48 + 7)] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| rnd()).collect();
+            // (The f32 rows' own bytes: aligned as a file's tensor data is.)
+            // SAFETY: `w` holds rows·cols f32s; x86 is little-endian, as GGUF is.
+            let bytes = unsafe { std::slice::from_raw_parts(w.as_ptr() as *const u8, w.len() * 4) };
+            let a: Vec<f32> = (0..3 * cols).map(|_| rnd()).collect();
+            let mut out = vec![0f32; 3 * rows];
+            for (numerics, n) in [
+                (Numerics::Fast, 1),
+                (Numerics::Fast, 2),
+                (Numerics::Fast, 3),
+                (Numerics::BatchInvariant, 1),
+            ] {
+                let mut scratch = Scratch::with_numerics(numerics);
+                matmul_with_level(
+                    level,
+                    &pool,
+                    GgmlType::F32,
+                    bytes,
+                    rows,
+                    cols,
+                    &a[..n * cols],
+                    n,
+                    &mut out[..n * rows],
+                    &mut scratch,
+                )
+                .unwrap();
+                for t in 0..n {
+                    for r in 0..rows {
+                        let (w, x) = (&w[r * cols..][..cols], &a[t * cols..][..cols]);
+                        let want = if n == 1 && numerics == Numerics::Fast {
+                            quiver_backend::numerics::f32_dot(w, x)
+                        } else {
+                            block_order(w, x)
+                        };
+                        assert_eq!(
+                            out[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{} {numerics:?}, {n} tokens: token {t}, row {r} of {rows}×{cols}",
+                            level.name()
+                        );
+                    }
                 }
             }
         }
-        eprintln!("{rows}×{cols}: two tokens round otherwise in {differ} of {rows} rows");
     }
+}
+
+/// w·x in the order of llama.cpp's tinyBLAS on AVX-512: 16 lanes of fused multiply-adds over
+/// whole 16-column chunks, reduced as `_mm512_reduce_add_ps` (the 256-bit halves, the 128-bit
+/// halves, lanes 0 + 2 and 1 + 3, then those two), then the tail's products added in order.
+fn block_order(w: &[f32], x: &[f32]) -> f32 {
+    let end = w.len() / 16 * 16;
+    let mut l = [0f32; 16];
+    for (w, x) in w[..end].chunks_exact(16).zip(x[..end].chunks_exact(16)) {
+        for i in 0..16 {
+            l[i] = w[i].mul_add(x[i], l[i]);
+        }
+    }
+    let h: Vec<f32> = (0..8).map(|i| l[i] + l[8 + i]).collect();
+    let q: Vec<f32> = (0..4).map(|i| h[i] + h[4 + i]).collect();
+    let mut s = (q[0] + q[2]) + (q[1] + q[3]);
+    for c in end..w.len() {
+        s += w[c] * x[c];
+    }
+    s
 }

@@ -250,7 +250,7 @@ fn cpu_matches_llama_cpp_on_every_architecture() {
                 numerics: Numerics::Fast,
             })
         },
-        |fx| common::cpu_bound(&fx.preset, &fx.ty),
+        |fx| common::cpu_bound(&fx.ty),
         |_| (0.1, 0),
         &[],
     );

@@ -179,7 +179,7 @@ fn cpu_block_matches_llama_cpp() {
             numerics: Numerics::BatchInvariant,
         })
     };
-    let bound = |fx: &Fixture| common::cpu_bound(&fx.preset, &fx.ty);
+    let bound = |fx: &Fixture| common::cpu_bound(&fx.ty);
     check(cpu, bound, 0.1, |_| 0, "cpu");
 }
 

@@ -2,7 +2,6 @@
 
 use super::{FloatW, Job, Kernel, WBF16, WF16, WF32};
 use crate::shared::SharedMut;
-use crate::SimdLevel;
 use quiver_gguf::GgmlType;
 
 /// Rows `r0..r1` of a float-weight matmul, all tokens, in 4 x 4 blocks.
@@ -40,14 +39,10 @@ unsafe fn float_rows_t<K: Kernel, F: FloatW>(
     }
     let row = |r: usize| &job.w[r * rb..(r + 1) * rb];
     let tok = |t: usize| &job.x[t * cols..(t + 1) * cols];
-    // A single token under the fast numerics, f32 weights, AVX-512: ggml's `vec_dot_f32`
-    // order, llama.cpp's product for one token (its tinyBLAS, whose order the blocks below
-    // follow, takes two and more).
-    if F::ID == 0
-        && job.n_tokens == 1
-        && job.level == SimdLevel::Avx512
-        && !job.numerics.is_batch_invariant()
-    {
+    // A single token under the fast numerics, f32 weights: the order of ggml's `vec_dot_f32`
+    // on AVX-512, llama.cpp's product for one token (its tinyBLAS, whose order the blocks below
+    // follow, takes two and more), at every SIMD level: the same bits on any CPU.
+    if F::ID == 0 && job.n_tokens == 1 && !job.numerics.is_batch_invariant() {
         // SAFETY: any 4 bytes are an f32; the slice is used only where it covers the rows.
         let (pre, w, _) = unsafe { job.w[r0 * rb..r1 * rb].align_to::<f32>() };
         if pre.is_empty() && w.len() >= (r1 - r0) * cols {

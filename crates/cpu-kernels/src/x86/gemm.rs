@@ -287,6 +287,18 @@ pub(crate) unsafe fn float_block256<F: FloatW, const NT: usize>(
     if !float_lengths_ok::<F, NT>(w, x, cols) {
         return out;
     }
+    if F::ID == 0 {
+        // f32 weights in AVX-512's order (float_block512), token by token: the same bits as
+        // that level's, and as llama.cpp's AVX-512 build gives.
+        for (j, x) in x.into_iter().enumerate() {
+            // SAFETY: as below.
+            let v = unsafe { float_pass256_as512::<F>(w, x, cols) };
+            for i in 0..4 {
+                out[i][j] = v[i];
+            }
+        }
+        return out;
+    }
     let mut j = 0;
     while j < NT {
         // SAFETY: forwarded from the caller; lengths checked above.
@@ -345,6 +357,40 @@ unsafe fn float_pass256<F: FloatW, const NT: usize>(
     }
     float_tail::<F, NT>(w, x, end, cols, &mut out);
     out
+}
+
+/// One token's products with 4 rows in `float_block512`'s order: 16-lane sums (two 8-lane
+/// halves) over whole 16-column chunks, reduced as `_mm512_reduce_add_ps` does (the halves, then
+/// the 128-bit halves, then lanes 0 + 2 and 1 + 3, then those), then the scalar tail.
+#[inline(always)]
+unsafe fn float_pass256_as512<F: FloatW>(w: [&[u8]; 4], x: &[f32], cols: usize) -> [f32; 4] {
+    let mut out = [[0f32; 1]; 4];
+    let end = cols / 16 * 16;
+    // SAFETY: per the module contract; the caller checked that rows hold cols elements, and
+    // c + 16 <= end <= cols.
+    unsafe {
+        let (mut lo, mut hi) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+        let mut c = 0;
+        while c < end {
+            let xl = _mm256_loadu_ps(x.as_ptr().add(c));
+            for i in 0..4 {
+                lo[i] = _mm256_fmadd_ps(load8::<F>(w[i].as_ptr(), c), xl, lo[i]);
+            }
+            let xh = _mm256_loadu_ps(x.as_ptr().add(c + 8));
+            for i in 0..4 {
+                hi[i] = _mm256_fmadd_ps(load8::<F>(w[i].as_ptr(), c + 8), xh, hi[i]);
+            }
+            c += 16;
+        }
+        for i in 0..4 {
+            let s8 = _mm256_add_ps(lo[i], hi[i]);
+            let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            out[i][0] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)));
+        }
+    }
+    float_tail::<F, 1>(w, [x], end, cols, &mut out);
+    out.map(|o| o[0])
 }
 
 #[inline(always)]
