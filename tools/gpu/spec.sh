@@ -70,7 +70,7 @@ case ${1:-} in
     ;;
 esac
 
-cpu=0 peer=1 budget=540 args=() models=() serve="" n=256 rounds=2
+cpu=0 peer=1 budget=540 args=() models=() serve="" ntok=256 rounds=2
 while [ $# -gt 0 ]; do
   case $1 in
     --cpu) cpu=1 ;;
@@ -78,7 +78,7 @@ while [ $# -gt 0 ]; do
     --no-peer) peer=0 ;;
     --serve) serve=$2; shift ;;
     --budget) budget=$2; shift ;;
-    -n) n=$2; args+=("$1" "$2"); shift ;;
+    -n) ntok=$2; args+=("$1" "$2"); shift ;;
     -r) rounds=$2; args+=("$1" "$2"); shift ;;
     --only | --drafts | --quiver-flags) args+=("$1" "$2"); shift ;;
     -*) echo "spec.sh: unknown option $1" >&2; exit 2 ;;
@@ -127,7 +127,7 @@ if [ -n "$serve" ]; then
         [ $mode = off ] || flags="--spec ngram"
         echo "### $(basename "$p"), round $r, speculation $mode${flags:+ ($flags)}"
         python3 tools/bench_server.py --quiver "$Q" --model "$p" --device $dev --clients "$serve" \
-          --max-tokens "$n" --requests-per-client 4 --prompts "$prompts" --server-flags "$flags"
+          --max-tokens "$ntok" --requests-per-client 4 --prompts "$prompts" --server-flags "$flags"
         echo
       done
     done

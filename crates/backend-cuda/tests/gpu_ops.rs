@@ -324,6 +324,64 @@ fn a_norms_int8_copy_is_the_quantizers() {
     println!("{fused} of 60 norm-product pairs fused (45 of 1–8 rows)");
 }
 
+/// A norm's row gives the same bits alone and among 100 rows: plain, with the residual and
+/// gated, rows of one pass (2,048, 4,096) and of two (5,120, 6,144: the second pass read
+/// again), with the int8 copy for a product after it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn norms_give_each_row_its_own_bits_at_any_row_count() {
+    let mut rng = seeded_rng();
+    let be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
+    let n = 100;
+    for cols in [2048, 4096, 5120, 6144] {
+        let w = WeightCase::random(&mut rng, GgmlType::Q4_K, 32, cols)
+            .unwrap()
+            .load(&be)
+            .unwrap();
+        let nw = quiver_backend::testing::vector(&be, &rng.vec(cols));
+        let (x0, r0, g0) = (rng.vec(n * cols), rng.vec(n * cols), rng.vec(n * cols));
+        // Rows `rows` of the inputs, normed (kind 0 plain, 1 with the residual, 2 gated) and
+        // multiplied (the product reads the norm's int8 copy once learnt): (norm, residual).
+        let run = |kind: usize, rows: std::ops::Range<usize>| {
+            let m = rows.len();
+            let part = |v: &[f32]| Cuda.upload(&be, &v[rows.start * cols..rows.end * cols]);
+            let (x, g, mut r, mut xn) = (part(&x0), part(&g0), part(&r0), part(&x0));
+            let mut out = poison(&be, &Cuda, m * cols);
+            let mut y = poison(&be, &Cuda, m * 32);
+            for _ in 0..2 {
+                match kind {
+                    0 => be.rms_norm(&x, &nw, 1e-5, m, &mut out).unwrap(),
+                    1 => be.add_rms_norm(&mut r, &x, &nw, 1e-5, m, &mut out).unwrap(),
+                    _ => be
+                        .rms_norm_gated(&mut xn, &nw, 1e-5, m, cols, &g, &mut out)
+                        .unwrap(),
+                }
+                be.matmul(&w, &out, m, &mut y).unwrap();
+                r = part(&r0);
+                xn = part(&x0);
+            }
+            match kind {
+                0 => be.rms_norm(&x, &nw, 1e-5, m, &mut out).unwrap(),
+                1 => be.add_rms_norm(&mut r, &x, &nw, 1e-5, m, &mut out).unwrap(),
+                _ => be
+                    .rms_norm_gated(&mut xn, &nw, 1e-5, m, cols, &g, &mut out)
+                    .unwrap(),
+            }
+            (read(&be, &out, m * cols), read(&be, &r, m * cols))
+        };
+        for kind in 0..3 {
+            let all = run(kind, 0..n);
+            for i in [0, 37, n - 1] {
+                let one = run(kind, i..i + 1);
+                let row = |v: &[f32]| v[i * cols..(i + 1) * cols].to_vec();
+                let case = format!("{cols} columns, norm kind {kind}, row {i} of {n}");
+                assert_eq!(bits_differ(&one.0, &row(&all.0)), 0, "the norm: {case}");
+                assert_eq!(bits_differ(&one.1, &row(&all.1)), 0, "the residual: {case}");
+            }
+        }
+    }
+}
+
 /// wmm over widths past whole stages of 128 columns (the permuted activations padded with
 /// zeros) and over row counts past whole tiles, in every tile, against the reference; and the
 /// same bits in every tile.
