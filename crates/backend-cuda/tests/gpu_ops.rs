@@ -247,6 +247,30 @@ fn f32_weights_multiply_in_f32() {
     }
 }
 
+/// One of the norms a layer takes into `out`, over `n` rows of `cols`: kind 0 `rms_norm` of x, 1
+/// `add_rms_norm` (r += x, then the norm of r), 2 `rms_norm_gated` (xn normed in place, times
+/// silu(g)).
+#[allow(clippy::too_many_arguments)]
+fn norm_of_kind(
+    be: &CudaBackend,
+    kind: usize,
+    nw: &<CudaBackend as Backend>::Weight,
+    (x, g): (
+        &<CudaBackend as Backend>::Buf,
+        &<CudaBackend as Backend>::Buf,
+    ),
+    r: &mut <CudaBackend as Backend>::Buf,
+    xn: &mut <CudaBackend as Backend>::Buf,
+    (n, cols): (usize, usize),
+    out: &mut <CudaBackend as Backend>::Buf,
+) {
+    match kind {
+        0 => be.rms_norm(x, nw, 1e-5, n, out).unwrap(),
+        1 => be.add_rms_norm(r, x, nw, 1e-5, n, out).unwrap(),
+        _ => be.rms_norm_gated(xn, nw, 1e-5, n, cols, g, out).unwrap(),
+    }
+}
+
 /// A norm followed by a product: the norm kernel writes the int8 copy the product read the
 /// time before (src/norm.rs), one launch fewer, and every bit is the unfused path's (the norm's
 /// output, the residual, the product), for blocks of 32 (q8_0 and Q4_1's q8_1 sums, rows of
@@ -281,13 +305,16 @@ fn a_norms_int8_copy_is_the_quantizers() {
                 let mut out = poison(&be, &Cuda, n * cols);
                 let mut y = poison(&be, &Cuda, n * 96);
                 let before = be.launch_count();
-                match kind {
-                    0 => be.rms_norm(&x, &nw, 1e-5, n, &mut out).unwrap(),
-                    1 => be.add_rms_norm(&mut r, &x, &nw, 1e-5, n, &mut out).unwrap(),
-                    _ => be
-                        .rms_norm_gated(&mut xn, &nw, 1e-5, n, cols, &g, &mut out)
-                        .unwrap(),
-                }
+                norm_of_kind(
+                    &be,
+                    kind,
+                    &nw,
+                    (&x, &g),
+                    &mut r,
+                    &mut xn,
+                    (n, cols),
+                    &mut out,
+                );
                 if between {
                     let mut other = Cuda.upload(&be, &[0.0; 4]);
                     be.add(&mut other, &Cuda.upload(&be, &[1.0; 4]), 4).unwrap();
@@ -349,24 +376,30 @@ fn norms_give_each_row_its_own_bits_at_any_row_count() {
             let mut out = poison(&be, &Cuda, m * cols);
             let mut y = poison(&be, &Cuda, m * 32);
             for _ in 0..2 {
-                match kind {
-                    0 => be.rms_norm(&x, &nw, 1e-5, m, &mut out).unwrap(),
-                    1 => be.add_rms_norm(&mut r, &x, &nw, 1e-5, m, &mut out).unwrap(),
-                    _ => be
-                        .rms_norm_gated(&mut xn, &nw, 1e-5, m, cols, &g, &mut out)
-                        .unwrap(),
-                }
+                norm_of_kind(
+                    &be,
+                    kind,
+                    &nw,
+                    (&x, &g),
+                    &mut r,
+                    &mut xn,
+                    (m, cols),
+                    &mut out,
+                );
                 be.matmul(&w, &out, m, &mut y).unwrap();
                 r = part(&r0);
                 xn = part(&x0);
             }
-            match kind {
-                0 => be.rms_norm(&x, &nw, 1e-5, m, &mut out).unwrap(),
-                1 => be.add_rms_norm(&mut r, &x, &nw, 1e-5, m, &mut out).unwrap(),
-                _ => be
-                    .rms_norm_gated(&mut xn, &nw, 1e-5, m, cols, &g, &mut out)
-                    .unwrap(),
-            }
+            norm_of_kind(
+                &be,
+                kind,
+                &nw,
+                (&x, &g),
+                &mut r,
+                &mut xn,
+                (m, cols),
+                &mut out,
+            );
             (read(&be, &out, m * cols), read(&be, &r, m * cols))
         };
         for kind in 0..3 {
