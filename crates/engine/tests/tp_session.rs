@@ -106,9 +106,14 @@ fn ranks_keep_a_quantized_kv_cache_as_the_whole_model_does() {
         let mut tp = TpSession::start(ranks(2), &f, &with(kv)).unwrap();
         let got = tp.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
         // Each rank codes its own KV heads as the whole model codes them: only the o and
-        // down sums' order differs.
-        let e = rel_l2(&got, &want);
-        assert!(e < 1e-3, "{t:?}: logits off the whole model's by {e}");
+        // down sums' order differs, and a key's last bit can move one of its codes by a step
+        // (tq4's 4-bit codes: 0.006 of 0.24 on an AVX2 CPU, 2026-12-07). The ranks lie within
+        // 5% of the distance between the type's logits and f16's (Q8_0 0.0002 of 0.02).
+        let (e, codec) = (rel_l2(&got, &want), rel_l2(&want, &f16));
+        assert!(
+            e < 0.05 * codec,
+            "{t:?}: logits off the whole model's by {e} (the type's from f16's: {codec})"
+        );
         // And the cache is the type's: not f16's logits.
         assert!(
             rel_l2(&got, &f16) > 1e-6,
