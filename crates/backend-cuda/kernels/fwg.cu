@@ -1,5 +1,5 @@
-// ---- Prompt attention on Hopper's warpgroup tensor cores (wgmma, sm_90a) over an f16 cache;
-// part of the kvq_f16_f16 module, after flash.cu and wgmma.cuh ----
+// ---- Prompt attention on Hopper's warpgroup tensor cores (wgmma, sm_90a) over an f16, bf16 or
+// q8_0 cache; part of those pairs' kvq modules, after flash.cu and wgmma.cuh ----
 //
 // What flash_attention computes, for the same tiles, key ranges (rk absolute positions) and
 // partials (merged by flash_merge), on wgmma:
@@ -19,7 +19,9 @@
 // of a swizzled head dim comes by the tensor memory accelerator: one box per cache block of 16
 // keys and 64 columns, the blocks' slots from the block table, issued by one warp. Other tiles
 // (the range's last, head dim 96, another block size) are copied through the block table by the
-// warpgroup's 128 threads (cp.async, 16-byte pieces), keys past the end zeroed. While O += P·V
+// warpgroup's 128 threads (cp.async, 16-byte pieces), keys past the end zeroed. A bf16 or q8_0
+// cache is decoded to f16 by the same threads into the same layout (flash.cu's values: the
+// products are f16's either way). While O += P·V
 // of tile i runs, S of tile i + 1 is issued; the two consumer warpgroups take turns to issue.
 // The producer gives its registers to the consumers (setmaxnreg, FwgCfg::PREG and CREG).
 //   grid (n_tiles, n_head_kv · ceil(G / 2), n_ranges), block 384 (2 consumer warpgroups, then
@@ -108,6 +110,26 @@ __device__ __forceinline__ void fwg_copy(u8* s, const u8* __restrict__ cache, co
     cp_async_commit();
 }
 
+// The same tile of a cache of type T (bf16, q8_0) decoded to f16 by the producer's 128 threads,
+// stored in FwgLayout; an empty cp.async group is committed, so that the producer's waits count
+// a group per cache whichever way each came.
+template <int HD, int KT, int T>
+__device__ __forceinline__ void fwg_decode(u8* s, const u8* __restrict__ cache, const u32* __restrict__ bt, u32 bs,
+                                           int n_head_kv, int kvh, int j0, int j_end, int pt) {
+    typedef FwgLayout<HD> L;
+    constexpr int RB = kv_head_bytes(T, HD);
+#pragma unroll 2
+    for (int e = pt; e < KT * HD / 8; e += 128) {
+        const int2 rc = L::piece(e);
+        const int r = rc.x, c = rc.y, j = j0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (j < j_end)
+            v = kv_load8_h<T, HD>(cache + ((long long)(bt[j / bs] * bs + j % bs) * n_head_kv + kvh) * RB, c * 8, 0);
+        *(uint4*)(s + L::template off<KT>(r, c)) = v;
+    }
+    cp_async_commit();
+}
+
 // Keys j0 … j0 + KT − 1 of both caches (all < the range's end) into stage buffers `ks` and `vs`
 // by the tensor memory accelerator, issued by the producer's first warp (lane `pt`): box e is
 // cache block e / CB of the tile (16 keys, FWG_BOX) and column block e % CB (64 halves), at
@@ -165,7 +187,7 @@ __device__ __forceinline__ void fwg_logits(float* sc, float* mx, bool edge, int 
     }
 }
 
-template <int HD>
+template <int HD, int KTY, int VTY>
 __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,
                          float* __restrict__ out, float* __restrict__ part, const int4* __restrict__ tiles, BatchView b,
                          int n_head, int n_head_kv, float scale, int window, float softcap, int rk, int n_ranges) {
@@ -220,7 +242,7 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
         // them visible to the tensor cores' reads).
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(C::PREG));
         const int pt = threadIdx.x - 256;
-        const bool tma = L::SW && b.block_size == FWG_BOX;
+        const bool tma = L::SW && b.block_size == FWG_BOX && KTY == KV_F16 && VTY == KV_F16;
         for (int i = 0; i < ntiles; i++) {
             const int st = i % NST;
             if (i >= NST) mbar_wait(empty + st, ((i / NST) - 1) & 1);
@@ -229,8 +251,14 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
                 fwg_tma<HD, KT>(kbuf + st * C::TB, vbuf + st * C::TB, full_k + st, full_v + st, km, vm, bt, kvh, j0, pt);
                 continue;
             }
-            fwg_copy<HD, KT>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
-            fwg_copy<HD, KT>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            if constexpr (KTY == KV_F16)
+                fwg_copy<HD, KT>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            else
+                fwg_decode<HD, KT, KTY>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            if constexpr (VTY == KV_F16)
+                fwg_copy<HD, KT>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            else
+                fwg_decode<HD, KT, VTY>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
             cp_async_wait<1>();
             fence_async_smem();
             mbar_arrive(full_k + st);
@@ -423,11 +451,11 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
 #endif
 }
 
-// The module's kernels per head dim (registry.rs `kernels`, the f16/f16 pair only).
-template <int HD>
+// The module's kernels per head dim (registry.rs `kernels`: the pairs of f16, bf16 and q8_0).
+template <int HD, int KTY, int VTY>
 __global__ void __launch_bounds__(384, 1)
     fwg_attention(const __grid_constant__ TMap km, const __grid_constant__ TMap vm, const float* q, const u8* kc, const u8* vc, float* out, float* part, const int4* tiles, BatchView b,
                   int n_head, int n_head_kv, float scale, int window, float softcap, int rk, int n_ranges) {
     pdl_begin();
-    fwg_impl<HD>(&km, &vm, q, kc, vc, out, part, tiles, b, n_head, n_head_kv, scale, window, softcap, rk, n_ranges);
+    fwg_impl<HD, KTY, VTY>(&km, &vm, q, kc, vc, out, part, tiles, b, n_head, n_head_kv, scale, window, softcap, rk, n_ranges);
 }

@@ -131,10 +131,11 @@ impl CudaBackend {
             (n_tiles.max(1), 0)
         };
         let window = a.window.map(|w| w as i32).unwrap_or(0);
-        let wgmma = plan::flash_on_wgmma(self.dev.info.arch, kv.packed());
-        // fwg's producer brings whole tiles by the tensor memory accelerator: boxes of one
-        // cache block's keys × 64 halves of one KV head, 128-byte swizzled (fwg.cu FwgLayout).
-        let maps = if wgmma && hd.is_multiple_of(64) {
+        let wgmma = plan::flash_on_wgmma(self.dev.info.arch, kv.types);
+        // fwg's producer brings whole tiles of an f16 cache by the tensor memory accelerator:
+        // boxes of one cache block's keys × 64 halves of one KV head, 128-byte swizzled (fwg.cu
+        // FwgLayout); the other types' it decodes.
+        let maps = if wgmma && !kv.packed() && hd.is_multiple_of(64) {
             let map = |ptr| {
                 tensor_map(
                     ds::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,

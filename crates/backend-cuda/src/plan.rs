@@ -8,7 +8,7 @@
 
 use crate::kinds::Kind;
 use crate::registry;
-use quiver_backend::Numerics;
+use quiver_backend::{KvType, KvTypes, Numerics};
 use std::fmt::Write;
 
 /// A family of product kernels.
@@ -321,10 +321,16 @@ impl Attention {
 pub const FLASH_HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
 pub const KVD_HEAD_DIMS: &[usize] = &[64, 128, 256, 512];
 
-/// Whether prompt attention runs on the wgmma kernel (kernels/fwg.cu): Hopper, f16 keys and
-/// values (`packed`: another cache type, decoded by flash.cu's threads).
-pub fn flash_on_wgmma(arch: u32, packed: bool) -> bool {
-    arch == 90 && !packed
+/// Whether prompt attention runs on the wgmma kernel (kernels/fwg.cu): Hopper, keys and values
+/// each f16, bf16 or q8_0 (the latter two decoded to f16 by its producer); TurboQuant's caches
+/// (rotated, levels) take flash.cu.
+pub fn flash_on_wgmma(arch: u32, types: KvTypes) -> bool {
+    arch == 90 && fwg_type(types.k) && fwg_type(types.v)
+}
+
+/// A cache type fwg.cu reads.
+pub fn fwg_type(t: KvType) -> bool {
+    matches!(t, KvType::F16 | KvType::Bf16 | KvType::Q8_0)
 }
 
 /// fwg.cu's dynamic shared memory at head dim `hd` (`FwgCfg::BYTES`): 128 q rows, and stages of

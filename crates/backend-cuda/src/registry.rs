@@ -125,6 +125,11 @@ fn kvq_pairs() -> impl Iterator<Item = (KvType, KvType)> {
         .flat_map(|k| KvType::ALL.into_iter().map(move |v| (k, v)))
 }
 
+/// Whether the kvq module's pair has fwg.cu's kernels (plan::flash_on_wgmma's types).
+fn fwg_pair(module: &str) -> bool {
+    kvq_pair(module).is_some_and(|(k, v)| crate::plan::fwg_type(k) && crate::plan::fwg_type(v))
+}
+
 /// The kvq module's (K, V) pair.
 fn kvq_pair(module: &str) -> Option<(KvType, KvType)> {
     kvq_pairs().find(|&(k, v)| crate::kvq::module(k, v) == module)
@@ -188,7 +193,7 @@ fn plain(name: &str) -> (String, String) {
 /// which the registry keeps beside the cubin.
 pub fn kernels(module: &str) -> Vec<(String, String)> {
     if let Some((k, v)) = kvq_pair(module) {
-        return attention_kernels(crate::kvq::kv_type_id(k), crate::kvq::kv_type_id(v));
+        return attention_kernels(k, v);
     }
     match module {
         "ops" => OPS_KERNELS
@@ -233,7 +238,8 @@ pub fn kernels(module: &str) -> Vec<(String, String)> {
 
 /// A kvq module's kernels for K and V types `k`, `v` (kvq.cu `KV_*`): every head dim of each
 /// attention family.
-fn attention_kernels(k: u32, v: u32) -> Vec<(String, String)> {
+fn attention_kernels(kt: KvType, vt: KvType) -> Vec<(String, String)> {
+    let (k, v) = (crate::kvq::kv_type_id(kt), crate::kvq::kv_type_id(vt));
     let mut l = vec![plain("kv_encode")];
     let mut family = |name: &str, dims: &[usize]| {
         for d in dims {
@@ -250,9 +256,12 @@ fn attention_kernels(k: u32, v: u32) -> Vec<(String, String)> {
     family("kvq", crate::kvq::KVQ_HEAD_DIMS);
     family("kvd", crate::plan::KVD_HEAD_DIMS);
     family("flash", crate::plan::FLASH_HEAD_DIMS);
-    if (k, v) == (0, 0) {
+    if crate::plan::fwg_type(kt) && crate::plan::fwg_type(vt) {
         for d in crate::plan::FLASH_HEAD_DIMS {
-            l.push((format!("fwg_attention_{d}"), format!("fwg_attention<{d}>")));
+            l.push((
+                format!("fwg_attention_{d}"),
+                format!("fwg_attention<{d}, {k}, {v}>"),
+            ));
         }
     }
     l
@@ -346,8 +355,8 @@ pub fn kernel_names(module: &str) -> Vec<String> {
 /// define kernel templates; the module's list ([`kernels`]) instantiates them.
 pub fn module_source(module: &str) -> Option<String> {
     let files: Vec<(&str, &str)> = match module {
-        // The wgmma prompt kernel (fwg.cu) reads f16 keys and values only.
-        m if kvq_pair(m) == Some((KvType::F16, KvType::F16)) => vec![
+        // The wgmma prompt kernel (fwg.cu) reads f16, bf16 and q8_0 keys and values.
+        m if fwg_pair(m) => vec![
             ("kvq.cu", KVQ),
             ("flash.cu", FLASH),
             ("wgmma.cuh", WGMMA),

@@ -1041,7 +1041,8 @@ fn kv_records_are_the_cpu_encoders_bytes() {
 #[ignore = "needs a CUDA GPU"]
 fn prompts_over_every_kv_type_at_depth() {
     let mut rng = seeded_rng();
-    // The flash kernel over every pair of cache types: 300 positions (one key range: rows
+    // The prompt kernels over every pair of cache types (fwg.cu on sm_90 for the pairs of f16,
+    // bf16 and q8_0, flash.cu else): 300 positions (one key range: rows
     // written by their block, un-rotated there for TurboQuant values) and 4,500 (two ranges:
     // partials merged by flash_merge).
     let mut be = backend_with(CudaConfig::from_env(Numerics::BatchInvariant));
