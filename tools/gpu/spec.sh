@@ -70,11 +70,11 @@ case ${1:-} in
     ;;
 esac
 
-cpu=0 peer=1 budget=540 args=() models=() serve="" ntok=256 rounds=2
+cpu=0 peer=1 budget=540 args=() models=() serve="" ntok=256 rounds=2 dev=cuda
 while [ $# -gt 0 ]; do
   case $1 in
     --cpu) cpu=1 ;;
-    --device) args+=(--device "$2"); shift ;;
+    --device) dev=$2; args+=(--device "$2"); shift ;;
     --no-peer) peer=0 ;;
     --serve) serve=$2; shift ;;
     --budget) budget=$2; shift ;;
@@ -115,9 +115,8 @@ for m in "${models[@]}"; do
 done
 
 if [ -n "$serve" ]; then
-  dev=cuda
   [ $cpu = 0 ] || dev=cpu
-  prompts=$(ls tools/gpu/spec/*.txt | grep -v README | paste -sd,)
+  prompts=$(ls tools/gpu/spec/*.txt | paste -sd,)
   for p in "${paths[@]}"; do
     for r in $(seq "$rounds"); do
       order="off on"

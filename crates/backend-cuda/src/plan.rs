@@ -325,12 +325,13 @@ pub const KVD_HEAD_DIMS: &[usize] = &[64, 128, 256, 512];
 /// each f16, bf16 or q8_0 (the latter two decoded to f16 by its producer); TurboQuant's caches
 /// (rotated, levels) take flash.cu.
 pub fn flash_on_wgmma(arch: u32, types: KvTypes) -> bool {
-    arch == 90 && fwg_type(types.k) && fwg_type(types.v)
+    arch == 90 && fwg_pair(types)
 }
 
-/// A cache type fwg.cu reads.
-pub fn fwg_type(t: KvType) -> bool {
-    matches!(t, KvType::F16 | KvType::Bf16 | KvType::Q8_0)
+/// Whether fwg.cu reads caches of these types (its kernels are in their kvq module).
+pub fn fwg_pair(types: KvTypes) -> bool {
+    let ok = |t| matches!(t, KvType::F16 | KvType::Bf16 | KvType::Q8_0);
+    ok(types.k) && ok(types.v)
 }
 
 /// fwg.cu's dynamic shared memory at head dim `hd` (`FwgCfg::BYTES`): 128 q rows, and stages of

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{result as dr, sys as ds};
 use cudarc::nvrtc::{result as nr, sys as ns};
-use quiver_backend::KvType;
+use quiver_backend::{KvType, KvTypes};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
@@ -123,11 +123,6 @@ fn kvq_pairs() -> impl Iterator<Item = (KvType, KvType)> {
     KvType::ALL
         .into_iter()
         .flat_map(|k| KvType::ALL.into_iter().map(move |v| (k, v)))
-}
-
-/// Whether the kvq module's pair has fwg.cu's kernels (plan::flash_on_wgmma's types).
-fn fwg_pair(module: &str) -> bool {
-    kvq_pair(module).is_some_and(|(k, v)| crate::plan::fwg_type(k) && crate::plan::fwg_type(v))
 }
 
 /// The kvq module's (K, V) pair.
@@ -256,7 +251,7 @@ fn attention_kernels(kt: KvType, vt: KvType) -> Vec<(String, String)> {
     family("kvq", crate::kvq::KVQ_HEAD_DIMS);
     family("kvd", crate::plan::KVD_HEAD_DIMS);
     family("flash", crate::plan::FLASH_HEAD_DIMS);
-    if crate::plan::fwg_type(kt) && crate::plan::fwg_type(vt) {
+    if crate::plan::fwg_pair(KvTypes { k: kt, v: vt }) {
         for d in crate::plan::FLASH_HEAD_DIMS {
             l.push((
                 format!("fwg_attention_{d}"),
@@ -356,7 +351,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
 pub fn module_source(module: &str) -> Option<String> {
     let files: Vec<(&str, &str)> = match module {
         // The wgmma prompt kernel (fwg.cu) reads f16, bf16 and q8_0 keys and values.
-        m if fwg_pair(m) => vec![
+        m if kvq_pair(m).is_some_and(|(k, v)| crate::plan::fwg_pair(KvTypes { k, v })) => vec![
             ("kvq.cu", KVQ),
             ("flash.cu", FLASH),
             ("wgmma.cuh", WGMMA),

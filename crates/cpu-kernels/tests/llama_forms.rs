@@ -131,8 +131,8 @@ fn block_order(w: &[f32], x: &[f32]) -> f32 {
             l[i] = w[i].mul_add(x[i], l[i]);
         }
     }
-    let h: Vec<f32> = (0..8).map(|i| l[i] + l[8 + i]).collect();
-    let q: Vec<f32> = (0..4).map(|i| h[i] + h[4 + i]).collect();
+    let h: [f32; 8] = std::array::from_fn(|i| l[i] + l[8 + i]);
+    let q: [f32; 4] = std::array::from_fn(|i| h[i] + h[4 + i]);
     let mut s = (q[0] + q[2]) + (q[1] + q[3]);
     for c in end..w.len() {
         s += w[c] * x[c];
