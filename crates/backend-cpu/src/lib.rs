@@ -737,6 +737,12 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn leave_group(&self) {
+        if let Some(c) = &self.comm {
+            c.leave();
+        }
+    }
+
     fn all_gather_cols(&self, x: &mut Vec<f32>, rows: usize, width: usize) -> Result<()> {
         let Some(c) = &self.comm else { return Ok(()) };
         let mut all = self.packed.lock().unwrap_or_else(|e| e.into_inner());

@@ -39,6 +39,9 @@ pub trait Comm: Send + Sync {
     /// out ← every rank's x, rank after rank (`out.len()` = size · `x.len()`). Every rank
     /// calls it with the same length.
     fn all_gather(&self, x: &[f32], out: &mut [f32]) -> Result<()>;
+    /// This rank leaves the group (it stopped mid-step): every rank's exchange in progress or
+    /// later fails instead of waiting for it.
+    fn leave(&self);
 }
 
 /// Ranks that are threads of one process: [`LocalComm::group`] makes one per rank, each
@@ -106,6 +109,9 @@ impl Comm for LocalComm {
         }
         self.put(x)?;
         self.take(n, |r, p| out[r * n..(r + 1) * n].copy_from_slice(p))
+    }
+    fn leave(&self) {
+        self.group.gate.break_all();
     }
 }
 

@@ -683,6 +683,9 @@ pub trait Backend {
         let _ = (x, n);
         Ok(())
     }
+    /// This rank leaves its tensor-parallel group after a step failed on it, so that the
+    /// other ranks' exchanges fail instead of waiting for it ([`Comm::leave`]).
+    fn leave_group(&self) {}
     /// x[..rows · width · size] ← every rank's columns side by side: rank r's x[..rows · width]
     /// (rows of `width`) becomes columns r·width.. of rows of size·width (the logits of a head
     /// the ranks split by vocabulary). Nothing to do on one rank.

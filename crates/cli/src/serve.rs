@@ -147,9 +147,6 @@ fn parse_chat_template(s: &str) -> std::result::Result<String, String> {
 }
 
 pub fn run(mut a: ServeArgs) -> Result<()> {
-    if let Some(n @ 2..) = a.load.tensor_parallel {
-        bail!("-tp {n}: serve runs a model on one rank (tensor-parallel ranks run with run, chat, bench, perplexity and logprobs: -tp {n} --device cpu)");
-    }
     if let Some(n) = &a.n_gpu_layers {
         let n: i64 = n
             .parse()
@@ -287,7 +284,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         .and_then(quiver_engine::embed::Pooling::parse)
         .or_else(|| quiver_engine::embed::Pooling::of_file(&file))
         .unwrap_or(quiver_engine::embed::Pooling::Last);
-    let threads = engine::threads(&a.load)?;
+    let ranks = a.load.tensor_parallel.unwrap_or(1) as usize;
+    // -tp N splits the threads over the ranks.
+    let threads = (engine::threads(&a.load)? / ranks).max(1);
     let numerics = a.load.numerics;
     let load_delay_ms = a.load_delay_ms;
     let opts = ServeOptions {
@@ -300,6 +299,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         spec,
     };
     let (device, desc) = engine::choose_device(&a.load.device)?;
+    if ranks > 1 && device != engine::Device::Cpu {
+        bail!("-tp {ranks} on {desc}: {}", crate::tp::NO_TP);
+    }
     if let Some(n) = &a.dropin.n_gpu_layers_draft {
         let n: i64 = n
             .parse()
@@ -326,10 +328,11 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         let handle = match device {
             engine::Device::Cpu => {
                 notes.push(engine::cpu_invariance(numerics));
-                quiver_engine::start_serving(
-                    move || {
-                        CpuBackend::with_config(CpuConfig { threads, numerics })
-                            .weights_mapped(mlock)
+                quiver_engine::start_serving_ranks(
+                    move || match ranks {
+                        1 => vec![CpuBackend::with_config(CpuConfig { threads, numerics })
+                            .weights_mapped(mlock)],
+                        _ => crate::tp::cpu_ranks(ranks, threads, numerics, mlock),
                     },
                     file,
                     tok,
@@ -362,7 +365,10 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         for line in notes {
             tracing::info!("{line}");
         }
-        let with_threads = if device == engine::Device::Cpu {
+        let with_threads = if ranks > 1 {
+            let s = if threads == 1 { "" } else { "s" };
+            format!(" as {ranks} tensor-parallel ranks of {threads} thread{s}")
+        } else if device == engine::Device::Cpu {
             format!(" with {threads} threads")
         } else {
             String::new()

@@ -1,4 +1,4 @@
-//! `-tp N`: a model split over N tensor-parallel ranks (`quiver_engine::TpSession`), each a
+//! `-tp N`: a model split over N tensor-parallel ranks (`ModelRunner::with_ranks`), each a
 //! CPU backend of `--threads / N` threads in one group (`LocalComm`); GPUs are refused. The
 //! flags that ask for several devices (`-tp`, `-sm`, `-ts`) are read here.
 
@@ -6,7 +6,7 @@ use crate::engine::{self, Device, LoadArgs, Loaded};
 use anyhow::{bail, Result};
 use quiver_backend::{human_bytes, Comm, LocalComm};
 use quiver_backend_cpu::{CpuBackend, CpuConfig};
-use quiver_engine::{RunnerOptions, Session, TpSession};
+use quiver_engine::{ModelRunner, RunnerOptions};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
@@ -24,31 +24,20 @@ pub fn load(
         bail!("-tp {ranks} on {desc}: {NO_TP}");
     }
     let threads = (engine::threads(args)? / ranks).max(1);
-    let backends: Vec<CpuBackend> = LocalComm::group(ranks)
-        .into_iter()
-        .map(|c| {
-            let c: Arc<dyn Comm> = Arc::new(c);
-            CpuBackend::with_config(CpuConfig {
-                threads,
-                numerics: args.numerics,
-            })
-            .weights_mapped(args.mlock)
-            .with_comm(c)
-        })
-        .collect();
-    let s = TpSession::start(backends, file, opts)?;
-    let hp = s.hparams().clone();
+    let backends = cpu_ranks(ranks, threads, args.numerics, args.mlock);
+    let s = ModelRunner::with_ranks(backends, file, opts)?;
+    let hp = s.model.hp.clone();
     eprintln!(
         "quiver: loaded {} ({} layers, {} vocabulary) on {desc} as {ranks} tensor-parallel ranks of {threads} thread{}, context {} tokens, in {:.2}s",
         hp.arch,
         hp.n_layer,
         hp.n_vocab,
         if threads == 1 { "" } else { "s" },
-        s.n_ctx(),
+        s.n_ctx,
         t0.elapsed().as_secs_f64()
     );
     eprintln!("quiver: {}", engine::cpu_invariance(args.numerics));
-    let kv = hp.shard(ranks)?.kv_spec(s.n_ctx(), opts.kv);
+    let kv = hp.kv_spec(s.n_ctx, opts.kv);
     for (rank, w) in s.weights_bytes().iter().enumerate() {
         eprintln!(
             "quiver: rank {rank}: weights {}, {}",
@@ -59,6 +48,24 @@ pub fn load(
     Ok(Loaded {
         runner: Box::new(s),
     })
+}
+
+/// The CPU backends of `ranks` tensor-parallel ranks of `threads` threads each, in one group.
+pub fn cpu_ranks(
+    ranks: usize,
+    threads: usize,
+    numerics: quiver_backend::Numerics,
+    mlock: bool,
+) -> Vec<CpuBackend> {
+    LocalComm::group(ranks)
+        .into_iter()
+        .map(|c| {
+            let c: Arc<dyn Comm> = Arc::new(c);
+            CpuBackend::with_config(CpuConfig { threads, numerics })
+                .weights_mapped(mlock)
+                .with_comm(c)
+        })
+        .collect()
 }
 
 /// `--split-mode`: none and layer (one device holds the whole model either way); row asks for

@@ -533,10 +533,6 @@ fn tensor_parallel_cpu_ranks_run_bench_and_score_as_one_rank() {
             ],
             "--parallel",
         ),
-        (
-            &["serve", "-m", &m, "--port", "0", "-tp", "3"],
-            "serve runs a model on one rank",
-        ),
     ];
     for (args, says) in cases {
         let out = quiver(args);

@@ -460,6 +460,20 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> serde_json::Value {
 }
 
 #[test]
+fn tensor_parallel_size_serves_over_cpu_ranks_as_one_rank() {
+    // SmolLM2 over 3 ranks (vLLM's flag): greedy text as one rank's (as `run -tp 3` gives).
+    let body = r#"{"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}"#;
+    let text = |flags: &[&str]| {
+        let srv = serve(&[&["--device", "cpu"], flags].concat());
+        let r = http(srv.1, "POST", "/v1/completions", body);
+        assert_eq!(r["usage"]["completion_tokens"], 12, "{r}");
+        r["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let one = text(&[]);
+    assert_eq!(text(&["--tensor-parallel-size", "3"]), one);
+}
+
+#[test]
 fn ctx_over_parallel_and_request_defaults_as_llama_server_means_them() {
     // -c 1024 -np 4: 256 tokens a sequence, a pool of 1024 (64 blocks); -n 3 and --temp 0 are
     // the defaults of requests that give no max_tokens or temperature.

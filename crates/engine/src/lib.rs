@@ -27,7 +27,6 @@ mod serving;
 pub mod spec;
 pub mod spec_cost;
 mod spec_gen;
-pub mod tp_session;
 pub mod types;
 mod workers;
 
@@ -36,7 +35,6 @@ pub use generate::{generate, generate_spec, prompt_split, GenOptions, Generated}
 pub use picker::{Fetch, Picker};
 pub use runner::{ModelRunner, RunnerOptions, Session, Want};
 pub use sampler::{argmax, logprobs, Needs, Sampler, SamplerParams};
-pub use serve::start as start_serving;
+pub use serve::{start as start_serving, start_ranks as start_serving_ranks};
 pub use spec_gen::Speculator;
-pub use tp_session::TpSession;
 pub use types::{EngineError, FinishReason, Result, SchedError, BLOCK_SIZE};

@@ -12,7 +12,7 @@ use crate::sched::SchedulerOutput;
 use crate::types::{EngineError, Result, BLOCK_SIZE};
 use quiver_backend::Backend;
 use quiver_gguf::GgufFile;
-use quiver_models::{Model, ModelError, State};
+use quiver_models::{Model, ModelError, State, TpPeers, TpSizes};
 use std::sync::Arc;
 
 #[derive(Clone, Debug)]
@@ -71,6 +71,9 @@ pub struct ModelRunner<B: Backend> {
     /// The last verification step's first position and rows (`eval_verify`): where a
     /// recurrent state may be returned to ([`ModelRunner::rewind`]).
     last_verify: Option<(usize, usize)>,
+    /// The other ranks of a tensor-parallel model ([`ModelRunner::with_ranks`]): every step
+    /// runs on them too. `backend`, `model` and `state` are then rank 0's.
+    peers: Option<TpPeers>,
 }
 
 /// Which positions of an `eval` need logits.
@@ -91,6 +94,36 @@ impl Want {
     }
 }
 
+impl<B: Backend + Send + 'static> ModelRunner<B> {
+    /// A model split over tensor-parallel ranks, one of `backends` each (the ranks of one
+    /// group, in any order): rank 0 here, the others on threads of their own
+    /// ([`TpPeers`]); each holds its heads' share of every KV block. One backend of no group
+    /// is [`ModelRunner::new`].
+    pub fn with_ranks(
+        backends: Vec<B>,
+        file: &Arc<GgufFile>,
+        opts: &RunnerOptions,
+    ) -> Result<Self> {
+        if backends.len() == 1 && backends[0].shard().size == 1 {
+            let b = backends.into_iter().next().expect("one backend");
+            return Self::new(b, file, opts);
+        }
+        let (n_ctx, n_batch, max_logits) = opts.sizes();
+        let sizes = TpSizes {
+            n_ctx: opts.n_ctx,
+            kv: opts.kv,
+            n_slots: n_ctx,
+            max_tokens: n_batch,
+            max_logits,
+        };
+        let (backend, peers) = TpPeers::start(backends, file, sizes)?;
+        let (model, state) = sizes.load(&backend, file)?;
+        let mut r = Self::of(backend, model, state, n_ctx, n_batch);
+        r.peers = Some(peers);
+        Ok(r)
+    }
+}
+
 impl<B: Backend> ModelRunner<B> {
     pub fn new(backend: B, file: &Arc<GgufFile>, opts: &RunnerOptions) -> Result<Self> {
         let mut model = quiver_models::load(&backend, file)?;
@@ -98,7 +131,11 @@ impl<B: Backend> ModelRunner<B> {
         model.set_kv_types(opts.kv)?;
         let (n_ctx, n_batch, max_logits) = opts.sizes();
         let state = model.state(&backend, n_ctx, n_batch, max_logits)?;
-        Ok(ModelRunner {
+        Ok(Self::of(backend, model, state, n_ctx, n_batch))
+    }
+
+    fn of(backend: B, model: Model<B>, state: State<B>, n_ctx: usize, n_batch: usize) -> Self {
+        ModelRunner {
             backend,
             model,
             state,
@@ -111,7 +148,32 @@ impl<B: Backend> ModelRunner<B> {
             next_pos: 0,
             eagle: None,
             last_verify: None,
-        })
+            peers: None,
+        }
+    }
+
+    /// The tensor-parallel ranks the model is split over (1: whole here).
+    pub fn ranks(&self) -> usize {
+        self.peers.as_ref().map_or(1, |p| p.size())
+    }
+
+    /// Each rank's weights' bytes as its backend counts them, rank 0 first.
+    pub fn weights_bytes(&self) -> Vec<Option<u64>> {
+        let mut w = vec![self.backend.weights_bytes()];
+        if let Some(p) = &self.peers {
+            w.extend_from_slice(p.weights_bytes());
+        }
+        w
+    }
+
+    /// What a tensor-parallel model does not run yet, refused in one line (`what`).
+    pub(crate) fn whole_only(&self, what: &str) -> Result<()> {
+        match self.ranks() {
+            1 => Ok(()),
+            n => Err(EngineError::Model(ModelError::Tp(format!(
+                "{what} does not run over {n} tensor-parallel ranks yet"
+            )))),
+        }
     }
 
     pub fn n_vocab(&self) -> usize {
@@ -177,9 +239,13 @@ impl<B: Backend> ModelRunner<B> {
     /// schedule order.
     pub fn execute(&mut self, out: &SchedulerOutput) -> Result<()> {
         let batch = self.batch.build_scheduled(out);
-        self.model
-            .forward(&mut self.backend, &mut self.state, batch)?;
-        Ok(())
+        step(
+            &mut self.peers,
+            &mut self.backend,
+            &self.model,
+            &mut self.state,
+            batch,
+        )
     }
 
     /// Constrained decoding: masks the last step's logits rows on the device, (row, bits)
@@ -233,8 +299,13 @@ impl<B: Backend> ModelRunner<B> {
                 Some(logits_from),
             )
             .batch();
-        self.model
-            .forward(&mut self.backend, &mut self.state, batch)?;
+        step(
+            &mut self.peers,
+            &mut self.backend,
+            &self.model,
+            &mut self.state,
+            batch,
+        )?;
         self.next_pos = start_pos + tokens.len();
         self.last_verify = None;
         self.eagle_absorb(start_pos, tokens.len())
@@ -329,8 +400,13 @@ impl<B: Backend> ModelRunner<B> {
             .decode_from(start_pos)
             .kept_slot(0)
             .batch();
-        self.model
-            .forward(&mut self.backend, &mut self.state, batch)?;
+        step(
+            &mut self.peers,
+            &mut self.backend,
+            &self.model,
+            &mut self.state,
+            batch,
+        )?;
         self.next_pos = start_pos + rows;
         self.eagle_absorb(start_pos, rows)?;
         let how = Fetch::of(sampler.needs(), false);
@@ -410,7 +486,21 @@ impl<B: Backend> ModelRunner<B> {
     }
 }
 
-/// A loaded model and one sequence, whatever the backend: what the CLI commands drive.
+/// One forward step of `batch`: on the model's ranks together where it is split over several.
+fn step<B: Backend>(
+    peers: &mut Option<TpPeers>,
+    b: &mut B,
+    m: &Model<B>,
+    s: &mut State<B>,
+    batch: &quiver_backend::Batch,
+) -> Result<()> {
+    match peers {
+        Some(p) => p.forward(b, m, s, batch)?,
+        None => m.forward(b, s, batch)?,
+    }
+    Ok(())
+}
+
 /// Tokens one sequence evaluates at `start_pos..`: not empty, within a context of `n_ctx`
 /// positions and a vocabulary of `n_vocab` (a single-sequence session's check).
 pub(crate) fn check_single(
@@ -481,6 +571,7 @@ pub(crate) fn verify_picks(
     }
 }
 
+/// A loaded model and one sequence, whatever the backend: what the CLI commands drive.
 pub trait Session {
     /// See `ModelRunner::eval`.
     fn eval(&mut self, tokens: &[u32], start_pos: usize, want: Want) -> Result<&[f32]>;
@@ -583,9 +674,11 @@ impl<B: Backend> Session for ModelRunner<B> {
         ModelRunner::rewind(self, pos)
     }
     fn attach_eagle3(&mut self, head: &Arc<GgufFile>, target: &Arc<GgufFile>) -> Result<()> {
+        self.whole_only("an EAGLE-3 head")?;
         ModelRunner::attach_eagle3(self, head, target)
     }
     fn attach_mtp(&mut self, file: &Arc<GgufFile>) -> Result<()> {
+        self.whole_only("a multi-token-prediction block")?;
         ModelRunner::attach_mtp(self, file)
     }
     fn propose_head(
@@ -619,6 +712,7 @@ impl<B: Backend> Session for ModelRunner<B> {
         parallel: usize,
         step_tokens: usize,
     ) -> Result<BatchedResult> {
+        self.whole_only("the batched bench (--parallel)")?;
         batched_bench(
             &mut self.backend,
             &self.model,

@@ -35,8 +35,25 @@ pub fn start<B, F>(
     name: String,
 ) -> Result<EngineHandle, EngineError>
 where
-    B: Backend + 'static,
+    B: Backend + Send + 'static,
     F: FnOnce() -> B + Send + 'static,
+{
+    start_ranks(move || vec![make()], file, tokenizer, opts, name)
+}
+
+/// [`start`] with the model split over tensor-parallel ranks, one of the backends `make` makes
+/// each (the ranks of one group: `ModelRunner::with_ranks`); the scheduler, the KV blocks'
+/// bookkeeping and the picks stay single, on rank 0's thread.
+pub fn start_ranks<B, F>(
+    make: F,
+    file: Arc<GgufFile>,
+    tokenizer: Tokenizer,
+    opts: ServeOptions,
+    name: String,
+) -> Result<EngineHandle, EngineError>
+where
+    B: Backend + Send + 'static,
+    F: FnOnce() -> Vec<B> + Send + 'static,
 {
     let info = ModelInfo {
         name,
@@ -55,7 +72,7 @@ where
                 max_logits: opts.max_seqs + PROMPT_LOGIT_ROWS,
                 kv: opts.kv,
             };
-            let mut runner = match ModelRunner::new(make(), &file, &runner_opts)
+            let mut runner = match ModelRunner::with_ranks(make(), &file, &runner_opts)
                 .and_then(|mut r| r.set_seq_state(opts.max_seqs, Some(opts.n_ctx)).map(|_| r))
             {
                 Ok(r) => r,
@@ -139,6 +156,10 @@ fn load_draft<B: Backend>(
     opts: &ServeOptions,
 ) -> Result<Option<DraftModel<B>>, EngineError> {
     opts.spec.validate().map_err(EngineError::Draft)?;
+    if opts.spec.kind == SpecType::Mtp || opts.spec.draft_model.is_some() {
+        // (It would run whole on rank 0's backend, whose products reduce over the ranks.)
+        runner.whole_only("a draft model or head (-md, --spec-type mtp)")?;
+    }
     let n_slots = opts.kv_blocks * BLOCK_SIZE;
     if opts.spec.kind == SpecType::Mtp {
         // The target's own block (or a sidecar's); its K/V in the target's blocks as a draft

@@ -17,7 +17,7 @@ mod qwen;
 mod qwen35;
 mod state;
 mod tp;
-mod tp_ranks;
+mod tp_peers;
 
 pub use decoder::{Experts, Ffn, Layer, Model, Scales};
 pub use deepseek4::Dsv4Hp;
@@ -25,7 +25,7 @@ pub use eagle3::{check_target as eagle3_check_target, load as load_eagle3, Eagle
 pub use hparams::{Hparams, LayerHp};
 pub use state::State;
 pub use tp::{load_reduce_chunks, load_shard, ReduceParts};
-pub use tp_ranks::{TpRanks, TpSizes};
+pub use tp_peers::{TpPeers, TpSizes};
 
 use quiver_backend::{Backend, BackendError, WeightBytes};
 use quiver_gguf::{GgufError, GgufFile};

@@ -6,7 +6,7 @@
 use quiver_backend::{Backend, Batch, Comm, LocalComm, SeqSpan, Shard, KV_BLOCK_SIZE};
 use quiver_backend_cpu::CpuBackend;
 use quiver_gguf::GgufFile;
-use quiver_models::{load_reduce_chunks, load_shard, Model, TpRanks, TpSizes};
+use quiver_models::{load_reduce_chunks, load_shard, Model, State, TpPeers, TpSizes};
 use std::sync::Arc;
 
 /// tiny-llama with heads, KV heads and FFN width that 2 and 4 ranks divide (8, 4, 1024).
@@ -241,15 +241,48 @@ fn a_vocabulary_the_ranks_do_not_divide_keeps_the_head_whole() {
     check_preset(&p, "Q8_0", &[2, 4], 5e-2);
 }
 
+/// Rank 0 on the test's thread, the others following it ([`TpPeers`]): the engine's runner
+/// in small.
+struct Ranks {
+    b: CpuBackend,
+    m: Model<CpuBackend>,
+    s: State<CpuBackend>,
+    peers: TpPeers,
+}
+
+impl Ranks {
+    fn start(backends: Vec<CpuBackend>, f: &Arc<GgufFile>) -> quiver_models::Result<Ranks> {
+        let (b, peers) = TpPeers::start(backends, f, sizes())?;
+        let (m, s) = sizes().load(&b, f)?;
+        Ok(Ranks { b, m, s, peers })
+    }
+
+    /// One step on every rank: rank 0's logits.
+    fn forward(&mut self, batch: &Batch) -> quiver_models::Result<Vec<f32>> {
+        self.peers
+            .forward(&mut self.b, &self.m, &mut self.s, batch)?;
+        let mut out = Vec::new();
+        let n = batch.logits.len() * self.m.hp.n_vocab;
+        self.b.read(&self.s.logits, n, &mut out)?;
+        Ok(out)
+    }
+}
+
+fn group(n: usize) -> Vec<CpuBackend> {
+    LocalComm::group(n)
+        .into_iter()
+        .map(|c| CpuBackend::new(1).with_comm(Arc::new(c)))
+        .collect()
+}
+
 #[test]
 fn a_driver_runs_the_ranks_as_one_model() {
     let f = synth(&preset(), "Q8_0", "driver");
     let want = reference(&f, 2);
-    let backends = LocalComm::group(2)
-        .into_iter()
-        .map(|c| CpuBackend::new(1).with_comm(Arc::new(c)))
-        .collect();
-    let mut tp = TpRanks::start(backends, &f, sizes()).unwrap();
+    let mut backends = group(2);
+    backends.reverse(); // in any order
+    let mut tp = Ranks::start(backends, &f).unwrap();
+    assert_eq!(tp.peers.size(), 2);
     let got: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
     assert_eq!(bits_differ(&got, &want), 0);
     // A token past the vocabulary, which no rank's part of the embedding holds: every rank
@@ -261,9 +294,19 @@ fn a_driver_runs_the_ranks_as_one_model() {
     );
     let e = tp.forward(&steps()[1]).unwrap_err();
     assert!(e.to_string().contains("stopped"), "{e}");
+    // Rank 0 alone failing (its state too small for the step) leaves the group: the others
+    // stop instead of waiting in their first reduction, and the error is rank 0's.
+    let (b, peers) = TpPeers::start(group(4), &f, sizes()).unwrap();
+    let (m, _) = sizes().load(&b, &f).unwrap();
+    let s = m.state(&b, 4 * KV_BLOCK_SIZE, 4, 4).unwrap();
+    let mut small = Ranks { b, m, s, peers };
+    let e = small.forward(&steps()[0]).unwrap_err().to_string();
+    assert!(!e.contains("left the group"), "{e}");
+    let e = small.forward(&steps()[1]).unwrap_err();
+    assert!(e.to_string().contains("stopped"), "{e}");
     // Backends of no group: rank 0 of 1 each, not the parts of one model.
     let alone = vec![CpuBackend::new(1), CpuBackend::new(1)];
-    let e = TpRanks::start(alone, &f, sizes()).err().unwrap();
+    let e = Ranks::start(alone, &f).err().unwrap();
     assert!(
         e.to_string().contains("not the ranks of one group of 2"),
         "{e}"
@@ -273,17 +316,11 @@ fn a_driver_runs_the_ranks_as_one_model() {
 #[test]
 fn the_ranks_are_batch_invariant_and_deterministic() {
     let f = synth(&preset(), "Q8_0", "invariant");
-    let start = || {
-        let backends = LocalComm::group(4)
-            .into_iter()
-            .map(|c| CpuBackend::new(1).with_comm(Arc::new(c)))
-            .collect();
-        TpRanks::start(backends, &f, sizes()).unwrap()
-    };
+    let start = || Ranks::start(group(4), &f).unwrap();
     let mut tp = start();
     let mixed: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
     // Sequence 0 alone, step by step: its rows of the mixed steps (the row of each step).
-    let v = tp.n_vocab();
+    let v = tp.m.hp.n_vocab;
     let alone = [
         (batch(&[(0, &[1, 17, 300, 42, 9, 505, 3], 0)]), 0..7, 0..7),
         (batch(&[(0, &[12], 7)]), 1..2, 0..1),

@@ -1,10 +1,14 @@
-//! A sequence over tensor-parallel CPU ranks (`TpSession`): a prompt in steps of a few tokens
-//! and greedy decoding give the whole model's logits (within the reordered o/down sums'
-//! rounding) and its tokens; what it does not run is refused in one line.
+//! A model over tensor-parallel CPU ranks (`ModelRunner::with_ranks`): a prompt in steps of a
+//! few tokens and greedy decoding give the whole model's logits (within the reordered o/down
+//! sums' rounding) and its tokens; the serving loop over the ranks gives each request what it
+//! gets alone; what the ranks do not run is refused in one line.
+
+mod common;
 
 use quiver_backend::{Comm, KvType, KvTypes, LocalComm};
 use quiver_backend_cpu::CpuBackend;
-use quiver_engine::{ModelRunner, RunnerOptions, Sampler, SamplerParams, Session, TpSession, Want};
+use quiver_engine::serve::{EngineHandle, ServeOptions};
+use quiver_engine::{ModelRunner, RunnerOptions, Sampler, SamplerParams, Session, Want};
 use quiver_gguf::GgufFile;
 use std::sync::Arc;
 
@@ -64,14 +68,14 @@ fn two_ranks_give_the_whole_models_logits_and_tokens() {
     let mut whole = ModelRunner::new(CpuBackend::new(1), &f, &opts(64)).unwrap();
     let want = whole.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
     // Steps of 3 tokens: 4 steps, every row's logits.
-    let mut tp = TpSession::start(ranks(2), &f, &opts(3)).unwrap();
-    assert_eq!(tp.size(), 2);
+    let mut tp = ModelRunner::with_ranks(ranks(2), &f, &opts(3)).unwrap();
+    assert_eq!(tp.ranks(), 2);
     let got = tp.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
     assert_eq!(got.len(), want.len(), "a row of logits per prompt token");
     let e = rel_l2(&got, &want);
     assert!(e < 1e-3, "logits off the whole model's by {e}");
     // A wrong position shows: the prompt shifted by one gives other logits.
-    let mut shifted = TpSession::start(ranks(2), &f, &opts(3)).unwrap();
+    let mut shifted = ModelRunner::with_ranks(ranks(2), &f, &opts(3)).unwrap();
     let off = shifted.eval(&prompt[1..], 0, Want::Last).unwrap().to_vec();
     assert!(rel_l2(&off, &want[want.len() - off.len()..]) > 1e-2);
     // Greedy decoding: the same tokens as the whole model, by argmax and by a greedy sampler.
@@ -94,7 +98,7 @@ fn ranks_keep_a_quantized_kv_cache_as_the_whole_model_does() {
     let f = model("kv");
     let prompt: Vec<u32> = vec![1, 17, 300, 42, 9, 505, 3, 77, 250, 8, 61, 140];
     let with = |kv: KvTypes| RunnerOptions { kv, ..opts(4) };
-    let f16 = TpSession::start(ranks(2), &f, &opts(4))
+    let f16 = ModelRunner::with_ranks(ranks(2), &f, &opts(4))
         .unwrap()
         .eval(&prompt, 0, Want::From(0))
         .unwrap()
@@ -103,7 +107,7 @@ fn ranks_keep_a_quantized_kv_cache_as_the_whole_model_does() {
         let kv = KvTypes { k: t, v: t };
         let mut whole = ModelRunner::new(CpuBackend::new(1), &f, &with(kv)).unwrap();
         let want = whole.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
-        let mut tp = TpSession::start(ranks(2), &f, &with(kv)).unwrap();
+        let mut tp = ModelRunner::with_ranks(ranks(2), &f, &with(kv)).unwrap();
         let got = tp.eval(&prompt, 0, Want::From(0)).unwrap().to_vec();
         // Each rank codes its own KV heads as the whole model codes them: only the o and
         // down sums' order differs, and a key's last bit can move one of its codes by a step
@@ -127,7 +131,7 @@ fn ranks_verify_proposals_as_the_whole_model_does() {
     let f = model("verify");
     let prompt: Vec<u32> = vec![1, 17, 300, 42, 9, 505, 3, 77];
     let mut whole = ModelRunner::new(CpuBackend::new(1), &f, &opts(8)).unwrap();
-    let mut tp = TpSession::start(ranks(2), &f, &opts(8)).unwrap();
+    let mut tp = ModelRunner::with_ranks(ranks(2), &f, &opts(8)).unwrap();
     assert_eq!(tp.max_verify(), 8);
     whole.eval(&prompt[..7], 0, Want::Last).unwrap();
     tp.eval(&prompt[..7], 0, Want::Last).unwrap();
@@ -169,7 +173,7 @@ fn ranks_take_the_rope_factors_of_their_context() {
         rel_l2(&other, &want) > 1e-3,
         "the factors should matter here"
     );
-    let mut tp = TpSession::start(ranks(2), &f, &at(1024)).unwrap();
+    let mut tp = ModelRunner::with_ranks(ranks(2), &f, &at(1024)).unwrap();
     let got = tp.eval(&prompt, 0, Want::Last).unwrap().to_vec();
     let e = rel_l2(&got, &want);
     assert!(
@@ -181,7 +185,7 @@ fn ranks_take_the_rope_factors_of_their_context() {
 #[test]
 fn what_the_ranks_do_not_run_is_refused_in_one_line() {
     let f = model("refusals");
-    let mut tp = TpSession::start(ranks(2), &f, &opts(8)).unwrap();
+    let mut tp = ModelRunner::with_ranks(ranks(2), &f, &opts(8)).unwrap();
     let mut sampler = Sampler::new(SamplerParams::greedy());
     let errors = [
         tp.eval_verify(&[1; 9], 0, &mut sampler, &[], &mut Vec::new())
@@ -198,4 +202,85 @@ fn what_the_ranks_do_not_run_is_refused_in_one_line() {
     }
     // An error ends no rank: the next step runs.
     assert!(tp.eval(&[1, 2, 3], 0, Want::Last).is_ok());
+}
+
+/// The serving engine over `ranks` CPU ranks of `f`: a context of 64, 4 sequences, steps of
+/// 64 tokens.
+fn serve(
+    f: &Arc<GgufFile>,
+    ranks_n: usize,
+    spec: quiver_engine::spec::SpecConfig,
+) -> Result<EngineHandle, String> {
+    let opts = ServeOptions {
+        kv: Default::default(),
+        spec,
+        n_ctx: 64,
+        max_seqs: 4,
+        kv_blocks: 16,
+        max_batch_tokens: 64,
+        max_waiting: 16,
+    };
+    let tok = quiver_tokenizer::Tokenizer::from_gguf(f).unwrap();
+    quiver_engine::start_serving_ranks(move || ranks(ranks_n), f.clone(), tok, opts, "t".into())
+        .map_err(|e| e.to_string())
+}
+
+#[test]
+fn served_requests_over_ranks_get_what_they_get_alone() {
+    let f = model("serve");
+    let h = serve(&f, 2, Default::default()).unwrap();
+    let prompts: [&[u32]; 4] = [
+        &[1, 17, 300, 42, 9],
+        &[1, 505, 3, 77, 250, 8, 61],
+        &[1, 17, 300, 42, 9, 140, 2], // shares its first block's tokens with the first
+        &[4, 4, 4],
+    ];
+    let greedy = SamplerParams::greedy();
+    let reqs: Vec<_> = prompts
+        .iter()
+        .map(|p| common::request(p, greedy.clone(), 8))
+        .collect();
+    let together = common::answers(&h, &reqs);
+    // Each alone on the ranks, one sequence: the same tokens, and the whole model's.
+    let mut alone = ModelRunner::with_ranks(ranks(2), &f, &opts(64)).unwrap();
+    let mut whole = ModelRunner::new(CpuBackend::new(1), &f, &opts(64)).unwrap();
+    for (p, got) in prompts.iter().zip(&together) {
+        let mut a = alone.eval_argmax(p, 0).unwrap();
+        let mut w = whole.eval_argmax(p, 0).unwrap();
+        let (mut want, mut whole_tokens) = (vec![a], vec![w]);
+        for i in 0..7 {
+            a = alone.eval_argmax(&[a], p.len() + i).unwrap();
+            w = whole.eval_argmax(&[w], p.len() + i).unwrap();
+            want.push(a);
+            whole_tokens.push(w);
+        }
+        assert_eq!(
+            got, &want,
+            "prompt {p:?}: served over the ranks, then alone"
+        );
+        assert_eq!(got, &whole_tokens, "prompt {p:?}: the whole model's");
+    }
+    // Served again, one at a time: the same tokens.
+    for (r, want) in reqs.iter().zip(&together) {
+        assert_eq!(&common::answers(&h, std::slice::from_ref(r))[0], want);
+    }
+    h.shutdown(std::time::Duration::from_secs(5));
+    // A draft model would run whole on rank 0: refused in one line. n-gram proposals need
+    // none, and are verified on the ranks.
+    let spec = |kind, draft| quiver_engine::spec::SpecConfig {
+        kind,
+        draft_model: draft,
+        ..Default::default()
+    };
+    let mtp = spec(quiver_engine::spec::SpecType::Mtp, None);
+    let e = serve(&f, 2, mtp).err().unwrap();
+    assert!(
+        e.contains("draft model") && e.contains("2 tensor-parallel ranks"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+    let ngram = spec(quiver_engine::spec::SpecType::Ngram, None);
+    let h = serve(&f, 2, ngram).unwrap();
+    assert_eq!(common::answers(&h, &reqs[..2]), together[..2].to_vec());
+    h.shutdown(std::time::Duration::from_secs(5));
 }
