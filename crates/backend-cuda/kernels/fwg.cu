@@ -1,5 +1,5 @@
-// ---- Prompt attention on Hopper's warpgroup tensor cores (wgmma, sm_90a) over an f16, bf16 or
-// q8_0 cache; part of those pairs' kvq modules, after flash.cu and wgmma.cuh ----
+// ---- Prompt attention on Hopper's warpgroup tensor cores (wgmma, sm_90a) over a cache of any
+// type; part of the kvq modules (but tq4 keys'), after flash.cu and wgmma.cuh ----
 //
 // What flash_attention computes, for the same tiles, key ranges (rk absolute positions) and
 // partials (merged by flash_merge), on wgmma:
@@ -19,9 +19,13 @@
 // of a swizzled head dim comes by the tensor memory accelerator: one box per cache block of 16
 // keys and 64 columns, the blocks' slots from the block table, issued by one warp. Other tiles
 // (the range's last, head dim 96, another block size) are copied through the block table by the
-// warpgroup's 128 threads (cp.async, 16-byte pieces), keys past the end zeroed. A bf16 or q8_0
-// cache is decoded to f16 by the same threads into the same layout (flash.cu's values: the
-// products are f16's either way). While O += P·V
+// warpgroup's 128 threads (cp.async, 16-byte pieces), keys past the end zeroed. A cache of
+// another type is decoded to f16 by the same threads into the same layout (flash.cu's values:
+// the products are f16's either way; TurboQuant's levels from shared memory). TurboQuant keys
+// are rotated (their records hold H(s ⊙ k) / √D): each q row is rotated alike as the consumers
+// load it (a warp a row, the butterflies across lanes). TurboQuant values give the output
+// rotated: a row written here is un-rotated in registers (a row lies on the 4 lanes of a quad),
+// a range's partials by flash_merge. While O += P·V
 // of tile i runs, S of tile i + 1 is issued; the two consumer warpgroups take turns to issue.
 // The producer gives its registers to the consumers (setmaxnreg, FwgCfg::PREG and CREG).
 //   grid (n_tiles, n_head_kv · ceil(G / 2), n_ranges), block 384 (2 consumer warpgroups, then
@@ -33,8 +37,10 @@ struct FwgCfg {
     static constexpr int QB = 128 * HD * 2;  // the block's q rows, f16
     static constexpr int TB = KT * HD * 2;   // one K or V tile
     // Three stages where they fit the 227 KiB a block may take (head dims to 128), else two.
-    static constexpr int NST = QB + 3 * 2 * TB + 3 * 3 * 8 + 1024 <= 227 * 1024 ? 3 : 2;
-    static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8 + 1024;
+    // TurboQuant's levels (tq8's 256, tq4's 16, f32), after the barriers.
+    static constexpr int LV = 256 * 4 + 16 * 4;
+    static constexpr int NST = QB + 3 * 2 * TB + 3 * 3 * 8 + LV + 1024 <= 227 * 1024 ? 3 : 2;
+    static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8 + LV + 1024;
     // Registers a thread (setmaxnreg) of the producer's warpgroup and of each consumer's: the
     // block is given 168 a thread (384 threads under 65,536), and an increase waits until the
     // producer's decrease has freed enough: PREG + 2 · CREG ≤ 3 · 168 (else the consumers wait
@@ -110,22 +116,55 @@ __device__ __forceinline__ void fwg_copy(u8* s, const u8* __restrict__ cache, co
     cp_async_commit();
 }
 
-// The same tile of a cache of type T (bf16, q8_0) decoded to f16 by the producer's 128 threads,
-// stored in FwgLayout; an empty cp.async group is committed, so that the producer's waits count
-// a group per cache whichever way each came.
+// The same tile of a cache of type T (not f16) decoded to f16 by the producer's 128 threads
+// (lv: a TurboQuant type's levels), stored in FwgLayout; an empty cp.async group is committed,
+// so that the producer's waits count a group per cache whichever way each came. bf16 goes U
+// pieces a thread at a time — their block-table entries read together, then their records,
+// then converted and stored — which measured 1.5× the one-piece loop on bf16 prompts after 16k
+// and 0.95× on q8_0 (H100, 2026-12-07), so the others go a piece at a time.
 template <int HD, int KT, int T>
 __device__ __forceinline__ void fwg_decode(u8* s, const u8* __restrict__ cache, const u32* __restrict__ bt, u32 bs,
-                                           int n_head_kv, int kvh, int j0, int j_end, int pt) {
+                                           int n_head_kv, int kvh, int j0, int j_end, int pt, const float* lv) {
     typedef FwgLayout<HD> L;
     constexpr int RB = kv_head_bytes(T, HD);
+    if constexpr (T == KV_BF16) {
+        constexpr int N = KT * HD / 8 / 128, U = HD == 256 ? 2 : 4;
+        static_assert(N % U == 0, "whole groups of pieces");
+#pragma unroll 1
+        for (int i0 = 0; i0 < N; i0 += U) {
+            int slot[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int j = j0 + L::piece(pt + 128 * (i0 + u)).x;
+                slot[u] = j < j_end ? (int)(bt[j / bs] * bs + j % bs) : -1;
+            }
+            uint4 raw[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int c = L::piece(pt + 128 * (i0 + u)).y;
+                raw[u] = slot[u] >= 0 ? *(const uint4*)(cache + ((long long)slot[u] * n_head_kv + kvh) * RB + c * 16)
+                                      : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int2 rc = L::piece(pt + 128 * (i0 + u));
+                const u32 w[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+                u32 h[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) h[i] = pack_h2(bf2f((u16)(w[i] & 0xffff)), bf2f((u16)(w[i] >> 16)));
+                *(uint4*)(s + L::template off<KT>(rc.x, rc.y)) = make_uint4(h[0], h[1], h[2], h[3]);
+            }
+        }
+    } else {
 #pragma unroll 2
-    for (int e = pt; e < KT * HD / 8; e += 128) {
-        const int2 rc = L::piece(e);
-        const int r = rc.x, c = rc.y, j = j0 + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (j < j_end)
-            v = kv_load8_h<T, HD>(cache + ((long long)(bt[j / bs] * bs + j % bs) * n_head_kv + kvh) * RB, c * 8, 0);
-        *(uint4*)(s + L::template off<KT>(r, c)) = v;
+        for (int e = pt; e < KT * HD / 8; e += 128) {
+            const int2 rc = L::piece(e);
+            const int r = rc.x, c = rc.y, j = j0 + r;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (j < j_end)
+                v = kv_load8_h<T, HD>(cache + ((long long)(bt[j / bs] * bs + j % bs) * n_head_kv + kvh) * RB, c * 8, lv);
+            *(uint4*)(s + L::template off<KT>(r, c)) = v;
+        }
     }
     cp_async_commit();
 }
@@ -187,10 +226,88 @@ __device__ __forceinline__ void fwg_logits(float* sc, float* mx, bool edge, int 
     }
 }
 
+// Walsh–Hadamard butterflies as kv_encode's (pairs (j, j + h): a + c at j, a − c at j + h, the
+// same floats), over a row spread on registers and lanes. In a thread's N registers: the pairs
+// (j, j + S), j without bit S. Across lanes: for each lane bit m in M0 … M1/2, every register's
+// pair (lane, lane ^ m), a + c on the lane without bit m.
+template <int N>
+__device__ __forceinline__ void fwg_reg_butterflies(float* x, int S) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        if (!(j & S)) {
+            const float a = x[j], c = x[j + S];
+            x[j] = a + c;
+            x[j + S] = a - c;
+        }
+}
+template <int N, int M0, int M1>
+__device__ __forceinline__ void fwg_lane_butterflies(float* x, int lane) {
+#pragma unroll
+    for (int m = M0; m < M1; m <<= 1) {
+        const bool hi = lane & m;
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            const float y = __shfl_xor_sync(0xffffffffu, x[j], m);
+            x[j] = hi ? y - x[j] : x[j] + y;
+        }
+    }
+}
+
+// The warpgroup's 64 q rows (from row0 of the block's G·T, head-major) rotated as TurboQuant's
+// keys are, H(s ⊙ q) / √D, f16 in FwgLayout; rows past GT zeros. Warp w takes rows w, w + 4, …;
+// lane l holds the V = HD / 32 values from l · V: the spans below V in the lane, the others
+// across lanes, in ascending order (kv_encode's and flash.cu's sums).
+template <int HD>
+__device__ __forceinline__ void fwg_rotate_q(u8* qs, const float* __restrict__ q, const float* __restrict__ tq, int tok0,
+                                             int T, int n_head, int head0, int row0, int GT, int w, int lane) {
+    typedef FwgLayout<HD> L;
+    constexpr int V = HD / 32;
+    const float rs = 1.f / sqrtf((float)HD);
+    for (int r = w; r < 64; r += 4) {
+        const int idx = row0 + r;
+        float x[V];
+        const float* src = q + ((long long)(tok0 + idx % T) * n_head + head0 + idx / T) * HD + lane * V;
+#pragma unroll
+        for (int j = 0; j < V; j++) x[j] = idx < GT ? src[j] * tq[TQ_SIGNS + lane * V + j] : 0.f;
+        // Spans 1 … V/2 in the lane, then V … HD/2: lane bits 1 … 16.
+#pragma unroll
+        for (int h = 1; h < V; h <<= 1) fwg_reg_butterflies<V>(x, h);
+        fwg_lane_butterflies<V, 1, 32>(x, lane);
+        u32 p[V / 2];
+#pragma unroll
+        for (int j = 0; j < V / 2; j++) p[j] = pack_h2(x[2 * j] * rs, x[2 * j + 1] * rs);
+        u8* dst = qs + L::template off<64>(r, lane * V / 8) + (lane * V % 8) * 2;
+        if constexpr (V == 2)
+            *(u32*)dst = p[0];
+        else if constexpr (V == 4)
+            *(uint2*)dst = make_uint2(p[0], p[1]);
+        else
+            *(uint4*)dst = make_uint4(p[0], p[1], p[2], p[3]);
+    }
+}
+
+// The output rows of a thread (o[4i + 2h + e]: row h, column 8i + 2·qd + e) un-rotated in
+// place, both rows: spans 1 and 8, 16, … in the thread, 2 and 4 across the quad's lanes (qd),
+// ascending (as merge_ranges' fwht_rows), then × (1/√D) · s.
+template <int HD>
+__device__ __forceinline__ void fwg_unrotate_rows(float* o, const float* __restrict__ tq, int qd) {
+    // Span 1: register bit 0 (e); 2 and 4: qd's bits; 8m: register bit 4m (i's bits).
+    fwg_reg_butterflies<HD / 2>(o, 1);
+    fwg_lane_butterflies<HD / 2, 1, 4>(o, qd);
+#pragma unroll
+    for (int m = 1; m < HD / 8; m <<= 1) fwg_reg_butterflies<HD / 2>(o, 4 * m);
+    const float rs = 1.f / sqrtf((float)HD);
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[4 * i + e] = o[4 * i + e] * rs * tq[TQ_SIGNS + 8 * i + 2 * qd + (e & 1)];
+}
+
 template <int HD, int KTY, int VTY>
 __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,
                          float* __restrict__ out, float* __restrict__ part, const int4* __restrict__ tiles, BatchView b,
-                         int n_head, int n_head_kv, float scale, int window, float softcap, int rk, int n_ranges) {
+                         const float* __restrict__ tq, int n_head, int n_head_kv, float scale, int window, float softcap,
+                         int rk, int n_ranges) {
 #ifdef WG_ON
     typedef FwgCfg<HD> C;
     constexpr int KT = C::KT, NST = C::NST;
@@ -203,6 +320,11 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
     u64* full_k = (u64*)(vbuf + NST * C::TB);
     u64* full_v = full_k + NST;
     u64* empty = full_v + NST;
+    float* l8 = (float*)(empty + NST);
+    float* l4 = l8 + 256;
+    constexpr bool KROT = kv_rotated(KTY, HD), VROT = kv_rotated(VTY, HD);
+    const float* klv = KTY == KV_TQ8 ? l8 : l4;
+    const float* vlv = VTY == KV_TQ8 ? l8 : l4;
     const int4 tile = tiles[blockIdx.x];
     const int s = tile.x, tok0 = tile.y, T = tile.z;
     const int G = n_head / n_head_kv, parts = (G + 1) / 2;
@@ -243,6 +365,10 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(C::PREG));
         const int pt = threadIdx.x - 256;
         const bool tma = L::SW && b.block_size == FWG_BOX && KTY == KV_F16 && VTY == KV_F16;
+        if (KTY == KV_TQ8 || VTY == KV_TQ8)
+            for (int e = pt; e < 256; e += 128) l8[e] = tq[TQ_L8 + e];
+        if ((KTY == KV_TQ4 || VTY == KV_TQ4) && pt < 16) l4[pt] = tq[TQ_L4 + pt];
+        if (kv_tq(KTY) || kv_tq(VTY)) asm volatile("bar.sync 5, 128;" ::: "memory");
         for (int i = 0; i < ntiles; i++) {
             const int st = i % NST;
             if (i >= NST) mbar_wait(empty + st, ((i / NST) - 1) & 1);
@@ -254,11 +380,11 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
             if constexpr (KTY == KV_F16)
                 fwg_copy<HD, KT>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
             else
-                fwg_decode<HD, KT, KTY>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+                fwg_decode<HD, KT, KTY>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt, klv);
             if constexpr (VTY == KV_F16)
                 fwg_copy<HD, KT>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
             else
-                fwg_decode<HD, KT, VTY>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+                fwg_decode<HD, KT, VTY>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt, vlv);
             cp_async_wait<1>();
             fence_async_smem();
             mbar_arrive(full_k + st);
@@ -272,19 +398,24 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
     const int wg = warp >> 2;
     if (wg >= nwg) return;
     const int tid = threadIdx.x & 127, w = warp & 3, g = lane >> 2, qd = lane & 3;
-    // The warpgroup's 64 q rows, f16, in FwgLayout; rows past the block's are zeros.
+    // The warpgroup's 64 q rows, f16, in FwgLayout; rows past the block's are zeros. Rotated
+    // for TurboQuant keys (fwg_rotate_q).
     u8* qs = fsm + wg * (C::QB / 2);
-    for (int e = tid; e < 64 * HD / 8; e += 128) {
-        const int2 rc = L::piece(e);
-        const int r = rc.x, c = rc.y, idx = idx0 + wg * 64 + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (idx < GT) {
-            const float4* src =
-                (const float4*)(q + ((long long)(tok0 + idx % T) * n_head + kvh * G + idx / T) * HD + c * 8);
-            const float4 x = src[0], y = src[1];
-            v = make_uint4(pack_h2(x.x, x.y), pack_h2(x.z, x.w), pack_h2(y.x, y.y), pack_h2(y.z, y.w));
+    if constexpr (KROT) {
+        fwg_rotate_q<HD>(qs, q, tq, tok0, T, n_head, kvh * G, idx0 + wg * 64, GT, w, lane);
+    } else {
+        for (int e = tid; e < 64 * HD / 8; e += 128) {
+            const int2 rc = L::piece(e);
+            const int r = rc.x, c = rc.y, idx = idx0 + wg * 64 + r;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (idx < GT) {
+                const float4* src =
+                    (const float4*)(q + ((long long)(tok0 + idx % T) * n_head + kvh * G + idx / T) * HD + c * 8);
+                const float4 x = src[0], y = src[1];
+                v = make_uint4(pack_h2(x.x, x.y), pack_h2(x.z, x.w), pack_h2(y.x, y.y), pack_h2(y.z, y.w));
+            }
+            *(uint4*)(qs + L::template off<64>(r, c)) = v;
         }
-        *(uint4*)(qs + L::template off<64>(r, c)) = v;
     }
     fence_async_smem();
     asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
@@ -411,51 +542,63 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
         if (lane == 0) mbar_arrive(empty + st);
     }
     // Row sums over the 4 lanes of each row; each row written (its only range), or this range's
-    // (max in natural-log units, sum, unnormalised acc) kept for flash_merge.
+    // (max in natural-log units, sum, unnormalised acc) kept for flash_merge (which un-rotates
+    // TurboQuant values); a row written here is un-rotated first (all lanes: shuffles).
     const float LN2 = 0.6931471805599453f;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
+    bool direct[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
+        direct[h] = false;
         if (!rok[h]) continue;
         const int t = ridx[h] % T, head = kvh * G + ridx[h] / T;
         int kf, nr;
         row_ranges(b, tok0 + t, window, rk, kf, nr);
         if (k < kf || k >= kf + nr) continue;
-        if (nr > 1) {
-            float* pp = part + ((((long long)blockIdx.x * 64 + t) * n_head + head) * n_ranges + (k - kf)) * (HD + 2);
-            if (qd == 0) {
-                pp[0] = m[h] * LN2;
-                pp[1] = l[h];
-            }
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                pp[2 + 8 * i + 2 * qd] = o[4 * i + 2 * h];
-                pp[3 + 8 * i + 2 * qd] = o[4 * i + 2 * h + 1];
-            }
-        } else {
-            float* orow = out + ((long long)(tok0 + t) * n_head + head) * HD;
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                const float a0 = l[h] > 0.f ? o[4 * i + 2 * h] / l[h] : 0.f;
-                const float a1 = l[h] > 0.f ? o[4 * i + 2 * h + 1] / l[h] : 0.f;
-                *(float2*)(orow + 8 * i + 2 * qd) = make_float2(a0, a1);
-            }
+        direct[h] = nr == 1;
+        if (nr == 1) continue;
+        float* pp = part + ((((long long)blockIdx.x * 64 + t) * n_head + head) * n_ranges + (k - kf)) * (HD + 2);
+        if (qd == 0) {
+            pp[0] = m[h] * LN2;
+            pp[1] = l[h];
         }
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            pp[2 + 8 * i + 2 * qd] = o[4 * i + 2 * h];
+            pp[3 + 8 * i + 2 * qd] = o[4 * i + 2 * h + 1];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float li = l[e >> 1];
+            o[4 * i + e] = li > 0.f ? o[4 * i + e] / li : 0.f;
+        }
+    if constexpr (VROT) fwg_unrotate_rows<HD>(o, tq, qd);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (!direct[h]) continue;
+        const int t = ridx[h] % T, head = kvh * G + ridx[h] / T;
+        float* orow = out + ((long long)(tok0 + t) * n_head + head) * HD;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++)
+            *(float2*)(orow + 8 * i + 2 * qd) = make_float2(o[4 * i + 2 * h], o[4 * i + 2 * h + 1]);
     }
 #else
     __trap();
 #endif
 }
 
-// The module's kernels per head dim (registry.rs `kernels`: the pairs of f16, bf16 and q8_0).
+// The module's kernels per head dim (registry.rs `kernels`: every pair but tq4 keys).
 template <int HD, int KTY, int VTY>
 __global__ void __launch_bounds__(384, 1)
     fwg_attention(const __grid_constant__ TMap km, const __grid_constant__ TMap vm, const float* q, const u8* kc, const u8* vc, float* out, float* part, const int4* tiles, BatchView b,
-                  int n_head, int n_head_kv, float scale, int window, float softcap, int rk, int n_ranges) {
+                  const float* tq, int n_head, int n_head_kv, float scale, int window, float softcap, int rk, int n_ranges) {
     pdl_begin();
-    fwg_impl<HD, KTY, VTY>(&km, &vm, q, kc, vc, out, part, tiles, b, n_head, n_head_kv, scale, window, softcap, rk, n_ranges);
+    fwg_impl<HD, KTY, VTY>(&km, &vm, q, kc, vc, out, part, tiles, b, tq, n_head, n_head_kv, scale, window, softcap, rk, n_ranges);
 }

@@ -20,7 +20,8 @@
 
 // Whether records of type ty and head dim d are rotated (TurboQuant; the Walsh–Hadamard transform
 // needs a power of two: other head dims are never launched with those types).
-__host__ __device__ constexpr bool kv_rotated(int ty, int d) { return (ty == KV_TQ8 || ty == KV_TQ4) && (d & (d - 1)) == 0; }
+__host__ __device__ constexpr bool kv_tq(int ty) { return ty == KV_TQ8 || ty == KV_TQ4; }
+__host__ __device__ constexpr bool kv_rotated(int ty, int d) { return kv_tq(ty) && (d & (d - 1)) == 0; }
 __host__ __device__ constexpr int kv_code_bytes(int ty, int d) { return ty == KV_TQ4 ? d / 2 : d; }
 __host__ __device__ constexpr int kv_head_bytes(int ty, int d) {
     return ty == KV_F16 || ty == KV_BF16 ? 2 * d
@@ -171,8 +172,7 @@ __device__ void kvq_attention_impl(const float* __restrict__ q, const u8* __rest
                                    int n_head, int n_head_kv, float scale, int window, float softcap) {
     const int NV = HD / 32;
     // (Head dims that are not powers of two are never launched with a TurboQuant type.)
-    const bool POW2 = (HD & (HD - 1)) == 0;
-    const bool KROT = (KT == KV_TQ8 || KT == KV_TQ4) && POW2, VROT = (VT == KV_TQ8 || VT == KV_TQ4) && POW2;
+    constexpr bool KROT = kv_rotated(KT, HD), VROT = kv_rotated(VT, HD);
     const int KB = kv_head_bytes(KT, HD), VB = kv_head_bytes(VT, HD);
     __shared__ float qs[HD];
     __shared__ float lk[256], lvv[256];
@@ -480,8 +480,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
                                    float* __restrict__ part, BatchView b, const float* __restrict__ tq,
                                    int n_head, int n_head_kv, float scale, int window, float softcap) {
     const int VPL = HD / 32, TK = KVD_TK(HD), LPK = 32 / TK;
-    const bool POW2 = (HD & (HD - 1)) == 0;
-    const bool KROT = (KT == KV_TQ8 || KT == KV_TQ4) && POW2, VROT = (VT == KV_TQ8 || VT == KV_TQ4) && POW2;
+    constexpr bool KROT = kv_rotated(KT, HD), VROT = kv_rotated(VT, HD);
     const int KB = kv_head_bytes(KT, HD), VB = kv_head_bytes(VT, HD);
     const int KS = kv_row_k(KB), STAGE = TK * (KS + VB);
     const int SB = 8 * STAGE > 16 * KVD_G * HD ? 8 * STAGE : 16 * KVD_G * HD;
@@ -522,9 +521,9 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     // summed over its levels and weighed by the block's RMS once (KNR), a wider one per value
     // (one sum: registers).
     constexpr int NC = HD / (8 * LPK);
-    constexpr bool KNR = (KT == KV_TQ8 || KT == KV_TQ4) && HD <= TQ_BLOCK;
+    constexpr bool KNR = kv_tq(KT) && HD <= TQ_BLOCK;
     // A TurboQuant value's RMS in its weight, likewise (VNR), so that a value costs a lookup.
-    constexpr bool VNR = (VT == KV_TQ8 || VT == KV_TQ4) && HD <= TQ_BLOCK;
+    constexpr bool VNR = kv_tq(VT) && HD <= TQ_BLOCK;
     for (int split = blockIdx.x; split < ns; split += gridDim.x) {
         const int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
         const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;

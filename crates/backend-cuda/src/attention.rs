@@ -176,6 +176,7 @@ impl CudaBackend {
                         part,
                         tl,
                         st.ctx.view,
+                        kv.tq,
                         a.n_head as i32,
                         a.n_head_kv as i32,
                         a.scale,

@@ -8,7 +8,7 @@
 
 use crate::kinds::Kind;
 use crate::registry;
-use quiver_backend::{KvType, KvTypes, Numerics};
+use quiver_backend::{KvTypes, Numerics};
 use std::fmt::Write;
 
 /// A family of product kernels.
@@ -321,25 +321,27 @@ impl Attention {
 pub const FLASH_HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
 pub const KVD_HEAD_DIMS: &[usize] = &[64, 128, 256, 512];
 
-/// Whether prompt attention runs on the wgmma kernel (kernels/fwg.cu): Hopper, keys and values
-/// each f16, bf16 or q8_0 (the latter two decoded to f16 by its producer); TurboQuant's caches
-/// (rotated, levels) take flash.cu.
+/// Whether prompt attention runs on the wgmma kernel (kernels/fwg.cu): Hopper, over a cache of
+/// any type CUDA holds (its producer decodes all but f16 to f16; TurboQuant's rotation is applied
+/// to q and undone on the output).
 pub fn flash_on_wgmma(arch: u32, types: KvTypes) -> bool {
     arch == 90 && fwg_pair(types)
 }
 
-/// Whether fwg.cu reads caches of these types (its kernels are in their kvq module).
+/// Whether fwg.cu reads caches of these types (its kernels are in their kvq module): all but
+/// tq4 keys (per-block records, which CUDA does not hold).
 pub fn fwg_pair(types: KvTypes) -> bool {
-    let ok = |t| matches!(t, KvType::F16 | KvType::Bf16 | KvType::Q8_0);
-    ok(types.k) && ok(types.v)
+    !types.k.key_blocks()
 }
 
 /// fwg.cu's dynamic shared memory at head dim `hd` (`FwgCfg::BYTES`): 128 q rows, and stages of
 /// a K and a V tile (128 keys; 64 at head dim 256) with three mbarriers each — three stages where
-/// they fit in 227 KiB, else two — and 1 KiB to align the swizzled tiles.
+/// they fit in 227 KiB, else two — TurboQuant's 256 + 16 levels, and 1 KiB to align the
+/// swizzled tiles.
 pub fn fwg_smem(hd: usize) -> usize {
     let kt = if hd == 256 { 64 } else { 128 };
-    let bytes = |stages: usize| 128 * hd * 2 + stages * (2 * kt * hd * 2 + 3 * 8) + 1024;
+    let bytes =
+        |stages: usize| 128 * hd * 2 + stages * (2 * kt * hd * 2 + 3 * 8) + (256 + 16) * 4 + 1024;
     if bytes(3) <= 227 * 1024 {
         bytes(3)
     } else {
@@ -530,6 +532,15 @@ mod tests {
 
     fn decode(r: &ProductRow) -> Vec<Product> {
         BUCKETS.iter().map(|&n| r.get(Kind::Decode, n)).collect()
+    }
+
+    #[test]
+    fn fwg_shared_memory_fits_a_block_at_every_head_dim() {
+        // A block may take 227 KiB; three stages at head dim 128 (with TurboQuant's levels).
+        for &hd in FLASH_HEAD_DIMS {
+            assert!(fwg_smem(hd) <= 227 * 1024, "fwg hd {hd}: {}", fwg_smem(hd));
+        }
+        assert_eq!(fwg_smem(128), 128 * 256 + 3 * (2 * 128 * 256 + 24) + 272 * 4 + 1024);
     }
 
     #[test]

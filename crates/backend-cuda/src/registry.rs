@@ -350,7 +350,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
 /// define kernel templates; the module's list ([`kernels`]) instantiates them.
 pub fn module_source(module: &str) -> Option<String> {
     let files: Vec<(&str, &str)> = match module {
-        // The wgmma prompt kernel (fwg.cu) reads f16, bf16 and q8_0 keys and values.
+        // The wgmma prompt kernel (fwg.cu) reads every pair CUDA holds (plan::fwg_pair).
         m if kvq_pair(m).is_some_and(|(k, v)| crate::plan::fwg_pair(KvTypes { k, v })) => vec![
             ("kvq.cu", KVQ),
             ("flash.cu", FLASH),
