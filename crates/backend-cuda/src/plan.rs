@@ -540,7 +540,10 @@ mod tests {
         for &hd in FLASH_HEAD_DIMS {
             assert!(fwg_smem(hd) <= 227 * 1024, "fwg hd {hd}: {}", fwg_smem(hd));
         }
-        assert_eq!(fwg_smem(128), 128 * 256 + 3 * (2 * 128 * 256 + 24) + 272 * 4 + 1024);
+        assert_eq!(
+            fwg_smem(128),
+            128 * 256 + 3 * (2 * 128 * 256 + 24) + 272 * 4 + 1024
+        );
     }
 
     #[test]
