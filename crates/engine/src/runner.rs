@@ -238,14 +238,21 @@ impl<B: Backend> ModelRunner<B> {
     /// Runs a scheduled step; its sampling rows' logits are then in `state.logits`, in
     /// schedule order.
     pub fn execute(&mut self, out: &SchedulerOutput) -> Result<()> {
-        let batch = self.batch.build_scheduled(out);
-        step(
-            &mut self.peers,
-            &mut self.backend,
-            &self.model,
-            &mut self.state,
-            batch,
-        )
+        self.batch.build_scheduled(out);
+        self.forward_built()
+    }
+
+    /// One forward step of the batch just built: on the model's ranks together where it is
+    /// split over several.
+    fn forward_built(&mut self) -> Result<()> {
+        let batch = self.batch.batch();
+        match &mut self.peers {
+            Some(p) => p.forward(&mut self.backend, &self.model, &mut self.state, batch)?,
+            None => self
+                .model
+                .forward(&mut self.backend, &mut self.state, batch)?,
+        }
+        Ok(())
     }
 
     /// Constrained decoding: masks the last step's logits rows on the device, (row, bits)
@@ -289,23 +296,13 @@ impl<B: Backend> ModelRunner<B> {
         logits_from: usize,
     ) -> Result<()> {
         let n_blocks = self.n_ctx / BLOCK_SIZE;
-        let batch = self
-            .batch
-            .begin()
-            .push_seq(
-                tokens,
-                start_pos,
-                Blocks::Identity(n_blocks),
-                Some(logits_from),
-            )
-            .batch();
-        step(
-            &mut self.peers,
-            &mut self.backend,
-            &self.model,
-            &mut self.state,
-            batch,
-        )?;
+        self.batch.begin().push_seq(
+            tokens,
+            start_pos,
+            Blocks::Identity(n_blocks),
+            Some(logits_from),
+        );
+        self.forward_built()?;
         self.next_pos = start_pos + tokens.len();
         self.last_verify = None;
         self.eagle_absorb(start_pos, tokens.len())
@@ -393,20 +390,12 @@ impl<B: Backend> ModelRunner<B> {
         // Decode rows, as the serving loop's proposals are (`SeqSpan::decode_from`): a backend
         // that routes rows by kind computes each as it computes a one-token decode step.
         let n_blocks = self.n_ctx / BLOCK_SIZE;
-        let batch = self
-            .batch
+        self.batch
             .begin()
             .push_seq(tokens, start_pos, Blocks::Identity(n_blocks), Some(0))
             .decode_from(start_pos)
-            .kept_slot(0)
-            .batch();
-        step(
-            &mut self.peers,
-            &mut self.backend,
-            &self.model,
-            &mut self.state,
-            batch,
-        )?;
+            .kept_slot(0);
+        self.forward_built()?;
         self.next_pos = start_pos + rows;
         self.eagle_absorb(start_pos, rows)?;
         let how = Fetch::of(sampler.needs(), false);
@@ -484,21 +473,6 @@ impl<B: Backend> ModelRunner<B> {
         let mut greedy = Sampler::new(SamplerParams::greedy());
         self.eval_pick(tokens, start_pos, &mut greedy, &[])
     }
-}
-
-/// One forward step of `batch`: on the model's ranks together where it is split over several.
-fn step<B: Backend>(
-    peers: &mut Option<TpPeers>,
-    b: &mut B,
-    m: &Model<B>,
-    s: &mut State<B>,
-    batch: &quiver_backend::Batch,
-) -> Result<()> {
-    match peers {
-        Some(p) => p.forward(b, m, s, batch)?,
-        None => m.forward(b, s, batch)?,
-    }
-    Ok(())
 }
 
 /// Tokens one sequence evaluates at `start_pos..`: not empty, within a context of `n_ctx`
