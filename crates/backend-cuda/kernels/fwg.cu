@@ -20,6 +20,8 @@
 // keys and 64 columns, the blocks' slots from the block table, issued by one warp. Other tiles
 // (the range's last, head dim 96, another block size) are copied through the block table by the
 // warpgroup's 128 threads (cp.async, 16-byte pieces), keys past the end zeroed. A cache of
+// q8_0 or TurboQuant records at head dims 64 and 128 comes raw first: a tile's records by
+// cp.async a tile ahead into rows beside the stages (FwgCfg::RAW), decoded from there. A cache of
 // another type is decoded to f16 by the same threads into the same layout (flash.cu's values:
 // the products are f16's either way; TurboQuant's levels from shared memory). TurboQuant keys
 // are rotated (their records hold H(s ⊙ k) / √D): each q row is rotated alike as the consumers
@@ -31,16 +33,26 @@
 //   grid (n_tiles, n_head_kv · ceil(G / 2), n_ranges), block 384 (2 consumer warpgroups, then
 //   the producer's)
 
-template <int HD>
+// Whether a cache of type ty at head dim hd comes raw first (FwgCfg::RAW): q8_0 and TurboQuant
+// records at head dims 64 and 128 (whole 4-byte copy units, and room beside the stages).
+__host__ __device__ constexpr bool fwg_raw(int ty, int hd) {
+    return (ty == KV_Q8_0 || kv_tq(ty)) && (hd == 64 || hd == 128);
+}
+
+template <int HD, int KTY, int VTY>
 struct FwgCfg {
     static constexpr int KT = HD == 256 ? 64 : 128;
     static constexpr int QB = 128 * HD * 2;  // the block's q rows, f16
     static constexpr int TB = KT * HD * 2;   // one K or V tile
-    // Three stages where they fit the 227 KiB a block may take (head dims to 128), else two.
     // TurboQuant's levels (tq8's 256, tq4's 16, f32), after the barriers.
     static constexpr int LV = 256 * 4 + 16 * 4;
-    static constexpr int NST = QB + 3 * 2 * TB + 3 * 3 * 8 + LV + 1024 <= 227 * 1024 ? 3 : 2;
-    static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8 + LV + 1024;
+    // Then a tile's raw records of each cache that comes raw (fwg_raw), a row of RB bytes a key.
+    static constexpr bool KRAW = fwg_raw(KTY, HD), VRAW = fwg_raw(VTY, HD);
+    static constexpr int KRB = kv_head_bytes(KTY, HD), VRB = kv_head_bytes(VTY, HD);
+    static constexpr int RAW = (KRAW ? KT * KRB : 0) + (VRAW ? KT * VRB : 0);
+    // Three stages where they fit the 227 KiB a block may take, else two.
+    static constexpr int NST = QB + 3 * 2 * TB + 3 * 3 * 8 + LV + RAW + 1024 <= 227 * 1024 ? 3 : 2;
+    static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8 + LV + RAW + 1024;
     // Registers a thread (setmaxnreg) of the producer's warpgroup and of each consumer's: the
     // block is given 168 a thread (384 threads under 65,536), and an increase waits until the
     // producer's decrease has freed enough: PREG + 2 · CREG ≤ 3 · 168 (else the consumers wait
@@ -167,6 +179,41 @@ __device__ __forceinline__ void fwg_decode(u8* s, const u8* __restrict__ cache, 
         }
     }
     cp_async_commit();
+}
+
+// The raw records (RB bytes) of keys j0 … j0 + 127 of one cache (those < j_end; the rest
+// zero-filled) into `raw`, a row a key, by cp.async (not committed): warp w of the producer
+// takes keys 32w … 32w + 31, each lane its key's block-table entry, the warp's copies in whole
+// rows (as kvd_copy). Every load of the tile is in flight at once, with no register held.
+template <int RB>
+__device__ __forceinline__ void fwg_fetch(u8* raw, const u8* __restrict__ cache, const u32* __restrict__ bt, u32 bs,
+                                          int n_head_kv, int kvh, int j0, int j_end, int pt) {
+    constexpr int CB = kv_chunk(RB), N = RB / CB;
+    const int w = pt >> 5, lane = pt & 31, j = j0 + 32 * w + lane;
+    const u32 slot = j < j_end ? bt[j / bs] * bs + j % bs : 0;
+    u8* dst = raw + 32 * w * RB;
+#pragma unroll 1
+    for (int c = lane; c < 32 * N; c += 32) {
+        const int u = c / N, o = (c % N) * CB;
+        const u32 sl = __shfl_sync(0xffffffffu, slot, u);
+        const bool ok = j0 + 32 * w + u < j_end;
+        cp_async_n<CB>(dst + u * RB + o, ok ? cache + ((long long)sl * n_head_kv + kvh) * RB + o : cache, ok);
+    }
+}
+
+// A tile of raw records of type T (fwg_fetch's rows) decoded to f16 in FwgLayout by the
+// producer's 128 threads: fwg_decode's values, from shared memory.
+template <int HD, int KT, int T>
+__device__ __forceinline__ void fwg_unpack(u8* s, const u8* raw, int j0, int j_end, int pt, const float* lv) {
+    typedef FwgLayout<HD> L;
+    constexpr int RB = kv_head_bytes(T, HD);
+#pragma unroll 2
+    for (int e = pt; e < KT * HD / 8; e += 128) {
+        const int2 rc = L::piece(e);
+        const int r = rc.x, c = rc.y;
+        const uint4 v = j0 + r < j_end ? kv_load8_h<T, HD>(raw + r * RB, c * 8, lv) : make_uint4(0, 0, 0, 0);
+        *(uint4*)(s + L::template off<KT>(r, c)) = v;
+    }
 }
 
 // Keys j0 … j0 + KT − 1 of both caches (all < the range's end) into stage buffers `ks` and `vs`
@@ -309,7 +356,7 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
                          const float* __restrict__ tq, int n_head, int n_head_kv, float scale, int window, float softcap,
                          int rk, int n_ranges) {
 #ifdef WG_ON
-    typedef FwgCfg<HD> C;
+    typedef FwgCfg<HD, KTY, VTY> C;
     constexpr int KT = C::KT, NST = C::NST;
     typedef FwgLayout<HD> L;
     extern __shared__ __align__(1024) u8 fsm_raw[];
@@ -322,6 +369,8 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
     u64* empty = full_v + NST;
     float* l8 = (float*)(empty + NST);
     float* l4 = l8 + 256;
+    u8* rawk = (u8*)(l4 + 16);
+    u8* rawv = rawk + (C::KRAW ? KT * C::KRB : 0);
     constexpr bool KROT = kv_rotated(KTY, HD), VROT = kv_rotated(VTY, HD);
     const float* klv = KTY == KV_TQ8 ? l8 : l4;
     const float* vlv = VTY == KV_TQ8 ? l8 : l4;
@@ -369,6 +418,14 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
             for (int e = pt; e < 256; e += 128) l8[e] = tq[TQ_L8 + e];
         if ((KTY == KV_TQ4 || VTY == KV_TQ4) && pt < 16) l4[pt] = tq[TQ_L4 + pt];
         if (kv_tq(KTY) || kv_tq(VTY)) asm volatile("bar.sync 5, 128;" ::: "memory");
+        // Raw records: tile i + 1's are in flight while tile i is decoded and handed over.
+        constexpr bool RAW = C::KRAW || C::VRAW;
+        auto fetch = [&](int j0) {
+            if constexpr (C::KRAW) fwg_fetch<C::KRB>(rawk, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            if constexpr (C::VRAW) fwg_fetch<C::VRB>(rawv, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            cp_async_commit();
+        };
+        if constexpr (RAW) fetch(j_begin);
         for (int i = 0; i < ntiles; i++) {
             const int st = i % NST;
             if (i >= NST) mbar_wait(empty + st, ((i / NST) - 1) & 1);
@@ -377,20 +434,41 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
                 fwg_tma<HD, KT>(kbuf + st * C::TB, vbuf + st * C::TB, full_k + st, full_v + st, km, vm, bt, kvh, j0, pt);
                 continue;
             }
+            if constexpr (RAW) {
+                // Tile i's raw records (the only copies in flight), seen by every thread.
+                cp_async_wait<0>();
+                asm volatile("bar.sync 5, 128;" ::: "memory");
+            }
             if constexpr (KTY == KV_F16)
                 fwg_copy<HD, KT>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            else if constexpr (C::KRAW)
+                fwg_unpack<HD, KT, KTY>(kbuf + st * C::TB, rawk, j0, j_end, pt, klv);
             else
                 fwg_decode<HD, KT, KTY>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt, klv);
             if constexpr (VTY == KV_F16)
                 fwg_copy<HD, KT>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            else if constexpr (C::VRAW)
+                fwg_unpack<HD, KT, VTY>(vbuf + st * C::TB, rawv, j0, j_end, pt, vlv);
             else
                 fwg_decode<HD, KT, VTY>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt, vlv);
-            cp_async_wait<1>();
-            fence_async_smem();
-            mbar_arrive(full_k + st);
-            cp_async_wait<0>();
-            fence_async_smem();
-            mbar_arrive(full_v + st);
+            if constexpr (RAW) {
+                // Every thread done with tile i's raw records: tile i + 1's into their place (an
+                // empty group after the last), then all but those copies landed.
+                asm volatile("bar.sync 5, 128;" ::: "memory");
+                if (i + 1 < ntiles) fetch(j0 + KT);
+                else cp_async_commit();
+                cp_async_wait<1>();
+                fence_async_smem();
+                mbar_arrive(full_k + st);
+                mbar_arrive(full_v + st);
+            } else {
+                cp_async_wait<1>();
+                fence_async_smem();
+                mbar_arrive(full_k + st);
+                cp_async_wait<0>();
+                fence_async_smem();
+                mbar_arrive(full_v + st);
+            }
         }
         return;
     }

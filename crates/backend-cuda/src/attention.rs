@@ -165,7 +165,7 @@ impl CudaBackend {
                         n_ranges as u32,
                     ),
                     (384, 1, 1),
-                    plan::fwg_smem(hd) as u32,
+                    plan::fwg_smem(hd, kv.types) as u32,
                     args![
                         maps.0,
                         maps.1,

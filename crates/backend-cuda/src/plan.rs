@@ -8,7 +8,7 @@
 
 use crate::kinds::Kind;
 use crate::registry;
-use quiver_backend::{KvTypes, Numerics};
+use quiver_backend::{KvType, KvTypes, Numerics};
 use std::fmt::Write;
 
 /// A family of product kernels.
@@ -334,19 +334,34 @@ pub fn fwg_pair(types: KvTypes) -> bool {
     !types.k.key_blocks()
 }
 
-/// fwg.cu's dynamic shared memory at head dim `hd` (`FwgCfg::BYTES`): 128 q rows, and stages of
-/// a K and a V tile (128 keys; 64 at head dim 256) with three mbarriers each — three stages where
-/// they fit in 227 KiB, else two — TurboQuant's 256 + 16 levels, and 1 KiB to align the
-/// swizzled tiles.
-pub fn fwg_smem(hd: usize) -> usize {
+/// fwg.cu's dynamic shared memory at head dim `hd` over caches of `types` (`FwgCfg::BYTES`):
+/// 128 q rows, and stages of a K and a V tile (128 keys; 64 at head dim 256) with three
+/// mbarriers each — three stages where they fit in 227 KiB, else two — TurboQuant's 256 + 16
+/// levels, a tile's raw records of each cache that comes raw ([`fwg_raw`]), and 1 KiB to align
+/// the swizzled tiles.
+pub fn fwg_smem(hd: usize, types: KvTypes) -> usize {
     let kt = if hd == 256 { 64 } else { 128 };
-    let bytes =
-        |stages: usize| 128 * hd * 2 + stages * (2 * kt * hd * 2 + 3 * 8) + (256 + 16) * 4 + 1024;
+    let raw = |t: KvType| {
+        if fwg_raw(t, hd) {
+            kt * t.head_bytes(hd)
+        } else {
+            0
+        }
+    };
+    let fixed = 128 * hd * 2 + (256 + 16) * 4 + raw(types.k) + raw(types.v) + 1024;
+    let bytes = |stages: usize| fixed + stages * (2 * kt * hd * 2 + 3 * 8);
     if bytes(3) <= 227 * 1024 {
         bytes(3)
     } else {
         bytes(2)
     }
+}
+
+/// Whether fwg.cu's producer brings a cache of type `t` at head dim `hd` raw first (fwg.cu
+/// `fwg_raw`): q8_0 and TurboQuant records at head dims 64 and 128, a tile's records in flight
+/// at once by cp.async, then decoded from shared memory.
+pub fn fwg_raw(t: KvType, hd: usize) -> bool {
+    matches!(t, KvType::Q8_0 | KvType::Tq8 | KvType::Tq4) && matches!(hd, 64 | 128)
 }
 
 /// The attention family of a step's rows of head dim `hd`: `prompt` for a step with prompt
@@ -535,14 +550,37 @@ mod tests {
     }
 
     #[test]
-    fn fwg_shared_memory_fits_a_block_at_every_head_dim() {
-        // A block may take 227 KiB; three stages at head dim 128 (with TurboQuant's levels).
-        for &hd in FLASH_HEAD_DIMS {
-            assert!(fwg_smem(hd) <= 227 * 1024, "fwg hd {hd}: {}", fwg_smem(hd));
+    fn fwg_shared_memory_fits_a_block_at_every_pair_and_head_dim() {
+        // A block may take 227 KiB.
+        for k in KvType::ALL {
+            for v in KvType::ALL {
+                let types = KvTypes { k, v };
+                for &hd in FLASH_HEAD_DIMS {
+                    let b = fwg_smem(hd, types);
+                    assert!(b <= 227 * 1024, "fwg {types} hd {hd}: {b}");
+                }
+            }
         }
+        // Head dim 128: three stages over f16 (with TurboQuant's levels); over q8_0 two, and
+        // the raw K and V records of a tile (136 bytes a key each).
+        let pair = |t| KvTypes { k: t, v: t };
+        let stage = 2 * 128 * 256 + 24;
         assert_eq!(
-            fwg_smem(128),
-            128 * 256 + 3 * (2 * 128 * 256 + 24) + 272 * 4 + 1024
+            fwg_smem(128, pair(KvType::F16)),
+            128 * 256 + 3 * stage + 272 * 4 + 1024
+        );
+        assert_eq!(
+            fwg_smem(128, pair(KvType::Q8_0)),
+            128 * 256 + 2 * stage + 272 * 4 + 2 * 128 * 136 + 1024
+        );
+        // Head dim 256 and bf16 come decoded as they are read: no raw rows.
+        assert_eq!(
+            fwg_smem(256, pair(KvType::Q8_0)),
+            fwg_smem(256, pair(KvType::F16))
+        );
+        assert_eq!(
+            fwg_smem(128, pair(KvType::Bf16)),
+            fwg_smem(128, pair(KvType::F16))
         );
     }
 
