@@ -459,6 +459,8 @@ impl<B: Backend> Model<B> {
                 Ffn::Moe(e) => {
                     let p = hp.moe.as_ref().expect("MoE layers come with MoE hparams");
                     crate::extras::experts(b, s, n, e, p)?;
+                    // A rank's experts cover its share of their width: the sum over the ranks.
+                    b.all_reduce(&mut s.o, n * d)?;
                 }
                 Ffn::DenseAndExperts { .. } => {
                     crate::extras::dense_and_experts(b, s, n, &l.ffn, hp)?;

@@ -192,19 +192,22 @@ pub(crate) fn load_ffn<B: Backend>(
                 })
             }
         };
+        // A rank's share of every expert's width (`tp`): the gate's and up's rows, down's
+        // columns; the router whole.
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
         Ok(Experts {
             router: w("ffn_gate_inp", &[ne, d])?,
             gate: if fused {
-                w("ffn_gate_up_exps", &[ne, 2 * fe, d])?
+                tp.expert_rows(b, f, &n("ffn_gate_up_exps"), &[ne, 2 * fe, d], 2)?
             } else {
-                w("ffn_gate_exps", &[ne, fe, d])?
+                tp.expert_rows(b, f, &n("ffn_gate_exps"), &[ne, fe, d], 1)?
             },
             up: if fused {
                 None
             } else {
-                Some(w("ffn_up_exps", &[ne, fe, d])?)
+                Some(tp.expert_rows(b, f, &n("ffn_up_exps"), &[ne, fe, d], 1)?)
             },
-            down: w("ffn_down_exps", &[ne, d, fe])?,
+            down: tp.expert_cols(b, f, &n("ffn_down_exps"), &[ne, d, fe])?,
             down_scale: scale("ffn_down_exps")?,
             gate_scale,
             up_scale,

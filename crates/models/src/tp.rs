@@ -58,6 +58,12 @@ pub fn load_reduce_chunks<B: Backend>(
 ) -> Result<Model<B>> {
     let hp = hparams(file)?;
     hp.shard(chunks)?;
+    if hp.moe.is_some() {
+        return Err(ModelError::Tp(
+            "the reference splits dense layers' products only (a mixture of experts runs whole)"
+                .into(),
+        ));
+    }
     let tp = Tp {
         shard: Shard::ONE,
         chunks,
@@ -82,8 +88,8 @@ impl Hparams {
         if size == 1 {
             return Ok(self.clone());
         }
-        if self.moe.is_some() || self.shared_expert_ff > 0 {
-            return refuse("a mixture of experts");
+        if self.shared_expert_ff > 0 {
+            return refuse("a shared expert");
         }
         if self.dsv4.is_some() || self.eagle3.is_some() || self.mtp {
             return refuse("DeepSeek-V4 layers or a draft head");
@@ -111,6 +117,16 @@ impl Hparams {
                 }
                 *v /= size;
             }
+        }
+        if let Some(m) = hp.moe.as_mut() {
+            // Every expert's FFN width, as a dense layer's.
+            if m.n_ff % size != 0 {
+                return Err(ModelError::Tp(format!(
+                    "the experts' FFN width ({}) does not divide by {size} ranks",
+                    m.n_ff
+                )));
+            }
+            m.n_ff /= size;
         }
         let max = |f: fn(&crate::LayerHp) -> usize| hp.layers.iter().map(f).max().unwrap_or(0);
         (hp.n_head, hp.n_head_kv, hp.n_ff) =
@@ -192,6 +208,67 @@ impl Tp {
         weight_cols(b, f, name, &full, rank * local[1], local[1])
     }
 
+    /// The rank's rows of every expert of the tensor `name` whose rank-local shape is `local`
+    /// ([experts, rows, cols]), its rows `parts` runs of equal length (a fused gate and up: 2),
+    /// each split over the ranks as [`Tp::rows`] splits a part.
+    pub(crate) fn expert_rows<B: Backend>(
+        &self,
+        b: &B,
+        f: &Arc<GgufFile>,
+        name: &str,
+        local: &[u64; 3],
+        parts: u64,
+    ) -> Result<B::Weight> {
+        let (size, rank) = (self.shard.size as u64, self.shard.rank as u64);
+        if size == 1 {
+            return weight(b, f, name, local);
+        }
+        let [ne, rows, cols] = *local;
+        let n = rows / parts;
+        let full = [ne, rows * size, cols];
+        let (idx, ty) = find(f, name, &full)?;
+        let row = ty.row_bytes(cols).unwrap_or(0) as usize;
+        let src = f.tensor_data(&f.tensors[idx]);
+        let mut bytes = Vec::with_capacity((ne * rows) as usize * row);
+        for e in src.chunks_exact((rows * size) as usize * row) {
+            for p in 0..parts {
+                let at = ((p * size + rank) * n) as usize * row;
+                bytes.extend_from_slice(&e[at..at + n as usize * row]);
+            }
+        }
+        let part = format!("{name}[rank {rank} of {size}]");
+        in_memory(b, part, ty, local, bytes)
+    }
+
+    /// The rank's columns of every expert of the tensor `name` whose rank-local shape is
+    /// `local` ([experts, rows, cols]): as [`Tp::cols`], expert by expert.
+    pub(crate) fn expert_cols<B: Backend>(
+        &self,
+        b: &B,
+        f: &Arc<GgufFile>,
+        name: &str,
+        local: &[u64; 3],
+    ) -> Result<B::Weight> {
+        let (size, rank) = (self.shard.size as u64, self.shard.rank as u64);
+        if size == 1 {
+            return weight(b, f, name, local);
+        }
+        let [ne, rows, cols] = *local;
+        // Every expert's rows one after another: the columns of a 2-D tensor of ne · rows rows.
+        let (idx, ty) = find(f, name, &[ne, rows, cols * size])?;
+        let part = format!("{name}[:, :, {}..{}]", rank * cols, (rank + 1) * cols);
+        let bytes = gather_cols(
+            f,
+            idx,
+            ty,
+            &part,
+            [ne * rows, cols * size],
+            rank * cols,
+            cols,
+        )?;
+        in_memory(b, part, ty, local, bytes)
+    }
+
     /// The reference's column parts of the tensor `name` of `shape` ([`load_reduce_chunks`]);
     /// None for whole products.
     pub(crate) fn col_parts<B: Backend>(
@@ -232,10 +309,25 @@ pub(crate) fn weight_cols<B: Backend>(
 ) -> Result<B::Weight> {
     let (idx, ty) = find(f, name, shape)?;
     let part = format!("{name}[:, {first}..{}]", first + n);
+    let bytes = gather_cols(f, idx, ty, &part, *shape, first, n)?;
+    in_memory(b, part, ty, &[shape[0], n], bytes)
+}
+
+/// The bytes of columns `first..first + n` of every row of tensor `idx` of `shape` (rows,
+/// columns), row after row; `part` names them in the error of columns off the type's blocks.
+fn gather_cols(
+    f: &GgufFile,
+    idx: usize,
+    ty: quiver_gguf::GgmlType,
+    part: &str,
+    shape: [u64; 2],
+    first: u64,
+    n: u64,
+) -> Result<Vec<u8>> {
     let (Some(row), Some(at), Some(len)) =
         (ty.row_bytes(shape[1]), ty.row_bytes(first), ty.row_bytes(n))
     else {
-        return Err(off_blocks(&part, ty));
+        return Err(off_blocks(part, ty));
     };
     let (row, at, len) = (row as usize, at as usize, len as usize);
     let src = f.tensor_data(&f.tensors[idx]);
@@ -243,12 +335,23 @@ pub(crate) fn weight_cols<B: Backend>(
     for r in src.chunks_exact(row) {
         bytes.extend_from_slice(&r[at..at + len]);
     }
-    // The gathered bytes as a one-tensor GGUF in memory: what a backend takes a weight from.
+    Ok(bytes)
+}
+
+/// Gathered bytes as a weight of `shape`: a one-tensor GGUF in memory, what a backend takes a
+/// weight from.
+fn in_memory<B: Backend>(
+    b: &B,
+    part: String,
+    ty: quiver_gguf::GgmlType,
+    shape: &[u64],
+    bytes: Vec<u8>,
+) -> Result<B::Weight> {
     let mut w = GgufWriter::new();
-    w.add_tensor(part.clone(), ty, &[shape[0], n]);
+    w.add_tensor(part.clone(), ty, shape);
     let file = GgufFile::from_bytes(w.to_bytes(&[&bytes])?)?;
     let whole = WeightBytes::whole(Arc::new(file), 0);
-    Ok(b.weight(&part, ty, &[shape[0], n], whole)?)
+    Ok(b.weight(&part, ty, shape, whole)?)
 }
 
 /// The step's token embeddings into `x`: a rank's rows of an embedding split by vocabulary

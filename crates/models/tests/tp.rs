@@ -232,6 +232,39 @@ fn every_dense_architecture_splits() {
 }
 
 #[test]
+fn experts_split_by_width_give_the_whole_models_logits() {
+    // tiny-qwen3moe: 16 experts of width 128 (4 of 16 a token), each rank a share of every
+    // expert's width (gate and up by rows, down by columns), the router whole on every rank,
+    // the experts' partial sums added over the ranks. Within the reordered sums' rounding of
+    // the whole model (F32: 1e-4; Q8_0 blocks of 32: 4 ranks hold 32 columns of down each).
+    for (ty, close) in [("F32", 1e-3), ("Q8_0", 5e-2)] {
+        let f = synth(&preset_of("tiny-qwen3moe"), ty, "experts");
+        let want = whole(&f);
+        for n in [2, 4] {
+            let got = ranks(&f, n);
+            let d = rel_l2(&got[0], &want);
+            assert!(d <= close, "{ty}, {n} ranks: relative L2 difference {d}");
+            // Every rank computes the same logits (the head's gathered columns).
+            for (rank, g) in got.iter().enumerate().skip(1) {
+                assert_eq!(bits_differ(g, &got[0]), 0, "{ty}: rank {rank} of {n}");
+            }
+        }
+    }
+    // Batch invariant over the ranks: sequence 0 alone gives its rows of the mixed steps.
+    let f = synth(&preset_of("tiny-qwen3moe"), "Q8_0", "experts-invariant");
+    let mut tp = Ranks::start(group(2), &f).unwrap();
+    let mixed: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
+    let mut tp = Ranks::start(group(2), &f).unwrap();
+    let v = tp.m.hp.n_vocab;
+    let first = tp
+        .forward(&batch(&[(0, &[1, 17, 300, 42, 9, 505, 3], 0)]))
+        .unwrap();
+    assert_eq!(bits_differ(&[first], &[mixed[0][..7 * v].to_vec()]), 0);
+    let next = tp.forward(&batch(&[(0, &[12], 7)])).unwrap();
+    assert_eq!(bits_differ(&[next], &[mixed[1][..v].to_vec()]), 0);
+}
+
+#[test]
 fn a_vocabulary_the_ranks_do_not_divide_keeps_the_head_whole() {
     // 510 tokens: split over 2 ranks, whole on each of 4; tied (the head is the embedding's).
     let p = quiver_synth::Preset {
@@ -364,7 +397,11 @@ fn what_cannot_be_split_is_refused_with_its_reason() {
     assert!(e.contains("heads (8) do not divide by 3"), "{e}");
     let moe = synth(quiver_synth::preset("tiny-qwen3moe").unwrap(), "F32", "moe");
     let e = err(&moe, 2);
-    assert!(e.contains("mixture of experts"), "{e}");
+    assert!(e.contains("dense layers' products only"), "{e}");
+    // The experts' width of 128 over 3 ranks; a shared expert (Qwen 3.5 MoE's).
+    let hp = quiver_models::hparams(&moe).unwrap();
+    let e = hp.shard(3).unwrap_err().to_string();
+    assert!(e.contains("divide by 3"), "{e}");
     // A rank's part on a backend of no group.
     let b = CpuBackend::new(1);
     let shard = Shard { rank: 1, size: 2 };
