@@ -284,3 +284,33 @@ fn served_requests_over_ranks_get_what_they_get_alone() {
     assert_eq!(common::answers(&h, &reqs[..2]), together[..2].to_vec());
     h.shutdown(std::time::Duration::from_secs(5));
 }
+
+#[test]
+fn a_mixture_of_experts_over_ranks_decodes_as_the_whole_model() {
+    // tiny-qwen3moe, each rank a share of every expert's width: greedy tokens of the whole.
+    let p = quiver_synth::Preset {
+        n_head: 8,
+        n_head_kv: 4,
+        ..quiver_synth::preset("tiny-qwen3moe").unwrap().clone()
+    };
+    let f = synth(&p, 3, "moe");
+    let prompt: Vec<u32> = vec![1, 17, 300, 42, 9, 505, 3];
+    let mut whole = ModelRunner::new(CpuBackend::new(1), &f, &opts(8)).unwrap();
+    let mut tp = ModelRunner::with_ranks(ranks(2), &f, &opts(8)).unwrap();
+    let want = whole.eval(&prompt, 0, Want::Last).unwrap().to_vec();
+    let got = tp.eval(&prompt, 0, Want::Last).unwrap().to_vec();
+    let e = rel_l2(&got, &want);
+    assert!(e < 1e-3, "logits off the whole model's by {e}");
+    let (mut a, mut b) = (argmax(&want), argmax(&got));
+    for i in 0..6 {
+        assert_eq!(a, b, "token {i} of greedy decoding");
+        a = whole.eval_argmax(&[a], prompt.len() + i).unwrap();
+        b = tp.eval_argmax(&[b], prompt.len() + i).unwrap();
+    }
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    (0..v.len())
+        .max_by(|&i, &j| v[i].total_cmp(&v[j]).then(j.cmp(&i)))
+        .unwrap() as u32
+}
