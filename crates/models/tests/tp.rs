@@ -398,7 +398,7 @@ fn what_cannot_be_split_is_refused_with_its_reason() {
     let moe = synth(quiver_synth::preset("tiny-qwen3moe").unwrap(), "F32", "moe");
     let e = err(&moe, 2);
     assert!(e.contains("dense layers' products only"), "{e}");
-    // The experts' width of 128 over 3 ranks; a shared expert (Qwen 3.5 MoE's).
+    // The experts' width of 128 over 3 ranks.
     let hp = quiver_models::hparams(&moe).unwrap();
     let e = hp.shard(3).unwrap_err().to_string();
     assert!(e.contains("divide by 3"), "{e}");
