@@ -38,6 +38,9 @@ impl CpuBackend {
     ) -> Result<()> {
         let d = w.router.cols;
         let (ne, k, ff) = (p.n_expert, p.n_used, p.n_ff);
+        // The experts held here (expert parallelism: a run of them; else all), their weights
+        // stacked from expert e0 on.
+        let (e0, nh) = p.held;
         let sizes = p.scratch_floats(rows, d);
         // Gate and up in one tensor: 2·ff rows per expert, the gate's first.
         let fused = std::ptr::eq(w.gate, w.up);
@@ -45,10 +48,11 @@ impl CpuBackend {
         check(
             "moe",
             w.router.rows == ne
-                && w.gate.rows == ne * per
-                && w.up.rows == ne * per
+                && e0 + nh <= ne
+                && w.gate.rows == nh * per
+                && w.up.rows == nh * per
                 && w.gate.cols == d
-                && w.down.rows == ne * d
+                && w.down.rows == nh * d
                 && w.down.cols == ff
                 && (1..=ne).contains(&k)
                 && x.len() >= rows * d
@@ -59,7 +63,7 @@ impl CpuBackend {
                 && s.up.len() >= sizes[4]
                 && s.act.len() >= sizes[5]
                 && s.ys.len() >= sizes[6],
-            || format!("{rows} rows, {ne} experts of {ff}, {k} used, n_embd {d}"),
+            || format!("{rows} rows, {nh} of {ne} experts of {ff}, {k} used, n_embd {d}"),
         )?;
         if !p.router_given {
             self.matmul(w.router, x, rows, s.logits)?;
@@ -97,7 +101,9 @@ impl CpuBackend {
             let at = r.next[e as usize];
             r.next[e as usize] += 1;
             r.pos[i] = at;
-            s.xs[at * d..][..d].copy_from_slice(&x[(i / k) * d..][..d]);
+            if p.holds(e as usize) {
+                s.xs[at * d..][..d].copy_from_slice(&x[(i / k) * d..][..d]);
+            }
         }
         let (gb, ub, db) = (
             w.gate.ty.row_bytes(d as u64).unwrap_or(0) as usize * ff,
@@ -107,16 +113,18 @@ impl CpuBackend {
         // Where expert e's gate and up rows start.
         let g_at = |e: usize, gb: usize| if fused { e * 2 * gb } else { e * gb };
         let u_at = |e: usize, ub: usize| if fused { e * 2 * ub + ub } else { e * ub };
-        for e in 0..ne {
+        for e in e0..e0 + nh {
             let (a, n) = (r.start[e], r.start[e + 1] - r.start[e]);
             if n == 0 {
                 continue;
             }
+            // Its place in the held experts' stacked weights.
+            let h = e - e0;
             let xs = &s.xs[a * d..(a + n) * d];
             let g = &mut s.gate[a * ff..(a + n) * ff];
             self.mm.run(
                 w.gate.ty,
-                &w.gate.bytes()[g_at(e, gb)..][..gb],
+                &w.gate.bytes()[g_at(h, gb)..][..gb],
                 ff,
                 d,
                 xs,
@@ -125,7 +133,7 @@ impl CpuBackend {
             )?;
             let u = &mut s.up[a * ff..(a + n) * ff];
             self.mm
-                .run(w.up.ty, &w.up.bytes()[u_at(e, ub)..][..ub], ff, d, xs, n, u)?;
+                .run(w.up.ty, &w.up.bytes()[u_at(h, ub)..][..ub], ff, d, xs, n, u)?;
             if let Some(sc) = gate_scale {
                 g.iter_mut().for_each(|v| *v *= sc[e]);
             }
@@ -144,7 +152,7 @@ impl CpuBackend {
             let ys = &mut s.ys[a * d..(a + n) * d];
             self.mm.run(
                 w.down.ty,
-                &w.down.bytes()[e * db..][..db],
+                &w.down.bytes()[h * db..][..db],
                 d,
                 ff,
                 &s.act[a * ff..(a + n) * ff],
@@ -157,14 +165,22 @@ impl CpuBackend {
         }
         for t in 0..rows {
             let o = &mut out[t * d..][..d];
+            let mut first = true;
             for j in 0..k {
-                let (_, wt) = r.routes[t * k + j];
+                let (e, wt) = r.routes[t * k + j];
+                if !p.holds(e as usize) {
+                    continue;
+                }
                 let y = &s.ys[r.pos[t * k + j] * d..][..d];
-                if j == 0 {
+                if first {
                     o.iter_mut().zip(y).for_each(|(o, &v)| *o = v * wt);
                 } else {
                     o.iter_mut().zip(y).for_each(|(o, &v)| *o += v * wt);
                 }
+                first = false;
+            }
+            if first {
+                o.fill(0.0); // none of its experts here
             }
         }
         // The routes, for anyone reading the scratch (tests): expert id, weight.

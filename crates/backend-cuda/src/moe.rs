@@ -151,7 +151,9 @@ impl CudaBackend {
         let sizes = p.scratch_floats(rows, d);
         check(
             "moe",
-            w.router.rows == ne
+            // (Every expert held: CUDA has no tensor-parallel ranks.)
+            p.held == (0, ne)
+                && w.router.rows == ne
                 && w.gate.rows == ne * lay.er
                 && w.up.rows == ne * lay.er
                 && w.gate.cols == d
@@ -625,6 +627,7 @@ mod tests {
                 scale: 1.0,
                 act: Activation::SwiGlu,
                 router_given: false,
+                held: (0, ne),
             };
             for rows in [1, 2, 7, 64, 300, 4096] {
                 let room = p.scratch_floats(rows, 64)[0];

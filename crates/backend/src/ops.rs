@@ -97,9 +97,18 @@ pub struct MoeParams {
     /// The caller has written the router logits into [`MoeScratch::logits`] (a router over
     /// another input than the experts', Gemma 4): the backend skips the router product.
     pub router_given: bool,
+    /// The experts this instance holds, (first, count) of `n_expert` (all: (0, n_expert)); a
+    /// tensor-parallel rank of an expert-parallel split holds a run of them, and the pairs of
+    /// the others add nothing to its output (the ranks' outputs are summed).
+    pub held: (usize, usize),
 }
 
 impl MoeParams {
+    /// Whether expert `e` is one this instance holds.
+    pub fn holds(&self, e: usize) -> bool {
+        (self.held.0..self.held.0 + self.held.1).contains(&e)
+    }
+
     /// Floats of each [`MoeScratch`] buffer a step of `rows` tokens needs, in field order: the
     /// router logits' with room for a device's sort of the pairs by expert once they are spent
     /// (offsets, a row per pair, a list of the tiles of 8 or more pairs of one expert).

@@ -338,6 +338,7 @@ mod tests {
                 scale: 1.0,
                 act: Activation::SwiGlu,
                 router_given: false,
+                held: (0, 4),
             };
             let mut r = Vec::new();
             // A NaN expert is never chosen ahead of a number; the numbers' weights are as

@@ -136,9 +136,12 @@ pub struct Model<B: Backend> {
 pub(crate) fn load<B: Backend>(
     b: &B,
     f: &Arc<GgufFile>,
-    hp: Hparams,
+    mut hp: Hparams,
     tp: crate::tp::Tp,
 ) -> Result<Model<B>> {
+    if let Some(m) = hp.moe.as_mut().filter(|m| m.held.1 < m.n_expert) {
+        m.held = tp.held(m.held);
+    }
     if hp.dsv4.is_some() {
         let d = hp.n_embd as u64;
         let v = hp.n_vocab as u64;

@@ -193,8 +193,30 @@ pub(crate) fn load_ffn<B: Backend>(
             }
         };
         // A rank's share of every expert's width (`tp`): the gate's and up's rows, down's
-        // columns; the router whole.
+        // columns; or its run of whole experts (`m.held`); the router whole.
         let n = |s: &str| format!("blk.{i}.{s}.weight");
+        if m.held.1 < m.n_expert {
+            let (e0, nh) = (m.held.0 as u64, m.held.1 as u64);
+            let run = |s: &str, rows: u64, cols: u64| {
+                tp.expert_run(b, f, &n(s), &[ne, rows, cols], e0, nh)
+            };
+            return Ok(Experts {
+                router: w("ffn_gate_inp", &[ne, d])?,
+                gate: match fused {
+                    true => run("ffn_gate_up_exps", 2 * fe, d)?,
+                    false => run("ffn_gate_exps", fe, d)?,
+                },
+                up: match fused {
+                    true => None,
+                    false => Some(run("ffn_up_exps", fe, d)?),
+                },
+                down: run("ffn_down_exps", d, fe)?,
+                down_scale: scale("ffn_down_exps")?,
+                gate_scale,
+                up_scale,
+                shared,
+            });
+        }
         Ok(Experts {
             router: w("ffn_gate_inp", &[ne, d])?,
             gate: if fused {

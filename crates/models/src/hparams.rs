@@ -379,6 +379,7 @@ impl<'a> Reader<'a> {
             scale: 0.0,
             act,
             router_given: false,
+            held: (0, n_expert),
         })
     }
 

@@ -232,36 +232,51 @@ fn every_dense_architecture_splits() {
 }
 
 #[test]
-fn experts_split_by_width_give_the_whole_models_logits() {
-    // tiny-qwen3moe: 16 experts of width 128 (4 of 16 a token), each rank a share of every
-    // expert's width (gate and up by rows, down by columns), the router whole on every rank,
-    // the experts' partial sums added over the ranks. Within the reordered sums' rounding of
-    // the whole model (F32: 1e-4; Q8_0 blocks of 32: 4 ranks hold 32 columns of down each).
-    for (ty, close) in [("F32", 1e-3), ("Q8_0", 5e-2)] {
-        let f = synth(&preset_of("tiny-qwen3moe"), ty, "experts");
+fn experts_split_by_width_or_by_expert_give_the_whole_models_logits() {
+    // tiny-qwen3moe, 16 experts (4 a token), split by shape: experts of width 512 over 2 ranks
+    // by width (each rank 256 of every expert: gate and up by rows, down by columns); of width
+    // 128, or 512 over 4, by expert (each rank a run of whole experts, the pairs of the others
+    // adding nothing there). The router is whole on every rank and the ranks' outputs are
+    // summed. Within the reordered sums' rounding of the whole model (F32: 1e-4).
+    let of = |ff: usize| quiver_synth::Preset {
+        n_ff_exp: ff as u64,
+        ..preset_of("tiny-qwen3moe")
+    };
+    for (ff, ty, close) in [(512, "F32", 1e-3), (128, "F32", 1e-3), (128, "Q8_0", 5e-2)] {
+        let f = synth(&of(ff), ty, &format!("experts-{ff}"));
         let want = whole(&f);
         for n in [2, 4] {
+            let hp = quiver_models::hparams(&f).unwrap().shard(n).unwrap();
+            let m = hp.moe.unwrap();
+            let by_width = ff == 512 && n == 2;
+            assert_eq!(m.held.1 < m.n_expert, !by_width, "{ff} over {n}: {m:?}");
             let got = ranks(&f, n);
             let d = rel_l2(&got[0], &want);
-            assert!(d <= close, "{ty}, {n} ranks: relative L2 difference {d}");
+            assert!(
+                d <= close,
+                "{ty}, width {ff}, {n} ranks: relative L2 difference {d}"
+            );
             // Every rank computes the same logits (the head's gathered columns).
             for (rank, g) in got.iter().enumerate().skip(1) {
                 assert_eq!(bits_differ(g, &got[0]), 0, "{ty}: rank {rank} of {n}");
             }
         }
     }
-    // Batch invariant over the ranks: sequence 0 alone gives its rows of the mixed steps.
-    let f = synth(&preset_of("tiny-qwen3moe"), "Q8_0", "experts-invariant");
-    let mut tp = Ranks::start(group(2), &f).unwrap();
-    let mixed: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
-    let mut tp = Ranks::start(group(2), &f).unwrap();
-    let v = tp.m.hp.n_vocab;
-    let first = tp
-        .forward(&batch(&[(0, &[1, 17, 300, 42, 9, 505, 3], 0)]))
-        .unwrap();
-    assert_eq!(bits_differ(&[first], &[mixed[0][..7 * v].to_vec()]), 0);
-    let next = tp.forward(&batch(&[(0, &[12], 7)])).unwrap();
-    assert_eq!(bits_differ(&[next], &[mixed[1][..v].to_vec()]), 0);
+    // Batch invariant over the ranks, either way: sequence 0 alone gives its rows of the
+    // mixed steps.
+    for ff in [512, 128] {
+        let f = synth(&of(ff), "Q8_0", &format!("experts-invariant-{ff}"));
+        let mut tp = Ranks::start(group(2), &f).unwrap();
+        let mixed: Vec<Vec<f32>> = steps().iter().map(|b| tp.forward(b).unwrap()).collect();
+        let mut tp = Ranks::start(group(2), &f).unwrap();
+        let v = tp.m.hp.n_vocab;
+        let first = tp
+            .forward(&batch(&[(0, &[1, 17, 300, 42, 9, 505, 3], 0)]))
+            .unwrap();
+        assert_eq!(bits_differ(&[first], &[mixed[0][..7 * v].to_vec()]), 0);
+        let next = tp.forward(&batch(&[(0, &[12], 7)])).unwrap();
+        assert_eq!(bits_differ(&[next], &[mixed[1][..v].to_vec()]), 0);
+    }
 }
 
 #[test]
@@ -398,12 +413,17 @@ fn what_cannot_be_split_is_refused_with_its_reason() {
     let moe = synth(quiver_synth::preset("tiny-qwen3moe").unwrap(), "F32", "moe");
     let e = err(&moe, 2);
     assert!(e.contains("dense layers' products only"), "{e}");
-    // Experts of a width 2 ranks do not divide (the rest of tiny-qwen3moe divides).
+    // Experts whose width and count 2 ranks both do not divide (the rest of tiny-qwen3moe
+    // divides).
     let mut hp = quiver_models::hparams(&moe).unwrap();
     assert!(hp.shard(2).is_ok());
-    hp.moe.as_mut().unwrap().n_ff = 129;
+    let m = hp.moe.as_mut().unwrap();
+    (m.n_ff, m.n_expert) = (129, 15);
     let e = hp.shard(2).unwrap_err().to_string();
-    assert!(e.contains("FFN width (129) does not divide by 2"), "{e}");
+    assert!(
+        e.contains("neither the experts' FFN width (129) nor their count (15) divides by 2"),
+        "{e}"
+    );
     // A rank's part on a backend of no group.
     let b = CpuBackend::new(1);
     let shard = Shard { rank: 1, size: 2 };

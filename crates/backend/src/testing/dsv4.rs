@@ -359,6 +359,7 @@ fn moe<B: Backend, H: Harness<B>>(be: &mut B, h: &H, rng: &mut Rng, notes: &mut 
         scale: 1.5,
         act: Activation::SwiGlu,
         router_given: false,
+        held: (0, ne),
     };
     let f32w =
         |rng: &mut Rng, r: usize, c: usize| WeightCase::random(rng, GgmlType::F32, r, c).unwrap();

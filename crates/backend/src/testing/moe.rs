@@ -38,6 +38,7 @@ pub fn moe<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) -> Notes {
                 scale: if norm { 1.0 } else { 2.5 },
                 act,
                 router_given: false,
+                held: (0, ne),
             };
             // The router in f32 with well-separated logits, so that rounding does not reorder
             // the experts.
@@ -233,6 +234,7 @@ pub fn moe_nan_router<B: Backend, H: Harness<B>>(be: &B, h: &H) {
         scale: 1.0,
         act: Activation::SwiGlu,
         router_given: true,
+        held: (0, ne),
     };
     let sizes = p.scratch_floats(n, d);
     let nan = f32::NAN;
@@ -316,6 +318,7 @@ pub fn moe_product_scales<B: Backend, H: Harness<B>>(be: &B, h: &H) {
         scale: 0.0,
         act: Activation::SwiGlu,
         router_given: false,
+        held: (0, ne),
     };
     let x: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.37).sin()).collect();
     let xb = h.upload(be, &x);
@@ -390,6 +393,7 @@ pub fn moe_invariance<B: Backend, H: Harness<B>>(be: &B, h: &H, rng: &mut Rng) {
                 scale: 1.0,
                 act: Activation::SwiGlu,
                 router_given: false,
+                held: (0, ne),
             };
             let router = WeightCase::random(rng, GgmlType::F32, ne, d).unwrap();
             let gate_rows = if fused { 2 * ne * ff } else { ne * ff };
