@@ -3,7 +3,6 @@
 use crate::engine::{self, LoadArgs};
 use anyhow::{bail, Context, Result};
 use quiver_backend::Numerics;
-use quiver_backend_cpu::{CpuBackend, CpuConfig};
 use quiver_engine::serve::ServeOptions;
 use quiver_tokenizer::chat::ChatTemplate;
 use std::path::PathBuf;
@@ -329,11 +328,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             engine::Device::Cpu => {
                 notes.push(engine::cpu_invariance(numerics));
                 quiver_engine::start_serving_ranks(
-                    move || match ranks {
-                        1 => vec![CpuBackend::with_config(CpuConfig { threads, numerics })
-                            .weights_mapped(mlock)],
-                        _ => crate::tp::cpu_ranks(ranks, threads, numerics, mlock),
-                    },
+                    move || crate::tp::cpu_ranks(ranks, threads, numerics, mlock),
                     file,
                     tok,
                     opts,

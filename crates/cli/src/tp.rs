@@ -50,20 +50,23 @@ pub fn load(
     })
 }
 
-/// The CPU backends of `ranks` tensor-parallel ranks of `threads` threads each, in one group.
+/// The CPU backends of `ranks` tensor-parallel ranks of `threads` threads each, in one group
+/// (one rank: a backend of no group, the whole model).
 pub fn cpu_ranks(
     ranks: usize,
     threads: usize,
     numerics: quiver_backend::Numerics,
     mlock: bool,
 ) -> Vec<CpuBackend> {
+    let backend = || CpuBackend::with_config(CpuConfig { threads, numerics }).weights_mapped(mlock);
+    if ranks == 1 {
+        return vec![backend()];
+    }
     LocalComm::group(ranks)
         .into_iter()
         .map(|c| {
             let c: Arc<dyn Comm> = Arc::new(c);
-            CpuBackend::with_config(CpuConfig { threads, numerics })
-                .weights_mapped(mlock)
-                .with_comm(c)
+            backend().with_comm(c)
         })
         .collect()
 }

@@ -28,15 +28,17 @@ pub struct RunnerOptions {
 }
 
 impl RunnerOptions {
-    /// A single-sequence session's state: (positions in whole blocks, tokens a step, logits
-    /// rows a step).
-    pub(crate) fn sizes(&self) -> (usize, usize, usize) {
-        let n_batch = self.n_batch.max(1);
-        (
-            self.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE,
-            n_batch,
-            self.max_logits.clamp(1, n_batch),
-        )
+    /// What the model (each rank's part) and its state are made for: the context's rope
+    /// factors, KV positions in whole blocks, tokens and logits rows a step.
+    pub(crate) fn model_sizes(&self) -> TpSizes {
+        let max_tokens = self.n_batch.max(1);
+        TpSizes {
+            n_ctx: self.n_ctx,
+            kv: self.kv,
+            n_slots: self.n_ctx.div_ceil(BLOCK_SIZE) * BLOCK_SIZE,
+            max_tokens,
+            max_logits: self.max_logits.clamp(1, max_tokens),
+        }
     }
 }
 
@@ -108,39 +110,24 @@ impl<B: Backend + Send + 'static> ModelRunner<B> {
             let b = backends.into_iter().next().expect("one backend");
             return Self::new(b, file, opts);
         }
-        let (n_ctx, n_batch, max_logits) = opts.sizes();
-        let sizes = TpSizes {
-            n_ctx: opts.n_ctx,
-            kv: opts.kv,
-            n_slots: n_ctx,
-            max_tokens: n_batch,
-            max_logits,
-        };
-        let (backend, peers) = TpPeers::start(backends, file, sizes)?;
-        let (model, state) = sizes.load(&backend, file)?;
-        let mut r = Self::of(backend, model, state, n_ctx, n_batch);
+        let (backend, peers) = TpPeers::start(backends, file, opts.model_sizes())?;
+        let mut r = Self::new(backend, file, opts)?;
         r.peers = Some(peers);
         Ok(r)
     }
 }
 
 impl<B: Backend> ModelRunner<B> {
+    /// The model on `backend` (or its rank's part, where `backend` is a rank of a group).
     pub fn new(backend: B, file: &Arc<GgufFile>, opts: &RunnerOptions) -> Result<Self> {
-        let mut model = quiver_models::load(&backend, file)?;
-        model.for_context(opts.n_ctx);
-        model.set_kv_types(opts.kv)?;
-        let (n_ctx, n_batch, max_logits) = opts.sizes();
-        let state = model.state(&backend, n_ctx, n_batch, max_logits)?;
-        Ok(Self::of(backend, model, state, n_ctx, n_batch))
-    }
-
-    fn of(backend: B, model: Model<B>, state: State<B>, n_ctx: usize, n_batch: usize) -> Self {
-        ModelRunner {
+        let sizes = opts.model_sizes();
+        let (model, state) = sizes.load(&backend, file)?;
+        Ok(ModelRunner {
             backend,
             model,
             state,
-            n_ctx,
-            n_batch,
+            n_ctx: sizes.n_slots,
+            n_batch: sizes.max_tokens,
             batch: BatchBuilder::default(),
             picker: Picker::default(),
             logits: Vec::new(),
@@ -149,7 +136,7 @@ impl<B: Backend> ModelRunner<B> {
             eagle: None,
             last_verify: None,
             peers: None,
-        }
+        })
     }
 
     /// The tensor-parallel ranks the model is split over (1: whole here).

@@ -301,16 +301,10 @@ fn a_mixture_of_experts_over_ranks_decodes_as_the_whole_model() {
     let got = tp.eval(&prompt, 0, Want::Last).unwrap().to_vec();
     let e = rel_l2(&got, &want);
     assert!(e < 1e-3, "logits off the whole model's by {e}");
-    let (mut a, mut b) = (argmax(&want), argmax(&got));
+    let (mut a, mut b) = (quiver_engine::argmax(&want), quiver_engine::argmax(&got));
     for i in 0..6 {
         assert_eq!(a, b, "token {i} of greedy decoding");
         a = whole.eval_argmax(&[a], prompt.len() + i).unwrap();
         b = tp.eval_argmax(&[b], prompt.len() + i).unwrap();
     }
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    (0..v.len())
-        .max_by(|&i, &j| v[i].total_cmp(&v[j]).then(j.cmp(&i)))
-        .unwrap() as u32
 }

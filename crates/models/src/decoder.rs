@@ -139,8 +139,9 @@ pub(crate) fn load<B: Backend>(
     mut hp: Hparams,
     tp: crate::tp::Tp,
 ) -> Result<Model<B>> {
+    // An expert-parallel split (`Hparams::shard`: (0, count)): rank r holds the r-th run.
     if let Some(m) = hp.moe.as_mut().filter(|m| m.held.1 < m.n_expert) {
-        m.held = tp.held(m.held);
+        m.held.0 = tp.shard.rank * m.held.1;
     }
     if hp.dsv4.is_some() {
         let d = hp.n_embd as u64;

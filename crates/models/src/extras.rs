@@ -198,7 +198,7 @@ pub(crate) fn load_ffn<B: Backend>(
         if m.held.1 < m.n_expert {
             let (e0, nh) = (m.held.0 as u64, m.held.1 as u64);
             let run = |s: &str, rows: u64, cols: u64| {
-                tp.expert_run(b, f, &n(s), &[ne, rows, cols], e0, nh)
+                crate::weight_rows(b, f, &n(s), &[ne, rows, cols], e0, nh)
             };
             return Ok(Experts {
                 router: w("ffn_gate_inp", &[ne, d])?,

@@ -128,22 +128,27 @@ pub(crate) fn weight<B: Backend>(
     Ok(backend.weight(name, ty, shape, WeightBytes::whole(file.clone(), idx))?)
 }
 
-/// Rows `first..first + n` of the 2-D tensor `name` of `shape` as a weight of its own (one
-/// part of a fused tensor: its products are the fused product's rows, bit for bit).
+/// Entries `first..first + n` of the outermost dimension of the tensor `name` of `shape` as
+/// a weight of its own, in place (rows of a 2-D tensor: one part of a fused tensor, whose
+/// products are the fused product's rows, bit for bit; experts of a 3-D one).
 pub(crate) fn weight_rows<B: Backend>(
     backend: &B,
     file: &Arc<GgufFile>,
     name: &str,
-    shape: &[u64; 2],
+    shape: &[u64],
     first: u64,
     n: u64,
 ) -> Result<B::Weight> {
     let (idx, ty) = find(file, name, shape)?;
-    let row = ty.row_bytes(shape[1]).unwrap_or(0) as usize;
+    let (last, inner) = (shape[shape.len() - 1], &shape[1..shape.len() - 1]);
+    let entry = ty.row_bytes(last).unwrap_or(0) as usize * inner.iter().product::<u64>() as usize;
     let mut bytes = WeightBytes::whole(file.clone(), idx);
-    bytes.range = Some((first as usize * row, n as usize * row));
+    bytes.range = Some((first as usize * entry, n as usize * entry));
     let part = format!("{name}[{first}..{}]", first + n);
-    Ok(backend.weight(&part, ty, &[n, shape[1]], bytes)?)
+    let part_shape: Vec<u64> = std::iter::once(n)
+        .chain(shape[1..].iter().copied())
+        .collect();
+    Ok(backend.weight(&part, ty, &part_shape, bytes)?)
 }
 
 pub(crate) fn find(

@@ -121,7 +121,7 @@ impl Hparams {
         if let Some(m) = hp.moe.as_mut() {
             // By shape: every expert's width split as a dense layer's where each rank's share
             // is whole blocks of 256 (any weight type's columns split there); else whole
-            // experts a rank (expert parallelism; the rank's run is set at load, `Tp::held`);
+            // experts a rank (expert parallelism; the rank's run is set at load, `decoder::load`);
             // else the width, where the loader checks the blocks.
             let width = m.n_ff.is_multiple_of(256 * size);
             if !width && m.n_expert.is_multiple_of(size) {
@@ -213,34 +213,6 @@ impl Tp {
         }
         let full = [local[0], local[1] * size];
         weight_cols(b, f, name, &full, rank * local[1], local[1])
-    }
-
-    /// The experts a rank holds of an expert-parallel split (`held` of its hyperparameters,
-    /// (0, count) from [`Hparams::shard`]): rank r's run starts at r · count.
-    pub(crate) fn held(&self, held: (usize, usize)) -> (usize, usize) {
-        (self.shard.rank * held.1, held.1)
-    }
-
-    /// Experts `first..first + n` of the 3-D tensor `name` of `full` shape ([experts, rows,
-    /// cols]): one run of its bytes, in place.
-    pub(crate) fn expert_run<B: Backend>(
-        &self,
-        b: &B,
-        f: &Arc<GgufFile>,
-        name: &str,
-        full: &[u64; 3],
-        first: u64,
-        n: u64,
-    ) -> Result<B::Weight> {
-        if first == 0 && n == full[0] {
-            return weight(b, f, name, full);
-        }
-        let (idx, ty) = find(f, name, full)?;
-        let per = ty.row_bytes(full[2]).unwrap_or(0) as usize * full[1] as usize;
-        let mut w = WeightBytes::whole(f.clone(), idx);
-        w.range = Some((first as usize * per, n as usize * per));
-        let part = format!("{name}[{first}..{}]", first + n);
-        Ok(b.weight(&part, ty, &[n, full[1], full[2]], w)?)
     }
 
     /// The rank's rows of every expert of the tensor `name` whose rank-local shape is `local`

@@ -37,9 +37,13 @@ pub struct TpSizes {
 }
 
 impl TpSizes {
-    /// A rank's part of `file` on `b`, made for these sizes, and its state.
+    /// A rank's part of `file` on `b` (a backend of no group: the whole model, [`crate::load`]),
+    /// made for these sizes, and its state.
     pub fn load<B: Backend>(&self, b: &B, file: &Arc<GgufFile>) -> Result<(Model<B>, State<B>)> {
-        let mut m = load_shard(b, file, b.shard())?;
+        let mut m = match b.shard().size {
+            1 => crate::load(b, file)?,
+            _ => load_shard(b, file, b.shard())?,
+        };
         m.for_context(self.n_ctx);
         m.set_kv_types(self.kv)?;
         let s = m.state(b, self.n_slots, self.max_tokens, self.max_logits)?;
