@@ -21,8 +21,9 @@ use crate::turboquant::{self, Tq};
 
 /// The version of the record layouts and codebooks: part of what identifies a cached block
 /// (the prefix cache's hash seed), so that a block is never read under another codec.
-/// 2: tq4 keys are per-block min/max records ([`crate::kblock`]).
-pub const LAYOUT_VERSION: u32 = 2;
+/// 2: tq4 keys are per-block min/max records ([`crate::kblock`]); 3: tq8's levels are evenly
+/// spaced ([`crate::turboquant::TQ8_STEP`]).
+pub const LAYOUT_VERSION: u32 = 3;
 use crate::{AttnParams, Batch, KvType, KvTypes};
 
 impl KvType {
@@ -200,16 +201,25 @@ pub fn decode_head(ty: KvType, rec: &[u8], out: &mut [f32]) {
                 }
             }
         }
-        KvType::Tq8 | KvType::Tq4 => {
-            let tq = ty.tq().unwrap_or(Tq::Tq8);
-            let levels = tq.levels();
-            let nc = tq.code_bytes(d);
-            let (codes, rms) = rec.split_at(nc);
+        // tq8's level computed from the code (each product rounded as TQ8_LEVELS[c] × RMS is:
+        // the same bits), so that the loop vectorizes.
+        KvType::Tq8 => {
+            let (codes, rms) = rec.split_at(d);
+            let blocks = out
+                .chunks_mut(turboquant::BLOCK)
+                .zip(codes.chunks(turboquant::BLOCK));
+            for ((o, c), r) in blocks.zip(rms.chunks_exact(4)) {
+                let r = f32::from_le_bytes([r[0], r[1], r[2], r[3]]);
+                for (o, &c) in o.iter_mut().zip(c) {
+                    *o = (c as f32 - 127.5) * turboquant::TQ8_STEP * r;
+                }
+            }
+        }
+        KvType::Tq4 => {
+            let levels = Tq::Tq4.levels();
+            let (codes, rms) = rec.split_at(Tq::Tq4.code_bytes(d));
             for (i, o) in out.iter_mut().enumerate() {
-                let c = match tq {
-                    Tq::Tq8 => codes[i],
-                    Tq::Tq4 => (codes[i / 2] >> (4 * (i % 2))) & 15,
-                };
+                let c = (codes[i / 2] >> (4 * (i % 2))) & 15;
                 let r = &rms[4 * (i / turboquant::BLOCK)..][..4];
                 *o = levels[c as usize] * f32::from_le_bytes([r[0], r[1], r[2], r[3]]);
             }
@@ -513,6 +523,21 @@ mod tests {
         let mut want = vec![0f32; 128];
         quiver_quant::dequantize(quiver_gguf::GgmlType::Q8_0, &theirs, &mut want).unwrap();
         assert_eq!(back, want);
+    }
+
+    /// Every tq8 code of both blocks of a 512-value record decodes to its level × the block's
+    /// RMS, bit for bit (the decoder computes the level).
+    #[test]
+    fn every_tq8_code_decodes_to_its_level() {
+        let mut rec: Vec<u8> = (0..512).map(|i| (i % 256) as u8).collect();
+        let rms = [1.37f32, 0.0123];
+        rec.extend(rms.iter().flat_map(|r| r.to_le_bytes()));
+        let mut y = vec![0f32; 512];
+        decode_head(KvType::Tq8, &rec, &mut y);
+        for (i, v) in y.iter().enumerate() {
+            let want = turboquant::TQ8_LEVELS[i % 256] * rms[i / 256];
+            assert_eq!(v.to_bits(), want.to_bits(), "value {i}");
+        }
     }
 
     #[test]

@@ -7,19 +7,36 @@
 //!    its own inverse up to the signs: x = s ⊙ H(y) / √D);
 //! 3. per block of 256 coordinates (all of D when D ≤ 256): the block's RMS r as f32, and
 //!    z = y / r, close to N(0, 1) whatever x's distribution was;
-//! 4. each z as the index of its nearest level of a Lloyd–Max codebook for N(0, 1): 256
-//!    levels in a byte (tq8), 16 levels in a nibble (tq4, two per byte, the even coordinate in
-//!    the low nibble).
+//! 4. each z as the index of its nearest level of a codebook for N(0, 1): 256 evenly spaced
+//!    levels in a byte (tq8: level c is (c − 127.5) · [`TQ8_STEP`], so a decoder computes it
+//!    instead of looking it up), 16 Lloyd–Max levels in a nibble (tq4, two per byte, the even
+//!    coordinate in the low nibble).
 //!
-//! The codebooks ([`TQ8_LEVELS`], [`TQ4_LEVELS`]) are computed by [`lloyd_max`] (the procedure
-//! is documented there) and committed as tables; a test recomputes them.
+//! tq8's step is the uniform quantizer of N(0, 1) with the least mean squared error
+//! ([`uniform_step`] finds it; a test recomputes it); tq4's levels are computed by
+//! [`lloyd_max`] (the procedure is documented there) and committed as a table.
+
+/// The spacing of tq8's 256 levels: [`uniform_step`]`(256)` as f32.
+pub const TQ8_STEP: f32 = 0.030_762_38;
+
+/// tq8's levels, (c − 127.5) · [`TQ8_STEP`] for code c, each rounded once to f32 (the
+/// difference is exact): what a decoder computes from a code.
+pub const TQ8_LEVELS: [f32; 256] = {
+    let mut l = [0f32; 256];
+    let mut c = 0;
+    while c < 256 {
+        l[c] = (c as f32 - 127.5) * TQ8_STEP;
+        c += 1;
+    }
+    l
+};
 
 /// The quantized KV element types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tq {
-    /// 256 levels, one byte per element.
+    /// 256 evenly spaced levels, one byte per element.
     Tq8,
-    /// 16 levels, a nibble per element.
+    /// 16 Lloyd–Max levels, a nibble per element.
     Tq4,
 }
 
@@ -365,23 +382,50 @@ pub fn lloyd_max(n: usize) -> Vec<f64> {
     l
 }
 
+/// The spacing of the `n` evenly spaced levels, symmetric about 0 ((i − (n − 1)/2) · step),
+/// that quantize N(0, 1) with the least mean squared error ([`distortion`]): a golden-section
+/// search over steps in (0, 8/n], where the distortion is unimodal.
+pub fn uniform_step(n: usize) -> f64 {
+    let d = |step: f64| {
+        let l: Vec<f64> = (0..n)
+            .map(|i| (i as f64 - (n - 1) as f64 / 2.0) * step)
+            .collect();
+        distortion(&l)
+    };
+    let g = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut a, mut b) = (0.0, 8.0 / n as f64);
+    let (mut x1, mut x2) = (b - g * (b - a), a + g * (b - a));
+    let (mut d1, mut d2) = (d(x1), d(x2));
+    while b - a > 1e-12 {
+        if d1 < d2 {
+            b = x2;
+            (x2, d2) = (x1, d1);
+            x1 = b - g * (b - a);
+            d1 = d(x1);
+        } else {
+            a = x1;
+            (x1, d1) = (x2, d2);
+            x2 = a + g * (b - a);
+            d2 = d(x2);
+        }
+    }
+    0.5 * (a + b)
+}
+
 include!("turboquant_tables.rs");
 
-/// The committed tables as Rust source (what `turboquant_tables.rs` holds), from
+/// The committed table as Rust source (what `turboquant_tables.rs` holds), from
 /// [`lloyd_max`].
 pub fn tables_source() -> String {
     let mut s = String::from(
         "// Lloyd–Max levels of N(0, 1), from `turboquant::lloyd_max` (see there); regenerate with\n\
          // `cargo test -p quiver-backend --release turboquant -- --ignored --nocapture`.\n",
     );
-    for (name, n) in [("TQ8_LEVELS", 256), ("TQ4_LEVELS", 16)] {
-        s += &format!("pub const {name}: [f32; {n}] = [\n");
-        for l in lloyd_max(n) {
-            s += &format!("    {:e},\n", l as f32);
-        }
-        s += "];\n";
+    s += "pub const TQ4_LEVELS: [f32; 16] = [\n";
+    for l in lloyd_max(16) {
+        s += &format!("    {:e},\n", l as f32);
     }
-    s
+    s + "];\n"
 }
 
 #[cfg(test)]
