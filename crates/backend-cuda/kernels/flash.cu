@@ -68,11 +68,10 @@ __device__ void flash_impl(const float* __restrict__ q, const u8* __restrict__ k
     const int ROWS = 16 * RG;
     const bool POW2 = (HD & (HD - 1)) == 0;
     const bool KROT = (KTY == KV_TQ8 || KTY == KV_TQ4) && POW2, VROT = (VTY == KV_TQ8 || VTY == KV_TQ4) && POW2;
-    const bool KLV = KTY == KV_TQ8 || KTY == KV_TQ4, VLV = VTY == KV_TQ8 || VTY == KV_TQ4;
     // K and V tiles; the block's rows as floats while q is rotated and the output un-rotated.
     __shared__ __align__(16) u16 kvs[2 * KT * LD];
     static_assert(ROWS * HD * 4 <= 2 * KT * LD * 2, "row buffer");
-    __shared__ float lk[KLV ? 256 : 1], lvv[VLV ? 256 : 1];
+    __shared__ float lk[kv_levels(KTY)], lvv[kv_levels(VTY)];
     u16 *Ks = kvs, *Vs = kvs + KT * LD;
     float* rows = (float*)kvs;
     int4 tile = tiles[blockIdx.x];

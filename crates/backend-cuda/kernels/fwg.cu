@@ -23,7 +23,7 @@
 // q8_0 or TurboQuant records at head dims 64 and 128 comes raw first: a tile's records by
 // cp.async a tile ahead into rows beside the stages (FwgCfg::RAW), decoded from there. A cache of
 // another type is decoded to f16 by the same threads into the same layout (flash.cu's values:
-// the products are f16's either way; TurboQuant's levels from shared memory). TurboQuant keys
+// the products are f16's either way; tq4's levels from shared memory). TurboQuant keys
 // are rotated (their records hold H(s ⊙ k) / √D): each q row is rotated alike as the consumers
 // load it (a warp a row, the butterflies across lanes). TurboQuant values give the output
 // rotated: a row written here is un-rotated in registers (a row lies on the 4 lanes of a quad),
@@ -33,10 +33,11 @@
 //   grid (n_tiles, n_head_kv · ceil(G / 2), n_ranges), block 384 (2 consumer warpgroups, then
 //   the producer's)
 
-// Whether a cache of type ty at head dim hd comes raw first (FwgCfg::RAW): q8_0 and TurboQuant
-// records at head dims 64 and 128 (whole 4-byte copy units, and room beside the stages).
+// Whether a cache of type ty at head dim hd comes raw first (FwgCfg::RAW): every type but f16
+// at head dims 64 and 128, the TurboQuant types at 256 (whole 4-byte copy units, and room beside
+// the stages: at 256 q8_0's rows miss it by 112 bytes, bf16's by far).
 __host__ __device__ constexpr bool fwg_raw(int ty, int hd) {
-    return (ty == KV_Q8_0 || kv_tq(ty)) && (hd == 64 || hd == 128);
+    return (ty != KV_F16 && (hd == 64 || hd == 128)) || (kv_tq(ty) && hd == 256);
 }
 
 template <int HD, int KTY, int VTY>
@@ -44,12 +45,14 @@ struct FwgCfg {
     static constexpr int KT = HD == 256 ? 64 : 128;
     static constexpr int QB = 128 * HD * 2;  // the block's q rows, f16
     static constexpr int TB = KT * HD * 2;   // one K or V tile
-    // TurboQuant's levels (tq8's 256, tq4's 16, f32), after the barriers.
-    static constexpr int LV = 256 * 4 + 16 * 4;
-    // Then a tile's raw records of each cache that comes raw (fwg_raw), a row of RB bytes a key.
+    // tq4's 16 levels (f32), after the barriers.
+    static constexpr int LV = 16 * 4;
+    // A tile's raw records of each cache that comes raw (fwg_raw), a row of RB bytes a key,
+    // after the stages (a multiple of 16 bytes: the barriers stay aligned).
     static constexpr bool KRAW = fwg_raw(KTY, HD), VRAW = fwg_raw(VTY, HD);
     static constexpr int KRB = kv_head_bytes(KTY, HD), VRB = kv_head_bytes(VTY, HD);
     static constexpr int RAW = (KRAW ? KT * KRB : 0) + (VRAW ? KT * VRB : 0);
+    static_assert(RAW % 16 == 0, "the barriers after the raw rows stay aligned");
     // Three stages where they fit the 227 KiB a block may take, else two.
     static constexpr int NST = QB + 3 * 2 * TB + 3 * 3 * 8 + LV + RAW + 1024 <= 227 * 1024 ? 3 : 2;
     static constexpr int BYTES = QB + NST * 2 * TB + 3 * NST * 8 + LV + RAW + 1024;
@@ -181,15 +184,16 @@ __device__ __forceinline__ void fwg_decode(u8* s, const u8* __restrict__ cache, 
     cp_async_commit();
 }
 
-// The raw records (RB bytes) of keys j0 … j0 + 127 of one cache (those < j_end; the rest
+// The raw records (RB bytes) of keys j0 … j0 + KT − 1 of one cache (those < j_end; the rest
 // zero-filled) into `raw`, a row a key, by cp.async (not committed): warp w of the producer
 // takes keys 32w … 32w + 31, each lane its key's block-table entry, the warp's copies in whole
 // rows (as kvd_copy). Every load of the tile is in flight at once, with no register held.
-template <int RB>
+template <int KT, int RB>
 __device__ __forceinline__ void fwg_fetch(u8* raw, const u8* __restrict__ cache, const u32* __restrict__ bt, u32 bs,
                                           int n_head_kv, int kvh, int j0, int j_end, int pt) {
     constexpr int CB = kv_chunk(RB), N = RB / CB;
     const int w = pt >> 5, lane = pt & 31, j = j0 + 32 * w + lane;
+    if (32 * w >= KT) return;
     const u32 slot = j < j_end ? bt[j / bs] * bs + j % bs : 0;
     u8* dst = raw + 32 * w * RB;
 #pragma unroll 1
@@ -364,16 +368,15 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
     u8* fsm = fsm_raw + ((1024 - (smem_u32(fsm_raw) & 1023)) & 1023);
     u8* kbuf = fsm + C::QB;
     u8* vbuf = kbuf + NST * C::TB;
-    u64* full_k = (u64*)(vbuf + NST * C::TB);
+    // The raw rows right after the tiles (16-byte aligned, bf16's copy unit), then the
+    // barriers and the levels.
+    u8* rawk = vbuf + NST * C::TB;
+    u8* rawv = rawk + (C::KRAW ? KT * C::KRB : 0);
+    u64* full_k = (u64*)(rawk + C::RAW);
     u64* full_v = full_k + NST;
     u64* empty = full_v + NST;
-    float* l8 = (float*)(empty + NST);
-    float* l4 = l8 + 256;
-    u8* rawk = (u8*)(l4 + 16);
-    u8* rawv = rawk + (C::KRAW ? KT * C::KRB : 0);
+    float* l4 = (float*)(empty + NST);
     constexpr bool KROT = kv_rotated(KTY, HD), VROT = kv_rotated(VTY, HD);
-    const float* klv = KTY == KV_TQ8 ? l8 : l4;
-    const float* vlv = VTY == KV_TQ8 ? l8 : l4;
     const int4 tile = tiles[blockIdx.x];
     const int s = tile.x, tok0 = tile.y, T = tile.z;
     const int G = n_head / n_head_kv, parts = (G + 1) / 2;
@@ -414,15 +417,15 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(C::PREG));
         const int pt = threadIdx.x - 256;
         const bool tma = L::SW && b.block_size == FWG_BOX && KTY == KV_F16 && VTY == KV_F16;
-        if (KTY == KV_TQ8 || VTY == KV_TQ8)
-            for (int e = pt; e < 256; e += 128) l8[e] = tq[TQ_L8 + e];
-        if ((KTY == KV_TQ4 || VTY == KV_TQ4) && pt < 16) l4[pt] = tq[TQ_L4 + pt];
-        if (kv_tq(KTY) || kv_tq(VTY)) asm volatile("bar.sync 5, 128;" ::: "memory");
+        if (KTY == KV_TQ4 || VTY == KV_TQ4) {
+            if (pt < 16) l4[pt] = tq[TQ_L4 + pt];
+            asm volatile("bar.sync 5, 128;" ::: "memory");
+        }
         // Raw records: tile i + 1's are in flight while tile i is decoded and handed over.
         constexpr bool RAW = C::KRAW || C::VRAW;
         auto fetch = [&](int j0) {
-            if constexpr (C::KRAW) fwg_fetch<C::KRB>(rawk, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
-            if constexpr (C::VRAW) fwg_fetch<C::VRB>(rawv, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            if constexpr (C::KRAW) fwg_fetch<KT, C::KRB>(rawk, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
+            if constexpr (C::VRAW) fwg_fetch<KT, C::VRB>(rawv, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
             cp_async_commit();
         };
         if constexpr (RAW) fetch(j_begin);
@@ -442,15 +445,15 @@ __device__ void fwg_impl(const TMap* km, const TMap* vm, const float* __restrict
             if constexpr (KTY == KV_F16)
                 fwg_copy<HD, KT>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
             else if constexpr (C::KRAW)
-                fwg_unpack<HD, KT, KTY>(kbuf + st * C::TB, rawk, j0, j_end, pt, klv);
+                fwg_unpack<HD, KT, KTY>(kbuf + st * C::TB, rawk, j0, j_end, pt, l4);
             else
-                fwg_decode<HD, KT, KTY>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt, klv);
+                fwg_decode<HD, KT, KTY>(kbuf + st * C::TB, kc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt, l4);
             if constexpr (VTY == KV_F16)
                 fwg_copy<HD, KT>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt);
             else if constexpr (C::VRAW)
-                fwg_unpack<HD, KT, VTY>(vbuf + st * C::TB, rawv, j0, j_end, pt, vlv);
+                fwg_unpack<HD, KT, VTY>(vbuf + st * C::TB, rawv, j0, j_end, pt, l4);
             else
-                fwg_decode<HD, KT, VTY>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt, vlv);
+                fwg_decode<HD, KT, VTY>(vbuf + st * C::TB, vc, bt, b.block_size, n_head_kv, kvh, j0, j_end, pt, l4);
             if constexpr (RAW) {
                 // Every thread done with tile i's raw records: tile i + 1's into their place (an
                 // empty group after the last), then all but those copies landed.

@@ -7,7 +7,8 @@
 //   f16/bf16: the values; q8_0: ggml's block_q8_0 per 32 (f16 scale, 32 int8);
 //   tq8/tq4: the codes of the rotated vector (a byte, or a nibble with the even coordinate low),
 //            then the f32 RMS of each block of 256 coordinates.
-// The TurboQuant tables (`tq`): 512 signs (±1), the 256 tq8 levels, the 16 tq4 levels.
+// The TurboQuant tables (`tq`): 512 signs (±1), the 256 tq8 levels (the encoder's; decoders
+// compute them, tq8_code), the 16 tq4 levels.
 #define KV_F16 0
 #define KV_BF16 1
 #define KV_Q8_0 2
@@ -17,6 +18,14 @@
 #define TQ_L8 512
 #define TQ_L4 768
 #define TQ_BLOCK 256
+// turboquant::TQ8_STEP, the spacing of tq8's levels: level c is (c − 127.5) · TQ8_STEP.
+#define TQ8_STEP 0x1.f802c6p-6f
+
+// Code i (0–3) of the four in `a`, as c − 127.5 (tq8's level without its step), exactly: one
+// byte permute makes the float 2^15 + c + ½ (bytes 0x80, c, 0, 0x47), one subtraction the rest.
+__device__ __forceinline__ float tq8_code(u32 a, int i) {
+    return __uint_as_float(__byte_perm(a, 0x47000080u, 0x7504 | (i << 4))) - 32896.f;
+}
 
 // Whether records of type ty and head dim d are rotated (TurboQuant; the Walsh–Hadamard transform
 // needs a power of two: other head dims are never launched with those types).
@@ -126,8 +135,8 @@ extern "C" __global__ void __launch_bounds__(128) kv_encode(const float* __restr
     }
 }
 
-// Element i of a head record of type T (rotated for the TurboQuant types); lv: the type's
-// levels in shared memory (NR: as kv_load8 reads them).
+// Element i of a head record of type T (rotated for the TurboQuant types; NR: without the
+// factor kv_scale gives, as kv_load8 reads them); lv: tq4's levels in shared memory.
 template <int T, int HD, bool NR = false>
 __device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, const float* lv) {
     if (T == KV_F16) return h2f(((const u16*)rec)[i]);
@@ -136,18 +145,24 @@ __device__ __forceinline__ float kv_elem(const u8* __restrict__ rec, int i, cons
         const u8* b = rec + 34 * (i >> 5);
         return (float)(i8)b[2 + (i & 31)] * h2f((u16)(b[0] | (b[1] << 8)));
     }
-    const float* r = (const float*)(rec + kv_code_bytes(T, HD));
-    int c = T == KV_TQ8 ? rec[i] : (rec[i >> 1] >> ((i & 1) * 4)) & 15;
-    return NR ? lv[c] : lv[c] * r[i / TQ_BLOCK];
+    const float r = ((const float*)(rec + kv_code_bytes(T, HD)))[i / TQ_BLOCK];
+    if (T == KV_TQ8) {
+        const float c = tq8_code(rec[i], 0);
+        return NR ? c : c * TQ8_STEP * r;
+    }
+    const float l = lv[(rec[i >> 1] >> ((i & 1) * 4)) & 15];
+    return NR ? l : l * r;
 }
 
-// A TurboQuant type's levels into shared memory (nothing for the other types); every thread
-// of the block calls it, `tid` of `nt`.
+// The levels a type reads from shared memory (tq4's; none for the others) into `lv`; every
+// thread of the block calls it, `tid` of `nt`.
 template <int T>
 __device__ __forceinline__ void load_levels(float* lv, const float* __restrict__ tq, int tid, int nt) {
-    if (T == KV_TQ8 || T == KV_TQ4)
-        for (int i = tid; i < (T == KV_TQ8 ? 256 : 16); i += nt) lv[i] = tq[(T == KV_TQ8 ? TQ_L8 : TQ_L4) + i];
+    if (T == KV_TQ4)
+        for (int i = tid; i < 16; i += nt) lv[i] = tq[TQ_L4 + i];
 }
+// The size of load_levels' array for type T.
+__host__ __device__ constexpr int kv_levels(int t) { return t == KV_TQ4 ? 16 : 1; }
 
 // The keys token t attends to: positions lo … hi−1 of its sequence (causal, within the window).
 __device__ __forceinline__ void key_range(BatchView b, int t, int window, int& lo, int& hi) {
@@ -175,7 +190,7 @@ __device__ void kvq_attention_impl(const float* __restrict__ q, const u8* __rest
     constexpr bool KROT = kv_rotated(KT, HD), VROT = kv_rotated(VT, HD);
     const int KB = kv_head_bytes(KT, HD), VB = kv_head_bytes(VT, HD);
     __shared__ float qs[HD];
-    __shared__ float lk[256], lvv[256];
+    __shared__ float lk[kv_levels(KT)], lvv[kv_levels(VT)];
     __shared__ float sm[KVQ_WARPS], sl[KVQ_WARPS], sacc[KVQ_WARPS][HD];
     int split = blockIdx.x, n_split = gridDim.x, h = blockIdx.y, t = blockIdx.z;
     int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
@@ -319,7 +334,7 @@ __host__ __device__ __forceinline__ int kvd_splits(int n_keys) {
 }
 
 // Eight consecutive values d0 … d0+7 (d0 a multiple of 8) of a record of type T. NR: a
-// TurboQuant record's levels without its RMS (the caller applies kv_rms once).
+// TurboQuant record's values without the factor kv_scale gives (the caller applies it once).
 template <int T, int HD, bool NR = false>
 __device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, const float* lv, float* o) {
     if (T == KV_F16 || T == KV_BF16) {
@@ -347,8 +362,8 @@ __device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, con
             u32 a = *(const u32*)(rec + d0), b = *(const u32*)(rec + d0 + 4);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                o[i] = lv[(a >> (8 * i)) & 0xff] * r;
-                o[4 + i] = lv[(b >> (8 * i)) & 0xff] * r;
+                o[i] = NR ? tq8_code(a, i) : tq8_code(a, i) * TQ8_STEP * r;
+                o[4 + i] = NR ? tq8_code(b, i) : tq8_code(b, i) * TQ8_STEP * r;
             }
         } else {
             u32 a = *(const u32*)(rec + d0 / 2);
@@ -358,12 +373,12 @@ __device__ __forceinline__ void kv_load8(const u8* __restrict__ rec, int d0, con
     }
 }
 
-// The RMS of the 256-value block of a record of type T that holds value d (1 for the types
-// without one).
+// What NR leaves out of value d of a record of type T: its 256-value block's RMS, times tq8's
+// step for tq8 (1 for the types without one).
 template <int T, int HD>
-__device__ __forceinline__ float kv_rms(const u8* __restrict__ rec, int d) {
-    if (T == KV_TQ8 || T == KV_TQ4) return ((const float*)(rec + kv_code_bytes(T, HD)))[d / TQ_BLOCK];
-    return 1.f;
+__device__ __forceinline__ float kv_scale(const u8* __restrict__ rec, int d) {
+    const float r = kv_tq(T) ? ((const float*)(rec + kv_code_bytes(T, HD)))[d / TQ_BLOCK] : 1.f;
+    return T == KV_TQ8 ? r * TQ8_STEP : r;
 }
 
 // VPL = HD / 32 consecutive values from d0 = lane · VPL (VPL of 2, 4, 8 or 16), as kv_load8
@@ -387,7 +402,7 @@ __device__ __forceinline__ void kv_load_lane(const u8* __restrict__ rec, int d0,
         u32 a = *(const u32*)(rec + d0);
         float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
 #pragma unroll
-        for (int i = 0; i < 4; i++) o[i] = lv[(a >> (8 * i)) & 0xff] * r;
+        for (int i = 0; i < 4; i++) o[i] = NR ? tq8_code(a, i) : tq8_code(a, i) * TQ8_STEP * r;
     } else if (VPL == 4 && T == KV_TQ4) {
         u32 a = *(const u16*)(rec + d0 / 2);
         float r = NR ? 1.f : ((const float*)(rec + kv_code_bytes(T, HD)))[d0 / TQ_BLOCK];
@@ -487,7 +502,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     // Two stages per warp while the ranges run; the warps' accumulators at each range's end.
     __shared__ __align__(16) u8 sbuf[SB];
     __shared__ __align__(16) float qs[KVD_G][HD];
-    __shared__ float lk[256], lvv[256];
+    __shared__ float lk[kv_levels(KT)], lvv[kv_levels(VT)];
     __shared__ float wm[4][KVD_G], wl[4][KVD_G];
     float(*wacc)[KVD_G][HD] = (float(*)[KVD_G][HD])sbuf;
     int i = blockIdx.z, t = b.drows ? (int)b.drows[i] : i;
@@ -518,11 +533,12 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
     u8* stg = sbuf + w * 2 * STAGE;
     const int u = lane % TK, sub = lane / TK;
     // A lane's score chunks; a TurboQuant key of one 256-value block (head dims to 256) is
-    // summed over its levels and weighed by the block's RMS once (KNR), a wider one per value
+    // summed over its codes' values and weighed by kv_scale once (KNR), a wider one per value
     // (one sum: registers).
     constexpr int NC = HD / (8 * LPK);
     constexpr bool KNR = kv_tq(KT) && HD <= TQ_BLOCK;
-    // A TurboQuant value's RMS in its weight, likewise (VNR), so that a value costs a lookup.
+    // A TurboQuant value's kv_scale in its weight, likewise (VNR): a value costs a byte permute
+    // and a subtraction (tq8) or a lookup (tq4).
     constexpr bool VNR = kv_tq(VT) && HD <= TQ_BLOCK;
     for (int split = blockIdx.x; split < ns; split += gridDim.x) {
         const int k0 = lo + split * chunk, k1 = min(hi, k0 + chunk);
@@ -569,7 +585,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
                     for (int e = 0; e < 8; e++) sc[g] += qs[g][d + e] * kv8[e];
             }
             if (KNR) {
-                const float r = kv_rms<KT, HD>(kb + u * KS, 0);
+                const float r = kv_scale<KT, HD>(kb + u * KS, 0);
 #pragma unroll
                 for (int g = 0; g < KVD_G; g++) sc[g] *= r;
             }
@@ -600,7 +616,7 @@ __device__ void kvd_attention_impl(const float* __restrict__ q, const u8* __rest
                 if (uu < nk) {
                     float vv[VPL];
                     kv_load_lane<VT, HD, VNR>(vb + uu * VB, lane * VPL, lvv, vv);
-                    const float rv = VNR ? kv_rms<VT, HD>(vb + uu * VB, 0) : 1.f;
+                    const float rv = VNR ? kv_scale<VT, HD>(vb + uu * VB, 0) : 1.f;
 #pragma unroll
                     for (int g = 0; g < KVD_G; g++) {
                         float pj = __shfl_sync(0xffffffffu, pr[g], uu) * rv;

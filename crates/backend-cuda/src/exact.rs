@@ -376,10 +376,10 @@ impl Parity {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     /// A C hex float literal (`0x1.8p+52`) to f64, exactly.
     fn hex_float(s: &str) -> f64 {
-        let s = s.trim().trim_start_matches("0x");
+        let s = s.trim().trim_start_matches("0x").trim_end_matches('f');
         let (mant, exp) = s.split_once('p').expect("a binary exponent");
         let (int, frac) = mant.split_once('.').unwrap_or((mant, ""));
         let digits = format!("{int}{frac}");
@@ -388,8 +388,9 @@ mod tests {
         m * 2f64.powi(e - 4 * frac.len() as i32)
     }
 
-    /// The value of `#define NAME (A / B)` or `#define NAME A` in the kernel source.
-    fn define(src: &str, name: &str) -> f64 {
+    /// The value of `#define NAME (A / B)` or `#define NAME A` in the kernel source (A a hex
+    /// float, with an `f` suffix or none).
+    pub(crate) fn define(src: &str, name: &str) -> f64 {
         let line = src
             .lines()
             .find(|l| l.starts_with(&format!("#define {name} ")))

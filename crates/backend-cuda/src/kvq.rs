@@ -230,3 +230,14 @@ impl CudaBackend {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// kvq.cu decodes tq8 with the codec's step, to the bit.
+    #[test]
+    fn the_kernels_tq8_step_is_the_codecs() {
+        let src = crate::registry::module_source("kvq_tq8_tq8").unwrap();
+        let step = crate::exact::tests::define(&src, "TQ8_STEP");
+        assert_eq!(step, quiver_backend::turboquant::TQ8_STEP as f64);
+    }
+}

@@ -336,8 +336,8 @@ pub fn fwg_pair(types: KvTypes) -> bool {
 
 /// fwg.cu's dynamic shared memory at head dim `hd` over caches of `types` (`FwgCfg::BYTES`):
 /// 128 q rows, and stages of a K and a V tile (128 keys; 64 at head dim 256) with three
-/// mbarriers each — three stages where they fit in 227 KiB, else two — TurboQuant's 256 + 16
-/// levels, a tile's raw records of each cache that comes raw ([`fwg_raw`]), and 1 KiB to align
+/// mbarriers each — three stages where they fit in 227 KiB, else two — tq4's 16 levels, a
+/// tile's raw records of each cache that comes raw ([`fwg_raw`]), and 1 KiB to align
 /// the swizzled tiles.
 pub fn fwg_smem(hd: usize, types: KvTypes) -> usize {
     let kt = if hd == 256 { 64 } else { 128 };
@@ -348,7 +348,7 @@ pub fn fwg_smem(hd: usize, types: KvTypes) -> usize {
             0
         }
     };
-    let fixed = 128 * hd * 2 + (256 + 16) * 4 + raw(types.k) + raw(types.v) + 1024;
+    let fixed = 128 * hd * 2 + 16 * 4 + raw(types.k) + raw(types.v) + 1024;
     let bytes = |stages: usize| fixed + stages * (2 * kt * hd * 2 + 3 * 8);
     if bytes(3) <= 227 * 1024 {
         bytes(3)
@@ -358,10 +358,10 @@ pub fn fwg_smem(hd: usize, types: KvTypes) -> usize {
 }
 
 /// Whether fwg.cu's producer brings a cache of type `t` at head dim `hd` raw first (fwg.cu
-/// `fwg_raw`): q8_0 and TurboQuant records at head dims 64 and 128, a tile's records in flight
-/// at once by cp.async, then decoded from shared memory.
+/// `fwg_raw`): every type but f16 at head dims 64 and 128, the TurboQuant types at 256; a
+/// tile's records in flight at once by cp.async, then decoded from shared memory.
 pub fn fwg_raw(t: KvType, hd: usize) -> bool {
-    matches!(t, KvType::Q8_0 | KvType::Tq8 | KvType::Tq4) && matches!(hd, 64 | 128)
+    (t != KvType::F16 && matches!(hd, 64 | 128)) || (t.tq().is_some() && hd == 256)
 }
 
 /// The attention family of a step's rows of head dim `hd`: `prompt` for a step with prompt
@@ -561,26 +561,27 @@ mod tests {
                 }
             }
         }
-        // Head dim 128: three stages over f16 (with TurboQuant's levels); over q8_0 two, and
-        // the raw K and V records of a tile (136 bytes a key each).
+        // Head dim 128: three stages over f16 (with tq4's levels); over q8_0 two, and the raw
+        // K and V records of a tile (136 bytes a key each).
         let pair = |t| KvTypes { k: t, v: t };
         let stage = 2 * 128 * 256 + 24;
         assert_eq!(
             fwg_smem(128, pair(KvType::F16)),
-            128 * 256 + 3 * stage + 272 * 4 + 1024
+            128 * 256 + 3 * stage + 16 * 4 + 1024
         );
         assert_eq!(
             fwg_smem(128, pair(KvType::Q8_0)),
-            128 * 256 + 2 * stage + 272 * 4 + 2 * 128 * 136 + 1024
+            128 * 256 + 2 * stage + 16 * 4 + 2 * 128 * 136 + 1024
         );
-        // Head dim 256 and bf16 come decoded as they are read: no raw rows.
+        // Head dim 256: q8_0 comes decoded as it is read (no raw rows), tq8 raw (64 keys of
+        // 260 bytes a cache).
         assert_eq!(
             fwg_smem(256, pair(KvType::Q8_0)),
             fwg_smem(256, pair(KvType::F16))
         );
         assert_eq!(
-            fwg_smem(128, pair(KvType::Bf16)),
-            fwg_smem(128, pair(KvType::F16))
+            fwg_smem(256, pair(KvType::Tq8)),
+            fwg_smem(256, pair(KvType::F16)) + 2 * 64 * 260
         );
     }
 
