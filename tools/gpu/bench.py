@@ -35,8 +35,9 @@ TEST_SETS = {
     "spec": ("speculative decoding on the GPU", "test-gpu_spec", ["--include-ignored", "--test-threads=1", "--nocapture"]),
     "eagle3": ("EAGLE-3 heads against llama.cpp on the GPU", "test-eagle3", ["--include-ignored", "--test-threads=1", "--nocapture", "gpu_head"]),
     "mtp": ("multi-token-prediction blocks against llama.cpp on the GPU", "test-mtp", ["--include-ignored", "--test-threads=1", "--nocapture", "gpu_block"]),
+    "tp": ("tensor parallelism on the GPU (through the host, and over NCCL on the GPUs there are)", "test-gpu_tp", ["--include-ignored", "--test-threads=1", "--nocapture"]),
 }
-DEFAULT_TESTS = ("compile", "ops", "engine", "archs", "llama-archs", "spec", "eagle3", "mtp")
+DEFAULT_TESTS = ("compile", "ops", "engine", "archs", "llama-archs", "spec", "eagle3", "mtp", "tp")
 
 
 def elapsed():

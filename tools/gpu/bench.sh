@@ -9,7 +9,7 @@
 #   tools/gpu/bench.sh prepare MATRIX    only the models and llama.cpp's build (side by side)
 #   tools/gpu/bench.sh compare MATRIX    quiver compare (GPU against CPU) per model x config
 #   tools/gpu/bench.sh tests [SET...]    the GPU tests: compile, ops[:FILTER,...], engine,
-#                                        engine-real, archs, llama-archs, spec, eagle3, mtp
+#                                        engine-real, archs, llama-archs, spec, eagle3, mtp, tp
 #                                        (default: all but engine-real)
 #   tools/gpu/bench.sh peer              only llama.cpp's build (tools/gpu/peer.sh build)
 # Options (anywhere): -n / --dry-run (print the commands, run none), --only model=NAME |

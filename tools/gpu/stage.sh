@@ -3,7 +3,7 @@
 # (git-ignored), the folder a call carries; tools/gpu/README.md says what to carry.
 #   tools/gpu/stage.sh [--no-tests] [--old REV] [--peer] [--bundle] [--kernels "MODULE ..."]
 #     always      the release binary → .gpu/quiver
-#     (default)   the GPU test binaries → .gpu/test-{gpu_ops,kernels_compile,gpu,archs,llama_archs,gpu_spec,eagle3,mtp}
+#     (default)   the GPU test binaries → .gpu/test-{gpu_ops,kernels_compile,gpu,archs,llama_archs,gpu_spec,eagle3,mtp,gpu_tp}
 #     --no-tests  not them (a bench call needs the quiver binaries alone)
 #     --old REV   REV's release binary too → .gpu/quiver-old (REV's tree from git archive, built
 #                 in target/stage-old with its own target folder: the first build is a full one)
@@ -56,7 +56,7 @@ cp target/release/quiver .gpu/quiver
 strip .gpu/quiver
 
 if [ "$tests" = 1 ]; then
-  for t in "quiver-backend-cuda gpu_ops" "quiver-backend-cuda kernels_compile" "quiver-engine gpu" "quiver-engine archs" "quiver-engine llama_archs" "quiver-engine gpu_spec" "quiver-engine eagle3" "quiver-engine mtp"; do
+  for t in "quiver-backend-cuda gpu_ops" "quiver-backend-cuda kernels_compile" "quiver-engine gpu" "quiver-engine archs" "quiver-engine llama_archs" "quiver-engine gpu_spec" "quiver-engine eagle3" "quiver-engine mtp" "quiver-engine gpu_tp"; do
     read -r pkg name <<<"$t"
     exe=$(cargo test --release -p "$pkg" --test "$name" --no-run --message-format=json 2>/dev/null |
       python3 -c 'import json, sys

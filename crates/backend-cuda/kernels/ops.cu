@@ -293,6 +293,30 @@ extern "C" __global__ void add(float* __restrict__ a, const float* __restrict__ 
         a[i] += b[i];
 }
 
+// Tensor parallelism over NCCL (src/tp.rs): x[i] = Σ_r g[r · n + i], the ranks' values (an
+// all-gather's) added in rank order, ((g_0 + g_1) + g_2) + …: every rank the same bits, those of
+// LocalComm's sum.
+extern "C" __global__ void tp_sum_ranks(const float* __restrict__ g, float* __restrict__ x, long long n, int size) {
+    pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float s = g[i];
+        for (int r = 1; r < size; r++) s += g[r * n + i];
+        x[i] = s;
+    }
+}
+
+// Rank r's rows × width values of `g` (an all-gather's, rank after rank) as columns r · width …
+// of rows of size · width in x: n = rows · width · size values.
+extern "C" __global__ void tp_gather_cols(const float* __restrict__ g, float* __restrict__ x, long long n, int rows,
+                                          int width) {
+    pdl_begin();
+    const long long part = (long long)rows * width;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / part, t = (i % part) / width, c = i % width;
+        x[(t * (n / part) + r) * width + c] = g[i];
+    }
+}
+
 // x[t, c] += bias[c] over n = rows · cols values (a product's bias; exact in f32 either way).
 extern "C" __global__ void add_bias(float* __restrict__ x, const float* __restrict__ bias, long long n,
                                     int cols) { pdl_begin();

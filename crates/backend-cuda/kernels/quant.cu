@@ -300,13 +300,20 @@ WEIGHT_TYPE(F16, f16, 64, 32, 0)
 WEIGHT_TYPE(BF16, bf16, 64, 32, 0)
 
 // An embedding gather: out[t, :] = deq(row tokens[t]) · scale (also the parity mode's x_embed_T,
-// compiled there without fused multiply-adds).                   grid (n_tokens), block 128
+// compiled there without fused multiply-adds). The table holds the vocabulary's rows first …
+// first + rows − 1 (a tensor-parallel rank's part; first 0 and every row for a whole table): a
+// token outside them gets −0.0, which the ranks' sum adds exactly.   grid (n_tokens), block 128
 template <class T>
 __global__ void embed(const u8* __restrict__ W, const u32* __restrict__ tokens, float* __restrict__ out, int cols,
-                      long long row_bytes, float scale) {
+                      long long row_bytes, float scale, long long first, long long rows) {
     pdl_begin();
-    const u8* row = W + (long long)tokens[blockIdx.x] * row_bytes;
+    const long long id = (long long)tokens[blockIdx.x] - first;
     float* o = out + (long long)blockIdx.x * cols;
+    if (id < 0 || id >= rows) {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = -0.f;
+        return;
+    }
+    const u8* row = W + id * row_bytes;
     for (int g = threadIdx.x; g < cols / 32; g += blockDim.x) {
         float v[32];
         T::deq(row, g, v);

@@ -184,7 +184,19 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         check_embed(table, st.rows, out)?;
-        self.embed_fast(st, table, scale, out)
+        self.embed_fast(st, table, 0, scale, out)
+    }
+
+    fn embed_part(
+        &self,
+        st: &Step<CudaStep>,
+        table: &CudaWeight,
+        first: usize,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        check_embed(table, st.rows, out)?;
+        self.embed_fast(st, table, first, scale, out)
     }
 
     fn rms_norm(
@@ -662,6 +674,25 @@ impl Backend for CudaBackend {
         a: &AttnParams,
     ) -> Result<()> {
         self.rope_q_kernel(st, q, rope, a)
+    }
+
+    fn shard(&self) -> quiver_backend::Shard {
+        self.link
+            .as_ref()
+            .map_or(quiver_backend::Shard::ONE, |l| l.shard())
+    }
+
+    fn all_reduce(&self, x: &mut CudaBuf, n: usize) -> Result<()> {
+        check("all_reduce", x.len >= n, || format!("{n} of {}", x.len))?;
+        self.tp_all_reduce(x, n)
+    }
+
+    fn leave_group(&self) {
+        self.tp_leave()
+    }
+
+    fn all_gather_cols(&self, x: &mut CudaBuf, rows: usize, width: usize) -> Result<()> {
+        self.tp_all_gather_cols(x, rows, width)
     }
 
     fn read(&self, x: &CudaBuf, n: usize, out: &mut Vec<f32>) -> Result<()> {

@@ -38,6 +38,10 @@ pub struct CudaBackend {
     pub(crate) norm_out: Mutex<Option<NormOut>>,
     /// The int8 copy the product after a norm reads, by the norm's weight and row count.
     pub(crate) norm_forms: Mutex<HashMap<(u64, usize), ActForm>>,
+    /// The other ranks of a tensor-parallel group (src/tp.rs), and the host staging of the
+    /// exchanges through the host.
+    pub(crate) link: Option<crate::tp::Link>,
+    pub(crate) tp_host: Mutex<Vec<f32>>,
 }
 
 impl CudaBackend {
@@ -81,6 +85,8 @@ impl CudaBackend {
             launches: AtomicU64::default(),
             norm_out: Mutex::new(None),
             norm_forms: Mutex::new(HashMap::new()),
+            link: None,
+            tp_host: Mutex::new(Vec::new()),
         })
     }
 

@@ -16,13 +16,14 @@ pub(crate) fn check_embed(table: &CudaWeight, n: usize, out: &CudaBuf) -> Result
 
 impl CudaBackend {
     /// Launches `module`'s gather `name` over the step's tokens: the fast path's kernel
-    /// (`embed_T`), or the parity mode's (`x_embed_T`), which takes the same arguments.
+    /// (`embed_T`), or the parity mode's (`x_embed_T`), which takes the same arguments. The
+    /// table holds the vocabulary's rows `first..` (0 for a whole table).
     pub(crate) fn launch_embed(
         &self,
         st: &Step<CudaStep>,
-        module: &str,
-        name: &str,
+        (module, name): (&str, &str),
         table: &CudaWeight,
+        first: usize,
         scale: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
@@ -37,26 +38,24 @@ impl CudaBackend {
                 out.ptr(),
                 table.cols as i32,
                 table.row_bytes as i64,
-                scale
+                scale,
+                first as i64,
+                table.rows as i64
             ],
         )
     }
 
-    /// The fast path's embedding (shapes checked by the caller).
+    /// The fast path's embedding of a table holding rows `first..` (shapes checked by the
+    /// caller).
     pub(crate) fn embed_fast(
         &self,
         st: &Step<CudaStep>,
         table: &CudaWeight,
+        first: usize,
         scale: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.launch_embed(
-            st,
-            &table.names.module,
-            &table.names.embed,
-            table,
-            scale,
-            out,
-        )
+        let names = (table.names.module.as_str(), table.names.embed.as_str());
+        self.launch_embed(st, names, table, first, scale, out)
     }
 }

@@ -94,7 +94,7 @@ impl Parity {
         scale: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        be.launch_embed(st, "exact", &table.names.x_embed, table, scale, out)
+        be.launch_embed(st, ("exact", &table.names.x_embed), table, 0, scale, out)
     }
 
     /// The norm of `n.rows` > 0 rows, f64-summed as the CPU's (shapes checked by the caller).

@@ -38,6 +38,7 @@ pub mod libs;
 mod memory;
 mod mmv;
 mod moe;
+mod nccl;
 mod norm;
 mod parity;
 pub mod plan;
@@ -48,6 +49,7 @@ mod rope;
 mod sampling;
 mod scratch;
 mod split;
+mod tp;
 mod weights;
 mod wmm;
 
@@ -61,6 +63,7 @@ pub use dev::{probe, DeviceInfo};
 pub use graph::{GraphStats, MAX_GRAPH_TOKENS};
 pub use memory::{CudaBuf, CudaKv, MemStats};
 pub use parity::ParityBackend;
+pub use tp::nccl_group;
 pub use weights::CudaWeight;
 pub use wmm::WMM_TILES;
 

@@ -22,7 +22,7 @@ fn search_dirs() -> Vec<PathBuf> {
     dirs.push("/usr/local/cuda/targets/x86_64-linux/lib".into());
     dirs.push("/usr/lib/x86_64-linux-gnu".into());
     dirs.push("/usr/local/nvidia/lib64".into());
-    // Python wheels (nvidia-cuda-nvrtc, nvidia-cublas): <prefix>/lib/python3.X/site-packages/nvidia/...
+    // Python wheels (nvidia-cuda-nvrtc, nvidia-cublas, nvidia-nccl): <prefix>/lib/python3.X/site-packages/nvidia/...
     let mut prefixes: Vec<PathBuf> = ["/usr", "/usr/local", "/opt/torch/.venv", "/opt/conda"]
         .iter()
         .map(PathBuf::from)
@@ -42,7 +42,7 @@ fn search_dirs() -> Vec<PathBuf> {
                 }
                 for sp in ["site-packages", "dist-packages"] {
                     let nv = e.path().join(sp).join("nvidia");
-                    for sub in ["cu13/lib", "cuda_nvrtc/lib", "cublas/lib"] {
+                    for sub in ["cu13/lib", "cuda_nvrtc/lib", "cublas/lib", "nccl/lib"] {
                         dirs.push(nv.join(sub));
                     }
                 }
@@ -87,6 +87,7 @@ fn preload(names: &[&str]) -> Result<PathBuf, String> {
 static DRIVER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 static NVRTC: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 static CUBLAS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+static NCCL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
 /// The CUDA driver library (libcuda), which only a machine with an NVIDIA driver has.
 pub fn driver() -> Result<&'static Path, String> {
@@ -133,6 +134,14 @@ pub fn cublas() -> Result<&'static Path, String> {
             preload(&["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"])?;
             preload(&["libcublas.so.13", "libcublas.so.12", "libcublas.so"])
         })
+        .as_deref()
+        .map_err(Clone::clone)
+}
+
+/// NCCL, the collectives of tensor parallelism over several GPUs (the toolkit's or the
+/// `nvidia-nccl` wheel's).
+pub fn nccl() -> Result<&'static Path, String> {
+    NCCL.get_or_init(|| preload(&["libnccl.so.2", "libnccl.so"]))
         .as_deref()
         .map_err(Clone::clone)
 }

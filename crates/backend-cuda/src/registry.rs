@@ -152,6 +152,8 @@ const OPS_KERNELS: &[&str] = &[
     "glu",
     "softcap",
     "add",
+    "tp_sum_ranks",
+    "tp_gather_cols",
     "gather_rows",
     "f32_to_f16",
     "f32_permute",

@@ -40,6 +40,8 @@ pub(crate) struct Scratch {
     /// imm's split partials and tile counters (`exact_parts`).
     pub(crate) epart: Option<DevBuf>,
     pub(crate) ecnt: Option<DevBuf>,
+    /// Tensor parallelism over NCCL: the ranks' values an all-gather brings (src/tp.rs).
+    pub(crate) tp: Option<DevBuf>,
 }
 
 /// Bytes of quantize_a256's sums for `n` rows of `cols`: the per-16 sums (i32), then the
@@ -106,6 +108,14 @@ impl CudaBackend {
                 "product partials",
             ));
         }
+        // The widest exchange: a step's rows of n_embd (all_reduce) or its logits rows of the
+        // whole vocabulary (all_gather_cols of each rank's rows).
+        let exchange = (n * ws.n_embd).max(ws.max_logits * ws.n_vocab);
+        plan.push((
+            |s| &mut s.tp,
+            self.tp_scratch_bytes(exchange),
+            "the ranks' gathered values",
+        ));
         plan.retain(|p| p.1 > 0);
         plan
     }

@@ -298,9 +298,6 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         spec,
     };
     let (device, desc) = engine::choose_device(&a.load.device)?;
-    if ranks > 1 && device != engine::Device::Cpu {
-        bail!("-tp {ranks} on {desc}: {}", crate::tp::NO_TP);
-    }
     if let Some(n) = &a.dropin.n_gpu_layers_draft {
         let n: i64 = n
             .parse()
@@ -345,7 +342,12 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                     notes.push(engine::invariance_line(numerics, table.variance));
                 };
                 let failed = |e| format!("loading {what}: {e}");
-                if numerics == Numerics::Parity {
+                if ranks > 1 {
+                    let bes = crate::tp::cuda_ranks(ranks, n, config, numerics)
+                        .map_err(|e| format!("loading {what}: {e}"))?;
+                    note(&bes[0]);
+                    quiver_engine::start_serving_ranks(move || bes, file, tok, opts, name.clone())
+                } else if numerics == Numerics::Parity {
                     let be = quiver_backend_cuda::ParityBackend::new(n, config).map_err(failed)?;
                     note(be.cuda());
                     quiver_engine::start_serving(move || be, file, tok, opts, name.clone())
@@ -360,7 +362,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         for line in notes {
             tracing::info!("{line}");
         }
-        let with_threads = if ranks > 1 {
+        let with_threads = if ranks > 1 && device != engine::Device::Cpu {
+            format!(" as {ranks} tensor-parallel ranks over NCCL")
+        } else if ranks > 1 {
             let s = if threads == 1 { "" } else { "s" };
             format!(" as {ranks} tensor-parallel ranks of {threads} thread{s}")
         } else if device == engine::Device::Cpu {

@@ -1,9 +1,10 @@
-//! `-tp N`: a model split over N tensor-parallel ranks (`ModelRunner::with_ranks`), each a
-//! CPU backend of `--threads / N` threads in one group (`LocalComm`); GPUs are refused. The
-//! flags that ask for several devices (`-tp`, `-sm`, `-ts`) are read here.
+//! `-tp N`: a model split over N tensor-parallel ranks (`ModelRunner::with_ranks`): on the CPU
+//! each a backend of `--threads / N` threads in one group (`LocalComm`), on CUDA each a GPU
+//! (`--device cuda:K`: GPUs K … K + N − 1) in one NCCL group. The flags that ask for several
+//! devices (`-tp`, `-sm`, `-ts`) are read here.
 
 use crate::engine::{self, Device, LoadArgs, Loaded};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use quiver_backend::{human_bytes, Comm, LocalComm};
 use quiver_backend_cpu::{CpuBackend, CpuConfig};
 use quiver_engine::{ModelRunner, RunnerOptions};
@@ -20,34 +21,112 @@ pub fn load(
     (device, desc): (Device, &str),
     t0: std::time::Instant,
 ) -> Result<Loaded> {
-    if let Device::Cuda(_) = device {
-        bail!("-tp {ranks} on {desc}: {NO_TP}");
-    }
-    let threads = (engine::threads(args)? / ranks).max(1);
-    let backends = cpu_ranks(ranks, threads, args.numerics, args.mlock);
-    let s = ModelRunner::with_ranks(backends, file, opts)?;
-    let hp = s.model.hp.clone();
-    eprintln!(
-        "quiver: loaded {} ({} layers, {} vocabulary) on {desc} as {ranks} tensor-parallel ranks of {threads} thread{}, context {} tokens, in {:.2}s",
-        hp.arch,
-        hp.n_layer,
-        hp.n_vocab,
-        if threads == 1 { "" } else { "s" },
-        s.n_ctx,
-        t0.elapsed().as_secs_f64()
-    );
-    eprintln!("quiver: {}", engine::cpu_invariance(args.numerics));
-    let kv = hp.kv_spec(s.n_ctx, opts.kv);
-    for (rank, w) in s.weights_bytes().iter().enumerate() {
+    let (runner, hp, n_ctx, weights): (Box<dyn quiver_engine::Session + Send>, _, _, _) =
+        match device {
+            Device::Cpu => {
+                let threads = (engine::threads(args)? / ranks).max(1);
+                let backends = cpu_ranks(ranks, threads, args.numerics, args.mlock);
+                let s = ModelRunner::with_ranks(backends, file, opts)?;
+                let hp = s.model.hp.clone();
+                eprintln!(
+                "quiver: loaded {} ({} layers, {} vocabulary) on {desc} as {ranks} tensor-parallel ranks of {threads} thread{}, context {} tokens, in {:.2}s",
+                hp.arch,
+                hp.n_layer,
+                hp.n_vocab,
+                if threads == 1 { "" } else { "s" },
+                s.n_ctx,
+                t0.elapsed().as_secs_f64()
+            );
+                eprintln!("quiver: {}", engine::cpu_invariance(args.numerics));
+                let (n_ctx, w) = (s.n_ctx, s.weights_bytes());
+                (Box::new(s), hp, n_ctx, w)
+            }
+            Device::Cuda(first) => {
+                let config = quiver_backend_cuda::CudaConfig::from_env(args.numerics);
+                let backends =
+                    cuda_ranks(ranks, first, config, args.numerics).map_err(anyhow::Error::msg)?;
+                let s = ModelRunner::with_ranks(backends, file, opts)?;
+                let hp = s.model.hp.clone();
+                eprintln!(
+                "quiver: loaded {} ({} layers, {} vocabulary) on GPUs {first} to {} as {ranks} tensor-parallel ranks over NCCL, context {} tokens, in {:.2}s",
+                hp.arch,
+                hp.n_layer,
+                hp.n_vocab,
+                first + ranks - 1,
+                s.n_ctx,
+                t0.elapsed().as_secs_f64()
+            );
+                eprintln!("quiver: {}", engine::cuda_summary(&s.backend));
+                let (n_ctx, w) = (s.n_ctx, s.weights_bytes());
+                (Box::new(s), hp, n_ctx, w)
+            }
+        };
+    let kv = hp.kv_spec(n_ctx, opts.kv);
+    for (rank, w) in weights.iter().enumerate() {
         eprintln!(
             "quiver: rank {rank}: weights {}, {}",
             w.map_or("not counted".into(), human_bytes),
             engine::kv_summary(&kv)
         );
     }
-    Ok(Loaded {
-        runner: Box::new(s),
-    })
+    Ok(Loaded { runner })
+}
+
+/// The CUDA backends of `ranks` tensor-parallel ranks on GPUs `first` … `first + ranks − 1`,
+/// one NCCL group (one rank: the whole model on GPU `first`). Each rank's backend starts on a
+/// thread of its own: joining an NCCL group is collective.
+pub fn cuda_ranks(
+    ranks: usize,
+    first: usize,
+    config: quiver_backend_cuda::CudaConfig,
+    numerics: quiver_backend::Numerics,
+) -> std::result::Result<Vec<quiver_backend_cuda::CudaBackend>, String> {
+    use quiver_backend_cuda::CudaBackend;
+    if numerics == quiver_backend::Numerics::Parity {
+        return Err(format!(
+            "-tp {ranks}: the parity numerics run on one GPU; use --numerics invariant or fast"
+        ));
+    }
+    for g in first..first + ranks {
+        if let Err(e) = quiver_backend_cuda::probe(g) {
+            return Err(format!(
+                "-tp {ranks} from GPU {first} needs GPUs {first} to {}: GPU {g}: {e}",
+                first + ranks - 1
+            ));
+        }
+    }
+    let fail = |rank: usize, e: quiver_backend::BackendError| {
+        format!("-tp {ranks}: rank {rank} (GPU {}): {e}", first + rank)
+    };
+    // Every GPU's context first: a rank that cannot start must not leave the others waiting
+    // in NCCL's collective start.
+    let backends = (0..ranks)
+        .map(|r| CudaBackend::new(first + r, config.clone()).map_err(|e| fail(r, e)))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    if ranks == 1 {
+        return Ok(backends);
+    }
+    let id = quiver_backend_cuda::nccl_group().map_err(|e| format!("-tp {ranks}: {e}"))?;
+    let joined: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = backends
+            .into_iter()
+            .enumerate()
+            .map(|(rank, b)| {
+                sc.spawn(move || b.with_nccl(id, quiver_backend::Shard { rank, size: ranks }))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join()).collect()
+    });
+    joined
+        .into_iter()
+        .enumerate()
+        .map(|(rank, j)| match j {
+            Ok(b) => b.map_err(|e| fail(rank, e)),
+            Err(_) => Err(format!(
+                "-tp {ranks}: rank {rank} panicked joining the group"
+            )),
+        })
+        .collect()
 }
 
 /// The CPU backends of `ranks` tensor-parallel ranks of `threads` threads each, in one group
@@ -72,7 +151,7 @@ pub fn cpu_ranks(
 }
 
 /// `--split-mode`: none and layer (one device holds the whole model either way); row asks for
-/// tensor parallelism, which quiver does not have.
+/// tensor parallelism, which `-tp N` gives (the number of GPUs is not in the flag).
 pub fn parse_split_mode(s: &str) -> std::result::Result<String, String> {
     match s {
         "none" | "layer" => Ok(s.into()),
@@ -116,5 +195,5 @@ pub fn parse_tensor_split(s: &str) -> std::result::Result<String, String> {
     }
 }
 
-/// What a request for several GPUs is told.
-pub const NO_TP: &str = "quiver has no tensor parallelism over GPUs yet (a model runs whole on one GPU: --device cuda:N picks it; -tp N --device cpu splits it over CPU ranks)";
+/// What a request for several GPUs by llama.cpp's flags is told.
+pub const NO_TP: &str = "quiver splits a model over GPUs by tensor parallelism: -tp N (--tensor-parallel-size N) over GPUs K to K + N - 1 of --device cuda:K, each holding part of every layer";

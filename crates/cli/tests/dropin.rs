@@ -284,8 +284,8 @@ fn refusals_are_one_line_naming_the_nearest_flag() {
             &["-ts", "1,1"],
             &[
                 "several devices",
-                "tensor parallelism over GPUs",
-                "-tp N --device cpu",
+                "tensor parallelism",
+                "-tp N (--tensor-parallel-size N)",
             ],
         ),
         (&["--tensor-split", "3/1"], &["several devices"]),
