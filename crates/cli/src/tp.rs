@@ -21,55 +21,68 @@ pub fn load(
     (device, desc): (Device, &str),
     t0: std::time::Instant,
 ) -> Result<Loaded> {
-    let (runner, hp, n_ctx, weights): (Box<dyn quiver_engine::Session + Send>, _, _, _) =
-        match device {
-            Device::Cpu => {
-                let threads = (engine::threads(args)? / ranks).max(1);
-                let backends = cpu_ranks(ranks, threads, args.numerics, args.mlock);
-                let s = ModelRunner::with_ranks(backends, file, opts)?;
-                let hp = s.model.hp.clone();
-                eprintln!(
-                "quiver: loaded {} ({} layers, {} vocabulary) on {desc} as {ranks} tensor-parallel ranks of {threads} thread{}, context {} tokens, in {:.2}s",
-                hp.arch,
-                hp.n_layer,
-                hp.n_vocab,
-                if threads == 1 { "" } else { "s" },
-                s.n_ctx,
-                t0.elapsed().as_secs_f64()
-            );
-                eprintln!("quiver: {}", engine::cpu_invariance(args.numerics));
-                let (n_ctx, w) = (s.n_ctx, s.weights_bytes());
-                (Box::new(s), hp, n_ctx, w)
-            }
-            Device::Cuda(first) => {
-                let config = quiver_backend_cuda::CudaConfig::from_env(args.numerics);
-                let backends =
-                    cuda_ranks(ranks, first, config, args.numerics).map_err(anyhow::Error::msg)?;
-                let s = ModelRunner::with_ranks(backends, file, opts)?;
-                let hp = s.model.hp.clone();
-                eprintln!(
-                "quiver: loaded {} ({} layers, {} vocabulary) on GPUs {first} to {} as {ranks} tensor-parallel ranks over NCCL, context {} tokens, in {:.2}s",
-                hp.arch,
-                hp.n_layer,
-                hp.n_vocab,
-                first + ranks - 1,
-                s.n_ctx,
-                t0.elapsed().as_secs_f64()
-            );
-                eprintln!("quiver: {}", engine::cuda_summary(&s.backend));
-                let (n_ctx, w) = (s.n_ctx, s.weights_bytes());
-                (Box::new(s), hp, n_ctx, w)
-            }
-        };
-    let kv = hp.kv_spec(n_ctx, opts.kv);
-    for (rank, w) in weights.iter().enumerate() {
+    match device {
+        Device::Cpu => {
+            let threads = (engine::threads(args)? / ranks).max(1);
+            let backends = cpu_ranks(ranks, threads, args.numerics, args.mlock);
+            let s = ModelRunner::with_ranks(backends, file, opts)?;
+            let plural = if threads == 1 { "" } else { "s" };
+            let on = format!("{desc} as {ranks} tensor-parallel ranks of {threads} thread{plural}");
+            Ok(logged(
+                s,
+                &on,
+                engine::cpu_invariance(args.numerics),
+                opts,
+                t0,
+            ))
+        }
+        Device::Cuda(first) => {
+            let config = quiver_backend_cuda::CudaConfig::from_env(args.numerics);
+            let backends =
+                cuda_ranks(ranks, first, config, args.numerics).map_err(anyhow::Error::msg)?;
+            let s = ModelRunner::with_ranks(backends, file, opts)?;
+            let last = first + ranks - 1;
+            let on = format!("GPUs {first} to {last} as {ranks} tensor-parallel ranks over NCCL");
+            let note = engine::cuda_summary(&s.backend);
+            Ok(logged(s, &on, note, opts, t0))
+        }
+    }
+}
+
+/// The load log of a model over ranks (`on`: where; `note`: the backend's line), each rank's
+/// weights and KV cache, and the session.
+fn logged<B>(
+    s: ModelRunner<B>,
+    on: &str,
+    note: String,
+    opts: &RunnerOptions,
+    t0: std::time::Instant,
+) -> Loaded
+where
+    B: quiver_backend::Backend,
+    ModelRunner<B>: quiver_engine::Session + Send + 'static,
+{
+    let hp = &s.model.hp;
+    eprintln!(
+        "quiver: loaded {} ({} layers, {} vocabulary) on {on}, context {} tokens, in {:.2}s",
+        hp.arch,
+        hp.n_layer,
+        hp.n_vocab,
+        s.n_ctx,
+        t0.elapsed().as_secs_f64()
+    );
+    eprintln!("quiver: {note}");
+    let kv = hp.kv_spec(s.n_ctx, opts.kv);
+    for (rank, w) in s.weights_bytes().iter().enumerate() {
         eprintln!(
             "quiver: rank {rank}: weights {}, {}",
             w.map_or("not counted".into(), human_bytes),
             engine::kv_summary(&kv)
         );
     }
-    Ok(Loaded { runner })
+    Loaded {
+        runner: Box::new(s),
+    }
 }
 
 /// The CUDA backends of `ranks` tensor-parallel ranks on GPUs `first` … `first + ranks − 1`,

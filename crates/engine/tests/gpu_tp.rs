@@ -8,35 +8,18 @@
 //!
 //! and greedy decoding over NCCL ranks gives the whole model's tokens.
 
-use quiver_backend::{Backend, Batch, Comm, LocalComm, Numerics, SeqSpan, Shard, KV_BLOCK_SIZE};
+#[path = "../../models/tests/common/tp.rs"]
+mod shared;
+
+use quiver_backend::{Comm, LocalComm, Numerics, Shard};
 use quiver_backend_cuda::{CudaBackend, CudaConfig};
 use quiver_gguf::GgufFile;
-use quiver_models::{load_reduce_chunks, load_shard, Model};
+use quiver_models::{load_reduce_chunks, load_shard};
+use shared::{bits_differ, preset_of, run, synth};
 use std::sync::Arc;
 
-/// tiny-llama with heads, KV heads and FFN width that 2 and 4 ranks divide (8, 4, 1024).
 fn model(ty: &str) -> Arc<GgufFile> {
-    let p = quiver_synth::Preset {
-        n_head: 8,
-        n_head_kv: 4,
-        n_ff: 1024,
-        ..quiver_synth::preset("tiny-llama").unwrap().clone()
-    };
-    let dir = std::env::temp_dir().join(format!("quiver-gpu-tp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("tiny-llama-{ty}.gguf"));
-    quiver_synth::write(
-        &p,
-        quiver_synth::file_type(ty).unwrap(),
-        7,
-        &path,
-        2,
-        |_, _| {},
-    )
-    .unwrap();
-    let f = Arc::new(GgufFile::open(&path).unwrap());
-    let _ = std::fs::remove_file(&path);
-    f
+    synth(&preset_of("tiny-llama"), ty, "gpu-tiny-llama")
 }
 
 fn cuda(ordinal: usize) -> CudaBackend {
@@ -48,66 +31,6 @@ fn gpus() -> usize {
     (0..16)
         .take_while(|&i| quiver_backend_cuda::probe(i).is_ok())
         .count()
-}
-
-/// A batch of the listed sequences' spans: (sequence, tokens, first position), every row's
-/// logits wanted. Sequence s has blocks 2s and 2s + 1.
-fn batch(spans: &[(u32, &[u32], usize)]) -> Batch {
-    let mut b = Batch {
-        block_size: KV_BLOCK_SIZE,
-        ..Default::default()
-    };
-    for &(seq, tokens, at) in spans {
-        let table = vec![2 * seq, 2 * seq + 1];
-        let si = b.seqs.len();
-        for (j, &t) in tokens.iter().enumerate() {
-            let pos = at + j;
-            b.tokens.push(t);
-            b.positions.push(pos as u32);
-            b.slots.push(
-                table[pos / KV_BLOCK_SIZE] * KV_BLOCK_SIZE as u32 + (pos % KV_BLOCK_SIZE) as u32,
-            );
-            b.seq_of.push(si as u32);
-        }
-        b.seqs.push(SeqSpan {
-            start: b.tokens.len() - tokens.len(),
-            len: tokens.len(),
-            kv_len: at + tokens.len(),
-            block_table: table,
-            ..Default::default()
-        });
-    }
-    b.logits = (0..b.tokens.len() as u32).collect();
-    b
-}
-
-/// A prompt of two sequences in one step, decode steps of both (in either order), one alone.
-fn steps() -> Vec<Batch> {
-    vec![
-        batch(&[
-            (0, &[1, 17, 300, 42, 9, 505, 3], 0),
-            (1, &[5, 250, 77, 8, 100], 0),
-        ]),
-        batch(&[(0, &[12], 7), (1, &[13], 5)]),
-        batch(&[(1, &[400], 6), (0, &[401], 8)]),
-        batch(&[(0, &[2], 9)]),
-    ]
-}
-
-/// Every step's logits.
-fn run(b: &mut CudaBackend, m: &Model<CudaBackend>) -> Vec<Vec<f32>> {
-    let mut s = m.state(b, 4 * KV_BLOCK_SIZE, 16, 16).unwrap();
-    let n_vocab = m.hp.n_vocab;
-    steps()
-        .iter()
-        .map(|batch| {
-            m.forward(b, &mut s, batch).unwrap();
-            let mut v = Vec::new();
-            b.read(&s.logits, batch.logits.len() * n_vocab, &mut v)
-                .unwrap();
-            v
-        })
-        .collect()
 }
 
 fn reference(f: &Arc<GgufFile>, chunks: usize) -> Vec<Vec<f32>> {
@@ -137,20 +60,6 @@ fn ranks(
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
-}
-
-fn bits_differ(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            assert_eq!(x.len(), y.len());
-            x.iter()
-                .zip(y)
-                .filter(|(p, q)| p.to_bits() != q.to_bits())
-                .count()
-        })
-        .sum()
 }
 
 #[test]

@@ -3,37 +3,19 @@
 //! output and down projections are computed in N column parts (`load_reduce_chunks`) bit for
 //! bit, on every rank; those are close to the whole model's; one rank is the whole model.
 
-use quiver_backend::{Backend, Batch, Comm, LocalComm, SeqSpan, Shard, KV_BLOCK_SIZE};
+#[path = "common/tp.rs"]
+mod shared;
+
+use quiver_backend::{Backend, Batch, Comm, LocalComm, Shard, KV_BLOCK_SIZE};
 use quiver_backend_cpu::CpuBackend;
 use quiver_gguf::GgufFile;
 use quiver_models::{load_reduce_chunks, load_shard, Model, State, TpPeers, TpSizes};
+use shared::{batch, bits_differ, preset_of, run, steps, synth};
 use std::sync::Arc;
 
 /// tiny-llama with heads, KV heads and FFN width that 2 and 4 ranks divide (8, 4, 1024).
 fn preset() -> quiver_synth::Preset {
     preset_of("tiny-llama")
-}
-
-/// The tiny preset `name` with the heads and FFN width of [`preset`].
-fn preset_of(name: &str) -> quiver_synth::Preset {
-    quiver_synth::Preset {
-        n_head: 8,
-        n_head_kv: 4,
-        n_ff: 1024,
-        ..quiver_synth::preset(name).unwrap().clone()
-    }
-}
-
-fn synth(p: &quiver_synth::Preset, ty: &str, tag: &str) -> Arc<GgufFile> {
-    let dir = std::env::temp_dir().join(format!("quiver-tp-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{tag}-{ty}.gguf"));
-    let ft = quiver_synth::file_type(ty).unwrap();
-    quiver_synth::write(p, ft, 7, &path, 1, |_, _| {}).unwrap();
-    let f = Arc::new(GgufFile::open(&path).unwrap());
-    // Read through its mapping from here on.
-    let _ = std::fs::remove_file(&path);
-    f
 }
 
 /// The ranks' sizes in these tests: 4 blocks of KV (f16), steps of 16 rows and logits.
@@ -45,68 +27,6 @@ fn sizes() -> TpSizes {
         max_tokens: 16,
         max_logits: 16,
     }
-}
-
-/// A batch of the listed sequences' spans: (sequence, tokens, first position), every row's
-/// logits wanted. Sequence s has blocks 2s and 2s + 1.
-fn batch(spans: &[(u32, &[u32], usize)]) -> Batch {
-    let mut b = Batch {
-        block_size: KV_BLOCK_SIZE,
-        ..Default::default()
-    };
-    for &(seq, tokens, at) in spans {
-        let si = b.seqs.len();
-        let table = vec![2 * seq, 2 * seq + 1];
-        for (j, &t) in tokens.iter().enumerate() {
-            let pos = at + j;
-            b.tokens.push(t);
-            b.positions.push(pos as u32);
-            b.slots.push(
-                table[pos / KV_BLOCK_SIZE] * KV_BLOCK_SIZE as u32 + (pos % KV_BLOCK_SIZE) as u32,
-            );
-            b.seq_of.push(si as u32);
-        }
-        b.seqs.push(SeqSpan {
-            start: b.tokens.len() - tokens.len(),
-            len: tokens.len(),
-            kv_len: at + tokens.len(),
-            block_table: table,
-            ..Default::default()
-        });
-    }
-    b.logits = (0..b.tokens.len() as u32).collect();
-    b
-}
-
-/// A prompt of two sequences in one step (7 and 5 tokens), decode steps of both (listed in
-/// either order), and one of sequence 0 alone.
-fn steps() -> Vec<Batch> {
-    vec![
-        batch(&[
-            (0, &[1, 17, 300, 42, 9, 505, 3], 0),
-            (1, &[5, 250, 77, 8, 100], 0),
-        ]),
-        batch(&[(0, &[12], 7), (1, &[13], 5)]),
-        batch(&[(1, &[400], 6), (0, &[401], 8)]),
-        batch(&[(0, &[2], 9)]),
-        batch(&[(0, &[33], 10), (1, &[34], 7)]),
-    ]
-}
-
-/// Every step's logits.
-fn run(b: &mut CpuBackend, m: &Model<CpuBackend>) -> Vec<Vec<f32>> {
-    let mut s = m.state(b, 4 * KV_BLOCK_SIZE, 16, 16).unwrap();
-    let n_vocab = m.hp.n_vocab;
-    steps()
-        .iter()
-        .map(|batch| {
-            m.forward(b, &mut s, batch).unwrap();
-            let mut v = Vec::new();
-            b.read(&s.logits, batch.logits.len() * n_vocab, &mut v)
-                .unwrap();
-            v
-        })
-        .collect()
 }
 
 fn whole(f: &Arc<GgufFile>) -> Vec<Vec<f32>> {
@@ -143,20 +63,6 @@ fn ranks(f: &Arc<GgufFile>, n: usize) -> Vec<Vec<Vec<f32>>> {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
-}
-
-fn bits_differ(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            assert_eq!(x.len(), y.len());
-            x.iter()
-                .zip(y)
-                .filter(|(p, q)| p.to_bits() != q.to_bits())
-                .count()
-        })
-        .sum()
 }
 
 /// ‖a − b‖ / ‖b‖ over all the logits.
