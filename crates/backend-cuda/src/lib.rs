@@ -62,6 +62,7 @@ pub use context::CudaBackend;
 pub use dev::{probe, DeviceInfo};
 pub use graph::{GraphStats, MAX_GRAPH_TOKENS};
 pub use memory::{CudaBuf, CudaKv, MemStats};
+pub use nccl::UniqueId;
 pub use parity::ParityBackend;
 pub use tp::nccl_group;
 pub use weights::CudaWeight;

@@ -26,6 +26,13 @@ fn cuda(ordinal: usize) -> CudaBackend {
     CudaBackend::new(ordinal, CudaConfig::from_env(Numerics::BatchInvariant)).unwrap()
 }
 
+/// A new NCCL group's id, or None (said on stderr) where NCCL is missing.
+fn nccl_group() -> Option<quiver_backend_cuda::UniqueId> {
+    quiver_backend_cuda::nccl_group()
+        .map_err(|e| eprintln!("skipped: no NCCL ({e})"))
+        .ok()
+}
+
 /// The GPUs this machine has.
 fn gpus() -> usize {
     (0..16)
@@ -92,13 +99,7 @@ fn ranks_linked_through_the_host_equal_the_column_parts_bit_for_bit() {
 #[ignore = "needs a CUDA GPU"]
 fn ranks_over_nccl_equal_the_column_parts_bit_for_bit() {
     let n = gpus().min(4);
-    let id = match quiver_backend_cuda::nccl_group() {
-        Ok(id) => id,
-        Err(e) => {
-            eprintln!("skipped: no NCCL ({e})");
-            return;
-        }
-    };
+    let Some(id) = nccl_group() else { return };
     let f = model("Q4_K_M");
     let want = reference(&f, n);
     let got = ranks(&f, n, |s| cuda(s.rank).with_nccl(id, s).unwrap());
@@ -112,13 +113,7 @@ fn ranks_over_nccl_equal_the_column_parts_bit_for_bit() {
 fn greedy_decoding_over_nccl_ranks_gives_the_whole_models_tokens() {
     use quiver_engine::{ModelRunner, RunnerOptions, Want};
     let n = gpus().min(2);
-    let id = match quiver_backend_cuda::nccl_group() {
-        Ok(id) => id,
-        Err(e) => {
-            eprintln!("skipped: no NCCL ({e})");
-            return;
-        }
-    };
+    let Some(id) = nccl_group() else { return };
     // F32 weights: the sums' order is the only difference from the whole model.
     let f = model("F32");
     let opts = RunnerOptions {
