@@ -72,9 +72,10 @@ fn ranks(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn ranks_linked_through_the_host_equal_the_column_parts_bit_for_bit() {
-    for ty in ["Q8_0", "Q4_K_M"] {
+    // (Q4_K's blocks of 256 split the tiny model's 512 columns in 2 parts, not 4.)
+    for (ty, sizes) in [("Q8_0", &[2, 4][..]), ("Q4_K_M", &[2][..])] {
         let f = model(ty);
-        for n in [2, 4] {
+        for &n in sizes {
             let want = reference(&f, n);
             assert!(want.iter().flatten().all(|x| x.is_finite()));
             let comms = std::sync::Mutex::new(
