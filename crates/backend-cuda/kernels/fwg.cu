@@ -20,8 +20,8 @@
 // keys and 64 columns, the blocks' slots from the block table, issued by one warp. Other tiles
 // (the range's last, head dim 96, another block size) are copied through the block table by the
 // warpgroup's 128 threads (cp.async, 16-byte pieces), keys past the end zeroed. A cache of
-// q8_0 or TurboQuant records at head dims 64 and 128 comes raw first: a tile's records by
-// cp.async a tile ahead into rows beside the stages (FwgCfg::RAW), decoded from there. A cache of
+// records at head dims 64 and 128 (TurboQuant's at 256 too: fwg_raw) comes raw first: a tile's
+// records by cp.async a tile ahead into rows after the stages (FwgCfg::RAW), decoded from there. A cache of
 // another type is decoded to f16 by the same threads into the same layout (flash.cu's values:
 // the products are f16's either way; tq4's levels from shared memory). TurboQuant keys
 // are rotated (their records hold H(s ⊙ k) / √D): each q row is rotated alike as the consumers
