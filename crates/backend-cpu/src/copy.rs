@@ -75,31 +75,6 @@ pub(crate) fn copy_range(
     Ok(())
 }
 
-/// [`quiver_backend::Backend::all_gather_cols`] through `comm`, the ranks' values gathered
-/// rank after rank into `all` first.
-pub(crate) fn all_gather_cols(
-    comm: &dyn quiver_backend::Comm,
-    x: &mut [f32],
-    rows: usize,
-    width: usize,
-    all: &mut Vec<f32>,
-) -> Result<()> {
-    let size = comm.shard().size;
-    let (part, row) = (rows * width, size * width);
-    check("all_gather_cols", x.len() >= rows * row, || {
-        format!("{} values for {size} ranks of {rows}×{width}", x.len())
-    })?;
-    all.clear();
-    all.resize(rows * row, 0.0);
-    comm.all_gather(&x[..part], all)?;
-    for (r, block) in all.chunks_exact(part.max(1)).enumerate() {
-        for (t, src) in block.chunks_exact(width.max(1)).enumerate() {
-            x[t * row + r * width..][..width].copy_from_slice(src);
-        }
-    }
-    Ok(())
-}
-
 /// out[t] = dequantized row `tokens[t]` of `table` · scale; with `part` (the table holds rows
 /// `part..` of the vocabulary), rows of the tokens outside it are −0.0.
 pub(crate) fn embed(

@@ -746,7 +746,7 @@ impl Backend for CpuBackend {
     fn all_gather_cols(&self, x: &mut Vec<f32>, rows: usize, width: usize) -> Result<()> {
         let Some(c) = &self.comm else { return Ok(()) };
         let mut all = self.packed.lock().unwrap_or_else(|e| e.into_inner());
-        copy::all_gather_cols(c.as_ref(), x, rows, width, &mut all)
+        quiver_backend::comm::all_gather_cols(c.as_ref(), x, rows, width, &mut all)
     }
 
     fn read(&self, x: &Vec<f32>, n: usize, out: &mut Vec<f32>) -> Result<()> {

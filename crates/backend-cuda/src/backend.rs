@@ -183,8 +183,7 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        check_embed(table, st.rows, out)?;
-        self.embed_fast(st, table, 0, scale, out)
+        self.embed_part(st, table, 0, scale, out)
     }
 
     fn embed_part(

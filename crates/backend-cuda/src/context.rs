@@ -39,9 +39,9 @@ pub struct CudaBackend {
     /// The int8 copy the product after a norm reads, by the norm's weight and row count.
     pub(crate) norm_forms: Mutex<HashMap<(u64, usize), ActForm>>,
     /// The other ranks of a tensor-parallel group (src/tp.rs), and the host staging of the
-    /// exchanges through the host.
+    /// exchanges through the host (x's values, the ranks' gathered values).
     pub(crate) link: Option<crate::tp::Link>,
-    pub(crate) tp_host: Mutex<Vec<f32>>,
+    pub(crate) tp_host: Mutex<(Vec<f32>, Vec<f32>)>,
 }
 
 impl CudaBackend {
@@ -86,7 +86,7 @@ impl CudaBackend {
             norm_out: Mutex::new(None),
             norm_forms: Mutex::new(HashMap::new()),
             link: None,
-            tp_host: Mutex::new(Vec::new()),
+            tp_host: Mutex::new((Vec::new(), Vec::new())),
         })
     }
 

@@ -82,9 +82,7 @@ impl CudaBackend {
         let size = link.shard().size;
         match link {
             Link::Nccl(r) => {
-                let g = self.tp_gathered(size * n)?;
-                r.all_gather(x.ptr(), g, n, self.dev.stream as *mut _)
-                    .map_err(|e| err("all_reduce", e))?;
+                let g = self.tp_gather(r, x, n, "all_reduce")?;
                 self.launch(
                     "ops",
                     "tp_sum_ranks",
@@ -94,15 +92,15 @@ impl CudaBackend {
                 )
             }
             Link::Host(c) => {
-                let mut h = self.tp_host.lock().unwrap_or_else(|e| e.into_inner());
-                h.resize(n, 0.0);
-                self.dev
-                    .dtoh(&mut h[..], x.ptr())
-                    .map_err(BackendError::Device)?;
-                c.all_reduce_sum(&mut h[..])?;
-                self.dev
-                    .htod_sync(x.ptr(), &h[..])
-                    .map_err(BackendError::Device)
+                let mut guard = self.tp_host.lock().unwrap_or_else(|e| e.into_inner());
+                let h = &mut guard.0;
+                if h.len() < n {
+                    h.resize(n, 0.0);
+                }
+                let h = &mut h[..n];
+                self.dev.dtoh(h, x.ptr()).map_err(BackendError::Device)?;
+                c.all_reduce_sum(h)?;
+                self.dev.htod_sync(x.ptr(), h).map_err(BackendError::Device)
             }
         }
     }
@@ -130,9 +128,7 @@ impl CudaBackend {
         }
         match link {
             Link::Nccl(r) => {
-                let g = self.tp_gathered(all)?;
-                r.all_gather(x.ptr(), g, part, self.dev.stream as *mut _)
-                    .map_err(|e| err("all_gather_cols", e))?;
+                let g = self.tp_gather(r, x, part, "all_gather_cols")?;
                 self.launch(
                     "ops",
                     "tp_gather_cols",
@@ -142,21 +138,19 @@ impl CudaBackend {
                 )
             }
             Link::Host(c) => {
-                let mut h = self.tp_host.lock().unwrap_or_else(|e| e.into_inner());
-                h.resize(part + all, 0.0);
-                let (mine, every) = h.split_at_mut(part);
-                self.dev.dtoh(mine, x.ptr()).map_err(BackendError::Device)?;
-                c.all_gather(mine, every)?;
-                // Rank r's row t to columns r · width … of row t.
-                let mut out = vec![0f32; all];
-                for (r, block) in every.chunks_exact(part).enumerate() {
-                    for (t, src) in block.chunks_exact(width).enumerate() {
-                        out[(t * size + r) * width..][..width].copy_from_slice(src);
-                    }
+                // The host's copy of x and the gathered values (kept: no allocation once the
+                // largest step has run).
+                let mut guard = self.tp_host.lock().unwrap_or_else(|e| e.into_inner());
+                let (h, gathered) = &mut *guard;
+                if h.len() < all {
+                    h.resize(all, 0.0);
                 }
+                let h = &mut h[..all];
                 self.dev
-                    .htod_sync(x.ptr(), &out)
-                    .map_err(BackendError::Device)
+                    .dtoh(&mut h[..part], x.ptr())
+                    .map_err(BackendError::Device)?;
+                quiver_backend::comm::all_gather_cols(c.as_ref(), h, rows, width, gathered)?;
+                self.dev.htod_sync(x.ptr(), h).map_err(BackendError::Device)
             }
         }
     }
@@ -170,8 +164,13 @@ impl CudaBackend {
         }
     }
 
-    /// The all-gather's scratch of at least `values` f32 (reserved at load: see scratch.rs).
-    fn tp_gathered(&self, values: usize) -> Result<u64> {
-        self.scratch_ptr(|s| &mut s.tp, values * 4, "the ranks' gathered values")
+    /// Every rank's x[..n] gathered over NCCL, rank after rank, into the scratch reserved at
+    /// load (scratch.rs); its pointer.
+    fn tp_gather(&self, r: &NcclRank, x: &CudaBuf, n: usize, op: &str) -> Result<u64> {
+        let size = r.shard().size;
+        let g = self.scratch_ptr(|s| &mut s.tp, size * n * 4, "the ranks' gathered values")?;
+        r.all_gather(x.ptr(), g, n, self.dev.stream as *mut _)
+            .map_err(|e| err(op, e))?;
+        Ok(g)
     }
 }

@@ -44,6 +44,35 @@ pub trait Comm: Send + Sync {
     fn leave(&self);
 }
 
+/// [`Backend::all_gather_cols`](crate::Backend::all_gather_cols) over values on the host:
+/// x[..rows · width] is this rank's; x becomes every rank's as its columns of rows of
+/// size · width, the ranks' values gathered rank after rank into `all` first.
+pub fn all_gather_cols(
+    comm: &dyn Comm,
+    x: &mut [f32],
+    rows: usize,
+    width: usize,
+    all: &mut Vec<f32>,
+) -> Result<()> {
+    let size = comm.shard().size;
+    let (part, row) = (rows * width, size * width);
+    if x.len() < rows * row {
+        return Err(BackendError::Shape {
+            op: "all_gather_cols",
+            detail: format!("{} values for {size} ranks of {rows}×{width}", x.len()),
+        });
+    }
+    all.clear();
+    all.resize(rows * row, 0.0);
+    comm.all_gather(&x[..part], all)?;
+    for (r, block) in all.chunks_exact(part.max(1)).enumerate() {
+        for (t, src) in block.chunks_exact(width.max(1)).enumerate() {
+            x[t * row + r * width..][..width].copy_from_slice(src);
+        }
+    }
+    Ok(())
+}
+
 /// Ranks that are threads of one process: [`LocalComm::group`] makes one per rank, each
 /// handed to its rank's thread. A rank that drops its communicator (its thread finished or
 /// panicked) breaks the group: the others' reductions then fail instead of waiting forever.

@@ -343,7 +343,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
                 };
                 let failed = |e| format!("loading {what}: {e}");
                 if ranks > 1 {
-                    let bes = crate::tp::cuda_ranks(ranks, n, config, numerics)
+                    let bes = crate::tp::cuda_ranks(ranks, n, config)
                         .map_err(|e| format!("loading {what}: {e}"))?;
                     note(&bes[0]);
                     quiver_engine::start_serving_ranks(move || bes, file, tok, opts, name.clone())

@@ -38,8 +38,7 @@ pub fn load(
         }
         Device::Cuda(first) => {
             let config = quiver_backend_cuda::CudaConfig::from_env(args.numerics);
-            let backends =
-                cuda_ranks(ranks, first, config, args.numerics).map_err(anyhow::Error::msg)?;
+            let backends = cuda_ranks(ranks, first, config).map_err(anyhow::Error::msg)?;
             let s = ModelRunner::with_ranks(backends, file, opts)?;
             let last = first + ranks - 1;
             let on = format!("GPUs {first} to {last} as {ranks} tensor-parallel ranks over NCCL");
@@ -86,39 +85,30 @@ where
 }
 
 /// The CUDA backends of `ranks` tensor-parallel ranks on GPUs `first` … `first + ranks − 1`,
-/// one NCCL group (one rank: the whole model on GPU `first`). Each rank's backend starts on a
-/// thread of its own: joining an NCCL group is collective.
+/// one NCCL group. Each rank joins the group on a thread of its own: joining is collective.
 pub fn cuda_ranks(
     ranks: usize,
     first: usize,
     config: quiver_backend_cuda::CudaConfig,
-    numerics: quiver_backend::Numerics,
 ) -> std::result::Result<Vec<quiver_backend_cuda::CudaBackend>, String> {
     use quiver_backend_cuda::CudaBackend;
-    if numerics == quiver_backend::Numerics::Parity {
+    if config.numerics == quiver_backend::Numerics::Parity {
         return Err(format!(
             "-tp {ranks}: the parity numerics run on one GPU; use --numerics invariant or fast"
         ));
     }
-    for g in first..first + ranks {
-        if let Err(e) = quiver_backend_cuda::probe(g) {
-            return Err(format!(
-                "-tp {ranks} from GPU {first} needs GPUs {first} to {}: GPU {g}: {e}",
-                first + ranks - 1
-            ));
-        }
-    }
+    let last = first + ranks - 1;
     let fail = |rank: usize, e: quiver_backend::BackendError| {
-        format!("-tp {ranks}: rank {rank} (GPU {}): {e}", first + rank)
+        format!(
+            "-tp {ranks} runs on GPUs {first} to {last}: GPU {}: {e}",
+            first + rank
+        )
     };
-    // Every GPU's context first: a rank that cannot start must not leave the others waiting
+    // Every GPU's context first: a GPU that cannot start must not leave the others waiting
     // in NCCL's collective start.
     let backends = (0..ranks)
         .map(|r| CudaBackend::new(first + r, config.clone()).map_err(|e| fail(r, e)))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    if ranks == 1 {
-        return Ok(backends);
-    }
     let id = quiver_backend_cuda::nccl_group().map_err(|e| format!("-tp {ranks}: {e}"))?;
     let joined: Vec<_> = std::thread::scope(|sc| {
         let hs: Vec<_> = backends
